@@ -1,0 +1,33 @@
+# tessel: top-level entry points. `make demo` and `make test` work on a fresh Debian 12 machine.
+BUILD_DIR ?= build
+BUILD_TYPE ?= Release
+SANITIZE ?=
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: setup build test demo bench clean sanitize-test
+
+setup:
+	@scripts/setup.sh
+
+$(BUILD_DIR)/build.ninja:
+	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE) -DTESSEL_SANITIZE=$(SANITIZE) $(CMAKE_FLAGS)
+
+build: setup $(BUILD_DIR)/build.ninja
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -LE slow
+
+demo: build
+	$(BUILD_DIR)/apps/tessel/tessel train examples/fashion_mlp.toml --run-dir runs/demo
+
+bench: build
+	$(BUILD_DIR)/bench/train_throughput
+
+# The whole suite once under AddressSanitizer + UndefinedBehaviorSanitizer, in its own build folder.
+sanitize-test:
+	$(MAKE) test BUILD_DIR=build-asan BUILD_TYPE=Debug SANITIZE=address,undefined
+
+clean:
+	rm -rf $(BUILD_DIR) build-asan build-tsan

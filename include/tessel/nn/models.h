@@ -1,0 +1,40 @@
+// Model builders from a ModelSpec (the [model] section of a config): MLP, CNN, GPT.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/nn/model.h"
+
+namespace tessel::nn {
+
+struct ModelSpec {
+  std::string kind = "mlp";  // mlp | cnn | gpt
+  // Filled from the dataset: per-sample input shape ([784], [1,28,28] or [T]) and classes/vocab.
+  Shape input_shape;
+  int64_t num_classes = 0;
+
+  // mlp: Linear(in, hidden[0]) act ... Linear(hidden[-1], classes)
+  std::vector<int64_t> hidden = {512, 256};
+  std::string activation = "relu";  // relu | gelu
+  float dropout = 0.0f;             // after each hidden activation (mlp, cnn fc)
+
+  // cnn: [Conv(k, pad k/2) ReLU MaxPool(2)] per channel count, then Flatten,
+  // Linear(fc_hidden) ReLU, Linear(classes)
+  std::vector<int64_t> channels = {16, 32};
+  int64_t kernel = 5;
+  int64_t fc_hidden = 128;
+
+  // gpt: token + position embedding, `layers` pre-LN transformer blocks, final LayerNorm,
+  // LM head tied to the token embedding. context = input_shape[0], vocab = num_classes.
+  int64_t layers = 2;
+  int64_t heads = 4;
+  int64_t embed = 64;
+};
+
+// Builds and finalises the model (arenas allocated, parameters initialised from seed).
+std::unique_ptr<Model> build_model(const ModelSpec& spec, uint64_t seed);
+
+}  // namespace tessel::nn

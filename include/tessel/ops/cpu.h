@@ -1,0 +1,109 @@
+// CPU kernels as forward/backward free functions over raw pointers (llm.c style), shapes in the
+// signature, all row-major and contiguous. Contracts shared by every pair:
+//   - forward writes its outputs (=) and any cache the backward needs;
+//   - backward OVERWRITES dx (the gradient w.r.t. the input) and ACCUMULATES (+=) into
+//     parameter gradients (dw, db, dtable ...), so several micro-batches can add up;
+//   - a null dx means "not needed" (e.g. the first layer) and is skipped.
+// GEMMs go through OpenBLAS (cblas_sgemm); the rest are plain loops the compiler vectorises.
+// Kernels hold no state and are safe to call from several threads on distinct buffers.
+#pragma once
+
+#include <cstdint>
+
+namespace tessel::ops {
+
+// ---- BLAS ----
+// C[M,N] = alpha * op(A) @ op(B) + beta * C, row-major; op(X) = X or X^T.
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+          int64_t ldc);
+// OpenBLAS's thread count is one value for the whole process: set it once per process from
+// runtime.threads. Ranks running as threads of one process each call BLAS with 1 thread.
+void set_blas_threads(int n);
+int blas_threads();
+
+// ---- Linear: y[N,OC] = x[N,C] @ w[OC,C]^T + b[OC]  (PyTorch weight layout) ----
+void linear_forward(float* y, const float* x, const float* w, const float* b, int64_t N,
+                    int64_t C, int64_t OC);  // b may be null
+void linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
+                     const float* w, int64_t N, int64_t C, int64_t OC);  // dx, db may be null
+
+// ---- Elementwise activations over n values ----
+void relu_forward(float* y, const float* x, int64_t n);
+void relu_backward(float* dx, const float* dy, const float* y, int64_t n);  // y = forward output
+// GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+void gelu_forward(float* y, const float* x, int64_t n);
+void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
+// y = a + b (residual connections); the backward of an add is a copy to both inputs.
+void add_forward(float* y, const float* a, const float* b, int64_t n);
+
+// ---- Softmax over the last dimension of x[N,C] ----
+void softmax_forward(float* y, const float* x, int64_t N, int64_t C);
+void softmax_backward(float* dx, const float* dy, const float* y, int64_t N, int64_t C);
+
+// ---- Fused log-softmax + cross-entropy, mean over the N rows ----
+// logits[N,C], labels[N] in [0, C). Returns the mean loss; writes probs[N,C] (softmax) for the
+// backward. Stable: subtracts each row's max. Throws InvalidArgument on a label outside [0, C).
+float cross_entropy_forward(float* probs, const float* logits, const int32_t* labels, int64_t N,
+                            int64_t C);
+// dlogits = (probs - onehot(labels)) * dloss / N   (dloss = 1 for a plain mean loss)
+void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* labels, int64_t N,
+                            int64_t C, float dloss);
+// Number of rows whose argmax equals the label.
+int64_t count_correct(const float* logits, const int32_t* labels, int64_t N, int64_t C);
+
+// ---- LayerNorm over the last dimension: x[N,C], w[C], b[C]; eps = 1e-5 ----
+// Caches mean[N] and rstd[N] (1/sqrt(var + eps), biased variance) for the backward.
+void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t N, int64_t C);
+void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
+                        const float* w, const float* mean, const float* rstd, int64_t N,
+                        int64_t C);
+
+// ---- Embedding: y[N,C] = table[ids[n], :], table[V,C] ----
+// Throws InvalidArgument on an id outside [0, V).
+void embedding_forward(float* y, const int32_t* ids, const float* table, int64_t N, int64_t V,
+                       int64_t C);
+void embedding_backward(float* dtable, const float* dy, const int32_t* ids, int64_t N,
+                        int64_t C);
+
+// ---- Dropout with a counter-based mask ----
+// x holds `rows` samples of `cols` values each; row r is global sample (first_sample + r).
+// The keep decision for element (r, c) is a pure function of (seed, step, first_sample + r, c),
+// so it is the same whatever rank, thread or batch split computes it, and the backward
+// recomputes it instead of storing a mask. Kept values are scaled by 1/(1-p).
+void dropout_forward(float* y, const float* x, int64_t rows, int64_t cols, float p,
+                     uint64_t seed, int64_t step, int64_t first_sample);
+void dropout_backward(float* dx, const float* dy, int64_t rows, int64_t cols, float p,
+                      uint64_t seed, int64_t step, int64_t first_sample);
+
+// ---- Conv2d (im2col + GEMM): x[N,C,H,W], w[OC,C,KH,KW], b[OC] -> y[N,OC,OH,OW] ----
+// OH = (H + 2*pad - KH) / stride + 1, likewise OW. `scratch` holds at least
+// conv2d_scratch_floats(...) floats (the im2col buffer); the caller owns it.
+struct Conv2dShape {
+  int64_t N, C, H, W, OC, KH, KW, stride, pad;
+  int64_t OH() const { return (H + 2 * pad - KH) / stride + 1; }
+  int64_t OW() const { return (W + 2 * pad - KW) / stride + 1; }
+};
+int64_t conv2d_scratch_floats(const Conv2dShape& s);
+void conv2d_forward(float* y, const float* x, const float* w, const float* b,
+                    const Conv2dShape& s, float* scratch);
+void conv2d_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
+                     const float* w, const Conv2dShape& s, float* scratch);
+
+// ---- MaxPool2d, square kernel k and stride: x[N,C,H,W] -> y[N,C,OH,OW] ----
+// OH = (H - k) / stride + 1. argmax[N*C*OH*OW] caches the winning input index for backward.
+void maxpool2d_forward(float* y, int32_t* argmax, const float* x, int64_t N, int64_t C,
+                       int64_t H, int64_t W, int64_t k, int64_t stride);
+void maxpool2d_backward(float* dx, const float* dy, const int32_t* argmax, int64_t N, int64_t C,
+                        int64_t H, int64_t W, int64_t k, int64_t stride);
+
+// ---- Causal multi-head self-attention ----
+// qkv[B,T,3C] holds q, k, v side by side (each C = NH * HS); out[B,T,C].
+// att[B,NH,T,T] caches the softmax probabilities (zero above the diagonal) for the backward.
+void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
+                       int64_t NH);
+void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
+                        int64_t B, int64_t T, int64_t C, int64_t NH);
+
+}  // namespace tessel::ops

@@ -1,0 +1,30 @@
+// Learning-rate schedules and gradient clipping.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tessel::optim {
+
+struct ScheduleSpec {
+  std::string kind = "constant";  // constant | step | cosine
+  int64_t warmup_steps = 0;       // linear warm-up from lr * warmup_start to lr
+  float warmup_start = 0.0f;
+  int64_t step_size = 1000;       // step: multiply by gamma every step_size steps
+  float gamma = 0.1f;
+  float min_lr = 0.0f;            // cosine: floor reached at total_steps
+};
+
+// lr at `step` (0-based) of `total_steps`, from the base lr.
+float lr_at(const ScheduleSpec& spec, float base_lr, int64_t step, int64_t total_steps);
+
+// The linear scaling rule: lr x global_batch / base_batch (base_batch <= 0 disables it).
+float scaled_lr(float lr, int64_t global_batch, int64_t base_batch);
+
+// Global-norm clipping split in two, so a distributed strategy can all-reduce the sum of
+// squares between them: norm = sqrt(sum of sum_squares over all shards).
+double sum_squares(const float* g, int64_t n);
+// Scales g by max_norm / norm when norm > max_norm (and max_norm > 0). Returns the factor used.
+float clip_scale(float* g, int64_t n, double norm, float max_norm);
+
+}  // namespace tessel::optim

@@ -1,0 +1,115 @@
+// Tensor: a value type holding a shape, a dtype, a device tag and a shared, 64-byte aligned
+// storage. Tensors are always contiguous; copying a Tensor shares its storage (a view), clone()
+// copies the bytes. No autograd lives here: modules cache what their backward needs.
+// Not thread safe for concurrent writes to the same storage; distinct views may be written
+// from distinct threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/core/error.h"
+#include "tessel/tensor/dtype.h"
+
+namespace tessel {
+
+using Shape = std::vector<int64_t>;
+
+int64_t shape_numel(const Shape& shape);
+std::string shape_str(const Shape& shape);  // "[128, 784]"
+
+// A 64-byte aligned, zero-initialised block of bytes on one device.
+class Storage {
+ public:
+  Storage(size_t bytes, Device device);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  void* data() { return data_; }
+  size_t bytes() const { return bytes_; }
+  Device device() const { return device_; }
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  Device device_;
+};
+
+template <typename T>
+constexpr DType dtype_of();
+template <> constexpr DType dtype_of<float>() { return DType::kF32; }
+template <> constexpr DType dtype_of<int32_t>() { return DType::kI32; }
+template <> constexpr DType dtype_of<int64_t>() { return DType::kI64; }
+template <> constexpr DType dtype_of<uint8_t>() { return DType::kU8; }
+
+class Tensor {
+ public:
+  Tensor() = default;
+  static Tensor empty(Shape shape, DType dtype = DType::kF32, Device device = Device::kCpu);
+  static Tensor zeros(Shape shape, DType dtype = DType::kF32, Device device = Device::kCpu);
+
+  bool defined() const { return storage_ != nullptr; }
+  const Shape& shape() const { return shape_; }
+  int ndim() const { return static_cast<int>(shape_.size()); }
+  int64_t dim(int i) const;  // negative i counts from the end
+  int64_t numel() const { return shape_numel(shape_); }
+  size_t nbytes() const { return static_cast<size_t>(numel()) * dtype_size(dtype_); }
+  DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+
+  void* raw() const { return static_cast<char*>(storage_->data()) + offset_; }
+  template <typename T>
+  T* data() const {
+    TESSEL_CHECK(dtype_of<T>() == dtype_, "tensor: data<", dtype_name(dtype_of<T>()),
+                 "> on a ", dtype_name(dtype_), " tensor");
+    return static_cast<T*>(raw());
+  }
+
+  // A view of numel(shape) elements starting at element `offset` of this tensor's storage range.
+  Tensor view(int64_t offset, Shape shape) const;
+  Tensor reshape(Shape shape) const;  // same numel; one dimension may be -1
+  Tensor clone() const;
+  Tensor to(DType dtype) const;  // converting copy (through f32 for float types)
+
+  void zero_();
+  void fill_(float value);           // f32 only
+  void copy_from(const Tensor& src); // same numel and dtype
+
+ private:
+  std::shared_ptr<Storage> storage_;
+  size_t offset_ = 0;  // bytes into storage_
+  Shape shape_;
+  DType dtype_ = DType::kF32;
+  Device device_ = Device::kCpu;
+};
+
+// A flat arena: one contiguous buffer carved into named views, each starting on a 64-byte
+// boundary. All parameters of a model live in one arena, all gradients in another, optimizer
+// state in others with the same layout, so that a collective or a shard is an offset range.
+// Usage: add() every entry, then allocate(), then view(i). Entries cannot be added afterwards.
+class Arena {
+ public:
+  struct Entry {
+    std::string name;
+    Shape shape;
+    int64_t offset;  // in elements, from the arena's start
+  };
+
+  int64_t add(std::string name, Shape shape);  // returns the entry's index
+  void allocate(DType dtype = DType::kF32, Device device = Device::kCpu);  // zero-filled
+  bool allocated() const { return flat_.defined(); }
+
+  const std::vector<Entry>& entries() const { return entries_; }
+  int64_t numel() const { return numel_; }  // including alignment padding
+  const Tensor& flat() const { return flat_; }  // the whole arena, 1-D
+  Tensor view(size_t index) const;
+
+ private:
+  std::vector<Entry> entries_;
+  int64_t numel_ = 0;
+  Tensor flat_;
+};
+
+}  // namespace tessel

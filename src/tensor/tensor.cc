@@ -1,0 +1,152 @@
+#include "tessel/tensor/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+#include <new>
+
+namespace tessel {
+namespace {
+constexpr size_t kAlignBytes = 64;
+}
+
+int64_t shape_numel(const Shape& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+std::string shape_str(const Shape& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
+  size_t rounded = (bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes;
+  if (rounded == 0) rounded = kAlignBytes;
+  data_ = std::aligned_alloc(kAlignBytes, rounded);
+  if (data_ == nullptr) throw std::bad_alloc();
+  std::memset(data_, 0, rounded);
+}
+
+Storage::~Storage() { std::free(data_); }
+
+Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
+  for (int64_t d : shape)
+    if (d < 0) throw InvalidArgument(str("tensor: negative dimension in shape ", shape_str(shape)));
+  Tensor t;
+  t.shape_ = std::move(shape);
+  t.dtype_ = dtype;
+  t.device_ = device;
+  t.storage_ = std::make_shared<Storage>(t.nbytes(), device);
+  return t;
+}
+
+Tensor Tensor::zeros(Shape shape, DType dtype, Device device) {
+  return empty(std::move(shape), dtype, device);  // Storage is zero-filled
+}
+
+int64_t Tensor::dim(int i) const {
+  int n = ndim();
+  int j = i < 0 ? i + n : i;
+  TESSEL_CHECK(j >= 0 && j < n, "tensor: dim ", i, " of shape ", shape_str(shape_));
+  return shape_[j];
+}
+
+Tensor Tensor::view(int64_t offset, Shape shape) const {
+  int64_t n = shape_numel(shape);
+  TESSEL_CHECK(offset >= 0 && offset + n <= numel(), "tensor: view [", offset, ", ", offset + n,
+               ") outside ", numel(), " elements");
+  Tensor t = *this;
+  t.offset_ = offset_ + static_cast<size_t>(offset) * dtype_size(dtype_);
+  t.shape_ = std::move(shape);
+  return t;
+}
+
+Tensor Tensor::reshape(Shape shape) const {
+  int64_t known = 1, infer = -1;
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (shape[i] == -1) {
+      TESSEL_CHECK(infer < 0, "tensor: reshape with two -1 in ", shape_str(shape));
+      infer = static_cast<int64_t>(i);
+    } else {
+      known *= shape[i];
+    }
+  }
+  if (infer >= 0 && known > 0) shape[infer] = numel() / known;
+  TESSEL_CHECK(shape_numel(shape) == numel(), "tensor: reshape ", shape_str(shape_), " to ",
+               shape_str(shape));
+  return view(0, std::move(shape));
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape_, dtype_, device_);
+  std::memcpy(t.raw(), raw(), nbytes());
+  return t;
+}
+
+Tensor Tensor::to(DType dtype) const {
+  if (dtype == dtype_) return clone();
+  Tensor out = empty(shape_, dtype, device_);
+  const int64_t n = numel();
+  auto load = [&](int64_t i) -> double {
+    const char* p = static_cast<const char*>(raw());
+    switch (dtype_) {
+      case DType::kF32: return reinterpret_cast<const float*>(p)[i];
+      case DType::kF16: return f16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
+      case DType::kBF16: return bf16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
+      case DType::kI32: return reinterpret_cast<const int32_t*>(p)[i];
+      case DType::kI64: return static_cast<double>(reinterpret_cast<const int64_t*>(p)[i]);
+      case DType::kU8: return reinterpret_cast<const uint8_t*>(p)[i];
+    }
+    return 0;
+  };
+  char* q = static_cast<char*>(out.raw());
+  for (int64_t i = 0; i < n; ++i) {
+    double v = load(i);
+    switch (dtype) {
+      case DType::kF32: reinterpret_cast<float*>(q)[i] = static_cast<float>(v); break;
+      case DType::kF16: reinterpret_cast<uint16_t*>(q)[i] = f32_to_f16(static_cast<float>(v)); break;
+      case DType::kBF16: reinterpret_cast<uint16_t*>(q)[i] = f32_to_bf16(static_cast<float>(v)); break;
+      case DType::kI32: reinterpret_cast<int32_t*>(q)[i] = static_cast<int32_t>(v); break;
+      case DType::kI64: reinterpret_cast<int64_t*>(q)[i] = static_cast<int64_t>(v); break;
+      case DType::kU8: reinterpret_cast<uint8_t*>(q)[i] = static_cast<uint8_t>(v); break;
+    }
+  }
+  return out;
+}
+
+void Tensor::zero_() { std::memset(raw(), 0, nbytes()); }
+
+void Tensor::fill_(float value) {
+  float* p = data<float>();
+  for (int64_t i = 0, n = numel(); i < n; ++i) p[i] = value;
+}
+
+void Tensor::copy_from(const Tensor& src) {
+  TESSEL_CHECK(src.numel() == numel() && src.dtype() == dtype_, "tensor: copy_from ",
+               shape_str(src.shape()), " ", dtype_name(src.dtype()), " into ", shape_str(shape_),
+               " ", dtype_name(dtype_));
+  std::memmove(raw(), src.raw(), nbytes());
+}
+
+int64_t Arena::add(std::string name, Shape shape) {
+  TESSEL_CHECK(!allocated(), "arena: add('", name, "') after allocate()");
+  constexpr int64_t kAlignElems = 16;  // 64 bytes of f32 (32 of bf16/f16)
+  entries_.push_back({std::move(name), std::move(shape), numel_});
+  numel_ += (shape_numel(entries_.back().shape) + kAlignElems - 1) / kAlignElems * kAlignElems;
+  return static_cast<int64_t>(entries_.size()) - 1;
+}
+
+void Arena::allocate(DType dtype, Device device) {
+  TESSEL_CHECK(!allocated(), "arena: allocate() twice");
+  flat_ = Tensor::zeros({numel_}, dtype, device);
+}
+
+Tensor Arena::view(size_t index) const {
+  TESSEL_CHECK(allocated() && index < entries_.size(), "arena: view(", index, ") of ",
+               entries_.size(), " entries");
+  return flat_.view(entries_[index].offset, entries_[index].shape);
+}
+
+}  // namespace tessel

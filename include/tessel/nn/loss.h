@@ -10,7 +10,7 @@ class CrossEntropyLoss {
  public:
   // Returns the mean loss and caches the probabilities for backward().
   float forward(const Tensor& logits, const Tensor& labels);
-  // dlogits of (dloss x mean loss); same shape as the logits.
+  // dlogits of (dloss x mean loss); same shape as the logits. A buffer reused by the next call.
   Tensor backward(float dloss = 1.0f);
   // Positions whose argmax equals the label, in the last forward().
   int64_t correct() const { return correct_; }
@@ -19,6 +19,7 @@ class CrossEntropyLoss {
  private:
   Tensor probs_;
   Tensor labels_;
+  Tensor dlogits_;
   int64_t correct_ = 0;
 };
 

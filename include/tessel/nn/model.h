@@ -26,9 +26,12 @@ class Model {
   // Runs blocks [begin, end) (all by default).
   Tensor forward(const Tensor& x, const Context& ctx, size_t begin = 0, size_t end = SIZE_MAX);
   // Runs the backward of blocks [begin, end) in reverse; after_block(i) is called as soon as
-  // block i's parameter gradients are complete. Returns the gradient w.r.t. the input of `begin`.
+  // block i's parameter gradients are complete. Returns the gradient w.r.t. the input of `begin`;
+  // for begin == 0 that is an undefined Tensor unless set_input_grad(true) (the model's input
+  // is data, and skipping its gradient saves work).
   Tensor backward(const Tensor& dy, const std::function<void(size_t)>& after_block = {},
                   size_t begin = 0, size_t end = SIZE_MAX);
+  void set_input_grad(bool needed);  // default false
 
   Arena& params() { return params_; }
   Arena& grads() { return grads_; }
@@ -48,6 +51,7 @@ class Model {
   std::vector<std::pair<size_t, size_t>> block_params_;
   Arena params_;
   Arena grads_;
+  bool input_grad_ = false;
 };
 
 }  // namespace tessel::nn

@@ -2,7 +2,9 @@
 // forward() caches what backward() needs; backward(dy) accumulates parameter gradients into
 // the gradient arena and returns dx. Parameters are declared by the module (name, shape, init)
 // and bound later to views of the model's ONE parameter arena and ONE gradient arena.
-// A module instance is used by one thread at a time.
+// A module instance is used by one thread at a time. A returned tensor may be a buffer the
+// module reuses: it stays valid until the module's next forward() (or backward()); clone() it
+// to keep it longer.
 #pragma once
 
 #include <cstdint>
@@ -50,6 +52,15 @@ class Module {
   virtual std::vector<Parameter*> parameters() { return {}; }
   // Multiply-adds x 2 of one forward pass for a batch of `batch` samples (for GFLOP/s reports).
   virtual double forward_flops(int64_t batch) const { (void)batch; return 0; }
+
+  // Whether backward() must compute dx. A model turns it off for its first block, whose input
+  // is data: that skips the largest GEMM of an MLP's backward. When off, backward() may return
+  // an undefined Tensor.
+  void set_input_grad(bool needed) { input_grad_ = needed; }
+  bool input_grad() const { return input_grad_; }
+
+ protected:
+  bool input_grad_ = true;
 };
 
 }  // namespace tessel::nn

@@ -1,0 +1,106 @@
+// tessel command line: train, eval, config. Library errors (tessel::Error) become a one-line
+// message on stderr and exit code 1; command-line misuse exits 2 with the usage text.
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include <CLI/CLI.hpp>
+
+#include "tessel/core/error.h"
+#include "tessel/train/config.h"
+#include "tessel/train/trainer.h"
+
+namespace {
+
+std::atomic<bool> g_interrupt{false};
+
+void on_sigint(int) {
+  if (g_interrupt.exchange(true)) std::_Exit(130);  // a second Ctrl-C stops at once
+}
+
+void print_summary(const nlohmann::json& s) {
+  std::printf("\n== summary (%s/summary.json) ==\n", s["run_dir"].get<std::string>().c_str());
+  for (auto& [key, value] : s.items()) std::printf("  %-20s %s\n", key.c_str(), value.dump().c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tessel: train and serve neural networks on many workers"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "tessel 0.1.0");
+
+  std::string config_path, run_dir, resume, checkpoint;
+  std::vector<std::string> overrides;
+  int64_t stop_after = 0;
+  bool quiet = false;
+
+  CLI::App* train = app.add_subcommand("train", "Train a model from a config file");
+  train->add_option("config", config_path, "Config file (TOML), e.g. examples/fashion_mlp.toml")
+      ->required();
+  train->add_option("--run-dir", run_dir, "Run folder (default: runs/<config name>)");
+  train->add_option("--resume", resume,
+                    "Continue from a run folder's latest checkpoint or a checkpoint folder");
+  train->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
+  train->add_option("--stop-after", stop_after,
+                    "Stop after N steps of this invocation, saving a checkpoint to resume from");
+  train->add_flag("--quiet", quiet, "No progress output");
+
+  CLI::App* eval = app.add_subcommand("eval", "Evaluate a checkpoint on the test set");
+  eval->add_option("config", config_path, "Config file the checkpoint was trained with")->required();
+  eval->add_option("--checkpoint", checkpoint, "Run folder or checkpoint folder")->required();
+  eval->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
+
+  CLI::App* config = app.add_subcommand("config", "Print the resolved config (every key)");
+  config->add_option("config", config_path, "Config file (TOML)")->required();
+  config->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e) == 0 ? 0 : 2;
+  }
+
+  try {
+    if (*train) {
+      tessel::train::RunOptions opts;
+      opts.run_dir = run_dir;
+      opts.resume = resume;
+      opts.stop_after = stop_after;
+      opts.progress = !quiet;
+      opts.interrupt = &g_interrupt;
+      std::signal(SIGINT, on_sigint);
+      tessel::train::Trainer trainer(tessel::train::load_config(config_path, overrides), opts);
+      nlohmann::json summary = trainer.run();
+      print_summary(summary);
+      return summary["completed"].get<bool>() || stop_after > 0 ? 0 : 130;
+    }
+    if (*eval) {
+      tessel::train::RunOptions opts;
+      opts.progress = false;
+      tessel::train::Trainer trainer(tessel::train::load_config(config_path, overrides), opts);
+      trainer.load_weights(checkpoint);
+      if (!trainer.datasets().test)
+        throw tessel::InvalidArgument("eval: the dataset has no test split");
+      tessel::train::EvalResult r = trainer.evaluate(*trainer.datasets().test);
+      nlohmann::json out = {{"test_loss", r.loss}, {"test_accuracy", r.accuracy},
+                            {"samples", r.samples}, {"params_sha256", trainer.model().params_sha256()}};
+      std::printf("%s\n", out.dump(2).c_str());
+      return 0;
+    }
+    if (*config) {
+      std::printf("%s", tessel::train::to_toml(tessel::train::load_config(config_path, overrides)).c_str());
+      return 0;
+    }
+  } catch (const tessel::Error& e) {
+    std::fprintf(stderr, "tessel: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tessel: internal error: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,135 @@
+// Training throughput of tessel's example models: samples/s of full training steps (forward,
+// loss, backward, optimizer step) at batch 128 with 1 and 2 BLAS threads, on real Fashion-MNIST
+// batches loaded before the timed part. Also reports the achieved GFLOP/s, counted as
+// 3 x forward FLOPs per sample (forward + backward for inputs and weights), and single-process
+// sgemm GFLOP/s measured in the same run as the machine reference.
+//
+//   train_throughput [--steps N] [--repeats R] [--models fashion_mlp,fashion_cnn] [--threads 1,2]
+//                    [--json FILE]
+// Run bench/compare_torch.sh to measure PyTorch on the same models side by side.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tessel/core/clock.h"
+#include "tessel/core/log.h"
+#include "tessel/ops/cpu.h"
+#include "tessel/train/trainer.h"
+
+using namespace tessel;
+
+namespace {
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) out.push_back(item);
+  return out;
+}
+
+double sgemm_gflops(int n, int repeats) {
+  std::vector<float> a(size_t(n) * n, 0.5f), b(size_t(n) * n, 0.25f), c(size_t(n) * n);
+  ops::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);  // warm-up
+  std::vector<double> times;
+  for (int r = 0; r < repeats; ++r) {
+    double t0 = now_seconds();
+    ops::gemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+    times.push_back(now_seconds() - t0);
+  }
+  std::sort(times.begin(), times.end());
+  return 2.0 * n * n * n / times[times.size() / 2] / 1e9;
+}
+
+struct Measure {
+  double samples_per_second;
+  double gflops;
+};
+
+Measure measure(const std::string& example, int threads, int steps, int repeats) {
+  train::Config cfg = train::load_config(std::string(TESSEL_SOURCE_DIR) + "/examples/" + example + ".toml",
+                                         {"runtime.threads=" + std::to_string(threads), "train.batch=128"});
+  train::RunOptions opts;
+  opts.progress = false;
+  train::Trainer trainer(cfg, opts);
+  // Load the batches first: data loading is not part of the timed steps.
+  data::LoaderOptions lo;
+  lo.batch = 128;
+  lo.seed = cfg.seed;
+  lo.prefetch = 0;
+  data::DataLoader loader(trainer.datasets().train, lo);
+  loader.start_epoch(0);
+  std::vector<data::Batch> batches(16);
+  for (auto& b : batches) loader.next(b);
+  train::EvalResult sums;
+  for (int i = 0; i < 10; ++i) trainer.step(batches[i % batches.size()], sums);  // warm-up
+  std::vector<double> rates;
+  for (int r = 0; r < repeats; ++r) {
+    double t0 = now_seconds();
+    for (int i = 0; i < steps; ++i) trainer.step(batches[i % batches.size()], sums);
+    rates.push_back(steps * 128.0 / (now_seconds() - t0));
+  }
+  std::sort(rates.begin(), rates.end());
+  double sps = rates[rates.size() / 2];
+  return {sps, sps * 3.0 * trainer.model().forward_flops(1) / 1e9};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int steps = 100, repeats = 5;
+  std::vector<std::string> models = {"fashion_mlp", "fashion_cnn"};
+  std::vector<std::string> threads = {"1", "2"};
+  std::string json_path;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto next = [&]() -> std::string {
+      if (i + 1 >= argc) {
+        std::fprintf(stderr, "train_throughput: %s needs a value\n", a.c_str());
+        std::exit(2);
+      }
+      return argv[++i];
+    };
+    if (a == "--steps") steps = std::stoi(next());
+    else if (a == "--repeats") repeats = std::stoi(next());
+    else if (a == "--models") models = split(next());
+    else if (a == "--threads") threads = split(next());
+    else if (a == "--json") json_path = next();
+    else {
+      std::fprintf(stderr,
+                   "usage: train_throughput [--steps N] [--repeats R] [--models a,b] "
+                   "[--threads 1,2] [--json FILE]\n");
+      return a == "--help" ? 0 : 2;
+    }
+  }
+  set_log_level(LogLevel::kWarn);
+  nlohmann::json out = nlohmann::json::array();
+  try {
+    std::printf("%-12s %7s %12s %9s %12s %9s\n", "model", "threads", "samples/s", "GFLOP/s",
+                "sgemm GF/s", "of sgemm");
+    for (const std::string& t : threads) {
+      int nt = std::stoi(t);
+      ops::set_blas_threads(nt);
+      double peak = sgemm_gflops(1024, 5);
+      for (const std::string& m : models) {
+        Measure r = measure(m, nt, steps, repeats);
+        std::printf("%-12s %7d %12.0f %9.1f %12.1f %8.0f%%\n", m.c_str(), nt, r.samples_per_second,
+                    r.gflops, peak, 100.0 * r.gflops / peak);
+        std::fflush(stdout);
+        out.push_back({{"model", m}, {"threads", nt}, {"batch", 128},
+                       {"samples_per_second", r.samples_per_second}, {"gflops", r.gflops},
+                       {"sgemm_gflops", peak}});
+      }
+    }
+  } catch (const Error& e) {
+    std::fprintf(stderr, "train_throughput: %s\n", e.what());
+    return 1;
+  }
+  if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";
+  return 0;
+}

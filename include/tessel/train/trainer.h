@@ -1,0 +1,80 @@
+// Trainer: the single training loop every layout shares. It owns the model, the optimizer, the
+// data loaders and the run folder; it holds no communication (parallel strategies hook it at
+// fixed points in later layers). One run: optional resume from a checkpoint, epochs of steps
+// (forward, loss, backward, clip, step), test-set evaluation each epoch, metrics JSONL,
+// checkpoints, and summary.json at the end.
+//
+// Run folder (default runs/<config name>/): config.toml (resolved), metrics.jsonl,
+// checkpoints/ (see ckpt/checkpoint.h), summary.json.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tessel/data/loader.h"
+#include "tessel/nn/loss.h"
+#include "tessel/nn/model.h"
+#include "tessel/optim/optimizer.h"
+#include "tessel/train/config.h"
+
+namespace tessel::train {
+
+struct RunOptions {
+  std::string run_dir;      // empty: runs/<config name>
+  std::string resume;       // run folder or checkpoint folder to continue from; empty: fresh
+  int64_t stop_after = 0;   // > 0: stop after this many steps of this invocation (checkpointed)
+  bool progress = true;     // print progress (a live line on a terminal, plain lines otherwise)
+  // Set from another thread (e.g. a SIGINT handler) to stop at the next step boundary with a
+  // checkpoint. May be null.
+  const std::atomic<bool>* interrupt = nullptr;
+};
+
+struct EvalResult {
+  double loss = 0;
+  double accuracy = 0;
+  int64_t samples = 0;
+};
+
+class Trainer {
+ public:
+  Trainer(Config config, RunOptions options);
+  ~Trainer();
+
+  // Trains to the end (or until stop_after / interrupt) and returns summary.json's contents.
+  nlohmann::json run();
+  // Forward-only pass over a whole dataset in order.
+  EvalResult evaluate(const data::Dataset& dataset);
+  // One training step on a batch (forward, loss, backward, clip, optimizer step); adds the
+  // batch's loss x rows and correct count to `sums`. Returns the batch's mean loss.
+  float step(const data::Batch& batch, EvalResult& sums);
+  // Loads the weights (only) of a checkpoint folder or run folder into the model.
+  void load_weights(const std::string& checkpoint_path);
+
+  nn::Model& model() { return *model_; }
+  const Config& config() const { return config_; }
+  const data::Splits& datasets() const { return data_; }
+  const std::string& run_dir() const { return run_dir_; }
+
+ private:
+  struct State;  // position in training: step, epoch, batch in epoch, running sums
+  void save(const State& state);
+  void restore(const std::string& path, State& state);
+  void log_metrics(const nlohmann::json& record);
+
+  Config config_;
+  RunOptions options_;
+  std::string run_dir_;
+  data::Splits data_;
+  std::unique_ptr<nn::Model> model_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<data::DataLoader> loader_;
+  nn::CrossEntropyLoss loss_;
+  int64_t total_steps_ = 0;
+  float base_lr_ = 0;
+  int64_t step_ = 0;
+};
+
+}  // namespace tessel::train

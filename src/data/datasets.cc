@@ -1,0 +1,49 @@
+// make_datasets: dispatch on DataSpec::kind, plus the helpers the dataset builders share.
+#include <cstring>
+#include <utility>
+
+#include "datasets_internal.h"
+
+namespace tessel::data {
+namespace detail {
+
+void check_test_fraction(const DataSpec& spec) {
+  if (!(spec.test_fraction >= 0.0 && spec.test_fraction < 1.0))
+    throw InvalidArgument(str("data: test_fraction must be in [0, 1), got ", spec.test_fraction,
+                              "; set data.test_fraction to e.g. 0.1 (0 means no test split)"));
+}
+
+void check_range(const char* key, int64_t value, int64_t lo, int64_t hi) {
+  if (value < lo || value > hi)
+    throw InvalidArgument(str("data: ", key, " must be in [", lo, ", ", hi, "], got ", value,
+                              "; set data.", key, " to a value in that range"));
+}
+
+DenseDataset::DenseDataset(std::string name, int64_t features, int64_t classes,
+                           std::vector<float> x, std::vector<int32_t> y)
+    : name_(std::move(name)), features_(features), classes_(classes), x_(std::move(x)),
+      y_(std::move(y)) {
+  TESSEL_CHECK(static_cast<int64_t>(x_.size()) == size() * features_, "dense dataset ", name_,
+               ": ", x_.size(), " values for ", size(), " rows of ", features_);
+}
+
+void DenseDataset::get(int64_t index, void* x, int32_t* y) const {
+  TESSEL_CHECK(index >= 0 && index < size(), "dataset ", name_, ": index ", index,
+               " outside [0, ", size(), ")");
+  std::memcpy(x, x_.data() + index * features_, static_cast<size_t>(features_) * sizeof(float));
+  *y = y_[static_cast<size_t>(index)];
+}
+
+}  // namespace detail
+
+Splits make_datasets(const DataSpec& spec) {
+  if (spec.kind == "fashion_mnist" || spec.kind == "mnist_idx") return detail::make_idx_splits(spec);
+  if (spec.kind == "spiral") return detail::make_spiral_splits(spec);
+  if (spec.kind == "text") return detail::make_text_splits(spec);
+  if (spec.kind == "synthetic") return detail::make_synthetic_splits(spec);
+  throw InvalidArgument(str("data: unknown kind \"", spec.kind,
+                            "\"; set data.kind to one of fashion_mnist, mnist_idx, spiral, text, "
+                            "synthetic"));
+}
+
+}  // namespace tessel::data

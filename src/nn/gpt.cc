@@ -1,0 +1,209 @@
+// GPT blocks: token + position embedding, the pre-LN transformer block and the tied LM head.
+#include <cmath>
+#include <cstring>
+
+#include "tessel/nn/layers.h"
+#include "tessel/ops/cpu.h"
+
+namespace tessel::nn {
+namespace {
+
+constexpr float kGptInitStd = 0.02f;
+
+void check_tokens(const Tensor& x, int64_t context) {
+  if (!x.defined() || x.dtype() != DType::kI32 || x.ndim() != 2 || x.dim(1) < 1 ||
+      x.dim(1) > context)
+    throw InvalidArgument(str("embedding: input must be i32 token ids [B, T] with 1 <= T <= ",
+                              context, ", got ", x.defined() ? dtype_name(x.dtype()) : "undefined",
+                              " ", x.defined() ? shape_str(x.shape()) : "",
+                              "; a gpt model needs a token dataset"));
+}
+
+void check_activations(const Tensor& x, int64_t C, const char* layer) {
+  if (!x.defined() || x.dtype() != DType::kF32 || x.ndim() != 3 || x.dim(2) != C)
+    throw InvalidArgument(str(layer, ": input must be f32 [B, T, ", C, "], got ",
+                              x.defined() ? shape_str(x.shape()) : "undefined",
+                              "; place it after the embedding block"));
+}
+
+void prefix_names(const std::vector<Parameter*>& params, const std::string& prefix) {
+  for (Parameter* p : params) p->name = prefix + p->name;
+}
+
+void set_normal(Parameter& p, float std) {
+  p.init = Init::kNormal;
+  p.scale = std;
+}
+
+void set_zeros(Parameter* p) {
+  if (p != nullptr) p->init = Init::kZeros;
+}
+
+}  // namespace
+
+// ---- Embedding ----
+
+Embedding::Embedding(int64_t vocab, int64_t context, int64_t channels)
+    : V_(vocab), T_(context), C_(channels) {
+  TESSEL_CHECK(V_ > 0 && T_ > 0 && C_ > 0, "embedding: sizes must be positive, got vocab ", V_,
+               ", context ", T_, ", channels ", C_);
+  wte_ = {"wte", {V_, C_}, Init::kNormal, kGptInitStd, {}, {}};
+  wpe_ = {"wpe", {T_, C_}, Init::kNormal, kGptInitStd, {}, {}};
+}
+
+Tensor Embedding::forward(const Tensor& ids, const Context& ctx) {
+  (void)ctx;
+  check_tokens(ids, T_);
+  ids_ = ids;
+  const int64_t B = ids.dim(0), T = ids.dim(1);
+  Tensor y = y_.get({B, T, C_});
+  float* out = y.data<float>();
+  ops::embedding_forward(out, ids.data<int32_t>(), wte_.value.data<float>(), B * T, V_, C_);
+  // Position embedding: no kernel adds a [T, C] table to each of B rows, so a plain loop.
+  const float* wpe = wpe_.value.data<float>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      float* row = out + (b * T + t) * C_;
+      const float* pos = wpe + t * C_;
+      for (int64_t c = 0; c < C_; ++c) row[c] += pos[c];
+    }
+  return y;
+}
+
+Tensor Embedding::backward(const Tensor& dy) {
+  const int64_t B = ids_.dim(0), T = ids_.dim(1);
+  TESSEL_CHECK(dy.defined() && dy.shape() == Shape({B, T, C_}), "embedding: backward gradient ",
+               dy.defined() ? shape_str(dy.shape()) : "undefined", " after a forward of ",
+               shape_str(ids_.shape()));
+  const float* g = dy.data<float>();
+  ops::embedding_backward(wte_.grad.data<float>(), g, ids_.data<int32_t>(), B * T, C_);
+  float* dwpe = wpe_.grad.data<float>();
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = g + (b * T + t) * C_;
+      float* pos = dwpe + t * C_;
+      for (int64_t c = 0; c < C_; ++c) pos[c] += row[c];
+    }
+  return {};
+}
+
+// ---- TransformerBlock ----
+
+TransformerBlock::TransformerBlock(int64_t channels, int64_t heads, int64_t context,
+                                   int64_t layers)
+    : C_(channels), NH_(heads), T_(context), ln1_(channels), ln2_(channels),
+      qkv_(channels, 3 * channels), attn_proj_(channels, channels), fc_(channels, 4 * channels),
+      mlp_proj_(4 * channels, channels) {
+  TESSEL_CHECK(NH_ > 0 && C_ % NH_ == 0 && T_ > 0 && layers > 0,
+               "transformer_block: heads must divide channels and sizes be positive, got "
+               "channels ",
+               C_, ", heads ", NH_, ", context ", T_, ", layers ", layers);
+  const float proj_std = kGptInitStd / std::sqrt(2.0f * static_cast<float>(layers));
+  for (Linear* l : {&qkv_, &attn_proj_, &fc_, &mlp_proj_}) {
+    set_normal(l->weight(), l == &attn_proj_ || l == &mlp_proj_ ? proj_std : kGptInitStd);
+    set_zeros(l->bias());
+    l->set_rows_per_sample(T_);
+  }
+  prefix_names(ln1_.parameters(), "ln1.");
+  prefix_names(qkv_.parameters(), "attn.qkv.");
+  prefix_names(attn_proj_.parameters(), "attn.proj.");
+  prefix_names(ln2_.parameters(), "ln2.");
+  prefix_names(fc_.parameters(), "mlp.fc.");
+  prefix_names(mlp_proj_.parameters(), "mlp.proj.");
+}
+
+std::vector<Parameter*> TransformerBlock::parameters() {
+  std::vector<Parameter*> out;
+  for (Module* m : std::initializer_list<Module*>{&ln1_, &qkv_, &attn_proj_, &ln2_, &fc_,
+                                                  &mlp_proj_})
+    for (Parameter* p : m->parameters()) out.push_back(p);
+  return out;
+}
+
+Tensor TransformerBlock::forward(const Tensor& x, const Context& ctx) {
+  check_activations(x, C_, "transformer_block");
+  B_ = x.dim(0);
+  T_cur_ = x.dim(1);
+  const int64_t n = x.numel();
+  // Attention branch: x1 = x + proj(attention(qkv(ln1(x)))).
+  qkv_out_ = qkv_.forward(ln1_.forward(x, ctx), ctx);
+  Tensor a = attn_out_.get({B_, T_cur_, C_});
+  ops::attention_forward(a.data<float>(), att_.get({B_, NH_, T_cur_, T_cur_}).data<float>(),
+                         qkv_out_.data<float>(), B_, T_cur_, C_, NH_);
+  Tensor x1 = x1_.get(x.shape());
+  ops::add_forward(x1.data<float>(), x.data<float>(),
+                   attn_proj_.forward(a, ctx).data<float>(), n);
+  // MLP branch: y = x1 + proj(gelu(fc(ln2(x1)))).
+  Tensor m = mlp_proj_.forward(gelu_.forward(fc_.forward(ln2_.forward(x1, ctx), ctx), ctx), ctx);
+  Tensor y = y_.get(x.shape());
+  ops::add_forward(y.data<float>(), x1.data<float>(), m.data<float>(), n);
+  return y;
+}
+
+Tensor TransformerBlock::backward(const Tensor& dy) {
+  const Shape shape{B_, T_cur_, C_};
+  TESSEL_CHECK(dy.defined() && dy.shape() == shape, "transformer_block: backward gradient ",
+               dy.defined() ? shape_str(dy.shape()) : "undefined", " after a forward of ",
+               shape_str(shape));
+  const int64_t n = dy.numel();
+  // The residual passes dy through unchanged; the MLP branch adds its share.
+  Tensor dh2 = fc_.backward(gelu_.backward(mlp_proj_.backward(dy)));
+  Tensor dx1 = dx1_.get(shape);
+  ops::add_forward(dx1.data<float>(), dy.data<float>(), ln2_.backward(dh2).data<float>(), n);
+  // Attention branch, then its residual.
+  Tensor da = attn_proj_.backward(dx1);
+  Tensor dqkv = dqkv_.get({B_, T_cur_, 3 * C_});
+  ops::attention_backward(dqkv.data<float>(), da.data<float>(), qkv_out_.data<float>(),
+                          att_.get({B_, NH_, T_cur_, T_cur_}).data<float>(), B_, T_cur_, C_, NH_);
+  ln1_.set_input_grad(input_grad_);
+  Tensor dln1 = ln1_.backward(qkv_.backward(dqkv));
+  if (!input_grad_) return {};
+  Tensor dx = dx_.get(shape);
+  ops::add_forward(dx.data<float>(), dx1.data<float>(), dln1.data<float>(), n);
+  return dx;
+}
+
+double TransformerBlock::forward_flops(int64_t batch) const {
+  double f = 0;
+  for (const Linear* l : {&qkv_, &attn_proj_, &fc_, &mlp_proj_}) f += l->forward_flops(batch);
+  // q @ k^T and att @ v, each T x T x C multiply-adds per sequence (causal half not discounted).
+  return f + 4.0 * static_cast<double>(batch) * T_ * T_ * C_;
+}
+
+// ---- LmHead ----
+
+LmHead::LmHead(Parameter* token_table, int64_t vocab, int64_t channels, int64_t context)
+    : wte_(token_table), V_(vocab), C_(channels), T_(context), ln_(channels) {
+  TESSEL_CHECK(wte_ != nullptr && wte_->shape == Shape({V_, C_}),
+               "lm_head: tied token table must be [", V_, ", ", C_, "], got ",
+               wte_ ? shape_str(wte_->shape) : "none");
+  prefix_names(ln_.parameters(), "ln.");
+}
+
+Tensor LmHead::forward(const Tensor& x, const Context& ctx) {
+  check_activations(x, C_, "lm_head");
+  h_ = ln_.forward(x, ctx);
+  Tensor y = y_.get({x.dim(0), x.dim(1), V_});
+  ops::linear_forward(y.data<float>(), h_.data<float>(), wte_->value.data<float>(), nullptr,
+                      h_.numel() / C_, C_, V_);
+  return y;
+}
+
+Tensor LmHead::backward(const Tensor& dy) {
+  const Shape shape{h_.dim(0), h_.dim(1), V_};
+  TESSEL_CHECK(dy.defined() && dy.shape() == shape, "lm_head: backward gradient ",
+               dy.defined() ? shape_str(dy.shape()) : "undefined", ", expected ",
+               shape_str(shape));
+  Tensor dh = dh_.get(h_.shape());
+  // Accumulates into the embedding's table gradient: the tied weight gets both uses.
+  ops::linear_backward(dh.data<float>(), wte_->grad.data<float>(), nullptr, dy.data<float>(),
+                       h_.data<float>(), wte_->value.data<float>(), h_.numel() / C_, C_, V_);
+  ln_.set_input_grad(input_grad_);
+  return ln_.backward(dh);
+}
+
+double LmHead::forward_flops(int64_t batch) const {
+  return 2.0 * static_cast<double>(batch) * T_ * C_ * V_;
+}
+
+}  // namespace tessel::nn

@@ -1,0 +1,288 @@
+// Basic layers: each forward/backward validates shapes, takes its output from a reused Buffer
+// and calls one kernel pair of tessel/ops.
+#include "tessel/nn/layers.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "tessel/ops/cpu.h"
+
+namespace tessel::nn {
+namespace {
+
+void check_f32(const Tensor& x, const char* layer) {
+  if (!x.defined() || x.dtype() != DType::kF32)
+    throw InvalidArgument(str(layer, ": input must be an f32 tensor, got ",
+                              x.defined() ? dtype_name(x.dtype()) : "an undefined tensor",
+                              "; check the data loader's output and the model kind"));
+}
+
+void check_same_shape(const Tensor& dy, const Shape& expected, const char* layer) {
+  if (!dy.defined() || dy.shape() != expected)
+    throw InvalidArgument(str(layer, ": backward gradient must have shape ", shape_str(expected),
+                              ", got ", dy.defined() ? shape_str(dy.shape()) : "undefined",
+                              "; call backward() with the gradient of the last forward() output"));
+}
+
+Shape with_last(Shape s, int64_t last) {
+  s.back() = last;
+  return s;
+}
+
+}  // namespace
+
+Tensor Buffer::get(const Shape& shape, DType dtype) {
+  const int64_t n = shape_numel(shape);
+  if (!storage_.defined() || storage_.dtype() != dtype || storage_.numel() < n)
+    storage_ = Tensor::empty({std::max<int64_t>(n, 1)}, dtype);
+  return storage_.view(0, shape);
+}
+
+// ---- Linear ----
+
+Linear::Linear(int64_t in, int64_t out, bool bias) : in_(in), out_(out), has_bias_(bias) {
+  TESSEL_CHECK(in > 0 && out > 0, "linear: sizes must be positive, got in ", in, ", out ", out);
+  const float bound = 1.0f / std::sqrt(static_cast<float>(in));
+  weight_ = {"weight", {out, in}, Init::kUniform, bound, {}, {}};
+  bias_ = {"bias", {out}, Init::kUniform, bound, {}, {}};
+}
+
+std::vector<Parameter*> Linear::parameters() {
+  if (has_bias_) return {&weight_, &bias_};
+  return {&weight_};
+}
+
+Tensor Linear::forward(const Tensor& x, const Context& ctx) {
+  (void)ctx;
+  check_f32(x, "linear");
+  if (x.ndim() < 1 || x.dim(-1) != in_)
+    throw InvalidArgument(str("linear: input's last dimension must be ", in_, ", got shape ",
+                              shape_str(x.shape()), "; check the model's input size"));
+  x_ = x;
+  Tensor y = y_.get(with_last(x.shape(), out_));
+  ops::linear_forward(y.data<float>(), x.data<float>(), weight_.value.data<float>(),
+                      has_bias_ ? bias_.value.data<float>() : nullptr, x.numel() / in_, in_,
+                      out_);
+  return y;
+}
+
+Tensor Linear::backward(const Tensor& dy) {
+  check_same_shape(dy, with_last(x_.shape(), out_), "linear");
+  Tensor dx;
+  if (input_grad_) dx = dx_.get(x_.shape());
+  ops::linear_backward(input_grad_ ? dx.data<float>() : nullptr, weight_.grad.data<float>(),
+                       has_bias_ ? bias_.grad.data<float>() : nullptr, dy.data<float>(),
+                       x_.data<float>(), weight_.value.data<float>(), x_.numel() / in_, in_,
+                       out_);
+  return dx;
+}
+
+double Linear::forward_flops(int64_t batch) const {
+  return 2.0 * static_cast<double>(batch) * rows_per_sample_ * in_ * out_;
+}
+
+// ---- ReLU, GELU ----
+
+Tensor ReLU::forward(const Tensor& x, const Context& ctx) {
+  (void)ctx;
+  check_f32(x, "relu");
+  y_ = ybuf_.get(x.shape());
+  ops::relu_forward(y_.data<float>(), x.data<float>(), x.numel());
+  return y_;
+}
+
+Tensor ReLU::backward(const Tensor& dy) {
+  check_same_shape(dy, y_.shape(), "relu");
+  if (!input_grad_) return {};
+  Tensor dx = dx_.get(dy.shape());
+  ops::relu_backward(dx.data<float>(), dy.data<float>(), y_.data<float>(), dy.numel());
+  return dx;
+}
+
+Tensor GELU::forward(const Tensor& x, const Context& ctx) {
+  (void)ctx;
+  check_f32(x, "gelu");
+  x_ = x;
+  Tensor y = y_.get(x.shape());
+  ops::gelu_forward(y.data<float>(), x.data<float>(), x.numel());
+  return y;
+}
+
+Tensor GELU::backward(const Tensor& dy) {
+  check_same_shape(dy, x_.shape(), "gelu");
+  if (!input_grad_) return {};
+  Tensor dx = dx_.get(dy.shape());
+  ops::gelu_backward(dx.data<float>(), dy.data<float>(), x_.data<float>(), dy.numel());
+  return dx;
+}
+
+// ---- Dropout ----
+
+Dropout::Dropout(float p) : p_(p) {
+  if (!(p >= 0.0f && p < 1.0f))
+    throw InvalidArgument(str("dropout: probability must be in [0, 1), got ", p,
+                              "; set model.dropout to e.g. 0.1, or 0 to disable it"));
+}
+
+Tensor Dropout::forward(const Tensor& x, const Context& ctx) {
+  check_f32(x, "dropout");
+  active_ = ctx.training && p_ > 0.0f && x.numel() > 0;
+  rows_ = x.ndim() > 0 ? x.dim(0) : 1;
+  cols_ = rows_ > 0 ? x.numel() / rows_ : 0;
+  ctx_ = ctx;
+  if (!active_) return x;
+  Tensor y = y_.get(x.shape());
+  ops::dropout_forward(y.data<float>(), x.data<float>(), rows_, cols_, p_, ctx.seed, ctx.step,
+                       ctx.first_sample);
+  return y;
+}
+
+Tensor Dropout::backward(const Tensor& dy) {
+  TESSEL_CHECK(dy.defined() && dy.numel() == rows_ * cols_, "dropout: backward gradient of ",
+               dy.defined() ? dy.numel() : 0, " elements after a forward of ", rows_ * cols_);
+  if (!active_ || !input_grad_) return input_grad_ ? dy : Tensor();
+  Tensor dx = dx_.get(dy.shape());
+  ops::dropout_backward(dx.data<float>(), dy.data<float>(), rows_, cols_, p_, ctx_.seed,
+                        ctx_.step, ctx_.first_sample);
+  return dx;
+}
+
+// ---- Flatten ----
+
+Tensor Flatten::forward(const Tensor& x, const Context& ctx) {
+  (void)ctx;
+  TESSEL_CHECK(x.defined() && x.ndim() >= 1, "flatten: input needs a batch dimension");
+  in_shape_ = x.shape();
+  return x.reshape({x.dim(0), -1});
+}
+
+Tensor Flatten::backward(const Tensor& dy) {
+  TESSEL_CHECK(dy.defined() && dy.numel() == shape_numel(in_shape_), "flatten: backward of ",
+               dy.defined() ? dy.numel() : 0, " elements after a forward of ",
+               shape_str(in_shape_));
+  if (!input_grad_) return {};
+  return dy.reshape(in_shape_);
+}
+
+// ---- Conv2d ----
+
+Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t stride,
+               int64_t pad, int64_t in_h, int64_t in_w)
+    : C_(in_channels), OC_(out_channels), k_(kernel), stride_(stride), pad_(pad), in_h_(in_h),
+      in_w_(in_w) {
+  TESSEL_CHECK(C_ > 0 && OC_ > 0 && k_ > 0 && stride_ > 0 && pad_ >= 0,
+               "conv2d: sizes must be positive, got in ", C_, ", out ", OC_, ", kernel ", k_,
+               ", stride ", stride_, ", pad ", pad_);
+  const float bound = 1.0f / std::sqrt(static_cast<float>(C_ * k_ * k_));
+  weight_ = {"weight", {OC_, C_, k_, k_}, Init::kUniform, bound, {}, {}};
+  bias_ = {"bias", {OC_}, Init::kUniform, bound, {}, {}};
+}
+
+Tensor Conv2d::forward(const Tensor& x, const Context& ctx) {
+  (void)ctx;
+  check_f32(x, "conv2d");
+  const bool size_ok = x.ndim() == 4 && x.dim(1) == C_ && (in_h_ == 0 || x.dim(2) == in_h_) &&
+                       (in_w_ == 0 || x.dim(3) == in_w_) && x.dim(2) + 2 * pad_ >= k_ &&
+                       x.dim(3) + 2 * pad_ >= k_;
+  if (!size_ok)
+    throw InvalidArgument(str("conv2d: input must be [N, ", C_, ", H, W] with H, W + 2*", pad_,
+                              " >= ", k_, ", got shape ", shape_str(x.shape()),
+                              "; images need data.flatten = false"));
+  x_ = x;
+  const ops::Conv2dShape s{x.dim(0), C_, x.dim(2), x.dim(3), OC_, k_, k_, stride_, pad_};
+  Tensor y = y_.get({s.N, OC_, s.OH(), s.OW()});
+  Tensor scratch = scratch_.get({ops::conv2d_scratch_floats(s)});
+  ops::conv2d_forward(y.data<float>(), x.data<float>(), weight_.value.data<float>(),
+                      bias_.value.data<float>(), s, scratch.data<float>());
+  return y;
+}
+
+Tensor Conv2d::backward(const Tensor& dy) {
+  const ops::Conv2dShape s{x_.dim(0), C_, x_.dim(2), x_.dim(3), OC_, k_, k_, stride_, pad_};
+  check_same_shape(dy, {s.N, OC_, s.OH(), s.OW()}, "conv2d");
+  Tensor dx;
+  if (input_grad_) dx = dx_.get(x_.shape());
+  Tensor scratch = scratch_.get({ops::conv2d_scratch_floats(s)});
+  ops::conv2d_backward(input_grad_ ? dx.data<float>() : nullptr, weight_.grad.data<float>(),
+                       bias_.grad.data<float>(), dy.data<float>(), x_.data<float>(),
+                       weight_.value.data<float>(), s, scratch.data<float>());
+  return dx;
+}
+
+double Conv2d::forward_flops(int64_t batch) const {
+  if (in_h_ == 0 || in_w_ == 0) return 0;
+  const ops::Conv2dShape s{batch, C_, in_h_, in_w_, OC_, k_, k_, stride_, pad_};
+  return 2.0 * static_cast<double>(batch) * OC_ * s.OH() * s.OW() * C_ * k_ * k_;
+}
+
+// ---- MaxPool2d ----
+
+MaxPool2d::MaxPool2d(int64_t kernel, int64_t stride) : k_(kernel), stride_(stride) {
+  TESSEL_CHECK(k_ > 0 && stride_ > 0, "maxpool2d: kernel and stride must be positive, got ", k_,
+               ", ", stride_);
+}
+
+Tensor MaxPool2d::forward(const Tensor& x, const Context& ctx) {
+  (void)ctx;
+  check_f32(x, "maxpool2d");
+  if (x.ndim() != 4 || x.dim(2) < k_ || x.dim(3) < k_)
+    throw InvalidArgument(str("maxpool2d: input must be [N, C, H, W] with H, W >= ", k_,
+                              ", got shape ", shape_str(x.shape()),
+                              "; use a larger image or fewer pooling stages"));
+  in_shape_ = x.shape();
+  const int64_t N = x.dim(0), C = x.dim(1), H = x.dim(2), W = x.dim(3);
+  const Shape out{N, C, (H - k_) / stride_ + 1, (W - k_) / stride_ + 1};
+  Tensor y = y_.get(out);
+  Tensor argmax = argmax_.get(out, DType::kI32);
+  ops::maxpool2d_forward(y.data<float>(), argmax.data<int32_t>(), x.data<float>(), N, C, H, W, k_,
+                         stride_);
+  return y;
+}
+
+Tensor MaxPool2d::backward(const Tensor& dy) {
+  const int64_t N = in_shape_[0], C = in_shape_[1], H = in_shape_[2], W = in_shape_[3];
+  const Shape out{N, C, (H - k_) / stride_ + 1, (W - k_) / stride_ + 1};
+  check_same_shape(dy, out, "maxpool2d");
+  if (!input_grad_) return {};
+  Tensor dx = dx_.get(in_shape_);
+  ops::maxpool2d_backward(dx.data<float>(), dy.data<float>(), argmax_.get(out, DType::kI32).data<int32_t>(),
+                          N, C, H, W, k_, stride_);
+  return dx;
+}
+
+// ---- LayerNorm ----
+
+LayerNorm::LayerNorm(int64_t channels) : C_(channels) {
+  TESSEL_CHECK(C_ > 0, "layernorm: channels must be positive, got ", C_);
+  weight_ = {"weight", {C_}, Init::kOnes, 0.0f, {}, {}};
+  bias_ = {"bias", {C_}, Init::kZeros, 0.0f, {}, {}};
+}
+
+Tensor LayerNorm::forward(const Tensor& x, const Context& ctx) {
+  (void)ctx;
+  check_f32(x, "layernorm");
+  if (x.ndim() < 1 || x.dim(-1) != C_)
+    throw InvalidArgument(str("layernorm: input's last dimension must be ", C_, ", got shape ",
+                              shape_str(x.shape()), "; check the model's embedding size"));
+  x_ = x;
+  const int64_t N = x.numel() / C_;
+  Tensor y = y_.get(x.shape());
+  ops::layernorm_forward(y.data<float>(), mean_.get({N}).data<float>(),
+                         rstd_.get({N}).data<float>(), x.data<float>(),
+                         weight_.value.data<float>(), bias_.value.data<float>(), N, C_);
+  return y;
+}
+
+Tensor LayerNorm::backward(const Tensor& dy) {
+  check_same_shape(dy, x_.shape(), "layernorm");
+  const int64_t N = x_.numel() / C_;
+  Tensor dx;
+  if (input_grad_) dx = dx_.get(x_.shape());
+  ops::layernorm_backward(input_grad_ ? dx.data<float>() : nullptr, weight_.grad.data<float>(),
+                          bias_.grad.data<float>(), dy.data<float>(), x_.data<float>(),
+                          weight_.value.data<float>(), mean_.get({N}).data<float>(),
+                          rstd_.get({N}).data<float>(), N, C_);
+  return dx;
+}
+
+}  // namespace tessel::nn

@@ -1,0 +1,136 @@
+// Model builders: validate the [model] section against the dataset's shapes, then lay out the
+// blocks. Every problem is reported before any block is built.
+#include "tessel/nn/models.h"
+
+#include "tessel/nn/layers.h"
+
+namespace tessel::nn {
+namespace {
+
+std::string list_str(const std::vector<int64_t>& v) { return shape_str(v); }
+
+void require_positive(int64_t value, const char* key) {
+  if (value <= 0)
+    throw InvalidArgument(str("model: ", key, " must be positive, got ", value,
+                              "; fix it in the [model] section"));
+}
+
+void require_positive_list(const std::vector<int64_t>& v, const char* key) {
+  if (v.empty())
+    throw InvalidArgument(str("model: ", key, " must list at least one size, got []; e.g. ", key,
+                              " = [128]"));
+  for (int64_t x : v)
+    if (x <= 0)
+      throw InvalidArgument(str("model: every entry of ", key, " must be positive, got ",
+                                list_str(v), "; fix it in the [model] section"));
+}
+
+void check_common(const ModelSpec& spec) {
+  if (spec.input_shape.empty())
+    throw InvalidArgument("model: input_shape is empty, got []; it comes from the dataset");
+  for (int64_t d : spec.input_shape)
+    if (d <= 0)
+      throw InvalidArgument(str("model: input_shape must be positive, got ",
+                                shape_str(spec.input_shape), "; check the dataset"));
+  if (spec.num_classes <= 0)
+    throw InvalidArgument(str("model: num_classes must be positive, got ", spec.num_classes,
+                              "; check the dataset's labels"));
+  if (!(spec.dropout >= 0.0f && spec.dropout < 1.0f))
+    throw InvalidArgument(str("model: model.dropout must be in [0, 1), got ", spec.dropout,
+                              "; use e.g. 0.1, or 0 to disable it"));
+}
+
+std::unique_ptr<Module> make_activation(const std::string& name) {
+  if (name == "relu") return std::make_unique<ReLU>();
+  if (name == "gelu") return std::make_unique<GELU>();
+  throw InvalidArgument(str("model: unknown model.activation, got '", name,
+                            "'; use one of relu, gelu"));
+}
+
+void build_mlp(const ModelSpec& spec, Model& m) {
+  if (spec.input_shape.size() != 1)
+    throw InvalidArgument(str("model: mlp needs a flat input [features], got input_shape ",
+                              shape_str(spec.input_shape), "; set data.flatten = true"));
+  require_positive_list(spec.hidden, "model.hidden");
+  make_activation(spec.activation);  // validates the name before anything is built
+  int64_t in = spec.input_shape[0];
+  for (size_t i = 0; i < spec.hidden.size(); ++i) {
+    const std::string n = std::to_string(i + 1);
+    m.add("fc" + n, std::make_unique<Linear>(in, spec.hidden[i]));
+    m.add("act" + n, make_activation(spec.activation));
+    if (spec.dropout > 0.0f) m.add("drop" + n, std::make_unique<Dropout>(spec.dropout));
+    in = spec.hidden[i];
+  }
+  m.add("fc" + std::to_string(spec.hidden.size() + 1),
+        std::make_unique<Linear>(in, spec.num_classes));
+}
+
+void build_cnn(const ModelSpec& spec, Model& m) {
+  if (spec.input_shape.size() != 3)
+    throw InvalidArgument(str("model: cnn needs an image input [C, H, W], got input_shape ",
+                              shape_str(spec.input_shape), "; set data.flatten = false"));
+  require_positive_list(spec.channels, "model.channels");
+  require_positive(spec.kernel, "model.kernel");
+  require_positive(spec.fc_hidden, "model.fc_hidden");
+  int64_t c = spec.input_shape[0], h = spec.input_shape[1], w = spec.input_shape[2];
+  const int64_t k = spec.kernel, pad = k / 2;
+  for (size_t i = 0; i < spec.channels.size(); ++i) {
+    const std::string n = std::to_string(i + 1);
+    const int64_t oh = h + 2 * pad - k + 1, ow = w + 2 * pad - k + 1;
+    if (oh < 2 || ow < 2)
+      throw InvalidArgument(str("model: cnn stage ", n, " gets a ", h, "x", w,
+                                " image, too small for a ", k, "x", k,
+                                " conv and a 2x2 pool, got input_shape ",
+                                shape_str(spec.input_shape),
+                                "; use fewer model.channels entries or a smaller model.kernel"));
+    m.add("conv" + n, std::make_unique<Conv2d>(c, spec.channels[i], k, 1, pad, h, w));
+    m.add("relu" + n, std::make_unique<ReLU>());
+    m.add("pool" + n, std::make_unique<MaxPool2d>(2, 2));
+    c = spec.channels[i];
+    h = (oh - 2) / 2 + 1;
+    w = (ow - 2) / 2 + 1;
+  }
+  m.add("flatten", std::make_unique<Flatten>());
+  m.add("fc1", std::make_unique<Linear>(c * h * w, spec.fc_hidden));
+  m.add("relu" + std::to_string(spec.channels.size() + 1), std::make_unique<ReLU>());
+  if (spec.dropout > 0.0f) m.add("dropout", std::make_unique<Dropout>(spec.dropout));
+  m.add("fc2", std::make_unique<Linear>(spec.fc_hidden, spec.num_classes));
+}
+
+void build_gpt(const ModelSpec& spec, Model& m) {
+  if (spec.input_shape.size() != 1)
+    throw InvalidArgument(str("model: gpt needs token input [T], got input_shape ",
+                              shape_str(spec.input_shape), "; use a text (token) dataset"));
+  require_positive(spec.layers, "model.layers");
+  require_positive(spec.heads, "model.heads");
+  require_positive(spec.embed, "model.embed");
+  if (spec.embed % spec.heads != 0)
+    throw InvalidArgument(str("model: model.heads must divide model.embed, got heads ",
+                              spec.heads, " and embed ", spec.embed,
+                              "; pick heads among the divisors of embed"));
+  const int64_t T = spec.input_shape[0], V = spec.num_classes, C = spec.embed;
+  auto embed = std::make_unique<Embedding>(V, T, C);
+  Parameter* table = embed->token_table();
+  m.add("embed", std::move(embed));
+  for (int64_t l = 0; l < spec.layers; ++l)
+    m.add("block" + std::to_string(l),
+          std::make_unique<TransformerBlock>(C, spec.heads, T, spec.layers));
+  m.add("head", std::make_unique<LmHead>(table, V, C, T));
+}
+
+}  // namespace
+
+std::unique_ptr<Model> build_model(const ModelSpec& spec, uint64_t seed) {
+  if (spec.kind != "mlp" && spec.kind != "cnn" && spec.kind != "gpt")
+    throw InvalidArgument(str("model: unknown model.kind, got '", spec.kind,
+                              "'; use one of mlp, cnn, gpt"));
+  check_common(spec);
+  auto m = std::make_unique<Model>();
+  if (spec.kind == "mlp") build_mlp(spec, *m);
+  if (spec.kind == "cnn") build_cnn(spec, *m);
+  if (spec.kind == "gpt") build_gpt(spec, *m);
+  m->finalize(seed);
+  return m;
+}
+
+}  // namespace tessel::nn

@@ -1,0 +1,170 @@
+// SGD and AdamW with PyTorch 1.13's update rules (torch.optim.SGD with dampening 0,
+// torch.optim.AdamW without amsgrad), so a tessel run and a PyTorch run from the same
+// weights and gradients follow the same trajectory. Each step is one fused pass over memory;
+// the per-step scalars are computed once outside the loops so that the loops vectorise.
+#include "tessel/optim/optimizer.h"
+
+#include <cmath>
+#include <string>
+
+#include "tessel/core/error.h"
+
+namespace tessel::optim {
+namespace {
+
+void check_range(const Tensor& params, const Tensor& grads, int64_t n, const char* who) {
+  TESSEL_CHECK(params.dtype() == DType::kF32 && grads.dtype() == DType::kF32, who,
+               ": params and grads must be f32, got ", dtype_name(params.dtype()), " and ",
+               dtype_name(grads.dtype()));
+  TESSEL_CHECK(params.numel() == n && grads.numel() == n, who, ": expected ", n,
+               " elements, got params ", params.numel(), " and grads ", grads.numel());
+}
+
+void check_lr(float lr, const char* who) {
+  // 0 is legal here: a warm-up that starts from 0 asks for it on step 0.
+  if (!(lr >= 0.0f) || !std::isfinite(lr))
+    throw InvalidArgument(str(who, ": step lr must be finite and >= 0, got ", lr,
+                              "; check the learning-rate schedule"));
+}
+
+class Sgd final : public Optimizer {
+ public:
+  Sgd(const OptimSpec& spec, int64_t n) : spec_(spec), n_(n), momentum_(Tensor::zeros({n})) {}
+
+  void step(Tensor& params, const Tensor& grads, float lr) override {
+    check_range(params, grads, n_, "optim.sgd");
+    check_lr(lr, "optim.sgd");
+    float* __restrict p = params.data<float>();
+    const float* __restrict g = grads.data<float>();
+    float* __restrict buf = momentum_.data<float>();
+    const float wd = spec_.weight_decay, mu = spec_.momentum, neg_lr = -lr;
+    const int64_t n = n_;
+    if (mu == 0.0f) {
+      for (int64_t i = 0; i < n; ++i) p[i] += neg_lr * (g[i] + wd * p[i]);
+    } else if (steps_ == 0) {
+      // PyTorch seeds the buffer with the first gradient instead of decaying a zero buffer.
+      if (spec_.nesterov) {
+        for (int64_t i = 0; i < n; ++i) {
+          const float d = g[i] + wd * p[i];
+          buf[i] = d;
+          p[i] += neg_lr * (d + mu * d);
+        }
+      } else {
+        for (int64_t i = 0; i < n; ++i) {
+          const float d = g[i] + wd * p[i];
+          buf[i] = d;
+          p[i] += neg_lr * d;
+        }
+      }
+    } else if (spec_.nesterov) {
+      for (int64_t i = 0; i < n; ++i) {
+        const float d = g[i] + wd * p[i];
+        const float b = mu * buf[i] + d;
+        buf[i] = b;
+        p[i] += neg_lr * (d + mu * b);
+      }
+    } else {
+      for (int64_t i = 0; i < n; ++i) {
+        const float d = g[i] + wd * p[i];
+        const float b = mu * buf[i] + d;
+        buf[i] = b;
+        p[i] += neg_lr * b;
+      }
+    }
+    ++steps_;
+  }
+
+  std::vector<std::pair<std::string, Tensor>> state() override {
+    return {{"momentum", momentum_}};
+  }
+
+ private:
+  OptimSpec spec_;
+  int64_t n_;
+  Tensor momentum_;
+};
+
+class AdamW final : public Optimizer {
+ public:
+  AdamW(const OptimSpec& spec, int64_t n)
+      : spec_(spec), n_(n), exp_avg_(Tensor::zeros({n})), exp_avg_sq_(Tensor::zeros({n})) {}
+
+  void step(Tensor& params, const Tensor& grads, float lr) override {
+    check_range(params, grads, n_, "optim.adamw");
+    check_lr(lr, "optim.adamw");
+    const int64_t t = steps_ + 1;
+    // Scalars in double as PyTorch computes them in Python, then rounded once to f32.
+    const double bc1 = 1.0 - std::pow(static_cast<double>(spec_.beta1), static_cast<double>(t));
+    const double bc2 = 1.0 - std::pow(static_cast<double>(spec_.beta2), static_cast<double>(t));
+    const float step_size = static_cast<float>(static_cast<double>(lr) / bc1);
+    const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+    const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * spec_.weight_decay);
+    const float b1 = spec_.beta1, b2 = spec_.beta2, eps = spec_.eps;
+    const float c1 = 1.0f - b1, c2 = 1.0f - b2;
+
+    float* __restrict p = params.data<float>();
+    const float* __restrict g = grads.data<float>();
+    float* __restrict m = exp_avg_.data<float>();
+    float* __restrict v = exp_avg_sq_.data<float>();
+    const int64_t n = n_;
+    for (int64_t i = 0; i < n; ++i) {
+      const float gi = g[i];
+      const float mi = b1 * m[i] + c1 * gi;
+      const float vi = b2 * v[i] + c2 * gi * gi;
+      m[i] = mi;
+      v[i] = vi;
+      const float denom = std::sqrt(vi) / bc2_sqrt + eps;
+      p[i] = p[i] * decay - step_size * (mi / denom);
+    }
+    ++steps_;
+  }
+
+  std::vector<std::pair<std::string, Tensor>> state() override {
+    return {{"exp_avg", exp_avg_}, {"exp_avg_sq", exp_avg_sq_}};
+  }
+
+ private:
+  OptimSpec spec_;
+  int64_t n_;
+  Tensor exp_avg_;
+  Tensor exp_avg_sq_;
+};
+
+void require(bool ok, const std::string& key, const std::string& rule, float got,
+             const std::string& fix) {
+  if (!ok) throw InvalidArgument(str("optim.", key, " must be ", rule, ", got ", got, "; ", fix));
+}
+
+void validate(const OptimSpec& s, int64_t n) {
+  if (s.kind != "sgd" && s.kind != "adamw")
+    throw InvalidArgument(str("optim.kind must be one of sgd, adamw, got '", s.kind,
+                              "'; pick one of the valid kinds"));
+  require(s.lr > 0.0f && std::isfinite(s.lr), "lr", "> 0", s.lr,
+          "set a positive learning rate such as 0.05");
+  require(s.weight_decay >= 0.0f && std::isfinite(s.weight_decay), "weight_decay", ">= 0",
+          s.weight_decay, "use 0 to disable weight decay");
+  if (s.kind == "sgd") {
+    require(s.momentum >= 0.0f && s.momentum < 1.0f, "momentum", "in [0, 1)", s.momentum,
+            "typical values are 0 or 0.9");
+    require(!s.nesterov || s.momentum > 0.0f, "momentum", "> 0 when nesterov is on", s.momentum,
+            "set momentum (e.g. 0.9) or turn nesterov off");
+  } else {
+    require(s.beta1 >= 0.0f && s.beta1 < 1.0f, "beta1", "in [0, 1)", s.beta1,
+            "the usual value is 0.9");
+    require(s.beta2 >= 0.0f && s.beta2 < 1.0f, "beta2", "in [0, 1)", s.beta2,
+            "the usual value is 0.999");
+    require(s.eps > 0.0f && std::isfinite(s.eps), "eps", "> 0", s.eps,
+            "the usual value is 1e-8");
+  }
+  if (n < 0) throw InvalidArgument(str("optim: range length must be >= 0, got ", n));
+}
+
+}  // namespace
+
+std::unique_ptr<Optimizer> make_optimizer(const OptimSpec& spec, int64_t n) {
+  validate(spec, n);
+  if (spec.kind == "sgd") return std::make_unique<Sgd>(spec, n);
+  return std::make_unique<AdamW>(spec, n);
+}
+
+}  // namespace tessel::optim

@@ -1,0 +1,300 @@
+#include "tessel/train/config.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <sstream>
+#include <toml++/toml.h>
+
+#include "tessel/core/error.h"
+
+namespace tessel::train {
+namespace {
+
+// One config key: where it lives, how to read it from TOML and how to print it back.
+struct Key {
+  std::string path;  // "section.key" or "key"
+  std::string doc;
+  std::function<void(Config&, const toml::node&)> set;
+  std::function<std::string(const Config&)> get;
+};
+
+std::string type_error(const std::string& path, const char* want, const toml::node& v) {
+  std::ostringstream os;
+  os << "config: " << path << " must be " << want << ", got ";
+  v.visit([&os](auto&& x) { os << x; });
+  return os.str();
+}
+
+template <typename T>
+T read_value(const std::string& path, const toml::node& v) {
+  if constexpr (std::is_same_v<T, bool>) {
+    if (!v.is_boolean()) throw InvalidArgument(type_error(path, "true or false", v));
+    return *v.value<bool>();
+  } else if constexpr (std::is_integral_v<T>) {
+    if (!v.is_integer()) throw InvalidArgument(type_error(path, "an integer", v));
+    int64_t x = *v.value<int64_t>();
+    if (std::is_unsigned_v<T> && x < 0) throw InvalidArgument(type_error(path, "an integer >= 0", v));
+    return static_cast<T>(x);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (!v.is_number()) throw InvalidArgument(type_error(path, "a number", v));
+    return static_cast<T>(*v.value<double>());
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (!v.is_string()) throw InvalidArgument(type_error(path, "a string", v));
+    return *v.value<std::string>();
+  } else {
+    static_assert(std::is_same_v<T, std::vector<int64_t>>);
+    const toml::array* a = v.as_array();
+    if (a == nullptr) throw InvalidArgument(type_error(path, "an array of integers", v));
+    T out;
+    for (const toml::node& e : *a) {
+      if (!e.is_integer()) throw InvalidArgument(type_error(path, "an array of integers", v));
+      out.push_back(*e.value<int64_t>());
+    }
+    return out;
+  }
+}
+
+template <typename T>
+std::string write_value(const T& x) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return x ? "true" : "false";
+  } else if constexpr (std::is_integral_v<T>) {
+    return std::to_string(x);
+  } else if constexpr (std::is_floating_point_v<T>) {
+    std::ostringstream os;
+    os.precision(9);
+    os << x;
+    std::string s = os.str();
+    if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // keep it a TOML float
+    return s;
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    std::ostringstream os;
+    os << toml::value<std::string>(x);
+    return os.str();
+  } else {
+    std::string s = "[";
+    for (size_t i = 0; i < x.size(); ++i) s += (i ? ", " : "") + std::to_string(x[i]);
+    return s + "]";
+  }
+}
+
+template <typename Access>
+Key make_key(std::string path, std::string doc, Access access) {
+  using T = std::remove_reference_t<decltype(access(std::declval<Config&>()))>;
+  return Key{path, std::move(doc),
+             [path, access](Config& c, const toml::node& v) { access(c) = read_value<T>(path, v); },
+             [access](const Config& c) { return write_value(access(const_cast<Config&>(c))); }};
+}
+
+#define TESSEL_KEY(path, member, doc) \
+  make_key(path, doc, [](Config& c) -> auto& { return c.member; })
+
+const std::vector<Key>& registry() {
+  static const std::vector<Key> keys = {
+      TESSEL_KEY("name", name, "run name; default: the config file name without .toml"),
+      TESSEL_KEY("seed", seed, "seed of parameter init, data shuffle and dropout"),
+      TESSEL_KEY("model.kind", model.kind, "mlp | cnn | gpt"),
+      TESSEL_KEY("model.hidden", model.hidden, "mlp: hidden layer widths"),
+      TESSEL_KEY("model.activation", model.activation, "mlp: relu | gelu"),
+      TESSEL_KEY("model.dropout", model.dropout, "mlp/cnn: dropout after hidden activations"),
+      TESSEL_KEY("model.channels", model.channels, "cnn: output channels of each conv block"),
+      TESSEL_KEY("model.kernel", model.kernel, "cnn: convolution kernel size (padding k/2)"),
+      TESSEL_KEY("model.fc_hidden", model.fc_hidden, "cnn: width of the hidden fully connected layer"),
+      TESSEL_KEY("model.layers", model.layers, "gpt: transformer blocks"),
+      TESSEL_KEY("model.heads", model.heads, "gpt: attention heads (must divide embed)"),
+      TESSEL_KEY("model.embed", model.embed, "gpt: embedding width"),
+      TESSEL_KEY("data.kind", data.kind, "fashion_mnist | mnist_idx | spiral | text | synthetic"),
+      TESSEL_KEY("data.path", data.path, "IDX folder (fashion_mnist, mnist_idx) or text file (text)"),
+      TESSEL_KEY("data.flatten", data.flatten, "idx: images as [784] (true) or [1,28,28] (false)"),
+      TESSEL_KEY("data.mean", data.mean, "idx: input normalisation x = (pixel/255 - mean) / std"),
+      TESSEL_KEY("data.std", data.std, "idx: input normalisation scale"),
+      TESSEL_KEY("data.classes", data.classes, "spiral/synthetic: number of classes"),
+      TESSEL_KEY("data.points_per_class", data.points_per_class, "spiral: points per class"),
+      TESSEL_KEY("data.noise", data.noise, "spiral: angular noise"),
+      TESSEL_KEY("data.context", data.context, "text: tokens per sample (GPT context length)"),
+      TESSEL_KEY("data.test_fraction", data.test_fraction, "text/spiral/synthetic: share held out for test"),
+      TESSEL_KEY("data.samples", data.samples, "synthetic: number of samples"),
+      TESSEL_KEY("data.features", data.features, "synthetic: features per sample"),
+      TESSEL_KEY("data.seed", data.seed, "spiral/synthetic: seed of the generated data"),
+      TESSEL_KEY("optim.kind", optim.kind, "sgd | adamw"),
+      TESSEL_KEY("optim.lr", optim.lr, "base learning rate (> 0)"),
+      TESSEL_KEY("optim.weight_decay", optim.weight_decay, "sgd: L2 penalty; adamw: decoupled decay"),
+      TESSEL_KEY("optim.momentum", optim.momentum, "sgd: momentum in [0, 1)"),
+      TESSEL_KEY("optim.nesterov", optim.nesterov, "sgd: Nesterov momentum"),
+      TESSEL_KEY("optim.beta1", optim.beta1, "adamw: first moment decay"),
+      TESSEL_KEY("optim.beta2", optim.beta2, "adamw: second moment decay"),
+      TESSEL_KEY("optim.eps", optim.eps, "adamw: denominator epsilon"),
+      TESSEL_KEY("schedule.kind", schedule.kind, "constant | step | cosine"),
+      TESSEL_KEY("schedule.warmup_steps", schedule.warmup_steps, "linear warm-up steps"),
+      TESSEL_KEY("schedule.warmup_start", schedule.warmup_start, "warm-up starts at lr x this"),
+      TESSEL_KEY("schedule.step_size", schedule.step_size, "step: steps between decays"),
+      TESSEL_KEY("schedule.gamma", schedule.gamma, "step: decay factor"),
+      TESSEL_KEY("schedule.min_lr", schedule.min_lr, "cosine: final learning rate"),
+      TESSEL_KEY("train.epochs", train.epochs, "passes over the training set"),
+      TESSEL_KEY("train.batch", train.batch, "global batch size"),
+      TESSEL_KEY("train.max_steps", train.max_steps, "stop after this many steps (0: epochs decide)"),
+      TESSEL_KEY("train.clip_norm", train.clip_norm, "global gradient-norm clipping (0: off)"),
+      TESSEL_KEY("train.base_batch", train.base_batch, "linear scaling rule: lr x batch / base_batch (0: off)"),
+      TESSEL_KEY("train.shuffle", train.shuffle, "shuffle the training set each epoch"),
+      TESSEL_KEY("train.drop_last", train.drop_last, "drop a short last batch"),
+      TESSEL_KEY("train.prefetch", train.prefetch, "batches loaded ahead by a background thread (0: none)"),
+      TESSEL_KEY("train.log_every", train.log_every, "steps between progress lines and metrics records"),
+      TESSEL_KEY("train.eval_train", train.eval_train, "also evaluate on the training set each epoch"),
+      TESSEL_KEY("checkpoint.every_epochs", checkpoint.every_epochs, "save every N epochs (0: off)"),
+      TESSEL_KEY("checkpoint.every_steps", checkpoint.every_steps, "save every N steps (0: off)"),
+      TESSEL_KEY("checkpoint.keep_last", checkpoint.keep_last, "checkpoints kept in the run folder"),
+      TESSEL_KEY("runtime.threads", runtime.threads, "BLAS threads of this process"),
+  };
+  return keys;
+}
+
+#undef TESSEL_KEY
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    cur[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j)
+      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (a[i - 1] != b[j - 1])});
+    std::swap(prev, cur);
+  }
+  return prev[b.size()];
+}
+
+std::string nearest_key(const std::string& path) {
+  std::string best;
+  size_t best_d = SIZE_MAX;
+  for (const Key& k : registry()) {
+    size_t d = edit_distance(path, k.path);
+    if (d < best_d) best_d = d, best = k.path;
+  }
+  return best;
+}
+
+const Key* find_key(const std::string& path) {
+  for (const Key& k : registry())
+    if (k.path == path) return &k;
+  return nullptr;
+}
+
+// Applies "section.key=value" to the parsed table before the keys are read.
+void apply_override(toml::table& root, const std::string& assignment) {
+  size_t eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw InvalidArgument(str("config: --set expects section.key=value, got '", assignment, "'"));
+  std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
+  if (find_key(path) == nullptr)
+    throw InvalidArgument(str("config: unknown key '", path, "' in --set; did you mean '",
+                              nearest_key(path), "'? (docs/config.md lists every key)"));
+  toml::table parsed;
+  try {
+    parsed = toml::parse("v = " + text);
+  } catch (const toml::parse_error&) {
+    parsed.insert_or_assign("v", text);  // a bare word: take it as a string
+  }
+  size_t dot = path.find('.');
+  toml::table* target = &root;
+  if (dot != std::string::npos) {
+    std::string section = path.substr(0, dot);
+    if (!root[section].is_table()) root.insert_or_assign(section, toml::table{});
+    target = root[section].as_table();
+    path = path.substr(dot + 1);
+  }
+  target->insert_or_assign(path, *parsed.get("v"));
+}
+
+void require(bool ok, const std::string& msg) {
+  if (!ok) throw InvalidArgument("config: " + msg);
+}
+
+void validate(const Config& c) {
+  require(c.train.epochs >= 1, str("train.epochs must be >= 1, got ", c.train.epochs));
+  require(c.train.batch >= 1, str("train.batch must be >= 1, got ", c.train.batch));
+  require(c.train.max_steps >= 0, str("train.max_steps must be >= 0, got ", c.train.max_steps));
+  require(c.train.clip_norm >= 0, str("train.clip_norm must be >= 0 (0 = off), got ", c.train.clip_norm));
+  require(c.train.base_batch >= 0, str("train.base_batch must be >= 0 (0 = off), got ", c.train.base_batch));
+  require(c.train.prefetch >= 0, str("train.prefetch must be >= 0, got ", c.train.prefetch));
+  require(c.train.log_every >= 1, str("train.log_every must be >= 1, got ", c.train.log_every));
+  require(std::isfinite(c.optim.lr) && c.optim.lr > 0,
+          str("optim.lr must be a number > 0, got ", c.optim.lr, "; try 0.05 for sgd, 1e-3 for adamw"));
+  require(c.checkpoint.every_epochs >= 0,
+          str("checkpoint.every_epochs must be >= 0, got ", c.checkpoint.every_epochs));
+  require(c.checkpoint.every_steps >= 0,
+          str("checkpoint.every_steps must be >= 0, got ", c.checkpoint.every_steps));
+  require(c.checkpoint.keep_last >= 1, str("checkpoint.keep_last must be >= 1, got ", c.checkpoint.keep_last));
+  require(c.runtime.threads >= 1 && c.runtime.threads <= 256,
+          str("runtime.threads must be in [1, 256], got ", c.runtime.threads));
+  require(c.data.test_fraction >= 0 && c.data.test_fraction < 1,
+          str("data.test_fraction must be in [0, 1), got ", c.data.test_fraction));
+}
+
+}  // namespace
+
+Config parse_config(const std::string& toml_text, const std::string& name,
+                    const std::vector<std::string>& overrides) {
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, name);
+  } catch (const toml::parse_error& e) {
+    throw InvalidArgument(str("config: ", name, ":", e.source().begin.line, ":",
+                              e.source().begin.column, ": ", e.description()));
+  }
+  for (const std::string& o : overrides) apply_override(root, o);
+
+  Config c;
+  c.name = name;
+  auto visit = [&](const std::string& path, const toml::node& v) {
+    const Key* k = find_key(path);
+    if (k == nullptr)
+      throw InvalidArgument(str("config: unknown key '", path, "'; did you mean '",
+                                nearest_key(path), "'? (docs/config.md lists every key)"));
+    k->set(c, v);
+  };
+  for (auto&& [key, node] : root) {
+    std::string top(key.str());
+    if (const toml::table* section = node.as_table()) {
+      for (auto&& [sub, v] : *section) visit(top + "." + std::string(sub.str()), v);
+    } else {
+      visit(top, node);
+    }
+  }
+  validate(c);
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw IoError(str("config: cannot read '", path, "'; check the path (examples/ has configs)"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return parse_config(ss.str(), std::filesystem::path(path).stem().string(), overrides);
+}
+
+std::string to_toml(const Config& c) {
+  std::string out = "# resolved tessel config: every key, defaults included\n";
+  std::string section;
+  for (const Key& k : registry()) {
+    size_t dot = k.path.find('.');
+    std::string sec = dot == std::string::npos ? "" : k.path.substr(0, dot);
+    if (sec != section) {
+      out += "\n[" + sec + "]\n";
+      section = sec;
+    }
+    out += k.path.substr(dot == std::string::npos ? 0 : dot + 1) + " = " + k.get(c) + "\n";
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::string>> config_keys() {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const Key& k : registry()) out.emplace_back(k.path, k.doc);
+  return out;
+}
+
+}  // namespace tessel::train

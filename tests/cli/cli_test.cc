@@ -1,0 +1,172 @@
+// End-to-end tests of the tessel binary: bad inputs give a clear message and exit code 1
+// (never a crash), and an interrupted-and-resumed run ends with the same parameters.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kTessel = std::string(TESSEL_BINARY_DIR) + "/apps/tessel/tessel";
+const std::string kExamples = std::string(TESSEL_SOURCE_DIR) + "/examples";
+
+struct Result {
+  int exit_code = -1;  // -1: killed by a signal (a crash)
+  std::string output;  // stdout and stderr together
+};
+
+Result run(const std::string& args) {
+  std::string cmd = kTessel + " " + args + " 2>&1";
+  Result r;
+  FILE* p = popen(cmd.c_str(), "r");
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
+  int status = pclose(p);
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return r;
+}
+
+class Cli : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("tessel_cli_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) +
+            "_" + std::to_string(getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  fs::path dir_;
+};
+
+void expect_error(const Result& r, const std::string& needle) {
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("tessel: error: "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(needle), std::string::npos) << "expected '" << needle << "' in:\n" << r.output;
+}
+
+nlohmann::json read_json(const std::string& p) {
+  std::ifstream in(p);
+  return nlohmann::json::parse(in);
+}
+
+TEST_F(Cli, HelpAndUsage) {
+  Result r = run("--help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("train"), std::string::npos);
+  EXPECT_EQ(run("train --help").exit_code, 0);
+  EXPECT_EQ(run("frobnicate").exit_code, 2);
+  EXPECT_EQ(run("train").exit_code, 2);  // CONFIG is required
+}
+
+TEST_F(Cli, UnknownConfigKey) {
+  std::ofstream(path("c.toml")) << "[train]\nepoch = 3\n";
+  expect_error(run("train " + path("c.toml")), "did you mean 'train.epochs'");
+  expect_error(run("train " + kExamples + "/spiral.toml --set optim.learningrate=1"),
+               "did you mean 'optim.lr'");
+}
+
+TEST_F(Cli, BadValues) {
+  expect_error(run("train " + kExamples + "/spiral.toml --set optim.lr=-1"), "optim.lr must be");
+  expect_error(run("train " + kExamples + "/spiral.toml --set train.batch=0"), "train.batch must be >= 1");
+  expect_error(run("train " + kExamples + "/spiral.toml --set model.kind=transformer"), "model");
+  expect_error(run("train " + path("missing.toml")), "cannot read");
+}
+
+TEST_F(Cli, MissingTruncatedCorruptIdx) {
+  expect_error(run("train " + kExamples + "/fashion_mlp.toml --set data.path=" + path("nowhere")),
+               "nowhere");
+  // Truncated: headers promise 100 images, the file holds 3.
+  auto be32 = [](std::ofstream& o, uint32_t v) {
+    for (int s = 24; s >= 0; s -= 8) o.put(static_cast<char>(v >> s));
+  };
+  fs::create_directories(path("trunc"));
+  for (const char* split : {"train", "t10k"}) {
+    std::ofstream im(path(std::string("trunc/") + split + "-images-idx3-ubyte"), std::ios::binary);
+    be32(im, 0x803); be32(im, 100); be32(im, 28); be32(im, 28);
+    im << std::string(3 * 784, '\1');
+    std::ofstream lb(path(std::string("trunc/") + split + "-labels-idx1-ubyte"), std::ios::binary);
+    be32(lb, 0x801); be32(lb, 100);
+    lb << std::string(100, '\2');
+  }
+  expect_error(run("train " + kExamples + "/fashion_mlp.toml --set data.path=" + path("trunc")),
+               "trunc");
+  // Corrupt: gz names holding garbage.
+  fs::create_directories(path("gz"));
+  for (const char* f : {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz",
+                        "t10k-images-idx3-ubyte.gz", "t10k-labels-idx1-ubyte.gz"})
+    std::ofstream(path(std::string("gz/") + f), std::ios::binary) << "this is not gzip data at all";
+  expect_error(run("train " + kExamples + "/fashion_mlp.toml --set data.path=" + path("gz")), "gz");
+}
+
+TEST_F(Cli, CorruptCheckpoints) {
+  std::string train = "train " + kExamples + "/spiral.toml --quiet --set train.epochs=2 --run-dir ";
+  Result ok = run(train + path("run"));
+  ASSERT_EQ(ok.exit_code, 0) << ok.output;
+  std::string ckpt_dir = path("run") + "/checkpoints/";
+  std::string latest;
+  std::ifstream(ckpt_dir + "latest") >> latest;
+  std::string model = ckpt_dir + latest + "/model.safetensors";
+  ASSERT_TRUE(fs::exists(model)) << model;
+  std::string eval = "eval " + kExamples + "/spiral.toml --checkpoint " + path("run");
+  ASSERT_EQ(run(eval).exit_code, 0);
+
+  // Wrong shapes: a different model for the same checkpoint.
+  expect_error(run(eval + " --set model.hidden=[50]"), "different");
+  // Truncated file.
+  auto size = fs::file_size(model);
+  fs::resize_file(model, size / 2);
+  expect_error(run(eval), "model.safetensors");
+  // Bad header: a header length larger than the file.
+  {
+    std::fstream f(model, std::ios::in | std::ios::out | std::ios::binary);
+    uint64_t huge = 1ull << 40;
+    f.write(reinterpret_cast<const char*>(&huge), 8);
+  }
+  expect_error(run(eval), "model.safetensors");
+  // Missing file.
+  fs::remove(model);
+  expect_error(run(eval), "model.safetensors");
+  expect_error(run("eval " + kExamples + "/spiral.toml --checkpoint " + path("none")), "none");
+}
+
+TEST_F(Cli, InterruptedAndResumedRunMatchesUninterrupted) {
+  // Dropout, momentum and a cosine schedule make every piece of state matter.
+  std::string common = "train " + kExamples + "/spiral.toml --quiet --set train.epochs=6 "
+                       "--set model.dropout=0.1 --set schedule.kind=cosine --run-dir ";
+  Result full = run(common + path("full"));
+  ASSERT_EQ(full.exit_code, 0) << full.output;
+  Result part = run(common + path("part") + " --stop-after 37");  // mid-epoch (10 steps/epoch)
+  ASSERT_EQ(part.exit_code, 0) << part.output;
+  EXPECT_FALSE(read_json(path("part") + "/summary.json")["completed"].get<bool>());
+  Result rest = run(common + path("part") + " --resume " + path("part"));
+  ASSERT_EQ(rest.exit_code, 0) << rest.output;
+  auto a = read_json(path("full") + "/summary.json");
+  auto b = read_json(path("part") + "/summary.json");
+  EXPECT_EQ(a["steps"], b["steps"]);
+  EXPECT_EQ(a["params_sha256"], b["params_sha256"]);
+  EXPECT_EQ(a["test_accuracy"], b["test_accuracy"]);
+  EXPECT_EQ(a["train_loss"], b["train_loss"]);
+}
+
+TEST_F(Cli, SpiralReachesNinetyEightPercentTrainingAccuracy) {
+  Result r = run("train " + kExamples + "/spiral.toml --quiet --run-dir " + path("spiral"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream metrics(path("spiral") + "/metrics.jsonl");
+  double last = 0;
+  for (std::string line; std::getline(metrics, line);) {
+    auto rec = nlohmann::json::parse(line);
+    if (rec["type"] == "epoch") last = rec["train_eval_accuracy"].get<double>();
+  }
+  EXPECT_GE(last, 0.98);
+}
+
+}  // namespace

@@ -1,0 +1,295 @@
+// Finite-difference gradient checks for the dense kernels (linear, activations, softmax,
+// cross-entropy, layernorm, embedding, dropout, attention) and the shared backward contracts:
+// dx overwritten, parameter gradients accumulated, null dx skipped.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "grad_check.h"
+#include "tessel/core/error.h"
+#include "tessel/ops/cpu.h"
+
+namespace tessel::ops {
+namespace {
+
+using testing::expect_grad;
+using testing::GradTolerance;
+using testing::poisoned;
+using testing::randn;
+using testing::uniform;
+using testing::Vec;
+using testing::weighted_sum;
+
+// ---- Linear ----
+
+void check_linear(bool with_bias) {
+  const int64_t N = 4, C = 5, OC = 3;
+  Vec x = randn(N * C, 1), w = randn(OC * C, 2, 0.5f), b = randn(OC, 3), r = randn(N * OC, 4);
+  const float* bp = with_bias ? b.data() : nullptr;
+  auto objective = [&] {
+    Vec y(N * OC);
+    linear_forward(y.data(), x.data(), w.data(), bp, N, C, OC);
+    return weighted_sum(r, y);
+  };
+  Vec dx = poisoned(N * C), dw(OC * C, 0.0f), db(OC, 0.0f);
+  linear_backward(dx.data(), dw.data(), with_bias ? db.data() : nullptr, r.data(), x.data(),
+                  w.data(), N, C, OC);
+  expect_grad("linear dx", x, dx, objective);
+  expect_grad("linear dw", w, dw, objective);
+  if (with_bias) expect_grad("linear db", b, db, objective);
+}
+
+TEST(GradCheck, LinearWithBias) { check_linear(true); }
+TEST(GradCheck, LinearWithoutBias) { check_linear(false); }
+
+TEST(Linear, ForwardMatchesNaiveLoops) {
+  const int64_t N = 7, C = 13, OC = 9;
+  Vec x = randn(N * C, 5), w = randn(OC * C, 6), b = randn(OC, 7), y(N * OC);
+  linear_forward(y.data(), x.data(), w.data(), b.data(), N, C, OC);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t o = 0; o < OC; ++o) {
+      double s = b[o];
+      for (int64_t c = 0; c < C; ++c) s += static_cast<double>(x[n * C + c]) * w[o * C + c];
+      EXPECT_NEAR(y[n * OC + o], s, 1e-5 * (1.0 + std::abs(s)));
+    }
+  }
+}
+
+TEST(Gemm, TransposesAndBeta) {
+  // C[2,3] = 2 * A^T @ B^T + 0.5 * C with A stored [K=4, M=2] and B stored [N=3, K=4].
+  const int64_t M = 2, N = 3, K = 4;
+  Vec A = randn(K * M, 8), B = randn(N * K, 9), C0 = randn(M * N, 10), C = C0;
+  gemm(true, true, M, N, K, 2.0f, A.data(), M, B.data(), K, 0.5f, C.data(), N);
+  for (int64_t i = 0; i < M; ++i) {
+    for (int64_t j = 0; j < N; ++j) {
+      double s = 0.0;
+      for (int64_t k = 0; k < K; ++k) s += static_cast<double>(A[k * M + i]) * B[j * K + k];
+      EXPECT_NEAR(C[i * N + j], 2.0 * s + 0.5 * C0[i * N + j], 1e-5);
+    }
+  }
+}
+
+TEST(Blas, ThreadCountRoundTrips) {
+  const int before = blas_threads();
+  set_blas_threads(1);
+  EXPECT_EQ(blas_threads(), 1);
+  set_blas_threads(before);
+  EXPECT_THROW(set_blas_threads(0), Error);
+}
+
+// ---- Activations ----
+
+TEST(GradCheck, Relu) {
+  const int64_t n = 40;
+  // Keep inputs away from the kink at 0 by more than the FD step.
+  Vec x = uniform(n, 11, 0.05f, 2.0f), r = randn(n, 12);
+  for (int64_t i = 0; i < n; i += 2) x[i] = -x[i];
+  auto objective = [&] {
+    Vec y(n);
+    relu_forward(y.data(), x.data(), n);
+    return weighted_sum(r, y);
+  };
+  Vec y(n), dx = poisoned(n);
+  relu_forward(y.data(), x.data(), n);
+  relu_backward(dx.data(), r.data(), y.data(), n);
+  expect_grad("relu dx", x, dx, objective);
+  for (int64_t i = 0; i < n; i += 2) EXPECT_EQ(dx[i], 0.0f) << "negative input " << i;
+}
+
+TEST(GradCheck, Gelu) {
+  const int64_t n = 40;
+  Vec x = randn(n, 13, 2.0f), r = randn(n, 14);
+  auto objective = [&] {
+    Vec y(n);
+    gelu_forward(y.data(), x.data(), n);
+    return weighted_sum(r, y);
+  };
+  Vec dx = poisoned(n);
+  gelu_backward(dx.data(), r.data(), x.data(), n);
+  expect_grad("gelu dx", x, dx, objective);
+}
+
+TEST(Gelu, MatchesTanhFormulaAtKnownPoints) {
+  // Values of 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))) computed in double.
+  Vec x = {-3.0f, -1.0f, 0.0f, 0.5f, 2.0f}, y(5);
+  gelu_forward(y.data(), x.data(), 5);
+  const double expect[] = {-0.0036373920817729943, -0.15880800939172324, 0.0,
+                           0.34571400982514394, 1.9545976940871754};
+  for (int i = 0; i < 5; ++i) EXPECT_NEAR(y[i], expect[i], 1e-6) << "x=" << x[i];
+}
+
+TEST(Add, SumsElementwise) {
+  Vec a = randn(33, 15), b = randn(33, 16), y(33);
+  add_forward(y.data(), a.data(), b.data(), 33);
+  for (int i = 0; i < 33; ++i) EXPECT_EQ(y[i], a[i] + b[i]);
+}
+
+// ---- Softmax and cross-entropy ----
+
+TEST(GradCheck, Softmax) {
+  const int64_t N = 3, C = 6;
+  Vec x = randn(N * C, 17, 2.0f), r = randn(N * C, 18);
+  auto objective = [&] {
+    Vec y(N * C);
+    softmax_forward(y.data(), x.data(), N, C);
+    return weighted_sum(r, y);
+  };
+  Vec y(N * C), dx = poisoned(N * C);
+  softmax_forward(y.data(), x.data(), N, C);
+  for (int64_t n = 0; n < N; ++n) {
+    double s = 0.0;
+    for (int64_t c = 0; c < C; ++c) s += y[n * C + c];
+    EXPECT_NEAR(s, 1.0, 1e-6);
+  }
+  softmax_backward(dx.data(), r.data(), y.data(), N, C);
+  expect_grad("softmax dx", x, dx, objective);
+}
+
+TEST(GradCheck, CrossEntropy) {
+  const int64_t N = 5, C = 7;
+  const float dloss = 0.7f;
+  Vec logits = randn(N * C, 19, 2.0f), probs(N * C);
+  std::vector<int32_t> labels = {0, 6, 3, 3, 1};
+  auto objective = [&] {
+    Vec p(N * C);
+    return dloss * static_cast<double>(
+                       cross_entropy_forward(p.data(), logits.data(), labels.data(), N, C));
+  };
+  cross_entropy_forward(probs.data(), logits.data(), labels.data(), N, C);
+  Vec dlogits = poisoned(N * C);
+  cross_entropy_backward(dlogits.data(), probs.data(), labels.data(), N, C, dloss);
+  expect_grad("cross_entropy dlogits", logits, dlogits, objective);
+}
+
+TEST(CrossEntropy, HugeLogitsStayFinite) {
+  Vec logits = {1000.0f, -1000.0f, 0.0f, -1000.0f, 1000.0f, 0.0f}, probs(6);
+  std::vector<int32_t> labels = {1, 1};  // first row confidently wrong, second right
+  const float loss = cross_entropy_forward(probs.data(), logits.data(), labels.data(), 2, 3);
+  EXPECT_NEAR(loss, 1000.0f, 1e-2);  // (2000 + 0) / 2
+  EXPECT_NEAR(probs[0], 1.0f, 1e-6);
+}
+
+TEST(CrossEntropy, BadLabelThrowsNamingIt) {
+  Vec logits(6, 0.0f), probs(6);
+  std::vector<int32_t> labels = {0, 3};
+  try {
+    cross_entropy_forward(probs.data(), logits.data(), labels.data(), 2, 3);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("got 3"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[0, 3)"), std::string::npos) << msg;
+  }
+  labels = {-1, 0};
+  EXPECT_THROW(cross_entropy_forward(probs.data(), logits.data(), labels.data(), 2, 3),
+               InvalidArgument);
+}
+
+TEST(CountCorrect, FirstMaximumWinsTies) {
+  Vec logits = {1, 3, 3,   // tie between 1 and 2 -> 1
+                5, 5, 0,   // tie between 0 and 1 -> 0
+                0, 1, 2};  // 2
+  std::vector<int32_t> labels = {1, 1, 2};
+  EXPECT_EQ(count_correct(logits.data(), labels.data(), 3, 3), 2);
+  labels = {2, 0, 0};
+  EXPECT_EQ(count_correct(logits.data(), labels.data(), 3, 3), 1);
+}
+
+// ---- LayerNorm ----
+
+TEST(GradCheck, LayerNorm) {
+  const int64_t N = 3, C = 8;
+  Vec x = randn(N * C, 21, 1.5f), w = randn(C, 22), b = randn(C, 23), r = randn(N * C, 24);
+  for (int64_t i = 0; i < C; ++i) x[i] += 3.0f;  // a row with a large mean
+  auto objective = [&] {
+    Vec y(N * C), mean(N), rstd(N);
+    layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+    return weighted_sum(r, y);
+  };
+  Vec y(N * C), mean(N), rstd(N), dx = poisoned(N * C), dw(C, 0.0f), db(C, 0.0f);
+  layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  layernorm_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), mean.data(),
+                     rstd.data(), N, C);
+  GradTolerance tol;
+  tol.eps = 3e-3;  // layernorm is curved (rstd); a smaller step keeps truncation error low
+  expect_grad("layernorm dx", x, dx, objective, tol);
+  expect_grad("layernorm dw", w, dw, objective);
+  expect_grad("layernorm db", b, db, objective);
+}
+
+// ---- Embedding ----
+
+TEST(GradCheck, Embedding) {
+  const int64_t V = 7, C = 4, N = 6;
+  std::vector<int32_t> ids = {3, 0, 3, 6, 1, 3};  // id 3 three times: gradients must add
+  Vec table = randn(V * C, 25), r = randn(N * C, 26);
+  auto objective = [&] {
+    Vec y(N * C);
+    embedding_forward(y.data(), ids.data(), table.data(), N, V, C);
+    return weighted_sum(r, y);
+  };
+  Vec dtable(V * C, 0.0f);
+  embedding_backward(dtable.data(), r.data(), ids.data(), N, C);
+  expect_grad("embedding dtable", table, dtable, objective);
+  for (int64_t c = 0; c < C; ++c) EXPECT_EQ(dtable[2 * C + c], 0.0f) << "unused row";
+}
+
+TEST(Embedding, BadIdThrowsNamingIt) {
+  Vec table(8, 1.0f), y(4);
+  std::vector<int32_t> ids = {1, 4};
+  try {
+    embedding_forward(y.data(), ids.data(), table.data(), 2, 4, 2);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("got 4"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[0, 4)"), std::string::npos) << msg;
+  }
+}
+
+// ---- Dropout (its mask is fixed for a given seed, step and sample) ----
+
+TEST(GradCheck, Dropout) {
+  const int64_t rows = 4, cols = 10;
+  const float p = 0.3f;
+  Vec x = randn(rows * cols, 27), r = randn(rows * cols, 28);
+  auto objective = [&] {
+    Vec y(rows * cols);
+    dropout_forward(y.data(), x.data(), rows, cols, p, 99, 5, 12);
+    return weighted_sum(r, y);
+  };
+  Vec dx = poisoned(rows * cols);
+  dropout_backward(dx.data(), r.data(), rows, cols, p, 99, 5, 12);
+  expect_grad("dropout dx", x, dx, objective);
+}
+
+// ---- Attention ----
+
+TEST(GradCheck, Attention) {
+  const int64_t B = 2, T = 5, C = 8, NH = 2;
+  Vec qkv = randn(B * T * 3 * C, 29), r = randn(B * T * C, 30);
+  auto objective = [&] {
+    Vec out(B * T * C), att(B * NH * T * T);
+    attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+    return weighted_sum(r, out);
+  };
+  Vec out(B * T * C), att(B * NH * T * T), dqkv = poisoned(B * T * 3 * C);
+  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
+  for (int64_t row = 0; row < B * NH * T; ++row) {
+    const int64_t t = row % T;
+    double s = 0.0;
+    for (int64_t t2 = 0; t2 < T; ++t2) {
+      s += att[row * T + t2];
+      if (t2 > t) EXPECT_EQ(att[row * T + t2], 0.0f) << "future key visible";
+    }
+    EXPECT_NEAR(s, 1.0, 1e-6);
+  }
+  attention_backward(dqkv.data(), r.data(), qkv.data(), att.data(), B, T, C, NH);
+  GradTolerance tol;
+  tol.eps = 3e-3;
+  expect_grad("attention dqkv", qkv, dqkv, objective, tol);
+}
+
+}  // namespace
+}  // namespace tessel::ops

@@ -1,0 +1,89 @@
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "tessel/core/error.h"
+#include "tessel/train/config.h"
+
+namespace tessel::train {
+namespace {
+
+std::string error_of(const std::string& text, const std::vector<std::string>& overrides = {}) {
+  try {
+    parse_config(text, "t", overrides);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Config, DefaultsAndValues) {
+  Config c = parse_config("seed = 3\n[model]\nkind = \"cnn\"\nchannels = [8, 4]\n"
+                          "[optim]\nlr = 1\n[train]\nbatch = 64\n", "demo");
+  EXPECT_EQ(c.name, "demo");
+  EXPECT_EQ(c.seed, 3u);
+  EXPECT_EQ(c.model.kind, "cnn");
+  EXPECT_EQ(c.model.channels, (std::vector<int64_t>{8, 4}));
+  EXPECT_FLOAT_EQ(c.optim.lr, 1.0f);  // an integer is accepted for a float key
+  EXPECT_EQ(c.train.batch, 64);
+  EXPECT_EQ(c.train.epochs, TrainSpec{}.epochs);
+}
+
+TEST(Config, UnknownKeyNamesNearest) {
+  std::string e = error_of("[optim]\nlearning_rate = 0.1\n");
+  EXPECT_NE(e.find("unknown key 'optim.learning_rate'"), std::string::npos) << e;
+  e = error_of("[trian]\nepochs = 2\n");
+  EXPECT_NE(e.find("did you mean 'train.epochs'"), std::string::npos) << e;
+  e = error_of("[train]\nbatchsize = 2\n");
+  EXPECT_NE(e.find("did you mean 'train.batch'"), std::string::npos) << e;
+}
+
+TEST(Config, BadValuesSayWhatIsAllowed) {
+  EXPECT_NE(error_of("[optim]\nlr = -1.0\n").find("optim.lr must be a number > 0, got -1"),
+            std::string::npos);
+  EXPECT_NE(error_of("[train]\nbatch = 0\n").find("train.batch must be >= 1, got 0"),
+            std::string::npos);
+  EXPECT_NE(error_of("[train]\nbatch = \"big\"\n").find("train.batch must be an integer"),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\nhidden = [1, \"x\"]\n").find("array of integers"), std::string::npos);
+  EXPECT_NE(error_of("[train\nbatch = 1\n").find("t:1:"), std::string::npos);  // syntax error
+  EXPECT_NE(error_of("", {"runtime.threads=0"}).find("runtime.threads must be in [1, 256]"),
+            std::string::npos);
+}
+
+TEST(Config, OverridesApplyAndAreChecked) {
+  Config c = parse_config("[train]\nbatch = 8\n", "t",
+                          {"train.batch=32", "model.kind=gpt", "model.hidden=[7]", "optim.lr=0.5"});
+  EXPECT_EQ(c.train.batch, 32);
+  EXPECT_EQ(c.model.kind, "gpt");  // bare word taken as a string
+  EXPECT_EQ(c.model.hidden, (std::vector<int64_t>{7}));
+  EXPECT_FLOAT_EQ(c.optim.lr, 0.5f);
+  EXPECT_NE(error_of("", {"train.epoch=3"}).find("did you mean 'train.epochs'"), std::string::npos);
+  EXPECT_NE(error_of("", {"noequals"}).find("section.key=value"), std::string::npos);
+}
+
+TEST(Config, ResolvedTomlRoundTrips) {
+  Config c = parse_config("name = \"x y\"\n[model]\nhidden = [3]\n[optim]\nlr = 0.125\n", "t");
+  Config d = parse_config(to_toml(c), "other");
+  EXPECT_EQ(to_toml(c), to_toml(d));
+  EXPECT_EQ(d.name, "x y");
+  EXPECT_EQ(d.model.hidden, (std::vector<int64_t>{3}));
+}
+
+TEST(Config, EveryKeyIsDocumented) {
+  std::ifstream in(std::string(TESSEL_SOURCE_DIR) + "/docs/config.md");
+  ASSERT_TRUE(in) << "docs/config.md missing";
+  std::stringstream ss;
+  ss << in.rdbuf();
+  for (auto& [key, doc] : config_keys())
+    EXPECT_NE(ss.str().find("`" + key + "`"), std::string::npos) << key << " not in docs/config.md";
+}
+
+TEST(Config, MissingFileIsIoError) {
+  EXPECT_THROW(load_config("/nonexistent/x.toml"), IoError);
+}
+
+}  // namespace
+}  // namespace tessel::train

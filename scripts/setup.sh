@@ -5,7 +5,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   libopenblas-dev zlib1g-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev
-  libgtest-dev libbenchmark-dev
+  libgtest-dev libbenchmark-dev libopenmpi-dev openmpi-bin
   dataset-fashion-mnist fortunes
 )
 missing=()

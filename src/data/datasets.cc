@@ -21,15 +21,18 @@ void check_range(const char* key, int64_t value, int64_t lo, int64_t hi) {
 
 DenseDataset::DenseDataset(std::string name, int64_t features, int64_t classes,
                            std::vector<float> x, std::vector<int32_t> y)
-    : name_(std::move(name)), features_(features), classes_(classes), x_(std::move(x)),
+    : name_(std::move(name)),
+      features_(features),
+      classes_(classes),
+      x_(std::move(x)),
       y_(std::move(y)) {
-  TESSEL_CHECK(static_cast<int64_t>(x_.size()) == size() * features_, "dense dataset ", name_,
-               ": ", x_.size(), " values for ", size(), " rows of ", features_);
+  TESSEL_CHECK(static_cast<int64_t>(x_.size()) == size() * features_, "dense dataset ", name_, ": ",
+               x_.size(), " values for ", size(), " rows of ", features_);
 }
 
 void DenseDataset::get(int64_t index, void* x, int32_t* y) const {
-  TESSEL_CHECK(index >= 0 && index < size(), "dataset ", name_, ": index ", index,
-               " outside [0, ", size(), ")");
+  TESSEL_CHECK(index >= 0 && index < size(), "dataset ", name_, ": index ", index, " outside [0, ",
+               size(), ")");
   std::memcpy(x, x_.data() + index * features_, static_cast<size_t>(features_) * sizeof(float));
   *y = y_[static_cast<size_t>(index)];
 }
@@ -37,7 +40,8 @@ void DenseDataset::get(int64_t index, void* x, int32_t* y) const {
 }  // namespace detail
 
 Splits make_datasets(const DataSpec& spec) {
-  if (spec.kind == "fashion_mnist" || spec.kind == "mnist_idx") return detail::make_idx_splits(spec);
+  if (spec.kind == "fashion_mnist" || spec.kind == "mnist_idx")
+    return detail::make_idx_splits(spec);
   if (spec.kind == "spiral") return detail::make_spiral_splits(spec);
   if (spec.kind == "text") return detail::make_text_splits(spec);
   if (spec.kind == "synthetic") return detail::make_synthetic_splits(spec);

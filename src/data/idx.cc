@@ -69,8 +69,9 @@ std::vector<uint8_t> read_gz(const std::string& path) {
   if (errnum != Z_OK) throw_gz_error(gz, path, "cannot decompress");
   // zlib reads a non-gzip file through unchanged; a ".gz" name promises compression.
   if (gzdirect(gz))
-    throw IoError(str("data: ", path, " is not a gzip file, got first bytes that are no gzip "
-                      "header; replace it with the original .gz download or remove the .gz name"));
+    throw IoError(str("data: ", path,
+                      " is not a gzip file, got first bytes that are no gzip header; "
+                      "replace it with the original .gz download or remove the .gz name"));
   bytes.resize(have);
   return bytes;
 }
@@ -82,8 +83,8 @@ std::vector<uint8_t> read_plain(const std::string& path) {
   uintmax_t size = fs::file_size(path, ec);
   if (ec) throw IoError(str("data: cannot stat ", path, ", got \"", ec.message(), "\""));
   if (size > kMaxFileBytes)
-    throw IoError(str("data: ", path, " has ", size, " bytes, more than any IDX file; check "
-                      "data.path"));
+    throw IoError(
+        str("data: ", path, " has ", size, " bytes, more than any IDX file; check data.path"));
   std::vector<uint8_t> bytes(static_cast<size_t>(size));
   size_t got = bytes.empty() ? 0 : std::fread(bytes.data(), 1, bytes.size(), f.get());
   if (got != bytes.size())
@@ -106,16 +107,16 @@ IdxArray parse_idx(std::vector<uint8_t> bytes, const std::string& path, uint32_t
   const int ndim = static_cast<int>(magic & 0xff);
   const char* kind = magic == kImagesMagic ? "images" : "labels";
   const size_t header = 4 + 4 * static_cast<size_t>(ndim);
+  uint32_t got_magic = bytes.size() >= 4 ? load_be32(bytes.data()) : magic;
+  if (got_magic != magic) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "0x%08x, expected 0x%08x", got_magic, magic);
+    throw IoError(str("data: ", path, " has a bad IDX magic number, got ", buf, " (IDX u8 ", kind,
+                      "); the file is not an IDX ", kind, " file or is corrupt"));
+  }
   if (bytes.size() < header)
     throw IoError(str("data: ", path, " is too short for an IDX ", kind, " header, got ",
                       bytes.size(), " bytes, need ", header, "; the file is truncated"));
-  uint32_t got_magic = load_be32(bytes.data());
-  if (got_magic != magic) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "0x%08x, expected 0x%08x", got_magic, magic);
-    throw IoError(str("data: ", path, " has a bad IDX magic number, got ", buf, " (IDX u8 ",
-                      kind, "); the file is not an IDX ", kind, " file or is corrupt"));
-  }
   IdxArray a;
   uint64_t elements = 1;
   for (int i = 0; i < ndim; ++i) {
@@ -126,8 +127,8 @@ IdxArray parse_idx(std::vector<uint8_t> bytes, const std::string& path, uint32_t
   }
   uint64_t have = bytes.size() - header;
   if (have < elements)
-    throw IoError(str("data: ", path, " is truncated, got ", have, " data bytes, the header "
-                      "says ", elements, "; download the file again"));
+    throw IoError(str("data: ", path, " is truncated, got ", have, " data bytes, the header says ",
+                      elements, "; download the file again"));
   if (have > elements)
     throw IoError(str("data: ", path, " has ", have - elements, " bytes after the ", elements,
                       " its header declares; the file is corrupt or not an IDX ", kind, " file"));
@@ -153,7 +154,9 @@ IdxArray load_idx(const DataSpec& spec, const std::string& name, uint32_t magic)
 class IdxDataset final : public Dataset {
  public:
   IdxDataset(std::string name, IdxArray images, IdxArray labels, const DataSpec& spec)
-      : name_(std::move(name)), images_(std::move(images)), labels_(std::move(labels)),
+      : name_(std::move(name)),
+        images_(std::move(images)),
+        labels_(std::move(labels)),
         flatten_(spec.flatten) {
     for (int p = 0; p < 256; ++p) lut_[p] = (static_cast<float>(p) / 255.0f - spec.mean) / spec.std;
   }
@@ -171,7 +174,8 @@ class IdxDataset final : public Dataset {
     TESSEL_CHECK(index >= 0 && index < size(), "dataset ", name_, ": index ", index,
                  " outside [0, ", size(), ")");
     const size_t pixels = static_cast<size_t>(images_.dims[1] * images_.dims[2]);
-    const uint8_t* src = images_.bytes.data() + images_.offset + static_cast<size_t>(index) * pixels;
+    const uint8_t* src =
+        images_.bytes.data() + images_.offset + static_cast<size_t>(index) * pixels;
     float* dst = static_cast<float*>(x);
     for (size_t i = 0; i < pixels; ++i) dst[i] = lut_[src[i]];
     *y = labels_.bytes[labels_.offset + static_cast<size_t>(index)];
@@ -191,8 +195,8 @@ std::shared_ptr<const Dataset> load_split(const DataSpec& spec, const std::strin
   std::string where = (fs::path(spec.path) / (prefix + "-*")).string();
   if (images.dims[0] != labels.dims[0])
     throw IoError(str("data: ", where, " image and label counts differ, got ", images.dims[0],
-                      " images and ", labels.dims[0], " labels; the files come from different "
-                      "datasets or one is corrupt"));
+                      " images and ", labels.dims[0],
+                      " labels; the files come from different datasets or one is corrupt"));
   if (images.dims[0] == 0 || images.dims[1] == 0 || images.dims[2] == 0)
     throw IoError(str("data: ", where, " holds no pixels, got ", images.dims[0], " images of ",
                       images.dims[1], "x", images.dims[2], "; check data.path"));
@@ -216,8 +220,8 @@ Splits make_idx_splits(const DataSpec& spec) {
   s.test = load_split(spec, "t10k");
   if (s.train->input_shape() != s.test->input_shape())
     throw IoError(str("data: ", spec.path, " train and test images differ in size, got ",
-                      shape_str(s.train->input_shape()), " and ",
-                      shape_str(s.test->input_shape()), "; the files come from different datasets"));
+                      shape_str(s.train->input_shape()), " and ", shape_str(s.test->input_shape()),
+                      "; the files come from different datasets"));
   return s;
 }
 

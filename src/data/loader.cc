@@ -31,7 +31,8 @@ std::vector<int64_t> epoch_order(int64_t size, uint64_t seed, int64_t epoch, boo
   for (int64_t i = size - 1; i > 0; --i) {
     uint64_t k = 2 * static_cast<uint64_t>(i);
     uint64_t r = (static_cast<uint64_t>(rng.bits(k)) << 32) | rng.bits(k + 1);
-    auto j = static_cast<int64_t>((static_cast<unsigned __int128>(r) * static_cast<uint64_t>(i + 1)) >> 64);
+    auto j = static_cast<int64_t>(
+        (static_cast<unsigned __int128>(r) * static_cast<uint64_t>(i + 1)) >> 64);
     std::swap(order[static_cast<size_t>(i)], order[static_cast<size_t>(j)]);
   }
   return order;
@@ -39,7 +40,8 @@ std::vector<int64_t> epoch_order(int64_t size, uint64_t seed, int64_t epoch, boo
 
 DataLoader::DataLoader(std::shared_ptr<const Dataset> dataset, LoaderOptions options)
     : dataset_(std::move(dataset)), options_(options) {
-  if (!dataset_) throw InvalidArgument("data loader: dataset is null; build one with make_datasets");
+  if (!dataset_)
+    throw InvalidArgument("data loader: dataset is null; build one with make_datasets");
   if (options_.batch < 1)
     throw InvalidArgument(str("data loader: batch must be >= 1, got ", options_.batch,
                               "; set the batch size to a positive number"));
@@ -71,8 +73,8 @@ void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
   if (epoch < 0) throw InvalidArgument(str("data loader: epoch must be >= 0, got ", epoch));
   if (first_batch < 0 || first_batch > total)
     throw InvalidArgument(str("data loader: first batch must be in [0, ", total, "], got ",
-                              first_batch, "; the checkpoint was made with another batch size "
-                              "or dataset"));
+                              first_batch,
+                              "; the checkpoint was made with another batch size or dataset"));
   stop_worker();
   order_ = epoch_order(dataset_->size(), options_.seed, epoch, options_.shuffle);
   epoch_ = epoch;
@@ -81,7 +83,8 @@ void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
   stop_ = false;
   worker_done_ = false;
   worker_error_ = nullptr;
-  if (options_.prefetch > 0) worker_ = std::thread(&DataLoader::worker_loop, this, epoch, first_batch);
+  if (options_.prefetch > 0)
+    worker_ = std::thread(&DataLoader::worker_loop, this, epoch, first_batch);
 }
 
 bool DataLoader::next(Batch& out) {

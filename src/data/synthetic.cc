@@ -42,16 +42,16 @@ Splits make_synthetic_splits(const DataSpec& spec) {
   check_test_fraction(spec);
   // Each factor is capped at 2^30 above, so the products cannot overflow.
   if (std::max(spec.samples, spec.classes) * spec.features > kMaxValues)
-    throw InvalidArgument(str("data: synthetic needs samples * features and classes * features "
-                              "<= ", kMaxValues, ", got ", spec.samples, ", ", spec.classes,
-                              " and ", spec.features, "; lower data.samples, data.classes or "
-                              "data.features"));
+    throw InvalidArgument(
+        str("data: synthetic needs samples * features and classes * features <= ", kMaxValues,
+            ", got ", spec.samples, ", ", spec.classes, " and ", spec.features,
+            "; lower data.samples, data.classes or data.features"));
   const int64_t test = spec.test_fraction > 0
                            ? std::max<int64_t>(1, std::llround(spec.test_fraction * spec.samples))
                            : 0;
   if (spec.samples - test < 1)
-    throw InvalidArgument(str("data: synthetic train split is empty, got samples = ",
-                              spec.samples, " with test_fraction = ", spec.test_fraction,
+    throw InvalidArgument(str("data: synthetic train split is empty, got samples = ", spec.samples,
+                              " with test_fraction = ", spec.test_fraction,
                               "; raise data.samples"));
 
   CounterRng centre_rng(spec.seed, mix_stream(RngPurpose::kData, kSyntheticTag, 0));

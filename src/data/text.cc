@@ -24,7 +24,10 @@ class TextDataset final : public Dataset {
   // Windows over ids[begin, end) of a token buffer shared by both splits.
   TextDataset(std::shared_ptr<const std::vector<uint8_t>> ids, size_t begin, size_t end,
               int64_t context, int64_t vocab)
-      : ids_(std::move(ids)), begin_(begin), context_(context), vocab_(vocab),
+      : ids_(std::move(ids)),
+        begin_(begin),
+        context_(context),
+        vocab_(vocab),
         count_(static_cast<int64_t>((end - begin - 1) / static_cast<size_t>(context))) {}
   std::string name() const override { return "text"; }
   int64_t size() const override { return count_; }
@@ -77,8 +80,8 @@ Splits make_text_splits(const DataSpec& spec) {
   const size_t n = bytes.size();
   const size_t need = static_cast<size_t>(spec.context) + 1;  // one window and its last label
   if (n == 0)
-    throw IoError(str("data: text file ", spec.path, " is empty, got 0 bytes; set data.path to "
-                      "a file with some text"));
+    throw IoError(str("data: text file ", spec.path,
+                      " is empty, got 0 bytes; set data.path to a file with some text"));
 
   // Map bytes to their rank among the bytes present, in place.
   std::array<bool, 256> present{};
@@ -89,8 +92,8 @@ Splits make_text_splits(const DataSpec& spec) {
     if (present[b]) id[b] = static_cast<uint8_t>(vocab++);
   for (uint8_t& b : bytes) b = id[b];
 
-  const size_t train_end = static_cast<size_t>(std::floor((1.0 - spec.test_fraction) *
-                                                          static_cast<double>(n)));
+  const size_t train_end =
+      static_cast<size_t>(std::floor((1.0 - spec.test_fraction) * static_cast<double>(n)));
   if (train_end < need)
     throw InvalidArgument(str("data: text file ", spec.path, " is too short, got ", train_end,
                               " train bytes of ", n, ", need at least context + 1 = ", need,
@@ -98,9 +101,9 @@ Splits make_text_splits(const DataSpec& spec) {
   const size_t test_len = n - train_end;
   if (spec.test_fraction > 0 && test_len < need)
     throw InvalidArgument(str("data: text test split of ", spec.path, " is too short, got ",
-                              test_len, " bytes, need context + 1 = ", need, "; raise "
-                              "data.test_fraction, lower data.context, or set data.test_fraction"
-                              " = 0 for no test set"));
+                              test_len, " bytes, need context + 1 = ", need,
+                              "; raise data.test_fraction, lower data.context, or set "
+                              "data.test_fraction = 0 for no test set"));
 
   auto ids = std::make_shared<const std::vector<uint8_t>>(std::move(bytes));
   Splits s;

@@ -13,10 +13,10 @@ constexpr float kGptInitStd = 0.02f;
 void check_tokens(const Tensor& x, int64_t context) {
   if (!x.defined() || x.dtype() != DType::kI32 || x.ndim() != 2 || x.dim(1) < 1 ||
       x.dim(1) > context)
-    throw InvalidArgument(str("embedding: input must be i32 token ids [B, T] with 1 <= T <= ",
-                              context, ", got ", x.defined() ? dtype_name(x.dtype()) : "undefined",
-                              " ", x.defined() ? shape_str(x.shape()) : "",
-                              "; a gpt model needs a token dataset"));
+    throw InvalidArgument(
+        str("embedding: input must be i32 token ids [B, T] with 1 <= T <= ", context, ", got ",
+            x.defined() ? dtype_name(x.dtype()) : "undefined", " ",
+            x.defined() ? shape_str(x.shape()) : "", "; a gpt model needs a token dataset"));
 }
 
 void check_activations(const Tensor& x, int64_t C, const char* layer) {
@@ -89,10 +89,15 @@ Tensor Embedding::backward(const Tensor& dy) {
 
 // ---- TransformerBlock ----
 
-TransformerBlock::TransformerBlock(int64_t channels, int64_t heads, int64_t context,
-                                   int64_t layers)
-    : C_(channels), NH_(heads), T_(context), ln1_(channels), ln2_(channels),
-      qkv_(channels, 3 * channels), attn_proj_(channels, channels), fc_(channels, 4 * channels),
+TransformerBlock::TransformerBlock(int64_t channels, int64_t heads, int64_t context, int64_t layers)
+    : C_(channels),
+      NH_(heads),
+      T_(context),
+      ln1_(channels),
+      ln2_(channels),
+      qkv_(channels, 3 * channels),
+      attn_proj_(channels, channels),
+      fc_(channels, 4 * channels),
       mlp_proj_(4 * channels, channels) {
   TESSEL_CHECK(NH_ > 0 && C_ % NH_ == 0 && T_ > 0 && layers > 0,
                "transformer_block: heads must divide channels and sizes be positive, got "
@@ -114,8 +119,8 @@ TransformerBlock::TransformerBlock(int64_t channels, int64_t heads, int64_t cont
 
 std::vector<Parameter*> TransformerBlock::parameters() {
   std::vector<Parameter*> out;
-  for (Module* m : std::initializer_list<Module*>{&ln1_, &qkv_, &attn_proj_, &ln2_, &fc_,
-                                                  &mlp_proj_})
+  for (Module* m :
+       std::initializer_list<Module*>{&ln1_, &qkv_, &attn_proj_, &ln2_, &fc_, &mlp_proj_})
     for (Parameter* p : m->parameters()) out.push_back(p);
   return out;
 }
@@ -131,8 +136,7 @@ Tensor TransformerBlock::forward(const Tensor& x, const Context& ctx) {
   ops::attention_forward(a.data<float>(), att_.get({B_, NH_, T_cur_, T_cur_}).data<float>(),
                          qkv_out_.data<float>(), B_, T_cur_, C_, NH_);
   Tensor x1 = x1_.get(x.shape());
-  ops::add_forward(x1.data<float>(), x.data<float>(),
-                   attn_proj_.forward(a, ctx).data<float>(), n);
+  ops::add_forward(x1.data<float>(), x.data<float>(), attn_proj_.forward(a, ctx).data<float>(), n);
   // MLP branch: y = x1 + proj(gelu(fc(ln2(x1)))).
   Tensor m = mlp_proj_.forward(gelu_.forward(fc_.forward(ln2_.forward(x1, ctx), ctx), ctx), ctx);
   Tensor y = y_.get(x.shape());
@@ -192,8 +196,7 @@ Tensor LmHead::forward(const Tensor& x, const Context& ctx) {
 Tensor LmHead::backward(const Tensor& dy) {
   const Shape shape{h_.dim(0), h_.dim(1), V_};
   TESSEL_CHECK(dy.defined() && dy.shape() == shape, "lm_head: backward gradient ",
-               dy.defined() ? shape_str(dy.shape()) : "undefined", ", expected ",
-               shape_str(shape));
+               dy.defined() ? shape_str(dy.shape()) : "undefined", ", expected ", shape_str(shape));
   Tensor dh = dh_.get(h_.shape());
   // Accumulates into the embedding's table gradient: the tied weight gets both uses.
   ops::linear_backward(dh.data<float>(), wte_->grad.data<float>(), nullptr, dy.data<float>(),

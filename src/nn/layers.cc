@@ -61,19 +61,18 @@ Tensor Linear::forward(const Tensor& x, const Context& ctx) {
   x_ = x;
   Tensor y = y_.get(with_last(x.shape(), out_));
   ops::linear_forward(y.data<float>(), x.data<float>(), weight_.value.data<float>(),
-                      has_bias_ ? bias_.value.data<float>() : nullptr, x.numel() / in_, in_,
-                      out_);
+                      has_bias_ ? bias_.value.data<float>() : nullptr, x.numel() / in_, in_, out_);
   return y;
 }
 
 Tensor Linear::backward(const Tensor& dy) {
+  TESSEL_CHECK(x_.defined(), "linear: backward() before forward()");
   check_same_shape(dy, with_last(x_.shape(), out_), "linear");
   Tensor dx;
   if (input_grad_) dx = dx_.get(x_.shape());
   ops::linear_backward(input_grad_ ? dx.data<float>() : nullptr, weight_.grad.data<float>(),
                        has_bias_ ? bias_.grad.data<float>() : nullptr, dy.data<float>(),
-                       x_.data<float>(), weight_.value.data<float>(), x_.numel() / in_, in_,
-                       out_);
+                       x_.data<float>(), weight_.value.data<float>(), x_.numel() / in_, in_, out_);
   return dx;
 }
 
@@ -142,8 +141,8 @@ Tensor Dropout::backward(const Tensor& dy) {
                dy.defined() ? dy.numel() : 0, " elements after a forward of ", rows_ * cols_);
   if (!active_ || !input_grad_) return input_grad_ ? dy : Tensor();
   Tensor dx = dx_.get(dy.shape());
-  ops::dropout_backward(dx.data<float>(), dy.data<float>(), rows_, cols_, p_, ctx_.seed,
-                        ctx_.step, ctx_.first_sample);
+  ops::dropout_backward(dx.data<float>(), dy.data<float>(), rows_, cols_, p_, ctx_.seed, ctx_.step,
+                        ctx_.first_sample);
   return dx;
 }
 
@@ -168,7 +167,12 @@ Tensor Flatten::backward(const Tensor& dy) {
 
 Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t stride,
                int64_t pad, int64_t in_h, int64_t in_w)
-    : C_(in_channels), OC_(out_channels), k_(kernel), stride_(stride), pad_(pad), in_h_(in_h),
+    : C_(in_channels),
+      OC_(out_channels),
+      k_(kernel),
+      stride_(stride),
+      pad_(pad),
+      in_h_(in_h),
       in_w_(in_w) {
   TESSEL_CHECK(C_ > 0 && OC_ > 0 && k_ > 0 && stride_ > 0 && pad_ >= 0,
                "conv2d: sizes must be positive, got in ", C_, ", out ", OC_, ", kernel ", k_,
@@ -198,6 +202,7 @@ Tensor Conv2d::forward(const Tensor& x, const Context& ctx) {
 }
 
 Tensor Conv2d::backward(const Tensor& dy) {
+  TESSEL_CHECK(x_.defined(), "conv2d: backward() before forward()");
   const ops::Conv2dShape s{x_.dim(0), C_, x_.dim(2), x_.dim(3), OC_, k_, k_, stride_, pad_};
   check_same_shape(dy, {s.N, OC_, s.OH(), s.OW()}, "conv2d");
   Tensor dx;
@@ -240,13 +245,14 @@ Tensor MaxPool2d::forward(const Tensor& x, const Context& ctx) {
 }
 
 Tensor MaxPool2d::backward(const Tensor& dy) {
+  TESSEL_CHECK(in_shape_.size() == 4, "maxpool2d: backward() before forward()");
   const int64_t N = in_shape_[0], C = in_shape_[1], H = in_shape_[2], W = in_shape_[3];
   const Shape out{N, C, (H - k_) / stride_ + 1, (W - k_) / stride_ + 1};
   check_same_shape(dy, out, "maxpool2d");
   if (!input_grad_) return {};
   Tensor dx = dx_.get(in_shape_);
-  ops::maxpool2d_backward(dx.data<float>(), dy.data<float>(), argmax_.get(out, DType::kI32).data<int32_t>(),
-                          N, C, H, W, k_, stride_);
+  ops::maxpool2d_backward(dx.data<float>(), dy.data<float>(),
+                          argmax_.get(out, DType::kI32).data<int32_t>(), N, C, H, W, k_, stride_);
   return dx;
 }
 
@@ -268,8 +274,8 @@ Tensor LayerNorm::forward(const Tensor& x, const Context& ctx) {
   const int64_t N = x.numel() / C_;
   Tensor y = y_.get(x.shape());
   ops::layernorm_forward(y.data<float>(), mean_.get({N}).data<float>(),
-                         rstd_.get({N}).data<float>(), x.data<float>(),
-                         weight_.value.data<float>(), bias_.value.data<float>(), N, C_);
+                         rstd_.get({N}).data<float>(), x.data<float>(), weight_.value.data<float>(),
+                         bias_.value.data<float>(), N, C_);
   return y;
 }
 

@@ -5,8 +5,7 @@
 namespace tessel::nn {
 
 float CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels) {
-  if (!logits.defined() || logits.dtype() != DType::kF32 || logits.ndim() < 1 ||
-      logits.dim(-1) < 1)
+  if (!logits.defined() || logits.dtype() != DType::kF32 || logits.ndim() < 1 || logits.dim(-1) < 1)
     throw InvalidArgument(str("cross_entropy: logits must be f32 [..., C], got ",
                               logits.defined() ? shape_str(logits.shape()) : "undefined",
                               "; pass the model's output"));
@@ -17,8 +16,7 @@ float CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels) {
                               labels.defined() ? dtype_name(labels.dtype()) : "undefined", " ",
                               labels.defined() ? shape_str(labels.shape()) : "",
                               "; check the dataset's label shape and num_classes"));
-  if (!probs_.defined() || probs_.shape() != logits.shape())
-    probs_ = Tensor::empty(logits.shape());
+  if (!probs_.defined() || probs_.shape() != logits.shape()) probs_ = Tensor::empty(logits.shape());
   labels_ = labels;
   const float loss = ops::cross_entropy_forward(probs_.data<float>(), logits.data<float>(),
                                                 labels.data<int32_t>(), N, C);
@@ -31,8 +29,8 @@ Tensor CrossEntropyLoss::backward(float dloss) {
   const int64_t C = probs_.dim(-1), N = probs_.numel() / C;
   if (!dlogits_.defined() || dlogits_.shape() != probs_.shape())
     dlogits_ = Tensor::empty(probs_.shape());
-  ops::cross_entropy_backward(dlogits_.data<float>(), probs_.data<float>(),
-                              labels_.data<int32_t>(), N, C, dloss);
+  ops::cross_entropy_backward(dlogits_.data<float>(), probs_.data<float>(), labels_.data<int32_t>(),
+                              N, C, dloss);
   return dlogits_;
 }
 

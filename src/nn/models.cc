@@ -11,14 +11,14 @@ std::string list_str(const std::vector<int64_t>& v) { return shape_str(v); }
 
 void require_positive(int64_t value, const char* key) {
   if (value <= 0)
-    throw InvalidArgument(str("model: ", key, " must be positive, got ", value,
-                              "; fix it in the [model] section"));
+    throw InvalidArgument(
+        str("model: ", key, " must be positive, got ", value, "; fix it in the [model] section"));
 }
 
 void require_positive_list(const std::vector<int64_t>& v, const char* key) {
   if (v.empty())
-    throw InvalidArgument(str("model: ", key, " must list at least one size, got []; e.g. ", key,
-                              " = [128]"));
+    throw InvalidArgument(
+        str("model: ", key, " must list at least one size, got []; e.g. ", key, " = [128]"));
   for (int64_t x : v)
     if (x <= 0)
       throw InvalidArgument(str("model: every entry of ", key, " must be positive, got ",
@@ -43,8 +43,8 @@ void check_common(const ModelSpec& spec) {
 std::unique_ptr<Module> make_activation(const std::string& name) {
   if (name == "relu") return std::make_unique<ReLU>();
   if (name == "gelu") return std::make_unique<GELU>();
-  throw InvalidArgument(str("model: unknown model.activation, got '", name,
-                            "'; use one of relu, gelu"));
+  throw InvalidArgument(
+      str("model: unknown model.activation, got '", name, "'; use one of relu, gelu"));
 }
 
 void build_mlp(const ModelSpec& spec, Model& m) {
@@ -78,11 +78,10 @@ void build_cnn(const ModelSpec& spec, Model& m) {
     const std::string n = std::to_string(i + 1);
     const int64_t oh = h + 2 * pad - k + 1, ow = w + 2 * pad - k + 1;
     if (oh < 2 || ow < 2)
-      throw InvalidArgument(str("model: cnn stage ", n, " gets a ", h, "x", w,
-                                " image, too small for a ", k, "x", k,
-                                " conv and a 2x2 pool, got input_shape ",
-                                shape_str(spec.input_shape),
-                                "; use fewer model.channels entries or a smaller model.kernel"));
+      throw InvalidArgument(
+          str("model: cnn stage ", n, " gets a ", h, "x", w, " image, too small for a ", k, "x", k,
+              " conv and a 2x2 pool, got input_shape ", shape_str(spec.input_shape),
+              "; use fewer model.channels entries or a smaller model.kernel"));
     m.add("conv" + n, std::make_unique<Conv2d>(c, spec.channels[i], k, 1, pad, h, w));
     m.add("relu" + n, std::make_unique<ReLU>());
     m.add("pool" + n, std::make_unique<MaxPool2d>(2, 2));
@@ -105,8 +104,8 @@ void build_gpt(const ModelSpec& spec, Model& m) {
   require_positive(spec.heads, "model.heads");
   require_positive(spec.embed, "model.embed");
   if (spec.embed % spec.heads != 0)
-    throw InvalidArgument(str("model: model.heads must divide model.embed, got heads ",
-                              spec.heads, " and embed ", spec.embed,
+    throw InvalidArgument(str("model: model.heads must divide model.embed, got heads ", spec.heads,
+                              " and embed ", spec.embed,
                               "; pick heads among the divisors of embed"));
   const int64_t T = spec.input_shape[0], V = spec.num_classes, C = spec.embed;
   auto embed = std::make_unique<Embedding>(V, T, C);
@@ -122,8 +121,8 @@ void build_gpt(const ModelSpec& spec, Model& m) {
 
 std::unique_ptr<Model> build_model(const ModelSpec& spec, uint64_t seed) {
   if (spec.kind != "mlp" && spec.kind != "cnn" && spec.kind != "gpt")
-    throw InvalidArgument(str("model: unknown model.kind, got '", spec.kind,
-                              "'; use one of mlp, cnn, gpt"));
+    throw InvalidArgument(
+        str("model: unknown model.kind, got '", spec.kind, "'; use one of mlp, cnn, gpt"));
   check_common(spec);
   auto m = std::make_unique<Model>();
   if (spec.kind == "mlp") build_mlp(spec, *m);

@@ -74,9 +74,7 @@ class Sgd final : public Optimizer {
     ++steps_;
   }
 
-  std::vector<std::pair<std::string, Tensor>> state() override {
-    return {{"momentum", momentum_}};
-  }
+  std::vector<std::pair<std::string, Tensor>> state() override { return {{"momentum", momentum_}}; }
 
  private:
   OptimSpec spec_;
@@ -153,8 +151,7 @@ void validate(const OptimSpec& s, int64_t n) {
             "the usual value is 0.9");
     require(s.beta2 >= 0.0f && s.beta2 < 1.0f, "beta2", "in [0, 1)", s.beta2,
             "the usual value is 0.999");
-    require(s.eps > 0.0f && std::isfinite(s.eps), "eps", "> 0", s.eps,
-            "the usual value is 1e-8");
+    require(s.eps > 0.0f && std::isfinite(s.eps), "eps", "> 0", s.eps, "the usual value is 1e-8");
   }
   if (n < 0) throw InvalidArgument(str("optim: range length must be >= 0, got ", n));
 }

@@ -25,11 +25,11 @@ void validate(const ScheduleSpec& s, float base_lr, int64_t step) {
     throw InvalidArgument(str("schedule.step_size must be > 0, got ", s.step_size,
                               "; it is the number of steps between lr decays"));
   if (s.kind == "step" && !(s.gamma > 0.0f && std::isfinite(s.gamma)))
-    throw InvalidArgument(str("schedule.gamma must be > 0, got ", s.gamma,
-                              "; the usual value is 0.1"));
+    throw InvalidArgument(
+        str("schedule.gamma must be > 0, got ", s.gamma, "; the usual value is 0.1"));
   if (s.kind == "cosine" && !(s.min_lr >= 0.0f && s.min_lr <= base_lr))
-    throw InvalidArgument(str("schedule.min_lr must be in [0, lr = ", base_lr, "], got ",
-                              s.min_lr, "; lower min_lr"));
+    throw InvalidArgument(str("schedule.min_lr must be in [0, lr = ", base_lr, "], got ", s.min_lr,
+                              "; lower min_lr"));
   if (step < 0) throw InvalidArgument(str("schedule: step must be >= 0, got ", step));
 }
 
@@ -53,8 +53,8 @@ float lr_at(const ScheduleSpec& spec, float base_lr, int64_t step, int64_t total
     const int64_t span = total_steps - spec.warmup_steps;
     double progress = 1.0;
     if (span > 0)
-      progress = std::min(1.0, static_cast<double>(step - spec.warmup_steps) /
-                                   static_cast<double>(span));
+      progress =
+          std::min(1.0, static_cast<double>(step - spec.warmup_steps) / static_cast<double>(span));
     const double min_lr = spec.min_lr;
     return static_cast<float>(min_lr + (base - min_lr) * 0.5 *
                                            (1.0 + std::cos(std::numbers::pi * progress)));
@@ -65,8 +65,8 @@ float lr_at(const ScheduleSpec& spec, float base_lr, int64_t step, int64_t total
 float scaled_lr(float lr, int64_t global_batch, int64_t base_batch) {
   if (base_batch <= 0) return lr;
   if (global_batch <= 0)
-    throw InvalidArgument(str("optim: global batch must be > 0 for lr scaling, got ",
-                              global_batch, "; check the batch size and worker count"));
+    throw InvalidArgument(str("optim: global batch must be > 0 for lr scaling, got ", global_batch,
+                              "; check the batch size and worker count"));
   return static_cast<float>(static_cast<double>(lr) * static_cast<double>(global_batch) /
                             static_cast<double>(base_batch));
 }

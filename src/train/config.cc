@@ -166,11 +166,29 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return prev[b.size()];
 }
 
+bool is_subsequence(const std::string& small, const std::string& big) {
+  size_t j = 0;
+  for (char ch : big)
+    if (j < small.size() && small[j] == ch) ++j;
+  return j == small.size();
+}
+
+// Closest valid key: prefers keys of the same section, and counts an abbreviation
+// ("lr" in "learning_rate", "batch" in "batchsize") as close.
 std::string nearest_key(const std::string& path) {
+  size_t dot = path.find('.');
+  std::string section = dot == std::string::npos ? "" : path.substr(0, dot);
+  std::string name = path.substr(dot == std::string::npos ? 0 : dot + 1);
   std::string best;
-  size_t best_d = SIZE_MAX;
+  double best_d = 1e9;
   for (const Key& k : registry()) {
-    size_t d = edit_distance(path, k.path);
+    size_t kdot = k.path.find('.');
+    std::string ksection = kdot == std::string::npos ? "" : k.path.substr(0, kdot);
+    std::string kname = k.path.substr(kdot == std::string::npos ? 0 : kdot + 1);
+    double d = static_cast<double>(edit_distance(name, kname));
+    if (is_subsequence(kname, name) || is_subsequence(name, kname))
+      d = std::min(d, 1.0 + std::abs(double(name.size()) - double(kname.size())) / 4.0);
+    d += 0.5 * static_cast<double>(edit_distance(section, ksection));
     if (d < best_d) best_d = d, best = k.path;
   }
   return best;

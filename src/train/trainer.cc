@@ -40,6 +40,13 @@ std::string format_eta(double seconds) {
   return buf;
 }
 
+template <typename... Args>
+std::string fmt(const char* f, Args... args) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, f, args...);
+  return buf;
+}
+
 EvalResult mean_of(const EvalResult& sums) {
   EvalResult r = sums;
   if (sums.samples > 0) {
@@ -230,6 +237,7 @@ json Trainer::run() {
   int64_t last_test_step = -1;
   EvalResult last_train = mean_of(s.epoch_sums);
   bool stopped = false;
+  double last_epoch_line = 0, last_plain_line = 0;
   double window_start = now_seconds();
   int64_t window_samples = 0;
   for (; s.epoch < epochs && step_ < total_steps_ && !stopped; ++s.epoch, s.batch_in_epoch = 0) {
@@ -260,12 +268,13 @@ json Trainer::run() {
         log_metrics({{"type", "train"}, {"step", step_}, {"epoch", s.epoch + 1}, {"loss", loss},
                      {"epoch_loss", m.loss}, {"epoch_accuracy", m.accuracy}, {"lr", lr},
                      {"samples_per_second", sps}});
-        if (options_.progress) {
+        // Live line on a terminal; plain lines at most every 5 s otherwise.
+        if (options_.progress && (tty || now - last_plain_line >= 5.0)) {
+          last_plain_line = now;
           double eta = (total_steps_ - step_) * config_.train.batch / std::max(sps, 1e-9);
-          std::string line = str("epoch ", s.epoch + 1, "/", epochs, " step ", step_, "/",
-                                 total_steps_, " loss ", m.loss, " acc ", 100.0 * m.accuracy,
-                                 "% ", static_cast<int64_t>(sps), " samples/s ETA ",
-                                 format_eta(eta));
+          std::string line = fmt("epoch %ld/%ld step %ld/%ld loss %.4f acc %.2f%% %.0f samples/s ETA %s",
+                                 long(s.epoch + 1), long(epochs), long(step_), long(total_steps_),
+                                 m.loss, 100.0 * m.accuracy, sps, format_eta(eta).c_str());
           if (tty)
             std::fprintf(stderr, "\r\033[K%s", line.c_str());
           else
@@ -302,12 +311,18 @@ json Trainer::run() {
       rec["train_eval_accuracy"] = full.accuracy;
     }
     log_metrics(rec);
-    if (options_.progress)
-      log_info("epoch ", s.epoch + 1, "/", epochs, ": train loss ", last_train.loss, " acc ",
-               100.0 * last_train.accuracy, "%", data_.test ? str(", test loss ", last_test.loss,
-               " acc ", 100.0 * last_test.accuracy, "%") : std::string(),
-               config_.train.eval_train ? str(", train eval acc ", 100.0 * rec["train_eval_accuracy"].get<double>(), "%") : std::string(),
-               " (", rec["epoch_seconds"].get<double>(), " s)");
+    // One line per epoch, thinned to one every 2 s for runs of many short epochs.
+    if (options_.progress && (epochs <= 20 || s.epoch + 1 == epochs ||
+                              now_seconds() - last_epoch_line >= 2.0)) {
+      last_epoch_line = now_seconds();
+      std::string line = fmt("epoch %ld/%ld: train loss %.4f acc %.2f%%", long(s.epoch + 1),
+                             long(epochs), last_train.loss, 100.0 * last_train.accuracy);
+      if (data_.test)
+        line += fmt(", test loss %.4f acc %.2f%%", last_test.loss, 100.0 * last_test.accuracy);
+      if (config_.train.eval_train)
+        line += fmt(", train-set eval acc %.2f%%", 100.0 * rec["train_eval_accuracy"].get<double>());
+      log_info(line, fmt(" (%.1f s)", rec["epoch_seconds"].get<double>()));
+    }
     s.epoch_sums = EvalResult{};
     const bool last_epoch = s.epoch + 1 >= epochs || step_ >= total_steps_;
     if ((config_.checkpoint.every_epochs > 0 && (s.epoch + 1) % config_.checkpoint.every_epochs == 0) ||

@@ -1,5 +1,7 @@
 // Datasets: IDX round trips and every way an IDX folder can be broken, the real Fashion-MNIST
 // when installed, spiral, text and synthetic generation, and make_datasets dispatch.
+#include "tessel/data/dataset.h"
+
 #include <gtest/gtest.h>
 #include <zlib.h>
 
@@ -10,8 +12,6 @@
 #include <set>
 #include <string>
 #include <vector>
-
-#include "tessel/data/dataset.h"
 
 namespace tessel::data {
 namespace {
@@ -48,7 +48,8 @@ void write_file(const std::string& path, const std::vector<uint8_t>& bytes, bool
     ASSERT_EQ(gzclose(f), Z_OK);
   } else {
     std::ofstream out(path, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+    out.write(reinterpret_cast<const char*>(bytes.data()),
+              static_cast<std::streamsize>(bytes.size()));
     ASSERT_TRUE(out.good());
   }
 }
@@ -71,7 +72,9 @@ std::vector<uint8_t> idx_bytes(uint32_t magic, const std::vector<uint32_t>& dims
   return out;
 }
 
-uint8_t pixel(int image, int k, int salt) { return static_cast<uint8_t>((image * 31 + k * 7 + salt) % 256); }
+uint8_t pixel(int image, int k, int salt) {
+  return static_cast<uint8_t>((image * 31 + k * 7 + salt) % 256);
+}
 
 std::vector<uint8_t> images_data(int count, int salt) {
   std::vector<uint8_t> d;
@@ -112,8 +115,9 @@ void expect_io_error(const DataSpec& spec, const std::vector<std::string>& parts
     make_datasets(spec);
     FAIL() << "expected IoError";
   } catch (const IoError& e) {
-    for (const std::string& p : parts) EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
-        << "message lacks \"" << p << "\": " << e.what();
+    for (const std::string& p : parts)
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos)
+          << "message lacks \"" << p << "\": " << e.what();
   }
 }
 
@@ -206,8 +210,8 @@ TEST(Idx, BadMagic) {
   write_idx_folder(dir, 5, 3, false);
   // A labels file where images belong: right size rules, wrong magic.
   write_file(dir / "train-images-idx3-ubyte", idx_bytes(0x801, {5}, labels_data(5, 0)), false);
-  expect_io_error(idx_spec(dir), {dir / "train-images-idx3-ubyte", "bad IDX magic", "0x00000801",
-                                  "0x00000803"});
+  expect_io_error(idx_spec(dir),
+                  {dir / "train-images-idx3-ubyte", "bad IDX magic", "0x00000801", "0x00000803"});
 }
 
 TEST(Idx, GarbageWithGzName) {
@@ -330,9 +334,7 @@ TEST(Text, WindowsAreShiftedByOne) {
   TempDir dir;
   std::string text;
   for (int i = 0; i < 20; ++i) text += "the cat sat on the mat. ";
-  {
-    std::ofstream(dir / "t.txt") << text;
-  }
+  { std::ofstream(dir / "t.txt") << text; }
   DataSpec spec;
   spec.kind = "text";
   spec.path = dir / "t.txt";

@@ -15,6 +15,7 @@ namespace {
 
 using testing::expect_grad;
 using testing::GradTolerance;
+using testing::max_rel_diff;
 using testing::poisoned;
 using testing::randn;
 using testing::uniform;
@@ -281,7 +282,9 @@ TEST(GradCheck, Attention) {
     double s = 0.0;
     for (int64_t t2 = 0; t2 < T; ++t2) {
       s += att[row * T + t2];
-      if (t2 > t) EXPECT_EQ(att[row * T + t2], 0.0f) << "future key visible";
+      if (t2 > t) {
+        EXPECT_EQ(att[row * T + t2], 0.0f) << "future key visible";
+      }
     }
     EXPECT_NEAR(s, 1.0, 1e-6);
   }
@@ -289,6 +292,75 @@ TEST(GradCheck, Attention) {
   GradTolerance tol;
   tol.eps = 3e-3;
   expect_grad("attention dqkv", qkv, dqkv, objective, tol);
+}
+
+// ---- Backward contracts: parameter gradients accumulate, a null dx is skipped ----
+
+TEST(Contracts, LinearAccumulatesAndSkipsNullDx) {
+  const int64_t N = 6, C = 5, OC = 4;
+  Vec x = randn(N * C, 71), w = randn(OC * C, 72), dy = randn(N * OC, 73);
+  Vec dx(N * C), dw1(OC * C, 0.0f), db1(OC, 0.0f);
+  linear_backward(dx.data(), dw1.data(), db1.data(), dy.data(), x.data(), w.data(), N, C, OC);
+  // Twice into zeroed buffers: double (up to rounding, the sums run in another order).
+  Vec dw2(OC * C, 0.0f), db2(OC, 0.0f);
+  for (int rep = 0; rep < 2; ++rep) {
+    linear_backward(nullptr, dw2.data(), db2.data(), dy.data(), x.data(), w.data(), N, C, OC);
+  }
+  for (auto& v : dw1) v *= 2.0f;
+  for (auto& v : db1) v *= 2.0f;
+  EXPECT_LT(max_rel_diff(dw2, dw1), 1e-6);
+  EXPECT_LT(max_rel_diff(db2, db1), 1e-6);
+  // A null db leaves the weight gradient alone.
+  Vec dw3(OC * C, 0.0f);
+  linear_backward(nullptr, dw3.data(), nullptr, dy.data(), x.data(), w.data(), N, C, OC);
+  for (auto& v : dw3) v *= 2.0f;
+  EXPECT_EQ(dw3, dw1);
+}
+
+TEST(Contracts, LayerNormAccumulatesAndSkipsNullDx) {
+  const int64_t N = 4, C = 9;
+  Vec x = randn(N * C, 74), w = randn(C, 75), b = randn(C, 76), dy = randn(N * C, 77);
+  Vec y(N * C), mean(N), rstd(N);
+  layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
+  Vec dx1(N * C), dw1(C, 0.0f), db1(C, 0.0f), dw2(C, 0.0f), db2(C, 0.0f);
+  layernorm_backward(dx1.data(), dw1.data(), db1.data(), dy.data(), x.data(), w.data(),
+                     mean.data(), rstd.data(), N, C);
+  for (int rep = 0; rep < 2; ++rep) {
+    layernorm_backward(nullptr, dw2.data(), db2.data(), dy.data(), x.data(), w.data(),
+                       mean.data(), rstd.data(), N, C);
+  }
+  for (auto& v : dw1) v *= 2.0f;
+  for (auto& v : db1) v *= 2.0f;
+  EXPECT_LT(max_rel_diff(dw2, dw1), 1e-6);
+  EXPECT_LT(max_rel_diff(db2, db1), 1e-6);
+}
+
+TEST(Contracts, EmbeddingAccumulates) {
+  const int64_t N = 5, C = 3;
+  std::vector<int32_t> ids = {1, 0, 1, 2, 0};
+  Vec dy = randn(N * C, 78), d1(3 * C, 0.0f), d2(3 * C, 0.0f);
+  embedding_backward(d1.data(), dy.data(), ids.data(), N, C);
+  for (int rep = 0; rep < 2; ++rep) embedding_backward(d2.data(), dy.data(), ids.data(), N, C);
+  for (auto& v : d1) v *= 2.0f;
+  EXPECT_LT(max_rel_diff(d2, d1), 1e-6);
+}
+
+TEST(Contracts, NullDxIsSkippedByEveryBackward) {
+  // None of these may touch memory through a null dx; reaching the end is the assertion,
+  // and under ASan any write through it would be reported.
+  const int64_t n = 8;
+  Vec a = randn(n, 79), b = randn(n, 80), y(n);
+  std::vector<int32_t> labels = {0, 1}, argmax(2, 0);
+  relu_backward(nullptr, a.data(), b.data(), n);
+  gelu_backward(nullptr, a.data(), b.data(), n);
+  softmax_backward(nullptr, a.data(), b.data(), 2, 4);
+  cross_entropy_backward(nullptr, a.data(), labels.data(), 2, 4, 1.0f);
+  dropout_backward(nullptr, a.data(), 2, 4, 0.5f, 1, 2, 3);
+  maxpool2d_backward(nullptr, a.data(), argmax.data(), 1, 2, 2, 2, 2, 2);
+  Vec qkv = randn(2 * 3 * 2, 81), att(2 * 2);
+  attention_forward(y.data(), att.data(), qkv.data(), 1, 2, 2, 1);
+  attention_backward(nullptr, y.data(), qkv.data(), att.data(), 1, 2, 2, 1);
+  EXPECT_EQ(a, randn(n, 79)) << "inputs must be left alone";
 }
 
 }  // namespace

@@ -20,7 +20,7 @@ struct TensorFile {
   const Tensor* find(const std::string& name) const;  // null when absent
 };
 
-// Writes to `path` exactly (no temporary name; see atomic.h for safe commits) and fsyncs.
+// Writes to `path` exactly (no temporary name; see checkpoint.h for safe commits) and fsyncs.
 void write_safetensors(const std::string& path, const TensorFile& file);
 TensorFile read_safetensors(const std::string& path);
 

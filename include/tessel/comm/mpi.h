@@ -1,0 +1,23 @@
+// The MPI transport: one rank per process under any MPI launcher (mpirun, srun), built when
+// TESSEL_WITH_MPI is on. MPI is initialised on first use with MPI_THREAD_MULTIPLE (the progress
+// thread of async calls and the caller may both be inside MPI); if the library grants only
+// MPI_THREAD_SERIALIZED, every MPI call is serialised by one process-wide mutex instead. Native
+// collectives (Algorithm::kNative) call MPI_Allreduce and friends directly.
+#pragma once
+
+#include "tessel/comm/communicator.h"
+
+namespace tessel::comm {
+
+bool mpi_built();     // compiled with MPI support
+bool mpi_launched();  // this process was started by an MPI launcher (environment variables)
+
+// The world communicator (MPI_COMM_WORLD, duplicated). Initialises MPI on the first call and
+// finalises it at exit; if a group was aborted, finalisation is bounded by a 30 s watchdog that
+// aborts the job rather than hang on a dead peer. Throws CommError when MPI is not built.
+Communicator mpi_world(const CommOptions& options = {});
+
+// The MPI thread level granted ("MPI_THREAD_MULTIPLE", ...), "" before initialisation.
+const char* mpi_thread_level();
+
+}  // namespace tessel::comm

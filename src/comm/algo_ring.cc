@@ -1,0 +1,153 @@
+// Ring schedules. Terms: the buffer is cut into n blocks, one per rank (Blocks); every block is
+// cut into S segments of ctx.segment_bytes (S from the largest block, so every rank derives the
+// same S); a step moves one block from each rank to its successor. A unit is one segment of one
+// step; unit u = (step - first_step) * S + segment. Sends and receives run ctx.in_flight units
+// ahead, so the reduction of one segment overlaps the transfer of the next.
+#include <algorithm>
+#include <deque>
+
+#include "algo_common.h"
+#include "tessel/core/error.h"
+
+namespace tessel::comm {
+namespace {
+
+// Steps [g0, g1) of the ring. Step g (0 <= g < 2(n-1)): rank r sends block (r - g - 1) to r + 1
+// and receives block (r - g - 2) from r - 1, reducing it in for g < n - 1 (reduce-scatter
+// phase) and copying it for g >= n - 1 (allgather phase). After step n - 2 rank r holds the
+// reduction of its own block r, which the allgather phase starts by sending.
+void ring_pass(const CollContext& ctx, void* buf, const Blocks& b, int g0, int g1, ElemType e,
+               ReduceOp op) {
+  const int n = b.n(), r = ctx.transport->rank();
+  if (n == 1 || g0 >= g1) return;
+  const int next = (r + 1) % n, prev = (r + n - 1) % n;
+  const size_t seg = segment_elems(ctx, e);
+  const size_t S = std::max<size_t>(1, (b.max_count() + seg - 1) / seg);
+  const size_t units = static_cast<size_t>(g1 - g0) * S;
+  const size_t window = static_cast<size_t>(std::max(1, ctx.in_flight));
+  auto block_at = [&](size_t unit, int shift) {
+    int g = g0 + static_cast<int>(unit / S);
+    return ((r - g - shift) % n + n) % n;
+  };
+  auto piece = [&](int blk, size_t unit, size_t* off, size_t* len) {
+    size_t k = unit % S, cnt = b.count(blk), lo = std::min(cnt, k * seg);
+    *off = b.begin(blk) + lo;
+    *len = std::min(seg, cnt - lo);
+  };
+
+  std::deque<RequestPtr> sends, recvs;
+  size_t posted_s = 0, posted_r = 0, done_r = 0;
+  while (done_r < units || !sends.empty()) {
+    // Post receives ahead (reduce-scatter units reduce straight into the block).
+    while (posted_r < units && recvs.size() < window) {
+      size_t off, len;
+      int blk = block_at(posted_r, 2);
+      piece(blk, posted_r, &off, &len);
+      bool reduce = g0 + static_cast<int>(posted_r / S) < n - 1;
+      recvs.push_back(reduce ? post_recv_reduce(ctx, prev, at(buf, off, e), len, e, op)
+                             : post_recv(ctx, prev, at(buf, off, e), len, e));
+      ++posted_r;
+    }
+    // Post sends whose data is final: the first step's, or the segment received one step ago.
+    while (posted_s < units && sends.size() < window && (posted_s < S || posted_s - S < done_r)) {
+      size_t off, len;
+      piece(block_at(posted_s, 1), posted_s, &off, &len);
+      sends.push_back(post_send(ctx, next, at(buf, off, e), len, e));
+      ++posted_s;
+    }
+    // Complete the oldest receive (or, at the end, the oldest send).
+    if (!recvs.empty()) {
+      recvs.front()->wait(ctx.deadline);
+      recvs.pop_front();
+      ++done_r;
+    } else if (!sends.empty()) {
+      sends.front()->wait(ctx.deadline);
+      sends.pop_front();
+    }
+    while (!sends.empty() && sends.front()->test()) sends.pop_front();
+  }
+}
+
+}  // namespace
+
+void allreduce_ring(const CollContext& ctx, void* buf, size_t count, ElemType e, ReduceOp op) {
+  const int n = ctx.transport->size();
+  ring_pass(ctx, buf, Blocks(even_counts(count, n)), 0, 2 * (n - 1), e, op);
+}
+
+void reduce_scatter_ring(const CollContext& ctx, const void* in, void* out,
+                         const std::vector<size_t>& counts, ElemType e, ReduceOp op) {
+  const int n = ctx.transport->size(), r = ctx.transport->rank();
+  Blocks b(counts);
+  // Work on a copy: the input stays intact and the reduction happens in place.
+  void* work = ctx.scratch->get(0, b.total() * elem_size(e));
+  copy_elems(work, in, b.total(), e);
+  ring_pass(ctx, work, b, 0, n - 1, e, op);
+  copy_elems(out, at(work, b.begin(r), e), b.count(r), e);
+}
+
+void allgather_ring(const CollContext& ctx, const void* in, void* out,
+                    const std::vector<size_t>& counts, ElemType e) {
+  const int n = ctx.transport->size(), r = ctx.transport->rank();
+  Blocks b(counts);
+  copy_elems(at(out, b.begin(r), e), in, b.count(r), e);
+  ring_pass(ctx, out, b, n - 1, 2 * (n - 1), e, ReduceOp::kSum);
+}
+
+void reduce_ring(const CollContext& ctx, void* buf, size_t count, ElemType e, ReduceOp op,
+                 int root) {
+  const int n = ctx.transport->size(), r = ctx.transport->rank();
+  Blocks b(even_counts(count, n));
+  // Phase 1: ring reduce-scatter on a copy, so non-root buffers stay unchanged.
+  void* work = ctx.scratch->get(0, count * elem_size(e));
+  copy_elems(work, buf, count, e);
+  ring_pass(ctx, work, b, 0, n - 1, e, op);
+  // Phase 2: every rank sends its reduced block to the root.
+  Pending pending;
+  if (r == root) {
+    for (int i = 0; i < n; ++i)
+      if (i != r) pending.add(post_recv(ctx, i, at(buf, b.begin(i), e), b.count(i), e));
+    copy_elems(at(buf, b.begin(r), e), at(work, b.begin(r), e), b.count(r), e);
+  } else {
+    pending.add(post_send(ctx, root, at(work, b.begin(r), e), b.count(r), e));
+  }
+  pending.wait_all(ctx.deadline);
+}
+
+void broadcast_ring(const CollContext& ctx, void* buf, size_t count, ElemType e, int root) {
+  // A chain root -> root+1 -> ... -> root-1; each rank forwards a segment as soon as it has it.
+  const int n = ctx.transport->size(), r = ctx.transport->rank();
+  if (n == 1) return;
+  const int vr = (r - root + n) % n;
+  const int prev = vr == 0 ? -1 : (r + n - 1) % n;
+  const int next = vr == n - 1 ? -1 : (r + 1) % n;
+  const size_t seg = segment_elems(ctx, e);
+  const size_t S = std::max<size_t>(1, (count + seg - 1) / seg);
+  const size_t window = static_cast<size_t>(std::max(1, ctx.in_flight));
+  auto len_of = [&](size_t k) { return std::min(seg, count - std::min(count, k * seg)); };
+  std::deque<RequestPtr> sends, recvs;
+  size_t posted_s = 0, posted_r = 0, done_r = prev < 0 ? S : 0;
+  if (prev < 0) posted_r = S;
+  if (next < 0) posted_s = S;
+  while (done_r < S || posted_s < S || !sends.empty()) {
+    while (posted_r < S && recvs.size() < window) {
+      recvs.push_back(post_recv(ctx, prev, at(buf, posted_r * seg, e), len_of(posted_r), e));
+      ++posted_r;
+    }
+    while (posted_s < S && sends.size() < window && posted_s < done_r) {
+      sends.push_back(post_send(ctx, next, at(buf, posted_s * seg, e), len_of(posted_s), e));
+      ++posted_s;
+    }
+    if (!recvs.empty()) {
+      recvs.front()->wait(ctx.deadline);
+      recvs.pop_front();
+      ++done_r;
+    } else if (!sends.empty()) {
+      sends.front()->wait(ctx.deadline);
+      sends.pop_front();
+    }
+    while (!sends.empty() && sends.front()->test()) sends.pop_front();
+  }
+}
+
+}  // namespace tessel::comm

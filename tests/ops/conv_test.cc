@@ -1,0 +1,229 @@
+// Conv2d and MaxPool2d: finite-difference gradient checks on small shapes, and agreement with
+// direct (seven-loop) convolution in double on the CNN's real shapes, which span several
+// image groups of the im2col + GEMM kernel.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "grad_check.h"
+#include "tessel/ops/cpu.h"
+
+namespace tessel::ops {
+namespace {
+
+using testing::expect_grad;
+using testing::max_rel_diff;
+using testing::poisoned;
+using testing::randn;
+using testing::Vec;
+using testing::weighted_sum;
+
+std::string describe(const Conv2dShape& s) {
+  std::ostringstream os;
+  os << "N" << s.N << " C" << s.C << " " << s.H << "x" << s.W << " OC" << s.OC << " k" << s.KH
+     << "x" << s.KW << " s" << s.stride << " p" << s.pad;
+  return os.str();
+}
+
+int64_t in_numel(const Conv2dShape& s) { return s.N * s.C * s.H * s.W; }
+int64_t out_numel(const Conv2dShape& s) { return s.N * s.OC * s.OH() * s.OW(); }
+int64_t w_numel(const Conv2dShape& s) { return s.OC * s.C * s.KH * s.KW; }
+
+// Direct convolution and its gradients, accumulated in double. Calls f(x index, w index,
+// y index) for every (input, weight, output) triple that meets.
+template <typename F>
+void for_each_tap(const Conv2dShape& s, F f) {
+  const int64_t OH = s.OH(), OW = s.OW();
+  for (int64_t n = 0; n < s.N; ++n)
+    for (int64_t oc = 0; oc < s.OC; ++oc)
+      for (int64_t oh = 0; oh < OH; ++oh)
+        for (int64_t ow = 0; ow < OW; ++ow)
+          for (int64_t c = 0; c < s.C; ++c)
+            for (int64_t kh = 0; kh < s.KH; ++kh)
+              for (int64_t kw = 0; kw < s.KW; ++kw) {
+                const int64_t ih = oh * s.stride - s.pad + kh, iw = ow * s.stride - s.pad + kw;
+                if (ih < 0 || ih >= s.H || iw < 0 || iw >= s.W) continue;
+                f(((n * s.C + c) * s.H + ih) * s.W + iw, ((oc * s.C + c) * s.KH + kh) * s.KW + kw,
+                  ((n * s.OC + oc) * OH + oh) * OW + ow);
+              }
+}
+
+Vec to_float(const std::vector<double>& v) { return Vec(v.begin(), v.end()); }
+
+class ConvGrad : public ::testing::TestWithParam<Conv2dShape> {};
+
+TEST_P(ConvGrad, FiniteDifferences) {
+  const Conv2dShape s = GetParam();
+  Vec x = randn(in_numel(s), 31), w = randn(w_numel(s), 32, 0.5f), b = randn(s.OC, 33);
+  Vec r = randn(out_numel(s), 34), scratch(conv2d_scratch_floats(s));
+  auto objective = [&] {
+    Vec y(out_numel(s));
+    conv2d_forward(y.data(), x.data(), w.data(), b.data(), s, scratch.data());
+    return weighted_sum(r, y);
+  };
+  Vec dx = poisoned(in_numel(s)), dw(w_numel(s), 0.0f), db(s.OC, 0.0f);
+  std::fill(scratch.begin(), scratch.end(), 1e30f);  // the kernel must not read stale scratch
+  conv2d_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), s,
+                  scratch.data());
+  expect_grad("conv2d dx", x, dx, objective);
+  expect_grad("conv2d dw", w, dw, objective);
+  expect_grad("conv2d db", b, db, objective);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, ConvGrad,
+    ::testing::Values(Conv2dShape{2, 2, 6, 5, 3, 3, 3, 1, 0},   // stride 1, pad 0
+                      Conv2dShape{2, 2, 7, 6, 3, 3, 3, 2, 1},   // stride 2, pad 1
+                      Conv2dShape{1, 3, 5, 5, 2, 5, 5, 1, 2},   // stride 1, pad 2, "same"
+                      Conv2dShape{2, 2, 7, 7, 4, 3, 2, 2, 0},   // non-square kernel
+                      Conv2dShape{1, 2, 6, 6, 3, 3, 3, 2, 2},   // stride 2, pad 2
+                      Conv2dShape{2, 1, 5, 5, 2, 1, 1, 1, 0}),  // 1x1 kernel
+    [](const auto& info) { return "case" + std::to_string(info.index); });
+
+class ConvReference : public ::testing::TestWithParam<Conv2dShape> {};
+
+TEST_P(ConvReference, MatchesDirectConvolution) {
+  const Conv2dShape s = GetParam();
+  Vec x = randn(in_numel(s), 41), w = randn(w_numel(s), 42, 0.2f), b = randn(s.OC, 43);
+  Vec dy = randn(out_numel(s), 44);
+  std::vector<double> y_ref(out_numel(s)), dx_ref(in_numel(s), 0.0), dw_ref(w_numel(s), 0.0);
+  std::vector<double> db_ref(s.OC, 0.0);
+  const int64_t OHW = s.OH() * s.OW();
+  for (int64_t i = 0; i < out_numel(s); ++i) {
+    y_ref[i] = b[(i / OHW) % s.OC];
+    db_ref[(i / OHW) % s.OC] += dy[i];
+  }
+  for_each_tap(s, [&](int64_t xi, int64_t wi, int64_t yi) {
+    y_ref[yi] += static_cast<double>(x[xi]) * w[wi];
+    dx_ref[xi] += static_cast<double>(w[wi]) * dy[yi];
+    dw_ref[wi] += static_cast<double>(x[xi]) * dy[yi];
+  });
+
+  Vec scratch(conv2d_scratch_floats(s), 1e30f), y = poisoned(out_numel(s));
+  conv2d_forward(y.data(), x.data(), w.data(), b.data(), s, scratch.data());
+  EXPECT_LT(max_rel_diff(y, to_float(y_ref)), 1e-5) << describe(s);
+
+  // Parameter gradients start from a non-zero value: the kernel must add to it.
+  Vec dx = poisoned(in_numel(s)), dw(w_numel(s), 1.0f), db(s.OC, 1.0f);
+  conv2d_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), s,
+                  scratch.data());
+  for (auto& v : dw_ref) v += 1.0;
+  for (auto& v : db_ref) v += 1.0;
+  EXPECT_LT(max_rel_diff(dx, to_float(dx_ref)), 1e-5) << describe(s);
+  EXPECT_LT(max_rel_diff(dw, to_float(dw_ref)), 1e-5) << describe(s);
+  EXPECT_LT(max_rel_diff(db, to_float(db_ref)), 1e-5) << describe(s);
+
+  // Null dx: the same parameter gradients, dx untouched.
+  Vec dw2(w_numel(s), 1.0f), db2(s.OC, 1.0f);
+  conv2d_backward(nullptr, dw2.data(), db2.data(), dy.data(), x.data(), w.data(), s,
+                  scratch.data());
+  EXPECT_EQ(dw2, dw) << describe(s);
+  EXPECT_EQ(db2, db) << describe(s);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Shapes, ConvReference,
+    ::testing::Values(Conv2dShape{30, 1, 28, 28, 16, 5, 5, 1, 2},   // CNN conv1, 3 groups
+                      Conv2dShape{10, 16, 14, 14, 32, 5, 5, 1, 2},  // CNN conv2, 4 groups
+                      Conv2dShape{9, 8, 15, 13, 6, 3, 3, 2, 1},     // stride 2, odd sizes
+                      Conv2dShape{3, 4, 9, 9, 5, 4, 4, 3, 0}),      // stride 3, even kernel
+    [](const auto& info) { return "case" + std::to_string(info.index); });
+
+TEST(Conv2d, BackwardAccumulatesTwice) {
+  const Conv2dShape s{3, 2, 6, 6, 3, 3, 3, 1, 1};
+  Vec x = randn(in_numel(s), 51), w = randn(w_numel(s), 52), dy = randn(out_numel(s), 53);
+  Vec scratch(conv2d_scratch_floats(s)), dx(in_numel(s)), dw1(w_numel(s), 0.0f);
+  Vec dw2(w_numel(s), 0.0f), db1(s.OC, 0.0f), db2(s.OC, 0.0f);
+  conv2d_backward(dx.data(), dw1.data(), db1.data(), dy.data(), x.data(), w.data(), s,
+                  scratch.data());
+  for (int rep = 0; rep < 2; ++rep) {
+    conv2d_backward(dx.data(), dw2.data(), db2.data(), dy.data(), x.data(), w.data(), s,
+                    scratch.data());
+  }
+  for (auto& v : dw1) v *= 2.0f;
+  for (auto& v : db1) v *= 2.0f;
+  EXPECT_LT(max_rel_diff(dw2, dw1), 1e-6);
+  EXPECT_LT(max_rel_diff(db2, db1), 1e-6);
+}
+
+TEST(Conv2d, ScratchGrowsWithBatchButStaysBounded) {
+  Conv2dShape s{1, 16, 14, 14, 32, 5, 5, 1, 2};
+  const int64_t one = conv2d_scratch_floats(s);
+  EXPECT_EQ(one, (16 * 25 + 32) * 14 * 14);
+  s.N = 128;
+  const int64_t many = conv2d_scratch_floats(s);
+  EXPECT_GE(many, one);
+  EXPECT_LT(many, 128 * one) << "the kernel should work on groups, not on the whole batch";
+}
+
+// ---- MaxPool2d ----
+
+struct PoolShape {
+  int64_t N, C, H, W, k, stride;
+};
+
+class PoolGrad : public ::testing::TestWithParam<PoolShape> {};
+
+TEST_P(PoolGrad, FiniteDifferencesAndReference) {
+  const PoolShape p = GetParam();
+  const int64_t n_in = p.N * p.C * p.H * p.W;
+  const int64_t OH = (p.H - p.k) / p.stride + 1, OW = (p.W - p.k) / p.stride + 1;
+  const int64_t n_out = p.N * p.C * OH * OW;
+  // Distinct values 0.05 apart, shuffled: the FD step (0.01) never changes a window's winner.
+  Vec x(n_in), key = randn(n_in, 61);
+  std::vector<int64_t> order(n_in);
+  for (int64_t i = 0; i < n_in; ++i) order[i] = i;
+  std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return key[a] < key[b]; });
+  for (int64_t i = 0; i < n_in; ++i) x[order[i]] = 0.05f * static_cast<float>(i) - 1.0f;
+
+  Vec y(n_out), r = randn(n_out, 62), dx = poisoned(n_in);
+  std::vector<int32_t> argmax(n_out);
+  maxpool2d_forward(y.data(), argmax.data(), x.data(), p.N, p.C, p.H, p.W, p.k, p.stride);
+  for (int64_t plane = 0; plane < p.N * p.C; ++plane) {
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        float best = -1e30f;
+        for (int64_t i = 0; i < p.k; ++i)
+          for (int64_t j = 0; j < p.k; ++j)
+            best = std::max(best, x[(plane * p.H + oh * p.stride + i) * p.W + ow * p.stride + j]);
+        const int64_t o = (plane * OH + oh) * OW + ow;
+        EXPECT_EQ(y[o], best);
+        EXPECT_EQ(x[plane * p.H * p.W + argmax[o]], best);
+      }
+    }
+  }
+  maxpool2d_backward(dx.data(), r.data(), argmax.data(), p.N, p.C, p.H, p.W, p.k, p.stride);
+  auto objective = [&] {
+    Vec yy(n_out);
+    std::vector<int32_t> am(n_out);
+    maxpool2d_forward(yy.data(), am.data(), x.data(), p.N, p.C, p.H, p.W, p.k, p.stride);
+    return weighted_sum(r, yy);
+  };
+  expect_grad("maxpool2d dx", x, dx, objective);
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, PoolGrad,
+                         ::testing::Values(PoolShape{2, 2, 6, 6, 2, 2},   // the CNN's pool
+                                           PoolShape{1, 2, 7, 7, 3, 2},   // overlapping windows
+                                           PoolShape{1, 1, 5, 7, 2, 2},   // leftover row/col
+                                           PoolShape{1, 1, 4, 4, 2, 1}),  // stride 1
+                         [](const auto& info) { return "case" + std::to_string(info.index); });
+
+TEST(MaxPool2d, TiesPickTheFirstInScanOrder) {
+  Vec x = {1, 2,   //
+           2, 0};  // one 2x2 window, two equal maxima: (0,1) comes first
+  Vec y(1), dx(4);
+  std::vector<int32_t> argmax(1);
+  maxpool2d_forward(y.data(), argmax.data(), x.data(), 1, 1, 2, 2, 2, 2);
+  EXPECT_EQ(argmax[0], 1);
+  Vec dy = {3.0f};
+  maxpool2d_backward(dx.data(), dy.data(), argmax.data(), 1, 1, 2, 2, 2, 2);
+  EXPECT_EQ(dx, (Vec{0, 3, 0, 0}));
+}
+
+}  // namespace
+}  // namespace tessel::ops

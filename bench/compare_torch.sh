@@ -15,7 +15,9 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 for r in $(seq "$rounds"); do
   "$build/bench/train_throughput" --threads "$threads" --json "$tmp/tessel_$r.json" > /dev/null
-  OMP_WAIT_POLICY=PASSIVE /usr/bin/python3 bench/torch_reference.py --threads "$threads" > "$tmp/torch_$r.jsonl"
+  # torch.set_num_threads does not bind Debian's OpenBLAS: pin it too, or "1 thread" uses both cores.
+  OPENBLAS_NUM_THREADS="$threads" OMP_NUM_THREADS="$threads" OMP_WAIT_POLICY=PASSIVE \
+    /usr/bin/python3 bench/torch_reference.py --threads "$threads" > "$tmp/torch_$r.jsonl"
   echo "round $r done" >&2
 done
 /usr/bin/python3 - "$tmp" "$rounds" <<'PY'

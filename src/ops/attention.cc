@@ -7,15 +7,10 @@
 
 #include "tessel/core/error.h"
 #include "tessel/ops/cpu.h"
+#include "vec_math.h"
 
 namespace tessel::ops {
 namespace {
-
-inline float dot(const float* a, const float* b, int64_t n) {
-  float s = 0.0f;
-  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
 
 void check_heads(const char* who, int64_t C, int64_t NH) {
   TESSEL_CHECK(NH > 0 && C % NH == 0, who, ": channels must split evenly over heads, got C=", C,
@@ -38,15 +33,11 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
         // Scores and their max (for a stable softmax) over the visible keys.
         float mx = -INFINITY;
         for (int64_t t2 = 0; t2 <= t; ++t2) {
-          a[t2] = dot(q, qkv_b + t2 * C3 + C + h * HS, HS) * scale;
+          a[t2] = detail::dot(q, qkv_b + t2 * C3 + C + h * HS, HS) * scale;
           mx = std::max(mx, a[t2]);
         }
-        float sum = 0.0f;
-        for (int64_t t2 = 0; t2 <= t; ++t2) {
-          a[t2] = std::exp(a[t2] - mx);
-          sum += a[t2];
-        }
-        const float inv = 1.0f / sum;
+        for (int64_t t2 = 0; t2 <= t; ++t2) a[t2] = detail::exp(a[t2] - mx);
+        const float inv = 1.0f / detail::sum(a, t + 1);
         for (int64_t t2 = 0; t2 <= t; ++t2) a[t2] *= inv;
         std::fill(a + t + 1, a + T, 0.0f);
         // Weighted sum of the values.
@@ -82,7 +73,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         for (int64_t t2 = 0; t2 <= t; ++t2) {
           const float* v = qkv_b + t2 * C3 + 2 * C + h * HS;
           float* dv = dqkv_b + t2 * C3 + 2 * C + h * HS;
-          datt[t2] = dot(v, dout_t, HS);
+          datt[t2] = detail::dot(v, dout_t, HS);
           weighted += a[t2] * datt[t2];
           for (int64_t i = 0; i < HS; ++i) dv[i] += a[t2] * dout_t[i];
         }

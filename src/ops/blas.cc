@@ -8,12 +8,23 @@
 
 namespace tessel::ops {
 
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-          int64_t ldc) {
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   TESSEL_CHECK(M >= 0 && N >= 0 && K >= 0, "gemm: sizes must be >= 0, got M=", M, " N=", N,
                " K=", K);
   if (M == 0 || N == 0) return;
+  // OpenBLAS only prints a message for a bad leading dimension and skips the call. A and B are
+  // not read when K = 0.
+  TESSEL_CHECK(ldc >= N && (K == 0 || (lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N))),
+               "gemm: leading dimension too small, got lda=", lda, " ldb=", ldb, " ldc=", ldc,
+               " for M=", M, " N=", N, " K=", K, " trans_a=", trans_a, " trans_b=", trans_b);
+  if (K == 0) {  // an empty sum: C = beta * C (beta = 0 clears C, even of NaN)
+    for (int64_t i = 0; i < M; ++i) {
+      float* row = C + i * ldc;
+      for (int64_t j = 0; j < N; ++j) row[j] = beta == 0.0f ? 0.0f : beta * row[j];
+    }
+    return;
+  }
   // cblas takes int sizes; tensors this large would not fit one GEMM call anyway.
   constexpr int64_t kMax = 0x7fffffff;
   TESSEL_CHECK(M <= kMax && N <= kMax && K <= kMax && lda <= kMax && ldb <= kMax && ldc <= kMax,
@@ -32,8 +43,8 @@ void set_blas_threads(int n) {
 
 int blas_threads() { return openblas_get_num_threads(); }
 
-void linear_forward(float* y, const float* x, const float* w, const float* b, int64_t N,
-                    int64_t C, int64_t OC) {
+void linear_forward(float* y, const float* x, const float* w, const float* b, int64_t N, int64_t C,
+                    int64_t OC) {
   // Seeding y with the bias and letting sgemm add onto it (beta = 1, which OpenBLAS does not
   // rescale) fuses the bias for free instead of a second pass over y.
   if (b != nullptr) {

@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "tessel/ops/cpu.h"
+#include "vec_math.h"
 
 namespace tessel::ops {
 namespace {
@@ -25,7 +26,7 @@ void gelu_forward(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     float v = x[i];
     float u = kGeluScale * (v + kGeluCube * v * v * v);
-    y[i] = 0.5f * v * (1.0f + std::tanh(u));
+    y[i] = 0.5f * v * (1.0f + detail::tanh(u));
   }
 }
 
@@ -34,7 +35,7 @@ void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     float v = x[i];
     float u = kGeluScale * (v + kGeluCube * v * v * v);
-    float t = std::tanh(u);
+    float t = detail::tanh(u);
     // d/dx [0.5 x (1 + tanh u)] = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) du/dx
     float du = kGeluScale * (1.0f + 3.0f * kGeluCube * v * v);
     dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
@@ -51,12 +52,8 @@ void softmax_forward(float* y, const float* x, int64_t N, int64_t C) {
     float* yr = y + r * C;
     float mx = -INFINITY;
     for (int64_t c = 0; c < C; ++c) mx = std::fmax(mx, xr[c]);
-    float sum = 0.0f;
-    for (int64_t c = 0; c < C; ++c) {
-      yr[c] = std::exp(xr[c] - mx);
-      sum += yr[c];
-    }
-    float inv = 1.0f / sum;
+    for (int64_t c = 0; c < C; ++c) yr[c] = detail::exp(xr[c] - mx);
+    const float inv = 1.0f / detail::sum(yr, C);
     for (int64_t c = 0; c < C; ++c) yr[c] *= inv;
   }
 }
@@ -68,8 +65,7 @@ void softmax_backward(float* dx, const float* dy, const float* y, int64_t N, int
     const float* yr = y + r * C;
     const float* dyr = dy + r * C;
     float* dxr = dx + r * C;
-    float dot = 0.0f;
-    for (int64_t c = 0; c < C; ++c) dot += dyr[c] * yr[c];
+    const float dot = detail::dot(dyr, yr, C);
     for (int64_t c = 0; c < C; ++c) dxr[c] = yr[c] * (dyr[c] - dot);
   }
 }

@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "tessel/ops/cpu.h"
+#include "vec_math.h"
 
 namespace tessel::ops {
 namespace {
@@ -15,17 +16,11 @@ void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const
   for (int64_t r = 0; r < N; ++r) {
     const float* xr = x + r * C;
     float* yr = y + r * C;
-    float m = 0.0f;
-    for (int64_t c = 0; c < C; ++c) m += xr[c];
-    m /= static_cast<float>(C);
+    const float m = detail::sum(xr, C) / static_cast<float>(C);
     // Two passes (mean, then centred squares) avoid the cancellation of E[x^2] - E[x]^2.
-    float v = 0.0f;
-    for (int64_t c = 0; c < C; ++c) {
-      float d = xr[c] - m;
-      v += d * d;
-    }
-    v /= static_cast<float>(C);
-    float s = 1.0f / std::sqrt(v + kEps);
+    const auto centred_square = [xr, m](int64_t c) { return (xr[c] - m) * (xr[c] - m); };
+    const float v = detail::lane_sum(C, centred_square) / static_cast<float>(C);
+    const float s = 1.0f / std::sqrt(v + kEps);
     for (int64_t c = 0; c < C; ++c) yr[c] = (xr[c] - m) * s * w[c] + b[c];
     mean[r] = m;
     rstd[r] = s;
@@ -42,19 +37,15 @@ void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const 
     const float s = rstd[r];
     // With xhat = (x - m) s and g = w * dy:
     //   dx = s * (g - mean(g) - xhat * mean(g * xhat))
-    float g_mean = 0.0f;
-    float gx_mean = 0.0f;
     for (int64_t c = 0; c < C; ++c) {
-      float xhat = (xr[c] - m) * s;
-      float g = w[c] * dyr[c];
-      g_mean += g;
-      gx_mean += g * xhat;
-      dw[c] += xhat * dyr[c];
+      dw[c] += (xr[c] - m) * s * dyr[c];
       db[c] += dyr[c];
     }
     if (dx == nullptr) continue;
-    g_mean /= static_cast<float>(C);
-    gx_mean /= static_cast<float>(C);
+    const float g_mean = detail::dot(w, dyr, C) / static_cast<float>(C);
+    const float gx_mean =
+        detail::lane_sum(C, [&](int64_t c) { return w[c] * dyr[c] * (xr[c] - m) * s; }) /
+        static_cast<float>(C);
     float* dxr = dx + r * C;
     for (int64_t c = 0; c < C; ++c) {
       float xhat = (xr[c] - m) * s;

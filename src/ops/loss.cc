@@ -1,17 +1,17 @@
 // Fused softmax + cross-entropy and the accuracy count. The loss is computed from the
 // log-sum-exp, not log(prob), so a confidently wrong row gives a large finite loss instead of
-// log(0) = -inf.
+// -log(0) = inf.
 #include <cmath>
 
 #include "tessel/core/error.h"
 #include "tessel/ops/cpu.h"
+#include "vec_math.h"
 
 namespace tessel::ops {
 
 float cross_entropy_forward(float* probs, const float* logits, const int32_t* labels, int64_t N,
                             int64_t C) {
-  TESSEL_CHECK(N > 0 && C > 0, "cross_entropy_forward: N and C must be > 0, got N=", N,
-               " C=", C);
+  TESSEL_CHECK(N > 0 && C > 0, "cross_entropy_forward: N and C must be > 0, got N=", N, " C=", C);
   // Validate every label first so a bad batch leaves probs untouched.
   for (int64_t r = 0; r < N; ++r) {
     if (labels[r] < 0 || labels[r] >= C) {
@@ -26,12 +26,9 @@ float cross_entropy_forward(float* probs, const float* logits, const int32_t* la
     float* pr = probs + r * C;
     float mx = -INFINITY;
     for (int64_t c = 0; c < C; ++c) mx = std::fmax(mx, lr[c]);
-    float sum = 0.0f;
-    for (int64_t c = 0; c < C; ++c) {
-      pr[c] = std::exp(lr[c] - mx);
-      sum += pr[c];
-    }
-    float inv = 1.0f / sum;
+    for (int64_t c = 0; c < C; ++c) pr[c] = detail::exp(lr[c] - mx);
+    const float sum = detail::sum(pr, C);
+    const float inv = 1.0f / sum;
     for (int64_t c = 0; c < C; ++c) pr[c] *= inv;
     // -log softmax[label] = log(sum) - (logit[label] - max)
     total += static_cast<double>(std::log(sum)) - static_cast<double>(lr[labels[r]] - mx);
@@ -47,8 +44,7 @@ void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* l
     const float* pr = probs + r * C;
     float* dr = dlogits + r * C;
     for (int64_t c = 0; c < C; ++c) dr[c] = pr[c] * scale;
-    TESSEL_DCHECK(labels[r] >= 0 && labels[r] < C, "cross_entropy_backward: bad label ",
-                  labels[r]);
+    TESSEL_DCHECK(labels[r] >= 0 && labels[r] < C, "cross_entropy_backward: bad label ", labels[r]);
     dr[labels[r]] -= scale;
   }
 }

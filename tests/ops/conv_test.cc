@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -67,8 +69,7 @@ TEST_P(ConvGrad, FiniteDifferences) {
   };
   Vec dx = poisoned(in_numel(s)), dw(w_numel(s), 0.0f), db(s.OC, 0.0f);
   std::fill(scratch.begin(), scratch.end(), 1e30f);  // the kernel must not read stale scratch
-  conv2d_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), s,
-                  scratch.data());
+  conv2d_backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), s, scratch.data());
   expect_grad("conv2d dx", x, dx, objective);
   expect_grad("conv2d dw", w, dw, objective);
   expect_grad("conv2d db", b, db, objective);
@@ -127,10 +128,12 @@ TEST_P(ConvReference, MatchesDirectConvolution) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, ConvReference,
-    ::testing::Values(Conv2dShape{30, 1, 28, 28, 16, 5, 5, 1, 2},   // CNN conv1, 3 groups
-                      Conv2dShape{10, 16, 14, 14, 32, 5, 5, 1, 2},  // CNN conv2, 4 groups
-                      Conv2dShape{9, 8, 15, 13, 6, 3, 3, 2, 1},     // stride 2, odd sizes
-                      Conv2dShape{3, 4, 9, 9, 5, 4, 4, 3, 0}),      // stride 3, even kernel
+    // The CNN's layers and two strided shapes; together they take the one-image-per-GEMM
+    // path, full groups, and a short last group.
+    ::testing::Values(Conv2dShape{6, 1, 28, 28, 16, 5, 5, 1, 2},   // CNN conv1
+                      Conv2dShape{7, 16, 14, 14, 32, 5, 5, 1, 2},  // CNN conv2
+                      Conv2dShape{9, 8, 15, 13, 6, 3, 3, 2, 1},    // stride 2, odd sizes
+                      Conv2dShape{3, 4, 9, 9, 5, 4, 4, 3, 0}),     // stride 3, even kernel
     [](const auto& info) { return "case" + std::to_string(info.index); });
 
 TEST(Conv2d, BackwardAccumulatesTwice) {
@@ -153,11 +156,11 @@ TEST(Conv2d, BackwardAccumulatesTwice) {
 TEST(Conv2d, ScratchGrowsWithBatchButStaysBounded) {
   Conv2dShape s{1, 16, 14, 14, 32, 5, 5, 1, 2};
   const int64_t one = conv2d_scratch_floats(s);
-  EXPECT_EQ(one, (16 * 25 + 32) * 14 * 14);
+  EXPECT_GE(one, (16 * 25) * (14 * 14)) << "at least one image's column matrix";
   s.N = 128;
   const int64_t many = conv2d_scratch_floats(s);
   EXPECT_GE(many, one);
-  EXPECT_LT(many, 128 * one) << "the kernel should work on groups, not on the whole batch";
+  EXPECT_LT(many, 16 * one) << "the kernel should work on small groups, not the whole batch";
 }
 
 // ---- MaxPool2d ----
@@ -207,11 +210,31 @@ TEST_P(PoolGrad, FiniteDifferencesAndReference) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, PoolGrad,
-                         ::testing::Values(PoolShape{2, 2, 6, 6, 2, 2},   // the CNN's pool
-                                           PoolShape{1, 2, 7, 7, 3, 2},   // overlapping windows
-                                           PoolShape{1, 1, 5, 7, 2, 2},   // leftover row/col
-                                           PoolShape{1, 1, 4, 4, 2, 1}),  // stride 1
+                         ::testing::Values(PoolShape{2, 2, 6, 6, 2, 2},    // the CNN's pool
+                                           PoolShape{1, 2, 7, 7, 3, 2},    // overlapping windows
+                                           PoolShape{1, 1, 5, 7, 2, 2},    // leftover row/col
+                                           PoolShape{1, 1, 4, 4, 2, 1},    // stride 1
+                                           PoolShape{2, 2, 5, 41, 2, 2}),  // two chunks a row
                          [](const auto& info) { return "case" + std::to_string(info.index); });
+
+TEST(MaxPool2d, NanPropagatesOnBothPaths) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  // 2x2 stride 2 (the specialised path) and 3x3 stride 1 (the general one): a NaN anywhere
+  // in a window makes that output NaN and points argmax at it, even if larger values follow.
+  for (int64_t k : {2, 3}) {
+    const int64_t stride = k == 2 ? 2 : 1;
+    Vec x(9 * 9 * 1);
+    for (int64_t i = 0; i < 81; ++i) x[i] = static_cast<float>(i);
+    x[1] = nan;  // second in scan order: it must beat x[0] and then hold against 9, 10, ...
+    const int64_t OH = (9 - k) / stride + 1;
+    Vec y(OH * OH);
+    std::vector<int32_t> argmax(OH * OH);
+    maxpool2d_forward(y.data(), argmax.data(), x.data(), 1, 1, 9, 9, k, stride);
+    EXPECT_TRUE(std::isnan(y[0])) << "k=" << k;
+    EXPECT_EQ(argmax[0], 1) << "k=" << k;
+    EXPECT_EQ(y[2], k == 2 ? 14.0f : 22.0f) << "k=" << k;  // a window without the NaN
+  }
+}
 
 TEST(MaxPool2d, TiesPickTheFirstInScanOrder) {
   Vec x = {1, 2,   //

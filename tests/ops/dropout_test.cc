@@ -7,6 +7,7 @@
 
 #include "grad_check.h"
 #include "tessel/core/error.h"
+#include "tessel/core/rng.h"
 #include "tessel/ops/cpu.h"
 
 namespace tessel::ops {
@@ -35,6 +36,22 @@ TEST(Dropout, MaskIndependentOfRowSplit) {
                     first + r);
   }
   EXPECT_EQ(whole, rowwise);
+}
+
+TEST(Dropout, MaskIsCounterRngBitForBit) {
+  // The kernel evaluates Philox in blocks of columns; it must agree with CounterRng exactly,
+  // including the partial last block and large sample indices.
+  const int64_t rows = 3, cols = 150, first = (int64_t{1} << 40) + 5;
+  const float p = 0.5f;
+  Vec x = randn(rows * cols, 5), y(rows * cols);
+  dropout_forward(y.data(), x.data(), rows, cols, p, kSeed, kStep, first);
+  for (int64_t r = 0; r < rows; ++r) {
+    CounterRng rng(kSeed, mix_stream(RngPurpose::kDropout, kStep, first + r));
+    for (int64_t c = 0; c < cols; ++c) {
+      const float want = rng.uniform(c) >= p ? x[r * cols + c] * (1.0f / (1.0f - p)) : 0.0f;
+      ASSERT_EQ(y[r * cols + c], want) << "row " << r << " col " << c;
+    }
+  }
 }
 
 TEST(Dropout, KeepRateAndScaling) {
@@ -83,8 +100,7 @@ TEST(Dropout, ZeroProbabilityIsIdentityAndBadProbabilityThrows) {
   dropout_forward(y.data(), x.data(), 2, 5, 0.0f, kSeed, kStep, 0);
   EXPECT_EQ(y, x);
   EXPECT_THROW(dropout_forward(y.data(), x.data(), 2, 5, 1.0f, kSeed, kStep, 0), InvalidArgument);
-  EXPECT_THROW(dropout_forward(y.data(), x.data(), 2, 5, -0.1f, kSeed, kStep, 0),
-               InvalidArgument);
+  EXPECT_THROW(dropout_forward(y.data(), x.data(), 2, 5, -0.1f, kSeed, kStep, 0), InvalidArgument);
   EXPECT_THROW(dropout_backward(y.data(), x.data(), 2, 5, NAN, kSeed, kStep, 0), InvalidArgument);
 }
 

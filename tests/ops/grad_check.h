@@ -78,8 +78,8 @@ inline void expect_grad(const std::string& name, Vec& wrt, const Vec& analytic,
     const double bound = tol.rtol * std::max(std::abs(a), std::abs(n)) + tol.atol * scale + 1e-7;
     const double err = std::abs(a - n);
     if (!(err <= bound) && failures++ < 5) {  // written so that NaN fails too
-      ADD_FAILURE() << name << "[" << i << "]: analytic " << a << " vs numeric " << n
-                    << " (|diff| " << err << " > " << bound << ")";
+      ADD_FAILURE() << name << "[" << i << "]: analytic " << a << " vs numeric " << n << " (|diff| "
+                    << err << " > " << bound << ")";
     }
   }
   EXPECT_EQ(failures, 0) << name << ": " << failures << " of " << wrt.size() << " elements off";

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <string>
 
 #include "grad_check.h"
@@ -71,6 +72,16 @@ TEST(Gemm, TransposesAndBeta) {
   }
 }
 
+TEST(Gemm, EmptySumScalesCAndBadLeadingDimensionThrows) {
+  Vec C = {1.0f, 2.0f, 3.0f, 4.0f};
+  gemm(false, false, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.5f, C.data(), 2);
+  EXPECT_EQ(C, (Vec{0.5f, 1.0f, 1.5f, 2.0f}));
+  Vec A(6, 1.0f), B(6, 1.0f);
+  // A is [2, 3] row-major, so lda must be at least 3.
+  EXPECT_THROW(gemm(false, false, 2, 2, 3, 1.0f, A.data(), 2, B.data(), 2, 0.0f, C.data(), 2),
+               Error);
+}
+
 TEST(Blas, ThreadCountRoundTrips) {
   const int before = blas_threads();
   set_blas_threads(1);
@@ -115,8 +126,8 @@ TEST(Gelu, MatchesTanhFormulaAtKnownPoints) {
   // Values of 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3))) computed in double.
   Vec x = {-3.0f, -1.0f, 0.0f, 0.5f, 2.0f}, y(5);
   gelu_forward(y.data(), x.data(), 5);
-  const double expect[] = {-0.0036373920817729943, -0.15880800939172324, 0.0,
-                           0.34571400982514394, 1.9545976940871754};
+  const double expect[] = {-0.0036373920817729943, -0.15880800939172324, 0.0, 0.34571400982514394,
+                           1.9545976940871754};
   for (int i = 0; i < 5; ++i) EXPECT_NEAR(y[i], expect[i], 1e-6) << "x=" << x[i];
 }
 
@@ -147,6 +158,23 @@ TEST(GradCheck, Softmax) {
   expect_grad("softmax dx", x, dx, objective);
 }
 
+TEST(Softmax, AccurateOverTheWholeRangeAndPropagatesNan) {
+  // exp is evaluated inline (vectorised) rather than by libm: check it against std::exp over
+  // the full float range through two-element rows, where softmax = 1 / (1 + e^-d).
+  for (float d = -80.0f; d <= 80.0f; d += 0.37f) {
+    Vec x = {d, 0.0f}, y(2);
+    softmax_forward(y.data(), x.data(), 1, 2);
+    const double want = 1.0 / (1.0 + std::exp(-static_cast<double>(d)));
+    EXPECT_NEAR(y[0], want, 1e-6 * want + 1e-30) << "d=" << d;
+  }
+  const float inf = std::numeric_limits<float>::infinity();
+  Vec x = {0.0f, -inf, 1.0f, NAN, 0.0f, 1.0f}, y(6);
+  softmax_forward(y.data(), x.data(), 2, 3);
+  EXPECT_EQ(y[1], 0.0f);
+  EXPECT_NEAR(y[0] + y[2], 1.0f, 1e-6);
+  EXPECT_TRUE(std::isnan(y[3]) && std::isnan(y[4]) && std::isnan(y[5]));
+}
+
 TEST(GradCheck, CrossEntropy) {
   const int64_t N = 5, C = 7;
   const float dloss = 0.7f;
@@ -154,8 +182,8 @@ TEST(GradCheck, CrossEntropy) {
   std::vector<int32_t> labels = {0, 6, 3, 3, 1};
   auto objective = [&] {
     Vec p(N * C);
-    return dloss * static_cast<double>(
-                       cross_entropy_forward(p.data(), logits.data(), labels.data(), N, C));
+    return dloss *
+           static_cast<double>(cross_entropy_forward(p.data(), logits.data(), labels.data(), N, C));
   };
   cross_entropy_forward(probs.data(), logits.data(), labels.data(), N, C);
   Vec dlogits = poisoned(N * C);
@@ -323,11 +351,11 @@ TEST(Contracts, LayerNormAccumulatesAndSkipsNullDx) {
   Vec y(N * C), mean(N), rstd(N);
   layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N, C);
   Vec dx1(N * C), dw1(C, 0.0f), db1(C, 0.0f), dw2(C, 0.0f), db2(C, 0.0f);
-  layernorm_backward(dx1.data(), dw1.data(), db1.data(), dy.data(), x.data(), w.data(),
-                     mean.data(), rstd.data(), N, C);
+  layernorm_backward(dx1.data(), dw1.data(), db1.data(), dy.data(), x.data(), w.data(), mean.data(),
+                     rstd.data(), N, C);
   for (int rep = 0; rep < 2; ++rep) {
-    layernorm_backward(nullptr, dw2.data(), db2.data(), dy.data(), x.data(), w.data(),
-                       mean.data(), rstd.data(), N, C);
+    layernorm_backward(nullptr, dw2.data(), db2.data(), dy.data(), x.data(), w.data(), mean.data(),
+                       rstd.data(), N, C);
   }
   for (auto& v : dw1) v *= 2.0f;
   for (auto& v : db1) v *= 2.0f;

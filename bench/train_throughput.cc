@@ -64,8 +64,8 @@ Measure measure(const std::string& example, int threads, int steps, int repeats)
   lo.prefetch = 0;
   data::DataLoader loader(trainer.datasets().train, lo);
   loader.start_epoch(0);
-  std::vector<data::Batch> batches(16);
-  for (auto& b : batches) loader.next(b);
+  std::vector<std::vector<data::Batch>> batches(16, std::vector<data::Batch>(1));
+  for (auto& b : batches) loader.next(b[0]);
   train::EvalResult sums;
   for (int i = 0; i < 10; ++i) trainer.step(batches[i % batches.size()], sums);  // warm-up
   std::vector<double> rates;

@@ -9,7 +9,11 @@
 
 #include <CLI/CLI.hpp>
 
+#include "tessel/comm/mpi.h"
+#include "tessel/comm/threads.h"
 #include "tessel/core/error.h"
+#include "tessel/core/log.h"
+#include "tessel/ops/cpu.h"
 #include "tessel/train/config.h"
 #include "tessel/train/trainer.h"
 
@@ -19,6 +23,43 @@ std::atomic<bool> g_interrupt{false};
 
 void on_sigint(int) {
   if (g_interrupt.exchange(true)) std::_Exit(130);  // a second Ctrl-C stops at once
+}
+
+// Runs one training job on the layout the config asks for: one rank, ranks as threads of this
+// process, or this process as one rank of an MPI job. Returns rank 0's summary.
+nlohmann::json train_job(const tessel::train::Config& cfg, const tessel::train::RunOptions& opts) {
+  namespace comm = tessel::comm;
+  comm::CommOptions co;
+  co.timeout_s = cfg.comm.timeout_s;
+  co.algorithm = comm::algorithm_from_name(cfg.comm.algorithm);
+  std::string backend = cfg.runtime.backend;
+  if (backend == "auto") backend = comm::mpi_launched() ? "mpi" : "threads";
+  if (backend == "mpi") {
+    if (cfg.runtime.workers > 1)
+      throw tessel::InvalidArgument(
+          "runtime.workers (--workers) is for ranks as threads; under mpirun use -np instead");
+    comm::Communicator world = comm::mpi_world(co);
+    tessel::train::RunOptions rank_opts = opts;
+    if (world.rank() != 0) rank_opts.progress = false;
+    tessel::train::Trainer trainer(cfg, rank_opts, &world);
+    return trainer.run();
+  }
+  if (cfg.runtime.workers == 1) {
+    tessel::train::Trainer trainer(cfg, opts);
+    return trainer.run();
+  }
+  // Ranks as threads: each computes with one BLAS thread; the ranks are the parallelism.
+  if (cfg.runtime.threads > 1)
+    tessel::log_warn("runtime.threads = ", cfg.runtime.threads, " ignored: ", cfg.runtime.workers,
+                     " workers as threads each use one BLAS thread");
+  tessel::ops::set_blas_threads(1);
+  nlohmann::json summary;
+  comm::run_threads(cfg.runtime.workers, [&](comm::Communicator& world) {
+    tessel::train::Trainer trainer(cfg, opts, &world);
+    nlohmann::json s = trainer.run();
+    if (world.rank() == 0) summary = s;
+  }, co);
+  return summary;
 }
 
 void print_summary(const nlohmann::json& s) {
@@ -48,6 +89,10 @@ int main(int argc, char** argv) {
   train->add_option("--stop-after", stop_after,
                     "Stop after N steps of this invocation, saving a checkpoint to resume from");
   train->add_flag("--quiet", quiet, "No progress output");
+  int workers = 0;
+  std::string backend;
+  train->add_option("--workers", workers, "Ranks as threads of this process (runtime.workers)");
+  train->add_option("--backend", backend, "threads or mpi (runtime.backend; default: auto)");
 
   CLI::App* eval = app.add_subcommand("eval", "Evaluate a checkpoint on the test set");
   eval->add_option("config", config_path, "Config file the checkpoint was trained with")->required();
@@ -73,8 +118,10 @@ int main(int argc, char** argv) {
       opts.progress = !quiet;
       opts.interrupt = &g_interrupt;
       std::signal(SIGINT, on_sigint);
-      tessel::train::Trainer trainer(tessel::train::load_config(config_path, overrides), opts);
-      nlohmann::json summary = trainer.run();
+      if (workers > 0) overrides.push_back("runtime.workers=" + std::to_string(workers));
+      if (!backend.empty()) overrides.push_back("runtime.backend=" + backend);
+      nlohmann::json summary = train_job(tessel::train::load_config(config_path, overrides), opts);
+      if (summary.is_null()) return 0;  // not rank 0 of an MPI job
       print_summary(summary);
       return summary["completed"].get<bool>() || stop_after > 0 ? 0 : 130;
     }

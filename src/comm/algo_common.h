@@ -62,6 +62,11 @@ void exchange(const CollContext& ctx, int send_peer, const void* send, size_t se
               int recv_peer, void* recv, size_t recv_count, ElemType e, bool reduce,
               ReduceOp op);
 
+// Receives buf from `from` (-1: this rank has it) in segments and forwards each segment to
+// every rank in `to` as soon as it is in: the pipelined step of chain and tree broadcasts.
+void forward_segments(const CollContext& ctx, void* buf, size_t count, ElemType e, int from,
+                      const std::vector<int>& to);
+
 size_t segment_elems(const CollContext& ctx, ElemType e);
 
 }  // namespace tessel::comm

@@ -37,7 +37,7 @@ void ring_pass(const CollContext& ctx, void* buf, const Blocks& b, int g0, int g
 
   std::deque<RequestPtr> sends, recvs;
   size_t posted_s = 0, posted_r = 0, done_r = 0;
-  while (done_r < units || !sends.empty()) {
+  while (done_r < units || posted_s < units || !sends.empty()) {
     // Post receives ahead (reduce-scatter units reduce straight into the block).
     while (posted_r < units && recvs.size() < window) {
       size_t off, len;
@@ -69,6 +69,39 @@ void ring_pass(const CollContext& ctx, void* buf, const Blocks& b, int g0, int g
 }
 
 }  // namespace
+
+void forward_segments(const CollContext& ctx, void* buf, size_t count, ElemType e, int from,
+                      const std::vector<int>& to) {
+  const size_t seg = segment_elems(ctx, e);
+  const size_t S = std::max<size_t>(1, (count + seg - 1) / seg);
+  const size_t window = static_cast<size_t>(std::max(1, ctx.in_flight));
+  const size_t fanout = std::max<size_t>(1, to.size());
+  auto len_of = [&](size_t k) { return std::min(seg, count - std::min(count, k * seg)); };
+  std::deque<RequestPtr> sends, recvs;
+  // The root (from < 0) has every segment already; a leaf (to empty) sends nothing.
+  size_t posted_r = from < 0 ? S : 0, done_r = posted_r, posted_s = to.empty() ? S : 0;
+  while (done_r < S || posted_s < S || !sends.empty()) {
+    while (posted_r < S && recvs.size() < window) {
+      recvs.push_back(post_recv(ctx, from, at(buf, posted_r * seg, e), len_of(posted_r), e));
+      ++posted_r;
+    }
+    // Forward every segment received so far to every destination.
+    while (posted_s < S && sends.size() < window * fanout && posted_s < done_r) {
+      for (int peer : to)
+        sends.push_back(post_send(ctx, peer, at(buf, posted_s * seg, e), len_of(posted_s), e));
+      ++posted_s;
+    }
+    if (!recvs.empty()) {
+      recvs.front()->wait(ctx.deadline);
+      recvs.pop_front();
+      ++done_r;
+    } else if (!sends.empty()) {
+      sends.front()->wait(ctx.deadline);
+      sends.pop_front();
+    }
+    while (!sends.empty() && sends.front()->test()) sends.pop_front();
+  }
+}
 
 void allreduce_ring(const CollContext& ctx, void* buf, size_t count, ElemType e, ReduceOp op) {
   const int n = ctx.transport->size();
@@ -119,35 +152,9 @@ void broadcast_ring(const CollContext& ctx, void* buf, size_t count, ElemType e,
   const int n = ctx.transport->size(), r = ctx.transport->rank();
   if (n == 1) return;
   const int vr = (r - root + n) % n;
-  const int prev = vr == 0 ? -1 : (r + n - 1) % n;
-  const int next = vr == n - 1 ? -1 : (r + 1) % n;
-  const size_t seg = segment_elems(ctx, e);
-  const size_t S = std::max<size_t>(1, (count + seg - 1) / seg);
-  const size_t window = static_cast<size_t>(std::max(1, ctx.in_flight));
-  auto len_of = [&](size_t k) { return std::min(seg, count - std::min(count, k * seg)); };
-  std::deque<RequestPtr> sends, recvs;
-  size_t posted_s = 0, posted_r = 0, done_r = prev < 0 ? S : 0;
-  if (prev < 0) posted_r = S;
-  if (next < 0) posted_s = S;
-  while (done_r < S || posted_s < S || !sends.empty()) {
-    while (posted_r < S && recvs.size() < window) {
-      recvs.push_back(post_recv(ctx, prev, at(buf, posted_r * seg, e), len_of(posted_r), e));
-      ++posted_r;
-    }
-    while (posted_s < S && sends.size() < window && posted_s < done_r) {
-      sends.push_back(post_send(ctx, next, at(buf, posted_s * seg, e), len_of(posted_s), e));
-      ++posted_s;
-    }
-    if (!recvs.empty()) {
-      recvs.front()->wait(ctx.deadline);
-      recvs.pop_front();
-      ++done_r;
-    } else if (!sends.empty()) {
-      sends.front()->wait(ctx.deadline);
-      sends.pop_front();
-    }
-    while (!sends.empty() && sends.front()->test()) sends.pop_front();
-  }
+  std::vector<int> next;
+  if (vr != n - 1) next.push_back((r + 1) % n);
+  forward_segments(ctx, buf, count, e, vr == 0 ? -1 : (r + n - 1) % n, next);
 }
 
 }  // namespace tessel::comm

@@ -6,6 +6,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "tessel/core/clock.h"
@@ -34,6 +35,19 @@ void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, double timeout_s
 void futex_wake_all(std::atomic<uint32_t>* word) {
   syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr,
           nullptr, 0);
+}
+
+namespace {
+thread_local bool t_progress_thread = false;
+}  // namespace
+
+void set_progress_thread(bool on) { t_progress_thread = on; }
+
+WaitPolicy effective_policy(const WaitPolicy& base) {
+  if (!t_progress_thread) return base;
+  WaitPolicy p = base;
+  p.yield_us = std::min(p.yield_us, 50.0);
+  return p;
 }
 
 Backoff::Backoff(const WaitPolicy& policy) : policy_(policy), start_(now_seconds()) {}

@@ -19,6 +19,13 @@ struct WaitPolicy {
   bool oversubscribed = false;  // skip the spin phase
 };
 
+// Async calls run on progress threads that overlap with compute. There, a waiter yields only
+// briefly before sleeping: when the cores are busy computing, a sleeper woken by its peer's
+// futex wake preempts the computing thread at once, while a yielder waits for the next
+// scheduler tick (milliseconds). effective_policy applies that on progress threads.
+void set_progress_thread(bool on);
+WaitPolicy effective_policy(const WaitPolicy& base);
+
 // Blocks while *word == expected, at most timeout_s; may return early (spuriously).
 void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, double timeout_s);
 void futex_wake_all(std::atomic<uint32_t>* word);
@@ -34,7 +41,7 @@ class Backoff {
   double elapsed_s() const;
 
  private:
-  const WaitPolicy& policy_;
+  WaitPolicy policy_;  // a copy: callers pass temporaries (effective_policy)
   double start_;
   uint32_t iter_ = 0;
 };

@@ -139,6 +139,8 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("train.max_steps", train.max_steps, "stop after this many steps (0: epochs decide)"),
       TESSEL_KEY("train.clip_norm", train.clip_norm, "global gradient-norm clipping (0: off)"),
       TESSEL_KEY("train.base_batch", train.base_batch, "linear scaling rule: lr x batch / base_batch (0: off)"),
+      TESSEL_KEY("train.accumulate", train.accumulate, "micro-batches summed per optimizer step (gradient accumulation)"),
+      TESSEL_KEY("train.deterministic", ddp.deterministic, "bit-identical results for any worker count (fixed micro-shards, exact integer reduction)"),
       TESSEL_KEY("train.shuffle", train.shuffle, "shuffle the training set each epoch"),
       TESSEL_KEY("train.drop_last", train.drop_last, "drop a short last batch"),
       TESSEL_KEY("train.prefetch", train.prefetch, "batches loaded ahead by a background thread (0: none)"),
@@ -148,6 +150,13 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("checkpoint.every_steps", checkpoint.every_steps, "save every N steps (0: off)"),
       TESSEL_KEY("checkpoint.keep_last", checkpoint.keep_last, "checkpoints kept in the run folder"),
       TESSEL_KEY("runtime.threads", runtime.threads, "BLAS threads of this process"),
+      TESSEL_KEY("runtime.workers", runtime.workers, "ranks run as threads of this process (same as --workers)"),
+      TESSEL_KEY("runtime.backend", runtime.backend, "auto, threads or mpi (auto: mpi when started by an MPI launcher)"),
+      TESSEL_KEY("comm.timeout_s", comm.timeout_s, "deadline in seconds of every blocking communication"),
+      TESSEL_KEY("comm.algorithm", comm.algorithm, "collective algorithm: auto, ring, halving_doubling, tree, direct, native"),
+      TESSEL_KEY("ddp.bucket_mb", ddp.bucket_mb, "gradient bucket size in MiB; buckets are all-reduced while backward runs"),
+      TESSEL_KEY("ddp.check_every", ddp.check_every, "steps between cross-rank parameter checksums (0: off)"),
+      TESSEL_KEY("ddp.micro_shard", ddp.micro_shard, "deterministic mode: rows per fixed micro-shard"),
   };
   return keys;
 }
@@ -245,6 +254,18 @@ void validate(const Config& c) {
   require(c.checkpoint.every_steps >= 0,
           str("checkpoint.every_steps must be >= 0, got ", c.checkpoint.every_steps));
   require(c.checkpoint.keep_last >= 1, str("checkpoint.keep_last must be >= 1, got ", c.checkpoint.keep_last));
+  require(c.train.accumulate >= 1, str("train.accumulate must be >= 1, got ", c.train.accumulate));
+  require(c.runtime.workers >= 1 && c.runtime.workers <= 1024,
+          str("runtime.workers must be in [1, 1024], got ", c.runtime.workers));
+  require(c.runtime.backend == "auto" || c.runtime.backend == "threads" || c.runtime.backend == "mpi",
+          str("runtime.backend must be auto, threads or mpi, got '", c.runtime.backend, "'"));
+  require(c.comm.timeout_s > 0, str("comm.timeout_s must be > 0, got ", c.comm.timeout_s));
+  require(c.ddp.bucket_mb > 0, str("ddp.bucket_mb must be > 0, got ", c.ddp.bucket_mb));
+  require(c.ddp.check_every >= 0, str("ddp.check_every must be >= 0 (0 = off), got ", c.ddp.check_every));
+  require(c.ddp.micro_shard >= 1, str("ddp.micro_shard must be >= 1, got ", c.ddp.micro_shard));
+  require(!c.ddp.deterministic || c.train.batch % c.ddp.micro_shard == 0,
+          str("train.deterministic needs train.batch (", c.train.batch,
+              ") to be a multiple of ddp.micro_shard (", c.ddp.micro_shard, ")"));
   require(c.runtime.threads >= 1 && c.runtime.threads <= 256,
           str("runtime.threads must be in [1, 256], got ", c.runtime.threads));
   require(c.data.test_fraction >= 0 && c.data.test_fraction < 1,

@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "tessel/ckpt/checkpoint.h"
+#include "tessel/comm/communicator.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/log.h"
 #include "tessel/ops/cpu.h"
@@ -73,14 +74,19 @@ void load_tensor(const ckpt::TensorFile& file, const std::string& what, const st
 
 }  // namespace
 
-Trainer::Trainer(Config config, RunOptions options)
+Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world)
     : config_(std::move(config)), options_(std::move(options)) {
-  ops::set_blas_threads(config_.runtime.threads);
+  // OpenBLAS's thread count is process-wide: ranks that are threads of one process each use one
+  // BLAS thread (set by the launcher), a rank that owns its process uses runtime.threads.
+  const bool owns_process = world == nullptr || std::string(world->backend()) == "mpi" ||
+                            world->size() == 1;
+  if (owns_process) ops::set_blas_threads(config_.runtime.threads);
   data_ = data::make_datasets(config_.data);
   nn::ModelSpec spec = config_.model;
   spec.input_shape = data_.train->input_shape();
   spec.num_classes = data_.train->num_classes();
   model_ = nn::build_model(spec, config_.seed);
+  strategy_ = parallel::make_strategy(config_.ddp, world, *model_);
   optimizer_ = optim::make_optimizer(config_.optim, model_->params().numel());
 
   data::LoaderOptions lo;
@@ -89,28 +95,91 @@ Trainer::Trainer(Config config, RunOptions options)
   lo.drop_last = config_.train.drop_last;
   lo.seed = config_.seed;
   lo.prefetch = config_.train.prefetch;
+  lo.slice_rank = strategy_->data_rank();
+  lo.slice_count = strategy_->data_size();
   loader_ = std::make_unique<data::DataLoader>(data_.train, lo);
-  if (loader_->batches_per_epoch() == 0)
+  const int64_t bpe = loader_->batches_per_epoch();
+  if (bpe == 0)
     throw InvalidArgument(str("config: train.batch = ", config_.train.batch, " is larger than the ",
                               data_.train->size(), " training samples with drop_last; lower it"));
-  total_steps_ = config_.train.epochs * loader_->batches_per_epoch();
+  if (config_.ddp.deterministic) {
+    const int64_t shards = config_.train.batch / config_.ddp.micro_shard;
+    if (shards % strategy_->data_size() != 0)
+      throw InvalidArgument(str("config: train.deterministic splits each batch into ", shards,
+                                " micro-shards of ddp.micro_shard = ", config_.ddp.micro_shard,
+                                " rows, which ", strategy_->data_size(),
+                                " workers cannot share evenly; pick a worker count dividing ",
+                                shards, " or change ddp.micro_shard"));
+    if (!config_.train.drop_last && data_.train->size() % config_.train.batch != 0)
+      throw InvalidArgument(str("config: train.deterministic needs full batches, but ",
+                                data_.train->size(), " samples leave a short last batch of ",
+                                config_.train.batch, "; set train.drop_last = true"));
+  }
+  const int64_t k = config_.train.accumulate;
+  total_steps_ = config_.train.epochs * ((bpe + k - 1) / k);
   if (config_.train.max_steps > 0) total_steps_ = std::min(total_steps_, config_.train.max_steps);
-  base_lr_ = optim::scaled_lr(config_.optim.lr, config_.train.batch, config_.train.base_batch);
+  base_lr_ = optim::scaled_lr(config_.optim.lr, config_.train.batch * k, config_.train.base_batch);
 
   run_dir_ = options_.run_dir;
   if (run_dir_.empty() && !options_.resume.empty())  // continue in the folder we resume from
     run_dir_ = fs::path(ckpt::resolve_checkpoint_dir(options_.resume)).parent_path().parent_path();
   if (run_dir_.empty()) run_dir_ = (fs::path("runs") / config_.name).string();
+  if (!strategy_->is_main()) options_.progress = false;
 }
 
 Trainer::~Trainer() = default;
 
-float Trainer::step(const data::Batch& batch, EvalResult& sums) {
-  nn::Context ctx{true, config_.seed, step_, batch.first_sample};
-  Tensor logits = model_->forward(batch.x, ctx);
-  float loss = loss_.forward(logits, batch.y);
+float Trainer::backward_piece(const Tensor& x, const Tensor& y, int64_t first_sample,
+                              double weight, bool sync, EvalResult& sums) {
+  nn::Context ctx{true, config_.seed, step_, first_sample};
+  float loss = loss_.forward(model_->forward(x, ctx), y);
+  if (!std::isfinite(loss))
+    throw Error(str("train: loss is ", loss, " at step ", step_,
+                    "; lower optim.lr or set train.clip_norm"));
+  const bool deterministic = config_.ddp.deterministic;
+  if (deterministic) model_->zero_grad();
+  strategy_->begin_backward(sync);
+  parallel::Strategy* strategy = strategy_.get();
+  model_->backward(loss_.backward(static_cast<float>(weight)),
+                   [strategy](size_t block) { strategy->after_block_backward(block); });
+  if (deterministic) strategy_->collect_shard();
+  const int64_t rows = y.dim(0);
+  sums.loss += static_cast<double>(loss) * rows;
+  sums.accuracy += static_cast<double>(loss_.correct()) * rows / loss_.count();
+  sums.samples += rows;
+  return loss;
+}
+
+float Trainer::step(const std::vector<data::Batch>& batches, EvalResult& sums) {
+  // Every row of the step's global batches weighs 1/global_rows, so summing the ranks'
+  // gradients gives the gradient of the global mean loss whatever the split.
+  double global_rows = 0;
+  for (const data::Batch& b : batches) global_rows += static_cast<double>(b.global_size);
   model_->zero_grad();
-  model_->backward(loss_.backward(1.0f));
+  EvalResult local;
+  const int64_t shard = config_.ddp.deterministic ? config_.ddp.micro_shard : 0;
+  for (size_t j = 0; j < batches.size(); ++j) {
+    const data::Batch& b = batches[j];
+    const int64_t rows = b.y.dim(0);
+    const bool last_batch = j + 1 == batches.size();
+    if (rows == 0) {  // more ranks than rows in a short last batch: only take part in the reduction
+      strategy_->begin_backward(last_batch);
+      continue;
+    }
+    if (shard == 0) {
+      backward_piece(b.x, b.y, b.first_sample, rows / global_rows, last_batch, local);
+      continue;
+    }
+    // Deterministic mode: fixed micro-shards, each with its own gradient.
+    const int64_t x_row = b.x.numel() / rows, y_row = b.y.numel() / rows;
+    for (int64_t r = 0; r < rows; r += shard) {
+      Shape xs = b.x.shape(), ys = b.y.shape();
+      xs[0] = ys[0] = std::min(shard, rows - r);
+      backward_piece(b.x.view(r * x_row, xs), b.y.view(r * y_row, ys), b.first_sample + r,
+                     xs[0] / global_rows, false, local);
+    }
+  }
+  strategy_->before_step();
   Tensor grads = model_->grads().flat();
   if (config_.train.clip_norm > 0) {
     double norm = std::sqrt(optim::sum_squares(grads.data<float>(), grads.numel()));
@@ -119,11 +188,17 @@ float Trainer::step(const data::Batch& batch, EvalResult& sums) {
   Tensor params = model_->params().flat();
   optimizer_->step(params, grads, optim::lr_at(config_.schedule, base_lr_, step_, total_steps_));
   ++step_;
-  int64_t rows = batch.y.dim(0);
-  sums.loss += static_cast<double>(loss) * rows;
-  sums.accuracy += static_cast<double>(loss_.correct()) * rows / loss_.count();
-  sums.samples += rows;
-  return loss;
+  strategy_->after_step(step_);
+  sums.loss += local.loss;
+  sums.accuracy += local.accuracy;
+  sums.samples += local.samples;
+  return static_cast<float>(local.loss / std::max<int64_t>(1, local.samples));
+}
+
+EvalResult Trainer::global_mean(const EvalResult& local) {
+  double v[3] = {local.loss, local.accuracy, static_cast<double>(local.samples)};
+  strategy_->sum(v, 3);
+  return mean_of(EvalResult{v[0], v[1], static_cast<int64_t>(v[2])});
 }
 
 EvalResult Trainer::evaluate(const data::Dataset& dataset) {
@@ -131,6 +206,8 @@ EvalResult Trainer::evaluate(const data::Dataset& dataset) {
   lo.batch = config_.train.batch;
   lo.shuffle = false;
   lo.prefetch = config_.train.prefetch;
+  lo.slice_rank = strategy_->data_rank();
+  lo.slice_count = strategy_->data_size();
   // A non-owning shared_ptr: the dataset outlives this call.
   data::DataLoader loader(std::shared_ptr<const data::Dataset>(&dataset, [](const auto*) {}), lo);
   loader.start_epoch(0);
@@ -138,14 +215,15 @@ EvalResult Trainer::evaluate(const data::Dataset& dataset) {
   nn::CrossEntropyLoss loss;
   data::Batch batch;
   while (loader.next(batch)) {
+    const int64_t rows = batch.y.dim(0);
+    if (rows == 0) continue;  // more ranks than rows in a short last batch
     nn::Context ctx{false, config_.seed, step_, batch.first_sample};
     float l = loss.forward(model_->forward(batch.x, ctx), batch.y);
-    int64_t rows = batch.y.dim(0);
     sums.loss += static_cast<double>(l) * rows;
     sums.accuracy += static_cast<double>(loss.correct()) * rows / loss.count();
     sums.samples += rows;
   }
-  return mean_of(sums);
+  return global_mean(sums);
 }
 
 void Trainer::log_metrics(const json& record) {
@@ -154,6 +232,11 @@ void Trainer::log_metrics(const json& record) {
 }
 
 void Trainer::save(const State& s) {
+  // Collective: the running sums are per rank; the checkpoint holds their global totals.
+  double totals[4] = {s.epoch_sums.loss, s.epoch_sums.accuracy,
+                      static_cast<double>(s.epoch_sums.samples), static_cast<double>(s.train_samples)};
+  strategy_->sum(totals, 4);
+  if (!strategy_->is_main()) return;
   ckpt::Checkpoint c;
   for (nn::Parameter* p : model_->parameters()) c.model.tensors.emplace_back(p->name, p->value);
   c.model.metadata["format"] = "tessel";
@@ -165,11 +248,12 @@ void Trainer::save(const State& s) {
             {"batch_in_epoch", s.batch_in_epoch},
             {"optimizer_steps", optimizer_->steps()},
             {"seed", config_.seed},
-            {"epoch_loss_sum", s.epoch_sums.loss},
-            {"epoch_correct_sum", s.epoch_sums.accuracy},
-            {"epoch_samples", s.epoch_sums.samples},
+            {"epoch_loss_sum", totals[0]},
+            {"epoch_correct_sum", totals[1]},
+            {"epoch_samples", static_cast<int64_t>(totals[2])},
             {"train_seconds", s.train_seconds},
-            {"train_samples", s.train_samples},
+            {"train_samples", static_cast<int64_t>(totals[3])},
+            {"world_size", strategy_->world_size()},
             {"params_sha256", model_->params_sha256()},
             {"config_name", config_.name}};
   c.trainer_json = t.dump(2);
@@ -205,73 +289,89 @@ void Trainer::restore(const std::string& path, State& s) {
     throw IoError(str("checkpoint: ", dir, "/trainer.json is corrupt (", e.what(),
                       "); resume from an older checkpoint"));
   }
+  if (!strategy_->is_main()) {  // rank 0 carries the saved global totals
+    s.epoch_sums = EvalResult{};
+    s.train_samples = 0;
+  }
   if (s.batch_in_epoch > loader_->batches_per_epoch())
     throw IoError(str("checkpoint: ", dir, " is at batch ", s.batch_in_epoch, " of an epoch of ",
                       loader_->batches_per_epoch(),
                       " batches; train.batch or the dataset changed since it was saved"));
-  log_info("resumed from ", dir, " at step ", step_, " (epoch ", s.epoch + 1, ", batch ",
+  if (strategy_->is_main()) log_info("resumed from ", dir, " at step ", step_, " (epoch ", s.epoch + 1, ", batch ",
            s.batch_in_epoch, ")");
 }
 
 json Trainer::run() {
   const double wall_start = now_seconds();
+  const bool main = strategy_->is_main();
   State s;
   if (!options_.resume.empty()) restore(options_.resume, s);
-  fs::create_directories(run_dir_);
-  {
-    std::ofstream cfg(fs::path(run_dir_) / "config.toml");
-    cfg << to_toml(config_);
+  if (main) {
+    fs::create_directories(run_dir_);
+    std::ofstream(fs::path(run_dir_) / "config.toml") << to_toml(config_);
+    if (options_.resume.empty()) std::ofstream(fs::path(run_dir_) / "metrics.jsonl", std::ios::trunc);
   }
-  if (options_.resume.empty()) std::ofstream(fs::path(run_dir_) / "metrics.jsonl", std::ios::trunc);
+  strategy_->on_start(*model_);
 
   const bool tty = options_.progress && isatty(fileno(stderr));
   const int64_t bpe = loader_->batches_per_epoch();
   const int64_t epochs = config_.train.epochs;
+  const int64_t k = config_.train.accumulate;
+  const int64_t global_batch = config_.train.batch * k;
   const int64_t start_step = step_;
   if (options_.progress)
     log_info("training ", config_.model.kind, " (", model_->num_parameters(), " parameters) on ",
-             data_.train->name(), " (", data_.train->size(), " samples), ", epochs, " epochs x ",
-             bpe, " steps, batch ", config_.train.batch, ", run folder ", run_dir_);
+             data_.train->name(), " (", data_.train->size(), " samples), layout ",
+             strategy_->layout(), ", ", epochs, " epochs x ", (bpe + k - 1) / k,
+             " steps, batch ", global_batch, ", run folder ", run_dir_);
 
-  EvalResult last_test;
+  EvalResult last_test, last_train = global_mean(s.epoch_sums);
   int64_t last_test_step = -1;
-  EvalResult last_train = mean_of(s.epoch_sums);
   bool stopped = false;
   double last_epoch_line = 0, last_plain_line = 0;
   double window_start = now_seconds();
   int64_t window_samples = 0;
+  json epoch_records = json::array();
+  std::vector<data::Batch> group;
   for (; s.epoch < epochs && step_ < total_steps_ && !stopped; ++s.epoch, s.batch_in_epoch = 0) {
     const double epoch_start = now_seconds();
+    double epoch_train_seconds = 0;
     loader_->start_epoch(s.epoch, s.batch_in_epoch);
-    data::Batch batch;
     for (;;) {
       if (step_ >= total_steps_) break;
-      double t0 = now_seconds();
-      if (!loader_->next(batch)) break;
-      double t1 = now_seconds();  // time waiting for data is not training time
-      float loss = step(batch, s.epoch_sums);
-      double t2 = now_seconds();
-      if (!std::isfinite(loss))
-        throw Error(str("train: loss is ", loss, " at step ", step_,
-                        "; lower optim.lr or set train.clip_norm"));
-      (void)t0;
-      s.train_seconds += t2 - t1;
-      s.train_samples += batch.y.dim(0);
-      window_samples += batch.y.dim(0);
-      ++s.batch_in_epoch;
+      group.resize(static_cast<size_t>(k));
+      size_t got = 0;
+      while (got < group.size() && loader_->next(group[got])) ++got;
+      if (got == 0) break;
+      group.resize(got);
+      const double t0 = now_seconds();  // time waiting for data is not training time
+      step(group, s.epoch_sums);
+      const double dt = now_seconds() - t0;
+      s.train_seconds += dt;
+      epoch_train_seconds += dt;
+      for (const data::Batch& b : group) {
+        s.train_samples += b.y.dim(0);
+        window_samples += b.global_size;
+      }
+      s.batch_in_epoch += static_cast<int64_t>(got);
 
+      // Collective on every rank at the same steps: global metrics, and whether to stop.
       if (step_ % config_.train.log_every == 0 || step_ == total_steps_) {
         double now = now_seconds();
         double sps = window_samples / std::max(1e-9, now - window_start);
-        EvalResult m = mean_of(s.epoch_sums);
+        EvalResult m = global_mean(s.epoch_sums);
+        double interrupt = options_.interrupt != nullptr && options_.interrupt->load() ? 1 : 0;
+        strategy_->max(&interrupt, 1);
+        if (interrupt > 0) stopped = true;
         double lr = optim::lr_at(config_.schedule, base_lr_, step_ - 1, total_steps_);
-        log_metrics({{"type", "train"}, {"step", step_}, {"epoch", s.epoch + 1}, {"loss", loss},
-                     {"epoch_loss", m.loss}, {"epoch_accuracy", m.accuracy}, {"lr", lr},
-                     {"samples_per_second", sps}});
+        if (main)
+          log_metrics({{"type", "train"}, {"step", step_}, {"epoch", s.epoch + 1},
+                       {"epoch_loss", m.loss}, {"epoch_accuracy", m.accuracy}, {"lr", lr},
+                       {"samples_per_second", sps}});
         // Live line on a terminal; plain lines at most every 5 s otherwise.
         if (options_.progress && (tty || now - last_plain_line >= 5.0)) {
           last_plain_line = now;
-          double eta = (total_steps_ - step_) * config_.train.batch / std::max(sps, 1e-9);
+          double eta = (total_steps_ - step_) * global_batch / std::max(sps, 1e-9);
           std::string line = fmt("epoch %ld/%ld step %ld/%ld loss %.4f acc %.2f%% %.0f samples/s ETA %s",
                                  long(s.epoch + 1), long(epochs), long(step_), long(total_steps_),
                                  m.loss, 100.0 * m.accuracy, sps, format_eta(eta).c_str());
@@ -283,22 +383,17 @@ json Trainer::run() {
         window_start = now;
         window_samples = 0;
       }
-      const bool interrupted = options_.interrupt != nullptr && options_.interrupt->load();
-      const bool stop_here = options_.stop_after > 0 && step_ - start_step >= options_.stop_after;
-      if (interrupted || stop_here) {
-        stopped = true;
-        break;
-      }
+      if (options_.stop_after > 0 && step_ - start_step >= options_.stop_after) stopped = true;
+      if (stopped) break;
       if (config_.checkpoint.every_steps > 0 && step_ % config_.checkpoint.every_steps == 0) save(s);
     }
     if (stopped) break;
 
     // End of an epoch (or of the step budget): evaluate and report.
     if (tty) std::fprintf(stderr, "\n");
-    last_train = mean_of(s.epoch_sums);
+    last_train = global_mean(s.epoch_sums);
     json rec = {{"type", "epoch"}, {"epoch", s.epoch + 1}, {"step", step_},
-                {"train_loss", last_train.loss}, {"train_accuracy", last_train.accuracy},
-                {"epoch_seconds", now_seconds() - epoch_start}};
+                {"train_loss", last_train.loss}, {"train_accuracy", last_train.accuracy}};
     if (data_.test) {
       last_test = evaluate(*data_.test);
       last_test_step = step_;
@@ -310,7 +405,10 @@ json Trainer::run() {
       rec["train_eval_loss"] = full.loss;
       rec["train_eval_accuracy"] = full.accuracy;
     }
-    log_metrics(rec);
+    rec["epoch_seconds"] = now_seconds() - epoch_start;
+    rec["ranks"] = rank_metrics(epoch_train_seconds);
+    if (main) log_metrics(rec);
+    epoch_records.push_back(rec);
     // One line per epoch, thinned to one every 2 s for runs of many short epochs.
     if (options_.progress && (epochs <= 20 || s.epoch + 1 == epochs ||
                               now_seconds() - last_epoch_line >= 2.0)) {
@@ -336,23 +434,26 @@ json Trainer::run() {
   if (stopped) {
     if (tty) std::fprintf(stderr, "\n");
     save(s);
-    log_info("stopped at step ", step_, "; continue with --resume ", run_dir_);
+    if (main) log_info("stopped at step ", step_, "; continue with --resume ", run_dir_);
   }
   if (data_.test && last_test_step != step_) last_test = evaluate(*data_.test);
 
+  double samples = static_cast<double>(s.train_samples), seconds = s.train_seconds;
+  strategy_->sum(&samples, 1);
+  strategy_->max(&seconds, 1);
   json summary = {
       {"model", config_.model.kind},
       {"dataset", data_.train->name()},
-      {"world_size", 1},
-      {"layout", "single"},
+      {"world_size", strategy_->world_size()},
+      {"layout", strategy_->layout()},
       {"epochs", s.epoch},
       {"steps", step_},
       {"train_loss", last_train.loss},
       {"train_accuracy", last_train.accuracy},
       {"test_loss", data_.test ? json(last_test.loss) : json(nullptr)},
       {"test_accuracy", data_.test ? json(last_test.accuracy) : json(nullptr)},
-      {"samples_per_second", s.train_samples / std::max(1e-9, s.train_seconds)},
-      {"train_seconds", s.train_seconds},
+      {"samples_per_second", samples / std::max(1e-9, seconds)},
+      {"train_seconds", seconds},
       {"wall_seconds", now_seconds() - wall_start},
       {"params_sha256", model_->params_sha256()},
       {"num_parameters", model_->num_parameters()},
@@ -360,8 +461,41 @@ json Trainer::run() {
       {"threads", config_.runtime.threads},
       {"completed", !stopped},
       {"run_dir", run_dir_}};
-  ckpt::write_file_atomic((fs::path(run_dir_) / "summary.json").string(), summary.dump(2) + "\n");
+  if (!epoch_records.empty()) summary["ranks"] = epoch_records.back()["ranks"];
+  if (main)
+    ckpt::write_file_atomic((fs::path(run_dir_) / "summary.json").string(), summary.dump(2) + "\n");
   return summary;
+}
+
+// Per-rank measurements of the epoch, gathered on every rank: compute and communication time,
+// bytes, buckets, and load balance (max / mean training-step time and the slowest rank).
+json Trainer::rank_metrics(double train_seconds) {
+  json m = strategy_->take_metrics();
+  const double exposed = m["comm_exposed_seconds"].get<double>();
+  std::vector<double> step_time = strategy_->gather(train_seconds);
+  std::vector<double> compute = strategy_->gather(train_seconds - exposed);
+  std::vector<double> exposed_all = strategy_->gather(exposed);
+  std::vector<double> overlapped = strategy_->gather(m["comm_overlapped_seconds"].get<double>());
+  double max_t = 0, sum_t = 0, max_compute = 0;
+  int slowest = 0;
+  for (size_t r = 0; r < step_time.size(); ++r) {
+    sum_t += step_time[r];
+    if (step_time[r] > max_t) max_t = step_time[r], slowest = static_cast<int>(r);
+    max_compute = std::max(max_compute, compute[r]);
+  }
+  json ranks = json::array();
+  for (size_t r = 0; r < step_time.size(); ++r)
+    ranks.push_back({{"rank", r}, {"step_seconds", step_time[r]}, {"compute_seconds", compute[r]},
+                     {"comm_exposed_seconds", exposed_all[r]},
+                     {"comm_overlapped_seconds", overlapped[r]},
+                     // Waiting for the slowest rank shows up as exposed communication time on
+                     // the faster ranks: estimated as the compute gap to the slowest.
+                     {"wait_for_slowest_seconds", max_compute - compute[r]}});
+  return {{"per_rank", ranks},
+          {"allreduce_bytes_per_rank", m["allreduce_bytes"]},
+          {"buckets", m["buckets"]},
+          {"load_balance_max_over_mean", sum_t > 0 ? max_t * step_time.size() / sum_t : 1.0},
+          {"slowest_rank", slowest}};
 }
 
 }  // namespace tessel::train

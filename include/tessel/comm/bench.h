@@ -1,7 +1,10 @@
 // `tessel bench comm`: times collectives per algorithm and message size on the threads or mpi
 // transport, verifies every result, and prints median time, algorithm bandwidth (bytes / time)
 // and bus bandwidth (allreduce x 2(n-1)/n; reduce-scatter and allgather x (n-1)/n) next to the
-// single-thread memcpy bandwidth measured in the same run. Under MPI, rank 0 prints.
+// single-thread memcpy bandwidth measured in the same run. Algorithms are timed interleaved
+// (one call of each in turn, per repeat) so that drift hits them alike; the median is reported.
+// Sizes are bytes of the whole buffer (allreduce: the buffer; reduce-scatter: the input;
+// allgather: the output). Under MPI, rank 0 prints.
 #pragma once
 
 #include <cstddef>
@@ -16,11 +19,13 @@ struct CommBenchOptions {
   std::string backend = "threads";  // "threads" or "mpi" (then the launcher sets the world)
   int workers = 2;                  // threads backend: world size
   std::vector<std::string> collectives = {"allreduce"};  // allreduce, reduce_scatter, allgather
-  std::vector<Algorithm> algorithms = {Algorithm::kRing, Algorithm::kHalvingDoubling,
-                                       Algorithm::kTree, Algorithm::kDirect};  // + kNative (mpi)
-  std::vector<size_t> sizes = {4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20};  // bytes/rank
+  std::vector<Algorithm> algorithms;  // empty: ring, halving_doubling, tree, direct (+ native
+                                      // on mpi); kAuto times what auto picks
+  std::vector<size_t> sizes = {4 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20};  // buffer bytes
   ElemType elem = ElemType::kF32;
-  int repeats = 0;           // timed repeats per point; 0: by size (50 small .. 5 at 64 MiB)
+  int repeats = 0;           // timed repeats per point; 0: by size (50 small .. 7 at 64 MiB)
+  size_t segment_bytes = 0;  // ring segment (0: the communicator's default)
+  int in_flight = 0;         // ring segments in flight (0: default)
   std::string json_path;     // also write the results as JSON here ("" = no)
   bool verbose = false;
 };

@@ -12,6 +12,7 @@
 #include "tessel/nn/models.h"
 #include "tessel/optim/optimizer.h"
 #include "tessel/optim/schedule.h"
+#include "tessel/parallel/strategy.h"
 
 namespace tessel::train {
 
@@ -21,6 +22,7 @@ struct TrainSpec {
   int64_t max_steps = 0;      // 0: epochs x batches per epoch; else stop (and end the schedule) here
   float clip_norm = 0.0f;     // global-norm clipping, 0 = off
   int64_t base_batch = 0;     // linear scaling rule: lr x batch / base_batch; 0 = off
+  int64_t accumulate = 1;     // micro-batches (of `batch` rows) summed per optimizer step
   bool shuffle = true;
   bool drop_last = false;
   int prefetch = 2;           // batches loaded ahead by the background thread
@@ -35,7 +37,14 @@ struct CheckpointSpec {
 };
 
 struct RuntimeSpec {
-  int threads = 1;            // BLAS threads for this process
+  int threads = 1;            // BLAS threads for this process (1 per rank when ranks are threads)
+  int workers = 1;            // ranks as threads of this process (--workers); 1 under mpirun
+  std::string backend = "auto";  // auto | threads | mpi (auto: mpi when started by mpirun)
+};
+
+struct CommSpec {
+  double timeout_s = 300;     // deadline of every blocking communication
+  std::string algorithm = "auto";  // collective algorithm: auto | ring | halving_doubling | tree | direct | native
 };
 
 struct Config {
@@ -48,6 +57,8 @@ struct Config {
   TrainSpec train;
   CheckpointSpec checkpoint;
   RuntimeSpec runtime;
+  CommSpec comm;
+  parallel::ParallelSpec ddp;
 };
 
 // Reads and validates a config file; overrides are "section.key=value" (value in TOML syntax,

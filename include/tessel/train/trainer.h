@@ -1,6 +1,8 @@
 // Trainer: the single training loop every layout shares. It owns the model, the optimizer, the
-// data loaders and the run folder; it holds no communication (parallel strategies hook it at
-// fixed points in later layers). One run: optional resume from a checkpoint, epochs of steps
+// data loaders and the run folder; it holds no communication: a parallel::Strategy, built from
+// the world communicator it is given, hooks it at fixed points (after each block's backward,
+// before and after the step). With several ranks every rank runs its own Trainer; rank 0
+// alone prints and writes the run folder. One run: optional resume from a checkpoint, epochs of steps
 // (forward, loss, backward, clip, step), test-set evaluation each epoch, metrics JSONL,
 // checkpoints, and summary.json at the end.
 //
@@ -18,6 +20,7 @@
 #include "tessel/nn/loss.h"
 #include "tessel/nn/model.h"
 #include "tessel/optim/optimizer.h"
+#include "tessel/parallel/strategy.h"
 #include "tessel/train/config.h"
 
 namespace tessel::train {
@@ -40,16 +43,18 @@ struct EvalResult {
 
 class Trainer {
  public:
-  Trainer(Config config, RunOptions options);
+  // world: this rank's communicator (null: one worker). Must outlive the Trainer.
+  Trainer(Config config, RunOptions options, comm::Communicator* world = nullptr);
   ~Trainer();
 
   // Trains to the end (or until stop_after / interrupt) and returns summary.json's contents.
   nlohmann::json run();
-  // Forward-only pass over a whole dataset in order.
+  // Forward-only pass over a whole dataset in order, sharded across the ranks (collective).
   EvalResult evaluate(const data::Dataset& dataset);
-  // One training step on a batch (forward, loss, backward, clip, optimizer step); adds the
-  // batch's loss x rows and correct count to `sums`. Returns the batch's mean loss.
-  float step(const data::Batch& batch, EvalResult& sums);
+  // One optimizer step over `batches` (train.accumulate micro-batches, this rank's slices):
+  // forward, loss, backward, gradient reduction, clip, step. Adds this rank's loss x rows and
+  // correct count to `sums`; returns this rank's mean loss.
+  float step(const std::vector<data::Batch>& batches, EvalResult& sums);
   // Loads the weights (only) of a checkpoint folder or run folder into the model.
   void load_weights(const std::string& checkpoint_path);
 
@@ -57,18 +62,24 @@ class Trainer {
   const Config& config() const { return config_; }
   const data::Splits& datasets() const { return data_; }
   const std::string& run_dir() const { return run_dir_; }
+  parallel::Strategy& strategy() { return *strategy_; }
 
  private:
   struct State;  // position in training: step, epoch, batch in epoch, running sums
   void save(const State& state);
   void restore(const std::string& path, State& state);
   void log_metrics(const nlohmann::json& record);
+  EvalResult global_mean(const EvalResult& local_sums);
+  nlohmann::json rank_metrics(double train_seconds);
+  float backward_piece(const Tensor& x, const Tensor& y, int64_t first_sample, double weight,
+                       bool sync, EvalResult& sums);
 
   Config config_;
   RunOptions options_;
   std::string run_dir_;
   data::Splits data_;
   std::unique_ptr<nn::Model> model_;
+  std::unique_ptr<parallel::Strategy> strategy_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<data::DataLoader> loader_;
   nn::CrossEntropyLoss loss_;

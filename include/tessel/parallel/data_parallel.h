@@ -1,0 +1,76 @@
+// DataParallel: every rank holds the whole model and trains on its contiguous slice of each
+// global batch. Gradients are grouped into buckets of ~ddp.bucket_mb, filled in reverse block
+// order; a bucket's all-reduce starts asynchronously as soon as the backward pass has finished
+// its blocks, so communication overlaps the rest of the backward pass. before_step() waits for
+// the buckets. With one rank (no communicator) it is the single-worker strategy: no
+// communication, same arithmetic, so deterministic mode gives the same bits for any world size.
+//
+// Deterministic mode: the Trainer computes each fixed micro-shard's gradient separately and
+// hands it over with collect_shard(); before_step() agrees on a power-of-two scale per bucket
+// (all-reduce max of |g|), quantises every shard's gradient to int64 at that scale, sums
+// exactly (integer addition is associative) and all-reduces the integers. The sum, and so the
+// run, is then independent of how shards were spread over ranks.
+#pragma once
+
+#include <vector>
+
+#include "tessel/comm/communicator.h"
+#include "tessel/parallel/strategy.h"
+
+namespace tessel::parallel {
+
+class DataParallel : public Strategy {
+ public:
+  // world may be null (one rank). The model's arenas must be allocated.
+  DataParallel(const ParallelSpec& spec, comm::Communicator* world, nn::Model& model);
+  ~DataParallel() override;
+
+  std::string layout() const override;
+  int rank() const override { return world_ ? world_->rank() : 0; }
+  int world_size() const override { return world_ ? world_->size() : 1; }
+  int data_rank() const override { return rank(); }
+  int data_size() const override { return world_size(); }
+
+  void on_start(nn::Model& model) override;
+  void begin_backward(bool sync) override;
+  void after_block_backward(size_t block) override;
+  void collect_shard() override;
+  void before_step() override;
+  void after_step(int64_t step) override;
+  void sum(double* values, int n) override;
+  void max(double* values, int n) override;
+  std::vector<double> gather(double value) override;
+  nlohmann::json take_metrics() override;
+
+  size_t num_buckets() const { return buckets_.size(); }
+
+ private:
+  struct Bucket {
+    size_t first_block;  // the lowest block with parameters in the bucket: launch after it
+    int64_t lo, hi;      // element range of the gradient arena
+    comm::Work work;
+    bool launched = false;
+    double launch_time = 0;
+    double done_time = 0;  // when completion was first seen (0: not yet)
+  };
+  void launch(Bucket& b);
+  void check_parameters(int64_t step);
+  void deterministic_reduce();
+
+  ParallelSpec spec_;
+  comm::Communicator* world_;
+  nn::Model& model_;
+  std::vector<Bucket> buckets_;
+  bool sync_ = true;
+  std::vector<float> shards_;  // deterministic mode: collected shard gradients, back to back
+  int64_t num_shards_ = 0;
+
+  // Measurements since the last take_metrics().
+  double exposed_s_ = 0;     // waiting for buckets after the backward pass
+  double overlapped_s_ = 0;  // bucket all-reduce time hidden behind the backward pass
+  double reduce_s_ = 0;      // deterministic reduction time (all exposed)
+  double bytes_ = 0;         // gradient bytes all-reduced
+  int64_t steps_ = 0;
+};
+
+}  // namespace tessel::parallel

@@ -1,0 +1,583 @@
+// MPI transport: point-to-point over a duplicate of the group's MPI communicator.
+// Stamps travel in the MPI tag: a collective's messages use a 30-bit hash of the stamp, so
+// messages of disagreeing calls never match (no header bytes, no extra copies). What they do
+// instead is wait, and a rank that has waited kProbeAfterS asks the peer, on a separate control
+// communicator, which call it is in; a different call with the same sequence number, or a peer
+// that has moved past this call, is reported naming both sides. The control communicator also
+// carries aborts: abort() tells every rank of the world, and waits poll for such messages.
+// Point-to-point messages use tag 2^30 + user tag.
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <map>
+#include <thread>
+#include <vector>
+
+#include "../reduce.h"
+#include "mpi_internal.h"
+#include "tessel/core/clock.h"
+#include "tessel/core/error.h"
+
+namespace tessel::comm::mpi_detail {
+namespace {
+
+constexpr double kProbeAfterS = 0.05;  // first query to a silent peer
+constexpr double kProbeEveryS = 0.5;
+constexpr int kCtrlTag = 1;
+constexpr size_t kTextMax = 1024;
+
+enum class CtrlType : int32_t { kAbort = 1, kQuery = 2, kReply = 3 };
+struct CtrlMsg {
+  CtrlType type;
+  int32_t from;        // world rank of the sender
+  uint64_t family_id;  // equal on every rank: families are created collectively, in order
+  uint64_t comm_id;
+  Stamp stamp;
+  int32_t valid;
+  char text[kTextMax];
+};
+
+class MpiTransport;
+
+// Per-world state shared by the world transport and its splits: abort flag, control channel
+// and the registry that routes queries to the right group.
+class Family {
+ public:
+  explicit Family(MPI_Comm world);
+  ~Family();
+  void abort(const std::string& why) noexcept;
+  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
+  std::string why() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reason_;
+  }
+  void poll() noexcept;  // serves queries, records replies and aborts
+  void query(int world_peer, uint64_t comm_id, const Stamp& mine);
+  void enroll(uint64_t id, MpiTransport* t) {
+    std::lock_guard<std::mutex> lock(mu_);
+    groups_[id] = t;
+  }
+  void leave(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    groups_.erase(id);
+  }
+  int world_rank() const { return world_rank_; }
+
+ private:
+  void send(int world_peer, const CtrlMsg& m);
+  void handle(const CtrlMsg& m);
+  MPI_Comm ctrl_ = MPI_COMM_NULL;
+  uint64_t id_;
+  int world_rank_ = 0, world_size_ = 1;
+  std::atomic<bool> aborted_{false};
+  std::mutex mu_;  // reason_, groups_, outgoing_
+  std::mutex poll_mu_;
+  std::string reason_;
+  std::map<uint64_t, MpiTransport*> groups_;
+  CtrlMsg in_{};
+  MPI_Request in_req_ = MPI_REQUEST_NULL;
+  std::vector<std::pair<std::unique_ptr<CtrlMsg>, MPI_Request>> outgoing_;
+};
+
+class MpiTransport final : public Transport {
+ public:
+  MpiTransport(MPI_Comm comm, std::shared_ptr<Family> family, uint64_t id, WaitPolicy policy);
+  ~MpiTransport() override;
+
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* name() const override { return "mpi"; }
+  bool oversubscribed() const override { return policy_.oversubscribed; }
+
+  RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes,
+                   const Stamp& stamp) override;
+  RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes,
+                   const Stamp& stamp) override;
+  RequestPtr irecv_reduce(int peer, uint64_t tag, void* acc, size_t count, ElemType elem,
+                          ReduceOp op, const Stamp& stamp) override;
+  void abort(const std::string& reason) noexcept override { family_->abort(reason); }
+  bool aborted() const override { return family_->aborted(); }
+  void check_alive() override;
+  std::unique_ptr<Transport> split(int color, int key, const std::vector<int>& members,
+                                   uint64_t split_id) override;
+  NativeCollectives* native() override { return native_.get(); }
+
+  // For requests and the family.
+  MPI_Comm comm() const { return comm_; }
+  Family& family() { return *family_; }
+  const WaitPolicy& policy() const { return policy_; }
+  int world_rank_of(int peer) const { return world_ranks_[peer]; }
+  uint64_t id() const { return id_; }
+  void publish(const Stamp& s);
+  Stamp published(bool* valid);
+  void record_reply(int world_peer, const Stamp& s, bool valid);
+  // A mismatch message if the peer's last reply proves `mine` can never match, else "".
+  std::string check_reply(int peer, const Stamp& mine, double asked_at);
+  int mpi_tag(uint64_t tag, const Stamp& stamp) const;
+  char* borrow(size_t bytes);  // reusable receive buffers for irecv_reduce
+  void give_back(char* p, size_t bytes);
+
+ private:
+  MPI_Comm comm_;
+  std::shared_ptr<Family> family_;
+  uint64_t id_;
+  WaitPolicy policy_;
+  int rank_ = 0, size_ = 1;
+  std::vector<int> world_ranks_;
+  std::unique_ptr<NativeCollectives> native_;
+  std::mutex mu_;  // published_, replies_, pool_
+  Stamp published_;
+  bool published_valid_ = false;
+  struct Reply {
+    Stamp stamp;
+    bool valid = false;
+    double at = 0;
+  };
+  std::map<int, Reply> replies_;  // by world rank
+  std::multimap<size_t, std::unique_ptr<char[]>> pool_;
+};
+
+}  // namespace
+std::unique_ptr<NativeCollectives> make_native(MPI_Comm comm, int rank, int size);
+namespace {
+
+bool is_collective(const Stamp& s) { return s.op != OpKind::kP2p && s.op != OpKind::kNone; }
+
+class MpiRequest final : public Request {
+ public:
+  MpiRequest(MpiTransport* t, bool is_send, int peer, uint64_t tag, size_t bytes,
+             const Stamp& stamp)
+      : t_(t), is_send_(is_send), peer_(peer), tag_(tag), bytes_(bytes), stamp_(stamp) {}
+  ~MpiRequest() override;
+  void set_reduce(void* acc, char* tmp, size_t count, ElemType e, ReduceOp op) {
+    acc_ = acc;
+    tmp_ = tmp;
+    count_ = count;
+    elem_ = e;
+    op_ = op;
+  }
+  MPI_Request* handle() { return &req_; }
+  bool test() override;
+  void wait(Deadline deadline) override;
+
+ private:
+  std::string where() const {
+    return str("comm: ", describe(stamp_), " on rank ", t_->rank(), " of ", t_->size(),
+               " (mpi, ", is_send_ ? "send to" : "recv from", " rank ", peer_, ", tag ", tag_,
+               ", ", bytes_, " bytes)");
+  }
+  MpiTransport* t_;
+  bool is_send_;
+  int peer_;
+  uint64_t tag_;
+  size_t bytes_;
+  Stamp stamp_;
+  MPI_Request req_ = MPI_REQUEST_NULL;
+  bool done_ = false;
+  void* acc_ = nullptr;
+  char* tmp_ = nullptr;
+  size_t count_ = 0;
+  ElemType elem_ = ElemType::kU8;
+  ReduceOp op_ = ReduceOp::kSum;
+};
+
+MpiRequest::~MpiRequest() {
+  if (tmp_) t_->give_back(tmp_, bytes_);
+  if (done_ || req_ == MPI_REQUEST_NULL) return;
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  Guard guard;
+  // A receive is cancelled so that MPI never writes into a buffer its owner may free; a send
+  // cannot be cancelled reliably and is left to complete on its own.
+  if (!is_send_) {
+    MPI_Cancel(&req_);
+    MPI_Wait(&req_, MPI_STATUS_IGNORE);
+  } else {
+    MPI_Request_free(&req_);
+  }
+}
+
+bool MpiRequest::test() {
+  if (done_) return true;
+  int flag = 0;
+  MPI_Status status;
+  {
+    Guard guard;
+    int rc = MPI_Test(&req_, &flag, &status);
+    if (rc != MPI_SUCCESS) {
+      done_ = true;
+      check(rc, str(where(), ": MPI_Test").c_str());
+    }
+  }
+  if (!flag) return false;
+  done_ = true;
+  if (!is_send_) {
+    int got = 0;
+    MPI_Get_count(&status, MPI_BYTE, &got);
+    if (static_cast<size_t>(got) != bytes_)
+      throw CommError(str("comm: mismatched calls: ", where(), " received ", got,
+                          " bytes; make every rank call the same collectives with the same "
+                          "count and dtype"));
+    if (acc_) reduce_into(acc_, tmp_, count_, elem_, op_);
+  }
+  return true;
+}
+
+void MpiRequest::wait(Deadline deadline) {
+  Family& fam = t_->family();
+  Backoff backoff(effective_policy(t_->policy()));
+  double start = now_seconds(), asked_at = 0;
+  for (uint32_t i = 0;; ++i) {
+    if (test()) return;
+    if ((i & 63) != 0 && !backoff.should_sleep()) {
+      backoff.pause();
+      continue;
+    }
+    fam.poll();
+    if (fam.aborted()) throw CommError(str(where(), ": group aborted: ", fam.why()));
+    double now = now_seconds();
+    if (is_collective(stamp_) && now - start > kProbeAfterS) {
+      std::string mismatch = t_->check_reply(peer_, stamp_, asked_at);
+      if (!mismatch.empty()) {
+        fam.abort(mismatch);
+        throw CommError(mismatch);
+      }
+      if (now - asked_at > kProbeEveryS) {
+        asked_at = now;
+        fam.query(t_->world_rank_of(peer_), t_->id(), stamp_);
+      }
+    }
+    if (deadline.expired()) {
+      std::string msg = str(where(), ": no matching ", is_send_ ? "receive" : "send",
+                            " from rank ", peer_, " before the deadline; that rank is stuck, "
+                            "died or never made this call (check that every rank calls the "
+                            "same collectives, or raise comm.timeout_s)");
+      fam.abort(msg);
+      throw CommError(msg);
+    }
+    backoff.pause();
+  }
+}
+
+// ---- Family ----
+
+std::atomic<uint64_t> g_families{0};
+
+Family::Family(MPI_Comm world) : id_(++g_families) {
+  Guard guard;
+  check(MPI_Comm_dup(world, &ctrl_), "MPI_Comm_dup");
+  MPI_Comm_set_errhandler(ctrl_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(ctrl_, &world_rank_);
+  MPI_Comm_size(ctrl_, &world_size_);
+  check(MPI_Irecv(&in_, sizeof(CtrlMsg), MPI_BYTE, MPI_ANY_SOURCE, kCtrlTag, ctrl_, &in_req_),
+        "MPI_Irecv");
+}
+
+Family::~Family() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  Guard guard;
+  if (in_req_ != MPI_REQUEST_NULL) {
+    MPI_Cancel(&in_req_);
+    MPI_Wait(&in_req_, MPI_STATUS_IGNORE);
+  }
+  for (auto& [msg, req] : outgoing_)
+    if (req != MPI_REQUEST_NULL) MPI_Request_free(&req);
+  // After a failure, messages may still be in flight to this communicator; freeing it would let
+  // MPI hand its context id, and those messages, to a new one. Leak the handle instead.
+  if (!aborted()) MPI_Comm_free(&ctrl_);
+}
+
+void Family::send(int world_peer, const CtrlMsg& m) {
+  auto msg = std::make_unique<CtrlMsg>(m);
+  msg->family_id = id_;
+  MPI_Request req;
+  Guard guard;
+  if (MPI_Isend(msg.get(), sizeof(CtrlMsg), MPI_BYTE, world_peer, kCtrlTag, ctrl_, &req) !=
+      MPI_SUCCESS)
+    return;  // best effort: the peer's own deadline still applies
+  std::lock_guard<std::mutex> lock(mu_);
+  // Reap finished control sends so the list stays short.
+  std::erase_if(outgoing_, [](auto& o) {
+    int flag = 0;
+    MPI_Test(&o.second, &flag, MPI_STATUS_IGNORE);
+    return flag != 0;
+  });
+  outgoing_.emplace_back(std::move(msg), req);
+}
+
+void Family::abort(const std::string& why) noexcept {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (aborted_.load()) return;
+    reason_ = why;
+    aborted_.store(true, std::memory_order_release);
+  }
+  try {
+    CtrlMsg m{};
+    m.type = CtrlType::kAbort;
+    m.from = world_rank_;
+    std::strncpy(m.text, why.c_str(), kTextMax - 1);
+    for (int r = 0; r < world_size_; ++r)
+      if (r != world_rank_) send(r, m);
+  } catch (...) {
+  }
+}
+
+void Family::query(int world_peer, uint64_t comm_id, const Stamp& mine) {
+  CtrlMsg m{};
+  m.type = CtrlType::kQuery;
+  m.from = world_rank_;
+  m.comm_id = comm_id;
+  m.stamp = mine;
+  send(world_peer, m);
+}
+
+void Family::poll() noexcept {
+  std::unique_lock<std::mutex> busy(poll_mu_, std::try_to_lock);
+  if (!busy.owns_lock()) return;  // another thread of this process is polling
+  for (;;) {
+    int flag = 0;
+    {
+      Guard guard;
+      if (MPI_Test(&in_req_, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag) return;
+    }
+    CtrlMsg m = in_;
+    {
+      Guard guard;
+      if (MPI_Irecv(&in_, sizeof(CtrlMsg), MPI_BYTE, MPI_ANY_SOURCE, kCtrlTag, ctrl_,
+                    &in_req_) != MPI_SUCCESS)
+        in_req_ = MPI_REQUEST_NULL;
+    }
+    handle(m);
+    if (in_req_ == MPI_REQUEST_NULL) return;
+  }
+}
+
+void Family::handle(const CtrlMsg& m) {
+  // A freed communicator's context id may be reused by MPI for a newer family; a late message
+  // to the old one then arrives here and must be ignored.
+  if (m.family_id != id_) return;
+  if (m.type == CtrlType::kAbort) {
+    std::string text(m.text, strnlen(m.text, kTextMax));
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!aborted_.load()) {
+      reason_ = text;
+      aborted_.store(true, std::memory_order_release);
+    }
+    return;
+  }
+  MpiTransport* t = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = groups_.find(m.comm_id);
+    if (it != groups_.end()) t = it->second;
+  }
+  if (!t) return;
+  if (m.type == CtrlType::kQuery) {
+    CtrlMsg reply{};
+    reply.type = CtrlType::kReply;
+    reply.from = world_rank_;
+    reply.comm_id = m.comm_id;
+    bool valid = false;
+    reply.stamp = t->published(&valid);
+    reply.valid = valid;
+    send(m.from, reply);
+  } else if (m.type == CtrlType::kReply) {
+    t->record_reply(m.from, m.stamp, m.valid != 0);
+  }
+}
+
+// ---- MpiTransport ----
+
+MpiTransport::MpiTransport(MPI_Comm comm, std::shared_ptr<Family> family, uint64_t id,
+                           WaitPolicy policy)
+    : comm_(comm), family_(std::move(family)), id_(id), policy_(policy) {
+  MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
+  MPI_Comm_rank(comm_, &rank_);
+  MPI_Comm_size(comm_, &size_);
+  // Control messages address world ranks.
+  MPI_Group mine, world;
+  MPI_Comm_group(comm_, &mine);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  std::vector<int> ranks(size_);
+  for (int i = 0; i < size_; ++i) ranks[i] = i;
+  world_ranks_.resize(size_);
+  MPI_Group_translate_ranks(mine, size_, ranks.data(), world, world_ranks_.data());
+  MPI_Group_free(&mine);
+  MPI_Group_free(&world);
+  native_ = make_native(comm_, rank_, size_);
+  family_->enroll(id_, this);
+}
+
+MpiTransport::~MpiTransport() {
+  family_->leave(id_);
+  native_.reset();
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized && !family_->aborted()) {  // see ~Family: a failed group's comm is leaked
+    Guard guard;
+    MPI_Comm_free(&comm_);
+  }
+}
+
+void MpiTransport::check_alive() {
+  family_->poll();
+  if (family_->aborted())
+    throw CommError(str("comm: rank ", rank_, " (mpi): group aborted: ", family_->why()));
+}
+
+int MpiTransport::mpi_tag(uint64_t tag, const Stamp& s) const {
+  const uint64_t half = static_cast<uint64_t>(tag_upper_bound()) / 2 + 1;  // 2^30 on OpenMPI
+  if (tag != 0) return static_cast<int>(half + (tag - 1) % half);
+  // FNV-1a over the stamp's fields: equal calls give equal tags on every rank.
+  uint64_t h = 1469598103934665603ull;
+  auto mix = [&](uint64_t v) {
+    for (int i = 0; i < 8; ++i, v >>= 8) h = (h ^ (v & 0xff)) * 1099511628211ull;
+  };
+  mix(static_cast<uint64_t>(s.op) | static_cast<uint64_t>(s.elem) << 8 |
+      static_cast<uint64_t>(s.reduce) << 16 | static_cast<uint64_t>(s.algorithm) << 24 |
+      static_cast<uint64_t>(static_cast<uint32_t>(s.root)) << 32);
+  mix(s.seq);
+  mix(s.count);
+  return static_cast<int>(h % half);
+}
+
+void MpiTransport::publish(const Stamp& s) {
+  if (!is_collective(s)) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  published_ = s;
+  published_valid_ = true;
+}
+
+Stamp MpiTransport::published(bool* valid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  *valid = published_valid_;
+  return published_;
+}
+
+void MpiTransport::record_reply(int world_peer, const Stamp& s, bool valid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  replies_[world_peer] = Reply{s, valid, now_seconds()};
+}
+
+std::string MpiTransport::check_reply(int peer, const Stamp& mine, double asked_at) {
+  Reply r;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = replies_.find(world_ranks_[peer]);
+    if (it == replies_.end()) return "";
+    r = it->second;
+  }
+  if (!r.valid || asked_at == 0 || r.at < asked_at) return "";
+  const Stamp& theirs = r.stamp;
+  if (theirs.seq > mine.seq)
+    return str("comm: mismatched calls between rank ", rank_, " and rank ", peer, " (mpi): rank ",
+               rank_, " waits in ", describe(mine), " for a message from rank ", peer,
+               ", but rank ", peer, " has moved on to ", describe(theirs),
+               "; make every rank call the same collectives in the same order with the same "
+               "count, dtype and root");
+  if (theirs.seq == mine.seq && !(theirs == mine))
+    return str("comm: mismatched calls between rank ", rank_, " and rank ", peer, " (mpi): rank ",
+               rank_, " runs ", describe(mine), " but rank ", peer, " runs ", describe(theirs),
+               "; make every rank call the same collectives in the same order with the same "
+               "count, dtype and root");
+  return "";
+}
+
+char* MpiTransport::borrow(size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pool_.lower_bound(bytes);
+  if (it != pool_.end() && it->first <= 2 * bytes + 4096) {
+    char* p = it->second.release();
+    pool_.erase(it);
+    return p;
+  }
+  return new char[std::max<size_t>(bytes, 1)];
+}
+
+void MpiTransport::give_back(char* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pool_.size() >= 16) pool_.erase(pool_.begin());  // keep a handful, drop the smallest
+  pool_.emplace(std::max<size_t>(bytes, 1), std::unique_ptr<char[]>(p));
+}
+
+void check_message(size_t bytes) {
+  if (bytes > static_cast<size_t>(INT_MAX))
+    throw InvalidArgument(str("comm: a single MPI message of ", bytes, " bytes exceeds INT_MAX; "
+                              "use the ring algorithm (segmented) or split the buffer"));
+}
+
+RequestPtr MpiTransport::isend(int peer, uint64_t tag, const void* data, size_t bytes,
+                               const Stamp& stamp) {
+  check_message(bytes);
+  check_alive();
+  publish(stamp);
+  auto r = std::make_unique<MpiRequest>(this, true, peer, tag, bytes, stamp);
+  Guard guard;
+  check(MPI_Isend(data, static_cast<int>(bytes), MPI_BYTE, peer, mpi_tag(tag, stamp), comm_,
+                  r->handle()),
+        "MPI_Isend");
+  return r;
+}
+
+RequestPtr MpiTransport::irecv(int peer, uint64_t tag, void* data, size_t bytes,
+                               const Stamp& stamp) {
+  check_message(bytes);
+  check_alive();
+  publish(stamp);
+  auto r = std::make_unique<MpiRequest>(this, false, peer, tag, bytes, stamp);
+  Guard guard;
+  check(MPI_Irecv(data, static_cast<int>(bytes), MPI_BYTE, peer, mpi_tag(tag, stamp), comm_,
+                  r->handle()),
+        "MPI_Irecv");
+  return r;
+}
+
+RequestPtr MpiTransport::irecv_reduce(int peer, uint64_t tag, void* acc, size_t count,
+                                      ElemType elem, ReduceOp op, const Stamp& stamp) {
+  check_alive();
+  publish(stamp);
+  size_t bytes = count * elem_size(elem);
+  check_message(bytes);
+  auto r = std::make_unique<MpiRequest>(this, false, peer, tag, bytes, stamp);
+  char* tmp = borrow(bytes);
+  r->set_reduce(acc, tmp, count, elem, op);
+  Guard guard;
+  check(MPI_Irecv(tmp, static_cast<int>(bytes), MPI_BYTE, peer, mpi_tag(tag, stamp), comm_,
+                  r->handle()),
+        "MPI_Irecv");
+  return r;
+}
+
+std::unique_ptr<Transport> MpiTransport::split(int color, int key, const std::vector<int>&,
+                                               uint64_t split_id) {
+  MPI_Comm sub = MPI_COMM_NULL;
+  {
+    // Every member arrives here right after the allgather of (color, key), so this blocking
+    // call cannot wait on an absent rank; still, bound it.
+    WatchdogArm arm(Deadline::after(300), "comm: MPI_Comm_split");
+    Guard guard;
+    check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub), "MPI_Comm_split");
+  }
+  if (sub == MPI_COMM_NULL) return nullptr;
+  uint64_t id = (id_ ^ (split_id + 0x9e3779b97f4a7c15ull + (id_ << 6) + (id_ >> 2))) * 31 +
+                static_cast<uint64_t>(color) + 1;
+  return std::make_unique<MpiTransport>(sub, family_, id, policy_);
+}
+
+}  // namespace
+
+std::unique_ptr<Transport> make_world_transport(const WaitPolicy& policy) {
+  MPI_Comm comm;
+  {
+    Guard guard;
+    check(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup");
+  }
+  auto family = std::make_shared<Family>(MPI_COMM_WORLD);
+  return std::make_unique<MpiTransport>(comm, std::move(family), 0, policy);
+}
+
+}  // namespace tessel::comm::mpi_detail

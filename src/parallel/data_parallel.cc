@@ -1,0 +1,213 @@
+#include "tessel/parallel/data_parallel.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "tessel/core/clock.h"
+#include "tessel/core/error.h"
+
+namespace tessel::parallel {
+
+namespace {
+
+// FNV-1a over the parameter bytes, 8 bytes at a time: cheap enough to run every few hundred
+// steps, and any differing bit changes it.
+int64_t checksum(const Tensor& t) {
+  const auto* p = static_cast<const uint64_t*>(t.raw());
+  size_t words = t.nbytes() / 8;
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < words; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return static_cast<int64_t>(h);
+}
+
+}  // namespace
+
+DataParallel::DataParallel(const ParallelSpec& spec, comm::Communicator* world, nn::Model& model)
+    : spec_(spec), world_(world && world->size() > 1 ? world : nullptr), model_(model) {
+  if (spec_.bucket_mb <= 0)
+    throw InvalidArgument(str("config: ddp.bucket_mb must be > 0, got ", spec_.bucket_mb));
+  // Buckets in reverse block order: the last blocks' gradients are ready first.
+  const int64_t bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(spec_.bucket_mb * (1 << 20) / 4));
+  const auto& params = model.parameters();
+  const auto& entries = model.grads().entries();
+  Bucket cur{0, -1, -1, {}};
+  for (size_t i = model.num_blocks(); i-- > 0;) {
+    auto [first, last] = model.block_parameters(i);
+    if (first == last) continue;
+    int64_t lo = entries[first].offset;
+    int64_t hi = entries[last - 1].offset + shape_numel(entries[last - 1].shape);
+    if (cur.hi < 0) cur.hi = hi;
+    cur.lo = lo;
+    cur.first_block = i;
+    if (cur.hi - cur.lo >= bucket_elems) {
+      buckets_.push_back(cur);
+      cur = Bucket{0, -1, -1, {}};
+    }
+  }
+  if (cur.hi >= 0) buckets_.push_back(cur);
+  (void)params;
+}
+
+DataParallel::~DataParallel() = default;
+
+std::string DataParallel::layout() const {
+  return world_ ? str("dp=", world_size()) : std::string("single");
+}
+
+void DataParallel::on_start(nn::Model& model) {
+  (void)model;
+  check_parameters(0);
+}
+
+void DataParallel::check_parameters(int64_t step) {
+  if (!world_) return;
+  std::vector<double> sums = gather(static_cast<double>(checksum(model_.params().flat())));
+  std::string differ;
+  for (int r = 1; r < world_size(); ++r)
+    if (sums[r] != sums[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+  if (!differ.empty())
+    throw Error(str("data parallel: parameters differ across ranks at step ", step, ": rank(s) ",
+                    differ, " differ from rank 0; every rank must start from the same seed and "
+                    "checkpoint (this is a bug if they did)"));
+}
+
+void DataParallel::begin_backward(bool sync) {
+  sync_ = sync;
+  for (Bucket& b : buckets_) {
+    b.launched = false;
+    b.done_time = 0;
+  }
+}
+
+void DataParallel::launch(Bucket& b) {
+  b.launched = true;
+  b.launch_time = now_seconds();
+  b.work = world_->allreduce_async(model_.grads().flat().data<float>() + b.lo,
+                                   static_cast<size_t>(b.hi - b.lo), comm::ElemType::kF32);
+  bytes_ += 4.0 * static_cast<double>(b.hi - b.lo);
+}
+
+void DataParallel::after_block_backward(size_t block) {
+  if (!world_ || !sync_ || spec_.deterministic) return;
+  double now = now_seconds();
+  for (Bucket& b : buckets_) {
+    if (b.launched && b.done_time == 0 && b.work.done()) b.done_time = now;
+    if (!b.launched && b.first_block == block) launch(b);
+  }
+}
+
+void DataParallel::collect_shard() {
+  const Tensor& g = model_.grads().flat();
+  size_t n = static_cast<size_t>(g.numel());
+  shards_.resize((static_cast<size_t>(num_shards_) + 1) * n);
+  std::memcpy(shards_.data() + num_shards_ * n, g.raw(), n * sizeof(float));
+  ++num_shards_;
+}
+
+void DataParallel::before_step() {
+  ++steps_;
+  if (spec_.deterministic) {
+    double t0 = now_seconds();
+    deterministic_reduce();
+    reduce_s_ += now_seconds() - t0;
+    return;
+  }
+  if (!world_) return;
+  const double backward_end = now_seconds();
+  for (Bucket& b : buckets_) {
+    if (!b.launched) launch(b);  // e.g. a backward that skipped the hooks
+    if (b.done_time == 0 && b.work.done()) b.done_time = backward_end;
+  }
+  for (Bucket& b : buckets_) b.work.wait();
+  const double end = now_seconds();
+  exposed_s_ += end - backward_end;
+  for (Bucket& b : buckets_) {
+    double done = b.done_time > 0 ? b.done_time : backward_end;
+    overlapped_s_ += std::max(0.0, std::min(done, backward_end) - b.launch_time);
+  }
+}
+
+void DataParallel::deterministic_reduce() {
+  Tensor g = model_.grads().flat();
+  const size_t n = static_cast<size_t>(g.numel());
+  const size_t nb = buckets_.size();
+  // 1. Agree on every bucket's largest |g| over all shards of all ranks, and the shard count.
+  std::vector<float> maxes(nb, 0.0f);
+  for (size_t b = 0; b < nb; ++b)
+    for (int64_t s = 0; s < num_shards_; ++s) {
+      const float* p = shards_.data() + s * n;
+      float m = maxes[b];
+      for (int64_t i = buckets_[b].lo; i < buckets_[b].hi; ++i) m = std::max(m, std::fabs(p[i]));
+      maxes[b] = m;
+    }
+  double shards_total = static_cast<double>(num_shards_);
+  if (world_) {
+    world_->allreduce(maxes.data(), nb, comm::ElemType::kF32, comm::ReduceOp::kMax);
+    world_->allreduce(&shards_total, 1, comm::ElemType::kF64, comm::ReduceOp::kSum);
+  }
+  // 2. Quantise at scale 2^e with |sum| < 2^62, sum exactly in int64, all-reduce the integers.
+  std::vector<int64_t> acc(n, 0);
+  std::vector<double> scale(nb, 1.0);
+  for (size_t b = 0; b < nb; ++b) {
+    if (!(maxes[b] > 0) || !std::isfinite(maxes[b])) {
+      if (!std::isfinite(maxes[b]))
+        throw Error("data parallel: non-finite gradient in deterministic mode; lower optim.lr");
+      continue;
+    }
+    int e = static_cast<int>(std::floor(std::log2(std::ldexp(1.0, 62) / (shards_total * maxes[b]))));
+    scale[b] = std::ldexp(1.0, std::min(e, 1000));
+    for (int64_t s = 0; s < num_shards_; ++s) {
+      const float* p = shards_.data() + s * n;
+      for (int64_t i = buckets_[b].lo; i < buckets_[b].hi; ++i)
+        acc[i] += std::llrint(static_cast<double>(p[i]) * scale[b]);
+    }
+  }
+  if (world_) {
+    world_->allreduce(acc.data(), n, comm::ElemType::kI64, comm::ReduceOp::kSum);
+    bytes_ += 8.0 * static_cast<double>(n);
+  }
+  float* out = g.data<float>();
+  std::fill(out, out + n, 0.0f);
+  for (size_t b = 0; b < nb; ++b)
+    for (int64_t i = buckets_[b].lo; i < buckets_[b].hi; ++i)
+      out[i] = static_cast<float>(static_cast<double>(acc[i]) / scale[b]);
+  num_shards_ = 0;
+}
+
+void DataParallel::after_step(int64_t step) {
+  if (spec_.check_every > 0 && step % spec_.check_every == 0) check_parameters(step);
+}
+
+void DataParallel::sum(double* values, int n) {
+  if (world_) world_->allreduce(values, static_cast<size_t>(n), comm::ElemType::kF64);
+}
+
+void DataParallel::max(double* values, int n) {
+  if (world_)
+    world_->allreduce(values, static_cast<size_t>(n), comm::ElemType::kF64, comm::ReduceOp::kMax);
+}
+
+std::vector<double> DataParallel::gather(double value) {
+  std::vector<double> all(static_cast<size_t>(world_size()), value);
+  if (world_) world_->allgather(&value, all.data(), 1, comm::ElemType::kF64);
+  return all;
+}
+
+nlohmann::json DataParallel::take_metrics() {
+  nlohmann::json m = {{"comm_exposed_seconds", exposed_s_ + reduce_s_},
+                      {"comm_overlapped_seconds", overlapped_s_},
+                      {"allreduce_bytes", bytes_},
+                      {"buckets", buckets_.size()},
+                      {"steps", steps_}};
+  exposed_s_ = overlapped_s_ = reduce_s_ = bytes_ = 0;
+  steps_ = 0;
+  return m;
+}
+
+std::unique_ptr<Strategy> make_strategy(const ParallelSpec& spec, comm::Communicator* world,
+                                        nn::Model& model) {
+  return std::make_unique<DataParallel>(spec, world, model);
+}
+
+}  // namespace tessel::parallel

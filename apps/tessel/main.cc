@@ -42,7 +42,8 @@ nlohmann::json train_job(const tessel::train::Config& cfg, const tessel::train::
     tessel::train::RunOptions rank_opts = opts;
     if (world.rank() != 0) rank_opts.progress = false;
     tessel::train::Trainer trainer(cfg, rank_opts, &world);
-    return trainer.run();
+    nlohmann::json summary = trainer.run();
+    return world.rank() == 0 ? summary : nlohmann::json();
   }
   if (cfg.runtime.workers == 1) {
     tessel::train::Trainer trainer(cfg, opts);

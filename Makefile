@@ -20,7 +20,7 @@ test: build
 	cd $(BUILD_DIR) && ctest --output-on-failure -j $(JOBS) -LE slow
 
 demo: build
-	$(BUILD_DIR)/apps/tessel/tessel train examples/fashion_mlp.toml --run-dir runs/demo
+	$(BUILD_DIR)/apps/tessel/tessel train examples/fashion_mlp.toml --workers 4 --run-dir runs/demo
 
 bench: build
 	$(BUILD_DIR)/bench/train_throughput

@@ -65,7 +65,15 @@ nlohmann::json train_job(const tessel::train::Config& cfg, const tessel::train::
 
 void print_summary(const nlohmann::json& s) {
   std::printf("\n== summary (%s/summary.json) ==\n", s["run_dir"].get<std::string>().c_str());
-  for (auto& [key, value] : s.items()) std::printf("  %-20s %s\n", key.c_str(), value.dump().c_str());
+  for (auto& [key, value] : s.items()) {
+    if (key == "ranks") {  // per-rank detail stays in the file; show the load balance here
+      std::printf("  %-20s load balance (max/mean step time) %.3f, slowest rank %d\n", "ranks",
+                  value["load_balance_max_over_mean"].get<double>(),
+                  value["slowest_rank"].get<int>());
+      continue;
+    }
+    std::printf("  %-20s %s\n", key.c_str(), value.dump().c_str());
+  }
 }
 
 }  // namespace

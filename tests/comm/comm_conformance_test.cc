@@ -135,7 +135,11 @@ std::string param_name(const ::testing::TestParamInfo<Case>& info) {
   return s;
 }
 
+#ifdef TESSEL_FULL_SWEEP
+INSTANTIATE_TEST_SUITE_P(ThreadsFull, Conformance, ::testing::ValuesIn(cases()), param_name);
+#else
 INSTANTIATE_TEST_SUITE_P(Threads, Conformance, ::testing::ValuesIn(cases()), param_name);
+#endif
 
 }  // namespace
 }  // namespace tessel::comm::testing

@@ -4,11 +4,13 @@
 #include <csignal>
 #include <cstdio>
 #include <iostream>
+#include <sstream>
 #include <string>
 #include <vector>
 
 #include <CLI/CLI.hpp>
 
+#include "tessel/comm/bench.h"
 #include "tessel/comm/mpi.h"
 #include "tessel/comm/threads.h"
 #include "tessel/core/error.h"
@@ -112,6 +114,22 @@ int main(int argc, char** argv) {
   config->add_option("config", config_path, "Config file (TOML)")->required();
   config->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
 
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+  CLI::App* bench_comm = bench->add_subcommand(
+      "comm", "Time collectives per algorithm and size (works under mpirun with --backend mpi)");
+  tessel::comm::CommBenchOptions cb;
+  std::string cb_algorithms, cb_sizes, cb_collectives, cb_dtype = "f32";
+  bench_comm->add_option("--backend", cb.backend, "threads or mpi")->capture_default_str();
+  bench_comm->add_option("--workers", cb.workers, "threads backend: world size")->capture_default_str();
+  bench_comm->add_option("--algorithm", cb_algorithms,
+                         "comma list: ring, halving_doubling, tree, direct, native, auto");
+  bench_comm->add_option("--sizes", cb_sizes, "sizes or ranges, e.g. 4KiB..64MiB or 4KiB,1MiB");
+  bench_comm->add_option("--collective", cb_collectives, "allreduce, reduce_scatter, allgather");
+  bench_comm->add_option("--dtype", cb_dtype, "f32, f64, f16, bf16, i32, i64")->capture_default_str();
+  bench_comm->add_option("--repeats", cb.repeats, "timed repeats per point (0: by size)");
+  bench_comm->add_option("--json", cb.json_path, "also write the results as JSON");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -146,6 +164,17 @@ int main(int argc, char** argv) {
                             {"samples", r.samples}, {"params_sha256", trainer.model().params_sha256()}};
       std::printf("%s\n", out.dump(2).c_str());
       return 0;
+    }
+    if (*bench_comm) {
+      if (!cb_algorithms.empty()) cb.algorithms = tessel::comm::parse_algorithms(cb_algorithms);
+      if (!cb_sizes.empty()) cb.sizes = tessel::comm::parse_size_list(cb_sizes);
+      if (!cb_collectives.empty()) {
+        cb.collectives.clear();
+        std::stringstream ss(cb_collectives);
+        for (std::string item; std::getline(ss, item, ',');) cb.collectives.push_back(item);
+      }
+      cb.elem = tessel::comm::elem_type_from_name(cb_dtype);
+      return tessel::comm::run_comm_bench(cb);
     }
     if (*config) {
       std::printf("%s", tessel::train::to_toml(tessel::train::load_config(config_path, overrides)).c_str());

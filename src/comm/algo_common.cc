@@ -45,8 +45,7 @@ void Pending::wait_all(Deadline d) {
   reqs_.clear();
 }
 
-RequestPtr post_send(const CollContext& ctx, int peer, const void* data, size_t count,
-                     ElemType e) {
+RequestPtr post_send(const CollContext& ctx, int peer, const void* data, size_t count, ElemType e) {
   return ctx.transport->isend(peer, ctx.tag, data, count * elem_size(e), ctx.stamp);
 }
 
@@ -64,8 +63,7 @@ size_t segment_elems(const CollContext& ctx, ElemType e) {
 }
 
 void exchange(const CollContext& ctx, int send_peer, const void* send, size_t send_count,
-              int recv_peer, void* recv, size_t recv_count, ElemType e, bool reduce,
-              ReduceOp op) {
+              int recv_peer, void* recv, size_t recv_count, ElemType e, bool reduce, ReduceOp op) {
   const size_t seg = segment_elems(ctx, e);
   // An empty message still goes out: it carries the stamp that detects mismatched calls.
   const size_t ns = send_peer < 0 ? 0 : std::max<size_t>(1, (send_count + seg - 1) / seg);
@@ -73,7 +71,9 @@ void exchange(const CollContext& ctx, int send_peer, const void* send, size_t se
   const size_t window = static_cast<size_t>(std::max(1, ctx.in_flight));
   std::deque<RequestPtr> sends, recvs;
   size_t posted_s = 0, posted_r = 0, done_r = 0;
-  auto seg_len = [&](size_t i, size_t total) { return std::min(seg, total - std::min(total, i * seg)); };
+  auto seg_len = [&](size_t i, size_t total) {
+    return std::min(seg, total - std::min(total, i * seg));
+  };
   while (done_r < nr || posted_s < ns || !sends.empty()) {
     // Receives first, so that a matching send finds its buffer already posted.
     while (posted_r < nr && recvs.size() < window) {
@@ -84,8 +84,8 @@ void exchange(const CollContext& ctx, int send_peer, const void* send, size_t se
       ++posted_r;
     }
     while (posted_s < ns && sends.size() < window) {
-      sends.push_back(post_send(ctx, send_peer, at(send, posted_s * seg, e),
-                                seg_len(posted_s, send_count), e));
+      sends.push_back(
+          post_send(ctx, send_peer, at(send, posted_s * seg, e), seg_len(posted_s, send_count), e));
       ++posted_s;
     }
     if (!recvs.empty()) {

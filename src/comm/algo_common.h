@@ -47,8 +47,7 @@ class Pending {
   std::vector<RequestPtr> reqs_;
 };
 
-RequestPtr post_send(const CollContext& ctx, int peer, const void* data, size_t count,
-                     ElemType e);
+RequestPtr post_send(const CollContext& ctx, int peer, const void* data, size_t count, ElemType e);
 RequestPtr post_recv(const CollContext& ctx, int peer, void* data, size_t count, ElemType e);
 RequestPtr post_recv_reduce(const CollContext& ctx, int peer, void* acc, size_t count, ElemType e,
                             ReduceOp op);
@@ -59,8 +58,7 @@ RequestPtr post_recv_reduce(const CollContext& ctx, int peer, void* acc, size_t 
 // transport the copy or reduction of one segment overlaps the transfer of the next. A peer of
 // -1 skips that direction. Both sides derive the same segments from the same counts.
 void exchange(const CollContext& ctx, int send_peer, const void* send, size_t send_count,
-              int recv_peer, void* recv, size_t recv_count, ElemType e, bool reduce,
-              ReduceOp op);
+              int recv_peer, void* recv, size_t recv_count, ElemType e, bool reduce, ReduceOp op);
 
 // Receives buf from `from` (-1: this rank has it) in segments and forwards each segment to
 // every rank in `to` as soon as it is in: the pipelined step of chain and tree broadcasts.

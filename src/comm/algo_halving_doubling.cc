@@ -14,6 +14,9 @@
 namespace tessel::comm {
 namespace {
 
+// Up to this size an allreduce swaps whole buffers (see whole_doubling).
+constexpr size_t kWholeDoublingMaxBytes = 32 << 10;
+
 struct Fold {
   int n, p, rem;
   explicit Fold(int size) : n(size), p(1) {
@@ -36,8 +39,8 @@ Range range_of(const Fold& f, const Blocks& b, int vlo, int vhi) {
 }
 
 // Halving rounds: on return the active rank v holds the reduction of range_of(v, v + 1).
-void halving(const CollContext& ctx, void* buf, const Fold& f, const Blocks& b, int v,
-             ElemType e, ReduceOp op) {
+void halving(const CollContext& ctx, void* buf, const Fold& f, const Blocks& b, int v, ElemType e,
+             ReduceOp op) {
   int vlo = 0, vhi = f.p;
   for (int mask = f.p / 2; mask >= 1; mask /= 2) {
     int mid = vlo + mask, partner = f.real(v ^ mask);
@@ -45,8 +48,10 @@ void halving(const CollContext& ctx, void* buf, const Fold& f, const Blocks& b, 
     Range give = v < mid ? range_of(f, b, mid, vhi) : range_of(f, b, vlo, mid);
     exchange(ctx, partner, at(buf, give.begin, e), give.count, partner, at(buf, keep.begin, e),
              keep.count, e, true, op);
-    if (v < mid) vhi = mid;
-    else vlo = mid;
+    if (v < mid)
+      vhi = mid;
+    else
+      vlo = mid;
   }
 }
 
@@ -62,6 +67,20 @@ void doubling(const CollContext& ctx, void* buf, const Fold& f, const Blocks& b,
   }
 }
 
+// Short messages: plain recursive doubling, log2 p rounds in which partners swap the whole
+// buffer and both reduce. Half the rounds of halving + doubling, at p/2 times the volume, which
+// is the better trade while latency dominates. a op b equals b op a bit for bit, so every rank
+// still ends with the same bits.
+void whole_doubling(const CollContext& ctx, void* buf, size_t count, const Fold& f, int v,
+                    ElemType e, ReduceOp op) {
+  void* mine = ctx.scratch->get(2, count * elem_size(e));
+  for (int mask = 1; mask < f.p; mask <<= 1) {
+    int partner = f.real(v ^ mask);
+    copy_elems(mine, buf, count, e);  // the partner reads this copy while buf takes its data
+    exchange(ctx, partner, mine, count, partner, buf, count, e, true, op);
+  }
+}
+
 }  // namespace
 
 void allreduce_halving_doubling(const CollContext& ctx, void* buf, size_t count, ElemType e,
@@ -73,23 +92,28 @@ void allreduce_halving_doubling(const CollContext& ctx, void* buf, size_t count,
   const int v = f.vrank(r);
   // Fold: the even rank of a pair hands everything to its odd partner.
   if (r < 2 * f.rem) {
-    if (v < 0) exchange(ctx, r + 1, buf, count, -1, nullptr, 0, e, false, op);
-    else exchange(ctx, -1, nullptr, 0, r - 1, buf, count, e, true, op);
+    if (v < 0)
+      exchange(ctx, r + 1, buf, count, -1, nullptr, 0, e, false, op);
+    else
+      exchange(ctx, -1, nullptr, 0, r - 1, buf, count, e, true, op);
   }
-  if (v >= 0) {
+  if (v >= 0 && count * elem_size(e) <= kWholeDoublingMaxBytes) {
+    whole_doubling(ctx, buf, count, f, v, e, op);
+  } else if (v >= 0) {
     halving(ctx, buf, f, b, v, e, op);
     doubling(ctx, buf, f, b, v, e);
   }
   // Unfold: the odd rank hands the result back.
   if (r < 2 * f.rem) {
-    if (v < 0) exchange(ctx, -1, nullptr, 0, r + 1, buf, count, e, false, op);
-    else exchange(ctx, r - 1, buf, count, -1, nullptr, 0, e, false, op);
+    if (v < 0)
+      exchange(ctx, -1, nullptr, 0, r + 1, buf, count, e, false, op);
+    else
+      exchange(ctx, r - 1, buf, count, -1, nullptr, 0, e, false, op);
   }
 }
 
 void reduce_scatter_halving_doubling(const CollContext& ctx, const void* in, void* out,
-                                     const std::vector<size_t>& counts, ElemType e,
-                                     ReduceOp op) {
+                                     const std::vector<size_t>& counts, ElemType e, ReduceOp op) {
   const int n = ctx.transport->size(), r = ctx.transport->rank();
   Fold f(n);
   Blocks b(counts);
@@ -97,8 +121,10 @@ void reduce_scatter_halving_doubling(const CollContext& ctx, const void* in, voi
   void* work = ctx.scratch->get(0, b.total() * elem_size(e));
   copy_elems(work, in, b.total(), e);
   if (r < 2 * f.rem) {
-    if (v < 0) exchange(ctx, r + 1, work, b.total(), -1, nullptr, 0, e, false, op);
-    else exchange(ctx, -1, nullptr, 0, r - 1, work, b.total(), e, true, op);
+    if (v < 0)
+      exchange(ctx, r + 1, work, b.total(), -1, nullptr, 0, e, false, op);
+    else
+      exchange(ctx, -1, nullptr, 0, r - 1, work, b.total(), e, true, op);
   }
   if (v >= 0) halving(ctx, work, f, b, v, e, op);
   // The odd rank of a pair holds both blocks of the pair: hand the even one its block.
@@ -107,8 +133,7 @@ void reduce_scatter_halving_doubling(const CollContext& ctx, const void* in, voi
       exchange(ctx, -1, nullptr, 0, r + 1, out, b.count(r), e, false, op);
       return;
     }
-    exchange(ctx, r - 1, at(work, b.begin(r - 1), e), b.count(r - 1), -1, nullptr, 0, e, false,
-             op);
+    exchange(ctx, r - 1, at(work, b.begin(r - 1), e), b.count(r - 1), -1, nullptr, 0, e, false, op);
   }
   copy_elems(out, at(work, b.begin(r), e), b.count(r), e);
 }
@@ -123,15 +148,19 @@ void allgather_halving_doubling(const CollContext& ctx, const void* in, void* ou
   if (n == 1) return;
   // Fold: the even rank of a pair hands its own block to its odd partner.
   if (r < 2 * f.rem) {
-    if (v < 0) exchange(ctx, r + 1, at(out, b.begin(r), e), b.count(r), -1, nullptr, 0, e, false,
-                        ReduceOp::kSum);
-    else exchange(ctx, -1, nullptr, 0, r - 1, at(out, b.begin(r - 1), e), b.count(r - 1), e,
-                  false, ReduceOp::kSum);
+    if (v < 0)
+      exchange(ctx, r + 1, at(out, b.begin(r), e), b.count(r), -1, nullptr, 0, e, false,
+               ReduceOp::kSum);
+    else
+      exchange(ctx, -1, nullptr, 0, r - 1, at(out, b.begin(r - 1), e), b.count(r - 1), e, false,
+               ReduceOp::kSum);
   }
   if (v >= 0) doubling(ctx, out, f, b, v, e);
   if (r < 2 * f.rem) {
-    if (v < 0) exchange(ctx, -1, nullptr, 0, r + 1, out, b.total(), e, false, ReduceOp::kSum);
-    else exchange(ctx, r - 1, out, b.total(), -1, nullptr, 0, e, false, ReduceOp::kSum);
+    if (v < 0)
+      exchange(ctx, -1, nullptr, 0, r + 1, out, b.total(), e, false, ReduceOp::kSum);
+    else
+      exchange(ctx, r - 1, out, b.total(), -1, nullptr, 0, e, false, ReduceOp::kSum);
   }
 }
 

@@ -12,8 +12,8 @@ int real_rank(int vr, int root, int n) { return (vr + root) % n; }
 
 // Binomial reduce to root. With keep_input, ranks other than the root leave buf unchanged
 // (inner nodes accumulate in scratch).
-void tree_reduce(const CollContext& ctx, void* buf, size_t count, ElemType e, ReduceOp op,
-                 int root, bool keep_input) {
+void tree_reduce(const CollContext& ctx, void* buf, size_t count, ElemType e, ReduceOp op, int root,
+                 bool keep_input) {
   const int n = ctx.transport->size(), r = ctx.transport->rank();
   const int vr = (r - root + n) % n;
   void* acc = buf;

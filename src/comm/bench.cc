@@ -62,14 +62,17 @@ int default_repeats(size_t bytes) {
 }
 
 // Runs one call of `coll` with `a`; `in`/`out` hold `bytes` (see bench.h for the convention).
-void call(Communicator& c, const std::string& coll, Algorithm a, char* in, char* out,
-          size_t count, ElemType e) {
+void call(Communicator& c, const std::string& coll, Algorithm a, char* in, char* out, size_t count,
+          ElemType e) {
   CallOptions o;
   o.algorithm = a;
   const size_t per_rank = count / static_cast<size_t>(c.size());
-  if (coll == "allreduce") c.allreduce(in, count, e, ReduceOp::kSum, o);
-  else if (coll == "reduce_scatter") c.reduce_scatter(in, out, per_rank, e, ReduceOp::kSum, o);
-  else c.allgather(in + c.rank() * per_rank * elem_size(e), out, per_rank, e, o);
+  if (coll == "allreduce")
+    c.allreduce(in, count, e, ReduceOp::kSum, o);
+  else if (coll == "reduce_scatter")
+    c.reduce_scatter(in, out, per_rank, e, ReduceOp::kSum, o);
+  else
+    c.allgather(in + c.rank() * per_rank * elem_size(e), out, per_rank, e, o);
 }
 
 // Fills inputs with small integers, runs once and checks every element exactly.
@@ -78,12 +81,18 @@ bool verify(Communicator& c, const std::string& coll, Algorithm a, char* in, cha
   const int n = c.size(), r = c.rank();
   auto value = [](int rank, size_t i) { return static_cast<int>((i * 7 + rank * 3) % 11) - 5; };
   auto put = [&](char* p, size_t i, int v) {
-    if (e == ElemType::kF32) reinterpret_cast<float*>(p)[i] = static_cast<float>(v);
-    else if (e == ElemType::kF64) reinterpret_cast<double*>(p)[i] = v;
-    else if (e == ElemType::kI32) reinterpret_cast<int32_t*>(p)[i] = v;
-    else if (e == ElemType::kI64) reinterpret_cast<int64_t*>(p)[i] = v;
-    else if (e == ElemType::kBF16) reinterpret_cast<uint16_t*>(p)[i] = f32_to_bf16(static_cast<float>(v));
-    else reinterpret_cast<uint16_t*>(p)[i] = f32_to_f16(static_cast<float>(v));
+    if (e == ElemType::kF32)
+      reinterpret_cast<float*>(p)[i] = static_cast<float>(v);
+    else if (e == ElemType::kF64)
+      reinterpret_cast<double*>(p)[i] = v;
+    else if (e == ElemType::kI32)
+      reinterpret_cast<int32_t*>(p)[i] = v;
+    else if (e == ElemType::kI64)
+      reinterpret_cast<int64_t*>(p)[i] = v;
+    else if (e == ElemType::kBF16)
+      reinterpret_cast<uint16_t*>(p)[i] = f32_to_bf16(static_cast<float>(v));
+    else
+      reinterpret_cast<uint16_t*>(p)[i] = f32_to_f16(static_cast<float>(v));
   };
   auto get = [&](const char* p, size_t i) -> double {
     if (e == ElemType::kF32) return reinterpret_cast<const float*>(p)[i];
@@ -108,7 +117,8 @@ bool verify(Communicator& c, const std::string& coll, Algorithm a, char* in, cha
     for (size_t k = 0; k < per_rank && ok; ++k) ok = get(out, k) == sum(r * per_rank + k);
   } else {
     // allgather: rank j's block is its own input at the same offsets.
-    for (size_t i = 0; i < per_rank * n && ok; ++i) ok = get(out, i) == value(static_cast<int>(i / per_rank), i);
+    for (size_t i = 0; i < per_rank * n && ok; ++i)
+      ok = get(out, i) == value(static_cast<int>(i / per_rank), i);
   }
   return ok;
 }
@@ -169,14 +179,14 @@ void print(const CommBenchOptions& o, int n, double memcpy_bw, const std::vector
               elem_name(o.elem), std::max(1u, std::thread::hardware_concurrency()),
               o.backend == "mpi" ? ", " : "", o.backend == "mpi" ? mpi_thread_level() : "");
   std::printf("memcpy (1 thread, same run): %.2f GB/s\n", memcpy_bw / 1e9);
-  std::printf("%-15s %-17s %10s %12s %11s %11s %9s %s\n", "collective", "algorithm", "size",
+  std::printf("%-15s %-22s %10s %12s %11s %11s %9s %s\n", "collective", "algorithm", "size",
               "median_us", "algbw_GB/s", "busbw_GB/s", "%memcpy", "check");
   for (const Point& p : pts) {
     double algbw = p.bytes / p.median_s / 1e9, busbw = algbw * p.factor;
     std::string name = algorithm_name(p.algorithm);
     if (p.algorithm == Algorithm::kAuto) name += str("->", algorithm_name(p.resolved));
-    std::printf("%-15s %-17s %10s %12.1f %11.3f %11.3f %8.1f%% %s\n", p.coll.c_str(),
-                name.c_str(), format_bytes(p.bytes).c_str(), p.median_s * 1e6, algbw, busbw,
+    std::printf("%-15s %-22s %10s %12.1f %11.3f %11.3f %8.1f%% %s\n", p.coll.c_str(), name.c_str(),
+                format_bytes(p.bytes).c_str(), p.median_s * 1e6, algbw, busbw,
                 100.0 * busbw * 1e9 / memcpy_bw, p.ok ? "ok" : "FAILED");
   }
   std::fflush(stdout);
@@ -205,8 +215,8 @@ void write_json(const CommBenchOptions& o, int n, double memcpy_bw, const std::v
 
 int run_comm_bench(const CommBenchOptions& o) {
   if (o.backend != "threads" && o.backend != "mpi")
-    throw InvalidArgument(str("bench comm: unknown backend, got '", o.backend,
-                              "'; use threads or mpi"));
+    throw InvalidArgument(
+        str("bench comm: unknown backend, got '", o.backend, "'; use threads or mpi"));
   if (o.sizes.empty() || o.collectives.empty())
     throw InvalidArgument("bench comm: no sizes or no collectives given; e.g. --sizes 4KiB..64MiB");
   for (const std::string& coll : o.collectives) op_of(coll);
@@ -229,10 +239,13 @@ int run_comm_bench(const CommBenchOptions& o) {
       throw InvalidArgument(str("bench comm: --workers must be >= 1, got ", o.workers));
     memcpy_bw = memcpy_bandwidth(memcpy_bytes);
     n = o.workers;
-    run_threads(o.workers, [&](Communicator& c) {
-      auto p = bench_rank(c, o, algos);
-      if (c.rank() == 0) points = std::move(p);
-    }, copt);
+    run_threads(
+        o.workers,
+        [&](Communicator& c) {
+          auto p = bench_rank(c, o, algos);
+          if (c.rank() == 0) points = std::move(p);
+        },
+        copt);
     memcpy_bw = std::max(memcpy_bw, memcpy_bandwidth(memcpy_bytes));  // before and after
   } else {
     Communicator c = mpi_world(copt);
@@ -244,7 +257,8 @@ int run_comm_bench(const CommBenchOptions& o) {
     c.barrier();
     if (c.rank() == 0) memcpy_bw = std::max(memcpy_bw, memcpy_bandwidth(memcpy_bytes));
     c.barrier();
-    if (c.rank() != 0) return std::all_of(points.begin(), points.end(), [](const Point& p) { return p.ok; }) ? 0 : 1;
+    if (c.rank() != 0)
+      return std::all_of(points.begin(), points.end(), [](const Point& p) { return p.ok; }) ? 0 : 1;
   }
   print(o, n, memcpy_bw, points);
   if (!o.json_path.empty()) write_json(o, n, memcpy_bw, points);

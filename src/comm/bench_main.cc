@@ -20,10 +20,14 @@ int main(int argc, char** argv) {
           throw tessel::InvalidArgument(tessel::str("tessel_comm_bench: ", arg, " needs a value"));
         return argv[++i];
       };
-      if (arg == "--backend") o.backend = value();
-      else if (arg == "--workers") o.workers = std::stoi(value());
-      else if (arg == "--algorithm") o.algorithms = parse_algorithms(value());
-      else if (arg == "--sizes") o.sizes = parse_size_list(value());
+      if (arg == "--backend")
+        o.backend = value();
+      else if (arg == "--workers")
+        o.workers = std::stoi(value());
+      else if (arg == "--algorithm")
+        o.algorithms = parse_algorithms(value());
+      else if (arg == "--sizes")
+        o.sizes = parse_size_list(value());
       else if (arg == "--collective") {
         o.collectives.clear();
         std::string list = value(), item;
@@ -34,11 +38,16 @@ int main(int argc, char** argv) {
           } else {
             item += ch;
           }
-      } else if (arg == "--dtype") o.elem = elem_type_from_name(value());
-      else if (arg == "--repeats") o.repeats = std::stoi(value());
-      else if (arg == "--segment") o.segment_bytes = parse_bytes(value());
-      else if (arg == "--in-flight") o.in_flight = std::stoi(value());
-      else if (arg == "--json") o.json_path = value();
+      } else if (arg == "--dtype")
+        o.elem = elem_type_from_name(value());
+      else if (arg == "--repeats")
+        o.repeats = std::stoi(value());
+      else if (arg == "--segment")
+        o.segment_bytes = parse_bytes(value());
+      else if (arg == "--in-flight")
+        o.in_flight = std::stoi(value());
+      else if (arg == "--json")
+        o.json_path = value();
       else
         throw tessel::InvalidArgument(tessel::str("tessel_comm_bench: unknown option ", arg,
                                                   "; see the comment at the top of bench_main.cc"));

@@ -32,7 +32,7 @@ struct WorkState {
   std::function<void()> task;  // a collective, run by the progress thread
   RequestPtr request;          // or a point-to-point transfer, polled by its waiter
   bool p2p = false;
-  std::string what;            // for messages: "allreduce #4 (..) on rank 1"
+  std::string what;  // for messages: "allreduce #4 (..) on rank 1"
 
   // Drives a point-to-point request to completion; returns true when done (error included).
   bool poll() noexcept;

@@ -32,7 +32,8 @@ using Body = std::function<void(const CollContext&, Algorithm)>;
 bool supports(OpKind op, Algorithm a) {
   using A = Algorithm;
   switch (op) {
-    case OpKind::kAllreduce: return a != A::kAuto;
+    case OpKind::kAllreduce:
+      return a != A::kAuto;
     case OpKind::kReduceScatter:
     case OpKind::kAllgather:
       return a == A::kRing || a == A::kHalvingDoubling || a == A::kDirect || a == A::kNative;
@@ -40,9 +41,12 @@ bool supports(OpKind op, Algorithm a) {
     case OpKind::kReduce:
       return a == A::kTree || a == A::kRing || a == A::kDirect || a == A::kNative;
     case OpKind::kGather:
-    case OpKind::kAllToAll: return a == A::kDirect || a == A::kNative;
-    case OpKind::kBarrier: return a == A::kHalvingDoubling || a == A::kNative;
-    default: return false;
+    case OpKind::kAllToAll:
+      return a == A::kDirect || a == A::kNative;
+    case OpKind::kBarrier:
+      return a == A::kHalvingDoubling || a == A::kNative;
+    default:
+      return false;
   }
 }
 
@@ -67,15 +71,16 @@ Algorithm auto_pick(const CommState& s, OpKind op, size_t bytes) {
   const size_t ring_min = is_pow2(n) ? t.ring_min_bytes : t.ring_min_bytes / 4;
   switch (op) {
     case OpKind::kAllreduce:
-      if (bytes <= t.tree_max_bytes) return Algorithm::kTree;
-      return bytes >= ring_min ? Algorithm::kRing : Algorithm::kHalvingDoubling;
     case OpKind::kReduceScatter:
     case OpKind::kAllgather:
       return bytes >= ring_min ? Algorithm::kRing : Algorithm::kHalvingDoubling;
     case OpKind::kBroadcast:
-    case OpKind::kReduce: return bytes >= ring_min ? Algorithm::kRing : Algorithm::kTree;
-    case OpKind::kBarrier: return Algorithm::kHalvingDoubling;
-    default: return Algorithm::kDirect;
+    case OpKind::kReduce:
+      return bytes >= ring_min ? Algorithm::kRing : Algorithm::kTree;
+    case OpKind::kBarrier:
+      return Algorithm::kHalvingDoubling;
+    default:
+      return Algorithm::kDirect;
   }
 }
 
@@ -104,7 +109,9 @@ CollContext prepare(CommState& s, const Call& c, Algorithm* algorithm) {
   ctx.transport = s.transport.get();
   ctx.stamp = Stamp{c.op, c.elem, c.reduce, *algorithm, c.root, s.seq++, c.count};
   ctx.tag = kCollectiveTag;
-  ctx.segment_bytes = std::max<size_t>(s.options.segment_bytes, 64);
+  size_t segment =
+      s.options.segment_bytes ? s.options.segment_bytes : s.transport->default_segment_bytes();
+  ctx.segment_bytes = std::max<size_t>(segment, 64);
   ctx.in_flight = std::max(1, s.options.in_flight);
   ctx.scratch = &s.scratch;
   return ctx;
@@ -124,8 +131,8 @@ void execute(CommState& s, CollContext ctx, Algorithm a, double timeout_s, const
     s.transport->abort(e.what());
     throw;
   } catch (const std::exception& e) {
-    s.transport->abort(str("comm: ", describe(ctx.stamp), " failed on rank ",
-                           s.transport->rank(), ": ", e.what()));
+    s.transport->abort(str("comm: ", describe(ctx.stamp), " failed on rank ", s.transport->rank(),
+                           ": ", e.what()));
     throw;
   }
 }
@@ -220,14 +227,23 @@ namespace {
 Body allreduce_body(void* buf, size_t count, ElemType elem, ReduceOp op) {
   return [=](const CollContext& ctx, Algorithm a) {
     switch (a) {
-      case Algorithm::kRing: allreduce_ring(ctx, buf, count, elem, op); break;
-      case Algorithm::kHalvingDoubling: allreduce_halving_doubling(ctx, buf, count, elem, op); break;
-      case Algorithm::kTree: allreduce_tree(ctx, buf, count, elem, op); break;
-      case Algorithm::kDirect: allreduce_direct(ctx, buf, count, elem, op); break;
+      case Algorithm::kRing:
+        allreduce_ring(ctx, buf, count, elem, op);
+        break;
+      case Algorithm::kHalvingDoubling:
+        allreduce_halving_doubling(ctx, buf, count, elem, op);
+        break;
+      case Algorithm::kTree:
+        allreduce_tree(ctx, buf, count, elem, op);
+        break;
+      case Algorithm::kDirect:
+        allreduce_direct(ctx, buf, count, elem, op);
+        break;
       case Algorithm::kNative:
         native_of(ctx).allreduce(buf, count, elem, op, ctx.stamp, ctx.deadline);
         break;
-      case Algorithm::kAuto: TESSEL_CHECK(false, "unresolved algorithm");
+      case Algorithm::kAuto:
+        TESSEL_CHECK(false, "unresolved algorithm");
     }
     if (op == ReduceOp::kAvg) divide_by(buf, count, elem, ctx.transport->size());
   };
@@ -259,15 +275,20 @@ Body reduce_scatter_body(const void* in, void* out, std::vector<size_t> counts, 
                          ReduceOp op) {
   return [=](const CollContext& ctx, Algorithm a) {
     switch (a) {
-      case Algorithm::kRing: reduce_scatter_ring(ctx, in, out, counts, elem, op); break;
+      case Algorithm::kRing:
+        reduce_scatter_ring(ctx, in, out, counts, elem, op);
+        break;
       case Algorithm::kHalvingDoubling:
         reduce_scatter_halving_doubling(ctx, in, out, counts, elem, op);
         break;
-      case Algorithm::kDirect: reduce_scatter_direct(ctx, in, out, counts, elem, op); break;
+      case Algorithm::kDirect:
+        reduce_scatter_direct(ctx, in, out, counts, elem, op);
+        break;
       case Algorithm::kNative:
         native_of(ctx).reduce_scatter(in, out, counts, elem, op, ctx.stamp, ctx.deadline);
         break;
-      default: TESSEL_CHECK(false, "unsupported algorithm");
+      default:
+        TESSEL_CHECK(false, "unsupported algorithm");
     }
     if (op == ReduceOp::kAvg)
       divide_by(out, counts[ctx.transport->rank()], elem, ctx.transport->size());
@@ -310,13 +331,20 @@ namespace {
 Body allgather_body(const void* in, void* out, std::vector<size_t> counts, ElemType elem) {
   return [=](const CollContext& ctx, Algorithm a) {
     switch (a) {
-      case Algorithm::kRing: allgather_ring(ctx, in, out, counts, elem); break;
-      case Algorithm::kHalvingDoubling: allgather_halving_doubling(ctx, in, out, counts, elem); break;
-      case Algorithm::kDirect: allgather_direct(ctx, in, out, counts, elem); break;
+      case Algorithm::kRing:
+        allgather_ring(ctx, in, out, counts, elem);
+        break;
+      case Algorithm::kHalvingDoubling:
+        allgather_halving_doubling(ctx, in, out, counts, elem);
+        break;
+      case Algorithm::kDirect:
+        allgather_direct(ctx, in, out, counts, elem);
+        break;
       case Algorithm::kNative:
         native_of(ctx).allgather(in, out, counts, elem, ctx.stamp, ctx.deadline);
         break;
-      default: TESSEL_CHECK(false, "unsupported algorithm");
+      default:
+        TESSEL_CHECK(false, "unsupported algorithm");
     }
   };
 }
@@ -354,13 +382,20 @@ namespace {
 Body broadcast_body(void* buf, size_t count, ElemType elem, int root) {
   return [=](const CollContext& ctx, Algorithm a) {
     switch (a) {
-      case Algorithm::kTree: broadcast_tree(ctx, buf, count, elem, root); break;
-      case Algorithm::kRing: broadcast_ring(ctx, buf, count, elem, root); break;
-      case Algorithm::kDirect: broadcast_direct(ctx, buf, count, elem, root); break;
+      case Algorithm::kTree:
+        broadcast_tree(ctx, buf, count, elem, root);
+        break;
+      case Algorithm::kRing:
+        broadcast_ring(ctx, buf, count, elem, root);
+        break;
+      case Algorithm::kDirect:
+        broadcast_direct(ctx, buf, count, elem, root);
+        break;
       case Algorithm::kNative:
         native_of(ctx).broadcast(buf, count, elem, root, ctx.stamp, ctx.deadline);
         break;
-      default: TESSEL_CHECK(false, "unsupported algorithm");
+      default:
+        TESSEL_CHECK(false, "unsupported algorithm");
     }
   };
 }
@@ -368,13 +403,20 @@ Body broadcast_body(void* buf, size_t count, ElemType elem, int root) {
 Body reduce_body(void* buf, size_t count, ElemType elem, ReduceOp op, int root) {
   return [=](const CollContext& ctx, Algorithm a) {
     switch (a) {
-      case Algorithm::kTree: reduce_tree(ctx, buf, count, elem, op, root); break;
-      case Algorithm::kRing: reduce_ring(ctx, buf, count, elem, op, root); break;
-      case Algorithm::kDirect: reduce_direct(ctx, buf, count, elem, op, root); break;
+      case Algorithm::kTree:
+        reduce_tree(ctx, buf, count, elem, op, root);
+        break;
+      case Algorithm::kRing:
+        reduce_ring(ctx, buf, count, elem, op, root);
+        break;
+      case Algorithm::kDirect:
+        reduce_direct(ctx, buf, count, elem, op, root);
+        break;
       case Algorithm::kNative:
         native_of(ctx).reduce(buf, count, elem, op, root, ctx.stamp, ctx.deadline);
         break;
-      default: TESSEL_CHECK(false, "unsupported algorithm");
+      default:
+        TESSEL_CHECK(false, "unsupported algorithm");
     }
     if (op == ReduceOp::kAvg && ctx.transport->rank() == root)
       divide_by(buf, count, elem, ctx.transport->size());
@@ -386,18 +428,20 @@ void Communicator::broadcast(void* buf, size_t count, ElemType elem, int root,
                              const CallOptions& call) {
   check_buffer(buf, count, "broadcast buffer");
   check_root(*s_, root);
-  run_blocking(*s_, Call{OpKind::kBroadcast, elem, ReduceOp::kSum, root, count,
-                         count * elem_size(elem), call},
-               broadcast_body(buf, count, elem, root));
+  run_blocking(
+      *s_,
+      Call{OpKind::kBroadcast, elem, ReduceOp::kSum, root, count, count * elem_size(elem), call},
+      broadcast_body(buf, count, elem, root));
 }
 
 Work Communicator::broadcast_async(void* buf, size_t count, ElemType elem, int root,
                                    const CallOptions& call) {
   check_buffer(buf, count, "broadcast buffer");
   check_root(*s_, root);
-  return run_async(*s_, Call{OpKind::kBroadcast, elem, ReduceOp::kSum, root, count,
-                             count * elem_size(elem), call},
-                   broadcast_body(buf, count, elem, root));
+  return run_async(
+      *s_,
+      Call{OpKind::kBroadcast, elem, ReduceOp::kSum, root, count, count * elem_size(elem), call},
+      broadcast_body(buf, count, elem, root));
 }
 
 void Communicator::reduce(void* buf, size_t count, ElemType elem, ReduceOp op, int root,
@@ -414,8 +458,7 @@ Work Communicator::reduce_async(void* buf, size_t count, ElemType elem, ReduceOp
   check_buffer(buf, count, "reduce buffer");
   check_root(*s_, root);
   check_reducible(elem, op);
-  return run_async(*s_,
-                   Call{OpKind::kReduce, elem, op, root, count, count * elem_size(elem), call},
+  return run_async(*s_, Call{OpKind::kReduce, elem, op, root, count, count * elem_size(elem), call},
                    reduce_body(buf, count, elem, op, root));
 }
 
@@ -426,8 +469,9 @@ void Communicator::gather(const void* in, void* out, size_t count, ElemType elem
   check_root(*s_, root);
   check_buffer(in, count, "gather input");
   if (rank() == root) check_buffer(out, count * size(), "gather output");
-  run_blocking(*s_, Call{OpKind::kGather, elem, ReduceOp::kSum, root, count,
-                         count * elem_size(elem) * size(), call},
+  run_blocking(*s_,
+               Call{OpKind::kGather, elem, ReduceOp::kSum, root, count,
+                    count * elem_size(elem) * size(), call},
                [=](const CollContext& ctx, Algorithm a) {
                  if (a == Algorithm::kNative)
                    native_of(ctx).gather(in, out, count, elem, root, ctx.stamp, ctx.deadline);
@@ -442,8 +486,9 @@ void Communicator::all_to_all(const void* in, void* out, size_t count, ElemType 
   check_buffer(out, count * size(), "all_to_all output");
   if (in == out && count > 0 && size() > 1)
     throw InvalidArgument("comm: all_to_all input and output are the same buffer; pass two");
-  run_blocking(*s_, Call{OpKind::kAllToAll, elem, ReduceOp::kSum, -1, count,
-                         count * elem_size(elem) * size(), call},
+  run_blocking(*s_,
+               Call{OpKind::kAllToAll, elem, ReduceOp::kSum, -1, count,
+                    count * elem_size(elem) * size(), call},
                [=](const CollContext& ctx, Algorithm a) {
                  if (a == Algorithm::kNative)
                    native_of(ctx).all_to_all(in, out, count, elem, ctx.stamp, ctx.deadline);

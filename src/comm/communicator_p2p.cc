@@ -85,8 +85,7 @@ void Communicator::allreduce(const Tensor& t, ReduceOp op, const CallOptions& ca
 
 Work Communicator::allreduce_async(const Tensor& t, ReduceOp op, const CallOptions& call) {
   check_tensor(t, "allreduce");
-  return allreduce_async(t.raw(), static_cast<size_t>(t.numel()), elem_type(t.dtype()), op,
-                         call);
+  return allreduce_async(t.raw(), static_cast<size_t>(t.numel()), elem_type(t.dtype()), op, call);
 }
 
 void Communicator::broadcast(const Tensor& t, int root, const CallOptions& call) {
@@ -98,9 +97,11 @@ void Communicator::allgather(const Tensor& in, const Tensor& out, const CallOpti
   check_tensor(in, "allgather input");
   check_tensor(out, "allgather output");
   if (in.dtype() != out.dtype() || out.numel() != in.numel() * size())
-    throw InvalidArgument(str("comm: allgather output must hold size() x input elements of the "
-                              "same dtype, got ", out.numel(), " ", dtype_name(out.dtype()),
-                              " for ", in.numel(), " ", dtype_name(in.dtype()), " x ", size()));
+    throw InvalidArgument(
+        str("comm: allgather output must hold size() x input elements of the "
+            "same dtype, got ",
+            out.numel(), " ", dtype_name(out.dtype()), " for ", in.numel(), " ",
+            dtype_name(in.dtype()), " x ", size()));
   allgather(in.raw(), out.raw(), static_cast<size_t>(in.numel()), elem_type(in.dtype()), call);
 }
 
@@ -109,10 +110,11 @@ void Communicator::reduce_scatter(const Tensor& in, const Tensor& out, ReduceOp 
   check_tensor(in, "reduce_scatter input");
   check_tensor(out, "reduce_scatter output");
   if (in.dtype() != out.dtype() || in.numel() != out.numel() * size())
-    throw InvalidArgument(str("comm: reduce_scatter input must hold size() x output elements of "
-                              "the same dtype, got ", in.numel(), " ", dtype_name(in.dtype()),
-                              " for ", out.numel(), " ", dtype_name(out.dtype()), " x ",
-                              size()));
+    throw InvalidArgument(
+        str("comm: reduce_scatter input must hold size() x output elements of "
+            "the same dtype, got ",
+            in.numel(), " ", dtype_name(in.dtype()), " for ", out.numel(), " ",
+            dtype_name(out.dtype()), " x ", size()));
   reduce_scatter(in.raw(), out.raw(), static_cast<size_t>(out.numel()), elem_type(in.dtype()), op,
                  call);
 }

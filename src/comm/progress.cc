@@ -72,7 +72,8 @@ void Progress::loop() {
     if (stop_.load(std::memory_order_acquire)) return;
     // Idle: spin a little for the next bucket, then sleep until submit() wakes us.
     Backoff backoff(policy_);
-    while (signal_.load(std::memory_order_acquire) == seen && backoff.elapsed_s() * 1e6 < policy_.spin_us)
+    while (signal_.load(std::memory_order_acquire) == seen &&
+           backoff.elapsed_s() * 1e6 < policy_.spin_us)
       backoff.pause();
     if (signal_.load(std::memory_order_acquire) != seen) continue;
     sleeping_.store(true, std::memory_order_seq_cst);

@@ -5,7 +5,7 @@
 #include <cstring>
 #include <type_traits>
 
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX__)
 #include <immintrin.h>
 #endif
 
@@ -28,9 +28,15 @@ void reduce_typed(void* acc, const void* in, size_t n, ReduceOp op) {
   const T* b = static_cast<const T*>(in);
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: combine(a, b, n, [](T x, T y) { return static_cast<T>(x + y); }); break;
-    case ReduceOp::kMax: combine(a, b, n, [](T x, T y) { return x < y ? y : x; }); break;
-    case ReduceOp::kMin: combine(a, b, n, [](T x, T y) { return y < x ? y : x; }); break;
+    case ReduceOp::kAvg:
+      combine(a, b, n, [](T x, T y) { return static_cast<T>(x + y); });
+      break;
+    case ReduceOp::kMax:
+      combine(a, b, n, [](T x, T y) { return x < y ? y : x; });
+      break;
+    case ReduceOp::kMin:
+      combine(a, b, n, [](T x, T y) { return y < x ? y : x; });
+      break;
   }
 }
 
@@ -61,8 +67,8 @@ void to_f32(const uint16_t* in, float* out, size_t n, bool bf16) {
   size_t i = 0;
 #if defined(__F16C__)
   for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(
-                                  reinterpret_cast<const __m128i*>(in + i))));
+    _mm256_storeu_ps(out + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
 #endif
   for (; i < n; ++i) out[i] = f16_to_f32(in[i]);
 }
@@ -119,6 +125,37 @@ void divide_half(void* buf, size_t n, int d, bool bf16) {
 
 }  // namespace
 
+void copy_streaming(void* dst, const void* src, size_t bytes) {
+#if defined(__AVX__)
+  char* d = static_cast<char*>(dst);
+  const char* s = static_cast<const char*>(src);
+  size_t head = (32 - reinterpret_cast<uintptr_t>(d) % 32) % 32;
+  if (bytes < head + 256) {
+    std::memcpy(d, s, bytes);
+    return;
+  }
+  std::memcpy(d, s, head);
+  d += head;
+  s += head;
+  bytes -= head;
+  size_t body = bytes / 128 * 128;
+  for (size_t i = 0; i < body; i += 128) {
+    __m256i a = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i));
+    __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 32));
+    __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 64));
+    __m256i e = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(s + i + 96));
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i), a);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i + 32), b);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i + 64), c);
+    _mm256_stream_si256(reinterpret_cast<__m256i*>(d + i + 96), e);
+  }
+  _mm_sfence();  // order the streaming stores before the completion flag is set
+  std::memcpy(d + body, s + body, bytes - body);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+
 void check_reducible(ElemType elem, ReduceOp op) {
   if (elem == ElemType::kU8 && (op == ReduceOp::kSum || op == ReduceOp::kAvg))
     throw InvalidArgument(str("comm: reduce op ", reduce_op_name(op),
@@ -129,12 +166,18 @@ void check_reducible(ElemType elem, ReduceOp op) {
 void reduce_into(void* acc, const void* in, size_t count, ElemType elem, ReduceOp op) {
   if (count == 0) return;
   switch (elem) {
-    case ElemType::kF32: return reduce_typed<float>(acc, in, count, op);
-    case ElemType::kF64: return reduce_typed<double>(acc, in, count, op);
-    case ElemType::kI32: return reduce_typed<int32_t>(acc, in, count, op);
-    case ElemType::kI64: return reduce_typed<int64_t>(acc, in, count, op);
-    case ElemType::kF16: return reduce_half(acc, in, count, op, false);
-    case ElemType::kBF16: return reduce_half(acc, in, count, op, true);
+    case ElemType::kF32:
+      return reduce_typed<float>(acc, in, count, op);
+    case ElemType::kF64:
+      return reduce_typed<double>(acc, in, count, op);
+    case ElemType::kI32:
+      return reduce_typed<int32_t>(acc, in, count, op);
+    case ElemType::kI64:
+      return reduce_typed<int64_t>(acc, in, count, op);
+    case ElemType::kF16:
+      return reduce_half(acc, in, count, op, false);
+    case ElemType::kBF16:
+      return reduce_half(acc, in, count, op, true);
     case ElemType::kU8:
       check_reducible(elem, op);
       return reduce_typed<uint8_t>(acc, in, count, op);
@@ -144,13 +187,20 @@ void reduce_into(void* acc, const void* in, size_t count, ElemType elem, ReduceO
 void divide_by(void* buf, size_t count, ElemType elem, int divisor) {
   if (count == 0 || divisor == 1) return;
   switch (elem) {
-    case ElemType::kF32: return divide_typed<float>(buf, count, divisor);
-    case ElemType::kF64: return divide_typed<double>(buf, count, divisor);
-    case ElemType::kI32: return divide_typed<int32_t>(buf, count, divisor);
-    case ElemType::kI64: return divide_typed<int64_t>(buf, count, divisor);
-    case ElemType::kF16: return divide_half(buf, count, divisor, false);
-    case ElemType::kBF16: return divide_half(buf, count, divisor, true);
-    case ElemType::kU8: check_reducible(elem, ReduceOp::kAvg);
+    case ElemType::kF32:
+      return divide_typed<float>(buf, count, divisor);
+    case ElemType::kF64:
+      return divide_typed<double>(buf, count, divisor);
+    case ElemType::kI32:
+      return divide_typed<int32_t>(buf, count, divisor);
+    case ElemType::kI64:
+      return divide_typed<int64_t>(buf, count, divisor);
+    case ElemType::kF16:
+      return divide_half(buf, count, divisor, false);
+    case ElemType::kBF16:
+      return divide_half(buf, count, divisor, true);
+    case ElemType::kU8:
+      check_reducible(elem, ReduceOp::kAvg);
   }
 }
 

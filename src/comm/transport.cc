@@ -9,17 +9,28 @@ namespace tessel::comm {
 
 const char* op_kind_name(OpKind k) {
   switch (k) {
-    case OpKind::kNone: return "none";
-    case OpKind::kAllreduce: return "allreduce";
-    case OpKind::kReduceScatter: return "reduce_scatter";
-    case OpKind::kAllgather: return "allgather";
-    case OpKind::kBroadcast: return "broadcast";
-    case OpKind::kReduce: return "reduce";
-    case OpKind::kGather: return "gather";
-    case OpKind::kAllToAll: return "all_to_all";
-    case OpKind::kBarrier: return "barrier";
-    case OpKind::kP2p: return "send/recv";
-    case OpKind::kSplit: return "split";
+    case OpKind::kNone:
+      return "none";
+    case OpKind::kAllreduce:
+      return "allreduce";
+    case OpKind::kReduceScatter:
+      return "reduce_scatter";
+    case OpKind::kAllgather:
+      return "allgather";
+    case OpKind::kBroadcast:
+      return "broadcast";
+    case OpKind::kReduce:
+      return "reduce";
+    case OpKind::kGather:
+      return "gather";
+    case OpKind::kAllToAll:
+      return "all_to_all";
+    case OpKind::kBarrier:
+      return "barrier";
+    case OpKind::kP2p:
+      return "send/recv";
+    case OpKind::kSplit:
+      return "split";
   }
   return "?";
 }
@@ -28,8 +39,8 @@ std::string describe(const Stamp& s) {
   if (s.op == OpKind::kP2p)
     return str("send/recv (tag ", s.seq, ", ", s.count, " x ", elem_name(s.elem), ")");
   std::string out = str(op_kind_name(s.op), " #", s.seq, " (", s.count, " x ", elem_name(s.elem));
-  bool reduces = s.op == OpKind::kAllreduce || s.op == OpKind::kReduceScatter ||
-                 s.op == OpKind::kReduce;
+  bool reduces =
+      s.op == OpKind::kAllreduce || s.op == OpKind::kReduceScatter || s.op == OpKind::kReduce;
   if (reduces) out += str(", ", reduce_op_name(s.reduce));
   if (s.root >= 0) out += str(", root ", s.root);
   if (s.algorithm != Algorithm::kAuto) out += str(", ", algorithm_name(s.algorithm));
@@ -43,7 +54,10 @@ class ReduceOnArrival final : public Request {
  public:
   ReduceOnArrival(void* acc, size_t count, ElemType elem, ReduceOp op)
       : tmp_(std::make_unique_for_overwrite<char[]>(count * elem_size(elem))),
-        acc_(acc), count_(count), elem_(elem), op_(op) {}
+        acc_(acc),
+        count_(count),
+        elem_(elem),
+        op_(op) {}
   void start(RequestPtr inner) { inner_ = std::move(inner); }
   void* buffer() { return tmp_.get(); }
 
@@ -75,8 +89,8 @@ class ReduceOnArrival final : public Request {
 
 }  // namespace
 
-RequestPtr Transport::irecv_reduce(int peer, uint64_t tag, void* acc, size_t count,
-                                   ElemType elem, ReduceOp op, const Stamp& stamp) {
+RequestPtr Transport::irecv_reduce(int peer, uint64_t tag, void* acc, size_t count, ElemType elem,
+                                   ReduceOp op, const Stamp& stamp) {
   auto req = std::make_unique<ReduceOnArrival>(acc, count, elem, op);
   req->start(irecv(peer, tag, req->buffer(), count * elem_size(elem), stamp));
   return req;

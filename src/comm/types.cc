@@ -10,38 +10,58 @@ namespace tessel::comm {
 
 size_t elem_size(ElemType t) {
   switch (t) {
-    case ElemType::kF32: return 4;
-    case ElemType::kF64: return 8;
-    case ElemType::kF16: return 2;
-    case ElemType::kBF16: return 2;
-    case ElemType::kI32: return 4;
-    case ElemType::kI64: return 8;
-    case ElemType::kU8: return 1;
+    case ElemType::kF32:
+      return 4;
+    case ElemType::kF64:
+      return 8;
+    case ElemType::kF16:
+      return 2;
+    case ElemType::kBF16:
+      return 2;
+    case ElemType::kI32:
+      return 4;
+    case ElemType::kI64:
+      return 8;
+    case ElemType::kU8:
+      return 1;
   }
   return 1;
 }
 
 const char* elem_name(ElemType t) {
   switch (t) {
-    case ElemType::kF32: return "f32";
-    case ElemType::kF64: return "f64";
-    case ElemType::kF16: return "f16";
-    case ElemType::kBF16: return "bf16";
-    case ElemType::kI32: return "i32";
-    case ElemType::kI64: return "i64";
-    case ElemType::kU8: return "u8";
+    case ElemType::kF32:
+      return "f32";
+    case ElemType::kF64:
+      return "f64";
+    case ElemType::kF16:
+      return "f16";
+    case ElemType::kBF16:
+      return "bf16";
+    case ElemType::kI32:
+      return "i32";
+    case ElemType::kI64:
+      return "i64";
+    case ElemType::kU8:
+      return "u8";
   }
   return "?";
 }
 
 ElemType elem_type(DType t) {
   switch (t) {
-    case DType::kF32: return ElemType::kF32;
-    case DType::kF16: return ElemType::kF16;
-    case DType::kBF16: return ElemType::kBF16;
-    case DType::kI32: return ElemType::kI32;
-    case DType::kI64: return ElemType::kI64;
-    case DType::kU8: return ElemType::kU8;
+    case DType::kF32:
+      return ElemType::kF32;
+    case DType::kF16:
+      return ElemType::kF16;
+    case DType::kBF16:
+      return ElemType::kBF16;
+    case DType::kI32:
+      return ElemType::kI32;
+    case DType::kI64:
+      return ElemType::kI64;
+    case DType::kU8:
+      return ElemType::kU8;
   }
   return ElemType::kU8;
 }
@@ -50,16 +70,20 @@ ElemType elem_type_from_name(const std::string& name) {
   for (ElemType t : {ElemType::kF32, ElemType::kF64, ElemType::kF16, ElemType::kBF16,
                      ElemType::kI32, ElemType::kI64, ElemType::kU8})
     if (name == elem_name(t)) return t;
-  throw InvalidArgument(str("comm: unknown dtype, got '", name,
-                            "'; use one of f32, f64, f16, bf16, i32, i64, u8"));
+  throw InvalidArgument(
+      str("comm: unknown dtype, got '", name, "'; use one of f32, f64, f16, bf16, i32, i64, u8"));
 }
 
 const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::kSum: return "sum";
-    case ReduceOp::kAvg: return "avg";
-    case ReduceOp::kMax: return "max";
-    case ReduceOp::kMin: return "min";
+    case ReduceOp::kSum:
+      return "sum";
+    case ReduceOp::kAvg:
+      return "avg";
+    case ReduceOp::kMax:
+      return "max";
+    case ReduceOp::kMin:
+      return "min";
   }
   return "?";
 }
@@ -67,18 +91,24 @@ const char* reduce_op_name(ReduceOp op) {
 ReduceOp reduce_op_from_name(const std::string& name) {
   for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin})
     if (name == reduce_op_name(op)) return op;
-  throw InvalidArgument(str("comm: unknown reduce op, got '", name,
-                            "'; use one of sum, avg, max, min"));
+  throw InvalidArgument(
+      str("comm: unknown reduce op, got '", name, "'; use one of sum, avg, max, min"));
 }
 
 const char* algorithm_name(Algorithm a) {
   switch (a) {
-    case Algorithm::kAuto: return "auto";
-    case Algorithm::kRing: return "ring";
-    case Algorithm::kHalvingDoubling: return "halving_doubling";
-    case Algorithm::kTree: return "tree";
-    case Algorithm::kDirect: return "direct";
-    case Algorithm::kNative: return "native";
+    case Algorithm::kAuto:
+      return "auto";
+    case Algorithm::kRing:
+      return "ring";
+    case Algorithm::kHalvingDoubling:
+      return "halving_doubling";
+    case Algorithm::kTree:
+      return "tree";
+    case Algorithm::kDirect:
+      return "direct";
+    case Algorithm::kNative:
+      return "native";
   }
   return "?";
 }
@@ -134,13 +164,20 @@ size_t parse_bytes(const std::string& text) {
     ++i;
   std::string num = text.substr(0, i), unit = text.substr(i);
   double mult = 0;
-  if (unit.empty() || unit == "B") mult = 1;
-  else if (unit == "KiB" || unit == "K" || unit == "k") mult = 1024.0;
-  else if (unit == "MiB" || unit == "M") mult = 1024.0 * 1024;
-  else if (unit == "GiB" || unit == "G") mult = 1024.0 * 1024 * 1024;
-  else if (unit == "KB" || unit == "kB") mult = 1e3;
-  else if (unit == "MB") mult = 1e6;
-  else if (unit == "GB") mult = 1e9;
+  if (unit.empty() || unit == "B")
+    mult = 1;
+  else if (unit == "KiB" || unit == "K" || unit == "k")
+    mult = 1024.0;
+  else if (unit == "MiB" || unit == "M")
+    mult = 1024.0 * 1024;
+  else if (unit == "GiB" || unit == "G")
+    mult = 1024.0 * 1024 * 1024;
+  else if (unit == "KB" || unit == "kB")
+    mult = 1e3;
+  else if (unit == "MB")
+    mult = 1e6;
+  else if (unit == "GB")
+    mult = 1e9;
   if (num.empty() || mult == 0)
     throw InvalidArgument(str("comm: bad size, got '", text,
                               "'; write a number with an optional unit: 4096, 4KiB, 1MiB, 64MB"));

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cmath>
 
 #include "tessel/core/clock.h"
@@ -28,8 +29,8 @@ void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, double timeout_s
   ts.tv_sec = static_cast<time_t>(timeout_s);
   ts.tv_nsec = static_cast<long>((timeout_s - std::floor(timeout_s)) * 1e9);
   // std::atomic<uint32_t> is a plain 32-bit word on Linux, which is what futex needs.
-  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, &ts,
-          nullptr, 0);
+  syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, &ts, nullptr,
+          0);
 }
 
 void futex_wake_all(std::atomic<uint32_t>* word) {
@@ -50,18 +51,34 @@ WaitPolicy effective_policy(const WaitPolicy& base) {
   return p;
 }
 
-Backoff::Backoff(const WaitPolicy& policy) : policy_(policy), start_(now_seconds()) {}
+namespace {
+thread_local double t_spin_us = -1;  // this thread's learned spin budget
+}  // namespace
+
+Backoff::Backoff(const WaitPolicy& policy) : policy_(policy), start_(now_seconds()) {
+  if (t_spin_us < 0) t_spin_us = policy.spin_us;
+  spin_us_ = policy.oversubscribed ? 0 : (getenv("TESSEL_NOADAPT") ? policy.spin_us : std::min(policy.spin_us, t_spin_us));
+}
+
+Backoff::~Backoff() {
+  if (policy_.oversubscribed || policy_.spin_us <= 0) return;
+  double us = elapsed_s() * 1e6;
+  if (us <= spin_us_)
+    t_spin_us = std::min(policy_.spin_us, t_spin_us + 1);
+  else if (us < spin_us_ + 200)  // ended just after the spin: spinning longer would not help
+    t_spin_us = std::max(kMinSpinUs, t_spin_us / 2);
+  // A long wait (a busy peer) says nothing about hand-offs: keep the budget.
+}
 
 double Backoff::elapsed_s() const { return now_seconds() - start_; }
 
-bool Backoff::should_sleep() { return elapsed_s() * 1e6 >= policy_.spin_us + policy_.yield_us; }
+bool Backoff::should_sleep() { return elapsed_s() * 1e6 >= spin_us_ + policy_.yield_us; }
 
 void Backoff::pause() {
-  ++iter_;
   double us = elapsed_s() * 1e6;
-  if (!policy_.oversubscribed && us < policy_.spin_us) {
+  if (us < spin_us_) {
     for (int i = 0; i < 16; ++i) TESSEL_CPU_RELAX();
-  } else if (us < policy_.spin_us + policy_.yield_us) {
+  } else if (us < spin_us_ + policy_.yield_us) {
     sched_yield();
   } else {
     // Nap: short at first so a late peer costs little, longer when the wait drags on.

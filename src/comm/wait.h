@@ -30,10 +30,18 @@ WaitPolicy effective_policy(const WaitPolicy& base);
 void futex_wait(std::atomic<uint32_t>* word, uint32_t expected, double timeout_s);
 void futex_wake_all(std::atomic<uint32_t>* word);
 
-// Polling helper: call pause() after each unsuccessful check.
+// Polling helper: call pause() after each unsuccessful check. The spin phase adapts per thread
+// (additive increase, multiplicative decrease, like an adaptive mutex): a wait that ends soon
+// after its spin ran out says the spin did not help (the peer was slower, or needed this very
+// core), so the next spin is halved, down to kMinSpinUs; a wait that ends while spinning lets
+// the spin grow back to policy.spin_us. Under other load this turns a 20 us busy-wait per
+// hand-off into a yield; on idle cores it keeps the sub-microsecond hand-off.
 class Backoff {
  public:
   explicit Backoff(const WaitPolicy& policy);
+  ~Backoff();
+  Backoff(const Backoff&) = delete;
+  Backoff& operator=(const Backoff&) = delete;
   // Spins, yields or naps depending on how long the wait has lasted.
   void pause();
   // True once spinning and yielding are over: a futex waiter should sleep now.
@@ -41,9 +49,10 @@ class Backoff {
   double elapsed_s() const;
 
  private:
+  static constexpr double kMinSpinUs = 2;
   WaitPolicy policy_;  // a copy: callers pass temporaries (effective_policy)
   double start_;
-  uint32_t iter_ = 0;
+  double spin_us_;  // this wait's spin budget
 };
 
 // A one-shot completion flag that a waiter can sleep on.

@@ -29,7 +29,6 @@ DataParallel::DataParallel(const ParallelSpec& spec, comm::Communicator* world, 
     throw InvalidArgument(str("config: ddp.bucket_mb must be > 0, got ", spec_.bucket_mb));
   // Buckets in reverse block order: the last blocks' gradients are ready first.
   const int64_t bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(spec_.bucket_mb * (1 << 20) / 4));
-  const auto& params = model.parameters();
   const auto& entries = model.grads().entries();
   Bucket cur{0, -1, -1, {}};
   for (size_t i = model.num_blocks(); i-- > 0;) {
@@ -37,16 +36,18 @@ DataParallel::DataParallel(const ParallelSpec& spec, comm::Communicator* world, 
     if (first == last) continue;
     int64_t lo = entries[first].offset;
     int64_t hi = entries[last - 1].offset + shape_numel(entries[last - 1].shape);
-    if (cur.hi < 0) cur.hi = hi;
-    cur.lo = lo;
-    cur.first_block = i;
-    if (cur.hi - cur.lo >= bucket_elems) {
+    // Close the bucket before a block that would overflow it, so the blocks already in it
+    // start reducing while this one still runs backward. A block is never split: its
+    // gradients are all ready at the same moment.
+    if (cur.hi >= 0 && cur.hi - lo > bucket_elems) {
       buckets_.push_back(cur);
       cur = Bucket{0, -1, -1, {}};
     }
+    if (cur.hi < 0) cur.hi = hi;
+    cur.lo = lo;
+    cur.first_block = i;
   }
   if (cur.hi >= 0) buckets_.push_back(cur);
-  (void)params;
 }
 
 DataParallel::~DataParallel() = default;

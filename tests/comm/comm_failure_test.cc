@@ -25,17 +25,20 @@ template <typename F>
 std::vector<Outcome> run_and_collect(int world, const CommOptions& options, F per_rank) {
   std::vector<Outcome> out(world);
   try {
-    run_threads(world, [&](Communicator& c) {
-      double t0 = now_seconds();
-      try {
-        per_rank(c);
-      } catch (const CommError& e) {
-        out[c.rank()].error = e.what();
-        out[c.rank()].seconds = now_seconds() - t0;
-        throw;
-      }
-      out[c.rank()].seconds = now_seconds() - t0;
-    }, options);
+    run_threads(
+        world,
+        [&](Communicator& c) {
+          double t0 = now_seconds();
+          try {
+            per_rank(c);
+          } catch (const CommError& e) {
+            out[c.rank()].error = e.what();
+            out[c.rank()].seconds = now_seconds() - t0;
+            throw;
+          }
+          out[c.rank()].seconds = now_seconds() - t0;
+        },
+        options);
   } catch (const Error&) {
   }
   return out;
@@ -87,20 +90,22 @@ TEST(Deadline, ThrowingRankFailsTheOthersFast) {
   CommOptions options;  // default 300 s deadline: the abort, not the deadline, must end it
   std::vector<Outcome> out(4);
   std::atomic<int> comm_errors{0};
-  EXPECT_THROW(
-      run_threads(4, [&](Communicator& c) {
-        std::vector<float> buf(1 << 16, 1.0f);
-        if (c.rank() == 2) throw std::runtime_error("boom in rank 2");
-        double t0 = now_seconds();
-        try {
-          c.allreduce(buf.data(), buf.size(), ElemType::kF32);
-        } catch (const CommError& e) {
-          out[c.rank()] = {e.what(), now_seconds() - t0};
-          comm_errors++;
-          throw;
-        }
-      }, options),
-      std::runtime_error);  // the root cause, not the consequences
+  EXPECT_THROW(run_threads(
+                   4,
+                   [&](Communicator& c) {
+                     std::vector<float> buf(1 << 16, 1.0f);
+                     if (c.rank() == 2) throw std::runtime_error("boom in rank 2");
+                     double t0 = now_seconds();
+                     try {
+                       c.allreduce(buf.data(), buf.size(), ElemType::kF32);
+                     } catch (const CommError& e) {
+                       out[c.rank()] = {e.what(), now_seconds() - t0};
+                       comm_errors++;
+                       throw;
+                     }
+                   },
+                   options),
+               std::runtime_error);  // the root cause, not the consequences
   EXPECT_EQ(comm_errors.load(), 3);
   for (int r : {0, 1, 3}) {
     EXPECT_TRUE(contains(out[r].error, "boom in rank 2")) << out[r].error;
@@ -114,22 +119,25 @@ TEST(Poison, LaterCallsFailFastOnEveryRank) {
   std::vector<double> later(3, -1);
   std::vector<std::string> msgs(3);
   try {
-    run_threads(3, [&](Communicator& c) {
-      float x = 1;
-      try {
-        if (c.rank() != 1) c.allreduce(&x, 1, ElemType::kF32);  // rank 1 skips: deadline
-      } catch (const CommError&) {
-      }
-      if (c.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(600));
-      double t0 = now_seconds();
-      try {
-        c.barrier();
-      } catch (const CommError& e) {
-        later[c.rank()] = now_seconds() - t0;
-        msgs[c.rank()] = e.what();
-      }
-      EXPECT_TRUE(c.aborted());
-    }, options);
+    run_threads(
+        3,
+        [&](Communicator& c) {
+          float x = 1;
+          try {
+            if (c.rank() != 1) c.allreduce(&x, 1, ElemType::kF32);  // rank 1 skips: deadline
+          } catch (const CommError&) {
+          }
+          if (c.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+          double t0 = now_seconds();
+          try {
+            c.barrier();
+          } catch (const CommError& e) {
+            later[c.rank()] = now_seconds() - t0;
+            msgs[c.rank()] = e.what();
+          }
+          EXPECT_TRUE(c.aborted());
+        },
+        options);
   } catch (const Error&) {
   }
   for (int r = 0; r < 3; ++r) {
@@ -145,21 +153,24 @@ TEST(Poison, FailureInASubgroupPoisonsTheParent) {
   options.timeout_s = 20;  // the parent's calls must end by the abort, not by this deadline
   std::vector<std::string> parent_errors(4);
   try {
-    run_threads(4, [&](Communicator& c) {
-      Communicator sub = c.split(c.rank() % 2, c.rank());
-      sub.set_timeout(0.2);
-      float x = 1;
-      try {
-        if (c.rank() != 1) sub.allreduce(&x, 1, ElemType::kF32);  // rank 1 (odd group) skips
-      } catch (const CommError&) {
-      }
-      if (c.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(500));
-      try {
-        c.allreduce(&x, 1, ElemType::kF32);
-      } catch (const CommError& e) {
-        parent_errors[c.rank()] = e.what();
-      }
-    }, options);
+    run_threads(
+        4,
+        [&](Communicator& c) {
+          Communicator sub = c.split(c.rank() % 2, c.rank());
+          sub.set_timeout(0.2);
+          float x = 1;
+          try {
+            if (c.rank() != 1) sub.allreduce(&x, 1, ElemType::kF32);  // rank 1 (odd group) skips
+          } catch (const CommError&) {
+          }
+          if (c.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(500));
+          try {
+            c.allreduce(&x, 1, ElemType::kF32);
+          } catch (const CommError& e) {
+            parent_errors[c.rank()] = e.what();
+          }
+        },
+        options);
   } catch (const Error&) {
   }
   for (int r = 0; r < 4; ++r)
@@ -190,8 +201,10 @@ TEST(Mismatch, DifferentCollectivesAreReported) {
   options.timeout_s = 60;
   auto out = run_and_collect(2, options, [&](Communicator& c) {
     std::vector<float> buf(64, 1.0f);
-    if (c.rank() == 0) c.allreduce(buf.data(), buf.size(), ElemType::kF32);
-    else c.broadcast(buf.data(), buf.size(), ElemType::kF32, 0);
+    if (c.rank() == 0)
+      c.allreduce(buf.data(), buf.size(), ElemType::kF32);
+    else
+      c.broadcast(buf.data(), buf.size(), ElemType::kF32, 0);
   });
   for (int r = 0; r < 2; ++r) {
     EXPECT_TRUE(contains(out[r].error, "allreduce #0")) << out[r].error;
@@ -237,17 +250,20 @@ TEST(Async, StuckPeerFailsTheWork) {
   std::vector<std::string> errors(2);
   std::vector<char> done_after(2, 0);
   try {
-    run_threads(2, [&](Communicator& c) {
-      std::vector<float> buf(1024, 1.0f);
-      if (c.rank() == 1) return;
-      Work w = c.allreduce_async(buf.data(), buf.size(), ElemType::kF32);
-      try {
-        w.wait();
-      } catch (const CommError& e) {
-        errors[0] = e.what();
-      }
-      done_after[0] = w.done();
-    }, options);
+    run_threads(
+        2,
+        [&](Communicator& c) {
+          std::vector<float> buf(1024, 1.0f);
+          if (c.rank() == 1) return;
+          Work w = c.allreduce_async(buf.data(), buf.size(), ElemType::kF32);
+          try {
+            w.wait();
+          } catch (const CommError& e) {
+            errors[0] = e.what();
+          }
+          done_after[0] = w.done();
+        },
+        options);
   } catch (const Error&) {
   }
   EXPECT_TRUE(contains(errors[0], "allreduce #0")) << errors[0];

@@ -36,8 +36,8 @@ TEST(Types, SizesParse) {
   EXPECT_EQ(parse_bytes("100"), 100u);
   EXPECT_THROW(parse_bytes("4XB"), InvalidArgument);
   EXPECT_EQ(parse_size_list("4KiB..64MiB"),
-            (std::vector<size_t>{4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20,
-                                 16 << 20, 64 << 20}));
+            (std::vector<size_t>{4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20,
+                                 64 << 20}));
   EXPECT_EQ(parse_size_list("1KiB..8KiB:2,100"),
             (std::vector<size_t>{1024, 2048, 4096, 8192, 100}));
   EXPECT_THROW(parse_size_list("64MiB..4KiB"), InvalidArgument);
@@ -91,31 +91,34 @@ TEST(Algorithms, EvenCounts) {
 
 // Random (non-integer) floats: every rank must end with the same bits, close to the f64 sum.
 TEST(Collectives, AllreduceGivesIdenticalBitsOnEveryRank) {
-  for (Algorithm a : {Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kTree,
-                      Algorithm::kDirect}) {
-    for (int world : {3, 4, 6}) {
-      const size_t n = 10007;
-      std::vector<std::vector<float>> results(world);
-      CommOptions options;
-      options.segment_bytes = 8192;
-      run_threads(world, [&](Communicator& c) {
-        CounterRng rng(42, static_cast<uint64_t>(c.rank()));
-        std::vector<float> buf(n);
-        for (size_t i = 0; i < n; ++i) buf[i] = rng.normal(i);
-        CallOptions call;
-        call.algorithm = a;
-        c.allreduce(buf.data(), n, ElemType::kF32, ReduceOp::kSum, call);
-        results[c.rank()] = std::move(buf);
-      }, options);
-      for (int r = 1; r < world; ++r)
-        EXPECT_EQ(0, std::memcmp(results[0].data(), results[r].data(), n * 4))
-            << algorithm_name(a) << " world " << world << " rank " << r;
-      for (size_t i = 0; i < n; i += 97) {
-        double want = 0;
-        for (int r = 0; r < world; ++r) want += CounterRng(42, r).normal(i);
-        EXPECT_NEAR(results[0][i], want, 1e-4) << i;
+  for (Algorithm a :
+       {Algorithm::kRing, Algorithm::kHalvingDoubling, Algorithm::kTree, Algorithm::kDirect}) {
+    for (int world : {3, 4, 6})
+      for (size_t n : {size_t{1000}, size_t{10007}}) {  // short and long halving-doubling
+        std::vector<std::vector<float>> results(world);
+        CommOptions options;
+        options.segment_bytes = 8192;
+        run_threads(
+            world,
+            [&](Communicator& c) {
+              CounterRng rng(42, static_cast<uint64_t>(c.rank()));
+              std::vector<float> buf(n);
+              for (size_t i = 0; i < n; ++i) buf[i] = rng.normal(i);
+              CallOptions call;
+              call.algorithm = a;
+              c.allreduce(buf.data(), n, ElemType::kF32, ReduceOp::kSum, call);
+              results[c.rank()] = std::move(buf);
+            },
+            options);
+        for (int r = 1; r < world; ++r)
+          EXPECT_EQ(0, std::memcmp(results[0].data(), results[r].data(), n * 4))
+              << algorithm_name(a) << " world " << world << " rank " << r;
+        for (size_t i = 0; i < n; i += 97) {
+          double want = 0;
+          for (int r = 0; r < world; ++r) want += CounterRng(42, r).normal(i);
+          EXPECT_NEAR(results[0][i], want, 1e-4) << i;
+        }
       }
-    }
   }
 }
 
@@ -222,10 +225,12 @@ TEST(Tensors, AllgatherAndReduceScatter) {
 TEST(Auto, ChoosesBySizeAndWorld) {
   auto four = make_thread_world(4);
   const AutoThresholds t;
-  EXPECT_EQ(four[0].choose(OpKind::kAllreduce, 1024), Algorithm::kTree);
-  EXPECT_EQ(four[0].choose(OpKind::kAllreduce, t.ring_min_bytes / 2),
-            Algorithm::kHalvingDoubling);
+  EXPECT_EQ(four[0].choose(OpKind::kAllreduce, 1024), Algorithm::kHalvingDoubling);
+  EXPECT_EQ(four[0].choose(OpKind::kAllreduce, t.ring_min_bytes / 2), Algorithm::kHalvingDoubling);
   EXPECT_EQ(four[0].choose(OpKind::kAllreduce, 64 << 20), Algorithm::kRing);
+  EXPECT_EQ(four[0].choose(OpKind::kBroadcast, 1024), Algorithm::kTree);
+  auto three = make_thread_world(3);  // not a power of two: the ring takes over 4x earlier
+  EXPECT_EQ(three[0].choose(OpKind::kAllreduce, t.ring_min_bytes / 2), Algorithm::kRing);
   EXPECT_EQ(four[0].choose(OpKind::kGather, 64 << 20), Algorithm::kDirect);
   EXPECT_EQ(four[0].choose(OpKind::kAllreduce, 64 << 20, Algorithm::kTree), Algorithm::kTree);
   CommOptions o;

@@ -17,21 +17,41 @@
 
 namespace tessel::comm::testing {
 
-enum class Coll { kAllreduce, kReduceScatter, kReduceScatterV, kAllgather, kAllgatherV,
-                  kBroadcast, kReduce, kGather, kAllToAll, kBarrier };
+enum class Coll {
+  kAllreduce,
+  kReduceScatter,
+  kReduceScatterV,
+  kAllgather,
+  kAllgatherV,
+  kBroadcast,
+  kReduce,
+  kGather,
+  kAllToAll,
+  kBarrier
+};
 
 inline const char* coll_name(Coll c) {
   switch (c) {
-    case Coll::kAllreduce: return "allreduce";
-    case Coll::kReduceScatter: return "reduce_scatter";
-    case Coll::kReduceScatterV: return "reduce_scatter_v";
-    case Coll::kAllgather: return "allgather";
-    case Coll::kAllgatherV: return "allgather_v";
-    case Coll::kBroadcast: return "broadcast";
-    case Coll::kReduce: return "reduce";
-    case Coll::kGather: return "gather";
-    case Coll::kAllToAll: return "all_to_all";
-    case Coll::kBarrier: return "barrier";
+    case Coll::kAllreduce:
+      return "allreduce";
+    case Coll::kReduceScatter:
+      return "reduce_scatter";
+    case Coll::kReduceScatterV:
+      return "reduce_scatter_v";
+    case Coll::kAllgather:
+      return "allgather";
+    case Coll::kAllgatherV:
+      return "allgather_v";
+    case Coll::kBroadcast:
+      return "broadcast";
+    case Coll::kReduce:
+      return "reduce";
+    case Coll::kGather:
+      return "gather";
+    case Coll::kAllToAll:
+      return "all_to_all";
+    case Coll::kBarrier:
+      return "barrier";
   }
   return "?";
 }
@@ -59,25 +79,46 @@ inline int input_value(int r, size_t i, ElemType e) {
 
 inline void store(void* base, size_t i, ElemType e, double v) {
   switch (e) {
-    case ElemType::kF32: static_cast<float*>(base)[i] = static_cast<float>(v); break;
-    case ElemType::kF64: static_cast<double*>(base)[i] = v; break;
-    case ElemType::kI32: static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v); break;
-    case ElemType::kI64: static_cast<int64_t*>(base)[i] = static_cast<int64_t>(v); break;
-    case ElemType::kU8: static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(v); break;
-    case ElemType::kBF16: static_cast<uint16_t*>(base)[i] = f32_to_bf16(static_cast<float>(v)); break;
-    case ElemType::kF16: static_cast<uint16_t*>(base)[i] = f32_to_f16(static_cast<float>(v)); break;
+    case ElemType::kF32:
+      static_cast<float*>(base)[i] = static_cast<float>(v);
+      break;
+    case ElemType::kF64:
+      static_cast<double*>(base)[i] = v;
+      break;
+    case ElemType::kI32:
+      static_cast<int32_t*>(base)[i] = static_cast<int32_t>(v);
+      break;
+    case ElemType::kI64:
+      static_cast<int64_t*>(base)[i] = static_cast<int64_t>(v);
+      break;
+    case ElemType::kU8:
+      static_cast<uint8_t*>(base)[i] = static_cast<uint8_t>(v);
+      break;
+    case ElemType::kBF16:
+      static_cast<uint16_t*>(base)[i] = f32_to_bf16(static_cast<float>(v));
+      break;
+    case ElemType::kF16:
+      static_cast<uint16_t*>(base)[i] = f32_to_f16(static_cast<float>(v));
+      break;
   }
 }
 
 inline double load(const void* base, size_t i, ElemType e) {
   switch (e) {
-    case ElemType::kF32: return static_cast<const float*>(base)[i];
-    case ElemType::kF64: return static_cast<const double*>(base)[i];
-    case ElemType::kI32: return static_cast<const int32_t*>(base)[i];
-    case ElemType::kI64: return static_cast<double>(static_cast<const int64_t*>(base)[i]);
-    case ElemType::kU8: return static_cast<const uint8_t*>(base)[i];
-    case ElemType::kBF16: return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
-    case ElemType::kF16: return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
+    case ElemType::kF32:
+      return static_cast<const float*>(base)[i];
+    case ElemType::kF64:
+      return static_cast<const double*>(base)[i];
+    case ElemType::kI32:
+      return static_cast<const int32_t*>(base)[i];
+    case ElemType::kI64:
+      return static_cast<double>(static_cast<const int64_t*>(base)[i]);
+    case ElemType::kU8:
+      return static_cast<const uint8_t*>(base)[i];
+    case ElemType::kBF16:
+      return bf16_to_f32(static_cast<const uint16_t*>(base)[i]);
+    case ElemType::kF16:
+      return f16_to_f32(static_cast<const uint16_t*>(base)[i]);
   }
   return 0;
 }
@@ -87,13 +128,17 @@ inline double expected_reduction(int n, size_t i, ElemType e, ReduceOp op) {
   long acc = input_value(0, i, e);
   for (int r = 1; r < n; ++r) {
     long v = input_value(r, i, e);
-    acc = op == ReduceOp::kMax ? std::max(acc, v) : op == ReduceOp::kMin ? std::min(acc, v) : acc + v;
+    acc = op == ReduceOp::kMax   ? std::max(acc, v)
+          : op == ReduceOp::kMin ? std::min(acc, v)
+                                 : acc + v;
   }
   if (op != ReduceOp::kAvg) return static_cast<double>(acc);
   switch (e) {
     case ElemType::kI32:
-    case ElemType::kI64: return static_cast<double>(acc / n);
-    case ElemType::kF64: return static_cast<double>(acc) / n;
+    case ElemType::kI64:
+      return static_cast<double>(acc / n);
+    case ElemType::kF64:
+      return static_cast<double>(acc) / n;
     default: {  // f32 arithmetic, then rounded to the storage type
       float f = static_cast<float>(acc) / static_cast<float>(n);
       if (e == ElemType::kBF16) return bf16_to_f32(f32_to_bf16(f));
@@ -144,9 +189,8 @@ inline std::string run_case(Communicator& comm, const Case& c) {
     }
     case Coll::kReduceScatter:
     case Coll::kReduceScatterV: {
-      std::vector<size_t> counts = c.coll == Coll::kReduceScatter
-                                       ? std::vector<size_t>(n, c.count)
-                                       : variable_counts(c.count, n);
+      std::vector<size_t> counts = c.coll == Coll::kReduceScatter ? std::vector<size_t>(n, c.count)
+                                                                  : variable_counts(c.count, n);
       size_t total = 0, off = 0;
       for (int j = 0; j < n; ++j) {
         if (j < r) off += counts[j];

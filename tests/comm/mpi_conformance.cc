@@ -4,6 +4,7 @@
 // the world and on split sub-groups, then the failure cases (a silent rank, mismatched calls),
 // each on its own world communicator because a failure poisons the one it happens on.
 // Exit code 0 when every rank passed; failures are printed by the rank that saw them.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -72,6 +73,25 @@ void run_suite(tc::Communicator& comm, const std::vector<tt::Case>& list, const 
   }
 }
 
+// Several async allreduces in flight while the caller computes, then a blocking call.
+void async_case(tc::Communicator& comm) {
+  const size_t n = 100000;
+  std::vector<std::vector<float>> bufs(4, std::vector<float>(n));
+  std::vector<tc::Work> works;
+  for (size_t b = 0; b < bufs.size(); ++b) {
+    std::fill(bufs[b].begin(), bufs[b].end(), static_cast<float>(comm.rank() + b));
+    works.push_back(comm.allreduce_async(bufs[b].data(), n, tc::ElemType::kF32));
+  }
+  comm.barrier();
+  const int s = comm.size();
+  for (size_t b = 0; b < bufs.size(); ++b) {
+    works[b].wait();
+    float want = static_cast<float>(s * (s - 1) / 2 + s * static_cast<int>(b));
+    if (bufs[b][n - 1] != want)
+      fail(comm.rank(), tessel::str("async: bucket ", b, " = ", bufs[b][n - 1], ", want ", want));
+  }
+}
+
 bool contains(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
 }
@@ -115,9 +135,10 @@ void mismatch_case(int world_rank) {
   try {
     tc::CallOptions tree;
     tree.algorithm = tc::Algorithm::kTree;
-    if (world_rank == 0) comm.allreduce(buf.data(), buf.size(), tc::ElemType::kF32,
-                                        tc::ReduceOp::kSum, tree);
-    else comm.broadcast(buf.data(), buf.size(), tc::ElemType::kF32, 0, tree);
+    if (world_rank == 0)
+      comm.allreduce(buf.data(), buf.size(), tc::ElemType::kF32, tc::ReduceOp::kSum, tree);
+    else
+      comm.broadcast(buf.data(), buf.size(), tc::ElemType::kF32, 0, tree);
     fail(world_rank, "mismatch: mismatched calls returned");
   } catch (const tessel::CommError& e) {
     double dt = tessel::now_seconds() - t0;
@@ -142,6 +163,7 @@ int main() {
   // Sub-groups of sizes 1..size-1 exercise split and every world size below this one.
   tc::Communicator sub = world.split(rank == 0 ? 0 : 1, size - rank);
   run_suite(sub, list, rank == 0 ? "split(1)" : "split(n-1)");
+  async_case(world);
   tc::Communicator none = world.split(rank % 2 == 0 ? 0 : -1, rank);
   if (none.valid() != (rank % 2 == 0)) fail(rank, "split: color < 0 gave a communicator");
 
@@ -154,7 +176,7 @@ int main() {
   int total = failures;
   world.allreduce(&total, 1, tc::ElemType::kI32);
   if (rank == 0)
-    std::printf("mpi conformance: %d ranks (%s), %zu cases x 2 groups, %d failures, %.1f s\n",
-                size, tc::mpi_thread_level(), list.size(), total, tessel::now_seconds() - t0);
+    std::printf("mpi conformance: %d ranks (%s), %zu cases x 2 groups, %d failures, %.1f s\n", size,
+                tc::mpi_thread_level(), list.size(), total, tessel::now_seconds() - t0);
   return total == 0 ? 0 : 1;
 }

@@ -37,12 +37,12 @@ class Scratch {
 // Everything an algorithm needs besides its buffers.
 struct CollContext {
   Transport* transport = nullptr;
-  Stamp stamp;                           // carried by every message of the call
-  uint64_t tag = 0;                      // transport tag of this group's collective traffic
+  Stamp stamp;       // carried by every message of the call
+  uint64_t tag = 0;  // transport tag of this group's collective traffic
   Deadline deadline = Deadline::never();
-  size_t segment_bytes = 256 << 10;      // ring / chain pipelining unit
-  int in_flight = 4;                     // segments in flight per direction (ring / chain)
-  Scratch* scratch = nullptr;            // required for the calls that need temporary memory
+  size_t segment_bytes = 1 << 20;  // ring / chain pipelining unit
+  int in_flight = 4;               // segments in flight per direction (ring / chain)
+  Scratch* scratch = nullptr;      // required for the calls that need temporary memory
 };
 
 // Splits `count` elements into n nearly equal blocks (the first count % n get one more).
@@ -62,16 +62,14 @@ void allreduce_halving_doubling(const CollContext& ctx, void* buf, size_t count,
 void allreduce_tree(const CollContext& ctx, void* buf, size_t count, ElemType elem, ReduceOp op);
 // Every rank sends to rank 0, which reduces in rank order and sends the result back (the
 // parameter-server pattern). 2 latencies, rank 0 moves 2(n-1) messages.
-void allreduce_direct(const CollContext& ctx, void* buf, size_t count, ElemType elem,
-                      ReduceOp op);
+void allreduce_direct(const CollContext& ctx, void* buf, size_t count, ElemType elem, ReduceOp op);
 
 // --- reduce_scatter: in holds sum(counts) elements on every rank; out (counts[rank]) gets this
 // rank's block of the reduction. in is not modified. ---
 void reduce_scatter_ring(const CollContext& ctx, const void* in, void* out,
                          const std::vector<size_t>& counts, ElemType elem, ReduceOp op);
 void reduce_scatter_halving_doubling(const CollContext& ctx, const void* in, void* out,
-                                     const std::vector<size_t>& counts, ElemType elem,
-                                     ReduceOp op);
+                                     const std::vector<size_t>& counts, ElemType elem, ReduceOp op);
 void reduce_scatter_direct(const CollContext& ctx, const void* in, void* out,
                            const std::vector<size_t>& counts, ElemType elem, ReduceOp op);
 

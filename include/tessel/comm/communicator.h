@@ -23,24 +23,27 @@
 
 namespace tessel::comm {
 
-// Where kAuto switches algorithm (message bytes per rank, i.e. the whole buffer for allreduce).
-// Defaults measured with `tessel bench comm` on the 2-core reference machine (docs/comm.md).
+// Where kAuto switches algorithm, in bytes of the whole buffer (allreduce: the buffer;
+// reduce-scatter: the input; allgather: the output). Defaults measured with `tessel bench comm`
+// on the 2-core reference machine (docs/comm.md).
 struct AutoThresholds {
-  size_t tree_max_bytes = 16 << 10;  // allreduce/reduce/broadcast <= this: tree
-  size_t ring_min_bytes = 1 << 20;   // allreduce/reduce-scatter/allgather >= this: ring;
-                                     // between the two: halving-doubling
-  size_t native_max_bytes = 0;       // mpi transport: native MPI at or below this size
+  // From this size on: ring (allreduce, reduce-scatter, allgather, broadcast, reduce); below:
+  // halving-doubling (recursive doubling up to 32 KiB), and tree for broadcast and reduce.
+  // A quarter of it when the world size is not a power of two (halving-doubling's fold costs
+  // two extra full-size steps there).
+  size_t ring_min_bytes = 1 << 20;
+  size_t native_max_bytes = 0;  // mpi transport: native MPI up to this size (0: never)
 };
 
 struct CommOptions {
-  double timeout_s = 300;             // deadline of every blocking call (config comm.timeout_s)
+  double timeout_s = 300;  // deadline of every blocking call (config comm.timeout_s)
   Algorithm algorithm = Algorithm::kAuto;  // default for calls that leave it kAuto, where the
                                            // collective supports it (else kAuto applies)
   AutoThresholds thresholds;
-  size_t segment_bytes = 256 << 10;   // ring pipelining unit
-  int in_flight = 4;                  // ring segments in flight per direction
-  double spin_us = 20;                // busy-poll before yielding the core (0 = yield at once)
-  double yield_us = 2000;             // then yield the core this long before sleeping
+  size_t segment_bytes = 0;  // ring pipelining unit; 0: the transport's (threads 1 MiB, mpi 4 MiB)
+  int in_flight = 4;         // ring segments in flight per direction
+  double spin_us = 20;       // busy-poll before yielding the core (0 = yield at once)
+  double yield_us = 2000;    // then yield the core this long before sleeping
 };
 
 struct CallOptions {
@@ -123,8 +126,8 @@ class Communicator {
   Work reduce_scatter_async(const void* in, void* out, const std::vector<size_t>& counts,
                             ElemType elem, ReduceOp op = ReduceOp::kSum,
                             const CallOptions& call = {});
-  Work allgather_async(const void* in, void* out, const std::vector<size_t>& counts,
-                       ElemType elem, const CallOptions& call = {});
+  Work allgather_async(const void* in, void* out, const std::vector<size_t>& counts, ElemType elem,
+                       const CallOptions& call = {});
   Work broadcast_async(void* buf, size_t count, ElemType elem, int root,
                        const CallOptions& call = {});
   Work reduce_async(void* buf, size_t count, ElemType elem, ReduceOp op, int root,
@@ -144,8 +147,7 @@ class Communicator {
     broadcast(data.data(), data.size(), elem_type_of<std::remove_cv_t<T>>(), root, call);
   }
   void allreduce(const Tensor& t, ReduceOp op = ReduceOp::kSum, const CallOptions& call = {});
-  Work allreduce_async(const Tensor& t, ReduceOp op = ReduceOp::kSum,
-                       const CallOptions& call = {});
+  Work allreduce_async(const Tensor& t, ReduceOp op = ReduceOp::kSum, const CallOptions& call = {});
   void broadcast(const Tensor& t, int root, const CallOptions& call = {});
   // out.numel() == in.numel() * size(); in may be out's own block (in place).
   void allgather(const Tensor& in, const Tensor& out, const CallOptions& call = {});

@@ -22,8 +22,17 @@ namespace tessel::comm {
 // Identifies the collective a message belongs to. Ranks running the same call produce equal
 // stamps; describe() renders one for error messages ("allreduce #12 (1000 x f32, sum, ring)").
 enum class OpKind : uint8_t {
-  kNone, kAllreduce, kReduceScatter, kAllgather, kBroadcast, kReduce, kGather, kAllToAll,
-  kBarrier, kP2p, kSplit
+  kNone,
+  kAllreduce,
+  kReduceScatter,
+  kAllgather,
+  kBroadcast,
+  kReduce,
+  kGather,
+  kAllToAll,
+  kBarrier,
+  kP2p,
+  kSplit
 };
 const char* op_kind_name(OpKind k);
 
@@ -93,6 +102,11 @@ class Transport {
 
   // True when more ranks of this host than cores are polling: waits then yield at once.
   virtual bool oversubscribed() const = 0;
+
+  // The pipelining unit that suits this transport (CommOptions::segment_bytes = 0 uses it):
+  // small enough on threads that both sides share the copying, large on mpi where every
+  // message costs a rendezvous and the receiver's core does the copy anyway.
+  virtual size_t default_segment_bytes() const = 0;
 };
 
 // Collectives of an underlying library, used by Algorithm::kNative. They cannot be interrupted:
@@ -101,8 +115,8 @@ class Transport {
 class NativeCollectives {
  public:
   virtual ~NativeCollectives() = default;
-  virtual void allreduce(void* buf, size_t count, ElemType elem, ReduceOp op,
-                         const Stamp& stamp, Deadline deadline) = 0;
+  virtual void allreduce(void* buf, size_t count, ElemType elem, ReduceOp op, const Stamp& stamp,
+                         Deadline deadline) = 0;
   virtual void reduce_scatter(const void* in, void* out, const std::vector<size_t>& counts,
                               ElemType elem, ReduceOp op, const Stamp& stamp,
                               Deadline deadline) = 0;

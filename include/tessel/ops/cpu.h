@@ -4,7 +4,8 @@
 //   - backward OVERWRITES dx (the gradient w.r.t. the input) and ACCUMULATES (+=) into
 //     parameter gradients (dw, db, dtable ...), so several micro-batches can add up;
 //   - a null dx means "not needed" (e.g. the first layer) and is skipped.
-// GEMMs go through OpenBLAS (cblas_sgemm); the rest are plain loops the compiler vectorises.
+// GEMMs go through tessel's own AVX-512 kernel when the build targets AVX-512 and one BLAS thread is
+// asked for, else OpenBLAS (cblas_sgemm); the rest are plain loops the compiler vectorises.
 // Kernels hold no state and are safe to call from several threads on distinct buffers.
 #pragma once
 

@@ -14,7 +14,8 @@ namespace {
 
 int as_int(size_t n, const char* what) {
   if (n > static_cast<size_t>(INT_MAX))
-    throw InvalidArgument(str("comm: native MPI ", what, " of ", n, " elements exceeds INT_MAX; "
+    throw InvalidArgument(str("comm: native MPI ", what, " of ", n,
+                              " elements exceeds INT_MAX; "
                               "use another algorithm or split the buffer"));
   return static_cast<int>(n);
 }
@@ -35,7 +36,8 @@ class MpiNative final : public NativeCollectives {
   void reduce_scatter(const void* in, void* out, const std::vector<size_t>& counts, ElemType e,
                       ReduceOp op, const Stamp& s, Deadline d) override {
     WatchdogArm arm(d, describe(s));
-    bool equal = std::all_of(counts.begin(), counts.end(), [&](size_t c) { return c == counts[0]; });
+    bool equal =
+        std::all_of(counts.begin(), counts.end(), [&](size_t c) { return c == counts[0]; });
     Guard guard;
     if (equal) {
       check(MPI_Reduce_scatter_block(in, out, as_int(counts[0], "reduce_scatter"), datatype(e),
@@ -64,11 +66,10 @@ class MpiNative final : public NativeCollectives {
     bool equal = std::all_of(c.begin(), c.end(), [&](int x) { return x == c[0]; });
     Guard guard;
     if (equal)
-      check(MPI_Allgather(send, c[0], datatype(e), out, c[0], datatype(e), comm_),
-            "MPI_Allgather");
+      check(MPI_Allgather(send, c[0], datatype(e), out, c[0], datatype(e), comm_), "MPI_Allgather");
     else
-      check(MPI_Allgatherv(send, c[rank_], datatype(e), out, c.data(), displs.data(),
-                           datatype(e), comm_),
+      check(MPI_Allgatherv(send, c[rank_], datatype(e), out, c.data(), displs.data(), datatype(e),
+                           comm_),
             "MPI_Allgatherv");
   }
 
@@ -88,8 +89,7 @@ class MpiNative final : public NativeCollectives {
       check(MPI_Reduce(MPI_IN_PLACE, buf, n, datatype(e), reduce_op(e, op), root, comm_),
             "MPI_Reduce");
     else
-      check(MPI_Reduce(buf, nullptr, n, datatype(e), reduce_op(e, op), root, comm_),
-            "MPI_Reduce");
+      check(MPI_Reduce(buf, nullptr, n, datatype(e), reduce_op(e, op), root, comm_), "MPI_Reduce");
   }
 
   void gather(const void* in, void* out, size_t count, ElemType e, int root, const Stamp& s,

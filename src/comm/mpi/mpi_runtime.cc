@@ -55,7 +55,8 @@ class Watchdog {
         }
       double wait_s = earliest - Deadline::after(0).when();
       if (what && wait_s <= 0) {
-        log_line(LogLevel::kError, str(*what, ": deadline passed inside an MPI call that cannot "
+        log_line(LogLevel::kError, str(*what,
+                                       ": deadline passed inside an MPI call that cannot "
                                        "be interrupted; aborting the job (MPI_Abort)"));
         MPI_Abort(MPI_COMM_WORLD, 70);
         std::_Exit(70);
@@ -116,15 +117,15 @@ void ensure_initialized() {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
-      check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &g_provided),
-            "MPI_Init_thread");
+      check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &g_provided), "MPI_Init_thread");
       g_we_initialized = true;
       std::atexit(finalize_at_exit);
     } else {
       MPI_Query_thread(&g_provided);
     }
     if (g_provided < MPI_THREAD_SERIALIZED)
-      throw CommError(str("comm: MPI grants thread level ", g_provided, ", but tessel needs at "
+      throw CommError(str("comm: MPI grants thread level ", g_provided,
+                          ", but tessel needs at "
                           "least MPI_THREAD_SERIALIZED; initialise MPI with "
                           "MPI_Init_thread(MPI_THREAD_MULTIPLE) or let tessel do it"));
     void* ub = nullptr;
@@ -150,13 +151,19 @@ WatchdogArm::~WatchdogArm() {
 
 MPI_Datatype datatype(ElemType e) {
   switch (e) {
-    case ElemType::kF32: return MPI_FLOAT;
-    case ElemType::kF64: return MPI_DOUBLE;
-    case ElemType::kI32: return MPI_INT32_T;
-    case ElemType::kI64: return MPI_INT64_T;
+    case ElemType::kF32:
+      return MPI_FLOAT;
+    case ElemType::kF64:
+      return MPI_DOUBLE;
+    case ElemType::kI32:
+      return MPI_INT32_T;
+    case ElemType::kI64:
+      return MPI_INT64_T;
     case ElemType::kF16:
-    case ElemType::kBF16: return MPI_UINT16_T;
-    case ElemType::kU8: return MPI_UINT8_T;
+    case ElemType::kBF16:
+      return MPI_UINT16_T;
+    case ElemType::kU8:
+      return MPI_UINT8_T;
   }
   return MPI_BYTE;
 }
@@ -168,9 +175,12 @@ MPI_Op reduce_op(ElemType e, ReduceOp op) {
   }
   switch (op) {
     case ReduceOp::kSum:
-    case ReduceOp::kAvg: return MPI_SUM;
-    case ReduceOp::kMax: return MPI_MAX;
-    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kAvg:
+      return MPI_SUM;
+    case ReduceOp::kMax:
+      return MPI_MAX;
+    case ReduceOp::kMin:
+      return MPI_MIN;
   }
   return MPI_SUM;
 }
@@ -182,11 +192,16 @@ bool mpi_built() { return true; }
 const char* mpi_thread_level() {
   using namespace mpi_detail;
   switch (g_provided) {
-    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
-    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
-    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
-    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
-    default: return "";
+    case MPI_THREAD_SINGLE:
+      return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED:
+      return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED:
+      return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE:
+      return "MPI_THREAD_MULTIPLE";
+    default:
+      return "";
   }
 }
 

@@ -9,9 +9,10 @@ bool mpi_built() { return false; }
 const char* mpi_thread_level() { return ""; }
 
 Communicator mpi_world(const CommOptions&) {
-  throw CommError("comm: this build has no MPI transport (TESSEL_WITH_MPI=OFF); install "
-                  "libopenmpi-dev and reconfigure with -DTESSEL_WITH_MPI=ON, or use the threads "
-                  "backend");
+  throw CommError(
+      "comm: this build has no MPI transport (TESSEL_WITH_MPI=OFF); install "
+      "libopenmpi-dev and reconfigure with -DTESSEL_WITH_MPI=ON, or use the threads "
+      "backend");
 }
 
 }  // namespace tessel::comm

@@ -88,11 +88,11 @@ class MpiTransport final : public Transport {
   int size() const override { return size_; }
   const char* name() const override { return "mpi"; }
   bool oversubscribed() const override { return policy_.oversubscribed; }
+  size_t default_segment_bytes() const override { return 4 << 20; }
 
   RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes,
                    const Stamp& stamp) override;
-  RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes,
-                   const Stamp& stamp) override;
+  RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes, const Stamp& stamp) override;
   RequestPtr irecv_reduce(int peer, uint64_t tag, void* acc, size_t count, ElemType elem,
                           ReduceOp op, const Stamp& stamp) override;
   void abort(const std::string& reason) noexcept override { family_->abort(reason); }
@@ -162,9 +162,9 @@ class MpiRequest final : public Request {
 
  private:
   std::string where() const {
-    return str("comm: ", describe(stamp_), " on rank ", t_->rank(), " of ", t_->size(),
-               " (mpi, ", is_send_ ? "send to" : "recv from", " rank ", peer_, ", tag ", tag_,
-               ", ", bytes_, " bytes)");
+    return str("comm: ", describe(stamp_), " on rank ", t_->rank(), " of ", t_->size(), " (mpi, ",
+               is_send_ ? "send to" : "recv from", " rank ", peer_, ", tag ", tag_, ", ", bytes_,
+               " bytes)");
   }
   MpiTransport* t_;
   bool is_send_;
@@ -249,10 +249,11 @@ void MpiRequest::wait(Deadline deadline) {
       }
     }
     if (deadline.expired()) {
-      std::string msg = str(where(), ": no matching ", is_send_ ? "receive" : "send",
-                            " from rank ", peer_, " before the deadline; that rank is stuck, "
-                            "died or never made this call (check that every rank calls the "
-                            "same collectives, or raise comm.timeout_s)");
+      std::string msg =
+          str(where(), ": no matching ", is_send_ ? "receive" : "send", " from rank ", peer_,
+              " before the deadline; that rank is stuck, "
+              "died or never made this call (check that every rank calls the "
+              "same collectives, or raise comm.timeout_s)");
       fam.abort(msg);
       throw CommError(msg);
     }
@@ -347,8 +348,8 @@ void Family::poll() noexcept {
     CtrlMsg m = in_;
     {
       Guard guard;
-      if (MPI_Irecv(&in_, sizeof(CtrlMsg), MPI_BYTE, MPI_ANY_SOURCE, kCtrlTag, ctrl_,
-                    &in_req_) != MPI_SUCCESS)
+      if (MPI_Irecv(&in_, sizeof(CtrlMsg), MPI_BYTE, MPI_ANY_SOURCE, kCtrlTag, ctrl_, &in_req_) !=
+          MPI_SUCCESS)
         in_req_ = MPI_REQUEST_NULL;
     }
     handle(m);
@@ -506,7 +507,8 @@ void MpiTransport::give_back(char* p, size_t bytes) {
 
 void check_message(size_t bytes) {
   if (bytes > static_cast<size_t>(INT_MAX))
-    throw InvalidArgument(str("comm: a single MPI message of ", bytes, " bytes exceeds INT_MAX; "
+    throw InvalidArgument(str("comm: a single MPI message of ", bytes,
+                              " bytes exceeds INT_MAX; "
                               "use the ring algorithm (segmented) or split the buffer"));
 }
 

@@ -3,6 +3,8 @@
 // mailbox lock and, outside the lock, copies (or reduces) straight from the sender's buffer into
 // the receiver's, then completes both requests. A message is thus copied exactly once, by
 // whichever thread is ready second, and nobody copies into a staging buffer.
+#include <sched.h>
+
 #include <algorithm>
 #include <cstring>
 #include <deque>
@@ -18,6 +20,11 @@
 
 namespace tessel::comm {
 namespace {
+
+// Copies of calls larger than half the last-level cache (32 MiB on the reference machine) use
+// streaming stores: their data cannot stay cached anyway.
+constexpr size_t kStreamMinCall = 16 << 20;
+constexpr size_t kStreamMinSegment = 64 << 10;
 
 // State shared by every group split from one root group: aborting one aborts all.
 struct Family {
@@ -57,8 +64,8 @@ bool is_collective(const Stamp& s) { return s.op != OpKind::kP2p && s.op != OpKi
 std::string mismatch_text(int me, const Stamp& mine, int peer, const Stamp& theirs) {
   if (theirs.seq > mine.seq)
     return str("comm: mismatched calls between rank ", me, " and rank ", peer, " (threads): rank ",
-               me, " waits in ", describe(mine), " for a message from rank ", peer,
-               ", but rank ", peer, " has moved on to ", describe(theirs),
+               me, " waits in ", describe(mine), " for a message from rank ", peer, ", but rank ",
+               peer, " has moved on to ", describe(theirs),
                " without sending it; make every rank call the same collectives in the same "
                "order with the same count, dtype and root");
   return str("comm: mismatched calls between rank ", me, " and rank ", peer, " (threads): rank ",
@@ -69,8 +76,14 @@ std::string mismatch_text(int me, const Stamp& mine, int peer, const Stamp& thei
 
 struct Group {
   Group(int size, std::shared_ptr<Family> fam, const WaitPolicy& pol)
-      : n(size), family(std::move(fam)), policy(pol), boxes(new Mailbox[size * size]),
-        current(new Published[size]) {}
+      : n(size),
+        family(std::move(fam)),
+        policy(pol),
+        boxes(new Mailbox[size * size]),
+        current(new Published[size]),
+        cpus(new std::atomic<int>[size]) {
+    for (int i = 0; i < size; ++i) cpus[i].store(-1, std::memory_order_relaxed);
+  }
   Mailbox& box(int src, int dst) { return boxes[src * n + dst]; }
 
   void publish(int rank, const Stamp& s) {
@@ -98,6 +111,10 @@ struct Group {
   WaitPolicy policy;
   std::unique_ptr<Mailbox[]> boxes;
   std::unique_ptr<Published[]> current;
+  // The core each rank last posted from. Spinning for a peer that shares this core only delays
+  // it (it cannot run until this thread yields), so such waits yield at once. This matters
+  // whenever other load squeezes the ranks onto fewer cores than ranks.
+  std::unique_ptr<std::atomic<int>[]> cpus;
 
   struct SplitEntry {
     std::shared_ptr<Group> group;
@@ -113,8 +130,14 @@ class ThreadOp final : public Request {
 
   ThreadOp(std::shared_ptr<Group> g, int rank, Kind kind, int peer, uint64_t tag, void* buf,
            size_t bytes, const Stamp& stamp)
-      : group_(std::move(g)), rank_(rank), kind_(kind), peer_(peer), tag_(tag), buf_(buf),
-        bytes_(bytes), stamp_(stamp) {}
+      : group_(std::move(g)),
+        rank_(rank),
+        kind_(kind),
+        peer_(peer),
+        tag_(tag),
+        buf_(buf),
+        bytes_(bytes),
+        stamp_(stamp) {}
   ~ThreadOp() override;
 
   bool test() override;
@@ -129,7 +152,9 @@ class ThreadOp final : public Request {
   }
 
  private:
-  Mailbox& box() { return kind_ == Kind::kSend ? group_->box(rank_, peer_) : group_->box(peer_, rank_); }
+  Mailbox& box() {
+    return kind_ == Kind::kSend ? group_->box(rank_, peer_) : group_->box(peer_, rank_);
+  }
   static void transfer(ThreadOp* send, ThreadOp* recv) noexcept;
   std::string where() const;
   [[noreturn]] void fail_aborted() const;
@@ -153,8 +178,8 @@ class ThreadOp final : public Request {
 
 std::string ThreadOp::where() const {
   return str("comm: ", describe(stamp_), " on rank ", rank_, " of ", group_->n, " (threads, ",
-             kind_ == Kind::kSend ? "send to" : "recv from", " rank ", peer_, ", tag ", tag_,
-             ", ", bytes_, " bytes)");
+             kind_ == Kind::kSend ? "send to" : "recv from", " rank ", peer_, ", tag ", tag_, ", ",
+             bytes_, " bytes)");
 }
 
 void ThreadOp::fail_aborted() const {
@@ -164,6 +189,7 @@ void ThreadOp::fail_aborted() const {
 void ThreadOp::post() {
   if (group_->family->aborted.load(std::memory_order_acquire)) fail_aborted();
   posted_ = true;
+  group_->cpus[rank_].store(sched_getcpu(), std::memory_order_relaxed);
   group_->publish(rank_, stamp_);
   Mailbox& b = box();
   std::deque<ThreadOp*>& partners = kind_ == Kind::kSend ? b.recvs : b.sends;
@@ -197,6 +223,9 @@ void ThreadOp::transfer(ThreadOp* send, ThreadOp* recv) noexcept {
     try {
       if (recv->kind_ == Kind::kRecvReduce)
         reduce_into(recv->buf_, send->buf_, recv->count_, recv->elem_, recv->op_);
+      else if (send->bytes_ >= kStreamMinSegment &&
+               recv->stamp_.count * elem_size(recv->stamp_.elem) >= kStreamMinCall)
+        copy_streaming(recv->buf_, send->buf_, send->bytes_);
       else if (send->bytes_)
         std::memcpy(recv->buf_, send->buf_, send->bytes_);
     } catch (const std::exception& e) {
@@ -238,8 +267,12 @@ bool ThreadOp::test() {
 
 void ThreadOp::wait(Deadline deadline) {
   Family& fam = *group_->family;
+  WaitPolicy policy = effective_policy(group_->policy);
+  int cpu = sched_getcpu();
+  if (cpu >= 0 && cpu == group_->cpus[peer_].load(std::memory_order_relaxed))
+    policy.oversubscribed = true;
   std::string mismatch;
-  bool ok = done_.wait(deadline, effective_policy(group_->policy), [&] {
+  bool ok = done_.wait(deadline, policy, [&] {
     if (fam.aborted.load(std::memory_order_relaxed)) return true;
     mismatch = group_->check_peer(rank_, stamp_, peer_);
     return !mismatch.empty();
@@ -251,7 +284,8 @@ void ThreadOp::wait(Deadline deadline) {
     }
     if (fam.aborted.load(std::memory_order_acquire)) fail_aborted();
     std::string msg = str(where(), ": no matching ", kind_ == Kind::kSend ? "receive" : "send",
-                          " from rank ", peer_, " before the deadline; that rank is stuck, died "
+                          " from rank ", peer_,
+                          " before the deadline; that rank is stuck, died "
                           "or never made this call (check that every rank calls the same "
                           "collectives, or raise comm.timeout_s)");
     fam.abort(msg);
@@ -268,6 +302,7 @@ class ThreadTransport final : public Transport {
   int size() const override { return group_->n; }
   const char* name() const override { return "threads"; }
   bool oversubscribed() const override { return group_->policy.oversubscribed; }
+  size_t default_segment_bytes() const override { return 1 << 20; }
 
   RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes,
                    const Stamp& stamp) override {
@@ -277,8 +312,7 @@ class ThreadTransport final : public Transport {
     op->post();
     return op;
   }
-  RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes,
-                   const Stamp& stamp) override {
+  RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes, const Stamp& stamp) override {
     check_peer(peer);
     auto op = std::make_unique<ThreadOp>(group_, rank_, ThreadOp::Kind::kRecv, peer, tag, data,
                                          bytes, stamp);
@@ -288,8 +322,8 @@ class ThreadTransport final : public Transport {
   RequestPtr irecv_reduce(int peer, uint64_t tag, void* acc, size_t count, ElemType elem,
                           ReduceOp op, const Stamp& stamp) override {
     check_peer(peer);
-    auto r = std::make_unique<ThreadOp>(group_, rank_, ThreadOp::Kind::kRecvReduce, peer, tag,
-                                        acc, count * elem_size(elem), stamp);
+    auto r = std::make_unique<ThreadOp>(group_, rank_, ThreadOp::Kind::kRecvReduce, peer, tag, acc,
+                                        count * elem_size(elem), stamp);
     r->set_reduce(count, elem, op);
     r->post();
     return r;
@@ -299,8 +333,8 @@ class ThreadTransport final : public Transport {
   bool aborted() const override { return group_->family->aborted.load(); }
   void check_alive() override {
     if (aborted())
-      throw CommError(str("comm: rank ", rank_, " (threads): group aborted: ",
-                          group_->family->why()));
+      throw CommError(
+          str("comm: rank ", rank_, " (threads): group aborted: ", group_->family->why()));
   }
 
   std::unique_ptr<Transport> split(int color, int, const std::vector<int>& members,
@@ -320,8 +354,8 @@ class ThreadTransport final : public Transport {
       sub = entry.group;
       if (--entry.remaining == 0) group_->splits.erase({split_id, color});
     }
-    int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) -
-                                    members.begin());
+    int new_rank =
+        static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
     TESSEL_CHECK(new_rank < static_cast<int>(members.size()), "split: rank ", rank_,
                  " missing from its own group");
     return std::make_unique<ThreadTransport>(sub, new_rank);
@@ -341,8 +375,7 @@ class ThreadTransport final : public Transport {
 
 std::vector<std::unique_ptr<Transport>> make_thread_transports(int world_size,
                                                                const CommOptions& options) {
-  if (world_size < 1)
-    throw InvalidArgument(str("comm: world size must be >= 1, got ", world_size));
+  if (world_size < 1) throw InvalidArgument(str("comm: world size must be >= 1, got ", world_size));
   WaitPolicy policy;
   policy.spin_us = options.spin_us;
   policy.yield_us = options.yield_us;

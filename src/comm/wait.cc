@@ -77,7 +77,7 @@ bool Backoff::should_sleep() { return elapsed_s() * 1e6 >= spin_us_ + policy_.yi
 void Backoff::pause() {
   double us = elapsed_s() * 1e6;
   if (us < spin_us_) {
-    for (int i = 0; i < 16; ++i) TESSEL_CPU_RELAX();
+    if (!getenv("TESSEL_NOPAUSE")) for (int i = 0; i < 16; ++i) TESSEL_CPU_RELAX();
   } else if (us < spin_us_ + policy_.yield_us) {
     sched_yield();
   } else {

@@ -180,6 +180,7 @@ float Trainer::step(const std::vector<data::Batch>& batches, EvalResult& sums) {
     }
   }
   strategy_->before_step();
+  const double t_opt = now_seconds();
   Tensor grads = model_->grads().flat();
   if (config_.train.clip_norm > 0) {
     double norm = std::sqrt(optim::sum_squares(grads.data<float>(), grads.numel()));
@@ -187,6 +188,7 @@ float Trainer::step(const std::vector<data::Batch>& batches, EvalResult& sums) {
   }
   Tensor params = model_->params().flat();
   optimizer_->step(params, grads, optim::lr_at(config_.schedule, base_lr_, step_, total_steps_));
+  optimizer_seconds_ += now_seconds() - t_opt;
   ++step_;
   strategy_->after_step(step_);
   sums.loss += local.loss;
@@ -471,6 +473,8 @@ json Trainer::run() {
 // bytes, buckets, and load balance (max / mean training-step time and the slowest rank).
 json Trainer::rank_metrics(double train_seconds) {
   json m = strategy_->take_metrics();
+  std::vector<double> optimizer = strategy_->gather(optimizer_seconds_);
+  optimizer_seconds_ = 0;
   const double exposed = m["comm_exposed_seconds"].get<double>();
   std::vector<double> step_time = strategy_->gather(train_seconds);
   std::vector<double> compute = strategy_->gather(train_seconds - exposed);
@@ -486,6 +490,7 @@ json Trainer::rank_metrics(double train_seconds) {
   json ranks = json::array();
   for (size_t r = 0; r < step_time.size(); ++r)
     ranks.push_back({{"rank", r}, {"step_seconds", step_time[r]}, {"compute_seconds", compute[r]},
+                     {"optimizer_seconds", optimizer[r]},
                      {"comm_exposed_seconds", exposed_all[r]},
                      {"comm_overlapped_seconds", overlapped[r]},
                      // Waiting for the slowest rank shows up as exposed communication time on

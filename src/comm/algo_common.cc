@@ -75,18 +75,19 @@ void exchange(const CollContext& ctx, int send_peer, const void* send, size_t se
     return std::min(seg, total - std::min(total, i * seg));
   };
   while (done_r < nr || posted_s < ns || !sends.empty()) {
-    // Receives first, so that a matching send finds its buffer already posted.
+    // Sends first: on mpi, posting a receive may copy a waiting message on the spot, and the
+    // peer should not wait for this rank's send meanwhile.
+    while (posted_s < ns && sends.size() < window) {
+      sends.push_back(
+          post_send(ctx, send_peer, at(send, posted_s * seg, e), seg_len(posted_s, send_count), e));
+      ++posted_s;
+    }
     while (posted_r < nr && recvs.size() < window) {
       void* dst = at(recv, posted_r * seg, e);
       size_t len = seg_len(posted_r, recv_count);
       recvs.push_back(reduce ? post_recv_reduce(ctx, recv_peer, dst, len, e, op)
                              : post_recv(ctx, recv_peer, dst, len, e));
       ++posted_r;
-    }
-    while (posted_s < ns && sends.size() < window) {
-      sends.push_back(
-          post_send(ctx, send_peer, at(send, posted_s * seg, e), seg_len(posted_s, send_count), e));
-      ++posted_s;
     }
     if (!recvs.empty()) {
       recvs.front()->wait(ctx.deadline);

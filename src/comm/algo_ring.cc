@@ -38,6 +38,15 @@ void ring_pass(const CollContext& ctx, void* buf, const Blocks& b, int g0, int g
   std::deque<RequestPtr> sends, recvs;
   size_t posted_s = 0, posted_r = 0, done_r = 0;
   while (done_r < units || posted_s < units || !sends.empty()) {
+    // Post sends whose data is final (the first step's, or the segment received one step ago)
+    // before receives: on mpi, posting a receive may copy a waiting message on the spot, and the
+    // peer should not wait for this rank's send meanwhile.
+    while (posted_s < units && sends.size() < window && (posted_s < S || posted_s - S < done_r)) {
+      size_t off, len;
+      piece(block_at(posted_s, 1), posted_s, &off, &len);
+      sends.push_back(post_send(ctx, next, at(buf, off, e), len, e));
+      ++posted_s;
+    }
     // Post receives ahead (reduce-scatter units reduce straight into the block).
     while (posted_r < units && recvs.size() < window) {
       size_t off, len;
@@ -47,13 +56,6 @@ void ring_pass(const CollContext& ctx, void* buf, const Blocks& b, int g0, int g
       recvs.push_back(reduce ? post_recv_reduce(ctx, prev, at(buf, off, e), len, e, op)
                              : post_recv(ctx, prev, at(buf, off, e), len, e));
       ++posted_r;
-    }
-    // Post sends whose data is final: the first step's, or the segment received one step ago.
-    while (posted_s < units && sends.size() < window && (posted_s < S || posted_s - S < done_r)) {
-      size_t off, len;
-      piece(block_at(posted_s, 1), posted_s, &off, &len);
-      sends.push_back(post_send(ctx, next, at(buf, off, e), len, e));
-      ++posted_s;
     }
     // Complete the oldest receive (or, at the end, the oldest send).
     if (!recvs.empty()) {

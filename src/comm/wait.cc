@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cstdlib>
 #include <cmath>
 
 #include "tessel/core/clock.h"
@@ -57,7 +56,7 @@ thread_local double t_spin_us = -1;  // this thread's learned spin budget
 
 Backoff::Backoff(const WaitPolicy& policy) : policy_(policy), start_(now_seconds()) {
   if (t_spin_us < 0) t_spin_us = policy.spin_us;
-  spin_us_ = policy.oversubscribed ? 0 : (getenv("TESSEL_NOADAPT") ? policy.spin_us : std::min(policy.spin_us, t_spin_us));
+  spin_us_ = policy.oversubscribed ? 0 : std::min(policy.spin_us, t_spin_us);
 }
 
 Backoff::~Backoff() {
@@ -77,7 +76,7 @@ bool Backoff::should_sleep() { return elapsed_s() * 1e6 >= spin_us_ + policy_.yi
 void Backoff::pause() {
   double us = elapsed_s() * 1e6;
   if (us < spin_us_) {
-    if (!getenv("TESSEL_NOPAUSE")) for (int i = 0; i < 16; ++i) TESSEL_CPU_RELAX();
+    for (int i = 0; i < 16; ++i) TESSEL_CPU_RELAX();
   } else if (us < spin_us_ + policy_.yield_us) {
     sched_yield();
   } else {

@@ -56,13 +56,17 @@ struct WorkState;
 struct CommState;
 }  // namespace detail
 
-// Handle of an async call. Copyable; all copies refer to the same call.
+// Handle of an async call. Copyable; all copies refer to the same call. Used by one thread at
+// a time; wait for every Work before destroying its communicator.
 class Work {
  public:
   Work() = default;  // complete already
   explicit Work(std::shared_ptr<detail::WorkState> s) : s_(std::move(s)) {}
   bool done() const;  // true once finished, successfully or not; never blocks or throws
-  void wait() const;  // until the call's deadline; throws CommError if the call failed
+  // Until the call ends (it fails by itself at its own deadline); rethrows its CommError.
+  void wait() const;
+  // As wait(), but gives up at `deadline`: the group is then aborted, the call stopped, and
+  // CommError thrown.
   void wait(Deadline deadline) const;
 
  private:

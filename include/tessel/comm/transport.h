@@ -2,9 +2,11 @@
 // (the gloo/NCCL split: transport -> algorithms -> communicator). Implementations: threads
 // (ranks are threads of one process; threads.h) and mpi (one rank per process; mpi.h).
 // Matching follows MPI: messages from one sender with one tag are received in the order sent.
-// Every message carries a Stamp (which collective it belongs to); a receive whose stamp or size
-// differs from the sender's fails on the receiver naming both sides, so ranks that disagree on a
-// collective get an error instead of a hang. isend/irecv/test/wait may be called from several
+// Every message carries a Stamp (which collective it belongs to). Messages whose stamps differ
+// never complete each other: the transport reports them, or a waiting rank whose peer is in
+// another call, as a CommError naming both sides, so ranks that disagree on a collective get an
+// error instead of a hang (threads: stamps compared directly; mpi: the stamp's hash is the tag
+// and a waiting rank queries its peer). isend/irecv/test/wait may be called from several
 // threads at once; one Request is used by one thread at a time. Buffers belong to the caller and
 // must stay valid and untouched until the request completes or is destroyed.
 #pragma once

@@ -98,6 +98,7 @@ class MpiTransport final : public Transport {
   void abort(const std::string& reason) noexcept override { family_->abort(reason); }
   bool aborted() const override { return family_->aborted(); }
   void check_alive() override;
+  void fail_if_aborted();
   std::unique_ptr<Transport> split(int color, int key, const std::vector<int>& members,
                                    uint64_t split_id) override;
   NativeCollectives* native() override { return native_.get(); }
@@ -424,6 +425,15 @@ MpiTransport::~MpiTransport() {
   }
 }
 
+// Posting must not drive MPI progress: progress would take a peer's rendezvous request off the
+// wire first, and the receive posted next would then copy the whole message on the spot, before
+// this rank's own send is even posted, serialising the two directions of an exchange (measured:
+// a 2-rank 1 MiB ring allreduce took 190 us instead of 110 us).
+void MpiTransport::fail_if_aborted() {
+  if (family_->aborted())
+    throw CommError(str("comm: rank ", rank_, " (mpi): group aborted: ", family_->why()));
+}
+
 void MpiTransport::check_alive() {
   family_->poll();
   if (family_->aborted())
@@ -515,7 +525,7 @@ void check_message(size_t bytes) {
 RequestPtr MpiTransport::isend(int peer, uint64_t tag, const void* data, size_t bytes,
                                const Stamp& stamp) {
   check_message(bytes);
-  check_alive();
+  fail_if_aborted();
   publish(stamp);
   auto r = std::make_unique<MpiRequest>(this, true, peer, tag, bytes, stamp);
   Guard guard;
@@ -528,7 +538,7 @@ RequestPtr MpiTransport::isend(int peer, uint64_t tag, const void* data, size_t 
 RequestPtr MpiTransport::irecv(int peer, uint64_t tag, void* data, size_t bytes,
                                const Stamp& stamp) {
   check_message(bytes);
-  check_alive();
+  fail_if_aborted();
   publish(stamp);
   auto r = std::make_unique<MpiRequest>(this, false, peer, tag, bytes, stamp);
   Guard guard;
@@ -540,7 +550,7 @@ RequestPtr MpiTransport::irecv(int peer, uint64_t tag, void* data, size_t bytes,
 
 RequestPtr MpiTransport::irecv_reduce(int peer, uint64_t tag, void* acc, size_t count,
                                       ElemType elem, ReduceOp op, const Stamp& stamp) {
-  check_alive();
+  fail_if_aborted();
   publish(stamp);
   size_t bytes = count * elem_size(elem);
   check_message(bytes);

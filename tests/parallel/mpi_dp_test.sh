@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Data parallel under mpirun (one rank per process):
-#  1. deterministic mode gives the same params_sha256 on 1 thread-rank, 2 and 3 MPI ranks;
+#  1. deterministic mode gives the same params_sha256 on 1 rank and on 2, 3, 4 and 6 MPI ranks
+#     (a batch of 24 rows in 12 micro-shards of 2);
 #  2. killing one rank's process ends the whole job, naming the lost rank, well within the
 #     communication deadline (no hang).
 # Usage: mpi_dp_test.sh TESSEL_BINARY SOURCE_DIR
@@ -11,11 +12,12 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mpirun="mpirun --allow-run-as-root --oversubscribe"
 args=(train "$src/examples/spiral.toml" --quiet --set train.deterministic=true
-      --set ddp.micro_shard=5 --set train.epochs=30 --set model.dropout=0.1)
+      --set train.batch=24 --set train.drop_last=true --set ddp.micro_shard=2
+      --set train.epochs=8 --set model.dropout=0.1)
 
 sha() { grep -o '"params_sha256": *"[0-9a-f]*"' "$1/summary.json" | grep -o '[0-9a-f]\{64\}'; }
 "$tessel" "${args[@]}" --run-dir "$tmp/one" > /dev/null
-for np in 2 3; do
+for np in 2 3 4 6; do
   $mpirun -np $np "$tessel" "${args[@]}" --run-dir "$tmp/mpi$np" > "$tmp/out$np" 2>&1 ||
     { cat "$tmp/out$np"; exit 1; }
   if [ "$(sha "$tmp/one")" != "$(sha "$tmp/mpi$np")" ]; then

@@ -129,6 +129,9 @@ int main(int argc, char** argv) {
   bench_comm->add_option("--dtype", cb_dtype, "f32, f64, f16, bf16, i32, i64")->capture_default_str();
   bench_comm->add_option("--repeats", cb.repeats, "timed repeats per point (0: by size)");
   bench_comm->add_option("--json", cb.json_path, "also write the results as JSON");
+  std::string cb_segment;
+  bench_comm->add_option("--segment", cb_segment, "ring segment size, e.g. 1MiB (default: transport's)");
+  bench_comm->add_option("--in-flight", cb.in_flight, "ring segments in flight (0: default)");
 
   try {
     app.parse(argc, argv);
@@ -174,6 +177,7 @@ int main(int argc, char** argv) {
         for (std::string item; std::getline(ss, item, ',');) cb.collectives.push_back(item);
       }
       cb.elem = tessel::comm::elem_type_from_name(cb_dtype);
+      if (!cb_segment.empty()) cb.segment_bytes = tessel::comm::parse_bytes(cb_segment);
       return tessel::comm::run_comm_bench(cb);
     }
     if (*config) {

@@ -39,15 +39,23 @@ Range range_of(const Fold& f, const Blocks& b, int vlo, int vhi) {
 }
 
 // Halving rounds: on return the active rank v holds the reduction of range_of(v, v + 1).
+// With src set, buf starts empty: the first round sends straight from src and copies only the
+// half it keeps (a reduce-scatter leaves its input untouched without copying all of it).
 void halving(const CollContext& ctx, void* buf, const Fold& f, const Blocks& b, int v, ElemType e,
-             ReduceOp op) {
+             ReduceOp op, const void* src = nullptr) {
   int vlo = 0, vhi = f.p;
   for (int mask = f.p / 2; mask >= 1; mask /= 2) {
     int mid = vlo + mask, partner = f.real(v ^ mask);
     Range keep = v < mid ? range_of(f, b, vlo, mid) : range_of(f, b, mid, vhi);
     Range give = v < mid ? range_of(f, b, mid, vhi) : range_of(f, b, vlo, mid);
-    exchange(ctx, partner, at(buf, give.begin, e), give.count, partner, at(buf, keep.begin, e),
-             keep.count, e, true, op);
+    const void* from = at(buf, give.begin, e);
+    if (src) {
+      copy_elems(at(buf, keep.begin, e), at(src, keep.begin, e), keep.count, e);
+      from = at(src, give.begin, e);
+      src = nullptr;
+    }
+    exchange(ctx, partner, from, give.count, partner, at(buf, keep.begin, e), keep.count, e, true,
+             op);
     if (v < mid)
       vhi = mid;
     else
@@ -118,15 +126,19 @@ void reduce_scatter_halving_doubling(const CollContext& ctx, const void* in, voi
   Fold f(n);
   Blocks b(counts);
   const int v = f.vrank(r);
+  if (n == 1) return copy_elems(out, in, b.count(r), e);
   void* work = ctx.scratch->get(0, b.total() * elem_size(e));
-  copy_elems(work, in, b.total(), e);
+  const void* src = in;  // what the first halving round reads
   if (r < 2 * f.rem) {
-    if (v < 0)
-      exchange(ctx, r + 1, work, b.total(), -1, nullptr, 0, e, false, op);
-    else
+    if (v < 0) {
+      exchange(ctx, r + 1, in, b.total(), -1, nullptr, 0, e, false, op);
+    } else {
+      copy_elems(work, in, b.total(), e);
       exchange(ctx, -1, nullptr, 0, r - 1, work, b.total(), e, true, op);
+      src = nullptr;
+    }
   }
-  if (v >= 0) halving(ctx, work, f, b, v, e, op);
+  if (v >= 0) halving(ctx, work, f, b, v, e, op, src);
   // The odd rank of a pair holds both blocks of the pair: hand the even one its block.
   if (r < 2 * f.rem) {
     if (v < 0) {

@@ -12,12 +12,24 @@
 namespace tessel::comm {
 namespace {
 
+// Where the ring's blocks live. In place (buf set), every block sits at its Blocks offset of
+// buf. For a reduce-scatter (in set), the input stays untouched: step 0 sends straight from in,
+// and each block this rank reduces into is staged from in, one segment just before its receive
+// is posted, into work (its own block r into out). That copies (n-1)/n of the input once,
+// interleaved with the transfers, instead of copying all of it up front.
+struct RingStorage {
+  void* buf = nullptr;
+  const void* in = nullptr;
+  void* work = nullptr;
+  void* out = nullptr;
+};
+
 // Steps [g0, g1) of the ring. Step g (0 <= g < 2(n-1)): rank r sends block (r - g - 1) to r + 1
 // and receives block (r - g - 2) from r - 1, reducing it in for g < n - 1 (reduce-scatter
 // phase) and copying it for g >= n - 1 (allgather phase). After step n - 2 rank r holds the
 // reduction of its own block r, which the allgather phase starts by sending.
-void ring_pass(const CollContext& ctx, void* buf, const Blocks& b, int g0, int g1, ElemType e,
-               ReduceOp op) {
+void ring_pass(const CollContext& ctx, const RingStorage& m, const Blocks& b, int g0, int g1,
+               ElemType e, ReduceOp op) {
   const int n = b.n(), r = ctx.transport->rank();
   if (n == 1 || g0 >= g1) return;
   const int next = (r + 1) % n, prev = (r + n - 1) % n;
@@ -29,10 +41,20 @@ void ring_pass(const CollContext& ctx, void* buf, const Blocks& b, int g0, int g
     int g = g0 + static_cast<int>(unit / S);
     return ((r - g - shift) % n + n) % n;
   };
-  auto piece = [&](int blk, size_t unit, size_t* off, size_t* len) {
-    size_t k = unit % S, cnt = b.count(blk), lo = std::min(cnt, k * seg);
-    *off = b.begin(blk) + lo;
-    *len = std::min(seg, cnt - lo);
+  // Segment of `unit` in block blk: offset lo within the block, length len.
+  auto piece = [&](int blk, size_t unit, size_t* lo, size_t* len) {
+    size_t cnt = b.count(blk);
+    *lo = std::min(cnt, (unit % S) * seg);
+    *len = std::min(seg, cnt - *lo);
+  };
+  // Start of block blk's working copy.
+  auto base = [&](int blk) -> void* {
+    if (m.buf) return at(m.buf, b.begin(blk), e);
+    return blk == r ? m.out : at(m.work, b.begin(blk), e);
+  };
+  auto send_ptr = [&](int blk, size_t unit, size_t lo) -> const void* {
+    if (!m.buf && g0 + static_cast<int>(unit / S) == 0) return at(m.in, b.begin(blk) + lo, e);
+    return at(base(blk), lo, e);
   };
 
   std::deque<RequestPtr> sends, recvs;
@@ -42,19 +64,22 @@ void ring_pass(const CollContext& ctx, void* buf, const Blocks& b, int g0, int g
     // before receives: on mpi, posting a receive may copy a waiting message on the spot, and the
     // peer should not wait for this rank's send meanwhile.
     while (posted_s < units && sends.size() < window && (posted_s < S || posted_s - S < done_r)) {
-      size_t off, len;
-      piece(block_at(posted_s, 1), posted_s, &off, &len);
-      sends.push_back(post_send(ctx, next, at(buf, off, e), len, e));
+      size_t lo, len;
+      int blk = block_at(posted_s, 1);
+      piece(blk, posted_s, &lo, &len);
+      sends.push_back(post_send(ctx, next, send_ptr(blk, posted_s, lo), len, e));
       ++posted_s;
     }
     // Post receives ahead (reduce-scatter units reduce straight into the block).
     while (posted_r < units && recvs.size() < window) {
-      size_t off, len;
+      size_t lo, len;
       int blk = block_at(posted_r, 2);
-      piece(blk, posted_r, &off, &len);
+      piece(blk, posted_r, &lo, &len);
+      void* dst = at(base(blk), lo, e);
       bool reduce = g0 + static_cast<int>(posted_r / S) < n - 1;
-      recvs.push_back(reduce ? post_recv_reduce(ctx, prev, at(buf, off, e), len, e, op)
-                             : post_recv(ctx, prev, at(buf, off, e), len, e));
+      if (reduce && !m.buf) copy_elems(dst, at(m.in, b.begin(blk) + lo, e), len, e);  // stage
+      recvs.push_back(reduce ? post_recv_reduce(ctx, prev, dst, len, e, op)
+                             : post_recv(ctx, prev, dst, len, e));
       ++posted_r;
     }
     // Complete the oldest receive (or, at the end, the oldest send).
@@ -107,18 +132,21 @@ void forward_segments(const CollContext& ctx, void* buf, size_t count, ElemType 
 
 void allreduce_ring(const CollContext& ctx, void* buf, size_t count, ElemType e, ReduceOp op) {
   const int n = ctx.transport->size();
-  ring_pass(ctx, buf, Blocks(even_counts(count, n)), 0, 2 * (n - 1), e, op);
+  RingStorage m;
+  m.buf = buf;
+  ring_pass(ctx, m, Blocks(even_counts(count, n)), 0, 2 * (n - 1), e, op);
 }
 
 void reduce_scatter_ring(const CollContext& ctx, const void* in, void* out,
                          const std::vector<size_t>& counts, ElemType e, ReduceOp op) {
   const int n = ctx.transport->size(), r = ctx.transport->rank();
   Blocks b(counts);
-  // Work on a copy: the input stays intact and the reduction happens in place.
-  void* work = ctx.scratch->get(0, b.total() * elem_size(e));
-  copy_elems(work, in, b.total(), e);
-  ring_pass(ctx, work, b, 0, n - 1, e, op);
-  copy_elems(out, at(work, b.begin(r), e), b.count(r), e);
+  if (n == 1) return copy_elems(out, in, b.count(r), e);
+  RingStorage m;
+  m.in = in;
+  m.work = ctx.scratch->get(0, b.total() * elem_size(e));
+  m.out = out;
+  ring_pass(ctx, m, b, 0, n - 1, e, op);
 }
 
 void allgather_ring(const CollContext& ctx, const void* in, void* out,
@@ -126,25 +154,30 @@ void allgather_ring(const CollContext& ctx, const void* in, void* out,
   const int n = ctx.transport->size(), r = ctx.transport->rank();
   Blocks b(counts);
   copy_elems(at(out, b.begin(r), e), in, b.count(r), e);
-  ring_pass(ctx, out, b, n - 1, 2 * (n - 1), e, ReduceOp::kSum);
+  RingStorage m;
+  m.buf = out;
+  ring_pass(ctx, m, b, n - 1, 2 * (n - 1), e, ReduceOp::kSum);
 }
 
 void reduce_ring(const CollContext& ctx, void* buf, size_t count, ElemType e, ReduceOp op,
                  int root) {
   const int n = ctx.transport->size(), r = ctx.transport->rank();
   Blocks b(even_counts(count, n));
-  // Phase 1: ring reduce-scatter on a copy, so non-root buffers stay unchanged.
-  void* work = ctx.scratch->get(0, count * elem_size(e));
-  copy_elems(work, buf, count, e);
-  ring_pass(ctx, work, b, 0, n - 1, e, op);
+  if (n == 1) return;
+  // Phase 1: ring reduce-scatter that leaves buf untouched; the root accumulates its own block
+  // in place (that block is neither sent at step 0 nor read after it is staged).
+  RingStorage m;
+  m.in = buf;
+  m.work = ctx.scratch->get(0, count * elem_size(e));
+  m.out = r == root ? at(buf, b.begin(r), e) : ctx.scratch->get(1, b.count(r) * elem_size(e));
+  ring_pass(ctx, m, b, 0, n - 1, e, op);
   // Phase 2: every rank sends its reduced block to the root.
   Pending pending;
   if (r == root) {
     for (int i = 0; i < n; ++i)
       if (i != r) pending.add(post_recv(ctx, i, at(buf, b.begin(i), e), b.count(i), e));
-    copy_elems(at(buf, b.begin(r), e), at(work, b.begin(r), e), b.count(r), e);
   } else {
-    pending.add(post_send(ctx, root, at(work, b.begin(r), e), b.count(r), e));
+    pending.add(post_send(ctx, root, m.out, b.count(r), e));
   }
   pending.wait_all(ctx.deadline);
 }

@@ -1,6 +1,7 @@
 #include "tessel/comm/communicator.h"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 
 #include "comm_state.h"
@@ -68,7 +69,10 @@ Algorithm auto_pick(const CommState& s, OpKind op, size_t bytes) {
     return Algorithm::kNative;
   // Halving-doubling pays two extra full-size steps to fold a non-power-of-two world, so the
   // ring takes over 4x earlier there.
-  const size_t ring_min = is_pow2(n) ? t.ring_min_bytes : t.ring_min_bytes / 4;
+  const bool mpi = std::strcmp(s.transport->name(), "mpi") == 0;
+  const size_t ring_min = !is_pow2(n) ? t.ring_min_bytes / 4
+                          : mpi       ? t.mpi_ring_min_bytes
+                                      : t.ring_min_bytes;
   switch (op) {
     case OpKind::kAllreduce:
     case OpKind::kReduceScatter:

@@ -32,6 +32,9 @@ struct AutoThresholds {
   // A quarter of it when the world size is not a power of two (halving-doubling's fold costs
   // two extra full-size steps there).
   size_t ring_min_bytes = 1 << 20;
+  // The same for power-of-two worlds on the mpi transport, where every message costs a
+  // rendezvous: halving-doubling's 2 log2 n messages beat the ring's 2(n-1) up to here.
+  size_t mpi_ring_min_bytes = 32 << 20;
   size_t native_max_bytes = 0;  // mpi transport: native MPI up to this size (0: never)
 };
 

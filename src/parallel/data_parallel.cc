@@ -100,9 +100,20 @@ void DataParallel::after_block_backward(size_t block) {
 
 void DataParallel::collect_shard() {
   const Tensor& g = model_.grads().flat();
-  size_t n = static_cast<size_t>(g.numel());
+  const size_t n = static_cast<size_t>(g.numel());
   shards_.resize((static_cast<size_t>(num_shards_) + 1) * n);
-  std::memcpy(shards_.data() + num_shards_ * n, g.raw(), n * sizeof(float));
+  if (shard_max_.size() != buckets_.size()) shard_max_.assign(buckets_.size(), 0.0f);
+  const float* src = g.data<float>();
+  float* dst = shards_.data() + num_shards_ * n;
+  // Copy and track each bucket's largest |g| in one pass.
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    float m = shard_max_[b];
+    for (int64_t i = buckets_[b].lo; i < buckets_[b].hi; ++i) {
+      dst[i] = src[i];
+      m = std::max(m, std::fabs(src[i]));
+    }
+    shard_max_[b] = m;
+  }
   ++num_shards_;
 }
 
@@ -134,14 +145,9 @@ void DataParallel::deterministic_reduce() {
   const size_t n = static_cast<size_t>(g.numel());
   const size_t nb = buckets_.size();
   // 1. Agree on every bucket's largest |g| over all shards of all ranks, and the shard count.
-  std::vector<float> maxes(nb, 0.0f);
-  for (size_t b = 0; b < nb; ++b)
-    for (int64_t s = 0; s < num_shards_; ++s) {
-      const float* p = shards_.data() + s * n;
-      float m = maxes[b];
-      for (int64_t i = buckets_[b].lo; i < buckets_[b].hi; ++i) m = std::max(m, std::fabs(p[i]));
-      maxes[b] = m;
-    }
+  std::vector<float> maxes = shard_max_;
+  maxes.resize(nb, 0.0f);
+  shard_max_.assign(nb, 0.0f);
   double shards_total = static_cast<double>(num_shards_);
   if (world_) {
     world_->allreduce(maxes.data(), nb, comm::ElemType::kF32, comm::ReduceOp::kMax);
@@ -158,10 +164,12 @@ void DataParallel::deterministic_reduce() {
     }
     int e = static_cast<int>(std::floor(std::log2(std::ldexp(1.0, 62) / (shards_total * maxes[b]))));
     scale[b] = std::ldexp(1.0, std::min(e, 1000));
+    const double sc = scale[b];
     for (int64_t s = 0; s < num_shards_; ++s) {
       const float* p = shards_.data() + s * n;
+      // Truncation toward zero: deterministic, vectorises, and loses < 2^-e per shard.
       for (int64_t i = buckets_[b].lo; i < buckets_[b].hi; ++i)
-        acc[i] += std::llrint(static_cast<double>(p[i]) * scale[b]);
+        acc[i] += static_cast<int64_t>(static_cast<double>(p[i]) * sc);
     }
   }
   if (world_) {

@@ -63,6 +63,7 @@ class DataParallel : public Strategy {
   std::vector<Bucket> buckets_;
   bool sync_ = true;
   std::vector<float> shards_;  // deterministic mode: collected shard gradients, back to back
+  std::vector<float> shard_max_;  // per bucket, largest |g| among the collected shards
   int64_t num_shards_ = 0;
 
   // Measurements since the last take_metrics().

@@ -89,16 +89,23 @@ void exchange(const CollContext& ctx, int send_peer, const void* send, size_t se
                              : post_recv(ctx, recv_peer, dst, len, e));
       ++posted_r;
     }
-    if (!recvs.empty()) {
-      recvs.front()->wait(ctx.deadline);
-      recvs.pop_front();
-      ++done_r;
-    } else if (!sends.empty()) {
-      sends.front()->wait(ctx.deadline);
-      sends.pop_front();
-    }
-    while (!sends.empty() && sends.front()->test()) sends.pop_front();
+    done_r += complete_oldest(ctx, recvs, sends);
   }
+}
+
+size_t complete_oldest(const CollContext& ctx, std::deque<RequestPtr>& recvs,
+                       std::deque<RequestPtr>& sends) {
+  size_t done = 0;
+  if (!recvs.empty()) {
+    recvs.front()->wait(ctx.deadline);
+    recvs.pop_front();
+    done = 1;
+  } else if (!sends.empty()) {
+    sends.front()->wait(ctx.deadline);
+    sends.pop_front();
+  }
+  while (!sends.empty() && sends.front()->test()) sends.pop_front();
+  return done;
 }
 
 }  // namespace tessel::comm

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstring>
+#include <deque>
 #include <vector>
 
 #include "tessel/comm/algorithms.h"
@@ -66,5 +67,10 @@ void forward_segments(const CollContext& ctx, void* buf, size_t count, ElemType 
                       const std::vector<int>& to);
 
 size_t segment_elems(const CollContext& ctx, ElemType e);
+
+// One step of a segmented pipeline: waits for the oldest receive (or, once none is left, the
+// oldest send), then drops the sends already done. Returns the receives completed (0 or 1).
+size_t complete_oldest(const CollContext& ctx, std::deque<RequestPtr>& recvs,
+                       std::deque<RequestPtr>& sends);
 
 }  // namespace tessel::comm

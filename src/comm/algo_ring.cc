@@ -83,15 +83,7 @@ void ring_pass(const CollContext& ctx, const RingStorage& m, const Blocks& b, in
       ++posted_r;
     }
     // Complete the oldest receive (or, at the end, the oldest send).
-    if (!recvs.empty()) {
-      recvs.front()->wait(ctx.deadline);
-      recvs.pop_front();
-      ++done_r;
-    } else if (!sends.empty()) {
-      sends.front()->wait(ctx.deadline);
-      sends.pop_front();
-    }
-    while (!sends.empty() && sends.front()->test()) sends.pop_front();
+    done_r += complete_oldest(ctx, recvs, sends);
   }
 }
 
@@ -118,15 +110,7 @@ void forward_segments(const CollContext& ctx, void* buf, size_t count, ElemType 
         sends.push_back(post_send(ctx, peer, at(buf, posted_s * seg, e), len_of(posted_s), e));
       ++posted_s;
     }
-    if (!recvs.empty()) {
-      recvs.front()->wait(ctx.deadline);
-      recvs.pop_front();
-      ++done_r;
-    } else if (!sends.empty()) {
-      sends.front()->wait(ctx.deadline);
-      sends.pop_front();
-    }
-    while (!sends.empty() && sends.front()->test()) sends.pop_front();
+    done_r += complete_oldest(ctx, recvs, sends);
   }
 }
 

@@ -155,6 +155,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("comm.timeout_s", comm.timeout_s, "deadline in seconds of every blocking communication"),
       TESSEL_KEY("comm.algorithm", comm.algorithm, "collective algorithm: auto, ring, halving_doubling, tree, direct, native"),
       TESSEL_KEY("ddp.bucket_mb", ddp.bucket_mb, "gradient bucket size in MiB; buckets are all-reduced while backward runs"),
+      TESSEL_KEY("ddp.overlap", ddp.overlap, "auto, on or off: all-reduce gradient buckets on a progress thread during the backward pass (auto: only with a spare core per rank)"),
       TESSEL_KEY("ddp.check_every", ddp.check_every, "steps between cross-rank parameter checksums (0: off)"),
       TESSEL_KEY("ddp.micro_shard", ddp.micro_shard, "deterministic mode: rows per fixed micro-shard"),
   };
@@ -261,6 +262,8 @@ void validate(const Config& c) {
           str("runtime.backend must be auto, threads or mpi, got '", c.runtime.backend, "'"));
   require(c.comm.timeout_s > 0, str("comm.timeout_s must be > 0, got ", c.comm.timeout_s));
   require(c.ddp.bucket_mb > 0, str("ddp.bucket_mb must be > 0, got ", c.ddp.bucket_mb));
+  require(c.ddp.overlap == "auto" || c.ddp.overlap == "on" || c.ddp.overlap == "off",
+          str("ddp.overlap must be auto, on or off, got '", c.ddp.overlap, "'"));
   require(c.ddp.check_every >= 0, str("ddp.check_every must be >= 0 (0 = off), got ", c.ddp.check_every));
   require(c.ddp.micro_shard >= 1, str("ddp.micro_shard must be >= 1, got ", c.ddp.micro_shard));
   require(!c.ddp.deterministic || c.train.batch % c.ddp.micro_shard == 0,

@@ -499,6 +499,7 @@ json Trainer::rank_metrics(double train_seconds) {
   return {{"per_rank", ranks},
           {"allreduce_bytes_per_rank", m["allreduce_bytes"]},
           {"buckets", m["buckets"]},
+          {"overlap", m["overlap"]},
           {"load_balance_max_over_mean", sum_t > 0 ? max_t * step_time.size() / sum_t : 1.0},
           {"slowest_rank", slowest}};
 }

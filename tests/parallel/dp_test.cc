@@ -57,7 +57,8 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
 
 TEST(DataParallel, MatchesSingleRankAfterTwentySteps) {
   // Dropout and momentum: the masks and the optimizer state must not depend on the split.
-  train::Config cfg = small_config("mlp", {"model.dropout=0.2", "ddp.bucket_mb=0.001"});
+  for (const char* overlap : {"ddp.overlap=on", "ddp.overlap=off"}) {
+  train::Config cfg = small_config("mlp", {"model.dropout=0.2", "ddp.bucket_mb=0.001", overlap});
   auto [single, s1] = train_on(cfg, 1);
   EXPECT_EQ(s1["steps"], 20);
   for (int w : {2, 3, 4}) {
@@ -66,8 +67,10 @@ TEST(DataParallel, MatchesSingleRankAfterTwentySteps) {
     EXPECT_LT(max_rel_diff(single, multi), 1e-5) << w << " workers";
     EXPECT_EQ(sw["world_size"], w);
     EXPECT_EQ(sw["layout"], "dp=" + std::to_string(w));
-    EXPECT_GT(sw["ranks"]["buckets"].get<int>(), 1);  // several buckets, reduced during backward
+    EXPECT_GT(sw["ranks"]["buckets"].get<int>(), 1);  // several buckets
+    EXPECT_EQ(sw["ranks"]["overlap"].get<bool>(), std::string(overlap) == "ddp.overlap=on");
     EXPECT_NEAR(sw["test_accuracy"].get<double>(), s1["test_accuracy"].get<double>(), 0.02);
+  }
   }
 }
 

@@ -43,6 +43,7 @@ class DataParallel : public Strategy {
   nlohmann::json take_metrics() override;
 
   size_t num_buckets() const { return buckets_.size(); }
+  bool overlaps() const { return overlap_; }
 
  private:
   struct Bucket {
@@ -59,6 +60,7 @@ class DataParallel : public Strategy {
 
   ParallelSpec spec_;
   comm::Communicator* world_;
+  bool overlap_ = false;  // resolved ddp.overlap
   nn::Model& model_;
   std::vector<Bucket> buckets_;
   bool sync_ = true;

@@ -21,6 +21,10 @@ namespace tessel::parallel {
 
 struct ParallelSpec {
   double bucket_mb = 1.0;     // ddp.bucket_mb: gradient bucket size for overlapped all-reduce
+  // ddp.overlap: "on" all-reduces buckets on a progress thread during the backward pass; "off"
+  // all-reduces the whole gradient on the compute thread at the step; "auto" overlaps only when
+  // the machine has a spare core per rank for the progress threads.
+  std::string overlap = "auto";
   int64_t check_every = 200;  // ddp.check_every: steps between cross-rank parameter checks (0 = off)
   bool deterministic = false; // train.deterministic: bit-identical results for any worker count
   int64_t micro_shard = 8;    // ddp.micro_shard: rows per fixed micro-shard in deterministic mode

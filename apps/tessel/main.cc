@@ -56,9 +56,10 @@ nlohmann::json train_job(const tessel::train::Config& cfg, const tessel::train::
     tessel::log_warn("runtime.threads = ", cfg.runtime.threads, " ignored: ", cfg.runtime.workers,
                      " workers as threads each use one BLAS thread");
   tessel::ops::set_blas_threads(1);
+  const tessel::data::Splits data = tessel::data::make_datasets(cfg.data);  // read once, shared
   nlohmann::json summary;
   comm::run_threads(cfg.runtime.workers, [&](comm::Communicator& world) {
-    tessel::train::Trainer trainer(cfg, opts, &world);
+    tessel::train::Trainer trainer(cfg, opts, &world, &data);
     nlohmann::json s = trainer.run();
     if (world.rank() == 0) summary = s;
   }, co);

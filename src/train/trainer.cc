@@ -74,14 +74,15 @@ void load_tensor(const ckpt::TensorFile& file, const std::string& what, const st
 
 }  // namespace
 
-Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world)
+Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
+                 const data::Splits* data)
     : config_(std::move(config)), options_(std::move(options)) {
   // OpenBLAS's thread count is process-wide: ranks that are threads of one process each use one
   // BLAS thread (set by the launcher), a rank that owns its process uses runtime.threads.
   const bool owns_process = world == nullptr || std::string(world->backend()) == "mpi" ||
                             world->size() == 1;
   if (owns_process) ops::set_blas_threads(config_.runtime.threads);
-  data_ = data::make_datasets(config_.data);
+  data_ = data ? *data : data::make_datasets(config_.data);
   nn::ModelSpec spec = config_.model;
   spec.input_shape = data_.train->input_shape();
   spec.num_classes = data_.train->num_classes();

@@ -44,7 +44,10 @@ struct EvalResult {
 class Trainer {
  public:
   // world: this rank's communicator (null: one worker). Must outlive the Trainer.
-  Trainer(Config config, RunOptions options, comm::Communicator* world = nullptr);
+  // data: datasets already loaded (e.g. shared by the rank threads of one process; datasets
+  // are immutable); null: load them from config.data.
+  Trainer(Config config, RunOptions options, comm::Communicator* world = nullptr,
+          const data::Splits* data = nullptr);
   ~Trainer();
 
   // Trains to the end (or until stop_after / interrupt) and returns summary.json's contents.

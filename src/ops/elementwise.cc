@@ -47,15 +47,8 @@ void add_forward(float* y, const float* a, const float* b, int64_t n) {
 }
 
 void softmax_forward(float* y, const float* x, int64_t N, int64_t C) {
-  for (int64_t r = 0; r < N; ++r) {
-    const float* xr = x + r * C;
-    float* yr = y + r * C;
-    float mx = -INFINITY;
-    for (int64_t c = 0; c < C; ++c) mx = std::fmax(mx, xr[c]);
-    for (int64_t c = 0; c < C; ++c) yr[c] = detail::exp(xr[c] - mx);
-    const float inv = 1.0f / detail::sum(yr, C);
-    for (int64_t c = 0; c < C; ++c) yr[c] *= inv;
-  }
+  float mx;
+  for (int64_t r = 0; r < N; ++r) detail::softmax_row(y + r * C, x + r * C, C, &mx);
 }
 
 void softmax_backward(float* dx, const float* dy, const float* y, int64_t N, int64_t C) {

@@ -23,15 +23,10 @@ float cross_entropy_forward(float* probs, const float* logits, const int32_t* la
   double total = 0.0;
   for (int64_t r = 0; r < N; ++r) {
     const float* lr = logits + r * C;
-    float* pr = probs + r * C;
-    float mx = -INFINITY;
-    for (int64_t c = 0; c < C; ++c) mx = std::fmax(mx, lr[c]);
-    for (int64_t c = 0; c < C; ++c) pr[c] = detail::exp(lr[c] - mx);
-    const float sum = detail::sum(pr, C);
-    const float inv = 1.0f / sum;
-    for (int64_t c = 0; c < C; ++c) pr[c] *= inv;
+    float mx;
+    const float log_sum = detail::softmax_row(probs + r * C, lr, C, &mx);
     // -log softmax[label] = log(sum) - (logit[label] - max)
-    total += static_cast<double>(std::log(sum)) - static_cast<double>(lr[labels[r]] - mx);
+    total += static_cast<double>(log_sum) - static_cast<double>(lr[labels[r]] - mx);
   }
   return static_cast<float>(total / static_cast<double>(N));
 }

@@ -65,4 +65,17 @@ inline float exp(float x) {
 // tanh(u) = 1 - 2 / (e^{2u} + 1): exact at both tails, ~1e-7 absolute error near 0.
 inline float tanh(float u) { return 1.0f - 2.0f / (exp(2.0f * u) + 1.0f); }
 
+// y = softmax(x) over one row of C values, stable (subtracts the row max). Returns
+// log(sum(exp(x - max))) so a caller can form log-softmax without taking log(y).
+inline float softmax_row(float* y, const float* x, int64_t C, float* row_max) {
+  float mx = -INFINITY;
+  for (int64_t c = 0; c < C; ++c) mx = std::fmax(mx, x[c]);
+  for (int64_t c = 0; c < C; ++c) y[c] = exp(x[c] - mx);
+  const float total = sum(y, C);
+  const float inv = 1.0f / total;
+  for (int64_t c = 0; c < C; ++c) y[c] *= inv;
+  *row_max = mx;
+  return std::log(total);
+}
+
 }  // namespace tessel::ops::detail

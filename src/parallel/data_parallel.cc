@@ -75,8 +75,7 @@ std::string DataParallel::layout() const {
   return world_ ? str("dp=", world_size()) : std::string("single");
 }
 
-void DataParallel::on_start(nn::Model& model) {
-  (void)model;
+void DataParallel::on_start() {
   check_parameters(0);
 }
 

@@ -314,7 +314,7 @@ json Trainer::run() {
     std::ofstream(fs::path(run_dir_) / "config.toml") << to_toml(config_);
     if (options_.resume.empty()) std::ofstream(fs::path(run_dir_) / "metrics.jsonl", std::ios::trunc);
   }
-  strategy_->on_start(*model_);
+  strategy_->on_start();
 
   const bool tty = options_.progress && isatty(fileno(stderr));
   const int64_t bpe = loader_->batches_per_epoch();

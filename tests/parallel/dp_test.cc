@@ -121,7 +121,7 @@ TEST(DataParallel, DivergedParametersAreAnError) {
     comm::run_threads(3, [&](comm::Communicator& c) {
       auto model = nn::build_model(spec, c.rank() == 2 ? 99 : 1);  // rank 2 has another seed
       parallel::DataParallel dp(cfg.ddp, &c, *model);
-      dp.on_start(*model);
+      dp.on_start();
     });
     FAIL() << "no error";
   } catch (const Error& e) {

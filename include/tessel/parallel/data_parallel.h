@@ -31,7 +31,7 @@ class DataParallel : public Strategy {
   int data_rank() const override { return rank(); }
   int data_size() const override { return world_size(); }
 
-  void on_start(nn::Model& model) override;
+  void on_start() override;
   void begin_backward(bool sync) override;
   void after_block_backward(size_t block) override;
   void collect_shard() override;

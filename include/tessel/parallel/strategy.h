@@ -42,7 +42,7 @@ class Strategy {
   bool is_main() const { return rank() == 0; }
 
   // Before the first step (fresh or resumed): e.g. check every rank holds the same parameters.
-  virtual void on_start(nn::Model& model) = 0;
+  virtual void on_start() = 0;
   // A backward pass starts; `sync` is false on accumulation micro-steps that must not talk.
   virtual void begin_backward(bool sync) = 0;
   // Block i's parameter gradients are complete (called in reverse block order).

@@ -12,12 +12,17 @@
 namespace tessel::optim {
 namespace {
 
-void check_range(const Tensor& params, const Tensor& grads, int64_t n, const char* who) {
+// Checks the tensors and resolves hi = -1 to n.
+void check_range(const Tensor& params, const Tensor& grads, int64_t n, int64_t lo, int64_t& hi,
+                 const char* who) {
   TESSEL_CHECK(params.dtype() == DType::kF32 && grads.dtype() == DType::kF32, who,
                ": params and grads must be f32, got ", dtype_name(params.dtype()), " and ",
                dtype_name(grads.dtype()));
   TESSEL_CHECK(params.numel() == n && grads.numel() == n, who, ": expected ", n,
                " elements, got params ", params.numel(), " and grads ", grads.numel());
+  if (hi < 0) hi = n;
+  TESSEL_CHECK(0 <= lo && lo <= hi && hi <= n, who, ": range [", lo, ", ", hi,
+               ") is not inside [0, ", n, ")");
 }
 
 void check_lr(float lr, const char* who) {
@@ -31,14 +36,14 @@ class Sgd final : public Optimizer {
  public:
   Sgd(const OptimSpec& spec, int64_t n) : spec_(spec), n_(n), momentum_(Tensor::zeros({n})) {}
 
-  void step(Tensor& params, const Tensor& grads, float lr) override {
-    check_range(params, grads, n_, "optim.sgd");
+  void step(Tensor& params, const Tensor& grads, float lr, int64_t lo, int64_t hi) override {
+    check_range(params, grads, n_, lo, hi, "optim.sgd");
     check_lr(lr, "optim.sgd");
-    float* __restrict p = params.data<float>();
-    const float* __restrict g = grads.data<float>();
-    float* __restrict buf = momentum_.data<float>();
+    float* __restrict p = params.data<float>() + lo;
+    const float* __restrict g = grads.data<float>() + lo;
+    float* __restrict buf = momentum_.data<float>() + lo;
     const float wd = spec_.weight_decay, mu = spec_.momentum, neg_lr = -lr;
-    const int64_t n = n_;
+    const int64_t n = hi - lo;
     if (mu == 0.0f) {
       for (int64_t i = 0; i < n; ++i) p[i] += neg_lr * (g[i] + wd * p[i]);
     } else if (steps_ == 0) {
@@ -87,8 +92,8 @@ class AdamW final : public Optimizer {
   AdamW(const OptimSpec& spec, int64_t n)
       : spec_(spec), n_(n), exp_avg_(Tensor::zeros({n})), exp_avg_sq_(Tensor::zeros({n})) {}
 
-  void step(Tensor& params, const Tensor& grads, float lr) override {
-    check_range(params, grads, n_, "optim.adamw");
+  void step(Tensor& params, const Tensor& grads, float lr, int64_t lo, int64_t hi) override {
+    check_range(params, grads, n_, lo, hi, "optim.adamw");
     check_lr(lr, "optim.adamw");
     const int64_t t = steps_ + 1;
     // Scalars in double as PyTorch computes them in Python, then rounded once to f32.
@@ -100,11 +105,11 @@ class AdamW final : public Optimizer {
     const float b1 = spec_.beta1, b2 = spec_.beta2, eps = spec_.eps;
     const float c1 = 1.0f - b1, c2 = 1.0f - b2;
 
-    float* __restrict p = params.data<float>();
-    const float* __restrict g = grads.data<float>();
-    float* __restrict m = exp_avg_.data<float>();
-    float* __restrict v = exp_avg_sq_.data<float>();
-    const int64_t n = n_;
+    float* __restrict p = params.data<float>() + lo;
+    const float* __restrict g = grads.data<float>() + lo;
+    float* __restrict m = exp_avg_.data<float>() + lo;
+    float* __restrict v = exp_avg_sq_.data<float>() + lo;
+    const int64_t n = hi - lo;
     for (int64_t i = 0; i < n; ++i) {
       const float gi = g[i];
       const float mi = b1 * m[i] + c1 * gi;

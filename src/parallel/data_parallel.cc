@@ -42,7 +42,7 @@ int64_t checksum(const Tensor& t) {
 }  // namespace
 
 DataParallel::DataParallel(const ParallelSpec& spec, comm::Communicator* world, nn::Model& model)
-    : spec_(spec), world_(world && world->size() > 1 ? world : nullptr), model_(model) {
+    : Strategy(model, spec), world_(world && world->size() > 1 ? world : nullptr) {
   if (spec_.bucket_mb <= 0)
     throw InvalidArgument(str("config: ddp.bucket_mb must be > 0, got ", spec_.bucket_mb));
   if (world_) overlap_ = resolve_overlap(spec_.overlap, *world_);
@@ -135,8 +135,14 @@ void DataParallel::collect_shard() {
   ++num_shards_;
 }
 
-void DataParallel::before_step() {
-  ++steps_;
+void DataParallel::step(optim::Optimizer& opt, float lr, float clip_norm, int64_t step) {
+  reduce();
+  // Every rank holds the global gradient: each clips and updates all parameters identically.
+  update(opt, lr, clip_norm, 0, model_.params().numel(), nullptr);
+  if (spec_.check_every > 0 && (step + 1) % spec_.check_every == 0) check_parameters(step + 1);
+}
+
+void DataParallel::reduce() {
   if (spec_.deterministic) {
     double t0 = now_seconds();
     deterministic_reduce();
@@ -209,10 +215,6 @@ void DataParallel::deterministic_reduce() {
   num_shards_ = 0;
 }
 
-void DataParallel::after_step(int64_t step) {
-  if (spec_.check_every > 0 && step % spec_.check_every == 0) check_parameters(step);
-}
-
 void DataParallel::sum(double* values, int n) {
   if (world_) world_->allreduce(values, static_cast<size_t>(n), comm::ElemType::kF64);
 }
@@ -231,18 +233,12 @@ std::vector<double> DataParallel::gather(double value) {
 nlohmann::json DataParallel::take_metrics() {
   nlohmann::json m = {{"comm_exposed_seconds", exposed_s_ + reduce_s_},
                       {"comm_overlapped_seconds", overlapped_s_},
-                      {"allreduce_bytes", bytes_},
+                      {"optimizer_seconds", optimizer_seconds_},
+                      {"allreduce_bytes_per_rank", bytes_},
                       {"buckets", buckets_.size()},
-                      {"overlap", overlap_},
-                      {"steps", steps_}};
-  exposed_s_ = overlapped_s_ = reduce_s_ = bytes_ = 0;
-  steps_ = 0;
+                      {"overlap", overlap_}};
+  exposed_s_ = overlapped_s_ = reduce_s_ = bytes_ = optimizer_seconds_ = 0;
   return m;
-}
-
-std::unique_ptr<Strategy> make_strategy(const ParallelSpec& spec, comm::Communicator* world,
-                                        nn::Model& model) {
-  return std::make_unique<DataParallel>(spec, world, model);
 }
 
 }  // namespace tessel::parallel

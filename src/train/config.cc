@@ -140,7 +140,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("train.clip_norm", train.clip_norm, "global gradient-norm clipping (0: off)"),
       TESSEL_KEY("train.base_batch", train.base_batch, "linear scaling rule: lr x batch / base_batch (0: off)"),
       TESSEL_KEY("train.accumulate", train.accumulate, "micro-batches summed per optimizer step (gradient accumulation)"),
-      TESSEL_KEY("train.deterministic", ddp.deterministic, "bit-identical results for any worker count (fixed micro-shards, exact integer reduction)"),
+      TESSEL_KEY("train.deterministic", parallel.deterministic, "bit-identical results for any worker count (fixed micro-shards, exact integer reduction)"),
       TESSEL_KEY("train.shuffle", train.shuffle, "shuffle the training set each epoch"),
       TESSEL_KEY("train.drop_last", train.drop_last, "drop a short last batch"),
       TESSEL_KEY("train.prefetch", train.prefetch, "batches loaded ahead by a background thread (0: none)"),
@@ -154,10 +154,21 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("runtime.backend", runtime.backend, "auto, threads or mpi (auto: mpi when started by an MPI launcher)"),
       TESSEL_KEY("comm.timeout_s", comm.timeout_s, "deadline in seconds of every blocking communication"),
       TESSEL_KEY("comm.algorithm", comm.algorithm, "collective algorithm: auto, ring, halving_doubling, tree, direct, native"),
-      TESSEL_KEY("ddp.bucket_mb", ddp.bucket_mb, "gradient bucket size in MiB; buckets are all-reduced while backward runs"),
-      TESSEL_KEY("ddp.overlap", ddp.overlap, "auto, on or off: all-reduce gradient buckets on a progress thread during the backward pass (auto: only with a spare core per rank)"),
-      TESSEL_KEY("ddp.check_every", ddp.check_every, "steps between cross-rank parameter checksums (0: off)"),
-      TESSEL_KEY("ddp.micro_shard", ddp.micro_shard, "deterministic mode: rows per fixed micro-shard"),
+      TESSEL_KEY("ddp.bucket_mb", parallel.bucket_mb, "gradient bucket size in MiB; buckets are all-reduced while backward runs"),
+      TESSEL_KEY("ddp.overlap", parallel.overlap, "auto, on or off: all-reduce gradient buckets on a progress thread during the backward pass (auto: only with a spare core per rank)"),
+      TESSEL_KEY("ddp.check_every", parallel.check_every, "steps between cross-rank parameter checksums (0: off)"),
+      TESSEL_KEY("ddp.micro_shard", parallel.micro_shard, "deterministic mode: rows per fixed micro-shard"),
+      TESSEL_KEY("pp.stages", parallel.pp_stages, "pipeline stages: the model's blocks cut into this many contiguous stages (1: no pipeline); the world is dp x pp ranks"),
+      TESSEL_KEY("pp.microbatches", parallel.pp_microbatches, "micro-batches each rank's batch is cut into for the pipeline schedule"),
+      TESSEL_KEY("pp.schedule", parallel.pp_schedule, "gpipe (all forwards, then all backwards) or 1f1b (one forward, one backward after warm-up)"),
+      TESSEL_KEY("pp.partition", parallel.pp_partition, "balanced (by estimated compute), uniform (same block count) or round_robin (block l on stage l mod P)"),
+      TESSEL_KEY("pp.cuts", parallel.pp_cuts, "explicit first block of stages 1..P-1, e.g. [3, 7] (overrides pp.partition)"),
+      TESSEL_KEY("ps.servers", parallel.ps_servers, "parameter-server ranks (the last ones; 0: no parameter server)"),
+      TESSEL_KEY("ps.mode", parallel.ps_mode, "sync (wait for every worker), async (apply each push at once) or ssp (bounded staleness)"),
+      TESSEL_KEY("ps.staleness", parallel.ps_staleness, "ssp: a worker at clock c waits until the slowest worker reaches c - staleness"),
+      TESSEL_KEY("ps.stale_lr", parallel.ps_stale_lr, "none or inverse: scale an update computed on parameters s versions old by 1 / (1 + s)"),
+      TESSEL_KEY("debug.slow_rank", parallel.slow_rank, "worker rank slowed down on purpose, to study stragglers (-1: none)"),
+      TESSEL_KEY("debug.delay_ms", parallel.delay_ms, "milliseconds debug.slow_rank sleeps in every step"),
   };
   return keys;
 }
@@ -261,14 +272,32 @@ void validate(const Config& c) {
   require(c.runtime.backend == "auto" || c.runtime.backend == "threads" || c.runtime.backend == "mpi",
           str("runtime.backend must be auto, threads or mpi, got '", c.runtime.backend, "'"));
   require(c.comm.timeout_s > 0, str("comm.timeout_s must be > 0, got ", c.comm.timeout_s));
-  require(c.ddp.bucket_mb > 0, str("ddp.bucket_mb must be > 0, got ", c.ddp.bucket_mb));
-  require(c.ddp.overlap == "auto" || c.ddp.overlap == "on" || c.ddp.overlap == "off",
-          str("ddp.overlap must be auto, on or off, got '", c.ddp.overlap, "'"));
-  require(c.ddp.check_every >= 0, str("ddp.check_every must be >= 0 (0 = off), got ", c.ddp.check_every));
-  require(c.ddp.micro_shard >= 1, str("ddp.micro_shard must be >= 1, got ", c.ddp.micro_shard));
-  require(!c.ddp.deterministic || c.train.batch % c.ddp.micro_shard == 0,
+  require(c.parallel.bucket_mb > 0, str("ddp.bucket_mb must be > 0, got ", c.parallel.bucket_mb));
+  require(c.parallel.overlap == "auto" || c.parallel.overlap == "on" || c.parallel.overlap == "off",
+          str("ddp.overlap must be auto, on or off, got '", c.parallel.overlap, "'"));
+  require(c.parallel.check_every >= 0, str("ddp.check_every must be >= 0 (0 = off), got ", c.parallel.check_every));
+  require(c.parallel.micro_shard >= 1, str("ddp.micro_shard must be >= 1, got ", c.parallel.micro_shard));
+  require(!c.parallel.deterministic || c.train.batch % c.parallel.micro_shard == 0,
           str("train.deterministic needs train.batch (", c.train.batch,
-              ") to be a multiple of ddp.micro_shard (", c.ddp.micro_shard, ")"));
+              ") to be a multiple of ddp.micro_shard (", c.parallel.micro_shard, ")"));
+  require(c.parallel.pp_stages >= 1, str("pp.stages must be >= 1, got ", c.parallel.pp_stages));
+  require(c.parallel.pp_microbatches >= 1,
+          str("pp.microbatches must be >= 1, got ", c.parallel.pp_microbatches));
+  require(c.parallel.pp_schedule == "gpipe" || c.parallel.pp_schedule == "1f1b",
+          str("pp.schedule must be gpipe or 1f1b, got '", c.parallel.pp_schedule, "'"));
+  require(c.parallel.pp_partition == "balanced" || c.parallel.pp_partition == "uniform" ||
+              c.parallel.pp_partition == "round_robin",
+          str("pp.partition must be balanced, uniform or round_robin, got '",
+              c.parallel.pp_partition, "'"));
+  require(c.parallel.ps_servers >= 0,
+          str("ps.servers must be >= 0 (0 = no parameter server), got ", c.parallel.ps_servers));
+  require(c.parallel.ps_mode == "sync" || c.parallel.ps_mode == "async" || c.parallel.ps_mode == "ssp",
+          str("ps.mode must be sync, async or ssp, got '", c.parallel.ps_mode, "'"));
+  require(c.parallel.ps_staleness >= 0,
+          str("ps.staleness must be >= 0, got ", c.parallel.ps_staleness));
+  require(c.parallel.ps_stale_lr == "none" || c.parallel.ps_stale_lr == "inverse",
+          str("ps.stale_lr must be none or inverse, got '", c.parallel.ps_stale_lr, "'"));
+  require(c.parallel.delay_ms >= 0, str("debug.delay_ms must be >= 0, got ", c.parallel.delay_ms));
   require(c.runtime.threads >= 1 && c.runtime.threads <= 256,
           str("runtime.threads must be in [1, 256], got ", c.runtime.threads));
   require(c.data.test_fraction >= 0 && c.data.test_fraction < 1,

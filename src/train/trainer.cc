@@ -87,7 +87,7 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
   spec.input_shape = data_.train->input_shape();
   spec.num_classes = data_.train->num_classes();
   model_ = nn::build_model(spec, config_.seed);
-  strategy_ = parallel::make_strategy(config_.ddp, world, *model_);
+  strategy_ = parallel::make_strategy(config_.parallel, world, *model_);
   optimizer_ = optim::make_optimizer(config_.optim, model_->params().numel());
 
   data::LoaderOptions lo;
@@ -103,11 +103,11 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
   if (bpe == 0)
     throw InvalidArgument(str("config: train.batch = ", config_.train.batch, " is larger than the ",
                               data_.train->size(), " training samples with drop_last; lower it"));
-  if (config_.ddp.deterministic) {
-    const int64_t shards = config_.train.batch / config_.ddp.micro_shard;
+  if (config_.parallel.deterministic) {
+    const int64_t shards = config_.train.batch / config_.parallel.micro_shard;
     if (shards % strategy_->data_size() != 0)
       throw InvalidArgument(str("config: train.deterministic splits each batch into ", shards,
-                                " micro-shards of ddp.micro_shard = ", config_.ddp.micro_shard,
+                                " micro-shards of ddp.micro_shard = ", config_.parallel.micro_shard,
                                 " rows, which ", strategy_->data_size(),
                                 " workers cannot share evenly; pick a worker count dividing ",
                                 shards, " or change ddp.micro_shard"));
@@ -132,23 +132,15 @@ Trainer::~Trainer() = default;
 
 float Trainer::backward_piece(const Tensor& x, const Tensor& y, int64_t first_sample,
                               double weight, bool sync, EvalResult& sums) {
-  nn::Context ctx{true, config_.seed, step_, first_sample};
-  float loss = loss_.forward(model_->forward(x, ctx), y);
-  if (!std::isfinite(loss))
-    throw Error(str("train: loss is ", loss, " at step ", step_,
-                    "; lower optim.lr or set train.clip_norm"));
-  const bool deterministic = config_.ddp.deterministic;
+  parallel::Piece piece{x, y, nn::Context{true, config_.seed, step_, first_sample}, weight, sync};
+  const bool deterministic = config_.parallel.deterministic;
   if (deterministic) model_->zero_grad();
-  strategy_->begin_backward(sync);
-  parallel::Strategy* strategy = strategy_.get();
-  model_->backward(loss_.backward(static_cast<float>(weight)),
-                   [strategy](size_t block) { strategy->after_block_backward(block); });
+  parallel::PieceResult r = strategy_->train_piece(piece, loss_);
   if (deterministic) strategy_->collect_shard();
-  const int64_t rows = y.dim(0);
-  sums.loss += static_cast<double>(loss) * rows;
-  sums.accuracy += static_cast<double>(loss_.correct()) * rows / loss_.count();
-  sums.samples += rows;
-  return loss;
+  sums.loss += r.loss_sum;
+  sums.accuracy += r.correct;
+  sums.samples += r.rows;
+  return static_cast<float>(r.loss_sum / std::max<int64_t>(1, r.rows));
 }
 
 float Trainer::step(const std::vector<data::Batch>& batches, EvalResult& sums) {
@@ -158,7 +150,7 @@ float Trainer::step(const std::vector<data::Batch>& batches, EvalResult& sums) {
   for (const data::Batch& b : batches) global_rows += static_cast<double>(b.global_size);
   model_->zero_grad();
   EvalResult local;
-  const int64_t shard = config_.ddp.deterministic ? config_.ddp.micro_shard : 0;
+  const int64_t shard = config_.parallel.deterministic ? config_.parallel.micro_shard : 0;
   for (size_t j = 0; j < batches.size(); ++j) {
     const data::Batch& b = batches[j];
     const int64_t rows = b.y.dim(0);
@@ -180,18 +172,9 @@ float Trainer::step(const std::vector<data::Batch>& batches, EvalResult& sums) {
                      xs[0] / global_rows, false, local);
     }
   }
-  strategy_->before_step();
-  const double t_opt = now_seconds();
-  Tensor grads = model_->grads().flat();
-  if (config_.train.clip_norm > 0) {
-    double norm = std::sqrt(optim::sum_squares(grads.data<float>(), grads.numel()));
-    optim::clip_scale(grads.data<float>(), grads.numel(), norm, config_.train.clip_norm);
-  }
-  Tensor params = model_->params().flat();
-  optimizer_->step(params, grads, optim::lr_at(config_.schedule, base_lr_, step_, total_steps_));
-  optimizer_seconds_ += now_seconds() - t_opt;
+  strategy_->step(*optimizer_, optim::lr_at(config_.schedule, base_lr_, step_, total_steps_),
+                  config_.train.clip_norm, step_);
   ++step_;
-  strategy_->after_step(step_);
   sums.loss += local.loss;
   sums.accuracy += local.accuracy;
   sums.samples += local.samples;
@@ -220,11 +203,11 @@ EvalResult Trainer::evaluate(const data::Dataset& dataset) {
   while (loader.next(batch)) {
     const int64_t rows = batch.y.dim(0);
     if (rows == 0) continue;  // more ranks than rows in a short last batch
-    nn::Context ctx{false, config_.seed, step_, batch.first_sample};
-    float l = loss.forward(model_->forward(batch.x, ctx), batch.y);
-    sums.loss += static_cast<double>(l) * rows;
-    sums.accuracy += static_cast<double>(loss.correct()) * rows / loss.count();
-    sums.samples += rows;
+    parallel::Piece piece{batch.x, batch.y, nn::Context{false, config_.seed, step_, batch.first_sample}};
+    parallel::PieceResult r = strategy_->eval_piece(piece, loss);
+    sums.loss += r.loss_sum;
+    sums.accuracy += r.correct;
+    sums.samples += r.rows;
   }
   return global_mean(sums);
 }
@@ -239,6 +222,7 @@ void Trainer::save(const State& s) {
   double totals[4] = {s.epoch_sums.loss, s.epoch_sums.accuracy,
                       static_cast<double>(s.epoch_sums.samples), static_cast<double>(s.train_samples)};
   strategy_->sum(totals, 4);
+  strategy_->consolidate(*optimizer_);
   if (!strategy_->is_main()) return;
   ckpt::Checkpoint c;
   for (nn::Parameter* p : model_->parameters()) c.model.tensors.emplace_back(p->name, p->value);
@@ -309,6 +293,10 @@ json Trainer::run() {
   const bool main = strategy_->is_main();
   State s;
   if (!options_.resume.empty()) restore(options_.resume, s);
+  if (strategy_->is_server())  // a parameter server: serves the workers until they finish
+    return strategy_->serve(*optimizer_, [this](int64_t step) {
+      return optim::lr_at(config_.schedule, base_lr_, step, total_steps_);
+    });
   if (main) {
     fs::create_directories(run_dir_);
     std::ofstream(fs::path(run_dir_) / "config.toml") << to_toml(config_);
@@ -444,6 +432,7 @@ json Trainer::run() {
   double samples = static_cast<double>(s.train_samples), seconds = s.train_seconds;
   strategy_->sum(&samples, 1);
   strategy_->max(&seconds, 1);
+  strategy_->consolidate(*optimizer_);  // params_sha256 of the whole model
   json summary = {
       {"model", config_.model.kind},
       {"dataset", data_.train->name()},
@@ -474,13 +463,12 @@ json Trainer::run() {
 // bytes, buckets, and load balance (max / mean training-step time and the slowest rank).
 json Trainer::rank_metrics(double train_seconds) {
   json m = strategy_->take_metrics();
-  std::vector<double> optimizer = strategy_->gather(optimizer_seconds_);
-  optimizer_seconds_ = 0;
   const double exposed = m["comm_exposed_seconds"].get<double>();
   std::vector<double> step_time = strategy_->gather(train_seconds);
   std::vector<double> compute = strategy_->gather(train_seconds - exposed);
   std::vector<double> exposed_all = strategy_->gather(exposed);
   std::vector<double> overlapped = strategy_->gather(m["comm_overlapped_seconds"].get<double>());
+  std::vector<double> optimizer = strategy_->gather(m["optimizer_seconds"].get<double>());
   double max_t = 0, sum_t = 0, max_compute = 0;
   int slowest = 0;
   for (size_t r = 0; r < step_time.size(); ++r) {
@@ -497,12 +485,14 @@ json Trainer::rank_metrics(double train_seconds) {
                      // Waiting for the slowest rank shows up as exposed communication time on
                      // the faster ranks: estimated as the compute gap to the slowest.
                      {"wait_for_slowest_seconds", max_compute - compute[r]}});
-  return {{"per_rank", ranks},
-          {"allreduce_bytes_per_rank", m["allreduce_bytes"]},
-          {"buckets", m["buckets"]},
-          {"overlap", m["overlap"]},
-          {"load_balance_max_over_mean", sum_t > 0 ? max_t * step_time.size() / sum_t : 1.0},
-          {"slowest_rank", slowest}};
+  json out = {{"per_rank", ranks},
+              {"load_balance_max_over_mean", sum_t > 0 ? max_t * step_time.size() / sum_t : 1.0},
+              {"slowest_rank", slowest}};
+  for (auto& [key, value] : m.items())  // the layout's own measurements
+    if (key != "comm_exposed_seconds" && key != "comm_overlapped_seconds" &&
+        key != "optimizer_seconds" && key != "steps")
+      out[key] = value;
+  return out;
 }
 
 }  // namespace tessel::train

@@ -120,7 +120,7 @@ TEST(DataParallel, DivergedParametersAreAnError) {
   try {
     comm::run_threads(3, [&](comm::Communicator& c) {
       auto model = nn::build_model(spec, c.rank() == 2 ? 99 : 1);  // rank 2 has another seed
-      parallel::DataParallel dp(cfg.ddp, &c, *model);
+      parallel::DataParallel dp(cfg.parallel, &c, *model);
       dp.on_start();
     });
     FAIL() << "no error";

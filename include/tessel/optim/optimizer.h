@@ -27,8 +27,12 @@ struct OptimSpec {
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // params and grads are 1-D f32 tensors of equal length (the range this optimizer owns).
-  virtual void step(Tensor& params, const Tensor& grads, float lr) = 0;
+  // params and grads are 1-D f32 tensors of the optimizer's length n; updates elements
+  // [lo, hi) (default: all) with the state of the same elements. A sharded layout (ZeRO, a
+  // pipeline stage, a parameter server's shard) steps only the range it owns; the state of the
+  // other elements is left alone. One call is one step (AdamW's bias correction counts calls).
+  virtual void step(Tensor& params, const Tensor& grads, float lr, int64_t lo = 0,
+                    int64_t hi = -1) = 0;
   // Named state tensors, for checkpoints; load_state() restores them (same names and sizes).
   virtual std::vector<std::pair<std::string, Tensor>> state() = 0;
   int64_t steps() const { return steps_; }

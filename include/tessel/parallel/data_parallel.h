@@ -1,12 +1,12 @@
 // DataParallel: every rank holds the whole model and trains on its contiguous slice of each
 // global batch. Gradients are grouped into buckets of ~ddp.bucket_mb, filled in reverse block
 // order; a bucket's all-reduce starts asynchronously as soon as the backward pass has finished
-// its blocks, so communication overlaps the rest of the backward pass. before_step() waits for
-// the buckets. With one rank (no communicator) it is the single-worker strategy: no
+// its blocks, so communication overlaps the rest of the backward pass. step() waits for the
+// buckets, then every rank clips and updates all parameters identically. With one rank (no communicator) it is the single-worker strategy: no
 // communication, same arithmetic, so deterministic mode gives the same bits for any world size.
 //
 // Deterministic mode: the Trainer computes each fixed micro-shard's gradient separately and
-// hands it over with collect_shard(); before_step() agrees on a power-of-two scale per bucket
+// hands it over with collect_shard(); step() agrees on a power-of-two scale per bucket
 // (all-reduce max of |g|), quantises every shard's gradient to int64 at that scale, sums
 // exactly (integer addition is associative) and all-reduces the integers. The sum, and so the
 // run, is then independent of how shards were spread over ranks.
@@ -35,8 +35,7 @@ class DataParallel : public Strategy {
   void begin_backward(bool sync) override;
   void after_block_backward(size_t block) override;
   void collect_shard() override;
-  void before_step() override;
-  void after_step(int64_t step) override;
+  void step(optim::Optimizer& opt, float lr, float clip_norm, int64_t step) override;
   void sum(double* values, int n) override;
   void max(double* values, int n) override;
   std::vector<double> gather(double value) override;
@@ -55,13 +54,12 @@ class DataParallel : public Strategy {
     double done_time = 0;  // when completion was first seen (0: not yet)
   };
   void launch(Bucket& b);
+  void reduce();  // on return the gradient arena holds the global gradient sum
   void check_parameters(int64_t step);
   void deterministic_reduce();
 
-  ParallelSpec spec_;
   comm::Communicator* world_;
   bool overlap_ = false;  // resolved ddp.overlap
-  nn::Model& model_;
   std::vector<Bucket> buckets_;
   bool sync_ = true;
   std::vector<float> shards_;  // deterministic mode: collected shard gradients, back to back
@@ -73,7 +71,6 @@ class DataParallel : public Strategy {
   double overlapped_s_ = 0;  // bucket all-reduce time hidden behind the backward pass
   double reduce_s_ = 0;      // deterministic reduction time (all exposed)
   double bytes_ = 0;         // gradient bytes all-reduced
-  int64_t steps_ = 0;
 };
 
 }  // namespace tessel::parallel

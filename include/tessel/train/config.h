@@ -58,7 +58,7 @@ struct Config {
   CheckpointSpec checkpoint;
   RuntimeSpec runtime;
   CommSpec comm;
-  parallel::ParallelSpec ddp;
+  parallel::ParallelSpec parallel;  // sections ddp, pp, ps, debug (and train.deterministic)
 };
 
 // Reads and validates a config file; overrides are "section.key=value" (value in TOML syntax,

@@ -89,7 +89,6 @@ class Trainer {
   int64_t total_steps_ = 0;
   float base_lr_ = 0;
   int64_t step_ = 0;
-  double optimizer_seconds_ = 0;  // clip + optimizer step time since the last rank_metrics()
 };
 
 }  // namespace tessel::train

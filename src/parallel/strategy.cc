@@ -1,0 +1,63 @@
+#include "tessel/parallel/strategy.h"
+
+#include <cmath>
+
+#include "tessel/core/clock.h"
+#include "tessel/core/error.h"
+#include "tessel/optim/schedule.h"
+#include "tessel/parallel/data_parallel.h"
+#include "tessel/parallel/layout.h"
+
+namespace tessel::parallel {
+
+nlohmann::json Strategy::serve(optim::Optimizer&, const std::function<float(int64_t)>&) {
+  throw Error(str("parallel: rank ", rank(), " of layout ", layout(), " is not a server"));
+}
+
+PieceResult Strategy::train_piece(const Piece& piece, nn::CrossEntropyLoss& loss) {
+  const float l = loss.forward(model_.forward(piece.x, piece.ctx), piece.y);
+  if (!std::isfinite(l))
+    throw Error(str("train: loss is ", l, " at step ", piece.ctx.step,
+                    "; lower optim.lr or set train.clip_norm"));
+  begin_backward(piece.sync);
+  model_.backward(loss.backward(static_cast<float>(piece.weight)),
+                  [this](size_t block) { after_block_backward(block); });
+  const int64_t rows = piece.y.dim(0);
+  return {static_cast<double>(l) * rows,
+          static_cast<double>(loss.correct()) * rows / loss.count(), rows};
+}
+
+PieceResult Strategy::eval_piece(const Piece& piece, nn::CrossEntropyLoss& loss) {
+  const float l = loss.forward(model_.forward(piece.x, piece.ctx), piece.y);
+  const int64_t rows = piece.y.dim(0);
+  return {static_cast<double>(l) * rows,
+          static_cast<double>(loss.correct()) * rows / loss.count(), rows};
+}
+
+void Strategy::consolidate(optim::Optimizer&) {}
+
+void Strategy::update(optim::Optimizer& opt, float lr, float clip_norm, int64_t lo, int64_t hi,
+                      const std::function<void(double*)>& sum_norm) {
+  const double t0 = now_seconds();
+  Tensor grads = model_.grads().flat();
+  if (clip_norm > 0) {
+    double sq = optim::sum_squares(grads.data<float>() + lo, hi - lo);
+    if (sum_norm) sum_norm(&sq);
+    optim::clip_scale(grads.data<float>() + lo, hi - lo, std::sqrt(sq), clip_norm);
+  }
+  Tensor params = model_.params().flat();
+  opt.step(params, grads, lr, lo, hi);
+  optimizer_seconds_ += now_seconds() - t0;
+}
+
+std::unique_ptr<Strategy> make_strategy(const ParallelSpec& spec, comm::Communicator* world,
+                                        nn::Model& model) {
+  const Layout layout = Layout::resolve(spec, world ? world->size() : 1);
+  if (layout.servers > 0)
+    throw InvalidArgument("config: ps.servers > 0: the parameter server is not built yet");
+  if (layout.pp > 1)
+    throw InvalidArgument("config: pp.stages > 1: pipeline parallelism is not built yet");
+  return std::make_unique<DataParallel>(spec, world, model);
+}
+
+}  // namespace tessel::parallel

@@ -127,9 +127,15 @@ void reduce_scatter_ring(const CollContext& ctx, const void* in, void* out,
   Blocks b(counts);
   if (n == 1) return copy_elems(out, in, b.count(r), e);
   RingStorage m;
-  m.in = in;
-  m.work = ctx.scratch->get(0, b.total() * elem_size(e));
-  m.out = out;
+  if (out == at(in, b.begin(r), e)) {
+    // In place: the ring's first n - 1 steps of an all-reduce leave block r reduced in place,
+    // using the rest of the input as its working space (no staging copies).
+    m.buf = const_cast<void*>(in);
+  } else {
+    m.in = in;
+    m.work = ctx.scratch->get(0, b.total() * elem_size(e));
+    m.out = out;
+  }
   ring_pass(ctx, m, b, 0, n - 1, e, op);
 }
 

@@ -46,6 +46,18 @@ DataParallel::DataParallel(const ParallelSpec& spec, comm::Communicator* world, 
   if (spec_.bucket_mb <= 0)
     throw InvalidArgument(str("config: ddp.bucket_mb must be > 0, got ", spec_.bucket_mb));
   if (world_) overlap_ = resolve_overlap(spec_.overlap, *world_);
+  sharded_ = world_ && !overlap_ && !spec_.deterministic;
+  if (sharded_) {
+    // Shard boundaries on 64-byte lines, so neighbouring ranks never share a cache line.
+    const int64_t n = model.params().numel(), p = world_size();
+    int64_t prev = 0;
+    for (int r = 1; r <= p; ++r) {
+      int64_t b = r == p ? n : (n * r / p) / 16 * 16;
+      shard_counts_.push_back(static_cast<size_t>(b - prev));
+      if (r - 1 == rank()) shard_lo_ = prev, shard_hi_ = b;
+      prev = b;
+    }
+  }
   // Buckets in reverse block order: the last blocks' gradients are ready first.
   const int64_t bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(spec_.bucket_mb * (1 << 20) / 4));
   const auto& entries = model.grads().entries();
@@ -136,9 +148,13 @@ void DataParallel::collect_shard() {
 }
 
 void DataParallel::step(optim::Optimizer& opt, float lr, float clip_norm, int64_t step) {
-  reduce();
-  // Every rank holds the global gradient: each clips and updates all parameters identically.
-  update(opt, lr, clip_norm, 0, model_.params().numel(), nullptr);
+  if (sharded_) {
+    sharded_step(opt, lr, clip_norm);
+  } else {
+    reduce();
+    // Every rank holds the global gradient: each clips and updates all parameters identically.
+    update(opt, lr, clip_norm, 0, model_.params().numel(), nullptr);
+  }
   if (spec_.check_every > 0 && (step + 1) % spec_.check_every == 0) check_parameters(step + 1);
 }
 
@@ -169,6 +185,32 @@ void DataParallel::reduce() {
     double done = b.done_time > 0 ? b.done_time : backward_end;
     overlapped_s_ += std::max(0.0, std::min(done, backward_end) - b.launch_time);
   }
+}
+
+void DataParallel::sharded_step(optim::Optimizer& opt, float lr, float clip_norm) {
+  float* g = model_.grads().flat().data<float>();
+  float* p = model_.params().flat().data<float>();
+  const double t0 = now_seconds();
+  world_->reduce_scatter(g, g + shard_lo_, shard_counts_, comm::ElemType::kF32);
+  const double t1 = now_seconds();
+  double norm_s = 0;  // the global-norm all-reduce inside update() is communication too
+  update(opt, lr, clip_norm, shard_lo_, shard_hi_, [this, &norm_s](double* sq) {
+    const double t = now_seconds();
+    world_->allreduce(sq, 1, comm::ElemType::kF64);
+    norm_s += now_seconds() - t;
+  });
+  optimizer_seconds_ -= norm_s;
+  const double t2 = now_seconds();
+  world_->allgather(p + shard_lo_, p, shard_counts_, comm::ElemType::kF32);
+  exposed_s_ += (t1 - t0) + norm_s + (now_seconds() - t2);
+  bytes_ += 4.0 * static_cast<double>(model_.params().numel());
+}
+
+void DataParallel::consolidate(optim::Optimizer& opt) {
+  if (!sharded_) return;
+  for (auto& [name, t] : opt.state())
+    world_->allgather(t.data<float>() + shard_lo_, t.data<float>(), shard_counts_,
+                      comm::ElemType::kF32);
 }
 
 void DataParallel::deterministic_reduce() {

@@ -205,6 +205,12 @@ inline std::string run_case(Communicator& comm, const Case& c) {
         if (load(out.data(), k, e) != t[(off + k) % kPeriod])
           return wrong("out", k, load(out.data(), k, e), t[(off + k) % kPeriod]);
       if (in != keep) return str(case_name(c, n), ": rank ", r, " input was modified");
+      // In place: out is this rank's own block of in.
+      char* own = in.data() + off * es;
+      comm.reduce_scatter(in.data(), own, counts, e, c.op, opt);
+      for (size_t k = 0; k < counts[r]; ++k)
+        if (load(own, k, e) != t[(off + k) % kPeriod])
+          return wrong("in-place out", k, load(own, k, e), t[(off + k) % kPeriod]);
       return "";
     }
     case Coll::kAllgather:

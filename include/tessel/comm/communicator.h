@@ -99,6 +99,7 @@ class Communicator {
   void reduce_scatter(const void* in, void* out, size_t count, ElemType elem,
                       ReduceOp op = ReduceOp::kSum, const CallOptions& call = {});
   // Variable blocks: in holds sum(counts), out counts[rank()] (e.g. ZeRO shards r*n/P..).
+  // out may be this rank's own block of in (in place); the rest of in is then clobbered.
   void reduce_scatter(const void* in, void* out, const std::vector<size_t>& counts, ElemType elem,
                       ReduceOp op = ReduceOp::kSum, const CallOptions& call = {});
   void allgather(const void* in, void* out, size_t count, ElemType elem,

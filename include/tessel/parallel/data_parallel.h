@@ -2,7 +2,14 @@
 // global batch. Gradients are grouped into buckets of ~ddp.bucket_mb, filled in reverse block
 // order; a bucket's all-reduce starts asynchronously as soon as the backward pass has finished
 // its blocks, so communication overlaps the rest of the backward pass. step() waits for the
-// buckets, then every rank clips and updates all parameters identically. With one rank (no communicator) it is the single-worker strategy: no
+// buckets, then every rank clips and updates all parameters identically.
+//
+// Without overlap the step is sharded instead (ZeRO stage 1's arithmetic): one in-place
+// reduce-scatter leaves each rank the global gradient of its 1/N shard of the arena, each rank
+// updates only its shard, and an all-gather of the parameters brings every rank the whole
+// model. The traffic equals one all-reduce, but each rank runs 1/N of the optimizer; the
+// optimizer state of other shards goes stale and is all-gathered by consolidate() before a
+// checkpoint. (The state is still allocated full length on every rank.) With one rank (no communicator) it is the single-worker strategy: no
 // communication, same arithmetic, so deterministic mode gives the same bits for any world size.
 //
 // Deterministic mode: the Trainer computes each fixed micro-shard's gradient separately and
@@ -36,6 +43,7 @@ class DataParallel : public Strategy {
   void after_block_backward(size_t block) override;
   void collect_shard() override;
   void step(optim::Optimizer& opt, float lr, float clip_norm, int64_t step) override;
+  void consolidate(optim::Optimizer& opt) override;
   void sum(double* values, int n) override;
   void max(double* values, int n) override;
   std::vector<double> gather(double value) override;
@@ -43,6 +51,7 @@ class DataParallel : public Strategy {
 
   size_t num_buckets() const { return buckets_.size(); }
   bool overlaps() const { return overlap_; }
+  bool sharded() const { return sharded_; }
 
  private:
   struct Bucket {
@@ -55,11 +64,15 @@ class DataParallel : public Strategy {
   };
   void launch(Bucket& b);
   void reduce();  // on return the gradient arena holds the global gradient sum
+  void sharded_step(optim::Optimizer& opt, float lr, float clip_norm);
   void check_parameters(int64_t step);
   void deterministic_reduce();
 
   comm::Communicator* world_;
   bool overlap_ = false;  // resolved ddp.overlap
+  bool sharded_ = false;  // sharded step: no overlap, not deterministic, several ranks
+  std::vector<size_t> shard_counts_;  // elements of each rank's shard of the arena
+  int64_t shard_lo_ = 0, shard_hi_ = 0;  // this rank's shard
   std::vector<Bucket> buckets_;
   bool sync_ = true;
   std::vector<float> shards_;  // deterministic mode: collected shard gradients, back to back

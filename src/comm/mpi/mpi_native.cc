@@ -38,6 +38,14 @@ class MpiNative final : public NativeCollectives {
     WatchdogArm arm(d, describe(s));
     bool equal =
         std::all_of(counts.begin(), counts.end(), [&](size_t c) { return c == counts[0]; });
+    // MPI forbids aliased buffers; an in-place call (out inside in) reads a copy of the input.
+    std::vector<char> copy;
+    const size_t bytes = std::accumulate(counts.begin(), counts.end(), size_t{0}) * elem_size(e);
+    const char* lo = static_cast<const char*>(in);
+    if (out >= static_cast<const void*>(lo) && out < static_cast<const void*>(lo + bytes)) {
+      copy.assign(lo, lo + bytes);
+      in = copy.data();
+    }
     Guard guard;
     if (equal) {
       check(MPI_Reduce_scatter_block(in, out, as_int(counts[0], "reduce_scatter"), datatype(e),

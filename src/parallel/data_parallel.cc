@@ -43,8 +43,6 @@ int64_t checksum(const Tensor& t) {
 
 DataParallel::DataParallel(const ParallelSpec& spec, comm::Communicator* world, nn::Model& model)
     : Strategy(model, spec), world_(world && world->size() > 1 ? world : nullptr) {
-  if (spec_.bucket_mb <= 0)
-    throw InvalidArgument(str("config: ddp.bucket_mb must be > 0, got ", spec_.bucket_mb));
   if (world_) overlap_ = resolve_overlap(spec_.overlap, *world_);
   sharded_ = world_ && !overlap_ && !spec_.deterministic;
   if (sharded_) {
@@ -58,27 +56,9 @@ DataParallel::DataParallel(const ParallelSpec& spec, comm::Communicator* world, 
       prev = b;
     }
   }
-  // Buckets in reverse block order: the last blocks' gradients are ready first.
-  const int64_t bucket_elems = std::max<int64_t>(1, static_cast<int64_t>(spec_.bucket_mb * (1 << 20) / 4));
-  const auto& entries = model.grads().entries();
-  Bucket cur{0, -1, -1, {}};
-  for (size_t i = model.num_blocks(); i-- > 0;) {
-    auto [first, last] = model.block_parameters(i);
-    if (first == last) continue;
-    int64_t lo = entries[first].offset;
-    int64_t hi = entries[last - 1].offset + shape_numel(entries[last - 1].shape);
-    // Close the bucket before a block that would overflow it, so the blocks already in it
-    // start reducing while this one still runs backward. A block is never split: its
-    // gradients are all ready at the same moment.
-    if (cur.hi >= 0 && cur.hi - lo > bucket_elems) {
-      buckets_.push_back(cur);
-      cur = Bucket{0, -1, -1, {}};
-    }
-    if (cur.hi < 0) cur.hi = hi;
-    cur.lo = lo;
-    cur.first_block = i;
-  }
-  if (cur.hi >= 0) buckets_.push_back(cur);
+  for (const GradBucket& g : make_buckets(model, spec_.bucket_mb))
+    buckets_.push_back(Bucket{g.first_block, g.lo, g.hi, {}});
+  if (spec_.deterministic) exact_.emplace(make_buckets(model, spec_.bucket_mb));
 }
 
 DataParallel::~DataParallel() = default;
@@ -128,24 +108,7 @@ void DataParallel::after_block_backward(size_t block) {
   }
 }
 
-void DataParallel::collect_shard() {
-  const Tensor& g = model_.grads().flat();
-  const size_t n = static_cast<size_t>(g.numel());
-  shards_.resize((static_cast<size_t>(num_shards_) + 1) * n);
-  if (shard_max_.size() != buckets_.size()) shard_max_.assign(buckets_.size(), 0.0f);
-  const float* src = g.data<float>();
-  float* dst = shards_.data() + num_shards_ * n;
-  // Copy and track each bucket's largest |g| in one pass.
-  for (size_t b = 0; b < buckets_.size(); ++b) {
-    float m = shard_max_[b];
-    for (int64_t i = buckets_[b].lo; i < buckets_[b].hi; ++i) {
-      dst[i] = src[i];
-      m = std::max(m, std::fabs(src[i]));
-    }
-    shard_max_[b] = m;
-  }
-  ++num_shards_;
-}
+void DataParallel::collect_shard() { exact_->collect(model_.grads().flat()); }
 
 void DataParallel::step(optim::Optimizer& opt, float lr, float clip_norm, int64_t step) {
   if (sharded_) {
@@ -161,7 +124,8 @@ void DataParallel::step(optim::Optimizer& opt, float lr, float clip_norm, int64_
 void DataParallel::reduce() {
   if (spec_.deterministic) {
     double t0 = now_seconds();
-    deterministic_reduce();
+    Tensor g = model_.grads().flat();
+    bytes_ += exact_->reduce(g, world_, world_);
     reduce_s_ += now_seconds() - t0;
     return;
   }
@@ -211,50 +175,6 @@ void DataParallel::consolidate(optim::Optimizer& opt) {
   for (auto& [name, t] : opt.state())
     world_->allgather(t.data<float>() + shard_lo_, t.data<float>(), shard_counts_,
                       comm::ElemType::kF32);
-}
-
-void DataParallel::deterministic_reduce() {
-  Tensor g = model_.grads().flat();
-  const size_t n = static_cast<size_t>(g.numel());
-  const size_t nb = buckets_.size();
-  // 1. Agree on every bucket's largest |g| over all shards of all ranks, and the shard count.
-  std::vector<float> maxes = shard_max_;
-  maxes.resize(nb, 0.0f);
-  shard_max_.assign(nb, 0.0f);
-  double shards_total = static_cast<double>(num_shards_);
-  if (world_) {
-    world_->allreduce(maxes.data(), nb, comm::ElemType::kF32, comm::ReduceOp::kMax);
-    world_->allreduce(&shards_total, 1, comm::ElemType::kF64, comm::ReduceOp::kSum);
-  }
-  // 2. Quantise at scale 2^e with |sum| < 2^62, sum exactly in int64, all-reduce the integers.
-  std::vector<int64_t> acc(n, 0);
-  std::vector<double> scale(nb, 1.0);
-  for (size_t b = 0; b < nb; ++b) {
-    if (!(maxes[b] > 0) || !std::isfinite(maxes[b])) {
-      if (!std::isfinite(maxes[b]))
-        throw Error("data parallel: non-finite gradient in deterministic mode; lower optim.lr");
-      continue;
-    }
-    int e = static_cast<int>(std::floor(std::log2(std::ldexp(1.0, 62) / (shards_total * maxes[b]))));
-    scale[b] = std::ldexp(1.0, std::min(e, 1000));
-    const double sc = scale[b];
-    for (int64_t s = 0; s < num_shards_; ++s) {
-      const float* p = shards_.data() + s * n;
-      // Truncation toward zero: deterministic, vectorises, and loses < 2^-e per shard.
-      for (int64_t i = buckets_[b].lo; i < buckets_[b].hi; ++i)
-        acc[i] += static_cast<int64_t>(static_cast<double>(p[i]) * sc);
-    }
-  }
-  if (world_) {
-    world_->allreduce(acc.data(), n, comm::ElemType::kI64, comm::ReduceOp::kSum);
-    bytes_ += 8.0 * static_cast<double>(n);
-  }
-  float* out = g.data<float>();
-  std::fill(out, out + n, 0.0f);
-  for (size_t b = 0; b < nb; ++b)
-    for (int64_t i = buckets_[b].lo; i < buckets_[b].hi; ++i)
-      out[i] = static_cast<float>(static_cast<double>(acc[i]) / scale[b]);
-  num_shards_ = 0;
 }
 
 void DataParallel::sum(double* values, int n) {

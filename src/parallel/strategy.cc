@@ -7,6 +7,8 @@
 #include "tessel/optim/schedule.h"
 #include "tessel/parallel/data_parallel.h"
 #include "tessel/parallel/layout.h"
+#include "tessel/parallel/pipeline.h"
+#include "tessel/parallel/parameter_server.h"
 
 namespace tessel::parallel {
 
@@ -54,9 +56,9 @@ std::unique_ptr<Strategy> make_strategy(const ParallelSpec& spec, comm::Communic
                                         nn::Model& model) {
   const Layout layout = Layout::resolve(spec, world ? world->size() : 1);
   if (layout.servers > 0)
-    throw InvalidArgument("config: ps.servers > 0: the parameter server is not built yet");
+    return std::make_unique<ParameterServer>(spec, *world, layout, model);
   if (layout.pp > 1)
-    throw InvalidArgument("config: pp.stages > 1: pipeline parallelism is not built yet");
+    return std::make_unique<Pipeline>(spec, *world, model);
   return std::make_unique<DataParallel>(spec, world, model);
 }
 

@@ -164,10 +164,10 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("pp.partition", parallel.pp_partition, "balanced (by estimated compute), uniform (same block count) or round_robin (block l on stage l mod P)"),
       TESSEL_KEY("pp.cuts", parallel.pp_cuts, "explicit first block of stages 1..P-1, e.g. [3, 7] (overrides pp.partition)"),
       TESSEL_KEY("ps.servers", parallel.ps_servers, "parameter-server ranks (the last ones; 0: no parameter server)"),
-      TESSEL_KEY("ps.mode", parallel.ps_mode, "sync (wait for every worker), async (apply each push at once) or ssp (bounded staleness)"),
+      TESSEL_KEY("ps.mode", parallel.ps_mode, "sync (one summed update per step: equals data parallel), async (each push applied at once) or ssp (async, at most ps.staleness clocks ahead of the slowest worker)"),
       TESSEL_KEY("ps.staleness", parallel.ps_staleness, "ssp: a worker at clock c waits until the slowest worker reaches c - staleness"),
-      TESSEL_KEY("ps.stale_lr", parallel.ps_stale_lr, "none or inverse: scale an update computed on parameters s versions old by 1 / (1 + s)"),
-      TESSEL_KEY("debug.slow_rank", parallel.slow_rank, "worker rank slowed down on purpose, to study stragglers (-1: none)"),
+      TESSEL_KEY("ps.stale_lr", parallel.ps_stale_lr, "async/ssp: inverse applies an update computed on parameters s versions old at lr / (1 + s); none at lr"),
+      TESSEL_KEY("debug.slow_rank", parallel.slow_rank, "parameter-server worker rank that sleeps debug.delay_ms in every step, to study stragglers (-1: none)"),
       TESSEL_KEY("debug.delay_ms", parallel.delay_ms, "milliseconds debug.slow_rank sleeps in every step"),
   };
   return keys;
@@ -298,6 +298,8 @@ void validate(const Config& c) {
   require(c.parallel.ps_stale_lr == "none" || c.parallel.ps_stale_lr == "inverse",
           str("ps.stale_lr must be none or inverse, got '", c.parallel.ps_stale_lr, "'"));
   require(c.parallel.delay_ms >= 0, str("debug.delay_ms must be >= 0, got ", c.parallel.delay_ms));
+  require(c.parallel.slow_rank >= -1,
+          str("debug.slow_rank must be a worker rank or -1 (none), got ", c.parallel.slow_rank));
   require(c.runtime.threads >= 1 && c.runtime.threads <= 256,
           str("runtime.threads must be in [1, 256], got ", c.runtime.threads));
   require(c.data.test_fraction >= 0 && c.data.test_fraction < 1,

@@ -336,14 +336,14 @@ json Trainer::run() {
       if (got == 0) break;
       group.resize(got);
       const double t0 = now_seconds();  // time waiting for data is not training time
+      const int64_t counted = s.epoch_sums.samples;
       step(group, s.epoch_sums);
       const double dt = now_seconds() - t0;
       s.train_seconds += dt;
       epoch_train_seconds += dt;
-      for (const data::Batch& b : group) {
-        s.train_samples += b.y.dim(0);
-        window_samples += b.global_size;
-      }
+      // Rows count where their loss is computed: every stage of a pipeline sees the rows.
+      s.train_samples += s.epoch_sums.samples - counted;
+      for (const data::Batch& b : group) window_samples += b.global_size;
       s.batch_in_epoch += static_cast<int64_t>(got);
 
       // Collective on every rank at the same steps: global metrics, and whether to stop.

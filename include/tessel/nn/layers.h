@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,10 @@ namespace tessel::nn {
 // of earlier calls when that is big enough, so repeated shapes cost no allocation.
 class Buffer {
  public:
+  // A copy starts empty: a cloned module must not write into the original's outputs.
+  Buffer() = default;
+  Buffer(const Buffer&) {}
+  Buffer& operator=(const Buffer&) { return *this; }
   Tensor get(const Shape& shape, DType dtype = DType::kF32);
 
  private:
@@ -29,6 +34,7 @@ class Linear : public Module {
  public:
   Linear(int64_t in, int64_t out, bool bias = true);
   std::string kind() const override { return "linear"; }
+  std::unique_ptr<Module> clone() const override { return std::make_unique<Linear>(*this); }
   Tensor forward(const Tensor& x, const Context& ctx) override;
   Tensor backward(const Tensor& dy) override;
   std::vector<Parameter*> parameters() override;
@@ -52,6 +58,7 @@ class Linear : public Module {
 class ReLU : public Module {
  public:
   std::string kind() const override { return "relu"; }
+  std::unique_ptr<Module> clone() const override { return std::make_unique<ReLU>(*this); }
   Tensor forward(const Tensor& x, const Context& ctx) override;
   Tensor backward(const Tensor& dy) override;
 
@@ -64,6 +71,7 @@ class ReLU : public Module {
 class GELU : public Module {
  public:
   std::string kind() const override { return "gelu"; }
+  std::unique_ptr<Module> clone() const override { return std::make_unique<GELU>(*this); }
   Tensor forward(const Tensor& x, const Context& ctx) override;
   Tensor backward(const Tensor& dy) override;
 
@@ -78,6 +86,7 @@ class Dropout : public Module {
  public:
   explicit Dropout(float p);
   std::string kind() const override { return "dropout"; }
+  std::unique_ptr<Module> clone() const override { return std::make_unique<Dropout>(*this); }
   Tensor forward(const Tensor& x, const Context& ctx) override;
   Tensor backward(const Tensor& dy) override;
 
@@ -93,6 +102,7 @@ class Dropout : public Module {
 class Flatten : public Module {
  public:
   std::string kind() const override { return "flatten"; }
+  std::unique_ptr<Module> clone() const override { return std::make_unique<Flatten>(*this); }
   Tensor forward(const Tensor& x, const Context& ctx) override;
   Tensor backward(const Tensor& dy) override;
 
@@ -107,6 +117,7 @@ class Conv2d : public Module {
   Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t stride = 1,
          int64_t pad = 0, int64_t in_h = 0, int64_t in_w = 0);
   std::string kind() const override { return "conv2d"; }
+  std::unique_ptr<Module> clone() const override { return std::make_unique<Conv2d>(*this); }
   Tensor forward(const Tensor& x, const Context& ctx) override;
   Tensor backward(const Tensor& dy) override;
   std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
@@ -124,6 +135,7 @@ class MaxPool2d : public Module {
  public:
   MaxPool2d(int64_t kernel, int64_t stride);
   std::string kind() const override { return "maxpool2d"; }
+  std::unique_ptr<Module> clone() const override { return std::make_unique<MaxPool2d>(*this); }
   Tensor forward(const Tensor& x, const Context& ctx) override;
   Tensor backward(const Tensor& dy) override;
 
@@ -138,6 +150,7 @@ class LayerNorm : public Module {
  public:
   explicit LayerNorm(int64_t channels);
   std::string kind() const override { return "layernorm"; }
+  std::unique_ptr<Module> clone() const override { return std::make_unique<LayerNorm>(*this); }
   Tensor forward(const Tensor& x, const Context& ctx) override;
   Tensor backward(const Tensor& dy) override;
   std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
@@ -158,6 +171,7 @@ class Embedding : public Module {
  public:
   Embedding(int64_t vocab, int64_t context, int64_t channels);
   std::string kind() const override { return "embedding"; }
+  std::unique_ptr<Module> clone() const override { return std::make_unique<Embedding>(*this); }
   Tensor forward(const Tensor& ids, const Context& ctx) override;
   Tensor backward(const Tensor& dy) override;
   std::vector<Parameter*> parameters() override { return {&wte_, &wpe_}; }
@@ -177,6 +191,9 @@ class TransformerBlock : public Module {
  public:
   TransformerBlock(int64_t channels, int64_t heads, int64_t context, int64_t layers);
   std::string kind() const override { return "transformer_block"; }
+  std::unique_ptr<Module> clone() const override {
+    return std::make_unique<TransformerBlock>(*this);
+  }
   Tensor forward(const Tensor& x, const Context& ctx) override;
   Tensor backward(const Tensor& dy) override;
   std::vector<Parameter*> parameters() override;
@@ -199,10 +216,12 @@ class LmHead : public Module {
  public:
   LmHead(Parameter* token_table, int64_t vocab, int64_t channels, int64_t context);
   std::string kind() const override { return "lm_head"; }
+  std::unique_ptr<Module> clone() const override { return std::make_unique<LmHead>(*this); }
   Tensor forward(const Tensor& x, const Context& ctx) override;
   Tensor backward(const Tensor& dy) override;
   std::vector<Parameter*> parameters() override { return ln_.parameters(); }
   double forward_flops(int64_t batch) const override;
+  Parameter* token_table() const { return wte_; }  // the borrowed (tied) table
 
  private:
   Parameter* wte_;

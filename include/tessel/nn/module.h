@@ -52,6 +52,10 @@ class Module {
   virtual std::vector<Parameter*> parameters() { return {}; }
   // Multiply-adds x 2 of one forward pass for a batch of `batch` samples (for GFLOP/s reports).
   virtual double forward_flops(int64_t batch) const { (void)batch; return 0; }
+  // A copy that shares this module's parameters (the same arena views for values and
+  // gradients) but has its own forward cache and buffers: a pipeline stage keeps one per
+  // micro-batch in flight, since a module caches only one forward. Null if not supported.
+  virtual std::unique_ptr<Module> clone() const { return nullptr; }
 
   // Whether backward() must compute dx. A model turns it off for its first block, whose input
   // is data: that skips the largest GEMM of an MLP's backward. When off, backward() may return

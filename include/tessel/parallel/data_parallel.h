@@ -1,27 +1,29 @@
 // DataParallel: every rank holds the whole model and trains on its contiguous slice of each
-// global batch. Gradients are grouped into buckets of ~ddp.bucket_mb, filled in reverse block
-// order; a bucket's all-reduce starts asynchronously as soon as the backward pass has finished
-// its blocks, so communication overlaps the rest of the backward pass. step() waits for the
-// buckets, then every rank clips and updates all parameters identically.
+// global batch. With one rank (no communicator) it is the single-worker strategy: no
+// communication, same arithmetic, so deterministic mode gives the same bits for any world size.
+//
+// With ddp.overlap, gradients are grouped into buckets (exact_sum.h) whose all-reduce starts
+// asynchronously as soon as the backward pass has finished their blocks, so communication
+// overlaps the rest of the backward pass; step() waits for the buckets, then every rank clips
+// and updates all parameters identically.
 //
 // Without overlap the step is sharded instead (ZeRO stage 1's arithmetic): one in-place
 // reduce-scatter leaves each rank the global gradient of its 1/N shard of the arena, each rank
 // updates only its shard, and an all-gather of the parameters brings every rank the whole
 // model. The traffic equals one all-reduce, but each rank runs 1/N of the optimizer; the
 // optimizer state of other shards goes stale and is all-gathered by consolidate() before a
-// checkpoint. (The state is still allocated full length on every rank.) With one rank (no communicator) it is the single-worker strategy: no
-// communication, same arithmetic, so deterministic mode gives the same bits for any world size.
+// checkpoint. (The state is still allocated full length on every rank.)
 //
 // Deterministic mode: the Trainer computes each fixed micro-shard's gradient separately and
-// hands it over with collect_shard(); step() agrees on a power-of-two scale per bucket
-// (all-reduce max of |g|), quantises every shard's gradient to int64 at that scale, sums
-// exactly (integer addition is associative) and all-reduces the integers. The sum, and so the
-// run, is then independent of how shards were spread over ranks.
+// hands it over with collect_shard(); step() sums them exactly with ExactSum (exact_sum.h), so
+// the run is independent of how shards were spread over ranks.
 #pragma once
 
+#include <optional>
 #include <vector>
 
 #include "tessel/comm/communicator.h"
+#include "tessel/parallel/exact_sum.h"
 #include "tessel/parallel/strategy.h"
 
 namespace tessel::parallel {
@@ -66,7 +68,6 @@ class DataParallel : public Strategy {
   void reduce();  // on return the gradient arena holds the global gradient sum
   void sharded_step(optim::Optimizer& opt, float lr, float clip_norm);
   void check_parameters(int64_t step);
-  void deterministic_reduce();
 
   comm::Communicator* world_;
   bool overlap_ = false;  // resolved ddp.overlap
@@ -75,9 +76,7 @@ class DataParallel : public Strategy {
   int64_t shard_lo_ = 0, shard_hi_ = 0;  // this rank's shard
   std::vector<Bucket> buckets_;
   bool sync_ = true;
-  std::vector<float> shards_;  // deterministic mode: collected shard gradients, back to back
-  std::vector<float> shard_max_;  // per bucket, largest |g| among the collected shards
-  int64_t num_shards_ = 0;
+  std::optional<ExactSum> exact_;  // deterministic mode
 
   // Measurements since the last take_metrics().
   double exposed_s_ = 0;     // waiting for buckets after the backward pass

@@ -1,0 +1,381 @@
+// The server side of the parameter server: serve() runs one server's event loop until every
+// worker has said goodbye.
+//
+// Terms: a server's version is the number of updates it has applied (its optimizer's step
+// count, so a resumed run continues the count); a worker's clock is the number of steps it has
+// pushed; staleness of a push is the server's version when it is applied minus the version the
+// worker computed on. One request per worker is always posted, and so is one gradient receive
+// straight into that worker's buffer (a push's payload then lands while the server is busy
+// elsewhere); the loop polls them in worker order, handles whatever arrived, then answers the
+// pulls that the mode now allows:
+//   sync:  a pull at clock c waits for step c (every worker's gradient of step c - 1 summed in
+//          worker order, one update: the data-parallel step);
+//   async: a push is applied at once, the pull answered at once;
+//   ssp:   as async, but a pull at clock c waits until every worker has reached c - staleness.
+// An evaluation pull at clock c waits until every worker has reached c, in every mode.
+// Replies are sent from a per-worker snapshot in async and ssp (later pushes change the shard
+// while the send is pending); in sync the shard cannot change before every worker has received.
+#include <sched.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <limits>
+#include <thread>
+
+#include "tessel/core/clock.h"
+#include "tessel/core/error.h"
+#include "tessel/parallel/parameter_server.h"
+
+namespace tessel::parallel {
+
+using Header = ParameterServer::Header;
+
+namespace {
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  for (int i = 0; i < 64; ++i) __builtin_ia32_pause();
+#else
+  std::this_thread::yield();
+#endif
+}
+}  // namespace
+
+class ServerLoop {
+ public:
+  ServerLoop(ParameterServer& ps, optim::Optimizer& opt, const std::function<float(int64_t)>& lr)
+      : ps_(ps), world_(ps.world_), opt_(opt), lr_(lr), W_(ps.layout_.workers()),
+        inverse_(ps.spec_.ps_stale_lr == "inverse"), stats_(ParameterServer::kStatCount, 0.0) {
+    std::tie(lo_, hi_) = ps.shard(ps.server_index());
+    len_ = static_cast<size_t>(hi_ - lo_);
+    workers_.resize(static_cast<size_t>(W_));
+    for (Worker& w : workers_) {
+      w.grad.assign(len_, 0.0f);
+      if (ps.mode_ != ParameterServer::Mode::kSync) w.snapshot.assign(len_, 0.0f);
+    }
+  }
+
+  nlohmann::json run();
+
+ private:
+  struct Worker {
+    Header request{}, reply{};
+    std::vector<float> grad, snapshot;
+    // After the buffers: destroyed first, cancelling receives still posted into them.
+    comm::Work request_work, grad_work, reply_work, data_work;
+    int64_t clock = 0;
+    bool hello = false, done = false, arrived = false;
+    bool pending = false;  // a pull waiting for the mode's condition
+    int64_t pull_kind = 0, pull_clock = 0, pull_held = -1;
+  };
+
+  int peer(int w) const { return w; }  // workers are world ranks 0..W-1
+  int64_t version() const { return opt_.steps(); }
+  // The server's progress in steps (its lr clock, and the clock of a worker whose hello
+  // carried none): the workers' starting step plus the updates since, counting W async
+  // updates as one step. Not derived from the version, so a run may resume in another mode.
+  int64_t steps_clock() const {
+    return std::max<int64_t>(base_clock_, 0) + (sync() ? sync_updates_ : applied_ / W_);
+  }
+  bool sync() const { return ps_.mode_ == ParameterServer::Mode::kSync; }
+  comm::Deadline deadline() const { return comm::Deadline::after(ps_.timeout()); }
+  float* params() { return ps_.model_.params().flat().data<float>(); }
+
+  void post(int w);
+  void handle(int w);
+  void push(int w);
+  void apply_sync();
+  void answer_pulls();
+  bool allowed(const Worker& w) const;
+  void reply(int w);
+  void consolidate(int w);
+  void send_stats(int w);
+  void record_staleness(int64_t s, double count);
+  [[noreturn]] void stuck(double idle_s);
+
+  ParameterServer& ps_;
+  comm::Communicator& world_;
+  optim::Optimizer& opt_;
+  const std::function<float(int64_t)>& lr_;
+  const int W_;
+  const bool inverse_;
+  int64_t lo_ = 0, hi_ = 0;
+  size_t len_ = 0;
+  std::vector<Worker> workers_;
+  int done_ = 0, arrived_ = 0;
+  int64_t base_clock_ = -1;  // set by the first hello (-1: none yet)
+  int64_t sync_updates_ = 0, applied_ = 0;  // since serve() started
+  std::vector<double> stats_;
+};
+
+void ServerLoop::post(int w) {
+  Worker& k = workers_[static_cast<size_t>(w)];
+  k.request_work = world_.irecv(k.request.data(), k.request.size(), comm::ElemType::kI64, peer(w),
+                                ParameterServer::kTagRequest);
+}
+
+nlohmann::json ServerLoop::run() {
+  for (int w = 0; w < W_; ++w) {
+    post(w);
+    Worker& k = workers_[static_cast<size_t>(w)];
+    k.grad_work = world_.irecv(k.grad.data(), len_, comm::ElemType::kF32, peer(w),
+                               ParameterServer::kTagGrad);
+  }
+  // Polls: spin a few microseconds (a reply is often due at once), then yield the core to the
+  // workers computing on it, then nap; a vCPU that goes idle is slow to wake (MACHINE_NOTES).
+  double idle_since = now_seconds();
+  while (done_ < W_) {
+    bool progress = false;
+    for (int w = 0; w < W_; ++w) {
+      Worker& k = workers_[static_cast<size_t>(w)];
+      if (k.done || !k.request_work.done()) continue;
+      k.request_work.wait(deadline());  // rethrows a failed receive (aborted group)
+      handle(w);
+      if (!k.done) post(w);
+      progress = true;
+    }
+    const double now = now_seconds();
+    if (progress) {
+      answer_pulls();
+      idle_since = now_seconds();
+      continue;
+    }
+    const double idle = now - idle_since;
+    if (idle > ps_.timeout()) stuck(idle);
+    if (idle < 20e-6) {
+      cpu_relax();
+    } else if (idle < 2e-3) {
+      sched_yield();
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    stats_[ParameterServer::kIdleSeconds] += now_seconds() - now;
+  }
+  for (Worker& k : workers_) {
+    k.reply_work.wait(deadline());  // the last replies
+    k.data_work.wait(deadline());
+    k.grad_work = comm::Work();  // cancels the gradient receive nobody will match
+  }
+  nlohmann::json out = {{"role", "server"}, {"rank", ps_.rank()}, {"version", version()}};
+  out["pushes"] = stats_[ParameterServer::kPushes];
+  out["updates"] = stats_[ParameterServer::kUpdates];
+  return out;
+}
+
+void ServerLoop::handle(int w) {
+  Worker& k = workers_[static_cast<size_t>(w)];
+  const Header h = k.request;
+  switch (h[0]) {
+    case ParameterServer::kHello:
+      if (base_clock_ < 0) base_clock_ = h[1] >= 0 ? h[1] : opt_.steps();
+      k.hello = true;
+      k.clock = h[1] >= 0 ? h[1] : steps_clock();
+      k.pending = true, k.pull_kind = h[0], k.pull_clock = k.clock, k.pull_held = h[2];
+      break;
+    case ParameterServer::kPull:
+    case ParameterServer::kEvalPull:
+      k.pending = true, k.pull_kind = h[0], k.pull_clock = h[1], k.pull_held = h[2];
+      break;
+    case ParameterServer::kPushPull:
+      push(w);
+      k.pending = true, k.pull_kind = h[0], k.pull_clock = h[1], k.pull_held = h[2];
+      break;
+    case ParameterServer::kConsolidate:
+      consolidate(w);
+      break;
+    case ParameterServer::kStats:
+      send_stats(w);
+      break;
+    case ParameterServer::kDone:
+      k.done = true;
+      ++done_;
+      if (sync() && arrived_ > 0)
+        throw Error(str("parameter server: worker rank ", w, " finished while other workers "
+                        "pushed step ", steps_clock(), "; in sync mode every worker runs the same "
+                        "steps (this is a bug)"));
+      break;
+    default:
+      throw CommError(str("parameter server: server rank ", ps_.rank(), " got request kind ", h[0],
+                          " from rank ", w, "; is that rank running the parameter-server "
+                          "layout with the same config?"));
+  }
+}
+
+void ServerLoop::record_staleness(int64_t s, double count) {
+  const int bin = static_cast<int>(std::min<int64_t>(std::max<int64_t>(s, 0),
+                                                     ParameterServer::kStalenessBins - 1));
+  stats_[ParameterServer::kStatHistogram + bin] += count;
+  stats_[ParameterServer::kMaxStaleness] =
+      std::max(stats_[ParameterServer::kMaxStaleness], static_cast<double>(s));
+}
+
+void ServerLoop::push(int w) {
+  Worker& k = workers_[static_cast<size_t>(w)];
+  k.grad_work.wait(deadline());  // the payload follows its request
+  stats_[ParameterServer::kPushes] += 1;
+  stats_[ParameterServer::kBytesIn] += 4.0 * static_cast<double>(len_);
+  const int64_t clock = k.request[1], held = k.request[2];
+  k.clock = clock;
+  if (sync()) {
+    if (clock - 1 != steps_clock() || k.arrived)
+      throw Error(str("parameter server: worker rank ", w, " pushed the gradient of step ",
+                      clock - 1, " computed on version ", held, " while server rank ", ps_.rank(),
+                      " collects step ", steps_clock(), "; sync workers must push every step "
+                      "once (this is a bug)"));
+    k.arrived = true;
+    if (++arrived_ == W_) apply_sync();
+    return;
+  }
+  // Async and ssp: apply now. The push is one worker's share of the global-mean gradient;
+  // times W it estimates the whole gradient, so an update has the size of a sync update. An
+  // update computed on a version `s` updates old is scaled by 1 / (1 + s) (ps.stale_lr).
+  const double t0 = now_seconds();
+  const int64_t staleness = version() - held;
+  record_staleness(staleness, 1);
+  float lr = lr_(steps_clock());
+  if (inverse_) lr /= static_cast<float>(1 + std::max<int64_t>(staleness, 0));
+  Tensor grads = ps_.model_.grads().flat();
+  float* g = grads.data<float>() + lo_;
+  const float scale = static_cast<float>(W_);
+  for (size_t i = 0; i < len_; ++i) g[i] = k.grad[i] * scale;
+  Tensor p = ps_.model_.params().flat();
+  opt_.step(p, grads, lr, lo_, hi_);
+  stats_[ParameterServer::kGradientsApplied] += 1;
+  stats_[ParameterServer::kUpdates] += 1;
+  ++applied_;
+  k.grad_work = world_.irecv(k.grad.data(), len_, comm::ElemType::kF32, peer(w),
+                             ParameterServer::kTagGrad);
+  stats_[ParameterServer::kApplySeconds] += now_seconds() - t0;
+}
+
+void ServerLoop::apply_sync() {
+  const double t0 = now_seconds();
+  // The replies of the last version went out straight from the shard: they must have landed.
+  for (Worker& k : workers_) k.data_work.wait(deadline());
+  // Summed in worker order, so the result does not depend on arrival order. Each push already
+  // carries its rows' share of the global mean: the sum is the global-mean gradient.
+  Tensor grads = ps_.model_.grads().flat();
+  float* g = grads.data<float>() + lo_;
+  std::memcpy(g, workers_[0].grad.data(), len_ * sizeof(float));
+  for (int w = 1; w < W_; ++w) {
+    const float* src = workers_[static_cast<size_t>(w)].grad.data();
+    for (size_t i = 0; i < len_; ++i) g[i] += src[i];
+  }
+  Tensor p = ps_.model_.params().flat();
+  opt_.step(p, grads, lr_(steps_clock()), lo_, hi_);
+  ++sync_updates_;
+  stats_[ParameterServer::kGradientsApplied] += W_;
+  stats_[ParameterServer::kUpdates] += 1;
+  record_staleness(0, W_);
+  arrived_ = 0;
+  for (int w = 0; w < W_; ++w) {
+    Worker& k = workers_[static_cast<size_t>(w)];
+    k.arrived = false;
+    k.grad_work = world_.irecv(k.grad.data(), len_, comm::ElemType::kF32, peer(w),
+                               ParameterServer::kTagGrad);
+  }
+  stats_[ParameterServer::kApplySeconds] += now_seconds() - t0;
+}
+
+bool ServerLoop::allowed(const Worker& k) const {
+  if (sync() && k.pull_kind != ParameterServer::kHello) return steps_clock() >= k.pull_clock;
+  int64_t slowest = std::numeric_limits<int64_t>::max();
+  for (const Worker& o : workers_)
+    if (!o.done) slowest = std::min(slowest, o.hello ? o.clock : std::numeric_limits<int64_t>::min());
+  if (k.pull_kind == ParameterServer::kEvalPull) return slowest >= k.pull_clock;
+  if (ps_.mode_ == ParameterServer::Mode::kSsp && k.pull_kind == ParameterServer::kPushPull)
+    return slowest >= k.pull_clock - ps_.spec_.ps_staleness;
+  return true;
+}
+
+void ServerLoop::answer_pulls() {
+  for (int w = 0; w < W_; ++w) {
+    Worker& k = workers_[static_cast<size_t>(w)];
+    if (k.pending && allowed(k)) {
+      k.pending = false;
+      if (k.pull_kind == ParameterServer::kPushPull) {
+        int64_t slowest = k.pull_clock;
+        for (const Worker& o : workers_)
+          if (!o.done) slowest = std::min(slowest, o.clock);
+        stats_[ParameterServer::kMaxLead] = std::max(stats_[ParameterServer::kMaxLead],
+                                                     static_cast<double>(k.pull_clock - slowest));
+      }
+      reply(w);
+    }
+  }
+}
+
+void ServerLoop::reply(int w) {
+  Worker& k = workers_[static_cast<size_t>(w)];
+  k.reply_work.wait(deadline());  // the previous reply was received long ago
+  k.data_work.wait(deadline());
+  const bool changed = version() != k.pull_held;
+  k.reply = {version(), changed ? 1 : 0, opt_.steps(), 0};
+  k.reply_work = world_.isend(k.reply.data(), k.reply.size(), comm::ElemType::kI64, peer(w),
+                              ParameterServer::kTagReply);
+  stats_[ParameterServer::kPulls] += 1;
+  if (!changed) return;
+  const float* src = params() + lo_;
+  if (!sync()) {  // later pushes change the shard while this send may still be pending
+    std::memcpy(k.snapshot.data(), src, len_ * sizeof(float));
+    src = k.snapshot.data();
+  }
+  k.data_work = world_.isend(src, len_, comm::ElemType::kF32, peer(w), ParameterServer::kTagParams);
+  stats_[ParameterServer::kPullsWithData] += 1;
+  stats_[ParameterServer::kBytesOut] += 4.0 * static_cast<double>(len_);
+}
+
+void ServerLoop::consolidate(int w) {
+  Worker& k = workers_[static_cast<size_t>(w)];
+  k.reply_work.wait(deadline());
+  k.data_work.wait(deadline());
+  k.reply = {version(), 1, opt_.steps(), 0};
+  const comm::Deadline d = deadline();
+  world_.isend(k.reply.data(), k.reply.size(), comm::ElemType::kI64, peer(w),
+               ParameterServer::kTagReply).wait(d);
+  std::vector<comm::Work> sends;
+  sends.push_back(world_.isend(params() + lo_, len_, comm::ElemType::kF32, peer(w),
+                               ParameterServer::kTagParams));
+  auto state = opt_.state();
+  for (auto& [name, t] : state)
+    if (t.numel() == ps_.model_.params().numel())
+      sends.push_back(world_.isend(t.data<float>() + lo_, len_, comm::ElemType::kF32, peer(w),
+                                   ParameterServer::kTagState));
+  for (comm::Work& s : sends) s.wait(d);  // the shard and state must not change meanwhile
+  stats_[ParameterServer::kBytesOut] += 4.0 * static_cast<double>(len_ * sends.size());
+}
+
+void ServerLoop::send_stats(int w) {
+  world_.send(stats_.data(), stats_.size(), comm::ElemType::kF64, peer(w),
+              ParameterServer::kTagState);
+}
+
+void ServerLoop::stuck(double idle_s) {
+  std::string waiting, silent;
+  for (int w = 0; w < W_; ++w) {
+    const Worker& k = workers_[static_cast<size_t>(w)];
+    if (k.done) continue;
+    if (k.pending)
+      waiting += str(waiting.empty() ? "" : ", ", w, " (clock ", k.pull_clock, ")");
+    else
+      silent += str(silent.empty() ? "" : ", ", w, " (clock ", k.clock, ")");
+  }
+  const std::string msg = str(
+      "parameter server: server rank ", ps_.rank(), " (", ps_.spec_.ps_mode, ", step ",
+      steps_clock(), ") heard nothing for ", idle_s, " s (comm.timeout_s); waiting for worker rank(s) ",
+      silent.empty() ? std::string("none") : silent, "; worker rank(s) ",
+      waiting.empty() ? std::string("none") : waiting,
+      " wait for their reply; a silent worker is stuck or died");
+  world_.abort(msg);
+  throw CommError(msg);
+}
+
+nlohmann::json ParameterServer::serve(optim::Optimizer& opt,
+                                      const std::function<float(int64_t)>& lr) {
+  if (!is_server())
+    throw Error(str("parallel: rank ", rank(), " of layout ", layout(), " is not a server"));
+  ServerLoop loop(*this, opt, lr);
+  return loop.run();
+}
+
+}  // namespace tessel::parallel

@@ -1,0 +1,440 @@
+// Pipeline parallelism equals sequential training: pp = 2 and 4 and dp 2 x pp 2 (ranks as
+// threads) end within 1e-5 of one rank after 20 steps for an MLP, a CNN and a GPT whose tied
+// LM head sits on another stage than its embedding; deterministic mode gives the same bits;
+// 1f1b holds fewer activations than gpipe; schedules are checked; bad layouts fail at start.
+#include "tessel/parallel/pipeline.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "pipeline_testing.h"
+#include "tessel/comm/threads.h"
+#include "tessel/optim/optimizer.h"
+#include "tessel/train/trainer.h"
+
+namespace tessel {
+namespace {
+
+// Tiny [1, 8, 8] images whose class is the brightest quadrant: learnable by a small CNN.
+class Quadrants final : public data::Dataset {
+ public:
+  explicit Quadrants(int64_t n, uint64_t seed) : n_(n), seed_(seed) {}
+  std::string name() const override { return "quadrants"; }
+  int64_t size() const override { return n_; }
+  Shape input_shape() const override { return {1, 8, 8}; }
+  DType input_dtype() const override { return DType::kF32; }
+  Shape label_shape() const override { return {}; }
+  int64_t num_classes() const override { return 4; }
+  void get(int64_t index, void* x, int32_t* y) const override {
+    float* p = static_cast<float*>(x);
+    uint64_t h =
+        (seed_ + static_cast<uint64_t>(index)) * 6364136223846793005ull + 1442695040888963407ull;
+    const int label = static_cast<int>((h >> 33) % 4);
+    for (int i = 0; i < 64; ++i) {
+      h = h * 6364136223846793005ull + 1442695040888963407ull;
+      const int quadrant = (i / 8 >= 4) * 2 + (i % 8 >= 4);
+      p[i] = static_cast<float>((h >> 40) % 1000) / 1000.0f + (quadrant == label ? 0.5f : 0.0f);
+    }
+    *y = label;
+  }
+
+ private:
+  int64_t n_;
+  uint64_t seed_;
+};
+
+train::Config config_for(const std::string& model, std::vector<std::string> extra = {}) {
+  std::vector<std::string> o = {"train.max_steps=20", "train.prefetch=0",
+                                "checkpoint.every_epochs=0", "model.kind=" + model};
+  if (model == "mlp") {
+    for (const char* s : {"data.kind=synthetic", "data.samples=600", "data.features=12",
+                          "data.classes=4", "data.test_fraction=0.2", "train.batch=24",
+                          "optim.lr=0.1", "model.hidden=[32,16]", "model.dropout=0.2"})
+      o.push_back(s);
+  } else if (model == "cnn") {
+    for (const char* s : {"data.kind=synthetic", "train.batch=16", "optim.lr=0.05",
+                          "model.channels=[4,8]", "model.kernel=3", "model.fc_hidden=16"})
+      o.push_back(s);
+  } else {  // gpt: AdamW and clipping, so the global norm and the tied table both matter
+    for (const char* s :
+         {"data.kind=text", "data.path=/usr/share/games/fortunes/songs-poems", "data.context=16",
+          "data.test_fraction=0.1", "train.batch=8", "model.layers=2", "model.heads=2",
+          "model.embed=16", "optim.kind=adamw", "optim.lr=0.003", "train.clip_norm=0.5"})
+      o.push_back(s);
+  }
+  o.insert(o.end(), extra.begin(), extra.end());
+  return train::parse_config("", "pp_test", o);
+}
+
+struct RunResult {
+  std::vector<float> params;            // rank 0's, after consolidation
+  std::vector<std::vector<float>> all;  // every rank's own arena
+  nlohmann::json summary;
+};
+
+RunResult train_on(const train::Config& cfg, int workers, train::RunOptions opts = {}) {
+  opts.progress = false;
+  if (opts.run_dir.empty() && opts.resume.empty())
+    opts.run_dir = ::testing::TempDir() + "/pp_test_" + std::to_string(workers);
+  data::Splits images;
+  const data::Splits* splits = nullptr;
+  if (cfg.model.kind == "cnn") {
+    images.train = std::make_shared<Quadrants>(320, 1);
+    images.test = std::make_shared<Quadrants>(64, 2);
+    splits = &images;
+  }
+  RunResult run;
+  run.all.resize(static_cast<size_t>(workers));
+  auto body = [&](comm::Communicator* world) {
+    train::Trainer t(cfg, opts, world, splits);
+    nlohmann::json s = t.run();
+    const Tensor& p = t.model().params().flat();
+    const int r = world ? world->rank() : 0;
+    run.all[r].assign(p.data<float>(), p.data<float>() + p.numel());
+    if (r == 0) {
+      run.params = run.all[0];
+      run.summary = s;
+    }
+  };
+  if (workers == 1)
+    body(nullptr);
+  else
+    comm::run_threads(workers, [&](comm::Communicator& c) { body(&c); });
+  return run;
+}
+
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(double(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(double(a[i])));
+  }
+  return diff / scale;
+}
+
+void expect_matches_single(const std::string& model) {
+  const RunResult single = train_on(config_for(model), 1);
+  ASSERT_EQ(single.summary["steps"], 20);
+  struct Case {
+    int workers;
+    std::vector<std::string> keys;
+    std::string layout;
+  };
+  const std::vector<Case> cases = {
+      {2, {"pp.stages=2", "pp.microbatches=4", "pp.schedule=1f1b"}, "pp=2"},
+      {2,
+       {"pp.stages=2", "pp.microbatches=2", "pp.schedule=gpipe", "pp.partition=round_robin"},
+       "pp=2"},
+      {4,
+       {"pp.stages=4", "pp.microbatches=4", "pp.schedule=gpipe", "pp.partition=uniform"},
+       "pp=4"},
+      {4, {"pp.stages=4", "pp.microbatches=8", "pp.schedule=1f1b"}, "pp=4"},
+      {4, {"pp.stages=2", "pp.microbatches=2", "pp.schedule=1f1b"}, "dp=2 pp=2"}};
+  for (const Case& c : cases) {
+    const RunResult multi = train_on(config_for(model, c.keys), c.workers);
+    ASSERT_EQ(multi.params.size(), single.params.size());
+    EXPECT_LT(max_rel_diff(single.params, multi.params), 1e-5) << model << " " << c.layout;
+    EXPECT_EQ(multi.summary["layout"], c.layout);
+    EXPECT_EQ(multi.summary["steps"], 20);
+    EXPECT_NEAR(multi.summary["train_loss"].get<double>(),
+                single.summary["train_loss"].get<double>(), 1e-4)
+        << model << " " << c.layout;
+    EXPECT_NEAR(multi.summary["test_accuracy"].get<double>(),
+                single.summary["test_accuracy"].get<double>(), 0.02);
+    const auto& stages = multi.summary["ranks"]["pipeline_stages"];
+    ASSERT_EQ(stages.size(), static_cast<size_t>(c.workers));
+    for (const auto& s : stages) EXPECT_GT(s["forward_seconds"].get<double>(), 0);
+  }
+}
+
+TEST(Pipeline, MlpMatchesSingleRank) { expect_matches_single("mlp"); }
+TEST(Pipeline, CnnMatchesSingleRank) { expect_matches_single("cnn"); }
+TEST(Pipeline, GptMatchesSingleRank) { expect_matches_single("gpt"); }
+
+TEST(Pipeline, AccumulationAndShortBatchesMatchSingleRank) {
+  // Two pieces per step, and 130 training samples in batches of 24: the last batch has 10 rows
+  // (5 per replica), which 4 micro-batches cannot divide, so it is cut unevenly.
+  const std::vector<std::string> base = {"train.accumulate=2", "data.samples=163",
+                                         "train.max_steps=0", "train.epochs=2"};
+  const RunResult single = train_on(config_for("mlp", base), 1);
+  for (int workers : {2, 4}) {
+    std::vector<std::string> keys = base;
+    keys.insert(keys.end(), {"pp.stages=2", "pp.microbatches=4"});
+    if (workers == 4) keys.back() = "pp.microbatches=2";
+    const RunResult multi = train_on(config_for("mlp", keys), workers);
+    EXPECT_EQ(multi.summary["steps"], single.summary["steps"]);
+    EXPECT_LT(max_rel_diff(single.params, multi.params), 1e-5) << workers << " workers";
+  }
+}
+
+TEST(Pipeline, TiedTableStaysEqualOnBothStages) {
+  // The GPT's embedding (stage 0) and LM head (stage 1) share the token table: after training
+  // the head's stage holds the same table as the embedding's.
+  const train::Config cfg = config_for("gpt", {"pp.stages=2", "pp.microbatches=2"});
+  const RunResult run = train_on(cfg, 2);
+  train::Trainer probe(config_for("gpt"), {}, nullptr);
+  const auto& entries = probe.model().params().entries();
+  const int64_t lo = entries[0].offset, n = shape_numel(entries[0].shape);
+  ASSERT_EQ(entries[0].name, "embed.wte");
+  double differ = 0, moved = 0;
+  const float* init = probe.model().params().flat().data<float>();
+  for (int64_t i = lo; i < lo + n; ++i) {
+    differ = std::max(differ, std::fabs(double(run.all[0][i]) - run.all[1][i]));
+    moved = std::max(moved, std::fabs(double(run.all[1][i]) - init[i]));
+  }
+  EXPECT_EQ(differ, 0.0);
+  EXPECT_GT(moved, 1e-4);  // the head's copy was updated, not left at its initial value
+}
+
+TEST(Pipeline, DeterministicModeIsBitIdentical) {
+  // Small buckets (one per block) and one bucket spanning every stage, whose quantisation
+  // scale the stages must agree on.
+  for (const char* bucket : {"ddp.bucket_mb=0.001", "ddp.bucket_mb=1"})
+    for (const char* model : {"mlp", "gpt"}) {
+      const std::vector<std::string> det = {"train.deterministic=true", "ddp.micro_shard=4", bucket,
+                                            "train.drop_last=true"};
+      const RunResult single = train_on(config_for(model, det), 1);
+      std::vector<std::string> pp = det;
+      pp.push_back("pp.stages=2");
+      const RunResult two = train_on(config_for(model, pp), 2);
+      EXPECT_EQ(two.summary["params_sha256"], single.summary["params_sha256"]) << model;
+      pp.back() = "pp.stages=4";
+      pp.push_back("pp.partition=uniform");
+      const RunResult four = train_on(config_for(model, pp), 4);
+      EXPECT_EQ(four.summary["params_sha256"], single.summary["params_sha256"]) << model;
+      pp = det;
+      pp.push_back("pp.stages=2");  // 4 ranks: dp 2 x pp 2
+      const RunResult grid = train_on(config_for(model, pp), 4);
+      EXPECT_EQ(grid.summary["layout"], "dp=2 pp=2");
+      EXPECT_EQ(grid.summary["params_sha256"], single.summary["params_sha256"]) << model;
+    }
+}
+
+TEST(Pipeline, ResumedRunMatchesUninterrupted) {
+  // consolidate() must bring every stage's parameters and AdamW state to rank 0's checkpoint.
+  const train::Config cfg =
+      config_for("mlp", {"pp.stages=2", "pp.microbatches=2", "optim.kind=adamw", "optim.lr=0.003"});
+  const RunResult whole = train_on(cfg, 4);
+  train::RunOptions first;
+  first.run_dir = ::testing::TempDir() + "/pp_resume";
+  first.stop_after = 9;
+  const RunResult part = train_on(cfg, 4, first);
+  EXPECT_EQ(part.summary["steps"], 9);
+  train::RunOptions second;
+  second.resume = first.run_dir;
+  const RunResult resumed = train_on(cfg, 4, second);
+  EXPECT_EQ(resumed.summary["steps"], 20);
+  EXPECT_EQ(resumed.summary["params_sha256"], whole.summary["params_sha256"]);
+}
+
+TEST(Pipeline, OneFOneBHoldsLessActivationMemoryThanGpipe) {
+  // P = 4, m = 8: gpipe keeps all 8 micro-batches of a stage in flight, 1f1b at most 4 - s.
+  auto peak = [](const char* schedule) {
+    const RunResult r =
+        train_on(config_for("mlp", {"pp.stages=4", "pp.microbatches=8",
+                                    std::string("pp.schedule=") + schedule, "train.max_steps=3"}),
+                 4);
+    return r.summary["ranks"]["pipeline_stages"];
+  };
+  const auto gpipe = peak("gpipe"), ofob = peak("1f1b");
+  for (int s = 0; s < 4; ++s) {
+    EXPECT_LT(ofob[s]["peak_activation_bytes"].get<double>(),
+              gpipe[s]["peak_activation_bytes"].get<double>())
+        << "stage " << s;
+    EXPECT_EQ(gpipe[s]["peak_inflight_microbatches"], 8);
+    EXPECT_EQ(ofob[s]["peak_inflight_microbatches"], 4 - s);
+  }
+}
+
+TEST(Pipeline, SchedulesHaveTheTextbookShape) {
+  parallel::Partition part{{0, 1, 2, 3, 4}, {0, 1, 2, 3}};
+  auto f = parallel::make_schedule(part, 4, 8, "1f1b");
+  // Stage 0: 4 forwards of warm-up, then one backward, one forward, ...
+  std::string s0;
+  for (const auto& t : f[0]) s0 += t.op == parallel::TaskOp::kForward ? 'F' : 'B';
+  EXPECT_EQ(s0, "FFFFBFBFBFBFBBBB");
+  std::string s3;
+  for (const auto& t : f[3]) s3 += t.op == parallel::TaskOp::kForward ? 'F' : 'B';
+  EXPECT_EQ(s3, "FBFBFBFBFBFBFBFB");
+  auto g = parallel::make_schedule(part, 4, 8, "gpipe");
+  for (const auto& order : g) {
+    std::string s;
+    for (const auto& t : order) s += t.op == parallel::TaskOp::kForward ? 'F' : 'B';
+    EXPECT_EQ(s, "FFFFFFFFBBBBBBBB");
+  }
+  EXPECT_NO_THROW(parallel::check_schedule(part, f, 8, -1, -1));
+  EXPECT_NO_THROW(parallel::check_schedule(part, g, 8, 3, 0));
+}
+
+TEST(Pipeline, BadSchedulesAreCaughtBeforeTheyRun) {
+  parallel::Partition part{{0, 1, 2}, {0, 1}};
+  auto s = parallel::make_schedule(part, 2, 2, "gpipe");
+  auto expect_error = [&](std::vector<std::vector<parallel::Task>> bad, const std::string& what) {
+    try {
+      parallel::check_schedule(part, bad, 2, -1, -1);
+      ADD_FAILURE() << "no error for " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  // Stage 1 runs its backward of micro-batch 0 before the forward of micro-batch 1 arrives,
+  // but stage 0 waits for that backward's gradient first: a deadlock.
+  auto dead = s;
+  dead[0] = {{parallel::TaskOp::kForward, 0, 0},
+             {parallel::TaskOp::kBackward, 0, 0},
+             {parallel::TaskOp::kForward, 0, 1},
+             {parallel::TaskOp::kBackward, 0, 1}};
+  dead[1] = {{parallel::TaskOp::kForward, 1, 1},
+             {parallel::TaskOp::kForward, 1, 0},
+             {parallel::TaskOp::kBackward, 1, 0},
+             {parallel::TaskOp::kBackward, 1, 1}};
+  expect_error(dead, "different order");
+  // Orders that pair up but wait on each other: stage 0 wants a gradient before sending the
+  // activation stage 1 is waiting for.
+  auto cycle = s;
+  cycle[0] = {{parallel::TaskOp::kForward, 0, 0},
+              {parallel::TaskOp::kBackward, 0, 0},
+              {parallel::TaskOp::kForward, 0, 1},
+              {parallel::TaskOp::kBackward, 0, 1}};
+  expect_error(cycle, "deadlocks: stage 0 waits for the activation gradient of micro-batch 0");
+  auto lost = s;
+  lost[1].pop_back();  // the gradient of micro-batch 1 is never sent
+  expect_error(lost, "no stage sends");
+  auto twice = s;
+  twice[0].push_back(twice[0].front());
+  expect_error(twice, "twice");
+}
+
+template <typename Fn>
+void expect_invalid(Fn fn, const std::string& what) {
+  try {
+    fn();
+    ADD_FAILURE() << "no error; wanted one mentioning: " << what;
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong error type: " << e.what();
+  }
+}
+
+TEST(Pipeline, BadLayoutsFailAtStart) {
+  auto start = [](std::vector<std::string> keys, int workers) {
+    return [keys, workers] {
+      comm::run_threads(workers, [&](comm::Communicator& c) {
+        train::RunOptions opts;
+        opts.progress = false;
+        opts.run_dir = ::testing::TempDir() + "/pp_bad";
+        train::Trainer t(config_for("mlp", keys), opts, &c);
+        t.run();
+      });
+    };
+  };
+  // The MLP has 7 blocks (fc, act, dropout twice, then fc).
+  expect_invalid(start({"pp.stages=8"}, 8), "more than the model's 7 blocks");
+  expect_invalid(start({"pp.stages=3", "pp.cuts=[4, 2]"}, 3), "strictly increasing");
+  expect_invalid(start({"pp.stages=3", "pp.cuts=[2, 7]"}, 3), "must lie in [1, 6]");
+  expect_invalid(start({"pp.stages=3", "pp.cuts=[2]"}, 3), "2 numbers");
+  expect_invalid(start({"pp.stages=2", "pp.microbatches=5"}, 2), "does not divide the 24 rows");
+  expect_invalid(start({"pp.stages=2", "pp.microbatches=5"}, 4), "does not divide the 12 rows");
+  expect_invalid(start({"pp.stages=2"}, 3), "does not divide the 3 ranks");
+  expect_invalid(start({"pp.stages=2", "pp.microbatches=2", "train.deterministic=true"}, 2),
+                 "pp.microbatches = 1");
+}
+
+// Forward is the identity; backward returns a gradient one column short (a broken block).
+class ShortGrad : public nn::Module {
+ public:
+  std::string kind() const override { return "short_grad"; }
+  Tensor forward(const Tensor& x, const nn::Context&) override { return x; }
+  Tensor backward(const Tensor& dy) override {
+    Tensor dx = Tensor::zeros({dy.dim(0), dy.dim(1) - 1});
+    return dx;
+  }
+  std::unique_ptr<nn::Module> clone() const override { return std::make_unique<ShortGrad>(); }
+};
+
+TEST(Pipeline, MismatchedExchangeIsNamed) {
+  try {
+    comm::run_threads(2, [](comm::Communicator& c) {
+      nn::Model model;
+      model.add("fc", std::make_unique<nn::Linear>(4, 4));
+      model.add("broken", std::make_unique<ShortGrad>());
+      model.finalize(1);
+      parallel::ParallelSpec spec;
+      spec.pp_stages = 2;
+      parallel::Pipeline pipe(spec, c, model);
+      pipe.on_start();
+      nn::CrossEntropyLoss loss;
+      parallel::Piece piece{Tensor::zeros({4, 4}), Tensor::zeros({4}, DType::kI32), nn::Context{},
+                            1.0, true};
+      pipe.train_piece(piece, loss);
+    });
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("stage 0 expected the activation gradient from stage 1 "
+                                         "as f32 [4, 4], got f32 [4, 3]"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Pipeline, ExplicitCutsAndBalancedPartition) {
+  auto model = nn::build_model(
+      [] {
+        nn::ModelSpec s;
+        s.kind = "mlp";
+        s.input_shape = {64};
+        s.num_classes = 4;
+        s.hidden = {256, 8};
+        return s;
+      }(),
+      1);
+  parallel::ParallelSpec spec;
+  spec.pp_cuts = {1, 3};
+  auto p = parallel::make_partition(spec, *model, 3);
+  EXPECT_EQ(p.begin, (std::vector<size_t>{0, 1, 3, 5}));
+  spec.pp_cuts.clear();
+  // fc1 (64x256) dominates: balanced gives it a stage of its own.
+  p = parallel::make_partition(spec, *model, 2);
+  EXPECT_EQ(p.begin, (std::vector<size_t>{0, 1, 5}));
+  spec.pp_partition = "uniform";
+  EXPECT_EQ(parallel::make_partition(spec, *model, 2).begin, (std::vector<size_t>{0, 2, 5}));
+  spec.pp_partition = "round_robin";
+  p = parallel::make_partition(spec, *model, 2);
+  EXPECT_EQ(p.stage, (std::vector<int>{0, 1, 0, 1, 0}));
+}
+
+TEST(Pipeline, BubbleFollowsTheModelWithFixedComputeBlocks) {
+  // Loose bounds (a busy machine delays the sleeping stages); bench/pipeline_bubble measures
+  // the full grid.
+  const int P = 2, m = 4;
+  double measured = 0;
+  comm::run_threads(P, [&](comm::Communicator& c) {
+    auto model = testing::sleep_model(P, 3.0);
+    parallel::ParallelSpec spec;
+    spec.pp_stages = P;
+    spec.pp_microbatches = m;
+    parallel::Pipeline pipe(spec, c, *model);
+    auto opt = optim::make_optimizer(optim::OptimSpec{}, model->params().numel());
+    nn::CrossEntropyLoss loss;
+    Tensor x = Tensor::zeros({8, 4});
+    Tensor y = Tensor::zeros({8}, DType::kI32);
+    pipe.on_start();
+    for (int step = 0; step < 4; ++step) {
+      if (step == 1) pipe.take_metrics();  // the first step allocates the clones
+      model->zero_grad();
+      parallel::Piece piece{x, y, nn::Context{true, 1, step, 0}, 1.0, true};
+      pipe.train_piece(piece, loss);
+      pipe.step(*opt, 0.1f, 0, step);
+    }
+    nlohmann::json m = pipe.take_metrics();
+    if (c.rank() == 0) measured = m["pipeline_bubble_fraction_measured"].get<double>();
+  });
+  const double model = (P - 1.0) / (m + P - 1.0);
+  EXPECT_NEAR(measured, model, 0.1);
+}
+
+}  // namespace
+}  // namespace tessel

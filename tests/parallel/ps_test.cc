@@ -1,0 +1,212 @@
+// Parameter server: sync mode equals data parallel after 20 steps (1 and 2 servers) and applies
+// every gradient exactly once; a resumed sync run equals an uninterrupted one; async and ssp
+// learn and report staleness; ssp keeps a fast worker within ps.staleness clocks of a slowed
+// one; a worker or server that dies or stops gives a CommError within the deadline.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <thread>
+#include <vector>
+
+#include <unistd.h>
+
+#include "tessel/comm/threads.h"
+#include "tessel/core/clock.h"
+#include "tessel/core/error.h"
+#include "tessel/train/trainer.h"
+
+namespace tessel {
+namespace {
+
+train::Config small_config(std::vector<std::string> extra = {}) {
+  std::vector<std::string> o = {"data.kind=synthetic", "data.samples=600", "data.features=12",
+                                "data.classes=4", "data.test_fraction=0.2", "train.batch=24",
+                                "train.max_steps=20", "train.prefetch=0", "optim.lr=0.1",
+                                "model.hidden=[32,16]", "checkpoint.every_epochs=0",
+                                "model.kind=mlp", "model.dropout=0.2"};
+  o.insert(o.end(), extra.begin(), extra.end());
+  return train::parse_config("", "ps_test", o);
+}
+
+// Per process, so that two runs of this binary at once do not share run folders.
+std::string run_dir(const std::string& name) {
+  return ::testing::TempDir() + "/ps_test_" + std::to_string(getpid()) + "_" + name;
+}
+
+struct Result {
+  std::vector<float> params;
+  nlohmann::json summary;
+};
+
+// Trains on `ranks` thread ranks and returns rank 0's parameters and summary.
+Result train_on(const train::Config& cfg, int ranks, const std::string& dir,
+                train::RunOptions opts = {}) {
+  opts.progress = false;
+  opts.run_dir = run_dir(dir);
+  std::error_code ec;
+  if (opts.resume.empty()) std::filesystem::remove_all(opts.run_dir, ec);  // no old checkpoints
+  Result out;
+  comm::run_threads(ranks, [&](comm::Communicator& world) {
+    train::Trainer t(cfg, opts, &world);
+    nlohmann::json s = t.run();
+    if (world.rank() == 0) {
+      const Tensor& p = t.model().params().flat();
+      out.params.assign(p.data<float>(), p.data<float>() + p.numel());
+      out.summary = s;
+    }
+  });
+  return out;
+}
+
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, scale = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = std::max(diff, std::fabs(double(a[i]) - b[i]));
+    scale = std::max(scale, std::fabs(double(a[i])));
+  }
+  return diff / scale;
+}
+
+int64_t histogram_total(const nlohmann::json& h) {
+  int64_t n = 0;
+  for (auto& [bin, count] : h.items()) n += count.get<int64_t>();
+  return n;
+}
+
+TEST(ParameterServer, SyncMatchesDataParallelAndAppliesEveryGradientOnce) {
+  for (int servers : {1, 2}) {
+    const int workers = servers == 1 ? 4 : 3;
+    Result dp = train_on(small_config(), workers, "dp");
+    Result ps = train_on(small_config({"ps.servers=" + std::to_string(servers)}),
+                         workers + servers, "sync" + std::to_string(servers));
+    ASSERT_EQ(ps.params.size(), dp.params.size());
+    EXPECT_LT(max_rel_diff(dp.params, ps.params), 1e-5) << servers << " server(s)";
+    const nlohmann::json& r = ps.summary["ranks"];
+    EXPECT_EQ(ps.summary["steps"], 20);
+    EXPECT_EQ(ps.summary["layout"], servers == 1 ? "ps: 1 server x 4 workers"
+                                                 : "ps: 2 servers x 3 workers");
+    ASSERT_EQ(r["ps_servers"].size(), static_cast<size_t>(servers));
+    int64_t elements = 0;
+    for (const nlohmann::json& s : r["ps_servers"]) {
+      EXPECT_EQ(s["pushes"], 20 * workers);
+      EXPECT_EQ(s["gradients_applied"], 20 * workers);
+      EXPECT_EQ(s["updates"], 20);
+      EXPECT_GT(s["bytes_in"].get<double>(), 0);
+      EXPECT_EQ(histogram_total(s["staleness_histogram"]), 20 * workers);
+      // The evaluation pulls found their shard unchanged and carried no parameters.
+      EXPECT_GE(s["pulls"].get<int64_t>() - s["pulls_with_data"].get<int64_t>(), workers);
+      EXPECT_GE(s["pulls_with_data"].get<int64_t>(), 20 * workers);
+      elements += s["elements"].get<int64_t>();
+    }
+    EXPECT_EQ(elements, static_cast<int64_t>(ps.params.size()));  // the shards cover the arena
+    if (servers == 2) {  // balanced within an eighth of a shard
+      const double half = static_cast<double>(ps.params.size()) / 2;
+      EXPECT_NEAR(r["ps_servers"][0]["elements"].get<double>(), half, half / 8 + 16);
+    }
+    EXPECT_EQ(r["ps_staleness_histogram"]["0"], 20 * workers * servers);
+    EXPECT_EQ(r["ps_staleness_max"], 0);
+    EXPECT_NEAR(ps.summary["test_accuracy"].get<double>(), dp.summary["test_accuracy"].get<double>(),
+                0.02);
+  }
+}
+
+TEST(ParameterServer, ResumedSyncRunEqualsUninterrupted) {
+  train::Config cfg = small_config({"ps.servers=1", "optim.kind=adamw", "optim.lr=0.01"});
+  Result whole = train_on(cfg, 4, "whole");
+  train::RunOptions first;
+  first.stop_after = 9;
+  Result part = train_on(cfg, 4, "resumed", first);
+  EXPECT_EQ(part.summary["steps"], 9);
+  train::RunOptions second;
+  second.resume = run_dir("resumed");
+  Result resumed = train_on(cfg, 4, "resumed", second);
+  EXPECT_EQ(resumed.summary["steps"], 20);
+  EXPECT_EQ(resumed.params, whole.params);  // servers restored parameters and AdamW state
+  // A sync checkpoint continues in another mode.
+  train::Config async = cfg;
+  async.parallel.ps_mode = "async";
+  train_on(cfg, 4, "switched", first);
+  second.resume = run_dir("switched");
+  Result switched = train_on(async, 4, "switched", second);
+  EXPECT_EQ(switched.summary["steps"], 20);
+  EXPECT_EQ(switched.summary["ranks"]["ps_servers"][0]["pushes"], 3 * 11);
+}
+
+TEST(ParameterServer, AsyncAndSspLearnAndReportStaleness) {
+  for (const char* mode : {"async", "ssp"}) {
+    train::Config cfg = small_config({"ps.servers=1", std::string("ps.mode=") + mode,
+                                      "train.max_steps=0", "train.epochs=3", "optim.lr=0.05"});
+    Result r = train_on(cfg, 4, mode);
+    const nlohmann::json& m = r.summary["ranks"];
+    const nlohmann::json& s = m["ps_servers"][0];
+    const int64_t steps = r.summary["steps"].get<int64_t>();
+    EXPECT_EQ(s["pushes"], 3 * steps);
+    EXPECT_EQ(s["updates"], 3 * steps);  // one update per push
+    EXPECT_EQ(histogram_total(s["staleness_histogram"]), 3 * steps);
+    EXPECT_GT(r.summary["test_accuracy"].get<double>(), 0.6) << mode;
+    EXPECT_EQ(m["ps_mode"], mode);
+  }
+}
+
+TEST(ParameterServer, SspBoundsTheLeadOverASlowWorker) {
+  // Worker 1 sleeps 3 ms a step: async lets the others run far ahead; ssp holds them within
+  // ps.staleness = 1 clock of it.
+  train::Config ssp = small_config({"ps.servers=1", "ps.mode=ssp", "ps.staleness=1",
+                                    "debug.slow_rank=1", "debug.delay_ms=3"});
+  Result r = train_on(ssp, 4, "ssp_slow");
+  EXPECT_LE(r.summary["ranks"]["ps_max_clock_lead"].get<double>(), 1);
+  EXPECT_GT(r.summary["ranks"]["ps_worker_delay_seconds"][1].get<double>(), 0.05);
+  train::Config async = small_config({"ps.servers=1", "ps.mode=async", "debug.slow_rank=1",
+                                      "debug.delay_ms=3"});
+  Result a = train_on(async, 4, "async_slow");
+  EXPECT_GT(a.summary["ranks"]["ps_max_clock_lead"].get<double>(), 2);
+}
+
+TEST(ParameterServer, RejectsImpossibleSettings) {
+  EXPECT_THROW(train_on(small_config({"ps.servers=1", "debug.slow_rank=3"}), 4, "bad"),
+               InvalidArgument);  // rank 3 is the server
+  EXPECT_THROW(train_on(small_config({"ps.servers=1", "train.deterministic=true"}), 3, "bad"),
+               InvalidArgument);
+}
+
+// Runs a PS job (4 ranks: 3 workers, 1 server) with comm.timeout_s = 0.5 where rank `victim`
+// throws at the start, or (victim < 0) worker 1 sleeps 1.2 s in its first step. Returns the
+// error and how long it took to appear.
+std::pair<std::string, double> fail_with(int victim) {
+  train::Config cfg = small_config({"ps.servers=1", "comm.timeout_s=0.5"});
+  if (victim < 0) cfg = small_config({"ps.servers=1", "debug.slow_rank=1", "debug.delay_ms=1200"});
+  train::RunOptions opts;
+  opts.progress = false;
+  opts.run_dir = run_dir("fail");
+  comm::CommOptions options;
+  options.timeout_s = 0.5;
+  const double t0 = now_seconds();
+  std::string error;
+  try {
+    comm::run_threads(4, [&](comm::Communicator& world) {
+      train::Trainer t(cfg, opts, &world);
+      if (world.rank() == victim) throw Error("test: rank died");
+      t.run();
+    }, options);
+  } catch (const std::exception& e) {
+    error = e.what();
+  }
+  return {error, now_seconds() - t0};
+}
+
+TEST(ParameterServer, DeadOrSilentRankFailsWithinTheDeadline) {
+  auto [died, t1] = fail_with(1);  // a worker throws
+  EXPECT_NE(died.find("test: rank died"), std::string::npos) << died;
+  EXPECT_LT(t1, 1.0);
+  auto [server, t2] = fail_with(3);  // the server throws
+  EXPECT_NE(server.find("test: rank died"), std::string::npos) << server;
+  EXPECT_LT(t2, 1.0);
+  auto [silent, t3] = fail_with(-1);  // worker 1 stops talking: the server names it
+  EXPECT_NE(silent.find("waiting for worker rank(s) 1 (clock 0)"), std::string::npos) << silent;
+  EXPECT_LT(t3, 2.0);
+}
+
+}  // namespace
+}  // namespace tessel

@@ -159,7 +159,13 @@ int main(int argc, char** argv) {
     if (*eval) {
       tessel::train::RunOptions opts;
       opts.progress = false;
-      tessel::train::Trainer trainer(tessel::train::load_config(config_path, overrides), opts);
+      // One process evaluates the whole model: checkpoints do not depend on the layout, so a
+      // pipeline's or parameter server's config evaluates as a single worker.
+      tessel::train::Config cfg = tessel::train::load_config(config_path, overrides);
+      cfg.parallel.pp_stages = 1;
+      cfg.parallel.ps_servers = 0;
+      cfg.runtime.workers = 1;
+      tessel::train::Trainer trainer(cfg, opts);
       trainer.load_weights(checkpoint);
       if (!trainer.datasets().test)
         throw tessel::InvalidArgument("eval: the dataset has no test split");

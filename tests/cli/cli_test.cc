@@ -138,6 +138,21 @@ TEST_F(Cli, CorruptCheckpoints) {
   expect_error(run("eval " + kExamples + "/spiral.toml --checkpoint " + path("none")), "none");
 }
 
+TEST_F(Cli, EvalRunsAPipelineCheckpointInOneProcess) {
+  // A checkpoint does not depend on the layout: eval of a 2-stage pipeline's run gives the
+  // run's own test accuracy and parameters, in one process.
+  Result r = run("train " + kExamples + "/spiral.toml --quiet --workers 2 --set pp.stages=2 "
+                 "--set pp.microbatches=2 --set train.epochs=3 --run-dir " + path("pp"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto summary = read_json(path("pp") + "/summary.json");
+  EXPECT_EQ(summary["layout"], "pp=2");
+  Result e = run("eval " + kExamples + "/spiral.toml --set pp.stages=2 --checkpoint " + path("pp"));
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  auto out = nlohmann::json::parse(e.output);
+  EXPECT_EQ(out["params_sha256"], summary["params_sha256"]);
+  EXPECT_EQ(out["test_accuracy"], summary["test_accuracy"]);
+}
+
 TEST_F(Cli, InterruptedAndResumedRunMatchesUninterrupted) {
   // Dropout, momentum and a cosine schedule make every piece of state matter.
   std::string common = "train " + kExamples + "/spiral.toml --quiet --set train.epochs=6 "

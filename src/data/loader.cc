@@ -91,7 +91,7 @@ bool DataLoader::next(Batch& out) {
   if (epoch_ < 0) start_epoch(0);
   if (options_.prefetch == 0) {
     if (next_index_ >= batches_per_epoch()) return false;
-    out = load(epoch_, next_index_);
+    out = load(order_, epoch_, next_index_);
     ++next_index_;
     return true;
   }
@@ -108,7 +108,19 @@ bool DataLoader::next(Batch& out) {
   return false;
 }
 
-Batch DataLoader::load(int64_t epoch, int64_t index) const {
+Batch DataLoader::batch_at(int64_t epoch, int64_t index) {
+  if (epoch < 0) throw InvalidArgument(str("data loader: epoch must be >= 0, got ", epoch));
+  if (index < 0 || index >= batches_per_epoch())
+    throw InvalidArgument(str("data loader: batch index must be in [0, ", batches_per_epoch(),
+                              "), got ", index));
+  if (epoch != random_epoch_) {
+    random_order_ = epoch_order(dataset_->size(), options_.seed, epoch, options_.shuffle);
+    random_epoch_ = epoch;
+  }
+  return load(random_order_, epoch, index);
+}
+
+Batch DataLoader::load(const std::vector<int64_t>& order, int64_t epoch, int64_t index) const {
   const int64_t start = index * options_.batch;
   const int64_t len = std::min(options_.batch, dataset_->size() - start);
   const int64_t r = options_.slice_rank, n = options_.slice_count;
@@ -131,7 +143,7 @@ Batch DataLoader::load(int64_t epoch, int64_t index) const {
   char* x = static_cast<char*>(b.x.raw());
   int32_t* y = b.y.data<int32_t>();
   for (int64_t k = 0; k < hi - lo; ++k)
-    dataset_->get(order_[static_cast<size_t>(start + lo + k)], x + static_cast<size_t>(k) * x_bytes,
+    dataset_->get(order[static_cast<size_t>(start + lo + k)], x + static_cast<size_t>(k) * x_bytes,
                   y + k * y_numel);
   return b;
 }
@@ -155,7 +167,7 @@ void DataLoader::worker_loop(int64_t epoch, int64_t first_batch) {
         cv_.wait(lock, [&] { return stop_ || queue_.size() < room; });
         if (stop_) return;
       }
-      Batch batch = load(epoch, b);  // outside the lock: this is the slow part
+      Batch batch = load(order_, epoch, b);  // outside the lock: this is the slow part
       std::lock_guard<std::mutex> lock(mu_);
       queue_.push_back(std::move(batch));
       cv_.notify_all();

@@ -6,7 +6,8 @@
 // the same request, asks for the next parameters, which the servers send once the mode allows
 // (await_replies); evaluation first pulls with the rule "every worker has reached my clock";
 // consolidate copies the servers' shards and optimizer state into rank 0; the destructor says
-// goodbye so that serve() returns.
+// goodbye so that serve() returns. In async and ssp a pull or push to server 0 also claims the
+// worker's next batch of the epoch (set_claims, claim): the reply carries its index.
 #include "tessel/parallel/parameter_server.h"
 
 #include <algorithm>
@@ -98,7 +99,11 @@ ParameterServer::~ParameterServer() {
 void ParameterServer::request(Kind kind, int64_t clock) {
   for (int k = 0; k < layout_.servers; ++k) {
     Header& h = request_[static_cast<size_t>(k)];
-    h = {kind, clock, held_[static_cast<size_t>(k)], 0};
+    h = {kind, clock, held_[static_cast<size_t>(k)], 0, 0, 0};
+    if (k == 0 && claims_.open && (kind == kPull || kind == kPushPull)) {
+      h[3] = claims_.epoch + 1, h[4] = claims_.first, h[5] = claims_.limit;
+      claiming_ = true;
+    }
     sends_.push_back(world_.isend(h.data(), h.size(), comm::ElemType::kI64, server_rank(k),
                                   kTagRequest));
   }
@@ -114,13 +119,14 @@ void ParameterServer::await_replies(const char* what) {
   try {
     std::vector<comm::Work> recvs;
     for (k = 0; k < layout_.servers; ++k)
-      recvs.push_back(world_.irecv(reply_[static_cast<size_t>(k)].data(), 4, comm::ElemType::kI64,
-                                   server_rank(k), kTagReply));
+      recvs.push_back(world_.irecv(reply_[static_cast<size_t>(k)].data(), reply_[0].size(),
+                                   comm::ElemType::kI64, server_rank(k), kTagReply));
     std::vector<comm::Work> data;
     for (k = 0; k < layout_.servers; ++k) {
       recvs[static_cast<size_t>(k)].wait(deadline);
       const Header& r = reply_[static_cast<size_t>(k)];
       held_[static_cast<size_t>(k)] = r[0];
+      if (k == 0 && claiming_) claimed_ = r[3], claiming_ = false;
       if (r[1] == 0) continue;  // this shard did not change since the version held
       auto [lo, hi] = shard(k);
       data.push_back(world_.irecv(params + lo, static_cast<size_t>(hi - lo), comm::ElemType::kF32,
@@ -153,6 +159,28 @@ void ParameterServer::start(int64_t clock) {
 void ParameterServer::pull(Kind kind) {
   request(kind, clock_);
   await_replies(kind == kEvalPull ? "evaluation pull" : "pull");
+}
+
+void ParameterServer::set_claims(const Claims& claims) {
+  if (lockstep()) Strategy::set_claims(claims);
+  claims_ = claims;
+  claimed_ = kNotAsked;
+}
+
+int64_t ParameterServer::claim() {
+  if (lockstep()) return Strategy::claim();
+  if (!claims_.open) return -1;
+  if (claimed_ == kNotAsked) {  // the range's first claim: nothing to push yet
+    start(claims_.step);
+    pull(kPull);
+  }
+  const int64_t b = claimed_;
+  claimed_ = kNotAsked;
+  if (b >= 0 && (b < claims_.first || b >= claims_.limit))
+    throw Error(str("parameter server: worker rank ", rank(), " was handed batch ", b,
+                    " outside its range [", claims_.first, ", ", claims_.limit, ") of epoch ",
+                    claims_.epoch, " (this is a bug)"));
+  return b;
 }
 
 PieceResult ParameterServer::train_piece(const Piece& piece, nn::CrossEntropyLoss& loss) {
@@ -194,6 +222,7 @@ void ParameterServer::step(optim::Optimizer&, float, float clip_norm, int64_t st
     optim::clip_scale(g.data<float>(), g.numel(), norm, clip_norm);
   }
   clock_ = step + 1;
+  ++pushes_;
   request(kPushPull, clock_);
   for (int k = 0; k < layout_.servers; ++k) {
     auto [lo, hi] = shard(k);
@@ -213,7 +242,7 @@ void ParameterServer::consolidate(optim::Optimizer& opt) {
     auto state = opt.state();
     for (int k = 0; k < layout_.servers; ++k) {
       Header& h = request_[static_cast<size_t>(k)];
-      h = {kConsolidate, clock_, held_[static_cast<size_t>(k)], 0};
+      h = {kConsolidate, clock_, held_[static_cast<size_t>(k)], 0, 0, 0};
       world_.send(h.data(), h.size(), comm::ElemType::kI64, server_rank(k), kTagRequest);
       Header& r = reply_[static_cast<size_t>(k)];
       world_.recv(r.data(), r.size(), comm::ElemType::kI64, server_rank(k), kTagReply);
@@ -274,7 +303,7 @@ nlohmann::json ParameterServer::take_metrics() {
   if (rank() == 0) {
     for (int k = 0; k < S; ++k) {
       Header& h = request_[static_cast<size_t>(k)];
-      h = {kStats, clock_, held_[static_cast<size_t>(k)], 0};
+      h = {kStats, clock_, held_[static_cast<size_t>(k)], 0, 0, 0};
       world_.send(h.data(), h.size(), comm::ElemType::kI64, server_rank(k), kTagRequest);
       world_.recv(stats.data() + k * kStatCount, kStatCount, comm::ElemType::kF64, server_rank(k),
                   kTagState);
@@ -322,7 +351,8 @@ nlohmann::json ParameterServer::take_metrics() {
                       {"ps_max_clock_lead", max_lead},
                       {"ps_worker_wait_seconds", gather(total_wait_s_ += wait_s_)},
                       {"ps_worker_delay_seconds", gather(total_slow_s_ += slow_s_)},
-                      {"ps_worker_pulls_with_data", gather(static_cast<double>(pulls_with_data_))}};
+                      {"ps_worker_pulls_with_data", gather(static_cast<double>(pulls_with_data_))},
+                      {"ps_worker_batches", gather(static_cast<double>(pushes_))}};
   if (mode_ == Mode::kSsp) m["ps_staleness_bound"] = spec_.ps_staleness;
   wait_s_ = push_s_ = slow_s_ = 0;
   return m;

@@ -11,8 +11,19 @@
 //   sync:  a pull at clock c waits for step c (every worker's gradient of step c - 1 summed in
 //          worker order, one update: the data-parallel step);
 //   async: a push is applied at once, the pull answered at once;
-//   ssp:   as async, but a pull at clock c waits until every worker has reached c - staleness.
-// An evaluation pull at clock c waits until every worker has reached c, in every mode.
+//   ssp:   as async, but server 0 grants a claim only within the staleness bound (below).
+// An evaluation pull at clock c waits until every worker has reached c in sync; in async and
+// ssp it is answered at once (workers evaluate after the epoch-end collective, when every push
+// of the epoch has been applied).
+//
+// Claims (async and ssp; server 0 only): a pull or push that claims names the epoch's range
+// [first, limit) of worker batches; the first claim of an epoch opens it, and each reply that
+// grants hands out the next index (-1 once the range is exhausted). Grants are numbered across
+// the run; grant n is at step n / W. A worker *holds* the step of its last grant until it
+// pushes. ssp grants a claim at step c only while every batch held by another worker is at step
+// c - staleness or later: no gradient in progress is more than staleness steps behind the
+// newest one. A worker waiting for a grant holds nothing, so the oldest holder can always
+// finish and nobody waits forever.
 // Replies are sent from a per-worker snapshot in async and ssp (later pushes change the shard
 // while the send is pending); in sync the shard cannot change before every worker has received.
 #include <sched.h>
@@ -67,6 +78,8 @@ class ServerLoop {
     bool hello = false, done = false, arrived = false;
     bool pending = false;  // a pull waiting for the mode's condition
     int64_t pull_kind = 0, pull_clock = 0, pull_held = -1;
+    bool wants_claim = false;  // server 0: the pending pull claims a batch
+    int64_t holds = -1;        // server 0: step of the batch it trains (-1: none)
   };
 
   int peer(int w) const { return w; }  // workers are world ranks 0..W-1
@@ -86,6 +99,9 @@ class ServerLoop {
   void push(int w);
   void apply_sync();
   void answer_pulls();
+  void open_claims(int w);
+  int64_t grant(Worker& k);
+  int64_t oldest_held(const Worker* except) const;
   bool allowed(const Worker& w) const;
   void reply(int w);
   void consolidate(int w);
@@ -105,6 +121,9 @@ class ServerLoop {
   int done_ = 0, arrived_ = 0;
   int64_t base_clock_ = -1;  // set by the first hello (-1: none yet)
   int64_t sync_updates_ = 0, applied_ = 0;  // since serve() started
+  // Server 0's claims (async, ssp): the open range of worker batches, the next index to hand
+  // out, and the grants since serve() started (across epochs: their step numbering).
+  int64_t claim_epoch_ = -1, claim_first_ = 0, claim_next_ = 0, claim_limit_ = 0, grants_ = 0;
   std::vector<double> stats_;
 };
 
@@ -175,10 +194,12 @@ void ServerLoop::handle(int w) {
     case ParameterServer::kPull:
     case ParameterServer::kEvalPull:
       k.pending = true, k.pull_kind = h[0], k.pull_clock = h[1], k.pull_held = h[2];
+      open_claims(w);
       break;
     case ParameterServer::kPushPull:
       push(w);
       k.pending = true, k.pull_kind = h[0], k.pull_clock = h[1], k.pull_held = h[2];
+      open_claims(w);
       break;
     case ParameterServer::kConsolidate:
       consolidate(w);
@@ -216,6 +237,7 @@ void ServerLoop::push(int w) {
   stats_[ParameterServer::kBytesIn] += 4.0 * static_cast<double>(len_);
   const int64_t clock = k.request[1], held = k.request[2];
   k.clock = clock;
+  k.holds = -1;  // the batch it trained is done
   if (sync()) {
     if (clock - 1 != steps_clock() || k.arrived)
       throw Error(str("parameter server: worker rank ", w, " pushed the gradient of step ",
@@ -277,15 +299,50 @@ void ServerLoop::apply_sync() {
   stats_[ParameterServer::kApplySeconds] += now_seconds() - t0;
 }
 
-bool ServerLoop::allowed(const Worker& k) const {
-  if (sync() && k.pull_kind != ParameterServer::kHello) return steps_clock() >= k.pull_clock;
-  int64_t slowest = std::numeric_limits<int64_t>::max();
+void ServerLoop::open_claims(int w) {
+  Worker& k = workers_[static_cast<size_t>(w)];
+  const Header& h = k.request;
+  k.wants_claim = h[3] > 0;
+  if (!k.wants_claim) return;
+  if (sync() || ps_.server_index() != 0)
+    throw Error(str("parameter server: server rank ", ps_.rank(), " got a batch claim from worker "
+                    "rank ", w, "; only server 0 of async and ssp hands out batches (this is a bug)"));
+  const int64_t epoch = h[3] - 1;
+  if (epoch > claim_epoch_) {  // the epoch's first claim opens its range
+    claim_epoch_ = epoch, claim_first_ = h[4], claim_next_ = h[4], claim_limit_ = h[5];
+  } else if (epoch < claim_epoch_ || h[4] != claim_first_ || h[5] != claim_limit_) {
+    throw Error(str("parameter server: worker rank ", w, " claims batches [", h[4], ", ", h[5],
+                    ") of epoch ", epoch, " while server rank ", ps_.rank(), " hands out [",
+                    claim_first_, ", ", claim_limit_, ") of epoch ", claim_epoch_,
+                    "; the workers disagree on the epoch (this is a bug)"));
+  }
+}
+
+int64_t ServerLoop::oldest_held(const Worker* except) const {
+  int64_t oldest = std::numeric_limits<int64_t>::max();
   for (const Worker& o : workers_)
-    if (!o.done) slowest = std::min(slowest, o.hello ? o.clock : std::numeric_limits<int64_t>::min());
-  if (k.pull_kind == ParameterServer::kEvalPull) return slowest >= k.pull_clock;
-  if (ps_.mode_ == ParameterServer::Mode::kSsp && k.pull_kind == ParameterServer::kPushPull)
-    return slowest >= k.pull_clock - ps_.spec_.ps_staleness;
-  return true;
+    if (&o != except && !o.done && o.holds >= 0) oldest = std::min(oldest, o.holds);
+  return oldest;
+}
+
+int64_t ServerLoop::grant(Worker& k) {
+  k.wants_claim = false;
+  if (claim_next_ >= claim_limit_) return -1;
+  const int64_t step = grants_ / W_, oldest = oldest_held(&k);
+  if (oldest != std::numeric_limits<int64_t>::max())
+    stats_[ParameterServer::kMaxLead] =
+        std::max(stats_[ParameterServer::kMaxLead], static_cast<double>(step - oldest));
+  k.holds = step;
+  ++grants_;
+  return claim_next_++;
+}
+
+bool ServerLoop::allowed(const Worker& k) const {
+  if (sync()) return k.pull_kind == ParameterServer::kHello || steps_clock() >= k.pull_clock;
+  // Async and ssp: only an ssp claim may wait (server 0), for the staleness bound.
+  if (ps_.mode_ != ParameterServer::Mode::kSsp || !k.wants_claim || claim_next_ >= claim_limit_)
+    return true;
+  return oldest_held(&k) >= grants_ / W_ - ps_.spec_.ps_staleness;
 }
 
 void ServerLoop::answer_pulls() {
@@ -293,7 +350,7 @@ void ServerLoop::answer_pulls() {
     Worker& k = workers_[static_cast<size_t>(w)];
     if (k.pending && allowed(k)) {
       k.pending = false;
-      if (k.pull_kind == ParameterServer::kPushPull) {
+      if (sync() && k.pull_kind == ParameterServer::kPushPull) {
         int64_t slowest = k.pull_clock;
         for (const Worker& o : workers_)
           if (!o.done) slowest = std::min(slowest, o.clock);
@@ -310,7 +367,8 @@ void ServerLoop::reply(int w) {
   k.reply_work.wait(deadline());  // the previous reply was received long ago
   k.data_work.wait(deadline());
   const bool changed = version() != k.pull_held;
-  k.reply = {version(), changed ? 1 : 0, opt_.steps(), 0};
+  const int64_t claimed = k.wants_claim ? grant(k) : -1;
+  k.reply = {version(), changed ? 1 : 0, opt_.steps(), claimed, 0, 0};
   k.reply_work = world_.isend(k.reply.data(), k.reply.size(), comm::ElemType::kI64, peer(w),
                               ParameterServer::kTagReply);
   stats_[ParameterServer::kPulls] += 1;
@@ -329,7 +387,7 @@ void ServerLoop::consolidate(int w) {
   Worker& k = workers_[static_cast<size_t>(w)];
   k.reply_work.wait(deadline());
   k.data_work.wait(deadline());
-  k.reply = {version(), 1, opt_.steps(), 0};
+  k.reply = {version(), 1, opt_.steps(), -1, 0, 0};
   const comm::Deadline d = deadline();
   world_.isend(k.reply.data(), k.reply.size(), comm::ElemType::kI64, peer(w),
                ParameterServer::kTagReply).wait(d);

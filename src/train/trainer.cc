@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -98,6 +99,27 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
   lo.prefetch = config_.train.prefetch;
   lo.slice_rank = strategy_->data_rank();
   lo.slice_count = strategy_->data_size();
+  lockstep_ = strategy_->lockstep();
+  const int64_t workers = strategy_->data_size();
+  if (!lockstep_) {  // whole worker batches, claimed by index (batch_at)
+    const std::string why = str("with ps.mode = ", config_.parallel.ps_mode,
+                                " each worker trains claimed batches of train.batch / workers rows");
+    if (config_.train.batch < workers)
+      throw InvalidArgument(str("config: train.batch = ", config_.train.batch, " is smaller than the ",
+                                workers, " workers; ", why, "; raise train.batch"));
+    if (config_.train.accumulate > 1)
+      throw InvalidArgument(str("config: train.accumulate = ", config_.train.accumulate, " ", why,
+                                " and pushes each; set train.accumulate = 1 (raise train.batch "
+                                "instead) or use ps.mode = sync"));
+    if (config_.checkpoint.every_steps > 0)
+      throw InvalidArgument(str("config: checkpoint.every_steps = ", config_.checkpoint.every_steps,
+                                " needs every worker at the same step, but ", why,
+                                " at its own pace; use checkpoint.every_epochs instead"));
+    lo.batch = config_.train.batch / workers;
+    lo.slice_rank = 0;
+    lo.slice_count = 1;
+  }
+  batch_rows_ = lo.batch;
   loader_ = std::make_unique<data::DataLoader>(data_.train, lo);
   const int64_t bpe = loader_->batches_per_epoch();
   if (bpe == 0)
@@ -119,6 +141,12 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
   const int64_t k = config_.train.accumulate;
   total_steps_ = config_.train.epochs * ((bpe + k - 1) / k);
   if (config_.train.max_steps > 0) total_steps_ = std::min(total_steps_, config_.train.max_steps);
+  if (!lockstep_) {  // a step is `workers` worker batches, whoever trains them
+    claim_budget_ = config_.train.epochs * bpe;
+    if (config_.train.max_steps > 0)
+      claim_budget_ = std::min(claim_budget_, config_.train.max_steps * workers);
+    total_steps_ = (claim_budget_ + workers - 1) / workers;
+  }
   base_lr_ = optim::scaled_lr(config_.optim.lr, config_.train.batch * k, config_.train.base_batch);
 
   run_dir_ = options_.run_dir;
@@ -179,6 +207,98 @@ float Trainer::step(const std::vector<data::Batch>& batches, EvalResult& sums) {
   sums.accuracy += local.accuracy;
   sums.samples += local.samples;
   return static_cast<float>(local.loss / std::max<int64_t>(1, local.samples));
+}
+
+// One epoch (or what is left of it) of a layout that is not lockstep: this worker trains
+// whole worker batches that it claims from the strategy, one push each, until the epoch's
+// range is handed out; a slow worker simply trains fewer. Each push weighs 1 / workers (the
+// batch's mean gradient over the worker count, as a lockstep slice of a full batch weighs), so
+// the servers' updates keep their size. step_ is the global step of the batch in hand. Progress
+// lines are rank 0's own view: its running sums, and samples/s from the claim indices (which
+// count every worker's batches). An interrupt closes this worker's claims after the batch in
+// hand; --stop-after and train.max_steps cut the range, so every batch handed out is trained.
+// Ends with one collective that counts the batches trained and agrees on stopping. Returns
+// whether the run stops.
+bool Trainer::train_claimed_epoch(State& s, double& epoch_train_seconds, double& last_plain_line,
+                                  bool tty) {
+  const int64_t workers = strategy_->data_size();
+  const int64_t first = s.batch_in_epoch;
+  int64_t limit = std::min(loader_->batches_per_epoch(), first + claim_budget_ - batches_done_);
+  bool cut = false;  // --stop-after ends this invocation inside (or at the end of) this range
+  if (options_.stop_after > 0) {
+    const int64_t left = start_batches_ + options_.stop_after * workers - batches_done_;
+    if (first + left <= limit) limit = first + left, cut = true;
+  }
+  const int64_t epoch_step = step_;
+  auto interrupted = [&] { return options_.interrupt != nullptr && options_.interrupt->load(); };
+  strategy_->set_claims({s.epoch, first, limit, epoch_step, !interrupted()});
+  double window_start = now_seconds(), t0 = window_start;
+  int64_t b = strategy_->claim(), window_first = b, mine = 0;
+  int64_t next_log = (epoch_step / config_.train.log_every + 1) * config_.train.log_every;
+  bool stop = b < 0 && interrupted();
+  epoch_train_seconds += now_seconds() - t0;
+  s.train_seconds += now_seconds() - t0;
+  while (b >= 0) {
+    const data::Batch batch = loader_->batch_at(s.epoch, b);
+    t0 = now_seconds();  // time reading data is not training time
+    step_ = epoch_step + (b - first) / workers;
+    const int64_t counted = s.epoch_sums.samples;
+    model_->zero_grad();
+    if (batch.y.dim(0) > 0)
+      backward_piece(batch.x, batch.y, batch.first_sample, 1.0 / static_cast<double>(workers),
+                     true, s.epoch_sums);
+    stop = interrupted();
+    if (stop) strategy_->set_claims({});  // this push claims nothing more
+    strategy_->step(*optimizer_, optim::lr_at(config_.schedule, base_lr_, step_, total_steps_),
+                    config_.train.clip_norm, step_);
+    ++mine;
+    const int64_t done = b;
+    b = stop ? -1 : strategy_->claim();
+    const double now = now_seconds(), dt = now - t0;
+    s.train_seconds += dt;
+    epoch_train_seconds += dt;
+    s.train_samples += s.epoch_sums.samples - counted;
+
+    // A line when rank 0's batch reaches the next multiple of train.log_every steps.
+    if (!strategy_->is_main() || step_ + 1 < next_log) continue;
+    next_log = ((step_ + 1) / config_.train.log_every + 1) * config_.train.log_every;
+    const double sps = static_cast<double>((done + 1 - window_first) * batch_rows_) /
+                       std::max(1e-9, now - window_start);
+    report_progress(s.epoch, step_ + 1, mean_of(s.epoch_sums), sps,
+                    static_cast<double>((claim_budget_ - batches_done_ - (done + 1 - first)) *
+                                        batch_rows_),
+                    tty, last_plain_line);
+    window_start = now;
+    window_first = done + 1;
+  }
+  // Collective: every worker's batches (each claimed batch was trained), and whether to stop.
+  double v[2] = {static_cast<double>(mine), stop ? 1.0 : 0.0};
+  strategy_->sum(v, 2);
+  const int64_t trained = static_cast<int64_t>(v[0]);
+  if (v[1] == 0 && first + trained != limit)
+    throw Error(str("trainer: the workers trained ", trained, " batches of epoch ", s.epoch + 1,
+                    "'s range [", first, ", ", limit, ") (this is a bug)"));
+  s.batch_in_epoch = first + trained;
+  batches_done_ += trained;
+  step_ = (batches_done_ + workers - 1) / workers;  // a partial step counts, as a short batch does
+  return v[1] > 0 || cut;
+}
+
+// Rank 0: a train record in metrics.jsonl after `steps` steps, and a progress line: live on a
+// terminal, plain at most every 5 s otherwise. `samples_left` gives the ETA.
+void Trainer::report_progress(int64_t epoch, int64_t steps, const EvalResult& m, double sps,
+                              double samples_left, bool tty, double& last_plain_line) {
+  const double lr = optim::lr_at(config_.schedule, base_lr_, steps - 1, total_steps_);
+  log_metrics({{"type", "train"}, {"step", steps}, {"epoch", epoch + 1}, {"epoch_loss", m.loss},
+               {"epoch_accuracy", m.accuracy}, {"lr", lr}, {"samples_per_second", sps}});
+  const double now = now_seconds();
+  if (!options_.progress || (!tty && now - last_plain_line < 5.0)) return;
+  last_plain_line = now;
+  const std::string line = fmt(
+      "epoch %ld/%ld step %ld/%ld loss %.4f acc %.2f%% %.0f samples/s ETA %s", long(epoch + 1),
+      long(config_.train.epochs), long(steps), long(total_steps_), m.loss, 100.0 * m.accuracy, sps,
+      format_eta(samples_left / std::max(sps, 1e-9)).c_str());
+  std::fprintf(stderr, tty ? "\r\033[K%s" : "%s\n", line.c_str());
 }
 
 EvalResult Trainer::global_mean(const EvalResult& local) {
@@ -242,7 +362,9 @@ void Trainer::save(const State& s) {
             {"train_samples", static_cast<int64_t>(totals[3])},
             {"world_size", strategy_->world_size()},
             {"params_sha256", model_->params_sha256()},
-            {"config_name", config_.name}};
+            {"config_name", config_.name},
+            {"batch_rows", batch_rows_}};  // the unit of batch_in_epoch
+  if (!lockstep_) t["worker_batches"] = batches_done_;
   c.trainer_json = t.dump(2);
   std::string dir = ckpt::save_checkpoint(run_dir_, step_, c, config_.checkpoint.keep_last);
   log_debug("checkpoint saved: ", dir);
@@ -272,6 +394,20 @@ void Trainer::restore(const std::string& path, State& s) {
     s.epoch_sums.samples = t.at("epoch_samples").get<int64_t>();
     s.train_seconds = t.at("train_seconds").get<double>();
     s.train_samples = t.at("train_samples").get<int64_t>();
+    // The position in another layout's batches (lockstep: train.batch rows, else worker batches).
+    const int64_t saved_rows = t.value("batch_rows", config_.train.batch);
+    if (saved_rows != batch_rows_) {
+      const int64_t row = s.batch_in_epoch * saved_rows;
+      if (row >= data_.train->size())
+        s.batch_in_epoch = loader_->batches_per_epoch();
+      else if (row % batch_rows_ != 0)
+        throw IoError(str("checkpoint: ", dir, " stopped at row ", row, " of epoch ", s.epoch + 1,
+                          ", which is not a batch boundary of this layout's ", batch_rows_,
+                          "-row batches; resume with the layout and ps.mode it was saved with"));
+      else
+        s.batch_in_epoch = row / batch_rows_;
+    }
+    batches_done_ = t.value("worker_batches", step_ * (config_.train.batch / batch_rows_));
   } catch (const json::exception& e) {
     throw IoError(str("checkpoint: ", dir, "/trainer.json is corrupt (", e.what(),
                       "); resume from an older checkpoint"));
@@ -310,11 +446,19 @@ json Trainer::run() {
   const int64_t k = config_.train.accumulate;
   const int64_t global_batch = config_.train.batch * k;
   const int64_t start_step = step_;
+  start_batches_ = batches_done_;
+  const int64_t workers = strategy_->data_size();
   if (options_.progress)
     log_info("training ", config_.model.kind, " (", model_->num_parameters(), " parameters) on ",
              data_.train->name(), " (", data_.train->size(), " samples), layout ",
-             strategy_->layout(), ", ", epochs, " epochs x ", (bpe + k - 1) / k,
-             " steps, batch ", global_batch, ", run folder ", run_dir_);
+             strategy_->layout(), ", ", epochs, " epochs x ",
+             lockstep_ ? (bpe + k - 1) / k : (bpe + workers - 1) / workers, " steps, batch ",
+             global_batch, lockstep_ ? "" : str(" (claimed in worker batches of ", batch_rows_, ")"),
+             ", run folder ", run_dir_);
+  // Lockstep layouts count steps; the others claimed worker batches (agreed at epoch ends).
+  auto budget_left = [&] {
+    return lockstep_ ? step_ < total_steps_ : batches_done_ < claim_budget_;
+  };
 
   EvalResult last_test, last_train = global_mean(s.epoch_sums);
   int64_t last_test_step = -1;
@@ -324,11 +468,14 @@ json Trainer::run() {
   int64_t window_samples = 0;
   json epoch_records = json::array();
   std::vector<data::Batch> group;
-  for (; s.epoch < epochs && step_ < total_steps_ && !stopped; ++s.epoch, s.batch_in_epoch = 0) {
+  for (; s.epoch < epochs && budget_left() && !stopped; ++s.epoch, s.batch_in_epoch = 0) {
     const double epoch_start = now_seconds();
     double epoch_train_seconds = 0;
-    loader_->start_epoch(s.epoch, s.batch_in_epoch);
-    for (;;) {
+    if (lockstep_)
+      loader_->start_epoch(s.epoch, s.batch_in_epoch);
+    else  // the whole epoch, batches claimed at each worker's pace
+      stopped = train_claimed_epoch(s, epoch_train_seconds, last_plain_line, tty);
+    while (lockstep_) {
       if (step_ >= total_steps_) break;
       group.resize(static_cast<size_t>(k));
       size_t got = 0;
@@ -354,23 +501,10 @@ json Trainer::run() {
         double interrupt = options_.interrupt != nullptr && options_.interrupt->load() ? 1 : 0;
         strategy_->max(&interrupt, 1);
         if (interrupt > 0) stopped = true;
-        double lr = optim::lr_at(config_.schedule, base_lr_, step_ - 1, total_steps_);
         if (main)
-          log_metrics({{"type", "train"}, {"step", step_}, {"epoch", s.epoch + 1},
-                       {"epoch_loss", m.loss}, {"epoch_accuracy", m.accuracy}, {"lr", lr},
-                       {"samples_per_second", sps}});
-        // Live line on a terminal; plain lines at most every 5 s otherwise.
-        if (options_.progress && (tty || now - last_plain_line >= 5.0)) {
-          last_plain_line = now;
-          double eta = (total_steps_ - step_) * global_batch / std::max(sps, 1e-9);
-          std::string line = fmt("epoch %ld/%ld step %ld/%ld loss %.4f acc %.2f%% %.0f samples/s ETA %s",
-                                 long(s.epoch + 1), long(epochs), long(step_), long(total_steps_),
-                                 m.loss, 100.0 * m.accuracy, sps, format_eta(eta).c_str());
-          if (tty)
-            std::fprintf(stderr, "\r\033[K%s", line.c_str());
-          else
-            std::fprintf(stderr, "%s\n", line.c_str());
-        }
+          report_progress(s.epoch, step_, m, sps,
+                          static_cast<double>((total_steps_ - step_) * global_batch), tty,
+                          last_plain_line);
         window_start = now;
         window_samples = 0;
       }
@@ -413,7 +547,7 @@ json Trainer::run() {
       log_info(line, fmt(" (%.1f s)", rec["epoch_seconds"].get<double>()));
     }
     s.epoch_sums = EvalResult{};
-    const bool last_epoch = s.epoch + 1 >= epochs || step_ >= total_steps_;
+    const bool last_epoch = s.epoch + 1 >= epochs || !budget_left();
     if ((config_.checkpoint.every_epochs > 0 && (s.epoch + 1) % config_.checkpoint.every_epochs == 0) ||
         last_epoch) {
       State next = s;

@@ -1,5 +1,5 @@
-// DataLoader: the epoch order, batch coverage, rank slices, prefetch equivalence, resume, and
-// errors from the prefetch thread.
+// DataLoader: the epoch order, batch coverage, rank slices, prefetch equivalence, resume,
+// random access, and errors from the prefetch thread.
 #include "tessel/data/loader.h"
 
 #include <gtest/gtest.h>
@@ -181,6 +181,28 @@ TEST(Loader, ResumeMidEpochMatches) {
     }
     EXPECT_TRUE(epoch_batches(resumed, 4, resumed.batches_per_epoch()).empty());
   }
+}
+
+TEST(Loader, BatchAtMatchesNextInAnyOrder) {
+  LoaderOptions opt;
+  opt.batch = 8;
+  opt.seed = 3;
+  opt.prefetch = 2;
+  DataLoader seq(index_dataset(61), opt), random(index_dataset(61), opt);
+  for (int64_t e : {2, 0}) {
+    auto all = epoch_batches(seq, e);
+    ASSERT_EQ(all.size(), 8u);
+    for (int64_t i : {7, 0, 3, 3, 6, 1, 2, 4, 5}) {  // out of order, the short last one first
+      Batch b = random.batch_at(e, i);
+      EXPECT_EQ(b.index, i);
+      EXPECT_EQ(b.epoch, e);
+      EXPECT_EQ(b.first_sample, all[static_cast<size_t>(i)].first_sample);
+      EXPECT_EQ(b.global_size, all[static_cast<size_t>(i)].global_size);
+      EXPECT_EQ(ids(b), ids(all[static_cast<size_t>(i)]));
+    }
+  }
+  EXPECT_THROW(random.batch_at(0, 8), InvalidArgument);
+  EXPECT_THROW(random.batch_at(-1, 0), InvalidArgument);
 }
 
 TEST(Loader, NextWithoutStartEpochReadsEpochZero) {

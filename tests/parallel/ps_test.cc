@@ -1,9 +1,12 @@
 // Parameter server: sync mode equals data parallel after 20 steps (1 and 2 servers) and applies
 // every gradient exactly once; a resumed sync run equals an uninterrupted one; async and ssp
-// learn and report staleness; ssp keeps a fast worker within ps.staleness clocks of a slowed
-// one; a worker or server that dies or stops gives a CommError within the deadline.
+// learn and report staleness; their claims hand every batch of an epoch to exactly one worker,
+// a slowed worker trains fewer, ssp keeps claims within ps.staleness steps of the oldest batch
+// in progress; an async run resumes mid-epoch; a worker or server that dies or stops gives a
+// CommError within the deadline.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -15,6 +18,9 @@
 #include "tessel/comm/threads.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
+#include "tessel/nn/models.h"
+#include "tessel/optim/optimizer.h"
+#include "tessel/parallel/strategy.h"
 #include "tessel/train/trainer.h"
 
 namespace tessel {
@@ -151,23 +157,158 @@ TEST(ParameterServer, AsyncAndSspLearnAndReportStaleness) {
 }
 
 TEST(ParameterServer, SspBoundsTheLeadOverASlowWorker) {
-  // Worker 1 sleeps 3 ms a step: async lets the others run far ahead; ssp holds them within
-  // ps.staleness = 1 clock of it.
+  // Worker 1 sleeps a few ms a step: async lets the others claim far ahead of the batch it
+  // holds; ssp grants no claim more than ps.staleness = 1 step ahead of it.
   train::Config ssp = small_config({"ps.servers=1", "ps.mode=ssp", "ps.staleness=1",
                                     "debug.slow_rank=1", "debug.delay_ms=3"});
   Result r = train_on(ssp, 4, "ssp_slow");
   EXPECT_LE(r.summary["ranks"]["ps_max_clock_lead"].get<double>(), 1);
-  EXPECT_GT(r.summary["ranks"]["ps_worker_delay_seconds"][1].get<double>(), 0.05);
+  // One server: a push is at most (s + 2) x W - 2 = 7 updates stale (docs/parameter_server.md).
+  EXPECT_LE(r.summary["ranks"]["ps_staleness_max"].get<double>(), 7);
+  // The straggler slept 3 ms in every batch it trained (it may get none on a loaded machine).
+  EXPECT_GE(r.summary["ranks"]["ps_worker_delay_seconds"][1].get<double>(),
+            0.9 * 0.003 * r.summary["ranks"]["ps_worker_batches"][1].get<double>());
+  // Async: while the straggler trains one batch (10 ms) the others train most of an epoch's
+  // 60 (two epochs: the second starts together, so the straggler surely claims in it).
   train::Config async = small_config({"ps.servers=1", "ps.mode=async", "debug.slow_rank=1",
-                                      "debug.delay_ms=3"});
+                                      "debug.delay_ms=10", "train.max_steps=0", "train.epochs=2"});
   Result a = train_on(async, 4, "async_slow");
   EXPECT_GT(a.summary["ranks"]["ps_max_clock_lead"].get<double>(), 2);
+}
+
+// Drives the strategy directly: 3 workers claim two epochs' ranges (each "computes" 0.3 ms,
+// worker 1 sleeps 3 ms more a push) and push zero gradients; returns the batches each worker was handed, per epoch, and
+// the largest claim lead the server saw.
+struct Claimed {
+  std::vector<std::vector<int64_t>> batches[2];  // [epoch][worker]
+  double lead = 0;
+};
+
+Claimed claim_ranges(const std::string& mode, int64_t staleness) {
+  parallel::ParallelSpec spec;
+  spec.ps_servers = 1;
+  spec.ps_mode = mode;
+  spec.ps_staleness = staleness;
+  spec.slow_rank = 1;
+  spec.delay_ms = 3;
+  nn::ModelSpec ms;
+  ms.input_shape = {4};
+  ms.num_classes = 3;
+  ms.hidden = {8};
+  Claimed out;
+  for (auto& e : out.batches) e.resize(3);
+  const parallel::Strategy::Claims ranges[2] = {{0, 0, 40, 0, true}, {1, 3, 31, 13, true}};
+  comm::run_threads(4, [&](comm::Communicator& world) {
+    auto model = nn::build_model(ms, 1);
+    auto strategy = parallel::make_strategy(spec, &world, *model);
+    auto opt = optim::make_optimizer(optim::OptimSpec{}, model->params().numel());
+    if (strategy->is_server()) {
+      strategy->serve(*opt, [](int64_t) { return 0.01f; });
+      return;
+    }
+    EXPECT_FALSE(strategy->lockstep());
+    for (int e = 0; e < 2; ++e) {
+      std::vector<int64_t>& mine = out.batches[e][static_cast<size_t>(world.rank())];
+      strategy->set_claims(ranges[e]);
+      for (int64_t b = strategy->claim(); b >= 0; b = strategy->claim()) {
+        mine.push_back(b);
+        model->zero_grad();
+        std::this_thread::sleep_for(std::chrono::microseconds(300));  // every worker computes
+        strategy->step(*opt, 0.01f, 0, ranges[e].step + (b - ranges[e].first) / 3);
+      }
+      double sync = 0;
+      strategy->sum(&sync, 1);  // the epoch end: a collective point
+    }
+    nlohmann::json m = strategy->take_metrics();
+    if (world.rank() == 0) out.lead = m["ps_max_clock_lead"].get<double>();
+  });
+  return out;
+}
+
+TEST(ParameterServer, ClaimsHandEveryBatchOutExactlyOnce) {
+  for (auto [mode, s] : {std::pair<std::string, int64_t>{"async", 0}, {"ssp", 0}, {"ssp", 2}}) {
+    Claimed c = claim_ranges(mode, s);
+    const std::pair<int64_t, int64_t> range[2] = {{0, 40}, {3, 31}};
+    for (int e = 0; e < 2; ++e) {
+      std::vector<int64_t> all;
+      for (const auto& w : c.batches[e]) {
+        EXPECT_TRUE(std::is_sorted(w.begin(), w.end()));  // handed out in order
+        all.insert(all.end(), w.begin(), w.end());
+      }
+      std::sort(all.begin(), all.end());
+      std::vector<int64_t> want;
+      for (int64_t b = range[e].first; b < range[e].second; ++b) want.push_back(b);
+      EXPECT_EQ(all, want) << mode << " " << s << " epoch " << e;
+    }
+    // The slowed worker 1 trains fewer batches than each of the others (both epochs), unless
+    // ssp(0) holds every claim to the step of the oldest batch in progress (one each a step).
+    size_t w[3];
+    for (size_t r = 0; r < 3; ++r) w[r] = c.batches[0][r].size() + c.batches[1][r].size();
+    if (mode == "async" || s > 0) {
+      EXPECT_LT(w[1], w[0]) << mode << " " << s;
+      EXPECT_LT(w[1], w[2]) << mode << " " << s;
+    }
+    if (mode == "ssp") {
+      EXPECT_LE(c.lead, s);  // async's lead is unbounded: see the test above
+    }
+  }
+}
+
+TEST(ParameterServer, AsyncStragglerTrainsFewerBatchesAndLearns) {
+  train::Config cfg = small_config({"ps.servers=1", "ps.mode=async", "train.max_steps=0",
+                                    "train.epochs=3", "optim.lr=0.05", "debug.slow_rank=1",
+                                    "debug.delay_ms=2"});
+  Result r = train_on(cfg, 4, "async_straggler");
+  const nlohmann::json& m = r.summary["ranks"];
+  // 480 training rows in worker batches of 24 / 3 = 8 rows: 60 a epoch, 20 steps of 3.
+  EXPECT_EQ(r.summary["steps"], 60);
+  EXPECT_EQ(m["ps_servers"][0]["pushes"], 180);
+  const nlohmann::json& b = m["ps_worker_batches"];
+  EXPECT_EQ(b[0].get<double>() + b[1].get<double>() + b[2].get<double>(), 180);
+  EXPECT_LT(b[1].get<double>(), b[0].get<double>());
+  EXPECT_LT(b[1].get<double>(), b[2].get<double>());
+  // samples/s counts what the workers trained: every row of every epoch once.
+  EXPECT_NEAR(r.summary["samples_per_second"].get<double>() *
+                  r.summary["train_seconds"].get<double>(), 3 * 480, 1e-6 * 3 * 480);
+  EXPECT_GT(r.summary["test_accuracy"].get<double>(), 0.6);
+}
+
+TEST(ParameterServer, ResumedAsyncRunTrainsTheRestOfTheBudget) {
+  train::Config cfg = small_config({"ps.servers=1", "ps.mode=async"});
+  train::RunOptions first;
+  first.stop_after = 9;
+  Result part = train_on(cfg, 4, "async_resumed", first);
+  EXPECT_EQ(part.summary["steps"], 9);
+  EXPECT_EQ(part.summary["completed"], false);
+  train::RunOptions second;
+  second.resume = run_dir("async_resumed");
+  Result rest = train_on(cfg, 4, "async_resumed", second);
+  EXPECT_EQ(rest.summary["steps"], 20);
+  EXPECT_EQ(rest.summary["ranks"]["ps_servers"][0]["pushes"], 33);  // 20 x 3 batches in all
+  // The async checkpoint (worker batch 27 = row 216 = batch 9 of 24 rows) continues in sync.
+  train::Config sync = cfg;
+  sync.parallel.ps_mode = "sync";
+  train_on(cfg, 4, "async_to_sync", first);
+  second.resume = run_dir("async_to_sync");
+  Result synced = train_on(sync, 4, "async_to_sync", second);
+  EXPECT_EQ(synced.summary["steps"], 20);
+  EXPECT_EQ(synced.summary["ranks"]["ps_servers"][0]["pushes"], 3 * 11);
 }
 
 TEST(ParameterServer, RejectsImpossibleSettings) {
   EXPECT_THROW(train_on(small_config({"ps.servers=1", "debug.slow_rank=3"}), 4, "bad"),
                InvalidArgument);  // rank 3 is the server
   EXPECT_THROW(train_on(small_config({"ps.servers=1", "train.deterministic=true"}), 3, "bad"),
+               InvalidArgument);
+  // async and ssp train claimed batches at each worker's pace: no step checkpoints, no
+  // accumulation, at least one row per worker.
+  EXPECT_THROW(train_on(small_config({"ps.servers=1", "ps.mode=async", "checkpoint.every_steps=5"}),
+                        4, "bad"),
+               InvalidArgument);
+  EXPECT_THROW(train_on(small_config({"ps.servers=1", "ps.mode=ssp", "train.accumulate=2"}), 4,
+                        "bad"),
+               InvalidArgument);
+  EXPECT_THROW(train_on(small_config({"ps.servers=1", "ps.mode=async", "train.batch=2"}), 4, "bad"),
                InvalidArgument);
 }
 

@@ -53,9 +53,12 @@ class DataLoader {
   void start_epoch(int64_t epoch, int64_t first_batch = 0);
   // Next batch of the current epoch; false when the epoch is done.
   bool next(Batch& out);
+  // Batch `index` of `epoch` read now (random access, for batches handed out out of order):
+  // the rows next() gives for it. Independent of start_epoch()/next(); not thread safe.
+  Batch batch_at(int64_t epoch, int64_t index);
 
  private:
-  Batch load(int64_t epoch, int64_t index) const;
+  Batch load(const std::vector<int64_t>& order, int64_t epoch, int64_t index) const;
   void stop_worker();
   void worker_loop(int64_t epoch, int64_t first_batch);
 
@@ -64,6 +67,8 @@ class DataLoader {
   std::vector<int64_t> order_;
   int64_t epoch_ = 0;
   int64_t next_index_ = 0;
+  std::vector<int64_t> random_order_;  // batch_at()'s epoch order
+  int64_t random_epoch_ = -1;
 
   std::thread worker_;
   std::mutex mu_;

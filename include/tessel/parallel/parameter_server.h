@@ -5,10 +5,12 @@
 // gradients on their slice of each batch, push them to the servers and pull the shards that
 // changed. Every message carries a version: a server's version is the number of updates it has
 // applied (its optimizer's step count), a worker's clock the number of steps it has pushed.
-// Modes (docs/parameter_server.md): sync (one averaged update per step: equals data parallel),
-// async (each push applied at once) and ssp (async, but a worker at clock c waits until every
-// worker has reached c - ps.staleness). One object per rank, used by that rank's thread; a
-// server rank spends its whole run inside serve().
+// Modes (docs/parameter_server.md): sync (lockstep: every worker trains its slice of every
+// batch; one averaged update per step: equals data parallel), async and ssp (not lockstep: the
+// first server hands each epoch's worker batches out one claim at a time, riding on the pulls;
+// each push is applied at once; in ssp a claim at step c is granted only while every batch in
+// progress is at step c - ps.staleness or later). One object per rank, used by that rank's
+// thread; a server rank spends its whole run inside serve().
 #pragma once
 
 #include <array>
@@ -40,6 +42,9 @@ class ParameterServer : public Strategy {
   int data_rank() const override { return is_server() ? 0 : rank(); }
   int data_size() const override { return layout_.workers(); }
   bool is_server() const override { return layout_.is_server(rank()); }
+  bool lockstep() const override { return mode_ == Mode::kSync; }
+  void set_claims(const Claims& claims) override;
+  int64_t claim() override;
   nlohmann::json serve(optim::Optimizer& opt, const std::function<float(int64_t)>& lr) override;
 
   void on_start() override {}
@@ -60,19 +65,23 @@ class ParameterServer : public Strategy {
   std::pair<int64_t, int64_t> shard(int k) const { return shards_[static_cast<size_t>(k)]; }
 
   // Wire format, shared by the two sides (parameter_server.cc, parameter_server_serve.cc).
-  // Per (worker, server) pair: requests and replies are 4 x int64 on their own tags; gradient,
+  // Per (worker, server) pair: requests and replies are 6 x int64 on their own tags; gradient,
   // parameter and optimizer-state payloads follow on theirs (matched in order per tag).
   enum Kind : int64_t { kHello = 1, kPull, kEvalPull, kPushPull, kConsolidate, kStats, kDone };
   static constexpr int kTagRequest = 101, kTagGrad = 102, kTagReply = 103, kTagParams = 104,
                        kTagState = 105;
-  using Header = std::array<int64_t, 4>;  // request: kind, clock, held version, 0
-                                          // reply: version, has data, optimizer steps, 0
+  // request: kind, clock, held version, then (to server 0, claiming) epoch + 1, first, limit
+  //          of the claimed range (0, 0, 0: no claim);
+  // reply:   version, has data, optimizer steps, the batch claimed (-1: none left), 0, 0.
+  using Header = std::array<int64_t, 6>;
   static constexpr int kStalenessBins = 32;  // 0..30 exact, the last counts 31 and more
   // Server counters (kStats payload): totals since serve() started.
   enum Stat : int {
     kPushes, kGradientsApplied, kUpdates, kPulls, kPullsWithData, kBytesIn, kBytesOut,
     kApplySeconds, kIdleSeconds, kMaxStaleness,
-    kMaxLead,  // largest (pulling worker's clock - slowest worker's clock) a pull was answered at
+    // sync: largest (pulling worker's clock - slowest worker's clock) a pull was answered at;
+    // async, ssp: largest (step of a granted claim - step of the oldest batch in progress)
+    kMaxLead,
     kStatHistogram  // kStalenessBins histogram entries follow
   };
   static constexpr int kStatCount = kStatHistogram + kStalenessBins;
@@ -96,7 +105,12 @@ class ParameterServer : public Strategy {
   // Worker state.
   bool started_ = false;
   bool evaluated_ = false;  // pulled for evaluation since the last training step
-  int64_t clock_ = 0;       // steps pushed
+  int64_t clock_ = 0;       // steps pushed (async, ssp: 1 + the global step of the last push)
+  static constexpr int64_t kNotAsked = -2;
+  Claims claims_;                // the range claimed from (async, ssp)
+  bool claiming_ = false;        // the exchange in flight claims a batch
+  int64_t claimed_ = kNotAsked;  // what the last exchange claimed (-1: none left)
+  int64_t pushes_ = 0;           // batches pushed in this invocation
   std::vector<int64_t> held_;  // version of each server's shard held
   std::vector<Header> request_, reply_;
   std::vector<comm::Work> sends_;

@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tessel/core/error.h"
 #include "tessel/nn/loss.h"
 #include "tessel/nn/model.h"
 #include "tessel/optim/optimizer.h"
@@ -93,6 +94,31 @@ class Strategy {
   // calls serve() and nothing else on it. `lr(step)` is the schedule.
   virtual bool is_server() const { return false; }
   virtual nlohmann::json serve(optim::Optimizer& opt, const std::function<float(int64_t)>& lr);
+
+  // Lockstep (the default): every training rank trains its slice of every global batch, the
+  // same steps in the same order, so the Trainer may meet the ranks at any step. A layout that
+  // is not lockstep (parameter server in async and ssp modes) hands an epoch's batches out
+  // dynamically instead: each worker trains whole worker batches (train.batch / workers rows)
+  // that it claims one at a time, so a slow worker trains fewer of them; the ranks meet only
+  // at epoch ends. The Trainer then calls set_claims() and claim() instead of slicing batches.
+  virtual bool lockstep() const { return true; }
+  // Work handed out when !lockstep(): batches [first, limit) of epoch `epoch` (in worker
+  // batches); `step` is the global step at `first` (W worker batches make one step).
+  struct Claims {
+    int64_t epoch = 0, first = 0, limit = 0, step = 0;
+    bool open = false;  // false: claim nothing more (e.g. stopping)
+  };
+  // Sets the range this worker claims from; the next step() claims one more batch of it in the
+  // same exchange with the servers. Local (no communication).
+  virtual void set_claims(const Claims&) {
+    throw Error("parallel: a lockstep layout hands out no claims (this is a bug)");
+  }
+  // The batch of the range this worker trains next (each batch goes to exactly one worker):
+  // the one claimed with the last step(), or, none asked for yet, one claimed now; -1 once every
+  // batch of the range has been handed out or the range is closed.
+  virtual int64_t claim() {
+    throw Error("parallel: a lockstep layout hands out no claims (this is a bug)");
+  }
 
   // Before the first step (fresh or resumed): e.g. check every rank holds the same parameters.
   virtual void on_start() = 0;

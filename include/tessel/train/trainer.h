@@ -4,7 +4,8 @@
 // before and after the step). With several ranks every rank runs its own Trainer; rank 0
 // alone prints and writes the run folder. One run: optional resume from a checkpoint, epochs of steps
 // (forward, loss, backward, clip, step), test-set evaluation each epoch, metrics JSONL,
-// checkpoints, and summary.json at the end.
+// checkpoints, and summary.json at the end. A layout that is not lockstep (strategy.h) trains
+// worker batches it claims at each worker's pace instead, and the ranks meet at epoch ends.
 //
 // Run folder (default runs/<config name>/): config.toml (resolved), metrics.jsonl,
 // checkpoints/ (see ckpt/checkpoint.h), summary.json.
@@ -76,6 +77,10 @@ class Trainer {
   nlohmann::json rank_metrics(double train_seconds);
   float backward_piece(const Tensor& x, const Tensor& y, int64_t first_sample, double weight,
                        bool sync, EvalResult& sums);
+  bool train_claimed_epoch(State& s, double& epoch_train_seconds, double& last_plain_line,
+                           bool tty);
+  void report_progress(int64_t epoch, int64_t steps, const EvalResult& m, double sps,
+                       double samples_left, bool tty, double& last_plain_line);
 
   Config config_;
   RunOptions options_;
@@ -89,6 +94,13 @@ class Trainer {
   int64_t total_steps_ = 0;
   float base_lr_ = 0;
   int64_t step_ = 0;
+  // Layouts that are not lockstep (strategy.h) train claimed worker batches of batch_rows_
+  // rows: claim_budget_ of them in the run (epochs, or train.max_steps x workers), of which
+  // batches_done_ (every worker's, agreed at epoch ends) are done, start_batches_ before this
+  // invocation. Lockstep: batch_rows_ = train.batch.
+  bool lockstep_ = true;
+  int64_t batch_rows_ = 0;
+  int64_t claim_budget_ = 0, batches_done_ = 0, start_batches_ = 0;
 };
 
 }  // namespace tessel::train

@@ -10,6 +10,7 @@
 #include "tessel/comm/threads.h"
 #include "tessel/parallel/data_parallel.h"
 #include "tessel/train/trainer.h"
+#include "train_on.h"
 
 namespace tessel {
 namespace {
@@ -24,37 +25,14 @@ train::Config small_config(const std::string& model, std::vector<std::string> ex
   return train::parse_config("", "dp_test", o);
 }
 
-// Trains on `workers` ranks (threads) and returns rank 0's parameters and summary.
+// Rank 0's parameters and summary after training `cfg` on `workers` thread ranks.
 std::pair<std::vector<float>, nlohmann::json> train_on(const train::Config& cfg, int workers,
                                                        train::RunOptions opts = {}) {
-  opts.progress = false;
-  if (opts.run_dir.empty()) opts.run_dir = ::testing::TempDir() + "/dp_test_" + std::to_string(workers);
-  std::vector<float> params;
-  nlohmann::json summary;
-  auto body = [&](comm::Communicator* world) {
-    train::Trainer t(cfg, opts, world);
-    nlohmann::json s = t.run();
-    if (!world || world->rank() == 0) {
-      const Tensor& p = t.model().params().flat();
-      params.assign(p.data<float>(), p.data<float>() + p.numel());
-      summary = s;
-    }
-  };
-  if (workers == 1)
-    body(nullptr);
-  else
-    comm::run_threads(workers, [&](comm::Communicator& c) { body(&c); });
-  return {params, summary};
+  testing::RunResult r = testing::train_on(cfg, workers, opts);
+  return {r.params, r.summary};
 }
 
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(double(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(double(a[i])));
-  }
-  return diff / scale;
-}
+using testing::max_rel_diff;
 
 TEST(DataParallel, MatchesSingleRankAfterTwentySteps) {
   // Dropout and momentum: the masks and the optimizer state must not depend on the split.

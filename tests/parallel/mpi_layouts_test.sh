@@ -2,7 +2,8 @@
 # Pipeline and parameter-server layouts under mpirun (one rank per process):
 #  1. a dp 2 x pp 2 pipeline in deterministic mode gives one rank's params_sha256;
 #  2. a pp 2 pipeline and a sync parameter server (1 server x 2 workers) give the same
-#     params_sha256 as the same layout run as threads of one process.
+#     params_sha256 as the same layout run as threads of one process;
+#  3. async and ssp parameter servers (1 server x 2 workers) hand out every batch exactly once.
 # Usage: mpi_layouts_test.sh TESSEL_BINARY SOURCE_DIR
 set -euo pipefail
 tessel=$1
@@ -36,4 +37,17 @@ check_same() {  # name, np, extra args...
 }
 check_same pipeline 2 --set pp.stages=2 --set pp.microbatches=3
 check_same ps_sync 3 --set ps.servers=1 --set ps.mode=sync --set optim.lr=0.1
-echo "3 passed, 0 failed"
+for mode in async ssp; do
+  $mpirun -np 3 "$tessel" train "$src/examples/spiral_ps.toml" --quiet --set ps.mode=$mode \
+    --set train.epochs=20 --run-dir "$tmp/$mode" > "$tmp/$mode.out" 2>&1 || { cat "$tmp/$mode.out"; exit 1; }
+  # 300 samples in worker batches of 32 / 2 = 16 rows: 19 batches an epoch.
+  python3 - "$tmp/$mode/summary.json" <<'PY' || exit 1
+import json, sys
+s = json.load(open(sys.argv[1]))
+got = sum(s["ranks"]["ps_worker_batches"])
+if not s["completed"] or got != 20 * 19:
+    sys.exit(f"FAIL: {s['layout']} trained {got} worker batches, want 380")
+PY
+  echo "ok: $mode parameter server, 3 MPI ranks: every batch trained once"
+done
+echo "5 passed, 0 failed"

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "pipeline_testing.h"
+#include "train_on.h"
 #include "tessel/comm/threads.h"
 #include "tessel/optim/optimizer.h"
 #include "tessel/train/trainer.h"
@@ -68,51 +69,17 @@ train::Config config_for(const std::string& model, std::vector<std::string> extr
   return train::parse_config("", "pp_test", o);
 }
 
-struct RunResult {
-  std::vector<float> params;            // rank 0's, after consolidation
-  std::vector<std::vector<float>> all;  // every rank's own arena
-  nlohmann::json summary;
-};
-
-RunResult train_on(const train::Config& cfg, int workers, train::RunOptions opts = {}) {
-  opts.progress = false;
-  if (opts.run_dir.empty() && opts.resume.empty())
-    opts.run_dir = ::testing::TempDir() + "/pp_test_" + std::to_string(workers);
+// The CNN trains on a small synthetic image set (quadrants), the others on their config's data.
+testing::RunResult train_on(const train::Config& cfg, int workers, train::RunOptions opts = {}) {
   data::Splits images;
-  const data::Splits* splits = nullptr;
-  if (cfg.model.kind == "cnn") {
-    images.train = std::make_shared<Quadrants>(320, 1);
-    images.test = std::make_shared<Quadrants>(64, 2);
-    splits = &images;
-  }
-  RunResult run;
-  run.all.resize(static_cast<size_t>(workers));
-  auto body = [&](comm::Communicator* world) {
-    train::Trainer t(cfg, opts, world, splits);
-    nlohmann::json s = t.run();
-    const Tensor& p = t.model().params().flat();
-    const int r = world ? world->rank() : 0;
-    run.all[r].assign(p.data<float>(), p.data<float>() + p.numel());
-    if (r == 0) {
-      run.params = run.all[0];
-      run.summary = s;
-    }
-  };
-  if (workers == 1)
-    body(nullptr);
-  else
-    comm::run_threads(workers, [&](comm::Communicator& c) { body(&c); });
-  return run;
+  if (cfg.model.kind != "cnn") return testing::train_on(cfg, workers, opts);
+  images.train = std::make_shared<Quadrants>(320, 1);
+  images.test = std::make_shared<Quadrants>(64, 2);
+  return testing::train_on(cfg, workers, opts, &images);
 }
 
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(double(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(double(a[i])));
-  }
-  return diff / scale;
-}
+using testing::max_rel_diff;
+using testing::RunResult;
 
 void expect_matches_single(const std::string& model) {
   const RunResult single = train_on(config_for(model), 1);

@@ -22,6 +22,7 @@
 #include "tessel/optim/optimizer.h"
 #include "tessel/parallel/strategy.h"
 #include "tessel/train/trainer.h"
+#include "train_on.h"
 
 namespace tessel {
 namespace {
@@ -36,44 +37,17 @@ train::Config small_config(std::vector<std::string> extra = {}) {
   return train::parse_config("", "ps_test", o);
 }
 
-// Per process, so that two runs of this binary at once do not share run folders.
-std::string run_dir(const std::string& name) {
-  return ::testing::TempDir() + "/ps_test_" + std::to_string(getpid()) + "_" + name;
-}
+std::string run_dir(const std::string& name) { return testing::test_run_dir("ps_test_" + name); }
 
-struct Result {
-  std::vector<float> params;
-  nlohmann::json summary;
-};
-
-// Trains on `ranks` thread ranks and returns rank 0's parameters and summary.
-Result train_on(const train::Config& cfg, int ranks, const std::string& dir,
-                train::RunOptions opts = {}) {
-  opts.progress = false;
+// Trains on `ranks` thread ranks in run folder run_dir(dir).
+testing::RunResult train_on(const train::Config& cfg, int ranks, const std::string& dir,
+                            train::RunOptions opts = {}) {
   opts.run_dir = run_dir(dir);
-  std::error_code ec;
-  if (opts.resume.empty()) std::filesystem::remove_all(opts.run_dir, ec);  // no old checkpoints
-  Result out;
-  comm::run_threads(ranks, [&](comm::Communicator& world) {
-    train::Trainer t(cfg, opts, &world);
-    nlohmann::json s = t.run();
-    if (world.rank() == 0) {
-      const Tensor& p = t.model().params().flat();
-      out.params.assign(p.data<float>(), p.data<float>() + p.numel());
-      out.summary = s;
-    }
-  });
-  return out;
+  return testing::train_on(cfg, ranks, opts);
 }
 
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double diff = 0, scale = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff = std::max(diff, std::fabs(double(a[i]) - b[i]));
-    scale = std::max(scale, std::fabs(double(a[i])));
-  }
-  return diff / scale;
-}
+using testing::max_rel_diff;
+using Result = testing::RunResult;
 
 int64_t histogram_total(const nlohmann::json& h) {
   int64_t n = 0;

@@ -127,6 +127,12 @@ void reduce_scatter_halving_doubling(const CollContext& ctx, const void* in, voi
   Blocks b(counts);
   const int v = f.vrank(r);
   if (n == 1) return copy_elems(out, in, b.count(r), e);
+  if (f.rem == 0 && out == at(in, b.begin(r), e)) {
+    // In place (out is this rank's own block of in): halve within the input itself, which
+    // leaves block r reduced where it is (the first half of an all-reduce, no copies).
+    halving(ctx, const_cast<void*>(in), f, b, v, e, op);
+    return;
+  }
   void* work = ctx.scratch->get(0, b.total() * elem_size(e));
   const void* src = in;  // what the first halving round reads
   if (r < 2 * f.rem) {

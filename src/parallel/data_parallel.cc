@@ -56,9 +56,9 @@ DataParallel::DataParallel(const ParallelSpec& spec, comm::Communicator* world, 
       prev = b;
     }
   }
-  for (const GradBucket& g : make_buckets(model, spec_.bucket_mb))
-    buckets_.push_back(Bucket{g.first_block, g.lo, g.hi, {}});
-  if (spec_.deterministic) exact_.emplace(make_buckets(model, spec_.bucket_mb));
+  std::vector<GradBucket> buckets = make_buckets(model, spec_.bucket_mb);
+  for (const GradBucket& g : buckets) buckets_.push_back(Bucket{g.first_block, g.lo, g.hi, {}});
+  if (spec_.deterministic) exact_.emplace(std::move(buckets));
 }
 
 DataParallel::~DataParallel() = default;
@@ -129,15 +129,8 @@ void DataParallel::reduce() {
     reduce_s_ += now_seconds() - t0;
     return;
   }
-  if (!world_) return;
+  if (!world_) return;  // without overlap, several ranks take sharded_step() instead
   const double backward_end = now_seconds();
-  if (!overlap_) {  // one blocking all-reduce of the whole gradient on this thread
-    world_->allreduce(model_.grads().flat().data<float>(),
-                      static_cast<size_t>(model_.grads().numel()), comm::ElemType::kF32);
-    bytes_ += 4.0 * static_cast<double>(model_.grads().numel());
-    exposed_s_ += now_seconds() - backward_end;
-    return;
-  }
   for (Bucket& b : buckets_) {
     if (!b.launched) launch(b);  // e.g. a backward that skipped the hooks
     if (b.done_time == 0 && b.work.done()) b.done_time = backward_end;

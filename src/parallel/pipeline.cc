@@ -373,9 +373,7 @@ void Pipeline::forward_task(const Task& t, const Piece& piece, nn::CrossEntropyL
     ys[0] = rows;
     const Tensor y = piece.y.view(micro_first_[j] * (piece.y.numel() / piece.y.dim(0)), ys);
     const float l = loss.forward(h, y);
-    if (training && !std::isfinite(l))
-      throw Error(str("train: loss is ", l, " at step ", piece.ctx.step,
-                      "; lower optim.lr or set train.clip_norm"));
+    if (training) check_loss(l, piece.ctx.step);
     result.loss_sum += static_cast<double>(l) * rows;
     result.correct += static_cast<double>(loss.correct()) * rows / loss.count();
     result.rows += rows;

@@ -16,24 +16,30 @@ nlohmann::json Strategy::serve(optim::Optimizer&, const std::function<float(int6
   throw Error(str("parallel: rank ", rank(), " of layout ", layout(), " is not a server"));
 }
 
-PieceResult Strategy::train_piece(const Piece& piece, nn::CrossEntropyLoss& loss) {
-  const float l = loss.forward(model_.forward(piece.x, piece.ctx), piece.y);
-  if (!std::isfinite(l))
-    throw Error(str("train: loss is ", l, " at step ", piece.ctx.step,
+void Strategy::check_loss(double loss, int64_t step) {
+  if (!std::isfinite(loss))
+    throw Error(str("train: loss is ", loss, " at step ", step,
                     "; lower optim.lr or set train.clip_norm"));
-  begin_backward(piece.sync);
-  model_.backward(loss.backward(static_cast<float>(piece.weight)),
-                  [this](size_t block) { after_block_backward(block); });
+}
+
+PieceResult Strategy::forward_loss(const Piece& piece, nn::CrossEntropyLoss& loss) {
+  const float l = loss.forward(model_.forward(piece.x, piece.ctx), piece.y);
   const int64_t rows = piece.y.dim(0);
   return {static_cast<double>(l) * rows,
           static_cast<double>(loss.correct()) * rows / loss.count(), rows};
 }
 
+PieceResult Strategy::train_piece(const Piece& piece, nn::CrossEntropyLoss& loss) {
+  const PieceResult r = forward_loss(piece, loss);
+  check_loss(r.rows > 0 ? r.loss_sum / static_cast<double>(r.rows) : 0.0, piece.ctx.step);
+  begin_backward(piece.sync);
+  model_.backward(loss.backward(static_cast<float>(piece.weight)),
+                  [this](size_t block) { after_block_backward(block); });
+  return r;
+}
+
 PieceResult Strategy::eval_piece(const Piece& piece, nn::CrossEntropyLoss& loss) {
-  const float l = loss.forward(model_.forward(piece.x, piece.ctx), piece.y);
-  const int64_t rows = piece.y.dim(0);
-  return {static_cast<double>(l) * rows,
-          static_cast<double>(loss.correct()) * rows / loss.count(), rows};
+  return forward_loss(piece, loss);
 }
 
 void Strategy::consolidate(optim::Optimizer&) {}

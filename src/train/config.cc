@@ -155,7 +155,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("comm.timeout_s", comm.timeout_s, "deadline in seconds of every blocking communication"),
       TESSEL_KEY("comm.algorithm", comm.algorithm, "collective algorithm: auto, ring, halving_doubling, tree, direct, native"),
       TESSEL_KEY("ddp.bucket_mb", parallel.bucket_mb, "gradient bucket size in MiB; buckets are all-reduced while backward runs"),
-      TESSEL_KEY("ddp.overlap", parallel.overlap, "auto, on or off: all-reduce gradient buckets on a progress thread during the backward pass (auto: only with a spare core per rank)"),
+      TESSEL_KEY("ddp.overlap", parallel.overlap, "auto, on or off: on all-reduces gradient buckets on a progress thread during the backward pass; off reduces at the step, sharded (reduce-scatter, update 1/N, all-gather); auto: on only with a spare core per rank"),
       TESSEL_KEY("ddp.check_every", parallel.check_every, "steps between cross-rank parameter checksums (0: off)"),
       TESSEL_KEY("ddp.micro_shard", parallel.micro_shard, "deterministic mode: rows per fixed micro-shard"),
       TESSEL_KEY("pp.stages", parallel.pp_stages, "pipeline stages: the model's blocks cut into this many contiguous stages (1: no pipeline); the world is dp x pp ranks"),

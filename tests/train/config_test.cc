@@ -53,6 +53,23 @@ TEST(Config, BadValuesSayWhatIsAllowed) {
             std::string::npos);
 }
 
+TEST(Config, LayoutKeysSayWhatIsAllowed) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"pp.stages=0", "pp.stages must be >= 1, got 0"},
+      {"pp.microbatches=0", "pp.microbatches must be >= 1, got 0"},
+      {"pp.schedule=zigzag", "pp.schedule must be gpipe or 1f1b, got 'zigzag'"},
+      {"pp.partition=random", "pp.partition must be balanced, uniform or round_robin"},
+      {"ps.servers=-1", "ps.servers must be >= 0"},
+      {"ps.mode=eventual", "ps.mode must be sync, async or ssp, got 'eventual'"},
+      {"ps.staleness=-2", "ps.staleness must be >= 0, got -2"},
+      {"ps.stale_lr=sqrt", "ps.stale_lr must be none or inverse, got 'sqrt'"},
+      {"debug.slow_rank=-2", "debug.slow_rank must be a worker rank or -1"},
+      {"debug.delay_ms=-1", "debug.delay_ms must be >= 0"},
+  };
+  for (const auto& [set, want] : cases)
+    EXPECT_NE(error_of("", {set}).find(want), std::string::npos) << set << ": " << error_of("", {set});
+}
+
 TEST(Config, OverridesApplyAndAreChecked) {
   Config c = parse_config("[train]\nbatch = 8\n", "t",
                           {"train.batch=32", "model.kind=gpt", "model.hidden=[7]", "optim.lr=0.5"});

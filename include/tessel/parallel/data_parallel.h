@@ -65,7 +65,8 @@ class DataParallel : public Strategy {
     double done_time = 0;  // when completion was first seen (0: not yet)
   };
   void launch(Bucket& b);
-  void reduce();  // on return the gradient arena holds the global gradient sum
+  // Deterministic or overlapped: on return the gradient arena holds the global gradient sum.
+  void reduce();
   void sharded_step(optim::Optimizer& opt, float lr, float clip_norm);
   void check_parameters(int64_t step);
 

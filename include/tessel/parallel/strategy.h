@@ -35,9 +35,9 @@ namespace tessel::parallel {
 struct ParallelSpec {
   // ddp.*
   double bucket_mb = 1.0;     // gradient bucket size for overlapped all-reduce
-  // "on" all-reduces buckets on a progress thread during the backward pass; "off" all-reduces
-  // the whole gradient on the compute thread at the step; "auto" overlaps only when the machine
-  // has a spare core per rank for the progress threads.
+  // "on" all-reduces buckets on a progress thread during the backward pass; "off" reduces at
+  // the step on the compute thread, sharded (reduce-scatter, update 1/N, all-gather); "auto"
+  // overlaps only when the machine has a spare core per rank for the progress threads.
   std::string overlap = "auto";
   int64_t check_every = 200;  // steps between cross-rank parameter checks (0 = off)
   bool deterministic = false; // train.deterministic: bit-identical results for any worker count
@@ -156,6 +156,10 @@ class Strategy {
   // runs the optimizer over [lo, hi). Times itself into optimizer_seconds_.
   void update(optim::Optimizer& opt, float lr, float clip_norm, int64_t lo, int64_t hi,
               const std::function<void(double*)>& sum_norm);
+  // Forward of the whole model on this rank and the loss (the defaults' common part).
+  PieceResult forward_loss(const Piece& piece, nn::CrossEntropyLoss& loss);
+  // Throws naming the step when a training loss is not finite.
+  static void check_loss(double loss, int64_t step);
 
   nn::Model& model_;
   ParallelSpec spec_;

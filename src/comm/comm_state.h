@@ -64,6 +64,7 @@ struct CommState {
   WaitPolicy policy;
   uint64_t seq = 0;     // next collective's sequence number (equal on every rank)
   uint64_t splits = 0;  // splits made so far
+  uint64_t shared = 0;  // shared_memory() calls made so far
   Scratch scratch;
   std::unique_ptr<Progress> progress;  // started on the first async call
 

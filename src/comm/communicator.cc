@@ -1,6 +1,7 @@
 #include "tessel/comm/communicator.h"
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <numeric>
 
@@ -538,6 +539,32 @@ Communicator Communicator::split(int color, int key) {
   }
   if (!sub) return Communicator();
   return Communicator(std::move(sub), s_->options);
+}
+
+int Communicator::ranks_on_host() const {
+  if (std::string(backend()) != "mpi") return size();
+  const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  return v ? std::max(1, std::atoi(v)) : 1;
+}
+
+std::shared_ptr<void> Communicator::shared_memory(size_t bytes) {
+  const int n = size();
+  std::vector<int64_t> mine{static_cast<int64_t>(bytes)}, all(static_cast<size_t>(n));
+  run_blocking(*s_, Call{OpKind::kSplit, ElemType::kI64, ReduceOp::kSum, -1, 1, 8, {}},
+               [&](const CollContext& ctx, Algorithm) {
+                 allgather_direct(ctx, mine.data(), all.data(), std::vector<size_t>(n, 1),
+                                  ElemType::kI64);
+               });
+  for (int i = 0; i < n; ++i)
+    if (all[i] != all[0])
+      throw InvalidArgument(str("comm: shared_memory of ", all[0], " bytes on rank 0 but ",
+                                all[i], " on rank ", i, "; every rank must ask for the same size"));
+  try {
+    return s_->transport->shared_memory(bytes, s_->shared++);
+  } catch (const std::exception& e) {
+    s_->transport->abort(str("comm: shared_memory on rank ", rank(), " failed: ", e.what()));
+    throw;
+  }
 }
 
 }  // namespace tessel::comm

@@ -90,4 +90,8 @@ void Event::set() noexcept {
   if (word_.exchange(kSet, std::memory_order_acq_rel) & kSleeper) futex_wake_all(&word_);
 }
 
+void Event::signal() noexcept {
+  if (word_.fetch_or(kSignal, std::memory_order_acq_rel) & kSleeper) futex_wake_all(&word_);
+}
+
 }  // namespace tessel::comm

@@ -55,18 +55,21 @@ class Backoff {
   double spin_us_;  // this wait's spin budget
 };
 
-// A one-shot completion flag that a waiter can sleep on.
+// A one-shot completion flag that a waiter can sleep on. signal() wakes the waiter without
+// completing: it says there is work the waiter should do itself (see the threads transport).
 class Event {
  public:
   bool is_set() const { return (word_.load(std::memory_order_acquire) & kSet) != 0; }
+  bool is_signalled() const { return (word_.load(std::memory_order_acquire) & kSignal) != 0; }
   void set() noexcept;
-  // Waits until set, the deadline passes (returns false) or stop() returns true (returns
-  // false); stop is checked every few milliseconds while asleep.
+  void signal() noexcept;
+  // Waits until set or signalled (returns true), the deadline passes (returns false) or stop()
+  // returns true (returns false); stop is checked every few milliseconds while asleep.
   template <typename Stop>
   bool wait(Deadline deadline, const WaitPolicy& policy, Stop&& stop);
 
  private:
-  static constexpr uint32_t kSet = 1, kSleeper = 2;
+  static constexpr uint32_t kSet = 1, kSleeper = 2, kSignal = 4;
   std::atomic<uint32_t> word_{0};
 };
 
@@ -74,9 +77,10 @@ template <typename Stop>
 bool Event::wait(Deadline deadline, const WaitPolicy& policy, Stop&& stop) {
   Backoff backoff(policy);
   for (uint32_t i = 0;; ++i) {
-    if (is_set()) return true;
+    if (word_.load(std::memory_order_acquire) & (kSet | kSignal)) return true;
     bool sleeping = backoff.should_sleep();
-    if ((sleeping || (i & 63) == 0) && (stop() || deadline.expired())) return is_set();
+    if ((sleeping || (i & 63) == 0) && (stop() || deadline.expired()))
+      return (word_.load(std::memory_order_acquire) & (kSet | kSignal)) != 0;
     if (!sleeping) {
       backoff.pause();
       continue;

@@ -180,6 +180,14 @@ class IdxDataset final : public Dataset {
     for (size_t i = 0; i < pixels; ++i) dst[i] = lut_[src[i]];
     *y = labels_.bytes[labels_.offset + static_cast<size_t>(index)];
   }
+  void prefetch(int64_t index) const override {
+    if (index < 0 || index >= size()) return;
+    const size_t pixels = static_cast<size_t>(images_.dims[1] * images_.dims[2]);
+    const uint8_t* src =
+        images_.bytes.data() + images_.offset + static_cast<size_t>(index) * pixels;
+    for (size_t i = 0; i < pixels; i += 64) __builtin_prefetch(src + i);
+    __builtin_prefetch(src + pixels - 1);
+  }
 
  private:
   std::string name_;

@@ -142,9 +142,14 @@ Batch DataLoader::load(const std::vector<int64_t>& order, int64_t epoch, int64_t
   const int64_t y_numel = shape_numel(label_shape);
   char* x = static_cast<char*>(b.x.raw());
   int32_t* y = b.y.data<int32_t>();
-  for (int64_t k = 0; k < hi - lo; ++k)
-    dataset_->get(order[static_cast<size_t>(start + lo + k)], x + static_cast<size_t>(k) * x_bytes,
-                  y + k * y_numel);
+  constexpr int64_t kAhead = 8;  // samples prefetched ahead of the one being copied
+  const int64_t rows = hi - lo;
+  auto sample = [&](int64_t k) { return order[static_cast<size_t>(start + lo + k)]; };
+  for (int64_t k = 0; k < std::min(rows, kAhead); ++k) dataset_->prefetch(sample(k));
+  for (int64_t k = 0; k < rows; ++k) {
+    if (k + kAhead < rows) dataset_->prefetch(sample(k + kAhead));
+    dataset_->get(sample(k), x + static_cast<size_t>(k) * x_bytes, y + k * y_numel);
+  }
   return b;
 }
 

@@ -1,8 +1,8 @@
 #include "tessel/parallel/data_parallel.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
-#include <cstdlib>
 #include <cstring>
 #include <thread>
 
@@ -21,12 +21,7 @@ bool resolve_overlap(const std::string& mode, const comm::Communicator& world) {
   if (mode == "off") return false;
   if (mode != "auto")
     throw InvalidArgument(str("config: ddp.overlap must be auto, on or off, got '", mode, "'"));
-  int local = world.size();  // ranks as threads: all in this process
-  if (std::string(world.backend()) == "mpi") {
-    const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
-    local = v ? std::max(1, std::atoi(v)) : 1;
-  }
-  return static_cast<int>(std::thread::hardware_concurrency()) >= 2 * local;
+  return static_cast<int>(std::thread::hardware_concurrency()) >= 2 * world.ranks_on_host();
 }
 
 // FNV-1a over the parameter bytes, 8 bytes at a time: cheap enough to run every few hundred
@@ -68,7 +63,43 @@ std::string DataParallel::layout() const {
 }
 
 void DataParallel::on_start() {
-  check_parameters(0);
+  check_parameters(0);  // before sharing: afterwards every rank would see rank 0's values
+  if (sharded_ && spec_.shared_memory) share_memory();
+}
+
+void DataParallel::share_memory() {
+  const int n = world_size();
+  const size_t bytes = static_cast<size_t>(model_.params().numel()) * sizeof(float);
+  shared_ = world_->shared_memory(bytes * static_cast<size_t>(1 + n));
+  if (!shared_) return;  // ranks on several hosts: messages
+  // Layout: [parameters][gradients of rank 0]...[gradients of rank n-1]; arenas are whole
+  // 64-byte lines, so every part stays aligned.
+  char* base = static_cast<char*>(shared_.get());
+  model_.params().rebind(base, shared_, rank() == 0);
+  model_.grads().rebind(base + bytes * static_cast<size_t>(1 + rank()), shared_, true);
+  for (int r = 0; r < n; ++r)
+    rank_grads_.push_back(reinterpret_cast<const float*>(base + bytes * static_cast<size_t>(1 + r)));
+  sync_shared();  // rank 0's parameters are in place before anyone reads them
+}
+
+void DataParallel::sync_shared() {
+  std::atomic_thread_fence(std::memory_order_seq_cst);  // mpi: other processes read our stores
+  world_->barrier();
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+}
+
+void DataParallel::reduce_shared_shard() {
+  float* own = model_.grads().flat().data<float>();
+  constexpr int64_t kChunk = 4096;  // stays in L1 while every rank's part is added
+  for (int64_t lo = shard_lo_; lo < shard_hi_; lo += kChunk) {
+    const int64_t hi = std::min(shard_hi_, lo + kChunk);
+    for (int r = 0; r < world_size(); ++r) {
+      if (r == rank()) continue;
+      const float* __restrict src = rank_grads_[r];
+      float* __restrict dst = own;
+      for (int64_t i = lo; i < hi; ++i) dst[i] += src[i];
+    }
+  }
 }
 
 void DataParallel::check_parameters(int64_t step) {
@@ -148,7 +179,12 @@ void DataParallel::sharded_step(optim::Optimizer& opt, float lr, float clip_norm
   float* g = model_.grads().flat().data<float>();
   float* p = model_.params().flat().data<float>();
   const double t0 = now_seconds();
-  world_->reduce_scatter(g, g + shard_lo_, shard_counts_, comm::ElemType::kF32);
+  if (shared_) {
+    sync_shared();  // every rank's gradient is complete (and nobody reads parameters any more)
+    reduce_shared_shard();
+  } else {
+    world_->reduce_scatter(g, g + shard_lo_, shard_counts_, comm::ElemType::kF32);
+  }
   const double t1 = now_seconds();
   double norm_s = 0;  // the global-norm all-reduce inside update() is communication too
   update(opt, lr, clip_norm, shard_lo_, shard_hi_, [this, &norm_s](double* sq) {
@@ -158,9 +194,14 @@ void DataParallel::sharded_step(optim::Optimizer& opt, float lr, float clip_norm
   });
   optimizer_seconds_ -= norm_s;
   const double t2 = now_seconds();
-  world_->allgather(p + shard_lo_, p, shard_counts_, comm::ElemType::kF32);
+  if (shared_)
+    sync_shared();  // every shard of the shared parameters is updated
+  else
+    world_->allgather(p + shard_lo_, p, shard_counts_, comm::ElemType::kF32);
   exposed_s_ += (t1 - t0) + norm_s + (now_seconds() - t2);
-  bytes_ += 4.0 * static_cast<double>(model_.params().numel());
+  // Messages: one all-reduce's worth; shared memory: the shards read from other ranks.
+  bytes_ += shared_ ? 4.0 * static_cast<double>((shard_hi_ - shard_lo_) * (world_size() - 1))
+                    : 4.0 * static_cast<double>(model_.params().numel());
 }
 
 void DataParallel::consolidate(optim::Optimizer& opt) {
@@ -191,6 +232,7 @@ nlohmann::json DataParallel::take_metrics() {
                       {"optimizer_seconds", optimizer_seconds_},
                       {"allreduce_bytes_per_rank", bytes_},
                       {"buckets", buckets_.size()},
+                      {"shared_memory", shared_ != nullptr},
                       {"overlap", overlap_}};
   exposed_s_ = overlapped_s_ = reduce_s_ = bytes_ = optimizer_seconds_ = 0;
   return m;

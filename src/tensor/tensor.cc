@@ -29,7 +29,17 @@ Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   std::memset(data_, 0, rounded);
 }
 
-Storage::~Storage() { std::free(data_); }
+Storage::~Storage() {
+  if (!keep_) std::free(data_);
+}
+
+void Storage::rebind(void* data, std::shared_ptr<void> keep) {
+  TESSEL_CHECK(data && keep && reinterpret_cast<uintptr_t>(data) % kAlignBytes == 0,
+               "storage: rebind to a null, unowned or unaligned buffer");
+  if (!keep_) std::free(data_);
+  data_ = data;
+  keep_ = std::move(keep);
+}
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   for (int64_t d : shape)
@@ -141,6 +151,12 @@ int64_t Arena::add(std::string name, Shape shape) {
 void Arena::allocate(DType dtype, Device device) {
   TESSEL_CHECK(!allocated(), "arena: allocate() twice");
   flat_ = Tensor::zeros({numel_}, dtype, device);
+}
+
+void Arena::rebind(void* data, std::shared_ptr<void> keep, bool copy) {
+  TESSEL_CHECK(allocated(), "arena: rebind() before allocate()");
+  if (copy) std::memcpy(data, flat_.raw(), flat_.nbytes());
+  flat_.storage().rebind(data, std::move(keep));
 }
 
 Tensor Arena::view(size_t index) const {

@@ -143,7 +143,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("train.deterministic", parallel.deterministic, "bit-identical results for any worker count (fixed micro-shards, exact integer reduction)"),
       TESSEL_KEY("train.shuffle", train.shuffle, "shuffle the training set each epoch"),
       TESSEL_KEY("train.drop_last", train.drop_last, "drop a short last batch"),
-      TESSEL_KEY("train.prefetch", train.prefetch, "batches loaded ahead by a background thread (0: none)"),
+      TESSEL_KEY("train.prefetch", train.prefetch, "batches loaded ahead by a background thread (0: none; -1: 2 when this host has a spare core for it, else 0)"),
       TESSEL_KEY("train.log_every", train.log_every, "steps between progress lines and metrics records"),
       TESSEL_KEY("train.eval_train", train.eval_train, "also evaluate on the training set each epoch"),
       TESSEL_KEY("checkpoint.every_epochs", checkpoint.every_epochs, "save every N epochs (0: off)"),
@@ -156,6 +156,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("comm.algorithm", comm.algorithm, "collective algorithm: auto, ring, halving_doubling, tree, direct, native"),
       TESSEL_KEY("ddp.bucket_mb", parallel.bucket_mb, "gradient bucket size in MiB; buckets are all-reduced while backward runs"),
       TESSEL_KEY("ddp.overlap", parallel.overlap, "auto, on or off: on all-reduces gradient buckets on a progress thread during the backward pass; off reduces at the step, sharded (reduce-scatter, update 1/N, all-gather); auto: on only with a spare core per rank"),
+      TESSEL_KEY("ddp.shared_memory", parallel.shared_memory, "sharded step (ddp.overlap off) of ranks on one host: keep one parameter copy in shared memory and sum gradients straight from each other's memory instead of sending messages; false: messages, as between hosts"),
       TESSEL_KEY("ddp.check_every", parallel.check_every, "steps between cross-rank parameter checksums (0: off)"),
       TESSEL_KEY("ddp.micro_shard", parallel.micro_shard, "deterministic mode: rows per fixed micro-shard"),
       TESSEL_KEY("pp.stages", parallel.pp_stages, "pipeline stages: the model's blocks cut into this many contiguous stages (1: no pipeline); the world is dp x pp ranks"),
@@ -257,7 +258,8 @@ void validate(const Config& c) {
   require(c.train.max_steps >= 0, str("train.max_steps must be >= 0, got ", c.train.max_steps));
   require(c.train.clip_norm >= 0, str("train.clip_norm must be >= 0 (0 = off), got ", c.train.clip_norm));
   require(c.train.base_batch >= 0, str("train.base_batch must be >= 0 (0 = off), got ", c.train.base_batch));
-  require(c.train.prefetch >= 0, str("train.prefetch must be >= 0, got ", c.train.prefetch));
+  require(c.train.prefetch >= -1,
+          str("train.prefetch must be >= 0, or -1 for auto, got ", c.train.prefetch));
   require(c.train.log_every >= 1, str("train.log_every must be >= 1, got ", c.train.log_every));
   require(std::isfinite(c.optim.lr) && c.optim.lr > 0,
           str("optim.lr must be a number > 0, got ", c.optim.lr, "; try 0.05 for sgd, 1e-3 for adamw"));

@@ -7,6 +7,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <thread>
 
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/comm/communicator.h"
@@ -83,6 +84,14 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
   const bool owns_process = world == nullptr || std::string(world->backend()) == "mpi" ||
                             world->size() == 1;
   if (owns_process) ops::set_blas_threads(config_.runtime.threads);
+  // A prefetch thread helps only on a spare core; on a busy one it preempts a rank, and every
+  // rank of a step waits for the slowest (2 workers on 2 cores ran fashion_mlp 5% faster
+  // without it, 1 worker the same either way).
+  if (config_.train.prefetch < 0) {
+    const int ranks = world ? world->ranks_on_host() : 1;
+    const int cores = static_cast<int>(std::thread::hardware_concurrency());
+    config_.train.prefetch = cores > ranks * std::max(1, config_.runtime.threads) ? 2 : 0;
+  }
   data_ = data ? *data : data::make_datasets(config_.data);
   nn::ModelSpec spec = config_.model;
   spec.input_shape = data_.train->input_shape();

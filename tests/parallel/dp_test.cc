@@ -35,8 +35,13 @@ using testing::max_rel_diff;
 
 TEST(DataParallel, MatchesSingleRankAfterTwentySteps) {
   // Dropout and momentum: the masks and the optimizer state must not depend on the split.
+  // Overlapped all-reduce; sharded step in shared memory; sharded step by messages.
+  for (const char* shared : {"ddp.shared_memory=true", "ddp.shared_memory=false"})
   for (const char* overlap : {"ddp.overlap=on", "ddp.overlap=off"}) {
-  train::Config cfg = small_config("mlp", {"model.dropout=0.2", "ddp.bucket_mb=0.001", overlap});
+  if (std::string(overlap) == "ddp.overlap=on" && std::string(shared) == "ddp.shared_memory=false")
+    continue;
+  train::Config cfg =
+      small_config("mlp", {"model.dropout=0.2", "ddp.bucket_mb=0.001", overlap, shared});
   auto [single, s1] = train_on(cfg, 1);
   EXPECT_EQ(s1["steps"], 20);
   for (int w : {2, 3, 4}) {
@@ -47,6 +52,9 @@ TEST(DataParallel, MatchesSingleRankAfterTwentySteps) {
     EXPECT_EQ(sw["layout"], "dp=" + std::to_string(w));
     EXPECT_GT(sw["ranks"]["buckets"].get<int>(), 1);  // several buckets
     EXPECT_EQ(sw["ranks"]["overlap"].get<bool>(), std::string(overlap) == "ddp.overlap=on");
+    EXPECT_EQ(sw["ranks"]["shared_memory"].get<bool>(),
+              std::string(overlap) == "ddp.overlap=off" &&
+                  std::string(shared) == "ddp.shared_memory=true");
     EXPECT_NEAR(sw["test_accuracy"].get<double>(), s1["test_accuracy"].get<double>(), 0.02);
   }
   }
@@ -60,8 +68,18 @@ TEST(DataParallel, ShardedStepWithClippingAdamWAndResumeOnAnotherWorkerCount) {
   auto [single, s1] = train_on(cfg, 1);
   auto [multi, s3] = train_on(cfg, 3);
   EXPECT_LT(max_rel_diff(single, multi), 1e-5);
-  EXPECT_NEAR(s3["ranks"]["allreduce_bytes_per_rank"].get<double>() / 20,
-              4.0 * static_cast<double>(single.size()), 1.0);  // one gradient's bytes a step
+  // Shared memory: each rank reads its shard of the 2 other ranks' gradients a step.
+  const double arena_bytes = 4.0 * static_cast<double>(single.size());
+  EXPECT_TRUE(s3["ranks"]["shared_memory"].get<bool>());
+  EXPECT_NEAR(s3["ranks"]["allreduce_bytes_per_rank"].get<double>() / 20, arena_bytes * 2 / 3,
+              4.0 * 16 * 3);  // shard bounds fall on 64-byte lines
+  // Messages: one gradient's bytes a step, same trajectory.
+  train::Config by_messages = cfg;
+  by_messages.parallel.shared_memory = false;
+  auto [multi_m, s3m] = train_on(by_messages, 3);
+  EXPECT_LT(max_rel_diff(single, multi_m), 1e-5);
+  EXPECT_FALSE(s3m["ranks"]["shared_memory"].get<bool>());
+  EXPECT_NEAR(s3m["ranks"]["allreduce_bytes_per_rank"].get<double>() / 20, arena_bytes, 1.0);
   // Stop after 7 steps on 3 ranks, resume on 2: still the single-rank trajectory.
   train::RunOptions first;
   first.run_dir = ::testing::TempDir() + "/dp_test_resume";

@@ -127,6 +127,13 @@ class Communicator {
   // Collective: ranks with equal color form a new communicator, ordered by (key, rank).
   // color < 0 returns an invalid communicator. Options are inherited.
   Communicator split(int color, int key);
+  // Collective: memory shared by every rank of this communicator (Transport::shared_memory),
+  // or nullptr when its ranks do not share a host. Every rank must pass the same size.
+  std::shared_ptr<void> shared_memory(size_t bytes);
+  // Ranks of this communicator's job that run on this host: threads, the whole group; mpi,
+  // the launcher's local size (OMPI_COMM_WORLD_LOCAL_SIZE, 1 if unset). Spare cores are
+  // hardware_concurrency() minus this.
+  int ranks_on_host() const;
 
   // ---- async variants: start now (in call order), complete on the progress thread ----
   Work allreduce_async(void* buf, size_t count, ElemType elem, ReduceOp op = ReduceOp::kSum,

@@ -99,6 +99,12 @@ class Transport {
   virtual std::unique_ptr<Transport> split(int color, int key, const std::vector<int>& members,
                                            uint64_t split_id) = 0;
 
+  // Collective over this group: `bytes` of zeroed, 64-byte aligned memory that every rank of
+  // the group reads and writes directly (the same bytes on every rank), or nullptr on every
+  // rank when the ranks do not share memory (mpi ranks on several hosts). id is equal on all
+  // ranks and distinct per call. The memory lives while any rank holds it; ordering accesses
+  // (e.g. with barriers) is the caller's business.
+  virtual std::shared_ptr<void> shared_memory(size_t bytes, uint64_t id) = 0;
   // The library's own collectives (MPI), or nullptr.
   virtual NativeCollectives* native() { return nullptr; }
 

@@ -22,6 +22,10 @@ class Dataset {
   virtual int64_t num_classes() const = 0;  // classes, or vocabulary size
   // Writes sample `index` into x (numel(input_shape) values of input_dtype) and y.
   virtual void get(int64_t index, void* x, int32_t* y) const = 0;
+  // A hint that get(index) comes soon: start loading its bytes into the cache. A loader issues
+  // it a few samples ahead, so that a batch of random samples waits on memory once, not once
+  // per sample.
+  virtual void prefetch(int64_t /*index*/) const {}
 };
 
 // Which dataset to build and its options (the [data] section of a config).

@@ -14,11 +14,19 @@
 // optimizer state of other shards goes stale and is all-gathered by consolidate() before a
 // checkpoint. (The state is still allocated full length on every rank.)
 //
+// When the ranks share one host's memory (threads, or mpi ranks on one host:
+// Communicator::shared_memory), the sharded step moves no messages at all: the ranks keep ONE
+// parameter arena in shared memory and each rank's gradient arena sits beside it. A step is
+// then: barrier (every backward is done), each rank sums its shard of every rank's gradient
+// straight from their memory, updates its shard of the shared parameters, barrier (the next
+// forward sees the whole new model). No parameter all-gather, no copies through messages.
+//
 // Deterministic mode: the Trainer computes each fixed micro-shard's gradient separately and
 // hands it over with collect_shard(); step() sums them exactly with ExactSum (exact_sum.h), so
 // the run is independent of how shards were spread over ranks.
 #pragma once
 
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -68,6 +76,9 @@ class DataParallel : public Strategy {
   // Deterministic or overlapped: on return the gradient arena holds the global gradient sum.
   void reduce();
   void sharded_step(optim::Optimizer& opt, float lr, float clip_norm);
+  void share_memory();
+  void reduce_shared_shard();  // own shard of the gradient = sum over every rank's arena
+  void sync_shared();          // fence + barrier
   void check_parameters(int64_t step);
 
   comm::Communicator* world_;
@@ -75,6 +86,8 @@ class DataParallel : public Strategy {
   bool sharded_ = false;  // sharded step: no overlap, not deterministic, several ranks
   std::vector<size_t> shard_counts_;  // elements of each rank's shard of the arena
   int64_t shard_lo_ = 0, shard_hi_ = 0;  // this rank's shard
+  std::shared_ptr<void> shared_;          // shared memory of the shared sharded step, or null
+  std::vector<const float*> rank_grads_;  // every rank's gradient arena in shared_
   std::vector<Bucket> buckets_;
   bool sync_ = true;
   std::optional<ExactSum> exact_;  // deterministic mode

@@ -40,6 +40,10 @@ struct ParallelSpec {
   // overlaps only when the machine has a spare core per rank for the progress threads.
   std::string overlap = "auto";
   int64_t check_every = 200;  // steps between cross-rank parameter checks (0 = off)
+  // Sharded step of ranks on one host: one parameter arena in shared memory, gradients read
+  // from each other's memory (no messages). false: reduce-scatter + all-gather messages, as
+  // between hosts.
+  bool shared_memory = true;
   bool deterministic = false; // train.deterministic: bit-identical results for any worker count
   int64_t micro_shard = 8;    // rows per fixed micro-shard in deterministic mode
 

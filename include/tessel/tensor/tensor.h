@@ -30,11 +30,16 @@ class Storage {
   void* data() { return data_; }
   size_t bytes() const { return bytes_; }
   Device device() const { return device_; }
+  // From now on the bytes live at `data` (at least bytes() long, 64-byte aligned, kept alive by
+  // `keep`), e.g. memory shared with other ranks; the own allocation is freed and every tensor
+  // viewing this storage follows. Values are not copied.
+  void rebind(void* data, std::shared_ptr<void> keep);
 
  private:
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Device device_;
+  std::shared_ptr<void> keep_;  // set once rebound: data_ is not ours to free
 };
 
 template <typename T>
@@ -76,6 +81,7 @@ class Tensor {
   void zero_();
   void fill_(float value);           // f32 only
   void copy_from(const Tensor& src); // same numel and dtype
+  Storage& storage() const { return *storage_; }
 
  private:
   std::shared_ptr<Storage> storage_;
@@ -105,6 +111,8 @@ class Arena {
   int64_t numel() const { return numel_; }  // including alignment padding
   const Tensor& flat() const { return flat_; }  // the whole arena, 1-D
   Tensor view(size_t index) const;
+  // Moves the arena to `data` (Storage::rebind); copies the values there first if `copy`.
+  void rebind(void* data, std::shared_ptr<void> keep, bool copy);
 
  private:
   std::vector<Entry> entries_;

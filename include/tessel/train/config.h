@@ -25,7 +25,7 @@ struct TrainSpec {
   int64_t accumulate = 1;     // micro-batches (of `batch` rows) summed per optimizer step
   bool shuffle = true;
   bool drop_last = false;
-  int prefetch = 2;           // batches loaded ahead by the background thread
+  int prefetch = -1;          // batches loaded ahead by a background thread; -1: auto
   int64_t log_every = 50;     // steps between progress lines / metrics records
   bool eval_train = false;    // also evaluate on the training set after each epoch
 };

@@ -101,6 +101,7 @@ class MpiTransport final : public Transport {
   void fail_if_aborted();
   std::unique_ptr<Transport> split(int color, int key, const std::vector<int>& members,
                                    uint64_t split_id) override;
+  std::shared_ptr<void> shared_memory(size_t bytes, uint64_t id) override;
   NativeCollectives* native() override { return native_.get(); }
 
   // For requests and the family.
@@ -578,6 +579,53 @@ std::unique_ptr<Transport> MpiTransport::split(int color, int key, const std::ve
   uint64_t id = (id_ ^ (split_id + 0x9e3779b97f4a7c15ull + (id_ << 6) + (id_ >> 2))) * 31 +
                 static_cast<uint64_t>(color) + 1;
   return std::make_unique<MpiTransport>(sub, family_, id, policy_);
+}
+
+// An MPI-3 shared-memory window on the ranks' host, when all of them are on one host. Rank 0
+// allocates it all (the others map it); freed with MPI_Win_free when the last holder on each
+// rank drops it (skipped once the world is aborted: the free is collective).
+std::shared_ptr<void> MpiTransport::shared_memory(size_t bytes, uint64_t) {
+  WatchdogArm arm(Deadline::after(300), "comm: MPI shared-memory window");
+  Guard guard;
+  MPI_Comm node = MPI_COMM_NULL;
+  check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
+        "MPI_Comm_split_type");
+  int node_size = 0;
+  check(MPI_Comm_size(node, &node_size), "MPI_Comm_size");
+  if (node_size != size_) {  // several hosts: every rank sees a smaller node group
+    MPI_Comm_free(&node);
+    return nullptr;
+  }
+  // 64 bytes of slack: the window need not start on a cache line (OpenMPI's start 8 bytes past
+  // one). The segment is mapped page-aligned in every process, so the padding is the same on
+  // every rank (checked).
+  const MPI_Aint rounded = static_cast<MPI_Aint>((std::max<size_t>(bytes, 1) + 63) / 64 * 64);
+  void* mine = nullptr;
+  MPI_Win win = MPI_WIN_NULL;
+  check(MPI_Win_allocate_shared(rank_ == 0 ? rounded + 64 : 0, 1, MPI_INFO_NULL, node, &mine,
+                                &win),
+        "MPI_Win_allocate_shared");
+  MPI_Aint size = 0;
+  int unit = 0;
+  void* window = nullptr;
+  check(MPI_Win_shared_query(win, 0, &size, &unit, &window), "MPI_Win_shared_query");
+  const int pad = static_cast<int>((64 - reinterpret_cast<uintptr_t>(window) % 64) % 64);
+  int pads[2] = {pad, -pad};
+  check(MPI_Allreduce(MPI_IN_PLACE, pads, 2, MPI_INT, MPI_MAX, node), "MPI_Allreduce");
+  if (size < rounded + 64 || pads[0] != -pads[1])
+    throw CommError(str("comm: MPI shared-memory window of ", size, " bytes (", rounded + 64,
+                        " asked) whose 64-byte alignment differs across ranks"));
+  void* base = static_cast<char*>(window) + pad;
+  if (rank_ == 0) std::memset(base, 0, static_cast<size_t>(rounded));
+  check(MPI_Barrier(node), "MPI_Barrier");
+  std::shared_ptr<Family> family = family_;
+  return std::shared_ptr<void>(base, [win, node, family](void*) mutable {
+    if (family->aborted()) return;
+    WatchdogArm free_arm(Deadline::after(30), "comm: MPI_Win_free");
+    Guard g;
+    MPI_Win_free(&win);
+    MPI_Comm_free(&node);
+  });
 }
 
 }  // namespace

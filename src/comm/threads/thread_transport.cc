@@ -1,14 +1,20 @@
 // Threads transport: per ordered pair of ranks a mailbox holds posted sends and posted receives
-// that have not met yet. Whoever posts second finds its partner there, takes it out under the
-// mailbox lock and, outside the lock, copies (or reduces) straight from the sender's buffer into
-// the receiver's, then completes both requests. A message is thus copied exactly once, by
-// whichever thread is ready second, and nobody copies into a staging buffer.
+// that have not met yet. Whoever posts second finds its partner there and takes it out under the
+// mailbox lock. The receiver copies (or reduces) straight from the sender's buffer into its own,
+// then completes both requests: a message is copied exactly once and nobody copies into a
+// staging buffer. Receivers do the copy so that the work of a collective is spread over its
+// ranks (each copies what it receives); when a sender finds the receive already posted it only
+// pairs the two and signals the receiver, which copies in its wait or test. A sender that
+// waits for a paired send does the copy itself if the receiver has not started it (it would
+// idle otherwise), so progress never depends on the receiver calling wait.
 #include <sched.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <thread>
 
@@ -122,6 +128,13 @@ struct Group {
   };
   std::mutex split_mu;
   std::map<std::pair<uint64_t, int>, SplitEntry> splits;
+
+  struct SharedEntry {
+    std::shared_ptr<void> memory;
+    size_t remaining = 0;
+  };
+  std::mutex shared_mu;
+  std::map<uint64_t, SharedEntry> shared;
 };
 
 class ThreadOp final : public Request {
@@ -143,7 +156,8 @@ class ThreadOp final : public Request {
   bool test() override;
   void wait(Deadline deadline) override;
 
-  // Posts this op: completes it at once against a waiting partner, or queues it.
+  // Posts this op: a receive completes at once against a waiting send, a send pairs with a
+  // waiting receive (the receiver copies); otherwise the op is queued.
   void post();
   void set_reduce(size_t count, ElemType elem, ReduceOp op) {
     count_ = count;
@@ -156,6 +170,9 @@ class ThreadOp final : public Request {
     return kind_ == Kind::kSend ? group_->box(rank_, peer_) : group_->box(peer_, rank_);
   }
   static void transfer(ThreadOp* send, ThreadOp* recv) noexcept;
+  // A paired op whose copy nobody has started: claims the copy and does it. False if it is not
+  // paired or the partner claimed it first.
+  bool run_paired() noexcept;
   std::string where() const;
   [[noreturn]] void fail_aborted() const;
 
@@ -171,7 +188,12 @@ class ThreadOp final : public Request {
   ElemType elem_ = ElemType::kU8;
   ReduceOp op_ = ReduceOp::kSum;
   bool posted_ = false;
-  bool queued_ = false;  // guarded by the mailbox lock
+  bool queued_ = false;           // guarded by the mailbox lock
+  // Set under the mailbox lock when a send pairs with a waiting receive. The claim flag is
+  // shared: whichever side sets it runs the copy, and the other op cannot complete (or be
+  // destroyed) before that copy ends, while the flag outlives both.
+  ThreadOp* partner_ = nullptr;
+  std::shared_ptr<std::atomic<bool>> claim_;
   Event done_;
   std::string error_;  // written before done_ is set
 };
@@ -202,12 +224,25 @@ void ThreadOp::post() {
       match = *it;
       match->queued_ = false;
       partners.erase(it);
+      if (kind_ == Kind::kSend) {
+        partner_ = match;
+        match->partner_ = this;
+        claim_ = match->claim_ = std::make_shared<std::atomic<bool>>(false);
+      }
     } else {
       (kind_ == Kind::kSend ? b.sends : b.recvs).push_back(this);
       queued_ = true;
     }
   }
-  if (match) kind_ == Kind::kSend ? transfer(this, match) : transfer(match, this);
+  if (!match) return;
+  if (kind_ != Kind::kSend) return transfer(match, this);
+  match->done_.signal();  // the receiver copies; this wakes it if it sleeps
+}
+
+bool ThreadOp::run_paired() noexcept {
+  if (!claim_ || claim_->exchange(true, std::memory_order_acq_rel)) return false;
+  kind_ == Kind::kSend ? transfer(this, partner_) : transfer(partner_, this);
+  return true;
 }
 
 void ThreadOp::transfer(ThreadOp* send, ThreadOp* recv) noexcept {
@@ -252,11 +287,13 @@ ThreadOp::~ThreadOp() {
       return;
     }
   }
-  // A partner took this op out of the mailbox and is copying right now: let it finish.
+  // Paired: run the copy unless the partner is running it, then let it finish.
+  if (done_.is_signalled() || kind_ == Kind::kSend) run_paired();
   while (!done_.is_set()) std::this_thread::yield();
 }
 
 bool ThreadOp::test() {
+  if (kind_ != Kind::kSend && !done_.is_set() && done_.is_signalled()) run_paired();
   if (done_.is_set()) {
     if (!error_.empty()) throw CommError(error_);
     return true;
@@ -271,12 +308,19 @@ void ThreadOp::wait(Deadline deadline) {
   int cpu = sched_getcpu();
   if (cpu >= 0 && cpu == group_->cpus[peer_].load(std::memory_order_relaxed))
     policy.oversubscribed = true;
+  // A paired send copies at once rather than idle until its receiver does.
+  if (kind_ == Kind::kSend && claim_) run_paired();
   std::string mismatch;
   bool ok = done_.wait(deadline, policy, [&] {
     if (fam.aborted.load(std::memory_order_relaxed)) return true;
     mismatch = group_->check_peer(rank_, stamp_, peer_);
     return !mismatch.empty();
   });
+  if (ok && !done_.is_set()) {
+    // Signalled: this receive was paired with its send. Copy, unless the sender already is.
+    run_paired();
+    while (!done_.is_set()) std::this_thread::yield();
+  }
   if (!ok) {
     if (!mismatch.empty() && !done_.is_set()) {
       fam.abort(mismatch);
@@ -359,6 +403,23 @@ class ThreadTransport final : public Transport {
     TESSEL_CHECK(new_rank < static_cast<int>(members.size()), "split: rank ", rank_,
                  " missing from its own group");
     return std::make_unique<ThreadTransport>(sub, new_rank);
+  }
+
+  // One process: the first rank to arrive allocates, every rank gets the same block.
+  std::shared_ptr<void> shared_memory(size_t bytes, uint64_t id) override {
+    std::lock_guard<std::mutex> lock(group_->shared_mu);
+    auto& entry = group_->shared[id];
+    if (!entry.memory) {
+      size_t rounded = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+      void* p = std::aligned_alloc(64, rounded);
+      if (!p) throw std::bad_alloc();
+      std::memset(p, 0, rounded);
+      entry.memory = std::shared_ptr<void>(p, std::free);
+      entry.remaining = static_cast<size_t>(group_->n);
+    }
+    std::shared_ptr<void> out = entry.memory;
+    if (--entry.remaining == 0) group_->shared.erase(id);
+    return out;
   }
 
  private:

@@ -208,6 +208,28 @@ TEST(Split, GroupsByColorOrderedByKey) {
   }
 }
 
+TEST(SharedMemory, OneBlockEveryRankReadsAndWrites) {
+  std::vector<int> seen(3, 0);
+  run_threads(3, [&](Communicator& c) {
+    std::shared_ptr<void> block = c.shared_memory(3 * 64);
+    ASSERT_NE(block, nullptr);
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(block.get()) % 64, 0u);
+    auto* v = static_cast<int*>(block.get());
+    EXPECT_EQ(v[c.rank() * 16], 0);  // zeroed
+    v[c.rank() * 16] = 10 + c.rank();
+    c.barrier();
+    for (int r = 0; r < 3; ++r) seen[c.rank()] += v[r * 16];
+    // Sub-groups get blocks of their own; different sizes are an error on every rank.
+    Communicator pair = c.split(c.rank() < 2 ? 0 : -1, 0);
+    if (pair.valid()) {
+      std::shared_ptr<void> other = pair.shared_memory(64);
+      EXPECT_NE(other.get(), block.get());
+    }
+    EXPECT_THROW(c.shared_memory(c.rank() == 0 ? 64 : 128), InvalidArgument);
+  });
+  for (int r = 0; r < 3; ++r) EXPECT_EQ(seen[r], 10 + 11 + 12);
+}
+
 TEST(Tensors, AllgatherAndReduceScatter) {
   run_threads(4, [](Communicator& c) {
     Tensor shard = Tensor::zeros({3});

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include <cmath>
 #include <cstdint>
 
@@ -68,6 +70,22 @@ TEST(Arena, EntriesAreAlignedViews) {
   EXPECT_EQ(a.flat().data<float>()[16], 1.0f);
   EXPECT_EQ(reinterpret_cast<uintptr_t>(b.raw()) % 64, 0u);
   EXPECT_THROW(a.add("late", {1}), Error);
+}
+
+TEST(Arena, RebindMovesEveryViewToOtherMemory) {
+  Arena a;
+  a.add("w", {4});
+  a.allocate();
+  Tensor w = a.view(0);  // taken before the move: follows it
+  w.fill_(2.0f);
+  auto block = std::shared_ptr<void>(std::aligned_alloc(64, 64), std::free);
+  a.rebind(block.get(), block, /*copy=*/true);
+  EXPECT_EQ(w.raw(), block.get());
+  EXPECT_EQ(static_cast<float*>(block.get())[3], 2.0f);
+  static_cast<float*>(block.get())[1] = 5.0f;
+  EXPECT_EQ(w.data<float>()[1], 5.0f);
+  char unaligned[80];
+  EXPECT_THROW(a.rebind(unaligned + 1, block, false), Error);
 }
 
 }  // namespace

@@ -583,7 +583,8 @@ std::unique_ptr<Transport> MpiTransport::split(int color, int key, const std::ve
 
 // An MPI-3 shared-memory window on the ranks' host, when all of them are on one host. Rank 0
 // allocates it all (the others map it); freed with MPI_Win_free when the last holder on each
-// rank drops it (skipped once the world is aborted: the free is collective).
+// rank drops it (skipped once the world is aborted, as the free is collective, or after
+// MPI_Finalize, which has released it).
 std::shared_ptr<void> MpiTransport::shared_memory(size_t bytes, uint64_t) {
   WatchdogArm arm(Deadline::after(300), "comm: MPI shared-memory window");
   Guard guard;
@@ -620,7 +621,9 @@ std::shared_ptr<void> MpiTransport::shared_memory(size_t bytes, uint64_t) {
   check(MPI_Barrier(node), "MPI_Barrier");
   std::shared_ptr<Family> family = family_;
   return std::shared_ptr<void>(base, [win, node, family](void*) mutable {
-    if (family->aborted()) return;
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized || family->aborted()) return;
     WatchdogArm free_arm(Deadline::after(30), "comm: MPI_Win_free");
     Guard g;
     MPI_Win_free(&win);

@@ -51,8 +51,9 @@ struct Stamp {
 };
 std::string describe(const Stamp& s);
 
-// A pending send or receive. The destructor of an unfinished request cancels it (or, if the
-// peer is copying into or out of its buffer at that moment, waits for that copy to end).
+// A pending send or receive. The destructor of an unfinished request cancels it if no peer has
+// matched it yet; a matched one first finishes its copy (or waits for the peer's) so that no
+// peer touches the buffer afterwards.
 class Request {
  public:
   virtual ~Request() = default;

@@ -550,7 +550,7 @@ int Communicator::ranks_on_host() const {
 std::shared_ptr<void> Communicator::shared_memory(size_t bytes) {
   const int n = size();
   std::vector<int64_t> mine{static_cast<int64_t>(bytes)}, all(static_cast<size_t>(n));
-  run_blocking(*s_, Call{OpKind::kSplit, ElemType::kI64, ReduceOp::kSum, -1, 1, 8, {}},
+  run_blocking(*s_, Call{OpKind::kSharedMemory, ElemType::kI64, ReduceOp::kSum, -1, 1, 8, {}},
                [&](const CollContext& ctx, Algorithm) {
                  allgather_direct(ctx, mine.data(), all.data(), std::vector<size_t>(n, 1),
                                   ElemType::kI64);

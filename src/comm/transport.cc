@@ -31,6 +31,8 @@ const char* op_kind_name(OpKind k) {
       return "send/recv";
     case OpKind::kSplit:
       return "split";
+    case OpKind::kSharedMemory:
+      return "shared_memory";
   }
   return "?";
 }

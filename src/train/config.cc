@@ -366,6 +366,11 @@ std::string to_toml(const Config& c) {
   return out;
 }
 
+int resolve_prefetch(int requested, int ranks_on_host, int blas_threads, int cores) {
+  if (requested >= 0) return requested;
+  return cores > ranks_on_host * std::max(1, blas_threads) ? 2 : 0;
+}
+
 std::vector<std::pair<std::string, std::string>> config_keys() {
   std::vector<std::pair<std::string, std::string>> out;
   for (const Key& k : registry()) out.emplace_back(k.path, k.doc);

@@ -53,6 +53,17 @@ TEST(Config, BadValuesSayWhatIsAllowed) {
             std::string::npos);
 }
 
+TEST(Config, PrefetchAutoOnlyWithASpareCore) {
+  EXPECT_NE(error_of("", {"train.prefetch=-2"}).find("train.prefetch must be >= 0, or -1 for auto"),
+            std::string::npos);
+  EXPECT_EQ(resolve_prefetch(-1, 1, 1, 2), 2);  // 1 rank on 2 cores: the loader gets the other
+  EXPECT_EQ(resolve_prefetch(-1, 2, 1, 2), 0);  // 2 ranks on 2 cores: no core to spare
+  EXPECT_EQ(resolve_prefetch(-1, 1, 2, 2), 0);  // 1 rank with 2 BLAS threads
+  EXPECT_EQ(resolve_prefetch(-1, 2, 1, 16), 2);
+  EXPECT_EQ(resolve_prefetch(3, 2, 1, 2), 3);   // an explicit value stands
+  EXPECT_EQ(resolve_prefetch(0, 1, 1, 16), 0);
+}
+
 TEST(Config, LayoutKeysSayWhatIsAllowed) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"pp.stages=0", "pp.stages must be >= 1, got 0"},

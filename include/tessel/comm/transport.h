@@ -34,7 +34,8 @@ enum class OpKind : uint8_t {
   kAllToAll,
   kBarrier,
   kP2p,
-  kSplit
+  kSplit,
+  kSharedMemory
 };
 const char* op_kind_name(OpKind k);
 

@@ -70,5 +70,9 @@ Config parse_config(const std::string& toml_text, const std::string& name,
 std::string to_toml(const Config& config);
 // Every valid key, "section.key" (top-level keys without a section), with its one-line doc.
 std::vector<std::pair<std::string, std::string>> config_keys();
+// train.prefetch as run: `requested` unless -1 (auto), which is 2 when the host's `cores`
+// leave one spare beyond its ranks x BLAS threads, else 0 (a loader thread on a busy core
+// preempts a rank, and every rank of a step waits for the slowest).
+int resolve_prefetch(int requested, int ranks_on_host, int blas_threads, int cores);
 
 }  // namespace tessel::train

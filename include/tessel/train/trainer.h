@@ -94,6 +94,7 @@ class Trainer {
   int64_t total_steps_ = 0;
   float base_lr_ = 0;
   int64_t step_ = 0;
+  int prefetch_ = 0;  // train.prefetch resolved for this host (resolve_prefetch)
   // Layouts that are not lockstep (strategy.h) train claimed worker batches of batch_rows_
   // rows: claim_budget_ of them in the run (epochs, or train.max_steps x workers), of which
   // batches_done_ (every worker's, agreed at epoch ends) are done, start_batches_ before this

@@ -14,6 +14,7 @@
 #include "pipeline_testing.h"
 #include "tessel/comm/threads.h"
 #include "tessel/optim/optimizer.h"
+#include "tessel/parallel/engine.h"
 #include "tessel/parallel/pipeline.h"
 
 using namespace tessel;
@@ -36,24 +37,26 @@ Result measure(int P, int m, const std::string& schedule, double forward_ms, int
     spec.pp_stages = P;
     spec.pp_microbatches = m;
     spec.pp_schedule = schedule;
-    parallel::Pipeline pipe(spec, c, *model);
-    auto opt = optim::make_optimizer(optim::OptimSpec{}, model->params().numel());
+    auto ledger = std::make_shared<MemoryLedger>();
+    MemoryScope memory(ledger, MemCategory::kOther);
+    parallel::Engine engine(spec, optim::OptimSpec{}, c, *model, 1);
     nn::CrossEntropyLoss loss;
     Tensor x = Tensor::zeros({8 * m, 64});
     Tensor y = Tensor::zeros({8 * m}, DType::kI32);
-    pipe.on_start();
+    engine.start();
     for (int step = 0; step <= steps; ++step) {
-      if (step == 1) pipe.take_metrics();  // step 0 allocates the module clones
-      model->zero_grad();
-      parallel::Piece piece{x, y, nn::Context{true, 1, step, 0}, 1.0, true};
-      pipe.train_piece(piece, loss);
-      pipe.step(*opt, 0.01f, 0, step);
+      if (step == 1) engine.take_stats(0);  // step 0 allocates the activation caches
+      engine.train_piece({x, y, nn::Context{true, 1, step, 0}, 1.0, true}, loss);
+      engine.step(0.01f, 0, step);
     }
-    nlohmann::json metrics = pipe.take_metrics();
+    const std::vector<parallel::RankStats> stats = engine.take_stats(0);
+    const parallel::PipelineExecutor& pipe = *engine.pipeline();
     res.trace[pipe.stage()] = pipe.trace();
     res.peak_bytes[pipe.stage()] =
-        metrics["pipeline_stages"][c.rank()]["peak_activation_bytes"].get<double>();
-    if (c.rank() == 0) res.measured = metrics["pipeline_bubble_fraction_measured"].get<double>();
+        stats[static_cast<size_t>(c.rank())].mem_peak[static_cast<size_t>(MemCategory::kActivations)];
+    double bubble = 0;
+    for (const parallel::RankStats& s : stats) bubble += 1.0 - (s.forward_s + s.backward_s) / s.schedule_s;
+    if (c.rank() == 0) res.measured = bubble / P;
   });
   return res;
 }

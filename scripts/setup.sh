@@ -6,7 +6,7 @@ packages=(
   build-essential cmake ninja-build pkg-config
   libopenblas-dev zlib1g-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libbenchmark-dev libopenmpi-dev openmpi-bin
-  dataset-fashion-mnist fortunes
+  dataset-fashion-mnist fortunes python3-torch python3-numpy
 )
 missing=()
 for p in "${packages[@]}"; do

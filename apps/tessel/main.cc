@@ -1,4 +1,4 @@
-// tessel command line: train, eval, config. Library errors (tessel::Error) become a one-line
+// tessel command line: train, eval, config, ckpt export, bench comm. Library errors (tessel::Error) become a one-line
 // message on stderr and exit code 1; command-line misuse exits 2 with the usage text.
 #include <atomic>
 #include <csignal>
@@ -16,7 +16,9 @@
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
 #include "tessel/ops/cpu.h"
+#include "tessel/ckpt/checkpoint.h"
 #include "tessel/train/config.h"
+#include "tessel/train/evaluator.h"
 #include "tessel/train/trainer.h"
 
 namespace {
@@ -66,6 +68,22 @@ nlohmann::json train_job(const tessel::train::Config& cfg, const tessel::train::
   return summary;
 }
 
+// A float32 .npy file (NumPy format 1.0): magic, header dict padded to 64 bytes, data.
+void write_npy(const std::string& path, const tessel::Tensor& t) {
+  std::string shape = "(";
+  for (int i = 0; i < t.ndim(); ++i) shape += std::to_string(t.dim(i)) + (t.ndim() == 1 || i + 1 < t.ndim() ? "," : "");
+  shape += ")";
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }";
+  header.append(63 - (10 + header.size()) % 64, ' ');
+  header += '\n';
+  std::string bytes = std::string("\x93NUMPY\x01\x00", 8);
+  bytes += static_cast<char>(header.size() & 0xff);
+  bytes += static_cast<char>(header.size() >> 8);
+  bytes += header;
+  bytes.append(static_cast<const char*>(t.raw()), t.nbytes());
+  tessel::ckpt::write_file_atomic(path, bytes);
+}
+
 void print_summary(const nlohmann::json& s) {
   std::printf("\n== summary (%s/summary.json) ==\n", s["run_dir"].get<std::string>().c_str());
   for (auto& [key, value] : s.items()) {
@@ -106,10 +124,24 @@ int main(int argc, char** argv) {
   train->add_option("--workers", workers, "Ranks as threads of this process (runtime.workers)");
   train->add_option("--backend", backend, "threads or mpi (runtime.backend; default: auto)");
 
-  CLI::App* eval = app.add_subcommand("eval", "Evaluate a checkpoint on the test set");
+  CLI::App* eval = app.add_subcommand(
+      "eval", "Evaluate a checkpoint on the test set in this process (any layout's checkpoint)");
   eval->add_option("config", config_path, "Config file the checkpoint was trained with")->required();
   eval->add_option("--checkpoint", checkpoint, "Run folder or checkpoint folder")->required();
   eval->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
+  std::string logits_path;
+  int64_t logits_limit = 100;
+  eval->add_option("--logits", logits_path,
+                   "Also write the model's outputs for the first --limit test samples as .npy");
+  eval->add_option("--limit", logits_limit, "Samples written by --logits")->capture_default_str();
+
+  CLI::App* ckpt_cmd = app.add_subcommand("ckpt", "Checkpoint tools");
+  ckpt_cmd->require_subcommand(1);
+  CLI::App* ckpt_export = ckpt_cmd->add_subcommand(
+      "export", "Write a checkpoint's parameters as one plain safetensors file (PyTorch loads it)");
+  std::string export_out;
+  ckpt_export->add_option("checkpoint", checkpoint, "Run folder or checkpoint folder")->required();
+  ckpt_export->add_option("out", export_out, "Output file, e.g. model.safetensors")->required();
 
   CLI::App* config = app.add_subcommand("config", "Print the resolved config (every key)");
   config->add_option("config", config_path, "Config file (TOML)")->required();
@@ -157,22 +189,26 @@ int main(int argc, char** argv) {
       return summary["completed"].get<bool>() || stop_after > 0 ? 0 : 130;
     }
     if (*eval) {
-      tessel::train::RunOptions opts;
-      opts.progress = false;
-      // One process evaluates the whole model: checkpoints do not depend on the layout, so a
-      // pipeline's or parameter server's config evaluates as a single worker.
-      tessel::train::Config cfg = tessel::train::load_config(config_path, overrides);
-      cfg.parallel.pp_stages = 1;
-      cfg.parallel.ps_servers = 0;
-      cfg.runtime.workers = 1;
-      tessel::train::Trainer trainer(cfg, opts);
-      trainer.load_weights(checkpoint);
-      if (!trainer.datasets().test)
+      // One process evaluates the whole model: checkpoints do not depend on the layout, so
+      // any layout's checkpoint evaluates here, with no optimizer and no gradients.
+      tessel::train::Evaluator evaluator(tessel::train::load_config(config_path, overrides),
+                                         checkpoint);
+      if (!evaluator.datasets().test)
         throw tessel::InvalidArgument("eval: the dataset has no test split");
-      tessel::train::EvalResult r = trainer.evaluate(*trainer.datasets().test);
+      const tessel::data::Dataset& test = *evaluator.datasets().test;
+      tessel::train::EvalResult r = evaluator.evaluate(test);
       nlohmann::json out = {{"test_loss", r.loss}, {"test_accuracy", r.accuracy},
-                            {"samples", r.samples}, {"params_sha256", trainer.model().params_sha256()}};
+                            {"samples", r.samples}, {"params_sha256", evaluator.params_sha256()}};
+      if (!logits_path.empty()) {
+        write_npy(logits_path, evaluator.outputs(test, logits_limit));
+        out["logits"] = logits_path;
+      }
       std::printf("%s\n", out.dump(2).c_str());
+      return 0;
+    }
+    if (*ckpt_export) {
+      tessel::ckpt::export_model(checkpoint, export_out);
+      std::printf("wrote %s\n", export_out.c_str());
       return 0;
     }
     if (*bench_comm) {

@@ -1,5 +1,5 @@
 // Private to ckpt: thin POSIX file helpers that turn errno into IoError. Durability needs
-// fsync, which std::fstream cannot do, hence raw file descriptors.
+// fsync and partial reads need pread, which std::fstream cannot do, hence raw file descriptors.
 #pragma once
 
 #include <fcntl.h>
@@ -32,6 +32,12 @@ class Fd {
   bool ok() const { return fd_ >= 0; }
   int get() const { return fd_; }
   const std::string& path() const { return path_; }
+  // Hands the descriptor to the caller, who closes it from then on.
+  int release() {
+    int fd = fd_;
+    fd_ = -1;
+    return fd;
+  }
   void close_checked() {
     int fd = fd_;
     fd_ = -1;
@@ -56,14 +62,15 @@ inline void write_all(Fd& fd, const void* data, size_t n) {
   }
 }
 
-// Reads exactly n bytes at offset; returns false on a short read (the file shrank or ends).
-inline bool pread_all(Fd& fd, void* data, size_t n, off_t offset) {
+// Reads exactly n bytes at offset of `fd` (opened from `path`); returns false on a short read
+// (the file shrank or ends). pread keeps no file position, so threads may share one fd.
+inline bool pread_all(int fd, const std::string& path, void* data, size_t n, off_t offset) {
   char* p = static_cast<char*>(data);
   while (n > 0) {
-    ssize_t r = ::pread(fd.get(), p, n, offset);
+    ssize_t r = ::pread(fd, p, n, offset);
     if (r < 0) {
       if (errno == EINTR) continue;
-      io_fail("reading", fd.path(), errno);
+      io_fail("reading", path, errno);
     }
     if (r == 0) return false;
     p += r;
@@ -71,6 +78,10 @@ inline bool pread_all(Fd& fd, void* data, size_t n, off_t offset) {
     offset += r;
   }
   return true;
+}
+
+inline bool pread_all(Fd& fd, void* data, size_t n, off_t offset) {
+  return pread_all(fd.get(), fd.path(), data, n, offset);
 }
 
 inline void fsync_fd(Fd& fd) {

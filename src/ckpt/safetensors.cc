@@ -1,7 +1,8 @@
 // safetensors reader and writer. The reader trusts nothing in the file: every length, offset
 // and shape is checked against the file size before a byte of tensor data is allocated, and
 // the data section must be covered exactly (no overlaps, no holes, no trailing bytes), which is
-// what the reference Rust implementation enforces too.
+// what the reference Rust implementation enforces too. SafetensorsReader does all of that
+// checking; read_safetensors is SafetensorsReader reading every tensor whole.
 #include "tessel/ckpt/safetensors.h"
 
 #include <algorithm>
@@ -128,6 +129,33 @@ void check_layout(const std::string& path, std::vector<Entry>& entries, uint64_t
                       "tensor"));
 }
 
+// Reads and parses the length-prefixed JSON header of a file of `size` bytes.
+Json read_header(Fd& fd, uint64_t size, uint64_t* header_bytes) {
+  const std::string& path = fd.path();
+  if (size < 8)
+    corrupt(path, str("file too short (", size, " bytes; the header length alone is 8)"));
+  uint8_t len[8];
+  if (!detail::pread_all(fd, len, 8, 0)) corrupt(path, "file shrank while reading");
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t{len[i]} << (8 * i);
+  if (n > kMaxHeaderBytes)
+    corrupt(path, str("header length ", n, " exceeds the ", kMaxHeaderBytes, "-byte limit"));
+  if (n > size - 8)
+    corrupt(path, str("header length ", n, " exceeds the ", size - 8, " bytes after it"));
+  std::string text(n, '\0');
+  if (!detail::pread_all(fd, text.data(), n, 8)) corrupt(path, "file shrank while reading");
+  if (text.empty() || text[0] != '{') corrupt(path, "header does not start with '{'");
+  Json header;
+  try {
+    header = Json::parse(text);
+  } catch (const Json::parse_error& e) {
+    corrupt(path, str("header is not valid JSON (error at byte ", e.byte, ")"));
+  }
+  if (!header.is_object()) corrupt(path, "header is not a JSON object");
+  *header_bytes = n;
+  return header;
+}
+
 }  // namespace
 
 const Tensor* TensorFile::find(const std::string& name) const {
@@ -179,7 +207,7 @@ void write_safetensors(const std::string& path, const TensorFile& file) {
   fd.close_checked();
 }
 
-TensorFile read_safetensors(const std::string& path) {
+SafetensorsReader::SafetensorsReader(const std::string& path) : path_(path) {
   Fd fd(path, O_RDONLY);
   if (!fd.ok())
     throw IoError(
@@ -188,49 +216,70 @@ TensorFile read_safetensors(const std::string& path) {
   if (::fstat(fd.get(), &st) != 0) detail::io_fail("stat of", path, errno);
   if (!S_ISREG(st.st_mode)) corrupt(path, "not a regular file");
   const uint64_t size = static_cast<uint64_t>(st.st_size);
-  if (size < 8)
-    corrupt(path, str("file too short (", size, " bytes; the header length alone is 8)"));
+  uint64_t header_bytes = 0;
+  const Json header = read_header(fd, size, &header_bytes);
+  const uint64_t data_start = 8 + header_bytes;
 
-  uint8_t len[8];
-  if (!detail::pread_all(fd, len, 8, 0)) corrupt(path, "file shrank while reading");
-  uint64_t n = 0;
-  for (int i = 0; i < 8; ++i) n |= uint64_t{len[i]} << (8 * i);
-  if (n > kMaxHeaderBytes)
-    corrupt(path, str("header length ", n, " exceeds the ", kMaxHeaderBytes, "-byte limit"));
-  if (n > size - 8)
-    corrupt(path, str("header length ", n, " exceeds the ", size - 8, " bytes after it"));
-  std::string text(n, '\0');
-  if (!detail::pread_all(fd, text.data(), n, 8)) corrupt(path, "file shrank while reading");
-  if (text.empty() || text[0] != '{') corrupt(path, "header does not start with '{'");
-  Json header;
-  try {
-    header = Json::parse(text);
-  } catch (const Json::parse_error& e) {
-    corrupt(path, str("header is not valid JSON (error at byte ", e.byte, ")"));
-  }
-  if (!header.is_object()) corrupt(path, "header is not a JSON object");
-
-  const uint64_t data_bytes = size - 8 - n;
-  TensorFile out;
   std::vector<Entry> entries;
   for (const auto& [key, value] : header.items()) {
     if (key == "__metadata__") {
       if (!value.is_object()) corrupt(path, "\"__metadata__\" is not a JSON object");
       for (const auto& [mk, mv] : value.items()) {
         if (!mv.is_string()) corrupt(path, str("metadata value of '", mk, "' is not a string"));
-        out.metadata[mk] = mv.get<std::string>();
+        metadata_[mk] = mv.get<std::string>();
       }
       continue;
     }
-    entries.push_back(parse_entry(path, key, value, data_bytes));
+    entries.push_back(parse_entry(path, key, value, size - data_start));
   }
-  check_layout(path, entries, data_bytes);
+  check_layout(path, entries, size - data_start);
 
   for (Entry& e : entries) {
-    Tensor t = Tensor::empty(e.shape, e.dtype);
-    if (!detail::pread_all(fd, t.raw(), e.end - e.begin, static_cast<off_t>(8 + n + e.begin)))
-      corrupt(path, "file shrank while reading");
-    out.tensors.emplace_back(std::move(e.name), std::move(t));
+    tensors_.push_back({std::move(e.name), e.dtype, std::move(e.shape)});
+    offsets_.push_back(static_cast<int64_t>(e.begin));
+  }
+  file_bytes_ = static_cast<int64_t>(size);
+  data_start_ = static_cast<int64_t>(data_start);
+  fd_ = fd.release();
+}
+
+SafetensorsReader::~SafetensorsReader() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+const TensorInfo* SafetensorsReader::find(const std::string& name) const {
+  for (const TensorInfo& t : tensors_)
+    if (t.name == name) return &t;
+  return nullptr;
+}
+
+void SafetensorsReader::read(const std::string& name, int64_t first, int64_t count,
+                             void* dst) const {
+  const TensorInfo* t = find(name);
+  if (t == nullptr)
+    throw IoError(str("checkpoint: ", path_, " has no tensor '", name,
+                      "'; check the name against the file's header"));
+  const int64_t numel = shape_numel(t->shape);
+  if (first < 0 || count < 0 || count > numel || first > numel - count)
+    throw IoError(str("checkpoint: ", path_, ": ", count, " elements from element ", first,
+                      " of tensor '", name, "' lie outside its ", numel,
+                      " elements; ask for a range inside the tensor"));
+  const int64_t elem = static_cast<int64_t>(dtype_size(t->dtype));
+  const int64_t at =
+      data_start_ + offsets_[static_cast<size_t>(t - tensors_.data())] + first * elem;
+  if (!detail::pread_all(fd_, path_, dst, static_cast<size_t>(count * elem),
+                         static_cast<off_t>(at)))
+    corrupt(path_, "file shrank while reading");
+}
+
+TensorFile read_safetensors(const std::string& path) {
+  const SafetensorsReader reader(path);
+  TensorFile out;
+  out.metadata = reader.metadata();
+  for (const TensorInfo& info : reader.tensors()) {
+    Tensor t = Tensor::empty(info.shape, info.dtype);
+    reader.read(info.name, 0, t.numel(), t.raw());
+    out.tensors.emplace_back(info.name, std::move(t));
   }
   return out;
 }

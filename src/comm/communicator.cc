@@ -112,7 +112,7 @@ CollContext prepare(CommState& s, const Call& c, Algorithm* algorithm) {
   *algorithm = resolve(s, c.op, c.bytes, c.options.algorithm);
   CollContext ctx;
   ctx.transport = s.transport.get();
-  ctx.stamp = Stamp{c.op, c.elem, c.reduce, *algorithm, c.root, s.seq++, c.count};
+  ctx.stamp = Stamp{c.op, c.elem, c.reduce, *algorithm, c.root, s.seq++, c.count, c.options.label};
   ctx.tag = kCollectiveTag;
   size_t segment =
       s.options.segment_bytes ? s.options.segment_bytes : s.transport->default_segment_bytes();

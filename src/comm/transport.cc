@@ -46,6 +46,7 @@ std::string describe(const Stamp& s) {
   if (reduces) out += str(", ", reduce_op_name(s.reduce));
   if (s.root >= 0) out += str(", root ", s.root);
   if (s.algorithm != Algorithm::kAuto) out += str(", ", algorithm_name(s.algorithm));
+  if (s.label != 0) out += str(", label ", s.label);
   return out + ")";
 }
 

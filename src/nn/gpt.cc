@@ -51,12 +51,12 @@ Embedding::Embedding(int64_t vocab, int64_t context, int64_t channels)
   wpe_ = {"wpe", {T_, C_}, Init::kNormal, kGptInitStd, {}, {}};
 }
 
-Tensor Embedding::forward(const Tensor& ids, const Context& ctx) {
+Tensor Embedding::forward(const Tensor& ids, const Context& ctx, Cache* cache) {
   (void)ctx;
   check_tokens(ids, T_);
-  ids_ = ids;
+  if (cache) cache->keep(0, ids);
   const int64_t B = ids.dim(0), T = ids.dim(1);
-  Tensor y = y_.get({B, T, C_});
+  Tensor y = output(cache, 0, {B, T, C_});
   float* out = y.data<float>();
   ops::embedding_forward(out, ids.data<int32_t>(), wte_.value.data<float>(), B * T, V_, C_);
   // Position embedding: no kernel adds a [T, C] table to each of B rows, so a plain loop.
@@ -70,13 +70,14 @@ Tensor Embedding::forward(const Tensor& ids, const Context& ctx) {
   return y;
 }
 
-Tensor Embedding::backward(const Tensor& dy) {
-  const int64_t B = ids_.dim(0), T = ids_.dim(1);
+Tensor Embedding::backward(const Tensor& dy, Cache& cache) {
+  const Tensor& ids = cache.kept(0);
+  const int64_t B = ids.dim(0), T = ids.dim(1);
   TESSEL_CHECK(dy.defined() && dy.shape() == Shape({B, T, C_}), "embedding: backward gradient ",
                dy.defined() ? shape_str(dy.shape()) : "undefined", " after a forward of ",
-               shape_str(ids_.shape()));
+               shape_str(ids.shape()));
   const float* g = dy.data<float>();
-  ops::embedding_backward(wte_.grad.data<float>(), g, ids_.data<int32_t>(), B * T, C_);
+  ops::embedding_backward(wte_.grad.data<float>(), g, ids.data<int32_t>(), B * T, C_);
   float* dwpe = wpe_.grad.data<float>();
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
@@ -125,44 +126,57 @@ std::vector<Parameter*> TransformerBlock::parameters() {
   return out;
 }
 
-Tensor TransformerBlock::forward(const Tensor& x, const Context& ctx) {
+// Sub-module caches (child k of the block's cache), in forward order.
+enum Sub : size_t { kLn1, kQkv, kAttnProj, kLn2, kFc, kGelu, kMlpProj };
+
+Tensor TransformerBlock::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   check_activations(x, C_, "transformer_block");
-  B_ = x.dim(0);
-  T_cur_ = x.dim(1);
-  const int64_t n = x.numel();
+  const int64_t B = x.dim(0), T = x.dim(1), n = x.numel();
+  auto sub = [cache](Sub k) { return cache ? &cache->child(k) : nullptr; };
   // Attention branch: x1 = x + proj(attention(qkv(ln1(x)))).
-  qkv_out_ = qkv_.forward(ln1_.forward(x, ctx), ctx);
-  Tensor a = attn_out_.get({B_, T_cur_, C_});
-  ops::attention_forward(a.data<float>(), att_.get({B_, NH_, T_cur_, T_cur_}).data<float>(),
-                         qkv_out_.data<float>(), B_, T_cur_, C_, NH_);
-  Tensor x1 = x1_.get(x.shape());
-  ops::add_forward(x1.data<float>(), x.data<float>(), attn_proj_.forward(a, ctx).data<float>(), n);
+  Tensor qkv = qkv_.forward(ln1_.forward(x, ctx, sub(kLn1)), ctx, sub(kQkv));
+  Tensor a = output(cache, 0, {B, T, C_});
+  Tensor att = output(cache, 1, {B, NH_, T, T});
+  ops::attention_forward(a.data<float>(), att.data<float>(), qkv.data<float>(), B, T, C_, NH_);
+  Tensor x1 = output(cache, 2, x.shape());
+  ops::add_forward(x1.data<float>(), x.data<float>(),
+                   attn_proj_.forward(a, ctx, sub(kAttnProj)).data<float>(), n);
   // MLP branch: y = x1 + proj(gelu(fc(ln2(x1)))).
-  Tensor m = mlp_proj_.forward(gelu_.forward(fc_.forward(ln2_.forward(x1, ctx), ctx), ctx), ctx);
-  Tensor y = y_.get(x.shape());
+  Tensor h = fc_.forward(ln2_.forward(x1, ctx, sub(kLn2)), ctx, sub(kFc));
+  Tensor m = mlp_proj_.forward(gelu_.forward(h, ctx, sub(kGelu)), ctx, sub(kMlpProj));
+  Tensor y = output(cache, 3, x.shape());
   ops::add_forward(y.data<float>(), x1.data<float>(), m.data<float>(), n);
+  if (cache) {
+    cache->keep(0, qkv);
+    cache->keep(1, att);
+  }
   return y;
 }
 
-Tensor TransformerBlock::backward(const Tensor& dy) {
-  const Shape shape{B_, T_cur_, C_};
+Tensor TransformerBlock::backward(const Tensor& dy, Cache& cache) {
+  const Tensor &qkv = cache.kept(0), &att = cache.kept(1);
+  const int64_t B = qkv.dim(0), T = qkv.dim(1);
+  const Shape shape{B, T, C_};
   TESSEL_CHECK(dy.defined() && dy.shape() == shape, "transformer_block: backward gradient ",
                dy.defined() ? shape_str(dy.shape()) : "undefined", " after a forward of ",
                shape_str(shape));
   const int64_t n = dy.numel();
   // The residual passes dy through unchanged; the MLP branch adds its share.
-  Tensor dh2 = fc_.backward(gelu_.backward(mlp_proj_.backward(dy)));
-  Tensor dx1 = dx1_.get(shape);
-  ops::add_forward(dx1.data<float>(), dy.data<float>(), ln2_.backward(dh2).data<float>(), n);
+  Tensor dh2 = fc_.backward(gelu_.backward(mlp_proj_.backward(dy, cache.child(kMlpProj)),
+                                           cache.child(kGelu)),
+                            cache.child(kFc));
+  Tensor dx1 = cache.scratch(0, shape);
+  ops::add_forward(dx1.data<float>(), dy.data<float>(),
+                   ln2_.backward(dh2, cache.child(kLn2)).data<float>(), n);
   // Attention branch, then its residual.
-  Tensor da = attn_proj_.backward(dx1);
-  Tensor dqkv = dqkv_.get({B_, T_cur_, 3 * C_});
-  ops::attention_backward(dqkv.data<float>(), da.data<float>(), qkv_out_.data<float>(),
-                          att_.get({B_, NH_, T_cur_, T_cur_}).data<float>(), B_, T_cur_, C_, NH_);
+  Tensor da = attn_proj_.backward(dx1, cache.child(kAttnProj));
+  Tensor dqkv = cache.scratch(1, {B, T, 3 * C_});
+  ops::attention_backward(dqkv.data<float>(), da.data<float>(), qkv.data<float>(),
+                          att.data<float>(), B, T, C_, NH_);
   ln1_.set_input_grad(input_grad_);
-  Tensor dln1 = ln1_.backward(qkv_.backward(dqkv));
+  Tensor dln1 = ln1_.backward(qkv_.backward(dqkv, cache.child(kQkv)), cache.child(kLn1));
   if (!input_grad_) return {};
-  Tensor dx = dx_.get(shape);
+  Tensor dx = cache.scratch(2, shape);
   ops::add_forward(dx.data<float>(), dx1.data<float>(), dln1.data<float>(), n);
   return dx;
 }
@@ -184,25 +198,27 @@ LmHead::LmHead(Parameter* token_table, int64_t vocab, int64_t channels, int64_t 
   prefix_names(ln_.parameters(), "ln.");
 }
 
-Tensor LmHead::forward(const Tensor& x, const Context& ctx) {
+Tensor LmHead::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   check_activations(x, C_, "lm_head");
-  h_ = ln_.forward(x, ctx);
-  Tensor y = y_.get({x.dim(0), x.dim(1), V_});
-  ops::linear_forward(y.data<float>(), h_.data<float>(), wte_->value.data<float>(), nullptr,
-                      h_.numel() / C_, C_, V_);
+  Tensor h = ln_.forward(x, ctx, cache ? &cache->child(0) : nullptr);
+  Tensor y = output(cache, 0, {x.dim(0), x.dim(1), V_});
+  ops::linear_forward(y.data<float>(), h.data<float>(), wte_->value.data<float>(), nullptr,
+                      h.numel() / C_, C_, V_);
+  if (cache) cache->keep(0, h);
   return y;
 }
 
-Tensor LmHead::backward(const Tensor& dy) {
-  const Shape shape{h_.dim(0), h_.dim(1), V_};
+Tensor LmHead::backward(const Tensor& dy, Cache& cache) {
+  const Tensor& h = cache.kept(0);
+  const Shape shape{h.dim(0), h.dim(1), V_};
   TESSEL_CHECK(dy.defined() && dy.shape() == shape, "lm_head: backward gradient ",
                dy.defined() ? shape_str(dy.shape()) : "undefined", ", expected ", shape_str(shape));
-  Tensor dh = dh_.get(h_.shape());
+  Tensor dh = cache.scratch(0, h.shape());
   // Accumulates into the embedding's table gradient: the tied weight gets both uses.
   ops::linear_backward(dh.data<float>(), wte_->grad.data<float>(), nullptr, dy.data<float>(),
-                       h_.data<float>(), wte_->value.data<float>(), h_.numel() / C_, C_, V_);
+                       h.data<float>(), wte_->value.data<float>(), h.numel() / C_, C_, V_);
   ln_.set_input_grad(input_grad_);
-  return ln_.backward(dh);
+  return ln_.backward(dh, cache.child(0));
 }
 
 double LmHead::forward_flops(int64_t batch) const {

@@ -1,5 +1,5 @@
-// Basic layers: each forward/backward validates shapes, takes its output from a reused Buffer
-// and calls one kernel pair of tessel/ops.
+// Basic layers: each forward/backward validates shapes, takes its output from the cache (or fresh
+// storage in inference) and calls one kernel pair of tessel/ops.
 #include "tessel/nn/layers.h"
 
 #include <algorithm>
@@ -31,13 +31,6 @@ Shape with_last(Shape s, int64_t last) {
 
 }  // namespace
 
-Tensor Buffer::get(const Shape& shape, DType dtype) {
-  const int64_t n = shape_numel(shape);
-  if (!storage_.defined() || storage_.dtype() != dtype || storage_.numel() < n)
-    storage_ = Tensor::empty({std::max<int64_t>(n, 1)}, dtype);
-  return storage_.view(0, shape);
-}
-
 // ---- Linear ----
 
 Linear::Linear(int64_t in, int64_t out, bool bias) : in_(in), out_(out), has_bias_(bias) {
@@ -52,27 +45,27 @@ std::vector<Parameter*> Linear::parameters() {
   return {&weight_};
 }
 
-Tensor Linear::forward(const Tensor& x, const Context& ctx) {
+Tensor Linear::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   (void)ctx;
   check_f32(x, "linear");
   if (x.ndim() < 1 || x.dim(-1) != in_)
     throw InvalidArgument(str("linear: input's last dimension must be ", in_, ", got shape ",
                               shape_str(x.shape()), "; check the model's input size"));
-  x_ = x;
-  Tensor y = y_.get(with_last(x.shape(), out_));
+  if (cache) cache->keep(0, x);
+  Tensor y = output(cache, 0, with_last(x.shape(), out_));
   ops::linear_forward(y.data<float>(), x.data<float>(), weight_.value.data<float>(),
                       has_bias_ ? bias_.value.data<float>() : nullptr, x.numel() / in_, in_, out_);
   return y;
 }
 
-Tensor Linear::backward(const Tensor& dy) {
-  TESSEL_CHECK(x_.defined(), "linear: backward() before forward()");
-  check_same_shape(dy, with_last(x_.shape(), out_), "linear");
+Tensor Linear::backward(const Tensor& dy, Cache& cache) {
+  const Tensor& x = cache.kept(0);
+  check_same_shape(dy, with_last(x.shape(), out_), "linear");
   Tensor dx;
-  if (input_grad_) dx = dx_.get(x_.shape());
+  if (input_grad_) dx = cache.scratch(0, x.shape());
   ops::linear_backward(input_grad_ ? dx.data<float>() : nullptr, weight_.grad.data<float>(),
                        has_bias_ ? bias_.grad.data<float>() : nullptr, dy.data<float>(),
-                       x_.data<float>(), weight_.value.data<float>(), x_.numel() / in_, in_, out_);
+                       x.data<float>(), weight_.value.data<float>(), x.numel() / in_, in_, out_);
   return dx;
 }
 
@@ -82,36 +75,39 @@ double Linear::forward_flops(int64_t batch) const {
 
 // ---- ReLU, GELU ----
 
-Tensor ReLU::forward(const Tensor& x, const Context& ctx) {
+Tensor ReLU::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   (void)ctx;
   check_f32(x, "relu");
-  y_ = ybuf_.get(x.shape());
-  ops::relu_forward(y_.data<float>(), x.data<float>(), x.numel());
-  return y_;
+  Tensor y = output(cache, 0, x.shape());
+  ops::relu_forward(y.data<float>(), x.data<float>(), x.numel());
+  if (cache) cache->keep(0, y);
+  return y;
 }
 
-Tensor ReLU::backward(const Tensor& dy) {
-  check_same_shape(dy, y_.shape(), "relu");
+Tensor ReLU::backward(const Tensor& dy, Cache& cache) {
+  const Tensor& y = cache.kept(0);
+  check_same_shape(dy, y.shape(), "relu");
   if (!input_grad_) return {};
-  Tensor dx = dx_.get(dy.shape());
-  ops::relu_backward(dx.data<float>(), dy.data<float>(), y_.data<float>(), dy.numel());
+  Tensor dx = cache.scratch(0, dy.shape());
+  ops::relu_backward(dx.data<float>(), dy.data<float>(), y.data<float>(), dy.numel());
   return dx;
 }
 
-Tensor GELU::forward(const Tensor& x, const Context& ctx) {
+Tensor GELU::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   (void)ctx;
   check_f32(x, "gelu");
-  x_ = x;
-  Tensor y = y_.get(x.shape());
+  if (cache) cache->keep(0, x);
+  Tensor y = output(cache, 0, x.shape());
   ops::gelu_forward(y.data<float>(), x.data<float>(), x.numel());
   return y;
 }
 
-Tensor GELU::backward(const Tensor& dy) {
-  check_same_shape(dy, x_.shape(), "gelu");
+Tensor GELU::backward(const Tensor& dy, Cache& cache) {
+  const Tensor& x = cache.kept(0);
+  check_same_shape(dy, x.shape(), "gelu");
   if (!input_grad_) return {};
-  Tensor dx = dx_.get(dy.shape());
-  ops::gelu_backward(dx.data<float>(), dy.data<float>(), x_.data<float>(), dy.numel());
+  Tensor dx = cache.scratch(0, dy.shape());
+  ops::gelu_backward(dx.data<float>(), dy.data<float>(), x.data<float>(), dy.numel());
   return dx;
 }
 
@@ -123,44 +119,54 @@ Dropout::Dropout(float p) : p_(p) {
                               "; set model.dropout to e.g. 0.1, or 0 to disable it"));
 }
 
-Tensor Dropout::forward(const Tensor& x, const Context& ctx) {
+// The cache keeps the context (the mask is regenerated from it) and the input's shape; a
+// forward that applied no mask keeps ctx.training = false.
+Tensor Dropout::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   check_f32(x, "dropout");
-  active_ = ctx.training && p_ > 0.0f && x.numel() > 0;
-  rows_ = x.ndim() > 0 ? x.dim(0) : 1;
-  cols_ = rows_ > 0 ? x.numel() / rows_ : 0;
-  ctx_ = ctx;
-  if (!active_) return x;
-  Tensor y = y_.get(x.shape());
-  ops::dropout_forward(y.data<float>(), x.data<float>(), rows_, cols_, p_, ctx.seed, ctx.step,
-                       ctx.first_sample);
+  const bool active = ctx.training && p_ > 0.0f && x.numel() > 0;
+  if (cache) {
+    cache->ctx = ctx;
+    cache->ctx.training = active;
+    cache->shape = x.shape();
+  }
+  if (!active) return x;
+  const int64_t rows = x.ndim() > 0 ? x.dim(0) : 1;
+  Tensor y = output(cache, 0, x.shape());
+  ops::dropout_forward(y.data<float>(), x.data<float>(), rows, x.numel() / rows, p_, ctx.seed,
+                       ctx.step, ctx.first_sample);
   return y;
 }
 
-Tensor Dropout::backward(const Tensor& dy) {
-  TESSEL_CHECK(dy.defined() && dy.numel() == rows_ * cols_, "dropout: backward gradient of ",
-               dy.defined() ? dy.numel() : 0, " elements after a forward of ", rows_ * cols_);
-  if (!active_ || !input_grad_) return input_grad_ ? dy : Tensor();
-  Tensor dx = dx_.get(dy.shape());
-  ops::dropout_backward(dx.data<float>(), dy.data<float>(), rows_, cols_, p_, ctx_.seed, ctx_.step,
-                        ctx_.first_sample);
+Tensor Dropout::backward(const Tensor& dy, Cache& cache) {
+  const int64_t n = shape_numel(cache.shape);
+  TESSEL_CHECK(dy.defined() && dy.numel() == n && !cache.shape.empty(),
+               "dropout: backward gradient of ", dy.defined() ? dy.numel() : 0,
+               " elements after a forward of ", n);
+  if (!cache.ctx.training || !input_grad_) return input_grad_ ? dy : Tensor();
+  const int64_t rows = cache.shape[0];
+  Tensor dx = cache.scratch(0, dy.shape());
+  const Context& c = cache.ctx;
+  ops::dropout_backward(dx.data<float>(), dy.data<float>(), rows, n / rows, p_, c.seed, c.step,
+                        c.first_sample);
   return dx;
 }
 
 // ---- Flatten ----
 
-Tensor Flatten::forward(const Tensor& x, const Context& ctx) {
+Tensor Flatten::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   (void)ctx;
   TESSEL_CHECK(x.defined() && x.ndim() >= 1, "flatten: input needs a batch dimension");
-  in_shape_ = x.shape();
+  if (cache) cache->shape = x.shape();
   return x.reshape({x.dim(0), -1});
 }
 
-Tensor Flatten::backward(const Tensor& dy) {
-  TESSEL_CHECK(dy.defined() && dy.numel() == shape_numel(in_shape_), "flatten: backward of ",
-               dy.defined() ? dy.numel() : 0, " elements after a forward of ",
-               shape_str(in_shape_));
+Tensor Flatten::backward(const Tensor& dy, Cache& cache) {
+  const Shape& in = cache.shape;
+  TESSEL_CHECK(dy.defined() && !in.empty() && dy.numel() == shape_numel(in),
+               "flatten: backward of ", dy.defined() ? dy.numel() : 0,
+               " elements after a forward of ", shape_str(in));
   if (!input_grad_) return {};
-  return dy.reshape(in_shape_);
+  return dy.reshape(in);
 }
 
 // ---- Conv2d ----
@@ -182,7 +188,7 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_
   bias_ = {"bias", {OC_}, Init::kUniform, bound, {}, {}};
 }
 
-Tensor Conv2d::forward(const Tensor& x, const Context& ctx) {
+Tensor Conv2d::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   (void)ctx;
   check_f32(x, "conv2d");
   const bool size_ok = x.ndim() == 4 && x.dim(1) == C_ && (in_h_ == 0 || x.dim(2) == in_h_) &&
@@ -192,24 +198,25 @@ Tensor Conv2d::forward(const Tensor& x, const Context& ctx) {
     throw InvalidArgument(str("conv2d: input must be [N, ", C_, ", H, W] with H, W + 2*", pad_,
                               " >= ", k_, ", got shape ", shape_str(x.shape()),
                               "; images need data.flatten = false"));
-  x_ = x;
+  if (cache) cache->keep(0, x);
   const ops::Conv2dShape s{x.dim(0), C_, x.dim(2), x.dim(3), OC_, k_, k_, stride_, pad_};
-  Tensor y = y_.get({s.N, OC_, s.OH(), s.OW()});
-  Tensor scratch = scratch_.get({ops::conv2d_scratch_floats(s)});
+  Tensor y = output(cache, 0, {s.N, OC_, s.OH(), s.OW()});
+  const Shape scratch_shape{ops::conv2d_scratch_floats(s)};
+  Tensor scratch = cache ? cache->scratch(0, scratch_shape) : Tensor::empty(scratch_shape);
   ops::conv2d_forward(y.data<float>(), x.data<float>(), weight_.value.data<float>(),
                       bias_.value.data<float>(), s, scratch.data<float>());
   return y;
 }
 
-Tensor Conv2d::backward(const Tensor& dy) {
-  TESSEL_CHECK(x_.defined(), "conv2d: backward() before forward()");
-  const ops::Conv2dShape s{x_.dim(0), C_, x_.dim(2), x_.dim(3), OC_, k_, k_, stride_, pad_};
+Tensor Conv2d::backward(const Tensor& dy, Cache& cache) {
+  const Tensor& x = cache.kept(0);
+  const ops::Conv2dShape s{x.dim(0), C_, x.dim(2), x.dim(3), OC_, k_, k_, stride_, pad_};
   check_same_shape(dy, {s.N, OC_, s.OH(), s.OW()}, "conv2d");
   Tensor dx;
-  if (input_grad_) dx = dx_.get(x_.shape());
-  Tensor scratch = scratch_.get({ops::conv2d_scratch_floats(s)});
+  if (input_grad_) dx = cache.scratch(1, x.shape());
+  Tensor scratch = cache.scratch(0, {ops::conv2d_scratch_floats(s)});
   ops::conv2d_backward(input_grad_ ? dx.data<float>() : nullptr, weight_.grad.data<float>(),
-                       bias_.grad.data<float>(), dy.data<float>(), x_.data<float>(),
+                       bias_.grad.data<float>(), dy.data<float>(), x.data<float>(),
                        weight_.value.data<float>(), s, scratch.data<float>());
   return dx;
 }
@@ -227,32 +234,35 @@ MaxPool2d::MaxPool2d(int64_t kernel, int64_t stride) : k_(kernel), stride_(strid
                ", ", stride_);
 }
 
-Tensor MaxPool2d::forward(const Tensor& x, const Context& ctx) {
+Tensor MaxPool2d::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   (void)ctx;
   check_f32(x, "maxpool2d");
   if (x.ndim() != 4 || x.dim(2) < k_ || x.dim(3) < k_)
     throw InvalidArgument(str("maxpool2d: input must be [N, C, H, W] with H, W >= ", k_,
                               ", got shape ", shape_str(x.shape()),
                               "; use a larger image or fewer pooling stages"));
-  in_shape_ = x.shape();
   const int64_t N = x.dim(0), C = x.dim(1), H = x.dim(2), W = x.dim(3);
   const Shape out{N, C, (H - k_) / stride_ + 1, (W - k_) / stride_ + 1};
-  Tensor y = y_.get(out);
-  Tensor argmax = argmax_.get(out, DType::kI32);
+  Tensor y = output(cache, 0, out);
+  Tensor argmax = output(cache, 1, out, DType::kI32);
   ops::maxpool2d_forward(y.data<float>(), argmax.data<int32_t>(), x.data<float>(), N, C, H, W, k_,
                          stride_);
+  if (cache) {
+    cache->shape = x.shape();
+    cache->keep(0, argmax);
+  }
   return y;
 }
 
-Tensor MaxPool2d::backward(const Tensor& dy) {
-  TESSEL_CHECK(in_shape_.size() == 4, "maxpool2d: backward() before forward()");
-  const int64_t N = in_shape_[0], C = in_shape_[1], H = in_shape_[2], W = in_shape_[3];
-  const Shape out{N, C, (H - k_) / stride_ + 1, (W - k_) / stride_ + 1};
-  check_same_shape(dy, out, "maxpool2d");
+Tensor MaxPool2d::backward(const Tensor& dy, Cache& cache) {
+  const Tensor& argmax = cache.kept(0);
+  const Shape& in = cache.shape;
+  const int64_t N = in[0], C = in[1], H = in[2], W = in[3];
+  check_same_shape(dy, argmax.shape(), "maxpool2d");
   if (!input_grad_) return {};
-  Tensor dx = dx_.get(in_shape_);
-  ops::maxpool2d_backward(dx.data<float>(), dy.data<float>(),
-                          argmax_.get(out, DType::kI32).data<int32_t>(), N, C, H, W, k_, stride_);
+  Tensor dx = cache.scratch(0, in);
+  ops::maxpool2d_backward(dx.data<float>(), dy.data<float>(), argmax.data<int32_t>(), N, C, H, W,
+                          k_, stride_);
   return dx;
 }
 
@@ -264,30 +274,35 @@ LayerNorm::LayerNorm(int64_t channels) : C_(channels) {
   bias_ = {"bias", {C_}, Init::kZeros, 0.0f, {}, {}};
 }
 
-Tensor LayerNorm::forward(const Tensor& x, const Context& ctx) {
+Tensor LayerNorm::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   (void)ctx;
   check_f32(x, "layernorm");
   if (x.ndim() < 1 || x.dim(-1) != C_)
     throw InvalidArgument(str("layernorm: input's last dimension must be ", C_, ", got shape ",
                               shape_str(x.shape()), "; check the model's embedding size"));
-  x_ = x;
   const int64_t N = x.numel() / C_;
-  Tensor y = y_.get(x.shape());
-  ops::layernorm_forward(y.data<float>(), mean_.get({N}).data<float>(),
-                         rstd_.get({N}).data<float>(), x.data<float>(), weight_.value.data<float>(),
-                         bias_.value.data<float>(), N, C_);
+  Tensor y = output(cache, 0, x.shape());
+  Tensor mean = output(cache, 1, {N}), rstd = output(cache, 2, {N});
+  ops::layernorm_forward(y.data<float>(), mean.data<float>(), rstd.data<float>(), x.data<float>(),
+                         weight_.value.data<float>(), bias_.value.data<float>(), N, C_);
+  if (cache) {
+    cache->keep(0, x);
+    cache->keep(1, mean);
+    cache->keep(2, rstd);
+  }
   return y;
 }
 
-Tensor LayerNorm::backward(const Tensor& dy) {
-  check_same_shape(dy, x_.shape(), "layernorm");
-  const int64_t N = x_.numel() / C_;
+Tensor LayerNorm::backward(const Tensor& dy, Cache& cache) {
+  const Tensor& x = cache.kept(0);
+  check_same_shape(dy, x.shape(), "layernorm");
+  const int64_t N = x.numel() / C_;
   Tensor dx;
-  if (input_grad_) dx = dx_.get(x_.shape());
+  if (input_grad_) dx = cache.scratch(0, x.shape());
   ops::layernorm_backward(input_grad_ ? dx.data<float>() : nullptr, weight_.grad.data<float>(),
-                          bias_.grad.data<float>(), dy.data<float>(), x_.data<float>(),
-                          weight_.value.data<float>(), mean_.get({N}).data<float>(),
-                          rstd_.get({N}).data<float>(), N, C_);
+                          bias_.grad.data<float>(), dy.data<float>(), x.data<float>(),
+                          weight_.value.data<float>(), cache.kept(1).data<float>(),
+                          cache.kept(2).data<float>(), N, C_);
   return dx;
 }
 

@@ -4,7 +4,7 @@
 
 namespace tessel::nn {
 
-float CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels) {
+LossValue CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels) {
   if (!logits.defined() || logits.dtype() != DType::kF32 || logits.ndim() < 1 || logits.dim(-1) < 1)
     throw InvalidArgument(str("cross_entropy: logits must be f32 [..., C], got ",
                               logits.defined() ? shape_str(logits.shape()) : "undefined",
@@ -20,8 +20,7 @@ float CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels) {
   labels_ = labels;
   const float loss = ops::cross_entropy_forward(probs_.data<float>(), logits.data<float>(),
                                                 labels.data<int32_t>(), N, C);
-  correct_ = ops::count_correct(logits.data<float>(), labels.data<int32_t>(), N, C);
-  return loss;
+  return {loss, ops::count_correct(logits.data<float>(), labels.data<int32_t>(), N, C), N};
 }
 
 Tensor CrossEntropyLoss::backward(float dloss) {

@@ -8,38 +8,47 @@
 namespace tessel::nn {
 namespace {
 
+constexpr int64_t kAlignElems = 16;  // 64 bytes of f32
+
 // Each element's value is a pure function of (seed, parameter index, element index), so the
 // same model gets the same values whatever the layout, thread count or block slicing.
-void init_parameter(Parameter& p, uint64_t seed, size_t index) {
-  float* v = p.value.data<float>();
-  const int64_t n = p.value.numel();
+void init_elements(const Parameter& p, float* dst, int64_t first, int64_t count, uint64_t seed,
+                   size_t index) {
   const CounterRng rng(seed, mix_stream(RngPurpose::kInit, index));
   switch (p.init) {
     case Init::kZeros:
-      p.value.zero_();
+      std::fill(dst, dst + count, 0.0f);
       break;
     case Init::kOnes:
-      p.value.fill_(1.0f);
+      std::fill(dst, dst + count, 1.0f);
       break;
     case Init::kUniform:
-      for (int64_t i = 0; i < n; ++i) v[i] = (2.0f * rng.uniform(i) - 1.0f) * p.scale;
+      for (int64_t i = 0; i < count; ++i)
+        dst[i] = (2.0f * rng.uniform(first + i) - 1.0f) * p.scale;
       break;
     case Init::kNormal:
-      for (int64_t i = 0; i < n; ++i) v[i] = rng.normal(i) * p.scale;
+      for (int64_t i = 0; i < count; ++i) dst[i] = rng.normal(first + i) * p.scale;
       break;
   }
 }
 
 }  // namespace
 
-void Model::add(std::string name, std::unique_ptr<Module> block) {
-  TESSEL_CHECK(!params_.allocated(), "model: add('", name, "') after finalize()");
+int64_t Activations::bytes() const {
+  int64_t total = 0;
+  for (const Cache& c : caches) total += c.bytes();
+  return total;
+}
+
+void Model::add(std::string name, std::unique_ptr<Module> block, std::vector<Parameter*> borrows) {
+  TESSEL_CHECK(!finalized_, "model: add('", name, "') after finalize()");
   TESSEL_CHECK(block != nullptr, "model: add('", name, "') with a null block");
   for (const std::string& n : names_)
     TESSEL_CHECK(n != name, "model: two blocks named '", name, "'");
   block->set_input_grad(!blocks_.empty() || input_grad_);
   names_.push_back(std::move(name));
   blocks_.push_back(std::move(block));
+  borrows_.push_back(std::move(borrows));
 }
 
 void Model::set_input_grad(bool needed) {
@@ -47,48 +56,57 @@ void Model::set_input_grad(bool needed) {
   if (!blocks_.empty()) blocks_[0]->set_input_grad(needed);
 }
 
-void Model::finalize(uint64_t seed) {
-  TESSEL_CHECK(!params_.allocated(), "model: finalize() twice");
+void Model::finalize() {
+  TESSEL_CHECK(!finalized_, "model: finalize() twice");
+  finalized_ = true;
   for (size_t i = 0; i < blocks_.size(); ++i) {
     const size_t first = parameters_.size();
     for (Parameter* p : blocks_[i]->parameters()) {
       p->name = names_[i] + "." + p->name;
-      params_.add(p->name, p->shape);
-      grads_.add(p->name, p->shape);
       parameters_.push_back(p);
+      offsets_.push_back(numel_);
+      numel_ += (shape_numel(p->shape) + kAlignElems - 1) / kAlignElems * kAlignElems;
     }
     block_params_.emplace_back(first, parameters_.size());
   }
-  params_.allocate();
-  grads_.allocate();
+  // Who reads whose parameters: every block its own, plus what it borrows.
+  users_.assign(blocks_.size(), {});
+  uses_.assign(blocks_.size(), {});
+  for (size_t i = 0; i < blocks_.size(); ++i) {
+    std::vector<size_t> owners = {i};
+    for (Parameter* b : borrows_[i]) {
+      auto it = std::find(parameters_.begin(), parameters_.end(), b);
+      TESSEL_CHECK(it != parameters_.end(), "model: block '", names_[i],
+                   "' borrows a parameter that no block owns");
+      const size_t k = static_cast<size_t>(it - parameters_.begin());
+      for (size_t o = 0; o < blocks_.size(); ++o)
+        if (k >= block_params_[o].first && k < block_params_[o].second) owners.push_back(o);
+    }
+    std::sort(owners.begin(), owners.end());
+    owners.erase(std::unique(owners.begin(), owners.end()), owners.end());
+    uses_[i] = owners;
+    for (size_t o : owners) users_[o].push_back(i);
+  }
+}
+
+Range Model::block_range(size_t i) const {
+  auto [first, last] = block_params_[i];
+  if (first == last) return {};
+  return {offsets_[first], offsets_[last - 1] + shape_numel(parameters_[last - 1]->shape)};
+}
+
+Range Model::param_range(size_t k) const {
+  return {offsets_[k], offsets_[k] + shape_numel(parameters_[k]->shape)};
+}
+
+std::vector<std::pair<size_t, Range>> Model::overlaps(Range r) const {
+  std::vector<std::pair<size_t, Range>> out;
   for (size_t k = 0; k < parameters_.size(); ++k) {
-    Parameter& p = *parameters_[k];
-    p.value = params_.view(k);
-    p.grad = grads_.view(k);
-    init_parameter(p, seed, k);
+    const Range p = param_range(k);
+    const int64_t a = std::max(p.lo, r.lo), b = std::min(p.hi, r.hi);
+    if (a < b) out.push_back({k, {a, b}});
   }
-}
-
-Tensor Model::forward(const Tensor& x, const Context& ctx, size_t begin, size_t end) {
-  end = std::min(end, blocks_.size());
-  TESSEL_CHECK(params_.allocated(), "model: forward() before finalize()");
-  TESSEL_CHECK(begin <= end, "model: forward over blocks [", begin, ", ", end, ")");
-  Tensor h = x;
-  for (size_t i = begin; i < end; ++i) h = blocks_[i]->forward(h, ctx);
-  return h;
-}
-
-Tensor Model::backward(const Tensor& dy, const std::function<void(size_t)>& after_block,
-                       size_t begin, size_t end) {
-  end = std::min(end, blocks_.size());
-  TESSEL_CHECK(params_.allocated(), "model: backward() before finalize()");
-  TESSEL_CHECK(begin <= end, "model: backward over blocks [", begin, ", ", end, ")");
-  Tensor g = dy;
-  for (size_t i = end; i-- > begin;) {
-    g = blocks_[i]->backward(g);
-    if (after_block) after_block(i);
-  }
-  return g;
+  return out;
 }
 
 int64_t Model::num_parameters() const {
@@ -97,15 +115,94 @@ int64_t Model::num_parameters() const {
   return n;
 }
 
+void Model::init_values(float* dst, Range r, uint64_t seed) const {
+  std::fill(dst, dst + r.size(), 0.0f);
+  for (size_t k = 0; k < parameters_.size(); ++k) {
+    const int64_t lo = offsets_[k], hi = lo + shape_numel(parameters_[k]->shape);
+    const int64_t a = std::max(lo, r.lo), b = std::min(hi, r.hi);
+    if (a < b) init_elements(*parameters_[k], dst + (a - r.lo), a - lo, b - a, seed, k);
+  }
+}
+
+void Model::bind(Range r, const Tensor& memory, bool values) {
+  TESSEL_CHECK(finalized_, "model: bind before finalize()");
+  TESSEL_CHECK(!memory.defined() || memory.numel() >= r.size(), "model: binding ", r.size(),
+               " elements to a tensor of ", memory.numel());
+  for (size_t k = 0; k < parameters_.size(); ++k) {
+    Parameter& p = *parameters_[k];
+    const int64_t lo = offsets_[k], hi = lo + shape_numel(p.shape);
+    if (hi <= r.lo || lo >= r.hi) continue;
+    TESSEL_CHECK(lo >= r.lo && hi <= r.hi, "model: parameter '", p.name, "' [", lo, ", ", hi,
+                 ") straddles the bound range [", r.lo, ", ", r.hi, ")");
+    Tensor view = memory.defined() ? memory.view(lo - r.lo, p.shape) : Tensor();
+    (values ? p.value : p.grad) = view;
+  }
+}
+
+void Model::bind_values(Range r, const Tensor& memory) { bind(r, memory, true); }
+void Model::bind_grads(Range r, const Tensor& memory) { bind(r, memory, false); }
+
+void Model::materialize(uint64_t seed) {
+  TESSEL_CHECK(!values_.defined(), "model: materialize() twice");
+  {
+    MemoryScope scope(MemCategory::kParameters);
+    values_ = Tensor::zeros({numel_});
+  }
+  {
+    MemoryScope scope(MemCategory::kGradients);
+    grads_ = Tensor::zeros({numel_});
+  }
+  init_values(values_.data<float>(), {0, numel_}, seed);
+  bind_values({0, numel_}, values_);
+  bind_grads({0, numel_}, grads_);
+}
+
+const Tensor& Model::values() const {
+  TESSEL_CHECK(values_.defined(), "model: values() of a model that was not materialize()d");
+  return values_;
+}
+
+const Tensor& Model::grads() const {
+  TESSEL_CHECK(grads_.defined(), "model: grads() of a model that was not materialize()d");
+  return grads_;
+}
+
 void Model::zero_grad() {
-  if (!grads_.allocated()) return;
-  Tensor flat = grads_.flat();
-  flat.zero_();
+  TESSEL_CHECK(grads_.defined(), "model: zero_grad() of a model that was not materialize()d");
+  grads_.zero_();
 }
 
 std::string Model::params_sha256() const {
-  TESSEL_CHECK(params_.allocated(), "model: params_sha256() before finalize()");
-  return sha256_hex(params_.flat().raw(), params_.flat().nbytes());
+  return sha256_hex(values().raw(), values().nbytes());
+}
+
+Tensor Model::forward(const Tensor& x, const Context& ctx, Activations* acts,
+                      const BlockHook& hook, size_t begin, size_t end) {
+  end = std::min(end, blocks_.size());
+  TESSEL_CHECK(finalized_, "model: forward() before finalize()");
+  TESSEL_CHECK(begin <= end, "model: forward over blocks [", begin, ", ", end, ")");
+  if (acts && acts->caches.size() < end) acts->caches.resize(blocks_.size());
+  Tensor h = x;
+  for (size_t i = begin; i < end; ++i) {
+    if (hook) hook(Phase::kBeforeForward, i);
+    h = blocks_[i]->forward(h, ctx, acts ? &acts->caches[i] : nullptr);
+    if (hook) hook(Phase::kAfterForward, i);
+  }
+  return h;
+}
+
+Tensor Model::backward(const Tensor& dy, Activations& acts, const BlockHook& hook, size_t begin,
+                       size_t end) {
+  end = std::min(end, blocks_.size());
+  TESSEL_CHECK(begin <= end && acts.caches.size() >= end, "model: backward over blocks [", begin,
+               ", ", end, ") with ", acts.caches.size(), " caches; run forward() first");
+  Tensor g = dy;
+  for (size_t i = end; i-- > begin;) {
+    if (hook) hook(Phase::kBeforeBackward, i);
+    g = blocks_[i]->backward(g, acts.caches[i]);
+    if (hook) hook(Phase::kAfterBackward, i);
+  }
+  return g;
 }
 
 double Model::forward_flops(int64_t batch) const {

@@ -114,12 +114,12 @@ void build_gpt(const ModelSpec& spec, Model& m) {
   for (int64_t l = 0; l < spec.layers; ++l)
     m.add("block" + std::to_string(l),
           std::make_unique<TransformerBlock>(C, spec.heads, T, spec.layers));
-  m.add("head", std::make_unique<LmHead>(table, V, C, T));
+  m.add("head", std::make_unique<LmHead>(table, V, C, T), {table});
 }
 
 }  // namespace
 
-std::unique_ptr<Model> build_model(const ModelSpec& spec, uint64_t seed) {
+std::unique_ptr<Model> build_model(const ModelSpec& spec) {
   if (spec.kind != "mlp" && spec.kind != "cnn" && spec.kind != "gpt")
     throw InvalidArgument(
         str("model: unknown model.kind, got '", spec.kind, "'; use one of mlp, cnn, gpt"));
@@ -128,7 +128,7 @@ std::unique_ptr<Model> build_model(const ModelSpec& spec, uint64_t seed) {
   if (spec.kind == "mlp") build_mlp(spec, *m);
   if (spec.kind == "cnn") build_cnn(spec, *m);
   if (spec.kind == "gpt") build_gpt(spec, *m);
-  m->finalize(seed);
+  m->finalize();
   return m;
 }
 

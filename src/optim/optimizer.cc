@@ -12,17 +12,13 @@
 namespace tessel::optim {
 namespace {
 
-// Checks the tensors and resolves hi = -1 to n.
-void check_range(const Tensor& params, const Tensor& grads, int64_t n, int64_t lo, int64_t& hi,
-                 const char* who) {
-  TESSEL_CHECK(params.dtype() == DType::kF32 && grads.dtype() == DType::kF32, who,
-               ": params and grads must be f32, got ", dtype_name(params.dtype()), " and ",
-               dtype_name(grads.dtype()));
-  TESSEL_CHECK(params.numel() == n && grads.numel() == n, who, ": expected ", n,
-               " elements, got params ", params.numel(), " and grads ", grads.numel());
-  if (hi < 0) hi = n;
-  TESSEL_CHECK(0 <= lo && lo <= hi && hi <= n, who, ": range [", lo, ", ", hi,
-               ") is not inside [0, ", n, ")");
+// Checks that every segment lies inside the state buffers.
+void check_segments(std::span<const Segment> segments, int64_t n, const char* who) {
+  for (const Segment& s : segments)
+    TESSEL_CHECK(s.count >= 0 && s.state_offset >= 0 && s.state_offset + s.count <= n &&
+                     (s.count == 0 || (s.params && s.grads)),
+                 who, ": segment of ", s.count, " elements at state offset ", s.state_offset,
+                 " is not inside the optimizer's ", n, " elements");
 }
 
 void check_lr(float lr, const char* who) {
@@ -34,84 +30,95 @@ void check_lr(float lr, const char* who) {
 
 class Sgd final : public Optimizer {
  public:
-  Sgd(const OptimSpec& spec, int64_t n) : spec_(spec), n_(n), momentum_(Tensor::zeros({n})) {}
+  Sgd(const OptimSpec& spec, int64_t n) : Optimizer(n), spec_(spec), momentum_(Tensor::zeros({n})) {}
 
-  void step(Tensor& params, const Tensor& grads, float lr, int64_t lo, int64_t hi) override {
-    check_range(params, grads, n_, lo, hi, "optim.sgd");
+  void step(std::span<const Segment> segments, float lr, float grad_scale) override {
+    check_segments(segments, numel_, "optim.sgd");
     check_lr(lr, "optim.sgd");
-    float* __restrict p = params.data<float>() + lo;
-    const float* __restrict g = grads.data<float>() + lo;
-    float* __restrict buf = momentum_.data<float>() + lo;
+    for (const Segment& seg : segments) update(seg, lr, grad_scale);
+    ++steps_;
+  }
+
+  std::vector<StateBuffer> state() override { return {{"momentum", momentum_}}; }
+
+ private:
+  void update(const Segment& seg, float lr, float gs) {
+    float* __restrict p = seg.params;
+    const float* __restrict g = seg.grads;
+    float* __restrict buf = momentum_.data<float>() + seg.state_offset;
     const float wd = spec_.weight_decay, mu = spec_.momentum, neg_lr = -lr;
-    const int64_t n = hi - lo;
+    const int64_t n = seg.count;
     if (mu == 0.0f) {
-      for (int64_t i = 0; i < n; ++i) p[i] += neg_lr * (g[i] + wd * p[i]);
+      for (int64_t i = 0; i < n; ++i) p[i] += neg_lr * (g[i] * gs + wd * p[i]);
     } else if (steps_ == 0) {
       // PyTorch seeds the buffer with the first gradient instead of decaying a zero buffer.
-      if (spec_.nesterov) {
-        for (int64_t i = 0; i < n; ++i) {
-          const float d = g[i] + wd * p[i];
-          buf[i] = d;
-          p[i] += neg_lr * (d + mu * d);
-        }
-      } else {
-        for (int64_t i = 0; i < n; ++i) {
-          const float d = g[i] + wd * p[i];
-          buf[i] = d;
-          p[i] += neg_lr * d;
-        }
+      for (int64_t i = 0; i < n; ++i) {
+        const float d = g[i] * gs + wd * p[i];
+        buf[i] = d;
+        p[i] += neg_lr * (spec_.nesterov ? d + mu * d : d);
       }
     } else if (spec_.nesterov) {
       for (int64_t i = 0; i < n; ++i) {
-        const float d = g[i] + wd * p[i];
+        const float d = g[i] * gs + wd * p[i];
         const float b = mu * buf[i] + d;
         buf[i] = b;
         p[i] += neg_lr * (d + mu * b);
       }
     } else {
       for (int64_t i = 0; i < n; ++i) {
-        const float d = g[i] + wd * p[i];
+        const float d = g[i] * gs + wd * p[i];
         const float b = mu * buf[i] + d;
         buf[i] = b;
         p[i] += neg_lr * b;
       }
     }
-    ++steps_;
   }
 
-  std::vector<std::pair<std::string, Tensor>> state() override { return {{"momentum", momentum_}}; }
-
- private:
   OptimSpec spec_;
-  int64_t n_;
   Tensor momentum_;
 };
 
 class AdamW final : public Optimizer {
  public:
   AdamW(const OptimSpec& spec, int64_t n)
-      : spec_(spec), n_(n), exp_avg_(Tensor::zeros({n})), exp_avg_sq_(Tensor::zeros({n})) {}
+      : Optimizer(n), spec_(spec), exp_avg_(Tensor::zeros({n})), exp_avg_sq_(Tensor::zeros({n})) {}
 
-  void step(Tensor& params, const Tensor& grads, float lr, int64_t lo, int64_t hi) override {
-    check_range(params, grads, n_, lo, hi, "optim.adamw");
+  void step(std::span<const Segment> segments, float lr, float grad_scale) override {
+    check_segments(segments, numel_, "optim.adamw");
     check_lr(lr, "optim.adamw");
     const int64_t t = steps_ + 1;
     // Scalars in double as PyTorch computes them in Python, then rounded once to f32.
     const double bc1 = 1.0 - std::pow(static_cast<double>(spec_.beta1), static_cast<double>(t));
     const double bc2 = 1.0 - std::pow(static_cast<double>(spec_.beta2), static_cast<double>(t));
-    const float step_size = static_cast<float>(static_cast<double>(lr) / bc1);
-    const float bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-    const float decay = static_cast<float>(1.0 - static_cast<double>(lr) * spec_.weight_decay);
+    Scalars k;
+    k.step_size = static_cast<float>(static_cast<double>(lr) / bc1);
+    k.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+    k.decay = static_cast<float>(1.0 - static_cast<double>(lr) * spec_.weight_decay);
+    k.gs = grad_scale;
+    for (const Segment& seg : segments) update(seg, k);
+    ++steps_;
+  }
+
+  std::vector<StateBuffer> state() override {
+    return {{"exp_avg", exp_avg_}, {"exp_avg_sq", exp_avg_sq_}};
+  }
+
+ private:
+  struct Scalars {
+    float step_size, bc2_sqrt, decay, gs;
+  };
+
+  void update(const Segment& seg, const Scalars& k) {
     const float b1 = spec_.beta1, b2 = spec_.beta2, eps = spec_.eps;
     const float c1 = 1.0f - b1, c2 = 1.0f - b2;
-
-    float* __restrict p = params.data<float>() + lo;
-    const float* __restrict g = grads.data<float>() + lo;
-    float* __restrict m = exp_avg_.data<float>() + lo;
-    float* __restrict v = exp_avg_sq_.data<float>() + lo;
-    const int64_t n = hi - lo;
+    const float step_size = k.step_size, bc2_sqrt = k.bc2_sqrt, decay = k.decay, gs = k.gs;
+    float* __restrict p = seg.params;
+    const float* __restrict g = seg.grads;
+    float* __restrict m = exp_avg_.data<float>() + seg.state_offset;
+    float* __restrict v = exp_avg_sq_.data<float>() + seg.state_offset;
+    const int64_t n = seg.count;
     for (int64_t i = 0; i < n; ++i) {
-      const float gi = g[i];
+      const float gi = g[i] * gs;
       const float mi = b1 * m[i] + c1 * gi;
       const float vi = b2 * v[i] + c2 * gi * gi;
       m[i] = mi;
@@ -119,16 +126,9 @@ class AdamW final : public Optimizer {
       const float denom = std::sqrt(vi) / bc2_sqrt + eps;
       p[i] = p[i] * decay - step_size * (mi / denom);
     }
-    ++steps_;
   }
 
-  std::vector<std::pair<std::string, Tensor>> state() override {
-    return {{"exp_avg", exp_avg_}, {"exp_avg_sq", exp_avg_sq_}};
-  }
-
- private:
   OptimSpec spec_;
-  int64_t n_;
   Tensor exp_avg_;
   Tensor exp_avg_sq_;
 };
@@ -165,6 +165,7 @@ void validate(const OptimSpec& s, int64_t n) {
 
 std::unique_ptr<Optimizer> make_optimizer(const OptimSpec& spec, int64_t n) {
   validate(spec, n);
+  MemoryScope scope(MemCategory::kOptimizer);
   if (spec.kind == "sgd") return std::make_unique<Sgd>(spec, n);
   return std::make_unique<AdamW>(spec, n);
 }

@@ -91,15 +91,13 @@ double sum_squares(const float* g, int64_t n) {
   return total;
 }
 
-float clip_scale(float* g, int64_t n, double norm, float max_norm) {
+float clip_factor(double norm, float max_norm) {
   if (!(max_norm > 0.0f)) return 1.0f;
   if (!std::isfinite(norm))
     throw InvalidArgument(str("optim: gradient norm is not finite, got ", norm,
                               "; lower the learning rate or check the data for NaN/inf"));
   if (norm <= max_norm) return 1.0f;
-  const float scale = static_cast<float>(static_cast<double>(max_norm) / norm);
-  for (int64_t i = 0; i < n; ++i) g[i] *= scale;
-  return scale;
+  return static_cast<float>(static_cast<double>(max_norm) / norm);
 }
 
 }  // namespace tessel::optim

@@ -10,40 +10,81 @@ Layout Layout::resolve(const ParallelSpec& spec, int world) {
   if (spec.pp_stages < 1)
     throw InvalidArgument(tessel::str("config: pp.stages must be >= 1, got ", spec.pp_stages));
   if (spec.ps_servers < 0)
-    throw InvalidArgument(tessel::str("config: ps.servers must be >= 0 (0 = no parameter server), got ",
-                              spec.ps_servers));
+    throw InvalidArgument(
+        tessel::str("config: ps.servers must be >= 0 (0 = no parameter server), got ", spec.ps_servers));
   if (spec.ps_servers > 0 && spec.pp_stages > 1)
     throw InvalidArgument(tessel::str("config: ps.servers = ", spec.ps_servers, " and pp.stages = ",
                               spec.pp_stages, " cannot be combined; use one of them"));
+  if (spec.ps_servers > 0 && spec.zero_stage > 0)
+    throw InvalidArgument(tessel::str("config: zero.stage = ", spec.zero_stage, " with ps.servers = ",
+                              spec.ps_servers, ": the parameter servers already hold the "
+                              "parameters and optimizer state in shards; set zero.stage = 0"));
   if (spec.ps_servers > 0 && spec.ps_servers >= world)
     throw InvalidArgument(tessel::str("config: ps.servers = ", spec.ps_servers, " leaves no worker among ",
                               world, " ranks; start more ranks (--workers / mpirun -np) than ",
                               "servers"));
   l.servers = static_cast<int>(spec.ps_servers);
   l.pp = static_cast<int>(spec.pp_stages);
-  if (l.workers() % l.pp != 0)
+  if (l.workers() % (l.pp * l.tp) != 0)
     throw InvalidArgument(tessel::str("config: pp.stages = ", l.pp, " does not divide the ", l.workers(),
                               " ranks; the world size must be dp x pp, so start a multiple of ",
                               l.pp, " ranks"));
-  l.dp = l.workers() / l.pp;
+  l.dp = l.workers() / (l.pp * l.tp);
   return l;
+}
+
+Coord Layout::coord(int rank) const {
+  return {rank / (pp * tp), rank / tp % pp, rank % tp};
+}
+
+int Layout::rank_of(const Coord& c) const { return (c.dp * pp + c.pp) * tp + c.tp; }
+
+int Layout::size(Axis axis) const {
+  switch (axis) {
+    case Axis::kDp:
+      return dp;
+    case Axis::kPp:
+      return pp;
+    case Axis::kTp:
+      return tp;
+  }
+  return 1;
 }
 
 std::string Layout::str() const {
   if (servers > 0)
     return tessel::str("ps: ", servers, servers == 1 ? " server x " : " servers x ", dp,
                        dp == 1 ? " worker" : " workers");
-  if (pp == 1) return dp == 1 ? std::string("single") : tessel::str("dp=", dp);
-  return dp == 1 ? tessel::str("pp=", pp) : tessel::str("dp=", dp, " pp=", pp);
+  std::string out;
+  if (dp > 1) out += tessel::str("dp=", dp);
+  if (pp > 1) out += tessel::str(out.empty() ? "" : " ", "pp=", pp);
+  if (tp > 1) out += tessel::str(out.empty() ? "" : " ", "tp=", tp);
+  return out.empty() ? std::string("single") : out;
 }
 
-Groups::Groups(comm::Communicator& world, const Layout& layout) {
+Mesh::Mesh(comm::Communicator& world, const Layout& layout) : world_(world), layout_(layout) {
   const int r = world.rank();
   const bool server = layout.is_server(r);
-  // Every rank takes part in each split, in the same order.
-  dp = world.split(server ? -1 : layout.stage(r), r);
-  pp = world.split(server ? -1 : layout.replica(r), r);
-  workers = world.split(server ? -1 : 0, r);
+  const Coord c = server ? Coord{} : layout.coord(r);
+  // Every rank takes part in each split, in the same order; a group is keyed by the
+  // coordinates the axis leaves fixed.
+  dp_ = world.split(server ? -1 : c.pp * layout.tp + c.tp, r);
+  pp_ = world.split(server ? -1 : c.dp * layout.tp + c.tp, r);
+  tp_ = world.split(server ? -1 : c.dp * layout.pp + c.pp, r);
+  workers_ = world.split(server ? -1 : 0, r);
+}
+
+comm::Communicator& Mesh::group(Axis axis) {
+  TESSEL_CHECK(!is_server(), "mesh: a parameter-server rank belongs to no training axis");
+  switch (axis) {
+    case Axis::kDp:
+      return dp_;
+    case Axis::kPp:
+      return pp_;
+    case Axis::kTp:
+      return tp_;
+  }
+  return dp_;
 }
 
 }  // namespace tessel::parallel

@@ -1,13 +1,13 @@
-// The worker side of the parameter server and what both sides share (partition, metrics).
-// The server side is in parameter_server_serve.cc.
+// The worker side of the parameter server and what both sides share (partition, state,
+// report). The server side is in parameter_server_serve.cc.
 //
 // A worker's life: the first piece of work sends a hello to every server and receives the
 // shards (start); every step pushes the gradient with the version it was computed on and, in
 // the same request, asks for the next parameters, which the servers send once the mode allows
 // (await_replies); evaluation first pulls with the rule "every worker has reached my clock";
-// consolidate copies the servers' shards and optimizer state into rank 0; the destructor says
-// goodbye so that serve() returns. In async and ssp a pull or push to server 0 also claims the
-// worker's next batch of the epoch (set_claims, claim): the reply carries its index.
+// the destructor says goodbye so that serve() returns. In async and ssp a pull or push to
+// server 0 also claims the worker's next batch of the epoch (set_claims, claim): the reply
+// carries its index. Checkpoints are written by the servers, each its own range.
 #include "tessel/parallel/parameter_server.h"
 
 #include <algorithm>
@@ -35,12 +35,12 @@ ParameterServer::Mode parse_mode(const std::string& m) {
 // Contiguous ranges of the arena, one per server, of about n / servers elements each. A cut
 // moves to the nearest parameter boundary when that changes a shard by at most an eighth, so
 // that most parameters live on one server; a large parameter is cut inside instead.
-std::vector<std::pair<int64_t, int64_t>> partition(const Arena& arena, int servers) {
-  const int64_t n = arena.numel();
+std::vector<nn::Range> partition(const nn::Model& model, int servers) {
+  const int64_t n = model.arena_numel();
   std::vector<int64_t> bounds;
-  for (const Arena::Entry& e : arena.entries()) bounds.push_back(e.offset);
+  for (size_t k = 0; k < model.parameters().size(); ++k) bounds.push_back(model.offset(k));
   bounds.push_back(n);
-  std::vector<std::pair<int64_t, int64_t>> out;
+  std::vector<nn::Range> out;
   int64_t lo = 0;
   for (int k = 1; k <= servers; ++k) {
     int64_t cut = n * k / servers;
@@ -51,17 +51,22 @@ std::vector<std::pair<int64_t, int64_t>> partition(const Arena& arena, int serve
       if (std::llabs(best - cut) * 8 * servers <= n) cut = best;
     }
     cut = std::max(cut, lo);
-    out.emplace_back(lo, cut);
+    out.push_back({lo, cut});
     lo = cut;
   }
   return out;
 }
 
+Tensor zeros_of(int64_t n, MemCategory category) {
+  MemoryScope scope(category);
+  return Tensor::zeros({std::max<int64_t>(n, 1)});
+}
+
 }  // namespace
 
-ParameterServer::ParameterServer(const ParallelSpec& spec, comm::Communicator& world,
-                                 const Layout& layout, nn::Model& model)
-    : Strategy(model, spec), world_(world), layout_(layout), groups_(world, layout) {
+ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model& model,
+                                 uint64_t seed, const optim::OptimSpec& optim)
+    : spec_(spec), mesh_(mesh), world_(mesh.world()), model_(model) {
   mode_ = parse_mode(spec_.ps_mode);
   if (spec_.ps_staleness < 0)
     throw InvalidArgument(str("config: ps.staleness must be >= 0, got ", spec_.ps_staleness));
@@ -72,39 +77,92 @@ ParameterServer::ParameterServer(const ParallelSpec& spec, comm::Communicator& w
     throw InvalidArgument(
         "config: train.deterministic cannot be combined with ps.servers > 0 (the servers sum "
         "whole pushes); turn one of them off");
-  if (spec_.slow_rank >= layout_.workers())
+  if (spec_.slow_rank >= workers())
     throw InvalidArgument(str("config: debug.slow_rank = ", spec_.slow_rank,
-                              " is not a worker rank; workers are ranks 0..",
-                              layout_.workers() - 1, " (the last ", layout_.servers,
-                              " ranks are servers)"));
-  shards_ = partition(model_.params(), layout_.servers);
-  held_.assign(static_cast<size_t>(layout_.servers), -1);
-  request_.resize(static_cast<size_t>(layout_.servers));
-  reply_.resize(static_cast<size_t>(layout_.servers));
+                              " is not a worker rank; workers are ranks 0..", workers() - 1,
+                              " (the last ", servers(), " ranks are servers)"));
+  shards_ = partition(model_, servers());
+  held_.assign(static_cast<size_t>(servers()), -1);
+  request_.resize(static_cast<size_t>(servers()));
+  reply_.resize(static_cast<size_t>(servers()));
+  if (is_server()) {
+    server_.range = shard(server_index());
+    server_.values = zeros_of(server_.range.size(), MemCategory::kParameters);
+    server_.grads = zeros_of(server_.range.size(), MemCategory::kGradients);
+    model_.init_values(server_.values.data<float>(), server_.range, seed);
+    server_.optimizer = optim::make_optimizer(optim, server_.range.size());
+  } else {
+    values_ = zeros_of(model_.arena_numel(), MemCategory::kParameters);
+    model_.init_values(values_.data<float>(), {0, model_.arena_numel()}, seed);
+    model_.bind_values({0, model_.arena_numel()}, values_);
+  }
 }
 
 ParameterServer::~ParameterServer() {
   // An exception on its way out: saying "done" would let a server finish as if all went well.
   if (is_server() || !started_ || std::uncaught_exceptions() > 0) return;
   try {
-    for (int k = 0; k < layout_.servers; ++k) {
-      Header h{kDone, clock_, held_[static_cast<size_t>(k)], 0};
-      world_.send(h.data(), h.size(), comm::ElemType::kI64, server_rank(k), kTagRequest);
+    for (int k = 0; k < servers(); ++k) {
+      Request h{kWireVersion, kDone, clock_, held_[static_cast<size_t>(k)]};
+      world_.send(&h, kRequestWords, comm::ElemType::kI64, server_rank(k), kTagRequest);
     }
   } catch (const std::exception& e) {
     log_warn("parameter server: worker rank ", rank(), " could not say goodbye: ", e.what());
   }
 }
 
+StateView ParameterServer::state() {
+  if (!is_server()) return {};
+  const nn::Range r = server_.range;
+  return {{r}, {r}, {r}, [this](nn::Range q) { return server_.values.data<float>() + (q.lo - server_.range.lo); },
+          server_.optimizer.get(), [this](nn::Range q) { return q.lo - server_.range.lo; }};
+}
+
+std::vector<ckpt::ShardFile> ParameterServer::checkpoint(const std::string& dir,
+                                                        int64_t* optimizer_steps) {
+  start(-1);
+  std::vector<ckpt::ShardFile> out;
+  const comm::Deadline deadline = comm::Deadline::after(timeout());
+  for (int k = 0; k < servers(); ++k) {
+    Request h{kWireVersion, kCheckpoint, static_cast<int64_t>(dir.size()), held_[static_cast<size_t>(k)]};
+    world_.send(&h, kRequestWords, comm::ElemType::kI64, server_rank(k), kTagRequest);
+    world_.send(dir.data(), dir.size(), comm::ElemType::kU8, server_rank(k), kTagState);
+    Reply r;
+    world_.irecv(&r, kReplyWords, comm::ElemType::kI64, server_rank(k), kTagReply).wait(deadline);
+    std::string text(static_cast<size_t>(r.has_data), ' ');
+    world_.irecv(text.data(), text.size(), comm::ElemType::kU8, server_rank(k), kTagState).wait(deadline);
+    const nlohmann::json j = nlohmann::json::parse(text);
+    out.push_back({j.at("file").get<std::string>(), j.at("bytes").get<int64_t>(),
+                   j.at("sha256").get<std::string>()});
+    *optimizer_steps = r.optimizer_steps;  // every server applies every update: they agree
+  }
+  return out;
+}
+
+void ParameterServer::read_values(const std::function<void(nn::Range, const float*)>& consume) {
+  start(-1);
+  const comm::Deadline deadline = comm::Deadline::after(timeout());
+  std::vector<float> buf;
+  for (int k = 0; k < servers(); ++k) {
+    Request h{kWireVersion, kValues, clock_, held_[static_cast<size_t>(k)]};
+    world_.send(&h, kRequestWords, comm::ElemType::kI64, server_rank(k), kTagRequest);
+    Reply r;
+    world_.irecv(&r, kReplyWords, comm::ElemType::kI64, server_rank(k), kTagReply).wait(deadline);
+    buf.resize(static_cast<size_t>(shard(k).size()));
+    world_.irecv(buf.data(), buf.size(), comm::ElemType::kF32, server_rank(k), kTagParams).wait(deadline);
+    consume(shard(k), buf.data());
+  }
+}
+
 void ParameterServer::request(Kind kind, int64_t clock) {
-  for (int k = 0; k < layout_.servers; ++k) {
-    Header& h = request_[static_cast<size_t>(k)];
-    h = {kind, clock, held_[static_cast<size_t>(k)], 0, 0, 0};
+  for (int k = 0; k < servers(); ++k) {
+    Request& h = request_[static_cast<size_t>(k)];
+    h = Request{kWireVersion, kind, clock, held_[static_cast<size_t>(k)]};
     if (k == 0 && claims_.open && (kind == kPull || kind == kPushPull)) {
-      h[3] = claims_.epoch + 1, h[4] = claims_.first, h[5] = claims_.limit;
+      h.claim_epoch = claims_.epoch + 1, h.claim_first = claims_.first, h.claim_limit = claims_.limit;
       claiming_ = true;
     }
-    sends_.push_back(world_.isend(h.data(), h.size(), comm::ElemType::kI64, server_rank(k),
+    sends_.push_back(world_.isend(&h, kRequestWords, comm::ElemType::kI64, server_rank(k),
                                   kTagRequest));
   }
 }
@@ -114,23 +172,26 @@ void ParameterServer::await_replies(const char* what) {
   // A quarter longer than comm.timeout_s: a server that waits for a silent worker reports it
   // (and aborts the group) first, and it knows whom it waits for.
   const comm::Deadline deadline = comm::Deadline::after(1.25 * timeout());
-  float* params = model_.params().flat().data<float>();
+  float* params = values_.data<float>();
   int k = 0;
   try {
     std::vector<comm::Work> recvs;
-    for (k = 0; k < layout_.servers; ++k)
-      recvs.push_back(world_.irecv(reply_[static_cast<size_t>(k)].data(), reply_[0].size(),
+    for (k = 0; k < servers(); ++k)
+      recvs.push_back(world_.irecv(&reply_[static_cast<size_t>(k)], kReplyWords,
                                    comm::ElemType::kI64, server_rank(k), kTagReply));
     std::vector<comm::Work> data;
-    for (k = 0; k < layout_.servers; ++k) {
+    for (k = 0; k < servers(); ++k) {
       recvs[static_cast<size_t>(k)].wait(deadline);
-      const Header& r = reply_[static_cast<size_t>(k)];
-      held_[static_cast<size_t>(k)] = r[0];
-      if (k == 0 && claiming_) claimed_ = r[3], claiming_ = false;
-      if (r[1] == 0) continue;  // this shard did not change since the version held
-      auto [lo, hi] = shard(k);
-      data.push_back(world_.irecv(params + lo, static_cast<size_t>(hi - lo), comm::ElemType::kF32,
-                                  server_rank(k), kTagParams));
+      const Reply& r = reply_[static_cast<size_t>(k)];
+      if (r.wire != kWireVersion)
+        throw CommError(str("parameter server: server rank ", server_rank(k), " speaks wire version ",
+                            r.wire, ", this worker ", kWireVersion, "; run one tessel build on every rank"));
+      held_[static_cast<size_t>(k)] = r.version;
+      if (k == 0 && claiming_) claimed_ = r.claimed, claiming_ = false;
+      if (r.has_data == 0) continue;  // this shard did not change since the version held
+      const nn::Range s = shard(k);
+      data.push_back(world_.irecv(params + s.lo, static_cast<size_t>(s.size()),
+                                  comm::ElemType::kF32, server_rank(k), kTagParams));
       ++pulls_with_data_;
     }
     k = -1;
@@ -162,13 +223,13 @@ void ParameterServer::pull(Kind kind) {
 }
 
 void ParameterServer::set_claims(const Claims& claims) {
-  if (lockstep()) Strategy::set_claims(claims);
+  TESSEL_CHECK(!lockstep(), "parameter server: sync mode hands out no claims (this is a bug)");
   claims_ = claims;
   claimed_ = kNotAsked;
 }
 
 int64_t ParameterServer::claim() {
-  if (lockstep()) return Strategy::claim();
+  TESSEL_CHECK(!lockstep(), "parameter server: sync mode hands out no claims (this is a bug)");
   if (!claims_.open) return -1;
   if (claimed_ == kNotAsked) {  // the range's first claim: nothing to push yet
     start(claims_.step);
@@ -183,27 +244,20 @@ int64_t ParameterServer::claim() {
   return b;
 }
 
-PieceResult ParameterServer::train_piece(const Piece& piece, nn::CrossEntropyLoss& loss) {
-  start(piece.ctx.step);
+void ParameterServer::before_train(int64_t step) {
+  start(step);
   evaluated_ = false;
-  return Strategy::train_piece(piece, loss);
 }
 
-PieceResult ParameterServer::eval_piece(const Piece& piece, nn::CrossEntropyLoss& loss) {
-  start(piece.ctx.step);
+void ParameterServer::before_eval(int64_t step) {
+  start(step);
   // Evaluate what every worker's gradients of the steps so far have made: the servers answer
   // this pull once every worker has reached this worker's clock.
   if (!evaluated_) pull(kEvalPull);
   evaluated_ = true;
-  return Strategy::eval_piece(piece, loss);
 }
 
-void ParameterServer::collect_shard() {
-  throw Error("parameter server: deterministic mode is not supported (this is a bug: the "
-              "constructor rejects it)");
-}
-
-void ParameterServer::step(optim::Optimizer&, float, float clip_norm, int64_t step) {
+void ParameterServer::push(GradSync& sync, float clip_norm, int64_t step) {
   start(step);  // a worker whose slices were all empty so far
   evaluated_ = false;
   if (spec_.slow_rank == rank() && spec_.delay_ms > 0) {
@@ -215,71 +269,37 @@ void ParameterServer::step(optim::Optimizer&, float, float clip_norm, int64_t st
   // The gradient holds this worker's share of the global mean (its rows weigh 1/global rows);
   // scaled by the worker count it estimates the whole gradient, and that estimate's norm is
   // what train.clip_norm bounds (so in sync mode the sum of the pushes stays within it).
-  Tensor g = model_.grads().flat();
+  const nn::Range all{0, model_.arena_numel()};
+  float* g = sync.grads(all);
   if (clip_norm > 0) {
-    const double norm = std::sqrt(optim::sum_squares(g.data<float>(), g.numel())) *
-                        layout_.workers();
-    optim::clip_scale(g.data<float>(), g.numel(), norm, clip_norm);
+    const double norm = std::sqrt(optim::sum_squares(g, all.size())) * workers();
+    const float scale = optim::clip_factor(norm, clip_norm);
+    for (int64_t i = 0; i < all.size(); ++i) g[i] *= scale;
   }
   clock_ = step + 1;
   ++pushes_;
   request(kPushPull, clock_);
-  for (int k = 0; k < layout_.servers; ++k) {
-    auto [lo, hi] = shard(k);
-    sends_.push_back(world_.isend(g.data<float>() + lo, static_cast<size_t>(hi - lo),
-                                  comm::ElemType::kF32, server_rank(k), kTagGrad));
+  for (int k = 0; k < servers(); ++k) {
+    const nn::Range s = shard(k);
+    sends_.push_back(world_.isend(g + s.lo, static_cast<size_t>(s.size()), comm::ElemType::kF32,
+                                  server_rank(k), kTagGrad));
   }
   push_s_ += now_seconds() - t0;
   await_replies("push");
 }
 
-void ParameterServer::consolidate(optim::Optimizer& opt) {
-  start(-1);  // -1: the servers' own clock (nothing trained in this invocation)
-  if (rank() == 0) {
-    const double t0 = now_seconds();
-    const comm::Deadline deadline = comm::Deadline::after(timeout());
-    float* params = model_.params().flat().data<float>();
-    auto state = opt.state();
-    for (int k = 0; k < layout_.servers; ++k) {
-      Header& h = request_[static_cast<size_t>(k)];
-      h = {kConsolidate, clock_, held_[static_cast<size_t>(k)], 0, 0, 0};
-      world_.send(h.data(), h.size(), comm::ElemType::kI64, server_rank(k), kTagRequest);
-      Header& r = reply_[static_cast<size_t>(k)];
-      world_.recv(r.data(), r.size(), comm::ElemType::kI64, server_rank(k), kTagReply);
-      auto [lo, hi] = shard(k);
-      const size_t len = static_cast<size_t>(hi - lo);
-      std::vector<comm::Work> recvs;
-      recvs.push_back(world_.irecv(params + lo, len, comm::ElemType::kF32, server_rank(k), kTagParams));
-      for (auto& [name, t] : state)
-        if (t.numel() == model_.params().numel())
-          recvs.push_back(world_.irecv(t.data<float>() + lo, len, comm::ElemType::kF32,
-                                       server_rank(k), kTagState));
-      for (comm::Work& w : recvs) w.wait(deadline);
-      held_[static_cast<size_t>(k)] = r[0];
-      opt.set_steps(r[2]);  // every server applies every update: the counts agree
-    }
-    wait_s_ += now_seconds() - t0;
-  }
-  // Nobody pushes again before rank 0 holds the snapshot (async workers would otherwise race it).
-  if (groups_.workers.size() > 1) groups_.workers.barrier();
-}
-
-void ParameterServer::sum(double* values, int n) {
-  if (groups_.workers.size() > 1)
-    groups_.workers.allreduce(values, static_cast<size_t>(n), comm::ElemType::kF64);
-}
-
-void ParameterServer::max(double* values, int n) {
-  if (groups_.workers.size() > 1)
-    groups_.workers.allreduce(values, static_cast<size_t>(n), comm::ElemType::kF64,
-                              comm::ReduceOp::kMax);
-}
-
 std::vector<double> ParameterServer::gather(double value) {
-  std::vector<double> all(static_cast<size_t>(groups_.workers.size()), value);
-  if (groups_.workers.size() > 1)
-    groups_.workers.allgather(&value, all.data(), 1, comm::ElemType::kF64);
+  comm::Communicator& w = mesh_.workers();
+  std::vector<double> all(static_cast<size_t>(w.size()), value);
+  w.allgather(&value, all.data(), 1, comm::ElemType::kF64);
   return all;
+}
+
+void ParameterServer::take_stats(RankStats& s) {
+  s.comm_exposed_s += wait_s_ + push_s_;
+  total_wait_s_ += wait_s_;
+  total_slow_s_ += slow_s_;
+  wait_s_ = push_s_ = slow_s_ = 0;
 }
 
 namespace {
@@ -294,25 +314,22 @@ nlohmann::json histogram_json(const double* bins, int count) {
 
 }  // namespace
 
-nlohmann::json ParameterServer::take_metrics() {
+nlohmann::json ParameterServer::report() {
   // Rank 0 asks every server for its counters; the workers then share them so that every
   // rank reports the same layout figures.
   start(-1);
-  const int S = layout_.servers;
+  const int S = servers();
   std::vector<double> stats(static_cast<size_t>(S * kStatCount), 0.0);
   if (rank() == 0) {
     for (int k = 0; k < S; ++k) {
-      Header& h = request_[static_cast<size_t>(k)];
-      h = {kStats, clock_, held_[static_cast<size_t>(k)], 0, 0, 0};
-      world_.send(h.data(), h.size(), comm::ElemType::kI64, server_rank(k), kTagRequest);
+      Request h{kWireVersion, kStats, clock_, held_[static_cast<size_t>(k)]};
+      world_.send(&h, kRequestWords, comm::ElemType::kI64, server_rank(k), kTagRequest);
       world_.recv(stats.data() + k * kStatCount, kStatCount, comm::ElemType::kF64, server_rank(k),
                   kTagState);
     }
   }
-  if (groups_.workers.size() > 1)
-    groups_.workers.broadcast(stats.data(), stats.size(), comm::ElemType::kF64, 0);
-
-  nlohmann::json servers = nlohmann::json::array();
+  mesh_.workers().broadcast(stats.data(), stats.size(), comm::ElemType::kF64, 0);
+  nlohmann::json list = nlohmann::json::array();
   std::vector<double> total(kStalenessBins, 0.0);
   double weighted = 0, count = 0, max_staleness = 0, max_lead = 0;
   for (int k = 0; k < S; ++k) {
@@ -325,36 +342,32 @@ nlohmann::json ParameterServer::take_metrics() {
     }
     max_staleness = std::max(max_staleness, s[kMaxStaleness]);
     max_lead = std::max(max_lead, s[kMaxLead]);
-    auto [lo, hi] = shard(k);
-    servers.push_back({{"rank", server_rank(k)},
-                       {"elements", hi - lo},
-                       {"shard_bytes", 4 * (hi - lo)},
-                       {"pushes", static_cast<int64_t>(s[kPushes])},
-                       {"gradients_applied", static_cast<int64_t>(s[kGradientsApplied])},
-                       {"updates", static_cast<int64_t>(s[kUpdates])},
-                       {"pulls", static_cast<int64_t>(s[kPulls])},
-                       {"pulls_with_data", static_cast<int64_t>(s[kPullsWithData])},
-                       {"bytes_in", s[kBytesIn]},
-                       {"bytes_out", s[kBytesOut]},
-                       {"apply_seconds", s[kApplySeconds]},
-                       {"idle_seconds", s[kIdleSeconds]},
-                       {"staleness_histogram", histogram_json(bins, kStalenessBins)}});
+    const nn::Range r = shard(k);
+    list.push_back({{"rank", server_rank(k)},
+                    {"elements", r.size()},
+                    {"shard_bytes", 4 * r.size()},
+                    {"pushes", static_cast<int64_t>(s[kPushes])},
+                    {"gradients_applied", static_cast<int64_t>(s[kGradientsApplied])},
+                    {"updates", static_cast<int64_t>(s[kUpdates])},
+                    {"pulls", static_cast<int64_t>(s[kPulls])},
+                    {"pulls_with_data", static_cast<int64_t>(s[kPullsWithData])},
+                    {"bytes_in", s[kBytesIn]},
+                    {"bytes_out", s[kBytesOut]},
+                    {"apply_seconds", s[kApplySeconds]},
+                    {"idle_seconds", s[kIdleSeconds]},
+                    {"staleness_histogram", histogram_json(bins, kStalenessBins)}});
   }
-  nlohmann::json m = {{"comm_exposed_seconds", wait_s_ + push_s_},
-                      {"comm_overlapped_seconds", 0.0},
-                      {"optimizer_seconds", 0.0},  // the servers update; see ps_servers
-                      {"ps_mode", spec_.ps_mode},
-                      {"ps_servers", servers},
+  nlohmann::json m = {{"ps_mode", spec_.ps_mode},
+                      {"ps_servers", list},
                       {"ps_staleness_histogram", histogram_json(total.data(), kStalenessBins)},
                       {"ps_staleness_mean", count > 0 ? weighted / count : 0.0},
                       {"ps_staleness_max", max_staleness},
                       {"ps_max_clock_lead", max_lead},
-                      {"ps_worker_wait_seconds", gather(total_wait_s_ += wait_s_)},
-                      {"ps_worker_delay_seconds", gather(total_slow_s_ += slow_s_)},
+                      {"ps_worker_wait_seconds", gather(total_wait_s_)},
+                      {"ps_worker_delay_seconds", gather(total_slow_s_)},
                       {"ps_worker_pulls_with_data", gather(static_cast<double>(pulls_with_data_))},
                       {"ps_worker_batches", gather(static_cast<double>(pushes_))}};
   if (mode_ == Mode::kSsp) m["ps_staleness_bound"] = spec_.ps_staleness;
-  wait_s_ = push_s_ = slow_s_ = 0;
   return m;
 }
 

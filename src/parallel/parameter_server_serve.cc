@@ -40,7 +40,8 @@
 
 namespace tessel::parallel {
 
-using Header = ParameterServer::Header;
+using Request = ParameterServer::Request;
+using Reply = ParameterServer::Reply;
 
 namespace {
 inline void cpu_relax() {
@@ -54,11 +55,10 @@ inline void cpu_relax() {
 
 class ServerLoop {
  public:
-  ServerLoop(ParameterServer& ps, optim::Optimizer& opt, const std::function<float(int64_t)>& lr)
-      : ps_(ps), world_(ps.world_), opt_(opt), lr_(lr), W_(ps.layout_.workers()),
+  ServerLoop(ParameterServer& ps, const std::function<float(int64_t)>& lr)
+      : ps_(ps), world_(ps.world_), opt_(*ps.server_.optimizer), lr_(lr), W_(ps.workers()),
         inverse_(ps.spec_.ps_stale_lr == "inverse"), stats_(ParameterServer::kStatCount, 0.0) {
-    std::tie(lo_, hi_) = ps.shard(ps.server_index());
-    len_ = static_cast<size_t>(hi_ - lo_);
+    len_ = static_cast<size_t>(ps.server_.range.size());
     workers_.resize(static_cast<size_t>(W_));
     for (Worker& w : workers_) {
       w.grad.assign(len_, 0.0f);
@@ -70,7 +70,8 @@ class ServerLoop {
 
  private:
   struct Worker {
-    Header request{}, reply{};
+    Request request;
+    Reply reply;
     std::vector<float> grad, snapshot;
     // After the buffers: destroyed first, cancelling receives still posted into them.
     comm::Work request_work, grad_work, reply_work, data_work;
@@ -92,7 +93,13 @@ class ServerLoop {
   }
   bool sync() const { return ps_.mode_ == ParameterServer::Mode::kSync; }
   comm::Deadline deadline() const { return comm::Deadline::after(ps_.timeout()); }
-  float* params() { return ps_.model_.params().flat().data<float>(); }
+  float* params() { return ps_.server_.values.data<float>(); }
+  float* grads() { return ps_.server_.grads.data<float>(); }
+  // One optimizer step over the whole shard.
+  void apply(float lr) {
+    const optim::Segment seg{params(), grads(), static_cast<int64_t>(len_), 0};
+    opt_.step({&seg, 1}, lr);
+  }
 
   void post(int w);
   void handle(int w);
@@ -104,8 +111,9 @@ class ServerLoop {
   int64_t oldest_held(const Worker* except) const;
   bool allowed(const Worker& w) const;
   void reply(int w);
-  void consolidate(int w);
   void send_stats(int w);
+  void write_checkpoint(int w, int64_t path_bytes);
+  void send_values(int w);
   void record_staleness(int64_t s, double count);
   [[noreturn]] void stuck(double idle_s);
 
@@ -115,7 +123,6 @@ class ServerLoop {
   const std::function<float(int64_t)>& lr_;
   const int W_;
   const bool inverse_;
-  int64_t lo_ = 0, hi_ = 0;
   size_t len_ = 0;
   std::vector<Worker> workers_;
   int done_ = 0, arrived_ = 0;
@@ -129,8 +136,8 @@ class ServerLoop {
 
 void ServerLoop::post(int w) {
   Worker& k = workers_[static_cast<size_t>(w)];
-  k.request_work = world_.irecv(k.request.data(), k.request.size(), comm::ElemType::kI64, peer(w),
-                                ParameterServer::kTagRequest);
+  k.request_work = world_.irecv(&k.request, ParameterServer::kRequestWords, comm::ElemType::kI64,
+                                peer(w), ParameterServer::kTagRequest);
 }
 
 nlohmann::json ServerLoop::run() {
@@ -183,29 +190,36 @@ nlohmann::json ServerLoop::run() {
 
 void ServerLoop::handle(int w) {
   Worker& k = workers_[static_cast<size_t>(w)];
-  const Header h = k.request;
-  switch (h[0]) {
+  const Request h = k.request;
+  if (h.wire != ParameterServer::kWireVersion)
+    throw CommError(str("parameter server: server rank ", ps_.rank(), " got wire version ", h.wire,
+                        " from worker rank ", w, ", it speaks ", ParameterServer::kWireVersion,
+                        "; run one tessel build on every rank"));
+  switch (h.kind) {
     case ParameterServer::kHello:
-      if (base_clock_ < 0) base_clock_ = h[1] >= 0 ? h[1] : opt_.steps();
+      if (base_clock_ < 0) base_clock_ = h.clock >= 0 ? h.clock : opt_.steps();
       k.hello = true;
-      k.clock = h[1] >= 0 ? h[1] : steps_clock();
-      k.pending = true, k.pull_kind = h[0], k.pull_clock = k.clock, k.pull_held = h[2];
+      k.clock = h.clock >= 0 ? h.clock : steps_clock();
+      k.pending = true, k.pull_kind = h.kind, k.pull_clock = k.clock, k.pull_held = h.held;
       break;
     case ParameterServer::kPull:
     case ParameterServer::kEvalPull:
-      k.pending = true, k.pull_kind = h[0], k.pull_clock = h[1], k.pull_held = h[2];
+      k.pending = true, k.pull_kind = h.kind, k.pull_clock = h.clock, k.pull_held = h.held;
       open_claims(w);
       break;
     case ParameterServer::kPushPull:
       push(w);
-      k.pending = true, k.pull_kind = h[0], k.pull_clock = h[1], k.pull_held = h[2];
+      k.pending = true, k.pull_kind = h.kind, k.pull_clock = h.clock, k.pull_held = h.held;
       open_claims(w);
-      break;
-    case ParameterServer::kConsolidate:
-      consolidate(w);
       break;
     case ParameterServer::kStats:
       send_stats(w);
+      break;
+    case ParameterServer::kCheckpoint:
+      write_checkpoint(w, h.clock);
+      break;
+    case ParameterServer::kValues:
+      send_values(w);
       break;
     case ParameterServer::kDone:
       k.done = true;
@@ -216,7 +230,7 @@ void ServerLoop::handle(int w) {
                         "steps (this is a bug)"));
       break;
     default:
-      throw CommError(str("parameter server: server rank ", ps_.rank(), " got request kind ", h[0],
+      throw CommError(str("parameter server: server rank ", ps_.rank(), " got request kind ", h.kind,
                           " from rank ", w, "; is that rank running the parameter-server "
                           "layout with the same config?"));
   }
@@ -235,7 +249,7 @@ void ServerLoop::push(int w) {
   k.grad_work.wait(deadline());  // the payload follows its request
   stats_[ParameterServer::kPushes] += 1;
   stats_[ParameterServer::kBytesIn] += 4.0 * static_cast<double>(len_);
-  const int64_t clock = k.request[1], held = k.request[2];
+  const int64_t clock = k.request.clock, held = k.request.held;
   k.clock = clock;
   k.holds = -1;  // the batch it trained is done
   if (sync()) {
@@ -256,12 +270,10 @@ void ServerLoop::push(int w) {
   record_staleness(staleness, 1);
   float lr = lr_(steps_clock());
   if (inverse_) lr /= static_cast<float>(1 + std::max<int64_t>(staleness, 0));
-  Tensor grads = ps_.model_.grads().flat();
-  float* g = grads.data<float>() + lo_;
+  float* g = grads();
   const float scale = static_cast<float>(W_);
   for (size_t i = 0; i < len_; ++i) g[i] = k.grad[i] * scale;
-  Tensor p = ps_.model_.params().flat();
-  opt_.step(p, grads, lr, lo_, hi_);
+  apply(lr);
   stats_[ParameterServer::kGradientsApplied] += 1;
   stats_[ParameterServer::kUpdates] += 1;
   ++applied_;
@@ -276,15 +288,13 @@ void ServerLoop::apply_sync() {
   for (Worker& k : workers_) k.data_work.wait(deadline());
   // Summed in worker order, so the result does not depend on arrival order. Each push already
   // carries its rows' share of the global mean: the sum is the global-mean gradient.
-  Tensor grads = ps_.model_.grads().flat();
-  float* g = grads.data<float>() + lo_;
+  float* g = grads();
   std::memcpy(g, workers_[0].grad.data(), len_ * sizeof(float));
   for (int w = 1; w < W_; ++w) {
     const float* src = workers_[static_cast<size_t>(w)].grad.data();
     for (size_t i = 0; i < len_; ++i) g[i] += src[i];
   }
-  Tensor p = ps_.model_.params().flat();
-  opt_.step(p, grads, lr_(steps_clock()), lo_, hi_);
+  apply(lr_(steps_clock()));
   ++sync_updates_;
   stats_[ParameterServer::kGradientsApplied] += W_;
   stats_[ParameterServer::kUpdates] += 1;
@@ -301,17 +311,19 @@ void ServerLoop::apply_sync() {
 
 void ServerLoop::open_claims(int w) {
   Worker& k = workers_[static_cast<size_t>(w)];
-  const Header& h = k.request;
-  k.wants_claim = h[3] > 0;
+  const Request& h = k.request;
+  k.wants_claim = h.claim_epoch > 0;
   if (!k.wants_claim) return;
   if (sync() || ps_.server_index() != 0)
     throw Error(str("parameter server: server rank ", ps_.rank(), " got a batch claim from worker "
                     "rank ", w, "; only server 0 of async and ssp hands out batches (this is a bug)"));
-  const int64_t epoch = h[3] - 1;
+  const int64_t epoch = h.claim_epoch - 1;
   if (epoch > claim_epoch_) {  // the epoch's first claim opens its range
-    claim_epoch_ = epoch, claim_first_ = h[4], claim_next_ = h[4], claim_limit_ = h[5];
-  } else if (epoch < claim_epoch_ || h[4] != claim_first_ || h[5] != claim_limit_) {
-    throw Error(str("parameter server: worker rank ", w, " claims batches [", h[4], ", ", h[5],
+    claim_epoch_ = epoch, claim_first_ = h.claim_first, claim_next_ = h.claim_first,
+    claim_limit_ = h.claim_limit;
+  } else if (epoch < claim_epoch_ || h.claim_first != claim_first_ || h.claim_limit != claim_limit_) {
+    throw Error(str("parameter server: worker rank ", w, " claims batches [", h.claim_first, ", ",
+                    h.claim_limit,
                     ") of epoch ", epoch, " while server rank ", ps_.rank(), " hands out [",
                     claim_first_, ", ", claim_limit_, ") of epoch ", claim_epoch_,
                     "; the workers disagree on the epoch (this is a bug)"));
@@ -368,12 +380,12 @@ void ServerLoop::reply(int w) {
   k.data_work.wait(deadline());
   const bool changed = version() != k.pull_held;
   const int64_t claimed = k.wants_claim ? grant(k) : -1;
-  k.reply = {version(), changed ? 1 : 0, opt_.steps(), claimed, 0, 0};
-  k.reply_work = world_.isend(k.reply.data(), k.reply.size(), comm::ElemType::kI64, peer(w),
+  k.reply = Reply{ParameterServer::kWireVersion, version(), changed ? 1 : 0, opt_.steps(), claimed};
+  k.reply_work = world_.isend(&k.reply, ParameterServer::kReplyWords, comm::ElemType::kI64, peer(w),
                               ParameterServer::kTagReply);
   stats_[ParameterServer::kPulls] += 1;
   if (!changed) return;
-  const float* src = params() + lo_;
+  const float* src = params();
   if (!sync()) {  // later pushes change the shard while this send may still be pending
     std::memcpy(k.snapshot.data(), src, len_ * sizeof(float));
     src = k.snapshot.data();
@@ -383,29 +395,28 @@ void ServerLoop::reply(int w) {
   stats_[ParameterServer::kBytesOut] += 4.0 * static_cast<double>(len_);
 }
 
-void ServerLoop::consolidate(int w) {
-  Worker& k = workers_[static_cast<size_t>(w)];
-  k.reply_work.wait(deadline());
-  k.data_work.wait(deadline());
-  k.reply = {version(), 1, opt_.steps(), -1, 0, 0};
-  const comm::Deadline d = deadline();
-  world_.isend(k.reply.data(), k.reply.size(), comm::ElemType::kI64, peer(w),
-               ParameterServer::kTagReply).wait(d);
-  std::vector<comm::Work> sends;
-  sends.push_back(world_.isend(params() + lo_, len_, comm::ElemType::kF32, peer(w),
-                               ParameterServer::kTagParams));
-  auto state = opt_.state();
-  for (auto& [name, t] : state)
-    if (t.numel() == ps_.model_.params().numel())
-      sends.push_back(world_.isend(t.data<float>() + lo_, len_, comm::ElemType::kF32, peer(w),
-                                   ParameterServer::kTagState));
-  for (comm::Work& s : sends) s.wait(d);  // the shard and state must not change meanwhile
-  stats_[ParameterServer::kBytesOut] += 4.0 * static_cast<double>(len_ * sends.size());
-}
-
 void ServerLoop::send_stats(int w) {
   world_.send(stats_.data(), stats_.size(), comm::ElemType::kF64, peer(w),
               ParameterServer::kTagState);
+}
+
+// A checkpoint: the shard and its optimizer state into rank w's folder, then its description.
+void ServerLoop::write_checkpoint(int w, int64_t path_bytes) {
+  std::string dir(static_cast<size_t>(path_bytes), '\0');
+  const comm::Deadline d = deadline();
+  world_.irecv(dir.data(), dir.size(), comm::ElemType::kU8, peer(w), ParameterServer::kTagState).wait(d);
+  const ckpt::ShardFile f = write_state_shard(dir, ps_.rank(), ps_.state(), ps_.model_);
+  const std::string text = nlohmann::json{{"file", f.file}, {"bytes", f.bytes}, {"sha256", f.sha256}}.dump();
+  Reply r{ParameterServer::kWireVersion, version(), static_cast<int64_t>(text.size()), opt_.steps(), -1};
+  world_.isend(&r, ParameterServer::kReplyWords, comm::ElemType::kI64, peer(w), ParameterServer::kTagReply).wait(d);
+  world_.isend(text.data(), text.size(), comm::ElemType::kU8, peer(w), ParameterServer::kTagState).wait(d);
+}
+
+void ServerLoop::send_values(int w) {
+  const comm::Deadline d = deadline();
+  Reply r{ParameterServer::kWireVersion, version(), 1, opt_.steps(), -1};
+  world_.isend(&r, ParameterServer::kReplyWords, comm::ElemType::kI64, peer(w), ParameterServer::kTagReply).wait(d);
+  world_.isend(params(), len_, comm::ElemType::kF32, peer(w), ParameterServer::kTagParams).wait(d);
 }
 
 void ServerLoop::stuck(double idle_s) {
@@ -428,11 +439,9 @@ void ServerLoop::stuck(double idle_s) {
   throw CommError(msg);
 }
 
-nlohmann::json ParameterServer::serve(optim::Optimizer& opt,
-                                      const std::function<float(int64_t)>& lr) {
-  if (!is_server())
-    throw Error(str("parallel: rank ", rank(), " of layout ", layout(), " is not a server"));
-  ServerLoop loop(*this, opt, lr);
+nlohmann::json ParameterServer::serve(const std::function<float(int64_t)>& lr) {
+  TESSEL_CHECK(is_server(), "parameter server: rank ", rank(), " is not a server");
+  ServerLoop loop(*this, lr);
   return loop.run();
 }
 

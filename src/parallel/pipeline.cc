@@ -1,27 +1,33 @@
 #include "tessel/parallel/pipeline.h"
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
 
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
-#include "tessel/nn/layers.h"
-#include "tessel/optim/schedule.h"
 
 namespace tessel::parallel {
 
 namespace {
 
-constexpr int kHeaderWords = 8;  // dtype, ndim, up to 6 dimensions
-constexpr int kValueTag = 1;     // the tied table's values after a step
-constexpr int kGatherTag = 2;    // consolidate()
+constexpr int kValueTag = 1;  // the tied table's values after a step
+
+// The first message on a link: what the tensors that follow look like.
+struct TensorHeader {
+  static constexpr int64_t kVersion = 1;
+  static constexpr int kMaxDims = 6;
+  int64_t version = kVersion;
+  int64_t dtype = 0;
+  int64_t ndim = 0;
+  int64_t dims[kMaxDims] = {};
+};
+constexpr size_t kHeaderWords = sizeof(TensorHeader) / sizeof(int64_t);
 
 uint64_t fnv(uint64_t h, int64_t v) { return (h ^ static_cast<uint64_t>(v)) * 1099511628211ull; }
 
 }  // namespace
 
-struct Pipeline::Link {
+struct PipelineExecutor::Link {
   comm::Communicator comm;  // the two ranks of this path: sender and receiver
   int peer = 0;             // the other end's rank in comm
   int peer_stage = 0;
@@ -30,49 +36,34 @@ struct Pipeline::Link {
   Shape tail;  // dimensions after the rows, learned from the header
 };
 
-struct Pipeline::Inflight {
-  std::vector<nn::Module*> slot;
+struct PipelineExecutor::Inflight {
+  nn::Activations* acts = nullptr;
   Shape out_shape;  // the activation sent on, whose gradient comes back
   Tensor dlogits;   // last chunk: the loss gradient, computed right after the forward
-  double bytes = 0;
 };
 
-Pipeline::Pipeline(const ParallelSpec& spec, comm::Communicator& world, nn::Model& model)
-    : Strategy(model, spec), world_(world), layout_(Layout::resolve(spec, world.size())) {
+PipelineExecutor::PipelineExecutor(const ParallelSpec& spec, comm::Communicator& pp,
+                                   nn::Model& model)
+    : spec_(spec), pp_(pp), model_(model), stage_(pp.rank()), stages_(pp.size()) {
   if (spec_.deterministic && spec_.pp_microbatches > 1)
     throw InvalidArgument(
         str("config: train.deterministic runs each ddp.micro_shard micro-shard "
             "through the pipeline as one micro-batch, got pp.microbatches = ",
             spec_.pp_microbatches, "; set pp.microbatches = 1 or train.deterministic = false"));
-  stage_ = layout_.stage(world_.rank());
-  // Everything that can be wrong with the config is checked before the first collective, on
-  // every rank alike (each holds the whole model).
-  part_ = make_partition(spec_, model_, layout_.pp);
-  for (size_t i = 0; i < model_.num_blocks(); ++i)
-    if (!model_.block(i).clone())
-      throw InvalidArgument(str("pipeline: block '", model_.block_name(i), "' (",
-                                model_.block(i).kind(), ") cannot be cloned, but a stage keeps ",
-                                "one copy per micro-batch in flight; implement Module::clone()"));
+  // Everything that can be wrong with the config is checked before the first message, on
+  // every rank alike (each knows the whole model's structure).
+  part_ = make_partition(spec_, model_, stages_);
+  local_.assign(model_.num_blocks(), false);
+  for (size_t c = 0; c < part_.chunks(); ++c)
+    if (part_.stage[c] == stage_)
+      for (size_t b = part_.begin[c]; b < part_.begin[c + 1]; ++b) local_[b] = true;
   find_tied_table();
   schedule_for(static_cast<int>(spec_.pp_microbatches), true);  // a bad schedule fails here
   schedule_for(static_cast<int>(spec_.pp_microbatches), false);
-  groups_ = std::make_unique<Groups>(world_, layout_);
-  for (int c = 0; c < static_cast<int>(part_.chunks()); ++c) {
-    if (part_.stage[c] != stage_) continue;
-    my_chunks_.push_back(c);
-    // Slot 0 of every chunk is the model's own modules; more are cloned on demand.
-    std::vector<nn::Module*> slot;
-    for (size_t i = part_.begin[c]; i < part_.begin[c + 1]; ++i) slot.push_back(&model_.block(i));
-    free_[c].push_back(slot);
-  }
-  owned_ = ranges_of_stage(stage_);
   build_links();
-  // Deterministic mode uses the whole model's buckets, as DataParallel does, so that the
-  // quantisation scales, and so the bits, equal a single worker's.
-  if (spec_.deterministic) exact_.emplace(make_buckets(model_, spec_.bucket_mb));
 }
 
-Pipeline::~Pipeline() {
+PipelineExecutor::~PipelineExecutor() {
   for (Pending& p : pending_) {
     try {
       p.work.wait();
@@ -81,40 +72,50 @@ Pipeline::~Pipeline() {
   }
 }
 
-void Pipeline::find_tied_table() {
+void PipelineExecutor::find_tied_table() {
   auto chunk_of = [&](size_t block) {
     int c = 0;
     while (part_.begin[c + 1] <= block) ++c;
     return c;
   };
-  // A tied LM head borrows the embedding's table: find the block that owns it.
-  const auto& params = model_.parameters();
-  for (size_t i = 0; i < model_.num_blocks(); ++i) {
-    auto* head = dynamic_cast<nn::LmHead*>(&model_.block(i));
-    if (!head) continue;
-    auto it = std::find(params.begin(), params.end(), head->token_table());
-    TESSEL_CHECK(it != params.end(), "pipeline: the LM head's table is not a model parameter");
-    const size_t k = static_cast<size_t>(it - params.begin());
-    for (size_t b = 0; b < model_.num_blocks(); ++b) {
-      auto [first, last] = model_.block_parameters(b);
-      if (k >= first && k < last && part_.stage[chunk_of(b)] != part_.stage[chunk_of(i)]) {
-        tied_from_ = chunk_of(i);
-        tied_to_ = chunk_of(b);
-        tied_grad_ = (*it)->grad;
-        tied_value_ = (*it)->value;
-      }
+  // A block that reads another block's parameters (a tied LM head) on another stage.
+  for (size_t i = 0; i < model_.num_blocks(); ++i)
+    for (nn::Parameter* p : model_.borrowed(i)) {
+      const auto& params = model_.parameters();
+      const size_t k = static_cast<size_t>(std::find(params.begin(), params.end(), p) - params.begin());
+      size_t owner = 0;
+      while (model_.block_parameters(owner).second <= k) ++owner;
+      if (part_.stage[chunk_of(owner)] == part_.stage[chunk_of(i)]) continue;
+      if (tied_from_ >= 0)
+        throw InvalidArgument("pipeline: more than one parameter is shared across stages; "
+                              "put the blocks that share them on one stage (pp.cuts)");
+      tied_from_ = chunk_of(i);
+      tied_to_ = chunk_of(owner);
+      tied_owner_ = owner;
+      tied_param_ = p;
+      tied_range_ = model_.param_range(k);
     }
+  if (tied_from_ < 0 || part_.stage[tied_from_] != stage_) return;
+  // The head's stage reads and accumulates into a copy of the table.
+  {
+    MemoryScope scope(MemCategory::kParameters);
+    tied_value_ = Tensor::zeros({tied_range_.size()});
   }
+  {
+    MemoryScope scope(MemCategory::kGradients);
+    tied_grad_ = Tensor::zeros({tied_range_.size()});
+  }
+  model_.bind_values(tied_range_, tied_value_);
+  model_.bind_grads(tied_range_, tied_grad_);
 }
 
-void Pipeline::build_links() {
+void PipelineExecutor::build_links() {
   // One two-rank communicator per boundary and direction: a rank's sends on a link queue on
   // that link's progress thread and never hold up its receives on another link.
-  comm::Communicator& pp = groups_->pp;
   auto make = [&](int from, int to, int color) {
     const bool mine = stage_ == from || stage_ == to;
     auto link = std::make_unique<Link>();
-    link->comm = pp.split(mine ? color : -1, stage_ == from ? 0 : 1);
+    link->comm = pp_.split(mine ? color : -1, stage_ == from ? 0 : 1);
     if (!mine) return std::unique_ptr<Link>();
     link->peer = 1 - link->comm.rank();
     link->peer_stage = stage_ == from ? to : from;
@@ -128,108 +129,77 @@ void Pipeline::build_links() {
   if (tied_from_ >= 0) tied_ = make(part_.stage[tied_from_], part_.stage[tied_to_], 0);
 }
 
-Ranges Pipeline::ranges_of_stage(int stage) const {
-  Ranges r;
-  const auto& entries = model_.params().entries();
-  for (size_t c = 0; c < part_.chunks(); ++c) {
-    if (part_.stage[c] != stage) continue;
-    size_t first = model_.block_parameters(part_.begin[c]).first;
-    size_t last = model_.block_parameters(part_.begin[c + 1] - 1).second;
-    if (first == last) continue;
-    const int64_t lo = entries[first].offset;
-    const int64_t hi = entries[last - 1].offset + shape_numel(entries[last - 1].shape);
-    if (!r.empty() && r.back().second == lo)
-      r.back().second = hi;
-    else
-      r.emplace_back(lo, hi);
-  }
-  return r;
-}
-
-const std::vector<std::vector<Task>>& Pipeline::schedule_for(int micro, bool training) {
+const std::vector<std::vector<Task>>& PipelineExecutor::schedule_for(int micro, bool training) {
   auto key = std::make_pair(micro, training);
   auto it = schedules_.find(key);
   if (it != schedules_.end()) return it->second;
-  auto s = make_schedule(part_, layout_.pp, micro, training ? spec_.pp_schedule : "forward");
+  auto s = make_schedule(part_, stages_, micro, training ? spec_.pp_schedule : "forward");
   check_schedule(part_, s, micro, training ? tied_from_ : -1, tied_to_);
   return schedules_[key] = std::move(s);
 }
 
-void Pipeline::on_start() {
-  // Every stage of a pipeline must run the same schedule (same config), and the replicas of a
-  // stage must start from the same parameters.
+void PipelineExecutor::start(ParamStore& store) {
+  // Every stage of a pipeline must run the same schedule (same config).
   const auto& sched = schedule_for(static_cast<int>(spec_.pp_microbatches), true);
   uint64_t h = fnv(1469598103934665603ull, static_cast<int64_t>(part_.chunks()));
   for (size_t c = 0; c <= part_.chunks(); ++c) h = fnv(h, static_cast<int64_t>(part_.begin[c]));
   for (const auto& order : sched)
     for (const Task& t : order) h = fnv(fnv(fnv(h, static_cast<int>(t.op)), t.chunk), t.micro);
-  std::vector<int64_t> all(static_cast<size_t>(layout_.pp));
+  std::vector<int64_t> all(static_cast<size_t>(stages_));
   const int64_t mine = static_cast<int64_t>(h >> 1);
-  groups_->pp.allgather(&mine, all.data(), 1, comm::ElemType::kI64);
-  for (int s = 0; s < layout_.pp; ++s)
+  pp_.allgather(&mine, all.data(), 1, comm::ElemType::kI64);
+  for (int s = 0; s < stages_; ++s)
     if (all[s] != all[0])
-      throw Error(str("pipeline: stage ", s, " of replica ", layout_.replica(rank()),
-                      " computed a different partition or schedule than stage 0; every rank must "
-                      "run the same config"));
-  check_replicas(0);
+      throw Error(str("pipeline: stage ", s, " computed a different partition or schedule than "
+                      "stage 0; every rank must run the same config"));
+  sync_tied_table(store);
 }
 
-void Pipeline::check_replicas(int64_t step) {
-  if (layout_.dp == 1) return;
-  uint64_t p = 1469598103934665603ull;
-  const float* v = model_.params().flat().data<float>();
-  for (auto [lo, hi] : owned_)
-    for (int64_t i = lo; i < hi; ++i) {
-      uint32_t bits;
-      std::memcpy(&bits, v + i, 4);
-      p = fnv(p, bits);
-    }
-  std::vector<int64_t> sums(static_cast<size_t>(layout_.dp));
-  const int64_t mine = static_cast<int64_t>(p >> 1);
-  groups_->dp.allgather(&mine, sums.data(), 1, comm::ElemType::kI64);
-  for (int r = 1; r < layout_.dp; ++r)
-    if (sums[r] != sums[0])
-      throw Error(str("pipeline: at step ", step, " stage ", stage_, " of replica ", r,
-                      " holds other parameters than replica 0; every rank must start from the "
-                      "same seed and checkpoint (this is a bug if they did)"));
+void PipelineExecutor::sync_tied_table(ParamStore& store) {
+  if (!tied_) return;
+  const size_t n = static_cast<size_t>(tied_range_.size());
+  if (stage_ == part_.stage[tied_to_]) {
+    std::vector<float> table(n);
+    store.copy_values(tied_range_, table.data());
+    tied_->comm.send(table.data(), n, comm::ElemType::kF32, tied_->peer, kValueTag);
+  } else {
+    tied_->comm.recv(tied_value_.data<float>(), n, comm::ElemType::kF32, tied_->peer, kValueTag);
+  }
 }
 
-std::vector<nn::Module*> Pipeline::acquire(int chunk) {
+nn::Activations* PipelineExecutor::acquire(int chunk) {
   auto& free = free_[chunk];
   if (free.empty()) {
-    const double t0 = now_seconds();
-    std::vector<std::unique_ptr<nn::Module>> copy;
-    std::vector<nn::Module*> slot;
-    for (size_t i = part_.begin[chunk]; i < part_.begin[chunk + 1]; ++i) {
-      copy.push_back(model_.block(i).clone());
-      slot.push_back(copy.back().get());
-    }
-    clones_[chunk].push_back(std::move(copy));
-    free.push_back(slot);
-    clone_s_ += now_seconds() - t0;
+    auto acts = std::make_unique<nn::Activations>();
+    acts->caches.resize(model_.num_blocks());
+    nn::Activations& scratch = scratch_[chunk];
+    if (scratch.caches.empty()) scratch.caches.resize(model_.num_blocks());
+    for (size_t b = 0; b < acts->caches.size(); ++b)
+      acts->caches[b].share_scratch(&scratch.caches[b]);
+    free.push_back(acts.get());
+    acts_[chunk].push_back(std::move(acts));
   }
-  std::vector<nn::Module*> slot = free.back();
+  nn::Activations* a = free.back();
   free.pop_back();
-  return slot;
+  return a;
 }
 
-void Pipeline::release(int chunk, const std::vector<nn::Module*>& slot) {
-  free_[chunk].push_back(slot);
-}
-
-void Pipeline::send(Link& link, const Tensor& t) {
+void PipelineExecutor::send(Link& link, const Tensor& t) {
   const double t0 = now_seconds();
+  MemoryScope scope(MemCategory::kComm);
   Pending p;
-  p.keep = t.clone();  // the module may overwrite its buffer before the receiver copies it
+  p.keep = t.clone();  // the cache may overwrite its buffer before the receiver copies it
   if (link.first) {
-    TESSEL_CHECK(t.ndim() >= 1 && t.ndim() <= kHeaderWords - 2, "pipeline: cannot send a ",
+    TESSEL_CHECK(t.ndim() >= 1 && t.ndim() <= TensorHeader::kMaxDims, "pipeline: cannot send a ",
                  t.ndim(), "-d tensor");
-    auto h = std::make_shared<std::vector<int64_t>>(kHeaderWords, 0);
-    (*h)[0] = static_cast<int64_t>(t.dtype());
-    (*h)[1] = t.ndim();
-    for (int i = 0; i < t.ndim(); ++i) (*h)[2 + i] = t.dim(i);
-    pending_.push_back(
-        {link.comm.isend(h->data(), kHeaderWords, comm::ElemType::kI64, link.peer), Tensor(), h});
+    TensorHeader h;
+    h.dtype = static_cast<int64_t>(t.dtype());
+    h.ndim = t.ndim();
+    for (int i = 0; i < t.ndim(); ++i) h.dims[i] = t.dim(i);
+    auto words = std::make_shared<std::vector<int64_t>>(kHeaderWords);
+    std::memcpy(words->data(), &h, sizeof h);
+    pending_.push_back({link.comm.isend(words->data(), kHeaderWords, comm::ElemType::kI64, link.peer),
+                        Tensor(), words});
     link.first = false;
   }
   p.work = link.comm.isend(p.keep.raw(), static_cast<size_t>(p.keep.numel()),
@@ -246,16 +216,18 @@ void Pipeline::send(Link& link, const Tensor& t) {
   send_s_ += now_seconds() - t0;
 }
 
-Tensor Pipeline::recv(Link& link, int64_t rows, const Shape* expect, const std::string& what) {
+Tensor PipelineExecutor::recv(Link& link, int64_t rows, const Shape* expect, const std::string& what) {
   const double t0 = now_seconds();
   if (link.first) {
-    std::vector<int64_t> h(kHeaderWords);
-    link.comm.recv(h.data(), kHeaderWords, comm::ElemType::kI64, link.peer);
-    if (h[0] < 0 || h[0] > static_cast<int64_t>(DType::kU8) || h[1] < 1 || h[1] > kHeaderWords - 2)
+    TensorHeader h;
+    link.comm.recv(&h, kHeaderWords, comm::ElemType::kI64, link.peer);
+    if (h.version != TensorHeader::kVersion || h.dtype < 0 ||
+        h.dtype > static_cast<int64_t>(DType::kU8) || h.ndim < 1 || h.ndim > TensorHeader::kMaxDims)
       throw Error(str("pipeline: stage ", stage_, " got a malformed header for the ", what,
-                      " from stage ", link.peer_stage, " (dtype ", h[0], ", ", h[1], " dims)"));
-    const DType dtype = static_cast<DType>(h[0]);
-    Shape got(h.begin() + 2, h.begin() + 2 + h[1]);
+                      " from stage ", link.peer_stage, " (version ", h.version, ", dtype ", h.dtype,
+                      ", ", h.ndim, " dims); every stage must run the same tessel build"));
+    const DType dtype = static_cast<DType>(h.dtype);
+    Shape got(h.dims, h.dims + h.ndim);
     Shape want = expect ? *expect : got;
     if (!expect) want[0] = rows;
     if (got != want || (expect && dtype != DType::kF32))
@@ -269,7 +241,11 @@ Tensor Pipeline::recv(Link& link, int64_t rows, const Shape* expect, const std::
   }
   Shape shape = {rows};
   shape.insert(shape.end(), link.tail.begin(), link.tail.end());
-  Tensor t = Tensor::empty(shape, link.dtype);
+  Tensor t;
+  {
+    MemoryScope scope(MemCategory::kComm);
+    t = Tensor::empty(shape, link.dtype);
+  }
   link.comm.recv(t.raw(), static_cast<size_t>(t.numel()), comm::elem_type(link.dtype), link.peer);
   if (expect && *expect != shape)
     throw Error(str("pipeline: stage ", stage_, " expected the ", what, " from stage ",
@@ -278,23 +254,22 @@ Tensor Pipeline::recv(Link& link, int64_t rows, const Shape* expect, const std::
   return t;
 }
 
-void Pipeline::wait_sends() {
+void PipelineExecutor::wait_sends() {
   const double t0 = now_seconds();
   for (Pending& p : pending_) p.work.wait();
   pending_.clear();
   send_s_ += now_seconds() - t0;
 }
 
-PieceResult Pipeline::train_piece(const Piece& piece, nn::CrossEntropyLoss& loss) {
-  return run(piece, loss, true);
+PieceStats PipelineExecutor::train(const Piece& piece, nn::Loss& loss, const Hooks& hooks) {
+  return run(piece, loss, hooks, true);
 }
 
-PieceResult Pipeline::eval_piece(const Piece& piece, nn::CrossEntropyLoss& loss) {
-  return run(piece, loss, false);
+PieceStats PipelineExecutor::eval(const Piece& piece, nn::Loss& loss, const Hooks& hooks) {
+  return run(piece, loss, hooks, false);
 }
 
-PieceResult Pipeline::run(const Piece& piece, nn::CrossEntropyLoss& loss, bool training) {
-  const int64_t rows = piece.y.dim(0);
+void PipelineExecutor::plan_micro_batches(int64_t rows, bool training) {
   const int64_t m_spec = spec_.pp_microbatches;
   if (training && !checked_rows_) {  // the first piece is a full batch slice
     checked_rows_ = true;
@@ -313,29 +288,35 @@ PieceResult Pipeline::run(const Piece& piece, nn::CrossEntropyLoss& loss, bool t
     if (j > 0) micro_first_[j] = micro_first_[j - 1] + micro_rows_[j - 1];
   }
   piece_rows_ = rows;
-  piece_weight_ = piece.weight;
+}
+
+PieceStats PipelineExecutor::run(const Piece& piece, nn::Loss& loss, const Hooks& hooks,
+                                 bool training) {
+  plan_micro_batches(piece.y.dim(0), training);
+  const int m = static_cast<int>(micro_rows_.size());
   const auto& order = schedule_for(m, training)[stage_];
-  PieceResult result;
+  PieceStats result;
   if (training) {
     // Line the stages up so that each stage's idle time is the schedule's, not the skew left
     // by the previous step.
     const double b0 = now_seconds();
-    groups_->pp.barrier();
+    pp_.barrier();
     recv_s_ += now_seconds() - b0;
     trace_.clear();
   }
+  MemoryScope scope(MemCategory::kActivations);
   t0_ = now_seconds();
   for (const Task& t : order) {
     if (t.op == TaskOp::kForward)
-      forward_task(t, piece, loss, training, result);
+      forward_task(t, piece, loss, hooks, training, result);
     else
-      backward_task(t);
+      backward_task(t, piece, hooks);
     if (training) trace_.push_back({t.op, t.chunk, t.micro, task_start_ - t0_, task_end_ - t0_});
   }
   wait_sends();
   if (training) {
     // A stage that finishes early idles until the last one is done: the drain is bubble too.
-    groups_->pp.barrier();
+    pp_.barrier();
     span_s_ += now_seconds() - t0_;
     TESSEL_CHECK(inflight_.empty(), "pipeline: ", inflight_.size(),
                  " micro-batches still in flight after the schedule");
@@ -343,8 +324,8 @@ PieceResult Pipeline::run(const Piece& piece, nn::CrossEntropyLoss& loss, bool t
   return result;
 }
 
-void Pipeline::forward_task(const Task& t, const Piece& piece, nn::CrossEntropyLoss& loss,
-                            bool training, PieceResult& result) {
+void PipelineExecutor::forward_task(const Task& t, const Piece& piece, nn::Loss& loss,
+                                    const Hooks& hooks, bool training, PieceStats& result) {
   const int c = t.chunk, j = t.micro;
   const int C = static_cast<int>(part_.chunks());
   const int64_t rows = micro_rows_[j];
@@ -359,43 +340,32 @@ void Pipeline::forward_task(const Task& t, const Piece& piece, nn::CrossEntropyL
   const double t0 = task_start_ = now_seconds();
   nn::Context ctx = piece.ctx;
   ctx.first_sample += micro_first_[j];  // dropout masks follow the global sample index
-  // Evaluation keeps nothing for a backward: the model's own modules serve every micro-batch.
-  std::vector<nn::Module*> slot = training ? acquire(c) : free_[c].front();
-  Tensor h = x;
-  double bytes = static_cast<double>(x.nbytes());
-  for (nn::Module* mod : slot) {
-    h = mod->forward(h, ctx);
-    bytes += static_cast<double>(h.nbytes());
-  }
   Inflight fl;
+  if (training) fl.acts = acquire(c);
+  const nn::BlockHook hook = [&](nn::Phase p, size_t b) { hooks(p, b, false); };
+  Tensor h = model_.forward(x, ctx, fl.acts, hook, part_.begin[c], part_.begin[c + 1]);
   if (c + 1 == C) {
     Shape ys = piece.y.shape();
     ys[0] = rows;
     const Tensor y = piece.y.view(micro_first_[j] * (piece.y.numel() / piece.y.dim(0)), ys);
-    const float l = loss.forward(h, y);
-    if (training) check_loss(l, piece.ctx.step);
-    result.loss_sum += static_cast<double>(l) * rows;
-    result.correct += static_cast<double>(loss.correct()) * rows / loss.count();
+    const nn::LossValue v = loss.forward(h, y);
+    if (training) check_loss(v.mean, piece.ctx.step);
+    result.loss_sum += static_cast<double>(v.mean) * rows;
+    result.correct += static_cast<double>(v.correct) * rows / static_cast<double>(v.positions);
     result.rows += rows;
-    if (training) {  // this micro-batch's share of the piece's loss gradient
-      fl.dlogits = loss.backward(static_cast<float>(piece_weight_ * rows / piece_rows_)).clone();
-      bytes += static_cast<double>(fl.dlogits.nbytes());
-    }
+    if (training)  // this micro-batch's share of the piece's loss gradient
+      fl.dlogits = loss.backward(static_cast<float>(piece.weight * rows / piece_rows_)).clone();
   }
   task_end_ = now_seconds();
   forward_s_ += task_end_ - t0;
   if (c + 1 < C) send(*fwd_[c], h);
   if (!training) return;
-  fl.slot = std::move(slot);
   fl.out_shape = h.shape();
-  fl.bytes = bytes;
   inflight_[{c, j}] = std::move(fl);
-  act_bytes_ += bytes;
-  peak_act_bytes_ = std::max(peak_act_bytes_, act_bytes_);
   peak_inflight_ = std::max(peak_inflight_, static_cast<int>(inflight_.size()));
 }
 
-void Pipeline::backward_task(const Task& t) {
+void PipelineExecutor::backward_task(const Task& t, const Piece& piece, const Hooks& hooks) {
   const int c = t.chunk, j = t.micro;
   const int C = static_cast<int>(part_.chunks());
   auto it = inflight_.find({c, j});
@@ -404,15 +374,23 @@ void Pipeline::backward_task(const Task& t) {
   Inflight& fl = it->second;
   Tensor dy = c + 1 == C ? fl.dlogits
                          : recv(*bwd_[c], micro_rows_[j], &fl.out_shape, "activation gradient");
+  Tensor tied_grad;
   if (c == tied_to_ && tied_) {  // the LM head's share of the table gradient comes first
-    Tensor g = recv(*tied_, tied_grad_.dim(0), &tied_grad_.shape(), "tied-table gradient");
-    float* dst = tied_grad_.data<float>();
-    const float* src = g.data<float>();
-    for (int64_t i = 0; i < g.numel(); ++i) dst[i] += src[i];
+    const Shape table{tied_range_.size()};
+    tied_grad = recv(*tied_, tied_range_.size(), &table, "tied-table gradient");
   }
+  const bool last = piece.last && j + 1 == static_cast<int>(micro_rows_.size());
+  // The table's gradient memory is bound by the gradient sync's hook: add the head's share
+  // right after it, before the embedding's own backward.
+  const nn::BlockHook hook = [&](nn::Phase p, size_t b) {
+    hooks(p, b, last);
+    if (p != nn::Phase::kBeforeBackward || b != tied_owner_ || !tied_grad.defined()) return;
+    float* dst = tied_param_->grad.data<float>();
+    const float* src = tied_grad.data<float>();
+    for (int64_t i = 0; i < tied_grad.numel(); ++i) dst[i] += src[i];
+  };
   const double t0 = task_start_ = now_seconds();
-  Tensor g = dy;
-  for (size_t k = fl.slot.size(); k-- > 0;) g = fl.slot[k]->backward(g);
+  Tensor g = model_.backward(dy, *fl.acts, hook, part_.begin[c], part_.begin[c + 1]);
   task_end_ = now_seconds();
   backward_s_ += task_end_ - t0;
   if (c == tied_from_ && tied_) {
@@ -420,146 +398,40 @@ void Pipeline::backward_task(const Task& t) {
     tied_grad_.zero_();
   }
   if (c > 0) send(*bwd_[c - 1], g);
-  release(c, fl.slot);
-  act_bytes_ -= fl.bytes;
+  free_[c].push_back(fl.acts);
   inflight_.erase(it);
 }
 
-void Pipeline::collect_shard() { exact_->collect(model_.grads().flat()); }
-
-void Pipeline::step(optim::Optimizer& opt, float lr, float clip_norm, int64_t step) {
-  const double t0 = now_seconds();
-  float* g = model_.grads().flat().data<float>();
-  if (spec_.deterministic) {
-    // Scales agreed over every rank (a bucket may span stages); integers summed over the dp
-    // group, on the owned ranges only.
-    Tensor grads = model_.grads().flat();
-    exact_->reduce(grads, &groups_->workers, layout_.dp > 1 ? &groups_->dp : nullptr, owned_);
-  } else if (layout_.dp > 1) {
-    for (auto [lo, hi] : owned_)
-      groups_->dp.allreduce(g + lo, static_cast<size_t>(hi - lo), comm::ElemType::kF32);
-  }
-  // The global norm: each element is owned by one stage, and the dp replicas already agree.
-  double sq = 0;
-  if (clip_norm > 0) {
-    for (auto [lo, hi] : owned_) sq += optim::sum_squares(g + lo, hi - lo);
-    groups_->pp.allreduce(&sq, 1, comm::ElemType::kF64);
-  }
-  reduce_s_ += now_seconds() - t0;
-  // One optimizer step over several ranges (round_robin): AdamW counts calls.
-  const int64_t steps = opt.steps();
-  for (auto [lo, hi] : owned_) {
-    opt.set_steps(steps);
-    update(opt, lr, clip_norm, lo, hi, [sq](double* s) { *s = sq; });
-  }
-  if (owned_.empty()) opt.set_steps(steps + 1);
-  if (tied_) {  // the head's copy of the table follows the embedding's update
-    const double t1 = now_seconds();
-    if (stage_ == part_.stage[tied_to_])
-      tied_->comm.send(tied_value_.raw(), static_cast<size_t>(tied_value_.numel()),
-                       comm::ElemType::kF32, tied_->peer, kValueTag);
-    else
-      tied_->comm.recv(tied_value_.raw(), static_cast<size_t>(tied_value_.numel()),
-                       comm::ElemType::kF32, tied_->peer, kValueTag);
-    reduce_s_ += now_seconds() - t1;
-  }
-  if (spec_.check_every > 0 && (step + 1) % spec_.check_every == 0) check_replicas(step + 1);
-}
-
-void Pipeline::consolidate(optim::Optimizer& opt) {
-  if (layout_.replica(rank()) != 0) return;  // replica 0 holds every stage
-  comm::Communicator& pp = groups_->pp;
-  float* params = model_.params().flat().data<float>();
-  auto state = opt.state();
-  const int64_t n = model_.params().numel();
-  for (int s = 1; s < layout_.pp; ++s) {
-    if (stage_ != 0 && stage_ != s) continue;
-    for (auto [lo, hi] : ranges_of_stage(s)) {
-      std::vector<float*> bufs = {params + lo};
-      for (auto& [name, t] : state)
-        if (t.numel() == n) bufs.push_back(t.data<float>() + lo);
-      for (float* b : bufs) {
-        if (stage_ == 0)
-          pp.recv(b, static_cast<size_t>(hi - lo), comm::ElemType::kF32, s, kGatherTag);
-        else
-          pp.send(b, static_cast<size_t>(hi - lo), comm::ElemType::kF32, 0, kGatherTag);
+void PipelineExecutor::idle(const Hooks& hooks, bool training, bool last) {
+  // The schedule of one micro-batch, without compute or messages (the whole replica is idle).
+  for (const Task& t : schedule_for(1, training)[stage_]) {
+    const size_t lo = part_.begin[t.chunk], hi = part_.begin[t.chunk + 1];
+    if (t.op == TaskOp::kForward) {
+      for (size_t b = lo; b < hi; ++b) {
+        hooks(nn::Phase::kBeforeForward, b, last);
+        hooks(nn::Phase::kAfterForward, b, last);
+      }
+    } else {
+      for (size_t b = hi; b-- > lo;) {
+        hooks(nn::Phase::kBeforeBackward, b, last);
+        hooks(nn::Phase::kAfterBackward, b, last);
       }
     }
   }
 }
 
-void Pipeline::sum(double* values, int n) {
-  groups_->workers.allreduce(values, static_cast<size_t>(n), comm::ElemType::kF64);
-}
-
-void Pipeline::max(double* values, int n) {
-  groups_->workers.allreduce(values, static_cast<size_t>(n), comm::ElemType::kF64,
-                             comm::ReduceOp::kMax);
-}
-
-std::vector<double> Pipeline::gather(double value) {
-  std::vector<double> all(static_cast<size_t>(groups_->workers.size()));
-  groups_->workers.allgather(&value, all.data(), 1, comm::ElemType::kF64);
-  return all;
-}
-
-nlohmann::json Pipeline::take_metrics() {
-  // Per rank: the figures every rank reports, gathered so that every rank returns the same.
-  std::vector<double> mine = {static_cast<double>(stage_),
-                              forward_s_,
-                              backward_s_,
-                              send_s_,
-                              recv_s_,
-                              span_s_,
-                              peak_act_bytes_,
-                              static_cast<double>(peak_inflight_),
-                              reduce_s_,
-                              sent_bytes_,
-                              clone_s_};
-  const size_t k = mine.size();
-  std::vector<double> all(k * static_cast<size_t>(groups_->workers.size()));
-  groups_->workers.allgather(mine.data(), all.data(), k, comm::ElemType::kF64);
-  nlohmann::json stages = nlohmann::json::array();
-  double bubble_sum = 0;
-  for (int r = 0; r < groups_->workers.size(); ++r) {
-    const double* v = all.data() + k * r;
-    const double bubble = v[5] > 0 ? std::max(0.0, 1.0 - (v[1] + v[2]) / v[5]) : 0.0;
-    bubble_sum += bubble;
-    stages.push_back({{"rank", r},
-                      {"stage", static_cast<int>(v[0])},
-                      {"replica", layout_.replica(r)},
-                      {"forward_seconds", v[1]},
-                      {"backward_seconds", v[2]},
-                      {"send_seconds", v[3]},
-                      {"recv_wait_seconds", v[4]},
-                      {"idle_seconds", std::max(0.0, v[5] - v[1] - v[2])},
-                      {"schedule_seconds", v[5]},
-                      {"bubble_fraction", bubble},
-                      {"peak_activation_bytes", v[6]},
-                      {"peak_inflight_microbatches", static_cast<int>(v[7])},
-                      {"grad_reduce_seconds", v[8]},
-                      {"sent_bytes", v[9]},
-                      {"clone_seconds", v[10]}});
-  }
-  const double P = layout_.pp, m = static_cast<double>(spec_.pp_microbatches);
-  std::vector<std::vector<std::string>> blocks(static_cast<size_t>(layout_.pp));
-  for (size_t c = 0; c < part_.chunks(); ++c)
-    for (size_t i = part_.begin[c]; i < part_.begin[c + 1]; ++i)
-      blocks[part_.stage[c]].push_back(model_.block_name(i));
-  nlohmann::json out = {{"comm_exposed_seconds", send_s_ + recv_s_ + reduce_s_},
-                        {"comm_overlapped_seconds", 0.0},
-                        {"optimizer_seconds", optimizer_seconds_},
-                        {"pipeline_schedule", spec_.pp_schedule},
-                        {"pipeline_microbatches", spec_.pp_microbatches},
-                        {"pipeline_partition", spec_.pp_cuts.empty() ? spec_.pp_partition : "cuts"},
-                        {"pipeline_stage_blocks", blocks},
-                        {"pipeline_bubble_fraction_model", (P - 1) / (m + P - 1)},
-                        {"pipeline_bubble_fraction_measured", bubble_sum / groups_->workers.size()},
-                        {"pipeline_stages", stages}};
-  forward_s_ = backward_s_ = send_s_ = recv_s_ = span_s_ = reduce_s_ = clone_s_ = 0;
-  sent_bytes_ = optimizer_seconds_ = peak_act_bytes_ = 0;
+void PipelineExecutor::take_stats(RankStats& s) {
+  s.stage = stage_;
+  s.forward_s += forward_s_;
+  s.backward_s += backward_s_;
+  s.send_s += send_s_;
+  s.recv_wait_s += recv_s_;
+  s.schedule_s += span_s_;
+  s.sent_bytes += sent_bytes_;
+  s.comm_exposed_s += send_s_ + recv_s_;
+  s.peak_inflight = std::max(s.peak_inflight, static_cast<double>(peak_inflight_));
+  forward_s_ = backward_s_ = send_s_ = recv_s_ = span_s_ = sent_bytes_ = 0;
   peak_inflight_ = 0;
-  return out;
 }
 
 }  // namespace tessel::parallel

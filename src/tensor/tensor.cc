@@ -24,19 +24,34 @@ std::string shape_str(const Shape& shape) {
 Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   size_t rounded = (bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes;
   if (rounded == 0) rounded = kAlignBytes;
+  if (const auto& ledger = current_ledger()) {  // throws before allocating when over the limit
+    ledger->charge(current_category(), static_cast<int64_t>(rounded));
+    ledger_ = ledger;
+    category_ = current_category();
+    charged_ = static_cast<int64_t>(rounded);
+  }
   data_ = std::aligned_alloc(kAlignBytes, rounded);
-  if (data_ == nullptr) throw std::bad_alloc();
+  if (data_ == nullptr) {
+    free_own();
+    throw std::bad_alloc();
+  }
   std::memset(data_, 0, rounded);
 }
 
 Storage::~Storage() {
-  if (!keep_) std::free(data_);
+  if (!keep_) free_own();
+}
+
+void Storage::free_own() noexcept {
+  std::free(data_);
+  if (ledger_) ledger_->release(category_, charged_);
+  ledger_.reset();
 }
 
 void Storage::rebind(void* data, std::shared_ptr<void> keep) {
   TESSEL_CHECK(data && keep && reinterpret_cast<uintptr_t>(data) % kAlignBytes == 0,
                "storage: rebind to a null, unowned or unaligned buffer");
-  if (!keep_) std::free(data_);
+  if (!keep_) free_own();
   data_ = data;
   keep_ = std::move(keep);
 }

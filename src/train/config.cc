@@ -152,13 +152,16 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("runtime.threads", runtime.threads, "BLAS threads of this process"),
       TESSEL_KEY("runtime.workers", runtime.workers, "ranks run as threads of this process (same as --workers)"),
       TESSEL_KEY("runtime.backend", runtime.backend, "auto, threads or mpi (auto: mpi when started by an MPI launcher)"),
+      TESSEL_KEY("runtime.memory_limit_mb", parallel.memory_limit_mb, "per-rank memory limit in MiB for tensors (parameters, gradients, optimizer state, activations, communication buffers); a rank that would pass it fails naming the category and the ZeRO stage that shards it (0: none)"),
       TESSEL_KEY("comm.timeout_s", comm.timeout_s, "deadline in seconds of every blocking communication"),
       TESSEL_KEY("comm.algorithm", comm.algorithm, "collective algorithm: auto, ring, halving_doubling, tree, direct, native"),
       TESSEL_KEY("ddp.bucket_mb", parallel.bucket_mb, "gradient bucket size in MiB; buckets are all-reduced while backward runs"),
-      TESSEL_KEY("ddp.overlap", parallel.overlap, "auto, on or off: on all-reduces gradient buckets on a progress thread during the backward pass; off reduces at the step, sharded (reduce-scatter, update 1/N, all-gather); auto: on only with a spare core per rank"),
-      TESSEL_KEY("ddp.shared_memory", parallel.shared_memory, "sharded step (ddp.overlap off) of ranks on one host: keep one parameter copy in shared memory and sum gradients straight from each other's memory instead of sending messages; false: messages, as between hosts"),
+      TESSEL_KEY("ddp.overlap", parallel.overlap, "auto, on or off: on runs each gradient bucket's collective (and ZeRO-3 prefetches) on a progress thread while the backward pass computes; off runs it on the compute thread as soon as the bucket is complete; auto: on only with a spare core per rank"),
+      TESSEL_KEY("ddp.shared_memory", parallel.shared_memory, "zero.stage = 1 among ranks of one host: keep one parameter copy in shared memory and sum gradients straight from each other's memory instead of sending messages; false: messages, as between hosts"),
       TESSEL_KEY("ddp.check_every", parallel.check_every, "steps between cross-rank parameter checksums (0: off)"),
       TESSEL_KEY("ddp.micro_shard", parallel.micro_shard, "deterministic mode: rows per fixed micro-shard"),
+      TESSEL_KEY("zero.stage", parallel.zero_stage, "sharded data parallelism over the dp ranks: 0 replicated, 1 optimizer state sharded (allocated 1/N per rank), 2 gradients too (buckets reduce-scattered during backward), 3 parameters too (gathered per block before forward and backward, released after)"),
+      TESSEL_KEY("zero.prefetch", parallel.zero_prefetch, "zero.stage = 3: gather the next block's parameters on a progress thread while this block computes (the order is recorded on the first step)"),
       TESSEL_KEY("pp.stages", parallel.pp_stages, "pipeline stages: the model's blocks cut into this many contiguous stages (1: no pipeline); the world is dp x pp ranks"),
       TESSEL_KEY("pp.microbatches", parallel.pp_microbatches, "micro-batches each rank's batch is cut into for the pipeline schedule"),
       TESSEL_KEY("pp.schedule", parallel.pp_schedule, "gpipe (all forwards, then all backwards) or 1f1b (one forward, one backward after warm-up)"),
@@ -279,6 +282,10 @@ void validate(const Config& c) {
           str("ddp.overlap must be auto, on or off, got '", c.parallel.overlap, "'"));
   require(c.parallel.check_every >= 0, str("ddp.check_every must be >= 0 (0 = off), got ", c.parallel.check_every));
   require(c.parallel.micro_shard >= 1, str("ddp.micro_shard must be >= 1, got ", c.parallel.micro_shard));
+  require(c.parallel.zero_stage >= 0 && c.parallel.zero_stage <= 3,
+          str("zero.stage must be 0, 1, 2 or 3, got ", c.parallel.zero_stage));
+  require(c.parallel.memory_limit_mb >= 0,
+          str("runtime.memory_limit_mb must be >= 0 (0 = no limit), got ", c.parallel.memory_limit_mb));
   require(!c.parallel.deterministic || c.train.batch % c.parallel.micro_shard == 0,
           str("train.deterministic needs train.batch (", c.train.batch,
               ") to be a multiple of ddp.micro_shard (", c.parallel.micro_shard, ")"));

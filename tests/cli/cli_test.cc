@@ -114,7 +114,7 @@ TEST_F(Cli, CorruptCheckpoints) {
   std::string ckpt_dir = path("run") + "/checkpoints/";
   std::string latest;
   std::ifstream(ckpt_dir + "latest") >> latest;
-  std::string model = ckpt_dir + latest + "/model.safetensors";
+  std::string model = ckpt_dir + latest + "/shard-00000.safetensors";
   ASSERT_TRUE(fs::exists(model)) << model;
   std::string eval = "eval " + kExamples + "/spiral.toml --checkpoint " + path("run");
   ASSERT_EQ(run(eval).exit_code, 0);
@@ -124,17 +124,17 @@ TEST_F(Cli, CorruptCheckpoints) {
   // Truncated file.
   auto size = fs::file_size(model);
   fs::resize_file(model, size / 2);
-  expect_error(run(eval), "model.safetensors");
+  expect_error(run(eval), "shard-00000.safetensors");
   // Bad header: a header length larger than the file.
   {
     std::fstream f(model, std::ios::in | std::ios::out | std::ios::binary);
     uint64_t huge = 1ull << 40;
     f.write(reinterpret_cast<const char*>(&huge), 8);
   }
-  expect_error(run(eval), "model.safetensors");
+  expect_error(run(eval), "shard-00000.safetensors");
   // Missing file.
   fs::remove(model);
-  expect_error(run(eval), "model.safetensors");
+  expect_error(run(eval), "shard-00000.safetensors");
   expect_error(run("eval " + kExamples + "/spiral.toml --checkpoint " + path("none")), "none");
 }
 
@@ -151,6 +151,28 @@ TEST_F(Cli, EvalRunsAPipelineCheckpointInOneProcess) {
   auto out = nlohmann::json::parse(e.output);
   EXPECT_EQ(out["params_sha256"], summary["params_sha256"]);
   EXPECT_EQ(out["test_accuracy"], summary["test_accuracy"]);
+}
+
+TEST_F(Cli, ExportedZeroThreeCheckpointGivesTheSameLogitsInPyTorch) {
+  // Trained with ZeRO-3 on 2 workers (no rank ever holds the whole model), exported as one
+  // plain safetensors file: PyTorch's MLP on those weights gives tessel eval's logits.
+  if (std::system("/usr/bin/python3 -c 'import torch, numpy' > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "python3-torch or python3-numpy is not installed";
+  Result r = run("train " + kExamples + "/fashion_mlp.toml --quiet --workers 2 "
+                 "--set zero.stage=3 --set train.max_steps=60 --set train.epochs=1 "
+                 "--run-dir " + path("z3"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  Result x = run("ckpt export " + path("z3") + " " + path("model.safetensors"));
+  ASSERT_EQ(x.exit_code, 0) << x.output;
+  Result e = run("eval " + kExamples + "/fashion_mlp.toml --checkpoint " + path("z3") +
+                 " --logits " + path("logits.npy") + " --limit 100");
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  auto out = nlohmann::json::parse(e.output);
+  EXPECT_EQ(out["params_sha256"], read_json(path("z3") + "/summary.json")["params_sha256"]);
+  const std::string check = "/usr/bin/python3 " + std::string(TESSEL_SOURCE_DIR) +
+                            "/tests/fixtures/torch_logits.py " + path("model.safetensors") + " " +
+                            path("logits.npy") + " /usr/share/datasets/fashion-mnist 2>&1";
+  EXPECT_EQ(std::system(check.c_str()), 0) << check;
 }
 
 TEST_F(Cli, InterruptedAndResumedRunMatchesUninterrupted) {

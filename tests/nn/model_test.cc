@@ -1,10 +1,16 @@
-// Model contract: arena layout and names, deterministic init, block slicing and the
-// after_block callback, builder validation, FLOPs, and buffer reuse in steady state.
+// Model contract: the flat layout (names, offsets, block ranges, overlaps, who uses whose
+// parameters), deterministic init (materialize and init_values over any range agree), binding
+// parameter memory (views move, unbound parameters throw, a ZeRO-3-like run that binds each
+// block only around its own work equals the materialized run), memory charged by category,
+// builder validation and FLOPs.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <set>
 
 #include "nn_testing.h"
+#include "tessel/core/memory.h"
 #include "tessel/nn/layers.h"
 #include "tessel/nn/loss.h"
 #include "tessel/nn/models.h"
@@ -12,8 +18,12 @@
 namespace tessel::nn {
 namespace {
 
+using testing::batch_for;
+using testing::materialized;
 using testing::randn;
 using testing::random_ids;
+using testing::same_bits;
+using testing::small_specs;
 
 const Context kTrain{true, 77, 5, 0};
 
@@ -43,35 +53,59 @@ ModelSpec gpt_spec() {
   return s;
 }
 
-bool inside(const Tensor& view, const Tensor& flat) {
-  const char* b = static_cast<const char*>(flat.raw());
-  const char* p = static_cast<const char*>(view.raw());
-  return p >= b && p + view.nbytes() <= b + flat.nbytes();
+int64_t round64(int64_t bytes) { return (bytes + 63) / 64 * 64; }
+
+// ---- layout ----
+
+TEST(ModelLayout, BuildModelAllocatesNothing) {
+  for (const ModelSpec& spec : {mlp_spec(), cnn_spec(), gpt_spec()}) {
+    auto ledger = std::make_shared<MemoryLedger>();
+    std::unique_ptr<Model> m;
+    {
+      MemoryScope scope(ledger, MemCategory::kOther);
+      m = build_model(spec);
+    }
+    EXPECT_EQ(ledger->peak_total(), 0) << spec.kind;
+    EXPECT_THROW(m->values(), Error);
+    EXPECT_THROW(m->grads(), Error);
+    EXPECT_THROW(m->zero_grad(), Error);
+    EXPECT_THROW(m->params_sha256(), Error);
+    for (const Parameter* p : m->parameters()) {
+      EXPECT_FALSE(p->value.defined()) << p->name;
+      EXPECT_FALSE(p->grad.defined()) << p->name;
+      EXPECT_THROW(p->value.data<float>(), Error) << p->name;
+    }
+    const auto [x, labels] = batch_for(spec, 2, 1);
+    EXPECT_THROW(m->forward(x, kTrain, nullptr), Error) << spec.kind;  // unbound: no crash
+  }
 }
 
-TEST(ModelArena, ParametersAreNamedViewsOfOneArena) {
+TEST(ModelLayout, ParametersAreNamedViewsOfOneArena) {
   for (const ModelSpec& spec : {mlp_spec(), cnn_spec(), gpt_spec()}) {
-    auto m = build_model(spec, 1);
-    const auto& entries = m->params().entries();
-    ASSERT_EQ(entries.size(), m->parameters().size());
-    ASSERT_EQ(m->grads().entries().size(), entries.size());
-    int64_t total = 0;
-    for (size_t k = 0; k < entries.size(); ++k) {
+    auto m = materialized(spec, 1);
+    const Tensor& values = m->values();
+    const Tensor& grads = m->grads();
+    ASSERT_EQ(values.numel(), m->arena_numel());
+    ASSERT_EQ(grads.numel(), m->arena_numel());
+    int64_t total = 0, end = 0;
+    std::set<std::string> names;
+    for (size_t k = 0; k < m->parameters().size(); ++k) {
       const Parameter& p = *m->parameters()[k];
-      EXPECT_EQ(entries[k].name, p.name);
-      EXPECT_EQ(m->grads().entries()[k].name, p.name);
-      EXPECT_TRUE(inside(p.value, m->params().flat())) << p.name;
-      EXPECT_TRUE(inside(p.grad, m->grads().flat())) << p.name;
-      EXPECT_EQ(static_cast<const float*>(p.value.raw()) - m->params().flat().data<float>(),
-                entries[k].offset);
-      EXPECT_EQ(static_cast<const float*>(p.grad.raw()) - m->grads().flat().data<float>(),
-                entries[k].offset);
+      EXPECT_TRUE(names.insert(p.name).second) << p.name;
+      EXPECT_EQ(m->offset(k) % 16, 0) << p.name;  // 64-byte aligned
+      EXPECT_GE(m->offset(k), end) << p.name;     // in order, disjoint
+      EXPECT_EQ(m->param_range(k), (Range{m->offset(k), m->offset(k) + p.value.numel()}));
+      EXPECT_EQ(p.value.raw(), values.data<float>() + m->offset(k)) << p.name;
+      EXPECT_EQ(p.grad.raw(), grads.data<float>() + m->offset(k)) << p.name;
       EXPECT_EQ(p.value.shape(), p.shape);
+      EXPECT_EQ(p.grad.shape(), p.shape);
+      end = m->param_range(k).hi;
       total += p.value.numel();
     }
     EXPECT_EQ(m->num_parameters(), total);
-    EXPECT_GE(m->params().numel(), total);
-    // Block ranges tile the parameter list in order.
+    EXPECT_GE(m->arena_numel(), end);
+    EXPECT_LT(m->arena_numel(), end + 16);
+    // Block ranges: the span of the block's own parameters, in order; empty without any.
     size_t next = 0;
     for (size_t i = 0; i < m->num_blocks(); ++i) {
       auto [first, last] = m->block_parameters(i);
@@ -79,14 +113,43 @@ TEST(ModelArena, ParametersAreNamedViewsOfOneArena) {
       EXPECT_EQ(last - first, m->block(i).parameters().size());
       for (size_t k = first; k < last; ++k)
         EXPECT_EQ(m->parameters()[k]->name.rfind(m->block_name(i) + ".", 0), 0u);
+      const Range r = m->block_range(i);
+      if (first == last) {
+        EXPECT_TRUE(r.empty()) << m->block_name(i);
+        EXPECT_TRUE(m->overlaps(r).empty());
+      } else {
+        EXPECT_EQ(r, (Range{m->offset(first), m->param_range(last - 1).hi}));
+        const auto over = m->overlaps(r);
+        ASSERT_EQ(over.size(), last - first) << m->block_name(i);
+        for (size_t j = 0; j < over.size(); ++j) {
+          EXPECT_EQ(over[j].first, first + j);
+          EXPECT_EQ(over[j].second, m->param_range(first + j));
+        }
+      }
       next = last;
     }
     EXPECT_EQ(next, m->parameters().size());
   }
 }
 
-TEST(ModelArena, Names) {
-  auto mlp = build_model(mlp_spec(), 1);
+TEST(ModelLayout, OverlapsClipToTheRange) {
+  auto m = build_model(mlp_spec());
+  // From the middle of fc1.weight to the middle of fc2.weight.
+  const Range r{m->offset(0) + 100, m->offset(2) + 7};
+  const auto over = m->overlaps(r);
+  ASSERT_EQ(over.size(), 3u);
+  EXPECT_EQ(over[0], (std::pair<size_t, Range>{0, {100, m->param_range(0).hi}}));
+  EXPECT_EQ(over[1], (std::pair<size_t, Range>{1, m->param_range(1)}));
+  EXPECT_EQ(over[2], (std::pair<size_t, Range>{2, {m->offset(2), m->offset(2) + 7}}));
+  // Padding after fc1.bias (512 is a multiple of 16, fc3.bias has 10 elements: 6 of padding).
+  const Range pad{m->param_range(5).hi, m->arena_numel()};
+  EXPECT_EQ(pad.size(), 6);
+  EXPECT_TRUE(m->overlaps(pad).empty());
+  EXPECT_TRUE(m->overlaps({}).empty());
+}
+
+TEST(ModelLayout, Names) {
+  auto mlp = build_model(mlp_spec());
   std::vector<std::string> names;
   for (size_t i = 0; i < mlp->num_blocks(); ++i) names.push_back(mlp->block_name(i));
   EXPECT_EQ(names, (std::vector<std::string>{"fc1", "act1", "fc2", "act2", "fc3"}));
@@ -95,10 +158,15 @@ TEST(ModelArena, Names) {
   EXPECT_EQ(names, (std::vector<std::string>{"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias",
                                              "fc3.weight", "fc3.bias"}));
   EXPECT_EQ(mlp->num_parameters(), 784 * 512 + 512 + 512 * 256 + 256 + 256 * 10 + 10);
+  for (size_t i = 0; i < mlp->num_blocks(); ++i) {
+    EXPECT_EQ(mlp->blocks_using(i), std::vector<size_t>{i});  // nothing tied
+    EXPECT_EQ(mlp->blocks_used_by(i), std::vector<size_t>{i});
+    EXPECT_TRUE(mlp->borrowed(i).empty());
+  }
 
   ModelSpec c = cnn_spec();
   c.dropout = 0.5f;
-  auto cnn = build_model(c, 1);
+  auto cnn = build_model(c);
   names.clear();
   for (size_t i = 0; i < cnn->num_blocks(); ++i) names.push_back(cnn->block_name(i));
   EXPECT_EQ(names, (std::vector<std::string>{"conv1", "relu1", "pool1", "conv2", "relu2", "pool2",
@@ -107,7 +175,7 @@ TEST(ModelArena, Names) {
   EXPECT_EQ(cnn->parameters()[4]->name, "fc1.weight");
   EXPECT_EQ(cnn->parameters()[4]->shape, (Shape{128, 32 * 7 * 7}));
 
-  auto gpt = build_model(gpt_spec(), 1);
+  auto gpt = build_model(gpt_spec());
   names.clear();
   for (size_t i = 0; i < gpt->num_blocks(); ++i) names.push_back(gpt->block_name(i));
   EXPECT_EQ(names, (std::vector<std::string>{"embed", "block0", "block1", "head"}));
@@ -120,29 +188,41 @@ TEST(ModelArena, Names) {
   // Tied head: V*C counted once. Per block 12 C^2 + 13 C; embeddings (V + T) C; final LN 2C.
   const int64_t C = 16, V = 11, T = 8;
   EXPECT_EQ(gpt->num_parameters(), (V + T) * C + 2 * (12 * C * C + 13 * C) + 2 * C);
+  // The head reads the embedding's token table: its users and uses say so.
+  EXPECT_EQ(gpt->blocks_using(0), (std::vector<size_t>{0, 3}));
+  EXPECT_EQ(gpt->blocks_using(1), (std::vector<size_t>{1}));
+  EXPECT_EQ(gpt->blocks_using(3), (std::vector<size_t>{3}));
+  EXPECT_EQ(gpt->blocks_used_by(3), (std::vector<size_t>{0, 3}));
+  EXPECT_EQ(gpt->blocks_used_by(0), (std::vector<size_t>{0}));
+  ASSERT_EQ(gpt->borrowed(3).size(), 1u);
+  EXPECT_EQ(gpt->borrowed(3)[0]->name, "embed.wte");
+  EXPECT_EQ(static_cast<LmHead&>(gpt->block(3)).token_table(), gpt->parameters()[0]);
 }
 
+// ---- init ----
+
 TEST(ModelInit, DeterministicAndKeyedOnlyBySeed) {
-  EXPECT_EQ(build_model(mlp_spec(), 7)->params_sha256(),
-            build_model(mlp_spec(), 7)->params_sha256());
-  EXPECT_NE(build_model(mlp_spec(), 7)->params_sha256(),
-            build_model(mlp_spec(), 8)->params_sha256());
-  EXPECT_EQ(build_model(gpt_spec(), 7)->params_sha256(),
-            build_model(gpt_spec(), 7)->params_sha256());
+  EXPECT_EQ(materialized(mlp_spec(), 7)->params_sha256(),
+            materialized(mlp_spec(), 7)->params_sha256());
+  EXPECT_NE(materialized(mlp_spec(), 7)->params_sha256(),
+            materialized(mlp_spec(), 8)->params_sha256());
+  EXPECT_EQ(materialized(gpt_spec(), 7)->params_sha256(),
+            materialized(gpt_spec(), 7)->params_sha256());
   // Dropout blocks shift block indices but not parameter indices: same values.
   ModelSpec with_dropout = mlp_spec();
   with_dropout.dropout = 0.2f;
-  EXPECT_EQ(build_model(with_dropout, 7)->params_sha256(),
-            build_model(mlp_spec(), 7)->params_sha256());
-  // Training changes the hash.
-  auto m = build_model(mlp_spec(), 7);
+  EXPECT_EQ(materialized(with_dropout, 7)->params_sha256(),
+            materialized(mlp_spec(), 7)->params_sha256());
+  // Training changes the hash; materialize() twice is refused.
+  auto m = materialized(mlp_spec(), 7);
   const std::string before = m->params_sha256();
   m->parameters()[0]->value.data<float>()[0] += 1.0f;
   EXPECT_NE(m->params_sha256(), before);
+  EXPECT_THROW(m->materialize(7), Error);
 }
 
 TEST(ModelInit, Distributions) {
-  auto mlp = build_model(mlp_spec(), 3);
+  auto mlp = materialized(mlp_spec(), 3);
   const Tensor w = mlp->parameters()[0]->value;
   const float bound = 1.0f / std::sqrt(784.0f);
   float lo = 1, hi = -1;
@@ -158,7 +238,7 @@ TEST(ModelInit, Distributions) {
   EXPECT_GT(hi, 0.99f * bound);
   EXPECT_NEAR(mean / w.numel(), 0.0, 1e-3);
 
-  auto gpt = build_model(gpt_spec(), 3);
+  auto gpt = materialized(gpt_spec(), 3);
   auto stddev = [](const Tensor& t) {
     double s = 0;
     for (int64_t i = 0; i < t.numel(); ++i) s += double{t.data<float>()[i]} * t.data<float>()[i];
@@ -179,60 +259,171 @@ TEST(ModelInit, Distributions) {
   }
 }
 
-TEST(ModelSlices, AfterBlockRunsInReverseAndSlicesCompose) {
-  ModelSpec s = mlp_spec();
-  s.input_shape = {20};
-  s.hidden = {16, 12};
-  s.dropout = 0.1f;
-  auto m = build_model(s, 1);
-  m->set_input_grad(true);
-  const Tensor x = randn({4, 20}, 1);
-  const Tensor full_y = m->forward(x, kTrain).clone();
-  const Tensor r = randn(full_y.shape(), 2);
-  m->zero_grad();
-  std::vector<size_t> order;
-  const Tensor full_dx = m->backward(r, [&](size_t i) { order.push_back(i); }).clone();
-  const Tensor full_g = m->grads().flat().clone();
-  std::vector<size_t> expect;
-  for (size_t i = m->num_blocks(); i-- > 0;) expect.push_back(i);
-  EXPECT_EQ(order, expect);
-
-  const size_t cut = 3;
-  Tensor h = m->forward(x, kTrain, 0, cut);
-  const Tensor y = m->forward(h, kTrain, cut);
-  m->zero_grad();
-  order.clear();
-  auto record = [&](size_t i) { order.push_back(i); };
-  const Tensor dh = m->backward(r, record, cut);
-  const Tensor dx = m->backward(dh, record, 0, cut);
-  EXPECT_EQ(order, expect);
-  for (int64_t i = 0; i < y.numel(); ++i) ASSERT_EQ(y.data<float>()[i], full_y.data<float>()[i]);
-  for (int64_t i = 0; i < dx.numel(); ++i) ASSERT_EQ(dx.data<float>()[i], full_dx.data<float>()[i]);
-  for (int64_t i = 0; i < full_g.numel(); ++i)
-    ASSERT_EQ(m->grads().flat().data<float>()[i], full_g.data<float>()[i]);
+// A rank initialises only what it holds: init_values over any range, on a model that has no
+// memory, writes exactly what materialize() writes there (padding included, as zeros).
+TEST(ModelInit, InitValuesOverAnyRangeEqualMaterialize) {
+  for (const ModelSpec& spec : {mlp_spec(), cnn_spec(), gpt_spec()}) {
+    const uint64_t seed = 11;
+    auto full = materialized(spec, seed);
+    auto bare = build_model(spec);
+    const int64_t n = bare->arena_numel();
+    std::vector<Range> ranges = {{0, n}, {0, 0}, {n - 1, n}, {0, 1}};
+    for (size_t k = 0; k < bare->parameters().size(); ++k) {
+      const Range p = bare->param_range(k);
+      ranges.push_back(p);
+      ranges.push_back({p.lo + p.size() / 3, std::min(n, p.hi + 5)});  // into the padding
+      if (k > 0) ranges.push_back({bare->param_range(k - 1).hi - 1, p.lo + 1});
+    }
+    const CounterRng rng(3, mix_stream(RngPurpose::kData, 0x4A));
+    for (uint64_t i = 0; i < 16; ++i) {
+      const int64_t a = rng.bits(2 * i) % (n + 1), b = rng.bits(2 * i + 1) % (n + 1);
+      ranges.push_back({std::min(a, b), std::max(a, b)});
+    }
+    for (const Range& r : ranges) {
+      std::vector<float> got(r.size() + 1, -7.0f);  // one guard element past the end
+      bare->init_values(got.data(), r, seed);
+      ASSERT_EQ(std::memcmp(got.data(), full->values().data<float>() + r.lo, r.size() * 4), 0)
+          << spec.kind << " [" << r.lo << ", " << r.hi << ")";
+      ASSERT_EQ(got.back(), -7.0f) << "wrote past the range";
+    }
+    std::vector<float> other(n);
+    bare->init_values(other.data(), {0, n}, seed + 1);
+    EXPECT_NE(std::memcmp(other.data(), full->values().data<float>(), n * 4), 0);
+  }
 }
 
-TEST(ModelSlices, FirstBlockInputGradientIsOffByDefault) {
-  auto m = build_model(mlp_spec(), 1);
-  const Tensor x = randn({3, 784}, 3);
-  const Tensor r = randn({3, 10}, 4);
-  m->forward(x, kTrain);
-  m->zero_grad();
-  EXPECT_FALSE(m->backward(r).defined());
-  const Tensor without = m->grads().flat().clone();
-  m->set_input_grad(true);
-  m->forward(x, kTrain);
-  m->zero_grad();
-  const Tensor dx = m->backward(r);
-  ASSERT_TRUE(dx.defined());
-  EXPECT_EQ(dx.shape(), x.shape());
-  for (int64_t i = 0; i < without.numel(); ++i)
-    ASSERT_EQ(m->grads().flat().data<float>()[i], without.data<float>()[i]);
+// ---- memory ----
+
+TEST(ModelMemory, MaterializeChargesParametersAndGradients) {
+  auto ledger = std::make_shared<MemoryLedger>();
+  {
+    MemoryScope scope(ledger, MemCategory::kOther);
+    auto m = build_model(gpt_spec());
+    m->materialize(1);
+    const int64_t arena = round64(m->arena_numel() * 4);
+    EXPECT_EQ(ledger->current(MemCategory::kParameters), arena);
+    EXPECT_EQ(ledger->current(MemCategory::kGradients), arena);
+    EXPECT_EQ(ledger->current(MemCategory::kOther), 0);
+    EXPECT_EQ(current_category(), MemCategory::kOther);  // materialize's scopes are closed
+  }
+  EXPECT_EQ(ledger->total(), 0);  // the model's memory went with it
 }
+
+TEST(ModelMemory, BindMovesViewsAndUnbindingThrows) {
+  ModelSpec spec = small_specs()[0];
+  spec.dropout = 0;
+  auto m = materialized(spec, 2);
+  m->set_input_grad(true);
+  const auto [x, labels] = batch_for(spec, 3, 4);
+  const Tensor y0 = m->forward(x, kTrain, nullptr);
+  const Range r = m->block_range(0);  // fc1
+  const auto [first, last] = m->block_parameters(0);
+
+  // Values: a copy in other memory, then the views point there.
+  Tensor mem = Tensor::empty({r.size() + 3});
+  mem.view(0, {r.size()}).copy_from(m->values().view(r.lo, {r.size()}));
+  m->bind_values(r, mem);
+  for (size_t k = first; k < last; ++k)
+    EXPECT_EQ(m->parameters()[k]->value.raw(), mem.data<float>() + (m->offset(k) - r.lo));
+  EXPECT_TRUE(same_bits(m->forward(x, kTrain, nullptr), y0));
+  m->values().data<float>()[r.lo] += 1.0f;  // the old arena is no longer read for fc1
+  EXPECT_TRUE(same_bits(m->forward(x, kTrain, nullptr), y0));
+  mem.data<float>()[0] += 1.0f;
+  EXPECT_FALSE(same_bits(m->forward(x, kTrain, nullptr), y0));
+
+  // Gradients of fc1 go to the new memory, the rest stays in the arena.
+  Tensor gmem = Tensor::zeros({r.size()});
+  m->bind_grads(r, gmem);
+  m->zero_grad();
+  Activations acts;
+  const Tensor dy = randn(y0.shape(), 5);
+  m->forward(x, kTrain, &acts);
+  m->backward(dy, acts);
+  double moved = 0, left = 0, rest = 0;
+  for (int64_t i = 0; i < r.size(); ++i) moved += std::abs(gmem.data<float>()[i]);
+  for (int64_t i = r.lo; i < r.hi; ++i) left += std::abs(m->grads().data<float>()[i]);
+  for (int64_t i = r.hi; i < m->arena_numel(); ++i) rest += std::abs(m->grads().data<float>()[i]);
+  EXPECT_GT(moved, 0);
+  EXPECT_EQ(left, 0);
+  EXPECT_GT(rest, 0);
+
+  // Unbound: the views are undefined and touching them throws tessel::Error.
+  m->bind_values(r, Tensor());
+  for (size_t k = first; k < last; ++k) {
+    EXPECT_FALSE(m->parameters()[k]->value.defined());
+    EXPECT_THROW(m->parameters()[k]->value.data<float>(), Error);
+    EXPECT_TRUE(m->parameters()[k]->grad.defined());
+  }
+  EXPECT_THROW(m->forward(x, kTrain, nullptr), Error);
+  m->bind_values(r, mem);
+  m->bind_grads(r, Tensor());
+  m->forward(x, kTrain, &acts);
+  EXPECT_THROW(m->backward(dy, acts), Error);
+
+  // A range must hold whole parameters, and the memory must cover it.
+  EXPECT_THROW(m->bind_values({r.lo + 1, r.hi}, mem), Error);
+  EXPECT_THROW(m->bind_values({r.lo, r.hi - 1}, mem), Error);
+  EXPECT_THROW(m->bind_values(r, Tensor::empty({r.size() - 1})), Error);
+}
+
+// ZeRO-3 in miniature: nothing is materialized; each block's parameters (and those it borrows,
+// blocks_used_by) are gathered into fresh memory just before its forward and backward and
+// released just after, and gradients land in one flat buffer bound block by block. The run
+// equals the materialized one bit for bit, and no block reads a parameter outside its hooks
+// (an unbound parameter throws).
+TEST(ModelMemory, BindingEachBlockOnlyAroundItsWorkEqualsMaterialized) {
+  for (const ModelSpec& spec : small_specs()) {
+    const uint64_t seed = 5;
+    const auto [x, labels] = batch_for(spec, 3, 6);
+    auto ref = materialized(spec, seed);
+    ref->zero_grad();
+    Activations ref_acts;
+    CrossEntropyLoss ref_loss;
+    const float ref_l = ref_loss.forward(ref->forward(x, kTrain, &ref_acts), labels).mean;
+    ref->backward(ref_loss.backward(1.0f), ref_acts);
+
+    auto m = build_model(spec);
+    const int64_t n = m->arena_numel();
+    Tensor store = Tensor::empty({n});  // the "sharded" values, initialised without the model
+    m->init_values(store.data<float>(), {0, n}, seed);
+    Tensor grads = Tensor::zeros({n});
+    auto gather = [&](size_t block) {
+      for (size_t o : m->blocks_used_by(block)) {
+        const Range r = m->block_range(o);
+        if (r.empty()) continue;
+        Tensor gathered = Tensor::empty({r.size()});
+        gathered.copy_from(store.view(r.lo, {r.size()}));
+        m->bind_values(r, gathered);
+        m->bind_grads(r, grads.view(r.lo, {r.size()}));
+      }
+    };
+    auto release = [&](size_t block) {
+      for (size_t o : m->blocks_used_by(block)) {
+        const Range r = m->block_range(o);
+        if (r.empty()) continue;
+        m->bind_values(r, Tensor());
+        m->bind_grads(r, Tensor());
+      }
+    };
+    const BlockHook hook = [&](Phase phase, size_t block) {
+      if (phase == Phase::kBeforeForward || phase == Phase::kBeforeBackward) gather(block);
+      if (phase == Phase::kAfterForward || phase == Phase::kAfterBackward) release(block);
+    };
+    Activations acts;
+    CrossEntropyLoss loss;
+    const float l = loss.forward(m->forward(x, kTrain, &acts, hook), labels).mean;
+    m->backward(loss.backward(1.0f), acts, hook);
+    EXPECT_EQ(l, ref_l) << spec.kind;
+    EXPECT_TRUE(same_bits(grads, ref->grads())) << spec.kind;
+    for (const Parameter* p : m->parameters()) EXPECT_FALSE(p->value.defined()) << p->name;
+  }
+}
+
+// ---- builder ----
 
 void expect_invalid(const ModelSpec& s, const std::string& needle) {
   try {
-    build_model(s, 1);
+    build_model(s);
     ADD_FAILURE() << "no error for " << needle;
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
@@ -283,69 +474,63 @@ TEST(BuildModel, ValidatesTheSpec) {
   expect_invalid(s, "token");
 }
 
-TEST(BuildModel, RejectsWrongInputsAtForward) {
-  auto gpt = build_model(gpt_spec(), 1);
-  EXPECT_THROW(gpt->forward(randn({2, 8}, 1), kTrain), InvalidArgument);           // not token ids
-  EXPECT_THROW(gpt->forward(random_ids({2, 9}, 11, 1), kTrain), InvalidArgument);  // T > context
-  EXPECT_THROW(gpt->forward(random_ids({2, 8}, 12, 1), kTrain), InvalidArgument);  // id >= vocab
-  auto mlp = build_model(mlp_spec(), 1);
-  EXPECT_THROW(mlp->forward(randn({2, 783}, 1), kTrain), InvalidArgument);
-  auto cnn = build_model(cnn_spec(), 1);
-  EXPECT_THROW(cnn->forward(randn({2, 784}, 1), kTrain), InvalidArgument);
+TEST(BuildModel, AddAndFinalizeAreChecked) {
+  Model m;
+  m.add("fc", std::make_unique<Linear>(2, 2));
+  EXPECT_THROW(m.add("fc", std::make_unique<ReLU>()), Error);
+  EXPECT_THROW(m.add("null", nullptr), Error);
+  EXPECT_THROW(m.bind_values({0, 4}, Tensor::empty({4})), Error);  // before finalize
+  EXPECT_THROW(m.forward(randn({1, 2}, 1), kTrain, nullptr), Error);
+  m.finalize();
+  EXPECT_THROW(m.finalize(), Error);
+  EXPECT_THROW(m.add("late", std::make_unique<ReLU>()), Error);
 }
 
-TEST(BuildModel, BackwardBeforeForwardThrows) {
-  for (const ModelSpec& spec : {mlp_spec(), cnn_spec(), gpt_spec()}) {
-    auto m = build_model(spec, 1);
-    EXPECT_THROW(m->backward(randn({2, 10}, 1)), Error) << spec.kind;
+TEST(BuildModel, RejectsWrongInputsAtForward) {
+  auto gpt = materialized(gpt_spec(), 1);
+  EXPECT_THROW(gpt->forward(randn({2, 8}, 1), kTrain, nullptr), InvalidArgument);  // not ids
+  EXPECT_THROW(gpt->forward(random_ids({2, 9}, 11, 1), kTrain, nullptr), InvalidArgument);
+  EXPECT_THROW(gpt->forward(random_ids({2, 8}, 12, 1), kTrain, nullptr), InvalidArgument);
+  auto mlp = materialized(mlp_spec(), 1);
+  EXPECT_THROW(mlp->forward(randn({2, 783}, 1), kTrain, nullptr), InvalidArgument);
+  auto cnn = materialized(cnn_spec(), 1);
+  EXPECT_THROW(cnn->forward(randn({2, 784}, 1), kTrain, nullptr), InvalidArgument);
+}
+
+TEST(BuildModel, BackwardWithoutItsForwardThrows) {
+  for (const ModelSpec& spec : small_specs()) {
+    auto m = materialized(spec, 1);
+    const auto [x, labels] = batch_for(spec, 2, 1);
+    Activations none;
+    const Tensor dy = randn(m->forward(x, kTrain, nullptr).shape(), 1);
+    EXPECT_THROW(m->backward(dy, none), Error) << spec.kind;
+    // Caches of the right count but no forward kept in them (inference kept nothing).
+    none.caches.resize(m->num_blocks());
+    EXPECT_THROW(m->backward(dy, none), Error) << spec.kind;
+    // A forward of the second half only: the first half's backward has nothing to read.
+    Activations half;
+    const size_t cut = m->num_blocks() / 2;
+    const Tensor h = m->forward(x, kTrain, nullptr, {}, 0, cut);
+    const Tensor y = m->forward(h, kTrain, &half, {}, cut);
+    EXPECT_TRUE(m->backward(randn(y.shape(), 3), half, {}, cut).defined());
+    EXPECT_THROW(m->backward(randn(h.shape(), 2), half, {}, 0, cut), Error) << spec.kind;
   }
   MaxPool2d pool(2, 2);
-  EXPECT_THROW(pool.backward(randn({1, 1, 2, 2}, 1)), Error);
+  Cache empty;
+  EXPECT_THROW(pool.backward(randn({1, 1, 2, 2}, 1), empty), Error);
 }
 
 TEST(BuildModel, ForwardFlops) {
-  auto mlp = build_model(mlp_spec(), 1);
+  auto mlp = build_model(mlp_spec());
   EXPECT_DOUBLE_EQ(mlp->forward_flops(32), 2.0 * 32 * (784 * 512 + 512 * 256 + 256 * 10));
-  auto cnn = build_model(cnn_spec(), 1);
+  auto cnn = build_model(cnn_spec());
   const double conv = 2.0 * (16 * 28 * 28 * 25 + 32 * 14 * 14 * 16 * 25);
   EXPECT_DOUBLE_EQ(cnn->forward_flops(2), 2 * (conv + 2.0 * (32 * 7 * 7 * 128 + 128 * 10)));
-  auto gpt = build_model(gpt_spec(), 1);
+  auto gpt = build_model(gpt_spec());
   const double C = 16, T = 8, V = 11;
   const double block = 2 * T * 12 * C * C + 4 * T * T * C;
   const double per_seq = 2 * block + 2 * T * C * V;
   EXPECT_DOUBLE_EQ(gpt->forward_flops(3), 3 * per_seq);
-}
-
-// A second step with the same shapes reuses every buffer and gives the same results.
-TEST(SteadyState, SecondStepReusesBuffersWithSameResults) {
-  for (const ModelSpec& spec : {mlp_spec(), cnn_spec(), gpt_spec()}) {
-    auto m = build_model(spec, 2);
-    const bool tokens = spec.kind == "gpt";
-    Shape in_shape{3};
-    in_shape.insert(in_shape.end(), spec.input_shape.begin(), spec.input_shape.end());
-    const Tensor xin = tokens ? random_ids(in_shape, 11, 5) : randn(in_shape, 6);
-    const Tensor labels = tokens ? random_ids({3, 8}, 11, 7) : random_ids({3}, 10, 7);
-    CrossEntropyLoss loss;
-    auto step = [&](const void** out_ptr, const void** dlogits_ptr) {
-      const Tensor y = m->forward(xin, kTrain);
-      const float l = loss.forward(y, labels);
-      m->zero_grad();
-      const Tensor d = loss.backward();
-      m->backward(d);
-      *out_ptr = y.raw();
-      *dlogits_ptr = d.raw();
-      return l;
-    };
-    const void *y1, *d1, *y2, *d2;
-    const float l1 = step(&y1, &d1);
-    const Tensor g1 = m->grads().flat().clone();
-    const float l2 = step(&y2, &d2);
-    EXPECT_EQ(l1, l2) << spec.kind;
-    EXPECT_EQ(y1, y2) << spec.kind;
-    EXPECT_EQ(d1, d2) << spec.kind;
-    for (int64_t i = 0; i < g1.numel(); ++i)
-      ASSERT_EQ(m->grads().flat().data<float>()[i], g1.data<float>()[i]) << spec.kind;
-  }
 }
 
 }  // namespace

@@ -1,18 +1,24 @@
-// Test helpers for the nn tests: deterministic random tensors and a double-precision
-// central-difference gradient check of a scalar objective, sampled over a tensor's coordinates.
+// Test helpers for the nn tests: deterministic random tensors, bitwise comparisons and a
+// double-precision central-difference gradient check of a scalar objective, sampled over a
+// tensor's coordinates. Models are materialized by the caller; the checks run the training
+// forward through an Activations and evaluate the objective in inference (null activations).
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tessel/core/rng.h"
 #include "tessel/nn/loss.h"
 #include "tessel/nn/model.h"
+#include "tessel/nn/models.h"
 
 namespace tessel::nn::testing {
 
@@ -60,12 +66,74 @@ inline double dot(const Tensor& r, const Tensor& y) {
   return s;
 }
 
+// Same shape, dtype and bytes (bit-for-bit equality, NaN payloads included).
+inline ::testing::AssertionResult same_bits(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined()) return ::testing::AssertionFailure() << "undefined tensor";
+  if (a.shape() != b.shape() || a.dtype() != b.dtype())
+    return ::testing::AssertionFailure()
+           << "shape " << shape_str(a.shape()) << " vs " << shape_str(b.shape());
+  if (std::memcmp(a.raw(), b.raw(), a.nbytes()) == 0) return ::testing::AssertionSuccess();
+  if (a.dtype() == DType::kF32)
+    for (int64_t i = 0; i < a.numel(); ++i)
+      if (std::memcmp(a.data<float>() + i, b.data<float>() + i, sizeof(float)) != 0)
+        return ::testing::AssertionFailure()
+               << "element " << i << ": " << a.data<float>()[i] << " vs " << b.data<float>()[i];
+  return ::testing::AssertionFailure() << "bytes differ";
+}
+
+// ---- models ----
+
+inline std::unique_ptr<Model> materialized(const ModelSpec& spec, uint64_t seed) {
+  auto m = build_model(spec);
+  m->materialize(seed);
+  return m;
+}
+
+// Small models of every kind, with dropout where the kind has it: mlp, cnn, gpt (tied head).
+inline std::vector<ModelSpec> small_specs() {
+  ModelSpec mlp;
+  mlp.input_shape = {20};
+  mlp.num_classes = 10;
+  mlp.hidden = {16, 12};
+  mlp.dropout = 0.2f;
+  ModelSpec cnn;
+  cnn.kind = "cnn";
+  cnn.input_shape = {2, 8, 8};
+  cnn.num_classes = 10;
+  cnn.channels = {3, 4};
+  cnn.kernel = 3;
+  cnn.fc_hidden = 6;
+  cnn.dropout = 0.3f;
+  ModelSpec gpt;
+  gpt.kind = "gpt";
+  gpt.input_shape = {8};
+  gpt.num_classes = 11;
+  gpt.layers = 2;
+  gpt.heads = 2;
+  gpt.embed = 16;
+  return {mlp, cnn, gpt};
+}
+
+// A batch of `batch` inputs and labels for spec (token ids for gpt).
+inline std::pair<Tensor, Tensor> batch_for(const ModelSpec& spec, int64_t batch, uint64_t seed) {
+  Shape in{batch};
+  in.insert(in.end(), spec.input_shape.begin(), spec.input_shape.end());
+  if (spec.kind == "gpt")
+    return {random_ids(in, spec.num_classes, seed), random_ids(in, spec.num_classes, seed + 1)};
+  return {randn(in, seed), random_ids({batch}, spec.num_classes, seed + 1)};
+}
+
 // Shifts every parameter by N(0, scale^2) so zero biases and unit LayerNorm weights take
-// generic values: a gradient check at a special point can miss bugs.
+// generic values: a gradient check at a special point can miss bugs. Needs materialize().
 inline void jitter_params(Model& m, float scale = 0.3f) {
-  Tensor noise = randn({m.params().numel()}, 99, scale);
-  Tensor flat = m.params().flat();
+  Tensor flat = m.values();
+  Tensor noise = randn({flat.numel()}, 99, scale);
   for (int64_t i = 0; i < flat.numel(); ++i) flat.data<float>()[i] += noise.data<float>()[i];
+}
+
+// The gradient of parameter k inside a copy of the gradient arena.
+inline Tensor param_grad(const Model& m, const Tensor& grads, size_t k) {
+  return grads.view(m.offset(k), m.parameters()[k]->shape);
 }
 
 struct FdOptions {
@@ -121,21 +189,22 @@ inline void check_grad(const std::string& what, Tensor values, const Tensor& ana
   EXPECT_GT(checked, 0) << what;
 }
 
-// Gradient check of a whole model: model.forward -> CrossEntropyLoss, for dx (when the input
-// is f32) and a sample of coordinates of every parameter tensor.
+// Gradient check of a whole (materialized) model: model.forward -> CrossEntropyLoss, for dx
+// (when the input is f32) and a sample of coordinates of every parameter tensor.
 inline void check_model_grads(Model& model, const Tensor& x, const Tensor& labels,
                               const Context& ctx, FdOptions o = {}) {
   model.set_input_grad(x.dtype() == DType::kF32);
   jitter_params(model);
+  Activations acts;
   CrossEntropyLoss loss;
-  loss.forward(model.forward(x, ctx), labels);
+  loss.forward(model.forward(x, ctx, &acts), labels);
   model.zero_grad();
-  Tensor dx = model.backward(loss.backward());
+  Tensor dx = model.backward(loss.backward(1.0f), acts);
   if (dx.defined()) dx = dx.clone();
-  const Tensor grads = model.grads().flat().clone();
+  const Tensor grads = model.grads().clone();
   auto objective = [&] {
     CrossEntropyLoss l;
-    return static_cast<double>(l.forward(model.forward(x, ctx), labels));
+    return static_cast<double>(l.forward(model.forward(x, ctx, nullptr), labels).mean);
   };
   if (x.dtype() == DType::kF32) {
     ASSERT_TRUE(dx.defined());
@@ -143,32 +212,31 @@ inline void check_model_grads(Model& model, const Tensor& x, const Tensor& label
   }
   for (size_t k = 0; k < model.parameters().size(); ++k) {
     const Parameter& p = *model.parameters()[k];
-    const Tensor g = grads.view(model.params().entries()[k].offset, p.shape);
-    check_grad(p.name, p.value, g, objective, o);
+    check_grad(p.name, p.value, param_grad(model, grads, k), objective, o);
   }
 }
 
-// Gradient check of one module through sum(r * y), inside a one-block model (which binds its
-// parameters). `extra` blocks may precede it (e.g. the embedding a tied head borrows from).
+// Gradient check of one module through sum(r * y), inside a one-block materialized model.
 inline void check_module_grads(std::unique_ptr<Module> m, const Tensor& x, const Context& ctx,
                                FdOptions o = {}) {
   Model model;
   model.add("m", std::move(m));
-  model.finalize(7);
+  model.finalize();
+  model.materialize(7);
   model.set_input_grad(true);
   jitter_params(model);
-  const Tensor r = randn(model.forward(x, ctx).shape(), 5);
+  Activations acts;
+  const Tensor r = randn(model.forward(x, ctx, &acts).shape(), 5);
   model.zero_grad();
-  Tensor dx = model.backward(r);
+  Tensor dx = model.backward(r, acts);
   ASSERT_TRUE(dx.defined());
   dx = dx.clone();
-  const Tensor grads = model.grads().flat().clone();
-  auto objective = [&] { return dot(r, model.forward(x, ctx)); };
+  const Tensor grads = model.grads().clone();
+  auto objective = [&] { return dot(r, model.forward(x, ctx, nullptr)); };
   check_grad("dx", x, dx, objective, o);
   for (size_t k = 0; k < model.parameters().size(); ++k) {
     const Parameter& p = *model.parameters()[k];
-    const Tensor g = grads.view(model.params().entries()[k].offset, p.shape);
-    check_grad(p.name, p.value, g, objective, o);
+    check_grad(p.name, p.value, param_grad(model, grads, k), objective, o);
   }
 }
 

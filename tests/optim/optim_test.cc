@@ -1,6 +1,11 @@
+// Optimizers against PyTorch 1.13 trajectories (tests/fixtures/optim.json, written by
+// gen_optim_fixtures.py), stepping over segments (non-contiguous runs with arbitrary state
+// offsets equal one run over their concatenation), grad_scale (equal to pre-multiplied
+// gradients, which are never modified), state accounting, schedules and clipping.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <fstream>
 #include <limits>
 #include <numbers>
@@ -10,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessel/core/error.h"
+#include "tessel/core/memory.h"
 #include "tessel/optim/optimizer.h"
 #include "tessel/optim/schedule.h"
 
@@ -59,57 +65,152 @@ void expect_close(const Tensor& got, const json& want, const std::string& what) 
   }
 }
 
-class PytorchReference : public testing::TestWithParam<std::string> {};
+// One segment over all of p and g, state at offset 0.
+void step_all(Optimizer& opt, Tensor& p, const Tensor& g, float lr, float grad_scale = 1.0f) {
+  const Segment seg{p.data<float>(), g.data<float>(), p.numel(), 0};
+  opt.step({&seg, 1}, lr, grad_scale);
+}
+
+::testing::AssertionResult same_bits(const float* a, const float* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i)
+    if (std::memcmp(a + i, b + i, sizeof(float)) != 0)
+      return ::testing::AssertionFailure() << "element " << i << ": " << a[i] << " vs " << b[i];
+  return ::testing::AssertionSuccess();
+}
+
+::testing::AssertionResult same_bits(const Tensor& a, const Tensor& b) {
+  if (a.numel() != b.numel())
+    return ::testing::AssertionFailure() << a.numel() << " vs " << b.numel() << " elements";
+  return same_bits(a.data<float>(), b.data<float>(), a.numel());
+}
+
+class PytorchReference : public ::testing::TestWithParam<std::string> {
+ protected:
+  const json& c() const { return fixtures()["cases"][GetParam()]; }
+  int64_t n() const { return fixtures()["n"]; }
+  size_t steps() const { return c()["grads"].size(); }
+  float lr(size_t s) const { return c()["lrs"][s].get<float>(); }
+};
 
 TEST_P(PytorchReference, FiveStepsMatchTorchOptim) {
-  const json& c = fixtures()["cases"][GetParam()];
-  const int64_t n = fixtures()["n"];
-  auto opt = make_optimizer(spec_of(c["spec"], c["lrs"][0].get<float>()), n);
-  Tensor p = tensor_of(c["params0"]);
-  for (size_t s = 0; s < c["grads"].size(); ++s) {
-    Tensor g = tensor_of(c["grads"][s]);
-    opt->step(p, g, c["lrs"][s].get<float>());
-    expect_close(p, c["params_after"][s], GetParam() + " step " + std::to_string(s + 1));
+  auto opt = make_optimizer(spec_of(c()["spec"], lr(0)), n());
+  EXPECT_EQ(opt->numel(), n());
+  Tensor p = tensor_of(c()["params0"]);
+  for (size_t s = 0; s < steps(); ++s) {
+    step_all(*opt, p, tensor_of(c()["grads"][s]), lr(s));
+    expect_close(p, c()["params_after"][s], GetParam() + " step " + std::to_string(s + 1));
   }
-  EXPECT_EQ(opt->steps(), static_cast<int64_t>(c["grads"].size()));
-  for (auto& [name, t] : opt->state()) {
-    ASSERT_TRUE(c["state"].contains(name)) << name;
-    expect_close(t, c["state"][name], GetParam() + " state " + name);
+  EXPECT_EQ(opt->steps(), static_cast<int64_t>(steps()));
+  for (const StateBuffer& b : opt->state()) {
+    ASSERT_TRUE(c()["state"].contains(b.name)) << b.name;
+    expect_close(b.values, c()["state"][b.name], GetParam() + " state " + b.name);
   }
-  EXPECT_EQ(opt->state().size(), c["state"].size());
+  EXPECT_EQ(opt->state().size(), c()["state"].size());
 }
 
 // A run restored from (state, steps) after 2 steps continues bit for bit like the original.
 TEST_P(PytorchReference, ResumeFromStateIsExact) {
-  const json& c = fixtures()["cases"][GetParam()];
-  const int64_t n = fixtures()["n"];
-  const OptimSpec spec = spec_of(c["spec"], 0.1f);
-  auto a = make_optimizer(spec, n);
-  Tensor pa = tensor_of(c["params0"]);
-  for (int s = 0; s < 2; ++s) a->step(pa, tensor_of(c["grads"][s]), c["lrs"][s].get<float>());
+  const OptimSpec spec = spec_of(c()["spec"], 0.1f);
+  auto a = make_optimizer(spec, n());
+  Tensor pa = tensor_of(c()["params0"]);
+  for (size_t s = 0; s < 2; ++s) step_all(*a, pa, tensor_of(c()["grads"][s]), lr(s));
 
-  auto b = make_optimizer(spec, n);
+  auto b = make_optimizer(spec, n());
   auto sa = a->state();
   auto sb = b->state();
   ASSERT_EQ(sa.size(), sb.size());
   for (size_t i = 0; i < sa.size(); ++i) {
-    EXPECT_EQ(sa[i].first, sb[i].first);
-    sb[i].second.copy_from(sa[i].second);
+    EXPECT_EQ(sa[i].name, sb[i].name);
+    sb[i].values.copy_from(sa[i].values);
   }
   b->set_steps(a->steps());
   Tensor pb = pa.clone();
-  for (size_t s = 2; s < c["grads"].size(); ++s) {
-    Tensor g = tensor_of(c["grads"][s]);
-    a->step(pa, g, c["lrs"][s].get<float>());
-    b->step(pb, g, c["lrs"][s].get<float>());
+  for (size_t s = 2; s < steps(); ++s) {
+    const Tensor g = tensor_of(c()["grads"][s]);
+    step_all(*a, pa, g, lr(s));
+    step_all(*b, pb, g, lr(s));
   }
-  for (int64_t i = 0; i < n; ++i) EXPECT_EQ(pa.data<float>()[i], pb.data<float>()[i]) << i;
+  EXPECT_TRUE(same_bits(pa, pb));
+}
+
+// The fixture's elements cut into three runs held in separate memory, stepped in another order
+// than the state order, with state at arbitrary offsets of a larger optimizer (what a ZeRO
+// rank's optimizer over its pieces of every unit does), plus an empty run: parameters and state
+// equal one step over the concatenation bit for bit, and state outside the runs stays zero.
+TEST_P(PytorchReference, SegmentsEqualOneStepOverTheConcatenation) {
+  const int64_t N = n();
+  struct Piece {
+    int64_t lo, hi, state_offset;
+    Tensor p, g;
+  };
+  std::vector<Piece> pieces = {{30, N, 3, {}, {}}, {0, 11, 40, {}, {}}, {11, 30, 14, {}, {}}};
+  const int64_t state_n = 60;
+  auto seg_opt = make_optimizer(spec_of(c()["spec"], lr(0)), state_n);
+  auto ref_opt = make_optimizer(spec_of(c()["spec"], lr(0)), N);
+  Tensor ref = tensor_of(c()["params0"]);
+  for (Piece& q : pieces) q.p = ref.view(q.lo, {q.hi - q.lo}).clone();
+  for (size_t s = 0; s < steps(); ++s) {
+    const Tensor g = tensor_of(c()["grads"][s]);
+    std::vector<Segment> segs;
+    for (Piece& q : pieces) {
+      q.g = g.view(q.lo, {q.hi - q.lo}).clone();
+      segs.push_back({q.p.data<float>(), q.g.data<float>(), q.hi - q.lo, q.state_offset});
+    }
+    segs.insert(segs.begin() + 1, Segment{nullptr, nullptr, 0, 7});
+    seg_opt->step(segs, lr(s));
+    step_all(*ref_opt, ref, g, lr(s));
+    for (const Piece& q : pieces)
+      ASSERT_TRUE(same_bits(q.p.data<float>(), ref.data<float>() + q.lo, q.hi - q.lo))
+          << GetParam() << " step " << s + 1 << ", run at " << q.lo;
+  }
+  EXPECT_EQ(seg_opt->steps(), static_cast<int64_t>(steps()));  // steps, not segments
+  const auto seg_state = seg_opt->state();
+  const auto ref_state = ref_opt->state();
+  ASSERT_EQ(seg_state.size(), ref_state.size());
+  for (size_t b = 0; b < seg_state.size(); ++b) {
+    ASSERT_EQ(seg_state[b].values.numel(), state_n);
+    std::vector<bool> covered(state_n, false);
+    for (const Piece& q : pieces) {
+      EXPECT_TRUE(same_bits(seg_state[b].values.data<float>() + q.state_offset,
+                            ref_state[b].values.data<float>() + q.lo, q.hi - q.lo))
+          << seg_state[b].name;
+      for (int64_t i = 0; i < q.hi - q.lo; ++i) covered[q.state_offset + i] = true;
+    }
+    for (int64_t i = 0; i < state_n; ++i) {
+      if (!covered[i]) {
+        EXPECT_EQ(seg_state[b].values.data<float>()[i], 0.0f) << i;
+      }
+    }
+  }
+}
+
+// grad_scale (how clipping reaches the optimizer) equals multiplying the gradients first, bit
+// for bit, and leaves the gradients as they were.
+TEST_P(PytorchReference, GradScaleEqualsPremultipliedGradients) {
+  for (const float scale : {0.37f, 1.0f / 3.0f, 2.5f}) {
+    auto a = make_optimizer(spec_of(c()["spec"], lr(0)), n());
+    auto b = make_optimizer(spec_of(c()["spec"], lr(0)), n());
+    Tensor pa = tensor_of(c()["params0"]), pb = pa.clone();
+    for (size_t s = 0; s < steps(); ++s) {
+      const Tensor g = tensor_of(c()["grads"][s]);
+      const Tensor g_before = g.clone();
+      Tensor scaled = g.clone();
+      for (int64_t i = 0; i < n(); ++i) scaled.data<float>()[i] = g.data<float>()[i] * scale;
+      step_all(*a, pa, g, lr(s), scale);
+      step_all(*b, pb, scaled, lr(s));
+      EXPECT_TRUE(same_bits(g, g_before)) << "gradients modified";
+      ASSERT_TRUE(same_bits(pa, pb)) << GetParam() << " scale " << scale << " step " << s + 1;
+    }
+    const auto sa = a->state(), sb = b->state();
+    for (size_t i = 0; i < sa.size(); ++i)
+      EXPECT_TRUE(same_bits(sa[i].values, sb[i].values)) << sa[i].name;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, PytorchReference,
-                         testing::Values("sgd_plain", "sgd_momentum", "sgd_nesterov",
-                                         "sgd_weight_decay", "sgd_nesterov_weight_decay", "adamw",
-                                         "adamw_weight_decay", "adamw_betas"));
+                         ::testing::Values("sgd_plain", "sgd_momentum", "sgd_nesterov",
+                                           "sgd_weight_decay", "sgd_nesterov_weight_decay", "adamw",
+                                           "adamw_weight_decay", "adamw_betas"));
 
 TEST(Optimizer, FixtureCoversEveryCase) {
   EXPECT_EQ(fixtures()["cases"].size(), 8u);
@@ -119,36 +220,78 @@ TEST(Optimizer, FixtureCoversEveryCase) {
 TEST(Optimizer, StateNamesAndSizes) {
   OptimSpec spec;
   auto sgd = make_optimizer(spec, 10);
+  EXPECT_EQ(sgd->numel(), 10);
   auto st = sgd->state();
   ASSERT_EQ(st.size(), 1u);
-  EXPECT_EQ(st[0].first, "momentum");
-  EXPECT_EQ(st[0].second.numel(), 10);
+  EXPECT_EQ(st[0].name, "momentum");
+  EXPECT_EQ(st[0].values.numel(), 10);
   spec.kind = "adamw";
   auto adam = make_optimizer(spec, 3);
   st = adam->state();
   ASSERT_EQ(st.size(), 2u);
-  EXPECT_EQ(st[0].first, "exp_avg");
-  EXPECT_EQ(st[1].first, "exp_avg_sq");
-  EXPECT_EQ(st[1].second.numel(), 3);
+  EXPECT_EQ(st[0].name, "exp_avg");
+  EXPECT_EQ(st[1].name, "exp_avg_sq");
+  EXPECT_EQ(st[0].values.numel(), 3);
+  EXPECT_EQ(st[1].values.numel(), 3);
+  // state() hands out the buffers themselves (a checkpoint restores through them).
+  st[0].values.data<float>()[1] = 5.0f;
+  EXPECT_EQ(adam->state()[0].values.data<float>()[1], 5.0f);
 }
 
-TEST(Optimizer, EmptyRangeIsANoOp) {
+// The state is allocated when the optimizer is made, charged as optimizer state whatever the
+// caller's category, and given back with the optimizer.
+TEST(Optimizer, StateIsChargedAsOptimizerState) {
+  auto ledger = std::make_shared<MemoryLedger>();
+  MemoryScope scope(ledger, MemCategory::kActivations);
+  for (const char* kind : {"sgd", "adamw"}) {
+    OptimSpec spec;
+    spec.kind = kind;
+    {
+      auto opt = make_optimizer(spec, 1024);
+      const int64_t buffers = static_cast<int64_t>(opt->state().size());
+      EXPECT_EQ(ledger->current(MemCategory::kOptimizer), buffers * 4096) << kind;
+      EXPECT_EQ(ledger->total(), buffers * 4096) << kind;
+      EXPECT_EQ(current_category(), MemCategory::kActivations);
+    }
+    EXPECT_EQ(ledger->total(), 0) << kind;
+  }
+}
+
+TEST(Optimizer, EmptyStepIsANoOp) {
   OptimSpec spec;
   spec.kind = "adamw";
   auto opt = make_optimizer(spec, 0);
-  Tensor p = Tensor::empty({0}), g = Tensor::empty({0});
-  opt->step(p, g, 0.1f);
+  opt->step({}, 0.1f);
   EXPECT_EQ(opt->steps(), 1);
+  const Segment empty{nullptr, nullptr, 0, 0};
+  opt->step({&empty, 1}, 0.1f);
+  EXPECT_EQ(opt->steps(), 2);
 }
 
-TEST(Optimizer, StepRejectsMismatchedRange) {
-  auto opt = make_optimizer(OptimSpec{}, 4);
-  Tensor p = Tensor::zeros({4}), g = Tensor::zeros({5});
-  EXPECT_THROW(opt->step(p, g, 0.1f), Error);
-  Tensor g4 = Tensor::zeros({4});
-  EXPECT_THROW(opt->step(p, g4, -1.0f), InvalidArgument);
-  EXPECT_THROW(opt->step(p, g4, std::numeric_limits<float>::quiet_NaN()), InvalidArgument);
-  EXPECT_EQ(opt->steps(), 0);
+TEST(Optimizer, StepRejectsBadSegmentsBeforeTouchingAnything) {
+  for (const char* kind : {"sgd", "adamw"}) {
+    OptimSpec spec;
+    spec.kind = kind;
+    auto opt = make_optimizer(spec, 4);
+    Tensor p = Tensor::zeros({8}), g = Tensor::zeros({8});
+    g.fill_(1.0f);
+    float* pp = p.data<float>();
+    const float* gp = g.data<float>();
+    const Segment good{pp, gp, 2, 0};
+    for (const Segment& bad :
+         {Segment{pp, gp, 5, 0}, Segment{pp + 2, gp, 2, 3}, Segment{pp, gp, 1, -1},
+          Segment{pp, gp, -1, 0}, Segment{nullptr, gp, 1, 0}, Segment{pp, nullptr, 1, 0}}) {
+      const Segment both[] = {good, bad};
+      EXPECT_THROW(opt->step(both, 0.1f), Error) << kind;
+    }
+    for (const float lr :
+         {-1.0f, std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()})
+      EXPECT_THROW(opt->step({&good, 1}, lr), InvalidArgument) << kind << " lr " << lr;
+    EXPECT_EQ(opt->steps(), 0);
+    for (int64_t i = 0; i < p.numel(); ++i) EXPECT_EQ(pp[i], 0.0f) << kind;  // not even `good`
+    for (const StateBuffer& b : opt->state())
+      for (int64_t i = 0; i < 4; ++i) EXPECT_EQ(b.values.data<float>()[i], 0.0f) << b.name;
+  }
 }
 
 std::string error_of(const OptimSpec& spec) {
@@ -294,20 +437,38 @@ TEST(Clip, SumSquaresAccumulatesInDouble) {
   EXPECT_EQ(sum_squares(ones.data(), static_cast<int64_t>(ones.size())), double(1 << 25));
 }
 
-TEST(Clip, ScalesOnlyAboveMaxNorm) {
+TEST(Clip, FactorOnlyBelowOneAboveMaxNorm) {
   std::vector<float> g = {3.0f, 4.0f, 0.0f};
   const double norm = std::sqrt(sum_squares(g.data(), 3));
   EXPECT_DOUBLE_EQ(norm, 5.0);
-  EXPECT_FLOAT_EQ(clip_scale(g.data(), 3, norm, 10.0f), 1.0f);
-  EXPECT_EQ(g[0], 3.0f);
-  EXPECT_FLOAT_EQ(clip_scale(g.data(), 3, norm, 0.0f), 1.0f);  // 0 disables clipping
-  EXPECT_EQ(g[1], 4.0f);
-  EXPECT_FLOAT_EQ(clip_scale(g.data(), 3, norm, 1.0f), 0.2f);
-  EXPECT_FLOAT_EQ(g[0], 0.6f);
-  EXPECT_FLOAT_EQ(g[1], 0.8f);
-  EXPECT_NEAR(std::sqrt(sum_squares(g.data(), 3)), 1.0, 1e-6);
-  EXPECT_THROW(clip_scale(g.data(), 3, std::numeric_limits<double>::infinity(), 1.0f),
-               InvalidArgument);
+  EXPECT_EQ(clip_factor(norm, 10.0f), 1.0f);
+  EXPECT_EQ(clip_factor(norm, 5.0f), 1.0f);  // at the limit: untouched
+  EXPECT_EQ(clip_factor(norm, 0.0f), 1.0f);  // 0 disables clipping
+  EXPECT_EQ(clip_factor(norm, -1.0f), 1.0f);
+  EXPECT_EQ(clip_factor(norm, 1.0f), 0.2f);  // max_norm / norm, rounded once to f32
+  EXPECT_EQ(clip_factor(7.0, 3.0f), static_cast<float>(3.0 / 7.0));
+  EXPECT_EQ(clip_factor(0.0, 1.0f), 1.0f);
+  EXPECT_THROW(clip_factor(std::numeric_limits<double>::infinity(), 1.0f), InvalidArgument);
+  EXPECT_THROW(clip_factor(std::numeric_limits<double>::quiet_NaN(), 1.0f), InvalidArgument);
+}
+
+// A clipped step: the factor goes to the optimizer as grad_scale, the gradients stay as they
+// are, and plain SGD with lr 1 then moves the parameters by exactly max_norm.
+TEST(Clip, ClippedStepMovesByMaxNorm) {
+  OptimSpec spec;
+  spec.momentum = 0.0f;
+  auto opt = make_optimizer(spec, 3);
+  std::vector<float> p = {1.0f, 1.0f, 1.0f}, g = {3.0f, 4.0f, 12.0f};
+  const double norm = std::sqrt(sum_squares(g.data(), 3));
+  EXPECT_DOUBLE_EQ(norm, 13.0);
+  const float factor = clip_factor(norm, 2.0f);
+  const Segment seg{p.data(), g.data(), 3, 0};
+  opt->step({&seg, 1}, 1.0f, factor);
+  EXPECT_EQ(g, (std::vector<float>{3.0f, 4.0f, 12.0f}));
+  double moved = 0;
+  for (int i = 0; i < 3; ++i) moved += (1.0 - p[i]) * (1.0 - p[i]);
+  EXPECT_NEAR(std::sqrt(moved), 2.0, 1e-6);
+  EXPECT_NEAR(1.0f - p[0], 3.0f * 2.0f / 13.0f, 1e-6f);
 }
 
 }  // namespace

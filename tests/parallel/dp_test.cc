@@ -1,5 +1,6 @@
 // Data parallel equals single-worker training: N ranks as threads on the same global batches
-// end within 1e-5 of one rank after 20 steps; deterministic mode gives the same bits for every
+// end within 1e-5 of one rank after 20 steps (all-reduced buckets with and without overlap,
+// ZeRO-1 in shared memory and by messages); deterministic mode gives the same bits for every
 // worker count; accumulation equals the larger batch; diverged parameters are an error.
 #include <gtest/gtest.h>
 
@@ -7,7 +8,8 @@
 #include <vector>
 
 #include "tessel/comm/threads.h"
-#include "tessel/parallel/data_parallel.h"
+#include "tessel/nn/models.h"
+#include "tessel/parallel/engine.h"
 #include "tessel/train/trainer.h"
 #include "train_on.h"
 
@@ -24,123 +26,123 @@ train::Config small_config(const std::string& model, std::vector<std::string> ex
   return train::parse_config("", "dp_test", o);
 }
 
-// Rank 0's parameters and summary after training `cfg` on `workers` thread ranks.
-std::pair<std::vector<float>, nlohmann::json> train_on(const train::Config& cfg, int workers,
-                                                       train::RunOptions opts = {}) {
-  testing::RunResult r = testing::train_on(cfg, workers, opts);
-  return {r.params, r.summary};
-}
-
 using testing::max_rel_diff;
+using testing::train_on;
+
+double comm_bytes(const nlohmann::json& summary) {
+  return summary["ranks"]["per_rank"][0]["comm_bytes"].get<double>();
+}
 
 TEST(DataParallel, MatchesSingleRankAfterTwentySteps) {
   // Dropout and momentum: the masks and the optimizer state must not depend on the split.
-  // Overlapped all-reduce; sharded step in shared memory; sharded step by messages.
-  for (const char* shared : {"ddp.shared_memory=true", "ddp.shared_memory=false"})
-  for (const char* overlap : {"ddp.overlap=on", "ddp.overlap=off"}) {
-  if (std::string(overlap) == "ddp.overlap=on" && std::string(shared) == "ddp.shared_memory=false")
-    continue;
-  train::Config cfg =
-      small_config("mlp", {"model.dropout=0.2", "ddp.bucket_mb=0.001", overlap, shared});
-  auto [single, s1] = train_on(cfg, 1);
-  EXPECT_EQ(s1["steps"], 20);
-  for (int w : {2, 3, 4}) {
-    auto [multi, sw] = train_on(cfg, w);
-    ASSERT_EQ(multi.size(), single.size());
-    EXPECT_LT(max_rel_diff(single, multi), 1e-5) << w << " workers";
-    EXPECT_EQ(sw["world_size"], w);
-    EXPECT_EQ(sw["layout"], "dp=" + std::to_string(w));
-    EXPECT_GT(sw["ranks"]["buckets"].get<int>(), 1);  // several buckets
-    EXPECT_EQ(sw["ranks"]["overlap"].get<bool>(), std::string(overlap) == "ddp.overlap=on");
-    EXPECT_EQ(sw["ranks"]["shared_memory"].get<bool>(),
-              std::string(overlap) == "ddp.overlap=off" &&
-                  std::string(shared) == "ddp.shared_memory=true");
-    EXPECT_NEAR(sw["test_accuracy"].get<double>(), s1["test_accuracy"].get<double>(), 0.02);
-  }
+  // All-reduced buckets on the progress thread and on the compute thread; ZeRO-1 in shared
+  // memory and by reduce-scatter + all-gather messages.
+  const std::vector<std::vector<std::string>> variants = {
+      {"zero.stage=0", "ddp.overlap=on"},
+      {"zero.stage=0", "ddp.overlap=off"},
+      {"zero.stage=1", "ddp.shared_memory=true"},
+      {"zero.stage=1", "ddp.shared_memory=false", "ddp.overlap=on"}};
+  for (const auto& v : variants) {
+    std::vector<std::string> keys = {"model.dropout=0.2", "ddp.bucket_mb=0.001"};
+    keys.insert(keys.end(), v.begin(), v.end());
+    const train::Config cfg = small_config("mlp", keys);
+    const auto single = train_on(cfg, 1);
+    EXPECT_EQ(single.summary["steps"], 20);
+    for (int w : {2, 3, 4}) {
+      const auto multi = train_on(cfg, w);
+      ASSERT_EQ(multi.params.size(), single.params.size());
+      EXPECT_LT(max_rel_diff(single.params, multi.params), 1e-5) << w << " workers, " << v[0] << " " << v[1];
+      EXPECT_EQ(multi.summary["world_size"], w);
+      EXPECT_EQ(multi.summary["layout"], "dp=" + std::to_string(w));
+      EXPECT_GT(comm_bytes(multi.summary), 0);
+      EXPECT_NEAR(multi.summary["test_accuracy"].get<double>(),
+                  single.summary["test_accuracy"].get<double>(), 0.02);
+    }
   }
 }
 
-TEST(DataParallel, ShardedStepWithClippingAdamWAndResumeOnAnotherWorkerCount) {
-  // Without overlap each rank updates its shard: clipping needs the global norm, AdamW's state
-  // of the other shards is stale until consolidated for the checkpoint.
-  train::Config cfg = small_config("mlp", {"optim.kind=adamw", "optim.lr=0.01",
-                                           "train.clip_norm=0.05", "ddp.overlap=off"});
-  auto [single, s1] = train_on(cfg, 1);
-  auto [multi, s3] = train_on(cfg, 3);
-  EXPECT_LT(max_rel_diff(single, multi), 1e-5);
-  // Shared memory: each rank reads its shard of the 2 other ranks' gradients a step.
-  const double arena_bytes = 4.0 * static_cast<double>(single.size());
-  EXPECT_TRUE(s3["ranks"]["shared_memory"].get<bool>());
-  EXPECT_NEAR(s3["ranks"]["allreduce_bytes_per_rank"].get<double>() / 20, arena_bytes * 2 / 3,
-              4.0 * 16 * 3);  // shard bounds fall on 64-byte lines
-  // Messages: one gradient's bytes a step, same trajectory.
+TEST(DataParallel, ZeroOneWithClippingAdamWAndResumeOnAnotherWorkerCount) {
+  // Each rank updates its pieces: clipping needs the global norm, AdamW's state of the other
+  // pieces lives on other ranks and is written by them into the checkpoint.
+  const train::Config cfg = small_config("mlp", {"optim.kind=adamw", "optim.lr=0.01",
+                                                 "train.clip_norm=0.05", "zero.stage=1"});
+  const auto single = train_on(cfg, 1);
+  const auto multi = train_on(cfg, 3);
+  EXPECT_LT(max_rel_diff(single.params, multi.params), 1e-5);
+  // Shared memory: each rank reads its pieces of the 2 other ranks' gradients a step.
+  const double arena_bytes = 4.0 * static_cast<double>(single.params.size());
+  EXPECT_NEAR(comm_bytes(multi.summary) / 20, arena_bytes * 2 / 3, 4.0 * 16 * 3 * 4);
+  // Messages: a reduce-scatter and an all-gather of every bucket a step.
   train::Config by_messages = cfg;
   by_messages.parallel.shared_memory = false;
-  auto [multi_m, s3m] = train_on(by_messages, 3);
-  EXPECT_LT(max_rel_diff(single, multi_m), 1e-5);
-  EXPECT_FALSE(s3m["ranks"]["shared_memory"].get<bool>());
-  EXPECT_NEAR(s3m["ranks"]["allreduce_bytes_per_rank"].get<double>() / 20, arena_bytes, 1.0);
+  const auto multi_m = train_on(by_messages, 3);
+  EXPECT_LT(max_rel_diff(single.params, multi_m.params), 1e-5);
+  EXPECT_NEAR(comm_bytes(multi_m.summary) / 20, 2 * arena_bytes, 4.0 * 64);
   // Stop after 7 steps on 3 ranks, resume on 2: still the single-rank trajectory.
   train::RunOptions first;
-  first.run_dir = ::testing::TempDir() + "/dp_test_resume";
+  first.run_dir = testing::test_run_dir("dp_test_resume");
   first.stop_after = 7;
   train_on(cfg, 3, first);
   train::RunOptions second;
   second.run_dir = first.run_dir;
   second.resume = first.run_dir;
-  auto [resumed, s2] = train_on(cfg, 2, second);
-  EXPECT_EQ(s2["steps"], 20);
-  EXPECT_LT(max_rel_diff(single, resumed), 1e-5);
+  const auto resumed = train_on(cfg, 2, second);
+  EXPECT_EQ(resumed.summary["steps"], 20);
+  EXPECT_LT(max_rel_diff(single.params, resumed.params), 1e-5);
 }
 
 TEST(DataParallel, UnevenSlicesAndShortLastBatch) {
   // 120 training samples in batches of 7: slices of 2 and 3 rows, and a last batch of one row,
   // which leaves two of three ranks with nothing but the reduction to take part in.
-  train::Config cfg = small_config("mlp", {"data.samples=150", "train.batch=7",
-                                           "train.max_steps=0", "train.epochs=1"});
-  auto [single, s1] = train_on(cfg, 1);
-  auto [multi, s3] = train_on(cfg, 3);
-  EXPECT_LT(max_rel_diff(single, multi), 1e-5);
-  EXPECT_EQ(s1["steps"], 18);
-  EXPECT_EQ(s3["steps"], 18);
+  for (const char* stage : {"zero.stage=0", "zero.stage=1", "zero.stage=2", "zero.stage=3"}) {
+    const train::Config cfg = small_config(
+        "mlp", {"data.samples=150", "train.batch=7", "train.max_steps=0", "train.epochs=1", stage});
+    const auto single = train_on(cfg, 1);
+    const auto multi = train_on(cfg, 3);
+    EXPECT_LT(max_rel_diff(single.params, multi.params), 1e-5) << stage;
+    EXPECT_EQ(single.summary["steps"], 18);
+    EXPECT_EQ(multi.summary["steps"], 18);
+  }
 }
 
 TEST(DataParallel, DeterministicModeIsBitIdenticalForEveryWorkerCount) {
-  train::Config cfg = small_config("mlp", {"train.deterministic=true", "ddp.micro_shard=2",
-                                           "model.dropout=0.1", "train.clip_norm=0.5"});
-  auto [ref, s1] = train_on(cfg, 1);
+  const train::Config cfg = small_config("mlp", {"train.deterministic=true", "ddp.micro_shard=2",
+                                                 "model.dropout=0.1", "train.clip_norm=0.5"});
+  const auto ref = train_on(cfg, 1);
   for (int w : {2, 3, 4, 6}) {
-    auto [p, s] = train_on(cfg, w);
-    EXPECT_EQ(s["params_sha256"], s1["params_sha256"]) << w << " workers";
+    const auto run = train_on(cfg, w);
+    EXPECT_EQ(run.summary["params_sha256"], ref.summary["params_sha256"]) << w << " workers";
   }
   // Run after run as well.
-  EXPECT_EQ(train_on(cfg, 2).second["params_sha256"], s1["params_sha256"]);
+  EXPECT_EQ(train_on(cfg, 2).summary["params_sha256"], ref.summary["params_sha256"]);
 }
 
 TEST(DataParallel, DeterministicModeRejectsUnevenShards) {
-  train::Config cfg = small_config("mlp", {"train.deterministic=true", "ddp.micro_shard=6"});
+  const train::Config cfg = small_config("mlp", {"train.deterministic=true", "ddp.micro_shard=6"});
   // 24 / 6 = 4 shards cannot be shared by 3 workers.
   EXPECT_THROW(train_on(cfg, 3), InvalidArgument);
 }
 
 TEST(DataParallel, AccumulationEqualsTheLargerBatch) {
-  auto [big, s1] = train_on(small_config("mlp", {"train.batch=24", "train.max_steps=10"}), 1);
-  auto [acc, s2] = train_on(
-      small_config("mlp", {"train.batch=12", "train.accumulate=2", "train.max_steps=10"}), 2);
-  EXPECT_EQ(s2["steps"], 10);
-  EXPECT_LT(max_rel_diff(big, acc), 1e-5);
+  for (const char* stage : {"zero.stage=0", "zero.stage=2", "zero.stage=3"}) {
+    const auto big = train_on(small_config("mlp", {"train.batch=24", "train.max_steps=10", stage}), 1);
+    const auto acc = train_on(
+        small_config("mlp", {"train.batch=12", "train.accumulate=2", "train.max_steps=10", stage}), 2);
+    EXPECT_EQ(acc.summary["steps"], 10);
+    EXPECT_LT(max_rel_diff(big.params, acc.params), 1e-5) << stage;
+  }
 }
 
 TEST(DataParallel, DivergedParametersAreAnError) {
-  train::Config cfg = small_config("mlp");
+  const train::Config cfg = small_config("mlp");
   nn::ModelSpec spec = cfg.model;
   spec.input_shape = {12};
   spec.num_classes = 4;
   try {
     comm::run_threads(3, [&](comm::Communicator& c) {
-      auto model = nn::build_model(spec, c.rank() == 2 ? 99 : 1);  // rank 2 has another seed
-      parallel::DataParallel dp(cfg.parallel, &c, *model);
-      dp.on_start();
+      auto model = nn::build_model(spec);
+      parallel::Engine engine(cfg.parallel, cfg.optim, c, *model, c.rank() == 2 ? 99 : 1);
+      engine.start();  // rank 2 has another seed
     });
     FAIL() << "no error";
   } catch (const Error& e) {

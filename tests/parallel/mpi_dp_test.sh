@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Data parallel under mpirun (one rank per process):
 #  1. deterministic mode gives the same params_sha256 on 1 rank and on 2, 3, 4 and 6 MPI ranks
-#     (a batch of 24 rows in 12 micro-shards of 2);
-#  2. the sharded step in an MPI shared-memory window equals the threads one;
+#     (a batch of 24 rows in 12 micro-shards of 2), at every ZeRO stage on 2, 3 and 4 ranks;
+#  2. ZeRO-1 in an MPI shared-memory window equals the threads one;
 #  3. killing one rank's process ends the whole job, naming the lost rank, well within the
 #     communication deadline (no hang).
 # Usage: mpi_dp_test.sh TESSEL_BINARY SOURCE_DIR
@@ -27,29 +27,39 @@ for np in 2 3 4 6; do
   grep -q '"layout": "dp='$np'"' "$tmp/mpi$np/summary.json" || { echo "FAIL: layout"; exit 1; }
   echo "ok: deterministic mode, $np MPI ranks = 1 rank"
 done
+for stage in 1 2 3; do
+  for np in 2 3 4; do
+    $mpirun -np $np "$tessel" "${args[@]}" --set zero.stage=$stage --run-dir "$tmp/z$stage-$np" \
+      > "$tmp/z.out" 2>&1 || { cat "$tmp/z.out"; exit 1; }
+    if [ "$(sha "$tmp/one")" != "$(sha "$tmp/z$stage-$np")" ]; then
+      echo "FAIL: params_sha256 differs between 1 rank and zero.stage=$stage on $np MPI ranks"; exit 1
+    fi
+  done
+  echo "ok: deterministic mode, zero.stage=$stage on 2, 3 and 4 MPI ranks = 1 rank"
+done
 
-# The sharded step of ranks on one host runs in an MPI shared-memory window: 2 MPI ranks give
+# ZeRO-1 among ranks of one host runs in an MPI shared-memory window: 2 MPI ranks give
 # the same bits as 2 thread ranks (both sum each shard in rank order), and the message path
 # (ddp.shared_memory=false) trains the same model.
-plain=(train "$src/examples/spiral.toml" --quiet --set train.epochs=4 --set ddp.overlap=off)
+plain=(train "$src/examples/spiral.toml" --quiet --set train.epochs=4 --set zero.stage=1)
 "$tessel" "${plain[@]}" --workers 2 --run-dir "$tmp/threads2" > /dev/null
 $mpirun -np 2 "$tessel" "${plain[@]}" --run-dir "$tmp/shm2" > "$tmp/shm.out" 2>&1 ||
   { cat "$tmp/shm.out"; exit 1; }
-grep -q '"shared_memory": true' "$tmp/shm2/summary.json" ||
+grep -q '"grad_sync": "shared_memory"' "$tmp/shm2/summary.json" ||
   { echo "FAIL: 2 MPI ranks on one host did not use shared memory"; exit 1; }
 if [ "$(sha "$tmp/threads2")" != "$(sha "$tmp/shm2")" ]; then
   echo "FAIL: params_sha256 differs between 2 thread ranks and 2 MPI ranks in shared memory"; exit 1
 fi
 $mpirun -np 2 "$tessel" "${plain[@]}" --set ddp.shared_memory=false --run-dir "$tmp/msg2" \
   > "$tmp/msg.out" 2>&1 || { cat "$tmp/msg.out"; exit 1; }
-grep -q '"shared_memory": false' "$tmp/msg2/summary.json" || { echo "FAIL: messages"; exit 1; }
+grep -q '"grad_sync": "reduce_scatter"' "$tmp/msg2/summary.json" || { echo "FAIL: messages"; exit 1; }
 acc() { grep -o '"test_accuracy": *[0-9.e-]*' "$1/summary.json" | grep -o '[0-9.e-]*$'; }
 python3 - "$(acc "$tmp/shm2")" "$(acc "$tmp/msg2")" <<'EOP' || { echo "FAIL: accuracies differ"; exit 1; }
 import sys
 a, b = map(float, sys.argv[1:])
 sys.exit(0 if abs(a - b) < 0.02 else 1)
 EOP
-echo "ok: sharded step, 2 MPI ranks in shared memory = 2 threads; by messages: same accuracy"
+echo "ok: ZeRO-1, 2 MPI ranks in shared memory = 2 threads; by messages: same accuracy"
 
 # Rank 1 kills itself after 2 s of a long run; the job must end soon, naming the lost rank.
 cat > "$tmp/victim.sh" <<EOS

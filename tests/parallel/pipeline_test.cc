@@ -12,7 +12,9 @@
 #include "pipeline_testing.h"
 #include "train_on.h"
 #include "tessel/comm/threads.h"
+#include "tessel/nn/models.h"
 #include "tessel/optim/optimizer.h"
+#include "tessel/parallel/engine.h"
 #include "tessel/train/trainer.h"
 
 namespace tessel {
@@ -140,16 +142,25 @@ TEST(Pipeline, TiedTableStaysEqualOnBothStages) {
   // The GPT's embedding (stage 0) and LM head (stage 1) share the token table: after training
   // the head's stage holds the same table as the embedding's.
   const train::Config cfg = config_for("gpt", {"pp.stages=2", "pp.microbatches=2"});
-  const RunResult run = train_on(cfg, 2);
-  train::Trainer probe(config_for("gpt"), {}, nullptr);
-  const auto& entries = probe.model().params().entries();
-  const int64_t lo = entries[0].offset, n = shape_numel(entries[0].shape);
-  ASSERT_EQ(entries[0].name, "embed.wte");
+  std::vector<std::vector<float>> table(2);
+  const RunResult run = testing::train_on(cfg, 2, {}, nullptr, [&](train::Trainer& t) {
+    const nn::Parameter& wte = *t.model().parameters()[0];
+    ASSERT_EQ(wte.name, "embed.wte");
+    table[static_cast<size_t>(t.engine().rank())].assign(
+        wte.value.data<float>(), wte.value.data<float>() + wte.value.numel());
+  });
+  ASSERT_EQ(table[0].size(), table[1].size());
+  const data::Splits data = data::make_datasets(cfg.data);
+  nn::ModelSpec spec = cfg.model;
+  spec.input_shape = data.train->input_shape();
+  spec.num_classes = data.train->num_classes();
+  auto fresh = nn::build_model(spec);
+  fresh->materialize(cfg.seed);
+  const float* init = fresh->values().data<float>() + fresh->offset(0);
   double differ = 0, moved = 0;
-  const float* init = probe.model().params().flat().data<float>();
-  for (int64_t i = lo; i < lo + n; ++i) {
-    differ = std::max(differ, std::fabs(double(run.all[0][i]) - run.all[1][i]));
-    moved = std::max(moved, std::fabs(double(run.all[1][i]) - init[i]));
+  for (size_t i = 0; i < table[0].size(); ++i) {
+    differ = std::max(differ, std::fabs(double(table[0][i]) - table[1][i]));
+    moved = std::max(moved, std::fabs(double(table[1][i]) - init[i]));
   }
   EXPECT_EQ(differ, 0.0);
   EXPECT_GT(moved, 1e-4);  // the head's copy was updated, not left at its initial value
@@ -180,12 +191,12 @@ TEST(Pipeline, DeterministicModeIsBitIdentical) {
 }
 
 TEST(Pipeline, ResumedRunMatchesUninterrupted) {
-  // consolidate() must bring every stage's parameters and AdamW state to rank 0's checkpoint.
+  // Every stage writes its parameters and AdamW state into the checkpoint.
   const train::Config cfg =
       config_for("mlp", {"pp.stages=2", "pp.microbatches=2", "optim.kind=adamw", "optim.lr=0.003"});
   const RunResult whole = train_on(cfg, 4);
   train::RunOptions first;
-  first.run_dir = ::testing::TempDir() + "/pp_resume";
+  first.run_dir = testing::test_run_dir("pp_resume");
   first.stop_after = 9;
   const RunResult part = train_on(cfg, 4, first);
   EXPECT_EQ(part.summary["steps"], 9);
@@ -314,12 +325,10 @@ TEST(Pipeline, BadLayoutsFailAtStart) {
 class ShortGrad : public nn::Module {
  public:
   std::string kind() const override { return "short_grad"; }
-  Tensor forward(const Tensor& x, const nn::Context&) override { return x; }
-  Tensor backward(const Tensor& dy) override {
-    Tensor dx = Tensor::zeros({dy.dim(0), dy.dim(1) - 1});
-    return dx;
+  Tensor forward(const Tensor& x, const nn::Context&, nn::Cache*) override { return x; }
+  Tensor backward(const Tensor& dy, nn::Cache&) override {
+    return Tensor::zeros({dy.dim(0), dy.dim(1) - 1});
   }
-  std::unique_ptr<nn::Module> clone() const override { return std::make_unique<ShortGrad>(); }
 };
 
 TEST(Pipeline, MismatchedExchangeIsNamed) {
@@ -328,15 +337,15 @@ TEST(Pipeline, MismatchedExchangeIsNamed) {
       nn::Model model;
       model.add("fc", std::make_unique<nn::Linear>(4, 4));
       model.add("broken", std::make_unique<ShortGrad>());
-      model.finalize(1);
+      model.finalize();
+      model.materialize(1);
       parallel::ParallelSpec spec;
       spec.pp_stages = 2;
-      parallel::Pipeline pipe(spec, c, model);
-      pipe.on_start();
+      parallel::PipelineExecutor pipe(spec, c, model);
       nn::CrossEntropyLoss loss;
       parallel::Piece piece{Tensor::zeros({4, 4}), Tensor::zeros({4}, DType::kI32), nn::Context{},
                             1.0, true};
-      pipe.train_piece(piece, loss);
+      pipe.train(piece, loss, [](nn::Phase, size_t, bool) {});
     });
     ADD_FAILURE() << "no error";
   } catch (const Error& e) {
@@ -356,8 +365,7 @@ TEST(Pipeline, ExplicitCutsAndBalancedPartition) {
         s.num_classes = 4;
         s.hidden = {256, 8};
         return s;
-      }(),
-      1);
+      }());
   parallel::ParallelSpec spec;
   spec.pp_cuts = {1, 3};
   auto p = parallel::make_partition(spec, *model, 3);
@@ -383,21 +391,20 @@ TEST(Pipeline, BubbleFollowsTheModelWithFixedComputeBlocks) {
     parallel::ParallelSpec spec;
     spec.pp_stages = P;
     spec.pp_microbatches = m;
-    parallel::Pipeline pipe(spec, c, *model);
-    auto opt = optim::make_optimizer(optim::OptimSpec{}, model->params().numel());
+    parallel::Engine engine(spec, optim::OptimSpec{}, c, *model, 1);
     nn::CrossEntropyLoss loss;
     Tensor x = Tensor::zeros({8, 4});
     Tensor y = Tensor::zeros({8}, DType::kI32);
-    pipe.on_start();
+    engine.start();
     for (int step = 0; step < 4; ++step) {
-      if (step == 1) pipe.take_metrics();  // the first step allocates the clones
-      model->zero_grad();
-      parallel::Piece piece{x, y, nn::Context{true, 1, step, 0}, 1.0, true};
-      pipe.train_piece(piece, loss);
-      pipe.step(*opt, 0.1f, 0, step);
+      if (step == 1) engine.take_stats(0);  // the first step allocates the caches
+      engine.train_piece({x, y, nn::Context{true, 1, step, 0}, 1.0, true}, loss);
+      engine.step(0.1f, 0, step);
     }
-    nlohmann::json m = pipe.take_metrics();
-    if (c.rank() == 0) measured = m["pipeline_bubble_fraction_measured"].get<double>();
+    double bubble = 0;
+    for (const parallel::RankStats& s : engine.take_stats(0))
+      bubble += 1.0 - (s.forward_s + s.backward_s) / s.schedule_s;
+    if (c.rank() == 0) measured = bubble / P;
   });
   const double model = (P - 1.0) / (m + P - 1.0);
   EXPECT_NEAR(measured, model, 0.1);

@@ -18,14 +18,14 @@ class SleepBlock : public nn::Module {
  public:
   explicit SleepBlock(double forward_ms) : forward_ms_(forward_ms) {}
   std::string kind() const override { return "sleep"; }
-  Tensor forward(const Tensor& x, const nn::Context&) override {
-    Tensor y = y_.get(x.shape(), x.dtype());
+  Tensor forward(const Tensor& x, const nn::Context&, nn::Cache* cache) override {
+    Tensor y = nn::output(cache, 0, x.shape(), x.dtype());
     y.copy_from(x);
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(forward_ms_));
     return y;
   }
-  Tensor backward(const Tensor& dy) override {
-    Tensor dx = dx_.get(dy.shape(), dy.dtype());
+  Tensor backward(const Tensor& dy, nn::Cache& cache) override {
+    Tensor dx = cache.scratch(0, dy.shape(), dy.dtype());
     dx.copy_from(dy);
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(2 * forward_ms_));
     return dx;
@@ -33,12 +33,10 @@ class SleepBlock : public nn::Module {
   // One unused parameter, so that every stage owns a range to update.
   std::vector<nn::Parameter*> parameters() override { return {&w_}; }
   double forward_flops(int64_t batch) const override { return 1e6 * forward_ms_ * batch; }
-  std::unique_ptr<nn::Module> clone() const override { return std::make_unique<SleepBlock>(*this); }
 
  private:
   double forward_ms_;
   nn::Parameter w_{"w", {1}, nn::Init::kZeros, 0, {}, {}};
-  nn::Buffer y_, dx_;
 };
 
 // blocks SleepBlocks of forward_ms each on inputs [rows, width].
@@ -46,7 +44,7 @@ inline std::unique_ptr<nn::Model> sleep_model(int blocks, double forward_ms) {
   auto m = std::make_unique<nn::Model>();
   for (int i = 0; i < blocks; ++i)
     m->add("sleep" + std::to_string(i), std::make_unique<SleepBlock>(forward_ms));
-  m->finalize(1);
+  m->finalize();
   return m;
 }
 

@@ -20,7 +20,8 @@
 #include "tessel/core/error.h"
 #include "tessel/nn/models.h"
 #include "tessel/optim/optimizer.h"
-#include "tessel/parallel/strategy.h"
+#include "tessel/parallel/engine.h"
+#include "tessel/parallel/parameter_server.h"
 #include "tessel/train/trainer.h"
 #include "train_on.h"
 
@@ -150,7 +151,7 @@ TEST(ParameterServer, SspBoundsTheLeadOverASlowWorker) {
   EXPECT_GT(a.summary["ranks"]["ps_max_clock_lead"].get<double>(), 2);
 }
 
-// Drives the strategy directly: 3 workers claim two epochs' ranges (each "computes" 0.3 ms,
+// Drives the engine directly: 3 workers claim two epochs' ranges (each "computes" 0.3 ms,
 // worker 1 sleeps 3 ms more a push) and push zero gradients; returns the batches each worker was handed, per epoch, and
 // the largest claim lead the server saw.
 struct Claimed {
@@ -171,29 +172,29 @@ Claimed claim_ranges(const std::string& mode, int64_t staleness) {
   ms.hidden = {8};
   Claimed out;
   for (auto& e : out.batches) e.resize(3);
-  const parallel::Strategy::Claims ranges[2] = {{0, 0, 40, 0, true}, {1, 3, 31, 13, true}};
+  const parallel::ParameterServer::Claims ranges[2] = {{0, 0, 40, 0, true},
+                                                       {1, 3, 31, 13, true}};
   comm::run_threads(4, [&](comm::Communicator& world) {
-    auto model = nn::build_model(ms, 1);
-    auto strategy = parallel::make_strategy(spec, &world, *model);
-    auto opt = optim::make_optimizer(optim::OptimSpec{}, model->params().numel());
-    if (strategy->is_server()) {
-      strategy->serve(*opt, [](int64_t) { return 0.01f; });
+    auto model = nn::build_model(ms);
+    parallel::Engine engine(spec, optim::OptimSpec{}, world, *model, 1);
+    parallel::ParameterServer& ps = *engine.ps();
+    if (ps.is_server()) {
+      ps.serve([](int64_t) { return 0.01f; });
       return;
     }
-    EXPECT_FALSE(strategy->lockstep());
+    EXPECT_FALSE(ps.lockstep());
     for (int e = 0; e < 2; ++e) {
       std::vector<int64_t>& mine = out.batches[e][static_cast<size_t>(world.rank())];
-      strategy->set_claims(ranges[e]);
-      for (int64_t b = strategy->claim(); b >= 0; b = strategy->claim()) {
+      ps.set_claims(ranges[e]);
+      for (int64_t b = ps.claim(); b >= 0; b = ps.claim()) {
         mine.push_back(b);
-        model->zero_grad();
         std::this_thread::sleep_for(std::chrono::microseconds(300));  // every worker computes
-        strategy->step(*opt, 0.01f, 0, ranges[e].step + (b - ranges[e].first) / 3);
+        engine.step(0.01f, 0, ranges[e].step + (b - ranges[e].first) / 3);
       }
       double sync = 0;
-      strategy->sum(&sync, 1);  // the epoch end: a collective point
+      engine.sum(&sync, 1);  // the epoch end: a collective point
     }
-    nlohmann::json m = strategy->take_metrics();
+    nlohmann::json m = ps.report();
     if (world.rank() == 0) out.lead = m["ps_max_clock_lead"].get<double>();
   });
   return out;

@@ -1,34 +1,112 @@
-// Checkpoints: a folder per save, committed atomically.
-//   RUN/checkpoints/step-000123/model.safetensors      weights, named as Model::parameters()
-//                               optimizer.safetensors  optimizer state (flat, arena layout)
-//                               trainer.json           step, epoch, batch in epoch, RNG seed,
-//                                                      config digest, params_sha256
-//   RUN/checkpoints/latest                              text: the name of the newest folder
-// A save writes into "step-N.tmp-<pid>", fsyncs every file and the folder, renames it to
-// "step-N", then replaces "latest" by write-temp + fsync + rename. A crash at any point leaves
-// the previous checkpoint intact and readable. keep_last bounds how many folders remain.
+// Checkpoints: a folder per save, written by every rank that owns part of the model and
+// committed atomically by one.
+//   RUN/checkpoints/step-000123/shard-00003.safetensors  one writer's slices of parameters and
+//                                                          optimizer state (see ShardSlice)
+//                              manifest.json             format, parameters (name, shape),
+//                                                          optimizer (kind, steps, buffers),
+//                                                          every shard file with its SHA-256
+//                              trainer.json              the Trainer's position (opaque here)
+//   RUN/checkpoints/latest                               text: the name of the newest folder
+// A save: the committing rank picks the temporary folder "step-N.tmp-<pid>" (begin), every
+// writer puts its shard file in it (write_shard: written, fsynced, hashed), then the committing
+// rank writes the manifest and trainer.json, fsyncs the folder, renames it to "step-N" and
+// replaces "latest" by write-temp + fsync + rename (commit). A crash at any point leaves the
+// previous checkpoint intact and readable. keep_last bounds how many folders remain.
+// Loading reads any slice of any tensor, whatever the layout that wrote it: that is how a
+// checkpoint of one world size, ZeRO stage or pipeline split resumes on another.
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "tessel/ckpt/safetensors.h"
 
 namespace tessel::ckpt {
 
-struct Checkpoint {
-  TensorFile model;
-  TensorFile optimizer;
-  std::string trainer_json;  // opaque to ckpt; the Trainer defines its fields
+// A slice of a checkpointed tensor: elements [begin, begin + data.numel()) of the flattened
+// tensor `name` -- a parameter ("fc1.weight") or a per-element optimizer buffer of one
+// ("exp_avg/fc1.weight"). data is 1-D f32.
+struct ShardSlice {
+  std::string name;
+  int64_t begin = 0;
+  Tensor data;
 };
 
-// Saves under run_dir/checkpoints and returns the committed folder's path.
-std::string save_checkpoint(const std::string& run_dir, int64_t step, const Checkpoint& ckpt,
-                            int keep_last = 2);
-// `path` is a run folder (uses checkpoints/latest), a checkpoints folder, or one step folder.
-// Throws IoError naming what is missing or corrupt.
-Checkpoint load_checkpoint(const std::string& path);
-// Resolves `path` as load_checkpoint does, without reading tensors.
+// What write_shard produced: the file's name in the folder, its size and SHA-256.
+struct ShardFile {
+  std::string file;
+  int64_t bytes = 0;
+  std::string sha256;
+};
+
+struct TensorSpec {
+  std::string name;
+  Shape shape;
+};
+
+struct Manifest {
+  static constexpr int kVersion = 1;
+  std::string model_kind;                 // "mlp", "cnn", "gpt"
+  std::vector<TensorSpec> parameters;     // in model order
+  std::string optimizer_kind;             // "sgd", "adamw"
+  int64_t optimizer_steps = 0;
+  std::vector<std::string> state_buffers;  // per-element optimizer buffers, e.g. "exp_avg"
+  std::vector<ShardFile> shards;
+};
+
+// Creates the temporary folder of step `step` under run_dir/checkpoints (removing an own
+// leftover of the same name) and returns its path. The committing rank calls it; every writer
+// then writes into the same folder (on storage every writer sees).
+std::string begin_checkpoint(const std::string& run_dir, int64_t step);
+// Writes writer `rank`'s slices into dir as "shard-<rank>.safetensors", fsynced; returns its
+// name, size and SHA-256. Slices of one tensor must not overlap.
+ShardFile write_shard(const std::string& dir, int rank, const std::vector<ShardSlice>& slices);
+// Writes manifest.json and trainer.json into dir, makes everything durable, renames dir to
+// step-N, points `latest` at it and prunes to keep_last folders. Returns the committed path.
+std::string commit_checkpoint(const std::string& run_dir, const std::string& dir, int64_t step,
+                              const Manifest& manifest, const std::string& trainer_json,
+                              int keep_last = 2);
+
+// A committed checkpoint opened for reading. Construction reads manifest.json and
+// trainer.json and every shard file's header, and checks every shard file's size and SHA-256
+// against the manifest; a mismatch is an IoError naming the file. Tensor data is read on
+// demand, so no more than the slices asked for is ever in memory.
+class CheckpointReader {
+ public:
+  // `path` is a run folder (uses checkpoints/latest), a checkpoints folder, or one step folder.
+  explicit CheckpointReader(const std::string& path);
+  ~CheckpointReader();
+  CheckpointReader(const CheckpointReader&) = delete;
+  CheckpointReader& operator=(const CheckpointReader&) = delete;
+
+  const std::string& dir() const { return dir_; }
+  const Manifest& manifest() const { return manifest_; }
+  const std::string& trainer_json() const { return trainer_json_; }
+  bool has(const std::string& name) const;
+  // Elements [begin, begin + count) of the flattened tensor `name` into dst, from whichever
+  // shards hold them. Throws IoError naming the tensor and the missing elements when the
+  // checkpoint does not cover them all.
+  void read(const std::string& name, int64_t begin, int64_t count, float* dst) const;
+
+ private:
+  struct Piece;  // one slice in one shard file
+  std::string dir_;
+  Manifest manifest_;
+  std::string trainer_json_;
+  std::vector<std::unique_ptr<SafetensorsReader>> files_;
+  std::map<std::string, std::vector<Piece>> index_;  // by tensor name, sorted by begin
+};
+
+// Writes the model's parameters of the checkpoint at `path`, each whole and named as the model
+// names it (manifest order, f32), into one plain safetensors file at out_path (written to a
+// temporary name, fsynced, renamed), reading one parameter at a time. PyTorch loads it with
+// safetensors.torch.load_file, or by parsing the header (tests/fixtures/check_safetensors.py).
+void export_model(const std::string& path, const std::string& out_path);
+
+// `path` as CheckpointReader resolves it: the step folder, without reading tensors.
 std::string resolve_checkpoint_dir(const std::string& path);
 
 // Writes `bytes` to path via a temporary file in the same folder, fsync and rename.

@@ -52,6 +52,9 @@ struct CommOptions {
 struct CallOptions {
   Algorithm algorithm = Algorithm::kAuto;  // kAuto: the communicator's default, then thresholds
   double timeout_s = 0;                    // 0: the communicator's timeout_s
+  // Travels in the call's stamp: ranks whose calls differ only in their label (e.g. gathering
+  // the parameters of different blocks) get an error naming both labels, not a silent match.
+  uint32_t label = 0;
 };
 
 namespace detail {

@@ -47,6 +47,7 @@ struct Stamp {
   int32_t root = -1;   // root rank, or -1
   uint64_t seq = 0;    // per-communicator collective number (the user tag for p2p)
   uint64_t count = 0;  // elements of the call (total over ranks for variable-size calls)
+  uint32_t label = 0;  // the caller's CallOptions::label (e.g. which block's parameters)
 
   bool operator==(const Stamp&) const = default;
 };

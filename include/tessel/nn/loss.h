@@ -1,26 +1,42 @@
-// Cross-entropy loss over logits [..., C] and int32 labels [...] (classification: [N,C] and
-// [N]; language model: [B,T,V] and [B,T]), mean over all label positions.
+// Losses: turn a model's output and the targets into a scalar to minimise, and its gradient.
+// The Trainer and the executors see only the Loss interface; CrossEntropyLoss serves both
+// classification (logits [N, C], labels [N]) and language modelling (logits [B, T, V], next
+// tokens [B, T]). A loss keeps what its backward needs from the last forward.
 #pragma once
+
+#include <cstdint>
+#include <memory>
 
 #include "tessel/tensor/tensor.h"
 
 namespace tessel::nn {
 
-class CrossEntropyLoss {
+// One forward's result: the mean over the positions scored (rows, or tokens) and how many of
+// them the argmax got right.
+struct LossValue {
+  float mean = 0;
+  int64_t correct = 0;
+  int64_t positions = 0;
+};
+
+class Loss {
  public:
-  // Returns the mean loss and caches the probabilities for backward().
-  float forward(const Tensor& logits, const Tensor& labels);
-  // dlogits of (dloss x mean loss); same shape as the logits. A buffer reused by the next call.
-  Tensor backward(float dloss = 1.0f);
-  // Positions whose argmax equals the label, in the last forward().
-  int64_t correct() const { return correct_; }
-  int64_t count() const { return labels_.numel(); }
+  virtual ~Loss() = default;
+  virtual LossValue forward(const Tensor& output, const Tensor& targets) = 0;
+  // d(dloss x mean loss)/d(output) of the last forward; a buffer reused by the next call.
+  virtual Tensor backward(float dloss) = 0;
+};
+
+// Cross-entropy over logits [..., C] and int32 labels [...], mean over all label positions.
+class CrossEntropyLoss final : public Loss {
+ public:
+  LossValue forward(const Tensor& logits, const Tensor& labels) override;
+  Tensor backward(float dloss) override;
 
  private:
   Tensor probs_;
   Tensor labels_;
   Tensor dlogits_;
-  int64_t correct_ = 0;
 };
 
 }  // namespace tessel::nn

@@ -1,57 +1,117 @@
-// Model: a sequence of blocks (Modules) whose parameters live in one flat parameter arena and
-// whose gradients live in one flat gradient arena with the same layout. A pipeline stage is a
-// slice [begin, end) of the blocks; a strategy can act after each block's backward through the
-// callback of backward(). Built by build_model() (models.h) or by hand: add() blocks, then
-// finalize(seed) to allocate the arenas, bind the views and initialise the values.
+// Model: a sequence of blocks (Modules) and the flat layout of their parameters: one arena of
+// elements in block order, each parameter at a 64-byte aligned offset. The model owns no
+// parameter memory by itself: whoever runs it binds the parameters' value and gradient views
+// to memory of its choice (Model::bind_values / bind_grads over an element range), e.g. all of
+// it (materialize(), a single process), a pipeline stage's blocks, or one ZeRO-3 unit at a time.
+// Initial values are a pure function of (seed, parameter, element): init_values() writes any
+// element range, so a rank can initialise only what it holds.
+// A block may also *use* parameters of another block (a tied LM head reads the embedding's
+// table): add(name, block, borrows) records it, and blocks_using() answers who reads what.
+// forward()/backward() run a slice of blocks with one Cache per block (Activations) and call a
+// hook around every block, which is where data parallelism and ZeRO act.
 #pragma once
 
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessel/nn/module.h"
 
 namespace tessel::nn {
 
+// An element range [lo, hi) of the flat parameter arena.
+struct Range {
+  int64_t lo = 0, hi = 0;
+  int64_t size() const { return hi - lo; }
+  bool empty() const { return hi <= lo; }
+  bool operator==(const Range&) const = default;
+};
+
+// When a block hook runs, relative to the block's forward or backward.
+enum class Phase : uint8_t { kBeforeForward, kAfterForward, kBeforeBackward, kAfterBackward };
+using BlockHook = std::function<void(Phase, size_t block)>;
+
+// One cache per block of a model, what a forward of blocks [begin, end) keeps for the backward.
+struct Activations {
+  std::vector<Cache> caches;
+  int64_t bytes() const;  // storage held by the caches
+};
+
 class Model {
  public:
-  void add(std::string name, std::unique_ptr<Module> block);
-  void finalize(uint64_t seed);  // allocate arenas, bind parameter views, initialise values
+  // Blocks in order. `borrows`: parameters of earlier blocks this block also reads (tied).
+  void add(std::string name, std::unique_ptr<Module> block, std::vector<Parameter*> borrows = {});
+  // Names the parameters "<block>.<param>" and lays out the arena; allocates nothing.
+  void finalize();
 
   size_t num_blocks() const { return blocks_.size(); }
   Module& block(size_t i) { return *blocks_[i]; }
   const std::string& block_name(size_t i) const { return names_[i]; }
 
-  // Runs blocks [begin, end) (all by default).
-  Tensor forward(const Tensor& x, const Context& ctx, size_t begin = 0, size_t end = SIZE_MAX);
-  // Runs the backward of blocks [begin, end) in reverse; after_block(i) is called as soon as
-  // block i's parameter gradients are complete. Returns the gradient w.r.t. the input of `begin`;
-  // for begin == 0 that is an undefined Tensor unless set_input_grad(true) (the model's input
-  // is data, and skipping its gradient saves work).
-  Tensor backward(const Tensor& dy, const std::function<void(size_t)>& after_block = {},
-                  size_t begin = 0, size_t end = SIZE_MAX);
-  void set_input_grad(bool needed);  // default false
-
-  Arena& params() { return params_; }
-  Arena& grads() { return grads_; }
+  // ---- the flat layout ----
   // All parameters, in arena order, named "<block>.<param>" (e.g. "fc1.weight").
   const std::vector<Parameter*>& parameters() const { return parameters_; }
-  // Parameter index range [first, last) owned by block i (for bucketing and pipeline stages).
+  int64_t offset(size_t param) const { return offsets_[param]; }  // element offset in the arena
+  int64_t arena_numel() const { return numel_; }                 // including alignment padding
+  int64_t num_parameters() const;                                // excluding padding
+  // Parameter index range [first, last) owned by block i, and its element range (empty: none).
   std::pair<size_t, size_t> block_parameters(size_t i) const { return block_params_[i]; }
-  int64_t num_parameters() const;  // excluding arena padding
-  void zero_grad();
-  std::string params_sha256() const;  // SHA-256 of the parameter arena bytes
+  Range block_range(size_t i) const;
+  // Blocks that read the parameters owned by block i: i itself and any block borrowing them.
+  const std::vector<size_t>& blocks_using(size_t i) const { return users_[i]; }
+  // Blocks whose parameters block i reads: i and the owners of what it borrows.
+  const std::vector<size_t>& blocks_used_by(size_t i) const { return uses_[i]; }
+  // Parameters of other blocks that block i reads (a tied LM head's token table).
+  const std::vector<Parameter*>& borrowed(size_t i) const { return borrows_[i]; }
+  // The arena range of parameter k.
+  Range param_range(size_t k) const;
+  // The parameters overlapping arena range r, each with the overlap (in arena elements).
+  std::vector<std::pair<size_t, Range>> overlaps(Range r) const;
+  // Writes the initial values of arena elements [r.lo, r.hi) into dst (padding: zero).
+  void init_values(float* dst, Range r, uint64_t seed) const;
+
+  // ---- memory ----
+  // Points the value (grad) views of every parameter inside r at `memory`, whose element 0 is
+  // arena element r.lo; an undefined tensor unbinds them. Parameters must lie wholly inside r.
+  void bind_values(Range r, const Tensor& memory);
+  void bind_grads(Range r, const Tensor& memory);
+  // Allocates the whole arena for values and gradients in this model, initialises the values
+  // and binds everything: a single process holding the whole model (tests, evaluation).
+  void materialize(uint64_t seed);
+  const Tensor& values() const;  // the materialized arenas (throws when not materialized)
+  const Tensor& grads() const;
+  void zero_grad();              // materialized gradients
+  std::string params_sha256() const;  // SHA-256 of the materialized value arena's bytes
+
+  // ---- running ----
+  // Forward of blocks [begin, end) (all by default), keeping one cache per block in acts
+  // (acts.caches[i] for block i; null acts: inference, nothing kept).
+  Tensor forward(const Tensor& x, const Context& ctx, Activations* acts, const BlockHook& hook = {},
+                 size_t begin = 0, size_t end = SIZE_MAX);
+  // Backward of blocks [begin, end) in reverse from their caches. Returns the gradient w.r.t.
+  // the input of `begin`; for begin == 0 an undefined Tensor unless set_input_grad(true) (the
+  // model's input is data, and skipping its gradient saves work).
+  Tensor backward(const Tensor& dy, Activations& acts, const BlockHook& hook = {}, size_t begin = 0,
+                  size_t end = SIZE_MAX);
+  void set_input_grad(bool needed);  // default false
   double forward_flops(int64_t batch) const;
 
  private:
+  void bind(Range r, const Tensor& memory, bool values);
+
   std::vector<std::string> names_;
   std::vector<std::unique_ptr<Module>> blocks_;
+  std::vector<std::vector<Parameter*>> borrows_;
   std::vector<Parameter*> parameters_;
+  std::vector<int64_t> offsets_;
   std::vector<std::pair<size_t, size_t>> block_params_;
-  Arena params_;
-  Arena grads_;
+  std::vector<std::vector<size_t>> users_, uses_;
+  int64_t numel_ = 0;
+  bool finalized_ = false;
   bool input_grad_ = false;
+  Tensor values_, grads_;  // materialize()
 };
 
 }  // namespace tessel::nn

@@ -34,7 +34,8 @@ struct ModelSpec {
   int64_t embed = 64;
 };
 
-// Builds and finalises the model (arenas allocated, parameters initialised from seed).
-std::unique_ptr<Model> build_model(const ModelSpec& spec, uint64_t seed);
+// Builds and finalises the model: blocks and parameter layout, no parameter memory yet (see
+// Model::materialize and the parameter stores of tessel/parallel).
+std::unique_ptr<Model> build_model(const ModelSpec& spec);
 
 }  // namespace tessel::nn

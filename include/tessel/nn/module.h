@@ -1,10 +1,11 @@
-// Module: one block of a model with an explicit forward and backward (no dynamic tape).
-// forward() caches what backward() needs; backward(dy) accumulates parameter gradients into
-// the gradient arena and returns dx. Parameters are declared by the module (name, shape, init)
-// and bound later to views of the model's ONE parameter arena and ONE gradient arena.
-// A module instance is used by one thread at a time. A returned tensor may be a buffer the
-// module reuses: it stays valid until the module's next forward() (or backward()); clone() it
-// to keep it longer.
+// Module: one block of a model with an explicit forward and backward (no dynamic tape). A module
+// holds parameters, never activations: forward(x, ctx, cache) writes what backward needs into
+// the caller's Cache (cache.h) and backward(dy, cache) reads it back, accumulates parameter
+// gradients into Parameter::grad and returns dx. A null cache is inference: nothing is kept and
+// every output is fresh storage. Parameters are declared by the module (name, shape, init);
+// whoever holds the model's memory binds their views (Model::bind_values / bind_grads).
+// A module may run several forwards before their backwards (one cache each) and is used by one
+// thread at a time.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/nn/cache.h"
 #include "tessel/tensor/tensor.h"
 
 namespace tessel::nn {
@@ -30,32 +32,20 @@ struct Parameter {
   Shape shape;
   Init init = Init::kZeros;
   float scale = 0.0f;
-  Tensor value;  // view into the parameter arena (bound by Model::finalize)
-  Tensor grad;   // view into the gradient arena, same offset
-};
-
-// Per-call facts a forward pass may need. Dropout keys its mask by (seed, step, sample index).
-struct Context {
-  bool training = true;
-  uint64_t seed = 0;
-  int64_t step = 0;
-  int64_t first_sample = 0;  // global index of row 0 of this batch
+  Tensor value;  // view into the memory holding the values (bound by the model's owner)
+  Tensor grad;   // view into the memory where its gradient accumulates
 };
 
 class Module {
  public:
   virtual ~Module() = default;
   virtual std::string kind() const = 0;  // "linear", "relu", "transformer_block", ...
-  virtual Tensor forward(const Tensor& x, const Context& ctx) = 0;
-  virtual Tensor backward(const Tensor& dy) = 0;
-  // Parameters this module owns (not ones it borrows, e.g. a tied LM head).
+  virtual Tensor forward(const Tensor& x, const Context& ctx, Cache* cache) = 0;
+  virtual Tensor backward(const Tensor& dy, Cache& cache) = 0;
+  // Parameters this module owns (not ones it borrows, e.g. a tied LM head's table).
   virtual std::vector<Parameter*> parameters() { return {}; }
   // Multiply-adds x 2 of one forward pass for a batch of `batch` samples (for GFLOP/s reports).
   virtual double forward_flops(int64_t batch) const { (void)batch; return 0; }
-  // A copy that shares this module's parameters (the same arena views for values and
-  // gradients) but has its own forward cache and buffers: a pipeline stage keeps one per
-  // micro-batch in flight, since a module caches only one forward. Null if not supported.
-  virtual std::unique_ptr<Module> clone() const { return nullptr; }
 
   // Whether backward() must compute dx. A model turns it off for its first block, whose input
   // is data: that skips the largest GEMM of an MLP's backward. When off, backward() may return

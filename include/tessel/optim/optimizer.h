@@ -1,10 +1,12 @@
-// Optimizers over flat ranges of the parameter and gradient arenas. State (momentum, Adam m
-// and v) lives in flat tensors of the same length as the range, so a sharded strategy (ZeRO)
-// gives each rank an optimizer over its own offset range. step() is deterministic and
-// elementwise; an optimizer is used by one thread at a time.
+// Optimizers over runs of elements. State (momentum, Adam m and v) lives in flat per-element
+// buffers as long as the elements the optimizer updates, which need not be contiguous in the
+// model: a ZeRO rank's optimizer covers its pieces of every unit, so its state is allocated
+// 1/N of the model. step() is deterministic and elementwise; an optimizer is used by one
+// thread at a time.
 #pragma once
 
 #include <memory>
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,25 +26,41 @@ struct OptimSpec {
   float eps = 1e-8f;
 };
 
+// A run of elements that one step updates: `count` parameters and their gradients, whose state
+// sits at `state_offset` of the optimizer's per-element state buffers.
+struct Segment {
+  float* params;
+  const float* grads;
+  int64_t count;
+  int64_t state_offset;
+};
+
+// A per-element state buffer (numel() long), e.g. "momentum", "exp_avg", "exp_avg_sq".
+struct StateBuffer {
+  std::string name;
+  Tensor values;
+};
+
 class Optimizer {
  public:
   virtual ~Optimizer() = default;
-  // params and grads are 1-D f32 tensors of the optimizer's length n; updates elements
-  // [lo, hi) (default: all) with the state of the same elements. A sharded layout (ZeRO, a
-  // pipeline stage, a parameter server's shard) steps only the range it owns; the state of the
-  // other elements is left alone. One call is one step (AdamW's bias correction counts calls).
-  virtual void step(Tensor& params, const Tensor& grads, float lr, int64_t lo = 0,
-                    int64_t hi = -1) = 0;
-  // Named state tensors, for checkpoints; load_state() restores them (same names and sizes).
-  virtual std::vector<std::pair<std::string, Tensor>> state() = 0;
+  // One optimizer step over the segments (AdamW's bias correction counts steps, not calls).
+  // Gradients are read multiplied by grad_scale (global-norm clipping), never modified.
+  virtual void step(std::span<const Segment> segments, float lr, float grad_scale = 1.0f) = 0;
+  // Per-element state, for checkpoints: each buffer is numel() long, element i belonging to
+  // the parameter element at state offset i.
+  virtual std::vector<StateBuffer> state() = 0;
+  int64_t numel() const { return numel_; }
   int64_t steps() const { return steps_; }
   void set_steps(int64_t steps) { steps_ = steps; }
 
  protected:
+  explicit Optimizer(int64_t numel) : numel_(numel) {}
+  int64_t numel_;
   int64_t steps_ = 0;  // completed steps (AdamW's bias correction uses it)
 };
 
-// Creates an optimizer for a range of n elements. Throws InvalidArgument on a bad spec
+// Creates an optimizer over n elements (its state allocated now, charged to optimizer state). Throws InvalidArgument on a bad spec
 // (negative lr, momentum outside [0, 1), unknown kind), naming the key.
 std::unique_ptr<Optimizer> make_optimizer(const OptimSpec& spec, int64_t n);
 

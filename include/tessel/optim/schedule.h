@@ -21,10 +21,11 @@ float lr_at(const ScheduleSpec& spec, float base_lr, int64_t step, int64_t total
 // The linear scaling rule: lr x global_batch / base_batch (base_batch <= 0 disables it).
 float scaled_lr(float lr, int64_t global_batch, int64_t base_batch);
 
-// Global-norm clipping split in two, so a distributed strategy can all-reduce the sum of
-// squares between them: norm = sqrt(sum of sum_squares over all shards).
+// Global-norm clipping split in two, so a distributed step can all-reduce the sum of squares
+// between them: norm = sqrt(sum of sum_squares over all shards).
 double sum_squares(const float* g, int64_t n);
-// Scales g by max_norm / norm when norm > max_norm (and max_norm > 0). Returns the factor used.
-float clip_scale(float* g, int64_t n, double norm, float max_norm);
+// The factor gradients are multiplied by: max_norm / norm when norm > max_norm > 0, else 1.
+// Throws InvalidArgument when the norm is not finite.
+float clip_factor(double norm, float max_norm);
 
 }  // namespace tessel::optim

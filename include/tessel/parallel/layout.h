@@ -1,43 +1,63 @@
-// Layout: how the world's ranks are arranged. The training ranks form a grid dp x pp (tp later):
-// rank r (r < dp * pp) is stage r % pp of data-parallel replica r / pp, so one pipeline's stages
-// are neighbours. With a parameter server, the last ps.servers ranks are servers and every
-// other rank is a worker (no pipeline then). Groups builds the sub-communicators a strategy
-// talks over.
+// Layout: how the world's ranks are arranged, as a mesh over named axes. Training ranks form a
+// grid dp x pp x tp with tp fastest: rank = (dp_index * pp + pp_index) * tp + tp_index, so a
+// pipeline's stages are neighbours (tp is 1 until tensor parallelism lands). With a parameter
+// server the last ps.servers ranks are servers and every other rank is a worker (a dp axis of
+// workers, no pipeline). Mesh adds this rank's communicators: one per axis (the ranks that
+// differ from it only along that axis) and one over every training rank. Pure arithmetic in
+// Layout; Mesh is collective to build (every rank of the world builds its own).
 #pragma once
 
 #include <string>
 
 #include "tessel/comm/communicator.h"
-#include "tessel/parallel/strategy.h"
+#include "tessel/parallel/spec.h"
 
 namespace tessel::parallel {
+
+enum class Axis { kDp, kPp, kTp };
+
+struct Coord {
+  int dp = 0, pp = 0, tp = 0;
+};
 
 struct Layout {
   int world = 1;
   int dp = 1;       // data-parallel replicas (workers, with a parameter server)
   int pp = 1;       // pipeline stages
+  int tp = 1;       // tensor-parallel ranks
   int servers = 0;  // parameter-server ranks
 
-  // The layout of `spec` over `world` ranks: dp = (world - servers) / pp. Throws
+  // The layout of `spec` over `world` ranks: dp = (world - servers) / (pp * tp). Throws
   // InvalidArgument naming the keys when the numbers do not fit.
   static Layout resolve(const ParallelSpec& spec, int world);
 
   int workers() const { return world - servers; }
   bool is_server(int rank) const { return rank >= workers(); }
-  int stage(int rank) const { return rank % pp; }     // training ranks only
-  int replica(int rank) const { return rank / pp; }   // training ranks only
-  int rank_of(int replica, int stage) const { return replica * pp + stage; }
+  Coord coord(int rank) const;  // training ranks only
+  int rank_of(const Coord& c) const;
+  int size(Axis axis) const;
   std::string str() const;  // "single", "dp=4", "dp=2 pp=2", "ps: 1 server x 4 workers"
 };
 
-// Sub-communicators of one rank (collective to build: every rank of world builds its Groups).
-// A group this rank is not part of is an invalid Communicator.
-struct Groups {
-  comm::Communicator dp;       // the ranks holding the same stage (the same parameters)
-  comm::Communicator pp;       // the stages of this rank's pipeline
-  comm::Communicator workers;  // every training rank (for metrics; excludes servers)
+class Mesh {
+ public:
+  Mesh(comm::Communicator& world, const Layout& layout);  // collective over world
+  Mesh(const Mesh&) = delete;
+  Mesh& operator=(const Mesh&) = delete;
 
-  Groups(comm::Communicator& world, const Layout& layout);
+  const Layout& layout() const { return layout_; }
+  int rank() const { return world_.rank(); }
+  bool is_server() const { return layout_.is_server(world_.rank()); }
+  Coord coord() const { return layout_.coord(world_.rank()); }  // training ranks only
+  comm::Communicator& world() { return world_; }
+  // The ranks that differ from this one only along `axis` (invalid on a server rank).
+  comm::Communicator& group(Axis axis);
+  comm::Communicator& workers() { return workers_; }  // every training rank
+
+ private:
+  comm::Communicator& world_;
+  Layout layout_;
+  comm::Communicator dp_, pp_, tp_, workers_;
 };
 
 }  // namespace tessel::parallel

@@ -1,10 +1,11 @@
-// ParameterServer: the strategy of a layout with ps.servers = S. The last S ranks are servers,
-// the others workers. Server k owns a contiguous element range of the parameter arena (balanced
-// by bytes, cut at parameter boundaries where that costs little), keeps the optimizer state of
-// that range and applies every update to it; workers hold a full copy of the parameters, compute
-// gradients on their slice of each batch, push them to the servers and pull the shards that
-// changed. Every message carries a version: a server's version is the number of updates it has
-// applied (its optimizer's step count), a worker's clock the number of steps it has pushed.
+// ParameterServer: the parameter-server part of an Engine (ps.servers = S). The last S ranks
+// are servers, the others workers. Server k owns a contiguous element range of the parameter
+// arena (balanced by bytes, cut at parameter boundaries where that costs little), keeps its
+// values and the optimizer state of that range and applies every update to it; workers hold a
+// full copy of the parameters, compute gradients on their slice of each batch, push them to the
+// servers and pull the shards that changed. Every message carries a version: a server's version
+// is the number of updates it has applied (its optimizer's step count), a worker's clock the
+// number of steps it has pushed.
 // Modes (docs/parameter_server.md): sync (lockstep: every worker trains its slice of every
 // batch; one averaged update per step: equals data parallel), async and ssp (not lockstep: the
 // first server hands each epoch's worker batches out one claim at a time, riding on the pulls;
@@ -13,67 +14,102 @@
 // thread; a server rank spends its whole run inside serve().
 #pragma once
 
-#include <array>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "tessel/comm/communicator.h"
+#include "tessel/optim/optimizer.h"
+#include "tessel/parallel/engine.h"
 #include "tessel/parallel/layout.h"
-#include "tessel/parallel/strategy.h"
 
 namespace tessel::parallel {
 
-class ParameterServer : public Strategy {
+class ParameterServer {
  public:
   enum class Mode { kSync, kAsync, kSsp };
 
-  // Collective over world (servers included): builds the worker sub-communicator. Throws
-  // InvalidArgument for a mode, staleness or debug.slow_rank that cannot work.
-  ParameterServer(const ParallelSpec& spec, comm::Communicator& world, const Layout& layout,
-                  nn::Model& model);
+  // Work handed out when not lockstep: batches [first, limit) of epoch `epoch` (in worker
+  // batches); `step` is the global step at `first` (W worker batches make one step).
+  struct Claims {
+    int64_t epoch = 0, first = 0, limit = 0, step = 0;
+    bool open = false;  // false: claim nothing more (e.g. stopping)
+  };
+
+  // Throws InvalidArgument for a mode, staleness or debug.slow_rank that cannot work. A worker
+  // materializes the whole model (values initialised from seed); a server its range of values,
+  // gradients and optimizer state.
+  ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model& model, uint64_t seed,
+                  const optim::OptimSpec& optim);
   // A worker that got as far as talking to the servers tells them it is done (unless an
   // exception is unwinding: the servers then fail at their deadline or with the aborted group).
-  ~ParameterServer() override;
+  ~ParameterServer();
 
-  std::string layout() const override { return layout_.str(); }
-  int rank() const override { return world_.rank(); }
-  int world_size() const override { return world_.size(); }
-  int data_rank() const override { return is_server() ? 0 : rank(); }
-  int data_size() const override { return layout_.workers(); }
-  bool is_server() const override { return layout_.is_server(rank()); }
-  bool lockstep() const override { return mode_ == Mode::kSync; }
-  void set_claims(const Claims& claims) override;
-  int64_t claim() override;
-  nlohmann::json serve(optim::Optimizer& opt, const std::function<float(int64_t)>& lr) override;
-
-  void on_start() override {}
-  void begin_backward(bool) override {}
-  void after_block_backward(size_t) override {}
-  PieceResult train_piece(const Piece& piece, nn::CrossEntropyLoss& loss) override;
-  PieceResult eval_piece(const Piece& piece, nn::CrossEntropyLoss& loss) override;
-  void collect_shard() override;
-  void step(optim::Optimizer& opt, float lr, float clip_norm, int64_t step) override;
-  void consolidate(optim::Optimizer& opt) override;
-  void sum(double* values, int n) override;
-  void max(double* values, int n) override;
-  std::vector<double> gather(double value) override;
-  nlohmann::json take_metrics() override;
-
+  bool is_server() const { return mesh_.is_server(); }
   Mode mode() const { return mode_; }
-  // Server k's element range [lo, hi) of the parameter arena.
-  std::pair<int64_t, int64_t> shard(int k) const { return shards_[static_cast<size_t>(k)]; }
+  // Lockstep (sync): every worker trains its slice of every global batch. Otherwise (async,
+  // ssp) the Trainer trains whole worker batches claimed one at a time (set_claims, claim).
+  bool lockstep() const { return mode_ == Mode::kSync; }
+  // Sets the range this worker claims from; the next push claims one more batch of it in the
+  // same exchange with the servers. Local (no communication).
+  void set_claims(const Claims& claims);
+  // The batch of the range this worker trains next (each batch goes to exactly one worker): the
+  // one claimed with the last push, or, none asked for yet, one claimed now; -1 once every
+  // batch of the range has been handed out or the range is closed.
+  int64_t claim();
+  // A server rank: serves pushes and pulls until every worker has said goodbye. `lr(step)` is
+  // the schedule. Returns the server's figures.
+  nlohmann::json serve(const std::function<float(int64_t)>& lr);
 
-  // Wire format, shared by the two sides (parameter_server.cc, parameter_server_serve.cc).
-  // Per (worker, server) pair: requests and replies are 6 x int64 on their own tags; gradient,
-  // parameter and optimizer-state payloads follow on theirs (matched in order per tag).
-  enum Kind : int64_t { kHello = 1, kPull, kEvalPull, kPushPull, kConsolidate, kStats, kDone };
+  // Worker: before a training or evaluation piece at global step `step` (the first contact says
+  // hello; an evaluation first pulls what every worker's steps so far have made).
+  void before_train(int64_t step);
+  void before_eval(int64_t step);
+  // Worker: the step: clip this worker's gradient (from sync) and push it, pull new values.
+  void push(GradSync& sync, float clip_norm, int64_t step);
+  // Checkpoints: a server owns its range; a worker nothing (it pulls after a restore).
+  StateView state();
+  // Rank 0: asks every server to write its shard of a checkpoint into dir; returns them and
+  // the servers' optimizer step count.
+  std::vector<ckpt::ShardFile> checkpoint(const std::string& dir, int64_t* optimizer_steps);
+  // Rank 0: feeds every server's values, in arena order, to `consume(range, values)`.
+  void read_values(const std::function<void(nn::Range, const float*)>& consume);
+  // Collective over the workers (rank 0 asks the servers): the layout's figures for the report.
+  nlohmann::json report();
+  // Worker: adds the time waited for the servers since the last call.
+  void take_stats(RankStats& s);
+
+  // Wire format, shared by the two sides (parameter_server.cc, parameter_server_serve.cc). Per
+  // (worker, server) pair a request and a reply travel on their own tags as int64 words;
+  // gradient, parameter and optimizer-state payloads follow on theirs (matched in order per tag).
+  // kCheckpoint: `clock` is the length of the folder path that follows on kTagState; the reply
+  // is followed by the shard's description (JSON, has_data bytes) on kTagState. kValues: the
+  // reply is followed by the server's values on kTagParams.
+  enum Kind : int64_t { kHello = 1, kPull, kEvalPull, kPushPull, kStats, kCheckpoint, kValues, kDone };
+  static constexpr int64_t kWireVersion = 1;
+  struct Request {
+    int64_t wire = kWireVersion;
+    int64_t kind = 0;
+    int64_t clock = 0;  // the worker's clock (hello: its step, -1: the servers' own)
+    int64_t held = -1;  // the server version of the shard the worker holds
+    // A claim (to server 0, async/ssp): epoch + 1 (0: no claim) and the range [first, limit).
+    int64_t claim_epoch = 0, claim_first = 0, claim_limit = 0;
+  };
+  struct Reply {
+    int64_t wire = kWireVersion;
+    int64_t version = 0;          // the server's version
+    int64_t has_data = 0;         // the shard follows on kTagParams
+    int64_t optimizer_steps = 0;  // the server's optimizer step count
+    int64_t claimed = -1;         // the batch claimed (-1: none left)
+  };
+  static constexpr size_t kRequestWords = sizeof(Request) / sizeof(int64_t);
+  static constexpr size_t kReplyWords = sizeof(Reply) / sizeof(int64_t);
   static constexpr int kTagRequest = 101, kTagGrad = 102, kTagReply = 103, kTagParams = 104,
                        kTagState = 105;
-  // request: kind, clock, held version, then (to server 0, claiming) epoch + 1, first, limit
-  //          of the claimed range (0, 0, 0: no claim);
-  // reply:   version, has data, optimizer steps, the batch claimed (-1: none left), 0, 0.
-  using Header = std::array<int64_t, 6>;
   static constexpr int kStalenessBins = 32;  // 0..30 exact, the last counts 31 and more
   // Server counters (kStats payload): totals since serve() started.
   enum Stat : int {
@@ -86,21 +122,38 @@ class ParameterServer : public Strategy {
   };
   static constexpr int kStatCount = kStatHistogram + kStalenessBins;
 
+  // Server k's element range [lo, hi) of the parameter arena.
+  nn::Range shard(int k) const { return shards_[static_cast<size_t>(k)]; }
+
  private:
-  int server_index() const { return rank() - layout_.workers(); }
-  int server_rank(int k) const { return layout_.workers() + k; }
-  double timeout() const { return world_.options().timeout_s; }
+  // A server's range: values, the gradient being applied, and the optimizer over it.
+  struct ServerShard {
+    nn::Range range;
+    Tensor values, grads;
+    std::unique_ptr<optim::Optimizer> optimizer;
+  };
+
+  int rank() const { return mesh_.rank(); }
+  int workers() const { return mesh_.layout().workers(); }
+  int servers() const { return mesh_.layout().servers; }
+  int server_index() const { return rank() - workers(); }
+  int server_rank(int k) const { return workers() + k; }
+  double timeout() const { return mesh_.world().options().timeout_s; }
   void start(int64_t clock);               // the first contact: hello to every server
   void request(Kind kind, int64_t clock);  // sends a request to every server
   void await_replies(const char* what);    // receives every server's reply (and changed shards)
   void pull(Kind kind);
+  std::vector<double> gather(double value);
   friend class ServerLoop;  // parameter_server_serve.cc
 
+  ParallelSpec spec_;
+  Mesh& mesh_;
   comm::Communicator& world_;
-  Layout layout_;
-  Groups groups_;
+  nn::Model& model_;
   Mode mode_ = Mode::kSync;
-  std::vector<std::pair<int64_t, int64_t>> shards_;
+  std::vector<nn::Range> shards_;
+  ServerShard server_;  // server ranks
+  Tensor values_;       // worker ranks: the whole model
 
   // Worker state.
   bool started_ = false;
@@ -111,11 +164,12 @@ class ParameterServer : public Strategy {
   bool claiming_ = false;        // the exchange in flight claims a batch
   int64_t claimed_ = kNotAsked;  // what the last exchange claimed (-1: none left)
   int64_t pushes_ = 0;           // batches pushed in this invocation
-  std::vector<int64_t> held_;  // version of each server's shard held
-  std::vector<Header> request_, reply_;
+  std::vector<int64_t> held_;    // version of each server's shard held
+  std::vector<Request> request_;
+  std::vector<Reply> reply_;
   std::vector<comm::Work> sends_;
-  // Measurements since the last take_metrics() (comm_exposed_seconds) and, for the ps_*
-  // figures, totals since this invocation started, like the servers' counters.
+  // Measurements since the last report() (comm_exposed_seconds) and, for the ps_* figures,
+  // totals since this invocation started, like the servers' counters.
   double wait_s_ = 0;   // waiting for replies (pull, sync and ssp waits)
   double push_s_ = 0;   // clipping and handing gradients over
   double slow_s_ = 0;   // debug.delay_ms sleeps

@@ -1,28 +1,27 @@
-// Pipeline: pipeline model parallelism (pp.stages = P), optionally replicated dp times. The
-// model's blocks are cut into chunks (contiguous block ranges); chunk c runs on stage
+// Pipeline model parallelism (pp.stages = P), the executor of a pipeline stage. The model's
+// blocks are cut into chunks (contiguous block ranges); chunk c runs on stage
 // Partition::stage[c] -- one chunk per stage for balanced / uniform / explicit cuts, several
-// interleaved chunks per stage for round_robin. Each piece of a step is cut into pp.microbatches
-// micro-batches; a static schedule (gpipe or 1f1b) orders every stage's forward and backward
-// tasks, activations travel forward and activation gradients backward with point-to-point
-// messages on one two-rank communicator per chunk boundary and direction, so a send never
-// waits behind a receive. Each stage keeps one clone of its modules per micro-batch in flight
-// (modules cache one forward; the clones share the parameters). Gradients accumulate over the
-// micro-batches; step() all-reduces the stage's range within its dp group, clips with the
-// global norm of the pipeline and updates only the owned range. A GPT's tied LM head sends its
-// share of the token-table gradient to the embedding's stage per micro-batch, and the updated
-// table goes back after each step. One Pipeline per rank, used by that rank's thread.
+// interleaved chunks per stage for round_robin. Each piece of a step is cut into
+// pp.microbatches micro-batches; a static schedule (gpipe or 1f1b) orders every stage's forward
+// and backward tasks, activations travel forward and activation gradients backward with
+// point-to-point messages on one two-rank communicator per chunk boundary and direction, so a
+// send never waits behind a receive. A stage keeps one set of activation caches per micro-batch
+// in flight (the blocks themselves hold no activations). Gradients accumulate over the
+// micro-batches; the gradient sync over the dp group reduces them like plain data parallelism.
+// A GPT's tied LM head on another stage than its embedding keeps a copy of the token table: it
+// sends its share of the table gradient to the embedding's stage per micro-batch, and the
+// updated table comes back after each step (sync_tied_table). One per rank, used by its thread.
 #pragma once
 
 #include <map>
 #include <memory>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "tessel/comm/communicator.h"
-#include "tessel/parallel/exact_sum.h"
-#include "tessel/parallel/layout.h"
-#include "tessel/parallel/strategy.h"
+#include "tessel/parallel/executor.h"
+#include "tessel/parallel/param_store.h"
+#include "tessel/parallel/spec.h"
 
 namespace tessel::parallel {
 
@@ -68,34 +67,28 @@ struct TraceEvent {
   double start, end;
 };
 
-class Pipeline : public Strategy {
+class PipelineExecutor final : public Executor {
  public:
-  // Collective over world (builds the groups and links). The model's arenas must be allocated.
-  Pipeline(const ParallelSpec& spec, comm::Communicator& world, nn::Model& model);
-  ~Pipeline() override;
+  // pp: this rank's pipeline (its stages, in stage order). Collective over pp (builds the
+  // links). Throws InvalidArgument for a partition or schedule that cannot run.
+  PipelineExecutor(const ParallelSpec& spec, comm::Communicator& pp, nn::Model& model);
+  ~PipelineExecutor() override;
 
-  std::string layout() const override { return layout_.str(); }
-  int rank() const override { return world_.rank(); }
-  int world_size() const override { return world_.size(); }
-  int data_rank() const override { return layout_.replica(world_.rank()); }
-  int data_size() const override { return layout_.dp; }
+  PieceStats train(const Piece& piece, nn::Loss& loss, const Hooks& hooks) override;
+  PieceStats eval(const Piece& piece, nn::Loss& loss, const Hooks& hooks) override;
+  void idle(const Hooks& hooks, bool training, bool last) override;
+  const std::vector<bool>& local_blocks() const override { return local_; }
+  void take_stats(RankStats& s) override;
 
-  void on_start() override;
-  void begin_backward(bool) override {}
-  void after_block_backward(size_t) override {}
-  PieceResult train_piece(const Piece& piece, nn::CrossEntropyLoss& loss) override;
-  PieceResult eval_piece(const Piece& piece, nn::CrossEntropyLoss& loss) override;
-  void collect_shard() override;
-  void step(optim::Optimizer& opt, float lr, float clip_norm, int64_t step) override;
-  void consolidate(optim::Optimizer& opt) override;
-  void sum(double* values, int n) override;
-  void max(double* values, int n) override;
-  std::vector<double> gather(double value) override;
-  nlohmann::json take_metrics() override;
+  // Collective over the pipeline: the stages agree on partition and schedule; the head's copy
+  // of a tied table takes the embedding stage's values (store: where those live).
+  void start(ParamStore& store);
+  // After each step's update: the embedding stage sends the new tied table to the head's stage.
+  void sync_tied_table(ParamStore& store);
 
   int stage() const { return stage_; }
   const Partition& partition() const { return part_; }
-  // The last train_piece's tasks as they ran on this rank.
+  // The last training piece's tasks as they ran on this rank.
   const std::vector<TraceEvent>& trace() const { return trace_; }
 
  private:
@@ -109,35 +102,36 @@ class Pipeline : public Strategy {
 
   void find_tied_table();
   void build_links();
-  Ranges ranges_of_stage(int stage) const;
   const std::vector<std::vector<Task>>& schedule_for(int micro, bool training);
-  std::vector<nn::Module*> acquire(int chunk);
-  void release(int chunk, const std::vector<nn::Module*>& slot);
+  void plan_micro_batches(int64_t rows, bool training);
+  nn::Activations* acquire(int chunk);
   void send(Link& link, const Tensor& t);
   Tensor recv(Link& link, int64_t rows, const Shape* expect, const std::string& what);
   void wait_sends();
-  PieceResult run(const Piece& piece, nn::CrossEntropyLoss& loss, bool training);
-  void forward_task(const Task& t, const Piece& piece, nn::CrossEntropyLoss& loss, bool training,
-                    PieceResult& result);
-  void backward_task(const Task& t);
-  void check_replicas(int64_t step);  // the dp replicas of this stage hold the same parameters
+  PieceStats run(const Piece& piece, nn::Loss& loss, const Hooks& hooks, bool training);
+  void forward_task(const Task& t, const Piece& piece, nn::Loss& loss, const Hooks& hooks,
+                    bool training, PieceStats& result);
+  void backward_task(const Task& t, const Piece& piece, const Hooks& hooks);
 
-  comm::Communicator& world_;
-  Layout layout_;
-  std::unique_ptr<Groups> groups_;
-  int stage_ = 0;
+  ParallelSpec spec_;
+  comm::Communicator& pp_;
+  nn::Model& model_;
+  int stage_ = 0, stages_ = 1;
   Partition part_;
-  std::vector<int> my_chunks_;
-  Ranges owned_;                                  // element ranges of the arenas this stage updates
+  std::vector<bool> local_;
   std::vector<std::unique_ptr<Link>> fwd_, bwd_;  // by boundary c (chunk c -> c + 1)
   std::unique_ptr<Link> tied_;         // head stage -> embedding stage (null: same stage / none)
   int tied_from_ = -1, tied_to_ = -1;  // chunks of the LM head and of the embedding
-  Tensor tied_grad_, tied_value_;      // this rank's views of the tied table
+  size_t tied_owner_ = 0;              // the block owning the table
+  nn::Parameter* tied_param_ = nullptr;
+  nn::Range tied_range_;               // the table's arena elements
+  Tensor tied_value_, tied_grad_;      // the head stage's copy of the table
   std::map<std::pair<int, bool>, std::vector<std::vector<Task>>> schedules_;
-  // Module clones per chunk: slots_[chunk][k] is one copy of the chunk's blocks; free_ lists
-  // the unused ones. Slot 0 is the model's own modules.
-  std::map<int, std::vector<std::vector<std::unique_ptr<nn::Module>>>> clones_;
-  std::map<int, std::vector<std::vector<nn::Module*>>> free_;
+  // Activation caches per chunk: every set ever used, the free ones, and a scratch set shared
+  // by a chunk's micro-batches for the backward's short-lived outputs.
+  std::map<int, std::vector<std::unique_ptr<nn::Activations>>> acts_;
+  std::map<int, std::vector<nn::Activations*>> free_;
+  std::map<int, nn::Activations> scratch_;
   std::map<std::pair<int, int>, Inflight> inflight_;
   std::vector<Pending> pending_;
   bool checked_rows_ = false;
@@ -145,18 +139,13 @@ class Pipeline : public Strategy {
   // Per-piece facts the tasks use.
   std::vector<int64_t> micro_rows_, micro_first_;
   int64_t piece_rows_ = 0;
-  double piece_weight_ = 1;
   double t0_ = 0;                         // start of the piece's schedule
   double task_start_ = 0, task_end_ = 0;  // the last task's compute (after its receives)
 
-  std::optional<ExactSum> exact_;  // deterministic mode
-
   std::vector<TraceEvent> trace_;
-  // Measurements since the last take_metrics().
-  double forward_s_ = 0, backward_s_ = 0, send_s_ = 0, recv_s_ = 0, span_s_ = 0;
-  double reduce_s_ = 0, clone_s_ = 0;
-  double act_bytes_ = 0, peak_act_bytes_ = 0, sent_bytes_ = 0;
-  int inflight_count_ = 0, peak_inflight_ = 0;
+  // Measurements since the last take_stats().
+  double forward_s_ = 0, backward_s_ = 0, send_s_ = 0, recv_s_ = 0, span_s_ = 0, sent_bytes_ = 0;
+  int peak_inflight_ = 0;
 };
 
 }  // namespace tessel::parallel

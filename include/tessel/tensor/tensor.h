@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tessel/core/error.h"
+#include "tessel/core/memory.h"
 #include "tessel/tensor/dtype.h"
 
 namespace tessel {
@@ -20,7 +21,8 @@ using Shape = std::vector<int64_t>;
 int64_t shape_numel(const Shape& shape);
 std::string shape_str(const Shape& shape);  // "[128, 784]"
 
-// A 64-byte aligned, zero-initialised block of bytes on one device.
+// A 64-byte aligned, zero-initialised block of bytes on one device. Its bytes are charged to the
+// allocating thread's memory ledger (core/memory.h) until it is freed or rebound.
 class Storage {
  public:
   Storage(size_t bytes, Device device);
@@ -36,10 +38,15 @@ class Storage {
   void rebind(void* data, std::shared_ptr<void> keep);
 
  private:
+  void free_own() noexcept;
+
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Device device_;
   std::shared_ptr<void> keep_;  // set once rebound: data_ is not ours to free
+  std::shared_ptr<MemoryLedger> ledger_;  // charged for our own allocation (may be null)
+  MemCategory category_ = MemCategory::kOther;
+  int64_t charged_ = 0;
 };
 
 template <typename T>
@@ -67,6 +74,8 @@ class Tensor {
   void* raw() const { return static_cast<char*>(storage_->data()) + offset_; }
   template <typename T>
   T* data() const {
+    TESSEL_CHECK(storage_ != nullptr, "tensor: data<", dtype_name(dtype_of<T>()),
+                 "> of an undefined tensor (e.g. a parameter of a released ZeRO-3 unit)");
     TESSEL_CHECK(dtype_of<T>() == dtype_, "tensor: data<", dtype_name(dtype_of<T>()),
                  "> on a ", dtype_name(dtype_), " tensor");
     return static_cast<T*>(raw());

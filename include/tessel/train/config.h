@@ -12,7 +12,7 @@
 #include "tessel/nn/models.h"
 #include "tessel/optim/optimizer.h"
 #include "tessel/optim/schedule.h"
-#include "tessel/parallel/strategy.h"
+#include "tessel/parallel/spec.h"
 
 namespace tessel::train {
 
@@ -58,7 +58,8 @@ struct Config {
   CheckpointSpec checkpoint;
   RuntimeSpec runtime;
   CommSpec comm;
-  parallel::ParallelSpec parallel;  // sections ddp, pp, ps, debug (and train.deterministic)
+  parallel::ParallelSpec parallel;  // sections ddp, zero, pp, ps, debug (and train.deterministic,
+                                    // runtime.memory_limit_mb)
 };
 
 // Reads and validates a config file; overrides are "section.key=value" (value in TOML syntax,

@@ -1,11 +1,12 @@
-// Trainer: the single training loop every layout shares. It owns the model, the optimizer, the
-// data loaders and the run folder; it holds no communication: a parallel::Strategy, built from
-// the world communicator it is given, hooks it at fixed points (after each block's backward,
-// before and after the step). With several ranks every rank runs its own Trainer; rank 0
-// alone prints and writes the run folder. One run: optional resume from a checkpoint, epochs of steps
-// (forward, loss, backward, clip, step), test-set evaluation each epoch, metrics JSONL,
-// checkpoints, and summary.json at the end. A layout that is not lockstep (strategy.h) trains
-// worker batches it claims at each worker's pace instead, and the ranks meet at epoch ends.
+// Trainer: the training loop every layout shares. It owns the model (its structure), the data
+// loaders, the run folder and this rank's memory ledger; everything about how the work is cut
+// across ranks is the parallel::Engine it builds from the world communicator it is given, which
+// it calls at fixed points (a piece's forward and backward, the step). With several ranks every
+// rank runs its own Trainer; rank 0 alone prints and writes the run folder's shared files.
+// One run: optional resume from a checkpoint (checkpointer.h), epochs of steps, test-set
+// evaluation each epoch (evaluator.h), metrics and progress (progress.h), checkpoints, and
+// summary.json at the end. With a parameter server in async or ssp mode the workers train
+// batches they claim at their own pace instead, and meet at epoch ends.
 //
 // Run folder (default runs/<config name>/): config.toml (resolved), metrics.jsonl,
 // checkpoints/ (see ckpt/checkpoint.h), summary.json.
@@ -20,11 +21,14 @@
 #include "tessel/data/loader.h"
 #include "tessel/nn/loss.h"
 #include "tessel/nn/model.h"
-#include "tessel/optim/optimizer.h"
-#include "tessel/parallel/strategy.h"
+#include "tessel/parallel/engine.h"
 #include "tessel/train/config.h"
+#include "tessel/train/evaluator.h"
 
 namespace tessel::train {
+
+class Checkpointer;
+class Progress;
 
 struct RunOptions {
   std::string run_dir;      // empty: runs/<config name>
@@ -34,12 +38,6 @@ struct RunOptions {
   // Set from another thread (e.g. a SIGINT handler) to stop at the next step boundary with a
   // checkpoint. May be null.
   const std::atomic<bool>* interrupt = nullptr;
-};
-
-struct EvalResult {
-  double loss = 0;
-  double accuracy = 0;
-  int64_t samples = 0;
 };
 
 class Trainer {
@@ -55,53 +53,67 @@ class Trainer {
   nlohmann::json run();
   // Forward-only pass over a whole dataset in order, sharded across the ranks (collective).
   EvalResult evaluate(const data::Dataset& dataset);
-  // One optimizer step over `batches` (train.accumulate micro-batches, this rank's slices):
-  // forward, loss, backward, gradient reduction, clip, step. Adds this rank's loss x rows and
-  // correct count to `sums`; returns this rank's mean loss.
-  float step(const std::vector<data::Batch>& batches, EvalResult& sums);
-  // Loads the weights (only) of a checkpoint folder or run folder into the model.
-  void load_weights(const std::string& checkpoint_path);
+  // One optimizer step over this rank's slices of `batches` (train.accumulate micro-batches):
+  // forward, loss, backward of every piece, then the engine's step. Adds this rank's loss x
+  // rows and correct count to `sums`. run() calls it; benchmarks time it directly.
+  void step(const std::vector<data::Batch>& batches, EvalResult& sums);
 
   nn::Model& model() { return *model_; }
   const Config& config() const { return config_; }
   const data::Splits& datasets() const { return data_; }
   const std::string& run_dir() const { return run_dir_; }
-  parallel::Strategy& strategy() { return *strategy_; }
+  parallel::Engine& engine() { return *engine_; }
+  const std::shared_ptr<MemoryLedger>& ledger() const { return ledger_; }
 
  private:
-  struct State;  // position in training: step, epoch, batch in epoch, running sums
-  void save(const State& state);
-  void restore(const std::string& path, State& state);
-  void log_metrics(const nlohmann::json& record);
+  // Where training stands; saved in trainer.json so a resumed run continues exactly.
+  struct State {
+    int64_t epoch = 0;
+    int64_t batch_in_epoch = 0;  // next batch of `epoch` to run
+    EvalResult epoch_sums;       // running train loss x samples and correct of this epoch
+    double train_seconds = 0;    // time in training steps, across resumes
+    int64_t train_samples = 0;
+  };
+  void set_up_loader();
+  void train_epoch(State& s, double& epoch_train_seconds, bool& stopped);
+  bool train_claimed_epoch(State& s, double& epoch_train_seconds);
+  void end_epoch(State& s, double epoch_start, double epoch_train_seconds,
+                 nlohmann::json& epoch_records, EvalResult& last_test, int64_t& last_test_step);
+  void train_piece(const parallel::Piece& piece, EvalResult& sums);
+  bool agree_stop();  // collective: whether any rank was interrupted
+  void save(const State& s);
+  void restore(const std::string& path, State& s);
   EvalResult global_mean(const EvalResult& local_sums);
-  nlohmann::json rank_metrics(double train_seconds);
-  float backward_piece(const Tensor& x, const Tensor& y, int64_t first_sample, double weight,
-                       bool sync, EvalResult& sums);
-  bool train_claimed_epoch(State& s, double& epoch_train_seconds, double& last_plain_line,
-                           bool tty);
-  void report_progress(int64_t epoch, int64_t steps, const EvalResult& m, double sps,
-                       double samples_left, bool tty, double& last_plain_line);
+  float lr_at(int64_t step) const;
+  nlohmann::json summary(const State& s, const EvalResult& last_train,
+                         const EvalResult& last_test, const nlohmann::json& epoch_records,
+                         double wall_start, bool completed);
 
   Config config_;
   RunOptions options_;
   std::string run_dir_;
+  std::shared_ptr<MemoryLedger> ledger_;  // this rank's allocations
+  comm::Communicator own_world_;          // the one-rank world when none is given
+  comm::Communicator* world_;
   data::Splits data_;
   std::unique_ptr<nn::Model> model_;
-  std::unique_ptr<parallel::Strategy> strategy_;
-  std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<parallel::Engine> engine_;
+  std::unique_ptr<Checkpointer> checkpointer_;
+  std::unique_ptr<Progress> progress_;
   std::unique_ptr<data::DataLoader> loader_;
   nn::CrossEntropyLoss loss_;
   int64_t total_steps_ = 0;
   float base_lr_ = 0;
   int64_t step_ = 0;
   int prefetch_ = 0;  // train.prefetch resolved for this host (resolve_prefetch)
-  // Layouts that are not lockstep (strategy.h) train claimed worker batches of batch_rows_
-  // rows: claim_budget_ of them in the run (epochs, or train.max_steps x workers), of which
-  // batches_done_ (every worker's, agreed at epoch ends) are done, start_batches_ before this
-  // invocation. Lockstep: batch_rows_ = train.batch.
+  // With a parameter server in async or ssp mode (not lockstep) workers train claimed worker
+  // batches of batch_rows_ rows: claim_budget_ of them in the run (epochs, or train.max_steps x
+  // workers), of which batches_done_ (every worker's, agreed at epoch ends) are done,
+  // start_batches_ before this invocation. Lockstep: batch_rows_ = train.batch.
   bool lockstep_ = true;
   int64_t batch_rows_ = 0;
   int64_t claim_budget_ = 0, batches_done_ = 0, start_batches_ = 0;
+  int64_t start_step_ = 0;
 };
 
 }  // namespace tessel::train

@@ -454,6 +454,7 @@ int MpiTransport::mpi_tag(uint64_t tag, const Stamp& s) const {
       static_cast<uint64_t>(static_cast<uint32_t>(s.root)) << 32);
   mix(s.seq);
   mix(s.count);
+  mix(s.label);
   return static_cast<int>(h % half);
 }
 

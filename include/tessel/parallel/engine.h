@@ -1,0 +1,129 @@
+// Engine: everything one rank runs of a layout, composed from small parts the Layout chooses:
+//   executor    whole model (LocalExecutor) or a pipeline stage (PipelineExecutor);
+//   grad sync   where the gradients live and how they are reduced over the dp group: all-reduced
+//               buckets (zero.stage 0), reduce-scattered buckets (1; 2-3 into a gradient shard),
+//               shared memory (ZeRO-1 on one host), the exact sum (deterministic mode);
+//   store       where the parameters live and who updates which elements: replicated (0-2),
+//               sharded with gathers around each block (3), shared memory, or the parameter
+//               servers (ps.servers > 0);
+//   optimizer   over exactly the elements this rank updates (its state allocated that size).
+// A step is: every piece's forward and backward (the executor, with the sync's and store's
+// hooks around each block), then reduce (sync), clip with the global norm and update (store),
+// then the pipeline's tied table follows. The Trainer runs the loop and calls only this.
+// One Engine per rank, used by that rank's thread.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "tessel/ckpt/checkpoint.h"
+#include "tessel/comm/communicator.h"
+#include "tessel/nn/loss.h"
+#include "tessel/nn/model.h"
+#include "tessel/optim/optimizer.h"
+#include "tessel/parallel/executor.h"
+#include "tessel/parallel/layout.h"
+#include "tessel/parallel/param_store.h"
+#include "tessel/parallel/spec.h"
+#include "tessel/parallel/units.h"
+
+namespace tessel::parallel {
+
+class ParameterServer;
+class PipelineExecutor;
+class ReplicatedStore;
+class ShardedStore;
+
+// What a rank holds of the model's state, as checkpoints see it.
+struct StateView {
+  std::vector<nn::Range> owned;    // written by this rank (every element by exactly one rank)
+  std::vector<nn::Range> held;     // values this rank loads when restoring
+  std::vector<nn::Range> updated;  // elements of its optimizer (state loaded when restoring)
+  std::function<float*(nn::Range)> values;
+  optim::Optimizer* optimizer = nullptr;
+  std::function<int64_t(nn::Range)> state_offset;  // a range's place in the optimizer state
+};
+
+// Writes this rank's shard of a checkpoint (its owned values and optimizer state, sliced by
+// parameter) into dir as writer `rank`.
+ckpt::ShardFile write_state_shard(const std::string& dir, int rank, const StateView& view,
+                                  const nn::Model& model);
+
+class Engine {
+ public:
+  // Collective over world. `model` is finalized and holds no memory yet: the engine's parts
+  // allocate what this rank holds and initialise it from seed. Throws InvalidArgument for a
+  // layout that cannot run, MemoryLimitError when this rank's state passes the memory limit.
+  Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Communicator& world,
+         nn::Model& model, uint64_t seed);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const Layout& layout() const { return mesh_.layout(); }
+  int rank() const { return mesh_.rank(); }
+  bool is_main() const { return mesh_.rank() == 0; }
+  // This rank's share of every global batch: slice data_rank() of data_size().
+  int data_rank() const;
+  int data_size() const;
+  // The parameter-server part (null unless ps.servers > 0): roles, claims, serve().
+  ParameterServer* ps() { return ps_.get(); }
+
+  // Before the first step, fresh or resumed (collective): the pipeline's stages agree, the
+  // replicas are checked to hold the same values.
+  void start();
+  PieceStats train_piece(const Piece& piece, nn::Loss& loss);
+  PieceStats eval_piece(const Piece& piece, nn::Loss& loss);
+  // The optimizer step `step` (0-based) at learning rate lr: reduce the gradients, clip the
+  // global norm to clip_norm (0: off), update, and check the replicas every ddp.check_every.
+  void step(float lr, float clip_norm, int64_t step);
+
+  // Collectives over the training ranks (metrics, evaluation).
+  void sum(double* values, int n);
+  void max(double* values, int n);
+  std::vector<double> gather(double value);
+  // Every training rank's measurements since the last call; step_s is this rank's step time.
+  std::vector<RankStats> take_stats(double step_s);
+  // SHA-256 of the whole model's values in arena order (padding zero), the same bytes in every
+  // layout; collective over the world, streamed unit by unit so no rank holds the model.
+  std::string params_sha256();
+  StateView state();
+  // Collective over the training ranks (and, with a parameter server, the servers through
+  // rank 0): every rank that owns part of the model writes its shard of a checkpoint into
+  // rank 0's `dir`. Returns every shard on rank 0 (nothing elsewhere) and the optimizer's
+  // step count.
+  std::vector<ckpt::ShardFile> write_shards(const std::string& dir, int64_t* optimizer_steps);
+  const Units& units() const { return units_; }
+  // Which parts this rank runs, for summaries and logs: executor, grad_sync, store, overlap,
+  // prefetch.
+  const nlohmann::json& parts() const { return parts_; }
+  PipelineExecutor* pipeline() { return pipeline_; }
+
+ private:
+  void build_data_parallel(const ParallelSpec& spec, uint64_t seed);
+  void hook(nn::Phase phase, size_t block, bool last);
+
+  ParallelSpec spec_;
+  nn::Model& model_;
+  Mesh mesh_;
+  std::unique_ptr<Executor> executor_;
+  PipelineExecutor* pipeline_ = nullptr;  // executor_ when a pipeline
+  Units units_, scale_buckets_;
+  std::unique_ptr<GradSync> sync_owner_;
+  std::unique_ptr<ParamStore> store_owner_;
+  GradSync* sync_ = nullptr;
+  ParamStore* store_ = nullptr;
+  ReplicatedStore* replicated_ = nullptr;  // store_ when replicated (parameter checks)
+  ShardedStore* sharded_ = nullptr;        // store_ when ZeRO-3 (step ends)
+  std::vector<BlockHooks*> hooks_;  // in the order they act before a block
+  std::unique_ptr<ParameterServer> ps_;
+  std::unique_ptr<optim::Optimizer> optimizer_;
+  Hooks hooks_fn_;
+  nlohmann::json parts_;
+};
+
+}  // namespace tessel::parallel

@@ -1,0 +1,72 @@
+// Executor: runs this rank's blocks for one piece of a step: the whole model (LocalExecutor),
+// or its stage of a pipeline schedule (pipeline.h). It owns the activation caches (one per
+// block and micro-batch in flight; none in evaluation) and calls the engine's hooks around every
+// block's forward and backward, which is where the gradient sync and the parameter store act.
+// An executor holds no loop over steps and no collective of its own beyond the pipeline's
+// point-to-point messages.
+#pragma once
+
+#include <functional>
+#include <vector>
+
+#include "tessel/nn/loss.h"
+#include "tessel/nn/model.h"
+#include "tessel/parallel/stats.h"
+
+namespace tessel::parallel {
+
+// One piece of this rank's rows of a step (a batch slice, or one micro-shard of it).
+struct Piece {
+  Tensor x, y;
+  nn::Context ctx;
+  double weight = 1;  // the piece's share of the step's global rows: scales the loss gradient
+  bool last = true;   // the step's last piece: no accumulation pass follows
+};
+
+// Loss and accuracy sums of a piece, counted where the loss is computed (a pipeline's last
+// stage; elsewhere zero).
+struct PieceStats {
+  double loss_sum = 0;  // mean loss x rows
+  double correct = 0;   // rows classified correctly (fractional for sequence models)
+  int64_t rows = 0;
+};
+
+// (phase, block, last): `last` is the block's last backward of the step.
+using Hooks = std::function<void(nn::Phase, size_t, bool)>;
+
+class Executor {
+ public:
+  virtual ~Executor() = default;
+  // Forward, loss and backward of a piece; gradients accumulate where the hooks bound them.
+  virtual PieceStats train(const Piece& piece, nn::Loss& loss, const Hooks& hooks) = 0;
+  // Forward and loss only; keeps no activations.
+  virtual PieceStats eval(const Piece& piece, nn::Loss& loss, const Hooks& hooks) = 0;
+  // A piece without rows on this rank: the hooks a piece would call (training: forward and
+  // backward; else forward only), in the same order, so that every rank takes part in the
+  // same collectives.
+  virtual void idle(const Hooks& hooks, bool training, bool last) = 0;
+  // The blocks this rank runs.
+  virtual const std::vector<bool>& local_blocks() const = 0;
+  virtual void take_stats(RankStats& s) = 0;
+};
+
+// Throws naming the step when a training loss is not finite.
+void check_loss(double loss, int64_t step);
+
+class LocalExecutor final : public Executor {
+ public:
+  explicit LocalExecutor(nn::Model& model);
+  PieceStats train(const Piece& piece, nn::Loss& loss, const Hooks& hooks) override;
+  PieceStats eval(const Piece& piece, nn::Loss& loss, const Hooks& hooks) override;
+  void idle(const Hooks& hooks, bool training, bool last) override;
+  const std::vector<bool>& local_blocks() const override { return local_; }
+  void take_stats(RankStats& s) override;
+
+ private:
+  nn::Model& model_;
+  std::vector<bool> local_;
+  nn::Activations acts_;
+  double forward_s_ = 0, backward_s_ = 0;
+};
+
+}  // namespace tessel::parallel

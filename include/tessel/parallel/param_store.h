@@ -1,0 +1,48 @@
+// ParamStore: where this rank's parameter values live and which elements its optimizer
+// updates. Replicated (zero.stage 0-2: every dp rank holds the values of its blocks; 1 and 2
+// update their pieces and all-gather them), sharded (3: a rank holds only its pieces and
+// gathers a unit for the blocks that read it), shared (ZeRO-1 on one host: one copy in shared
+// memory), or remote (a parameter-server worker: the servers update, the worker pulls).
+// Ranges are arena element ranges (units.h); the optimizer's state follows update_ranges() in
+// order, so state_offset() maps a range to its state.
+#pragma once
+
+#include <vector>
+
+#include "tessel/optim/optimizer.h"
+#include "tessel/parallel/grad_sync.h"
+
+namespace tessel::parallel {
+
+class ParamStore {
+ public:
+  virtual ~ParamStore() = default;
+  // One optimizer step over update_ranges() with sync's reduced gradients, clipped to a global
+  // norm of clip_norm (0: off; collective), then the new values become visible where the next
+  // forward reads them.
+  virtual void update(optim::Optimizer& opt, float lr, float clip_norm, GradSync& sync) = 0;
+  // This rank's memory for the values of arena range r (r inside held()).
+  virtual float* values(nn::Range r) = 0;
+  // Copies the values of arena range r (inside the local units) into dst; collective over the
+  // dp group where the values are sharded.
+  virtual void copy_values(nn::Range r, float* dst) = 0;
+  // Adds this part's measurements since the last call and resets them.
+  virtual void take_stats(RankStats& s) = 0;
+
+  const std::vector<nn::Range>& update_ranges() const { return update_; }  // optimizer order
+  const std::vector<nn::Range>& owned() const { return owned_; }  // written to checkpoints
+  const std::vector<nn::Range>& held() const { return held_; }    // values held (restored)
+  int64_t update_numel() const;
+  // Offset of range r (inside one update range) in the optimizer's state.
+  int64_t state_offset(nn::Range r) const;
+
+ protected:
+  // The optimizer's segments over update_ranges() with sync's gradients.
+  std::vector<optim::Segment> segments(GradSync& sync);
+  // The clipping factor of sync's global gradient norm (collective when clip_norm > 0).
+  static float grad_scale(GradSync& sync, float clip_norm);
+
+  std::vector<nn::Range> update_, owned_, held_;
+};
+
+}  // namespace tessel::parallel

@@ -1,0 +1,51 @@
+// ParallelSpec: the config sections that choose how a run is cut across ranks (ddp, zero, pp,
+// ps, debug; docs/config.md documents each key). Parsed by tessel/train/config.h; the parallel
+// parts read it and nothing else.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tessel::parallel {
+
+struct ParallelSpec {
+  // ddp.*
+  double bucket_mb = 1.0;  // gradient bucket (and ZeRO-3 gather unit) size
+  // "on" runs bucket collectives (and ZeRO-3 prefetches) on a progress thread while the
+  // backward pass computes; "off" runs them on the compute thread; "auto": on only when the
+  // machine has a spare core per rank for the progress threads.
+  std::string overlap = "auto";
+  int64_t check_every = 200;  // steps between cross-rank parameter checks (0 = off)
+  // ZeRO-1 among ranks of one host: one parameter copy in shared memory and gradients read
+  // from each other's memory (no messages). false: reduce-scatter + all-gather messages.
+  bool shared_memory = true;
+  bool deterministic = false;  // train.deterministic: bit-identical results for any worker count
+  int64_t micro_shard = 8;     // rows per fixed micro-shard in deterministic mode
+
+  // zero.* (sharded data parallelism over the dp axis)
+  int zero_stage = 0;         // 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters
+  bool zero_prefetch = true;  // stage 3: gather the next unit while this one computes
+
+  // runtime.memory_limit_mb: a rank whose tensors would pass it fails naming the category
+  int64_t memory_limit_mb = 0;
+
+  // pp.* (pipeline model parallelism)
+  int64_t pp_stages = 1;                  // pipeline stages (1: no pipeline)
+  int64_t pp_microbatches = 1;            // micro-batches per batch
+  std::string pp_schedule = "1f1b";       // gpipe | 1f1b
+  std::string pp_partition = "balanced";  // balanced | uniform | round_robin
+  std::vector<int64_t> pp_cuts;  // explicit first block of stages 1..P-1 (overrides partition)
+
+  // ps.* (parameter server)
+  int64_t ps_servers = 0;               // server ranks (0: no parameter server)
+  std::string ps_mode = "sync";         // sync | async | ssp
+  int64_t ps_staleness = 2;             // ssp: a claim waits for the slowest within this many steps
+  std::string ps_stale_lr = "inverse";  // none | inverse: scale an update by 1 / (1 + staleness)
+
+  // debug.*
+  int64_t slow_rank = -1;  // this worker sleeps debug.delay_ms in every step (-1: none)
+  double delay_ms = 0;
+};
+
+}  // namespace tessel::parallel

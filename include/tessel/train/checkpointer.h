@@ -1,0 +1,36 @@
+// Checkpointer: a run's state into and out of sharded checkpoints (ckpt/checkpoint.h). Every
+// rank writes what it owns -- its pieces of the parameters and of the optimizer state, named by
+// parameter -- and rank 0 commits the folder, so no rank ever gathers the whole model. Restoring
+// reads, on every rank, exactly the slices it holds, from whatever layout, world size or ZeRO
+// stage wrote them.
+#pragma once
+
+#include <string>
+
+#include "tessel/nn/model.h"
+#include "tessel/parallel/engine.h"
+#include "tessel/train/config.h"
+
+namespace tessel::train {
+
+class Checkpointer {
+ public:
+  Checkpointer(const Config& config, parallel::Engine& engine, nn::Model& model);
+
+  // Collective over the training ranks (the engine reaches parameter servers): writes step
+  // `step`'s checkpoint under run_dir with rank 0's trainer_json and returns the committed
+  // folder (on rank 0; empty elsewhere).
+  std::string save(const std::string& run_dir, int64_t step, const std::string& trainer_json);
+  // Loads what this rank holds from the checkpoint at `path` (a run folder, checkpoints folder
+  // or step folder) and returns its trainer.json.
+  std::string restore(const std::string& path);
+  // The weights (only) of the checkpoint at `path` into a materialized model.
+  static void load_weights(const std::string& path, nn::Model& model);
+
+ private:
+  const Config& config_;
+  parallel::Engine& engine_;
+  nn::Model& model_;
+};
+
+}  // namespace tessel::train

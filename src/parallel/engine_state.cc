@@ -1,0 +1,144 @@
+// The Engine's view of the model's state for checkpoints and the parameter digest: who owns
+// which elements, and moving them to disk or to rank 0 without any rank holding the model.
+#include <algorithm>
+
+#include <nlohmann/json.hpp>
+
+#include "tessel/core/sha256.h"
+#include "tessel/parallel/engine.h"
+#include "tessel/parallel/parameter_server.h"
+
+namespace tessel::parallel {
+
+namespace {
+
+constexpr int kDigestTag = 201;  // params_sha256: owned ranges on their way to rank 0
+
+// Every rank's owned ranges, sorted by start, with their owner: gathered over `group`.
+struct Owned {
+  nn::Range range;
+  int rank;
+};
+std::vector<Owned> all_owned(comm::Communicator& group, const std::vector<nn::Range>& mine) {
+  std::vector<int64_t> words;
+  for (const nn::Range& r : mine) words.insert(words.end(), {r.lo, r.hi});
+  std::vector<int64_t> counts(static_cast<size_t>(group.size()));
+  const int64_t n = static_cast<int64_t>(words.size());
+  group.allgather(&n, counts.data(), 1, comm::ElemType::kI64);
+  std::vector<size_t> sizes(counts.begin(), counts.end());
+  int64_t total = 0;
+  for (int64_t c : counts) total += c;
+  std::vector<int64_t> all(static_cast<size_t>(total));
+  group.allgather(words.data(), all.data(), sizes, comm::ElemType::kI64);
+  std::vector<Owned> out;
+  size_t at = 0;
+  for (int r = 0; r < group.size(); ++r)
+    for (int64_t k = 0; k < counts[static_cast<size_t>(r)]; k += 2, at += 2) out.push_back({{all[at], all[at + 1]}, r});
+  std::sort(out.begin(), out.end(), [](const Owned& a, const Owned& b) { return a.range.lo < b.range.lo; });
+  return out;
+}
+
+}  // namespace
+
+ckpt::ShardFile write_state_shard(const std::string& dir, int rank, const StateView& view,
+                                  const nn::Model& model) {
+  std::vector<ckpt::ShardSlice> slices;
+  for (const nn::Range& r : view.owned)
+    for (auto [k, o] : model.overlaps(r)) {
+      const std::string& name = model.parameters()[k]->name;
+      const int64_t begin = o.lo - model.param_range(k).lo;
+      Tensor values = Tensor::empty({o.size()});
+      std::copy_n(view.values(o), o.size(), values.data<float>());
+      slices.push_back({name, begin, values});
+      for (const optim::StateBuffer& buf : view.optimizer->state())
+        slices.push_back({buf.name + "/" + name, begin,
+                          buf.values.view(view.state_offset(o), {o.size()})});
+    }
+  return ckpt::write_shard(dir, rank, slices);
+}
+
+StateView Engine::state() {
+  if (ps_) return ps_->state();
+  return {store_->owned(), store_->held(), store_->update_ranges(),
+          [this](nn::Range r) { return store_->values(r); }, optimizer_.get(),
+          [this](nn::Range r) { return store_->state_offset(r); }};
+}
+
+std::vector<ckpt::ShardFile> Engine::write_shards(const std::string& dir, int64_t* optimizer_steps) {
+  comm::Communicator& workers = mesh_.workers();
+  std::string path = dir;
+  int64_t n = static_cast<int64_t>(path.size());
+  workers.broadcast(&n, 1, comm::ElemType::kI64, 0);
+  path.resize(static_cast<size_t>(n));
+  workers.broadcast(path.data(), path.size(), comm::ElemType::kU8, 0);
+  const StateView view = state();
+  const ckpt::ShardFile mine = write_state_shard(path, rank(), view, model_);
+  // Rank 0 learns every shard's name, size and digest.
+  const std::string text =
+      nlohmann::json{{"file", mine.file}, {"bytes", mine.bytes}, {"sha256", mine.sha256}}.dump();
+  std::vector<int64_t> lengths(static_cast<size_t>(workers.size()));
+  const int64_t len = static_cast<int64_t>(text.size());
+  workers.allgather(&len, lengths.data(), 1, comm::ElemType::kI64);
+  std::vector<size_t> counts(lengths.begin(), lengths.end());
+  size_t total = 0;
+  for (size_t c : counts) total += c;
+  std::string all(total, ' ');
+  workers.allgather(text.data(), all.data(), counts, comm::ElemType::kU8);
+  double steps = view.optimizer ? static_cast<double>(view.optimizer->steps()) : -1;
+  max(&steps, 1);
+  *optimizer_steps = static_cast<int64_t>(steps);
+  std::vector<ckpt::ShardFile> out;
+  if (!is_main()) return out;
+  size_t at = 0;
+  for (size_t c : counts) {
+    const nlohmann::json j = nlohmann::json::parse(all.substr(at, c));
+    at += c;
+    out.push_back({j.at("file").get<std::string>(), j.at("bytes").get<int64_t>(),
+                   j.at("sha256").get<std::string>()});
+  }
+  if (ps_)
+    for (ckpt::ShardFile& f : ps_->checkpoint(path, optimizer_steps)) out.push_back(std::move(f));
+  return out;
+}
+
+std::string Engine::params_sha256() {
+  // The owners stream their ranges to rank 0 in arena order, which hashes them with zeros for
+  // the padding between: the bytes of the whole arena, as one process would hold it.
+  comm::Communicator& workers = mesh_.workers();
+  Sha256 sha;
+  int64_t at = 0;
+  std::vector<float> buf;
+  auto feed = [&](nn::Range r, const float* values) {
+    buf.assign(static_cast<size_t>(std::max<int64_t>(r.lo - at, 0)), 0.0f);
+    sha.update(buf.data(), buf.size() * sizeof(float));
+    sha.update(values, static_cast<size_t>(r.size()) * sizeof(float));
+    at = r.hi;
+  };
+  const StateView view = state();
+  if (ps_) {
+    if (is_main()) ps_->read_values(feed);
+  } else {
+    for (const Owned& o : all_owned(workers, view.owned)) {
+      if (o.rank == rank() && !is_main())
+        workers.send(view.values(o.range), static_cast<size_t>(o.range.size()),
+                     comm::ElemType::kF32, 0, kDigestTag);
+      if (!is_main()) continue;
+      std::vector<float> values(static_cast<size_t>(o.range.size()));
+      if (o.rank == 0)
+        std::copy_n(view.values(o.range), values.size(), values.data());
+      else
+        workers.recv(values.data(), values.size(), comm::ElemType::kF32, o.rank, kDigestTag);
+      feed(o.range, values.data());
+    }
+  }
+  std::string hex(64, '0');
+  if (is_main()) {
+    const std::vector<float> tail(static_cast<size_t>(std::max<int64_t>(model_.arena_numel() - at, 0)), 0.0f);
+    sha.update(tail.data(), tail.size() * sizeof(float));
+    hex = sha.hex_digest();
+  }
+  workers.broadcast(hex.data(), hex.size(), comm::ElemType::kU8, 0);
+  return hex;
+}
+
+}  // namespace tessel::parallel

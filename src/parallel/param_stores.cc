@@ -1,0 +1,279 @@
+#include "param_stores.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "tessel/core/clock.h"
+#include "tessel/core/error.h"
+
+namespace tessel::parallel {
+
+namespace {
+
+Tensor parameter_memory(int64_t n, MemCategory category) {
+  MemoryScope scope(category);
+  return Tensor::zeros({std::max<int64_t>(n, 1)});
+}
+
+std::vector<nn::Range> own_pieces(const Units& units) {
+  std::vector<nn::Range> out;
+  for (const Unit& u : units.list)
+    if (!units.own(u).empty()) out.push_back(units.own(u));
+  return out;
+}
+
+// Whole units, adjacent ones merged.
+std::vector<nn::Range> unit_ranges(const Units& units) {
+  std::vector<nn::Range> out;
+  for (const Unit& u : units.list) {
+    if (!out.empty() && out.back().hi == u.range.lo)
+      out.back().hi = u.range.hi;
+    else
+      out.push_back(u.range);
+  }
+  return out;
+}
+
+// FNV-1a over the bytes, 8 at a time: cheap enough to run every few hundred steps, and any
+// differing bit changes it.
+int64_t checksum(const Tensor& t) {
+  const auto* p = static_cast<const uint64_t*>(t.raw());
+  const size_t words = t.nbytes() / 8;
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < words; ++i) h = (h ^ p[i]) * 1099511628211ull;
+  return static_cast<int64_t>(h);
+}
+
+}  // namespace
+
+// ---- ReplicatedStore ----
+
+ReplicatedStore::ReplicatedStore(nn::Model& model, const Units& units, int stage,
+                                 comm::Communicator& dp, uint64_t seed)
+    : units_(units),
+      stage_(stage),
+      dp_(dp),
+      values_(parameter_memory(units.span.size(), MemCategory::kParameters)) {
+  for (const Unit& u : units.list) model.init_values(values(u.range), u.range, seed);
+  model.bind_values(units.span, values_);
+  held_ = unit_ranges(units);
+  owned_ = own_pieces(units);
+  update_ = stage == 0 ? held_ : owned_;
+}
+
+float* ReplicatedStore::values(nn::Range r) {
+  return values_.data<float>() + (r.lo - units_.span.lo);
+}
+
+void ReplicatedStore::update(optim::Optimizer& opt, float lr, float clip_norm, GradSync& sync) {
+  const double t0 = now_seconds();
+  opt.step(segments(sync), lr, grad_scale(sync, clip_norm));
+  const double t1 = now_seconds();
+  optimizer_s_ += t1 - t0;
+  if (stage_ == 0 || dp_.size() == 1) return;
+  // Every replica gets every rank's updated piece back, unit by unit, in place.
+  for (size_t k = 0; k < units_.list.size(); ++k) {
+    const Unit& u = units_.list[k];
+    comm::CallOptions call;
+    call.label = static_cast<uint32_t>(k + 1);
+    float* unit = values(u.range);
+    dp_.allgather(values(units_.own(u)), unit, u.counts, comm::ElemType::kF32, call);
+    bytes_ += 4.0 * static_cast<double>(u.range.size());
+  }
+  gather_s_ += now_seconds() - t1;
+}
+
+void ReplicatedStore::copy_values(nn::Range r, float* dst) {
+  std::memcpy(dst, values(r), static_cast<size_t>(r.size()) * sizeof(float));
+}
+
+void ReplicatedStore::check_replicas(int64_t step) {
+  if (dp_.size() == 1) return;
+  std::vector<double> sums(static_cast<size_t>(dp_.size()));
+  const double mine = static_cast<double>(checksum(values_));
+  dp_.allgather(&mine, sums.data(), 1, comm::ElemType::kF64);
+  std::string differ;
+  for (size_t r = 1; r < sums.size(); ++r)
+    if (sums[r] != sums[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+  if (!differ.empty())
+    throw Error(str("data parallel: parameters differ across ranks at step ", step,
+                    ": data-parallel rank(s) ", differ, " differ from rank 0; every rank must start "
+                    "from the same seed and checkpoint (this is a bug if they did)"));
+}
+
+void ReplicatedStore::take_stats(RankStats& s) {
+  s.optimizer_s += optimizer_s_;
+  s.comm_exposed_s += gather_s_;
+  s.comm_bytes += bytes_;
+  optimizer_s_ = gather_s_ = bytes_ = 0;
+}
+
+// ---- ShardedStore ----
+
+ShardedStore::ShardedStore(nn::Model& model, const Units& units, comm::Communicator& dp,
+                           uint64_t seed, bool prefetch, bool hold_for_step)
+    : model_(model),
+      units_(units),
+      dp_(dp),
+      prefetch_(prefetch),
+      hold_for_step_(hold_for_step),
+      shard_(parameter_memory(units.shard_numel, MemCategory::kParameters)),
+      resident_(units.list.size()) {
+  for (const Unit& u : units.list) {
+    buffer_numel_ = std::max(buffer_numel_, u.range.size());
+    const nn::Range own = units.own(u);
+    model.init_values(shard_.data<float>() + u.shard_offset, own, seed);
+  }
+  update_ = owned_ = held_ = own_pieces(units);
+}
+
+ShardedStore::~ShardedStore() {
+  for (Resident& r : resident_) {
+    try {
+      r.work.wait();
+    } catch (...) {  // the group failed; the error was reported where it happened
+    }
+  }
+}
+
+float* ShardedStore::values(nn::Range r) {
+  for (const Unit& u : units_.list) {
+    const nn::Range own = units_.own(u);
+    if (!own.empty() && r.lo >= own.lo && r.hi <= own.hi)
+      return shard_.data<float>() + u.shard_offset + (r.lo - own.lo);
+  }
+  throw Error(str("zero: range [", r.lo, ", ", r.hi, ") is not this rank's shard (this is a bug)"));
+}
+
+std::string ShardedStore::gather_name(int unit) const {
+  return units_.describe(unit, model_) + str(" (label ", unit + 1, ")");
+}
+
+void ShardedStore::start_gather(int unit, bool async) {
+  Resident& r = resident_[static_cast<size_t>(unit)];
+  const Unit& u = units_.list[static_cast<size_t>(unit)];
+  if (free_.empty()) {
+    free_.push_back(parameter_memory(buffer_numel_, MemCategory::kComm));
+  }
+  r.memory = std::move(free_.back());
+  free_.pop_back();
+  const float* piece = shard_.data<float>() + u.shard_offset;
+  float* out = r.memory.data<float>();
+  comm::CallOptions call;
+  call.label = static_cast<uint32_t>(unit + 1);
+  bytes_ += 4.0 * static_cast<double>(u.range.size());
+  if (async) {
+    r.work = dp_.allgather_async(piece, out, u.counts, comm::ElemType::kF32, call);
+  } else {
+    const double t0 = now_seconds();
+    dp_.allgather(piece, out, u.counts, comm::ElemType::kF32, call);
+    wait_s_ += now_seconds() - t0;
+  }
+  model_.bind_values(u.range, r.memory);
+}
+
+void ShardedStore::release(int unit) {
+  Resident& r = resident_[static_cast<size_t>(unit)];
+  if (!r.memory.defined()) return;
+  r.work.wait();
+  model_.bind_values(units_.list[static_cast<size_t>(unit)].range, Tensor());
+  free_.push_back(std::move(r.memory));
+  r.memory = Tensor();
+  r.work = comm::Work();
+}
+
+void ShardedStore::require(int unit, nn::Phase phase, size_t block) {
+  Resident& r = resident_[static_cast<size_t>(unit)];
+  if (!r.memory.defined()) {  // a gather now: the step's next one in the recorded order
+    if (training_ && recorded_) {
+      if (next_ >= order_.size() || order_[next_] != unit)
+        throw Error(str(
+            "zero: rank ", dp_.rank(), " of the data-parallel group gathers ", gather_name(unit),
+            " for the ", phase == nn::Phase::kBeforeForward ? "forward" : "backward", " of block '",
+            model_.block_name(block), "' as gather ", next_ + 1, " of step ", steps_ + 1,
+            ", but the first step's gather ", next_ + 1, " was ",
+            next_ < order_.size() ? gather_name(order_[next_]) : std::string("none (it had ") +
+                                                                 std::to_string(order_.size()) + ")",
+            "; every step must run the same blocks in the same order on every rank"));
+      ++next_;
+    } else if (training_) {
+      order_.push_back(unit);
+    }
+    try {
+      start_gather(unit, false);
+    } catch (const CommError& e) {
+      throw CommError(str("zero: rank ", dp_.rank(), " gathering ", gather_name(unit), " for block '",
+                          model_.block_name(block), "': ", e.what()));
+    }
+  } else {
+    const double t0 = now_seconds();
+    r.work.wait();  // a prefetch may still be in flight
+    wait_s_ += now_seconds() - t0;
+  }
+  // Prefetch the order's next gather while this unit computes.
+  if (training_ && recorded_ && prefetch_ && next_ < order_.size() &&
+      !resident_[static_cast<size_t>(order_[next_])].memory.defined())
+    start_gather(order_[next_++], true);
+}
+
+bool ShardedStore::used_by(int unit, size_t block) const {
+  if (block >= units_.used_by_block.size()) return false;
+  const auto& used = units_.used_by_block[block];
+  return std::find(used.begin(), used.end(), unit) != used.end();
+}
+
+void ShardedStore::on_block(nn::Phase phase, size_t block, bool last) {
+  (void)last;
+  const bool before = phase == nn::Phase::kBeforeForward || phase == nn::Phase::kBeforeBackward;
+  for (int u : units_.used_by_block[block]) {
+    if (before) {
+      require(u, phase, block);
+    } else if (!hold_for_step_) {
+      // Forward runs blocks upwards, backward downwards: keep a unit the next block reads.
+      const bool keep = phase == nn::Phase::kAfterForward ? used_by(u, block + 1)
+                                                          : block > 0 && used_by(u, block - 1);
+      if (!keep) release(u);
+    }
+  }
+}
+
+void ShardedStore::end_step() {
+  for (size_t u = 0; u < resident_.size(); ++u) release(static_cast<int>(u));
+  if (recorded_ && next_ != order_.size())
+    throw Error(str("zero: rank ", dp_.rank(), " of the data-parallel group ran ", next_,
+                    " gathers in step ", steps_ + 1, " but ", order_.size(),
+                    " in the first step; every step must run the same blocks on every rank"));
+  recorded_ = true;
+  next_ = 0;
+  ++steps_;
+}
+
+void ShardedStore::update(optim::Optimizer& opt, float lr, float clip_norm, GradSync& sync) {
+  const double t0 = now_seconds();
+  opt.step(segments(sync), lr, grad_scale(sync, clip_norm));
+  optimizer_s_ += now_seconds() - t0;
+}
+
+void ShardedStore::copy_values(nn::Range r, float* dst) {
+  // Gather every unit that overlaps r (collective over the dp group), copy, release.
+  for (size_t k = 0; k < units_.list.size(); ++k) {
+    const nn::Range ur = units_.list[k].range;
+    const int64_t lo = std::max(ur.lo, r.lo), hi = std::min(ur.hi, r.hi);
+    if (lo >= hi) continue;
+    const bool was_resident = resident_[k].memory.defined();
+    if (!was_resident) start_gather(static_cast<int>(k), false);
+    resident_[k].work.wait();
+    std::memcpy(dst + (lo - r.lo), resident_[k].memory.data<float>() + (lo - ur.lo),
+                static_cast<size_t>(hi - lo) * sizeof(float));
+    if (!was_resident) release(static_cast<int>(k));
+  }
+}
+
+void ShardedStore::take_stats(RankStats& s) {
+  s.optimizer_s += optimizer_s_;
+  s.comm_exposed_s += wait_s_;
+  s.comm_bytes += bytes_;
+  optimizer_s_ = wait_s_ = bytes_ = 0;
+}
+
+}  // namespace tessel::parallel

@@ -1,0 +1,95 @@
+// The parameter stores (param_store.h) of data parallelism:
+//   ReplicatedStore  every rank of a dp group holds the values of its units. zero.stage 0: the
+//                    optimizer updates everything (every replica the same); 1 and 2: each rank
+//                    updates its pieces (optimizer state allocated 1/N) and the pieces are
+//                    all-gathered back into every replica after the step.
+//   ShardedStore     zero.stage 3: a rank holds only its pieces (the master values the optimizer
+//                    updates). Before a block runs forward or backward, the units it reads are
+//                    all-gathered into buffers from a pool; after it, a unit no neighbouring
+//                    block reads is released (in a pipeline, whose micro-batches interleave,
+//                    at the end of the step instead). The order of gathers is recorded on the first
+//                    training step; later steps check every gather against it (a rank that
+//                    runs other blocks fails naming them) and gather the next unit of the
+//                    order in the background while this one computes (zero.prefetch).
+// Internal to the parallel area; built by the Engine.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/comm/communicator.h"
+#include "tessel/parallel/param_store.h"
+#include "tessel/parallel/units.h"
+
+namespace tessel::parallel {
+
+class ReplicatedStore final : public ParamStore {
+ public:
+  // stage 0: update everything; 1 or 2: update this rank's pieces and all-gather them.
+  ReplicatedStore(nn::Model& model, const Units& units, int stage, comm::Communicator& dp,
+                  uint64_t seed);
+
+  void update(optim::Optimizer& opt, float lr, float clip_norm, GradSync& sync) override;
+  float* values(nn::Range r) override;
+  void copy_values(nn::Range r, float* dst) override;
+  void take_stats(RankStats& s) override;
+  // Throws naming the ranks whose values differ from dp rank 0's (a replica diverged).
+  void check_replicas(int64_t step);
+
+ private:
+  const Units& units_;
+  int stage_;
+  comm::Communicator& dp_;
+  Tensor values_;  // units_.span
+  double optimizer_s_ = 0, gather_s_ = 0, bytes_ = 0;
+};
+
+class ShardedStore final : public ParamStore, public BlockHooks {
+ public:
+  // hold_for_step: keep a gathered unit until end_step() (pipelines) instead of releasing it
+  // after the last neighbouring block that reads it.
+  ShardedStore(nn::Model& model, const Units& units, comm::Communicator& dp, uint64_t seed,
+               bool prefetch, bool hold_for_step);
+  ~ShardedStore() override;
+
+  void on_block(nn::Phase phase, size_t block, bool last) override;
+  void update(optim::Optimizer& opt, float lr, float clip_norm, GradSync& sync) override;
+  float* values(nn::Range r) override;
+  void copy_values(nn::Range r, float* dst) override;
+  void take_stats(RankStats& s) override;
+  // Training passes record and check the gather order and prefetch; evaluation gathers as it
+  // goes. Set before each pass.
+  void set_training(bool training) { training_ = training; }
+  void end_step();  // a training step is over: the next gather is the order's first
+
+ private:
+  struct Resident {
+    Tensor memory;
+    comm::Work work;  // an all-gather in flight into memory (done: resident)
+  };
+  void require(int unit, nn::Phase phase, size_t block);  // resident when this returns
+  void start_gather(int unit, bool async);
+  void release(int unit);
+  bool used_by(int unit, size_t block) const;
+  std::string gather_name(int unit) const;
+
+  nn::Model& model_;
+  const Units& units_;
+  comm::Communicator& dp_;
+  bool prefetch_;
+  bool hold_for_step_;
+  bool training_ = true;
+  Tensor shard_;                       // this rank's pieces, the master values
+  std::vector<Resident> resident_;     // per unit (memory undefined: not gathered)
+  std::vector<Tensor> free_;           // gather buffers not in use
+  int64_t buffer_numel_ = 0;
+  std::vector<int> order_;             // the first training step's gathers
+  bool recorded_ = false;
+  size_t next_ = 0;                    // this step's gathers so far
+  int64_t steps_ = 0;
+  double wait_s_ = 0, optimizer_s_ = 0, bytes_ = 0;
+};
+
+}  // namespace tessel::parallel

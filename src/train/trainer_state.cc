@@ -1,0 +1,152 @@
+// Trainer: where a run stands (trainer.json in each checkpoint), saving it and resuming from
+// it, and the epochs of parameter-server workers that train claimed batches.
+#include <algorithm>
+
+#include "tessel/ckpt/checkpoint.h"
+#include "tessel/core/clock.h"
+#include "tessel/parallel/parameter_server.h"
+#include "tessel/train/checkpointer.h"
+#include "tessel/train/progress.h"
+#include "tessel/train/trainer.h"
+
+namespace tessel::train {
+
+using nlohmann::json;
+
+void Trainer::save(const State& s) {
+  // Collective: the running sums are per rank; the checkpoint holds their global totals.
+  double totals[4] = {s.epoch_sums.loss, s.epoch_sums.accuracy,
+                      static_cast<double>(s.epoch_sums.samples), static_cast<double>(s.train_samples)};
+  engine_->sum(totals, 4);
+  json t = {{"step", step_},
+            {"epoch", s.epoch},
+            {"batch_in_epoch", s.batch_in_epoch},
+            {"seed", config_.seed},
+            {"epoch_loss_sum", totals[0]},
+            {"epoch_correct_sum", totals[1]},
+            {"epoch_samples", static_cast<int64_t>(totals[2])},
+            {"train_seconds", s.train_seconds},
+            {"train_samples", static_cast<int64_t>(totals[3])},
+            {"world_size", world_->size()},
+            {"layout", engine_->layout().str()},
+            {"zero_stage", config_.parallel.zero_stage},
+            {"params_sha256", engine_->params_sha256()},
+            {"config_name", config_.name},
+            {"batch_rows", batch_rows_}};  // the unit of batch_in_epoch
+  if (!lockstep_) t["worker_batches"] = batches_done_;
+  checkpointer_->save(run_dir_, step_, t.dump(2));
+}
+
+void Trainer::restore(const std::string& path, State& s) {
+  const std::string text = checkpointer_->restore(path);
+  const std::string dir = ckpt::resolve_checkpoint_dir(path);
+  try {
+    const json t = json::parse(text);
+    step_ = t.at("step").get<int64_t>();
+    s.epoch = t.at("epoch").get<int64_t>();
+    s.batch_in_epoch = t.at("batch_in_epoch").get<int64_t>();
+    s.epoch_sums.loss = t.at("epoch_loss_sum").get<double>();
+    s.epoch_sums.accuracy = t.at("epoch_correct_sum").get<double>();
+    s.epoch_sums.samples = t.at("epoch_samples").get<int64_t>();
+    s.train_seconds = t.at("train_seconds").get<double>();
+    s.train_samples = t.at("train_samples").get<int64_t>();
+    // The position in another layout's batches (lockstep: train.batch rows, else worker batches).
+    const int64_t saved_rows = t.value("batch_rows", config_.train.batch);
+    if (saved_rows != batch_rows_) {
+      const int64_t row = s.batch_in_epoch * saved_rows;
+      if (row >= data_.train->size())
+        s.batch_in_epoch = loader_->batches_per_epoch();
+      else if (row % batch_rows_ != 0)
+        throw IoError(str("checkpoint: ", dir, " stopped at row ", row, " of epoch ", s.epoch + 1,
+                          ", which is not a batch boundary of this layout's ", batch_rows_,
+                          "-row batches; resume with the layout and ps.mode it was saved with"));
+      else
+        s.batch_in_epoch = row / batch_rows_;
+    }
+    batches_done_ = t.value("worker_batches", step_ * (config_.train.batch / batch_rows_));
+  } catch (const json::exception& e) {
+    throw IoError(str("checkpoint: ", dir, "/trainer.json is corrupt (", e.what(),
+                      "); resume from an older checkpoint"));
+  }
+  if (!engine_->is_main()) {  // rank 0 carries the saved global totals
+    s.epoch_sums = EvalResult{};
+    s.train_samples = 0;
+  }
+  if (s.batch_in_epoch > loader_->batches_per_epoch())
+    throw IoError(str("checkpoint: ", dir, " is at batch ", s.batch_in_epoch, " of an epoch of ",
+                      loader_->batches_per_epoch(),
+                      " batches; train.batch or the dataset changed since it was saved"));
+  progress_->info(str("resumed from ", dir, " at step ", step_, " (epoch ", s.epoch + 1, ", batch ",
+                      s.batch_in_epoch, ")"));
+}
+
+// One epoch of a layout that is not lockstep: this worker claims batches [first, limit) of the
+// epoch one at a time, trains each as a whole worker batch and pushes it (the claim of the
+// next rides on the push), until the range is exhausted. Progress lines are rank 0's own
+// view: its running sums, and samples/s from the claim indices (which count every worker's
+// batches). An interrupt closes this worker's claims after the batch in hand; --stop-after
+// and train.max_steps cut the range, so every batch handed out is trained. Ends with one
+// collective that counts the batches trained and agrees on stopping. Returns whether the run
+// stops.
+bool Trainer::train_claimed_epoch(State& s, double& epoch_train_seconds) {
+  parallel::ParameterServer& ps = *engine_->ps();
+  const int64_t workers = engine_->data_size();
+  const int64_t first = s.batch_in_epoch;
+  int64_t limit = std::min(loader_->batches_per_epoch(), first + claim_budget_ - batches_done_);
+  bool cut = false;  // --stop-after ends this invocation inside (or at the end of) this range
+  if (options_.stop_after > 0) {
+    const int64_t left = start_batches_ + options_.stop_after * workers - batches_done_;
+    if (first + left <= limit) limit = first + left, cut = true;
+  }
+  const int64_t epoch_step = step_;
+  auto interrupted = [&] { return options_.interrupt != nullptr && options_.interrupt->load(); };
+  ps.set_claims({s.epoch, first, limit, epoch_step, !interrupted()});
+  double window_start = now_seconds(), t0 = window_start;
+  int64_t b = ps.claim(), window_first = b, mine = 0;
+  int64_t next_log = (epoch_step / config_.train.log_every + 1) * config_.train.log_every;
+  bool stop = b < 0 && interrupted();
+  epoch_train_seconds += now_seconds() - t0;
+  s.train_seconds += now_seconds() - t0;
+  while (b >= 0) {
+    const data::Batch batch = loader_->batch_at(s.epoch, b);
+    t0 = now_seconds();  // time reading data is not training time
+    step_ = epoch_step + (b - first) / workers;
+    const int64_t counted = s.epoch_sums.samples;
+    train_piece({batch.x, batch.y, nn::Context{true, config_.seed, step_, batch.first_sample},
+                 1.0 / static_cast<double>(workers), true},
+                s.epoch_sums);
+    stop = interrupted();
+    if (stop) ps.set_claims({});  // this push claims nothing more
+    engine_->step(lr_at(step_), config_.train.clip_norm, step_);
+    ++mine;
+    const int64_t done = b;
+    b = stop ? -1 : ps.claim();
+    const double now = now_seconds(), dt = now - t0;
+    s.train_seconds += dt;
+    epoch_train_seconds += dt;
+    s.train_samples += s.epoch_sums.samples - counted;
+    // A line when rank 0's batch reaches the next multiple of train.log_every steps.
+    if (!engine_->is_main() || step_ + 1 < next_log) continue;
+    next_log = ((step_ + 1) / config_.train.log_every + 1) * config_.train.log_every;
+    const double sps = static_cast<double>((done + 1 - window_first) * batch_rows_) /
+                       std::max(1e-9, now - window_start);
+    progress_->train_line(s.epoch, step_ + 1, total_steps_, mean_of(s.epoch_sums), lr_at(step_), sps,
+                          static_cast<double>((claim_budget_ - batches_done_ - (done + 1 - first)) *
+                                              batch_rows_));
+    window_start = now;
+    window_first = done + 1;
+  }
+  // Collective: every worker's batches (each claimed batch was trained), and whether to stop.
+  double v[2] = {static_cast<double>(mine), stop ? 1.0 : 0.0};
+  engine_->sum(v, 2);
+  const int64_t trained = static_cast<int64_t>(v[0]);
+  if (v[1] == 0 && first + trained != limit)
+    throw Error(str("trainer: the workers trained ", trained, " batches of epoch ", s.epoch + 1,
+                    "'s range [", first, ", ", limit, ") (this is a bug)"));
+  s.batch_in_epoch = first + trained;
+  batches_done_ += trained;
+  step_ = (batches_done_ + workers - 1) / workers;  // a partial step counts, as a short batch does
+  return v[1] > 0 || cut;
+}
+
+}  // namespace tessel::train

@@ -97,136 +97,168 @@ void print_summary(const nlohmann::json& s) {
   }
 }
 
+// Everything the command line sets.
+struct Args {
+  std::string config_path, run_dir, resume, checkpoint, logits_path, export_out, backend;
+  std::vector<std::string> overrides;
+  int64_t stop_after = 0, logits_limit = 100;
+  bool quiet = false;
+  int workers = 0;
+  tessel::comm::CommBenchOptions cb;
+  std::string cb_algorithms, cb_sizes, cb_collectives, cb_dtype = "f32", cb_segment;
+};
+
+struct Commands {
+  CLI::App *train, *eval, *ckpt_export, *config, *bench_comm;
+};
+
+void add_overrides(CLI::App* cmd, Args& a) {
+  cmd->add_option("--set", a.overrides, "Override a config key: section.key=value (repeatable)");
+}
+
+CLI::App* add_train(CLI::App& app, Args& a) {
+  CLI::App* train = app.add_subcommand("train", "Train a model from a config file");
+  train->add_option("config", a.config_path, "Config file (TOML), e.g. examples/fashion_mlp.toml")
+      ->required();
+  train->add_option("--run-dir", a.run_dir, "Run folder (default: runs/<config name>)");
+  train->add_option("--resume", a.resume,
+                    "Continue from a run folder's latest checkpoint or a checkpoint folder");
+  add_overrides(train, a);
+  train->add_option("--stop-after", a.stop_after,
+                    "Stop after N steps of this invocation, saving a checkpoint to resume from");
+  train->add_flag("--quiet", a.quiet, "No progress output");
+  train->add_option("--workers", a.workers, "Ranks as threads of this process (runtime.workers)");
+  train->add_option("--backend", a.backend, "threads or mpi (runtime.backend; default: auto)");
+  return train;
+}
+
+CLI::App* add_eval(CLI::App& app, Args& a) {
+  CLI::App* eval = app.add_subcommand(
+      "eval", "Evaluate a checkpoint on the test set in this process (any layout's checkpoint)");
+  eval->add_option("config", a.config_path, "Config file the checkpoint was trained with")
+      ->required();
+  eval->add_option("--checkpoint", a.checkpoint, "Run folder or checkpoint folder")->required();
+  add_overrides(eval, a);
+  eval->add_option("--logits", a.logits_path,
+                   "Also write the model's outputs for the first --limit test samples as .npy");
+  eval->add_option("--limit", a.logits_limit, "Samples written by --logits")->capture_default_str();
+  return eval;
+}
+
+CLI::App* add_bench_comm(CLI::App& app, Args& a) {
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
+  bench->require_subcommand(1);
+  CLI::App* c = bench->add_subcommand(
+      "comm", "Time collectives per algorithm and size (works under mpirun with --backend mpi)");
+  c->add_option("--backend", a.cb.backend, "threads or mpi")->capture_default_str();
+  c->add_option("--workers", a.cb.workers, "threads backend: world size")->capture_default_str();
+  c->add_option("--algorithm", a.cb_algorithms,
+                "comma list: ring, halving_doubling, tree, direct, native, auto");
+  c->add_option("--sizes", a.cb_sizes, "sizes or ranges, e.g. 4KiB..64MiB or 4KiB,1MiB");
+  c->add_option("--collective", a.cb_collectives, "allreduce, reduce_scatter, allgather");
+  c->add_option("--dtype", a.cb_dtype, "f32, f64, f16, bf16, i32, i64")->capture_default_str();
+  c->add_option("--repeats", a.cb.repeats, "timed repeats per point (0: by size)");
+  c->add_option("--json", a.cb.json_path, "also write the results as JSON");
+  c->add_option("--segment", a.cb_segment, "ring segment size, e.g. 1MiB (default: transport's)");
+  c->add_option("--in-flight", a.cb.in_flight, "ring segments in flight (0: default)");
+  return c;
+}
+
+Commands add_commands(CLI::App& app, Args& a) {
+  Commands c;
+  c.train = add_train(app, a);
+  c.eval = add_eval(app, a);
+  CLI::App* ckpt = app.add_subcommand("ckpt", "Checkpoint tools");
+  ckpt->require_subcommand(1);
+  c.ckpt_export = ckpt->add_subcommand(
+      "export", "Write a checkpoint's parameters as one plain safetensors file (PyTorch loads it)");
+  c.ckpt_export->add_option("checkpoint", a.checkpoint, "Run folder or checkpoint folder")
+      ->required();
+  c.ckpt_export->add_option("out", a.export_out, "Output file, e.g. model.safetensors")->required();
+  c.config = app.add_subcommand("config", "Print the resolved config (every key)");
+  c.config->add_option("config", a.config_path, "Config file (TOML)")->required();
+  add_overrides(c.config, a);
+  c.bench_comm = add_bench_comm(app, a);
+  return c;
+}
+
+int run_train(Args& a) {
+  tessel::train::RunOptions opts;
+  opts.run_dir = a.run_dir;
+  opts.resume = a.resume;
+  opts.stop_after = a.stop_after;
+  opts.progress = !a.quiet;
+  opts.interrupt = &g_interrupt;
+  std::signal(SIGINT, on_sigint);
+  if (a.workers > 0) a.overrides.push_back("runtime.workers=" + std::to_string(a.workers));
+  if (!a.backend.empty()) a.overrides.push_back("runtime.backend=" + a.backend);
+  nlohmann::json summary = train_job(tessel::train::load_config(a.config_path, a.overrides), opts);
+  if (summary.is_null()) return 0;  // not rank 0 of an MPI job
+  print_summary(summary);
+  return summary["completed"].get<bool>() || a.stop_after > 0 ? 0 : 130;
+}
+
+// One process evaluates the whole model: checkpoints do not depend on the layout, so any
+// layout's checkpoint evaluates here, with no optimizer and no gradients.
+int run_eval(const Args& a) {
+  tessel::train::Evaluator evaluator(tessel::train::load_config(a.config_path, a.overrides),
+                                     a.checkpoint);
+  if (!evaluator.datasets().test)
+    throw tessel::InvalidArgument("eval: the dataset has no test split");
+  const tessel::data::Dataset& test = *evaluator.datasets().test;
+  const tessel::train::EvalResult r = evaluator.evaluate(test);
+  nlohmann::json out = {{"test_loss", r.loss}, {"test_accuracy", r.accuracy},
+                        {"samples", r.samples}, {"params_sha256", evaluator.params_sha256()}};
+  if (!a.logits_path.empty()) {
+    write_npy(a.logits_path, evaluator.outputs(test, a.logits_limit));
+    out["logits"] = a.logits_path;
+  }
+  std::printf("%s\n", out.dump(2).c_str());
+  return 0;
+}
+
+int run_bench_comm(Args& a) {
+  if (!a.cb_algorithms.empty()) a.cb.algorithms = tessel::comm::parse_algorithms(a.cb_algorithms);
+  if (!a.cb_sizes.empty()) a.cb.sizes = tessel::comm::parse_size_list(a.cb_sizes);
+  if (!a.cb_collectives.empty()) {
+    a.cb.collectives.clear();
+    std::stringstream ss(a.cb_collectives);
+    for (std::string item; std::getline(ss, item, ',');) a.cb.collectives.push_back(item);
+  }
+  a.cb.elem = tessel::comm::elem_type_from_name(a.cb_dtype);
+  if (!a.cb_segment.empty()) a.cb.segment_bytes = tessel::comm::parse_bytes(a.cb_segment);
+  return tessel::comm::run_comm_bench(a.cb);
+}
+
+int run(const Commands& c, Args& a) {
+  if (*c.train) return run_train(a);
+  if (*c.eval) return run_eval(a);
+  if (*c.ckpt_export) {
+    tessel::ckpt::export_model(a.checkpoint, a.export_out);
+    std::printf("wrote %s\n", a.export_out.c_str());
+    return 0;
+  }
+  if (*c.bench_comm) return run_bench_comm(a);
+  if (*c.config)
+    std::printf("%s", tessel::train::to_toml(tessel::train::load_config(a.config_path, a.overrides)).c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"tessel: train and serve neural networks on many workers"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "tessel 0.1.0");
-
-  std::string config_path, run_dir, resume, checkpoint;
-  std::vector<std::string> overrides;
-  int64_t stop_after = 0;
-  bool quiet = false;
-
-  CLI::App* train = app.add_subcommand("train", "Train a model from a config file");
-  train->add_option("config", config_path, "Config file (TOML), e.g. examples/fashion_mlp.toml")
-      ->required();
-  train->add_option("--run-dir", run_dir, "Run folder (default: runs/<config name>)");
-  train->add_option("--resume", resume,
-                    "Continue from a run folder's latest checkpoint or a checkpoint folder");
-  train->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
-  train->add_option("--stop-after", stop_after,
-                    "Stop after N steps of this invocation, saving a checkpoint to resume from");
-  train->add_flag("--quiet", quiet, "No progress output");
-  int workers = 0;
-  std::string backend;
-  train->add_option("--workers", workers, "Ranks as threads of this process (runtime.workers)");
-  train->add_option("--backend", backend, "threads or mpi (runtime.backend; default: auto)");
-
-  CLI::App* eval = app.add_subcommand(
-      "eval", "Evaluate a checkpoint on the test set in this process (any layout's checkpoint)");
-  eval->add_option("config", config_path, "Config file the checkpoint was trained with")->required();
-  eval->add_option("--checkpoint", checkpoint, "Run folder or checkpoint folder")->required();
-  eval->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
-  std::string logits_path;
-  int64_t logits_limit = 100;
-  eval->add_option("--logits", logits_path,
-                   "Also write the model's outputs for the first --limit test samples as .npy");
-  eval->add_option("--limit", logits_limit, "Samples written by --logits")->capture_default_str();
-
-  CLI::App* ckpt_cmd = app.add_subcommand("ckpt", "Checkpoint tools");
-  ckpt_cmd->require_subcommand(1);
-  CLI::App* ckpt_export = ckpt_cmd->add_subcommand(
-      "export", "Write a checkpoint's parameters as one plain safetensors file (PyTorch loads it)");
-  std::string export_out;
-  ckpt_export->add_option("checkpoint", checkpoint, "Run folder or checkpoint folder")->required();
-  ckpt_export->add_option("out", export_out, "Output file, e.g. model.safetensors")->required();
-
-  CLI::App* config = app.add_subcommand("config", "Print the resolved config (every key)");
-  config->add_option("config", config_path, "Config file (TOML)")->required();
-  config->add_option("--set", overrides, "Override a config key: section.key=value (repeatable)");
-
-  CLI::App* bench = app.add_subcommand("bench", "Benchmarks");
-  bench->require_subcommand(1);
-  CLI::App* bench_comm = bench->add_subcommand(
-      "comm", "Time collectives per algorithm and size (works under mpirun with --backend mpi)");
-  tessel::comm::CommBenchOptions cb;
-  std::string cb_algorithms, cb_sizes, cb_collectives, cb_dtype = "f32";
-  bench_comm->add_option("--backend", cb.backend, "threads or mpi")->capture_default_str();
-  bench_comm->add_option("--workers", cb.workers, "threads backend: world size")->capture_default_str();
-  bench_comm->add_option("--algorithm", cb_algorithms,
-                         "comma list: ring, halving_doubling, tree, direct, native, auto");
-  bench_comm->add_option("--sizes", cb_sizes, "sizes or ranges, e.g. 4KiB..64MiB or 4KiB,1MiB");
-  bench_comm->add_option("--collective", cb_collectives, "allreduce, reduce_scatter, allgather");
-  bench_comm->add_option("--dtype", cb_dtype, "f32, f64, f16, bf16, i32, i64")->capture_default_str();
-  bench_comm->add_option("--repeats", cb.repeats, "timed repeats per point (0: by size)");
-  bench_comm->add_option("--json", cb.json_path, "also write the results as JSON");
-  std::string cb_segment;
-  bench_comm->add_option("--segment", cb_segment, "ring segment size, e.g. 1MiB (default: transport's)");
-  bench_comm->add_option("--in-flight", cb.in_flight, "ring segments in flight (0: default)");
-
+  Args args;
+  const Commands commands = add_commands(app, args);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
-
   try {
-    if (*train) {
-      tessel::train::RunOptions opts;
-      opts.run_dir = run_dir;
-      opts.resume = resume;
-      opts.stop_after = stop_after;
-      opts.progress = !quiet;
-      opts.interrupt = &g_interrupt;
-      std::signal(SIGINT, on_sigint);
-      if (workers > 0) overrides.push_back("runtime.workers=" + std::to_string(workers));
-      if (!backend.empty()) overrides.push_back("runtime.backend=" + backend);
-      nlohmann::json summary = train_job(tessel::train::load_config(config_path, overrides), opts);
-      if (summary.is_null()) return 0;  // not rank 0 of an MPI job
-      print_summary(summary);
-      return summary["completed"].get<bool>() || stop_after > 0 ? 0 : 130;
-    }
-    if (*eval) {
-      // One process evaluates the whole model: checkpoints do not depend on the layout, so
-      // any layout's checkpoint evaluates here, with no optimizer and no gradients.
-      tessel::train::Evaluator evaluator(tessel::train::load_config(config_path, overrides),
-                                         checkpoint);
-      if (!evaluator.datasets().test)
-        throw tessel::InvalidArgument("eval: the dataset has no test split");
-      const tessel::data::Dataset& test = *evaluator.datasets().test;
-      tessel::train::EvalResult r = evaluator.evaluate(test);
-      nlohmann::json out = {{"test_loss", r.loss}, {"test_accuracy", r.accuracy},
-                            {"samples", r.samples}, {"params_sha256", evaluator.params_sha256()}};
-      if (!logits_path.empty()) {
-        write_npy(logits_path, evaluator.outputs(test, logits_limit));
-        out["logits"] = logits_path;
-      }
-      std::printf("%s\n", out.dump(2).c_str());
-      return 0;
-    }
-    if (*ckpt_export) {
-      tessel::ckpt::export_model(checkpoint, export_out);
-      std::printf("wrote %s\n", export_out.c_str());
-      return 0;
-    }
-    if (*bench_comm) {
-      if (!cb_algorithms.empty()) cb.algorithms = tessel::comm::parse_algorithms(cb_algorithms);
-      if (!cb_sizes.empty()) cb.sizes = tessel::comm::parse_size_list(cb_sizes);
-      if (!cb_collectives.empty()) {
-        cb.collectives.clear();
-        std::stringstream ss(cb_collectives);
-        for (std::string item; std::getline(ss, item, ',');) cb.collectives.push_back(item);
-      }
-      cb.elem = tessel::comm::elem_type_from_name(cb_dtype);
-      if (!cb_segment.empty()) cb.segment_bytes = tessel::comm::parse_bytes(cb_segment);
-      return tessel::comm::run_comm_bench(cb);
-    }
-    if (*config) {
-      std::printf("%s", tessel::train::to_toml(tessel::train::load_config(config_path, overrides)).c_str());
-      return 0;
-    }
+    return run(commands, args);
   } catch (const tessel::Error& e) {
     std::fprintf(stderr, "tessel: error: %s\n", e.what());
     return 1;
@@ -234,5 +266,4 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "tessel: internal error: %s\n", e.what());
     return 1;
   }
-  return 0;
 }

@@ -88,6 +88,24 @@ inline void fsync_fd(Fd& fd) {
   if (::fsync(fd.get()) != 0) io_fail("fsync of", fd.path(), errno);
 }
 
+// The whole content of the file at `path`.
+inline std::string read_text(const std::string& path) {
+  Fd fd(path, O_RDONLY);
+  if (!fd.ok())
+    throw IoError(
+        str("checkpoint: cannot open ", path, ": ", std::strerror(errno), "; check the path"));
+  std::string out;
+  char buf[1 << 16];
+  for (off_t at = 0;;) {
+    ssize_t r = ::pread(fd.get(), buf, sizeof buf, at);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) io_fail("reading", path, errno);
+    if (r == 0) return out;
+    out.append(buf, static_cast<size_t>(r));
+    at += r;
+  }
+}
+
 // Creates (truncating) `path`, writes `bytes`, fsyncs and closes it.
 inline void write_file_durable(const std::string& path, const std::string& bytes) {
   Fd fd(path, O_WRONLY | O_CREAT | O_TRUNC);

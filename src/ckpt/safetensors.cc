@@ -9,10 +9,12 @@
 #include <bit>
 #include <cstdint>
 #include <set>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
 #include "posix_io.h"
+#include "safetensors_header.h"
 
 namespace tessel::ckpt {
 namespace {
@@ -164,25 +166,21 @@ const Tensor* TensorFile::find(const std::string& name) const {
   return nullptr;
 }
 
-void write_safetensors(const std::string& path, const TensorFile& file) {
+std::string detail::safetensors_header(
+    const std::vector<TensorInfo>& tensors,
+    const std::vector<std::pair<std::string, std::string>>& metadata, const std::string& path) {
   Json header = Json::object();
-  if (!file.metadata.empty()) {
+  if (!metadata.empty()) {
     Json meta = Json::object();
-    for (const auto& [k, v] : file.metadata) meta[k] = v;
+    for (const auto& [k, v] : metadata) meta[k] = v;
     header["__metadata__"] = std::move(meta);
   }
-  std::set<std::string> seen;
   uint64_t offset = 0;
-  for (const auto& [name, t] : file.tensors) {
-    if (name.empty() || name == "__metadata__" || !seen.insert(name).second)
-      throw InvalidArgument(str("checkpoint: tensor name '", name, "' in ", path,
-                                " is empty, reserved or repeated; give each tensor a unique name"));
-    if (!t.defined())
-      throw InvalidArgument(str("checkpoint: tensor '", name, "' in ", path, " is undefined"));
-    const uint64_t bytes = t.nbytes();
-    header[name] = {{"dtype", st_name(t.dtype())},
-                    {"shape", t.shape()},
-                    {"data_offsets", {offset, offset + bytes}}};
+  for (const TensorInfo& t : tensors) {
+    const uint64_t bytes = static_cast<uint64_t>(shape_numel(t.shape)) * dtype_size(t.dtype);
+    header[t.name] = {{"dtype", st_name(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
     offset += bytes;
   }
   std::string text;
@@ -192,15 +190,29 @@ void write_safetensors(const std::string& path, const TensorFile& file) {
     throw InvalidArgument(str("checkpoint: a tensor name or metadata string for ", path,
                               " is not valid UTF-8; use UTF-8 names"));
   }
-  // Padding the header to 8 bytes keeps every tensor 8-byte aligned in a memory-mapped file.
   text.append((8 - text.size() % 8) % 8, ' ');
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = static_cast<uint8_t>(uint64_t{text.size()} >> (8 * i));
+  std::string out(8, '\0');
+  for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(uint64_t{text.size()} >> (8 * i));
+  return out + text;
+}
+
+void write_safetensors(const std::string& path, const TensorFile& file) {
+  std::set<std::string> seen;
+  std::vector<TensorInfo> tensors;
+  for (const auto& [name, t] : file.tensors) {
+    if (name.empty() || name == "__metadata__" || !seen.insert(name).second)
+      throw InvalidArgument(str("checkpoint: tensor name '", name, "' in ", path,
+                                " is empty, reserved or repeated; give each tensor a unique name"));
+    if (!t.defined())
+      throw InvalidArgument(str("checkpoint: tensor '", name, "' in ", path, " is undefined"));
+    tensors.push_back({name, t.dtype(), t.shape()});
+  }
+  const std::string head =
+      detail::safetensors_header(tensors, {file.metadata.begin(), file.metadata.end()}, path);
 
   Fd fd(path, O_WRONLY | O_CREAT | O_TRUNC);
   if (!fd.ok()) detail::io_fail("creating", path, errno);
-  detail::write_all(fd, len, sizeof len);
-  detail::write_all(fd, text.data(), text.size());
+  detail::write_all(fd, head.data(), head.size());
   for (const auto& entry : file.tensors)
     detail::write_all(fd, entry.second.raw(), entry.second.nbytes());
   detail::fsync_fd(fd);

@@ -66,7 +66,7 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   const int stage = spec.zero_stage;
   const bool pipeline = layout().pp > 1;
   parts_["overlap"] = async;
-  parts_["prefetch"] = stage == 3 && spec.zero_prefetch;
+  parts_["prefetch"] = stage == 3 && spec.zero_prefetch && async;
   parts_["units"] = units_.list.size();
   if (spec.deterministic) {
     scale_buckets_ = make_units(model_, spec.bucket_mb, {}, 1, 0);
@@ -99,7 +99,7 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   sync_ = sync_owner_.get();
   if (stage == 3) {
     auto sharded = std::make_unique<ShardedStore>(model_, units_, dp, seed,
-                                                  spec.zero_prefetch, pipeline);
+                                                  spec.zero_prefetch && async, pipeline);
     sharded_ = sharded.get();
     hooks_.insert(hooks_.begin(), sharded.get());
     store_owner_ = std::move(sharded);

@@ -229,9 +229,12 @@ void ShardedStore::on_block(nn::Phase phase, size_t block, bool last) {
     if (before) {
       require(u, phase, block);
     } else if (!hold_for_step_) {
-      // Forward runs blocks upwards, backward downwards: keep a unit the next block reads.
-      const bool keep = phase == nn::Phase::kAfterForward ? used_by(u, block + 1)
-                                                          : block > 0 && used_by(u, block - 1);
+      // Forward runs blocks upwards, backward downwards: keep a unit the next block reads. The
+      // backward of a training pass starts with the block the forward ended with.
+      const bool last = block + 1 == units_.used_by_block.size();
+      const bool keep = phase == nn::Phase::kAfterForward
+                            ? used_by(u, block + 1) || (last && training_)
+                            : block > 0 && used_by(u, block - 1);
       if (!keep) release(u);
     }
   }

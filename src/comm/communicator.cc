@@ -70,7 +70,7 @@ Algorithm auto_pick(const CommState& s, OpKind op, size_t bytes) {
     return Algorithm::kNative;
   // Halving-doubling pays two extra full-size steps to fold a non-power-of-two world, so the
   // ring takes over 4x earlier there.
-  const bool mpi = std::strcmp(s.transport->name(), "mpi") == 0;
+  const bool mpi = s.transport->backend() == Backend::kMpi;
   const size_t ring_min = !is_pow2(n) ? t.ring_min_bytes / 4
                           : mpi       ? t.mpi_ring_min_bytes
                                       : t.ring_min_bytes;
@@ -97,7 +97,8 @@ Algorithm resolve(const CommState& s, OpKind op, size_t bytes, Algorithm request
                                 supported_list(op)));
     if (requested == Algorithm::kNative && !s.transport->native())
       throw InvalidArgument(str("comm: algorithm native needs the mpi transport, got the ",
-                                s.transport->name(), " transport; pick another algorithm"));
+                                backend_name(s.transport->backend()),
+                                " transport; pick another algorithm"));
     return requested;
   }
   Algorithm def = s.options.algorithm;
@@ -206,7 +207,7 @@ Communicator::Communicator(std::unique_ptr<Transport> transport, CommOptions opt
 
 int Communicator::rank() const { return s_->transport->rank(); }
 int Communicator::size() const { return s_->transport->size(); }
-const char* Communicator::backend() const { return s_->transport->name(); }
+Backend Communicator::backend() const { return s_->transport->backend(); }
 const CommOptions& Communicator::options() const { return s_->options; }
 Transport& Communicator::transport() { return *s_->transport; }
 
@@ -542,7 +543,7 @@ Communicator Communicator::split(int color, int key) {
 }
 
 int Communicator::ranks_on_host() const {
-  if (std::string(backend()) != "mpi") return size();
+  if (backend() != Backend::kMpi) return size();
   const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   return v ? std::max(1, std::atoi(v)) : 1;
 }

@@ -95,6 +95,8 @@ ReduceOp reduce_op_from_name(const std::string& name) {
       str("comm: unknown reduce op, got '", name, "'; use one of sum, avg, max, min"));
 }
 
+const char* backend_name(Backend b) { return b == Backend::kMpi ? "mpi" : "threads"; }
+
 const char* algorithm_name(Algorithm a) {
   switch (a) {
     case Algorithm::kAuto:

@@ -143,27 +143,33 @@ void ShardSync::open(int unit) {
 
 void ShardSync::launch(int unit) {
   const size_t k = static_cast<size_t>(unit);
+  // The step's first reduction of the unit lands straight in the shard; later passes
+  // (accumulation) reduce in place and are added to it.
+  const bool first = !launched_[k];
   launched_[k] = 1;
   const Unit& u = units_.list[k];
   model_.bind_grads(u.range, Tensor());  // nothing may write the bucket while it travels
   Tensor bucket = std::move(open_[k]);
   float* g = bucket.data<float>();
   const nn::Range own = units_.own(u);
-  float* piece = g + (own.lo - u.range.lo);
+  float* shard = shard_.data<float>() + u.shard_offset;
+  float* out = first ? shard : g + (own.lo - u.range.lo);
   comm::CallOptions call;
   call.label = label_of(unit);
-  auto start = [this, g, piece, &u, call](bool async) {
+  auto start = [this, g, out, &u, call](bool async) {
     if (async)
-      return dp_.reduce_scatter_async(g, piece, u.counts, comm::ElemType::kF32,
+      return dp_.reduce_scatter_async(g, out, u.counts, comm::ElemType::kF32,
                                       comm::ReduceOp::kSum, call);
-    dp_.reduce_scatter(g, piece, u.counts, comm::ElemType::kF32, comm::ReduceOp::kSum, call);
+    dp_.reduce_scatter(g, out, u.counts, comm::ElemType::kF32, comm::ReduceOp::kSum, call);
     return comm::Work();
   };
-  // Done: this rank's piece of the pass joins the shard, the buffer goes back to the pool.
-  auto done = [this, bucket, piece, own, &u]() mutable {
-    float* __restrict dst = shard_.data<float>() + u.shard_offset;
-    const float* __restrict src = piece;
-    for (int64_t i = 0; i < own.size(); ++i) dst[i] += src[i];
+  // Done: a later pass's piece joins the shard, the buffer goes back to the pool.
+  auto done = [this, bucket, first, shard, out, n = own.size()]() mutable {
+    if (!first) {
+      float* __restrict dst = shard;
+      const float* __restrict src = out;
+      for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+    }
     free_.push_back(std::move(bucket));
   };
   buckets_.launch(start, 4.0 * static_cast<double>(u.range.size()), done, kBucketsInFlight);
@@ -187,7 +193,6 @@ void ShardSync::reduce() {
     launch(u);
   });
   buckets_.wait_all();
-  std::fill(launched_.begin(), launched_.end(), 0);
 }
 
 double ShardSync::sq_norm() { return pieces_sq_norm(units_, *this, workers_); }
@@ -202,8 +207,7 @@ float* ShardSync::grads(nn::Range r) {
                   "(this is a bug)"));
 }
 
-void ShardSync::clear() {
-  shard_.zero_();
+void ShardSync::clear() {  // every unit's first reduction of the next step overwrites its piece
   std::fill(launched_.begin(), launched_.end(), 0);
 }
 

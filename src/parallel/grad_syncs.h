@@ -83,7 +83,7 @@ class ShardSync final : public GradSync, public BlockHooks {
   Tensor shard_;                     // this rank's pieces of the reduced gradient
   std::vector<Tensor> free_;         // bucket buffers not in use
   std::vector<Tensor> open_;         // per unit: its bucket while in use
-  std::vector<char> launched_;       // per unit: reduced in this pass
+  std::vector<char> launched_;       // per unit: reduced into the shard in this step
   int64_t bucket_numel_ = 0;
   bool per_pass_;
   Buckets buckets_;

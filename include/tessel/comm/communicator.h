@@ -90,7 +90,7 @@ class Communicator {
   bool valid() const { return s_ != nullptr; }
   int rank() const;
   int size() const;
-  const char* backend() const;  // "threads" or "mpi"
+  Backend backend() const;
   const CommOptions& options() const;
   void set_timeout(double seconds);
   Transport& transport();

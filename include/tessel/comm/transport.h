@@ -76,7 +76,7 @@ class Transport {
 
   virtual int rank() const = 0;
   virtual int size() const = 0;
-  virtual const char* name() const = 0;  // "threads", "mpi"
+  virtual Backend backend() const = 0;
 
   virtual RequestPtr isend(int peer, uint64_t tag, const void* data, size_t bytes,
                            const Stamp& stamp) = 0;

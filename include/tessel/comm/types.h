@@ -50,6 +50,10 @@ enum class ReduceOp : uint8_t { kSum, kAvg, kMax, kMin };
 const char* reduce_op_name(ReduceOp op);
 ReduceOp reduce_op_from_name(const std::string& name);  // "sum", "avg", "max", "min"
 
+// Which library moves the bytes: ranks as threads of one process, or MPI processes.
+enum class Backend : uint8_t { kThreads, kMpi };
+const char* backend_name(Backend b);  // "threads", "mpi"
+
 // How a collective moves its data. kAuto picks by collective, message size and world size (see
 // AutoThresholds in communicator.h); kNative delegates to the transport's library (MPI).
 enum class Algorithm : uint8_t { kAuto, kRing, kHalvingDoubling, kTree, kDirect, kNative };

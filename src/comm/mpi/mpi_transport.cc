@@ -86,7 +86,7 @@ class MpiTransport final : public Transport {
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
-  const char* name() const override { return "mpi"; }
+  Backend backend() const override { return Backend::kMpi; }
   bool oversubscribed() const override { return policy_.oversubscribed; }
   size_t default_segment_bytes() const override { return 4 << 20; }
 

@@ -344,7 +344,7 @@ class ThreadTransport final : public Transport {
 
   int rank() const override { return rank_; }
   int size() const override { return group_->n; }
-  const char* name() const override { return "threads"; }
+  Backend backend() const override { return Backend::kThreads; }
   bool oversubscribed() const override { return group_->policy.oversubscribed; }
   size_t default_segment_bytes() const override { return 1 << 20; }
 

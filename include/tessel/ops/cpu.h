@@ -78,9 +78,11 @@ void dropout_forward(float* y, const float* x, int64_t rows, int64_t cols, float
 void dropout_backward(float* dx, const float* dy, int64_t rows, int64_t cols, float p,
                       uint64_t seed, int64_t step, int64_t first_sample);
 
-// ---- Conv2d (im2col + GEMM): x[N,C,H,W], w[OC,C,KH,KW], b[OC] -> y[N,OC,OH,OW] ----
+// ---- Conv2d: x[N,C,H,W], w[OC,C,KH,KW], b[OC] -> y[N,OC,OH,OW] ----
 // OH = (H + 2*pad - KH) / stride + 1, likewise OW. `scratch` holds at least
-// conv2d_scratch_floats(...) floats (the im2col buffer); the caller owns it.
+// conv2d_scratch_floats(...) floats; the caller owns it. An AVX-512 build runs tessel's own
+// direct kernels for stride 1 (kernel width <= 7, pad < kernel size), im2col + GEMM otherwise.
+// Single-threaded; results are the same bits for any batch split and thread count.
 struct Conv2dShape {
   int64_t N, C, H, W, OC, KH, KW, stride, pad;
   int64_t OH() const { return (H + 2 * pad - KH) / stride + 1; }

@@ -316,7 +316,24 @@ void pool_relu_grad_image(float* dconv, const float* dy, const int32_t* argmax, 
 
 }  // namespace detail
 
+namespace {
+
 using detail::ConvFusion;
+
+void check_pool(const char* who, const Conv2dShape& s, int64_t k, int64_t stride) {
+  if (k >= 1 && stride >= 1 && s.OH() >= k && s.OW() >= k) return;
+  throw InvalidArgument(str(who, ": pool window must fit the convolution's ", s.OH(), "x", s.OW(),
+                            " output and stride be >= 1, got k=", k, " stride=", stride,
+                            "; use a smaller pool window"));
+}
+
+// One image of a batch shape, for the portable fused paths.
+Conv2dShape one_image(Conv2dShape s) {
+  s.N = 1;
+  return s;
+}
+
+}  // namespace
 
 int64_t conv2d_scratch_floats(const Conv2dShape& s) {
   check_shape("conv2d_scratch_floats", s);
@@ -343,6 +360,83 @@ void conv2d_backward(float* dx, float* dw, float* db, const float* dy, const flo
     return;
   }
   detail::conv2d_im2col_backward(dx, dw, db, dy, nullptr, x, w, s, scratch);
+}
+
+void conv2d_relu_forward(float* y, const float* x, const float* w, const float* b,
+                         const Conv2dShape& s, float* scratch) {
+  check_shape("conv2d_relu_forward", s);
+  if (detail::conv2d_direct_supported(s)) {
+    detail::conv2d_direct_forward(y, nullptr, x, w, b, ConvFusion{true}, s, scratch);
+    return;
+  }
+  detail::conv2d_im2col_forward(y, x, w, b, s, scratch);
+  relu_forward(y, y, s.N * s.OC * s.OH() * s.OW());
+}
+
+void conv2d_relu_backward(float* dx, float* dw, float* db, const float* dy, const float* y,
+                          const float* x, const float* w, const Conv2dShape& s, float* scratch) {
+  check_shape("conv2d_relu_backward", s);
+  if (detail::conv2d_direct_supported(s)) {
+    detail::conv2d_direct_backward(dx, dw, db, dy, y, nullptr, ConvFusion{true}, x, w, s,
+                                   scratch);
+    return;
+  }
+  detail::conv2d_im2col_backward(dx, dw, db, dy, y, x, w, s, scratch);
+}
+
+// The portable path runs the steps image by image through a one-image buffer kept after the
+// im2col scratch: slower than the batched path, the same results up to summation order.
+int64_t conv2d_relu_maxpool_scratch_floats(const Conv2dShape& s, int64_t k, int64_t stride) {
+  check_shape("conv2d_relu_maxpool_scratch_floats", s);
+  check_pool("conv2d_relu_maxpool_scratch_floats", s, k, stride);
+  if (detail::conv2d_direct_supported(s)) {
+    return detail::conv2d_direct_scratch_floats(s, ConvFusion{true, k, stride});
+  }
+  return detail::conv2d_im2col_scratch_floats(one_image(s)) + s.OC * s.OH() * s.OW();
+}
+
+void conv2d_relu_maxpool_forward(float* y, int32_t* argmax, const float* x, const float* w,
+                                 const float* b, const Conv2dShape& s, int64_t k, int64_t stride,
+                                 float* scratch) {
+  check_shape("conv2d_relu_maxpool_forward", s);
+  check_pool("conv2d_relu_maxpool_forward", s, k, stride);
+  if (detail::conv2d_direct_supported(s)) {
+    detail::conv2d_direct_forward(y, argmax, x, w, b, ConvFusion{true, k, stride}, s, scratch);
+    return;
+  }
+  const Conv2dShape one = one_image(s);
+  float* image = scratch + detail::conv2d_im2col_scratch_floats(one);
+  const int64_t conv_size = s.OC * s.OH() * s.OW();
+  const int64_t pooled = s.OC * ((s.OH() - k) / stride + 1) * ((s.OW() - k) / stride + 1);
+  for (int64_t n = 0; n < s.N; ++n) {
+    detail::conv2d_im2col_forward(image, x + n * s.C * s.H * s.W, w, b, one, scratch);
+    relu_forward(image, image, conv_size);
+    maxpool2d_forward(y + n * pooled, argmax + n * pooled, image, 1, s.OC, s.OH(), s.OW(), k,
+                      stride);
+  }
+}
+
+void conv2d_relu_maxpool_backward(float* dx, float* dw, float* db, const float* dy,
+                                  const int32_t* argmax, const float* y, const float* x,
+                                  const float* w, const Conv2dShape& s, int64_t k,
+                                  int64_t stride, float* scratch) {
+  check_shape("conv2d_relu_maxpool_backward", s);
+  check_pool("conv2d_relu_maxpool_backward", s, k, stride);
+  if (detail::conv2d_direct_supported(s)) {
+    detail::conv2d_direct_backward(dx, dw, db, dy, y, argmax, ConvFusion{true, k, stride}, x, w,
+                                   s, scratch);
+    return;
+  }
+  const Conv2dShape one = one_image(s);
+  float* image = scratch + detail::conv2d_im2col_scratch_floats(one);
+  const int64_t in_size = s.C * s.H * s.W;
+  const int64_t pooled = s.OC * ((s.OH() - k) / stride + 1) * ((s.OW() - k) / stride + 1);
+  for (int64_t n = 0; n < s.N; ++n) {
+    detail::pool_relu_grad_image(image, dy + n * pooled, argmax + n * pooled, y + n * pooled, s,
+                                 k, stride);
+    detail::conv2d_im2col_backward(dx != nullptr ? dx + n * in_size : nullptr, dw, db, image,
+                                   nullptr, x + n * in_size, w, one, scratch);
+  }
 }
 
 }  // namespace tessel::ops

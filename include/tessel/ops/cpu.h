@@ -94,6 +94,29 @@ void conv2d_forward(float* y, const float* x, const float* w, const float* b,
 void conv2d_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                      const float* w, const Conv2dShape& s, float* scratch);
 
+// ---- Conv2d + ReLU (+ MaxPool2d), fused ----
+// Bit for bit what conv2d_forward, relu_forward (and maxpool2d_forward) give in sequence, and
+// their backwards likewise, in one pass over the batch: the convolution's output does not
+// travel through memory between the steps (with pooling it is never stored at all: each
+// image's output is pooled while in cache).
+// y = relu(conv2d(x) + b), [N,OC,OH,OW]; scratch of conv2d_scratch_floats(s).
+void conv2d_relu_forward(float* y, const float* x, const float* w, const float* b,
+                         const Conv2dShape& s, float* scratch);
+// dy: the gradient w.r.t. y; y: conv2d_relu_forward's output.
+void conv2d_relu_backward(float* dx, float* dw, float* db, const float* dy, const float* y,
+                          const float* x, const float* w, const Conv2dShape& s, float* scratch);
+// y = maxpool2d(relu(conv2d(x) + b), k, stride), [N,OC,PH,PW] with PH = (OH - k) / stride + 1,
+// likewise PW; argmax[N*OC*PH*PW] as maxpool2d_forward's (an index into the OH x OW plane).
+int64_t conv2d_relu_maxpool_scratch_floats(const Conv2dShape& s, int64_t k, int64_t stride);
+void conv2d_relu_maxpool_forward(float* y, int32_t* argmax, const float* x, const float* w,
+                                 const float* b, const Conv2dShape& s, int64_t k, int64_t stride,
+                                 float* scratch);
+// dy: the gradient w.r.t. y [N,OC,PH,PW]; argmax, y: the forward's outputs.
+void conv2d_relu_maxpool_backward(float* dx, float* dw, float* db, const float* dy,
+                                  const int32_t* argmax, const float* y, const float* x,
+                                  const float* w, const Conv2dShape& s, int64_t k,
+                                  int64_t stride, float* scratch);
+
 // ---- MaxPool2d, square kernel k and stride: x[N,C,H,W] -> y[N,C,OH,OW] ----
 // OH = (H - k) / stride + 1. argmax[N*C*OH*OW] caches the winning input index for backward.
 void maxpool2d_forward(float* y, int32_t* argmax, const float* x, int64_t N, int64_t C,

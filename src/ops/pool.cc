@@ -117,11 +117,13 @@ void maxpool2d_backward(float* dx, const float* dy, const int32_t* argmax, int64
                         int64_t H, int64_t W, int64_t k, int64_t stride) {
   if (dx == nullptr) return;
   const int64_t OH = (H - k) / stride + 1, OW = (W - k) / stride + 1;
-  std::fill(dx, dx + N * C * H * W, 0.0f);
   for (int64_t p = 0; p < N * C; ++p) {
+    // Plane by plane, so that the scatter finds the zeroed plane still in L1: a fill of the
+    // whole tensor first would stream it through memory twice.
     float* dxp = dx + p * H * W;
     const float* dyp = dy + p * OH * OW;
     const int32_t* ap = argmax + p * OH * OW;
+    std::fill(dxp, dxp + H * W, 0.0f);
     // += because overlapping windows (stride < k) can pick the same input twice.
     for (int64_t o = 0; o < OH * OW; ++o) dxp[ap[o]] += dyp[o];
   }

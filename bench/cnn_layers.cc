@@ -61,15 +61,37 @@ struct Net {
       : N(n),
         s1{n, 1, 28, 28, 16, 5, 5, 1, 2},
         s2{n, 16, 14, 14, 32, 5, 5, 1, 2},
-        w1(16 * 25, 1, 0.2f), b1(16, 2, 0.1f), w2(32 * 16 * 25, 3, 0.05f), b2(32, 4, 0.1f),
-        wf1(128 * 1568, 5, 0.025f), bf1(128, 6, 0.1f), wf2(10 * 128, 7, 0.09f),
+        w1(16 * 25, 1, 0.2f),
+        b1(16, 2, 0.1f),
+        w2(32 * 16 * 25, 3, 0.05f),
+        b2(32, 4, 0.1f),
+        wf1(128 * 1568, 5, 0.025f),
+        bf1(128, 6, 0.1f),
+        wf2(10 * 128, 7, 0.09f),
         bf2(10, 8, 0.1f),
         x(random_vec(n * 784, 9, 1.0f)),
-        c1(n * 16 * 784), r1(c1.size()), p1(n * 16 * 196), c2(n * 32 * 196), r2(c2.size()),
-        p2(n * 32 * 49), f1(n * 128), r3(f1.size()), f2(n * 10), probs(f2.size()),
-        labels(n), a1(p1.size()), a2(p2.size()),
-        dlogits(f2.size()), dr3(r3.size()), df1(f1.size()), dp2(p2.size()), dr2(r2.size()),
-        dc2(c2.size()), dp1(p1.size()), dr1(r1.size()), dc1(c1.size()) {
+        c1(n * 16 * 784),
+        r1(c1.size()),
+        p1(n * 16 * 196),
+        c2(n * 32 * 196),
+        r2(c2.size()),
+        p2(n * 32 * 49),
+        f1(n * 128),
+        r3(f1.size()),
+        f2(n * 10),
+        probs(f2.size()),
+        labels(n),
+        a1(p1.size()),
+        a2(p2.size()),
+        dlogits(f2.size()),
+        dr3(r3.size()),
+        df1(f1.size()),
+        dp2(p2.size()),
+        dr2(r2.size()),
+        dc2(c2.size()),
+        dp1(p1.size()),
+        dr1(r1.size()),
+        dc1(c1.size()) {
     for (int64_t i = 0; i < n; ++i) labels[i] = static_cast<int32_t>((i * 7) % 10);
     int64_t floats = 0;
     for (const ops::Conv2dShape& s : {s1, s2}) {
@@ -124,18 +146,16 @@ void step(Net& n, const std::string& mode, Timer& t) {
       std::vector<float>& r = layer == 1 ? n.r1 : n.r2;
       const std::string id = std::to_string(layer);
       if (mode == "relu") {
-        t("conv" + id + "+relu", [&] {
-          ops::conv2d_relu_forward(r.data(), in, w.w.data(), b.w.data(), s, scr);
-        });
+        t("conv" + id + "+relu",
+          [&] { ops::conv2d_relu_forward(r.data(), in, w.w.data(), b.w.data(), s, scr); });
       } else {
         t("conv" + id, [&] { ops::conv2d_forward(c.data(), in, w.w.data(), b.w.data(), s, scr); });
         t("relu" + id, [&] { ops::relu_forward(r.data(), c.data(), c.size()); });
       }
       float* p = layer == 1 ? n.p1.data() : n.p2.data();
       int32_t* a = layer == 1 ? n.a1.data() : n.a2.data();
-      t("pool" + id, [&] {
-        ops::maxpool2d_forward(p, a, r.data(), N, s.OC, s.OH(), s.OW(), 2, 2);
-      });
+      t("pool" + id,
+        [&] { ops::maxpool2d_forward(p, a, r.data(), N, s.OC, s.OH(), s.OW(), 2, 2); });
     }
   }
   t("fc1", [&] {
@@ -156,8 +176,8 @@ void step(Net& n, const std::string& mode, Timer& t) {
   });
   t("relu3 bwd", [&] { ops::relu_backward(n.df1.data(), n.dr3.data(), n.r3.data(), n.f1.size()); });
   t("fc1 bwd", [&] {
-    ops::linear_backward(n.dp2.data(), n.wf1.g.data(), n.bf1.g.data(), n.df1.data(),
-                         n.p2.data(), n.wf1.w.data(), N, 1568, 128);
+    ops::linear_backward(n.dp2.data(), n.wf1.g.data(), n.bf1.g.data(), n.df1.data(), n.p2.data(),
+                         n.wf1.w.data(), N, 1568, 128);
   });
   for (int layer = 2; layer >= 1; --layer) {
     const ops::Conv2dShape& s = layer == 1 ? n.s1 : n.s2;
@@ -179,22 +199,18 @@ void step(Net& n, const std::string& mode, Timer& t) {
       });
       continue;
     }
-    t("pool" + id + " bwd", [&] {
-      ops::maxpool2d_backward(dr.data(), dp, a, N, s.OC, s.OH(), s.OW(), 2, 2);
-    });
+    t("pool" + id + " bwd",
+      [&] { ops::maxpool2d_backward(dr.data(), dp, a, N, s.OC, s.OH(), s.OW(), 2, 2); });
     if (mode == "relu") {
       t("conv" + id + "+relu bwd", [&] {
-        ops::conv2d_relu_backward(dx, w.g.data(), b.g.data(), dr.data(), r.data(), in,
-                                  w.w.data(), s, scr);
+        ops::conv2d_relu_backward(dx, w.g.data(), b.g.data(), dr.data(), r.data(), in, w.w.data(),
+                                  s, scr);
       });
       continue;
     }
-    t("relu" + id + " bwd", [&] {
-      ops::relu_backward(dc.data(), dr.data(), r.data(), dr.size());
-    });
-    t("conv" + id + " bwd", [&] {
-      ops::conv2d_backward(dx, w.g.data(), b.g.data(), dc.data(), in, w.w.data(), s, scr);
-    });
+    t("relu" + id + " bwd", [&] { ops::relu_backward(dc.data(), dr.data(), r.data(), dr.size()); });
+    t("conv" + id + " bwd",
+      [&] { ops::conv2d_backward(dx, w.g.data(), b.g.data(), dc.data(), in, w.w.data(), s, scr); });
   }
   t("sgd+zero", [&] {
     for (Param* p : n.params()) {
@@ -249,17 +265,19 @@ int main(int argc, char** argv) {
       step_times[mode].push_back((now_seconds() - t0) / steps);
     }
   }
-  std::printf("fp32 FMA peak (12 chains, this run): %.1f GFLOP/s; batch %lld, %d rounds x %d "
-              "steps, modes alternating\n",
-              peak, static_cast<long long>(batch), rounds, steps);
+  std::printf(
+      "fp32 FMA peak (12 chains, this run): %.1f GFLOP/s; batch %lld, %d rounds x %d "
+      "steps, modes alternating\n",
+      peak, static_cast<long long>(batch), rounds, steps);
   for (const std::string& mode : modes) {
     std::vector<double> t = step_times[mode];
     std::sort(t.begin(), t.end());
     const double med = t[t.size() / 2];
-    std::printf("\n%-8s step %.2f ms (min %.2f, max %.2f): %.0f samples/s, %.1f GFLOP/s, %.0f%% "
-                "of peak\n",
-                mode.c_str(), med * 1e3, t.front() * 1e3, t.back() * 1e3, batch / med,
-                net.flops() / med / 1e9, peak > 0 ? 100.0 * net.flops() / med / 1e9 / peak : 0.0);
+    std::printf(
+        "\n%-8s step %.2f ms (min %.2f, max %.2f): %.0f samples/s, %.1f GFLOP/s, %.0f%% "
+        "of peak\n",
+        mode.c_str(), med * 1e3, t.front() * 1e3, t.back() * 1e3, batch / med,
+        net.flops() / med / 1e9, peak > 0 ? 100.0 * net.flops() / med / 1e9 / peak : 0.0);
     double total = 0.0;
     for (const auto& [name, s] : kernel_secs[mode]) total += s;
     for (const auto& [name, s] : kernel_secs[mode]) {

@@ -13,6 +13,7 @@ namespace tessel::bench {
 
 namespace detail {
 
+// clang-format off
 // One vfmadd231ps into each of registers 2..13 from registers 0 and 1, of vector kind r.
 #define TESSEL_FMA12(r) \
   "vfmadd231ps %%" r "0,%%" r "1,%%" r "2\n\t" \
@@ -44,6 +45,7 @@ namespace detail {
   "vxorps %%xmm11, %%xmm11, %%xmm11\n\t" \
   "vxorps %%xmm12, %%xmm12, %%xmm12\n\t" \
   "vxorps %%xmm13, %%xmm13, %%xmm13\n\t"
+// clang-format on
 
 // n iterations of 12 independent FMAs; returns the flops of one iteration.
 inline double fma_chains(int64_t n) {

@@ -234,9 +234,8 @@ void conv2d_im2col_forward(float* y, const float* x, const float* w, const float
   }
 }
 
-void conv2d_im2col_backward(float* dx, float* dw, float* db, const float* dy,
-                            const float* relu_y, const float* x, const float* w,
-                            const Conv2dShape& s, float* scratch) {
+void conv2d_im2col_backward(float* dx, float* dw, float* db, const float* dy, const float* relu_y,
+                            const float* x, const float* w, const Conv2dShape& s, float* scratch) {
   const Plan p(s);
   const Buffers buf(scratch, p);
   const int64_t in_size = s.C * s.H * s.W, out_size = s.OC * p.P;
@@ -307,9 +306,12 @@ void pool_relu_grad_image(float* dconv, const float* dy, const int32_t* argmax, 
     std::fill(d, d + plane, 0.0f);
     const int64_t o0 = oc * pooled;
     // maxpool2d_backward's scatter (+=, windows may overlap), keeping only winners the ReLU
-    // passed: relu_backward's mask at a winner is its window's pooled output > 0.
+    // passed: relu_backward's mask at a winner is its window's pooled output > 0. The others
+    // add +0, masked by bits (a branch on the data would mispredict half the time): that leaves
+    // the same bits, since d starts at +0 and no sum of ours turns it into -0.
     for (int64_t o = o0; o < o0 + pooled; ++o) {
-      if (y[o] > 0.0f) d[argmax[o]] += dy[o];
+      const uint32_t keep = y[o] > 0.0f ? ~0u : 0u;
+      d[argmax[o]] += std::bit_cast<float>(std::bit_cast<uint32_t>(dy[o]) & keep);
     }
   }
 }
@@ -377,8 +379,7 @@ void conv2d_relu_backward(float* dx, float* dw, float* db, const float* dy, cons
                           const float* x, const float* w, const Conv2dShape& s, float* scratch) {
   check_shape("conv2d_relu_backward", s);
   if (detail::conv2d_direct_supported(s)) {
-    detail::conv2d_direct_backward(dx, dw, db, dy, y, nullptr, ConvFusion{true}, x, w, s,
-                                   scratch);
+    detail::conv2d_direct_backward(dx, dw, db, dy, y, nullptr, ConvFusion{true}, x, w, s, scratch);
     return;
   }
   detail::conv2d_im2col_backward(dx, dw, db, dy, y, x, w, s, scratch);
@@ -418,13 +419,13 @@ void conv2d_relu_maxpool_forward(float* y, int32_t* argmax, const float* x, cons
 
 void conv2d_relu_maxpool_backward(float* dx, float* dw, float* db, const float* dy,
                                   const int32_t* argmax, const float* y, const float* x,
-                                  const float* w, const Conv2dShape& s, int64_t k,
-                                  int64_t stride, float* scratch) {
+                                  const float* w, const Conv2dShape& s, int64_t k, int64_t stride,
+                                  float* scratch) {
   check_shape("conv2d_relu_maxpool_backward", s);
   check_pool("conv2d_relu_maxpool_backward", s, k, stride);
   if (detail::conv2d_direct_supported(s)) {
-    detail::conv2d_direct_backward(dx, dw, db, dy, y, argmax, ConvFusion{true, k, stride}, x, w,
-                                   s, scratch);
+    detail::conv2d_direct_backward(dx, dw, db, dy, y, argmax, ConvFusion{true, k, stride}, x, w, s,
+                                   scratch);
     return;
   }
   const Conv2dShape one = one_image(s);
@@ -432,8 +433,8 @@ void conv2d_relu_maxpool_backward(float* dx, float* dw, float* db, const float* 
   const int64_t in_size = s.C * s.H * s.W;
   const int64_t pooled = s.OC * ((s.OH() - k) / stride + 1) * ((s.OW() - k) / stride + 1);
   for (int64_t n = 0; n < s.N; ++n) {
-    detail::pool_relu_grad_image(image, dy + n * pooled, argmax + n * pooled, y + n * pooled, s,
-                                 k, stride);
+    detail::pool_relu_grad_image(image, dy + n * pooled, argmax + n * pooled, y + n * pooled, s, k,
+                                 stride);
     detail::conv2d_im2col_backward(dx != nullptr ? dx + n * in_size : nullptr, dw, db, image,
                                    nullptr, x + n * in_size, w, one, scratch);
   }

@@ -27,9 +27,8 @@ struct ConvFusion {
 int64_t conv2d_im2col_scratch_floats(const Conv2dShape& s);
 void conv2d_im2col_forward(float* y, const float* x, const float* w, const float* b,
                            const Conv2dShape& s, float* scratch);
-void conv2d_im2col_backward(float* dx, float* dw, float* db, const float* dy,
-                            const float* relu_y, const float* x, const float* w,
-                            const Conv2dShape& s, float* scratch);
+void conv2d_im2col_backward(float* dx, float* dw, float* db, const float* dy, const float* relu_y,
+                            const float* x, const float* w, const Conv2dShape& s, float* scratch);
 
 // ---- direct ----
 constexpr int64_t kDirectMaxKW = 7;

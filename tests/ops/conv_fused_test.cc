@@ -65,8 +65,8 @@ class ConvFused : public ::testing::TestWithParam<Case> {
     u.argmax.resize(pooled_size);
     conv2d_forward(u.conv.data(), x.data(), w.data(), b.data(), s, scratch.data());
     relu_forward(u.relu.data(), u.conv.data(), conv_size);
-    maxpool2d_forward(u.pooled.data(), u.argmax.data(), u.relu.data(), s.N, s.OC, s.OH(),
-                      s.OW(), c.k, c.stride);
+    maxpool2d_forward(u.pooled.data(), u.argmax.data(), u.relu.data(), s.N, s.OC, s.OH(), s.OW(),
+                      c.k, c.stride);
   }
 
   // conv2d_backward of dconv, with fresh gradients starting from 1 (they must accumulate).
@@ -104,8 +104,8 @@ TEST_P(ConvFused, ReluForwardAndBackwardEqualTheSequence) {
   relu_backward(dconv.data(), dy_conv.data(), u.relu.data(), conv_size);
   conv_backward(dconv, dx, dw, db);
   Vec fdx = poisoned(x.size()), fdw(w.size(), 1.0f), fdb(b.size(), 1.0f);
-  conv2d_relu_backward(fdx.data(), fdw.data(), fdb.data(), dy_conv.data(), u.relu.data(),
-                       x.data(), w.data(), s, scratch.data());
+  conv2d_relu_backward(fdx.data(), fdw.data(), fdb.data(), dy_conv.data(), u.relu.data(), x.data(),
+                       w.data(), s, scratch.data());
   EXPECT_EQ(fdx, dx) << describe(GetParam());
   EXPECT_EQ(fdw, dw) << describe(GetParam());
   EXPECT_EQ(fdb, db) << describe(GetParam());
@@ -126,14 +126,14 @@ TEST_P(ConvFused, ReluMaxpoolForwardAndBackwardEqualTheSequence) {
   }
 
   Vec drelu(conv_size), dconv(conv_size), dx, dw, db;
-  maxpool2d_backward(drelu.data(), dy_pool.data(), u.argmax.data(), s.N, s.OC, s.OH(), s.OW(),
-                     c.k, c.stride);
+  maxpool2d_backward(drelu.data(), dy_pool.data(), u.argmax.data(), s.N, s.OC, s.OH(), s.OW(), c.k,
+                     c.stride);
   relu_backward(dconv.data(), drelu.data(), u.relu.data(), conv_size);
   conv_backward(dconv, dx, dw, db);
   Vec fdx = poisoned(x.size()), fdw(w.size(), 1.0f), fdb(b.size(), 1.0f);
-  conv2d_relu_maxpool_backward(fdx.data(), fdw.data(), fdb.data(), dy_pool.data(),
-                               u.argmax.data(), u.pooled.data(), x.data(), w.data(), s, c.k,
-                               c.stride, scratch.data());
+  conv2d_relu_maxpool_backward(fdx.data(), fdw.data(), fdb.data(), dy_pool.data(), u.argmax.data(),
+                               u.pooled.data(), x.data(), w.data(), s, c.k, c.stride,
+                               scratch.data());
   expect_same(fdx, dx, "dx", exact);
   expect_same(fdw, dw, "dw", exact);
   expect_same(fdb, db, "db", exact);
@@ -163,8 +163,8 @@ TEST(ConvFused, BadPoolThrows) {
   Vec x(16), w(18), b(2), y(4), scratch(1024);
   std::vector<int32_t> argmax(4);
   EXPECT_THROW(conv2d_relu_maxpool_scratch_floats(s, 3, 1), InvalidArgument);
-  EXPECT_THROW(conv2d_relu_maxpool_forward(y.data(), argmax.data(), x.data(), w.data(), b.data(),
-                                           s, 2, 0, scratch.data()),
+  EXPECT_THROW(conv2d_relu_maxpool_forward(y.data(), argmax.data(), x.data(), w.data(), b.data(), s,
+                                           2, 0, scratch.data()),
                InvalidArgument);
 }
 

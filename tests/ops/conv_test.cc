@@ -48,8 +48,8 @@ struct Impl {
   int64_t (*scratch)(const Conv2dShape&);
   void (*forward)(float* y, const float* x, const float* w, const float* b, const Conv2dShape& s,
                   float* scratch);
-  void (*backward)(float* dx, float* dw, float* db, const float* dy, const float* x,
-                   const float* w, const Conv2dShape& s, float* scratch);
+  void (*backward)(float* dx, float* dw, float* db, const float* dy, const float* x, const float* w,
+                   const Conv2dShape& s, float* scratch);
 };
 
 const Impl kImpls[] = {
@@ -79,7 +79,7 @@ std::string param_name(const ::testing::TestParamInfo<Param>& info) {
 
 // Skips the test where the implementation does not take the shape (the direct kernels in a
 // build without AVX-512, or outside stride 1 / kernel width <= 7 / pad < kernel).
-#define SKIP_UNSUPPORTED(impl, s)                                              \
+#define SKIP_UNSUPPORTED(impl, s) \
   if (!(impl).supports(s)) GTEST_SKIP() << (impl).name << " does not take " << describe(s)
 
 // Direct convolution and its gradients, accumulated in double. Calls f(x index, w index,
@@ -127,15 +127,15 @@ INSTANTIATE_TEST_SUITE_P(
     Shapes, ConvGrad,
     ::testing::Combine(
         ::testing::ValuesIn(kImpls),
-        ::testing::Values(Conv2dShape{2, 2, 6, 5, 3, 3, 3, 1, 0},    // stride 1, pad 0
-                          Conv2dShape{2, 2, 7, 6, 3, 3, 3, 2, 1},    // stride 2, pad 1
-                          Conv2dShape{1, 3, 5, 5, 2, 5, 5, 1, 2},    // stride 1, pad 2, "same"
-                          Conv2dShape{2, 2, 7, 7, 4, 3, 2, 2, 0},    // non-square kernel
-                          Conv2dShape{1, 2, 6, 6, 3, 3, 3, 2, 2},    // stride 2, pad 2
-                          Conv2dShape{2, 1, 5, 5, 2, 1, 1, 1, 0},    // 1x1 kernel
-                          Conv2dShape{1, 1, 9, 9, 17, 3, 3, 1, 1},   // C = 1; 17 lanes: 2 zmm
-                          Conv2dShape{2, 18, 5, 4, 2, 3, 3, 1, 1},   // 18 input lanes, short rows
-                          Conv2dShape{1, 2, 4, 30, 3, 2, 7, 1, 1},   // widest kernel, rows tiled
+        ::testing::Values(Conv2dShape{2, 2, 6, 5, 3, 3, 3, 1, 0},     // stride 1, pad 0
+                          Conv2dShape{2, 2, 7, 6, 3, 3, 3, 2, 1},     // stride 2, pad 1
+                          Conv2dShape{1, 3, 5, 5, 2, 5, 5, 1, 2},     // stride 1, pad 2, "same"
+                          Conv2dShape{2, 2, 7, 7, 4, 3, 2, 2, 0},     // non-square kernel
+                          Conv2dShape{1, 2, 6, 6, 3, 3, 3, 2, 2},     // stride 2, pad 2
+                          Conv2dShape{2, 1, 5, 5, 2, 1, 1, 1, 0},     // 1x1 kernel
+                          Conv2dShape{1, 1, 9, 9, 17, 3, 3, 1, 1},    // C = 1; 17 lanes: 2 zmm
+                          Conv2dShape{2, 18, 5, 4, 2, 3, 3, 1, 1},    // 18 input lanes, short rows
+                          Conv2dShape{1, 2, 4, 30, 3, 2, 7, 1, 1},    // widest kernel, rows tiled
                           Conv2dShape{1, 3, 3, 3, 33, 3, 3, 1, 1})),  // 33 lanes: 32 + 1
     param_name);
 
@@ -165,8 +165,7 @@ TEST_P(ConvReference, MatchesDirectConvolution) {
 
   // Parameter gradients start from a non-zero value: the kernel must add to it.
   Vec dx = poisoned(in_numel(s)), dw(w_numel(s), 1.0f), db(s.OC, 1.0f);
-  impl.backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), s,
-                scratch.data());
+  impl.backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), s, scratch.data());
   for (auto& v : dw_ref) v += 1.0;
   for (auto& v : db_ref) v += 1.0;
   EXPECT_LT(max_rel_diff(dx, to_float(dx_ref)), 1e-5) << describe(s);
@@ -175,8 +174,7 @@ TEST_P(ConvReference, MatchesDirectConvolution) {
 
   // Null dx: the same parameter gradients, dx untouched.
   Vec dw2(w_numel(s), 1.0f), db2(s.OC, 1.0f);
-  impl.backward(nullptr, dw2.data(), db2.data(), dy.data(), x.data(), w.data(), s,
-                scratch.data());
+  impl.backward(nullptr, dw2.data(), db2.data(), dy.data(), x.data(), w.data(), s, scratch.data());
   EXPECT_EQ(dw2, dw) << describe(s);
   EXPECT_EQ(db2, db) << describe(s);
 }
@@ -185,21 +183,21 @@ TEST_P(ConvReference, MatchesDirectConvolution) {
 // direct kernels (lane blocks of 32 + 16, rows of 1..7 positions taken two at a time, rows cut
 // into tiles, odd row counts) and of the im2col path (image groups, a short last group).
 const Conv2dShape kReferenceShapes[] = {
-    {6, 1, 28, 28, 16, 5, 5, 1, 2},    // CNN conv1
-    {7, 16, 14, 14, 32, 5, 5, 1, 2},   // CNN conv2
-    {1, 16, 14, 14, 32, 5, 5, 1, 2},   // CNN conv2, N = 1
-    {1, 1, 28, 28, 16, 5, 5, 1, 2},    // CNN conv1, N = 1
-    {9, 8, 15, 13, 6, 3, 3, 2, 1},     // stride 2, odd sizes
-    {3, 4, 9, 9, 5, 4, 4, 3, 0},       // stride 3, even kernel
-    {3, 40, 9, 11, 48, 3, 3, 1, 1},    // 40 input lanes (32 + 8), 48 output lanes (32 + 16)
-    {2, 5, 12, 33, 20, 3, 7, 1, 2},    // kernel width 7, 31 columns in 3 tiles, 20 lanes
-    {2, 3, 8, 8, 4, 1, 1, 1, 0},       // 1x1
-    {2, 3, 7, 5, 16, 3, 3, 1, 0},      // no padding, 5 rows x 3 columns out
-    {2, 2, 5, 5, 3, 3, 3, 1, 2},       // pad = kernel - 1: the input gradient's pad is 0
-    {2, 4, 10, 10, 8, 8, 8, 1, 3},     // kernel width 8: im2col only
-    {1, 2, 6, 6, 3, 3, 3, 1, 3},       // pad >= kernel: im2col only
-    {2, 6, 1, 9, 32, 1, 3, 1, 0},      // one row
-    {2, 33, 6, 2, 1, 2, 2, 1, 1},      // one output channel, 33 input lanes, 3 columns out
+    {6, 1, 28, 28, 16, 5, 5, 1, 2},   // CNN conv1
+    {7, 16, 14, 14, 32, 5, 5, 1, 2},  // CNN conv2
+    {1, 16, 14, 14, 32, 5, 5, 1, 2},  // CNN conv2, N = 1
+    {1, 1, 28, 28, 16, 5, 5, 1, 2},   // CNN conv1, N = 1
+    {9, 8, 15, 13, 6, 3, 3, 2, 1},    // stride 2, odd sizes
+    {3, 4, 9, 9, 5, 4, 4, 3, 0},      // stride 3, even kernel
+    {3, 40, 9, 11, 48, 3, 3, 1, 1},   // 40 input lanes (32 + 8), 48 output lanes (32 + 16)
+    {2, 5, 12, 33, 20, 3, 7, 1, 2},   // kernel width 7, 31 columns in 3 tiles, 20 lanes
+    {2, 3, 8, 8, 4, 1, 1, 1, 0},      // 1x1
+    {2, 3, 7, 5, 16, 3, 3, 1, 0},     // no padding, 5 rows x 3 columns out
+    {2, 2, 5, 5, 3, 3, 3, 1, 2},      // pad = kernel - 1: the input gradient's pad is 0
+    {2, 4, 10, 10, 8, 8, 8, 1, 3},    // kernel width 8: im2col only
+    {1, 2, 6, 6, 3, 3, 3, 1, 3},      // pad >= kernel: im2col only
+    {2, 6, 1, 9, 32, 1, 3, 1, 0},     // one row
+    {2, 33, 6, 2, 1, 2, 2, 1, 1},     // one output channel, 33 input lanes, 3 columns out
 };
 
 INSTANTIATE_TEST_SUITE_P(Shapes, ConvReference,

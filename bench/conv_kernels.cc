@@ -1,8 +1,10 @@
 // GFLOP/s of each convolution kernel on the fashion_cnn layer shapes (batch 128, 1 thread),
 // beside the core's FMA peak measured in the same run: forward, weight gradient (backward
 // with dx = null, which computes dw and db only) and input gradient (full backward minus the
-// weight-gradient time). Each figure is the median of R timed calls after a warm-up, with the
-// min and max; a kernel of F flops (2 * N * OC * OH * OW * C * KH * KW) runs at F / time.
+// weight-gradient time), then the fused conv2d_relu_maxpool_forward/backward (2x2 pool; conv1's
+// backward without the input gradient, as in training). Each figure is the median of R timed
+// calls after a warm-up, with the min and max; a kernel of F flops (2 * N * OC * OH * OW * C *
+// KH * KW) runs at F / time.
 //
 //   conv_kernels [--repeats R] [--batch N] [--layer conv1|conv2]
 #include <algorithm>
@@ -46,7 +48,7 @@ void print(const char* layer, const char* kernel, double flops, const std::vecto
   std::vector<double> gf;
   for (double s : secs) gf.push_back(flops / s / 1e9);
   const Stats g = stats(gf);
-  std::printf("%-6s %-8s %8.3f ms %8.1f GFLOP/s  [%6.1f, %6.1f]  %4.0f%% of peak\n", layer, kernel,
+  std::printf("%-6s %-28s %8.3f ms %8.1f GFLOP/s  [%6.1f, %6.1f]  %4.0f%% of peak\n", layer, kernel,
               stats(secs).median * 1e3, g.median, g.min, g.max,
               peak > 0 ? 100.0 * g.median / peak : 0.0);
 }
@@ -108,6 +110,24 @@ int main(int argc, char** argv) {
     print(l.name, "dw+db", flops, wgrad, peak);
     print(l.name, "dx", flops, igrad, peak);
     print(l.name, "backward", 2 * flops, full, peak);
+    // The fused convolution + ReLU + 2x2 max pool (what the CNN's stages can call instead).
+    const int64_t np = s.N * s.OC * (s.OH() / 2) * (s.OW() / 2);
+    std::vector<float> yp(np), dyp(np);
+    std::vector<int32_t> argmax(np);
+    for (int64_t i = 0; i < np; ++i) dyp[i] = static_cast<float>((i * 17) % 89) * 1e-3f - 0.04f;
+    std::vector<float> pscratch(ops::conv2d_relu_maxpool_scratch_floats(s, 2, 2));
+    const auto pfwd = time_calls(repeats, [&] {
+      ops::conv2d_relu_maxpool_forward(yp.data(), argmax.data(), x.data(), w.data(), b.data(), s,
+                                       2, 2, pscratch.data());
+    });
+    float* pdx = std::string(l.name) == "conv1" ? nullptr : dx.data();  // as in training
+    const auto pbwd = time_calls(repeats, [&] {
+      ops::conv2d_relu_maxpool_backward(pdx, dw.data(), db.data(), dyp.data(), argmax.data(),
+                                        yp.data(), x.data(), w.data(), s, 2, 2, pscratch.data());
+    });
+    print(l.name, "fwd+relu+pool", flops, pfwd, peak);
+    print(l.name, pdx != nullptr ? "bwd of fwd+relu+pool" : "bwd of fwd+relu+pool (dw, db)",
+          (pdx != nullptr ? 2 : 1) * flops, pbwd, peak);
   }
   return 0;
 }

@@ -209,6 +209,99 @@ int64_t pooled_size(const Conv2dShape& s, const ConvFusion& f) {
          ((s.OW() - f.pool_k) / f.pool_stride + 1);
 }
 
+// One image's convolution output, for pooling it while it is in cache.
+int64_t image_floats(const Conv2dShape& s, const ConvFusion& f) {
+  return f.pooled() ? round_up(s.OC * s.OH() * s.OW(), kAlign) : 0;
+}
+
+// The arguments of a backward call, and its scratch.
+struct BackwardArgs {
+  float *dx, *dw, *db;
+  const float *dy, *y;
+  const int32_t* argmax;
+  const ConvFusion& f;
+  const float *x, *w;
+  const Conv2dShape& s;
+  const DirectPlan& p;
+  float *wf, *xpad, *dypad;
+  int64_t out_size;  // of one image's dy and y (pooled when pooling)
+};
+
+// The input gradient of image n: the flipped kernel (wf) over the padded dy. dyn: the image's
+// convolution output gradient to pad, or null when dypad's interior is already filled.
+void input_gradient(const BackwardArgs& a, int64_t n, const float* dyn, const float* mask,
+                    Prefetcher* pf) {
+  const Conv2dShape& s = a.s;
+  const DirectPlan& p = a.p;
+  if (dyn != nullptr) {
+    copy_into_padded(a.dypad, p.DH, p.DW, s.KH - 1 - s.pad, s.KW - 1 - s.pad, dyn, mask, s.OC,
+                     s.OH(), s.OW());
+  }
+  for_each_block(s.C, [&](const LaneBlock& blk) {
+    RowsJob j{};
+    j.in = a.dypad;
+    j.plane = p.DH * p.DW;
+    j.ld = p.DW;
+    j.C = s.OC;
+    j.KH = s.KH;
+    j.KW = s.KW;
+    j.wp = a.wf + blk.first * s.OC * s.KH * s.KW;
+    j.out = a.dx + n * s.C * s.H * s.W + blk.first * s.H * s.W;
+    j.out_plane = s.H * s.W;
+    j.OW = s.W;
+    j.count = blk.count;
+    j.prefetch = pf;
+    conv_rows(j, blk.v, s.H);
+  });
+}
+
+// dy transposed per image into dyT, dw through dwT, and the input gradient.
+void backward_images(const BackwardArgs& a, float* dyt, float* dwt, int64_t tiles) {
+  const Conv2dShape& s = a.s;
+  const DirectPlan& p = a.p;
+  const int64_t in_size = s.C * s.H * s.W, OW = s.OW();
+  std::fill(dwt, dwt + p.dwt_floats, 0.0f);
+  std::vector<int32_t> pad_at;  // pooled, with dx: plane index -> index in a dypad plane
+  if (a.f.pooled() && a.dx != nullptr) {
+    pad_at.resize(p.P);
+    for (int64_t i = 0; i < p.P; ++i) {
+      pad_at[i] =
+          static_cast<int32_t>((s.KH - 1 - s.pad + i / OW) * p.DW + s.KW - 1 - s.pad + i % OW);
+    }
+  }
+  Prefetcher pf;
+  for (int64_t n = 0; n < s.N; ++n) {
+    // Stage the image: its input, and its convolution output gradient (masked by the ReLU, or
+    // scattered from the pooled gradient) transposed, and zero-padded for the input gradient.
+    const RowsJob in = image_input(a.xpad, a.x + n * in_size, s, p);
+    const float* dyn = a.dy + n * a.out_size;
+    const float* mask = a.f.relu && !a.f.pooled() ? a.y + n * a.out_size : nullptr;
+    if (a.f.pooled()) {
+      scatter_pooled_grad(dyt, a.dx != nullptr ? a.dypad : nullptr, pad_at.data(), dyn,
+                          a.argmax + n * a.out_size, a.y + n * a.out_size, s, p, a.out_size);
+    } else {
+      transpose_dy(dyt, dyn, mask, s, p);
+    }
+    const bool next = n + 1 < s.N;
+    pf.start({{next ? a.x + (n + 1) * in_size : nullptr, in_size},
+              {next ? a.dy + (n + 1) * a.out_size : nullptr, a.out_size},
+              {next && a.f.relu ? a.y + (n + 1) * a.out_size : nullptr, a.out_size},
+              {next && a.dx != nullptr ? a.dx + (n + 1) * in_size : nullptr, in_size}},
+             tiles);
+    if (a.db != nullptr) add_bias_grad(a.db, dyt, s, p);
+    for_each_block(s.OC, [&](const LaneBlock& blk) {
+      const DwJob j{in.in, in.plane,        in.ld, s.KH,           s.OH(),
+                    OW,    dyt + blk.first, p.OCp, dwt + blk.first};
+      conv_dw(j, blk.v, s.KW, s.C * s.KH, &pf);
+    });
+    if (a.dx != nullptr) input_gradient(a, n, a.f.pooled() ? nullptr : dyn, mask, &pf);
+    pf.finish();
+  }
+  for (int64_t oc = 0; oc < s.OC; ++oc) {
+    for (int64_t k = 0; k < p.K; ++k) a.dw[oc * p.K + k] += dwt[k * p.OCp + oc];
+  }
+}
+
 }  // namespace
 
 bool conv2d_direct_supported(const Conv2dShape& s) {
@@ -216,8 +309,7 @@ bool conv2d_direct_supported(const Conv2dShape& s) {
 }
 
 int64_t conv2d_direct_scratch_floats(const Conv2dShape& s, const ConvFusion& f) {
-  const DirectPlan p(s);
-  return p.total() + (f.pooled() ? round_up(s.OC * p.P, kAlign) : 0);
+  return DirectPlan(s).total() + image_floats(s, f);
 }
 
 void conv2d_direct_forward(float* y, int32_t* argmax, const float* x, const float* w,
@@ -245,20 +337,18 @@ void conv2d_direct_forward(float* y, int32_t* argmax, const float* x, const floa
              tiles);
     float* out = f.pooled() ? image : y + n * out_size;
     for_each_block(s.OC, [&](const LaneBlock& blk) {
-      const RowsJob j{in.in,
-                      in.plane,
-                      in.ld,
-                      s.C,
-                      s.KH,
-                      s.KW,
-                      wp + blk.first * p.K,
-                      b != nullptr ? b + blk.first : nullptr,
-                      f.relu,
-                      out + blk.first * p.P,
-                      p.P,
-                      s.OW(),
-                      blk.count,
-                      &pf};
+      RowsJob j = in;
+      j.C = s.C;
+      j.KH = s.KH;
+      j.KW = s.KW;
+      j.wp = wp + blk.first * p.K;
+      j.bias = b != nullptr ? b + blk.first : nullptr;
+      j.relu = f.relu;
+      j.out = out + blk.first * p.P;
+      j.out_plane = p.P;
+      j.OW = s.OW();
+      j.count = blk.count;
+      j.prefetch = &pf;
       conv_rows(j, blk.v, s.OH());
     });
     pf.finish();
@@ -281,89 +371,26 @@ void conv2d_direct_backward(float* dx, float* dw, float* db, const float* dy, co
   float* dypad = xpad + p.xpad_floats;
   float* dyt = dypad + p.dypad_floats;
   float* dwt = dyt + p.dyt_floats;
-  const int64_t taps = s.KH * s.KW, OH = s.OH(), OW = s.OW();
+  const int64_t taps = s.KH * s.KW;
   if (dx != nullptr) {
     // The input gradient's weights: lanes over c, steps (oc, kh', kw') of the flipped kernel.
     pack_lanes(wf, s.C, s.OC * taps, [&](int64_t c, int64_t k) {
       const int64_t oc = k / taps, kh = s.KH - 1 - k % taps / s.KW, kw = s.KW - 1 - k % s.KW;
       return w[((oc * s.C + c) * s.KH + kh) * s.KW + kw];
     });
+    std::fill(dypad, dypad + p.dypad_floats, 0.0f);  // the border stays zero
   }
-  if (s.pad > 0) std::fill(xpad, xpad + p.xpad_floats, 0.0f);  // borders stay zero
-  if (dx != nullptr) std::fill(dypad, dypad + p.dypad_floats, 0.0f);
-  std::fill(dwt, dwt + p.dwt_floats, 0.0f);
-  const int64_t in_size = s.C * s.H * s.W;
-  const int64_t out_size = f.pooled() ? pooled_size(s, f) : s.OC * p.P;  // of dy and y
+  if (s.pad > 0) std::fill(xpad, xpad + p.xpad_floats, 0.0f);
+  const BackwardArgs a{dx,     dw, db,   dy,    y,
+                       argmax, f,  x,    w,     s,
+                       p,      wf, xpad, dypad, f.pooled() ? pooled_size(s, f) : s.OC * p.P};
   int64_t tiles = 0;  // per image, for the prefetcher
   for_each_block(s.OC,
                  [&](const LaneBlock& blk) { tiles += conv_dw_tiles(blk.v, s.KW, s.C * s.KH); });
   if (dx != nullptr) {
     for_each_block(s.C, [&](const LaneBlock& blk) { tiles += conv_rows_tiles(blk.v, s.W, s.H); });
   }
-  std::vector<int32_t> pad_at;  // pooled, with dx: plane index -> index in a dypad plane
-  if (f.pooled() && dx != nullptr) {
-    pad_at.resize(p.P);
-    for (int64_t a = 0; a < p.P; ++a) {
-      pad_at[a] =
-          static_cast<int32_t>((s.KH - 1 - s.pad + a / OW) * p.DW + s.KW - 1 - s.pad + a % OW);
-    }
-  }
-  Prefetcher pf;
-  for (int64_t n = 0; n < s.N; ++n) {
-    // Stage the image: its input, and its convolution output gradient (masked by the ReLU,
-    // built from the pooled gradient) transposed, then zero-padded for the input gradient.
-    const RowsJob in = image_input(xpad, x + n * in_size, s, p);
-    const float* dyn = dy + n * out_size;
-    const float* mask = f.relu && !f.pooled() ? y + n * out_size : nullptr;
-    if (f.pooled()) {
-      scatter_pooled_grad(dyt, dx != nullptr ? dypad : nullptr, pad_at.data(), dyn,
-                          argmax + n * out_size, y + n * out_size, s, p, out_size);
-    } else {
-      transpose_dy(dyt, dyn, mask, s, p);
-    }
-    const bool next = n + 1 < s.N;
-    pf.start({{next ? x + (n + 1) * in_size : nullptr, in_size},
-              {next ? dy + (n + 1) * out_size : nullptr, out_size},
-              {next && f.relu ? y + (n + 1) * out_size : nullptr, out_size},
-              {next && dx != nullptr ? dx + (n + 1) * in_size : nullptr, in_size}},
-             tiles);
-    if (db != nullptr) add_bias_grad(db, dyt, s, p);
-    // Weight gradient into dwT.
-    for_each_block(s.OC, [&](const LaneBlock& blk) {
-      const DwJob j{in.in, in.plane, in.ld, s.KH, OH, OW, dyt + blk.first, p.OCp, dwt + blk.first};
-      conv_dw(j, blk.v, s.KW, s.C * s.KH, &pf);
-    });
-    if (dx == nullptr) {
-      pf.finish();
-      continue;
-    }
-    // Input gradient: the flipped kernel over the padded dy.
-    if (!f.pooled()) {
-      copy_into_padded(dypad, p.DH, p.DW, s.KH - 1 - s.pad, s.KW - 1 - s.pad, dyn, mask, s.OC, OH,
-                       OW);
-    }
-    for_each_block(s.C, [&](const LaneBlock& blk) {
-      const RowsJob j{dypad,
-                      p.DH * p.DW,
-                      p.DW,
-                      s.OC,
-                      s.KH,
-                      s.KW,
-                      wf + blk.first * s.OC * taps,
-                      nullptr,
-                      false,
-                      dx + n * in_size + blk.first * s.H * s.W,
-                      s.H * s.W,
-                      s.W,
-                      blk.count,
-                      &pf};
-      conv_rows(j, blk.v, s.H);
-    });
-    pf.finish();
-  }
-  for (int64_t oc = 0; oc < s.OC; ++oc) {
-    for (int64_t k = 0; k < p.K; ++k) dw[oc * p.K + k] += dwt[k * p.OCp + oc];
-  }
+  backward_images(a, dyt, dwt, tiles);
 }
 
 #else  // no AVX-512: conv.cc always takes the im2col path

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <ostream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -36,6 +37,8 @@ std::string describe(const Case& c) {
      << (detail::conv2d_direct_supported(s) ? " (direct)" : " (im2col)");
   return os.str();
 }
+
+void PrintTo(const Case& c, std::ostream* os) { *os << describe(c); }
 
 // What the layers compute unfused: conv2d, relu, maxpool2d; and back.
 struct Unfused {

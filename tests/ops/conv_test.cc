@@ -10,6 +10,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <ostream>
 #include <sstream>
 #include <string>
 #include <thread>
@@ -21,6 +22,13 @@
 #include "tessel/ops/cpu.h"
 
 namespace tessel::ops {
+
+// How gtest prints a shape in test listings (instead of its bytes).
+void PrintTo(const Conv2dShape& s, std::ostream* os) {
+  *os << "N" << s.N << " C" << s.C << " " << s.H << "x" << s.W << " OC" << s.OC << " k" << s.KH
+      << "x" << s.KW << " s" << s.stride << " p" << s.pad;
+}
+
 namespace {
 
 using testing::expect_grad;
@@ -32,8 +40,7 @@ using testing::weighted_sum;
 
 std::string describe(const Conv2dShape& s) {
   std::ostringstream os;
-  os << "N" << s.N << " C" << s.C << " " << s.H << "x" << s.W << " OC" << s.OC << " k" << s.KH
-     << "x" << s.KW << " s" << s.stride << " p" << s.pad;
+  PrintTo(s, &os);
   return os.str();
 }
 
@@ -70,6 +77,8 @@ const Impl kImpls[] = {
        detail::conv2d_direct_backward(dx, dw, db, dy, nullptr, nullptr, {}, x, w, s, scratch);
      }},
 };
+
+void PrintTo(const Impl& impl, std::ostream* os) { *os << impl.name; }
 
 using Param = std::tuple<Impl, Conv2dShape>;
 

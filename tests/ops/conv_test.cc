@@ -78,18 +78,21 @@ const Impl kImpls[] = {
      }},
 };
 
-void PrintTo(const Impl& impl, std::ostream* os) { *os << impl.name; }
-
-using Param = std::tuple<Impl, Conv2dShape>;
-
-std::string param_name(const ::testing::TestParamInfo<Param>& info) {
-  return std::string(std::get<0>(info.param).name) + "_case" + std::to_string(info.index);
+// Runs check(impl) for every implementation that takes the shape (the direct kernels not in a
+// build without AVX-512, nor outside stride 1 / kernel width <= 7 / pad < kernel), each traced
+// by name: one test process per shape, not per shape and implementation.
+template <typename F>
+void for_each_impl(const Conv2dShape& s, F check) {
+  for (const Impl& impl : kImpls) {
+    if (!impl.supports(s)) continue;
+    SCOPED_TRACE(std::string(impl.name) + ", " + describe(s));
+    check(impl);
+  }
 }
 
-// Skips the test where the implementation does not take the shape (the direct kernels in a
-// build without AVX-512, or outside stride 1 / kernel width <= 7 / pad < kernel).
-#define SKIP_UNSUPPORTED(impl, s) \
-  if (!(impl).supports(s)) GTEST_SKIP() << (impl).name << " does not take " << describe(s)
+std::string case_name(const ::testing::TestParamInfo<Conv2dShape>& info) {
+  return "case" + std::to_string(info.index);
+}
 
 // Direct convolution and its gradients, accumulated in double. Calls f(x index, w index,
 // y index) for every (input, weight, output) triple that meets.
@@ -112,80 +115,82 @@ void for_each_tap(const Conv2dShape& s, F f) {
 
 Vec to_float(const std::vector<double>& v) { return Vec(v.begin(), v.end()); }
 
-class ConvGrad : public ::testing::TestWithParam<Param> {};
+class ConvGrad : public ::testing::TestWithParam<Conv2dShape> {};
 
 TEST_P(ConvGrad, FiniteDifferences) {
-  const auto& [impl, s] = GetParam();
-  SKIP_UNSUPPORTED(impl, s);
-  Vec x = randn(in_numel(s), 31), w = randn(w_numel(s), 32, 0.5f), b = randn(s.OC, 33);
-  Vec r = randn(out_numel(s), 34), scratch(impl.scratch(s));
-  auto objective = [&] {
-    Vec y(out_numel(s));
-    impl.forward(y.data(), x.data(), w.data(), b.data(), s, scratch.data());
-    return weighted_sum(r, y);
-  };
-  Vec dx = poisoned(in_numel(s)), dw(w_numel(s), 0.0f), db(s.OC, 0.0f);
-  std::fill(scratch.begin(), scratch.end(), 1e30f);  // the kernel must not read stale scratch
-  impl.backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), s, scratch.data());
-  expect_grad("conv2d dx", x, dx, objective);
-  expect_grad("conv2d dw", w, dw, objective);
-  expect_grad("conv2d db", b, db, objective);
+  const Conv2dShape s = GetParam();
+  for_each_impl(s, [&](const Impl& impl) {
+    Vec x = randn(in_numel(s), 31), w = randn(w_numel(s), 32, 0.5f), b = randn(s.OC, 33);
+    Vec r = randn(out_numel(s), 34), scratch(impl.scratch(s));
+    auto objective = [&] {
+      Vec y(out_numel(s));
+      impl.forward(y.data(), x.data(), w.data(), b.data(), s, scratch.data());
+      return weighted_sum(r, y);
+    };
+    Vec dx = poisoned(in_numel(s)), dw(w_numel(s), 0.0f), db(s.OC, 0.0f);
+    std::fill(scratch.begin(), scratch.end(), 1e30f);  // the kernel must not read stale scratch
+    impl.backward(dx.data(), dw.data(), db.data(), r.data(), x.data(), w.data(), s, scratch.data());
+    expect_grad("conv2d dx", x, dx, objective);
+    expect_grad("conv2d dw", w, dw, objective);
+    expect_grad("conv2d db", b, db, objective);
+  });
 }
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, ConvGrad,
-    ::testing::Combine(
-        ::testing::ValuesIn(kImpls),
-        ::testing::Values(Conv2dShape{2, 2, 6, 5, 3, 3, 3, 1, 0},     // stride 1, pad 0
-                          Conv2dShape{2, 2, 7, 6, 3, 3, 3, 2, 1},     // stride 2, pad 1
-                          Conv2dShape{1, 3, 5, 5, 2, 5, 5, 1, 2},     // stride 1, pad 2, "same"
-                          Conv2dShape{2, 2, 7, 7, 4, 3, 2, 2, 0},     // non-square kernel
-                          Conv2dShape{1, 2, 6, 6, 3, 3, 3, 2, 2},     // stride 2, pad 2
-                          Conv2dShape{2, 1, 5, 5, 2, 1, 1, 1, 0},     // 1x1 kernel
-                          Conv2dShape{1, 1, 9, 9, 17, 3, 3, 1, 1},    // C = 1; 17 lanes: 2 zmm
-                          Conv2dShape{2, 18, 5, 4, 2, 3, 3, 1, 1},    // 18 input lanes, short rows
-                          Conv2dShape{1, 2, 4, 30, 3, 2, 7, 1, 1},    // widest kernel, rows tiled
-                          Conv2dShape{1, 3, 3, 3, 33, 3, 3, 1, 1})),  // 33 lanes: 32 + 1
-    param_name);
+    ::testing::Values(Conv2dShape{2, 2, 6, 5, 3, 3, 3, 1, 0},    // stride 1, pad 0
+                      Conv2dShape{2, 2, 7, 6, 3, 3, 3, 2, 1},    // stride 2, pad 1
+                      Conv2dShape{1, 3, 5, 5, 2, 5, 5, 1, 2},    // stride 1, pad 2, "same"
+                      Conv2dShape{2, 2, 7, 7, 4, 3, 2, 2, 0},    // non-square kernel
+                      Conv2dShape{1, 2, 6, 6, 3, 3, 3, 2, 2},    // stride 2, pad 2
+                      Conv2dShape{2, 1, 5, 5, 2, 1, 1, 1, 0},    // 1x1 kernel
+                      Conv2dShape{1, 1, 9, 9, 17, 3, 3, 1, 1},   // C = 1; 17 lanes: 2 zmm
+                      Conv2dShape{2, 18, 5, 4, 2, 3, 3, 1, 1},   // 18 input lanes, short rows
+                      Conv2dShape{1, 2, 4, 30, 3, 2, 7, 1, 1},   // widest kernel, rows tiled
+                      Conv2dShape{1, 3, 3, 3, 33, 3, 3, 1, 1}),  // 33 lanes: 32 + 1
+    case_name);
 
-class ConvReference : public ::testing::TestWithParam<Param> {};
+class ConvReference : public ::testing::TestWithParam<Conv2dShape> {};
 
 TEST_P(ConvReference, MatchesDirectConvolution) {
-  const auto& [impl, s] = GetParam();
-  SKIP_UNSUPPORTED(impl, s);
-  Vec x = randn(in_numel(s), 41), w = randn(w_numel(s), 42, 0.2f), b = randn(s.OC, 43);
-  Vec dy = randn(out_numel(s), 44);
-  std::vector<double> y_ref(out_numel(s)), dx_ref(in_numel(s), 0.0), dw_ref(w_numel(s), 0.0);
-  std::vector<double> db_ref(s.OC, 0.0);
-  const int64_t OHW = s.OH() * s.OW();
-  for (int64_t i = 0; i < out_numel(s); ++i) {
-    y_ref[i] = b[(i / OHW) % s.OC];
-    db_ref[(i / OHW) % s.OC] += dy[i];
-  }
-  for_each_tap(s, [&](int64_t xi, int64_t wi, int64_t yi) {
-    y_ref[yi] += static_cast<double>(x[xi]) * w[wi];
-    dx_ref[xi] += static_cast<double>(w[wi]) * dy[yi];
-    dw_ref[wi] += static_cast<double>(x[xi]) * dy[yi];
+  const Conv2dShape s = GetParam();
+  for_each_impl(s, [&](const Impl& impl) {
+    Vec x = randn(in_numel(s), 41), w = randn(w_numel(s), 42, 0.2f), b = randn(s.OC, 43);
+    Vec dy = randn(out_numel(s), 44);
+    std::vector<double> y_ref(out_numel(s)), dx_ref(in_numel(s), 0.0), dw_ref(w_numel(s), 0.0);
+    std::vector<double> db_ref(s.OC, 0.0);
+    const int64_t OHW = s.OH() * s.OW();
+    for (int64_t i = 0; i < out_numel(s); ++i) {
+      y_ref[i] = b[(i / OHW) % s.OC];
+      db_ref[(i / OHW) % s.OC] += dy[i];
+    }
+    for_each_tap(s, [&](int64_t xi, int64_t wi, int64_t yi) {
+      y_ref[yi] += static_cast<double>(x[xi]) * w[wi];
+      dx_ref[xi] += static_cast<double>(w[wi]) * dy[yi];
+      dw_ref[wi] += static_cast<double>(x[xi]) * dy[yi];
+    });
+
+    Vec scratch(impl.scratch(s), 1e30f), y = poisoned(out_numel(s));
+    impl.forward(y.data(), x.data(), w.data(), b.data(), s, scratch.data());
+    EXPECT_LT(max_rel_diff(y, to_float(y_ref)), 1e-5) << describe(s);
+
+    // Parameter gradients start from a non-zero value: the kernel must add to it.
+    Vec dx = poisoned(in_numel(s)), dw(w_numel(s), 1.0f), db(s.OC, 1.0f);
+    impl.backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), s,
+                  scratch.data());
+    for (auto& v : dw_ref) v += 1.0;
+    for (auto& v : db_ref) v += 1.0;
+    EXPECT_LT(max_rel_diff(dx, to_float(dx_ref)), 1e-5) << describe(s);
+    EXPECT_LT(max_rel_diff(dw, to_float(dw_ref)), 1e-5) << describe(s);
+    EXPECT_LT(max_rel_diff(db, to_float(db_ref)), 1e-5) << describe(s);
+
+    // Null dx: the same parameter gradients, dx untouched.
+    Vec dw2(w_numel(s), 1.0f), db2(s.OC, 1.0f);
+    impl.backward(nullptr, dw2.data(), db2.data(), dy.data(), x.data(), w.data(), s,
+                  scratch.data());
+    EXPECT_EQ(dw2, dw) << describe(s);
+    EXPECT_EQ(db2, db) << describe(s);
   });
-
-  Vec scratch(impl.scratch(s), 1e30f), y = poisoned(out_numel(s));
-  impl.forward(y.data(), x.data(), w.data(), b.data(), s, scratch.data());
-  EXPECT_LT(max_rel_diff(y, to_float(y_ref)), 1e-5) << describe(s);
-
-  // Parameter gradients start from a non-zero value: the kernel must add to it.
-  Vec dx = poisoned(in_numel(s)), dw(w_numel(s), 1.0f), db(s.OC, 1.0f);
-  impl.backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), s, scratch.data());
-  for (auto& v : dw_ref) v += 1.0;
-  for (auto& v : db_ref) v += 1.0;
-  EXPECT_LT(max_rel_diff(dx, to_float(dx_ref)), 1e-5) << describe(s);
-  EXPECT_LT(max_rel_diff(dw, to_float(dw_ref)), 1e-5) << describe(s);
-  EXPECT_LT(max_rel_diff(db, to_float(db_ref)), 1e-5) << describe(s);
-
-  // Null dx: the same parameter gradients, dx untouched.
-  Vec dw2(w_numel(s), 1.0f), db2(s.OC, 1.0f);
-  impl.backward(nullptr, dw2.data(), db2.data(), dy.data(), x.data(), w.data(), s, scratch.data());
-  EXPECT_EQ(dw2, dw) << describe(s);
-  EXPECT_EQ(db2, db) << describe(s);
 }
 
 // The CNN's layers at small and odd batches, and shapes around every tiling edge of the
@@ -209,69 +214,66 @@ const Conv2dShape kReferenceShapes[] = {
     {2, 33, 6, 2, 1, 2, 2, 1, 1},     // one output channel, 33 input lanes, 3 columns out
 };
 
-INSTANTIATE_TEST_SUITE_P(Shapes, ConvReference,
-                         ::testing::Combine(::testing::ValuesIn(kImpls),
-                                            ::testing::ValuesIn(kReferenceShapes)),
-                         param_name);
+INSTANTIATE_TEST_SUITE_P(Shapes, ConvReference, ::testing::ValuesIn(kReferenceShapes), case_name);
 
-class ConvRepeat : public ::testing::TestWithParam<Param> {};
+class ConvRepeat : public ::testing::TestWithParam<Conv2dShape> {};
 
 TEST_P(ConvRepeat, BackwardAccumulatesTwice) {
-  const auto& [impl, s] = GetParam();
-  SKIP_UNSUPPORTED(impl, s);
-  Vec x = randn(in_numel(s), 51), w = randn(w_numel(s), 52), dy = randn(out_numel(s), 53);
-  Vec scratch(impl.scratch(s)), dx(in_numel(s)), dw1(w_numel(s), 0.0f);
-  Vec dw2(w_numel(s), 0.0f), db1(s.OC, 0.0f), db2(s.OC, 0.0f);
-  impl.backward(dx.data(), dw1.data(), db1.data(), dy.data(), x.data(), w.data(), s,
-                scratch.data());
-  for (int rep = 0; rep < 2; ++rep) {
-    impl.backward(dx.data(), dw2.data(), db2.data(), dy.data(), x.data(), w.data(), s,
+  const Conv2dShape s = GetParam();
+  for_each_impl(s, [&](const Impl& impl) {
+    Vec x = randn(in_numel(s), 51), w = randn(w_numel(s), 52), dy = randn(out_numel(s), 53);
+    Vec scratch(impl.scratch(s)), dx(in_numel(s)), dw1(w_numel(s), 0.0f);
+    Vec dw2(w_numel(s), 0.0f), db1(s.OC, 0.0f), db2(s.OC, 0.0f);
+    impl.backward(dx.data(), dw1.data(), db1.data(), dy.data(), x.data(), w.data(), s,
                   scratch.data());
-  }
-  for (auto& v : dw1) v *= 2.0f;
-  for (auto& v : db1) v *= 2.0f;
-  EXPECT_LT(max_rel_diff(dw2, dw1), 1e-6);
-  EXPECT_LT(max_rel_diff(db2, db1), 1e-6);
+    for (int rep = 0; rep < 2; ++rep) {
+      impl.backward(dx.data(), dw2.data(), db2.data(), dy.data(), x.data(), w.data(), s,
+                    scratch.data());
+    }
+    for (auto& v : dw1) v *= 2.0f;
+    for (auto& v : db1) v *= 2.0f;
+    EXPECT_LT(max_rel_diff(dw2, dw1), 1e-6);
+    EXPECT_LT(max_rel_diff(db2, db1), 1e-6);
+  });
 }
 
 // The same bits on every run, and when other threads run the same kernels at the same time
 // (each with its own scratch): no state, no order that depends on timing.
 TEST_P(ConvRepeat, SameBitsAcrossRunsAndThreads) {
-  const auto& [impl, s] = GetParam();
-  SKIP_UNSUPPORTED(impl, s);
-  const Vec x = randn(in_numel(s), 61), w = randn(w_numel(s), 62), b = randn(s.OC, 63);
-  const Vec dy = randn(out_numel(s), 64);
-  struct Result {
-    Vec y, dx, dw, db;
-  };
-  auto run = [&] {
-    Result r{Vec(out_numel(s)), Vec(in_numel(s)), Vec(w_numel(s), 0.0f), Vec(s.OC, 0.0f)};
-    Vec scratch(impl.scratch(s));
-    impl.forward(r.y.data(), x.data(), w.data(), b.data(), s, scratch.data());
-    impl.backward(r.dx.data(), r.dw.data(), r.db.data(), dy.data(), x.data(), w.data(), s,
-                  scratch.data());
-    return r;
-  };
-  const Result first = run();
-  Result threaded[2];
-  std::thread t0([&] { threaded[0] = run(); }), t1([&] { threaded[1] = run(); });
-  t0.join();
-  t1.join();
-  for (const Result& r : {run(), threaded[0], threaded[1]}) {
-    EXPECT_EQ(r.y, first.y) << describe(s);
-    EXPECT_EQ(r.dx, first.dx) << describe(s);
-    EXPECT_EQ(r.dw, first.dw) << describe(s);
-    EXPECT_EQ(r.db, first.db) << describe(s);
-  }
+  const Conv2dShape s = GetParam();
+  for_each_impl(s, [&](const Impl& impl) {
+    const Vec x = randn(in_numel(s), 61), w = randn(w_numel(s), 62), b = randn(s.OC, 63);
+    const Vec dy = randn(out_numel(s), 64);
+    struct Result {
+      Vec y, dx, dw, db;
+    };
+    auto run = [&] {
+      Result r{Vec(out_numel(s)), Vec(in_numel(s)), Vec(w_numel(s), 0.0f), Vec(s.OC, 0.0f)};
+      Vec scratch(impl.scratch(s));
+      impl.forward(r.y.data(), x.data(), w.data(), b.data(), s, scratch.data());
+      impl.backward(r.dx.data(), r.dw.data(), r.db.data(), dy.data(), x.data(), w.data(), s,
+                    scratch.data());
+      return r;
+    };
+    const Result first = run();
+    Result threaded[2];
+    std::thread t0([&] { threaded[0] = run(); }), t1([&] { threaded[1] = run(); });
+    t0.join();
+    t1.join();
+    for (const Result& r : {run(), threaded[0], threaded[1]}) {
+      EXPECT_EQ(r.y, first.y) << describe(s);
+      EXPECT_EQ(r.dx, first.dx) << describe(s);
+      EXPECT_EQ(r.dw, first.dw) << describe(s);
+      EXPECT_EQ(r.db, first.db) << describe(s);
+    }
+  });
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Shapes, ConvRepeat,
-    ::testing::Combine(::testing::ValuesIn(kImpls),
-                       ::testing::Values(Conv2dShape{3, 2, 6, 6, 3, 3, 3, 1, 1},
-                                         Conv2dShape{5, 16, 14, 14, 32, 5, 5, 1, 2},
-                                         Conv2dShape{4, 3, 9, 8, 20, 3, 3, 2, 1})),
-    param_name);
+INSTANTIATE_TEST_SUITE_P(Shapes, ConvRepeat,
+                         ::testing::Values(Conv2dShape{3, 2, 6, 6, 3, 3, 3, 1, 1},
+                                           Conv2dShape{5, 16, 14, 14, 32, 5, 5, 1, 2},
+                                           Conv2dShape{4, 3, 9, 8, 20, 3, 3, 2, 1}),
+                         case_name);
 
 TEST(Conv2d, Im2colScratchGrowsWithBatchButStaysBounded) {
   Conv2dShape s{1, 16, 14, 14, 32, 5, 5, 1, 2};

@@ -82,7 +82,7 @@ void dropout_backward(float* dx, const float* dy, int64_t rows, int64_t cols, fl
 // OH = (H + 2*pad - KH) / stride + 1, likewise OW. `scratch` holds at least
 // conv2d_scratch_floats(...) floats; the caller owns it. An AVX-512 build runs tessel's own
 // direct kernels for stride 1 (kernel width <= 7, pad < kernel size), im2col + GEMM otherwise.
-// Single-threaded; results are the same bits for any batch split and thread count.
+// Single-threaded; results are the same bits on every run and for any thread count.
 struct Conv2dShape {
   int64_t N, C, H, W, OC, KH, KW, stride, pad;
   int64_t OH() const { return (H + 2 * pad - KH) / stride + 1; }
@@ -95,10 +95,11 @@ void conv2d_backward(float* dx, float* dw, float* db, const float* dy, const flo
                      const float* w, const Conv2dShape& s, float* scratch);
 
 // ---- Conv2d + ReLU (+ MaxPool2d), fused ----
-// Bit for bit what conv2d_forward, relu_forward (and maxpool2d_forward) give in sequence, and
-// their backwards likewise, in one pass over the batch: the convolution's output does not
-// travel through memory between the steps (with pooling it is never stored at all: each
-// image's output is pooled while in cache).
+// What conv2d_forward, relu_forward (and maxpool2d_forward) give in sequence, and their
+// backwards likewise, in one pass over the batch: the convolution's output does not travel
+// through memory between the steps (with pooling it is never stored at all: each image's
+// output is pooled while in cache). Bit for bit on the direct kernels; on the im2col path the
+// pooled variants go image by image, which changes dw's and db's summation order.
 // y = relu(conv2d(x) + b), [N,OC,OH,OW]; scratch of conv2d_scratch_floats(s).
 void conv2d_relu_forward(float* y, const float* x, const float* w, const float* b,
                          const Conv2dShape& s, float* scratch);

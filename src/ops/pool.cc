@@ -84,13 +84,13 @@ inline void chunk_2x2(float* m, int32_t* at, const float* r0, const float* r1, i
 // two input rows are loaded (masked at the row's end) and split into even and odd columns, so
 // that the four candidates of the 16 windows sit in four vectors, taken in scan order with
 // takes_over's rule as mask compares: "not <=" unordered (a NaN candidate wins), unless the
-// running maximum is already NaN. About twice as fast as the vectorised loop above, which
-// remains for other builds.
+// running maximum is already NaN. The vectorised loop above remains for other builds.
 void pool_2x2_avx512(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H,
                      int64_t W, int64_t OH, int64_t OW) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
   const __m512i w = _mm512_set1_epi32(static_cast<int32_t>(W));
+  const float* x_end = x + planes * H * W;
   for (int64_t p = 0; p < planes; ++p) {
     for (int64_t oh = 0; oh < OH; ++oh) {
       const float* r0 = x + (p * H + 2 * oh) * W;
@@ -102,8 +102,20 @@ void pool_2x2_avx512(float* y, int32_t* argmax, const float* x, int64_t planes, 
         const __mmask16 out = static_cast<__mmask16>((1u << n) - 1);
         const float* a = r0 + 2 * ow0;
         const float* b = r1 + 2 * ow0;
-        const __m512 a0 = _mm512_maskz_loadu_ps(lo, a), a1 = _mm512_maskz_loadu_ps(hi, a + 16);
-        const __m512 b0 = _mm512_maskz_loadu_ps(lo, b), b1 = _mm512_maskz_loadu_ps(hi, b + 16);
+        // Plain loads where 32 floats stay inside x (the lanes past the row are never stored):
+        // masked loads that miss the cache are slow, and most of these do.
+        __m512 a0, a1, b0, b1;
+        if (b + 32 <= x_end) {
+          a0 = _mm512_loadu_ps(a);
+          a1 = _mm512_loadu_ps(a + 16);
+          b0 = _mm512_loadu_ps(b);
+          b1 = _mm512_loadu_ps(b + 16);
+        } else {
+          a0 = _mm512_maskz_loadu_ps(lo, a);
+          a1 = _mm512_maskz_loadu_ps(hi, a + 16);
+          b0 = _mm512_maskz_loadu_ps(lo, b);
+          b1 = _mm512_maskz_loadu_ps(hi, b + 16);
+        }
         const __m512 cand[3] = {_mm512_permutex2var_ps(a0, odd, a1),
                                 _mm512_permutex2var_ps(b0, even, b1),
                                 _mm512_permutex2var_ps(b0, odd, b1)};

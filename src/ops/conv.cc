@@ -1,4 +1,8 @@
-// Conv2d as im2col + GEMM.
+// Conv2d: the public entry points, which take tessel's direct AVX-512 kernels
+// (conv_direct.cc) where conv2d_direct_supported says so, and the portable path, im2col + GEMM,
+// everywhere else (and in builds without AVX-512).
+//
+// im2col + GEMM.
 //
 // Terms: P = OH*OW output positions per image, K = C*KH*KW taps per output, the column matrix
 // col[K, P] holds for each tap row the input value each output position sees. Then
@@ -19,11 +23,13 @@
 // GEMMs reading and writing y and dy in place.
 //
 // Scratch: col [K, G*P] with a margin on both sides (the masked col2im loads may address a few
-// floats past a row), xpad, dwT [K, OC], and when G > 1 the stage [OC, G*P].
+// floats past a row), xpad, dwT [K, OC], and the stage [OC, G*P] (used when G > 1, and for the
+// ReLU-masked dy of a fused backward).
 #include <algorithm>
 #include <bit>
 #include <cstring>
 
+#include "conv_impl.h"
 #include "tessel/core/error.h"
 #include "tessel/ops/cpu.h"
 #include "vec_math.h"
@@ -62,7 +68,7 @@ struct Plan {
         col_floats(round_up(K * G * P, kAlign)),
         pad_floats(round_up(s.C * Hp * Ws, kAlign)),
         dwt_floats(round_up(K * s.OC, kAlign)),
-        stage_floats(G > 1 ? s.OC * G * P : 0) {}
+        stage_floats(round_up(s.OC * G * P, kAlign)) {}
   int64_t total() const {
     return margin + col_floats + margin + pad_floats + dwt_floats + stage_floats;
   }
@@ -190,14 +196,12 @@ void col2im_strided(float* dxp, const float* col, int64_t ld, const Conv2dShape&
 
 }  // namespace
 
-int64_t conv2d_scratch_floats(const Conv2dShape& s) {
-  check_shape("conv2d_scratch_floats", s);
-  return Plan(s).total();
-}
+namespace detail {
 
-void conv2d_forward(float* y, const float* x, const float* w, const float* b, const Conv2dShape& s,
-                    float* scratch) {
-  check_shape("conv2d_forward", s);
+int64_t conv2d_im2col_scratch_floats(const Conv2dShape& s) { return Plan(s).total(); }
+
+void conv2d_im2col_forward(float* y, const float* x, const float* w, const float* b,
+                           const Conv2dShape& s, float* scratch) {
   const Plan p(s);
   const Buffers buf(scratch, p);
   const int64_t in_size = s.C * s.H * s.W, out_size = s.OC * p.P;
@@ -230,9 +234,8 @@ void conv2d_forward(float* y, const float* x, const float* w, const float* b, co
   }
 }
 
-void conv2d_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
-                     const float* w, const Conv2dShape& s, float* scratch) {
-  check_shape("conv2d_backward", s);
+void conv2d_im2col_backward(float* dx, float* dw, float* db, const float* dy, const float* relu_y,
+                            const float* x, const float* w, const Conv2dShape& s, float* scratch) {
   const Plan p(s);
   const Buffers buf(scratch, p);
   const int64_t in_size = s.C * s.H * s.W, out_size = s.OC * p.P;
@@ -242,13 +245,19 @@ void conv2d_backward(float* dx, float* dw, float* db, const float* dy, const flo
   std::fill(buf.dwt, buf.dwt + p.dwt_floats, 0.0f);
   for (int64_t n0 = 0; n0 < s.N; n0 += p.G) {
     const int64_t g_count = std::min(p.G, s.N - n0), ld = g_count * p.P;
-    // The group's dy as [OC, g_count*P], matching the column layout.
+    // The group's dy as [OC, g_count*P], matching the column layout (and masked by the
+    // ReLU's output when fused).
     const float* dyg = dy + n0 * out_size;
-    if (g_count > 1) {
+    if (g_count > 1 || relu_y != nullptr) {
       for (int64_t g = 0; g < g_count; ++g) {
         for (int64_t oc = 0; oc < s.OC; ++oc) {
-          std::memcpy(buf.stage + oc * ld + g * p.P, dy + ((n0 + g) * s.OC + oc) * p.P,
-                      static_cast<size_t>(p.P) * sizeof(float));
+          const int64_t at = ((n0 + g) * s.OC + oc) * p.P;
+          float* dst = buf.stage + oc * ld + g * p.P;
+          if (relu_y == nullptr) {
+            std::memcpy(dst, dy + at, static_cast<size_t>(p.P) * sizeof(float));
+          } else {
+            for (int64_t i = 0; i < p.P; ++i) dst[i] = relu_y[at + i] > 0.0f ? dy[at + i] : 0.0f;
+          }
         }
       }
       dyg = buf.stage;
@@ -285,6 +294,149 @@ void conv2d_backward(float* dx, float* dw, float* db, const float* dy, const flo
   }
   for (int64_t oc = 0; oc < s.OC; ++oc) {
     for (int64_t k = 0; k < p.K; ++k) dw[oc * p.K + k] += buf.dwt[k * s.OC + oc];
+  }
+}
+
+void pool_relu_grad_image(float* dconv, const float* dy, const int32_t* argmax, const float* y,
+                          const Conv2dShape& s, int64_t k, int64_t stride) {
+  const int64_t plane = s.OH() * s.OW();
+  const int64_t pooled = ((s.OH() - k) / stride + 1) * ((s.OW() - k) / stride + 1);
+  for (int64_t oc = 0; oc < s.OC; ++oc) {
+    float* d = dconv + oc * plane;
+    std::fill(d, d + plane, 0.0f);
+    const int64_t o0 = oc * pooled;
+    // maxpool2d_backward's scatter (+=, windows may overlap), keeping only winners the ReLU
+    // passed: relu_backward's mask at a winner is its window's pooled output > 0. The others
+    // add +0, masked by bits (a branch on the data would mispredict half the time): that leaves
+    // the same bits, since d starts at +0 and no sum of ours turns it into -0.
+    for (int64_t o = o0; o < o0 + pooled; ++o) {
+      const uint32_t keep = y[o] > 0.0f ? ~0u : 0u;
+      d[argmax[o]] += std::bit_cast<float>(std::bit_cast<uint32_t>(dy[o]) & keep);
+    }
+  }
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::ConvFusion;
+
+void check_pool(const char* who, const Conv2dShape& s, int64_t k, int64_t stride) {
+  if (k >= 1 && stride >= 1 && s.OH() >= k && s.OW() >= k) return;
+  throw InvalidArgument(str(who, ": pool window must fit the convolution's ", s.OH(), "x", s.OW(),
+                            " output and stride be >= 1, got k=", k, " stride=", stride,
+                            "; use a smaller pool window"));
+}
+
+// One image of a batch shape, for the portable fused paths.
+Conv2dShape one_image(Conv2dShape s) {
+  s.N = 1;
+  return s;
+}
+
+}  // namespace
+
+int64_t conv2d_scratch_floats(const Conv2dShape& s) {
+  check_shape("conv2d_scratch_floats", s);
+  return detail::conv2d_direct_supported(s) ? detail::conv2d_direct_scratch_floats(s, {})
+                                            : detail::conv2d_im2col_scratch_floats(s);
+}
+
+void conv2d_forward(float* y, const float* x, const float* w, const float* b, const Conv2dShape& s,
+                    float* scratch) {
+  check_shape("conv2d_forward", s);
+  if (detail::conv2d_direct_supported(s)) {
+    detail::conv2d_direct_forward(y, nullptr, x, w, b, ConvFusion{}, s, scratch);
+    return;
+  }
+  detail::conv2d_im2col_forward(y, x, w, b, s, scratch);
+}
+
+void conv2d_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
+                     const float* w, const Conv2dShape& s, float* scratch) {
+  check_shape("conv2d_backward", s);
+  if (detail::conv2d_direct_supported(s)) {
+    detail::conv2d_direct_backward(dx, dw, db, dy, nullptr, nullptr, ConvFusion{}, x, w, s,
+                                   scratch);
+    return;
+  }
+  detail::conv2d_im2col_backward(dx, dw, db, dy, nullptr, x, w, s, scratch);
+}
+
+void conv2d_relu_forward(float* y, const float* x, const float* w, const float* b,
+                         const Conv2dShape& s, float* scratch) {
+  check_shape("conv2d_relu_forward", s);
+  if (detail::conv2d_direct_supported(s)) {
+    detail::conv2d_direct_forward(y, nullptr, x, w, b, ConvFusion{true}, s, scratch);
+    return;
+  }
+  detail::conv2d_im2col_forward(y, x, w, b, s, scratch);
+  relu_forward(y, y, s.N * s.OC * s.OH() * s.OW());
+}
+
+void conv2d_relu_backward(float* dx, float* dw, float* db, const float* dy, const float* y,
+                          const float* x, const float* w, const Conv2dShape& s, float* scratch) {
+  check_shape("conv2d_relu_backward", s);
+  if (detail::conv2d_direct_supported(s)) {
+    detail::conv2d_direct_backward(dx, dw, db, dy, y, nullptr, ConvFusion{true}, x, w, s, scratch);
+    return;
+  }
+  detail::conv2d_im2col_backward(dx, dw, db, dy, y, x, w, s, scratch);
+}
+
+// The portable path runs the steps image by image through a one-image buffer kept after the
+// im2col scratch: slower than the batched path, the same results up to summation order.
+int64_t conv2d_relu_maxpool_scratch_floats(const Conv2dShape& s, int64_t k, int64_t stride) {
+  check_shape("conv2d_relu_maxpool_scratch_floats", s);
+  check_pool("conv2d_relu_maxpool_scratch_floats", s, k, stride);
+  if (detail::conv2d_direct_supported(s)) {
+    return detail::conv2d_direct_scratch_floats(s, ConvFusion{true, k, stride});
+  }
+  return detail::conv2d_im2col_scratch_floats(one_image(s)) + s.OC * s.OH() * s.OW();
+}
+
+void conv2d_relu_maxpool_forward(float* y, int32_t* argmax, const float* x, const float* w,
+                                 const float* b, const Conv2dShape& s, int64_t k, int64_t stride,
+                                 float* scratch) {
+  check_shape("conv2d_relu_maxpool_forward", s);
+  check_pool("conv2d_relu_maxpool_forward", s, k, stride);
+  if (detail::conv2d_direct_supported(s)) {
+    detail::conv2d_direct_forward(y, argmax, x, w, b, ConvFusion{true, k, stride}, s, scratch);
+    return;
+  }
+  const Conv2dShape one = one_image(s);
+  float* image = scratch + detail::conv2d_im2col_scratch_floats(one);
+  const int64_t conv_size = s.OC * s.OH() * s.OW();
+  const int64_t pooled = s.OC * ((s.OH() - k) / stride + 1) * ((s.OW() - k) / stride + 1);
+  for (int64_t n = 0; n < s.N; ++n) {
+    detail::conv2d_im2col_forward(image, x + n * s.C * s.H * s.W, w, b, one, scratch);
+    relu_forward(image, image, conv_size);
+    maxpool2d_forward(y + n * pooled, argmax + n * pooled, image, 1, s.OC, s.OH(), s.OW(), k,
+                      stride);
+  }
+}
+
+void conv2d_relu_maxpool_backward(float* dx, float* dw, float* db, const float* dy,
+                                  const int32_t* argmax, const float* y, const float* x,
+                                  const float* w, const Conv2dShape& s, int64_t k, int64_t stride,
+                                  float* scratch) {
+  check_shape("conv2d_relu_maxpool_backward", s);
+  check_pool("conv2d_relu_maxpool_backward", s, k, stride);
+  if (detail::conv2d_direct_supported(s)) {
+    detail::conv2d_direct_backward(dx, dw, db, dy, y, argmax, ConvFusion{true, k, stride}, x, w, s,
+                                   scratch);
+    return;
+  }
+  const Conv2dShape one = one_image(s);
+  float* image = scratch + detail::conv2d_im2col_scratch_floats(one);
+  const int64_t in_size = s.C * s.H * s.W;
+  const int64_t pooled = s.OC * ((s.OH() - k) / stride + 1) * ((s.OW() - k) / stride + 1);
+  for (int64_t n = 0; n < s.N; ++n) {
+    detail::pool_relu_grad_image(image, dy + n * pooled, argmax + n * pooled, y + n * pooled, s, k,
+                                 stride);
+    detail::conv2d_im2col_backward(dx != nullptr ? dx + n * in_size : nullptr, dw, db, image,
+                                   nullptr, x + n * in_size, w, one, scratch);
   }
 }
 

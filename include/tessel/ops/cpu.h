@@ -78,9 +78,11 @@ void dropout_forward(float* y, const float* x, int64_t rows, int64_t cols, float
 void dropout_backward(float* dx, const float* dy, int64_t rows, int64_t cols, float p,
                       uint64_t seed, int64_t step, int64_t first_sample);
 
-// ---- Conv2d (im2col + GEMM): x[N,C,H,W], w[OC,C,KH,KW], b[OC] -> y[N,OC,OH,OW] ----
+// ---- Conv2d: x[N,C,H,W], w[OC,C,KH,KW], b[OC] -> y[N,OC,OH,OW] ----
 // OH = (H + 2*pad - KH) / stride + 1, likewise OW. `scratch` holds at least
-// conv2d_scratch_floats(...) floats (the im2col buffer); the caller owns it.
+// conv2d_scratch_floats(...) floats; the caller owns it. An AVX-512 build runs tessel's own
+// direct kernels for stride 1 (kernel width <= 7, pad < kernel size), im2col + GEMM otherwise.
+// Single-threaded; results are the same bits on every run and for any thread count.
 struct Conv2dShape {
   int64_t N, C, H, W, OC, KH, KW, stride, pad;
   int64_t OH() const { return (H + 2 * pad - KH) / stride + 1; }
@@ -91,6 +93,30 @@ void conv2d_forward(float* y, const float* x, const float* w, const float* b,
                     const Conv2dShape& s, float* scratch);
 void conv2d_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                      const float* w, const Conv2dShape& s, float* scratch);
+
+// ---- Conv2d + ReLU (+ MaxPool2d), fused ----
+// What conv2d_forward, relu_forward (and maxpool2d_forward) give in sequence, and their
+// backwards likewise, in one pass over the batch: the convolution's output does not travel
+// through memory between the steps (with pooling it is never stored at all: each image's
+// output is pooled while in cache). Bit for bit on the direct kernels; on the im2col path the
+// pooled variants go image by image, which changes dw's and db's summation order.
+// y = relu(conv2d(x) + b), [N,OC,OH,OW]; scratch of conv2d_scratch_floats(s).
+void conv2d_relu_forward(float* y, const float* x, const float* w, const float* b,
+                         const Conv2dShape& s, float* scratch);
+// dy: the gradient w.r.t. y; y: conv2d_relu_forward's output.
+void conv2d_relu_backward(float* dx, float* dw, float* db, const float* dy, const float* y,
+                          const float* x, const float* w, const Conv2dShape& s, float* scratch);
+// y = maxpool2d(relu(conv2d(x) + b), k, stride), [N,OC,PH,PW] with PH = (OH - k) / stride + 1,
+// likewise PW; argmax[N*OC*PH*PW] as maxpool2d_forward's (an index into the OH x OW plane).
+int64_t conv2d_relu_maxpool_scratch_floats(const Conv2dShape& s, int64_t k, int64_t stride);
+void conv2d_relu_maxpool_forward(float* y, int32_t* argmax, const float* x, const float* w,
+                                 const float* b, const Conv2dShape& s, int64_t k, int64_t stride,
+                                 float* scratch);
+// dy: the gradient w.r.t. y [N,OC,PH,PW]; argmax, y: the forward's outputs.
+void conv2d_relu_maxpool_backward(float* dx, float* dw, float* db, const float* dy,
+                                  const int32_t* argmax, const float* y, const float* x,
+                                  const float* w, const Conv2dShape& s, int64_t k,
+                                  int64_t stride, float* scratch);
 
 // ---- MaxPool2d, square kernel k and stride: x[N,C,H,W] -> y[N,C,OH,OW] ----
 // OH = (H - k) / stride + 1. argmax[N*C*OH*OW] caches the winning input index for backward.

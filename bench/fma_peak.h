@@ -1,0 +1,99 @@
+// The core's measured fp32 FMA peak, for benches to print beside the GFLOP/s they report:
+// 12 independent chains of vector FMAs (enough to cover the FMA latency on every core we
+// run on, so the loop is throughput-bound, not latency-bound), best of 5 runs of ~35 ms
+// (the first doubles as warm-up). Widest vector the build targets: zmm with AVX-512, ymm with
+// FMA3; 0 (unknown) on other targets. Single-threaded: call it from the thread being measured.
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+
+namespace tessel::bench {
+
+namespace detail {
+
+// clang-format off
+// One vfmadd231ps into each of registers 2..13 from registers 0 and 1, of vector kind r.
+#define TESSEL_FMA12(r) \
+  "vfmadd231ps %%" r "0,%%" r "1,%%" r "2\n\t" \
+  "vfmadd231ps %%" r "0,%%" r "1,%%" r "3\n\t" \
+  "vfmadd231ps %%" r "0,%%" r "1,%%" r "4\n\t" \
+  "vfmadd231ps %%" r "0,%%" r "1,%%" r "5\n\t" \
+  "vfmadd231ps %%" r "0,%%" r "1,%%" r "6\n\t" \
+  "vfmadd231ps %%" r "0,%%" r "1,%%" r "7\n\t" \
+  "vfmadd231ps %%" r "0,%%" r "1,%%" r "8\n\t" \
+  "vfmadd231ps %%" r "0,%%" r "1,%%" r "9\n\t" \
+  "vfmadd231ps %%" r "0,%%" r "1,%%" r "10\n\t" \
+  "vfmadd231ps %%" r "0,%%" r "1,%%" r "11\n\t" \
+  "vfmadd231ps %%" r "0,%%" r "1,%%" r "12\n\t" \
+  "vfmadd231ps %%" r "0,%%" r "1,%%" r "13\n\t"
+
+// All 14 registers start at zero (a denormal accumulator could slow the FMAs down).
+#define TESSEL_ZERO14 \
+  "vxorps %%xmm0, %%xmm0, %%xmm0\n\t" \
+  "vxorps %%xmm1, %%xmm1, %%xmm1\n\t" \
+  "vxorps %%xmm2, %%xmm2, %%xmm2\n\t" \
+  "vxorps %%xmm3, %%xmm3, %%xmm3\n\t" \
+  "vxorps %%xmm4, %%xmm4, %%xmm4\n\t" \
+  "vxorps %%xmm5, %%xmm5, %%xmm5\n\t" \
+  "vxorps %%xmm6, %%xmm6, %%xmm6\n\t" \
+  "vxorps %%xmm7, %%xmm7, %%xmm7\n\t" \
+  "vxorps %%xmm8, %%xmm8, %%xmm8\n\t" \
+  "vxorps %%xmm9, %%xmm9, %%xmm9\n\t" \
+  "vxorps %%xmm10, %%xmm10, %%xmm10\n\t" \
+  "vxorps %%xmm11, %%xmm11, %%xmm11\n\t" \
+  "vxorps %%xmm12, %%xmm12, %%xmm12\n\t" \
+  "vxorps %%xmm13, %%xmm13, %%xmm13\n\t"
+// clang-format on
+
+// n iterations of 12 independent FMAs; returns the flops of one iteration.
+inline double fma_chains(int64_t n) {
+#if defined(__x86_64__) && defined(__AVX512F__)
+  constexpr double kFlopsPerIter = 12 * 2 * 16;
+  asm volatile(
+      TESSEL_ZERO14
+      "1:\n\t" TESSEL_FMA12("zmm") "dec %0\n\t"
+      "jnz 1b\n\t"
+      : "+r"(n)
+      :
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+        "xmm10", "xmm11", "xmm12", "xmm13", "cc");
+  return kFlopsPerIter;
+#elif defined(__x86_64__) && defined(__FMA__)
+  constexpr double kFlopsPerIter = 12 * 2 * 8;
+  asm volatile(
+      TESSEL_ZERO14
+      "1:\n\t" TESSEL_FMA12("ymm") "dec %0\n\t"
+      "jnz 1b\n\t"
+      : "+r"(n)
+      :
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+        "xmm10", "xmm11", "xmm12", "xmm13", "cc");
+  return kFlopsPerIter;
+#else
+  (void)n;
+  return 0.0;
+#endif
+#undef TESSEL_FMA12
+#undef TESSEL_ZERO14
+}
+
+}  // namespace detail
+
+// GFLOP/s of the fp32 FMA loop on the calling thread; 0 where the build has no vector FMA.
+inline double fma_peak_gflops() {
+  using Clock = std::chrono::steady_clock;
+  constexpr int64_t kIters = 20'000'000;  // 7.7 GFLOP a run: ~35 ms at 220 GFLOP/s
+  double best = 0.0;
+  for (int r = 0; r < 5; ++r) {
+    const auto t0 = Clock::now();
+    const double per_iter = detail::fma_chains(kIters);
+    const double s = std::chrono::duration<double>(Clock::now() - t0).count();
+    if (per_iter == 0.0) return 0.0;
+    best = std::max(best, per_iter * static_cast<double>(kIters) / s / 1e9);
+  }
+  return best;
+}
+
+}  // namespace tessel::bench

@@ -1,0 +1,412 @@
+// Direct convolution, stride 1, with tessel's own AVX-512 kernels: no column matrix.
+//
+// Terms. Positions are output pixels (oh, ow). A lane block is a run of up to 32 channels that
+// a tile holds in V = 2 zmm per position, or up to 16 in V = 1 (the last block, when 16 or
+// fewer channels remain); lanes past the channel count compute on zero weights and are never
+// stored. Inputs are read zero-padded: x[n] copied into xpad[C, Hp, Wp] (Hp = H + 2 pad,
+// Wp = W + 2 pad), so every tap of every position is in bounds and no loop branches on the
+// border.
+//
+// The tiles (conv_tiles.cc) do the arithmetic: forward and input gradient share one kernel
+// that keeps a tile of positions x one lane block of output channels in registers while it
+// broadcasts each input value from the padded rows into the FMAs, and transposes the tile into
+// the NCHW output at the end; the input gradient of a stride-1 convolution is that kernel over
+// dy zero-padded by K - 1 - pad on each side, with the kernel flipped in kh and kw and C and OC
+// swapped. The weight gradient keeps taps x channels in registers over a whole image, reading
+// dy transposed per image into dyT[P, OCp] (channels along lanes) and accumulating in
+// dwT[K, OCp]; dw gets dwT once at the end.
+//
+// This file stages each image for them: the input copied into its padded buffer, dy
+// transposed (masked by a fused ReLU, or scattered from the gradient of a fused max pool) and
+// zero-padded, the weights packed once per call, and the next image prefetched in between.
+//
+// Every sum runs in one fixed order (taps; positions; images in batch order), so the results
+// are the same bits on every run and for any thread count.
+#include <algorithm>
+#include <bit>
+#include <vector>
+
+#include "conv_impl.h"
+#include "conv_tiles.h"
+#include "tessel/core/error.h"
+
+namespace tessel::ops::detail {
+
+#ifdef __AVX512F__
+namespace {
+
+constexpr int kL = kLanes;
+constexpr int64_t kAlign = 16;  // floats: each scratch region starts 64-byte aligned
+
+int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+
+// Channels [first, first + count) of one tile, in v zmm per position.
+struct LaneBlock {
+  int64_t first;
+  int count, v;
+};
+
+// Blocks of 32 channels while more than 16 remain, then one of <= 16. Block b's packed data
+// starts at channel `first`, and all blocks together take round_up(channels, 16) lanes.
+template <typename F>
+void for_each_block(int64_t channels, F f) {
+  for (int64_t first = 0; first < channels;) {
+    const int v = channels - first > kL ? 2 : 1;
+    const int count = static_cast<int>(std::min<int64_t>(channels - first, v * kL));
+    f(LaneBlock{first, count, v});
+    first += count;
+  }
+}
+
+// wp[block][k][lane] = get(block first + lane, k), 0 past the block's count: the weight
+// vectors of each reduction step k, contiguous.
+template <typename Get>
+void pack_lanes(float* wp, int64_t channels, int64_t K, Get get) {
+  for_each_block(channels, [&](const LaneBlock& b) {
+    float* dst = wp + b.first * K;
+    const int lanes = b.v * kL;
+    for (int64_t k = 0; k < K; ++k) {
+      for (int l = 0; l < lanes; ++l) dst[k * lanes + l] = l < b.count ? get(b.first + l, k) : 0.0f;
+    }
+  });
+}
+
+// ---- Staging ----
+
+// Scratch regions, in floats, each rounded to kAlign.
+struct DirectPlan {
+  int64_t P, K, Hp, Wp, DH, DW, OCp;
+  int64_t wp_floats, xpad_floats, dypad_floats, dyt_floats, dwt_floats;
+  explicit DirectPlan(const Conv2dShape& s)
+      : P(s.OH() * s.OW()),
+        K(s.C * s.KH * s.KW),
+        Hp(s.H + 2 * s.pad),
+        Wp(s.W + 2 * s.pad),
+        DH(s.H + s.KH - 1),
+        DW(s.W + s.KW - 1),
+        OCp(round_up(s.OC, kL)),
+        // Forward: [OCp lanes][C * taps]; input gradient: [Cp lanes][OC * taps].
+        wp_floats(round_up(std::max(OCp * K, round_up(s.C, kL) * s.OC * s.KH * s.KW), kAlign)),
+        xpad_floats(round_up(s.C * Hp * Wp, kAlign)),
+        dypad_floats(round_up(s.OC * DH * DW, kAlign)),
+        dyt_floats(round_up(P * OCp, kAlign)),
+        dwt_floats(round_up(K * OCp, kAlign)) {}
+  int64_t total() const { return wp_floats + xpad_floats + dypad_floats + dyt_floats + dwt_floats; }
+};
+
+// dst[c, r0 + h, q0 + w] = src[c, h, w] (times mask[c, h, w] > 0 when mask is given) for the
+// rows x cols planes of `channels` channels; dst planes are dst_rows x dst_ld.
+void copy_into_padded(float* dst, int64_t dst_rows, int64_t dst_ld, int64_t r0, int64_t q0,
+                      const float* src, const float* mask, int64_t channels, int64_t rows,
+                      int64_t cols) {
+  const __mmask16 tail = head_mask(cols % kL);
+  for (int64_t c = 0; c < channels; ++c) {
+    for (int64_t h = 0; h < rows; ++h) {
+      const int64_t at = (c * rows + h) * cols;
+      float* d = dst + (c * dst_rows + r0 + h) * dst_ld + q0;
+      for (int64_t w = 0; w < cols; w += kL) {
+        const __mmask16 m = w + kL <= cols ? __mmask16(0xFFFF) : tail;
+        __m512 v = _mm512_maskz_loadu_ps(m, src + at + w);
+        if (mask != nullptr) {
+          const __m512 y = _mm512_maskz_loadu_ps(m, mask + at + w);
+          v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_GT_OQ), v);
+        }
+        _mm512_mask_storeu_ps(d + w, m, v);
+      }
+    }
+  }
+}
+
+// dyt[p * OCp + oc] = dy[oc * P + p] for one image (masked by relu_y > 0 when given), zero for
+// OC <= oc < OCp: 16 x 16 blocks through registers.
+void transpose_dy(float* dyt, const float* dy, const float* relu_y, const Conv2dShape& s,
+                  const DirectPlan& p) {
+  for (int64_t oc0 = 0; oc0 < p.OCp; oc0 += kL) {
+    for (int64_t p0 = 0; p0 < p.P; p0 += kL) {
+      const __mmask16 m = head_mask(p.P - p0);
+      __m512 r[kL];
+      for (int i = 0; i < kL; ++i) {
+        const int64_t at = (oc0 + i) * p.P + p0;
+        if (oc0 + i >= s.OC) {
+          r[i] = _mm512_setzero_ps();
+        } else if (relu_y == nullptr) {
+          r[i] = _mm512_maskz_loadu_ps(m, dy + at);
+        } else {
+          const __mmask16 keep = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, relu_y + at),
+                                                         _mm512_setzero_ps(), _CMP_GT_OQ);
+          r[i] = _mm512_maskz_loadu_ps(keep, dy + at);
+        }
+      }
+      transpose16(r);
+      const int64_t n = std::min<int64_t>(kL, p.P - p0);
+      for (int64_t i = 0; i < n; ++i) _mm512_storeu_ps(dyt + (p0 + i) * p.OCp + oc0, r[i]);
+    }
+  }
+}
+
+// Behind a fused ReLU + max pool, one image's convolution output gradient goes straight into
+// dyT (and into dypad's interior when dypad is given), scattered from the pooled gradient
+// dy[OC, pooled / OC]: what maxpool2d_backward then relu_backward would make of it, and the
+// same sums in the same order as pool_relu_grad_image (conv.cc), without the full-resolution
+// image and its transpose. pad_at[a]: where plane index a (h * OW + w) sits in a dypad plane.
+void scatter_pooled_grad(float* dyt, float* dypad, const int32_t* pad_at, const float* dy,
+                         const int32_t* argmax, const float* y, const Conv2dShape& s,
+                         const DirectPlan& p, int64_t pooled) {
+  std::fill(dyt, dyt + p.P * p.OCp, 0.0f);
+  if (dypad != nullptr) std::fill(dypad, dypad + s.OC * p.DH * p.DW, 0.0f);
+  const int64_t per_channel = pooled / s.OC;
+  for (int64_t oc = 0; oc < s.OC; ++oc) {
+    float* dpad = dypad != nullptr ? dypad + oc * p.DH * p.DW : nullptr;
+    for (int64_t o = oc * per_channel; o < (oc + 1) * per_channel; ++o) {
+      // dy where the window's output passed the ReLU, else +0 (which keeps the sum's bits, see
+      // conv.cc): by bits, so that no branch depends on the data.
+      const uint32_t keep = y[o] > 0.0f ? ~0u : 0u;
+      const float v = std::bit_cast<float>(std::bit_cast<uint32_t>(dy[o]) & keep);
+      const int32_t at = argmax[o];
+      dyt[at * p.OCp + oc] += v;
+      if (dpad != nullptr) dpad[pad_at[at]] += v;
+    }
+  }
+}
+
+// db[oc] += sum over positions of dyT[p, oc], one image: four partial sums (positions
+// p mod 4, in order) so that the adds do not wait on each other, then added up in one order.
+void add_bias_grad(float* db, const float* dyt, const Conv2dShape& s, const DirectPlan& p) {
+  for (int64_t oc0 = 0; oc0 < s.OC; oc0 += kL) {
+    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                     _mm512_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 4 <= p.P; i += 4) {
+      for (int u = 0; u < 4; ++u) {
+        acc[u] = _mm512_add_ps(acc[u], _mm512_loadu_ps(dyt + (i + u) * p.OCp + oc0));
+      }
+    }
+    for (; i < p.P; ++i) acc[0] = _mm512_add_ps(acc[0], _mm512_loadu_ps(dyt + i * p.OCp + oc0));
+    const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
+    const __mmask16 m = head_mask(s.OC - oc0);
+    _mm512_mask_storeu_ps(db + oc0, m, _mm512_add_ps(sum, _mm512_maskz_loadu_ps(m, db + oc0)));
+  }
+}
+
+// The image's input as the kernels read it: x[n] in place without padding, else its copy in
+// xpad (whose border is zero).
+RowsJob image_input(float* xpad, const float* xn, const Conv2dShape& s, const DirectPlan& p) {
+  RowsJob in{};
+  in.in = xn;
+  in.plane = s.H * s.W;
+  in.ld = s.W;
+  if (s.pad > 0) {
+    copy_into_padded(xpad, p.Hp, p.Wp, s.pad, s.pad, xn, nullptr, s.C, s.H, s.W);
+    in.in = xpad;
+    in.plane = p.Hp * p.Wp;
+    in.ld = p.Wp;
+  }
+  return in;
+}
+
+int64_t pooled_size(const Conv2dShape& s, const ConvFusion& f) {
+  return s.OC * ((s.OH() - f.pool_k) / f.pool_stride + 1) *
+         ((s.OW() - f.pool_k) / f.pool_stride + 1);
+}
+
+// One image's convolution output, for pooling it while it is in cache.
+int64_t image_floats(const Conv2dShape& s, const ConvFusion& f) {
+  return f.pooled() ? round_up(s.OC * s.OH() * s.OW(), kAlign) : 0;
+}
+
+// The arguments of a backward call, and its scratch.
+struct BackwardArgs {
+  float *dx, *dw, *db;
+  const float *dy, *y;
+  const int32_t* argmax;
+  const ConvFusion& f;
+  const float *x, *w;
+  const Conv2dShape& s;
+  const DirectPlan& p;
+  float *wf, *xpad, *dypad;
+  int64_t out_size;  // of one image's dy and y (pooled when pooling)
+};
+
+// The input gradient of image n: the flipped kernel (wf) over the padded dy. dyn: the image's
+// convolution output gradient to pad, or null when dypad's interior is already filled.
+void input_gradient(const BackwardArgs& a, int64_t n, const float* dyn, const float* mask,
+                    Prefetcher* pf) {
+  const Conv2dShape& s = a.s;
+  const DirectPlan& p = a.p;
+  if (dyn != nullptr) {
+    copy_into_padded(a.dypad, p.DH, p.DW, s.KH - 1 - s.pad, s.KW - 1 - s.pad, dyn, mask, s.OC,
+                     s.OH(), s.OW());
+  }
+  for_each_block(s.C, [&](const LaneBlock& blk) {
+    RowsJob j{};
+    j.in = a.dypad;
+    j.plane = p.DH * p.DW;
+    j.ld = p.DW;
+    j.C = s.OC;
+    j.KH = s.KH;
+    j.KW = s.KW;
+    j.wp = a.wf + blk.first * s.OC * s.KH * s.KW;
+    j.out = a.dx + n * s.C * s.H * s.W + blk.first * s.H * s.W;
+    j.out_plane = s.H * s.W;
+    j.OW = s.W;
+    j.count = blk.count;
+    j.prefetch = pf;
+    conv_rows(j, blk.v, s.H);
+  });
+}
+
+// dy transposed per image into dyT, dw through dwT, and the input gradient.
+void backward_images(const BackwardArgs& a, float* dyt, float* dwt, int64_t tiles) {
+  const Conv2dShape& s = a.s;
+  const DirectPlan& p = a.p;
+  const int64_t in_size = s.C * s.H * s.W, OW = s.OW();
+  std::fill(dwt, dwt + p.dwt_floats, 0.0f);
+  std::vector<int32_t> pad_at;  // pooled, with dx: plane index -> index in a dypad plane
+  if (a.f.pooled() && a.dx != nullptr) {
+    pad_at.resize(p.P);
+    for (int64_t i = 0; i < p.P; ++i) {
+      pad_at[i] =
+          static_cast<int32_t>((s.KH - 1 - s.pad + i / OW) * p.DW + s.KW - 1 - s.pad + i % OW);
+    }
+  }
+  Prefetcher pf;
+  for (int64_t n = 0; n < s.N; ++n) {
+    // Stage the image: its input, and its convolution output gradient (masked by the ReLU, or
+    // scattered from the pooled gradient) transposed, and zero-padded for the input gradient.
+    const RowsJob in = image_input(a.xpad, a.x + n * in_size, s, p);
+    const float* dyn = a.dy + n * a.out_size;
+    const float* mask = a.f.relu && !a.f.pooled() ? a.y + n * a.out_size : nullptr;
+    if (a.f.pooled()) {
+      scatter_pooled_grad(dyt, a.dx != nullptr ? a.dypad : nullptr, pad_at.data(), dyn,
+                          a.argmax + n * a.out_size, a.y + n * a.out_size, s, p, a.out_size);
+    } else {
+      transpose_dy(dyt, dyn, mask, s, p);
+    }
+    const bool next = n + 1 < s.N;
+    pf.start({{next ? a.x + (n + 1) * in_size : nullptr, in_size},
+              {next ? a.dy + (n + 1) * a.out_size : nullptr, a.out_size},
+              {next && a.f.relu ? a.y + (n + 1) * a.out_size : nullptr, a.out_size},
+              {next && a.dx != nullptr ? a.dx + (n + 1) * in_size : nullptr, in_size}},
+             tiles);
+    if (a.db != nullptr) add_bias_grad(a.db, dyt, s, p);
+    for_each_block(s.OC, [&](const LaneBlock& blk) {
+      const DwJob j{in.in, in.plane,        in.ld, s.KH,           s.OH(),
+                    OW,    dyt + blk.first, p.OCp, dwt + blk.first};
+      conv_dw(j, blk.v, s.KW, s.C * s.KH, &pf);
+    });
+    if (a.dx != nullptr) input_gradient(a, n, a.f.pooled() ? nullptr : dyn, mask, &pf);
+    pf.finish();
+  }
+  for (int64_t oc = 0; oc < s.OC; ++oc) {
+    for (int64_t k = 0; k < p.K; ++k) a.dw[oc * p.K + k] += dwt[k * p.OCp + oc];
+  }
+}
+
+}  // namespace
+
+bool conv2d_direct_supported(const Conv2dShape& s) {
+  return s.stride == 1 && s.KW <= kDirectMaxKW && s.pad < s.KH && s.pad < s.KW;
+}
+
+int64_t conv2d_direct_scratch_floats(const Conv2dShape& s, const ConvFusion& f) {
+  return DirectPlan(s).total() + image_floats(s, f);
+}
+
+void conv2d_direct_forward(float* y, int32_t* argmax, const float* x, const float* w,
+                           const float* b, const ConvFusion& f, const Conv2dShape& s,
+                           float* scratch) {
+  TESSEL_CHECK(conv2d_direct_supported(s),
+               "conv2d_direct_forward: unsupported shape, got stride=", s.stride, " KW=", s.KW,
+               " pad=", s.pad);
+  const DirectPlan p(s);
+  float* wp = scratch;
+  float* xpad = wp + p.wp_floats;
+  float* image = scratch + p.total();  // pooled: one image's convolution output
+  pack_lanes(wp, s.OC, p.K, [&](int64_t oc, int64_t k) { return w[oc * p.K + k]; });
+  if (s.pad > 0) std::fill(xpad, xpad + p.xpad_floats, 0.0f);  // the border stays zero
+  const int64_t in_size = s.C * s.H * s.W, out_size = f.pooled() ? pooled_size(s, f) : s.OC * p.P;
+  int64_t tiles = 0;
+  for_each_block(s.OC,
+                 [&](const LaneBlock& blk) { tiles += conv_rows_tiles(blk.v, s.OW(), s.OH()); });
+  Prefetcher pf;
+  for (int64_t n = 0; n < s.N; ++n) {
+    const RowsJob in = image_input(xpad, x + n * in_size, s, p);
+    const bool next = n + 1 < s.N;
+    pf.start({{next ? x + (n + 1) * in_size : nullptr, in_size},
+              {next ? y + (n + 1) * out_size : nullptr, out_size}},
+             tiles);
+    float* out = f.pooled() ? image : y + n * out_size;
+    for_each_block(s.OC, [&](const LaneBlock& blk) {
+      RowsJob j = in;
+      j.C = s.C;
+      j.KH = s.KH;
+      j.KW = s.KW;
+      j.wp = wp + blk.first * p.K;
+      j.bias = b != nullptr ? b + blk.first : nullptr;
+      j.relu = f.relu;
+      j.out = out + blk.first * p.P;
+      j.out_plane = p.P;
+      j.OW = s.OW();
+      j.count = blk.count;
+      j.prefetch = &pf;
+      conv_rows(j, blk.v, s.OH());
+    });
+    pf.finish();
+    if (f.pooled()) {  // pool the image while it is in cache
+      maxpool2d_forward(y + n * out_size, argmax + n * out_size, image, 1, s.OC, s.OH(), s.OW(),
+                        f.pool_k, f.pool_stride);
+    }
+  }
+}
+
+void conv2d_direct_backward(float* dx, float* dw, float* db, const float* dy, const float* y,
+                            const int32_t* argmax, const ConvFusion& f, const float* x,
+                            const float* w, const Conv2dShape& s, float* scratch) {
+  TESSEL_CHECK(conv2d_direct_supported(s),
+               "conv2d_direct_backward: unsupported shape, got stride=", s.stride, " KW=", s.KW,
+               " pad=", s.pad);
+  const DirectPlan p(s);
+  float* wf = scratch;
+  float* xpad = wf + p.wp_floats;
+  float* dypad = xpad + p.xpad_floats;
+  float* dyt = dypad + p.dypad_floats;
+  float* dwt = dyt + p.dyt_floats;
+  const int64_t taps = s.KH * s.KW;
+  if (dx != nullptr) {
+    // The input gradient's weights: lanes over c, steps (oc, kh', kw') of the flipped kernel.
+    pack_lanes(wf, s.C, s.OC * taps, [&](int64_t c, int64_t k) {
+      const int64_t oc = k / taps, kh = s.KH - 1 - k % taps / s.KW, kw = s.KW - 1 - k % s.KW;
+      return w[((oc * s.C + c) * s.KH + kh) * s.KW + kw];
+    });
+    std::fill(dypad, dypad + p.dypad_floats, 0.0f);  // the border stays zero
+  }
+  if (s.pad > 0) std::fill(xpad, xpad + p.xpad_floats, 0.0f);
+  const BackwardArgs a{dx,     dw, db,   dy,    y,
+                       argmax, f,  x,    w,     s,
+                       p,      wf, xpad, dypad, f.pooled() ? pooled_size(s, f) : s.OC * p.P};
+  int64_t tiles = 0;  // per image, for the prefetcher
+  for_each_block(s.OC,
+                 [&](const LaneBlock& blk) { tiles += conv_dw_tiles(blk.v, s.KW, s.C * s.KH); });
+  if (dx != nullptr) {
+    for_each_block(s.C, [&](const LaneBlock& blk) { tiles += conv_rows_tiles(blk.v, s.W, s.H); });
+  }
+  backward_images(a, dyt, dwt, tiles);
+}
+
+#else  // no AVX-512: conv.cc always takes the im2col path
+
+bool conv2d_direct_supported(const Conv2dShape&) { return false; }
+int64_t conv2d_direct_scratch_floats(const Conv2dShape&, const ConvFusion&) { return 0; }
+void conv2d_direct_forward(float*, int32_t*, const float*, const float*, const float*,
+                           const ConvFusion&, const Conv2dShape&, float*) {
+  TESSEL_CHECK(false, "conv2d_direct_forward: this build does not target AVX-512");
+}
+void conv2d_direct_backward(float*, float*, float*, const float*, const float*, const int32_t*,
+                            const ConvFusion&, const float*, const float*, const Conv2dShape&,
+                            float*) {
+  TESSEL_CHECK(false, "conv2d_direct_backward: this build does not target AVX-512");
+}
+
+#endif  // __AVX512F__
+
+}  // namespace tessel::ops::detail

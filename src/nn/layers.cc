@@ -171,6 +171,17 @@ Tensor Flatten::backward(const Tensor& dy, Cache& cache) {
 
 // ---- Conv2d ----
 
+namespace {
+
+// A convolution's parameters, initialised as PyTorch does: U(-1/sqrt(C*k*k), 1/sqrt(C*k*k)).
+void conv_parameters(int64_t C, int64_t OC, int64_t k, Parameter& weight, Parameter& bias) {
+  const float bound = 1.0f / std::sqrt(static_cast<float>(C * k * k));
+  weight = {"weight", {OC, C, k, k}, Init::kUniform, bound, {}, {}};
+  bias = {"bias", {OC}, Init::kUniform, bound, {}, {}};
+}
+
+}  // namespace
+
 Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t stride,
                int64_t pad, int64_t in_h, int64_t in_w)
     : C_(in_channels),
@@ -183,9 +194,7 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_
   TESSEL_CHECK(C_ > 0 && OC_ > 0 && k_ > 0 && stride_ > 0 && pad_ >= 0,
                "conv2d: sizes must be positive, got in ", C_, ", out ", OC_, ", kernel ", k_,
                ", stride ", stride_, ", pad ", pad_);
-  const float bound = 1.0f / std::sqrt(static_cast<float>(C_ * k_ * k_));
-  weight_ = {"weight", {OC_, C_, k_, k_}, Init::kUniform, bound, {}, {}};
-  bias_ = {"bias", {OC_}, Init::kUniform, bound, {}, {}};
+  conv_parameters(C_, OC_, k_, weight_, bias_);
 }
 
 Tensor Conv2d::forward(const Tensor& x, const Context& ctx, Cache* cache) {
@@ -224,6 +233,70 @@ Tensor Conv2d::backward(const Tensor& dy, Cache& cache) {
 double Conv2d::forward_flops(int64_t batch) const {
   if (in_h_ == 0 || in_w_ == 0) return 0;
   const ops::Conv2dShape s{batch, C_, in_h_, in_w_, OC_, k_, k_, stride_, pad_};
+  return 2.0 * static_cast<double>(batch) * OC_ * s.OH() * s.OW() * C_ * k_ * k_;
+}
+
+// ---- ConvReluPool ----
+
+ConvReluPool::ConvReluPool(int64_t in_channels, int64_t out_channels, int64_t kernel,
+                           int64_t pad, int64_t pool, int64_t in_h, int64_t in_w)
+    : C_(in_channels),
+      OC_(out_channels),
+      k_(kernel),
+      pad_(pad),
+      pool_(pool),
+      in_h_(in_h),
+      in_w_(in_w) {
+  TESSEL_CHECK(C_ > 0 && OC_ > 0 && k_ > 0 && pad_ >= 0 && pool_ > 0 && in_h_ > 0 && in_w_ > 0,
+               "conv2d_relu_maxpool: sizes must be positive, got in ", C_, ", out ", OC_,
+               ", kernel ", k_, ", pad ", pad_, ", pool ", pool_, ", input ", in_h_, "x", in_w_);
+  conv_parameters(C_, OC_, k_, weight_, bias_);
+}
+
+ops::Conv2dShape ConvReluPool::shape(int64_t batch) const {
+  return {batch, C_, in_h_, in_w_, OC_, k_, k_, 1, pad_};
+}
+
+Tensor ConvReluPool::forward(const Tensor& x, const Context& ctx, Cache* cache) {
+  (void)ctx;
+  check_f32(x, "conv2d_relu_maxpool");
+  if (x.ndim() != 4 || x.dim(1) != C_ || x.dim(2) != in_h_ || x.dim(3) != in_w_)
+    throw InvalidArgument(str("conv2d_relu_maxpool: input must be [N, ", C_, ", ", in_h_, ", ",
+                              in_w_, "], got shape ", shape_str(x.shape()),
+                              "; images need data.flatten = false"));
+  const ops::Conv2dShape s = shape(x.dim(0));
+  const Shape out{s.N, OC_, (s.OH() - pool_) / pool_ + 1, (s.OW() - pool_) / pool_ + 1};
+  Tensor y = output(cache, 0, out), argmax = output(cache, 1, out, DType::kI32);
+  const Shape scratch_shape{ops::conv2d_relu_maxpool_scratch_floats(s, pool_, pool_)};
+  Tensor scratch = cache ? cache->scratch(0, scratch_shape) : Tensor::empty(scratch_shape);
+  ops::conv2d_relu_maxpool_forward(y.data<float>(), argmax.data<int32_t>(), x.data<float>(),
+                                   weight_.value.data<float>(), bias_.value.data<float>(), s,
+                                   pool_, pool_, scratch.data<float>());
+  if (cache) {
+    cache->keep(0, x);
+    cache->keep(1, y);
+    cache->keep(2, argmax);
+  }
+  return y;
+}
+
+Tensor ConvReluPool::backward(const Tensor& dy, Cache& cache) {
+  const Tensor &x = cache.kept(0), &y = cache.kept(1), &argmax = cache.kept(2);
+  check_same_shape(dy, y.shape(), "conv2d_relu_maxpool");
+  const ops::Conv2dShape s = shape(x.dim(0));
+  Tensor dx;
+  if (input_grad_) dx = cache.scratch(1, x.shape());
+  Tensor scratch = cache.scratch(0, {ops::conv2d_relu_maxpool_scratch_floats(s, pool_, pool_)});
+  ops::conv2d_relu_maxpool_backward(input_grad_ ? dx.data<float>() : nullptr,
+                                    weight_.grad.data<float>(), bias_.grad.data<float>(),
+                                    dy.data<float>(), argmax.data<int32_t>(), y.data<float>(),
+                                    x.data<float>(), weight_.value.data<float>(), s, pool_, pool_,
+                                    scratch.data<float>());
+  return dx;
+}
+
+double ConvReluPool::forward_flops(int64_t batch) const {
+  const ops::Conv2dShape s = shape(batch);
   return 2.0 * static_cast<double>(batch) * OC_ * s.OH() * s.OW() * C_ * k_ * k_;
 }
 

@@ -82,9 +82,7 @@ void build_cnn(const ModelSpec& spec, Model& m) {
           str("model: cnn stage ", n, " gets a ", h, "x", w, " image, too small for a ", k, "x", k,
               " conv and a 2x2 pool, got input_shape ", shape_str(spec.input_shape),
               "; use fewer model.channels entries or a smaller model.kernel"));
-    m.add("conv" + n, std::make_unique<Conv2d>(c, spec.channels[i], k, 1, pad, h, w));
-    m.add("relu" + n, std::make_unique<ReLU>());
-    m.add("pool" + n, std::make_unique<MaxPool2d>(2, 2));
+    m.add("conv" + n, std::make_unique<ConvReluPool>(c, spec.channels[i], k, pad, 2, h, w));
     c = spec.channels[i];
     h = (oh - 2) / 2 + 1;
     w = (ow - 2) / 2 + 1;

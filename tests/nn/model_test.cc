@@ -169,8 +169,9 @@ TEST(ModelLayout, Names) {
   auto cnn = build_model(c);
   names.clear();
   for (size_t i = 0; i < cnn->num_blocks(); ++i) names.push_back(cnn->block_name(i));
-  EXPECT_EQ(names, (std::vector<std::string>{"conv1", "relu1", "pool1", "conv2", "relu2", "pool2",
-                                             "flatten", "fc1", "relu3", "dropout", "fc2"}));
+  // Each conv -> ReLU -> pool stage is one fused block named after its convolution.
+  EXPECT_EQ(names, (std::vector<std::string>{"conv1", "conv2", "flatten", "fc1", "relu3",
+                                             "dropout", "fc2"}));
   // 28 -> conv(pad 2) 28 -> pool 14 -> 14 -> 7: fc1 sees 32 * 7 * 7.
   EXPECT_EQ(cnn->parameters()[4]->name, "fc1.weight");
   EXPECT_EQ(cnn->parameters()[4]->shape, (Shape{128, 32 * 7 * 7}));

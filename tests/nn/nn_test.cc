@@ -70,6 +70,40 @@ TEST(LayerGrad, Conv2dStridedEvenKernel) {
   check_module_grads(std::make_unique<Conv2d>(3, 2, 2, 2, 1), randn({1, 3, 6, 5}, 9), kTrain);
 }
 
+TEST(LayerGrad, ConvReluPool) {
+  check_module_grads(std::make_unique<ConvReluPool>(2, 3, 3, 1, 2, 6, 6), distinct({2, 2, 6, 6}, 11),
+                     kTrain, {.eps = 1e-2, .skip_kinks = true});
+}
+
+// The fused block gives the three blocks' outputs and gradients (its parameters bound to the
+// same values), whatever kernel path the shape takes.
+TEST(ConvReluPool, EqualsConvThenReluThenPool) {
+  for (int64_t size : {28, 14, 7}) {
+    Model fused, three;
+    fused.add("conv", std::make_unique<ConvReluPool>(3, 8, 5, 2, 2, size, size));
+    three.add("conv", std::make_unique<Conv2d>(3, 8, 5, 1, 2, size, size));
+    three.add("relu", std::make_unique<ReLU>());
+    three.add("pool", std::make_unique<MaxPool2d>(2, 2));
+    for (Model* m : {&fused, &three}) {
+      m->set_input_grad(true);
+      m->finalize();
+      m->materialize(3);
+    }
+    const Tensor x = randn({4, 3, size, size}, 12);
+    Activations a, b;
+    const Tensor y1 = fused.forward(x, kTrain, &a), y2 = three.forward(x, kTrain, &b);
+    ASSERT_EQ(y1.shape(), y2.shape());
+    for (int64_t i = 0; i < y1.numel(); ++i)
+      ASSERT_NEAR(y1.data<float>()[i], y2.data<float>()[i], 1e-5) << size;
+    const Tensor dy = randn(y1.shape(), 13);
+    const Tensor dx1 = fused.backward(dy, a), dx2 = three.backward(dy, b);
+    for (int64_t i = 0; i < dx1.numel(); ++i)
+      ASSERT_NEAR(dx1.data<float>()[i], dx2.data<float>()[i], 1e-4) << size;
+    for (int64_t i = 0; i < fused.grads().numel(); ++i)
+      ASSERT_NEAR(fused.grads().data<float>()[i], three.grads().data<float>()[i], 1e-3) << size;
+  }
+}
+
 TEST(LayerGrad, MaxPool2d) {
   check_module_grads(std::make_unique<MaxPool2d>(2, 2), distinct({2, 2, 4, 6}, 10), kTrain,
                      {.eps = 1e-2, .skip_kinks = true});

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "tessel/nn/module.h"
+#include "tessel/ops/cpu.h"
 
 namespace tessel::nn {
 
@@ -88,6 +89,26 @@ class Conv2d : public Module {
 
  private:
   int64_t C_, OC_, k_, stride_, pad_, in_h_, in_w_;
+  Parameter weight_, bias_;
+};
+
+// Conv2d (stride 1, padding pad) -> ReLU -> MaxPool2d(pool, pool) as one block: the fused
+// kernels pool the convolution's output while it is still in cache and never write the
+// unpooled activation (ops: conv2d_relu_maxpool_*). The same parameters ("weight", "bias"),
+// initialisation and results as the three blocks in a row.
+class ConvReluPool : public Module {
+ public:
+  ConvReluPool(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t pad,
+               int64_t pool, int64_t in_h, int64_t in_w);
+  std::string kind() const override { return "conv2d_relu_maxpool"; }
+  Tensor forward(const Tensor& x, const Context& ctx, Cache* cache) override;
+  Tensor backward(const Tensor& dy, Cache& cache) override;
+  std::vector<Parameter*> parameters() override { return {&weight_, &bias_}; }
+  double forward_flops(int64_t batch) const override;
+
+ private:
+  ops::Conv2dShape shape(int64_t batch) const;
+  int64_t C_, OC_, k_, pad_, pool_, in_h_, in_w_;
   Parameter weight_, bias_;
 };
 

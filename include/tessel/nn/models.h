@@ -21,7 +21,7 @@ struct ModelSpec {
   std::string activation = "relu";  // relu | gelu
   float dropout = 0.0f;             // after each hidden activation (mlp, cnn fc)
 
-  // cnn: [Conv(k, pad k/2) ReLU MaxPool(2)] per channel count, then Flatten,
+  // cnn: [Conv(k, pad k/2) ReLU MaxPool(2)] (one fused block each) per channel count, then Flatten,
   // Linear(fc_hidden) ReLU, Linear(classes)
   std::vector<int64_t> channels = {16, 32};
   int64_t kernel = 5;

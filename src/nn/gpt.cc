@@ -19,11 +19,20 @@ void check_tokens(const Tensor& x, int64_t context) {
             x.defined() ? shape_str(x.shape()) : "", "; a gpt model needs a token dataset"));
 }
 
-void check_activations(const Tensor& x, int64_t C, const char* layer) {
-  if (!x.defined() || x.dtype() != DType::kF32 || x.ndim() != 3 || x.dim(2) != C)
-    throw InvalidArgument(str(layer, ": input must be f32 [B, T, ", C, "], got ",
-                              x.defined() ? shape_str(x.shape()) : "undefined",
+// x: [B, T, C] activations of the blocks' type t (train.precision).
+void check_activations(const Tensor& x, int64_t C, DType t, const char* layer) {
+  if (!x.defined() || x.dtype() != t || x.ndim() != 3 || x.dim(2) != C)
+    throw InvalidArgument(str(layer, ": input must be ", dtype_name(t), " [B, T, ", C, "], got ",
+                              x.defined() ? str(dtype_name(x.dtype()), " ", shape_str(x.shape()))
+                                          : "undefined",
                               "; place it after the embedding block"));
+}
+
+void check_gradient(const Tensor& dy, const Shape& shape, DType t, const char* layer) {
+  TESSEL_CHECK(dy.defined() && dy.shape() == shape && dy.dtype() == t, layer,
+               ": backward gradient ",
+               dy.defined() ? str(dtype_name(dy.dtype()), " ", shape_str(dy.shape())) : "undefined",
+               ", expected ", dtype_name(t), " ", shape_str(shape));
 }
 
 void prefix_names(const std::vector<Parameter*>& params, const std::string& prefix) {
@@ -56,35 +65,25 @@ Tensor Embedding::forward(const Tensor& ids, const Context& ctx, Cache* cache) {
   check_tokens(ids, T_);
   if (cache) cache->keep(0, ids);
   const int64_t B = ids.dim(0), T = ids.dim(1);
-  Tensor y = output(cache, 0, {B, T, C_});
-  float* out = y.data<float>();
-  ops::embedding_forward(out, ids.data<int32_t>(), wte_.value.data<float>(), B * T, V_, C_);
-  // Position embedding: no kernel adds a [T, C] table to each of B rows, so a plain loop.
-  const float* wpe = wpe_.value.data<float>();
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) {
-      float* row = out + (b * T + t) * C_;
-      const float* pos = wpe + t * C_;
-      for (int64_t c = 0; c < C_; ++c) row[c] += pos[c];
-    }
+  const DType t = wte_.value.dtype();
+  Tensor y = output(cache, 0, {B, T, C_}, t);
+  ops::embedding_forward(y.raw(), ids.data<int32_t>(), wte_.value.raw(), B * T, V_, C_, t);
+  // Position embedding: rows [0, T) of the [context, C] table onto each sequence.
+  for (int64_t b = 0; b < B; ++b) {
+    const Tensor seq = y.view(b * T * C_, {T * C_});
+    ops::add_forward(seq.raw(), seq.raw(), wpe_.value.raw(), T * C_, t);
+  }
   return y;
 }
 
 Tensor Embedding::backward(const Tensor& dy, Cache& cache) {
   const Tensor& ids = cache.kept(0);
   const int64_t B = ids.dim(0), T = ids.dim(1);
-  TESSEL_CHECK(dy.defined() && dy.shape() == Shape({B, T, C_}), "embedding: backward gradient ",
-               dy.defined() ? shape_str(dy.shape()) : "undefined", " after a forward of ",
-               shape_str(ids.shape()));
-  const float* g = dy.data<float>();
-  ops::embedding_backward(wte_.grad.data<float>(), g, ids.data<int32_t>(), B * T, C_);
-  float* dwpe = wpe_.grad.data<float>();
+  const DType t = wte_.value.dtype();
+  check_gradient(dy, {B, T, C_}, t, "embedding");
+  ops::embedding_backward(wte_.grad.data<float>(), dy.raw(), ids.data<int32_t>(), B * T, C_, t);
   for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < T; ++t) {
-      const float* row = g + (b * T + t) * C_;
-      float* pos = dwpe + t * C_;
-      for (int64_t c = 0; c < C_; ++c) pos[c] += row[c];
-    }
+    ops::accumulate(wpe_.grad.data<float>(), dy.view(b * T * C_, {T * C_}).raw(), T * C_, t);
   return {};
 }
 
@@ -130,22 +129,22 @@ std::vector<Parameter*> TransformerBlock::parameters() {
 enum Sub : size_t { kLn1, kQkv, kAttnProj, kLn2, kFc, kGelu, kMlpProj };
 
 Tensor TransformerBlock::forward(const Tensor& x, const Context& ctx, Cache* cache) {
-  check_activations(x, C_, "transformer_block");
+  const DType t = qkv_.weight().value.dtype();
+  check_activations(x, C_, t, "transformer_block");
   const int64_t B = x.dim(0), T = x.dim(1), n = x.numel();
   auto sub = [cache](Sub k) { return cache ? &cache->child(k) : nullptr; };
   // Attention branch: x1 = x + proj(attention(qkv(ln1(x)))).
   Tensor qkv = qkv_.forward(ln1_.forward(x, ctx, sub(kLn1)), ctx, sub(kQkv));
-  Tensor a = output(cache, 0, {B, T, C_});
+  Tensor a = output(cache, 0, {B, T, C_}, t);
   Tensor att = output(cache, 1, {B, NH_, T, T});
-  ops::attention_forward(a.data<float>(), att.data<float>(), qkv.data<float>(), B, T, C_, NH_);
-  Tensor x1 = output(cache, 2, x.shape());
-  ops::add_forward(x1.data<float>(), x.data<float>(),
-                   attn_proj_.forward(a, ctx, sub(kAttnProj)).data<float>(), n);
+  ops::attention_forward(a.raw(), att.data<float>(), qkv.raw(), B, T, C_, NH_, t);
+  Tensor x1 = output(cache, 2, x.shape(), t);
+  ops::add_forward(x1.raw(), x.raw(), attn_proj_.forward(a, ctx, sub(kAttnProj)).raw(), n, t);
   // MLP branch: y = x1 + proj(gelu(fc(ln2(x1)))).
   Tensor h = fc_.forward(ln2_.forward(x1, ctx, sub(kLn2)), ctx, sub(kFc));
   Tensor m = mlp_proj_.forward(gelu_.forward(h, ctx, sub(kGelu)), ctx, sub(kMlpProj));
-  Tensor y = output(cache, 3, x.shape());
-  ops::add_forward(y.data<float>(), x1.data<float>(), m.data<float>(), n);
+  Tensor y = output(cache, 3, x.shape(), t);
+  ops::add_forward(y.raw(), x1.raw(), m.raw(), n, t);
   if (cache) {
     cache->keep(0, qkv);
     cache->keep(1, att);
@@ -157,27 +156,24 @@ Tensor TransformerBlock::backward(const Tensor& dy, Cache& cache) {
   const Tensor &qkv = cache.kept(0), &att = cache.kept(1);
   const int64_t B = qkv.dim(0), T = qkv.dim(1);
   const Shape shape{B, T, C_};
-  TESSEL_CHECK(dy.defined() && dy.shape() == shape, "transformer_block: backward gradient ",
-               dy.defined() ? shape_str(dy.shape()) : "undefined", " after a forward of ",
-               shape_str(shape));
+  const DType t = qkv.dtype();
+  check_gradient(dy, shape, t, "transformer_block");
   const int64_t n = dy.numel();
   // The residual passes dy through unchanged; the MLP branch adds its share.
   Tensor dh2 = fc_.backward(gelu_.backward(mlp_proj_.backward(dy, cache.child(kMlpProj)),
                                            cache.child(kGelu)),
                             cache.child(kFc));
-  Tensor dx1 = cache.scratch(0, shape);
-  ops::add_forward(dx1.data<float>(), dy.data<float>(),
-                   ln2_.backward(dh2, cache.child(kLn2)).data<float>(), n);
+  Tensor dx1 = cache.scratch(0, shape, t);
+  ops::add_forward(dx1.raw(), dy.raw(), ln2_.backward(dh2, cache.child(kLn2)).raw(), n, t);
   // Attention branch, then its residual.
   Tensor da = attn_proj_.backward(dx1, cache.child(kAttnProj));
-  Tensor dqkv = cache.scratch(1, {B, T, 3 * C_});
-  ops::attention_backward(dqkv.data<float>(), da.data<float>(), qkv.data<float>(),
-                          att.data<float>(), B, T, C_, NH_);
+  Tensor dqkv = cache.scratch(1, {B, T, 3 * C_}, t);
+  ops::attention_backward(dqkv.raw(), da.raw(), qkv.raw(), att.data<float>(), B, T, C_, NH_, t);
   ln1_.set_input_grad(input_grad_);
   Tensor dln1 = ln1_.backward(qkv_.backward(dqkv, cache.child(kQkv)), cache.child(kLn1));
   if (!input_grad_) return {};
-  Tensor dx = cache.scratch(2, shape);
-  ops::add_forward(dx.data<float>(), dx1.data<float>(), dln1.data<float>(), n);
+  Tensor dx = cache.scratch(2, shape, t);
+  ops::add_forward(dx.raw(), dx1.raw(), dln1.raw(), n, t);
   return dx;
 }
 
@@ -199,24 +195,23 @@ LmHead::LmHead(Parameter* token_table, int64_t vocab, int64_t channels, int64_t 
 }
 
 Tensor LmHead::forward(const Tensor& x, const Context& ctx, Cache* cache) {
-  check_activations(x, C_, "lm_head");
+  const DType t = wte_->value.dtype();
+  check_activations(x, C_, t, "lm_head");
   Tensor h = ln_.forward(x, ctx, cache ? &cache->child(0) : nullptr);
-  Tensor y = output(cache, 0, {x.dim(0), x.dim(1), V_});
-  ops::linear_forward(y.data<float>(), h.data<float>(), wte_->value.data<float>(), nullptr,
-                      h.numel() / C_, C_, V_);
+  Tensor y = output(cache, 0, {x.dim(0), x.dim(1), V_}, t);
+  ops::linear_forward(y.raw(), h.raw(), t, wte_->value.raw(), nullptr, t, h.numel() / C_, C_, V_);
   if (cache) cache->keep(0, h);
   return y;
 }
 
 Tensor LmHead::backward(const Tensor& dy, Cache& cache) {
   const Tensor& h = cache.kept(0);
-  const Shape shape{h.dim(0), h.dim(1), V_};
-  TESSEL_CHECK(dy.defined() && dy.shape() == shape, "lm_head: backward gradient ",
-               dy.defined() ? shape_str(dy.shape()) : "undefined", ", expected ", shape_str(shape));
-  Tensor dh = cache.scratch(0, h.shape());
+  const DType t = h.dtype();
+  check_gradient(dy, {h.dim(0), h.dim(1), V_}, t, "lm_head");
+  Tensor dh = cache.scratch(0, h.shape(), t);
   // Accumulates into the embedding's table gradient: the tied weight gets both uses.
-  ops::linear_backward(dh.data<float>(), wte_->grad.data<float>(), nullptr, dy.data<float>(),
-                       h.data<float>(), wte_->value.data<float>(), h.numel() / C_, C_, V_);
+  ops::linear_backward(dh.raw(), t, wte_->grad.data<float>(), nullptr, dy.raw(), h.raw(),
+                       wte_->value.raw(), t, h.numel() / C_, C_, V_);
   ln_.set_input_grad(input_grad_);
   return ln_.backward(dh, cache.child(0));
 }

@@ -135,14 +135,26 @@ Tensor TransformerBlock::forward(const Tensor& x, const Context& ctx, Cache* cac
   auto sub = [cache](Sub k) { return cache ? &cache->child(k) : nullptr; };
   // Attention branch: x1 = x + proj(attention(qkv(ln1(x)))).
   Tensor qkv = qkv_.forward(ln1_.forward(x, ctx, sub(kLn1)), ctx, sub(kQkv));
+  // Selective recompute: the attention probabilities and the GELU output go to scratch, which
+  // the blocks share; backward() rewrites them from the kept qkv and GELU input before use.
+  const bool drop = cache && ctx.selective;
+  if (cache) cache->ctx = ctx;
   Tensor a = output(cache, 0, {B, T, C_}, t);
-  Tensor att = output(cache, 1, {B, NH_, T, T});
+  Tensor att = drop ? cache->scratch(3, {B, NH_, T, T}) : output(cache, 1, {B, NH_, T, T});
   ops::attention_forward(a.raw(), att.data<float>(), qkv.raw(), B, T, C_, NH_, t);
   Tensor x1 = output(cache, 2, x.shape(), t);
   ops::add_forward(x1.raw(), x.raw(), attn_proj_.forward(a, ctx, sub(kAttnProj)).raw(), n, t);
   // MLP branch: y = x1 + proj(gelu(fc(ln2(x1)))).
   Tensor h = fc_.forward(ln2_.forward(x1, ctx, sub(kLn2)), ctx, sub(kFc));
-  Tensor m = mlp_proj_.forward(gelu_.forward(h, ctx, sub(kGelu)), ctx, sub(kMlpProj));
+  Tensor g;
+  if (drop) {  // GELU's forward, its output in scratch (it keeps its input as GELU does)
+    g = cache->scratch(4, h.shape(), t);
+    ops::gelu_forward(g.raw(), h.raw(), h.numel(), t);
+    cache->child(kGelu).keep(0, h);
+  } else {
+    g = gelu_.forward(h, ctx, sub(kGelu));
+  }
+  Tensor m = mlp_proj_.forward(g, ctx, sub(kMlpProj));
   Tensor y = output(cache, 3, x.shape(), t);
   ops::add_forward(y.raw(), x1.raw(), m.raw(), n, t);
   if (cache) {
@@ -152,6 +164,22 @@ Tensor TransformerBlock::forward(const Tensor& x, const Context& ctx, Cache* cac
   return y;
 }
 
+// Selective recompute: what the forward left in shared scratch, rewritten in place (the views
+// the backward reads) from the kept tensors: the same kernels on the same inputs, so the same
+// bits as the forward's.
+void TransformerBlock::recompute_gelu(Cache& cache) {
+  const Tensor& h = cache.child(kGelu).kept(0);
+  const Tensor& g = cache.child(kMlpProj).kept(0);
+  ops::gelu_forward(g.raw(), h.raw(), h.numel(), h.dtype());
+}
+
+void TransformerBlock::recompute_attention(Cache& cache) {
+  const Tensor &qkv = cache.kept(0), &att = cache.kept(1);
+  const int64_t B = qkv.dim(0), T = qkv.dim(1);
+  Tensor a = cache.scratch(5, {B, T, C_}, qkv.dtype());  // equals the kept output: unused
+  ops::attention_forward(a.raw(), att.data<float>(), qkv.raw(), B, T, C_, NH_, qkv.dtype());
+}
+
 Tensor TransformerBlock::backward(const Tensor& dy, Cache& cache) {
   const Tensor &qkv = cache.kept(0), &att = cache.kept(1);
   const int64_t B = qkv.dim(0), T = qkv.dim(1);
@@ -159,6 +187,8 @@ Tensor TransformerBlock::backward(const Tensor& dy, Cache& cache) {
   const DType t = qkv.dtype();
   check_gradient(dy, shape, t, "transformer_block");
   const int64_t n = dy.numel();
+  const bool dropped = cache.ctx.selective;
+  if (dropped) recompute_gelu(cache);
   // The residual passes dy through unchanged; the MLP branch adds its share.
   Tensor dh2 = fc_.backward(gelu_.backward(mlp_proj_.backward(dy, cache.child(kMlpProj)),
                                            cache.child(kGelu)),
@@ -167,6 +197,7 @@ Tensor TransformerBlock::backward(const Tensor& dy, Cache& cache) {
   ops::add_forward(dx1.raw(), dy.raw(), ln2_.backward(dh2, cache.child(kLn2)).raw(), n, t);
   // Attention branch, then its residual.
   Tensor da = attn_proj_.backward(dx1, cache.child(kAttnProj));
+  if (dropped) recompute_attention(cache);
   Tensor dqkv = cache.scratch(1, {B, T, 3 * C_}, t);
   ops::attention_backward(dqkv.raw(), da.raw(), qkv.raw(), att.data<float>(), B, T, C_, NH_, t);
   ln1_.set_input_grad(input_grad_);

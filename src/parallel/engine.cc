@@ -46,6 +46,7 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
   hooks_fn_ = [this](nn::Phase p, size_t b, bool last) { hook(p, b, last); };
   type_ = precision_type(spec);
   parts_["precision"] = spec.precision;
+  parts_["recompute"] = spec.recompute;
   if (layout().servers > 0) {
     if (type_ != DType::kF32)
       throw InvalidArgument(str("config: train.precision = ", spec.precision,
@@ -55,7 +56,7 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
     parts_["executor"] = parts_["grad_sync"] = "local";
     parts_["store"] = "parameter_server";
     if (mesh_.is_server()) return;
-    executor_ = std::make_unique<LocalExecutor>(model);
+    executor_ = std::make_unique<LocalExecutor>(model, nn::recompute_mode(spec.recompute));
     units_ = make_units(model, spec.bucket_mb, executor_->local_blocks(), 1, 0);
     sync_owner_ = std::make_unique<ArenaSync>(model, units_, ArenaSync::Reduction::kAllReduce,
                                               nullptr, nullptr, false);
@@ -67,7 +68,7 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
     pipeline_ = p.get();
     executor_ = std::move(p);
   } else {
-    executor_ = std::make_unique<LocalExecutor>(model);
+    executor_ = std::make_unique<LocalExecutor>(model, nn::recompute_mode(spec.recompute));
   }
   comm::Communicator& dp = mesh_.group(Axis::kDp);
   units_ = make_units(model, spec.bucket_mb, executor_->local_blocks(), dp.size(), dp.rank());

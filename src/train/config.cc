@@ -147,7 +147,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("train.log_every", train.log_every, "steps between progress lines and metrics records"),
       TESSEL_KEY("train.eval_train", train.eval_train, "also evaluate on the training set each epoch"),
       TESSEL_KEY("train.precision", parallel.precision, "fp32, bf16 or fp16: the type of activations, activation gradients, the parameter copy the blocks read and gradient messages; GEMMs in it with f32 sums; master weights, optimizer state, losses and norms f32; fp16 adds dynamic loss scaling (docs/mixed_precision.md)"),
-      TESSEL_KEY("train.recompute", parallel.recompute, "none, full or selective: full keeps only each block's input and reruns its forward during the backward; selective drops the large cheap tensors (attention probabilities, GELU input) and recomputes them (docs/recompute.md)"),
+      TESSEL_KEY("train.recompute", parallel.recompute, "none, full or selective: full keeps only each block's input and reruns its forward during the backward; selective drops the large cheap tensors (attention probabilities, GELU outputs) and recomputes them (docs/recompute.md)"),
       TESSEL_KEY("checkpoint.every_epochs", checkpoint.every_epochs, "save every N epochs (0: off)"),
       TESSEL_KEY("checkpoint.every_steps", checkpoint.every_steps, "save every N steps (0: off); not with ps.mode async or ssp, whose workers meet only at epoch ends"),
       TESSEL_KEY("checkpoint.keep_last", checkpoint.keep_last, "checkpoints kept in the run folder"),

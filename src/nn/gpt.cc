@@ -48,16 +48,38 @@ void set_zeros(Parameter* p) {
   if (p != nullptr) p->init = Init::kZeros;
 }
 
+// The first position of this rank's output: its part of the sequence under sequence
+// parallelism.
+int64_t first_position(const TensorParallel* tp, int64_t local_T) {
+  return sequence_split(tp) ? tp->rank() * local_T : 0;
+}
+
+// Adds (forward) or accumulates the gradient of (backward) the position table over x's rows
+// [B, Tl, C] of type t, which are positions [t0, t0 + Tl). table: the values (type t), or the
+// f32 gradient.
+void positions(void* x, void* table, DType t, int64_t B, int64_t Tl, int64_t C, int64_t t0,
+               bool grad) {
+  const int64_t n = Tl * C, e = static_cast<int64_t>(dtype_size(t));
+  for (int64_t b = 0; b < B; ++b) {
+    void* seq = static_cast<char*>(x) + b * n * e;
+    if (grad)
+      ops::accumulate(static_cast<float*>(table) + t0 * C, seq, n, t);
+    else
+      ops::add_forward(seq, seq, static_cast<char*>(table) + t0 * C * e, n, t);
+  }
+}
+
 }  // namespace
 
 // ---- Embedding ----
 
-Embedding::Embedding(int64_t vocab, int64_t context, int64_t channels)
-    : V_(vocab), T_(context), C_(channels) {
+Embedding::Embedding(int64_t vocab, int64_t context, int64_t channels, TensorParallel* tp)
+    : V_(vocab), T_(context), C_(channels), tp_(tp) {
   TESSEL_CHECK(V_ > 0 && T_ > 0 && C_ > 0, "embedding: sizes must be positive, got vocab ", V_,
                ", context ", T_, ", channels ", C_);
-  wte_ = {"wte", {V_, C_}, Init::kNormal, kGptInitStd, {}, {}};
-  wpe_ = {"wpe", {T_, C_}, Init::kNormal, kGptInitStd, {}, {}};
+  wte_ = {"wte", {V_, C_}, Init::kNormal, kGptInitStd, {}, {}, {}};
+  wpe_ = {"wpe", {T_, C_}, Init::kNormal, kGptInitStd, {}, {}, {}};
+  if (tp_) wte_.cut(0, 1, tp_->rank(), tp_->size());
 }
 
 Tensor Embedding::forward(const Tensor& ids, const Context& ctx, Cache* cache) {
@@ -66,43 +88,46 @@ Tensor Embedding::forward(const Tensor& ids, const Context& ctx, Cache* cache) {
   if (cache) cache->keep(0, ids);
   const int64_t B = ids.dim(0), T = ids.dim(1);
   const DType t = wte_.value.dtype();
-  Tensor y = output(cache, 0, {B, T, C_}, t);
-  ops::embedding_forward(y.raw(), ids.data<int32_t>(), wte_.value.raw(), B * T, V_, C_, t);
-  // Position embedding: rows [0, T) of the [context, C] table onto each sequence.
-  for (int64_t b = 0; b < B; ++b) {
-    const Tensor seq = y.view(b * T * C_, {T * C_});
-    ops::add_forward(seq.raw(), seq.raw(), wpe_.value.raw(), T * C_, t);
-  }
+  Tensor y = tp_whole_output(tp_, cache, 0, {B, T, C_}, t);
+  ops::embedding_forward(y.raw(), ids.data<int32_t>(), wte_.value.raw(), B * T, V_, C_,
+                         wte_.split.lo, wte_.shape[0], t);
+  y = tp_leave(tp_, y, cache, 1);
+  positions(y.raw(), wpe_.value.raw(), t, B, y.dim(1), C_, first_position(tp_, y.dim(1)), false);
   return y;
 }
 
 Tensor Embedding::backward(const Tensor& dy, Cache& cache) {
   const Tensor& ids = cache.kept(0);
   const int64_t B = ids.dim(0), T = ids.dim(1);
+  const int64_t Tl = sequence_split(tp_) ? T / tp_->size() : T;
   const DType t = wte_.value.dtype();
-  check_gradient(dy, {B, T, C_}, t, "embedding");
-  ops::embedding_backward(wte_.grad.data<float>(), dy.raw(), ids.data<int32_t>(), B * T, C_, t);
-  for (int64_t b = 0; b < B; ++b)
-    ops::accumulate(wpe_.grad.data<float>(), dy.view(b * T * C_, {T * C_}).raw(), T * C_, t);
+  check_gradient(dy, {B, Tl, C_}, t, "embedding");
+  positions(dy.raw(), wpe_.grad.data<float>(), t, B, Tl, C_, first_position(tp_, Tl), true);
+  const Tensor g = tp_leave_backward(tp_, dy);
+  ops::embedding_backward(wte_.grad.data<float>(), g.raw(), ids.data<int32_t>(), B * T, C_,
+                          wte_.split.lo, wte_.shape[0], t);
   return {};
 }
 
 // ---- TransformerBlock ----
 
-TransformerBlock::TransformerBlock(int64_t channels, int64_t heads, int64_t context, int64_t layers)
+TransformerBlock::TransformerBlock(int64_t channels, int64_t heads, int64_t context, int64_t layers,
+                                   TensorParallel* tp)
     : C_(channels),
       NH_(heads),
       T_(context),
       ln1_(channels),
       ln2_(channels),
-      qkv_(channels, 3 * channels),
-      attn_proj_(channels, channels),
-      fc_(channels, 4 * channels),
-      mlp_proj_(4 * channels, channels) {
-  TESSEL_CHECK(NH_ > 0 && C_ % NH_ == 0 && T_ > 0 && layers > 0,
-               "transformer_block: heads must divide channels and sizes be positive, got "
-               "channels ",
-               C_, ", heads ", NH_, ", context ", T_, ", layers ", layers);
+      qkv_(channels, 3 * channels, true, {tp, Cut::kColumn, 3}),
+      attn_proj_(channels, channels, true, {tp, Cut::kRow}),
+      fc_(channels, 4 * channels, true, {tp, Cut::kColumn}),
+      mlp_proj_(4 * channels, channels, true, {tp, Cut::kRow}) {
+  const int parts = tp ? tp->size() : 1;
+  TESSEL_CHECK(NH_ > 0 && C_ % NH_ == 0 && NH_ % parts == 0 && T_ > 0 && layers > 0,
+               "transformer_block: heads must divide channels (and be split evenly over the ",
+               parts, " tensor-parallel ranks) and sizes be positive, got channels ", C_,
+               ", heads ", NH_, ", context ", T_, ", layers ", layers);
+  NH_ /= parts;
   const float proj_std = kGptInitStd / std::sqrt(2.0f * static_cast<float>(layers));
   for (Linear* l : {&qkv_, &attn_proj_, &fc_, &mlp_proj_}) {
     set_normal(l->weight(), l == &attn_proj_ || l == &mlp_proj_ ? proj_std : kGptInitStd);
@@ -128,20 +153,23 @@ std::vector<Parameter*> TransformerBlock::parameters() {
 // Sub-module caches (child k of the block's cache), in forward order.
 enum Sub : size_t { kLn1, kQkv, kAttnProj, kLn2, kFc, kGelu, kMlpProj };
 
+// x is [B, T, C], or this rank's [B, T/t, C] under sequence parallelism; qkv and the
+// attention are always over the whole sequence and this rank's heads (Ch = C_ / t channels).
 Tensor TransformerBlock::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   const DType t = qkv_.weight().value.dtype();
   check_activations(x, C_, t, "transformer_block");
-  const int64_t B = x.dim(0), T = x.dim(1), n = x.numel();
+  const int64_t n = x.numel();
   auto sub = [cache](Sub k) { return cache ? &cache->child(k) : nullptr; };
   // Attention branch: x1 = x + proj(attention(qkv(ln1(x)))).
   Tensor qkv = qkv_.forward(ln1_.forward(x, ctx, sub(kLn1)), ctx, sub(kQkv));
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), Ch = qkv.dim(2) / 3;
   // Selective recompute: the attention probabilities and the GELU output go to scratch, which
   // the blocks share; backward() rewrites them from the kept qkv and GELU input before use.
   const bool drop = cache && ctx.selective;
   if (cache) cache->ctx = ctx;
-  Tensor a = output(cache, 0, {B, T, C_}, t);
+  Tensor a = output(cache, 0, {B, T, Ch}, t);
   Tensor att = drop ? cache->scratch(3, {B, NH_, T, T}) : output(cache, 1, {B, NH_, T, T});
-  ops::attention_forward(a.raw(), att.data<float>(), qkv.raw(), B, T, C_, NH_, t);
+  ops::attention_forward(a.raw(), att.data<float>(), qkv.raw(), B, T, Ch, NH_, t);
   Tensor x1 = output(cache, 2, x.shape(), t);
   ops::add_forward(x1.raw(), x.raw(), attn_proj_.forward(a, ctx, sub(kAttnProj)).raw(), n, t);
   // MLP branch: y = x1 + proj(gelu(fc(ln2(x1)))).
@@ -160,6 +188,7 @@ Tensor TransformerBlock::forward(const Tensor& x, const Context& ctx, Cache* cac
   if (cache) {
     cache->keep(0, qkv);
     cache->keep(1, att);
+    cache->shape = x.shape();
   }
   return y;
 }
@@ -175,18 +204,17 @@ void TransformerBlock::recompute_gelu(Cache& cache) {
 
 void TransformerBlock::recompute_attention(Cache& cache) {
   const Tensor &qkv = cache.kept(0), &att = cache.kept(1);
-  const int64_t B = qkv.dim(0), T = qkv.dim(1);
-  Tensor a = cache.scratch(5, {B, T, C_}, qkv.dtype());  // equals the kept output: unused
-  ops::attention_forward(a.raw(), att.data<float>(), qkv.raw(), B, T, C_, NH_, qkv.dtype());
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), Ch = qkv.dim(2) / 3;
+  Tensor a = cache.scratch(5, {B, T, Ch}, qkv.dtype());  // equals the kept output: unused
+  ops::attention_forward(a.raw(), att.data<float>(), qkv.raw(), B, T, Ch, NH_, qkv.dtype());
 }
 
 Tensor TransformerBlock::backward(const Tensor& dy, Cache& cache) {
   const Tensor &qkv = cache.kept(0), &att = cache.kept(1);
-  const int64_t B = qkv.dim(0), T = qkv.dim(1);
-  const Shape shape{B, T, C_};
+  const Shape shape = cache.shape;
   const DType t = qkv.dtype();
   check_gradient(dy, shape, t, "transformer_block");
-  const int64_t n = dy.numel();
+  const int64_t n = dy.numel(), B = qkv.dim(0), T = qkv.dim(1), Ch = qkv.dim(2) / 3;
   const bool dropped = cache.ctx.selective;
   if (dropped) recompute_gelu(cache);
   // The residual passes dy through unchanged; the MLP branch adds its share.
@@ -198,8 +226,8 @@ Tensor TransformerBlock::backward(const Tensor& dy, Cache& cache) {
   // Attention branch, then its residual.
   Tensor da = attn_proj_.backward(dx1, cache.child(kAttnProj));
   if (dropped) recompute_attention(cache);
-  Tensor dqkv = cache.scratch(1, {B, T, 3 * C_}, t);
-  ops::attention_backward(dqkv.raw(), da.raw(), qkv.raw(), att.data<float>(), B, T, C_, NH_, t);
+  Tensor dqkv = cache.scratch(1, qkv.shape(), t);
+  ops::attention_backward(dqkv.raw(), da.raw(), qkv.raw(), att.data<float>(), B, T, Ch, NH_, t);
   ln1_.set_input_grad(input_grad_);
   Tensor dln1 = ln1_.backward(qkv_.backward(dqkv, cache.child(kQkv)), cache.child(kLn1));
   if (!input_grad_) return {};
@@ -211,40 +239,47 @@ Tensor TransformerBlock::backward(const Tensor& dy, Cache& cache) {
 double TransformerBlock::forward_flops(int64_t batch) const {
   double f = 0;
   for (const Linear* l : {&qkv_, &attn_proj_, &fc_, &mlp_proj_}) f += l->forward_flops(batch);
-  // q @ k^T and att @ v, each T x T x C multiply-adds per sequence (causal half not discounted).
-  return f + 4.0 * static_cast<double>(batch) * T_ * T_ * C_;
+  // q @ k^T and att @ v, each T x T x C multiply-adds per sequence (causal half not discounted),
+  // over this rank's heads.
+  return f + 4.0 * static_cast<double>(batch) * T_ * T_ * (qkv_.out_features() / 3);
 }
 
 // ---- LmHead ----
 
-LmHead::LmHead(Parameter* token_table, int64_t vocab, int64_t channels, int64_t context)
-    : wte_(token_table), V_(vocab), C_(channels), T_(context), ln_(channels) {
-  TESSEL_CHECK(wte_ != nullptr && wte_->shape == Shape({V_, C_}),
+LmHead::LmHead(Parameter* token_table, int64_t vocab, int64_t channels, int64_t context,
+               TensorParallel* tp)
+    : wte_(token_table), V_(vocab), C_(channels), T_(context), tp_(tp), ln_(channels) {
+  TESSEL_CHECK(wte_ != nullptr && wte_->full_shape() == Shape({V_, C_}),
                "lm_head: tied token table must be [", V_, ", ", C_, "], got ",
-               wte_ ? shape_str(wte_->shape) : "none");
+               wte_ ? shape_str(wte_->full_shape()) : "none");
+  V_ = wte_->shape[0];
   prefix_names(ln_.parameters(), "ln.");
 }
 
+// Buffer and scratch slots: 0 the logits / input gradient, 1 this rank's part of the input
+// gradient under sequence parallelism. Like a column-cut linear layer it keeps its input's
+// sequence part and gathers it again in the backward.
 Tensor LmHead::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   const DType t = wte_->value.dtype();
   check_activations(x, C_, t, "lm_head");
-  Tensor h = ln_.forward(x, ctx, cache ? &cache->child(0) : nullptr);
-  Tensor y = output(cache, 0, {x.dim(0), x.dim(1), V_}, t);
+  const Tensor normed = ln_.forward(x, ctx, cache ? &cache->child(0) : nullptr);
+  const Tensor h = tp_enter(tp_, normed);
+  Tensor y = output(cache, 0, {h.dim(0), h.dim(1), V_}, t);
   ops::linear_forward(y.raw(), h.raw(), t, wte_->value.raw(), nullptr, t, h.numel() / C_, C_, V_);
-  if (cache) cache->keep(0, h);
+  if (cache) cache->keep(0, normed);
   return y;
 }
 
 Tensor LmHead::backward(const Tensor& dy, Cache& cache) {
-  const Tensor& h = cache.kept(0);
+  const Tensor h = tp_enter(tp_, cache.kept(0));
   const DType t = h.dtype();
   check_gradient(dy, {h.dim(0), h.dim(1), V_}, t, "lm_head");
-  Tensor dh = cache.scratch(0, h.shape(), t);
+  Tensor dh = tp_whole_grad(tp_, cache, 0, h.shape(), t);
   // Accumulates into the embedding's table gradient: the tied weight gets both uses.
   ops::linear_backward(dh.raw(), t, wte_->grad.data<float>(), nullptr, dy.raw(), h.raw(),
                        wte_->value.raw(), t, h.numel() / C_, C_, V_);
   ln_.set_input_grad(input_grad_);
-  return ln_.backward(dh, cache.child(0));
+  return ln_.backward(tp_enter_backward(tp_, dh, cache, 1), cache.child(0));
 }
 
 double LmHead::forward_flops(int64_t batch) const {

@@ -1,34 +1,54 @@
 #include "tessel/nn/loss.h"
 
+#include <algorithm>
+
 #include "tessel/ops/cpu.h"
 
 namespace tessel::nn {
 
-// Logits of a 16-bit precision are widened first: the softmax, the loss and the row statistics
-// are always f32; the gradient goes back in the logits' type.
-LossValue CrossEntropyLoss::forward(const Tensor& logits_in, const Tensor& labels) {
-  const bool is_float = logits_in.defined() && (logits_in.dtype() == DType::kF32 ||
-                                                logits_in.dtype() == DType::kBF16 ||
-                                                logits_in.dtype() == DType::kF16);
-  if (!is_float || logits_in.ndim() < 1 || logits_in.dim(-1) < 1)
-    throw InvalidArgument(str("cross_entropy: logits must be f32, bf16 or f16 [..., C], got ",
-                              logits_in.defined() ? shape_str(logits_in.shape()) : "undefined",
+namespace {
+
+// Checks logits [..., C] of a type in `types` and one i32 label per row; returns the rows.
+int64_t check_inputs(const Tensor& logits, const Tensor& labels,
+                     std::initializer_list<DType> types = {DType::kF32}) {
+  const bool typed = logits.defined() &&
+                     std::find(types.begin(), types.end(), logits.dtype()) != types.end();
+  if (!typed || logits.ndim() < 1 || logits.dim(-1) < 1)
+    throw InvalidArgument(str("cross_entropy: logits must be ",
+                              types.size() > 1 ? "f32, bf16 or f16" : "f32", " [..., C], got ",
+                              logits.defined() ? str(dtype_name(logits.dtype()), " ",
+                                                     shape_str(logits.shape()))
+                                               : "undefined",
                               "; pass the model's output"));
-  type_ = logits_in.dtype();
-  Tensor logits = logits_in;
-  if (type_ != DType::kF32) {
-    if (!wide_.defined() || wide_.shape() != logits_in.shape()) wide_ = Tensor::empty(logits_in.shape());
-    ops::convert(wide_.raw(), DType::kF32, logits_in.raw(), type_, logits_in.numel());
-    logits = wide_;
-  }
-  const int64_t C = logits.dim(-1), N = logits.numel() / C;
+  const int64_t N = logits.numel() / logits.dim(-1);
   if (!labels.defined() || labels.dtype() != DType::kI32 || labels.numel() != N)
     throw InvalidArgument(str("cross_entropy: labels must be i32 with one per logits row (", N,
                               " for logits ", shape_str(logits.shape()), "), got ",
                               labels.defined() ? dtype_name(labels.dtype()) : "undefined", " ",
                               labels.defined() ? shape_str(labels.shape()) : "",
                               "; check the dataset's label shape and num_classes"));
-  if (!probs_.defined() || probs_.shape() != logits.shape()) probs_ = Tensor::empty(logits.shape());
+  return N;
+}
+
+void reuse(Tensor& t, const Shape& shape) {
+  if (!t.defined() || t.shape() != shape) t = Tensor::empty(shape);
+}
+
+}  // namespace
+
+// Logits of a 16-bit precision are widened first: the softmax, the loss and the row statistics
+// are always f32; the gradient goes back in the logits' type.
+LossValue CrossEntropyLoss::forward(const Tensor& logits_in, const Tensor& labels) {
+  const int64_t N = check_inputs(logits_in, labels, {DType::kF32, DType::kBF16, DType::kF16});
+  const int64_t C = logits_in.dim(-1);
+  type_ = logits_in.dtype();
+  Tensor logits = logits_in;
+  if (type_ != DType::kF32) {
+    reuse(wide_, logits_in.shape());
+    ops::convert(wide_.raw(), DType::kF32, logits_in.raw(), type_, logits_in.numel());
+    logits = wide_;
+  }
+  reuse(probs_, logits.shape());
   labels_ = labels;
   const float loss = ops::cross_entropy_forward(probs_.data<float>(), logits.data<float>(),
                                                 labels.data<int32_t>(), N, C);
@@ -38,8 +58,7 @@ LossValue CrossEntropyLoss::forward(const Tensor& logits_in, const Tensor& label
 Tensor CrossEntropyLoss::backward(float dloss) {
   TESSEL_CHECK(probs_.defined() && labels_.defined(), "cross_entropy: backward() before forward()");
   const int64_t C = probs_.dim(-1), N = probs_.numel() / C;
-  if (!dlogits_.defined() || dlogits_.shape() != probs_.shape())
-    dlogits_ = Tensor::empty(probs_.shape());
+  reuse(dlogits_, probs_.shape());
   ops::cross_entropy_backward(dlogits_.data<float>(), probs_.data<float>(), labels_.data<int32_t>(),
                               N, C, dloss);
   if (type_ == DType::kF32) return dlogits_;
@@ -47,6 +66,38 @@ Tensor CrossEntropyLoss::backward(float dloss) {
     narrow_ = Tensor::empty(probs_.shape(), type_);
   ops::convert(narrow_.raw(), type_, dlogits_.raw(), DType::kF32, narrow_.numel());
   return narrow_;
+}
+
+LossValue VocabParallelCrossEntropy::forward(const Tensor& logits, const Tensor& labels) {
+  const int64_t N = check_inputs(logits, labels), C = logits.dim(-1);
+  const int64_t lo = tp_.rank() * C, valid = std::clamp<int64_t>(V_ - lo, 0, C);
+  const int32_t* y = labels.data<int32_t>();
+  for (int64_t r = 0; r < N; ++r)
+    if (y[r] < 0 || y[r] >= V_)
+      throw InvalidArgument(str("cross_entropy: label of row ", r, " must be in [0, ", V_,
+                                "), got ", y[r], "; check the dataset's vocabulary"));
+  reuse(probs_, logits.shape());
+  for (Tensor* t : {&row_max_, &sums_, &target_}) reuse(*t, {N});
+  labels_ = labels;
+  float *mx = row_max_.data<float>(), *sums = sums_.data<float>(), *target = target_.data<float>();
+  ops::sliced_row_max(mx, logits.data<float>(), N, C, valid);
+  tp_.all_reduce_max(mx, N);
+  ops::sliced_exp(probs_.data<float>(), sums, target, logits.data<float>(), y, mx, N, C, valid, lo);
+  tp_.all_reduce_sum(target, N);
+  tp_.all_reduce_sum(sums, N);
+  const float loss = ops::sliced_cross_entropy(probs_.data<float>(), sums, target, mx, N, C, valid);
+  int64_t correct = 0;
+  for (int64_t r = 0; r < N; ++r) correct += target[r] >= mx[r];
+  return {loss, correct, N};
+}
+
+Tensor VocabParallelCrossEntropy::backward(float dloss) {
+  TESSEL_CHECK(probs_.defined() && labels_.defined(), "cross_entropy: backward() before forward()");
+  const int64_t C = probs_.dim(-1), N = probs_.numel() / C;
+  reuse(dlogits_, probs_.shape());
+  ops::cross_entropy_backward(dlogits_.data<float>(), probs_.data<float>(), labels_.data<int32_t>(),
+                              N, C, dloss, tp_.rank() * C);
+  return dlogits_;
 }
 
 }  // namespace tessel::nn

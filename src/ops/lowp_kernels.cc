@@ -160,29 +160,30 @@ void add_forward(void* y, const void* a, const void* b, int64_t n, DType t) {
 
 // Dropout row by row: each row keeps its global sample index, so the masks are the f32 ones.
 void dropout_forward(void* y, const void* x, int64_t rows, int64_t cols, float p, uint64_t seed,
-                     int64_t step, int64_t first_sample, DType t) {
+                     int64_t step, int64_t first_sample, int64_t first_col, DType t) {
   check_float(t, "dropout_forward");
   if (is_f32(t))
     return dropout_forward(static_cast<float*>(y), static_cast<const float*>(x), rows, cols, p,
-                           seed, step, first_sample);
+                           seed, step, first_sample, first_col);
   float* out = f32_buffer(3, cols);
   for (int64_t r = 0; r < rows; ++r) {
     dropout_forward(out, widened(0, at(x, r * cols, t), cols, t), 1, cols, p, seed, step,
-                    first_sample + r);
+                    first_sample + r, first_col);
     convert(at(y, r * cols, t), t, out, DType::kF32, cols);
   }
 }
 
 void dropout_backward(void* dx, const void* dy, int64_t rows, int64_t cols, float p,
-                      uint64_t seed, int64_t step, int64_t first_sample, DType t) {
+                      uint64_t seed, int64_t step, int64_t first_sample, int64_t first_col,
+                      DType t) {
   check_float(t, "dropout_backward");
   if (is_f32(t))
     return dropout_backward(static_cast<float*>(dx), static_cast<const float*>(dy), rows, cols, p,
-                            seed, step, first_sample);
+                            seed, step, first_sample, first_col);
   float* out = f32_buffer(3, cols);
   for (int64_t r = 0; r < rows; ++r) {
     dropout_backward(out, widened(0, at(dy, r * cols, t), cols, t), 1, cols, p, seed, step,
-                     first_sample + r);
+                     first_sample + r, first_col);
     convert(at(dx, r * cols, t), t, out, DType::kF32, cols);
   }
 }
@@ -219,24 +220,35 @@ void layernorm_backward(void* dx, float* dw, float* db, const void* dy, const vo
   }
 }
 
+// rows: the table's rows, ids [lo, lo + rows) (a tensor-parallel slice); other ids give zero
+// rows forward and nothing backward.
 void embedding_forward(void* y, const int32_t* ids, const void* table, int64_t N, int64_t V,
-                       int64_t C, DType t) {
+                       int64_t C, int64_t lo, int64_t rows, DType t) {
   check_float(t, "embedding_forward");
   if (is_f32(t))
-    return embedding_forward(static_cast<float*>(y), ids, static_cast<const float*>(table), N, V, C);
+    return embedding_forward(static_cast<float*>(y), ids, static_cast<const float*>(table), N, V,
+                             C, lo, rows);
+  const size_t row_bytes = static_cast<size_t>(C) * dtype_size(t);
   for (int64_t n = 0; n < N; ++n) {
     if (ids[n] < 0 || ids[n] >= V)
       throw InvalidArgument(
           str("embedding_forward: id at position ", n, " must be in [0, ", V, "), got ", ids[n],
               "; check the tokenizer's vocabulary against the model's vocab_size"));
-    std::memcpy(at(y, n * C, t), at(table, ids[n] * C, t), static_cast<size_t>(C) * dtype_size(t));
+    const int64_t id = ids[n] - lo;
+    if (id >= 0 && id < rows)
+      std::memcpy(at(y, n * C, t), at(table, id * C, t), row_bytes);
+    else
+      std::memset(at(y, n * C, t), 0, row_bytes);
   }
 }
 
 void embedding_backward(float* dtable, const void* dy, const int32_t* ids, int64_t N, int64_t C,
-                        DType t) {
+                        int64_t lo, int64_t rows, DType t) {
   check_float(t, "embedding_backward");
-  for (int64_t n = 0; n < N; ++n) accumulate(dtable + ids[n] * C, at(dy, n * C, t), C, t);
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t id = ids[n] - lo;
+    if (id >= 0 && id < rows) accumulate(dtable + id * C, at(dy, n * C, t), C, t);
+  }
 }
 
 // Attention one sequence at a time: its qkv (and dout) widened, the f32 kernel, the output

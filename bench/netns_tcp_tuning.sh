@@ -13,20 +13,24 @@ cluster=$(cd "$(dirname "$0")/.." && pwd)/scripts/netns_cluster.sh
 settings=("$@")
 if [ ${#settings[@]} -eq 0 ]; then
   settings=(
-    "mtu=1500 name=openmpi-defaults --untuned"
-    "mtu=65535 name=mtu64k --untuned"
-    "mtu=65535 name=mtu64k+tuned")
+    "mtu=1500 name=mtu1500"
+    "mtu=65535 name=mtu65535")
 fi
 out=$(mktemp -d)
 trap '"$cluster" down; rm -rf "$out"' EXIT
 
+# One stream one way, then one each way at once (two iperf3 pairs: iperf3 3.12 runs --bidir
+# in one thread, which would measure one core).
 wire() {  # mtu round
-  "$cluster" exec 1 iperf3 -s -1 -D -B 10.213.0.2 > /dev/null
+  "$cluster" exec 1 iperf3 -s -1 -D -B 10.213.0.2 -p 5201 > /dev/null
   sleep 0.3
-  "$cluster" exec 0 iperf3 -c 10.213.0.2 -t 3 -J > "$out/wire-$1-$2.json"
-  "$cluster" exec 1 iperf3 -s -1 -D -B 10.213.0.2 > /dev/null
+  "$cluster" exec 0 iperf3 -c 10.213.0.2 -p 5201 -t 3 -J > "$out/wire-$1-$2.json"
+  "$cluster" exec 1 iperf3 -s -1 -D -B 10.213.0.2 -p 5201 > /dev/null
+  "$cluster" exec 0 iperf3 -s -1 -D -B 10.213.0.1 -p 5202 > /dev/null
   sleep 0.3
-  "$cluster" exec 0 iperf3 -c 10.213.0.2 -t 3 --bidir -J > "$out/bidir-$1-$2.json"
+  "$cluster" exec 0 iperf3 -c 10.213.0.2 -p 5201 -t 3 -J > "$out/fwd-$1-$2.json" &
+  "$cluster" exec 1 iperf3 -c 10.213.0.1 -p 5202 -t 3 -J > "$out/rev-$1-$2.json"
+  wait
 }
 
 for ((r = 0; r < rounds; ++r)); do
@@ -52,13 +56,11 @@ print("raw TCP, iperf3, Gbit/s per direction: median (min-max)")
 for mtu in sorted({s.split()[0][4:] for s in settings}, key=int):
     one = [json.load(open(f))["end"]["sum_received"]["bits_per_second"] / 1e9
            for f in glob.glob(f"{out}/wire-{mtu}-*.json")]
-    both = []
-    for f in glob.glob(f"{out}/bidir-{mtu}-*.json"):
-        e = json.load(open(f))["end"]
-        both.append(min(e["sum_received"]["bits_per_second"],
-                        e["sum_received_bidir_reverse"]["bits_per_second"]) / 1e9)
-    print(f"  mtu {mtu:>5}: one way {fmt(one)}, both ways at once {fmt(both)} "
-          f"(= {statistics.median(both) / 8:.2f} GB/s)")
+    both = [min(json.load(open(f))["end"]["sum_received"]["bits_per_second"],
+                json.load(open(f.replace("/fwd-", "/rev-")))["end"]["sum_received"]["bits_per_second"]) / 1e9
+            for f in glob.glob(f"{out}/fwd-{mtu}-*.json")]
+    print(f"  mtu {mtu:>5}: one way {fmt(one)}, both ways at once (slower "
+          f"direction) {fmt(both)} (= {statistics.median(both) / 8:.2f} GB/s)")
 print("64 MiB allreduce, 2 hosts, bus bandwidth GB/s: median (min-max) over rounds")
 print(f"  {'setting':<28} {'ring':>20} {'halving_doubling':>20}")
 for s in settings:

@@ -8,8 +8,8 @@
 #   netns_cluster.sh status                                  hosts, addresses, qdiscs
 #   netns_cluster.sh hostfile                                print an OpenMPI hostfile
 #   netns_cluster.sh exec I COMMAND...                       run COMMAND on host I
-#   netns_cluster.sh mpirun [--untuned] [MPIRUN ARGS...]     one rank per host, tuned TCP
-#   netns_cluster.sh wire [SECONDS]                          iperf3 bandwidth host 0 -> host 1
+#   netns_cluster.sh mpirun [MPIRUN ARGS...]                 one rank per host over TCP
+#   netns_cluster.sh wire [SECONDS]                          iperf3: host 0 -> host 1
 #
 # Host i is namespace ${TESSEL_NETNS_PREFIX}h<i> (default tessel-h<i>), address <subnet>.<i+1> on
 # its eth0 (subnet: ${TESSEL_NETNS_SUBNET}, default 10.213.0); the bridge ${TESSEL_NETNS_PREFIX}br
@@ -163,11 +163,9 @@ cmd_hostfile() {
 
 # OpenMPI over the cluster: the rsh agent starts each orted in the namespace that owns the
 # host's address; only TCP (no shared memory between "hosts"); no binding, since every orted
-# thinks it owns the whole machine and would pin its rank to core 0. The tuned settings are
-# measured in docs/multihost_namespaces.md; --untuned leaves OpenMPI's defaults.
+# thinks it owns the whole machine and would pin its rank to core 0. OpenMPI's TCP buffer and
+# protocol settings stay at their defaults: docs/multihost_namespaces.md measures the others.
 cmd_mpirun() {
-  local tuned=1
-  if [ "${1:-}" = "--untuned" ]; then tuned=0; shift; fi
   [ -n "$(hosts)" ] || die "no hosts; run: $0 up N"
   local hostfile
   hostfile=$(mktemp /tmp/netns_hosts.XXXXXX)
@@ -176,15 +174,10 @@ cmd_mpirun() {
     --mca plm_rsh_agent "$here/netns_agent.sh" --mca plm_rsh_no_tree_spawn 1
     --mca pml ob1 --mca btl tcp,self
     --mca btl_tcp_if_include "$subnet.0/24" --mca oob_tcp_if_include "$subnet.0/24")
-  [ $tuned -eq 1 ] && args+=($(tuned_settings))
   local rc=0
   mpirun "${args[@]}" "$@" || rc=$?
   rm -f "$hostfile"
   return $rc
-}
-
-tuned_settings() {
-  echo "--mca btl_tcp_progress_thread 1"
 }
 
 cmd_exec() {

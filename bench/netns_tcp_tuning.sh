@@ -56,11 +56,10 @@ print("raw TCP, iperf3, Gbit/s per direction: median (min-max)")
 for mtu in sorted({s.split()[0][4:] for s in settings}, key=int):
     one = [json.load(open(f))["end"]["sum_received"]["bits_per_second"] / 1e9
            for f in glob.glob(f"{out}/wire-{mtu}-*.json")]
-    both = [min(json.load(open(f))["end"]["sum_received"]["bits_per_second"],
-                json.load(open(f.replace("/fwd-", "/rev-")))["end"]["sum_received"]["bits_per_second"]) / 1e9
-            for f in glob.glob(f"{out}/fwd-{mtu}-*.json")]
-    print(f"  mtu {mtu:>5}: one way {fmt(one)}, both ways at once (slower "
-          f"direction) {fmt(both)} (= {statistics.median(both) / 8:.2f} GB/s)")
+    rx = lambda f: json.load(open(f))["end"]["sum_received"]["bits_per_second"] / 1e9
+    both = [(rx(f) + rx(f.replace("/fwd-", "/rev-"))) / 2 for f in glob.glob(f"{out}/fwd-{mtu}-*.json")]
+    print(f"  mtu {mtu:>5}: one way {fmt(one)}, both ways at once (mean of the "
+          f"two) {fmt(both)} (= {statistics.median(both) / 8:.2f} GB/s)")
 print("64 MiB allreduce, 2 hosts, bus bandwidth GB/s: median (min-max) over rounds")
 print(f"  {'setting':<28} {'ring':>20} {'halving_doubling':>20}")
 for s in settings:

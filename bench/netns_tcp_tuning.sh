@@ -11,6 +11,7 @@ rounds=${2:-3}
 shift $(($# >= 2 ? 2 : 1))
 cluster=$(cd "$(dirname "$0")/.." && pwd)/scripts/netns_cluster.sh
 settings=("$@")
+net=${TESSEL_NETNS_SUBNET:-10.213.0}
 if [ ${#settings[@]} -eq 0 ]; then
   settings=(
     "mtu=1500 name=mtu1500"
@@ -22,14 +23,14 @@ trap '"$cluster" down; rm -rf "$out"' EXIT
 # One stream one way, then one each way at once (two iperf3 pairs: iperf3 3.12 runs --bidir
 # in one thread, which would measure one core).
 wire() {  # mtu round
-  "$cluster" exec 1 iperf3 -s -1 -D -B 10.213.0.2 -p 5201 > /dev/null
+  "$cluster" exec 1 iperf3 -s -1 -D -B $net.2 -p 5201 > /dev/null
   sleep 0.3
-  "$cluster" exec 0 iperf3 -c 10.213.0.2 -p 5201 -t 3 -J > "$out/wire-$1-$2.json"
-  "$cluster" exec 1 iperf3 -s -1 -D -B 10.213.0.2 -p 5201 > /dev/null
-  "$cluster" exec 0 iperf3 -s -1 -D -B 10.213.0.1 -p 5202 > /dev/null
+  "$cluster" exec 0 iperf3 -c $net.2 -p 5201 -t 3 -J > "$out/wire-$1-$2.json"
+  "$cluster" exec 1 iperf3 -s -1 -D -B $net.2 -p 5201 > /dev/null
+  "$cluster" exec 0 iperf3 -s -1 -D -B $net.1 -p 5202 > /dev/null
   sleep 0.3
-  "$cluster" exec 0 iperf3 -c 10.213.0.2 -p 5201 -t 3 -J > "$out/fwd-$1-$2.json" &
-  "$cluster" exec 1 iperf3 -c 10.213.0.1 -p 5202 -t 3 -J > "$out/rev-$1-$2.json"
+  "$cluster" exec 0 iperf3 -c $net.2 -p 5201 -t 3 -J > "$out/fwd-$1-$2.json" &
+  "$cluster" exec 1 iperf3 -c $net.1 -p 5202 -t 3 -J > "$out/rev-$1-$2.json"
   wait
 }
 

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Training across "hosts" made of network namespaces (scripts/netns_cluster.sh), one MPI rank per
+# namespace over TCP:
+#  1. every rank runs on a host of its own (distinct hostname and address);
+#  2. `tessel bench comm` verifies every collective and algorithm across 2 and 4 hosts;
+#  3. fashion_mlp in deterministic mode gives the same params_sha256 across 2 and 4 hosts as the
+#     same layout run as threads of one process;
+#  4. a shaped link (1 Gbit/s) is really that slow: a 4 MiB allreduce cannot beat the rate;
+#  5. --delay works, or fails clearly (kernel without netem) leaving nothing behind.
+# Needs root for ip netns; exits 77 (skipped) with the reason where namespaces cannot be made.
+# Usage: multihost_netns_test.sh TESSEL_BINARY SOURCE_DIR
+set -euo pipefail
+tessel=$1
+src=$2
+skip() { echo "SKIP multihost: $*"; exit 77; }
+
+# A cluster of its own (names and subnet), so that a user's cluster is left alone.
+export TESSEL_NETNS_PREFIX=tsltest- TESSEL_NETNS_SUBNET=10.213.77
+cluster=$src/scripts/netns_cluster.sh
+[ "$(id -u)" -eq 0 ] || skip "needs root to create network namespaces (ip netns); run as root"
+command -v ip > /dev/null && command -v tc > /dev/null || skip "needs ip and tc (apt-get install iproute2)"
+command -v mpirun > /dev/null || skip "needs mpirun (apt-get install openmpi-bin)"
+probe=${TESSEL_NETNS_PREFIX}probe
+ip netns add "$probe" 2> /dev/null || skip "cannot create network namespaces here (ip netns add failed)"
+ip netns del "$probe"
+
+tmp=$(mktemp -d)
+trap '"$cluster" down; rm -rf "$tmp"' EXIT
+sha() { grep -o '"params_sha256": *"[0-9a-f]*"' "$1/summary.json" | grep -o '[0-9a-f]\{64\}'; }
+train=(train "$src/examples/fashion_mlp.toml" --quiet --set train.deterministic=true
+       --set train.drop_last=true --set train.batch=64 --set ddp.micro_shard=16
+       --set train.max_steps=12 --set train.epochs=1 --set comm.timeout_s=60)
+
+for n in 2 4; do
+  "$cluster" up "$n" > /dev/null
+  hosts=$("$cluster" mpirun -np "$n" sh -c 'echo "$(hostname) $(ip -4 -o addr show eth0 | awk "{print \$4}")"' |
+    sort -u | wc -l)
+  [ "$hosts" = "$n" ] || { echo "FAIL: $n ranks ran on $hosts distinct hosts, want $n"; exit 1; }
+  echo "ok: $n ranks on $n namespace hosts"
+
+  "$cluster" mpirun -np "$n" "$tessel" bench comm --backend mpi --sizes 4KiB,1MiB \
+    --collective allreduce,reduce_scatter,allgather --algorithm ring,hd,tree,native --repeats 2 \
+    > "$tmp/bench$n.out" 2>&1 || { cat "$tmp/bench$n.out"; echo "FAIL: bench comm on $n hosts"; exit 1; }
+  grep -q "backend mpi, $n ranks" "$tmp/bench$n.out" || { cat "$tmp/bench$n.out"; exit 1; }
+  echo "ok: bench comm verified every collective across $n hosts"
+
+  "$tessel" "${train[@]}" --workers "$n" --run-dir "$tmp/threads$n" > /dev/null
+  "$cluster" mpirun -np "$n" "$tessel" "${train[@]}" --run-dir "$tmp/hosts$n" > "$tmp/train$n.out" 2>&1 ||
+    { cat "$tmp/train$n.out"; echo "FAIL: training across $n hosts"; exit 1; }
+  grep -q '"layout": "dp='$n'"' "$tmp/hosts$n/summary.json" || { echo "FAIL: layout"; exit 1; }
+  [ "$(sha "$tmp/threads$n")" = "$(sha "$tmp/hosts$n")" ] ||
+    { echo "FAIL: params_sha256 differs between $n hosts and $n threads"; exit 1; }
+  echo "ok: fashion_mlp, deterministic, $n namespace hosts = $n threads"
+done
+
+# 4 MiB all-reduced by 2 ranks sends 4 MiB each way: at least 33.5 ms at 1 Gbit/s.
+"$cluster" up 2 --rate 1gbit > /dev/null
+"$cluster" mpirun -np 2 "$tessel" bench comm --backend mpi --sizes 4MiB --algorithm ring \
+  --repeats 3 --json "$tmp/shaped.json" > "$tmp/shaped.out" 2>&1 || { cat "$tmp/shaped.out"; exit 1; }
+python3 - "$tmp/shaped.json" <<'EOP' || { cat "$tmp/shaped.out"; exit 1; }
+import json, sys
+r = json.load(open(sys.argv[1]))["results"][0]
+floor_us = 4 * 2**20 * 8 / 1e9 * 1e6
+if not r["ok"] or r["median_us"] < floor_us:
+    sys.exit(f"FAIL: 4 MiB allreduce over 1 Gbit/s links took {r['median_us']:.0f} us, "
+             f"faster than the wire allows ({floor_us:.0f} us): shaping is not applied")
+print(f"ok: shaped 1 Gbit/s link: 4 MiB allreduce {r['median_us'] / 1e3:.1f} ms "
+      f"(wire floor {floor_us / 1e3:.1f} ms)")
+EOP
+
+# --delay needs netem; where the kernel lacks it, up must say so and leave nothing behind.
+if ! "$cluster" up 2 --rate 100mbit --delay 1ms > "$tmp/delay.out" 2>&1; then
+  grep -q "netem" "$tmp/delay.out" || { cat "$tmp/delay.out"; echo "FAIL: unclear --delay error"; exit 1; }
+  [ -z "$(ip netns list | grep "^${TESSEL_NETNS_PREFIX}")" ] || { echo "FAIL: failed up left namespaces"; exit 1; }
+  echo "ok: --delay without netem in this kernel: clear error, nothing left behind"
+else
+  echo "ok: --delay applied (netem)"
+fi
+echo "8 passed, 0 failed"

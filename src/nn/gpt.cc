@@ -55,12 +55,25 @@ Tensor Embedding::forward(const Tensor& ids, const Context& ctx, Cache* cache) {
   (void)ctx;
   check_tokens(ids, T_);
   if (cache) cache->keep(0, ids);
+  return embed(ids, 0, cache);
+}
+
+Tensor Embedding::forward_at(const Tensor& ids, int64_t position) {
+  check_tokens(ids, T_);
+  if (position < 0 || position + ids.dim(1) > T_)
+    throw InvalidArgument(str("embedding: positions [", position, ", ", position + ids.dim(1),
+                              ") pass the context of ", T_,
+                              "; shorten the prompt or generate fewer tokens"));
+  return embed(ids, position, nullptr);
+}
+
+Tensor Embedding::embed(const Tensor& ids, int64_t position, Cache* cache) {
   const int64_t B = ids.dim(0), T = ids.dim(1);
   Tensor y = output(cache, 0, {B, T, C_});
   float* out = y.data<float>();
   ops::embedding_forward(out, ids.data<int32_t>(), wte_.value.data<float>(), B * T, V_, C_);
   // Position embedding: no kernel adds a [T, C] table to each of B rows, so a plain loop.
-  const float* wpe = wpe_.value.data<float>();
+  const float* wpe = wpe_.value.data<float>() + position * C_;
   for (int64_t b = 0; b < B; ++b)
     for (int64_t t = 0; t < T; ++t) {
       float* row = out + (b * T + t) * C_;
@@ -130,14 +143,36 @@ std::vector<Parameter*> TransformerBlock::parameters() {
 enum Sub : size_t { kLn1, kQkv, kAttnProj, kLn2, kFc, kGelu, kMlpProj };
 
 Tensor TransformerBlock::forward(const Tensor& x, const Context& ctx, Cache* cache) {
+  return run(x, ctx, cache, nullptr);
+}
+
+Tensor TransformerBlock::forward_cached(const Tensor& x, KvCache& kv) {
+  return run(x, Context{false}, nullptr, &kv);
+}
+
+Tensor TransformerBlock::run(const Tensor& x, const Context& ctx, Cache* cache, KvCache* kv) {
   check_activations(x, C_, "transformer_block");
   const int64_t B = x.dim(0), T = x.dim(1), n = x.numel();
   auto sub = [cache](Sub k) { return cache ? &cache->child(k) : nullptr; };
   // Attention branch: x1 = x + proj(attention(qkv(ln1(x)))).
   Tensor qkv = qkv_.forward(ln1_.forward(x, ctx, sub(kLn1)), ctx, sub(kQkv));
   Tensor a = output(cache, 0, {B, T, C_});
-  Tensor att = output(cache, 1, {B, NH_, T, T});
-  ops::attention_forward(a.data<float>(), att.data<float>(), qkv.data<float>(), B, T, C_, NH_);
+  Tensor att;
+  if (kv) {
+    if (!kv->k.defined()) {
+      kv->k = Tensor::empty({B, T_, C_});
+      kv->v = Tensor::empty({B, T_, C_});
+    }
+    TESSEL_CHECK(kv->k.dim(0) == B && kv->length + T <= T_, "transformer_block: a KV cache of ",
+                 kv->k.dim(0), " sequences at position ", kv->length, " cannot take ",
+                 shape_str(x.shape()), " (context ", T_, ")");
+    ops::attention_forward_kv(a.data<float>(), qkv.data<float>(), kv->k.data<float>(),
+                              kv->v.data<float>(), B, T, kv->length, C_, NH_, T_);
+    kv->length += T;
+  } else {
+    att = output(cache, 1, {B, NH_, T, T});
+    ops::attention_forward(a.data<float>(), att.data<float>(), qkv.data<float>(), B, T, C_, NH_);
+  }
   Tensor x1 = output(cache, 2, x.shape());
   ops::add_forward(x1.data<float>(), x.data<float>(),
                    attn_proj_.forward(a, ctx, sub(kAttnProj)).data<float>(), n);

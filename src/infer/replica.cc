@@ -86,10 +86,13 @@ void Replica::load(const std::string& checkpoint) {
       ++b;
       continue;
     }
+    nn::Range r{INT64_MAX, 0};  // the parameters of blocks [b, e); blocks without any add none
     size_t e = b;
-    while (e < n && local[e]) ++e;
-    const nn::Range r{model_->block_range(b).lo, model_->block_range(e - 1).hi};
-    if (!r.empty()) {
+    for (; e < n && local[e]; ++e) {
+      const nn::Range br = model_->block_range(e);
+      if (!br.empty()) r = {std::min(r.lo, br.lo), std::max(r.hi, br.hi)};
+    }
+    if (r.lo < r.hi) {
       values_.push_back(Tensor::zeros({r.size()}));
       model_->bind_values(r, values_.back());
       parameter_bytes_ += static_cast<int64_t>(values_.back().nbytes());

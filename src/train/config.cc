@@ -180,7 +180,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("infer.sample_top_k", infer.sample_top_k, "gpt: sample among the k most likely tokens (0: all)"),
       TESSEL_KEY("infer.kv_cache", infer.kv_cache, "gpt: keep each block's keys and values while generating (false: recompute the whole context for every token)"),
       TESSEL_KEY("serve.host", serve.host, "address tessel serve listens on (127.0.0.1: this machine only; 0.0.0.0: every interface)"),
-      TESSEL_KEY("serve.max_batch", serve.max_batch, "rows per batch a serve worker runs (requests are batched up to it)"),
+      TESSEL_KEY("serve.max_batch", serve.max_batch, "rows per batch a serve worker runs (requests are batched up to it); also the most rows one request may carry"),
       TESSEL_KEY("serve.max_wait_ms", serve.max_wait_ms, "longest a request waits for others to fill a batch"),
       TESSEL_KEY("serve.max_queue", serve.max_queue, "rows waiting for a worker; requests beyond it get 503"),
       TESSEL_KEY("serve.max_body_kb", serve.max_body_kb, "largest request body in KiB; larger ones get 413"),

@@ -9,13 +9,18 @@
 #include <sstream>
 
 #include "tessel/ckpt/checkpoint.h"
+#include "tessel/core/clock.h"
 #include "tessel/core/error.h"
 
 namespace tessel::infer {
 
 OrderedWriter::OrderedWriter(const std::string& path, const nlohmann::json& job,
-                             const std::string& header, bool resume)
-    : path_(path), progress_path_(path + ".progress"), job_(job), file_(nullptr, std::fclose) {
+                             const std::string& header, bool resume, double commit_every_s)
+    : path_(path),
+      progress_path_(path + ".progress"),
+      job_(job),
+      file_(nullptr, std::fclose),
+      commit_every_s_(commit_every_s) {
   if (resume) {
     std::ifstream in(progress_path_);
     if (!in)
@@ -69,12 +74,15 @@ void OrderedWriter::append(int64_t chunk, const std::string& bytes, int64_t rows
   rows_ += rows;
 }
 
+bool OrderedWriter::due() const { return now_seconds() - last_commit_ >= commit_every_s_; }
+
 void OrderedWriter::commit() {
   // Durable before the progress file says so (a machine crash too, not only a killed job).
   if (std::fflush(file_.get()) != 0 || ::fdatasync(fileno(file_.get())) != 0)
     throw IoError(str("predict: cannot write ", path_, ", got \"", std::strerror(errno),
                       "\"; check the disk"));
   write_progress();
+  last_commit_ = now_seconds();
 }
 
 void OrderedWriter::finish() {

@@ -110,6 +110,7 @@ void thread_rank(const Job& job, comm::Communicator& world, ChunkQueue& queue, T
   parallel::Mesh mesh(world, parallel::Layout::resolve(job.spec, world.size()));
   const Place place = place_of(mesh);
   Replica replica(job.config, job.info, job.options.checkpoint, place.pp);
+  world.barrier();  // every replica loaded: none waits for a late one's chunks at the start
   QueueFeed feed(queue, place.replica);
   const size_t r = static_cast<size_t>(world.rank());
   try {
@@ -130,7 +131,7 @@ nlohmann::json predict_threads(const Job& job) {
   const parallel::Layout layout = parallel::Layout::resolve(job.spec, world);
   OrderedWriter writer(job.options.output, job.identity,
                        job.format == OutputFormat::kCsv ? csv_header(job.info.generates(), job.config.infer.top_k) : "",
-                       job.options.resume);
+                       job.options.resume, job.config.infer.commit_every_s);
   const int64_t first_chunk = writer.next_chunk(), first_rows = writer.rows();
   nlohmann::json summary = {{"output", job.options.output}, {"layout", layout.str()},
                             {"workers", world}, {"resumed_at_chunk", first_chunk}};
@@ -157,7 +158,7 @@ nlohmann::json predict_threads(const Job& job) {
     std::vector<ChunkQueue::Output> ready;
     while (queue.next(ready)) {
       for (const auto& o : ready) writer.append(o.id, o.bytes, o.rows);
-      writer.commit();
+      if (writer.due()) writer.commit();
     }
     writer.finish();
   } catch (...) {

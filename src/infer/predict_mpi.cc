@@ -52,7 +52,7 @@ class MpiFeed final : public Feed {
     if (writer_) {  // rank 0 is this replica's last stage: the chunks before are written
       writer_->append(id, bytes, rows);
       ++next_commit_;
-      dirty_ = true;  // committed with the next chunks collected
+      dirty_ = true;  // committed with the next chunks collected, when due
       return;
     }
     const int64_t head[3] = {id, static_cast<int64_t>(bytes.size()), rows};
@@ -86,8 +86,10 @@ class MpiFeed final : public Feed {
       world_.recv(bytes.data(), bytes.size(), comm::ElemType::kU8, from, kOutputTag);
       writer_->append(next_commit_, bytes, head[2]);
     }
-    if (dirty_) writer_->commit();
-    dirty_ = false;
+    if (dirty_ && writer_->due()) {
+      writer_->commit();
+      dirty_ = false;
+    }
   }
 
   const Job& job_;
@@ -114,7 +116,7 @@ nlohmann::json predict_mpi(const Job& job) {
     writer = std::make_unique<OrderedWriter>(
         job.options.output, job.identity,
         job.format == OutputFormat::kCsv ? csv_header(job.info.generates(), job.config.infer.top_k) : "",
-        job.options.resume);
+        job.options.resume, job.config.infer.commit_every_s);
     first[0] = writer->next_chunk();
     first[1] = writer->complete();
   }
@@ -137,6 +139,7 @@ nlohmann::json predict_mpi(const Job& job) {
   std::unique_ptr<InputReader> input;
   if (replica.first_stage()) input = open_input(job.options.input, job.info, job.config.data);
   MpiFeed feed(job, world, layout, place.replica, input.get(), writer.get(), first[0]);
+  world.barrier();  // every replica loaded before the clock starts
   const int64_t chunks = run_replica(job, replica, feed, place.pp, world.rank());
   if (writer) writer->finish();
   // Every rank's chunk count and peak bytes, for rank 0's summary.

@@ -175,6 +175,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("infer.batch", infer.batch, "predict: rows (gpt: prompts) per forward pass within a chunk"),
       TESSEL_KEY("infer.top_k", infer.top_k, "predict and serve: classes listed with their probabilities per row"),
       TESSEL_KEY("infer.chunk_timeout_s", infer.chunk_timeout_s, "predict with threads: a worker holding a chunk this long is stalled and another worker re-runs the chunk"),
+      TESSEL_KEY("infer.commit_every_s", infer.commit_every_s, "predict: seconds between commits of the output (fsync + progress file); a killed job resumes from the last one (0: after every chunk)"),
       TESSEL_KEY("infer.max_new_tokens", infer.max_new_tokens, "gpt: tokens generated per prompt (prompt + these must fit the context)"),
       TESSEL_KEY("infer.temperature", infer.temperature, "gpt: 0 greedy (the most likely token), else sample at this temperature, seeded by seed and the row"),
       TESSEL_KEY("infer.sample_top_k", infer.sample_top_k, "gpt: sample among the k most likely tokens (0: all)"),
@@ -331,6 +332,8 @@ void validate(const Config& c) {
   require(c.infer.top_k >= 1, str("infer.top_k must be >= 1, got ", c.infer.top_k));
   require(c.infer.chunk_timeout_s > 0,
           str("infer.chunk_timeout_s must be > 0, got ", c.infer.chunk_timeout_s));
+  require(c.infer.commit_every_s >= 0,
+          str("infer.commit_every_s must be >= 0, got ", c.infer.commit_every_s));
   require(c.infer.max_new_tokens >= 1,
           str("infer.max_new_tokens must be >= 1, got ", c.infer.max_new_tokens));
   require(c.infer.temperature >= 0 && std::isfinite(c.infer.temperature),

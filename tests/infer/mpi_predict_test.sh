@@ -10,7 +10,8 @@ src=$2
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 mpirun="mpirun --allow-run-as-root --oversubscribe"
-cfg=(--set model.hidden=[64] --set train.max_steps=3 --set infer.chunk_rows=500)
+cfg=(--set model.hidden=[64] --set train.max_steps=3 --set infer.chunk_rows=500
+     --set infer.commit_every_s=0)
 "$tessel" train "$src/examples/fashion_mlp.toml" --quiet "${cfg[@]}" --run-dir "$tmp/run" > /dev/null
 predict=(predict "$src/examples/fashion_mlp.toml" "${cfg[@]}" --checkpoint "$tmp/run"
          --input /usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz)

@@ -178,23 +178,23 @@ class Files : public ::testing::Test {
 TEST_F(Files, WriterResumesAfterItsLastCommit) {
   const nlohmann::json job = {{"input", "x"}, {"chunk_rows", 2}};
   {
-    OrderedWriter w(path("out.csv"), job, "row,v\n", false);
+    OrderedWriter w(path("out.csv"), job, "row,v\n", false, 0);
     w.append(0, "0,a\n1,b\n", 2);
     w.commit();
     w.append(1, "2,c\n", 1);  // never committed: the job "dies" here
   }
   {
-    OrderedWriter w(path("out.csv"), job, "row,v\n", true);
+    OrderedWriter w(path("out.csv"), job, "row,v\n", true, 0);
     EXPECT_EQ(w.next_chunk(), 1);
     EXPECT_EQ(w.rows(), 2);
     w.append(1, "2,c\n3,d\n", 2);
     w.finish();
   }
   EXPECT_EQ(slurp(path("out.csv")), "row,v\n0,a\n1,b\n2,c\n3,d\n");
-  OrderedWriter done(path("out.csv"), job, "row,v\n", true);
+  OrderedWriter done(path("out.csv"), job, "row,v\n", true, 0);
   EXPECT_TRUE(done.complete());
-  EXPECT_THROW(OrderedWriter(path("out.csv"), {{"input", "y"}}, "", true), InvalidArgument);
-  EXPECT_THROW(OrderedWriter(path("none.csv"), job, "", true), InvalidArgument);
+  EXPECT_THROW(OrderedWriter(path("out.csv"), {{"input", "y"}}, "", true, 0), InvalidArgument);
+  EXPECT_THROW(OrderedWriter(path("none.csv"), job, "", true, 0), InvalidArgument);
 }
 
 ModelInfo classifier(Shape input) {

@@ -53,6 +53,7 @@ struct InferSpec {
   int64_t batch = 128;           // rows (prompts) per forward pass within a chunk
   int64_t top_k = 5;             // classes listed with their probabilities per output row
   double chunk_timeout_s = 60;   // a worker holding a chunk longer is stalled: others re-run it
+  double commit_every_s = 1;     // predict: seconds between commits of the output (--resume point)
   int64_t max_new_tokens = 32;   // gpt: tokens generated per prompt
   float temperature = 0.0f;      // gpt: 0 greedy, else sampling at this temperature
   int64_t sample_top_k = 0;      // gpt: sample among the k most likely tokens (0: all)

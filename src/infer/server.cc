@@ -203,13 +203,22 @@ Request Server::parse(const nlohmann::json& body) const {
     return r;
   }
   const nlohmann::json& prompts = rows_of(body, "prompts", max_batch);
+  for (const char* key : {"max_new_tokens", "seed"})
+    if (body.contains(key) && !body[key].is_number_unsigned())
+      throw HttpError(400, str("serve: \"", key, "\" must be a non-negative integer, got ",
+                               body[key].dump()));
   const int64_t max_new = body.value("max_new_tokens", config_.infer.max_new_tokens);
   const uint64_t seed = body.value("seed", uint64_t{0});
   const int64_t context = info_.spec.input_shape[0];
   for (size_t i = 0; i < prompts.size(); ++i) {
     if (!prompts[i].is_string())
       throw HttpError(400, str("serve: prompts[", i, "] must be a string, got ", prompts[i].type_name()));
-    Prompt p{encode(prompts[i].get<std::string>(), info_.vocab), max_new, seed + i};
+    Prompt p{{}, max_new, seed + i};
+    try {
+      p.tokens = encode(prompts[i].get<std::string>(), info_.vocab);
+    } catch (const InvalidArgument& e) {
+      throw HttpError(400, str("serve: prompts[", i, "]: ", e.what()));
+    }
     const int64_t len = static_cast<int64_t>(p.tokens.size());
     if (len == 0 || max_new < 1 || len + max_new > context)
       throw HttpError(400, str("serve: prompts[", i, "] has ", len, " tokens and max_new_tokens is ",

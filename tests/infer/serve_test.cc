@@ -25,9 +25,11 @@ std::string rows_body(int n, float value) {
 
 // A server on a free loopback port, running until the test ends.
 struct Running {
-  explicit Running(const std::vector<std::string>& overrides = {})
-      : config(train::load_config(TrainedMlp::config(), overrides)),
-        server(config, TrainedMlp::run_dir(), 2),
+  explicit Running(const std::vector<std::string>& overrides = {},
+                   const std::string& config_path = TrainedMlp::config(),
+                   const std::string& run_dir = TrainedMlp::run_dir())
+      : config(train::load_config(config_path, overrides)),
+        server(config, run_dir, 2),
         port(server.bind(0)),
         thread([this] { server.run(); }) {}
   ~Running() {
@@ -116,6 +118,33 @@ TEST_F(Serve, ConcurrentRequestsAreBatchedAndGetTheirOwnRows) {
   const size_t at = m.find("tessel_batch_rows_count ");
   ASSERT_NE(at, std::string::npos);
   EXPECT_LT(std::stol(m.substr(at + 24)), 8 + 16 * 15) << "no two requests were batched";
+}
+
+TEST_F(Serve, GptPromptsAndTheirErrors) {
+  const std::string gpt = std::string(TESSEL_SOURCE_DIR) + "/examples/char_gpt.toml";
+  const Result trained = run("train " + gpt + " --quiet --set train.max_steps=1 --run-dir " +
+                             path("gpt"));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  Running s({}, gpt, path("gpt"));
+  httplib::Client c = s.client();
+  const char* json = "application/json";
+  const std::string ask = R"({"prompts": ["The night", "A"], "max_new_tokens": 12})";
+  auto res = c.Post("/v1/predict", ask, json);
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const auto out = nlohmann::json::parse(res->body)["outputs"];
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0]["text"].get<std::string>().size(), 12u);
+  EXPECT_EQ(c.Post("/v1/predict", ask, json)->body, res->body);  // greedy: the same text
+  expect_status(c.Post("/v1/predict", R"({"prompts": [3]})", json), 400, "prompts[0] must be a string");
+  expect_status(c.Post("/v1/predict", R"({"prompts": [""]})", json), 400, "non-empty");
+  expect_status(c.Post("/v1/predict", R"({"prompts": ["ok", "a~"]})", json), 400,
+                "prompts[1]: generate: byte 1");
+  expect_status(c.Post("/v1/predict", R"({"prompts": ["A"], "max_new_tokens": 64})", json), 400,
+                "context of 64");
+  expect_status(c.Post("/v1/predict", R"({"prompts": ["A"], "max_new_tokens": "9"})", json), 400,
+                "\"max_new_tokens\" must be a non-negative integer");
+  expect_status(c.Post("/v1/predict", R"({"inputs": [[1]]})", json), 400, "\"prompts\"");
 }
 
 // Starts `tessel serve` on a free port; returns its pid and port.

@@ -61,6 +61,10 @@ Job make_job(const train::Config& config, const PredictOptions& options) {
           nlohmann::json()};
   job.spec.ps_servers = 0;  // a training layout; inference runs replicas of pp stages
   job.spec.zero_stage = 0;
+  if (job.spec.tp_size > 1)
+    throw InvalidArgument(str("predict: tensor-parallel inference is not built yet, got tp.size = ",
+                              job.spec.tp_size, "; set tp.size = 1 (a checkpoint of any layout "
+                              "loads) and split a large model with pp.stages"));
   if (job.info.generates() && job.spec.pp_stages > 1)
     throw InvalidArgument(str("predict: generation runs the whole gpt model on each worker, got "
                               "pp.stages = ", job.spec.pp_stages, "; set pp.stages = 1"));

@@ -62,9 +62,10 @@ Server::Server(const train::Config& config, const std::string& checkpoint, int w
       info_(model_info(config)),
       metrics_(config.serve.max_batch, workers),
       http_(std::make_unique<httplib::Server>()) {
-  if (config.parallel.pp_stages > 1)
+  if (config.parallel.pp_stages > 1 || config.parallel.tp_size > 1)
     throw InvalidArgument(str("serve: each worker holds the whole model, got pp.stages = ",
-                              config.parallel.pp_stages, "; set pp.stages = 1"));
+                              config.parallel.pp_stages, " and tp.size = ", config.parallel.tp_size,
+                              "; set both to 1 (a checkpoint of any layout loads)"));
   for (int w = 0; w < workers; ++w)
     replicas_.push_back(std::make_unique<Replica>(config_, info_, checkpoint, nullptr));
   BatchOptions bo{config.serve.max_batch, config.serve.max_wait_ms / 1000.0, config.serve.max_queue};

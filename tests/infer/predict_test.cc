@@ -72,6 +72,7 @@ TEST_F(Predict, BadInputsAndResumesFailClearly) {
   ASSERT_EQ(predict("o.jsonl").exit_code, 0);
   expect_error(predict("o.jsonl", "--resume --set infer.chunk_rows=500"), "another job");
   expect_error(predict("o.jsonl", "--set pp.stages=3 --workers 2"), "pp.stages");
+  expect_error(predict("o.jsonl", "--set tp.size=2 --workers 2"), "set tp.size = 1");
 }
 
 // Rows 0-299 of the test images through a replica: one worker, or a pp.stages pipeline of

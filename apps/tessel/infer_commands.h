@@ -3,9 +3,8 @@
 // runs it once parsed and returns the exit code.
 #pragma once
 
-#include <functional>
-
 #include <CLI/CLI.hpp>
+#include <functional>
 
 struct InferCommand {
   CLI::App* app = nullptr;

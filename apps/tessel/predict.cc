@@ -1,11 +1,12 @@
 // tessel predict CONFIG --checkpoint RUN --input PATH --output PATH [--workers N | under mpirun]
+#include "tessel/infer/predict.h"
+
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "infer_commands.h"
-#include "tessel/infer/predict.h"
 #include "tessel/train/config.h"
 
 namespace {

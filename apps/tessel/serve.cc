@@ -57,10 +57,11 @@ int run_serve(ServeArgs& a) {
       }
     }
   });
-  std::printf("serve: listening on http://%s:%d (%d workers, serve.max_batch %lld, "
-              "serve.max_wait_ms %g)\n",
-              config.serve.host.c_str(), port, config.runtime.workers,
-              static_cast<long long>(config.serve.max_batch), config.serve.max_wait_ms);
+  std::printf(
+      "serve: listening on http://%s:%d (%d workers, serve.max_batch %lld, "
+      "serve.max_wait_ms %g)\n",
+      config.serve.host.c_str(), port, config.runtime.workers,
+      static_cast<long long>(config.serve.max_batch), config.serve.max_wait_ms);
   std::fflush(stdout);
   server.run();
   done = true;

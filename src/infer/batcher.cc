@@ -41,11 +41,11 @@ void Batcher::close() {
 // has waited max_wait, or the batcher closes. Empty when another worker took them first.
 std::vector<Batcher::Pending> Batcher::take_batch(std::unique_lock<std::mutex>& lock) {
   cv_.wait(lock, [this] { return !queue_.empty() || closed_; });
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration<double>(std::max(
-                            0.0, queue_.empty() ? 0.0
-                                                : queue_.front().arrival + options_.max_wait_s -
-                                                      now_seconds()));
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration<double>(std::max(
+          0.0,
+          queue_.empty() ? 0.0 : queue_.front().arrival + options_.max_wait_s - now_seconds()));
   cv_.wait_until(lock, deadline, [this] {
     return queue_.empty() || queued_rows_ >= options_.max_batch || closed_;
   });

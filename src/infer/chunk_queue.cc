@@ -23,8 +23,8 @@ ChunkQueue::ChunkQueue(InputReader& input, int64_t chunk_rows, int64_t first_chu
   const int64_t want = first_chunk * chunk_rows;
   if (want > 0 && input_.skip(want) < want)
     error_ = std::make_exception_ptr(InvalidArgument(
-        str("predict: --resume: the progress file counts ", first_chunk, " chunks of ",
-            chunk_rows, " rows but the input is shorter; resume with the same input")));
+        str("predict: --resume: the progress file counts ", first_chunk, " chunks of ", chunk_rows,
+            " rows but the input is shorter; resume with the same input")));
 }
 
 bool ChunkQueue::over() const {
@@ -141,8 +141,7 @@ bool ChunkQueue::next(std::vector<Output>& ready) {
       cv_.notify_all();
       return false;
     }
-    if (alive_ == 0)
-      throw Error(str("predict: every worker failed; the first: ", first_failure_));
+    if (alive_ == 0) throw Error(str("predict: every worker failed; the first: ", first_failure_));
     requeue_stalled();
     cv_.wait_for(lock, poll);
   }

@@ -29,10 +29,12 @@ Gpt gpt_of(nn::Model& model) {
       if (auto* b = dynamic_cast<nn::TransformerBlock*>(&model.block(i))) g.blocks.push_back(b);
   }
   if (!g.embed || !g.head || g.blocks.size() + 2 != n)
-    throw InvalidArgument(str("generate: needs a gpt model (embedding, transformer blocks, lm "
-                              "head), got ",
-                              n, " blocks starting with '", n ? model.block(0).kind() : "", "'; set "
-                              "model.kind = gpt"));
+    throw InvalidArgument(
+        str("generate: needs a gpt model (embedding, transformer blocks, lm "
+            "head), got ",
+            n, " blocks starting with '", n ? model.block(0).kind() : "",
+            "'; set "
+            "model.kind = gpt"));
   return g;
 }
 
@@ -72,13 +74,14 @@ void check_prompts(const std::vector<Prompt>& prompts, int64_t context) {
   for (size_t b = 0; b < prompts.size(); ++b) {
     const int64_t len = static_cast<int64_t>(prompts[b].tokens.size());
     if (len == 0)
-      throw InvalidArgument(str("generate: prompt ", b, " is empty, got 0 tokens; give each "
+      throw InvalidArgument(str("generate: prompt ", b,
+                                " is empty, got 0 tokens; give each "
                                 "prompt at least one character"));
     if (prompts[b].max_new_tokens < 1 || len + prompts[b].max_new_tokens > context)
-      throw InvalidArgument(str("generate: prompt ", b, " has ", len, " tokens and asks for ",
-                                prompts[b].max_new_tokens, " more, got ",
-                                len + prompts[b].max_new_tokens, " positions > the model's context ",
-                                context, "; shorten the prompt or lower max_new_tokens"));
+      throw InvalidArgument(str(
+          "generate: prompt ", b, " has ", len, " tokens and asks for ", prompts[b].max_new_tokens,
+          " more, got ", len + prompts[b].max_new_tokens, " positions > the model's context ",
+          context, "; shorten the prompt or lower max_new_tokens"));
   }
 }
 
@@ -99,10 +102,10 @@ int32_t choose_token(const float* logits, int64_t V, const SampleOptions& option
   std::vector<double> weight(static_cast<size_t>(k));
   double total = 0;
   for (int64_t i = 0; i < k; ++i)
-    total += weight[i] = std::exp((static_cast<double>(logits[order[i]]) - logits[order[0]]) /
-                                  options.temperature);
-  const CounterRng rng(options.seed, mix_stream(RngPurpose::kSample, key,
-                                                 static_cast<uint64_t>(position)));
+    total += weight[i] =
+        std::exp((static_cast<double>(logits[order[i]]) - logits[order[0]]) / options.temperature);
+  const CounterRng rng(options.seed,
+                       mix_stream(RngPurpose::kSample, key, static_cast<uint64_t>(position)));
   double u = static_cast<double>(rng.uniform(0)) * total;
   for (int64_t i = 0; i < k; ++i) {
     if (u < weight[i]) return order[i];
@@ -129,10 +132,10 @@ std::vector<std::vector<int32_t>> generate(nn::Model& model, const std::vector<P
   MemoryScope scope(MemCategory::kActivations);
   std::vector<nn::KvCache> kv(g.blocks.size());
   // Logits of position p - 1 for every row, then the token at p, from `start` to the end.
-  Tensor logits = options.kv_cache
-                      ? cached_step(g, kv, ids_tensor(seqs, 0, start), 0)
-                      : at_position(model.forward(ids_tensor(seqs, 0, start), {false}, nullptr),
-                                    start - 1);
+  Tensor logits =
+      options.kv_cache
+          ? cached_step(g, kv, ids_tensor(seqs, 0, start), 0)
+          : at_position(model.forward(ids_tensor(seqs, 0, start), {false}, nullptr), start - 1);
   for (int64_t p = start;; ++p) {
     bool more = false;
     for (int64_t b = 0; b < B; ++b) {

@@ -37,7 +37,8 @@ class IdxReader final : public InputReader {
     gzbuffer(gz_.get(), 1 << 20);
     uint8_t h[16];
     if (gzread(gz_.get(), h, sizeof h) != static_cast<int>(sizeof h))
-      throw IoError(str("predict: ", path, " is too short for an IDX images header, got under 16 "
+      throw IoError(str("predict: ", path,
+                        " is too short for an IDX images header, got under 16 "
                         "bytes; the file is truncated or not IDX"));
     auto be32 = [&h](int i) {
       return (uint32_t{h[i]} << 24) | (uint32_t{h[i + 1]} << 16) | (uint32_t{h[i + 2]} << 8) |
@@ -81,10 +82,12 @@ class IdxReader final : public InputReader {
   void read_bytes(uint8_t* dst, size_t n) {
     size_t have = 0;
     while (have < n) {
-      const int got = gzread(gz_.get(), dst + have, static_cast<unsigned>(std::min<size_t>(n - have, 1u << 30)));
+      const int got = gzread(gz_.get(), dst + have,
+                             static_cast<unsigned>(std::min<size_t>(n - have, 1u << 30)));
       if (got <= 0)
-        throw IoError(str("predict: ", path_, " ends inside row ", done_ + static_cast<int64_t>(have) / pixels_,
-                          " of the ", total_, " its header declares; the file is truncated"));
+        throw IoError(str("predict: ", path_, " ends inside row ",
+                          done_ + static_cast<int64_t>(have) / pixels_, " of the ", total_,
+                          " its header declares; the file is truncated"));
       have += static_cast<size_t>(got);
     }
   }
@@ -106,7 +109,7 @@ std::string header_field(const std::string& header, const std::string& key,
                       "; write it with numpy.save"));
   at = header.find_first_not_of(' ', at + 1);
   const char open = at < header.size() ? header[at] : ' ';
-  const size_t end = open == '\'' ? header.find('\'', at + 1) + 1
+  const size_t end = open == '\''  ? header.find('\'', at + 1) + 1
                      : open == '(' ? header.find(')', at) + 1
                                    : header.find_first_of(",}", at);
   return header.substr(at, end == std::string::npos || end == 0 ? std::string::npos : end - at);
@@ -120,9 +123,11 @@ class NpyReader final : public InputReader {
     const std::string header = read_header();
     auto field = [&](const std::string& key) { return header_field(header, key, path); };
     if (field("descr") != "'<f4'" || field("fortran_order") != "False")
-      throw InvalidArgument(str("predict: ", path, " must hold little-endian float32 in C order, "
-                                "got descr ", field("descr"), ", fortran_order ",
-                                field("fortran_order"), "; save it with "
+      throw InvalidArgument(str("predict: ", path,
+                                " must hold little-endian float32 in C order, "
+                                "got descr ",
+                                field("descr"), ", fortran_order ", field("fortran_order"),
+                                "; save it with "
                                 "numpy.save(path, x.astype('<f4'))"));
     std::vector<int64_t> dims;
     const std::string shape = field("shape");
@@ -139,8 +144,8 @@ class NpyReader final : public InputReader {
     for (size_t i = 1; i < dims.size(); ++i) row *= dims[i];
     if (dims.empty() || row != shape_numel(shape_))
       throw InvalidArgument(str("predict: ", path, " has shape ", shape, ", got ", row,
-                                " values per row but the model takes ", shape_str(shape_),
-                                " (", shape_numel(shape_), "); save an array [N, ...] of such rows"));
+                                " values per row but the model takes ", shape_str(shape_), " (",
+                                shape_numel(shape_), "); save an array [N, ...] of such rows"));
     total_ = dims[0];
     row_ = row;
   }
@@ -171,7 +176,8 @@ class NpyReader final : public InputReader {
   std::string read_header() {
     char magic[8];
     if (std::fread(magic, 1, 8, f_.get()) != 8 || std::memcmp(magic, "\x93NUMPY", 6) != 0)
-      throw IoError(str("predict: ", path_, " is not a .npy file, got no \\x93NUMPY magic; "
+      throw IoError(str("predict: ", path_,
+                        " is not a .npy file, got no \\x93NUMPY magic; "
                         "write it with numpy.save"));
     uint8_t len[4] = {};
     const size_t width = magic[6] == 1 ? 2 : 4;
@@ -246,14 +252,18 @@ std::unique_ptr<InputReader> open_input(const std::string& path, const ModelInfo
   if (!std::filesystem::is_regular_file(path))
     throw IoError(str("predict: input ", path, " is not a readable file; check --input"));
   if (model.generates() != text)
-    throw InvalidArgument(
-        model.generates()
-            ? str("predict: a gpt model takes text prompts, one per line, in a .txt file, got --input ", path)
-            : str("predict: a ", model.spec.kind, " model takes IDX images or a .npy array, got "
-                  "--input ", path, "; text prompts (.txt) are for a gpt model"));
+    throw InvalidArgument(model.generates()
+                              ? str("predict: a gpt model takes text prompts, one per line, in a "
+                                    ".txt file, got --input ",
+                                    path)
+                              : str("predict: a ", model.spec.kind,
+                                    " model takes IDX images or a .npy array, got "
+                                    "--input ",
+                                    path, "; text prompts (.txt) are for a gpt model"));
   if (text) return std::make_unique<TextReader>(path);
   if (ends_with(name, ".npy")) return std::make_unique<NpyReader>(path, model);
-  if (name.find("ubyte") != std::string::npos || ends_with(name, ".idx") || ends_with(name, ".idx.gz"))
+  if (name.find("ubyte") != std::string::npos || ends_with(name, ".idx") ||
+      ends_with(name, ".idx.gz"))
     return std::make_unique<IdxReader>(path, model, data);
   throw InvalidArgument(str("predict: cannot tell the kind of --input ", path,
                             " from its name; use .npy, an IDX name (*-ubyte[.gz], *.idx[.gz]) "

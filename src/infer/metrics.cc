@@ -40,12 +40,11 @@ void write_scalar(std::ostringstream& os, const std::string& name, const char* t
 
 }  // namespace
 
-Histogram::Histogram(std::vector<double> b)
-    : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
+Histogram::Histogram(std::vector<double> b) : bounds(std::move(b)), counts(bounds.size() + 1, 0) {}
 
 void Histogram::add(double value) {
-  const size_t i = static_cast<size_t>(std::lower_bound(bounds.begin(), bounds.end(), value) -
-                                       bounds.begin());
+  const size_t i =
+      static_cast<size_t>(std::lower_bound(bounds.begin(), bounds.end(), value) - bounds.begin());
   ++counts[i];
   sum += value;
   ++count;
@@ -81,8 +80,8 @@ std::string ServeMetrics::prometheus() const {
   os << "# HELP tessel_requests_total HTTP requests answered, by route and status code.\n"
         "# TYPE tessel_requests_total counter\n";
   for (const auto& [key, n] : requests_)
-    os << "tessel_requests_total{route=\"" << key.first << "\",code=\"" << key.second << "\"} "
-       << n << "\n";
+    os << "tessel_requests_total{route=\"" << key.first << "\",code=\"" << key.second << "\"} " << n
+       << "\n";
   write_histogram(os, "tessel_request_duration_seconds",
                   "Time from reading a /v1/predict request to its answer.", latency_);
   write_histogram(os, "tessel_batch_rows", "Rows per batch a worker ran.", batch_rows_);

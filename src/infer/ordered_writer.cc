@@ -38,9 +38,12 @@ OrderedWriter::OrderedWriter(const std::string& path, const nlohmann::json& job,
                         "\"; run without --resume to start over"));
     }
     if (p.value("job", nlohmann::json()) != job)
-      throw InvalidArgument(str("predict: --resume: ", progress_path_, " belongs to another job, "
-                                "got ", p.value("job", nlohmann::json()).dump(), ", this job is ",
-                                job.dump(), "; resume with the same input, checkpoint, config "
+      throw InvalidArgument(str("predict: --resume: ", progress_path_,
+                                " belongs to another job, "
+                                "got ",
+                                p.value("job", nlohmann::json()).dump(), ", this job is ",
+                                job.dump(),
+                                "; resume with the same input, checkpoint, config "
                                 "and infer.chunk_rows, or run without --resume"));
     std::error_code ec;
     const auto size = std::filesystem::file_size(path_, ec);
@@ -91,8 +94,11 @@ void OrderedWriter::finish() {
 }
 
 void OrderedWriter::write_progress() {
-  const nlohmann::json p = {{"job", job_},     {"chunks", chunks_},     {"rows", rows_},
-                            {"bytes", bytes_}, {"complete", complete_}};
+  const nlohmann::json p = {{"job", job_},
+                            {"chunks", chunks_},
+                            {"rows", rows_},
+                            {"bytes", bytes_},
+                            {"complete", complete_}};
   ckpt::write_file_atomic(progress_path_, p.dump(2) + "\n");
 }
 

@@ -46,8 +46,8 @@ std::string csv_field(const std::string& s) {
 OutputFormat output_format(const std::string& path) {
   if (ends_with(path, ".jsonl")) return OutputFormat::kJsonl;
   if (ends_with(path, ".csv")) return OutputFormat::kCsv;
-  throw InvalidArgument(str("predict: --output must end in .jsonl or .csv (the format), got ",
-                            path));
+  throw InvalidArgument(
+      str("predict: --output must end in .jsonl or .csv (the format), got ", path));
 }
 
 nlohmann::ordered_json class_record(const float* logits, int64_t classes, int64_t k) {

@@ -36,8 +36,8 @@ std::string run_chunk(const Job& job, Replica& replica, int64_t id, const Rows& 
       prompts.push_back({encode(rows.lines[r], job.info.vocab), s.max_new_tokens,
                          static_cast<uint64_t>(first + r)});
     } catch (const InvalidArgument& e) {
-      throw InvalidArgument(str("predict: row ", first + r, " of ", job.options.input, ": ",
-                                e.what()));
+      throw InvalidArgument(
+          str("predict: row ", first + r, " of ", job.options.input, ": ", e.what()));
     }
   }
   const SampleOptions opts{s.temperature, s.sample_top_k, job.config.seed, s.kv_cache};
@@ -57,17 +57,20 @@ std::string run_chunk(const Job& job, Replica& replica, int64_t id, const Rows& 
 }
 
 Job make_job(const train::Config& config, const PredictOptions& options) {
-  Job job{config, options, model_info(config), output_format(options.output), config.parallel,
-          nlohmann::json()};
+  Job job{config,          options,         model_info(config), output_format(options.output),
+          config.parallel, nlohmann::json()};
   job.spec.ps_servers = 0;  // a training layout; inference runs replicas of pp stages
   job.spec.zero_stage = 0;
   if (job.spec.tp_size > 1)
-    throw InvalidArgument(str("predict: tensor-parallel inference is not built yet, got tp.size = ",
-                              job.spec.tp_size, "; set tp.size = 1 (a checkpoint of any layout "
-                              "loads) and split a large model with pp.stages"));
+    throw InvalidArgument(
+        str("predict: tensor-parallel inference is not built yet, got tp.size = ", job.spec.tp_size,
+            "; set tp.size = 1 (a checkpoint of any layout "
+            "loads) and split a large model with pp.stages"));
   if (job.info.generates() && job.spec.pp_stages > 1)
-    throw InvalidArgument(str("predict: generation runs the whole gpt model on each worker, got "
-                              "pp.stages = ", job.spec.pp_stages, "; set pp.stages = 1"));
+    throw InvalidArgument(
+        str("predict: generation runs the whole gpt model on each worker, got "
+            "pp.stages = ",
+            job.spec.pp_stages, "; set pp.stages = 1"));
   open_input(options.input, job.info, config.data);  // a bad input fails before any output
   std::error_code ec;
   const auto input_bytes = std::filesystem::file_size(options.input, ec);
@@ -78,8 +81,10 @@ Job make_job(const train::Config& config, const PredictOptions& options) {
                   {"chunk_rows", s.chunk_rows},
                   {"model", config.model.kind}};
   if (job.info.generates())
-    job.identity.update({{"max_new_tokens", s.max_new_tokens}, {"temperature", s.temperature},
-                         {"sample_top_k", s.sample_top_k}, {"seed", config.seed}});
+    job.identity.update({{"max_new_tokens", s.max_new_tokens},
+                         {"temperature", s.temperature},
+                         {"sample_top_k", s.sample_top_k},
+                         {"seed", config.seed}});
   else
     job.identity["top_k"] = s.top_k;
   return job;
@@ -134,11 +139,15 @@ nlohmann::json predict_threads(const Job& job) {
   const int world = job.config.runtime.workers;
   const parallel::Layout layout = parallel::Layout::resolve(job.spec, world);
   OrderedWriter writer(job.options.output, job.identity,
-                       job.format == OutputFormat::kCsv ? csv_header(job.info.generates(), job.config.infer.top_k) : "",
+                       job.format == OutputFormat::kCsv
+                           ? csv_header(job.info.generates(), job.config.infer.top_k)
+                           : "",
                        job.options.resume, job.config.infer.commit_every_s);
   const int64_t first_chunk = writer.next_chunk(), first_rows = writer.rows();
-  nlohmann::json summary = {{"output", job.options.output}, {"layout", layout.str()},
-                            {"workers", world}, {"resumed_at_chunk", first_chunk}};
+  nlohmann::json summary = {{"output", job.options.output},
+                            {"layout", layout.str()},
+                            {"workers", world},
+                            {"resumed_at_chunk", first_chunk}};
   if (writer.complete()) {  // resumed after the end: nothing to do
     summary.update({{"rows", writer.rows()}, {"complete", true}});
     return summary;
@@ -152,7 +161,8 @@ nlohmann::json predict_threads(const Job& job) {
   std::promise<void> ended;
   std::thread runner([&] {
     try {
-      comm::run_threads(world, [&](comm::Communicator& w) { thread_rank(job, w, queue, run); }, co);
+      comm::run_threads(
+          world, [&](comm::Communicator& w) { thread_rank(job, w, queue, run); }, co);
     } catch (...) {
       queue.abort(std::current_exception());
     }
@@ -172,17 +182,21 @@ nlohmann::json predict_threads(const Job& job) {
   }
   const double seconds = now_seconds() - queue.started();
   // A replica stuck for good in a kernel cannot be joined; the job is done without it.
-  if (ended.get_future().wait_for(std::chrono::duration<double>(job.config.infer.chunk_timeout_s + 5)) ==
-      std::future_status::ready)
+  if (ended.get_future().wait_for(std::chrono::duration<double>(job.config.infer.chunk_timeout_s +
+                                                                5)) == std::future_status::ready)
     runner.join();
   else
     runner.detach(), log_warn("predict: a worker is still stuck; leaving it behind");
   const int64_t rows = writer.rows() - first_rows;
-  summary.update({{"rows", writer.rows()}, {"chunks", writer.next_chunk()},
-                  {"rows_this_run", rows}, {"seconds", seconds},
+  summary.update({{"rows", writer.rows()},
+                  {"chunks", writer.next_chunk()},
+                  {"rows_this_run", rows},
+                  {"seconds", seconds},
                   {"rows_per_second", seconds > 0 ? rows / seconds : 0.0},
-                  {"reruns", queue.reruns()}, {"failed_workers", queue.failed()},
-                  {"chunks_per_rank", run.chunks}, {"peak_bytes_per_rank", run.peak_bytes},
+                  {"reruns", queue.reruns()},
+                  {"failed_workers", queue.failed()},
+                  {"chunks_per_rank", run.chunks},
+                  {"peak_bytes_per_rank", run.peak_bytes},
                   {"complete", true}});
   return summary;
 }
@@ -226,8 +240,9 @@ nlohmann::json predict(const train::Config& config, const PredictOptions& option
   if (backend == "auto") backend = comm::mpi_launched() ? "mpi" : "threads";
   if (backend == "mpi") {
     if (config.runtime.workers > 1)
-      throw InvalidArgument("predict: runtime.workers (--workers) is for ranks as threads; under "
-                            "mpirun use -np instead");
+      throw InvalidArgument(
+          "predict: runtime.workers (--workers) is for ranks as threads; under "
+          "mpirun use -np instead");
     return detail::predict_mpi(job);
   }
   return detail::predict_threads(job);

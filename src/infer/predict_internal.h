@@ -3,9 +3,8 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "tessel/comm/communicator.h"
 #include "tessel/infer/chunk_queue.h"
@@ -31,14 +30,13 @@ class Feed {
   virtual ~Feed() = default;
   virtual bool take(Chunk& chunk) = 0;
   virtual void finish(int64_t id, std::string bytes, int64_t rows) = 0;
-  virtual void sleep(double seconds) = 0;          // debug.delay_ms
-  virtual void die(const std::string& why) = 0;    // debug.kill_rank
+  virtual void sleep(double seconds) = 0;        // debug.delay_ms
+  virtual void die(const std::string& why) = 0;  // debug.kill_rank
 };
 
 // This rank's loop: chunks from the feed through the replica (a pipeline's stages agree on
 // each chunk over pp) until the feed has no more. Returns the chunks this rank ran.
-int64_t run_replica(const Job& job, Replica& replica, Feed& feed, comm::Communicator* pp,
-                    int rank);
+int64_t run_replica(const Job& job, Replica& replica, Feed& feed, comm::Communicator* pp, int rank);
 
 // The replica index and pipeline of this rank (pp null without a pipeline).
 struct Place {

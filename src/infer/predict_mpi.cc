@@ -23,8 +23,14 @@ class MpiFeed final : public Feed {
   // input: on first stages; writer: on rank 0.
   MpiFeed(const Job& job, comm::Communicator& world, const parallel::Layout& layout, int replica,
           InputReader* input, OrderedWriter* writer, int64_t first_chunk)
-      : job_(job), world_(world), layout_(layout), replica_(replica), input_(input),
-        writer_(writer), cursor_(first_chunk), next_commit_(first_chunk) {
+      : job_(job),
+        world_(world),
+        layout_(layout),
+        replica_(replica),
+        input_(input),
+        writer_(writer),
+        cursor_(first_chunk),
+        next_commit_(first_chunk) {
     const int64_t skip = first_chunk * job.config.infer.chunk_rows;
     if (input_ && skip > 0 && input_->skip(skip) < skip)
       throw InvalidArgument(str("predict: --resume: the progress file counts ", first_chunk,
@@ -115,14 +121,17 @@ nlohmann::json predict_mpi(const Job& job) {
   if (world.rank() == 0) {
     writer = std::make_unique<OrderedWriter>(
         job.options.output, job.identity,
-        job.format == OutputFormat::kCsv ? csv_header(job.info.generates(), job.config.infer.top_k) : "",
+        job.format == OutputFormat::kCsv ? csv_header(job.info.generates(), job.config.infer.top_k)
+                                         : "",
         job.options.resume, job.config.infer.commit_every_s);
     first[0] = writer->next_chunk();
     first[1] = writer->complete();
   }
   world.broadcast(first, 2, comm::ElemType::kI64, 0);
-  nlohmann::json summary = {{"output", job.options.output}, {"layout", layout.str()},
-                            {"workers", world.size()}, {"backend", "mpi"},
+  nlohmann::json summary = {{"output", job.options.output},
+                            {"layout", layout.str()},
+                            {"workers", world.size()},
+                            {"backend", "mpi"},
                             {"resumed_at_chunk", first[0]}};
   if (first[1]) {
     if (world.rank() != 0) return nullptr;
@@ -153,10 +162,13 @@ nlohmann::json predict_mpi(const Job& job) {
   }
   const double seconds = now_seconds() - feed.started();
   const int64_t rows = writer->rows() - first_rows;
-  summary.update({{"rows", writer->rows()}, {"chunks", writer->next_chunk()},
-                  {"rows_this_run", rows}, {"seconds", seconds},
+  summary.update({{"rows", writer->rows()},
+                  {"chunks", writer->next_chunk()},
+                  {"rows_this_run", rows},
+                  {"seconds", seconds},
                   {"rows_per_second", seconds > 0 ? rows / seconds : 0.0},
-                  {"chunks_per_rank", per_rank_chunks}, {"peak_bytes_per_rank", peak},
+                  {"chunks_per_rank", per_rank_chunks},
+                  {"peak_bytes_per_rank", peak},
                   {"complete", true}});
   return summary;
 }

@@ -52,8 +52,8 @@ ModelInfo model_info(const train::Config& config) {
   return info;
 }
 
-Replica::Replica(const train::Config& config, const ModelInfo& info,
-                 const std::string& checkpoint, comm::Communicator* pp)
+Replica::Replica(const train::Config& config, const ModelInfo& info, const std::string& checkpoint,
+                 comm::Communicator* pp)
     : config_(config), model_(nn::build_model(info.spec)) {
   if (pp != nullptr && pp->size() > 1) {
     parallel::ParallelSpec spec = config.parallel;
@@ -67,8 +67,9 @@ Replica::Replica(const train::Config& config, const ModelInfo& info,
   try {
     load(checkpoint);
   } catch (const MemoryLimitError& e) {
-    throw MemoryLimitError(str(e.what(), ". Inference holds parameter values only: split them "
-                                         "over more ranks with pp.stages (now ",
+    throw MemoryLimitError(str(e.what(),
+                               ". Inference holds parameter values only: split them "
+                               "over more ranks with pp.stages (now ",
                                stages_, ") and --workers or mpirun -np"));
   }
 }

@@ -1,10 +1,11 @@
 // Generation with a GPT: the KV cache gives the logits and tokens of recomputing the context,
 // a prompt's tokens do not depend on the batch it runs in, sampling is seeded, and bad prompts
 // are refused with a message naming the prompt.
+#include "tessel/infer/generate.h"
+
 #include <gtest/gtest.h>
 
 #include "tessel/core/error.h"
-#include "tessel/infer/generate.h"
 #include "tessel/nn/models.h"
 
 namespace tessel::infer {
@@ -29,7 +30,8 @@ std::vector<Prompt> prompts(int64_t new_tokens) {
   std::vector<Prompt> p;
   for (int64_t b = 0; b < 4; ++b) {
     Prompt pr;
-    for (int64_t t = 0; t < 1 + 3 * b; ++t) pr.tokens.push_back(static_cast<int32_t>((5 * b + 3 * t) % kVocab));
+    for (int64_t t = 0; t < 1 + 3 * b; ++t)
+      pr.tokens.push_back(static_cast<int32_t>((5 * b + 3 * t) % kVocab));
     pr.max_new_tokens = new_tokens - b;
     pr.key = static_cast<uint64_t>(100 + b);
     p.push_back(pr);

@@ -162,8 +162,9 @@ class Files : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() /
-           ("tessel_infer_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) +
-            "_" + std::to_string(getpid()));
+           ("tessel_infer_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
+            std::to_string(getpid()));
     fs::create_directories(dir_);
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -206,7 +207,8 @@ ModelInfo classifier(Shape input) {
 
 void write_npy(const std::string& p, const std::string& descr, const std::string& shape,
                size_t data_bytes) {
-  std::string header = "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  std::string header =
+      "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
   header.append(64 - (10 + header.size() + 1) % 64, ' ');
   header += "\n";
   std::ofstream out(p, std::ios::binary);
@@ -273,19 +275,20 @@ TEST(Batcher, EveryRequestGetsItsOwnRowsAndNoneIsSplit) {
   std::atomic<int> batches{0};
   std::atomic<bool> split{false};
   // Each row's record is its value; a batch checks it holds whole requests only.
-  Batcher b({8, 0.005, 1000}, 2,
-            [&](int, const std::vector<const Request*>& batch) {
-              ++batches;
-              std::vector<nlohmann::ordered_json> out;
-              int64_t rows = 0;
-              for (const Request* r : batch) {
-                rows += r->rows();
-                for (int64_t i = 0; i < r->rows(); ++i) out.push_back(r->x.data<float>()[i]);
-              }
-              split = split || rows > 8;
-              return out;
-            },
-            metrics);
+  Batcher b(
+      {8, 0.005, 1000}, 2,
+      [&](int, const std::vector<const Request*>& batch) {
+        ++batches;
+        std::vector<nlohmann::ordered_json> out;
+        int64_t rows = 0;
+        for (const Request* r : batch) {
+          rows += r->rows();
+          for (int64_t i = 0; i < r->rows(); ++i) out.push_back(r->x.data<float>()[i]);
+        }
+        split = split || rows > 8;
+        return out;
+      },
+      metrics);
   std::vector<std::future<std::vector<nlohmann::ordered_json>>> replies;
   for (int i = 0; i < 60; ++i) {
     Request r;
@@ -312,15 +315,16 @@ TEST(Batcher, AFullQueueRefusesAndCloseAnswersWhatWasQueued) {
   ServeMetrics metrics(4, 1);
   std::promise<void> release;
   std::shared_future<void> go = release.get_future().share();
-  Batcher b({4, 0.0, 4}, 1,
-            [go](int, const std::vector<const Request*>& batch) {
-              go.wait();
-              std::vector<nlohmann::ordered_json> out;
-              for (const Request* r : batch)
-                for (int64_t i = 0; i < r->rows(); ++i) out.push_back(1);
-              return out;
-            },
-            metrics);
+  Batcher b(
+      {4, 0.0, 4}, 1,
+      [go](int, const std::vector<const Request*>& batch) {
+        go.wait();
+        std::vector<nlohmann::ordered_json> out;
+        for (const Request* r : batch)
+          for (int64_t i = 0; i < r->rows(); ++i) out.push_back(1);
+        return out;
+      },
+      metrics);
   auto make = [](int64_t n) {
     Request r;
     r.x = Tensor::zeros({n, 1});

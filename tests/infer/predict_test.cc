@@ -18,7 +18,9 @@ void expect_every_row_in_order(const std::string& text, int64_t rows) {
   int64_t row = 0;
   size_t at = 0;
   for (size_t nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1, ++row)
-    ASSERT_EQ(text.compare(at, 8 + std::to_string(row).size(), "{\"row\":" + std::to_string(row) + ","), 0)
+    ASSERT_EQ(
+        text.compare(at, 8 + std::to_string(row).size(), "{\"row\":" + std::to_string(row) + ","),
+        0)
         << "line " << row;
   EXPECT_EQ(row, rows);
 }
@@ -51,9 +53,10 @@ TEST_F(Predict, AKilledOrStalledWorkersChunksAreRerun) {
   EXPECT_NE(r.output.find("\"failed_workers\": [\n    1\n  ]"), std::string::npos) << r.output;
   EXPECT_TRUE(slurp(path("killed.jsonl")) == clean);
   // Rank 1 sleeps 5 s before each chunk; after 0.3 s its chunk goes to another worker.
-  r = predict("stalled.jsonl",
-              "--workers 3 --set infer.chunk_rows=100 --set debug.slow_rank=1 --set debug.delay_ms=5000 "
-              "--set infer.chunk_timeout_s=0.3");
+  r = predict(
+      "stalled.jsonl",
+      "--workers 3 --set infer.chunk_rows=100 --set debug.slow_rank=1 --set debug.delay_ms=5000 "
+      "--set infer.chunk_timeout_s=0.3");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_EQ(r.output.find("\"reruns\": 0"), std::string::npos) << r.output;
   EXPECT_TRUE(slurp(path("stalled.jsonl")) == clean);
@@ -82,9 +85,10 @@ struct Forward {
   std::vector<int64_t> peak;
 };
 Forward forward(int stages, int64_t limit_mb) {
-  train::Config config = train::load_config(TrainedMlp::config(),
-                                            {"pp.stages=" + std::to_string(stages),
-                                             "runtime.memory_limit_mb=" + std::to_string(limit_mb), "infer.batch=32"});
+  train::Config config =
+      train::load_config(TrainedMlp::config(),
+                         {"pp.stages=" + std::to_string(stages),
+                          "runtime.memory_limit_mb=" + std::to_string(limit_mb), "infer.batch=32"});
   const ModelInfo info = model_info(config);
   const Rows rows = open_input(TrainedMlp::images(), info, config.data)->read(300);
   Forward f{Tensor(), std::vector<int64_t>(static_cast<size_t>(stages))};
@@ -119,7 +123,8 @@ TEST_F(Predict, PipelineLogitsEqualOneWorkersAndSplitAModelOverTheCap) {
   }
   const Forward split = forward(2, 2);
   for (int64_t peak : split.peak) EXPECT_LT(peak, int64_t{2} << 20);
-  EXPECT_TRUE(std::equal(split.logits.data<float>(), split.logits.data<float>() + split.logits.numel(),
+  EXPECT_TRUE(std::equal(split.logits.data<float>(),
+                         split.logits.data<float>() + split.logits.numel(),
                          two.logits.data<float>()));
 }
 

@@ -5,9 +5,8 @@
 #include <signal.h>
 
 #include <atomic>
-#include <thread>
-
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "infer_testing.h"
 #include "tessel/infer/server.h"
@@ -122,8 +121,8 @@ TEST_F(Serve, ConcurrentRequestsAreBatchedAndGetTheirOwnRows) {
 
 TEST_F(Serve, GptPromptsAndTheirErrors) {
   const std::string gpt = std::string(TESSEL_SOURCE_DIR) + "/examples/char_gpt.toml";
-  const Result trained = run("train " + gpt + " --quiet --set train.max_steps=1 --run-dir " +
-                             path("gpt"));
+  const Result trained =
+      run("train " + gpt + " --quiet --set train.max_steps=1 --run-dir " + path("gpt"));
   ASSERT_EQ(trained.exit_code, 0) << trained.output;
   Running s({}, gpt, path("gpt"));
   httplib::Client c = s.client();
@@ -136,7 +135,8 @@ TEST_F(Serve, GptPromptsAndTheirErrors) {
   ASSERT_EQ(out.size(), 2u);
   EXPECT_EQ(out[0]["text"].get<std::string>().size(), 12u);
   EXPECT_EQ(c.Post("/v1/predict", ask, json)->body, res->body);  // greedy: the same text
-  expect_status(c.Post("/v1/predict", R"({"prompts": [3]})", json), 400, "prompts[0] must be a string");
+  expect_status(c.Post("/v1/predict", R"({"prompts": [3]})", json), 400,
+                "prompts[0] must be a string");
   expect_status(c.Post("/v1/predict", R"({"prompts": [""]})", json), 400, "non-empty");
   expect_status(c.Post("/v1/predict", R"({"prompts": ["ok", "a~"]})", json), 400,
                 "prompts[1]: generate: byte 1");
@@ -181,8 +181,10 @@ TEST_F(Serve, SigtermMidLoadAnswersEveryRequestItRead) {
       c.set_read_timeout(30);
       while (!stop) {
         auto res = c.Post("/v1/predict", rows_body(1 + t % 4, 0.2f), "application/json");
-        if (res) ++answered;  // 200, or 503 once draining
-        else if (res.error() == httplib::Error::Connection) break;  // no longer listening
+        if (res)
+          ++answered;  // 200, or 503 once draining
+        else if (res.error() == httplib::Error::Connection)
+          break;  // no longer listening
       }
     });
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
@@ -202,7 +204,8 @@ TEST_F(Serve, SigtermMidLoadAnswersEveryRequestItRead) {
   int64_t read = -1, sent = -1;
   ASSERT_EQ(sscanf(text.c_str() + at, "stopped; %ld requests read, %ld answered", &read, &sent), 2);
   std::printf("%ld answered before SIGTERM, %ld in all; the server read %ld\n",
-              static_cast<long>(before), static_cast<long>(answered.load()), static_cast<long>(read));
+              static_cast<long>(before), static_cast<long>(answered.load()),
+              static_cast<long>(read));
   EXPECT_EQ(read, sent) << text;
   EXPECT_EQ(sent, answered.load()) << text;
 }

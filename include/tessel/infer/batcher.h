@@ -12,10 +12,9 @@
 #include <functional>
 #include <future>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <thread>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tessel/infer/generate.h"
 #include "tessel/infer/metrics.h"
@@ -31,8 +30,8 @@ struct Request {
 };
 
 // A batch's outputs, one JSON record per row, in the order of the batch's requests.
-using RunBatch =
-    std::function<std::vector<nlohmann::ordered_json>(int worker, const std::vector<const Request*>&)>;
+using RunBatch = std::function<std::vector<nlohmann::ordered_json>(
+    int worker, const std::vector<const Request*>&)>;
 
 struct BatchOptions {
   int64_t max_batch = 64;

@@ -3,18 +3,18 @@
 // append() adds chunks' bytes; commit() syncs them to the disk, then replaces the progress file
 // (write a temporary file, rename): whatever kills the job, the progress file names chunks
 // whose bytes are all in the output. A commit costs a few syncs (milliseconds each), so a
-// writer commits when due(): infer.commit_every_s after the last commit. --resume truncates the output to the committed bytes
-// (dropping a chunk half written after the last commit) and continues with the next chunk, so
-// no row is missing or written twice. The progress file also records the job's input,
-// checkpoint and chunk size; a resume with different ones is refused. Used by one thread.
+// writer commits when due(): infer.commit_every_s after the last commit. --resume truncates the
+// output to the committed bytes (dropping a chunk half written after the last commit) and continues
+// with the next chunk, so no row is missing or written twice. The progress file also records the
+// job's input, checkpoint and chunk size; a resume with different ones is refused. Used by one
+// thread.
 #pragma once
 
 #include <cstdint>
 #include <cstdio>
 #include <memory>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 namespace tessel::infer {
 
@@ -33,7 +33,7 @@ class OrderedWriter {
   void append(int64_t chunk, const std::string& bytes, int64_t rows);  // the next chunk
   bool due() const;  // commit_every_s have passed since the last commit
   void commit();     // what was appended is durable and counted
-  void finish();  // the whole input is written (and committed)
+  void finish();     // the whole input is written (and committed)
 
  private:
   void write_progress();

@@ -8,10 +8,9 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tessel/tensor/tensor.h"
 
@@ -29,8 +28,7 @@ nlohmann::ordered_json class_record(const float* logits, int64_t classes, int64_
 std::string csv_header(bool generation, int64_t k);
 
 // Records of rows [first_row, first_row + n) in `format`, each ending in "\n".
-std::string format_classes(const Tensor& logits, int64_t first_row, int64_t k,
-                           OutputFormat format);
+std::string format_classes(const Tensor& logits, int64_t first_row, int64_t k, OutputFormat format);
 std::string format_texts(const std::vector<std::string>& prompts,
                          const std::vector<std::string>& texts, int64_t first_row,
                          OutputFormat format);

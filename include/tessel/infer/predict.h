@@ -8,9 +8,8 @@
 // after its last committed chunk (OrderedWriter). docs/inference.md has the details.
 #pragma once
 
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "tessel/train/config.h"
 

@@ -16,10 +16,9 @@
 
 #include <atomic>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tessel/infer/batcher.h"
 #include "tessel/infer/metrics.h"
@@ -60,7 +59,8 @@ class Server {
   void healthz(const httplib::Request& req, httplib::Response& res);
   void metrics_text(const httplib::Request& req, httplib::Response& res);
   Request parse(const nlohmann::json& body) const;
-  std::vector<nlohmann::ordered_json> run_batch(int worker, const std::vector<const Request*>& batch);
+  std::vector<nlohmann::ordered_json> run_batch(int worker,
+                                                const std::vector<const Request*>& batch);
 
   const train::Config config_;
   ModelInfo info_;

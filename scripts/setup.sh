@@ -7,7 +7,7 @@ packages=(
   libopenblas-dev zlib1g-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libbenchmark-dev libopenmpi-dev openmpi-bin
   dataset-fashion-mnist fortunes python3-torch python3-numpy
-  iproute2 iperf3
+  iproute2 iperf3 libcpp-httplib-dev wrk
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -1,4 +1,4 @@
-// tessel command line: train, eval, config, ckpt export, bench comm. Library errors (tessel::Error) become a one-line
+// tessel command line: train, eval, predict, serve, config, ckpt export, bench comm. Library errors (tessel::Error) become a one-line
 // message on stderr and exit code 1; command-line misuse exits 2 with the usage text.
 #include <atomic>
 #include <csignal>
@@ -10,6 +10,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "infer_commands.h"
 #include "tessel/comm/bench.h"
 #include "tessel/comm/mpi.h"
 #include "tessel/comm/threads.h"
@@ -110,6 +111,7 @@ struct Args {
 
 struct Commands {
   CLI::App *train, *eval, *ckpt_export, *config, *bench_comm;
+  InferCommand predict, serve;
 };
 
 void add_overrides(CLI::App* cmd, Args& a) {
@@ -168,6 +170,8 @@ Commands add_commands(CLI::App& app, Args& a) {
   Commands c;
   c.train = add_train(app, a);
   c.eval = add_eval(app, a);
+  c.predict = add_predict(app);
+  c.serve = add_serve(app);
   CLI::App* ckpt = app.add_subcommand("ckpt", "Checkpoint tools");
   ckpt->require_subcommand(1);
   c.ckpt_export = ckpt->add_subcommand(
@@ -233,6 +237,8 @@ int run_bench_comm(Args& a) {
 int run(const Commands& c, Args& a) {
   if (*c.train) return run_train(a);
   if (*c.eval) return run_eval(a);
+  if (*c.predict.app) return c.predict.run();
+  if (*c.serve.app) return c.serve.run();
   if (*c.ckpt_export) {
     tessel::ckpt::export_model(a.checkpoint, a.export_out);
     std::printf("wrote %s\n", a.export_out.c_str());

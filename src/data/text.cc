@@ -71,6 +71,16 @@ std::vector<uint8_t> read_text(const std::string& path) {
   return bytes;
 }
 
+// The distinct bytes of `bytes` in ascending order: token id = index.
+std::vector<uint8_t> vocabulary_of(const std::vector<uint8_t>& bytes) {
+  std::array<bool, 256> present{};
+  for (uint8_t b : bytes) present[b] = true;
+  std::vector<uint8_t> vocab;
+  for (int b = 0; b < 256; ++b)
+    if (present[b]) vocab.push_back(static_cast<uint8_t>(b));
+  return vocab;
+}
+
 }  // namespace
 
 Splits make_text_splits(const DataSpec& spec) {
@@ -84,13 +94,11 @@ Splits make_text_splits(const DataSpec& spec) {
                       " is empty, got 0 bytes; set data.path to a file with some text"));
 
   // Map bytes to their rank among the bytes present, in place.
-  std::array<bool, 256> present{};
-  for (uint8_t b : bytes) present[b] = true;
+  const std::vector<uint8_t> bytes_in_order = vocabulary_of(bytes);
   std::array<uint8_t, 256> id{};
-  int64_t vocab = 0;
-  for (int b = 0; b < 256; ++b)
-    if (present[b]) id[b] = static_cast<uint8_t>(vocab++);
+  for (size_t k = 0; k < bytes_in_order.size(); ++k) id[bytes_in_order[k]] = static_cast<uint8_t>(k);
   for (uint8_t& b : bytes) b = id[b];
+  const int64_t vocab = static_cast<int64_t>(bytes_in_order.size());
 
   const size_t train_end =
       static_cast<size_t>(std::floor((1.0 - spec.test_fraction) * static_cast<double>(n)));
@@ -114,3 +122,11 @@ Splits make_text_splits(const DataSpec& spec) {
 }
 
 }  // namespace tessel::data::detail
+
+namespace tessel::data {
+
+std::vector<uint8_t> text_vocabulary(const DataSpec& spec) {
+  return detail::vocabulary_of(detail::read_text(spec.path));
+}
+
+}  // namespace tessel::data

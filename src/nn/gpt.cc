@@ -86,13 +86,27 @@ Tensor Embedding::forward(const Tensor& ids, const Context& ctx, Cache* cache) {
   (void)ctx;
   check_tokens(ids, T_);
   if (cache) cache->keep(0, ids);
+  return embed(ids, 0, cache);
+}
+
+Tensor Embedding::forward_at(const Tensor& ids, int64_t position) {
+  check_tokens(ids, T_);
+  if (position < 0 || position + ids.dim(1) > T_)
+    throw InvalidArgument(str("embedding: positions [", position, ", ", position + ids.dim(1),
+                              ") pass the context of ", T_,
+                              "; shorten the prompt or generate fewer tokens"));
+  return embed(ids, position, nullptr);
+}
+
+Tensor Embedding::embed(const Tensor& ids, int64_t position, Cache* cache) {
   const int64_t B = ids.dim(0), T = ids.dim(1);
   const DType t = wte_.value.dtype();
   Tensor y = tp_whole_output(tp_, cache, 0, {B, T, C_}, t);
   ops::embedding_forward(y.raw(), ids.data<int32_t>(), wte_.value.raw(), B * T, V_, C_,
                          wte_.split.lo, wte_.shape[0], t);
   y = tp_leave(tp_, y, cache, 1);
-  positions(y.raw(), wpe_.value.raw(), t, B, y.dim(1), C_, first_position(tp_, y.dim(1)), false);
+  positions(y.raw(), wpe_.value.raw(), t, B, y.dim(1), C_,
+            position + first_position(tp_, y.dim(1)), false);
   return y;
 }
 
@@ -156,6 +170,14 @@ enum Sub : size_t { kLn1, kQkv, kAttnProj, kLn2, kFc, kGelu, kMlpProj };
 // x is [B, T, C], or this rank's [B, T/t, C] under sequence parallelism; qkv and the
 // attention are always over the whole sequence and this rank's heads (Ch = C_ / t channels).
 Tensor TransformerBlock::forward(const Tensor& x, const Context& ctx, Cache* cache) {
+  return run(x, ctx, cache, nullptr);
+}
+
+Tensor TransformerBlock::forward_cached(const Tensor& x, KvCache& kv) {
+  return run(x, Context{false}, nullptr, &kv);
+}
+
+Tensor TransformerBlock::run(const Tensor& x, const Context& ctx, Cache* cache, KvCache* kv) {
   const DType t = qkv_.weight().value.dtype();
   check_activations(x, C_, t, "transformer_block");
   const int64_t n = x.numel();
@@ -168,8 +190,13 @@ Tensor TransformerBlock::forward(const Tensor& x, const Context& ctx, Cache* cac
   const bool drop = cache && ctx.selective;
   if (cache) cache->ctx = ctx;
   Tensor a = output(cache, 0, {B, T, Ch}, t);
-  Tensor att = drop ? cache->scratch(3, {B, NH_, T, T}) : output(cache, 1, {B, NH_, T, T});
-  ops::attention_forward(a.raw(), att.data<float>(), qkv.raw(), B, T, Ch, NH_, t);
+  Tensor att;
+  if (kv) {
+    attend_cached(a, qkv, *kv, t);
+  } else {
+    att = drop ? cache->scratch(3, {B, NH_, T, T}) : output(cache, 1, {B, NH_, T, T});
+    ops::attention_forward(a.raw(), att.data<float>(), qkv.raw(), B, T, Ch, NH_, t);
+  }
   Tensor x1 = output(cache, 2, x.shape(), t);
   ops::add_forward(x1.raw(), x.raw(), attn_proj_.forward(a, ctx, sub(kAttnProj)).raw(), n, t);
   // MLP branch: y = x1 + proj(gelu(fc(ln2(x1)))).
@@ -234,6 +261,23 @@ Tensor TransformerBlock::backward(const Tensor& dy, Cache& cache) {
   Tensor dx = cache.scratch(2, shape, t);
   ops::add_forward(dx.raw(), dx1.raw(), dln1.raw(), n, t);
   return dx;
+}
+
+// Attention of qkv's positions over the cached keys and values and their own (appended).
+void TransformerBlock::attend_cached(Tensor& a, const Tensor& qkv, KvCache& kv, DType t) const {
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), Ch = qkv.dim(2) / 3;
+  TESSEL_CHECK(t == DType::kF32, "transformer_block: generation with a KV cache needs f32 "
+               "weights, got ", dtype_name(t));
+  if (!kv.k.defined()) {
+    kv.k = Tensor::empty({B, T_, Ch});
+    kv.v = Tensor::empty({B, T_, Ch});
+  }
+  TESSEL_CHECK(kv.k.dim(0) == B && kv.length + T <= T_, "transformer_block: a KV cache of ",
+               kv.k.dim(0), " sequences at position ", kv.length, " cannot take ",
+               shape_str(qkv.shape()), " (context ", T_, ")");
+  ops::attention_forward_kv(a.data<float>(), qkv.data<float>(), kv.k.data<float>(),
+                            kv.v.data<float>(), B, T, kv.length, Ch, NH_, T_);
+  kv.length += T;
 }
 
 double TransformerBlock::forward_flops(int64_t batch) const {

@@ -17,6 +17,28 @@ void check_heads(const char* who, int64_t C, int64_t NH) {
                " NH=", NH, "; pick n_embd divisible by n_head");
 }
 
+// One query against n keys and values (rows k + j * stride, v + j * stride, j < n): the
+// scores into a[0, n), softmaxed, and their weighted sum of the values into o[0, HS).
+void attend(float* o, float* a, const float* q, const float* k, const float* v, int64_t stride,
+            int64_t n, int64_t HS, float scale) {
+  // Scores and their max (for a stable softmax) over the visible keys.
+  float mx = -INFINITY;
+  for (int64_t j = 0; j < n; ++j) {
+    a[j] = detail::dot(q, k + j * stride, HS) * scale;
+    mx = std::max(mx, a[j]);
+  }
+  for (int64_t j = 0; j < n; ++j) a[j] = detail::exp(a[j] - mx);
+  const float inv = 1.0f / detail::sum(a, n);
+  for (int64_t j = 0; j < n; ++j) a[j] *= inv;
+  // Weighted sum of the values.
+  std::fill(o, o + HS, 0.0f);
+  for (int64_t j = 0; j < n; ++j) {
+    const float* vj = v + j * stride;
+    const float w = a[j];
+    for (int64_t i = 0; i < HS; ++i) o[i] += w * vj[i];
+  }
+}
+
 }  // namespace
 
 void attention_forward(float* out, float* att, const float* qkv, int64_t B, int64_t T, int64_t C,
@@ -28,28 +50,38 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
     const float* qkv_b = qkv + b * T * C3;
     for (int64_t h = 0; h < NH; ++h) {
       for (int64_t t = 0; t < T; ++t) {
-        const float* q = qkv_b + t * C3 + h * HS;
         float* a = att + ((b * NH + h) * T + t) * T;
-        // Scores and their max (for a stable softmax) over the visible keys.
-        float mx = -INFINITY;
-        for (int64_t t2 = 0; t2 <= t; ++t2) {
-          a[t2] = detail::dot(q, qkv_b + t2 * C3 + C + h * HS, HS) * scale;
-          mx = std::max(mx, a[t2]);
-        }
-        for (int64_t t2 = 0; t2 <= t; ++t2) a[t2] = detail::exp(a[t2] - mx);
-        const float inv = 1.0f / detail::sum(a, t + 1);
-        for (int64_t t2 = 0; t2 <= t; ++t2) a[t2] *= inv;
+        attend(out + (b * T + t) * C + h * HS, a, qkv_b + t * C3 + h * HS, qkv_b + C + h * HS,
+               qkv_b + 2 * C + h * HS, C3, t + 1, HS, scale);
         std::fill(a + t + 1, a + T, 0.0f);
-        // Weighted sum of the values.
-        float* o = out + (b * T + t) * C + h * HS;
-        std::fill(o, o + HS, 0.0f);
-        for (int64_t t2 = 0; t2 <= t; ++t2) {
-          const float* v = qkv_b + t2 * C3 + 2 * C + h * HS;
-          const float w = a[t2];
-          for (int64_t i = 0; i < HS; ++i) o[i] += w * v[i];
-        }
       }
     }
+  }
+}
+
+void attention_forward_kv(float* out, const float* qkv, float* k_cache, float* v_cache,
+                          int64_t B, int64_t T, int64_t pos, int64_t C, int64_t NH,
+                          int64_t Tmax) {
+  check_heads("attention_forward_kv", C, NH);
+  TESSEL_CHECK(pos >= 0 && T >= 0 && pos + T <= Tmax, "attention_forward_kv: positions [", pos,
+               ", ", pos + T, ") pass the cache's ", Tmax);
+  const int64_t HS = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  // Append the new positions' keys and values, then attend over everything up to each query.
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < T; ++t) {
+      const float* row = qkv + (b * T + t) * C3;
+      std::copy(row + C, row + 2 * C, k_cache + (b * Tmax + pos + t) * C);
+      std::copy(row + 2 * C, row + C3, v_cache + (b * Tmax + pos + t) * C);
+    }
+  std::vector<float> scores(static_cast<size_t>(pos + T));
+  for (int64_t b = 0; b < B; ++b) {
+    const float* k_b = k_cache + b * Tmax * C;
+    const float* v_b = v_cache + b * Tmax * C;
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t t = 0; t < T; ++t)
+        attend(out + (b * T + t) * C + h * HS, scores.data(), qkv + (b * T + t) * C3 + h * HS,
+               k_b + h * HS, v_b + h * HS, C, pos + t + 1, HS, scale);
   }
 }
 

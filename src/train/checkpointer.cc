@@ -98,7 +98,7 @@ void Checkpointer::load_weights(const std::string& path, nn::Model& model) {
   const ckpt::CheckpointReader reader(path);
   check_parameters(reader, model);
   for (nn::Parameter* p : model.parameters())
-    reader.read(p->name, 0, p->value.numel(), p->value.data<float>());
+    if (p->value.defined()) reader.read(p->name, 0, p->value.numel(), p->value.data<float>());
 }
 
 }  // namespace tessel::train

@@ -175,10 +175,28 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("ps.mode", parallel.ps_mode, "sync (lockstep slices, one summed update per step: equals data parallel), async (workers claim worker batches of train.batch / workers rows one at a time, each push applied at once) or ssp (async, no claim more than ps.staleness steps ahead of a batch still in progress)"),
       TESSEL_KEY("ps.staleness", parallel.ps_staleness, "ssp: a claim at step c waits until every batch in progress is at step c - staleness or later (W claimed batches make a step)"),
       TESSEL_KEY("ps.stale_lr", parallel.ps_stale_lr, "async/ssp: inverse applies an update computed on parameters s versions old at lr / (1 + s); none at lr"),
-      TESSEL_KEY("debug.slow_rank", parallel.slow_rank, "parameter-server worker rank that sleeps debug.delay_ms in every step, to study stragglers (-1: none)"),
-      TESSEL_KEY("debug.delay_ms", parallel.delay_ms, "milliseconds debug.slow_rank sleeps in every step"),
+      TESSEL_KEY("infer.chunk_rows", infer.chunk_rows, "predict: rows per chunk, the unit handed to a worker, written in order and resumed from (the same output for any worker count)"),
+      TESSEL_KEY("infer.batch", infer.batch, "predict: rows (gpt: prompts) per forward pass within a chunk"),
+      TESSEL_KEY("infer.top_k", infer.top_k, "predict and serve: classes listed with their probabilities per row"),
+      TESSEL_KEY("infer.chunk_timeout_s", infer.chunk_timeout_s, "predict with threads: a worker holding a chunk this long is stalled and another worker re-runs the chunk"),
+      TESSEL_KEY("infer.commit_every_s", infer.commit_every_s, "predict: seconds between commits of the output (fsync + progress file); a killed job resumes from the last one (0: after every chunk)"),
+      TESSEL_KEY("infer.max_new_tokens", infer.max_new_tokens, "gpt: tokens generated per prompt (prompt + these must fit the context)"),
+      TESSEL_KEY("infer.temperature", infer.temperature, "gpt: 0 greedy (the most likely token), else sample at this temperature, seeded by seed and the row"),
+      TESSEL_KEY("infer.sample_top_k", infer.sample_top_k, "gpt: sample among the k most likely tokens (0: all)"),
+      TESSEL_KEY("infer.kv_cache", infer.kv_cache, "gpt: keep each block's keys and values while generating (false: recompute the whole context for every token)"),
+      TESSEL_KEY("serve.host", serve.host, "address tessel serve listens on (127.0.0.1: this machine only; 0.0.0.0: every interface)"),
+      TESSEL_KEY("serve.max_batch", serve.max_batch, "rows per batch a serve worker runs (requests are batched up to it); also the most rows one request may carry"),
+      TESSEL_KEY("serve.max_wait_ms", serve.max_wait_ms, "longest a request waits for others to fill a batch"),
+      TESSEL_KEY("serve.max_queue", serve.max_queue, "rows waiting for a worker; requests beyond it get 503"),
+      TESSEL_KEY("serve.max_body_kb", serve.max_body_kb, "largest request body in KiB; larger ones get 413"),
+      TESSEL_KEY("serve.connections", serve.connections, "HTTP connections served at once (one thread each); more wait to be accepted"),
+      TESSEL_KEY("serve.timeout_s", serve.timeout_s, "a request not answered in this many seconds gets 504"),
+      TESSEL_KEY("debug.slow_rank", parallel.slow_rank, "worker rank that sleeps debug.delay_ms in every step (parameter-server training) or before every chunk (predict), to study stragglers (-1: none)"),
+      TESSEL_KEY("debug.delay_ms", parallel.delay_ms, "milliseconds debug.slow_rank sleeps in every step or chunk"),
       TESSEL_KEY("debug.overflow_steps", parallel.overflow_steps, "train.precision = fp16: steps at which debug.overflow_rank's loss gradient is made inf, an injected overflow that every rank must skip"),
       TESSEL_KEY("debug.overflow_rank", parallel.overflow_rank, "the worker rank that injects debug.overflow_steps"),
+      TESSEL_KEY("debug.kill_rank", infer.kill_rank, "predict worker that dies after debug.kill_after chunks, to test re-runs and --resume (threads: its thread fails; mpi: its process is killed; -1: none)"),
+      TESSEL_KEY("debug.kill_after", infer.kill_after, "chunks debug.kill_rank finishes before it dies"),
   };
   return keys;
 }
@@ -327,6 +345,31 @@ void validate(const Config& c) {
   require(c.parallel.delay_ms >= 0, str("debug.delay_ms must be >= 0, got ", c.parallel.delay_ms));
   require(c.parallel.slow_rank >= -1,
           str("debug.slow_rank must be a worker rank or -1 (none), got ", c.parallel.slow_rank));
+  require(c.infer.chunk_rows >= 1, str("infer.chunk_rows must be >= 1, got ", c.infer.chunk_rows));
+  require(c.infer.batch >= 1, str("infer.batch must be >= 1, got ", c.infer.batch));
+  require(c.infer.top_k >= 1, str("infer.top_k must be >= 1, got ", c.infer.top_k));
+  require(c.infer.chunk_timeout_s > 0,
+          str("infer.chunk_timeout_s must be > 0, got ", c.infer.chunk_timeout_s));
+  require(c.infer.commit_every_s >= 0,
+          str("infer.commit_every_s must be >= 0, got ", c.infer.commit_every_s));
+  require(c.infer.max_new_tokens >= 1,
+          str("infer.max_new_tokens must be >= 1, got ", c.infer.max_new_tokens));
+  require(c.infer.temperature >= 0 && std::isfinite(c.infer.temperature),
+          str("infer.temperature must be >= 0 (0 = greedy), got ", c.infer.temperature));
+  require(c.infer.sample_top_k >= 0,
+          str("infer.sample_top_k must be >= 0 (0 = all), got ", c.infer.sample_top_k));
+  require(c.infer.kill_rank >= -1,
+          str("debug.kill_rank must be a worker rank or -1 (none), got ", c.infer.kill_rank));
+  require(c.infer.kill_after >= 0, str("debug.kill_after must be >= 0, got ", c.infer.kill_after));
+  require(c.serve.max_batch >= 1, str("serve.max_batch must be >= 1, got ", c.serve.max_batch));
+  require(c.serve.max_wait_ms >= 0, str("serve.max_wait_ms must be >= 0, got ", c.serve.max_wait_ms));
+  require(c.serve.max_queue >= c.serve.max_batch,
+          str("serve.max_queue must be >= serve.max_batch (", c.serve.max_batch, "), got ",
+              c.serve.max_queue));
+  require(c.serve.max_body_kb >= 1, str("serve.max_body_kb must be >= 1, got ", c.serve.max_body_kb));
+  require(c.serve.connections >= 1 && c.serve.connections <= 4096,
+          str("serve.connections must be in [1, 4096], got ", c.serve.connections));
+  require(c.serve.timeout_s > 0, str("serve.timeout_s must be > 0, got ", c.serve.timeout_s));
   require(c.runtime.threads >= 1 && c.runtime.threads <= 256,
           str("runtime.threads must be in [1, 256], got ", c.runtime.threads));
   require(c.data.test_fraction >= 0 && c.data.test_fraction < 1,

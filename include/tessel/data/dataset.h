@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "tessel/tensor/tensor.h"
 
@@ -53,5 +54,9 @@ struct Splits {
 // Builds the train and test sets. Throws IoError for a missing, truncated or corrupt file,
 // InvalidArgument for an impossible option, each naming the file or key and what to do.
 Splits make_datasets(const DataSpec& spec);
+
+// kind text: the vocabulary of data.path as the dataset builds it, the distinct bytes of the
+// file in ascending order (token id = index into it). Throws IoError like make_datasets.
+std::vector<uint8_t> text_vocabulary(const DataSpec& spec);
 
 }  // namespace tessel::data

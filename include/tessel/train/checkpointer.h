@@ -24,7 +24,8 @@ class Checkpointer {
   // Loads what this rank holds from the checkpoint at `path` (a run folder, checkpoints folder
   // or step folder) and returns its trainer.json.
   std::string restore(const std::string& path);
-  // The weights (only) of the checkpoint at `path` into a materialized model.
+  // The weights (only) of the checkpoint at `path` into the model's bound parameter values:
+  // all of a materialized model, or the blocks a pipeline stage holds.
   static void load_weights(const std::string& path, nn::Model& model);
 
  private:

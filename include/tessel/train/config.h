@@ -47,6 +47,31 @@ struct CommSpec {
   std::string algorithm = "auto";  // collective algorithm: auto | ring | halving_doubling | tree | direct | native
 };
 
+// tessel predict, generation and tessel serve (docs/inference.md).
+struct InferSpec {
+  int64_t chunk_rows = 1024;     // rows per chunk: the unit handed to a worker and committed
+  int64_t batch = 128;           // rows (prompts) per forward pass within a chunk
+  int64_t top_k = 5;             // classes listed with their probabilities per output row
+  double chunk_timeout_s = 60;   // a worker holding a chunk longer is stalled: others re-run it
+  double commit_every_s = 1;     // predict: seconds between commits of the output (--resume point)
+  int64_t max_new_tokens = 32;   // gpt: tokens generated per prompt
+  float temperature = 0.0f;      // gpt: 0 greedy, else sampling at this temperature
+  int64_t sample_top_k = 0;      // gpt: sample among the k most likely tokens (0: all)
+  bool kv_cache = true;          // gpt: keep keys and values instead of recomputing the context
+  int64_t kill_rank = -1;        // debug.kill_rank: this predict worker dies (-1: none)
+  int64_t kill_after = 0;        // debug.kill_after: ... after finishing this many chunks
+};
+
+struct ServeSpec {
+  std::string host = "127.0.0.1";  // address to listen on (loopback: this machine only)
+  int64_t max_batch = 64;          // rows per batch the workers run
+  double max_wait_ms = 2;          // a request waits at most this long for others to batch with
+  int64_t max_queue = 4096;        // rows waiting; more get 503
+  int64_t max_body_kb = 4096;      // larger request bodies get 413
+  int64_t connections = 128;       // HTTP connections served at once (a thread each)
+  double timeout_s = 30;           // a request not answered by then gets 504
+};
+
 struct Config {
   std::string name;           // run name; default: the config file's stem
   uint64_t seed = 0;
@@ -58,6 +83,8 @@ struct Config {
   CheckpointSpec checkpoint;
   RuntimeSpec runtime;
   CommSpec comm;
+  InferSpec infer;
+  ServeSpec serve;
   parallel::ParallelSpec parallel;  // sections ddp, zero, pp, ps, debug (and train.deterministic,
                                     // runtime.memory_limit_mb)
 };

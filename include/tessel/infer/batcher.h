@@ -1,0 +1,75 @@
+// Batcher: dynamic batching for tessel serve. Requests (one or more rows each) wait in one
+// queue in arrival order; each worker thread takes the oldest requests, up to max_batch rows,
+// once that many rows wait or the oldest request has waited max_wait, runs them as one batch
+// and answers each request with its own rows' results. A request is never split across
+// batches. submit() refuses a request when max_queue rows wait already. close() stops taking
+// requests, lets the workers answer every one already queued, and joins them. Thread safe.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
+
+#include "tessel/infer/generate.h"
+#include "tessel/infer/metrics.h"
+#include "tessel/tensor/tensor.h"
+
+namespace tessel::infer {
+
+// One request's rows: x [n, ...] for a classifier, or n prompts for a gpt model.
+struct Request {
+  Tensor x;
+  std::vector<Prompt> prompts;
+  int64_t rows() const { return x.defined() ? x.dim(0) : static_cast<int64_t>(prompts.size()); }
+};
+
+// A batch's outputs, one JSON record per row, in the order of the batch's requests.
+using RunBatch = std::function<std::vector<nlohmann::ordered_json>(
+    int worker, const std::vector<const Request*>&)>;
+
+struct BatchOptions {
+  int64_t max_batch = 64;
+  double max_wait_s = 0.002;
+  int64_t max_queue = 4096;
+};
+
+class Batcher {
+ public:
+  // Starts `workers` threads; run(w, batch) runs on worker w's thread.
+  Batcher(const BatchOptions& options, int workers, RunBatch run, ServeMetrics& metrics);
+  ~Batcher();  // close()
+  Batcher(const Batcher&) = delete;
+  Batcher& operator=(const Batcher&) = delete;
+
+  // The rows' records when their batch has run; an exception from the run is set instead.
+  // Returns an invalid future when the queue is full or the batcher is closed.
+  std::future<std::vector<nlohmann::ordered_json>> submit(Request request);
+  void close();
+
+ private:
+  struct Pending {
+    Request request;
+    std::promise<std::vector<nlohmann::ordered_json>> reply;
+    double arrival = 0;
+  };
+  void work(int worker);
+  std::vector<Pending> take_batch(std::unique_lock<std::mutex>& lock);
+
+  BatchOptions options_;
+  RunBatch run_;
+  ServeMetrics& metrics_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<Pending> queue_;
+  int64_t queued_rows_ = 0;
+  bool closed_ = false;
+  std::vector<std::thread> workers_;
+};
+
+}  // namespace tessel::infer

@@ -1,0 +1,47 @@
+// Text generation with a GPT model (embedding, transformer blocks, tied LM head): a batch of
+// prompts advances in lockstep, one position per step, from the shortest prompt's length on; a
+// sequence still inside its prompt takes its next prompt token, the others a token chosen from
+// the last position's logits. With the KV cache each block keeps the keys and values of every
+// position seen (nn::KvCache) and a step runs the new position only; without it every step
+// recomputes the whole sequence. Both do the same arithmetic for a position's row, so greedy
+// decoding gives the same tokens. Tokens are chosen greedily (temperature 0) or sampled at a
+// temperature among the top k, from a counter-based stream keyed by (seed, prompt key,
+// position): the same tokens whatever the batch, worker or rank. No activation caches are kept.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessel/nn/model.h"
+
+namespace tessel::infer {
+
+struct SampleOptions {
+  float temperature = 0.0f;  // 0: greedy
+  int64_t top_k = 0;         // sample among the k most likely tokens (0: all)
+  uint64_t seed = 0;
+  bool kv_cache = true;
+};
+
+struct Prompt {
+  std::vector<int32_t> tokens;  // at least one
+  int64_t max_new_tokens = 1;
+  uint64_t key = 0;  // the prompt's sampling stream: its global row, or a request's seed
+};
+
+// The new tokens of every prompt (max_new_tokens each). Throws InvalidArgument naming the prompt
+// when it is empty or prompt + new tokens pass the model's context, or the model is no GPT.
+std::vector<std::vector<int32_t>> generate(nn::Model& model, const std::vector<Prompt>& prompts,
+                                           const SampleOptions& options);
+
+// The token chosen from one position's logits[V] (greedy or sampled; see above).
+int32_t choose_token(const float* logits, int64_t V, const SampleOptions& options, uint64_t key,
+                     int64_t position);
+
+// Text <-> token ids through a byte vocabulary (token id = index of the byte). Throws
+// InvalidArgument naming the byte when the vocabulary lacks it.
+std::vector<int32_t> encode(const std::string& text, const std::vector<uint8_t>& vocab);
+std::string decode(const std::vector<int32_t>& tokens, const std::vector<uint8_t>& vocab);
+
+}  // namespace tessel::infer

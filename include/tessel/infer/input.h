@@ -1,0 +1,44 @@
+// Input files of `tessel predict`, read front to back a chunk at a time so that a file larger
+// than memory streams through:
+//   IDX images (name with "ubyte" or ".idx", plain or ".gz"): u8 [N, H, W], normalised as the
+//     training data is (data.mean, data.std) and shaped as the model's input;
+//   NumPy ".npy" (format 1.x/2.x, C order): '<f4' [N, ...], each row the model's input size;
+//   text lines (".txt"): one prompt per line for a gpt model ("\n" or "\r\n" ends a line).
+// A reader checks the header against the model before the first row and names the file, row
+// and what is wrong when the data does not fit. One reader per thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/data/dataset.h"
+#include "tessel/infer/replica.h"
+#include "tessel/tensor/tensor.h"
+
+namespace tessel::infer {
+
+// Rows of the input: x [count, ...] for IDX and .npy, the lines for text.
+struct Rows {
+  int64_t count = 0;
+  Tensor x;
+  std::vector<std::string> lines;
+};
+
+class InputReader {
+ public:
+  virtual ~InputReader() = default;
+  // Up to n next rows (fewer at the end; none once the input is done).
+  virtual Rows read(int64_t n) = 0;
+  // Skips up to n rows; returns how many there were.
+  virtual int64_t skip(int64_t n) = 0;
+};
+
+// A reader for the file at `path`, chosen by its name, checked against the model; `data` gives
+// the IDX normalisation. Throws InvalidArgument for a name of no known kind or an input of the
+// wrong kind for the model, IoError for an unreadable or malformed file.
+std::unique_ptr<InputReader> open_input(const std::string& path, const ModelInfo& model,
+                                        const data::DataSpec& data);
+
+}  // namespace tessel::infer

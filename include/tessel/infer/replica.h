@@ -1,0 +1,64 @@
+// Replica: what one rank runs of a forward-only model -- the whole model (LocalExecutor) or its
+// stage of a pipeline (PipelineExecutor over the pp communicator). It holds the values of its
+// own blocks' parameters only, read from a checkpoint of any layout, and no gradients,
+// optimizer state or activation caches (the executors' forward-only path passes no Cache).
+// Rows go through in batches of infer.batch rows, each a piece of pp.microbatches micro-batches
+// on a pipeline; the outputs land on the last stage. One per rank, used by its thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessel/comm/communicator.h"
+#include "tessel/nn/model.h"
+#include "tessel/nn/models.h"
+#include "tessel/parallel/executor.h"
+#include "tessel/train/config.h"
+
+namespace tessel::infer {
+
+// The model a config describes, with the shapes its dataset gives (input, classes) and, for a
+// text dataset, the vocabulary (token id -> byte). Built once per process.
+struct ModelInfo {
+  nn::ModelSpec spec;
+  DType input_dtype = DType::kF32;
+  std::vector<uint8_t> vocab;
+  bool generates() const { return spec.kind == "gpt"; }
+};
+ModelInfo model_info(const train::Config& config);
+
+class Replica {
+ public:
+  // pp: this rank's pipeline (null: the whole model here). Collective over pp. Throws
+  // MemoryLimitError (naming pp.stages) when this rank's part passes runtime.memory_limit_mb.
+  Replica(const train::Config& config, const ModelInfo& info, const std::string& checkpoint,
+          comm::Communicator* pp);
+  ~Replica();
+  Replica(const Replica&) = delete;
+  Replica& operator=(const Replica&) = delete;
+
+  bool first_stage() const { return stage_ == 0; }
+  bool last_stage() const { return stage_ + 1 == stages_; }
+  // The outputs of `rows` rows, global rows [first_row, first_row + rows): x [rows, ...] on the
+  // first stage (ignored elsewhere). Returns [rows, ...] on the last stage, an undefined tensor
+  // elsewhere. Collective over the pipeline.
+  Tensor forward(const Tensor& x, int64_t rows, int64_t first_row);
+  // The whole model (generation); only when it runs here without a pipeline.
+  nn::Model& model();
+  // Bytes of parameter values this rank holds (measured by its allocations).
+  int64_t parameter_bytes() const { return parameter_bytes_; }
+
+ private:
+  void load(const std::string& checkpoint);
+
+  const train::Config& config_;
+  std::unique_ptr<nn::Model> model_;
+  std::unique_ptr<parallel::Executor> executor_;
+  int stage_ = 0, stages_ = 1;
+  std::vector<Tensor> values_;  // one tensor per run of local blocks
+  int64_t parameter_bytes_ = 0;
+};
+
+}  // namespace tessel::infer

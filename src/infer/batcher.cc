@@ -1,0 +1,98 @@
+#include "tessel/infer/batcher.h"
+
+#include <chrono>
+
+#include "tessel/core/clock.h"
+
+namespace tessel::infer {
+
+Batcher::Batcher(const BatchOptions& options, int workers, RunBatch run, ServeMetrics& metrics)
+    : options_(options), run_(std::move(run)), metrics_(metrics) {
+  for (int w = 0; w < workers; ++w) workers_.emplace_back([this, w] { work(w); });
+}
+
+Batcher::~Batcher() { close(); }
+
+std::future<std::vector<nlohmann::ordered_json>> Batcher::submit(Request request) {
+  std::lock_guard lock(mu_);
+  if (closed_ || queued_rows_ + request.rows() > options_.max_queue) return {};
+  const bool was_empty = queue_.empty();
+  queued_rows_ += request.rows();
+  queue_.push_back(Pending{std::move(request), {}, now_seconds()});
+  metrics_.queue(static_cast<int64_t>(queue_.size()), queued_rows_);
+  // Wake a worker only when it has something new to do: start the max_wait clock of a first
+  // request, or take a full batch (waking threads costs tens of microseconds on small VMs).
+  if (was_empty || queued_rows_ >= options_.max_batch) cv_.notify_one();
+  return queue_.back().reply.get_future();
+}
+
+void Batcher::close() {
+  {
+    std::lock_guard lock(mu_);
+    if (closed_ && workers_.empty()) return;
+    closed_ = true;
+    cv_.notify_all();
+  }
+  for (std::thread& t : workers_) t.join();
+  workers_.clear();
+}
+
+// The oldest requests up to max_batch rows (at least one), once enough rows wait, the oldest
+// has waited max_wait, or the batcher closes. Empty when another worker took them first.
+std::vector<Batcher::Pending> Batcher::take_batch(std::unique_lock<std::mutex>& lock) {
+  cv_.wait(lock, [this] { return !queue_.empty() || closed_; });
+  const auto deadline =
+      std::chrono::steady_clock::now() +
+      std::chrono::duration<double>(std::max(
+          0.0,
+          queue_.empty() ? 0.0 : queue_.front().arrival + options_.max_wait_s - now_seconds()));
+  cv_.wait_until(lock, deadline, [this] {
+    return queue_.empty() || queued_rows_ >= options_.max_batch || closed_;
+  });
+  std::vector<Pending> batch;
+  int64_t rows = 0;
+  while (!queue_.empty() &&
+         (batch.empty() || rows + queue_.front().request.rows() <= options_.max_batch)) {
+    rows += queue_.front().request.rows();
+    batch.push_back(std::move(queue_.front()));
+    queue_.pop_front();
+  }
+  queued_rows_ -= rows;
+  metrics_.queue(static_cast<int64_t>(queue_.size()), queued_rows_);
+  if (!queue_.empty()) cv_.notify_one();  // more for the next worker
+  return batch;
+}
+
+void Batcher::work(int worker) {
+  std::unique_lock lock(mu_);
+  for (;;) {
+    if (queue_.empty() && closed_) return;
+    std::vector<Pending> batch = take_batch(lock);
+    if (batch.empty()) continue;
+    lock.unlock();
+    std::vector<const Request*> requests;
+    int64_t rows = 0;
+    for (const Pending& p : batch) {
+      requests.push_back(&p.request);
+      rows += p.request.rows();
+    }
+    try {
+      std::vector<nlohmann::ordered_json> out = run_(worker, requests);
+      TESSEL_CHECK(static_cast<int64_t>(out.size()) == rows, "serve: a batch of ", rows,
+                   " rows gave ", out.size(), " outputs");
+      size_t at = 0;
+      for (Pending& p : batch) {
+        const size_t n = static_cast<size_t>(p.request.rows());
+        p.reply.set_value({std::make_move_iterator(out.begin() + at),
+                           std::make_move_iterator(out.begin() + at + n)});
+        at += n;
+      }
+    } catch (...) {
+      for (Pending& p : batch) p.reply.set_exception(std::current_exception());
+    }
+    metrics_.batch(rows);
+    lock.lock();
+  }
+}
+
+}  // namespace tessel::infer

@@ -1,0 +1,273 @@
+// The three predict input readers. Each holds one open file and its position; IDX goes through
+// zlib (which reads a plain file as it is), .npy and text through stdio.
+#include "tessel/infer/input.h"
+
+#include <zlib.h>
+
+#include <array>
+#include <cctype>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+namespace tessel::infer {
+namespace {
+
+using File = std::unique_ptr<FILE, int (*)(FILE*)>;
+
+File open_file(const std::string& path) {
+  File f(std::fopen(path.c_str(), "rb"), std::fclose);
+  if (!f)
+    throw IoError(str("predict: cannot open input ", path, ", got \"", std::strerror(errno),
+                      "\"; check --input"));
+  return f;
+}
+
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+// IDX u8 images [N, H, W]: rows normalised through a lookup table, shaped as the model's input.
+class IdxReader final : public InputReader {
+ public:
+  IdxReader(const std::string& path, const ModelInfo& model, const data::DataSpec& data)
+      : path_(path), gz_(gzopen(path.c_str(), "rb"), gzclose), shape_(model.spec.input_shape) {
+    if (!gz_) throw IoError(str("predict: cannot open input ", path, "; check --input"));
+    gzbuffer(gz_.get(), 1 << 20);
+    uint8_t h[16];
+    if (gzread(gz_.get(), h, sizeof h) != static_cast<int>(sizeof h))
+      throw IoError(str("predict: ", path,
+                        " is too short for an IDX images header, got under 16 "
+                        "bytes; the file is truncated or not IDX"));
+    auto be32 = [&h](int i) {
+      return (uint32_t{h[i]} << 24) | (uint32_t{h[i + 1]} << 16) | (uint32_t{h[i + 2]} << 8) |
+             uint32_t{h[i + 3]};
+    };
+    if (be32(0) != 0x00000803)
+      throw IoError(str("predict: ", path, " is not an IDX u8 image file, got magic 0x", std::hex,
+                        be32(0), std::dec, ", expected 0x00000803 (idx3-ubyte)"));
+    total_ = be32(4);
+    pixels_ = int64_t{be32(8)} * be32(12);
+    if (pixels_ != shape_numel(shape_))
+      throw InvalidArgument(str("predict: ", path, " holds ", be32(8), "x", be32(12),
+                                " images, got ", pixels_, " pixels per row but the model takes ",
+                                shape_str(shape_), "; use images of the training size"));
+    for (int p = 0; p < 256; ++p) lut_[p] = (static_cast<float>(p) / 255.0f - data.mean) / data.std;
+  }
+
+  Rows read(int64_t n) override {
+    Rows r;
+    r.count = std::min(n, total_ - done_);
+    Shape s = shape_;
+    s.insert(s.begin(), r.count);
+    r.x = Tensor::empty(s);
+    std::vector<uint8_t> bytes(static_cast<size_t>(r.count * pixels_));
+    read_bytes(bytes.data(), bytes.size());
+    float* dst = r.x.data<float>();
+    for (size_t i = 0; i < bytes.size(); ++i) dst[i] = lut_[bytes[i]];
+    done_ += r.count;
+    return r;
+  }
+
+  int64_t skip(int64_t n) override {
+    const int64_t k = std::min(n, total_ - done_);
+    if (gzseek(gz_.get(), static_cast<z_off_t>(k * pixels_), SEEK_CUR) < 0)
+      throw IoError(str("predict: cannot skip in ", path_, "; the file is truncated or corrupt"));
+    done_ += k;
+    return k;
+  }
+
+ private:
+  void read_bytes(uint8_t* dst, size_t n) {
+    size_t have = 0;
+    while (have < n) {
+      const int got = gzread(gz_.get(), dst + have,
+                             static_cast<unsigned>(std::min<size_t>(n - have, 1u << 30)));
+      if (got <= 0)
+        throw IoError(str("predict: ", path_, " ends inside row ",
+                          done_ + static_cast<int64_t>(have) / pixels_, " of the ", total_,
+                          " its header declares; the file is truncated"));
+      have += static_cast<size_t>(got);
+    }
+  }
+
+  std::string path_;
+  std::unique_ptr<gzFile_s, int (*)(gzFile)> gz_;
+  Shape shape_;
+  int64_t total_ = 0, pixels_ = 0, done_ = 0;
+  std::array<float, 256> lut_{};
+};
+
+// The value of 'key' in a .npy header dict: a quoted string, a tuple or a bare word.
+std::string header_field(const std::string& header, const std::string& key,
+                         const std::string& path) {
+  size_t at = header.find("'" + key + "'");
+  if (at != std::string::npos) at = header.find(':', at);
+  if (at == std::string::npos)
+    throw IoError(str("predict: ", path, " has no '", key, "' in its .npy header, got ", header,
+                      "; write it with numpy.save"));
+  at = header.find_first_not_of(' ', at + 1);
+  const char open = at < header.size() ? header[at] : ' ';
+  const size_t end = open == '\''  ? header.find('\'', at + 1) + 1
+                     : open == '(' ? header.find(')', at) + 1
+                                   : header.find_first_of(",}", at);
+  return header.substr(at, end == std::string::npos || end == 0 ? std::string::npos : end - at);
+}
+
+// NumPy .npy: '<f4' rows in C order.
+class NpyReader final : public InputReader {
+ public:
+  NpyReader(const std::string& path, const ModelInfo& model)
+      : path_(path), f_(open_file(path)), shape_(model.spec.input_shape) {
+    const std::string header = read_header();
+    auto field = [&](const std::string& key) { return header_field(header, key, path); };
+    if (field("descr") != "'<f4'" || field("fortran_order") != "False")
+      throw InvalidArgument(str("predict: ", path,
+                                " must hold little-endian float32 in C order, "
+                                "got descr ",
+                                field("descr"), ", fortran_order ", field("fortran_order"),
+                                "; save it with "
+                                "numpy.save(path, x.astype('<f4'))"));
+    std::vector<int64_t> dims;
+    const std::string shape = field("shape");
+    for (size_t i = 0; i < shape.size();) {
+      if (!std::isdigit(static_cast<unsigned char>(shape[i]))) {
+        ++i;
+        continue;
+      }
+      size_t used = 0;
+      dims.push_back(std::stoll(shape.substr(i), &used));
+      i += used;
+    }
+    int64_t row = 1;
+    for (size_t i = 1; i < dims.size(); ++i) row *= dims[i];
+    if (dims.empty() || row != shape_numel(shape_))
+      throw InvalidArgument(str("predict: ", path, " has shape ", shape, ", got ", row,
+                                " values per row but the model takes ", shape_str(shape_), " (",
+                                shape_numel(shape_), "); save an array [N, ...] of such rows"));
+    total_ = dims[0];
+    row_ = row;
+  }
+
+  Rows read(int64_t n) override {
+    Rows r;
+    r.count = std::min(n, total_ - done_);
+    Shape s = shape_;
+    s.insert(s.begin(), r.count);
+    r.x = Tensor::empty(s);
+    const size_t want = static_cast<size_t>(r.count * row_);
+    if (std::fread(r.x.raw(), sizeof(float), want, f_.get()) != want)
+      throw IoError(str("predict: ", path_, " ends before row ", done_ + r.count, " of the ",
+                        total_, " its header declares; the file is truncated"));
+    done_ += r.count;
+    return r;
+  }
+
+  int64_t skip(int64_t n) override {
+    const int64_t k = std::min(n, total_ - done_);
+    if (std::fseek(f_.get(), static_cast<long>(k * row_ * 4), SEEK_CUR) != 0)
+      throw IoError(str("predict: cannot skip in ", path_, ", got \"", std::strerror(errno), "\""));
+    done_ += k;
+    return k;
+  }
+
+ private:
+  std::string read_header() {
+    char magic[8];
+    if (std::fread(magic, 1, 8, f_.get()) != 8 || std::memcmp(magic, "\x93NUMPY", 6) != 0)
+      throw IoError(str("predict: ", path_,
+                        " is not a .npy file, got no \\x93NUMPY magic; "
+                        "write it with numpy.save"));
+    uint8_t len[4] = {};
+    const size_t width = magic[6] == 1 ? 2 : 4;
+    if (std::fread(len, 1, width, f_.get()) != width)
+      throw IoError(str("predict: ", path_, " is truncated inside its .npy header"));
+    const size_t n = width == 2 ? (len[0] | len[1] << 8)
+                                : (len[0] | len[1] << 8 | len[2] << 16 | size_t{len[3]} << 24);
+    std::string header(n, '\0');
+    if (n > (1 << 20) || std::fread(header.data(), 1, n, f_.get()) != n)
+      throw IoError(str("predict: ", path_, " has a .npy header of ", n,
+                        " bytes that the file does not hold; the file is truncated or corrupt"));
+    return header;
+  }
+
+  std::string path_;
+  File f_;
+  Shape shape_;
+  int64_t total_ = 0, row_ = 0, done_ = 0;
+};
+
+// One prompt per line.
+class TextReader final : public InputReader {
+ public:
+  explicit TextReader(const std::string& path) : path_(path), f_(open_file(path)) {}
+  ~TextReader() override { std::free(line_); }
+
+  Rows read(int64_t n) override {
+    Rows r;
+    std::string line;
+    while (r.count < n && next(line)) {
+      r.lines.push_back(line);
+      ++r.count;
+    }
+    return r;
+  }
+
+  int64_t skip(int64_t n) override {
+    int64_t k = 0;
+    std::string line;
+    while (k < n && next(line)) ++k;
+    return k;
+  }
+
+ private:
+  bool next(std::string& out) {
+    errno = 0;
+    const ssize_t got = getline(&line_, &cap_, f_.get());
+    if (got < 0) {
+      if (errno != 0)
+        throw IoError(str("predict: cannot read ", path_, ", got \"", std::strerror(errno), "\""));
+      return false;
+    }
+    size_t n = static_cast<size_t>(got);
+    if (n > 0 && line_[n - 1] == '\n') --n;
+    if (n > 0 && line_[n - 1] == '\r') --n;
+    out.assign(line_, n);
+    return true;
+  }
+
+  std::string path_;
+  File f_;
+  char* line_ = nullptr;
+  size_t cap_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<InputReader> open_input(const std::string& path, const ModelInfo& model,
+                                        const data::DataSpec& data) {
+  const std::string name = std::filesystem::path(path).filename().string();
+  const bool text = ends_with(name, ".txt");
+  if (!std::filesystem::is_regular_file(path))
+    throw IoError(str("predict: input ", path, " is not a readable file; check --input"));
+  if (model.generates() != text)
+    throw InvalidArgument(model.generates()
+                              ? str("predict: a gpt model takes text prompts, one per line, in a "
+                                    ".txt file, got --input ",
+                                    path)
+                              : str("predict: a ", model.spec.kind,
+                                    " model takes IDX images or a .npy array, got "
+                                    "--input ",
+                                    path, "; text prompts (.txt) are for a gpt model"));
+  if (text) return std::make_unique<TextReader>(path);
+  if (ends_with(name, ".npy")) return std::make_unique<NpyReader>(path, model);
+  if (name.find("ubyte") != std::string::npos || ends_with(name, ".idx") ||
+      ends_with(name, ".idx.gz"))
+    return std::make_unique<IdxReader>(path, model, data);
+  throw InvalidArgument(str("predict: cannot tell the kind of --input ", path,
+                            " from its name; use .npy, an IDX name (*-ubyte[.gz], *.idx[.gz]) "
+                            "or .txt"));
+}
+
+}  // namespace tessel::infer

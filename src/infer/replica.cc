@@ -1,0 +1,132 @@
+#include "tessel/infer/replica.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "tessel/core/memory.h"
+#include "tessel/data/dataset.h"
+#include "tessel/parallel/pipeline.h"
+#include "tessel/train/checkpointer.h"
+
+namespace tessel::infer {
+namespace {
+
+// The executors hand the last stage's outputs to a Loss; this one keeps them. Its targets are
+// the rows' indices within the piece (i32), so the micro-batches of a pipeline land in place.
+class OutputSink final : public nn::Loss {
+ public:
+  explicit OutputSink(int64_t rows) : rows_(rows) {}
+  nn::LossValue forward(const Tensor& output, const Tensor& targets) override {
+    const int64_t n = targets.dim(0), row = output.numel() / std::max<int64_t>(output.dim(0), 1);
+    if (!out_.defined()) {
+      Shape s = output.shape();
+      s[0] = rows_;
+      out_ = Tensor::empty(s);
+    }
+    const int32_t* index = targets.data<int32_t>();
+    for (int64_t r = 0; r < n; ++r)
+      std::memcpy(out_.data<float>() + index[r] * row, output.data<float>() + r * row,
+                  static_cast<size_t>(row) * sizeof(float));
+    return {0.0f, 0, 1};
+  }
+  Tensor backward(float) override {
+    throw Error("infer: forward-only replicas have no loss gradient");
+  }
+  const Tensor& outputs() const { return out_; }
+
+ private:
+  int64_t rows_;
+  Tensor out_;
+};
+
+}  // namespace
+
+ModelInfo model_info(const train::Config& config) {
+  const data::Splits data = data::make_datasets(config.data);
+  ModelInfo info;
+  info.spec = config.model;
+  info.spec.input_shape = data.train->input_shape();
+  info.spec.num_classes = data.train->num_classes();
+  info.input_dtype = data.train->input_dtype();
+  if (config.data.kind == "text") info.vocab = data::text_vocabulary(config.data);
+  return info;
+}
+
+Replica::Replica(const train::Config& config, const ModelInfo& info, const std::string& checkpoint,
+                 comm::Communicator* pp)
+    : config_(config), model_(nn::build_model(info.spec)) {
+  if (pp != nullptr && pp->size() > 1) {
+    parallel::ParallelSpec spec = config.parallel;
+    spec.deterministic = false;  // a training setting; inference has no gradient sums
+    executor_ = std::make_unique<parallel::PipelineExecutor>(spec, *pp, *model_);
+    stage_ = pp->rank();
+    stages_ = pp->size();
+  } else {
+    executor_ = std::make_unique<parallel::LocalExecutor>(*model_);
+  }
+  try {
+    load(checkpoint);
+  } catch (const MemoryLimitError& e) {
+    throw MemoryLimitError(str(e.what(),
+                               ". Inference holds parameter values only: split them "
+                               "over more ranks with pp.stages (now ",
+                               stages_, ") and --workers or mpirun -np"));
+  }
+}
+
+Replica::~Replica() = default;
+
+void Replica::load(const std::string& checkpoint) {
+  // One tensor per run of consecutive local blocks; a pipeline's head stage already holds its
+  // copy of a tied table (bound by the executor), which the checkpoint fills too.
+  const std::vector<bool>& local = executor_->local_blocks();
+  const size_t n = model_->num_blocks();
+  MemoryScope scope(MemCategory::kParameters);
+  for (size_t b = 0; b < n;) {
+    if (!local[b]) {
+      ++b;
+      continue;
+    }
+    nn::Range r{INT64_MAX, 0};  // the parameters of blocks [b, e); blocks without any add none
+    size_t e = b;
+    for (; e < n && local[e]; ++e) {
+      const nn::Range br = model_->block_range(e);
+      if (!br.empty()) r = {std::min(r.lo, br.lo), std::max(r.hi, br.hi)};
+    }
+    if (r.lo < r.hi) {
+      values_.push_back(Tensor::zeros({r.size()}));
+      model_->bind_values(r, values_.back());
+      parameter_bytes_ += static_cast<int64_t>(values_.back().nbytes());
+    }
+    b = e;
+  }
+  train::Checkpointer::load_weights(checkpoint, *model_);
+}
+
+Tensor Replica::forward(const Tensor& x, int64_t rows, int64_t first_row) {
+  OutputSink sink(rows);
+  const parallel::Hooks no_hooks = [](nn::Phase, size_t, bool) {};
+  const int64_t batch = config_.infer.batch;
+  for (int64_t lo = 0; lo < rows; lo += batch) {
+    const int64_t n = std::min(batch, rows - lo);
+    parallel::Piece piece;
+    if (first_stage()) {
+      Shape s = x.shape();
+      s[0] = n;
+      piece.x = x.view(lo * (x.numel() / x.dim(0)), s);
+    }
+    piece.y = Tensor::empty({n}, DType::kI32);
+    for (int64_t r = 0; r < n; ++r) piece.y.data<int32_t>()[r] = static_cast<int32_t>(lo + r);
+    piece.ctx = nn::Context{false, config_.seed, 0, first_row + lo};
+    executor_->eval(piece, sink, no_hooks);
+  }
+  return last_stage() ? sink.outputs() : Tensor();
+}
+
+nn::Model& Replica::model() {
+  TESSEL_CHECK(stages_ == 1, "infer: the whole model is not on this rank (pp.stages = ", stages_,
+               ")");
+  return *model_;
+}
+
+}  // namespace tessel::infer

@@ -1,0 +1,346 @@
+// The parts of predict and serve on their own: the chunk queue hands every chunk out until it
+// is written exactly once, also when a worker fails or stalls; the ordered writer resumes after
+// its last commit; input files that do not fit the model are refused by name; the batcher
+// answers every request with its own rows and never splits one.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "tessel/core/error.h"
+#include "tessel/infer/batcher.h"
+#include "tessel/infer/chunk_queue.h"
+#include "tessel/infer/input.h"
+#include "tessel/infer/metrics.h"
+#include "tessel/infer/ordered_writer.h"
+#include "tessel/infer/output.h"
+
+namespace fs = std::filesystem;
+
+namespace tessel::infer {
+namespace {
+
+// n text rows "row i".
+class Lines final : public InputReader {
+ public:
+  explicit Lines(int64_t n) : n_(n) {}
+  Rows read(int64_t n) override {
+    Rows r;
+    for (; r.count < n && at_ < n_; ++r.count) r.lines.push_back("row " + std::to_string(at_++));
+    return r;
+  }
+  int64_t skip(int64_t n) override {
+    const int64_t s = std::min(n, n_ - at_);
+    at_ += s;
+    return s;
+  }
+
+ private:
+  int64_t n_, at_ = 0;
+};
+
+std::string output_of(const Chunk& c) {
+  std::string s;
+  for (const std::string& l : c.rows.lines) s += l + "\n";
+  return s;
+}
+
+// Runs a queue over `rows` rows with `replicas` threads; `replica_fn` may fail or stall one.
+// Returns the written text.
+std::string drain(ChunkQueue& queue, int replicas,
+                  const std::function<bool(ChunkQueue&, int, const Chunk&, int)>& replica_fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < replicas; ++r)
+    threads.emplace_back([&, r] {
+      Chunk c;
+      for (int done = 0; queue.take(r, c); ++done)
+        if (!replica_fn(queue, r, c, done)) return;
+    });
+  std::string out;
+  std::vector<ChunkQueue::Output> ready;
+  int64_t expect = 0;
+  try {
+    while (queue.next(ready))
+      for (const auto& o : ready) {
+        EXPECT_EQ(o.id, expect++);
+        out += o.bytes;
+      }
+  } catch (...) {
+    for (auto& t : threads) t.join();
+    throw;
+  }
+  for (auto& t : threads) t.join();
+  return out;
+}
+
+std::string all_rows(int64_t n) {
+  std::string s;
+  for (int64_t i = 0; i < n; ++i) s += "row " + std::to_string(i) + "\n";
+  return s;
+}
+
+TEST(ChunkQueue, EveryRowOnceInOrderForAnyReplicaCount) {
+  for (int replicas : {1, 2, 3, 5})
+    for (int64_t rows : {0, 1, 7, 100}) {
+      Lines in(rows);
+      ChunkQueue q(in, 7, 0, replicas, 10);
+      EXPECT_EQ(drain(q, replicas,
+                      [](ChunkQueue& q, int r, const Chunk& c, int) {
+                        q.finish(r, c.id, output_of(c), c.rows.count);
+                        return true;
+                      }),
+                all_rows(rows))
+          << replicas << " replicas, " << rows << " rows";
+    }
+}
+
+TEST(ChunkQueue, AFailedReplicasChunkIsRunByAnother) {
+  Lines in(100);
+  ChunkQueue q(in, 6, 0, 3, 10);
+  Chunk taken;
+  ASSERT_TRUE(q.take(1, taken));  // replica 1 dies holding chunk 0
+  q.fail(1, "died");
+  const std::string out = drain(q, 3, [](ChunkQueue& q, int r, const Chunk& c, int) {
+    q.finish(r, c.id, output_of(c), c.rows.count);
+    return true;
+  });
+  EXPECT_EQ(out, all_rows(100));
+  EXPECT_EQ(q.reruns(), 1);
+  EXPECT_EQ(q.failed(), std::vector<int>{1});
+}
+
+TEST(ChunkQueue, AStalledChunkIsRunByAnotherAndItsLateTwinDropped) {
+  Lines in(50);
+  ChunkQueue q(in, 5, 0, 2, 0.05);
+  std::atomic<bool> late_twin_kept{true};
+  const std::string out = drain(q, 2, [&](ChunkQueue& q, int r, const Chunk& c, int done) {
+    if (r == 0 && done == 1) {  // stalls well past the timeout, then finishes anyway
+      std::this_thread::sleep_for(std::chrono::milliseconds(400));
+      late_twin_kept = q.finish(r, c.id, "late twin\n", c.rows.count);
+      return false;
+    }
+    q.finish(r, c.id, output_of(c), c.rows.count);
+    return true;
+  });
+  EXPECT_EQ(out, all_rows(50));
+  EXPECT_GE(q.reruns(), 1);
+  EXPECT_FALSE(late_twin_kept);
+}
+
+TEST(ChunkQueue, ResumeSkipsCommittedChunks) {
+  Lines in(30);
+  ChunkQueue q(in, 4, 3, 2, 10);  // chunks 0-2 (rows 0-11) were written
+  Chunk c;
+  ASSERT_TRUE(q.take(0, c));
+  EXPECT_EQ(c.id, 3);
+  EXPECT_EQ(c.rows.lines[0], "row 12");
+  Lines short_input(5);
+  ChunkQueue bad(short_input, 4, 3, 2, 10);
+  std::vector<ChunkQueue::Output> ready;
+  EXPECT_THROW(bad.next(ready), InvalidArgument);
+}
+
+TEST(ChunkQueue, EveryReplicaFailedIsAnError) {
+  Lines in(40);
+  ChunkQueue q(in, 4, 0, 2, 10);
+  try {
+    drain(q, 2, [](ChunkQueue& q, int r, const Chunk&, int) {
+      q.fail(r, "boom " + std::to_string(r));
+      return false;
+    });
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("every worker failed"), std::string::npos) << e.what();
+  }
+}
+
+class Files : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("tessel_infer_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
+            std::to_string(getpid()));
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  static std::string slurp(const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), {}};
+  }
+  fs::path dir_;
+};
+
+TEST_F(Files, WriterResumesAfterItsLastCommit) {
+  const nlohmann::json job = {{"input", "x"}, {"chunk_rows", 2}};
+  {
+    OrderedWriter w(path("out.csv"), job, "row,v\n", false, 0);
+    w.append(0, "0,a\n1,b\n", 2);
+    w.commit();
+    w.append(1, "2,c\n", 1);  // never committed: the job "dies" here
+  }
+  {
+    OrderedWriter w(path("out.csv"), job, "row,v\n", true, 0);
+    EXPECT_EQ(w.next_chunk(), 1);
+    EXPECT_EQ(w.rows(), 2);
+    w.append(1, "2,c\n3,d\n", 2);
+    w.finish();
+  }
+  EXPECT_EQ(slurp(path("out.csv")), "row,v\n0,a\n1,b\n2,c\n3,d\n");
+  OrderedWriter done(path("out.csv"), job, "row,v\n", true, 0);
+  EXPECT_TRUE(done.complete());
+  EXPECT_THROW(OrderedWriter(path("out.csv"), {{"input", "y"}}, "", true, 0), InvalidArgument);
+  EXPECT_THROW(OrderedWriter(path("none.csv"), job, "", true, 0), InvalidArgument);
+}
+
+ModelInfo classifier(Shape input) {
+  ModelInfo m;
+  m.spec.input_shape = input;
+  m.spec.num_classes = 3;
+  return m;
+}
+
+void write_npy(const std::string& p, const std::string& descr, const std::string& shape,
+               size_t data_bytes) {
+  std::string header =
+      "{'descr': '" + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
+  header.append(64 - (10 + header.size() + 1) % 64, ' ');
+  header += "\n";
+  std::ofstream out(p, std::ios::binary);
+  out << "\x93NUMPY" << '\x01' << '\x00';
+  const uint16_t n = static_cast<uint16_t>(header.size());
+  out.write(reinterpret_cast<const char*>(&n), 2);
+  out << header << std::string(data_bytes, '\0');
+}
+
+template <typename E>
+void expect_throw_with(const std::function<void()>& f, const std::string& needle) {
+  try {
+    f();
+    FAIL() << "no error, expected '" << needle << "'";
+  } catch (const E& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(Files, InputsThatDoNotFitTheModelAreRefusedByName) {
+  const data::DataSpec data;
+  write_npy(path("ok.npy"), "<f4", "(5, 4)", 5 * 4 * 4);
+  auto r = open_input(path("ok.npy"), classifier({4}), data);
+  EXPECT_EQ(r->read(3).count, 3);
+  EXPECT_EQ(r->read(3).count, 2);
+  EXPECT_EQ(r->read(3).count, 0);
+  write_npy(path("f8.npy"), "<f8", "(5, 4)", 5 * 4 * 8);
+  expect_throw_with<InvalidArgument>([&] { open_input(path("f8.npy"), classifier({4}), data); },
+                                     "little-endian float32");
+  write_npy(path("wide.npy"), "<f4", "(5, 6)", 5 * 6 * 4);
+  expect_throw_with<InvalidArgument>([&] { open_input(path("wide.npy"), classifier({4}), data); },
+                                     "has shape");
+  write_npy(path("short.npy"), "<f4", "(5, 4)", 3 * 4 * 4);
+  expect_throw_with<IoError>([&] { open_input(path("short.npy"), classifier({4}), data)->read(5); },
+                             "ends before row");
+  std::ofstream(path("junk.npy")) << "not numpy at all";
+  expect_throw_with<IoError>([&] { open_input(path("junk.npy"), classifier({4}), data); },
+                             "not a .npy file");
+  std::ofstream(path("p.txt")) << "a prompt\n";
+  expect_throw_with<InvalidArgument>([&] { open_input(path("p.txt"), classifier({4}), data); },
+                                     "p.txt");
+  std::ofstream(path("x.bin")) << "?";
+  expect_throw_with<InvalidArgument>([&] { open_input(path("x.bin"), classifier({4}), data); },
+                                     "cannot tell the kind");
+  expect_throw_with<IoError>([&] { open_input(path("missing.npy"), classifier({4}), data); },
+                             "missing.npy");
+}
+
+TEST(Output, RecordsArePureFunctionsOfTheLogits) {
+  const float logits[3] = {0.5f, 2.0f, 2.0f};
+  const nlohmann::ordered_json r = class_record(logits, 3, 2);
+  EXPECT_EQ(r["class"], 1);  // a tie goes to the lower class
+  EXPECT_EQ(r["top_k"][1]["class"], 2);
+  EXPECT_EQ(r["top_k"].size(), 2u);
+  Tensor t = Tensor::empty({1, 3});
+  std::copy(logits, logits + 3, t.data<float>());
+  EXPECT_EQ(format_classes(t, 41, 1, OutputFormat::kCsv), "41,1,1,0.449816\n");
+  EXPECT_EQ(csv_header(false, 1), "row,class,top1_class,top1_prob\n");
+  EXPECT_THROW(output_format("out.txt"), InvalidArgument);
+}
+
+TEST(Batcher, EveryRequestGetsItsOwnRowsAndNoneIsSplit) {
+  ServeMetrics metrics(8, 2);
+  std::atomic<int> batches{0};
+  std::atomic<bool> split{false};
+  // Each row's record is its value; a batch checks it holds whole requests only.
+  Batcher b(
+      {8, 0.005, 1000}, 2,
+      [&](int, const std::vector<const Request*>& batch) {
+        ++batches;
+        std::vector<nlohmann::ordered_json> out;
+        int64_t rows = 0;
+        for (const Request* r : batch) {
+          rows += r->rows();
+          for (int64_t i = 0; i < r->rows(); ++i) out.push_back(r->x.data<float>()[i]);
+        }
+        split = split || rows > 8;
+        return out;
+      },
+      metrics);
+  std::vector<std::future<std::vector<nlohmann::ordered_json>>> replies;
+  for (int i = 0; i < 60; ++i) {
+    Request r;
+    const int64_t n = 1 + i % 3;
+    r.x = Tensor::empty({n, 1});
+    for (int64_t j = 0; j < n; ++j) r.x.data<float>()[j] = static_cast<float>(100 * i + j);
+    replies.push_back(b.submit(std::move(r)));
+  }
+  for (int i = 0; i < 60; ++i) {
+    auto out = replies[i].get();
+    ASSERT_EQ(out.size(), static_cast<size_t>(1 + i % 3));
+    for (size_t j = 0; j < out.size(); ++j) EXPECT_EQ(out[j].get<float>(), 100.0f * i + j);
+  }
+  EXPECT_FALSE(split);
+  EXPECT_LT(batches, 60);  // requests were batched together
+  b.close();
+  Request late;
+  late.x = Tensor::empty({1, 1});
+  EXPECT_FALSE(b.submit(std::move(late)).valid());  // closed
+  EXPECT_NE(metrics.prometheus().find("tessel_batch_rows_count"), std::string::npos);
+}
+
+TEST(Batcher, AFullQueueRefusesAndCloseAnswersWhatWasQueued) {
+  ServeMetrics metrics(4, 1);
+  std::promise<void> release;
+  std::shared_future<void> go = release.get_future().share();
+  Batcher b(
+      {4, 0.0, 4}, 1,
+      [go](int, const std::vector<const Request*>& batch) {
+        go.wait();
+        std::vector<nlohmann::ordered_json> out;
+        for (const Request* r : batch)
+          for (int64_t i = 0; i < r->rows(); ++i) out.push_back(1);
+        return out;
+      },
+      metrics);
+  auto make = [](int64_t n) {
+    Request r;
+    r.x = Tensor::zeros({n, 1});
+    return r;
+  };
+  auto first = b.submit(make(4));  // taken by the worker, which waits
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  auto queued = b.submit(make(4));  // fills the queue
+  EXPECT_TRUE(queued.valid());
+  EXPECT_FALSE(b.submit(make(1)).valid());  // over serve.max_queue
+  std::thread closer([&] { b.close(); });
+  release.set_value();
+  closer.join();
+  EXPECT_EQ(first.get().size(), 4u);
+  EXPECT_EQ(queued.get().size(), 4u);
+}
+
+}  // namespace
+}  // namespace tessel::infer

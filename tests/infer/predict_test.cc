@@ -1,0 +1,132 @@
+// tessel predict end to end: the same output bytes on any number of workers, with a pipeline,
+// after a worker dies or stalls; a pipeline's logits equal one worker's to 1e-5, and a model over
+// the per-rank memory cap runs only split over stages; bad inputs and resumes fail clearly.
+#include <cmath>
+
+#include "infer_testing.h"
+#include "tessel/comm/threads.h"
+#include "tessel/core/memory.h"
+#include "tessel/infer/input.h"
+#include "tessel/infer/replica.h"
+
+namespace tessel::infer::testing {
+namespace {
+
+using Predict = TrainedMlp;
+
+void expect_every_row_in_order(const std::string& text, int64_t rows) {
+  int64_t row = 0;
+  size_t at = 0;
+  for (size_t nl; (nl = text.find('\n', at)) != std::string::npos; at = nl + 1, ++row)
+    ASSERT_EQ(
+        text.compare(at, 8 + std::to_string(row).size(), "{\"row\":" + std::to_string(row) + ","),
+        0)
+        << "line " << row;
+  EXPECT_EQ(row, rows);
+}
+
+TEST_F(Predict, SameBytesOnOneToFourWorkersAndAPipeline) {
+  ASSERT_EQ(predict("1.jsonl", "--workers 1").exit_code, 0);
+  const std::string one = slurp(path("1.jsonl"));
+  expect_every_row_in_order(one, kRows);
+  for (const std::string args : {"--workers 2", "--workers 3", "--workers 4",
+                                 "--workers 2 --set pp.stages=2 --set pp.microbatches=3"}) {
+    const Result r = predict("n.jsonl", args);
+    ASSERT_EQ(r.exit_code, 0) << args << "\n" << r.output;
+    EXPECT_TRUE(slurp(path("n.jsonl")) == one) << args << " wrote other bytes";
+  }
+  ASSERT_EQ(predict("1.csv", "--set infer.top_k=2").exit_code, 0);
+  ASSERT_EQ(predict("3.csv", "--set infer.top_k=2 --workers 3").exit_code, 0);
+  const std::string csv = slurp(path("1.csv"));
+  EXPECT_EQ(csv.substr(0, csv.find('\n')), "row,class,top1_class,top1_prob,top2_class,top2_prob");
+  EXPECT_TRUE(slurp(path("3.csv")) == csv);
+}
+
+TEST_F(Predict, AKilledOrStalledWorkersChunksAreRerun) {
+  // 20 chunks of 100 rows, so that every worker gets some.
+  ASSERT_EQ(predict("clean.jsonl").exit_code, 0);
+  const std::string clean = slurp(path("clean.jsonl"));
+  Result r = predict("killed.jsonl",
+                     "--workers 3 --set infer.chunk_rows=100 --set debug.kill_rank=1 "
+                     "--set debug.kill_after=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("\"failed_workers\": [\n    1\n  ]"), std::string::npos) << r.output;
+  EXPECT_TRUE(slurp(path("killed.jsonl")) == clean);
+  // Rank 1 sleeps 5 s before each chunk; after 0.3 s its chunk goes to another worker.
+  r = predict(
+      "stalled.jsonl",
+      "--workers 3 --set infer.chunk_rows=100 --set debug.slow_rank=1 --set debug.delay_ms=5000 "
+      "--set infer.chunk_timeout_s=0.3");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("\"reruns\": 0"), std::string::npos) << r.output;
+  EXPECT_TRUE(slurp(path("stalled.jsonl")) == clean);
+}
+
+TEST_F(Predict, BadInputsAndResumesFailClearly) {
+  expect_error(run("predict " + config() + " --checkpoint " + run_dir() + " --input " +
+                   path("none.npy") + " --output " + path("o.jsonl")),
+               "none.npy");
+  std::ofstream(path("p.txt")) << "hello\n";
+  expect_error(run("predict " + config() + " --checkpoint " + run_dir() + " --input " +
+                   path("p.txt") + " --output " + path("o.jsonl")),
+               "p.txt");
+  expect_error(predict("o.txt"), "o.txt");
+  expect_error(predict("fresh.jsonl", "--resume"), "--resume found no");
+  ASSERT_EQ(predict("o.jsonl").exit_code, 0);
+  expect_error(predict("o.jsonl", "--resume --set infer.chunk_rows=500"), "another job");
+  expect_error(predict("o.jsonl", "--set pp.stages=3 --workers 2"), "pp.stages");
+  expect_error(predict("o.jsonl", "--set tp.size=2 --workers 2"), "set tp.size = 1");
+}
+
+// Rows 0-299 of the test images through a replica: one worker, or a pp.stages pipeline of
+// threads each under `limit_mb`. Returns the logits and each rank's peak bytes.
+struct Forward {
+  Tensor logits;
+  std::vector<int64_t> peak;
+};
+Forward forward(int stages, int64_t limit_mb) {
+  train::Config config =
+      train::load_config(TrainedMlp::config(),
+                         {"pp.stages=" + std::to_string(stages),
+                          "runtime.memory_limit_mb=" + std::to_string(limit_mb), "infer.batch=32"});
+  const ModelInfo info = model_info(config);
+  const Rows rows = open_input(TrainedMlp::images(), info, config.data)->read(300);
+  Forward f{Tensor(), std::vector<int64_t>(static_cast<size_t>(stages))};
+  comm::run_threads(stages, [&](comm::Communicator& world) {
+    auto ledger = std::make_shared<MemoryLedger>(limit_mb << 20, "rank");
+    {
+      MemoryScope scope(ledger, MemCategory::kOther);
+      Replica replica(config, info, TrainedMlp::run_dir(), stages > 1 ? &world : nullptr);
+      Tensor out = replica.forward(rows.x, 300, 0);
+      if (replica.last_stage()) f.logits = out;
+    }
+    f.peak[static_cast<size_t>(world.rank())] = ledger->peak_total();
+  });
+  return f;
+}
+
+TEST_F(Predict, PipelineLogitsEqualOneWorkersAndSplitAModelOverTheCap) {
+  const Forward one = forward(1, 0), two = forward(2, 0);
+  ASSERT_EQ(two.logits.shape(), one.logits.shape());
+  double worst = 0;
+  for (int64_t i = 0; i < one.logits.numel(); ++i)
+    worst = std::max(worst, static_cast<double>(std::fabs(one.logits.data<float>()[i] -
+                                                          two.logits.data<float>()[i])));
+  EXPECT_LE(worst, 1e-5);
+  // 2.7 MB of parameters: over a 2 MiB cap on one worker, under it on each of two stages.
+  EXPECT_GT(one.peak[0], int64_t{2} << 20);
+  try {
+    forward(1, 2);
+    FAIL() << "the whole model fit under 2 MiB";
+  } catch (const MemoryLimitError& e) {
+    EXPECT_NE(std::string(e.what()).find("pp.stages"), std::string::npos) << e.what();
+  }
+  const Forward split = forward(2, 2);
+  for (int64_t peak : split.peak) EXPECT_LT(peak, int64_t{2} << 20);
+  EXPECT_TRUE(std::equal(split.logits.data<float>(),
+                         split.logits.data<float>() + split.logits.numel(),
+                         two.logits.data<float>()));
+}
+
+}  // namespace
+}  // namespace tessel::infer::testing

@@ -65,7 +65,10 @@ void Model::finalize() {
       p->name = names_[i] + "." + p->name;
       parameters_.push_back(p);
       offsets_.push_back(numel_);
-      numel_ += (shape_numel(p->shape) + kAlignElems - 1) / kAlignElems * kAlignElems;
+      const int64_t padded = (shape_numel(p->shape) + kAlignElems - 1) / kAlignElems * kAlignElems;
+      if (__builtin_add_overflow(numel_, padded, &numel_))
+        throw InvalidArgument(str("model: the parameters up to '", p->name,
+                                  "' have more elements than fit in 64 bits; use smaller sizes"));
     }
     block_params_.emplace_back(first, parameters_.size());
   }

@@ -40,8 +40,7 @@ std::vector<Owned> all_owned(comm::Communicator& group, const std::vector<nn::Ra
 
 }  // namespace
 
-ckpt::ShardFile write_state_shard(const std::string& dir, int rank, const StateView& view,
-                                  const nn::Model& model) {
+std::vector<ckpt::ShardSlice> state_slices(const StateView& view, const nn::Model& model) {
   std::vector<ckpt::ShardSlice> slices;
   for (const nn::Range& r : view.owned)
     for (auto [k, o] : model.overlaps(r)) {
@@ -54,7 +53,12 @@ ckpt::ShardFile write_state_shard(const std::string& dir, int rank, const StateV
         slices.push_back({buf.name + "/" + name, begin,
                           buf.values.view(view.state_offset(o), {o.size()})});
     }
-  return ckpt::write_shard(dir, rank, slices);
+  return slices;
+}
+
+ckpt::ShardFile write_state_shard(const std::string& dir, int rank, const StateView& view,
+                                  const nn::Model& model) {
+  return ckpt::write_shard(dir, rank, state_slices(view, model));
 }
 
 StateView Engine::state() {

@@ -7,13 +7,15 @@
 #include "tessel/parallel/parameter_server.h"
 #include "tessel/train/checkpointer.h"
 #include "tessel/train/progress.h"
+#include "tessel/train/recovery.h"
+#include "tessel/train/snapshots.h"
 #include "tessel/train/trainer.h"
 
 namespace tessel::train {
 
 using nlohmann::json;
 
-void Trainer::save(const State& s) {
+void Trainer::save(const State& s, bool to_disk) {
   // Collective: the running sums are per rank; the checkpoint holds their global totals.
   double totals[4] = {s.epoch_sums.loss, s.epoch_sums.accuracy,
                       static_cast<double>(s.epoch_sums.samples), static_cast<double>(s.train_samples)};
@@ -30,16 +32,22 @@ void Trainer::save(const State& s) {
             {"world_size", world_->size()},
             {"layout", engine_->layout().str()},
             {"zero_stage", config_.parallel.zero_stage},
-            {"params_sha256", engine_->params_sha256()},
             {"config_name", config_.name},
             {"batch_rows", batch_rows_}};  // the unit of batch_in_epoch
   if (!lockstep_) t["worker_batches"] = batches_done_;
-  checkpointer_->save(run_dir_, step_, t.dump(2));
+  if (to_disk) {
+    t["params_sha256"] = engine_->params_sha256();  // checked after a resume
+    checkpointer_->save(run_dir_, step_, t.dump(2));
+  }
+  if (options_.snapshots) checkpointer_->snapshot(*options_.snapshots, step_, t.dump(2));
 }
 
 void Trainer::restore(const std::string& path, State& s) {
-  const std::string text = checkpointer_->restore(path);
-  const std::string dir = ckpt::resolve_checkpoint_dir(path);
+  std::string dir;
+  const std::string text = options_.resume_snapshot
+                               ? checkpointer_->restore(*options_.snapshots->latest())
+                               : checkpointer_->restore(path, &dir);
+  if (options_.resume_snapshot) dir = options_.snapshots->latest()->dir();
   try {
     const json t = json::parse(text);
     step_ = t.at("step").get<int64_t>();
@@ -64,6 +72,7 @@ void Trainer::restore(const std::string& path, State& s) {
         s.batch_in_epoch = row / batch_rows_;
     }
     batches_done_ = t.value("worker_batches", step_ * (config_.train.batch / batch_rows_));
+    check_restored_params(*engine_, t.value("params_sha256", ""), dir);
   } catch (const json::exception& e) {
     throw IoError(str("checkpoint: ", dir, "/trainer.json is corrupt (", e.what(),
                       "); resume from an older checkpoint"));

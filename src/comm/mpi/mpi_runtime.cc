@@ -2,11 +2,13 @@
 // points of mpi.h.
 #include <atomic>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <thread>
 
 #include "../reduce.h"
+#include "mpi_family.h"
 #include "mpi_internal.h"
 #include "tessel/comm/mpi.h"
 #include "tessel/core/error.h"
@@ -203,6 +205,28 @@ const char* mpi_thread_level() {
     default:
       return "";
   }
+}
+
+void mpi_end_failed_job(const std::string& reason, int exit_code) {
+  int initialized = 0, finalized = 0, size = 1;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size == 1) return;
+  const bool consequence = mpi_detail::failure_came_from_peer(0);
+  mpi_detail::abort_all_families(reason, 0.5);
+  std::fflush(nullptr);
+  if (consequence) std::_Exit(exit_code);
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
+}
+
+bool mpi_failed_elsewhere() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized && mpi_detail::failure_came_from_peer(0.2);
 }
 
 Communicator mpi_world(const CommOptions& options) {

@@ -66,6 +66,9 @@ nlohmann::json train_job(const tessel::train::Config& cfg, const tessel::train::
     } catch (const std::exception& e) {
       // Before the trainer's calls in flight wait out their deadlines: every rank stops now.
       world.abort(tessel::str("rank ", world.rank(), " failed: ", e.what()));
+      // Hear the other ranks' aborts while the world is open, so that fail() knows whether
+      // this error is a consequence of another rank's (the answer is remembered).
+      comm::mpi_failed_elsewhere();
       throw;
     }
   }

@@ -31,7 +31,9 @@ const char* mpi_thread_level();
 // running or the job has one rank. Only main should call it.
 void mpi_end_failed_job(const std::string& reason, int exit_code);
 // Whether this process learnt of a failure from another rank's abort message before failing
-// itself: its own error is then a consequence, which the other rank reports.
+// itself: its own error is then a consequence, which the other rank reports. Listens for 0.2 s
+// on the control channels of the groups still open; a true answer is remembered, so call it
+// once before closing the world and again when reporting.
 bool mpi_failed_elsewhere();
 
 }  // namespace tessel::comm

@@ -65,8 +65,15 @@ bool failure_came_from_peer(double settle_s) {
   return g_peer_failure.load(std::memory_order_acquire);
 }
 
-Family::Family(MPI_Comm world) : id_(++g_families), in_(std::make_unique<CtrlMsg>()) {
+std::string stuck_rank_anywhere() {
+  std::lock_guard<std::mutex> lock(g_registry_mu);
+  return g_registry.empty() ? std::string() : (*g_registry.begin())->stuck_rank();
+}
+
+Family::Family(MPI_Comm world, double timeout_s)
+    : id_(++g_families), timeout_s_(timeout_s), in_(std::make_unique<CtrlMsg>()) {
   {
+    WatchdogArm arm(Deadline::after(timeout_s), "comm: opening the MPI control channel");
     Guard guard;
     check(MPI_Comm_dup(world, &ctrl_), "MPI_Comm_dup");
     MPI_Comm_set_errhandler(ctrl_, MPI_ERRORS_RETURN);

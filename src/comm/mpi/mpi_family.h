@@ -41,7 +41,8 @@ struct CtrlMsg;
 
 class Family {
  public:
-  explicit Family(MPI_Comm world);  // collective over world
+  // Collective over world; timeout_s bounds the blocking MPI calls of the family's groups.
+  Family(MPI_Comm world, double timeout_s);
   ~Family();
   Family(const Family&) = delete;
   Family& operator=(const Family&) = delete;
@@ -55,6 +56,7 @@ class Family {
   void enroll(uint64_t id, FamilyMember* t);
   void leave(uint64_t id);
   int world_rank() const { return world_rank_; }
+  double timeout_s() const { return timeout_s_; }
   HeartbeatSlot& my_slot() { return slots_[slot_of_[world_rank_]]; }
   // The sentence naming the rank that stopped making progress (heartbeat.h), or "". Asks ranks
   // of other hosts over the control channel: takes up to 2 s when some do not answer.
@@ -76,6 +78,7 @@ class Family {
 
   MPI_Comm ctrl_ = MPI_COMM_NULL;
   uint64_t id_;
+  double timeout_s_;
   int world_rank_ = 0, world_size_ = 1;
   std::atomic<bool> aborted_{false};
   std::mutex mu_;  // reason_, groups_, outgoing_, progress_
@@ -103,6 +106,9 @@ class Family {
 // Every live family of this process: aborts them all with `why` and waits up to flush_s for
 // the abort messages to leave (mpi_end_failed_job).
 void abort_all_families(const std::string& why, double flush_s) noexcept;
+// The sentence naming the rank that stopped making progress, from the first live family
+// (Family::stuck_rank), or "" when there is none.
+std::string stuck_rank_anywhere();
 // Whether this process learnt of a failure from another rank's abort message before it
 // aborted anything itself (or from a lower rank that failed at the same moment): its own error
 // is then a consequence of that failure. Serves the control channels for settle_s first.

@@ -390,9 +390,9 @@ std::unique_ptr<Transport> MpiTransport::split(int color, int key, const std::ve
                                                uint64_t split_id) {
   MPI_Comm sub = MPI_COMM_NULL;
   {
-    // Every member arrives here right after the allgather of (color, key), so this blocking
-    // call cannot wait on an absent rank; still, bound it.
-    WatchdogArm arm(Deadline::after(300), "comm: MPI_Comm_split");
+    // Every member arrives here right after the allgather of (color, key), but may stop (or
+    // be stopped) right after it.
+    WatchdogArm arm(Deadline::after(family_->timeout_s()), "comm: MPI_Comm_split");
     Guard guard;
     check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub), "MPI_Comm_split");
   }
@@ -407,7 +407,7 @@ std::unique_ptr<Transport> MpiTransport::split(int color, int key, const std::ve
 // rank drops it (skipped once the world is aborted, as the free is collective, or after
 // MPI_Finalize, which has released it).
 std::shared_ptr<void> MpiTransport::shared_memory(size_t bytes, uint64_t) {
-  WatchdogArm arm(Deadline::after(300), "comm: MPI shared-memory window");
+  WatchdogArm arm(Deadline::after(family_->timeout_s()), "comm: MPI shared-memory window");
   Guard guard;
   MPI_Comm node = MPI_COMM_NULL;
   check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
@@ -454,13 +454,14 @@ std::shared_ptr<void> MpiTransport::shared_memory(size_t bytes, uint64_t) {
 
 }  // namespace
 
-std::unique_ptr<Transport> make_world_transport(const WaitPolicy& policy) {
+std::unique_ptr<Transport> make_world_transport(const WaitPolicy& policy, double timeout_s) {
   MPI_Comm comm;
   {
+    WatchdogArm arm(Deadline::after(timeout_s), "comm: MPI_Comm_dup of the world");
     Guard guard;
     check(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup");
   }
-  auto family = std::make_shared<Family>(MPI_COMM_WORLD);
+  auto family = std::make_shared<Family>(MPI_COMM_WORLD, timeout_s);
   return std::make_unique<MpiTransport>(comm, std::move(family), 0, policy);
 }
 

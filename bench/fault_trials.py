@@ -41,6 +41,15 @@ BASE = ["train", os.path.join(SRC, "examples/spiral.toml"), "--quiet",
 TIMEOUT_S = 5
 
 
+_runs = [0]
+
+
+def fresh(tmp, name):
+    """A run folder of its own per trial, so that no trial sees another one's processes."""
+    _runs[0] += 1
+    return os.path.join(tmp, f"{name}-{_runs[0]}")
+
+
 def sha(run_dir):
     with open(os.path.join(run_dir, "summary.json")) as f:
         return json.load(f)["params_sha256"]
@@ -96,7 +105,7 @@ def start(args):
 
 
 def trial_fail(tessel, tmp, np_, epochs):
-    run = os.path.join(tmp, f"fail{np_}")
+    run = fresh(tmp, f"fail{np_}")
     args = MPIRUN + ["-np", str(np_), tessel] + BASE + [
         "--set", f"train.epochs={epochs}", "--set", f"debug.fail_rank={np_ - 1}",
         "--set", "debug.fail_step=60", "--set", f"comm.timeout_s={TIMEOUT_S}", "--run-dir", run]
@@ -112,7 +121,7 @@ def trial_fail(tessel, tmp, np_, epochs):
 
 
 def trial_stop_mpi(tessel, tmp, np_, epochs):
-    run = os.path.join(tmp, f"stop{np_}")
+    run = fresh(tmp, f"stop{np_}")
     args = MPIRUN + ["-np", str(np_), tessel] + BASE + [
         "--set", f"train.epochs={epochs}", "--set", f"comm.timeout_s={TIMEOUT_S}",
         "--run-dir", run]
@@ -133,7 +142,7 @@ def trial_stop_mpi(tessel, tmp, np_, epochs):
 
 def trial_stop_threads(tessel, tmp, epochs):
     victim = random.randrange(3)
-    run = os.path.join(tmp, "stopt")
+    run = fresh(tmp, "stopt")
     args = [tessel] + BASE + ["--workers", "3", "--set", f"train.epochs={epochs}",
                               "--set", f"comm.timeout_s={TIMEOUT_S}", "--set", "debug.fail_mode=hang",
                               "--set", f"debug.fail_rank={victim}", "--set", "debug.fail_step=100",
@@ -150,8 +159,7 @@ def trial_stop_threads(tessel, tmp, epochs):
 
 
 def trial_term(tessel, tmp, reference, epochs, launch):
-    run = os.path.join(tmp, "term")
-    shutil.rmtree(run, ignore_errors=True)
+    run = fresh(tmp, "term")
     train = BASE + ["--set", f"train.epochs={epochs}", "--run-dir", run]
     if launch:
         args = [tessel, "launch", "-np", "4", "--mpirun", " ".join(MPIRUN), "--"] + train
@@ -177,8 +185,7 @@ def trial_term(tessel, tmp, reference, epochs, launch):
 
 
 def trial_kill(tessel, tmp, reference, epochs):
-    run = os.path.join(tmp, "kill")
-    shutil.rmtree(run, ignore_errors=True)
+    run = fresh(tmp, "kill")
     args = [tessel, "launch", "-np", "4", "--max-restarts", "3", "--mpirun", " ".join(MPIRUN),
             "--"] + BASE + ["--set", f"train.epochs={epochs}", "--set", "checkpoint.every_steps=40",
                             "--set", f"comm.timeout_s={TIMEOUT_S}", "--run-dir", run]
@@ -197,8 +204,7 @@ def trial_kill(tessel, tmp, reference, epochs):
 
 
 def trial_threads(tessel, tmp, reference, epochs, every):
-    run = os.path.join(tmp, "threads")
-    shutil.rmtree(run, ignore_errors=True)
+    run = fresh(tmp, "threads")
     victim, step = random.randrange(4), random.randrange(1, epochs * 12)
     mode = random.choice(["throw", "hang"])
     args = [tessel] + BASE + ["--workers", "4", "--set", f"train.epochs={epochs}",

@@ -2,6 +2,7 @@
 // points of mpi.h.
 #include <atomic>
 #include <condition_variable>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
@@ -230,6 +231,9 @@ void mpi_end_failed_job(const std::string& reason, int exit_code) {
   mpi_detail::abort_all_families(reason, 0.5);
   std::fflush(nullptr);
   if (consequence) std::_Exit(exit_code);
+  // mpirun ends an aborted job with SIGTERM, then SIGKILL a second later: a graceful-stop
+  // handler must not delay that.
+  for (int sig : {SIGINT, SIGTERM, SIGUSR1, SIGUSR2}) std::signal(sig, SIG_DFL);
   MPI_Abort(MPI_COMM_WORLD, exit_code);
   std::_Exit(exit_code);
 }

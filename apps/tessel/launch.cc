@@ -110,8 +110,9 @@ TrainCommand parse_train(const std::vector<std::string>& command) {
   // The run folder as the Trainer picks it: --run-dir, the folder resumed from, runs/<name>.
   if (t.run_dir.empty() && !t.resume.empty())
     t.run_dir = fs::path(ckpt::resolve_checkpoint_dir(t.resume)).parent_path().parent_path();
-  if (t.run_dir.empty()) t.run_dir = (fs::path("runs") / train::load_config(t.config, t.sets).name);
-  train::load_config(t.config, t.sets);  // a config error ends the launch before any start
+  // A config error ends the launch before any start.
+  const train::Config config = train::load_config(t.config, t.sets);
+  if (t.run_dir.empty()) t.run_dir = (fs::path("runs") / config.name).string();
   return t;
 }
 

@@ -257,10 +257,13 @@ def main():
                                    lambda: trial_stop_mpi(tessel, tmp, np_, 400))
             ok &= run_scenario("stop threads", a.trials,
                                lambda: trial_stop_threads(tessel, tmp, epochs))
-        if "term" in only:
+        if "term" in only:  # long enough not to end before the signal
+            ref_long = os.path.join(tmp, "reference_long")
+            subprocess.run([tessel] + BASE + ["--set", "train.epochs=150", "--run-dir", ref_long],
+                           check=True, capture_output=True)
             for launch in (True, False):
                 ok &= run_scenario("term launch" if launch else "usr1 mpirun", a.trials,
-                                   lambda: trial_term(tessel, tmp, reference, epochs, launch))
+                                   lambda: trial_term(tessel, tmp, sha(ref_long), 150, launch))
         if "kill" in only:
             ok &= run_scenario("kill", 2 * a.trials,
                                lambda: trial_kill(tessel, tmp, reference, epochs))

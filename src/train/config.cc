@@ -147,6 +147,8 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("train.log_every", train.log_every, "steps between progress lines and metrics records"),
       TESSEL_KEY("train.eval_train", train.eval_train, "also evaluate on the training set each epoch"),
       TESSEL_KEY("train.max_restarts", train.max_restarts, "ranks as threads: after a rank fails (an error, an injected fault, a rank stalled past comm.timeout_s), restart every rank from the newest in-memory snapshot or checkpoint, up to this many times (0: the run fails); under MPI use tessel launch --max-restarts"),
+      TESSEL_KEY("train.precision", parallel.precision, "fp32, bf16 or fp16: the type of activations, activation gradients, the parameter copy the blocks read and gradient messages; GEMMs in it with f32 sums; master weights, optimizer state, losses and norms f32; fp16 adds dynamic loss scaling (docs/mixed_precision.md)"),
+      TESSEL_KEY("train.recompute", parallel.recompute, "none, full or selective: full keeps only each block's input and reruns its forward during the backward; selective drops the large cheap tensors (attention probabilities, GELU outputs) and recomputes them (docs/recompute.md)"),
       TESSEL_KEY("checkpoint.every_epochs", checkpoint.every_epochs, "save every N epochs (0: off)"),
       TESSEL_KEY("checkpoint.every_steps", checkpoint.every_steps, "save every N steps (0: off); not with ps.mode async or ssp, whose workers meet only at epoch ends"),
       TESSEL_KEY("checkpoint.keep_last", checkpoint.keep_last, "checkpoints kept in the run folder"),
@@ -180,6 +182,8 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("debug.fail_rank", fault.fail_rank, "inject a failure on this world rank (-1: none), to test recovery; restarts (train.max_restarts, tessel launch) run without it"),
       TESSEL_KEY("debug.fail_step", fault.fail_step, "the injected failure happens right after this step (1-based)"),
       TESSEL_KEY("debug.fail_mode", fault.fail_mode, "throw (an error), kill (SIGKILL of the process), hang (the rank stops making progress) or stop (SIGSTOP of the process; MPI only)"),
+      TESSEL_KEY("debug.overflow_steps", parallel.overflow_steps, "train.precision = fp16: steps at which debug.overflow_rank's loss gradient is made inf, an injected overflow that every rank must skip"),
+      TESSEL_KEY("debug.overflow_rank", parallel.overflow_rank, "the worker rank that injects debug.overflow_steps"),
   };
   return keys;
 }
@@ -296,6 +300,17 @@ void validate(const Config& c) {
   require(!c.parallel.deterministic || c.train.batch % c.parallel.micro_shard == 0,
           str("train.deterministic needs train.batch (", c.train.batch,
               ") to be a multiple of ddp.micro_shard (", c.parallel.micro_shard, ")"));
+  require(c.parallel.precision == "fp32" || c.parallel.precision == "bf16" ||
+              c.parallel.precision == "fp16",
+          str("train.precision must be fp32, bf16 or fp16, got '", c.parallel.precision, "'"));
+  require(c.parallel.recompute == "none" || c.parallel.recompute == "full" ||
+              c.parallel.recompute == "selective",
+          str("train.recompute must be none, full or selective, got '", c.parallel.recompute, "'"));
+  require(c.parallel.overflow_steps.empty() || c.parallel.precision == "fp16",
+          str("debug.overflow_steps injects fp16 overflows, got train.precision = ",
+              c.parallel.precision, "; set train.precision = fp16 or clear debug.overflow_steps"));
+  require(c.parallel.overflow_rank >= 0,
+          str("debug.overflow_rank must be a worker rank >= 0, got ", c.parallel.overflow_rank));
   require(c.parallel.pp_stages >= 1, str("pp.stages must be >= 1, got ", c.parallel.pp_stages));
   require(c.parallel.tp_size >= 1, str("tp.size must be >= 1, got ", c.parallel.tp_size));
   require(c.parallel.pp_microbatches >= 1,

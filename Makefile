@@ -5,7 +5,7 @@ SANITIZE ?=
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: setup build test test-multihost demo bench clean sanitize-test
+.PHONY: setup build test test-multihost demo bench clean sanitize-test tsan-test
 
 setup:
 	@scripts/setup.sh
@@ -33,6 +33,14 @@ bench: build
 # The whole suite once under AddressSanitizer + UndefinedBehaviorSanitizer, in its own build folder.
 sanitize-test:
 	$(MAKE) test BUILD_DIR=build-asan BUILD_TYPE=Debug SANITIZE=address,undefined
+
+# The comm and parallel tests under ThreadSanitizer, in their own build folder.
+TSAN_TESTS = comm/comm_test comm/comm_failure_test comm/comm_conformance_test \
+             parallel/dp_test parallel/zero_test parallel/pipeline_test parallel/ps_test
+tsan-test: setup
+	cmake -S . -B build-tsan -G Ninja -DCMAKE_BUILD_TYPE=Debug -DTESSEL_SANITIZE=thread $(CMAKE_FLAGS)
+	cmake --build build-tsan -j $(JOBS) --target $(notdir $(TSAN_TESTS))
+	for t in $(TSAN_TESTS); do TSAN_OPTIONS=halt_on_error=1 build-tsan/tests/$$t || exit 1; done
 
 clean:
 	rm -rf $(BUILD_DIR) build-asan build-tsan

@@ -1,5 +1,6 @@
-// tessel command line: train, eval, predict, serve, config, ckpt export, bench comm. Library errors (tessel::Error) become a one-line
-// message on stderr and exit code 1; command-line misuse exits 2 with the usage text.
+// tessel command line: train, eval, predict, serve, config, ckpt export, bench comm, launch.
+// Library errors (tessel::Error) become a one-line message on stderr and exit code 1;
+// command-line misuse exits 2 with the usage text.
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -11,6 +12,7 @@
 #include <CLI/CLI.hpp>
 
 #include "infer_commands.h"
+#include "launch.h"
 #include "tessel/comm/bench.h"
 #include "tessel/comm/mpi.h"
 #include "tessel/comm/threads.h"
@@ -20,19 +22,31 @@
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/train/config.h"
 #include "tessel/train/evaluator.h"
+#include "tessel/train/recovery.h"
 #include "tessel/train/trainer.h"
 
 namespace {
 
 std::atomic<bool> g_interrupt{false};
+std::atomic<int> g_signal{0};
 
-void on_sigint(int) {
-  if (g_interrupt.exchange(true)) std::_Exit(130);  // a second Ctrl-C stops at once
+// SIGINT (Ctrl-C), SIGTERM (mpirun's Ctrl-C, Slurm preemption), SIGUSR1/SIGUSR2 (forwarded by
+// mpirun, Slurm's --signal): stop at the next step boundary with a checkpoint (docs/
+// fault_tolerance.md). A second signal stops at once.
+void on_stop_signal(int sig) {
+  if (g_interrupt.exchange(true)) std::_Exit(128 + sig);
+  g_signal.store(sig);
 }
 
+// The exit code of a run stopped by a signal: 130 after SIGINT, 143 after the others.
+int stopped_exit_code() { return g_signal.load() == SIGINT ? 130 : 143; }
+
 // Runs one training job on the layout the config asks for: one rank, ranks as threads of this
-// process, or this process as one rank of an MPI job. Returns rank 0's summary.
-nlohmann::json train_job(const tessel::train::Config& cfg, const tessel::train::RunOptions& opts) {
+// process, or this process as one rank of an MPI job. Returns the summary; *main is false on
+// the MPI ranks other than 0.
+nlohmann::json train_job(const tessel::train::Config& cfg, const tessel::train::RunOptions& opts,
+                         bool* main) {
+  *main = true;
   namespace comm = tessel::comm;
   comm::CommOptions co;
   co.timeout_s = cfg.comm.timeout_s;
@@ -45,28 +59,21 @@ nlohmann::json train_job(const tessel::train::Config& cfg, const tessel::train::
           "runtime.workers (--workers) is for ranks as threads; under mpirun use -np instead");
     comm::Communicator world = comm::mpi_world(co);
     tessel::train::RunOptions rank_opts = opts;
-    if (world.rank() != 0) rank_opts.progress = false;
-    tessel::train::Trainer trainer(cfg, rank_opts, &world);
-    nlohmann::json summary = trainer.run();
-    return world.rank() == 0 ? summary : nlohmann::json();
+    if (world.rank() != 0) rank_opts.progress = *main = false;
+    std::unique_ptr<tessel::train::Trainer> trainer;
+    try {
+      trainer = std::make_unique<tessel::train::Trainer>(cfg, rank_opts, &world);
+      return trainer->run();
+    } catch (const std::exception& e) {
+      // Before the trainer's calls in flight wait out their deadlines: every rank stops now.
+      world.abort(tessel::str("rank ", world.rank(), " failed: ", e.what()));
+      // Hear the other ranks' aborts while the world is open, so that fail() knows whether
+      // this error is a consequence of another rank's (the answer is remembered).
+      comm::mpi_failed_elsewhere();
+      throw;
+    }
   }
-  if (cfg.runtime.workers == 1) {
-    tessel::train::Trainer trainer(cfg, opts);
-    return trainer.run();
-  }
-  // Ranks as threads: each computes with one BLAS thread; the ranks are the parallelism.
-  if (cfg.runtime.threads > 1)
-    tessel::log_warn("runtime.threads = ", cfg.runtime.threads, " ignored: ", cfg.runtime.workers,
-                     " workers as threads each use one BLAS thread");
-  tessel::ops::set_blas_threads(1);
-  const tessel::data::Splits data = tessel::data::make_datasets(cfg.data);  // read once, shared
-  nlohmann::json summary;
-  comm::run_threads(cfg.runtime.workers, [&](comm::Communicator& world) {
-    tessel::train::Trainer trainer(cfg, opts, &world, &data);
-    nlohmann::json s = trainer.run();
-    if (world.rank() == 0) summary = s;
-  }, co);
-  return summary;
+  return tessel::train::train_threads(cfg, opts, co);  // ranks as threads (or one rank)
 }
 
 // A float32 .npy file (NumPy format 1.0): magic, header dict padded to 64 bytes, data.
@@ -98,6 +105,14 @@ void print_summary(const nlohmann::json& s) {
   }
 }
 
+// Reports an error that ends this process, once per job: under MPI a rank whose error is a
+// consequence of another rank's failure stays quiet, and the failing rank ends the whole job.
+int fail(const char* kind, const std::exception& e) {
+  if (!tessel::comm::mpi_failed_elsewhere()) std::fprintf(stderr, "tessel: %s: %s\n", kind, e.what());
+  tessel::comm::mpi_end_failed_job(e.what(), 1);
+  return 1;
+}
+
 // Everything the command line sets.
 struct Args {
   std::string config_path, run_dir, resume, checkpoint, logits_path, export_out, backend;
@@ -110,7 +125,7 @@ struct Args {
 };
 
 struct Commands {
-  CLI::App *train, *eval, *ckpt_export, *config, *bench_comm;
+  CLI::App *train, *eval, *ckpt_export, *config, *bench_comm, *launch;
   InferCommand predict, serve;
 };
 
@@ -183,6 +198,12 @@ Commands add_commands(CLI::App& app, Args& a) {
   c.config->add_option("config", a.config_path, "Config file (TOML)")->required();
   add_overrides(c.config, a);
   c.bench_comm = add_bench_comm(app, a);
+  c.launch = app.add_subcommand(
+      "launch",
+      "Run `train` under mpirun and restart it from its newest checkpoint when it fails: "
+      "tessel launch -np N [--min-np M] [--max-restarts K] [--hostfile FILE] "
+      "[--mpirun 'mpirun ARGS'] -- train CONFIG [options] (docs/fault_tolerance.md)");
+  c.launch->prefix_command();  // everything after `launch` is the launcher's to parse
   return c;
 }
 
@@ -193,13 +214,14 @@ int run_train(Args& a) {
   opts.stop_after = a.stop_after;
   opts.progress = !a.quiet;
   opts.interrupt = &g_interrupt;
-  std::signal(SIGINT, on_sigint);
+  for (int sig : {SIGINT, SIGTERM, SIGUSR1, SIGUSR2}) std::signal(sig, on_stop_signal);
   if (a.workers > 0) a.overrides.push_back("runtime.workers=" + std::to_string(a.workers));
   if (!a.backend.empty()) a.overrides.push_back("runtime.backend=" + a.backend);
-  nlohmann::json summary = train_job(tessel::train::load_config(a.config_path, a.overrides), opts);
-  if (summary.is_null()) return 0;  // not rank 0 of an MPI job
-  print_summary(summary);
-  return summary["completed"].get<bool>() || a.stop_after > 0 ? 0 : 130;
+  bool main = true;
+  nlohmann::json summary =
+      train_job(tessel::train::load_config(a.config_path, a.overrides), opts, &main);
+  if (main) print_summary(summary);
+  return summary["completed"].get<bool>() || a.stop_after > 0 ? 0 : stopped_exit_code();
 }
 
 // One process evaluates the whole model: checkpoints do not depend on the layout, so any
@@ -245,6 +267,7 @@ int run(const Commands& c, Args& a) {
     return 0;
   }
   if (*c.bench_comm) return run_bench_comm(a);
+  if (*c.launch) return tessel::app::run_launch(c.launch->remaining());
   if (*c.config)
     std::printf("%s", tessel::train::to_toml(tessel::train::load_config(a.config_path, a.overrides)).c_str());
   return 0;
@@ -266,10 +289,8 @@ int main(int argc, char** argv) {
   try {
     return run(commands, args);
   } catch (const tessel::Error& e) {
-    std::fprintf(stderr, "tessel: error: %s\n", e.what());
-    return 1;
+    return fail("error", e);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "tessel: internal error: %s\n", e.what());
-    return 1;
+    return fail("internal error", e);
   }
 }

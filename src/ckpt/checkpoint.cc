@@ -339,4 +339,14 @@ std::string resolve_checkpoint_dir(const std::string& path) {
                     "wrote or one of its step folders"));
 }
 
+std::vector<std::string> checkpoint_candidates(const std::string& path) {
+  const std::string first = resolve_checkpoint_dir(path);
+  std::vector<std::string> out = {first};
+  if (first == path) return out;  // a step folder: resolved to itself
+  const fs::path root = fs::path(first).parent_path();
+  for (const auto& [step, name] : step_dirs(root))
+    if ((root / name).string() != first) out.push_back((root / name).string());
+  return out;
+}
+
 }  // namespace tessel::ckpt

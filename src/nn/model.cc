@@ -121,9 +121,12 @@ void Model::finalize() {
       p->name = names_[i] + "." + p->name;
       parameters_.push_back(p);
       offsets_.push_back(numel_);
-      numel_ += aligned(shape_numel(p->shape));
       logical_offsets_.push_back(logical_numel_);
-      logical_numel_ += aligned(shape_numel(p->full_shape()));
+      if (__builtin_add_overflow(numel_, aligned(shape_numel(p->shape)), &numel_) ||
+          __builtin_add_overflow(logical_numel_, aligned(shape_numel(p->full_shape())),
+                                 &logical_numel_))
+        throw InvalidArgument(str("model: the parameters up to '", p->name,
+                                  "' have more elements than fit in 64 bits; use smaller sizes"));
     }
     block_params_.emplace_back(first, parameters_.size());
   }

@@ -2,12 +2,53 @@
 // blocks. Every problem is reported before any block is built.
 #include "tessel/nn/models.h"
 
+#include <unistd.h>
+
 #include "tessel/nn/layers.h"
 
 namespace tessel::nn {
 namespace {
 
-std::string list_str(const std::vector<int64_t>& v) { return shape_str(v); }
+std::string list_str(const std::vector<int64_t>& v) { return excerpt(shape_str(v)); }
+
+// a x b x ... for the size of a layer built from `key`; an overflow is an error naming it.
+int64_t checked_size(std::initializer_list<int64_t> factors, const std::string& key,
+                     const std::string& what) {
+  int64_t n = 1;
+  for (int64_t f : factors)
+    if (__builtin_mul_overflow(n, f, &n))
+      throw InvalidArgument(str("model: ", key, " makes ", what,
+                                " larger than fits in 64 bits; use smaller sizes"));
+  return n;
+}
+
+// The keys that size a model of this kind, with their values, for messages.
+std::string size_keys(const ModelSpec& spec) {
+  if (spec.kind == "mlp") return str("model.hidden = ", list_str(spec.hidden));
+  if (spec.kind == "cnn")
+    return str("model.channels = ", list_str(spec.channels), ", model.kernel = ", spec.kernel,
+               ", model.fc_hidden = ", spec.fc_hidden);
+  return str("model.layers = ", spec.layers, ", model.embed = ", spec.embed);
+}
+
+int64_t machine_memory_bytes() {
+  const long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGE_SIZE);
+  return pages > 0 && page > 0 ? static_cast<int64_t>(pages) * page : 0;
+}
+
+// The whole model's f32 parameters must fit this machine's memory: tessel eval and checkpoint
+// export hold them in one process.
+void check_fits_memory(const ModelSpec& spec, const Model& m) {
+  const double bytes = static_cast<double>(m.logical_numel()) * 4.0;  // all tp parts
+  const int64_t memory = machine_memory_bytes();
+  if (memory > 0 && bytes > static_cast<double>(memory))
+    throw InvalidArgument(str("model: the ", spec.kind, " of ", size_keys(spec), " has ",
+                              static_cast<double>(m.num_parameters()), " parameters (",
+                              bytes / (1ull << 30), " GiB as f32), more than the ",
+                              memory >> 30, " GiB of memory of this machine; lower ",
+                              size_keys(spec).substr(0, size_keys(spec).find(" =")),
+                              " (the whole model must fit one process for eval and export)"));
+}
 
 void require_positive(int64_t value, const char* key) {
   if (value <= 0)
@@ -57,6 +98,8 @@ void build_mlp(const ModelSpec& spec, TensorParallel* tp, Model& m) {
   int64_t in = spec.input_shape[0];
   for (size_t i = 0; i < spec.hidden.size(); ++i) {
     const std::string n = std::to_string(i + 1);
+    checked_size({in, spec.hidden[i]}, str("model.hidden = ", list_str(spec.hidden)),
+                 str("fc", n, ".weight (", in, " x ", spec.hidden[i], ")"));
     const bool column = i % 2 == 0;  // hidden layers cut column, row, column, ...
     if (tp && column && spec.hidden[i] % parts != 0)
       throw InvalidArgument(str("model: model.hidden[", i, "] = ", spec.hidden[i], " does not split over tp.size = ",
@@ -86,7 +129,13 @@ void build_cnn(const ModelSpec& spec, Model& m) {
   const int64_t k = spec.kernel, pad = k / 2;
   for (size_t i = 0; i < spec.channels.size(); ++i) {
     const std::string n = std::to_string(i + 1);
+    if (k > h || k > w)
+      throw InvalidArgument(str("model: model.kernel = ", k, " is larger than the ", h, "x", w,
+                                " image of cnn stage ", n,
+                                "; use a small odd kernel such as 3 or 5"));
     const int64_t oh = h + 2 * pad - k + 1, ow = w + 2 * pad - k + 1;
+    checked_size({spec.channels[i], c, k, k}, str("model.channels = ", list_str(spec.channels)),
+                 str("conv", n, ".weight"));
     if (oh < 2 || ow < 2)
       throw InvalidArgument(
           str("model: cnn stage ", n, " gets a ", h, "x", w, " image, too small for a ", k, "x", k,
@@ -98,6 +147,7 @@ void build_cnn(const ModelSpec& spec, Model& m) {
     w = (ow - 2) / 2 + 1;
   }
   m.add("flatten", std::make_unique<Flatten>());
+  checked_size({c, h, w, spec.fc_hidden}, str("model.fc_hidden = ", spec.fc_hidden), "fc1.weight");
   m.add("fc1", std::make_unique<Linear>(c * h * w, spec.fc_hidden));
   m.add("relu" + std::to_string(spec.channels.size() + 1), std::make_unique<ReLU>());
   if (spec.dropout > 0.0f) m.add("dropout", std::make_unique<Dropout>(spec.dropout));
@@ -116,6 +166,11 @@ void build_gpt(const ModelSpec& spec, TensorParallel* tp, Model& m) {
                               " and embed ", spec.embed,
                               "; pick heads among the divisors of embed"));
   const int64_t T = spec.input_shape[0], V = spec.num_classes, C = spec.embed;
+  checked_size({V, C}, str("model.embed = ", C), "the token embedding");
+  checked_size({T, C}, str("model.embed = ", C, " with data.context = ", T),
+               "the position embedding");
+  checked_size({12, C, C, spec.layers}, str("model.embed = ", C, " with model.layers = ", spec.layers),
+               "the transformer blocks");
   if (tp && spec.heads % tp->size() != 0)
     throw InvalidArgument(str("model: model.heads = ", spec.heads, " does not split over tp.size = ",
                               tp->size(), " ranks; use a multiple of ", tp->size(),
@@ -150,6 +205,7 @@ std::unique_ptr<Model> build_model(const ModelSpec& spec, TensorParallel* tp) {
   m->finalize();
   if (tp && tp->rank() > 0)
     for (Parameter* p : m->parameters()) p->split.replica = !p->is_split();
+  check_fits_memory(spec, *m);
   return m;
 }
 

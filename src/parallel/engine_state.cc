@@ -48,8 +48,7 @@ std::vector<nn::Run> counted_runs(const nn::Model& model, nn::Range r) {
 
 }  // namespace
 
-ckpt::ShardFile write_state_shard(const std::string& dir, int rank, const StateView& view,
-                                  const nn::Model& model) {
+std::vector<ckpt::ShardSlice> state_slices(const StateView& view, const nn::Model& model) {
   std::vector<ckpt::ShardSlice> slices;
   for (const nn::Range& r : view.owned)
     for (const nn::Run& run : counted_runs(model, r)) {
@@ -62,7 +61,12 @@ ckpt::ShardFile write_state_shard(const std::string& dir, int rank, const StateV
         slices.push_back({buf.name + "/" + name, run.logical,
                           buf.values.view(view.state_offset(o), {run.count})});
     }
-  return ckpt::write_shard(dir, rank, slices);
+  return slices;
+}
+
+ckpt::ShardFile write_state_shard(const std::string& dir, int rank, const StateView& view,
+                                  const nn::Model& model) {
+  return ckpt::write_shard(dir, rank, state_slices(view, model));
 }
 
 StateView Engine::state() {

@@ -11,7 +11,10 @@ constexpr size_t kAlignBytes = 64;
 
 int64_t shape_numel(const Shape& shape) {
   int64_t n = 1;
-  for (int64_t d : shape) n *= d;
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(n, d, &n)) [[unlikely]]
+      throw InvalidArgument(str("tensor: shape ", shape_str(shape),
+                                " has more elements than fit in 64 bits; use smaller sizes"));
   return n;
 }
 
@@ -32,8 +35,13 @@ Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   }
   data_ = std::aligned_alloc(kAlignBytes, rounded);
   if (data_ == nullptr) {
+    const MemCategory category = current_category();
     free_own();
-    throw std::bad_alloc();
+    throw MemoryLimitError(str("memory: allocating ", bytes, " bytes of ",
+                               mem_category_name(category),
+                               " failed: this machine is out of memory; make the model or the "
+                               "batch smaller, or spread them over more ranks (zero.stage, "
+                               "pp.stages)"));
   }
   std::memset(data_, 0, rounded);
 }
@@ -59,6 +67,10 @@ void Storage::rebind(void* data, std::shared_ptr<void> keep) {
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {
   for (int64_t d : shape)
     if (d < 0) throw InvalidArgument(str("tensor: negative dimension in shape ", shape_str(shape)));
+  size_t bytes = 0;
+  if (__builtin_mul_overflow(static_cast<size_t>(shape_numel(shape)), dtype_size(dtype), &bytes))
+    throw InvalidArgument(str("tensor: shape ", shape_str(shape), " of ", dtype_name(dtype),
+                              " has more bytes than fit in 64 bits; use smaller sizes"));
   Tensor t;
   t.shape_ = std::move(shape);
   t.dtype_ = dtype;

@@ -1,6 +1,7 @@
 #include "tessel/train/checkpointer.h"
 
 #include <algorithm>
+#include <memory>
 #include <numeric>
 
 #include <nlohmann/json.hpp>
@@ -16,7 +17,7 @@ using nlohmann::json;
 
 // Reads arena range r of tensor family `prefix` ("" for values, "exp_avg/" ...) into dst
 // (elements that are padding stay as they are).
-void read_range(const ckpt::CheckpointReader& reader, const nn::Model& model,
+void read_range(const ckpt::CheckpointSource& reader, const nn::Model& model,
                 const std::string& prefix, nn::Range r, float* dst) {
   for (const nn::Run& run : model.runs(r))
     reader.read(prefix + model.parameters()[run.param]->name, run.logical, run.count,
@@ -24,7 +25,7 @@ void read_range(const ckpt::CheckpointReader& reader, const nn::Model& model,
 }
 
 // Every parameter of the model is in the checkpoint with the model's (whole) shape.
-void check_parameters(const ckpt::CheckpointReader& reader, const nn::Model& model) {
+void check_parameters(const ckpt::CheckpointSource& reader, const nn::Model& model) {
   const ckpt::Manifest& m = reader.manifest();
   for (const nn::Parameter* p : model.parameters()) {
     auto it = std::find_if(m.parameters.begin(), m.parameters.end(),
@@ -49,17 +50,25 @@ std::vector<std::string> state_buffer_names(const optim::OptimSpec& spec) {
 Checkpointer::Checkpointer(const Config& config, parallel::Engine& engine)
     : config_(config), engine_(engine), model_(engine.model()) {}
 
+ckpt::Manifest Checkpointer::manifest() const {
+  ckpt::Manifest m;
+  m.model_kind = config_.model.kind;
+  for (const nn::Parameter* p : model_.parameters())
+    m.parameters.push_back({p->name, p->full_shape()});
+  m.optimizer_kind = config_.optim.kind;
+  m.state_buffers = state_buffer_names(config_.optim);
+  return m;
+}
+
 std::string Checkpointer::save(const std::string& run_dir, int64_t step,
                                const std::string& trainer_json) {
   const std::string dir = engine_.is_main() ? ckpt::begin_checkpoint(run_dir, step) : std::string();
-  ckpt::Manifest m;
-  const std::vector<ckpt::ShardFile> shards = engine_.write_shards(dir, &m.optimizer_steps);
+  int64_t optimizer_steps = 0;
+  const std::vector<ckpt::ShardFile> shards = engine_.write_shards(dir, &optimizer_steps);
   std::string committed;
   if (engine_.is_main()) {
-    m.model_kind = config_.model.kind;
-    for (const nn::Parameter* p : model_.parameters()) m.parameters.push_back({p->name, p->full_shape()});
-    m.optimizer_kind = config_.optim.kind;
-    m.state_buffers = state_buffer_names(config_.optim);
+    ckpt::Manifest m = manifest();
+    m.optimizer_steps = optimizer_steps;
     m.shards = shards;
     committed = ckpt::commit_checkpoint(run_dir, dir, step, m, trainer_json,
                                         config_.checkpoint.keep_last);
@@ -71,8 +80,46 @@ std::string Checkpointer::save(const std::string& run_dir, int64_t step,
   return committed;
 }
 
-std::string Checkpointer::restore(const std::string& path) {
-  const ckpt::CheckpointReader reader(path);
+void Checkpointer::snapshot(Snapshots& snapshots, int64_t step, const std::string& trainer_json) {
+  const parallel::StateView view = engine_.state();
+  snapshots.add(step, engine_.rank(), manifest(), parallel::state_slices(view, model_),
+                view.optimizer ? view.optimizer->steps() : 0, trainer_json);
+}
+
+std::string Checkpointer::restore(const std::string& path, std::string* dir) {
+  // Every rank opens (and so verifies) the first candidate it can, from `first` on; the
+  // ranks then agree on the oldest of their picks, and open that one if it was not theirs.
+  const std::vector<std::string> candidates = ckpt::checkpoint_candidates(path);
+  std::unique_ptr<ckpt::CheckpointReader> reader;
+  std::string damage;  // why the newest candidate was passed over
+  size_t first = 0;
+  for (;;) {
+    size_t pick = first;
+    for (reader.reset(); pick < candidates.size(); ++pick) {
+      try {
+        reader = std::make_unique<ckpt::CheckpointReader>(candidates[pick]);
+        break;
+      } catch (const IoError& e) {
+        if (damage.empty()) damage = e.what();
+      }
+    }
+    double picks[2] = {static_cast<double>(pick), -static_cast<double>(pick)};
+    if (!engine_.ps()) engine_.max(picks, 2);  // parameter servers: each rank on its own
+    if (picks[0] >= static_cast<double>(candidates.size()))
+      throw IoError(candidates.size() == 1 ? damage
+                                           : str(damage, "; no older checkpoint next to it is "
+                                                         "intact either"));
+    first = static_cast<size_t>(picks[0]);
+    if (-picks[1] == picks[0]) break;
+  }
+  if (first > 0)
+    log_warn(damage, "; resuming from the previous complete checkpoint ",
+             candidates[first], " instead");
+  *dir = candidates[first];
+  return restore(*reader);
+}
+
+std::string Checkpointer::restore(const ckpt::CheckpointSource& reader) {
   const ckpt::Manifest& m = reader.manifest();
   if (m.model_kind != config_.model.kind)
     throw IoError(str("checkpoint: ", reader.dir(), " holds a ", m.model_kind, " model, the config a ",

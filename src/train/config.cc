@@ -146,11 +146,13 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("train.prefetch", train.prefetch, "batches loaded ahead by a background thread (0: none; -1: 2 when this host has a spare core for it, else 0)"),
       TESSEL_KEY("train.log_every", train.log_every, "steps between progress lines and metrics records"),
       TESSEL_KEY("train.eval_train", train.eval_train, "also evaluate on the training set each epoch"),
+      TESSEL_KEY("train.max_restarts", train.max_restarts, "ranks as threads: after a rank fails (an error, an injected fault, a rank stalled past comm.timeout_s), restart every rank from the newest in-memory snapshot or checkpoint, up to this many times (0: the run fails); under MPI use tessel launch --max-restarts"),
       TESSEL_KEY("train.precision", parallel.precision, "fp32, bf16 or fp16: the type of activations, activation gradients, the parameter copy the blocks read and gradient messages; GEMMs in it with f32 sums; master weights, optimizer state, losses and norms f32; fp16 adds dynamic loss scaling (docs/mixed_precision.md)"),
       TESSEL_KEY("train.recompute", parallel.recompute, "none, full or selective: full keeps only each block's input and reruns its forward during the backward; selective drops the large cheap tensors (attention probabilities, GELU outputs) and recomputes them (docs/recompute.md)"),
       TESSEL_KEY("checkpoint.every_epochs", checkpoint.every_epochs, "save every N epochs (0: off)"),
       TESSEL_KEY("checkpoint.every_steps", checkpoint.every_steps, "save every N steps (0: off); not with ps.mode async or ssp, whose workers meet only at epoch ends"),
       TESSEL_KEY("checkpoint.keep_last", checkpoint.keep_last, "checkpoints kept in the run folder"),
+      TESSEL_KEY("checkpoint.snapshot_steps", checkpoint.snapshot_steps, "ranks as threads with train.max_restarts > 0: every N steps each rank copies its state into an in-memory snapshot, so that a rank failure loses at most N steps and reads no disk (0: off; restarts then use the newest checkpoint)"),
       TESSEL_KEY("runtime.threads", runtime.threads, "BLAS threads of this process"),
       TESSEL_KEY("runtime.workers", runtime.workers, "ranks run as threads of this process (same as --workers)"),
       TESSEL_KEY("runtime.backend", runtime.backend, "auto, threads or mpi (auto: mpi when started by an MPI launcher)"),
@@ -193,6 +195,9 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("serve.timeout_s", serve.timeout_s, "a request not answered in this many seconds gets 504"),
       TESSEL_KEY("debug.slow_rank", parallel.slow_rank, "worker rank that sleeps debug.delay_ms in every step (parameter-server training) or before every chunk (predict), to study stragglers (-1: none)"),
       TESSEL_KEY("debug.delay_ms", parallel.delay_ms, "milliseconds debug.slow_rank sleeps in every step or chunk"),
+      TESSEL_KEY("debug.fail_rank", fault.fail_rank, "inject a failure on this world rank (-1: none), to test recovery; restarts (train.max_restarts, tessel launch) run without it"),
+      TESSEL_KEY("debug.fail_step", fault.fail_step, "the injected failure happens right after this step (1-based)"),
+      TESSEL_KEY("debug.fail_mode", fault.fail_mode, "throw (an error), kill (SIGKILL of the process), hang (the rank stops making progress) or stop (SIGSTOP of the process; MPI only)"),
       TESSEL_KEY("debug.overflow_steps", parallel.overflow_steps, "train.precision = fp16: steps at which debug.overflow_rank's loss gradient is made inf, an injected overflow that every rank must skip"),
       TESSEL_KEY("debug.overflow_rank", parallel.overflow_rank, "the worker rank that injects debug.overflow_steps"),
       TESSEL_KEY("debug.kill_rank", infer.kill_rank, "predict worker that dies after debug.kill_after chunks, to test re-runs and --resume (threads: its thread fails; mpi: its process is killed; -1: none)"),
@@ -374,6 +379,21 @@ void validate(const Config& c) {
           str("runtime.threads must be in [1, 256], got ", c.runtime.threads));
   require(c.data.test_fraction >= 0 && c.data.test_fraction < 1,
           str("data.test_fraction must be in [0, 1), got ", c.data.test_fraction));
+  require(c.train.max_restarts >= 0,
+          str("train.max_restarts must be >= 0, got ", c.train.max_restarts));
+  require(c.checkpoint.snapshot_steps >= 0,
+          str("checkpoint.snapshot_steps must be >= 0 (0 = off), got ", c.checkpoint.snapshot_steps));
+  require(c.checkpoint.snapshot_steps == 0 || c.parallel.ps_servers == 0,
+          "checkpoint.snapshot_steps needs every rank to train steps, but parameter servers only "
+          "serve; use checkpoint.every_steps with ps.servers > 0");
+  require(c.fault.fail_rank >= -1,
+          str("debug.fail_rank must be a rank or -1 (none), got ", c.fault.fail_rank));
+  require(c.fault.fail_rank < 0 || c.fault.fail_step >= 1,
+          str("debug.fail_step must be >= 1 with debug.fail_rank set, got ", c.fault.fail_step));
+  require(c.fault.fail_mode == "throw" || c.fault.fail_mode == "kill" ||
+              c.fault.fail_mode == "hang" || c.fault.fail_mode == "stop",
+          str("debug.fail_mode must be throw, kill, hang or stop, got '", excerpt(c.fault.fail_mode),
+              "'"));
 }
 
 }  // namespace

@@ -16,6 +16,7 @@
 #include "tessel/parallel/parameter_server.h"
 #include "tessel/train/checkpointer.h"
 #include "tessel/train/progress.h"
+#include "tessel/train/recovery.h"
 
 namespace tessel::train {
 
@@ -186,7 +187,8 @@ EvalResult Trainer::evaluate(const data::Dataset& dataset) {
 }
 
 bool Trainer::agree_stop() {
-  double interrupt = options_.interrupt != nullptr && options_.interrupt->load() ? 1 : 0;
+  if (options_.interrupt == nullptr) return false;
+  double interrupt = options_.interrupt->load() ? 1 : 0;
   engine_->max(&interrupt, 1);
   return interrupt > 0;
 }
@@ -214,11 +216,13 @@ void Trainer::train_epoch(State& s, double& epoch_train_seconds, bool& stopped) 
     s.train_samples += s.epoch_sums.samples - counted;
     for (const data::Batch& b : group) window_samples += b.global_size;
     s.batch_in_epoch += static_cast<int64_t>(got);
-    // Collective on every rank at the same steps: global metrics, and whether to stop.
+    // Collective on every rank at the same steps: global metrics, and whether to stop (every
+    // step, so that a signal to any rank stops them all at the next step boundary).
+    stopped = agree_stop();
+    inject_fault(config_.fault, *world_, step_);
     if (step_ % config_.train.log_every == 0 || step_ == total_steps_) {
       const double now = now_seconds();
       const EvalResult m = global_mean(s.epoch_sums);
-      stopped = agree_stop();
       progress_->train_line(s.epoch, step_, total_steps_, m, lr_at(step_ - 1),
                             window_samples / std::max(1e-9, now - window_start),
                             static_cast<double>((total_steps_ - step_) * global_batch));
@@ -227,7 +231,10 @@ void Trainer::train_epoch(State& s, double& epoch_train_seconds, bool& stopped) 
     }
     if (options_.stop_after > 0 && step_ - start_step_ >= options_.stop_after) stopped = true;
     if (stopped) return;
-    if (config_.checkpoint.every_steps > 0 && step_ % config_.checkpoint.every_steps == 0) save(s);
+    if (config_.checkpoint.every_steps > 0 && step_ % config_.checkpoint.every_steps == 0)
+      save(s);
+    else if (options_.snapshots && step_ % config_.checkpoint.snapshot_steps == 0)
+      save(s, /*to_disk=*/false);
   }
 }
 
@@ -261,10 +268,11 @@ json Trainer::run() {
   MemoryScope memory(ledger_, MemCategory::kOther);
   const double wall_start = now_seconds();
   State s;
-  if (!options_.resume.empty()) restore(options_.resume, s);
+  const bool resuming = !options_.resume.empty() || options_.resume_snapshot;
+  if (resuming) restore(options_.resume, s);
   if (engine_->ps() && engine_->ps()->is_server())  // serves the workers until they finish
     return engine_->ps()->serve([this](int64_t step) { return lr_at(step); });
-  progress_->start_log(options_.resume.empty());
+  progress_->start_log(!resuming);
   if (engine_->is_main())
     std::ofstream(fs::path(run_dir_) / "config.toml") << to_toml(config_);
   engine_->start();

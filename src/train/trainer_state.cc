@@ -7,13 +7,15 @@
 #include "tessel/parallel/parameter_server.h"
 #include "tessel/train/checkpointer.h"
 #include "tessel/train/progress.h"
+#include "tessel/train/recovery.h"
+#include "tessel/train/snapshots.h"
 #include "tessel/train/trainer.h"
 
 namespace tessel::train {
 
 using nlohmann::json;
 
-void Trainer::save(const State& s) {
+void Trainer::save(const State& s, bool to_disk) {
   // Collective: the running sums are per rank; the checkpoint holds their global totals.
   double totals[4] = {s.epoch_sums.loss, s.epoch_sums.accuracy,
                       static_cast<double>(s.epoch_sums.samples), static_cast<double>(s.train_samples)};
@@ -30,7 +32,6 @@ void Trainer::save(const State& s) {
             {"world_size", world_->size()},
             {"layout", engine_->layout().str()},
             {"zero_stage", config_.parallel.zero_stage},
-            {"params_sha256", engine_->params_sha256()},
             {"config_name", config_.name},
             {"batch_rows", batch_rows_}};  // the unit of batch_in_epoch
   if (!lockstep_) t["worker_batches"] = batches_done_;
@@ -38,12 +39,19 @@ void Trainer::save(const State& s) {
     t["loss_scaler"] = {{"scale", ls->scale()},
                         {"growth_tracker", ls->growth_tracker()},
                         {"skipped", ls->skipped()}};
-  checkpointer_->save(run_dir_, step_, t.dump(2));
+  if (to_disk) {
+    t["params_sha256"] = engine_->params_sha256();  // checked after a resume
+    checkpointer_->save(run_dir_, step_, t.dump(2));
+  }
+  if (options_.snapshots) checkpointer_->snapshot(*options_.snapshots, step_, t.dump(2));
 }
 
 void Trainer::restore(const std::string& path, State& s) {
-  const std::string text = checkpointer_->restore(path);
-  const std::string dir = ckpt::resolve_checkpoint_dir(path);
+  std::string dir;
+  const std::string text = options_.resume_snapshot
+                               ? checkpointer_->restore(*options_.snapshots->latest())
+                               : checkpointer_->restore(path, &dir);
+  if (options_.resume_snapshot) dir = options_.snapshots->latest()->dir();
   try {
     const json t = json::parse(text);
     step_ = t.at("step").get<int64_t>();
@@ -74,6 +82,7 @@ void Trainer::restore(const std::string& path, State& s) {
       ls->restore(l.at("scale").get<float>(), l.at("growth_tracker").get<int64_t>(),
                   l.at("skipped").get<int64_t>());
     }
+    check_restored_params(*engine_, t.value("params_sha256", ""), dir);
   } catch (const json::exception& e) {
     throw IoError(str("checkpoint: ", dir, "/trainer.json is corrupt (", e.what(),
                       "); resume from an older checkpoint"));

@@ -74,6 +74,31 @@ TEST(Deadline, StuckPeerGivesCommErrorOnEveryOtherRank) {
   EXPECT_TRUE(out[3].error.empty());
 }
 
+// The ranks that time out name the rank that stopped making progress (from its heartbeat:
+// the call it entered last), not the ring neighbour each of them waits for.
+TEST(Deadline, NamesTheStalledRankNotTheNeighbour) {
+  CommOptions options;
+  options.timeout_s = 0.5;
+  auto out = run_and_collect(5, options, [&](Communicator& c) {
+    std::vector<float> buf(1000, 1.0f);
+    c.allreduce(buf.data(), buf.size(), ElemType::kF32, ReduceOp::kSum, {Algorithm::kRing});
+    if (c.rank() == 2) {  // stalls outside any call
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+      return;
+    }
+    c.allreduce(buf.data(), buf.size(), ElemType::kF32, ReduceOp::kSum, {Algorithm::kRing});
+  });
+  int timed_out = 0;
+  for (int r : {0, 1, 3, 4}) {
+    SCOPED_TRACE(r);
+    if (!contains(out[r].error, "before the deadline")) continue;
+    ++timed_out;
+    EXPECT_TRUE(contains(out[r].error, "rank 2 stopped making progress")) << out[r].error;
+    EXPECT_TRUE(contains(out[r].error, "it last entered allreduce #0")) << out[r].error;
+  }
+  EXPECT_GE(timed_out, 1);
+}
+
 TEST(Deadline, PointToPointRecvFromSilentPeer) {
   CommOptions options;
   options.timeout_s = 0.3;

@@ -16,6 +16,7 @@
 // checkpoint of one world size, ZeRO stage or pipeline split resumes on another.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -70,26 +71,37 @@ std::string commit_checkpoint(const std::string& run_dir, const std::string& dir
                               const Manifest& manifest, const std::string& trainer_json,
                               int keep_last = 2);
 
+// What restoring needs of a checkpoint, wherever it is: its manifest, trainer.json and any
+// slice of any tensor. CheckpointReader reads a step folder; MemoryCheckpoint is held in memory.
+class CheckpointSource {
+ public:
+  virtual ~CheckpointSource() = default;
+  virtual const std::string& dir() const = 0;  // where it is, for messages
+  virtual const Manifest& manifest() const = 0;
+  virtual const std::string& trainer_json() const = 0;
+  // Elements [begin, begin + count) of the flattened tensor `name` into dst. Throws IoError
+  // naming the tensor and the missing elements when the checkpoint does not cover them all.
+  virtual void read(const std::string& name, int64_t begin, int64_t count, float* dst) const = 0;
+};
+
 // A committed checkpoint opened for reading. Construction reads manifest.json and
 // trainer.json and every shard file's header, and checks every shard file's size and SHA-256
 // against the manifest; a mismatch is an IoError naming the file. Tensor data is read on
 // demand, so no more than the slices asked for is ever in memory.
-class CheckpointReader {
+class CheckpointReader final : public CheckpointSource {
  public:
   // `path` is a run folder (uses checkpoints/latest), a checkpoints folder, or one step folder.
   explicit CheckpointReader(const std::string& path);
-  ~CheckpointReader();
+  ~CheckpointReader() override;
   CheckpointReader(const CheckpointReader&) = delete;
   CheckpointReader& operator=(const CheckpointReader&) = delete;
 
-  const std::string& dir() const { return dir_; }
-  const Manifest& manifest() const { return manifest_; }
-  const std::string& trainer_json() const { return trainer_json_; }
+  const std::string& dir() const override { return dir_; }
+  const Manifest& manifest() const override { return manifest_; }
+  const std::string& trainer_json() const override { return trainer_json_; }
   bool has(const std::string& name) const;
-  // Elements [begin, begin + count) of the flattened tensor `name` into dst, from whichever
-  // shards hold them. Throws IoError naming the tensor and the missing elements when the
-  // checkpoint does not cover them all.
-  void read(const std::string& name, int64_t begin, int64_t count, float* dst) const;
+  // From whichever shards hold the elements.
+  void read(const std::string& name, int64_t begin, int64_t count, float* dst) const override;
 
  private:
   struct Piece;  // one slice in one shard file
@@ -108,6 +120,37 @@ void export_model(const std::string& path, const std::string& out_path);
 
 // `path` as CheckpointReader resolves it: the step folder, without reading tensors.
 std::string resolve_checkpoint_dir(const std::string& path);
+// The step folders a resume from `path` may use, best first: for a run or checkpoints folder,
+// the one CheckpointReader resolves, then every other committed step folder, newest first
+// (the fallbacks when it is damaged); for a step folder, just that one.
+std::vector<std::string> checkpoint_candidates(const std::string& path);
+
+// A checkpoint held in memory (an in-memory snapshot): a buffer per tensor of the manifest
+// (parameters and per-element optimizer state), filled by any number of writers with their
+// slices, which are copied. add() may run on several threads at once if their slices do not
+// overlap. read() serves a tensor only once its every element was written.
+class MemoryCheckpoint final : public CheckpointSource {
+ public:
+  MemoryCheckpoint(std::string name, Manifest manifest);
+  void add(const std::vector<ShardSlice>& slices);
+  void set_trainer_json(std::string text) { trainer_json_ = std::move(text); }
+  void set_optimizer_steps(int64_t steps) { manifest_.optimizer_steps = steps; }
+
+  const std::string& dir() const override { return name_; }
+  const Manifest& manifest() const override { return manifest_; }
+  const std::string& trainer_json() const override { return trainer_json_; }
+  void read(const std::string& name, int64_t begin, int64_t count, float* dst) const override;
+
+ private:
+  struct Buffer {
+    std::vector<float> values;
+    std::atomic<int64_t> written{0};
+  };
+  std::string name_;
+  Manifest manifest_;
+  std::string trainer_json_;
+  std::map<std::string, Buffer> buffers_;  // built in the constructor, never resized
+};
 
 // Writes `bytes` to path via a temporary file in the same folder, fsync and rename.
 void write_file_atomic(const std::string& path, const std::string& bytes);

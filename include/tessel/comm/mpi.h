@@ -5,6 +5,8 @@
 // collectives (Algorithm::kNative) call MPI_Allreduce and friends directly.
 #pragma once
 
+#include <string>
+
 #include "tessel/comm/communicator.h"
 
 namespace tessel::comm {
@@ -19,5 +21,19 @@ Communicator mpi_world(const CommOptions& options = {});
 
 // The MPI thread level granted ("MPI_THREAD_MULTIPLE", ...), "" before initialisation.
 const char* mpi_thread_level();
+
+// Ends this process after an error it cannot recover from, so that the whole MPI job ends at
+// once instead of waiting out deadlines: every family of groups is aborted (the other ranks
+// learn of it within a heartbeat and stop with a CommError), and then this rank calls
+// MPI_Abort(MPI_COMM_WORLD, exit_code), never MPI_Finalize, which would wait for the failed
+// ranks. A rank whose error is a consequence of another rank's failure (mpi_failed_elsewhere)
+// exits with exit_code quietly instead: that rank ends the job. Returns when MPI is not
+// running or the job has one rank. Only main should call it.
+void mpi_end_failed_job(const std::string& reason, int exit_code);
+// Whether this process learnt of a failure from another rank's abort message before failing
+// itself: its own error is then a consequence, which the other rank reports. Listens for 0.2 s
+// on the control channels of the groups still open; a true answer is remembered, so call it
+// once before closing the world and again when reporting.
+bool mpi_failed_elsewhere();
 
 }  // namespace tessel::comm

@@ -10,9 +10,16 @@
 
 namespace tessel {
 
+namespace detail {
+// Messages longer than kMaxMessage keep their start and end (what failed and what to do) and
+// lose the middle, where a huge echoed value would sit.
+constexpr size_t kMaxMessage = 2000;
+std::string cut_message(const std::string& what);
+}  // namespace detail
+
 class Error : public std::runtime_error {
  public:
-  explicit Error(const std::string& what) : std::runtime_error(what) {}
+  explicit Error(const std::string& what) : std::runtime_error(detail::cut_message(what)) {}
 };
 // A caller passed something impossible: a bad config value, shape or layout.
 class InvalidArgument : public Error {
@@ -42,6 +49,10 @@ std::string str(Args&&... args) {
   (os << ... << std::forward<Args>(args));
   return os.str();
 }
+
+// A value as a message echoes it: whole up to 80 characters, else its first 60, "..." and its
+// length, so that a 100,000-character value does not flood the terminal.
+std::string excerpt(const std::string& value);
 
 namespace detail {
 [[noreturn]] void check_failed(const char* file, int line, const char* cond, const std::string& msg);

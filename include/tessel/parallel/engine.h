@@ -56,8 +56,10 @@ struct StateView {
   std::function<int64_t(nn::Range)> state_offset;  // a range's place in the optimizer state
 };
 
-// Writes this rank's shard of a checkpoint (its owned values and optimizer state, sliced by
-// parameter) into dir as writer `rank`.
+// This rank's part of a checkpoint: its owned values (copied) and optimizer state (views of
+// the live buffers), sliced by parameter.
+std::vector<ckpt::ShardSlice> state_slices(const StateView& view, const nn::Model& model);
+// Writes this rank's shard of a checkpoint (state_slices) into dir as writer `rank`.
 ckpt::ShardFile write_state_shard(const std::string& dir, int rank, const StateView& view,
                                   const nn::Model& model);
 

@@ -9,6 +9,7 @@
 
 #include "tessel/nn/model.h"
 #include "tessel/parallel/engine.h"
+#include "tessel/train/snapshots.h"
 #include "tessel/train/config.h"
 
 namespace tessel::train {
@@ -22,13 +23,22 @@ class Checkpointer {
   // folder (on rank 0; empty elsewhere).
   std::string save(const std::string& run_dir, int64_t step, const std::string& trainer_json);
   // Loads what this rank holds from the checkpoint at `path` (a run folder, checkpoints folder
-  // or step folder) and returns its trainer.json.
-  std::string restore(const std::string& path);
+  // or step folder) and returns its trainer.json; *dir receives the step folder used. When the
+  // newest step folder of a run fails its checks, the newest older one that passes them is
+  // used instead, with a warning (collective over the training ranks: all use the same one).
+  std::string restore(const std::string& path, std::string* dir);
+  // The same from a checkpoint anywhere (e.g. an in-memory snapshot).
+  std::string restore(const ckpt::CheckpointSource& source);
+  // This rank's part of the in-memory snapshot of step `step` (ranks as threads; no
+  // communication). trainer_json counts from rank 0 only.
+  void snapshot(Snapshots& snapshots, int64_t step, const std::string& trainer_json);
   // The weights (only) of the checkpoint at `path` into the model's bound parameter values:
   // all of a materialized model, or the blocks a pipeline stage holds.
   static void load_weights(const std::string& path, nn::Model& model);
 
  private:
+  ckpt::Manifest manifest() const;  // the model and optimizer, without shards and steps
+
   const Config& config_;
   parallel::Engine& engine_;
   nn::Model& model_;

@@ -28,12 +28,21 @@ struct TrainSpec {
   int prefetch = -1;          // batches loaded ahead by a background thread; -1: auto
   int64_t log_every = 50;     // steps between progress lines / metrics records
   bool eval_train = false;    // also evaluate on the training set after each epoch
+  int max_restarts = 0;       // ranks as threads: restarts after a rank failure (recovery.h)
 };
 
 struct CheckpointSpec {
   int64_t every_epochs = 1;   // 0 = never by epoch
   int64_t every_steps = 0;    // 0 = never by step
   int keep_last = 2;
+  int64_t snapshot_steps = 0;  // ranks as threads: in-memory snapshot every N steps (0 = never)
+};
+
+// debug.fail_*: a failure injected at a step boundary, to test recovery (recovery.h).
+struct FaultSpec {
+  int fail_rank = -1;               // world rank that fails, -1: none
+  int64_t fail_step = 0;            // right after this step (1-based)
+  std::string fail_mode = "throw";  // throw | kill | hang | stop
 };
 
 struct RuntimeSpec {
@@ -87,6 +96,7 @@ struct Config {
   ServeSpec serve;
   parallel::ParallelSpec parallel;  // sections ddp, zero, pp, ps, debug (and train.deterministic,
                                     // runtime.memory_limit_mb)
+  FaultSpec fault;                  // debug.fail_*
 };
 
 // Reads and validates a config file; overrides are "section.key=value" (value in TOML syntax,

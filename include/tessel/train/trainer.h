@@ -29,15 +29,20 @@ namespace tessel::train {
 
 class Checkpointer;
 class Progress;
+class Snapshots;
 
 struct RunOptions {
   std::string run_dir;      // empty: runs/<config name>
   std::string resume;       // run folder or checkpoint folder to continue from; empty: fresh
   int64_t stop_after = 0;   // > 0: stop after this many steps of this invocation (checkpointed)
   bool progress = true;     // print progress (a live line on a terminal, plain lines otherwise)
-  // Set from another thread (e.g. a SIGINT handler) to stop at the next step boundary with a
+  // Set from another thread (e.g. a signal handler) to stop at the next step boundary with a
   // checkpoint. May be null.
   const std::atomic<bool>* interrupt = nullptr;
+  // Ranks as threads (train/recovery.h): every rank adds its part of an in-memory snapshot
+  // here every checkpoint.snapshot_steps steps and at every checkpoint; null: none.
+  Snapshots* snapshots = nullptr;
+  bool resume_snapshot = false;  // restore from snapshots' newest instead of `resume`
 };
 
 class Trainer {
@@ -81,7 +86,8 @@ class Trainer {
                  nlohmann::json& epoch_records, EvalResult& last_test, int64_t& last_test_step);
   void train_piece(const parallel::Piece& piece, EvalResult& sums);
   bool agree_stop();  // collective: whether any rank was interrupted
-  void save(const State& s);
+  // A checkpoint (to_disk) and an in-memory snapshot (with options_.snapshots) of state s.
+  void save(const State& s, bool to_disk = true);
   void restore(const std::string& path, State& s);
   EvalResult global_mean(const EvalResult& local_sums);
   float lr_at(int64_t step) const;

@@ -18,8 +18,9 @@ namespace tessel::comm::mpi_detail {
 // The one place MPI error codes become exceptions (CommError naming the call).
 void check(int rc, const char* call);
 
-// Initialises MPI once (MPI_THREAD_MULTIPLE requested) and registers finalisation at exit.
-void ensure_initialized();
+// Initialises MPI once (MPI_THREAD_MULTIPLE requested; a rank that does not join within
+// timeout_s ends the job) and registers finalisation at exit.
+void ensure_initialized(double timeout_s);
 bool thread_multiple();
 int tag_upper_bound();
 
@@ -34,7 +35,8 @@ class Guard {
 };
 
 // Bounds a blocking MPI call that cannot be interrupted: if it is still armed at its deadline,
-// the job is aborted (MPI_Abort) after logging `what`.
+// the job ends (mpi_end_failed_job, exit code 1) after logging `what` and the rank that stopped
+// making progress.
 class WatchdogArm {
  public:
   WatchdogArm(Deadline deadline, std::string what);
@@ -50,6 +52,7 @@ MPI_Datatype datatype(ElemType e);
 MPI_Op reduce_op(ElemType e, ReduceOp op);  // kAvg maps to a sum
 
 // The world transport over a duplicate of MPI_COMM_WORLD.
-std::unique_ptr<Transport> make_world_transport(const WaitPolicy& policy);
+// timeout_s bounds the blocking MPI calls of the world and its groups (splits, windows).
+std::unique_ptr<Transport> make_world_transport(const WaitPolicy& policy, double timeout_s);
 
 }  // namespace tessel::comm::mpi_detail

@@ -2,11 +2,14 @@
 // points of mpi.h.
 #include <atomic>
 #include <condition_variable>
+#include <csignal>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <thread>
 
 #include "../reduce.h"
+#include "mpi_family.h"
 #include "mpi_internal.h"
 #include "tessel/comm/mpi.h"
 #include "tessel/core/error.h"
@@ -55,16 +58,27 @@ class Watchdog {
         }
       double wait_s = earliest - Deadline::after(0).when();
       if (what && wait_s <= 0) {
-        log_line(LogLevel::kError, str(*what,
-                                       ": deadline passed inside an MPI call that cannot "
-                                       "be interrupted; aborting the job (MPI_Abort)"));
-        MPI_Abort(MPI_COMM_WORLD, 70);
-        std::_Exit(70);
+        const std::string head = *what;
+        lock.unlock();
+        expire(head);
       }
       // Sleep at most a second: arm() only notifies, it does not track the earliest deadline.
       cv_.wait_for(lock, std::chrono::duration<double>(std::min(wait_s, 1.0)));
     }
   }
+  // Ends the job like any failure (mpi_end_failed_job), naming the rank that stopped.
+  [[noreturn]] static void expire(const std::string& what) {
+    const std::string stuck = stuck_rank_anywhere();
+    const std::string msg =
+        str(what, ": the deadline (comm.timeout_s) passed inside an MPI call that cannot be "
+                  "interrupted; ",
+            stuck.empty() ? "a rank is stuck, died or never made this call" : stuck,
+            "; ending the job");
+    if (!mpi_failed_elsewhere()) log_line(LogLevel::kError, msg);
+    mpi_end_failed_job(msg, 1);
+    std::_Exit(1);  // MPI_Abort returned (a one-rank job)
+  }
+
   std::mutex mu_;
   std::condition_variable cv_;
   std::map<uint64_t, std::pair<double, std::string>> armed_;
@@ -77,7 +91,7 @@ void finalize_at_exit() {
   MPI_Finalized(&finalized);
   if (finalized) return;
   // A peer that died or hangs would make MPI_Finalize wait forever.
-  WatchdogArm arm(Deadline::after(30), "comm: MPI_Finalize");
+  WatchdogArm arm(Deadline::after(30), "comm: MPI_Finalize");  // after success only
   MPI_Finalize();
 }
 
@@ -112,11 +126,12 @@ void check(int rc, const char* call) {
                       "; check the MPI launcher and that every rank is alive"));
 }
 
-void ensure_initialized() {
-  std::call_once(g_init_once, [] {
+void ensure_initialized(double timeout_s) {
+  std::call_once(g_init_once, [timeout_s] {
     int initialized = 0;
     MPI_Initialized(&initialized);
     if (!initialized) {
+      WatchdogArm arm(Deadline::after(timeout_s), "comm: MPI_Init (every rank joins the job)");
       check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &g_provided), "MPI_Init_thread");
       g_we_initialized = true;
       std::atexit(finalize_at_exit);
@@ -205,8 +220,33 @@ const char* mpi_thread_level() {
   }
 }
 
+void mpi_end_failed_job(const std::string& reason, int exit_code) {
+  int initialized = 0, finalized = 0, size = 1;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size == 1) return;
+  const bool consequence = mpi_detail::failure_came_from_peer(0);
+  mpi_detail::abort_all_families(reason, 0.5);
+  std::fflush(nullptr);
+  if (consequence) std::_Exit(exit_code);
+  // mpirun ends an aborted job with SIGTERM, then SIGKILL a second later: a graceful-stop
+  // handler must not delay that.
+  for (int sig : {SIGINT, SIGTERM, SIGUSR1, SIGUSR2}) std::signal(sig, SIG_DFL);
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
+}
+
+bool mpi_failed_elsewhere() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized && mpi_detail::failure_came_from_peer(0.2);
+}
+
 Communicator mpi_world(const CommOptions& options) {
-  mpi_detail::ensure_initialized();
+  mpi_detail::ensure_initialized(options.timeout_s);
   WaitPolicy policy;
   policy.spin_us = options.spin_us;
   policy.yield_us = options.yield_us;
@@ -214,7 +254,7 @@ Communicator mpi_world(const CommOptions& options) {
   const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   policy.oversubscribed = local && static_cast<unsigned>(std::atoi(local)) > cores;
-  return Communicator(mpi_detail::make_world_transport(policy), options);
+  return Communicator(mpi_detail::make_world_transport(policy, options.timeout_s), options);
 }
 
 }  // namespace tessel::comm

@@ -8,6 +8,10 @@ bool mpi_built() { return false; }
 
 const char* mpi_thread_level() { return ""; }
 
+void mpi_end_failed_job(const std::string&, int) {}
+
+bool mpi_failed_elsewhere() { return false; }
+
 Communicator mpi_world(const CommOptions&) {
   throw CommError(
       "comm: this build has no MPI transport (TESSEL_WITH_MPI=OFF); install "

@@ -2,10 +2,11 @@
 // Stamps travel in the MPI tag: a collective's messages use a 30-bit hash of the stamp, so
 // messages of disagreeing calls never match (no header bytes, no extra copies). What they do
 // instead is wait, and a rank that has waited kProbeAfterS asks the peer, on a separate control
-// communicator, which call it is in; a different call with the same sequence number, or a peer
-// that has moved past this call, is reported naming both sides. The control communicator also
-// carries aborts: abort() tells every rank of the world, and waits poll for such messages.
-// Point-to-point messages use tag 2^30 + user tag.
+// communicator (mpi_family.h), which call it is in; a different call with the same sequence
+// number, or a peer that has moved past this call, is reported naming both sides. The control
+// communicator also carries aborts: abort() tells every rank of the world, and waits poll for
+// such messages. When a deadline passes, the family's heartbeat board names the rank that
+// stopped making progress. Point-to-point messages use tag 2^30 + user tag.
 #include <algorithm>
 #include <climits>
 #include <cstring>
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "../reduce.h"
+#include "mpi_family.h"
 #include "mpi_internal.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
@@ -23,63 +25,8 @@ namespace {
 
 constexpr double kProbeAfterS = 0.05;  // first query to a silent peer
 constexpr double kProbeEveryS = 0.5;
-constexpr int kCtrlTag = 1;
-constexpr size_t kTextMax = 1024;
 
-enum class CtrlType : int32_t { kAbort = 1, kQuery = 2, kReply = 3 };
-struct CtrlMsg {
-  CtrlType type;
-  int32_t from;        // world rank of the sender
-  uint64_t family_id;  // equal on every rank: families are created collectively, in order
-  uint64_t comm_id;
-  Stamp stamp;
-  int32_t valid;
-  char text[kTextMax];
-};
-
-class MpiTransport;
-
-// Per-world state shared by the world transport and its splits: abort flag, control channel
-// and the registry that routes queries to the right group.
-class Family {
- public:
-  explicit Family(MPI_Comm world);
-  ~Family();
-  void abort(const std::string& why) noexcept;
-  bool aborted() const { return aborted_.load(std::memory_order_acquire); }
-  std::string why() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return reason_;
-  }
-  void poll() noexcept;  // serves queries, records replies and aborts
-  void query(int world_peer, uint64_t comm_id, const Stamp& mine);
-  void enroll(uint64_t id, MpiTransport* t) {
-    std::lock_guard<std::mutex> lock(mu_);
-    groups_[id] = t;
-  }
-  void leave(uint64_t id) {
-    std::lock_guard<std::mutex> lock(mu_);
-    groups_.erase(id);
-  }
-  int world_rank() const { return world_rank_; }
-
- private:
-  void send(int world_peer, const CtrlMsg& m);
-  void handle(const CtrlMsg& m);
-  MPI_Comm ctrl_ = MPI_COMM_NULL;
-  uint64_t id_;
-  int world_rank_ = 0, world_size_ = 1;
-  std::atomic<bool> aborted_{false};
-  std::mutex mu_;  // reason_, groups_, outgoing_
-  std::mutex poll_mu_;
-  std::string reason_;
-  std::map<uint64_t, MpiTransport*> groups_;
-  CtrlMsg in_{};
-  MPI_Request in_req_ = MPI_REQUEST_NULL;
-  std::vector<std::pair<std::unique_ptr<CtrlMsg>, MPI_Request>> outgoing_;
-};
-
-class MpiTransport final : public Transport {
+class MpiTransport final : public Transport, public FamilyMember {
  public:
   MpiTransport(MPI_Comm comm, std::shared_ptr<Family> family, uint64_t id, WaitPolicy policy);
   ~MpiTransport() override;
@@ -111,8 +58,8 @@ class MpiTransport final : public Transport {
   int world_rank_of(int peer) const { return world_ranks_[peer]; }
   uint64_t id() const { return id_; }
   void publish(const Stamp& s);
-  Stamp published(bool* valid);
-  void record_reply(int world_peer, const Stamp& s, bool valid);
+  Stamp published(bool* valid) override;
+  void record_reply(int world_peer, const Stamp& s, bool valid) override;
   // A mismatch message if the peer's last reply proves `mine` can never match, else "".
   std::string check_reply(int peer, const Stamp& mine, double asked_at);
   int mpi_tag(uint64_t tag, const Stamp& stamp) const;
@@ -228,6 +175,7 @@ bool MpiRequest::test() {
 
 void MpiRequest::wait(Deadline deadline) {
   Family& fam = t_->family();
+  WaitMark mark(&fam.my_slot(), t_->world_rank_of(peer_));
   Backoff backoff(effective_policy(t_->policy()));
   double start = now_seconds(), asked_at = 0;
   for (uint32_t i = 0;; ++i) {
@@ -251,145 +199,16 @@ void MpiRequest::wait(Deadline deadline) {
       }
     }
     if (deadline.expired()) {
+      const std::string stuck = fam.stuck_rank();
       std::string msg =
           str(where(), ": no matching ", is_send_ ? "receive" : "send", " from rank ", peer_,
-              " before the deadline; that rank is stuck, "
-              "died or never made this call (check that every rank calls the "
-              "same collectives, or raise comm.timeout_s)");
+              " before the deadline; ",
+              stuck.empty() ? "that rank is stuck, died or never made this call" : stuck,
+              " (check that every rank calls the same collectives, or raise comm.timeout_s)");
       fam.abort(msg);
       throw CommError(msg);
     }
     backoff.pause();
-  }
-}
-
-// ---- Family ----
-
-std::atomic<uint64_t> g_families{0};
-
-Family::Family(MPI_Comm world) : id_(++g_families) {
-  Guard guard;
-  check(MPI_Comm_dup(world, &ctrl_), "MPI_Comm_dup");
-  MPI_Comm_set_errhandler(ctrl_, MPI_ERRORS_RETURN);
-  MPI_Comm_rank(ctrl_, &world_rank_);
-  MPI_Comm_size(ctrl_, &world_size_);
-  check(MPI_Irecv(&in_, sizeof(CtrlMsg), MPI_BYTE, MPI_ANY_SOURCE, kCtrlTag, ctrl_, &in_req_),
-        "MPI_Irecv");
-}
-
-Family::~Family() {
-  int finalized = 0;
-  MPI_Finalized(&finalized);
-  if (finalized) return;
-  Guard guard;
-  if (in_req_ != MPI_REQUEST_NULL) {
-    MPI_Cancel(&in_req_);
-    MPI_Wait(&in_req_, MPI_STATUS_IGNORE);
-  }
-  for (auto& [msg, req] : outgoing_)
-    if (req != MPI_REQUEST_NULL) MPI_Request_free(&req);
-  // After a failure, messages may still be in flight to this communicator; freeing it would let
-  // MPI hand its context id, and those messages, to a new one. Leak the handle instead.
-  if (!aborted()) MPI_Comm_free(&ctrl_);
-}
-
-void Family::send(int world_peer, const CtrlMsg& m) {
-  auto msg = std::make_unique<CtrlMsg>(m);
-  msg->family_id = id_;
-  MPI_Request req;
-  Guard guard;
-  if (MPI_Isend(msg.get(), sizeof(CtrlMsg), MPI_BYTE, world_peer, kCtrlTag, ctrl_, &req) !=
-      MPI_SUCCESS)
-    return;  // best effort: the peer's own deadline still applies
-  std::lock_guard<std::mutex> lock(mu_);
-  // Reap finished control sends so the list stays short.
-  std::erase_if(outgoing_, [](auto& o) {
-    int flag = 0;
-    MPI_Test(&o.second, &flag, MPI_STATUS_IGNORE);
-    return flag != 0;
-  });
-  outgoing_.emplace_back(std::move(msg), req);
-}
-
-void Family::abort(const std::string& why) noexcept {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (aborted_.load()) return;
-    reason_ = why;
-    aborted_.store(true, std::memory_order_release);
-  }
-  try {
-    CtrlMsg m{};
-    m.type = CtrlType::kAbort;
-    m.from = world_rank_;
-    std::strncpy(m.text, why.c_str(), kTextMax - 1);
-    for (int r = 0; r < world_size_; ++r)
-      if (r != world_rank_) send(r, m);
-  } catch (...) {
-  }
-}
-
-void Family::query(int world_peer, uint64_t comm_id, const Stamp& mine) {
-  CtrlMsg m{};
-  m.type = CtrlType::kQuery;
-  m.from = world_rank_;
-  m.comm_id = comm_id;
-  m.stamp = mine;
-  send(world_peer, m);
-}
-
-void Family::poll() noexcept {
-  std::unique_lock<std::mutex> busy(poll_mu_, std::try_to_lock);
-  if (!busy.owns_lock()) return;  // another thread of this process is polling
-  for (;;) {
-    int flag = 0;
-    {
-      Guard guard;
-      if (MPI_Test(&in_req_, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag) return;
-    }
-    CtrlMsg m = in_;
-    {
-      Guard guard;
-      if (MPI_Irecv(&in_, sizeof(CtrlMsg), MPI_BYTE, MPI_ANY_SOURCE, kCtrlTag, ctrl_, &in_req_) !=
-          MPI_SUCCESS)
-        in_req_ = MPI_REQUEST_NULL;
-    }
-    handle(m);
-    if (in_req_ == MPI_REQUEST_NULL) return;
-  }
-}
-
-void Family::handle(const CtrlMsg& m) {
-  // A freed communicator's context id may be reused by MPI for a newer family; a late message
-  // to the old one then arrives here and must be ignored.
-  if (m.family_id != id_) return;
-  if (m.type == CtrlType::kAbort) {
-    std::string text(m.text, strnlen(m.text, kTextMax));
-    std::lock_guard<std::mutex> lock(mu_);
-    if (!aborted_.load()) {
-      reason_ = text;
-      aborted_.store(true, std::memory_order_release);
-    }
-    return;
-  }
-  MpiTransport* t = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = groups_.find(m.comm_id);
-    if (it != groups_.end()) t = it->second;
-  }
-  if (!t) return;
-  if (m.type == CtrlType::kQuery) {
-    CtrlMsg reply{};
-    reply.type = CtrlType::kReply;
-    reply.from = world_rank_;
-    reply.comm_id = m.comm_id;
-    bool valid = false;
-    reply.stamp = t->published(&valid);
-    reply.valid = valid;
-    send(m.from, reply);
-  } else if (m.type == CtrlType::kReply) {
-    t->record_reply(m.from, m.stamp, m.valid != 0);
   }
 }
 
@@ -459,6 +278,7 @@ int MpiTransport::mpi_tag(uint64_t tag, const Stamp& s) const {
 }
 
 void MpiTransport::publish(const Stamp& s) {
+  family_->my_slot().enter(s);
   if (!is_collective(s)) return;
   std::lock_guard<std::mutex> lock(mu_);
   published_ = s;
@@ -570,9 +390,9 @@ std::unique_ptr<Transport> MpiTransport::split(int color, int key, const std::ve
                                                uint64_t split_id) {
   MPI_Comm sub = MPI_COMM_NULL;
   {
-    // Every member arrives here right after the allgather of (color, key), so this blocking
-    // call cannot wait on an absent rank; still, bound it.
-    WatchdogArm arm(Deadline::after(300), "comm: MPI_Comm_split");
+    // Every member arrives here right after the allgather of (color, key), but may stop (or
+    // be stopped) right after it.
+    WatchdogArm arm(Deadline::after(family_->timeout_s()), "comm: MPI_Comm_split");
     Guard guard;
     check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub), "MPI_Comm_split");
   }
@@ -587,7 +407,7 @@ std::unique_ptr<Transport> MpiTransport::split(int color, int key, const std::ve
 // rank drops it (skipped once the world is aborted, as the free is collective, or after
 // MPI_Finalize, which has released it).
 std::shared_ptr<void> MpiTransport::shared_memory(size_t bytes, uint64_t) {
-  WatchdogArm arm(Deadline::after(300), "comm: MPI shared-memory window");
+  WatchdogArm arm(Deadline::after(family_->timeout_s()), "comm: MPI shared-memory window");
   Guard guard;
   MPI_Comm node = MPI_COMM_NULL;
   check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
@@ -634,13 +454,14 @@ std::shared_ptr<void> MpiTransport::shared_memory(size_t bytes, uint64_t) {
 
 }  // namespace
 
-std::unique_ptr<Transport> make_world_transport(const WaitPolicy& policy) {
+std::unique_ptr<Transport> make_world_transport(const WaitPolicy& policy, double timeout_s) {
   MPI_Comm comm;
   {
+    WatchdogArm arm(Deadline::after(timeout_s), "comm: MPI_Comm_dup of the world");
     Guard guard;
     check(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup");
   }
-  auto family = std::make_shared<Family>(MPI_COMM_WORLD);
+  auto family = std::make_shared<Family>(MPI_COMM_WORLD, timeout_s);
   return std::make_unique<MpiTransport>(comm, std::move(family), 0, policy);
 }
 

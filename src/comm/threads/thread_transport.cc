@@ -18,6 +18,7 @@
 #include <mutex>
 #include <thread>
 
+#include "../heartbeat.h"
 #include "../reduce.h"
 #include "../spin_lock.h"
 #include "../wait.h"
@@ -32,8 +33,12 @@ namespace {
 constexpr size_t kStreamMinCall = 16 << 20;
 constexpr size_t kStreamMinSegment = 64 << 10;
 
-// State shared by every group split from one root group: aborting one aborts all.
+// State shared by every group split from one root group: aborting one aborts all. The
+// heartbeat slots are per rank of the root group (the "world").
 struct Family {
+  explicit Family(int world_size) : slots(new HeartbeatSlot[world_size]), world_size(world_size) {}
+  std::unique_ptr<HeartbeatSlot[]> slots;
+  int world_size;
   std::atomic<bool> aborted{false};
   std::mutex mu;
   std::string reason;
@@ -81,18 +86,21 @@ std::string mismatch_text(int me, const Stamp& mine, int peer, const Stamp& thei
 }
 
 struct Group {
-  Group(int size, std::shared_ptr<Family> fam, const WaitPolicy& pol)
-      : n(size),
+  Group(std::vector<int> world_ranks, std::shared_ptr<Family> fam, const WaitPolicy& pol)
+      : n(static_cast<int>(world_ranks.size())),
+        world(std::move(world_ranks)),
         family(std::move(fam)),
         policy(pol),
-        boxes(new Mailbox[size * size]),
-        current(new Published[size]),
-        cpus(new std::atomic<int>[size]) {
-    for (int i = 0; i < size; ++i) cpus[i].store(-1, std::memory_order_relaxed);
+        boxes(new Mailbox[n * n]),
+        current(new Published[n]),
+        cpus(new std::atomic<int>[n]) {
+    for (int i = 0; i < n; ++i) cpus[i].store(-1, std::memory_order_relaxed);
   }
   Mailbox& box(int src, int dst) { return boxes[src * n + dst]; }
+  HeartbeatSlot& slot(int rank) { return family->slots[world[rank]]; }
 
   void publish(int rank, const Stamp& s) {
+    slot(rank).enter(s);
     if (!is_collective(s)) return;
     std::lock_guard<SpinLock> lock(current[rank].mu);
     current[rank].stamp = s;
@@ -112,7 +120,15 @@ struct Group {
     return "";
   }
 
+  // The sentence naming the rank that stopped, seen from group rank `me` (see heartbeat.h).
+  std::string stuck_rank(int me) {
+    std::vector<RankState> states;
+    for (int r = 0; r < family->world_size; ++r) states.push_back(family->slots[r].read(r));
+    return name_stuck_rank(states, world[me]);
+  }
+
   int n;
+  std::vector<int> world;  // world rank of each rank of this group
   std::shared_ptr<Family> family;
   WaitPolicy policy;
   std::unique_ptr<Mailbox[]> boxes;
@@ -311,6 +327,7 @@ void ThreadOp::wait(Deadline deadline) {
   // A paired send copies at once rather than idle until its receiver does.
   if (kind_ == Kind::kSend && claim_) run_paired();
   std::string mismatch;
+  WaitMark mark(&group_->slot(rank_), group_->world[peer_]);
   bool ok = done_.wait(deadline, policy, [&] {
     if (fam.aborted.load(std::memory_order_relaxed)) return true;
     mismatch = group_->check_peer(rank_, stamp_, peer_);
@@ -327,11 +344,13 @@ void ThreadOp::wait(Deadline deadline) {
       throw CommError(mismatch);
     }
     if (fam.aborted.load(std::memory_order_acquire)) fail_aborted();
+    const std::string stuck = group_->stuck_rank(rank_);
     std::string msg = str(where(), ": no matching ", kind_ == Kind::kSend ? "receive" : "send",
-                          " from rank ", peer_,
-                          " before the deadline; that rank is stuck, died "
-                          "or never made this call (check that every rank calls the same "
-                          "collectives, or raise comm.timeout_s)");
+                          " from rank ", peer_, " before the deadline; ",
+                          stuck.empty() ? "that rank is stuck, died or never made this call"
+                                        : stuck,
+                          " (check that every rank calls the same collectives, or raise "
+                          "comm.timeout_s)");
     fam.abort(msg);
     throw CommError(msg);
   }
@@ -390,8 +409,9 @@ class ThreadTransport final : public Transport {
       std::lock_guard<std::mutex> lock(group_->split_mu);
       auto& entry = group_->splits[{split_id, color}];
       if (!entry.group) {
-        entry.group = std::make_shared<Group>(static_cast<int>(members.size()), group_->family,
-                                              group_->policy);
+        std::vector<int> world;
+        for (int m : members) world.push_back(group_->world[m]);
+        entry.group = std::make_shared<Group>(std::move(world), group_->family, group_->policy);
         entry.group->policy.oversubscribed = group_->policy.oversubscribed;
         entry.remaining = members.size();
       }
@@ -442,7 +462,9 @@ std::vector<std::unique_ptr<Transport>> make_thread_transports(int world_size,
   policy.yield_us = options.yield_us;
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   policy.oversubscribed = static_cast<unsigned>(world_size) > cores;
-  auto group = std::make_shared<Group>(world_size, std::make_shared<Family>(), policy);
+  std::vector<int> world(world_size);
+  for (int r = 0; r < world_size; ++r) world[r] = r;
+  auto group = std::make_shared<Group>(std::move(world), std::make_shared<Family>(world_size), policy);
   std::vector<std::unique_ptr<Transport>> out;
   for (int r = 0; r < world_size; ++r) out.push_back(std::make_unique<ThreadTransport>(group, r));
   return out;

@@ -7,6 +7,7 @@ packages=(
   libopenblas-dev zlib1g-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libbenchmark-dev libopenmpi-dev openmpi-bin
   dataset-fashion-mnist fortunes python3-torch python3-numpy
+  python3-matplotlib python3-protobuf protobuf-compiler chromium tmux
 )
 missing=()
 for p in "${packages[@]}"; do

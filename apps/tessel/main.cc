@@ -1,5 +1,6 @@
-// tessel command line: train, eval, config, ckpt export, bench comm. Library errors (tessel::Error) become a one-line
-// message on stderr and exit code 1; command-line misuse exits 2 with the usage text.
+// tessel command line: train, eval, config, ckpt export, bench comm, report. Library errors
+// (tessel::Error) become a one-line message on stderr and exit code 1; command-line misuse exits
+// 2 with the usage text.
 #include <atomic>
 #include <csignal>
 #include <cstdio>
@@ -20,6 +21,7 @@
 #include "tessel/train/config.h"
 #include "tessel/train/evaluator.h"
 #include "tessel/train/trainer.h"
+#include "report.h"
 
 namespace {
 
@@ -99,17 +101,17 @@ void print_summary(const nlohmann::json& s) {
 
 // Everything the command line sets.
 struct Args {
-  std::string config_path, run_dir, resume, checkpoint, logits_path, export_out, backend;
+  std::string config_path, run_dir, resume, checkpoint, logits_path, export_out, backend, report_out;
   std::vector<std::string> overrides;
   int64_t stop_after = 0, logits_limit = 100;
-  bool quiet = false;
+  bool quiet = false, trace = false;
   int workers = 0;
   tessel::comm::CommBenchOptions cb;
   std::string cb_algorithms, cb_sizes, cb_collectives, cb_dtype = "f32", cb_segment;
 };
 
 struct Commands {
-  CLI::App *train, *eval, *ckpt_export, *config, *bench_comm;
+  CLI::App *train, *eval, *ckpt_export, *config, *bench_comm, *report;
 };
 
 void add_overrides(CLI::App* cmd, Args& a) {
@@ -127,6 +129,7 @@ CLI::App* add_train(CLI::App& app, Args& a) {
   train->add_option("--stop-after", a.stop_after,
                     "Stop after N steps of this invocation, saving a checkpoint to resume from");
   train->add_flag("--quiet", a.quiet, "No progress output");
+  train->add_flag("--trace", a.trace, "Write trace.json, a per-rank timeline (train.trace = true)");
   train->add_option("--workers", a.workers, "Ranks as threads of this process (runtime.workers)");
   train->add_option("--backend", a.backend, "threads or mpi (runtime.backend; default: auto)");
   return train;
@@ -179,6 +182,10 @@ Commands add_commands(CLI::App& app, Args& a) {
   c.config->add_option("config", a.config_path, "Config file (TOML)")->required();
   add_overrides(c.config, a);
   c.bench_comm = add_bench_comm(app, a);
+  c.report = app.add_subcommand(
+      "report", "Write RUN_DIR/report.html: curves, load balance, memory, pipeline, timeline");
+  c.report->add_option("run_dir", a.run_dir, "Run folder (holds summary.json)")->required();
+  c.report->add_option("--out", a.report_out, "Output file (default: RUN_DIR/report.html)");
   return c;
 }
 
@@ -192,6 +199,7 @@ int run_train(Args& a) {
   std::signal(SIGINT, on_sigint);
   if (a.workers > 0) a.overrides.push_back("runtime.workers=" + std::to_string(a.workers));
   if (!a.backend.empty()) a.overrides.push_back("runtime.backend=" + a.backend);
+  if (a.trace) a.overrides.push_back("train.trace=true");
   nlohmann::json summary = train_job(tessel::train::load_config(a.config_path, a.overrides), opts);
   if (summary.is_null()) return 0;  // not rank 0 of an MPI job
   print_summary(summary);
@@ -239,6 +247,11 @@ int run(const Commands& c, Args& a) {
     return 0;
   }
   if (*c.bench_comm) return run_bench_comm(a);
+  if (*c.report) {
+    const std::string out = write_report(a.run_dir, a.report_out);
+    std::printf("wrote %s\n", out.c_str());
+    return 0;
+  }
   if (*c.config)
     std::printf("%s", tessel::train::to_toml(tessel::train::load_config(a.config_path, a.overrides)).c_str());
   return 0;

@@ -6,6 +6,8 @@
 #include "grad_syncs.h"
 #include "param_stores.h"
 #include "shared_memory_step.h"
+#include "tessel/core/clock.h"
+#include "tessel/core/trace.h"
 #include "tessel/parallel/parameter_server.h"
 #include "tessel/parallel/pipeline.h"
 
@@ -32,6 +34,7 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
   if (spec.zero_stage < 0 || spec.zero_stage > 3)
     throw InvalidArgument(str("config: zero.stage must be 0, 1, 2 or 3, got ", spec.zero_stage));
   hooks_fn_ = [this](nn::Phase p, size_t b, bool last) { hook(p, b, last); };
+  block_start_.assign(model.num_blocks(), 0.0);
   if (layout().servers > 0) {
     ps_ = std::make_unique<ParameterServer>(spec, mesh_, model, seed, optim);
     parts_ = {{"executor", "local"}, {"grad_sync", "local"}, {"store", "parameter_server"}};
@@ -121,7 +124,25 @@ int Engine::data_rank() const {
 int Engine::data_size() const { return layout().dp; }
 
 void Engine::hook(nn::Phase phase, size_t block, bool last) {
+  // Traced, a block's span covers its compute only: it starts after the hooks' gathers and
+  // ends before they launch its buckets.
+  Tracer* tracer = active_tracer();
+  const bool after = phase == nn::Phase::kAfterForward || phase == nn::Phase::kAfterBackward;
+  if (tracer && after) trace_block(*tracer, phase, block);
   for (BlockHooks* h : hooks_) h->on_block(phase, block, last);
+  if (tracer && !after) block_start_[block] = now_seconds();
+}
+
+void Engine::trace_block(Tracer& tracer, nn::Phase phase, size_t block) {
+  const double now = now_seconds();
+  const bool forward = phase == nn::Phase::kAfterForward;
+  tracer.span(model_.block_name(block), forward ? "forward" : "backward", block_start_[block], now);
+  if (const auto& ledger = current_ledger()) {
+    TraceArgs mib;
+    for (int k = 0; k < kMemCategories; ++k)
+      mib.num(mem_category_name(MemCategory(k)), static_cast<double>(ledger->current(MemCategory(k))) / (1 << 20));
+    tracer.counter("memory (MiB)", now, mib);
+  }
 }
 
 void Engine::start() {
@@ -155,8 +176,14 @@ void Engine::step(float lr, float clip_norm, int64_t step) {
     sync_->clear();
     return;
   }
-  sync_->reduce();
-  store_->update(*optimizer_, lr, clip_norm, *sync_);
+  {
+    TraceSpan span("reduce gradients", "sync");
+    sync_->reduce();
+  }
+  {
+    TraceSpan span("optimizer step", "optimizer");
+    store_->update(*optimizer_, lr, clip_norm, *sync_);
+  }
   sync_->clear();
   if (pipeline_) pipeline_->sync_tied_table(*store_);
   if (sharded_) sharded_->end_step();
@@ -179,9 +206,10 @@ std::vector<double> Engine::gather(double value) {
   return all;
 }
 
-std::vector<RankStats> Engine::take_stats(double step_s) {
+std::vector<RankStats> Engine::take_stats(double step_s, double steps) {
   RankStats s;
   s.step_s = step_s;
+  s.steps = steps;
   executor_->take_stats(s);
   sync_->take_stats(s);
   if (ps_) ps_->take_stats(s);

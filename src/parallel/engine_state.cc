@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessel/core/sha256.h"
+#include "tessel/core/trace.h"
 #include "tessel/parallel/engine.h"
 #include "tessel/parallel/parameter_server.h"
 
@@ -42,6 +43,7 @@ std::vector<Owned> all_owned(comm::Communicator& group, const std::vector<nn::Ra
 
 ckpt::ShardFile write_state_shard(const std::string& dir, int rank, const StateView& view,
                                   const nn::Model& model) {
+  TraceSpan span("write shard", "checkpoint");
   std::vector<ckpt::ShardSlice> slices;
   for (const nn::Range& r : view.owned)
     for (auto [k, o] : model.overlaps(r)) {

@@ -7,6 +7,7 @@
 
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/core/log.h"
+#include "tessel/core/trace.h"
 
 namespace tessel::train {
 
@@ -50,6 +51,8 @@ Checkpointer::Checkpointer(const Config& config, parallel::Engine& engine, nn::M
 
 std::string Checkpointer::save(const std::string& run_dir, int64_t step,
                                const std::string& trainer_json) {
+  TraceSpan span("checkpoint", "checkpoint");
+  if (TraceArgs* args = span.args()) args->num("step", static_cast<double>(step));
   const std::string dir = engine_.is_main() ? ckpt::begin_checkpoint(run_dir, step) : std::string();
   ckpt::Manifest m;
   const std::vector<ckpt::ShardFile> shards = engine_.write_shards(dir, &m.optimizer_steps);
@@ -60,6 +63,7 @@ std::string Checkpointer::save(const std::string& run_dir, int64_t step,
     m.optimizer_kind = config_.optim.kind;
     m.state_buffers = state_buffer_names(config_.optim);
     m.shards = shards;
+    TraceSpan commit("commit", "checkpoint");
     committed = ckpt::commit_checkpoint(run_dir, dir, step, m, trainer_json,
                                         config_.checkpoint.keep_last);
     log_debug("checkpoint saved: ", committed);

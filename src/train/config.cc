@@ -10,6 +10,7 @@
 #include <toml++/toml.h>
 
 #include "tessel/core/error.h"
+#include "tessel/train/run_trace.h"
 
 namespace tessel::train {
 namespace {
@@ -146,9 +147,12 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("train.prefetch", train.prefetch, "batches loaded ahead by a background thread (0: none; -1: 2 when this host has a spare core for it, else 0)"),
       TESSEL_KEY("train.log_every", train.log_every, "steps between progress lines and metrics records"),
       TESSEL_KEY("train.eval_train", train.eval_train, "also evaluate on the training set each epoch"),
+      TESSEL_KEY("train.trace", observe.trace, "write trace.json, a per-rank timeline of the trace.steps window in Trace Event Format (Perfetto, chrome://tracing), into the run folder (also --trace)"),
       TESSEL_KEY("checkpoint.every_epochs", checkpoint.every_epochs, "save every N epochs (0: off)"),
       TESSEL_KEY("checkpoint.every_steps", checkpoint.every_steps, "save every N steps (0: off); not with ps.mode async or ssp, whose workers meet only at epoch ends"),
       TESSEL_KEY("checkpoint.keep_last", checkpoint.keep_last, "checkpoints kept in the run folder"),
+      TESSEL_KEY("trace.steps", observe.trace_steps, "steps traced with train.trace: \"A:B\" traces steps A to B - 1"),
+      TESSEL_KEY("metrics.tensorboard", observe.tensorboard, "also write the metrics as TensorBoard scalars (event files in tensorboard/ of the run folder)"),
       TESSEL_KEY("runtime.threads", runtime.threads, "BLAS threads of this process"),
       TESSEL_KEY("runtime.workers", runtime.workers, "ranks run as threads of this process (same as --workers)"),
       TESSEL_KEY("runtime.backend", runtime.backend, "auto, threads or mpi (auto: mpi when started by an MPI launcher)"),
@@ -311,6 +315,7 @@ void validate(const Config& c) {
           str("debug.slow_rank must be a worker rank or -1 (none), got ", c.parallel.slow_rank));
   require(c.runtime.threads >= 1 && c.runtime.threads <= 256,
           str("runtime.threads must be in [1, 256], got ", c.runtime.threads));
+  parse_step_window(c.observe.trace_steps);  // throws naming trace.steps
   require(c.data.test_fraction >= 0 && c.data.test_fraction < 1,
           str("data.test_fraction must be in [0, 1), got ", c.data.test_fraction));
 }

@@ -30,6 +30,13 @@ struct TrainSpec {
   bool eval_train = false;    // also evaluate on the training set after each epoch
 };
 
+// What a run records for people to look at besides metrics.jsonl (docs/observability.md).
+struct ObserveSpec {
+  bool trace = false;                // train.trace: trace.json of the trace.steps window
+  std::string trace_steps = "5:25";  // trace.steps: steps A to B - 1
+  bool tensorboard = false;          // metrics.tensorboard: TensorBoard event files
+};
+
 struct CheckpointSpec {
   int64_t every_epochs = 1;   // 0 = never by epoch
   int64_t every_steps = 0;    // 0 = never by step
@@ -56,6 +63,7 @@ struct Config {
   optim::ScheduleSpec schedule;
   TrainSpec train;
   CheckpointSpec checkpoint;
+  ObserveSpec observe;  // keys train.trace, trace.steps, metrics.tensorboard
   RuntimeSpec runtime;
   CommSpec comm;
   parallel::ParallelSpec parallel;  // sections ddp, zero, pp, ps, debug (and train.deterministic,

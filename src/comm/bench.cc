@@ -216,41 +216,46 @@ std::string columns(const Point* p) {
   return buf;
 }
 
+void print_block_header(const Point& p) {
+  std::printf("#\n# %s, algorithm %s%s\n", p.coll.c_str(), algorithm_name(p.algorithm),
+              p.coll == "allreduce" ? " (tessel's allreduce works in place only)" : "");
+  std::printf("# %10s %12s %9s %6s %5s %33s %35s\n", "", "", "", "", "", "out-of-place",
+              "in-place");
+  std::printf("# %10s %12s %9s %6s %5s %10s %7s %7s %6s %10s %7s %7s %6s%s\n", "size", "count",
+              "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
+              "#wrong", p.algorithm == Algorithm::kAuto ? " chosen" : "");
+  std::printf("# %10s %12s %9s %6s %5s %10s %7s %7s %6s %10s %7s %7s\n", "(B)", "(elements)", "",
+              "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)");
+}
+
 // The nccl-tests layout: per collective and algorithm a block of rows, one per size, with the
-// out-of-place and in-place time, algorithm bandwidth, bus bandwidth and wrong elements.
+// out-of-place and in-place time, algorithm bandwidth, bus bandwidth and wrong elements (and,
+// for auto, the algorithm it chose at that size).
 void print(const CommBenchOptions& o, int n, double memcpy_bw, const std::vector<Point>& pts) {
   std::printf("# comm bench: backend %s, %d ranks, %s, %u cores%s%s\n", o.backend.c_str(), n,
               elem_name(o.elem), std::max(1u, std::thread::hardware_concurrency()),
               o.backend == "mpi" ? ", " : "", o.backend == "mpi" ? mpi_thread_level() : "");
-  std::printf("# memcpy (1 thread, same run): %.2f GB/s; time: median over repeats of the slowest rank\n",
+  std::printf("# memcpy (1 thread, same run): %.2f GB/s; time: median over repeats of the "
+              "slowest rank\n",
               memcpy_bw / 1e9);
-  std::string block;
-  for (size_t i = 0; i < pts.size(); ++i) {
-    const Point& p = pts[i];
-    std::string name = algorithm_name(p.algorithm);
-    if (p.algorithm == Algorithm::kAuto) name += str("->", algorithm_name(p.resolved));
-    const std::string title = str(p.coll, ", algorithm ", name);
-    if (title != block) {
-      block = title;
-      std::printf("#\n# %s%s\n", title.c_str(),
-                  p.coll == "allreduce" ? " (tessel's allreduce works in place only)" : "");
-      std::printf("# %10s %12s %9s %6s %5s %35s %35s\n", "", "", "", "", "", "out-of-place  ",
-                  "in-place  ");
-      std::printf("# %10s %12s %9s %6s %5s %10s %7s %7s %6s %10s %7s %7s %6s\n", "size", "count",
-                  "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw",
-                  "busbw", "#wrong");
-      std::printf("# %10s %12s %9s %6s %5s %10s %7s %7s %6s %10s %7s %7s %6s\n", "(B)",
-                  "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)",
-                  "(GB/s)", "");
+  // Blocks in the order their collective and algorithm first appear; rows by size.
+  std::vector<std::pair<std::string, Algorithm>> blocks;
+  for (const Point& p : pts)
+    if (std::find(blocks.begin(), blocks.end(), std::pair(p.coll, p.algorithm)) == blocks.end())
+      blocks.emplace_back(p.coll, p.algorithm);
+  for (const auto& [coll, algorithm] : blocks) {
+    bool header = false;
+    for (const Point& p : pts) {
+      if (p.coll != coll || p.algorithm != algorithm || !p.in_place) continue;
+      if (!header) print_block_header(p), header = true;
+      const Point* oop = nullptr;  // out of place at the same size, if measured
+      for (const Point& q : pts)
+        if (q.coll == coll && q.algorithm == algorithm && !q.in_place && q.bytes == p.bytes) oop = &q;
+      std::printf("  %10zu %12zu %9s %6s %5d%s%s%s\n", p.bytes, p.count, type_name(o.elem),
+                  p.coll == "allgather" ? "none" : "sum", -1, columns(oop).c_str(),
+                  columns(&p).c_str(),
+                  algorithm == Algorithm::kAuto ? str(" ", algorithm_name(p.resolved)).c_str() : "");
     }
-    if (!p.in_place) continue;  // printed with its in-place row
-    const Point* oop = i > 0 && !pts[i - 1].in_place && pts[i - 1].bytes == p.bytes &&
-                               pts[i - 1].algorithm == p.algorithm
-                           ? &pts[i - 1]
-                           : nullptr;
-    std::printf("  %10zu %12zu %9s %6s %5d%s%s\n", p.bytes, p.count, type_name(o.elem),
-                p.coll == "allgather" ? "none" : "sum", -1, columns(oop).c_str(),
-                columns(&p).c_str());
   }
   int64_t wrong = 0;
   double busbw = 0;

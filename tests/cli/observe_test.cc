@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -57,13 +58,13 @@ class Observe : public ::testing::Test {
 
 // Progress goes to stderr; piped, it is one plain line per train.log_every steps and the last.
 TEST_F(Observe, PipedProgressIsOneLinePerLogEvery) {
-  // spiral: 270 training samples, batch 30: 9 steps per epoch, 5 epochs = 45 steps.
+  // spiral: 300 training samples, batch 30: 10 steps per epoch, 5 epochs = 50 steps.
   const Result r = sh(kTessel + " train " + kSpiral + " --set train.epochs=5 --set train.log_every=4 "
                       "--set checkpoint.every_epochs=0 --run-dir " + (dir_ / "run").string() +
                       " 2>&1 >/dev/null | cat");
   ASSERT_EQ(r.exit_code, 0) << r.out;
   std::vector<int> steps;
-  const std::regex line(R"(epoch \d+/5 step (\d+)/45 loss [0-9.]+ acc [0-9.]+% \d+ samples/s comm \d+% mem [0-9.]+ MiB \(rank 0\).* ETA \S+)");
+  const std::regex line(R"(epoch \d+/5 step (\d+)/50 loss [0-9.]+ acc [0-9.]+% \d+ samples/s comm \d+% mem [0-9.]+ MiB \(rank 0\).* ETA \S+)");
   const std::regex any_line("[^\n]*step [^\n]*");
   for (std::sregex_iterator it(r.out.begin(), r.out.end(), any_line), end; it != end; ++it) {
     std::smatch m;
@@ -71,12 +72,39 @@ TEST_F(Observe, PipedProgressIsOneLinePerLogEvery) {
     ASSERT_TRUE(std::regex_match(text, m, line)) << "unexpected progress line: " << text;
     steps.push_back(std::stoi(m[1]));
   }
-  EXPECT_EQ(steps, (std::vector<int>{4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 45}));
+  EXPECT_EQ(steps, (std::vector<int>{4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 50}));
   EXPECT_EQ(r.out.find('\r'), std::string::npos) << "a live line in a pipe";
   const Result quiet = sh(kTessel + " train " + kSpiral + " --quiet --set train.epochs=2 --run-dir " +
                           (dir_ / "quiet").string() + " 2>&1 >/dev/null | cat");
   EXPECT_EQ(quiet.exit_code, 0);
   EXPECT_EQ(quiet.out, "");
+}
+
+// `tessel bench comm` prints nccl-tests' columns, out of place and in place, with no wrong
+// element (allreduce works in place only: its out-of-place columns read n/a).
+TEST_F(Observe, BenchCommPrintsNcclTestsColumns) {
+  const Result r = sh(kTessel + " bench comm --workers 3 --sizes 4KiB,64KiB --repeats 3 "
+                      "--collective reduce_scatter,allgather,allreduce --algorithm ring 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_NE(r.out.find("#       size        count      type  redop  root       time   algbw   busbw "
+                       "#wrong       time   algbw   busbw #wrong"),
+            std::string::npos)
+      << r.out;
+  // A row: size count type redop root, then time algbw busbw #wrong out of place and in place.
+  const std::regex row(R"(\s+(\d+)\s+(\d+)\s+float\s+(sum|none)\s+-1\s+(n/a|[0-9.]+\s+[0-9.]+\s+[0-9.]+\s+0)\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+\s+0)");
+  int rows = 0, na = 0;
+  std::istringstream lines(r.out);
+  for (std::string l; std::getline(lines, l);) {
+    if (l.empty() || l[0] == '#') continue;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(l, m, row)) << "unexpected row: " << l;
+    EXPECT_EQ(std::stoul(m[1]), 4 * std::stoul(m[2])) << l;  // bytes = 4 x count (float)
+    ++rows;
+    na += m[4] == "n/a";
+  }
+  EXPECT_EQ(rows, 6);  // 3 collectives x 2 sizes
+  EXPECT_EQ(na, 2);    // allreduce
+  EXPECT_NE(r.out.find("# wrong elements : 0 OK"), std::string::npos) << r.out;
 }
 
 TEST_F(Observe, ReportOfAMissingRunSaysWhatToPass) {

@@ -14,7 +14,7 @@ sock="$tmp/tmux.sock"
 trap 'tmux -S "$sock" kill-server 2> /dev/null || true; rm -rf "$tmp"' EXIT
 epochs=3
 # stderr goes to the pane (a terminal); only the summary on stdout is redirected.
-cmd="$tessel train $src/examples/fashion_mlp.toml --set model.hidden=[64] --set train.epochs=$epochs \
+cmd="$tessel train $src/examples/fashion_mlp.toml --set model.hidden=[256] --set train.epochs=$epochs \
 --set checkpoint.every_epochs=0 --run-dir $tmp/run $* > $tmp/summary.txt; date +%s.%N > $tmp/done; sleep 60"
 tmux -S "$sock" new-session -d -x 220 -y 50 "$cmd"
 while [ ! -f "$tmp/done" ]; do
@@ -38,14 +38,18 @@ print("progress line states seen: %d, most progress lines on screen at once: %d 
       % (len(states), most, epochs))
 ok = len(states) >= 5 and most <= epochs
 for t, _, line in rows:
-    m = re.search(r" step (\d+)/(\d+) .* ETA (?:(\d+)h(\d+)m|(\d+)m(\d+)s)$", line)
+    m = re.search(r" step (\d+)/(\d+) .* ETA (?:(\d+)h(\d+)m|(\d+)m(\d+)s|([0-9.]+)s)$", line)
     if not m or int(m.group(1)) < 0.1 * int(m.group(2)):
         continue
-    eta = (int(m.group(3)) * 3600 + int(m.group(4)) * 60) if m.group(3) else \
-        int(m.group(5)) * 60 + int(m.group(6))
+    if m.group(3):
+        eta = int(m.group(3)) * 3600 + int(m.group(4)) * 60
+    elif m.group(5):
+        eta = int(m.group(5)) * 60 + int(m.group(6))
+    else:
+        eta = float(m.group(7))
     real = end - t
     err = abs(eta - real) / real
-    print("at step %s/%s: ETA %d s, the run then took %.1f s: error %.0f%%"
+    print("at step %s/%s: ETA %.1f s, the run then took %.1f s: error %.0f%%"
           % (m.group(1), m.group(2), eta, real, 100 * err))
     ok = ok and err <= 0.2
     break

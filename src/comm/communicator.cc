@@ -151,7 +151,7 @@ void trace_call(Tracer& tracer, const CommState& s, const Stamp& st, double star
       .num("seq", static_cast<double>(st.seq));
   if (st.label) args.num("label", st.label);
   if (st.root >= 0) args.num("root", st.root);
-  tracer.span(op_kind_name(st.op), "comm", start, end, &args);
+  tracer.span(op_kind_name(st.op), "comm", start, end, std::move(args));
 }
 
 // Runs a prepared call, traced into `tracer` unless null. Any failure aborts the whole family of

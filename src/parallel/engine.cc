@@ -141,7 +141,7 @@ void Engine::trace_block(Tracer& tracer, nn::Phase phase, size_t block) {
     TraceArgs mib;
     for (int k = 0; k < kMemCategories; ++k)
       mib.num(mem_category_name(MemCategory(k)), static_cast<double>(ledger->current(MemCategory(k))) / (1 << 20));
-    tracer.counter("memory (MiB)", now, mib);
+    tracer.counter("memory (MiB)", now, std::move(mib));
   }
 }
 

@@ -391,7 +391,7 @@ void ServerLoop::reply(int w) {
     TraceArgs args;
     args.num("worker", w).num("version", static_cast<double>(version())).num("with_data", changed);
     if (claimed >= 0) args.num("claimed_batch", static_cast<double>(claimed));
-    tracer->instant("pull reply", "ps", now_seconds(), &args);
+    tracer->instant("pull reply", "ps", now_seconds(), std::move(args));
   }
   k.reply = Reply{ParameterServer::kWireVersion, version(), changed ? 1 : 0, opt_.steps(), claimed};
   k.reply_work = world_.isend(&k.reply, ParameterServer::kReplyWords, comm::ElemType::kI64, peer(w),

@@ -336,7 +336,7 @@ void PipelineExecutor::trace_task(Tracer& tracer, const Task& t) {
   args.num("micro", t.micro).num("chunk", t.chunk).num("stage", stage_);
   const bool fwd = t.op == TaskOp::kForward;
   tracer.span(str(fwd ? "F" : "B", t.micro), fwd ? "pipeline_forward" : "pipeline_backward",
-              task_start_, task_end_, &args);
+              task_start_, task_end_, std::move(args));
 }
 
 void PipelineExecutor::forward_task(const Task& t, const Piece& piece, nn::Loss& loss,

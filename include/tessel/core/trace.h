@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <string>
@@ -17,13 +18,15 @@
 
 namespace tessel {
 
-// The args object of one event, rendered as JSON text as it is built.
+// The args object of one event, rendered as JSON text as it is built. Keys are literals of
+// letters, digits and underscores (written unescaped).
 class TraceArgs {
  public:
   TraceArgs& num(const char* key, double value);
   TraceArgs& text(const char* key, std::string_view value);
   TraceArgs& json(const char* key, std::string_view json_value);  // e.g. an array
   const std::string& body() const { return body_; }  // "k": v, ... (no braces)
+  std::string take() { return std::move(body_); }     // body(), leaving this empty
 
  private:
   void key(const char* k);
@@ -43,11 +46,12 @@ class Tracer {
   void at_step(int64_t step) { set_recording(first_ <= step && step < end_); }
 
   // A complete span [start, end) on the calling thread's row; category `cat` (a literal).
+  // Events take their args (callers std::move them in: no copy).
   void span(std::string_view name, const char* cat, double start, double end,
-            const TraceArgs* args = nullptr);
-  void instant(std::string_view name, const char* cat, double at, const TraceArgs* args = nullptr);
+            TraceArgs args = {});
+  void instant(std::string_view name, const char* cat, double at, TraceArgs args = {});
   // A counter track `name` with one series per arg (numbers only).
-  void counter(std::string_view name, double at, const TraceArgs& series);
+  void counter(std::string_view name, double at, TraceArgs series);
 
   size_t size() const;
   // Every event and the thread names as Trace Event Format objects, comma separated, with
@@ -70,7 +74,7 @@ class Tracer {
   std::atomic<bool> recording_{false};
   int64_t first_ = 0, end_ = INT64_MAX;
   mutable std::mutex mu_;
-  std::vector<Event> events_;
+  std::deque<Event> events_;  // grows in blocks: no event is moved as it grows
   std::map<std::thread::id, int> tids_;
   std::vector<std::string> thread_names_;  // by tid
 };

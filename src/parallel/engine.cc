@@ -46,6 +46,9 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
     sync_ = sync_owner_.get();
     return;
   }
+  if (spec.slow_rank >= world.size())
+    throw InvalidArgument(str("config: debug.slow_rank must be a rank of the ", world.size(),
+                              "-rank world or -1 (none), got ", spec.slow_rank));
   if (layout().pp > 1) {
     auto p = std::make_unique<PipelineExecutor>(spec, mesh_.group(Axis::kPp), model);
     pipeline_ = p.get();
@@ -175,6 +178,10 @@ void Engine::step(float lr, float clip_norm, int64_t step) {
     ps_->push(*sync_, clip_norm, step);
     sync_->clear();
     return;
+  }
+  if (spec_.slow_rank == mesh_.workers().rank() && spec_.delay_ms > 0) {  // a straggler, to study
+    TraceSpan span("debug.delay_ms", "debug");
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(spec_.delay_ms));
   }
   {
     TraceSpan span("reduce gradients", "sync");

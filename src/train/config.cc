@@ -175,7 +175,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("ps.mode", parallel.ps_mode, "sync (lockstep slices, one summed update per step: equals data parallel), async (workers claim worker batches of train.batch / workers rows one at a time, each push applied at once) or ssp (async, no claim more than ps.staleness steps ahead of a batch still in progress)"),
       TESSEL_KEY("ps.staleness", parallel.ps_staleness, "ssp: a claim at step c waits until every batch in progress is at step c - staleness or later (W claimed batches make a step)"),
       TESSEL_KEY("ps.stale_lr", parallel.ps_stale_lr, "async/ssp: inverse applies an update computed on parameters s versions old at lr / (1 + s); none at lr"),
-      TESSEL_KEY("debug.slow_rank", parallel.slow_rank, "parameter-server worker rank that sleeps debug.delay_ms in every step, to study stragglers (-1: none)"),
+      TESSEL_KEY("debug.slow_rank", parallel.slow_rank, "rank that sleeps debug.delay_ms in every step (a parameter-server worker: before its push; otherwise before the gradient reduction), to study stragglers (-1: none)"),
       TESSEL_KEY("debug.delay_ms", parallel.delay_ms, "milliseconds debug.slow_rank sleeps in every step"),
   };
   return keys;

@@ -80,6 +80,21 @@ TEST_F(Observe, PipedProgressIsOneLinePerLogEvery) {
   EXPECT_EQ(quiet.out, "");
 }
 
+// A rank persistently slower than its peers is named in the progress line once it has been the
+// slowest for 3 records in a row, and in summary.json.
+TEST_F(Observe, StragglerIsNamedInTheLineAndSummary) {
+  const fs::path run = dir_ / "slow";
+  const Result r = sh(kTessel + " train " + kSpiral + " --workers 3 --set train.epochs=2 "
+                      "--set train.log_every=2 --set debug.slow_rank=1 --set debug.delay_ms=8 "
+                      "--set checkpoint.every_epochs=0 --run-dir " + run.string() + " 2>&1 >/dev/null | cat");
+  ASSERT_EQ(r.exit_code, 0) << r.out;
+  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(step 20/20 .* straggler rank 1 \(x[0-9.]+\))")))
+      << r.out;
+  EXPECT_FALSE(std::regex_search(r.out, std::regex("straggler rank [02]"))) << r.out;
+  const std::string summary = slurp(run / "summary.json");
+  EXPECT_TRUE(std::regex_search(summary, std::regex(R"("straggler": \{\s*"rank": 1,)"))) << summary;
+}
+
 // `tessel bench comm` prints nccl-tests' columns, out of place and in place, with no wrong
 // element (allreduce works in place only: its out-of-place columns read n/a).
 TEST_F(Observe, BenchCommPrintsNcclTestsColumns) {

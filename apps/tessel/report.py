@@ -180,7 +180,7 @@ def load_balance(summary):
     ax.set_yticklabels(labels)
     ax.invert_yaxis()
     ax.set_xlabel("ms per step (last epoch)")
-    ax.legend(loc="lower right", fontsize=8)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.35), ncol=3, fontsize=8)
     return svg(fig) + note("load balance (max / mean compute): %.3f" %
                            ranks.get("load_balance_max_over_mean", 1.0))
 
@@ -313,11 +313,16 @@ def staleness(summary):
         ranks.get("ps_mode"), ranks.get("ps_staleness_mean", 0), ranks.get("ps_staleness_max", 0)))
 
 
+def moved_bytes(span):
+    """A span that moved data: collectives, pipeline receives, parameter-server pushes."""
+    return span["cat"] in ("comm", "p2p", "ps") and "bytes" in span.get("args", {})
+
+
 def collectives(summary, trace):
     per_rank = summary.get("ranks", {}).get("per_rank", [])
-    if trace is None or not any(s["cat"] == "comm" for s in trace.spans):
-        if not per_rank:
-            return note("No communication recorded.")
+    if trace is None or not any(moved_bytes(s) for s in trace.spans):
+        if not any(r.get("comm_bytes", 0) for r in per_rank):
+            return note("No collective recorded (run with --trace to see every transfer).")
         fig, ax = plt.subplots(figsize=(10, 0.5 + 0.45 * len(per_rank)))
         ax.barh(range(len(per_rank)), [r["comm_bytes"] / MIB for r in per_rank],
                 color=COLORS["comm"])
@@ -325,11 +330,11 @@ def collectives(summary, trace):
         ax.set_yticklabels(["rank %d" % r["rank"] for r in per_rank])
         ax.set_xlabel("MiB communicated in the last epoch (run with --trace for every collective)")
         return svg(fig)
-    comm = [s for s in trace.spans if s["cat"] == "comm"]
+    comm = [s for s in trace.spans if moved_bytes(s)]
     steps = max(len({s["args"]["step"] for s in trace.step_spans()}), 1)
     totals = {}
     for s in comm:
-        key = s["name"]
+        key = s["name"] if s["cat"] == "comm" else "%s (%s)" % (s["name"], s["cat"])
         totals.setdefault(key, [0, 0, 0.0])
         totals[key][0] += s["args"]["bytes"]
         totals[key][1] += 1
@@ -344,7 +349,7 @@ def collectives(summary, trace):
     rows = "".join("<tr><td>%s</td><td>%d</td><td>%.2f</td><td>%.1f</td></tr>" % (
         esc(k), totals[k][1] // steps, totals[k][0] / steps / MIB, totals[k][2] / totals[k][1])
         for k in names)
-    table = ("<table><tr><th>collective</th><th>calls per step</th><th>MiB per step</th>"
+    table = ("<table><tr><th>transfer</th><th>calls per step</th><th>MiB per step</th>"
              "<th>mean us per call</th></tr>%s</table>" % rows)
     return svg(fig) + table
 

@@ -302,6 +302,8 @@ PieceStats PipelineExecutor::run(const Piece& piece, nn::Loss& loss, const Hooks
   const int m = static_cast<int>(micro_rows_.size());
   const auto& order = schedule_for(m, training)[stage_];
   PieceStats result;
+  // Evaluation is not step time: its figures are not kept (take_stats() reports training).
+  const double kept[] = {forward_s_, send_s_, recv_s_, sent_bytes_};
   if (training) {
     // Line the stages up so that each stage's idle time is the schedule's, not the skew left
     // by the previous step.
@@ -327,6 +329,8 @@ PieceStats PipelineExecutor::run(const Piece& piece, nn::Loss& loss, const Hooks
     span_s_ += now_seconds() - t0_;
     TESSEL_CHECK(inflight_.empty(), "pipeline: ", inflight_.size(),
                  " micro-batches still in flight after the schedule");
+  } else {
+    forward_s_ = kept[0], send_s_ = kept[1], recv_s_ = kept[2], sent_bytes_ = kept[3];
   }
   return result;
 }

@@ -15,7 +15,7 @@ namespace tessel::train {
 
 class Checkpointer {
  public:
-  Checkpointer(const Config& config, parallel::Engine& engine, nn::Model& model);
+  Checkpointer(const Config& config, parallel::Engine& engine);
 
   // Collective over the training ranks (the engine reaches parameter servers): writes step
   // `step`'s checkpoint under run_dir with rank 0's trainer_json and returns the committed

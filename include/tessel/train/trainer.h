@@ -60,7 +60,7 @@ class Trainer {
   // rows and correct count to `sums`. run() calls it; benchmarks time it directly.
   void step(const std::vector<data::Batch>& batches, EvalResult& sums);
 
-  nn::Model& model() { return *model_; }
+  nn::Model& model() { return engine_->model(); }  // this rank's part
   const Config& config() const { return config_; }
   const data::Splits& datasets() const { return data_; }
   const std::string& run_dir() const { return run_dir_; }
@@ -103,12 +103,10 @@ class Trainer {
   comm::Communicator own_world_;          // the one-rank world when none is given
   comm::Communicator* world_;
   data::Splits data_;
-  std::unique_ptr<nn::Model> model_;
   std::unique_ptr<parallel::Engine> engine_;
   std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<Progress> progress_;
   std::unique_ptr<data::DataLoader> loader_;
-  nn::CrossEntropyLoss loss_;
   int64_t total_steps_ = 0;
   float base_lr_ = 0;
   int64_t step_ = 0;

@@ -158,7 +158,7 @@ TEST(TraceFile, ParameterServerWithStraggler) {
   RunOptions opts;
   opts.run_dir = testing::test_run_dir("trace_ps");
   const testing::RunResult r = testing::train_on(
-      spiral({"ps.servers=1", "ps.mode=async", "debug.slow_rank=1", "debug.delay_ms=10",
+      spiral({"ps.servers=1", "ps.mode=async", "debug.slow_rank=1", "debug.delay_ms=30",
               "trace.steps=3:20"}),  // the end of epoch 1 (step 11) and its collectives
       3, opts);
   const json doc = read_trace(opts.run_dir);

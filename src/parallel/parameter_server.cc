@@ -228,8 +228,10 @@ void ParameterServer::start(int64_t clock) {
 }
 
 void ParameterServer::pull(Kind kind) {
+  const double counted = wait_s_;
   request(kind, clock_);
   await_replies(kind == kEvalPull ? "evaluation pull" : "pull");
+  if (kind == kEvalPull) wait_s_ = counted;  // evaluation is not step time (RankStats)
 }
 
 void ParameterServer::set_claims(const Claims& claims) {

@@ -282,6 +282,25 @@ void Trainer::end_epoch(State& s, double epoch_start, json& epoch_records, EvalR
                         rec["epoch_seconds"].get<double>());
 }
 
+void Trainer::start_progress() {
+  const int64_t bpe = loader_->batches_per_epoch(), k = config_.train.accumulate;
+  const int64_t workers = engine_->data_size();
+  const int64_t steps_per_epoch = lockstep_ ? (bpe + k - 1) / k : (bpe + workers - 1) / workers;
+  progress_->info(str("training ", config_.model.kind, " (", engine_->model().num_parameters(),
+                      " parameters) on ", data_.train->name(), " (", data_.train->size(),
+                      " samples), layout ", engine_->layout().str(), ", zero.stage ",
+                      config_.parallel.zero_stage, ", ", config_.train.epochs, " epochs x ",
+                      steps_per_epoch, " steps, batch ", config_.train.batch * k,
+                      lockstep_ ? "" : str(" (claimed in worker batches of ", batch_rows_, ")"),
+                      ", run folder ", run_dir_));
+  // The ETA's guess of an evaluation before one ran: a forward pass costs about a third of a
+  // training step per row.
+  const double eval_rows = static_cast<double>((data_.test ? data_.test->size() : 0) +
+                                               (config_.train.eval_train ? data_.train->size() : 0));
+  progress_->start(step_, total_steps_, steps_per_epoch,
+                   eval_rows / static_cast<double>(3 * config_.train.batch * k));
+}
+
 json Trainer::run() {
   MemoryScope memory(ledger_, MemCategory::kOther);
   TraceScope trace(trace_ ? trace_->tracer() : nullptr);
@@ -299,19 +318,10 @@ json Trainer::run() {
     std::ofstream(fs::path(run_dir_) / "config.toml") << to_toml(config_);
   engine_->start();
 
-  const int64_t bpe = loader_->batches_per_epoch();
-  const int64_t epochs = config_.train.epochs, k = config_.train.accumulate;
+  const int64_t epochs = config_.train.epochs;
   start_step_ = step_;
   start_batches_ = batches_done_;
-  const int64_t workers = engine_->data_size();
-  progress_->info(str("training ", config_.model.kind, " (", engine_->model().num_parameters(),
-                      " parameters) on ", data_.train->name(), " (", data_.train->size(),
-                      " samples), layout ", engine_->layout().str(), ", zero.stage ",
-                      config_.parallel.zero_stage, ", ", epochs, " epochs x ",
-                      lockstep_ ? (bpe + k - 1) / k : (bpe + workers - 1) / workers,
-                      " steps, batch ", config_.train.batch * k,
-                      lockstep_ ? "" : str(" (claimed in worker batches of ", batch_rows_, ")"),
-                      ", run folder ", run_dir_));
+  start_progress();
   // Lockstep layouts count steps; the others claimed worker batches (agreed at epoch ends).
   auto budget_left = [&] {
     return lockstep_ ? step_ < total_steps_ : batches_done_ < claim_budget_;
@@ -320,12 +330,6 @@ json Trainer::run() {
   int64_t last_test_step = -1;
   bool stopped = false;
   json epoch_records = json::array();
-  // The ETA's guess of an evaluation before one ran: a forward pass costs about a third of a
-  // training step per row.
-  const double eval_rows = static_cast<double>((data_.test ? data_.test->size() : 0) +
-                                               (config_.train.eval_train ? data_.train->size() : 0));
-  progress_->start(step_, total_steps_, lockstep_ ? (bpe + k - 1) / k : (bpe + workers - 1) / workers,
-                   eval_rows / static_cast<double>(3 * config_.train.batch * k));
   for (; s.epoch < epochs && budget_left() && !stopped; ++s.epoch, s.batch_in_epoch = 0) {
     const double epoch_start = now_seconds();
     if (lockstep_)

@@ -77,6 +77,7 @@ class Trainer {
     int64_t train_samples = 0;
   };
   void set_up_loader();
+  void start_progress();  // the run's first line; the ETA's inputs
   void train_epoch(State& s, bool& stopped);
   bool train_claimed_epoch(State& s);
   void end_epoch(State& s, double epoch_start, nlohmann::json& epoch_records,

@@ -403,6 +403,10 @@ json Trainer::summary(const State& s, const EvalResult& last_train, const EvalRe
       {"completed", completed},
       {"run_dir", run_dir_}};
   if (!epoch_records.empty()) out["ranks"] = epoch_records.back()["ranks"];
+  if (const optim::LossScaler* ls = engine_->loss_scaler()) {
+    out["loss_scale"] = ls->scale();
+    out["skipped_steps"] = ls->skipped();
+  }
   // A rank slower than its peers over the whole run (progress lines name it as it happens).
   const std::optional<Straggler> straggler = find_straggler(run_stats_);
   out["straggler"] = straggler ? json{{"rank", straggler->rank}, {"slowdown", straggler->slowdown()}}

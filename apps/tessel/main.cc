@@ -1,5 +1,5 @@
-// tessel command line: train, eval, predict, serve, config, ckpt export, bench comm, launch.
-// Library errors (tessel::Error) become a one-line message on stderr and exit code 1;
+// tessel command line: train, eval, predict, serve, config, ckpt export, bench comm, launch,
+// report. Library errors (tessel::Error) become a one-line message on stderr and exit code 1;
 // command-line misuse exits 2 with the usage text.
 #include <atomic>
 #include <csignal>
@@ -24,6 +24,7 @@
 #include "tessel/train/evaluator.h"
 #include "tessel/train/recovery.h"
 #include "tessel/train/trainer.h"
+#include "report.h"
 
 namespace {
 
@@ -115,17 +116,17 @@ int fail(const char* kind, const std::exception& e) {
 
 // Everything the command line sets.
 struct Args {
-  std::string config_path, run_dir, resume, checkpoint, logits_path, export_out, backend;
+  std::string config_path, run_dir, resume, checkpoint, logits_path, export_out, backend, report_out;
   std::vector<std::string> overrides;
   int64_t stop_after = 0, logits_limit = 100;
-  bool quiet = false;
+  bool quiet = false, trace = false;
   int workers = 0;
   tessel::comm::CommBenchOptions cb;
   std::string cb_algorithms, cb_sizes, cb_collectives, cb_dtype = "f32", cb_segment;
 };
 
 struct Commands {
-  CLI::App *train, *eval, *ckpt_export, *config, *bench_comm, *launch;
+  CLI::App *train, *eval, *ckpt_export, *config, *bench_comm, *launch, *report;
   InferCommand predict, serve;
 };
 
@@ -144,6 +145,7 @@ CLI::App* add_train(CLI::App& app, Args& a) {
   train->add_option("--stop-after", a.stop_after,
                     "Stop after N steps of this invocation, saving a checkpoint to resume from");
   train->add_flag("--quiet", a.quiet, "No progress output");
+  train->add_flag("--trace", a.trace, "Write trace.json, a per-rank timeline (train.trace = true)");
   train->add_option("--workers", a.workers, "Ranks as threads of this process (runtime.workers)");
   train->add_option("--backend", a.backend, "threads or mpi (runtime.backend; default: auto)");
   return train;
@@ -204,6 +206,10 @@ Commands add_commands(CLI::App& app, Args& a) {
       "tessel launch -np N [--min-np M] [--max-restarts K] [--hostfile FILE] "
       "[--mpirun 'mpirun ARGS'] -- train CONFIG [options] (docs/fault_tolerance.md)");
   c.launch->prefix_command();  // everything after `launch` is the launcher's to parse
+  c.report = app.add_subcommand(
+      "report", "Write RUN_DIR/report.html: curves, load balance, memory, pipeline, timeline");
+  c.report->add_option("run_dir", a.run_dir, "Run folder (holds summary.json)")->required();
+  c.report->add_option("--out", a.report_out, "Output file (default: RUN_DIR/report.html)");
   return c;
 }
 
@@ -217,6 +223,7 @@ int run_train(Args& a) {
   for (int sig : {SIGINT, SIGTERM, SIGUSR1, SIGUSR2}) std::signal(sig, on_stop_signal);
   if (a.workers > 0) a.overrides.push_back("runtime.workers=" + std::to_string(a.workers));
   if (!a.backend.empty()) a.overrides.push_back("runtime.backend=" + a.backend);
+  if (a.trace) a.overrides.push_back("train.trace=true");
   bool main = true;
   nlohmann::json summary =
       train_job(tessel::train::load_config(a.config_path, a.overrides), opts, &main);
@@ -268,6 +275,11 @@ int run(const Commands& c, Args& a) {
   }
   if (*c.bench_comm) return run_bench_comm(a);
   if (*c.launch) return tessel::app::run_launch(c.launch->remaining());
+  if (*c.report) {
+    const std::string out = write_report(a.run_dir, a.report_out);
+    std::printf("wrote %s\n", out.c_str());
+    return 0;
+  }
   if (*c.config)
     std::printf("%s", tessel::train::to_toml(tessel::train::load_config(a.config_path, a.overrides)).c_str());
   return 0;

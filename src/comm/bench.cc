@@ -22,10 +22,11 @@ struct Point {
   std::string coll;
   Algorithm algorithm;
   Algorithm resolved;
-  size_t bytes = 0;
+  bool in_place = true;
+  size_t bytes = 0, count = 0;
   double median_s = 0;
   double factor = 1;  // busbw / algbw
-  bool ok = true;
+  int64_t wrong = 0;  // elements that failed verification (over every rank)
 };
 
 double median(std::vector<double> v) {
@@ -61,38 +62,53 @@ int default_repeats(size_t bytes) {
   return 7;
 }
 
-// Runs one call of `coll` with `a`; `in`/`out` hold `bytes` (see bench.h for the convention).
-void call(Communicator& c, const std::string& coll, Algorithm a, char* in, char* out, size_t count,
+// One variant of a collective: its algorithm, and whether the output overlaps the input.
+struct Variant {
+  Algorithm algorithm;
+  bool in_place;
+};
+
+// The buffers of a point: `bytes` each (see bench.h for the size convention).
+struct Buffers {
+  std::unique_ptr<char[]> in, out;
+};
+
+// Runs one call of `coll`. In place: allreduce on `in`; reduce-scatter into this rank's block
+// of `in`; allgather from this rank's block of `out`. Out of place: `in` to `out`.
+void call(Communicator& c, const std::string& coll, const Variant& v, Buffers& b, size_t count,
           ElemType e) {
   CallOptions o;
-  o.algorithm = a;
+  o.algorithm = v.algorithm;
   const size_t per_rank = count / static_cast<size_t>(c.size());
+  const size_t mine = c.rank() * per_rank * elem_size(e);
   if (coll == "allreduce")
-    c.allreduce(in, count, e, ReduceOp::kSum, o);
+    c.allreduce(b.in.get(), count, e, ReduceOp::kSum, o);
   else if (coll == "reduce_scatter")
-    c.reduce_scatter(in, out, per_rank, e, ReduceOp::kSum, o);
+    c.reduce_scatter(b.in.get(), v.in_place ? b.in.get() + mine : b.out.get(), per_rank, e,
+                     ReduceOp::kSum, o);
   else
-    c.allgather(in + c.rank() * per_rank * elem_size(e), out, per_rank, e, o);
+    c.allgather(v.in_place ? b.out.get() + mine : b.in.get() + mine, b.out.get(), per_rank, e, o);
 }
 
-// Fills inputs with small integers, runs once and checks every element exactly.
-bool verify(Communicator& c, const std::string& coll, Algorithm a, char* in, char* out,
-            size_t count, ElemType e) {
+// Fills inputs with small integers, runs once and counts the elements that differ from a
+// local reduction.
+int64_t count_wrong(Communicator& c, const std::string& coll, const Variant& v, Buffers& b,
+                    size_t count, ElemType e) {
   const int n = c.size(), r = c.rank();
   auto value = [](int rank, size_t i) { return static_cast<int>((i * 7 + rank * 3) % 11) - 5; };
-  auto put = [&](char* p, size_t i, int v) {
+  auto put = [&](char* p, size_t i, int x) {
     if (e == ElemType::kF32)
-      reinterpret_cast<float*>(p)[i] = static_cast<float>(v);
+      reinterpret_cast<float*>(p)[i] = static_cast<float>(x);
     else if (e == ElemType::kF64)
-      reinterpret_cast<double*>(p)[i] = v;
+      reinterpret_cast<double*>(p)[i] = x;
     else if (e == ElemType::kI32)
-      reinterpret_cast<int32_t*>(p)[i] = v;
+      reinterpret_cast<int32_t*>(p)[i] = x;
     else if (e == ElemType::kI64)
-      reinterpret_cast<int64_t*>(p)[i] = v;
+      reinterpret_cast<int64_t*>(p)[i] = x;
     else if (e == ElemType::kBF16)
-      reinterpret_cast<uint16_t*>(p)[i] = f32_to_bf16(static_cast<float>(v));
+      reinterpret_cast<uint16_t*>(p)[i] = f32_to_bf16(static_cast<float>(x));
     else
-      reinterpret_cast<uint16_t*>(p)[i] = f32_to_f16(static_cast<float>(v));
+      reinterpret_cast<uint16_t*>(p)[i] = f32_to_f16(static_cast<float>(x));
   };
   auto get = [&](const char* p, size_t i) -> double {
     if (e == ElemType::kF32) return reinterpret_cast<const float*>(p)[i];
@@ -107,20 +123,23 @@ bool verify(Communicator& c, const std::string& coll, Algorithm a, char* in, cha
     for (int k = 0; k < n; ++k) s += value(k, i);
     return static_cast<double>(s);
   };
-  for (size_t i = 0; i < count; ++i) put(in, i, value(r, i));
-  call(c, coll, a, in, out, count, e);
   const size_t per_rank = count / static_cast<size_t>(n);
-  bool ok = true;
+  // The inputs: allgather's in-place input is this rank's block of the output.
+  char* input = coll == "allgather" && v.in_place ? b.out.get() : b.in.get();
+  for (size_t i = 0; i < count; ++i) put(input, i, value(r, i));
+  call(c, coll, v, b, count, e);
+  int64_t wrong = 0;
   if (coll == "allreduce") {
-    for (size_t i = 0; i < count && ok; ++i) ok = get(in, i) == sum(i);
+    for (size_t i = 0; i < count; ++i) wrong += get(b.in.get(), i) != sum(i);
   } else if (coll == "reduce_scatter") {
-    for (size_t k = 0; k < per_rank && ok; ++k) ok = get(out, k) == sum(r * per_rank + k);
-  } else {
-    // allgather: rank j's block is its own input at the same offsets.
-    for (size_t i = 0; i < per_rank * n && ok; ++i)
-      ok = get(out, i) == value(static_cast<int>(i / per_rank), i);
+    const char* out = v.in_place ? b.in.get() + r * per_rank * elem_size(e) : b.out.get();
+    for (size_t k = 0; k < per_rank; ++k) wrong += get(out, k) != sum(r * per_rank + k);
+  } else {  // allgather: rank j's block is its own input at the same offsets
+    for (size_t i = 0; i < per_rank * n; ++i)
+      wrong += get(b.out.get(), i) != value(static_cast<int>(i / per_rank), i);
   }
-  return ok;
+  c.allreduce(&wrong, 1, ElemType::kI64, ReduceOp::kSum);
+  return wrong;
 }
 
 // One rank's part of the whole bench; returns the points (meaningful on rank 0).
@@ -135,38 +154,39 @@ std::vector<Point> bench_rank(Communicator& c, const CommBenchOptions& o,
     for (size_t size : o.sizes) {
       const size_t count = std::max<size_t>(1, size / es / n) * n;  // divisible by n
       const size_t bytes = count * es;
-      std::vector<Algorithm> use;
+      std::vector<Variant> use;
       for (Algorithm a : algos) {
         try {
           c.choose(op, bytes, a);
-          use.push_back(a);
         } catch (const InvalidArgument&) {  // not available for this collective/backend
+          continue;
         }
+        if (op != OpKind::kAllreduce) use.push_back({a, false});  // allreduce works in place
+        use.push_back({a, true});
       }
-      std::unique_ptr<char[]> in(new char[bytes]()), out(new char[bytes]());
+      Buffers b{std::unique_ptr<char[]>(new char[bytes]()), std::unique_ptr<char[]>(new char[bytes]())};
       const int reps = o.repeats > 0 ? o.repeats : default_repeats(bytes);
       std::vector<std::vector<double>> t(use.size(), std::vector<double>(reps));
-      for (size_t k = 0; k < use.size(); ++k)  // warm-up: page faults, scratch growth
-        call(c, coll, use[k], in.get(), out.get(), count, e);
+      for (const Variant& v : use) call(c, coll, v, b, count, e);  // warm-up: page faults, scratch
       for (int rep = 0; rep < reps; ++rep)
         for (size_t k = 0; k < use.size(); ++k) {
           c.barrier();
           double t0 = now_seconds();
-          call(c, coll, use[k], in.get(), out.get(), count, e);
+          call(c, coll, use[k], b, count, e);
           t[k][rep] = now_seconds() - t0;
         }
       for (size_t k = 0; k < use.size(); ++k) {
         Point p;
         p.coll = coll;
-        p.algorithm = use[k];
-        p.resolved = c.choose(op, bytes, use[k]);
+        p.algorithm = use[k].algorithm;
+        p.in_place = use[k].in_place;
+        p.resolved = c.choose(op, bytes, use[k].algorithm);
         p.bytes = bytes;
+        p.count = count;
         c.allreduce(t[k].data(), t[k].size(), ElemType::kF64, ReduceOp::kMax);
         p.median_s = median(t[k]);
         p.factor = op == OpKind::kAllreduce ? 2.0 * (n - 1) / n : 1.0 * (n - 1) / n;
-        int ok = verify(c, coll, use[k], in.get(), out.get(), count, e) ? 1 : 0;
-        c.allreduce(&ok, 1, ElemType::kI32, ReduceOp::kMin);
-        p.ok = ok == 1;
+        p.wrong = count_wrong(c, coll, use[k], b, count, e);
         points.push_back(p);
       }
     }
@@ -174,21 +194,77 @@ std::vector<Point> bench_rank(Communicator& c, const CommBenchOptions& o,
   return points;
 }
 
+// nccl-tests' names of the element types.
+const char* type_name(ElemType e) {
+  switch (e) {
+    case ElemType::kF32: return "float";
+    case ElemType::kF64: return "double";
+    case ElemType::kF16: return "half";
+    case ElemType::kBF16: return "bfloat16";
+    case ElemType::kI32: return "int32";
+    case ElemType::kI64: return "int64";
+    default: return "uint8";
+  }
+}
+
+std::string columns(const Point* p) {
+  if (!p) return str(std::string(31, ' '), "n/a");
+  const double algbw = p->bytes / p->median_s / 1e9;
+  char buf[96];
+  std::snprintf(buf, sizeof buf, " %10.1f %7.3f %7.3f %6ld", p->median_s * 1e6, algbw,
+                algbw * p->factor, long(p->wrong));
+  return buf;
+}
+
+void print_block_header(const Point& p) {
+  std::printf("#\n# %s, algorithm %s%s\n", p.coll.c_str(), algorithm_name(p.algorithm),
+              p.coll == "allreduce" ? " (tessel's allreduce works in place only)" : "");
+  std::printf("# %10s %12s %9s %6s %5s %33s %35s\n", "", "", "", "", "", "out-of-place",
+              "in-place");
+  std::printf("# %10s %12s %9s %6s %5s %10s %7s %7s %6s %10s %7s %7s %6s%s\n", "size", "count",
+              "type", "redop", "root", "time", "algbw", "busbw", "#wrong", "time", "algbw", "busbw",
+              "#wrong", p.algorithm == Algorithm::kAuto ? " chosen" : "");
+  std::printf("# %10s %12s %9s %6s %5s %10s %7s %7s %6s %10s %7s %7s\n", "(B)", "(elements)", "",
+              "", "", "(us)", "(GB/s)", "(GB/s)", "", "(us)", "(GB/s)", "(GB/s)");
+}
+
+// The nccl-tests layout: per collective and algorithm a block of rows, one per size, with the
+// out-of-place and in-place time, algorithm bandwidth, bus bandwidth and wrong elements (and,
+// for auto, the algorithm it chose at that size).
 void print(const CommBenchOptions& o, int n, double memcpy_bw, const std::vector<Point>& pts) {
-  std::printf("comm bench: backend %s, %d ranks, %s, %u cores%s%s\n", o.backend.c_str(), n,
+  std::printf("# comm bench: backend %s, %d ranks, %s, %u cores%s%s\n", o.backend.c_str(), n,
               elem_name(o.elem), std::max(1u, std::thread::hardware_concurrency()),
               o.backend == "mpi" ? ", " : "", o.backend == "mpi" ? mpi_thread_level() : "");
-  std::printf("memcpy (1 thread, same run): %.2f GB/s\n", memcpy_bw / 1e9);
-  std::printf("%-15s %-22s %10s %12s %11s %11s %9s %s\n", "collective", "algorithm", "size",
-              "median_us", "algbw_GB/s", "busbw_GB/s", "%memcpy", "check");
-  for (const Point& p : pts) {
-    double algbw = p.bytes / p.median_s / 1e9, busbw = algbw * p.factor;
-    std::string name = algorithm_name(p.algorithm);
-    if (p.algorithm == Algorithm::kAuto) name += str("->", algorithm_name(p.resolved));
-    std::printf("%-15s %-22s %10s %12.1f %11.3f %11.3f %8.1f%% %s\n", p.coll.c_str(), name.c_str(),
-                format_bytes(p.bytes).c_str(), p.median_s * 1e6, algbw, busbw,
-                100.0 * busbw * 1e9 / memcpy_bw, p.ok ? "ok" : "FAILED");
+  std::printf("# memcpy (1 thread, same run): %.2f GB/s; time: median over repeats of the "
+              "slowest rank\n",
+              memcpy_bw / 1e9);
+  // Blocks in the order their collective and algorithm first appear; rows by size.
+  std::vector<std::pair<std::string, Algorithm>> blocks;
+  for (const Point& p : pts)
+    if (std::find(blocks.begin(), blocks.end(), std::pair(p.coll, p.algorithm)) == blocks.end())
+      blocks.emplace_back(p.coll, p.algorithm);
+  for (const auto& [coll, algorithm] : blocks) {
+    bool header = false;
+    for (const Point& p : pts) {
+      if (p.coll != coll || p.algorithm != algorithm || !p.in_place) continue;
+      if (!header) print_block_header(p), header = true;
+      const Point* oop = nullptr;  // out of place at the same size, if measured
+      for (const Point& q : pts)
+        if (q.coll == coll && q.algorithm == algorithm && !q.in_place && q.bytes == p.bytes) oop = &q;
+      std::printf("  %10zu %12zu %9s %6s %5d%s%s%s\n", p.bytes, p.count, type_name(o.elem),
+                  p.coll == "allgather" ? "none" : "sum", -1, columns(oop).c_str(),
+                  columns(&p).c_str(),
+                  algorithm == Algorithm::kAuto ? str(" ", algorithm_name(p.resolved)).c_str() : "");
+    }
   }
+  int64_t wrong = 0;
+  double busbw = 0;
+  for (const Point& p : pts) {
+    wrong += p.wrong;
+    busbw += p.bytes / p.median_s / 1e9 * p.factor / static_cast<double>(pts.size());
+  }
+  std::printf("#\n# wrong elements : %ld %s\n# avg bus bandwidth : %.3f GB/s\n", long(wrong),
+              wrong == 0 ? "OK" : "FAILED", busbw);
   std::fflush(stdout);
 }
 
@@ -204,9 +280,10 @@ void write_json(const CommBenchOptions& o, int n, double memcpy_bw, const std::v
     double algbw = p.bytes / p.median_s / 1e9;
     f << (i ? ",\n    " : "\n    ") << "{\"collective\": \"" << p.coll << "\", \"algorithm\": \""
       << algorithm_name(p.algorithm) << "\", \"resolved\": \"" << algorithm_name(p.resolved)
-      << "\", \"bytes\": " << p.bytes << ", \"median_us\": " << p.median_s * 1e6
+      << "\", \"in_place\": " << (p.in_place ? "true" : "false") << ", \"bytes\": " << p.bytes
+      << ", \"count\": " << p.count << ", \"median_us\": " << p.median_s * 1e6
       << ", \"algbw_GBps\": " << algbw << ", \"busbw_GBps\": " << algbw * p.factor
-      << ", \"ok\": " << (p.ok ? "true" : "false") << "}";
+      << ", \"wrong\": " << p.wrong << ", \"ok\": " << (p.wrong == 0 ? "true" : "false") << "}";
   }
   f << "\n  ]\n}\n";
 }
@@ -258,11 +335,11 @@ int run_comm_bench(const CommBenchOptions& o) {
     if (c.rank() == 0) memcpy_bw = std::max(memcpy_bw, memcpy_bandwidth(memcpy_bytes));
     c.barrier();
     if (c.rank() != 0)
-      return std::all_of(points.begin(), points.end(), [](const Point& p) { return p.ok; }) ? 0 : 1;
+      return std::all_of(points.begin(), points.end(), [](const Point& p) { return p.wrong == 0; }) ? 0 : 1;
   }
   print(o, n, memcpy_bw, points);
   if (!o.json_path.empty()) write_json(o, n, memcpy_bw, points);
-  return std::all_of(points.begin(), points.end(), [](const Point& p) { return p.ok; }) ? 0 : 1;
+  return std::all_of(points.begin(), points.end(), [](const Point& p) { return p.wrong == 0; }) ? 0 : 1;
 }
 
 }  // namespace tessel::comm

@@ -15,7 +15,9 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "spin_lock.h"
 #include "tessel/comm/algorithms.h"
@@ -67,6 +69,11 @@ struct CommState {
   uint64_t shared = 0;  // shared_memory() calls made so far
   Scratch scratch;
   std::unique_ptr<Progress> progress;  // started on the first async call
+  // For traces (core/trace.h): the group's name, equal on its members ("world", then one
+  // "/<split>.<color>" per split), and its members as ranks of the job (a JSON array).
+  std::string group = "world";
+  std::vector<int> job_ranks;
+  std::string job_ranks_json;
 
   void drain() {
     if (progress) progress->drain();

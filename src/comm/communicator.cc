@@ -7,7 +7,9 @@
 
 #include "comm_state.h"
 #include "reduce.h"
+#include "tessel/core/clock.h"
 #include "tessel/core/error.h"
+#include "tessel/core/trace.h"
 
 namespace tessel::comm {
 namespace {
@@ -127,10 +129,38 @@ double timeout_of(const CommState& s, const CallOptions& o) {
   return o.timeout_s > 0 ? o.timeout_s : s.options.timeout_s;
 }
 
-// Runs a prepared call. Any failure aborts the whole family of groups: a rank that leaves a
-// collective early would otherwise leave its peers waiting for the deadline.
-void execute(CommState& s, CollContext ctx, Algorithm a, double timeout_s, const Body& body) {
+void set_job_ranks(CommState& s, std::vector<int> ranks) {
+  std::string text(1, '[');
+  for (size_t i = 0; i < ranks.size(); ++i) text += str(i ? "," : "", ranks[i]);
+  text += ']';
+  s.job_ranks = std::move(ranks);
+  s.job_ranks_json = std::move(text);
+}
+
+// A collective's span in the trace: what, how many bytes, the algorithm, the ranks of the job
+// taking part, and the (group, seq) that pairs the span with the other ranks' spans of it.
+void trace_call(Tracer& tracer, const CommState& s, const Stamp& st, double start) {
+  const double end = now_seconds();
+  TraceArgs args;
+  args.num("bytes", static_cast<double>(st.count * elem_size(st.elem)))
+      .num("count", static_cast<double>(st.count))
+      .text("dtype", elem_name(st.elem))
+      .text("algorithm", algorithm_name(st.algorithm))
+      .json("peers", s.job_ranks_json)
+      .text("group", s.group)
+      .num("seq", static_cast<double>(st.seq));
+  if (st.label) args.num("label", st.label);
+  if (st.root >= 0) args.num("root", st.root);
+  tracer.span(op_kind_name(st.op), "comm", start, end, std::move(args));
+}
+
+// Runs a prepared call, traced into `tracer` unless null. Any failure aborts the whole family of
+// groups: a rank that leaves a collective early would otherwise leave its peers waiting for the
+// deadline.
+void execute(CommState& s, CollContext ctx, Algorithm a, double timeout_s, const Body& body,
+             Tracer* tracer) {
   ctx.deadline = Deadline::after(timeout_s);
+  const double start = tracer ? now_seconds() : 0;
   try {
     body(ctx, a);
   } catch (const CommError& e) {
@@ -141,6 +171,7 @@ void execute(CommState& s, CollContext ctx, Algorithm a, double timeout_s, const
                            ": ", e.what()));
     throw;
   }
+  if (tracer) trace_call(*tracer, s, ctx.stamp, start);
 }
 
 void run_blocking(CommState& s, const Call& c, const Body& body) {
@@ -148,7 +179,7 @@ void run_blocking(CommState& s, const Call& c, const Body& body) {
   s.transport->check_alive();
   Algorithm a;
   CollContext ctx = prepare(s, c, &a);
-  execute(s, ctx, a, timeout_of(s, c.options), body);
+  execute(s, ctx, a, timeout_of(s, c.options), body, active_tracer());
 }
 
 Work run_async(CommState& s, const Call& c, Body body) {
@@ -161,7 +192,11 @@ Work run_async(CommState& s, const Call& c, Body body) {
   w->transport = s.transport.get();
   w->what = str(describe(ctx.stamp), " on rank ", s.transport->rank());
   double timeout = timeout_of(s, c.options);
-  w->task = [&s, ctx, a, timeout, body = std::move(body)] { execute(s, ctx, a, timeout, body); };
+  // The progress thread records into the caller's tracer, on its own row, if the caller was
+  // recording when it made the call (in call order: the same decision on every rank).
+  w->task = [&s, ctx, a, timeout, body = std::move(body), tracer = active_tracer()] {
+    execute(s, ctx, a, timeout, body, tracer);
+  };
   s.progress->submit(w);
   return Work(w);
 }
@@ -203,6 +238,9 @@ Communicator::Communicator(std::unique_ptr<Transport> transport, CommOptions opt
   s_->policy.spin_us = options.spin_us;
   s_->policy.yield_us = options.yield_us;
   s_->policy.oversubscribed = s_->transport->oversubscribed();
+  std::vector<int> ranks(static_cast<size_t>(s_->transport->size()));
+  for (size_t i = 0; i < ranks.size(); ++i) ranks[i] = static_cast<int>(i);
+  set_job_ranks(*s_, std::move(ranks));
 }
 
 int Communicator::rank() const { return s_->transport->rank(); }
@@ -539,7 +577,13 @@ Communicator Communicator::split(int color, int key) {
     throw;
   }
   if (!sub) return Communicator();
-  return Communicator(std::move(sub), s_->options);
+  const uint64_t split_id = s_->splits - 1;
+  Communicator out(std::move(sub), s_->options);
+  std::vector<int> ranks;
+  for (int m : members) ranks.push_back(s_->job_ranks[static_cast<size_t>(m)]);
+  set_job_ranks(*out.s_, std::move(ranks));
+  out.s_->group = str(s_->group, "/", split_id, ".", color);
+  return out;
 }
 
 int Communicator::ranks_on_host() const {

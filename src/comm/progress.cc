@@ -2,6 +2,7 @@
 
 #include "comm_state.h"
 #include "tessel/core/error.h"
+#include "tessel/core/trace.h"
 
 namespace tessel::comm {
 namespace detail {
@@ -49,6 +50,7 @@ void Progress::drain() {
 
 void Progress::loop() {
   set_progress_thread(true);
+  set_trace_thread_name("comm progress");
   for (;;) {
     uint32_t seen = signal_.load(std::memory_order_acquire);
     std::shared_ptr<WorkState> work;

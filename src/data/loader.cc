@@ -17,6 +17,7 @@
 #include <numeric>
 
 #include "tessel/core/rng.h"
+#include "tessel/core/trace.h"
 
 namespace tessel::data {
 
@@ -84,7 +85,7 @@ void DataLoader::start_epoch(int64_t epoch, int64_t first_batch) {
   worker_done_ = false;
   worker_error_ = nullptr;
   if (options_.prefetch > 0)
-    worker_ = std::thread(&DataLoader::worker_loop, this, epoch, first_batch);
+    worker_ = std::thread(&DataLoader::worker_loop, this, epoch, first_batch, scoped_tracer());
 }
 
 bool DataLoader::next(Batch& out) {
@@ -121,6 +122,8 @@ Batch DataLoader::batch_at(int64_t epoch, int64_t index) {
 }
 
 Batch DataLoader::load(const std::vector<int64_t>& order, int64_t epoch, int64_t index) const {
+  TraceSpan span("load batch", "data");
+  if (TraceArgs* args = span.args()) args->num("batch", static_cast<double>(index));
   const int64_t start = index * options_.batch;
   const int64_t len = std::min(options_.batch, dataset_->size() - start);
   const int64_t r = options_.slice_rank, n = options_.slice_count;
@@ -162,7 +165,9 @@ void DataLoader::stop_worker() {
   if (worker_.joinable()) worker_.join();
 }
 
-void DataLoader::worker_loop(int64_t epoch, int64_t first_batch) {
+void DataLoader::worker_loop(int64_t epoch, int64_t first_batch, Tracer* tracer) {
+  set_trace_thread_name("prefetch");
+  TraceScope trace(tracer);  // the rank's tracer, on this thread's own row
   try {
     const int64_t total = batches_per_epoch();
     const size_t room = static_cast<size_t>(options_.prefetch);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <thread>
 
 #include "grad_syncs.h"
@@ -11,6 +12,8 @@
 #include "working_copy.h"
 #include "tessel/optim/schedule.h"
 #include "tp_group.h"
+#include "tessel/core/clock.h"
+#include "tessel/core/trace.h"
 #include "tessel/parallel/parameter_server.h"
 #include "tessel/parallel/pipeline.h"
 
@@ -73,6 +76,7 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
   if (spec.zero_stage < 0 || spec.zero_stage > 3)
     throw InvalidArgument(str("config: zero.stage must be 0, 1, 2 or 3, got ", spec.zero_stage));
   hooks_fn_ = [this](nn::Phase p, size_t b, bool last) { hook(p, b, last); };
+  block_start_.assign(model_.num_blocks(), 0.0);
   type_ = precision_type(spec);
   parts_["precision"] = spec.precision;
   parts_["recompute"] = spec.recompute;
@@ -96,6 +100,9 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
     sync_ = sync_owner_.get();
     return;
   }
+  if (spec.slow_rank >= world.size())
+    throw InvalidArgument(str("config: debug.slow_rank must be a rank of the ", world.size(),
+                              "-rank world or -1 (none), got ", spec.slow_rank));
   if (layout().pp > 1) {
     auto p = std::make_unique<PipelineExecutor>(spec, mesh_.group(Axis::kPp), model_);
     pipeline_ = p.get();
@@ -182,8 +189,26 @@ int Engine::data_rank() const {
 int Engine::data_size() const { return layout().dp; }
 
 void Engine::hook(nn::Phase phase, size_t block, bool last) {
+  // Traced, a block's span covers its compute only: it starts after the hooks' gathers and
+  // ends before they launch its buckets (or the tp group reduces its output).
+  Tracer* tracer = active_tracer();
+  const bool after = phase == nn::Phase::kAfterForward || phase == nn::Phase::kAfterBackward;
+  if (tracer && after) trace_block(*tracer, phase, block);
   if (tp_) tp_->at(phase, block, training_);
   for (BlockHooks* h : hooks_) h->on_block(phase, block, last);
+  if (tracer && !after) block_start_[block] = now_seconds();
+}
+
+void Engine::trace_block(Tracer& tracer, nn::Phase phase, size_t block) {
+  const double now = now_seconds();
+  const bool forward = phase == nn::Phase::kAfterForward;
+  tracer.span(model_.block_name(block), forward ? "forward" : "backward", block_start_[block], now);
+  if (const auto& ledger = current_ledger()) {
+    TraceArgs mib;
+    for (int k = 0; k < kMemCategories; ++k)
+      mib.num(mem_category_name(MemCategory(k)), static_cast<double>(ledger->current(MemCategory(k))) / (1 << 20));
+    tracer.counter("memory (MiB)", now, std::move(mib));
+  }
 }
 
 PieceStats Engine::counted(const PieceStats& s) const {
@@ -236,8 +261,16 @@ void Engine::step(float lr, float clip_norm, int64_t step) {
     sync_->clear();
     return;
   }
-  sync_->reduce();
-  if (tp_ && tp_->sequence()) sum_whole_grads_over_tp();
+  if (spec_.slow_rank == mesh_.workers().rank() && spec_.delay_ms > 0) {  // a straggler, to study
+    TraceSpan span("debug.delay_ms", "debug");
+    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(spec_.delay_ms));
+  }
+  {
+    TraceSpan span("reduce gradients", "sync");
+    sync_->reduce();
+    if (tp_ && tp_->sequence()) sum_whole_grads_over_tp();
+  }
+  std::optional<TraceSpan> span(std::in_place, "optimizer step", "optimizer");
   // The global norm when clipping needs it, or when fp16 looks for an overflow: an inf or NaN
   // anywhere, on any rank or shard, makes the sum every rank gets non-finite.
   const double sq = clip_norm > 0 || scaler_ ? sync_->sq_norm() : 0;
@@ -249,6 +282,7 @@ void Engine::step(float lr, float clip_norm, int64_t step) {
     store_->update(*optimizer_, lr, grad_scale, *sync_);
   }
   if (scaler_) scaler_->update(overflow);
+  span.reset();
   sync_->clear();
   if (pipeline_) pipeline_->sync_tied_table(*store_);
   if (sharded_) sharded_->end_step();
@@ -295,9 +329,10 @@ std::vector<double> Engine::gather(double value) {
   return all;
 }
 
-std::vector<RankStats> Engine::take_stats(double step_s) {
+std::vector<RankStats> Engine::take_stats(double step_s, double steps) {
   RankStats s;
   s.step_s = step_s;
+  s.steps = steps;
   executor_->take_stats(s);
   sync_->take_stats(s);
   if (ps_) ps_->take_stats(s);

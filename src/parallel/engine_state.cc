@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tessel/core/sha256.h"
+#include "tessel/core/trace.h"
 #include "tessel/parallel/engine.h"
 #include "tessel/parallel/parameter_server.h"
 
@@ -66,6 +67,7 @@ std::vector<ckpt::ShardSlice> state_slices(const StateView& view, const nn::Mode
 
 ckpt::ShardFile write_state_shard(const std::string& dir, int rank, const StateView& view,
                                   const nn::Model& model) {
+  TraceSpan span("write shard", "checkpoint");
   return ckpt::write_shard(dir, rank, state_slices(view, model));
 }
 

@@ -14,11 +14,13 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <optional>
 #include <thread>
 
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
+#include "tessel/core/trace.h"
 #include "tessel/optim/schedule.h"
 
 namespace tessel::parallel {
@@ -100,14 +102,20 @@ ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model
 
 ParameterServer::~ParameterServer() {
   // An exception on its way out: saying "done" would let a server finish as if all went well.
-  if (is_server() || !started_ || std::uncaught_exceptions() > 0) return;
+  if (is_server() || !started_ || finished_ || std::uncaught_exceptions() > 0) return;
   try {
-    for (int k = 0; k < servers(); ++k) {
-      Request h{kWireVersion, kDone, clock_, held_[static_cast<size_t>(k)]};
-      world_.send(&h, kRequestWords, comm::ElemType::kI64, server_rank(k), kTagRequest);
-    }
+    finish();
   } catch (const std::exception& e) {
     log_warn("parameter server: worker rank ", rank(), " could not say goodbye: ", e.what());
+  }
+}
+
+void ParameterServer::finish() {
+  if (is_server() || !started_ || finished_) return;
+  finished_ = true;
+  for (int k = 0; k < servers(); ++k) {
+    Request h{kWireVersion, kDone, clock_, held_[static_cast<size_t>(k)]};
+    world_.send(&h, kRequestWords, comm::ElemType::kI64, server_rank(k), kTagRequest);
   }
 }
 
@@ -168,6 +176,8 @@ void ParameterServer::request(Kind kind, int64_t clock) {
 }
 
 void ParameterServer::await_replies(const char* what) {
+  TraceSpan span("wait for servers", "ps");
+  if (TraceArgs* args = span.args()) args->text("reply", what);
   const double t0 = now_seconds();
   // A quarter longer than comm.timeout_s: a server that waits for a silent worker reports it
   // (and aborts the group) first, and it knows whom it waits for.
@@ -218,8 +228,10 @@ void ParameterServer::start(int64_t clock) {
 }
 
 void ParameterServer::pull(Kind kind) {
+  const double counted = wait_s_;
   request(kind, clock_);
   await_replies(kind == kEvalPull ? "evaluation pull" : "pull");
+  if (kind == kEvalPull) wait_s_ = counted;  // evaluation is not step time (RankStats)
 }
 
 void ParameterServer::set_claims(const Claims& claims) {
@@ -261,10 +273,13 @@ void ParameterServer::push(GradSync& sync, float clip_norm, int64_t step) {
   start(step);  // a worker whose slices were all empty so far
   evaluated_ = false;
   if (spec_.slow_rank == rank() && spec_.delay_ms > 0) {
+    TraceSpan span("debug.delay_ms", "ps");
     const double t = now_seconds();
     std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(spec_.delay_ms));
     slow_s_ += now_seconds() - t;
   }
+  std::optional<TraceSpan> span(std::in_place, "push", "ps");
+  if (TraceArgs* args = span->args()) args->num("step", static_cast<double>(step));
   const double t0 = now_seconds();
   // The gradient holds this worker's share of the global mean (its rows weigh 1/global rows);
   // scaled by the worker count it estimates the whole gradient, and that estimate's norm is
@@ -285,6 +300,7 @@ void ParameterServer::push(GradSync& sync, float clip_norm, int64_t step) {
                                   server_rank(k), kTagGrad));
   }
   push_s_ += now_seconds() - t0;
+  span.reset();
   await_replies("push");
 }
 

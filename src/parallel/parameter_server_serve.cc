@@ -36,6 +36,7 @@
 
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
+#include "tessel/core/trace.h"
 #include "tessel/parallel/parameter_server.h"
 
 namespace tessel::parallel {
@@ -150,7 +151,9 @@ nlohmann::json ServerLoop::run() {
   // Polls: spin a few microseconds (a reply is often due at once), then yield the core to the
   // workers computing on it, then nap; a vCPU that goes idle is slow to wake (MACHINE_NOTES).
   double idle_since = now_seconds();
+  Tracer* tracer = scoped_tracer();  // records the steps of its window (Tracer::at_step)
   while (done_ < W_) {
+    if (tracer) tracer->at_step(steps_clock());
     bool progress = false;
     for (int w = 0; w < W_; ++w) {
       Worker& k = workers_[static_cast<size_t>(w)];
@@ -267,6 +270,9 @@ void ServerLoop::push(int w) {
   // update computed on a version `s` updates old is scaled by 1 / (1 + s) (ps.stale_lr).
   const double t0 = now_seconds();
   const int64_t staleness = version() - held;
+  TraceSpan span("apply push", "ps");
+  if (TraceArgs* args = span.args())
+    args->num("worker", w).num("staleness", static_cast<double>(staleness)).num("bytes", 4.0 * len_);
   record_staleness(staleness, 1);
   float lr = lr_(steps_clock());
   if (inverse_) lr /= static_cast<float>(1 + std::max<int64_t>(staleness, 0));
@@ -283,6 +289,7 @@ void ServerLoop::push(int w) {
 }
 
 void ServerLoop::apply_sync() {
+  TraceSpan span("apply sync update", "ps");
   const double t0 = now_seconds();
   // The replies of the last version went out straight from the shard: they must have landed.
   for (Worker& k : workers_) k.data_work.wait(deadline());
@@ -380,6 +387,12 @@ void ServerLoop::reply(int w) {
   k.data_work.wait(deadline());
   const bool changed = version() != k.pull_held;
   const int64_t claimed = k.wants_claim ? grant(k) : -1;
+  if (Tracer* tracer = active_tracer()) {
+    TraceArgs args;
+    args.num("worker", w).num("version", static_cast<double>(version())).num("with_data", changed);
+    if (claimed >= 0) args.num("claimed_batch", static_cast<double>(claimed));
+    tracer->instant("pull reply", "ps", now_seconds(), std::move(args));
+  }
   k.reply = Reply{ParameterServer::kWireVersion, version(), changed ? 1 : 0, opt_.steps(), claimed};
   k.reply_work = world_.isend(&k.reply, ParameterServer::kReplyWords, comm::ElemType::kI64, peer(w),
                               ParameterServer::kTagReply);

@@ -5,6 +5,7 @@
 
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
+#include "tessel/core/trace.h"
 #include "tessel/ops/cpu.h"
 
 namespace tessel::parallel {
@@ -255,7 +256,12 @@ Tensor PipelineExecutor::recv(Link& link, int64_t rows, const Shape* expect, con
     MemoryScope scope(MemCategory::kComm);
     t = Tensor::empty(shape, link.dtype);
   }
-  link.comm.recv(t.raw(), static_cast<size_t>(t.numel()), comm::elem_type(link.dtype), link.peer);
+  {
+    TraceSpan span("recv", "p2p");
+    if (TraceArgs* args = span.args())
+      args->text("what", what).num("from_stage", link.peer_stage).num("bytes", static_cast<double>(t.nbytes()));
+    link.comm.recv(t.raw(), static_cast<size_t>(t.numel()), comm::elem_type(link.dtype), link.peer);
+  }
   if (expect && *expect != shape)
     throw Error(str("pipeline: stage ", stage_, " expected the ", what, " from stage ",
                     link.peer_stage, " as ", shape_str(*expect), ", got ", shape_str(shape)));
@@ -305,6 +311,8 @@ PieceStats PipelineExecutor::run(const Piece& piece, nn::Loss& loss, const Hooks
   const int m = static_cast<int>(micro_rows_.size());
   const auto& order = schedule_for(m, training)[stage_];
   PieceStats result;
+  // Evaluation is not step time: its figures are not kept (take_stats() reports training).
+  const double kept[] = {forward_s_, send_s_, recv_s_, sent_bytes_};
   if (training) {
     // Line the stages up so that each stage's idle time is the schedule's, not the skew left
     // by the previous step.
@@ -321,6 +329,7 @@ PieceStats PipelineExecutor::run(const Piece& piece, nn::Loss& loss, const Hooks
     else
       backward_task(t, piece, hooks);
     if (training) trace_.push_back({t.op, t.chunk, t.micro, task_start_ - t0_, task_end_ - t0_});
+    if (Tracer* tracer = active_tracer()) trace_task(*tracer, t);
   }
   wait_sends();
   if (training) {
@@ -329,8 +338,18 @@ PieceStats PipelineExecutor::run(const Piece& piece, nn::Loss& loss, const Hooks
     span_s_ += now_seconds() - t0_;
     TESSEL_CHECK(inflight_.empty(), "pipeline: ", inflight_.size(),
                  " micro-batches still in flight after the schedule");
+  } else {
+    forward_s_ = kept[0], send_s_ = kept[1], recv_s_ = kept[2], sent_bytes_ = kept[3];
   }
   return result;
+}
+
+void PipelineExecutor::trace_task(Tracer& tracer, const Task& t) {
+  TraceArgs args;
+  args.num("micro", t.micro).num("chunk", t.chunk).num("stage", stage_);
+  const bool fwd = t.op == TaskOp::kForward;
+  tracer.span(str(fwd ? "F" : "B", t.micro), fwd ? "pipeline_forward" : "pipeline_backward",
+              task_start_, task_end_, std::move(args));
 }
 
 void PipelineExecutor::forward_task(const Task& t, const Piece& piece, nn::Loss& loss,

@@ -8,6 +8,7 @@
 
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/core/log.h"
+#include "tessel/core/trace.h"
 
 namespace tessel::train {
 
@@ -62,6 +63,8 @@ ckpt::Manifest Checkpointer::manifest() const {
 
 std::string Checkpointer::save(const std::string& run_dir, int64_t step,
                                const std::string& trainer_json) {
+  TraceSpan span("checkpoint", "checkpoint");
+  if (TraceArgs* args = span.args()) args->num("step", static_cast<double>(step));
   const std::string dir = engine_.is_main() ? ckpt::begin_checkpoint(run_dir, step) : std::string();
   int64_t optimizer_steps = 0;
   const std::vector<ckpt::ShardFile> shards = engine_.write_shards(dir, &optimizer_steps);
@@ -70,6 +73,7 @@ std::string Checkpointer::save(const std::string& run_dir, int64_t step,
     ckpt::Manifest m = manifest();
     m.optimizer_steps = optimizer_steps;
     m.shards = shards;
+    TraceSpan commit("commit", "checkpoint");
     committed = ckpt::commit_checkpoint(run_dir, dir, step, m, trainer_json,
                                         config_.checkpoint.keep_last);
     log_debug("checkpoint saved: ", committed);

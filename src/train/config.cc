@@ -10,6 +10,7 @@
 #include <toml++/toml.h>
 
 #include "tessel/core/error.h"
+#include "tessel/train/run_trace.h"
 
 namespace tessel::train {
 namespace {
@@ -149,10 +150,13 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("train.max_restarts", train.max_restarts, "ranks as threads: after a rank fails (an error, an injected fault, a rank stalled past comm.timeout_s), restart every rank from the newest in-memory snapshot or checkpoint, up to this many times (0: the run fails); under MPI use tessel launch --max-restarts"),
       TESSEL_KEY("train.precision", parallel.precision, "fp32, bf16 or fp16: the type of activations, activation gradients, the parameter copy the blocks read and gradient messages; GEMMs in it with f32 sums; master weights, optimizer state, losses and norms f32; fp16 adds dynamic loss scaling (docs/mixed_precision.md)"),
       TESSEL_KEY("train.recompute", parallel.recompute, "none, full or selective: full keeps only each block's input and reruns its forward during the backward; selective drops the large cheap tensors (attention probabilities, GELU outputs) and recomputes them (docs/recompute.md)"),
+      TESSEL_KEY("train.trace", observe.trace, "write trace.json, a per-rank timeline of the trace.steps window in Trace Event Format (Perfetto, chrome://tracing), into the run folder (also --trace)"),
       TESSEL_KEY("checkpoint.every_epochs", checkpoint.every_epochs, "save every N epochs (0: off)"),
       TESSEL_KEY("checkpoint.every_steps", checkpoint.every_steps, "save every N steps (0: off); not with ps.mode async or ssp, whose workers meet only at epoch ends"),
       TESSEL_KEY("checkpoint.keep_last", checkpoint.keep_last, "checkpoints kept in the run folder"),
       TESSEL_KEY("checkpoint.snapshot_steps", checkpoint.snapshot_steps, "ranks as threads with train.max_restarts > 0: every N steps each rank copies its state into an in-memory snapshot, so that a rank failure loses at most N steps and reads no disk (0: off; restarts then use the newest checkpoint)"),
+      TESSEL_KEY("trace.steps", observe.trace_steps, "steps traced with train.trace: \"A:B\" traces steps A to B - 1"),
+      TESSEL_KEY("metrics.tensorboard", observe.tensorboard, "also write the metrics as TensorBoard scalars (event files in tensorboard/ of the run folder)"),
       TESSEL_KEY("runtime.threads", runtime.threads, "BLAS threads of this process"),
       TESSEL_KEY("runtime.workers", runtime.workers, "ranks run as threads of this process (same as --workers)"),
       TESSEL_KEY("runtime.backend", runtime.backend, "auto, threads or mpi (auto: mpi when started by an MPI launcher)"),
@@ -193,7 +197,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("serve.max_body_kb", serve.max_body_kb, "largest request body in KiB; larger ones get 413"),
       TESSEL_KEY("serve.connections", serve.connections, "HTTP connections served at once (one thread each); more wait to be accepted"),
       TESSEL_KEY("serve.timeout_s", serve.timeout_s, "a request not answered in this many seconds gets 504"),
-      TESSEL_KEY("debug.slow_rank", parallel.slow_rank, "worker rank that sleeps debug.delay_ms in every step (parameter-server training) or before every chunk (predict), to study stragglers (-1: none)"),
+      TESSEL_KEY("debug.slow_rank", parallel.slow_rank, "rank that sleeps debug.delay_ms in every step (a parameter-server worker: before its push; otherwise before the gradient reduction) or before every chunk (predict), to study stragglers (-1: none)"),
       TESSEL_KEY("debug.delay_ms", parallel.delay_ms, "milliseconds debug.slow_rank sleeps in every step or chunk"),
       TESSEL_KEY("debug.fail_rank", fault.fail_rank, "inject a failure on this world rank (-1: none), to test recovery; restarts (train.max_restarts, tessel launch) run without it"),
       TESSEL_KEY("debug.fail_step", fault.fail_step, "the injected failure happens right after this step (1-based)"),
@@ -377,6 +381,7 @@ void validate(const Config& c) {
   require(c.serve.timeout_s > 0, str("serve.timeout_s must be > 0, got ", c.serve.timeout_s));
   require(c.runtime.threads >= 1 && c.runtime.threads <= 256,
           str("runtime.threads must be in [1, 256], got ", c.runtime.threads));
+  parse_step_window(c.observe.trace_steps);  // throws naming trace.steps
   require(c.data.test_fraction >= 0 && c.data.test_fraction < 1,
           str("data.test_fraction must be in [0, 1), got ", c.data.test_fraction));
   require(c.train.max_restarts >= 0,

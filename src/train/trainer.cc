@@ -15,8 +15,10 @@
 #include "tessel/optim/schedule.h"
 #include "tessel/parallel/parameter_server.h"
 #include "tessel/train/checkpointer.h"
+#include "tessel/core/trace.h"
 #include "tessel/train/progress.h"
 #include "tessel/train/recovery.h"
+#include "tessel/train/run_trace.h"
 
 namespace tessel::train {
 
@@ -36,6 +38,8 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
   ledger_ = std::make_shared<MemoryLedger>(config_.parallel.memory_limit_mb << 20,
                                            str("rank ", world->rank()));
   MemoryScope memory(ledger_, MemCategory::kOther);
+  if (config_.observe.trace)
+    trace_ = std::make_unique<RunTrace>(config_.observe.trace_steps, str("rank ", world->rank()));
   // OpenBLAS's thread count is process-wide: ranks that are threads of one process each use one
   // BLAS thread (set by the launcher), a rank that owns its process uses runtime.threads.
   if (world->backend() == comm::Backend::kMpi || world->size() == 1)
@@ -57,7 +61,8 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
   if (run_dir_.empty() && !options_.resume.empty())  // continue in the folder we resume from
     run_dir_ = fs::path(ckpt::resolve_checkpoint_dir(options_.resume)).parent_path().parent_path();
   if (run_dir_.empty()) run_dir_ = (fs::path("runs") / config_.name).string();
-  progress_ = std::make_unique<Progress>(config_, engine_->is_main(), options_.progress, run_dir_);
+  progress_ = std::make_unique<Progress>(config_, engine_->is_main(), options_.progress,
+                                         world->backend() != comm::Backend::kMpi, run_dir_);
 }
 
 Trainer::~Trainer() = default;
@@ -193,9 +198,8 @@ bool Trainer::agree_stop() {
   return interrupt > 0;
 }
 
-void Trainer::train_epoch(State& s, double& epoch_train_seconds, bool& stopped) {
+void Trainer::train_epoch(State& s, bool& stopped) {
   const int64_t k = config_.train.accumulate;
-  const int64_t global_batch = config_.train.batch * k;
   loader_->start_epoch(s.epoch, s.batch_in_epoch);
   double window_start = now_seconds();
   int64_t window_samples = 0;
@@ -206,12 +210,19 @@ void Trainer::train_epoch(State& s, double& epoch_train_seconds, bool& stopped) 
     while (got < group.size() && loader_->next(group[got])) ++got;
     if (got == 0) break;
     group.resize(got);
+    if (trace_) trace_->tracer()->at_step(step_);
     const double t0 = now_seconds();  // time waiting for data is not training time
     const int64_t counted = s.epoch_sums.samples;
-    step(group, s.epoch_sums);
+    {
+      TraceSpan span("step", "step");
+      if (TraceArgs* args = span.args()) args->num("step", static_cast<double>(step_));
+      step(group, s.epoch_sums);
+    }
     const double dt = now_seconds() - t0;
     s.train_seconds += dt;
-    epoch_train_seconds += dt;
+    untaken_s_ += dt;
+    ++untaken_steps_;
+    progress_->tick(step_);
     // Rows count where their loss is computed: every stage of a pipeline sees the rows.
     s.train_samples += s.epoch_sums.samples - counted;
     for (const data::Batch& b : group) window_samples += b.global_size;
@@ -223,9 +234,9 @@ void Trainer::train_epoch(State& s, double& epoch_train_seconds, bool& stopped) 
     if (step_ % config_.train.log_every == 0 || step_ == total_steps_) {
       const double now = now_seconds();
       const EvalResult m = global_mean(s.epoch_sums);
-      progress_->train_line(s.epoch, step_, total_steps_, m, lr_at(step_ - 1),
-                            window_samples / std::max(1e-9, now - window_start),
-                            static_cast<double>((total_steps_ - step_) * global_batch));
+      const std::vector<parallel::RankStats> ranks = take_stats();
+      progress_->train_line({s.epoch, step_, total_steps_, m, lr_at(step_ - 1),
+                             window_samples / std::max(1e-9, now - window_start), &ranks});
       window_start = now;
       window_samples = 0;
     }
@@ -238,8 +249,20 @@ void Trainer::train_epoch(State& s, double& epoch_train_seconds, bool& stopped) 
   }
 }
 
-void Trainer::end_epoch(State& s, double epoch_start, double epoch_train_seconds,
-                        json& epoch_records, EvalResult& last_test, int64_t& last_test_step) {
+std::vector<parallel::RankStats> Trainer::take_stats() {
+  std::vector<parallel::RankStats> ranks =
+      engine_->take_stats(untaken_s_, static_cast<double>(untaken_steps_));
+  untaken_s_ = 0;
+  untaken_steps_ = 0;
+  for (auto* total : {&epoch_stats_, &run_stats_}) {
+    if (total->empty()) total->resize(ranks.size());
+    for (size_t r = 0; r < ranks.size(); ++r) (*total)[r].add(ranks[r]);
+  }
+  return ranks;
+}
+
+void Trainer::end_epoch(State& s, double epoch_start, json& epoch_records, EvalResult& last_test,
+                        int64_t& last_test_step) {
   const EvalResult train = global_mean(s.epoch_sums);
   json rec = {{"type", "epoch"}, {"epoch", s.epoch + 1}, {"step", step_},
               {"train_loss", train.loss}, {"train_accuracy", train.accuracy}};
@@ -256,7 +279,9 @@ void Trainer::end_epoch(State& s, double epoch_start, double epoch_train_seconds
     rec["train_eval_accuracy"] = train_eval_accuracy = full.accuracy;
   }
   rec["epoch_seconds"] = now_seconds() - epoch_start;
-  rec["ranks"] = rank_report(engine_->take_stats(epoch_train_seconds), *engine_, engine_->model(), config_);
+  take_stats();
+  rec["ranks"] = rank_report(epoch_stats_, *engine_, engine_->model(), config_);
+  epoch_stats_.clear();
   progress_->log(rec);
   epoch_records.push_back(rec);
   progress_->epoch_line(s.epoch, train, data_.test ? &last_test : nullptr,
@@ -264,32 +289,47 @@ void Trainer::end_epoch(State& s, double epoch_start, double epoch_train_seconds
                         rec["epoch_seconds"].get<double>());
 }
 
+void Trainer::start_progress() {
+  const int64_t bpe = loader_->batches_per_epoch(), k = config_.train.accumulate;
+  const int64_t workers = engine_->data_size();
+  const int64_t steps_per_epoch = lockstep_ ? (bpe + k - 1) / k : (bpe + workers - 1) / workers;
+  progress_->info(str("training ", config_.model.kind, " (", engine_->model().num_parameters(),
+                      " parameters) on ", data_.train->name(), " (", data_.train->size(),
+                      " samples), layout ", engine_->layout().str(), ", zero.stage ",
+                      config_.parallel.zero_stage, ", ", config_.train.epochs, " epochs x ",
+                      steps_per_epoch, " steps, batch ", config_.train.batch * k,
+                      lockstep_ ? "" : str(" (claimed in worker batches of ", batch_rows_, ")"),
+                      ", run folder ", run_dir_));
+  // The ETA's guess of an evaluation before one ran: a forward pass costs about a third of a
+  // training step per row.
+  const double eval_rows = static_cast<double>((data_.test ? data_.test->size() : 0) +
+                                               (config_.train.eval_train ? data_.train->size() : 0));
+  progress_->start(step_, total_steps_, steps_per_epoch,
+                   eval_rows / static_cast<double>(3 * config_.train.batch * k));
+}
+
 json Trainer::run() {
   MemoryScope memory(ledger_, MemCategory::kOther);
+  TraceScope trace(trace_ ? trace_->tracer() : nullptr);
+  if (trace_) trace_->align(*world_);
   const double wall_start = now_seconds();
   State s;
   const bool resuming = !options_.resume.empty() || options_.resume_snapshot;
   if (resuming) restore(options_.resume, s);
-  if (engine_->ps() && engine_->ps()->is_server())  // serves the workers until they finish
-    return engine_->ps()->serve([this](int64_t step) { return lr_at(step); });
+  if (engine_->ps() && engine_->ps()->is_server()) {  // serves the workers until they finish
+    json out = engine_->ps()->serve([this](int64_t step) { return lr_at(step); });
+    finish_trace();
+    return out;
+  }
   progress_->start_log(!resuming);
   if (engine_->is_main())
     std::ofstream(fs::path(run_dir_) / "config.toml") << to_toml(config_);
   engine_->start();
 
-  const int64_t bpe = loader_->batches_per_epoch();
-  const int64_t epochs = config_.train.epochs, k = config_.train.accumulate;
+  const int64_t epochs = config_.train.epochs;
   start_step_ = step_;
   start_batches_ = batches_done_;
-  const int64_t workers = engine_->data_size();
-  progress_->info(str("training ", config_.model.kind, " (", engine_->model().num_parameters(),
-                      " parameters) on ", data_.train->name(), " (", data_.train->size(),
-                      " samples), layout ", engine_->layout().str(), ", zero.stage ",
-                      config_.parallel.zero_stage, ", ", epochs, " epochs x ",
-                      lockstep_ ? (bpe + k - 1) / k : (bpe + workers - 1) / workers,
-                      " steps, batch ", config_.train.batch * k,
-                      lockstep_ ? "" : str(" (claimed in worker batches of ", batch_rows_, ")"),
-                      ", run folder ", run_dir_));
+  start_progress();
   // Lockstep layouts count steps; the others claimed worker batches (agreed at epoch ends).
   auto budget_left = [&] {
     return lockstep_ ? step_ < total_steps_ : batches_done_ < claim_budget_;
@@ -300,15 +340,15 @@ json Trainer::run() {
   json epoch_records = json::array();
   for (; s.epoch < epochs && budget_left() && !stopped; ++s.epoch, s.batch_in_epoch = 0) {
     const double epoch_start = now_seconds();
-    double epoch_train_seconds = 0;
     if (lockstep_)
-      train_epoch(s, epoch_train_seconds, stopped);
+      train_epoch(s, stopped);
     else  // the whole epoch, batches claimed at each worker's pace
-      stopped = train_claimed_epoch(s, epoch_train_seconds);
+      stopped = train_claimed_epoch(s);
     if (stopped) break;
     // End of an epoch (or of the step budget): evaluate and report.
+    const double end_start = now_seconds();
     last_train = global_mean(s.epoch_sums);
-    end_epoch(s, epoch_start, epoch_train_seconds, epoch_records, last_test, last_test_step);
+    end_epoch(s, epoch_start, epoch_records, last_test, last_test_step);
     s.epoch_sums = EvalResult{};
     const bool last_epoch = s.epoch + 1 >= epochs || !budget_left();
     const int64_t every = config_.checkpoint.every_epochs;
@@ -318,6 +358,7 @@ json Trainer::run() {
       next.batch_in_epoch = 0;
       save(next);
     }
+    progress_->epoch_end_took(now_seconds() - end_start);
   }
   if (stopped) {
     progress_->end_live_line();
@@ -325,7 +366,18 @@ json Trainer::run() {
     progress_->info(str("stopped at step ", step_, "; continue with --resume ", run_dir_));
   }
   if (data_.test && last_test_step != step_) last_test = evaluate(*data_.test);
-  return summary(s, last_train, last_test, epoch_records, wall_start, !stopped);
+  json out = summary(s, last_train, last_test, epoch_records, wall_start, !stopped);
+  finish_trace();
+  return out;
+}
+
+void Trainer::finish_trace() {
+  if (!trace_) return;
+  trace_->tracer()->set_recording(false);
+  if (engine_->ps() && !engine_->ps()->is_server()) engine_->ps()->finish();  // serve() returns
+  trace_->write(*world_, (fs::path(run_dir_) / "trace.json").string(),
+                {{"layout", engine_->layout().str()}, {"world_size", world_->size()},
+                 {"trace_steps", config_.observe.trace_steps}, {"model", config_.model.kind}});
 }
 
 json Trainer::summary(const State& s, const EvalResult& last_train, const EvalResult& last_test,
@@ -363,6 +415,10 @@ json Trainer::summary(const State& s, const EvalResult& last_train, const EvalRe
     out["loss_scale"] = ls->scale();
     out["skipped_steps"] = ls->skipped();
   }
+  // A rank slower than its peers over the whole run (progress lines name it as it happens).
+  const std::optional<Straggler> straggler = find_straggler(run_stats_);
+  out["straggler"] = straggler ? json{{"rank", straggler->rank}, {"slowdown", straggler->slowdown()}}
+                               : json(nullptr);
   if (engine_->layout().tp > 1) out["tensor_parallel"] = engine_->tp_counters();
   if (engine_->is_main())
     ckpt::write_file_atomic((fs::path(run_dir_) / "summary.json").string(), out.dump(2) + "\n");

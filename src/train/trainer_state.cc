@@ -4,11 +4,13 @@
 
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/core/clock.h"
+#include "tessel/core/trace.h"
 #include "tessel/parallel/parameter_server.h"
 #include "tessel/train/checkpointer.h"
 #include "tessel/train/progress.h"
 #include "tessel/train/recovery.h"
 #include "tessel/train/snapshots.h"
+#include "tessel/train/run_trace.h"
 #include "tessel/train/trainer.h"
 
 namespace tessel::train {
@@ -107,7 +109,7 @@ void Trainer::restore(const std::string& path, State& s) {
 // and train.max_steps cut the range, so every batch handed out is trained. Ends with one
 // collective that counts the batches trained and agrees on stopping. Returns whether the run
 // stops.
-bool Trainer::train_claimed_epoch(State& s, double& epoch_train_seconds) {
+bool Trainer::train_claimed_epoch(State& s) {
   parallel::ParameterServer& ps = *engine_->ps();
   const int64_t workers = engine_->data_size();
   const int64_t first = s.batch_in_epoch;
@@ -124,37 +126,44 @@ bool Trainer::train_claimed_epoch(State& s, double& epoch_train_seconds) {
   int64_t b = ps.claim(), window_first = b, mine = 0;
   int64_t next_log = (epoch_step / config_.train.log_every + 1) * config_.train.log_every;
   bool stop = b < 0 && interrupted();
-  epoch_train_seconds += now_seconds() - t0;
+  untaken_s_ += now_seconds() - t0;
   s.train_seconds += now_seconds() - t0;
   while (b >= 0) {
     const data::Batch batch = loader_->batch_at(s.epoch, b);
     t0 = now_seconds();  // time reading data is not training time
     step_ = epoch_step + (b - first) / workers;
+    if (trace_) trace_->tracer()->at_step(step_);
     const int64_t counted = s.epoch_sums.samples;
-    train_piece({batch.x, batch.y, nn::Context{true, config_.seed, step_, batch.first_sample},
-                 1.0 / static_cast<double>(workers), true},
-                s.epoch_sums);
-    stop = interrupted();
-    if (stop) ps.set_claims({});  // this push claims nothing more
-    engine_->step(lr_at(step_), config_.train.clip_norm, step_);
+    {
+      TraceSpan span("step", "step");
+      if (TraceArgs* args = span.args()) args->num("step", static_cast<double>(step_)).num("batch", b);
+      train_piece({batch.x, batch.y, nn::Context{true, config_.seed, step_, batch.first_sample},
+                   1.0 / static_cast<double>(workers), true},
+                  s.epoch_sums);
+      stop = interrupted();
+      if (stop) ps.set_claims({});  // this push claims nothing more
+      engine_->step(lr_at(step_), config_.train.clip_norm, step_);
+    }
     ++mine;
     const int64_t done = b;
     b = stop ? -1 : ps.claim();
     const double now = now_seconds(), dt = now - t0;
     s.train_seconds += dt;
-    epoch_train_seconds += dt;
+    untaken_s_ += dt;
+    ++untaken_steps_;
     s.train_samples += s.epoch_sums.samples - counted;
+    progress_->tick(step_ + 1);
     // A line when rank 0's batch reaches the next multiple of train.log_every steps.
     if (!engine_->is_main() || step_ + 1 < next_log) continue;
     next_log = ((step_ + 1) / config_.train.log_every + 1) * config_.train.log_every;
     const double sps = static_cast<double>((done + 1 - window_first) * batch_rows_) /
                        std::max(1e-9, now - window_start);
-    progress_->train_line(s.epoch, step_ + 1, total_steps_, mean_of(s.epoch_sums), lr_at(step_), sps,
-                          static_cast<double>((claim_budget_ - batches_done_ - (done + 1 - first)) *
-                                              batch_rows_));
+    progress_->train_line({s.epoch, step_ + 1, total_steps_, mean_of(s.epoch_sums), lr_at(step_), sps});
     window_start = now;
     window_first = done + 1;
   }
+  // Traced or not alike on every worker: as the range's last step.
+  if (trace_) trace_->tracer()->at_step((batches_done_ + limit - first + workers - 1) / workers - 1);
   // Collective: every worker's batches (each claimed batch was trained), and whether to stop.
   double v[2] = {static_cast<double>(mine), stop ? 1.0 : 0.0};
   engine_->sum(v, 2);

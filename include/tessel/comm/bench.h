@@ -1,10 +1,12 @@
 // `tessel bench comm`: times collectives per algorithm and message size on the threads or mpi
-// transport, verifies every result, and prints median time, algorithm bandwidth (bytes / time)
-// and bus bandwidth (allreduce x 2(n-1)/n; reduce-scatter and allgather x (n-1)/n) next to the
-// single-thread memcpy bandwidth measured in the same run. Algorithms are timed interleaved
-// (one call of each in turn, per repeat) so that drift hits them alike; the median is reported.
-// Sizes are bytes of the whole buffer (allreduce: the buffer; reduce-scatter: the input;
-// allgather: the output). Under MPI, rank 0 prints.
+// transport, out of place and in place (allreduce: in place only), verifies every result, and
+// prints nccl-tests' columns: size, count, type, redop, root, then for each placement the
+// median time, algorithm bandwidth (bytes / time), bus bandwidth (allreduce x 2(n-1)/n;
+// reduce-scatter and allgather x (n-1)/n) and the number of wrong elements; the single-thread
+// memcpy bandwidth measured in the same run heads the table. Variants are timed interleaved
+// (one call of each in turn, per repeat) so that drift hits them alike. Sizes are bytes of the
+// whole buffer (allreduce: the buffer; reduce-scatter: the input; allgather: the output).
+// Under MPI, rank 0 prints.
 #pragma once
 
 #include <cstddef>

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "tessel/core/trace.h"
 #include "tessel/data/dataset.h"
 
 namespace tessel::data {
@@ -60,7 +61,7 @@ class DataLoader {
  private:
   Batch load(const std::vector<int64_t>& order, int64_t epoch, int64_t index) const;
   void stop_worker();
-  void worker_loop(int64_t epoch, int64_t first_batch);
+  void worker_loop(int64_t epoch, int64_t first_batch, Tracer* tracer);  // records into tracer
 
   std::shared_ptr<const Dataset> dataset_;
   LoaderOptions options_;

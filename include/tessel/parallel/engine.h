@@ -37,6 +37,10 @@
 #include "tessel/parallel/spec.h"
 #include "tessel/parallel/units.h"
 
+namespace tessel {
+class Tracer;
+}
+
 namespace tessel::parallel {
 
 class ParameterServer;
@@ -110,8 +114,9 @@ class Engine {
   void sum(double* values, int n);
   void max(double* values, int n);
   std::vector<double> gather(double value);
-  // Every training rank's measurements since the last call; step_s is this rank's step time.
-  std::vector<RankStats> take_stats(double step_s);
+  // Every training rank's measurements since the last call (collective over the training
+  // ranks); step_s and steps are this rank's time in training steps and steps trained.
+  std::vector<RankStats> take_stats(double step_s, double steps = 0);
   // SHA-256 of the whole model's values in arena order (padding zero), the same bytes in every
   // layout; collective over the world, streamed unit by unit so no rank holds the model.
   std::string params_sha256();
@@ -137,6 +142,7 @@ class Engine {
   void hook(nn::Phase phase, size_t block, bool last);
   PieceStats counted(const PieceStats& s) const;
   void sum_whole_grads_over_tp();
+  void trace_block(Tracer& tracer, nn::Phase phase, size_t block);  // its span, memory counter
 
   ParallelSpec spec_;
   Mesh mesh_;
@@ -161,6 +167,7 @@ class Engine {
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::LossScaler> scaler_;  // fp16
   Hooks hooks_fn_;
+  std::vector<double> block_start_;  // traced: when each block's forward/backward started
   nlohmann::json parts_;
 };
 

@@ -45,9 +45,13 @@ class ParameterServer {
   // gradients and optimizer state.
   ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model& model, uint64_t seed,
                   const optim::OptimSpec& optim);
-  // A worker that got as far as talking to the servers tells them it is done (unless an
-  // exception is unwinding: the servers then fail at their deadline or with the aborted group).
+  // A worker that got as far as talking to the servers and did not finish() tells them it is
+  // done (unless an exception is unwinding: the servers then fail at their deadline or with
+  // the aborted group).
   ~ParameterServer();
+  // Worker: tells the servers it is done, so that serve() returns; nothing is asked of the
+  // servers afterwards.
+  void finish();
 
   bool is_server() const { return mesh_.is_server(); }
   Mode mode() const { return mode_; }
@@ -157,6 +161,7 @@ class ParameterServer {
 
   // Worker state.
   bool started_ = false;
+  bool finished_ = false;   // said goodbye
   bool evaluated_ = false;  // pulled for evaluation since the last training step
   int64_t clock_ = 0;       // steps pushed (async, ssp: 1 + the global step of the last push)
   static constexpr int64_t kNotAsked = -2;

@@ -23,6 +23,10 @@
 #include "tessel/parallel/param_store.h"
 #include "tessel/parallel/spec.h"
 
+namespace tessel {
+class Tracer;
+}
+
 namespace tessel::parallel {
 
 // Chunk c holds blocks [begin[c], begin[c + 1]) and runs on stage stage[c]. Chunks are in model
@@ -114,6 +118,7 @@ class PipelineExecutor final : public Executor {
   void forward_task(const Task& t, const Piece& piece, nn::Loss& loss, const Hooks& hooks,
                     bool training, PieceStats& result);
   void backward_task(const Task& t, const Piece& piece, const Hooks& hooks);
+  void trace_task(Tracer& tracer, const Task& t);  // the task's span (task_start_, task_end_)
 
   ParallelSpec spec_;
   comm::Communicator& pp_;

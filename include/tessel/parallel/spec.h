@@ -56,7 +56,7 @@ struct ParallelSpec {
   std::string ps_stale_lr = "inverse";  // none | inverse: scale an update by 1 / (1 + staleness)
 
   // debug.*
-  int64_t slow_rank = -1;  // this worker sleeps debug.delay_ms in every step (-1: none)
+  int64_t slow_rank = -1;  // this rank sleeps debug.delay_ms in every step (-1: none)
   double delay_ms = 0;
   // fp16: at these steps worker overflow_rank's loss gradient is inf (an injected overflow)
   std::vector<int64_t> overflow_steps;

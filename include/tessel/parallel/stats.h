@@ -12,6 +12,7 @@ namespace tessel::parallel {
 
 struct RankStats {
   double step_s = 0;             // time in training steps (the Trainer's clock)
+  double steps = 0;              // steps (parameter server async/ssp: worker batches) trained
   double comm_exposed_s = 0;     // waiting for communication (and for slower ranks inside it)
   double comm_overlapped_s = 0;  // communication hidden behind the backward pass
   double optimizer_s = 0;        // clipping and the optimizer step
@@ -26,10 +27,26 @@ struct RankStats {
   std::array<double, kMemCategories> mem{}, mem_peak{};
   double mem_peak_total = 0;
 
-  static constexpr size_t kFields = 16 + 2 * kMemCategories;
+  static constexpr size_t kFields = 17 + 2 * kMemCategories;
   double* data() { return &step_s; }
   const double* data() const { return &step_s; }
+
+  // Adds a later record's measurements: times, bytes and steps add up, memory held is the later
+  // figure, peaks the larger.
+  void add(const RankStats& later);
 };
+inline void RankStats::add(const RankStats& later) {
+  const double inflight = peak_inflight > later.peak_inflight ? peak_inflight : later.peak_inflight;
+  const std::array<double, kMemCategories> peak = mem_peak;
+  const double peak_total = mem_peak_total;
+  for (size_t i = 0; i < kFields; ++i) data()[i] += later.data()[i];
+  stage = later.stage;
+  peak_inflight = inflight;
+  mem = later.mem;
+  for (size_t k = 0; k < peak.size(); ++k) mem_peak[k] = peak[k] > later.mem_peak[k] ? peak[k] : later.mem_peak[k];
+  mem_peak_total = peak_total > later.mem_peak_total ? peak_total : later.mem_peak_total;
+}
+
 static_assert(sizeof(RankStats) == RankStats::kFields * sizeof(double),
               "RankStats must be a plain array of doubles (it travels in one all-gather)");
 

@@ -31,6 +31,13 @@ struct TrainSpec {
   int max_restarts = 0;       // ranks as threads: restarts after a rank failure (recovery.h)
 };
 
+// What a run records for people to look at besides metrics.jsonl (docs/observability.md).
+struct ObserveSpec {
+  bool trace = false;                // train.trace: trace.json of the trace.steps window
+  std::string trace_steps = "5:25";  // trace.steps: steps A to B - 1
+  bool tensorboard = false;          // metrics.tensorboard: TensorBoard event files
+};
+
 struct CheckpointSpec {
   int64_t every_epochs = 1;   // 0 = never by epoch
   int64_t every_steps = 0;    // 0 = never by step
@@ -90,6 +97,7 @@ struct Config {
   optim::ScheduleSpec schedule;
   TrainSpec train;
   CheckpointSpec checkpoint;
+  ObserveSpec observe;  // keys train.trace, trace.steps, metrics.tensorboard
   RuntimeSpec runtime;
   CommSpec comm;
   InferSpec infer;

@@ -9,7 +9,8 @@
 // batches they claim at their own pace instead, and meet at epoch ends.
 //
 // Run folder (default runs/<config name>/): config.toml (resolved), metrics.jsonl,
-// checkpoints/ (see ckpt/checkpoint.h), summary.json.
+// checkpoints/ (see ckpt/checkpoint.h), summary.json; with train.trace trace.json
+// (run_trace.h), with metrics.tensorboard tensorboard/ (tensorboard.h).
 #pragma once
 
 #include <atomic>
@@ -30,6 +31,7 @@ namespace tessel::train {
 class Checkpointer;
 class Progress;
 class Snapshots;
+class RunTrace;
 
 struct RunOptions {
   std::string run_dir;      // empty: runs/<config name>
@@ -80,10 +82,15 @@ class Trainer {
     int64_t train_samples = 0;
   };
   void set_up_loader();
-  void train_epoch(State& s, double& epoch_train_seconds, bool& stopped);
-  bool train_claimed_epoch(State& s, double& epoch_train_seconds);
-  void end_epoch(State& s, double epoch_start, double epoch_train_seconds,
-                 nlohmann::json& epoch_records, EvalResult& last_test, int64_t& last_test_step);
+  void start_progress();  // the run's first line; the ETA's inputs
+  void train_epoch(State& s, bool& stopped);
+  bool train_claimed_epoch(State& s);
+  void end_epoch(State& s, double epoch_start, nlohmann::json& epoch_records,
+                 EvalResult& last_test, int64_t& last_test_step);
+  // Collective over the training ranks: every rank's measurements since the last call, also
+  // added to the epoch's and the run's.
+  std::vector<parallel::RankStats> take_stats();
+  void finish_trace();  // collective over the world: trace.json
   void train_piece(const parallel::Piece& piece, EvalResult& sums);
   bool agree_stop();  // collective: whether any rank was interrupted
   // A checkpoint (to_disk) and an in-memory snapshot (with options_.snapshots) of state s.
@@ -99,6 +106,7 @@ class Trainer {
   RunOptions options_;
   std::string run_dir_;
   std::shared_ptr<MemoryLedger> ledger_;  // this rank's allocations
+  std::unique_ptr<RunTrace> trace_;       // train.trace (before every part that records)
   comm::Communicator own_world_;          // the one-rank world when none is given
   comm::Communicator* world_;
   data::Splits data_;
@@ -118,6 +126,11 @@ class Trainer {
   int64_t batch_rows_ = 0;
   int64_t claim_budget_ = 0, batches_done_ = 0, start_batches_ = 0;
   int64_t start_step_ = 0;
+  // Time in training steps and steps trained since the last take_stats(); every rank's
+  // measurements of this epoch and of this invocation.
+  double untaken_s_ = 0;
+  int64_t untaken_steps_ = 0;
+  std::vector<parallel::RankStats> epoch_stats_, run_stats_;
 };
 
 }  // namespace tessel::train

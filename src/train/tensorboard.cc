@@ -1,0 +1,127 @@
+#include "tessel/train/tensorboard.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+
+#include "tessel/core/crc32c.h"
+#include "tessel/core/error.h"
+
+namespace tessel::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Protocol-buffer wire format: a key is (field << 3) | wire type; 0 varint, 1 fixed 64-bit,
+// 2 length-delimited, 5 fixed 32-bit; everything little-endian.
+void varint(std::string& out, uint64_t v) {
+  while (v >= 0x80) {
+    out += static_cast<char>((v & 0x7f) | 0x80);
+    v >>= 7;
+  }
+  out += static_cast<char>(v);
+}
+
+template <typename T>
+void fixed(std::string& out, T v) {
+  char bytes[sizeof(T)];
+  std::memcpy(bytes, &v, sizeof(T));  // x86-64 is little-endian, as the wire format
+  out.append(bytes, sizeof(T));
+}
+
+void bytes_field(std::string& out, int field, const std::string& bytes) {
+  varint(out, static_cast<uint64_t>(field) << 3 | 2);
+  varint(out, bytes.size());
+  out += bytes;
+}
+
+double unix_seconds() {
+  using namespace std::chrono;
+  return duration<double>(system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
+
+uint32_t masked_crc32c(const std::string& bytes) {
+  const uint32_t crc = crc32c(bytes.data(), bytes.size());
+  return ((crc >> 15) | (crc << 17)) + 0xa282ead8u;
+}
+
+std::string tfrecord(const std::string& data) {
+  std::string length, out;
+  fixed<uint64_t>(length, data.size());
+  out = length;
+  fixed<uint32_t>(out, masked_crc32c(length));
+  out += data;
+  fixed<uint32_t>(out, masked_crc32c(data));
+  return out;
+}
+
+std::string encode_event(double wall_time, int64_t step,
+                         const std::vector<std::pair<std::string, double>>& scalars,
+                         const std::string& file_version) {
+  std::string event;
+  varint(event, 1 << 3 | 1);  // wall_time
+  fixed<double>(event, wall_time);
+  varint(event, 2 << 3 | 0);  // step
+  varint(event, static_cast<uint64_t>(step));
+  if (scalars.empty() && !file_version.empty()) {
+    bytes_field(event, 3, file_version);
+    return event;
+  }
+  std::string summary;
+  for (const auto& [tag, value] : scalars) {
+    std::string v;
+    bytes_field(v, 1, tag);
+    varint(v, 2 << 3 | 5);  // simple_value
+    fixed<float>(v, static_cast<float>(value));
+    bytes_field(summary, 1, v);
+  }
+  bytes_field(event, 5, summary);
+  return event;
+}
+
+TensorBoardWriter::TensorBoardWriter(const std::string& run_dir) {
+  const fs::path dir = fs::path(run_dir) / "tensorboard";
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  char host[256] = "localhost";
+  gethostname(host, sizeof host - 1);
+  const double now = unix_seconds();
+  path_ = (dir / ("events.out.tfevents." + std::to_string(static_cast<int64_t>(now)) + "." +
+                  host + "." + std::to_string(getpid()))).string();
+  file_ = std::fopen(path_.c_str(), "wb");
+  if (!file_)
+    throw IoError(str("tensorboard: cannot create ", path_, ": ", std::strerror(errno),
+                      "; check that the run folder is writable or set metrics.tensorboard = false"));
+  write(encode_event(now, 0, {}, "brain.Event:2"));
+}
+
+TensorBoardWriter::~TensorBoardWriter() {
+  if (file_) std::fclose(file_);
+}
+
+void TensorBoardWriter::write(const std::string& event) {
+  const std::string record = tfrecord(event);
+  if (std::fwrite(record.data(), 1, record.size(), file_) != record.size() || std::fflush(file_) != 0)
+    throw IoError(str("tensorboard: cannot write ", path_, ": ", std::strerror(errno)));
+}
+
+void TensorBoardWriter::add_scalars(int64_t step,
+                                    const std::vector<std::pair<std::string, double>>& scalars) {
+  write(encode_event(unix_seconds(), step, scalars));
+}
+
+void TensorBoardWriter::add_record(const nlohmann::json& record) {
+  const std::string type = record.value("type", "metrics");
+  std::vector<std::pair<std::string, double>> scalars;
+  for (const auto& [key, value] : record.items())
+    if (value.is_number() && key != "step" && key != "epoch")
+      scalars.emplace_back(type + "/" + key, value.get<double>());
+  if (!scalars.empty()) add_scalars(record.value("step", int64_t{0}), scalars);
+}
+
+}  // namespace tessel::train

@@ -227,7 +227,9 @@ int run_train(Args& a) {
   bool main = true;
   nlohmann::json summary =
       train_job(tessel::train::load_config(a.config_path, a.overrides), opts, &main);
-  if (main) print_summary(summary);
+  if (!main || summary.is_null())  // an MPI rank other than 0: rank 0 prints and reports
+    return g_signal.load() != 0 ? stopped_exit_code() : 0;
+  print_summary(summary);
   return summary["completed"].get<bool>() || a.stop_after > 0 ? 0 : stopped_exit_code();
 }
 

@@ -535,8 +535,8 @@ TEST(BuildModel, ValidatesTheSpec) {
   s.kernel = 0;
   expect_invalid(s, "model.kernel");
   s = cnn_spec();
-  s.channels = {8, 8, 8, 8, 8};
-  expect_invalid(s, "too small");
+  s.channels = {8, 8, 8, 8, 8};  // the 5x5 kernel outgrows the image at stage 4
+  expect_invalid(s, "is larger than the 3x3 image of cnn stage 4");
   s = cnn_spec();
   s.input_shape = {1, -3, 28};
   expect_invalid(s, "input_shape");

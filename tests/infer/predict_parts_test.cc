@@ -119,7 +119,7 @@ TEST(ChunkQueue, AStalledChunkIsRunByAnotherAndItsLateTwinDropped) {
   std::atomic<bool> late_twin_kept{true};
   const std::string out = drain(q, 2, [&](ChunkQueue& q, int r, const Chunk& c, int done) {
     if (r == 0 && done == 1) {  // stalls well past the timeout, then finishes anyway
-      std::this_thread::sleep_for(std::chrono::milliseconds(400));
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
       late_twin_kept = q.finish(r, c.id, "late twin\n", c.rows.count);
       return false;
     }

@@ -116,9 +116,10 @@ TEST(ChunkQueue, AFailedReplicasChunkIsRunByAnother) {
 TEST(ChunkQueue, AStalledChunkIsRunByAnotherAndItsLateTwinDropped) {
   Lines in(50);
   ChunkQueue q(in, 5, 0, 2, 0.05);
-  std::atomic<bool> late_twin_kept{true};
-  const std::string out = drain(q, 2, [&](ChunkQueue& q, int r, const Chunk& c, int done) {
-    if (r == 0 && done == 1) {  // stalls well past the timeout, then finishes anyway
+  std::atomic<bool> stalled{false}, late_twin_kept{true};
+  const std::string out = drain(q, 2, [&](ChunkQueue& q, int r, const Chunk& c, int) {
+    // Whichever replica first takes chunk 1 stalls well past the timeout, then finishes anyway.
+    if (c.id == 1 && !stalled.exchange(true)) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1500));
       late_twin_kept = q.finish(r, c.id, "late twin\n", c.rows.count);
       return false;
@@ -127,6 +128,7 @@ TEST(ChunkQueue, AStalledChunkIsRunByAnotherAndItsLateTwinDropped) {
     return true;
   });
   EXPECT_EQ(out, all_rows(50));
+  EXPECT_TRUE(stalled);
   EXPECT_GE(q.reruns(), 1);
   EXPECT_FALSE(late_twin_kept);
 }

@@ -57,11 +57,15 @@ Evaluator::Evaluator(const Config& config, const std::string& checkpoint)
 
 Evaluator::~Evaluator() = default;
 
-EvalResult Evaluator::evaluate(const data::Dataset& dataset) {
+EvalResult Evaluator::evaluate(const data::Dataset& dataset, comm::Communicator* world) {
   nn::CrossEntropyLoss loss;
   EvalPass pass;
   pass.batch = config_.train.batch;
   pass.seed = config_.seed;
+  if (world != nullptr) {
+    pass.slice_rank = world->rank();
+    pass.slice_count = world->size();
+  }
   return train::evaluate(
       dataset, pass,
       [&](const parallel::Piece& p) -> parallel::PieceStats {
@@ -71,7 +75,9 @@ EvalResult Evaluator::evaluate(const data::Dataset& dataset) {
         return {static_cast<double>(v.mean) * rows,
                 static_cast<double>(v.correct) * rows / static_cast<double>(v.positions), rows};
       },
-      [](double*, int) {});
+      [world](double* v, int n) {
+        if (world != nullptr) world->allreduce(v, static_cast<size_t>(n), comm::ElemType::kF64);
+      });
 }
 
 Tensor Evaluator::outputs(const data::Dataset& dataset, int64_t limit) {

@@ -14,8 +14,10 @@
 #include "tessel/ops/cpu.h"
 #include "tessel/optim/schedule.h"
 #include "tessel/parallel/parameter_server.h"
+#include "tessel/parallel/pipeline.h"
 #include "tessel/train/checkpointer.h"
 #include "tessel/train/progress.h"
+#include "tessel/train/run_folder.h"
 
 namespace tessel::train {
 
@@ -61,6 +63,37 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
 }
 
 Trainer::~Trainer() = default;
+
+json Trainer::plan() const {
+  const int64_t bpe = loader_->batches_per_epoch();
+  const int64_t per_step = lockstep_ ? config_.train.accumulate : engine_->data_size();
+  json memory;
+  for (int c = 0; c < kMemCategories; ++c)
+    memory[mem_category_name(static_cast<MemCategory>(c))] =
+        ledger_->current(static_cast<MemCategory>(c));
+  json out = {{"world_size", world_->size()},
+              {"layout", engine_->layout().str()},
+              {"engine", engine_->parts()},
+              {"model", config_.model.kind},
+              {"num_parameters", model_->num_parameters()},
+              {"dataset", data_.train->name()},
+              {"train_samples", data_.train->size()},
+              {"global_batch", config_.train.batch * config_.train.accumulate},
+              {"steps_per_epoch", (bpe + per_step - 1) / per_step},
+              {"steps", total_steps_},
+              {"schedule_steps", schedule_steps_},
+              {"run_dir", run_dir_},
+              {"memory_bytes", memory}};
+  if (const parallel::PipelineExecutor* p = engine_->pipeline()) {
+    const parallel::Partition& part = p->partition();
+    json stages = json::array();
+    for (size_t c = 0; c < part.chunks(); ++c)
+      stages.push_back({{"stage", part.stage[c]},
+                        {"blocks", json::array({part.begin[c], part.begin[c + 1]})}});
+    out["pipeline_chunks"] = stages;
+  }
+  return out;
+}
 
 void Trainer::set_up_loader() {
   const int64_t workers = engine_->data_size();
@@ -112,11 +145,15 @@ void Trainer::set_up_loader() {
                                 data_.train->size() % config_.train.batch,
                                 "; set train.drop_last = true"));
   }
+  if (parallel::PipelineExecutor* p = engine_->pipeline())  // every replica's rows, on every rank
+    for (int64_t r = 0; r < workers; ++r)
+      p->check_batch_rows((r + 1) * config_.train.batch / workers - r * config_.train.batch / workers);
   const int64_t k = config_.train.accumulate;
-  total_steps_ = config_.train.epochs * ((bpe + k - 1) / k);
+  schedule_steps_ = total_steps_ = config_.train.epochs * ((bpe + k - 1) / k);
   if (config_.train.max_steps > 0) total_steps_ = std::min(total_steps_, config_.train.max_steps);
   if (!lockstep_) {  // a step is `workers` worker batches, whoever trains them
     claim_budget_ = config_.train.epochs * bpe;
+    schedule_steps_ = (claim_budget_ + workers - 1) / workers;
     if (config_.train.max_steps > 0)
       claim_budget_ = std::min(claim_budget_, config_.train.max_steps * workers);
     total_steps_ = (claim_budget_ + workers - 1) / workers;
@@ -124,7 +161,7 @@ void Trainer::set_up_loader() {
 }
 
 float Trainer::lr_at(int64_t step) const {
-  return optim::lr_at(config_.schedule, base_lr_, step, total_steps_);
+  return optim::lr_at(config_.schedule, base_lr_, step, schedule_steps_);
 }
 
 void Trainer::train_piece(const parallel::Piece& piece, EvalResult& sums) {
@@ -238,6 +275,8 @@ void Trainer::end_epoch(State& s, double epoch_start, double epoch_train_seconds
   const EvalResult train = global_mean(s.epoch_sums);
   json rec = {{"type", "epoch"}, {"epoch", s.epoch + 1}, {"step", step_},
               {"train_loss", train.loss}, {"train_accuracy", train.accuracy}};
+  // train.max_steps ended the run inside the epoch; a resume finishes it with another record.
+  if (s.batch_in_epoch < loader_->batches_per_epoch()) rec["partial"] = true;
   if (data_.test) {
     last_test = evaluate(*data_.test);
     last_test_step = step_;
@@ -261,8 +300,14 @@ void Trainer::end_epoch(State& s, double epoch_start, double epoch_train_seconds
 
 json Trainer::run() {
   MemoryScope memory(ledger_, MemCategory::kOther);
-  const double wall_start = now_seconds();
+  wall_start_ = now_seconds();
   State s;
+  const RunStart start = !options_.resume.empty() ? RunStart::kResume
+                         : options_.overwrite     ? RunStart::kOverwrite
+                                                  : RunStart::kFresh;
+  prepare_run_folder(*world_, run_dir_, start,
+                     {options_.command, engine_->layout().str(),
+                      start == RunStart::kResume ? ckpt::resolve_checkpoint_dir(options_.resume) : ""});
   if (!options_.resume.empty()) restore(options_.resume, s);
   if (engine_->ps() && engine_->ps()->is_server())  // serves the workers until they finish
     return engine_->ps()->serve([this](int64_t step) { return lr_at(step); });
@@ -303,6 +348,10 @@ json Trainer::run() {
     // End of an epoch (or of the step budget): evaluate and report.
     last_train = global_mean(s.epoch_sums);
     end_epoch(s, epoch_start, epoch_train_seconds, epoch_records, last_test, last_test_step);
+    if (s.batch_in_epoch < bpe) {  // the budget ended inside the epoch: a resume goes on here
+      save(s);
+      break;
+    }
     s.epoch_sums = EvalResult{};
     const bool last_epoch = s.epoch + 1 >= epochs || !budget_left();
     const int64_t every = config_.checkpoint.every_epochs;
@@ -319,17 +368,19 @@ json Trainer::run() {
     progress_->info(str("stopped at step ", step_, "; continue with --resume ", run_dir_));
   }
   if (data_.test && last_test_step != step_) last_test = evaluate(*data_.test);
-  return summary(s, last_train, last_test, epoch_records, wall_start, !stopped);
+  return summary(s, last_train, last_test, epoch_records, !stopped);
 }
 
 json Trainer::summary(const State& s, const EvalResult& last_train, const EvalResult& last_test,
-                      const json& epoch_records, double wall_start, bool completed) {
+                      const json& epoch_records, bool completed) {
   double samples = static_cast<double>(s.train_samples), seconds = s.train_seconds;
   engine_->sum(&samples, 1);
   engine_->max(&seconds, 1);
   const std::string digest = engine_->params_sha256();
-  double peak_rss = static_cast<double>(peak_rss_bytes());
-  engine_->max(&peak_rss, 1);
+  // Each training rank's process (ranks as threads share one).
+  json rss = json::array();
+  for (double b : engine_->gather(static_cast<double>(peak_rss_bytes())))
+    rss.push_back(static_cast<int64_t>(b));
   json out = {
       {"model", config_.model.kind},
       {"dataset", data_.train->name()},
@@ -345,10 +396,11 @@ json Trainer::summary(const State& s, const EvalResult& last_train, const EvalRe
       {"test_accuracy", data_.test ? json(last_test.accuracy) : json(nullptr)},
       {"samples_per_second", samples / std::max(1e-9, seconds)},
       {"train_seconds", seconds},
-      {"wall_seconds", now_seconds() - wall_start},
+      {"wall_seconds", s.wall_seconds + now_seconds() - wall_start_},
       {"params_sha256", digest},
       {"num_parameters", model_->num_parameters()},
-      {"peak_rss_bytes", static_cast<int64_t>(peak_rss)},
+      {"peak_rss_bytes", *std::max_element(rss.begin(), rss.end())},
+      {"peak_rss_bytes_per_rank", rss},
       {"threads", config_.runtime.threads},
       {"completed", completed},
       {"run_dir", run_dir_}};

@@ -45,14 +45,17 @@ EvalResult evaluate(const data::Dataset& dataset, const EvalPass& pass,
   return mean_of({sums[0], sums[1], static_cast<int64_t>(sums[2])});
 }
 
-Evaluator::Evaluator(const Config& config, const std::string& checkpoint)
-    : config_(config), data_(data::make_datasets(config.data)) {
+Evaluator::Evaluator(const Config& config, const std::string& checkpoint) : config_(config) {
+  const ckpt::CheckpointReader reader(checkpoint);
+  data::DataSpec data = config_.data;  // text: read with the token ids the model was trained with
+  data.vocabulary = reader.manifest().vocabulary;
+  data_ = data::make_datasets(data);
   nn::ModelSpec spec = config_.model;
   spec.input_shape = data_.train->input_shape();
   spec.num_classes = data_.train->num_classes();
   model_ = nn::build_model(spec);
   model_->materialize(config_.seed);
-  Checkpointer::load_weights(checkpoint, *model_);
+  Checkpointer::load_weights(reader, *model_);
 }
 
 Evaluator::~Evaluator() = default;

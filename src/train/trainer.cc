@@ -51,7 +51,7 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
   model_ = nn::build_model(spec);
   engine_ = std::make_unique<parallel::Engine>(config_.parallel, config_.optim, *world, *model_,
                                                config_.seed);
-  checkpointer_ = std::make_unique<Checkpointer>(config_, *engine_, *model_);
+  checkpointer_ = std::make_unique<Checkpointer>(config_, *engine_, *model_, data_.vocabulary);
   set_up_loader();
   base_lr_ = optim::scaled_lr(config_.optim.lr, config_.train.batch * config_.train.accumulate,
                               config_.train.base_batch);

@@ -43,11 +43,16 @@ struct DataSpec {
   int64_t samples = 1024;         // synthetic
   int64_t features = 32;          // synthetic
   uint64_t seed = 1;              // spiral / synthetic generation
+  // text: a fixed vocabulary, the byte of each token id in id order (a checkpoint's, so that a
+  // trained model reads new text with its own ids); a byte outside it is an error. Not a config
+  // key. Empty: the file's own distinct bytes.
+  std::string vocabulary;
 };
 
 struct Splits {
   std::shared_ptr<const Dataset> train;
   std::shared_ptr<const Dataset> test;  // may be null when the dataset has no test split
+  std::string vocabulary;  // text: the byte of each token id, in id order; empty otherwise
 };
 
 // Builds the train and test sets. Throws IoError for a missing, truncated or corrupt file,

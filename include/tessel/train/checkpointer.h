@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "tessel/ckpt/checkpoint.h"
 #include "tessel/nn/model.h"
 #include "tessel/parallel/engine.h"
 #include "tessel/train/config.h"
@@ -15,7 +16,10 @@ namespace tessel::train {
 
 class Checkpointer {
  public:
-  Checkpointer(const Config& config, parallel::Engine& engine, nn::Model& model);
+  // vocabulary: the tokenizer of a language model's text (data::Splits), saved with every
+  // checkpoint and checked on restore; empty for other data.
+  Checkpointer(const Config& config, parallel::Engine& engine, nn::Model& model,
+               std::string vocabulary);
 
   // Collective over the training ranks (the engine reaches parameter servers): writes step
   // `step`'s checkpoint under run_dir with rank 0's trainer_json and returns the committed
@@ -24,13 +28,14 @@ class Checkpointer {
   // Loads what this rank holds from the checkpoint at `path` (a run folder, checkpoints folder
   // or step folder) and returns its trainer.json.
   std::string restore(const std::string& path);
-  // The weights (only) of the checkpoint at `path` into a materialized model.
-  static void load_weights(const std::string& path, nn::Model& model);
+  // The weights (only) of an opened checkpoint into a materialized model.
+  static void load_weights(const ckpt::CheckpointReader& reader, nn::Model& model);
 
  private:
   const Config& config_;
   parallel::Engine& engine_;
   nn::Model& model_;
+  std::string vocabulary_;
 };
 
 }  // namespace tessel::train

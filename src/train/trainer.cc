@@ -45,6 +45,13 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
   prefetch_ = resolve_prefetch(config_.train.prefetch, world->ranks_on_host(),
                                config_.runtime.threads,
                                static_cast<int>(std::thread::hardware_concurrency()));
+  // Caught here (and so by `tessel config`), not by the first step's forward.
+  if ((config_.model.kind == "gpt") != (data_.train->input_dtype() == DType::kI32))
+    throw InvalidArgument(str("model: ", config_.model.kind, " reads ",
+                              config_.model.kind == "gpt" ? "token ids" : "features",
+                              ", but data.kind = '", config_.data.kind, "' gives ",
+                              config_.model.kind == "gpt" ? "features" : "token ids",
+                              "; a gpt model trains on data.kind = 'text', mlp and cnn on the others"));
   nn::ModelSpec spec = config_.model;
   spec.input_shape = data_.train->input_shape();
   spec.num_classes = data_.train->num_classes();

@@ -115,6 +115,8 @@ TEST_F(Cli, ConfigFailsExactlyAsTrainDoes) {
       spiral + " --set train.grad_accum=2",
       spiral + " --workers 3 --set pp.stages=2",            // stages do not divide the ranks
       spiral + " --workers 4 --set pp.stages=4",            // more stages than blocks
+      spiral + " --workers 2 --set pp.stages=2 --set pp.microbatches=7",  // 30 rows in 7
+      kExamples + "/spiral_ps.toml",                         // a server and no worker
       kExamples + "/char_gpt.toml --set model.kind=mlp",    // an MLP needs features
       kExamples + "/fashion_mlp.toml --set data.path=" + path("nowhere"),
       spiral + " --workers 2 --set ps.servers=1 --set zero.stage=1",

@@ -25,11 +25,11 @@ std::string error_text(const Result& r) {
 TEST_F(Cli, TrainRefusesAFolderThatHoldsARun) {
   const std::string train = "train " + kExamples + "/spiral.toml --quiet --set train.epochs=1 --run-dir " +
                             path("run");
-  ASSERT_EQ(run(train).exit_code, 0);
+  ASSERT_EQ(run(train + " --set train.epochs=2").exit_code, 0);  // checkpoints at steps 10, 20
   std::ofstream(path("run/notes.txt")) << "mine";
   expect_error(run(train), "--resume");
   expect_error(run(train), "--overwrite");
-  // --overwrite starts over and removes only what tessel wrote.
+  // --overwrite starts over (no step-000020 left) and removes only what tessel wrote.
   const Result over = run(train + " --overwrite");
   ASSERT_EQ(over.exit_code, 0) << over.output;
   EXPECT_EQ(slurp(path("run/notes.txt")), "mine");

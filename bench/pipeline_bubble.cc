@@ -39,14 +39,13 @@ Result measure(int P, int m, const std::string& schedule, double forward_ms, int
     spec.pp_schedule = schedule;
     auto ledger = std::make_shared<MemoryLedger>();
     MemoryScope memory(ledger, MemCategory::kOther);
-    parallel::Engine engine(spec, optim::OptimSpec{}, c, *model, 1);
-    nn::CrossEntropyLoss loss;
+    parallel::Engine engine(spec, optim::OptimSpec{}, c, std::move(model), 1);
     Tensor x = Tensor::zeros({8 * m, 64});
     Tensor y = Tensor::zeros({8 * m}, DType::kI32);
     engine.start();
     for (int step = 0; step <= steps; ++step) {
       if (step == 1) engine.take_stats(0);  // step 0 allocates the activation caches
-      engine.train_piece({x, y, nn::Context{true, 1, step, 0}, 1.0, true}, loss);
+      engine.train_piece({x, y, nn::Context{true, 1, step, 0}, 1.0, true});
       engine.step(0.01f, 0, step);
     }
     const std::vector<parallel::RankStats> stats = engine.take_stats(0);

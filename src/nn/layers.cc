@@ -33,11 +33,28 @@ Shape with_last(Shape s, int64_t last) {
 
 // ---- Linear ----
 
-Linear::Linear(int64_t in, int64_t out, bool bias) : in_(in), out_(out), has_bias_(bias) {
+Linear::Linear(int64_t in, int64_t out, bool bias, TpCut tp)
+    : in_(in), out_(out), has_bias_(bias), tp_(tp) {
   TESSEL_CHECK(in > 0 && out > 0, "linear: sizes must be positive, got in ", in, ", out ", out);
   const float bound = 1.0f / std::sqrt(static_cast<float>(in));
-  weight_ = {"weight", {out, in}, Init::kUniform, bound, {}, {}};
-  bias_ = {"bias", {out}, Init::kUniform, bound, {}, {}};
+  weight_ = {"weight", {out, in}, Init::kUniform, bound, {}, {}, {}};
+  bias_ = {"bias", {out}, Init::kUniform, bound, {}, {}, {}};
+  if (tp_.tp == nullptr || tp_.cut == Cut::kNone) {
+    tp_ = {};
+    return;
+  }
+  const int rank = tp_.tp->rank(), size = tp_.tp->size();
+  TESSEL_CHECK((tp_.cut == Cut::kColumn ? out / tp_.groups : in) % size == 0, "linear: ",
+               tp_.cut == Cut::kColumn ? "output" : "input", " features ", tp_.cut == Cut::kColumn ? out : in,
+               " (in ", tp_.groups, " groups) do not split over ", size, " tensor-parallel ranks");
+  if (tp_.cut == Cut::kColumn) {
+    weight_.cut(0, tp_.groups, rank, size);
+    bias_.cut(0, tp_.groups, rank, size);
+    out_ = weight_.shape[0];
+  } else {
+    weight_.cut(1, 1, rank, size);
+    in_ = weight_.shape[1];
+  }
 }
 
 std::vector<Parameter*> Linear::parameters() {
@@ -45,28 +62,46 @@ std::vector<Parameter*> Linear::parameters() {
   return {&weight_};
 }
 
+// Buffer and scratch slots: 0 the output / input gradient; 1 this rank's part of them under
+// sequence parallelism (tp_leave's, tp_enter_backward's). A column-cut layer keeps its input
+// as it came (its sequence part) and gathers it again in the backward.
 Tensor Linear::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   (void)ctx;
   check_f32(x, "linear");
-  if (x.ndim() < 1 || x.dim(-1) != in_)
+  const bool row = tp_.cut == Cut::kRow;
+  const Tensor in = tp_.cut == Cut::kColumn ? tp_enter(tp_.tp, x) : x;
+  if (in.ndim() < 1 || in.dim(-1) != in_)
     throw InvalidArgument(str("linear: input's last dimension must be ", in_, ", got shape ",
-                              shape_str(x.shape()), "; check the model's input size"));
+                              shape_str(in.shape()), "; check the model's input size"));
   if (cache) cache->keep(0, x);
-  Tensor y = output(cache, 0, with_last(x.shape(), out_));
-  ops::linear_forward(y.data<float>(), x.data<float>(), weight_.value.data<float>(),
-                      has_bias_ ? bias_.value.data<float>() : nullptr, x.numel() / in_, in_, out_);
-  return y;
+  const Shape shape = with_last(in.shape(), out_);
+  Tensor y = row ? tp_whole_output(tp_.tp, cache, 0, shape) : output(cache, 0, shape);
+  const bool add_bias = has_bias_ && (!row || tp_.tp->rank() == 0);
+  ops::linear_forward(y.data<float>(), in.data<float>(), weight_.value.data<float>(),
+                      add_bias ? bias_.value.data<float>() : nullptr, in.numel() / in_, in_, out_);
+  return row ? tp_leave(tp_.tp, y, cache, 1) : y;
 }
 
-Tensor Linear::backward(const Tensor& dy, Cache& cache) {
-  const Tensor& x = cache.kept(0);
+Tensor Linear::backward(const Tensor& dy_in, Cache& cache) {
+  const bool row = tp_.cut == Cut::kRow, column = tp_.cut == Cut::kColumn;
+  // A row-cut layer's bias sees its output split along the sequence under sequence
+  // parallelism: its gradient is this rank's part, summed over the group at the step like
+  // every whole parameter's (parallel/engine.h).
+  float* db = has_bias_ ? bias_.grad.data<float>() : nullptr;
+  if (row && sequence_split(tp_.tp) && db) {
+    ops::bias_backward(db, dy_in.data<float>(), dy_in.numel() / out_, out_);
+    db = nullptr;
+  }
+  const Tensor dy = row ? tp_leave_backward(tp_.tp, dy_in) : dy_in;
+  const Tensor x = column ? tp_enter(tp_.tp, cache.kept(0)) : cache.kept(0);
   check_same_shape(dy, with_last(x.shape(), out_), "linear");
   Tensor dx;
-  if (input_grad_) dx = cache.scratch(0, x.shape());
-  ops::linear_backward(input_grad_ ? dx.data<float>() : nullptr, weight_.grad.data<float>(),
-                       has_bias_ ? bias_.grad.data<float>() : nullptr, dy.data<float>(),
-                       x.data<float>(), weight_.value.data<float>(), x.numel() / in_, in_, out_);
-  return dx;
+  if (input_grad_)
+    dx = column ? tp_whole_grad(tp_.tp, cache, 0, x.shape()) : cache.scratch(0, x.shape());
+  ops::linear_backward(input_grad_ ? dx.data<float>() : nullptr, weight_.grad.data<float>(), db,
+                       dy.data<float>(), x.data<float>(), weight_.value.data<float>(),
+                       x.numel() / in_, in_, out_);
+  return column ? tp_enter_backward(tp_.tp, dx, cache, 1) : dx;
 }
 
 double Linear::forward_flops(int64_t batch) const {
@@ -113,7 +148,7 @@ Tensor GELU::backward(const Tensor& dy, Cache& cache) {
 
 // ---- Dropout ----
 
-Dropout::Dropout(float p) : p_(p) {
+Dropout::Dropout(float p, int64_t first_col) : p_(p), first_col_(first_col) {
   if (!(p >= 0.0f && p < 1.0f))
     throw InvalidArgument(str("dropout: probability must be in [0, 1), got ", p,
                               "; set model.dropout to e.g. 0.1, or 0 to disable it"));
@@ -133,7 +168,7 @@ Tensor Dropout::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   const int64_t rows = x.ndim() > 0 ? x.dim(0) : 1;
   Tensor y = output(cache, 0, x.shape());
   ops::dropout_forward(y.data<float>(), x.data<float>(), rows, x.numel() / rows, p_, ctx.seed,
-                       ctx.step, ctx.first_sample);
+                       ctx.step, ctx.first_sample, first_col_);
   return y;
 }
 
@@ -147,7 +182,7 @@ Tensor Dropout::backward(const Tensor& dy, Cache& cache) {
   Tensor dx = cache.scratch(0, dy.shape());
   const Context& c = cache.ctx;
   ops::dropout_backward(dx.data<float>(), dy.data<float>(), rows, n / rows, p_, c.seed, c.step,
-                        c.first_sample);
+                        c.first_sample, first_col_);
   return dx;
 }
 
@@ -176,8 +211,8 @@ namespace {
 // A convolution's parameters, initialised as PyTorch does: U(-1/sqrt(C*k*k), 1/sqrt(C*k*k)).
 void conv_parameters(int64_t C, int64_t OC, int64_t k, Parameter& weight, Parameter& bias) {
   const float bound = 1.0f / std::sqrt(static_cast<float>(C * k * k));
-  weight = {"weight", {OC, C, k, k}, Init::kUniform, bound, {}, {}};
-  bias = {"bias", {OC}, Init::kUniform, bound, {}, {}};
+  weight = {"weight", {OC, C, k, k}, Init::kUniform, bound, {}, {}, {}};
+  bias = {"bias", {OC}, Init::kUniform, bound, {}, {}, {}};
 }
 
 }  // namespace
@@ -343,8 +378,8 @@ Tensor MaxPool2d::backward(const Tensor& dy, Cache& cache) {
 
 LayerNorm::LayerNorm(int64_t channels) : C_(channels) {
   TESSEL_CHECK(C_ > 0, "layernorm: channels must be positive, got ", C_);
-  weight_ = {"weight", {C_}, Init::kOnes, 0.0f, {}, {}};
-  bias_ = {"bias", {C_}, Init::kZeros, 0.0f, {}, {}};
+  weight_ = {"weight", {C_}, Init::kOnes, 0.0f, {}, {}, {}};
+  bias_ = {"bias", {C_}, Init::kZeros, 0.0f, {}, {}, {}};
 }
 
 Tensor LayerNorm::forward(const Tensor& x, const Context& ctx, Cache* cache) {

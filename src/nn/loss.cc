@@ -1,22 +1,38 @@
 #include "tessel/nn/loss.h"
 
+#include <algorithm>
+
 #include "tessel/ops/cpu.h"
 
 namespace tessel::nn {
 
-LossValue CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels) {
+namespace {
+
+// Checks logits f32 [..., C] and one i32 label per row; returns the number of rows.
+int64_t check_inputs(const Tensor& logits, const Tensor& labels) {
   if (!logits.defined() || logits.dtype() != DType::kF32 || logits.ndim() < 1 || logits.dim(-1) < 1)
     throw InvalidArgument(str("cross_entropy: logits must be f32 [..., C], got ",
                               logits.defined() ? shape_str(logits.shape()) : "undefined",
                               "; pass the model's output"));
-  const int64_t C = logits.dim(-1), N = logits.numel() / C;
+  const int64_t N = logits.numel() / logits.dim(-1);
   if (!labels.defined() || labels.dtype() != DType::kI32 || labels.numel() != N)
     throw InvalidArgument(str("cross_entropy: labels must be i32 with one per logits row (", N,
                               " for logits ", shape_str(logits.shape()), "), got ",
                               labels.defined() ? dtype_name(labels.dtype()) : "undefined", " ",
                               labels.defined() ? shape_str(labels.shape()) : "",
                               "; check the dataset's label shape and num_classes"));
-  if (!probs_.defined() || probs_.shape() != logits.shape()) probs_ = Tensor::empty(logits.shape());
+  return N;
+}
+
+void reuse(Tensor& t, const Shape& shape) {
+  if (!t.defined() || t.shape() != shape) t = Tensor::empty(shape);
+}
+
+}  // namespace
+
+LossValue CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels) {
+  const int64_t N = check_inputs(logits, labels), C = logits.dim(-1);
+  reuse(probs_, logits.shape());
   labels_ = labels;
   const float loss = ops::cross_entropy_forward(probs_.data<float>(), logits.data<float>(),
                                                 labels.data<int32_t>(), N, C);
@@ -26,10 +42,41 @@ LossValue CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels) 
 Tensor CrossEntropyLoss::backward(float dloss) {
   TESSEL_CHECK(probs_.defined() && labels_.defined(), "cross_entropy: backward() before forward()");
   const int64_t C = probs_.dim(-1), N = probs_.numel() / C;
-  if (!dlogits_.defined() || dlogits_.shape() != probs_.shape())
-    dlogits_ = Tensor::empty(probs_.shape());
+  reuse(dlogits_, probs_.shape());
   ops::cross_entropy_backward(dlogits_.data<float>(), probs_.data<float>(), labels_.data<int32_t>(),
                               N, C, dloss);
+  return dlogits_;
+}
+
+LossValue VocabParallelCrossEntropy::forward(const Tensor& logits, const Tensor& labels) {
+  const int64_t N = check_inputs(logits, labels), C = logits.dim(-1);
+  const int64_t lo = tp_.rank() * C, valid = std::clamp<int64_t>(V_ - lo, 0, C);
+  const int32_t* y = labels.data<int32_t>();
+  for (int64_t r = 0; r < N; ++r)
+    if (y[r] < 0 || y[r] >= V_)
+      throw InvalidArgument(str("cross_entropy: label of row ", r, " must be in [0, ", V_,
+                                "), got ", y[r], "; check the dataset's vocabulary"));
+  reuse(probs_, logits.shape());
+  for (Tensor* t : {&row_max_, &sums_, &target_}) reuse(*t, {N});
+  labels_ = labels;
+  float *mx = row_max_.data<float>(), *sums = sums_.data<float>(), *target = target_.data<float>();
+  ops::sliced_row_max(mx, logits.data<float>(), N, C, valid);
+  tp_.all_reduce_max(mx, N);
+  ops::sliced_exp(probs_.data<float>(), sums, target, logits.data<float>(), y, mx, N, C, valid, lo);
+  tp_.all_reduce_sum(target, N);
+  tp_.all_reduce_sum(sums, N);
+  const float loss = ops::sliced_cross_entropy(probs_.data<float>(), sums, target, mx, N, C, valid);
+  int64_t correct = 0;
+  for (int64_t r = 0; r < N; ++r) correct += target[r] >= mx[r];
+  return {loss, correct, N};
+}
+
+Tensor VocabParallelCrossEntropy::backward(float dloss) {
+  TESSEL_CHECK(probs_.defined() && labels_.defined(), "cross_entropy: backward() before forward()");
+  const int64_t C = probs_.dim(-1), N = probs_.numel() / C;
+  reuse(dlogits_, probs_.shape());
+  ops::cross_entropy_backward(dlogits_.data<float>(), probs_.data<float>(), labels_.data<int32_t>(),
+                              N, C, dloss, tp_.rank() * C);
   return dlogits_;
 }
 

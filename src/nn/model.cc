@@ -32,7 +32,46 @@ void init_elements(const Parameter& p, float* dst, int64_t first, int64_t count,
   }
 }
 
+int64_t aligned(int64_t n) { return (n + kAlignElems - 1) / kAlignElems * kAlignElems; }
+
+// Calls f(local, logical, count) for the runs of elements [first, first + count) of p's part
+// (offsets within the part and within the logical tensor), padding skipped.
+template <typename F>
+void for_each_run(const Parameter& p, int64_t first, int64_t count, F&& f) {
+  if (!p.is_split()) {
+    if (count > 0) f(first, first, count);
+    return;
+  }
+  const Split& s = p.split;
+  const int64_t width = s.hi - s.lo;  // of dim, in this part
+  const int64_t row = width * s.inner;  // elements of one outer index in this part
+  for (int64_t e = first, end = first + count; e < end;) {
+    const int64_t o = e / row, d = e % row / s.inner, i = e % s.inner;
+    const int64_t n = std::min(end, (o + 1) * row) - e;  // to the end of this outer index
+    const int64_t real = std::max<int64_t>(0, std::min(s.hi, s.dim) - (s.lo + d)) * s.inner - i;
+    if (real > 0) f(e, (o * s.dim + s.lo + d) * s.inner + i, std::min(n, real));
+    e += n;
+  }
+}
+
 }  // namespace
+
+void Parameter::cut(size_t dim_index, int64_t groups, int part, int parts) {
+  TESSEL_CHECK(!is_split() && dim_index < shape.size() && groups > 0 && parts > 0 &&
+                   part >= 0 && part < parts && shape[dim_index] % groups == 0,
+               "parameter '", name, "': cannot cut dimension ", dim_index, " of ",
+               shape_str(shape), " in ", groups, " groups x ", parts, " parts");
+  split.full = shape;
+  split.outer = groups;
+  for (size_t d = 0; d < dim_index; ++d) split.outer *= shape[d];
+  split.dim = shape[dim_index] / groups;
+  split.inner = 1;
+  for (size_t d = dim_index + 1; d < shape.size(); ++d) split.inner *= shape[d];
+  const int64_t per = (split.dim + parts - 1) / parts;
+  split.lo = part * per;
+  split.hi = split.lo + per;
+  shape[dim_index] = groups * per;
+}
 
 int64_t Activations::bytes() const {
   int64_t total = 0;
@@ -65,7 +104,9 @@ void Model::finalize() {
       p->name = names_[i] + "." + p->name;
       parameters_.push_back(p);
       offsets_.push_back(numel_);
-      numel_ += (shape_numel(p->shape) + kAlignElems - 1) / kAlignElems * kAlignElems;
+      numel_ += aligned(shape_numel(p->shape));
+      logical_offsets_.push_back(logical_numel_);
+      logical_numel_ += aligned(shape_numel(p->full_shape()));
     }
     block_params_.emplace_back(first, parameters_.size());
   }
@@ -99,29 +140,30 @@ Range Model::param_range(size_t k) const {
   return {offsets_[k], offsets_[k] + shape_numel(parameters_[k]->shape)};
 }
 
-std::vector<std::pair<size_t, Range>> Model::overlaps(Range r) const {
-  std::vector<std::pair<size_t, Range>> out;
+std::vector<Run> Model::runs(Range r) const {
+  std::vector<Run> out;
   for (size_t k = 0; k < parameters_.size(); ++k) {
     const Range p = param_range(k);
     const int64_t a = std::max(p.lo, r.lo), b = std::min(p.hi, r.hi);
-    if (a < b) out.push_back({k, {a, b}});
+    if (a < b)
+      for_each_run(*parameters_[k], a - p.lo, b - a, [&](int64_t local, int64_t logical, int64_t n) {
+        out.push_back({k, p.lo + local, logical, n});
+      });
   }
   return out;
 }
 
 int64_t Model::num_parameters() const {
   int64_t n = 0;
-  for (const Parameter* p : parameters_) n += shape_numel(p->shape);
+  for (const Parameter* p : parameters_) n += shape_numel(p->full_shape());
   return n;
 }
 
 void Model::init_values(float* dst, Range r, uint64_t seed) const {
   std::fill(dst, dst + r.size(), 0.0f);
-  for (size_t k = 0; k < parameters_.size(); ++k) {
-    const int64_t lo = offsets_[k], hi = lo + shape_numel(parameters_[k]->shape);
-    const int64_t a = std::max(lo, r.lo), b = std::min(hi, r.hi);
-    if (a < b) init_elements(*parameters_[k], dst + (a - r.lo), a - lo, b - a, seed, k);
-  }
+  for (const Run& run : runs(r))
+    init_elements(*parameters_[run.param], dst + (run.local - r.lo), run.logical, run.count, seed,
+                  run.param);
 }
 
 void Model::bind(Range r, const Tensor& memory, bool values) {

@@ -47,22 +47,32 @@ std::unique_ptr<Module> make_activation(const std::string& name) {
       str("model: unknown model.activation, got '", name, "'; use one of relu, gelu"));
 }
 
-void build_mlp(const ModelSpec& spec, Model& m) {
+void build_mlp(const ModelSpec& spec, TensorParallel* tp, Model& m) {
   if (spec.input_shape.size() != 1)
     throw InvalidArgument(str("model: mlp needs a flat input [features], got input_shape ",
                               shape_str(spec.input_shape), "; set data.flatten = true"));
   require_positive_list(spec.hidden, "model.hidden");
   make_activation(spec.activation);  // validates the name before anything is built
+  const int parts = tp ? tp->size() : 1;
   int64_t in = spec.input_shape[0];
   for (size_t i = 0; i < spec.hidden.size(); ++i) {
     const std::string n = std::to_string(i + 1);
-    m.add("fc" + n, std::make_unique<Linear>(in, spec.hidden[i]));
+    const bool column = i % 2 == 0;  // hidden layers cut column, row, column, ...
+    if (tp && column && spec.hidden[i] % parts != 0)
+      throw InvalidArgument(str("model: model.hidden[", i, "] = ", spec.hidden[i], " does not split over tp.size = ",
+                                parts, " ranks; use a multiple of ", parts, " (e.g. ",
+                                (spec.hidden[i] / parts + 1) * parts, ")"));
+    m.add("fc" + n, std::make_unique<Linear>(in, spec.hidden[i], true,
+                                             TpCut{tp, column ? Cut::kColumn : Cut::kRow}));
     m.add("act" + n, make_activation(spec.activation));
-    if (spec.dropout > 0.0f) m.add("drop" + n, std::make_unique<Dropout>(spec.dropout));
+    const int64_t first_col = tp && column ? tp->rank() * (spec.hidden[i] / parts) : 0;
+    if (spec.dropout > 0.0f) m.add("drop" + n, std::make_unique<Dropout>(spec.dropout, first_col));
     in = spec.hidden[i];
   }
+  // The output layer is the row partner of an odd last hidden layer, else whole.
+  const bool row = spec.hidden.size() % 2 == 1;
   m.add("fc" + std::to_string(spec.hidden.size() + 1),
-        std::make_unique<Linear>(in, spec.num_classes));
+        std::make_unique<Linear>(in, spec.num_classes, true, TpCut{tp, row ? Cut::kRow : Cut::kNone}));
 }
 
 void build_cnn(const ModelSpec& spec, Model& m) {
@@ -94,7 +104,7 @@ void build_cnn(const ModelSpec& spec, Model& m) {
   m.add("fc2", std::make_unique<Linear>(spec.fc_hidden, spec.num_classes));
 }
 
-void build_gpt(const ModelSpec& spec, Model& m) {
+void build_gpt(const ModelSpec& spec, TensorParallel* tp, Model& m) {
   if (spec.input_shape.size() != 1)
     throw InvalidArgument(str("model: gpt needs token input [T], got input_shape ",
                               shape_str(spec.input_shape), "; use a text (token) dataset"));
@@ -106,28 +116,47 @@ void build_gpt(const ModelSpec& spec, Model& m) {
                               " and embed ", spec.embed,
                               "; pick heads among the divisors of embed"));
   const int64_t T = spec.input_shape[0], V = spec.num_classes, C = spec.embed;
-  auto embed = std::make_unique<Embedding>(V, T, C);
+  if (tp && spec.heads % tp->size() != 0)
+    throw InvalidArgument(str("model: model.heads = ", spec.heads, " does not split over tp.size = ",
+                              tp->size(), " ranks; use a multiple of ", tp->size(),
+                              " heads or a tp.size dividing ", spec.heads));
+  if (sequence_split(tp) && T % tp->size() != 0)
+    throw InvalidArgument(str("model: tp.sequence_parallel splits the context of ", T,
+                              " tokens over tp.size = ", tp->size(), " ranks, which does not divide it; "
+                              "use a context (data.context) that is a multiple of ", tp->size()));
+  auto embed = std::make_unique<Embedding>(V, T, C, tp);
   Parameter* table = embed->token_table();
   m.add("embed", std::move(embed));
   for (int64_t l = 0; l < spec.layers; ++l)
     m.add("block" + std::to_string(l),
-          std::make_unique<TransformerBlock>(C, spec.heads, T, spec.layers));
-  m.add("head", std::make_unique<LmHead>(table, V, C, T), {table});
+          std::make_unique<TransformerBlock>(C, spec.heads, T, spec.layers, tp));
+  m.add("head", std::make_unique<LmHead>(table, V, C, T, tp), {table});
 }
 
 }  // namespace
 
-std::unique_ptr<Model> build_model(const ModelSpec& spec) {
+std::unique_ptr<Model> build_model(const ModelSpec& spec, TensorParallel* tp) {
   if (spec.kind != "mlp" && spec.kind != "cnn" && spec.kind != "gpt")
     throw InvalidArgument(
         str("model: unknown model.kind, got '", spec.kind, "'; use one of mlp, cnn, gpt"));
   check_common(spec);
+  if (tp && spec.kind == "cnn")
+    throw InvalidArgument("model: tensor parallelism (tp.size > 1) cuts mlp and gpt models, not a "
+                          "cnn; set tp.size = 1 or use data/pipeline parallelism");
   auto m = std::make_unique<Model>();
-  if (spec.kind == "mlp") build_mlp(spec, *m);
+  if (spec.kind == "mlp") build_mlp(spec, tp, *m);
   if (spec.kind == "cnn") build_cnn(spec, *m);
-  if (spec.kind == "gpt") build_gpt(spec, *m);
+  if (spec.kind == "gpt") build_gpt(spec, tp, *m);
   m->finalize();
+  if (tp && tp->rank() > 0)
+    for (Parameter* p : m->parameters()) p->split.replica = !p->is_split();
   return m;
+}
+
+std::unique_ptr<Loss> make_loss(const ModelSpec& spec, TensorParallel* tp) {
+  if (spec.kind == "gpt" && tp != nullptr)
+    return std::make_unique<VocabParallelCrossEntropy>(*tp, spec.num_classes);
+  return std::make_unique<CrossEntropyLoss>();
 }
 
 }  // namespace tessel::nn

@@ -64,17 +64,19 @@ void linear_forward(float* y, const float* x, const float* w, const float* b, in
   gemm(false, true, N, OC, C, 1.0f, x, C, w, C, b != nullptr ? 1.0f : 0.0f, y, OC);
 }
 
+void bias_backward(float* db, const float* dy, int64_t N, int64_t OC) {
+  // Row by row so the inner loop runs along contiguous memory and vectorises.
+  for (int64_t n = 0; n < N; ++n) {
+    const float* row = dy + n * OC;
+    for (int64_t o = 0; o < OC; ++o) db[o] += row[o];
+  }
+}
+
 void linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                      const float* w, int64_t N, int64_t C, int64_t OC) {
   // dw[OC,C] += dy^T[OC,N] @ x[N,C]
   gemm(true, false, OC, C, N, 1.0f, dy, OC, x, C, 1.0f, dw, C);
-  if (db != nullptr) {
-    // Row by row so the inner loop runs along contiguous memory and vectorises.
-    for (int64_t n = 0; n < N; ++n) {
-      const float* row = dy + n * OC;
-      for (int64_t o = 0; o < OC; ++o) db[o] += row[o];
-    }
-  }
+  if (db != nullptr) bias_backward(db, dy, N, OC);
   // dx[N,C] = dy[N,OC] @ w[OC,C]
   if (dx != nullptr) gemm(false, false, N, C, OC, 1.0f, dy, OC, w, C, 0.0f, dx, C);
 }

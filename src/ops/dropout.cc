@@ -57,7 +57,7 @@ void uniform_block(float* out, uint64_t seed, uint64_t stream, uint64_t first) {
 
 // out = in * mask / (1 - p); forward and backward differ only in which tensors they pass.
 void apply_mask(float* out, const float* in, int64_t rows, int64_t cols, float p, uint64_t seed,
-                int64_t step, int64_t first_sample) {
+                int64_t step, int64_t first_sample, int64_t first_col) {
   const float scale = 1.0f / (1.0f - p);
   float u[kLanes];
   for (int64_t r = 0; r < rows; ++r) {
@@ -66,7 +66,7 @@ void apply_mask(float* out, const float* in, int64_t rows, int64_t cols, float p
     const float* ir = in + r * cols;
     float* orow = out + r * cols;
     for (int64_t c0 = 0; c0 < cols; c0 += kLanes) {
-      uniform_block(u, seed, stream, static_cast<uint64_t>(c0));
+      uniform_block(u, seed, stream, static_cast<uint64_t>(first_col + c0));
       const int64_t n = std::min<int64_t>(kLanes, cols - c0);
       for (int64_t j = 0; j < n; ++j) orow[c0 + j] = u[j] >= p ? ir[c0 + j] * scale : 0.0f;
     }
@@ -76,16 +76,16 @@ void apply_mask(float* out, const float* in, int64_t rows, int64_t cols, float p
 }  // namespace
 
 void dropout_forward(float* y, const float* x, int64_t rows, int64_t cols, float p, uint64_t seed,
-                     int64_t step, int64_t first_sample) {
+                     int64_t step, int64_t first_sample, int64_t first_col) {
   check_p("dropout_forward", p);
-  apply_mask(y, x, rows, cols, p, seed, step, first_sample);
+  apply_mask(y, x, rows, cols, p, seed, step, first_sample, first_col);
 }
 
 void dropout_backward(float* dx, const float* dy, int64_t rows, int64_t cols, float p,
-                      uint64_t seed, int64_t step, int64_t first_sample) {
+                      uint64_t seed, int64_t step, int64_t first_sample, int64_t first_col) {
   check_p("dropout_backward", p);
   if (dx == nullptr) return;
-  apply_mask(dx, dy, rows, cols, p, seed, step, first_sample);
+  apply_mask(dx, dy, rows, cols, p, seed, step, first_sample, first_col);
 }
 
 }  // namespace tessel::ops

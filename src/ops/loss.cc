@@ -32,15 +32,17 @@ float cross_entropy_forward(float* probs, const float* logits, const int32_t* la
 }
 
 void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* labels, int64_t N,
-                            int64_t C, float dloss) {
+                            int64_t C, float dloss, int64_t lo) {
   if (dlogits == nullptr) return;
   const float scale = dloss / static_cast<float>(N);
   for (int64_t r = 0; r < N; ++r) {
     const float* pr = probs + r * C;
     float* dr = dlogits + r * C;
     for (int64_t c = 0; c < C; ++c) dr[c] = pr[c] * scale;
-    TESSEL_DCHECK(labels[r] >= 0 && labels[r] < C, "cross_entropy_backward: bad label ", labels[r]);
-    dr[labels[r]] -= scale;
+    const int64_t label = labels[r] - lo;
+    if (lo == 0)
+      TESSEL_DCHECK(label >= 0 && label < C, "cross_entropy_backward: bad label ", labels[r]);
+    if (label >= 0 && label < C) dr[label] -= scale;
   }
 }
 
@@ -56,6 +58,39 @@ int64_t count_correct(const float* logits, const int32_t* labels, int64_t N, int
     correct += best == labels[r];
   }
   return correct;
+}
+
+void sliced_row_max(float* row_max, const float* logits, int64_t N, int64_t C, int64_t valid) {
+  for (int64_t r = 0; r < N; ++r) {
+    float mx = -INFINITY;
+    for (int64_t c = 0; c < valid; ++c) mx = std::fmax(mx, logits[r * C + c]);
+    row_max[r] = mx;
+  }
+}
+
+void sliced_exp(float* probs, float* sums, float* target, const float* logits,
+                const int32_t* labels, const float* row_max, int64_t N, int64_t C, int64_t valid,
+                int64_t lo) {
+  for (int64_t r = 0; r < N; ++r) {
+    const float* lr = logits + r * C;
+    float* pr = probs + r * C;
+    for (int64_t c = 0; c < valid; ++c) pr[c] = detail::exp(lr[c] - row_max[r]);
+    for (int64_t c = valid; c < C; ++c) pr[c] = 0.0f;
+    sums[r] = detail::sum(pr, valid);
+    const int64_t label = labels[r] - lo;
+    target[r] = label >= 0 && label < valid ? lr[label] : 0.0f;
+  }
+}
+
+float sliced_cross_entropy(float* probs, const float* sums, const float* target,
+                           const float* row_max, int64_t N, int64_t C, int64_t valid) {
+  double total = 0.0;
+  for (int64_t r = 0; r < N; ++r) {
+    const float inv = 1.0f / sums[r];
+    for (int64_t c = 0; c < valid; ++c) probs[r * C + c] *= inv;
+    total += static_cast<double>(std::log(sums[r])) - static_cast<double>(target[r] - row_max[r]);
+  }
+  return static_cast<float>(total / static_cast<double>(N));
 }
 
 }  // namespace tessel::ops

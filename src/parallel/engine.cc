@@ -6,6 +6,7 @@
 #include "grad_syncs.h"
 #include "param_stores.h"
 #include "shared_memory_step.h"
+#include "tp_group.h"
 #include "tessel/parallel/parameter_server.h"
 #include "tessel/parallel/pipeline.h"
 
@@ -24,35 +25,64 @@ bool resolve_overlap(const std::string& mode, const comm::Communicator& group) {
   return static_cast<int>(std::thread::hardware_concurrency()) >= 2 * group.ranks_on_host();
 }
 
+std::unique_ptr<TpGroup> make_tp_group(const ParallelSpec& spec, Mesh& mesh) {
+  if (mesh.layout().tp == 1) return nullptr;
+  return std::make_unique<TpGroup>(mesh.group(Axis::kTp), spec.tp_sequence);
+}
+
 }  // namespace
 
 Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Communicator& world,
-               nn::Model& model, uint64_t seed)
-    : spec_(spec), model_(model), mesh_(world, Layout::resolve(spec, world.size())) {
+               const nn::ModelSpec& model, uint64_t seed)
+    : Engine(spec, optim, world,
+             [&](nn::TensorParallel* tp) {
+               return std::make_pair(nn::build_model(model, tp), nn::make_loss(model, tp));
+             },
+             seed) {}
+
+Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Communicator& world,
+               std::unique_ptr<nn::Model> model, uint64_t seed)
+    : Engine(spec, optim, world,
+             [&](nn::TensorParallel* tp) {
+               if (tp != nullptr)
+                 throw InvalidArgument("engine: a model built by the caller runs with tp.size = 1");
+               return std::make_pair(std::move(model), std::unique_ptr<nn::Loss>(std::make_unique<nn::CrossEntropyLoss>()));
+             },
+             seed) {}
+
+Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Communicator& world,
+               const Build& build, uint64_t seed)
+    : spec_(spec),
+      mesh_(world, Layout::resolve(spec, world.size())),
+      tp_(make_tp_group(spec, mesh_)),
+      built_(build(tp_.get())),
+      model_(*built_.first),
+      loss_(*built_.second) {
   if (spec.zero_stage < 0 || spec.zero_stage > 3)
     throw InvalidArgument(str("config: zero.stage must be 0, 1, 2 or 3, got ", spec.zero_stage));
   hooks_fn_ = [this](nn::Phase p, size_t b, bool last) { hook(p, b, last); };
   if (layout().servers > 0) {
-    ps_ = std::make_unique<ParameterServer>(spec, mesh_, model, seed, optim);
+    ps_ = std::make_unique<ParameterServer>(spec, mesh_, model_, seed, optim);
     parts_ = {{"executor", "local"}, {"grad_sync", "local"}, {"store", "parameter_server"}};
     if (mesh_.is_server()) return;
-    executor_ = std::make_unique<LocalExecutor>(model);
-    units_ = make_units(model, spec.bucket_mb, executor_->local_blocks(), 1, 0);
-    sync_owner_ = std::make_unique<ArenaSync>(model, units_, ArenaSync::Reduction::kAllReduce,
+    executor_ = std::make_unique<LocalExecutor>(model_);
+    units_ = make_units(model_, spec.bucket_mb, executor_->local_blocks(), 1, 0);
+    sync_owner_ = std::make_unique<ArenaSync>(model_, units_, ArenaSync::Reduction::kAllReduce,
                                               nullptr, nullptr, false);
     sync_ = sync_owner_.get();
     return;
   }
   if (layout().pp > 1) {
-    auto p = std::make_unique<PipelineExecutor>(spec, mesh_.group(Axis::kPp), model);
+    auto p = std::make_unique<PipelineExecutor>(spec, mesh_.group(Axis::kPp), model_);
     pipeline_ = p.get();
     executor_ = std::move(p);
   } else {
-    executor_ = std::make_unique<LocalExecutor>(model);
+    executor_ = std::make_unique<LocalExecutor>(model_);
   }
   comm::Communicator& dp = mesh_.group(Axis::kDp);
-  units_ = make_units(model, spec.bucket_mb, executor_->local_blocks(), dp.size(), dp.rank());
+  units_ = make_units(model_, spec.bucket_mb, executor_->local_blocks(), dp.size(), dp.rank());
   parts_ = {{"executor", pipeline_ ? "pipeline" : "local"}};
+  if (tp_) parts_["tp"] = tp_->sequence() ? "sequence_parallel" : "tensor_parallel";
   build_data_parallel(spec, seed);
   optimizer_ = optim::make_optimizer(optim, store_->update_numel());
 }
@@ -121,7 +151,16 @@ int Engine::data_rank() const {
 int Engine::data_size() const { return layout().dp; }
 
 void Engine::hook(nn::Phase phase, size_t block, bool last) {
+  if (tp_) tp_->at(phase, block, training_);
   for (BlockHooks* h : hooks_) h->on_block(phase, block, last);
+}
+
+PieceStats Engine::counted(const PieceStats& s) const {
+  return tp_ && tp_->rank() > 0 ? PieceStats{} : s;  // a tp group computes one loss together
+}
+
+nlohmann::json Engine::tp_counters() const {
+  return tp_ ? tp_->counters(model_) : nlohmann::json::object();
 }
 
 void Engine::start() {
@@ -129,24 +168,26 @@ void Engine::start() {
   if (replicated_) replicated_->check_replicas(0);
 }
 
-PieceStats Engine::train_piece(const Piece& piece, nn::Loss& loss) {
+PieceStats Engine::train_piece(const Piece& piece) {
   if (ps_) ps_->before_train(piece.ctx.step);
   if (sharded_) sharded_->set_training(true);
+  training_ = true;
   if (piece.y.dim(0) == 0) {  // more ranks than rows in a short last batch
     executor_->idle(hooks_fn_, true, piece.last);
     return {};
   }
-  return executor_->train(piece, loss, hooks_fn_);
+  return counted(executor_->train(piece, loss_, hooks_fn_));
 }
 
-PieceStats Engine::eval_piece(const Piece& piece, nn::Loss& loss) {
+PieceStats Engine::eval_piece(const Piece& piece) {
   if (ps_) ps_->before_eval(piece.ctx.step);
   if (sharded_) sharded_->set_training(false);
+  training_ = false;
   if (piece.y.dim(0) == 0) {
     executor_->idle(hooks_fn_, false, false);
     return {};
   }
-  return executor_->eval(piece, loss, hooks_fn_);
+  return counted(executor_->eval(piece, loss_, hooks_fn_));
 }
 
 void Engine::step(float lr, float clip_norm, int64_t step) {
@@ -156,12 +197,37 @@ void Engine::step(float lr, float clip_norm, int64_t step) {
     return;
   }
   sync_->reduce();
+  if (tp_ && tp_->sequence()) sum_whole_grads_over_tp();
   store_->update(*optimizer_, lr, clip_norm, *sync_);
   sync_->clear();
   if (pipeline_) pipeline_->sync_tied_table(*store_);
   if (sharded_) sharded_->end_step();
   if (replicated_ && spec_.check_every > 0 && (step + 1) % spec_.check_every == 0)
     replicated_->check_replicas(step + 1);
+}
+
+// Under sequence parallelism a whole parameter's gradient (layer norms, the position table,
+// a row-cut layer's bias) holds only this rank's part of the sequence: the group sums them,
+// all in one buffer, before the norm and the update read them.
+void Engine::sum_whole_grads_over_tp() {
+  std::vector<std::pair<float*, int64_t>> pieces;
+  int64_t total = 0;
+  for (const nn::Range& r : store_->update_ranges())
+    for (const nn::Run& run : model_.runs(r))
+      if (!model_.parameters()[run.param]->is_split()) {
+        pieces.push_back({sync_->grads({run.local, run.local + run.count}), run.count});
+        total += run.count;
+      }
+  std::vector<float> buf(static_cast<size_t>(total));
+  int64_t at = 0;
+  for (auto [p, n] : pieces) at = std::copy_n(p, n, buf.data() + at) - buf.data();
+  tp_->at(nn::Phase::kAfterBackward, 0, true);
+  tp_->all_reduce_sum(buf.data(), total);
+  at = 0;
+  for (auto [p, n] : pieces) {
+    std::copy_n(buf.data() + at, n, p);
+    at += n;
+  }
 }
 
 void Engine::sum(double* values, int n) {
@@ -185,6 +251,7 @@ std::vector<RankStats> Engine::take_stats(double step_s) {
   executor_->take_stats(s);
   sync_->take_stats(s);
   if (ps_) ps_->take_stats(s);
+  if (tp_) tp_->take_stats(s);
   if (store_ && static_cast<void*>(store_) != static_cast<void*>(sync_)) store_->take_stats(s);
   if (const auto& ledger = current_ledger()) {
     for (int k = 0; k < kMemCategories; ++k) {

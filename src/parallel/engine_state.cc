@@ -38,21 +38,29 @@ std::vector<Owned> all_owned(comm::Communicator& group, const std::vector<nn::Ra
   return out;
 }
 
+// The runs of arena range r that this rank writes and hashes: tensor-parallel replicas are
+// left to their group's rank 0.
+std::vector<nn::Run> counted_runs(const nn::Model& model, nn::Range r) {
+  std::vector<nn::Run> runs = model.runs(r);
+  std::erase_if(runs, [&](const nn::Run& run) { return model.parameters()[run.param]->split.replica; });
+  return runs;
+}
+
 }  // namespace
 
 ckpt::ShardFile write_state_shard(const std::string& dir, int rank, const StateView& view,
                                   const nn::Model& model) {
   std::vector<ckpt::ShardSlice> slices;
   for (const nn::Range& r : view.owned)
-    for (auto [k, o] : model.overlaps(r)) {
-      const std::string& name = model.parameters()[k]->name;
-      const int64_t begin = o.lo - model.param_range(k).lo;
-      Tensor values = Tensor::empty({o.size()});
-      std::copy_n(view.values(o), o.size(), values.data<float>());
-      slices.push_back({name, begin, values});
+    for (const nn::Run& run : counted_runs(model, r)) {
+      const std::string& name = model.parameters()[run.param]->name;
+      const nn::Range o{run.local, run.local + run.count};
+      Tensor values = Tensor::empty({run.count});
+      std::copy_n(view.values(o), run.count, values.data<float>());
+      slices.push_back({name, run.logical, values});
       for (const optim::StateBuffer& buf : view.optimizer->state())
-        slices.push_back({buf.name + "/" + name, begin,
-                          buf.values.view(view.state_offset(o), {o.size()})});
+        slices.push_back({buf.name + "/" + name, run.logical,
+                          buf.values.view(view.state_offset(o), {run.count})});
     }
   return ckpt::write_shard(dir, rank, slices);
 }
@@ -102,8 +110,9 @@ std::vector<ckpt::ShardFile> Engine::write_shards(const std::string& dir, int64_
 }
 
 std::string Engine::params_sha256() {
-  // The owners stream their ranges to rank 0 in arena order, which hashes them with zeros for
-  // the padding between: the bytes of the whole arena, as one process would hold it.
+  // The owners stream their runs to rank 0 in the order of the whole model's arena (every
+  // parameter whole, logical_offset), which hashes them with zeros for the padding between:
+  // the bytes of the whole arena, as one process would hold it.
   comm::Communicator& workers = mesh_.workers();
   Sha256 sha;
   int64_t at = 0;
@@ -118,14 +127,30 @@ std::string Engine::params_sha256() {
   if (ps_) {
     if (is_main()) ps_->read_values(feed);
   } else {
-    for (const Owned& o : all_owned(workers, view.owned)) {
+    // This rank's runs as (place in the whole arena, first element in this rank's arena), in
+    // the order all_owned lists them.
+    std::vector<std::pair<nn::Range, int64_t>> mine;
+    for (const nn::Range& r : view.owned)
+      for (const nn::Run& run : counted_runs(model_, r)) {
+        const int64_t lo = model_.logical_offset(run.param) + run.logical;
+        mine.push_back({{lo, lo + run.count}, run.local});
+      }
+    std::sort(mine.begin(), mine.end(), [](const auto& a, const auto& b) { return a.first.lo < b.first.lo; });
+    std::vector<nn::Range> logical;
+    for (const auto& m : mine) logical.push_back(m.first);
+    size_t next = 0;  // this rank's next run
+    auto take = [&](nn::Range l) {
+      const int64_t at_local = mine[next++].second;
+      return view.values({at_local, at_local + l.size()});
+    };
+    for (const Owned& o : all_owned(workers, logical)) {
       if (o.rank == rank() && !is_main())
-        workers.send(view.values(o.range), static_cast<size_t>(o.range.size()),
-                     comm::ElemType::kF32, 0, kDigestTag);
+        workers.send(take(o.range), static_cast<size_t>(o.range.size()), comm::ElemType::kF32, 0,
+                     kDigestTag);
       if (!is_main()) continue;
       std::vector<float> values(static_cast<size_t>(o.range.size()));
       if (o.rank == 0)
-        std::copy_n(view.values(o.range), values.size(), values.data());
+        std::copy_n(take(o.range), values.size(), values.data());
       else
         workers.recv(values.data(), values.size(), comm::ElemType::kF32, o.rank, kDigestTag);
       feed(o.range, values.data());
@@ -133,7 +158,7 @@ std::string Engine::params_sha256() {
   }
   std::string hex(64, '0');
   if (is_main()) {
-    const std::vector<float> tail(static_cast<size_t>(std::max<int64_t>(model_.arena_numel() - at, 0)), 0.0f);
+    const std::vector<float> tail(static_cast<size_t>(std::max<int64_t>(model_.logical_numel() - at, 0)), 0.0f);
     sha.update(tail.data(), tail.size() * sizeof(float));
     hex = sha.hex_digest();
   }

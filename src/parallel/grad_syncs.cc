@@ -35,7 +35,7 @@ double pieces_sq_norm(const Units& units, GradSync& sync, comm::Communicator* wo
   double sq = 0;
   for (const Unit& u : units.list) {
     const nn::Range own = units.own(u);
-    if (!own.empty()) sq += optim::sum_squares(sync.grads(own), own.size());
+    if (!own.empty()) sq += sum_squares_counted(units, own, sync.grads(own));
   }
   if (several(workers)) workers->allreduce(&sq, 1, comm::ElemType::kF64);
   return sq;
@@ -261,7 +261,7 @@ double ExactSync::sq_norm() {
       if (r.empty() || r.lo < units_.span.lo || r.hi > units_.span.hi) continue;
       bool local = false;
       for (const Unit& u : units_.list) local = local || (r.lo >= u.range.lo && r.hi <= u.range.hi);
-      if (local) sums[b] = optim::sum_squares(grads(r), r.size());
+      if (local) sums[b] = sum_squares_counted(units_, r, grads(r));
     }
   workers_.allreduce(sums.data(), sums.size(), comm::ElemType::kF64);
   double sq = 0;

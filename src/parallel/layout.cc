@@ -23,12 +23,23 @@ Layout Layout::resolve(const ParallelSpec& spec, int world) {
     throw InvalidArgument(tessel::str("config: ps.servers = ", spec.ps_servers, " leaves no worker among ",
                               world, " ranks; start more ranks (--workers / mpirun -np) than ",
                               "servers"));
+  if (spec.tp_size < 1)
+    throw InvalidArgument(tessel::str("config: tp.size must be >= 1 (1 = no tensor parallelism), got ",
+                                      spec.tp_size));
+  if (spec.ps_servers > 0 && spec.tp_size > 1)
+    throw InvalidArgument(tessel::str("config: ps.servers = ", spec.ps_servers, " and tp.size = ",
+                                      spec.tp_size, " cannot be combined; use one of them"));
+  if (spec.tp_sequence && spec.tp_size == 1)
+    throw InvalidArgument("config: tp.sequence_parallel = true needs tp.size > 1");
   l.servers = static_cast<int>(spec.ps_servers);
   l.pp = static_cast<int>(spec.pp_stages);
+  l.tp = static_cast<int>(spec.tp_size);
   if (l.workers() % (l.pp * l.tp) != 0)
-    throw InvalidArgument(tessel::str("config: pp.stages = ", l.pp, " does not divide the ", l.workers(),
-                              " ranks; the world size must be dp x pp, so start a multiple of ",
-                              l.pp, " ranks"));
+    throw InvalidArgument(tessel::str(
+        "config: pp.stages = ", l.pp, " x tp.size = ", l.tp, " = ", l.pp * l.tp,
+        " does not divide the ", l.workers(), " ranks; the world size must be dp x pp x tp, so start a "
+        "multiple of ", l.pp * l.tp, " ranks (e.g. ", (l.workers() / (l.pp * l.tp) + 1) * l.pp * l.tp,
+        ")"));
   l.dp = l.workers() / (l.pp * l.tp);
   return l;
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "tessel/core/error.h"
+#include "tessel/optim/schedule.h"
 
 namespace tessel::parallel {
 
@@ -30,6 +31,19 @@ std::string Units::describe(int unit, const nn::Model& model) const {
   return str("unit ", unit, " (blocks ", blocks, ")");
 }
 
+double sum_squares_counted(const Units& units, nn::Range r, const float* g) {
+  double sq = 0;
+  int64_t at = r.lo;  // summed up to here
+  for (const nn::Range& rep : units.replicas) {
+    const int64_t a = std::max(rep.lo, r.lo), b = std::min(rep.hi, r.hi);
+    if (a >= b) continue;
+    if (a > at) sq += optim::sum_squares(g + (at - r.lo), a - at);
+    at = b;
+  }
+  if (r.hi > at) sq += optim::sum_squares(g + (at - r.lo), r.hi - at);
+  return sq;
+}
+
 Units make_units(const nn::Model& model, double bucket_mb, const std::vector<bool>& local,
                  int dp, int dp_rank) {
   if (!(bucket_mb > 0))
@@ -51,7 +65,7 @@ Units make_units(const nn::Model& model, double bucket_mb, const std::vector<boo
       open = false;
     }
     if (!is_local(b) || r.empty()) continue;
-    if (!open) cur = Unit{r, b, b}, open = true;
+    if (!open) cur = Unit{r, b, b, b, b, {}, 0}, open = true;
     cur.range.lo = r.lo;
     cur.first_block = b;
   }
@@ -83,6 +97,8 @@ Units make_units(const nn::Model& model, double bucket_mb, const std::vector<boo
     units.shard_numel += units.own(u).size();
   }
   for (auto& used : units.used_by_block) std::sort(used.begin(), used.end());
+  for (size_t k = 0; k < model.parameters().size(); ++k)
+    if (model.parameters()[k]->split.replica) units.replicas.push_back(model.param_range(k));
   if (!units.list.empty()) units.span = {units.list.front().range.lo, units.list.back().range.hi};
   return units;
 }

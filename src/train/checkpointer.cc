@@ -14,25 +14,26 @@ namespace {
 
 using nlohmann::json;
 
-// Reads arena range r of tensor family `prefix` ("" for values, "exp_avg/" ...) into dst.
+// Reads arena range r of tensor family `prefix` ("" for values, "exp_avg/" ...) into dst
+// (elements that are padding stay as they are).
 void read_range(const ckpt::CheckpointReader& reader, const nn::Model& model,
                 const std::string& prefix, nn::Range r, float* dst) {
-  for (auto [k, o] : model.overlaps(r))
-    reader.read(prefix + model.parameters()[k]->name, o.lo - model.param_range(k).lo, o.size(),
-                dst + (o.lo - r.lo));
+  for (const nn::Run& run : model.runs(r))
+    reader.read(prefix + model.parameters()[run.param]->name, run.logical, run.count,
+                dst + (run.local - r.lo));
 }
 
-// Every parameter of the model is in the checkpoint with the model's shape.
+// Every parameter of the model is in the checkpoint with the model's (whole) shape.
 void check_parameters(const ckpt::CheckpointReader& reader, const nn::Model& model) {
   const ckpt::Manifest& m = reader.manifest();
   for (const nn::Parameter* p : model.parameters()) {
     auto it = std::find_if(m.parameters.begin(), m.parameters.end(),
                            [&](const ckpt::TensorSpec& t) { return t.name == p->name; });
-    if (it == m.parameters.end() || it->shape != p->shape)
+    if (it == m.parameters.end() || it->shape != p->full_shape())
       throw IoError(str("checkpoint: ", reader.dir(), " has ",
                         it == m.parameters.end() ? str("no parameter '", p->name, "'")
                                                  : str("'", p->name, "' of shape ", shape_str(it->shape)),
-                        " but the model needs ", shape_str(p->shape),
+                        " but the model needs ", shape_str(p->full_shape()),
                         "; the checkpoint was saved from a different model config"));
   }
 }
@@ -45,9 +46,8 @@ std::vector<std::string> state_buffer_names(const optim::OptimSpec& spec) {
 
 }  // namespace
 
-Checkpointer::Checkpointer(const Config& config, parallel::Engine& engine, nn::Model& model,
-                           std::string vocabulary)
-    : config_(config), engine_(engine), model_(model), vocabulary_(std::move(vocabulary)) {}
+Checkpointer::Checkpointer(const Config& config, parallel::Engine& engine, std::string vocabulary)
+    : config_(config), engine_(engine), model_(engine.model()), vocabulary_(std::move(vocabulary)) {}
 
 std::string Checkpointer::save(const std::string& run_dir, int64_t step,
                                const std::string& trainer_json) {
@@ -58,7 +58,7 @@ std::string Checkpointer::save(const std::string& run_dir, int64_t step,
   if (engine_.is_main()) {
     m.model_kind = config_.model.kind;
     m.vocabulary = vocabulary_;
-    for (const nn::Parameter* p : model_.parameters()) m.parameters.push_back({p->name, p->shape});
+    for (const nn::Parameter* p : model_.parameters()) m.parameters.push_back({p->name, p->full_shape()});
     m.optimizer_kind = config_.optim.kind;
     m.state_buffers = state_buffer_names(config_.optim);
     m.shards = shards;

@@ -163,7 +163,9 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("ddp.micro_shard", parallel.micro_shard, "deterministic mode: rows per fixed micro-shard"),
       TESSEL_KEY("zero.stage", parallel.zero_stage, "sharded data parallelism over the dp ranks: 0 replicated, 1 optimizer state sharded (allocated 1/N per rank), 2 gradients too (buckets reduce-scattered during backward), 3 parameters too (gathered per block before forward and backward, released after)"),
       TESSEL_KEY("zero.prefetch", parallel.zero_prefetch, "zero.stage = 3: gather the next block's parameters on a progress thread while this block computes (the order is recorded on the first step)"),
-      TESSEL_KEY("pp.stages", parallel.pp_stages, "pipeline stages: the model's blocks cut into this many contiguous stages (1: no pipeline); the world is dp x pp ranks"),
+      TESSEL_KEY("tp.size", parallel.tp_size, "tensor parallelism: ranks each layer of an mlp or gpt is cut across (1: none); the world is dp x pp x tp ranks, tp fastest (a tp group is consecutive ranks)"),
+      TESSEL_KEY("tp.sequence_parallel", parallel.tp_sequence, "tp.size > 1 with a gpt: activations outside the cut layers (layer norms, residuals) are split along the sequence, and the tp all-reduces become all-gathers and reduce-scatters"),
+      TESSEL_KEY("pp.stages", parallel.pp_stages, "pipeline stages: the model's blocks cut into this many contiguous stages (1: no pipeline); the world is dp x pp x tp ranks"),
       TESSEL_KEY("pp.microbatches", parallel.pp_microbatches, "micro-batches each rank's batch is cut into for the pipeline schedule"),
       TESSEL_KEY("pp.schedule", parallel.pp_schedule, "gpipe (all forwards, then all backwards) or 1f1b (one forward, one backward after warm-up)"),
       TESSEL_KEY("pp.partition", parallel.pp_partition, "balanced (by estimated compute), uniform (same block count) or round_robin (block l on stage l mod P)"),
@@ -250,6 +252,7 @@ void validate(const Config& c) {
           str("train.deterministic needs train.batch (", c.train.batch,
               ") to be a multiple of ddp.micro_shard (", c.parallel.micro_shard, ")"));
   require(c.parallel.pp_stages >= 1, str("pp.stages must be >= 1, got ", c.parallel.pp_stages));
+  require(c.parallel.tp_size >= 1, str("tp.size must be >= 1, got ", c.parallel.tp_size));
   require(c.parallel.pp_microbatches >= 1,
           str("pp.microbatches must be >= 1, got ", c.parallel.pp_microbatches));
   require(c.parallel.pp_schedule == "gpipe" || c.parallel.pp_schedule == "1f1b",

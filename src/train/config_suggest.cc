@@ -58,6 +58,9 @@ const Foreign kForeign[] = {
     {"pipeline_parallel_size pipeline_model_parallel_size num_stages",
      "pp.stages",
      "pipeline stages; the ranks are data-parallel x pipeline"},
+    {"tensor_model_parallel_size tensor_parallel_size tp_size",
+     "tp.size",
+     "ranks each layer is cut across; the ranks are dp x pp x tp"},
     {"lr_scheduler_type lr_scheduler scheduler", "schedule.kind", "constant, step or cosine"},
 };
 

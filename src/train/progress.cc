@@ -163,6 +163,8 @@ json rank_report(const std::vector<parallel::RankStats>& ranks, parallel::Engine
                         {"comm_exposed_seconds", s.comm_exposed_s},
                         {"comm_overlapped_seconds", s.comm_overlapped_s},
                         {"comm_bytes", s.comm_bytes},
+                        {"tp_comm_seconds", s.tp_comm_s},
+                        {"tp_bytes", s.tp_bytes},
                         // Waiting for the slowest rank shows up as exposed communication time
                         // on the faster ranks: estimated as the compute gap to the slowest.
                         {"wait_for_slowest_seconds", max_compute - compute},

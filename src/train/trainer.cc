@@ -55,10 +55,9 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
   nn::ModelSpec spec = config_.model;
   spec.input_shape = data_.train->input_shape();
   spec.num_classes = data_.train->num_classes();
-  model_ = nn::build_model(spec);
-  engine_ = std::make_unique<parallel::Engine>(config_.parallel, config_.optim, *world, *model_,
+  engine_ = std::make_unique<parallel::Engine>(config_.parallel, config_.optim, *world, spec,
                                                config_.seed);
-  checkpointer_ = std::make_unique<Checkpointer>(config_, *engine_, *model_, data_.vocabulary);
+  checkpointer_ = std::make_unique<Checkpointer>(config_, *engine_, data_.vocabulary);
   set_up_loader();
   base_lr_ = optim::scaled_lr(config_.optim.lr, config_.train.batch * config_.train.accumulate,
                               config_.train.base_batch);
@@ -82,7 +81,7 @@ json Trainer::plan() const {
               {"layout", engine_->layout().str()},
               {"engine", engine_->parts()},
               {"model", config_.model.kind},
-              {"num_parameters", model_->num_parameters()},
+              {"num_parameters", engine_->model().num_parameters()},
               {"dataset", data_.train->name()},
               {"train_samples", data_.train->size()},
               {"global_batch", config_.train.batch * config_.train.accumulate},
@@ -172,7 +171,7 @@ float Trainer::lr_at(int64_t step) const {
 }
 
 void Trainer::train_piece(const parallel::Piece& piece, EvalResult& sums) {
-  const parallel::PieceStats r = engine_->train_piece(piece, loss_);
+  const parallel::PieceStats r = engine_->train_piece(piece);
   sums.loss += r.loss_sum;
   sums.accuracy += r.correct;
   sums.samples += r.rows;
@@ -225,9 +224,8 @@ EvalResult Trainer::evaluate(const data::Dataset& dataset) {
   pass.prefetch = prefetch_;
   pass.seed = config_.seed;
   pass.step = step_;
-  nn::CrossEntropyLoss loss;
   return train::evaluate(
-      dataset, pass, [&](const parallel::Piece& p) { return engine_->eval_piece(p, loss); },
+      dataset, pass, [&](const parallel::Piece& p) { return engine_->eval_piece(p); },
       [&](double* v, int n) { engine_->sum(v, n); });
 }
 
@@ -297,7 +295,7 @@ void Trainer::end_epoch(State& s, double epoch_start, double epoch_train_seconds
     rec["train_eval_accuracy"] = train_eval_accuracy = full.accuracy;
   }
   rec["epoch_seconds"] = now_seconds() - epoch_start;
-  rec["ranks"] = rank_report(engine_->take_stats(epoch_train_seconds), *engine_, *model_, config_);
+  rec["ranks"] = rank_report(engine_->take_stats(epoch_train_seconds), *engine_, engine_->model(), config_);
   progress_->log(rec);
   epoch_records.push_back(rec);
   progress_->epoch_line(s.epoch, train, data_.test ? &last_test : nullptr,
@@ -328,7 +326,7 @@ json Trainer::run() {
   start_step_ = step_;
   start_batches_ = batches_done_;
   const int64_t workers = engine_->data_size();
-  progress_->info(str("training ", config_.model.kind, " (", model_->num_parameters(),
+  progress_->info(str("training ", config_.model.kind, " (", engine_->model().num_parameters(),
                       " parameters) on ", data_.train->name(), " (", data_.train->size(),
                       " samples), layout ", engine_->layout().str(), ", zero.stage ",
                       config_.parallel.zero_stage, ", ", epochs, " epochs x ",
@@ -405,13 +403,14 @@ json Trainer::summary(const State& s, const EvalResult& last_train, const EvalRe
       {"train_seconds", seconds},
       {"wall_seconds", s.wall_seconds + now_seconds() - wall_start_},
       {"params_sha256", digest},
-      {"num_parameters", model_->num_parameters()},
+      {"num_parameters", engine_->model().num_parameters()},
       {"peak_rss_bytes", *std::max_element(rss.begin(), rss.end())},
       {"peak_rss_bytes_per_rank", rss},
       {"threads", config_.runtime.threads},
       {"completed", completed},
       {"run_dir", run_dir_}};
   if (!epoch_records.empty()) out["ranks"] = epoch_records.back()["ranks"];
+  if (engine_->layout().tp > 1) out["tensor_parallel"] = engine_->tp_counters();
   if (engine_->is_main())
     ckpt::write_file_atomic((fs::path(run_dir_) / "summary.json").string(), out.dump(2) + "\n");
   return out;

@@ -116,14 +116,15 @@ TEST(ModelLayout, ParametersAreNamedViewsOfOneArena) {
       const Range r = m->block_range(i);
       if (first == last) {
         EXPECT_TRUE(r.empty()) << m->block_name(i);
-        EXPECT_TRUE(m->overlaps(r).empty());
+        EXPECT_TRUE(m->runs(r).empty());
       } else {
         EXPECT_EQ(r, (Range{m->offset(first), m->param_range(last - 1).hi}));
-        const auto over = m->overlaps(r);
-        ASSERT_EQ(over.size(), last - first) << m->block_name(i);
-        for (size_t j = 0; j < over.size(); ++j) {
-          EXPECT_EQ(over[j].first, first + j);
-          EXPECT_EQ(over[j].second, m->param_range(first + j));
+        const auto runs = m->runs(r);
+        ASSERT_EQ(runs.size(), last - first) << m->block_name(i);
+        for (size_t j = 0; j < runs.size(); ++j) {
+          const Range pr = m->param_range(first + j);
+          EXPECT_EQ(runs[j], (nn::Run{first + j, pr.lo, 0, pr.size()}));
+          EXPECT_EQ(m->logical_offset(first + j), m->offset(first + j));
         }
       }
       next = last;
@@ -132,20 +133,95 @@ TEST(ModelLayout, ParametersAreNamedViewsOfOneArena) {
   }
 }
 
-TEST(ModelLayout, OverlapsClipToTheRange) {
+TEST(ModelLayout, RunsClipToTheRange) {
   auto m = build_model(mlp_spec());
   // From the middle of fc1.weight to the middle of fc2.weight.
   const Range r{m->offset(0) + 100, m->offset(2) + 7};
-  const auto over = m->overlaps(r);
-  ASSERT_EQ(over.size(), 3u);
-  EXPECT_EQ(over[0], (std::pair<size_t, Range>{0, {100, m->param_range(0).hi}}));
-  EXPECT_EQ(over[1], (std::pair<size_t, Range>{1, m->param_range(1)}));
-  EXPECT_EQ(over[2], (std::pair<size_t, Range>{2, {m->offset(2), m->offset(2) + 7}}));
+  const auto runs = m->runs(r);
+  ASSERT_EQ(runs.size(), 3u);
+  EXPECT_EQ(runs[0], (nn::Run{0, 100, 100, m->param_range(0).size() - 100}));
+  EXPECT_EQ(runs[1], (nn::Run{1, m->offset(1), 0, m->param_range(1).size()}));
+  EXPECT_EQ(runs[2], (nn::Run{2, m->offset(2), 0, 7}));
   // Padding after fc1.bias (512 is a multiple of 16, fc3.bias has 10 elements: 6 of padding).
   const Range pad{m->param_range(5).hi, m->arena_numel()};
   EXPECT_EQ(pad.size(), 6);
-  EXPECT_TRUE(m->overlaps(pad).empty());
-  EXPECT_TRUE(m->overlaps({}).empty());
+  EXPECT_TRUE(m->runs(pad).empty());
+  EXPECT_TRUE(m->runs({}).empty());
+}
+
+// A tensor-parallel group for layout alone: building a cut model needs its rank and size,
+// never a collective.
+class LayoutOnlyGroup final : public TensorParallel {
+ public:
+  LayoutOnlyGroup(int rank, int size) : TensorParallel(rank, size, false) {}
+  void all_reduce_sum(float*, int64_t) override { ADD_FAILURE(); }
+  void all_reduce_max(float*, int64_t) override { ADD_FAILURE(); }
+  void all_gather(const float*, float*, int64_t) override { ADD_FAILURE(); }
+  void reduce_scatter(const float*, float*, int64_t) override { ADD_FAILURE(); }
+};
+
+// Every rank's part of a cut model starts with the whole model's values at the logical
+// elements its runs name; the parts cover every element once (replicas aside) and padding is
+// zero.
+TEST(ModelLayout, CutModelsStartFromTheWholeModelsWeights) {
+  ModelSpec mlp = mlp_spec();
+  mlp.hidden = {64, 32, 16};  // column, row, column + the output layer as row
+  ModelSpec gpt = gpt_spec();  // vocabulary 11: padded to 12 over 2 or 4 ranks
+  gpt.heads = 4;
+  for (const ModelSpec& spec : {mlp, gpt}) {
+    auto whole = build_model(spec);
+    std::vector<float> w(static_cast<size_t>(whole->arena_numel()));
+    whole->init_values(w.data(), {0, whole->arena_numel()}, 5);
+    for (int t : {2, 4}) {
+      int64_t covered = 0;
+      for (int r = 0; r < t; ++r) {
+        LayoutOnlyGroup group(r, t);
+        auto part = build_model(spec, &group);
+        ASSERT_EQ(part->parameters().size(), whole->parameters().size());
+        EXPECT_EQ(part->num_parameters(), whole->num_parameters());
+        EXPECT_EQ(part->logical_numel(), whole->arena_numel());
+        std::vector<float> v(static_cast<size_t>(part->arena_numel()));
+        part->init_values(v.data(), {0, part->arena_numel()}, 5);
+        std::vector<char> in_run(v.size(), 0);
+        for (const nn::Run& run : part->runs({0, part->arena_numel()})) {
+          const Parameter& p = *part->parameters()[run.param];
+          EXPECT_EQ(part->logical_offset(run.param), whole->offset(run.param));
+          EXPECT_EQ(p.split.replica, r > 0 && !p.is_split()) << p.name;
+          for (int64_t e = 0; e < run.count; ++e) {
+            in_run[static_cast<size_t>(run.local + e)] = 1;
+            ASSERT_EQ(v[static_cast<size_t>(run.local + e)],
+                      w[static_cast<size_t>(whole->offset(run.param) + run.logical + e)])
+                << spec.kind << " tp " << t << " rank " << r << " " << p.name << " element " << e;
+          }
+          if (!p.split.replica) covered += run.count;
+        }
+        for (size_t e = 0; e < v.size(); ++e) {
+          if (!in_run[e]) { ASSERT_EQ(v[e], 0.0f) << "padding element " << e; }
+        }
+      }
+      EXPECT_EQ(covered, whole->num_parameters()) << spec.kind << " tp " << t;
+    }
+  }
+}
+
+TEST(ModelLayout, BadCutsNameTheKey) {
+  LayoutOnlyGroup group(0, 4);
+  ModelSpec mlp = mlp_spec();
+  mlp.hidden = {30, 32};
+  try {
+    build_model(mlp, &group);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("model.hidden[0] = 30"), std::string::npos) << e.what();
+  }
+  ModelSpec gpt = gpt_spec();  // 2 heads over 4 ranks
+  try {
+    build_model(gpt, &group);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("model.heads = 2"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(build_model(cnn_spec(), &group), InvalidArgument);
 }
 
 TEST(ModelLayout, Names) {

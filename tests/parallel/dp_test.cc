@@ -141,7 +141,7 @@ TEST(DataParallel, DivergedParametersAreAnError) {
   try {
     comm::run_threads(3, [&](comm::Communicator& c) {
       auto model = nn::build_model(spec);
-      parallel::Engine engine(cfg.parallel, cfg.optim, c, *model, c.rank() == 2 ? 99 : 1);
+      parallel::Engine engine(cfg.parallel, cfg.optim, c, std::move(model), c.rank() == 2 ? 99 : 1);
       engine.start();  // rank 2 has another seed
     });
     FAIL() << "no error";

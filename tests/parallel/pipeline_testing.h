@@ -36,7 +36,7 @@ class SleepBlock : public nn::Module {
 
  private:
   double forward_ms_;
-  nn::Parameter w_{"w", {1}, nn::Init::kZeros, 0, {}, {}};
+  nn::Parameter w_{"w", {1}, nn::Init::kZeros, 0, {}, {}, {}};
 };
 
 // blocks SleepBlocks of forward_ms each on inputs [rows, width].

@@ -176,7 +176,7 @@ Claimed claim_ranges(const std::string& mode, int64_t staleness) {
                                                        {1, 3, 31, 13, true}};
   comm::run_threads(4, [&](comm::Communicator& world) {
     auto model = nn::build_model(ms);
-    parallel::Engine engine(spec, optim::OptimSpec{}, world, *model, 1);
+    parallel::Engine engine(spec, optim::OptimSpec{}, world, std::move(model), 1);
     parallel::ParameterServer& ps = *engine.ps();
     if (ps.is_server()) {
       ps.serve([](int64_t) { return 0.01f; });

@@ -11,15 +11,29 @@
 #include <vector>
 
 #include "tessel/nn/module.h"
+#include "tessel/nn/tensor_parallel.h"
 #include "tessel/ops/cpu.h"
 
 namespace tessel::nn {
 
+// How a layer is cut across a tensor-parallel group (Megatron): kColumn splits the output
+// features, each rank computing its slice from the whole input (tp_enter before it); kRow
+// splits the input features, each rank computing a partial sum of the whole output (tp_leave
+// after it; rank 0 adds the bias). `groups`: the output features are that many equal blocks,
+// each cut separately (a transformer's qkv: q, k and v, each by heads).
+enum class Cut { kNone, kColumn, kRow };
+struct TpCut {
+  TensorParallel* tp = nullptr;  // null: not cut
+  Cut cut = Cut::kNone;
+  int64_t groups = 1;
+};
+
 // y[..., out] = x[..., in] @ weight[out, in]^T + bias[out]; leading dimensions are rows.
-// Init as PyTorch: weight and bias U(-1/sqrt(in), 1/sqrt(in)).
+// Init as PyTorch: weight and bias U(-1/sqrt(in), 1/sqrt(in)). in and out are the whole
+// layer's; cut by `tp`, this rank holds and computes its part.
 class Linear : public Module {
  public:
-  Linear(int64_t in, int64_t out, bool bias = true);
+  Linear(int64_t in, int64_t out, bool bias = true, TpCut tp = {});
   std::string kind() const override { return "linear"; }
   Tensor forward(const Tensor& x, const Context& ctx, Cache* cache) override;
   Tensor backward(const Tensor& dy, Cache& cache) override;
@@ -30,12 +44,13 @@ class Linear : public Module {
 
   Parameter& weight() { return weight_; }
   Parameter* bias() { return has_bias_ ? &bias_ : nullptr; }
-  int64_t in_features() const { return in_; }
+  int64_t in_features() const { return in_; }  // this rank's
   int64_t out_features() const { return out_; }
 
  private:
   int64_t in_, out_, rows_per_sample_ = 1;
   bool has_bias_;
+  TpCut tp_;
   Parameter weight_, bias_;
 };
 
@@ -54,17 +69,19 @@ class GELU : public Module {
   Tensor backward(const Tensor& dy, Cache& cache) override;
 };
 
-// Inverted dropout keyed by (ctx.seed, ctx.step, ctx.first_sample + row): the identity when
-// not training or p == 0. Dimension 0 of the input is the sample.
+// Inverted dropout keyed by (ctx.seed, ctx.step, ctx.first_sample + row, first_col + column):
+// the identity when not training or p == 0. Dimension 0 of the input is the sample;
+// first_col > 0 when the input is a tensor-parallel slice of the features.
 class Dropout : public Module {
  public:
-  explicit Dropout(float p);
+  explicit Dropout(float p, int64_t first_col = 0);
   std::string kind() const override { return "dropout"; }
   Tensor forward(const Tensor& x, const Context& ctx, Cache* cache) override;
   Tensor backward(const Tensor& dy, Cache& cache) override;
 
  private:
   float p_;
+  int64_t first_col_;
 };
 
 // [N, d1, d2, ...] -> [N, d1*d2*...]; a view, no copy.
@@ -142,10 +159,12 @@ class LayerNorm : public Module {
 
 // Token ids i32 [B, T] -> wte[ids] + wpe[t]: [B, T, C], T <= context. Parameters "wte" [V, C]
 // and "wpe" [context, C], both N(0, 0.02). backward() returns an undefined Tensor (ids have no
-// gradient).
+// gradient). With tensor parallelism the table is cut by vocabulary rows (padded to a multiple
+// of the group): each rank looks up the ids it holds and the group sums the rows (tp_leave);
+// with sequence parallelism the output is this rank's part of the sequence.
 class Embedding : public Module {
  public:
-  Embedding(int64_t vocab, int64_t context, int64_t channels);
+  Embedding(int64_t vocab, int64_t context, int64_t channels, TensorParallel* tp = nullptr);
   std::string kind() const override { return "embedding"; }
   Tensor forward(const Tensor& ids, const Context& ctx, Cache* cache) override;
   Tensor backward(const Tensor& dy, Cache& cache) override;
@@ -154,15 +173,19 @@ class Embedding : public Module {
 
  private:
   int64_t V_, T_, C_;
+  TensorParallel* tp_;
   Parameter wte_, wpe_;
 };
 
 // Pre-LN transformer block on [B, T, C]: x1 = x + proj(attention(qkv(ln1(x)))), then
 // y = x1 + mlp.proj(gelu(mlp.fc(ln2(x1)))). GPT-2 init: weights N(0, 0.02), the two residual
-// projections N(0, 0.02/sqrt(2*layers)), biases 0.
+// projections N(0, 0.02/sqrt(2*layers)), biases 0. With tensor parallelism qkv and mlp.fc are
+// column-cut and the two projections row-cut: each rank runs heads/t heads and 4C/t hidden
+// units, and the group communicates twice in the forward and twice in the backward.
 class TransformerBlock : public Module {
  public:
-  TransformerBlock(int64_t channels, int64_t heads, int64_t context, int64_t layers);
+  TransformerBlock(int64_t channels, int64_t heads, int64_t context, int64_t layers,
+                   TensorParallel* tp = nullptr);
   std::string kind() const override { return "transformer_block"; }
   Tensor forward(const Tensor& x, const Context& ctx, Cache* cache) override;
   Tensor backward(const Tensor& dy, Cache& cache) override;
@@ -170,7 +193,7 @@ class TransformerBlock : public Module {
   double forward_flops(int64_t batch) const override;
 
  private:
-  int64_t C_, NH_, T_;
+  int64_t C_, NH_, T_;  // NH_: this rank's heads
   LayerNorm ln1_, ln2_;
   Linear qkv_, attn_proj_, fc_, mlp_proj_;
   GELU gelu_;
@@ -178,10 +201,13 @@ class TransformerBlock : public Module {
 
 // Final LayerNorm + LM head whose weight is the token table of an Embedding (tied): logits
 // [B, T, V]. The table is borrowed, not listed in parameters(); backward() adds the head's
-// share of the table gradient into the same Parameter::grad.
+// share of the table gradient into the same Parameter::grad. With tensor parallelism the
+// table is the rank's vocabulary rows, so are the logits [B, T, V/t] (the loss is
+// vocabulary-parallel: loss.h).
 class LmHead : public Module {
  public:
-  LmHead(Parameter* token_table, int64_t vocab, int64_t channels, int64_t context);
+  LmHead(Parameter* token_table, int64_t vocab, int64_t channels, int64_t context,
+         TensorParallel* tp = nullptr);
   std::string kind() const override { return "lm_head"; }
   Tensor forward(const Tensor& x, const Context& ctx, Cache* cache) override;
   Tensor backward(const Tensor& dy, Cache& cache) override;
@@ -191,7 +217,8 @@ class LmHead : public Module {
 
  private:
   Parameter* wte_;
-  int64_t V_, C_, T_;
+  int64_t V_, C_, T_;  // V_: this rank's rows of the table
+  TensorParallel* tp_;
   LayerNorm ln_;
 };
 

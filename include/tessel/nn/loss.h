@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "tessel/nn/tensor_parallel.h"
 #include "tessel/tensor/tensor.h"
 
 namespace tessel::nn {
@@ -37,6 +38,24 @@ class CrossEntropyLoss final : public Loss {
   Tensor probs_;
   Tensor labels_;
   Tensor dlogits_;
+};
+
+// Cross-entropy over logits cut by vocabulary across a tensor-parallel group (an LmHead's):
+// this rank holds the logits of vocabulary [rank x Vl, (rank + 1) x Vl) of `vocab` (past it:
+// padding, left out). The forward reduces three values per position over the group (the max,
+// the target's logit, the sum of exponentials); the backward communicates nothing. A position
+// counts as correct when its target's logit is the group's max.
+class VocabParallelCrossEntropy final : public Loss {
+ public:
+  VocabParallelCrossEntropy(TensorParallel& tp, int64_t vocab) : tp_(tp), V_(vocab) {}
+  LossValue forward(const Tensor& logits, const Tensor& labels) override;
+  Tensor backward(float dloss) override;
+
+ private:
+  TensorParallel& tp_;
+  int64_t V_;
+  Tensor probs_, labels_, dlogits_;
+  Tensor row_max_, sums_, target_;
 };
 
 }  // namespace tessel::nn

@@ -5,6 +5,10 @@
 // it (materialize(), a single process), a pipeline stage's blocks, or one ZeRO-3 unit at a time.
 // Initial values are a pure function of (seed, parameter, element): init_values() writes any
 // element range, so a rank can initialise only what it holds.
+// With tensor parallelism a parameter may be this rank's part of a logical tensor (Split):
+// runs() maps arena elements to the logical tensors' elements, which is what checkpoints and
+// digests hold, and initial values are drawn by logical element, so every layout starts from
+// the same weights.
 // A block may also *use* parameters of another block (a tied LM head reads the embedding's
 // table): add(name, block, borrows) records it, and blocks_using() answers who reads what.
 // forward()/backward() run a slice of blocks with one Cache per block (Activations) and call a
@@ -27,6 +31,14 @@ struct Range {
   int64_t size() const { return hi - lo; }
   bool empty() const { return hi <= lo; }
   bool operator==(const Range&) const = default;
+};
+
+// Arena elements [local, local + count) are elements [logical, logical + count) of parameter
+// `param`'s logical tensor (flattened).
+struct Run {
+  size_t param = 0;
+  int64_t local = 0, logical = 0, count = 0;
+  bool operator==(const Run&) const = default;
 };
 
 // When a block hook runs, relative to the block's forward or backward.
@@ -67,8 +79,13 @@ class Model {
   const std::vector<Parameter*>& borrowed(size_t i) const { return borrows_[i]; }
   // The arena range of parameter k.
   Range param_range(size_t k) const;
-  // The parameters overlapping arena range r, each with the overlap (in arena elements).
-  std::vector<std::pair<size_t, Range>> overlaps(Range r) const;
+  // The runs of arena range r in arena order: padding skipped, one run per contiguous piece of
+  // a logical tensor (a parameter cut along a later dimension gives one run per row).
+  std::vector<Run> runs(Range r) const;
+  // Where parameter k starts in the arena of the whole model (every parameter whole, as one
+  // process would lay it out), and that arena's size: the order digests follow.
+  int64_t logical_offset(size_t k) const { return logical_offsets_[k]; }
+  int64_t logical_numel() const { return logical_numel_; }
   // Writes the initial values of arena elements [r.lo, r.hi) into dst (padding: zero).
   void init_values(float* dst, Range r, uint64_t seed) const;
 
@@ -105,10 +122,10 @@ class Model {
   std::vector<std::unique_ptr<Module>> blocks_;
   std::vector<std::vector<Parameter*>> borrows_;
   std::vector<Parameter*> parameters_;
-  std::vector<int64_t> offsets_;
+  std::vector<int64_t> offsets_, logical_offsets_;
   std::vector<std::pair<size_t, size_t>> block_params_;
   std::vector<std::vector<size_t>> users_, uses_;
-  int64_t numel_ = 0;
+  int64_t numel_ = 0, logical_numel_ = 0;
   bool finalized_ = false;
   bool input_grad_ = false;
   Tensor values_, grads_;  // materialize()

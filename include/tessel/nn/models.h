@@ -6,7 +6,9 @@
 #include <string>
 #include <vector>
 
+#include "tessel/nn/loss.h"
 #include "tessel/nn/model.h"
+#include "tessel/nn/tensor_parallel.h"
 
 namespace tessel::nn {
 
@@ -35,7 +37,12 @@ struct ModelSpec {
 };
 
 // Builds and finalises the model: blocks and parameter layout, no parameter memory yet (see
-// Model::materialize and the parameter stores of tessel/parallel).
-std::unique_ptr<Model> build_model(const ModelSpec& spec);
+// Model::materialize and the parameter stores of tessel/parallel). With a tensor-parallel
+// group, this rank's part of it: an mlp's hidden layers cut column then row (an odd last one
+// with the output layer as its row partner), a gpt's blocks, embedding and head as
+// tensor_parallel.h describes; whole parameters are replicas on every rank but the group's 0.
+std::unique_ptr<Model> build_model(const ModelSpec& spec, TensorParallel* tp = nullptr);
+// The loss a model trains with: cross-entropy, vocabulary-parallel for a gpt cut by tp.
+std::unique_ptr<Loss> make_loss(const ModelSpec& spec, TensorParallel* tp = nullptr);
 
 }  // namespace tessel::nn

@@ -27,13 +27,33 @@ enum class Init {
   kNormal,   // N(0, scale^2)
 };
 
+// Tensor parallelism: which part of a logical parameter a rank holds. The logical tensor
+// `full`, viewed as [outer, dim, inner], is cut along dim and this rank holds indices [lo, hi)
+// of it; indices >= dim are padding (a vocabulary padded to a multiple of the group), zero and
+// in no checkpoint. An empty `full` means the parameter is whole; `replica` marks a whole
+// parameter that every rank of the group holds and of which this rank's copy does not count
+// (norms, checkpoints and digests take the group's rank 0).
+struct Split {
+  Shape full;
+  int64_t outer = 1, dim = 0, inner = 1, lo = 0, hi = 0;
+  bool replica = false;
+};
+
 struct Parameter {
   std::string name;  // local name, e.g. "weight"; the model prefixes the block path
-  Shape shape;
+  Shape shape;       // this rank's part (the whole tensor unless split)
   Init init = Init::kZeros;
   float scale = 0.0f;
   Tensor value;  // view into the memory holding the values (bound by the model's owner)
   Tensor grad;   // view into the memory where its gradient accumulates
+  Split split;   // tensor parallelism (whole by default)
+
+  bool is_split() const { return !split.full.empty(); }
+  const Shape& full_shape() const { return is_split() ? split.full : shape; }
+  // Cuts dimension `dim_index` of this (whole) parameter into `parts` after `groups` equal
+  // blocks of it (qkv's q, k and v: groups 3), padded to a multiple of parts * groups; this
+  // rank keeps part `part` of every block. Sets shape and split.
+  void cut(size_t dim_index, int64_t groups, int part, int parts);
 };
 
 class Module {

@@ -28,6 +28,8 @@ void linear_forward(float* y, const float* x, const float* w, const float* b, in
                     int64_t C, int64_t OC);  // b may be null
 void linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                      const float* w, int64_t N, int64_t C, int64_t OC);  // dx, db may be null
+// db[OC] += the column sums of dy[N,OC] (linear_backward's bias part).
+void bias_backward(float* db, const float* dy, int64_t N, int64_t OC);
 
 // ---- Elementwise activations over n values ----
 void relu_forward(float* y, const float* x, int64_t n);
@@ -47,11 +49,28 @@ void softmax_backward(float* dx, const float* dy, const float* y, int64_t N, int
 // backward. Stable: subtracts each row's max. Throws InvalidArgument on a label outside [0, C).
 float cross_entropy_forward(float* probs, const float* logits, const int32_t* labels, int64_t N,
                             int64_t C);
-// dlogits = (probs - onehot(labels)) * dloss / N   (dloss = 1 for a plain mean loss)
+// dlogits = (probs - onehot(labels - lo)) * dloss / N   (dloss = 1 for a plain mean loss);
+// lo > 0 when the columns are classes [lo, lo + C) of a tensor-parallel slice (labels outside
+// it add nothing).
 void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* labels, int64_t N,
-                            int64_t C, float dloss);
+                            int64_t C, float dloss, int64_t lo = 0);
 // Number of rows whose argmax equals the label.
 int64_t count_correct(const float* logits, const int32_t* labels, int64_t N, int64_t C);
+
+// ---- The same over logits cut by class across a tensor-parallel group ----
+// logits[N, C] hold classes [lo, lo + C); columns from `valid` on are padding (a vocabulary
+// padded to a multiple of the group), left out. Three steps, each followed by a reduction of
+// one value per row over the group:
+// (1) row_max = the max over this rank's classes (then: the max over the group);
+void sliced_row_max(float* row_max, const float* logits, int64_t N, int64_t C, int64_t valid);
+// (2) probs = exp(logits - row_max), sums = their row sums, target = the label's logit where
+//     this rank holds the label, else 0 (then: both summed over the group);
+void sliced_exp(float* probs, float* sums, float* target, const float* logits,
+                const int32_t* labels, const float* row_max, int64_t N, int64_t C, int64_t valid,
+                int64_t lo);
+// (3) probs /= sums (padding 0); returns the mean loss, log(sum) + max - target.
+float sliced_cross_entropy(float* probs, const float* sums, const float* target,
+                           const float* row_max, int64_t N, int64_t C, int64_t valid);
 
 // ---- LayerNorm over the last dimension: x[N,C], w[C], b[C]; eps = 1e-5 ----
 // Caches mean[N] and rstd[N] (1/sqrt(var + eps), biased variance) for the backward.
@@ -62,21 +81,23 @@ void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const 
                         int64_t C);
 
 // ---- Embedding: y[N,C] = table[ids[n], :], table[V,C] ----
-// Throws InvalidArgument on an id outside [0, V).
+// Throws InvalidArgument on an id outside [0, V). A tensor-parallel rank holds only the rows
+// of ids [lo, lo + rows): other ids give zero rows in the forward and nothing in the backward.
 void embedding_forward(float* y, const int32_t* ids, const float* table, int64_t N, int64_t V,
-                       int64_t C);
+                       int64_t C, int64_t lo = 0, int64_t rows = -1);  // rows < 0: V
 void embedding_backward(float* dtable, const float* dy, const int32_t* ids, int64_t N,
-                        int64_t C);
+                        int64_t C, int64_t lo = 0, int64_t rows = INT64_MAX);
 
 // ---- Dropout with a counter-based mask ----
-// x holds `rows` samples of `cols` values each; row r is global sample (first_sample + r).
-// The keep decision for element (r, c) is a pure function of (seed, step, first_sample + r, c),
+// x holds `rows` samples of `cols` values each; row r is global sample (first_sample + r),
+// column c is feature first_col + c (nonzero for a tensor-parallel slice of the features).
+// The keep decision for element (r, c) is a pure function of (seed, step, sample, feature),
 // so it is the same whatever rank, thread or batch split computes it, and the backward
 // recomputes it instead of storing a mask. Kept values are scaled by 1/(1-p).
 void dropout_forward(float* y, const float* x, int64_t rows, int64_t cols, float p,
-                     uint64_t seed, int64_t step, int64_t first_sample);
+                     uint64_t seed, int64_t step, int64_t first_sample, int64_t first_col = 0);
 void dropout_backward(float* dx, const float* dy, int64_t rows, int64_t cols, float p,
-                      uint64_t seed, int64_t step, int64_t first_sample);
+                      uint64_t seed, int64_t step, int64_t first_sample, int64_t first_col = 0);
 
 // ---- Conv2d: x[N,C,H,W], w[OC,C,KH,KW], b[OC] -> y[N,OC,OH,OW] ----
 // OH = (H + 2*pad - KH) / stride + 1, likewise OW. `scratch` holds at least

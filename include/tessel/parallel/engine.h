@@ -7,8 +7,12 @@
 //               sharded with gathers around each block (3), shared memory, or the parameter
 //               servers (ps.servers > 0);
 //   optimizer   over exactly the elements this rank updates (its state allocated that size).
+//   tp group    tensor parallelism (tp.size > 1): the model is built cut across it
+//               (nn/tensor_parallel.h), and its layers communicate inside their forward and
+//               backward; the other parts see only this rank's part of the model.
 // A step is: every piece's forward and backward (the executor, with the sync's and store's
-// hooks around each block), then reduce (sync), clip with the global norm and update (store),
+// hooks around each block), then reduce (sync; under sequence parallelism also the whole
+// parameters' gradients over the tp group), clip with the global norm and update (store),
 // then the pipeline's tied table follows. The Trainer runs the loop and calls only this.
 // One Engine per rank, used by that rank's thread.
 #pragma once
@@ -24,6 +28,7 @@
 #include "tessel/comm/communicator.h"
 #include "tessel/nn/loss.h"
 #include "tessel/nn/model.h"
+#include "tessel/nn/models.h"
 #include "tessel/optim/optimizer.h"
 #include "tessel/parallel/executor.h"
 #include "tessel/parallel/layout.h"
@@ -37,6 +42,7 @@ class ParameterServer;
 class PipelineExecutor;
 class ReplicatedStore;
 class ShardedStore;
+class TpGroup;
 
 // What a rank holds of the model's state, as checkpoints see it.
 struct StateView {
@@ -55,11 +61,16 @@ ckpt::ShardFile write_state_shard(const std::string& dir, int rank, const StateV
 
 class Engine {
  public:
-  // Collective over world. `model` is finalized and holds no memory yet: the engine's parts
-  // allocate what this rank holds and initialise it from seed. Throws InvalidArgument for a
-  // layout that cannot run, MemoryLimitError when this rank's state passes the memory limit.
+  // Collective over world. Builds this rank's part of the model `model` describes (and its
+  // loss); the engine's parts allocate what this rank holds and initialise it from seed.
+  // Throws InvalidArgument for a layout or model that cannot run, MemoryLimitError when this
+  // rank's state passes the memory limit.
   Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Communicator& world,
-         nn::Model& model, uint64_t seed);
+         const nn::ModelSpec& model, uint64_t seed);
+  // The same with a model the caller built (finalized, no memory; tp.size = 1): custom blocks
+  // in tests and benchmarks. The loss is cross-entropy.
+  Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Communicator& world,
+         std::unique_ptr<nn::Model> model, uint64_t seed);
   ~Engine();
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -72,12 +83,18 @@ class Engine {
   int data_size() const;
   // The parameter-server part (null unless ps.servers > 0): roles, claims, serve().
   ParameterServer* ps() { return ps_.get(); }
+  // This rank's part of the model (its layout; the values live in the engine's parts).
+  nn::Model& model() { return model_; }
+  // What each block's tensor-parallel collectives moved (empty without tensor parallelism).
+  nlohmann::json tp_counters() const;
 
   // Before the first step, fresh or resumed (collective): the pipeline's stages agree, the
   // replicas are checked to hold the same values.
   void start();
-  PieceStats train_piece(const Piece& piece, nn::Loss& loss);
-  PieceStats eval_piece(const Piece& piece, nn::Loss& loss);
+  // Forward, loss and backward (evaluation: forward and loss) of one piece. Loss sums are
+  // counted once per data-parallel replica (a tp group's rank 0).
+  PieceStats train_piece(const Piece& piece);
+  PieceStats eval_piece(const Piece& piece);
   // The optimizer step `step` (0-based) at learning rate lr: reduce the gradients, clip the
   // global norm to clip_norm (0: off), update, and check the replicas every ddp.check_every.
   void step(float lr, float clip_norm, int64_t step);
@@ -104,12 +121,23 @@ class Engine {
   PipelineExecutor* pipeline() { return pipeline_; }
 
  private:
+  // Builds this rank's model and loss from its tp group (null: none).
+  using Build = std::function<std::pair<std::unique_ptr<nn::Model>, std::unique_ptr<nn::Loss>>(
+      nn::TensorParallel*)>;
+  Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Communicator& world,
+         const Build& build, uint64_t seed);
   void build_data_parallel(const ParallelSpec& spec, uint64_t seed);
   void hook(nn::Phase phase, size_t block, bool last);
+  PieceStats counted(const PieceStats& s) const;
+  void sum_whole_grads_over_tp();
 
   ParallelSpec spec_;
-  nn::Model& model_;
   Mesh mesh_;
+  std::unique_ptr<TpGroup> tp_;
+  std::pair<std::unique_ptr<nn::Model>, std::unique_ptr<nn::Loss>> built_;
+  nn::Model& model_;
+  nn::Loss& loss_;
+  bool training_ = true;
   std::unique_ptr<Executor> executor_;
   PipelineExecutor* pipeline_ = nullptr;  // executor_ when a pipeline
   Units units_, scale_buckets_;

@@ -30,6 +30,10 @@ struct ParallelSpec {
   // runtime.memory_limit_mb: a rank whose tensors would pass it fails naming the category
   int64_t memory_limit_mb = 0;
 
+  // tp.* (tensor parallelism)
+  int64_t tp_size = 1;           // ranks each layer is cut across (1: none)
+  bool tp_sequence = false;      // activations between cut regions split along the sequence
+
   // pp.* (pipeline model parallelism)
   int64_t pp_stages = 1;                  // pipeline stages (1: no pipeline)
   int64_t pp_microbatches = 1;            // micro-batches per batch

@@ -19,11 +19,14 @@ struct RankStats {
   // Pipeline stages (zero elsewhere).
   double stage = 0, forward_s = 0, backward_s = 0, send_s = 0, recv_wait_s = 0;
   double schedule_s = 0, sent_bytes = 0, peak_inflight = 0;
+  // Tensor parallelism: time in the tp group's collectives (inside the blocks' compute) and
+  // the bytes they moved.
+  double tp_comm_s = 0, tp_bytes = 0;
   // Memory per category (core/memory.h): bytes held at the end, and the peak since last taken.
   std::array<double, kMemCategories> mem{}, mem_peak{};
   double mem_peak_total = 0;
 
-  static constexpr size_t kFields = 14 + 2 * kMemCategories;
+  static constexpr size_t kFields = 16 + 2 * kMemCategories;
   double* data() { return &step_s; }
   const double* data() const { return &step_s; }
 };

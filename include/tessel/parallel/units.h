@@ -33,12 +33,20 @@ struct Units {
   int dp = 1, dp_rank = 0;
   nn::Range span;            // from the first unit's start to the last one's end
   int64_t shard_numel = 0;   // this rank's pieces together
+  // Arena ranges of tensor-parallel replicas (nn::Split::replica): values every rank of a tp
+  // group holds and that count once, on the group's rank 0.
+  std::vector<nn::Range> replicas;
 
   nn::Range own(const Unit& u) const { return u.piece(dp_rank); }
   // Units whose gradient is complete once local block b's backward is done (last pass).
   std::vector<int> completed_by(size_t b) const;
   std::string describe(int unit, const nn::Model& model) const;  // "unit 2 (blocks fc2..fc3)"
 };
+
+// The sum of squares of g (arena range r's values) without the replicas' elements: each
+// element of the model counted once over the tp group. Without replicas in r: one
+// optim::sum_squares over all of it.
+double sum_squares_counted(const Units& units, nn::Range r, const float* g);
 
 // Units over the blocks marked in `local` (all when empty), cut for a dp group of `dp` ranks
 // seen from `dp_rank`. A unit never spans a block that is not local.

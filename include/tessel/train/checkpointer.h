@@ -18,8 +18,7 @@ class Checkpointer {
  public:
   // vocabulary: the tokenizer of a language model's text (data::Splits), saved with every
   // checkpoint and checked on restore; empty for other data.
-  Checkpointer(const Config& config, parallel::Engine& engine, nn::Model& model,
-               std::string vocabulary);
+  Checkpointer(const Config& config, parallel::Engine& engine, std::string vocabulary);
 
   // Collective over the training ranks (the engine reaches parameter servers): writes step
   // `step`'s checkpoint under run_dir with rank 0's trainer_json and returns the committed

@@ -68,7 +68,7 @@ class Trainer {
   // pipeline's chunks and the bytes this rank holds (measured by its ledger).
   nlohmann::json plan() const;
 
-  nn::Model& model() { return *model_; }
+  nn::Model& model() { return engine_->model(); }  // this rank's part
   const Config& config() const { return config_; }
   const data::Splits& datasets() const { return data_; }
   const std::string& run_dir() const { return run_dir_; }
@@ -108,12 +108,10 @@ class Trainer {
   comm::Communicator own_world_;          // the one-rank world when none is given
   comm::Communicator* world_;
   data::Splits data_;
-  std::unique_ptr<nn::Model> model_;
   std::unique_ptr<parallel::Engine> engine_;
   std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<Progress> progress_;
   std::unique_ptr<data::DataLoader> loader_;
-  nn::CrossEntropyLoss loss_;
   int64_t total_steps_ = 0;     // where this run stops (train.max_steps cuts the epochs' steps)
   int64_t schedule_steps_ = 0;  // the LR schedule's span: every epoch's steps
   double wall_start_ = 0;       // when this invocation's run() began

@@ -1,0 +1,72 @@
+#include "tp_group.h"
+
+#include "tessel/core/clock.h"
+
+namespace tessel::parallel {
+
+TpGroup::TpGroup(comm::Communicator& tp, bool sequence)
+    : nn::TensorParallel(tp.rank(), tp.size(), sequence), comm_(tp) {}
+
+template <typename F>
+void TpGroup::run(Op op, int64_t bytes, F&& call) {
+  const double t0 = now_seconds();
+  call();
+  time_s_ += now_seconds() - t0;
+  bytes_ += static_cast<double>(bytes);
+  Count& c = counts_[block_][where_][op];
+  ++c.calls;
+  c.bytes += static_cast<double>(bytes);
+}
+
+void TpGroup::all_reduce_sum(float* data, int64_t n) {
+  run(kAllReduce, n * 4, [&] { comm_.allreduce(data, static_cast<size_t>(n), comm::ElemType::kF32); });
+}
+
+void TpGroup::all_reduce_max(float* data, int64_t n) {
+  run(kAllReduce, n * 4, [&] {
+    comm_.allreduce(data, static_cast<size_t>(n), comm::ElemType::kF32, comm::ReduceOp::kMax);
+  });
+}
+
+void TpGroup::all_gather(const float* in, float* out, int64_t n) {
+  run(kAllGather, n * size() * 4,
+      [&] { comm_.allgather(in, out, static_cast<size_t>(n), comm::ElemType::kF32); });
+}
+
+void TpGroup::reduce_scatter(const float* in, float* out, int64_t n) {
+  run(kReduceScatter, n * size() * 4,
+      [&] { comm_.reduce_scatter(in, out, static_cast<size_t>(n), comm::ElemType::kF32); });
+}
+
+void TpGroup::at(nn::Phase phase, size_t block, bool training) {
+  const bool before = phase == nn::Phase::kBeforeForward || phase == nn::Phase::kBeforeBackward;
+  block_ = before ? static_cast<int64_t>(block) : kOutside;
+  where_ = !training                             ? kEval
+           : phase == nn::Phase::kBeforeBackward ? kBackward
+           : phase == nn::Phase::kAfterBackward  ? kStep
+                                                 : kForward;
+}
+
+nlohmann::json TpGroup::counters(const nn::Model& model) const {
+  static const char* kOpNames[] = {"all_reduce", "all_gather", "reduce_scatter"};
+  static const char* kWhereNames[] = {"forward", "backward", "step", "eval"};
+  nlohmann::json out = nlohmann::json::object();
+  for (const auto& [block, wheres] : counts_) {
+    nlohmann::json& b = out[block == kOutside ? std::string("outside")
+                                              : model.block_name(static_cast<size_t>(block))];
+    for (int w = 0; w < kWheres; ++w)
+      for (int op = 0; op < kOps; ++op) {
+        const Count& c = wheres[static_cast<size_t>(w)][static_cast<size_t>(op)];
+        if (c.calls > 0) b[kWhereNames[w]][kOpNames[op]] = {{"calls", c.calls}, {"bytes", c.bytes}};
+      }
+  }
+  return out;
+}
+
+void TpGroup::take_stats(RankStats& s) {
+  s.tp_comm_s += time_s_;
+  s.tp_bytes += bytes_;
+  time_s_ = bytes_ = 0;
+}
+
+}  // namespace tessel::parallel

@@ -1,0 +1,57 @@
+// TpGroup: the tensor-parallel collectives that cut layers call (nn/tensor_parallel.h), over
+// this rank's tp communicator, each counted by where it came from: a block's forward or
+// backward (the engine's hooks say which block runs) or outside every block (the loss, the
+// step's sum of whole parameters' gradients under sequence parallelism). Internal to the
+// parallel area; built by the Engine.
+#pragma once
+
+#include <array>
+#include <map>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tessel/comm/communicator.h"
+#include "tessel/nn/model.h"
+#include "tessel/nn/tensor_parallel.h"
+#include "tessel/parallel/stats.h"
+
+namespace tessel::parallel {
+
+class TpGroup final : public nn::TensorParallel {
+ public:
+  TpGroup(comm::Communicator& tp, bool sequence);
+
+  void all_reduce_sum(float* data, int64_t n) override;
+  void all_reduce_max(float* data, int64_t n) override;
+  void all_gather(const float* in, float* out, int64_t n) override;
+  void reduce_scatter(const float* in, float* out, int64_t n) override;
+
+  // Where the next calls come from: the block whose forward (backward) starts, or, after a
+  // block, outside every block ("step" after a backward). `training` false: an evaluation.
+  void at(nn::Phase phase, size_t block, bool training);
+  // Calls and bytes per block ("block0": {"forward": {"all_reduce": {"calls", "bytes"}}}, the
+  // rest under "outside"), since the start.
+  nlohmann::json counters(const nn::Model& model) const;
+  // Time in the group's collectives and bytes moved since the last call.
+  void take_stats(RankStats& s);
+
+ private:
+  enum Op { kAllReduce, kAllGather, kReduceScatter, kOps };
+  enum Where { kForward, kBackward, kStep, kEval, kWheres };
+  struct Count {
+    int64_t calls = 0;
+    double bytes = 0;
+  };
+  template <typename F>
+  void run(Op op, int64_t bytes, F&& call);
+
+  comm::Communicator& comm_;
+  static constexpr int64_t kOutside = -1;
+  int64_t block_ = kOutside;
+  Where where_ = kForward;
+  std::map<int64_t, std::array<std::array<Count, kOps>, kWheres>> counts_;
+  double time_s_ = 0, bytes_ = 0;
+};
+
+}  // namespace tessel::parallel

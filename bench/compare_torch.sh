@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # tessel vs PyTorch 1.13 training throughput, side by side in one run.
-#   bench/compare_torch.sh [BUILD_DIR] [ROUNDS] [THREADS]
+#   bench/compare_torch.sh [BUILD_DIR] [ROUNDS] [THREADS] [MODELS] [STEPS]
+# MODELS: comma-separated, default fashion_mlp,fashion_cnn,char_gpt; STEPS: timed steps per
+# repeat (default 100; char_gpt's steps are slow in PyTorch, 10-20 keeps a round short).
 # Each round runs, back to back: tessel (BUILD_DIR/bench/train_throughput), PyTorch as
 # installed, and PyTorch with glibc told to keep the memory it frees (the allocator settings of
 # ../shared/MACHINE_NOTES.md: this VM reclaims freed memory, and PyTorch's CNN otherwise spends
@@ -13,6 +15,8 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 rounds=${2:-3}
 threads=${3:-1}
+models=${4:-fashion_mlp,fashion_cnn,char_gpt}
+steps=${5:-100}
 if ! /usr/bin/python3 -c "import torch" 2>/dev/null; then
   echo "compare_torch: PyTorch missing; run: apt-get install -y python3-torch" >&2
   exit 1
@@ -30,13 +34,15 @@ torch_run() {  # torch_run OUT [ENV=VALUE ...]
   local out=$1
   shift
   env "$@" OPENBLAS_NUM_THREADS="$threads" OMP_NUM_THREADS="$threads" OMP_WAIT_POLICY=PASSIVE \
-    /usr/bin/python3 bench/torch_reference.py --threads "$threads" > "$out"
+    /usr/bin/python3 bench/torch_reference.py --threads "$threads" --models "$models" \
+    --steps "$steps" > "$out"
 }
 keep_memory=(MALLOC_MMAP_THRESHOLD_=1073741824 MALLOC_TRIM_THRESHOLD_=4294967296
   MALLOC_TOP_PAD_=268435456)
 
 for r in $(seq "$rounds"); do
-  "$build/bench/train_throughput" --threads "$threads" --json "$tmp/tessel_$r.json" > /dev/null
+  "$build/bench/train_throughput" --threads "$threads" --models "$models" --steps "$steps" \
+    --json "$tmp/tessel_$r.json" > /dev/null
   if (( r % 2 == 1 )); then
     torch_run "$tmp/torch_$r.jsonl"
     torch_run "$tmp/torch_malloc_$r.jsonl" "${keep_memory[@]}"
@@ -47,10 +53,11 @@ for r in $(seq "$rounds"); do
   echo "round $r of $rounds done" >&2
 done
 
-/usr/bin/python3 - "$tmp" "$rounds" "$threads" <<'PY'
+/usr/bin/python3 - "$tmp" "$rounds" "$threads" "$models" <<'PY'
 import json, statistics, sys
 
 tmp, rounds, threads = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+models = sys.argv[4].split(",")
 IMPLS = [("tessel", "tessel"), ("pytorch", "pytorch as installed"),
          ("pytorch_malloc", "pytorch, glibc keeps freed memory")]
 rate, gflops, peak = {}, {}, []  # (model, impl) -> per-round samples/s; model -> tessel GFLOP/s
@@ -69,7 +76,7 @@ print(f"compare_torch: {rounds} alternating rounds, {threads} thread(s); "
       f"fp32 FMA peak {med(peak):.1f} GFLOP/s ({min(peak):.1f}-{max(peak):.1f}), "
       f"{threads} core(s), measured by train_throughput in each round")
 print(f"{'model':<12} {'':<34} {'median':>9} {'min':>9} {'max':>9}  samples/s")
-for model in ("fashion_mlp", "fashion_cnn"):
+for model in models:
     for impl, label in IMPLS:
         v = rate[(model, impl)]
         print(f"{model:<12} {label:<34} {med(v):>9.0f} {min(v):>9.0f} {max(v):>9.0f}")

@@ -3,6 +3,8 @@
 // run on, so the loop is throughput-bound, not latency-bound), best of 5 runs of ~35 ms
 // (the first doubles as warm-up). Widest vector the build targets: zmm with AVX-512, ymm with
 // FMA3; 0 (unknown) on other targets. Single-threaded: call it from the thread being measured.
+// bf16_peak_gflops() is the same loop of `vdpbf16ps` (64 flops each), for CPUs with
+// AVX512_BF16 only: check ops::gemm_lowp_native() first.
 #pragma once
 
 #include <algorithm>
@@ -75,25 +77,64 @@ inline double fma_chains(int64_t n) {
   (void)n;
   return 0.0;
 #endif
+}
+
+// n iterations of 12 independent vdpbf16ps; returns the flops of one iteration.
+inline double dpbf16_chains(int64_t n) {
+#if defined(__x86_64__)
+  constexpr double kFlopsPerIter = 12 * 2 * 2 * 16;
+  asm volatile(
+      TESSEL_ZERO14
+      "1:\n\t"
+      "vdpbf16ps %%zmm0, %%zmm1, %%zmm2\n\t"
+      "vdpbf16ps %%zmm0, %%zmm1, %%zmm3\n\t"
+      "vdpbf16ps %%zmm0, %%zmm1, %%zmm4\n\t"
+      "vdpbf16ps %%zmm0, %%zmm1, %%zmm5\n\t"
+      "vdpbf16ps %%zmm0, %%zmm1, %%zmm6\n\t"
+      "vdpbf16ps %%zmm0, %%zmm1, %%zmm7\n\t"
+      "vdpbf16ps %%zmm0, %%zmm1, %%zmm8\n\t"
+      "vdpbf16ps %%zmm0, %%zmm1, %%zmm9\n\t"
+      "vdpbf16ps %%zmm0, %%zmm1, %%zmm10\n\t"
+      "vdpbf16ps %%zmm0, %%zmm1, %%zmm11\n\t"
+      "vdpbf16ps %%zmm0, %%zmm1, %%zmm12\n\t"
+      "vdpbf16ps %%zmm0, %%zmm1, %%zmm13\n\t"
+      "dec %0\n\t"
+      "jnz 1b\n\t"
+      : "+r"(n)
+      :
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
+        "xmm10", "xmm11", "xmm12", "xmm13", "cc");
+  return kFlopsPerIter;
+#else
+  (void)n;
+  return 0.0;
+#endif
 #undef TESSEL_FMA12
 #undef TESSEL_ZERO14
 }
 
-}  // namespace detail
-
-// GFLOP/s of the fp32 FMA loop on the calling thread; 0 where the build has no vector FMA.
-inline double fma_peak_gflops() {
+// Best GFLOP/s of 5 runs of `chains` (about 35 ms each at the fp32 peak).
+template <typename F>
+double best_gflops(F chains) {
   using Clock = std::chrono::steady_clock;
-  constexpr int64_t kIters = 20'000'000;  // 7.7 GFLOP a run: ~35 ms at 220 GFLOP/s
+  constexpr int64_t kIters = 20'000'000;
   double best = 0.0;
   for (int r = 0; r < 5; ++r) {
     const auto t0 = Clock::now();
-    const double per_iter = detail::fma_chains(kIters);
+    const double per_iter = chains(kIters);
     const double s = std::chrono::duration<double>(Clock::now() - t0).count();
     if (per_iter == 0.0) return 0.0;
     best = std::max(best, per_iter * static_cast<double>(kIters) / s / 1e9);
   }
   return best;
 }
+
+}  // namespace detail
+
+// GFLOP/s of the fp32 FMA loop on the calling thread; 0 where the build has no vector FMA.
+inline double fma_peak_gflops() { return detail::best_gflops(detail::fma_chains); }
+
+// GFLOP/s of the vdpbf16ps loop on the calling thread (AVX512_BF16 CPUs only).
+inline double bf16_peak_gflops() { return detail::best_gflops(detail::dpbf16_chains); }
 
 }  // namespace tessel::bench

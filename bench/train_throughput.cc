@@ -1,13 +1,14 @@
 // Training throughput of tessel's example models: samples/s of full training steps (forward,
-// loss, backward, optimizer step) at batch 128 with 1 and 2 BLAS threads, on real Fashion-MNIST
-// batches loaded before the timed part. Also reports the achieved GFLOP/s (forward F plus a
-// backward of 2F for input and weight gradients, less the first block's input gradient, which
-// is never computed) beside two references measured in the same run: the core's fp32 FMA peak
-// (12 independent vfmadd chains, bench/fma_peak.h; with 2 threads, twice the one-core figure,
-// an upper bound) and the GEMM GFLOP/s (ops::gemm, 512^3).
+// loss, backward, optimizer step) with 1 and 2 BLAS threads, on real batches loaded before the
+// timed part (Fashion-MNIST at batch 128; char_gpt's text at its example's batch, 32). Also
+// reports the achieved GFLOP/s (forward F plus a backward of 2F for input and weight gradients,
+// less the first block's input gradient, which is never computed) beside two references
+// measured in the same run: the core's fp32 FMA peak (12 independent vfmadd chains,
+// bench/fma_peak.h; with 2 threads, twice the one-core figure, an upper bound) and the GEMM
+// GFLOP/s (ops::gemm, 512^3).
 //
-//   train_throughput [--steps N] [--repeats R] [--models fashion_mlp,fashion_cnn] [--threads 1,2]
-//                    [--json FILE]
+//   train_throughput [--steps N] [--repeats R] [--models fashion_mlp,fashion_cnn,char_gpt]
+//                    [--threads 1,2] [--json FILE]
 // Run bench/compare_torch.sh to measure PyTorch on the same models side by side.
 #include <algorithm>
 #include <cstdio>
@@ -52,17 +53,22 @@ double sgemm_gflops(int n, int repeats) {
 struct Measure {
   double samples_per_second;
   double gflops;
+  int64_t batch;
 };
 
 Measure measure(const std::string& example, int threads, int steps, int repeats) {
-  train::Config cfg = train::load_config(std::string(TESSEL_SOURCE_DIR) + "/examples/" + example + ".toml",
-                                         {"runtime.threads=" + std::to_string(threads), "train.batch=128"});
+  // The Fashion-MNIST models at batch 128, char_gpt at its example's batch (32).
+  std::vector<std::string> keys = {"runtime.threads=" + std::to_string(threads)};
+  if (example.rfind("fashion", 0) == 0) keys.push_back("train.batch=128");
+  train::Config cfg = train::load_config(
+      std::string(TESSEL_SOURCE_DIR) + "/examples/" + example + ".toml", keys);
+  const int64_t batch = cfg.train.batch;
   train::RunOptions opts;
   opts.progress = false;
   train::Trainer trainer(cfg, opts);
   // Load the batches first: data loading is not part of the timed steps.
   data::LoaderOptions lo;
-  lo.batch = 128;
+  lo.batch = batch;
   lo.seed = cfg.seed;
   lo.prefetch = 0;
   data::DataLoader loader(trainer.datasets().train, lo);
@@ -75,7 +81,7 @@ Measure measure(const std::string& example, int threads, int steps, int repeats)
   for (int r = 0; r < repeats; ++r) {
     double t0 = now_seconds();
     for (int i = 0; i < steps; ++i) trainer.step(batches[i % batches.size()], sums);
-    rates.push_back(steps * 128.0 / (now_seconds() - t0));
+    rates.push_back(static_cast<double>(steps * batch) / (now_seconds() - t0));
   }
   std::sort(rates.begin(), rates.end());
   double sps = rates[rates.size() / 2];
@@ -83,14 +89,14 @@ Measure measure(const std::string& example, int threads, int steps, int repeats)
   // which the trainer never computes (its input is data).
   nn::Model& m = trainer.model();
   double flops = 3.0 * m.forward_flops(1) - m.block(0).forward_flops(1);
-  return {sps, sps * flops / 1e9};
+  return {sps, sps * flops / 1e9, batch};
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
   int steps = 100, repeats = 5;
-  std::vector<std::string> models = {"fashion_mlp", "fashion_cnn"};
+  std::vector<std::string> models = {"fashion_mlp", "fashion_cnn", "char_gpt"};
   std::vector<std::string> threads = {"1", "2"};
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
@@ -132,7 +138,7 @@ int main(int argc, char** argv) {
                     r.samples_per_second, r.gflops, 100.0 * r.gflops / peak, sgemm,
                     100.0 * r.gflops / sgemm);
         std::fflush(stdout);
-        out.push_back({{"model", m}, {"threads", nt}, {"batch", 128},
+        out.push_back({{"model", m}, {"threads", nt}, {"batch", r.batch},
                        {"samples_per_second", r.samples_per_second}, {"gflops", r.gflops},
                        {"fma_peak_gflops", peak}, {"sgemm_gflops", sgemm}});
       }

@@ -19,11 +19,20 @@ void check_tokens(const Tensor& x, int64_t context) {
             x.defined() ? shape_str(x.shape()) : "", "; a gpt model needs a token dataset"));
 }
 
-void check_activations(const Tensor& x, int64_t C, const char* layer) {
-  if (!x.defined() || x.dtype() != DType::kF32 || x.ndim() != 3 || x.dim(2) != C)
-    throw InvalidArgument(str(layer, ": input must be f32 [B, T, ", C, "], got ",
-                              x.defined() ? shape_str(x.shape()) : "undefined",
+// x: [B, T, C] activations of the blocks' type t (train.precision).
+void check_activations(const Tensor& x, int64_t C, DType t, const char* layer) {
+  if (!x.defined() || x.dtype() != t || x.ndim() != 3 || x.dim(2) != C)
+    throw InvalidArgument(str(layer, ": input must be ", dtype_name(t), " [B, T, ", C, "], got ",
+                              x.defined() ? str(dtype_name(x.dtype()), " ", shape_str(x.shape()))
+                                          : "undefined",
                               "; place it after the embedding block"));
+}
+
+void check_gradient(const Tensor& dy, const Shape& shape, DType t, const char* layer) {
+  TESSEL_CHECK(dy.defined() && dy.shape() == shape && dy.dtype() == t, layer,
+               ": backward gradient ",
+               dy.defined() ? str(dtype_name(dy.dtype()), " ", shape_str(dy.shape())) : "undefined",
+               ", expected ", dtype_name(t), " ", shape_str(shape));
 }
 
 void prefix_names(const std::vector<Parameter*>& params, const std::string& prefix) {
@@ -46,18 +55,18 @@ int64_t first_position(const TensorParallel* tp, int64_t local_T) {
 }
 
 // Adds (forward) or accumulates the gradient of (backward) the position table over x's rows
-// [B, Tl, C], which are positions [t0, t0 + Tl).
-void positions(float* x, float* table, int64_t B, int64_t Tl, int64_t C, int64_t t0, bool grad) {
-  // No kernel adds a [T, C] table to each of B rows, so a plain loop.
-  for (int64_t b = 0; b < B; ++b)
-    for (int64_t t = 0; t < Tl; ++t) {
-      float* row = x + (b * Tl + t) * C;
-      float* pos = table + (t0 + t) * C;
-      if (grad)
-        for (int64_t c = 0; c < C; ++c) pos[c] += row[c];
-      else
-        for (int64_t c = 0; c < C; ++c) row[c] += pos[c];
-    }
+// [B, Tl, C] of type t, which are positions [t0, t0 + Tl). table: the values (type t), or the
+// f32 gradient.
+void positions(void* x, void* table, DType t, int64_t B, int64_t Tl, int64_t C, int64_t t0,
+               bool grad) {
+  const int64_t n = Tl * C, e = static_cast<int64_t>(dtype_size(t));
+  for (int64_t b = 0; b < B; ++b) {
+    void* seq = static_cast<char*>(x) + b * n * e;
+    if (grad)
+      ops::accumulate(static_cast<float*>(table) + t0 * C, seq, n, t);
+    else
+      ops::add_forward(seq, seq, static_cast<char*>(table) + t0 * C * e, n, t);
+  }
 }
 
 }  // namespace
@@ -78,12 +87,12 @@ Tensor Embedding::forward(const Tensor& ids, const Context& ctx, Cache* cache) {
   check_tokens(ids, T_);
   if (cache) cache->keep(0, ids);
   const int64_t B = ids.dim(0), T = ids.dim(1);
-  Tensor y = tp_whole_output(tp_, cache, 0, {B, T, C_});
-  ops::embedding_forward(y.data<float>(), ids.data<int32_t>(), wte_.value.data<float>(), B * T,
-                         V_, C_, wte_.split.lo, wte_.shape[0]);
+  const DType t = wte_.value.dtype();
+  Tensor y = tp_whole_output(tp_, cache, 0, {B, T, C_}, t);
+  ops::embedding_forward(y.raw(), ids.data<int32_t>(), wte_.value.raw(), B * T, V_, C_,
+                         wte_.split.lo, wte_.shape[0], t);
   y = tp_leave(tp_, y, cache, 1);
-  positions(y.data<float>(), wpe_.value.data<float>(), B, y.dim(1), C_,
-            first_position(tp_, y.dim(1)), false);
+  positions(y.raw(), wpe_.value.raw(), t, B, y.dim(1), C_, first_position(tp_, y.dim(1)), false);
   return y;
 }
 
@@ -91,13 +100,12 @@ Tensor Embedding::backward(const Tensor& dy, Cache& cache) {
   const Tensor& ids = cache.kept(0);
   const int64_t B = ids.dim(0), T = ids.dim(1);
   const int64_t Tl = sequence_split(tp_) ? T / tp_->size() : T;
-  TESSEL_CHECK(dy.defined() && dy.shape() == Shape({B, Tl, C_}), "embedding: backward gradient ",
-               dy.defined() ? shape_str(dy.shape()) : "undefined", " after a forward of ",
-               shape_str(ids.shape()));
-  positions(dy.data<float>(), wpe_.grad.data<float>(), B, Tl, C_, first_position(tp_, Tl), true);
+  const DType t = wte_.value.dtype();
+  check_gradient(dy, {B, Tl, C_}, t, "embedding");
+  positions(dy.raw(), wpe_.grad.data<float>(), t, B, Tl, C_, first_position(tp_, Tl), true);
   const Tensor g = tp_leave_backward(tp_, dy);
-  ops::embedding_backward(wte_.grad.data<float>(), g.data<float>(), ids.data<int32_t>(), B * T,
-                          C_, wte_.split.lo, wte_.shape[0]);
+  ops::embedding_backward(wte_.grad.data<float>(), g.raw(), ids.data<int32_t>(), B * T, C_,
+                          wte_.split.lo, wte_.shape[0], t);
   return {};
 }
 
@@ -148,23 +156,35 @@ enum Sub : size_t { kLn1, kQkv, kAttnProj, kLn2, kFc, kGelu, kMlpProj };
 // x is [B, T, C], or this rank's [B, T/t, C] under sequence parallelism; qkv and the
 // attention are always over the whole sequence and this rank's heads (Ch = C_ / t channels).
 Tensor TransformerBlock::forward(const Tensor& x, const Context& ctx, Cache* cache) {
-  check_activations(x, C_, "transformer_block");
+  const DType t = qkv_.weight().value.dtype();
+  check_activations(x, C_, t, "transformer_block");
   const int64_t n = x.numel();
   auto sub = [cache](Sub k) { return cache ? &cache->child(k) : nullptr; };
   // Attention branch: x1 = x + proj(attention(qkv(ln1(x)))).
   Tensor qkv = qkv_.forward(ln1_.forward(x, ctx, sub(kLn1)), ctx, sub(kQkv));
   const int64_t B = qkv.dim(0), T = qkv.dim(1), Ch = qkv.dim(2) / 3;
-  Tensor a = output(cache, 0, {B, T, Ch});
-  Tensor att = output(cache, 1, {B, NH_, T, T});
-  ops::attention_forward(a.data<float>(), att.data<float>(), qkv.data<float>(), B, T, Ch, NH_);
-  Tensor x1 = output(cache, 2, x.shape());
-  ops::add_forward(x1.data<float>(), x.data<float>(),
-                   attn_proj_.forward(a, ctx, sub(kAttnProj)).data<float>(), n);
+  // Selective recompute: the attention probabilities and the GELU output go to scratch, which
+  // the blocks share; backward() rewrites them from the kept qkv and GELU input before use.
+  const bool drop = cache && ctx.selective;
+  if (cache) cache->ctx = ctx;
+  Tensor a = output(cache, 0, {B, T, Ch}, t);
+  Tensor att = drop ? cache->scratch(3, {B, NH_, T, T}) : output(cache, 1, {B, NH_, T, T});
+  ops::attention_forward(a.raw(), att.data<float>(), qkv.raw(), B, T, Ch, NH_, t);
+  Tensor x1 = output(cache, 2, x.shape(), t);
+  ops::add_forward(x1.raw(), x.raw(), attn_proj_.forward(a, ctx, sub(kAttnProj)).raw(), n, t);
   // MLP branch: y = x1 + proj(gelu(fc(ln2(x1)))).
   Tensor h = fc_.forward(ln2_.forward(x1, ctx, sub(kLn2)), ctx, sub(kFc));
-  Tensor m = mlp_proj_.forward(gelu_.forward(h, ctx, sub(kGelu)), ctx, sub(kMlpProj));
-  Tensor y = output(cache, 3, x.shape());
-  ops::add_forward(y.data<float>(), x1.data<float>(), m.data<float>(), n);
+  Tensor g;
+  if (drop) {  // GELU's forward, its output in scratch (it keeps its input as GELU does)
+    g = cache->scratch(4, h.shape(), t);
+    ops::gelu_forward(g.raw(), h.raw(), h.numel(), t);
+    cache->child(kGelu).keep(0, h);
+  } else {
+    g = gelu_.forward(h, ctx, sub(kGelu));
+  }
+  Tensor m = mlp_proj_.forward(g, ctx, sub(kMlpProj));
+  Tensor y = output(cache, 3, x.shape(), t);
+  ops::add_forward(y.raw(), x1.raw(), m.raw(), n, t);
   if (cache) {
     cache->keep(0, qkv);
     cache->keep(1, att);
@@ -173,30 +193,46 @@ Tensor TransformerBlock::forward(const Tensor& x, const Context& ctx, Cache* cac
   return y;
 }
 
+// Selective recompute: what the forward left in shared scratch, rewritten in place (the views
+// the backward reads) from the kept tensors: the same kernels on the same inputs, so the same
+// bits as the forward's.
+void TransformerBlock::recompute_gelu(Cache& cache) {
+  const Tensor& h = cache.child(kGelu).kept(0);
+  const Tensor& g = cache.child(kMlpProj).kept(0);
+  ops::gelu_forward(g.raw(), h.raw(), h.numel(), h.dtype());
+}
+
+void TransformerBlock::recompute_attention(Cache& cache) {
+  const Tensor &qkv = cache.kept(0), &att = cache.kept(1);
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), Ch = qkv.dim(2) / 3;
+  Tensor a = cache.scratch(5, {B, T, Ch}, qkv.dtype());  // equals the kept output: unused
+  ops::attention_forward(a.raw(), att.data<float>(), qkv.raw(), B, T, Ch, NH_, qkv.dtype());
+}
+
 Tensor TransformerBlock::backward(const Tensor& dy, Cache& cache) {
   const Tensor &qkv = cache.kept(0), &att = cache.kept(1);
   const Shape shape = cache.shape;
-  TESSEL_CHECK(dy.defined() && dy.shape() == shape, "transformer_block: backward gradient ",
-               dy.defined() ? shape_str(dy.shape()) : "undefined", " after a forward of ",
-               shape_str(shape));
+  const DType t = qkv.dtype();
+  check_gradient(dy, shape, t, "transformer_block");
   const int64_t n = dy.numel(), B = qkv.dim(0), T = qkv.dim(1), Ch = qkv.dim(2) / 3;
+  const bool dropped = cache.ctx.selective;
+  if (dropped) recompute_gelu(cache);
   // The residual passes dy through unchanged; the MLP branch adds its share.
   Tensor dh2 = fc_.backward(gelu_.backward(mlp_proj_.backward(dy, cache.child(kMlpProj)),
                                            cache.child(kGelu)),
                             cache.child(kFc));
-  Tensor dx1 = cache.scratch(0, shape);
-  ops::add_forward(dx1.data<float>(), dy.data<float>(),
-                   ln2_.backward(dh2, cache.child(kLn2)).data<float>(), n);
+  Tensor dx1 = cache.scratch(0, shape, t);
+  ops::add_forward(dx1.raw(), dy.raw(), ln2_.backward(dh2, cache.child(kLn2)).raw(), n, t);
   // Attention branch, then its residual.
   Tensor da = attn_proj_.backward(dx1, cache.child(kAttnProj));
-  Tensor dqkv = cache.scratch(1, qkv.shape());
-  ops::attention_backward(dqkv.data<float>(), da.data<float>(), qkv.data<float>(),
-                          att.data<float>(), B, T, Ch, NH_);
+  if (dropped) recompute_attention(cache);
+  Tensor dqkv = cache.scratch(1, qkv.shape(), t);
+  ops::attention_backward(dqkv.raw(), da.raw(), qkv.raw(), att.data<float>(), B, T, Ch, NH_, t);
   ln1_.set_input_grad(input_grad_);
   Tensor dln1 = ln1_.backward(qkv_.backward(dqkv, cache.child(kQkv)), cache.child(kLn1));
   if (!input_grad_) return {};
-  Tensor dx = cache.scratch(2, shape);
-  ops::add_forward(dx.data<float>(), dx1.data<float>(), dln1.data<float>(), n);
+  Tensor dx = cache.scratch(2, shape, t);
+  ops::add_forward(dx.raw(), dx1.raw(), dln1.raw(), n, t);
   return dx;
 }
 
@@ -224,25 +260,24 @@ LmHead::LmHead(Parameter* token_table, int64_t vocab, int64_t channels, int64_t 
 // gradient under sequence parallelism. Like a column-cut linear layer it keeps its input's
 // sequence part and gathers it again in the backward.
 Tensor LmHead::forward(const Tensor& x, const Context& ctx, Cache* cache) {
-  check_activations(x, C_, "lm_head");
+  const DType t = wte_->value.dtype();
+  check_activations(x, C_, t, "lm_head");
   const Tensor normed = ln_.forward(x, ctx, cache ? &cache->child(0) : nullptr);
   const Tensor h = tp_enter(tp_, normed);
-  Tensor y = output(cache, 0, {h.dim(0), h.dim(1), V_});
-  ops::linear_forward(y.data<float>(), h.data<float>(), wte_->value.data<float>(), nullptr,
-                      h.numel() / C_, C_, V_);
+  Tensor y = output(cache, 0, {h.dim(0), h.dim(1), V_}, t);
+  ops::linear_forward(y.raw(), h.raw(), t, wte_->value.raw(), nullptr, t, h.numel() / C_, C_, V_);
   if (cache) cache->keep(0, normed);
   return y;
 }
 
 Tensor LmHead::backward(const Tensor& dy, Cache& cache) {
   const Tensor h = tp_enter(tp_, cache.kept(0));
-  const Shape shape{h.dim(0), h.dim(1), V_};
-  TESSEL_CHECK(dy.defined() && dy.shape() == shape, "lm_head: backward gradient ",
-               dy.defined() ? shape_str(dy.shape()) : "undefined", ", expected ", shape_str(shape));
-  Tensor dh = tp_whole_grad(tp_, cache, 0, h.shape());
+  const DType t = h.dtype();
+  check_gradient(dy, {h.dim(0), h.dim(1), V_}, t, "lm_head");
+  Tensor dh = tp_whole_grad(tp_, cache, 0, h.shape(), t);
   // Accumulates into the embedding's table gradient: the tied weight gets both uses.
-  ops::linear_backward(dh.data<float>(), wte_->grad.data<float>(), nullptr, dy.data<float>(),
-                       h.data<float>(), wte_->value.data<float>(), h.numel() / C_, C_, V_);
+  ops::linear_backward(dh.raw(), t, wte_->grad.data<float>(), nullptr, dy.raw(), h.raw(),
+                       wte_->value.raw(), t, h.numel() / C_, C_, V_);
   ln_.set_input_grad(input_grad_);
   return ln_.backward(tp_enter_backward(tp_, dh, cache, 1), cache.child(0));
 }

@@ -10,18 +10,48 @@
 namespace tessel::nn {
 namespace {
 
-void check_f32(const Tensor& x, const char* layer) {
-  if (!x.defined() || x.dtype() != DType::kF32)
-    throw InvalidArgument(str(layer, ": input must be an f32 tensor, got ",
+// Activations may be f32, bf16 or f16 (train.precision); a layer computes in its parameters'
+// type and keeps its input's.
+void check_float(const Tensor& x, const char* layer) {
+  const bool ok = x.defined() && (x.dtype() == DType::kF32 || x.dtype() == DType::kBF16 ||
+                                  x.dtype() == DType::kF16);
+  if (!ok)
+    throw InvalidArgument(str(layer, ": input must be an f32, bf16 or f16 tensor, got ",
                               x.defined() ? dtype_name(x.dtype()) : "an undefined tensor",
                               "; check the data loader's output and the model kind"));
 }
 
-void check_same_shape(const Tensor& dy, const Shape& expected, const char* layer) {
-  if (!dy.defined() || dy.shape() != expected)
-    throw InvalidArgument(str(layer, ": backward gradient must have shape ", shape_str(expected),
-                              ", got ", dy.defined() ? shape_str(dy.shape()) : "undefined",
+void check_same_shape(const Tensor& dy, const Shape& expected, const char* layer,
+                      DType type = DType::kF32) {
+  if (!dy.defined() || dy.shape() != expected || dy.dtype() != type)
+    throw InvalidArgument(str(layer, ": backward gradient must be ", dtype_name(type), " ",
+                              shape_str(expected), ", got ",
+                              dy.defined() ? str(dtype_name(dy.dtype()), " ", shape_str(dy.shape()))
+                                           : "undefined",
                               "; call backward() with the gradient of the last forward() output"));
+}
+
+// For the f32-only kernels (convolution, pooling) in a 16-bit precision: f32_in(x) is x or an
+// f32 copy of it, f32_out(y) is y or f32 staging that to_out() rounds into y afterwards. The
+// copies live in scratch slot `slot` of the cache (fresh storage without one).
+Tensor f32_scratch(const Shape& shape, Cache* cache, size_t slot) {
+  return cache ? cache->scratch(slot, shape) : Tensor::empty(shape);
+}
+
+Tensor f32_in(const Tensor& x, Cache* cache, size_t slot) {
+  if (x.dtype() == DType::kF32) return x;
+  Tensor out = f32_scratch(x.shape(), cache, slot);
+  ops::convert(out.raw(), DType::kF32, x.raw(), x.dtype(), x.numel());
+  return out;
+}
+
+Tensor f32_out(const Tensor& y, Cache* cache, size_t slot) {
+  return y.dtype() == DType::kF32 ? y : f32_scratch(y.shape(), cache, slot);
+}
+
+void to_out(const Tensor& y, const Tensor& staged) {
+  if (staged.raw() != y.raw())
+    ops::convert(y.raw(), y.dtype(), staged.raw(), DType::kF32, y.numel());
 }
 
 Shape with_last(Shape s, int64_t last) {
@@ -67,23 +97,25 @@ std::vector<Parameter*> Linear::parameters() {
 // as it came (its sequence part) and gathers it again in the backward.
 Tensor Linear::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   (void)ctx;
-  check_f32(x, "linear");
+  check_float(x, "linear");
   const bool row = tp_.cut == Cut::kRow;
   const Tensor in = tp_.cut == Cut::kColumn ? tp_enter(tp_.tp, x) : x;
   if (in.ndim() < 1 || in.dim(-1) != in_)
     throw InvalidArgument(str("linear: input's last dimension must be ", in_, ", got shape ",
                               shape_str(in.shape()), "; check the model's input size"));
   if (cache) cache->keep(0, x);
+  const DType t = weight_.value.dtype();
   const Shape shape = with_last(in.shape(), out_);
-  Tensor y = row ? tp_whole_output(tp_.tp, cache, 0, shape) : output(cache, 0, shape);
+  Tensor y = row ? tp_whole_output(tp_.tp, cache, 0, shape, t) : output(cache, 0, shape, t);
   const bool add_bias = has_bias_ && (!row || tp_.tp->rank() == 0);
-  ops::linear_forward(y.data<float>(), in.data<float>(), weight_.value.data<float>(),
-                      add_bias ? bias_.value.data<float>() : nullptr, in.numel() / in_, in_, out_);
+  ops::linear_forward(y.raw(), in.raw(), in.dtype(), weight_.value.raw(),
+                      add_bias ? bias_.value.raw() : nullptr, t, in.numel() / in_, in_, out_);
   return row ? tp_leave(tp_.tp, y, cache, 1) : y;
 }
 
 Tensor Linear::backward(const Tensor& dy_in, Cache& cache) {
   const bool row = tp_.cut == Cut::kRow, column = tp_.cut == Cut::kColumn;
+  const DType t = weight_.value.dtype();
   // A row-cut layer's bias sees its output split along the sequence under sequence
   // parallelism: its gradient is this rank's part, summed over the group at the step like
   // every whole parameter's (parallel/engine.h).
@@ -94,13 +126,13 @@ Tensor Linear::backward(const Tensor& dy_in, Cache& cache) {
   }
   const Tensor dy = row ? tp_leave_backward(tp_.tp, dy_in) : dy_in;
   const Tensor x = column ? tp_enter(tp_.tp, cache.kept(0)) : cache.kept(0);
-  check_same_shape(dy, with_last(x.shape(), out_), "linear");
+  check_same_shape(dy, with_last(x.shape(), out_), "linear", t);
   Tensor dx;
   if (input_grad_)
-    dx = column ? tp_whole_grad(tp_.tp, cache, 0, x.shape()) : cache.scratch(0, x.shape());
-  ops::linear_backward(input_grad_ ? dx.data<float>() : nullptr, weight_.grad.data<float>(), db,
-                       dy.data<float>(), x.data<float>(), weight_.value.data<float>(),
-                       x.numel() / in_, in_, out_);
+    dx = column ? tp_whole_grad(tp_.tp, cache, 0, x.shape(), x.dtype())
+                : cache.scratch(0, x.shape(), x.dtype());
+  ops::linear_backward(input_grad_ ? dx.raw() : nullptr, x.dtype(), weight_.grad.data<float>(),
+                       db, dy.raw(), x.raw(), weight_.value.raw(), t, x.numel() / in_, in_, out_);
   return column ? tp_enter_backward(tp_.tp, dx, cache, 1) : dx;
 }
 
@@ -112,37 +144,37 @@ double Linear::forward_flops(int64_t batch) const {
 
 Tensor ReLU::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   (void)ctx;
-  check_f32(x, "relu");
-  Tensor y = output(cache, 0, x.shape());
-  ops::relu_forward(y.data<float>(), x.data<float>(), x.numel());
+  check_float(x, "relu");
+  Tensor y = output(cache, 0, x.shape(), x.dtype());
+  ops::relu_forward(y.raw(), x.raw(), x.numel(), x.dtype());
   if (cache) cache->keep(0, y);
   return y;
 }
 
 Tensor ReLU::backward(const Tensor& dy, Cache& cache) {
   const Tensor& y = cache.kept(0);
-  check_same_shape(dy, y.shape(), "relu");
+  check_same_shape(dy, y.shape(), "relu", y.dtype());
   if (!input_grad_) return {};
-  Tensor dx = cache.scratch(0, dy.shape());
-  ops::relu_backward(dx.data<float>(), dy.data<float>(), y.data<float>(), dy.numel());
+  Tensor dx = cache.scratch(0, dy.shape(), y.dtype());
+  ops::relu_backward(dx.raw(), dy.raw(), y.raw(), dy.numel(), y.dtype());
   return dx;
 }
 
 Tensor GELU::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   (void)ctx;
-  check_f32(x, "gelu");
+  check_float(x, "gelu");
   if (cache) cache->keep(0, x);
-  Tensor y = output(cache, 0, x.shape());
-  ops::gelu_forward(y.data<float>(), x.data<float>(), x.numel());
+  Tensor y = output(cache, 0, x.shape(), x.dtype());
+  ops::gelu_forward(y.raw(), x.raw(), x.numel(), x.dtype());
   return y;
 }
 
 Tensor GELU::backward(const Tensor& dy, Cache& cache) {
   const Tensor& x = cache.kept(0);
-  check_same_shape(dy, x.shape(), "gelu");
+  check_same_shape(dy, x.shape(), "gelu", x.dtype());
   if (!input_grad_) return {};
-  Tensor dx = cache.scratch(0, dy.shape());
-  ops::gelu_backward(dx.data<float>(), dy.data<float>(), x.data<float>(), dy.numel());
+  Tensor dx = cache.scratch(0, dy.shape(), x.dtype());
+  ops::gelu_backward(dx.raw(), dy.raw(), x.raw(), dy.numel(), x.dtype());
   return dx;
 }
 
@@ -157,7 +189,7 @@ Dropout::Dropout(float p, int64_t first_col) : p_(p), first_col_(first_col) {
 // The cache keeps the context (the mask is regenerated from it) and the input's shape; a
 // forward that applied no mask keeps ctx.training = false.
 Tensor Dropout::forward(const Tensor& x, const Context& ctx, Cache* cache) {
-  check_f32(x, "dropout");
+  check_float(x, "dropout");
   const bool active = ctx.training && p_ > 0.0f && x.numel() > 0;
   if (cache) {
     cache->ctx = ctx;
@@ -166,9 +198,9 @@ Tensor Dropout::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   }
   if (!active) return x;
   const int64_t rows = x.ndim() > 0 ? x.dim(0) : 1;
-  Tensor y = output(cache, 0, x.shape());
-  ops::dropout_forward(y.data<float>(), x.data<float>(), rows, x.numel() / rows, p_, ctx.seed,
-                       ctx.step, ctx.first_sample, first_col_);
+  Tensor y = output(cache, 0, x.shape(), x.dtype());
+  ops::dropout_forward(y.raw(), x.raw(), rows, x.numel() / rows, p_, ctx.seed, ctx.step,
+                       ctx.first_sample, first_col_, x.dtype());
   return y;
 }
 
@@ -179,10 +211,10 @@ Tensor Dropout::backward(const Tensor& dy, Cache& cache) {
                " elements after a forward of ", n);
   if (!cache.ctx.training || !input_grad_) return input_grad_ ? dy : Tensor();
   const int64_t rows = cache.shape[0];
-  Tensor dx = cache.scratch(0, dy.shape());
+  Tensor dx = cache.scratch(0, dy.shape(), dy.dtype());
   const Context& c = cache.ctx;
-  ops::dropout_backward(dx.data<float>(), dy.data<float>(), rows, n / rows, p_, c.seed, c.step,
-                        c.first_sample, first_col_);
+  ops::dropout_backward(dx.raw(), dy.raw(), rows, n / rows, p_, c.seed, c.step, c.first_sample,
+                        first_col_, dy.dtype());
   return dx;
 }
 
@@ -234,7 +266,7 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_
 
 Tensor Conv2d::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   (void)ctx;
-  check_f32(x, "conv2d");
+  check_float(x, "conv2d");
   const bool size_ok = x.ndim() == 4 && x.dim(1) == C_ && (in_h_ == 0 || x.dim(2) == in_h_) &&
                        (in_w_ == 0 || x.dim(3) == in_w_) && x.dim(2) + 2 * pad_ >= k_ &&
                        x.dim(3) + 2 * pad_ >= k_;
@@ -244,24 +276,32 @@ Tensor Conv2d::forward(const Tensor& x, const Context& ctx, Cache* cache) {
                               "; images need data.flatten = false"));
   if (cache) cache->keep(0, x);
   const ops::Conv2dShape s{x.dim(0), C_, x.dim(2), x.dim(3), OC_, k_, k_, stride_, pad_};
-  Tensor y = output(cache, 0, {s.N, OC_, s.OH(), s.OW()});
+  Tensor y = output(cache, 0, {s.N, OC_, s.OH(), s.OW()}, weight_.value.dtype());
+  Tensor y32 = f32_out(y, cache, 5);
   const Shape scratch_shape{ops::conv2d_scratch_floats(s)};
   Tensor scratch = cache ? cache->scratch(0, scratch_shape) : Tensor::empty(scratch_shape);
-  ops::conv2d_forward(y.data<float>(), x.data<float>(), weight_.value.data<float>(),
-                      bias_.value.data<float>(), s, scratch.data<float>());
+  ops::conv2d_forward(y32.data<float>(), f32_in(x, cache, 6).data<float>(),
+                      f32_in(weight_.value, cache, 7).data<float>(),
+                      f32_in(bias_.value, cache, 8).data<float>(), s, scratch.data<float>());
+  to_out(y, y32);
   return y;
 }
 
 Tensor Conv2d::backward(const Tensor& dy, Cache& cache) {
   const Tensor& x = cache.kept(0);
   const ops::Conv2dShape s{x.dim(0), C_, x.dim(2), x.dim(3), OC_, k_, k_, stride_, pad_};
-  check_same_shape(dy, {s.N, OC_, s.OH(), s.OW()}, "conv2d");
-  Tensor dx;
-  if (input_grad_) dx = cache.scratch(1, x.shape());
+  check_same_shape(dy, {s.N, OC_, s.OH(), s.OW()}, "conv2d", weight_.value.dtype());
+  Tensor dx, dx32;
+  if (input_grad_) {
+    dx = cache.scratch(1, x.shape(), x.dtype());
+    dx32 = f32_out(dx, &cache, 5);
+  }
   Tensor scratch = cache.scratch(0, {ops::conv2d_scratch_floats(s)});
-  ops::conv2d_backward(input_grad_ ? dx.data<float>() : nullptr, weight_.grad.data<float>(),
-                       bias_.grad.data<float>(), dy.data<float>(), x.data<float>(),
-                       weight_.value.data<float>(), s, scratch.data<float>());
+  ops::conv2d_backward(input_grad_ ? dx32.data<float>() : nullptr, weight_.grad.data<float>(),
+                       bias_.grad.data<float>(), f32_in(dy, &cache, 6).data<float>(),
+                       f32_in(x, &cache, 7).data<float>(),
+                       f32_in(weight_.value, &cache, 8).data<float>(), s, scratch.data<float>());
+  if (input_grad_) to_out(dx, dx32);
   return dx;
 }
 
@@ -294,19 +334,23 @@ ops::Conv2dShape ConvReluPool::shape(int64_t batch) const {
 
 Tensor ConvReluPool::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   (void)ctx;
-  check_f32(x, "conv2d_relu_maxpool");
+  check_float(x, "conv2d_relu_maxpool");
   if (x.ndim() != 4 || x.dim(1) != C_ || x.dim(2) != in_h_ || x.dim(3) != in_w_)
     throw InvalidArgument(str("conv2d_relu_maxpool: input must be [N, ", C_, ", ", in_h_, ", ",
                               in_w_, "], got shape ", shape_str(x.shape()),
                               "; images need data.flatten = false"));
   const ops::Conv2dShape s = shape(x.dim(0));
   const Shape out{s.N, OC_, (s.OH() - pool_) / pool_ + 1, (s.OW() - pool_) / pool_ + 1};
-  Tensor y = output(cache, 0, out), argmax = output(cache, 1, out, DType::kI32);
+  Tensor y = output(cache, 0, out, weight_.value.dtype());
+  Tensor argmax = output(cache, 1, out, DType::kI32), y32 = f32_out(y, cache, 5);
   const Shape scratch_shape{ops::conv2d_relu_maxpool_scratch_floats(s, pool_, pool_)};
   Tensor scratch = cache ? cache->scratch(0, scratch_shape) : Tensor::empty(scratch_shape);
-  ops::conv2d_relu_maxpool_forward(y.data<float>(), argmax.data<int32_t>(), x.data<float>(),
-                                   weight_.value.data<float>(), bias_.value.data<float>(), s,
-                                   pool_, pool_, scratch.data<float>());
+  ops::conv2d_relu_maxpool_forward(y32.data<float>(), argmax.data<int32_t>(),
+                                   f32_in(x, cache, 6).data<float>(),
+                                   f32_in(weight_.value, cache, 7).data<float>(),
+                                   f32_in(bias_.value, cache, 8).data<float>(), s, pool_, pool_,
+                                   scratch.data<float>());
+  to_out(y, y32);
   if (cache) {
     cache->keep(0, x);
     cache->keep(1, y);
@@ -317,16 +361,20 @@ Tensor ConvReluPool::forward(const Tensor& x, const Context& ctx, Cache* cache) 
 
 Tensor ConvReluPool::backward(const Tensor& dy, Cache& cache) {
   const Tensor &x = cache.kept(0), &y = cache.kept(1), &argmax = cache.kept(2);
-  check_same_shape(dy, y.shape(), "conv2d_relu_maxpool");
+  check_same_shape(dy, y.shape(), "conv2d_relu_maxpool", y.dtype());
   const ops::Conv2dShape s = shape(x.dim(0));
-  Tensor dx;
-  if (input_grad_) dx = cache.scratch(1, x.shape());
+  Tensor dx, dx32;
+  if (input_grad_) {
+    dx = cache.scratch(1, x.shape(), x.dtype());
+    dx32 = f32_out(dx, &cache, 5);
+  }
   Tensor scratch = cache.scratch(0, {ops::conv2d_relu_maxpool_scratch_floats(s, pool_, pool_)});
-  ops::conv2d_relu_maxpool_backward(input_grad_ ? dx.data<float>() : nullptr,
-                                    weight_.grad.data<float>(), bias_.grad.data<float>(),
-                                    dy.data<float>(), argmax.data<int32_t>(), y.data<float>(),
-                                    x.data<float>(), weight_.value.data<float>(), s, pool_, pool_,
-                                    scratch.data<float>());
+  ops::conv2d_relu_maxpool_backward(
+      input_grad_ ? dx32.data<float>() : nullptr, weight_.grad.data<float>(),
+      bias_.grad.data<float>(), f32_in(dy, &cache, 6).data<float>(), argmax.data<int32_t>(),
+      f32_in(y, &cache, 9).data<float>(), f32_in(x, &cache, 7).data<float>(),
+      f32_in(weight_.value, &cache, 8).data<float>(), s, pool_, pool_, scratch.data<float>());
+  if (input_grad_) to_out(dx, dx32);
   return dx;
 }
 
@@ -344,17 +392,18 @@ MaxPool2d::MaxPool2d(int64_t kernel, int64_t stride) : k_(kernel), stride_(strid
 
 Tensor MaxPool2d::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   (void)ctx;
-  check_f32(x, "maxpool2d");
+  check_float(x, "maxpool2d");
   if (x.ndim() != 4 || x.dim(2) < k_ || x.dim(3) < k_)
     throw InvalidArgument(str("maxpool2d: input must be [N, C, H, W] with H, W >= ", k_,
                               ", got shape ", shape_str(x.shape()),
                               "; use a larger image or fewer pooling stages"));
   const int64_t N = x.dim(0), C = x.dim(1), H = x.dim(2), W = x.dim(3);
   const Shape out{N, C, (H - k_) / stride_ + 1, (W - k_) / stride_ + 1};
-  Tensor y = output(cache, 0, out);
+  Tensor y = output(cache, 0, out, x.dtype()), y32 = f32_out(y, cache, 5);
   Tensor argmax = output(cache, 1, out, DType::kI32);
-  ops::maxpool2d_forward(y.data<float>(), argmax.data<int32_t>(), x.data<float>(), N, C, H, W, k_,
-                         stride_);
+  ops::maxpool2d_forward(y32.data<float>(), argmax.data<int32_t>(),
+                         f32_in(x, cache, 6).data<float>(), N, C, H, W, k_, stride_);
+  to_out(y, y32);
   if (cache) {
     cache->shape = x.shape();
     cache->keep(0, argmax);
@@ -366,11 +415,13 @@ Tensor MaxPool2d::backward(const Tensor& dy, Cache& cache) {
   const Tensor& argmax = cache.kept(0);
   const Shape& in = cache.shape;
   const int64_t N = in[0], C = in[1], H = in[2], W = in[3];
-  check_same_shape(dy, argmax.shape(), "maxpool2d");
+  check_same_shape(dy, argmax.shape(), "maxpool2d", dy.defined() ? dy.dtype() : DType::kF32);
   if (!input_grad_) return {};
-  Tensor dx = cache.scratch(0, in);
-  ops::maxpool2d_backward(dx.data<float>(), dy.data<float>(), argmax.data<int32_t>(), N, C, H, W,
-                          k_, stride_);
+  // The output (and its gradient) has the input's type.
+  Tensor dx = cache.scratch(0, in, dy.dtype()), dx32 = f32_out(dx, &cache, 5);
+  ops::maxpool2d_backward(dx32.data<float>(), f32_in(dy, &cache, 6).data<float>(),
+                          argmax.data<int32_t>(), N, C, H, W, k_, stride_);
+  to_out(dx, dx32);
   return dx;
 }
 
@@ -384,15 +435,19 @@ LayerNorm::LayerNorm(int64_t channels) : C_(channels) {
 
 Tensor LayerNorm::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   (void)ctx;
-  check_f32(x, "layernorm");
+  check_float(x, "layernorm");
   if (x.ndim() < 1 || x.dim(-1) != C_)
     throw InvalidArgument(str("layernorm: input's last dimension must be ", C_, ", got shape ",
                               shape_str(x.shape()), "; check the model's embedding size"));
+  const DType t = weight_.value.dtype();
+  if (x.dtype() != t)
+    throw InvalidArgument(str("layernorm: input must be ", dtype_name(t), " like the parameters, got ",
+                              dtype_name(x.dtype()), "; the blocks of a model share one precision"));
   const int64_t N = x.numel() / C_;
-  Tensor y = output(cache, 0, x.shape());
+  Tensor y = output(cache, 0, x.shape(), t);
   Tensor mean = output(cache, 1, {N}), rstd = output(cache, 2, {N});
-  ops::layernorm_forward(y.data<float>(), mean.data<float>(), rstd.data<float>(), x.data<float>(),
-                         weight_.value.data<float>(), bias_.value.data<float>(), N, C_);
+  ops::layernorm_forward(y.raw(), mean.data<float>(), rstd.data<float>(), x.raw(),
+                         weight_.value.raw(), bias_.value.raw(), N, C_, t);
   if (cache) {
     cache->keep(0, x);
     cache->keep(1, mean);
@@ -403,14 +458,14 @@ Tensor LayerNorm::forward(const Tensor& x, const Context& ctx, Cache* cache) {
 
 Tensor LayerNorm::backward(const Tensor& dy, Cache& cache) {
   const Tensor& x = cache.kept(0);
-  check_same_shape(dy, x.shape(), "layernorm");
+  check_same_shape(dy, x.shape(), "layernorm", x.dtype());
   const int64_t N = x.numel() / C_;
   Tensor dx;
-  if (input_grad_) dx = cache.scratch(0, x.shape());
-  ops::layernorm_backward(input_grad_ ? dx.data<float>() : nullptr, weight_.grad.data<float>(),
-                          bias_.grad.data<float>(), dy.data<float>(), x.data<float>(),
-                          weight_.value.data<float>(), cache.kept(1).data<float>(),
-                          cache.kept(2).data<float>(), N, C_);
+  if (input_grad_) dx = cache.scratch(0, x.shape(), x.dtype());
+  ops::layernorm_backward(input_grad_ ? dx.raw() : nullptr, weight_.grad.data<float>(),
+                          bias_.grad.data<float>(), dy.raw(), x.raw(), weight_.value.raw(),
+                          cache.kept(1).data<float>(), cache.kept(2).data<float>(), N, C_,
+                          x.dtype());
   return dx;
 }
 

@@ -8,11 +8,17 @@ namespace tessel::nn {
 
 namespace {
 
-// Checks logits f32 [..., C] and one i32 label per row; returns the number of rows.
-int64_t check_inputs(const Tensor& logits, const Tensor& labels) {
-  if (!logits.defined() || logits.dtype() != DType::kF32 || logits.ndim() < 1 || logits.dim(-1) < 1)
-    throw InvalidArgument(str("cross_entropy: logits must be f32 [..., C], got ",
-                              logits.defined() ? shape_str(logits.shape()) : "undefined",
+// Checks logits [..., C] of a type in `types` and one i32 label per row; returns the rows.
+int64_t check_inputs(const Tensor& logits, const Tensor& labels,
+                     std::initializer_list<DType> types = {DType::kF32}) {
+  const bool typed = logits.defined() &&
+                     std::find(types.begin(), types.end(), logits.dtype()) != types.end();
+  if (!typed || logits.ndim() < 1 || logits.dim(-1) < 1)
+    throw InvalidArgument(str("cross_entropy: logits must be ",
+                              types.size() > 1 ? "f32, bf16 or f16" : "f32", " [..., C], got ",
+                              logits.defined() ? str(dtype_name(logits.dtype()), " ",
+                                                     shape_str(logits.shape()))
+                                               : "undefined",
                               "; pass the model's output"));
   const int64_t N = logits.numel() / logits.dim(-1);
   if (!labels.defined() || labels.dtype() != DType::kI32 || labels.numel() != N)
@@ -30,8 +36,18 @@ void reuse(Tensor& t, const Shape& shape) {
 
 }  // namespace
 
-LossValue CrossEntropyLoss::forward(const Tensor& logits, const Tensor& labels) {
-  const int64_t N = check_inputs(logits, labels), C = logits.dim(-1);
+// Logits of a 16-bit precision are widened first: the softmax, the loss and the row statistics
+// are always f32; the gradient goes back in the logits' type.
+LossValue CrossEntropyLoss::forward(const Tensor& logits_in, const Tensor& labels) {
+  const int64_t N = check_inputs(logits_in, labels, {DType::kF32, DType::kBF16, DType::kF16});
+  const int64_t C = logits_in.dim(-1);
+  type_ = logits_in.dtype();
+  Tensor logits = logits_in;
+  if (type_ != DType::kF32) {
+    reuse(wide_, logits_in.shape());
+    ops::convert(wide_.raw(), DType::kF32, logits_in.raw(), type_, logits_in.numel());
+    logits = wide_;
+  }
   reuse(probs_, logits.shape());
   labels_ = labels;
   const float loss = ops::cross_entropy_forward(probs_.data<float>(), logits.data<float>(),
@@ -45,7 +61,11 @@ Tensor CrossEntropyLoss::backward(float dloss) {
   reuse(dlogits_, probs_.shape());
   ops::cross_entropy_backward(dlogits_.data<float>(), probs_.data<float>(), labels_.data<int32_t>(),
                               N, C, dloss);
-  return dlogits_;
+  if (type_ == DType::kF32) return dlogits_;
+  if (!narrow_.defined() || narrow_.shape() != probs_.shape() || narrow_.dtype() != type_)
+    narrow_ = Tensor::empty(probs_.shape(), type_);
+  ops::convert(narrow_.raw(), type_, dlogits_.raw(), DType::kF32, narrow_.numel());
+  return narrow_;
 }
 
 LossValue VocabParallelCrossEntropy::forward(const Tensor& logits, const Tensor& labels) {

@@ -1,6 +1,7 @@
 #include "tessel/nn/model.h"
 
 #include <algorithm>
+#include <cstring>
 
 #include "tessel/core/rng.h"
 #include "tessel/core/sha256.h"
@@ -32,6 +33,13 @@ void init_elements(const Parameter& p, float* dst, int64_t first, int64_t count,
   }
 }
 
+// A copy of t in cache buffer `slot` (a tensor that outlives the storage t lives in).
+Tensor copy_into(Cache& cache, size_t slot, const Tensor& t) {
+  Tensor out = cache.buffer(slot, t.shape(), t.dtype());
+  std::memcpy(out.raw(), t.raw(), t.nbytes());
+  return out;
+}
+
 int64_t aligned(int64_t n) { return (n + kAlignElems - 1) / kAlignElems * kAlignElems; }
 
 // Calls f(local, logical, count) for the runs of elements [first, first + count) of p's part
@@ -56,6 +64,14 @@ void for_each_run(const Parameter& p, int64_t first, int64_t count, F&& f) {
 
 }  // namespace
 
+Recompute recompute_mode(const std::string& name) {
+  if (name == "none") return Recompute::kNone;
+  if (name == "full") return Recompute::kFull;
+  if (name == "selective") return Recompute::kSelective;
+  throw InvalidArgument(
+      str("config: train.recompute must be none, full or selective, got '", name, "'"));
+}
+
 void Parameter::cut(size_t dim_index, int64_t groups, int part, int parts) {
   TESSEL_CHECK(!is_split() && dim_index < shape.size() && groups > 0 && parts > 0 &&
                    part >= 0 && part < parts && shape[dim_index] % groups == 0,
@@ -74,8 +90,9 @@ void Parameter::cut(size_t dim_index, int64_t groups, int part, int parts) {
 }
 
 int64_t Activations::bytes() const {
-  int64_t total = 0;
+  int64_t total = scratch.bytes() + (carry.defined() ? carry.storage().bytes() : 0);
   for (const Cache& c : caches) total += c.bytes();
+  for (const auto& [kind, c] : work) total += c.bytes();
   return total;
 }
 
@@ -224,13 +241,40 @@ Tensor Model::forward(const Tensor& x, const Context& ctx, Activations* acts,
   TESSEL_CHECK(finalized_, "model: forward() before finalize()");
   TESSEL_CHECK(begin <= end, "model: forward over blocks [", begin, ", ", end, ")");
   if (acts && acts->caches.size() < end) acts->caches.resize(blocks_.size());
+  Context c = ctx;
+  c.selective = acts && acts->recompute == Recompute::kSelective;
   Tensor h = x;
   for (size_t i = begin; i < end; ++i) {
     if (hook) hook(Phase::kBeforeForward, i);
-    h = blocks_[i]->forward(h, ctx, acts ? &acts->caches[i] : nullptr);
+    if (acts && acts->recompute == Recompute::kFull)
+      h = forward_keeping_input(i, h, c, *acts);
+    else
+      h = blocks_[i]->forward(h, c, acts ? &acts->caches[i] : nullptr);
     if (hook) hook(Phase::kAfterForward, i);
   }
   return h;
+}
+
+Tensor Model::forward_keeping_input(size_t i, const Tensor& h, const Context& ctx,
+                                    Activations& acts) {
+  Cache& kept = acts.caches[i];
+  kept.keep(0, copy_into(kept, 0, h));
+  kept.ctx = ctx;
+  Cache& work = acts.work[blocks_[i]->kind()];
+  work.share_scratch(&acts.scratch);
+  acts.work_block = i;
+  return blocks_[i]->forward(kept.kept(0), ctx, &work);
+}
+
+Cache& Model::cache_for_backward(size_t i, Activations& acts) {
+  if (acts.recompute != Recompute::kFull) return acts.caches[i];
+  Cache& work = acts.work[blocks_[i]->kind()];
+  if (acts.work_block != i) {  // the last block's forward is still there
+    const Cache& kept = acts.caches[i];
+    blocks_[i]->forward(kept.kept(0), kept.ctx, &work);
+    acts.work_block = i;
+  }
+  return work;
 }
 
 Tensor Model::backward(const Tensor& dy, Activations& acts, const BlockHook& hook, size_t begin,
@@ -241,9 +285,18 @@ Tensor Model::backward(const Tensor& dy, Activations& acts, const BlockHook& hoo
   Tensor g = dy;
   for (size_t i = end; i-- > begin;) {
     if (hook) hook(Phase::kBeforeBackward, i);
-    g = blocks_[i]->backward(g, acts.caches[i]);
+    if (acts.recompute != Recompute::kNone) {  // g may sit in the scratch the block writes
+      if (!acts.carry.defined() || acts.carry.dtype() != g.dtype() ||
+          acts.carry.numel() < g.numel())
+        acts.carry = Tensor::empty({g.numel()}, g.dtype());
+      Tensor in = acts.carry.view(0, g.shape());
+      std::memcpy(in.raw(), g.raw(), g.nbytes());
+      g = in;
+    }
+    g = blocks_[i]->backward(g, cache_for_backward(i, acts));
     if (hook) hook(Phase::kAfterBackward, i);
   }
+  acts.work_block = SIZE_MAX;
   return g;
 }
 

@@ -103,12 +103,14 @@ Tensor tp_leave_backward(TensorParallel* tp, const Tensor& dy) {
   return sequence_split(tp) ? gather_sequence(*tp, dy) : dy;
 }
 
-Tensor tp_whole_output(TensorParallel* tp, Cache* cache, size_t slot, const Shape& shape) {
-  return sequence_split(tp) ? tp->workspace(0, shape) : output(cache, slot, shape);
+Tensor tp_whole_output(TensorParallel* tp, Cache* cache, size_t slot, const Shape& shape,
+                       DType type) {
+  return sequence_split(tp) ? tp->workspace(0, shape) : output(cache, slot, shape, type);
 }
 
-Tensor tp_whole_grad(TensorParallel* tp, Cache& cache, size_t slot, const Shape& shape) {
-  return sequence_split(tp) ? tp->workspace(2, shape) : cache.scratch(slot, shape);
+Tensor tp_whole_grad(TensorParallel* tp, Cache& cache, size_t slot, const Shape& shape,
+                     DType type) {
+  return sequence_split(tp) ? tp->workspace(2, shape) : cache.scratch(slot, shape, type);
 }
 
 }  // namespace tessel::nn

@@ -4,10 +4,12 @@
 // the per-step scalars are computed once outside the loops so that the loops vectorise.
 #include "tessel/optim/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
 #include "tessel/core/error.h"
+#include "tessel/ops/cpu.h"
 
 namespace tessel::optim {
 namespace {
@@ -19,6 +21,21 @@ void check_segments(std::span<const Segment> segments, int64_t n, const char* wh
                      (s.count == 0 || (s.params && s.grads)),
                  who, ": segment of ", s.count, " elements at state offset ", s.state_offset,
                  " is not inside the optimizer's ", n, " elements");
+}
+
+// Runs update(part) over parts of seg of a few thousand elements, each followed by the rewrite
+// of its working copy (if any) while its new values are in L1.
+template <typename F>
+void for_parts(const Segment& seg, F update) {
+  constexpr int64_t kPart = 2048;
+  const size_t half = dtype_size(seg.working_type);
+  for (int64_t i = 0; i < seg.count; i += kPart) {
+    const int64_t n = std::min(kPart, seg.count - i);
+    update(Segment{seg.params + i, seg.grads + i, n, seg.state_offset + i});
+    if (seg.working != nullptr)
+      ops::convert(static_cast<char*>(seg.working) + i * static_cast<int64_t>(half),
+                   seg.working_type, seg.params + i, DType::kF32, n);
+  }
 }
 
 void check_lr(float lr, const char* who) {
@@ -35,7 +52,8 @@ class Sgd final : public Optimizer {
   void step(std::span<const Segment> segments, float lr, float grad_scale) override {
     check_segments(segments, numel_, "optim.sgd");
     check_lr(lr, "optim.sgd");
-    for (const Segment& seg : segments) update(seg, lr, grad_scale);
+    for (const Segment& seg : segments)
+      for_parts(seg, [&](const Segment& part) { update(part, lr, grad_scale); });
     ++steps_;
   }
 
@@ -95,7 +113,8 @@ class AdamW final : public Optimizer {
     k.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
     k.decay = static_cast<float>(1.0 - static_cast<double>(lr) * spec_.weight_decay);
     k.gs = grad_scale;
-    for (const Segment& seg : segments) update(seg, k);
+    for (const Segment& seg : segments)
+      for_parts(seg, [&](const Segment& part) { update(part, k); });
     ++steps_;
   }
 

@@ -1,11 +1,15 @@
 #include "tessel/parallel/engine.h"
 
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <thread>
 
 #include "grad_syncs.h"
 #include "param_stores.h"
 #include "shared_memory_step.h"
+#include "working_copy.h"
+#include "tessel/optim/schedule.h"
 #include "tp_group.h"
 #include "tessel/parallel/parameter_server.h"
 #include "tessel/parallel/pipeline.h"
@@ -31,6 +35,14 @@ std::unique_ptr<TpGroup> make_tp_group(const ParallelSpec& spec, Mesh& mesh) {
 }
 
 }  // namespace
+
+DType precision_type(const ParallelSpec& spec) {
+  if (spec.precision == "fp32") return DType::kF32;
+  if (spec.precision == "bf16") return DType::kBF16;
+  if (spec.precision == "fp16") return DType::kF16;
+  throw InvalidArgument(
+      str("config: train.precision must be fp32, bf16 or fp16, got '", spec.precision, "'"));
+}
 
 Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Communicator& world,
                const nn::ModelSpec& model, uint64_t seed)
@@ -61,11 +73,23 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
   if (spec.zero_stage < 0 || spec.zero_stage > 3)
     throw InvalidArgument(str("config: zero.stage must be 0, 1, 2 or 3, got ", spec.zero_stage));
   hooks_fn_ = [this](nn::Phase p, size_t b, bool last) { hook(p, b, last); };
+  type_ = precision_type(spec);
+  parts_["precision"] = spec.precision;
+  parts_["recompute"] = spec.recompute;
+  if (tp_ && type_ != DType::kF32)
+    throw InvalidArgument(str("config: train.precision = ", spec.precision,
+                              " does not run with tensor parallelism yet (tp.size = ",
+                              tp_->size(), "); use train.precision = fp32"));
   if (layout().servers > 0) {
+    if (type_ != DType::kF32)
+      throw InvalidArgument(str("config: train.precision = ", spec.precision,
+                                " does not run with a parameter server yet (ps.servers = ",
+                                layout().servers, "); use train.precision = fp32"));
     ps_ = std::make_unique<ParameterServer>(spec, mesh_, model_, seed, optim);
-    parts_ = {{"executor", "local"}, {"grad_sync", "local"}, {"store", "parameter_server"}};
+    parts_["executor"] = parts_["grad_sync"] = "local";
+    parts_["store"] = "parameter_server";
     if (mesh_.is_server()) return;
-    executor_ = std::make_unique<LocalExecutor>(model_);
+    executor_ = std::make_unique<LocalExecutor>(model_, nn::recompute_mode(spec.recompute));
     units_ = make_units(model_, spec.bucket_mb, executor_->local_blocks(), 1, 0);
     sync_owner_ = std::make_unique<ArenaSync>(model_, units_, ArenaSync::Reduction::kAllReduce,
                                               nullptr, nullptr, false);
@@ -77,13 +101,19 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
     pipeline_ = p.get();
     executor_ = std::move(p);
   } else {
-    executor_ = std::make_unique<LocalExecutor>(model_);
+    executor_ = std::make_unique<LocalExecutor>(model_, nn::recompute_mode(spec.recompute));
   }
   comm::Communicator& dp = mesh_.group(Axis::kDp);
   units_ = make_units(model_, spec.bucket_mb, executor_->local_blocks(), dp.size(), dp.rank());
-  parts_ = {{"executor", pipeline_ ? "pipeline" : "local"}};
+  parts_["executor"] = pipeline_ ? "pipeline" : "local";
   if (tp_) parts_["tp"] = tp_->sequence() ? "sequence_parallel" : "tensor_parallel";
   build_data_parallel(spec, seed);
+  if (type_ == DType::kF16) scaler_ = std::make_unique<optim::LossScaler>();
+  if (type_ != DType::kF32 && !sharded_) {  // ZeRO-3 gathers 16-bit values itself
+    working_ = std::make_unique<WorkingCopy>(model_, units_, type_);
+    store_->set_working(working_.get());
+    store_->refresh_working(true);
+  }
   optimizer_ = optim::make_optimizer(optim, store_->update_numel());
 }
 
@@ -100,7 +130,8 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   parts_["units"] = units_.list.size();
   if (spec.deterministic) {
     scale_buckets_ = make_units(model_, spec.bucket_mb, {}, 1, 0);
-    auto exact = std::make_unique<ExactSync>(model_, units_, scale_buckets_, dp, mesh_.workers());
+    auto exact = std::make_unique<ExactSync>(model_, units_, scale_buckets_, dp, mesh_.workers(),
+                                             type_ == DType::kF16);
     hooks_.push_back(exact.get());
     sync_owner_ = std::move(exact);
     parts_["grad_sync"] = "exact";
@@ -116,12 +147,12 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   if (!sync_owner_ && stage <= 1) {
     auto arena = std::make_unique<ArenaSync>(
         model_, units_, stage == 0 ? ArenaSync::Reduction::kAllReduce : ArenaSync::Reduction::kReduceScatter,
-        &dp, workers, async);
+        &dp, workers, async, type_);
     hooks_.push_back(arena.get());
     sync_owner_ = std::move(arena);
     parts_["grad_sync"] = stage == 0 ? "allreduce" : "reduce_scatter";
   } else if (!sync_owner_) {
-    auto shard = std::make_unique<ShardSync>(model_, units_, dp, workers, async, !pipeline);
+    auto shard = std::make_unique<ShardSync>(model_, units_, dp, workers, async, !pipeline, type_);
     hooks_.push_back(shard.get());
     sync_owner_ = std::move(shard);
     parts_["grad_sync"] = "reduce_scatter_shard";
@@ -129,7 +160,7 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   sync_ = sync_owner_.get();
   if (stage == 3) {
     auto sharded = std::make_unique<ShardedStore>(model_, units_, dp, seed,
-                                                  spec.zero_prefetch && async, pipeline);
+                                                  spec.zero_prefetch && async, pipeline, type_);
     sharded_ = sharded.get();
     hooks_.insert(hooks_.begin(), sharded.get());
     store_owner_ = std::move(sharded);
@@ -164,6 +195,7 @@ nlohmann::json Engine::tp_counters() const {
 }
 
 void Engine::start() {
+  if (store_) store_->refresh_working(true);  // the masters may have been restored
   if (pipeline_) pipeline_->start(*store_);
   if (replicated_) replicated_->check_replicas(0);
 }
@@ -176,7 +208,15 @@ PieceStats Engine::train_piece(const Piece& piece) {
     executor_->idle(hooks_fn_, true, piece.last);
     return {};
   }
-  return counted(executor_->train(piece, loss_, hooks_fn_));
+  if (!scaler_) return counted(executor_->train(piece, loss_, hooks_fn_));
+  // fp16: the loss gradient scaled up (debug.overflow_steps: to inf on debug.overflow_rank).
+  Piece scaled = piece;
+  scaled.weight *= scaler_->scale();
+  const auto& inject = spec_.overflow_steps;
+  if (std::find(inject.begin(), inject.end(), piece.ctx.step) != inject.end() &&
+      spec_.overflow_rank == mesh_.workers().rank())
+    scaled.weight = std::numeric_limits<double>::infinity();
+  return counted(executor_->train(scaled, loss_, hooks_fn_));
 }
 
 PieceStats Engine::eval_piece(const Piece& piece) {
@@ -198,7 +238,17 @@ void Engine::step(float lr, float clip_norm, int64_t step) {
   }
   sync_->reduce();
   if (tp_ && tp_->sequence()) sum_whole_grads_over_tp();
-  store_->update(*optimizer_, lr, clip_norm, *sync_);
+  // The global norm when clipping needs it, or when fp16 looks for an overflow: an inf or NaN
+  // anywhere, on any rank or shard, makes the sum every rank gets non-finite.
+  const double sq = clip_norm > 0 || scaler_ ? sync_->sq_norm() : 0;
+  const bool overflow = scaler_ && !std::isfinite(sq);
+  if (!overflow) {  // an overflowing step is skipped: no update, no gathers
+    const float unscale = scaler_ ? scaler_->inv_scale() : 1.0f;
+    float grad_scale = unscale;
+    if (clip_norm > 0) grad_scale *= optim::clip_factor(std::sqrt(sq) * unscale, clip_norm);
+    store_->update(*optimizer_, lr, grad_scale, *sync_);
+  }
+  if (scaler_) scaler_->update(overflow);
   sync_->clear();
   if (pipeline_) pipeline_->sync_tied_table(*store_);
   if (sharded_) sharded_->end_step();

@@ -2,13 +2,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "tessel/core/error.h"
 
 namespace tessel::parallel {
 
-ExactSum::ExactSum(nn::Range span, std::vector<nn::Range> scale_buckets)
-    : span_(span), buckets_(std::move(scale_buckets)), max_(buckets_.size(), 0.0f) {}
+ExactSum::ExactSum(nn::Range span, std::vector<nn::Range> scale_buckets, bool overflow_ok)
+    : span_(span),
+      buckets_(std::move(scale_buckets)),
+      max_(buckets_.size(), 0.0f),
+      overflow_ok_(overflow_ok) {}
 
 void ExactSum::collect(nn::Range r, const float* src) {
   const int64_t n = span_.size();
@@ -22,11 +26,13 @@ void ExactSum::collect(nn::Range r, const float* src) {
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const int64_t lo = std::max(buckets_[b].lo, r.lo), hi = std::min(buckets_[b].hi, r.hi);
     float m = max_[b];
+    bool nan = false;  // std::max passes NaN over: note it apart
     for (int64_t i = lo; i < hi; ++i) {
       dst[i] = src[i - r.lo];
       m = std::max(m, std::fabs(src[i - r.lo]));
+      nan |= src[i - r.lo] != src[i - r.lo];
     }
-    max_[b] = m;
+    max_[b] = nan ? std::numeric_limits<float>::infinity() : m;
   }
 }
 
@@ -44,9 +50,9 @@ double ExactSum::reduce(float* out, const std::vector<nn::Range>& ranges,
   std::vector<int64_t> acc(static_cast<size_t>(n), 0);
   std::vector<double> scale(nb, 1.0);
   for (size_t b = 0; b < nb; ++b) {
-    if (!std::isfinite(maxes[b]))
+    if (!std::isfinite(maxes[b]) && !overflow_ok_)
       throw Error("deterministic mode: non-finite gradient; lower optim.lr");
-    if (!(maxes[b] > 0)) continue;
+    if (!(maxes[b] > 0) || !std::isfinite(maxes[b])) continue;
     const int e =
         static_cast<int>(std::floor(std::log2(std::ldexp(1.0, 62) / (shards_total * maxes[b]))));
     scale[b] = std::ldexp(1.0, std::min(e, 1000));
@@ -68,6 +74,10 @@ double ExactSum::reduce(float* out, const std::vector<nn::Range>& ranges,
   std::fill(out, out + n, 0.0f);
   for (size_t b = 0; b < nb; ++b) {
     const int64_t lo = std::max(buckets_[b].lo, span_.lo), hi = std::min(buckets_[b].hi, span_.hi);
+    if (!std::isfinite(maxes[b])) {  // an overflow (overflow_ok): the caller skips the step
+      for (int64_t i = lo; i < hi; ++i) out[i - span_.lo] = std::numeric_limits<float>::quiet_NaN();
+      continue;
+    }
     for (int64_t i = lo; i < hi; ++i)
       out[i - span_.lo] = static_cast<float>(static_cast<double>(acc[i - span_.lo]) / scale[b]);
   }

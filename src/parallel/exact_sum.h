@@ -19,7 +19,9 @@ namespace tessel::parallel {
 class ExactSum {
  public:
   // span: the arena elements this rank sums (its units); scale_buckets: arena ranges, in order.
-  ExactSum(nn::Range span, std::vector<nn::Range> scale_buckets);
+  // overflow_ok (fp16's loss scaling skips such steps): a scale bucket holding an inf or NaN
+  // sums to NaN instead of failing.
+  ExactSum(nn::Range span, std::vector<nn::Range> scale_buckets, bool overflow_ok = false);
 
   // Keeps `src`, the gradient of arena range r from one micro-shard (one call per range and
   // micro-shard).
@@ -38,6 +40,7 @@ class ExactSum {
   std::vector<float> max_;         // per scale bucket, largest |g| collected
   std::map<int64_t, int64_t> passes_;  // per collected range (by start): shards collected
   int64_t num_shards_ = 0;
+  bool overflow_ok_;
 };
 
 }  // namespace tessel::parallel

@@ -12,6 +12,10 @@
 //                kept apart and summed exactly at the step (exact_sum.h); the full reduced
 //                gradient stays in an arena, and the norm is summed block by block so that
 //                every layout gives the same bits.
+// In train.precision bf16 | fp16 the gradients stay f32 where they accumulate (a token table sums
+// thousands of rows: 16-bit sums would lose the small ones), while the buckets of ArenaSync and
+// ShardSync travel as 16-bit messages (half the bytes), rounded at launch and widened back
+// when their collective is done. ExactSync's integer sums need no message type.
 // Internal to the parallel area; built by the Engine.
 #pragma once
 
@@ -31,13 +35,29 @@ namespace tessel::parallel {
 // rank alone): with every element owned by exactly one rank, the global squared norm.
 double pieces_sq_norm(const Units& units, GradSync& sync, comm::Communicator* workers);
 
+// 16-bit message buffers of one bucket's size, reused (charged to communication buffers).
+class Messages {
+ public:
+  Messages(DType type, int64_t numel) : type_(type), numel_(numel) {}
+  bool used() const { return type_ != DType::kF32; }
+  DType type() const { return type_; }
+  // A buffer holding n f32 values of src rounded to the message type.
+  Tensor take(const float* src, int64_t n);
+  void give(Tensor t) { free_.push_back(std::move(t)); }
+
+ private:
+  DType type_;
+  int64_t numel_;
+  std::vector<Tensor> free_;
+};
+
 class ArenaSync final : public GradSync, public BlockHooks {
  public:
   enum class Reduction { kAllReduce, kReduceScatter };
   // dp: the ranks holding the same blocks (null or one rank: nothing to reduce); workers:
   // every training rank, for the norm (null: this rank alone).
   ArenaSync(nn::Model& model, const Units& units, Reduction reduction, comm::Communicator* dp,
-            comm::Communicator* workers, bool async);
+            comm::Communicator* workers, bool async, DType message = DType::kF32);
 
   void on_block(nn::Phase phase, size_t block, bool last) override;
   void reduce() override;
@@ -48,6 +68,7 @@ class ArenaSync final : public GradSync, public BlockHooks {
 
  private:
   void launch(int unit);
+  void launch_message(const Unit& u, float* g, const comm::CallOptions& call);
 
   const Units& units_;
   Reduction reduction_;
@@ -56,6 +77,7 @@ class ArenaSync final : public GradSync, public BlockHooks {
   Tensor arena_;  // gradients of units_.span
   Buckets buckets_;
   std::vector<char> launched_;
+  Messages messages_;
 };
 
 class ShardSync final : public GradSync, public BlockHooks {
@@ -63,7 +85,8 @@ class ShardSync final : public GradSync, public BlockHooks {
   // per_pass: reduce after every backward pass; false (a pipeline, whose micro-batches
   // interleave): keep a unit's bucket open through the step and reduce it after its last pass.
   ShardSync(nn::Model& model, const Units& units, comm::Communicator& dp,
-            comm::Communicator* workers, bool async, bool per_pass);
+            comm::Communicator* workers, bool async, bool per_pass,
+            DType message = DType::kF32);
 
   void on_block(nn::Phase phase, size_t block, bool last) override;
   void reduce() override;
@@ -87,14 +110,16 @@ class ShardSync final : public GradSync, public BlockHooks {
   int64_t bucket_numel_ = 0;
   bool per_pass_;
   Buckets buckets_;
+  Messages messages_;
 };
 
 class ExactSync final : public GradSync, public BlockHooks {
  public:
   // scale_buckets: units over the whole model (one rank, no pipeline), the same in every
   // layout. dp: the ranks whose micro-shards are summed; workers: every training rank.
+  // overflow_ok: fp16, whose loss scaling skips a step with an inf or NaN gradient.
   ExactSync(nn::Model& model, const Units& units, const Units& scale_buckets,
-            comm::Communicator& dp, comm::Communicator& workers);
+            comm::Communicator& dp, comm::Communicator& workers, bool overflow_ok);
 
   void on_block(nn::Phase phase, size_t block, bool last) override;
   void reduce() override;

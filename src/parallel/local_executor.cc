@@ -11,8 +11,13 @@ void check_loss(double loss, int64_t step) {
                     "; lower optim.lr or set train.clip_norm"));
 }
 
-LocalExecutor::LocalExecutor(nn::Model& model)
-    : model_(model), local_(model.num_blocks(), true) {}
+LocalExecutor::LocalExecutor(nn::Model& model, nn::Recompute recompute)
+    : model_(model), local_(model.num_blocks(), true) {
+  acts_.recompute = recompute;
+  if (recompute == nn::Recompute::kNone) return;
+  acts_.caches.resize(model.num_blocks());
+  for (nn::Cache& c : acts_.caches) c.share_scratch(&acts_.scratch);
+}
 
 PieceStats LocalExecutor::train(const Piece& piece, nn::Loss& loss, const Hooks& hooks) {
   const nn::BlockHook hook = [&](nn::Phase p, size_t b) { hooks(p, b, piece.last); };

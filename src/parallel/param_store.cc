@@ -1,9 +1,11 @@
 #include "tessel/parallel/param_store.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "tessel/core/error.h"
 #include "tessel/optim/schedule.h"
+#include "working_copy.h"
 
 namespace tessel::parallel {
 
@@ -24,13 +26,32 @@ int64_t ParamStore::state_offset(nn::Range r) const {
 
 std::vector<optim::Segment> ParamStore::segments(GradSync& sync) {
   std::vector<optim::Segment> out;
-  for (const nn::Range& r : update_) out.push_back({values(r), sync.grads(r), r.size(), state_offset(r)});
+  for (const nn::Range& r : update_) {
+    out.push_back({values(r), sync.grads(r), r.size(), state_offset(r)});
+    if (working_) {
+      out.back().working = working_->at(r);
+      out.back().working_type = working_->type();
+    }
+  }
   return out;
 }
 
-float ParamStore::grad_scale(GradSync& sync, float clip_norm) {
-  if (!(clip_norm > 0)) return 1.0f;
-  return optim::clip_factor(std::sqrt(sync.sq_norm()), clip_norm);
+void ParamStore::refresh_working(bool updated_too) {
+  if (!working_) return;
+  if (updated_too) {
+    for (const nn::Range& h : held_) working_->refresh(h, values(h));
+    return;
+  }
+  // held_ and update_ are sorted and update_ lies inside held_: refresh the gaps.
+  size_t u = 0;
+  for (const nn::Range& h : held_) {
+    int64_t at = h.lo;
+    for (; u < update_.size() && update_[u].lo < h.hi; ++u) {
+      if (update_[u].lo > at) working_->refresh({at, update_[u].lo}, values({at, update_[u].lo}));
+      at = std::max(at, update_[u].hi);
+    }
+    if (at < h.hi) working_->refresh({at, h.hi}, values({at, h.hi}));
+  }
 }
 
 }  // namespace tessel::parallel

@@ -5,14 +5,15 @@
 
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
+#include "tessel/ops/cpu.h"
 
 namespace tessel::parallel {
 
 namespace {
 
-Tensor parameter_memory(int64_t n, MemCategory category) {
+Tensor parameter_memory(int64_t n, MemCategory category, DType type = DType::kF32) {
   MemoryScope scope(category);
-  return Tensor::zeros({std::max<int64_t>(n, 1)});
+  return Tensor::zeros({std::max<int64_t>(n, 1)}, type);
 }
 
 std::vector<nn::Range> own_pieces(const Units& units) {
@@ -65,9 +66,9 @@ float* ReplicatedStore::values(nn::Range r) {
   return values_.data<float>() + (r.lo - units_.span.lo);
 }
 
-void ReplicatedStore::update(optim::Optimizer& opt, float lr, float clip_norm, GradSync& sync) {
+void ReplicatedStore::update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync) {
   const double t0 = now_seconds();
-  opt.step(segments(sync), lr, grad_scale(sync, clip_norm));
+  opt.step(segments(sync), lr, grad_scale);
   const double t1 = now_seconds();
   optimizer_s_ += t1 - t0;
   if (stage_ == 0 || dp_.size() == 1) return;
@@ -80,6 +81,7 @@ void ReplicatedStore::update(optim::Optimizer& opt, float lr, float clip_norm, G
     dp_.allgather(values(units_.own(u)), unit, u.counts, comm::ElemType::kF32, call);
     bytes_ += 4.0 * static_cast<double>(u.range.size());
   }
+  refresh_working(false);
   gather_s_ += now_seconds() - t1;
 }
 
@@ -111,12 +113,13 @@ void ReplicatedStore::take_stats(RankStats& s) {
 // ---- ShardedStore ----
 
 ShardedStore::ShardedStore(nn::Model& model, const Units& units, comm::Communicator& dp,
-                           uint64_t seed, bool prefetch, bool hold_for_step)
+                           uint64_t seed, bool prefetch, bool hold_for_step, DType type)
     : model_(model),
       units_(units),
       dp_(dp),
       prefetch_(prefetch),
       hold_for_step_(hold_for_step),
+      type_(type),
       shard_(parameter_memory(units.shard_numel, MemCategory::kParameters)),
       resident_(units.list.size()) {
   for (const Unit& u : units.list) {
@@ -153,20 +156,28 @@ void ShardedStore::start_gather(int unit, bool async) {
   Resident& r = resident_[static_cast<size_t>(unit)];
   const Unit& u = units_.list[static_cast<size_t>(unit)];
   if (free_.empty()) {
-    free_.push_back(parameter_memory(buffer_numel_, MemCategory::kComm));
+    free_.push_back(parameter_memory(buffer_numel_, MemCategory::kComm, type_));
   }
   r.memory = std::move(free_.back());
   free_.pop_back();
   const float* piece = shard_.data<float>() + u.shard_offset;
-  float* out = r.memory.data<float>();
+  const void* in = piece;
+  void* out = r.memory.raw();
+  if (type_ != DType::kF32) {  // this rank's piece rounded into its own block: gathered in place
+    const nn::Range own = units_.own(u);
+    void* block = r.memory.view(own.lo - u.range.lo, {own.size()}).raw();
+    ops::convert(block, type_, piece, DType::kF32, own.size());
+    in = block;
+  }
   comm::CallOptions call;
   call.label = static_cast<uint32_t>(unit + 1);
-  bytes_ += 4.0 * static_cast<double>(u.range.size());
+  const comm::ElemType elem = comm::elem_type(type_);
+  bytes_ += static_cast<double>(dtype_size(type_)) * static_cast<double>(u.range.size());
   if (async) {
-    r.work = dp_.allgather_async(piece, out, u.counts, comm::ElemType::kF32, call);
+    r.work = dp_.allgather_async(in, out, u.counts, elem, call);
   } else {
     const double t0 = now_seconds();
-    dp_.allgather(piece, out, u.counts, comm::ElemType::kF32, call);
+    dp_.allgather(in, out, u.counts, elem, call);
     wait_s_ += now_seconds() - t0;
   }
   model_.bind_values(u.range, r.memory);
@@ -251,9 +262,9 @@ void ShardedStore::end_step() {
   ++steps_;
 }
 
-void ShardedStore::update(optim::Optimizer& opt, float lr, float clip_norm, GradSync& sync) {
+void ShardedStore::update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync) {
   const double t0 = now_seconds();
-  opt.step(segments(sync), lr, grad_scale(sync, clip_norm));
+  opt.step(segments(sync), lr, grad_scale);
   optimizer_s_ += now_seconds() - t0;
 }
 
@@ -266,8 +277,9 @@ void ShardedStore::copy_values(nn::Range r, float* dst) {
     const bool was_resident = resident_[k].memory.defined();
     if (!was_resident) start_gather(static_cast<int>(k), false);
     resident_[k].work.wait();
-    std::memcpy(dst + (lo - r.lo), resident_[k].memory.data<float>() + (lo - ur.lo),
-                static_cast<size_t>(hi - lo) * sizeof(float));
+    // The gathered values (16-bit ones widened; the f32 master pieces live on their owners).
+    ops::convert(dst + (lo - r.lo), DType::kF32, resident_[k].memory.view(lo - ur.lo, {hi - lo}).raw(),
+                 type_, hi - lo);
     if (!was_resident) release(static_cast<int>(k));
   }
 }

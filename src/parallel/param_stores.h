@@ -10,7 +10,9 @@
 //                    at the end of the step instead). The order of gathers is recorded on the first
 //                    training step; later steps check every gather against it (a rank that
 //                    runs other blocks fails naming them) and gather the next unit of the
-//                    order in the background while this one computes (zero.prefetch).
+//                    order in the background while this one computes (zero.prefetch). In
+//                    train.precision bf16 | fp16 the gathers move 16-bit values (each rank
+//                    rounds its piece into its block of the buffer, then all-gathers in place).
 // Internal to the parallel area; built by the Engine.
 #pragma once
 
@@ -31,7 +33,7 @@ class ReplicatedStore final : public ParamStore {
   ReplicatedStore(nn::Model& model, const Units& units, int stage, comm::Communicator& dp,
                   uint64_t seed);
 
-  void update(optim::Optimizer& opt, float lr, float clip_norm, GradSync& sync) override;
+  void update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync) override;
   float* values(nn::Range r) override;
   void copy_values(nn::Range r, float* dst) override;
   void take_stats(RankStats& s) override;
@@ -49,13 +51,14 @@ class ReplicatedStore final : public ParamStore {
 class ShardedStore final : public ParamStore, public BlockHooks {
  public:
   // hold_for_step: keep a gathered unit until end_step() (pipelines) instead of releasing it
-  // after the last neighbouring block that reads it.
+  // after the last neighbouring block that reads it. type: what the blocks read and the
+  // gathers move (train.precision); the shard stays f32.
   ShardedStore(nn::Model& model, const Units& units, comm::Communicator& dp, uint64_t seed,
-               bool prefetch, bool hold_for_step);
+               bool prefetch, bool hold_for_step, DType type);
   ~ShardedStore() override;
 
   void on_block(nn::Phase phase, size_t block, bool last) override;
-  void update(optim::Optimizer& opt, float lr, float clip_norm, GradSync& sync) override;
+  void update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync) override;
   float* values(nn::Range r) override;
   void copy_values(nn::Range r, float* dst) override;
   void take_stats(RankStats& s) override;
@@ -80,6 +83,7 @@ class ShardedStore final : public ParamStore, public BlockHooks {
   comm::Communicator& dp_;
   bool prefetch_;
   bool hold_for_step_;
+  DType type_;
   bool training_ = true;
   Tensor shard_;                       // this rank's pieces, the master values
   std::vector<Resident> resident_;     // per unit (memory undefined: not gathered)

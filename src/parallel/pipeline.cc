@@ -5,6 +5,7 @@
 
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
+#include "tessel/ops/cpu.h"
 
 namespace tessel::parallel {
 
@@ -38,7 +39,8 @@ struct PipelineExecutor::Link {
 
 struct PipelineExecutor::Inflight {
   nn::Activations* acts = nullptr;
-  Shape out_shape;  // the activation sent on, whose gradient comes back
+  Shape out_shape;  // the activation sent on, whose gradient comes back (of out_type)
+  DType out_type = DType::kF32;
   Tensor dlogits;   // last chunk: the loss gradient, computed right after the forward
 };
 
@@ -96,10 +98,10 @@ void PipelineExecutor::find_tied_table() {
       tied_range_ = model_.param_range(k);
     }
   if (tied_from_ < 0 || part_.stage[tied_from_] != stage_) return;
-  // The head's stage reads and accumulates into a copy of the table.
+  // The head's stage reads (in train.precision) and accumulates into a copy of the table.
   {
     MemoryScope scope(MemCategory::kParameters);
-    tied_value_ = Tensor::zeros({tied_range_.size()});
+    tied_value_ = Tensor::zeros({tied_range_.size()}, precision_type(spec_));
   }
   {
     MemoryScope scope(MemCategory::kGradients);
@@ -163,7 +165,10 @@ void PipelineExecutor::sync_tied_table(ParamStore& store) {
     store.copy_values(tied_range_, table.data());
     tied_->comm.send(table.data(), n, comm::ElemType::kF32, tied_->peer, kValueTag);
   } else {
-    tied_->comm.recv(tied_value_.data<float>(), n, comm::ElemType::kF32, tied_->peer, kValueTag);
+    std::vector<float> table(n);
+    tied_->comm.recv(table.data(), n, comm::ElemType::kF32, tied_->peer, kValueTag);
+    ops::convert(tied_value_.raw(), tied_value_.dtype(), table.data(), DType::kF32,
+                 static_cast<int64_t>(n));
   }
 }
 
@@ -171,6 +176,7 @@ nn::Activations* PipelineExecutor::acquire(int chunk) {
   auto& free = free_[chunk];
   if (free.empty()) {
     auto acts = std::make_unique<nn::Activations>();
+    acts->recompute = nn::recompute_mode(spec_.recompute);
     acts->caches.resize(model_.num_blocks());
     nn::Activations& scratch = scratch_[chunk];
     if (scratch.caches.empty()) scratch.caches.resize(model_.num_blocks());
@@ -216,7 +222,8 @@ void PipelineExecutor::send(Link& link, const Tensor& t) {
   send_s_ += now_seconds() - t0;
 }
 
-Tensor PipelineExecutor::recv(Link& link, int64_t rows, const Shape* expect, const std::string& what) {
+Tensor PipelineExecutor::recv(Link& link, int64_t rows, const Shape* expect, const std::string& what,
+                              DType expect_type) {
   const double t0 = now_seconds();
   if (link.first) {
     TensorHeader h;
@@ -230,11 +237,13 @@ Tensor PipelineExecutor::recv(Link& link, int64_t rows, const Shape* expect, con
     Shape got(h.dims, h.dims + h.ndim);
     Shape want = expect ? *expect : got;
     if (!expect) want[0] = rows;
-    if (got != want || (expect && dtype != DType::kF32))
+    if (got != want || (expect && dtype != expect_type))
       throw Error(str("pipeline: stage ", stage_, " expected the ", what, " from stage ",
-                      link.peer_stage, " as ", expect ? "f32 " : "", shape_str(want), ", got ",
-                      dtype_name(dtype), " ", shape_str(got),
-                      "; the stages disagree on the model or the micro-batch size"));
+                      link.peer_stage, " as ", expect ? dtype_name(expect_type) : "",
+                      expect ? " " : "", shape_str(want), ", got ", dtype_name(dtype), " ",
+                      shape_str(got),
+                      "; the stages disagree on the model, the micro-batch size or "
+                      "train.precision"));
     link.dtype = dtype;
     link.tail.assign(got.begin() + 1, got.end());
     link.first = false;
@@ -362,6 +371,7 @@ void PipelineExecutor::forward_task(const Task& t, const Piece& piece, nn::Loss&
   if (c + 1 < C) send(*fwd_[c], h);
   if (!training) return;
   fl.out_shape = h.shape();
+  fl.out_type = h.dtype();
   inflight_[{c, j}] = std::move(fl);
   peak_inflight_ = std::max(peak_inflight_, static_cast<int>(inflight_.size()));
 }
@@ -374,7 +384,8 @@ void PipelineExecutor::backward_task(const Task& t, const Piece& piece, const Ho
                " before its forward");
   Inflight& fl = it->second;
   Tensor dy = c + 1 == C ? fl.dlogits
-                         : recv(*bwd_[c], micro_rows_[j], &fl.out_shape, "activation gradient");
+                         : recv(*bwd_[c], micro_rows_[j], &fl.out_shape, "activation gradient",
+                                fl.out_type);
   Tensor tied_grad;
   if (c == tied_to_ && tied_) {  // the LM head's share of the table gradient comes first
     const Shape table{tied_range_.size()};

@@ -100,11 +100,12 @@ void SharedMemoryStep::clear() {
 
 float* SharedMemoryStep::values(nn::Range r) { return params_ + (r.lo - units_.span.lo); }
 
-void SharedMemoryStep::update(optim::Optimizer& opt, float lr, float clip_norm, GradSync& sync) {
+void SharedMemoryStep::update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync) {
   const double t0 = now_seconds();
-  opt.step(segments(sync), lr, grad_scale(sync, clip_norm));
+  opt.step(segments(sync), lr, grad_scale);
   optimizer_s_ += now_seconds() - t0;
   sync_ranks();  // every piece of the shared parameters is updated
+  refresh_working(false);
 }
 
 void SharedMemoryStep::copy_values(nn::Range r, float* dst) {

@@ -30,7 +30,7 @@ class SharedMemoryStep final : public GradSync, public ParamStore {
   float* grads(nn::Range r) override;
   void clear() override;
   // ParamStore
-  void update(optim::Optimizer& opt, float lr, float clip_norm, GradSync& sync) override;
+  void update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync) override;
   float* values(nn::Range r) override;
   void copy_values(nn::Range r, float* dst) override;
   void take_stats(RankStats& s) override;

@@ -147,6 +147,8 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("train.prefetch", train.prefetch, "batches loaded ahead by a background thread (0: none; -1: 2 when this host has a spare core for it, else 0)"),
       TESSEL_KEY("train.log_every", train.log_every, "steps between progress lines and metrics records"),
       TESSEL_KEY("train.eval_train", train.eval_train, "also evaluate on the training set each epoch"),
+      TESSEL_KEY("train.precision", parallel.precision, "fp32, bf16 or fp16: the type of activations, activation gradients, the parameter copy the blocks read and gradient messages; GEMMs in it with f32 sums; master weights, optimizer state, losses and norms f32; fp16 adds dynamic loss scaling (docs/mixed_precision.md)"),
+      TESSEL_KEY("train.recompute", parallel.recompute, "none, full or selective: full keeps only each block's input and reruns its forward during the backward; selective drops the large cheap tensors (attention probabilities, GELU outputs) and recomputes them (docs/recompute.md)"),
       TESSEL_KEY("checkpoint.every_epochs", checkpoint.every_epochs, "save every N epochs (0: off)"),
       TESSEL_KEY("checkpoint.every_steps", checkpoint.every_steps, "save every N steps (0: off); not with ps.mode async or ssp, whose workers meet only at epoch ends"),
       TESSEL_KEY("checkpoint.keep_last", checkpoint.keep_last, "checkpoints kept in the run folder"),
@@ -176,6 +178,8 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("ps.stale_lr", parallel.ps_stale_lr, "async/ssp: inverse applies an update computed on parameters s versions old at lr / (1 + s); none at lr"),
       TESSEL_KEY("debug.slow_rank", parallel.slow_rank, "parameter-server worker rank that sleeps debug.delay_ms in every step, to study stragglers (-1: none)"),
       TESSEL_KEY("debug.delay_ms", parallel.delay_ms, "milliseconds debug.slow_rank sleeps in every step"),
+      TESSEL_KEY("debug.overflow_steps", parallel.overflow_steps, "train.precision = fp16: steps at which debug.overflow_rank's loss gradient is made inf, an injected overflow that every rank must skip"),
+      TESSEL_KEY("debug.overflow_rank", parallel.overflow_rank, "the worker rank that injects debug.overflow_steps"),
   };
   return keys;
 }
@@ -251,6 +255,17 @@ void validate(const Config& c) {
   require(!c.parallel.deterministic || c.train.batch % c.parallel.micro_shard == 0,
           str("train.deterministic needs train.batch (", c.train.batch,
               ") to be a multiple of ddp.micro_shard (", c.parallel.micro_shard, ")"));
+  require(c.parallel.precision == "fp32" || c.parallel.precision == "bf16" ||
+              c.parallel.precision == "fp16",
+          str("train.precision must be fp32, bf16 or fp16, got '", c.parallel.precision, "'"));
+  require(c.parallel.recompute == "none" || c.parallel.recompute == "full" ||
+              c.parallel.recompute == "selective",
+          str("train.recompute must be none, full or selective, got '", c.parallel.recompute, "'"));
+  require(c.parallel.overflow_steps.empty() || c.parallel.precision == "fp16",
+          str("debug.overflow_steps injects fp16 overflows, got train.precision = ",
+              c.parallel.precision, "; set train.precision = fp16 or clear debug.overflow_steps"));
+  require(c.parallel.overflow_rank >= 0,
+          str("debug.overflow_rank must be a worker rank >= 0, got ", c.parallel.overflow_rank));
   require(c.parallel.pp_stages >= 1, str("pp.stages must be >= 1, got ", c.parallel.pp_stages));
   require(c.parallel.tp_size >= 1, str("tp.size must be >= 1, got ", c.parallel.tp_size));
   require(c.parallel.pp_microbatches >= 1,

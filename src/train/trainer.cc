@@ -410,6 +410,10 @@ json Trainer::summary(const State& s, const EvalResult& last_train, const EvalRe
       {"completed", completed},
       {"run_dir", run_dir_}};
   if (!epoch_records.empty()) out["ranks"] = epoch_records.back()["ranks"];
+  if (const optim::LossScaler* ls = engine_->loss_scaler()) {
+    out["loss_scale"] = ls->scale();
+    out["skipped_steps"] = ls->skipped();
+  }
   if (engine_->layout().tp > 1) out["tensor_parallel"] = engine_->tp_counters();
   if (engine_->is_main())
     ckpt::write_file_atomic((fs::path(run_dir_) / "summary.json").string(), out.dump(2) + "\n");

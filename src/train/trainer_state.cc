@@ -35,6 +35,10 @@ void Trainer::save(const State& s) {
             {"config_name", config_.name},
             {"batch_rows", batch_rows_}};  // the unit of batch_in_epoch
   if (!lockstep_) t["worker_batches"] = batches_done_;
+  if (const optim::LossScaler* ls = engine_->loss_scaler())  // the same on every rank
+    t["loss_scaler"] = {{"scale", ls->scale()},
+                        {"growth_tracker", ls->growth_tracker()},
+                        {"skipped", ls->skipped()}};
   checkpointer_->save(run_dir_, step_, t.dump(2));
 }
 
@@ -66,6 +70,12 @@ void Trainer::restore(const std::string& path, State& s) {
         s.batch_in_epoch = row / batch_rows_;
     }
     batches_done_ = t.value("worker_batches", step_ * (config_.train.batch / batch_rows_));
+    // fp16's loss scale continues; a checkpoint of another precision starts from the default.
+    if (optim::LossScaler* ls = engine_->loss_scaler(); ls && t.contains("loss_scaler")) {
+      const json& l = t.at("loss_scaler");
+      ls->restore(l.at("scale").get<float>(), l.at("growth_tracker").get<int64_t>(),
+                  l.at("skipped").get<int64_t>());
+    }
   } catch (const json::exception& e) {
     throw IoError(str("checkpoint: ", dir, "/trainer.json is corrupt (", e.what(),
                       "); resume from an older checkpoint"));

@@ -17,14 +17,9 @@ namespace tessel {
 namespace {
 
 using testing::max_rel_diff;
+using testing::det_config;
+using testing::example;
 using testing::train_on;
-
-train::Config example(const std::string& name, std::vector<std::string> extra) {
-  std::vector<std::string> o = {"train.max_steps=20", "train.prefetch=0", "train.log_every=1000",
-                                "checkpoint.every_epochs=0", "ddp.bucket_mb=0.25"};
-  o.insert(o.end(), extra.begin(), extra.end());
-  return train::load_config(std::string(TESSEL_SOURCE_DIR) + "/examples/" + name + ".toml", o);
-}
 
 struct Leg {
   int workers;
@@ -141,18 +136,6 @@ TEST(TensorParallel, SequenceParallelHalvesActivationMemory) {
   sp.insert(sp.end(), {"tp.size=2", "tp.sequence_parallel=true"});
   const double half = peak_activation_bytes(train_on(example("char_gpt", sp), 2, {}, &data).summary);
   EXPECT_NEAR(half / one, 0.5, 0.5 * 0.15) << "one worker " << one << " bytes, tp=2 " << half;
-}
-
-train::Config det_config(std::vector<std::string> extra = {}) {
-  std::vector<std::string> o = {"data.kind=synthetic", "data.samples=600", "data.features=12",
-                                "data.classes=4", "data.test_fraction=0.2", "train.batch=120",
-                                "train.max_steps=20", "train.prefetch=0", "optim.kind=adamw",
-                                "optim.lr=0.01", "model.hidden=[32,16]", "model.dropout=0.1",
-                                "checkpoint.every_epochs=0", "train.deterministic=true",
-                                "ddp.micro_shard=2", "train.drop_last=true", "train.clip_norm=0.5",
-                                "ddp.bucket_mb=0.001", "train.epochs=10"};
-  o.insert(o.end(), extra.begin(), extra.end());
-  return train::parse_config("", "tp_det", o);
 }
 
 // For a fixed tp (and pp), the bits do not depend on the data-parallel size or ZeRO stage.

@@ -64,6 +64,28 @@ inline RunResult train_on(const train::Config& cfg, int workers, train::RunOptio
   return run;
 }
 
+// examples/NAME.toml shortened to 20 steps, with `extra` overrides.
+inline train::Config example(const std::string& name, std::vector<std::string> extra) {
+  std::vector<std::string> o = {"train.max_steps=20", "train.prefetch=0", "train.log_every=1000",
+                                "checkpoint.every_epochs=0", "ddp.bucket_mb=0.25"};
+  o.insert(o.end(), extra.begin(), extra.end());
+  return train::load_config(std::string(TESSEL_SOURCE_DIR) + "/examples/" + name + ".toml", o);
+}
+
+// A synthetic MLP in deterministic mode (dropout, AdamW, clipping, micro-shards): its
+// params_sha256 is a layout's fingerprint.
+inline train::Config det_config(std::vector<std::string> extra = {}) {
+  std::vector<std::string> o = {"data.kind=synthetic", "data.samples=600", "data.features=12",
+                                "data.classes=4", "data.test_fraction=0.2", "train.batch=120",
+                                "train.max_steps=20", "train.prefetch=0", "optim.kind=adamw",
+                                "optim.lr=0.01", "model.hidden=[32,16]", "model.dropout=0.1",
+                                "checkpoint.every_epochs=0", "train.deterministic=true",
+                                "ddp.micro_shard=2", "train.drop_last=true", "train.clip_norm=0.5",
+                                "ddp.bucket_mb=0.001", "train.epochs=10"};
+  o.insert(o.end(), extra.begin(), extra.end());
+  return train::parse_config("", "det", o);
+}
+
 // Largest absolute difference relative to the largest |a|.
 inline double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double diff = 0, scale = 0;

@@ -19,14 +19,9 @@ namespace tessel {
 namespace {
 
 using testing::max_rel_diff;
+using testing::det_config;
+using testing::example;
 using testing::train_on;
-
-train::Config example(const std::string& name, std::vector<std::string> extra) {
-  std::vector<std::string> o = {"train.max_steps=20", "train.prefetch=0", "train.log_every=1000",
-                                "checkpoint.every_epochs=0", "ddp.bucket_mb=0.25"};
-  o.insert(o.end(), extra.begin(), extra.end());
-  return train::load_config(std::string(TESSEL_SOURCE_DIR) + "/examples/" + name + ".toml", o);
-}
 
 // Every stage on 2, 3 and 4 ranks against one worker, for the optimizer settings given.
 void expect_stages_match_single(const std::string& name, const std::vector<std::string>& keys) {
@@ -69,18 +64,6 @@ TEST(Zero, FashionCnnSgdClipAccumulate) {
 TEST(Zero, CharGptAdamWClipAccumulate) {
   expect_stages_match_single("char_gpt", {"train.batch=12", "train.accumulate=2",
                                           "data.context=16", "model.embed=32"});
-}
-
-train::Config det_config(std::vector<std::string> extra = {}) {
-  std::vector<std::string> o = {"data.kind=synthetic", "data.samples=600", "data.features=12",
-                                "data.classes=4", "data.test_fraction=0.2", "train.batch=120",
-                                "train.max_steps=20", "train.prefetch=0", "optim.kind=adamw",
-                                "optim.lr=0.01", "model.hidden=[32,16]", "model.dropout=0.1",
-                                "checkpoint.every_epochs=0", "train.deterministic=true",
-                                "ddp.micro_shard=2", "train.drop_last=true", "train.clip_norm=0.5",
-                                "ddp.bucket_mb=0.001", "train.epochs=10"};
-  o.insert(o.end(), extra.begin(), extra.end());
-  return train::parse_config("", "zero_det", o);
 }
 
 TEST(Zero, DeterministicBitsAtEveryStageAndWorkerCount) {

@@ -22,6 +22,9 @@ struct Context {
   uint64_t seed = 0;
   int64_t step = 0;
   int64_t first_sample = 0;  // global index of row 0 of this batch
+  // train.recompute = selective: a block may leave large tensors that are cheap to recompute
+  // (attention probabilities, GELU outputs) in scratch and rewrite them in its backward.
+  bool selective = false;
 };
 
 class Cache {

@@ -193,6 +193,9 @@ class TransformerBlock : public Module {
   double forward_flops(int64_t batch) const override;
 
  private:
+  void recompute_gelu(Cache& cache);
+  void recompute_attention(Cache& cache);
+
   int64_t C_, NH_, T_;  // NH_: this rank's heads
   LayerNorm ln1_, ln2_;
   Linear qkv_, attn_proj_, fc_, mlp_proj_;

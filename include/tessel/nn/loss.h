@@ -28,16 +28,20 @@ class Loss {
   virtual Tensor backward(float dloss) = 0;
 };
 
-// Cross-entropy over logits [..., C] and int32 labels [...], mean over all label positions.
+// Cross-entropy over logits [..., C] (f32, bf16 or f16; computed in f32) and int32 labels
+// [...], mean over all label positions. The gradient has the logits' type.
 class CrossEntropyLoss final : public Loss {
  public:
   LossValue forward(const Tensor& logits, const Tensor& labels) override;
   Tensor backward(float dloss) override;
 
  private:
+  DType type_ = DType::kF32;  // the logits'
+  Tensor wide_;               // 16-bit logits widened to f32
   Tensor probs_;
   Tensor labels_;
   Tensor dlogits_;
+  Tensor narrow_;  // dlogits in the logits' type
 };
 
 // Cross-entropy over logits cut by vocabulary across a tensor-parallel group (an LmHead's):

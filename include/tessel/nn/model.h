@@ -15,7 +15,9 @@
 // hook around every block, which is where data parallelism and ZeRO act.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -45,9 +47,26 @@ struct Run {
 enum class Phase : uint8_t { kBeforeForward, kAfterForward, kBeforeBackward, kAfterBackward };
 using BlockHook = std::function<void(Phase, size_t block)>;
 
+// train.recompute: what a training forward keeps for the backward (docs/recompute.md).
+enum class Recompute : uint8_t {
+  kNone,       // every block's cache
+  kFull,       // each block's input only; the backward reruns the block's forward first
+  kSelective,  // the caches less what is large and cheap to recompute (Context::selective)
+};
+// "none" | "full" | "selective"; throws InvalidArgument naming the valid ones.
+Recompute recompute_mode(const std::string& name);
+
 // One cache per block of a model, what a forward of blocks [begin, end) keeps for the backward.
+// With recompute (set by the owner before the first forward) the backward's outputs of every
+// block share `scratch` (the owner calls share_scratch), and the gradient entering each block
+// is first copied into `carry`, so that no block reads scratch that it writes.
 struct Activations {
-  std::vector<Cache> caches;
+  std::vector<Cache> caches;  // kFull: each block's input (buffer 0) and context
+  Recompute recompute = Recompute::kNone;
+  std::map<std::string, Cache> work;  // kFull: one per block kind, where its forwards run
+  size_t work_block = SIZE_MAX;       // kFull: the block whose forward `work` holds
+  Cache scratch;
+  Tensor carry;
   int64_t bytes() const;  // storage held by the caches
 };
 
@@ -117,6 +136,10 @@ class Model {
 
  private:
   void bind(Range r, const Tensor& memory, bool values);
+  // kFull: block i's forward from a copy of its input h, run in acts.work.
+  Tensor forward_keeping_input(size_t i, const Tensor& h, const Context& ctx, Activations& acts);
+  // The cache block i's backward reads (kFull: acts.work after rerunning the forward).
+  Cache& cache_for_backward(size_t i, Activations& acts);
 
   std::vector<std::string> names_;
   std::vector<std::unique_ptr<Module>> blocks_;

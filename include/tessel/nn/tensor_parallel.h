@@ -60,8 +60,11 @@ Tensor tp_leave_backward(TensorParallel* tp, const Tensor& dy);
 // Where a layer writes the whole-sequence tensor that tp_leave (tp_enter_backward) reduces to
 // this rank's part: workspace 0 (2) under sequence parallelism, else the cache's buffer
 // (scratch) `slot`.
-Tensor tp_whole_output(TensorParallel* tp, Cache* cache, size_t slot, const Shape& shape);
-Tensor tp_whole_grad(TensorParallel* tp, Cache& cache, size_t slot, const Shape& shape);
+// type: the activations' (tensor parallelism runs in f32 only: the workspaces are f32).
+Tensor tp_whole_output(TensorParallel* tp, Cache* cache, size_t slot, const Shape& shape,
+                       DType type = DType::kF32);
+Tensor tp_whole_grad(TensorParallel* tp, Cache& cache, size_t slot, const Shape& shape,
+                     DType type = DType::kF32);
 
 // Whether activations between cut regions are split along the sequence.
 inline bool sequence_split(const TensorParallel* tp) { return tp != nullptr && tp->sequence(); }

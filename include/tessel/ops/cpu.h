@@ -11,6 +11,8 @@
 
 #include <cstdint>
 
+#include "tessel/tensor/dtype.h"
+
 namespace tessel::ops {
 
 // ---- BLAS ----
@@ -22,6 +24,67 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
 // runtime.threads. Ranks running as threads of one process each call BLAS with 1 thread.
 void set_blas_threads(int n);
 int blas_threads();
+
+// ---- Low precision (train.precision = bf16 | fp16) ----
+// A row-major matrix of f32, bf16 or f16 elements (16-bit ones as their bit patterns) with
+// leading dimension ld, in elements.
+struct ConstMatrix {
+  const void* p;
+  DType type;
+  int64_t ld;
+};
+struct Matrix {
+  void* p;
+  DType type;
+  int64_t ld;
+};
+// C[M,N] = alpha * op(A) @ op(B) + beta * C, each element of op(A) and op(B) rounded to bf16
+// (f32 and f16 operands converted on the fly, to nearest even), products and sums in f32; a
+// 16-bit C is rounded once, at the end. beta = 0 never reads C. tessel's own AVX512_BF16 kernel
+// where the CPU has the instruction (checked at run time), else a portable path with the same
+// products (only the order of the f32 additions differs). Single-threaded.
+void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               ConstMatrix A, ConstMatrix B, float beta, Matrix C);
+// Whether gemm_lowp runs tessel's AVX512_BF16 kernel on this machine.
+bool gemm_lowp_native();
+// dst[i] = src[i] converted between f32, bf16 and f16 (round to nearest even; NaN stays NaN,
+// f16 overflow becomes inf; the AVX512_BF16 path flushes f32 subnormals to zero).
+void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
+
+// ---- The kernels below over buffers of any float type t (f32, bf16 or f16) ----
+// The layers call these in every train.precision: f32 runs the f32 kernels, a 16-bit type the
+// GEMMs on gemm_lowp and the rest on f32 copies of small pieces (statistics, softmax, sums in
+// f32; 16-bit results rounded once). Parameter gradients (dw, db, dtable) and the statistics
+// (mean, rstd, att) are always f32. Same shapes and contracts as the f32 versions.
+void accumulate(float* acc, const void* x, int64_t n, DType t);  // acc[i] += x[i]
+// x may be of another float type than y, w, b (the first layer's f32 input); dx has x's type.
+void linear_forward(void* y, const void* x, DType x_type, const void* w, const void* b, DType t,
+                    int64_t N, int64_t C, int64_t OC);
+void linear_backward(void* dx, DType x_type, float* dw, float* db, const void* dy, const void* x,
+                     const void* w, DType t, int64_t N, int64_t C, int64_t OC);
+void relu_forward(void* y, const void* x, int64_t n, DType t);
+void relu_backward(void* dx, const void* dy, const void* y, int64_t n, DType t);
+void gelu_forward(void* y, const void* x, int64_t n, DType t);
+void gelu_backward(void* dx, const void* dy, const void* x, int64_t n, DType t);
+void add_forward(void* y, const void* a, const void* b, int64_t n, DType t);
+void dropout_forward(void* y, const void* x, int64_t rows, int64_t cols, float p, uint64_t seed,
+                     int64_t step, int64_t first_sample, int64_t first_col, DType t);
+void dropout_backward(void* dx, const void* dy, int64_t rows, int64_t cols, float p,
+                      uint64_t seed, int64_t step, int64_t first_sample, int64_t first_col,
+                      DType t);
+void layernorm_forward(void* y, float* mean, float* rstd, const void* x, const void* w,
+                       const void* b, int64_t N, int64_t C, DType t);
+void layernorm_backward(void* dx, float* dw, float* db, const void* dy, const void* x,
+                        const void* w, const float* mean, const float* rstd, int64_t N, int64_t C,
+                        DType t);
+void embedding_forward(void* y, const int32_t* ids, const void* table, int64_t N, int64_t V,
+                       int64_t C, int64_t lo, int64_t rows, DType t);
+void embedding_backward(float* dtable, const void* dy, const int32_t* ids, int64_t N, int64_t C,
+                        int64_t lo, int64_t rows, DType t);
+void attention_forward(void* out, float* att, const void* qkv, int64_t B, int64_t T, int64_t C,
+                       int64_t NH, DType t);
+void attention_backward(void* dqkv, const void* dout, const void* qkv, const float* att,
+                        int64_t B, int64_t T, int64_t C, int64_t NH, DType t);
 
 // ---- Linear: y[N,OC] = x[N,C] @ w[OC,C]^T + b[OC]  (PyTorch weight layout) ----
 void linear_forward(float* y, const float* x, const float* w, const float* b, int64_t N,

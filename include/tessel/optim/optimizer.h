@@ -27,12 +27,16 @@ struct OptimSpec {
 };
 
 // A run of elements that one step updates: `count` parameters and their gradients, whose state
-// sits at `state_offset` of the optimizer's per-element state buffers.
+// sits at `state_offset` of the optimizer's per-element state buffers. `working` (optional):
+// a 16-bit copy of the parameters (train.precision bf16 | fp16, of `working_type`) that the
+// step rewrites from the new values while they are still in cache.
 struct Segment {
   float* params;
   const float* grads;
   int64_t count;
   int64_t state_offset;
+  void* working = nullptr;
+  DType working_type = DType::kF32;
 };
 
 // A per-element state buffer (numel() long), e.g. "momentum", "exp_avg", "exp_avg_sq".

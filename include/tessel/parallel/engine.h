@@ -28,6 +28,7 @@
 #include "tessel/comm/communicator.h"
 #include "tessel/nn/loss.h"
 #include "tessel/nn/model.h"
+#include "tessel/optim/loss_scaler.h"
 #include "tessel/nn/models.h"
 #include "tessel/optim/optimizer.h"
 #include "tessel/parallel/executor.h"
@@ -42,6 +43,7 @@ class ParameterServer;
 class PipelineExecutor;
 class ReplicatedStore;
 class ShardedStore;
+class WorkingCopy;
 class TpGroup;
 
 // What a rank holds of the model's state, as checkpoints see it.
@@ -97,7 +99,10 @@ class Engine {
   PieceStats eval_piece(const Piece& piece);
   // The optimizer step `step` (0-based) at learning rate lr: reduce the gradients, clip the
   // global norm to clip_norm (0: off), update, and check the replicas every ddp.check_every.
+  // fp16: a step whose gradient overflowed anywhere is skipped on every rank (loss_scaler()).
   void step(float lr, float clip_norm, int64_t step);
+  // train.precision = fp16: the dynamic loss scale (null otherwise); its state is checkpointed.
+  optim::LossScaler* loss_scaler() { return scaler_.get(); }
 
   // Collectives over the training ranks (metrics, evaluation).
   void sum(double* values, int n);
@@ -133,6 +138,8 @@ class Engine {
 
   ParallelSpec spec_;
   Mesh mesh_;
+  DType type_ = DType::kF32;  // train.precision
+  std::unique_ptr<WorkingCopy> working_;  // 16-bit values the blocks read (not ZeRO-3)
   std::unique_ptr<TpGroup> tp_;
   std::pair<std::unique_ptr<nn::Model>, std::unique_ptr<nn::Loss>> built_;
   nn::Model& model_;
@@ -150,6 +157,7 @@ class Engine {
   std::vector<BlockHooks*> hooks_;  // in the order they act before a block
   std::unique_ptr<ParameterServer> ps_;
   std::unique_ptr<optim::Optimizer> optimizer_;
+  std::unique_ptr<optim::LossScaler> scaler_;  // fp16
   Hooks hooks_fn_;
   nlohmann::json parts_;
 };

@@ -55,7 +55,8 @@ void check_loss(double loss, int64_t step);
 
 class LocalExecutor final : public Executor {
  public:
-  explicit LocalExecutor(nn::Model& model);
+  // recompute: train.recompute, what the forward keeps for the backward.
+  explicit LocalExecutor(nn::Model& model, nn::Recompute recompute = nn::Recompute::kNone);
   PieceStats train(const Piece& piece, nn::Loss& loss, const Hooks& hooks) override;
   PieceStats eval(const Piece& piece, nn::Loss& loss, const Hooks& hooks) override;
   void idle(const Hooks& hooks, bool training, bool last) override;

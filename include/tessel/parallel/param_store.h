@@ -14,13 +14,15 @@
 
 namespace tessel::parallel {
 
+class WorkingCopy;
+
 class ParamStore {
  public:
   virtual ~ParamStore() = default;
-  // One optimizer step over update_ranges() with sync's reduced gradients, clipped to a global
-  // norm of clip_norm (0: off; collective), then the new values become visible where the next
+  // One optimizer step over update_ranges() with sync's reduced gradients read multiplied by
+  // grad_scale (clipping, loss scaling), then the new values become visible where the next
   // forward reads them.
-  virtual void update(optim::Optimizer& opt, float lr, float clip_norm, GradSync& sync) = 0;
+  virtual void update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync) = 0;
   // This rank's memory for the values of arena range r (r inside held()).
   virtual float* values(nn::Range r) = 0;
   // Copies the values of arena range r (inside the local units) into dst; collective over the
@@ -35,14 +37,20 @@ class ParamStore {
   int64_t update_numel() const;
   // Offset of range r (inside one update range) in the optimizer's state.
   int64_t state_offset(nn::Range r) const;
+  // train.precision bf16 | fp16 (null: f32): the 16-bit copy of held() that the blocks read.
+  // The optimizer rewrites the pieces it updates; the store refreshes whatever else changes.
+  void set_working(WorkingCopy* working) { working_ = working; }
+  // Rewrites the working copy (if any) of every held range from the master values (after a
+  // restore), or with updated_too = false of those outside update_ranges() (values that came
+  // from other ranks).
+  void refresh_working(bool updated_too);
 
  protected:
   // The optimizer's segments over update_ranges() with sync's gradients.
   std::vector<optim::Segment> segments(GradSync& sync);
-  // The clipping factor of sync's global gradient norm (collective when clip_norm > 0).
-  static float grad_scale(GradSync& sync, float clip_norm);
 
   std::vector<nn::Range> update_, owned_, held_;
+  WorkingCopy* working_ = nullptr;
 };
 
 }  // namespace tessel::parallel

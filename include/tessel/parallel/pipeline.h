@@ -110,7 +110,9 @@ class PipelineExecutor final : public Executor {
   void plan_micro_batches(int64_t rows);
   nn::Activations* acquire(int chunk);
   void send(Link& link, const Tensor& t);
-  Tensor recv(Link& link, int64_t rows, const Shape* expect, const std::string& what);
+  // expect: the shape (and expect_type the type) the message must have; null: any, rows first.
+  Tensor recv(Link& link, int64_t rows, const Shape* expect, const std::string& what,
+              DType expect_type = DType::kF32);
   void wait_sends();
   PieceStats run(const Piece& piece, nn::Loss& loss, const Hooks& hooks, bool training);
   void forward_task(const Task& t, const Piece& piece, nn::Loss& loss, const Hooks& hooks,

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "tessel/tensor/dtype.h"
+
 namespace tessel::parallel {
 
 struct ParallelSpec {
@@ -22,6 +24,12 @@ struct ParallelSpec {
   bool shared_memory = true;
   bool deterministic = false;  // train.deterministic: bit-identical results for any worker count
   int64_t micro_shard = 8;     // rows per fixed micro-shard in deterministic mode
+  // train.precision: fp32 | bf16 | fp16, the type of activations, activation gradients, the
+  // parameters the blocks read and the gradient messages (docs/mixed_precision.md).
+  std::string precision = "fp32";
+  // train.recompute: none | full | selective, which activations a forward keeps for the
+  // backward and which the backward recomputes (docs/recompute.md).
+  std::string recompute = "none";
 
   // zero.* (sharded data parallelism over the dp axis)
   int zero_stage = 0;         // 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters
@@ -50,6 +58,12 @@ struct ParallelSpec {
   // debug.*
   int64_t slow_rank = -1;  // this worker sleeps debug.delay_ms in every step (-1: none)
   double delay_ms = 0;
+  // fp16: at these steps worker overflow_rank's loss gradient is inf (an injected overflow)
+  std::vector<int64_t> overflow_steps;
+  int64_t overflow_rank = 0;
 };
+
+// The tensor type of spec.precision; throws InvalidArgument naming the valid ones.
+DType precision_type(const ParallelSpec& spec);
 
 }  // namespace tessel::parallel

@@ -71,7 +71,11 @@ class Tensor {
   DType dtype() const { return dtype_; }
   Device device() const { return device_; }
 
-  void* raw() const { return static_cast<char*>(storage_->data()) + offset_; }
+  void* raw() const {
+    TESSEL_CHECK(storage_ != nullptr,
+                 "tensor: raw() of an undefined tensor (e.g. a parameter of a released ZeRO-3 unit)");
+    return static_cast<char*>(storage_->data()) + offset_;
+  }
   template <typename T>
   T* data() const {
     TESSEL_CHECK(storage_ != nullptr, "tensor: data<", dtype_name(dtype_of<T>()),

@@ -1,0 +1,286 @@
+// The kernels of cpu.h over buffers of any float type (f32, bf16, f16; dtype t), as the layers
+// call them in every train.precision. f32 goes straight to the f32 kernels. A 16-bit type runs
+// the GEMMs on gemm_lowp (bf16 products, f32 sums) and everything else through the f32 kernels
+// on f32 copies of small pieces (a chunk of an elementwise op, a row of a LayerNorm, one
+// sequence of an attention), so statistics, softmax and sums stay f32 and the 16-bit values
+// are rounded once, when stored. Parameter gradients are always f32 (accumulated, never
+// rounded).
+#include <algorithm>
+#include <cstring>
+#include <initializer_list>
+#include <vector>
+
+#include "tessel/core/error.h"
+#include "tessel/ops/cpu.h"
+
+namespace tessel::ops {
+namespace {
+
+constexpr int64_t kChunk = 1024;  // elementwise ops: f32 copies of this many values (12 KiB)
+
+bool is_f32(DType t) { return t == DType::kF32; }
+
+void check_float(DType t, const char* who) {
+  TESSEL_CHECK(t == DType::kF32 || t == DType::kBF16 || t == DType::kF16, who,
+               ": buffers must be f32, bf16 or f16, got ", dtype_name(t));
+}
+
+// Element i of a buffer of type t.
+const void* at(const void* p, int64_t i, DType t) {
+  return static_cast<const char*>(p) + i * static_cast<int64_t>(dtype_size(t));
+}
+void* at(void* p, int64_t i, DType t) {
+  return static_cast<char*>(p) + i * static_cast<int64_t>(dtype_size(t));
+}
+
+// Grow-only f32 buffers of this thread, k = 0..3 for the several operands of one kernel.
+float* f32_buffer(int k, int64_t n) {
+  thread_local std::vector<float> buffers[4];
+  std::vector<float>& b = buffers[k];
+  if (static_cast<int64_t>(b.size()) < n) b.resize(static_cast<size_t>(n));
+  return b.data();
+}
+
+// An f32 copy of n values of type t in thread buffer k (p itself when t is f32).
+const float* widened(int k, const void* p, int64_t n, DType t) {
+  if (is_f32(t)) return static_cast<const float*>(p);
+  float* out = f32_buffer(k, n);
+  convert(out, DType::kF32, p, t, n);
+  return out;
+}
+
+// Runs f(offset, count, x_f32..., y_f32) over chunks of n elementwise values: inputs widened,
+// the output rounded back into y.
+template <typename F>
+void elementwise(void* y, std::initializer_list<const void*> inputs, int64_t n, DType t, F f) {
+  float* out = f32_buffer(3, kChunk);
+  for (int64_t i = 0; i < n; i += kChunk) {
+    const int64_t m = std::min(kChunk, n - i);
+    const float* in[3] = {};
+    int k = 0;
+    for (const void* p : inputs) {
+      in[k] = widened(k, at(p, i, t), m, t);
+      ++k;
+    }
+    f(out, in, m);
+    convert(at(y, i, t), t, out, DType::kF32, m);
+  }
+}
+
+}  // namespace
+
+void accumulate(float* acc, const void* x, int64_t n, DType t) {
+  check_float(t, "accumulate");
+  for (int64_t i = 0; i < n; i += kChunk) {
+    const int64_t m = std::min(kChunk, n - i);
+    const float* v = widened(0, at(x, i, t), m, t);
+    float* __restrict a = acc + i;
+    for (int64_t j = 0; j < m; ++j) a[j] += v[j];
+  }
+}
+
+void linear_forward(void* y, const void* x, DType x_type, const void* w, const void* b, DType t,
+                    int64_t N, int64_t C, int64_t OC) {
+  check_float(t, "linear_forward");
+  if (is_f32(t) && is_f32(x_type)) {
+    linear_forward(static_cast<float*>(y), static_cast<const float*>(x),
+                   static_cast<const float*>(w), static_cast<const float*>(b), N, C, OC);
+    return;
+  }
+  if (b != nullptr) {  // seeded with the bias, which the GEMM adds onto (beta = 1)
+    const size_t row = static_cast<size_t>(OC) * dtype_size(t);
+    for (int64_t n = 0; n < N; ++n) std::memcpy(at(y, n * OC, t), b, row);
+  }
+  gemm_lowp(false, true, N, OC, C, 1.0f, {x, x_type, C}, {w, t, C}, b != nullptr ? 1.0f : 0.0f,
+            {y, t, OC});
+}
+
+void linear_backward(void* dx, DType x_type, float* dw, float* db, const void* dy, const void* x,
+                     const void* w, DType t, int64_t N, int64_t C, int64_t OC) {
+  check_float(t, "linear_backward");
+  if (is_f32(t) && is_f32(x_type)) {
+    linear_backward(static_cast<float*>(dx), dw, db, static_cast<const float*>(dy),
+                    static_cast<const float*>(x), static_cast<const float*>(w), N, C, OC);
+    return;
+  }
+  gemm_lowp(true, false, OC, C, N, 1.0f, {dy, t, OC}, {x, x_type, C}, 1.0f, {dw, DType::kF32, C});
+  if (db != nullptr)
+    for (int64_t n = 0; n < N; ++n) accumulate(db, at(dy, n * OC, t), OC, t);
+  if (dx != nullptr)
+    gemm_lowp(false, false, N, C, OC, 1.0f, {dy, t, OC}, {w, t, C}, 0.0f, {dx, x_type, C});
+}
+
+void relu_forward(void* y, const void* x, int64_t n, DType t) {
+  check_float(t, "relu_forward");
+  if (is_f32(t)) return relu_forward(static_cast<float*>(y), static_cast<const float*>(x), n);
+  elementwise(y, {x}, n, t, [](float* o, const float* const* in, int64_t m) {
+    relu_forward(o, in[0], m);
+  });
+}
+
+void relu_backward(void* dx, const void* dy, const void* y, int64_t n, DType t) {
+  check_float(t, "relu_backward");
+  if (dx == nullptr) return;
+  if (is_f32(t))
+    return relu_backward(static_cast<float*>(dx), static_cast<const float*>(dy),
+                         static_cast<const float*>(y), n);
+  elementwise(dx, {dy, y}, n, t, [](float* o, const float* const* in, int64_t m) {
+    relu_backward(o, in[0], in[1], m);
+  });
+}
+
+void gelu_forward(void* y, const void* x, int64_t n, DType t) {
+  check_float(t, "gelu_forward");
+  if (is_f32(t)) return gelu_forward(static_cast<float*>(y), static_cast<const float*>(x), n);
+  elementwise(y, {x}, n, t, [](float* o, const float* const* in, int64_t m) {
+    gelu_forward(o, in[0], m);
+  });
+}
+
+void gelu_backward(void* dx, const void* dy, const void* x, int64_t n, DType t) {
+  check_float(t, "gelu_backward");
+  if (dx == nullptr) return;
+  if (is_f32(t))
+    return gelu_backward(static_cast<float*>(dx), static_cast<const float*>(dy),
+                         static_cast<const float*>(x), n);
+  elementwise(dx, {dy, x}, n, t, [](float* o, const float* const* in, int64_t m) {
+    gelu_backward(o, in[0], in[1], m);
+  });
+}
+
+void add_forward(void* y, const void* a, const void* b, int64_t n, DType t) {
+  check_float(t, "add_forward");
+  if (is_f32(t))
+    return add_forward(static_cast<float*>(y), static_cast<const float*>(a),
+                       static_cast<const float*>(b), n);
+  elementwise(y, {a, b}, n, t, [](float* o, const float* const* in, int64_t m) {
+    add_forward(o, in[0], in[1], m);
+  });
+}
+
+// Dropout row by row: each row keeps its global sample index, so the masks are the f32 ones.
+void dropout_forward(void* y, const void* x, int64_t rows, int64_t cols, float p, uint64_t seed,
+                     int64_t step, int64_t first_sample, int64_t first_col, DType t) {
+  check_float(t, "dropout_forward");
+  if (is_f32(t))
+    return dropout_forward(static_cast<float*>(y), static_cast<const float*>(x), rows, cols, p,
+                           seed, step, first_sample, first_col);
+  float* out = f32_buffer(3, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    dropout_forward(out, widened(0, at(x, r * cols, t), cols, t), 1, cols, p, seed, step,
+                    first_sample + r, first_col);
+    convert(at(y, r * cols, t), t, out, DType::kF32, cols);
+  }
+}
+
+void dropout_backward(void* dx, const void* dy, int64_t rows, int64_t cols, float p,
+                      uint64_t seed, int64_t step, int64_t first_sample, int64_t first_col,
+                      DType t) {
+  check_float(t, "dropout_backward");
+  if (is_f32(t))
+    return dropout_backward(static_cast<float*>(dx), static_cast<const float*>(dy), rows, cols, p,
+                            seed, step, first_sample, first_col);
+  float* out = f32_buffer(3, cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    dropout_backward(out, widened(0, at(dy, r * cols, t), cols, t), 1, cols, p, seed, step,
+                     first_sample + r, first_col);
+    convert(at(dx, r * cols, t), t, out, DType::kF32, cols);
+  }
+}
+
+void layernorm_forward(void* y, float* mean, float* rstd, const void* x, const void* w,
+                       const void* b, int64_t N, int64_t C, DType t) {
+  check_float(t, "layernorm_forward");
+  if (is_f32(t))
+    return layernorm_forward(static_cast<float*>(y), mean, rstd, static_cast<const float*>(x),
+                             static_cast<const float*>(w), static_cast<const float*>(b), N, C);
+  const float* wf = widened(1, w, C, t);
+  const float* bf = widened(2, b, C, t);
+  float* out = f32_buffer(3, C);
+  for (int64_t r = 0; r < N; ++r) {
+    layernorm_forward(out, mean + r, rstd + r, widened(0, at(x, r * C, t), C, t), wf, bf, 1, C);
+    convert(at(y, r * C, t), t, out, DType::kF32, C);
+  }
+}
+
+void layernorm_backward(void* dx, float* dw, float* db, const void* dy, const void* x,
+                        const void* w, const float* mean, const float* rstd, int64_t N, int64_t C,
+                        DType t) {
+  check_float(t, "layernorm_backward");
+  if (is_f32(t))
+    return layernorm_backward(static_cast<float*>(dx), dw, db, static_cast<const float*>(dy),
+                              static_cast<const float*>(x), static_cast<const float*>(w), mean,
+                              rstd, N, C);
+  const float* wf = widened(2, w, C, t);
+  float* out = f32_buffer(3, C);
+  for (int64_t r = 0; r < N; ++r) {
+    layernorm_backward(dx ? out : nullptr, dw, db, widened(0, at(dy, r * C, t), C, t),
+                       widened(1, at(x, r * C, t), C, t), wf, mean + r, rstd + r, 1, C);
+    if (dx) convert(at(dx, r * C, t), t, out, DType::kF32, C);
+  }
+}
+
+// rows: the table's rows, ids [lo, lo + rows) (a tensor-parallel slice); other ids give zero
+// rows forward and nothing backward.
+void embedding_forward(void* y, const int32_t* ids, const void* table, int64_t N, int64_t V,
+                       int64_t C, int64_t lo, int64_t rows, DType t) {
+  check_float(t, "embedding_forward");
+  if (is_f32(t))
+    return embedding_forward(static_cast<float*>(y), ids, static_cast<const float*>(table), N, V,
+                             C, lo, rows);
+  const size_t row_bytes = static_cast<size_t>(C) * dtype_size(t);
+  for (int64_t n = 0; n < N; ++n) {
+    if (ids[n] < 0 || ids[n] >= V)
+      throw InvalidArgument(
+          str("embedding_forward: id at position ", n, " must be in [0, ", V, "), got ", ids[n],
+              "; check the tokenizer's vocabulary against the model's vocab_size"));
+    const int64_t id = ids[n] - lo;
+    if (id >= 0 && id < rows)
+      std::memcpy(at(y, n * C, t), at(table, id * C, t), row_bytes);
+    else
+      std::memset(at(y, n * C, t), 0, row_bytes);
+  }
+}
+
+void embedding_backward(float* dtable, const void* dy, const int32_t* ids, int64_t N, int64_t C,
+                        int64_t lo, int64_t rows, DType t) {
+  check_float(t, "embedding_backward");
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t id = ids[n] - lo;
+    if (id >= 0 && id < rows) accumulate(dtable + id * C, at(dy, n * C, t), C, t);
+  }
+}
+
+// Attention one sequence at a time: its qkv (and dout) widened, the f32 kernel, the output
+// rounded. The probabilities stay f32.
+void attention_forward(void* out, float* att, const void* qkv, int64_t B, int64_t T, int64_t C,
+                       int64_t NH, DType t) {
+  check_float(t, "attention_forward");
+  if (is_f32(t))
+    return attention_forward(static_cast<float*>(out), att, static_cast<const float*>(qkv), B, T,
+                             C, NH);
+  float* o = f32_buffer(3, T * C);
+  for (int64_t b = 0; b < B; ++b) {
+    attention_forward(o, att + b * NH * T * T, widened(0, at(qkv, b * T * 3 * C, t), T * 3 * C, t),
+                      1, T, C, NH);
+    convert(at(out, b * T * C, t), t, o, DType::kF32, T * C);
+  }
+}
+
+void attention_backward(void* dqkv, const void* dout, const void* qkv, const float* att,
+                        int64_t B, int64_t T, int64_t C, int64_t NH, DType t) {
+  check_float(t, "attention_backward");
+  if (is_f32(t))
+    return attention_backward(static_cast<float*>(dqkv), static_cast<const float*>(dout),
+                              static_cast<const float*>(qkv), att, B, T, C, NH);
+  if (dqkv == nullptr) return;
+  float* d = f32_buffer(3, T * 3 * C);
+  for (int64_t b = 0; b < B; ++b) {
+    attention_backward(d, widened(0, at(dout, b * T * C, t), T * C, t),
+                       widened(1, at(qkv, b * T * 3 * C, t), T * 3 * C, t), att + b * NH * T * T,
+                       1, T, C, NH);
+    convert(at(dqkv, b * T * 3 * C, t), t, d, DType::kF32, T * 3 * C);
+  }
+}
+
+}  // namespace tessel::ops

@@ -123,7 +123,7 @@ StateView ParameterServer::state() {
   if (!is_server()) return {};
   const nn::Range r = server_.range;
   return {{r}, {r}, {r}, [this](nn::Range q) { return server_.values.data<float>() + (q.lo - server_.range.lo); },
-          server_.optimizer.get(), [this](nn::Range q) { return q.lo - server_.range.lo; }};
+          server_.optimizer.get(), [this](nn::Range q) { return q.lo - server_.range.lo; }, {}};
 }
 
 std::vector<ckpt::ShardFile> ParameterServer::checkpoint(const std::string& dir,

@@ -39,7 +39,7 @@ std::unique_ptr<TpGroup> make_tp_group(const ParallelSpec& spec, Mesh& mesh) {
 }
 
 // Gradient compression runs with replicated data parallelism in f32, or on parameter-server
-// pushes; the other combinations are refused with what to change.
+// pushes (not powersgd); the other combinations are refused with what to change.
 void check_compress(const ParallelSpec& spec, const Layout& layout) {
   validate_compress(spec.compress);
   if (compress_kind(spec.compress.kind) == CompressKind::kNone) return;
@@ -51,7 +51,9 @@ void check_compress(const ParallelSpec& spec, const Layout& layout) {
     refuse("does not run with train.deterministic (its exact integer sum is the point of it)");
   if (spec.precision != "fp32")
     refuse(str("needs train.precision = fp32 (", spec.precision, " already sends 16-bit gradients)"));
-  if (layout.servers > 0) refuse("does not compress parameter-server pushes yet");
+  if (layout.servers > 0 && compress_kind(spec.compress.kind) == CompressKind::kPowerSgd)
+    refuse("does not apply to parameter-server pushes (it needs all-reduces among the workers); "
+           "use fp16, bf16, int8 or topk");
   if (spec.zero_stage != 0)
     refuse(str("runs with zero.stage = 0 (all-reduced buckets), got zero.stage = ", spec.zero_stage,
                " (sharded reduce-scatters)"));

@@ -232,19 +232,22 @@ train::Config small(std::vector<std::string> extra = {}) {
 }
 
 TEST(Compress, TrainsAndReportsBytesWithinFivePercentOfTheFormula) {
-  const auto plain = testing::train_on(small(), 2);
+  // 2 and 4 ranks: small messages take halving-doubling's whole-buffer rounds on 4.
+  for (int world : {2, 4}) {
+  const auto plain = testing::train_on(small(), world);
   for (const char* kind : {"fp16", "bf16", "int8", "topk", "powersgd"})
     for (const char* overlap : {"ddp.overlap=off", "ddp.overlap=on"}) {
-      const auto run = testing::train_on(small({str("compress.kind=", kind), "compress.ratio=0.1", overlap}), 2);
+      const auto run = testing::train_on(small({str("compress.kind=", kind), "compress.ratio=0.1", overlap}), world);
       const nlohmann::json& c = run.summary.at("compress");
       EXPECT_NEAR(c["bytes_per_step"].get<double>(), c["formula_bytes_per_step"].get<double>(),
-                  0.05 * c["formula_bytes_per_step"].get<double>()) << kind;
+                  0.05 * c["formula_bytes_per_step"].get<double>()) << kind << " on " << world;
       EXPECT_GT(c["ratio"].get<double>(), 1.2) << kind;
       EXPECT_EQ(run.summary["engine"]["grad_sync"], "compress");
       const double tol = std::string(kind) == "fp16" ? 2e-3 : std::string(kind) == "bf16" ? 2e-2 : 1.0;
       EXPECT_LT(testing::max_rel_diff(plain.params, run.params), tol) << kind;
       EXPECT_GT(run.summary["test_accuracy"].get<double>(), 0.5) << kind;
     }
+  }
 }
 
 TEST(Compress, ResumedRunEndsBitIdentical) {
@@ -261,6 +264,27 @@ TEST(Compress, ResumedRunEndsBitIdentical) {
     EXPECT_EQ(resumed.summary["steps"], 20);
     EXPECT_EQ(resumed.params, whole.params) << kind;
     EXPECT_EQ(resumed.summary["params_sha256"], whole.summary["params_sha256"]) << kind;
+  }
+}
+
+TEST(Compress, ParameterServerPushes) {
+  // 1 server x 2 workers, sync: fp16 pushes end close to f32 pushes; every codec's pushes
+  // arrive in the bytes of its message (bytes_in counts what the server received).
+  const std::vector<std::string> ps = {"ps.servers=1", "model.hidden=[32,16]"};
+  const auto plain = testing::train_on(small(ps), 3);
+  const double plain_in = plain.summary["ranks"]["ps_servers"][0]["bytes_in"].get<double>();
+  const int64_t n = plain.summary["ranks"]["ps_servers"][0]["elements"].get<int64_t>();
+  EXPECT_DOUBLE_EQ(plain_in, 20.0 * 2 * 4 * static_cast<double>(n));
+  const std::vector<std::pair<std::string, double>> kinds = {
+      {"fp16", 2.0 * n}, {"int8", static_cast<double>(n + 4 * ((n + 255) / 256))},
+      {"topk", 8.0 * std::ceil(0.1 * static_cast<double>(n))}};
+  for (const auto& [kind, message] : kinds) {
+    std::vector<std::string> keys = ps;
+    keys.insert(keys.end(), {"compress.kind=" + kind, "compress.ratio=0.1"});
+    const auto run = testing::train_on(small(keys), 3);
+    EXPECT_DOUBLE_EQ(run.summary["ranks"]["ps_servers"][0]["bytes_in"].get<double>(), 20.0 * 2 * message) << kind;
+    EXPECT_LT(testing::max_rel_diff(plain.params, run.params), kind == "fp16" ? 2e-3 : 1.0) << kind;
+    EXPECT_GT(run.summary["test_accuracy"].get<double>(), 0.5) << kind;
   }
 }
 
@@ -281,6 +305,7 @@ TEST(Compress, BadConfigsAreClearErrors) {
   EXPECT_NE(error_of({"compress.kind=int8", "train.deterministic=true"}).find("deterministic"), std::string::npos);
   EXPECT_NE(error_of({"compress.kind=fp16", "train.precision=bf16"}).find("fp32"), std::string::npos);
   EXPECT_NE(error_of({"compress.kind=topk", "compress.start_step=-1"}).find("start_step"), std::string::npos);
+  EXPECT_NE(error_of({"compress.kind=powersgd", "ps.servers=1"}, 3).find("parameter-server"), std::string::npos);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "tessel/comm/algorithms.h"
 #include "tessel/core/error.h"
 #include "tessel/core/rng.h"
 #include "tessel/ops/cpu.h"
@@ -30,14 +31,6 @@ void unpack(const std::vector<Segment>& segments, const float* flat, float* g) {
 }
 
 double allreduce_bytes(double bytes, int world) { return 2.0 * (world - 1) / world * bytes; }
-
-int64_t topk_count(int64_t n, double ratio) {
-  return std::clamp<int64_t>(static_cast<int64_t>(std::ceil(ratio * static_cast<double>(n))), 1, n);
-}
-
-int64_t int8_message_bytes(int64_t n) {
-  return n + 4 * ((n + kInt8Chunk - 1) / kInt8Chunk);
-}
 
 // ---- DenseCodec ----
 
@@ -82,33 +75,14 @@ class Int8Codec final : public Codec {
   Exchange encode(const float* g, const CodecKey& key) override {
     world_ = key.world;
     pack(segments_, g, flat_.data());
-    const int64_t chunks = (n_ + kInt8Chunk - 1) / kInt8Chunk;
-    float* scales = reinterpret_cast<float*>(msg_.data());
-    int8_t* q = reinterpret_cast<int8_t*>(msg_.data() + 4 * chunks);
-    const CounterRng rng(key.seed, mix_stream(RngPurpose::kCompress, static_cast<uint64_t>(key.step),
-                                              (static_cast<uint64_t>(key.unit) << 20) | static_cast<uint64_t>(key.rank)));
-    for (int64_t c = 0; c < chunks; ++c) {
-      const int64_t lo = c * kInt8Chunk, hi = std::min(n_, lo + kInt8Chunk);
-      float amax = 0;
-      for (int64_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(flat_[static_cast<size_t>(i)]));
-      scales[c] = amax / 127.0f;
-      const float inv = amax > 0 ? 127.0f / amax : 0.0f;
-      for (int64_t i = lo; i < hi; ++i)
-        q[i] = quantize_int8(flat_[static_cast<size_t>(i)], inv, rng.uniform(static_cast<uint64_t>(i)));
-    }
+    int8_encode(flat_.data(), n_, key, msg_.data());
     all_.resize(msg_.size() * static_cast<size_t>(world_));
     return {Exchange::Op::kAllgather, msg_.data(), all_.data(), msg_.size(), comm::ElemType::kU8};
   }
   std::optional<Exchange> next(float* g) override {
-    const int64_t chunks = (n_ + kInt8Chunk - 1) / kInt8Chunk;
     std::fill(flat_.begin(), flat_.end(), 0.0f);
-    for (int r = 0; r < world_; ++r) {  // rank order: every rank adds in the same order
-      const char* m = all_.data() + static_cast<size_t>(r) * msg_.size();
-      const float* scales = reinterpret_cast<const float*>(m);
-      const int8_t* q = reinterpret_cast<const int8_t*>(m + 4 * chunks);
-      for (int64_t i = 0; i < n_; ++i)
-        flat_[static_cast<size_t>(i)] += static_cast<float>(q[i]) * scales[i / kInt8Chunk];
-    }
+    for (int r = 0; r < world_; ++r)  // rank order: every rank adds in the same order
+      int8_add(all_.data() + static_cast<size_t>(r) * msg_.size(), n_, flat_.data());
     unpack(segments_, flat_.data(), g);
     return std::nullopt;
   }
@@ -126,12 +100,6 @@ class Int8Codec final : public Codec {
 
 // ---- TopkCodec ----
 
-struct Pair {
-  uint32_t index;
-  float value;
-};
-static_assert(sizeof(Pair) == 8);
-
 class TopkCodec final : public Codec {
  public:
   TopkCodec(std::vector<Segment> segments, double ratio, bool error_feedback)
@@ -143,21 +111,14 @@ class TopkCodec final : public Codec {
   Exchange encode(const float* g, const CodecKey& key) override {
     world_ = key.world;
     pack(segments_, g, flat_.data());
-    if (!residual_.empty())
-      for (size_t i = 0; i < flat_.size(); ++i) flat_[i] += residual_[i];
-    const std::vector<uint32_t> idx = top_k(flat_.data(), n_, k_);
-    for (size_t j = 0; j < idx.size(); ++j) msg_[j] = {idx[j], flat_[idx[j]]};
-    if (!residual_.empty()) {  // what was not sent waits for the next step
-      residual_ = flat_;
-      for (uint32_t i : idx) residual_[i] = 0.0f;
-    }
+    topk_encode(flat_.data(), n_, k_, residual_.empty() ? nullptr : residual_.data(), msg_.data());
     all_.resize(msg_.size() * static_cast<size_t>(world_));
     return {Exchange::Op::kAllgather, msg_.data(), all_.data(), msg_.size() * sizeof(Pair),
             comm::ElemType::kU8};
   }
   std::optional<Exchange> next(float* g) override {
     std::fill(flat_.begin(), flat_.end(), 0.0f);
-    for (const Pair& p : all_) flat_[p.index] += p.value;  // rank by rank, in rank order
+    topk_add(all_.data(), static_cast<int64_t>(all_.size()), flat_.data());  // in rank order
     unpack(segments_, flat_.data(), g);
     return std::nullopt;
   }
@@ -265,9 +226,58 @@ std::optional<Exchange> PowerSgdCodec::next(float* g) {
 
 }  // namespace
 
-double Exchange::bytes(int world) const {
-  const double b = static_cast<double>(count * comm::elem_size(elem));
-  return op == Op::kAllreduce ? allreduce_bytes(b, world) : static_cast<double>(world - 1) * b;
+int64_t topk_count(int64_t n, double ratio) {
+  return std::clamp<int64_t>(static_cast<int64_t>(std::ceil(ratio * static_cast<double>(n))), 1, n);
+}
+
+int64_t int8_message_bytes(int64_t n) { return n + 4 * ((n + kInt8Chunk - 1) / kInt8Chunk); }
+
+void int8_encode(const float* x, int64_t n, const CodecKey& key, char* msg) {
+  const int64_t chunks = (n + kInt8Chunk - 1) / kInt8Chunk;
+  float* scales = reinterpret_cast<float*>(msg);
+  int8_t* q = reinterpret_cast<int8_t*>(msg + 4 * chunks);
+  const CounterRng rng(key.seed, mix_stream(RngPurpose::kCompress, static_cast<uint64_t>(key.step),
+                                            (static_cast<uint64_t>(key.unit) << 20) | static_cast<uint64_t>(key.rank)));
+  for (int64_t c = 0; c < chunks; ++c) {
+    const int64_t lo = c * kInt8Chunk, hi = std::min(n, lo + kInt8Chunk);
+    float amax = 0;
+    for (int64_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(x[i]));
+    scales[c] = amax / 127.0f;
+    const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+    for (int64_t i = lo; i < hi; ++i) q[i] = quantize_int8(x[i], inv, rng.uniform(static_cast<uint64_t>(i)));
+  }
+}
+
+void int8_add(const char* msg, int64_t n, float* acc) {
+  const int64_t chunks = (n + kInt8Chunk - 1) / kInt8Chunk;
+  const float* scales = reinterpret_cast<const float*>(msg);
+  const int8_t* q = reinterpret_cast<const int8_t*>(msg + 4 * chunks);
+  for (int64_t i = 0; i < n; ++i) acc[i] += static_cast<float>(q[i]) * scales[i / kInt8Chunk];
+}
+
+void topk_encode(const float* x, int64_t n, int64_t k, float* residual, Pair* msg) {
+  std::vector<float> e(x, x + n);
+  if (residual)
+    for (int64_t i = 0; i < n; ++i) e[static_cast<size_t>(i)] += residual[i];
+  const std::vector<uint32_t> idx = top_k(e.data(), n, k);
+  for (size_t j = 0; j < idx.size(); ++j) msg[j] = {idx[j], e[idx[j]]};
+  if (residual) {  // what was not sent waits for the next step
+    for (uint32_t i : idx) e[i] = 0.0f;
+    std::copy(e.begin(), e.end(), residual);
+  }
+}
+
+void topk_add(const Pair* pairs, int64_t count, float* acc) {
+  for (int64_t j = 0; j < count; ++j) acc[pairs[j].index] += pairs[j].value;
+}
+
+double Exchange::bytes(int world, comm::Algorithm algo) const {
+  const size_t n = count * comm::elem_size(elem);
+  const double b = static_cast<double>(n);
+  if (op == Op::kAllgather) return static_cast<double>(world - 1) * b;
+  if (algo == comm::Algorithm::kHalvingDoubling && n <= comm::kWholeDoublingMaxBytes && world > 1)
+    return std::log2(static_cast<double>(world)) * b;
+  return allreduce_bytes(b, world);
 }
 
 int8_t quantize_int8(float x, float inv_scale, float u) {

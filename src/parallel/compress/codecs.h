@@ -14,8 +14,9 @@
 //   PowerSgdCodec per matrix M (rows x cols) plus residual: P = M Q all-reduced and
 //                 orthonormalised, Q = M^T P all-reduced, M ~ P Q^T; Q warm-starts the next
 //                 step, M - P Q^T (this rank's) is the residual.
-// Bytes this rank sends (ring or halving-doubling on a power-of-two group of W ranks):
-// all-reduce of B bytes 2 (W - 1) / W * B, all-gather of B bytes per rank (W - 1) * B.
+// Bytes this rank sends (ring, or halving-doubling on a power-of-two group of W ranks):
+// all-reduce of B bytes 2 (W - 1) / W * B (halving-doubling up to 32 KiB: log2 W * B, whole
+// buffers), all-gather of B bytes per rank (W - 1) * B.
 // Internal to the parallel area.
 #pragma once
 
@@ -46,7 +47,10 @@ struct Exchange {
   void* out = nullptr;
   size_t count = 0;
   comm::ElemType elem = comm::ElemType::kF32;
-  double bytes(int world) const;  // what this rank sends for it (the formula above)
+  // What this rank sends for it on `world` ranks with algorithm `algo` (ring: the formula
+  // above; halving-doubling below comm::kWholeDoublingMaxBytes swaps the whole buffer log2 W
+  // times). Exact for a power-of-two world.
+  double bytes(int world, comm::Algorithm algo = comm::Algorithm::kRing) const;
 };
 
 // Which bucket of which rank encodes at which step: the stochastic rounding's key.
@@ -80,6 +84,22 @@ std::unique_ptr<Codec> make_codec(CompressKind kind, std::vector<Segment> segmen
 // Whether kind sends segment s in fewer bytes than an f32 all-reduce on `world` ranks (1-D
 // tensors never: biases and norms stay f32).
 bool worth_compressing(CompressKind kind, const Segment& s, const CompressSpec& spec, int world);
+
+// ---- single messages (shared with parameter-server pushes, push_codec.h) ----
+int64_t topk_count(int64_t n, double ratio);  // ceil(ratio * n), at least 1
+int64_t int8_message_bytes(int64_t n);         // the chunks' f32 scales, then n int8 values
+// x (n values) quantised into msg (int8_message_bytes(n) bytes), and msg added into acc.
+void int8_encode(const float* x, int64_t n, const CodecKey& key, char* msg);
+void int8_add(const char* msg, int64_t n, float* acc);
+struct Pair {
+  uint32_t index;
+  float value;
+};
+static_assert(sizeof(Pair) == 8);
+// The k largest |x + residual| as pairs into msg; residual (null: no error feedback) keeps
+// the rest. topk_add adds `count` pairs into acc.
+void topk_encode(const float* x, int64_t n, int64_t k, float* residual, Pair* msg);
+void topk_add(const Pair* pairs, int64_t count, float* acc);
 
 // ---- the math, exposed for tests ----
 // Stochastic rounding of x / scale to int8 with uniforms u in [0, 1): floor(x / scale + u),

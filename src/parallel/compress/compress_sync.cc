@@ -62,10 +62,11 @@ CompressSync::Plan CompressSync::plan(const Unit& u, int unit, uint64_t seed) co
 }
 
 void CompressSync::post(Flight f, const Exchange& ex) {
-  formula_ += ex.bytes(dp_.size());
+  const bool all = ex.op == Exchange::Op::kAllreduce;
+  const size_t bytes = ex.count * comm::elem_size(ex.elem) * (all ? 1 : static_cast<size_t>(dp_.size()));
+  formula_ += ex.bytes(dp_.size(), dp_.choose(all ? comm::OpKind::kAllreduce : comm::OpKind::kAllgather, bytes));
   comm::CallOptions call;
   call.label = static_cast<uint32_t>(f.unit + 1);
-  const bool all = ex.op == Exchange::Op::kAllreduce;
   if (async_) {
     f.work = all ? dp_.allreduce_async(ex.in, ex.count, ex.elem, comm::ReduceOp::kSum, call)
                  : dp_.allgather_async(ex.in, ex.out, std::vector<size_t>(static_cast<size_t>(dp_.size()), ex.count),

@@ -21,6 +21,8 @@ class CounterRng {
   CounterRng(uint64_t seed, uint64_t stream) : seed_(seed), stream_(stream) {}
 
   uint32_t bits(uint64_t index) const;
+  // The whole Philox block of `index` (bits() is its first lane): four numbers per call.
+  std::array<uint32_t, 4> block(uint64_t index) const;
   float uniform(uint64_t index) const;  // in [0, 1), 24 bits of precision
   float normal(uint64_t index) const;   // standard normal (Box-Muller on one Philox block)
 

@@ -1,8 +1,10 @@
 #include "codecs.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "tessel/comm/algorithms.h"
 #include "tessel/core/error.h"
@@ -244,7 +246,11 @@ void int8_encode(const float* x, int64_t n, const CodecKey& key, char* msg) {
     for (int64_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(x[i]));
     scales[c] = amax / 127.0f;
     const float inv = amax > 0 ? 127.0f / amax : 0.0f;
-    for (int64_t i = lo; i < hi; ++i) q[i] = quantize_int8(x[i], inv, rng.uniform(static_cast<uint64_t>(i)));
+    std::array<uint32_t, 4> u{};  // element i takes lane i % 4 of Philox block i / 4
+    for (int64_t i = lo; i < hi; ++i) {
+      if (i % 4 == 0 || i == lo) u = rng.block(static_cast<uint64_t>(i / 4));
+      q[i] = quantize_int8(x[i], inv, static_cast<float>(u[i % 4] >> 8) * (1.0f / 16777216.0f));
+    }
   }
 }
 
@@ -286,16 +292,23 @@ int8_t quantize_int8(float x, float inv_scale, float u) {
 }
 
 std::vector<uint32_t> top_k(const float* x, int64_t n, int64_t k) {
-  std::vector<uint32_t> idx(static_cast<size_t>(n));
-  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<uint32_t>(i);
-  auto larger = [x](uint32_t a, uint32_t b) {
-    const float fa = std::fabs(x[a]), fb = std::fabs(x[b]);
-    return fa > fb || (fa == fb && a < b);
-  };
   k = std::clamp<int64_t>(k, 0, n);
-  std::nth_element(idx.begin(), idx.begin() + k, idx.end(), larger);
-  idx.resize(static_cast<size_t>(k));
-  std::sort(idx.begin(), idx.end());
+  std::vector<uint32_t> idx;
+  if (k == 0) return idx;
+  // The k-th largest magnitude (a selection over plain floats), then one pass in index order:
+  // everything above it, and as many equal to it as fit (lower indices first).
+  std::vector<float> mag(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) mag[static_cast<size_t>(i)] = std::fabs(x[i]);
+  std::nth_element(mag.begin(), mag.begin() + (k - 1), mag.end(), std::greater<float>());
+  const float kth = mag[static_cast<size_t>(k - 1)];
+  int64_t above = 0;
+  for (int64_t i = 0; i < n; ++i) above += std::fabs(x[i]) > kth;
+  int64_t ties = k - above;
+  idx.reserve(static_cast<size_t>(k));
+  for (int64_t i = 0; i < n; ++i) {
+    const float m = std::fabs(x[i]);
+    if (m > kth || (m == kth && ties-- > 0)) idx.push_back(static_cast<uint32_t>(i));
+  }
   return idx;
 }
 

@@ -36,9 +36,10 @@ struct LaunchOptions {
 };
 
 // What the launcher needs of the train command: its run folder and the arguments to keep on a
-// restart (all but --run-dir and --resume, which a restart sets).
+// restart (all but --run-dir, --resume and --overwrite, which a restart sets).
 struct TrainCommand {
   std::string config, run_dir, resume;
+  bool overwrite = false;
   std::vector<std::string> sets, kept;
 };
 
@@ -99,6 +100,7 @@ TrainCommand parse_train(const std::vector<std::string>& command) {
     }
     if (a == "--run-dir") t.run_dir = v;
     else if (a == "--resume") t.resume = v;
+    else if (a == "--overwrite") t.overwrite = true;
     else {
       if (a == "--set") t.sets.push_back(v);
       if (!takes && a[0] != '-' && t.config.empty()) t.config = a;
@@ -203,6 +205,7 @@ std::vector<std::string> start_command(const LaunchOptions& o, const TrainComman
     argv.insert(argv.end(), {"--set", "debug.fail_rank=-1"});
   }
   if (!resume.empty()) argv.insert(argv.end(), {"--resume", resume});
+  else if (t.overwrite || restart) argv.push_back("--overwrite");  // restart: clear the failed try
   *from = resume.empty() ? "the start" : resume;
   return argv;
 }

@@ -1,7 +1,10 @@
 // tessel command line: train, eval, predict, serve, config, ckpt export, bench comm, launch,
 // report. Library errors (tessel::Error) become a one-line message on stderr and exit code 1;
-// command-line misuse exits 2 with the usage text.
+// command-line misuse, and any error `tessel config` finds, exit 2 (command_line.h explains the
+// misuse).
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <iostream>
@@ -11,20 +14,23 @@
 
 #include <CLI/CLI.hpp>
 
+#include "command_line.h"
 #include "infer_commands.h"
 #include "launch.h"
+#include "report.h"
+#include "tessel/ckpt/checkpoint.h"
 #include "tessel/comm/bench.h"
 #include "tessel/comm/mpi.h"
 #include "tessel/comm/threads.h"
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
+#include "tessel/core/version.h"
 #include "tessel/ops/cpu.h"
-#include "tessel/ckpt/checkpoint.h"
 #include "tessel/train/config.h"
+#include "tessel/train/dry_run.h"
 #include "tessel/train/evaluator.h"
 #include "tessel/train/recovery.h"
 #include "tessel/train/trainer.h"
-#include "report.h"
 
 namespace {
 
@@ -52,12 +58,7 @@ nlohmann::json train_job(const tessel::train::Config& cfg, const tessel::train::
   comm::CommOptions co;
   co.timeout_s = cfg.comm.timeout_s;
   co.algorithm = comm::algorithm_from_name(cfg.comm.algorithm);
-  std::string backend = cfg.runtime.backend;
-  if (backend == "auto") backend = comm::mpi_launched() ? "mpi" : "threads";
-  if (backend == "mpi") {
-    if (cfg.runtime.workers > 1)
-      throw tessel::InvalidArgument(
-          "runtime.workers (--workers) is for ranks as threads; under mpirun use -np instead");
+  if (tessel::train::resolve_backend(cfg, comm::mpi_launched()) == "mpi") {
     comm::Communicator world = comm::mpi_world(co);
     tessel::train::RunOptions rank_opts = opts;
     if (world.rank() != 0) rank_opts.progress = *main = false;
@@ -117,10 +118,11 @@ int fail(const char* kind, const std::exception& e) {
 // Everything the command line sets.
 struct Args {
   std::string config_path, run_dir, resume, checkpoint, logits_path, export_out, backend, report_out;
+  std::string command;  // as typed, for run.json
   std::vector<std::string> overrides;
   int64_t stop_after = 0, logits_limit = 100;
-  bool quiet = false, trace = false;
-  int workers = 0;
+  bool quiet = false, overwrite = false, trace = false;
+  int workers = 0, np = 0;
   tessel::comm::CommBenchOptions cb;
   std::string cb_algorithms, cb_sizes, cb_collectives, cb_dtype = "f32", cb_segment;
 };
@@ -139,14 +141,19 @@ CLI::App* add_train(CLI::App& app, Args& a) {
   train->add_option("config", a.config_path, "Config file (TOML), e.g. examples/fashion_mlp.toml")
       ->required();
   train->add_option("--run-dir", a.run_dir, "Run folder (default: runs/<config name>)");
-  train->add_option("--resume", a.resume,
-                    "Continue from a run folder's latest checkpoint or a checkpoint folder");
+  CLI::Option* resume = train->add_option(
+      "--resume", a.resume, "Continue from a run folder's latest checkpoint or a checkpoint folder");
+  train->add_flag("--overwrite", a.overwrite,
+                  "Start over in a run folder that holds a run, removing the files tessel wrote")
+      ->excludes(resume);
   add_overrides(train, a);
   train->add_option("--stop-after", a.stop_after,
-                    "Stop after N steps of this invocation, saving a checkpoint to resume from");
+                    "Stop after N steps of this invocation, saving a checkpoint to resume from")
+      ->check(tessel::cli::at_least(1, "steps"));
   train->add_flag("--quiet", a.quiet, "No progress output");
   train->add_flag("--trace", a.trace, "Write trace.json, a per-rank timeline (train.trace = true)");
-  train->add_option("--workers", a.workers, "Ranks as threads of this process (runtime.workers)");
+  train->add_option("--workers", a.workers, "Ranks as threads of this process (runtime.workers)")
+      ->check(tessel::cli::at_least(1, "ranks"));
   train->add_option("--backend", a.backend, "threads or mpi (runtime.backend; default: auto)");
   return train;
 }
@@ -196,9 +203,17 @@ Commands add_commands(CLI::App& app, Args& a) {
   c.ckpt_export->add_option("checkpoint", a.checkpoint, "Run folder or checkpoint folder")
       ->required();
   c.ckpt_export->add_option("out", a.export_out, "Output file, e.g. model.safetensors")->required();
-  c.config = app.add_subcommand("config", "Print the resolved config (every key)");
+  c.config = app.add_subcommand(
+      "config", "Check a config as train would (without training) and print it resolved, with "
+                "the layout; exit 2 on any error");
   c.config->add_option("config", a.config_path, "Config file (TOML)")->required();
   add_overrides(c.config, a);
+  CLI::Option* workers =
+      c.config->add_option("--workers", a.workers, "Check for N ranks as threads (runtime.workers)")
+          ->check(tessel::cli::at_least(1, "ranks"));
+  c.config->add_option("--np", a.np, "Check for N ranks under mpirun (also -np, as mpirun spells it)")
+      ->check(tessel::cli::at_least(1, "ranks"))
+      ->excludes(workers);
   c.bench_comm = add_bench_comm(app, a);
   c.launch = app.add_subcommand(
       "launch",
@@ -218,6 +233,8 @@ int run_train(Args& a) {
   opts.run_dir = a.run_dir;
   opts.resume = a.resume;
   opts.stop_after = a.stop_after;
+  opts.overwrite = a.overwrite;
+  opts.command = a.command;
   opts.progress = !a.quiet;
   opts.interrupt = &g_interrupt;
   for (int sig : {SIGINT, SIGTERM, SIGUSR1, SIGUSR2}) std::signal(sig, on_stop_signal);
@@ -235,13 +252,21 @@ int run_train(Args& a) {
 
 // One process evaluates the whole model: checkpoints do not depend on the layout, so any
 // layout's checkpoint evaluates here, with no optimizer and no gradients.
+// Under mpirun the ranks share the batches and rank 0 alone prints.
 int run_eval(const Args& a) {
-  tessel::train::Evaluator evaluator(tessel::train::load_config(a.config_path, a.overrides),
-                                     a.checkpoint);
+  const tessel::train::Config cfg = tessel::train::load_config(a.config_path, a.overrides);
+  tessel::comm::Communicator world;
+  if (tessel::comm::mpi_launched()) {
+    tessel::comm::CommOptions co;
+    co.timeout_s = cfg.comm.timeout_s;
+    world = tessel::comm::mpi_world(co);
+  }
+  tessel::train::Evaluator evaluator(cfg, a.checkpoint);
   if (!evaluator.datasets().test)
     throw tessel::InvalidArgument("eval: the dataset has no test split");
   const tessel::data::Dataset& test = *evaluator.datasets().test;
-  const tessel::train::EvalResult r = evaluator.evaluate(test);
+  const tessel::train::EvalResult r = evaluator.evaluate(test, world.valid() ? &world : nullptr);
+  if (world.valid() && world.rank() != 0) return 0;
   nlohmann::json out = {{"test_loss", r.loss}, {"test_accuracy", r.accuracy},
                         {"samples", r.samples}, {"params_sha256", evaluator.params_sha256()}};
   if (!a.logits_path.empty()) {
@@ -250,6 +275,56 @@ int run_eval(const Args& a) {
   }
   std::printf("%s\n", out.dump(2).c_str());
   return 0;
+}
+
+// The plan of a dry run as TOML comments, so the output stays a config file.
+std::string plan_comments(const nlohmann::json& p, int world, const std::string& backend) {
+  auto mib = [](const nlohmann::json& bytes) {
+    std::string out;
+    for (auto& [name, b] : bytes.items())
+      if (b.get<int64_t>() > 0)
+        out += tessel::str(out.empty() ? "" : ", ", name, " ",
+                           std::round(b.get<double>() / (1 << 20) * 100) / 100, " MiB");
+    return out.empty() ? std::string("none") : out;
+  };
+  std::string engine;
+  for (auto& [part, v] : p["engine"].items())
+    engine += tessel::str(engine.empty() ? "" : ", ", part, " ", v.is_string() ? v.get<std::string>() : v.dump());
+  std::string out = tessel::str(
+      "\n# checked as `tessel train` would start it on ", world, world == 1 ? " rank" : " ranks",
+      " (", backend == "mpi" ? "processes under mpirun" : "threads of one process", ")\n",
+      "#   layout   ", p["layout"].get<std::string>(), "\n#   engine   ", engine, "\n",
+      "#   model    ", p["model"].get<std::string>(), ", ", p["num_parameters"].get<int64_t>(),
+      " parameters\n#   data     ", p["dataset"].get<std::string>(), ", ",
+      p["train_samples"].get<int64_t>(), " training samples, global batch ",
+      p["global_batch"].get<int64_t>(), "\n#   steps    ", p["steps_per_epoch"].get<int64_t>(),
+      " per epoch, ", p["steps"].get<int64_t>(), " in this run; the LR schedule spans ",
+      p["schedule_steps"].get<int64_t>(), "\n");
+  if (p.contains("pipeline_chunks"))
+    for (const auto& c : p["pipeline_chunks"])
+      out += tessel::str("#   stage ", c["stage"].get<int>(), "  blocks [", c["blocks"][0].get<int64_t>(),
+                         ", ", c["blocks"][1].get<int64_t>(), ")\n");
+  const auto& memory = p["memory_bytes_per_rank"];
+  for (size_t r = 0; r < memory.size(); ++r)
+    out += tessel::str("#   rank ", r, "   ", mib(memory[r]), "\n");
+  return out;
+}
+
+// `tessel config`: the resolved config, then the run as train would set it up; any error
+// exits 2.
+int run_config(Args& a) {
+  try {
+    if (a.workers > 0) a.overrides.push_back("runtime.workers=" + std::to_string(a.workers));
+    const tessel::train::Config cfg = tessel::train::load_config(a.config_path, a.overrides);
+    const std::string backend = tessel::train::resolve_backend(cfg, a.np > 0 || tessel::comm::mpi_launched());
+    const int world = a.np > 0 ? a.np : cfg.runtime.workers;
+    const nlohmann::json plan = tessel::train::dry_run(cfg, world);
+    std::printf("%s%s", tessel::train::to_toml(cfg).c_str(), plan_comments(plan, world, backend).c_str());
+    return 0;
+  } catch (const tessel::Error& e) {
+    std::fprintf(stderr, "tessel: error: %s\n", e.what());
+    return 2;
+  }
 }
 
 int run_bench_comm(Args& a) {
@@ -282,9 +357,23 @@ int run(const Commands& c, Args& a) {
     std::printf("wrote %s\n", out.c_str());
     return 0;
   }
-  if (*c.config)
-    std::printf("%s", tessel::train::to_toml(tessel::train::load_config(a.config_path, a.overrides)).c_str());
+  if (*c.config) return run_config(a);
   return 0;
+}
+
+// argv as one shell line (arguments with special characters single-quoted).
+std::string command_line(int argc, char** argv) {
+  std::string out;
+  for (int i = 0; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg.empty() || arg.find_first_of(" \t\n'\"\\$`*?[]{}()<>|&;!#~") != std::string::npos) {
+      std::string q = "'";
+      for (char ch : arg) q += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
+      arg = q + "'";
+    }
+    out += (i ? " " : "") + arg;
+  }
+  return out;
 }
 
 }  // namespace
@@ -292,13 +381,25 @@ int run(const Commands& c, Args& a) {
 int main(int argc, char** argv) {
   CLI::App app{"tessel: train and serve neural networks on many workers"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", "tessel 0.1.0");
+  app.set_version_flag("--version", tessel::str("tessel ", tessel::version(), " (commit ",
+                                                tessel::commit(), ")"));
   Args args;
+  args.command = command_line(argc, argv);
   const Commands commands = add_commands(app, args);
+  std::vector<std::string> argl = tessel::cli::arguments(argc, argv);
+  const tessel::cli::Walk walk = tessel::cli::walk(app, argl);
+  if (!walk.error.empty()) {
+    std::fprintf(stderr, "%s: error: %s\n", walk.command.c_str(), walk.error.c_str());
+    return 2;
+  }
   try {
-    app.parse(argc, argv);
+    std::reverse(argl.begin(), argl.end());  // CLI11 takes them last first
+    app.parse(argl);
+  } catch (const CLI::Success& e) {
+    return app.exit(e);  // --help, --version
   } catch (const CLI::ParseError& e) {
-    return app.exit(e) == 0 ? 0 : 2;
+    std::fprintf(stderr, "%s: error: %s\n", walk.command.c_str(), tessel::cli::explain(walk, e).c_str());
+    return 2;
   }
   try {
     return run(commands, args);

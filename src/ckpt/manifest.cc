@@ -147,6 +147,22 @@ std::vector<TensorSpec> parse_parameters(const Fields& f, const Field& params) {
   return out;
 }
 
+// {"kind": "bytes", "vocabulary": [byte, ...]}: distinct bytes, one per token id.
+std::string parse_vocabulary(const Fields& f, const Field& tokenizer) {
+  const std::string kind = f.text(f.at(tokenizer, "kind"));
+  if (kind != "bytes") f.bad(tokenizer.name + ".kind", str("that is '", kind, "', not 'bytes'"));
+  const Field ids = f.at(tokenizer, "vocabulary");
+  std::string out;
+  for (size_t i = 0; i < f.size(ids); ++i) {
+    const int64_t b = f.count(f.item(ids, i));
+    if (b > 255 || out.find(static_cast<char>(b)) != std::string::npos)
+      f.bad(f.item(ids, i).name, str("that is not a byte of its own, got ", b));
+    out += static_cast<char>(b);
+  }
+  if (out.empty()) f.bad(ids.name, "that is empty");
+  return out;
+}
+
 std::vector<ShardFile> parse_shards(const Fields& f, const Field& shards) {
   std::vector<ShardFile> out;
   std::set<std::string> files = {kManifest, kTrainer};
@@ -187,11 +203,15 @@ std::string manifest_text(const Manifest& m, const std::string& trainer_json, co
                {"optimizer",
                 {{"kind", m.optimizer_kind},
                  {"steps", m.optimizer_steps},
-                 {"state_buffers", m.state_buffers}}},
-               {"shards", shards_json(m.shards, dir)},
-               {"trainer",
-                {{"bytes", trainer_json.size()},
-                 {"sha256", sha256_hex(trainer_json.data(), trainer_json.size())}}}};
+                 {"state_buffers", m.state_buffers}}}};
+  if (!m.vocabulary.empty()) {  // bytes as numbers: a vocabulary need not be valid UTF-8
+    Json ids = Json::array();
+    for (unsigned char b : m.vocabulary) ids.push_back(b);
+    body["tokenizer"] = {{"kind", "bytes"}, {"vocabulary", ids}};
+  }
+  body["shards"] = shards_json(m.shards, dir);
+  body["trainer"] = {{"bytes", trainer_json.size()},
+                     {"sha256", sha256_hex(trainer_json.data(), trainer_json.size())}};
   try {
     const std::string self = self_sha256(body);
     body[kSelfHash] = self;
@@ -239,6 +259,7 @@ Manifest parse_manifest(const std::string& path, const std::string& text, ShardF
         std::count(m.state_buffers.begin(), m.state_buffers.end(), m.state_buffers.back()) > 1)
       f.bad(f.item(buffers, i).name, "that is empty or repeated");
   }
+  if (j.contains("tokenizer")) m.vocabulary = parse_vocabulary(f, f.at(root, "tokenizer"));
   m.shards = parse_shards(f, f.at(root, "shards"));
   const Field t = f.at(root, "trainer");
   *trainer = {kTrainer, f.count(f.at(t, "bytes")), f.text(f.at(t, "sha256"))};

@@ -1,7 +1,8 @@
 // Character-level language modelling over one text file (kind text).
 //
 // Tokens are bytes; the vocabulary is the sorted set of distinct bytes in the whole file, so
-// token id = rank of the byte in that set and num_classes = vocabulary size (data-dependent).
+// token id = rank of the byte in that set and num_classes = vocabulary size (data-dependent),
+// unless DataSpec::vocabulary fixes it (a checkpoint's: every byte must be in it).
 // The first floor((1 - test_fraction) * n) bytes form the train split, the rest the test split.
 // Within a split, sample i is the window starting at s = i * context: inputs are ids
 // [s, s + context), labels ids [s + 1, s + context + 1) - the next token at each position.
@@ -71,14 +72,37 @@ std::vector<uint8_t> read_text(const std::string& path) {
   return bytes;
 }
 
-// The distinct bytes of `bytes` in ascending order: token id = index.
-std::vector<uint8_t> vocabulary_of(const std::vector<uint8_t>& bytes) {
+// The bytes present, in increasing order: the vocabulary of a fresh model.
+std::string distinct_bytes(const std::vector<uint8_t>& bytes) {
   std::array<bool, 256> present{};
   for (uint8_t b : bytes) present[b] = true;
-  std::vector<uint8_t> vocab;
+  std::string out;
   for (int b = 0; b < 256; ++b)
-    if (present[b]) vocab.push_back(static_cast<uint8_t>(b));
-  return vocab;
+    if (present[b]) out += static_cast<char>(b);
+  return out;
+}
+
+std::string byte_str(uint8_t b) {
+  char buf[16];
+  std::snprintf(buf, sizeof buf, b >= 32 && b < 127 ? "'%c'" : "0x%02x", b);
+  return buf;
+}
+
+// Replaces each byte by its id in `vocabulary`, in place. A byte the vocabulary lacks is an
+// error naming the first one and how many there are.
+void to_ids(std::vector<uint8_t>& bytes, const std::string& vocabulary, const DataSpec& spec) {
+  std::array<int, 256> id;
+  id.fill(-1);
+  for (size_t i = 0; i < vocabulary.size(); ++i) id[static_cast<uint8_t>(vocabulary[i])] = static_cast<int>(i);
+  size_t unknown = 0, first = 0;
+  for (size_t i = 0; i < bytes.size(); ++i)
+    if (id[bytes[i]] < 0 && unknown++ == 0) first = i;
+  if (unknown > 0)
+    throw InvalidArgument(str("data: ", spec.path, " holds ", unknown, " bytes outside the model's ",
+                              vocabulary.size(), "-token vocabulary, the first ", byte_str(bytes[first]),
+                              " at byte ", first, "; the model only knows the characters of the text "
+                              "it was trained on (its checkpoint's manifest.json lists them)"));
+  for (uint8_t& b : bytes) b = static_cast<uint8_t>(id[b]);
 }
 
 }  // namespace
@@ -93,12 +117,9 @@ Splits make_text_splits(const DataSpec& spec) {
     throw IoError(str("data: text file ", spec.path,
                       " is empty, got 0 bytes; set data.path to a file with some text"));
 
-  // Map bytes to their rank among the bytes present, in place.
-  const std::vector<uint8_t> bytes_in_order = vocabulary_of(bytes);
-  std::array<uint8_t, 256> id{};
-  for (size_t k = 0; k < bytes_in_order.size(); ++k) id[bytes_in_order[k]] = static_cast<uint8_t>(k);
-  for (uint8_t& b : bytes) b = id[b];
-  const int64_t vocab = static_cast<int64_t>(bytes_in_order.size());
+  const std::string vocabulary = spec.vocabulary.empty() ? distinct_bytes(bytes) : spec.vocabulary;
+  const auto vocab = static_cast<int64_t>(vocabulary.size());
+  to_ids(bytes, vocabulary, spec);
 
   const size_t train_end =
       static_cast<size_t>(std::floor((1.0 - spec.test_fraction) * static_cast<double>(n)));
@@ -115,6 +136,7 @@ Splits make_text_splits(const DataSpec& spec) {
 
   auto ids = std::make_shared<const std::vector<uint8_t>>(std::move(bytes));
   Splits s;
+  s.vocabulary = vocabulary;
   s.train = std::make_shared<TextDataset>(ids, 0, train_end, spec.context, vocab);
   if (spec.test_fraction > 0)
     s.test = std::make_shared<TextDataset>(ids, train_end, n, spec.context, vocab);
@@ -122,11 +144,3 @@ Splits make_text_splits(const DataSpec& spec) {
 }
 
 }  // namespace tessel::data::detail
-
-namespace tessel::data {
-
-std::vector<uint8_t> text_vocabulary(const DataSpec& spec) {
-  return detail::vocabulary_of(detail::read_text(spec.path));
-}
-
-}  // namespace tessel::data

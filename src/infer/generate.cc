@@ -157,10 +157,10 @@ std::vector<std::vector<int32_t>> generate(nn::Model& model, const std::vector<P
   return out;
 }
 
-std::vector<int32_t> encode(const std::string& text, const std::vector<uint8_t>& vocab) {
+std::vector<int32_t> encode(const std::string& text, const std::string& vocab) {
   int32_t id[256];
   std::fill(id, id + 256, -1);
-  for (size_t k = 0; k < vocab.size(); ++k) id[vocab[k]] = static_cast<int32_t>(k);
+  for (size_t k = 0; k < vocab.size(); ++k) id[static_cast<uint8_t>(vocab[k])] = static_cast<int32_t>(k);
   std::vector<int32_t> out;
   out.reserve(text.size());
   for (size_t i = 0; i < text.size(); ++i) {
@@ -168,19 +168,19 @@ std::vector<int32_t> encode(const std::string& text, const std::vector<uint8_t>&
     if (id[c] < 0)
       throw InvalidArgument(str("generate: byte ", i, " of the prompt (0x", std::hex,
                                 static_cast<int>(c), std::dec,
-                                ") is not in the model's vocabulary (the bytes of data.path); "
+                                ") is not in the model's vocabulary (the bytes of its training text); "
                                 "use only characters of the training text"));
     out.push_back(id[c]);
   }
   return out;
 }
 
-std::string decode(const std::vector<int32_t>& tokens, const std::vector<uint8_t>& vocab) {
+std::string decode(const std::vector<int32_t>& tokens, const std::string& vocab) {
   std::string out;
   for (int32_t t : tokens) {
     TESSEL_CHECK(t >= 0 && static_cast<size_t>(t) < vocab.size(), "generate: token ", t,
                  " outside the vocabulary of ", vocab.size());
-    out.push_back(static_cast<char>(vocab[t]));
+    out.push_back(vocab[t]);
   }
   return out;
 }

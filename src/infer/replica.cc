@@ -41,14 +41,16 @@ class OutputSink final : public nn::Loss {
 
 }  // namespace
 
-ModelInfo model_info(const train::Config& config) {
-  const data::Splits data = data::make_datasets(config.data);
+ModelInfo model_info(const train::Config& config, const std::string& checkpoint) {
+  data::DataSpec spec = config.data;  // text: the token ids the model was trained with
+  spec.vocabulary = ckpt::CheckpointReader(checkpoint).manifest().vocabulary;
+  const data::Splits data = data::make_datasets(spec);
   ModelInfo info;
   info.spec = config.model;
   info.spec.input_shape = data.train->input_shape();
   info.spec.num_classes = data.train->num_classes();
   info.input_dtype = data.train->input_dtype();
-  if (config.data.kind == "text") info.vocab = data::text_vocabulary(config.data);
+  info.vocab = data.vocabulary;
   return info;
 }
 
@@ -100,7 +102,7 @@ void Replica::load(const std::string& checkpoint) {
     }
     b = e;
   }
-  train::Checkpointer::load_weights(checkpoint, *model_);
+  train::Checkpointer::load_weights(ckpt::CheckpointReader(checkpoint), *model_);
 }
 
 Tensor Replica::forward(const Tensor& x, int64_t rows, int64_t first_row) {

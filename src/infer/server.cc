@@ -68,7 +68,7 @@ const nlohmann::json& rows_of(const nlohmann::json& body, const char* key, int64
 
 Server::Server(const train::Config& config, const std::string& checkpoint, int workers)
     : config_(config),
-      info_(model_info(config)),
+      info_(model_info(config, checkpoint)),
       metrics_(config.serve.max_batch, workers),
       http_(std::make_unique<httplib::Server>()) {
   if (config.parallel.pp_stages > 1 || config.parallel.tp_size > 1)

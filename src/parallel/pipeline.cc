@@ -284,16 +284,17 @@ PieceStats PipelineExecutor::eval(const Piece& piece, nn::Loss& loss, const Hook
   return run(piece, loss, hooks, false);
 }
 
-void PipelineExecutor::plan_micro_batches(int64_t rows, bool training) {
+void PipelineExecutor::check_batch_rows(int64_t rows) const {
   const int64_t m_spec = spec_.pp_microbatches;
-  if (training && !checked_rows_) {  // the first piece is a full batch slice
-    checked_rows_ = true;
-    if (rows % m_spec != 0)
-      throw InvalidArgument(str("config: pp.microbatches = ", m_spec, " does not divide the ", rows,
-                                " rows of each replica's batch (train.batch / dp",
-                                spec_.deterministic ? ", or ddp.micro_shard" : "",
-                                "); pick a divisor of ", rows, " or change train.batch"));
-  }
+  if (rows % m_spec != 0)
+    throw InvalidArgument(str("config: pp.microbatches = ", m_spec, " does not divide the ", rows,
+                              " rows of each replica's batch (train.batch / dp",
+                              spec_.deterministic ? ", or ddp.micro_shard" : "",
+                              "); pick a divisor of ", rows, " or change train.batch"));
+}
+
+void PipelineExecutor::plan_micro_batches(int64_t rows) {
+  const int64_t m_spec = spec_.pp_microbatches;
   // A short last batch may not divide evenly: the first micro-batches get one row more.
   const int m = static_cast<int>(std::min<int64_t>(m_spec, std::max<int64_t>(rows, 1)));
   micro_rows_.assign(m, rows / m);
@@ -307,7 +308,7 @@ void PipelineExecutor::plan_micro_batches(int64_t rows, bool training) {
 
 PieceStats PipelineExecutor::run(const Piece& piece, nn::Loss& loss, const Hooks& hooks,
                                  bool training) {
-  plan_micro_batches(piece.y.dim(0), training);
+  plan_micro_batches(piece.y.dim(0));
   const int m = static_cast<int>(micro_rows_.size());
   const auto& order = schedule_for(m, training)[stage_];
   PieceStats result;

@@ -48,12 +48,13 @@ std::vector<std::string> state_buffer_names(const optim::OptimSpec& spec) {
 
 }  // namespace
 
-Checkpointer::Checkpointer(const Config& config, parallel::Engine& engine)
-    : config_(config), engine_(engine), model_(engine.model()) {}
+Checkpointer::Checkpointer(const Config& config, parallel::Engine& engine, std::string vocabulary)
+    : config_(config), engine_(engine), model_(engine.model()), vocabulary_(std::move(vocabulary)) {}
 
 ckpt::Manifest Checkpointer::manifest() const {
   ckpt::Manifest m;
   m.model_kind = config_.model.kind;
+  m.vocabulary = vocabulary_;
   for (const nn::Parameter* p : model_.parameters())
     m.parameters.push_back({p->name, p->full_shape()});
   m.optimizer_kind = config_.optim.kind;
@@ -128,6 +129,12 @@ std::string Checkpointer::restore(const ckpt::CheckpointSource& reader) {
   if (m.model_kind != config_.model.kind)
     throw IoError(str("checkpoint: ", reader.dir(), " holds a ", m.model_kind, " model, the config a ",
                       config_.model.kind, "; resume with the config it was trained with"));
+  if (!m.vocabulary.empty() && m.vocabulary != vocabulary_)
+    throw IoError(str("checkpoint: ", reader.dir(), " was trained on text with a ",
+                      m.vocabulary.size(), "-token vocabulary, but ", config_.data.path,
+                      " gives ", vocabulary_.size(), " different tokens; resume on the text it "
+                      "was trained on (tessel eval reads other text with the checkpoint's "
+                      "vocabulary)"));
   check_parameters(reader, model_);
   parallel::StateView view = engine_.state();
   for (const nn::Range& r : view.held) read_range(reader, model_, "", r, view.values(r));
@@ -146,8 +153,7 @@ std::string Checkpointer::restore(const ckpt::CheckpointSource& reader) {
   return reader.trainer_json();
 }
 
-void Checkpointer::load_weights(const std::string& path, nn::Model& model) {
-  const ckpt::CheckpointReader reader(path);
+void Checkpointer::load_weights(const ckpt::CheckpointReader& reader, nn::Model& model) {
   check_parameters(reader, model);
   for (nn::Parameter* p : model.parameters())
     if (p->value.defined()) reader.read(p->name, 0, p->value.numel(), p->value.data<float>());

@@ -1,6 +1,7 @@
 #include "tessel/train/config.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -9,6 +10,7 @@
 #include <sstream>
 #include <toml++/toml.h>
 
+#include "config_suggest.h"
 #include "tessel/core/error.h"
 #include "tessel/train/run_trace.h"
 
@@ -66,10 +68,9 @@ std::string write_value(const T& x) {
   } else if constexpr (std::is_integral_v<T>) {
     return std::to_string(x);
   } else if constexpr (std::is_floating_point_v<T>) {
-    std::ostringstream os;
-    os.precision(9);
-    os << x;
-    std::string s = os.str();
+    // The shortest text that reads back as the same T: a float key set to 0.1 prints 0.1.
+    char buf[64];
+    std::string s(buf, std::to_chars(buf, buf + sizeof buf, x).ptr);
     if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // keep it a TOML float
     return s;
   } else if constexpr (std::is_same_v<T, std::string>) {
@@ -217,34 +218,6 @@ const std::vector<Key>& registry() {
 
 #undef TESSEL_KEY
 
-bool is_subsequence(const std::string& small, const std::string& big) {
-  size_t j = 0;
-  for (char ch : big)
-    if (j < small.size() && small[j] == ch) ++j;
-  return j == small.size();
-}
-
-// Closest valid key: prefers keys of the same section, and counts an abbreviation
-// ("lr" in "learning_rate", "batch" in "batchsize") as close.
-std::string nearest_key(const std::string& path) {
-  size_t dot = path.find('.');
-  std::string section = dot == std::string::npos ? "" : path.substr(0, dot);
-  std::string name = path.substr(dot == std::string::npos ? 0 : dot + 1);
-  std::string best;
-  double best_d = 1e9;
-  for (const Key& k : registry()) {
-    size_t kdot = k.path.find('.');
-    std::string ksection = kdot == std::string::npos ? "" : k.path.substr(0, kdot);
-    std::string kname = k.path.substr(kdot == std::string::npos ? 0 : kdot + 1);
-    double d = static_cast<double>(edit_distance(name, kname));
-    if (is_subsequence(kname, name) || is_subsequence(name, kname))
-      d = std::min(d, 1.0 + std::abs(double(name.size()) - double(kname.size())) / 4.0);
-    d += 0.5 * static_cast<double>(edit_distance(section, ksection));
-    if (d < best_d) best_d = d, best = k.path;
-  }
-  return best;
-}
-
 const Key* find_key(const std::string& path) {
   for (const Key& k : registry())
     if (k.path == path) return &k;
@@ -258,8 +231,7 @@ void apply_override(toml::table& root, const std::string& assignment) {
     throw InvalidArgument(str("config: --set expects section.key=value, got '", assignment, "'"));
   std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
   if (find_key(path) == nullptr)
-    throw InvalidArgument(str("config: unknown key '", path, "' in --set; did you mean '",
-                              nearest_key(path), "'? (docs/config.md lists every key)"));
+    throw InvalidArgument(unknown_key_message(path, " in --set"));
   toml::table parsed;
   try {
     parsed = toml::parse("v = " + text);
@@ -413,8 +385,7 @@ Config parse_config(const std::string& toml_text, const std::string& name,
   auto visit = [&](const std::string& path, const toml::node& v) {
     const Key* k = find_key(path);
     if (k == nullptr)
-      throw InvalidArgument(str("config: unknown key '", path, "'; did you mean '",
-                                nearest_key(path), "'? (docs/config.md lists every key)"));
+      throw InvalidArgument(unknown_key_message(path, ""));
     k->set(c, v);
   };
   for (auto&& [key, node] : root) {

@@ -45,23 +45,30 @@ EvalResult evaluate(const data::Dataset& dataset, const EvalPass& pass,
   return mean_of({sums[0], sums[1], static_cast<int64_t>(sums[2])});
 }
 
-Evaluator::Evaluator(const Config& config, const std::string& checkpoint)
-    : config_(config), data_(data::make_datasets(config.data)) {
+Evaluator::Evaluator(const Config& config, const std::string& checkpoint) : config_(config) {
+  const ckpt::CheckpointReader reader(checkpoint);
+  data::DataSpec data = config_.data;  // text: read with the token ids the model was trained with
+  data.vocabulary = reader.manifest().vocabulary;
+  data_ = data::make_datasets(data);
   nn::ModelSpec spec = config_.model;
   spec.input_shape = data_.train->input_shape();
   spec.num_classes = data_.train->num_classes();
   model_ = nn::build_model(spec);
   model_->materialize(config_.seed);
-  Checkpointer::load_weights(checkpoint, *model_);
+  Checkpointer::load_weights(reader, *model_);
 }
 
 Evaluator::~Evaluator() = default;
 
-EvalResult Evaluator::evaluate(const data::Dataset& dataset) {
+EvalResult Evaluator::evaluate(const data::Dataset& dataset, comm::Communicator* world) {
   nn::CrossEntropyLoss loss;
   EvalPass pass;
   pass.batch = config_.train.batch;
   pass.seed = config_.seed;
+  if (world != nullptr) {
+    pass.slice_rank = world->rank();
+    pass.slice_count = world->size();
+  }
   return train::evaluate(
       dataset, pass,
       [&](const parallel::Piece& p) -> parallel::PieceStats {
@@ -71,7 +78,9 @@ EvalResult Evaluator::evaluate(const data::Dataset& dataset) {
         return {static_cast<double>(v.mean) * rows,
                 static_cast<double>(v.correct) * rows / static_cast<double>(v.positions), rows};
       },
-      [](double*, int) {});
+      [world](double* v, int n) {
+        if (world != nullptr) world->allreduce(v, static_cast<size_t>(n), comm::ElemType::kF64);
+      });
 }
 
 Tensor Evaluator::outputs(const data::Dataset& dataset, int64_t limit) {

@@ -33,6 +33,7 @@ std::string choose_restart(const Snapshots* snapshots, const std::string& run_di
     opts.resume = original.resume;
   }
   *from_step = -1;
+  opts.overwrite = true;  // from the start: the failed attempt's files go (with a resume: kept)
   return opts.resume.empty() ? std::string("the start") : opts.resume;
 }
 

@@ -14,10 +14,12 @@
 #include "tessel/ops/cpu.h"
 #include "tessel/optim/schedule.h"
 #include "tessel/parallel/parameter_server.h"
+#include "tessel/parallel/pipeline.h"
 #include "tessel/train/checkpointer.h"
 #include "tessel/core/trace.h"
 #include "tessel/train/progress.h"
 #include "tessel/train/recovery.h"
+#include "tessel/train/run_folder.h"
 #include "tessel/train/run_trace.h"
 
 namespace tessel::train {
@@ -48,12 +50,19 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
   prefetch_ = resolve_prefetch(config_.train.prefetch, world->ranks_on_host(),
                                config_.runtime.threads,
                                static_cast<int>(std::thread::hardware_concurrency()));
+  // Caught here (and so by `tessel config`), not by the first step's forward.
+  if ((config_.model.kind == "gpt") != (data_.train->input_dtype() == DType::kI32))
+    throw InvalidArgument(str("model: ", config_.model.kind, " reads ",
+                              config_.model.kind == "gpt" ? "token ids" : "features",
+                              ", but data.kind = '", config_.data.kind, "' gives ",
+                              config_.model.kind == "gpt" ? "features" : "token ids",
+                              "; a gpt model trains on data.kind = 'text', mlp and cnn on the others"));
   nn::ModelSpec spec = config_.model;
   spec.input_shape = data_.train->input_shape();
   spec.num_classes = data_.train->num_classes();
   engine_ = std::make_unique<parallel::Engine>(config_.parallel, config_.optim, *world, spec,
                                                config_.seed);
-  checkpointer_ = std::make_unique<Checkpointer>(config_, *engine_);
+  checkpointer_ = std::make_unique<Checkpointer>(config_, *engine_, data_.vocabulary);
   set_up_loader();
   base_lr_ = optim::scaled_lr(config_.optim.lr, config_.train.batch * config_.train.accumulate,
                               config_.train.base_batch);
@@ -66,6 +75,37 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
 }
 
 Trainer::~Trainer() = default;
+
+json Trainer::plan() const {
+  const int64_t bpe = loader_->batches_per_epoch();
+  const int64_t per_step = lockstep_ ? config_.train.accumulate : engine_->data_size();
+  json memory;
+  for (int c = 0; c < kMemCategories; ++c)
+    memory[mem_category_name(static_cast<MemCategory>(c))] =
+        ledger_->current(static_cast<MemCategory>(c));
+  json out = {{"world_size", world_->size()},
+              {"layout", engine_->layout().str()},
+              {"engine", engine_->parts()},
+              {"model", config_.model.kind},
+              {"num_parameters", engine_->model().num_parameters()},
+              {"dataset", data_.train->name()},
+              {"train_samples", data_.train->size()},
+              {"global_batch", config_.train.batch * config_.train.accumulate},
+              {"steps_per_epoch", (bpe + per_step - 1) / per_step},
+              {"steps", total_steps_},
+              {"schedule_steps", schedule_steps_},
+              {"run_dir", run_dir_},
+              {"memory_bytes", memory}};
+  if (const parallel::PipelineExecutor* p = engine_->pipeline()) {
+    const parallel::Partition& part = p->partition();
+    json stages = json::array();
+    for (size_t c = 0; c < part.chunks(); ++c)
+      stages.push_back({{"stage", part.stage[c]},
+                        {"blocks", json::array({part.begin[c], part.begin[c + 1]})}});
+    out["pipeline_chunks"] = stages;
+  }
+  return out;
+}
 
 void Trainer::set_up_loader() {
   const int64_t workers = engine_->data_size();
@@ -117,11 +157,15 @@ void Trainer::set_up_loader() {
                                 data_.train->size() % config_.train.batch,
                                 "; set train.drop_last = true"));
   }
+  if (parallel::PipelineExecutor* p = engine_->pipeline())  // every replica's rows, on every rank
+    for (int64_t r = 0; r < workers; ++r)
+      p->check_batch_rows((r + 1) * config_.train.batch / workers - r * config_.train.batch / workers);
   const int64_t k = config_.train.accumulate;
-  total_steps_ = config_.train.epochs * ((bpe + k - 1) / k);
+  schedule_steps_ = total_steps_ = config_.train.epochs * ((bpe + k - 1) / k);
   if (config_.train.max_steps > 0) total_steps_ = std::min(total_steps_, config_.train.max_steps);
   if (!lockstep_) {  // a step is `workers` worker batches, whoever trains them
     claim_budget_ = config_.train.epochs * bpe;
+    schedule_steps_ = (claim_budget_ + workers - 1) / workers;
     if (config_.train.max_steps > 0)
       claim_budget_ = std::min(claim_budget_, config_.train.max_steps * workers);
     total_steps_ = (claim_budget_ + workers - 1) / workers;
@@ -129,7 +173,7 @@ void Trainer::set_up_loader() {
 }
 
 float Trainer::lr_at(int64_t step) const {
-  return optim::lr_at(config_.schedule, base_lr_, step, total_steps_);
+  return optim::lr_at(config_.schedule, base_lr_, step, schedule_steps_);
 }
 
 void Trainer::train_piece(const parallel::Piece& piece, EvalResult& sums) {
@@ -266,6 +310,8 @@ void Trainer::end_epoch(State& s, double epoch_start, json& epoch_records, EvalR
   const EvalResult train = global_mean(s.epoch_sums);
   json rec = {{"type", "epoch"}, {"epoch", s.epoch + 1}, {"step", step_},
               {"train_loss", train.loss}, {"train_accuracy", train.accuracy}};
+  // train.max_steps ended the run inside the epoch; a resume finishes it with another record.
+  if (s.batch_in_epoch < loader_->batches_per_epoch()) rec["partial"] = true;
   if (data_.test) {
     last_test = evaluate(*data_.test);
     last_test_step = step_;
@@ -312,9 +358,17 @@ json Trainer::run() {
   MemoryScope memory(ledger_, MemCategory::kOther);
   TraceScope trace(trace_ ? trace_->tracer() : nullptr);
   if (trace_) trace_->align(*world_);
-  const double wall_start = now_seconds();
+  wall_start_ = now_seconds();
   State s;
   const bool resuming = !options_.resume.empty() || options_.resume_snapshot;
+  const RunStart start = resuming ? RunStart::kResume
+                         : options_.overwrite ? RunStart::kOverwrite
+                                              : RunStart::kFresh;
+  prepare_run_folder(*world_, run_dir_, start,
+                     {options_.command, engine_->layout().str(),
+                      options_.resume_snapshot ? "an in-memory snapshot"
+                      : resuming               ? ckpt::resolve_checkpoint_dir(options_.resume)
+                                               : ""});
   if (resuming) restore(options_.resume, s);
   if (engine_->ps() && engine_->ps()->is_server()) {  // serves the workers until they finish
     json out = engine_->ps()->serve([this](int64_t step) { return lr_at(step); });
@@ -326,7 +380,7 @@ json Trainer::run() {
     std::ofstream(fs::path(run_dir_) / "config.toml") << to_toml(config_);
   engine_->start();
 
-  const int64_t epochs = config_.train.epochs;
+  const int64_t bpe = loader_->batches_per_epoch(), epochs = config_.train.epochs;
   start_step_ = step_;
   start_batches_ = batches_done_;
   start_progress();
@@ -349,6 +403,11 @@ json Trainer::run() {
     const double end_start = now_seconds();
     last_train = global_mean(s.epoch_sums);
     end_epoch(s, epoch_start, epoch_records, last_test, last_test_step);
+    if (s.batch_in_epoch < bpe) {  // the budget ended inside the epoch: a resume goes on here
+      save(s);
+      progress_->epoch_end_took(now_seconds() - end_start);
+      break;
+    }
     s.epoch_sums = EvalResult{};
     const bool last_epoch = s.epoch + 1 >= epochs || !budget_left();
     const int64_t every = config_.checkpoint.every_epochs;
@@ -366,7 +425,7 @@ json Trainer::run() {
     progress_->info(str("stopped at step ", step_, "; continue with --resume ", run_dir_));
   }
   if (data_.test && last_test_step != step_) last_test = evaluate(*data_.test);
-  json out = summary(s, last_train, last_test, epoch_records, wall_start, !stopped);
+  json out = summary(s, last_train, last_test, epoch_records, !stopped);
   finish_trace();
   return out;
 }
@@ -381,13 +440,15 @@ void Trainer::finish_trace() {
 }
 
 json Trainer::summary(const State& s, const EvalResult& last_train, const EvalResult& last_test,
-                      const json& epoch_records, double wall_start, bool completed) {
+                      const json& epoch_records, bool completed) {
   double samples = static_cast<double>(s.train_samples), seconds = s.train_seconds;
   engine_->sum(&samples, 1);
   engine_->max(&seconds, 1);
   const std::string digest = engine_->params_sha256();
-  double peak_rss = static_cast<double>(peak_rss_bytes());
-  engine_->max(&peak_rss, 1);
+  // Each training rank's process (ranks as threads share one).
+  json rss = json::array();
+  for (double b : engine_->gather(static_cast<double>(peak_rss_bytes())))
+    rss.push_back(static_cast<int64_t>(b));
   json out = {
       {"model", config_.model.kind},
       {"dataset", data_.train->name()},
@@ -403,10 +464,11 @@ json Trainer::summary(const State& s, const EvalResult& last_train, const EvalRe
       {"test_accuracy", data_.test ? json(last_test.accuracy) : json(nullptr)},
       {"samples_per_second", samples / std::max(1e-9, seconds)},
       {"train_seconds", seconds},
-      {"wall_seconds", now_seconds() - wall_start},
+      {"wall_seconds", s.wall_seconds + now_seconds() - wall_start_},
       {"params_sha256", digest},
       {"num_parameters", engine_->model().num_parameters()},
-      {"peak_rss_bytes", static_cast<int64_t>(peak_rss)},
+      {"peak_rss_bytes", *std::max_element(rss.begin(), rss.end())},
+      {"peak_rss_bytes_per_rank", rss},
       {"threads", config_.runtime.threads},
       {"completed", completed},
       {"run_dir", run_dir_}};

@@ -30,6 +30,7 @@ void Trainer::save(const State& s, bool to_disk) {
             {"epoch_correct_sum", totals[1]},
             {"epoch_samples", static_cast<int64_t>(totals[2])},
             {"train_seconds", s.train_seconds},
+            {"wall_seconds", s.wall_seconds + now_seconds() - wall_start_},
             {"train_samples", static_cast<int64_t>(totals[3])},
             {"world_size", world_->size()},
             {"layout", engine_->layout().str()},
@@ -63,6 +64,7 @@ void Trainer::restore(const std::string& path, State& s) {
     s.epoch_sums.accuracy = t.at("epoch_correct_sum").get<double>();
     s.epoch_sums.samples = t.at("epoch_samples").get<int64_t>();
     s.train_seconds = t.at("train_seconds").get<double>();
+    s.wall_seconds = t.value("wall_seconds", s.train_seconds);  // absent before it was saved
     s.train_samples = t.at("train_samples").get<int64_t>();
     // The position in another layout's batches (lockstep: train.batch rows, else worker batches).
     const int64_t saved_rows = t.value("batch_rows", config_.train.batch);

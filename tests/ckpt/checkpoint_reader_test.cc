@@ -224,8 +224,14 @@ TEST(Checkpoint, ManifestDefectsNameTheField) {
       {[](Json& j) { j["trainer"] = 3; }, "field \"trainer\" that is not a JSON object"},
       {[](Json& j) { j["format"] = "other"; }, "field \"format\" that is 'other'"},
       {[](Json& j) { j = Json::array(); }, "is not a JSON object", false},
-      {[](Json& j) { j["version"] = 2; }, "has version 2, newer than the 1 this tessel reads",
+      {[](Json& j) { j["version"] = 3; }, "has version 3, newer than the 2 this tessel reads",
        false},
+      {[](Json& j) { j["tokenizer"] = {{"kind", "words"}, {"vocabulary", {97}}}; },
+       "field \"tokenizer.kind\" that is 'words', not 'bytes'"},
+      {[](Json& j) { j["tokenizer"] = {{"kind", "bytes"}, {"vocabulary", {97, 98, 97}}}; },
+       "field \"tokenizer.vocabulary[2]\" that is not a byte of its own, got 97"},
+      {[](Json& j) { j["tokenizer"] = {{"kind", "bytes"}, {"vocabulary", {300}}}; },
+       "field \"tokenizer.vocabulary[0]\" that is not a byte of its own, got 300"},
       {[](Json& j) { j["model_kind"] = "cnn"; }, "does not match the SHA-256 it records", false},
       {[](Json& j) { j["shards"][2]["sha256"] = std::string(64, 'a'); },
        "shard-00002.safetensors does not match the SHA-256 manifest.json records"},
@@ -243,6 +249,13 @@ TEST(Checkpoint, ManifestDefectsNameTheField) {
                        manifest + " is not valid JSON (error at byte "));
   write_bytes(manifest, good);
   expect_model(CheckpointReader(dir), m);
+  // A language model's tokenizer reads back; a version 1 manifest (before tokenizers) loads.
+  edit_manifest(dir, [](Json& j) { j["tokenizer"] = {{"kind", "bytes"}, {"vocabulary", {10, 97, 255}}}; });
+  EXPECT_EQ(CheckpointReader(dir).manifest().vocabulary, std::string("\na\xff"));
+  write_bytes(manifest, good);
+  edit_manifest(dir, [](Json& j) { j["version"] = 1; });
+  expect_model(CheckpointReader(dir), m);
+  EXPECT_EQ(CheckpointReader(dir).manifest().vocabulary, "");
 }
 
 TEST(Checkpoint, MissingPiecesGiveClearErrors) {

@@ -1,62 +1,10 @@
 // End-to-end tests of the tessel binary: bad inputs give a clear message and exit code 1
 // (never a crash), and an interrupted-and-resumed run ends with the same parameters.
-#include <gtest/gtest.h>
-#include <sys/wait.h>
-
-#include <cstdio>
-#include <filesystem>
-#include <fstream>
-#include <nlohmann/json.hpp>
-#include <string>
-
-namespace fs = std::filesystem;
+#include "cli_testing.h"
 
 namespace {
 
-const std::string kTessel = std::string(TESSEL_BINARY_DIR) + "/apps/tessel/tessel";
-const std::string kExamples = std::string(TESSEL_SOURCE_DIR) + "/examples";
-
-struct Result {
-  int exit_code = -1;  // -1: killed by a signal (a crash)
-  std::string output;  // stdout and stderr together
-};
-
-Result run(const std::string& args) {
-  std::string cmd = kTessel + " " + args + " 2>&1";
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  size_t n;
-  while ((n = fread(buf, 1, sizeof buf, p)) > 0) r.output.append(buf, n);
-  int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-class Cli : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("tessel_cli_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) +
-            "_" + std::to_string(getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return (dir_ / name).string(); }
-  fs::path dir_;
-};
-
-void expect_error(const Result& r, const std::string& needle) {
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("tessel: error: "), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find(needle), std::string::npos) << "expected '" << needle << "' in:\n" << r.output;
-}
-
-nlohmann::json read_json(const std::string& p) {
-  std::ifstream in(p);
-  return nlohmann::json::parse(in);
-}
+using namespace tessel_cli;
 
 TEST_F(Cli, HelpAndUsage) {
   Result r = run("--help");

@@ -3,58 +3,26 @@
 // in headless Chromium (no console errors, every section drawn; a screenshot is saved in the
 // build folder as report_test.png).
 #include <gtest/gtest.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
-#include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
 
-namespace fs = std::filesystem;
+#include "cli_testing.h"
 
 namespace {
 
-const std::string kTessel = std::string(TESSEL_BINARY_DIR) + "/apps/tessel/tessel";
+using tessel_cli::kTessel;
+using tessel_cli::sh;
+using tessel_cli::slurp;
 const std::string kSpiral = std::string(TESSEL_SOURCE_DIR) + "/examples/spiral.toml";
 const char* kSections[] = {"overview", "curves",  "throughput", "load-balance", "memory",
                            "pipeline", "timeline", "staleness", "collectives"};
 
-struct Result {
-  int exit_code = -1;
-  std::string out;  // the command's output as redirected by `cmd`
-};
-
-Result sh(const std::string& cmd) {
-  Result r;
-  FILE* p = popen(cmd.c_str(), "r");
-  char buf[4096];
-  while (size_t n = fread(buf, 1, sizeof buf, p)) r.out.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-class Observe : public ::testing::Test {
- protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           ("tessel_observe_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) +
-            "_" + std::to_string(getpid()));
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  fs::path dir_;
-};
+using tessel_cli::Result;
+class Observe : public tessel_cli::Cli {};
 
 // Progress goes to stderr; piped, it is one plain line per train.log_every steps and the last.
 TEST_F(Observe, PipedProgressIsOneLinePerLogEvery) {
@@ -62,22 +30,22 @@ TEST_F(Observe, PipedProgressIsOneLinePerLogEvery) {
   const Result r = sh(kTessel + " train " + kSpiral + " --set train.epochs=5 --set train.log_every=4 "
                       "--set checkpoint.every_epochs=0 --run-dir " + (dir_ / "run").string() +
                       " 2>&1 >/dev/null | cat");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
   std::vector<int> steps;
   const std::regex line(R"(epoch \d+/5 step (\d+)/50 loss [0-9.]+ acc [0-9.]+% \d+ samples/s comm \d+% mem [0-9.]+ MiB \(rank 0\).* ETA \S+)");
   const std::regex any_line("[^\n]*step [^\n]*");
-  for (std::sregex_iterator it(r.out.begin(), r.out.end(), any_line), end; it != end; ++it) {
+  for (std::sregex_iterator it(r.output.begin(), r.output.end(), any_line), end; it != end; ++it) {
     std::smatch m;
     const std::string text = it->str();
     ASSERT_TRUE(std::regex_match(text, m, line)) << "unexpected progress line: " << text;
     steps.push_back(std::stoi(m[1]));
   }
   EXPECT_EQ(steps, (std::vector<int>{4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 50}));
-  EXPECT_EQ(r.out.find('\r'), std::string::npos) << "a live line in a pipe";
+  EXPECT_EQ(r.output.find('\r'), std::string::npos) << "a live line in a pipe";
   const Result quiet = sh(kTessel + " train " + kSpiral + " --quiet --set train.epochs=2 --run-dir " +
                           (dir_ / "quiet").string() + " 2>&1 >/dev/null | cat");
   EXPECT_EQ(quiet.exit_code, 0);
-  EXPECT_EQ(quiet.out, "");
+  EXPECT_EQ(quiet.output, "");
 }
 
 // A rank persistently slower than its peers is named in the progress line once it has been the
@@ -87,10 +55,10 @@ TEST_F(Observe, StragglerIsNamedInTheLineAndSummary) {
   const Result r = sh(kTessel + " train " + kSpiral + " --workers 3 --set train.epochs=2 "
                       "--set train.log_every=2 --set debug.slow_rank=1 --set debug.delay_ms=8 "
                       "--set checkpoint.every_epochs=0 --run-dir " + run.string() + " 2>&1 >/dev/null | cat");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_TRUE(std::regex_search(r.out, std::regex(R"(step 20/20 .* straggler rank 1 \(x[0-9.]+\))")))
-      << r.out;
-  EXPECT_FALSE(std::regex_search(r.out, std::regex("straggler rank [02]"))) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(std::regex_search(r.output, std::regex(R"(step 20/20 .* straggler rank 1 \(x[0-9.]+\))")))
+      << r.output;
+  EXPECT_FALSE(std::regex_search(r.output, std::regex("straggler rank [02]"))) << r.output;
   const std::string summary = slurp(run / "summary.json");
   EXPECT_TRUE(std::regex_search(summary, std::regex(R"("straggler": \{\s*"rank": 1,)"))) << summary;
 }
@@ -100,15 +68,15 @@ TEST_F(Observe, StragglerIsNamedInTheLineAndSummary) {
 TEST_F(Observe, BenchCommPrintsNcclTestsColumns) {
   const Result r = sh(kTessel + " bench comm --workers 3 --sizes 4KiB,64KiB --repeats 3 "
                       "--collective reduce_scatter,allgather,allreduce --algorithm ring 2>&1");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
-  EXPECT_NE(r.out.find("#       size        count      type  redop  root       time   algbw   busbw "
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("#       size        count      type  redop  root       time   algbw   busbw "
                        "#wrong       time   algbw   busbw #wrong"),
             std::string::npos)
-      << r.out;
+      << r.output;
   // A row: size count type redop root, then time algbw busbw #wrong out of place and in place.
   const std::regex row(R"(\s+(\d+)\s+(\d+)\s+float\s+(sum|none)\s+-1\s+(n/a|[0-9.]+\s+[0-9.]+\s+[0-9.]+\s+0)\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+\s+0)");
   int rows = 0, na = 0;
-  std::istringstream lines(r.out);
+  std::istringstream lines(r.output);
   for (std::string l; std::getline(lines, l);) {
     if (l.empty() || l[0] == '#') continue;
     std::smatch m;
@@ -119,13 +87,13 @@ TEST_F(Observe, BenchCommPrintsNcclTestsColumns) {
   }
   EXPECT_EQ(rows, 6);  // 3 collectives x 2 sizes
   EXPECT_EQ(na, 2);    // allreduce
-  EXPECT_NE(r.out.find("# wrong elements : 0 OK"), std::string::npos) << r.out;
+  EXPECT_NE(r.output.find("# wrong elements : 0 OK"), std::string::npos) << r.output;
 }
 
 TEST_F(Observe, ReportOfAMissingRunSaysWhatToPass) {
   const Result r = sh(kTessel + " report " + (dir_ / "nothing").string() + " 2>&1");
-  EXPECT_EQ(r.exit_code, 1) << r.out;
-  EXPECT_NE(r.out.find("holds no summary.json"), std::string::npos) << r.out;
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("holds no summary.json"), std::string::npos) << r.output;
 }
 
 TEST_F(Observe, ReportOfATracedPipelineRendersInChromium) {
@@ -134,14 +102,14 @@ TEST_F(Observe, ReportOfATracedPipelineRendersInChromium) {
                       "--set pp.microbatches=3 --set train.epochs=3 --set train.batch=24 "
                       "--set trace.steps=3:9 --set checkpoint.every_epochs=0 --run-dir " +
                       run.string() + " 2>&1");
-  ASSERT_EQ(t.exit_code, 0) << t.out;
+  ASSERT_EQ(t.exit_code, 0) << t.output;
   const Result r = sh(kTessel + " report " + run.string() + " 2>&1");
-  ASSERT_EQ(r.exit_code, 0) << r.out;
+  ASSERT_EQ(r.exit_code, 0) << r.output;
   const std::string html = slurp(run / "report.html");
   for (const char* id : kSections)
     EXPECT_NE(html.find(std::string("<section id=\"") + id + "\"><h2>"), std::string::npos) << id;
   EXPECT_EQ(html.find("src=\"http"), std::string::npos) << "the page must be self-contained";
-  EXPECT_GE(sh("grep -c '<svg' " + (run / "report.html").string()).out.size(), 1u);
+  EXPECT_GE(sh("grep -c '<svg' " + (run / "report.html").string()).output.size(), 1u);
   if (sh("command -v chromium > /dev/null 2>&1").exit_code != 0)
     GTEST_SKIP() << "chromium not installed (scripts/setup.sh): HTML checked, not rendered";
   const std::string png = std::string(TESSEL_BINARY_DIR) + "/report_test.png";
@@ -152,7 +120,7 @@ TEST_F(Observe, ReportOfATracedPipelineRendersInChromium) {
   const Result dom = sh(chromium + "--dump-dom " + url + " 2>" + (dir_ / "dom.log").string());
   ASSERT_EQ(dom.exit_code, 0) << slurp(dir_ / "dom.log");
   for (const char* id : kSections)
-    EXPECT_NE(dom.out.find(std::string("<section id=\"") + id + "\">"), std::string::npos)
+    EXPECT_NE(dom.output.find(std::string("<section id=\"") + id + "\">"), std::string::npos)
         << id << " missing from the rendered page";
   const Result shot = sh(chromium + "--screenshot=" + png + " " + url + " 2>" + (dir_ / "shot.log").string());
   ASSERT_EQ(shot.exit_code, 0) << slurp(dir_ / "shot.log");

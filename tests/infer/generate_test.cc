@@ -110,7 +110,7 @@ TEST(Generate, BadPromptsAreRefusedByName) {
 }
 
 TEST(Generate, TextThroughTheByteVocabulary) {
-  const std::vector<uint8_t> vocab = {'\n', ' ', 'a', 'b', 'c'};
+  const std::string vocab = "\n abc";
   EXPECT_EQ(encode("ab c", vocab), (std::vector<int32_t>{2, 3, 1, 4}));
   EXPECT_EQ(decode({4, 2, 0}, vocab), "ca\n");
   try {

@@ -89,7 +89,7 @@ Forward forward(int stages, int64_t limit_mb) {
       train::load_config(TrainedMlp::config(),
                          {"pp.stages=" + std::to_string(stages),
                           "runtime.memory_limit_mb=" + std::to_string(limit_mb), "infer.batch=32"});
-  const ModelInfo info = model_info(config);
+  const ModelInfo info = model_info(config, TrainedMlp::run_dir());
   const Rows rows = open_input(TrainedMlp::images(), info, config.data)->read(300);
   Forward f{Tensor(), std::vector<int64_t>(static_cast<size_t>(stages))};
   comm::run_threads(stages, [&](comm::Communicator& world) {

@@ -37,7 +37,7 @@ inline std::vector<float> checkpoint_params(const train::Config& cfg, const data
   spec.num_classes = data.train->num_classes();
   auto model = nn::build_model(spec);
   model->materialize(cfg.seed);
-  train::Checkpointer::load_weights(run_dir, *model);
+  train::Checkpointer::load_weights(ckpt::CheckpointReader(run_dir), *model);
   const Tensor& v = model->values();
   return {v.data<float>(), v.data<float>() + v.numel()};
 }

@@ -109,6 +109,35 @@ TEST(Config, EveryKeyIsDocumented) {
     EXPECT_NE(ss.str().find("`" + key + "`"), std::string::npos) << key << " not in docs/config.md";
 }
 
+// docs/config.md's "Coming from PyTorch or DeepSpeed" table: every name in a row's second
+// column is answered with the tessel key of its third column ("none": tessel has no key).
+TEST(Config, OtherFrameworksNamesMatchTheDocsTable) {
+  std::ifstream in(std::string(TESSEL_SOURCE_DIR) + "/docs/config.md");
+  bool inside = false;
+  int rows = 0;
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("## ", 0) == 0) inside = line == "## Coming from PyTorch or DeepSpeed";
+    if (!inside || line.rfind("| ", 0) != 0 || line.rfind("| their term", 0) == 0) continue;
+    std::vector<std::string> cells;
+    std::stringstream row(line.substr(1));
+    for (std::string cell; std::getline(row, cell, '|');) cells.push_back(cell);
+    ASSERT_GE(cells.size(), 3u) << line;
+    const size_t key_at = cells[2].find('`');
+    const std::string key = key_at == std::string::npos
+                                ? "" : cells[2].substr(key_at + 1, cells[2].find('`', key_at + 1) - key_at - 1);
+    std::stringstream names(cells[1]);
+    for (std::string name; std::getline(names, name, '`');) {
+      if (!std::getline(names, name, '`')) break;  // the text between backticks
+      const std::string path = name.find('.') == std::string::npos ? "train." + name : name;
+      const std::string e = error_of("", {path + "=1"});
+      EXPECT_NE(e.find(key.empty() ? "tessel has no such key" : "did you mean '" + key + "'"),
+                std::string::npos) << name << " -> " << e;
+      ++rows;
+    }
+  }
+  EXPECT_GE(rows, 20);
+}
+
 TEST(Config, MissingFileIsIoError) {
   EXPECT_THROW(load_config("/nonexistent/x.toml"), IoError);
 }

@@ -4,6 +4,7 @@
 //                                                          optimizer state (see ShardSlice)
 //                              manifest.json             format, parameters (name, shape),
 //                                                          optimizer (kind, steps, buffers),
+//                                                          tokenizer (a language model's),
 //                                                          every shard file with its SHA-256
 //                              trainer.json              the Trainer's position (opaque here)
 //   RUN/checkpoints/latest                               text: the name of the newest folder
@@ -49,8 +50,11 @@ struct TensorSpec {
 };
 
 struct Manifest {
-  static constexpr int kVersion = 1;
+  static constexpr int kVersion = 2;      // 2 added the tokenizer; version 1 still loads
   std::string model_kind;                 // "mlp", "cnn", "gpt"
+  // A language model's tokenizer: the byte each token id stands for, in id order (each byte
+  // of the text is one token). Empty for other models and in version 1 manifests.
+  std::string vocabulary;
   std::vector<TensorSpec> parameters;     // in model order
   std::string optimizer_kind;             // "sgd", "adamw"
   int64_t optimizer_steps = 0;

@@ -3,7 +3,6 @@
 // turns an Error into an exit code. TESSEL_CHECK is always on; TESSEL_DCHECK only in debug.
 #pragma once
 
-#include <initializer_list>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -54,9 +53,6 @@ std::string str(Args&&... args) {
 // A value as a message echoes it: whole up to 80 characters, else its first 60, "..." and its
 // length, so that a 100,000-character value does not flood the terminal.
 std::string excerpt(const std::string& value);
-// Levenshtein distance, and the choice nearest to `word` ("did you mean" in error messages).
-size_t edit_distance(const std::string& a, const std::string& b);
-std::string nearest(const std::string& word, std::initializer_list<const char*> choices);
 
 namespace detail {
 [[noreturn]] void check_failed(const char* file, int line, const char* cond, const std::string& msg);

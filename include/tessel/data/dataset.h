@@ -44,19 +44,20 @@ struct DataSpec {
   int64_t samples = 1024;         // synthetic
   int64_t features = 32;          // synthetic
   uint64_t seed = 1;              // spiral / synthetic generation
+  // text: a fixed vocabulary, the byte of each token id in id order (a checkpoint's, so that a
+  // trained model reads new text with its own ids); a byte outside it is an error. Not a config
+  // key. Empty: the file's own distinct bytes.
+  std::string vocabulary;
 };
 
 struct Splits {
   std::shared_ptr<const Dataset> train;
   std::shared_ptr<const Dataset> test;  // may be null when the dataset has no test split
+  std::string vocabulary;  // text: the byte of each token id, in id order; empty otherwise
 };
 
 // Builds the train and test sets. Throws IoError for a missing, truncated or corrupt file,
 // InvalidArgument for an impossible option, each naming the file or key and what to do.
 Splits make_datasets(const DataSpec& spec);
-
-// kind text: the vocabulary of data.path as the dataset builds it, the distinct bytes of the
-// file in ascending order (token id = index into it). Throws IoError like make_datasets.
-std::vector<uint8_t> text_vocabulary(const DataSpec& spec);
 
 }  // namespace tessel::data

@@ -41,7 +41,7 @@ int32_t choose_token(const float* logits, int64_t V, const SampleOptions& option
 
 // Text <-> token ids through a byte vocabulary (token id = index of the byte). Throws
 // InvalidArgument naming the byte when the vocabulary lacks it.
-std::vector<int32_t> encode(const std::string& text, const std::vector<uint8_t>& vocab);
-std::string decode(const std::vector<int32_t>& tokens, const std::vector<uint8_t>& vocab);
+std::vector<int32_t> encode(const std::string& text, const std::string& vocab);
+std::string decode(const std::vector<int32_t>& tokens, const std::string& vocab);
 
 }  // namespace tessel::infer

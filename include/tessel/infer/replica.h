@@ -20,14 +20,15 @@
 namespace tessel::infer {
 
 // The model a config describes, with the shapes its dataset gives (input, classes) and, for a
-// text dataset, the vocabulary (token id -> byte). Built once per process.
+// text dataset, the vocabulary (the byte of each token id) that `checkpoint` was trained with.
+// Built once per process.
 struct ModelInfo {
   nn::ModelSpec spec;
   DType input_dtype = DType::kF32;
-  std::vector<uint8_t> vocab;
+  std::string vocab;
   bool generates() const { return spec.kind == "gpt"; }
 };
-ModelInfo model_info(const train::Config& config);
+ModelInfo model_info(const train::Config& config, const std::string& checkpoint);
 
 class Replica {
  public:

@@ -90,6 +90,10 @@ class PipelineExecutor final : public Executor {
   // After each step's update: the embedding stage sends the new tied table to the head's stage.
   void sync_tied_table(ParamStore& store);
 
+  // Throws InvalidArgument unless pp.microbatches divides `rows`, the rows of a replica's
+  // slice of a full batch (the trainer checks every replica's before the first step).
+  void check_batch_rows(int64_t rows) const;
+
   int stage() const { return stage_; }
   const Partition& partition() const { return part_; }
   // The last training piece's tasks as they ran on this rank.
@@ -107,7 +111,7 @@ class PipelineExecutor final : public Executor {
   void find_tied_table();
   void build_links();
   const std::vector<std::vector<Task>>& schedule_for(int micro, bool training);
-  void plan_micro_batches(int64_t rows, bool training);
+  void plan_micro_batches(int64_t rows);
   nn::Activations* acquire(int chunk);
   void send(Link& link, const Tensor& t);
   // expect: the shape (and expect_type the type) the message must have; null: any, rows first.
@@ -141,7 +145,6 @@ class PipelineExecutor final : public Executor {
   std::map<int, nn::Activations> scratch_;
   std::map<std::pair<int, int>, Inflight> inflight_;
   std::vector<Pending> pending_;
-  bool checked_rows_ = false;
 
   // Per-piece facts the tasks use.
   std::vector<int64_t> micro_rows_, micro_first_;

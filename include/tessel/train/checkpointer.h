@@ -7,6 +7,7 @@
 
 #include <string>
 
+#include "tessel/ckpt/checkpoint.h"
 #include "tessel/nn/model.h"
 #include "tessel/parallel/engine.h"
 #include "tessel/train/snapshots.h"
@@ -16,7 +17,9 @@ namespace tessel::train {
 
 class Checkpointer {
  public:
-  Checkpointer(const Config& config, parallel::Engine& engine);
+  // vocabulary: the tokenizer of a language model's text (data::Splits), saved with every
+  // checkpoint and checked on restore; empty for other data.
+  Checkpointer(const Config& config, parallel::Engine& engine, std::string vocabulary);
 
   // Collective over the training ranks (the engine reaches parameter servers): writes step
   // `step`'s checkpoint under run_dir with rank 0's trainer_json and returns the committed
@@ -32,9 +35,9 @@ class Checkpointer {
   // This rank's part of the in-memory snapshot of step `step` (ranks as threads; no
   // communication). trainer_json counts from rank 0 only.
   void snapshot(Snapshots& snapshots, int64_t step, const std::string& trainer_json);
-  // The weights (only) of the checkpoint at `path` into the model's bound parameter values:
-  // all of a materialized model, or the blocks a pipeline stage holds.
-  static void load_weights(const std::string& path, nn::Model& model);
+  // The weights (only) of an opened checkpoint into the model's bound parameter values: all of
+  // a materialized model, or the blocks a pipeline stage holds.
+  static void load_weights(const ckpt::CheckpointReader& reader, nn::Model& model);
 
  private:
   ckpt::Manifest manifest() const;  // the model and optimizer, without shards and steps
@@ -42,6 +45,7 @@ class Checkpointer {
   const Config& config_;
   parallel::Engine& engine_;
   nn::Model& model_;
+  std::string vocabulary_;
 };
 
 }  // namespace tessel::train

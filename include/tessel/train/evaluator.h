@@ -9,6 +9,7 @@
 #include <memory>
 #include <string>
 
+#include "tessel/comm/communicator.h"
 #include "tessel/data/dataset.h"
 #include "tessel/nn/model.h"
 #include "tessel/parallel/executor.h"
@@ -48,7 +49,9 @@ class Evaluator {
   ~Evaluator();
 
   const data::Splits& datasets() const { return data_; }
-  EvalResult evaluate(const data::Dataset& dataset);
+  // world (may be null: this process alone): each of its ranks evaluates its slice of every
+  // batch and the means are over all of them (collective), e.g. `tessel eval` under mpirun.
+  EvalResult evaluate(const data::Dataset& dataset, comm::Communicator* world = nullptr);
   // The model's outputs for the first `limit` samples of the dataset, in order: [limit, ...].
   Tensor outputs(const data::Dataset& dataset, int64_t limit);
   std::string params_sha256() const { return model_->params_sha256(); }

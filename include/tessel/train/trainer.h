@@ -9,8 +9,12 @@
 // batches they claim at their own pace instead, and meet at epoch ends.
 //
 // Run folder (default runs/<config name>/): config.toml (resolved), metrics.jsonl,
-// checkpoints/ (see ckpt/checkpoint.h), summary.json; with train.trace trace.json
-// (run_trace.h), with metrics.tensorboard tensorboard/ (tensorboard.h).
+// checkpoints/ (see ckpt/checkpoint.h), summary.json, run.json (run_folder.h); with train.trace
+// trace.json (run_trace.h), with metrics.tensorboard tensorboard/ (tensorboard.h). A fresh run
+// refuses a folder that holds a run unless told to overwrite it.
+// Steps: the run trains train.epochs epochs or stops at train.max_steps, wherever that falls;
+// the LR schedule always spans the epochs' steps, so a run stopped by train.max_steps and
+// resumed with a larger one continues the same schedule from the same data position.
 #pragma once
 
 #include <atomic>
@@ -37,6 +41,8 @@ struct RunOptions {
   std::string run_dir;      // empty: runs/<config name>
   std::string resume;       // run folder or checkpoint folder to continue from; empty: fresh
   int64_t stop_after = 0;   // > 0: stop after this many steps of this invocation (checkpointed)
+  bool overwrite = false;   // a fresh run may clear a run folder that holds a run
+  std::string command;      // the command line, recorded in run.json
   bool progress = true;     // print progress (a live line on a terminal, plain lines otherwise)
   // Set from another thread (e.g. a signal handler) to stop at the next step boundary with a
   // checkpoint. May be null.
@@ -65,6 +71,10 @@ class Trainer {
   // rows and correct count to `sums`. run() calls it; benchmarks time it directly.
   void step(const std::vector<data::Batch>& batches, EvalResult& sums);
 
+  // What this rank set up, as `tessel config` prints it: layout, engine parts, steps, the
+  // pipeline's chunks and the bytes this rank holds (measured by its ledger).
+  nlohmann::json plan() const;
+
   nn::Model& model() { return engine_->model(); }  // this rank's part
   const Config& config() const { return config_; }
   const data::Splits& datasets() const { return data_; }
@@ -79,6 +89,8 @@ class Trainer {
     int64_t batch_in_epoch = 0;  // next batch of `epoch` to run
     EvalResult epoch_sums;       // running train loss x samples and correct of this epoch
     double train_seconds = 0;    // time in training steps, across resumes
+    double wall_seconds = 0;     // wall time of the invocations before this one, up to their
+                                 // last checkpoint
     int64_t train_samples = 0;
   };
   void set_up_loader();
@@ -100,7 +112,7 @@ class Trainer {
   float lr_at(int64_t step) const;
   nlohmann::json summary(const State& s, const EvalResult& last_train,
                          const EvalResult& last_test, const nlohmann::json& epoch_records,
-                         double wall_start, bool completed);
+                         bool completed);
 
   Config config_;
   RunOptions options_;
@@ -114,7 +126,9 @@ class Trainer {
   std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<Progress> progress_;
   std::unique_ptr<data::DataLoader> loader_;
-  int64_t total_steps_ = 0;
+  int64_t total_steps_ = 0;     // where this run stops (train.max_steps cuts the epochs' steps)
+  int64_t schedule_steps_ = 0;  // the LR schedule's span: every epoch's steps
+  double wall_start_ = 0;       // when this invocation's run() began
   float base_lr_ = 0;
   int64_t step_ = 0;
   int prefetch_ = 0;  // train.prefetch resolved for this host (resolve_prefetch)

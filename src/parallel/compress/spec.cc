@@ -1,6 +1,8 @@
-#include <cmath>
+#include <string>
+#include <vector>
 
 #include "tessel/core/error.h"
+#include "tessel/core/suggest.h"
 #include "tessel/parallel/compress.h"
 
 namespace tessel::parallel {
@@ -23,12 +25,15 @@ const char* compress_kind_name(CompressKind kind) {
 }
 
 CompressKind compress_kind(const std::string& name) {
-  for (CompressKind k : kKinds)
+  std::vector<std::string> names;
+  for (CompressKind k : kKinds) {
     if (name == compress_kind_name(k)) return k;
+    names.push_back(compress_kind_name(k));
+  }
+  const std::string guess = nearest(name, names);
   throw InvalidArgument(str("config: compress.kind must be none, fp16, bf16, int8, topk or "
-                            "powersgd, got '", excerpt(name), "'; did you mean '",
-                            nearest(name, {"none", "fp16", "bf16", "int8", "topk", "powersgd"}),
-                            "'?"));
+                            "powersgd, got '", excerpt(name), "'",
+                            guess.empty() ? "" : str("; did you mean '", guess, "'?")));
 }
 
 void validate_compress(const CompressSpec& spec) {

@@ -1,0 +1,25 @@
+// The dry run behind `tessel config`: the run `train` would start, set up by the same code on
+// the same number of ranks (as threads of this process, however train would start them) up to
+// its first step -- datasets, model, layout, engine, pipeline partition and schedule, loader,
+// memory limit -- so a config train would reject fails here with train's message. Nothing is
+// trained and nothing is written.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "tessel/train/config.h"
+
+namespace tessel::train {
+
+// The backend train uses for `config`: runtime.backend, where "auto" means mpi when an MPI
+// launcher started the process (under_mpi). Throws InvalidArgument for runtime.workers > 1 on
+// mpi (ranks are processes there).
+std::string resolve_backend(const Config& config, bool under_mpi);
+
+// Sets up `config` on `world` ranks and returns rank 0's Trainer::plan() with every rank's
+// measured bytes ("memory_bytes_per_rank"). Throws what train would throw before training.
+nlohmann::json dry_run(const Config& config, int world);
+
+}  // namespace tessel::train

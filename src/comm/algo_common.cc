@@ -46,6 +46,7 @@ void Pending::wait_all(Deadline d) {
 }
 
 RequestPtr post_send(const CollContext& ctx, int peer, const void* data, size_t count, ElemType e) {
+  ctx.transport->count_sent(count * elem_size(e));
   return ctx.transport->isend(peer, ctx.tag, data, count * elem_size(e), ctx.stamp);
 }
 

@@ -14,9 +14,6 @@
 namespace tessel::comm {
 namespace {
 
-// Up to this size an allreduce swaps whole buffers (see whole_doubling).
-constexpr size_t kWholeDoublingMaxBytes = 32 << 10;
-
 struct Fold {
   int n, p, rem;
   explicit Fold(int size) : n(size), p(1) {

@@ -46,6 +46,7 @@ Work start_p2p(CommState& s, bool is_send, void* buf, size_t count, ElemType ele
   Stamp stamp = p2p_stamp(count, elem, tag);
   uint64_t ttag = static_cast<uint64_t>(tag) + 1;
   size_t bytes = count * elem_size(elem);
+  if (is_send) s.transport->count_sent(bytes);
   w->request = is_send ? s.transport->isend(peer, ttag, buf, bytes, stamp)
                        : s.transport->irecv(peer, ttag, buf, bytes, stamp);
   return Work(w);

@@ -32,10 +32,12 @@ std::array<uint32_t, 4> philox4x32(uint64_t key, std::array<uint32_t, 4> c) {
   return c;
 }
 
-uint32_t CounterRng::bits(uint64_t index) const {
+std::array<uint32_t, 4> CounterRng::block(uint64_t index) const {
   return philox4x32(seed_, {static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),
-                            static_cast<uint32_t>(stream_), static_cast<uint32_t>(stream_ >> 32)})[0];
+                            static_cast<uint32_t>(stream_), static_cast<uint32_t>(stream_ >> 32)});
 }
+
+uint32_t CounterRng::bits(uint64_t index) const { return block(index)[0]; }
 
 float CounterRng::uniform(uint64_t index) const {
   return static_cast<float>(bits(index) >> 8) * (1.0f / 16777216.0f);

@@ -6,6 +6,7 @@
 #include <optional>
 #include <thread>
 
+#include "compress/compress_sync.h"
 #include "grad_syncs.h"
 #include "param_stores.h"
 #include "shared_memory_step.h"
@@ -35,6 +36,29 @@ bool resolve_overlap(const std::string& mode, const comm::Communicator& group) {
 std::unique_ptr<TpGroup> make_tp_group(const ParallelSpec& spec, Mesh& mesh) {
   if (mesh.layout().tp == 1) return nullptr;
   return std::make_unique<TpGroup>(mesh.group(Axis::kTp), spec.tp_sequence);
+}
+
+// Gradient compression runs with replicated data parallelism in f32, or on parameter-server
+// pushes (not powersgd); the other combinations are refused with what to change.
+void check_compress(const ParallelSpec& spec, const Layout& layout) {
+  validate_compress(spec.compress);
+  if (compress_kind(spec.compress.kind) == CompressKind::kNone) return;
+  auto refuse = [&](const std::string& why) {
+    throw InvalidArgument(str("config: compress.kind = ", spec.compress.kind, " ", why,
+                              "; set compress.kind = none or change that (docs/compression.md)"));
+  };
+  if (spec.deterministic)
+    refuse("does not run with train.deterministic (its exact integer sum is the point of it)");
+  if (spec.precision != "fp32")
+    refuse(str("needs train.precision = fp32 (", spec.precision, " already sends 16-bit gradients)"));
+  if (layout.servers > 0 && compress_kind(spec.compress.kind) == CompressKind::kPowerSgd)
+    refuse("does not apply to parameter-server pushes (it needs all-reduces among the workers); "
+           "use fp16, bf16, int8 or topk");
+  if (spec.zero_stage != 0)
+    refuse(str("runs with zero.stage = 0 (all-reduced buckets), got zero.stage = ", spec.zero_stage,
+               " (sharded reduce-scatters)"));
+  if (layout.pp > 1 || layout.tp > 1)
+    refuse(str("runs with data parallelism alone, got layout ", layout.str()));
 }
 
 }  // namespace
@@ -84,6 +108,7 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
     throw InvalidArgument(str("config: train.precision = ", spec.precision,
                               " does not run with tensor parallelism yet (tp.size = ",
                               tp_->size(), "); use train.precision = fp32"));
+  check_compress(spec, layout());
   if (layout().servers > 0) {
     if (type_ != DType::kF32)
       throw InvalidArgument(str("config: train.precision = ", spec.precision,
@@ -135,7 +160,14 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   parts_["overlap"] = async;
   parts_["prefetch"] = stage == 3 && spec.zero_prefetch && async;
   parts_["units"] = units_.list.size();
-  if (spec.deterministic) {
+  if (compress_kind(spec.compress.kind) != CompressKind::kNone) {
+    auto c = std::make_unique<CompressSync>(model_, units_, dp, workers, async, spec.compress, seed);
+    compress_ = c.get();
+    hooks_.push_back(c.get());
+    sync_owner_ = std::move(c);
+    parts_["grad_sync"] = "compress";
+    parts_["compress"] = spec.compress.kind;
+  } else if (spec.deterministic) {
     scale_buckets_ = make_units(model_, spec.bucket_mb, {}, 1, 0);
     auto exact = std::make_unique<ExactSync>(model_, units_, scale_buckets_, dp, mesh_.workers(),
                                              type_ == DType::kF16);

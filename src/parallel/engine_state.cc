@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "compress/compress_sync.h"
+#include "tessel/core/log.h"
 #include "tessel/core/sha256.h"
 #include "tessel/core/trace.h"
 #include "tessel/parallel/engine.h"
@@ -62,6 +64,7 @@ std::vector<ckpt::ShardSlice> state_slices(const StateView& view, const nn::Mode
         slices.push_back({buf.name + "/" + name, run.logical,
                           buf.values.view(view.state_offset(o), {run.count})});
     }
+  slices.insert(slices.end(), view.extra.begin(), view.extra.end());
   return slices;
 }
 
@@ -71,11 +74,38 @@ ckpt::ShardFile write_state_shard(const std::string& dir, int rank, const StateV
   return ckpt::write_shard(dir, rank, state_slices(view, model));
 }
 
+namespace {
+std::string compression_slice(int rank) { return str("compress/rank", rank); }
+}  // namespace
+
 StateView Engine::state() {
   if (ps_) return ps_->state();
-  return {store_->owned(), store_->held(), store_->update_ranges(),
-          [this](nn::Range r) { return store_->values(r); }, optimizer_.get(),
-          [this](nn::Range r) { return store_->state_offset(r); }};
+  StateView view{store_->owned(), store_->held(), store_->update_ranges(),
+                 [this](nn::Range r) { return store_->values(r); }, optimizer_.get(),
+                 [this](nn::Range r) { return store_->state_offset(r); }, {}};
+  if (compress_) {  // residuals differ per rank: every rank writes its own
+    const std::vector<float> s = compress_->save_state();
+    Tensor t = Tensor::empty({static_cast<int64_t>(s.size())});
+    std::copy(s.begin(), s.end(), t.data<float>());
+    view.extra.push_back({compression_slice(rank()), 0, t});
+  }
+  return view;
+}
+
+void Engine::restore_compression(const ckpt::CheckpointSource& reader) {
+  if (!compress_) return;
+  const std::string name = compression_slice(rank());
+  float n = 0;  // the state's first value is its length
+  try {
+    reader.read(name, 0, 1, &n);
+  } catch (const IoError&) {
+    log_warn("compress: ", reader.dir(), " holds no compression state for rank ", rank(),
+             " (saved without compression or by fewer ranks); residuals start from zero");
+    return;
+  }
+  std::vector<float> state(static_cast<size_t>(n));
+  reader.read(name, 0, static_cast<int64_t>(state.size()), state.data());
+  compress_->load_state(state);
 }
 
 std::vector<ckpt::ShardFile> Engine::write_shards(const std::string& dir, int64_t* optimizer_steps) {

@@ -10,6 +10,8 @@
 // carries its index. Checkpoints are written by the servers, each its own range.
 #include "tessel/parallel/parameter_server.h"
 
+#include "compress/push_codec.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -68,7 +70,7 @@ Tensor zeros_of(int64_t n, MemCategory category) {
 
 ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model& model,
                                  uint64_t seed, const optim::OptimSpec& optim)
-    : spec_(spec), mesh_(mesh), world_(mesh.world()), model_(model) {
+    : spec_(spec), mesh_(mesh), world_(mesh.world()), model_(model), seed_(seed) {
   mode_ = parse_mode(spec_.ps_mode);
   if (spec_.ps_staleness < 0)
     throw InvalidArgument(str("config: ps.staleness must be >= 0, got ", spec_.ps_staleness));
@@ -97,6 +99,9 @@ ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model
     values_ = zeros_of(model_.arena_numel(), MemCategory::kParameters);
     model_.init_values(values_.data<float>(), {0, model_.arena_numel()}, seed);
     model_.bind_values({0, model_.arena_numel()}, values_);
+    if (const CompressKind kind = compress_kind(spec_.compress.kind); kind != CompressKind::kNone)
+      for (int k = 0; k < servers(); ++k)
+        codecs_.push_back(std::make_unique<compress::PushCodec>(kind, shard(k).size(), spec_.compress));
   }
 }
 
@@ -123,7 +128,7 @@ StateView ParameterServer::state() {
   if (!is_server()) return {};
   const nn::Range r = server_.range;
   return {{r}, {r}, {r}, [this](nn::Range q) { return server_.values.data<float>() + (q.lo - server_.range.lo); },
-          server_.optimizer.get(), [this](nn::Range q) { return q.lo - server_.range.lo; }};
+          server_.optimizer.get(), [this](nn::Range q) { return q.lo - server_.range.lo; }, {}};
 }
 
 std::vector<ckpt::ShardFile> ParameterServer::checkpoint(const std::string& dir,
@@ -296,6 +301,12 @@ void ParameterServer::push(GradSync& sync, float clip_norm, int64_t step) {
   request(kPushPull, clock_);
   for (int k = 0; k < servers(); ++k) {
     const nn::Range s = shard(k);
+    if (!codecs_.empty()) {  // compressed: the shard's message (compress.kind)
+      compress::PushCodec& c = *codecs_[static_cast<size_t>(k)];
+      const void* msg = c.encode(g + s.lo, {seed_, step, k, rank(), 1});
+      sends_.push_back(world_.isend(msg, c.message_bytes(), comm::ElemType::kU8, server_rank(k), kTagGrad));
+      continue;
+    }
     sends_.push_back(world_.isend(g + s.lo, static_cast<size_t>(s.size()), comm::ElemType::kF32,
                                   server_rank(k), kTagGrad));
   }

@@ -37,6 +37,7 @@
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
 #include "tessel/core/trace.h"
+#include "compress/push_codec.h"
 #include "tessel/parallel/parameter_server.h"
 
 namespace tessel::parallel {
@@ -60,9 +61,12 @@ class ServerLoop {
       : ps_(ps), world_(ps.world_), opt_(*ps.server_.optimizer), lr_(lr), W_(ps.workers()),
         inverse_(ps.spec_.ps_stale_lr == "inverse"), stats_(ParameterServer::kStatCount, 0.0) {
     len_ = static_cast<size_t>(ps.server_.range.size());
+    if (const CompressKind kind = compress_kind(ps.spec_.compress.kind); kind != CompressKind::kNone)
+      codec_ = std::make_unique<compress::PushCodec>(kind, static_cast<int64_t>(len_), ps.spec_.compress);
     workers_.resize(static_cast<size_t>(W_));
     for (Worker& w : workers_) {
       w.grad.assign(len_, 0.0f);
+      if (codec_) w.msg.resize(codec_->message_bytes());
       if (ps.mode_ != ParameterServer::Mode::kSync) w.snapshot.assign(len_, 0.0f);
     }
   }
@@ -74,6 +78,7 @@ class ServerLoop {
     Request request;
     Reply reply;
     std::vector<float> grad, snapshot;
+    std::vector<char> msg;  // compressed: the push's message, decoded into grad
     // After the buffers: destroyed first, cancelling receives still posted into them.
     comm::Work request_work, grad_work, reply_work, data_work;
     int64_t clock = 0;
@@ -103,6 +108,7 @@ class ServerLoop {
   }
 
   void post(int w);
+  void post_grad(int w);
   void handle(int w);
   void push(int w);
   void apply_sync();
@@ -125,6 +131,7 @@ class ServerLoop {
   const int W_;
   const bool inverse_;
   size_t len_ = 0;
+  std::unique_ptr<compress::PushCodec> codec_;  // compress.kind != none: decodes pushes
   std::vector<Worker> workers_;
   int done_ = 0, arrived_ = 0;
   int64_t base_clock_ = -1;  // set by the first hello (-1: none yet)
@@ -135,6 +142,16 @@ class ServerLoop {
   std::vector<double> stats_;
 };
 
+// The next push's payload from worker w: f32 straight into its gradient buffer, or its
+// compressed message.
+void ServerLoop::post_grad(int w) {
+  Worker& k = workers_[static_cast<size_t>(w)];
+  k.grad_work = codec_ ? world_.irecv(k.msg.data(), k.msg.size(), comm::ElemType::kU8, peer(w),
+                                      ParameterServer::kTagGrad)
+                       : world_.irecv(k.grad.data(), len_, comm::ElemType::kF32, peer(w),
+                                      ParameterServer::kTagGrad);
+}
+
 void ServerLoop::post(int w) {
   Worker& k = workers_[static_cast<size_t>(w)];
   k.request_work = world_.irecv(&k.request, ParameterServer::kRequestWords, comm::ElemType::kI64,
@@ -144,9 +161,7 @@ void ServerLoop::post(int w) {
 nlohmann::json ServerLoop::run() {
   for (int w = 0; w < W_; ++w) {
     post(w);
-    Worker& k = workers_[static_cast<size_t>(w)];
-    k.grad_work = world_.irecv(k.grad.data(), len_, comm::ElemType::kF32, peer(w),
-                               ParameterServer::kTagGrad);
+    post_grad(w);
   }
   // Polls: spin a few microseconds (a reply is often due at once), then yield the core to the
   // workers computing on it, then nap; a vCPU that goes idle is slow to wake (MACHINE_NOTES).
@@ -250,8 +265,9 @@ void ServerLoop::record_staleness(int64_t s, double count) {
 void ServerLoop::push(int w) {
   Worker& k = workers_[static_cast<size_t>(w)];
   k.grad_work.wait(deadline());  // the payload follows its request
+  if (codec_) codec_->decode(k.msg.data(), k.grad.data());
   stats_[ParameterServer::kPushes] += 1;
-  stats_[ParameterServer::kBytesIn] += 4.0 * static_cast<double>(len_);
+  stats_[ParameterServer::kBytesIn] += codec_ ? static_cast<double>(k.msg.size()) : 4.0 * static_cast<double>(len_);
   const int64_t clock = k.request.clock, held = k.request.held;
   k.clock = clock;
   k.holds = -1;  // the batch it trained is done
@@ -283,8 +299,7 @@ void ServerLoop::push(int w) {
   stats_[ParameterServer::kGradientsApplied] += 1;
   stats_[ParameterServer::kUpdates] += 1;
   ++applied_;
-  k.grad_work = world_.irecv(k.grad.data(), len_, comm::ElemType::kF32, peer(w),
-                             ParameterServer::kTagGrad);
+  post_grad(w);
   stats_[ParameterServer::kApplySeconds] += now_seconds() - t0;
 }
 
@@ -310,8 +325,7 @@ void ServerLoop::apply_sync() {
   for (int w = 0; w < W_; ++w) {
     Worker& k = workers_[static_cast<size_t>(w)];
     k.arrived = false;
-    k.grad_work = world_.irecv(k.grad.data(), len_, comm::ElemType::kF32, peer(w),
-                               ParameterServer::kTagGrad);
+    post_grad(w);
   }
   stats_[ParameterServer::kApplySeconds] += now_seconds() - t0;
 }

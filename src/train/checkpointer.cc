@@ -149,6 +149,7 @@ std::string Checkpointer::restore(const ckpt::CheckpointSource& reader) {
                    buf.values.data<float>() + view.state_offset(r));
     view.optimizer->set_steps(m.optimizer_steps);
   }
+  engine_.restore_compression(reader);
   return reader.trainer_json();
 }
 

@@ -169,6 +169,11 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("ddp.shared_memory", parallel.shared_memory, "zero.stage = 1 among ranks of one host: keep one parameter copy in shared memory and sum gradients straight from each other's memory instead of sending messages; false: messages, as between hosts"),
       TESSEL_KEY("ddp.check_every", parallel.check_every, "steps between cross-rank parameter checksums (0: off)"),
       TESSEL_KEY("ddp.micro_shard", parallel.micro_shard, "deterministic mode: rows per fixed micro-shard"),
+      TESSEL_KEY("compress.kind", parallel.compress.kind, "what data-parallel gradient buckets (zero.stage = 0) and parameter-server pushes travel as: none (f32), fp16, bf16, int8 (per-chunk scales, stochastic rounding), topk (largest |g| as index/value pairs, all-gathered) or powersgd (rank-r factors P and Q, all-reduced); 1-D tensors and tensors it would not shrink stay f32 (docs/compression.md)"),
+      TESSEL_KEY("compress.ratio", parallel.compress.ratio, "topk: the share of each bucket's compressed elements sent per step, in (0, 0.5]"),
+      TESSEL_KEY("compress.rank", parallel.compress.rank, "powersgd: the rank r of each matrix's approximation (m x n sends r (m + n) values)"),
+      TESSEL_KEY("compress.start_step", parallel.compress.start_step, "steps sent uncompressed (f32) before compression starts"),
+      TESSEL_KEY("compress.error_feedback", parallel.compress.error_feedback, "topk and powersgd: keep what a step did not send (the residual, per bucket and rank) and add it to the next step's gradient"),
       TESSEL_KEY("zero.stage", parallel.zero_stage, "sharded data parallelism over the dp ranks: 0 replicated, 1 optimizer state sharded (allocated 1/N per rank), 2 gradients too (buckets reduce-scattered during backward), 3 parameters too (gathered per block before forward and backward, released after)"),
       TESSEL_KEY("zero.prefetch", parallel.zero_prefetch, "zero.stage = 3: gather the next block's parameters on a progress thread while this block computes (the order is recorded on the first step)"),
       TESSEL_KEY("tp.size", parallel.tp_size, "tensor parallelism: ranks each layer of an mlp or gpt is cut across (1: none); the world is dp x pp x tp ranks, tp fastest (a tp group is consecutive ranks)"),
@@ -285,6 +290,7 @@ void validate(const Config& c) {
   require(c.parallel.precision == "fp32" || c.parallel.precision == "bf16" ||
               c.parallel.precision == "fp16",
           str("train.precision must be fp32, bf16 or fp16, got '", c.parallel.precision, "'"));
+  parallel::validate_compress(c.parallel.compress);
   require(c.parallel.recompute == "none" || c.parallel.recompute == "full" ||
               c.parallel.recompute == "selective",
           str("train.recompute must be none, full or selective, got '", c.parallel.recompute, "'"));

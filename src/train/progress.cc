@@ -144,6 +144,7 @@ void Progress::train_line(const TrainPoint& p) {
     }
     const double share = step_s > 0 ? exposed_s / step_s : 0;
     rec["comm_exposed_share"] = share;
+    if (json c = compress_report(*p.ranks); !c.is_null()) rec["compress"] = c;
     rec["memory_peak_bytes_max"] = peak;
     rec["memory_peak_rank"] = busiest;
     track_straggler(*p.ranks);
@@ -248,6 +249,24 @@ json pipeline_json(const std::vector<parallel::RankStats>& ranks, parallel::Engi
 }
 
 }  // namespace
+
+json compress_report(const std::vector<parallel::RankStats>& ranks) {
+  double steps = 0, sent = 0, formula = 0, f32 = 0, encode = 0, decode = 0, exposed = 0;
+  for (const parallel::RankStats& s : ranks) {
+    steps += s.steps, sent += s.compress_bytes, formula += s.compress_formula_bytes;
+    f32 += s.compress_f32_bytes, encode += s.encode_s, decode += s.decode_s;
+    exposed += s.comm_exposed_s;
+  }
+  if (f32 == 0 || steps == 0) return nullptr;
+  return {{"bytes_per_step", sent / steps},
+          {"formula_bytes_per_step", formula / steps},
+          {"f32_bytes_per_step", f32 / steps},
+          {"ratio", sent > 0 ? f32 / sent : 0.0},
+          {"ratio_formula", formula > 0 ? f32 / formula : 0.0},
+          {"encode_seconds_per_step", encode / steps},
+          {"decode_seconds_per_step", decode / steps},
+          {"comm_exposed_seconds_per_step", exposed / steps}};
+}
 
 json rank_report(const std::vector<parallel::RankStats>& ranks, parallel::Engine& engine,
                  const nn::Model& model, const Config& config) {

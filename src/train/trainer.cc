@@ -486,6 +486,7 @@ json Trainer::summary(const State& s, const EvalResult& last_train, const EvalRe
   const std::optional<Straggler> straggler = find_straggler(run_stats_);
   out["straggler"] = straggler ? json{{"rank", straggler->rank}, {"slowdown", straggler->slowdown()}}
                                : json(nullptr);
+  if (json c = compress_report(run_stats_); !c.is_null()) out["compress"] = c;
   if (engine_->layout().tp > 1) out["tensor_parallel"] = engine_->tp_counters();
   if (engine_->is_main())
     ckpt::write_file_atomic((fs::path(run_dir_) / "summary.json").string(), out.dump(2) + "\n");

@@ -17,6 +17,10 @@
 
 namespace tessel::comm {
 
+// Halving-doubling all-reduces up to this size swap whole buffers (log2 p rounds of the whole
+// buffer, fewer latencies than halving it); larger ones reduce-scatter then all-gather.
+constexpr size_t kWholeDoublingMaxBytes = 32 << 10;
+
 // Reusable temporary memory (64-byte aligned, grows, never shrinks). Not thread safe: one per
 // communicator, used by one collective at a time.
 class Scratch {

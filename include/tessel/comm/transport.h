@@ -11,6 +11,7 @@
 // must stay valid and untouched until the request completes or is destroyed.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -118,6 +119,15 @@ class Transport {
   // small enough on threads that both sides share the copying, large on mpi where every
   // message costs a rendezvous and the receiver's core does the copy anyway.
   virtual size_t default_segment_bytes() const = 0;
+
+  // Payload bytes this rank has posted to send on this group (collectives and point to point,
+  // counted where the communicator posts them; not the library's native collectives): the
+  // measured traffic of gradient compression and its tests.
+  uint64_t sent_bytes() const { return sent_bytes_.load(std::memory_order_relaxed); }
+  void count_sent(size_t bytes) { sent_bytes_.fetch_add(bytes, std::memory_order_relaxed); }
+
+ private:
+  std::atomic<uint64_t> sent_bytes_{0};
 };
 
 // Collectives of an underlying library, used by Algorithm::kNative. They cannot be interrupted:

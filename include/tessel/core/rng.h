@@ -10,7 +10,7 @@
 namespace tessel {
 
 // What a stream of random numbers is for; part of the key so purposes never collide.
-enum class RngPurpose : uint32_t { kInit = 1, kDropout = 2, kShuffle = 3, kData = 4, kSample = 5 };
+enum class RngPurpose : uint32_t { kInit = 1, kDropout = 2, kShuffle = 3, kData = 4, kSample = 5, kCompress = 6 };
 
 // One Philox4x32-10 block: 4 x 32 random bits for a 128-bit counter under a 64-bit key.
 std::array<uint32_t, 4> philox4x32(uint64_t key, std::array<uint32_t, 4> counter);
@@ -21,6 +21,8 @@ class CounterRng {
   CounterRng(uint64_t seed, uint64_t stream) : seed_(seed), stream_(stream) {}
 
   uint32_t bits(uint64_t index) const;
+  // The whole Philox block of `index` (bits() is its first lane): four numbers per call.
+  std::array<uint32_t, 4> block(uint64_t index) const;
   float uniform(uint64_t index) const;  // in [0, 1), 24 bits of precision
   float normal(uint64_t index) const;   // standard normal (Box-Muller on one Philox block)
 

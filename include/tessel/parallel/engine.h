@@ -49,6 +49,7 @@ class ReplicatedStore;
 class ShardedStore;
 class WorkingCopy;
 class TpGroup;
+class CompressSync;
 
 // What a rank holds of the model's state, as checkpoints see it.
 struct StateView {
@@ -58,6 +59,7 @@ struct StateView {
   std::function<float*(nn::Range)> values;
   optim::Optimizer* optimizer = nullptr;
   std::function<int64_t(nn::Range)> state_offset;  // a range's place in the optimizer state
+  std::vector<ckpt::ShardSlice> extra;  // more of this rank's state (compression), written as is
 };
 
 // This rank's part of a checkpoint: its owned values (copied) and optimizer state (views of
@@ -121,6 +123,9 @@ class Engine {
   // layout; collective over the world, streamed unit by unit so no rank holds the model.
   std::string params_sha256();
   StateView state();
+  // compress.kind != none: reads this rank's compression state (residuals, Q) from a checkpoint
+  // (a checkpoint without it, e.g. one from another worker count, leaves it fresh, warned).
+  void restore_compression(const ckpt::CheckpointSource& reader);
   // Collective over the training ranks (and, with a parameter server, the servers through
   // rank 0): every rank that owns part of the model writes its shard of a checkpoint into
   // rank 0's `dir`. Returns every shard on rank 0 (nothing elsewhere) and the optimizer's
@@ -157,6 +162,7 @@ class Engine {
   PipelineExecutor* pipeline_ = nullptr;  // executor_ when a pipeline
   Units units_, scale_buckets_;
   std::unique_ptr<GradSync> sync_owner_;
+  CompressSync* compress_ = nullptr;  // compress.kind != none: the sync, whose state is saved
   std::unique_ptr<ParamStore> store_owner_;
   GradSync* sync_ = nullptr;
   ParamStore* store_ = nullptr;

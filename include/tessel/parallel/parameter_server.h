@@ -29,6 +29,10 @@
 
 namespace tessel::parallel {
 
+namespace compress {
+class PushCodec;
+}  // namespace compress
+
 class ParameterServer {
  public:
   enum class Mode { kSync, kAsync, kSsp };
@@ -158,6 +162,9 @@ class ParameterServer {
   std::vector<nn::Range> shards_;
   ServerShard server_;  // server ranks
   Tensor values_;       // worker ranks: the whole model
+  uint64_t seed_ = 0;
+  // compress.kind != none, workers: one codec per server's shard (its top-k residual)
+  std::vector<std::unique_ptr<compress::PushCodec>> codecs_;
 
   // Worker state.
   bool started_ = false;

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/parallel/compress.h"
 #include "tessel/tensor/dtype.h"
 
 namespace tessel::parallel {
@@ -30,6 +31,9 @@ struct ParallelSpec {
   // train.recompute: none | full | selective, which activations a forward keeps for the
   // backward and which the backward recomputes (docs/recompute.md).
   std::string recompute = "none";
+
+  // compress.* (gradient compression of data-parallel buckets and parameter-server pushes)
+  CompressSpec compress;
 
   // zero.* (sharded data parallelism over the dp axis)
   int zero_stage = 0;         // 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters

@@ -23,11 +23,16 @@ struct RankStats {
   // Tensor parallelism: time in the tp group's collectives (inside the blocks' compute) and
   // the bytes they moved.
   double tp_comm_s = 0, tp_bytes = 0;
+  // Gradient compression (compress.kind != none): bytes the gradient exchanges sent (the
+  // transport's counter), the codecs' formula for them, what f32 all-reduces of the same
+  // buckets would send, and the time encoding and decoding.
+  double compress_bytes = 0, compress_formula_bytes = 0, compress_f32_bytes = 0;
+  double encode_s = 0, decode_s = 0;
   // Memory per category (core/memory.h): bytes held at the end, and the peak since last taken.
   std::array<double, kMemCategories> mem{}, mem_peak{};
   double mem_peak_total = 0;
 
-  static constexpr size_t kFields = 17 + 2 * kMemCategories;
+  static constexpr size_t kFields = 22 + 2 * kMemCategories;
   double* data() { return &step_s; }
   const double* data() const { return &step_s; }
 

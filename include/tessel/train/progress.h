@@ -100,6 +100,10 @@ class Progress {
 // The per-rank report of an epoch (collective inputs already gathered): every rank's times,
 // memory and bytes, load balance, and the layout's own figures (pipeline stages, parameter
 // servers, ZeRO).
+// Gradient compression over these ranks' records (null when nothing was compressed): bytes
+// per step and rank as sent (the transport's counter), by the codecs' formula and as f32
+// all-reduces; the ratios f32 / sent and f32 / formula; encode, decode and exposed seconds.
+nlohmann::json compress_report(const std::vector<parallel::RankStats>& ranks);
 nlohmann::json rank_report(const std::vector<parallel::RankStats>& ranks, parallel::Engine& engine,
                            const nn::Model& model, const Config& config);
 

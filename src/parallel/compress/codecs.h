@@ -1,0 +1,114 @@
+// Codecs: how one gradient bucket's segments (parameter tensors) travel between the ranks of a
+// data-parallel group, as a short sequence of collectives ("exchanges"). A codec owns its
+// message buffers and its state (error-feedback residual, PowerSGD's Q), one per bucket and
+// rank; every rank decodes the same bytes in the same order, so the replicas stay identical.
+//   DenseCodec    f32, f16 or bf16 messages, all-reduced (none, fp16, bf16, and every tensor
+//                 that compression would not make smaller).
+//   Int8Codec     per chunk of kInt8Chunk elements one f32 scale (max |g| / 127) and int8
+//                 values stochastically rounded (counter RNG keyed by step, bucket and rank);
+//                 rescaled sums do not fit int8, so every rank's message is all-gathered and
+//                 decoded in rank order.
+//   TopkCodec     the k = ceil(ratio * n) largest |g + residual| as (uint32 index, f32 value)
+//                 pairs, all-gathered (a ring sum does not apply to sparse pairs); the rest
+//                 stays in the residual (error feedback) or is dropped.
+//   PowerSgdCodec per matrix M (rows x cols) plus residual: P = M Q all-reduced and
+//                 orthonormalised, Q = M^T P all-reduced, M ~ P Q^T; Q warm-starts the next
+//                 step, M - P Q^T (this rank's) is the residual.
+// Bytes this rank sends (ring, or halving-doubling on a power-of-two group of W ranks):
+// all-reduce of B bytes 2 (W - 1) / W * B (halving-doubling up to 32 KiB: log2 W * B, whole
+// buffers), all-gather of B bytes per rank (W - 1) * B.
+// Internal to the parallel area.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "tessel/comm/communicator.h"
+#include "tessel/parallel/compress.h"
+#include "tessel/tensor/dtype.h"
+
+namespace tessel::parallel::compress {
+
+// Elements [offset, offset + rows * cols) of a bucket, one parameter tensor seen as a
+// rows x cols row-major matrix (1-D: rows = 1).
+struct Segment {
+  int64_t offset = 0, rows = 1, cols = 0;
+  int64_t numel() const { return rows * cols; }
+};
+
+// One collective a codec asks for: all-reduce (sum) `count` elements of `in` in place, or
+// all-gather `count` elements of `in` from every rank into `out` (rank order).
+struct Exchange {
+  enum class Op : uint8_t { kAllreduce, kAllgather };
+  Op op = Op::kAllreduce;
+  void* in = nullptr;
+  void* out = nullptr;
+  size_t count = 0;
+  comm::ElemType elem = comm::ElemType::kF32;
+  // What this rank sends for it on `world` ranks with algorithm `algo` (ring: the formula
+  // above; halving-doubling below comm::kWholeDoublingMaxBytes swaps the whole buffer log2 W
+  // times). Exact for a power-of-two world.
+  double bytes(int world, comm::Algorithm algo = comm::Algorithm::kRing) const;
+};
+
+// Which bucket of which rank encodes at which step: the stochastic rounding's key.
+struct CodecKey {
+  uint64_t seed = 0;
+  int64_t step = 0;
+  int unit = 0, rank = 0, world = 1;
+};
+
+class Codec {
+ public:
+  virtual ~Codec() = default;
+  // Encodes the bucket's gradient g (segments index it) and returns the first exchange.
+  virtual Exchange encode(const float* g, const CodecKey& key) = 0;
+  // After the last exchange completed: the next one, or (none) the decoded sum written into g.
+  virtual std::optional<Exchange> next(float* g) = 0;
+  // Exchanges per encode.
+  virtual int phases() const { return 1; }
+  // Bytes this rank sends per encode on a group of `world` ranks.
+  virtual double formula_bytes(int world) const = 0;
+  // State that must survive a checkpoint (residual, Q); null when there is none.
+  virtual std::vector<float>* state() { return nullptr; }
+};
+
+// Sends segments whole as `type` messages (f32, f16 or bf16).
+std::unique_ptr<Codec> dense_codec(std::vector<Segment> segments, DType type);
+// The codec of `kind` for the segments worth compressing (see worth_compressing); error
+// feedback and ratio/rank from spec; seed and unit seed PowerSGD's first Q.
+std::unique_ptr<Codec> make_codec(CompressKind kind, std::vector<Segment> segments,
+                                  const CompressSpec& spec, uint64_t seed, int unit);
+// Whether kind sends segment s in fewer bytes than an f32 all-reduce on `world` ranks (1-D
+// tensors never: biases and norms stay f32).
+bool worth_compressing(CompressKind kind, const Segment& s, const CompressSpec& spec, int world);
+
+// ---- single messages (shared with parameter-server pushes, push_codec.h) ----
+int64_t topk_count(int64_t n, double ratio);  // ceil(ratio * n), at least 1
+int64_t int8_message_bytes(int64_t n);         // the chunks' f32 scales, then n int8 values
+// x (n values) quantised into msg (int8_message_bytes(n) bytes), and msg added into acc.
+void int8_encode(const float* x, int64_t n, const CodecKey& key, char* msg);
+void int8_add(const char* msg, int64_t n, float* acc);
+struct Pair {
+  uint32_t index;
+  float value;
+};
+static_assert(sizeof(Pair) == 8);
+// The k largest |x + residual| as pairs into msg; residual (null: no error feedback) keeps
+// the rest. topk_add adds `count` pairs into acc.
+void topk_encode(const float* x, int64_t n, int64_t k, float* residual, Pair* msg);
+void topk_add(const Pair* pairs, int64_t count, float* acc);
+
+// ---- the math, exposed for tests ----
+// Stochastic rounding of x / scale to int8 with uniforms u in [0, 1): floor(x / scale + u),
+// clamped to [-127, 127]; unbiased.
+int8_t quantize_int8(float x, float inv_scale, float u);
+// Indices of the k largest |x| (ties: lower index first), ascending.
+std::vector<uint32_t> top_k(const float* x, int64_t n, int64_t k);
+// Orthonormalises the columns of the rows x cols row-major matrix a (Gram-Schmidt); a column
+// that is (numerically) zero or in the span of the earlier ones becomes zero.
+void orthonormalize_columns(float* a, int64_t rows, int64_t cols);
+
+}  // namespace tessel::parallel::compress

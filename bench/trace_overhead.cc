@@ -1,7 +1,9 @@
 // Cost of train.trace: fashion_mlp on 2 workers (ranks as threads, batch 128), the same run
 // alternating rounds of steps with every rank's tracer recording and not recording, so drift on
-// a shared machine hits both alike. Prints the median samples/s of each and the overhead of
-// tracing on ((off - on) / off). Tracing off is a null pointer check at each instrumented point.
+// a shared machine hits both alike. Each recording round is one trace window, as a run records
+// it: a fresh tracer that holds the round's events. Prints the median samples/s of each and the
+// overhead of tracing on ((off - on) / off). Tracing off is a null pointer check at each
+// instrumented point.
 //
 //   trace_overhead [--rounds R] [--steps N] [--config examples/fashion_mlp.toml] [--workers 2]
 #include <algorithm>
@@ -54,8 +56,6 @@ int main(int argc, char** argv) {
     opts.run_dir = "/tmp/tessel_trace_overhead";
     train::Trainer trainer(cfg, opts, &world, &data);
     MemoryScope memory(trainer.ledger(), MemCategory::kOther);  // as in Trainer::run
-    Tracer tracer;
-    TraceScope scope(&tracer);
     data::LoaderOptions lo;
     lo.batch = 128;
     lo.seed = cfg.seed;
@@ -76,6 +76,8 @@ int main(int argc, char** argv) {
     run(20);  // warm-up
     for (int r = 0; r < 2 * rounds; ++r) {
       const bool on = r % 2 == (r / 2) % 2;  // on, off, off, on, on, off, ...
+      Tracer tracer;
+      TraceScope scope(&tracer);
       tracer.set_recording(on);
       world.barrier();
       const double t0 = now_seconds();
@@ -83,8 +85,8 @@ int main(int argc, char** argv) {
       world.barrier();
       const double sps = steps * 128.0 / (now_seconds() - t0);
       if (world.rank() == 0) (on ? on_sps : off_sps).push_back(sps);
+      if (world.rank() == 0 && on) events += tracer.size();
     }
-    if (world.rank() == 0) events = tracer.size();
   });
   const double on = median(on_sps), off = median(off_sps);
   std::printf("trace_overhead: %s, %d workers, batch 128, %d rounds of %d steps each way\n",

@@ -1,5 +1,6 @@
 #include "tessel/core/trace.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdio>
 
@@ -89,23 +90,32 @@ int Tracer::tid_locked() {
   return t_row;
 }
 
-void Tracer::add(Event e) {
+void Tracer::add(char ph, const char* cat, double ts, double dur, std::string_view name,
+                 std::string_view args) {
+  const size_t size = name.size() + args.size();
   std::lock_guard<std::mutex> lock(mu_);
-  e.tid = tid_locked();
-  events_.push_back(std::move(e));
+  if (text_.empty() || text_.back().size() + size > text_.back().capacity()) {
+    text_.emplace_back();
+    text_.back().reserve(std::max<size_t>(size, 64 << 10));
+  }
+  std::string& block = text_.back();
+  const char* text = block.data() + block.size();  // stays: the block never grows past capacity
+  block.append(name).append(args);
+  events_.push_back({ph, tid_locked(), ts, dur, cat, text, static_cast<uint32_t>(name.size()),
+                     static_cast<uint32_t>(args.size())});
 }
 
 void Tracer::span(std::string_view name, const char* cat, double start, double end,
                   TraceArgs args) {
-  add({'X', 0, start, end - start, std::string(name), cat, args.take()});
+  add('X', cat, start, end - start, name, args.body());
 }
 
 void Tracer::instant(std::string_view name, const char* cat, double at, TraceArgs args) {
-  add({'i', 0, at, 0, std::string(name), cat, args.take()});
+  add('i', cat, at, 0, name, args.body());
 }
 
 void Tracer::counter(std::string_view name, double at, TraceArgs series) {
-  add({'C', 0, at, 0, std::string(name), "memory", series.take()});
+  add('C', "memory", at, 0, name, series.body());
 }
 
 size_t Tracer::size() const {
@@ -130,10 +140,11 @@ std::string Tracer::render(int pid, double origin) const {
     out += "{\"ph\":\"";
     out += e.ph;
     out += "\",\"pid\":" + p + ",\"tid\":" + std::to_string(e.tid) + ",\"ts\":" +
-           micros(e.ts - origin) + ",\"name\":" + json_escape(e.name) + ",\"cat\":\"" + e.cat + "\"";
+           micros(e.ts - origin) + ",\"name\":" + json_escape({e.text, e.name_size}) +
+           ",\"cat\":\"" + e.cat + "\"";
     if (e.ph == 'X') out += ",\"dur\":" + micros(e.dur);
     if (e.ph == 'i') out += ",\"s\":\"t\"";
-    if (!e.args.empty()) out += ",\"args\":{" + e.args + "}";
+    if (e.args_size > 0) out.append(",\"args\":{").append(e.text + e.name_size, e.args_size) += '}';
     out += "}";
   }
   return out;

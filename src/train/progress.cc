@@ -268,7 +268,9 @@ json rank_report(const std::vector<parallel::RankStats>& ranks, parallel::Engine
                         {"optimizer_seconds", s.optimizer_s},
                         {"comm_exposed_seconds", s.comm_exposed_s},
                         {"comm_overlapped_seconds", s.comm_overlapped_s},
-                        {"comm_bytes", s.comm_bytes},
+                        // Everything the rank sent: gradients and parameters, pipeline
+                        // activations and gradients (sent_bytes), tensor-parallel collectives.
+                        {"comm_bytes", s.comm_bytes + s.sent_bytes + s.tp_bytes},
                         {"tp_comm_seconds", s.tp_comm_s},
                         {"tp_bytes", s.tp_bytes},
                         // Waiting for the slowest rank shows up as exposed communication time

@@ -354,12 +354,7 @@ void Trainer::start_progress() {
                    eval_rows / static_cast<double>(3 * config_.train.batch * k));
 }
 
-json Trainer::run() {
-  MemoryScope memory(ledger_, MemCategory::kOther);
-  TraceScope trace(trace_ ? trace_->tracer() : nullptr);
-  if (trace_) trace_->align(*world_);
-  wall_start_ = now_seconds();
-  State s;
+bool Trainer::open_run(State& s) {
   const bool resuming = !options_.resume.empty() || options_.resume_snapshot;
   const RunStart start = resuming ? RunStart::kResume
                          : options_.overwrite ? RunStart::kOverwrite
@@ -370,6 +365,16 @@ json Trainer::run() {
                       : resuming               ? ckpt::resolve_checkpoint_dir(options_.resume)
                                                : ""});
   if (resuming) restore(options_.resume, s);
+  return resuming;
+}
+
+json Trainer::run() {
+  MemoryScope memory(ledger_, MemCategory::kOther);
+  TraceScope trace(trace_ ? trace_->tracer() : nullptr);
+  if (trace_) trace_->align(*world_);
+  wall_start_ = now_seconds();
+  State s;
+  const bool resuming = open_run(s);
   if (engine_->ps() && engine_->ps()->is_server()) {  // serves the workers until they finish
     json out = engine_->ps()->serve([this](int64_t step) { return lr_at(step); });
     finish_trace();

@@ -597,40 +597,6 @@ TEST(BuildModel, BackwardWithoutItsForwardThrows) {
   EXPECT_THROW(pool.backward(randn({1, 1, 2, 2}, 1), empty), Error);
 }
 
-// train.recompute: the gradients of two steps (the second reusing every buffer) equal those
-// of a run that keeps everything, bit for bit, and a transformer keeps less.
-TEST(Recompute, GradientsAreBitIdenticalToNone) {
-  for (const ModelSpec& spec : small_specs()) {
-    auto run = [&](Recompute mode, int64_t* bytes) {
-      auto m = materialized(spec, 3);
-      Activations acts;
-      acts.recompute = mode;
-      acts.caches.resize(m->num_blocks());
-      if (mode != Recompute::kNone)
-        for (Cache& c : acts.caches) c.share_scratch(&acts.scratch);
-      CrossEntropyLoss loss;
-      for (uint64_t step = 0; step < 2; ++step) {
-        const auto [x, y] = batch_for(spec, 4, 10 + step);
-        loss.forward(m->forward(x, kTrain, &acts), y);
-        m->backward(loss.backward(1.0f), acts);
-      }
-      *bytes = acts.bytes();
-      return m;
-    };
-    int64_t none_bytes = 0, bytes = 0;
-    auto none = run(Recompute::kNone, &none_bytes);
-    for (Recompute mode : {Recompute::kFull, Recompute::kSelective}) {
-      auto other = run(mode, &bytes);
-      EXPECT_TRUE(same_bits(none->grads(), other->grads())) << spec.kind;
-      // (An MLP's blocks are single layers that keep little more than their inputs.)
-      if (spec.kind == "gpt") {
-        EXPECT_LT(bytes, none_bytes) << static_cast<int>(mode);
-      }
-    }
-  }
-  EXPECT_THROW(recompute_mode("most"), InvalidArgument);
-}
-
 TEST(BuildModel, ForwardFlops) {
   auto mlp = build_model(mlp_spec());
   EXPECT_DOUBLE_EQ(mlp->forward_flops(32), 2.0 * 32 * (784 * 512 + 512 * 256 + 256 * 10));

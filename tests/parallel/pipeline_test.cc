@@ -115,6 +115,9 @@ void expect_matches_single(const std::string& model) {
     const auto& stages = multi.summary["ranks"]["pipeline_stages"];
     ASSERT_EQ(stages.size(), static_cast<size_t>(c.workers));
     for (const auto& s : stages) EXPECT_GT(s["forward_seconds"].get<double>(), 0);
+    // Every stage sends (activations forward, or gradients back), so every rank's bytes count it.
+    for (const auto& r : multi.summary["ranks"]["per_rank"])
+      EXPECT_GT(r["comm_bytes"].get<double>(), 0) << r.dump();
   }
 }
 

@@ -94,6 +94,9 @@ class Trainer {
     int64_t train_samples = 0;
   };
   void set_up_loader();
+  // The run folder for this start (run_folder.h) and, on a resume, the state to go on from in
+  // s. Returns whether it resumed.
+  bool open_run(State& s);
   void start_progress();  // the run's first line; the ETA's inputs
   void train_epoch(State& s, bool& stopped);
   bool train_claimed_epoch(State& s);

@@ -32,9 +32,10 @@ bench: build
 
 # The suite (ctest -LE slow) under AddressSanitizer + UndefinedBehaviorSanitizer in build-asan
 # (-O1, asserts on; any finding fails its test). OpenMPI's own leaks at exit are suppressed, and
-# only those: tests/sanitizers/lsan.supp says why.
-SANITIZER_ENV = LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizers/lsan.supp:print_suppressions=0 \
-                UBSAN_OPTIONS=print_stacktrace=1
+# only those: tests/sanitizers/lsan.supp says why and why the other settings are needed.
+SANITIZER_ENV = LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizers/lsan.supp:print_suppressions=0:fast_unwind_on_malloc=0 \
+                OMPI_MCA_mca_base_component_disable_dlclose=1 \
+                PMIX_MCA_mca_base_component_disable_dlclose=1 UBSAN_OPTIONS=print_stacktrace=1
 sanitize-test:
 	$(MAKE) build BUILD_DIR=build-asan BUILD_TYPE=Debug SANITIZE=address,undefined
 	cd build-asan && $(SANITIZER_ENV) ctest --output-on-failure -j $(JOBS) -LE slow

@@ -45,6 +45,8 @@ void Sha256::compress(const uint8_t* p) {
 }
 
 void Sha256::update(const void* data, size_t bytes) {
+  // Nothing to add; an empty buffer's data() may be null, which memcpy must not get.
+  if (bytes == 0) return;
   auto* p = static_cast<const uint8_t*>(data);
   total_bytes_ += bytes;
   if (buf_len_ > 0) {

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "tessel/core/error.h"
 #include "tessel/core/rng.h"
@@ -20,6 +21,17 @@ TEST(Sha256, KnownVectors) {
   for (size_t i = 0; i < million.size(); i += 777)
     h.update(million.data() + i, std::min<size_t>(777, million.size() - i));
   EXPECT_EQ(h.hex_digest(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST(Sha256, EmptyPiecesChangeNothing) {
+  // An empty std::vector's data() is null: hashing it adds nothing (under UBSan, passing the
+  // null on to memcpy was undefined behaviour, seen in Engine::params_sha256).
+  std::vector<float> empty;
+  Sha256 h;
+  h.update(empty.data(), 0);
+  h.update("abc", 3);
+  h.update(nullptr, 0);
+  EXPECT_EQ(h.hex_digest(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
 }
 
 TEST(Philox, MatchesReferenceVector) {

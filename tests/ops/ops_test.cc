@@ -215,6 +215,18 @@ TEST(CrossEntropy, BadLabelThrowsNamingIt) {
                InvalidArgument);
 }
 
+TEST(CrossEntropy, BackwardOfASliceLeavesOtherSlicesLabelsOut) {
+  // Classes [0, 2) of 4 on the first rank of a tensor-parallel pair: row 1's label 3 lies in
+  // the other rank's slice and adds nothing here (a debug-only check once threw on it).
+  const Vec probs = {0.25f, 0.25f, 0.5f, 0.5f};
+  const std::vector<int32_t> labels = {1, 3};
+  Vec dlogits(4);
+  cross_entropy_backward(dlogits.data(), probs.data(), labels.data(), 2, 2, 1.0f, 0);
+  EXPECT_EQ(dlogits, (Vec{0.125f, 0.125f - 0.5f, 0.25f, 0.25f}));
+  cross_entropy_backward(dlogits.data(), probs.data(), labels.data(), 2, 2, 1.0f, 2);
+  EXPECT_EQ(dlogits, (Vec{0.125f, 0.125f, 0.25f, 0.25f - 0.5f}));
+}
+
 TEST(CountCorrect, FirstMaximumWinsTies) {
   Vec logits = {1, 3, 3,   // tie between 1 and 2 -> 1
                 5, 5, 0,   // tie between 0 and 1 -> 0

@@ -113,8 +113,8 @@ void softmax_backward(float* dx, const float* dy, const float* y, int64_t N, int
 float cross_entropy_forward(float* probs, const float* logits, const int32_t* labels, int64_t N,
                             int64_t C);
 // dlogits = (probs - onehot(labels - lo)) * dloss / N   (dloss = 1 for a plain mean loss);
-// lo > 0 when the columns are classes [lo, lo + C) of a tensor-parallel slice (labels outside
-// it add nothing).
+// when the columns are classes [lo, lo + C) of a tensor-parallel slice, labels outside it add
+// nothing (on every rank, the one whose slice starts at lo = 0 too).
 void cross_entropy_backward(float* dlogits, const float* probs, const int32_t* labels, int64_t N,
                             int64_t C, float dloss, int64_t lo = 0);
 // Number of rows whose argmax equals the label.

@@ -28,6 +28,15 @@ bool ends_with(const std::string& s, const std::string& tail) {
   return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
 }
 
+// `count` rows of shape `row` in a fresh tensor [count, row...], to be filled.
+Rows dense_rows(int64_t count, Shape row) {
+  Rows r;
+  r.count = count;
+  row.insert(row.begin(), count);
+  r.x = Tensor::empty(row);
+  return r;
+}
+
 // IDX u8 images [N, H, W]: rows normalised through a lookup table, shaped as the model's input.
 class IdxReader final : public InputReader {
  public:
@@ -57,11 +66,7 @@ class IdxReader final : public InputReader {
   }
 
   Rows read(int64_t n) override {
-    Rows r;
-    r.count = std::min(n, total_ - done_);
-    Shape s = shape_;
-    s.insert(s.begin(), r.count);
-    r.x = Tensor::empty(s);
+    Rows r = dense_rows(std::min(n, total_ - done_), shape_);
     std::vector<uint8_t> bytes(static_cast<size_t>(r.count * pixels_));
     read_bytes(bytes.data(), bytes.size());
     float* dst = r.x.data<float>();
@@ -151,11 +156,7 @@ class NpyReader final : public InputReader {
   }
 
   Rows read(int64_t n) override {
-    Rows r;
-    r.count = std::min(n, total_ - done_);
-    Shape s = shape_;
-    s.insert(s.begin(), r.count);
-    r.x = Tensor::empty(s);
+    Rows r = dense_rows(std::min(n, total_ - done_), shape_);
     const size_t want = static_cast<size_t>(r.count * row_);
     if (std::fread(r.x.raw(), sizeof(float), want, f_.get()) != want)
       throw IoError(str("predict: ", path_, " ends before row ", done_ + r.count, " of the ",

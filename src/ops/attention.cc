@@ -1,6 +1,15 @@
-// Causal multi-head self-attention, written as plain loops (llm.c): for each (batch, head,
-// query t) a softmax over keys t2 <= t of q.k / sqrt(HS), then a weighted sum of values.
-// Head h of q, k, v for token t sits at qkv[b, t, {0, C, 2C} + h*HS .. + HS).
+// Causal multi-head self-attention on GEMMs, one (sequence, head) at a time. Head h of q, k, v
+// for token t sits at qkv[b, t, {0, C, 2C} + h*HS .. + HS): each head's q, k and v are [T, HS]
+// matrices with leading dimension 3C, so the GEMMs read them in place.
+//   forward:  S = scale * Q K^T, P = softmax of each row over its keys t2 <= t, O = P V;
+//   backward: dP = dO V^T, dV = P^T dO, dS = P * (dP - rowsum(P * dP)) * scale,
+//             dQ = dS K, dK = dS^T Q.
+// The forward runs query blocks of kQueryBlock rows against the keys up to the block's end
+// (causality skips the rest), and sums P V over key chunks of kKeyChunk at fixed positions.
+// A score is the same HS-term sum whatever the block, and a chunk of keys is one GEMM pass
+// (kKeyChunk is below the GEMM's K blocking), so a row's output is the same sum of the same
+// chunk sums however many queries and keys the call has: the KV-cache path
+// (attention_forward_kv) gives the bits of the full forward's rows.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -12,31 +21,46 @@
 namespace tessel::ops {
 namespace {
 
+constexpr int64_t kQueryBlock = 64;
+constexpr int64_t kKeyChunk = 256;
+
 void check_heads(const char* who, int64_t C, int64_t NH) {
   TESSEL_CHECK(NH > 0 && C % NH == 0, who, ": channels must split evenly over heads, got C=", C,
                " NH=", NH, "; pick n_embd divisible by n_head");
 }
 
-// One query against n keys and values (rows k + j * stride, v + j * stride, j < n): the
-// scores into a[0, n), softmaxed, and their weighted sum of the values into o[0, HS).
-void attend(float* o, float* a, const float* q, const float* k, const float* v, int64_t stride,
-            int64_t n, int64_t HS, float scale) {
-  // Scores and their max (for a stable softmax) over the visible keys.
-  float mx = -INFINITY;
-  for (int64_t j = 0; j < n; ++j) {
-    a[j] = detail::dot(q, k + j * stride, HS) * scale;
-    mx = std::max(mx, a[j]);
+// Grow-only per-thread buffer (reused across calls: no page faults per call).
+float* scratch(int64_t n) {
+  thread_local std::vector<float> buffer;
+  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(static_cast<size_t>(n));
+  return buffer.data();
+}
+
+// Row i of p[rows, ld] (query first + i) softmaxed over its keys [0, first + i], zero after.
+void causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys) {
+  for (int64_t i = 0; i < rows; ++i) {
+    float* row = p + i * ld;
+    const int64_t n = first + i + 1;
+    float mx = -INFINITY;
+    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
+    for (int64_t j = 0; j < n; ++j) row[j] = detail::exp(row[j] - mx);
+    const float inv = 1.0f / detail::sum(row, n);
+    for (int64_t j = 0; j < n; ++j) row[j] *= inv;
+    std::fill(row + n, row + keys, 0.0f);
   }
-  for (int64_t j = 0; j < n; ++j) a[j] = detail::exp(a[j] - mx);
-  const float inv = 1.0f / detail::sum(a, n);
-  for (int64_t j = 0; j < n; ++j) a[j] *= inv;
-  // Weighted sum of the values.
-  std::fill(o, o + HS, 0.0f);
-  for (int64_t j = 0; j < n; ++j) {
-    const float* vj = v + j * stride;
-    const float w = a[j];
-    for (int64_t i = 0; i < HS; ++i) o[i] += w * vj[i];
-  }
+}
+
+// One head: queries q[rows, HS] (positions first ..) against keys k and values v [keys, HS]
+// (positions 0 ..), leading dimensions ld_q and ld_kv; probabilities into p[rows, ld_p], the
+// output into o[rows, HS] (leading dimension ld_o).
+void attend(float* o, int64_t ld_o, float* p, int64_t ld_p, const float* q, int64_t ld_q,
+            const float* k, const float* v, int64_t ld_kv, int64_t rows, int64_t first,
+            int64_t keys, int64_t HS, float scale) {
+  gemm(false, true, rows, keys, HS, scale, q, ld_q, k, ld_kv, 0.0f, p, ld_p);
+  causal_softmax(p, rows, ld_p, first, keys);
+  for (int64_t c = 0; c < keys; c += kKeyChunk)
+    gemm(false, false, rows, HS, std::min(kKeyChunk, keys - c), 1.0f, p + c, ld_p, v + c * ld_kv,
+         ld_kv, c == 0 ? 0.0f : 1.0f, o, ld_o);
 }
 
 }  // namespace
@@ -49,11 +73,15 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
   for (int64_t b = 0; b < B; ++b) {
     const float* qkv_b = qkv + b * T * C3;
     for (int64_t h = 0; h < NH; ++h) {
-      for (int64_t t = 0; t < T; ++t) {
-        float* a = att + ((b * NH + h) * T + t) * T;
-        attend(out + (b * T + t) * C + h * HS, a, qkv_b + t * C3 + h * HS, qkv_b + C + h * HS,
-               qkv_b + 2 * C + h * HS, C3, t + 1, HS, scale);
-        std::fill(a + t + 1, a + T, 0.0f);
+      float* p = att + (b * NH + h) * T * T;
+      const float* q = qkv_b + h * HS;
+      for (int64_t t0 = 0; t0 < T; t0 += kQueryBlock) {
+        const int64_t rows = std::min(kQueryBlock, T - t0), keys = t0 + rows;
+        float* p_block = p + t0 * T;
+        attend(out + (b * T + t0) * C + h * HS, C, p_block, T, q + t0 * C3, C3, q + C, q + 2 * C,
+               C3, rows, t0, keys, HS, scale);
+        for (int64_t i = 0; i < rows; ++i)
+          std::fill(p_block + i * T + keys, p_block + (i + 1) * T, 0.0f);
       }
     }
   }
@@ -65,7 +93,7 @@ void attention_forward_kv(float* out, const float* qkv, float* k_cache, float* v
   check_heads("attention_forward_kv", C, NH);
   TESSEL_CHECK(pos >= 0 && T >= 0 && pos + T <= Tmax, "attention_forward_kv: positions [", pos,
                ", ", pos + T, ") pass the cache's ", Tmax);
-  const int64_t HS = C / NH, C3 = 3 * C;
+  const int64_t HS = C / NH, C3 = 3 * C, keys = pos + T;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
   // Append the new positions' keys and values, then attend over everything up to each query.
   for (int64_t b = 0; b < B; ++b)
@@ -74,15 +102,12 @@ void attention_forward_kv(float* out, const float* qkv, float* k_cache, float* v
       std::copy(row + C, row + 2 * C, k_cache + (b * Tmax + pos + t) * C);
       std::copy(row + 2 * C, row + C3, v_cache + (b * Tmax + pos + t) * C);
     }
-  std::vector<float> scores(static_cast<size_t>(pos + T));
-  for (int64_t b = 0; b < B; ++b) {
-    const float* k_b = k_cache + b * Tmax * C;
-    const float* v_b = v_cache + b * Tmax * C;
+  float* p = scratch(T * keys);
+  for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h)
-      for (int64_t t = 0; t < T; ++t)
-        attend(out + (b * T + t) * C + h * HS, scores.data(), qkv + (b * T + t) * C3 + h * HS,
-               k_b + h * HS, v_b + h * HS, C, pos + t + 1, HS, scale);
-  }
+      attend(out + b * T * C + h * HS, C, p, keys, qkv + b * T * C3 + h * HS, C3,
+             k_cache + b * Tmax * C + h * HS, v_cache + b * Tmax * C + h * HS, C, T, pos, keys,
+             HS, scale);
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,
@@ -91,37 +116,25 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
   check_heads("attention_backward", C, NH);
   const int64_t HS = C / NH, C3 = 3 * C;
   const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
-  std::fill(dqkv, dqkv + B * T * C3, 0.0f);
-  std::vector<float> datt(static_cast<size_t>(T));
+  float* ds = scratch(T * T);
   for (int64_t b = 0; b < B; ++b) {
-    const float* qkv_b = qkv + b * T * C3;
-    float* dqkv_b = dqkv + b * T * C3;
-    for (int64_t h = 0; h < NH; ++h) {
+    const float* q = qkv + b * T * C3;  // head h's q, k, v at + h * HS, + C, + 2C
+    float* dq = dqkv + b * T * C3;
+    for (int64_t h = 0; h < NH; ++h, q += HS, dq += HS) {
+      const float* p = att + (b * NH + h) * T * T;
+      const float* dout_h = dout + b * T * C + h * HS;
+      gemm(false, true, T, T, HS, 1.0f, dout_h, C, q + 2 * C, C3, 0.0f, ds, T);  // dP
+      gemm(true, false, T, HS, T, 1.0f, p, T, dout_h, C, 0.0f, dq + 2 * C, C3);  // dV
+      // dS in place of dP, over row t's keys t2 <= t (P is zero after them).
       for (int64_t t = 0; t < T; ++t) {
-        const float* a = att + ((b * NH + h) * T + t) * T;
-        const float* dout_t = dout + (b * T + t) * C + h * HS;
-        // Through the weighted sum: d att[t2] = v[t2] . dout, d v[t2] += att[t2] * dout.
-        float weighted = 0.0f;
-        for (int64_t t2 = 0; t2 <= t; ++t2) {
-          const float* v = qkv_b + t2 * C3 + 2 * C + h * HS;
-          float* dv = dqkv_b + t2 * C3 + 2 * C + h * HS;
-          datt[t2] = detail::dot(v, dout_t, HS);
-          weighted += a[t2] * datt[t2];
-          for (int64_t i = 0; i < HS; ++i) dv[i] += a[t2] * dout_t[i];
-        }
-        // Through the softmax (d score = att * (d att - sum att * d att)) and the scaled dot.
-        const float* q = qkv_b + t * C3 + h * HS;
-        float* dq = dqkv_b + t * C3 + h * HS;
-        for (int64_t t2 = 0; t2 <= t; ++t2) {
-          const float ds = a[t2] * (datt[t2] - weighted) * scale;
-          const float* k = qkv_b + t2 * C3 + C + h * HS;
-          float* dk = dqkv_b + t2 * C3 + C + h * HS;
-          for (int64_t i = 0; i < HS; ++i) {
-            dq[i] += ds * k[i];
-            dk[i] += ds * q[i];
-          }
-        }
+        const float* pt = p + t * T;
+        float* row = ds + t * T;
+        const float weighted = detail::dot(pt, row, t + 1);
+        for (int64_t j = 0; j <= t; ++j) row[j] = pt[j] * (row[j] - weighted) * scale;
+        std::fill(row + t + 1, row + T, 0.0f);
       }
+      gemm(false, false, T, HS, T, 1.0f, ds, T, q + C, C3, 0.0f, dq, C3);  // dQ
+      gemm(true, false, T, HS, T, 1.0f, ds, T, q, C3, 0.0f, dq + C, C3);   // dK
     }
   }
 }

@@ -1,5 +1,5 @@
 // Finite-difference gradient checks for the dense kernels (linear, activations, softmax,
-// cross-entropy, layernorm, embedding, dropout, attention) and the shared backward contracts:
+// cross-entropy, layernorm, embedding, dropout) and the shared backward contracts:
 // dx overwritten, parameter gradients accumulated, null dx skipped.
 #include <gtest/gtest.h>
 
@@ -303,35 +303,6 @@ TEST(GradCheck, Dropout) {
   Vec dx = poisoned(rows * cols);
   dropout_backward(dx.data(), r.data(), rows, cols, p, 99, 5, 12);
   expect_grad("dropout dx", x, dx, objective);
-}
-
-// ---- Attention ----
-
-TEST(GradCheck, Attention) {
-  const int64_t B = 2, T = 5, C = 8, NH = 2;
-  Vec qkv = randn(B * T * 3 * C, 29), r = randn(B * T * C, 30);
-  auto objective = [&] {
-    Vec out(B * T * C), att(B * NH * T * T);
-    attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-    return weighted_sum(r, out);
-  };
-  Vec out(B * T * C), att(B * NH * T * T), dqkv = poisoned(B * T * 3 * C);
-  attention_forward(out.data(), att.data(), qkv.data(), B, T, C, NH);
-  for (int64_t row = 0; row < B * NH * T; ++row) {
-    const int64_t t = row % T;
-    double s = 0.0;
-    for (int64_t t2 = 0; t2 < T; ++t2) {
-      s += att[row * T + t2];
-      if (t2 > t) {
-        EXPECT_EQ(att[row * T + t2], 0.0f) << "future key visible";
-      }
-    }
-    EXPECT_NEAR(s, 1.0, 1e-6);
-  }
-  attention_backward(dqkv.data(), r.data(), qkv.data(), att.data(), B, T, C, NH);
-  GradTolerance tol;
-  tol.eps = 3e-3;
-  expect_grad("attention dqkv", qkv, dqkv, objective, tol);
 }
 
 // ---- Backward contracts: parameter gradients accumulate, a null dx is skipped ----

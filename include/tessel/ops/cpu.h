@@ -219,7 +219,8 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 // Inference with a KV cache: the T new positions [pos, pos + T) of B sequences. Their keys and
 // values (from qkv[B,T,3C]) are appended to k_cache and v_cache [B,Tmax,C] at positions
 // [pos, pos + T); each query attends to the cached positions up to its own. The same arithmetic,
-// in the same order, as attention_forward's rows for those positions.
+// in the same order, as attention_forward's rows for those positions (bit for bit where the
+// GEMMs run on tessel's own kernel: AVX-512 builds at one BLAS thread, as predict and serve run).
 void attention_forward_kv(float* out, const float* qkv, float* k_cache, float* v_cache,
                           int64_t B, int64_t T, int64_t pos, int64_t C, int64_t NH,
                           int64_t Tmax);

@@ -218,6 +218,15 @@ inline __m512bh as_bh(__m512i v) { return (__m512bh)v; }
 template <int R, ALayout L>
 void micro_kernel(int64_t pairs, const Half* __restrict a, const Half* __restrict b,
                   const TileOut& t) {
+  if (t.cs == 1) {
+    // The first touch of C would otherwise stall the stores after the k loop.
+    const int64_t elem = t.t == DType::kF32 ? 4 : 2;
+    const char* c = static_cast<const char*>(t.c);
+    for (int i = 0; i < R; ++i) {
+      _mm_prefetch(c + i * t.rs * elem, _MM_HINT_T0);
+      _mm_prefetch(c + (i * t.rs + kNr - 1) * elem, _MM_HINT_T0);
+    }
+  }
   __m512 acc0[R], acc1[R];
 #pragma GCC unroll 14
   for (int i = 0; i < R; ++i) acc0[i] = acc1[i] = _mm512_setzero_ps();

@@ -44,6 +44,9 @@ void HeartbeatSlot::enter(const Stamp& s) noexcept {
   // odd version writes; a concurrent one skips its update rather than wait.
   uint32_t v = version_.load(std::memory_order_relaxed);
   if ((v & 1) || !version_.compare_exchange_strong(v, v + 1, std::memory_order_acquire)) return;
+  // The odd version must be visible before any word below (a seqlock writer's fence), or a
+  // reader could take a half-written stamp under the old even version.
+  std::atomic_thread_fence(std::memory_order_release);
   uint64_t words[kWords];
   for (int i = 0; i < kWords; ++i) words[i] = stamp_[i].load(std::memory_order_relaxed);
   Stamp last;

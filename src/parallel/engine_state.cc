@@ -78,13 +78,19 @@ namespace {
 std::string compression_slice(int rank) { return str("compress/rank", rank); }
 }  // namespace
 
+std::vector<float> Engine::compression_state() {
+  if (compress_) return compress_->save_state();
+  return ps_ ? ps_->save_compression() : std::vector<float>{};
+}
+
 StateView Engine::state() {
-  if (ps_) return ps_->state();
-  StateView view{store_->owned(), store_->held(), store_->update_ranges(),
-                 [this](nn::Range r) { return store_->values(r); }, optimizer_.get(),
-                 [this](nn::Range r) { return store_->state_offset(r); }, {}};
-  if (compress_) {  // residuals differ per rank: every rank writes its own
-    const std::vector<float> s = compress_->save_state();
+  StateView view = ps_ ? ps_->state()
+                       : StateView{store_->owned(), store_->held(), store_->update_ranges(),
+                                   [this](nn::Range r) { return store_->values(r); },
+                                   optimizer_.get(),
+                                   [this](nn::Range r) { return store_->state_offset(r); }, {}};
+  // Residuals differ per rank: every rank writes its own.
+  if (const std::vector<float> s = compression_state(); !s.empty()) {
     Tensor t = Tensor::empty({static_cast<int64_t>(s.size())});
     std::copy(s.begin(), s.end(), t.data<float>());
     view.extra.push_back({compression_slice(rank()), 0, t});
@@ -93,7 +99,7 @@ StateView Engine::state() {
 }
 
 void Engine::restore_compression(const ckpt::CheckpointSource& reader) {
-  if (!compress_) return;
+  if (compression_state().empty()) return;
   const std::string name = compression_slice(rank());
   float n = 0;  // the state's first value is its length
   try {
@@ -105,7 +111,10 @@ void Engine::restore_compression(const ckpt::CheckpointSource& reader) {
   }
   std::vector<float> state(static_cast<size_t>(n));
   reader.read(name, 0, static_cast<int64_t>(state.size()), state.data());
-  compress_->load_state(state);
+  if (compress_)
+    compress_->load_state(state);
+  else
+    ps_->load_compression(state);
 }
 
 std::vector<ckpt::ShardFile> Engine::write_shards(const std::string& dir, int64_t* optimizer_steps) {

@@ -131,6 +131,29 @@ StateView ParameterServer::state() {
           server_.optimizer.get(), [this](nn::Range q) { return q.lo - server_.range.lo; }, {}};
 }
 
+std::vector<float> ParameterServer::save_compression() {
+  std::vector<float> out = {0.0f};
+  for (auto& c : codecs_)
+    if (const std::vector<float>* s = c->state()) out.insert(out.end(), s->begin(), s->end());
+  if (out.size() == 1) return {};
+  out[0] = static_cast<float>(out.size());
+  return out;
+}
+
+void ParameterServer::load_compression(const std::vector<float>& state) {
+  const size_t need = save_compression().size();
+  if (state.size() != need)
+    throw IoError(str("compress: the checkpoint's push residuals have ", state.size(),
+                      " values, this layout needs ", need, "; resume with the config and worker "
+                      "and server counts it was saved with"));
+  size_t at = 1;
+  for (auto& c : codecs_)
+    if (std::vector<float>* s = c->state()) {
+      std::copy_n(state.begin() + static_cast<std::ptrdiff_t>(at), s->size(), s->begin());
+      at += s->size();
+    }
+}
+
 std::vector<ckpt::ShardFile> ParameterServer::checkpoint(const std::string& dir,
                                                         int64_t* optimizer_steps) {
   start(-1);

@@ -2,9 +2,9 @@
 // codec's exchange on 2 and 4 ranks as threads against the plain sum, with the bytes the
 // transport counted within 5% of the codec's formula; error feedback conserves the gradient;
 // compressed data parallelism trains (fp16/bf16 close to f32; pipelined exchanges give the
-// blocking ones' bits), reports its bytes, and a resumed compressed run ends bit-identical to
-// an uninterrupted one; parameter-server pushes shrink to their messages; bad keys are clear
-// errors.
+// blocking ones' bits), reports its bytes, and a resumed compressed run (data parallel, or
+// parameter-server top-k pushes) ends bit-identical to an uninterrupted one; parameter-server
+// pushes shrink to their messages; bad keys are clear errors.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -271,6 +271,22 @@ TEST(Compress, ResumedRunEndsBitIdentical) {
     EXPECT_EQ(resumed.params, whole.params) << kind;
     EXPECT_EQ(resumed.summary["params_sha256"], whole.summary["params_sha256"]) << kind;
   }
+}
+
+TEST(Compress, ResumedParameterServerRunWithTopKEndsBitIdentical) {
+  // Sync pushes: the workers' top-k residuals travel in the checkpoint (compress/rank<r>).
+  const train::Config cfg = small({"ps.servers=1", "model.hidden=[32,16]", "compress.kind=topk",
+                                   "compress.ratio=0.1"});
+  const auto whole = testing::train_on(cfg, 3);
+  train::RunOptions first;
+  first.run_dir = testing::test_run_dir("compress_resume_ps_topk");
+  first.stop_after = 7;
+  testing::train_on(cfg, 3, first);
+  train::RunOptions second;
+  second.run_dir = second.resume = first.run_dir;
+  const auto resumed = testing::train_on(cfg, 3, second);
+  EXPECT_EQ(resumed.summary["steps"], 20);
+  EXPECT_EQ(resumed.summary["params_sha256"], whole.summary["params_sha256"]);
 }
 
 TEST(Compress, ParameterServerPushes) {

@@ -123,8 +123,9 @@ class Engine {
   // layout; collective over the world, streamed unit by unit so no rank holds the model.
   std::string params_sha256();
   StateView state();
-  // compress.kind != none: reads this rank's compression state (residuals, Q) from a checkpoint
-  // (a checkpoint without it, e.g. one from another worker count, leaves it fresh, warned).
+  // compress.kind != none: reads this rank's compression state (residuals, Q; a parameter
+  // server worker's push residuals) from a checkpoint (a checkpoint without it, e.g. one from
+  // another worker count, leaves it fresh, warned).
   void restore_compression(const ckpt::CheckpointSource& reader);
   // Collective over the training ranks (and, with a parameter server, the servers through
   // rank 0): every rank that owns part of the model writes its shard of a checkpoint into
@@ -144,6 +145,8 @@ class Engine {
   Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Communicator& world,
          const Build& build, uint64_t seed);
   void build_data_parallel(const ParallelSpec& spec, uint64_t seed);
+  // This rank's compression state, its length first; empty when steps carry none.
+  std::vector<float> compression_state();
   void hook(nn::Phase phase, size_t block, bool last);
   PieceStats counted(const PieceStats& s) const;
   void sum_whole_grads_over_tp();

@@ -81,6 +81,10 @@ class ParameterServer {
   void push(GradSync& sync, float clip_norm, int64_t step);
   // Checkpoints: a server owns its range; a worker nothing (it pulls after a restore).
   StateView state();
+  // Worker: what its compressed pushes carry from step to step (the top-k residual of each
+  // server's shard) as one vector whose first value is its length; empty when they carry none.
+  std::vector<float> save_compression();
+  void load_compression(const std::vector<float>& state);
   // Rank 0: asks every server to write its shard of a checkpoint into dir; returns them and
   // the servers' optimizer step count.
   std::vector<ckpt::ShardFile> checkpoint(const std::string& dir, int64_t* optimizer_steps);

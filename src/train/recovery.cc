@@ -74,7 +74,11 @@ nlohmann::json train_threads(const Config& config, const RunOptions& options,
             if (world.rank() == 0) summary = std::move(s);
           },
           comm);
-      if (!restarts.empty()) summary["restarts"] = restarts;
+      // The last try wrote summary.json without the restarts before it.
+      if (!restarts.empty() && !run_dir.empty()) {
+        summary["restarts"] = restarts;
+        ckpt::write_file_atomic(run_dir + "/summary.json", summary.dump(2) + "\n");
+      }
       return summary;
     } catch (const std::exception& e) {
       const bool mendable = dynamic_cast<const InvalidArgument*>(&e) == nullptr;

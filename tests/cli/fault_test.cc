@@ -80,6 +80,12 @@ TEST_F(Fault, FailedRankRestartsFromTheSnapshotAndEndsWithTheSameParameters) {
   EXPECT_TRUE(has(thrown.output, "resumes from the in-memory snapshot of step 130"))
       << thrown.output;
   EXPECT_EQ(sha("throw"), want);
+  {
+    std::ifstream in(path("throw") + "/summary.json");
+    const nlohmann::json restarts = nlohmann::json::parse(in).at("restarts");
+    ASSERT_EQ(restarts.size(), 1u);
+    EXPECT_EQ(restarts[0]["from_step"], 130);
+  }
   // A rank that hangs outside any call: the others name it at the deadline, then restart.
   Result hung = run(recover + "--set debug.fail_rank=1 --set debug.fail_mode=hang "
                               "--set comm.timeout_s=1 --run-dir " + path("hang"));

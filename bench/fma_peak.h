@@ -16,63 +16,42 @@ namespace tessel::bench {
 namespace detail {
 
 // clang-format off
-// One vfmadd231ps into each of registers 2..13 from registers 0 and 1, of vector kind r.
-#define TESSEL_FMA12(r) \
-  "vfmadd231ps %%" r "0,%%" r "1,%%" r "2\n\t" \
-  "vfmadd231ps %%" r "0,%%" r "1,%%" r "3\n\t" \
-  "vfmadd231ps %%" r "0,%%" r "1,%%" r "4\n\t" \
-  "vfmadd231ps %%" r "0,%%" r "1,%%" r "5\n\t" \
-  "vfmadd231ps %%" r "0,%%" r "1,%%" r "6\n\t" \
-  "vfmadd231ps %%" r "0,%%" r "1,%%" r "7\n\t" \
-  "vfmadd231ps %%" r "0,%%" r "1,%%" r "8\n\t" \
-  "vfmadd231ps %%" r "0,%%" r "1,%%" r "9\n\t" \
-  "vfmadd231ps %%" r "0,%%" r "1,%%" r "10\n\t" \
-  "vfmadd231ps %%" r "0,%%" r "1,%%" r "11\n\t" \
-  "vfmadd231ps %%" r "0,%%" r "1,%%" r "12\n\t" \
-  "vfmadd231ps %%" r "0,%%" r "1,%%" r "13\n\t"
+// Instruction `op` into each of registers 2..13 from registers 0 and 1, of vector kind r.
+#define TESSEL_OP12(op, r) \
+  op " %%" r "0,%%" r "1,%%" r "2\n\t"  op " %%" r "0,%%" r "1,%%" r "3\n\t" \
+  op " %%" r "0,%%" r "1,%%" r "4\n\t"  op " %%" r "0,%%" r "1,%%" r "5\n\t" \
+  op " %%" r "0,%%" r "1,%%" r "6\n\t"  op " %%" r "0,%%" r "1,%%" r "7\n\t" \
+  op " %%" r "0,%%" r "1,%%" r "8\n\t"  op " %%" r "0,%%" r "1,%%" r "9\n\t" \
+  op " %%" r "0,%%" r "1,%%" r "10\n\t" op " %%" r "0,%%" r "1,%%" r "11\n\t" \
+  op " %%" r "0,%%" r "1,%%" r "12\n\t" op " %%" r "0,%%" r "1,%%" r "13\n\t"
 
-// All 14 registers start at zero (a denormal accumulator could slow the FMAs down).
-#define TESSEL_ZERO14 \
-  "vxorps %%xmm0, %%xmm0, %%xmm0\n\t" \
-  "vxorps %%xmm1, %%xmm1, %%xmm1\n\t" \
-  "vxorps %%xmm2, %%xmm2, %%xmm2\n\t" \
-  "vxorps %%xmm3, %%xmm3, %%xmm3\n\t" \
-  "vxorps %%xmm4, %%xmm4, %%xmm4\n\t" \
-  "vxorps %%xmm5, %%xmm5, %%xmm5\n\t" \
-  "vxorps %%xmm6, %%xmm6, %%xmm6\n\t" \
-  "vxorps %%xmm7, %%xmm7, %%xmm7\n\t" \
-  "vxorps %%xmm8, %%xmm8, %%xmm8\n\t" \
-  "vxorps %%xmm9, %%xmm9, %%xmm9\n\t" \
-  "vxorps %%xmm10, %%xmm10, %%xmm10\n\t" \
-  "vxorps %%xmm11, %%xmm11, %%xmm11\n\t" \
-  "vxorps %%xmm12, %%xmm12, %%xmm12\n\t" \
-  "vxorps %%xmm13, %%xmm13, %%xmm13\n\t"
+// n iterations of TESSEL_OP12(op, r), all 14 registers zeroed first (a denormal accumulator
+// could slow the instructions down).
+#define TESSEL_CHAIN_LOOP(n, op, r)                                                         \
+  asm volatile(                                                                             \
+      "vxorps %%xmm0, %%xmm0, %%xmm0\n\t"   "vxorps %%xmm1, %%xmm1, %%xmm1\n\t"             \
+      "vxorps %%xmm2, %%xmm2, %%xmm2\n\t"   "vxorps %%xmm3, %%xmm3, %%xmm3\n\t"             \
+      "vxorps %%xmm4, %%xmm4, %%xmm4\n\t"   "vxorps %%xmm5, %%xmm5, %%xmm5\n\t"             \
+      "vxorps %%xmm6, %%xmm6, %%xmm6\n\t"   "vxorps %%xmm7, %%xmm7, %%xmm7\n\t"             \
+      "vxorps %%xmm8, %%xmm8, %%xmm8\n\t"   "vxorps %%xmm9, %%xmm9, %%xmm9\n\t"             \
+      "vxorps %%xmm10, %%xmm10, %%xmm10\n\t" "vxorps %%xmm11, %%xmm11, %%xmm11\n\t"         \
+      "vxorps %%xmm12, %%xmm12, %%xmm12\n\t" "vxorps %%xmm13, %%xmm13, %%xmm13\n\t"         \
+      "1:\n\t" TESSEL_OP12(op, r) "dec %0\n\t"                                               \
+      "jnz 1b\n\t"                                                                          \
+      : "+r"(n)                                                                             \
+      :                                                                                     \
+      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",     \
+        "xmm10", "xmm11", "xmm12", "xmm13", "cc")
 // clang-format on
 
 // n iterations of 12 independent FMAs; returns the flops of one iteration.
 inline double fma_chains(int64_t n) {
 #if defined(__x86_64__) && defined(__AVX512F__)
-  constexpr double kFlopsPerIter = 12 * 2 * 16;
-  asm volatile(
-      TESSEL_ZERO14
-      "1:\n\t" TESSEL_FMA12("zmm") "dec %0\n\t"
-      "jnz 1b\n\t"
-      : "+r"(n)
-      :
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
-        "xmm10", "xmm11", "xmm12", "xmm13", "cc");
-  return kFlopsPerIter;
+  TESSEL_CHAIN_LOOP(n, "vfmadd231ps", "zmm");
+  return 12 * 2 * 16;
 #elif defined(__x86_64__) && defined(__FMA__)
-  constexpr double kFlopsPerIter = 12 * 2 * 8;
-  asm volatile(
-      TESSEL_ZERO14
-      "1:\n\t" TESSEL_FMA12("ymm") "dec %0\n\t"
-      "jnz 1b\n\t"
-      : "+r"(n)
-      :
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
-        "xmm10", "xmm11", "xmm12", "xmm13", "cc");
-  return kFlopsPerIter;
+  TESSEL_CHAIN_LOOP(n, "vfmadd231ps", "ymm");
+  return 12 * 2 * 8;
 #else
   (void)n;
   return 0.0;
@@ -82,36 +61,15 @@ inline double fma_chains(int64_t n) {
 // n iterations of 12 independent vdpbf16ps; returns the flops of one iteration.
 inline double dpbf16_chains(int64_t n) {
 #if defined(__x86_64__)
-  constexpr double kFlopsPerIter = 12 * 2 * 2 * 16;
-  asm volatile(
-      TESSEL_ZERO14
-      "1:\n\t"
-      "vdpbf16ps %%zmm0, %%zmm1, %%zmm2\n\t"
-      "vdpbf16ps %%zmm0, %%zmm1, %%zmm3\n\t"
-      "vdpbf16ps %%zmm0, %%zmm1, %%zmm4\n\t"
-      "vdpbf16ps %%zmm0, %%zmm1, %%zmm5\n\t"
-      "vdpbf16ps %%zmm0, %%zmm1, %%zmm6\n\t"
-      "vdpbf16ps %%zmm0, %%zmm1, %%zmm7\n\t"
-      "vdpbf16ps %%zmm0, %%zmm1, %%zmm8\n\t"
-      "vdpbf16ps %%zmm0, %%zmm1, %%zmm9\n\t"
-      "vdpbf16ps %%zmm0, %%zmm1, %%zmm10\n\t"
-      "vdpbf16ps %%zmm0, %%zmm1, %%zmm11\n\t"
-      "vdpbf16ps %%zmm0, %%zmm1, %%zmm12\n\t"
-      "vdpbf16ps %%zmm0, %%zmm1, %%zmm13\n\t"
-      "dec %0\n\t"
-      "jnz 1b\n\t"
-      : "+r"(n)
-      :
-      : "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9",
-        "xmm10", "xmm11", "xmm12", "xmm13", "cc");
-  return kFlopsPerIter;
+  TESSEL_CHAIN_LOOP(n, "vdpbf16ps", "zmm");
+  return 12 * 2 * 2 * 16;
 #else
   (void)n;
   return 0.0;
 #endif
-#undef TESSEL_FMA12
-#undef TESSEL_ZERO14
 }
+#undef TESSEL_CHAIN_LOOP
+#undef TESSEL_OP12
 
 // Best GFLOP/s of 5 runs of `chains` (about 35 ms each at the fp32 peak).
 template <typename F>

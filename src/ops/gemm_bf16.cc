@@ -30,6 +30,7 @@
 #include <new>
 #include <utility>
 
+#include "gemm_blocking.h"
 #include "simd_avx512.h"
 
 namespace tessel::ops::detail {
@@ -255,44 +256,13 @@ constexpr std::array<KernelFn, kMr + 1> make_kernels(std::integer_sequence<int, 
 template <ALayout L>
 constexpr auto kKernels = make_kernels<L>(std::make_integer_sequence<int, kMr>{});
 
-// Grow-only 64-byte aligned buffer, one per thread and use, reused across calls.
-template <typename T>
-class Scratch {
- public:
-  Scratch() = default;
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  ~Scratch() noexcept { ::operator delete (p_, std::align_val_t{64}); }
-  T* get(int64_t n) {
-    if (n > cap_) {
-      ::operator delete (p_, std::align_val_t{64});
-      p_ = nullptr;
-      cap_ = 0;
-      p_ = static_cast<T*>(::operator new (static_cast<size_t>(n) * sizeof(T), std::align_val_t{64}));
-      cap_ = n;
-    }
-    return p_;
-  }
-
- private:
-  T* p_ = nullptr;
-  int64_t cap_ = 0;
-};
-
 thread_local Scratch<Half> tls_a, tls_b;
 thread_local Scratch<float> tls_c;
-
-struct RowTiles {
-  int64_t count, base, extra;
-  explicit RowTiles(int64_t M) : count((M + kMr - 1) / kMr), base(M / count), extra(M % count) {}
-  int rows(int64_t t) const { return static_cast<int>(base + (t < extra ? 1 : 0)); }
-  int64_t start(int64_t t) const { return t * base + std::min(t, extra); }
-};
 
 // C = alpha * op(A) @ op(B) + beta * C over views; C(i, j) is element i * rs_c + j * cs_c.
 void run(int64_t M, int64_t N, int64_t K, float alpha, const View& a, const View& b, float beta,
          void* c, DType ct, int64_t rs_c, int64_t cs_c) {
-  const RowTiles tiles(M);
+  const RowTiles<kMr> tiles(M);
   const int64_t k_blocks = (K + kKc - 1) / kKc;
   const int64_t kc_max = even((K + k_blocks - 1) / k_blocks);
   const int64_t nc_max = std::min<int64_t>((N + kNr - 1) / kNr * kNr, kNc);
@@ -337,8 +307,6 @@ void run(int64_t M, int64_t N, int64_t K, float alpha, const View& a, const View
   }
 }
 
-int64_t padded_work(int64_t rows, int64_t cols) { return rows * ((cols + kNr - 1) / kNr * kNr); }
-
 }  // namespace
 
 bool gemm_bf16_supported() {
@@ -367,8 +335,7 @@ void gemm_bf16_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
   }
   const View a{A.p, A.type, trans_a ? 1 : A.ld, trans_a ? A.ld : 1};
   const View b{B.p, B.type, trans_b ? 1 : B.ld, trans_b ? B.ld : 1};
-  // The transposed product stores through a transpose, so it must save a quarter of the lanes.
-  if (4 * padded_work(M, N) > 5 * padded_work(N, M)) {
+  if (transpose_product<kNr>(M, N)) {
     run(N, M, K, alpha, View{b.p, b.t, b.cs, b.rs}, View{a.p, a.t, a.cs, a.rs}, beta, C.p, C.type,
         1, C.ld);
     return;

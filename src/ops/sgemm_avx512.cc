@@ -33,6 +33,7 @@
 #include <new>
 #include <utility>
 
+#include "gemm_blocking.h"
 #include "simd_avx512.h"
 
 namespace tessel::ops::detail {
@@ -201,44 +202,12 @@ constexpr std::array<KernelFn, kMr + 1> make_kernels(std::integer_sequence<int, 
 template <ALayout L>
 constexpr auto kKernels = make_kernels<L>(std::make_integer_sequence<int, kMr>{});
 
-// Grow-only 64-byte aligned float buffer, one per thread and operand, reused across calls.
-class Scratch {
- public:
-  Scratch() = default;
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
-  ~Scratch() noexcept { ::operator delete (p_, std::align_val_t{64}); }
-  float* get(int64_t n) {
-    if (n > cap_) {
-      ::operator delete (p_, std::align_val_t{64});
-      p_ = nullptr;  // stays valid if the allocation below throws
-      cap_ = 0;
-      p_ = static_cast<float*>(
-          ::operator new (static_cast<size_t>(n) * sizeof(float), std::align_val_t{64}));
-      cap_ = n;
-    }
-    return p_;
-  }
-
- private:
-  float* p_ = nullptr;
-  int64_t cap_ = 0;
-};
-
-thread_local Scratch tls_a, tls_b;
-
-// M rows split into `count` tiles whose heights differ by at most one.
-struct RowTiles {
-  int64_t count, base, extra;
-  explicit RowTiles(int64_t M) : count((M + kMr - 1) / kMr), base(M / count), extra(M % count) {}
-  int rows(int64_t t) const { return static_cast<int>(base + (t < extra ? 1 : 0)); }
-  int64_t start(int64_t t) const { return t * base + std::min(t, extra); }
-};
+thread_local Scratch<float> tls_a, tls_b;
 
 // C = alpha * op(A) @ op(B) + beta * C over views; C(i, j) is c[i * rs_c + j * cs_c].
 void run(int64_t M, int64_t N, int64_t K, float alpha, const View& a, const View& b, float beta,
          float* c, int64_t rs_c, int64_t cs_c) {
-  const RowTiles tiles(M);
+  const RowTiles<kMr> tiles(M);
   const int64_t k_blocks = (K + kKc - 1) / kKc, kc_max = (K + k_blocks - 1) / k_blocks;
   const int64_t nc_max = std::min<int64_t>((N + kNr - 1) / kNr * kNr, kNc);
   const ALayout layout = a_layout(a);
@@ -286,9 +255,6 @@ void run(int64_t M, int64_t N, int64_t K, float alpha, const View& a, const View
   }
 }
 
-// Lanes a product computes, padding included, when its columns are the tiles' kNr side.
-int64_t padded_work(int64_t rows, int64_t cols) { return rows * ((cols + kNr - 1) / kNr * kNr); }
-
 }  // namespace
 
 void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -304,8 +270,7 @@ void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, f
   }
   const View a{A, trans_a ? 1 : lda, trans_a ? lda : 1};
   const View b{B, trans_b ? 1 : ldb, trans_b ? ldb : 1};
-  // The transposed product stores through a transpose, so it must save a quarter of the lanes.
-  if (4 * padded_work(M, N) > 5 * padded_work(N, M)) {
+  if (transpose_product<kNr>(M, N)) {
     run(N, M, K, alpha, View{b.p, b.cs, b.rs}, View{a.p, a.cs, a.rs}, beta, C, 1, ldc);
     return;
   }

@@ -89,6 +89,33 @@ inline std::unique_ptr<Model> materialized(const ModelSpec& spec, uint64_t seed)
   return m;
 }
 
+// Models of each kind at their default sizes (fashion-like inputs; a 2-block GPT, tied head).
+inline ModelSpec mlp_spec() {
+  ModelSpec s;
+  s.input_shape = {784};
+  s.num_classes = 10;
+  return s;
+}
+
+inline ModelSpec cnn_spec() {
+  ModelSpec s;
+  s.kind = "cnn";
+  s.input_shape = {1, 28, 28};
+  s.num_classes = 10;
+  return s;
+}
+
+inline ModelSpec gpt_spec() {
+  ModelSpec s;
+  s.kind = "gpt";
+  s.input_shape = {8};
+  s.num_classes = 11;
+  s.layers = 2;
+  s.heads = 2;
+  s.embed = 16;
+  return s;
+}
+
 // Small models of every kind, with dropout where the kind has it: mlp, cnn, gpt (tied head).
 inline std::vector<ModelSpec> small_specs() {
   ModelSpec mlp;
@@ -104,14 +131,7 @@ inline std::vector<ModelSpec> small_specs() {
   cnn.kernel = 3;
   cnn.fc_hidden = 6;
   cnn.dropout = 0.3f;
-  ModelSpec gpt;
-  gpt.kind = "gpt";
-  gpt.input_shape = {8};
-  gpt.num_classes = 11;
-  gpt.layers = 2;
-  gpt.heads = 2;
-  gpt.embed = 16;
-  return {mlp, cnn, gpt};
+  return {mlp, cnn, gpt_spec()};
 }
 
 // A batch of `batch` inputs and labels for spec (token ids for gpt).

@@ -9,8 +9,8 @@ to the token table, AdamW with clipping at 1.0, batch 32.
         [--models fashion_mlp,fashion_cnn,char_gpt]
 
 Needs Debian's python3-torch (apt-get install python3-torch); PyTorch is a comparison only,
-never a dependency of tessel. For more than one thread set OMP_WAIT_POLICY=PASSIVE (see
-../shared/MACHINE_NOTES.md: spinning OpenMP threads on 2 cores make PyTorch 3x slower).
+never a dependency of tessel. For more than one thread set OMP_WAIT_POLICY=PASSIVE (measured on the
+2-core reference machine: spinning OpenMP threads make PyTorch 3x slower).
 """
 import argparse
 import gzip

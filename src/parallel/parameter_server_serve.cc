@@ -164,7 +164,8 @@ nlohmann::json ServerLoop::run() {
     post_grad(w);
   }
   // Polls: spin a few microseconds (a reply is often due at once), then yield the core to the
-  // workers computing on it, then nap; a vCPU that goes idle is slow to wake (MACHINE_NOTES).
+  // workers computing on it, then nap; a vCPU that goes idle is slow to wake
+  // (milliseconds on the reference VM).
   double idle_since = now_seconds();
   Tracer* tracer = scoped_tracer();  // records the steps of its window (Tracer::at_step)
   while (done_ < W_) {

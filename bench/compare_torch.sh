@@ -5,10 +5,11 @@
 # repeat (default 100; char_gpt's steps are slow in PyTorch, 10-20 keeps a round short).
 # Each round runs, back to back: tessel (BUILD_DIR/bench/train_throughput), PyTorch as
 # installed, and PyTorch with glibc told to keep the memory it frees (the reference VM reclaims
-# freed memory aggressively, and PyTorch's CNN otherwise spends its time in page faults). The two PyTorch runs swap places every round. The machine is shared
-# and noisy, so every figure is printed as the median over the rounds with its min and max, and
-# the headline ratio is tessel's median over the median of whichever PyTorch setting was faster
-# (with the range of the per-round ratios against that setting).
+# freed memory aggressively, and PyTorch's CNN otherwise spends its time in page faults). The
+# two PyTorch runs swap places every round. The machine is shared and noisy, so every figure is
+# printed as the median over the rounds with its min and max, and the headline ratio is tessel's
+# median over the median of whichever PyTorch setting was faster (with the range of the
+# per-round ratios against that setting).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}

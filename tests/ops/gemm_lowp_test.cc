@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "gemm_bf16.h"
+#include "gemm_shapes.h"
 #include "grad_check.h"
 #include "tessel/core/error.h"
 #include "tessel/core/rng.h"
@@ -155,23 +156,12 @@ constexpr int64_t kSizes[] = {1, 2, 7, 13, 31, 33, 127, 300, 785};
 // Every size in every dimension and transpose combination, the other two drawn at random,
 // operand types, C type, padding, alpha and beta cycled.
 TEST_P(GemmLowpTest, EdgeSizesAllTransposesAndTypes) {
-  CounterRng rng(7, mix_stream(RngPurpose::kData, 11));
-  uint64_t draw = 0, seed = 0;
   const DType types[] = {DType::kBF16, DType::kF32, DType::kF16};
-  auto pick = [&] { return kSizes[static_cast<int>(rng.uniform(draw++) * 9)]; };
-  for (int trans = 0; trans < 4; ++trans)
-    for (int dim = 0; dim < 3; ++dim)
-      for (int64_t v : kSizes) {
+  testing::for_each_edge_shape(
+      kSizes, 1'000'000, CounterRng(7, mix_stream(RngPurpose::kData, 11)),
+      [&](bool ta, bool tb, int64_t M, int64_t N, int64_t K, uint64_t seed) {
         Case c;
-        c.ta = trans & 1;
-        c.tb = trans & 2;
-        int64_t d[3];
-        do {
-          for (int64_t& x : d) x = pick();
-          d[dim] = v;
-        } while (d[0] * d[1] * d[2] > 1'000'000);
-        c.M = d[0], c.N = d[1], c.K = d[2];
-        ++seed;
+        c.ta = ta, c.tb = tb, c.M = M, c.N = N, c.K = K;
         c.pad = static_cast<int64_t>(seed % 3);
         c.alpha = seed % 3 == 0 ? -0.75f : 1.0f;
         c.beta = seed % 4 == 0 ? 0.5f : seed % 4 == 1 ? 1.0f : 0.0f;
@@ -180,7 +170,7 @@ TEST_P(GemmLowpTest, EdgeSizesAllTransposesAndTypes) {
         c.c = types[(seed / 9) % 3];
         c.seed = seed;
         check(GetParam(), c);
-      }
+      });
 }
 
 // The GEMMs of the MLP and GPT steps as the layers issue them in bf16: activations and working

@@ -15,6 +15,7 @@
 #include <thread>
 #include <vector>
 
+#include "gemm_shapes.h"
 #include "grad_check.h"
 #include "tessel/core/error.h"
 #include "tessel/core/rng.h"
@@ -150,22 +151,11 @@ constexpr float kBetas[] = {0.0f, 1.0f, 0.5f};
 // dimensions drawn at random (redrawn while the case is too big for the reference to be quick)
 // and the padding, alpha and beta cycled.
 TEST_F(GemmTest, EdgeSizesAllTransposes) {
-  CounterRng rng(42, mix_stream(RngPurpose::kData, 7));
-  uint64_t draw = 0, seed = 0;
-  auto pick = [&] { return kSizes[static_cast<int>(rng.uniform(draw++) * 10)]; };
-  for (int trans = 0; trans < 4; ++trans) {
-    for (int dim = 0; dim < 3; ++dim) {
-      for (int64_t v : kSizes) {
+  testing::for_each_edge_shape(
+      kSizes, 2'000'000, CounterRng(42, mix_stream(RngPurpose::kData, 7)),
+      [&](bool ta, bool tb, int64_t M, int64_t N, int64_t K, uint64_t seed) {
         Case c;
-        c.ta = trans & 1;
-        c.tb = trans & 2;
-        int64_t d[3];
-        do {
-          for (int64_t& x : d) x = pick();
-          d[dim] = v;
-        } while (d[0] * d[1] * d[2] > 2'000'000);
-        c.M = d[0], c.N = d[1], c.K = d[2];
-        ++seed;
+        c.ta = ta, c.tb = tb, c.M = M, c.N = N, c.K = K;
         c.pad_a = seed % 2 == 0 ? 0 : static_cast<int64_t>(seed % 5);
         c.pad_b = seed % 3 == 0 ? 0 : static_cast<int64_t>(seed % 7);
         c.pad_c = seed % 4 == 0 ? 0 : static_cast<int64_t>(seed % 3 + 1);
@@ -173,9 +163,7 @@ TEST_F(GemmTest, EdgeSizesAllTransposes) {
         c.beta = kBetas[(seed / 3) % 3];
         c.seed = seed;
         check(c);
-      }
-    }
-  }
+      });
 }
 
 // The GEMMs of the MLP (784-512-256-10) and CNN training steps, as linear and conv issue them,

@@ -2,8 +2,9 @@
 // docs/recompute.md): bf16 and fp16 runs of char_gpt and an MLP on 1 and 3 ranks (zero.stage 0,
 // 2 and 3, a pipeline) stay within stated tolerances of fp32 on one worker; deterministic mode
 // keeps its bits for every worker count in bf16; an injected fp16 overflow skips exactly that
-// step on every rank; recompute (full, selective) gives the same bits as none and less
-// activation memory, measured from the allocations.
+// step on every rank; recompute (full, selective) gives the same bits as none (one rank, ZeRO-3,
+// a pipeline, tensor parallelism with and without sequence parallelism) and less activation
+// memory, measured from the allocations.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -135,16 +136,20 @@ TEST(Recompute, SameBitsAsNoneWithLessActivationMemory) {
   }
 }
 
-TEST(Recompute, SameResultsUnderZeroThreeAndPipelines) {
+TEST(Recompute, SameResultsUnderZeroThreePipelinesAndTensorParallelism) {
   const train::Config base = gpt({"train.max_steps=4", "model.layers=4"});
   const data::Splits data = data::make_datasets(base.data);
-  for (const char* layout : {"zero.stage=3", "pp.stages=2"}) {
-    train::Config cfg = gpt({"train.max_steps=4", "model.layers=4", layout});
+  const std::vector<std::vector<std::string>> layouts = {
+      {"zero.stage=3"}, {"pp.stages=2"}, {"tp.size=2"}, {"tp.size=2", "tp.sequence_parallel=true"}};
+  for (const std::vector<std::string>& layout : layouts) {
+    std::vector<std::string> keys = {"train.max_steps=4", "model.layers=4"};
+    keys.insert(keys.end(), layout.begin(), layout.end());
+    train::Config cfg = gpt(keys);
     const auto none = train_on(cfg, 2, {}, &data);
     for (const char* mode : {"full", "selective"}) {
       cfg.parallel.recompute = mode;
       const auto run = train_on(cfg, 2, {}, &data);
-      EXPECT_EQ(run.params, none.params) << layout << " " << mode;
+      EXPECT_EQ(run.params, none.params) << layout.back() << " " << mode;
     }
   }
 }

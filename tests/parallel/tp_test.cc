@@ -124,7 +124,8 @@ TEST(TensorParallel, OverlapSplitsEachBlockAllReduceIntoChunks) {
   for (const std::string block : {"block0", "block1"})
     for (const std::string where : {"forward", "backward"}) {
       EXPECT_EQ(calls(c, block, where, "all_reduce"), 2 * n * steps) << c.dump();
-      EXPECT_EQ(c[block][where]["all_reduce"]["bytes"].get<double>(), 2.0 * steps * 8 * 16 * 32 * 4);
+      EXPECT_EQ(c[block][where]["all_reduce"]["bytes"].get<double>(),
+                2.0 * steps * 8 * 16 * 32 * 4);
     }
   EXPECT_EQ(calls(c, "outside", "forward", "all_reduce"), 3 * steps) << c.dump();
 }
@@ -186,7 +187,8 @@ TEST(TensorParallel, DeterministicBitsAtEveryDataParallelSize) {
 TEST(TensorParallel, DeterministicBitsAtEveryDataParallelSizeWithOverlap) {
   const std::vector<std::string> tp2 = {"tp.size=2", "tp.overlap_chunks=2"};
   const std::string ref = train_on(det_config(tp2), 2).summary["params_sha256"];
-  for (int dp : {2, 3}) EXPECT_EQ(train_on(det_config(tp2), 2 * dp).summary["params_sha256"], ref) << dp;
+  for (int dp : {2, 3})
+    EXPECT_EQ(train_on(det_config(tp2), 2 * dp).summary["params_sha256"], ref) << "dp " << dp;
   std::vector<std::string> pp2 = tp2;
   pp2.push_back("pp.stages=2");
   EXPECT_EQ(train_on(det_config(pp2), 8).summary["params_sha256"],

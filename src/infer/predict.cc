@@ -13,6 +13,7 @@
 #include "tessel/comm/threads.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/log.h"
+#include "tessel/core/memory.h"
 #include "tessel/infer/generate.h"
 #include "tessel/infer/ordered_writer.h"
 #include "tessel/ops/cpu.h"
@@ -236,6 +237,7 @@ nlohmann::json predict(const train::Config& config, const PredictOptions& option
   const detail::Job job = detail::make_job(config, options);
   // One BLAS thread per rank everywhere: the same kernels, so the same bytes, in every layout.
   ops::set_blas_threads(1);
+  retain_freed_memory();
   std::string backend = config.runtime.backend;
   if (backend == "auto") backend = comm::mpi_launched() ? "mpi" : "threads";
   if (backend == "mpi") {

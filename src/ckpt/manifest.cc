@@ -58,6 +58,26 @@ Json parameters_json(const std::vector<TensorSpec>& parameters) {
   return out;
 }
 
+// {"input_shape": [...], "input_dtype": "f32", "num_classes": n}, checked.
+Json model_io_json(const std::optional<ModelIo>& io) {
+  if (!io)
+    throw InvalidArgument(
+        "checkpoint: manifest has no model_io; set Manifest::io to the model's input shape, "
+        "input dtype and number of classes");
+  const bool bad_shape = io->input_shape.empty() ||
+                         std::any_of(io->input_shape.begin(), io->input_shape.end(),
+                                     [](int64_t d) { return d <= 0; });
+  const bool bad_dtype = io->input_dtype != DType::kF32 && io->input_dtype != DType::kI32;
+  if (bad_shape || bad_dtype || io->num_classes < 1)
+    throw InvalidArgument(str("checkpoint: manifest model_io has input ",
+                              dtype_name(io->input_dtype), " ", shape_str(io->input_shape), " and ",
+                              io->num_classes, " classes; the input must be f32 or i32, its ",
+                              "dimensions and the classes >= 1"));
+  return {{"input_shape", io->input_shape},
+          {"input_dtype", dtype_name(io->input_dtype)},
+          {"num_classes", io->num_classes}};
+}
+
 // The manifest's shard list without the entries of writers that wrote nothing, after checking
 // that every file is in `dir` with the size write_shard reported: a writer that wrote into a
 // folder the committing rank does not see fails here, not at the next resume.
@@ -163,6 +183,26 @@ std::string parse_vocabulary(const Fields& f, const Field& tokenizer) {
   return out;
 }
 
+ModelIo parse_model_io(const Fields& f, const Field& io) {
+  ModelIo out;
+  const Field shape = f.at(io, "input_shape");
+  for (size_t k = 0; k < f.size(shape); ++k) {
+    out.input_shape.push_back(f.count(f.item(shape, k)));
+    if (out.input_shape.back() == 0 || out.input_shape.back() > (int64_t{1} << 40))
+      f.bad(f.item(shape, k).name, str("that is not a dimension, got ", out.input_shape.back()));
+  }
+  if (out.input_shape.empty()) f.bad(shape.name, "that is empty");
+  const Field dtype = f.at(io, "input_dtype");
+  const std::string name = f.text(dtype);
+  if (name != "f32" && name != "i32")
+    f.bad(dtype.name, str("that is not 'f32' or 'i32', got '", name, "'"));
+  out.input_dtype = dtype_from_name(name);
+  const Field classes = f.at(io, "num_classes");
+  out.num_classes = f.count(classes);
+  if (out.num_classes < 1) f.bad(classes.name, "that is not a positive integer, got 0");
+  return out;
+}
+
 std::vector<ShardFile> parse_shards(const Fields& f, const Field& shards) {
   std::vector<ShardFile> out;
   std::set<std::string> files = {kManifest, kTrainer};
@@ -199,6 +239,7 @@ std::string manifest_text(const Manifest& m, const std::string& trainer_json, co
   Json body = {{"format", kFormat},
                {"version", Manifest::kVersion},
                {"model_kind", m.model_kind},
+               {"model_io", model_io_json(m.io)},
                {"parameters", parameters_json(m.parameters)},
                {"optimizer",
                 {{"kind", m.optimizer_kind},
@@ -248,6 +289,7 @@ Manifest parse_manifest(const std::string& path, const std::string& text, ShardF
 
   Manifest m;
   m.model_kind = f.text(f.at(root, "model_kind"));
+  if (version >= 3) m.io = parse_model_io(f, f.at(root, "model_io"));
   m.parameters = parse_parameters(f, f.at(root, "parameters"));
   const Field opt = f.at(root, "optimizer");
   m.optimizer_kind = f.text(f.at(opt, "kind"));

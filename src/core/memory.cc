@@ -1,5 +1,7 @@
 #include "tessel/core/memory.h"
 
+#include <malloc.h>
+
 namespace tessel {
 namespace {
 
@@ -114,6 +116,12 @@ MemoryScope::MemoryScope(MemCategory category)
 MemoryScope::~MemoryScope() {
   t_ledger = std::move(saved_ledger_);
   t_category = saved_category_;
+}
+
+void retain_freed_memory() {
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest: blocks up to it come from the heap
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  mallopt(M_TOP_PAD, 64 << 20);
 }
 
 const std::shared_ptr<MemoryLedger>& current_ledger() { return t_ledger; }

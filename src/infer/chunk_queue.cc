@@ -31,23 +31,36 @@ bool ChunkQueue::over() const {
   return error_ != nullptr || (input_done_ && next_write_ == next_read_);
 }
 
-bool ChunkQueue::read_next(Chunk& out) {
+// Reads the next chunk without holding mu_ (`lock`), so that replicas finishing chunks and the
+// writer are not held up by the input's decompression; reading_ keeps the reads one at a time,
+// in input order.
+bool ChunkQueue::read_next(std::unique_lock<std::mutex>& lock, int replica, Chunk& out) {
+  reading_ = true;
+  lock.unlock();
   Rows rows;
+  std::exception_ptr error;
   try {
     rows = input_.read(chunk_rows_);
   } catch (...) {
-    error_ = std::current_exception();
-    cv_.notify_all();
+    error = std::current_exception();
+  }
+  lock.lock();
+  reading_ = false;
+  cv_.notify_all();
+  if (error) {
+    if (!error_) error_ = error;
     return false;
   }
   if (rows.count == 0) {
     input_done_ = true;
-    cv_.notify_all();
     return false;
   }
   out.id = next_read_++;
   out.rows = std::move(rows);
-  return true;
+  const double now = now_seconds();
+  held_[out.id] = Held{out, replica, now, false};
+  if (started_ == 0) started_ = now;
+  return !over();  // an abort while reading ends the job here too
 }
 
 bool ChunkQueue::take(int replica, Chunk& out) {
@@ -64,12 +77,8 @@ bool ChunkQueue::take(int replica, Chunk& out) {
       out = h.chunk;  // the rows are shared, not copied
       return true;
     }
-    if (!input_done_ && next_read_ < next_write_ + window_) {
-      if (read_next(out)) {
-        held_[out.id] = Held{out, replica, now_seconds(), false};
-        if (started_ == 0) started_ = held_[out.id].since;
-        return true;
-      }
+    if (!input_done_ && !reading_ && next_read_ < next_write_ + window_) {
+      if (read_next(lock, replica, out)) return true;
       continue;
     }
     cv_.wait(lock);

@@ -13,6 +13,7 @@
 #include "tessel/comm/threads.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/log.h"
+#include "tessel/core/memory.h"
 #include "tessel/infer/generate.h"
 #include "tessel/infer/ordered_writer.h"
 #include "tessel/ops/cpu.h"
@@ -57,8 +58,8 @@ std::string run_chunk(const Job& job, Replica& replica, int64_t id, const Rows& 
 }
 
 Job make_job(const train::Config& config, const PredictOptions& options) {
-  Job job{config,          options,         model_info(config, options.checkpoint), output_format(options.output),
-          config.parallel, nlohmann::json()};
+  Job job{config,          options,          model_info(config, options.checkpoint),
+          output_format(options.output), config.parallel, nlohmann::json()};
   job.spec.ps_servers = 0;  // a training layout; inference runs replicas of pp stages
   job.spec.zero_stage = 0;
   if (job.spec.tp_size > 1)
@@ -77,7 +78,7 @@ Job make_job(const train::Config& config, const PredictOptions& options) {
   const train::InferSpec& s = config.infer;
   job.identity = {{"input", std::filesystem::absolute(options.input).string()},
                   {"input_bytes", ec ? -1 : static_cast<int64_t>(input_bytes)},
-                  {"checkpoint", ckpt::resolve_checkpoint_dir(options.checkpoint)},
+                  {"checkpoint", job.info.checkpoint->dir()},
                   {"chunk_rows", s.chunk_rows},
                   {"model", config.model.kind}};
   if (job.info.generates())
@@ -118,7 +119,7 @@ void thread_rank(const Job& job, comm::Communicator& world, ChunkQueue& queue, T
   MemoryScope memory(ledger, MemCategory::kOther);
   parallel::Mesh mesh(world, parallel::Layout::resolve(job.spec, world.size()));
   const Place place = place_of(mesh);
-  Replica replica(job.config, job.info, job.options.checkpoint, place.pp);
+  Replica replica(job.config, job.info, place.pp);
   world.barrier();  // every replica loaded: none waits for a late one's chunks at the start
   QueueFeed feed(queue, place.replica);
   const size_t r = static_cast<size_t>(world.rank());
@@ -236,6 +237,7 @@ nlohmann::json predict(const train::Config& config, const PredictOptions& option
   const detail::Job job = detail::make_job(config, options);
   // One BLAS thread per rank everywhere: the same kernels, so the same bytes, in every layout.
   ops::set_blas_threads(1);
+  retain_freed_memory();
   std::string backend = config.runtime.backend;
   if (backend == "auto") backend = comm::mpi_launched() ? "mpi" : "threads";
   if (backend == "mpi") {

@@ -144,7 +144,7 @@ nlohmann::json predict_mpi(const Job& job) {
   MemoryScope memory(ledger, MemCategory::kOther);
   parallel::Mesh mesh(world, layout);
   const Place place = place_of(mesh);
-  Replica replica(job.config, job.info, job.options.checkpoint, place.pp);
+  Replica replica(job.config, job.info, place.pp);
   std::unique_ptr<InputReader> input;
   if (replica.first_stage()) input = open_input(job.options.input, job.info, job.config.data);
   MpiFeed feed(job, world, layout, place.replica, input.get(), writer.get(), first[0]);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "tessel/core/log.h"
 #include "tessel/core/memory.h"
 #include "tessel/data/dataset.h"
 #include "tessel/parallel/pipeline.h"
@@ -42,11 +43,22 @@ class OutputSink final : public nn::Loss {
 }  // namespace
 
 ModelInfo model_info(const train::Config& config, const std::string& checkpoint) {
-  data::DataSpec spec = config.data;  // text: the token ids the model was trained with
-  spec.vocabulary = ckpt::CheckpointReader(checkpoint).manifest().vocabulary;
-  const data::Splits data = data::make_datasets(spec);
   ModelInfo info;
+  info.checkpoint = std::make_shared<const ckpt::CheckpointReader>(checkpoint);
+  const ckpt::Manifest& m = info.checkpoint->manifest();
   info.spec = config.model;
+  info.vocab = m.vocabulary;
+  if (m.io) {
+    info.spec.input_shape = m.io->input_shape;
+    info.spec.num_classes = m.io->num_classes;
+    info.input_dtype = m.io->input_dtype;
+    return info;
+  }
+  log_info("infer: ", info.checkpoint->dir(), " predates model_io in manifest.json (version 3); ",
+           "loading the training data to learn the model's shapes (a newer checkpoint skips this)");
+  data::DataSpec spec = config.data;  // text: the token ids the model was trained with
+  spec.vocabulary = m.vocabulary;
+  const data::Splits data = data::make_datasets(spec);
   info.spec.input_shape = data.train->input_shape();
   info.spec.num_classes = data.train->num_classes();
   info.input_dtype = data.train->input_dtype();
@@ -54,8 +66,7 @@ ModelInfo model_info(const train::Config& config, const std::string& checkpoint)
   return info;
 }
 
-Replica::Replica(const train::Config& config, const ModelInfo& info, const std::string& checkpoint,
-                 comm::Communicator* pp)
+Replica::Replica(const train::Config& config, const ModelInfo& info, comm::Communicator* pp)
     : config_(config), model_(nn::build_model(info.spec)) {
   if (pp != nullptr && pp->size() > 1) {
     parallel::ParallelSpec spec = config.parallel;
@@ -67,7 +78,7 @@ Replica::Replica(const train::Config& config, const ModelInfo& info, const std::
     executor_ = std::make_unique<parallel::LocalExecutor>(*model_);
   }
   try {
-    load(checkpoint);
+    load(*info.checkpoint);
   } catch (const MemoryLimitError& e) {
     throw MemoryLimitError(str(e.what(),
                                ". Inference holds parameter values only: split them "
@@ -78,7 +89,7 @@ Replica::Replica(const train::Config& config, const ModelInfo& info, const std::
 
 Replica::~Replica() = default;
 
-void Replica::load(const std::string& checkpoint) {
+void Replica::load(const ckpt::CheckpointReader& checkpoint) {
   // One tensor per run of consecutive local blocks; a pipeline's head stage already holds its
   // copy of a tied table (bound by the executor), which the checkpoint fills too.
   const std::vector<bool>& local = executor_->local_blocks();
@@ -102,7 +113,7 @@ void Replica::load(const std::string& checkpoint) {
     }
     b = e;
   }
-  train::Checkpointer::load_weights(ckpt::CheckpointReader(checkpoint), *model_);
+  train::Checkpointer::load_weights(checkpoint, *model_);
 }
 
 Tensor Replica::forward(const Tensor& x, int64_t rows, int64_t first_row) {

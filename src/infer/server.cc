@@ -6,8 +6,10 @@
 #include <chrono>
 #include <cstring>
 
+#include "inputs_json.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/log.h"
+#include "tessel/core/memory.h"
 #include "tessel/infer/output.h"
 
 namespace tessel::infer {
@@ -71,12 +73,13 @@ Server::Server(const train::Config& config, const std::string& checkpoint, int w
       info_(model_info(config, checkpoint)),
       metrics_(config.serve.max_batch, workers),
       http_(std::make_unique<httplib::Server>()) {
+  retain_freed_memory();  // every batch allocates its layers' outputs afresh
   if (config.parallel.pp_stages > 1 || config.parallel.tp_size > 1)
     throw InvalidArgument(str("serve: each worker holds the whole model, got pp.stages = ",
                               config.parallel.pp_stages, " and tp.size = ", config.parallel.tp_size,
                               "; set both to 1 (a checkpoint of any layout loads)"));
   for (int w = 0; w < workers; ++w)
-    replicas_.push_back(std::make_unique<Replica>(config_, info_, checkpoint, nullptr));
+    replicas_.push_back(std::make_unique<Replica>(config_, info_, nullptr));
   BatchOptions bo{config.serve.max_batch, config.serve.max_wait_ms / 1000.0,
                   config.serve.max_queue};
   batcher_ = std::make_unique<Batcher>(
@@ -176,13 +179,21 @@ void Server::route(const std::string& path, Handler handler, httplib::Response& 
 
 void Server::predict(const httplib::Request& req, httplib::Response& res) {
   if (draining_) throw HttpError(503, "serve: shutting down; send the request elsewhere");
-  nlohmann::json body;
-  try {
-    body = nlohmann::json::parse(req.body);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw HttpError(400, str("serve: malformed JSON body: ", e.what()));
+  // The common body read straight into a tensor; any other through a JSON document, whose
+  // checks say what is wrong.
+  Request request;
+  if (!info_.generates())
+    request.x = read_inputs(req.body, info_.spec.input_shape, config_.serve.max_batch);
+  if (!request.x.defined()) {
+    nlohmann::json body;
+    try {
+      body = nlohmann::json::parse(req.body);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw HttpError(400, str("serve: malformed JSON body: ", e.what()));
+    }
+    request = parse(body);
   }
-  auto reply = batcher_->submit(parse(body));
+  auto reply = batcher_->submit(std::move(request));
   if (!reply.valid())
     throw HttpError(503, str("serve: queue full (serve.max_queue = ", config_.serve.max_queue,
                              " rows waiting) or shutting down; retry later"));

@@ -48,13 +48,19 @@ std::vector<std::string> state_buffer_names(const optim::OptimSpec& spec) {
 
 }  // namespace
 
-Checkpointer::Checkpointer(const Config& config, parallel::Engine& engine, std::string vocabulary)
-    : config_(config), engine_(engine), model_(engine.model()), vocabulary_(std::move(vocabulary)) {}
+Checkpointer::Checkpointer(const Config& config, parallel::Engine& engine, std::string vocabulary,
+                           ckpt::ModelIo io)
+    : config_(config),
+      engine_(engine),
+      model_(engine.model()),
+      vocabulary_(std::move(vocabulary)),
+      io_(std::move(io)) {}
 
 ckpt::Manifest Checkpointer::manifest() const {
   ckpt::Manifest m;
   m.model_kind = config_.model.kind;
   m.vocabulary = vocabulary_;
+  m.io = io_;
   for (const nn::Parameter* p : model_.parameters())
     m.parameters.push_back({p->name, p->full_shape()});
   m.optimizer_kind = config_.optim.kind;

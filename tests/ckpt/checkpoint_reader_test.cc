@@ -224,8 +224,18 @@ TEST(Checkpoint, ManifestDefectsNameTheField) {
       {[](Json& j) { j["trainer"] = 3; }, "field \"trainer\" that is not a JSON object"},
       {[](Json& j) { j["format"] = "other"; }, "field \"format\" that is 'other'"},
       {[](Json& j) { j = Json::array(); }, "is not a JSON object", false},
-      {[](Json& j) { j["version"] = 3; }, "has version 3, newer than the 2 this tessel reads",
+      {[](Json& j) { j["version"] = 4; }, "has version 4, newer than the 3 this tessel reads",
        false},
+      {[](Json& j) { j.erase("model_io"); }, "field \"model_io\" missing"},
+      {[](Json& j) { j["model_io"].erase("num_classes"); }, "field \"model_io.num_classes\" missing"},
+      {[](Json& j) { j["model_io"]["num_classes"] = 0; },
+       "field \"model_io.num_classes\" that is not a positive integer"},
+      {[](Json& j) { j["model_io"]["input_shape"] = Json::array(); },
+       "field \"model_io.input_shape\" that is empty"},
+      {[](Json& j) { j["model_io"]["input_shape"][0] = 0; },
+       "field \"model_io.input_shape[0]\" that is not a dimension, got 0"},
+      {[](Json& j) { j["model_io"]["input_dtype"] = "f64"; },
+       "field \"model_io.input_dtype\" that is not 'f32' or 'i32', got 'f64'"},
       {[](Json& j) { j["tokenizer"] = {{"kind", "words"}, {"vocabulary", {97}}}; },
        "field \"tokenizer.kind\" that is 'words', not 'bytes'"},
       {[](Json& j) { j["tokenizer"] = {{"kind", "bytes"}, {"vocabulary", {97, 98, 97}}}; },
@@ -253,9 +263,18 @@ TEST(Checkpoint, ManifestDefectsNameTheField) {
   edit_manifest(dir, [](Json& j) { j["tokenizer"] = {{"kind", "bytes"}, {"vocabulary", {10, 97, 255}}}; });
   EXPECT_EQ(CheckpointReader(dir).manifest().vocabulary, std::string("\na\xff"));
   write_bytes(manifest, good);
-  edit_manifest(dir, [](Json& j) { j["version"] = 1; });
-  expect_model(CheckpointReader(dir), m);
-  EXPECT_EQ(CheckpointReader(dir).manifest().vocabulary, "");
+  // Versions 1 and 2 (before model_io) load without it.
+  Model old = m;
+  old.manifest.io.reset();
+  for (int version : {1, 2}) {
+    write_bytes(manifest, good);
+    edit_manifest(dir, [&](Json& j) {
+      j["version"] = version;
+      j.erase("model_io");
+    });
+    expect_model(CheckpointReader(dir), old);
+    EXPECT_EQ(CheckpointReader(dir).manifest().vocabulary, "");
+  }
 }
 
 TEST(Checkpoint, MissingPiecesGiveClearErrors) {

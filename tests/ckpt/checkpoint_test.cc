@@ -141,6 +141,17 @@ TEST(Checkpoint, CommitChecksItsInputsAndCleansUp) {
   manifest.parameters.push_back(manifest.parameters[0]);  // a repeated name
   EXPECT_THROW(commit_checkpoint(run.path().string(), dir, 6, manifest, ""), InvalidArgument);
   EXPECT_FALSE(fs::exists(dir));
+  // No model_io, or one inference could not use.
+  for (const std::optional<ModelIo>& io :
+       {std::optional<ModelIo>(), std::optional<ModelIo>(ModelIo{{}, DType::kF32, 2}),
+        std::optional<ModelIo>(ModelIo{{3}, DType::kU8, 2}),
+        std::optional<ModelIo>(ModelIo{{3}, DType::kF32, 0})}) {
+    dir = begin_checkpoint(run.path().string(), 6);
+    manifest = m.manifest;
+    manifest.io = io;
+    EXPECT_THROW(commit_checkpoint(run.path().string(), dir, 6, manifest, ""), InvalidArgument);
+    EXPECT_FALSE(fs::exists(dir));
+  }
   EXPECT_EQ(listing(root), (std::vector<std::string>{"latest", "step-000005"}));
 }
 

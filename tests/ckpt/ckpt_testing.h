@@ -91,6 +91,7 @@ struct Model {
 inline Model make_model(float seed) {
   Model m;
   m.manifest.model_kind = "mlp";
+  m.manifest.io = ModelIo{{3}, DType::kF32, 2};
   m.manifest.parameters = {{"fc1.weight", {4, 3}},
                            {"fc1.bias", {4}},
                            {"blocks/0/ln.scale", {}},
@@ -158,6 +159,7 @@ inline std::vector<float> read_all(const CheckpointReader& r, const std::string&
 inline void expect_model(const CheckpointReader& r, const Model& m) {
   const Manifest& got = r.manifest();
   EXPECT_EQ(got.model_kind, m.manifest.model_kind);
+  EXPECT_EQ(got.io, m.manifest.io);
   ASSERT_EQ(got.parameters.size(), m.manifest.parameters.size());
   for (size_t i = 0; i < got.parameters.size(); ++i) {
     EXPECT_EQ(got.parameters[i].name, m.manifest.parameters[i].name);

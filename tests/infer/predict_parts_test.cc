@@ -1,16 +1,22 @@
 // The parts of predict and serve on their own: the chunk queue hands every chunk out until it
 // is written exactly once, also when a worker fails or stalls; the ordered writer resumes after
 // its last commit; input files that do not fit the model are refused by name; the batcher
-// answers every request with its own rows and never splits one.
+// answers every request with its own rows and never splits one; serve's request fast path reads
+// what a JSON document would.
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
 #include <thread>
 
+#include "inputs_json.h"
 #include "tessel/core/error.h"
 #include "tessel/infer/batcher.h"
 #include "tessel/infer/chunk_queue.h"
@@ -342,6 +348,52 @@ TEST(Batcher, AFullQueueRefusesAndCloseAnswersWhatWasQueued) {
   closer.join();
   EXPECT_EQ(first.get().size(), 4u);
   EXPECT_EQ(queued.get().size(), 4u);
+}
+
+// The serve fast path reads what nlohmann::json's document gives, to the bit, and leaves every
+// other body to it.
+TEST(ReadInputs, TakesExactlyTheCommonBodyAndReadsItsNumbersAsTheDocumentDoes) {
+  const Shape row = {2, 2};
+  auto expect_same = [&](const std::string& body) {
+    const Tensor x = read_inputs(body, row, 3);
+    ASSERT_TRUE(x.defined()) << body;
+    const nlohmann::json rows = nlohmann::json::parse(body)["inputs"];
+    ASSERT_EQ(x.shape(), (Shape{static_cast<int64_t>(rows.size()), 2, 2})) << body;
+    for (size_t i = 0; i < rows.size(); ++i)
+      for (size_t j = 0; j < 4; ++j) {
+        const float want = rows[i][j].get<float>(), got = x.data<float>()[i * 4 + j];
+        EXPECT_EQ(std::memcmp(&want, &got, sizeof want), 0) << body << " [" << i << "][" << j << "]";
+      }
+  };
+  expect_same(R"({"inputs": [[1, -2, 0.5, -0.25]]})");
+  expect_same(" {\n\t\"inputs\" :[ [ -0 ,-0.0, 2.5E+2, 1e-3 ] ,[0,7,123456789012345,3.4e38]]}\r\n");
+  std::mt19937 gen(7);
+  std::uniform_real_distribution<double> value(-3, 3);
+  char buf[64];
+  for (const char* format : {"%.17g", "%.4f", "%.9e", "%g"}) {
+    std::string body = "{\"inputs\":[";
+    for (int i = 0; i < 3; ++i) {
+      body += i ? ",[" : "[";
+      for (int j = 0; j < 4; ++j) {
+        std::snprintf(buf, sizeof buf, format, value(gen) * std::pow(10.0, j * 9 - 20));
+        body += std::string(j ? "," : "") + buf;
+      }
+      body += "]";
+    }
+    expect_same(body + "]}");
+  }
+  for (const std::string body : {
+           R"({"inputs": [[1, 2, 3, 4]], "x": 1})", R"({"x": 1, "inputs": [[1, 2, 3, 4]]})",
+           R"({"inputs": []})", R"({"inputs": [[1, 2, 3]]})", R"({"inputs": [[1, 2, 3, 4, 5]]})",
+           R"({"inputs": [[1,2,3,4],[1,2,3,4],[1,2,3,4],[1,2,3,4]]})",  // over max_rows
+           R"({"inputs": [[1, 2, 3, "4"]]})", R"({"inputs": [[1, 2, 3, 04]]})",
+           R"({"inputs": [[1, 2, 3, .4]]})", R"({"inputs": [[1, 2, 3, 4.]]})",
+           R"({"inputs": [[1, 2, 3, +4]]})", R"({"inputs": [[1, 2, 3, 4e]]})",
+           R"({"inputs": [[1, 2, 3, NaN]]})", R"({"inputs": [[1, 2, 3, 1e999]]})",
+           R"({"inputs": [[1, 2, 3, 12345678901234567890]]})", R"({"inputs": [[[1, 2], [3, 4]]]})",
+           R"({"inputs": [[1, 2, 3, 4]])", R"({"inputs": [[1, 2, 3, 4]]} x)",
+           R"({"input": [[1, 2, 3, 4]]})", R"({"inputs": [[1, 2, 3, 4],]})", ""})
+    EXPECT_FALSE(read_inputs(body, row, 3).defined()) << body;
 }
 
 }  // namespace

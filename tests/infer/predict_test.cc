@@ -3,9 +3,13 @@
 // the per-rank memory cap runs only split over stages; bad inputs and resumes fail clearly.
 #include <cmath>
 
+#include <nlohmann/json.hpp>
+
 #include "infer_testing.h"
+#include "tessel/ckpt/checkpoint.h"
 #include "tessel/comm/threads.h"
 #include "tessel/core/memory.h"
+#include "tessel/core/sha256.h"
 #include "tessel/infer/input.h"
 #include "tessel/infer/replica.h"
 
@@ -62,6 +66,56 @@ TEST_F(Predict, AKilledOrStalledWorkersChunksAreRerun) {
   EXPECT_TRUE(slurp(path("stalled.jsonl")) == clean);
 }
 
+// A copy of the trained run whose manifest.json went through `edit` (its self-hash redone).
+template <typename F>
+std::string edited_run(const std::string& name, F&& edit) {
+  const std::string run = TrainedMlp::path(name);
+  fs::remove_all(run);
+  fs::copy(TrainedMlp::run_dir(), run, fs::copy_options::recursive);
+  const std::string manifest = ckpt::resolve_checkpoint_dir(run) + "/manifest.json";
+  nlohmann::ordered_json j = nlohmann::ordered_json::parse(slurp(manifest));
+  edit(j);
+  j.erase("manifest_sha256");
+  const std::string body = j.dump();
+  j["manifest_sha256"] = sha256_hex(body.data(), body.size());
+  std::ofstream(manifest) << j.dump(2);
+  return run;
+}
+
+TEST_F(Predict, ShapesComeFromTheManifestAndAnOldCheckpointLoadsTheData) {
+  const std::optional<ckpt::ModelIo> io = ckpt::CheckpointReader(run_dir()).manifest().io;
+  ASSERT_TRUE(io.has_value());
+  EXPECT_EQ(*io, (ckpt::ModelIo{{784}, DType::kF32, 10}));
+  // The training data is not read: a data.path that does not exist does not matter.
+  ASSERT_EQ(predict("new.jsonl", "--set data.path=/nonexistent").exit_code, 0);
+  const std::string expected = slurp(path("new.jsonl"));
+  // A version 2 checkpoint (no model_io) learns the shapes from the training data, as before.
+  const std::string old = edited_run("old_run", [](nlohmann::ordered_json& j) {
+    j["version"] = 2;
+    j.erase("model_io");
+  });
+  const std::string args = config() + " --input " + images() + " --workers 2 --checkpoint " + old;
+  Result r = run("predict " + args + " --output " + path("old.jsonl"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("predates model_io"), std::string::npos) << r.output;
+  EXPECT_TRUE(slurp(path("old.jsonl")) == expected);
+  expect_error(run("predict " + args + " --output " + path("o.jsonl") +
+                   " --set data.path=/nonexistent"),
+               "/nonexistent");
+  // A version 3 manifest without model_io, or with a bad one, is corrupt.
+  const std::string missing =
+      edited_run("missing_run", [](nlohmann::ordered_json& j) { j.erase("model_io"); });
+  expect_error(run("predict " + config() + " --input " + images() + " --output " +
+                   path("o.jsonl") + " --checkpoint " + missing),
+               "has field \"model_io\" missing; the file is corrupt");
+  const std::string bad = edited_run("bad_run", [](nlohmann::ordered_json& j) {
+    j["model_io"]["input_dtype"] = "u8";
+  });
+  expect_error(run("predict " + config() + " --input " + images() + " --output " +
+                   path("o.jsonl") + " --checkpoint " + bad),
+               "has field \"model_io.input_dtype\" that is not 'f32' or 'i32', got 'u8'");
+}
+
 TEST_F(Predict, BadInputsAndResumesFailClearly) {
   expect_error(run("predict " + config() + " --checkpoint " + run_dir() + " --input " +
                    path("none.npy") + " --output " + path("o.jsonl")),
@@ -96,7 +150,7 @@ Forward forward(int stages, int64_t limit_mb) {
     auto ledger = std::make_shared<MemoryLedger>(limit_mb << 20, "rank");
     {
       MemoryScope scope(ledger, MemCategory::kOther);
-      Replica replica(config, info, TrainedMlp::run_dir(), stages > 1 ? &world : nullptr);
+      Replica replica(config, info, stages > 1 ? &world : nullptr);
       Tensor out = replica.forward(rows.x, 300, 0);
       if (replica.last_stage()) f.logits = out;
     }

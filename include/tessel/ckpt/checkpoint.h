@@ -5,6 +5,8 @@
 //                              manifest.json             format, parameters (name, shape),
 //                                                          optimizer (kind, steps, buffers),
 //                                                          tokenizer (a language model's),
+//                                                          model_io (input shape and dtype,
+//                                                          classes: what inference needs),
 //                                                          every shard file with its SHA-256
 //                              trainer.json              the Trainer's position (opaque here)
 //   RUN/checkpoints/latest                               text: the name of the newest folder
@@ -21,6 +23,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,9 +52,21 @@ struct TensorSpec {
   Shape shape;
 };
 
+// What a model reads and predicts, so that inference needs no dataset: one sample's input shape
+// and dtype (f32 features, i32 token ids) and the number of classes (a language model: its
+// vocabulary size).
+struct ModelIo {
+  Shape input_shape;
+  DType input_dtype = DType::kF32;
+  int64_t num_classes = 0;
+  bool operator==(const ModelIo&) const = default;
+};
+
 struct Manifest {
-  static constexpr int kVersion = 2;      // 2 added the tokenizer; version 1 still loads
+  // 2 added the tokenizer, 3 model_io; versions 1 and 2 still load (without them).
+  static constexpr int kVersion = 3;
   std::string model_kind;                 // "mlp", "cnn", "gpt"
+  std::optional<ModelIo> io;              // always written; absent in version 1-2 manifests
   // A language model's tokenizer: the byte each token id stands for, in id order (each byte
   // of the text is one token). Empty for other models and in version 1 manifests.
   std::string vocabulary;

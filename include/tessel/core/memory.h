@@ -74,6 +74,14 @@ class MemoryScope {
 };
 
 // The ledger and category that an allocation on this thread charges now.
+// Keeps the memory tensors free in the process's heap for the next allocation instead of giving
+// it back to the system (glibc malloc: no mmap for blocks up to 32 MiB, no trimming). A loop that
+// allocates and frees the same large buffers -- forward-only inference, which keeps no Cache --
+// otherwise page-faults them afresh every time, and on a VM each fault (and the TLB shootdown of
+// unmapping, which stalls the other threads) is an exit to the host. Process wide; call it
+// before starting threads.
+void retain_freed_memory();
+
 const std::shared_ptr<MemoryLedger>& current_ledger();
 MemCategory current_category();
 

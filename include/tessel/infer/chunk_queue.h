@@ -71,7 +71,7 @@ class ChunkQueue {
     bool queued = false;  // waiting in retry_ for another replica
   };
   bool over() const;  // every chunk written, or aborted
-  bool read_next(Chunk& out);
+  bool read_next(std::unique_lock<std::mutex>& lock, int replica, Chunk& out);
   void requeue_stalled();
 
   InputReader& input_;
@@ -82,6 +82,7 @@ class ChunkQueue {
   std::condition_variable cv_;
   int64_t next_read_, next_write_;
   bool input_done_ = false;
+  bool reading_ = false;  // a replica is reading the next chunk (without mu_)
   std::map<int64_t, Held> held_;
   std::deque<int64_t> retry_;
   std::map<int64_t, std::pair<std::string, int64_t>> done_;  // outputs waiting for the writer

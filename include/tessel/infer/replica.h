@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/ckpt/checkpoint.h"
 #include "tessel/comm/communicator.h"
 #include "tessel/nn/model.h"
 #include "tessel/nn/models.h"
@@ -19,23 +20,26 @@
 
 namespace tessel::infer {
 
-// The model a config describes, with the shapes its dataset gives (input, classes) and, for a
-// text dataset, the vocabulary (the byte of each token id) that `checkpoint` was trained with.
-// Built once per process.
+// The model a config describes, with the shapes it was trained on (input, classes) and, for a
+// text dataset, the vocabulary (the byte of each token id), all from the checkpoint's manifest;
+// a checkpoint from before manifest version 3 has no shapes, and the config's training data is
+// loaded to learn them. The checkpoint is opened once and shared by the process's replicas
+// (its reads are thread safe). Built once per process.
 struct ModelInfo {
   nn::ModelSpec spec;
   DType input_dtype = DType::kF32;
   std::string vocab;
+  std::shared_ptr<const ckpt::CheckpointReader> checkpoint;
   bool generates() const { return spec.kind == "gpt"; }
 };
 ModelInfo model_info(const train::Config& config, const std::string& checkpoint);
 
 class Replica {
  public:
-  // pp: this rank's pipeline (null: the whole model here). Collective over pp. Throws
-  // MemoryLimitError (naming pp.stages) when this rank's part passes runtime.memory_limit_mb.
-  Replica(const train::Config& config, const ModelInfo& info, const std::string& checkpoint,
-          comm::Communicator* pp);
+  // The model of info.checkpoint. pp: this rank's pipeline (null: the whole model here).
+  // Collective over pp. Throws MemoryLimitError (naming pp.stages) when this rank's part passes
+  // runtime.memory_limit_mb.
+  Replica(const train::Config& config, const ModelInfo& info, comm::Communicator* pp);
   ~Replica();
   Replica(const Replica&) = delete;
   Replica& operator=(const Replica&) = delete;
@@ -52,7 +56,7 @@ class Replica {
   int64_t parameter_bytes() const { return parameter_bytes_; }
 
  private:
-  void load(const std::string& checkpoint);
+  void load(const ckpt::CheckpointReader& checkpoint);
 
   const train::Config& config_;
   std::unique_ptr<nn::Model> model_;

@@ -18,8 +18,10 @@ namespace tessel::train {
 class Checkpointer {
  public:
   // vocabulary: the tokenizer of a language model's text (data::Splits), saved with every
-  // checkpoint and checked on restore; empty for other data.
-  Checkpointer(const Config& config, parallel::Engine& engine, std::string vocabulary);
+  // checkpoint and checked on restore; empty for other data. io: what the model reads and
+  // predicts, saved with every checkpoint for inference.
+  Checkpointer(const Config& config, parallel::Engine& engine, std::string vocabulary,
+               ckpt::ModelIo io);
 
   // Collective over the training ranks (the engine reaches parameter servers): writes step
   // `step`'s checkpoint under run_dir with rank 0's trainer_json and returns the committed
@@ -46,6 +48,7 @@ class Checkpointer {
   parallel::Engine& engine_;
   nn::Model& model_;
   std::string vocabulary_;
+  ckpt::ModelIo io_;
 };
 
 }  // namespace tessel::train

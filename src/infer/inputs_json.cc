@@ -1,0 +1,111 @@
+#include "inputs_json.h"
+
+#include <charconv>
+#include <cstring>
+#include <vector>
+
+namespace tessel::infer {
+namespace {
+
+bool digit(char c) { return c >= '0' && c <= '9'; }
+
+// A cursor over the body; every step returns false on what the fast path does not take.
+class Cursor {
+ public:
+  explicit Cursor(std::string_view s) : p_(s.data()), end_(s.data() + s.size()) {}
+
+  // The next token is `c` (consumed).
+  bool eat(char c) {
+    skip_space();
+    if (p_ == end_ || *p_ != c) return false;
+    ++p_;
+    return true;
+  }
+  // The next characters are `s` exactly (consumed), no whitespace first.
+  bool exact(std::string_view s) {
+    if (static_cast<size_t>(end_ - p_) < s.size() || std::memcmp(p_, s.data(), s.size()) != 0)
+      return false;
+    p_ += s.size();
+    return true;
+  }
+  bool at_end() {
+    skip_space();
+    return p_ == end_;
+  }
+  // A number in JSON's grammar, -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?, as
+  // nlohmann::json reads it and get<float>() rounds it: an integer as a 64-bit integer (longer
+  // ones, which it may keep unsigned, are left to it), anything else as a double.
+  bool number(float* out) {
+    skip_space();
+    const char* q = p_;
+    if (q < end_ && *q == '-') ++q;
+    if (q == end_ || !digit(*q)) return false;
+    if (*q == '0')
+      ++q;
+    else
+      q = digits(q);
+    const char* integer_end = q;
+    if (q < end_ && *q == '.') {
+      if (++q == end_ || !digit(*q)) return false;
+      q = digits(q);
+    }
+    if (q < end_ && (*q == 'e' || *q == 'E')) {
+      if (++q < end_ && (*q == '+' || *q == '-')) ++q;
+      if (q == end_ || !digit(*q)) return false;
+      q = digits(q);
+    }
+    if (q == integer_end) {
+      int64_t v = 0;
+      if (q - p_ > 15 || std::from_chars(p_, q, v).ptr != q) return false;
+      *out = static_cast<float>(v);
+    } else {
+      double v = 0;
+      const auto got = std::from_chars(p_, q, v);
+      if (got.ec != std::errc() || got.ptr != q) return false;  // out of range too
+      *out = static_cast<float>(v);
+    }
+    p_ = q;
+    return true;
+  }
+
+ private:
+  void skip_space() {
+    while (p_ < end_ && (*p_ == ' ' || *p_ == '\n' || *p_ == '\r' || *p_ == '\t')) ++p_;
+  }
+  const char* digits(const char* q) const {
+    while (q < end_ && digit(*q)) ++q;
+    return q;
+  }
+
+  const char* p_;
+  const char* end_;
+};
+
+}  // namespace
+
+Tensor read_inputs(std::string_view body, const Shape& row, int64_t max_rows) {
+  const int64_t numel = shape_numel(row);
+  Cursor c(body);
+  if (!c.eat('{') || !c.eat('"') || !c.exact("inputs\"") || !c.eat(':') || !c.eat('['))
+    return {};
+  std::vector<float> values;
+  values.reserve(static_cast<size_t>(numel));
+  int64_t rows = 0;
+  do {
+    if (!c.eat('[') || ++rows > max_rows) return {};
+    for (int64_t j = 0; j < numel; ++j) {
+      float v;
+      if ((j > 0 && !c.eat(',')) || !c.number(&v)) return {};
+      values.push_back(v);
+    }
+    if (!c.eat(']')) return {};
+  } while (c.eat(','));
+  if (!c.eat(']') || !c.eat('}') || !c.at_end()) return {};
+  Shape shape = row;
+  shape.insert(shape.begin(), rows);
+  Tensor x = Tensor::empty(shape);
+  std::memcpy(x.raw(), values.data(), values.size() * sizeof(float));
+  return x;
+}
+
+}  // namespace tessel::infer

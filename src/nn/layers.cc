@@ -108,18 +108,8 @@ Tensor Linear::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   const Shape shape = with_last(in.shape(), out_);
   Tensor y = row ? tp_whole_output(tp_.tp, cache, 0, shape, t) : output(cache, 0, shape, t);
   const bool add_bias = has_bias_ && (!row || tp_.tp->rank() == 0);
-  const void* b = add_bias ? bias_.value.raw() : nullptr;
-  const int64_t rows = in.numel() / in_;
-  if (row && overlapped(tp_.tp)) {  // f32: tensor parallelism runs in f32 only
-    const float* xf = in.data<float>();
-    float* yf = y.data<float>();
-    tp_overlapped(*tp_.tp, yf, rows, out_, [&](int64_t begin, int64_t end) {
-      ops::linear_forward(yf + begin * out_, xf + begin * in_, weight_.value.data<float>(),
-                          static_cast<const float*>(b), end - begin, in_, out_);
-    });
-    return y;
-  }
-  ops::linear_forward(y.raw(), in.raw(), in.dtype(), weight_.value.raw(), b, t, rows, in_, out_);
+  ops::linear_forward(y.raw(), in.raw(), in.dtype(), weight_.value.raw(),
+                      add_bias ? bias_.value.raw() : nullptr, t, in.numel() / in_, in_, out_);
   return row ? tp_leave(tp_.tp, y, cache, 1) : y;
 }
 
@@ -141,23 +131,8 @@ Tensor Linear::backward(const Tensor& dy_in, Cache& cache) {
   if (input_grad_)
     dx = column ? tp_whole_grad(tp_.tp, cache, 0, x.shape(), x.dtype())
                 : cache.scratch(0, x.shape(), x.dtype());
-  const int64_t rows = x.numel() / in_;
-  if (column && input_grad_ && overlapped(tp_.tp)) {  // f32, as in forward
-    // dx = dy @ w by chunks of rows, each chunk's all-reduce running under the next chunk's
-    // GEMM and the last ones under the weight gradient's.
-    const float* dyf = dy.data<float>();
-    float* dxf = dx.data<float>();
-    tp_overlapped(*tp_.tp, dxf, rows, in_, [&](int64_t begin, int64_t end) {
-      ops::gemm(false, false, end - begin, in_, out_, 1.0f, dyf + begin * out_, out_,
-                weight_.value.data<float>(), in_, 0.0f, dxf + begin * in_, in_);
-    }, [&] {
-      ops::linear_backward(nullptr, weight_.grad.data<float>(), db, dyf, x.data<float>(),
-                           weight_.value.data<float>(), rows, in_, out_);
-    });
-    return dx;
-  }
   ops::linear_backward(input_grad_ ? dx.raw() : nullptr, x.dtype(), weight_.grad.data<float>(),
-                       db, dy.raw(), x.raw(), weight_.value.raw(), t, rows, in_, out_);
+                       db, dy.raw(), x.raw(), weight_.value.raw(), t, x.numel() / in_, in_, out_);
   return column ? tp_enter_backward(tp_.tp, dx, cache, 1) : dx;
 }
 

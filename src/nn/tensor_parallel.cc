@@ -1,6 +1,5 @@
 #include "tessel/nn/tensor_parallel.h"
 
-#include <algorithm>
 #include <cstring>
 
 namespace tessel::nn {
@@ -102,19 +101,6 @@ Tensor tp_leave(TensorParallel* tp, const Tensor& y, Cache* cache, size_t slot) 
 
 Tensor tp_leave_backward(TensorParallel* tp, const Tensor& dy) {
   return sequence_split(tp) ? gather_sequence(*tp, dy) : dy;
-}
-
-void tp_overlapped(TensorParallel& tp, float* out, int64_t rows, int64_t cols,
-                   const std::function<void(int64_t begin, int64_t end)>& compute,
-                   const std::function<void()>& after) {
-  const int64_t n = std::max<int64_t>(std::min(tp.overlap_chunks(), rows), 1);
-  for (int64_t c = 0; c < n; ++c) {
-    const int64_t begin = c * rows / n, end = (c + 1) * rows / n;
-    compute(begin, end);  // while chunk c - 1's all-reduce runs
-    tp.all_reduce_sum_start(out + begin * cols, (end - begin) * cols);
-  }
-  if (after) after();
-  tp.wait_started();
 }
 
 Tensor tp_whole_output(TensorParallel* tp, Cache* cache, size_t slot, const Shape& shape,

@@ -35,8 +35,7 @@ bool resolve_overlap(const std::string& mode, const comm::Communicator& group) {
 
 std::unique_ptr<TpGroup> make_tp_group(const ParallelSpec& spec, Mesh& mesh) {
   if (mesh.layout().tp == 1) return nullptr;
-  return std::make_unique<TpGroup>(mesh.group(Axis::kTp), spec.tp_sequence,
-                                   spec.tp_overlap_chunks);
+  return std::make_unique<TpGroup>(mesh.group(Axis::kTp), spec.tp_sequence);
 }
 
 // Gradient compression runs with replicated data parallelism in f32, or on parameter-server

@@ -31,14 +31,6 @@ Layout Layout::resolve(const ParallelSpec& spec, int world) {
                                       spec.tp_size, " cannot be combined; use one of them"));
   if (spec.tp_sequence && spec.tp_size == 1)
     throw InvalidArgument("config: tp.sequence_parallel = true needs tp.size > 1");
-  if (spec.tp_overlap_chunks > 1 && spec.tp_size == 1)
-    throw InvalidArgument(tessel::str("config: tp.overlap_chunks = ", spec.tp_overlap_chunks,
-                                      " needs tp.size > 1; set tp.overlap_chunks = 1"));
-  if (spec.tp_overlap_chunks > 1 && spec.tp_sequence)
-    throw InvalidArgument(tessel::str(
-        "config: tp.overlap_chunks = ", spec.tp_overlap_chunks, " overlaps the tp all-reduces, "
-        "which tp.sequence_parallel = true replaces by all-gathers and reduce-scatters; set "
-        "tp.overlap_chunks = 1 or tp.sequence_parallel = false"));
   l.servers = static_cast<int>(spec.ps_servers);
   l.pp = static_cast<int>(spec.pp_stages);
   l.tp = static_cast<int>(spec.tp_size);

@@ -4,38 +4,22 @@
 
 namespace tessel::parallel {
 
-TpGroup::TpGroup(comm::Communicator& tp, bool sequence, int64_t overlap_chunks)
-    : nn::TensorParallel(tp.rank(), tp.size(), sequence, overlap_chunks), comm_(tp) {}
-
-void TpGroup::count(Op op, int64_t bytes) {
-  bytes_ += static_cast<double>(bytes);
-  Count& c = counts_[block_][where_][op];
-  ++c.calls;
-  c.bytes += static_cast<double>(bytes);
-}
+TpGroup::TpGroup(comm::Communicator& tp, bool sequence)
+    : nn::TensorParallel(tp.rank(), tp.size(), sequence), comm_(tp) {}
 
 template <typename F>
 void TpGroup::run(Op op, int64_t bytes, F&& call) {
   const double t0 = now_seconds();
   call();
   time_s_ += now_seconds() - t0;
-  count(op, bytes);
+  bytes_ += static_cast<double>(bytes);
+  Count& c = counts_[block_][where_][op];
+  ++c.calls;
+  c.bytes += static_cast<double>(bytes);
 }
 
 void TpGroup::all_reduce_sum(float* data, int64_t n) {
   run(kAllReduce, n * 4, [&] { comm_.allreduce(data, static_cast<size_t>(n), comm::ElemType::kF32); });
-}
-
-void TpGroup::all_reduce_sum_start(float* data, int64_t n) {
-  started_.push_back(comm_.allreduce_async(data, static_cast<size_t>(n), comm::ElemType::kF32));
-  count(kAllReduce, n * 4);
-}
-
-void TpGroup::wait_started() {
-  const double t0 = now_seconds();
-  for (const comm::Work& w : started_) w.wait();
-  started_.clear();
-  time_s_ += now_seconds() - t0;
 }
 
 void TpGroup::all_reduce_max(float* data, int64_t n) {

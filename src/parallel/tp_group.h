@@ -2,14 +2,12 @@
 // this rank's tp communicator, each counted by where it came from: a block's forward or
 // backward (the engine's hooks say which block runs) or outside every block (the loss, the
 // step's sum of whole parameters' gradients under sequence parallelism). Internal to the
-// parallel area; built by the Engine. Started all-reduces (tp.overlap_chunks) count like
-// blocking ones, one call each, when they start; their time is the time spent waiting for them.
+// parallel area; built by the Engine.
 #pragma once
 
 #include <array>
 #include <map>
 #include <string>
-#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -22,14 +20,12 @@ namespace tessel::parallel {
 
 class TpGroup final : public nn::TensorParallel {
  public:
-  TpGroup(comm::Communicator& tp, bool sequence, int64_t overlap_chunks);
+  TpGroup(comm::Communicator& tp, bool sequence);
 
   void all_reduce_sum(float* data, int64_t n) override;
   void all_reduce_max(float* data, int64_t n) override;
   void all_gather(const float* in, float* out, int64_t n) override;
   void reduce_scatter(const float* in, float* out, int64_t n) override;
-  void all_reduce_sum_start(float* data, int64_t n) override;
-  void wait_started() override;
 
   // Where the next calls come from: the block whose forward (backward) starts, or, after a
   // block, outside every block ("step" after a backward). `training` false: an evaluation.
@@ -49,14 +45,12 @@ class TpGroup final : public nn::TensorParallel {
   };
   template <typename F>
   void run(Op op, int64_t bytes, F&& call);
-  void count(Op op, int64_t bytes);
 
   comm::Communicator& comm_;
   static constexpr int64_t kOutside = -1;
   int64_t block_ = kOutside;
   Where where_ = kForward;
   std::map<int64_t, std::array<std::array<Count, kOps>, kWheres>> counts_;
-  std::vector<comm::Work> started_;
   double time_s_ = 0, bytes_ = 0;
 };
 

@@ -178,7 +178,6 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("zero.prefetch", parallel.zero_prefetch, "zero.stage = 3: gather the next block's parameters on a progress thread while this block computes (the order is recorded on the first step)"),
       TESSEL_KEY("tp.size", parallel.tp_size, "tensor parallelism: ranks each layer of an mlp or gpt is cut across (1: none); the world is dp x pp x tp ranks, tp fastest (a tp group is consecutive ranks)"),
       TESSEL_KEY("tp.sequence_parallel", parallel.tp_sequence, "tp.size > 1 with a gpt: activations outside the cut layers (layer norms, residuals) are split along the sequence, and the tp all-reduces become all-gathers and reduce-scatters"),
-      TESSEL_KEY("tp.overlap_chunks", parallel.tp_overlap_chunks, "tp.size > 1 without sequence parallelism: a row-cut layer's forward (a column-cut layer's backward) computes its rows in this many chunks, each chunk's all-reduce running on the progress thread under the next chunk's GEMM (1: no overlap; docs/tensor_parallel.md)"),
       TESSEL_KEY("pp.stages", parallel.pp_stages, "pipeline stages: the model's blocks cut into this many contiguous stages (1: no pipeline); the world is dp x pp x tp ranks"),
       TESSEL_KEY("pp.microbatches", parallel.pp_microbatches, "micro-batches each rank's batch is cut into for the pipeline schedule"),
       TESSEL_KEY("pp.schedule", parallel.pp_schedule, "gpipe (all forwards, then all backwards) or 1f1b (one forward, one backward after warm-up)"),
@@ -302,9 +301,6 @@ void validate(const Config& c) {
           str("debug.overflow_rank must be a worker rank >= 0, got ", c.parallel.overflow_rank));
   require(c.parallel.pp_stages >= 1, str("pp.stages must be >= 1, got ", c.parallel.pp_stages));
   require(c.parallel.tp_size >= 1, str("tp.size must be >= 1, got ", c.parallel.tp_size));
-  require(c.parallel.tp_overlap_chunks >= 1,
-          str("tp.overlap_chunks must be >= 1 (1 = no overlap), got ", c.parallel.tp_overlap_chunks,
-              "; e.g. 2"));
   require(c.parallel.pp_microbatches >= 1,
           str("pp.microbatches must be >= 1, got ", c.parallel.pp_microbatches));
   require(c.parallel.pp_schedule == "gpipe" || c.parallel.pp_schedule == "1f1b",

@@ -162,7 +162,6 @@ void Trainer::set_up_loader() {
   if (parallel::PipelineExecutor* p = engine_->pipeline())  // every replica's rows, on every rank
     for (int64_t r = 0; r < workers; ++r)
       p->check_batch_rows((r + 1) * config_.train.batch / workers - r * config_.train.batch / workers);
-  check_overlap_rows(workers);
   const int64_t k = config_.train.accumulate;
   schedule_steps_ = total_steps_ = config_.train.epochs * ((bpe + k - 1) / k);
   if (config_.train.max_steps > 0) total_steps_ = std::min(total_steps_, config_.train.max_steps);
@@ -173,21 +172,6 @@ void Trainer::set_up_loader() {
       claim_budget_ = std::min(claim_budget_, config_.train.max_steps * workers);
     total_steps_ = (claim_budget_ + workers - 1) / workers;
   }
-}
-
-// tp.overlap_chunks cuts the rows of one forward on a rank (samples x tokens) into chunks:
-// a full batch must have at least one row per chunk (a short last batch takes fewer chunks).
-void Trainer::check_overlap_rows(int64_t workers) const {
-  const parallel::ParallelSpec& p = config_.parallel;
-  if (p.tp_overlap_chunks <= 1) return;
-  int64_t samples = p.deterministic ? p.micro_shard : config_.train.batch / workers;
-  if (engine_->pipeline()) samples /= p.pp_microbatches;
-  const int64_t rows =
-      samples * (config_.model.kind == "gpt" ? data_.train->input_shape()[0] : 1);
-  if (p.tp_overlap_chunks > rows)
-    throw InvalidArgument(str("config: tp.overlap_chunks = ", p.tp_overlap_chunks,
-                              " is more chunks than the ", rows, " rows of each forward on a rank "
-                              "(samples x tokens); use a value from 1 to ", rows));
 }
 
 float Trainer::lr_at(int64_t step) const {

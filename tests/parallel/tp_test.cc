@@ -68,19 +68,6 @@ TEST(TensorParallel, FashionMlpMatchesOneWorker) {
                        {6, {"tp.size=2", "zero.stage=3"}}});
 }
 
-// tp.overlap_chunks: the row-cut layers' forward and the column-cut layers' backward in chunks
-// whose all-reduces overlap the next chunk's GEMM (uneven chunks: 3 and 5 do not divide the rows).
-TEST(TensorParallel, OverlapMatchesOneWorker) {
-  expect_match_single("char_gpt",
-                      {"train.batch=12", "train.accumulate=2", "data.context=16", "model.embed=32"},
-                      {{2, {"tp.size=2", "tp.overlap_chunks=5"}},
-                       {4, {"tp.size=4", "tp.overlap_chunks=2"}},
-                       {4, {"tp.size=2", "pp.stages=2", "tp.overlap_chunks=3"}}});
-  expect_match_single("fashion_mlp",
-                      {"train.batch=24", "train.clip_norm=0.5", "model.hidden=[64,32]"},
-                      {{2, {"tp.size=2", "tp.overlap_chunks=5"}},
-                       {4, {"tp.size=4", "tp.overlap_chunks=2"}}});
-}
 
 // calls of `op` in `where` of a block's (or "outside"'s) counters; 0 when absent.
 int64_t calls(const nlohmann::json& counters, const std::string& block, const std::string& where,
@@ -111,23 +98,6 @@ TEST(TensorParallel, EachBlockSendsMegatronsCollectives) {
   EXPECT_EQ(c["outside"]["forward"]["all_reduce"]["bytes"].get<double>(), 3.0 * steps * 8 * 16 * 4);
   EXPECT_EQ(calls(c, "embed", "forward", "all_reduce"), steps);   // the vocab-parallel lookup
   EXPECT_EQ(calls(c, "head", "backward", "all_reduce"), steps);   // the head's input gradient
-}
-
-// With tp.overlap_chunks = n each of those all-reduces is n calls of 1/n of the bytes.
-TEST(TensorParallel, OverlapSplitsEachBlockAllReduceIntoChunks) {
-  const int steps = 2, n = 4;
-  const std::vector<std::string> keys = {"train.batch=8",     "data.context=16", "model.embed=32",
-                                         "train.max_steps=2", "train.epochs=1",  "tp.size=2",
-                                         "tp.overlap_chunks=4"};
-  const auto run = train_on(example("char_gpt", keys), 2);
-  const nlohmann::json& c = run.summary["tensor_parallel"];
-  for (const std::string block : {"block0", "block1"})
-    for (const std::string where : {"forward", "backward"}) {
-      EXPECT_EQ(calls(c, block, where, "all_reduce"), 2 * n * steps) << c.dump();
-      EXPECT_EQ(c[block][where]["all_reduce"]["bytes"].get<double>(),
-                2.0 * steps * 8 * 16 * 32 * 4);
-    }
-  EXPECT_EQ(calls(c, "outside", "forward", "all_reduce"), 3 * steps) << c.dump();
 }
 
 // With sequence parallelism each all-reduce becomes an all-gather and a reduce-scatter: per
@@ -183,18 +153,6 @@ TEST(TensorParallel, DeterministicBitsAtEveryDataParallelSize) {
   EXPECT_EQ(train_on(det_config({"tp.size=2", "pp.stages=2"}), 8).summary["params_sha256"], pp);
 }
 
-// The same with tp.overlap_chunks (micro-shards of 2 rows: one row a chunk).
-TEST(TensorParallel, DeterministicBitsAtEveryDataParallelSizeWithOverlap) {
-  const std::vector<std::string> tp2 = {"tp.size=2", "tp.overlap_chunks=2"};
-  const std::string ref = train_on(det_config(tp2), 2).summary["params_sha256"];
-  for (int dp : {2, 3})
-    EXPECT_EQ(train_on(det_config(tp2), 2 * dp).summary["params_sha256"], ref) << "dp " << dp;
-  std::vector<std::string> pp2 = tp2;
-  pp2.push_back("pp.stages=2");
-  EXPECT_EQ(train_on(det_config(pp2), 8).summary["params_sha256"],
-            train_on(det_config(pp2), 4).summary["params_sha256"]);
-}
-
 // A tp = 4 checkpoint evaluates on one worker (the whole model) and resumes on dp 2 x tp 2;
 // the result is one worker's uninterrupted run.
 TEST(TensorParallel, CheckpointsAreLayoutFree) {
@@ -241,20 +199,6 @@ TEST(TensorParallel, BadLayoutsNameTheKeyAndAValidValue) {
                {"data.context", "multiple of 2"});
   expect_fails("char_gpt", 1, {"tp.sequence_parallel=true"}, {"tp.size > 1"});
   expect_fails("fashion_cnn", 2, {"tp.size=2"}, {"tp.size"});
-}
-
-TEST(TensorParallel, BadOverlapChunksNameTheKeyAndAValidValue) {
-  for (const std::string bad : {"0", "-2"})
-    expect_fails("char_gpt", 2, {"tp.size=2", "tp.overlap_chunks=" + bad},
-                 {"tp.overlap_chunks", "got " + bad, "e.g. 2"});
-  // 24 rows a rank at tp = 2; 12 at dp 2 x tp 2.
-  expect_fails("fashion_mlp", 2, {"tp.size=2", "train.batch=24", "tp.overlap_chunks=25"},
-               {"tp.overlap_chunks = 25", "from 1 to 24"});
-  expect_fails("fashion_mlp", 4, {"tp.size=2", "train.batch=24", "tp.overlap_chunks=13"},
-               {"tp.overlap_chunks = 13", "from 1 to 12"});
-  expect_fails("char_gpt", 2, {"tp.size=2", "tp.sequence_parallel=true", "tp.overlap_chunks=2"},
-               {"tp.overlap_chunks = 1", "tp.sequence_parallel = false"});
-  expect_fails("char_gpt", 1, {"tp.overlap_chunks=2"}, {"tp.size > 1", "tp.overlap_chunks = 1"});
 }
 
 }  // namespace

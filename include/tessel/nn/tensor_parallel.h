@@ -12,12 +12,9 @@
 // live in the group's workspace, and a column-parallel layer keeps only its part of the input,
 // gathering it again in the backward (as Megatron-LM does), so a rank keeps 1/t of every
 // activation. A null group means no tensor parallelism: every operator is the identity.
-// With overlap_chunks n > 1 (tp.overlap_chunks) a cut layer computes the rows it all-reduces in
-// n chunks and starts each chunk's all-reduce before computing the next (tp_overlapped).
 #pragma once
 
 #include <cstdint>
-#include <functional>
 
 #include "tessel/nn/cache.h"
 #include "tessel/tensor/tensor.h"
@@ -26,13 +23,11 @@ namespace tessel::nn {
 
 class TensorParallel {
  public:
-  TensorParallel(int rank, int size, bool sequence, int64_t overlap_chunks = 1)
-      : rank_(rank), size_(size), sequence_(sequence), overlap_chunks_(overlap_chunks) {}
+  TensorParallel(int rank, int size, bool sequence) : rank_(rank), size_(size), sequence_(sequence) {}
   virtual ~TensorParallel() = default;
   int rank() const { return rank_; }
   int size() const { return size_; }
   bool sequence() const { return sequence_; }
-  int64_t overlap_chunks() const { return overlap_chunks_; }
 
   // Collectives over the group, f32, blocking. all_gather: out holds size() x n, rank r's n
   // values at r x n. reduce_scatter: in holds size() x n; out gets the sum of every rank's
@@ -41,10 +36,6 @@ class TensorParallel {
   virtual void all_reduce_max(float* data, int64_t n) = 0;
   virtual void all_gather(const float* in, float* out, int64_t n) = 0;
   virtual void reduce_scatter(const float* in, float* out, int64_t n) = 0;
-  // all_reduce_sum started now and finished in the background; data stays untouched until
-  // wait_started() returns, which waits for every one started.
-  virtual void all_reduce_sum_start(float* data, int64_t n) = 0;
-  virtual void wait_started() = 0;
 
   // Transient whole-sequence tensors (sequence parallelism), valid until the next operator:
   // 0 an activation, 1 the collectives' staging, 2 a gradient. Storage grows to the largest
@@ -54,7 +45,6 @@ class TensorParallel {
  private:
   int rank_, size_;
   bool sequence_;
-  int64_t overlap_chunks_;
   Tensor workspace_[3];
 };
 
@@ -75,17 +65,6 @@ Tensor tp_whole_output(TensorParallel* tp, Cache* cache, size_t slot, const Shap
                        DType type = DType::kF32);
 Tensor tp_whole_grad(TensorParallel* tp, Cache& cache, size_t slot, const Shape& shape,
                      DType type = DType::kF32);
-
-// Overlap (tp.overlap_chunks > 1, no sequence parallelism): out[rows, cols] (f32) is computed
-// by compute(begin, end), one chunk of rows at a time, and summed over the group; each chunk's
-// all-reduce runs while the next chunk (then `after`, if any) computes. The chunks are
-// min(overlap_chunks, rows) near-equal row ranges; the same on every rank of the group.
-void tp_overlapped(TensorParallel& tp, float* out, int64_t rows, int64_t cols,
-                   const std::function<void(int64_t begin, int64_t end)>& compute,
-                   const std::function<void()>& after = {});
-inline bool overlapped(const TensorParallel* tp) {
-  return tp != nullptr && tp->overlap_chunks() > 1 && !tp->sequence();
-}
 
 // Whether activations between cut regions are split along the sequence.
 inline bool sequence_split(const TensorParallel* tp) { return tp != nullptr && tp->sequence(); }

@@ -45,9 +45,6 @@ struct ParallelSpec {
   // tp.* (tensor parallelism)
   int64_t tp_size = 1;           // ranks each layer is cut across (1: none)
   bool tp_sequence = false;      // activations between cut regions split along the sequence
-  // Row chunks a row-cut layer's forward (a column-cut layer's backward) computes, each
-  // chunk's all-reduce overlapping the next chunk's GEMM (1: no overlap).
-  int64_t tp_overlap_chunks = 1;
 
   // pp.* (pipeline model parallelism)
   int64_t pp_stages = 1;                  // pipeline stages (1: no pipeline)

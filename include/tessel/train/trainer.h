@@ -94,7 +94,6 @@ class Trainer {
     int64_t train_samples = 0;
   };
   void set_up_loader();
-  void check_overlap_rows(int64_t workers) const;
   // The run folder for this start (run_folder.h) and, on a resume, the state to go on from in
   // s. Returns whether it resumed.
   bool open_run(State& s);

@@ -71,8 +71,8 @@ class IdxReader final : public InputReader {
     Rows r = dense_rows(std::min(n, total_ - done_), shape_);
     const size_t count = static_cast<size_t>(r.count * pixels_);
     float* dst = r.x.data<float>();
-    const uint8_t* bytes = reinterpret_cast<uint8_t*>(dst) + 3 * count;
-    read_bytes(reinterpret_cast<uint8_t*>(dst) + 3 * count, count);
+    uint8_t* bytes = reinterpret_cast<uint8_t*>(dst) + 3 * count;
+    read_bytes(bytes, count);
     for (size_t i = 0; i < count; ++i) dst[i] = lut_[bytes[i]];
     done_ += r.count;
     return r;

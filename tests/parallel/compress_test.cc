@@ -256,17 +256,24 @@ TEST(Compress, TrainsAndReportsBytesWithinFivePercentOfTheFormula) {
   }
 }
 
+// An uninterrupted run of cfg on `workers` ranks, and one stopped after 7 steps and resumed.
+std::pair<testing::RunResult, testing::RunResult> whole_and_resumed(const train::Config& cfg,
+                                                                    int workers,
+                                                                    const std::string& name) {
+  auto whole = testing::train_on(cfg, workers);
+  train::RunOptions first;
+  first.run_dir = testing::test_run_dir(name);
+  first.stop_after = 7;
+  testing::train_on(cfg, workers, first);
+  train::RunOptions second;
+  second.run_dir = second.resume = first.run_dir;
+  return {std::move(whole), testing::train_on(cfg, workers, second)};
+}
+
 TEST(Compress, ResumedRunEndsBitIdentical) {
   for (const char* kind : {"topk", "powersgd", "int8"}) {
     const train::Config cfg = small({str("compress.kind=", kind), "compress.start_step=3"});
-    const auto whole = testing::train_on(cfg, 2);
-    train::RunOptions first;
-    first.run_dir = testing::test_run_dir(str("compress_resume_", kind));
-    first.stop_after = 7;
-    testing::train_on(cfg, 2, first);
-    train::RunOptions second;
-    second.run_dir = second.resume = first.run_dir;
-    const auto resumed = testing::train_on(cfg, 2, second);
+    const auto [whole, resumed] = whole_and_resumed(cfg, 2, str("compress_resume_", kind));
     EXPECT_EQ(resumed.summary["steps"], 20);
     EXPECT_EQ(resumed.params, whole.params) << kind;
     EXPECT_EQ(resumed.summary["params_sha256"], whole.summary["params_sha256"]) << kind;
@@ -277,14 +284,7 @@ TEST(Compress, ResumedParameterServerRunWithTopKEndsBitIdentical) {
   // Sync pushes: the workers' top-k residuals travel in the checkpoint (compress/rank<r>).
   const train::Config cfg = small({"ps.servers=1", "model.hidden=[32,16]", "compress.kind=topk",
                                    "compress.ratio=0.1"});
-  const auto whole = testing::train_on(cfg, 3);
-  train::RunOptions first;
-  first.run_dir = testing::test_run_dir("compress_resume_ps_topk");
-  first.stop_after = 7;
-  testing::train_on(cfg, 3, first);
-  train::RunOptions second;
-  second.run_dir = second.resume = first.run_dir;
-  const auto resumed = testing::train_on(cfg, 3, second);
+  const auto [whole, resumed] = whole_and_resumed(cfg, 3, "compress_resume_ps_topk");
   EXPECT_EQ(resumed.summary["steps"], 20);
   EXPECT_EQ(resumed.summary["params_sha256"], whole.summary["params_sha256"]);
 }

@@ -73,7 +73,6 @@ class MemoryScope {
   MemCategory saved_category_;
 };
 
-// The ledger and category that an allocation on this thread charges now.
 // Keeps the memory tensors free in the process's heap for the next allocation instead of giving
 // it back to the system (glibc malloc: no mmap for blocks up to 32 MiB, no trimming). A loop that
 // allocates and frees the same large buffers -- forward-only inference, which keeps no Cache --
@@ -82,6 +81,7 @@ class MemoryScope {
 // before starting threads.
 void retain_freed_memory();
 
+// The ledger and category that an allocation on this thread charges now.
 const std::shared_ptr<MemoryLedger>& current_ledger();
 MemCategory current_category();
 

@@ -379,6 +379,7 @@ std::string command_line(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  restart_predict_on_huge_pages(argv);
   CLI::App app{"tessel: train and serve neural networks on many workers"};
   app.require_subcommand(1);
   app.set_version_flag("--version", tessel::str("tessel ", tessel::version(), " (commit ",

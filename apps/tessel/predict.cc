@@ -1,7 +1,11 @@
 // tessel predict CONFIG --checkpoint RUN --input PATH --output PATH [--workers N | under mpirun]
 #include "tessel/infer/predict.h"
 
+#include <unistd.h>
+
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -28,6 +32,16 @@ int run_predict(PredictArgs& a) {
 }
 
 }  // namespace
+
+void restart_predict_on_huge_pages(char** argv) {
+  if (!argv[0] || !argv[1] || std::strcmp(argv[1], "predict") != 0) return;
+  const char* had = std::getenv("GLIBC_TUNABLES");
+  if (had && std::strstr(had, "glibc.malloc.hugetlb")) return;  // set already (by us or the user)
+  const std::string tunables =
+      had && *had ? std::string(had) + ":glibc.malloc.hugetlb=1" : "glibc.malloc.hugetlb=1";
+  setenv("GLIBC_TUNABLES", tunables.c_str(), 1);
+  execv("/proc/self/exe", argv);  // returns only on failure: then go on as we are
+}
 
 InferCommand add_predict(CLI::App& app) {
   auto a = std::make_shared<PredictArgs>();

@@ -23,6 +23,16 @@ namespace detail {
 namespace {
 
 // The output bytes of one chunk's rows (on the last stage; empty elsewhere).
+// A first stage's tensor-parallel ranks all run the rows their lead read.
+void share_rows(const Job& job, comm::Communicator& tp, Rows& rows, int64_t count) {
+  if (tp.rank() != 0) {
+    Shape shape = job.info.spec.input_shape;
+    shape.insert(shape.begin(), count);
+    rows.x = Tensor::empty(shape, job.info.input_dtype);
+  }
+  tp.broadcast(rows.x, 0);
+}
+
 std::string run_chunk(const Job& job, Replica& replica, int64_t id, const Rows& rows,
                       int64_t count) {
   const train::InferSpec& s = job.config.infer;
@@ -62,16 +72,11 @@ Job make_job(const train::Config& config, const PredictOptions& options) {
           output_format(options.output), config.parallel, nlohmann::json()};
   job.spec.ps_servers = 0;  // a training layout; inference runs replicas of pp stages
   job.spec.zero_stage = 0;
-  if (job.spec.tp_size > 1)
+  if (job.info.generates() && (job.spec.pp_stages > 1 || job.spec.tp_size > 1))
     throw InvalidArgument(
-        str("predict: tensor-parallel inference is not built yet, got tp.size = ", job.spec.tp_size,
-            "; set tp.size = 1 (a checkpoint of any layout "
-            "loads) and split a large model with pp.stages"));
-  if (job.info.generates() && job.spec.pp_stages > 1)
-    throw InvalidArgument(
-        str("predict: generation runs the whole gpt model on each worker, got "
-            "pp.stages = ",
-            job.spec.pp_stages, "; set pp.stages = 1"));
+        str("predict: generation runs the whole gpt model on each worker, got pp.stages = ",
+            job.spec.pp_stages, " and tp.size = ", job.spec.tp_size,
+            "; set pp.stages = 1 and tp.size = 1"));
   open_input(options.input, job.info, config.data);  // a bad input fails before any output
   std::error_code ec;
   const auto input_bytes = std::filesystem::file_size(options.input, ec);
@@ -119,12 +124,12 @@ void thread_rank(const Job& job, comm::Communicator& world, ChunkQueue& queue, T
   MemoryScope memory(ledger, MemCategory::kOther);
   parallel::Mesh mesh(world, parallel::Layout::resolve(job.spec, world.size()));
   const Place place = place_of(mesh);
-  Replica replica(job.config, job.info, place.pp);
+  Replica replica(job.config, job.info, place.pp, place.tp);
   world.barrier();  // every replica loaded: none waits for a late one's chunks at the start
   QueueFeed feed(queue, place.replica);
   const size_t r = static_cast<size_t>(world.rank());
   try {
-    run.chunks[r] = run_replica(job, replica, feed, place.pp, world.rank());
+    run.chunks[r] = run_replica(job, replica, feed, place, world.rank());
   } catch (const InvalidArgument&) {
     queue.abort(std::current_exception());
   } catch (const IoError&) {
@@ -132,6 +137,7 @@ void thread_rank(const Job& job, comm::Communicator& world, ChunkQueue& queue, T
   } catch (const std::exception& e) {
     queue.fail(place.replica, str("rank ", world.rank(), ": ", e.what()));
     if (place.pp) place.pp->abort(e.what());
+    if (place.tp) place.tp->abort(e.what());
   }
   run.peak_bytes[r] = ledger->peak_total();
 }
@@ -198,6 +204,7 @@ nlohmann::json predict_threads(const Job& job) {
                   {"failed_workers", queue.failed()},
                   {"chunks_per_rank", run.chunks},
                   {"peak_bytes_per_rank", run.peak_bytes},
+                  {"huge_page_bytes", huge_page_bytes()},
                   {"complete", true}});
   return summary;
 }
@@ -208,26 +215,30 @@ Place place_of(parallel::Mesh& mesh) {
   Place p;
   p.replica = mesh.coord().dp;
   if (mesh.layout().pp > 1) p.pp = &mesh.group(parallel::Axis::kPp);
+  if (mesh.layout().tp > 1) p.tp = &mesh.group(parallel::Axis::kTp);
   return p;
 }
 
-int64_t run_replica(const Job& job, Replica& replica, Feed& feed, comm::Communicator* pp,
-                    int rank) {
+int64_t run_replica(const Job& job, Replica& replica, Feed& feed, const Place& place, int rank) {
   const parallel::ParallelSpec& debug = job.config.parallel;
   const train::InferSpec& s = job.config.infer;
   int64_t done = 0;
   for (;; ++done) {
-    // The first stage picks the chunk; the others learn its number and size.
+    // The first stage's lead picks the chunk; the others learn its number and size (over tp
+    // first: every stage's pp group then has it on its first stage).
     Chunk chunk;
     int64_t head[2] = {-1, 0};
-    if (replica.first_stage() && feed.take(chunk)) head[0] = chunk.id, head[1] = chunk.rows.count;
-    if (pp) pp->broadcast(head, 2, comm::ElemType::kI64, 0);
+    if (replica.first_stage() && place.lead() && feed.take(chunk))
+      head[0] = chunk.id, head[1] = chunk.rows.count;
+    if (place.tp) place.tp->broadcast(head, 2, comm::ElemType::kI64, 0);
+    if (place.pp) place.pp->broadcast(head, 2, comm::ElemType::kI64, 0);
     if (head[0] < 0) return done;
     if (rank == debug.slow_rank) feed.sleep(debug.delay_ms / 1000.0);
     if (rank == s.kill_rank && done == s.kill_after)
       feed.die(str("debug.kill_rank: rank ", rank, " dies after ", done, " chunks"));
+    if (place.tp && replica.first_stage()) share_rows(job, *place.tp, chunk.rows, head[1]);
     std::string bytes = run_chunk(job, replica, head[0], chunk.rows, head[1]);
-    if (replica.last_stage()) feed.finish(head[0], std::move(bytes), head[1]);
+    if (replica.last_stage() && place.lead()) feed.finish(head[0], std::move(bytes), head[1]);
   }
 }
 

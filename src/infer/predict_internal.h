@@ -20,7 +20,7 @@ struct Job {
   PredictOptions options;
   ModelInfo info;
   OutputFormat format;
-  parallel::ParallelSpec spec;  // the inference layout: pp only
+  parallel::ParallelSpec spec;  // the inference layout: dp x pp x tp
   nlohmann::json identity;      // what the progress file must match on --resume
 };
 
@@ -34,16 +34,21 @@ class Feed {
   virtual void die(const std::string& why) = 0;  // debug.kill_rank
 };
 
-// This rank's loop: chunks from the feed through the replica (a pipeline's stages agree on
-// each chunk over pp) until the feed has no more. Returns the chunks this rank ran.
-int64_t run_replica(const Job& job, Replica& replica, Feed& feed, comm::Communicator* pp, int rank);
-
-// The replica index and pipeline of this rank (pp null without a pipeline).
+// The replica index, pipeline and tensor-parallel group of this rank (null: none). The lead
+// (tp rank 0) of a replica's first stage takes its chunks from the feed, that of its last stage
+// hands their outputs over.
 struct Place {
   int replica = 0;
   comm::Communicator* pp = nullptr;
+  comm::Communicator* tp = nullptr;
+  bool lead() const { return tp == nullptr || tp->rank() == 0; }
 };
 Place place_of(parallel::Mesh& mesh);
+
+// This rank's loop: chunks from the feed through the replica until the feed has no more; a
+// replica's ranks agree on each chunk (over tp, then pp) and the first stage's tensor-parallel
+// ranks get its rows from their lead. Returns the chunks this rank ran.
+int64_t run_replica(const Job& job, Replica& replica, Feed& feed, const Place& place, int rank);
 
 // The MPI driver (predict_mpi.cc).
 nlohmann::json predict_mpi(const Job& job);

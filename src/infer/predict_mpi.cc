@@ -144,12 +144,13 @@ nlohmann::json predict_mpi(const Job& job) {
   MemoryScope memory(ledger, MemCategory::kOther);
   parallel::Mesh mesh(world, layout);
   const Place place = place_of(mesh);
-  Replica replica(job.config, job.info, place.pp);
+  Replica replica(job.config, job.info, place.pp, place.tp);
   std::unique_ptr<InputReader> input;
-  if (replica.first_stage()) input = open_input(job.options.input, job.info, job.config.data);
+  if (replica.first_stage() && place.lead())
+    input = open_input(job.options.input, job.info, job.config.data);
   MpiFeed feed(job, world, layout, place.replica, input.get(), writer.get(), first[0]);
   world.barrier();  // every replica loaded before the clock starts
-  const int64_t chunks = run_replica(job, replica, feed, place.pp, world.rank());
+  const int64_t chunks = run_replica(job, replica, feed, place, world.rank());
   if (writer) writer->finish();
   // Every rank's chunk count and peak bytes, for rank 0's summary.
   std::vector<int64_t> mine = {chunks, ledger->peak_total()}, all(2 * world.size());

@@ -6,6 +6,7 @@
 #include "tessel/core/log.h"
 #include "tessel/core/memory.h"
 #include "tessel/data/dataset.h"
+#include "tessel/parallel/layout.h"
 #include "tessel/parallel/pipeline.h"
 #include "tessel/train/checkpointer.h"
 
@@ -66,8 +67,12 @@ ModelInfo model_info(const train::Config& config, const std::string& checkpoint)
   return info;
 }
 
-Replica::Replica(const train::Config& config, const ModelInfo& info, comm::Communicator* pp)
-    : config_(config), model_(nn::build_model(info.spec)) {
+Replica::Replica(const train::Config& config, const ModelInfo& info, comm::Communicator* pp,
+                 comm::Communicator* tp)
+    : config_(config),
+      tp_(tp && tp->size() > 1 ? parallel::make_tensor_parallel(*tp, config.parallel.tp_sequence)
+                               : nullptr),
+      model_(nn::build_model(info.spec, tp_.get())) {
   if (pp != nullptr && pp->size() > 1) {
     parallel::ParallelSpec spec = config.parallel;
     spec.deterministic = false;  // a training setting; inference has no gradient sums
@@ -83,7 +88,8 @@ Replica::Replica(const train::Config& config, const ModelInfo& info, comm::Commu
     throw MemoryLimitError(str(e.what(),
                                ". Inference holds parameter values only: split them "
                                "over more ranks with pp.stages (now ",
-                               stages_, ") and --workers or mpirun -np"));
+                               stages_, ") or tp.size (now ", tp_ ? tp_->size() : 1,
+                               ") and --workers or mpirun -np"));
   }
 }
 

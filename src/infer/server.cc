@@ -79,7 +79,7 @@ Server::Server(const train::Config& config, const std::string& checkpoint, int w
                               config.parallel.pp_stages, " and tp.size = ", config.parallel.tp_size,
                               "; set both to 1 (a checkpoint of any layout loads)"));
   for (int w = 0; w < workers; ++w)
-    replicas_.push_back(std::make_unique<Replica>(config_, info_, nullptr));
+    replicas_.push_back(std::make_unique<Replica>(config_, info_, nullptr, nullptr));
   BatchOptions bo{config.serve.max_batch, config.serve.max_wait_ms / 1000.0,
                   config.serve.max_queue};
   batcher_ = std::make_unique<Batcher>(

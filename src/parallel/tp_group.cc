@@ -4,6 +4,10 @@
 
 namespace tessel::parallel {
 
+std::unique_ptr<nn::TensorParallel> make_tensor_parallel(comm::Communicator& tp, bool sequence) {
+  return std::make_unique<TpGroup>(tp, sequence);
+}
+
 TpGroup::TpGroup(comm::Communicator& tp, bool sequence)
     : nn::TensorParallel(tp.rank(), tp.size(), sequence), comm_(tp) {}
 

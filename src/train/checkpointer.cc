@@ -161,8 +161,10 @@ std::string Checkpointer::restore(const ckpt::CheckpointSource& reader) {
 
 void Checkpointer::load_weights(const ckpt::CheckpointReader& reader, nn::Model& model) {
   check_parameters(reader, model);
-  for (nn::Parameter* p : model.parameters())
-    if (p->value.defined()) reader.read(p->name, 0, p->value.numel(), p->value.data<float>());
+  const std::vector<nn::Parameter*>& params = model.parameters();
+  for (size_t k = 0; k < params.size(); ++k)  // a tensor-parallel cut reads its own elements
+    if (params[k]->value.defined())
+      read_range(reader, model, "", model.param_range(k), params[k]->value.data<float>());
 }
 
 }  // namespace tessel::train

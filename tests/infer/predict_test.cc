@@ -1,6 +1,7 @@
 // tessel predict end to end: the same output bytes on any number of workers, with a pipeline,
-// after a worker dies or stalls; a pipeline's logits equal one worker's to 1e-5, and a model over
-// the per-rank memory cap runs only split over stages; bad inputs and resumes fail clearly.
+// after a worker dies or stalls; a pipeline's and a tensor-parallel group's logits equal one
+// worker's to 1e-5, and a model over the per-rank memory cap runs only split over stages or a
+// tensor-parallel group; bad inputs and resumes fail clearly.
 #include <cmath>
 
 #include <nlohmann/json.hpp>
@@ -12,6 +13,7 @@
 #include "tessel/core/sha256.h"
 #include "tessel/infer/input.h"
 #include "tessel/infer/replica.h"
+#include "tessel/parallel/layout.h"
 
 namespace tessel::infer::testing {
 namespace {
@@ -44,6 +46,11 @@ TEST_F(Predict, SameBytesOnOneToFourWorkersAndAPipeline) {
   const std::string csv = slurp(path("1.csv"));
   EXPECT_EQ(csv.substr(0, csv.find('\n')), "row,class,top1_class,top1_prob,top2_class,top2_prob");
   EXPECT_TRUE(slurp(path("3.csv")) == csv);
+  // Tensor parallelism sums partial products in another order: every row, in order (the
+  // logits are compared to 1e-5 below).
+  const Result tp = predict("tp.jsonl", "--workers 4 --set tp.size=2 --set infer.chunk_rows=100");
+  ASSERT_EQ(tp.exit_code, 0) << tp.output;
+  expect_every_row_in_order(slurp(path("tp.jsonl")), kRows);
 }
 
 TEST_F(Predict, AKilledOrStalledWorkersChunksAreRerun) {
@@ -129,57 +136,74 @@ TEST_F(Predict, BadInputsAndResumesFailClearly) {
   ASSERT_EQ(predict("o.jsonl").exit_code, 0);
   expect_error(predict("o.jsonl", "--resume --set infer.chunk_rows=500"), "another job");
   expect_error(predict("o.jsonl", "--set pp.stages=3 --workers 2"), "pp.stages");
-  expect_error(predict("o.jsonl", "--set tp.size=2 --workers 2"), "set tp.size = 1");
+  expect_error(predict("o.jsonl", "--set tp.size=3 --workers 3"), "tp.size = 3");
 }
 
-// Rows 0-299 of the test images through a replica: one worker, or a pp.stages pipeline of
-// threads each under `limit_mb`. Returns the logits and each rank's peak bytes.
+// Rows 0-299 of the test images through a replica: one worker, or `stages` pipeline stages of
+// `tp` tensor-parallel threads each, every rank under `limit_mb`. Returns the logits (of every
+// last-stage rank: a tensor-parallel group's agree) and each rank's peak bytes.
 struct Forward {
-  Tensor logits;
+  std::vector<Tensor> logits;
   std::vector<int64_t> peak;
 };
-Forward forward(int stages, int64_t limit_mb) {
-  train::Config config =
-      train::load_config(TrainedMlp::config(),
-                         {"pp.stages=" + std::to_string(stages),
-                          "runtime.memory_limit_mb=" + std::to_string(limit_mb), "infer.batch=32"});
+Forward forward(int stages, int tp, int64_t limit_mb) {
+  train::Config config = train::load_config(
+      TrainedMlp::config(),
+      {"pp.stages=" + std::to_string(stages), "tp.size=" + std::to_string(tp),
+       "runtime.memory_limit_mb=" + std::to_string(limit_mb), "infer.batch=32"});
   const ModelInfo info = model_info(config, TrainedMlp::run_dir());
   const Rows rows = open_input(TrainedMlp::images(), info, config.data)->read(300);
-  Forward f{Tensor(), std::vector<int64_t>(static_cast<size_t>(stages))};
-  comm::run_threads(stages, [&](comm::Communicator& world) {
+  Forward f{std::vector<Tensor>(static_cast<size_t>(tp)),
+            std::vector<int64_t>(static_cast<size_t>(stages * tp))};
+  comm::run_threads(stages * tp, [&](comm::Communicator& world) {
     auto ledger = std::make_shared<MemoryLedger>(limit_mb << 20, "rank");
     {
       MemoryScope scope(ledger, MemCategory::kOther);
-      Replica replica(config, info, stages > 1 ? &world : nullptr);
+      parallel::Mesh mesh(world, parallel::Layout::resolve(config.parallel, world.size()));
+      Replica replica(config, info, stages > 1 ? &mesh.group(parallel::Axis::kPp) : nullptr,
+                      tp > 1 ? &mesh.group(parallel::Axis::kTp) : nullptr);
       Tensor out = replica.forward(rows.x, 300, 0);
-      if (replica.last_stage()) f.logits = out;
+      if (replica.last_stage()) f.logits[static_cast<size_t>(mesh.coord().tp)] = out;
     }
     f.peak[static_cast<size_t>(world.rank())] = ledger->peak_total();
   });
   return f;
 }
 
-TEST_F(Predict, PipelineLogitsEqualOneWorkersAndSplitAModelOverTheCap) {
-  const Forward one = forward(1, 0), two = forward(2, 0);
-  ASSERT_EQ(two.logits.shape(), one.logits.shape());
+double worst_difference(const Tensor& a, const Tensor& b) {
+  EXPECT_EQ(a.shape(), b.shape());
   double worst = 0;
-  for (int64_t i = 0; i < one.logits.numel(); ++i)
-    worst = std::max(worst, static_cast<double>(std::fabs(one.logits.data<float>()[i] -
-                                                          two.logits.data<float>()[i])));
-  EXPECT_LE(worst, 1e-5);
+  for (int64_t i = 0; i < a.numel(); ++i)
+    worst = std::max(worst, static_cast<double>(std::fabs(a.data<float>()[i] - b.data<float>()[i])));
+  return worst;
+}
+
+TEST_F(Predict, PipelineLogitsEqualOneWorkersAndSplitAModelOverTheCap) {
+  const Forward one = forward(1, 1, 0), two = forward(2, 1, 0);
+  EXPECT_LE(worst_difference(one.logits[0], two.logits[0]), 1e-5);
   // 2.7 MB of parameters: over a 2 MiB cap on one worker, under it on each of two stages.
   EXPECT_GT(one.peak[0], int64_t{2} << 20);
   try {
-    forward(1, 2);
+    forward(1, 1, 2);
     FAIL() << "the whole model fit under 2 MiB";
   } catch (const MemoryLimitError& e) {
     EXPECT_NE(std::string(e.what()).find("pp.stages"), std::string::npos) << e.what();
   }
-  const Forward split = forward(2, 2);
+  const Forward split = forward(2, 1, 2);
   for (int64_t peak : split.peak) EXPECT_LT(peak, int64_t{2} << 20);
-  EXPECT_TRUE(std::equal(split.logits.data<float>(),
-                         split.logits.data<float>() + split.logits.numel(),
-                         two.logits.data<float>()));
+  EXPECT_TRUE(std::equal(split.logits[0].data<float>(),
+                         split.logits[0].data<float>() + split.logits[0].numel(),
+                         two.logits[0].data<float>()));
+}
+
+TEST_F(Predict, TensorParallelLogitsEqualOneWorkersAndSplitAModelOverTheCap) {
+  const Forward one = forward(1, 1, 0);
+  for (const auto& [stages, tp] : {std::pair{1, 2}, std::pair{2, 2}}) {
+    const Forward cut = forward(stages, tp, 2);  // each rank's cut under 2 MiB
+    for (int64_t peak : cut.peak) EXPECT_LT(peak, int64_t{2} << 20);
+    for (const Tensor& logits : cut.logits)
+      EXPECT_LE(worst_difference(one.logits[0], logits), 1e-5) << "pp " << stages << " tp " << tp;
+  }
 }
 
 }  // namespace

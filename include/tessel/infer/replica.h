@@ -1,6 +1,6 @@
 // Replica: what one rank runs of a forward-only model -- the whole model (LocalExecutor) or its
-// stage of a pipeline (PipelineExecutor over the pp communicator). It holds the values of its
-// own blocks' parameters only, read from a checkpoint of any layout, and no gradients,
+// stage of a pipeline (PipelineExecutor over the pp communicator), either one cut over a
+// tensor-parallel group. It holds the values of its own blocks' parameters (its cut) only, read from a checkpoint of any layout, and no gradients,
 // optimizer state or activation caches (the executors' forward-only path passes no Cache).
 // Rows go through in batches of infer.batch rows, each a piece of pp.microbatches micro-batches
 // on a pipeline; the outputs land on the last stage. One per rank, used by its thread.
@@ -36,10 +36,12 @@ ModelInfo model_info(const train::Config& config, const std::string& checkpoint)
 
 class Replica {
  public:
-  // The model of info.checkpoint. pp: this rank's pipeline (null: the whole model here).
-  // Collective over pp. Throws MemoryLimitError (naming pp.stages) when this rank's part passes
-  // runtime.memory_limit_mb.
-  Replica(const train::Config& config, const ModelInfo& info, comm::Communicator* pp);
+  // The model of info.checkpoint. pp: this rank's pipeline (null: the whole model here); tp:
+  // its tensor-parallel group (null: none), whose ranks each hold their cut of every layer and
+  // run every row together. Collective over pp and tp. Throws MemoryLimitError (naming
+  // pp.stages and tp.size) when this rank's part passes runtime.memory_limit_mb.
+  Replica(const train::Config& config, const ModelInfo& info, comm::Communicator* pp,
+          comm::Communicator* tp);
   ~Replica();
   Replica(const Replica&) = delete;
   Replica& operator=(const Replica&) = delete;
@@ -59,6 +61,7 @@ class Replica {
   void load(const ckpt::CheckpointReader& checkpoint);
 
   const train::Config& config_;
+  std::unique_ptr<nn::TensorParallel> tp_;
   std::unique_ptr<nn::Model> model_;
   std::unique_ptr<parallel::Executor> executor_;
   int stage_ = 0, stages_ = 1;

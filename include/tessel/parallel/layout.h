@@ -1,15 +1,17 @@
 // Layout: how the world's ranks are arranged, as a mesh over named axes. Training ranks form a
 // grid dp x pp x tp with tp fastest: rank = (dp_index * pp + pp_index) * tp + tp_index, so a
-// pipeline's stages are neighbours (tp is 1 until tensor parallelism lands). With a parameter
+// pipeline's tensor-parallel ranks are neighbours. With a parameter
 // server the last ps.servers ranks are servers and every other rank is a worker (a dp axis of
 // workers, no pipeline). Mesh adds this rank's communicators: one per axis (the ranks that
 // differ from it only along that axis) and one over every training rank. Pure arithmetic in
 // Layout; Mesh is collective to build (every rank of the world builds its own).
 #pragma once
 
+#include <memory>
 #include <string>
 
 #include "tessel/comm/communicator.h"
+#include "tessel/nn/tensor_parallel.h"
 #include "tessel/parallel/spec.h"
 
 namespace tessel::parallel {
@@ -59,5 +61,9 @@ class Mesh {
   Layout layout_;
   comm::Communicator dp_, pp_, tp_, workers_;
 };
+
+// The tensor-parallel collectives that cut layers call, over a mesh's tp communicator (which
+// must outlive it); tp.sequence_parallel: `sequence`.
+std::unique_ptr<nn::TensorParallel> make_tensor_parallel(comm::Communicator& tp, bool sequence);
 
 }  // namespace tessel::parallel

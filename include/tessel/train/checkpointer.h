@@ -38,7 +38,7 @@ class Checkpointer {
   // communication). trainer_json counts from rank 0 only.
   void snapshot(Snapshots& snapshots, int64_t step, const std::string& trainer_json);
   // The weights (only) of an opened checkpoint into the model's bound parameter values: all of
-  // a materialized model, or the blocks a pipeline stage holds.
+  // a materialized model, or the blocks a pipeline stage holds, each its tensor-parallel cut.
   static void load_weights(const ckpt::CheckpointReader& reader, nn::Model& model);
 
  private:

@@ -12,6 +12,7 @@
 //                kept apart and summed exactly at the step (exact_sum.h); the full reduced
 //                gradient stays in an arena, and the norm is summed block by block so that
 //                every layout gives the same bits.
+// Ranks of one host sum their arenas in shared memory instead (shared_memory_step.h).
 // In train.precision bf16 | fp16 the gradients stay f32 where they accumulate (a token table sums
 // thousands of rows: 16-bit sums would lose the small ones), while the buckets of ArenaSync and
 // ShardSync travel as 16-bit messages (half the bytes), rounded at launch and widened back

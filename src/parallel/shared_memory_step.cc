@@ -8,59 +8,56 @@
 #include "tessel/core/clock.h"
 
 namespace tessel::parallel {
+namespace {
 
-std::unique_ptr<SharedMemoryStep> SharedMemoryStep::make(nn::Model& model, const Units& units,
-                                                         comm::Communicator& dp,
-                                                         comm::Communicator& workers,
-                                                         uint64_t seed) {
-  // Each part a whole number of 64-byte lines, so every part stays aligned.
-  const size_t bytes = static_cast<size_t>((units.span.size() + 15) / 16 * 16) * sizeof(float);
-  std::shared_ptr<void> block = dp.shared_memory(bytes * static_cast<size_t>(1 + dp.size()));
+// A tensor over shared memory p (kept alive by block).
+Tensor view(float* p, int64_t n, const std::shared_ptr<void>& block) {
+  Tensor t = Tensor::empty({std::max<int64_t>(n, 1)});
+  t.storage().rebind(p, block);
+  return t;
+}
+
+}  // namespace
+
+// ---- SharedGradSync ----
+
+size_t SharedGradSync::arena_bytes(const Units& units) {
+  return static_cast<size_t>((units.span.size() + 15) / 16 * 16) * sizeof(float);
+}
+
+std::unique_ptr<SharedGradSync> SharedGradSync::make(nn::Model& model, const Units& units,
+                                                     comm::Communicator& dp,
+                                                     comm::Communicator& workers) {
+  std::shared_ptr<void> block =
+      dp.shared_memory(arena_bytes(units) * static_cast<size_t>(dp.size()));
   if (!block) return nullptr;  // ranks on several hosts: messages
-  auto step = std::unique_ptr<SharedMemoryStep>(new SharedMemoryStep(units, dp, workers, block));
-  // Layout: [parameters][gradients of rank 0]...[gradients of rank n-1].
-  char* base = static_cast<char*>(block.get());
-  step->params_ = reinterpret_cast<float*>(base);
+  return std::unique_ptr<SharedGradSync>(
+      new SharedGradSync(model, units, dp, workers, std::move(block), 0, true));
+}
+
+SharedGradSync::SharedGradSync(nn::Model& model, const Units& units, comm::Communicator& dp,
+                               comm::Communicator& workers, std::shared_ptr<void> block,
+                               size_t at, bool whole)
+    : units_(units), dp_(dp), workers_(workers), block_(std::move(block)), whole_(whole) {
+  const size_t bytes = arena_bytes(units);
+  char* base = static_cast<char*>(block_.get()) + at;
   for (int r = 0; r < dp.size(); ++r)
-    step->rank_grads_.push_back(reinterpret_cast<float*>(base + bytes * static_cast<size_t>(1 + r)));
-  if (dp.rank() == 0)
-    for (const Unit& u : units.list) model.init_values(step->values(u.range), u.range, seed);
-  auto view = [&](float* p) {  // a tensor over the block's memory
-    Tensor t = Tensor::empty({std::max<int64_t>(units.span.size(), 1)});
-    t.storage().rebind(p, block);
-    return t;
-  };
-  model.bind_values(units.span, view(step->params_));
-  model.bind_grads(units.span, view(step->rank_grads_[static_cast<size_t>(dp.rank())]));
-  // This rank's share of the block: the parameters are held once by the host's ranks.
-  if ((step->ledger_ = current_ledger())) {
-    step->charged_params_ = static_cast<int64_t>(bytes) / dp.size();
-    step->charged_grads_ = static_cast<int64_t>(bytes);
-    step->ledger_->charge(MemCategory::kParameters, step->charged_params_);
-    step->ledger_->charge(MemCategory::kGradients, step->charged_grads_);
-  }
-  step->sync_ranks();  // rank 0's initial values are in place before anyone reads them
-  return step;
-}
-
-SharedMemoryStep::SharedMemoryStep(const Units& units, comm::Communicator& dp,
-                                   comm::Communicator& workers, std::shared_ptr<void> block)
-    : units_(units), dp_(dp), workers_(workers), block_(std::move(block)) {
-  for (const Unit& u : units.list) {
-    held_.push_back(u.range);
-    if (!units.own(u).empty()) owned_.push_back(units.own(u));
-  }
-  update_ = owned_;
-}
-
-SharedMemoryStep::~SharedMemoryStep() {
-  if (ledger_) {
-    ledger_->release(MemCategory::kParameters, charged_params_);
-    ledger_->release(MemCategory::kGradients, charged_grads_);
+    rank_grads_.push_back(reinterpret_cast<float*>(base + bytes * static_cast<size_t>(r)));
+  for (const Unit& u : units.list)
+    if (!units.own(u).empty()) pieces_.push_back(units.own(u));
+  model.bind_grads(units.span,
+                   view(rank_grads_[static_cast<size_t>(dp.rank())], units.span.size(), block_));
+  if ((ledger_ = current_ledger())) {  // this rank's arena
+    charged_grads_ = static_cast<int64_t>(bytes);
+    ledger_->charge(MemCategory::kGradients, charged_grads_);
   }
 }
 
-void SharedMemoryStep::sync_ranks() {
+SharedGradSync::~SharedGradSync() {
+  if (ledger_) ledger_->release(MemCategory::kGradients, charged_grads_);
+}
+
+void SharedGradSync::sync_ranks() {
   const double t0 = now_seconds();
   std::atomic_thread_fence(std::memory_order_seq_cst);  // mpi: other processes read our stores
   dp_.barrier();
@@ -68,34 +65,83 @@ void SharedMemoryStep::sync_ranks() {
   barrier_s_ += now_seconds() - t0;
 }
 
-void SharedMemoryStep::reduce() {
-  sync_ranks();  // every rank's gradient is complete (and nobody reads parameters any more)
+void SharedGradSync::reduce() {
+  sync_ranks();  // every rank's gradient is complete
   const double t0 = now_seconds();
-  float* own = rank_grads_[static_cast<size_t>(dp_.rank())] - units_.span.lo;
+  const size_t me = static_cast<size_t>(dp_.rank()), n = rank_grads_.size();
+  float* own = rank_grads_[me] - units_.span.lo;
   constexpr int64_t kChunk = 4096;  // stays in L1 while every rank's part is added
-  for (const nn::Range& piece : owned_)
+  for (const nn::Range& piece : pieces_)
     for (int64_t lo = piece.lo; lo < piece.hi; lo += kChunk) {
       const int64_t hi = std::min(piece.hi, lo + kChunk);
-      for (int r = 0; r < dp_.size(); ++r) {
-        if (r == dp_.rank()) continue;
-        const float* __restrict src = rank_grads_[static_cast<size_t>(r)] - units_.span.lo;
+      for (size_t r = 0; r < n; ++r) {
+        if (r == me) continue;
+        const float* __restrict src = rank_grads_[r] - units_.span.lo;
         float* __restrict dst = own;
         for (int64_t i = lo; i < hi; ++i) dst[i] += src[i];
       }
-      bytes_ += 4.0 * static_cast<double>((hi - lo) * (dp_.size() - 1));
+      for (size_t r = 0; r < n && whole_; ++r)  // stage 0: the sum into every arena
+        if (r != me)
+          std::memcpy(rank_grads_[r] - units_.span.lo + lo, own + lo,
+                      static_cast<size_t>(hi - lo) * sizeof(float));
+      bytes_ += 4.0 * static_cast<double>((hi - lo) * static_cast<int64_t>(n - 1) * (whole_ ? 2 : 1));
     }
   reduce_s_ += now_seconds() - t0;
+  if (whole_) sync_ranks();  // every piece's sum is in every arena
 }
 
-double SharedMemoryStep::sq_norm() { return pieces_sq_norm(units_, *this, &workers_); }
+double SharedGradSync::sq_norm() { return pieces_sq_norm(units_, *this, &workers_); }
 
-float* SharedMemoryStep::grads(nn::Range r) {
+float* SharedGradSync::grads(nn::Range r) {
   return rank_grads_[static_cast<size_t>(dp_.rank())] + (r.lo - units_.span.lo);
 }
 
-void SharedMemoryStep::clear() {
+void SharedGradSync::clear() {
   std::memset(rank_grads_[static_cast<size_t>(dp_.rank())], 0,
               static_cast<size_t>(units_.span.size()) * sizeof(float));
+}
+
+void SharedGradSync::take_stats(RankStats& s) {
+  s.comm_exposed_s += reduce_s_ + barrier_s_;
+  s.comm_bytes += bytes_;
+  reduce_s_ = barrier_s_ = bytes_ = 0;
+}
+
+// ---- SharedMemoryStep ----
+
+std::unique_ptr<SharedMemoryStep> SharedMemoryStep::make(nn::Model& model, const Units& units,
+                                                         comm::Communicator& dp,
+                                                         comm::Communicator& workers,
+                                                         uint64_t seed) {
+  // Layout: [parameters][gradients of rank 0]...[gradients of rank n-1].
+  std::shared_ptr<void> block =
+      dp.shared_memory(arena_bytes(units) * static_cast<size_t>(1 + dp.size()));
+  if (!block) return nullptr;  // ranks on several hosts: messages
+  auto step = std::unique_ptr<SharedMemoryStep>(
+      new SharedMemoryStep(model, units, dp, workers, std::move(block)));
+  if (dp.rank() == 0)
+    for (const Unit& u : units.list) model.init_values(step->values(u.range), u.range, seed);
+  model.bind_values(units.span, view(step->params_, units.span.size(), step->block_));
+  step->sync_ranks();  // rank 0's initial values are in place before anyone reads them
+  return step;
+}
+
+SharedMemoryStep::SharedMemoryStep(nn::Model& model, const Units& units, comm::Communicator& dp,
+                                   comm::Communicator& workers, std::shared_ptr<void> block)
+    : SharedGradSync(model, units, dp, workers, block, arena_bytes(units), false),
+      params_(static_cast<float*>(block.get())) {
+  held_ = {};
+  for (const Unit& u : units.list) held_.push_back(u.range);
+  owned_ = update_ = pieces_;
+  // This rank's share of the parameters, held once by the host's ranks.
+  if (ledger_) {
+    charged_params_ = static_cast<int64_t>(arena_bytes(units)) / dp.size();
+    ledger_->charge(MemCategory::kParameters, charged_params_);
+  }
+}
+
+SharedMemoryStep::~SharedMemoryStep() {
+  if (ledger_) ledger_->release(MemCategory::kParameters, charged_params_);
 }
 
 float* SharedMemoryStep::values(nn::Range r) { return params_ + (r.lo - units_.span.lo); }
@@ -113,10 +159,9 @@ void SharedMemoryStep::copy_values(nn::Range r, float* dst) {
 }
 
 void SharedMemoryStep::take_stats(RankStats& s) {
-  s.comm_exposed_s += reduce_s_ + barrier_s_;
+  SharedGradSync::take_stats(s);
   s.optimizer_s += optimizer_s_;
-  s.comm_bytes += bytes_;
-  reduce_s_ = barrier_s_ = optimizer_s_ = bytes_ = 0;
+  optimizer_s_ = 0;
 }
 
 }  // namespace tessel::parallel

@@ -1,10 +1,15 @@
-// SharedMemoryStep: ZeRO-1 among ranks that share one host's memory (threads, or mpi ranks on
-// one host: Communicator::shared_memory). The ranks keep ONE copy of the parameters in shared
-// memory and each rank's gradient arena beside it, so a step moves no messages at all:
-// barrier (every backward is done), each rank sums its pieces of every rank's gradient straight
-// from their memory, updates its pieces of the shared parameters (its optimizer state is 1/N),
-// barrier (the next forward sees the whole new model). It is both the gradient sync and the
-// parameter store of such a layout. Internal to the parallel area.
+// Data parallelism among ranks that share one host's memory (threads, or mpi ranks on one host:
+// Communicator::shared_memory): every rank's gradient arena lives in one shared block, so the
+// gradient sum moves no messages at all.
+//   SharedGradSync   zero.stage 0: barrier (every backward is done); each rank sums its pieces
+//                    of every unit straight from the other ranks' arenas and writes the sum
+//                    into every arena; barrier: each arena holds the whole reduced gradient.
+//                    One rank computes each element's sum, so the replicas stay identical.
+//   SharedMemoryStep zero.stage 1: the ranks keep ONE copy of the parameters in the block too;
+//                    each rank sums its pieces into its own arena, updates its pieces of the
+//                    shared parameters (its optimizer state is 1/N), barrier (the next forward
+//                    sees the whole new model). Both the gradient sync and the parameter store.
+// Internal to the parallel area.
 #pragma once
 
 #include <memory>
@@ -16,39 +21,61 @@
 
 namespace tessel::parallel {
 
-class SharedMemoryStep final : public GradSync, public ParamStore {
+class SharedGradSync : public GradSync {
  public:
-  // Collective over dp. Returns null when the ranks do not share a host (then use messages).
-  static std::unique_ptr<SharedMemoryStep> make(nn::Model& model, const Units& units,
-                                                comm::Communicator& dp,
-                                                comm::Communicator& workers, uint64_t seed);
-  ~SharedMemoryStep() override;
+  // zero.stage 0. Collective over dp. Returns null when the ranks do not share a host (then
+  // use messages).
+  static std::unique_ptr<SharedGradSync> make(nn::Model& model, const Units& units,
+                                              comm::Communicator& dp,
+                                              comm::Communicator& workers);
+  ~SharedGradSync() override;
 
-  // GradSync
   void reduce() override;
   double sq_norm() override;
   float* grads(nn::Range r) override;
   void clear() override;
-  // ParamStore
-  void update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync) override;
-  float* values(nn::Range r) override;
-  void copy_values(nn::Range r, float* dst) override;
   void take_stats(RankStats& s) override;
 
- private:
-  SharedMemoryStep(const Units& units, comm::Communicator& dp, comm::Communicator& workers,
-                   std::shared_ptr<void> block);
+ protected:
+  // One arena: the units' span in whole 64-byte lines, so every part of a block stays aligned.
+  static size_t arena_bytes(const Units& units);
+  // The arenas start `at` bytes into the block. whole: every arena gets the whole sum (stage 0).
+  SharedGradSync(nn::Model& model, const Units& units, comm::Communicator& dp,
+                 comm::Communicator& workers, std::shared_ptr<void> block, size_t at, bool whole);
   void sync_ranks();  // fence + barrier
 
   const Units& units_;
   comm::Communicator& dp_;
   comm::Communicator& workers_;
   std::shared_ptr<void> block_;
-  float* params_ = nullptr;
   std::vector<float*> rank_grads_;  // every rank's gradient arena in the block
+  std::vector<nn::Range> pieces_;   // this rank's pieces
+  bool whole_;
   std::shared_ptr<MemoryLedger> ledger_;
-  int64_t charged_params_ = 0, charged_grads_ = 0;
-  double reduce_s_ = 0, barrier_s_ = 0, optimizer_s_ = 0, bytes_ = 0;
+  int64_t charged_grads_ = 0;
+  double reduce_s_ = 0, barrier_s_ = 0, bytes_ = 0;
+};
+
+class SharedMemoryStep final : public SharedGradSync, public ParamStore {
+ public:
+  // zero.stage 1. Collective over dp. Returns null when the ranks do not share a host.
+  static std::unique_ptr<SharedMemoryStep> make(nn::Model& model, const Units& units,
+                                                comm::Communicator& dp,
+                                                comm::Communicator& workers, uint64_t seed);
+  ~SharedMemoryStep() override;
+
+  void update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync) override;
+  float* values(nn::Range r) override;
+  void copy_values(nn::Range r, float* dst) override;
+  void take_stats(RankStats& s) override;
+
+ private:
+  SharedMemoryStep(nn::Model& model, const Units& units, comm::Communicator& dp,
+                   comm::Communicator& workers, std::shared_ptr<void> block);
+
+  float* params_ = nullptr;
+  int64_t charged_params_ = 0;
+  double optimizer_s_ = 0;
 };
 
 }  // namespace tessel::parallel

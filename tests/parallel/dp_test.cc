@@ -35,14 +35,15 @@ double comm_bytes(const nlohmann::json& summary) {
 
 TEST(DataParallel, MatchesSingleRankAfterTwentySteps) {
   // Dropout and momentum: the masks and the optimizer state must not depend on the split.
-  // All-reduced buckets on the progress thread and on the compute thread; ZeRO-1 in shared
-  // memory and by reduce-scatter + all-gather messages.
-  const std::vector<std::vector<std::string>> variants = {
-      {"zero.stage=0", "ddp.overlap=on"},
-      {"zero.stage=0", "ddp.overlap=off"},
-      {"zero.stage=1", "ddp.shared_memory=true"},
-      {"zero.stage=1", "ddp.shared_memory=false", "ddp.overlap=on"}};
-  for (const auto& v : variants) {
+  // All-reduced buckets on the progress thread and on the compute thread, or summed in shared
+  // memory; ZeRO-1 in shared memory and by reduce-scatter + all-gather messages.
+  const std::vector<std::pair<std::string, std::vector<std::string>>> variants = {
+      {"allreduce", {"zero.stage=0", "ddp.overlap=on"}},
+      {"allreduce", {"zero.stage=0", "ddp.overlap=off", "ddp.shared_memory=false"}},
+      {"shared_memory", {"zero.stage=0", "ddp.overlap=off"}},
+      {"shared_memory", {"zero.stage=1", "ddp.shared_memory=true"}},
+      {"reduce_scatter", {"zero.stage=1", "ddp.shared_memory=false", "ddp.overlap=on"}}};
+  for (const auto& [sync, v] : variants) {
     std::vector<std::string> keys = {"model.dropout=0.2", "ddp.bucket_mb=0.001"};
     keys.insert(keys.end(), v.begin(), v.end());
     const train::Config cfg = small_config("mlp", keys);
@@ -52,6 +53,7 @@ TEST(DataParallel, MatchesSingleRankAfterTwentySteps) {
       const auto multi = train_on(cfg, w);
       ASSERT_EQ(multi.params.size(), single.params.size());
       EXPECT_LT(max_rel_diff(single.params, multi.params), 1e-5) << w << " workers, " << v[0] << " " << v[1];
+      EXPECT_EQ(multi.summary["engine"]["grad_sync"], sync) << v[0] << " " << v[1];
       EXPECT_EQ(multi.summary["world_size"], w);
       EXPECT_EQ(multi.summary["layout"], "dp=" + std::to_string(w));
       EXPECT_GT(comm_bytes(multi.summary), 0);

@@ -2,7 +2,7 @@
 # Data parallel under mpirun (one rank per process):
 #  1. deterministic mode gives the same params_sha256 on 1 rank and on 2, 3, 4 and 6 MPI ranks
 #     (a batch of 24 rows in 12 micro-shards of 2), at every ZeRO stage on 2, 3 and 4 ranks;
-#  2. ZeRO-1 in an MPI shared-memory window equals the threads one;
+#  2. zero.stage 0 and 1 in an MPI shared-memory window equal the threads ones;
 #  3. killing one rank's process ends the whole job, naming the lost rank, well within the
 #     communication deadline (no hang).
 # Usage: mpi_dp_test.sh TESSEL_BINARY SOURCE_DIR
@@ -38,28 +38,34 @@ for stage in 1 2 3; do
   echo "ok: deterministic mode, zero.stage=$stage on 2, 3 and 4 MPI ranks = 1 rank"
 done
 
-# ZeRO-1 among ranks of one host runs in an MPI shared-memory window: 2 MPI ranks give
-# the same bits as 2 thread ranks (both sum each shard in rank order), and the message path
-# (ddp.shared_memory=false) trains the same model.
-plain=(train "$src/examples/spiral.toml" --quiet --set train.epochs=4 --set zero.stage=1)
-"$tessel" "${plain[@]}" --workers 2 --run-dir "$tmp/threads2" > /dev/null
-$mpirun -np 2 "$tessel" "${plain[@]}" --run-dir "$tmp/shm2" > "$tmp/shm.out" 2>&1 ||
-  { cat "$tmp/shm.out"; exit 1; }
-grep -q '"grad_sync": "shared_memory"' "$tmp/shm2/summary.json" ||
-  { echo "FAIL: 2 MPI ranks on one host did not use shared memory"; exit 1; }
-if [ "$(sha "$tmp/threads2")" != "$(sha "$tmp/shm2")" ]; then
-  echo "FAIL: params_sha256 differs between 2 thread ranks and 2 MPI ranks in shared memory"; exit 1
-fi
-$mpirun -np 2 "$tessel" "${plain[@]}" --set ddp.shared_memory=false --run-dir "$tmp/msg2" \
-  > "$tmp/msg.out" 2>&1 || { cat "$tmp/msg.out"; exit 1; }
-grep -q '"grad_sync": "reduce_scatter"' "$tmp/msg2/summary.json" || { echo "FAIL: messages"; exit 1; }
+# Among ranks of one host zero.stage 0 and 1 sum the gradients in an MPI shared-memory window:
+# 2 MPI ranks give the same bits as 2 thread ranks (both sum each piece in rank order), and the
+# message path (ddp.shared_memory=false) trains the same model.
 acc() { grep -o '"test_accuracy": *[0-9.e-]*' "$1/summary.json" | grep -o '[0-9.e-]*$'; }
-python3 - "$(acc "$tmp/shm2")" "$(acc "$tmp/msg2")" <<'EOP' || { echo "FAIL: accuracies differ"; exit 1; }
+for stage in 0 1; do
+  plain=(train "$src/examples/spiral.toml" --quiet --set train.epochs=4 --set zero.stage=$stage)
+  "$tessel" "${plain[@]}" --workers 2 --run-dir "$tmp/threads2_$stage" > /dev/null
+  $mpirun -np 2 "$tessel" "${plain[@]}" --run-dir "$tmp/shm2_$stage" > "$tmp/shm.out" 2>&1 ||
+    { cat "$tmp/shm.out"; exit 1; }
+  grep -q '"grad_sync": "shared_memory"' "$tmp/shm2_$stage/summary.json" ||
+    { echo "FAIL: zero.stage=$stage, 2 MPI ranks on one host did not use shared memory"; exit 1; }
+  if [ "$(sha "$tmp/threads2_$stage")" != "$(sha "$tmp/shm2_$stage")" ]; then
+    echo "FAIL: zero.stage=$stage, params_sha256 differs between 2 thread ranks and 2 MPI ranks"
+    exit 1
+  fi
+  $mpirun -np 2 "$tessel" "${plain[@]}" --set ddp.shared_memory=false \
+    --run-dir "$tmp/msg2_$stage" > "$tmp/msg.out" 2>&1 || { cat "$tmp/msg.out"; exit 1; }
+  want=$([ "$stage" = 0 ] && echo allreduce || echo reduce_scatter)
+  grep -q "\"grad_sync\": \"$want\"" "$tmp/msg2_$stage/summary.json" ||
+    { echo "FAIL: zero.stage=$stage by messages is not $want"; exit 1; }
+  python3 - "$(acc "$tmp/shm2_$stage")" "$(acc "$tmp/msg2_$stage")" <<'EOP' ||
 import sys
 a, b = map(float, sys.argv[1:])
 sys.exit(0 if abs(a - b) < 0.02 else 1)
 EOP
-echo "ok: ZeRO-1, 2 MPI ranks in shared memory = 2 threads; by messages: same accuracy"
+    { echo "FAIL: zero.stage=$stage, accuracies differ"; exit 1; }
+  echo "ok: zero.stage=$stage, 2 MPI ranks in shared memory = 2 threads; by messages: same accuracy"
+done
 
 # Rank 1 kills itself after 2 s of a long run; the job must end soon, naming the lost rank.
 cat > "$tmp/victim.sh" <<EOS
@@ -82,4 +88,4 @@ if ! grep -qiE "rank 1|rank: 1|from rank 1|peer 1" "$tmp/killed.out"; then
   cat "$tmp/killed.out"; echo "FAIL: the output does not name the lost rank 1"; exit 1
 fi
 echo "ok: a killed rank ended the job in ${elapsed}s (exit $rc), naming rank 1"
-echo "2 passed, 0 failed"
+echo "3 passed, 0 failed"

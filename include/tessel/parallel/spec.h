@@ -20,8 +20,9 @@ struct ParallelSpec {
   // machine has a spare core per rank for the progress threads.
   std::string overlap = "auto";
   int64_t check_every = 200;  // steps between cross-rank parameter checks (0 = off)
-  // ZeRO-1 among ranks of one host: one parameter copy in shared memory and gradients read
-  // from each other's memory (no messages). false: reduce-scatter + all-gather messages.
+  // Ranks of one host read each other's gradients from shared memory (no messages); ZeRO-1
+  // also keeps one parameter copy there. false: all-reduce or reduce-scatter + all-gather
+  // messages.
   bool shared_memory = true;
   bool deterministic = false;  // train.deterministic: bit-identical results for any worker count
   int64_t micro_shard = 8;     // rows per fixed micro-shard in deterministic mode

@@ -1,7 +1,8 @@
 // Replica: what one rank runs of a forward-only model -- the whole model (LocalExecutor) or its
 // stage of a pipeline (PipelineExecutor over the pp communicator), either one cut over a
-// tensor-parallel group. It holds the values of its own blocks' parameters (its cut) only, read from a checkpoint of any layout, and no gradients,
-// optimizer state or activation caches (the executors' forward-only path passes no Cache).
+// tensor-parallel group. It holds the values of its own blocks' parameters (its cut) only,
+// read from a checkpoint of any layout, and no gradients, optimizer state or activation caches
+// (the executors' forward-only path passes no Cache).
 // Rows go through in batches of infer.batch rows, each a piece of pp.microbatches micro-batches
 // on a pipeline; the outputs land on the last stage. One per rank, used by its thread.
 #pragma once

@@ -192,7 +192,7 @@ def trial_kill(tessel, tmp, reference, epochs):
     proc = start(args)
     pids = wait_ranks(run, 4, proc)
     victim = random.randrange(4)
-    time.sleep(random.uniform(0.2, 1.5))  # the run takes 2-4 s here
+    time.sleep(random.uniform(0.2, 1.5))  # the run takes 3-6 s here (2026-11-25)
     killed = proc.poll() is None and os.path.exists(f"/proc/{pids[victim]}")
     if killed:
         os.kill(pids[victim], signal.SIGKILL)
@@ -240,7 +240,7 @@ def main():
     a = ap.parse_args()
     tessel, only = os.path.abspath(a.tessel), a.only.split(",")
     tmp = tempfile.mkdtemp(prefix="tessel_faults_")
-    epochs = 40  # 480 steps of 24 rows
+    epochs = 160  # 1,920 steps of 24 rows: a few seconds on 4 ranks, so a signal lands mid-run
     try:
         ref = os.path.join(tmp, "reference")
         subprocess.run([tessel] + BASE + ["--set", f"train.epochs={epochs}", "--run-dir", ref],
@@ -252,18 +252,19 @@ def main():
                 ok &= run_scenario(f"fail np={np_}", a.trials,
                                    lambda: trial_fail(tessel, tmp, np_, epochs))
         if "stop" in only:
-            for np_ in (2, 3, 4):
+            for np_ in (2, 3, 4):  # long enough to be running when the stop lands (0.5-1.5 s in;
+                # 400 epochs took 1.4 s on 4 ranks on 2026-11-25)
                 ok &= run_scenario(f"stop np={np_}", a.trials,
-                                   lambda: trial_stop_mpi(tessel, tmp, np_, 400))
+                                   lambda: trial_stop_mpi(tessel, tmp, np_, 2000))
             ok &= run_scenario("stop threads", a.trials,
                                lambda: trial_stop_threads(tessel, tmp, epochs))
         if "term" in only:  # long enough not to end before the signal
             ref_long = os.path.join(tmp, "reference_long")
-            subprocess.run([tessel] + BASE + ["--set", "train.epochs=150", "--run-dir", ref_long],
+            subprocess.run([tessel] + BASE + ["--set", "train.epochs=600", "--run-dir", ref_long],
                            check=True, capture_output=True)
             for launch in (True, False):
                 ok &= run_scenario("term launch" if launch else "usr1 mpirun", a.trials,
-                                   lambda: trial_term(tessel, tmp, sha(ref_long), 150, launch))
+                                   lambda: trial_term(tessel, tmp, sha(ref_long), 600, launch))
         if "kill" in only:
             ok &= run_scenario("kill", 2 * a.trials,
                                lambda: trial_kill(tessel, tmp, reference, epochs))

@@ -7,15 +7,10 @@
 #  4. the hostfile launch of docs/multihost.md, over TCP on the loopback interface as between
 #     hosts, trains the same model as threads.
 # Usage: mpi_everyday_test.sh TESSEL_BINARY SOURCE_DIR
-set -euo pipefail
-tessel=$1
-src=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-mpirun="mpirun --allow-run-as-root --oversubscribe -np 2"
+source "$(dirname "$0")/../mpi_test_common.sh" "$@"
+mpirun="$mpirun -np 2"
 args=(train "$src/examples/spiral.toml" --quiet --set train.epochs=3 --set model.dropout=0.1
       --set schedule.kind=cosine --set optim.momentum=0.9)
-sha() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["params_sha256"])' "$1/summary.json"; }
 mpi() { $mpirun "$tessel" "$@" > "$tmp/out" 2>&1 || { cat "$tmp/out"; exit 1; }; }
 
 mpi "${args[@]}" --set train.max_steps=17 --run-dir "$tmp/full"

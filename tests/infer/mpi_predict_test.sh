@@ -7,12 +7,7 @@
 #  3. predict restarts itself on a huge-page heap (where the kernel gives transparent huge pages
 #     on request) and writes the bytes of a run told not to (GLIBC_TUNABLES set by the user).
 # Usage: mpi_predict_test.sh TESSEL_BINARY SOURCE_DIR
-set -euo pipefail
-tessel=$1
-src=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-mpirun="mpirun --allow-run-as-root --oversubscribe"
+source "$(dirname "$0")/../mpi_test_common.sh" "$@"
 cfg=(--set model.hidden=[64] --set train.max_steps=3 --set infer.chunk_rows=500
      --set infer.commit_every_s=0)
 "$tessel" train "$src/examples/fashion_mlp.toml" --quiet "${cfg[@]}" --run-dir "$tmp/run" > /dev/null

@@ -6,17 +6,11 @@
 #  3. killing one rank's process ends the whole job, naming the lost rank, well within the
 #     communication deadline (no hang).
 # Usage: mpi_dp_test.sh TESSEL_BINARY SOURCE_DIR
-set -euo pipefail
-tessel=$1
-src=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-mpirun="mpirun --allow-run-as-root --oversubscribe"
+source "$(dirname "$0")/../mpi_test_common.sh" "$@"
 args=(train "$src/examples/spiral.toml" --quiet --set train.deterministic=true
       --set train.batch=24 --set train.drop_last=true --set ddp.micro_shard=2
       --set train.epochs=8 --set model.dropout=0.1)
 
-sha() { grep -o '"params_sha256": *"[0-9a-f]*"' "$1/summary.json" | grep -o '[0-9a-f]\{64\}'; }
 "$tessel" "${args[@]}" --run-dir "$tmp/one" > /dev/null
 for np in 2 3 4 6; do
   $mpirun -np $np "$tessel" "${args[@]}" --run-dir "$tmp/mpi$np" > "$tmp/out$np" 2>&1 ||

@@ -6,14 +6,8 @@
 #  3. async and ssp parameter servers (1 server x 2 workers) hand out every batch exactly once;
 #  4. dp 2 x pp 2 x tp 2 (sequence parallel) on char_gpt: 8 MPI ranks = 8 threads.
 # Usage: mpi_layouts_test.sh TESSEL_BINARY SOURCE_DIR
-set -euo pipefail
-tessel=$1
-src=$2
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-mpirun="mpirun --allow-run-as-root --oversubscribe"
+source "$(dirname "$0")/../mpi_test_common.sh" "$@"
 base=(train "$src/examples/spiral.toml" --quiet --set train.epochs=4 --set model.dropout=0.1)
-sha() { grep -o '"params_sha256": *"[0-9a-f]*"' "$1/summary.json" | grep -o '[0-9a-f]\{64\}'; }
 layout() { grep -o '"layout": *"[^"]*"' "$1/summary.json" | cut -d'"' -f4; }
 
 det=(--set train.deterministic=true --set train.batch=24 --set train.drop_last=true

@@ -255,7 +255,10 @@ nlohmann::json Engine::tp_counters() const {
 }
 
 void Engine::start() {
-  if (store_) store_->refresh_working(true);  // the masters may have been restored
+  if (store_) {
+    store_->before_start();
+    store_->refresh_working(true);  // the masters may have been restored
+  }
   if (pipeline_) pipeline_->start(*store_);
   if (replicated_) replicated_->check_replicas(0);
 }

@@ -85,7 +85,7 @@ std::vector<float> Engine::compression_state() {
 
 StateView Engine::state() {
   StateView view = ps_ ? ps_->state()
-                       : StateView{store_->owned(), store_->held(), store_->update_ranges(),
+                       : StateView{store_->owned(), store_->loaded(), store_->update_ranges(),
                                    [this](nn::Range r) { return store_->values(r); },
                                    optimizer_.get(),
                                    [this](nn::Range r) { return store_->state_offset(r); }, {}};

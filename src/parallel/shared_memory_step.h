@@ -65,6 +65,9 @@ class SharedMemoryStep final : public SharedGradSync, public ParamStore {
   ~SharedMemoryStep() override;
 
   void update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync) override;
+  // A restore loads this rank's pieces into the shared copy; start waits for every rank's.
+  const std::vector<nn::Range>& loaded() const override { return pieces_; }
+  void before_start() override { sync_ranks(); }
   float* values(nn::Range r) override;
   void copy_values(nn::Range r, float* dst) override;
   void take_stats(RankStats& s) override;

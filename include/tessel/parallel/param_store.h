@@ -33,7 +33,12 @@ class ParamStore {
 
   const std::vector<nn::Range>& update_ranges() const { return update_; }  // optimizer order
   const std::vector<nn::Range>& owned() const { return owned_; }  // written to checkpoints
-  const std::vector<nn::Range>& held() const { return held_; }    // values held (restored)
+  const std::vector<nn::Range>& held() const { return held_; }    // values held
+  // The values this rank reads from a checkpoint: held(), except where a host's ranks share one
+  // copy (each then loads its own pieces, and before_start() waits for the others').
+  virtual const std::vector<nn::Range>& loaded() const { return held_; }
+  // Before the first forward, after any restore (collective over the store's ranks).
+  virtual void before_start() {}
   int64_t update_numel() const;
   // Offset of range r (inside one update range) in the optimizer's state.
   int64_t state_offset(nn::Range r) const;

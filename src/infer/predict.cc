@@ -194,22 +194,27 @@ nlohmann::json predict_threads(const Job& job) {
     runner.join();
   else
     runner.detach(), log_warn("predict: a worker is still stuck; leaving it behind");
+  add_run_figures(summary, writer, first_rows, seconds, run.chunks, run.peak_bytes);
+  summary.update({{"reruns", queue.reruns()}, {"failed_workers", queue.failed()}});
+  return summary;
+}
+
+}  // namespace
+
+void add_run_figures(nlohmann::json& summary, const OrderedWriter& writer, int64_t first_rows,
+                     double seconds, const std::vector<int64_t>& chunks,
+                     const std::vector<int64_t>& peak_bytes) {
   const int64_t rows = writer.rows() - first_rows;
   summary.update({{"rows", writer.rows()},
                   {"chunks", writer.next_chunk()},
                   {"rows_this_run", rows},
                   {"seconds", seconds},
                   {"rows_per_second", seconds > 0 ? rows / seconds : 0.0},
-                  {"reruns", queue.reruns()},
-                  {"failed_workers", queue.failed()},
-                  {"chunks_per_rank", run.chunks},
-                  {"peak_bytes_per_rank", run.peak_bytes},
+                  {"chunks_per_rank", chunks},
+                  {"peak_bytes_per_rank", peak_bytes},
                   {"huge_page_bytes", huge_page_bytes()},
                   {"complete", true}});
-  return summary;
 }
-
-}  // namespace
 
 Place place_of(parallel::Mesh& mesh) {
   Place p;

@@ -8,6 +8,7 @@
 
 #include "tessel/comm/communicator.h"
 #include "tessel/infer/chunk_queue.h"
+#include "tessel/infer/ordered_writer.h"
 #include "tessel/infer/output.h"
 #include "tessel/infer/predict.h"
 #include "tessel/infer/replica.h"
@@ -49,6 +50,12 @@ Place place_of(parallel::Mesh& mesh);
 // replica's ranks agree on each chunk (over tp, then pp) and the first stage's tensor-parallel
 // ranks get its rows from their lead. Returns the chunks this rank ran.
 int64_t run_replica(const Job& job, Replica& replica, Feed& feed, const Place& place, int rank);
+
+// A finished run's figures into its summary (both drivers): the rows and chunks written, this
+// run's rows over `seconds`, each rank's chunks and peak bytes, the process's huge pages.
+void add_run_figures(nlohmann::json& summary, const OrderedWriter& writer, int64_t first_rows,
+                     double seconds, const std::vector<int64_t>& chunks,
+                     const std::vector<int64_t>& peak_bytes);
 
 // The MPI driver (predict_mpi.cc).
 nlohmann::json predict_mpi(const Job& job);

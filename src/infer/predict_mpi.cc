@@ -161,16 +161,8 @@ nlohmann::json predict_mpi(const Job& job) {
     per_rank_chunks.push_back(all[2 * r]);
     peak.push_back(all[2 * r + 1]);
   }
-  const double seconds = now_seconds() - feed.started();
-  const int64_t rows = writer->rows() - first_rows;
-  summary.update({{"rows", writer->rows()},
-                  {"chunks", writer->next_chunk()},
-                  {"rows_this_run", rows},
-                  {"seconds", seconds},
-                  {"rows_per_second", seconds > 0 ? rows / seconds : 0.0},
-                  {"chunks_per_rank", per_rank_chunks},
-                  {"peak_bytes_per_rank", peak},
-                  {"complete", true}});
+  add_run_figures(summary, *writer, first_rows, now_seconds() - feed.started(), per_rank_chunks,
+                  peak);
   return summary;
 }
 

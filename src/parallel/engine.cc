@@ -183,9 +183,9 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
       return;
     }
   }
-  if (!sync_owner_ && stage == 0 && spec.shared_memory && dp.size() > 1 && !async)
-    if ((sync_owner_ = SharedGradSync::make(model_, units_, dp, mesh_.workers())))
-      parts_["grad_sync"] = "shared_memory";
+  if (!sync_owner_ && stage == 0 && spec.shared_memory && dp.size() > 1 && !async &&
+      (sync_owner_ = SharedGradSync::make(model_, units_, dp, mesh_.workers())))
+    parts_["grad_sync"] = "shared_memory";
   if (!sync_owner_ && stage <= 1) {
     auto arena = std::make_unique<ArenaSync>(
         model_, units_, stage == 0 ? ArenaSync::Reduction::kAllReduce : ArenaSync::Reduction::kReduceScatter,

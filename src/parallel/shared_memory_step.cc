@@ -130,7 +130,6 @@ SharedMemoryStep::SharedMemoryStep(nn::Model& model, const Units& units, comm::C
                                    comm::Communicator& workers, std::shared_ptr<void> block)
     : SharedGradSync(model, units, dp, workers, block, arena_bytes(units), false),
       params_(static_cast<float*>(block.get())) {
-  held_ = {};
   for (const Unit& u : units.list) held_.push_back(u.range);
   owned_ = update_ = pieces_;
   // This rank's share of the parameters, held once by the host's ranks.

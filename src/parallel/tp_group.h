@@ -2,7 +2,8 @@
 // this rank's tp communicator, each counted by where it came from: a block's forward or
 // backward (the engine's hooks say which block runs) or outside every block (the loss, the
 // step's sum of whole parameters' gradients under sequence parallelism). Internal to the
-// parallel area; built by the Engine.
+// parallel area; built by the Engine, and for inference replicas by make_tensor_parallel
+// (layout.h).
 #pragma once
 
 #include <array>

@@ -23,6 +23,7 @@ echo "ok: 2 MPI ranks = 1 worker ($(wc -l < "$tmp/one.jsonl") rows)"
 $mpirun -np 2 "$tessel" "${predict[@]}" --output "$tmp/tp_mpi.jsonl" --set tp.size=2 \
   > "$tmp/tp.out" 2>&1 || { cat "$tmp/tp.out"; exit 1; }
 cmp "$tmp/tp_threads.jsonl" "$tmp/tp_mpi.jsonl" || { echo "FAIL: tp = 2 under MPI differs"; exit 1; }
+grep -q '"huge_page_bytes"' "$tmp/tp.out" || { echo "FAIL: the MPI summary has no huge_page_bytes"; exit 1; }
 [ "$(wc -l < "$tmp/tp_mpi.jsonl")" -eq "$(wc -l < "$tmp/one.jsonl")" ] ||
   { echo "FAIL: tp = 2 wrote another number of rows"; exit 1; }
 echo "ok: tp = 2 on 2 MPI ranks = on 2 threads"

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/ops/isa.h"
 #include "fma_peak.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/rng.h"
@@ -226,6 +227,7 @@ void step(Net& n, const std::string& mode, Timer& t) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::printf("isa: %s\n", tessel::ops::isa_description().c_str());  // CPU and ISA level
   int steps = 50, rounds = 5;
   int64_t batch = 128;
   std::vector<std::string> modes = {"unfused", "relu", "pool"};

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/ops/isa.h"
 #include "fma_peak.h"
 #include "tessel/core/clock.h"
 #include "tessel/ops/cpu.h"
@@ -56,6 +57,7 @@ void print(const char* layer, const char* kernel, double flops, const std::vecto
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::printf("isa: %s\n", tessel::ops::isa_description().c_str());  // CPU and ISA level
   int repeats = 21;
   int64_t batch = 128;
   std::string only;

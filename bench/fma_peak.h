@@ -1,8 +1,9 @@
 // The core's measured fp32 FMA peak, for benches to print beside the GFLOP/s they report:
 // 12 independent chains of vector FMAs (enough to cover the FMA latency on every core we
 // run on, so the loop is throughput-bound, not latency-bound), best of 5 runs of ~35 ms
-// (the first doubles as warm-up). Widest vector the build targets: zmm with AVX-512, ymm with
-// FMA3; 0 (unknown) on other targets. Single-threaded: call it from the thread being measured.
+// (the first doubles as warm-up). The vector of the ISA level asked for (default: the one in
+// use, ops::isa()): zmm at avx512, ymm at avx2; 0 (no vector FMA) at portable. The asm runs
+// only at a level the CPU supports. Single-threaded: call it from the thread being measured.
 // bf16_peak_gflops() is the same loop of `vdpbf16ps` (64 flops each), for CPUs with
 // AVX512_BF16 only: check ops::gemm_lowp_native() first.
 #pragma once
@@ -10,6 +11,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+
+#include "tessel/ops/isa.h"
 
 namespace tessel::bench {
 
@@ -44,18 +47,17 @@ namespace detail {
         "xmm10", "xmm11", "xmm12", "xmm13", "cc")
 // clang-format on
 
-// n iterations of 12 independent FMAs; returns the flops of one iteration.
-inline double fma_chains(int64_t n) {
-#if defined(__x86_64__) && defined(__AVX512F__)
-  TESSEL_CHAIN_LOOP(n, "vfmadd231ps", "zmm");
-  return 12 * 2 * 16;
-#elif defined(__x86_64__) && defined(__FMA__)
-  TESSEL_CHAIN_LOOP(n, "vfmadd231ps", "ymm");
-  return 12 * 2 * 8;
-#else
-  (void)n;
+// n iterations of 12 independent FMAs at `level`; returns the flops of one iteration.
+inline double fma_chains(ops::Isa level, int64_t n) {
+  if (level >= ops::Isa::kAvx512) {
+    TESSEL_CHAIN_LOOP(n, "vfmadd231ps", "zmm");
+    return 12 * 2 * 16;
+  }
+  if (level == ops::Isa::kAvx2) {
+    TESSEL_CHAIN_LOOP(n, "vfmadd231ps", "ymm");
+    return 12 * 2 * 8;
+  }
   return 0.0;
-#endif
 }
 
 // n iterations of 12 independent vdpbf16ps; returns the flops of one iteration.
@@ -89,8 +91,11 @@ double best_gflops(F chains) {
 
 }  // namespace detail
 
-// GFLOP/s of the fp32 FMA loop on the calling thread; 0 where the build has no vector FMA.
-inline double fma_peak_gflops() { return detail::best_gflops(detail::fma_chains); }
+// GFLOP/s of the fp32 FMA loop at `level` on the calling thread; 0 at the portable level.
+inline double fma_peak_gflops(ops::Isa level = ops::isa()) {
+  if (level > ops::host_isa()) return 0.0;
+  return detail::best_gflops([level](int64_t n) { return detail::fma_chains(level, n); });
+}
 
 // GFLOP/s of the vdpbf16ps loop on the calling thread (AVX512_BF16 CPUs only).
 inline double bf16_peak_gflops() { return detail::best_gflops(detail::dpbf16_chains); }

@@ -19,6 +19,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tessel/ops/isa.h"
 #include "fma_peak.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/rng.h"
@@ -103,6 +104,7 @@ std::vector<std::string> split(const std::string& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::printf("isa: %s\n", tessel::ops::isa_description().c_str());  // CPU and ISA level
   int rounds = 5, calls = 15;
   std::vector<std::string> models = {"fashion_mlp", "char_gpt"};
   std::string json_path;

@@ -17,6 +17,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tessel/ops/isa.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/log.h"
 #include "tessel/ops/cpu.h"
@@ -128,6 +129,7 @@ nlohmann::json measure(const std::string& model, const std::vector<std::string>&
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::printf("isa: %s\n", tessel::ops::isa_description().c_str());  // CPU and ISA level
   int steps = 20, rounds = 5;
   std::vector<std::string> models = {"fashion_mlp", "char_gpt"};
   std::vector<std::string> variants = {"fp32/none", "bf16/none", "fp16/none",

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/ops/isa.h"
 #include "pipeline_testing.h"
 #include "tessel/comm/threads.h"
 #include "tessel/optim/optimizer.h"
@@ -80,6 +81,7 @@ void draw(const Result& r, double unit) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::printf("isa: %s\n", tessel::ops::isa_description().c_str());  // CPU and ISA level
   double forward_ms = 4;
   int steps = 3;
   bool trace = false;

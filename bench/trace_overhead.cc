@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/ops/isa.h"
 #include "tessel/comm/threads.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/log.h"
@@ -31,6 +32,7 @@ double median(std::vector<double> v) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::printf("isa: %s\n", tessel::ops::isa_description().c_str());  // CPU and ISA level
   int rounds = 21, steps = 40, workers = 2;
   std::string config = std::string(TESSEL_SOURCE_DIR) + "/examples/fashion_mlp.toml";
   for (int i = 1; i + 1 < argc; i += 2) {

@@ -20,6 +20,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tessel/ops/isa.h"
 #include "fma_peak.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/log.h"
@@ -95,6 +96,7 @@ Measure measure(const std::string& example, int threads, int steps, int repeats)
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::printf("isa: %s\n", tessel::ops::isa_description().c_str());  // CPU and ISA level
   int steps = 100, repeats = 5;
   std::vector<std::string> models = {"fashion_mlp", "fashion_cnn", "char_gpt"};
   std::vector<std::string> threads = {"1", "2"};

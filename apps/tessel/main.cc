@@ -25,6 +25,7 @@
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
 #include "tessel/core/version.h"
+#include "tessel/ops/isa.h"
 #include "tessel/ops/cpu.h"
 #include "tessel/train/config.h"
 #include "tessel/train/dry_run.h"
@@ -382,8 +383,10 @@ int main(int argc, char** argv) {
   restart_predict_on_huge_pages(argv);
   CLI::App app{"tessel: train and serve neural networks on many workers"};
   app.require_subcommand(1);
-  app.set_version_flag("--version", tessel::str("tessel ", tessel::version(), " (commit ",
-                                                tessel::commit(), ")"));
+  app.set_version_flag("--version", [] {
+    return tessel::str("tessel ", tessel::version(), " (commit ", tessel::commit(), ")\nisa: ",
+                       tessel::ops::isa_description());
+  });
   Args args;
   args.command = command_line(argc, argv);
   const Commands commands = add_commands(app, args);

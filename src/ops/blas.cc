@@ -1,13 +1,14 @@
 // GEMM and the Linear layer built on it: one sgemm each for y, dw and dx. On one BLAS thread
-// an AVX-512 build runs tessel's own kernel (sgemm_avx512.cc): OpenBLAS is held to its AVX2
-// kernels on the machines we use (OPENBLAS_CORETYPE=Haswell), and ours measured 1.5-2x faster
-// on every GEMM shape of the example models, the narrow ones (N or M = 10) included. With more
-// threads, or without AVX-512, OpenBLAS, which brings the threading.
+// (every rank, predict and serve) the kernel table's own GEMM of the ISA level in use runs
+// (sgemm_portable.cc, sgemm_avx2.cc, sgemm_avx512.cc): the same bits at every level and for any
+// row count, which OpenBLAS does not give (its result for a row depends on how many rows the
+// call has), and faster than it on every GEMM shape of the example models. With more BLAS
+// threads (runtime.threads > 1 in a one-worker run), OpenBLAS, which brings the threading.
 #include <cblas.h>
 
 #include <algorithm>
 
-#include "sgemm_avx512.h"
+#include "kernels.h"
 #include "tessel/core/error.h"
 #include "tessel/ops/cpu.h"
 
@@ -23,7 +24,7 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
   TESSEL_CHECK(ldc >= N && (K == 0 || (lda >= (trans_a ? M : K) && ldb >= (trans_b ? K : N))),
                "gemm: leading dimension too small, got lda=", lda, " ldb=", ldb, " ldc=", ldc,
                " for M=", M, " N=", N, " K=", K, " trans_a=", trans_a, " trans_b=", trans_b);
-  if (K == 0) {  // an empty sum: C = beta * C (beta = 0 clears C, even of NaN)
+  if (K == 0 || alpha == 0.0f) {  // C = beta * C; beta = 0 clears C, even of NaN
     for (int64_t i = 0; i < M; ++i) {
       float* row = C + i * ldc;
       for (int64_t j = 0; j < N; ++j) row[j] = beta == 0.0f ? 0.0f : beta * row[j];
@@ -35,12 +36,10 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
   TESSEL_CHECK(M <= kMax && N <= kMax && K <= kMax && lda <= kMax && ldb <= kMax && ldc <= kMax,
                "gemm: sizes must fit in 32 bits, got M=", M, " N=", N, " K=", K,
                "; split the call");
-#ifdef __AVX512F__
   if (blas_threads() == 1) {
-    detail::sgemm_avx512(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    kernels().sgemm(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
-#endif
   cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
               trans_b ? CblasTrans : CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
               static_cast<int>(K), alpha, A, static_cast<int>(lda), B, static_cast<int>(ldb), beta,

@@ -1,6 +1,6 @@
-// Conv2d: the public entry points, which take tessel's direct AVX-512 kernels
-// (conv_direct.cc) where conv2d_direct_supported says so, and the portable path, im2col + GEMM,
-// everywhere else (and in builds without AVX-512).
+// Conv2d: the public entry points, which take the kernel table's direct kernels (conv_direct.cc,
+// at the AVX-512 level) where conv2d_direct_supported says so, and im2col + GEMM everywhere
+// else (other shapes, lower levels).
 //
 // im2col + GEMM.
 //
@@ -30,6 +30,7 @@
 #include <cstring>
 
 #include "conv_impl.h"
+#include "kernels.h"
 #include "tessel/core/error.h"
 #include "tessel/ops/cpu.h"
 #include "vec_math.h"
@@ -336,6 +337,39 @@ Conv2dShape one_image(Conv2dShape s) {
 }
 
 }  // namespace
+
+namespace detail {
+
+bool conv2d_direct_supported(const Conv2dShape& s) {
+  return kernels().conv_direct_forward != nullptr && s.stride == 1 && s.KW <= kDirectMaxKW &&
+         s.pad < s.KH && s.pad < s.KW;
+}
+
+int64_t conv2d_direct_scratch_floats(const Conv2dShape& s, const ConvFusion& f) {
+  TESSEL_CHECK(conv2d_direct_supported(s),
+               "conv2d_direct_scratch_floats: unsupported shape or ISA level");
+  return kernels().conv_direct_scratch(s, f);
+}
+
+void conv2d_direct_forward(float* y, int32_t* argmax, const float* x, const float* w,
+                           const float* b, const ConvFusion& f, const Conv2dShape& s,
+                           float* scratch) {
+  TESSEL_CHECK(conv2d_direct_supported(s),
+               "conv2d_direct_forward: unsupported shape or ISA level, got stride=", s.stride,
+               " KW=", s.KW, " pad=", s.pad, " at ", isa_name(isa()));
+  kernels().conv_direct_forward(y, argmax, x, w, b, f, s, scratch);
+}
+
+void conv2d_direct_backward(float* dx, float* dw, float* db, const float* dy, const float* y,
+                            const int32_t* argmax, const ConvFusion& f, const float* x,
+                            const float* w, const Conv2dShape& s, float* scratch) {
+  TESSEL_CHECK(conv2d_direct_supported(s),
+               "conv2d_direct_backward: unsupported shape or ISA level, got stride=", s.stride,
+               " KW=", s.KW, " pad=", s.pad, " at ", isa_name(isa()));
+  kernels().conv_direct_backward(dx, dw, db, dy, y, argmax, f, x, w, s, scratch);
+}
+
+}  // namespace detail
 
 int64_t conv2d_scratch_floats(const Conv2dShape& s) {
   check_shape("conv2d_scratch_floats", s);

@@ -30,10 +30,10 @@
 #include "conv_tiles.h"
 #include "tessel/core/error.h"
 
-namespace tessel::ops::detail {
-
-#ifdef __AVX512F__
+namespace tessel::ops::avx512 {
 namespace {
+
+using detail::ConvFusion;
 
 constexpr int kL = kLanes;
 constexpr int64_t kAlign = 16;  // floats: each scratch region starts 64-byte aligned
@@ -304,20 +304,12 @@ void backward_images(const BackwardArgs& a, float* dyt, float* dwt, int64_t tile
 
 }  // namespace
 
-bool conv2d_direct_supported(const Conv2dShape& s) {
-  return s.stride == 1 && s.KW <= kDirectMaxKW && s.pad < s.KH && s.pad < s.KW;
-}
-
-int64_t conv2d_direct_scratch_floats(const Conv2dShape& s, const ConvFusion& f) {
+int64_t conv_direct_scratch(const Conv2dShape& s, const ConvFusion& f) {
   return DirectPlan(s).total() + image_floats(s, f);
 }
 
-void conv2d_direct_forward(float* y, int32_t* argmax, const float* x, const float* w,
-                           const float* b, const ConvFusion& f, const Conv2dShape& s,
-                           float* scratch) {
-  TESSEL_CHECK(conv2d_direct_supported(s),
-               "conv2d_direct_forward: unsupported shape, got stride=", s.stride, " KW=", s.KW,
-               " pad=", s.pad);
+void conv_direct_forward(float* y, int32_t* argmax, const float* x, const float* w, const float* b,
+                         const ConvFusion& f, const Conv2dShape& s, float* scratch) {
   const DirectPlan p(s);
   float* wp = scratch;
   float* xpad = wp + p.wp_floats;
@@ -359,12 +351,9 @@ void conv2d_direct_forward(float* y, int32_t* argmax, const float* x, const floa
   }
 }
 
-void conv2d_direct_backward(float* dx, float* dw, float* db, const float* dy, const float* y,
-                            const int32_t* argmax, const ConvFusion& f, const float* x,
-                            const float* w, const Conv2dShape& s, float* scratch) {
-  TESSEL_CHECK(conv2d_direct_supported(s),
-               "conv2d_direct_backward: unsupported shape, got stride=", s.stride, " KW=", s.KW,
-               " pad=", s.pad);
+void conv_direct_backward(float* dx, float* dw, float* db, const float* dy, const float* y,
+                          const int32_t* argmax, const ConvFusion& f, const float* x,
+                          const float* w, const Conv2dShape& s, float* scratch) {
   const DirectPlan p(s);
   float* wf = scratch;
   float* xpad = wf + p.wp_floats;
@@ -393,20 +382,4 @@ void conv2d_direct_backward(float* dx, float* dw, float* db, const float* dy, co
   backward_images(a, dyt, dwt, tiles);
 }
 
-#else  // no AVX-512: conv.cc always takes the im2col path
-
-bool conv2d_direct_supported(const Conv2dShape&) { return false; }
-int64_t conv2d_direct_scratch_floats(const Conv2dShape&, const ConvFusion&) { return 0; }
-void conv2d_direct_forward(float*, int32_t*, const float*, const float*, const float*,
-                           const ConvFusion&, const Conv2dShape&, float*) {
-  TESSEL_CHECK(false, "conv2d_direct_forward: this build does not target AVX-512");
-}
-void conv2d_direct_backward(float*, float*, float*, const float*, const float*, const int32_t*,
-                            const ConvFusion&, const float*, const float*, const Conv2dShape&,
-                            float*) {
-  TESSEL_CHECK(false, "conv2d_direct_backward: this build does not target AVX-512");
-}
-
-#endif  // __AVX512F__
-
-}  // namespace tessel::ops::detail
+}  // namespace tessel::ops::avx512

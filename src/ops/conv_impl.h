@@ -2,7 +2,8 @@
 // that the tests can run each one on every shape.
 //   - im2col + GEMM (conv.cc): any shape, any build; the portable path.
 //   - direct (conv_direct.cc): tessel's own AVX-512 kernels, no column matrix; stride 1,
-//     kernel width <= kDirectMaxKW, padding < kernel size. Single-threaded.
+//     kernel width <= kDirectMaxKW, padding < kernel size, at the ISA levels whose kernel table
+//     has them (kernels.h). Single-threaded.
 // conv.cc takes the direct one wherever conv2d_direct_supported says so. Same contracts as in
 // cpu.h, plus the fusions below.
 #pragma once
@@ -32,7 +33,7 @@ void conv2d_im2col_backward(float* dx, float* dw, float* db, const float* dy, co
 
 // ---- direct ----
 constexpr int64_t kDirectMaxKW = 7;
-bool conv2d_direct_supported(const Conv2dShape& s);  // false in a build without AVX-512
+bool conv2d_direct_supported(const Conv2dShape& s);  // false below the AVX-512 level
 int64_t conv2d_direct_scratch_floats(const Conv2dShape& s, const ConvFusion& f);
 void conv2d_direct_forward(float* y, int32_t* argmax, const float* x, const float* w,
                            const float* b, const ConvFusion& f, const Conv2dShape& s,

@@ -22,14 +22,13 @@
 // loop iteration to the next through the stack.
 #include "conv_tiles.h"
 
-#ifdef __AVX512F__
 
 #include <array>
 #include <utility>
 
 #include "conv_impl.h"
 
-namespace tessel::ops::detail {
+namespace tessel::ops::avx512 {
 namespace {
 
 // ---- Forward / input gradient ----
@@ -269,6 +268,5 @@ int64_t conv_dw_tiles(int v, int64_t KW, int64_t tap_rows) {
   return (tap_rows + th - 1) / th;
 }
 
-}  // namespace tessel::ops::detail
+}  // namespace tessel::ops::avx512
 
-#endif  // __AVX512F__

@@ -1,18 +1,19 @@
-// Private to ops, AVX-512 builds only: the register-blocked tiles of the direct convolution
-// (conv_tiles.cc; conv_direct.cc stages each image and calls them), and the prefetcher that
-// streams the next image in between tiles.
+// Private to ops, the AVX-512 translation units only: the register-blocked tiles of the direct
+// convolution (conv_tiles.cc; conv_direct.cc stages each image and calls them), and the prefetcher
+// that streams the next image in between tiles.
 #pragma once
-
-#ifdef __AVX512F__
 
 #include <algorithm>
 #include <cstdint>
 #include <initializer_list>
 #include <utility>
 
+#include "conv_impl.h"
 #include "simd_avx512.h"
 
-namespace tessel::ops::detail {
+namespace tessel::ops::avx512 {
+
+using detail::kDirectMaxKW;
 
 constexpr int kLanes = 16;  // floats per zmm
 
@@ -93,6 +94,4 @@ void conv_dw(const DwJob& j, int v, int64_t KW, int64_t tap_rows, Prefetcher* pf
 // How many tiles conv_dw runs.
 int64_t conv_dw_tiles(int v, int64_t KW, int64_t tap_rows);
 
-}  // namespace tessel::ops::detail
-
-#endif  // __AVX512F__
+}  // namespace tessel::ops::avx512

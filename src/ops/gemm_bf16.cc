@@ -19,10 +19,6 @@
 // Blocking, tile heights, the transposed product for narrow N and the C update (alpha, beta;
 // f32 or 16-bit C, rounded once) follow sgemm_avx512.cc. B is always packed: its pairs must be
 // interleaved whatever its storage.
-#include "gemm_bf16.h"
-
-#if defined(TESSEL_BF16_KERNEL)
-
 #include <algorithm>
 #include <array>
 #include <cstddef>
@@ -31,10 +27,18 @@
 #include <utility>
 
 #include "gemm_blocking.h"
+#include "kernels.h"
 #include "simd_avx512.h"
 
-namespace tessel::ops::detail {
+// Compiled only where the compiler targets AVX512_BF16 (src/ops/CMakeLists.txt).
+namespace tessel::ops::avx512_bf16 {
 namespace {
+
+using avx512::head_mask;
+using detail::RowTiles;
+using detail::Scratch;
+using avx512::transpose16;
+using detail::transpose_product;
 
 constexpr int kMr = 14;
 constexpr int kNr = 32;
@@ -309,21 +313,12 @@ void run(int64_t M, int64_t N, int64_t K, float alpha, const View& a, const View
 
 }  // namespace
 
-bool gemm_bf16_supported() {
-  static const bool ok = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("f16c");
-  }();
-  return ok;
-}
-
-void gemm_bf16_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                      ConstMatrix A, ConstMatrix B, float beta, Matrix C) {
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               ConstMatrix A, ConstMatrix B, float beta, Matrix C) {
   if (C.type != DType::kF32 && K > kKc) {
     // Later K blocks add onto C: keep the partial sums in f32 and round C once at the end.
     float* acc = tls_c.get(M * N);
-    gemm_bf16_avx512(trans_a, trans_b, M, N, K, alpha, A, B, 0.0f, {acc, DType::kF32, N});
+    gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, B, 0.0f, {acc, DType::kF32, N});
     for (int64_t i = 0; i < M; ++i) {
       const TileOut row{C.p, C.type, 0, 1, 0, 1.0f, beta};
       for (int64_t j = 0; j < N; j += 16) {
@@ -343,20 +338,4 @@ void gemm_bf16_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t 
   run(M, N, K, alpha, a, b, beta, C.p, C.type, C.ld, 1);
 }
 
-}  // namespace tessel::ops::detail
-
-#else  // no AVX512_BF16 kernel in this build
-
-namespace tessel::ops::detail {
-
-bool gemm_bf16_supported() { return false; }
-
-void gemm_bf16_avx512(bool, bool, int64_t, int64_t, int64_t, float, ConstMatrix, ConstMatrix,
-                      float, Matrix) {
-  throw Error("gemm_bf16: this build has no AVX512_BF16 kernel (this is a bug: check "
-              "gemm_bf16_supported() first)");
-}
-
-}  // namespace tessel::ops::detail
-
-#endif
+}  // namespace tessel::ops::avx512_bf16

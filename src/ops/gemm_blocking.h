@@ -1,6 +1,6 @@
-// Private to ops: what tessel's f32 and bf16 GEMM kernels (sgemm_avx512.cc, gemm_bf16.cc) share
-// besides their micro-kernels: per-thread packing buffers, the split of M into tiles, and the
-// test for computing the product transposed.
+// Private to ops: what tessel's f32 and bf16 GEMM kernels (sgemm_*.cc, gemm_bf16.cc) share
+// besides their micro-kernels: the order of the sum over K, per-thread packing buffers, the
+// split of M into tiles, and the test for computing the product transposed.
 #pragma once
 
 #include <algorithm>
@@ -9,6 +9,22 @@
 #include <new>
 
 namespace tessel::ops::detail {
+// Internal linkage on purpose: this header is compiled into translation units of different ISA
+// levels, and an inline function or template instantiation with external linkage would be one
+// symbol that the linker takes from any of them, wider instructions and all.
+namespace {
+
+// The order of every f32 GEMM's sum over K, the same at every ISA level (sgemm_portable.cc,
+// sgemm_avx2.cc, sgemm_avx512.cc), so that C's bits depend on neither the CPU nor M or N:
+// K is cut into sum_blocks(K) blocks of sum_block_k(K) values (the last may be shorter); in
+// each block one f32 accumulator per element of C runs acc = fma(a(i,k), b(k,j), acc) over k in
+// ascending order from 0; then C = alpha * acc + beta * C (as fma(beta, C, alpha * acc), C not
+// read when beta = 0) for the first block and C = fma(1, C, alpha * acc) for each later one.
+constexpr int64_t kSumKc = 320;
+inline int64_t sum_block_k(int64_t K) {
+  const int64_t blocks = (K + kSumKc - 1) / kSumKc;
+  return (K + blocks - 1) / blocks;
+}
 
 // Grow-only 64-byte aligned buffer of T, one per thread and operand, reused across calls.
 template <typename T>
@@ -53,4 +69,5 @@ bool transpose_product(int64_t M, int64_t N) {
   return 4 * padded_work(M, N) > 5 * padded_work(N, M);
 }
 
+}  // namespace
 }  // namespace tessel::ops::detail

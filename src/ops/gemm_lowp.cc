@@ -1,9 +1,14 @@
-// ops::gemm_lowp: the checks, the choice between tessel's AVX512_BF16 kernel (gemm_bf16.cc) and
-// the portable path, and the portable path itself: every operand rounded to bf16 and widened
-// back to f32 (so the products are the kernel's), then the f32 GEMM.
+// ops::gemm_lowp: the checks, the choice between the kernel table's native bf16 GEMM (gemm_bf16.cc,
+// at the avx512_bf16 level) and the f32 path, and the f32 path itself: every operand rounded to
+// bf16 and widened back to f32 (so the products are the native kernel's), then the f32 GEMM of
+// the level in use. CPUs without bf16 arithmetic keep bf16 storage and messages and compute in
+// f32 FMAs, at about the f32 speed. The f32 copies live in per-thread buffers reused across
+// calls (a fresh allocation of that size would be fresh pages, faulted in on every call).
 #include <vector>
 
+#include "gemm_blocking.h"
 #include "gemm_bf16.h"
+#include "kernels.h"
 #include "tessel/core/error.h"
 #include "tessel/ops/cpu.h"
 
@@ -13,18 +18,23 @@ namespace {
 
 bool is_float(DType t) { return t == DType::kF32 || t == DType::kBF16 || t == DType::kF16; }
 
+thread_local Scratch<float> tls_a, tls_b, tls_c;
+thread_local Scratch<uint16_t> tls_half;
+
 // op(X) of rows x cols, stored with leading dimension ld, as a dense f32 copy of its stored
-// layout (stored rows x stored cols) with each element rounded to bf16.
-std::vector<float> rounded(ConstMatrix x, int64_t stored_rows, int64_t stored_cols) {
-  std::vector<float> out(static_cast<size_t>(stored_rows * stored_cols));
-  std::vector<uint16_t> half(static_cast<size_t>(stored_cols));
+// layout (stored rows x stored cols) in `scratch`, each element rounded to bf16.
+const float* rounded(ConstMatrix x, int64_t stored_rows, int64_t stored_cols,
+                     Scratch<float>& scratch) {
+  float* out = scratch.get(stored_rows * stored_cols);
+  uint16_t* half = tls_half.get(stored_cols);
   const size_t bytes = dtype_size(x.type);
   for (int64_t r = 0; r < stored_rows; ++r) {
     const void* row = static_cast<const char*>(x.p) + r * x.ld * static_cast<int64_t>(bytes);
-    float* dst = out.data() + r * stored_cols;
+    float* dst = out + r * stored_cols;
     convert(dst, DType::kF32, row, x.type, stored_cols);
-    convert(half.data(), DType::kBF16, dst, DType::kF32, stored_cols);
-    convert(dst, DType::kF32, half.data(), DType::kBF16, stored_cols);
+    if (x.type == DType::kBF16) continue;  // exact in f32 already
+    convert(half, DType::kBF16, dst, DType::kF32, stored_cols);
+    convert(dst, DType::kF32, half, DType::kBF16, stored_cols);
   }
   return out;
 }
@@ -33,27 +43,26 @@ std::vector<float> rounded(ConstMatrix x, int64_t stored_rows, int64_t stored_co
 
 void gemm_lowp_portable(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                         ConstMatrix A, ConstMatrix B, float beta, Matrix C) {
-  const std::vector<float> a = trans_a ? rounded(A, K, M) : rounded(A, M, K);
-  const std::vector<float> b = trans_b ? rounded(B, N, K) : rounded(B, K, N);
+  const float* a = trans_a ? rounded(A, K, M, tls_a) : rounded(A, M, K, tls_a);
+  const float* b = trans_b ? rounded(B, N, K, tls_b) : rounded(B, K, N, tls_b);
   if (C.type == DType::kF32) {
-    gemm(trans_a, trans_b, M, N, K, alpha, a.data(), trans_a ? M : K, b.data(), trans_b ? K : N,
-         beta, static_cast<float*>(C.p), C.ld);
+    gemm(trans_a, trans_b, M, N, K, alpha, a, trans_a ? M : K, b, trans_b ? K : N, beta,
+         static_cast<float*>(C.p), C.ld);
     return;
   }
   // A 16-bit C: widened, updated in f32, rounded once.
-  std::vector<float> c(static_cast<size_t>(M * N));
+  float* c = tls_c.get(M * N);
   const size_t bytes = dtype_size(C.type);
   auto row = [&](int64_t i) { return static_cast<char*>(C.p) + i * C.ld * static_cast<int64_t>(bytes); };
   if (beta != 0.0f)
-    for (int64_t i = 0; i < M; ++i) convert(c.data() + i * N, DType::kF32, row(i), C.type, N);
-  gemm(trans_a, trans_b, M, N, K, alpha, a.data(), trans_a ? M : K, b.data(), trans_b ? K : N, beta,
-       c.data(), N);
-  for (int64_t i = 0; i < M; ++i) convert(row(i), C.type, c.data() + i * N, DType::kF32, N);
+    for (int64_t i = 0; i < M; ++i) convert(c + i * N, DType::kF32, row(i), C.type, N);
+  gemm(trans_a, trans_b, M, N, K, alpha, a, trans_a ? M : K, b, trans_b ? K : N, beta, c, N);
+  for (int64_t i = 0; i < M; ++i) convert(row(i), C.type, c + i * N, DType::kF32, N);
 }
 
 }  // namespace detail
 
-bool gemm_lowp_native() { return detail::gemm_bf16_supported(); }
+bool gemm_lowp_native() { return kernels().gemm_bf16 != nullptr; }
 
 void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                ConstMatrix A, ConstMatrix B, float beta, Matrix C) {
@@ -77,8 +86,8 @@ void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
     }
     return;
   }
-  if (detail::gemm_bf16_supported()) {
-    detail::gemm_bf16_avx512(trans_a, trans_b, M, N, K, alpha, A, B, beta, C);
+  if (kernels().gemm_bf16 != nullptr) {
+    kernels().gemm_bf16(trans_a, trans_b, M, N, K, alpha, A, B, beta, C);
     return;
   }
   detail::gemm_lowp_portable(trans_a, trans_b, M, N, K, alpha, A, B, beta, C);

@@ -1,68 +1,35 @@
-// Single-threaded AVX-512 SGEMM in the BLIS / GotoBLAS layout.
-//
-// Terms: op(A) is M x K, op(B) is K x N. A tile is a block of at most kMr x kNr (14 x 32) of C
-// that the micro-kernel holds in 28 zmm accumulators while it runs over k: per k it loads one
-// row of 32 floats of op(B), broadcasts each of the tile's op(A) values and issues two FMAs per
-// tile row. Its operands come packed into contiguous micro-panels: an A micro-panel holds the
-// tile's rows of op(A), in whichever of two layouts A's storage copies into without a
-// transpose (see ALayout); a B micro-panel holds kNr columns of op(B) k-major, zero padded past
-// N, transposed in registers when B's columns run along k. Packing takes element strides, so
-// one kernel serves all four transpose combinations and any leading dimensions.
-//
-// M is cut into ceil(M / kMr) tiles of near equal height (128 rows -> 8 x 13 + 2 x 12 rather
-// than 9 x 14 + 2), since a short tile has too few independent FMA chains to fill the pipes.
-// Blocking, outermost first:
-//   for each N block of <= kNc columns
-//     for each K block of <= kKc (beta applies in the first; later blocks add onto C)
-//       pack the op(B) block into B micro-panels (kc x nc, from L2/L3)
-//       for each group of <= kMcTiles tiles: pack their A micro-panels (stays in L2)
-//         for each B micro-panel (kc x kNr, stays in L1), for each tile: micro-kernel
-// When few tiles share each B micro-panel and B's rows are contiguous, the kernel reads B in
-// place instead (packing would cost about as much as it saves).
-//
-// When N is far from a multiple of kNr while M is not (N = 10 would waste 22 of 32 lanes), the
-// product is computed transposed, C^T = op(B)^T op(A)^T: the operands swap roles and the kernel
-// stores its tile transposed.
-#include "sgemm_avx512.h"
-
-#ifdef __AVX512F__
-
+// tessel's single-threaded AVX-512 SGEMM: the micro-kernel and packing of the blocking loops in
+// gemm_driver.h (which explains the terms), compiled for AVX-512 and run only where the CPU has
+// it (isa.cc). A tile is up to kMr x kNr (14 x 32) of C in 28 zmm accumulators: per k one row of
+// 32 floats of op(B) in two zmm, each of the tile's op(A) values broadcast, two FMAs per row.
 #include <algorithm>
 #include <array>
 #include <cstddef>
 #include <new>
 #include <utility>
 
-#include "gemm_blocking.h"
+#include "gemm_driver.h"
+#include "kernels.h"
 #include "simd_avx512.h"
 
-namespace tessel::ops::detail {
+namespace tessel::ops::avx512 {
 namespace {
+
+using detail::a_layout;
+using detail::ALayout;
+using detail::kSumKc;
+using detail::TileOut;
+using detail::View;
 
 constexpr int kMr = 14;  // 2 x 14 accumulators + 2 rows of B + 1 broadcast = 31 of 32 zmm
 constexpr int kNr = 32;  // two zmm per tile row
-// kc: a B micro-panel (kc x 32 floats = 40 KiB at kc = 320) stays in the 48 KiB L1 while the
-// tiles stream their A micro-panels from L2. Measured flat between 256 and 512.
-constexpr int64_t kKc = 320;
+// kc (detail::kSumKc, 320): a B micro-panel (kc x 32 floats = 40 KiB) stays in the 48 KiB L1
+// while the tiles stream their A micro-panels from L2. Measured flat between 256 and 512.
+constexpr int64_t kKc = kSumKc;
 constexpr int64_t kMcTiles = 24;  // ~330 rows: an A block of 330 x 320 floats is 40% of L2
 constexpr int64_t kNc = 2048;     // a B block of 320 x 2048 floats (2.5 MiB) in L3
 // B is read in place for M <= 12 tiles (168 rows), where it measured 5-10% faster than packed.
 constexpr int64_t kDirectBTiles = 12;
-
-// Element (r, c) of a strided matrix view is p[r * rs + c * cs]; one of rs, cs is 1.
-struct View {
-  const float* p;
-  int64_t rs, cs;
-  const float* at(int64_t r, int64_t c) const { return p + r * rs + c * cs; }
-};
-
-// An A micro-panel comes in one of two layouts, whichever packs by plain copies:
-//   kInterleaved: a(i, k) at out[k * rows + i], from a matrix whose columns run along i;
-//   kRows: a(i, k) at out[i * kKc + k], from a matrix whose rows run along k. The row stride
-//   is the constant kKc so that the kernel addresses each row by an immediate offset.
-enum class ALayout { kInterleaved, kRows };
-
-ALayout a_layout(const View& a) { return a.cs == 1 ? ALayout::kRows : ALayout::kInterleaved; }
 
 void pack_a(const View& a, int rows, int64_t kc, float* out) {
   if (a_layout(a) == ALayout::kRows) {
@@ -115,15 +82,6 @@ void pack_b(const View& b, int64_t kc, int cols, float* out) {
     }
   }
 }
-
-// Where a tile goes: its element (i, j) is c[i * rs + j * cs], columns j < cols are stored.
-// Either cs = 1 (C rows) or rs = 1 (transposed product, C columns).
-struct TileOut {
-  float* c;
-  int64_t rs, cs;
-  int cols;
-  float alpha, beta;  // beta = 0: C is not read
-};
 
 // c = alpha * acc + beta * c over the lanes of `mask`.
 inline void update(float* c, __mmask16 mask, __m512 acc, __m512 alpha, float beta) {
@@ -193,90 +151,35 @@ void micro_kernel(int64_t kc, const float* __restrict a, const float* __restrict
   }
 }
 
-using KernelFn = void (*)(int64_t, const float*, const float*, int64_t, const TileOut&);
 // kKernels<L>[R] runs a tile of R rows.
 template <ALayout L, int... I>
-constexpr std::array<KernelFn, kMr + 1> make_kernels(std::integer_sequence<int, I...>) {
+constexpr std::array<detail::TileKernel, kMr + 1> make_kernels(std::integer_sequence<int, I...>) {
   return {nullptr, &micro_kernel<I + 1, L>...};
 }
 template <ALayout L>
 constexpr auto kKernels = make_kernels<L>(std::make_integer_sequence<int, kMr>{});
 
-thread_local Scratch<float> tls_a, tls_b;
-
-// C = alpha * op(A) @ op(B) + beta * C over views; C(i, j) is c[i * rs_c + j * cs_c].
-void run(int64_t M, int64_t N, int64_t K, float alpha, const View& a, const View& b, float beta,
-         float* c, int64_t rs_c, int64_t cs_c) {
-  const RowTiles<kMr> tiles(M);
-  const int64_t k_blocks = (K + kKc - 1) / kKc, kc_max = (K + k_blocks - 1) / k_blocks;
-  const int64_t nc_max = std::min<int64_t>((N + kNr - 1) / kNr * kNr, kNc);
-  const ALayout layout = a_layout(a);
-  const auto& kernels =
-      layout == ALayout::kRows ? kKernels<ALayout::kRows> : kKernels<ALayout::kInterleaved>;
-  float* pa = tls_a.get(std::min(tiles.count, kMcTiles) * kMr * kKc);
-  float* pb = tls_b.get(nc_max * kc_max);
-  // Full B micro-panels are read in place (edge panels still need their zero padding).
-  const bool direct_b = b.cs == 1 && tiles.count <= kDirectBTiles;
-  for (int64_t j0 = 0; j0 < N; j0 += kNc) {
-    const int64_t nc = std::min(kNc, N - j0);
-    for (int64_t p0 = 0; p0 < K; p0 += kc_max) {
-      const int64_t kc = std::min(kc_max, K - p0);
-      const float beta_k = p0 == 0 ? beta : 1.0f;
-      for (int64_t jr = 0; jr < nc; jr += kNr) {
-        const int cols = static_cast<int>(std::min<int64_t>(kNr, nc - jr));
-        if (!direct_b || cols < kNr) {
-          pack_b(View{b.at(p0, j0 + jr), b.rs, b.cs}, kc, cols, pb + jr * kc);
-        }
-      }
-      for (int64_t t0 = 0; t0 < tiles.count; t0 += kMcTiles) {
-        const int64_t t1 = std::min(tiles.count, t0 + kMcTiles);
-        const int64_t a_row_floats = layout == ALayout::kRows ? kKc : kc;  // per tile row
-        float* dst = pa;
-        for (int64_t t = t0; t < t1; ++t) {
-          pack_a(View{a.at(tiles.start(t), p0), a.rs, a.cs}, tiles.rows(t), kc, dst);
-          dst += tiles.rows(t) * a_row_floats;
-        }
-        for (int64_t jr = 0; jr < nc; jr += kNr) {
-          const int cols = static_cast<int>(std::min<int64_t>(kNr, nc - jr));
-          const bool in_place = direct_b && cols == kNr;
-          const float* bp = in_place ? b.at(p0, j0 + jr) : pb + jr * kc;
-          const int64_t ldb = in_place ? b.rs : kNr;
-          const float* ap = pa;
-          for (int64_t t = t0; t < t1; ++t) {
-            const int rows = tiles.rows(t);
-            const TileOut out{
-                c + tiles.start(t) * rs_c + (j0 + jr) * cs_c, rs_c, cs_c, cols, alpha, beta_k};
-            kernels[rows](kc, ap, bp, ldb, out);
-            ap += rows * a_row_floats;
-          }
-        }
-      }
-    }
+struct Policy {
+  static constexpr int kMr = avx512::kMr, kNr = avx512::kNr;
+  static constexpr int64_t kMcTiles = avx512::kMcTiles, kNc = avx512::kNc,
+                           kDirectBTiles = avx512::kDirectBTiles;
+  static void pack_a(const View& a, int rows, int64_t kc, float* out) {
+    avx512::pack_a(a, rows, kc, out);
   }
-}
+  static void pack_b(const View& b, int64_t kc, int cols, float* out) {
+    avx512::pack_b(b, kc, cols, out);
+  }
+  static detail::TileKernel kernel(ALayout layout, int rows) {
+    return layout == ALayout::kRows ? kKernels<ALayout::kRows>[rows]
+                                    : kKernels<ALayout::kInterleaved>[rows];
+  }
+};
 
 }  // namespace
 
-void sgemm_avx512(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                  const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-                  int64_t ldc) {
-  if (M == 0 || N == 0) return;
-  if (K == 0 || alpha == 0.0f) {  // C = beta * C; beta = 0 clears C, even of NaN
-    for (int64_t i = 0; i < M; ++i) {
-      float* row = C + i * ldc;
-      for (int64_t j = 0; j < N; ++j) row[j] = beta == 0.0f ? 0.0f : beta * row[j];
-    }
-    return;
-  }
-  const View a{A, trans_a ? 1 : lda, trans_a ? lda : 1};
-  const View b{B, trans_b ? 1 : ldb, trans_b ? ldb : 1};
-  if (transpose_product<kNr>(M, N)) {
-    run(N, M, K, alpha, View{b.p, b.cs, b.rs}, View{a.p, a.cs, a.rs}, beta, C, 1, ldc);
-    return;
-  }
-  run(M, N, K, alpha, a, b, beta, C, ldc, 1);
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  detail::gemm_run<Policy>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-}  // namespace tessel::ops::detail
-
-#endif  // __AVX512F__
+}  // namespace tessel::ops::avx512

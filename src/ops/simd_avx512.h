@@ -1,4 +1,4 @@
-// Private to ops: small AVX-512 helpers shared by tessel's own kernels (sgemm_avx512.cc,
+// Private to ops: small AVX-512 helpers shared by the AVX-512 translation units (sgemm_avx512.cc,
 // conv_direct.cc). Only meaningful in a build that targets AVX-512.
 #pragma once
 
@@ -15,7 +15,11 @@
 
 #include <cstdint>
 
-namespace tessel::ops::detail {
+namespace tessel::ops::avx512 {
+// Internal linkage on purpose: this header is compiled into translation units of different ISA
+// levels, and an inline function or template instantiation with external linkage would be one
+// symbol that the linker takes from any of them, wider instructions and all.
+namespace {
 
 // Lanes [0, n) of a 16-lane mask, n clamped to [0, 16].
 inline __mmask16 head_mask(int64_t n) {
@@ -52,6 +56,7 @@ inline void transpose16(__m512 r[16]) {
   for (int i = 0; i < 16; ++i) r[i] = t[i];
 }
 
-}  // namespace tessel::ops::detail
+}  // namespace
+}  // namespace tessel::ops::avx512
 
 #endif  // __AVX512F__

@@ -13,6 +13,7 @@
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
 #include "tessel/core/version.h"
+#include "tessel/ops/isa.h"
 
 namespace tessel::train {
 namespace {
@@ -78,6 +79,7 @@ void record_start(const std::string& run_dir, RunStart start, const RunRecord& r
             {"tessel_version", version()},
             {"commit", commit()},
             {"host", host},
+            {"isa", ops::isa_description()},
             {"world_size", world},
             {"layout", r.layout}};
   if (!r.resumed_from.empty()) s["resumed_from"] = r.resumed_from;

@@ -12,6 +12,7 @@
 #include "tessel/core/log.h"
 #include "tessel/nn/models.h"
 #include "tessel/ops/cpu.h"
+#include "tessel/ops/isa.h"
 #include "tessel/optim/schedule.h"
 #include "tessel/parallel/parameter_server.h"
 #include "tessel/parallel/pipeline.h"
@@ -46,6 +47,9 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
   // BLAS thread (set by the launcher), a rank that owns its process uses runtime.threads.
   if (world->backend() == comm::Backend::kMpi || world->size() == 1)
     ops::set_blas_threads(config_.runtime.threads);
+  if (world->rank() == 0 && config_.parallel.precision == "bf16" && !ops::gemm_lowp_native())
+    log_info("ops: this CPU has no bf16 arithmetic (ISA level ", ops::isa_name(ops::isa()),
+             "): bf16 keeps its storage, buffers and messages, and computes in f32 FMAs");
   // (2 workers on 2 cores ran fashion_mlp 5% faster without a prefetch thread.)
   prefetch_ = resolve_prefetch(config_.train.prefetch, world->ranks_on_host(),
                                config_.runtime.threads,
@@ -477,6 +481,7 @@ json Trainer::summary(const State& s, const EvalResult& last_train, const EvalRe
       {"peak_rss_bytes", *std::max_element(rss.begin(), rss.end())},
       {"peak_rss_bytes_per_rank", rss},
       {"threads", config_.runtime.threads},
+      {"isa", ops::isa_name(ops::isa())},
       {"completed", completed},
       {"run_dir", run_dir_}};
   if (!epoch_records.empty()) out["ranks"] = epoch_records.back()["ranks"];

@@ -17,6 +17,7 @@
 
 #include "gemm_bf16.h"
 #include "gemm_shapes.h"
+#include "kernels.h"
 #include "grad_check.h"
 #include "tessel/core/error.h"
 #include "tessel/core/rng.h"
@@ -82,7 +83,7 @@ void run(Impl impl, const Case& c, Stored& A, int64_t lda, Stored& B, int64_t ld
   const ConstMatrix a{A.data(), A.type, lda}, b{B.data(), B.type, ldb};
   const Matrix m{C.data(), C.type, ldc};
   if (impl == Impl::kNative)
-    detail::gemm_bf16_avx512(c.ta, c.tb, c.M, c.N, c.K, c.alpha, a, b, c.beta, m);
+    kernels_for(Isa::kAvx512Bf16).gemm_bf16(c.ta, c.tb, c.M, c.N, c.K, c.alpha, a, b, c.beta, m);
   else
     detail::gemm_lowp_portable(c.ta, c.tb, c.M, c.N, c.K, c.alpha, a, b, c.beta, m);
 }
@@ -146,8 +147,9 @@ void check(Impl impl, const Case& c) {
 class GemmLowpTest : public ::testing::TestWithParam<Impl> {
  protected:
   void SetUp() override {
-    if (GetParam() == Impl::kNative && !detail::gemm_bf16_supported())
-      GTEST_SKIP() << "this CPU or build has no AVX512_BF16";
+    if (GetParam() == Impl::kNative && host_isa() < Isa::kAvx512Bf16)
+      GTEST_SKIP() << "this CPU or build has no AVX512_BF16 (host level " << isa_name(host_isa())
+                   << ")";
   }
 };
 

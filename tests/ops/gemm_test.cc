@@ -1,9 +1,11 @@
 // ops::gemm against a double-precision reference over all four transpose combinations, edge
 // sizes in every dimension, padded leading dimensions, alpha != 1 and beta in {0, 1, 0.5}.
-// With one BLAS thread an AVX-512 build runs tessel's own kernel, so these cases cover its
-// packing, row tiling, masked column edges, K blocking and transposed-product paths; a second
-// suite runs a few cases on two BLAS threads (OpenBLAS). Padding of A, B and C is poisoned:
-// NaN in A and B must not be read, C's must stay untouched; beta = 0 starts from a NaN C.
+// With one BLAS thread the kernel table's own GEMM runs; the suite runs at every ISA level the
+// host supports (portable, AVX2, AVX-512), so these cases cover each kernel's packing, row
+// tiling, masked column edges, K blocking and transposed-product paths; a second suite runs a
+// few cases on two BLAS threads (OpenBLAS). isa_test checks that the levels agree bit for bit.
+// Padding of A, B and C is poisoned: NaN in A and B must not be read, C's must stay untouched; beta
+// = 0 starts from a NaN C.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -20,6 +22,7 @@
 #include "tessel/core/error.h"
 #include "tessel/core/rng.h"
 #include "tessel/ops/cpu.h"
+#include "tessel/ops/isa.h"
 
 namespace tessel::ops {
 namespace {
@@ -124,23 +127,36 @@ void check(const Case& c) {
   EXPECT_EQ(failures, 0);
 }
 
-// Runs each test with `threads` BLAS threads and restores the previous count.
-class GemmTest : public ::testing::Test {
+// Runs each test at one ISA level with one BLAS thread, and restores both after.
+class GemmTest : public ::testing::TestWithParam<Isa> {
  protected:
-  explicit GemmTest(int threads = 1) : threads_(threads) {}
+  void SetUp() override {
+    saved_threads_ = blas_threads();
+    saved_isa_ = isa();
+    set_blas_threads(1);
+    set_isa(GetParam());
+  }
+  void TearDown() override {
+    set_blas_threads(saved_threads_);
+    set_isa(saved_isa_);
+  }
+
+ private:
+  int saved_threads_ = 1;
+  Isa saved_isa_ = Isa::kPortable;
+};
+
+// Two BLAS threads: OpenBLAS.
+class GemmTwoThreadsTest : public ::testing::Test {
+ protected:
   void SetUp() override {
     saved_ = blas_threads();
-    set_blas_threads(threads_);
+    set_blas_threads(2);
   }
   void TearDown() override { set_blas_threads(saved_); }
 
  private:
-  int threads_, saved_ = 1;
-};
-
-class GemmTwoThreadsTest : public GemmTest {
- protected:
-  GemmTwoThreadsTest() : GemmTest(2) {}
+  int saved_ = 1;
 };
 
 constexpr int64_t kSizes[] = {0, 1, 7, 13, 31, 33, 127, 129, 300, 784};
@@ -150,7 +166,7 @@ constexpr float kBetas[] = {0.0f, 1.0f, 0.5f};
 // Every size in every dimension, for each transpose combination, with the other two
 // dimensions drawn at random (redrawn while the case is too big for the reference to be quick)
 // and the padding, alpha and beta cycled.
-TEST_F(GemmTest, EdgeSizesAllTransposes) {
+TEST_P(GemmTest, EdgeSizesAllTransposes) {
   testing::for_each_edge_shape(
       kSizes, 2'000'000, CounterRng(42, mix_stream(RngPurpose::kData, 7)),
       [&](bool ta, bool tb, int64_t M, int64_t N, int64_t K, uint64_t seed) {
@@ -169,7 +185,7 @@ TEST_F(GemmTest, EdgeSizesAllTransposes) {
 // The GEMMs of the MLP (784-512-256-10) and CNN training steps, as linear and conv issue them,
 // beta alternating between 0 and 1: several K blocks (K = 784, 1568), narrow N computed as the
 // transposed product (N = 10, 16), short K (10, 16, 25, 32).
-TEST_F(GemmTest, ModelShapes) {
+TEST_P(GemmTest, ModelShapes) {
   struct Shape {
     bool ta, tb;
     int64_t M, N, K;
@@ -189,18 +205,18 @@ TEST_F(GemmTest, ModelShapes) {
 }
 
 // More rows than one packed A block and more columns than one packed B block hold.
-TEST_F(GemmTest, SeveralCacheBlocks) {
+TEST_P(GemmTest, SeveralCacheBlocks) {
   check({false, false, 700, 2100, 40, 3, 0, 5, 1.0f, 0.5f, 201});
   check({true, true, 350, 2080, 33, 0, 2, 0, -1.0f, 1.0f, 202});
 }
 
-TEST_F(GemmTest, EmptyInnerDimensionScalesC) {
+TEST_P(GemmTest, EmptyInnerDimensionScalesC) {
   for (float beta : {0.0f, 1.0f, 0.5f, -2.0f}) {
     check({false, true, 13, 33, 0, 0, 0, 2, 1.5f, beta, 300});
   }
 }
 
-TEST_F(GemmTest, EmptyOutputLeavesCUntouched) {
+TEST_P(GemmTest, EmptyOutputLeavesCUntouched) {
   Vec a(64, kNaN), b(64, kNaN), c(64, kSentinel);
   gemm(false, false, 0, 5, 7, 1.0f, a.data(), 7, b.data(), 5, 0.0f, c.data(), 5);
   gemm(true, true, 5, 0, 7, 1.0f, a.data(), 5, b.data(), 7, 0.0f, c.data(), 1);
@@ -208,7 +224,7 @@ TEST_F(GemmTest, EmptyOutputLeavesCUntouched) {
 }
 
 // alpha = 0 reads neither A nor B (as in OpenBLAS): a NaN there does not reach C.
-TEST_F(GemmTest, ZeroAlphaOnlyScalesC) {
+TEST_P(GemmTest, ZeroAlphaOnlyScalesC) {
   Vec a(12 * 20, kNaN), b(20 * 9, kNaN), c(12 * 9, 3.0f);
   gemm(false, false, 12, 9, 20, 0.0f, a.data(), 20, b.data(), 9, 0.5f, c.data(), 9);
   for (float v : c) EXPECT_EQ(v, 1.5f);
@@ -217,7 +233,7 @@ TEST_F(GemmTest, ZeroAlphaOnlyScalesC) {
 }
 
 // Each thread packs into its own scratch: concurrent calls of different shapes stay correct.
-TEST_F(GemmTest, ConcurrentCallsAreIndependent) {
+TEST_P(GemmTest, ConcurrentCallsAreIndependent) {
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([t] {
@@ -236,13 +252,18 @@ TEST_F(GemmTwoThreadsTest, OpenBlasPathAgrees) {
   check({true, true, 31, 13, 7, 0, 4, 0, 2.5f, 0.5f, 502});
 }
 
-TEST_F(GemmTest, RejectsBadArguments) {
+TEST_P(GemmTest, RejectsBadArguments) {
   Vec a(16), b(16), c(16);
   EXPECT_THROW(gemm(false, false, -1, 2, 2, 1.0f, a.data(), 2, b.data(), 2, 0.0f, c.data(), 2),
                Error);
   EXPECT_THROW(gemm(false, false, 2, 2, 3, 1.0f, a.data(), 2, b.data(), 2, 0.0f, c.data(), 2),
                Error);
 }
+
+INSTANTIATE_TEST_SUITE_P(EveryLevel, GemmTest, ::testing::ValuesIn(supported_isas()),
+                         [](const ::testing::TestParamInfo<Isa>& info) {
+                           return std::string(isa_name(info.param));
+                         });
 
 }  // namespace
 }  // namespace tessel::ops

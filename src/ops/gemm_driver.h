@@ -1,0 +1,140 @@
+// Private to ops: the blocking loops of tessel's f32 GEMM in the BLIS / GotoBLAS layout, shared
+// by the AVX2 and AVX-512 kernels (sgemm_avx2.cc, sgemm_avx512.cc), each of which includes this
+// header into its own ISA-specific translation unit and instantiates gemm_run with its policy.
+//
+// Terms: op(A) is M x K, op(B) is K x N. A tile is a block of at most Mr x Nr of C that the
+// micro-kernel holds in vector accumulators while it runs over k: per k it loads one row of Nr
+// floats of op(B), broadcasts each of the tile's op(A) values and issues Nr / lanes FMAs per
+// tile row. Its operands come packed into contiguous micro-panels: an A micro-panel holds the
+// tile's rows of op(A), in whichever of two layouts A's storage copies into without a
+// transpose (ALayout); a B micro-panel holds Nr columns of op(B) k-major, zero padded past
+// N, transposed in registers when B's columns run along k. Packing takes element strides, so
+// one kernel serves all four transpose combinations and any leading dimensions.
+//
+// M is cut into ceil(M / Mr) tiles of near equal height (128 rows at Mr = 14 -> 8 x 13 + 2 x
+// 12 rather than 9 x 14 + 2), since a short tile has too few independent FMA chains.
+// Blocking, outermost first:
+//   for each N block of <= kNc columns
+//     for each K block of sum_block_k(K) (beta applies in the first; later blocks add onto C)
+//       pack the op(B) block into B micro-panels (kc x nc, from L2/L3)
+//       for each group of <= kMcTiles tiles: pack their A micro-panels (stays in L2)
+//         for each B micro-panel (kc x Nr, stays in L1), for each tile: micro-kernel
+// The K blocks are the sum order every level shares (gemm_blocking.h), so the result's bits do
+// not depend on the level. When few tiles share each B micro-panel and B's rows are
+// contiguous, the kernel reads B in place instead (packing would cost about as much as it
+// saves).
+//
+// When N is far from a multiple of Nr while M is not (N = 10 would waste most lanes), the
+// product is computed transposed, C^T = op(B)^T op(A)^T: the operands swap roles and the kernel
+// stores its tile transposed. Every element's sum is the same either way.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "gemm_blocking.h"
+
+namespace tessel::ops::detail {
+// Internal linkage on purpose: this header is compiled into translation units of different ISA
+// levels, and an inline function or template instantiation with external linkage would be one
+// symbol that the linker takes from any of them, wider instructions and all.
+namespace {
+
+// Element (r, c) of a strided matrix view is p[r * rs + c * cs]; one of rs, cs is 1.
+struct View {
+  const float* p;
+  int64_t rs, cs;
+  const float* at(int64_t r, int64_t c) const { return p + r * rs + c * cs; }
+};
+
+// An A micro-panel comes in one of two layouts, whichever packs by plain copies:
+//   kInterleaved: a(i, k) at out[k * rows + i], from a matrix whose columns run along i;
+//   kRows: a(i, k) at out[i * kSumKc + k], from a matrix whose rows run along k. The row
+//   stride is the constant kSumKc so that the kernel addresses each row by an immediate offset.
+enum class ALayout { kInterleaved, kRows };
+
+inline ALayout a_layout(const View& a) {
+  return a.cs == 1 ? ALayout::kRows : ALayout::kInterleaved;
+}
+
+// Where a tile goes: its element (i, j) is c[i * rs + j * cs], columns j < cols are stored.
+// Either cs = 1 (C rows) or rs = 1 (transposed product, C columns).
+struct TileOut {
+  float* c;
+  int64_t rs, cs;
+  int cols;
+  float alpha, beta;  // beta = 0: C is not read
+};
+
+// The micro-kernel of a tile of `rows` rows; row k of the B micro-panel is at b + k * ldb.
+using TileKernel = void (*)(int64_t kc, const float* a, const float* b, int64_t ldb,
+                            const TileOut& t);
+
+// C = alpha * op(A) @ op(B) + beta * C over views; C(i, j) is c[i * rs_c + j * cs_c]. P is the
+// ISA's policy: kMr, kNr, kMcTiles, kNc, kDirectBTiles, pack_a, pack_b and kernel(layout, rows).
+template <class P>
+void gemm_blocks(int64_t M, int64_t N, int64_t K, float alpha, const View& a, const View& b,
+                 float beta, float* c, int64_t rs_c, int64_t cs_c) {
+  static thread_local Scratch<float> tls_a, tls_b;
+  const RowTiles<P::kMr> tiles(M);
+  const int64_t kc_max = sum_block_k(K);
+  const int64_t nc_max = std::min<int64_t>((N + P::kNr - 1) / P::kNr * P::kNr, P::kNc);
+  const ALayout layout = a_layout(a);
+  float* pa = tls_a.get(std::min(tiles.count, P::kMcTiles) * P::kMr * kSumKc);
+  float* pb = tls_b.get(nc_max * kc_max);
+  // Full B micro-panels are read in place (edge panels still need their zero padding).
+  const bool direct_b = b.cs == 1 && tiles.count <= P::kDirectBTiles;
+  for (int64_t j0 = 0; j0 < N; j0 += P::kNc) {
+    const int64_t nc = std::min(P::kNc, N - j0);
+    for (int64_t p0 = 0; p0 < K; p0 += kc_max) {
+      const int64_t kc = std::min(kc_max, K - p0);
+      const float beta_k = p0 == 0 ? beta : 1.0f;
+      for (int64_t jr = 0; jr < nc; jr += P::kNr) {
+        const int cols = static_cast<int>(std::min<int64_t>(P::kNr, nc - jr));
+        if (!direct_b || cols < P::kNr) {
+          P::pack_b(View{b.at(p0, j0 + jr), b.rs, b.cs}, kc, cols, pb + jr * kc);
+        }
+      }
+      for (int64_t t0 = 0; t0 < tiles.count; t0 += P::kMcTiles) {
+        const int64_t t1 = std::min(tiles.count, t0 + P::kMcTiles);
+        const int64_t a_row_floats = layout == ALayout::kRows ? kSumKc : kc;  // per tile row
+        float* dst = pa;
+        for (int64_t t = t0; t < t1; ++t) {
+          P::pack_a(View{a.at(tiles.start(t), p0), a.rs, a.cs}, tiles.rows(t), kc, dst);
+          dst += tiles.rows(t) * a_row_floats;
+        }
+        for (int64_t jr = 0; jr < nc; jr += P::kNr) {
+          const int cols = static_cast<int>(std::min<int64_t>(P::kNr, nc - jr));
+          const bool in_place = direct_b && cols == P::kNr;
+          const float* bp = in_place ? b.at(p0, j0 + jr) : pb + jr * kc;
+          const int64_t ldb = in_place ? b.rs : P::kNr;
+          const float* ap = pa;
+          for (int64_t t = t0; t < t1; ++t) {
+            const int rows = tiles.rows(t);
+            const TileOut out{
+                c + tiles.start(t) * rs_c + (j0 + jr) * cs_c, rs_c, cs_c, cols, alpha, beta_k};
+            P::kernel(layout, rows)(kc, ap, bp, ldb, out);
+            ap += rows * a_row_floats;
+          }
+        }
+      }
+    }
+  }
+}
+
+// ops::gemm's contract for K > 0 and alpha != 0 (the caller handles the rest).
+template <class P>
+void gemm_run(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+              const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+              int64_t ldc) {
+  const View a{A, trans_a ? 1 : lda, trans_a ? lda : 1};
+  const View b{B, trans_b ? 1 : ldb, trans_b ? ldb : 1};
+  if (transpose_product<P::kNr>(M, N)) {
+    gemm_blocks<P>(N, M, K, alpha, View{b.p, b.cs, b.rs}, View{a.p, a.cs, a.rs}, beta, C, 1, ldc);
+    return;
+  }
+  gemm_blocks<P>(M, N, K, alpha, a, b, beta, C, ldc, 1);
+}
+
+}  // namespace
+}  // namespace tessel::ops::detail

@@ -1,0 +1,145 @@
+// The ISA level: what the CPU runs (CPUID through the compiler's __builtin_cpu_supports, which
+// also checks that the OS saves the wider registers), what TESSEL_ISA asks for, and the kernel
+// table of each level. Compiled for the baseline x86-64, like everything outside the ISA
+// translation units.
+#include "tessel/ops/isa.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <string>
+
+#include "kernels.h"
+#include "tessel/core/error.h"
+
+namespace tessel::ops {
+namespace {
+
+constexpr Isa kLevels[] = {Isa::kPortable, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16};
+
+#ifdef TESSEL_BF16_KERNEL
+constexpr bool kBf16Built = true;
+constexpr auto kGemmBf16 = &avx512_bf16::gemm_bf16;
+#else
+constexpr bool kBf16Built = false;
+constexpr decltype(CpuKernels::gemm_bf16) kGemmBf16 = nullptr;
+#endif
+
+const CpuKernels kTables[] = {
+    {Isa::kPortable, &portable::sgemm, &portable::convert, &portable::maxpool_2x2, nullptr, nullptr,
+     nullptr, nullptr},
+    {Isa::kAvx2, &avx2::sgemm, &avx2::convert, &portable::maxpool_2x2, nullptr, nullptr, nullptr,
+     nullptr},
+    {Isa::kAvx512, &avx512::sgemm, &avx512::convert, &avx512::maxpool_2x2,
+     &avx512::conv_direct_scratch, &avx512::conv_direct_forward, &avx512::conv_direct_backward,
+     nullptr},
+    {Isa::kAvx512Bf16, &avx512::sgemm, &avx512::convert, &avx512::maxpool_2x2,
+     &avx512::conv_direct_scratch, &avx512::conv_direct_forward, &avx512::conv_direct_backward,
+     kGemmBf16},
+};
+
+Isa detect() {
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+                    __builtin_cpu_supports("f16c");
+  if (!avx2) return Isa::kPortable;
+  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  if (!avx512) return Isa::kAvx2;
+  return kBf16Built && __builtin_cpu_supports("avx512bf16") ? Isa::kAvx512Bf16 : Isa::kAvx512;
+}
+
+std::string supported_list() {
+  std::string s;
+  for (Isa l : supported_isas()) s += std::string(s.empty() ? "" : ", ") + isa_name(l);
+  return s;
+}
+
+void check_supported(Isa level, const char* what) {
+  if (level > host_isa()) {
+    throw InvalidArgument(str(what, ": this CPU runs at most ", isa_name(host_isa()), ", got ",
+                              isa_name(level), "; choose one of ", supported_list()));
+  }
+}
+
+Isa from_environment() {
+  const char* env = std::getenv("TESSEL_ISA");
+  if (env == nullptr || *env == '\0') return host_isa();
+  const Isa level = parse_isa(env);
+  check_supported(level, "TESSEL_ISA");
+  return level;
+}
+
+std::atomic<const CpuKernels*>& current() {
+  static std::atomic<const CpuKernels*> table{&kernels_for(from_environment())};
+  return table;
+}
+
+std::string cpu_model() {
+  std::ifstream in("/proc/cpuinfo");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      return colon == std::string::npos ? line
+                                        : line.substr(line.find_first_not_of(" \t", colon + 1));
+    }
+  }
+  return "unknown CPU";
+}
+
+}  // namespace
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::kPortable:
+      return "portable";
+    case Isa::kAvx2:
+      return "avx2";
+    case Isa::kAvx512:
+      return "avx512";
+    case Isa::kAvx512Bf16:
+      return "avx512_bf16";
+  }
+  return "?";
+}
+
+Isa parse_isa(std::string_view name) {
+  for (Isa l : kLevels) {
+    if (name == isa_name(l)) return l;
+  }
+  throw InvalidArgument(
+      str("isa: unknown level, got '", name, "'; use one of portable, avx2, avx512, avx512_bf16"));
+}
+
+Isa host_isa() {
+  static const Isa level = detect();
+  return level;
+}
+
+Isa isa() { return current().load(std::memory_order_relaxed)->isa; }
+
+void set_isa(Isa level) {
+  check_supported(level, "set_isa");
+  current().store(&kernels_for(level), std::memory_order_relaxed);
+}
+
+std::vector<Isa> supported_isas() {
+  std::vector<Isa> out;
+  for (Isa l : kLevels) {
+    if (l <= host_isa()) out.push_back(l);
+  }
+  return out;
+}
+
+std::string isa_description() {
+  return str(isa_name(isa()), " (host ", isa_name(host_isa()), "; ", cpu_model(), ")");
+}
+
+const CpuKernels& kernels() { return *current().load(std::memory_order_relaxed); }
+
+const CpuKernels& kernels_for(Isa level) {
+  check_supported(level, "kernels_for");
+  return kTables[static_cast<int>(level)];
+}
+
+}  // namespace tessel::ops

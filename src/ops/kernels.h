@@ -1,0 +1,85 @@
+// Private to ops: the CPU kernel table. Each ISA level (tessel/ops/isa.h) fills one table of
+// plain function pointers with kernels compiled for that level in their own translation units
+// (*_avx2.cc, *_avx512.cc, gemm_bf16.cc: only those carry the level's compiler flags, and only
+// the table reaches their code, so no wider instruction runs on a CPU without it). The public
+// ops (cpu.h) check their arguments and call kernels(). Optional slots are null where a level
+// has no kernel of its own; the caller then takes the portable path named beside the slot.
+// A device backend adds its own table beside this one.
+#pragma once
+
+#include <cstdint>
+
+#include "conv_impl.h"
+#include "tessel/ops/cpu.h"
+#include "tessel/ops/isa.h"
+
+namespace tessel::ops {
+
+struct CpuKernels {
+  Isa isa;
+  // ops::gemm for K > 0 and alpha != 0, in the sum order of gemm_blocking.h (every level gives
+  // the same bits). Single-threaded.
+  void (*sgemm)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
+                int64_t ldc);
+  // ops::convert between two different float types.
+  void (*convert)(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
+  // The 2x2, stride 2 max pool over `planes` planes of H x W (pool.cc).
+  void (*maxpool_2x2)(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H,
+                      int64_t W, int64_t OH, int64_t OW);
+  // (optional, default null: im2col + GEMM) The direct convolution of conv_impl.h, for the
+  // shapes conv2d_direct_supported takes.
+  int64_t (*conv_direct_scratch)(const Conv2dShape& s, const detail::ConvFusion& f);
+  void (*conv_direct_forward)(float* y, int32_t* argmax, const float* x, const float* w,
+                              const float* b, const detail::ConvFusion& f, const Conv2dShape& s,
+                              float* scratch);
+  void (*conv_direct_backward)(float* dx, float* dw, float* db, const float* dy, const float* y,
+                               const int32_t* argmax, const detail::ConvFusion& f, const float* x,
+                               const float* w, const Conv2dShape& s, float* scratch);
+  // (optional, default null: bf16-rounded operands through sgemm) gemm_lowp on native bf16
+  // dot products; the caller has checked sizes, K > 0 and alpha != 0.
+  void (*gemm_bf16)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                    ConstMatrix A, ConstMatrix B, float beta, Matrix C);
+};
+
+// The table of the level in use (isa()).
+const CpuKernels& kernels();
+// The table of a level this build and CPU support.
+const CpuKernels& kernels_for(Isa level);
+
+// The kernels of each level, defined in that level's translation units.
+namespace portable {
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
+void maxpool_2x2(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W,
+                 int64_t OH, int64_t OW);
+}  // namespace portable
+
+namespace avx2 {
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
+}  // namespace avx2
+
+namespace avx512 {
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
+void maxpool_2x2(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W,
+                 int64_t OH, int64_t OW);
+int64_t conv_direct_scratch(const Conv2dShape& s, const detail::ConvFusion& f);
+void conv_direct_forward(float* y, int32_t* argmax, const float* x, const float* w, const float* b,
+                         const detail::ConvFusion& f, const Conv2dShape& s, float* scratch);
+void conv_direct_backward(float* dx, float* dw, float* db, const float* dy, const float* y,
+                          const int32_t* argmax, const detail::ConvFusion& f, const float* x,
+                          const float* w, const Conv2dShape& s, float* scratch);
+}  // namespace avx512
+
+// Built only where the compiler targets AVX512_BF16 (TESSEL_BF16_KERNEL).
+namespace avx512_bf16 {
+void gemm_bf16(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+               ConstMatrix A, ConstMatrix B, float beta, Matrix C);
+}  // namespace avx512_bf16
+
+}  // namespace tessel::ops

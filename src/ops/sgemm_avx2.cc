@@ -1,0 +1,215 @@
+// tessel's single-threaded AVX2 + FMA SGEMM: the micro-kernel and packing of the blocking loops
+// in gemm_driver.h (which explains the terms), compiled for AVX2 and run only where the CPU has
+// it (isa.cc). A tile is up to kMr x kNr (6 x 16) of C in 12 ymm accumulators: per k one row of
+// 16 floats of op(B) in two ymm, each of the tile's op(A) values broadcast, two FMAs per row
+// (12 + 2 + 1 of the 16 ymm). Every element's sum runs in gemm_blocking.h's order, so the result
+// is the AVX-512 and portable kernels' to the bit.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <utility>
+
+#include "gemm_driver.h"
+#include "kernels.h"
+
+namespace tessel::ops::avx2 {
+namespace {
+
+using detail::a_layout;
+using detail::ALayout;
+using detail::kSumKc;
+using detail::TileOut;
+using detail::View;
+
+constexpr int kL = 8;    // floats per ymm
+constexpr int kMr = 6;   // 2 x 6 accumulators + 2 rows of B + 1 broadcast = 15 of 16 ymm
+constexpr int kNr = 16;  // two ymm per tile row
+// kc (kSumKc, 320): a B micro-panel of kc x 16 floats (20 KiB) stays in a 32 KiB L1 while the
+// tiles stream their A micro-panels from L2.
+constexpr int64_t kKc = kSumKc;
+constexpr int64_t kMcTiles = 24;       // 144 rows: an A block of 144 x 320 floats is 180 KiB of L2
+constexpr int64_t kNc = 2048;          // a B block of 320 x 2048 floats (2.5 MiB) in L3
+constexpr int64_t kDirectBTiles = 24;  // B read in place up to 144 rows
+
+// Lanes [0, n) of an 8-lane mask (n clamped to [0, 8]), for maskload / maskstore.
+inline __m256i head_mask(int64_t n) {
+  const int m = static_cast<int>(std::clamp<int64_t>(n, 0, kL));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// In-register transpose of the 8 x 8 block r[row] lane col -> r[col] lane row.
+inline void transpose8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int g = 0; g < 2; ++g) {
+    u[4 * g] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+    r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+  }
+}
+
+void pack_a(const View& a, int rows, int64_t kc, float* out) {
+  if (a_layout(a) == ALayout::kRows) {
+    const __m256i tail = head_mask(kc % kL);
+    for (int i = 0; i < rows; ++i) {
+      const float* src = a.at(i, 0);
+      float* dst = out + i * kKc;
+      int64_t k = 0;
+      for (; k + kL <= kc; k += kL) _mm256_storeu_ps(dst + k, _mm256_loadu_ps(src + k));
+      if (k < kc) _mm256_maskstore_ps(dst + k, tail, _mm256_maskload_ps(src + k, tail));
+    }
+    return;
+  }
+  const __m256i row_mask = head_mask(rows);
+  for (int64_t k = 0; k < kc; ++k) {
+    _mm256_maskstore_ps(out + k * rows, row_mask, _mm256_maskload_ps(a.at(0, k), row_mask));
+  }
+}
+
+// B micro-panel: out[k * kNr + j] = b(k, j) for j < cols <= kNr, zero for cols <= j < kNr.
+void pack_b(const View& b, int64_t kc, int cols, float* out) {
+  if (b.cs == 1) {  // b's rows run along j
+    if (cols == kNr) {
+      for (int64_t k = 0; k < kc; ++k) {
+        _mm256_storeu_ps(out + k * kNr, _mm256_loadu_ps(b.at(k, 0)));
+        _mm256_storeu_ps(out + k * kNr + kL, _mm256_loadu_ps(b.at(k, 0) + kL));
+      }
+      return;
+    }
+    const __m256i lo = head_mask(cols), hi = head_mask(cols - kL);
+    for (int64_t k = 0; k < kc; ++k) {
+      _mm256_storeu_ps(out + k * kNr, _mm256_maskload_ps(b.at(k, 0), lo));
+      _mm256_storeu_ps(out + k * kNr + kL, _mm256_maskload_ps(b.at(k, 0) + kL, hi));
+    }
+    return;
+  }
+  // b's columns run along k: transpose 8 x 8 blocks, each half of the panel on its own.
+  for (int64_t k0 = 0; k0 < kc; k0 += kL) {
+    const int64_t kt = std::min<int64_t>(kL, kc - k0);
+    const __m256i k_mask = head_mask(kt);
+    for (int h = 0; h < kNr; h += kL) {
+      __m256 r[kL];
+      for (int j = 0; j < kL; ++j) {
+        r[j] = h + j < cols ? (kt == kL ? _mm256_loadu_ps(b.at(k0, h + j))
+                                        : _mm256_maskload_ps(b.at(k0, h + j), k_mask))
+                            : _mm256_setzero_ps();
+      }
+      transpose8(r);
+      for (int64_t k = 0; k < kt; ++k) _mm256_storeu_ps(out + (k0 + k) * kNr + h, r[k]);
+    }
+  }
+}
+
+// c = alpha * acc + beta * c over the first n lanes.
+inline void update(float* c, int n, __m256 acc, __m256 alpha, float beta) {
+  __m256 v = _mm256_mul_ps(alpha, acc);
+  if (n >= kL) {
+    if (beta != 0.0f) v = _mm256_fmadd_ps(_mm256_set1_ps(beta), _mm256_loadu_ps(c), v);
+    _mm256_storeu_ps(c, v);
+    return;
+  }
+  if (n <= 0) return;
+  const __m256i m = head_mask(n);
+  if (beta != 0.0f) v = _mm256_fmadd_ps(_mm256_set1_ps(beta), _mm256_maskload_ps(c, m), v);
+  _mm256_maskstore_ps(c, m, v);
+}
+
+// Tile of the transposed product, its accumulators stored to tile[R][kNr] (through the stack, so
+// that the accumulator registers never have their address taken, which would make gcc store
+// them after every FMA): each C row (a tile column) takes one update of R lanes.
+template <int R>
+void store_transposed(const float (*tile)[kNr], const TileOut& t) {
+  const __m256 alpha = _mm256_set1_ps(t.alpha);
+  for (int j = 0; j < t.cols; ++j) {
+    alignas(32) float col[kL] = {};
+    for (int i = 0; i < R; ++i) col[i] = tile[i][j];
+    update(t.c + j * t.cs, R, _mm256_load_ps(col), alpha, t.beta);
+  }
+}
+
+// The R x kNr tile C = alpha * (A micro-panel @ B micro-panel) + beta * C.
+template <int R, ALayout L>
+void micro_kernel(int64_t kc, const float* __restrict a, const float* __restrict b, int64_t ldb,
+                  const TileOut& t) {
+  if (t.cs == 1) {
+    for (int i = 0; i < R; ++i) {
+      _mm_prefetch(reinterpret_cast<const char*>(t.c + i * t.rs), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(t.c + i * t.rs + kNr - 1), _MM_HINT_T0);
+    }
+  }
+  __m256 acc0[R], acc1[R];
+#pragma GCC unroll 6
+  for (int i = 0; i < R; ++i) acc0[i] = acc1[i] = _mm256_setzero_ps();
+#pragma GCC unroll 4
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + kL);
+#pragma GCC unroll 6
+    for (int i = 0; i < R; ++i) {
+      const __m256 ai = _mm256_broadcast_ss(L == ALayout::kRows ? a + i * kKc : a + i);
+      acc0[i] = _mm256_fmadd_ps(ai, b0, acc0[i]);
+      acc1[i] = _mm256_fmadd_ps(ai, b1, acc1[i]);
+    }
+    a += L == ALayout::kRows ? 1 : R;
+    b += ldb;
+  }
+  if (t.cs != 1) {
+    alignas(32) float tile[R][kNr];
+#pragma GCC unroll 6
+    for (int i = 0; i < R; ++i) {
+      _mm256_store_ps(tile[i], acc0[i]);
+      _mm256_store_ps(tile[i] + kL, acc1[i]);
+    }
+    store_transposed<R>(tile, t);
+    return;
+  }
+  const __m256 alpha = _mm256_set1_ps(t.alpha);
+#pragma GCC unroll 6
+  for (int i = 0; i < R; ++i) {
+    float* row = t.c + i * t.rs;
+    update(row, t.cols, acc0[i], alpha, t.beta);
+    update(row + kL, t.cols - kL, acc1[i], alpha, t.beta);
+  }
+}
+
+// kKernels<L>[R] runs a tile of R rows.
+template <ALayout L, int... I>
+constexpr std::array<detail::TileKernel, kMr + 1> make_kernels(std::integer_sequence<int, I...>) {
+  return {nullptr, &micro_kernel<I + 1, L>...};
+}
+template <ALayout L>
+constexpr auto kKernels = make_kernels<L>(std::make_integer_sequence<int, kMr>{});
+
+struct Policy {
+  static constexpr int kMr = avx2::kMr, kNr = avx2::kNr;
+  static constexpr int64_t kMcTiles = avx2::kMcTiles, kNc = avx2::kNc,
+                           kDirectBTiles = avx2::kDirectBTiles;
+  static void pack_a(const View& a, int rows, int64_t kc, float* out) {
+    avx2::pack_a(a, rows, kc, out);
+  }
+  static void pack_b(const View& b, int64_t kc, int cols, float* out) {
+    avx2::pack_b(b, kc, cols, out);
+  }
+  static detail::TileKernel kernel(ALayout layout, int rows) {
+    return layout == ALayout::kRows ? kKernels<ALayout::kRows>[rows]
+                                    : kKernels<ALayout::kInterleaved>[rows];
+  }
+};
+
+}  // namespace
+
+void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
+  detail::gemm_run<Policy>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+}  // namespace tessel::ops::avx2

@@ -1,0 +1,192 @@
+// The ISA levels (tessel/ops/isa.h): names and their errors, and the promise that every level
+// the host supports computes the same bits as the portable one: the f32 GEMM over edge and
+// model shapes (and a row's result whatever the call's row count), conversions between the
+// float types, and the 2x2 max pool. The suites of each kernel (gemm_test, conv_test, ...) check
+// each level against its reference; this one checks the levels against each other.
+#include "tessel/ops/isa.h"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "gemm_shapes.h"
+#include "grad_check.h"
+#include "kernels.h"
+#include "tessel/core/error.h"
+#include "tessel/core/rng.h"
+#include "tessel/ops/cpu.h"
+
+namespace tessel::ops {
+namespace {
+
+using testing::Vec;
+
+TEST(Isa, NamesRoundTripAndUnknownNamesAreRefused) {
+  for (Isa l : {Isa::kPortable, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+    EXPECT_EQ(parse_isa(isa_name(l)), l);
+  }
+  try {
+    parse_isa("avx3");
+    FAIL() << "avx3 was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'avx3'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("portable, avx2, avx512, avx512_bf16"), std::string::npos)
+        << e.what();
+  }
+}
+
+TEST(Isa, HostLevelIsSupportedAndHigherOnesAreRefused) {
+  const std::vector<Isa> levels = supported_isas();
+  ASSERT_FALSE(levels.empty());
+  EXPECT_EQ(levels.front(), Isa::kPortable);
+  EXPECT_EQ(levels.back(), host_isa());
+  EXPECT_LE(isa(), host_isa());
+  if (host_isa() == Isa::kAvx512Bf16) GTEST_SKIP() << "no level above this host's";
+  const Isa above = static_cast<Isa>(static_cast<int>(host_isa()) + 1);
+  EXPECT_THROW(set_isa(above), InvalidArgument);
+  EXPECT_NE(isa_description().find(isa_name(host_isa())), std::string::npos);
+}
+
+// C of one GEMM case at `level`, C starting from `c0` (beta != 0) or NaN (beta = 0).
+Vec gemm_at(Isa level, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const Vec& A,
+            const Vec& B, float beta, const Vec& c0) {
+  Vec C = beta == 0.0f ? Vec(M * N, std::numeric_limits<float>::quiet_NaN()) : c0;
+  kernels_for(level).sgemm(ta, tb, M, N, K, alpha, A.data(), ta ? M : K, B.data(), tb ? K : N, beta,
+                           C.data(), N);
+  return C;
+}
+
+// Bitwise equality, naming the first differing element.
+void expect_same_bits(const Vec& got, const Vec& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    if (std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(want[i])) {
+      FAIL() << what << ": element " << i << " is " << got[i] << ", want " << want[i];
+    }
+  }
+}
+
+TEST(Isa, GemmGivesThePortableBitsAtEveryLevel) {
+  constexpr int64_t kSizes[] = {1, 7, 13, 31, 33, 129, 320, 321, 784, 1000};
+  testing::for_each_edge_shape(
+      kSizes, 3'000'000, CounterRng(7, mix_stream(RngPurpose::kData, 3)),
+      [&](bool ta, bool tb, int64_t M, int64_t N, int64_t K, uint64_t seed) {
+        const Vec A = testing::randn(M * K, seed * 3), B = testing::randn(K * N, seed * 3 + 1);
+        const Vec c0 = testing::randn(M * N, seed * 3 + 2);
+        const float alpha = seed % 3 == 0 ? -0.75f : 1.0f;
+        const float beta = seed % 2 == 0 ? 0.0f : (seed % 4 == 1 ? 1.0f : 0.5f);
+        const Vec want = gemm_at(Isa::kPortable, ta, tb, M, N, K, alpha, A, B, beta, c0);
+        for (Isa l : supported_isas()) {
+          expect_same_bits(gemm_at(l, ta, tb, M, N, K, alpha, A, B, beta, c0), want,
+                           std::string(isa_name(l)) + (ta ? " T" : " N") + (tb ? "T" : "N") +
+                               " M=" + std::to_string(M) + " N=" + std::to_string(N) +
+                               " K=" + std::to_string(K));
+        }
+      });
+}
+
+// A row's result does not depend on how many rows the call has (the promise behind "the same
+// bytes on any worker count" and the KV cache's bits): rows [3, 3 + m) of a 200-row product
+// equal a product of those m rows alone, for the linear layer's forward (B transposed) and
+// backward (B plain) orientations.
+TEST(Isa, ARowsBitsDoNotDependOnTheRowCount) {
+  constexpr int64_t M = 200, N = 96, K = 700;
+  for (bool tb : {true, false}) {
+    const Vec A = testing::randn(M * K, 11), B = testing::randn(K * N, 12);
+    for (Isa l : supported_isas()) {
+      const Vec all = gemm_at(l, false, tb, M, N, K, 1.0f, A, B, 0.0f, {});
+      for (int64_t m : {1, 2, 5, 17, 64}) {
+        const Vec part(A.begin() + 3 * K, A.begin() + (3 + m) * K);
+        const Vec got = gemm_at(l, false, tb, m, N, K, 1.0f, part, B, 0.0f, {});
+        expect_same_bits(got, Vec(all.begin() + 3 * N, all.begin() + (3 + m) * N),
+                         std::string(isa_name(l)) + " rows=" + std::to_string(m));
+      }
+    }
+  }
+}
+
+// Random floats with the special values mixed in: NaN, infinities, signed zeros, f32 and f16
+// subnormals, values that round to even in bf16 and f16, f16 overflow.
+std::vector<float> awkward_floats(int64_t n) {
+  std::vector<float> v = testing::randn(n, 21);
+  const float specials[] = {std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            0.0f,
+                            -0.0f,
+                            1e-40f,
+                            -3e-39f,
+                            6e-8f,
+                            3e-5f,
+                            65504.0f,
+                            70000.0f,
+                            std::bit_cast<float>(0x3f808000u),
+                            std::bit_cast<float>(0x3f818000u),
+                            std::numeric_limits<float>::quiet_NaN()};
+  for (size_t i = 0; i < std::size(specials); ++i) v[i * 7 % n] = specials[i];
+  for (int64_t i = 0; i < n; i += 5) v[i] *= 1e4f;
+  return v;
+}
+
+// Bits of n elements of type t, NaNs all alike (f16 NaN payloads are not promised).
+std::vector<uint32_t> canonical(const void* p, DType t, int64_t n) {
+  std::vector<uint32_t> out(n);
+  for (int64_t i = 0; i < n; ++i) {
+    float f;
+    if (t == DType::kF32) {
+      f = static_cast<const float*>(p)[i];
+    } else {
+      const uint16_t h = static_cast<const uint16_t*>(p)[i];
+      f = t == DType::kF16 ? f16_to_f32(h) : bf16_to_f32(h);
+    }
+    out[i] = std::isnan(f) ? 0x7fc00000u : std::bit_cast<uint32_t>(f);
+  }
+  return out;
+}
+
+TEST(Isa, ConversionsGiveThePortableBitsAtEveryLevel) {
+  constexpr int64_t n = 1003;  // whole vectors and a tail
+  const std::vector<float> f32 = awkward_floats(n);
+  const DType types[] = {DType::kF32, DType::kBF16, DType::kF16};
+  for (DType from : types) {
+    // The source in its own type, made by the portable conversion.
+    std::vector<uint32_t> src(n);
+    if (from != DType::kF32) portable::convert(src.data(), from, f32.data(), DType::kF32, n);
+    const void* in = from == DType::kF32 ? static_cast<const void*>(f32.data()) : src.data();
+    for (DType to : types) {
+      if (to == from) continue;
+      std::vector<uint32_t> want(n), got(n);
+      portable::convert(want.data(), to, in, from, n);
+      for (Isa l : supported_isas()) {
+        kernels_for(l).convert(got.data(), to, in, from, n);
+        EXPECT_EQ(canonical(got.data(), to, n), canonical(want.data(), to, n))
+            << isa_name(l) << ": " << dtype_name(from) << " -> " << dtype_name(to);
+      }
+    }
+  }
+}
+
+TEST(Isa, MaxPoolGivesThePortableResultAtEveryLevel) {
+  constexpr int64_t planes = 5, H = 13, W = 29, OH = 6, OW = 14;
+  Vec x = testing::randn(planes * H * W, 31);
+  x[40] = std::numeric_limits<float>::quiet_NaN();
+  x[41] = x[42] = 2.0f;  // ties keep the first in scan order
+  Vec want(planes * OH * OW), got(want.size());
+  std::vector<int32_t> want_at(want.size()), got_at(want.size());
+  portable::maxpool_2x2(want.data(), want_at.data(), x.data(), planes, H, W, OH, OW);
+  for (Isa l : supported_isas()) {
+    kernels_for(l).maxpool_2x2(got.data(), got_at.data(), x.data(), planes, H, W, OH, OW);
+    EXPECT_EQ(canonical(got.data(), DType::kF32, got.size()),
+              canonical(want.data(), DType::kF32, want.size()))
+        << isa_name(l);
+    EXPECT_EQ(got_at, want_at) << isa_name(l);
+  }
+}
+
+}  // namespace
+}  // namespace tessel::ops

@@ -1,0 +1,104 @@
+// CUDA kernels as forward/backward free functions over device pointers (llm.c llmc/*.cuh
+// style: one layer per source file in src/ops/cuda/, each a kernel pair plus a host launcher).
+// They mirror cpu.h: same shapes, row-major and contiguous, same contracts:
+//   - forward writes its outputs (=) and the cache its backward needs;
+//   - backward OVERWRITES dx and ACCUMULATES (+=) into parameter gradients (dw, db, dtable),
+//     which are always f32; a null dx means "not needed" and is skipped;
+//   - activations are of type t, f32 or bf16 (InvalidArgument otherwise); arithmetic in f32.
+// Every pointer is device memory; every launcher only enqueues work on `stream` (asynchronous,
+// nothing is read back) and checks the launch. Results are deterministic: no float atomics, each
+// sum in one fixed order whatever the device, so two runs give the same bits.
+// Where a GPU cache differs from the CPU's (attention keeps lse[B,NH,T], not att[B,NH,T,T];
+// cross-entropy keeps lse[N], probabilities optional) the comment says so.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "tessel/tensor/dtype.h"
+
+namespace tessel::ops::cuda {
+
+// ---- Elementwise over n values ----
+void relu_forward(void* y, const void* x, int64_t n, DType t, cudaStream_t stream);
+void relu_backward(void* dx, const void* dy, const void* y, int64_t n, DType t,
+                   cudaStream_t stream);  // y = the forward's output
+// GELU, tanh form: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as ops::gelu_forward.
+void gelu_forward(void* y, const void* x, int64_t n, DType t, cudaStream_t stream);
+void gelu_backward(void* dx, const void* dy, const void* x, int64_t n, DType t,
+                   cudaStream_t stream);
+// y = a + b (the residual add; its backward is a copy to both inputs).
+void add_forward(void* y, const void* a, const void* b, int64_t n, DType t, cudaStream_t stream);
+// dst[i] = src[i] between f32 and bf16 (round to nearest even, as tessel::f32_to_bf16).
+void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n,
+             cudaStream_t stream);
+// db[OC] += the column sums of dy[N,OC] (the linear layer's bias gradient).
+void bias_backward(float* db, const void* dy, DType t, int64_t N, int64_t OC,
+                   cudaStream_t stream);
+
+// ---- LayerNorm over the last dimension: x[N,C], w[C], b[C] of type t; eps = 1e-5 ----
+// Caches mean[N] and rstd[N] (f32; 1/sqrt(var + eps), biased variance, two-pass).
+void layernorm_forward(void* y, float* mean, float* rstd, const void* x, const void* w,
+                       const void* b, int64_t N, int64_t C, DType t, cudaStream_t stream);
+void layernorm_backward(void* dx, float* dw, float* db, const void* dy, const void* x,
+                        const void* w, const float* mean, const float* rstd, int64_t N,
+                        int64_t C, DType t, cudaStream_t stream);
+
+// ---- Fused log-softmax + cross-entropy over logits[N,C] of type t, labels[N] ----
+// Writes loss[0] = the mean over the N rows (one fixed-order sum), losses[N] (each row's
+// loss) and lse[N] (each row's log-sum-exp, the backward's cache). probs[N,C] (f32, the
+// softmax, as ops::cross_entropy_forward writes it) only when not null: the fused path needs
+// none. A label outside [0, C) makes its row's loss NaN (the CPU throws; validate labels on the
+// host where they are loaded).
+void cross_entropy_forward(float* loss, float* losses, float* lse, float* probs,
+                           const void* logits, const int32_t* labels, int64_t N, int64_t C,
+                           DType t, cudaStream_t stream);
+// dlogits = (softmax(logits) - onehot(labels - lo)) * dloss / N, the softmax recomputed from
+// logits and lse; dlogits may be logits itself (in place). Labels outside [lo, lo + C) add
+// nothing, as in ops::cross_entropy_backward.
+void cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
+                            const int32_t* labels, int64_t N, int64_t C, float dloss,
+                            int64_t lo, DType t, cudaStream_t stream);
+
+// ---- Embedding: y[N,C] = table[ids[n] - lo, :], table[rows,C] holding ids [lo, lo + rows) --
+// Ids in [0, V) outside the slice give zero rows; ids outside [0, V) give NaN rows (the CPU
+// throws). The backward adds rows in the order of n, without atomics: the same sums in the
+// same order as the CPU's loop, so f32 results are the CPU's bits.
+void embedding_forward(void* y, const int32_t* ids, const void* table, int64_t N, int64_t V,
+                       int64_t C, int64_t lo, int64_t rows, DType t, cudaStream_t stream);
+void embedding_backward(float* dtable, const void* dy, const int32_t* ids, int64_t N, int64_t C,
+                        int64_t lo, int64_t rows, DType t, cudaStream_t stream);
+
+// ---- Causal multi-head self-attention, flash style ----
+// qkv[B,T,3C] (q, k, v side by side, C = NH * HS), out[B,T,C]. Online softmax over key tiles:
+// no T x T matrix is ever stored. The cache is lse[B,NH,T] (f32, each query row's
+// log-sum-exp of its scaled scores), not the CPU's att; the backward recomputes the
+// probabilities from it and needs the forward's out. It OVERWRITES all of dqkv[B,T,3C].
+// Head sizes 32, 64 and 128 (attention_head_size_supported); InvalidArgument otherwise.
+bool attention_head_size_supported(int64_t HS);
+void attention_forward(void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t C,
+                       int64_t NH, DType t, cudaStream_t stream);
+void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
+                        const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, DType t,
+                        cudaStream_t stream);
+
+// ---- Optimizer over a flat f32 arena ----
+// One AdamW step (torch.optim.AdamW, as tessel::optim's AdamW: decoupled decay, bias
+// correction by the 1-based step) over n parameters, reading grads * grad_scale; m and v are
+// the state. When `working` is not null, the new parameters are also written there as
+// working_type (bf16 for now; round to nearest even), the 16-bit copy the next forward reads.
+struct AdamWStep {
+  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
+  int64_t step = 1;  // t, counting from 1
+  float grad_scale = 1.0f;
+};
+void adamw_step(float* params, const float* grads, float* m, float* v, void* working,
+                DType working_type, int64_t n, const AdamWStep& k, cudaStream_t stream);
+// out[0] = sum of x[i]^2 over n floats, in f64 (as optim::sum_squares), in a fixed order:
+// kSumSquaresParts partial sums (in `partials`, caller-owned, that many doubles) then one.
+// The global norm is sqrt of that (summed over shards first).
+constexpr int kSumSquaresParts = 528;  // a multiple of 132 (the H100/H200 SM count)
+void sum_squares(double* out, double* partials, const float* x, int64_t n, cudaStream_t stream);
+
+}  // namespace tessel::ops::cuda

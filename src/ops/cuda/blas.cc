@@ -1,0 +1,153 @@
+// cuBLASLt GEMMs. Row-major C[M,N] = op(A) op(B) is, read column-major, C^T[N,M] =
+// op(B)^T op(A)^T: cuBLASLt's "A" is our B and its "B" our A, with the same transposes.
+// Descriptors are made per call (a few microseconds); a cache keyed by shape can come when the
+// engine's launch overhead is measured.
+#include "tessel/ops/cuda/blas.h"
+
+#include <cublasLt.h>
+
+#include <cstdint>
+
+#include "tessel/ops/cuda/check.h"
+#include "tessel/ops/cuda/kernels.h"
+
+namespace tessel::ops::cuda {
+namespace {
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kBF16: return CUDA_R_16BF;
+    case DType::kF16: return CUDA_R_16F;
+    default:
+      throw InvalidArgument(str("cuda gemm: operands must be f32, bf16 or f16, got ",
+                                dtype_name(t)));
+  }
+}
+
+// The largest power of two (<= 256) dividing the address: cuBLASLt assumes 256-byte aligned
+// buffers unless told, and views into arenas need not be.
+uint32_t alignment(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  uint32_t align = 256;
+  while (align > 1 && (a % align) != 0) align /= 2;
+  return align;
+}
+
+// RAII for the per-call descriptors.
+struct Desc {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulPreference_t pref = nullptr;
+  ~Desc() {
+    if (pref) cublasLtMatmulPreferenceDestroy(pref);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (op) cublasLtMatmulDescDestroy(op);
+  }
+};
+
+template <typename V>
+void set_op(cublasLtMatmulDesc_t op, cublasLtMatmulDescAttributes_t attr, const V& v) {
+  check_cublas(cublasLtMatmulDescSetAttribute(op, attr, &v, sizeof(v)),
+               "cublasLtMatmulDescSetAttribute");
+}
+
+template <typename V>
+void set_pref(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t attr, V v) {
+  check_cublas(cublasLtMatmulPreferenceSetAttribute(p, attr, &v, sizeof(v)),
+               "cublasLtMatmulPreferenceSetAttribute");
+}
+
+}  // namespace
+
+Blas::Blas() {
+  check_cublas(cublasLtCreate(&handle_), "cublasLtCreate");
+  const cudaError_t e = cudaMalloc(&workspace_, kWorkspaceBytes);
+  if (e != cudaSuccess) {
+    cublasLtDestroy(handle_);
+    check_cuda(e, "cudaMalloc of the cuBLASLt workspace");
+  }
+}
+
+Blas::~Blas() noexcept {
+  if (workspace_ != nullptr) cudaFree(workspace_);
+  if (handle_ != nullptr) cublasLtDestroy(handle_);
+}
+
+size_t cublaslt_version() { return cublasLtGetVersion(); }
+
+void gemm(Blas& blas, cudaStream_t stream, bool trans_a, bool trans_b, int64_t M, int64_t N,
+          int64_t K, float alpha, ConstMatrix A, ConstMatrix B, float beta, Matrix C,
+          const void* bias) {
+  TESSEL_CHECK(M >= 0 && N >= 0 && K >= 0, "cuda gemm: negative shape M=", M, " N=", N, " K=", K);
+  if (M == 0 || N == 0) return;
+  if (A.type != B.type)
+    throw InvalidArgument(str("cuda gemm: A and B must have one type, got ", dtype_name(A.type),
+                              " and ", dtype_name(B.type), "; convert one first (cuda::convert)"));
+  if (C.type != DType::kF32 && C.type != A.type)
+    throw InvalidArgument(str("cuda gemm: C must be f32 or A's type (", dtype_name(A.type),
+                              "), got ", dtype_name(C.type)));
+  const cudaDataType_t ab = cuda_type(A.type), c = cuda_type(C.type);
+  Desc d;
+  // CUBLAS_COMPUTE_32F is plain f32 (no TF32) for f32 inputs, f32 accumulation for 16-bit ones.
+  check_cublas(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+               "cublasLtMatmulDescCreate");
+  const cublasOperation_t op_a = trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's A = our B
+  const cublasOperation_t op_b = trans_a ? CUBLAS_OP_T : CUBLAS_OP_N;  // cuBLASLt's B = our A
+  set_op(d.op, CUBLASLT_MATMUL_DESC_TRANSA, op_a);
+  set_op(d.op, CUBLASLT_MATMUL_DESC_TRANSB, op_b);
+  if (bias != nullptr) {
+    set_op(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, CUBLASLT_EPILOGUE_BIAS);
+    set_op(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, bias);
+  }
+  // Column-major shapes (rows, cols, ld) of the stored matrices.
+  const uint64_t rows_a = trans_b ? K : N, cols_a = trans_b ? N : K;
+  const uint64_t rows_b = trans_a ? M : K, cols_b = trans_a ? K : M;
+  check_cublas(cublasLtMatrixLayoutCreate(&d.a, ab, rows_a, cols_a, B.ld), "layout of B");
+  check_cublas(cublasLtMatrixLayoutCreate(&d.b, ab, rows_b, cols_b, A.ld), "layout of A");
+  check_cublas(cublasLtMatrixLayoutCreate(&d.c, c, N, M, C.ld), "layout of C");
+
+  check_cublas(cublasLtMatmulPreferenceCreate(&d.pref), "cublasLtMatmulPreferenceCreate");
+  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{Blas::kWorkspaceBytes});
+  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment(B.p));
+  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(A.p));
+  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(C.p));
+  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(C.p));
+  cublasLtMatmulHeuristicResult_t best{};
+  int found = 0;
+  check_cublas(cublasLtMatmulAlgoGetHeuristic(blas.handle(), d.op, d.a, d.b, d.c, d.c, d.pref, 1,
+                                              &best, &found),
+               "cublasLtMatmulAlgoGetHeuristic");
+  if (found == 0)
+    throw CudaError(str("cublas: no cuBLASLt algorithm for M=", M, " N=", N, " K=", K, " ",
+                        dtype_name(A.type), " -> ", dtype_name(C.type),
+                        "; pad the leading dimensions to a multiple of 8 elements"));
+  // K = 0 leaves C = beta * C (+ bias): cuBLASLt does that itself.
+  check_cublas(cublasLtMatmul(blas.handle(), d.op, &alpha, B.p, d.a, A.p, d.b, &beta, C.p, d.c,
+                              C.p, d.c, &best.algo, blas.workspace(), Blas::kWorkspaceBytes,
+                              stream),
+               "cublasLtMatmul");
+}
+
+void linear_forward(Blas& blas, cudaStream_t stream, void* y, const void* x, const void* w,
+                    const void* b, DType t, int64_t N, int64_t C, int64_t OC) {
+  // y[N,OC] = x[N,C] @ w[OC,C]^T (+ b through the epilogue)
+  gemm(blas, stream, false, true, N, OC, C, 1.0f, {x, t, C}, {w, t, C}, 0.0f, {y, t, OC}, b);
+}
+
+void linear_backward(Blas& blas, cudaStream_t stream, void* dx, float* dw, float* db,
+                     const void* dy, const void* x, const void* w, DType t, int64_t N, int64_t C,
+                     int64_t OC) {
+  // dx[N,C] = dy[N,OC] @ w[OC,C]   (overwritten)
+  if (dx != nullptr)
+    gemm(blas, stream, false, false, N, C, OC, 1.0f, {dy, t, OC}, {w, t, C}, 0.0f, {dx, t, C});
+  // dw[OC,C] += dy^T @ x            (accumulated, f32)
+  gemm(blas, stream, true, false, OC, C, N, 1.0f, {dy, t, OC}, {x, t, C}, 1.0f,
+       {dw, DType::kF32, C});
+  // db[OC] += column sums of dy
+  if (db != nullptr) bias_backward(db, dy, t, N, OC, stream);
+}
+
+}  // namespace tessel::ops::cuda

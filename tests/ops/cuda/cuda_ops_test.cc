@@ -1,0 +1,246 @@
+// The CUDA kernel table against the CPU ops (tessel/ops/cpu.h) on random inputs of odd shapes:
+// elementwise, LayerNorm, cross-entropy, embedding, AdamW and the sum of squares. f32 to 1e-5
+// relative, bf16 to 1e-2; every output poisoned with NaN before the run, every accumulated
+// gradient started from random values. Without a device every test skips, saying why.
+#include <cstring>
+
+#include "tessel/ops/cpu.h"
+#include "tessel/ops/cuda/kernels.h"
+#include "tessel/optim/optimizer.h"
+#include "tessel/optim/schedule.h"
+#include "cuda_test_util.h"
+
+namespace tessel::ops::cuda::testing {
+namespace {
+
+constexpr double kF32Tol = 1e-5;
+constexpr double kBf16Tol = 1e-2;
+const DType kTypes[] = {DType::kF32, DType::kBF16};
+
+double tol(DType t) { return t == DType::kF32 ? kF32Tol : kBf16Tol; }
+Vec as_type(Vec v, DType t) { return t == DType::kF32 ? v : round_bf16(std::move(v)); }
+
+class CudaOps : public Gpu {};
+
+TEST_F(CudaOps, ElementwiseMatchCpu) {
+  const int64_t n = 10007;
+  for (DType t : kTypes) {
+    const Vec x = as_type(randn(n, 1, 2.0f), t), y2 = as_type(randn(n, 2), t);
+    const Vec dy = as_type(randn(n, 3), t);
+    Vec relu(n), drelu(n), gelu(n), dgelu(n), sum(n);
+    ops::relu_forward(relu.data(), x.data(), n);
+    ops::relu_backward(drelu.data(), dy.data(), relu.data(), n);
+    ops::gelu_forward(gelu.data(), x.data(), n);
+    ops::gelu_backward(dgelu.data(), dy.data(), x.data(), n);
+    ops::add_forward(sum.data(), x.data(), y2.data(), n);
+    DeviceBuffer gx = upload(x, t), gy2 = upload(y2, t), gdy = upload(dy, t);
+    DeviceBuffer grelu = poisoned(n, t), gdrelu = poisoned(n, t), ggelu = poisoned(n, t),
+                 gdgelu = poisoned(n, t), gsum = poisoned(n, t);
+    relu_forward(grelu.get(), gx.get(), n, t, nullptr);
+    relu_backward(gdrelu.get(), gdy.get(), grelu.get(), n, t, nullptr);
+    gelu_forward(ggelu.get(), gx.get(), n, t, nullptr);
+    gelu_backward(gdgelu.get(), gdy.get(), gx.get(), n, t, nullptr);
+    add_forward(gsum.get(), gx.get(), gy2.get(), n, t, nullptr);
+    const std::string ty = dtype_name(t);
+    expect_close(download(grelu, n, t), as_type(relu, t), tol(t), "relu_forward " + ty);
+    expect_close(download(gdrelu, n, t), as_type(drelu, t), tol(t), "relu_backward " + ty);
+    expect_close(download(ggelu, n, t), as_type(gelu, t), tol(t), "gelu_forward " + ty);
+    expect_close(download(gdgelu, n, t), as_type(dgelu, t), tol(t), "gelu_backward " + ty);
+    expect_close(download(gsum, n, t), as_type(sum, t), tol(t), "add_forward " + ty);
+  }
+}
+
+TEST_F(CudaOps, ConvertRoundsToNearestEvenAsTheCpu) {
+  const int64_t n = 4099;
+  Vec x = randn(n, 7, 3.0f);
+  x[0] = 1.00390625f;  // halfway between two bf16 values: ties to even
+  x[1] = -0.0f;
+  DeviceBuffer gx = upload(x), gb = poisoned(n, DType::kBF16), gback = poisoned(n);
+  convert(gb.get(), DType::kBF16, gx.get(), DType::kF32, n, nullptr);
+  convert(gback.get(), DType::kF32, gb.get(), DType::kBF16, n, nullptr);
+  expect_same_bits(download(gback, n), round_bf16(x), "convert f32 -> bf16 -> f32");
+}
+
+TEST_F(CudaOps, LayerNormForwardAndBackwardMatchCpu) {
+  for (DType t : kTypes)
+    for (const auto& [N, C] : {std::pair<int64_t, int64_t>{37, 771}, {5, 3}, {129, 768}}) {
+      const Vec x = as_type(randn(N * C, 1, 2.0f), t), w = as_type(randn(C, 2), t);
+      const Vec b = as_type(randn(C, 3), t), dy = as_type(randn(N * C, 4), t);
+      const Vec dw0 = randn(C, 5), db0 = randn(C, 6);
+      Vec y(N * C), mean(N), rstd(N), dx(N * C), dw = dw0, db = db0;
+      ops::layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(), b.data(), N,
+                             C);
+      ops::layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(),
+                              mean.data(), rstd.data(), N, C);
+      DeviceBuffer gx = upload(x, t), gw = upload(w, t), gb = upload(b, t), gdy = upload(dy, t);
+      DeviceBuffer gy = poisoned(N * C, t), gmean = poisoned(N), grstd = poisoned(N),
+                   gdx = poisoned(N * C, t), gdw = upload(dw0), gdb = upload(db0);
+      layernorm_forward(gy.get(), gmean.as<float>(), grstd.as<float>(), gx.get(), gw.get(),
+                        gb.get(), N, C, t, nullptr);
+      layernorm_backward(gdx.get(), gdw.as<float>(), gdb.as<float>(), gdy.get(), gx.get(),
+                         gw.get(), gmean.as<float>(), grstd.as<float>(), N, C, t, nullptr);
+      const std::string tag = str(" ", dtype_name(t), " ", N, "x", C);
+      // The statistics are f32 on both sides whatever t: the f32 tolerance applies.
+      expect_close(download(gmean, N), mean, kF32Tol, "layernorm mean" + tag);
+      expect_close(download(grstd, N), rstd, kF32Tol, "layernorm rstd" + tag);
+      expect_close(download(gy, N * C, t), as_type(y, t), tol(t), "layernorm y" + tag);
+      expect_close(download(gdx, N * C, t), as_type(dx, t), tol(t), "layernorm dx" + tag);
+      expect_close(download(gdw, C), dw, tol(t), "layernorm dw (accumulated)" + tag);
+      expect_close(download(gdb, C), db, tol(t), "layernorm db (accumulated)" + tag);
+    }
+}
+
+TEST_F(CudaOps, CrossEntropyMatchesCpuWithAndWithoutProbabilities) {
+  for (DType t : kTypes)
+    for (const auto& [N, C] : {std::pair<int64_t, int64_t>{33, 1001}, {1, 2}, {64, 50304}}) {
+      const Vec logits = as_type(randn(N * C, 1, 3.0f), t);
+      const auto labels = rand_ids(N, 0, static_cast<int32_t>(C), 2);
+      Vec probs(N * C), dlogits(N * C);
+      const float loss = ops::cross_entropy_forward(probs.data(), logits.data(), labels.data(), N, C);
+      ops::cross_entropy_backward(dlogits.data(), probs.data(), labels.data(), N, C, 0.75f);
+      DeviceBuffer glogits = upload(logits, t), glabels = upload_ints(labels);
+      DeviceBuffer gloss = poisoned(1), glosses = poisoned(N), glse = poisoned(N),
+                   gprobs = poisoned(N * C), gd = poisoned(N * C, t);
+      cross_entropy_forward(gloss.as<float>(), glosses.as<float>(), glse.as<float>(),
+                            gprobs.as<float>(), glogits.get(), glabels.as<int32_t>(), N, C, t,
+                            nullptr);
+      cross_entropy_backward(gd.get(), glogits.get(), glse.as<float>(), glabels.as<int32_t>(), N,
+                             C, 0.75f, 0, t, nullptr);
+      const std::string tag = str(" ", dtype_name(t), " ", N, "x", C);
+      expect_close(download(gloss, 1), {loss}, kF32Tol, "cross_entropy loss" + tag);
+      expect_close(download(gprobs, N * C), probs, kF32Tol, "cross_entropy probs" + tag);
+      expect_close(download(gd, N * C, t), as_type(dlogits, t), tol(t),
+                   "cross_entropy dlogits" + tag);
+      // The fused path: no probabilities, backward in place over the logits.
+      cross_entropy_forward(gloss.as<float>(), glosses.as<float>(), glse.as<float>(), nullptr,
+                            glogits.get(), glabels.as<int32_t>(), N, C, t, nullptr);
+      cross_entropy_backward(glogits.get(), glogits.get(), glse.as<float>(),
+                             glabels.as<int32_t>(), N, C, 0.75f, 0, t, nullptr);
+      expect_close(download(glogits, N * C, t), as_type(dlogits, t), tol(t),
+                   "cross_entropy dlogits in place" + tag);
+    }
+}
+
+TEST_F(CudaOps, CrossEntropyBackwardOfAClassSliceSkipsOtherRanksLabels) {
+  const int64_t N = 40, C = 97, lo = 50;  // this rank holds classes [50, 147) of 200
+  const Vec logits = randn(N * C, 3);
+  const auto labels = rand_ids(N, 0, 200, 4);
+  // probs from the slice's own softmax are enough to check the one-hot placement.
+  Vec probs(N * C), want(N * C);
+  std::vector<int32_t> local(N, 0);
+  ops::cross_entropy_forward(probs.data(), logits.data(), local.data(), N, C);
+  ops::cross_entropy_backward(want.data(), probs.data(), labels.data(), N, C, 1.0f, lo);
+  DeviceBuffer glogits = upload(logits), glabels = upload_ints(labels), glocal = upload_ints(local);
+  DeviceBuffer gloss = poisoned(1), glosses = poisoned(N), glse = poisoned(N), gd = poisoned(N * C);
+  cross_entropy_forward(gloss.as<float>(), glosses.as<float>(), glse.as<float>(), nullptr,
+                        glogits.get(), glocal.as<int32_t>(), N, C, DType::kF32, nullptr);
+  cross_entropy_backward(gd.get(), glogits.get(), glse.as<float>(), glabels.as<int32_t>(), N, C,
+                         1.0f, lo, DType::kF32, nullptr);
+  expect_close(download(gd, N * C), want, kF32Tol, "cross_entropy dlogits, class slice");
+}
+
+TEST_F(CudaOps, EmbeddingMatchesCpuAndItsBackwardIsTheCpusBits) {
+  for (DType t : kTypes) {
+    const int64_t N = 300, V = 97, C = 130;
+    for (const auto& [lo, rows] : {std::pair<int64_t, int64_t>{0, V}, {20, 41}}) {
+      const Vec table = as_type(randn(rows * C, 1), t), dy = as_type(randn(N * C, 2), t);
+      const Vec dt0 = randn(rows * C, 3);
+      const auto ids = rand_ids(N, 0, static_cast<int32_t>(V), 4);
+      Vec y(N * C), dtable = dt0;
+      ops::embedding_forward(y.data(), ids.data(), table.data(), N, V, C, lo, rows);
+      ops::embedding_backward(dtable.data(), dy.data(), ids.data(), N, C, lo, rows);
+      DeviceBuffer gtable = upload(table, t), gdy = upload(dy, t), gids = upload_ints(ids);
+      DeviceBuffer gy = poisoned(N * C, t), gdt = upload(dt0);
+      embedding_forward(gy.get(), gids.as<int32_t>(), gtable.get(), N, V, C, lo, rows, t,
+                        nullptr);
+      embedding_backward(gdt.as<float>(), gdy.get(), gids.as<int32_t>(), N, C, lo, rows, t,
+                         nullptr);
+      const std::string tag = str(" ", dtype_name(t), " lo=", lo, " rows=", rows);
+      expect_same_bits(download(gy, N * C, t), y, "embedding y" + tag);
+      // Same additions in the same order (n ascending) as the CPU loop: the same bits.
+      expect_same_bits(download(gdt, rows * C), dtable, "embedding dtable" + tag);
+    }
+  }
+}
+
+TEST_F(CudaOps, AdamWMatchesTheCpuOptimizerAndWritesTheBf16Copy) {
+  const int64_t n = 10007;
+  optim::OptimSpec spec;
+  spec.kind = "adamw";
+  spec.lr = 3e-3f;
+  spec.weight_decay = 0.1f;
+  spec.beta2 = 0.95f;
+  auto cpu = optim::make_optimizer(spec, n);
+  Vec params = randn(n, 1);
+  DeviceBuffer gp = upload(params), gm = upload(Vec(n, 0.0f)), gv = upload(Vec(n, 0.0f));
+  DeviceBuffer gwork = poisoned(n, DType::kBF16);
+  for (int step = 1; step <= 3; ++step) {
+    const Vec grads = randn(n, 10 + step);
+    const optim::Segment seg{params.data(), grads.data(), n, 0};
+    cpu->step({&seg, 1}, spec.lr, 0.5f);
+    DeviceBuffer gg = upload(grads);
+    AdamWStep k;
+    k.lr = spec.lr;
+    k.beta1 = spec.beta1;
+    k.beta2 = spec.beta2;
+    k.eps = spec.eps;
+    k.weight_decay = spec.weight_decay;
+    k.step = step;
+    k.grad_scale = 0.5f;
+    adamw_step(gp.as<float>(), gg.as<float>(), gm.as<float>(), gv.as<float>(), gwork.get(),
+               DType::kBF16, n, k, nullptr);
+  }
+  const auto state = cpu->state();
+  const Vec m(state[0].values.data<float>(), state[0].values.data<float>() + n);
+  const Vec v(state[1].values.data<float>(), state[1].values.data<float>() + n);
+  const Vec got = download(gp, n);
+  expect_close(got, params, 1e-6, "adamw params, 3 steps");
+  expect_close(download(gm, n), m, 1e-6, "adamw exp_avg");
+  expect_close(download(gv, n), v, 1e-6, "adamw exp_avg_sq");
+  expect_same_bits(download(gwork, n, DType::kBF16), round_bf16(got), "adamw bf16 working copy");
+  int64_t same = 0;
+  for (int64_t i = 0; i < n; ++i) same += std::memcmp(&got[i], &params[i], sizeof(float)) == 0;
+  std::printf("[ cuda tests ] adamw params bit-identical to the CPU: %lld of %lld\n",
+              static_cast<long long>(same), static_cast<long long>(n));
+}
+
+TEST_F(CudaOps, SumSquaresIsTheCpusInF64AndRepeatsExactly) {
+  for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{1000}, (int64_t{1} << 20) + 3}) {
+    const Vec x = randn(n, 1);
+    const double want = optim::sum_squares(x.data(), n);
+    DeviceBuffer gx = upload(x), out(2 * sizeof(double)), parts(kSumSquaresParts * sizeof(double));
+    double got[2];
+    for (int run = 0; run < 2; ++run) {
+      sum_squares(out.as<double>() + run, parts.as<double>(), gx.as<float>(), n, nullptr);
+      check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    }
+    out.download(got, sizeof(got));
+    EXPECT_NEAR(got[0], want, 1e-12 * (want + 1.0)) << "n=" << n;
+    EXPECT_EQ(std::memcmp(&got[0], &got[1], sizeof(double)), 0) << "n=" << n;
+  }
+}
+
+TEST_F(CudaOps, BackwardsAreDeterministic) {
+  const int64_t N = 513, C = 768, V = 50;
+  const Vec x = randn(N * C, 1), w = randn(C, 2), b = randn(C, 3), dy = randn(N * C, 4);
+  const auto ids = rand_ids(N, 0, V, 5);
+  DeviceBuffer gx = upload(x), gw = upload(w), gb = upload(b), gdy = upload(dy), gids = upload_ints(ids);
+  DeviceBuffer gy(N * C * 4), gmean(N * 4), grstd(N * 4), gdx(N * C * 4);
+  layernorm_forward(gy.get(), gmean.as<float>(), grstd.as<float>(), gx.get(), gw.get(), gb.get(),
+                    N, C, DType::kF32, nullptr);
+  Vec runs[2][3];
+  for (auto& run : runs) {
+    DeviceBuffer gdw = upload(Vec(C, 0.0f)), gdb = upload(Vec(C, 0.0f)), gdt = upload(Vec(V * C, 0.0f));
+    layernorm_backward(gdx.get(), gdw.as<float>(), gdb.as<float>(), gdy.get(), gx.get(), gw.get(),
+                       gmean.as<float>(), grstd.as<float>(), N, C, DType::kF32, nullptr);
+    embedding_backward(gdt.as<float>(), gdy.get(), gids.as<int32_t>(), N, C, 0, V, DType::kF32,
+                       nullptr);
+    run[0] = download(gdw, C);
+    run[1] = download(gdb, C);
+    run[2] = download(gdt, V * C);
+  }
+  for (int k = 0; k < 3; ++k) expect_same_bits(runs[0][k], runs[1][k], str("backward output ", k));
+}
+
+}  // namespace
+}  // namespace tessel::ops::cuda::testing

@@ -1,17 +1,22 @@
 // Elementwise activations, the residual add and row softmax. Loops are kept branch-free where
-// possible so gcc -O3 -march=native vectorises them.
+// possible so gcc -O3 vectorises them; GELU, whose exp is worth wider vectors, runs the kernel
+// table's loops of the ISA level in use (activation_loops.h).
 #include <cmath>
 
+#include "activation_loops.h"
+#include "kernels.h"
 #include "tessel/ops/cpu.h"
 #include "vec_math.h"
 
 namespace tessel::ops {
-namespace {
 
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
-constexpr float kGeluCube = 0.044715f;
+void portable::gelu_forward(float* y, const float* x, int64_t n) {
+  detail::gelu_forward_loop(y, x, n);
+}
 
-}  // namespace
+void portable::gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
+  detail::gelu_backward_loop(dx, dy, x, n);
+}
 
 void relu_forward(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
@@ -22,24 +27,11 @@ void relu_backward(float* dx, const float* dy, const float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
 }
 
-void gelu_forward(float* y, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) {
-    float v = x[i];
-    float u = kGeluScale * (v + kGeluCube * v * v * v);
-    y[i] = 0.5f * v * (1.0f + detail::tanh(u));
-  }
-}
+void gelu_forward(float* y, const float* x, int64_t n) { kernels().gelu_forward(y, x, n); }
 
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
   if (dx == nullptr) return;
-  for (int64_t i = 0; i < n; ++i) {
-    float v = x[i];
-    float u = kGeluScale * (v + kGeluCube * v * v * v);
-    float t = detail::tanh(u);
-    // d/dx [0.5 x (1 + tanh u)] = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) du/dx
-    float du = kGeluScale * (1.0f + 3.0f * kGeluCube * v * v);
-    dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
-  }
+  kernels().gelu_backward(dx, dy, x, n);
 }
 
 void add_forward(float* y, const float* a, const float* b, int64_t n) {

@@ -24,22 +24,25 @@ struct CpuKernels {
                 int64_t ldc);
   // ops::convert between two different float types.
   void (*convert)(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
+  // ops::gelu_forward and gelu_backward over f32 (dx not null).
+  void (*gelu_forward)(float* y, const float* x, int64_t n);
+  void (*gelu_backward)(float* dx, const float* dy, const float* x, int64_t n);
   // The 2x2, stride 2 max pool over `planes` planes of H x W (pool.cc).
   void (*maxpool_2x2)(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H,
                       int64_t W, int64_t OH, int64_t OW);
   // (optional, default null: im2col + GEMM) The direct convolution of conv_impl.h, for the
   // shapes conv2d_direct_supported takes.
-  int64_t (*conv_direct_scratch)(const Conv2dShape& s, const detail::ConvFusion& f);
+  int64_t (*conv_direct_scratch)(const Conv2dShape& s, const detail::ConvFusion& f) = nullptr;
   void (*conv_direct_forward)(float* y, int32_t* argmax, const float* x, const float* w,
                               const float* b, const detail::ConvFusion& f, const Conv2dShape& s,
-                              float* scratch);
+                              float* scratch) = nullptr;
   void (*conv_direct_backward)(float* dx, float* dw, float* db, const float* dy, const float* y,
                                const int32_t* argmax, const detail::ConvFusion& f, const float* x,
-                               const float* w, const Conv2dShape& s, float* scratch);
+                               const float* w, const Conv2dShape& s, float* scratch) = nullptr;
   // (optional, default null: bf16-rounded operands through sgemm) gemm_lowp on native bf16
   // dot products; the caller has checked sizes, K > 0 and alpha != 0.
   void (*gemm_bf16)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                    ConstMatrix A, ConstMatrix B, float beta, Matrix C);
+                    ConstMatrix A, ConstMatrix B, float beta, Matrix C) = nullptr;
 };
 
 // The table of the level in use (isa()).
@@ -49,6 +52,8 @@ const CpuKernels& kernels_for(Isa level);
 
 // The kernels of each level, defined in that level's translation units.
 namespace portable {
+void gelu_forward(float* y, const float* x, int64_t n);
+void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
@@ -57,12 +62,16 @@ void maxpool_2x2(float* y, int32_t* argmax, const float* x, int64_t planes, int6
 }  // namespace portable
 
 namespace avx2 {
+void gelu_forward(float* y, const float* x, int64_t n);
+void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
 }  // namespace avx2
 
 namespace avx512 {
+void gelu_forward(float* y, const float* x, int64_t n);
+void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);

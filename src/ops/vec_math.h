@@ -9,6 +9,9 @@
 #include <cstdint>
 
 namespace tessel::ops::detail {
+// Internal linkage on purpose: ISA translation units include this header too (kernels.h says
+// why an inline function with external linkage must not be shared with them).
+namespace {
 
 // sum over i in [0, n) of f(i), with kLanes independent partial sums (also more accurate than
 // one running sum).
@@ -78,4 +81,5 @@ inline float softmax_row(float* y, const float* x, int64_t C, float* row_max) {
   return std::log(total);
 }
 
+}  // namespace
 }  // namespace tessel::ops::detail

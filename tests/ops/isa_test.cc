@@ -1,8 +1,8 @@
 // The ISA levels (tessel/ops/isa.h): names and their errors, and the promise that every level
 // the host supports computes the same bits as the portable one: the f32 GEMM over edge and
 // model shapes (and a row's result whatever the call's row count), conversions between the
-// float types, and the 2x2 max pool. The suites of each kernel (gemm_test, conv_test, ...) check
-// each level against its reference; this one checks the levels against each other.
+// float types, GELU and the 2x2 max pool. The suites of each kernel (gemm_test, conv_test, ...)
+// check each level against its reference; this one checks the levels against each other.
 #include "tessel/ops/isa.h"
 
 #include <gtest/gtest.h>
@@ -168,6 +168,24 @@ TEST(Isa, ConversionsGiveThePortableBitsAtEveryLevel) {
             << isa_name(l) << ": " << dtype_name(from) << " -> " << dtype_name(to);
       }
     }
+  }
+}
+
+TEST(Isa, GeluGivesThePortableBitsAtEveryLevel) {
+  constexpr int64_t n = 1003;
+  std::vector<float> x = awkward_floats(n);
+  for (int64_t i = 0; i < n; i += 3) x[i] *= 1e-4f;  // the range where tanh's polynomial works
+  const Vec dy = testing::randn(n, 22);
+  Vec want_y(n), want_dx(n), y(n), dx(n);
+  portable::gelu_forward(want_y.data(), x.data(), n);
+  portable::gelu_backward(want_dx.data(), dy.data(), x.data(), n);
+  for (Isa l : supported_isas()) {
+    kernels_for(l).gelu_forward(y.data(), x.data(), n);
+    kernels_for(l).gelu_backward(dx.data(), dy.data(), x.data(), n);
+    EXPECT_EQ(canonical(y.data(), DType::kF32, n), canonical(want_y.data(), DType::kF32, n))
+        << isa_name(l);
+    EXPECT_EQ(canonical(dx.data(), DType::kF32, n), canonical(want_dx.data(), DType::kF32, n))
+        << isa_name(l);
   }
 }
 

@@ -1,0 +1,39 @@
+// Private to ops: the GELU loops, compiled into the portable kernels (elementwise.cc) and into
+// each ISA level's translation units (elementwise_avx2.cc, elementwise_avx512.cc), where the
+// compiler vectorises them 8 or 16 lanes wide. The same source at every level, no contraction
+// and lanes only across independent elements: the same bits at every level.
+#pragma once
+
+#include <cstdint>
+
+#include "vec_math.h"
+
+namespace tessel::ops::detail {
+// Internal linkage on purpose (see vec_math.h).
+namespace {
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
+constexpr float kGeluCube = 0.044715f;
+
+// y = 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))
+inline void gelu_forward_loop(float* y, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float v = x[i];
+    float u = kGeluScale * (v + kGeluCube * v * v * v);
+    y[i] = 0.5f * v * (1.0f + tanh(u));
+  }
+}
+
+inline void gelu_backward_loop(float* dx, const float* dy, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    float v = x[i];
+    float u = kGeluScale * (v + kGeluCube * v * v * v);
+    float t = tanh(u);
+    // d/dx [0.5 x (1 + tanh u)] = 0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) du/dx
+    float du = kGeluScale * (1.0f + 3.0f * kGeluCube * v * v);
+    dx[i] = dy[i] * (0.5f * (1.0f + t) + 0.5f * v * (1.0f - t * t) * du);
+  }
+}
+
+}  // namespace
+}  // namespace tessel::ops::detail

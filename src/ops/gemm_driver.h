@@ -30,7 +30,9 @@
 #pragma once
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
+#include <utility>
 
 #include "gemm_blocking.h"
 
@@ -70,8 +72,24 @@ struct TileOut {
 using TileKernel = void (*)(int64_t kc, const float* a, const float* b, int64_t ldb,
                             const TileOut& t);
 
-// C = alpha * op(A) @ op(B) + beta * C over views; C(i, j) is c[i * rs_c + j * cs_c]. P is the
-// ISA's policy: kMr, kNr, kMcTiles, kNc, kDirectBTiles, pack_a, pack_b and kernel(layout, rows).
+// An ISA's policy P: kMr, kNr, kMcTiles, kNc, kDirectBTiles, pack_a, pack_b, and the
+// micro-kernel of a tile of R rows in layout L as P::tile<R, L> (a TileKernel).
+
+// The micro-kernels of P by layout and tile height: tile_kernel<P>(layout, rows).
+template <class P, ALayout L, int... I>
+constexpr std::array<TileKernel, P::kMr + 1> tile_kernels(std::integer_sequence<int, I...>) {
+  return {nullptr, P::template tile<I + 1, L>...};
+}
+template <class P>
+TileKernel tile_kernel(ALayout layout, int rows) {
+  static constexpr auto kRows =
+      tile_kernels<P, ALayout::kRows>(std::make_integer_sequence<int, P::kMr>{});
+  static constexpr auto kInterleaved =
+      tile_kernels<P, ALayout::kInterleaved>(std::make_integer_sequence<int, P::kMr>{});
+  return layout == ALayout::kRows ? kRows[rows] : kInterleaved[rows];
+}
+
+// C = alpha * op(A) @ op(B) + beta * C over views; C(i, j) is c[i * rs_c + j * cs_c].
 template <class P>
 void gemm_blocks(int64_t M, int64_t N, int64_t K, float alpha, const View& a, const View& b,
                  float beta, float* c, int64_t rs_c, int64_t cs_c) {
@@ -113,7 +131,7 @@ void gemm_blocks(int64_t M, int64_t N, int64_t K, float alpha, const View& a, co
             const int rows = tiles.rows(t);
             const TileOut out{
                 c + tiles.start(t) * rs_c + (j0 + jr) * cs_c, rs_c, cs_c, cols, alpha, beta_k};
-            P::kernel(layout, rows)(kc, ap, bp, ldb, out);
+            tile_kernel<P>(layout, rows)(kc, ap, bp, ldb, out);
             ap += rows * a_row_floats;
           }
         }

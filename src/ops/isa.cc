@@ -26,6 +26,23 @@ constexpr decltype(CpuKernels::gemm_bf16) kGemmBf16 = nullptr;
 #endif
 
 // Designated initializers: a slot left out is null (its portable default, kernels.h).
+constexpr CpuKernels kAvx512Table = {.isa = Isa::kAvx512,
+                                     .sgemm = &avx512::sgemm,
+                                     .convert = &avx512::convert,
+                                     .gelu_forward = &avx512::gelu_forward,
+                                     .gelu_backward = &avx512::gelu_backward,
+                                     .maxpool_2x2 = &avx512::maxpool_2x2,
+                                     .conv_direct_scratch = &avx512::conv_direct_scratch,
+                                     .conv_direct_forward = &avx512::conv_direct_forward,
+                                     .conv_direct_backward = &avx512::conv_direct_backward};
+
+// avx512_bf16: the avx512 table and the native bf16 GEMM.
+constexpr CpuKernels with_bf16(CpuKernels t) {
+  t.isa = Isa::kAvx512Bf16;
+  t.gemm_bf16 = kGemmBf16;
+  return t;
+}
+
 const CpuKernels kTables[] = {
     {.isa = Isa::kPortable,
      .sgemm = &portable::sgemm,
@@ -39,25 +56,8 @@ const CpuKernels kTables[] = {
      .gelu_forward = &avx2::gelu_forward,
      .gelu_backward = &avx2::gelu_backward,
      .maxpool_2x2 = &portable::maxpool_2x2},
-    {.isa = Isa::kAvx512,
-     .sgemm = &avx512::sgemm,
-     .convert = &avx512::convert,
-     .gelu_forward = &avx512::gelu_forward,
-     .gelu_backward = &avx512::gelu_backward,
-     .maxpool_2x2 = &avx512::maxpool_2x2,
-     .conv_direct_scratch = &avx512::conv_direct_scratch,
-     .conv_direct_forward = &avx512::conv_direct_forward,
-     .conv_direct_backward = &avx512::conv_direct_backward},
-    {.isa = Isa::kAvx512Bf16,
-     .sgemm = &avx512::sgemm,
-     .convert = &avx512::convert,
-     .gelu_forward = &avx512::gelu_forward,
-     .gelu_backward = &avx512::gelu_backward,
-     .maxpool_2x2 = &avx512::maxpool_2x2,
-     .conv_direct_scratch = &avx512::conv_direct_scratch,
-     .conv_direct_forward = &avx512::conv_direct_forward,
-     .conv_direct_backward = &avx512::conv_direct_backward,
-     .gemm_bf16 = kGemmBf16},
+    kAvx512Table,
+    with_bf16(kAvx512Table),
 };
 
 Isa detect() {

@@ -7,9 +7,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <array>
 #include <cstdint>
-#include <utility>
 
 #include "gemm_driver.h"
 #include "kernels.h"
@@ -181,14 +179,6 @@ void micro_kernel(int64_t kc, const float* __restrict a, const float* __restrict
   }
 }
 
-// kKernels<L>[R] runs a tile of R rows.
-template <ALayout L, int... I>
-constexpr std::array<detail::TileKernel, kMr + 1> make_kernels(std::integer_sequence<int, I...>) {
-  return {nullptr, &micro_kernel<I + 1, L>...};
-}
-template <ALayout L>
-constexpr auto kKernels = make_kernels<L>(std::make_integer_sequence<int, kMr>{});
-
 struct Policy {
   static constexpr int kMr = avx2::kMr, kNr = avx2::kNr;
   static constexpr int64_t kMcTiles = avx2::kMcTiles, kNc = avx2::kNc,
@@ -199,10 +189,8 @@ struct Policy {
   static void pack_b(const View& b, int64_t kc, int cols, float* out) {
     avx2::pack_b(b, kc, cols, out);
   }
-  static detail::TileKernel kernel(ALayout layout, int rows) {
-    return layout == ALayout::kRows ? kKernels<ALayout::kRows>[rows]
-                                    : kKernels<ALayout::kInterleaved>[rows];
-  }
+  template <int R, ALayout L>
+  static constexpr detail::TileKernel tile = &micro_kernel<R, L>;
 };
 
 }  // namespace

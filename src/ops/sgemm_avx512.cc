@@ -3,10 +3,8 @@
 // it (isa.cc). A tile is up to kMr x kNr (14 x 32) of C in 28 zmm accumulators: per k one row of
 // 32 floats of op(B) in two zmm, each of the tile's op(A) values broadcast, two FMAs per row.
 #include <algorithm>
-#include <array>
 #include <cstddef>
 #include <new>
-#include <utility>
 
 #include "gemm_driver.h"
 #include "kernels.h"
@@ -151,14 +149,6 @@ void micro_kernel(int64_t kc, const float* __restrict a, const float* __restrict
   }
 }
 
-// kKernels<L>[R] runs a tile of R rows.
-template <ALayout L, int... I>
-constexpr std::array<detail::TileKernel, kMr + 1> make_kernels(std::integer_sequence<int, I...>) {
-  return {nullptr, &micro_kernel<I + 1, L>...};
-}
-template <ALayout L>
-constexpr auto kKernels = make_kernels<L>(std::make_integer_sequence<int, kMr>{});
-
 struct Policy {
   static constexpr int kMr = avx512::kMr, kNr = avx512::kNr;
   static constexpr int64_t kMcTiles = avx512::kMcTiles, kNc = avx512::kNc,
@@ -169,10 +159,8 @@ struct Policy {
   static void pack_b(const View& b, int64_t kc, int cols, float* out) {
     avx512::pack_b(b, kc, cols, out);
   }
-  static detail::TileKernel kernel(ALayout layout, int rows) {
-    return layout == ALayout::kRows ? kKernels<ALayout::kRows>[rows]
-                                    : kKernels<ALayout::kInterleaved>[rows];
-  }
+  template <int R, ALayout L>
+  static constexpr detail::TileKernel tile = &micro_kernel<R, L>;
 };
 
 }  // namespace

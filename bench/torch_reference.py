@@ -1,14 +1,16 @@
 #!/usr/bin/python3
-"""PyTorch 1.13 reference for bench/train_throughput: the same models, batch, optimizer and
+"""PyTorch reference for bench/train_throughput: the same models, batch, optimizer and
 real batches (Fashion-MNIST; for char_gpt windows of the fortunes text, tokens as tessel numbers
 them), timed the same way (batches loaded before the timed part). char_gpt is tessel's
 examples/char_gpt.toml: 2 pre-LN blocks, 4 heads, width 64, context 64, tanh GELU, LM head tied
 to the token table, AdamW with clipping at 1.0, batch 32.
 
     /usr/bin/python3 bench/torch_reference.py [--threads 1] [--steps 100] [--repeats 5]
-        [--models fashion_mlp,fashion_cnn,char_gpt]
+        [--models fashion_mlp,fashion_cnn,char_gpt] [--compile]
 
-Needs Debian's python3-torch (apt-get install python3-torch); PyTorch is a comparison only,
+Runs under Debian's python3-torch (1.13, apt-get install python3-torch) or the PyTorch 2.x of
+bench/torch2_venv.sh; --compile (2.x only) times torch.compile'd models (the default inductor
+backend; compiled during the warm-up steps, before the timed part). PyTorch is a comparison only,
 never a dependency of tessel. For more than one thread set OMP_WAIT_POLICY=PASSIVE (measured on the
 2-core reference machine: spinning OpenMP threads make PyTorch 3x slower).
 """
@@ -85,10 +87,12 @@ class Gpt(nn.Module):
         return self.ln(self.blocks(x)) @ self.wte.weight.t()  # the head is the token table
 
 
-def measure_gpt(steps, repeats):
+def measure_gpt(steps, repeats, compile_model):
     batches, vocab = load_text_batches(16, GPT["batch"], GPT["context"])
     model = Gpt(vocab, GPT["layers"], GPT["heads"], GPT["embed"], GPT["context"])
     opt = torch.optim.AdamW(model.parameters(), lr=0.003, weight_decay=0.01)
+    if compile_model:
+        model = torch.compile(model)
 
     def step(i):
         x, y = batches[i % len(batches)]
@@ -126,9 +130,11 @@ def make_model(name):
     raise SystemExit(f"torch_reference: unknown model {name}")
 
 
-def measure(name, steps, repeats):
+def measure(name, steps, repeats, compile_model):
     model, flat = make_model(name)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    if compile_model:
+        model = torch.compile(model)
     loss_fn = nn.CrossEntropyLoss()
     batches = load_batches(16, 128, flat)
 
@@ -148,16 +154,19 @@ def main():
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--models", default="fashion_mlp,fashion_cnn,char_gpt")
+    ap.add_argument("--compile", action="store_true", help="time torch.compile'd models")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     for name in args.models.split(","):
         if name == "char_gpt":
-            sps, batch = measure_gpt(args.steps, args.repeats), GPT["batch"]
+            sps, batch = measure_gpt(args.steps, args.repeats, args.compile), GPT["batch"]
         else:
-            sps, batch = measure(name, args.steps, args.repeats), 128
+            sps, batch = measure(name, args.steps, args.repeats, args.compile), 128
         print(json.dumps({"impl": "pytorch", "version": torch.__version__, "model": name,
-                          "threads": args.threads, "batch": batch, "samples_per_second": sps}))
+                          "mode": "compile" if args.compile else "eager",
+                          "threads": args.threads, "batch": batch, "samples_per_second": sps}),
+              flush=True)
 
 
 if __name__ == "__main__":

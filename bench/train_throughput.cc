@@ -142,7 +142,8 @@ int main(int argc, char** argv) {
         std::fflush(stdout);
         out.push_back({{"model", m}, {"threads", nt}, {"batch", r.batch},
                        {"samples_per_second", r.samples_per_second}, {"gflops", r.gflops},
-                       {"fma_peak_gflops", peak}, {"sgemm_gflops", sgemm}});
+                       {"fma_peak_gflops", peak}, {"sgemm_gflops", sgemm},
+                       {"isa", tessel::ops::isa_name(tessel::ops::isa())}});
       }
     }
   } catch (const Error& e) {

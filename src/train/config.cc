@@ -1,14 +1,18 @@
 #include "tessel/train/config.h"
 
+#include <toml++/toml.h>
+
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <map>
+#include <optional>
 #include <sstream>
-#include <toml++/toml.h>
+#include <utility>
 
 #include "config_suggest.h"
 #include "tessel/core/error.h"
@@ -17,34 +21,97 @@
 namespace tessel::train {
 namespace {
 
+// Upper bounds shared by keys of one kind. Every numeric key has a range (its registry entry),
+// chosen so that no product the trainer, the data or the model forms from config values can
+// leave int64: steps (<= 2^40) x ranks (<= 2^20), batch (<= 2^24) x accumulate (<= 2^16),
+// memory_limit_mb (<= 2^30) x 2^20 bytes, model widths (<= 2^20) multiplied pairwise, data
+// sizes (<= 2^30). Times become integer clock ticks: <= 10^6 s. (train.epochs x batches per
+// epoch, a dataset size, is checked where the trainer forms it.)
+constexpr int64_t kMaxInt = std::numeric_limits<int64_t>::max();
+constexpr int64_t kMaxSteps = int64_t{1} << 40;
+constexpr int64_t kMaxRank = int64_t{1} << 20;
+constexpr double kMaxSeconds = 1e6;
+
+// The values a numeric key accepts: N is int64_t for integer keys, double for float keys (which
+// may leave an end open). NaN is in no range.
+template <typename N>
+struct Range {
+  N lo, hi;
+  bool lo_open = false, hi_open = false;
+
+  bool contains(N x) const { return (lo_open ? x > lo : x >= lo) && (hi_open ? x < hi : x <= hi); }
+  std::string text() const {
+    auto num = [](N x) {
+      if constexpr (std::is_integral_v<N>) {
+        return std::to_string(x);
+      } else {
+        char buf[400];  // fixed: 1000000 rather than 1e+06
+        return std::string(buf,
+                           std::to_chars(buf, buf + sizeof buf, x, std::chars_format::fixed).ptr);
+      }
+    };
+    return str(lo_open ? "(" : "[", num(lo), ", ", num(hi), hi_open ? ")" : "]");
+  }
+};
+
+// A key's value type: Number<T> is what its range is written in.
+template <typename T>
+struct NumberOf {
+  using type = std::conditional_t<std::is_floating_point_v<T>, double, int64_t>;
+};
+template <>
+struct NumberOf<std::vector<int64_t>> {
+  using type = int64_t;
+};
+template <typename T>
+using Number = typename NumberOf<T>::type;
+template <typename T>
+constexpr bool kIsNumeric = (std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) ||
+                            std::is_same_v<T, std::vector<int64_t>>;
+
+template <typename T>
+const char* type_name() {
+  if constexpr (std::is_same_v<T, bool>) return "boolean";
+  if constexpr (std::is_integral_v<T>) return "integer";
+  if constexpr (std::is_floating_point_v<T>) return "number";
+  if constexpr (std::is_same_v<T, std::string>) return "string";
+  return "integer array";
+}
+
 // One config key: where it lives, how to read it from TOML and how to print it back.
 struct Key {
-  std::string path;  // "section.key" or "key"
-  std::string doc;
+  KeyInfo info;
   std::function<void(Config&, const toml::node&)> set;
   std::function<std::string(const Config&)> get;
 };
 
 std::string type_error(const std::string& path, const char* want, const toml::node& v) {
   std::ostringstream os;
-  os << "config: " << path << " must be " << want << ", got ";
   v.visit([&os](auto&& x) { os << x; });
-  return os.str();
+  return str("config: ", path, " must be ", want, ", got ", excerpt(os.str()));
+}
+
+// A number of key `path` (an entry of it for an array key) checked against its range, then as
+// the key's type T stores it (a float key's 1e-50 would be 0 as a float).
+template <typename T, typename N>
+T in_range(const std::string& path, N x, const Range<N>& range, const char* what) {
+  if (!range.contains(x) || !range.contains(static_cast<N>(static_cast<T>(x))))
+    throw InvalidArgument(str("config: ", what, path, " must be in ", range.text(), ", got ", x,
+                              "; docs/config.md gives each key's range"));
+  return static_cast<T>(x);
 }
 
 template <typename T>
-T read_value(const std::string& path, const toml::node& v) {
+T read_value(const std::string& path, const toml::node& v, const Range<Number<T>>& range) {
   if constexpr (std::is_same_v<T, bool>) {
     if (!v.is_boolean()) throw InvalidArgument(type_error(path, "true or false", v));
     return *v.value<bool>();
   } else if constexpr (std::is_integral_v<T>) {
     if (!v.is_integer()) throw InvalidArgument(type_error(path, "an integer", v));
-    int64_t x = *v.value<int64_t>();
-    if (std::is_unsigned_v<T> && x < 0) throw InvalidArgument(type_error(path, "an integer >= 0", v));
-    return static_cast<T>(x);
+    return in_range<T>(path, *v.value<int64_t>(), range, "");
   } else if constexpr (std::is_floating_point_v<T>) {
     if (!v.is_number()) throw InvalidArgument(type_error(path, "a number", v));
-    return static_cast<T>(*v.value<double>());
+    return in_range<T>(path, *v.value<double>(), range, "");
   } else if constexpr (std::is_same_v<T, std::string>) {
     if (!v.is_string()) throw InvalidArgument(type_error(path, "a string", v));
     return *v.value<std::string>();
@@ -55,7 +122,7 @@ T read_value(const std::string& path, const toml::node& v) {
     T out;
     for (const toml::node& e : *a) {
       if (!e.is_integer()) throw InvalidArgument(type_error(path, "an array of integers", v));
-      out.push_back(*e.value<int64_t>());
+      out.push_back(in_range<int64_t>(path, *e.value<int64_t>(), range, "every entry of "));
     }
     return out;
   }
@@ -85,142 +152,244 @@ std::string write_value(const T& x) {
 }
 
 template <typename Access>
-Key make_key(std::string path, std::string doc, Access access) {
-  using T = std::remove_reference_t<decltype(access(std::declval<Config&>()))>;
-  return Key{path, std::move(doc),
-             [path, access](Config& c, const toml::node& v) { access(c) = read_value<T>(path, v); },
+using Member = std::remove_reference_t<decltype(std::declval<Access>()(std::declval<Config&>()))>;
+
+// A numeric key stored by `access`, with the range of values it accepts.
+template <typename Access>
+Key make_key(std::string path, std::string doc, Access access,
+             Range<Number<Member<Access>>> range) {
+  using T = Member<Access>;
+  static_assert(kIsNumeric<T>, "only a numeric key has a range");
+  using E = std::conditional_t<std::is_same_v<T, std::vector<int64_t>>, int64_t, T>;
+  bool fits = false;  // the range fits the member, so in_range's cast is defined
+  if constexpr (std::is_integral_v<E>)
+    fits = std::in_range<E>(range.lo) && std::in_range<E>(range.hi);
+  else
+    fits = -std::numeric_limits<E>::max() <= range.lo && range.hi <= std::numeric_limits<E>::max();
+  TESSEL_CHECK(fits, "config: the range of ", path, " does not fit its type");
+  KeyInfo info{path, std::move(doc), type_name<T>(), range.text()};
+  return Key{std::move(info),
+             [path, access, range](Config& c, const toml::node& v) {
+               access(c) = read_value<T>(path, v, range);
+             },
              [access](const Config& c) { return write_value(access(const_cast<Config&>(c))); }};
 }
 
-#define TESSEL_KEY(path, member, doc) \
-  make_key(path, doc, [](Config& c) -> auto& { return c.member; })
+// A string or boolean key stored by `access`.
+template <typename Access>
+Key make_key(std::string path, std::string doc, Access access) {
+  using T = Member<Access>;
+  static_assert(!kIsNumeric<T>, "a numeric key needs a range");
+  KeyInfo info{path, std::move(doc), type_name<T>(), ""};
+  return Key{std::move(info),
+             [path, access](Config& c, const toml::node& v) {
+               access(c) = read_value<T>(path, v, {0, 0});
+             },
+             [access](const Config& c) { return write_value(access(const_cast<Config&>(c))); }};
+}
+
+#define TESSEL_KEY(path, member, doc, ...) \
+  make_key(path, doc, [](Config& c) -> auto& { return c.member; } __VA_OPT__(, ) __VA_ARGS__)
 
 const std::vector<Key>& registry() {
   static const std::vector<Key> keys = {
       TESSEL_KEY("name", name, "run name; default: the config file name without .toml"),
-      TESSEL_KEY("seed", seed, "seed of parameter init, data shuffle and dropout"),
+      TESSEL_KEY("seed", seed, "seed of parameter init, data shuffle and dropout", {0, kMaxInt}),
       TESSEL_KEY("model.kind", model.kind, "mlp | cnn | gpt"),
-      TESSEL_KEY("model.hidden", model.hidden, "mlp: hidden layer widths"),
+      TESSEL_KEY("model.hidden", model.hidden, "mlp: hidden layer widths", {1, 1 << 20}),
       TESSEL_KEY("model.activation", model.activation, "mlp: relu | gelu"),
-      TESSEL_KEY("model.dropout", model.dropout, "mlp/cnn: dropout after hidden activations"),
-      TESSEL_KEY("model.channels", model.channels, "cnn: output channels of each conv block"),
-      TESSEL_KEY("model.kernel", model.kernel, "cnn: convolution kernel size (padding k/2)"),
-      TESSEL_KEY("model.fc_hidden", model.fc_hidden, "cnn: width of the hidden fully connected layer"),
-      TESSEL_KEY("model.layers", model.layers, "gpt: transformer blocks"),
-      TESSEL_KEY("model.heads", model.heads, "gpt: attention heads (must divide embed)"),
-      TESSEL_KEY("model.embed", model.embed, "gpt: embedding width"),
+      TESSEL_KEY("model.dropout", model.dropout, "mlp/cnn: dropout after hidden activations", {.lo = 0, .hi = 1, .hi_open = true}),
+      TESSEL_KEY("model.channels", model.channels, "cnn: output channels of each conv block", {1, 1 << 16}),
+      TESSEL_KEY("model.kernel", model.kernel, "cnn: convolution kernel size (padding k/2)", {1, 1024}),
+      TESSEL_KEY("model.fc_hidden", model.fc_hidden, "cnn: width of the hidden fully connected layer", {1, 1 << 20}),
+      TESSEL_KEY("model.layers", model.layers, "gpt: transformer blocks", {1, 1024}),
+      TESSEL_KEY("model.heads", model.heads, "gpt: attention heads (must divide embed)", {1, 1 << 16}),
+      TESSEL_KEY("model.embed", model.embed, "gpt: embedding width", {1, 1 << 16}),
       TESSEL_KEY("data.kind", data.kind, "fashion_mnist | mnist_idx | spiral | text | synthetic"),
       TESSEL_KEY("data.path", data.path, "IDX folder (fashion_mnist, mnist_idx) or text file (text)"),
       TESSEL_KEY("data.flatten", data.flatten, "idx: images as [784] (true) or [1,28,28] (false)"),
-      TESSEL_KEY("data.mean", data.mean, "idx: input normalisation x = (pixel/255 - mean) / std"),
-      TESSEL_KEY("data.std", data.std, "idx: input normalisation scale"),
-      TESSEL_KEY("data.classes", data.classes, "spiral/synthetic: number of classes"),
-      TESSEL_KEY("data.points_per_class", data.points_per_class, "spiral: points per class"),
-      TESSEL_KEY("data.noise", data.noise, "spiral: angular noise"),
-      TESSEL_KEY("data.context", data.context, "text: tokens per sample (GPT context length)"),
-      TESSEL_KEY("data.test_fraction", data.test_fraction, "text/spiral/synthetic: share held out for test"),
-      TESSEL_KEY("data.samples", data.samples, "synthetic: number of samples"),
-      TESSEL_KEY("data.features", data.features, "synthetic: features per sample"),
-      TESSEL_KEY("data.seed", data.seed, "spiral/synthetic: seed of the generated data"),
+      TESSEL_KEY("data.mean", data.mean, "idx: input normalisation x = (pixel/255 - mean) / std", {-1000, 1000}),
+      TESSEL_KEY("data.std", data.std, "idx: input normalisation scale", {.lo = 0, .hi = 1000, .lo_open = true}),
+      TESSEL_KEY("data.classes", data.classes, "spiral/synthetic: number of classes", {1, 1 << 20}),
+      TESSEL_KEY("data.points_per_class", data.points_per_class, "spiral: points per class", {1, 1 << 28}),
+      TESSEL_KEY("data.noise", data.noise, "spiral: angular noise", {0, 1000}),
+      TESSEL_KEY("data.context", data.context, "text: tokens per sample (GPT context length)", {1, 1 << 24}),
+      TESSEL_KEY("data.test_fraction", data.test_fraction, "text/spiral/synthetic: share held out for test", {.lo = 0, .hi = 1, .hi_open = true}),
+      TESSEL_KEY("data.samples", data.samples, "synthetic: number of samples", {1, 1 << 30}),
+      TESSEL_KEY("data.features", data.features, "synthetic: features per sample", {1, 1 << 30}),
+      TESSEL_KEY("data.seed", data.seed, "spiral/synthetic: seed of the generated data", {0, kMaxInt}),
       TESSEL_KEY("optim.kind", optim.kind, "sgd | adamw"),
-      TESSEL_KEY("optim.lr", optim.lr, "base learning rate (> 0)"),
-      TESSEL_KEY("optim.weight_decay", optim.weight_decay, "sgd: L2 penalty; adamw: decoupled decay"),
-      TESSEL_KEY("optim.momentum", optim.momentum, "sgd: momentum in [0, 1)"),
+      TESSEL_KEY("optim.lr", optim.lr, "base learning rate (> 0)", {.lo = 0, .hi = 1000, .lo_open = true}),
+      TESSEL_KEY("optim.weight_decay", optim.weight_decay, "sgd: L2 penalty; adamw: decoupled decay", {0, 1000}),
+      TESSEL_KEY("optim.momentum", optim.momentum, "sgd: momentum in [0, 1)", {.lo = 0, .hi = 1, .hi_open = true}),
       TESSEL_KEY("optim.nesterov", optim.nesterov, "sgd: Nesterov momentum"),
-      TESSEL_KEY("optim.beta1", optim.beta1, "adamw: first moment decay"),
-      TESSEL_KEY("optim.beta2", optim.beta2, "adamw: second moment decay"),
-      TESSEL_KEY("optim.eps", optim.eps, "adamw: denominator epsilon"),
+      TESSEL_KEY("optim.beta1", optim.beta1, "adamw: first moment decay", {.lo = 0, .hi = 1, .hi_open = true}),
+      TESSEL_KEY("optim.beta2", optim.beta2, "adamw: second moment decay", {.lo = 0, .hi = 1, .hi_open = true}),
+      TESSEL_KEY("optim.eps", optim.eps, "adamw: denominator epsilon", {.lo = 0, .hi = 1, .lo_open = true}),
       TESSEL_KEY("schedule.kind", schedule.kind, "constant | step | cosine"),
-      TESSEL_KEY("schedule.warmup_steps", schedule.warmup_steps, "linear warm-up steps"),
-      TESSEL_KEY("schedule.warmup_start", schedule.warmup_start, "warm-up starts at lr x this"),
-      TESSEL_KEY("schedule.step_size", schedule.step_size, "step: steps between decays"),
-      TESSEL_KEY("schedule.gamma", schedule.gamma, "step: decay factor"),
-      TESSEL_KEY("schedule.min_lr", schedule.min_lr, "cosine: final learning rate"),
-      TESSEL_KEY("train.epochs", train.epochs, "passes over the training set"),
-      TESSEL_KEY("train.batch", train.batch, "global batch size"),
-      TESSEL_KEY("train.max_steps", train.max_steps, "stop after this many steps (0: epochs decide); with ps.mode async or ssp a step is workers x worker batches, whoever trains them"),
-      TESSEL_KEY("train.clip_norm", train.clip_norm, "global gradient-norm clipping (0: off)"),
-      TESSEL_KEY("train.base_batch", train.base_batch, "linear scaling rule: lr x batch / base_batch (0: off)"),
-      TESSEL_KEY("train.accumulate", train.accumulate, "micro-batches summed per optimizer step (gradient accumulation); must be 1 with ps.mode async or ssp"),
+      TESSEL_KEY("schedule.warmup_steps", schedule.warmup_steps, "linear warm-up steps", {0, kMaxSteps}),
+      TESSEL_KEY("schedule.warmup_start", schedule.warmup_start, "warm-up starts at lr x this", {0, 1}),
+      TESSEL_KEY("schedule.step_size", schedule.step_size, "step: steps between decays", {1, kMaxSteps}),
+      TESSEL_KEY("schedule.gamma", schedule.gamma, "step: decay factor", {.lo = 0, .hi = 1, .lo_open = true}),
+      TESSEL_KEY("schedule.min_lr", schedule.min_lr, "cosine: final learning rate", {0, 1000}),
+      TESSEL_KEY("train.epochs", train.epochs, "passes over the training set", {1, 1000000}),
+      TESSEL_KEY("train.batch", train.batch, "global batch size", {1, 1 << 24}),
+      TESSEL_KEY("train.max_steps", train.max_steps, "stop after this many steps (0: epochs decide); with ps.mode async or ssp a step is workers x worker batches, whoever trains them", {0, kMaxSteps}),
+      TESSEL_KEY("train.clip_norm", train.clip_norm, "global gradient-norm clipping (0: off)", {0, 1e6}),
+      TESSEL_KEY("train.base_batch", train.base_batch, "linear scaling rule: lr x batch / base_batch (0: off)", {0, int64_t{1} << 40}),
+      TESSEL_KEY("train.accumulate", train.accumulate, "micro-batches summed per optimizer step (gradient accumulation); must be 1 with ps.mode async or ssp", {1, 1 << 16}),
       TESSEL_KEY("train.deterministic", parallel.deterministic, "bit-identical results for any worker count (fixed micro-shards, exact integer reduction)"),
       TESSEL_KEY("train.shuffle", train.shuffle, "shuffle the training set each epoch"),
       TESSEL_KEY("train.drop_last", train.drop_last, "drop a short last batch"),
-      TESSEL_KEY("train.prefetch", train.prefetch, "batches loaded ahead by a background thread (0: none; -1: 2 when this host has a spare core for it, else 0)"),
-      TESSEL_KEY("train.log_every", train.log_every, "steps between progress lines and metrics records"),
+      TESSEL_KEY("train.prefetch", train.prefetch, "batches loaded ahead by a background thread (0: none; -1: 2 when this host has a spare core for it, else 0)", {-1, 1024}),
+      TESSEL_KEY("train.log_every", train.log_every, "steps between progress lines and metrics records", {1, kMaxSteps}),
       TESSEL_KEY("train.eval_train", train.eval_train, "also evaluate on the training set each epoch"),
-      TESSEL_KEY("train.max_restarts", train.max_restarts, "ranks as threads: after a rank fails (an error, an injected fault, a rank stalled past comm.timeout_s), restart every rank from the newest in-memory snapshot or checkpoint, up to this many times (0: the run fails); under MPI use tessel launch --max-restarts"),
+      TESSEL_KEY("train.max_restarts", train.max_restarts, "ranks as threads: after a rank fails (an error, an injected fault, a rank stalled past comm.timeout_s), restart every rank from the newest in-memory snapshot or checkpoint, up to this many times (0: the run fails); under MPI use tessel launch --max-restarts", {0, 1000}),
       TESSEL_KEY("train.precision", parallel.precision, "fp32, bf16 or fp16: the type of activations, activation gradients, the parameter copy the blocks read and gradient messages; GEMMs in it with f32 sums; master weights, optimizer state, losses and norms f32; fp16 adds dynamic loss scaling (docs/mixed_precision.md)"),
       TESSEL_KEY("train.recompute", parallel.recompute, "none, full or selective: full keeps only each block's input and reruns its forward during the backward; selective drops the large cheap tensors (attention probabilities, GELU outputs) and recomputes them (docs/recompute.md)"),
       TESSEL_KEY("train.trace", observe.trace, "write trace.json, a per-rank timeline of the trace.steps window in Trace Event Format (Perfetto, chrome://tracing), into the run folder (also --trace)"),
-      TESSEL_KEY("checkpoint.every_epochs", checkpoint.every_epochs, "save every N epochs (0: off)"),
-      TESSEL_KEY("checkpoint.every_steps", checkpoint.every_steps, "save every N steps (0: off); not with ps.mode async or ssp, whose workers meet only at epoch ends"),
-      TESSEL_KEY("checkpoint.keep_last", checkpoint.keep_last, "checkpoints kept in the run folder"),
-      TESSEL_KEY("checkpoint.snapshot_steps", checkpoint.snapshot_steps, "ranks as threads with train.max_restarts > 0: every N steps each rank copies its state into an in-memory snapshot, so that a rank failure loses at most N steps and reads no disk (0: off; restarts then use the newest checkpoint)"),
+      TESSEL_KEY("checkpoint.every_epochs", checkpoint.every_epochs, "save every N epochs (0: off)", {0, 1000000}),
+      TESSEL_KEY("checkpoint.every_steps", checkpoint.every_steps, "save every N steps (0: off); not with ps.mode async or ssp, whose workers meet only at epoch ends", {0, kMaxSteps}),
+      TESSEL_KEY("checkpoint.keep_last", checkpoint.keep_last, "checkpoints kept in the run folder", {1, 1000000}),
+      TESSEL_KEY("checkpoint.snapshot_steps", checkpoint.snapshot_steps, "ranks as threads with train.max_restarts > 0: every N steps each rank copies its state into an in-memory snapshot, so that a rank failure loses at most N steps and reads no disk (0: off; restarts then use the newest checkpoint)", {0, kMaxSteps}),
       TESSEL_KEY("trace.steps", observe.trace_steps, "steps traced with train.trace: \"A:B\" traces steps A to B - 1"),
       TESSEL_KEY("metrics.tensorboard", observe.tensorboard, "also write the metrics as TensorBoard scalars (event files in tensorboard/ of the run folder)"),
-      TESSEL_KEY("runtime.threads", runtime.threads, "BLAS threads of this process"),
-      TESSEL_KEY("runtime.workers", runtime.workers, "ranks run as threads of this process (same as --workers)"),
+      TESSEL_KEY("runtime.threads", runtime.threads, "BLAS threads of this process", {1, 256}),
+      TESSEL_KEY("runtime.workers", runtime.workers, "ranks run as threads of this process (same as --workers)", {1, 1024}),
       TESSEL_KEY("runtime.backend", runtime.backend, "auto, threads or mpi (auto: mpi when started by an MPI launcher)"),
-      TESSEL_KEY("runtime.memory_limit_mb", parallel.memory_limit_mb, "per-rank memory limit in MiB for tensors (parameters, gradients, optimizer state, activations, communication buffers); a rank that would pass it fails naming the category and the ZeRO stage that shards it (0: none)"),
-      TESSEL_KEY("comm.timeout_s", comm.timeout_s, "deadline in seconds of every blocking communication"),
+      TESSEL_KEY("runtime.memory_limit_mb", parallel.memory_limit_mb, "per-rank memory limit in MiB for tensors (parameters, gradients, optimizer state, activations, communication buffers); a rank that would pass it fails naming the category and the ZeRO stage that shards it (0: none)", {0, 1 << 30}),
+      TESSEL_KEY("comm.timeout_s", comm.timeout_s, "deadline in seconds of every blocking communication", {.lo = 0, .hi = kMaxSeconds, .lo_open = true}),
       TESSEL_KEY("comm.algorithm", comm.algorithm, "collective algorithm: auto, ring, halving_doubling, tree, direct, native"),
-      TESSEL_KEY("ddp.bucket_mb", parallel.bucket_mb, "gradient bucket size in MiB; buckets are all-reduced while backward runs"),
+      TESSEL_KEY("ddp.bucket_mb", parallel.bucket_mb, "gradient bucket size in MiB; buckets are all-reduced while backward runs", {.lo = 0, .hi = 1 << 20, .lo_open = true}),
       TESSEL_KEY("ddp.overlap", parallel.overlap, "auto, on or off: on runs each gradient bucket's collective (and ZeRO-3 prefetches) on a progress thread while the backward pass computes; off runs it on the compute thread as soon as the bucket is complete; auto: on only with a spare core per rank"),
       TESSEL_KEY("ddp.shared_memory", parallel.shared_memory, "among ranks of one host, sum gradients straight from each other's memory instead of sending messages: zero.stage = 0 (without ddp.overlap) writes each piece's sum into every rank's arena, zero.stage = 1 also keeps one parameter copy in shared memory; false: messages, as between hosts"),
-      TESSEL_KEY("ddp.check_every", parallel.check_every, "steps between cross-rank parameter checksums (0: off)"),
-      TESSEL_KEY("ddp.micro_shard", parallel.micro_shard, "deterministic mode: rows per fixed micro-shard"),
+      TESSEL_KEY("ddp.check_every", parallel.check_every, "steps between cross-rank parameter checksums (0: off)", {0, kMaxSteps}),
+      TESSEL_KEY("ddp.micro_shard", parallel.micro_shard, "deterministic mode: rows per fixed micro-shard", {1, 1 << 24}),
       TESSEL_KEY("compress.kind", parallel.compress.kind, "what data-parallel gradient buckets (zero.stage = 0) and parameter-server pushes travel as: none (f32), fp16, bf16, int8 (per-chunk scales, stochastic rounding), topk (largest |g| as index/value pairs, all-gathered) or powersgd (rank-r factors P and Q, all-reduced); 1-D tensors and tensors it would not shrink stay f32 (docs/compression.md)"),
-      TESSEL_KEY("compress.ratio", parallel.compress.ratio, "topk: the share of each bucket's compressed elements sent per step, in (0, 0.5]"),
-      TESSEL_KEY("compress.rank", parallel.compress.rank, "powersgd: the rank r of each matrix's approximation (m x n sends r (m + n) values)"),
-      TESSEL_KEY("compress.start_step", parallel.compress.start_step, "steps sent uncompressed (f32) before compression starts"),
+      TESSEL_KEY("compress.ratio", parallel.compress.ratio, "topk: the share of each bucket's compressed elements sent per step, in (0, 0.5]", {.lo = 0, .hi = 0.5, .lo_open = true}),
+      TESSEL_KEY("compress.rank", parallel.compress.rank, "powersgd: the rank r of each matrix's approximation (m x n sends r (m + n) values)", {1, 1 << 16}),
+      TESSEL_KEY("compress.start_step", parallel.compress.start_step, "steps sent uncompressed (f32) before compression starts", {0, kMaxSteps}),
       TESSEL_KEY("compress.error_feedback", parallel.compress.error_feedback, "topk and powersgd: keep what a step did not send (the residual, per bucket and rank) and add it to the next step's gradient"),
-      TESSEL_KEY("zero.stage", parallel.zero_stage, "sharded data parallelism over the dp ranks: 0 replicated, 1 optimizer state sharded (allocated 1/N per rank), 2 gradients too (buckets reduce-scattered during backward), 3 parameters too (gathered per block before forward and backward, released after)"),
+      TESSEL_KEY("zero.stage", parallel.zero_stage, "sharded data parallelism over the dp ranks: 0 replicated, 1 optimizer state sharded (allocated 1/N per rank), 2 gradients too (buckets reduce-scattered during backward), 3 parameters too (gathered per block before forward and backward, released after)", {0, 3}),
       TESSEL_KEY("zero.prefetch", parallel.zero_prefetch, "zero.stage = 3: gather the next block's parameters on a progress thread while this block computes (the order is recorded on the first step)"),
-      TESSEL_KEY("tp.size", parallel.tp_size, "tensor parallelism: ranks each layer of an mlp or gpt is cut across (1: none); the world is dp x pp x tp ranks, tp fastest (a tp group is consecutive ranks)"),
+      TESSEL_KEY("tp.size", parallel.tp_size, "tensor parallelism: ranks each layer of an mlp or gpt is cut across (1: none); the world is dp x pp x tp ranks, tp fastest (a tp group is consecutive ranks)", {1, 1024}),
       TESSEL_KEY("tp.sequence_parallel", parallel.tp_sequence, "tp.size > 1 with a gpt: activations outside the cut layers (layer norms, residuals) are split along the sequence, and the tp all-reduces become all-gathers and reduce-scatters"),
-      TESSEL_KEY("pp.stages", parallel.pp_stages, "pipeline stages: the model's blocks cut into this many contiguous stages (1: no pipeline); the world is dp x pp x tp ranks"),
-      TESSEL_KEY("pp.microbatches", parallel.pp_microbatches, "micro-batches each rank's batch is cut into for the pipeline schedule"),
+      TESSEL_KEY("pp.stages", parallel.pp_stages, "pipeline stages: the model's blocks cut into this many contiguous stages (1: no pipeline); the world is dp x pp x tp ranks", {1, 1024}),
+      TESSEL_KEY("pp.microbatches", parallel.pp_microbatches, "micro-batches each rank's batch is cut into for the pipeline schedule", {1, 1 << 16}),
       TESSEL_KEY("pp.schedule", parallel.pp_schedule, "gpipe (all forwards, then all backwards) or 1f1b (one forward, one backward after warm-up)"),
       TESSEL_KEY("pp.partition", parallel.pp_partition, "balanced (by estimated compute), uniform (same block count) or round_robin (block l on stage l mod P)"),
-      TESSEL_KEY("pp.cuts", parallel.pp_cuts, "explicit first block of stages 1..P-1, e.g. [3, 7] (overrides pp.partition)"),
-      TESSEL_KEY("ps.servers", parallel.ps_servers, "parameter-server ranks (the last ones; 0: no parameter server)"),
+      TESSEL_KEY("pp.cuts", parallel.pp_cuts, "explicit first block of stages 1..P-1, e.g. [3, 7] (overrides pp.partition)", {1, 1 << 20}),
+      TESSEL_KEY("ps.servers", parallel.ps_servers, "parameter-server ranks (the last ones; 0: no parameter server)", {0, 1024}),
       TESSEL_KEY("ps.mode", parallel.ps_mode, "sync (lockstep slices, one summed update per step: equals data parallel), async (workers claim worker batches of train.batch / workers rows one at a time, each push applied at once) or ssp (async, no claim more than ps.staleness steps ahead of a batch still in progress)"),
-      TESSEL_KEY("ps.staleness", parallel.ps_staleness, "ssp: a claim at step c waits until every batch in progress is at step c - staleness or later (W claimed batches make a step)"),
+      TESSEL_KEY("ps.staleness", parallel.ps_staleness, "ssp: a claim at step c waits until every batch in progress is at step c - staleness or later (W claimed batches make a step)", {0, 1 << 20}),
       TESSEL_KEY("ps.stale_lr", parallel.ps_stale_lr, "async/ssp: inverse applies an update computed on parameters s versions old at lr / (1 + s); none at lr"),
-      TESSEL_KEY("infer.chunk_rows", infer.chunk_rows, "predict: rows per chunk, the unit handed to a worker, written in order and resumed from (the same output for any worker count)"),
-      TESSEL_KEY("infer.batch", infer.batch, "predict: rows (gpt: prompts) per forward pass within a chunk"),
-      TESSEL_KEY("infer.top_k", infer.top_k, "predict and serve: classes listed with their probabilities per row"),
-      TESSEL_KEY("infer.chunk_timeout_s", infer.chunk_timeout_s, "predict with threads: a worker holding a chunk this long is stalled and another worker re-runs the chunk"),
-      TESSEL_KEY("infer.commit_every_s", infer.commit_every_s, "predict: seconds between commits of the output (fsync + progress file); a killed job resumes from the last one (0: after every chunk)"),
-      TESSEL_KEY("infer.max_new_tokens", infer.max_new_tokens, "gpt: tokens generated per prompt (prompt + these must fit the context)"),
-      TESSEL_KEY("infer.temperature", infer.temperature, "gpt: 0 greedy (the most likely token), else sample at this temperature, seeded by seed and the row"),
-      TESSEL_KEY("infer.sample_top_k", infer.sample_top_k, "gpt: sample among the k most likely tokens (0: all)"),
+      TESSEL_KEY("infer.chunk_rows", infer.chunk_rows, "predict: rows per chunk, the unit handed to a worker, written in order and resumed from (the same output for any worker count)", {1, 1 << 30}),
+      TESSEL_KEY("infer.batch", infer.batch, "predict: rows (gpt: prompts) per forward pass within a chunk", {1, 1 << 24}),
+      TESSEL_KEY("infer.top_k", infer.top_k, "predict and serve: classes listed with their probabilities per row", {1, 1 << 20}),
+      TESSEL_KEY("infer.chunk_timeout_s", infer.chunk_timeout_s, "predict with threads: a worker holding a chunk this long is stalled and another worker re-runs the chunk", {.lo = 0, .hi = kMaxSeconds, .lo_open = true}),
+      TESSEL_KEY("infer.commit_every_s", infer.commit_every_s, "predict: seconds between commits of the output (fsync + progress file); a killed job resumes from the last one (0: after every chunk)", {0, kMaxSeconds}),
+      TESSEL_KEY("infer.max_new_tokens", infer.max_new_tokens, "gpt: tokens generated per prompt (prompt + these must fit the context)", {1, 1 << 24}),
+      TESSEL_KEY("infer.temperature", infer.temperature, "gpt: 0 greedy (the most likely token), else sample at this temperature, seeded by seed and the row", {0, 1000}),
+      TESSEL_KEY("infer.sample_top_k", infer.sample_top_k, "gpt: sample among the k most likely tokens (0: all)", {0, 1 << 20}),
       TESSEL_KEY("infer.kv_cache", infer.kv_cache, "gpt: keep each block's keys and values while generating (false: recompute the whole context for every token)"),
       TESSEL_KEY("serve.host", serve.host, "address tessel serve listens on (127.0.0.1: this machine only; 0.0.0.0: every interface)"),
-      TESSEL_KEY("serve.max_batch", serve.max_batch, "rows per batch a serve worker runs (requests are batched up to it); also the most rows one request may carry"),
-      TESSEL_KEY("serve.max_wait_ms", serve.max_wait_ms, "longest a request waits for others to fill a batch"),
-      TESSEL_KEY("serve.max_queue", serve.max_queue, "rows waiting for a worker; requests beyond it get 503"),
-      TESSEL_KEY("serve.max_body_kb", serve.max_body_kb, "largest request body in KiB; larger ones get 413"),
-      TESSEL_KEY("serve.connections", serve.connections, "HTTP connections served at once (one thread each); more wait to be accepted"),
-      TESSEL_KEY("serve.timeout_s", serve.timeout_s, "a request not answered in this many seconds gets 504"),
-      TESSEL_KEY("debug.slow_rank", parallel.slow_rank, "rank that sleeps debug.delay_ms in every step (a parameter-server worker: before its push; otherwise before the gradient reduction) or before every chunk (predict), to study stragglers (-1: none)"),
-      TESSEL_KEY("debug.delay_ms", parallel.delay_ms, "milliseconds debug.slow_rank sleeps in every step or chunk"),
-      TESSEL_KEY("debug.fail_rank", fault.fail_rank, "inject a failure on this world rank (-1: none), to test recovery; restarts (train.max_restarts, tessel launch) run without it"),
-      TESSEL_KEY("debug.fail_step", fault.fail_step, "the injected failure happens right after this step (1-based)"),
+      TESSEL_KEY("serve.max_batch", serve.max_batch, "rows per batch a serve worker runs (requests are batched up to it); also the most rows one request may carry", {1, 1 << 20}),
+      TESSEL_KEY("serve.max_wait_ms", serve.max_wait_ms, "longest a request waits for others to fill a batch", {0, kMaxSeconds}),
+      TESSEL_KEY("serve.max_queue", serve.max_queue, "rows waiting for a worker; requests beyond it get 503", {1, 1 << 30}),
+      TESSEL_KEY("serve.max_body_kb", serve.max_body_kb, "largest request body in KiB; larger ones get 413", {1, 1 << 22}),
+      TESSEL_KEY("serve.connections", serve.connections, "HTTP connections served at once (one thread each); more wait to be accepted", {1, 4096}),
+      TESSEL_KEY("serve.timeout_s", serve.timeout_s, "a request not answered in this many seconds gets 504", {.lo = 0, .hi = kMaxSeconds, .lo_open = true}),
+      TESSEL_KEY("debug.slow_rank", parallel.slow_rank, "rank that sleeps debug.delay_ms in every step (a parameter-server worker: before its push; otherwise before the gradient reduction) or before every chunk (predict), to study stragglers (-1: none)", {-1, kMaxRank}),
+      TESSEL_KEY("debug.delay_ms", parallel.delay_ms, "milliseconds debug.slow_rank sleeps in every step or chunk", {0, kMaxSeconds}),
+      TESSEL_KEY("debug.fail_rank", fault.fail_rank, "inject a failure on this world rank (-1: none), to test recovery; restarts (train.max_restarts, tessel launch) run without it", {-1, kMaxRank}),
+      TESSEL_KEY("debug.fail_step", fault.fail_step, "the injected failure happens right after this step (1-based)", {0, kMaxSteps}),
       TESSEL_KEY("debug.fail_mode", fault.fail_mode, "throw (an error), kill (SIGKILL of the process), hang (the rank stops making progress) or stop (SIGSTOP of the process; MPI only)"),
-      TESSEL_KEY("debug.overflow_steps", parallel.overflow_steps, "train.precision = fp16: steps at which debug.overflow_rank's loss gradient is made inf, an injected overflow that every rank must skip"),
-      TESSEL_KEY("debug.overflow_rank", parallel.overflow_rank, "the worker rank that injects debug.overflow_steps"),
-      TESSEL_KEY("debug.kill_rank", infer.kill_rank, "predict worker that dies after debug.kill_after chunks, to test re-runs and --resume (threads: its thread fails; mpi: its process is killed; -1: none)"),
-      TESSEL_KEY("debug.kill_after", infer.kill_after, "chunks debug.kill_rank finishes before it dies"),
+      TESSEL_KEY("debug.overflow_steps", parallel.overflow_steps, "train.precision = fp16: steps at which debug.overflow_rank's loss gradient is made inf, an injected overflow that every rank must skip", {0, kMaxSteps}),
+      TESSEL_KEY("debug.overflow_rank", parallel.overflow_rank, "the worker rank that injects debug.overflow_steps", {0, kMaxRank}),
+      TESSEL_KEY("debug.kill_rank", infer.kill_rank, "predict worker that dies after debug.kill_after chunks, to test re-runs and --resume (threads: its thread fails; mpi: its process is killed; -1: none)", {-1, kMaxRank}),
+      TESSEL_KEY("debug.kill_after", infer.kill_after, "chunks debug.kill_rank finishes before it dies", {0, 1 << 30}),
   };
   return keys;
 }
 
 #undef TESSEL_KEY
 
+// The index of the quote that closes the string opening at text[i] (basic "...", literal '...'
+// or multi-line """...""" / '''...'''), counting its newlines into `line`; text.size() if none.
+size_t string_end(std::string_view text, size_t i, int& line) {
+  const char q = text[i];
+  const bool multi = text.substr(i, 3) == std::string(3, q);
+  for (size_t j = i + (multi ? 3 : 1); j < text.size(); ++j) {
+    if (text[j] == '\n') ++line;
+    if (text[j] == '\\' && q == '"') {
+      ++j;  // an escaped character, a quote or a backslash included
+      if (j < text.size() && text[j] == '\n') ++line;
+    } else if (text[j] == q && (!multi || text.substr(j, 3) == std::string(3, q))) {
+      return multi ? j + 2 : j;
+    }
+  }
+  return text.size();
+}
+
+// Refuses text the TOML parser should not see: more than kMaxConfigBytes, or nested deeper than
+// kMaxConfigDepth levels (toml++ recurses per level: a header 70,000 keys deep overflowed its
+// stack). A level is a part of a table header or of a dotted key (the header's parts carry
+// over to its keys) or an [ or { of a value. One pass that skips strings and comments.
+void check_bounds(std::string_view text, const std::string& name) {
+  if (text.size() > kMaxConfigBytes)
+    throw InvalidArgument(str("config: ", name, " is larger than the ", kMaxConfigBytes,
+                              " bytes (1 MiB) a config may have; a tessel config is a few "
+                              "kilobytes: check that this is the file you meant"));
+  int line = 1;
+  std::vector<std::pair<int, char>> open;  // each [ or { of a value, with the level before it
+  bool key = true, header = false, fresh = true;  // reading a key; a [table] header; line start
+  int header_levels = 0, level = 0, parts = 1;    // parts: of the key being read
+  auto close = [&] {
+    level = open.back().first;
+    open.pop_back();
+    key = false;
+  };
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char ch = text[i];
+    if (ch == '\n') {
+      ++line;
+      if (!open.empty()) continue;  // an array goes on over lines
+      if (header) header_levels = parts;
+      key = fresh = true, header = false, level = header_levels, parts = 1;
+      continue;
+    }
+    if (ch == ' ' || ch == '\t' || ch == '\r') continue;
+    if (ch == '#') {
+      while (i + 1 < text.size() && text[i + 1] != '\n') ++i;
+      continue;
+    }
+    if (fresh && ch == '[') header = true, level = 0;
+    fresh = false;
+    if (ch == '"' || ch == '\'') {
+      i = string_end(text, i, line);
+    } else if (key) {
+      if (ch == '.') ++parts;
+      if (ch == '=' && !header) key = false, level += parts;
+      if (ch == '}' && !open.empty()) close();  // an empty inline table
+    } else if (ch == '[' || ch == '{') {
+      open.emplace_back(level++, ch);
+      if (ch == '{') key = true, parts = 1;
+    } else if ((ch == ']' || ch == '}') && !open.empty()) {
+      close();
+    } else if (ch == ',' && !open.empty()) {  // the next value, or key of an inline table
+      level = open.back().first + 1;
+      if (open.back().second == '{') key = true, parts = 1;
+    }
+    if ((key ? level + parts : level) > kMaxConfigDepth)
+      throw InvalidArgument(str(
+          "config: ", name, ":", line, ": tables, keys and arrays nest more than ", kMaxConfigDepth,
+          " levels deep; a tessel config needs 3 ([section], key = [values])"));
+  }
+}
+
 const Key* find_key(const std::string& path) {
   for (const Key& k : registry())
-    if (k.path == path) return &k;
+    if (k.info.path == path) return &k;
   return nullptr;
 }
 
@@ -230,9 +399,9 @@ void apply_override(toml::table& root, const std::string& assignment) {
   if (eq == std::string::npos || eq == 0)
     throw InvalidArgument(str("config: --set expects section.key=value, got '", assignment, "'"));
   std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
-  if (find_key(path) == nullptr)
-    throw InvalidArgument(unknown_key_message(path, " in --set"));
+  if (find_key(path) == nullptr) throw InvalidArgument(unknown_key_message(path, " in --set"));
   toml::table parsed;
+  check_bounds("v = " + text, "--set " + path);
   try {
     parsed = toml::parse("v = " + text);
   } catch (const toml::parse_error&) {
@@ -253,127 +422,63 @@ void require(bool ok, const std::string& msg) {
   if (!ok) throw InvalidArgument("config: " + msg);
 }
 
+// What no single key's range can say: string values and rules between keys. Each numeric key's
+// range was checked as it was read (make_key).
 void validate(const Config& c) {
-  require(c.train.epochs >= 1, str("train.epochs must be >= 1, got ", c.train.epochs));
-  require(c.train.batch >= 1, str("train.batch must be >= 1, got ", c.train.batch));
-  require(c.train.max_steps >= 0, str("train.max_steps must be >= 0, got ", c.train.max_steps));
-  require(c.train.clip_norm >= 0, str("train.clip_norm must be >= 0 (0 = off), got ", c.train.clip_norm));
-  require(c.train.base_batch >= 0, str("train.base_batch must be >= 0 (0 = off), got ", c.train.base_batch));
-  require(c.train.prefetch >= -1,
-          str("train.prefetch must be >= 0, or -1 for auto, got ", c.train.prefetch));
-  require(c.train.log_every >= 1, str("train.log_every must be >= 1, got ", c.train.log_every));
-  require(std::isfinite(c.optim.lr) && c.optim.lr > 0,
-          str("optim.lr must be a number > 0, got ", c.optim.lr, "; try 0.05 for sgd, 1e-3 for adamw"));
-  require(c.checkpoint.every_epochs >= 0,
-          str("checkpoint.every_epochs must be >= 0, got ", c.checkpoint.every_epochs));
-  require(c.checkpoint.every_steps >= 0,
-          str("checkpoint.every_steps must be >= 0, got ", c.checkpoint.every_steps));
-  require(c.checkpoint.keep_last >= 1, str("checkpoint.keep_last must be >= 1, got ", c.checkpoint.keep_last));
-  require(c.train.accumulate >= 1, str("train.accumulate must be >= 1, got ", c.train.accumulate));
-  require(c.runtime.workers >= 1 && c.runtime.workers <= 1024,
-          str("runtime.workers must be in [1, 1024], got ", c.runtime.workers));
-  require(c.runtime.backend == "auto" || c.runtime.backend == "threads" || c.runtime.backend == "mpi",
-          str("runtime.backend must be auto, threads or mpi, got '", c.runtime.backend, "'"));
-  require(c.comm.timeout_s > 0, str("comm.timeout_s must be > 0, got ", c.comm.timeout_s));
-  require(c.parallel.bucket_mb > 0, str("ddp.bucket_mb must be > 0, got ", c.parallel.bucket_mb));
+  require(
+      c.runtime.backend == "auto" || c.runtime.backend == "threads" || c.runtime.backend == "mpi",
+      str("runtime.backend must be auto, threads or mpi, got '", excerpt(c.runtime.backend), "'"));
   require(c.parallel.overlap == "auto" || c.parallel.overlap == "on" || c.parallel.overlap == "off",
-          str("ddp.overlap must be auto, on or off, got '", c.parallel.overlap, "'"));
-  require(c.parallel.check_every >= 0, str("ddp.check_every must be >= 0 (0 = off), got ", c.parallel.check_every));
-  require(c.parallel.micro_shard >= 1, str("ddp.micro_shard must be >= 1, got ", c.parallel.micro_shard));
-  require(c.parallel.zero_stage >= 0 && c.parallel.zero_stage <= 3,
-          str("zero.stage must be 0, 1, 2 or 3, got ", c.parallel.zero_stage));
-  require(c.parallel.memory_limit_mb >= 0,
-          str("runtime.memory_limit_mb must be >= 0 (0 = no limit), got ", c.parallel.memory_limit_mb));
+          str("ddp.overlap must be auto, on or off, got '", excerpt(c.parallel.overlap), "'"));
   require(!c.parallel.deterministic || c.train.batch % c.parallel.micro_shard == 0,
           str("train.deterministic needs train.batch (", c.train.batch,
               ") to be a multiple of ddp.micro_shard (", c.parallel.micro_shard, ")"));
-  require(c.parallel.precision == "fp32" || c.parallel.precision == "bf16" ||
-              c.parallel.precision == "fp16",
-          str("train.precision must be fp32, bf16 or fp16, got '", c.parallel.precision, "'"));
+  require(
+      c.parallel.precision == "fp32" || c.parallel.precision == "bf16" ||
+          c.parallel.precision == "fp16",
+      str("train.precision must be fp32, bf16 or fp16, got '", excerpt(c.parallel.precision), "'"));
   parallel::validate_compress(c.parallel.compress);
   require(c.parallel.recompute == "none" || c.parallel.recompute == "full" ||
               c.parallel.recompute == "selective",
-          str("train.recompute must be none, full or selective, got '", c.parallel.recompute, "'"));
+          str("train.recompute must be none, full or selective, got '",
+              excerpt(c.parallel.recompute), "'"));
   require(c.parallel.overflow_steps.empty() || c.parallel.precision == "fp16",
           str("debug.overflow_steps injects fp16 overflows, got train.precision = ",
-              c.parallel.precision, "; set train.precision = fp16 or clear debug.overflow_steps"));
-  require(c.parallel.overflow_rank >= 0,
-          str("debug.overflow_rank must be a worker rank >= 0, got ", c.parallel.overflow_rank));
-  require(c.parallel.pp_stages >= 1, str("pp.stages must be >= 1, got ", c.parallel.pp_stages));
-  require(c.parallel.tp_size >= 1, str("tp.size must be >= 1, got ", c.parallel.tp_size));
-  require(c.parallel.pp_microbatches >= 1,
-          str("pp.microbatches must be >= 1, got ", c.parallel.pp_microbatches));
+              excerpt(c.parallel.precision),
+              "; set train.precision = fp16 or clear debug.overflow_steps"));
   require(c.parallel.pp_schedule == "gpipe" || c.parallel.pp_schedule == "1f1b",
-          str("pp.schedule must be gpipe or 1f1b, got '", c.parallel.pp_schedule, "'"));
+          str("pp.schedule must be gpipe or 1f1b, got '", excerpt(c.parallel.pp_schedule), "'"));
   require(c.parallel.pp_partition == "balanced" || c.parallel.pp_partition == "uniform" ||
               c.parallel.pp_partition == "round_robin",
           str("pp.partition must be balanced, uniform or round_robin, got '",
-              c.parallel.pp_partition, "'"));
-  require(c.parallel.ps_servers >= 0,
-          str("ps.servers must be >= 0 (0 = no parameter server), got ", c.parallel.ps_servers));
-  require(c.parallel.ps_mode == "sync" || c.parallel.ps_mode == "async" || c.parallel.ps_mode == "ssp",
-          str("ps.mode must be sync, async or ssp, got '", c.parallel.ps_mode, "'"));
-  require(c.parallel.ps_staleness >= 0,
-          str("ps.staleness must be >= 0, got ", c.parallel.ps_staleness));
+              excerpt(c.parallel.pp_partition), "'"));
+  require(
+      c.parallel.ps_mode == "sync" || c.parallel.ps_mode == "async" || c.parallel.ps_mode == "ssp",
+      str("ps.mode must be sync, async or ssp, got '", excerpt(c.parallel.ps_mode), "'"));
   require(c.parallel.ps_stale_lr == "none" || c.parallel.ps_stale_lr == "inverse",
-          str("ps.stale_lr must be none or inverse, got '", c.parallel.ps_stale_lr, "'"));
-  require(c.parallel.delay_ms >= 0, str("debug.delay_ms must be >= 0, got ", c.parallel.delay_ms));
-  require(c.parallel.slow_rank >= -1,
-          str("debug.slow_rank must be a worker rank or -1 (none), got ", c.parallel.slow_rank));
-  require(c.infer.chunk_rows >= 1, str("infer.chunk_rows must be >= 1, got ", c.infer.chunk_rows));
-  require(c.infer.batch >= 1, str("infer.batch must be >= 1, got ", c.infer.batch));
-  require(c.infer.top_k >= 1, str("infer.top_k must be >= 1, got ", c.infer.top_k));
-  require(c.infer.chunk_timeout_s > 0,
-          str("infer.chunk_timeout_s must be > 0, got ", c.infer.chunk_timeout_s));
-  require(c.infer.commit_every_s >= 0,
-          str("infer.commit_every_s must be >= 0, got ", c.infer.commit_every_s));
-  require(c.infer.max_new_tokens >= 1,
-          str("infer.max_new_tokens must be >= 1, got ", c.infer.max_new_tokens));
-  require(c.infer.temperature >= 0 && std::isfinite(c.infer.temperature),
-          str("infer.temperature must be >= 0 (0 = greedy), got ", c.infer.temperature));
-  require(c.infer.sample_top_k >= 0,
-          str("infer.sample_top_k must be >= 0 (0 = all), got ", c.infer.sample_top_k));
-  require(c.infer.kill_rank >= -1,
-          str("debug.kill_rank must be a worker rank or -1 (none), got ", c.infer.kill_rank));
-  require(c.infer.kill_after >= 0, str("debug.kill_after must be >= 0, got ", c.infer.kill_after));
-  require(c.serve.max_batch >= 1, str("serve.max_batch must be >= 1, got ", c.serve.max_batch));
-  require(c.serve.max_wait_ms >= 0, str("serve.max_wait_ms must be >= 0, got ", c.serve.max_wait_ms));
+          str("ps.stale_lr must be none or inverse, got '", excerpt(c.parallel.ps_stale_lr), "'"));
   require(c.serve.max_queue >= c.serve.max_batch,
           str("serve.max_queue must be >= serve.max_batch (", c.serve.max_batch, "), got ",
               c.serve.max_queue));
-  require(c.serve.max_body_kb >= 1, str("serve.max_body_kb must be >= 1, got ", c.serve.max_body_kb));
-  require(c.serve.connections >= 1 && c.serve.connections <= 4096,
-          str("serve.connections must be in [1, 4096], got ", c.serve.connections));
-  require(c.serve.timeout_s > 0, str("serve.timeout_s must be > 0, got ", c.serve.timeout_s));
-  require(c.runtime.threads >= 1 && c.runtime.threads <= 256,
-          str("runtime.threads must be in [1, 256], got ", c.runtime.threads));
   parse_step_window(c.observe.trace_steps);  // throws naming trace.steps
-  require(c.data.test_fraction >= 0 && c.data.test_fraction < 1,
-          str("data.test_fraction must be in [0, 1), got ", c.data.test_fraction));
-  require(c.train.max_restarts >= 0,
-          str("train.max_restarts must be >= 0, got ", c.train.max_restarts));
-  require(c.checkpoint.snapshot_steps >= 0,
-          str("checkpoint.snapshot_steps must be >= 0 (0 = off), got ", c.checkpoint.snapshot_steps));
   require(c.checkpoint.snapshot_steps == 0 || c.parallel.ps_servers == 0,
           "checkpoint.snapshot_steps needs every rank to train steps, but parameter servers only "
           "serve; use checkpoint.every_steps with ps.servers > 0");
-  require(c.fault.fail_rank >= -1,
-          str("debug.fail_rank must be a rank or -1 (none), got ", c.fault.fail_rank));
   require(c.fault.fail_rank < 0 || c.fault.fail_step >= 1,
           str("debug.fail_step must be >= 1 with debug.fail_rank set, got ", c.fault.fail_step));
   require(c.fault.fail_mode == "throw" || c.fault.fail_mode == "kill" ||
               c.fault.fail_mode == "hang" || c.fault.fail_mode == "stop",
-          str("debug.fail_mode must be throw, kill, hang or stop, got '", excerpt(c.fault.fail_mode),
-              "'"));
+          str("debug.fail_mode must be throw, kill, hang or stop, got '",
+              excerpt(c.fault.fail_mode), "'"));
 }
 
-}  // namespace
-
-Config parse_config(const std::string& toml_text, const std::string& name,
-                    const std::vector<std::string>& overrides) {
+// parse_config, with `source` (the file, or the run name) in the messages.
+Config parse_source(const std::string& toml_text, const std::string& source,
+                    const std::string& name, const std::vector<std::string>& overrides) {
+  check_bounds(toml_text, source);
   toml::table root;
   try {
-    root = toml::parse(toml_text, name);
+    root = toml::parse(toml_text, source);
   } catch (const toml::parse_error& e) {
     throw InvalidArgument(str("config: ", name, ":", e.source().begin.line, ":",
                               e.source().begin.column, ": ", e.description()));
@@ -384,8 +489,7 @@ Config parse_config(const std::string& toml_text, const std::string& name,
   c.name = name;
   auto visit = [&](const std::string& path, const toml::node& v) {
     const Key* k = find_key(path);
-    if (k == nullptr)
-      throw InvalidArgument(unknown_key_message(path, ""));
+    if (k == nullptr) throw InvalidArgument(unknown_key_message(path, ""));
     k->set(c, v);
   };
   for (auto&& [key, node] : root) {
@@ -400,26 +504,35 @@ Config parse_config(const std::string& toml_text, const std::string& name,
   return c;
 }
 
+}  // namespace
+
+Config parse_config(const std::string& toml_text, const std::string& name,
+                    const std::vector<std::string>& overrides) {
+  return parse_source(toml_text, name, name, overrides);
+}
+
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw IoError(str("config: cannot read '", path, "'; check the path (examples/ has configs)"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_config(ss.str(), std::filesystem::path(path).stem().string(), overrides);
+  std::string text(kMaxConfigBytes + 1, '\0');  // one byte more tells a file over the limit
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  return parse_source(text, path, std::filesystem::path(path).stem().string(), overrides);
 }
 
 std::string to_toml(const Config& c) {
   std::string out = "# resolved tessel config: every key, defaults included\n";
   std::string section;
   for (const Key& k : registry()) {
-    size_t dot = k.path.find('.');
-    std::string sec = dot == std::string::npos ? "" : k.path.substr(0, dot);
+    const std::string& path = k.info.path;
+    size_t dot = path.find('.');
+    std::string sec = dot == std::string::npos ? "" : path.substr(0, dot);
     if (sec != section) {
       out += "\n[" + sec + "]\n";
       section = sec;
     }
-    out += k.path.substr(dot == std::string::npos ? 0 : dot + 1) + " = " + k.get(c) + "\n";
+    out += path.substr(dot == std::string::npos ? 0 : dot + 1) + " = " + k.get(c) + "\n";
   }
   return out;
 }
@@ -429,9 +542,9 @@ int resolve_prefetch(int requested, int ranks_on_host, int blas_threads, int cor
   return cores > ranks_on_host * std::max(1, blas_threads) ? 2 : 0;
 }
 
-std::vector<std::pair<std::string, std::string>> config_keys() {
-  std::vector<std::pair<std::string, std::string>> out;
-  for (const Key& k : registry()) out.emplace_back(k.path, k.doc);
+std::vector<KeyInfo> config_keys() {
+  std::vector<KeyInfo> out;
+  for (const Key& k : registry()) out.push_back(k.info);
   return out;
 }
 

@@ -94,13 +94,13 @@ std::string nearest_key(const std::string& path) {
   const auto [section, name] = split_key(path);
   std::string best;
   double best_d = 1e9;
-  for (const auto& [key, doc] : config_keys()) {
-    const auto [ksection, kname] = split_key(key);
+  for (const KeyInfo& k : config_keys()) {
+    const auto [ksection, kname] = split_key(k.path);
     double d = static_cast<double>(edit_distance(name, kname));
     if (is_subsequence(kname, name) || is_subsequence(name, kname))
       d = std::min(d, 1.0 + std::abs(double(name.size()) - double(kname.size())) / 4.0);
     d += 0.5 * static_cast<double>(edit_distance(section, ksection));
-    if (d < best_d) best_d = d, best = key;
+    if (d < best_d) best_d = d, best = k.path;
   }
   return best;
 }
@@ -108,11 +108,13 @@ std::string nearest_key(const std::string& path) {
 }  // namespace
 
 std::string unknown_key_message(const std::string& path, const std::string& where) {
-  const std::string head = str("config: unknown key '", path, "'", where, "; ");
+  const std::string head = str("config: unknown key '", excerpt(path), "'", where, "; ");
   const std::string tail = " (docs/config.md lists every key)";
+  // No key is near a name this long (and comparing it with every key would take long).
+  if (path.size() > 100) return head + "keys are short names such as train.batch" + tail;
   // A near miss of a valid key is a typo ("pp.stage"), not another framework's name.
   size_t miss = path.size();
-  for (const auto& [key, doc] : config_keys()) miss = std::min(miss, edit_distance(path, key));
+  for (const KeyInfo& k : config_keys()) miss = std::min(miss, edit_distance(path, k.path));
   const Foreign* f = foreign_name(path);
   if (f != nullptr && miss > 2) {
     if (*f->key == '\0') return head + "tessel has no such key: " + f->how + tail;

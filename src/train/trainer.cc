@@ -166,14 +166,19 @@ void Trainer::set_up_loader() {
   if (parallel::PipelineExecutor* p = engine_->pipeline())  // every replica's rows, on every rank
     for (int64_t r = 0; r < workers; ++r)
       p->check_batch_rows((r + 1) * config_.train.batch / workers - r * config_.train.batch / workers);
+  // The one product of a config value and the dataset's size: every count below is at most it.
+  int64_t run_batches = 0;
+  if (__builtin_mul_overflow(config_.train.epochs, bpe, &run_batches))
+    throw InvalidArgument(str("config: train.epochs = ", config_.train.epochs, " x ", bpe,
+                              " batches per epoch do not fit in 64 bits; lower train.epochs"));
   const int64_t k = config_.train.accumulate;
   schedule_steps_ = total_steps_ = config_.train.epochs * ((bpe + k - 1) / k);
   if (config_.train.max_steps > 0) total_steps_ = std::min(total_steps_, config_.train.max_steps);
   if (!lockstep_) {  // a step is `workers` worker batches, whoever trains them
-    claim_budget_ = config_.train.epochs * bpe;
+    claim_budget_ = run_batches;
     schedule_steps_ = (claim_budget_ + workers - 1) / workers;
-    if (config_.train.max_steps > 0)
-      claim_budget_ = std::min(claim_budget_, config_.train.max_steps * workers);
+    if (config_.train.max_steps > 0 && config_.train.max_steps < schedule_steps_)
+      claim_budget_ = config_.train.max_steps * workers;  // less than the epochs' batches
     total_steps_ = (claim_budget_ + workers - 1) / workers;
   }
 }

@@ -24,7 +24,8 @@ TEST_F(Cli, UnknownConfigKey) {
 
 TEST_F(Cli, BadValues) {
   expect_error(run("train " + kExamples + "/spiral.toml --set optim.lr=-1"), "optim.lr must be");
-  expect_error(run("train " + kExamples + "/spiral.toml --set train.batch=0"), "train.batch must be >= 1");
+  expect_error(run("train " + kExamples + "/spiral.toml --set train.batch=0"),
+               "train.batch must be in [1, 16777216], got 0");
   expect_error(run("train " + kExamples + "/spiral.toml --set model.kind=transformer"), "model");
   expect_error(run("train " + path("missing.toml")), "cannot read");
 }

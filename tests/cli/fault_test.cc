@@ -172,6 +172,10 @@ TEST_F(Fault, ImpossibleSizesAndHugeValuesGiveShortClearErrors) {
                "model.hidden");
   expect_clear(run("train " + kSpiral + " --set model.hidden=[4611686018427387904,4]"),
                "model.hidden");
+  expect_clear(run("train " + kSpiral + " --set train.epochs=4611686018427387904"),
+               "train.epochs must be in [1, 1000000], got 4611686018427387904");
+  expect_clear(run("train " + kSpiral + " --set model.hidden=" + std::string(100000, '[')),
+               "config: --set model.hidden:1: tables, keys and arrays nest more than 16 levels");
   const std::string huge(100000, 'x');
   expect_clear(run("train " + kSpiral + " --set model.kind=" + huge), "characters");
   expect_clear(run("train " + kSpiral + " --set debug.fail_mode=explode --set debug.fail_rank=0 "

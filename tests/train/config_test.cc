@@ -1,11 +1,16 @@
+#include "tessel/train/config.h"
+
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 
+#include "../parallel/train_on.h"
 #include "tessel/core/error.h"
-#include "tessel/train/config.h"
+#include "tessel/train/dry_run.h"
 
 namespace tessel::train {
 namespace {
@@ -41,9 +46,9 @@ TEST(Config, UnknownKeyNamesNearest) {
 }
 
 TEST(Config, BadValuesSayWhatIsAllowed) {
-  EXPECT_NE(error_of("[optim]\nlr = -1.0\n").find("optim.lr must be a number > 0, got -1"),
+  EXPECT_NE(error_of("[optim]\nlr = -1.0\n").find("optim.lr must be in (0, 1000], got -1"),
             std::string::npos);
-  EXPECT_NE(error_of("[train]\nbatch = 0\n").find("train.batch must be >= 1, got 0"),
+  EXPECT_NE(error_of("[train]\nbatch = 0\n").find("train.batch must be in [1, 16777216], got 0"),
             std::string::npos);
   EXPECT_NE(error_of("[train]\nbatch = \"big\"\n").find("train.batch must be an integer"),
             std::string::npos);
@@ -54,7 +59,7 @@ TEST(Config, BadValuesSayWhatIsAllowed) {
 }
 
 TEST(Config, PrefetchAutoOnlyWithASpareCore) {
-  EXPECT_NE(error_of("", {"train.prefetch=-2"}).find("train.prefetch must be >= 0, or -1 for auto"),
+  EXPECT_NE(error_of("", {"train.prefetch=-2"}).find("train.prefetch must be in [-1, 1024]"),
             std::string::npos);
   EXPECT_EQ(resolve_prefetch(-1, 1, 1, 2), 2);  // 1 rank on 2 cores: the loader gets the other
   EXPECT_EQ(resolve_prefetch(-1, 2, 1, 2), 0);  // 2 ranks on 2 cores: no core to spare
@@ -66,16 +71,16 @@ TEST(Config, PrefetchAutoOnlyWithASpareCore) {
 
 TEST(Config, LayoutKeysSayWhatIsAllowed) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {"pp.stages=0", "pp.stages must be >= 1, got 0"},
-      {"pp.microbatches=0", "pp.microbatches must be >= 1, got 0"},
+      {"pp.stages=0", "pp.stages must be in [1, 1024], got 0"},
+      {"pp.microbatches=0", "pp.microbatches must be in [1, 65536], got 0"},
       {"pp.schedule=zigzag", "pp.schedule must be gpipe or 1f1b, got 'zigzag'"},
       {"pp.partition=random", "pp.partition must be balanced, uniform or round_robin"},
-      {"ps.servers=-1", "ps.servers must be >= 0"},
+      {"ps.servers=-1", "ps.servers must be in [0, 1024]"},
       {"ps.mode=eventual", "ps.mode must be sync, async or ssp, got 'eventual'"},
-      {"ps.staleness=-2", "ps.staleness must be >= 0, got -2"},
+      {"ps.staleness=-2", "ps.staleness must be in [0, 1048576], got -2"},
       {"ps.stale_lr=sqrt", "ps.stale_lr must be none or inverse, got 'sqrt'"},
-      {"debug.slow_rank=-2", "debug.slow_rank must be a worker rank or -1"},
-      {"debug.delay_ms=-1", "debug.delay_ms must be >= 0"},
+      {"debug.slow_rank=-2", "debug.slow_rank must be in [-1, 1048576]"},
+      {"debug.delay_ms=-1", "debug.delay_ms must be in [0, 1000000]"},
   };
   for (const auto& [set, want] : cases)
     EXPECT_NE(error_of("", {set}).find(want), std::string::npos) << set << ": " << error_of("", {set});
@@ -100,13 +105,28 @@ TEST(Config, ResolvedTomlRoundTrips) {
   EXPECT_EQ(d.model.hidden, (std::vector<int64_t>{3}));
 }
 
-TEST(Config, EveryKeyIsDocumented) {
+// Each key has its row in docs/config.md, "| `key` | default | range | meaning |", whose range
+// cell is the registry's (empty for keys that are not numbers).
+TEST(Config, EveryKeyAndRangeIsDocumented) {
   std::ifstream in(std::string(TESSEL_SOURCE_DIR) + "/docs/config.md");
   ASSERT_TRUE(in) << "docs/config.md missing";
-  std::stringstream ss;
-  ss << in.rdbuf();
-  for (auto& [key, doc] : config_keys())
-    EXPECT_NE(ss.str().find("`" + key + "`"), std::string::npos) << key << " not in docs/config.md";
+  std::map<std::string, std::string> ranges;  // key -> its row's range cell
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("| `", 0) != 0) continue;
+    std::vector<std::string> cells;
+    std::stringstream row(line.substr(1));
+    for (std::string cell; std::getline(row, cell, '|');) cells.push_back(cell);
+    auto trim = [](const std::string& c) {
+      const size_t b = c.find_first_not_of(' '), e = c.find_last_not_of(' ');
+      return b == std::string::npos ? "" : c.substr(b, e - b + 1);
+    };
+    const std::string key = trim(cells[0]);  // `key`
+    if (cells.size() >= 4) ranges[key.substr(1, key.size() - 2)] = trim(cells[2]);
+  }
+  for (const KeyInfo& k : config_keys()) {
+    ASSERT_TRUE(ranges.count(k.path)) << k.path << " has no row in docs/config.md";
+    EXPECT_EQ(ranges[k.path], k.range) << k.path;
+  }
 }
 
 // docs/config.md's "Coming from PyTorch or DeepSpeed" table: every name in a row's second
@@ -140,6 +160,156 @@ TEST(Config, OtherFrameworksNamesMatchTheDocsTable) {
 
 TEST(Config, MissingFileIsIoError) {
   EXPECT_THROW(load_config("/nonexistent/x.toml"), IoError);
+}
+
+// ---- config values at the edges, hostile config files ----
+
+// Every numeric key of the registry, set to each edge value, is either accepted (and then
+// round-trips through to_toml and plans a run) or refused with an InvalidArgument naming the
+// key; inputs nested or sized past the documented limits are refused before the TOML parser
+// sees them. Meant to run under ASan/UBSan too (-DTESSEL_SANITIZE=address,undefined).
+
+// A spiral mlp that plans and trains in milliseconds.
+const std::string kBase =
+    "[model]\nkind = \"mlp\"\nhidden = [8]\n"
+    "[data]\nkind = \"spiral\"\npoints_per_class = 20\n"
+    "[train]\nepochs = 1\nbatch = 16\nprefetch = 0\n";
+
+// 0, -1, 2^31, 2^62, 2^63 - 1 as integers, and as floats with 1e-45, NaN and infinities.
+const std::vector<std::string> kIntegers = {"0", "-1", "2147483648", "4611686018427387904",
+                                            "9223372036854775807"};
+const std::vector<std::string> kFloats = {
+    "0.0", "-1.0", "2147483648.0", "4.611686018427388e18", "9.223372036854776e18", "1e-45",
+    "nan", "inf",  "-inf"};
+
+TEST(ConfigEdges, EveryNumericKeyTakesItsRangeOrNamesTheKey) {
+  int keys = 0, accepted = 0, refused = 0;
+  for (const KeyInfo& key : config_keys()) {
+    if (key.range.empty()) continue;
+    ++keys;
+    std::vector<std::string> values = kIntegers;
+    values.insert(values.end(), kFloats.begin(), kFloats.end());
+    for (const std::string& v : values) {
+      const std::string set = key.path + "=" + (key.type == "integer array" ? "[" + v + "]" : v);
+      SCOPED_TRACE(set);
+      Config c;
+      try {
+        c = parse_config(kBase, "t", {set});
+      } catch (const InvalidArgument& e) {
+        const std::string what = e.what();
+        EXPECT_NE(what.find(key.path), std::string::npos) << what;
+        ++refused;
+        continue;
+      }
+      ++accepted;
+      // An integer key takes no float, and no key takes NaN or an infinity.
+      EXPECT_TRUE(v.find_first_of(".ena") == std::string::npos || key.type == "number");
+      EXPECT_EQ(to_toml(parse_config(to_toml(c), "t")), to_toml(c));
+      try {  // forms the trainer's products (steps, batches) from the accepted value
+        dry_run(c, 1);
+      } catch (const InvalidArgument&) {  // a clear error is fine (e.g. fp16-only debug keys)
+      }
+    }
+  }
+  EXPECT_GE(keys, 80);
+  EXPECT_GT(accepted, 0);
+  EXPECT_GT(refused, 0);
+}
+
+// The defaults are inside their ranges: the resolved default config parses back.
+TEST(ConfigEdges, DefaultsAreInRange) {
+  const Config d = parse_config("", "t");
+  EXPECT_EQ(to_toml(parse_config(to_toml(d), "t")), to_toml(d));
+}
+
+TEST(ConfigEdges, RangeErrorsSayTheRange) {
+  EXPECT_NE(error_of(kBase, {"train.epochs=2147483648"})
+                .find("config: train.epochs must be in [1, 1000000], got 2147483648"),
+            std::string::npos);
+  EXPECT_NE(error_of(kBase, {"optim.lr=nan"}).find("optim.lr must be in (0, 1000], got nan"),
+            std::string::npos);
+  EXPECT_NE(error_of(kBase, {"optim.momentum=1.0"}).find("optim.momentum must be in [0, 1)"),
+            std::string::npos);
+  EXPECT_NE(error_of(kBase, {"model.hidden=[8, 0]"})
+                .find("every entry of model.hidden must be in [1, 1048576], got 0"),
+            std::string::npos);
+  EXPECT_NE(error_of(kBase, {"train.batch=1.5"}).find("train.batch must be an integer, got 1.5"),
+            std::string::npos);
+  // 1e-50 is inside (0, 1000] as a double but 0 as the float optim.lr stores.
+  EXPECT_NE(error_of(kBase, {"optim.lr=1e-50"}).find("optim.lr must be in (0, 1000]"),
+            std::string::npos);
+  EXPECT_EQ(error_of(kBase, {"optim.lr=1e-45"}), "");
+}
+
+// The largest values the products of the trainer are formed from, in a real (short) run.
+TEST(ConfigEdges, LargestStepProductsTrain) {
+  Config c = parse_config(
+      kBase, "edges",
+      {"train.epochs=1000000", "train.batch=16777216", "train.accumulate=65536",
+       "train.base_batch=1099511627776", "train.max_steps=2", "train.log_every=1099511627776",
+       "checkpoint.every_epochs=0", "runtime.memory_limit_mb=1073741824"});
+  const testing::RunResult r = testing::train_on(c, 1);
+  EXPECT_EQ(r.summary["steps"].get<int64_t>(), 2);
+}
+
+TEST(ConfigEdges, DeepHeadersAndKeysAreRefusedBeforeParsing) {
+  auto repeat = [](const std::string& s, int n) {
+    std::string out;
+    for (int i = 0; i < n; ++i) out += s;
+    return out;
+  };
+  for (int n : {70000, 100000}) {
+    std::string e = error_of("[model" + repeat(".a", n) + "]\n");
+    EXPECT_NE(e.find("config: t:1: tables, keys and arrays nest more than 16 levels"),
+              std::string::npos)
+        << e.substr(0, 200);
+    e = error_of("seed = 1\nx" + repeat(".a", n) + " = 1\n");
+    EXPECT_NE(e.find("config: t:2: "), std::string::npos) << e.substr(0, 200);
+    e = error_of("x = " + repeat("{a = ", n) + "1" + repeat("}", n) + "\n");
+    EXPECT_NE(e.find("nest more than 16 levels"), std::string::npos) << e.substr(0, 200);
+    e = error_of("x = " + repeat("[", n) + repeat("]", n) + "\n");
+    EXPECT_NE(e.find("nest more than 16 levels"), std::string::npos) << e.substr(0, 200);
+    e = error_of(kBase, {"model.hidden=" + repeat("[", n)});
+    EXPECT_NE(e.find("config: --set model.hidden:1: tables, keys and arrays nest"),
+              std::string::npos)
+        << e.substr(0, 200);
+  }
+  // The limit itself: 16 levels reach the parser (an unknown key), 17 do not.
+  EXPECT_NE(error_of("[model" + repeat(".a", 15) + "]\n").find("unknown key"), std::string::npos);
+  EXPECT_NE(error_of("[model" + repeat(".a", 16) + "]\n").find("16 levels"), std::string::npos);
+  EXPECT_NE(error_of("[model]\nx" + repeat(".a", 14) + " = 1\n").find("unknown key"),
+            std::string::npos);
+  EXPECT_NE(error_of("[model]\nx" + repeat(".a", 15) + " = 1\n").find("16 levels"),
+            std::string::npos);
+  // Brackets, braces and dots inside strings and comments are not levels.
+  const std::string deep = repeat("[{.", 40);
+  Config c = parse_config("name = \"" + deep + "\" # " + deep + "\n[model] # " + deep +
+                              "\nkind = '''\n" + deep + "'''\n",
+                          "t");
+  EXPECT_EQ(c.name, deep);
+  EXPECT_EQ(c.model.kind, deep);
+}
+
+TEST(ConfigEdges, HugeInputsAreRefusedNamingTheLimit) {
+  const std::string big(kMaxConfigBytes + 1, '#');
+  std::string e = error_of(big);
+  EXPECT_NE(e.find("config: t is larger than the 1048576 bytes (1 MiB)"), std::string::npos) << e;
+  e = error_of("", {"name=\"" + std::string(kMaxConfigBytes, 'x') + "\""});
+  EXPECT_NE(e.find("config: --set name is larger than"), std::string::npos) << e;
+  const std::string path = ::testing::TempDir() + "/huge_config.toml";
+  std::ofstream(path) << big;
+  try {
+    load_config(path);
+    ADD_FAILURE() << "a config over 1 MiB loaded";
+  } catch (const InvalidArgument& ex) {
+    EXPECT_NE(std::string(ex.what()).find("config: " + path + " is larger than"), std::string::npos)
+        << ex.what();
+  }
+  std::filesystem::remove(path);
+  // A key too long to be near any valid key is named without a suggestion.
+  e = error_of("[" + std::string(500000, 'a') + "]\nb = 1\n");
+  EXPECT_NE(e.find("keys are short names"), std::string::npos) << e.substr(0, 300);
+  EXPECT_LT(e.size(), 400u);
 }
 
 }  // namespace

@@ -1,9 +1,10 @@
 // Config: the whole description of a training run, read from a TOML file plus --set
-// overrides. Every key has a type, a default and a one-line doc (docs/config.md lists them all;
-// a test keeps the two in step). Unknown keys fail naming the nearest valid key; bad values
-// fail naming the key, the value and what is allowed.
+// overrides. Every key has a type, a default, a one-line doc and, if it is a number, the range
+// it accepts (docs/config.md lists them all; a test keeps the two in step). Unknown keys fail
+// naming the nearest valid key; bad values fail naming the key, the value and what is allowed.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -114,8 +115,20 @@ Config parse_config(const std::string& toml_text, const std::string& name,
                     const std::vector<std::string>& overrides = {});
 // The resolved config (every key, defaults included) as TOML, written into each run folder.
 std::string to_toml(const Config& config);
-// Every valid key, "section.key" (top-level keys without a section), with its one-line doc.
-std::vector<std::pair<std::string, std::string>> config_keys();
+// A config file (and each --set value) larger than this, or whose tables, keys and arrays nest
+// deeper than kMaxConfigDepth, is refused before the TOML parser reads it (docs/config.md).
+constexpr size_t kMaxConfigBytes = size_t{1} << 20;
+constexpr int kMaxConfigDepth = 16;
+
+// One config key as docs/config.md lists it.
+struct KeyInfo {
+  std::string path;   // "section.key", or "key" for top-level keys
+  std::string doc;    // one line
+  std::string type;   // boolean, integer, number, string or integer array
+  std::string range;  // numeric keys: the values allowed, e.g. "[1, 1000000]" or "(0, 0.5]"
+};
+// Every valid key, in the order of docs/config.md.
+std::vector<KeyInfo> config_keys();
 // train.prefetch as run: `requested` unless -1 (auto), which is 2 when the host's `cores`
 // leave one spare beyond its ranks x BLAS threads, else 0 (a loader thread on a busy core
 // preempts a rank, and every rank of a step waits for the slowest).

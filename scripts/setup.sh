@@ -8,7 +8,8 @@ packages=(
   libgtest-dev libbenchmark-dev libopenmpi-dev openmpi-bin
   dataset-fashion-mnist fortunes python3-torch python3-numpy
   iproute2 iperf3 libcpp-httplib-dev wrk
-  python3-matplotlib python3-protobuf protobuf-compiler chromium tmux
+  python3-matplotlib python3-protobuf protobuf-compiler libprotobuf-dev libssl-dev libisal-dev
+  chromium tmux
 )
 missing=()
 for p in "${packages[@]}"; do

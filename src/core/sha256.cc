@@ -1,79 +1,43 @@
 #include "tessel/core/sha256.h"
 
-#include <cstring>
+#include <openssl/err.h>
+#include <openssl/evp.h>
+
+#include "tessel/core/error.h"
 
 namespace tessel {
 namespace {
 
-constexpr uint32_t kK[64] = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4,
-    0xab1c5ed5, 0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe,
-    0x9bdc06a7, 0xc19bf174, 0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f,
-    0x4a7484aa, 0x5cb0a9dc, 0x76f988da, 0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7,
-    0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967, 0x27b70a85, 0x2e1b2138, 0x4d2c6dfc,
-    0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85, 0xa2bfe8a1, 0xa81a664b,
-    0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070, 0x19a4c116,
-    0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7,
-    0xc67178f2};
-
-inline uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
+// Throws with OpenSSL's reason when an EVP call failed (no memory, or a libcrypto configured
+// without SHA-256, e.g. a FIPS provider that did not load).
+void check(int ok, const char* call) {
+  if (ok == 1) return;
+  char reason[256] = "unknown reason";
+  if (const unsigned long code = ERR_get_error()) ERR_error_string_n(code, reason, sizeof reason);
+  throw Error(str("sha256: OpenSSL ", call, " failed: ", reason,
+                  "; check the libcrypto installation (libssl3) and its OPENSSL_CONF"));
+}
 
 }  // namespace
 
-Sha256::Sha256()
-    : h_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a, 0x510e527f, 0x9b05688c, 0x1f83d9ab,
-         0x5be0cd19} {}
+void Sha256::FreeContext::operator()(evp_md_ctx_st* ctx) const { EVP_MD_CTX_free(ctx); }
 
-void Sha256::compress(const uint8_t* p) {
-  uint32_t w[64];
-  for (int i = 0; i < 16; ++i)
-    w[i] = (uint32_t(p[4 * i]) << 24) | (uint32_t(p[4 * i + 1]) << 16) |
-           (uint32_t(p[4 * i + 2]) << 8) | uint32_t(p[4 * i + 3]);
-  for (int i = 16; i < 64; ++i) {
-    uint32_t s0 = rotr(w[i - 15], 7) ^ rotr(w[i - 15], 18) ^ (w[i - 15] >> 3);
-    uint32_t s1 = rotr(w[i - 2], 17) ^ rotr(w[i - 2], 19) ^ (w[i - 2] >> 10);
-    w[i] = w[i - 16] + s0 + w[i - 7] + s1;
-  }
-  uint32_t a = h_[0], b = h_[1], c = h_[2], d = h_[3], e = h_[4], f = h_[5], g = h_[6], h = h_[7];
-  for (int i = 0; i < 64; ++i) {
-    uint32_t t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + kK[i] + w[i];
-    uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
-    h = g; g = f; f = e; e = d + t1; d = c; c = b; b = a; a = t1 + t2;
-  }
-  h_[0] += a; h_[1] += b; h_[2] += c; h_[3] += d; h_[4] += e; h_[5] += f; h_[6] += g; h_[7] += h;
+Sha256::Sha256() : ctx_(EVP_MD_CTX_new()) {
+  check(ctx_ != nullptr, "EVP_MD_CTX_new");
+  check(EVP_DigestInit_ex(ctx_.get(), EVP_sha256(), nullptr), "EVP_DigestInit_ex");
 }
 
 void Sha256::update(const void* data, size_t bytes) {
-  // Nothing to add; an empty buffer's data() may be null, which memcpy must not get.
+  // Nothing to add; an empty buffer's data() may be null.
   if (bytes == 0) return;
-  auto* p = static_cast<const uint8_t*>(data);
-  total_bytes_ += bytes;
-  if (buf_len_ > 0) {
-    size_t take = std::min(bytes, 64 - buf_len_);
-    std::memcpy(buf_.data() + buf_len_, p, take);
-    buf_len_ += take; p += take; bytes -= take;
-    if (buf_len_ < 64) return;
-    compress(buf_.data());
-    buf_len_ = 0;
-  }
-  for (; bytes >= 64; p += 64, bytes -= 64) compress(p);
-  std::memcpy(buf_.data(), p, bytes);
-  buf_len_ = bytes;
+  check(EVP_DigestUpdate(ctx_.get(), data, bytes), "EVP_DigestUpdate");
 }
 
 std::array<uint8_t, 32> Sha256::digest() {
-  uint64_t bits = total_bytes_ * 8;
-  uint8_t pad = 0x80;
-  update(&pad, 1);
-  uint8_t zero = 0;
-  while (buf_len_ != 56) update(&zero, 1);
-  uint8_t len[8];
-  for (int i = 0; i < 8; ++i) len[i] = uint8_t(bits >> (56 - 8 * i));
-  update(len, 8);
   std::array<uint8_t, 32> out;
-  for (int i = 0; i < 8; ++i)
-    for (int j = 0; j < 4; ++j) out[4 * i + j] = uint8_t(h_[i] >> (24 - 8 * j));
+  unsigned int size = 0;
+  check(EVP_DigestFinal_ex(ctx_.get(), out.data(), &size), "EVP_DigestFinal_ex");
+  check(size == out.size(), "EVP_DigestFinal_ex (digest size)");
   return out;
 }
 

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "tensorboard/compat/proto/event.pb.h"
 #include "tessel/core/crc32c.h"
 #include "tessel/core/error.h"
 
@@ -15,27 +16,12 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Protocol-buffer wire format: a key is (field << 3) | wire type; 0 varint, 1 fixed 64-bit,
-// 2 length-delimited, 5 fixed 32-bit; everything little-endian.
-void varint(std::string& out, uint64_t v) {
-  while (v >= 0x80) {
-    out += static_cast<char>((v & 0x7f) | 0x80);
-    v >>= 7;
-  }
-  out += static_cast<char>(v);
-}
-
+// Appends v's bytes, little-endian (x86-64's order, and TFRecord's).
 template <typename T>
-void fixed(std::string& out, T v) {
+void append_le(std::string& out, T v) {
   char bytes[sizeof(T)];
-  std::memcpy(bytes, &v, sizeof(T));  // x86-64 is little-endian, as the wire format
+  std::memcpy(bytes, &v, sizeof(T));
   out.append(bytes, sizeof(T));
-}
-
-void bytes_field(std::string& out, int field, const std::string& bytes) {
-  varint(out, static_cast<uint64_t>(field) << 3 | 2);
-  varint(out, bytes.size());
-  out += bytes;
 }
 
 double unix_seconds() {
@@ -52,36 +38,31 @@ uint32_t masked_crc32c(const std::string& bytes) {
 
 std::string tfrecord(const std::string& data) {
   std::string length, out;
-  fixed<uint64_t>(length, data.size());
+  append_le<uint64_t>(length, data.size());
   out = length;
-  fixed<uint32_t>(out, masked_crc32c(length));
+  append_le<uint32_t>(out, masked_crc32c(length));
   out += data;
-  fixed<uint32_t>(out, masked_crc32c(data));
+  append_le<uint32_t>(out, masked_crc32c(data));
   return out;
 }
 
 std::string encode_event(double wall_time, int64_t step,
                          const std::vector<std::pair<std::string, double>>& scalars,
                          const std::string& file_version) {
-  std::string event;
-  varint(event, 1 << 3 | 1);  // wall_time
-  fixed<double>(event, wall_time);
-  varint(event, 2 << 3 | 0);  // step
-  varint(event, static_cast<uint64_t>(step));
+  tensorboard::Event event;
+  event.set_wall_time(wall_time);
+  event.set_step(step);
   if (scalars.empty() && !file_version.empty()) {
-    bytes_field(event, 3, file_version);
-    return event;
+    event.set_file_version(file_version);
+  } else {
+    tensorboard::Summary* summary = event.mutable_summary();
+    for (const auto& [tag, value] : scalars) {
+      tensorboard::Summary::Value* v = summary->add_value();
+      v->set_tag(tag);
+      v->set_simple_value(static_cast<float>(value));
+    }
   }
-  std::string summary;
-  for (const auto& [tag, value] : scalars) {
-    std::string v;
-    bytes_field(v, 1, tag);
-    varint(v, 2 << 3 | 5);  // simple_value
-    fixed<float>(v, static_cast<float>(value));
-    bytes_field(summary, 1, v);
-  }
-  bytes_field(event, 5, summary);
-  return event;
+  return event.SerializeAsString();
 }
 
 TensorBoardWriter::TensorBoardWriter(const std::string& run_dir) {

@@ -7,32 +7,9 @@
 
 #include "tessel/core/error.h"
 #include "tessel/core/rng.h"
-#include "tessel/core/sha256.h"
 
 namespace tessel {
 namespace {
-
-TEST(Sha256, KnownVectors) {
-  EXPECT_EQ(sha256_hex("", 0), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
-  EXPECT_EQ(sha256_hex("abc", 3),
-            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-  std::string million(1000000, 'a');
-  Sha256 h;  // fed in uneven pieces to exercise the buffering
-  for (size_t i = 0; i < million.size(); i += 777)
-    h.update(million.data() + i, std::min<size_t>(777, million.size() - i));
-  EXPECT_EQ(h.hex_digest(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
-}
-
-TEST(Sha256, EmptyPiecesChangeNothing) {
-  // An empty std::vector's data() is null: hashing it adds nothing (under UBSan, passing the
-  // null on to memcpy was undefined behaviour, seen in Engine::params_sha256).
-  std::vector<float> empty;
-  Sha256 h;
-  h.update(empty.data(), 0);
-  h.update("abc", 3);
-  h.update(nullptr, 0);
-  EXPECT_EQ(h.hex_digest(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
-}
 
 TEST(Philox, MatchesReferenceVector) {
   // Random123 known-answer test for philox4x32-10, counter and key all 0xffffffff.

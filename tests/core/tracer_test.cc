@@ -1,5 +1,5 @@
 // The Tracer (spans only while recording, rows per thread, nesting scopes, step windows, valid
-// Trace Event Format JSON) and CRC-32C known answers.
+// Trace Event Format JSON).
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -7,7 +7,6 @@
 #include <thread>
 
 #include "tessel/core/clock.h"
-#include "tessel/core/crc32c.h"
 #include "tessel/core/trace.h"
 
 namespace tessel {
@@ -122,23 +121,6 @@ TEST(Trace, OffCostsNothingMeasurable) {
     EXPECT_EQ(s.args(), nullptr);
   }
   EXPECT_EQ(t.size(), 0u);
-}
-
-// Known answers: RFC 3720 (iSCSI) B.4 and the classic check value of "123456789".
-TEST(Crc32c, KnownAnswers) {
-  EXPECT_EQ(crc32c("123456789", 9), 0xE3069283u);
-  EXPECT_EQ(crc32c("", 0), 0u);
-  unsigned char buf[32];
-  std::fill(buf, buf + 32, 0x00);
-  EXPECT_EQ(crc32c(buf, 32), 0x8A9136AAu);
-  std::fill(buf, buf + 32, 0xFF);
-  EXPECT_EQ(crc32c(buf, 32), 0x62A8AB43u);
-  for (int i = 0; i < 32; ++i) buf[i] = static_cast<unsigned char>(i);
-  EXPECT_EQ(crc32c(buf, 32), 0x46DD794Eu);
-  for (int i = 0; i < 32; ++i) buf[i] = static_cast<unsigned char>(31 - i);
-  EXPECT_EQ(crc32c(buf, 32), 0x113FDB5Cu);
-  // Continuing over a split buffer gives the CRC of the whole.
-  EXPECT_EQ(crc32c("6789", 4, crc32c("12345", 5)), 0xE3069283u);
 }
 
 }  // namespace

@@ -1,8 +1,9 @@
 # Independent check of tessel's TensorBoard event files: reads the TFRecord framing with its own
-# CRC-32C, decodes every record with Python classes that protoc generates from the public
-# Event/Summary schema (tests/fixtures/tensorboard/tb_event.proto; python3-protobuf), and checks
-# that the scalars are exactly metrics.jsonl's numbers (as float32), tag "<type>/<key>" at the
-# record's step. Usage: tb_decode.py RUN_DIR PROTO_DIR. Exit 0 and "ok ..." when they match.
+# CRC-32C, decodes every record with the Python classes that protoc generates from TensorBoard's
+# own schema (PROTO_DIR: third_party/tensorboard_proto, the files TensorBoard reads events with;
+# python3-protobuf), and checks that the scalars are exactly metrics.jsonl's numbers (as
+# float32), tag "<type>/<key>" at the record's step. Usage: tb_decode.py RUN_DIR PROTO_DIR.
+# Exit 0 and "ok ..." when they match.
 import glob
 import importlib
 import json
@@ -55,9 +56,10 @@ def records(path):
 def main():
     run_dir, proto_dir = sys.argv[1], sys.argv[2]
     out = tempfile.mkdtemp()
-    subprocess.run(["protoc", "-I", proto_dir, "--python_out", out, "tb_event.proto"], check=True)
+    protos = sorted(glob.glob(os.path.join(proto_dir, "tensorboard", "compat", "proto", "*.proto")))
+    subprocess.run(["protoc", "-I", proto_dir, "--python_out", out] + protos, check=True)
     sys.path.insert(0, out)
-    pb = importlib.import_module("tb_event_pb2")
+    pb = importlib.import_module("tensorboard.compat.proto.event_pb2")
     files = glob.glob(os.path.join(run_dir, "tensorboard", "events.out.tfevents.*"))
     if len(files) != 1:
         sys.exit("FAIL: expected one event file, got %s" % files)

@@ -1,6 +1,7 @@
-// TensorBoard event files: the wire bytes of an Event by hand, the TFRecord framing, and a real
-// run's file decoded by an independent decoder (tb_decode.py: protoc-generated Python classes of
-// the public schema, its own CRC-32C) to exactly metrics.jsonl's values.
+// TensorBoard event files: the wire bytes of an Event (TensorBoard's field numbers), the TFRecord
+// framing, and a real run's file decoded by an independent reader (tb_decode.py: TensorBoard's
+// own reader where installed, else Python classes protoc generates from the vendored schema with
+// its own CRC-32C) to exactly metrics.jsonl's values.
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -30,11 +31,13 @@ TEST(TensorBoard, EventWireFormat) {
   // Event{wall_time: 1.5, step: 7, summary {value {tag: "a", simple_value: 1.0}}}
   EXPECT_EQ(hex(encode_event(1.5, 7, {{"a", 1.0}})),
             "09000000000000f83f" "1007" "2a0a" "0a08" "0a0161" "150000803f");
-  // Event{wall_time: 0, step: 0, file_version: "brain.Event:2"}
-  EXPECT_EQ(hex(encode_event(0, 0, {}, "brain.Event:2")),
-            "090000000000000000" "1000" "1a0d" + hex("brain.Event:2"));
-  // A step of 300 is a two-byte varint.
-  EXPECT_EQ(hex(encode_event(0, 300, {}, "v")).substr(18, 6), "10ac02");
+  // Event{wall_time: 2, step: 300, file_version: "brain.Event:2"}: a two-byte varint step.
+  EXPECT_EQ(hex(encode_event(2, 300, {}, "brain.Event:2")),
+            "090000000000000040" "10ac02" "1a0d" + hex("brain.Event:2"));
+  // proto3 leaves out fields at their default (wall_time 0, step 0); readers take them as 0.
+  EXPECT_EQ(hex(encode_event(0, 0, {}, "v")), "1a0176");
+  // No scalars and no file version: an empty summary.
+  EXPECT_EQ(hex(encode_event(0, 1, {})), "1001" "2a00");
 }
 
 TEST(TensorBoard, RecordFraming) {
@@ -64,7 +67,7 @@ TEST(TensorBoard, RunDecodesToMetrics) {
   const testing::RunResult r = testing::train_on(cfg, 2, opts);
   const std::string cmd = "/usr/bin/python3 " + std::string(TESSEL_SOURCE_DIR) +
                           "/tests/train/tb_decode.py " + opts.run_dir + " " + TESSEL_SOURCE_DIR +
-                          "/tests/fixtures/tensorboard 2>&1";
+                          "/third_party/tensorboard_proto 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   std::string out;
   char buf[512];

@@ -1,11 +1,15 @@
-// SHA-256 (FIPS 180-4), used for params_sha256 in summaries and checkpoint integrity.
+// SHA-256 (FIPS 180-4), used for params_sha256 in summaries and checkpoint integrity; computed
+// by OpenSSL's libcrypto (EVP), which uses the CPU's SHA extensions (or AVX2) where it has them.
 // Incremental: update() any number of times, then hex_digest(). Not thread safe per object.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
+
+struct evp_md_ctx_st;  // OpenSSL's EVP_MD_CTX, kept out of the callers' includes
 
 namespace tessel {
 
@@ -17,11 +21,10 @@ class Sha256 {
   std::string hex_digest();
 
  private:
-  void compress(const uint8_t* block);
-  std::array<uint32_t, 8> h_;
-  std::array<uint8_t, 64> buf_;
-  size_t buf_len_ = 0;
-  uint64_t total_bytes_ = 0;
+  struct FreeContext {
+    void operator()(evp_md_ctx_st* ctx) const;
+  };
+  std::unique_ptr<evp_md_ctx_st, FreeContext> ctx_;
 };
 
 std::string sha256_hex(const void* data, size_t bytes);

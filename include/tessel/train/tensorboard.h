@@ -1,11 +1,11 @@
 // TensorBoardWriter: the run's metrics as TensorBoard scalars, written natively: an event file
 // (run_dir/tensorboard/events.out.tfevents.<time>.<host>) of TFRecord records (length, masked
-// CRC-32C of the length, data, masked CRC-32C of the data), each an `Event` protocol buffer of
-// TensorBoard's public event.proto / summary.proto schema, encoded here field by field (Event:
-// wall_time 1, step 2, file_version 3, summary 5; Summary: value 1; Value: tag 1,
-// simple_value 2). The first record names the file version ("brain.Event:2"). Every
-// metrics.jsonl record becomes one event holding its numbers as "<type>/<key>" scalars at its
-// step, so the two files hold the same values. Flushed after each record; one thread.
+// CRC-32C of the length, data, masked CRC-32C of the data), each an `Event` protocol buffer
+// encoded by libprotobuf with the messages protoc generates from TensorBoard's own event.proto
+// and summary.proto (third_party/tensorboard_proto). The first record names the file version
+// ("brain.Event:2"). Every metrics.jsonl record becomes one event holding its numbers as
+// "<type>/<key>" scalars at its step, so the two files hold the same values. Flushed after each
+// record; one thread.
 #pragma once
 
 #include <cstdint>

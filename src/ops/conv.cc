@@ -1,6 +1,6 @@
-// Conv2d: the public entry points, which take the kernel table's direct kernels (conv_direct.cc,
-// at the AVX-512 level) where conv2d_direct_supported says so, and im2col + GEMM everywhere
-// else (other shapes, lower levels).
+// Conv2d: the public entry points, which take the kernel table's direct kernels (one sum order
+// at every level: conv_direct_portable.cc, conv_direct_driver.h) where conv2d_direct_supported
+// says so, and im2col + GEMM for the other shapes (strides, wide kernels, large padding).
 //
 // im2col + GEMM.
 //
@@ -298,6 +298,11 @@ void conv2d_im2col_backward(float* dx, float* dw, float* db, const float* dy, co
   }
 }
 
+int64_t conv_pooled_size(const Conv2dShape& s, const ConvFusion& f) {
+  return s.OC * ((s.OH() - f.pool_k) / f.pool_stride + 1) *
+         ((s.OW() - f.pool_k) / f.pool_stride + 1);
+}
+
 void pool_relu_grad_image(float* dconv, const float* dy, const int32_t* argmax, const float* y,
                           const Conv2dShape& s, int64_t k, int64_t stride) {
   const int64_t plane = s.OH() * s.OW();
@@ -341,13 +346,13 @@ Conv2dShape one_image(Conv2dShape s) {
 namespace detail {
 
 bool conv2d_direct_supported(const Conv2dShape& s) {
-  return kernels().conv_direct_forward != nullptr && s.stride == 1 && s.KW <= kDirectMaxKW &&
-         s.pad < s.KH && s.pad < s.KW;
+  return s.stride == 1 && s.KW <= kDirectMaxKW && s.pad < s.KH && s.pad < s.KW;
 }
 
 int64_t conv2d_direct_scratch_floats(const Conv2dShape& s, const ConvFusion& f) {
   TESSEL_CHECK(conv2d_direct_supported(s),
-               "conv2d_direct_scratch_floats: unsupported shape or ISA level");
+               "conv2d_direct_scratch_floats: unsupported shape, got stride=", s.stride,
+               " KW=", s.KW, " pad=", s.pad);
   return kernels().conv_direct_scratch(s, f);
 }
 
@@ -355,8 +360,8 @@ void conv2d_direct_forward(float* y, int32_t* argmax, const float* x, const floa
                            const float* b, const ConvFusion& f, const Conv2dShape& s,
                            float* scratch) {
   TESSEL_CHECK(conv2d_direct_supported(s),
-               "conv2d_direct_forward: unsupported shape or ISA level, got stride=", s.stride,
-               " KW=", s.KW, " pad=", s.pad, " at ", isa_name(isa()));
+               "conv2d_direct_forward: unsupported shape, got stride=", s.stride, " KW=", s.KW,
+               " pad=", s.pad);
   kernels().conv_direct_forward(y, argmax, x, w, b, f, s, scratch);
 }
 
@@ -364,8 +369,8 @@ void conv2d_direct_backward(float* dx, float* dw, float* db, const float* dy, co
                             const int32_t* argmax, const ConvFusion& f, const float* x,
                             const float* w, const Conv2dShape& s, float* scratch) {
   TESSEL_CHECK(conv2d_direct_supported(s),
-               "conv2d_direct_backward: unsupported shape or ISA level, got stride=", s.stride,
-               " KW=", s.KW, " pad=", s.pad, " at ", isa_name(isa()));
+               "conv2d_direct_backward: unsupported shape, got stride=", s.stride, " KW=", s.KW,
+               " pad=", s.pad);
   kernels().conv_direct_backward(dx, dw, db, dy, y, argmax, f, x, w, s, scratch);
 }
 
@@ -419,8 +424,8 @@ void conv2d_relu_backward(float* dx, float* dw, float* db, const float* dy, cons
   detail::conv2d_im2col_backward(dx, dw, db, dy, y, x, w, s, scratch);
 }
 
-// The portable path runs the steps image by image through a one-image buffer kept after the
-// im2col scratch: slower than the batched path, the same results up to summation order.
+// For the shapes the direct kernels do not take, im2col + GEMM runs the steps image by image
+// through a one-image buffer kept after the im2col scratch.
 int64_t conv2d_relu_maxpool_scratch_floats(const Conv2dShape& s, int64_t k, int64_t stride) {
   check_shape("conv2d_relu_maxpool_scratch_floats", s);
   check_pool("conv2d_relu_maxpool_scratch_floats", s, k, stride);
@@ -442,7 +447,7 @@ void conv2d_relu_maxpool_forward(float* y, int32_t* argmax, const float* x, cons
   const Conv2dShape one = one_image(s);
   float* image = scratch + detail::conv2d_im2col_scratch_floats(one);
   const int64_t conv_size = s.OC * s.OH() * s.OW();
-  const int64_t pooled = s.OC * ((s.OH() - k) / stride + 1) * ((s.OW() - k) / stride + 1);
+  const int64_t pooled = detail::conv_pooled_size(s, ConvFusion{true, k, stride});
   for (int64_t n = 0; n < s.N; ++n) {
     detail::conv2d_im2col_forward(image, x + n * s.C * s.H * s.W, w, b, one, scratch);
     relu_forward(image, image, conv_size);
@@ -465,7 +470,7 @@ void conv2d_relu_maxpool_backward(float* dx, float* dw, float* db, const float* 
   const Conv2dShape one = one_image(s);
   float* image = scratch + detail::conv2d_im2col_scratch_floats(one);
   const int64_t in_size = s.C * s.H * s.W;
-  const int64_t pooled = s.OC * ((s.OH() - k) / stride + 1) * ((s.OW() - k) / stride + 1);
+  const int64_t pooled = detail::conv_pooled_size(s, ConvFusion{true, k, stride});
   for (int64_t n = 0; n < s.N; ++n) {
     detail::pool_relu_grad_image(image, dy + n * pooled, argmax + n * pooled, y + n * pooled, s, k,
                                  stride);

@@ -1,9 +1,9 @@
 // Private to ops: the two implementations behind the conv2d kernels of cpu.h, declared here so
 // that the tests can run each one on every shape.
 //   - im2col + GEMM (conv.cc): any shape, any build; the portable path.
-//   - direct (conv_direct.cc): tessel's own AVX-512 kernels, no column matrix; stride 1,
-//     kernel width <= kDirectMaxKW, padding < kernel size, at the ISA levels whose kernel table
-//     has them (kernels.h). Single-threaded.
+//   - direct (conv_direct_portable.cc, and conv_direct_driver.h compiled at the AVX2 and AVX-512
+//     levels): no column matrix; stride 1, kernel width <= kDirectMaxKW, padding < kernel size;
+//     the same bits at every level (kernels.h). Single-threaded.
 // conv.cc takes the direct one wherever conv2d_direct_supported says so. Same contracts as in
 // cpu.h, plus the fusions below.
 #pragma once
@@ -23,6 +23,9 @@ struct ConvFusion {
   bool pooled() const { return pool_k > 0; }
 };
 
+// The pooled output's size of one image (all its channels).
+int64_t conv_pooled_size(const Conv2dShape& s, const ConvFusion& f);
+
 // ---- im2col + GEMM ----
 // relu_y (backward): the ReLU's output when fused, else null.
 int64_t conv2d_im2col_scratch_floats(const Conv2dShape& s);
@@ -33,7 +36,7 @@ void conv2d_im2col_backward(float* dx, float* dw, float* db, const float* dy, co
 
 // ---- direct ----
 constexpr int64_t kDirectMaxKW = 7;
-bool conv2d_direct_supported(const Conv2dShape& s);  // false below the AVX-512 level
+bool conv2d_direct_supported(const Conv2dShape& s);
 int64_t conv2d_direct_scratch_floats(const Conv2dShape& s, const ConvFusion& f);
 void conv2d_direct_forward(float* y, int32_t* argmax, const float* x, const float* w,
                            const float* b, const ConvFusion& f, const Conv2dShape& s,

@@ -30,15 +30,15 @@ struct CpuKernels {
   // The 2x2, stride 2 max pool over `planes` planes of H x W (pool.cc).
   void (*maxpool_2x2)(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H,
                       int64_t W, int64_t OH, int64_t OW);
-  // (optional, default null: im2col + GEMM) The direct convolution of conv_impl.h, for the
-  // shapes conv2d_direct_supported takes.
-  int64_t (*conv_direct_scratch)(const Conv2dShape& s, const detail::ConvFusion& f) = nullptr;
+  // The direct convolution of conv_impl.h, for the shapes conv2d_direct_supported takes, in
+  // one sum order at every level (conv_direct_portable.cc).
+  int64_t (*conv_direct_scratch)(const Conv2dShape& s, const detail::ConvFusion& f);
   void (*conv_direct_forward)(float* y, int32_t* argmax, const float* x, const float* w,
                               const float* b, const detail::ConvFusion& f, const Conv2dShape& s,
-                              float* scratch) = nullptr;
+                              float* scratch);
   void (*conv_direct_backward)(float* dx, float* dw, float* db, const float* dy, const float* y,
                                const int32_t* argmax, const detail::ConvFusion& f, const float* x,
-                               const float* w, const Conv2dShape& s, float* scratch) = nullptr;
+                               const float* w, const Conv2dShape& s, float* scratch);
   // (optional, default null: bf16-rounded operands through sgemm) gemm_lowp on native bf16
   // dot products; the caller has checked sizes, K > 0 and alpha != 0.
   void (*gemm_bf16)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -59,6 +59,12 @@ void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float al
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
 void maxpool_2x2(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W,
                  int64_t OH, int64_t OW);
+int64_t conv_direct_scratch(const Conv2dShape& s, const detail::ConvFusion& f);
+void conv_direct_forward(float* y, int32_t* argmax, const float* x, const float* w, const float* b,
+                         const detail::ConvFusion& f, const Conv2dShape& s, float* scratch);
+void conv_direct_backward(float* dx, float* dw, float* db, const float* dy, const float* y,
+                          const int32_t* argmax, const detail::ConvFusion& f, const float* x,
+                          const float* w, const Conv2dShape& s, float* scratch);
 }  // namespace portable
 
 namespace avx2 {
@@ -67,6 +73,12 @@ void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
+int64_t conv_direct_scratch(const Conv2dShape& s, const detail::ConvFusion& f);
+void conv_direct_forward(float* y, int32_t* argmax, const float* x, const float* w, const float* b,
+                         const detail::ConvFusion& f, const Conv2dShape& s, float* scratch);
+void conv_direct_backward(float* dx, float* dw, float* db, const float* dy, const float* y,
+                          const int32_t* argmax, const detail::ConvFusion& f, const float* x,
+                          const float* w, const Conv2dShape& s, float* scratch);
 }  // namespace avx2
 
 namespace avx512 {

@@ -11,6 +11,7 @@
 
 #include "gemm_driver.h"
 #include "kernels.h"
+#include "simd_avx2.h"
 
 namespace tessel::ops::avx2 {
 namespace {
@@ -30,31 +31,6 @@ constexpr int64_t kKc = kSumKc;
 constexpr int64_t kMcTiles = 24;       // 144 rows: an A block of 144 x 320 floats is 180 KiB of L2
 constexpr int64_t kNc = 2048;          // a B block of 320 x 2048 floats (2.5 MiB) in L3
 constexpr int64_t kDirectBTiles = 24;  // B read in place up to 144 rows
-
-// Lanes [0, n) of an 8-lane mask (n clamped to [0, 8]), for maskload / maskstore.
-inline __m256i head_mask(int64_t n) {
-  const int m = static_cast<int>(std::clamp<int64_t>(n, 0, kL));
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-
-// In-register transpose of the 8 x 8 block r[row] lane col -> r[col] lane row.
-inline void transpose8(__m256 r[8]) {
-  __m256 t[8], u[8];
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int g = 0; g < 2; ++g) {
-    u[4 * g] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], _MM_SHUFFLE(1, 0, 1, 0));
-    u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], _MM_SHUFFLE(3, 2, 3, 2));
-    u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(1, 0, 1, 0));
-    u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(3, 2, 3, 2));
-  }
-  for (int c = 0; c < 4; ++c) {
-    r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
-    r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
-  }
-}
 
 void pack_a(const View& a, int rows, int64_t kc, float* out) {
   if (a_layout(a) == ALayout::kRows) {

@@ -1,7 +1,7 @@
 // The fused kernels conv2d_relu_* and conv2d_relu_maxpool_* against the unfused sequence they
 // replace (conv2d, relu, maxpool2d and their backwards, each gradient-checked in conv_test and
-// ops_test). On the direct path they must give the same bits; on the portable path (strides,
-// wide kernels, builds without AVX-512) the same values up to summation order, which the
+// ops_test). On the direct path (at every ISA level) they must give the same bits; on the
+// im2col path (strides, wide kernels) the same values up to summation order, which the
 // one-image-at-a-time pooling path changes for dw and db.
 #include <gtest/gtest.h>
 
@@ -157,8 +157,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{{1, 3, 9, 7, 20, 3, 3, 1, 1}, 2, 2},     // N = 1, odd sizes: a
                                                                     // leftover row and column
                       Case{{2, 2, 8, 8, 6, 3, 3, 1, 1}, 3, 2},      // overlapping windows
-                      Case{{2, 2, 9, 9, 5, 3, 3, 2, 1}, 2, 2},      // stride 2: portable path
-                      Case{{2, 3, 6, 6, 4, 8, 8, 1, 3}, 2, 1}),     // kernel 8: portable path
+                      Case{{2, 2, 9, 9, 5, 3, 3, 2, 1}, 2, 2},      // stride 2: im2col path
+                      Case{{2, 3, 6, 6, 4, 8, 8, 1, 3}, 2, 1}),     // kernel 8: im2col path
     [](const auto& info) { return "case" + std::to_string(info.index); });
 
 TEST(ConvFused, BadPoolThrows) {

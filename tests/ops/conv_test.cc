@@ -1,5 +1,5 @@
 // Conv2d and MaxPool2d. Each convolution implementation (the public entry points, which
-// dispatch; im2col + GEMM; the direct AVX-512 kernels where the build and shape allow) runs
+// dispatch; im2col + GEMM; the direct kernels of the ISA level in use where the shape allows) runs
 // every shape: finite-difference gradient checks on small shapes, agreement with a direct
 // seven-loop convolution in double on larger ones (the CNN's layers, N = 1, C = 1, lane counts
 // around 16 and 32, wide and narrow rows, odd sizes, strides, paddings, kernel widths up to 8),
@@ -78,8 +78,8 @@ const Impl kImpls[] = {
      }},
 };
 
-// Runs check(impl) for every implementation that takes the shape (the direct kernels not in a
-// build without AVX-512, nor outside stride 1 / kernel width <= 7 / pad < kernel), each traced
+// Runs check(impl) for every implementation that takes the shape (the direct kernels not
+// outside stride 1 / kernel width <= 7 / pad < kernel), each traced
 // by name: one test process per shape, not per shape and implementation.
 template <typename F>
 void for_each_impl(const Conv2dShape& s, F check) {
@@ -138,16 +138,17 @@ TEST_P(ConvGrad, FiniteDifferences) {
 
 INSTANTIATE_TEST_SUITE_P(
     Shapes, ConvGrad,
-    ::testing::Values(Conv2dShape{2, 2, 6, 5, 3, 3, 3, 1, 0},    // stride 1, pad 0
-                      Conv2dShape{2, 2, 7, 6, 3, 3, 3, 2, 1},    // stride 2, pad 1
-                      Conv2dShape{1, 3, 5, 5, 2, 5, 5, 1, 2},    // stride 1, pad 2, "same"
-                      Conv2dShape{2, 2, 7, 7, 4, 3, 2, 2, 0},    // non-square kernel
-                      Conv2dShape{1, 2, 6, 6, 3, 3, 3, 2, 2},    // stride 2, pad 2
-                      Conv2dShape{2, 1, 5, 5, 2, 1, 1, 1, 0},    // 1x1 kernel
-                      Conv2dShape{1, 1, 9, 9, 17, 3, 3, 1, 1},   // C = 1; 17 lanes: 2 zmm
-                      Conv2dShape{2, 18, 5, 4, 2, 3, 3, 1, 1},   // 18 input lanes, short rows
-                      Conv2dShape{1, 2, 4, 30, 3, 2, 7, 1, 1},   // widest kernel, rows tiled
-                      Conv2dShape{1, 3, 3, 3, 33, 3, 3, 1, 1}),  // 33 lanes: 32 + 1
+    ::testing::Values(Conv2dShape{2, 2, 6, 5, 3, 3, 3, 1, 0},   // stride 1, pad 0
+                      Conv2dShape{2, 2, 7, 6, 3, 3, 3, 2, 1},   // stride 2, pad 1
+                      Conv2dShape{1, 3, 5, 5, 2, 5, 5, 1, 2},   // stride 1, pad 2, "same"
+                      Conv2dShape{2, 2, 7, 7, 4, 3, 2, 2, 0},   // non-square kernel
+                      Conv2dShape{1, 2, 6, 6, 3, 3, 3, 2, 2},   // stride 2, pad 2
+                      Conv2dShape{2, 1, 5, 5, 2, 1, 1, 1, 0},   // 1x1 kernel
+                      Conv2dShape{1, 1, 9, 9, 17, 3, 3, 1, 1},  // C = 1; 17 lanes: 2 zmm, 3 ymm
+                      Conv2dShape{2, 18, 5, 4, 2, 3, 3, 1, 1},  // 18 input lanes, short rows
+                      Conv2dShape{1, 2, 4, 30, 3, 2, 7, 1, 1},  // widest kernel, rows tiled
+                      Conv2dShape{1, 3, 3, 3, 33, 3, 3, 1,
+                                  1}),  // 33 lanes: 32 + 1 (16 + 16 + 1 in ymm)
     case_name);
 
 class ConvReference : public ::testing::TestWithParam<Conv2dShape> {};

@@ -1,8 +1,9 @@
 // The ISA levels (tessel/ops/isa.h): names and their errors, and the promise that every level
 // the host supports computes the same bits as the portable one: the f32 GEMM over edge and
 // model shapes (and a row's result whatever the call's row count), conversions between the
-// float types, GELU and the 2x2 max pool. The suites of each kernel (gemm_test, conv_test, ...)
-// check each level against its reference; this one checks the levels against each other.
+// float types, GELU, the 2x2 max pool and the direct convolution with its fusions. The suites of
+// each kernel (gemm_test, conv_test, ...) check each level against its reference; this one checks
+// the levels against each other.
 #include "tessel/ops/isa.h"
 
 #include <gtest/gtest.h>
@@ -12,9 +13,11 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "conv_impl.h"
 #include "gemm_shapes.h"
 #include "grad_check.h"
 #include "kernels.h"
@@ -203,6 +206,76 @@ TEST(Isa, MaxPoolGivesThePortableResultAtEveryLevel) {
               canonical(want.data(), DType::kF32, want.size()))
         << isa_name(l);
     EXPECT_EQ(got_at, want_at) << isa_name(l);
+  }
+}
+
+// One level's direct convolution: the forward, then the backward from the portable forward's
+// y and argmax (so that every level gets the same inputs), dw and db accumulating onto dw0, db0.
+struct DirectConv {
+  Vec y, dx, dw, db;
+  std::vector<int32_t> argmax;
+};
+
+DirectConv direct_conv_at(Isa level, const Conv2dShape& s, const detail::ConvFusion& f,
+                          const Vec& x, const Vec& w, const Vec& b, const Vec& dy,
+                          const DirectConv* forward, const Vec& dw0, const Vec& db0) {
+  const CpuKernels& k = kernels_for(level);
+  const int64_t out =
+      f.pooled() ? s.N * detail::conv_pooled_size(s, f) : s.N * s.OC * s.OH() * s.OW();
+  Vec scratch(k.conv_direct_scratch(s, f), std::numeric_limits<float>::quiet_NaN());
+  DirectConv r{testing::poisoned(out), testing::poisoned(x.size()), dw0, db0, {}};
+  r.argmax.assign(f.pooled() ? out : 0, -1);
+  k.conv_direct_forward(r.y.data(), r.argmax.data(), x.data(), w.data(), b.data(), f, s,
+                        scratch.data());
+  const DirectConv& fw = forward != nullptr ? *forward : r;
+  k.conv_direct_backward(r.dx.data(), r.dw.data(), r.db.data(), dy.data(), fw.y.data(),
+                         fw.argmax.data(), f, x.data(), w.data(), s, scratch.data());
+  return r;
+}
+
+// Every level's direct convolution gives the portable kernel's bits: forward (with the bias, the
+// ReLU, the max pool), input, weight and bias gradients, on shapes with odd channel counts
+// (lane tails at 8 and 16 lanes), 1x1 to 7x7 kernels, non-square ones, every padding from 0 to
+// k - 1, rows wider than one tile, overlapping pool windows, and signed zeros in the inputs.
+TEST(Isa, DirectConvGivesThePortableBitsAtEveryLevel) {
+  const Conv2dShape shapes[] = {
+      {3, 1, 28, 28, 16, 5, 5, 1, 2},  // the CNN's stages
+      {2, 16, 14, 14, 32, 5, 5, 1, 2}, {2, 3, 9, 7, 20, 3, 3, 1, 1},  {1, 5, 11, 13, 7, 1, 1, 1, 0},
+      {2, 7, 10, 9, 33, 3, 3, 1, 2},   {2, 4, 12, 17, 9, 5, 5, 1, 4}, {1, 2, 8, 30, 40, 5, 5, 1, 0},
+      {2, 3, 7, 6, 3, 7, 7, 1, 3},     {1, 17, 6, 6, 5, 3, 7, 1, 2},  {1, 10, 9, 9, 12, 7, 7, 1, 3},
+      {2, 9, 5, 4, 24, 2, 3, 1, 0},
+  };
+  uint64_t seed = 100;
+  for (const Conv2dShape& s : shapes) {
+    for (const detail::ConvFusion& f :
+         {detail::ConvFusion{}, detail::ConvFusion{true}, detail::ConvFusion{true, 2, 2},
+          detail::ConvFusion{true, 3, 2}}) {
+      if (f.pooled() && (s.OH() < f.pool_k || s.OW() < f.pool_k)) continue;
+      ASSERT_TRUE(detail::conv2d_direct_supported(s));
+      Vec x = testing::randn(s.N * s.C * s.H * s.W, ++seed);
+      Vec w = testing::randn(s.OC * s.C * s.KH * s.KW, ++seed, 0.3f);
+      Vec b = testing::randn(s.OC, ++seed, 0.5f);
+      x[0] = -0.0f;
+      x[x.size() / 2] = 0.0f;
+      b[0] = -0.0f;
+      const int64_t out =
+          f.pooled() ? s.N * detail::conv_pooled_size(s, f) : s.N * s.OC * s.OH() * s.OW();
+      const Vec dy = testing::randn(out, ++seed);
+      const Vec dw0 = testing::randn(w.size(), ++seed), db0 = testing::randn(b.size(), ++seed);
+      const DirectConv want = direct_conv_at(Isa::kPortable, s, f, x, w, b, dy, nullptr, dw0, db0);
+      for (Isa l : supported_isas()) {
+        const DirectConv got = direct_conv_at(l, s, f, x, w, b, dy, &want, dw0, db0);
+        std::ostringstream what;
+        what << isa_name(l) << " N" << s.N << " C" << s.C << " " << s.H << "x" << s.W << " OC"
+             << s.OC << " k" << s.KH << "x" << s.KW << " p" << s.pad << " relu " << f.relu
+             << " pool " << f.pool_k;
+        expect_same_bits(got.y, want.y, what.str() + " y");
+        EXPECT_EQ(got.argmax, want.argmax) << what.str();
+        expect_same_bits(got.dx, want.dx, what.str() + " dx");
+        expect_same_bits(got.dw, want.dw, what.str() + " dw");
+        expect_same_bits(got.db, want.db, what.str() + " db");
+      }
+    }
   }
 }
 

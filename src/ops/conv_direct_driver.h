@@ -1,13 +1,18 @@
-// Direct convolution, stride 1, with tessel's own AVX-512 kernels: no column matrix.
+// Private to ops: the direct convolution of the vector levels, stride 1: no column matrix.
+// Each level's translation unit (conv_direct_avx2.cc, conv_direct_avx512.cc) includes this
+// header and instantiates direct_scratch / direct_forward / direct_backward with its policy P
+// (conv_tiles.h lists what a policy provides); the level's vector width and registers change
+// which outputs a tile computes together, never the order of any output's sum, so every level
+// gives the bits of the portable kernel (conv_direct_portable.cc, which spells the order out).
 //
-// Terms. Positions are output pixels (oh, ow). A lane block is a run of up to 32 channels that
-// a tile holds in V = 2 zmm per position, or up to 16 in V = 1 (the last block, when 16 or
-// fewer channels remain); lanes past the channel count compute on zero weights and are never
-// stored. Inputs are read zero-padded: x[n] copied into xpad[C, Hp, Wp] (Hp = H + 2 pad,
-// Wp = W + 2 pad), so every tap of every position is in bounds and no loop branches on the
-// border.
+// Terms. Positions are output pixels (oh, ow). A lane block is a run of up to 2 kLanes channels
+// that a tile holds in V = 2 vectors per position, or up to kLanes in V = 1 (the last block,
+// when kLanes or fewer channels remain); lanes past the channel count compute on zero weights
+// and are never stored. Inputs are read zero-padded: x[n] copied into xpad[C, Hp, Wp]
+// (Hp = H + 2 pad, Wp = W + 2 pad), so every tap of every position is in bounds and no loop
+// branches on the border.
 //
-// The tiles (conv_tiles.cc) do the arithmetic: forward and input gradient share one kernel
+// The tiles (conv_tiles.h) do the arithmetic: forward and input gradient share one kernel
 // that keeps a tile of positions x one lane block of output channels in registers while it
 // broadcasts each input value from the padded rows into the FMAs, and transposes the tile into
 // the NCHW output at the end; the input gradient of a stride-1 convolution is that kernel over
@@ -16,40 +21,43 @@
 // dy transposed per image into dyT[P, OCp] (channels along lanes) and accumulating in
 // dwT[K, OCp]; dw gets dwT once at the end.
 //
-// This file stages each image for them: the input copied into its padded buffer, dy
+// This header stages each image for them: the input copied into its padded buffer, dy
 // transposed (masked by a fused ReLU, or scattered from the gradient of a fused max pool) and
 // zero-padded, the weights packed once per call, and the next image prefetched in between.
 //
 // Every sum runs in one fixed order (taps; positions; images in batch order), so the results
-// are the same bits on every run and for any thread count.
+// are the same bits on every run, for any thread count and at every level.
+#pragma once
+
 #include <algorithm>
 #include <bit>
+#include <cstdint>
 #include <vector>
 
 #include "conv_impl.h"
 #include "conv_tiles.h"
-#include "tessel/core/error.h"
 
-namespace tessel::ops::avx512 {
+namespace tessel::ops::detail {
+// Internal linkage on purpose (see conv_tiles.h): every function here is a template named after
+// its level's policy.
 namespace {
 
-using detail::ConvFusion;
-
-constexpr int kL = kLanes;
 constexpr int64_t kAlign = 16;  // floats: each scratch region starts 64-byte aligned
 
-int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
+constexpr int64_t round_up(int64_t v, int64_t m) { return (v + m - 1) / m * m; }
 
-// Channels [first, first + count) of one tile, in v zmm per position.
+// Channels [first, first + count) of one tile, in v vectors per position.
 struct LaneBlock {
   int64_t first;
   int count, v;
 };
 
-// Blocks of 32 channels while more than 16 remain, then one of <= 16. Block b's packed data
-// starts at channel `first`, and all blocks together take round_up(channels, 16) lanes.
-template <typename F>
+// Blocks of 2 kLanes channels while more than kLanes remain, then one of <= kLanes. Block b's
+// packed data starts at channel `first`, and all blocks together take round_up(channels, kLanes)
+// lanes.
+template <class P, typename F>
 void for_each_block(int64_t channels, F f) {
+  constexpr int kL = P::kLanes;
   for (int64_t first = 0; first < channels;) {
     const int v = channels - first > kL ? 2 : 1;
     const int count = static_cast<int>(std::min<int64_t>(channels - first, v * kL));
@@ -60,11 +68,11 @@ void for_each_block(int64_t channels, F f) {
 
 // wp[block][k][lane] = get(block first + lane, k), 0 past the block's count: the weight
 // vectors of each reduction step k, contiguous.
-template <typename Get>
+template <class P, typename Get>
 void pack_lanes(float* wp, int64_t channels, int64_t K, Get get) {
-  for_each_block(channels, [&](const LaneBlock& b) {
+  for_each_block<P>(channels, [&](const LaneBlock& b) {
     float* dst = wp + b.first * K;
-    const int lanes = b.v * kL;
+    const int lanes = b.v * P::kLanes;
     for (int64_t k = 0; k < K; ++k) {
       for (int l = 0; l < lanes; ++l) dst[k * lanes + l] = l < b.count ? get(b.first + l, k) : 0.0f;
     }
@@ -74,72 +82,69 @@ void pack_lanes(float* wp, int64_t channels, int64_t K, Get get) {
 // ---- Staging ----
 
 // Scratch regions, in floats, each rounded to kAlign.
+template <class P>
 struct DirectPlan {
-  int64_t P, K, Hp, Wp, DH, DW, OCp;
+  int64_t positions, K, Hp, Wp, DH, DW, OCp;
   int64_t wp_floats, xpad_floats, dypad_floats, dyt_floats, dwt_floats;
   explicit DirectPlan(const Conv2dShape& s)
-      : P(s.OH() * s.OW()),
+      : positions(s.OH() * s.OW()),
         K(s.C * s.KH * s.KW),
         Hp(s.H + 2 * s.pad),
         Wp(s.W + 2 * s.pad),
         DH(s.H + s.KH - 1),
         DW(s.W + s.KW - 1),
-        OCp(round_up(s.OC, kL)),
+        OCp(round_up(s.OC, P::kLanes)),
         // Forward: [OCp lanes][C * taps]; input gradient: [Cp lanes][OC * taps].
-        wp_floats(round_up(std::max(OCp * K, round_up(s.C, kL) * s.OC * s.KH * s.KW), kAlign)),
+        wp_floats(
+            round_up(std::max(OCp * K, round_up(s.C, P::kLanes) * s.OC * s.KH * s.KW), kAlign)),
         xpad_floats(round_up(s.C * Hp * Wp, kAlign)),
         dypad_floats(round_up(s.OC * DH * DW, kAlign)),
-        dyt_floats(round_up(P * OCp, kAlign)),
+        dyt_floats(round_up(positions * OCp, kAlign)),
         dwt_floats(round_up(K * OCp, kAlign)) {}
   int64_t total() const { return wp_floats + xpad_floats + dypad_floats + dyt_floats + dwt_floats; }
 };
 
-// dst[c, r0 + h, q0 + w] = src[c, h, w] (times mask[c, h, w] > 0 when mask is given) for the
-// rows x cols planes of `channels` channels; dst planes are dst_rows x dst_ld.
+// dst[c, r0 + h, q0 + w] = src[c, h, w] (where mask[c, h, w] > 0 when mask is given, else +0)
+// for the rows x cols planes of `channels` channels; dst planes are dst_rows x dst_ld.
+template <class P>
 void copy_into_padded(float* dst, int64_t dst_rows, int64_t dst_ld, int64_t r0, int64_t q0,
                       const float* src, const float* mask, int64_t channels, int64_t rows,
                       int64_t cols) {
-  const __mmask16 tail = head_mask(cols % kL);
+  constexpr int kL = P::kLanes;
   for (int64_t c = 0; c < channels; ++c) {
     for (int64_t h = 0; h < rows; ++h) {
       const int64_t at = (c * rows + h) * cols;
       float* d = dst + (c * dst_rows + r0 + h) * dst_ld + q0;
       for (int64_t w = 0; w < cols; w += kL) {
-        const __mmask16 m = w + kL <= cols ? __mmask16(0xFFFF) : tail;
-        __m512 v = _mm512_maskz_loadu_ps(m, src + at + w);
-        if (mask != nullptr) {
-          const __m512 y = _mm512_maskz_loadu_ps(m, mask + at + w);
-          v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(y, _mm512_setzero_ps(), _CMP_GT_OQ), v);
-        }
-        _mm512_mask_storeu_ps(d + w, m, v);
+        typename P::Vec v = P::load_head(src + at + w, cols - w);
+        if (mask != nullptr) v = P::keep_positive(v, P::load_head(mask + at + w, cols - w));
+        P::store_head(d + w, cols - w, v);
       }
     }
   }
 }
 
-// dyt[p * OCp + oc] = dy[oc * P + p] for one image (masked by relu_y > 0 when given), zero for
-// OC <= oc < OCp: 16 x 16 blocks through registers.
+// dyt[p * OCp + oc] = dy[oc * P + p] for one image (where relu_y > 0 when given, else +0), zero
+// for OC <= oc < OCp: kLanes x kLanes blocks through registers.
+template <class P>
 void transpose_dy(float* dyt, const float* dy, const float* relu_y, const Conv2dShape& s,
-                  const DirectPlan& p) {
+                  const DirectPlan<P>& p) {
+  constexpr int kL = P::kLanes;
   for (int64_t oc0 = 0; oc0 < p.OCp; oc0 += kL) {
-    for (int64_t p0 = 0; p0 < p.P; p0 += kL) {
-      const __mmask16 m = head_mask(p.P - p0);
-      __m512 r[kL];
+    for (int64_t p0 = 0; p0 < p.positions; p0 += kL) {
+      const int64_t n = std::min<int64_t>(kL, p.positions - p0);
+      typename P::Vec r[kL];
       for (int i = 0; i < kL; ++i) {
-        const int64_t at = (oc0 + i) * p.P + p0;
+        const int64_t at = (oc0 + i) * p.positions + p0;
         if (oc0 + i >= s.OC) {
-          r[i] = _mm512_setzero_ps();
-        } else if (relu_y == nullptr) {
-          r[i] = _mm512_maskz_loadu_ps(m, dy + at);
+          r[i] = P::zero();
         } else {
-          const __mmask16 keep = _mm512_mask_cmp_ps_mask(m, _mm512_maskz_loadu_ps(m, relu_y + at),
-                                                         _mm512_setzero_ps(), _CMP_GT_OQ);
-          r[i] = _mm512_maskz_loadu_ps(keep, dy + at);
+          r[i] = P::load_head(dy + at, n);
+          if (relu_y != nullptr) r[i] = P::keep_positive(r[i], P::load_head(relu_y + at, n));
         }
       }
-      transpose16(r);
-      const int64_t n = std::min<int64_t>(kL, p.P - p0);
-      for (int64_t i = 0; i < n; ++i) _mm512_storeu_ps(dyt + (p0 + i) * p.OCp + oc0, r[i]);
+      P::transpose(r);
+      for (int64_t i = 0; i < n; ++i) P::store(dyt + (p0 + i) * p.OCp + oc0, r[i]);
     }
   }
 }
@@ -149,10 +154,11 @@ void transpose_dy(float* dyt, const float* dy, const float* relu_y, const Conv2d
 // dy[OC, pooled / OC]: what maxpool2d_backward then relu_backward would make of it, and the
 // same sums in the same order as pool_relu_grad_image (conv.cc), without the full-resolution
 // image and its transpose. pad_at[a]: where plane index a (h * OW + w) sits in a dypad plane.
+template <class P>
 void scatter_pooled_grad(float* dyt, float* dypad, const int32_t* pad_at, const float* dy,
                          const int32_t* argmax, const float* y, const Conv2dShape& s,
-                         const DirectPlan& p, int64_t pooled) {
-  std::fill(dyt, dyt + p.P * p.OCp, 0.0f);
+                         const DirectPlan<P>& p, int64_t pooled) {
+  std::fill(dyt, dyt + p.positions * p.OCp, 0.0f);
   if (dypad != nullptr) std::fill(dypad, dypad + s.OC * p.DH * p.DW, 0.0f);
   const int64_t per_channel = pooled / s.OC;
   for (int64_t oc = 0; oc < s.OC; ++oc) {
@@ -171,32 +177,31 @@ void scatter_pooled_grad(float* dyt, float* dypad, const int32_t* pad_at, const 
 
 // db[oc] += sum over positions of dyT[p, oc], one image: four partial sums (positions
 // p mod 4, in order) so that the adds do not wait on each other, then added up in one order.
-void add_bias_grad(float* db, const float* dyt, const Conv2dShape& s, const DirectPlan& p) {
-  for (int64_t oc0 = 0; oc0 < s.OC; oc0 += kL) {
-    __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                     _mm512_setzero_ps()};
+template <class P>
+void add_bias_grad(float* db, const float* dyt, const Conv2dShape& s, const DirectPlan<P>& p) {
+  using Vec = typename P::Vec;
+  for (int64_t oc0 = 0; oc0 < s.OC; oc0 += P::kLanes) {
+    Vec acc[4] = {P::zero(), P::zero(), P::zero(), P::zero()};
     int64_t i = 0;
-    for (; i + 4 <= p.P; i += 4) {
-      for (int u = 0; u < 4; ++u) {
-        acc[u] = _mm512_add_ps(acc[u], _mm512_loadu_ps(dyt + (i + u) * p.OCp + oc0));
-      }
+    for (; i + 4 <= p.positions; i += 4) {
+      for (int u = 0; u < 4; ++u) acc[u] = P::add(acc[u], P::load(dyt + (i + u) * p.OCp + oc0));
     }
-    for (; i < p.P; ++i) acc[0] = _mm512_add_ps(acc[0], _mm512_loadu_ps(dyt + i * p.OCp + oc0));
-    const __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3]));
-    const __mmask16 m = head_mask(s.OC - oc0);
-    _mm512_mask_storeu_ps(db + oc0, m, _mm512_add_ps(sum, _mm512_maskz_loadu_ps(m, db + oc0)));
+    for (; i < p.positions; ++i) acc[0] = P::add(acc[0], P::load(dyt + i * p.OCp + oc0));
+    const Vec sum = P::add(P::add(acc[0], acc[1]), P::add(acc[2], acc[3]));
+    P::store_head(db + oc0, s.OC - oc0, P::add(sum, P::load_head(db + oc0, s.OC - oc0)));
   }
 }
 
 // The image's input as the kernels read it: x[n] in place without padding, else its copy in
 // xpad (whose border is zero).
-RowsJob image_input(float* xpad, const float* xn, const Conv2dShape& s, const DirectPlan& p) {
+template <class P>
+RowsJob image_input(float* xpad, const float* xn, const Conv2dShape& s, const DirectPlan<P>& p) {
   RowsJob in{};
   in.in = xn;
   in.plane = s.H * s.W;
   in.ld = s.W;
   if (s.pad > 0) {
-    copy_into_padded(xpad, p.Hp, p.Wp, s.pad, s.pad, xn, nullptr, s.C, s.H, s.W);
+    copy_into_padded<P>(xpad, p.Hp, p.Wp, s.pad, s.pad, xn, nullptr, s.C, s.H, s.W);
     in.in = xpad;
     in.plane = p.Hp * p.Wp;
     in.ld = p.Wp;
@@ -204,17 +209,14 @@ RowsJob image_input(float* xpad, const float* xn, const Conv2dShape& s, const Di
   return in;
 }
 
-int64_t pooled_size(const Conv2dShape& s, const ConvFusion& f) {
-  return s.OC * ((s.OH() - f.pool_k) / f.pool_stride + 1) *
-         ((s.OW() - f.pool_k) / f.pool_stride + 1);
-}
-
 // One image's convolution output, for pooling it while it is in cache.
+template <class P>
 int64_t image_floats(const Conv2dShape& s, const ConvFusion& f) {
   return f.pooled() ? round_up(s.OC * s.OH() * s.OW(), kAlign) : 0;
 }
 
 // The arguments of a backward call, and its scratch.
+template <class P>
 struct BackwardArgs {
   float *dx, *dw, *db;
   const float *dy, *y;
@@ -222,22 +224,23 @@ struct BackwardArgs {
   const ConvFusion& f;
   const float *x, *w;
   const Conv2dShape& s;
-  const DirectPlan& p;
+  const DirectPlan<P>& p;
   float *wf, *xpad, *dypad;
   int64_t out_size;  // of one image's dy and y (pooled when pooling)
 };
 
 // The input gradient of image n: the flipped kernel (wf) over the padded dy. dyn: the image's
 // convolution output gradient to pad, or null when dypad's interior is already filled.
-void input_gradient(const BackwardArgs& a, int64_t n, const float* dyn, const float* mask,
+template <class P>
+void input_gradient(const BackwardArgs<P>& a, int64_t n, const float* dyn, const float* mask,
                     Prefetcher* pf) {
   const Conv2dShape& s = a.s;
-  const DirectPlan& p = a.p;
+  const DirectPlan<P>& p = a.p;
   if (dyn != nullptr) {
-    copy_into_padded(a.dypad, p.DH, p.DW, s.KH - 1 - s.pad, s.KW - 1 - s.pad, dyn, mask, s.OC,
-                     s.OH(), s.OW());
+    copy_into_padded<P>(a.dypad, p.DH, p.DW, s.KH - 1 - s.pad, s.KW - 1 - s.pad, dyn, mask, s.OC,
+                        s.OH(), s.OW());
   }
-  for_each_block(s.C, [&](const LaneBlock& blk) {
+  for_each_block<P>(s.C, [&](const LaneBlock& blk) {
     RowsJob j{};
     j.in = a.dypad;
     j.plane = p.DH * p.DW;
@@ -251,20 +254,21 @@ void input_gradient(const BackwardArgs& a, int64_t n, const float* dyn, const fl
     j.OW = s.W;
     j.count = blk.count;
     j.prefetch = pf;
-    conv_rows(j, blk.v, s.H);
+    conv_rows<P>(j, blk.v, s.H);
   });
 }
 
 // dy transposed per image into dyT, dw through dwT, and the input gradient.
-void backward_images(const BackwardArgs& a, float* dyt, float* dwt, int64_t tiles) {
+template <class P>
+void backward_images(const BackwardArgs<P>& a, float* dyt, float* dwt, int64_t tiles) {
   const Conv2dShape& s = a.s;
-  const DirectPlan& p = a.p;
+  const DirectPlan<P>& p = a.p;
   const int64_t in_size = s.C * s.H * s.W, OW = s.OW();
   std::fill(dwt, dwt + p.dwt_floats, 0.0f);
   std::vector<int32_t> pad_at;  // pooled, with dx: plane index -> index in a dypad plane
   if (a.f.pooled() && a.dx != nullptr) {
-    pad_at.resize(p.P);
-    for (int64_t i = 0; i < p.P; ++i) {
+    pad_at.resize(p.positions);
+    for (int64_t i = 0; i < p.positions; ++i) {
       pad_at[i] =
           static_cast<int32_t>((s.KH - 1 - s.pad + i / OW) * p.DW + s.KW - 1 - s.pad + i % OW);
     }
@@ -273,14 +277,14 @@ void backward_images(const BackwardArgs& a, float* dyt, float* dwt, int64_t tile
   for (int64_t n = 0; n < s.N; ++n) {
     // Stage the image: its input, and its convolution output gradient (masked by the ReLU, or
     // scattered from the pooled gradient) transposed, and zero-padded for the input gradient.
-    const RowsJob in = image_input(a.xpad, a.x + n * in_size, s, p);
+    const RowsJob in = image_input<P>(a.xpad, a.x + n * in_size, s, p);
     const float* dyn = a.dy + n * a.out_size;
     const float* mask = a.f.relu && !a.f.pooled() ? a.y + n * a.out_size : nullptr;
     if (a.f.pooled()) {
-      scatter_pooled_grad(dyt, a.dx != nullptr ? a.dypad : nullptr, pad_at.data(), dyn,
-                          a.argmax + n * a.out_size, a.y + n * a.out_size, s, p, a.out_size);
+      scatter_pooled_grad<P>(dyt, a.dx != nullptr ? a.dypad : nullptr, pad_at.data(), dyn,
+                             a.argmax + n * a.out_size, a.y + n * a.out_size, s, p, a.out_size);
     } else {
-      transpose_dy(dyt, dyn, mask, s, p);
+      transpose_dy<P>(dyt, dyn, mask, s, p);
     }
     const bool next = n + 1 < s.N;
     pf.start({{next ? a.x + (n + 1) * in_size : nullptr, in_size},
@@ -288,13 +292,13 @@ void backward_images(const BackwardArgs& a, float* dyt, float* dwt, int64_t tile
               {next && a.f.relu ? a.y + (n + 1) * a.out_size : nullptr, a.out_size},
               {next && a.dx != nullptr ? a.dx + (n + 1) * in_size : nullptr, in_size}},
              tiles);
-    if (a.db != nullptr) add_bias_grad(a.db, dyt, s, p);
-    for_each_block(s.OC, [&](const LaneBlock& blk) {
+    if (a.db != nullptr) add_bias_grad<P>(a.db, dyt, s, p);
+    for_each_block<P>(s.OC, [&](const LaneBlock& blk) {
       const DwJob j{in.in, in.plane,        in.ld, s.KH,           s.OH(),
                     OW,    dyt + blk.first, p.OCp, dwt + blk.first};
-      conv_dw(j, blk.v, s.KW, s.C * s.KH, &pf);
+      conv_dw<P>(j, blk.v, s.KW, s.C * s.KH, &pf);
     });
-    if (a.dx != nullptr) input_gradient(a, n, a.f.pooled() ? nullptr : dyn, mask, &pf);
+    if (a.dx != nullptr) input_gradient<P>(a, n, a.f.pooled() ? nullptr : dyn, mask, &pf);
     pf.finish();
   }
   for (int64_t oc = 0; oc < s.OC; ++oc) {
@@ -302,33 +306,36 @@ void backward_images(const BackwardArgs& a, float* dyt, float* dwt, int64_t tile
   }
 }
 
-}  // namespace
+// ---- The kernel table's entry points (kernels.h), per level ----
 
-int64_t conv_direct_scratch(const Conv2dShape& s, const ConvFusion& f) {
-  return DirectPlan(s).total() + image_floats(s, f);
+template <class P>
+int64_t direct_scratch(const Conv2dShape& s, const ConvFusion& f) {
+  return DirectPlan<P>(s).total() + image_floats<P>(s, f);
 }
 
-void conv_direct_forward(float* y, int32_t* argmax, const float* x, const float* w, const float* b,
-                         const ConvFusion& f, const Conv2dShape& s, float* scratch) {
-  const DirectPlan p(s);
+template <class P>
+void direct_forward(float* y, int32_t* argmax, const float* x, const float* w, const float* b,
+                    const ConvFusion& f, const Conv2dShape& s, float* scratch) {
+  const DirectPlan<P> p(s);
   float* wp = scratch;
   float* xpad = wp + p.wp_floats;
   float* image = scratch + p.total();  // pooled: one image's convolution output
-  pack_lanes(wp, s.OC, p.K, [&](int64_t oc, int64_t k) { return w[oc * p.K + k]; });
+  pack_lanes<P>(wp, s.OC, p.K, [&](int64_t oc, int64_t k) { return w[oc * p.K + k]; });
   if (s.pad > 0) std::fill(xpad, xpad + p.xpad_floats, 0.0f);  // the border stays zero
-  const int64_t in_size = s.C * s.H * s.W, out_size = f.pooled() ? pooled_size(s, f) : s.OC * p.P;
+  const int64_t in_size = s.C * s.H * s.W;
+  const int64_t out_size = f.pooled() ? conv_pooled_size(s, f) : s.OC * p.positions;
   int64_t tiles = 0;
-  for_each_block(s.OC,
-                 [&](const LaneBlock& blk) { tiles += conv_rows_tiles(blk.v, s.OW(), s.OH()); });
+  for_each_block<P>(
+      s.OC, [&](const LaneBlock& blk) { tiles += conv_rows_tiles<P>(blk.v, s.OW(), s.OH()); });
   Prefetcher pf;
   for (int64_t n = 0; n < s.N; ++n) {
-    const RowsJob in = image_input(xpad, x + n * in_size, s, p);
+    const RowsJob in = image_input<P>(xpad, x + n * in_size, s, p);
     const bool next = n + 1 < s.N;
     pf.start({{next ? x + (n + 1) * in_size : nullptr, in_size},
               {next ? y + (n + 1) * out_size : nullptr, out_size}},
              tiles);
     float* out = f.pooled() ? image : y + n * out_size;
-    for_each_block(s.OC, [&](const LaneBlock& blk) {
+    for_each_block<P>(s.OC, [&](const LaneBlock& blk) {
       RowsJob j = in;
       j.C = s.C;
       j.KH = s.KH;
@@ -336,12 +343,12 @@ void conv_direct_forward(float* y, int32_t* argmax, const float* x, const float*
       j.wp = wp + blk.first * p.K;
       j.bias = b != nullptr ? b + blk.first : nullptr;
       j.relu = f.relu;
-      j.out = out + blk.first * p.P;
-      j.out_plane = p.P;
+      j.out = out + blk.first * p.positions;
+      j.out_plane = p.positions;
       j.OW = s.OW();
       j.count = blk.count;
       j.prefetch = &pf;
-      conv_rows(j, blk.v, s.OH());
+      conv_rows<P>(j, blk.v, s.OH());
     });
     pf.finish();
     if (f.pooled()) {  // pool the image while it is in cache
@@ -351,10 +358,11 @@ void conv_direct_forward(float* y, int32_t* argmax, const float* x, const float*
   }
 }
 
-void conv_direct_backward(float* dx, float* dw, float* db, const float* dy, const float* y,
-                          const int32_t* argmax, const ConvFusion& f, const float* x,
-                          const float* w, const Conv2dShape& s, float* scratch) {
-  const DirectPlan p(s);
+template <class P>
+void direct_backward(float* dx, float* dw, float* db, const float* dy, const float* y,
+                     const int32_t* argmax, const ConvFusion& f, const float* x, const float* w,
+                     const Conv2dShape& s, float* scratch) {
+  const DirectPlan<P> p(s);
   float* wf = scratch;
   float* xpad = wf + p.wp_floats;
   float* dypad = xpad + p.xpad_floats;
@@ -363,23 +371,26 @@ void conv_direct_backward(float* dx, float* dw, float* db, const float* dy, cons
   const int64_t taps = s.KH * s.KW;
   if (dx != nullptr) {
     // The input gradient's weights: lanes over c, steps (oc, kh', kw') of the flipped kernel.
-    pack_lanes(wf, s.C, s.OC * taps, [&](int64_t c, int64_t k) {
+    pack_lanes<P>(wf, s.C, s.OC * taps, [&](int64_t c, int64_t k) {
       const int64_t oc = k / taps, kh = s.KH - 1 - k % taps / s.KW, kw = s.KW - 1 - k % s.KW;
       return w[((oc * s.C + c) * s.KH + kh) * s.KW + kw];
     });
     std::fill(dypad, dypad + p.dypad_floats, 0.0f);  // the border stays zero
   }
   if (s.pad > 0) std::fill(xpad, xpad + p.xpad_floats, 0.0f);
-  const BackwardArgs a{dx,     dw, db,   dy,    y,
-                       argmax, f,  x,    w,     s,
-                       p,      wf, xpad, dypad, f.pooled() ? pooled_size(s, f) : s.OC * p.P};
+  const BackwardArgs<P> a{
+      dx,     dw, db,   dy,    y,
+      argmax, f,  x,    w,     s,
+      p,      wf, xpad, dypad, f.pooled() ? conv_pooled_size(s, f) : s.OC * p.positions};
   int64_t tiles = 0;  // per image, for the prefetcher
-  for_each_block(s.OC,
-                 [&](const LaneBlock& blk) { tiles += conv_dw_tiles(blk.v, s.KW, s.C * s.KH); });
+  for_each_block<P>(
+      s.OC, [&](const LaneBlock& blk) { tiles += conv_dw_tiles<P>(blk.v, s.KW, s.C * s.KH); });
   if (dx != nullptr) {
-    for_each_block(s.C, [&](const LaneBlock& blk) { tiles += conv_rows_tiles(blk.v, s.W, s.H); });
+    for_each_block<P>(s.C,
+                      [&](const LaneBlock& blk) { tiles += conv_rows_tiles<P>(blk.v, s.W, s.H); });
   }
-  backward_images(a, dyt, dwt, tiles);
+  backward_images<P>(a, dyt, dwt, tiles);
 }
 
-}  // namespace tessel::ops::avx512
+}  // namespace
+}  // namespace tessel::ops::detail

@@ -1,0 +1,46 @@
+// Private to ops: small AVX2 helpers shared by the AVX2 translation units (sgemm_avx2.cc,
+// conv_direct_avx2.cc). Only meaningful in a build that targets AVX2.
+#pragma once
+
+#ifdef __AVX2__
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+
+namespace tessel::ops::avx2 {
+// Internal linkage on purpose: this header is compiled into translation units of different ISA
+// levels, and an inline function or template instantiation with external linkage would be one
+// symbol that the linker takes from any of them, wider instructions and all.
+namespace {
+
+// Lanes [0, n) of an 8-lane mask (n clamped to [0, 8]), for maskload / maskstore.
+inline __m256i head_mask(int64_t n) {
+  const int m = static_cast<int>(std::clamp<int64_t>(n, 0, 8));
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+// In-register transpose of the 8 x 8 block r[row] lane col -> r[col] lane row.
+inline void transpose8(__m256 r[8]) {
+  __m256 t[8], u[8];
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  for (int g = 0; g < 2; ++g) {
+    u[4 * g] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * g + 1] = _mm256_shuffle_ps(t[4 * g], t[4 * g + 2], _MM_SHUFFLE(3, 2, 3, 2));
+    u[4 * g + 2] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(1, 0, 1, 0));
+    u[4 * g + 3] = _mm256_shuffle_ps(t[4 * g + 1], t[4 * g + 3], _MM_SHUFFLE(3, 2, 3, 2));
+  }
+  for (int c = 0; c < 4; ++c) {
+    r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+    r[4 + c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+  }
+}
+
+}  // namespace
+}  // namespace tessel::ops::avx2
+
+#endif  // __AVX2__

@@ -6,17 +6,16 @@
 #include <optional>
 #include <thread>
 
-#include "compress/compress_sync.h"
 #include "grad_syncs.h"
 #include "param_stores.h"
 #include "shared_memory_step.h"
-#include "working_copy.h"
-#include "tessel/optim/schedule.h"
-#include "tp_group.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/trace.h"
+#include "tessel/optim/schedule.h"
 #include "tessel/parallel/parameter_server.h"
 #include "tessel/parallel/pipeline.h"
+#include "tp_group.h"
+#include "working_copy.h"
 
 namespace tessel::parallel {
 
@@ -121,7 +120,7 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
     executor_ = std::make_unique<LocalExecutor>(model_, nn::recompute_mode(spec.recompute));
     units_ = make_units(model_, spec.bucket_mb, executor_->local_blocks(), 1, 0);
     sync_owner_ = std::make_unique<ArenaSync>(model_, units_, ArenaSync::Reduction::kAllReduce,
-                                              nullptr, nullptr, false);
+                                              nullptr, nullptr);
     sync_ = sync_owner_.get();
     return;
   }
@@ -160,21 +159,17 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   parts_["overlap"] = async;
   parts_["prefetch"] = stage == 3 && spec.zero_prefetch && async;
   parts_["units"] = units_.list.size();
-  if (compress_kind(spec.compress.kind) != CompressKind::kNone) {
-    auto c = std::make_unique<CompressSync>(model_, units_, dp, workers, async, spec.compress, seed);
-    compress_ = c.get();
-    hooks_.push_back(c.get());
-    sync_owner_ = std::move(c);
-    parts_["grad_sync"] = "compress";
-    parts_["compress"] = spec.compress.kind;
-  } else if (spec.deterministic) {
+  const bool compressing = compress_kind(spec.compress.kind) != CompressKind::kNone;
+  const Buckets::Spec buckets{async, false, type_, spec.compress, seed};
+  if (compressing) parts_["compress"] = spec.compress.kind;
+  if (spec.deterministic) {
     scale_buckets_ = make_units(model_, spec.bucket_mb, {}, 1, 0);
     auto exact = std::make_unique<ExactSync>(model_, units_, scale_buckets_, dp, mesh_.workers(),
                                              type_ == DType::kF16);
     hooks_.push_back(exact.get());
     sync_owner_ = std::move(exact);
     parts_["grad_sync"] = "exact";
-  } else if (stage == 1 && spec.shared_memory && dp.size() > 1) {
+  } else if (stage == 1 && spec.shared_memory && dp.size() > 1 && !compressing) {
     if (auto shm = SharedMemoryStep::make(model_, units_, dp, mesh_.workers(), seed)) {
       sync_ = shm.get();
       store_ = shm.get();
@@ -183,18 +178,19 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
       return;
     }
   }
-  if (!sync_owner_ && stage == 0 && spec.shared_memory && dp.size() > 1 && !async &&
+  if (!sync_owner_ && stage == 0 && spec.shared_memory && dp.size() > 1 && !async && !compressing &&
       (sync_owner_ = SharedGradSync::make(model_, units_, dp, mesh_.workers())))
     parts_["grad_sync"] = "shared_memory";
   if (!sync_owner_ && stage <= 1) {
     auto arena = std::make_unique<ArenaSync>(
-        model_, units_, stage == 0 ? ArenaSync::Reduction::kAllReduce : ArenaSync::Reduction::kReduceScatter,
-        &dp, workers, async, type_);
+        model_, units_,
+        stage == 0 ? ArenaSync::Reduction::kAllReduce : ArenaSync::Reduction::kReduceScatter, &dp,
+        workers, buckets);
     hooks_.push_back(arena.get());
     sync_owner_ = std::move(arena);
     parts_["grad_sync"] = stage == 0 ? "allreduce" : "reduce_scatter";
   } else if (!sync_owner_) {
-    auto shard = std::make_unique<ShardSync>(model_, units_, dp, workers, async, !pipeline, type_);
+    auto shard = std::make_unique<ShardSync>(model_, units_, dp, workers, !pipeline, buckets);
     hooks_.push_back(shard.get());
     sync_owner_ = std::move(shard);
     parts_["grad_sync"] = "reduce_scatter_shard";

@@ -36,28 +36,31 @@ std::vector<float> random_vector(size_t n, uint32_t seed) {
 // Runs one codec's exchanges on `world` ranks as threads, each rank encoding gradient g(rank);
 // returns rank 0's decoded result and checks every rank decoded the same values and that the
 // bytes each rank's transport sent are within 5% of the formula.
-std::vector<float> exchange_on(int world, const std::function<std::unique_ptr<Codec>()>& make,
+using Pool = parallel::compress::BufferPool;
+
+std::vector<float> exchange_on(int world, const std::function<std::unique_ptr<Codec>(Pool&)>& make,
                                const std::function<std::vector<float>(int)>& g,
                                const std::vector<Segment>& segments, int64_t step = 0) {
   std::vector<std::vector<float>> out(static_cast<size_t>(world));
   comm::CommOptions options;
   options.thresholds.ring_min_bytes = 0;  // ring at every size: the formula's algorithm
-  comm::run_threads(world, [&](comm::Communicator& c) {
-    std::unique_ptr<Codec> codec = make();
-    std::vector<float> grad = g(c.rank());
-    const uint64_t before = c.transport().sent_bytes();
-    std::optional<Exchange> ex = codec->encode(grad.data(), {7, step, 3, c.rank(), world});
-    while (ex) {
-      if (ex->op == Exchange::Op::kAllreduce)
-        c.allreduce(ex->in, ex->count, ex->elem);
-      else
-        c.allgather(ex->in, ex->out, ex->count, ex->elem);
-      ex = codec->next(grad.data());
-    }
-    const double sent = static_cast<double>(c.transport().sent_bytes() - before);
-    EXPECT_NEAR(sent, codec->formula_bytes(world), 0.05 * codec->formula_bytes(world)) << world;
-    out[static_cast<size_t>(c.rank())] = grad;
-  }, options);
+  comm::run_threads(
+      world,
+      [&](comm::Communicator& c) {
+        Pool pool(static_cast<int64_t>(g(0).size()));  // the codec's message buffers
+        std::unique_ptr<Codec> codec = make(pool);
+        std::vector<float> grad = g(c.rank());
+        const uint64_t before = c.transport().sent_bytes();
+        std::optional<Exchange> ex = codec->encode(grad.data(), {7, step, 3, c.rank(), world});
+        while (ex) {
+          ex->start(c, false, {});
+          ex = codec->next(grad.data());
+        }
+        const double sent = static_cast<double>(c.transport().sent_bytes() - before);
+        EXPECT_NEAR(sent, codec->formula_bytes(world), 0.05 * codec->formula_bytes(world)) << world;
+        out[static_cast<size_t>(c.rank())] = grad;
+      },
+      options);
   for (int r = 1; r < world; ++r)  // the exchanged elements (the rest is each rank's own)
     for (const Segment& s : segments)
       for (int64_t i = s.offset; i < s.offset + s.numel(); ++i)
@@ -118,7 +121,9 @@ auto grad_of = [](int rank) { return random_vector(kBucket, 100 + rank); };
 TEST(Compress, HalfPrecisionCodecsSumClose) {
   for (int world : {2, 4})
     for (DType t : {DType::kF16, DType::kBF16}) {
-      const auto got = exchange_on(world, [&] { return parallel::compress::dense_codec(kSegments, t); }, grad_of, kSegments);
+      const auto got = exchange_on(
+          world, [&](Pool& pool) { return parallel::compress::dense_codec(kSegments, t, pool); },
+          grad_of, kSegments);
       const auto want = plain_sum(world, grad_of);
       const double tol = t == DType::kF16 ? 0.01 : 0.08;
       for (const Segment& s : kSegments)
@@ -130,7 +135,12 @@ TEST(Compress, HalfPrecisionCodecsSumClose) {
 TEST(Compress, Int8SumWithinOneStepPerRank) {
   CompressSpec spec;
   for (int world : {2, 4}) {
-    const auto got = exchange_on(world, [&] { return parallel::compress::make_codec(CompressKind::kInt8, kSegments, spec, 7, 3); }, grad_of, kSegments);
+    const auto got = exchange_on(
+        world,
+        [&](Pool& pool) {
+          return parallel::compress::make_codec(CompressKind::kInt8, kSegments, spec, 7, 3, pool);
+        },
+        grad_of, kSegments);
     const auto want = plain_sum(world, grad_of);
     double err = 0;
     for (const Segment& s : kSegments)
@@ -141,7 +151,13 @@ TEST(Compress, Int8SumWithinOneStepPerRank) {
       }
     EXPECT_LT(std::fabs(err) / kBucket, 0.01);  // unbiased: the errors cancel
     // Reproducible: the same key gives the same bits.
-    EXPECT_EQ(got, exchange_on(world, [&] { return parallel::compress::make_codec(CompressKind::kInt8, kSegments, spec, 7, 3); }, grad_of, kSegments));
+    EXPECT_EQ(got, exchange_on(
+                       world,
+                       [&](Pool& pool) {
+                         return parallel::compress::make_codec(CompressKind::kInt8, kSegments, spec,
+                                                               7, 3, pool);
+                       },
+                       grad_of, kSegments));
   }
 }
 
@@ -149,7 +165,12 @@ TEST(Compress, TopKSendsEachRanksLargestPairs) {
   CompressSpec spec;
   spec.ratio = 0.05;
   for (int world : {2, 4}) {
-    const auto got = exchange_on(world, [&] { return parallel::compress::make_codec(CompressKind::kTopk, kSegments, spec, 7, 3); }, grad_of, kSegments);
+    const auto got = exchange_on(
+        world,
+        [&](Pool& pool) {
+          return parallel::compress::make_codec(CompressKind::kTopk, kSegments, spec, 7, 3, pool);
+        },
+        grad_of, kSegments);
     std::vector<float> want(kBucket, 0.0f);
     for (int r = 0; r < world; ++r) {
       std::vector<float> flat;
@@ -170,7 +191,8 @@ TEST(Compress, TopKErrorFeedbackConservesTheGradient) {
   // One rank, 5 steps: what was sent plus the residual is every gradient summed.
   CompressSpec spec;
   spec.ratio = 0.02;
-  auto codec = parallel::compress::make_codec(CompressKind::kTopk, kSegments, spec, 7, 0);
+  Pool pool(kBucket);
+  auto codec = parallel::compress::make_codec(CompressKind::kTopk, kSegments, spec, 7, 0, pool);
   std::vector<double> sent(kBucket, 0.0), total(kBucket, 0.0);
   for (int step = 0; step < 5; ++step) {
     std::vector<float> g = random_vector(kBucket, 300 + step);
@@ -194,13 +216,19 @@ TEST(Compress, PowerSgdOfFullRankIsExactAndLowRankErrorIsKept) {
   spec.rank = 32;  // min(rows, cols) of the 32 x 40 matrix: the projection keeps everything
   const std::vector<Segment> segs = {{0, 64, 48}, {64 * 48 + 48, 32, 40}};
   for (int world : {2, 4}) {
-    const auto got = exchange_on(world, [&] { return parallel::compress::make_codec(CompressKind::kPowerSgd, {segs[1]}, spec, 7, 3); }, grad_of, {segs[1]});
+    const auto got = exchange_on(world,
+                                 [&](Pool& pool) {
+                                   return parallel::compress::make_codec(
+                                       CompressKind::kPowerSgd, {segs[1]}, spec, 7, 3, pool);
+                                 },
+                                 grad_of, {segs[1]});
     const auto want = plain_sum(world, grad_of);
     for (int64_t i = segs[1].offset; i < segs[1].offset + segs[1].numel(); ++i) ASSERT_NEAR(got[i], want[i], 1e-3) << i;
   }
   // Rank 2 on one rank: output + residual is the gradient (error feedback loses nothing).
   spec.rank = 2;
-  auto codec = parallel::compress::make_codec(CompressKind::kPowerSgd, {segs[0]}, spec, 7, 0);
+  Pool pool(kBucket);
+  auto codec = parallel::compress::make_codec(CompressKind::kPowerSgd, {segs[0]}, spec, 7, 0, pool);
   std::vector<float> g = random_vector(kBucket, 5), orig = g;
   std::optional<Exchange> ex = codec->encode(g.data(), {7, 0, 0, 0, 1});
   while (ex) ex = codec->next(g.data());
@@ -247,7 +275,8 @@ TEST(Compress, TrainsAndReportsBytesWithinFivePercentOfTheFormula) {
         EXPECT_NEAR(c["bytes_per_step"].get<double>(), c["formula_bytes_per_step"].get<double>(),
                     0.05 * c["formula_bytes_per_step"].get<double>()) << kind << " on " << world;
         EXPECT_GT(c["ratio"].get<double>(), 1.2) << kind;
-        EXPECT_EQ(run.summary["engine"]["grad_sync"], "compress");
+        EXPECT_EQ(run.summary["engine"]["grad_sync"], "allreduce");
+        EXPECT_EQ(run.summary["engine"]["compress"], kind);
         const double tol = std::string(kind) == "fp16" ? 2e-3 : std::string(kind) == "bf16" ? 2e-2 : 1.0;
         EXPECT_LT(testing::max_rel_diff(plain.params, run.params), tol) << kind;
         EXPECT_GT(run.summary["test_accuracy"].get<double>(), 0.5) << kind;

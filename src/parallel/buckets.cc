@@ -36,11 +36,19 @@ Buckets::Buckets(const nn::Model& model, const Units& units, comm::Communicator*
 Buckets::Plan Buckets::plan(const nn::Model& model, int unit) {
   const Unit& u = units_.list[static_cast<size_t>(unit)];
   Plan out;
+  std::optional<compress::Scatter> scatter;
+  if (spec_.scatter) scatter = compress::Scatter{u.counts, units_.dp_rank};
+  auto whole = [&](DType type) {
+    return compress::dense_codec({{0, 1, u.range.size()}}, type, pool_, scatter);
+  };
+  // Uncompressed, and 16-bit kinds under ZeRO: the whole unit as one message.
   if (!compressing()) {
-    std::optional<compress::Scatter> scatter;
-    if (spec_.scatter) scatter = compress::Scatter{u.counts, units_.dp_rank};
-    out.codecs.push_back(
-        compress::dense_codec({{0, 1, u.range.size()}}, spec_.message, pool_, scatter));
+    out.codecs.push_back(whole(spec_.message));
+    return out;
+  }
+  if (spec_.scatter && (kind_ == CompressKind::kFp16 || kind_ == CompressKind::kBf16)) {
+    out.codecs.push_back(whole(kind_ == CompressKind::kFp16 ? DType::kF16 : DType::kBF16));
+    out.warm = whole(spec_.message);
     return out;
   }
   std::vector<Segment> packed, rest, all;
@@ -50,8 +58,9 @@ Buckets::Plan Buckets::plan(const nn::Model& model, int unit) {
     if (p.shape.size() >= 2 && run.count == shape_numel(p.shape))
       s.rows = p.shape[0], s.cols = run.count / s.rows;
     all.push_back(s);
-    (compress::worth_compressing(kind_, s, spec_.compress, dp_->size()) ? packed : rest)
-        .push_back(s);
+    const bool worth =
+        compress::worth_compressing(kind_, s, spec_.compress, dp_->size(), spec_.scatter);
+    (worth ? packed : rest).push_back(s);
   }
   if (!rest.empty()) out.codecs.push_back(compress::dense_codec(rest, spec_.message, pool_));
   if (!packed.empty())
@@ -135,7 +144,8 @@ void Buckets::launch(int unit, float* g, Done done, size_t max_in_flight) {
   done_[k] = std::move(done);
   const int w = dp_->size();
   if (compressing())
-    f32_ += 2.0 * (w - 1) / w * 4.0 * static_cast<double>(units_.list[k].range.size());
+    f32_ += (spec_.scatter ? 1.0 : 2.0) * (w - 1) / w * 4.0 *  // the f32 exchange's bytes
+            static_cast<double>(units_.list[k].range.size());
   // Older flights with another exchange to come move on after this unit's first exchanges
   // (a fixed order on every rank).
   const size_t older = in_flight_.size();

@@ -37,8 +37,8 @@ std::unique_ptr<TpGroup> make_tp_group(const ParallelSpec& spec, Mesh& mesh) {
   return std::make_unique<TpGroup>(mesh.group(Axis::kTp), spec.tp_sequence);
 }
 
-// Gradient compression runs with replicated data parallelism in f32, or on parameter-server
-// pushes (not powersgd); the other combinations are refused with what to change.
+// Gradient compression runs with data parallelism in f32 with zero.stage 0-2, or on
+// parameter-server pushes (not powersgd); the other combinations are refused with what to change.
 void check_compress(const ParallelSpec& spec, const Layout& layout) {
   validate_compress(spec.compress);
   if (compress_kind(spec.compress.kind) == CompressKind::kNone) return;
@@ -53,9 +53,11 @@ void check_compress(const ParallelSpec& spec, const Layout& layout) {
   if (layout.servers > 0 && compress_kind(spec.compress.kind) == CompressKind::kPowerSgd)
     refuse("does not apply to parameter-server pushes (it needs all-reduces among the workers); "
            "use fp16, bf16, int8 or topk");
-  if (spec.zero_stage != 0)
-    refuse(str("runs with zero.stage = 0 (all-reduced buckets), got zero.stage = ", spec.zero_stage,
-               " (sharded reduce-scatters)"));
+  if (spec.zero_stage == 3)
+    refuse(
+        "runs with zero.stage 0-2, got zero.stage = 3 (its parameter gathers share the dp "
+        "group with the gradient exchanges); use zero.stage = 2, which shards gradients and "
+        "optimizer state");
   if (layout.pp > 1 || layout.tp > 1)
     refuse(str("runs with data parallelism alone, got layout ", layout.str()));
 }

@@ -244,6 +244,9 @@ TEST(Compress, WorthCompressingLeavesVectorsAndSmallGains) {
   EXPECT_FALSE(worth_compressing(CompressKind::kFp16, {0, 1, 100}, spec, 2));  // a bias
   EXPECT_TRUE(worth_compressing(CompressKind::kInt8, {0, 10, 100}, spec, 4));
   EXPECT_FALSE(worth_compressing(CompressKind::kInt8, {0, 10, 100}, spec, 8));  // gathers too much
+  // Under ZeRO against the f32 reduce-scatter (half an all-reduce): int8 pays on 2 ranks only.
+  EXPECT_TRUE(worth_compressing(CompressKind::kInt8, {0, 10, 100}, spec, 2, true));
+  EXPECT_FALSE(worth_compressing(CompressKind::kInt8, {0, 10, 100}, spec, 4, true));
   spec.rank = 4;
   EXPECT_TRUE(worth_compressing(CompressKind::kPowerSgd, {0, 64, 48}, spec, 2));
   EXPECT_FALSE(worth_compressing(CompressKind::kPowerSgd, {0, 6, 6}, spec, 2));
@@ -285,6 +288,47 @@ TEST(Compress, TrainsAndReportsBytesWithinFivePercentOfTheFormula) {
   }
 }
 
+// Runs `kinds` on `world` ranks with `layout` and checks each against the same layout
+// uncompressed: parameters within the kind's tolerance, bytes within 5% of the formula, fewer
+// bytes than f32 (where the kind compresses anything on this layout), and it still learns.
+void expect_tracks_uncompressed(const std::vector<std::string>& layout, int world,
+                                const std::vector<std::string>& kinds, const std::string& sync) {
+  const auto plain = testing::train_on(small(layout), world);
+  for (const std::string& kind : kinds) {
+    std::vector<std::string> keys = layout;
+    keys.insert(keys.end(), {"compress.kind=" + kind, "compress.ratio=0.1"});
+    const auto run = testing::train_on(small(keys), world);
+    const std::string what = kind + " on " + std::to_string(world) + " ranks, " + layout.back();
+    const nlohmann::json& c = run.summary.at("compress");
+    EXPECT_NEAR(c["bytes_per_step"].get<double>(), c["formula_bytes_per_step"].get<double>(),
+                0.05 * c["formula_bytes_per_step"].get<double>())
+        << what;
+    EXPECT_GT(c["ratio"].get<double>(), 1.1) << what;  // topk 10% on 4 ranks: 1.16
+    EXPECT_EQ(run.summary["engine"]["grad_sync"], sync) << what;
+    const double tol = kind == "fp16" ? 2e-3 : kind == "bf16" ? 2e-2 : 1.0;
+    EXPECT_LT(testing::max_rel_diff(plain.params, run.params), tol) << what;
+    EXPECT_GT(run.summary["test_accuracy"].get<double>(), 0.5) << what;
+  }
+}
+
+TEST(Compress, ZeroStagesOneAndTwo) {
+  // int8 gathers 1.016n bytes per other rank: below f32's reduce-scatter on 2 ranks only.
+  for (const char* stage : {"zero.stage=1", "zero.stage=2"}) {
+    const std::string sync =
+        std::string(stage) == "zero.stage=1" ? "reduce_scatter" : "reduce_scatter_shard";
+    expect_tracks_uncompressed({"ddp.shared_memory=false", stage}, 2,
+                               {"fp16", "bf16", "int8", "topk", "powersgd"}, sync);
+    expect_tracks_uncompressed({"ddp.shared_memory=false", stage}, 4, {"fp16", "topk", "powersgd"},
+                               sync);
+  }
+}
+
+TEST(Compress, SixteenBitKindsReduceScatterWholeUnitsUnderZero) {
+  // Half the bytes of the f32 reduce-scatter, biases included.
+  const auto run = testing::train_on(small({"zero.stage=2", "compress.kind=bf16"}), 4);
+  EXPECT_NEAR(run.summary["compress"]["ratio"].get<double>(), 2.0, 0.01);
+}
+
 // An uninterrupted run of cfg on `workers` ranks, and one stopped after 7 steps and resumed.
 std::pair<testing::RunResult, testing::RunResult> whole_and_resumed(const train::Config& cfg,
                                                                     int workers,
@@ -300,8 +344,11 @@ std::pair<testing::RunResult, testing::RunResult> whole_and_resumed(const train:
 }
 
 TEST(Compress, ResumedRunEndsBitIdentical) {
-  for (const char* kind : {"topk", "powersgd", "int8"}) {
-    const train::Config cfg = small({str("compress.kind=", kind), "compress.start_step=3"});
+  for (const char* kind : {"topk", "powersgd", "int8", "zero2_powersgd"}) {
+    const bool zero = std::string(kind) == "zero2_powersgd";
+    const train::Config cfg =
+        small({zero ? "compress.kind=powersgd" : str("compress.kind=", kind),
+               "compress.start_step=3", zero ? "zero.stage=2" : "zero.stage=0"});
     const auto [whole, resumed] = whole_and_resumed(cfg, 2, str("compress_resume_", kind));
     EXPECT_EQ(resumed.summary["steps"], 20);
     EXPECT_EQ(resumed.params, whole.params) << kind;
@@ -352,7 +399,8 @@ TEST(Compress, BadConfigsAreClearErrors) {
   EXPECT_NE(error_of({"compress.kind=topk", "compress.ratio=0"}).find("compress.ratio"), std::string::npos);
   EXPECT_NE(error_of({"compress.kind=topk", "compress.ratio=0.9"}).find("(0, 0.5]"), std::string::npos);
   EXPECT_NE(error_of({"compress.kind=powersgd", "compress.rank=0"}).find("compress.rank"), std::string::npos);
-  EXPECT_NE(error_of({"compress.kind=int8", "zero.stage=2"}).find("zero.stage = 0"), std::string::npos);
+  EXPECT_NE(error_of({"compress.kind=int8", "zero.stage=3"}).find("zero.stage = 2"),
+            std::string::npos);
   EXPECT_NE(error_of({"compress.kind=int8", "train.deterministic=true"}).find("deterministic"), std::string::npos);
   EXPECT_NE(error_of({"compress.kind=fp16", "train.precision=bf16"}).find("fp32"), std::string::npos);
   EXPECT_NE(error_of({"compress.kind=topk", "compress.start_step=-1"}).find("start_step"), std::string::npos);

@@ -420,9 +420,11 @@ void orthonormalize_columns(float* a, int64_t rows, int64_t cols) {
   }
 }
 
-bool worth_compressing(CompressKind kind, const Segment& s, const CompressSpec& spec, int world) {
+bool worth_compressing(CompressKind kind, const Segment& s, const CompressSpec& spec, int world,
+                       bool scatter) {
   if (s.rows < 2 || s.cols < 2) return false;
-  const double n = static_cast<double>(s.numel()), f32 = allreduce_bytes(4 * n, world);
+  const double n = static_cast<double>(s.numel());
+  const double f32 = scatter ? (world - 1.0) / world * 4 * n : allreduce_bytes(4 * n, world);
   switch (kind) {
     case CompressKind::kFp16:
     case CompressKind::kBf16:
@@ -432,7 +434,7 @@ bool worth_compressing(CompressKind kind, const Segment& s, const CompressSpec& 
     case CompressKind::kTopk:
       return (world - 1) * 8.0 * static_cast<double>(topk_count(s.numel(), spec.ratio)) < f32;
     case CompressKind::kPowerSgd:
-      return spec.rank * (s.rows + s.cols) < s.numel();
+      return allreduce_bytes(4.0 * static_cast<double>(spec.rank * (s.rows + s.cols)), world) < f32;
     case CompressKind::kNone:
       return false;
   }

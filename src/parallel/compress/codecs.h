@@ -113,9 +113,11 @@ std::unique_ptr<Codec> dense_codec(std::vector<Segment> segments, DType type, Bu
 std::unique_ptr<Codec> make_codec(CompressKind kind, std::vector<Segment> segments,
                                   const CompressSpec& spec, uint64_t seed, int unit,
                                   BufferPool& pool);
-// Whether kind sends segment s in fewer bytes than an f32 all-reduce on `world` ranks (1-D
-// tensors never: biases and norms stay f32).
-bool worth_compressing(CompressKind kind, const Segment& s, const CompressSpec& spec, int world);
+// Whether kind sends segment s in fewer bytes than its f32 exchange on `world` ranks would: an
+// all-reduce, or with scatter (ZeRO) a reduce-scatter (1-D tensors never: biases and norms stay
+// f32).
+bool worth_compressing(CompressKind kind, const Segment& s, const CompressSpec& spec, int world,
+                       bool scatter = false);
 
 // ---- single messages (shared with parameter-server pushes, push_codec.h) ----
 int64_t topk_count(int64_t n, double ratio);  // ceil(ratio * n), at least 1

@@ -37,20 +37,21 @@ std::unique_ptr<TpGroup> make_tp_group(const ParallelSpec& spec, Mesh& mesh) {
   return std::make_unique<TpGroup>(mesh.group(Axis::kTp), spec.tp_sequence);
 }
 
-// Gradient compression runs with data parallelism in f32 with zero.stage 0-2, or on
-// parameter-server pushes (not powersgd); the other combinations are refused with what to change.
+// Gradient compression runs wherever units travel through Buckets: data parallelism with
+// zero.stage 0-2, the pipeline's dp groups, tensor parallelism (over the dp axis), f32 and 16-bit
+// precision; and on parameter-server pushes (not powersgd). The rest is refused with what to
+// change.
 void check_compress(const ParallelSpec& spec, const Layout& layout) {
   validate_compress(spec.compress);
-  if (compress_kind(spec.compress.kind) == CompressKind::kNone) return;
+  const CompressKind kind = compress_kind(spec.compress.kind);
+  if (kind == CompressKind::kNone) return;
   auto refuse = [&](const std::string& why) {
     throw InvalidArgument(str("config: compress.kind = ", spec.compress.kind, " ", why,
                               "; set compress.kind = none or change that (docs/compression.md)"));
   };
   if (spec.deterministic)
     refuse("does not run with train.deterministic (its exact integer sum is the point of it)");
-  if (spec.precision != "fp32")
-    refuse(str("needs train.precision = fp32 (", spec.precision, " already sends 16-bit gradients)"));
-  if (layout.servers > 0 && compress_kind(spec.compress.kind) == CompressKind::kPowerSgd)
+  if (layout.servers > 0 && kind == CompressKind::kPowerSgd)
     refuse("does not apply to parameter-server pushes (it needs all-reduces among the workers); "
            "use fp16, bf16, int8 or topk");
   if (spec.zero_stage == 3)
@@ -58,8 +59,13 @@ void check_compress(const ParallelSpec& spec, const Layout& layout) {
         "runs with zero.stage 0-2, got zero.stage = 3 (its parameter gathers share the dp "
         "group with the gradient exchanges); use zero.stage = 2, which shards gradients and "
         "optimizer state");
-  if (layout.pp > 1 || layout.tp > 1)
-    refuse(str("runs with data parallelism alone, got layout ", layout.str()));
+  const bool state = kind == CompressKind::kPowerSgd ||
+                     (kind == CompressKind::kTopk && spec.compress.error_feedback);
+  if (spec.precision == "fp16" && state)
+    refuse(
+        "keeps state (residuals, Q) that a step skipped for an fp16 overflow would fill with "
+        "inf; with train.precision = fp16 use fp16, bf16, int8 or topk with "
+        "compress.error_feedback = false, or train.precision = bf16");
 }
 
 }  // namespace

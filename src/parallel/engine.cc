@@ -117,10 +117,11 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
                               tp_->size(), "); use train.precision = fp32"));
   check_compress(spec, layout());
   if (layout().servers > 0) {
-    if (type_ != DType::kF32)
-      throw InvalidArgument(str("config: train.precision = ", spec.precision,
-                                " does not run with a parameter server yet (ps.servers = ",
-                                layout().servers, "); use train.precision = fp32"));
+    if (type_ == DType::kF16)  // the servers update: they cannot skip an overflowing step
+      throw InvalidArgument(str("config: train.precision = fp16 does not run with a parameter "
+                                "server (ps.servers = ", layout().servers, "): its loss "
+                                "scaling skips overflowing steps, which the servers do not "
+                                "see; use train.precision = bf16 or fp32"));
     ps_ = std::make_unique<ParameterServer>(spec, mesh_, model_, seed, optim);
     parts_["executor"] = parts_["grad_sync"] = "local";
     parts_["store"] = "parameter_server";
@@ -130,6 +131,10 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
     sync_owner_ = std::make_unique<ArenaSync>(model_, units_, ArenaSync::Reduction::kAllReduce,
                                               nullptr, nullptr);
     sync_ = sync_owner_.get();
+    if (type_ != DType::kF32) {
+      working_ = std::make_unique<WorkingCopy>(model_, units_, type_);
+      ps_->set_working(working_.get());
+    }
     return;
   }
   if (spec.slow_rank >= world.size())

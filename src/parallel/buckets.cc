@@ -115,9 +115,13 @@ void Buckets::complete(Flight& f, double now) {
 }
 
 void Buckets::wait_front() {
-  const double t0 = now_seconds();
   Flight f = std::move(in_flight_.front());
   in_flight_.pop_front();
+  wait(f);
+}
+
+void Buckets::wait(Flight& f) {
+  const double t0 = now_seconds();
   const bool was_done = f.work.done();
   complete(f, t0);
   if (!was_done) exposed_s_ += now_seconds() - t0;
@@ -159,14 +163,10 @@ void Buckets::launch(int unit, float* g, Done done, size_t max_in_flight) {
   for (size_t i = 0; i < older; ++i) {
     Flight f = std::move(in_flight_.front());
     in_flight_.pop_front();
-    if (f.phase + 1 < f.codec->phases()) {
-      const double t0 = now_seconds();
-      const bool was_done = f.work.done();
-      complete(f, t0);
-      if (!was_done) exposed_s_ += now_seconds() - t0;
-    } else {
+    if (f.phase + 1 < f.codec->phases())
+      wait(f);
+    else
       in_flight_.push_back(std::move(f));
-    }
   }
 }
 

@@ -87,7 +87,8 @@ class Buckets {
   void post(Flight f, const compress::Exchange& ex);
   // Waits for f's exchange (its time up to `now` overlapped), then decodes or posts the next.
   void complete(Flight& f, double now);
-  void wait_front();  // completes the oldest flight, its wait exposed
+  void wait(Flight& f);  // complete(), its wait exposed
+  void wait_front();     // wait() for the oldest flight
 
   const Units& units_;
   comm::Communicator* dp_;

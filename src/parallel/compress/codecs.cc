@@ -332,15 +332,8 @@ double Exchange::bytes(int world, comm::Algorithm algo) const {
 }
 
 comm::OpKind Exchange::kind() const {
-  switch (op) {
-    case Op::kAllgather:
-      return comm::OpKind::kAllgather;
-    case Op::kReduceScatter:
-      return comm::OpKind::kReduceScatter;
-    case Op::kAllreduce:
-      break;
-  }
-  return comm::OpKind::kAllreduce;
+  if (op == Op::kAllgather) return comm::OpKind::kAllgather;
+  return op == Op::kReduceScatter ? comm::OpKind::kReduceScatter : comm::OpKind::kAllreduce;
 }
 
 comm::Work Exchange::start(comm::Communicator& dp, bool async,

@@ -6,17 +6,16 @@
 #include <optional>
 #include <thread>
 
-#include "compress/compress_sync.h"
 #include "grad_syncs.h"
 #include "param_stores.h"
 #include "shared_memory_step.h"
-#include "working_copy.h"
-#include "tessel/optim/schedule.h"
-#include "tp_group.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/trace.h"
+#include "tessel/optim/schedule.h"
 #include "tessel/parallel/parameter_server.h"
 #include "tessel/parallel/pipeline.h"
+#include "tp_group.h"
+#include "working_copy.h"
 
 namespace tessel::parallel {
 
@@ -38,27 +37,35 @@ std::unique_ptr<TpGroup> make_tp_group(const ParallelSpec& spec, Mesh& mesh) {
   return std::make_unique<TpGroup>(mesh.group(Axis::kTp), spec.tp_sequence);
 }
 
-// Gradient compression runs with replicated data parallelism in f32, or on parameter-server
-// pushes (not powersgd); the other combinations are refused with what to change.
+// Gradient compression runs wherever units travel through Buckets: data parallelism with
+// zero.stage 0-2, the pipeline's dp groups, tensor parallelism (over the dp axis), f32 and 16-bit
+// precision; and on parameter-server pushes (not powersgd). The rest is refused with what to
+// change.
 void check_compress(const ParallelSpec& spec, const Layout& layout) {
   validate_compress(spec.compress);
-  if (compress_kind(spec.compress.kind) == CompressKind::kNone) return;
+  const CompressKind kind = compress_kind(spec.compress.kind);
+  if (kind == CompressKind::kNone) return;
   auto refuse = [&](const std::string& why) {
     throw InvalidArgument(str("config: compress.kind = ", spec.compress.kind, " ", why,
                               "; set compress.kind = none or change that (docs/compression.md)"));
   };
   if (spec.deterministic)
     refuse("does not run with train.deterministic (its exact integer sum is the point of it)");
-  if (spec.precision != "fp32")
-    refuse(str("needs train.precision = fp32 (", spec.precision, " already sends 16-bit gradients)"));
-  if (layout.servers > 0 && compress_kind(spec.compress.kind) == CompressKind::kPowerSgd)
+  if (layout.servers > 0 && kind == CompressKind::kPowerSgd)
     refuse("does not apply to parameter-server pushes (it needs all-reduces among the workers); "
            "use fp16, bf16, int8 or topk");
-  if (spec.zero_stage != 0)
-    refuse(str("runs with zero.stage = 0 (all-reduced buckets), got zero.stage = ", spec.zero_stage,
-               " (sharded reduce-scatters)"));
-  if (layout.pp > 1 || layout.tp > 1)
-    refuse(str("runs with data parallelism alone, got layout ", layout.str()));
+  if (spec.zero_stage == 3)
+    refuse(
+        "runs with zero.stage 0-2, got zero.stage = 3 (its parameter gathers share the dp "
+        "group with the gradient exchanges); use zero.stage = 2, which shards gradients and "
+        "optimizer state");
+  const bool state = kind == CompressKind::kPowerSgd ||
+                     (kind == CompressKind::kTopk && spec.compress.error_feedback);
+  if (spec.precision == "fp16" && state)
+    refuse(
+        "keeps state (residuals, Q) that a step skipped for an fp16 overflow would fill with "
+        "inf; with train.precision = fp16 use fp16, bf16, int8 or topk with "
+        "compress.error_feedback = false, or train.precision = bf16");
 }
 
 }  // namespace
@@ -110,10 +117,11 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
                               tp_->size(), "); use train.precision = fp32"));
   check_compress(spec, layout());
   if (layout().servers > 0) {
-    if (type_ != DType::kF32)
-      throw InvalidArgument(str("config: train.precision = ", spec.precision,
-                                " does not run with a parameter server yet (ps.servers = ",
-                                layout().servers, "); use train.precision = fp32"));
+    if (type_ == DType::kF16)  // the servers update: they cannot skip an overflowing step
+      throw InvalidArgument(str("config: train.precision = fp16 does not run with a parameter "
+                                "server (ps.servers = ", layout().servers, "): its loss "
+                                "scaling skips overflowing steps, which the servers do not "
+                                "see; use train.precision = bf16 or fp32"));
     ps_ = std::make_unique<ParameterServer>(spec, mesh_, model_, seed, optim);
     parts_["executor"] = parts_["grad_sync"] = "local";
     parts_["store"] = "parameter_server";
@@ -121,8 +129,12 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
     executor_ = std::make_unique<LocalExecutor>(model_, nn::recompute_mode(spec.recompute));
     units_ = make_units(model_, spec.bucket_mb, executor_->local_blocks(), 1, 0);
     sync_owner_ = std::make_unique<ArenaSync>(model_, units_, ArenaSync::Reduction::kAllReduce,
-                                              nullptr, nullptr, false);
+                                              nullptr, nullptr);
     sync_ = sync_owner_.get();
+    if (type_ != DType::kF32) {
+      working_ = std::make_unique<WorkingCopy>(model_, units_, type_);
+      ps_->set_working(working_.get());
+    }
     return;
   }
   if (spec.slow_rank >= world.size())
@@ -160,21 +172,17 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   parts_["overlap"] = async;
   parts_["prefetch"] = stage == 3 && spec.zero_prefetch && async;
   parts_["units"] = units_.list.size();
-  if (compress_kind(spec.compress.kind) != CompressKind::kNone) {
-    auto c = std::make_unique<CompressSync>(model_, units_, dp, workers, async, spec.compress, seed);
-    compress_ = c.get();
-    hooks_.push_back(c.get());
-    sync_owner_ = std::move(c);
-    parts_["grad_sync"] = "compress";
-    parts_["compress"] = spec.compress.kind;
-  } else if (spec.deterministic) {
+  const bool compressing = compress_kind(spec.compress.kind) != CompressKind::kNone;
+  const Buckets::Spec buckets{async, false, type_, spec.compress, seed};
+  if (compressing) parts_["compress"] = spec.compress.kind;
+  if (spec.deterministic) {
     scale_buckets_ = make_units(model_, spec.bucket_mb, {}, 1, 0);
     auto exact = std::make_unique<ExactSync>(model_, units_, scale_buckets_, dp, mesh_.workers(),
                                              type_ == DType::kF16);
     hooks_.push_back(exact.get());
     sync_owner_ = std::move(exact);
     parts_["grad_sync"] = "exact";
-  } else if (stage == 1 && spec.shared_memory && dp.size() > 1) {
+  } else if (stage == 1 && spec.shared_memory && dp.size() > 1 && !compressing) {
     if (auto shm = SharedMemoryStep::make(model_, units_, dp, mesh_.workers(), seed)) {
       sync_ = shm.get();
       store_ = shm.get();
@@ -183,18 +191,19 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
       return;
     }
   }
-  if (!sync_owner_ && stage == 0 && spec.shared_memory && dp.size() > 1 && !async &&
+  if (!sync_owner_ && stage == 0 && spec.shared_memory && dp.size() > 1 && !async && !compressing &&
       (sync_owner_ = SharedGradSync::make(model_, units_, dp, mesh_.workers())))
     parts_["grad_sync"] = "shared_memory";
   if (!sync_owner_ && stage <= 1) {
     auto arena = std::make_unique<ArenaSync>(
-        model_, units_, stage == 0 ? ArenaSync::Reduction::kAllReduce : ArenaSync::Reduction::kReduceScatter,
-        &dp, workers, async, type_);
+        model_, units_,
+        stage == 0 ? ArenaSync::Reduction::kAllReduce : ArenaSync::Reduction::kReduceScatter, &dp,
+        workers, buckets);
     hooks_.push_back(arena.get());
     sync_owner_ = std::move(arena);
     parts_["grad_sync"] = stage == 0 ? "allreduce" : "reduce_scatter";
   } else if (!sync_owner_) {
-    auto shard = std::make_unique<ShardSync>(model_, units_, dp, workers, async, !pipeline, type_);
+    auto shard = std::make_unique<ShardSync>(model_, units_, dp, workers, !pipeline, buckets);
     hooks_.push_back(shard.get());
     sync_owner_ = std::move(shard);
     parts_["grad_sync"] = "reduce_scatter_shard";

@@ -4,7 +4,6 @@
 
 #include <nlohmann/json.hpp>
 
-#include "compress/compress_sync.h"
 #include "tessel/core/log.h"
 #include "tessel/core/sha256.h"
 #include "tessel/core/trace.h"
@@ -79,8 +78,8 @@ std::string compression_slice(int rank) { return str("compress/rank", rank); }
 }  // namespace
 
 std::vector<float> Engine::compression_state() {
-  if (compress_) return compress_->save_state();
-  return ps_ ? ps_->save_compression() : std::vector<float>{};
+  if (ps_) return ps_->save_compression();
+  return sync_ ? sync_->save_state() : std::vector<float>{};
 }
 
 StateView Engine::state() {
@@ -111,10 +110,10 @@ void Engine::restore_compression(const ckpt::CheckpointSource& reader) {
   }
   std::vector<float> state(static_cast<size_t>(n));
   reader.read(name, 0, static_cast<int64_t>(state.size()), state.data());
-  if (compress_)
-    compress_->load_state(state);
-  else
+  if (ps_)
     ps_->load_compression(state);
+  else
+    sync_->load_state(state);
 }
 
 std::vector<ckpt::ShardFile> Engine::write_shards(const std::string& dir, int64_t* optimizer_steps) {

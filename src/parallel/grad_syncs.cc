@@ -4,8 +4,6 @@
 #include <cstring>
 
 #include "tessel/core/clock.h"
-#include "tessel/ops/cpu.h"
-#include "tessel/optim/schedule.h"
 
 namespace tessel::parallel {
 
@@ -13,19 +11,16 @@ namespace {
 
 constexpr size_t kBucketsInFlight = 2;  // ShardSync: reduce-scatters in flight (buffers held)
 
-uint32_t label_of(int unit) { return static_cast<uint32_t>(unit + 1); }
-
 bool several(const comm::Communicator* c) { return c != nullptr && c->size() > 1; }
+
+Buckets::Spec with_scatter(Buckets::Spec spec, bool scatter) {
+  spec.scatter = scatter;
+  return spec;
+}
 
 Tensor gradient_memory(int64_t n, MemCategory category, DType type = DType::kF32) {
   MemoryScope scope(category);
   return Tensor::zeros({std::max<int64_t>(n, 1)}, type);
-}
-
-int64_t largest_unit(const Units& units) {
-  int64_t n = 0;
-  for (const Unit& u : units.list) n = std::max(n, u.range.size());
-  return n;
 }
 
 // Every unit whose last backward pass ended with block b, for each local block from the last
@@ -48,93 +43,25 @@ double pieces_sq_norm(const Units& units, GradSync& sync, comm::Communicator* wo
   return sq;
 }
 
-// ---- Messages ----
-
-Tensor Messages::take(const float* src, int64_t n) {
-  if (free_.empty()) free_.push_back(gradient_memory(numel_, MemCategory::kComm, type_));
-  Tensor t = std::move(free_.back());
-  free_.pop_back();
-  ops::convert(t.raw(), type_, src, DType::kF32, n);
-  return t;
-}
-
 // ---- ArenaSync ----
 
 ArenaSync::ArenaSync(nn::Model& model, const Units& units, Reduction reduction,
-                     comm::Communicator* dp, comm::Communicator* workers, bool async,
-                     DType message)
+                     comm::Communicator* dp, comm::Communicator* workers, Buckets::Spec spec)
     : units_(units),
-      reduction_(reduction),
       dp_(several(dp) ? dp : nullptr),
       workers_(workers),
       arena_(gradient_memory(units.span.size(), MemCategory::kGradients)),
-      buckets_(async),
-      launched_(units.list.size(), 0),
-      messages_(message, largest_unit(units)) {
+      buckets_(model, units, dp_, with_scatter(spec, reduction == Reduction::kReduceScatter)),
+      launched_(units.list.size(), 0) {
   model.bind_grads(units.span, arena_);
 }
 
+// All-reduced, or reduced in place so that this rank's piece of the unit becomes the sum of
+// everyone's piece.
 void ArenaSync::launch(int unit) {
   launched_[static_cast<size_t>(unit)] = 1;
   const Unit& u = units_.list[static_cast<size_t>(unit)];
-  float* g = arena_.data<float>() + (u.range.lo - units_.span.lo);
-  comm::CallOptions call;
-  call.label = label_of(unit);
-  const size_t count = static_cast<size_t>(u.range.size());
-  if (messages_.used()) {
-    launch_message(u, g, call);
-    return;
-  }
-  if (reduction_ == Reduction::kAllReduce) {
-    buckets_.launch(
-        [this, g, count, call](bool async) {
-          if (async) return dp_->allreduce_async(g, count, comm::ElemType::kF32, comm::ReduceOp::kSum, call);
-          dp_->allreduce(g, count, comm::ElemType::kF32, comm::ReduceOp::kSum, call);
-          return comm::Work();
-        },
-        4.0 * static_cast<double>(count));
-    return;
-  }
-  // In place: this rank's piece of the bucket becomes the sum of everyone's piece.
-  float* own = g + (units_.own(u).lo - u.range.lo);
-  buckets_.launch(
-      [this, g, own, &u, call](bool async) {
-        if (async)
-          return dp_->reduce_scatter_async(g, own, u.counts, comm::ElemType::kF32,
-                                           comm::ReduceOp::kSum, call);
-        dp_->reduce_scatter(g, own, u.counts, comm::ElemType::kF32, comm::ReduceOp::kSum, call);
-        return comm::Work();
-      },
-      4.0 * static_cast<double>(count));
-}
-
-// A 16-bit message: the unit's gradient rounded into it, all-reduced (or reduce-scattered in
-// place) as the message type, widened back into the arena (this rank's piece only after a
-// reduce-scatter).
-void ArenaSync::launch_message(const Unit& u, float* g, const comm::CallOptions& call) {
-  const int64_t n = u.range.size();
-  Tensor msg = messages_.take(g, n);
-  const comm::ElemType elem = comm::elem_type(messages_.type());
-  const nn::Range own = units_.own(u);
-  const bool all = reduction_ == Reduction::kAllReduce;
-  void* own_block = msg.view(own.lo - u.range.lo, {own.size()}).raw();
-  auto start = [this, msg, own_block, all, elem, n, &u, call](bool async) {
-    if (all && async) return dp_->allreduce_async(msg.raw(), static_cast<size_t>(n), elem, comm::ReduceOp::kSum, call);
-    if (all) dp_->allreduce(msg.raw(), static_cast<size_t>(n), elem, comm::ReduceOp::kSum, call);
-    if (!all && async)
-      return dp_->reduce_scatter_async(msg.raw(), own_block, u.counts, elem, comm::ReduceOp::kSum, call);
-    if (!all) dp_->reduce_scatter(msg.raw(), own_block, u.counts, elem, comm::ReduceOp::kSum, call);
-    return comm::Work();
-  };
-  auto done = [this, msg, own_block, all, g, n, own, lo = u.range.lo]() mutable {
-    if (all)
-      ops::convert(g, DType::kF32, msg.raw(), messages_.type(), n);
-    else
-      ops::convert(g + (own.lo - lo), DType::kF32, own_block, messages_.type(), own.size());
-    messages_.give(std::move(msg));
-  };
-  buckets_.launch(start, static_cast<double>(dtype_size(messages_.type()) * static_cast<size_t>(n)),
-                  done);
+  buckets_.launch(unit, arena_.data<float>() + (u.range.lo - units_.span.lo));
 }
 
 void ArenaSync::on_block(nn::Phase phase, size_t block, bool last) {
@@ -167,36 +94,29 @@ void ArenaSync::take_stats(RankStats& s) { buckets_.take_stats(s); }
 // ---- ShardSync ----
 
 ShardSync::ShardSync(nn::Model& model, const Units& units, comm::Communicator& dp,
-                     comm::Communicator* workers, bool async, bool per_pass, DType message)
+                     comm::Communicator* workers, bool per_pass, Buckets::Spec spec)
     : model_(model),
       units_(units),
-      dp_(dp),
       workers_(workers),
       shard_(gradient_memory(units.shard_numel, MemCategory::kGradients)),
+      pool_(largest_unit(units)),
       open_(units.list.size()),
       launched_(units.list.size(), 0),
-      bucket_numel_(largest_unit(units)),
       per_pass_(per_pass),
-      buckets_(async),
-      messages_(message, bucket_numel_) {}
+      buckets_(model, units, &dp, with_scatter(spec, true)) {}
 
 void ShardSync::open(int unit) {
   Tensor& b = open_[static_cast<size_t>(unit)];
   if (b.defined()) return;  // already open in this pass (several blocks read the unit)
-  if (free_.empty()) {
-    free_.push_back(gradient_memory(bucket_numel_, MemCategory::kComm));
-  } else {
-    free_.back().zero_();
-  }
-  b = std::move(free_.back());
-  free_.pop_back();
+  b = pool_.take(DType::kF32);
+  b.zero_();
   model_.bind_grads(units_.list[static_cast<size_t>(unit)].range, b);
 }
 
 void ShardSync::launch(int unit) {
   const size_t k = static_cast<size_t>(unit);
-  // The step's first reduction of the unit lands straight in the shard; later passes
-  // (accumulation) reduce in place and are added to it.
+  // The step's first reduction of the unit lands in the shard; later passes (accumulation)
+  // are added to it.
   const bool first = !launched_[k];
   launched_[k] = 1;
   const Unit& u = units_.list[k];
@@ -204,40 +124,19 @@ void ShardSync::launch(int unit) {
   Tensor bucket = std::move(open_[k]);
   const nn::Range own = units_.own(u);
   float* shard = shard_.data<float>() + u.shard_offset;
-  // The message: the f32 bucket, or its 16-bit rounding (train.precision). The first
-  // reduction of an f32 bucket lands in the shard; the rest reduce in place, this rank's
-  // block then widened (16-bit) and added (later passes) into the shard.
-  Tensor msg = messages_.used() ? messages_.take(bucket.data<float>(), u.range.size()) : bucket;
-  const DType type = msg.dtype();
-  const comm::ElemType elem = comm::elem_type(type);
-  void* in = msg.raw();
-  void* out = first && !messages_.used() ? static_cast<void*>(shard)
-                                         : msg.view(own.lo - u.range.lo, {own.size()}).raw();
-  comm::CallOptions call;
-  call.label = label_of(unit);
-  auto start = [this, in, out, elem, &u, call](bool async) {
-    if (async) return dp_.reduce_scatter_async(in, out, u.counts, elem, comm::ReduceOp::kSum, call);
-    dp_.reduce_scatter(in, out, u.counts, elem, comm::ReduceOp::kSum, call);
-    return comm::Work();
-  };
-  // Done: the piece joins the shard, the buffers go back to their pools.
-  auto done = [this, bucket, msg, first, shard, out, type, n = own.size()]() mutable {
-    if (out != shard) {
-      if (first) {
-        ops::convert(shard, DType::kF32, out, type, n);
-      } else if (type == DType::kF32) {
-        float* __restrict dst = shard;
-        const float* __restrict src = static_cast<const float*>(out);
-        for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
-      } else {
-        ops::accumulate(shard, out, n, type);
-      }
+  const float* piece = bucket.data<float>() + (own.lo - u.range.lo);
+  // Done: the piece joins the shard, the buffer goes back to the pool.
+  auto done = [this, bucket, first, shard, piece, n = own.size()]() mutable {
+    if (first) {
+      std::copy_n(piece, n, shard);
+    } else {
+      float* __restrict dst = shard;
+      const float* __restrict src = piece;
+      for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
     }
-    if (messages_.used()) messages_.give(std::move(msg));
-    free_.push_back(std::move(bucket));
+    pool_.give(std::move(bucket));
   };
-  buckets_.launch(start, static_cast<double>(dtype_size(type)) * static_cast<double>(u.range.size()),
-                  done, kBucketsInFlight);
+  buckets_.launch(unit, bucket.data<float>(), done, kBucketsInFlight);
 }
 
 void ShardSync::on_block(nn::Phase phase, size_t block, bool last) {

@@ -13,10 +13,11 @@
 //                gradient stays in an arena, and the norm is summed block by block so that
 //                every layout gives the same bits.
 // Ranks of one host sum their arenas in shared memory instead (shared_memory_step.h).
-// In train.precision bf16 | fp16 the gradients stay f32 where they accumulate (a token table sums
-// thousands of rows: 16-bit sums would lose the small ones), while the buckets of ArenaSync and
-// ShardSync travel as 16-bit messages (half the bytes), rounded at launch and widened back
-// when their collective is done. ExactSync's integer sums need no message type.
+// ArenaSync and ShardSync send each unit through Buckets (buckets.h) and its codecs: f32 by
+// default; in train.precision bf16 | fp16 the gradients stay f32 where they accumulate (a token
+// table sums thousands of rows: 16-bit sums would lose the small ones), while the units travel
+// as 16-bit messages (half the bytes), rounded at launch and widened back when their collective
+// is done; with compress.kind, as the kind's codec. ExactSync's integer sums need no codec.
 // Internal to the parallel area; built by the Engine.
 #pragma once
 
@@ -36,29 +37,14 @@ namespace tessel::parallel {
 // rank alone): with every element owned by exactly one rank, the global squared norm.
 double pieces_sq_norm(const Units& units, GradSync& sync, comm::Communicator* workers);
 
-// 16-bit message buffers of one bucket's size, reused (charged to communication buffers).
-class Messages {
- public:
-  Messages(DType type, int64_t numel) : type_(type), numel_(numel) {}
-  bool used() const { return type_ != DType::kF32; }
-  DType type() const { return type_; }
-  // A buffer holding n f32 values of src rounded to the message type.
-  Tensor take(const float* src, int64_t n);
-  void give(Tensor t) { free_.push_back(std::move(t)); }
-
- private:
-  DType type_;
-  int64_t numel_;
-  std::vector<Tensor> free_;
-};
-
 class ArenaSync final : public GradSync, public BlockHooks {
  public:
   enum class Reduction { kAllReduce, kReduceScatter };
   // dp: the ranks holding the same blocks (null or one rank: nothing to reduce); workers:
   // every training rank, for the norm (null: this rank alone).
+  // spec.scatter is set from reduction.
   ArenaSync(nn::Model& model, const Units& units, Reduction reduction, comm::Communicator* dp,
-            comm::Communicator* workers, bool async, DType message = DType::kF32);
+            comm::Communicator* workers, Buckets::Spec spec = {});
 
   void on_block(nn::Phase phase, size_t block, bool last) override;
   void reduce() override;
@@ -66,28 +52,27 @@ class ArenaSync final : public GradSync, public BlockHooks {
   float* grads(nn::Range r) override;
   void clear() override;
   void take_stats(RankStats& s) override;
+  std::vector<float> save_state() override { return buckets_.save_state(); }
+  void load_state(const std::vector<float>& state) override { buckets_.load_state(state); }
 
  private:
   void launch(int unit);
-  void launch_message(const Unit& u, float* g, const comm::CallOptions& call);
 
   const Units& units_;
-  Reduction reduction_;
   comm::Communicator* dp_;
   comm::Communicator* workers_;
   Tensor arena_;  // gradients of units_.span
   Buckets buckets_;
   std::vector<char> launched_;
-  Messages messages_;
 };
 
 class ShardSync final : public GradSync, public BlockHooks {
  public:
   // per_pass: reduce after every backward pass; false (a pipeline, whose micro-batches
   // interleave): keep a unit's bucket open through the step and reduce it after its last pass.
+  // spec.scatter is set.
   ShardSync(nn::Model& model, const Units& units, comm::Communicator& dp,
-            comm::Communicator* workers, bool async, bool per_pass,
-            DType message = DType::kF32);
+            comm::Communicator* workers, bool per_pass, Buckets::Spec spec);
 
   void on_block(nn::Phase phase, size_t block, bool last) override;
   void reduce() override;
@@ -95,23 +80,22 @@ class ShardSync final : public GradSync, public BlockHooks {
   float* grads(nn::Range r) override;
   void clear() override;
   void take_stats(RankStats& s) override;
+  std::vector<float> save_state() override { return buckets_.save_state(); }
+  void load_state(const std::vector<float>& state) override { buckets_.load_state(state); }
 
  private:
   void open(int unit);    // a zeroed bucket buffer becomes the unit's gradient memory
-  void launch(int unit);  // reduce-scatter the bucket, add this rank's piece into the shard
+  void launch(int unit);  // reduce the bucket, add this rank's piece into the shard
 
   nn::Model& model_;
   const Units& units_;
-  comm::Communicator& dp_;
   comm::Communicator* workers_;
   Tensor shard_;                     // this rank's pieces of the reduced gradient
-  std::vector<Tensor> free_;         // bucket buffers not in use
+  compress::BufferPool pool_;        // bucket buffers not in use
   std::vector<Tensor> open_;         // per unit: its bucket while in use
   std::vector<char> launched_;       // per unit: reduced into the shard in this step
-  int64_t bucket_numel_ = 0;
   bool per_pass_;
   Buckets buckets_;
-  Messages messages_;
 };
 
 class ExactSync final : public GradSync, public BlockHooks {

@@ -10,8 +10,6 @@
 // carries its index. Checkpoints are written by the servers, each its own range.
 #include "tessel/parallel/parameter_server.h"
 
-#include "compress/push_codec.h"
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -19,11 +17,13 @@
 #include <optional>
 #include <thread>
 
+#include "compress/push_codec.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
 #include "tessel/core/trace.h"
 #include "tessel/optim/schedule.h"
+#include "working_copy.h"
 
 namespace tessel::parallel {
 
@@ -234,6 +234,11 @@ void ParameterServer::await_replies(const char* what) {
     }
     k = -1;
     for (comm::Work& w : data) w.wait(deadline);
+    if (working_)
+      for (k = 0; k < servers(); ++k)
+        if (reply_[static_cast<size_t>(k)].has_data != 0)
+          working_->refresh(shard(k), params + shard(k).lo);
+    k = -1;
     for (comm::Work& w : sends_) w.wait(deadline);
     sends_.clear();
   } catch (const CommError& e) {
@@ -245,6 +250,11 @@ void ParameterServer::await_replies(const char* what) {
                         e.what()));
   }
   wait_s_ += now_seconds() - t0;
+}
+
+void ParameterServer::set_working(WorkingCopy* working) {
+  working_ = working;
+  working_->refresh({0, model_.arena_numel()}, values_.data<float>());
 }
 
 void ParameterServer::start(int64_t clock) {

@@ -23,7 +23,8 @@ void* WorkingCopy::at(nn::Range r) const {
 }
 
 void WorkingCopy::refresh(nn::Range r, const float* src) {
-  ops::convert(at(r), type_, src, DType::kF32, r.size());
+  const nn::Range in{std::max(r.lo, units_.span.lo), std::min(r.hi, units_.span.hi)};
+  if (in.lo < in.hi) ops::convert(at(in), type_, src + (in.lo - r.lo), DType::kF32, in.size());
 }
 
 }  // namespace tessel::parallel

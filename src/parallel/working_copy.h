@@ -1,5 +1,5 @@
 // WorkingCopy: train.precision = bf16 | fp16 with parameters held whole on this rank (zero.stage
-// 0-2, the shared-memory step, a parameter-server worker): a 16-bit copy of the f32 master
+// 0-2, the shared-memory step, a bf16 parameter-server worker): a 16-bit copy of the f32 master
 // values over the local units, which the blocks read (bound to the model in place of the
 // masters). The optimizer writes the pieces it updates while they are in cache
 // (optim::Segment::working); refresh() converts the rest after they arrive (all-gathers, the
@@ -21,7 +21,7 @@ class WorkingCopy {
   DType type() const { return type_; }
   // Where arena range r (inside the local units) of the copy lives.
   void* at(nn::Range r) const;
-  // The copy of range r from the f32 values at src.
+  // The copy of range r from the f32 values at src (the part of r inside the local units).
   void refresh(nn::Range r, const float* src);
 
  private:

@@ -2,11 +2,14 @@
 // codec's exchange on 2 and 4 ranks as threads against the plain sum, with the bytes the
 // transport counted within 5% of the codec's formula; error feedback conserves the gradient;
 // compressed data parallelism trains (fp16/bf16 close to f32; pipelined exchanges give the
-// blocking ones' bits), reports its bytes, and a resumed compressed run (data parallel, or
-// parameter-server top-k pushes) ends bit-identical to an uninterrupted one; parameter-server
-// pushes shrink to their messages; bad keys are clear errors.
+// blocking ones' bits), reports its bytes, and so does every layout compression composes with
+// (ZeRO-1/2, dp2 x pp2, tp2 x dp2, bf16/fp16 precision: within the codec's tolerance of the same
+// layout uncompressed, bytes within 5% of the formula); a resumed compressed run (data parallel,
+// ZeRO-2, or parameter-server top-k pushes) ends bit-identical to an uninterrupted one;
+// parameter-server pushes shrink to their messages; bad keys are clear errors.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
@@ -36,28 +39,31 @@ std::vector<float> random_vector(size_t n, uint32_t seed) {
 // Runs one codec's exchanges on `world` ranks as threads, each rank encoding gradient g(rank);
 // returns rank 0's decoded result and checks every rank decoded the same values and that the
 // bytes each rank's transport sent are within 5% of the formula.
-std::vector<float> exchange_on(int world, const std::function<std::unique_ptr<Codec>()>& make,
+using Pool = parallel::compress::BufferPool;
+
+std::vector<float> exchange_on(int world, const std::function<std::unique_ptr<Codec>(Pool&)>& make,
                                const std::function<std::vector<float>(int)>& g,
                                const std::vector<Segment>& segments, int64_t step = 0) {
   std::vector<std::vector<float>> out(static_cast<size_t>(world));
   comm::CommOptions options;
   options.thresholds.ring_min_bytes = 0;  // ring at every size: the formula's algorithm
-  comm::run_threads(world, [&](comm::Communicator& c) {
-    std::unique_ptr<Codec> codec = make();
-    std::vector<float> grad = g(c.rank());
-    const uint64_t before = c.transport().sent_bytes();
-    std::optional<Exchange> ex = codec->encode(grad.data(), {7, step, 3, c.rank(), world});
-    while (ex) {
-      if (ex->op == Exchange::Op::kAllreduce)
-        c.allreduce(ex->in, ex->count, ex->elem);
-      else
-        c.allgather(ex->in, ex->out, ex->count, ex->elem);
-      ex = codec->next(grad.data());
-    }
-    const double sent = static_cast<double>(c.transport().sent_bytes() - before);
-    EXPECT_NEAR(sent, codec->formula_bytes(world), 0.05 * codec->formula_bytes(world)) << world;
-    out[static_cast<size_t>(c.rank())] = grad;
-  }, options);
+  comm::run_threads(
+      world,
+      [&](comm::Communicator& c) {
+        Pool pool(static_cast<int64_t>(g(0).size()));  // the codec's message buffers
+        std::unique_ptr<Codec> codec = make(pool);
+        std::vector<float> grad = g(c.rank());
+        const uint64_t before = c.transport().sent_bytes();
+        std::optional<Exchange> ex = codec->encode(grad.data(), {7, step, 3, c.rank(), world});
+        while (ex) {
+          ex->start(c, false, {});
+          ex = codec->next(grad.data());
+        }
+        const double sent = static_cast<double>(c.transport().sent_bytes() - before);
+        EXPECT_NEAR(sent, codec->formula_bytes(world), 0.05 * codec->formula_bytes(world)) << world;
+        out[static_cast<size_t>(c.rank())] = grad;
+      },
+      options);
   for (int r = 1; r < world; ++r)  // the exchanged elements (the rest is each rank's own)
     for (const Segment& s : segments)
       for (int64_t i = s.offset; i < s.offset + s.numel(); ++i)
@@ -118,7 +124,9 @@ auto grad_of = [](int rank) { return random_vector(kBucket, 100 + rank); };
 TEST(Compress, HalfPrecisionCodecsSumClose) {
   for (int world : {2, 4})
     for (DType t : {DType::kF16, DType::kBF16}) {
-      const auto got = exchange_on(world, [&] { return parallel::compress::dense_codec(kSegments, t); }, grad_of, kSegments);
+      const auto got = exchange_on(
+          world, [&](Pool& pool) { return parallel::compress::dense_codec(kSegments, t, pool); },
+          grad_of, kSegments);
       const auto want = plain_sum(world, grad_of);
       const double tol = t == DType::kF16 ? 0.01 : 0.08;
       for (const Segment& s : kSegments)
@@ -130,7 +138,12 @@ TEST(Compress, HalfPrecisionCodecsSumClose) {
 TEST(Compress, Int8SumWithinOneStepPerRank) {
   CompressSpec spec;
   for (int world : {2, 4}) {
-    const auto got = exchange_on(world, [&] { return parallel::compress::make_codec(CompressKind::kInt8, kSegments, spec, 7, 3); }, grad_of, kSegments);
+    const auto got = exchange_on(
+        world,
+        [&](Pool& pool) {
+          return parallel::compress::make_codec(CompressKind::kInt8, kSegments, spec, 7, 3, pool);
+        },
+        grad_of, kSegments);
     const auto want = plain_sum(world, grad_of);
     double err = 0;
     for (const Segment& s : kSegments)
@@ -141,7 +154,13 @@ TEST(Compress, Int8SumWithinOneStepPerRank) {
       }
     EXPECT_LT(std::fabs(err) / kBucket, 0.01);  // unbiased: the errors cancel
     // Reproducible: the same key gives the same bits.
-    EXPECT_EQ(got, exchange_on(world, [&] { return parallel::compress::make_codec(CompressKind::kInt8, kSegments, spec, 7, 3); }, grad_of, kSegments));
+    EXPECT_EQ(got, exchange_on(
+                       world,
+                       [&](Pool& pool) {
+                         return parallel::compress::make_codec(CompressKind::kInt8, kSegments, spec,
+                                                               7, 3, pool);
+                       },
+                       grad_of, kSegments));
   }
 }
 
@@ -149,7 +168,12 @@ TEST(Compress, TopKSendsEachRanksLargestPairs) {
   CompressSpec spec;
   spec.ratio = 0.05;
   for (int world : {2, 4}) {
-    const auto got = exchange_on(world, [&] { return parallel::compress::make_codec(CompressKind::kTopk, kSegments, spec, 7, 3); }, grad_of, kSegments);
+    const auto got = exchange_on(
+        world,
+        [&](Pool& pool) {
+          return parallel::compress::make_codec(CompressKind::kTopk, kSegments, spec, 7, 3, pool);
+        },
+        grad_of, kSegments);
     std::vector<float> want(kBucket, 0.0f);
     for (int r = 0; r < world; ++r) {
       std::vector<float> flat;
@@ -170,7 +194,8 @@ TEST(Compress, TopKErrorFeedbackConservesTheGradient) {
   // One rank, 5 steps: what was sent plus the residual is every gradient summed.
   CompressSpec spec;
   spec.ratio = 0.02;
-  auto codec = parallel::compress::make_codec(CompressKind::kTopk, kSegments, spec, 7, 0);
+  Pool pool(kBucket);
+  auto codec = parallel::compress::make_codec(CompressKind::kTopk, kSegments, spec, 7, 0, pool);
   std::vector<double> sent(kBucket, 0.0), total(kBucket, 0.0);
   for (int step = 0; step < 5; ++step) {
     std::vector<float> g = random_vector(kBucket, 300 + step);
@@ -194,13 +219,19 @@ TEST(Compress, PowerSgdOfFullRankIsExactAndLowRankErrorIsKept) {
   spec.rank = 32;  // min(rows, cols) of the 32 x 40 matrix: the projection keeps everything
   const std::vector<Segment> segs = {{0, 64, 48}, {64 * 48 + 48, 32, 40}};
   for (int world : {2, 4}) {
-    const auto got = exchange_on(world, [&] { return parallel::compress::make_codec(CompressKind::kPowerSgd, {segs[1]}, spec, 7, 3); }, grad_of, {segs[1]});
+    const auto got = exchange_on(world,
+                                 [&](Pool& pool) {
+                                   return parallel::compress::make_codec(
+                                       CompressKind::kPowerSgd, {segs[1]}, spec, 7, 3, pool);
+                                 },
+                                 grad_of, {segs[1]});
     const auto want = plain_sum(world, grad_of);
     for (int64_t i = segs[1].offset; i < segs[1].offset + segs[1].numel(); ++i) ASSERT_NEAR(got[i], want[i], 1e-3) << i;
   }
   // Rank 2 on one rank: output + residual is the gradient (error feedback loses nothing).
   spec.rank = 2;
-  auto codec = parallel::compress::make_codec(CompressKind::kPowerSgd, {segs[0]}, spec, 7, 0);
+  Pool pool(kBucket);
+  auto codec = parallel::compress::make_codec(CompressKind::kPowerSgd, {segs[0]}, spec, 7, 0, pool);
   std::vector<float> g = random_vector(kBucket, 5), orig = g;
   std::optional<Exchange> ex = codec->encode(g.data(), {7, 0, 0, 0, 1});
   while (ex) ex = codec->next(g.data());
@@ -216,6 +247,9 @@ TEST(Compress, WorthCompressingLeavesVectorsAndSmallGains) {
   EXPECT_FALSE(worth_compressing(CompressKind::kFp16, {0, 1, 100}, spec, 2));  // a bias
   EXPECT_TRUE(worth_compressing(CompressKind::kInt8, {0, 10, 100}, spec, 4));
   EXPECT_FALSE(worth_compressing(CompressKind::kInt8, {0, 10, 100}, spec, 8));  // gathers too much
+  // Under ZeRO against the f32 reduce-scatter (half an all-reduce): int8 pays on 2 ranks only.
+  EXPECT_TRUE(worth_compressing(CompressKind::kInt8, {0, 10, 100}, spec, 2, true));
+  EXPECT_FALSE(worth_compressing(CompressKind::kInt8, {0, 10, 100}, spec, 4, true));
   spec.rank = 4;
   EXPECT_TRUE(worth_compressing(CompressKind::kPowerSgd, {0, 64, 48}, spec, 2));
   EXPECT_FALSE(worth_compressing(CompressKind::kPowerSgd, {0, 6, 6}, spec, 2));
@@ -247,13 +281,72 @@ TEST(Compress, TrainsAndReportsBytesWithinFivePercentOfTheFormula) {
         EXPECT_NEAR(c["bytes_per_step"].get<double>(), c["formula_bytes_per_step"].get<double>(),
                     0.05 * c["formula_bytes_per_step"].get<double>()) << kind << " on " << world;
         EXPECT_GT(c["ratio"].get<double>(), 1.2) << kind;
-        EXPECT_EQ(run.summary["engine"]["grad_sync"], "compress");
+        EXPECT_EQ(run.summary["engine"]["grad_sync"], "allreduce");
+        EXPECT_EQ(run.summary["engine"]["compress"], kind);
         const double tol = std::string(kind) == "fp16" ? 2e-3 : std::string(kind) == "bf16" ? 2e-2 : 1.0;
         EXPECT_LT(testing::max_rel_diff(plain.params, run.params), tol) << kind;
         EXPECT_GT(run.summary["test_accuracy"].get<double>(), 0.5) << kind;
       }
     }
   }
+}
+
+// Runs `kinds` on `world` ranks with `layout` and checks each against the same layout
+// uncompressed: parameters within the kind's tolerance, bytes within 5% of the formula, fewer
+// bytes than f32 (where the kind compresses anything on this layout), and it still learns.
+void expect_tracks_uncompressed(const std::vector<std::string>& layout, int world,
+                                const std::vector<std::string>& kinds, const std::string& sync) {
+  const auto plain = testing::train_on(small(layout), world);
+  for (const std::string& kind : kinds) {
+    std::vector<std::string> keys = layout;
+    keys.insert(keys.end(), {"compress.kind=" + kind, "compress.ratio=0.1"});
+    const auto run = testing::train_on(small(keys), world);
+    const std::string what = kind + " on " + std::to_string(world) + " ranks, " + layout.back();
+    const nlohmann::json& c = run.summary.at("compress");
+    EXPECT_NEAR(c["bytes_per_step"].get<double>(), c["formula_bytes_per_step"].get<double>(),
+                0.05 * c["formula_bytes_per_step"].get<double>())
+        << what;
+    EXPECT_GT(c["ratio"].get<double>(), 1.1) << what;  // topk 10% on 4 ranks: 1.16
+    EXPECT_EQ(run.summary["engine"]["grad_sync"], sync) << what;
+    // Against a bf16 run, whose own messages are bf16, fp16 messages differ by bf16's rounding.
+    const bool bf16 =
+        std::find(layout.begin(), layout.end(), "train.precision=bf16") != layout.end();
+    const double tol = kind == "fp16" && !bf16            ? 2e-3
+                       : kind == "fp16" || kind == "bf16" ? 2e-2
+                                                          : 1.0;
+    EXPECT_LT(testing::max_rel_diff(plain.params, run.params), tol) << what;
+    EXPECT_GT(run.summary["test_accuracy"].get<double>(), 0.5) << what;
+  }
+}
+
+TEST(Compress, ZeroStagesOneAndTwo) {
+  // int8 gathers 1.016n bytes per other rank: below f32's reduce-scatter on 2 ranks only.
+  for (const char* stage : {"zero.stage=1", "zero.stage=2"}) {
+    const std::string sync =
+        std::string(stage) == "zero.stage=1" ? "reduce_scatter" : "reduce_scatter_shard";
+    expect_tracks_uncompressed({"ddp.shared_memory=false", stage}, 2,
+                               {"fp16", "bf16", "int8", "topk", "powersgd"}, sync);
+    expect_tracks_uncompressed({"ddp.shared_memory=false", stage}, 4, {"fp16", "topk", "powersgd"},
+                               sync);
+  }
+}
+
+TEST(Compress, ComposesWithPipelinesTensorParallelismAndSixteenBitPrecision) {
+  // A 16-bit precision run's exchange is the codec's alone: its bytes are the formula's.
+  expect_tracks_uncompressed({"pp.stages=2"}, 4, {"int8", "powersgd"}, "allreduce");  // dp2 x pp2
+  expect_tracks_uncompressed({"tp.size=2"}, 4, {"int8", "topk", "powersgd"},
+                             "allreduce");  // tp2 x dp2
+  expect_tracks_uncompressed({"train.precision=bf16"}, 2, {"fp16", "int8", "topk", "powersgd"},
+                             "allreduce");
+  expect_tracks_uncompressed({"train.precision=bf16", "zero.stage=2"}, 2, {"int8", "powersgd"},
+                             "reduce_scatter_shard");
+  expect_tracks_uncompressed({"train.precision=fp16"}, 2, {"int8"}, "allreduce");
+}
+
+TEST(Compress, SixteenBitKindsReduceScatterWholeUnitsUnderZero) {
+  // Half the bytes of the f32 reduce-scatter, biases included.
+  const auto run = testing::train_on(small({"zero.stage=2", "compress.kind=bf16"}), 4);
+  EXPECT_NEAR(run.summary["compress"]["ratio"].get<double>(), 2.0, 0.01);
 }
 
 // An uninterrupted run of cfg on `workers` ranks, and one stopped after 7 steps and resumed.
@@ -271,8 +364,11 @@ std::pair<testing::RunResult, testing::RunResult> whole_and_resumed(const train:
 }
 
 TEST(Compress, ResumedRunEndsBitIdentical) {
-  for (const char* kind : {"topk", "powersgd", "int8"}) {
-    const train::Config cfg = small({str("compress.kind=", kind), "compress.start_step=3"});
+  for (const char* kind : {"topk", "powersgd", "int8", "zero2_powersgd"}) {
+    const bool zero = std::string(kind) == "zero2_powersgd";
+    const train::Config cfg =
+        small({zero ? "compress.kind=powersgd" : str("compress.kind=", kind),
+               "compress.start_step=3", zero ? "zero.stage=2" : "zero.stage=0"});
     const auto [whole, resumed] = whole_and_resumed(cfg, 2, str("compress_resume_", kind));
     EXPECT_EQ(resumed.summary["steps"], 20);
     EXPECT_EQ(resumed.params, whole.params) << kind;
@@ -323,9 +419,14 @@ TEST(Compress, BadConfigsAreClearErrors) {
   EXPECT_NE(error_of({"compress.kind=topk", "compress.ratio=0"}).find("compress.ratio"), std::string::npos);
   EXPECT_NE(error_of({"compress.kind=topk", "compress.ratio=0.9"}).find("(0, 0.5]"), std::string::npos);
   EXPECT_NE(error_of({"compress.kind=powersgd", "compress.rank=0"}).find("compress.rank"), std::string::npos);
-  EXPECT_NE(error_of({"compress.kind=int8", "zero.stage=2"}).find("zero.stage = 0"), std::string::npos);
+  EXPECT_NE(error_of({"compress.kind=int8", "zero.stage=3"}).find("zero.stage = 2"),
+            std::string::npos);
   EXPECT_NE(error_of({"compress.kind=int8", "train.deterministic=true"}).find("deterministic"), std::string::npos);
-  EXPECT_NE(error_of({"compress.kind=fp16", "train.precision=bf16"}).find("fp32"), std::string::npos);
+  EXPECT_NE(
+      error_of({"compress.kind=powersgd", "train.precision=fp16"}).find("train.precision = bf16"),
+      std::string::npos);
+  EXPECT_NE(error_of({"compress.kind=topk", "train.precision=fp16"}).find("error_feedback = false"),
+            std::string::npos);
   EXPECT_NE(error_of({"compress.kind=topk", "compress.start_step=-1"}).find("start_step"), std::string::npos);
   EXPECT_NE(error_of({"compress.kind=powersgd", "ps.servers=1"}, 3).find("parameter-server"), std::string::npos);
 }

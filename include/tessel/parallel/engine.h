@@ -49,7 +49,6 @@ class ReplicatedStore;
 class ShardedStore;
 class WorkingCopy;
 class TpGroup;
-class CompressSync;
 
 // What a rank holds of the model's state, as checkpoints see it.
 struct StateView {
@@ -165,7 +164,6 @@ class Engine {
   PipelineExecutor* pipeline_ = nullptr;  // executor_ when a pipeline
   Units units_, scale_buckets_;
   std::unique_ptr<GradSync> sync_owner_;
-  CompressSync* compress_ = nullptr;  // compress.kind != none: the sync, whose state is saved
   std::unique_ptr<ParamStore> store_owner_;
   GradSync* sync_ = nullptr;
   ParamStore* store_ = nullptr;

@@ -10,6 +10,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "tessel/nn/model.h"
 #include "tessel/parallel/stats.h"
@@ -38,6 +39,11 @@ class GradSync {
   virtual void clear() = 0;
   // Adds this part's measurements since the last call and resets them.
   virtual void take_stats(RankStats& s) = 0;
+  // State that must survive a checkpoint (compression residuals, PowerSGD's Q) as one vector,
+  // its length first; empty (the default) when there is none.
+  virtual std::vector<float> save_state() { return {}; }
+  // Restores save_state()'s vector; throws IoError when it does not fit this layout.
+  virtual void load_state(const std::vector<float>& state) { (void)state; }
 };
 
 }  // namespace tessel::parallel

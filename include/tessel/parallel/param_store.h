@@ -1,8 +1,9 @@
 // ParamStore: where this rank's parameter values live and which elements its optimizer
 // updates. Replicated (zero.stage 0-2: every dp rank holds the values of its blocks; 1 and 2
 // update their pieces and all-gather them), sharded (3: a rank holds only its pieces and
-// gathers a unit for the blocks that read it), shared (ZeRO-1 on one host: one copy in shared
-// memory), or remote (a parameter-server worker: the servers update, the worker pulls).
+// gathers a unit for the blocks that read it), or shared (ZeRO-1 on one host: one copy in shared
+// memory). A parameter-server worker has no store: ParameterServer (parameter_server.h) holds
+// its values, pushes its gradients and pulls the servers' updates itself.
 // Ranges are arena element ranges (units.h); the optimizer's state follows update_ranges() in
 // order, so state_offset() maps a range to its state.
 #pragma once

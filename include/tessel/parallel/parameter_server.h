@@ -32,6 +32,7 @@ namespace tessel::parallel {
 namespace compress {
 class PushCodec;
 }  // namespace compress
+class WorkingCopy;
 
 class ParameterServer {
  public:
@@ -79,6 +80,9 @@ class ParameterServer {
   void before_eval(int64_t step);
   // Worker: the step: clip this worker's gradient (from sync) and push it, pull new values.
   void push(GradSync& sync, float clip_norm, int64_t step);
+  // Worker, train.precision = bf16: the 16-bit copy the blocks read, refreshed from the f32
+  // values now and after every pull that brings new ones.
+  void set_working(WorkingCopy* working);
   // Checkpoints: a server owns its range; a worker nothing (it pulls after a restore).
   StateView state();
   // Worker: what its compressed pushes carry from step to step (the top-k residual of each
@@ -166,6 +170,7 @@ class ParameterServer {
   std::vector<nn::Range> shards_;
   ServerShard server_;  // server ranks
   Tensor values_;       // worker ranks: the whole model
+  WorkingCopy* working_ = nullptr;  // worker ranks, bf16: what the blocks read
   uint64_t seed_ = 0;
   // compress.kind != none, workers: one codec per server's shard (its top-k residual)
   std::vector<std::unique_ptr<compress::PushCodec>> codecs_;

@@ -8,6 +8,7 @@
 
 #include "tessel/comm/algorithms.h"
 #include "tessel/core/error.h"
+#include "tessel/core/memory.h"
 #include "tessel/core/rng.h"
 #include "tessel/ops/cpu.h"
 
@@ -38,31 +39,74 @@ double allreduce_bytes(double bytes, int world) { return 2.0 * (world - 1) / wor
 
 class DenseCodec final : public Codec {
  public:
-  DenseCodec(std::vector<Segment> segments, DType type)
-      : segments_(std::move(segments)), type_(type), n_(total_numel(segments_)),
-        flat_(static_cast<size_t>(n_)), msg_(static_cast<size_t>(n_) * dtype_size(type)) {}
+  DenseCodec(std::vector<Segment> segments, DType type, BufferPool& pool,
+             std::optional<Scatter> scatter)
+      : segments_(std::move(segments)),
+        type_(type),
+        n_(total_numel(segments_)),
+        pool_(pool),
+        scatter_(std::move(scatter)) {
+    whole_ = segments_.size() == 1 && segments_[0].offset == 0;
+    TESSEL_CHECK(!scatter_ || whole_, "dense codec: a reduce-scatter sends one whole unit");
+    if (scatter_)
+      for (int r = 0; r < scatter_->rank; ++r)
+        own_lo_ += static_cast<int64_t>(scatter_->blocks[static_cast<size_t>(r)]);
+  }
 
-  Exchange encode(const float* g, const CodecKey&) override {
-    pack(segments_, g, flat_.data());
-    ops::convert(msg_.data(), type_, flat_.data(), DType::kF32, n_);
-    return {Exchange::Op::kAllreduce, msg_.data(), nullptr, static_cast<size_t>(n_),
-            comm::elem_type(type_)};
+  Exchange encode(float* g, const CodecKey&) override {
+    void* msg = g;  // f32 over the whole unit: in place
+    if (!whole_ || type_ != DType::kF32) {
+      msg_ = pool_.take(type_);
+      char* at = static_cast<char*>(msg_.raw());
+      for (const Segment& s : segments_) {
+        ops::convert(at, type_, g + s.offset, DType::kF32, s.numel());
+        at += static_cast<size_t>(s.numel()) * dtype_size(type_);
+      }
+      msg = msg_.raw();
+    }
+    const comm::ElemType elem = comm::elem_type(type_);
+    Exchange ex{Exchange::Op::kAllreduce, msg, nullptr, static_cast<size_t>(n_), elem};
+    if (scatter_) {  // this rank's block, in place
+      ex.op = Exchange::Op::kReduceScatter;
+      ex.out = at(msg, own_lo_);
+      ex.blocks = &scatter_->blocks;
+    }
+    return ex;
   }
   std::optional<Exchange> next(float* g) override {
-    ops::convert(flat_.data(), DType::kF32, msg_.data(), type_, n_);
-    unpack(segments_, flat_.data(), g);
+    if (!msg_.defined()) return std::nullopt;  // summed in place
+    if (scatter_) {
+      ops::convert(g + own_lo_, DType::kF32, at(msg_.raw(), own_lo_), type_,
+                   static_cast<int64_t>(scatter_->blocks[static_cast<size_t>(scatter_->rank)]));
+    } else {
+      int64_t i = 0;
+      for (const Segment& s : segments_) {
+        ops::convert(g + s.offset, DType::kF32, at(msg_.raw(), i), type_, s.numel());
+        i += s.numel();
+      }
+    }
+    pool_.give(std::move(msg_));
+    msg_ = Tensor();
     return std::nullopt;
   }
   double formula_bytes(int world) const override {
-    return allreduce_bytes(static_cast<double>(n_ * static_cast<int64_t>(dtype_size(type_))), world);
+    const double b = static_cast<double>(n_ * static_cast<int64_t>(dtype_size(type_)));
+    return scatter_ ? (world - 1.0) / world * b : allreduce_bytes(b, world);
   }
 
  private:
+  void* at(void* msg, int64_t i) const {
+    return static_cast<char*>(msg) + static_cast<size_t>(i) * dtype_size(type_);
+  }
+
   std::vector<Segment> segments_;
   DType type_;
   int64_t n_;
-  std::vector<float> flat_;
-  std::vector<char> msg_;
+  BufferPool& pool_;
+  std::optional<Scatter> scatter_;
+  bool whole_ = false;
+  int64_t own_lo_ = 0;  // scatter: this rank's block's first element
+  Tensor msg_;          // the message while it travels (none: in place)
 };
 
 // ---- Int8Codec ----
@@ -74,7 +118,7 @@ class Int8Codec final : public Codec {
       : segments_(std::move(segments)), n_(total_numel(segments_)), flat_(static_cast<size_t>(n_)),
         msg_(static_cast<size_t>(int8_message_bytes(n_))) {}
 
-  Exchange encode(const float* g, const CodecKey& key) override {
+  Exchange encode(float* g, const CodecKey& key) override {
     world_ = key.world;
     pack(segments_, g, flat_.data());
     int8_encode(flat_.data(), n_, key, msg_.data());
@@ -110,7 +154,7 @@ class TopkCodec final : public Codec {
     if (error_feedback) residual_.assign(static_cast<size_t>(n_), 0.0f);
   }
 
-  Exchange encode(const float* g, const CodecKey& key) override {
+  Exchange encode(float* g, const CodecKey& key) override {
     world_ = key.world;
     pack(segments_, g, flat_.data());
     topk_encode(flat_.data(), n_, k_, residual_.empty() ? nullptr : residual_.data(), msg_.data());
@@ -160,7 +204,7 @@ class PowerSgdCodec final : public Codec {
     for (int64_t i = 0; i < q_numel_; ++i) state_[static_cast<size_t>(i)] = rng.normal(static_cast<uint64_t>(i));
   }
 
-  Exchange encode(const float* g, const CodecKey& key) override;
+  Exchange encode(float* g, const CodecKey& key) override;
   std::optional<Exchange> next(float* g) override;
   int phases() const override { return 2; }
   double formula_bytes(int world) const override {
@@ -181,7 +225,7 @@ class PowerSgdCodec final : public Codec {
   std::vector<float> state_, p_, qmsg_, m_;  // m_: each matrix plus its residual
 };
 
-Exchange PowerSgdCodec::encode(const float* g, const CodecKey&) {
+Exchange PowerSgdCodec::encode(float* g, const CodecKey&) {
   float* m = m_.data();
   for (size_t i = 0; i < segments_.size(); ++i) {
     const Segment& s = segments_[i];
@@ -281,9 +325,49 @@ double Exchange::bytes(int world, comm::Algorithm algo) const {
   const size_t n = count * comm::elem_size(elem);
   const double b = static_cast<double>(n);
   if (op == Op::kAllgather) return static_cast<double>(world - 1) * b;
+  if (op == Op::kReduceScatter) return (world - 1.0) / world * b;
   if (algo == comm::Algorithm::kHalvingDoubling && n <= comm::kWholeDoublingMaxBytes && world > 1)
     return std::log2(static_cast<double>(world)) * b;
   return allreduce_bytes(b, world);
+}
+
+comm::OpKind Exchange::kind() const {
+  if (op == Op::kAllgather) return comm::OpKind::kAllgather;
+  return op == Op::kReduceScatter ? comm::OpKind::kReduceScatter : comm::OpKind::kAllreduce;
+}
+
+comm::Work Exchange::start(comm::Communicator& dp, bool async,
+                           const comm::CallOptions& call) const {
+  const comm::ReduceOp sum = comm::ReduceOp::kSum;
+  switch (op) {
+    case Op::kAllreduce:
+      if (async) return dp.allreduce_async(in, count, elem, sum, call);
+      dp.allreduce(in, count, elem, sum, call);
+      break;
+    case Op::kAllgather: {
+      if (async)
+        return dp.allgather_async(
+            in, out, std::vector<size_t>(static_cast<size_t>(dp.size()), count), elem, call);
+      dp.allgather(in, out, count, elem, call);
+      break;
+    }
+    case Op::kReduceScatter:
+      if (async) return dp.reduce_scatter_async(in, out, *blocks, elem, sum, call);
+      dp.reduce_scatter(in, out, *blocks, elem, sum, call);
+      break;
+  }
+  return comm::Work();
+}
+
+Tensor BufferPool::take(DType type) {
+  for (size_t i = free_.size(); i-- > 0;)
+    if (free_[i].dtype() == type) {
+      Tensor t = std::move(free_[i]);
+      free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
+      return t;
+    }
+  MemoryScope scope(MemCategory::kComm);
+  return Tensor::zeros({std::max<int64_t>(numel_, 1)}, type);
 }
 
 int8_t quantize_int8(float x, float inv_scale, float u) {
@@ -329,9 +413,11 @@ void orthonormalize_columns(float* a, int64_t rows, int64_t cols) {
   }
 }
 
-bool worth_compressing(CompressKind kind, const Segment& s, const CompressSpec& spec, int world) {
+bool worth_compressing(CompressKind kind, const Segment& s, const CompressSpec& spec, int world,
+                       bool scatter) {
   if (s.rows < 2 || s.cols < 2) return false;
-  const double n = static_cast<double>(s.numel()), f32 = allreduce_bytes(4 * n, world);
+  const double n = static_cast<double>(s.numel());
+  const double f32 = scatter ? (world - 1.0) / world * 4 * n : allreduce_bytes(4 * n, world);
   switch (kind) {
     case CompressKind::kFp16:
     case CompressKind::kBf16:
@@ -341,24 +427,26 @@ bool worth_compressing(CompressKind kind, const Segment& s, const CompressSpec& 
     case CompressKind::kTopk:
       return (world - 1) * 8.0 * static_cast<double>(topk_count(s.numel(), spec.ratio)) < f32;
     case CompressKind::kPowerSgd:
-      return spec.rank * (s.rows + s.cols) < s.numel();
+      return allreduce_bytes(4.0 * static_cast<double>(spec.rank * (s.rows + s.cols)), world) < f32;
     case CompressKind::kNone:
       return false;
   }
   return false;
 }
 
-std::unique_ptr<Codec> dense_codec(std::vector<Segment> segments, DType type) {
-  return std::make_unique<DenseCodec>(std::move(segments), type);
+std::unique_ptr<Codec> dense_codec(std::vector<Segment> segments, DType type, BufferPool& pool,
+                                   std::optional<Scatter> scatter) {
+  return std::make_unique<DenseCodec>(std::move(segments), type, pool, std::move(scatter));
 }
 
 std::unique_ptr<Codec> make_codec(CompressKind kind, std::vector<Segment> segments,
-                                  const CompressSpec& spec, uint64_t seed, int unit) {
+                                  const CompressSpec& spec, uint64_t seed, int unit,
+                                  BufferPool& pool) {
   switch (kind) {
     case CompressKind::kFp16:
-      return dense_codec(std::move(segments), DType::kF16);
+      return dense_codec(std::move(segments), DType::kF16, pool);
     case CompressKind::kBf16:
-      return dense_codec(std::move(segments), DType::kBF16);
+      return dense_codec(std::move(segments), DType::kBF16, pool);
     case CompressKind::kInt8:
       return std::make_unique<Int8Codec>(std::move(segments));
     case CompressKind::kTopk:
@@ -369,7 +457,7 @@ std::unique_ptr<Codec> make_codec(CompressKind kind, std::vector<Segment> segmen
     case CompressKind::kNone:
       break;
   }
-  return dense_codec(std::move(segments), DType::kF32);
+  return dense_codec(std::move(segments), DType::kF32, pool);
 }
 
 }  // namespace tessel::parallel::compress

@@ -9,7 +9,7 @@ packages=(
   dataset-fashion-mnist fortunes python3-torch python3-numpy
   iproute2 iperf3 libcpp-httplib-dev wrk
   python3-matplotlib python3-protobuf protobuf-compiler libprotobuf-dev libssl-dev libisal-dev
-  chromium tmux
+  chromium tmux clang-format
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -18,11 +18,11 @@
 #include <string>
 #include <vector>
 
-#include "tessel/ops/isa.h"
 #include "fma_peak.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/rng.h"
 #include "tessel/ops/cpu.h"
+#include "tessel/ops/isa.h"
 
 using namespace tessel;
 

@@ -13,10 +13,10 @@
 #include <string>
 #include <vector>
 
-#include "tessel/ops/isa.h"
 #include "fma_peak.h"
 #include "tessel/core/clock.h"
 #include "tessel/ops/cpu.h"
+#include "tessel/ops/isa.h"
 
 using namespace tessel;
 
@@ -119,8 +119,8 @@ int main(int argc, char** argv) {
     for (int64_t i = 0; i < np; ++i) dyp[i] = static_cast<float>((i * 17) % 89) * 1e-3f - 0.04f;
     std::vector<float> pscratch(ops::conv2d_relu_maxpool_scratch_floats(s, 2, 2));
     const auto pfwd = time_calls(repeats, [&] {
-      ops::conv2d_relu_maxpool_forward(yp.data(), argmax.data(), x.data(), w.data(), b.data(), s,
-                                       2, 2, pscratch.data());
+      ops::conv2d_relu_maxpool_forward(yp.data(), argmax.data(), x.data(), w.data(), b.data(), s, 2,
+                                       2, pscratch.data());
     });
     float* pdx = std::string(l.name) == "conv1" ? nullptr : dx.data();  // as in training
     const auto pbwd = time_calls(repeats, [&] {

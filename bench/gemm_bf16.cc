@@ -13,17 +13,16 @@
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "tessel/ops/isa.h"
 #include "fma_peak.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/rng.h"
 #include "tessel/ops/cpu.h"
+#include "tessel/ops/isa.h"
 
 using namespace tessel;
 
@@ -110,10 +109,14 @@ int main(int argc, char** argv) {
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (i + 1 < argc && a == "--rounds") rounds = std::stoi(argv[++i]);
-    else if (i + 1 < argc && a == "--calls") calls = std::stoi(argv[++i]);
-    else if (i + 1 < argc && a == "--models") models = split(argv[++i]);
-    else if (i + 1 < argc && a == "--json") json_path = argv[++i];
+    if (i + 1 < argc && a == "--rounds")
+      rounds = std::stoi(argv[++i]);
+    else if (i + 1 < argc && a == "--calls")
+      calls = std::stoi(argv[++i]);
+    else if (i + 1 < argc && a == "--models")
+      models = split(argv[++i]);
+    else if (i + 1 < argc && a == "--json")
+      json_path = argv[++i];
     else {
       std::fprintf(stderr, "usage: gemm_bf16 [--rounds R] [--calls C] [--models a,b] [--json F]\n");
       return a == "--help" ? 0 : 2;
@@ -127,8 +130,7 @@ int main(int argc, char** argv) {
   std::printf("measured peaks, 1 core: fp32 vfmadd %.1f GFLOP/s, bf16 vdpbf16ps %.1f GFLOP/s\n",
               fma_peak, bf16_peak);
   std::printf("%-12s %-18s %5s %5s %5s | %7s %7s %6s | %7s %7s | GFLOP/s, medians of %d rounds\n",
-              "model", "gemm", "M", "N", "K", "fp32", "bf16", "ratio", "fp16", "fp16/32",
-              rounds);
+              "model", "gemm", "M", "N", "K", "fp32", "bf16", "ratio", "fp16", "fp16/32", rounds);
   nlohmann::json out = nlohmann::json::array();
   for (const Shape& s : shapes()) {
     if (std::find(models.begin(), models.end(), s.model) == models.end()) continue;
@@ -136,7 +138,8 @@ int main(int argc, char** argv) {
     const int64_t lda = s.ta ? s.M : s.K, ldb = s.tb ? s.K : s.N;
     // fp32: every operand f32. bf16: the layers' types. fp16: f16 where bf16 has bf16.
     auto f16 = [](DType t) { return t == DType::kBF16 ? DType::kF16 : t; };
-    const std::vector<uint16_t> a32 = buffer(a_n, DType::kF32, 1), b32 = buffer(b_n, DType::kF32, 2);
+    const std::vector<uint16_t> a32 = buffer(a_n, DType::kF32, 1),
+                                b32 = buffer(b_n, DType::kF32, 2);
     const std::vector<uint16_t> a_h = buffer(a_n, s.a, 1), b_h = buffer(b_n, s.b, 2);
     const std::vector<uint16_t> a_f = buffer(a_n, f16(s.a), 1), b_f = buffer(b_n, f16(s.b), 2);
     std::vector<uint16_t> c32 = buffer(c_n, DType::kF32, 3), c_h = buffer(c_n, s.c, 3);
@@ -146,10 +149,12 @@ int main(int argc, char** argv) {
     const float* A32 = reinterpret_cast<const float*>(a32.data());
     const float* B32 = reinterpret_cast<const float*>(b32.data());
     float* C32 = reinterpret_cast<float*>(c32.data());
-    auto fp32 = [&] { ops::gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A32, lda, B32, ldb, s.beta, C32, s.N); };
+    auto fp32 = [&] {
+      ops::gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, A32, lda, B32, ldb, s.beta, C32, s.N);
+    };
     auto bf16 = [&] {
-      ops::gemm_lowp(s.ta, s.tb, s.M, s.N, s.K, 1.0f, {a_h.data(), s.a, lda}, {b_h.data(), s.b, ldb},
-                     s.beta, {c_h.data(), s.c, s.N});
+      ops::gemm_lowp(s.ta, s.tb, s.M, s.N, s.K, 1.0f, {a_h.data(), s.a, lda},
+                     {b_h.data(), s.b, ldb}, s.beta, {c_h.data(), s.c, s.N});
     };
     auto fp16 = [&] {
       ops::gemm_lowp(s.ta, s.tb, s.M, s.N, s.K, 1.0f, {a_f.data(), f16(s.a), lda},
@@ -159,7 +164,8 @@ int main(int argc, char** argv) {
       ops::convert(wa.data(), DType::kF32, a_f.data(), f16(s.a), a_n);
       ops::convert(wb.data(), DType::kF32, b_f.data(), f16(s.b), b_n);
       if (s.beta != 0) ops::convert(wc.data(), DType::kF32, c_f.data(), f16(s.c), c_n);
-      ops::gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, wa.data(), lda, wb.data(), ldb, s.beta, wc.data(), s.N);
+      ops::gemm(s.ta, s.tb, s.M, s.N, s.K, 1.0f, wa.data(), lda, wb.data(), ldb, s.beta, wc.data(),
+                s.N);
       ops::convert(c_f.data(), f16(s.c), wc.data(), DType::kF32, c_n);
     };
     const double flop = 2.0 * static_cast<double>(s.M * s.N * s.K);
@@ -177,10 +183,17 @@ int main(int argc, char** argv) {
                 static_cast<long long>(s.N), static_cast<long long>(s.K), a.med, b.med, q.med,
                 h.med, hf.med);
     std::fflush(stdout);
-    out.push_back({{"model", s.model}, {"gemm", s.name}, {"M", s.M}, {"N", s.N}, {"K", s.K},
-                   {"fp32_gflops", {a.med, a.lo, a.hi}}, {"bf16_gflops", {b.med, b.lo, b.hi}},
-                   {"ratio", {q.med, q.lo, q.hi}}, {"fp16_gflops", {h.med, h.lo, h.hi}},
-                   {"fp16_via_fp32_gflops", {hf.med, hf.lo, hf.hi}}, {"fma_peak", fma_peak},
+    out.push_back({{"model", s.model},
+                   {"gemm", s.name},
+                   {"M", s.M},
+                   {"N", s.N},
+                   {"K", s.K},
+                   {"fp32_gflops", {a.med, a.lo, a.hi}},
+                   {"bf16_gflops", {b.med, b.lo, b.hi}},
+                   {"ratio", {q.med, q.lo, q.hi}},
+                   {"fp16_gflops", {h.med, h.lo, h.hi}},
+                   {"fp16_via_fp32_gflops", {hf.med, hf.lo, hf.hi}},
+                   {"fma_peak", fma_peak},
                    {"bf16_peak", bf16_peak}});
   }
   if (!json_path.empty()) std::ofstream(json_path) << out.dump(2) << "\n";

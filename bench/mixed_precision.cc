@@ -11,16 +11,15 @@
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "tessel/ops/isa.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/log.h"
 #include "tessel/ops/cpu.h"
+#include "tessel/ops/isa.h"
 #include "tessel/train/trainer.h"
 
 using namespace tessel;
@@ -117,8 +116,11 @@ nlohmann::json measure(const std::string& model, const std::vector<std::string>&
                 v.precision.c_str(), v.recompute.c_str(), rate, ratio, v.peak_activations,
                 100.0 * v.peak_activations / vs[0].peak_activations);
     std::fflush(stdout);
-    out.push_back({{"model", model}, {"precision", v.precision}, {"recompute", v.recompute},
-                   {"samples_per_second", rate}, {"ratio_to_first", ratio},
+    out.push_back({{"model", model},
+                   {"precision", v.precision},
+                   {"recompute", v.recompute},
+                   {"samples_per_second", rate},
+                   {"ratio_to_first", ratio},
                    {"ratio_min", *std::min_element(v.ratios.begin(), v.ratios.end())},
                    {"ratio_max", *std::max_element(v.ratios.begin(), v.ratios.end())},
                    {"peak_activation_bytes", v.peak_activations}});
@@ -132,8 +134,8 @@ int main(int argc, char** argv) {
   std::printf("isa: %s\n", tessel::ops::isa_description().c_str());  // CPU and ISA level
   int steps = 20, rounds = 5;
   std::vector<std::string> models = {"fashion_mlp", "char_gpt"};
-  std::vector<std::string> variants = {"fp32/none", "bf16/none", "fp16/none",
-                                       "fp32/full", "fp32/selective"};
+  std::vector<std::string> variants = {"fp32/none", "bf16/none", "fp16/none", "fp32/full",
+                                       "fp32/selective"};
   std::string json_path;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
@@ -144,11 +146,16 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--steps") steps = std::stoi(next());
-    else if (a == "--rounds") rounds = std::stoi(next());
-    else if (a == "--models") models = split(next(), ',');
-    else if (a == "--variants") variants = split(next(), ',');
-    else if (a == "--json") json_path = next();
+    if (a == "--steps")
+      steps = std::stoi(next());
+    else if (a == "--rounds")
+      rounds = std::stoi(next());
+    else if (a == "--models")
+      models = split(next(), ',');
+    else if (a == "--variants")
+      variants = split(next(), ',');
+    else if (a == "--json")
+      json_path = next();
     else {
       std::fprintf(stderr,
                    "usage: mixed_precision [--steps N] [--rounds R] [--models a,b] "

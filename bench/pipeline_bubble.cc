@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "tessel/ops/isa.h"
 #include "pipeline_testing.h"
 #include "tessel/comm/threads.h"
+#include "tessel/ops/isa.h"
 #include "tessel/optim/optimizer.h"
 #include "tessel/parallel/engine.h"
 #include "tessel/parallel/pipeline.h"
@@ -52,10 +52,11 @@ Result measure(int P, int m, const std::string& schedule, double forward_ms, int
     const std::vector<parallel::RankStats> stats = engine.take_stats(0);
     const parallel::PipelineExecutor& pipe = *engine.pipeline();
     res.trace[pipe.stage()] = pipe.trace();
-    res.peak_bytes[pipe.stage()] =
-        stats[static_cast<size_t>(c.rank())].mem_peak[static_cast<size_t>(MemCategory::kActivations)];
+    res.peak_bytes[pipe.stage()] = stats[static_cast<size_t>(c.rank())]
+                                       .mem_peak[static_cast<size_t>(MemCategory::kActivations)];
     double bubble = 0;
-    for (const parallel::RankStats& s : stats) bubble += 1.0 - (s.forward_s + s.backward_s) / s.schedule_s;
+    for (const parallel::RankStats& s : stats)
+      bubble += 1.0 - (s.forward_s + s.backward_s) / s.schedule_s;
     if (c.rank() == 0) res.measured = bubble / P;
   });
   return res;

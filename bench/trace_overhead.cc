@@ -11,13 +11,13 @@
 #include <string>
 #include <vector>
 
-#include "tessel/ops/isa.h"
 #include "tessel/comm/threads.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/log.h"
 #include "tessel/core/memory.h"
 #include "tessel/core/trace.h"
 #include "tessel/ops/cpu.h"
+#include "tessel/ops/isa.h"
 #include "tessel/train/trainer.h"
 
 using namespace tessel;
@@ -37,12 +37,17 @@ int main(int argc, char** argv) {
   std::string config = std::string(TESSEL_SOURCE_DIR) + "/examples/fashion_mlp.toml";
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string a = argv[i];
-    if (a == "--rounds") rounds = std::stoi(argv[i + 1]);
-    else if (a == "--steps") steps = std::stoi(argv[i + 1]);
-    else if (a == "--workers") workers = std::stoi(argv[i + 1]);
-    else if (a == "--config") config = argv[i + 1];
+    if (a == "--rounds")
+      rounds = std::stoi(argv[i + 1]);
+    else if (a == "--steps")
+      steps = std::stoi(argv[i + 1]);
+    else if (a == "--workers")
+      workers = std::stoi(argv[i + 1]);
+    else if (a == "--config")
+      config = argv[i + 1];
     else {
-      std::fprintf(stderr, "usage: trace_overhead [--rounds R] [--steps N] [--workers W] [--config F]\n");
+      std::fprintf(stderr,
+                   "usage: trace_overhead [--rounds R] [--steps N] [--workers W] [--config F]\n");
       return 2;
     }
   }
@@ -93,9 +98,9 @@ int main(int argc, char** argv) {
   const double on = median(on_sps), off = median(off_sps);
   std::printf("trace_overhead: %s, %d workers, batch 128, %d rounds of %d steps each way\n",
               config.c_str(), workers, rounds, steps);
-  std::printf("tracing off: %.0f samples/s (median)\ntracing on:  %.0f samples/s (median), %zu "
-              "events recorded on rank 0 (%.1f per step)\noverhead: %.2f%%\n",
-              off, on, events, static_cast<double>(events) / (rounds * steps),
-              100.0 * (off - on) / off);
+  std::printf(
+      "tracing off: %.0f samples/s (median)\ntracing on:  %.0f samples/s (median), %zu "
+      "events recorded on rank 0 (%.1f per step)\noverhead: %.2f%%\n",
+      off, on, events, static_cast<double>(events) / (rounds * steps), 100.0 * (off - on) / off);
   return 0;
 }

@@ -14,17 +14,16 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
-#include "tessel/ops/isa.h"
 #include "fma_peak.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/log.h"
 #include "tessel/ops/cpu.h"
+#include "tessel/ops/isa.h"
 #include "tessel/train/trainer.h"
 
 using namespace tessel;
@@ -61,8 +60,8 @@ Measure measure(const std::string& example, int threads, int steps, int repeats)
   // The Fashion-MNIST models at batch 128, char_gpt at its example's batch (32).
   std::vector<std::string> keys = {"runtime.threads=" + std::to_string(threads)};
   if (example.rfind("fashion", 0) == 0) keys.push_back("train.batch=128");
-  train::Config cfg = train::load_config(
-      std::string(TESSEL_SOURCE_DIR) + "/examples/" + example + ".toml", keys);
+  train::Config cfg =
+      train::load_config(std::string(TESSEL_SOURCE_DIR) + "/examples/" + example + ".toml", keys);
   const int64_t batch = cfg.train.batch;
   train::RunOptions opts;
   opts.progress = false;
@@ -110,11 +109,16 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--steps") steps = std::stoi(next());
-    else if (a == "--repeats") repeats = std::stoi(next());
-    else if (a == "--models") models = split(next());
-    else if (a == "--threads") threads = split(next());
-    else if (a == "--json") json_path = next();
+    if (a == "--steps")
+      steps = std::stoi(next());
+    else if (a == "--repeats")
+      repeats = std::stoi(next());
+    else if (a == "--models")
+      models = split(next());
+    else if (a == "--threads")
+      threads = split(next());
+    else if (a == "--json")
+      json_path = next();
     else {
       std::fprintf(stderr,
                    "usage: train_throughput [--steps N] [--repeats R] [--models a,b] "
@@ -140,9 +144,13 @@ int main(int argc, char** argv) {
                     r.samples_per_second, r.gflops, 100.0 * r.gflops / peak, sgemm,
                     100.0 * r.gflops / sgemm);
         std::fflush(stdout);
-        out.push_back({{"model", m}, {"threads", nt}, {"batch", r.batch},
-                       {"samples_per_second", r.samples_per_second}, {"gflops", r.gflops},
-                       {"fma_peak_gflops", peak}, {"sgemm_gflops", sgemm},
+        out.push_back({{"model", m},
+                       {"threads", nt},
+                       {"batch", r.batch},
+                       {"samples_per_second", r.samples_per_second},
+                       {"gflops", r.gflops},
+                       {"fma_peak_gflops", peak},
+                       {"sgemm_gflops", sgemm},
                        {"isa", tessel::ops::isa_name(tessel::ops::isa())}});
       }
     }

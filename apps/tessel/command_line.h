@@ -5,10 +5,9 @@
 // declarations stay the only list of what exists.
 #pragma once
 
+#include <CLI/CLI.hpp>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 namespace tessel::cli {
 

@@ -50,25 +50,32 @@ int to_int(const std::string& flag, const std::string& value) {
     if (used == value.size()) return v;
   } catch (const std::exception&) {
   }
-  throw InvalidArgument(str("launch: ", flag, " needs an integer, got '", excerpt(value), "'; ",
-                            kUsage));
+  throw InvalidArgument(
+      str("launch: ", flag, " needs an integer, got '", excerpt(value), "'; ", kUsage));
 }
 
 LaunchOptions parse_launch(const std::vector<std::string>& args) {
   LaunchOptions o;
   size_t i = 0;
   auto value = [&](const std::string& flag) {
-    if (i + 1 >= args.size()) throw InvalidArgument(str("launch: ", flag, " needs a value; ", kUsage));
+    if (i + 1 >= args.size())
+      throw InvalidArgument(str("launch: ", flag, " needs a value; ", kUsage));
     return args[++i];
   };
   for (; i < args.size() && args[i] != "--"; ++i) {
     const std::string& a = args[i];
-    if (a == "-np" || a == "--np" || a == "-n") o.np = to_int(a, value(a));
-    else if (a == "--min-np") o.min_np = to_int(a, value(a));
-    else if (a == "--max-restarts") o.max_restarts = to_int(a, value(a));
-    else if (a == "--hostfile") o.hostfile = value(a);
-    else if (a == "--mpirun") o.mpirun = value(a);
-    else throw InvalidArgument(str("launch: unknown option '", excerpt(a), "'; ", kUsage));
+    if (a == "-np" || a == "--np" || a == "-n")
+      o.np = to_int(a, value(a));
+    else if (a == "--min-np")
+      o.min_np = to_int(a, value(a));
+    else if (a == "--max-restarts")
+      o.max_restarts = to_int(a, value(a));
+    else if (a == "--hostfile")
+      o.hostfile = value(a);
+    else if (a == "--mpirun")
+      o.mpirun = value(a);
+    else
+      throw InvalidArgument(str("launch: unknown option '", excerpt(a), "'; ", kUsage));
   }
   if (i < args.size()) o.command.assign(args.begin() + static_cast<long>(i) + 1, args.end());
   if (o.np < 1) throw InvalidArgument(str("launch: -np must be >= 1, got ", o.np, "; ", kUsage));
@@ -85,8 +92,8 @@ LaunchOptions parse_launch(const std::vector<std::string>& args) {
 TrainCommand parse_train(const std::vector<std::string>& command) {
   TrainCommand t;
   t.kept.push_back(command[0]);
-  static const char* kWithValue[] = {"--run-dir", "--resume", "--set", "--stop-after", "--workers",
-                                     "--backend"};
+  static const char* kWithValue[] = {"--run-dir",    "--resume",  "--set",
+                                     "--stop-after", "--workers", "--backend"};
   for (size_t i = 1; i < command.size(); ++i) {
     std::string a = command[i], v;
     const size_t eq = a.find('=');
@@ -95,12 +102,16 @@ TrainCommand parse_train(const std::vector<std::string>& command) {
     const bool takes = std::any_of(std::begin(kWithValue), std::end(kWithValue),
                                    [&](const char* f) { return a == f; });
     if (takes && !joined) {
-      if (i + 1 >= command.size()) throw InvalidArgument(str("launch: train ", a, " needs a value"));
+      if (i + 1 >= command.size())
+        throw InvalidArgument(str("launch: train ", a, " needs a value"));
       v = command[++i];
     }
-    if (a == "--run-dir") t.run_dir = v;
-    else if (a == "--resume") t.resume = v;
-    else if (a == "--overwrite") t.overwrite = true;
+    if (a == "--run-dir")
+      t.run_dir = v;
+    else if (a == "--resume")
+      t.resume = v;
+    else if (a == "--overwrite")
+      t.overwrite = true;
     else {
       if (a == "--set") t.sets.push_back(v);
       if (!takes && a[0] != '-' && t.config.empty()) t.config = a;
@@ -204,8 +215,10 @@ std::vector<std::string> start_command(const LaunchOptions& o, const TrainComman
     }
     argv.insert(argv.end(), {"--set", "debug.fail_rank=-1"});
   }
-  if (!resume.empty()) argv.insert(argv.end(), {"--resume", resume});
-  else if (t.overwrite || restart) argv.push_back("--overwrite");  // restart: clear the failed try
+  if (!resume.empty())
+    argv.insert(argv.end(), {"--resume", resume});
+  else if (t.overwrite || restart)
+    argv.push_back("--overwrite");  // restart: clear the failed try
   *from = resume.empty() ? "the start" : resume;
   return argv;
 }

@@ -2,6 +2,7 @@
 // report. Library errors (tessel::Error) become a one-line message on stderr and exit code 1;
 // command-line misuse, and any error `tessel config` finds, exit 2 (command_line.h explains the
 // misuse).
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -11,8 +12,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "command_line.h"
 #include "infer_commands.h"
@@ -25,8 +24,8 @@
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
 #include "tessel/core/version.h"
-#include "tessel/ops/isa.h"
 #include "tessel/ops/cpu.h"
+#include "tessel/ops/isa.h"
 #include "tessel/train/config.h"
 #include "tessel/train/dry_run.h"
 #include "tessel/train/evaluator.h"
@@ -82,7 +81,8 @@ nlohmann::json train_job(const tessel::train::Config& cfg, const tessel::train::
 // A float32 .npy file (NumPy format 1.0): magic, header dict padded to 64 bytes, data.
 void write_npy(const std::string& path, const tessel::Tensor& t) {
   std::string shape = "(";
-  for (int i = 0; i < t.ndim(); ++i) shape += std::to_string(t.dim(i)) + (t.ndim() == 1 || i + 1 < t.ndim() ? "," : "");
+  for (int i = 0; i < t.ndim(); ++i)
+    shape += std::to_string(t.dim(i)) + (t.ndim() == 1 || i + 1 < t.ndim() ? "," : "");
   shape += ")";
   std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape + ", }";
   header.append(63 - (10 + header.size()) % 64, ' ');
@@ -111,14 +111,16 @@ void print_summary(const nlohmann::json& s) {
 // Reports an error that ends this process, once per job: under MPI a rank whose error is a
 // consequence of another rank's failure stays quiet, and the failing rank ends the whole job.
 int fail(const char* kind, const std::exception& e) {
-  if (!tessel::comm::mpi_failed_elsewhere()) std::fprintf(stderr, "tessel: %s: %s\n", kind, e.what());
+  if (!tessel::comm::mpi_failed_elsewhere())
+    std::fprintf(stderr, "tessel: %s: %s\n", kind, e.what());
   tessel::comm::mpi_end_failed_job(e.what(), 1);
   return 1;
 }
 
 // Everything the command line sets.
 struct Args {
-  std::string config_path, run_dir, resume, checkpoint, logits_path, export_out, backend, report_out;
+  std::string config_path, run_dir, resume, checkpoint, logits_path, export_out, backend,
+      report_out;
   std::string command;  // as typed, for run.json
   std::vector<std::string> overrides;
   int64_t stop_after = 0, logits_limit = 100;
@@ -142,14 +144,17 @@ CLI::App* add_train(CLI::App& app, Args& a) {
   train->add_option("config", a.config_path, "Config file (TOML), e.g. examples/fashion_mlp.toml")
       ->required();
   train->add_option("--run-dir", a.run_dir, "Run folder (default: runs/<config name>)");
-  CLI::Option* resume = train->add_option(
-      "--resume", a.resume, "Continue from a run folder's latest checkpoint or a checkpoint folder");
-  train->add_flag("--overwrite", a.overwrite,
-                  "Start over in a run folder that holds a run, removing the files tessel wrote")
+  CLI::Option* resume =
+      train->add_option("--resume", a.resume,
+                        "Continue from a run folder's latest checkpoint or a checkpoint folder");
+  train
+      ->add_flag("--overwrite", a.overwrite,
+                 "Start over in a run folder that holds a run, removing the files tessel wrote")
       ->excludes(resume);
   add_overrides(train, a);
-  train->add_option("--stop-after", a.stop_after,
-                    "Stop after N steps of this invocation, saving a checkpoint to resume from")
+  train
+      ->add_option("--stop-after", a.stop_after,
+                   "Stop after N steps of this invocation, saving a checkpoint to resume from")
       ->check(tessel::cli::at_least(1, "steps"));
   train->add_flag("--quiet", a.quiet, "No progress output");
   train->add_flag("--trace", a.trace, "Write trace.json, a per-rank timeline (train.trace = true)");
@@ -205,14 +210,16 @@ Commands add_commands(CLI::App& app, Args& a) {
       ->required();
   c.ckpt_export->add_option("out", a.export_out, "Output file, e.g. model.safetensors")->required();
   c.config = app.add_subcommand(
-      "config", "Check a config as train would (without training) and print it resolved, with "
-                "the layout; exit 2 on any error");
+      "config",
+      "Check a config as train would (without training) and print it resolved, with "
+      "the layout; exit 2 on any error");
   c.config->add_option("config", a.config_path, "Config file (TOML)")->required();
   add_overrides(c.config, a);
   CLI::Option* workers =
       c.config->add_option("--workers", a.workers, "Check for N ranks as threads (runtime.workers)")
           ->check(tessel::cli::at_least(1, "ranks"));
-  c.config->add_option("--np", a.np, "Check for N ranks under mpirun (also -np, as mpirun spells it)")
+  c.config
+      ->add_option("--np", a.np, "Check for N ranks under mpirun (also -np, as mpirun spells it)")
       ->check(tessel::cli::at_least(1, "ranks"))
       ->excludes(workers);
   c.bench_comm = add_bench_comm(app, a);
@@ -268,8 +275,10 @@ int run_eval(const Args& a) {
   const tessel::data::Dataset& test = *evaluator.datasets().test;
   const tessel::train::EvalResult r = evaluator.evaluate(test, world.valid() ? &world : nullptr);
   if (world.valid() && world.rank() != 0) return 0;
-  nlohmann::json out = {{"test_loss", r.loss}, {"test_accuracy", r.accuracy},
-                        {"samples", r.samples}, {"params_sha256", evaluator.params_sha256()}};
+  nlohmann::json out = {{"test_loss", r.loss},
+                        {"test_accuracy", r.accuracy},
+                        {"samples", r.samples},
+                        {"params_sha256", evaluator.params_sha256()}};
   if (!a.logits_path.empty()) {
     write_npy(a.logits_path, evaluator.outputs(test, a.logits_limit));
     out["logits"] = a.logits_path;
@@ -290,7 +299,8 @@ std::string plan_comments(const nlohmann::json& p, int world, const std::string&
   };
   std::string engine;
   for (auto& [part, v] : p["engine"].items())
-    engine += tessel::str(engine.empty() ? "" : ", ", part, " ", v.is_string() ? v.get<std::string>() : v.dump());
+    engine += tessel::str(engine.empty() ? "" : ", ", part, " ",
+                          v.is_string() ? v.get<std::string>() : v.dump());
   std::string out = tessel::str(
       "\n# checked as `tessel train` would start it on ", world, world == 1 ? " rank" : " ranks",
       " (", backend == "mpi" ? "processes under mpirun" : "threads of one process", ")\n",
@@ -303,8 +313,8 @@ std::string plan_comments(const nlohmann::json& p, int world, const std::string&
       p["schedule_steps"].get<int64_t>(), "\n");
   if (p.contains("pipeline_chunks"))
     for (const auto& c : p["pipeline_chunks"])
-      out += tessel::str("#   stage ", c["stage"].get<int>(), "  blocks [", c["blocks"][0].get<int64_t>(),
-                         ", ", c["blocks"][1].get<int64_t>(), ")\n");
+      out += tessel::str("#   stage ", c["stage"].get<int>(), "  blocks [",
+                         c["blocks"][0].get<int64_t>(), ", ", c["blocks"][1].get<int64_t>(), ")\n");
   const auto& memory = p["memory_bytes_per_rank"];
   for (size_t r = 0; r < memory.size(); ++r)
     out += tessel::str("#   rank ", r, "   ", mib(memory[r]), "\n");
@@ -317,10 +327,12 @@ int run_config(Args& a) {
   try {
     if (a.workers > 0) a.overrides.push_back("runtime.workers=" + std::to_string(a.workers));
     const tessel::train::Config cfg = tessel::train::load_config(a.config_path, a.overrides);
-    const std::string backend = tessel::train::resolve_backend(cfg, a.np > 0 || tessel::comm::mpi_launched());
+    const std::string backend =
+        tessel::train::resolve_backend(cfg, a.np > 0 || tessel::comm::mpi_launched());
     const int world = a.np > 0 ? a.np : cfg.runtime.workers;
     const nlohmann::json plan = tessel::train::dry_run(cfg, world);
-    std::printf("%s%s", tessel::train::to_toml(cfg).c_str(), plan_comments(plan, world, backend).c_str());
+    std::printf("%s%s", tessel::train::to_toml(cfg).c_str(),
+                plan_comments(plan, world, backend).c_str());
     return 0;
   } catch (const tessel::Error& e) {
     std::fprintf(stderr, "tessel: error: %s\n", e.what());
@@ -384,8 +396,8 @@ int main(int argc, char** argv) {
   CLI::App app{"tessel: train and serve neural networks on many workers"};
   app.require_subcommand(1);
   app.set_version_flag("--version", [] {
-    return tessel::str("tessel ", tessel::version(), " (commit ", tessel::commit(), ")\nisa: ",
-                       tessel::ops::isa_description());
+    return tessel::str("tessel ", tessel::version(), " (commit ", tessel::commit(),
+                       ")\nisa: ", tessel::ops::isa_description());
   });
   Args args;
   args.command = command_line(argc, argv);
@@ -402,7 +414,8 @@ int main(int argc, char** argv) {
   } catch (const CLI::Success& e) {
     return app.exit(e);  // --help, --version
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "%s: error: %s\n", walk.command.c_str(), tessel::cli::explain(walk, e).c_str());
+    std::fprintf(stderr, "%s: error: %s\n", walk.command.c_str(),
+                 tessel::cli::explain(walk, e).c_str());
     return 2;
   }
   try {

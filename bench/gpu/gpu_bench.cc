@@ -3,7 +3,8 @@
 // and prints one line per measurement, "name<TAB>milliseconds<TAB>TFLOP/s", which
 // scripts/gpu_check sets beside bench/gpu/torch_bench.py's lines for the same names.
 // `--versions` prints the device and the CUDA runtime, driver and cuBLASLt versions instead;
-// `--quick` uses 4 x 1024 tokens. Timing: CUDA events around `iters` launches after `warmup` ones, mean per launch.
+// `--quick` uses 4 x 1024 tokens. Timing: CUDA events around `iters` launches after `warmup` ones,
+// mean per launch.
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -115,8 +116,8 @@ int main(int argc, char** argv) {
       fill_random(w.get(), C, bf, s);
       fill_random(b.get(), C, bf, s);
       const double ms = time_ms(s, 3, 20, [&] {
-        layernorm_forward(y.get(), mean.as<float>(), rstd.as<float>(), x.get(), w.get(), b.get(),
-                          N, C, bf, s);
+        layernorm_forward(y.get(), mean.as<float>(), rstd.as<float>(), x.get(), w.get(), b.get(), N,
+                          C, bf, s);
       });
       report("layernorm_fwd_bf16_16384x768", ms, 0.0);
     }
@@ -133,8 +134,8 @@ int main(int argc, char** argv) {
       });
       report("attention_fwd_bf16_B" + std::to_string(B) + "_T1024_H12", fwd, fwd_flops);
       const double bwd = time_ms(s, 1, 3, [&] {
-        attention_backward(dqkv.get(), dout.get(), qkv.get(), out.get(), lse.as<float>(), B, T,
-                           C, NH, bf, s);
+        attention_backward(dqkv.get(), dout.get(), qkv.get(), out.get(), lse.as<float>(), B, T, C,
+                           NH, bf, s);
       });
       report("attention_bwd_bf16_B" + std::to_string(B) + "_T1024_H12", bwd, 2.5 * fwd_flops);
     }

@@ -13,11 +13,10 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "manifest.h"
 #include "posix_io.h"

@@ -2,8 +2,6 @@
 // manifest.json before any tensor is read, indexes the slices of every shard file by tensor, and
 // then serves any element range of any tensor from whichever shards hold it. export_model
 // streams the parameters whole into one plain safetensors file.
-#include "tessel/ckpt/checkpoint.h"
-
 #include <sys/stat.h>
 
 #include <algorithm>
@@ -11,15 +9,15 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "manifest.h"
 #include "posix_io.h"
 #include "safetensors_header.h"
+#include "tessel/ckpt/checkpoint.h"
 #include "tessel/core/sha256.h"
 
 namespace tessel::ckpt {

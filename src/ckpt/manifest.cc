@@ -5,10 +5,9 @@
 
 #include <algorithm>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tessel/core/sha256.h"
 
@@ -64,9 +63,9 @@ Json model_io_json(const std::optional<ModelIo>& io) {
     throw InvalidArgument(
         "checkpoint: manifest has no model_io; set Manifest::io to the model's input shape, "
         "input dtype and number of classes");
-  const bool bad_shape = io->input_shape.empty() ||
-                         std::any_of(io->input_shape.begin(), io->input_shape.end(),
-                                     [](int64_t d) { return d <= 0; });
+  const bool bad_shape =
+      io->input_shape.empty() ||
+      std::any_of(io->input_shape.begin(), io->input_shape.end(), [](int64_t d) { return d <= 0; });
   const bool bad_dtype = io->input_dtype != DType::kF32 && io->input_dtype != DType::kI32;
   if (bad_shape || bad_dtype || io->num_classes < 1)
     throw InvalidArgument(str("checkpoint: manifest model_io has input ",

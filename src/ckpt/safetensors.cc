@@ -8,10 +8,9 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <utility>
-
-#include <nlohmann/json.hpp>
 
 #include "posix_io.h"
 #include "safetensors_header.h"

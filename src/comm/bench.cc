@@ -164,7 +164,8 @@ std::vector<Point> bench_rank(Communicator& c, const CommBenchOptions& o,
         if (op != OpKind::kAllreduce) use.push_back({a, false});  // allreduce works in place
         use.push_back({a, true});
       }
-      Buffers b{std::unique_ptr<char[]>(new char[bytes]()), std::unique_ptr<char[]>(new char[bytes]())};
+      Buffers b{std::unique_ptr<char[]>(new char[bytes]()),
+                std::unique_ptr<char[]>(new char[bytes]())};
       const int reps = o.repeats > 0 ? o.repeats : default_repeats(bytes);
       std::vector<std::vector<double>> t(use.size(), std::vector<double>(reps));
       for (const Variant& v : use) call(c, coll, v, b, count, e);  // warm-up: page faults, scratch
@@ -197,13 +198,20 @@ std::vector<Point> bench_rank(Communicator& c, const CommBenchOptions& o,
 // nccl-tests' names of the element types.
 const char* type_name(ElemType e) {
   switch (e) {
-    case ElemType::kF32: return "float";
-    case ElemType::kF64: return "double";
-    case ElemType::kF16: return "half";
-    case ElemType::kBF16: return "bfloat16";
-    case ElemType::kI32: return "int32";
-    case ElemType::kI64: return "int64";
-    default: return "uint8";
+    case ElemType::kF32:
+      return "float";
+    case ElemType::kF64:
+      return "double";
+    case ElemType::kF16:
+      return "half";
+    case ElemType::kBF16:
+      return "bfloat16";
+    case ElemType::kI32:
+      return "int32";
+    case ElemType::kI64:
+      return "int64";
+    default:
+      return "uint8";
   }
 }
 
@@ -235,9 +243,10 @@ void print(const CommBenchOptions& o, int n, double memcpy_bw, const std::vector
   std::printf("# comm bench: backend %s, %d ranks, %s, %u cores%s%s\n", o.backend.c_str(), n,
               elem_name(o.elem), std::max(1u, std::thread::hardware_concurrency()),
               o.backend == "mpi" ? ", " : "", o.backend == "mpi" ? mpi_thread_level() : "");
-  std::printf("# memcpy (1 thread, same run): %.2f GB/s; time: median over repeats of the "
-              "slowest rank\n",
-              memcpy_bw / 1e9);
+  std::printf(
+      "# memcpy (1 thread, same run): %.2f GB/s; time: median over repeats of the "
+      "slowest rank\n",
+      memcpy_bw / 1e9);
   // Blocks in the order their collective and algorithm first appear; rows by size.
   std::vector<std::pair<std::string, Algorithm>> blocks;
   for (const Point& p : pts)
@@ -250,11 +259,12 @@ void print(const CommBenchOptions& o, int n, double memcpy_bw, const std::vector
       if (!header) print_block_header(p), header = true;
       const Point* oop = nullptr;  // out of place at the same size, if measured
       for (const Point& q : pts)
-        if (q.coll == coll && q.algorithm == algorithm && !q.in_place && q.bytes == p.bytes) oop = &q;
-      std::printf("  %10zu %12zu %9s %6s %5d%s%s%s\n", p.bytes, p.count, type_name(o.elem),
-                  p.coll == "allgather" ? "none" : "sum", -1, columns(oop).c_str(),
-                  columns(&p).c_str(),
-                  algorithm == Algorithm::kAuto ? str(" ", algorithm_name(p.resolved)).c_str() : "");
+        if (q.coll == coll && q.algorithm == algorithm && !q.in_place && q.bytes == p.bytes)
+          oop = &q;
+      std::printf(
+          "  %10zu %12zu %9s %6s %5d%s%s%s\n", p.bytes, p.count, type_name(o.elem),
+          p.coll == "allgather" ? "none" : "sum", -1, columns(oop).c_str(), columns(&p).c_str(),
+          algorithm == Algorithm::kAuto ? str(" ", algorithm_name(p.resolved)).c_str() : "");
     }
   }
   int64_t wrong = 0;
@@ -335,11 +345,14 @@ int run_comm_bench(const CommBenchOptions& o) {
     if (c.rank() == 0) memcpy_bw = std::max(memcpy_bw, memcpy_bandwidth(memcpy_bytes));
     c.barrier();
     if (c.rank() != 0)
-      return std::all_of(points.begin(), points.end(), [](const Point& p) { return p.wrong == 0; }) ? 0 : 1;
+      return std::all_of(points.begin(), points.end(), [](const Point& p) { return p.wrong == 0; })
+                 ? 0
+                 : 1;
   }
   print(o, n, memcpy_bw, points);
   if (!o.json_path.empty()) write_json(o, n, memcpy_bw, points);
-  return std::all_of(points.begin(), points.end(), [](const Point& p) { return p.wrong == 0; }) ? 0 : 1;
+  return std::all_of(points.begin(), points.end(), [](const Point& p) { return p.wrong == 0; }) ? 0
+                                                                                                : 1;
 }
 
 }  // namespace tessel::comm

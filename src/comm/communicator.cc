@@ -526,8 +526,8 @@ std::shared_ptr<void> Communicator::shared_memory(size_t bytes) {
                });
   for (int i = 0; i < n; ++i)
     if (all[i] != all[0])
-      throw InvalidArgument(str("comm: shared_memory of ", all[0], " bytes on rank 0 but ",
-                                all[i], " on rank ", i, "; every rank must ask for the same size"));
+      throw InvalidArgument(str("comm: shared_memory of ", all[0], " bytes on rank 0 but ", all[i],
+                                " on rank ", i, "; every rank must ask for the same size"));
   try {
     return s_->transport->shared_memory(bytes, s_->shared++);
   } catch (const std::exception& e) {

@@ -99,13 +99,18 @@ std::string name_stuck_rank(const std::vector<RankState>& ranks, int me) {
     if (r.rank != me && r.seen && r.silent_s > kSilentS && (!pick || r.silent_s > pick->silent_s))
       pick = &r;
   if (pick)
-    return str("rank ", pick->rank, " stopped making progress: its process has shown no sign of "
-               "life for ", seconds(pick->silent_s), " (stopped, e.g. by SIGSTOP or a debugger, "
-               "or dead); ", last_call(*pick));
+    return str("rank ", pick->rank,
+               " stopped making progress: its process has shown no sign of "
+               "life for ",
+               seconds(pick->silent_s),
+               " (stopped, e.g. by SIGSTOP or a debugger, "
+               "or dead); ",
+               last_call(*pick));
   // 2. A rank whose record nobody could read.
   for (const RankState& r : ranks)
     if (r.rank != me && !r.seen)
-      return str("rank ", r.rank, " stopped making progress: it does not answer on the control "
+      return str("rank ", r.rank,
+                 " stopped making progress: it does not answer on the control "
                  "channel, nor does any rank of its host (host down, unreachable or stopped)");
   // 3. A live rank outside any communication call: busy or hung in its own work. The one that
   //    entered its last call first has been out the longest.
@@ -115,15 +120,17 @@ std::string name_stuck_rank(const std::vector<RankState>& ranks, int me) {
          ((r.entered_s < 0) == (pick->entered_s < 0) && r.entered_s > pick->entered_s)))
       pick = &r;
   if (pick)
-    return str("rank ", pick->rank, " stopped making progress: it is alive but outside any "
-               "communication call (busy or hung in its own work); ", last_call(*pick));
+    return str("rank ", pick->rank,
+               " stopped making progress: it is alive but outside any "
+               "communication call (busy or hung in its own work); ",
+               last_call(*pick));
   // 4. Everyone waits: the rank that entered its call first is where the chain ends.
   for (const RankState& r : ranks)
     if (r.rank != me && r.seen && r.entered_s >= 0 && (!pick || r.entered_s > pick->entered_s))
       pick = &r;
   if (pick)
-    return str("every rank is waiting; rank ", pick->rank, " has waited longest: ",
-               last_call(*pick), ", waiting for rank ", pick->waiting_for,
+    return str("every rank is waiting; rank ", pick->rank,
+               " has waited longest: ", last_call(*pick), ", waiting for rank ", pick->waiting_for,
                " (ranks that disagree on the calls they make?)");
   return "";
 }

@@ -17,21 +17,21 @@
 
 namespace tessel::comm {
 
-constexpr double kBeatS = 0.1;      // MPI processes beat this often
-constexpr double kSilentS = 1.0;    // a process silent this long is stopped or dead
+constexpr double kBeatS = 0.1;    // MPI processes beat this often
+constexpr double kSilentS = 1.0;  // a process silent this long is stopped or dead
 
 // Seconds on a clock shared by the processes of one host (CLOCK_MONOTONIC).
 double host_seconds();
 
 // One rank as another rank sees it.
 struct RankState {
-  int rank = -1;             // world rank
-  bool seen = false;         // false: nothing could be read (a remote rank that did not answer)
-  double silent_s = -1;      // since its process last beat; < 0: not tracked (threads)
-  double entered_s = -1;     // since it entered `stamp`; < 0: it has entered no call yet
-  Stamp stamp;               // the call it entered last
-  int waiting_for = -1;      // the world rank it is waiting for in that call, or -1
-  uint64_t calls = 0;        // calls entered so far
+  int rank = -1;          // world rank
+  bool seen = false;      // false: nothing could be read (a remote rank that did not answer)
+  double silent_s = -1;   // since its process last beat; < 0: not tracked (threads)
+  double entered_s = -1;  // since it entered `stamp`; < 0: it has entered no call yet
+  Stamp stamp;            // the call it entered last
+  int waiting_for = -1;   // the world rank it is waiting for in that call, or -1
+  uint64_t calls = 0;     // calls entered so far
 };
 
 // Lives in shared memory: standard layout, every field a lock-free atomic; zeroed = empty.

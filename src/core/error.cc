@@ -17,8 +17,8 @@ std::string cut_message(const std::string& what) {
 }
 
 void check_failed(const char* file, int line, const char* cond, const std::string& msg) {
-  throw Error(str("internal check failed: ", cond, " at ", file, ":", line,
-                  msg.empty() ? "" : ": ", msg));
+  throw Error(
+      str("internal check failed: ", cond, " at ", file, ":", line, msg.empty() ? "" : ": ", msg));
 }
 
 }  // namespace detail

@@ -68,15 +68,17 @@ void MemoryLedger::charge(MemCategory c, int64_t bytes) {
     MemCategory largest = c;
     int64_t most = 0;
     for (int k = 0; k < kMemCategories; ++k) {
-      const int64_t b = current_[k].load(std::memory_order_relaxed) + (k == static_cast<int>(c) ? bytes : 0);
-      if (b > 0) held += str(held.empty() ? "" : ", ", mem_category_name(MemCategory(k)), " ", mib(b));
+      const int64_t b =
+          current_[k].load(std::memory_order_relaxed) + (k == static_cast<int>(c) ? bytes : 0);
+      if (b > 0)
+        held += str(held.empty() ? "" : ", ", mem_category_name(MemCategory(k)), " ", mib(b));
       if (b > most) most = b, largest = MemCategory(k);
     }
-    throw MemoryLimitError(str(
-        "memory: ", owner_, " would hold ", mib(total), " > runtime.memory_limit_mb = ",
-        limit_ >> 20, " when allocating ", mib(bytes), " of ", mem_category_name(c), " (with it: ",
-        held, "; the most is ", mem_category_name(largest), "); ", remedy(largest),
-        ", or raise runtime.memory_limit_mb"));
+    throw MemoryLimitError(str("memory: ", owner_, " would hold ", mib(total),
+                               " > runtime.memory_limit_mb = ", limit_ >> 20, " when allocating ",
+                               mib(bytes), " of ", mem_category_name(c), " (with it: ", held,
+                               "; the most is ", mem_category_name(largest), "); ", remedy(largest),
+                               ", or raise runtime.memory_limit_mb"));
   }
   const int k = static_cast<int>(c);
   raise_max(peak_[k], current_[k].fetch_add(bytes, std::memory_order_relaxed) + bytes);

@@ -44,8 +44,9 @@ float CounterRng::uniform(uint64_t index) const {
 }
 
 float CounterRng::normal(uint64_t index) const {
-  auto r = philox4x32(seed_, {static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),
-                              static_cast<uint32_t>(stream_), static_cast<uint32_t>(stream_ >> 32)});
+  auto r =
+      philox4x32(seed_, {static_cast<uint32_t>(index), static_cast<uint32_t>(index >> 32),
+                         static_cast<uint32_t>(stream_), static_cast<uint32_t>(stream_ >> 32)});
   // u1 in (0, 1] so log() is finite.
   double u1 = (static_cast<double>(r[0]) + 1.0) / 4294967296.0;
   double u2 = static_cast<double>(r[1]) / 4294967296.0;

@@ -139,8 +139,8 @@ std::string Tracer::render(int pid, double origin) const {
     sep();
     out += "{\"ph\":\"";
     out += e.ph;
-    out += "\",\"pid\":" + p + ",\"tid\":" + std::to_string(e.tid) + ",\"ts\":" +
-           micros(e.ts - origin) + ",\"name\":" + json_escape({e.text, e.name_size}) +
+    out += "\",\"pid\":" + p + ",\"tid\":" + std::to_string(e.tid) +
+           ",\"ts\":" + micros(e.ts - origin) + ",\"name\":" + json_escape({e.text, e.name_size}) +
            ",\"cat\":\"" + e.cat + "\"";
     if (e.ph == 'X') out += ",\"dur\":" + micros(e.dur);
     if (e.ph == 'i') out += ",\"s\":\"t\"";

@@ -112,8 +112,8 @@ bool DataLoader::next(Batch& out) {
 Batch DataLoader::batch_at(int64_t epoch, int64_t index) {
   if (epoch < 0) throw InvalidArgument(str("data loader: epoch must be >= 0, got ", epoch));
   if (index < 0 || index >= batches_per_epoch())
-    throw InvalidArgument(str("data loader: batch index must be in [0, ", batches_per_epoch(),
-                              "), got ", index));
+    throw InvalidArgument(
+        str("data loader: batch index must be in [0, ", batches_per_epoch(), "), got ", index));
   if (epoch != random_epoch_) {
     random_order_ = epoch_order(dataset_->size(), options_.seed, epoch, options_.shuffle);
     random_epoch_ = epoch;

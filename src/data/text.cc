@@ -93,15 +93,17 @@ std::string byte_str(uint8_t b) {
 void to_ids(std::vector<uint8_t>& bytes, const std::string& vocabulary, const DataSpec& spec) {
   std::array<int, 256> id;
   id.fill(-1);
-  for (size_t i = 0; i < vocabulary.size(); ++i) id[static_cast<uint8_t>(vocabulary[i])] = static_cast<int>(i);
+  for (size_t i = 0; i < vocabulary.size(); ++i)
+    id[static_cast<uint8_t>(vocabulary[i])] = static_cast<int>(i);
   size_t unknown = 0, first = 0;
   for (size_t i = 0; i < bytes.size(); ++i)
     if (id[bytes[i]] < 0 && unknown++ == 0) first = i;
   if (unknown > 0)
-    throw InvalidArgument(str("data: ", spec.path, " holds ", unknown, " bytes outside the model's ",
-                              vocabulary.size(), "-token vocabulary, the first ", byte_str(bytes[first]),
-                              " at byte ", first, "; the model only knows the characters of the text "
-                              "it was trained on (its checkpoint's manifest.json lists them)"));
+    throw InvalidArgument(str(
+        "data: ", spec.path, " holds ", unknown, " bytes outside the model's ", vocabulary.size(),
+        "-token vocabulary, the first ", byte_str(bytes[first]), " at byte ", first,
+        "; the model only knows the characters of the text "
+        "it was trained on (its checkpoint's manifest.json lists them)"));
   for (uint8_t& b : bytes) b = static_cast<uint8_t>(id[b]);
 }
 

@@ -160,16 +160,17 @@ std::vector<std::vector<int32_t>> generate(nn::Model& model, const std::vector<P
 std::vector<int32_t> encode(const std::string& text, const std::string& vocab) {
   int32_t id[256];
   std::fill(id, id + 256, -1);
-  for (size_t k = 0; k < vocab.size(); ++k) id[static_cast<uint8_t>(vocab[k])] = static_cast<int32_t>(k);
+  for (size_t k = 0; k < vocab.size(); ++k)
+    id[static_cast<uint8_t>(vocab[k])] = static_cast<int32_t>(k);
   std::vector<int32_t> out;
   out.reserve(text.size());
   for (size_t i = 0; i < text.size(); ++i) {
     const uint8_t c = static_cast<uint8_t>(text[i]);
     if (id[c] < 0)
-      throw InvalidArgument(str("generate: byte ", i, " of the prompt (0x", std::hex,
-                                static_cast<int>(c), std::dec,
-                                ") is not in the model's vocabulary (the bytes of its training text); "
-                                "use only characters of the training text"));
+      throw InvalidArgument(
+          str("generate: byte ", i, " of the prompt (0x", std::hex, static_cast<int>(c), std::dec,
+              ") is not in the model's vocabulary (the bytes of its training text); "
+              "use only characters of the training text"));
     out.push_back(id[c]);
   }
   return out;

@@ -86,8 +86,7 @@ class Cursor {
 Tensor read_inputs(std::string_view body, const Shape& row, int64_t max_rows) {
   const int64_t numel = shape_numel(row);
   Cursor c(body);
-  if (!c.eat('{') || !c.eat('"') || !c.exact("inputs\"") || !c.eat(':') || !c.eat('['))
-    return {};
+  if (!c.eat('{') || !c.eat('"') || !c.exact("inputs\"") || !c.eat(':') || !c.eat('[')) return {};
   std::vector<float> values;
   values.reserve(static_cast<size_t>(numel));
   int64_t rows = 0;

@@ -68,8 +68,12 @@ std::string run_chunk(const Job& job, Replica& replica, int64_t id, const Rows& 
 }
 
 Job make_job(const train::Config& config, const PredictOptions& options) {
-  Job job{config,          options,          model_info(config, options.checkpoint),
-          output_format(options.output), config.parallel, nlohmann::json()};
+  Job job{config,
+          options,
+          model_info(config, options.checkpoint),
+          output_format(options.output),
+          config.parallel,
+          nlohmann::json()};
   job.spec.ps_servers = 0;  // a training layout; inference runs replicas of pp stages
   job.spec.zero_stage = 0;
   if (job.info.generates() && (job.spec.pp_stages > 1 || job.spec.tp_size > 1))

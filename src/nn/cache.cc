@@ -6,7 +6,8 @@ namespace tessel::nn {
 
 Tensor Cache::buffer(size_t k, const Shape& shape, DType dtype) {
   const int64_t n = shape_numel(shape);
-  auto it = std::find_if(buffers_.begin(), buffers_.end(), [k](const auto& b) { return b.first == k; });
+  auto it =
+      std::find_if(buffers_.begin(), buffers_.end(), [k](const auto& b) { return b.first == k; });
   if (it == buffers_.end()) it = buffers_.insert(buffers_.end(), {k, Tensor()});
   Tensor& s = it->second;
   if (!s.defined() || s.dtype() != dtype || s.numel() < n)

@@ -22,10 +22,10 @@ void check_tokens(const Tensor& x, int64_t context) {
 // x: [B, T, C] activations of the blocks' type t (train.precision).
 void check_activations(const Tensor& x, int64_t C, DType t, const char* layer) {
   if (!x.defined() || x.dtype() != t || x.ndim() != 3 || x.dim(2) != C)
-    throw InvalidArgument(str(layer, ": input must be ", dtype_name(t), " [B, T, ", C, "], got ",
-                              x.defined() ? str(dtype_name(x.dtype()), " ", shape_str(x.shape()))
-                                          : "undefined",
-                              "; place it after the embedding block"));
+    throw InvalidArgument(
+        str(layer, ": input must be ", dtype_name(t), " [B, T, ", C, "], got ",
+            x.defined() ? str(dtype_name(x.dtype()), " ", shape_str(x.shape())) : "undefined",
+            "; place it after the embedding block"));
 }
 
 void check_gradient(const Tensor& dy, const Shape& shape, DType t, const char* layer) {
@@ -105,8 +105,8 @@ Tensor Embedding::embed(const Tensor& ids, int64_t position, Cache* cache) {
   ops::embedding_forward(y.raw(), ids.data<int32_t>(), wte_.value.raw(), B * T, V_, C_,
                          wte_.split.lo, wte_.shape[0], t);
   y = tp_leave(tp_, y, cache, 1);
-  positions(y.raw(), wpe_.value.raw(), t, B, y.dim(1), C_,
-            position + first_position(tp_, y.dim(1)), false);
+  positions(y.raw(), wpe_.value.raw(), t, B, y.dim(1), C_, position + first_position(tp_, y.dim(1)),
+            false);
   return y;
 }
 
@@ -245,9 +245,9 @@ Tensor TransformerBlock::backward(const Tensor& dy, Cache& cache) {
   const bool dropped = cache.ctx.selective;
   if (dropped) recompute_gelu(cache);
   // The residual passes dy through unchanged; the MLP branch adds its share.
-  Tensor dh2 = fc_.backward(gelu_.backward(mlp_proj_.backward(dy, cache.child(kMlpProj)),
-                                           cache.child(kGelu)),
-                            cache.child(kFc));
+  Tensor dh2 = fc_.backward(
+      gelu_.backward(mlp_proj_.backward(dy, cache.child(kMlpProj)), cache.child(kGelu)),
+      cache.child(kFc));
   Tensor dx1 = cache.scratch(0, shape, t);
   ops::add_forward(dx1.raw(), dy.raw(), ln2_.backward(dh2, cache.child(kLn2)).raw(), n, t);
   // Attention branch, then its residual.
@@ -266,8 +266,10 @@ Tensor TransformerBlock::backward(const Tensor& dy, Cache& cache) {
 // Attention of qkv's positions over the cached keys and values and their own (appended).
 void TransformerBlock::attend_cached(Tensor& a, const Tensor& qkv, KvCache& kv, DType t) const {
   const int64_t B = qkv.dim(0), T = qkv.dim(1), Ch = qkv.dim(2) / 3;
-  TESSEL_CHECK(t == DType::kF32, "transformer_block: generation with a KV cache needs f32 "
-               "weights, got ", dtype_name(t));
+  TESSEL_CHECK(t == DType::kF32,
+               "transformer_block: generation with a KV cache needs f32 "
+               "weights, got ",
+               dtype_name(t));
   if (!kv.k.defined()) {
     kv.k = Tensor::empty({B, T_, Ch});
     kv.v = Tensor::empty({B, T_, Ch});

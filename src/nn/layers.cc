@@ -24,11 +24,10 @@ void check_float(const Tensor& x, const char* layer) {
 void check_same_shape(const Tensor& dy, const Shape& expected, const char* layer,
                       DType type = DType::kF32) {
   if (!dy.defined() || dy.shape() != expected || dy.dtype() != type)
-    throw InvalidArgument(str(layer, ": backward gradient must be ", dtype_name(type), " ",
-                              shape_str(expected), ", got ",
-                              dy.defined() ? str(dtype_name(dy.dtype()), " ", shape_str(dy.shape()))
-                                           : "undefined",
-                              "; call backward() with the gradient of the last forward() output"));
+    throw InvalidArgument(str(
+        layer, ": backward gradient must be ", dtype_name(type), " ", shape_str(expected), ", got ",
+        dy.defined() ? str(dtype_name(dy.dtype()), " ", shape_str(dy.shape())) : "undefined",
+        "; call backward() with the gradient of the last forward() output"));
 }
 
 // For the f32-only kernels (convolution, pooling) in a 16-bit precision: f32_in(x) is x or an
@@ -74,9 +73,10 @@ Linear::Linear(int64_t in, int64_t out, bool bias, TpCut tp)
     return;
   }
   const int rank = tp_.tp->rank(), size = tp_.tp->size();
-  TESSEL_CHECK((tp_.cut == Cut::kColumn ? out / tp_.groups : in) % size == 0, "linear: ",
-               tp_.cut == Cut::kColumn ? "output" : "input", " features ", tp_.cut == Cut::kColumn ? out : in,
-               " (in ", tp_.groups, " groups) do not split over ", size, " tensor-parallel ranks");
+  TESSEL_CHECK((tp_.cut == Cut::kColumn ? out / tp_.groups : in) % size == 0,
+               "linear: ", tp_.cut == Cut::kColumn ? "output" : "input", " features ",
+               tp_.cut == Cut::kColumn ? out : in, " (in ", tp_.groups,
+               " groups) do not split over ", size, " tensor-parallel ranks");
   if (tp_.cut == Cut::kColumn) {
     weight_.cut(0, tp_.groups, rank, size);
     bias_.cut(0, tp_.groups, rank, size);
@@ -131,8 +131,8 @@ Tensor Linear::backward(const Tensor& dy_in, Cache& cache) {
   if (input_grad_)
     dx = column ? tp_whole_grad(tp_.tp, cache, 0, x.shape(), x.dtype())
                 : cache.scratch(0, x.shape(), x.dtype());
-  ops::linear_backward(input_grad_ ? dx.raw() : nullptr, x.dtype(), weight_.grad.data<float>(),
-                       db, dy.raw(), x.raw(), weight_.value.raw(), t, x.numel() / in_, in_, out_);
+  ops::linear_backward(input_grad_ ? dx.raw() : nullptr, x.dtype(), weight_.grad.data<float>(), db,
+                       dy.raw(), x.raw(), weight_.value.raw(), t, x.numel() / in_, in_, out_);
   return column ? tp_enter_backward(tp_.tp, dx, cache, 1) : dx;
 }
 
@@ -313,8 +313,8 @@ double Conv2d::forward_flops(int64_t batch) const {
 
 // ---- ConvReluPool ----
 
-ConvReluPool::ConvReluPool(int64_t in_channels, int64_t out_channels, int64_t kernel,
-                           int64_t pad, int64_t pool, int64_t in_h, int64_t in_w)
+ConvReluPool::ConvReluPool(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t pad,
+                           int64_t pool, int64_t in_h, int64_t in_w)
     : C_(in_channels),
       OC_(out_channels),
       k_(kernel),
@@ -345,11 +345,10 @@ Tensor ConvReluPool::forward(const Tensor& x, const Context& ctx, Cache* cache) 
   Tensor argmax = output(cache, 1, out, DType::kI32), y32 = f32_out(y, cache, 5);
   const Shape scratch_shape{ops::conv2d_relu_maxpool_scratch_floats(s, pool_, pool_)};
   Tensor scratch = cache ? cache->scratch(0, scratch_shape) : Tensor::empty(scratch_shape);
-  ops::conv2d_relu_maxpool_forward(y32.data<float>(), argmax.data<int32_t>(),
-                                   f32_in(x, cache, 6).data<float>(),
-                                   f32_in(weight_.value, cache, 7).data<float>(),
-                                   f32_in(bias_.value, cache, 8).data<float>(), s, pool_, pool_,
-                                   scratch.data<float>());
+  ops::conv2d_relu_maxpool_forward(
+      y32.data<float>(), argmax.data<int32_t>(), f32_in(x, cache, 6).data<float>(),
+      f32_in(weight_.value, cache, 7).data<float>(), f32_in(bias_.value, cache, 8).data<float>(), s,
+      pool_, pool_, scratch.data<float>());
   to_out(y, y32);
   if (cache) {
     cache->keep(0, x);
@@ -441,8 +440,9 @@ Tensor LayerNorm::forward(const Tensor& x, const Context& ctx, Cache* cache) {
                               shape_str(x.shape()), "; check the model's embedding size"));
   const DType t = weight_.value.dtype();
   if (x.dtype() != t)
-    throw InvalidArgument(str("layernorm: input must be ", dtype_name(t), " like the parameters, got ",
-                              dtype_name(x.dtype()), "; the blocks of a model share one precision"));
+    throw InvalidArgument(str("layernorm: input must be ", dtype_name(t),
+                              " like the parameters, got ", dtype_name(x.dtype()),
+                              "; the blocks of a model share one precision"));
   const int64_t N = x.numel() / C_;
   Tensor y = output(cache, 0, x.shape(), t);
   Tensor mean = output(cache, 1, {N}), rstd = output(cache, 2, {N});

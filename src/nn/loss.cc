@@ -11,14 +11,14 @@ namespace {
 // Checks logits [..., C] of a type in `types` and one i32 label per row; returns the rows.
 int64_t check_inputs(const Tensor& logits, const Tensor& labels,
                      std::initializer_list<DType> types = {DType::kF32}) {
-  const bool typed = logits.defined() &&
-                     std::find(types.begin(), types.end(), logits.dtype()) != types.end();
+  const bool typed =
+      logits.defined() && std::find(types.begin(), types.end(), logits.dtype()) != types.end();
   if (!typed || logits.ndim() < 1 || logits.dim(-1) < 1)
     throw InvalidArgument(str("cross_entropy: logits must be ",
                               types.size() > 1 ? "f32, bf16 or f16" : "f32", " [..., C], got ",
-                              logits.defined() ? str(dtype_name(logits.dtype()), " ",
-                                                     shape_str(logits.shape()))
-                                               : "undefined",
+                              logits.defined()
+                                  ? str(dtype_name(logits.dtype()), " ", shape_str(logits.shape()))
+                                  : "undefined",
                               "; pass the model's output"));
   const int64_t N = logits.numel() / logits.dim(-1);
   if (!labels.defined() || labels.dtype() != DType::kI32 || labels.numel() != N)

@@ -24,8 +24,7 @@ void init_elements(const Parameter& p, float* dst, int64_t first, int64_t count,
       std::fill(dst, dst + count, 1.0f);
       break;
     case Init::kUniform:
-      for (int64_t i = 0; i < count; ++i)
-        dst[i] = (2.0f * rng.uniform(first + i) - 1.0f) * p.scale;
+      for (int64_t i = 0; i < count; ++i) dst[i] = (2.0f * rng.uniform(first + i) - 1.0f) * p.scale;
       break;
     case Init::kNormal:
       for (int64_t i = 0; i < count; ++i) dst[i] = rng.normal(first + i) * p.scale;
@@ -51,7 +50,7 @@ void for_each_run(const Parameter& p, int64_t first, int64_t count, F&& f) {
     return;
   }
   const Split& s = p.split;
-  const int64_t width = s.hi - s.lo;  // of dim, in this part
+  const int64_t width = s.hi - s.lo;    // of dim, in this part
   const int64_t row = width * s.inner;  // elements of one outer index in this part
   for (int64_t e = first, end = first + count; e < end;) {
     const int64_t o = e / row, d = e % row / s.inner, i = e % s.inner;
@@ -73,10 +72,10 @@ Recompute recompute_mode(const std::string& name) {
 }
 
 void Parameter::cut(size_t dim_index, int64_t groups, int part, int parts) {
-  TESSEL_CHECK(!is_split() && dim_index < shape.size() && groups > 0 && parts > 0 &&
-                   part >= 0 && part < parts && shape[dim_index] % groups == 0,
-               "parameter '", name, "': cannot cut dimension ", dim_index, " of ",
-               shape_str(shape), " in ", groups, " groups x ", parts, " parts");
+  TESSEL_CHECK(!is_split() && dim_index < shape.size() && groups > 0 && parts > 0 && part >= 0 &&
+                   part < parts && shape[dim_index] % groups == 0,
+               "parameter '", name, "': cannot cut dimension ", dim_index, " of ", shape_str(shape),
+               " in ", groups, " groups x ", parts, " parts");
   split.full = shape;
   split.outer = groups;
   for (size_t d = 0; d < dim_index; ++d) split.outer *= shape[d];
@@ -166,9 +165,10 @@ std::vector<Run> Model::runs(Range r) const {
     const Range p = param_range(k);
     const int64_t a = std::max(p.lo, r.lo), b = std::min(p.hi, r.hi);
     if (a < b)
-      for_each_run(*parameters_[k], a - p.lo, b - a, [&](int64_t local, int64_t logical, int64_t n) {
-        out.push_back({k, p.lo + local, logical, n});
-      });
+      for_each_run(*parameters_[k], a - p.lo, b - a,
+                   [&](int64_t local, int64_t logical, int64_t n) {
+                     out.push_back({k, p.lo + local, logical, n});
+                   });
   }
   return out;
 }
@@ -234,12 +234,10 @@ void Model::zero_grad() {
   grads_.zero_();
 }
 
-std::string Model::params_sha256() const {
-  return sha256_hex(values().raw(), values().nbytes());
-}
+std::string Model::params_sha256() const { return sha256_hex(values().raw(), values().nbytes()); }
 
-Tensor Model::forward(const Tensor& x, const Context& ctx, Activations* acts,
-                      const BlockHook& hook, size_t begin, size_t end) {
+Tensor Model::forward(const Tensor& x, const Context& ctx, Activations* acts, const BlockHook& hook,
+                      size_t begin, size_t end) {
   end = std::min(end, blocks_.size());
   TESSEL_CHECK(finalized_, "model: forward() before finalize()");
   TESSEL_CHECK(begin <= end, "model: forward over blocks [", begin, ", ", end, ")");

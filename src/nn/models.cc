@@ -17,8 +17,8 @@ int64_t checked_size(std::initializer_list<int64_t> factors, const std::string& 
   int64_t n = 1;
   for (int64_t f : factors)
     if (__builtin_mul_overflow(n, f, &n))
-      throw InvalidArgument(str("model: ", key, " makes ", what,
-                                " larger than fits in 64 bits; use smaller sizes"));
+      throw InvalidArgument(
+          str("model: ", key, " makes ", what, " larger than fits in 64 bits; use smaller sizes"));
   return n;
 }
 
@@ -44,8 +44,8 @@ void check_fits_memory(const ModelSpec& spec, const Model& m) {
   if (memory > 0 && bytes > static_cast<double>(memory))
     throw InvalidArgument(str("model: the ", spec.kind, " of ", size_keys(spec), " has ",
                               static_cast<double>(m.num_parameters()), " parameters (",
-                              bytes / (1ull << 30), " GiB as f32), more than the ",
-                              memory >> 30, " GiB of memory of this machine; lower ",
+                              bytes / (1ull << 30), " GiB as f32), more than the ", memory >> 30,
+                              " GiB of memory of this machine; lower ",
                               size_keys(spec).substr(0, size_keys(spec).find(" =")),
                               " (the whole model must fit one process for eval and export)"));
 }
@@ -102,8 +102,9 @@ void build_mlp(const ModelSpec& spec, TensorParallel* tp, Model& m) {
                  str("fc", n, ".weight (", in, " x ", spec.hidden[i], ")"));
     const bool column = i % 2 == 0;  // hidden layers cut column, row, column, ...
     if (tp && column && spec.hidden[i] % parts != 0)
-      throw InvalidArgument(str("model: model.hidden[", i, "] = ", spec.hidden[i], " does not split over tp.size = ",
-                                parts, " ranks; use a multiple of ", parts, " (e.g. ",
+      throw InvalidArgument(str("model: model.hidden[", i, "] = ", spec.hidden[i],
+                                " does not split over tp.size = ", parts,
+                                " ranks; use a multiple of ", parts, " (e.g. ",
                                 (spec.hidden[i] / parts + 1) * parts, ")"));
     m.add("fc" + n, std::make_unique<Linear>(in, spec.hidden[i], true,
                                              TpCut{tp, column ? Cut::kColumn : Cut::kRow}));
@@ -115,7 +116,8 @@ void build_mlp(const ModelSpec& spec, TensorParallel* tp, Model& m) {
   // The output layer is the row partner of an odd last hidden layer, else whole.
   const bool row = spec.hidden.size() % 2 == 1;
   m.add("fc" + std::to_string(spec.hidden.size() + 1),
-        std::make_unique<Linear>(in, spec.num_classes, true, TpCut{tp, row ? Cut::kRow : Cut::kNone}));
+        std::make_unique<Linear>(in, spec.num_classes, true,
+                                 TpCut{tp, row ? Cut::kRow : Cut::kNone}));
 }
 
 void build_cnn(const ModelSpec& spec, Model& m) {
@@ -169,16 +171,19 @@ void build_gpt(const ModelSpec& spec, TensorParallel* tp, Model& m) {
   checked_size({V, C}, str("model.embed = ", C), "the token embedding");
   checked_size({T, C}, str("model.embed = ", C, " with data.context = ", T),
                "the position embedding");
-  checked_size({12, C, C, spec.layers}, str("model.embed = ", C, " with model.layers = ", spec.layers),
+  checked_size({12, C, C, spec.layers},
+               str("model.embed = ", C, " with model.layers = ", spec.layers),
                "the transformer blocks");
   if (tp && spec.heads % tp->size() != 0)
-    throw InvalidArgument(str("model: model.heads = ", spec.heads, " does not split over tp.size = ",
-                              tp->size(), " ranks; use a multiple of ", tp->size(),
-                              " heads or a tp.size dividing ", spec.heads));
+    throw InvalidArgument(
+        str("model: model.heads = ", spec.heads, " does not split over tp.size = ", tp->size(),
+            " ranks; use a multiple of ", tp->size(), " heads or a tp.size dividing ", spec.heads));
   if (sequence_split(tp) && T % tp->size() != 0)
     throw InvalidArgument(str("model: tp.sequence_parallel splits the context of ", T,
-                              " tokens over tp.size = ", tp->size(), " ranks, which does not divide it; "
-                              "use a context (data.context) that is a multiple of ", tp->size()));
+                              " tokens over tp.size = ", tp->size(),
+                              " ranks, which does not divide it; "
+                              "use a context (data.context) that is a multiple of ",
+                              tp->size()));
   auto embed = std::make_unique<Embedding>(V, T, C, tp);
   Parameter* table = embed->token_table();
   m.add("embed", std::move(embed));
@@ -196,8 +201,9 @@ std::unique_ptr<Model> build_model(const ModelSpec& spec, TensorParallel* tp) {
         str("model: unknown model.kind, got '", spec.kind, "'; use one of mlp, cnn, gpt"));
   check_common(spec);
   if (tp && spec.kind == "cnn")
-    throw InvalidArgument("model: tensor parallelism (tp.size > 1) cuts mlp and gpt models, not a "
-                          "cnn; set tp.size = 1 or use data/pipeline parallelism");
+    throw InvalidArgument(
+        "model: tensor parallelism (tp.size > 1) cuts mlp and gpt models, not a "
+        "cnn; set tp.size = 1 or use data/pipeline parallelism");
   auto m = std::make_unique<Model>();
   if (spec.kind == "mlp") build_mlp(spec, tp, *m);
   if (spec.kind == "cnn") build_cnn(spec, *m);

@@ -12,15 +12,18 @@ struct SeqShape {
 };
 
 SeqShape whole_of_part(const Tensor& part, int t) {
-  TESSEL_CHECK(part.ndim() == 3, "tensor parallel: sequence parallelism needs [B, T, C] "
-               "activations, got ", shape_str(part.shape()));
+  TESSEL_CHECK(part.ndim() == 3,
+               "tensor parallel: sequence parallelism needs [B, T, C] "
+               "activations, got ",
+               shape_str(part.shape()));
   return {part.dim(0), part.dim(1) * t, part.dim(2)};
 }
 
 SeqShape whole_of(const Tensor& whole, int t) {
-  TESSEL_CHECK(whole.ndim() == 3 && whole.dim(1) % t == 0, "tensor parallel: sequence "
-               "parallelism needs [B, T, C] activations with T a multiple of ", t, ", got ",
-               shape_str(whole.shape()));
+  TESSEL_CHECK(whole.ndim() == 3 && whole.dim(1) % t == 0,
+               "tensor parallel: sequence "
+               "parallelism needs [B, T, C] activations with T a multiple of ",
+               t, ", got ", shape_str(whole.shape()));
   return {whole.dim(0), whole.dim(1), whole.dim(2)};
 }
 

@@ -87,9 +87,8 @@ void attention_forward(float* out, float* att, const float* qkv, int64_t B, int6
   }
 }
 
-void attention_forward_kv(float* out, const float* qkv, float* k_cache, float* v_cache,
-                          int64_t B, int64_t T, int64_t pos, int64_t C, int64_t NH,
-                          int64_t Tmax) {
+void attention_forward_kv(float* out, const float* qkv, float* k_cache, float* v_cache, int64_t B,
+                          int64_t T, int64_t pos, int64_t C, int64_t NH, int64_t Tmax) {
   check_heads("attention_forward_kv", C, NH);
   TESSEL_CHECK(pos >= 0 && T >= 0 && pos + T <= Tmax, "attention_forward_kv: positions [", pos,
                ", ", pos + T, ") pass the cache's ", Tmax);
@@ -106,8 +105,8 @@ void attention_forward_kv(float* out, const float* qkv, float* k_cache, float* v
   for (int64_t b = 0; b < B; ++b)
     for (int64_t h = 0; h < NH; ++h)
       attend(out + b * T * C + h * HS, C, p, keys, qkv + b * T * C3 + h * HS, C3,
-             k_cache + b * Tmax * C + h * HS, v_cache + b * Tmax * C + h * HS, C, T, pos, keys,
-             HS, scale);
+             k_cache + b * Tmax * C + h * HS, v_cache + b * Tmax * C + h * HS, C, T, pos, keys, HS,
+             scale);
 }
 
 void attention_backward(float* dqkv, const float* dout, const float* qkv, const float* att,

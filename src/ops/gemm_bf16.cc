@@ -35,9 +35,9 @@ namespace tessel::ops::avx512_bf16 {
 namespace {
 
 using avx512::head_mask;
+using avx512::transpose16;
 using detail::RowTiles;
 using detail::Scratch;
-using avx512::transpose16;
 using detail::transpose_product;
 
 constexpr int kMr = 14;
@@ -88,12 +88,12 @@ inline __m512i load32(const View& v, int64_t off, int64_t n) {
 // out[l] (l < 2n) = pair-interleave of rows r0 and r1: r0[0], r1[0], r0[1], r1[1], ...
 // lo holds elements 0..15 of each row, hi 16..31.
 inline void interleave(__m512i r0, __m512i r1, __m512i* lo, __m512i* hi) {
-  alignas(64) static constexpr uint16_t kLo[32] = {
-      0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
-      8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-  alignas(64) static constexpr uint16_t kHi[32] = {
-      16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
-      24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+  alignas(64) static constexpr uint16_t kLo[32] = {0,  32, 1,  33, 2,  34, 3,  35, 4,  36, 5,
+                                                   37, 6,  38, 7,  39, 8,  40, 9,  41, 10, 42,
+                                                   11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+  alignas(64) static constexpr uint16_t kHi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21,
+                                                   53, 22, 54, 23, 55, 24, 56, 25, 57, 26, 58,
+                                                   27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
   *lo = _mm512_permutex2var_epi16(r0, _mm512_load_si512(kLo), r1);
   *hi = _mm512_permutex2var_epi16(r0, _mm512_load_si512(kHi), r1);
 }
@@ -301,7 +301,12 @@ void run(int64_t M, int64_t N, int64_t K, float alpha, const View& a, const View
             const int rows = tiles.rows(t);
             const int64_t off = tiles.start(t) * rs_c + (j0 + jr) * cs_c;
             const TileOut out{static_cast<char*>(c) + off * static_cast<int64_t>(c_bytes),
-                              ct, rs_c, cs_c, cols, alpha, beta_k};
+                              ct,
+                              rs_c,
+                              cs_c,
+                              cols,
+                              alpha,
+                              beta_k};
             kernels[rows](kce / 2, ap, bp, out);
             ap += rows * a_row_halves;
           }

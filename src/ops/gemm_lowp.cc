@@ -6,8 +6,8 @@
 // calls (a fresh allocation of that size would be fresh pages, faulted in on every call).
 #include <vector>
 
-#include "gemm_blocking.h"
 #include "gemm_bf16.h"
+#include "gemm_blocking.h"
 #include "kernels.h"
 #include "tessel/core/error.h"
 #include "tessel/ops/cpu.h"
@@ -53,7 +53,9 @@ void gemm_lowp_portable(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
   // A 16-bit C: widened, updated in f32, rounded once.
   float* c = tls_c.get(M * N);
   const size_t bytes = dtype_size(C.type);
-  auto row = [&](int64_t i) { return static_cast<char*>(C.p) + i * C.ld * static_cast<int64_t>(bytes); };
+  auto row = [&](int64_t i) {
+    return static_cast<char*>(C.p) + i * C.ld * static_cast<int64_t>(bytes);
+  };
   if (beta != 0.0f)
     for (int64_t i = 0; i < M; ++i) convert(c + i * N, DType::kF32, row(i), C.type, N);
   gemm(trans_a, trans_b, M, N, K, alpha, a, trans_a ? M : K, b, trans_b ? K : N, beta, c, N);
@@ -73,8 +75,9 @@ void gemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, floa
                dtype_name(B.type), ", ", dtype_name(C.type));
   if (M == 0 || N == 0) return;
   TESSEL_CHECK(C.ld >= N && (K == 0 || (A.ld >= (trans_a ? M : K) && B.ld >= (trans_b ? K : N))),
-               "gemm_lowp: leading dimension too small, got lda=", A.ld, " ldb=", B.ld, " ldc=",
-               C.ld, " for M=", M, " N=", N, " K=", K, " trans_a=", trans_a, " trans_b=", trans_b);
+               "gemm_lowp: leading dimension too small, got lda=", A.ld, " ldb=", B.ld,
+               " ldc=", C.ld, " for M=", M, " N=", N, " K=", K, " trans_a=", trans_a,
+               " trans_b=", trans_b);
   if (K == 0 || alpha == 0.0f) {  // C = beta * C; beta = 0 clears C, even of NaN
     const size_t bytes = dtype_size(C.type);
     std::vector<float> row(static_cast<size_t>(N));

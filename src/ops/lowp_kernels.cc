@@ -113,9 +113,8 @@ void linear_backward(void* dx, DType x_type, float* dw, float* db, const void* d
 void relu_forward(void* y, const void* x, int64_t n, DType t) {
   check_float(t, "relu_forward");
   if (is_f32(t)) return relu_forward(static_cast<float*>(y), static_cast<const float*>(x), n);
-  elementwise(y, {x}, n, t, [](float* o, const float* const* in, int64_t m) {
-    relu_forward(o, in[0], m);
-  });
+  elementwise(y, {x}, n, t,
+              [](float* o, const float* const* in, int64_t m) { relu_forward(o, in[0], m); });
 }
 
 void relu_backward(void* dx, const void* dy, const void* y, int64_t n, DType t) {
@@ -132,9 +131,8 @@ void relu_backward(void* dx, const void* dy, const void* y, int64_t n, DType t) 
 void gelu_forward(void* y, const void* x, int64_t n, DType t) {
   check_float(t, "gelu_forward");
   if (is_f32(t)) return gelu_forward(static_cast<float*>(y), static_cast<const float*>(x), n);
-  elementwise(y, {x}, n, t, [](float* o, const float* const* in, int64_t m) {
-    gelu_forward(o, in[0], m);
-  });
+  elementwise(y, {x}, n, t,
+              [](float* o, const float* const* in, int64_t m) { gelu_forward(o, in[0], m); });
 }
 
 void gelu_backward(void* dx, const void* dy, const void* x, int64_t n, DType t) {
@@ -153,9 +151,8 @@ void add_forward(void* y, const void* a, const void* b, int64_t n, DType t) {
   if (is_f32(t))
     return add_forward(static_cast<float*>(y), static_cast<const float*>(a),
                        static_cast<const float*>(b), n);
-  elementwise(y, {a, b}, n, t, [](float* o, const float* const* in, int64_t m) {
-    add_forward(o, in[0], in[1], m);
-  });
+  elementwise(y, {a, b}, n, t,
+              [](float* o, const float* const* in, int64_t m) { add_forward(o, in[0], in[1], m); });
 }
 
 // Dropout row by row: each row keeps its global sample index, so the masks are the f32 ones.
@@ -173,9 +170,8 @@ void dropout_forward(void* y, const void* x, int64_t rows, int64_t cols, float p
   }
 }
 
-void dropout_backward(void* dx, const void* dy, int64_t rows, int64_t cols, float p,
-                      uint64_t seed, int64_t step, int64_t first_sample, int64_t first_col,
-                      DType t) {
+void dropout_backward(void* dx, const void* dy, int64_t rows, int64_t cols, float p, uint64_t seed,
+                      int64_t step, int64_t first_sample, int64_t first_col, DType t) {
   check_float(t, "dropout_backward");
   if (is_f32(t))
     return dropout_backward(static_cast<float*>(dx), static_cast<const float*>(dy), rows, cols, p,
@@ -226,8 +222,8 @@ void embedding_forward(void* y, const int32_t* ids, const void* table, int64_t N
                        int64_t C, int64_t lo, int64_t rows, DType t) {
   check_float(t, "embedding_forward");
   if (is_f32(t))
-    return embedding_forward(static_cast<float*>(y), ids, static_cast<const float*>(table), N, V,
-                             C, lo, rows);
+    return embedding_forward(static_cast<float*>(y), ids, static_cast<const float*>(table), N, V, C,
+                             lo, rows);
   const size_t row_bytes = static_cast<size_t>(C) * dtype_size(t);
   for (int64_t n = 0; n < N; ++n) {
     if (ids[n] < 0 || ids[n] >= V)
@@ -257,8 +253,8 @@ void attention_forward(void* out, float* att, const void* qkv, int64_t B, int64_
                        int64_t NH, DType t) {
   check_float(t, "attention_forward");
   if (is_f32(t))
-    return attention_forward(static_cast<float*>(out), att, static_cast<const float*>(qkv), B, T,
-                             C, NH);
+    return attention_forward(static_cast<float*>(out), att, static_cast<const float*>(qkv), B, T, C,
+                             NH);
   float* o = f32_buffer(3, T * C);
   for (int64_t b = 0; b < B; ++b) {
     attention_forward(o, att + b * NH * T * T, widened(0, at(qkv, b * T * 3 * C, t), T * 3 * C, t),
@@ -267,8 +263,8 @@ void attention_forward(void* out, float* att, const void* qkv, int64_t B, int64_
   }
 }
 
-void attention_backward(void* dqkv, const void* dout, const void* qkv, const float* att,
-                        int64_t B, int64_t T, int64_t C, int64_t NH, DType t) {
+void attention_backward(void* dqkv, const void* dout, const void* qkv, const float* att, int64_t B,
+                        int64_t T, int64_t C, int64_t NH, DType t) {
   check_float(t, "attention_backward");
   if (is_f32(t))
     return attention_backward(static_cast<float*>(dqkv), static_cast<const float*>(dout),
@@ -277,8 +273,8 @@ void attention_backward(void* dqkv, const void* dout, const void* qkv, const flo
   float* d = f32_buffer(3, T * 3 * C);
   for (int64_t b = 0; b < B; ++b) {
     attention_backward(d, widened(0, at(dout, b * T * C, t), T * C, t),
-                       widened(1, at(qkv, b * T * 3 * C, t), T * 3 * C, t), att + b * NH * T * T,
-                       1, T, C, NH);
+                       widened(1, at(qkv, b * T * 3 * C, t), T * 3 * C, t), att + b * NH * T * T, 1,
+                       T, C, NH);
     convert(at(dqkv, b * T * 3 * C, t), t, d, DType::kF32, T * 3 * C);
   }
 }

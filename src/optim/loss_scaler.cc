@@ -10,8 +10,9 @@ LossScaler::LossScaler(const LossScalerSpec& spec) : spec_(spec), scale_(spec.in
   TESSEL_CHECK(std::isfinite(spec.init_scale) && spec.init_scale > 0 && spec.growth_factor > 1 &&
                    spec.backoff_factor > 0 && spec.backoff_factor < 1 && spec.growth_interval > 0,
                "loss scaler: needs a finite positive scale, growth > 1, backoff in (0, 1) and a "
-               "positive interval, got scale ", spec.init_scale, ", growth ", spec.growth_factor,
-               ", backoff ", spec.backoff_factor, ", interval ", spec.growth_interval);
+               "positive interval, got scale ",
+               spec.init_scale, ", growth ", spec.growth_factor, ", backoff ", spec.backoff_factor,
+               ", interval ", spec.growth_interval);
 }
 
 float LossScaler::inv_scale() const {
@@ -38,10 +39,11 @@ void LossScaler::update(bool found_inf) {
 
 void LossScaler::restore(float scale, int64_t growth_tracker, int64_t skipped) {
   if (!(std::isfinite(scale) && scale > 0) || growth_tracker < 0 || skipped < 0)
-    throw InvalidArgument(str("loss scaler: checkpointed state must have a finite positive scale "
-                              "and counts >= 0, got scale ", scale, ", growth tracker ",
-                              growth_tracker, ", skipped ", skipped,
-                              "; resume from an older checkpoint"));
+    throw InvalidArgument(
+        str("loss scaler: checkpointed state must have a finite positive scale "
+            "and counts >= 0, got scale ",
+            scale, ", growth tracker ", growth_tracker, ", skipped ", skipped,
+            "; resume from an older checkpoint"));
   scale_ = scale;
   tracker_ = growth_tracker;
   skipped_ = skipped;

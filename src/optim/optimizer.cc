@@ -47,7 +47,8 @@ void check_lr(float lr, const char* who) {
 
 class Sgd final : public Optimizer {
  public:
-  Sgd(const OptimSpec& spec, int64_t n) : Optimizer(n), spec_(spec), momentum_(Tensor::zeros({n})) {}
+  Sgd(const OptimSpec& spec, int64_t n)
+      : Optimizer(n), spec_(spec), momentum_(Tensor::zeros({n})) {}
 
   void step(std::span<const Segment> segments, float lr, float grad_scale) override {
     check_segments(segments, numel_, "optim.sgd");

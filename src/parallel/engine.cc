@@ -52,8 +52,9 @@ void check_compress(const ParallelSpec& spec, const Layout& layout) {
   if (spec.deterministic)
     refuse("does not run with train.deterministic (its exact integer sum is the point of it)");
   if (layout.servers > 0 && kind == CompressKind::kPowerSgd)
-    refuse("does not apply to parameter-server pushes (it needs all-reduces among the workers); "
-           "use fp16, bf16, int8 or topk");
+    refuse(
+        "does not apply to parameter-server pushes (it needs all-reduces among the workers); "
+        "use fp16, bf16, int8 or topk");
   if (spec.zero_stage == 3)
     refuse(
         "runs with zero.stage 0-2, got zero.stage = 3 (its parameter gathers share the dp "
@@ -80,21 +81,24 @@ DType precision_type(const ParallelSpec& spec) {
 
 Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Communicator& world,
                const nn::ModelSpec& model, uint64_t seed)
-    : Engine(spec, optim, world,
-             [&](nn::TensorParallel* tp) {
-               return std::make_pair(nn::build_model(model, tp), nn::make_loss(model, tp));
-             },
-             seed) {}
+    : Engine(
+          spec, optim, world,
+          [&](nn::TensorParallel* tp) {
+            return std::make_pair(nn::build_model(model, tp), nn::make_loss(model, tp));
+          },
+          seed) {}
 
 Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Communicator& world,
                std::unique_ptr<nn::Model> model, uint64_t seed)
-    : Engine(spec, optim, world,
-             [&](nn::TensorParallel* tp) {
-               if (tp != nullptr)
-                 throw InvalidArgument("engine: a model built by the caller runs with tp.size = 1");
-               return std::make_pair(std::move(model), std::unique_ptr<nn::Loss>(std::make_unique<nn::CrossEntropyLoss>()));
-             },
-             seed) {}
+    : Engine(
+          spec, optim, world,
+          [&](nn::TensorParallel* tp) {
+            if (tp != nullptr)
+              throw InvalidArgument("engine: a model built by the caller runs with tp.size = 1");
+            return std::make_pair(std::move(model), std::unique_ptr<nn::Loss>(
+                                                        std::make_unique<nn::CrossEntropyLoss>()));
+          },
+          seed) {}
 
 Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Communicator& world,
                const Build& build, uint64_t seed)
@@ -113,15 +117,18 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
   parts_["recompute"] = spec.recompute;
   if (tp_ && type_ != DType::kF32)
     throw InvalidArgument(str("config: train.precision = ", spec.precision,
-                              " does not run with tensor parallelism yet (tp.size = ",
-                              tp_->size(), "); use train.precision = fp32"));
+                              " does not run with tensor parallelism yet (tp.size = ", tp_->size(),
+                              "); use train.precision = fp32"));
   check_compress(spec, layout());
   if (layout().servers > 0) {
     if (type_ == DType::kF16)  // the servers update: they cannot skip an overflowing step
-      throw InvalidArgument(str("config: train.precision = fp16 does not run with a parameter "
-                                "server (ps.servers = ", layout().servers, "): its loss "
-                                "scaling skips overflowing steps, which the servers do not "
-                                "see; use train.precision = bf16 or fp32"));
+      throw InvalidArgument(
+          str("config: train.precision = fp16 does not run with a parameter "
+              "server (ps.servers = ",
+              layout().servers,
+              "): its loss "
+              "scaling skips overflowing steps, which the servers do not "
+              "see; use train.precision = bf16 or fp32"));
     ps_ = std::make_unique<ParameterServer>(spec, mesh_, model_, seed, optim);
     parts_["executor"] = parts_["grad_sync"] = "local";
     parts_["store"] = "parameter_server";
@@ -250,7 +257,8 @@ void Engine::trace_block(Tracer& tracer, nn::Phase phase, size_t block) {
   if (const auto& ledger = current_ledger()) {
     TraceArgs mib;
     for (int k = 0; k < kMemCategories; ++k)
-      mib.num(mem_category_name(MemCategory(k)), static_cast<double>(ledger->current(MemCategory(k))) / (1 << 20));
+      mib.num(mem_category_name(MemCategory(k)),
+              static_cast<double>(ledger->current(MemCategory(k))) / (1 << 20));
     tracer.counter("memory (MiB)", now, std::move(mib));
   }
 }

@@ -1,7 +1,6 @@
 // The Engine's view of the model's state for checkpoints and the parameter digest: who owns
 // which elements, and moving them to disk or to rank 0 without any rank holding the model.
 #include <algorithm>
-
 #include <nlohmann/json.hpp>
 
 #include "tessel/core/log.h"
@@ -35,8 +34,10 @@ std::vector<Owned> all_owned(comm::Communicator& group, const std::vector<nn::Ra
   std::vector<Owned> out;
   size_t at = 0;
   for (int r = 0; r < group.size(); ++r)
-    for (int64_t k = 0; k < counts[static_cast<size_t>(r)]; k += 2, at += 2) out.push_back({{all[at], all[at + 1]}, r});
-  std::sort(out.begin(), out.end(), [](const Owned& a, const Owned& b) { return a.range.lo < b.range.lo; });
+    for (int64_t k = 0; k < counts[static_cast<size_t>(r)]; k += 2, at += 2)
+      out.push_back({{all[at], all[at + 1]}, r});
+  std::sort(out.begin(), out.end(),
+            [](const Owned& a, const Owned& b) { return a.range.lo < b.range.lo; });
   return out;
 }
 
@@ -44,7 +45,8 @@ std::vector<Owned> all_owned(comm::Communicator& group, const std::vector<nn::Ra
 // left to their group's rank 0.
 std::vector<nn::Run> counted_runs(const nn::Model& model, nn::Range r) {
   std::vector<nn::Run> runs = model.runs(r);
-  std::erase_if(runs, [&](const nn::Run& run) { return model.parameters()[run.param]->split.replica; });
+  std::erase_if(runs,
+                [&](const nn::Run& run) { return model.parameters()[run.param]->split.replica; });
   return runs;
 }
 
@@ -84,10 +86,13 @@ std::vector<float> Engine::compression_state() {
 
 StateView Engine::state() {
   StateView view = ps_ ? ps_->state()
-                       : StateView{store_->owned(), store_->loaded(), store_->update_ranges(),
+                       : StateView{store_->owned(),
+                                   store_->loaded(),
+                                   store_->update_ranges(),
                                    [this](nn::Range r) { return store_->values(r); },
                                    optimizer_.get(),
-                                   [this](nn::Range r) { return store_->state_offset(r); }, {}};
+                                   [this](nn::Range r) { return store_->state_offset(r); },
+                                   {}};
   // Residuals differ per rank: every rank writes its own.
   if (const std::vector<float> s = compression_state(); !s.empty()) {
     Tensor t = Tensor::empty({static_cast<int64_t>(s.size())});
@@ -116,7 +121,8 @@ void Engine::restore_compression(const ckpt::CheckpointSource& reader) {
     sync_->load_state(state);
 }
 
-std::vector<ckpt::ShardFile> Engine::write_shards(const std::string& dir, int64_t* optimizer_steps) {
+std::vector<ckpt::ShardFile> Engine::write_shards(const std::string& dir,
+                                                  int64_t* optimizer_steps) {
   comm::Communicator& workers = mesh_.workers();
   std::string path = dir;
   int64_t n = static_cast<int64_t>(path.size());
@@ -179,7 +185,8 @@ std::string Engine::params_sha256() {
         const int64_t lo = model_.logical_offset(run.param) + run.logical;
         mine.push_back({{lo, lo + run.count}, run.local});
       }
-    std::sort(mine.begin(), mine.end(), [](const auto& a, const auto& b) { return a.first.lo < b.first.lo; });
+    std::sort(mine.begin(), mine.end(),
+              [](const auto& a, const auto& b) { return a.first.lo < b.first.lo; });
     std::vector<nn::Range> logical;
     for (const auto& m : mine) logical.push_back(m.first);
     size_t next = 0;  // this rank's next run
@@ -202,7 +209,8 @@ std::string Engine::params_sha256() {
   }
   std::string hex(64, '0');
   if (is_main()) {
-    const std::vector<float> tail(static_cast<size_t>(std::max<int64_t>(model_.logical_numel() - at, 0)), 0.0f);
+    const std::vector<float> tail(
+        static_cast<size_t>(std::max<int64_t>(model_.logical_numel() - at, 0)), 0.0f);
     sha.update(tail.data(), tail.size() * sizeof(float));
     hex = sha.hex_digest();
   }

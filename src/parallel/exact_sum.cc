@@ -62,7 +62,8 @@ double ExactSum::reduce(float* out, const std::vector<nn::Range>& ranges,
       const float* p = shards_.data() + s * n - span_.lo;
       int64_t* a = acc.data() - span_.lo;
       // Truncation toward zero: deterministic, vectorises, and loses < 2^-e per shard.
-      for (int64_t i = lo; i < hi; ++i) a[i] += static_cast<int64_t>(static_cast<double>(p[i]) * sc);
+      for (int64_t i = lo; i < hi; ++i)
+        a[i] += static_cast<int64_t>(static_cast<double>(p[i]) * sc);
     }
   }
   double bytes = 0;

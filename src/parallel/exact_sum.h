@@ -36,8 +36,8 @@ class ExactSum {
  private:
   nn::Range span_;
   std::vector<nn::Range> buckets_;
-  std::vector<float> shards_;      // collected shards, each span_.size() long, back to back
-  std::vector<float> max_;         // per scale bucket, largest |g| collected
+  std::vector<float> shards_;          // collected shards, each span_.size() long, back to back
+  std::vector<float> max_;             // per scale bucket, largest |g| collected
   std::map<int64_t, int64_t> passes_;  // per collected range (by start): shards collected
   int64_t num_shards_ = 0;
   bool overflow_ok_;

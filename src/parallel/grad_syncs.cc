@@ -83,9 +83,7 @@ void ArenaSync::reduce() {
 
 double ArenaSync::sq_norm() { return pieces_sq_norm(units_, *this, workers_); }
 
-float* ArenaSync::grads(nn::Range r) {
-  return arena_.data<float>() + (r.lo - units_.span.lo);
-}
+float* ArenaSync::grads(nn::Range r) { return arena_.data<float>() + (r.lo - units_.span.lo); }
 
 void ArenaSync::clear() { arena_.zero_(); }
 
@@ -167,7 +165,8 @@ float* ShardSync::grads(nn::Range r) {
     if (r.lo >= own.lo && r.hi <= own.hi && !own.empty())
       return shard_.data<float>() + u.shard_offset + (r.lo - own.lo);
   }
-  throw Error(str("zero: range [", r.lo, ", ", r.hi, ") is not this rank's gradient shard "
+  throw Error(str("zero: range [", r.lo, ", ", r.hi,
+                  ") is not this rank's gradient shard "
                   "(this is a bug)"));
 }
 
@@ -233,9 +232,7 @@ double ExactSync::sq_norm() {
   return sq;
 }
 
-float* ExactSync::grads(nn::Range r) {
-  return arena_.data<float>() + (r.lo - units_.span.lo);
-}
+float* ExactSync::grads(nn::Range r) { return arena_.data<float>() + (r.lo - units_.span.lo); }
 
 void ExactSync::clear() { arena_.zero_(); }
 

@@ -90,10 +90,10 @@ class ShardSync final : public GradSync, public BlockHooks {
   nn::Model& model_;
   const Units& units_;
   comm::Communicator* workers_;
-  Tensor shard_;                     // this rank's pieces of the reduced gradient
-  compress::BufferPool pool_;        // bucket buffers not in use
-  std::vector<Tensor> open_;         // per unit: its bucket while in use
-  std::vector<char> launched_;       // per unit: reduced into the shard in this step
+  Tensor shard_;                // this rank's pieces of the reduced gradient
+  compress::BufferPool pool_;   // bucket buffers not in use
+  std::vector<Tensor> open_;    // per unit: its bucket while in use
+  std::vector<char> launched_;  // per unit: reduced into the shard in this step
   bool per_pass_;
   Buckets buckets_;
 };

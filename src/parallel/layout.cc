@@ -10,22 +10,23 @@ Layout Layout::resolve(const ParallelSpec& spec, int world) {
   if (spec.pp_stages < 1)
     throw InvalidArgument(tessel::str("config: pp.stages must be >= 1, got ", spec.pp_stages));
   if (spec.ps_servers < 0)
-    throw InvalidArgument(
-        tessel::str("config: ps.servers must be >= 0 (0 = no parameter server), got ", spec.ps_servers));
+    throw InvalidArgument(tessel::str(
+        "config: ps.servers must be >= 0 (0 = no parameter server), got ", spec.ps_servers));
   if (spec.ps_servers > 0 && spec.pp_stages > 1)
     throw InvalidArgument(tessel::str("config: ps.servers = ", spec.ps_servers, " and pp.stages = ",
-                              spec.pp_stages, " cannot be combined; use one of them"));
+                                      spec.pp_stages, " cannot be combined; use one of them"));
   if (spec.ps_servers > 0 && spec.zero_stage > 0)
-    throw InvalidArgument(tessel::str("config: zero.stage = ", spec.zero_stage, " with ps.servers = ",
-                              spec.ps_servers, ": the parameter servers already hold the "
-                              "parameters and optimizer state in shards; set zero.stage = 0"));
+    throw InvalidArgument(tessel::str(
+        "config: zero.stage = ", spec.zero_stage, " with ps.servers = ", spec.ps_servers,
+        ": the parameter servers already hold the "
+        "parameters and optimizer state in shards; set zero.stage = 0"));
   if (spec.ps_servers > 0 && spec.ps_servers >= world)
-    throw InvalidArgument(tessel::str("config: ps.servers = ", spec.ps_servers, " leaves no worker among ",
-                              world, " ranks; start more ranks (--workers / mpirun -np) than ",
-                              "servers"));
+    throw InvalidArgument(
+        tessel::str("config: ps.servers = ", spec.ps_servers, " leaves no worker among ", world,
+                    " ranks; start more ranks (--workers / mpirun -np) than ", "servers"));
   if (spec.tp_size < 1)
-    throw InvalidArgument(tessel::str("config: tp.size must be >= 1 (1 = no tensor parallelism), got ",
-                                      spec.tp_size));
+    throw InvalidArgument(tessel::str(
+        "config: tp.size must be >= 1 (1 = no tensor parallelism), got ", spec.tp_size));
   if (spec.ps_servers > 0 && spec.tp_size > 1)
     throw InvalidArgument(tessel::str("config: ps.servers = ", spec.ps_servers, " and tp.size = ",
                                       spec.tp_size, " cannot be combined; use one of them"));
@@ -35,18 +36,17 @@ Layout Layout::resolve(const ParallelSpec& spec, int world) {
   l.pp = static_cast<int>(spec.pp_stages);
   l.tp = static_cast<int>(spec.tp_size);
   if (l.workers() % (l.pp * l.tp) != 0)
-    throw InvalidArgument(tessel::str(
-        "config: pp.stages = ", l.pp, " x tp.size = ", l.tp, " = ", l.pp * l.tp,
-        " does not divide the ", l.workers(), " ranks; the world size must be dp x pp x tp, so start a "
-        "multiple of ", l.pp * l.tp, " ranks (e.g. ", (l.workers() / (l.pp * l.tp) + 1) * l.pp * l.tp,
-        ")"));
+    throw InvalidArgument(tessel::str("config: pp.stages = ", l.pp, " x tp.size = ", l.tp, " = ",
+                                      l.pp * l.tp, " does not divide the ", l.workers(),
+                                      " ranks; the world size must be dp x pp x tp, so start a "
+                                      "multiple of ",
+                                      l.pp * l.tp, " ranks (e.g. ",
+                                      (l.workers() / (l.pp * l.tp) + 1) * l.pp * l.tp, ")"));
   l.dp = l.workers() / (l.pp * l.tp);
   return l;
 }
 
-Coord Layout::coord(int rank) const {
-  return {rank / (pp * tp), rank / tp % pp, rank % tp};
-}
+Coord Layout::coord(int rank) const { return {rank / (pp * tp), rank / tp % pp, rank % tp}; }
 
 int Layout::rank_of(const Coord& c) const { return (c.dp * pp + c.pp) * tp + c.tp; }
 

@@ -7,8 +7,8 @@ namespace tessel::parallel {
 
 void check_loss(double loss, int64_t step) {
   if (!std::isfinite(loss))
-    throw Error(str("train: loss is ", loss, " at step ", step,
-                    "; lower optim.lr or set train.clip_norm"));
+    throw Error(
+        str("train: loss is ", loss, " at step ", step, "; lower optim.lr or set train.clip_norm"));
 }
 
 LocalExecutor::LocalExecutor(nn::Model& model, nn::Recompute recompute)

@@ -21,7 +21,8 @@ int64_t ParamStore::state_offset(nn::Range r) const {
     if (r.lo >= u.lo && r.hi <= u.hi) return offset + (r.lo - u.lo);
     offset += u.size();
   }
-  throw Error(str("parallel: range [", r.lo, ", ", r.hi, ") is not updated by this rank (this is a bug)"));
+  throw Error(
+      str("parallel: range [", r.lo, ", ", r.hi, ") is not updated by this rank (this is a bug)"));
 }
 
 std::vector<optim::Segment> ParamStore::segments(GradSync& sync) {

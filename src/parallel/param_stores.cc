@@ -99,7 +99,8 @@ void ReplicatedStore::check_replicas(int64_t step) {
     if (sums[r] != sums[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
   if (!differ.empty())
     throw Error(str("data parallel: parameters differ across ranks at step ", step,
-                    ": data-parallel rank(s) ", differ, " differ from rank 0; every rank must start "
+                    ": data-parallel rank(s) ", differ,
+                    " differ from rank 0; every rank must start "
                     "from the same seed and checkpoint (this is a bug if they did)"));
 }
 
@@ -198,14 +199,15 @@ void ShardedStore::require(int unit, nn::Phase phase, size_t block) {
   if (!r.memory.defined()) {  // a gather now: the step's next one in the recorded order
     if (training_ && recorded_) {
       if (next_ >= order_.size() || order_[next_] != unit)
-        throw Error(str(
-            "zero: rank ", dp_.rank(), " of the data-parallel group gathers ", gather_name(unit),
-            " for the ", phase == nn::Phase::kBeforeForward ? "forward" : "backward", " of block '",
-            model_.block_name(block), "' as gather ", next_ + 1, " of step ", steps_ + 1,
-            ", but the first step's gather ", next_ + 1, " was ",
-            next_ < order_.size() ? gather_name(order_[next_]) : std::string("none (it had ") +
-                                                                 std::to_string(order_.size()) + ")",
-            "; every step must run the same blocks in the same order on every rank"));
+        throw Error(str("zero: rank ", dp_.rank(), " of the data-parallel group gathers ",
+                        gather_name(unit), " for the ",
+                        phase == nn::Phase::kBeforeForward ? "forward" : "backward", " of block '",
+                        model_.block_name(block), "' as gather ", next_ + 1, " of step ",
+                        steps_ + 1, ", but the first step's gather ", next_ + 1, " was ",
+                        next_ < order_.size()
+                            ? gather_name(order_[next_])
+                            : std::string("none (it had ") + std::to_string(order_.size()) + ")",
+                        "; every step must run the same blocks in the same order on every rank"));
       ++next_;
     } else if (training_) {
       order_.push_back(unit);
@@ -213,8 +215,8 @@ void ShardedStore::require(int unit, nn::Phase phase, size_t block) {
     try {
       start_gather(unit, false);
     } catch (const CommError& e) {
-      throw CommError(str("zero: rank ", dp_.rank(), " gathering ", gather_name(unit), " for block '",
-                          model_.block_name(block), "': ", e.what()));
+      throw CommError(str("zero: rank ", dp_.rank(), " gathering ", gather_name(unit),
+                          " for block '", model_.block_name(block), "': ", e.what()));
     }
   } else {
     const double t0 = now_seconds();
@@ -278,8 +280,8 @@ void ShardedStore::copy_values(nn::Range r, float* dst) {
     if (!was_resident) start_gather(static_cast<int>(k), false);
     resident_[k].work.wait();
     // The gathered values (16-bit ones widened; the f32 master pieces live on their owners).
-    ops::convert(dst + (lo - r.lo), DType::kF32, resident_[k].memory.view(lo - ur.lo, {hi - lo}).raw(),
-                 type_, hi - lo);
+    ops::convert(dst + (lo - r.lo), DType::kF32,
+                 resident_[k].memory.view(lo - ur.lo, {hi - lo}).raw(), type_, hi - lo);
     if (!was_resident) release(static_cast<int>(k));
   }
 }

@@ -85,13 +85,13 @@ class ShardedStore final : public ParamStore, public BlockHooks {
   bool hold_for_step_;
   DType type_;
   bool training_ = true;
-  Tensor shard_;                       // this rank's pieces, the master values
-  std::vector<Resident> resident_;     // per unit (memory undefined: not gathered)
-  std::vector<Tensor> free_;           // gather buffers not in use
+  Tensor shard_;                    // this rank's pieces, the master values
+  std::vector<Resident> resident_;  // per unit (memory undefined: not gathered)
+  std::vector<Tensor> free_;        // gather buffers not in use
   int64_t buffer_numel_ = 0;
-  std::vector<int> order_;             // the first training step's gathers
+  std::vector<int> order_;  // the first training step's gathers
   bool recorded_ = false;
-  size_t next_ = 0;                    // this step's gathers so far
+  size_t next_ = 0;  // this step's gathers so far
   int64_t steps_ = 0;
   double wait_s_ = 0, optimizer_s_ = 0, bytes_ = 0;
 };

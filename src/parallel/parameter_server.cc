@@ -101,7 +101,8 @@ ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model
     model_.bind_values({0, model_.arena_numel()}, values_);
     if (const CompressKind kind = compress_kind(spec_.compress.kind); kind != CompressKind::kNone)
       for (int k = 0; k < servers(); ++k)
-        codecs_.push_back(std::make_unique<compress::PushCodec>(kind, shard(k).size(), spec_.compress));
+        codecs_.push_back(
+            std::make_unique<compress::PushCodec>(kind, shard(k).size(), spec_.compress));
   }
 }
 
@@ -127,8 +128,13 @@ void ParameterServer::finish() {
 StateView ParameterServer::state() {
   if (!is_server()) return {};
   const nn::Range r = server_.range;
-  return {{r}, {r}, {r}, [this](nn::Range q) { return server_.values.data<float>() + (q.lo - server_.range.lo); },
-          server_.optimizer.get(), [this](nn::Range q) { return q.lo - server_.range.lo; }, {}};
+  return {{r},
+          {r},
+          {r},
+          [this](nn::Range q) { return server_.values.data<float>() + (q.lo - server_.range.lo); },
+          server_.optimizer.get(),
+          [this](nn::Range q) { return q.lo - server_.range.lo; },
+          {}};
 }
 
 std::vector<float> ParameterServer::save_compression() {
@@ -144,7 +150,8 @@ void ParameterServer::load_compression(const std::vector<float>& state) {
   const size_t need = save_compression().size();
   if (state.size() != need)
     throw IoError(str("compress: the checkpoint's push residuals have ", state.size(),
-                      " values, this layout needs ", need, "; resume with the config and worker "
+                      " values, this layout needs ", need,
+                      "; resume with the config and worker "
                       "and server counts it was saved with"));
   size_t at = 1;
   for (auto& c : codecs_)
@@ -155,18 +162,20 @@ void ParameterServer::load_compression(const std::vector<float>& state) {
 }
 
 std::vector<ckpt::ShardFile> ParameterServer::checkpoint(const std::string& dir,
-                                                        int64_t* optimizer_steps) {
+                                                         int64_t* optimizer_steps) {
   start(-1);
   std::vector<ckpt::ShardFile> out;
   const comm::Deadline deadline = comm::Deadline::after(timeout());
   for (int k = 0; k < servers(); ++k) {
-    Request h{kWireVersion, kCheckpoint, static_cast<int64_t>(dir.size()), held_[static_cast<size_t>(k)]};
+    Request h{kWireVersion, kCheckpoint, static_cast<int64_t>(dir.size()),
+              held_[static_cast<size_t>(k)]};
     world_.send(&h, kRequestWords, comm::ElemType::kI64, server_rank(k), kTagRequest);
     world_.send(dir.data(), dir.size(), comm::ElemType::kU8, server_rank(k), kTagState);
     Reply r;
     world_.irecv(&r, kReplyWords, comm::ElemType::kI64, server_rank(k), kTagReply).wait(deadline);
     std::string text(static_cast<size_t>(r.has_data), ' ');
-    world_.irecv(text.data(), text.size(), comm::ElemType::kU8, server_rank(k), kTagState).wait(deadline);
+    world_.irecv(text.data(), text.size(), comm::ElemType::kU8, server_rank(k), kTagState)
+        .wait(deadline);
     const nlohmann::json j = nlohmann::json::parse(text);
     out.push_back({j.at("file").get<std::string>(), j.at("bytes").get<int64_t>(),
                    j.at("sha256").get<std::string>()});
@@ -185,7 +194,8 @@ void ParameterServer::read_values(const std::function<void(nn::Range, const floa
     Reply r;
     world_.irecv(&r, kReplyWords, comm::ElemType::kI64, server_rank(k), kTagReply).wait(deadline);
     buf.resize(static_cast<size_t>(shard(k).size()));
-    world_.irecv(buf.data(), buf.size(), comm::ElemType::kF32, server_rank(k), kTagParams).wait(deadline);
+    world_.irecv(buf.data(), buf.size(), comm::ElemType::kF32, server_rank(k), kTagParams)
+        .wait(deadline);
     consume(shard(k), buf.data());
   }
 }
@@ -195,11 +205,12 @@ void ParameterServer::request(Kind kind, int64_t clock) {
     Request& h = request_[static_cast<size_t>(k)];
     h = Request{kWireVersion, kind, clock, held_[static_cast<size_t>(k)]};
     if (k == 0 && claims_.open && (kind == kPull || kind == kPushPull)) {
-      h.claim_epoch = claims_.epoch + 1, h.claim_first = claims_.first, h.claim_limit = claims_.limit;
+      h.claim_epoch = claims_.epoch + 1, h.claim_first = claims_.first,
+      h.claim_limit = claims_.limit;
       claiming_ = true;
     }
-    sends_.push_back(world_.isend(&h, kRequestWords, comm::ElemType::kI64, server_rank(k),
-                                  kTagRequest));
+    sends_.push_back(
+        world_.isend(&h, kRequestWords, comm::ElemType::kI64, server_rank(k), kTagRequest));
   }
 }
 
@@ -222,8 +233,9 @@ void ParameterServer::await_replies(const char* what) {
       recvs[static_cast<size_t>(k)].wait(deadline);
       const Reply& r = reply_[static_cast<size_t>(k)];
       if (r.wire != kWireVersion)
-        throw CommError(str("parameter server: server rank ", server_rank(k), " speaks wire version ",
-                            r.wire, ", this worker ", kWireVersion, "; run one tessel build on every rank"));
+        throw CommError(str("parameter server: server rank ", server_rank(k),
+                            " speaks wire version ", r.wire, ", this worker ", kWireVersion,
+                            "; run one tessel build on every rank"));
       held_[static_cast<size_t>(k)] = r.version;
       if (k == 0 && claiming_) claimed_ = r.claimed, claiming_ = false;
       if (r.has_data == 0) continue;  // this shard did not change since the version held
@@ -243,11 +255,10 @@ void ParameterServer::await_replies(const char* what) {
     sends_.clear();
   } catch (const CommError& e) {
     // The transport says whether the deadline passed or the group was aborted (and why).
-    throw CommError(str("parameter server: worker rank ", rank(), " (clock ", clock_,
-                        ") waited for a ", what, " reply from ",
-                        k >= 0 ? str("server rank ", server_rank(k)) : std::string("the servers"),
-                        " (deadline 1.25 x comm.timeout_s = ", 1.25 * timeout(), " s): ",
-                        e.what()));
+    throw CommError(str(
+        "parameter server: worker rank ", rank(), " (clock ", clock_, ") waited for a ", what,
+        " reply from ", k >= 0 ? str("server rank ", server_rank(k)) : std::string("the servers"),
+        " (deadline 1.25 x comm.timeout_s = ", 1.25 * timeout(), " s): ", e.what()));
   }
   wait_s_ += now_seconds() - t0;
 }
@@ -337,7 +348,8 @@ void ParameterServer::push(GradSync& sync, float clip_norm, int64_t step) {
     if (!codecs_.empty()) {  // compressed: the shard's message (compress.kind)
       compress::PushCodec& c = *codecs_[static_cast<size_t>(k)];
       const void* msg = c.encode(g + s.lo, {seed_, step, k, rank(), 1});
-      sends_.push_back(world_.isend(msg, c.message_bytes(), comm::ElemType::kU8, server_rank(k), kTagGrad));
+      sends_.push_back(
+          world_.isend(msg, c.message_bytes(), comm::ElemType::kU8, server_rank(k), kTagGrad));
       continue;
     }
     sends_.push_back(world_.isend(g + s.lo, static_cast<size_t>(s.size()), comm::ElemType::kF32,

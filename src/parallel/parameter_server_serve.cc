@@ -34,10 +34,10 @@
 #include <limits>
 #include <thread>
 
+#include "compress/push_codec.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
 #include "tessel/core/trace.h"
-#include "compress/push_codec.h"
 #include "tessel/parallel/parameter_server.h"
 
 namespace tessel::parallel {
@@ -58,11 +58,18 @@ inline void cpu_relax() {
 class ServerLoop {
  public:
   ServerLoop(ParameterServer& ps, const std::function<float(int64_t)>& lr)
-      : ps_(ps), world_(ps.world_), opt_(*ps.server_.optimizer), lr_(lr), W_(ps.workers()),
-        inverse_(ps.spec_.ps_stale_lr == "inverse"), stats_(ParameterServer::kStatCount, 0.0) {
+      : ps_(ps),
+        world_(ps.world_),
+        opt_(*ps.server_.optimizer),
+        lr_(lr),
+        W_(ps.workers()),
+        inverse_(ps.spec_.ps_stale_lr == "inverse"),
+        stats_(ParameterServer::kStatCount, 0.0) {
     len_ = static_cast<size_t>(ps.server_.range.size());
-    if (const CompressKind kind = compress_kind(ps.spec_.compress.kind); kind != CompressKind::kNone)
-      codec_ = std::make_unique<compress::PushCodec>(kind, static_cast<int64_t>(len_), ps.spec_.compress);
+    if (const CompressKind kind = compress_kind(ps.spec_.compress.kind);
+        kind != CompressKind::kNone)
+      codec_ = std::make_unique<compress::PushCodec>(kind, static_cast<int64_t>(len_),
+                                                     ps.spec_.compress);
     workers_.resize(static_cast<size_t>(W_));
     for (Worker& w : workers_) {
       w.grad.assign(len_, 0.0f);
@@ -134,7 +141,7 @@ class ServerLoop {
   std::unique_ptr<compress::PushCodec> codec_;  // compress.kind != none: decodes pushes
   std::vector<Worker> workers_;
   int done_ = 0, arrived_ = 0;
-  int64_t base_clock_ = -1;  // set by the first hello (-1: none yet)
+  int64_t base_clock_ = -1;                 // set by the first hello (-1: none yet)
   int64_t sync_updates_ = 0, applied_ = 0;  // since serve() started
   // Server 0's claims (async, ssp): the open range of worker batches, the next index to hand
   // out, and the grants since serve() started (across epochs: their step numbering).
@@ -244,20 +251,24 @@ void ServerLoop::handle(int w) {
       k.done = true;
       ++done_;
       if (sync() && arrived_ > 0)
-        throw Error(str("parameter server: worker rank ", w, " finished while other workers "
-                        "pushed step ", steps_clock(), "; in sync mode every worker runs the same "
+        throw Error(str("parameter server: worker rank ", w,
+                        " finished while other workers "
+                        "pushed step ",
+                        steps_clock(),
+                        "; in sync mode every worker runs the same "
                         "steps (this is a bug)"));
       break;
     default:
-      throw CommError(str("parameter server: server rank ", ps_.rank(), " got request kind ", h.kind,
-                          " from rank ", w, "; is that rank running the parameter-server "
+      throw CommError(str("parameter server: server rank ", ps_.rank(), " got request kind ",
+                          h.kind, " from rank ", w,
+                          "; is that rank running the parameter-server "
                           "layout with the same config?"));
   }
 }
 
 void ServerLoop::record_staleness(int64_t s, double count) {
-  const int bin = static_cast<int>(std::min<int64_t>(std::max<int64_t>(s, 0),
-                                                     ParameterServer::kStalenessBins - 1));
+  const int bin = static_cast<int>(
+      std::min<int64_t>(std::max<int64_t>(s, 0), ParameterServer::kStalenessBins - 1));
   stats_[ParameterServer::kStatHistogram + bin] += count;
   stats_[ParameterServer::kMaxStaleness] =
       std::max(stats_[ParameterServer::kMaxStaleness], static_cast<double>(s));
@@ -268,7 +279,8 @@ void ServerLoop::push(int w) {
   k.grad_work.wait(deadline());  // the payload follows its request
   if (codec_) codec_->decode(k.msg.data(), k.grad.data());
   stats_[ParameterServer::kPushes] += 1;
-  stats_[ParameterServer::kBytesIn] += codec_ ? static_cast<double>(k.msg.size()) : 4.0 * static_cast<double>(len_);
+  stats_[ParameterServer::kBytesIn] +=
+      codec_ ? static_cast<double>(k.msg.size()) : 4.0 * static_cast<double>(len_);
   const int64_t clock = k.request.clock, held = k.request.held;
   k.clock = clock;
   k.holds = -1;  // the batch it trained is done
@@ -276,7 +288,8 @@ void ServerLoop::push(int w) {
     if (clock - 1 != steps_clock() || k.arrived)
       throw Error(str("parameter server: worker rank ", w, " pushed the gradient of step ",
                       clock - 1, " computed on version ", held, " while server rank ", ps_.rank(),
-                      " collects step ", steps_clock(), "; sync workers must push every step "
+                      " collects step ", steps_clock(),
+                      "; sync workers must push every step "
                       "once (this is a bug)"));
     k.arrived = true;
     if (++arrived_ == W_) apply_sync();
@@ -289,7 +302,9 @@ void ServerLoop::push(int w) {
   const int64_t staleness = version() - held;
   TraceSpan span("apply push", "ps");
   if (TraceArgs* args = span.args())
-    args->num("worker", w).num("staleness", static_cast<double>(staleness)).num("bytes", 4.0 * len_);
+    args->num("worker", w)
+        .num("staleness", static_cast<double>(staleness))
+        .num("bytes", 4.0 * len_);
   record_staleness(staleness, 1);
   float lr = lr_(steps_clock());
   if (inverse_) lr /= static_cast<float>(1 + std::max<int64_t>(staleness, 0));
@@ -337,17 +352,19 @@ void ServerLoop::open_claims(int w) {
   k.wants_claim = h.claim_epoch > 0;
   if (!k.wants_claim) return;
   if (sync() || ps_.server_index() != 0)
-    throw Error(str("parameter server: server rank ", ps_.rank(), " got a batch claim from worker "
-                    "rank ", w, "; only server 0 of async and ssp hands out batches (this is a bug)"));
+    throw Error(str("parameter server: server rank ", ps_.rank(),
+                    " got a batch claim from worker "
+                    "rank ",
+                    w, "; only server 0 of async and ssp hands out batches (this is a bug)"));
   const int64_t epoch = h.claim_epoch - 1;
   if (epoch > claim_epoch_) {  // the epoch's first claim opens its range
     claim_epoch_ = epoch, claim_first_ = h.claim_first, claim_next_ = h.claim_first,
     claim_limit_ = h.claim_limit;
-  } else if (epoch < claim_epoch_ || h.claim_first != claim_first_ || h.claim_limit != claim_limit_) {
+  } else if (epoch < claim_epoch_ || h.claim_first != claim_first_ ||
+             h.claim_limit != claim_limit_) {
     throw Error(str("parameter server: worker rank ", w, " claims batches [", h.claim_first, ", ",
-                    h.claim_limit,
-                    ") of epoch ", epoch, " while server rank ", ps_.rank(), " hands out [",
-                    claim_first_, ", ", claim_limit_, ") of epoch ", claim_epoch_,
+                    h.claim_limit, ") of epoch ", epoch, " while server rank ", ps_.rank(),
+                    " hands out [", claim_first_, ", ", claim_limit_, ") of epoch ", claim_epoch_,
                     "; the workers disagree on the epoch (this is a bug)"));
   }
 }
@@ -432,18 +449,28 @@ void ServerLoop::send_stats(int w) {
 void ServerLoop::write_checkpoint(int w, int64_t path_bytes) {
   std::string dir(static_cast<size_t>(path_bytes), '\0');
   const comm::Deadline d = deadline();
-  world_.irecv(dir.data(), dir.size(), comm::ElemType::kU8, peer(w), ParameterServer::kTagState).wait(d);
+  world_.irecv(dir.data(), dir.size(), comm::ElemType::kU8, peer(w), ParameterServer::kTagState)
+      .wait(d);
   const ckpt::ShardFile f = write_state_shard(dir, ps_.rank(), ps_.state(), ps_.model_);
-  const std::string text = nlohmann::json{{"file", f.file}, {"bytes", f.bytes}, {"sha256", f.sha256}}.dump();
-  Reply r{ParameterServer::kWireVersion, version(), static_cast<int64_t>(text.size()), opt_.steps(), -1};
-  world_.isend(&r, ParameterServer::kReplyWords, comm::ElemType::kI64, peer(w), ParameterServer::kTagReply).wait(d);
-  world_.isend(text.data(), text.size(), comm::ElemType::kU8, peer(w), ParameterServer::kTagState).wait(d);
+  const std::string text =
+      nlohmann::json{{"file", f.file}, {"bytes", f.bytes}, {"sha256", f.sha256}}.dump();
+  Reply r{ParameterServer::kWireVersion, version(), static_cast<int64_t>(text.size()), opt_.steps(),
+          -1};
+  world_
+      .isend(&r, ParameterServer::kReplyWords, comm::ElemType::kI64, peer(w),
+             ParameterServer::kTagReply)
+      .wait(d);
+  world_.isend(text.data(), text.size(), comm::ElemType::kU8, peer(w), ParameterServer::kTagState)
+      .wait(d);
 }
 
 void ServerLoop::send_values(int w) {
   const comm::Deadline d = deadline();
   Reply r{ParameterServer::kWireVersion, version(), 1, opt_.steps(), -1};
-  world_.isend(&r, ParameterServer::kReplyWords, comm::ElemType::kI64, peer(w), ParameterServer::kTagReply).wait(d);
+  world_
+      .isend(&r, ParameterServer::kReplyWords, comm::ElemType::kI64, peer(w),
+             ParameterServer::kTagReply)
+      .wait(d);
   world_.isend(params(), len_, comm::ElemType::kF32, peer(w), ParameterServer::kTagParams).wait(d);
 }
 
@@ -457,12 +484,12 @@ void ServerLoop::stuck(double idle_s) {
     else
       silent += str(silent.empty() ? "" : ", ", w, " (clock ", k.clock, ")");
   }
-  const std::string msg = str(
-      "parameter server: server rank ", ps_.rank(), " (", ps_.spec_.ps_mode, ", step ",
-      steps_clock(), ") heard nothing for ", idle_s, " s (comm.timeout_s); waiting for worker rank(s) ",
-      silent.empty() ? std::string("none") : silent, "; worker rank(s) ",
-      waiting.empty() ? std::string("none") : waiting,
-      " wait for their reply; a silent worker is stuck or died");
+  const std::string msg = str("parameter server: server rank ", ps_.rank(), " (", ps_.spec_.ps_mode,
+                              ", step ", steps_clock(), ") heard nothing for ", idle_s,
+                              " s (comm.timeout_s); waiting for worker rank(s) ",
+                              silent.empty() ? std::string("none") : silent, "; worker rank(s) ",
+                              waiting.empty() ? std::string("none") : waiting,
+                              " wait for their reply; a silent worker is stuck or died");
   world_.abort(msg);
   throw CommError(msg);
 }

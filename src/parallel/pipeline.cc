@@ -42,7 +42,7 @@ struct PipelineExecutor::Inflight {
   nn::Activations* acts = nullptr;
   Shape out_shape;  // the activation sent on, whose gradient comes back (of out_type)
   DType out_type = DType::kF32;
-  Tensor dlogits;   // last chunk: the loss gradient, computed right after the forward
+  Tensor dlogits;  // last chunk: the loss gradient, computed right after the forward
 };
 
 PipelineExecutor::PipelineExecutor(const ParallelSpec& spec, comm::Communicator& pp,
@@ -85,13 +85,15 @@ void PipelineExecutor::find_tied_table() {
   for (size_t i = 0; i < model_.num_blocks(); ++i)
     for (nn::Parameter* p : model_.borrowed(i)) {
       const auto& params = model_.parameters();
-      const size_t k = static_cast<size_t>(std::find(params.begin(), params.end(), p) - params.begin());
+      const size_t k =
+          static_cast<size_t>(std::find(params.begin(), params.end(), p) - params.begin());
       size_t owner = 0;
       while (model_.block_parameters(owner).second <= k) ++owner;
       if (part_.stage[chunk_of(owner)] == part_.stage[chunk_of(i)]) continue;
       if (tied_from_ >= 0)
-        throw InvalidArgument("pipeline: more than one parameter is shared across stages; "
-                              "put the blocks that share them on one stage (pp.cuts)");
+        throw InvalidArgument(
+            "pipeline: more than one parameter is shared across stages; "
+            "put the blocks that share them on one stage (pp.cuts)");
       tied_from_ = chunk_of(i);
       tied_to_ = chunk_of(owner);
       tied_owner_ = owner;
@@ -153,7 +155,8 @@ void PipelineExecutor::start(ParamStore& store) {
   pp_.allgather(&mine, all.data(), 1, comm::ElemType::kI64);
   for (int s = 0; s < stages_; ++s)
     if (all[s] != all[0])
-      throw Error(str("pipeline: stage ", s, " computed a different partition or schedule than "
+      throw Error(str("pipeline: stage ", s,
+                      " computed a different partition or schedule than "
                       "stage 0; every rank must run the same config"));
   sync_tied_table(store);
 }
@@ -205,8 +208,9 @@ void PipelineExecutor::send(Link& link, const Tensor& t) {
     for (int i = 0; i < t.ndim(); ++i) h.dims[i] = t.dim(i);
     auto words = std::make_shared<std::vector<int64_t>>(kHeaderWords);
     std::memcpy(words->data(), &h, sizeof h);
-    pending_.push_back({link.comm.isend(words->data(), kHeaderWords, comm::ElemType::kI64, link.peer),
-                        Tensor(), words});
+    pending_.push_back(
+        {link.comm.isend(words->data(), kHeaderWords, comm::ElemType::kI64, link.peer), Tensor(),
+         words});
     link.first = false;
   }
   p.work = link.comm.isend(p.keep.raw(), static_cast<size_t>(p.keep.numel()),
@@ -223,8 +227,8 @@ void PipelineExecutor::send(Link& link, const Tensor& t) {
   send_s_ += now_seconds() - t0;
 }
 
-Tensor PipelineExecutor::recv(Link& link, int64_t rows, const Shape* expect, const std::string& what,
-                              DType expect_type) {
+Tensor PipelineExecutor::recv(Link& link, int64_t rows, const Shape* expect,
+                              const std::string& what, DType expect_type) {
   const double t0 = now_seconds();
   if (link.first) {
     TensorHeader h;
@@ -259,7 +263,9 @@ Tensor PipelineExecutor::recv(Link& link, int64_t rows, const Shape* expect, con
   {
     TraceSpan span("recv", "p2p");
     if (TraceArgs* args = span.args())
-      args->text("what", what).num("from_stage", link.peer_stage).num("bytes", static_cast<double>(t.nbytes()));
+      args->text("what", what)
+          .num("from_stage", link.peer_stage)
+          .num("bytes", static_cast<double>(t.nbytes()));
     link.comm.recv(t.raw(), static_cast<size_t>(t.numel()), comm::elem_type(link.dtype), link.peer);
   }
   if (expect && *expect != shape)

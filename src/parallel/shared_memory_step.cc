@@ -36,8 +36,8 @@ std::unique_ptr<SharedGradSync> SharedGradSync::make(nn::Model& model, const Uni
 }
 
 SharedGradSync::SharedGradSync(nn::Model& model, const Units& units, comm::Communicator& dp,
-                               comm::Communicator& workers, std::shared_ptr<void> block,
-                               size_t at, bool whole)
+                               comm::Communicator& workers, std::shared_ptr<void> block, size_t at,
+                               bool whole)
     : units_(units), dp_(dp), workers_(workers), block_(std::move(block)), whole_(whole) {
   const size_t bytes = arena_bytes(units);
   char* base = static_cast<char*>(block_.get()) + at;
@@ -84,7 +84,8 @@ void SharedGradSync::reduce() {
         if (r != me)
           std::memcpy(rank_grads_[r] - units_.span.lo + lo, own + lo,
                       static_cast<size_t>(hi - lo) * sizeof(float));
-      bytes_ += 4.0 * static_cast<double>((hi - lo) * static_cast<int64_t>(n - 1) * (whole_ ? 2 : 1));
+      bytes_ +=
+          4.0 * static_cast<double>((hi - lo) * static_cast<int64_t>(n - 1) * (whole_ ? 2 : 1));
     }
   reduce_s_ += now_seconds() - t0;
   if (whole_) sync_ranks();  // every piece's sum is in every arena

@@ -26,8 +26,7 @@ class SharedGradSync : public GradSync {
   // zero.stage 0. Collective over dp. Returns null when the ranks do not share a host (then
   // use messages).
   static std::unique_ptr<SharedGradSync> make(nn::Model& model, const Units& units,
-                                              comm::Communicator& dp,
-                                              comm::Communicator& workers);
+                                              comm::Communicator& dp, comm::Communicator& workers);
   ~SharedGradSync() override;
 
   void reduce() override;
@@ -60,8 +59,8 @@ class SharedMemoryStep final : public SharedGradSync, public ParamStore {
  public:
   // zero.stage 1. Collective over dp. Returns null when the ranks do not share a host.
   static std::unique_ptr<SharedMemoryStep> make(nn::Model& model, const Units& units,
-                                                comm::Communicator& dp,
-                                                comm::Communicator& workers, uint64_t seed);
+                                                comm::Communicator& dp, comm::Communicator& workers,
+                                                uint64_t seed);
   ~SharedMemoryStep() override;
 
   void update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync) override;

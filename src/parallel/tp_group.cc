@@ -23,7 +23,8 @@ void TpGroup::run(Op op, int64_t bytes, F&& call) {
 }
 
 void TpGroup::all_reduce_sum(float* data, int64_t n) {
-  run(kAllReduce, n * 4, [&] { comm_.allreduce(data, static_cast<size_t>(n), comm::ElemType::kF32); });
+  run(kAllReduce, n * 4,
+      [&] { comm_.allreduce(data, static_cast<size_t>(n), comm::ElemType::kF32); });
 }
 
 void TpGroup::all_reduce_max(float* data, int64_t n) {

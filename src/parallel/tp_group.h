@@ -8,9 +8,8 @@
 
 #include <array>
 #include <map>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "tessel/comm/communicator.h"
 #include "tessel/nn/model.h"

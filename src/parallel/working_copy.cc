@@ -8,8 +8,8 @@ namespace tessel::parallel {
 
 WorkingCopy::WorkingCopy(nn::Model& model, const Units& units, DType type)
     : units_(units), type_(type) {
-  TESSEL_CHECK(type == DType::kBF16 || type == DType::kF16,
-               "working copy: a 16-bit type, got ", dtype_name(type));
+  TESSEL_CHECK(type == DType::kBF16 || type == DType::kF16, "working copy: a 16-bit type, got ",
+               dtype_name(type));
   {
     MemoryScope scope(MemCategory::kParameters);
     values_ = Tensor::zeros({std::max<int64_t>(units.span.size(), 1)}, type);

@@ -8,24 +8,36 @@ namespace tessel {
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kF32: return 4;
-    case DType::kF16: return 2;
-    case DType::kBF16: return 2;
-    case DType::kI32: return 4;
-    case DType::kI64: return 8;
-    case DType::kU8: return 1;
+    case DType::kF32:
+      return 4;
+    case DType::kF16:
+      return 2;
+    case DType::kBF16:
+      return 2;
+    case DType::kI32:
+      return 4;
+    case DType::kI64:
+      return 8;
+    case DType::kU8:
+      return 1;
   }
   return 0;
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kF16: return "f16";
-    case DType::kBF16: return "bf16";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-    case DType::kU8: return "u8";
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+    case DType::kU8:
+      return "u8";
   }
   return "?";
 }
@@ -33,8 +45,8 @@ const char* dtype_name(DType t) {
 DType dtype_from_name(const std::string& name) {
   for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kI32, DType::kI64, DType::kU8})
     if (name == dtype_name(t)) return t;
-  throw InvalidArgument(str("dtype: unknown name, got '", name,
-                            "'; use one of f32, f16, bf16, i32, i64, u8"));
+  throw InvalidArgument(
+      str("dtype: unknown name, got '", name, "'; use one of f32, f16, bf16, i32, i64, u8"));
 }
 
 uint16_t f32_to_bf16(float x) {
@@ -57,7 +69,7 @@ uint16_t f32_to_f16(float x) {
   std::memcpy(&u, &x, 4);
   uint32_t sign = (u >> 16) & 0x8000u;
   uint32_t absu = u & 0x7fffffffu;
-  if (absu > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (absu > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);   // NaN
   if (absu >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // overflow -> inf
   if (absu < 0x38800000u) {  // subnormal or zero in f16: round via float arithmetic
     float f;

@@ -129,12 +129,18 @@ Tensor Tensor::to(DType dtype) const {
   auto load = [&](int64_t i) -> double {
     const char* p = static_cast<const char*>(raw());
     switch (dtype_) {
-      case DType::kF32: return reinterpret_cast<const float*>(p)[i];
-      case DType::kF16: return f16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
-      case DType::kBF16: return bf16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
-      case DType::kI32: return reinterpret_cast<const int32_t*>(p)[i];
-      case DType::kI64: return static_cast<double>(reinterpret_cast<const int64_t*>(p)[i]);
-      case DType::kU8: return reinterpret_cast<const uint8_t*>(p)[i];
+      case DType::kF32:
+        return reinterpret_cast<const float*>(p)[i];
+      case DType::kF16:
+        return f16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
+      case DType::kBF16:
+        return bf16_to_f32(reinterpret_cast<const uint16_t*>(p)[i]);
+      case DType::kI32:
+        return reinterpret_cast<const int32_t*>(p)[i];
+      case DType::kI64:
+        return static_cast<double>(reinterpret_cast<const int64_t*>(p)[i]);
+      case DType::kU8:
+        return reinterpret_cast<const uint8_t*>(p)[i];
     }
     return 0;
   };
@@ -142,12 +148,24 @@ Tensor Tensor::to(DType dtype) const {
   for (int64_t i = 0; i < n; ++i) {
     double v = load(i);
     switch (dtype) {
-      case DType::kF32: reinterpret_cast<float*>(q)[i] = static_cast<float>(v); break;
-      case DType::kF16: reinterpret_cast<uint16_t*>(q)[i] = f32_to_f16(static_cast<float>(v)); break;
-      case DType::kBF16: reinterpret_cast<uint16_t*>(q)[i] = f32_to_bf16(static_cast<float>(v)); break;
-      case DType::kI32: reinterpret_cast<int32_t*>(q)[i] = static_cast<int32_t>(v); break;
-      case DType::kI64: reinterpret_cast<int64_t*>(q)[i] = static_cast<int64_t>(v); break;
-      case DType::kU8: reinterpret_cast<uint8_t*>(q)[i] = static_cast<uint8_t>(v); break;
+      case DType::kF32:
+        reinterpret_cast<float*>(q)[i] = static_cast<float>(v);
+        break;
+      case DType::kF16:
+        reinterpret_cast<uint16_t*>(q)[i] = f32_to_f16(static_cast<float>(v));
+        break;
+      case DType::kBF16:
+        reinterpret_cast<uint16_t*>(q)[i] = f32_to_bf16(static_cast<float>(v));
+        break;
+      case DType::kI32:
+        reinterpret_cast<int32_t*>(q)[i] = static_cast<int32_t>(v);
+        break;
+      case DType::kI64:
+        reinterpret_cast<int64_t*>(q)[i] = static_cast<int64_t>(v);
+        break;
+      case DType::kU8:
+        reinterpret_cast<uint8_t*>(q)[i] = static_cast<uint8_t>(v);
+        break;
     }
   }
   return out;

@@ -2,9 +2,8 @@
 
 #include <algorithm>
 #include <memory>
-#include <numeric>
-
 #include <nlohmann/json.hpp>
+#include <numeric>
 
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/core/log.h"
@@ -33,8 +32,9 @@ void check_parameters(const ckpt::CheckpointSource& reader, const nn::Model& mod
                            [&](const ckpt::TensorSpec& t) { return t.name == p->name; });
     if (it == m.parameters.end() || it->shape != p->full_shape())
       throw IoError(str("checkpoint: ", reader.dir(), " has ",
-                        it == m.parameters.end() ? str("no parameter '", p->name, "'")
-                                                 : str("'", p->name, "' of shape ", shape_str(it->shape)),
+                        it == m.parameters.end()
+                            ? str("no parameter '", p->name, "'")
+                            : str("'", p->name, "' of shape ", shape_str(it->shape)),
                         " but the model needs ", shape_str(p->full_shape()),
                         "; the checkpoint was saved from a different model config"));
   }
@@ -81,8 +81,8 @@ std::string Checkpointer::save(const std::string& run_dir, int64_t step,
     m.optimizer_steps = optimizer_steps;
     m.shards = shards;
     TraceSpan commit("commit", "checkpoint");
-    committed = ckpt::commit_checkpoint(run_dir, dir, step, m, trainer_json,
-                                        config_.checkpoint.keep_last);
+    committed =
+        ckpt::commit_checkpoint(run_dir, dir, step, m, trainer_json, config_.checkpoint.keep_last);
     log_debug("checkpoint saved: ", committed);
   }
   // Nobody writes the next checkpoint's files before this one is committed.
@@ -118,14 +118,15 @@ std::string Checkpointer::restore(const std::string& path, std::string* dir) {
     if (!engine_.ps()) engine_.max(picks, 2);  // parameter servers: each rank on its own
     if (picks[0] >= static_cast<double>(candidates.size()))
       throw IoError(candidates.size() == 1 ? damage
-                                           : str(damage, "; no older checkpoint next to it is "
-                                                         "intact either"));
+                                           : str(damage,
+                                                 "; no older checkpoint next to it is "
+                                                 "intact either"));
     first = static_cast<size_t>(picks[0]);
     if (-picks[1] == picks[0]) break;
   }
   if (first > 0)
-    log_warn(damage, "; resuming from the previous complete checkpoint ",
-             candidates[first], " instead");
+    log_warn(damage, "; resuming from the previous complete checkpoint ", candidates[first],
+             " instead");
   *dir = candidates[first];
   return restore(*reader);
 }
@@ -133,12 +134,14 @@ std::string Checkpointer::restore(const std::string& path, std::string* dir) {
 std::string Checkpointer::restore(const ckpt::CheckpointSource& reader) {
   const ckpt::Manifest& m = reader.manifest();
   if (m.model_kind != config_.model.kind)
-    throw IoError(str("checkpoint: ", reader.dir(), " holds a ", m.model_kind, " model, the config a ",
-                      config_.model.kind, "; resume with the config it was trained with"));
+    throw IoError(str("checkpoint: ", reader.dir(), " holds a ", m.model_kind,
+                      " model, the config a ", config_.model.kind,
+                      "; resume with the config it was trained with"));
   if (!m.vocabulary.empty() && m.vocabulary != vocabulary_)
     throw IoError(str("checkpoint: ", reader.dir(), " was trained on text with a ",
-                      m.vocabulary.size(), "-token vocabulary, but ", config_.data.path,
-                      " gives ", vocabulary_.size(), " different tokens; resume on the text it "
+                      m.vocabulary.size(), "-token vocabulary, but ", config_.data.path, " gives ",
+                      vocabulary_.size(),
+                      " different tokens; resume on the text it "
                       "was trained on (tessel eval reads other text with the checkpoint's "
                       "vocabulary)"));
   check_parameters(reader, model_);
@@ -147,8 +150,8 @@ std::string Checkpointer::restore(const ckpt::CheckpointSource& reader) {
   if (view.optimizer) {
     if (m.optimizer_kind != config_.optim.kind)
       throw IoError(str("checkpoint: ", reader.dir(), " holds ", m.optimizer_kind,
-                        " optimizer state but the config asks for optim.kind = ", config_.optim.kind,
-                        "; resume with the optimizer it was trained with"));
+                        " optimizer state but the config asks for optim.kind = ",
+                        config_.optim.kind, "; resume with the optimizer it was trained with"));
     for (const optim::StateBuffer& buf : view.optimizer->state())
       for (const nn::Range& r : view.updated)
         read_range(reader, model_, buf.name + "/", r,

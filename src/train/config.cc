@@ -189,9 +189,12 @@ Key make_key(std::string path, std::string doc, Access access) {
 }
 
 #define TESSEL_KEY(path, member, doc, ...) \
-  make_key(path, doc, [](Config& c) -> auto& { return c.member; } __VA_OPT__(, ) __VA_ARGS__)
+  make_key(                                \
+      path, doc, [](Config & c) -> auto& { return c.member; } __VA_OPT__(, ) __VA_ARGS__)
 
 const std::vector<Key>& registry() {
+  // One line per key (a table to read down): clang-format leaves it as written.
+  // clang-format off
   static const std::vector<Key> keys = {
       TESSEL_KEY("name", name, "run name; default: the config file name without .toml"),
       TESSEL_KEY("seed", seed, "seed of parameter init, data shuffle and dropout", {0, kMaxInt}),
@@ -309,6 +312,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("debug.kill_rank", infer.kill_rank, "predict worker that dies after debug.kill_after chunks, to test re-runs and --resume (threads: its thread fails; mpi: its process is killed; -1: none)", {-1, kMaxRank}),
       TESSEL_KEY("debug.kill_after", infer.kill_after, "chunks debug.kill_rank finishes before it dies", {0, 1 << 30}),
   };
+  // clang-format on
   return keys;
 }
 

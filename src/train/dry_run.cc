@@ -9,8 +9,8 @@ namespace tessel::train {
 using nlohmann::json;
 
 std::string resolve_backend(const Config& config, bool under_mpi) {
-  const std::string backend = config.runtime.backend == "auto" ? (under_mpi ? "mpi" : "threads")
-                                                               : config.runtime.backend;
+  const std::string backend =
+      config.runtime.backend == "auto" ? (under_mpi ? "mpi" : "threads") : config.runtime.backend;
   if (backend == "mpi" && config.runtime.workers > 1)
     throw InvalidArgument(
         "runtime.workers (--workers) is for ranks as threads; under mpirun use -np instead");

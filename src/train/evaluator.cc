@@ -35,8 +35,8 @@ EvalResult evaluate(const data::Dataset& dataset, const EvalPass& pass,
   data::Batch batch;
   while (loader.next(batch)) {
     // Every rank runs every batch, an empty slice included (it may take part in collectives).
-    const parallel::PieceStats r = run({batch.x, batch.y,
-                                        nn::Context{false, pass.seed, pass.step, batch.first_sample}});
+    const parallel::PieceStats r =
+        run({batch.x, batch.y, nn::Context{false, pass.seed, pass.step, batch.first_sample}});
     sums[0] += r.loss_sum;
     sums[1] += r.correct;
     sums[2] += static_cast<double>(r.rows);
@@ -95,8 +95,8 @@ Tensor Evaluator::outputs(const data::Dataset& dataset, int64_t limit) {
   int64_t done = 0;
   data::Batch batch;
   while (done < limit && loader.next(batch)) {
-    const Tensor y = model_->forward(batch.x, nn::Context{false, config_.seed, 0, batch.first_sample},
-                                     nullptr);
+    const Tensor y =
+        model_->forward(batch.x, nn::Context{false, config_.seed, 0, batch.first_sample}, nullptr);
     if (!out.defined()) {
       Shape s = y.shape();
       s[0] = limit;

@@ -74,7 +74,8 @@ void Progress::info(const std::string& line) {
   if (enabled_) log_info(line);
 }
 
-void Progress::start(int64_t step, int64_t total_steps, int64_t steps_per_epoch, double eval_steps) {
+void Progress::start(int64_t step, int64_t total_steps, int64_t steps_per_epoch,
+                     double eval_steps) {
   start_step_ = step;
   total_steps_ = total_steps;
   steps_per_epoch_ = std::max<int64_t>(steps_per_epoch, 1);
@@ -91,8 +92,8 @@ double Progress::eta_seconds(int64_t step) const {
   const double per_step = (now_seconds() - start_time_ - end_seconds_) / static_cast<double>(done);
   const int64_t ends_left = (total_steps_ + steps_per_epoch_ - 1) / steps_per_epoch_ -
                             start_step_ / steps_per_epoch_ - epoch_ends_;
-  const double per_end = epoch_ends_ > 0 ? end_seconds_ / static_cast<double>(epoch_ends_)
-                                         : eval_steps_ * per_step;
+  const double per_end =
+      epoch_ends_ > 0 ? end_seconds_ / static_cast<double>(epoch_ends_) : eval_steps_ * per_step;
   return static_cast<double>(total_steps_ - step) * per_step +
          static_cast<double>(std::max<int64_t>(ends_left, 0)) * per_end;
 }
@@ -114,10 +115,9 @@ void Progress::track_straggler(const std::vector<parallel::RankStats>& ranks) {
 }
 
 void Progress::draw(int64_t step) {
-  const std::string line =
-      fmt("epoch %ld/%ld step %ld/%ld ", long(last_epoch_ + 1), long(config_.train.epochs),
-          long(step), long(total_steps_)) +
-      live_tail_ + " ETA " + format_eta(eta_seconds(step));
+  const std::string line = fmt("epoch %ld/%ld step %ld/%ld ", long(last_epoch_ + 1),
+                               long(config_.train.epochs), long(step), long(total_steps_)) +
+                           live_tail_ + " ETA " + format_eta(eta_seconds(step));
   std::fprintf(stderr, tty_ ? "\r\033[K%s" : "%s\n", line.c_str());
   last_draw_ = now_seconds();
 }
@@ -127,12 +127,16 @@ void Progress::tick(int64_t step) {
 }
 
 void Progress::train_line(const TrainPoint& p) {
-  json rec = {{"type", "train"}, {"step", p.step}, {"epoch", p.epoch + 1},
-              {"epoch_loss", p.metrics.loss}, {"epoch_accuracy", p.metrics.accuracy},
-              {"lr", p.lr}, {"samples_per_second", p.samples_per_second}};
+  json rec = {{"type", "train"},
+              {"step", p.step},
+              {"epoch", p.epoch + 1},
+              {"epoch_loss", p.metrics.loss},
+              {"epoch_accuracy", p.metrics.accuracy},
+              {"lr", p.lr},
+              {"samples_per_second", p.samples_per_second}};
   last_epoch_ = p.epoch;
-  live_tail_ = fmt("loss %.4f acc %.2f%% %.0f samples/s", p.metrics.loss, 100.0 * p.metrics.accuracy,
-                   p.samples_per_second);
+  live_tail_ = fmt("loss %.4f acc %.2f%% %.0f samples/s", p.metrics.loss,
+                   100.0 * p.metrics.accuracy, p.samples_per_second);
   if (p.ranks && !p.ranks->empty()) {
     double step_s = 0, exposed_s = 0, peak = 0;
     int busiest = 0;
@@ -148,7 +152,8 @@ void Progress::train_line(const TrainPoint& p) {
     rec["memory_peak_bytes_max"] = peak;
     rec["memory_peak_rank"] = busiest;
     track_straggler(*p.ranks);
-    live_tail_ += fmt(" comm %.0f%% mem %.1f MiB (rank %d)", 100.0 * share, peak / (1 << 20), busiest);
+    live_tail_ +=
+        fmt(" comm %.0f%% mem %.1f MiB (rank %d)", 100.0 * share, peak / (1 << 20), busiest);
   }
   if (straggler_) {
     rec["straggler_rank"] = straggler_->rank;
@@ -168,7 +173,8 @@ void Progress::epoch_line(int64_t epoch, const EvalResult& train, const EvalResu
   end_live_line();
   last_epoch_ = epoch + 1;
   const int64_t epochs = config_.train.epochs;
-  if (!enabled_ || !(epochs <= 20 || epoch + 1 == epochs || now_seconds() - last_epoch_line_ >= 2.0))
+  if (!enabled_ ||
+      !(epochs <= 20 || epoch + 1 == epochs || now_seconds() - last_epoch_line_ >= 2.0))
     return;
   last_epoch_line_ = now_seconds();
   std::string line = fmt("epoch %ld/%ld: train loss %.4f acc %.2f%%", long(epoch + 1), long(epochs),
@@ -192,7 +198,8 @@ std::optional<Straggler> find_straggler(const std::vector<parallel::RankStats>& 
     const size_t h = peers.size() / 2;
     const double median = peers.size() % 2 ? peers[h] : (peers[h - 1] + peers[h]) / 2;
     const Straggler s{static_cast<int>(r), busy(ranks[r]), median};
-    if (median > 0 && s.slowdown() > kStragglerSlowdown && (!worst || s.slowdown() > worst->slowdown()))
+    if (median > 0 && s.slowdown() > kStragglerSlowdown &&
+        (!worst || s.slowdown() > worst->slowdown()))
       worst = s;
   }
   return worst;
@@ -204,9 +211,12 @@ json memory_json(const parallel::RankStats& s) {
   json held = json::object(), peak = json::object();
   for (int k = 0; k < kMemCategories; ++k) {
     held[mem_category_name(MemCategory(k))] = static_cast<int64_t>(s.mem[static_cast<size_t>(k)]);
-    peak[mem_category_name(MemCategory(k))] = static_cast<int64_t>(s.mem_peak[static_cast<size_t>(k)]);
+    peak[mem_category_name(MemCategory(k))] =
+        static_cast<int64_t>(s.mem_peak[static_cast<size_t>(k)]);
   }
-  return {{"bytes", held}, {"peak_bytes", peak}, {"peak_total_bytes", static_cast<int64_t>(s.mem_peak_total)}};
+  return {{"bytes", held},
+          {"peak_bytes", peak},
+          {"peak_total_bytes", static_cast<int64_t>(s.mem_peak_total)}};
 }
 
 json pipeline_json(const std::vector<parallel::RankStats>& ranks, parallel::Engine& engine,
@@ -219,19 +229,20 @@ json pipeline_json(const std::vector<parallel::RankStats>& ranks, parallel::Engi
     const double busy = s.forward_s + s.backward_s;
     const double bubble = s.schedule_s > 0 ? std::max(0.0, 1.0 - busy / s.schedule_s) : 0.0;
     bubble_sum += bubble;
-    stages.push_back({{"rank", r},
-                      {"stage", static_cast<int>(s.stage)},
-                      {"replica", layout.coord(static_cast<int>(r)).dp},
-                      {"forward_seconds", s.forward_s},
-                      {"backward_seconds", s.backward_s},
-                      {"send_seconds", s.send_s},
-                      {"recv_wait_seconds", s.recv_wait_s},
-                      {"idle_seconds", std::max(0.0, s.schedule_s - busy)},
-                      {"schedule_seconds", s.schedule_s},
-                      {"bubble_fraction", bubble},
-                      {"peak_activation_bytes", s.mem_peak[static_cast<size_t>(MemCategory::kActivations)]},
-                      {"peak_inflight_microbatches", static_cast<int>(s.peak_inflight)},
-                      {"sent_bytes", s.sent_bytes}});
+    stages.push_back(
+        {{"rank", r},
+         {"stage", static_cast<int>(s.stage)},
+         {"replica", layout.coord(static_cast<int>(r)).dp},
+         {"forward_seconds", s.forward_s},
+         {"backward_seconds", s.backward_s},
+         {"send_seconds", s.send_s},
+         {"recv_wait_seconds", s.recv_wait_s},
+         {"idle_seconds", std::max(0.0, s.schedule_s - busy)},
+         {"schedule_seconds", s.schedule_s},
+         {"bubble_fraction", bubble},
+         {"peak_activation_bytes", s.mem_peak[static_cast<size_t>(MemCategory::kActivations)]},
+         {"peak_inflight_microbatches", static_cast<int>(s.peak_inflight)},
+         {"sent_bytes", s.sent_bytes}});
   }
   const double P = layout.pp, m = static_cast<double>(config.parallel.pp_microbatches);
   std::vector<std::vector<std::string>> blocks(static_cast<size_t>(layout.pp));
@@ -241,7 +252,8 @@ json pipeline_json(const std::vector<parallel::RankStats>& ranks, parallel::Engi
       blocks[static_cast<size_t>(part.stage[c])].push_back(model.block_name(i));
   return {{"pipeline_schedule", config.parallel.pp_schedule},
           {"pipeline_microbatches", config.parallel.pp_microbatches},
-          {"pipeline_partition", config.parallel.pp_cuts.empty() ? config.parallel.pp_partition : "cuts"},
+          {"pipeline_partition",
+           config.parallel.pp_cuts.empty() ? config.parallel.pp_partition : "cuts"},
           {"pipeline_stage_blocks", blocks},
           {"pipeline_bubble_fraction_model", (P - 1) / (m + P - 1)},
           {"pipeline_bubble_fraction_measured", bubble_sum / static_cast<double>(ranks.size())},
@@ -282,7 +294,9 @@ json rank_report(const std::vector<parallel::RankStats>& ranks, parallel::Engine
   for (size_t r = 0; r < ranks.size(); ++r) {
     const parallel::RankStats& s = ranks[r];
     const double compute = s.step_s - s.comm_exposed_s;
-    per_rank.push_back({{"rank", r}, {"step_seconds", s.step_s}, {"steps", s.steps},
+    per_rank.push_back({{"rank", r},
+                        {"step_seconds", s.step_s},
+                        {"steps", s.steps},
                         {"compute_seconds", compute},
                         {"optimizer_seconds", s.optimizer_s},
                         {"comm_exposed_seconds", s.comm_exposed_s},
@@ -298,16 +312,17 @@ json rank_report(const std::vector<parallel::RankStats>& ranks, parallel::Engine
                         {"memory", memory_json(s)}});
   }
   const std::optional<Straggler> straggler = find_straggler(ranks);
-  json out = {{"per_rank", per_rank},
-              {"load_balance_max_over_mean",
-               sum_compute > 0 ? max_compute * static_cast<double>(ranks.size()) / sum_compute : 1.0},
-              {"slowest_rank", slowest},
-              {"straggler", straggler ? json{{"rank", straggler->rank},
-                                             {"busy_seconds_per_step", straggler->busy_s_per_step},
-                                             {"peers_median_seconds_per_step", straggler->peers_median_s},
-                                             {"slowdown", straggler->slowdown()}}
-                                      : json(nullptr)},
-              {"zero_stage", config.parallel.zero_stage}};
+  json out = {
+      {"per_rank", per_rank},
+      {"load_balance_max_over_mean",
+       sum_compute > 0 ? max_compute * static_cast<double>(ranks.size()) / sum_compute : 1.0},
+      {"slowest_rank", slowest},
+      {"straggler", straggler ? json{{"rank", straggler->rank},
+                                     {"busy_seconds_per_step", straggler->busy_s_per_step},
+                                     {"peers_median_seconds_per_step", straggler->peers_median_s},
+                                     {"slowdown", straggler->slowdown()}}
+                              : json(nullptr)},
+      {"zero_stage", config.parallel.zero_stage}};
   if (engine.pipeline()) out.update(pipeline_json(ranks, engine, model, config));
   if (engine.ps()) out.update(engine.ps()->report());
   return out;

@@ -99,9 +99,8 @@ nlohmann::json train_threads(const Config& config, const RunOptions& options,
 
 void inject_fault(const FaultSpec& fault, comm::Communicator& world, int64_t step) {
   if (step != fault.fail_step || world.rank() != fault.fail_rank) return;
-  const std::string what =
-      str("debug: injected failure (debug.fail_mode = ", fault.fail_mode, ") on rank ",
-          world.rank(), " after step ", step);
+  const std::string what = str("debug: injected failure (debug.fail_mode = ", fault.fail_mode,
+                               ") on rank ", world.rank(), " after step ", step);
   if (fault.fail_mode == "throw") throw Error(what);
   log_warn(what);
   if (fault.fail_mode == "kill") ::raise(SIGKILL);

@@ -5,9 +5,8 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/core/error.h"
@@ -34,7 +33,8 @@ std::string refusal(const std::string& run_dir) {
   std::string list;
   for (const std::string& f : found) list += (list.empty() ? "" : ", ") + f;
   return str("run: ", run_dir, " already holds a run (", list, "); continue it with --resume ",
-             run_dir, ", start over with --overwrite (removes only the files tessel wrote), or "
+             run_dir,
+             ", start over with --overwrite (removes only the files tessel wrote), or "
              "pick another --run-dir");
 }
 

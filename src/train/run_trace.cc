@@ -13,8 +13,8 @@ namespace tessel::train {
 
 namespace {
 
-constexpr int kTag = 7001;    // point-to-point tag of the trace's messages on the world
-constexpr int kRounds = 8;    // round trips per rank; the fastest gives the offset
+constexpr int kTag = 7001;  // point-to-point tag of the trace's messages on the world
+constexpr int kRounds = 8;  // round trips per rank; the fastest gives the offset
 
 std::string host_name() {
   char host[256] = {};
@@ -35,8 +35,10 @@ std::pair<int64_t, int64_t> parse_step_window(const std::string& text) {
   int64_t first = 0, end = 0;
   if (colon == std::string::npos || !parse_int(text.substr(0, colon), first) ||
       !parse_int(text.substr(colon + 1), end) || first < 0 || end <= first)
-    throw InvalidArgument(str("config: trace.steps must be \"A:B\" with 0 <= A < B (steps A to B - 1 "
-                              "are traced), got '", text, "'"));
+    throw InvalidArgument(
+        str("config: trace.steps must be \"A:B\" with 0 <= A < B (steps A to B - 1 "
+            "are traced), got '",
+            text, "'"));
   return {first, end};
 }
 
@@ -94,9 +96,11 @@ void RunTrace::align(comm::Communicator& world) {
 
 void RunTrace::write(comm::Communicator& world, const std::string& path, nlohmann::json meta) {
   const int me = world.rank();
-  const std::string head = str("{\"ph\":\"M\",\"pid\":", me, ",\"name\":\"process_name\",\"args\":{\"name\":",
-                               json_escape(process_), "}},\n{\"ph\":\"M\",\"pid\":", me,
-                               ",\"name\":\"process_sort_index\",\"args\":{\"sort_index\":", me, "}}");
+  const std::string head =
+      str("{\"ph\":\"M\",\"pid\":", me,
+          ",\"name\":\"process_name\",\"args\":{\"name\":", json_escape(process_),
+          "}},\n{\"ph\":\"M\",\"pid\":", me,
+          ",\"name\":\"process_sort_index\",\"args\":{\"sort_index\":", me, "}}");
   const std::string events = tracer_.render(me, origin_);
   std::string mine = events.empty() ? head : head + ",\n" + events;
   if (me != 0) {

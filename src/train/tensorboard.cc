@@ -72,12 +72,14 @@ TensorBoardWriter::TensorBoardWriter(const std::string& run_dir) {
   char host[256] = "localhost";
   gethostname(host, sizeof host - 1);
   const double now = unix_seconds();
-  path_ = (dir / ("events.out.tfevents." + std::to_string(static_cast<int64_t>(now)) + "." +
-                  host + "." + std::to_string(getpid()))).string();
+  path_ = (dir / ("events.out.tfevents." + std::to_string(static_cast<int64_t>(now)) + "." + host +
+                  "." + std::to_string(getpid())))
+              .string();
   file_ = std::fopen(path_.c_str(), "wb");
   if (!file_)
-    throw IoError(str("tensorboard: cannot create ", path_, ": ", std::strerror(errno),
-                      "; check that the run folder is writable or set metrics.tensorboard = false"));
+    throw IoError(
+        str("tensorboard: cannot create ", path_, ": ", std::strerror(errno),
+            "; check that the run folder is writable or set metrics.tensorboard = false"));
   write(encode_event(now, 0, {}, "brain.Event:2"));
 }
 
@@ -87,7 +89,8 @@ TensorBoardWriter::~TensorBoardWriter() {
 
 void TensorBoardWriter::write(const std::string& event) {
   const std::string record = tfrecord(event);
-  if (std::fwrite(record.data(), 1, record.size(), file_) != record.size() || std::fflush(file_) != 0)
+  if (std::fwrite(record.data(), 1, record.size(), file_) != record.size() ||
+      std::fflush(file_) != 0)
     throw IoError(str("tensorboard: cannot write ", path_, ": ", std::strerror(errno)));
 }
 

@@ -10,6 +10,7 @@
 #include "tessel/comm/threads.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/log.h"
+#include "tessel/core/trace.h"
 #include "tessel/nn/models.h"
 #include "tessel/ops/cpu.h"
 #include "tessel/ops/isa.h"
@@ -17,7 +18,6 @@
 #include "tessel/parallel/parameter_server.h"
 #include "tessel/parallel/pipeline.h"
 #include "tessel/train/checkpointer.h"
-#include "tessel/core/trace.h"
 #include "tessel/train/progress.h"
 #include "tessel/train/recovery.h"
 #include "tessel/train/run_folder.h"
@@ -51,16 +51,16 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
     log_info("ops: this CPU has no bf16 arithmetic (ISA level ", ops::isa_name(ops::isa()),
              "): bf16 keeps its storage, buffers and messages, and computes in f32 FMAs");
   // (2 workers on 2 cores ran fashion_mlp 5% faster without a prefetch thread.)
-  prefetch_ = resolve_prefetch(config_.train.prefetch, world->ranks_on_host(),
-                               config_.runtime.threads,
-                               static_cast<int>(std::thread::hardware_concurrency()));
+  prefetch_ =
+      resolve_prefetch(config_.train.prefetch, world->ranks_on_host(), config_.runtime.threads,
+                       static_cast<int>(std::thread::hardware_concurrency()));
   // Caught here (and so by `tessel config`), not by the first step's forward.
   if ((config_.model.kind == "gpt") != (data_.train->input_dtype() == DType::kI32))
-    throw InvalidArgument(str("model: ", config_.model.kind, " reads ",
-                              config_.model.kind == "gpt" ? "token ids" : "features",
-                              ", but data.kind = '", config_.data.kind, "' gives ",
-                              config_.model.kind == "gpt" ? "features" : "token ids",
-                              "; a gpt model trains on data.kind = 'text', mlp and cnn on the others"));
+    throw InvalidArgument(
+        str("model: ", config_.model.kind, " reads ",
+            config_.model.kind == "gpt" ? "token ids" : "features", ", but data.kind = '",
+            config_.data.kind, "' gives ", config_.model.kind == "gpt" ? "features" : "token ids",
+            "; a gpt model trains on data.kind = 'text', mlp and cnn on the others"));
   nn::ModelSpec spec = config_.model;
   spec.input_shape = data_.train->input_shape();
   spec.num_classes = data_.train->num_classes();
@@ -106,8 +106,8 @@ json Trainer::plan() const {
     const parallel::Partition& part = p->partition();
     json stages = json::array();
     for (size_t c = 0; c < part.chunks(); ++c)
-      stages.push_back({{"stage", part.stage[c]},
-                        {"blocks", json::array({part.begin[c], part.begin[c + 1]})}});
+      stages.push_back(
+          {{"stage", part.stage[c]}, {"blocks", json::array({part.begin[c], part.begin[c + 1]})}});
     out["pipeline_chunks"] = stages;
   }
   return out;
@@ -126,11 +126,13 @@ void Trainer::set_up_loader() {
   lo.slice_rank = engine_->data_rank();
   lo.slice_count = workers;
   if (!lockstep_) {  // whole worker batches, claimed by index (batch_at)
-    const std::string why = str("with ps.mode = ", config_.parallel.ps_mode,
-                                " each worker trains claimed batches of train.batch / workers rows");
+    const std::string why =
+        str("with ps.mode = ", config_.parallel.ps_mode,
+            " each worker trains claimed batches of train.batch / workers rows");
     if (config_.train.batch < workers)
-      throw InvalidArgument(str("config: train.batch = ", config_.train.batch, " is smaller than the ",
-                                workers, " workers; ", why, "; raise train.batch"));
+      throw InvalidArgument(str("config: train.batch = ", config_.train.batch,
+                                " is smaller than the ", workers, " workers; ", why,
+                                "; raise train.batch"));
     if (config_.train.accumulate > 1)
       throw InvalidArgument(str("config: train.accumulate = ", config_.train.accumulate, " ", why,
                                 " and pushes each; set train.accumulate = 1 (raise train.batch "
@@ -152,11 +154,11 @@ void Trainer::set_up_loader() {
   if (config_.parallel.deterministic) {
     const int64_t shards = config_.train.batch / config_.parallel.micro_shard;
     if (shards % workers != 0)
-      throw InvalidArgument(str("config: train.deterministic splits each batch into ", shards,
-                                " micro-shards of ddp.micro_shard = ", config_.parallel.micro_shard,
-                                " rows, which ", workers,
-                                " data-parallel ranks cannot share evenly; pick a dp size dividing ",
-                                shards, " or change ddp.micro_shard"));
+      throw InvalidArgument(
+          str("config: train.deterministic splits each batch into ", shards,
+              " micro-shards of ddp.micro_shard = ", config_.parallel.micro_shard, " rows, which ",
+              workers, " data-parallel ranks cannot share evenly; pick a dp size dividing ", shards,
+              " or change ddp.micro_shard"));
     if (!config_.train.drop_last && data_.train->size() % config_.train.batch != 0)
       throw InvalidArgument(str("config: train.deterministic needs full batches, but ",
                                 data_.train->size(), " samples leave a short last batch of ",
@@ -165,7 +167,8 @@ void Trainer::set_up_loader() {
   }
   if (parallel::PipelineExecutor* p = engine_->pipeline())  // every replica's rows, on every rank
     for (int64_t r = 0; r < workers; ++r)
-      p->check_batch_rows((r + 1) * config_.train.batch / workers - r * config_.train.batch / workers);
+      p->check_batch_rows((r + 1) * config_.train.batch / workers -
+                          r * config_.train.batch / workers);
   // The one product of a config value and the dataset's size: every count below is at most it.
   int64_t run_batches = 0;
   if (__builtin_mul_overflow(config_.train.epochs, bpe, &run_batches))
@@ -217,8 +220,8 @@ void Trainer::step(const std::vector<data::Batch>& batches, EvalResult& sums) {
       Shape xs = b.x.shape(), ys = b.y.shape();
       xs[0] = ys[0] = std::min(shard, rows - r);
       train_piece({b.x.view(r * x_row, xs), b.y.view(r * y_row, ys),
-                   nn::Context{true, config_.seed, step_, b.first_sample + r},
-                   xs[0] / global_rows, last && r + shard >= rows},
+                   nn::Context{true, config_.seed, step_, b.first_sample + r}, xs[0] / global_rows,
+                   last && r + shard >= rows},
                   sums);
     }
   }
@@ -319,8 +322,11 @@ std::vector<parallel::RankStats> Trainer::take_stats() {
 void Trainer::end_epoch(State& s, double epoch_start, json& epoch_records, EvalResult& last_test,
                         int64_t& last_test_step) {
   const EvalResult train = global_mean(s.epoch_sums);
-  json rec = {{"type", "epoch"}, {"epoch", s.epoch + 1}, {"step", step_},
-              {"train_loss", train.loss}, {"train_accuracy", train.accuracy}};
+  json rec = {{"type", "epoch"},
+              {"epoch", s.epoch + 1},
+              {"step", step_},
+              {"train_loss", train.loss},
+              {"train_accuracy", train.accuracy}};
   // train.max_steps ended the run inside the epoch; a resume finishes it with another record.
   if (s.batch_in_epoch < loader_->batches_per_epoch()) rec["partial"] = true;
   if (data_.test) {
@@ -359,15 +365,15 @@ void Trainer::start_progress() {
                       ", run folder ", run_dir_));
   // The ETA's guess of an evaluation before one ran: a forward pass costs about a third of a
   // training step per row.
-  const double eval_rows = static_cast<double>((data_.test ? data_.test->size() : 0) +
-                                               (config_.train.eval_train ? data_.train->size() : 0));
+  const double eval_rows = static_cast<double>(
+      (data_.test ? data_.test->size() : 0) + (config_.train.eval_train ? data_.train->size() : 0));
   progress_->start(step_, total_steps_, steps_per_epoch,
                    eval_rows / static_cast<double>(3 * config_.train.batch * k));
 }
 
 bool Trainer::open_run(State& s) {
   const bool resuming = !options_.resume.empty() || options_.resume_snapshot;
-  const RunStart start = resuming ? RunStart::kResume
+  const RunStart start = resuming             ? RunStart::kResume
                          : options_.overwrite ? RunStart::kOverwrite
                                               : RunStart::kFresh;
   prepare_run_folder(*world_, run_dir_, start,
@@ -392,8 +398,7 @@ json Trainer::run() {
     return out;
   }
   progress_->start_log(!resuming);
-  if (engine_->is_main())
-    std::ofstream(fs::path(run_dir_) / "config.toml") << to_toml(config_);
+  if (engine_->is_main()) std::ofstream(fs::path(run_dir_) / "config.toml") << to_toml(config_);
   engine_->start();
 
   const int64_t bpe = loader_->batches_per_epoch(), epochs = config_.train.epochs;
@@ -451,8 +456,10 @@ void Trainer::finish_trace() {
   trace_->tracer()->set_recording(false);
   if (engine_->ps() && !engine_->ps()->is_server()) engine_->ps()->finish();  // serve() returns
   trace_->write(*world_, (fs::path(run_dir_) / "trace.json").string(),
-                {{"layout", engine_->layout().str()}, {"world_size", world_->size()},
-                 {"trace_steps", config_.observe.trace_steps}, {"model", config_.model.kind}});
+                {{"layout", engine_->layout().str()},
+                 {"world_size", world_->size()},
+                 {"trace_steps", config_.observe.trace_steps},
+                 {"model", config_.model.kind}});
 }
 
 json Trainer::summary(const State& s, const EvalResult& last_train, const EvalResult& last_test,
@@ -465,30 +472,29 @@ json Trainer::summary(const State& s, const EvalResult& last_train, const EvalRe
   json rss = json::array();
   for (double b : engine_->gather(static_cast<double>(peak_rss_bytes())))
     rss.push_back(static_cast<int64_t>(b));
-  json out = {
-      {"model", config_.model.kind},
-      {"dataset", data_.train->name()},
-      {"world_size", world_->size()},
-      {"layout", engine_->layout().str()},
-      {"zero_stage", config_.parallel.zero_stage},
-      {"engine", engine_->parts()},
-      {"epochs", s.epoch},
-      {"steps", step_},
-      {"train_loss", last_train.loss},
-      {"train_accuracy", last_train.accuracy},
-      {"test_loss", data_.test ? json(last_test.loss) : json(nullptr)},
-      {"test_accuracy", data_.test ? json(last_test.accuracy) : json(nullptr)},
-      {"samples_per_second", samples / std::max(1e-9, seconds)},
-      {"train_seconds", seconds},
-      {"wall_seconds", s.wall_seconds + now_seconds() - wall_start_},
-      {"params_sha256", digest},
-      {"num_parameters", engine_->model().num_parameters()},
-      {"peak_rss_bytes", *std::max_element(rss.begin(), rss.end())},
-      {"peak_rss_bytes_per_rank", rss},
-      {"threads", config_.runtime.threads},
-      {"isa", ops::isa_name(ops::isa())},
-      {"completed", completed},
-      {"run_dir", run_dir_}};
+  json out = {{"model", config_.model.kind},
+              {"dataset", data_.train->name()},
+              {"world_size", world_->size()},
+              {"layout", engine_->layout().str()},
+              {"zero_stage", config_.parallel.zero_stage},
+              {"engine", engine_->parts()},
+              {"epochs", s.epoch},
+              {"steps", step_},
+              {"train_loss", last_train.loss},
+              {"train_accuracy", last_train.accuracy},
+              {"test_loss", data_.test ? json(last_test.loss) : json(nullptr)},
+              {"test_accuracy", data_.test ? json(last_test.accuracy) : json(nullptr)},
+              {"samples_per_second", samples / std::max(1e-9, seconds)},
+              {"train_seconds", seconds},
+              {"wall_seconds", s.wall_seconds + now_seconds() - wall_start_},
+              {"params_sha256", digest},
+              {"num_parameters", engine_->model().num_parameters()},
+              {"peak_rss_bytes", *std::max_element(rss.begin(), rss.end())},
+              {"peak_rss_bytes_per_rank", rss},
+              {"threads", config_.runtime.threads},
+              {"isa", ops::isa_name(ops::isa())},
+              {"completed", completed},
+              {"run_dir", run_dir_}};
   if (!epoch_records.empty()) out["ranks"] = epoch_records.back()["ranks"];
   if (const optim::LossScaler* ls = engine_->loss_scaler()) {
     out["loss_scale"] = ls->scale();
@@ -496,8 +502,9 @@ json Trainer::summary(const State& s, const EvalResult& last_train, const EvalRe
   }
   // A rank slower than its peers over the whole run (progress lines name it as it happens).
   const std::optional<Straggler> straggler = find_straggler(run_stats_);
-  out["straggler"] = straggler ? json{{"rank", straggler->rank}, {"slowdown", straggler->slowdown()}}
-                               : json(nullptr);
+  out["straggler"] = straggler
+                         ? json{{"rank", straggler->rank}, {"slowdown", straggler->slowdown()}}
+                         : json(nullptr);
   if (json c = compress_report(run_stats_); !c.is_null()) out["compress"] = c;
   if (engine_->layout().tp > 1) out["tensor_parallel"] = engine_->tp_counters();
   if (engine_->is_main())

@@ -9,8 +9,8 @@
 #include "tessel/train/checkpointer.h"
 #include "tessel/train/progress.h"
 #include "tessel/train/recovery.h"
-#include "tessel/train/snapshots.h"
 #include "tessel/train/run_trace.h"
+#include "tessel/train/snapshots.h"
 #include "tessel/train/trainer.h"
 
 namespace tessel::train {
@@ -20,7 +20,8 @@ using nlohmann::json;
 void Trainer::save(const State& s, bool to_disk) {
   // Collective: the running sums are per rank; the checkpoint holds their global totals.
   double totals[4] = {s.epoch_sums.loss, s.epoch_sums.accuracy,
-                      static_cast<double>(s.epoch_sums.samples), static_cast<double>(s.train_samples)};
+                      static_cast<double>(s.epoch_sums.samples),
+                      static_cast<double>(s.train_samples)};
   engine_->sum(totals, 4);
   json t = {{"step", step_},
             {"epoch", s.epoch},
@@ -138,7 +139,8 @@ bool Trainer::train_claimed_epoch(State& s) {
     const int64_t counted = s.epoch_sums.samples;
     {
       TraceSpan span("step", "step");
-      if (TraceArgs* args = span.args()) args->num("step", static_cast<double>(step_)).num("batch", b);
+      if (TraceArgs* args = span.args())
+        args->num("step", static_cast<double>(step_)).num("batch", b);
       train_piece({batch.x, batch.y, nn::Context{true, config_.seed, step_, batch.first_sample},
                    1.0 / static_cast<double>(workers), true},
                   s.epoch_sums);
@@ -160,12 +162,14 @@ bool Trainer::train_claimed_epoch(State& s) {
     next_log = ((step_ + 1) / config_.train.log_every + 1) * config_.train.log_every;
     const double sps = static_cast<double>((done + 1 - window_first) * batch_rows_) /
                        std::max(1e-9, now - window_start);
-    progress_->train_line({s.epoch, step_ + 1, total_steps_, mean_of(s.epoch_sums), lr_at(step_), sps});
+    progress_->train_line(
+        {s.epoch, step_ + 1, total_steps_, mean_of(s.epoch_sums), lr_at(step_), sps});
     window_start = now;
     window_first = done + 1;
   }
   // Traced or not alike on every worker: as the range's last step.
-  if (trace_) trace_->tracer()->at_step((batches_done_ + limit - first + workers - 1) / workers - 1);
+  if (trace_)
+    trace_->tracer()->at_step((batches_done_ + limit - first + workers - 1) / workers - 1);
   // Collective: every worker's batches (each claimed batch was trained), and whether to stop.
   double v[2] = {static_cast<double>(mine), stop ? 1.0 : 0.0};
   engine_->sum(v, 2);

@@ -227,7 +227,8 @@ TEST(Checkpoint, ManifestDefectsNameTheField) {
       {[](Json& j) { j["version"] = 4; }, "has version 4, newer than the 3 this tessel reads",
        false},
       {[](Json& j) { j.erase("model_io"); }, "field \"model_io\" missing"},
-      {[](Json& j) { j["model_io"].erase("num_classes"); }, "field \"model_io.num_classes\" missing"},
+      {[](Json& j) { j["model_io"].erase("num_classes"); },
+       "field \"model_io.num_classes\" missing"},
       {[](Json& j) { j["model_io"]["num_classes"] = 0; },
        "field \"model_io.num_classes\" that is not a positive integer"},
       {[](Json& j) { j["model_io"]["input_shape"] = Json::array(); },
@@ -236,11 +237,17 @@ TEST(Checkpoint, ManifestDefectsNameTheField) {
        "field \"model_io.input_shape[0]\" that is not a dimension, got 0"},
       {[](Json& j) { j["model_io"]["input_dtype"] = "f64"; },
        "field \"model_io.input_dtype\" that is not 'f32' or 'i32', got 'f64'"},
-      {[](Json& j) { j["tokenizer"] = {{"kind", "words"}, {"vocabulary", {97}}}; },
+      {[](Json& j) {
+         j["tokenizer"] = {{"kind", "words"}, {"vocabulary", {97}}};
+       },
        "field \"tokenizer.kind\" that is 'words', not 'bytes'"},
-      {[](Json& j) { j["tokenizer"] = {{"kind", "bytes"}, {"vocabulary", {97, 98, 97}}}; },
+      {[](Json& j) {
+         j["tokenizer"] = {{"kind", "bytes"}, {"vocabulary", {97, 98, 97}}};
+       },
        "field \"tokenizer.vocabulary[2]\" that is not a byte of its own, got 97"},
-      {[](Json& j) { j["tokenizer"] = {{"kind", "bytes"}, {"vocabulary", {300}}}; },
+      {[](Json& j) {
+         j["tokenizer"] = {{"kind", "bytes"}, {"vocabulary", {300}}};
+       },
        "field \"tokenizer.vocabulary[0]\" that is not a byte of its own, got 300"},
       {[](Json& j) { j["model_kind"] = "cnn"; }, "does not match the SHA-256 it records", false},
       {[](Json& j) { j["shards"][2]["sha256"] = std::string(64, 'a'); },
@@ -260,7 +267,9 @@ TEST(Checkpoint, ManifestDefectsNameTheField) {
   write_bytes(manifest, good);
   expect_model(CheckpointReader(dir), m);
   // A language model's tokenizer reads back; a version 1 manifest (before tokenizers) loads.
-  edit_manifest(dir, [](Json& j) { j["tokenizer"] = {{"kind", "bytes"}, {"vocabulary", {10, 97, 255}}}; });
+  edit_manifest(dir, [](Json& j) {
+    j["tokenizer"] = {{"kind", "bytes"}, {"vocabulary", {10, 97, 255}}};
+  });
   EXPECT_EQ(CheckpointReader(dir).manifest().vocabulary, std::string("\na\xff"));
   write_bytes(manifest, good);
   // Versions 1 and 2 (before model_io) load without it.

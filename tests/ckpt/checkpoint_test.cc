@@ -1,6 +1,8 @@
 // Saving sharded checkpoints: uneven writer layouts (one writing nothing), the checks on
 // slices and on commits, crash safety, pruning to keep_last, re-saving a step, and
 // write_file_atomic.
+#include "tessel/ckpt/checkpoint.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -9,7 +11,6 @@
 #include <vector>
 
 #include "ckpt_testing.h"
-#include "tessel/ckpt/checkpoint.h"
 #include "tessel/ckpt/safetensors.h"
 #include "tessel/core/error.h"
 #include "tessel/core/sha256.h"

@@ -1,5 +1,7 @@
 // safetensors files and SafetensorsReader: round trips of every dtype, the header as the spec
 // lays it out, and every kind of corrupt or truncated file rejected with a message naming it.
+#include "tessel/ckpt/safetensors.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -10,7 +12,6 @@
 #include <vector>
 
 #include "ckpt_testing.h"
-#include "tessel/ckpt/safetensors.h"
 #include "tessel/core/error.h"
 
 namespace tessel::ckpt {

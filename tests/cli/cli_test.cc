@@ -40,10 +40,14 @@ TEST_F(Cli, MissingTruncatedCorruptIdx) {
   fs::create_directories(path("trunc"));
   for (const char* split : {"train", "t10k"}) {
     std::ofstream im(path(std::string("trunc/") + split + "-images-idx3-ubyte"), std::ios::binary);
-    be32(im, 0x803); be32(im, 100); be32(im, 28); be32(im, 28);
+    be32(im, 0x803);
+    be32(im, 100);
+    be32(im, 28);
+    be32(im, 28);
     im << std::string(3 * 784, '\1');
     std::ofstream lb(path(std::string("trunc/") + split + "-labels-idx1-ubyte"), std::ios::binary);
-    be32(lb, 0x801); be32(lb, 100);
+    be32(lb, 0x801);
+    be32(lb, 100);
     lb << std::string(100, '\2');
   }
   expect_error(run("train " + kExamples + "/fashion_mlp.toml --set data.path=" + path("trunc")),
@@ -90,8 +94,10 @@ TEST_F(Cli, CorruptCheckpoints) {
 TEST_F(Cli, EvalRunsAPipelineCheckpointInOneProcess) {
   // A checkpoint does not depend on the layout: eval of a 2-stage pipeline's run gives the
   // run's own test accuracy and parameters, in one process.
-  Result r = run("train " + kExamples + "/spiral.toml --quiet --workers 2 --set pp.stages=2 "
-                 "--set pp.microbatches=2 --set train.epochs=3 --run-dir " + path("pp"));
+  Result r = run("train " + kExamples +
+                 "/spiral.toml --quiet --workers 2 --set pp.stages=2 "
+                 "--set pp.microbatches=2 --set train.epochs=3 --run-dir " +
+                 path("pp"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   auto summary = read_json(path("pp") + "/summary.json");
   EXPECT_EQ(summary["layout"], "pp=2");
@@ -107,9 +113,11 @@ TEST_F(Cli, ExportedZeroThreeCheckpointGivesTheSameLogitsInPyTorch) {
   // plain safetensors file: PyTorch's MLP on those weights gives tessel eval's logits.
   if (std::system("/usr/bin/python3 -c 'import torch, numpy' > /dev/null 2>&1") != 0)
     GTEST_SKIP() << "python3-torch or python3-numpy is not installed";
-  Result r = run("train " + kExamples + "/fashion_mlp.toml --quiet --workers 2 "
+  Result r = run("train " + kExamples +
+                 "/fashion_mlp.toml --quiet --workers 2 "
                  "--set zero.stage=3 --set train.max_steps=60 --set train.epochs=1 "
-                 "--run-dir " + path("z3"));
+                 "--run-dir " +
+                 path("z3"));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   Result x = run("ckpt export " + path("z3") + " " + path("model.safetensors"));
   ASSERT_EQ(x.exit_code, 0) << x.output;
@@ -126,7 +134,8 @@ TEST_F(Cli, ExportedZeroThreeCheckpointGivesTheSameLogitsInPyTorch) {
 
 TEST_F(Cli, InterruptedAndResumedRunMatchesUninterrupted) {
   // Dropout, momentum and a cosine schedule make every piece of state matter.
-  std::string common = "train " + kExamples + "/spiral.toml --quiet --set train.epochs=6 "
+  std::string common = "train " + kExamples +
+                       "/spiral.toml --quiet --set train.epochs=6 "
                        "--set model.dropout=0.1 --set schedule.kind=cosine --run-dir ";
   Result full = run(common + path("full"));
   ASSERT_EQ(full.exit_code, 0) << full.output;

@@ -43,8 +43,9 @@ class Cli : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() /
-           ("tessel_cli_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) +
-            "_" + std::to_string(getpid()));
+           ("tessel_cli_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()) + "_" +
+            std::to_string(getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
   }
@@ -57,7 +58,8 @@ class Cli : public ::testing::Test {
 inline void expect_error_code(const Result& r, int code, const std::string& needle) {
   EXPECT_EQ(r.exit_code, code) << r.output;
   EXPECT_NE(r.output.find("error: "), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find(needle), std::string::npos) << "expected '" << needle << "' in:\n" << r.output;
+  EXPECT_NE(r.output.find(needle), std::string::npos) << "expected '" << needle << "' in:\n"
+                                                      << r.output;
 }
 
 // A library error: exit code 1 and "tessel: error: ...needle...".

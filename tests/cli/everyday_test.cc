@@ -23,8 +23,8 @@ std::string error_text(const Result& r) {
 }
 
 TEST_F(Cli, TrainRefusesAFolderThatHoldsARun) {
-  const std::string train = "train " + kExamples + "/spiral.toml --quiet --set train.epochs=1 --run-dir " +
-                            path("run");
+  const std::string train =
+      "train " + kExamples + "/spiral.toml --quiet --set train.epochs=1 --run-dir " + path("run");
   ASSERT_EQ(run(train + " --set train.epochs=2").exit_code, 0);  // checkpoints at steps 10, 20
   std::ofstream(path("run/notes.txt")) << "mine";
   expect_error(run(train), "--resume");
@@ -48,7 +48,9 @@ TEST_F(Cli, TrainRefusesAFolderThatHoldsARun) {
   fs::create_directories(path("other"));
   std::ofstream(path("other/data.csv")) << "1,2\n";
   EXPECT_EQ(run("train " + kExamples + "/spiral.toml --quiet --set train.epochs=1 --run-dir " +
-                path("other")).exit_code, 0);
+                path("other"))
+                .exit_code,
+            0);
   EXPECT_EQ(run(train + " --overwrite --resume " + path("run")).exit_code, 2);
 }
 
@@ -57,9 +59,10 @@ TEST_F(Cli, ResumeAfterMaxStepsAtFiveStopPointsMatchesOneRun) {
   // resumed with train.max_steps=17 (mid second epoch), each run ends with the parameters of
   // one run of 17 steps: data position, cosine schedule position and step counter restored.
   for (const char* workers : {"1", "2"}) {
-    const std::string common = str_cat("train ", kExamples, "/spiral.toml --quiet --workers ", workers,
-                                       " --set train.epochs=3 --set model.dropout=0.1 "
-                                       "--set schedule.kind=cosine --set optim.momentum=0.9 ");
+    const std::string common =
+        str_cat("train ", kExamples, "/spiral.toml --quiet --workers ", workers,
+                " --set train.epochs=3 --set model.dropout=0.1 "
+                "--set schedule.kind=cosine --set optim.momentum=0.9 ");
     const std::string full = path(std::string("full") + workers);
     ASSERT_EQ(run(common + "--set train.max_steps=17 --run-dir " + full).exit_code, 0);
     const auto want = read_json(full + "/summary.json");
@@ -68,11 +71,13 @@ TEST_F(Cli, ResumeAfterMaxStepsAtFiveStopPointsMatchesOneRun) {
       const std::string dir = path(str_cat("part", workers, "_", stop));
       const Result a = run(common + str_cat("--set train.max_steps=", stop, " --run-dir ", dir));
       ASSERT_EQ(a.exit_code, 0) << a.output;
-      const Result b = run(common + "--set train.max_steps=17 --run-dir " + dir + " --resume " + dir);
+      const Result b =
+          run(common + "--set train.max_steps=17 --run-dir " + dir + " --resume " + dir);
       ASSERT_EQ(b.exit_code, 0) << b.output;
       const auto got = read_json(dir + "/summary.json");
       EXPECT_EQ(got["steps"], 17) << "stopped at " << stop;
-      EXPECT_EQ(got["params_sha256"], want["params_sha256"]) << workers << " workers, stop " << stop;
+      EXPECT_EQ(got["params_sha256"], want["params_sha256"])
+          << workers << " workers, stop " << stop;
       EXPECT_LE(got["train_seconds"].get<double>(), got["wall_seconds"].get<double>());
     }
   }
@@ -107,17 +112,17 @@ TEST_F(Cli, ConfigFailsExactlyAsTrainDoes) {
   const std::string spiral = kExamples + "/spiral.toml";
   const std::vector<std::string> bad = {
       path("typo.toml"),
-      path("gpt.toml"),                                     // a GPT needs text
+      path("gpt.toml"),  // a GPT needs text
       path("missing.toml"),
       spiral + " --set model.kind=transformer",
       spiral + " --set optim.lr=-1",
       spiral + " --set train.batch=0",
       spiral + " --set train.grad_accum=2",
-      spiral + " --workers 3 --set pp.stages=2",            // stages do not divide the ranks
-      spiral + " --workers 4 --set pp.stages=4",            // more stages than blocks
+      spiral + " --workers 3 --set pp.stages=2",  // stages do not divide the ranks
+      spiral + " --workers 4 --set pp.stages=4",  // more stages than blocks
       spiral + " --workers 2 --set pp.stages=2 --set pp.microbatches=7",  // 30 rows in 7
-      kExamples + "/spiral_ps.toml",                         // a server and no worker
-      kExamples + "/char_gpt.toml --set model.kind=mlp",    // an MLP needs features
+      kExamples + "/spiral_ps.toml",                                      // a server and no worker
+      kExamples + "/char_gpt.toml --set model.kind=mlp",                  // an MLP needs features
       kExamples + "/fashion_mlp.toml --set data.path=" + path("nowhere"),
       spiral + " --workers 2 --set ps.servers=1 --set zero.stage=1",
   };
@@ -153,15 +158,18 @@ TEST_F(Cli, OtherFrameworksNamesPointToTheRightKey) {
 std::string gpt_args(const std::string& text) {
   return "--set model.kind=gpt --set model.layers=1 --set model.heads=2 --set model.embed=16 "
          "--set data.kind=text --set data.context=8 --set data.test_fraction=0.25 "
-         "--set data.path=" + text + " --set train.batch=4 --set train.max_steps=4 ";
+         "--set data.path=" +
+         text + " --set train.batch=4 --set train.max_steps=4 ";
 }
 
 TEST_F(Cli, GptCheckpointsCarryTheirVocabulary) {
-  std::ofstream(path("abc.txt")) << std::string(200, 'a') + "bcabcabc cab bac\n" + std::string(100, 'c');
+  std::ofstream(path("abc.txt")) << std::string(200, 'a') + "bcabcabc cab bac\n" +
+                                        std::string(100, 'c');
   std::ofstream(path("ab.txt")) << std::string(100, 'a') + "ba ab b a\n" + std::string(100, 'b');
   std::ofstream(path("xyz.txt")) << "abc abc abx abc " + std::string(100, 'a');
   const std::string spiral = kExamples + "/spiral.toml ";
-  const Result t = run("train " + spiral + gpt_args(path("abc.txt")) + "--quiet --run-dir " + path("run"));
+  const Result t =
+      run("train " + spiral + gpt_args(path("abc.txt")) + "--quiet --run-dir " + path("run"));
   ASSERT_EQ(t.exit_code, 0) << t.output;
   std::string latest;
   std::ifstream(path("run/checkpoints/latest")) >> latest;
@@ -169,14 +177,17 @@ TEST_F(Cli, GptCheckpointsCarryTheirVocabulary) {
   EXPECT_EQ(manifest["tokenizer"]["kind"], "bytes");
   EXPECT_EQ(manifest["tokenizer"]["vocabulary"], nlohmann::json({'\n', ' ', 'a', 'b', 'c'}));
   // Text with fewer characters reads with the checkpoint's ids (before: its own 4 ids).
-  const Result sub = run("eval " + spiral + gpt_args(path("ab.txt")) + "--checkpoint " + path("run"));
+  const Result sub =
+      run("eval " + spiral + gpt_args(path("ab.txt")) + "--checkpoint " + path("run"));
   ASSERT_EQ(sub.exit_code, 0) << sub.output;
   // A character the model never saw is an error naming it.
   expect_error(run("eval " + spiral + gpt_args(path("xyz.txt")) + "--checkpoint " + path("run")),
                "'x' at byte 10");
   // Resuming on other text is refused.
-  expect_error(run("train " + spiral + gpt_args(path("ab.txt")) + "--set train.max_steps=6 --quiet "
-                   "--run-dir " + path("run") + " --resume " + path("run")),
+  expect_error(run("train " + spiral + gpt_args(path("ab.txt")) +
+                   "--set train.max_steps=6 --quiet "
+                   "--run-dir " +
+                   path("run") + " --resume " + path("run")),
                "vocabulary");
 }
 

@@ -43,7 +43,9 @@ Result run(const std::string& args) {
   return r;
 }
 
-bool has(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool has(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 class Fault : public ::testing::Test {
  protected:
@@ -87,25 +89,30 @@ TEST_F(Fault, FailedRankRestartsFromTheSnapshotAndEndsWithTheSameParameters) {
     EXPECT_EQ(restarts[0]["from_step"], 130);
   }
   // A rank that hangs outside any call: the others name it at the deadline, then restart.
-  Result hung = run(recover + "--set debug.fail_rank=1 --set debug.fail_mode=hang "
-                              "--set comm.timeout_s=1 --run-dir " + path("hang"));
+  Result hung = run(recover +
+                    "--set debug.fail_rank=1 --set debug.fail_mode=hang "
+                    "--set comm.timeout_s=1 --run-dir " +
+                    path("hang"));
   ASSERT_EQ(hung.exit_code, 0) << hung.output;
   EXPECT_TRUE(has(hung.output, "rank 1 stopped making progress")) << hung.output;
   EXPECT_EQ(sha("hang"), want);
 }
 
 TEST_F(Fault, WithoutRestartsAFailedRankFailsTheRun) {
-  Result r = run(kTrain + "--workers 2 --set debug.fail_rank=1 --set debug.fail_step=5 "
-                          "--run-dir " + path("r"));
+  Result r = run(kTrain +
+                 "--workers 2 --set debug.fail_rank=1 --set debug.fail_step=5 "
+                 "--run-dir " +
+                 path("r"));
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_TRUE(has(r.output, "tessel: error: debug: injected failure")) << r.output;
   // From the newest checkpoint when there is no snapshot.
-  Result c = run(kTrain + "--workers 2 --set debug.fail_rank=1 --set debug.fail_step=30 "
-                          "--set train.max_restarts=1 --set checkpoint.every_steps=20 "
-                          "--run-dir " + path("c"));
+  Result c = run(kTrain +
+                 "--workers 2 --set debug.fail_rank=1 --set debug.fail_step=30 "
+                 "--set train.max_restarts=1 --set checkpoint.every_steps=20 "
+                 "--run-dir " +
+                 path("c"));
   ASSERT_EQ(c.exit_code, 0) << c.output;
-  EXPECT_TRUE(has(c.output, "resumes from " + path("c") + "/checkpoints/step-000020"))
-      << c.output;
+  EXPECT_TRUE(has(c.output, "resumes from " + path("c") + "/checkpoints/step-000020")) << c.output;
   EXPECT_EQ(sha("c"), reference());
 }
 
@@ -178,7 +185,8 @@ TEST_F(Fault, ImpossibleSizesAndHugeValuesGiveShortClearErrors) {
                "config: --set model.hidden:1: tables, keys and arrays nest more than 16 levels");
   const std::string huge(100000, 'x');
   expect_clear(run("train " + kSpiral + " --set model.kind=" + huge), "characters");
-  expect_clear(run("train " + kSpiral + " --set debug.fail_mode=explode --set debug.fail_rank=0 "
+  expect_clear(run("train " + kSpiral +
+                   " --set debug.fail_mode=explode --set debug.fail_rank=0 "
                    "--set debug.fail_step=1"),
                "debug.fail_mode");
   expect_clear(run("launch -np 0 -- train " + kSpiral), "-np must be >= 1");

@@ -18,8 +18,8 @@ using tessel_cli::kTessel;
 using tessel_cli::sh;
 using tessel_cli::slurp;
 const std::string kSpiral = std::string(TESSEL_SOURCE_DIR) + "/examples/spiral.toml";
-const char* kSections[] = {"overview", "curves",  "throughput", "load-balance", "memory",
-                           "pipeline", "timeline", "staleness", "collectives"};
+const char* kSections[] = {"overview", "curves",   "throughput", "load-balance", "memory",
+                           "pipeline", "timeline", "staleness",  "collectives"};
 
 using tessel_cli::Result;
 class Observe : public tessel_cli::Cli {};
@@ -27,12 +27,14 @@ class Observe : public tessel_cli::Cli {};
 // Progress goes to stderr; piped, it is one plain line per train.log_every steps and the last.
 TEST_F(Observe, PipedProgressIsOneLinePerLogEvery) {
   // spiral: 300 training samples, batch 30: 10 steps per epoch, 5 epochs = 50 steps.
-  const Result r = sh(kTessel + " train " + kSpiral + " --set train.epochs=5 --set train.log_every=4 "
-                      "--set checkpoint.every_epochs=0 --run-dir " + (dir_ / "run").string() +
-                      " 2>&1 >/dev/null | cat");
+  const Result r = sh(kTessel + " train " + kSpiral +
+                      " --set train.epochs=5 --set train.log_every=4 "
+                      "--set checkpoint.every_epochs=0 --run-dir " +
+                      (dir_ / "run").string() + " 2>&1 >/dev/null | cat");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   std::vector<int> steps;
-  const std::regex line(R"(epoch \d+/5 step (\d+)/50 loss [0-9.]+ acc [0-9.]+% \d+ samples/s comm \d+% mem [0-9.]+ MiB \(rank 0\).* ETA \S+)");
+  const std::regex line(
+      R"(epoch \d+/5 step (\d+)/50 loss [0-9.]+ acc [0-9.]+% \d+ samples/s comm \d+% mem [0-9.]+ MiB \(rank 0\).* ETA \S+)");
   const std::regex any_line("[^\n]*step [^\n]*");
   for (std::sregex_iterator it(r.output.begin(), r.output.end(), any_line), end; it != end; ++it) {
     std::smatch m;
@@ -42,8 +44,9 @@ TEST_F(Observe, PipedProgressIsOneLinePerLogEvery) {
   }
   EXPECT_EQ(steps, (std::vector<int>{4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 50}));
   EXPECT_EQ(r.output.find('\r'), std::string::npos) << "a live line in a pipe";
-  const Result quiet = sh(kTessel + " train " + kSpiral + " --quiet --set train.epochs=2 --run-dir " +
-                          (dir_ / "quiet").string() + " 2>&1 >/dev/null | cat");
+  const Result quiet =
+      sh(kTessel + " train " + kSpiral + " --quiet --set train.epochs=2 --run-dir " +
+         (dir_ / "quiet").string() + " 2>&1 >/dev/null | cat");
   EXPECT_EQ(quiet.exit_code, 0);
   EXPECT_EQ(quiet.output, "");
 }
@@ -52,11 +55,14 @@ TEST_F(Observe, PipedProgressIsOneLinePerLogEvery) {
 // slowest for 3 records in a row, and in summary.json.
 TEST_F(Observe, StragglerIsNamedInTheLineAndSummary) {
   const fs::path run = dir_ / "slow";
-  const Result r = sh(kTessel + " train " + kSpiral + " --workers 3 --set train.epochs=2 "
+  const Result r = sh(kTessel + " train " + kSpiral +
+                      " --workers 3 --set train.epochs=2 "
                       "--set train.log_every=2 --set debug.slow_rank=1 --set debug.delay_ms=8 "
-                      "--set checkpoint.every_epochs=0 --run-dir " + run.string() + " 2>&1 >/dev/null | cat");
+                      "--set checkpoint.every_epochs=0 --run-dir " +
+                      run.string() + " 2>&1 >/dev/null | cat");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_TRUE(std::regex_search(r.output, std::regex(R"(step 20/20 .* straggler rank 1 \(x[0-9.]+\))")))
+  EXPECT_TRUE(
+      std::regex_search(r.output, std::regex(R"(step 20/20 .* straggler rank 1 \(x[0-9.]+\))")))
       << r.output;
   EXPECT_FALSE(std::regex_search(r.output, std::regex("straggler rank [02]"))) << r.output;
   const std::string summary = slurp(run / "summary.json");
@@ -66,15 +72,18 @@ TEST_F(Observe, StragglerIsNamedInTheLineAndSummary) {
 // `tessel bench comm` prints nccl-tests' columns, out of place and in place, with no wrong
 // element (allreduce works in place only: its out-of-place columns read n/a).
 TEST_F(Observe, BenchCommPrintsNcclTestsColumns) {
-  const Result r = sh(kTessel + " bench comm --workers 3 --sizes 4KiB,64KiB --repeats 3 "
+  const Result r = sh(kTessel +
+                      " bench comm --workers 3 --sizes 4KiB,64KiB --repeats 3 "
                       "--collective reduce_scatter,allgather,allreduce --algorithm ring 2>&1");
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("#       size        count      type  redop  root       time   algbw   busbw "
-                       "#wrong       time   algbw   busbw #wrong"),
-            std::string::npos)
+  EXPECT_NE(
+      r.output.find("#       size        count      type  redop  root       time   algbw   busbw "
+                    "#wrong       time   algbw   busbw #wrong"),
+      std::string::npos)
       << r.output;
   // A row: size count type redop root, then time algbw busbw #wrong out of place and in place.
-  const std::regex row(R"(\s+(\d+)\s+(\d+)\s+float\s+(sum|none)\s+-1\s+(n/a|[0-9.]+\s+[0-9.]+\s+[0-9.]+\s+0)\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+\s+0)");
+  const std::regex row(
+      R"(\s+(\d+)\s+(\d+)\s+float\s+(sum|none)\s+-1\s+(n/a|[0-9.]+\s+[0-9.]+\s+[0-9.]+\s+0)\s+[0-9.]+\s+[0-9.]+\s+[0-9.]+\s+0)");
   int rows = 0, na = 0;
   std::istringstream lines(r.output);
   for (std::string l; std::getline(lines, l);) {
@@ -98,7 +107,8 @@ TEST_F(Observe, ReportOfAMissingRunSaysWhatToPass) {
 
 TEST_F(Observe, ReportOfATracedPipelineRendersInChromium) {
   const fs::path run = dir_ / "pp";
-  const Result t = sh(kTessel + " train " + kSpiral + " --quiet --trace --workers 4 --set pp.stages=2 "
+  const Result t = sh(kTessel + " train " + kSpiral +
+                      " --quiet --trace --workers 4 --set pp.stages=2 "
                       "--set pp.microbatches=3 --set train.epochs=3 --set train.batch=24 "
                       "--set trace.steps=3:9 --set checkpoint.every_epochs=0 --run-dir " +
                       run.string() + " 2>&1");
@@ -122,7 +132,8 @@ TEST_F(Observe, ReportOfATracedPipelineRendersInChromium) {
   for (const char* id : kSections)
     EXPECT_NE(dom.output.find(std::string("<section id=\"") + id + "\">"), std::string::npos)
         << id << " missing from the rendered page";
-  const Result shot = sh(chromium + "--screenshot=" + png + " " + url + " 2>" + (dir_ / "shot.log").string());
+  const Result shot =
+      sh(chromium + "--screenshot=" + png + " " + url + " 2>" + (dir_ / "shot.log").string());
   ASSERT_EQ(shot.exit_code, 0) << slurp(dir_ / "shot.log");
   EXPECT_GT(fs::file_size(png), 10000u);
   // Console messages of the page are logged as ":CONSOLE(line)]" lines.

@@ -21,7 +21,8 @@ TEST(Philox, MatchesReferenceVector) {
 }
 
 TEST(CounterRng, PureFunctionOfKeyAndIndex) {
-  CounterRng a(7, mix_stream(RngPurpose::kDropout, 3, 9)), b(7, mix_stream(RngPurpose::kDropout, 3, 9));
+  CounterRng a(7, mix_stream(RngPurpose::kDropout, 3, 9)),
+      b(7, mix_stream(RngPurpose::kDropout, 3, 9));
   CounterRng c(7, mix_stream(RngPurpose::kDropout, 3, 10));
   int differ = 0;
   for (uint64_t i = 0; i < 100; ++i) {

@@ -1,6 +1,8 @@
 // MemoryLedger and MemoryScope: per-category current and peak bytes, the limit and the error
 // that names the category, what is held and what to do, nested and per-thread scopes, and
 // releases from another thread. (Storage charging is tested in tests/tensor.)
+#include "tessel/core/memory.h"
+
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -8,8 +10,6 @@
 #include <thread>
 #include <type_traits>
 #include <vector>
-
-#include "tessel/core/memory.h"
 
 namespace tessel {
 namespace {

@@ -362,7 +362,8 @@ TEST(ReadInputs, TakesExactlyTheCommonBodyAndReadsItsNumbersAsTheDocumentDoes) {
     for (size_t i = 0; i < rows.size(); ++i)
       for (size_t j = 0; j < 4; ++j) {
         const float want = rows[i][j].get<float>(), got = x.data<float>()[i * 4 + j];
-        EXPECT_EQ(std::memcmp(&want, &got, sizeof want), 0) << body << " [" << i << "][" << j << "]";
+        EXPECT_EQ(std::memcmp(&want, &got, sizeof want), 0)
+            << body << " [" << i << "][" << j << "]";
       }
   };
   expect_same(R"({"inputs": [[1, -2, 0.5, -0.25]]})");
@@ -382,17 +383,28 @@ TEST(ReadInputs, TakesExactlyTheCommonBodyAndReadsItsNumbersAsTheDocumentDoes) {
     }
     expect_same(body + "]}");
   }
-  for (const std::string body : {
-           R"({"inputs": [[1, 2, 3, 4]], "x": 1})", R"({"x": 1, "inputs": [[1, 2, 3, 4]]})",
-           R"({"inputs": []})", R"({"inputs": [[1, 2, 3]]})", R"({"inputs": [[1, 2, 3, 4, 5]]})",
-           R"({"inputs": [[1,2,3,4],[1,2,3,4],[1,2,3,4],[1,2,3,4]]})",  // over max_rows
-           R"({"inputs": [[1, 2, 3, "4"]]})", R"({"inputs": [[1, 2, 3, 04]]})",
-           R"({"inputs": [[1, 2, 3, .4]]})", R"({"inputs": [[1, 2, 3, 4.]]})",
-           R"({"inputs": [[1, 2, 3, +4]]})", R"({"inputs": [[1, 2, 3, 4e]]})",
-           R"({"inputs": [[1, 2, 3, NaN]]})", R"({"inputs": [[1, 2, 3, 1e999]]})",
-           R"({"inputs": [[1, 2, 3, 12345678901234567890]]})", R"({"inputs": [[[1, 2], [3, 4]]]})",
-           R"({"inputs": [[1, 2, 3, 4]])", R"({"inputs": [[1, 2, 3, 4]]} x)",
-           R"({"input": [[1, 2, 3, 4]]})", R"({"inputs": [[1, 2, 3, 4],]})", ""})
+  for (const std::string body :
+       {R"({"inputs": [[1, 2, 3, 4]], "x": 1})",
+        R"({"x": 1, "inputs": [[1, 2, 3, 4]]})",
+        R"({"inputs": []})",
+        R"({"inputs": [[1, 2, 3]]})",
+        R"({"inputs": [[1, 2, 3, 4, 5]]})",
+        R"({"inputs": [[1,2,3,4],[1,2,3,4],[1,2,3,4],[1,2,3,4]]})",  // over max_rows
+        R"({"inputs": [[1, 2, 3, "4"]]})",
+        R"({"inputs": [[1, 2, 3, 04]]})",
+        R"({"inputs": [[1, 2, 3, .4]]})",
+        R"({"inputs": [[1, 2, 3, 4.]]})",
+        R"({"inputs": [[1, 2, 3, +4]]})",
+        R"({"inputs": [[1, 2, 3, 4e]]})",
+        R"({"inputs": [[1, 2, 3, NaN]]})",
+        R"({"inputs": [[1, 2, 3, 1e999]]})",
+        R"({"inputs": [[1, 2, 3, 12345678901234567890]]})",
+        R"({"inputs": [[[1, 2], [3, 4]]]})",
+        R"({"inputs": [[1, 2, 3, 4]])",
+        R"({"inputs": [[1, 2, 3, 4]]} x)",
+        R"({"input": [[1, 2, 3, 4]]})",
+        R"({"inputs": [[1, 2, 3, 4],]})",
+        ""})
     EXPECT_FALSE(read_inputs(body, row, 3).defined()) << body;
 }
 

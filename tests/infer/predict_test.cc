@@ -3,7 +3,6 @@
 // worker's to 1e-5, and a model over the per-rank memory cap runs only split over stages or a
 // tensor-parallel group; bad inputs and resumes fail clearly.
 #include <cmath>
-
 #include <nlohmann/json.hpp>
 
 #include "infer_testing.h"
@@ -106,20 +105,19 @@ TEST_F(Predict, ShapesComeFromTheManifestAndAnOldCheckpointLoadsTheData) {
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("predates model_io"), std::string::npos) << r.output;
   EXPECT_TRUE(slurp(path("old.jsonl")) == expected);
-  expect_error(run("predict " + args + " --output " + path("o.jsonl") +
-                   " --set data.path=/nonexistent"),
-               "/nonexistent");
+  expect_error(
+      run("predict " + args + " --output " + path("o.jsonl") + " --set data.path=/nonexistent"),
+      "/nonexistent");
   // A version 3 manifest without model_io, or with a bad one, is corrupt.
   const std::string missing =
       edited_run("missing_run", [](nlohmann::ordered_json& j) { j.erase("model_io"); });
-  expect_error(run("predict " + config() + " --input " + images() + " --output " +
-                   path("o.jsonl") + " --checkpoint " + missing),
+  expect_error(run("predict " + config() + " --input " + images() + " --output " + path("o.jsonl") +
+                   " --checkpoint " + missing),
                "has field \"model_io\" missing; the file is corrupt");
-  const std::string bad = edited_run("bad_run", [](nlohmann::ordered_json& j) {
-    j["model_io"]["input_dtype"] = "u8";
-  });
-  expect_error(run("predict " + config() + " --input " + images() + " --output " +
-                   path("o.jsonl") + " --checkpoint " + bad),
+  const std::string bad =
+      edited_run("bad_run", [](nlohmann::ordered_json& j) { j["model_io"]["input_dtype"] = "u8"; });
+  expect_error(run("predict " + config() + " --input " + images() + " --output " + path("o.jsonl") +
+                   " --checkpoint " + bad),
                "has field \"model_io.input_dtype\" that is not 'f32' or 'i32', got 'u8'");
 }
 
@@ -147,10 +145,10 @@ struct Forward {
   std::vector<int64_t> peak;
 };
 Forward forward(int stages, int tp, int64_t limit_mb) {
-  train::Config config = train::load_config(
-      TrainedMlp::config(),
-      {"pp.stages=" + std::to_string(stages), "tp.size=" + std::to_string(tp),
-       "runtime.memory_limit_mb=" + std::to_string(limit_mb), "infer.batch=32"});
+  train::Config config =
+      train::load_config(TrainedMlp::config(),
+                         {"pp.stages=" + std::to_string(stages), "tp.size=" + std::to_string(tp),
+                          "runtime.memory_limit_mb=" + std::to_string(limit_mb), "infer.batch=32"});
   const ModelInfo info = model_info(config, TrainedMlp::run_dir());
   const Rows rows = open_input(TrainedMlp::images(), info, config.data)->read(300);
   Forward f{std::vector<Tensor>(static_cast<size_t>(tp)),
@@ -174,7 +172,8 @@ double worst_difference(const Tensor& a, const Tensor& b) {
   EXPECT_EQ(a.shape(), b.shape());
   double worst = 0;
   for (int64_t i = 0; i < a.numel(); ++i)
-    worst = std::max(worst, static_cast<double>(std::fabs(a.data<float>()[i] - b.data<float>()[i])));
+    worst =
+        std::max(worst, static_cast<double>(std::fabs(a.data<float>()[i] - b.data<float>()[i])));
   return worst;
 }
 

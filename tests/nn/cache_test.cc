@@ -2,6 +2,8 @@
 // children, a shared scratch) and the Activations a model runs through. Hooks around every
 // block and block slices; two micro-batches in flight equal one after the other; inference
 // keeps nothing; a steady-state step reuses every buffer and allocates nothing.
+#include "tessel/nn/cache.h"
+
 #include <gtest/gtest.h>
 
 #include <utility>
@@ -9,7 +11,6 @@
 
 #include "nn_testing.h"
 #include "tessel/core/memory.h"
-#include "tessel/nn/cache.h"
 #include "tessel/nn/layers.h"
 #include "tessel/nn/loss.h"
 #include "tessel/nn/models.h"

@@ -140,7 +140,7 @@ class LayoutOnlyGroup final : public TensorParallel {
 // zero.
 TEST(ModelLayout, CutModelsStartFromTheWholeModelsWeights) {
   ModelSpec mlp = mlp_spec();
-  mlp.hidden = {64, 32, 16};  // column, row, column + the output layer as row
+  mlp.hidden = {64, 32, 16};   // column, row, column + the output layer as row
   ModelSpec gpt = gpt_spec();  // vocabulary 11: padded to 12 over 2 or 4 ranks
   gpt.heads = 4;
   for (const ModelSpec& spec : {mlp, gpt}) {
@@ -171,7 +171,9 @@ TEST(ModelLayout, CutModelsStartFromTheWholeModelsWeights) {
           if (!p.split.replica) covered += run.count;
         }
         for (size_t e = 0; e < v.size(); ++e) {
-          if (!in_run[e]) { ASSERT_EQ(v[e], 0.0f) << "padding element " << e; }
+          if (!in_run[e]) {
+            ASSERT_EQ(v[e], 0.0f) << "padding element " << e;
+          }
         }
       }
       EXPECT_EQ(covered, whole->num_parameters()) << spec.kind << " tp " << t;
@@ -221,8 +223,8 @@ TEST(ModelLayout, Names) {
   names.clear();
   for (size_t i = 0; i < cnn->num_blocks(); ++i) names.push_back(cnn->block_name(i));
   // Each conv -> ReLU -> pool stage is one fused block named after its convolution.
-  EXPECT_EQ(names, (std::vector<std::string>{"conv1", "conv2", "flatten", "fc1", "relu3",
-                                             "dropout", "fc2"}));
+  EXPECT_EQ(names, (std::vector<std::string>{"conv1", "conv2", "flatten", "fc1", "relu3", "dropout",
+                                             "fc2"}));
   // 28 -> conv(pad 2) 28 -> pool 14 -> 14 -> 7: fc1 sees 32 * 7 * 7.
   EXPECT_EQ(cnn->parameters()[4]->name, "fc1.weight");
   EXPECT_EQ(cnn->parameters()[4]->shape, (Shape{128, 32 * 7 * 7}));

@@ -71,8 +71,8 @@ TEST(LayerGrad, Conv2dStridedEvenKernel) {
 }
 
 TEST(LayerGrad, ConvReluPool) {
-  check_module_grads(std::make_unique<ConvReluPool>(2, 3, 3, 1, 2, 6, 6), distinct({2, 2, 6, 6}, 11),
-                     kTrain, {.eps = 1e-2, .skip_kinks = true});
+  check_module_grads(std::make_unique<ConvReluPool>(2, 3, 3, 1, 2, 6, 6),
+                     distinct({2, 2, 6, 6}, 11), kTrain, {.eps = 1e-2, .skip_kinks = true});
 }
 
 // The fused block gives the three blocks' outputs and gradients (its parameters bound to the

@@ -17,8 +17,8 @@
 
 #include "gemm_bf16.h"
 #include "gemm_shapes.h"
-#include "kernels.h"
 #include "grad_check.h"
+#include "kernels.h"
 #include "tessel/core/error.h"
 #include "tessel/core/rng.h"
 #include "tessel/ops/cpu.h"
@@ -36,7 +36,9 @@ struct Stored {
   DType type;
   std::vector<uint16_t> half;
   std::vector<float> full;
-  const void* data() const { return type == DType::kF32 ? static_cast<const void*>(full.data()) : half.data(); }
+  const void* data() const {
+    return type == DType::kF32 ? static_cast<const void*>(full.data()) : half.data();
+  }
   void* data() { return type == DType::kF32 ? static_cast<void*>(full.data()) : half.data(); }
   float at(size_t i) const {
     if (type == DType::kF32) return full[i];
@@ -92,7 +94,8 @@ void check(Impl impl, const Case& c) {
   SCOPED_TRACE(describe(c));
   const int64_t a_rows = c.ta ? c.K : c.M, a_cols = c.ta ? c.M : c.K;
   const int64_t b_rows = c.tb ? c.N : c.K, b_cols = c.tb ? c.K : c.N;
-  const int64_t lda = std::max<int64_t>(a_cols + c.pad, 1), ldb = std::max<int64_t>(b_cols + c.pad, 1);
+  const int64_t lda = std::max<int64_t>(a_cols + c.pad, 1),
+                ldb = std::max<int64_t>(b_cols + c.pad, 1);
   const int64_t ldc = c.N + c.pad;
   Stored A = stored(c.a, a_rows, a_cols, lda, c.seed * 3 + 1, kNaN);
   Stored B = stored(c.b, b_rows, b_cols, ldb, c.seed * 3 + 2, kNaN);
@@ -112,9 +115,11 @@ void check(Impl impl, const Case& c) {
   // op(A) and op(B) rounded to bf16, in double; C row by row.
   std::vector<double> a(c.M * c.K), b(c.K * c.N);
   for (int64_t i = 0; i < c.M; ++i)
-    for (int64_t k = 0; k < c.K; ++k) a[i * c.K + k] = round_bf16(A.at(c.ta ? k * lda + i : i * lda + k));
+    for (int64_t k = 0; k < c.K; ++k)
+      a[i * c.K + k] = round_bf16(A.at(c.ta ? k * lda + i : i * lda + k));
   for (int64_t k = 0; k < c.K; ++k)
-    for (int64_t j = 0; j < c.N; ++j) b[k * c.N + j] = round_bf16(B.at(c.tb ? j * ldb + k : k * ldb + j));
+    for (int64_t j = 0; j < c.N; ++j)
+      b[k * c.N + j] = round_bf16(B.at(c.tb ? j * ldb + k : k * ldb + j));
   const double c_ulp = c.c == DType::kF32 ? 0.0 : c.c == DType::kBF16 ? 1.0 / 256 : 1.0 / 2048;
   const float sentinel = C0.at(c.N < ldc ? static_cast<size_t>(c.N) : 0);
   // Big cases compare every row_step-th row only, so that the reference stays quick.
@@ -185,14 +190,11 @@ TEST_P(GemmLowpTest, ModelShapes) {
     float beta;
   };
   const DType f = DType::kF32, h = DType::kBF16;
-  const S shapes[] = {{false, true, 128, 512, 784, f, h, h, 1.0f},
-                      {true, false, 512, 784, 128, h, f, f, 1.0f},
-                      {false, true, 128, 10, 256, h, h, h, 1.0f},
-                      {false, false, 128, 256, 10, h, h, h, 0.0f},
-                      {false, true, 512, 768, 256, h, h, h, 1.0f},
-                      {true, false, 1024, 256, 512, h, h, f, 1.0f},
-                      {false, false, 512, 256, 1024, h, h, h, 0.0f},
-                      {false, true, 256, 91, 256, h, h, h, 0.0f}};
+  const S shapes[] = {
+      {false, true, 128, 512, 784, f, h, h, 1.0f},   {true, false, 512, 784, 128, h, f, f, 1.0f},
+      {false, true, 128, 10, 256, h, h, h, 1.0f},    {false, false, 128, 256, 10, h, h, h, 0.0f},
+      {false, true, 512, 768, 256, h, h, h, 1.0f},   {true, false, 1024, 256, 512, h, h, f, 1.0f},
+      {false, false, 512, 256, 1024, h, h, h, 0.0f}, {false, true, 256, 91, 256, h, h, h, 0.0f}};
   uint64_t seed = 50;
   for (const S& s : shapes) {
     Case c{s.ta, s.tb, s.M, s.N, s.K, 0, 1.0f, s.beta, s.a, s.b, s.c, ++seed};
@@ -203,10 +205,10 @@ TEST_P(GemmLowpTest, ModelShapes) {
 // More rows than one packed A block and more columns than one packed B block hold; K over
 // several blocks into a 16-bit C.
 TEST_P(GemmLowpTest, SeveralCacheBlocks) {
-  check(GetParam(), {false, false, 700, 2100, 40, 3, 1.0f, 0.5f, DType::kBF16, DType::kBF16,
-                     DType::kF32, 201});
-  check(GetParam(), {true, true, 350, 130, 1601, 1, -1.0f, 1.0f, DType::kBF16, DType::kF16,
-                     DType::kBF16, 202});
+  check(GetParam(),
+        {false, false, 700, 2100, 40, 3, 1.0f, 0.5f, DType::kBF16, DType::kBF16, DType::kF32, 201});
+  check(GetParam(),
+        {true, true, 350, 130, 1601, 1, -1.0f, 1.0f, DType::kBF16, DType::kF16, DType::kBF16, 202});
 }
 
 INSTANTIATE_TEST_SUITE_P(Impls, GemmLowpTest, ::testing::Values(Impl::kNative, Impl::kPortable),
@@ -237,7 +239,8 @@ TEST(GemmLowp, RejectsBadArguments) {
 }
 
 TEST(GemmLowp, Deterministic) {
-  const Stored A = stored(DType::kBF16, 200, 300, 300, 1, 0), B = stored(DType::kBF16, 300, 170, 170, 2, 0);
+  const Stored A = stored(DType::kBF16, 200, 300, 300, 1, 0),
+               B = stored(DType::kBF16, 300, 170, 170, 2, 0);
   std::vector<float> c1(200 * 170), c2(200 * 170);
   for (std::vector<float>* c : {&c1, &c2})
     gemm_lowp(false, false, 200, 170, 300, 1.0f, {A.data(), A.type, 300}, {B.data(), B.type, 170},

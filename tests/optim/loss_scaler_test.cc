@@ -1,16 +1,16 @@
 // LossScaler against PyTorch's GradScaler (tests/fixtures/loss_scale.json, written by
 // gen_loss_scale_fixture.py): on the same scripted overflow pattern, the same scale every step,
 // the same steps skipped, and the same scale after each update; plus restoring its state.
+#include "tessel/optim/loss_scaler.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <vector>
 
-#include <nlohmann/json.hpp>
-
 #include "tessel/core/error.h"
-#include "tessel/optim/loss_scaler.h"
 
 namespace tessel::optim {
 namespace {

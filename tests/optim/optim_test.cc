@@ -8,11 +8,10 @@
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <numbers>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tessel/core/error.h"
 #include "tessel/core/memory.h"

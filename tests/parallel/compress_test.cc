@@ -178,15 +178,19 @@ TEST(Compress, TopKSendsEachRanksLargestPairs) {
     for (int r = 0; r < world; ++r) {
       std::vector<float> flat;
       const auto g = grad_of(r);
-      for (const Segment& s : kSegments) flat.insert(flat.end(), g.begin() + s.offset, g.begin() + s.offset + s.numel());
+      for (const Segment& s : kSegments)
+        flat.insert(flat.end(), g.begin() + s.offset, g.begin() + s.offset + s.numel());
       const int64_t k = static_cast<int64_t>(std::ceil(0.05 * static_cast<double>(flat.size())));
       std::vector<int64_t> where;
       for (const Segment& s : kSegments)
         for (int64_t i = 0; i < s.numel(); ++i) where.push_back(s.offset + i);
-      for (uint32_t i : parallel::compress::top_k(flat.data(), static_cast<int64_t>(flat.size()), k)) want[where[i]] += flat[i];
+      for (uint32_t i :
+           parallel::compress::top_k(flat.data(), static_cast<int64_t>(flat.size()), k))
+        want[where[i]] += flat[i];
     }
     for (const Segment& s : kSegments)
-      for (int64_t i = s.offset; i < s.offset + s.numel(); ++i) ASSERT_FLOAT_EQ(got[i], want[i]) << i;
+      for (int64_t i = s.offset; i < s.offset + s.numel(); ++i)
+        ASSERT_FLOAT_EQ(got[i], want[i]) << i;
   }
 }
 
@@ -226,7 +230,8 @@ TEST(Compress, PowerSgdOfFullRankIsExactAndLowRankErrorIsKept) {
                                  },
                                  grad_of, {segs[1]});
     const auto want = plain_sum(world, grad_of);
-    for (int64_t i = segs[1].offset; i < segs[1].offset + segs[1].numel(); ++i) ASSERT_NEAR(got[i], want[i], 1e-3) << i;
+    for (int64_t i = segs[1].offset; i < segs[1].offset + segs[1].numel(); ++i)
+      ASSERT_NEAR(got[i], want[i], 1e-3) << i;
   }
   // Rank 2 on one rank: output + residual is the gradient (error feedback loses nothing).
   spec.rank = 2;
@@ -258,11 +263,12 @@ TEST(Compress, WorthCompressingLeavesVectorsAndSmallGains) {
 // ---- training ----
 
 train::Config small(std::vector<std::string> extra = {}) {
-  std::vector<std::string> o = {"data.kind=synthetic", "data.samples=600", "data.features=12",
-                                "data.classes=4", "data.test_fraction=0.2", "train.batch=24",
-                                "train.max_steps=20", "train.prefetch=0", "optim.lr=0.1",
-                                "model.kind=mlp", "model.hidden=[64,32]",
-                                "checkpoint.every_epochs=0", "ddp.bucket_mb=0.004"};
+  std::vector<std::string> o = {
+      "data.kind=synthetic", "data.samples=600",       "data.features=12",
+      "data.classes=4",      "data.test_fraction=0.2", "train.batch=24",
+      "train.max_steps=20",  "train.prefetch=0",       "optim.lr=0.1",
+      "model.kind=mlp",      "model.hidden=[64,32]",   "checkpoint.every_epochs=0",
+      "ddp.bucket_mb=0.004"};
   o.insert(o.end(), extra.begin(), extra.end());
   return train::parse_config("", "compress_test", o);
 }
@@ -274,16 +280,20 @@ TEST(Compress, TrainsAndReportsBytesWithinFivePercentOfTheFormula) {
     for (const char* kind : {"fp16", "bf16", "int8", "topk", "powersgd"}) {
       std::vector<float> blocking;  // pipelined exchanges (overlap on) give the same bits
       for (const char* overlap : {"ddp.overlap=off", "ddp.overlap=on"}) {
-        const auto run = testing::train_on(small({str("compress.kind=", kind), "compress.ratio=0.1", overlap}), world);
+        const auto run = testing::train_on(
+            small({str("compress.kind=", kind), "compress.ratio=0.1", overlap}), world);
         if (blocking.empty()) blocking = run.params;
         EXPECT_EQ(run.params, blocking) << kind << " " << overlap;
         const nlohmann::json& c = run.summary.at("compress");
         EXPECT_NEAR(c["bytes_per_step"].get<double>(), c["formula_bytes_per_step"].get<double>(),
-                    0.05 * c["formula_bytes_per_step"].get<double>()) << kind << " on " << world;
+                    0.05 * c["formula_bytes_per_step"].get<double>())
+            << kind << " on " << world;
         EXPECT_GT(c["ratio"].get<double>(), 1.2) << kind;
         EXPECT_EQ(run.summary["engine"]["grad_sync"], "allreduce");
         EXPECT_EQ(run.summary["engine"]["compress"], kind);
-        const double tol = std::string(kind) == "fp16" ? 2e-3 : std::string(kind) == "bf16" ? 2e-2 : 1.0;
+        const double tol = std::string(kind) == "fp16"   ? 2e-3
+                           : std::string(kind) == "bf16" ? 2e-2
+                                                         : 1.0;
         EXPECT_LT(testing::max_rel_diff(plain.params, run.params), tol) << kind;
         EXPECT_GT(run.summary["test_accuracy"].get<double>(), 0.5) << kind;
       }
@@ -378,8 +388,8 @@ TEST(Compress, ResumedRunEndsBitIdentical) {
 
 TEST(Compress, ResumedParameterServerRunWithTopKEndsBitIdentical) {
   // Sync pushes: the workers' top-k residuals travel in the checkpoint (compress/rank<r>).
-  const train::Config cfg = small({"ps.servers=1", "model.hidden=[32,16]", "compress.kind=topk",
-                                   "compress.ratio=0.1"});
+  const train::Config cfg =
+      small({"ps.servers=1", "model.hidden=[32,16]", "compress.kind=topk", "compress.ratio=0.1"});
   const auto [whole, resumed] = whole_and_resumed(cfg, 3, "compress_resume_ps_topk");
   EXPECT_EQ(resumed.summary["steps"], 20);
   EXPECT_EQ(resumed.summary["params_sha256"], whole.summary["params_sha256"]);
@@ -394,13 +404,16 @@ TEST(Compress, ParameterServerPushes) {
   const int64_t n = plain.summary["ranks"]["ps_servers"][0]["elements"].get<int64_t>();
   EXPECT_DOUBLE_EQ(plain_in, 20.0 * 2 * 4 * static_cast<double>(n));
   const std::vector<std::pair<std::string, double>> kinds = {
-      {"fp16", 2.0 * n}, {"int8", static_cast<double>(n + 4 * ((n + 255) / 256))},
+      {"fp16", 2.0 * n},
+      {"int8", static_cast<double>(n + 4 * ((n + 255) / 256))},
       {"topk", 8.0 * std::ceil(0.1 * static_cast<double>(n))}};
   for (const auto& [kind, message] : kinds) {
     std::vector<std::string> keys = ps;
     keys.insert(keys.end(), {"compress.kind=" + kind, "compress.ratio=0.1"});
     const auto run = testing::train_on(small(keys), 3);
-    EXPECT_DOUBLE_EQ(run.summary["ranks"]["ps_servers"][0]["bytes_in"].get<double>(), 20.0 * 2 * message) << kind;
+    EXPECT_DOUBLE_EQ(run.summary["ranks"]["ps_servers"][0]["bytes_in"].get<double>(),
+                     20.0 * 2 * message)
+        << kind;
     EXPECT_LT(testing::max_rel_diff(plain.params, run.params), kind == "fp16" ? 2e-3 : 1.0) << kind;
     EXPECT_GT(run.summary["test_accuracy"].get<double>(), 0.5) << kind;
   }
@@ -416,19 +429,25 @@ TEST(Compress, BadConfigsAreClearErrors) {
     return "";
   };
   EXPECT_NE(error_of({"compress.kind=topp"}).find("did you mean 'topk'"), std::string::npos);
-  EXPECT_NE(error_of({"compress.kind=topk", "compress.ratio=0"}).find("compress.ratio"), std::string::npos);
-  EXPECT_NE(error_of({"compress.kind=topk", "compress.ratio=0.9"}).find("(0, 0.5]"), std::string::npos);
-  EXPECT_NE(error_of({"compress.kind=powersgd", "compress.rank=0"}).find("compress.rank"), std::string::npos);
+  EXPECT_NE(error_of({"compress.kind=topk", "compress.ratio=0"}).find("compress.ratio"),
+            std::string::npos);
+  EXPECT_NE(error_of({"compress.kind=topk", "compress.ratio=0.9"}).find("(0, 0.5]"),
+            std::string::npos);
+  EXPECT_NE(error_of({"compress.kind=powersgd", "compress.rank=0"}).find("compress.rank"),
+            std::string::npos);
   EXPECT_NE(error_of({"compress.kind=int8", "zero.stage=3"}).find("zero.stage = 2"),
             std::string::npos);
-  EXPECT_NE(error_of({"compress.kind=int8", "train.deterministic=true"}).find("deterministic"), std::string::npos);
+  EXPECT_NE(error_of({"compress.kind=int8", "train.deterministic=true"}).find("deterministic"),
+            std::string::npos);
   EXPECT_NE(
       error_of({"compress.kind=powersgd", "train.precision=fp16"}).find("train.precision = bf16"),
       std::string::npos);
   EXPECT_NE(error_of({"compress.kind=topk", "train.precision=fp16"}).find("error_feedback = false"),
             std::string::npos);
-  EXPECT_NE(error_of({"compress.kind=topk", "compress.start_step=-1"}).find("start_step"), std::string::npos);
-  EXPECT_NE(error_of({"compress.kind=powersgd", "ps.servers=1"}, 3).find("parameter-server"), std::string::npos);
+  EXPECT_NE(error_of({"compress.kind=topk", "compress.start_step=-1"}).find("start_step"),
+            std::string::npos);
+  EXPECT_NE(error_of({"compress.kind=powersgd", "ps.servers=1"}, 3).find("parameter-server"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -17,11 +17,11 @@ namespace tessel {
 namespace {
 
 train::Config small_config(const std::string& model, std::vector<std::string> extra = {}) {
-  std::vector<std::string> o = {"data.kind=synthetic", "data.samples=600", "data.features=12",
-                                "data.classes=4", "data.test_fraction=0.2", "train.batch=24",
-                                "train.max_steps=20", "train.prefetch=0", "optim.lr=0.1",
-                                "model.hidden=[32,16]", "checkpoint.every_epochs=0",
-                                "model.kind=" + model};
+  std::vector<std::string> o = {
+      "data.kind=synthetic",  "data.samples=600",          "data.features=12",
+      "data.classes=4",       "data.test_fraction=0.2",    "train.batch=24",
+      "train.max_steps=20",   "train.prefetch=0",          "optim.lr=0.1",
+      "model.hidden=[32,16]", "checkpoint.every_epochs=0", "model.kind=" + model};
   o.insert(o.end(), extra.begin(), extra.end());
   return train::parse_config("", "dp_test", o);
 }
@@ -52,7 +52,8 @@ TEST(DataParallel, MatchesSingleRankAfterTwentySteps) {
     for (int w : {2, 3, 4}) {
       const auto multi = train_on(cfg, w);
       ASSERT_EQ(multi.params.size(), single.params.size());
-      EXPECT_LT(max_rel_diff(single.params, multi.params), 1e-5) << w << " workers, " << v[0] << " " << v[1];
+      EXPECT_LT(max_rel_diff(single.params, multi.params), 1e-5)
+          << w << " workers, " << v[0] << " " << v[1];
       EXPECT_EQ(multi.summary["engine"]["grad_sync"], sync) << v[0] << " " << v[1];
       EXPECT_EQ(multi.summary["world_size"], w);
       EXPECT_EQ(multi.summary["layout"], "dp=" + std::to_string(w));
@@ -66,8 +67,8 @@ TEST(DataParallel, MatchesSingleRankAfterTwentySteps) {
 TEST(DataParallel, ZeroOneWithClippingAdamWAndResumeOnAnotherWorkerCount) {
   // Each rank updates its pieces: clipping needs the global norm, AdamW's state of the other
   // pieces lives on other ranks and is written by them into the checkpoint.
-  const train::Config cfg = small_config("mlp", {"optim.kind=adamw", "optim.lr=0.01",
-                                                 "train.clip_norm=0.05", "zero.stage=1"});
+  const train::Config cfg = small_config(
+      "mlp", {"optim.kind=adamw", "optim.lr=0.01", "train.clip_norm=0.05", "zero.stage=1"});
   const auto single = train_on(cfg, 1);
   const auto multi = train_on(cfg, 3);
   EXPECT_LT(max_rel_diff(single.params, multi.params), 1e-5);
@@ -127,9 +128,11 @@ TEST(DataParallel, DeterministicModeRejectsUnevenShards) {
 
 TEST(DataParallel, AccumulationEqualsTheLargerBatch) {
   for (const char* stage : {"zero.stage=0", "zero.stage=2", "zero.stage=3"}) {
-    const auto big = train_on(small_config("mlp", {"train.batch=24", "train.max_steps=10", stage}), 1);
+    const auto big =
+        train_on(small_config("mlp", {"train.batch=24", "train.max_steps=10", stage}), 1);
     const auto acc = train_on(
-        small_config("mlp", {"train.batch=12", "train.accumulate=2", "train.max_steps=10", stage}), 2);
+        small_config("mlp", {"train.batch=12", "train.accumulate=2", "train.max_steps=10", stage}),
+        2);
     EXPECT_EQ(acc.summary["steps"], 10);
     EXPECT_LT(max_rel_diff(big.params, acc.params), 1e-5) << stage;
   }

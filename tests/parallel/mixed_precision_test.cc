@@ -22,20 +22,22 @@ using testing::max_rel_diff;
 using testing::train_on;
 
 train::Config gpt(std::vector<std::string> extra) {
-  std::vector<std::string> o = {"train.max_steps=12", "train.prefetch=0", "train.log_every=1000",
-                                "checkpoint.every_epochs=0", "ddp.bucket_mb=0.05",
-                                "train.batch=12", "data.context=16", "model.embed=32",
-                                "model.layers=2", "schedule.warmup_steps=0"};
+  std::vector<std::string> o = {"train.max_steps=12",   "train.prefetch=0",
+                                "train.log_every=1000", "checkpoint.every_epochs=0",
+                                "ddp.bucket_mb=0.05",   "train.batch=12",
+                                "data.context=16",      "model.embed=32",
+                                "model.layers=2",       "schedule.warmup_steps=0"};
   o.insert(o.end(), extra.begin(), extra.end());
   return train::load_config(std::string(TESSEL_SOURCE_DIR) + "/examples/char_gpt.toml", o);
 }
 
 train::Config mlp(std::vector<std::string> extra) {
-  std::vector<std::string> o = {"data.kind=synthetic", "data.samples=600", "data.features=12",
-                                "data.classes=4", "data.test_fraction=0.2", "train.batch=24",
-                                "train.max_steps=12", "train.prefetch=0", "optim.lr=0.1",
-                                "model.hidden=[32,16]", "checkpoint.every_epochs=0",
-                                "model.kind=mlp", "ddp.bucket_mb=0.001"};
+  std::vector<std::string> o = {
+      "data.kind=synthetic",  "data.samples=600",          "data.features=12",
+      "data.classes=4",       "data.test_fraction=0.2",    "train.batch=24",
+      "train.max_steps=12",   "train.prefetch=0",          "optim.lr=0.1",
+      "model.hidden=[32,16]", "checkpoint.every_epochs=0", "model.kind=mlp",
+      "ddp.bucket_mb=0.001"};
   o.insert(o.end(), extra.begin(), extra.end());
   return train::parse_config("", "mixed_test", o);
 }
@@ -146,8 +148,8 @@ TEST(MixedPrecision, InjectedOverflowSkipsExactlyThatStepOnEveryRank) {
 
 TEST(Recompute, SameBitsAsNoneWithLessActivationMemory) {
   for (const char* precision : {"fp32", "bf16"}) {
-    const train::Config base = gpt({std::string("train.precision=") + precision,
-                                    "train.max_steps=4", "model.layers=4"});
+    const train::Config base =
+        gpt({std::string("train.precision=") + precision, "train.max_steps=4", "model.layers=4"});
     const data::Splits data = data::make_datasets(base.data);
     const auto none = train_on(base, 1, {}, &data);
     for (const char* mode : {"full", "selective"}) {

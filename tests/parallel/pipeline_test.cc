@@ -10,12 +10,12 @@
 #include <vector>
 
 #include "pipeline_testing.h"
-#include "train_on.h"
 #include "tessel/comm/threads.h"
 #include "tessel/nn/models.h"
 #include "tessel/optim/optimizer.h"
 #include "tessel/parallel/engine.h"
 #include "tessel/train/trainer.h"
+#include "train_on.h"
 
 namespace tessel {
 namespace {
@@ -360,15 +360,14 @@ TEST(Pipeline, MismatchedExchangeIsNamed) {
 }
 
 TEST(Pipeline, ExplicitCutsAndBalancedPartition) {
-  auto model = nn::build_model(
-      [] {
-        nn::ModelSpec s;
-        s.kind = "mlp";
-        s.input_shape = {64};
-        s.num_classes = 4;
-        s.hidden = {256, 8};
-        return s;
-      }());
+  auto model = nn::build_model([] {
+    nn::ModelSpec s;
+    s.kind = "mlp";
+    s.input_shape = {64};
+    s.num_classes = 4;
+    s.hidden = {256, 8};
+    return s;
+  }());
   parallel::ParallelSpec spec;
   spec.pp_cuts = {1, 3};
   auto p = parallel::make_partition(spec, *model, 3);

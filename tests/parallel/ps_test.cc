@@ -5,6 +5,7 @@
 // in progress; an async run resumes mid-epoch; a worker or server that dies or stops gives a
 // CommError within the deadline.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
@@ -12,8 +13,6 @@
 #include <filesystem>
 #include <thread>
 #include <vector>
-
-#include <unistd.h>
 
 #include "tessel/comm/threads.h"
 #include "tessel/core/clock.h"
@@ -29,11 +28,12 @@ namespace tessel {
 namespace {
 
 train::Config small_config(std::vector<std::string> extra = {}) {
-  std::vector<std::string> o = {"data.kind=synthetic", "data.samples=600", "data.features=12",
-                                "data.classes=4", "data.test_fraction=0.2", "train.batch=24",
-                                "train.max_steps=20", "train.prefetch=0", "optim.lr=0.1",
-                                "model.hidden=[32,16]", "checkpoint.every_epochs=0",
-                                "model.kind=mlp", "model.dropout=0.2"};
+  std::vector<std::string> o = {
+      "data.kind=synthetic",  "data.samples=600",          "data.features=12",
+      "data.classes=4",       "data.test_fraction=0.2",    "train.batch=24",
+      "train.max_steps=20",   "train.prefetch=0",          "optim.lr=0.1",
+      "model.hidden=[32,16]", "checkpoint.every_epochs=0", "model.kind=mlp",
+      "model.dropout=0.2"};
   o.insert(o.end(), extra.begin(), extra.end());
   return train::parse_config("", "ps_test", o);
 }
@@ -60,14 +60,14 @@ TEST(ParameterServer, SyncMatchesDataParallelAndAppliesEveryGradientOnce) {
   for (int servers : {1, 2}) {
     const int workers = servers == 1 ? 4 : 3;
     Result dp = train_on(small_config(), workers, "dp");
-    Result ps = train_on(small_config({"ps.servers=" + std::to_string(servers)}),
-                         workers + servers, "sync" + std::to_string(servers));
+    Result ps = train_on(small_config({"ps.servers=" + std::to_string(servers)}), workers + servers,
+                         "sync" + std::to_string(servers));
     ASSERT_EQ(ps.params.size(), dp.params.size());
     EXPECT_LT(max_rel_diff(dp.params, ps.params), 1e-5) << servers << " server(s)";
     const nlohmann::json& r = ps.summary["ranks"];
     EXPECT_EQ(ps.summary["steps"], 20);
-    EXPECT_EQ(ps.summary["layout"], servers == 1 ? "ps: 1 server x 4 workers"
-                                                 : "ps: 2 servers x 3 workers");
+    EXPECT_EQ(ps.summary["layout"],
+              servers == 1 ? "ps: 1 server x 4 workers" : "ps: 2 servers x 3 workers");
     ASSERT_EQ(r["ps_servers"].size(), static_cast<size_t>(servers));
     int64_t elements = 0;
     for (const nlohmann::json& s : r["ps_servers"]) {
@@ -88,8 +88,8 @@ TEST(ParameterServer, SyncMatchesDataParallelAndAppliesEveryGradientOnce) {
     }
     EXPECT_EQ(r["ps_staleness_histogram"]["0"], 20 * workers * servers);
     EXPECT_EQ(r["ps_staleness_max"], 0);
-    EXPECT_NEAR(ps.summary["test_accuracy"].get<double>(), dp.summary["test_accuracy"].get<double>(),
-                0.02);
+    EXPECT_NEAR(ps.summary["test_accuracy"].get<double>(),
+                dp.summary["test_accuracy"].get<double>(), 0.02);
   }
 }
 
@@ -134,8 +134,8 @@ TEST(ParameterServer, AsyncAndSspLearnAndReportStaleness) {
 TEST(ParameterServer, SspBoundsTheLeadOverASlowWorker) {
   // Worker 1 sleeps a few ms a step: async lets the others claim far ahead of the batch it
   // holds; ssp grants no claim more than ps.staleness = 1 step ahead of it.
-  train::Config ssp = small_config({"ps.servers=1", "ps.mode=ssp", "ps.staleness=1",
-                                    "debug.slow_rank=1", "debug.delay_ms=3"});
+  train::Config ssp = small_config(
+      {"ps.servers=1", "ps.mode=ssp", "ps.staleness=1", "debug.slow_rank=1", "debug.delay_ms=3"});
   Result r = train_on(ssp, 4, "ssp_slow");
   EXPECT_LE(r.summary["ranks"]["ps_max_clock_lead"].get<double>(), 1);
   // One server: a push is at most (s + 2) x W - 2 = 7 updates stale (docs/parameter_server.md).
@@ -152,8 +152,8 @@ TEST(ParameterServer, SspBoundsTheLeadOverASlowWorker) {
 }
 
 // Drives the engine directly: 3 workers claim two epochs' ranges (each "computes" 0.3 ms,
-// worker 1 sleeps 3 ms more a push) and push zero gradients; returns the batches each worker was handed, per epoch, and
-// the largest claim lead the server saw.
+// worker 1 sleeps 3 ms more a push) and push zero gradients; returns the batches each worker was
+// handed, per epoch, and the largest claim lead the server saw.
 struct Claimed {
   std::vector<std::vector<int64_t>> batches[2];  // [epoch][worker]
   double lead = 0;
@@ -172,8 +172,7 @@ Claimed claim_ranges(const std::string& mode, int64_t staleness) {
   ms.hidden = {8};
   Claimed out;
   for (auto& e : out.batches) e.resize(3);
-  const parallel::ParameterServer::Claims ranges[2] = {{0, 0, 40, 0, true},
-                                                       {1, 3, 31, 13, true}};
+  const parallel::ParameterServer::Claims ranges[2] = {{0, 0, 40, 0, true}, {1, 3, 31, 13, true}};
   comm::run_threads(4, [&](comm::Communicator& world) {
     auto model = nn::build_model(ms);
     parallel::Engine engine(spec, optim::OptimSpec{}, world, std::move(model), 1);
@@ -230,9 +229,9 @@ TEST(ParameterServer, ClaimsHandEveryBatchOutExactlyOnce) {
 }
 
 TEST(ParameterServer, AsyncStragglerTrainsFewerBatchesAndLearns) {
-  train::Config cfg = small_config({"ps.servers=1", "ps.mode=async", "train.max_steps=0",
-                                    "train.epochs=3", "optim.lr=0.05", "debug.slow_rank=1",
-                                    "debug.delay_ms=2"});
+  train::Config cfg =
+      small_config({"ps.servers=1", "ps.mode=async", "train.max_steps=0", "train.epochs=3",
+                    "optim.lr=0.05", "debug.slow_rank=1", "debug.delay_ms=2"});
   Result r = train_on(cfg, 4, "async_straggler");
   const nlohmann::json& m = r.summary["ranks"];
   // 480 training rows in worker batches of 24 / 3 = 8 rows: 60 a epoch, 20 steps of 3.
@@ -243,8 +242,9 @@ TEST(ParameterServer, AsyncStragglerTrainsFewerBatchesAndLearns) {
   EXPECT_LT(b[1].get<double>(), b[0].get<double>());
   EXPECT_LT(b[1].get<double>(), b[2].get<double>());
   // samples/s counts what the workers trained: every row of every epoch once.
-  EXPECT_NEAR(r.summary["samples_per_second"].get<double>() *
-                  r.summary["train_seconds"].get<double>(), 3 * 480, 1e-6 * 3 * 480);
+  EXPECT_NEAR(
+      r.summary["samples_per_second"].get<double>() * r.summary["train_seconds"].get<double>(),
+      3 * 480, 1e-6 * 3 * 480);
   EXPECT_GT(r.summary["test_accuracy"].get<double>(), 0.6);
 }
 
@@ -280,9 +280,9 @@ TEST(ParameterServer, RejectsImpossibleSettings) {
   EXPECT_THROW(train_on(small_config({"ps.servers=1", "ps.mode=async", "checkpoint.every_steps=5"}),
                         4, "bad"),
                InvalidArgument);
-  EXPECT_THROW(train_on(small_config({"ps.servers=1", "ps.mode=ssp", "train.accumulate=2"}), 4,
-                        "bad"),
-               InvalidArgument);
+  EXPECT_THROW(
+      train_on(small_config({"ps.servers=1", "ps.mode=ssp", "train.accumulate=2"}), 4, "bad"),
+      InvalidArgument);
   EXPECT_THROW(train_on(small_config({"ps.servers=1", "ps.mode=async", "train.batch=2"}), 4, "bad"),
                InvalidArgument);
 }
@@ -296,17 +296,20 @@ std::pair<std::string, double> fail_with(int victim) {
   train::RunOptions opts;
   opts.progress = false;
   opts.run_dir = run_dir("fail" + std::to_string(victim));  // a folder per job: a fresh run
-                                                          // refuses one that holds a run
+                                                            // refuses one that holds a run
   comm::CommOptions options;
   options.timeout_s = 0.5;
   const double t0 = now_seconds();
   std::string error;
   try {
-    comm::run_threads(4, [&](comm::Communicator& world) {
-      train::Trainer t(cfg, opts, &world);
-      if (world.rank() == victim) throw Error("test: rank died");
-      t.run();
-    }, options);
+    comm::run_threads(
+        4,
+        [&](comm::Communicator& world) {
+          train::Trainer t(cfg, opts, &world);
+          if (world.rank() == victim) throw Error("test: rank died");
+          t.run();
+        },
+        options);
   } catch (const std::exception& e) {
     error = e.what();
   }

@@ -16,9 +16,9 @@
 namespace tessel {
 namespace {
 
-using testing::max_rel_diff;
 using testing::det_config;
 using testing::example;
+using testing::max_rel_diff;
 using testing::train_on;
 
 struct Leg {
@@ -68,7 +68,6 @@ TEST(TensorParallel, FashionMlpMatchesOneWorker) {
                        {6, {"tp.size=2", "zero.stage=3"}}});
 }
 
-
 // calls of `op` in `where` of a block's (or "outside"'s) counters; 0 when absent.
 int64_t calls(const nlohmann::json& counters, const std::string& block, const std::string& where,
               const std::string& op) {
@@ -82,8 +81,8 @@ int64_t calls(const nlohmann::json& counters, const std::string& block, const st
 // (max, target logit, sum of exponentials); nothing else in a block.
 TEST(TensorParallel, EachBlockSendsMegatronsCollectives) {
   const int steps = 4;
-  const std::vector<std::string> keys = {"train.batch=8", "data.context=16", "model.embed=32",
-                                         "train.max_steps=4", "train.epochs=1", "tp.size=2"};
+  const std::vector<std::string> keys = {"train.batch=8",     "data.context=16", "model.embed=32",
+                                         "train.max_steps=4", "train.epochs=1",  "tp.size=2"};
   const auto run = train_on(example("char_gpt", keys), 2);
   const nlohmann::json& c = run.summary["tensor_parallel"];
   for (const std::string block : {"block0", "block1"}) {
@@ -92,12 +91,13 @@ TEST(TensorParallel, EachBlockSendsMegatronsCollectives) {
     EXPECT_EQ(c[block]["forward"].size(), 1u) << c.dump();
     EXPECT_EQ(c[block]["backward"].size(), 1u) << c.dump();
     // Each carries the whole [B, T, C] activation: 8 x 16 x 32 floats.
-    EXPECT_EQ(c[block]["forward"]["all_reduce"]["bytes"].get<double>(), 2.0 * steps * 8 * 16 * 32 * 4);
+    EXPECT_EQ(c[block]["forward"]["all_reduce"]["bytes"].get<double>(),
+              2.0 * steps * 8 * 16 * 32 * 4);
   }
   EXPECT_EQ(calls(c, "outside", "forward", "all_reduce"), 3 * steps) << c.dump();
   EXPECT_EQ(c["outside"]["forward"]["all_reduce"]["bytes"].get<double>(), 3.0 * steps * 8 * 16 * 4);
-  EXPECT_EQ(calls(c, "embed", "forward", "all_reduce"), steps);   // the vocab-parallel lookup
-  EXPECT_EQ(calls(c, "head", "backward", "all_reduce"), steps);   // the head's input gradient
+  EXPECT_EQ(calls(c, "embed", "forward", "all_reduce"), steps);  // the vocab-parallel lookup
+  EXPECT_EQ(calls(c, "head", "backward", "all_reduce"), steps);  // the head's input gradient
 }
 
 // With sequence parallelism each all-reduce becomes an all-gather and a reduce-scatter: per
@@ -106,9 +106,9 @@ TEST(TensorParallel, EachBlockSendsMegatronsCollectives) {
 // (kept 1/t per rank); the step sums the whole parameters' gradients once.
 TEST(TensorParallel, SequenceParallelTradesEachAllReduceForGatherAndScatter) {
   const int steps = 4;
-  const std::vector<std::string> keys = {"train.batch=8",  "data.context=16", "model.embed=32",
-                                         "train.max_steps=4", "train.epochs=1", "tp.size=2",
-                                         "tp.sequence_parallel=true"};
+  const std::vector<std::string> keys = {
+      "train.batch=8",  "data.context=16", "model.embed=32",           "train.max_steps=4",
+      "train.epochs=1", "tp.size=2",       "tp.sequence_parallel=true"};
   const auto run = train_on(example("char_gpt", keys), 2);
   const nlohmann::json& c = run.summary["tensor_parallel"];
   for (const std::string block : {"block0", "block1"}) {
@@ -116,7 +116,8 @@ TEST(TensorParallel, SequenceParallelTradesEachAllReduceForGatherAndScatter) {
     EXPECT_EQ(calls(c, block, "forward", "reduce_scatter"), 2 * steps) << c.dump();
     EXPECT_EQ(calls(c, block, "backward", "all_gather"), 4 * steps) << c.dump();
     EXPECT_EQ(calls(c, block, "backward", "reduce_scatter"), 2 * steps) << c.dump();
-    EXPECT_EQ(calls(c, block, "forward", "all_reduce") + calls(c, block, "backward", "all_reduce"), 0);
+    EXPECT_EQ(calls(c, block, "forward", "all_reduce") + calls(c, block, "backward", "all_reduce"),
+              0);
   }
   EXPECT_EQ(calls(c, "outside", "forward", "all_reduce"), 3 * steps) << c.dump();
   EXPECT_EQ(calls(c, "outside", "step", "all_reduce"), steps) << c.dump();
@@ -131,10 +132,12 @@ double peak_activation_bytes(const nlohmann::json& summary) {
 TEST(TensorParallel, SequenceParallelHalvesActivationMemory) {
   const std::vector<std::string> keys = {"train.max_steps=3", "train.epochs=1"};
   const data::Splits data = data::make_datasets(example("char_gpt", keys).data);
-  const double one = peak_activation_bytes(train_on(example("char_gpt", keys), 1, {}, &data).summary);
+  const double one =
+      peak_activation_bytes(train_on(example("char_gpt", keys), 1, {}, &data).summary);
   std::vector<std::string> sp = keys;
   sp.insert(sp.end(), {"tp.size=2", "tp.sequence_parallel=true"});
-  const double half = peak_activation_bytes(train_on(example("char_gpt", sp), 2, {}, &data).summary);
+  const double half =
+      peak_activation_bytes(train_on(example("char_gpt", sp), 2, {}, &data).summary);
   EXPECT_NEAR(half / one, 0.5, 0.5 * 0.15) << "one worker " << one << " bytes, tp=2 " << half;
 }
 
@@ -149,7 +152,8 @@ TEST(TensorParallel, DeterministicBitsAtEveryDataParallelSize) {
         EXPECT_EQ(s.summary["params_sha256"], ref) << t << " dp " << dp << " stage " << stage;
       }
   }
-  const std::string pp = train_on(det_config({"tp.size=2", "pp.stages=2"}), 4).summary["params_sha256"];
+  const std::string pp =
+      train_on(det_config({"tp.size=2", "pp.stages=2"}), 4).summary["params_sha256"];
   EXPECT_EQ(train_on(det_config({"tp.size=2", "pp.stages=2"}), 8).summary["params_sha256"], pp);
 }
 

@@ -75,13 +75,25 @@ inline train::Config example(const std::string& name, std::vector<std::string> e
 // A synthetic MLP in deterministic mode (dropout, AdamW, clipping, micro-shards): its
 // params_sha256 is a layout's fingerprint.
 inline train::Config det_config(std::vector<std::string> extra = {}) {
-  std::vector<std::string> o = {"data.kind=synthetic", "data.samples=600", "data.features=12",
-                                "data.classes=4", "data.test_fraction=0.2", "train.batch=120",
-                                "train.max_steps=20", "train.prefetch=0", "optim.kind=adamw",
-                                "optim.lr=0.01", "model.hidden=[32,16]", "model.dropout=0.1",
-                                "checkpoint.every_epochs=0", "train.deterministic=true",
-                                "ddp.micro_shard=2", "train.drop_last=true", "train.clip_norm=0.5",
-                                "ddp.bucket_mb=0.001", "train.epochs=10"};
+  std::vector<std::string> o = {"data.kind=synthetic",
+                                "data.samples=600",
+                                "data.features=12",
+                                "data.classes=4",
+                                "data.test_fraction=0.2",
+                                "train.batch=120",
+                                "train.max_steps=20",
+                                "train.prefetch=0",
+                                "optim.kind=adamw",
+                                "optim.lr=0.01",
+                                "model.hidden=[32,16]",
+                                "model.dropout=0.1",
+                                "checkpoint.every_epochs=0",
+                                "train.deterministic=true",
+                                "ddp.micro_shard=2",
+                                "train.drop_last=true",
+                                "train.clip_norm=0.5",
+                                "ddp.bucket_mb=0.001",
+                                "train.epochs=10"};
   o.insert(o.end(), extra.begin(), extra.end());
   return train::parse_config("", "det", o);
 }

@@ -18,9 +18,9 @@
 namespace tessel {
 namespace {
 
-using testing::max_rel_diff;
 using testing::det_config;
 using testing::example;
+using testing::max_rel_diff;
 using testing::train_on;
 
 // Every stage on 2, 3 and 4 ranks against one worker, for the optimizer settings given.
@@ -46,9 +46,8 @@ TEST(Zero, FashionMlpSgdClipAccumulate) {
 }
 
 TEST(Zero, FashionMlpAdamW) {
-  expect_stages_match_single("fashion_mlp", {"train.batch=24", "optim.kind=adamw",
-                                             "optim.lr=0.001", "train.clip_norm=1",
-                                             "model.hidden=[64,32]"});
+  expect_stages_match_single("fashion_mlp", {"train.batch=24", "optim.kind=adamw", "optim.lr=0.001",
+                                             "train.clip_norm=1", "model.hidden=[64,32]"});
 }
 
 TEST(Zero, FashionCnnSgdClipAccumulate) {
@@ -56,14 +55,14 @@ TEST(Zero, FashionCnnSgdClipAccumulate) {
   // summing the same gradients in another order moves the weights by 1e-4 after 20 steps (the
   // old binary too), and so does 0.01 once the example's cosine schedule spans its 10 epochs
   // rather than the 20 steps train.max_steps keeps.
-  expect_stages_match_single("fashion_cnn", {"train.batch=24", "train.accumulate=2",
-                                             "train.clip_norm=0.5", "model.channels=[4,8]",
-                                             "schedule.kind=constant", "optim.lr=0.002"});
+  expect_stages_match_single("fashion_cnn",
+                             {"train.batch=24", "train.accumulate=2", "train.clip_norm=0.5",
+                              "model.channels=[4,8]", "schedule.kind=constant", "optim.lr=0.002"});
 }
 
 TEST(Zero, CharGptAdamWClipAccumulate) {
-  expect_stages_match_single("char_gpt", {"train.batch=12", "train.accumulate=2",
-                                          "data.context=16", "model.embed=32"});
+  expect_stages_match_single(
+      "char_gpt", {"train.batch=12", "train.accumulate=2", "data.context=16", "model.embed=32"});
 }
 
 TEST(Zero, DeterministicBitsAtEveryStageAndWorkerCount) {
@@ -112,9 +111,9 @@ TEST(Zero, MemoryPerRankFollowsTheStage) {
   // AdamW, fp32, 4 ranks: 16 bytes per parameter at stage 0, 8 + 8/N at 1, 4 + 12/N at 2 and
   // 16/N at 3 (plus the gathered units, counted as communication buffers), measured from the
   // allocations. ZeRO-1 in shared memory holds the parameters once per host: 4/N + 4 + 8/N.
-  const train::Config base = example("char_gpt", {"train.batch=8", "data.context=16",
-                                                  "model.embed=64", "model.layers=4",
-                                                  "train.max_steps=2", "ddp.shared_memory=false"});
+  const train::Config base =
+      example("char_gpt", {"train.batch=8", "data.context=16", "model.embed=64", "model.layers=4",
+                           "train.max_steps=2", "ddp.shared_memory=false"});
   const data::Splits data = data::make_datasets(base.data);
   const double N = 4, per_param[] = {16, 8 + 8 / N, 4 + 12 / N, 16 / N, 4 / N + 4 + 8 / N};
   for (int k = 0; k <= 4; ++k) {
@@ -132,9 +131,9 @@ TEST(Zero, MemoryPerRankFollowsTheStage) {
 TEST(Zero, MemoryLimitFailsNamingTheCategoryAndStageThreeFits) {
   // A limit between what a rank needs at stage 3 and at stage 0 (both measured first): stage 0
   // fails at start naming the category, stage 3 trains.
-  const train::Config base = example("char_gpt", {"train.batch=8", "data.context=16",
-                                                  "model.embed=128", "model.layers=4",
-                                                  "train.max_steps=2"});
+  const train::Config base =
+      example("char_gpt", {"train.batch=8", "data.context=16", "model.embed=128", "model.layers=4",
+                           "train.max_steps=2"});
   const data::Splits data = data::make_datasets(base.data);
   auto peak = [&](int stage) {
     train::Config cfg = base;

@@ -1,5 +1,7 @@
 // Tensor and Arena: shapes, views, conversions, alignment; every Storage charging the memory
 // ledger of the thread that allocates it (core/memory.h) until it is freed or rebound.
+#include "tessel/tensor/tensor.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,7 +11,6 @@
 #include <thread>
 
 #include "tessel/core/memory.h"
-#include "tessel/tensor/tensor.h"
 
 namespace tessel {
 namespace {

@@ -25,8 +25,10 @@ std::string error_of(const std::string& text, const std::vector<std::string>& ov
 }
 
 TEST(Config, DefaultsAndValues) {
-  Config c = parse_config("seed = 3\n[model]\nkind = \"cnn\"\nchannels = [8, 4]\n"
-                          "[optim]\nlr = 1\n[train]\nbatch = 64\n", "demo");
+  Config c = parse_config(
+      "seed = 3\n[model]\nkind = \"cnn\"\nchannels = [8, 4]\n"
+      "[optim]\nlr = 1\n[train]\nbatch = 64\n",
+      "demo");
   EXPECT_EQ(c.name, "demo");
   EXPECT_EQ(c.seed, 3u);
   EXPECT_EQ(c.model.kind, "cnn");
@@ -52,7 +54,8 @@ TEST(Config, BadValuesSayWhatIsAllowed) {
             std::string::npos);
   EXPECT_NE(error_of("[train]\nbatch = \"big\"\n").find("train.batch must be an integer"),
             std::string::npos);
-  EXPECT_NE(error_of("[model]\nhidden = [1, \"x\"]\n").find("array of integers"), std::string::npos);
+  EXPECT_NE(error_of("[model]\nhidden = [1, \"x\"]\n").find("array of integers"),
+            std::string::npos);
   EXPECT_NE(error_of("[train\nbatch = 1\n").find("t:1:"), std::string::npos);  // syntax error
   EXPECT_NE(error_of("", {"runtime.threads=0"}).find("runtime.threads must be in [1, 256]"),
             std::string::npos);
@@ -65,7 +68,7 @@ TEST(Config, PrefetchAutoOnlyWithASpareCore) {
   EXPECT_EQ(resolve_prefetch(-1, 2, 1, 2), 0);  // 2 ranks on 2 cores: no core to spare
   EXPECT_EQ(resolve_prefetch(-1, 1, 2, 2), 0);  // 1 rank with 2 BLAS threads
   EXPECT_EQ(resolve_prefetch(-1, 2, 1, 16), 2);
-  EXPECT_EQ(resolve_prefetch(3, 2, 1, 2), 3);   // an explicit value stands
+  EXPECT_EQ(resolve_prefetch(3, 2, 1, 2), 3);  // an explicit value stands
   EXPECT_EQ(resolve_prefetch(0, 1, 1, 16), 0);
 }
 
@@ -83,7 +86,8 @@ TEST(Config, LayoutKeysSayWhatIsAllowed) {
       {"debug.delay_ms=-1", "debug.delay_ms must be in [0, 1000000]"},
   };
   for (const auto& [set, want] : cases)
-    EXPECT_NE(error_of("", {set}).find(want), std::string::npos) << set << ": " << error_of("", {set});
+    EXPECT_NE(error_of("", {set}).find(want), std::string::npos)
+        << set << ": " << error_of("", {set});
 }
 
 TEST(Config, OverridesApplyAndAreChecked) {
@@ -143,24 +147,25 @@ TEST(Config, OtherFrameworksNamesMatchTheDocsTable) {
     for (std::string cell; std::getline(row, cell, '|');) cells.push_back(cell);
     ASSERT_GE(cells.size(), 3u) << line;
     const size_t key_at = cells[2].find('`');
-    const std::string key = key_at == std::string::npos
-                                ? "" : cells[2].substr(key_at + 1, cells[2].find('`', key_at + 1) - key_at - 1);
+    const std::string key =
+        key_at == std::string::npos
+            ? ""
+            : cells[2].substr(key_at + 1, cells[2].find('`', key_at + 1) - key_at - 1);
     std::stringstream names(cells[1]);
     for (std::string name; std::getline(names, name, '`');) {
       if (!std::getline(names, name, '`')) break;  // the text between backticks
       const std::string path = name.find('.') == std::string::npos ? "train." + name : name;
       const std::string e = error_of("", {path + "=1"});
       EXPECT_NE(e.find(key.empty() ? "tessel has no such key" : "did you mean '" + key + "'"),
-                std::string::npos) << name << " -> " << e;
+                std::string::npos)
+          << name << " -> " << e;
       ++rows;
     }
   }
   EXPECT_GE(rows, 20);
 }
 
-TEST(Config, MissingFileIsIoError) {
-  EXPECT_THROW(load_config("/nonexistent/x.toml"), IoError);
-}
+TEST(Config, MissingFileIsIoError) { EXPECT_THROW(load_config("/nonexistent/x.toml"), IoError); }
 
 // ---- config values at the edges, hostile config files ----
 

@@ -2,6 +2,8 @@
 // framing, and a real run's file decoded by an independent reader (tb_decode.py: TensorBoard's
 // own reader where installed, else Python classes protoc generates from the vendored schema with
 // its own CRC-32C) to exactly metrics.jsonl's values.
+#include "tessel/train/tensorboard.h"
+
 #include <gtest/gtest.h>
 #include <sys/wait.h>
 
@@ -12,7 +14,6 @@
 
 #include "../parallel/train_on.h"
 #include "tessel/train/config.h"
-#include "tessel/train/tensorboard.h"
 
 namespace tessel::train {
 namespace {
@@ -30,14 +31,24 @@ std::string hex(const std::string& bytes) {
 TEST(TensorBoard, EventWireFormat) {
   // Event{wall_time: 1.5, step: 7, summary {value {tag: "a", simple_value: 1.0}}}
   EXPECT_EQ(hex(encode_event(1.5, 7, {{"a", 1.0}})),
-            "09000000000000f83f" "1007" "2a0a" "0a08" "0a0161" "150000803f");
+            "09000000000000f83f"
+            "1007"
+            "2a0a"
+            "0a08"
+            "0a0161"
+            "150000803f");
   // Event{wall_time: 2, step: 300, file_version: "brain.Event:2"}: a two-byte varint step.
   EXPECT_EQ(hex(encode_event(2, 300, {}, "brain.Event:2")),
-            "090000000000000040" "10ac02" "1a0d" + hex("brain.Event:2"));
+            "090000000000000040"
+            "10ac02"
+            "1a0d" +
+                hex("brain.Event:2"));
   // proto3 leaves out fields at their default (wall_time 0, step 0); readers take them as 0.
   EXPECT_EQ(hex(encode_event(0, 0, {}, "v")), "1a0176");
   // No scalars and no file version: an empty summary.
-  EXPECT_EQ(hex(encode_event(0, 1, {})), "1001" "2a00");
+  EXPECT_EQ(hex(encode_event(0, 1, {})),
+            "1001"
+            "2a00");
 }
 
 TEST(TensorBoard, RecordFraming) {

@@ -39,7 +39,8 @@ std::map<std::string, int> check_trace(const json& doc, int ranks) {
   const json& meta = doc.at("otherData");
   EXPECT_EQ(meta.at("clock_offset_us").size(), static_cast<size_t>(ranks));
   double uncertainty = 0;
-  for (const json& u : meta.at("clock_uncertainty_us")) uncertainty = std::max(uncertainty, u.get<double>());
+  for (const json& u : meta.at("clock_uncertainty_us"))
+    uncertainty = std::max(uncertainty, u.get<double>());
   std::set<int> processes;
   std::set<std::pair<int, int>> named_threads;
   std::map<std::pair<int, int>, std::vector<json>> rows;  // (pid, tid) -> events in recorded order
@@ -63,7 +64,8 @@ std::map<std::string, int> check_trace(const json& doc, int ranks) {
   EXPECT_EQ(processes.size(), static_cast<size_t>(ranks));
   std::map<std::string, std::vector<json>> calls;  // collective (group, seq) -> its spans
   for (auto& [row, events] : rows) {
-    EXPECT_TRUE(named_threads.count(row)) << "row without a thread name: " << row.first << "/" << row.second;
+    EXPECT_TRUE(named_threads.count(row))
+        << "row without a thread name: " << row.first << "/" << row.second;
     // Monotone clock: events are recorded when they end, so their ends never go back in time.
     for (size_t i = 1; i < events.size(); ++i)
       EXPECT_GE(end_of(events[i]), end_of(events[i - 1]) - kRoundingUs)
@@ -100,7 +102,9 @@ std::map<std::string, int> check_trace(const json& doc, int ranks) {
       continue;
     }
     const std::string op = spans[0]["name"];
-    const int root = spans[0]["args"].contains("root") ? peers[spans[0]["args"]["root"].get<size_t>()].get<int>() : -1;
+    const int root = spans[0]["args"].contains("root")
+                         ? peers[spans[0]["args"]["root"].get<size_t>()].get<int>()
+                         : -1;
     std::set<int> pids;
     double last_start = -1e300, first_end = 1e300, root_start = 0, root_end = 0, others_end = 1e300;
     for (const json& s : spans) {
@@ -111,12 +115,15 @@ std::map<std::string, int> check_trace(const json& doc, int ranks) {
       EXPECT_EQ(s["args"]["algorithm"], spans[0]["args"]["algorithm"]) << key;
       last_start = std::max(last_start, s["ts"].get<double>());
       first_end = std::min(first_end, end_of(s));
-      if (pid == root) root_start = s["ts"], root_end = end_of(s);
-      else others_end = std::min(others_end, end_of(s));
+      if (pid == root)
+        root_start = s["ts"], root_end = end_of(s);
+      else
+        others_end = std::min(others_end, end_of(s));
     }
     EXPECT_EQ(pids, peers.get<std::set<int>>()) << key;
     if (op == "broadcast")
-      EXPECT_LE(root_start, others_end + tol) << key << ": a rank got the data before the root sent it";
+      EXPECT_LE(root_start, others_end + tol)
+          << key << ": a rank got the data before the root sent it";
     else if (op == "reduce" || op == "gather")
       EXPECT_LE(last_start, root_end + tol) << key << ": the root finished before a rank entered";
     else
@@ -126,8 +133,9 @@ std::map<std::string, int> check_trace(const json& doc, int ranks) {
 }
 
 Config spiral(std::vector<std::string> extra) {
-  std::vector<std::string> o = {"train.epochs=3", "train.batch=24", "train.log_every=4",
-                                "checkpoint.every_epochs=0", "train.trace=true", "trace.steps=3:9"};
+  std::vector<std::string> o = {"train.epochs=3",    "train.batch=24",
+                                "train.log_every=4", "checkpoint.every_epochs=0",
+                                "train.trace=true",  "trace.steps=3:9"};
   o.insert(o.end(), extra.begin(), extra.end());
   return load_config(std::string(TESSEL_SOURCE_DIR) + "/examples/spiral.toml", o);
 }
@@ -135,7 +143,8 @@ Config spiral(std::vector<std::string> extra) {
 TEST(TraceFile, PipelineDpTimesPpThreads) {
   RunOptions opts;
   opts.run_dir = testing::test_run_dir("trace_dpxpp");
-  testing::train_on(spiral({"pp.stages=2", "pp.microbatches=3", "checkpoint.every_steps=6"}), 4, opts);
+  testing::train_on(spiral({"pp.stages=2", "pp.microbatches=3", "checkpoint.every_steps=6"}), 4,
+                    opts);
   const json doc = read_trace(opts.run_dir);
   EXPECT_EQ(doc["otherData"]["layout"], "dp=2 pp=2");
   const std::map<std::string, int> cats = check_trace(doc, 4);
@@ -206,8 +215,8 @@ TEST(TraceFile, PipelineDpTimesPpMpi) {
   const std::string cmd =
       "mpirun --allow-run-as-root --oversubscribe -np 4 " + tessel + " train " + TESSEL_SOURCE_DIR +
       "/examples/spiral.toml --quiet --trace --set train.epochs=2 --set train.batch=24 "
-      "--set checkpoint.every_epochs=0 --set trace.steps=2:8 --set pp.stages=2 --run-dir " + dir +
-      " > " + dir + ".out 2>&1";
+      "--set checkpoint.every_epochs=0 --set trace.steps=2:8 --set pp.stages=2 --run-dir " +
+      dir + " > " + dir + ".out 2>&1";
   const int status = std::system(cmd.c_str());
   if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
     std::ifstream out(dir + ".out");

@@ -65,13 +65,13 @@ struct ModelIo {
 struct Manifest {
   // 2 added the tokenizer, 3 model_io; versions 1 and 2 still load (without them).
   static constexpr int kVersion = 3;
-  std::string model_kind;                 // "mlp", "cnn", "gpt"
-  std::optional<ModelIo> io;              // always written; absent in version 1-2 manifests
+  std::string model_kind;     // "mlp", "cnn", "gpt"
+  std::optional<ModelIo> io;  // always written; absent in version 1-2 manifests
   // A language model's tokenizer: the byte each token id stands for, in id order (each byte
   // of the text is one token). Empty for other models and in version 1 manifests.
   std::string vocabulary;
-  std::vector<TensorSpec> parameters;     // in model order
-  std::string optimizer_kind;             // "sgd", "adamw"
+  std::vector<TensorSpec> parameters;  // in model order
+  std::string optimizer_kind;          // "sgd", "adamw"
   int64_t optimizer_steps = 0;
   std::vector<std::string> state_buffers;  // per-element optimizer buffers, e.g. "exp_avg"
   std::vector<ShardFile> shards;

@@ -55,7 +55,8 @@ std::string str(Args&&... args) {
 std::string excerpt(const std::string& value);
 
 namespace detail {
-[[noreturn]] void check_failed(const char* file, int line, const char* cond, const std::string& msg);
+[[noreturn]] void check_failed(const char* file, int line, const char* cond,
+                               const std::string& msg);
 }  // namespace detail
 
 }  // namespace tessel

@@ -10,7 +10,14 @@
 namespace tessel {
 
 // What a stream of random numbers is for; part of the key so purposes never collide.
-enum class RngPurpose : uint32_t { kInit = 1, kDropout = 2, kShuffle = 3, kData = 4, kSample = 5, kCompress = 6 };
+enum class RngPurpose : uint32_t {
+  kInit = 1,
+  kDropout = 2,
+  kShuffle = 3,
+  kData = 4,
+  kSample = 5,
+  kCompress = 6
+};
 
 // One Philox4x32-10 block: 4 x 32 random bits for a 128-bit counter under a 64-bit key.
 std::array<uint32_t, 4> philox4x32(uint64_t key, std::array<uint32_t, 4> counter);

@@ -28,7 +28,7 @@ class TraceArgs {
   TraceArgs& num(const char* key, double value);
   TraceArgs& text(const char* key, std::string_view value);
   TraceArgs& json(const char* key, std::string_view json_value);  // e.g. an array
-  const std::string& body() const { return body_; }  // "k": v, ... (no braces)
+  const std::string& body() const { return body_; }               // "k": v, ... (no braces)
 
  private:
   void key(const char* k);
@@ -49,8 +49,7 @@ class Tracer {
 
   // A complete span [start, end) on the calling thread's row; category `cat` (a literal).
   // Events take their args (callers std::move them in: no copy).
-  void span(std::string_view name, const char* cat, double start, double end,
-            TraceArgs args = {});
+  void span(std::string_view name, const char* cat, double start, double end, TraceArgs args = {});
   void instant(std::string_view name, const char* cat, double at, TraceArgs args = {});
   // A counter track `name` with one series per arg (numbers only).
   void counter(std::string_view name, double at, TraceArgs series);
@@ -77,7 +76,7 @@ class Tracer {
   std::atomic<bool> recording_{false};
   int64_t first_ = 0, end_ = INT64_MAX;
   mutable std::mutex mu_;
-  std::deque<Event> events_;  // grows in blocks: no event is moved as it grows
+  std::deque<Event> events_;      // grows in blocks: no event is moved as it grows
   std::deque<std::string> text_;  // blocks of names and args, each filled up to its capacity
   std::map<std::thread::id, int> tids_;
   std::vector<std::string> thread_names_;  // by tid

@@ -17,9 +17,9 @@ class Dataset {
   virtual ~Dataset() = default;
   virtual std::string name() const = 0;
   virtual int64_t size() const = 0;
-  virtual Shape input_shape() const = 0;   // per sample, e.g. [784], [1,28,28], [T]
-  virtual DType input_dtype() const = 0;   // kF32 features or kI32 token ids
-  virtual Shape label_shape() const = 0;   // per sample: [] for a class, [T] for tokens
+  virtual Shape input_shape() const = 0;    // per sample, e.g. [784], [1,28,28], [T]
+  virtual DType input_dtype() const = 0;    // kF32 features or kI32 token ids
+  virtual Shape label_shape() const = 0;    // per sample: [] for a class, [T] for tokens
   virtual int64_t num_classes() const = 0;  // classes, or vocabulary size
   // Writes sample `index` into x (numel(input_shape) values of input_dtype) and y.
   virtual void get(int64_t index, void* x, int32_t* y) const = 0;
@@ -33,17 +33,17 @@ class Dataset {
 struct DataSpec {
   std::string kind = "fashion_mnist";  // fashion_mnist | mnist_idx | spiral | text | synthetic
   std::string path = "/usr/share/datasets/fashion-mnist";  // IDX folder, or text file
-  bool flatten = true;            // idx: [784] (true) or [1,28,28] (false)
-  float mean = 0.2860f;           // idx: x = (pixel/255 - mean) / std
+  bool flatten = true;                                     // idx: [784] (true) or [1,28,28] (false)
+  float mean = 0.2860f;                                    // idx: x = (pixel/255 - mean) / std
   float std = 0.3530f;
-  int64_t classes = 3;            // spiral / synthetic
-  int64_t points_per_class = 100; // spiral
-  float noise = 0.2f;             // spiral
-  int64_t context = 64;           // text: tokens per sample
-  double test_fraction = 0.1;     // text / spiral / synthetic: share held out for the test set
-  int64_t samples = 1024;         // synthetic
-  int64_t features = 32;          // synthetic
-  uint64_t seed = 1;              // spiral / synthetic generation
+  int64_t classes = 3;             // spiral / synthetic
+  int64_t points_per_class = 100;  // spiral
+  float noise = 0.2f;              // spiral
+  int64_t context = 64;            // text: tokens per sample
+  double test_fraction = 0.1;      // text / spiral / synthetic: share held out for the test set
+  int64_t samples = 1024;          // synthetic
+  int64_t features = 32;           // synthetic
+  uint64_t seed = 1;               // spiral / synthetic generation
   // text: a fixed vocabulary, the byte of each token id in id order (a checkpoint's, so that a
   // trained model reads new text with its own ids); a byte outside it is an error. Not a config
   // key. Empty: the file's own distinct bytes.

@@ -19,8 +19,8 @@
 namespace tessel::data {
 
 struct Batch {
-  Tensor x;                  // [n, input_shape...] of the dataset's input dtype
-  Tensor y;                  // [n, label_shape...] i32
+  Tensor x;  // [n, input_shape...] of the dataset's input dtype
+  Tensor y;  // [n, label_shape...] i32
   int64_t epoch = 0;
   int64_t index = 0;         // batch index within the epoch
   int64_t first_sample = 0;  // position in the epoch order of row 0 (keys dropout)
@@ -28,11 +28,11 @@ struct Batch {
 };
 
 struct LoaderOptions {
-  int64_t batch = 128;      // global batch size
+  int64_t batch = 128;  // global batch size
   bool shuffle = true;
   bool drop_last = false;
   uint64_t seed = 0;
-  int prefetch = 2;         // batches queued ahead; 0 reads synchronously
+  int prefetch = 2;  // batches queued ahead; 0 reads synchronously
   // This rank's share of each global batch, as a fraction range [slice_lo, slice_hi) of the
   // rows cut contiguously: rank r of n uses [r/n, (r+1)/n). Default: the whole batch.
   int slice_rank = 0;

@@ -115,8 +115,8 @@ class Conv2d : public Module {
 // initialisation and results as the three blocks in a row.
 class ConvReluPool : public Module {
  public:
-  ConvReluPool(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t pad,
-               int64_t pool, int64_t in_h, int64_t in_w);
+  ConvReluPool(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_t pad, int64_t pool,
+               int64_t in_h, int64_t in_w);
   std::string kind() const override { return "conv2d_relu_maxpool"; }
   Tensor forward(const Tensor& x, const Context& ctx, Cache* cache) override;
   Tensor backward(const Tensor& dy, Cache& cache) override;

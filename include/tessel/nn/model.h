@@ -85,8 +85,8 @@ class Model {
   // All parameters, in arena order, named "<block>.<param>" (e.g. "fc1.weight").
   const std::vector<Parameter*>& parameters() const { return parameters_; }
   int64_t offset(size_t param) const { return offsets_[param]; }  // element offset in the arena
-  int64_t arena_numel() const { return numel_; }                 // including alignment padding
-  int64_t num_parameters() const;                                // excluding padding
+  int64_t arena_numel() const { return numel_; }                  // including alignment padding
+  int64_t num_parameters() const;                                 // excluding padding
   // Parameter index range [first, last) owned by block i, and its element range (empty: none).
   std::pair<size_t, size_t> block_parameters(size_t i) const { return block_params_[i]; }
   Range block_range(size_t i) const;
@@ -118,7 +118,7 @@ class Model {
   void materialize(uint64_t seed);
   const Tensor& values() const;  // the materialized arenas (throws when not materialized)
   const Tensor& grads() const;
-  void zero_grad();              // materialized gradients
+  void zero_grad();                   // materialized gradients
   std::string params_sha256() const;  // SHA-256 of the materialized value arena's bytes
 
   // ---- running ----

@@ -23,7 +23,8 @@ namespace tessel::nn {
 
 class TensorParallel {
  public:
-  TensorParallel(int rank, int size, bool sequence) : rank_(rank), size_(size), sequence_(sequence) {}
+  TensorParallel(int rank, int size, bool sequence)
+      : rank_(rank), size_(size), sequence_(sequence) {}
   virtual ~TensorParallel() = default;
   int rank() const { return rank_; }
   int size() const { return size_; }

@@ -4,8 +4,8 @@
 //   - backward OVERWRITES dx (the gradient w.r.t. the input) and ACCUMULATES (+=) into
 //     parameter gradients (dw, db, dtable ...), so several micro-batches can add up;
 //   - a null dx means "not needed" (e.g. the first layer) and is skipped.
-// GEMMs go through tessel's own AVX-512 kernel when the build targets AVX-512 and one BLAS thread is
-// asked for, else OpenBLAS (cblas_sgemm); the rest are plain loops the compiler vectorises.
+// GEMMs go through tessel's own AVX-512 kernel when the build targets AVX-512 and one BLAS thread
+// is asked for, else OpenBLAS (cblas_sgemm); the rest are plain loops the compiler vectorises.
 // Kernels hold no state and are safe to call from several threads on distinct buffers.
 #pragma once
 
@@ -17,9 +17,8 @@ namespace tessel::ops {
 
 // ---- BLAS ----
 // C[M,N] = alpha * op(A) @ op(B) + beta * C, row-major; op(X) = X or X^T.
-void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-          const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-          int64_t ldc);
+void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
+          int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 // OpenBLAS's thread count is one value for the whole process: set it once per process from
 // runtime.threads. Ranks running as threads of one process each call BLAS with 1 thread.
 void set_blas_threads(int n);
@@ -69,9 +68,8 @@ void gelu_backward(void* dx, const void* dy, const void* x, int64_t n, DType t);
 void add_forward(void* y, const void* a, const void* b, int64_t n, DType t);
 void dropout_forward(void* y, const void* x, int64_t rows, int64_t cols, float p, uint64_t seed,
                      int64_t step, int64_t first_sample, int64_t first_col, DType t);
-void dropout_backward(void* dx, const void* dy, int64_t rows, int64_t cols, float p,
-                      uint64_t seed, int64_t step, int64_t first_sample, int64_t first_col,
-                      DType t);
+void dropout_backward(void* dx, const void* dy, int64_t rows, int64_t cols, float p, uint64_t seed,
+                      int64_t step, int64_t first_sample, int64_t first_col, DType t);
 void layernorm_forward(void* y, float* mean, float* rstd, const void* x, const void* w,
                        const void* b, int64_t N, int64_t C, DType t);
 void layernorm_backward(void* dx, float* dw, float* db, const void* dy, const void* x,
@@ -83,12 +81,12 @@ void embedding_backward(float* dtable, const void* dy, const int32_t* ids, int64
                         int64_t lo, int64_t rows, DType t);
 void attention_forward(void* out, float* att, const void* qkv, int64_t B, int64_t T, int64_t C,
                        int64_t NH, DType t);
-void attention_backward(void* dqkv, const void* dout, const void* qkv, const float* att,
-                        int64_t B, int64_t T, int64_t C, int64_t NH, DType t);
+void attention_backward(void* dqkv, const void* dout, const void* qkv, const float* att, int64_t B,
+                        int64_t T, int64_t C, int64_t NH, DType t);
 
 // ---- Linear: y[N,OC] = x[N,C] @ w[OC,C]^T + b[OC]  (PyTorch weight layout) ----
-void linear_forward(float* y, const float* x, const float* w, const float* b, int64_t N,
-                    int64_t C, int64_t OC);  // b may be null
+void linear_forward(float* y, const float* x, const float* w, const float* b, int64_t N, int64_t C,
+                    int64_t OC);  // b may be null
 void linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                      const float* w, int64_t N, int64_t C, int64_t OC);  // dx, db may be null
 // db[OC] += the column sums of dy[N,OC] (linear_backward's bias part).
@@ -140,16 +138,15 @@ float sliced_cross_entropy(float* probs, const float* sums, const float* target,
 void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
                        const float* b, int64_t N, int64_t C);
 void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
-                        const float* w, const float* mean, const float* rstd, int64_t N,
-                        int64_t C);
+                        const float* w, const float* mean, const float* rstd, int64_t N, int64_t C);
 
 // ---- Embedding: y[N,C] = table[ids[n], :], table[V,C] ----
 // Throws InvalidArgument on an id outside [0, V). A tensor-parallel rank holds only the rows
 // of ids [lo, lo + rows): other ids give zero rows in the forward and nothing in the backward.
 void embedding_forward(float* y, const int32_t* ids, const float* table, int64_t N, int64_t V,
                        int64_t C, int64_t lo = 0, int64_t rows = -1);  // rows < 0: V
-void embedding_backward(float* dtable, const float* dy, const int32_t* ids, int64_t N,
-                        int64_t C, int64_t lo = 0, int64_t rows = INT64_MAX);
+void embedding_backward(float* dtable, const float* dy, const int32_t* ids, int64_t N, int64_t C,
+                        int64_t lo = 0, int64_t rows = INT64_MAX);
 
 // ---- Dropout with a counter-based mask ----
 // x holds `rows` samples of `cols` values each; row r is global sample (first_sample + r),
@@ -157,8 +154,8 @@ void embedding_backward(float* dtable, const float* dy, const int32_t* ids, int6
 // The keep decision for element (r, c) is a pure function of (seed, step, sample, feature),
 // so it is the same whatever rank, thread or batch split computes it, and the backward
 // recomputes it instead of storing a mask. Kept values are scaled by 1/(1-p).
-void dropout_forward(float* y, const float* x, int64_t rows, int64_t cols, float p,
-                     uint64_t seed, int64_t step, int64_t first_sample, int64_t first_col = 0);
+void dropout_forward(float* y, const float* x, int64_t rows, int64_t cols, float p, uint64_t seed,
+                     int64_t step, int64_t first_sample, int64_t first_col = 0);
 void dropout_backward(float* dx, const float* dy, int64_t rows, int64_t cols, float p,
                       uint64_t seed, int64_t step, int64_t first_sample, int64_t first_col = 0);
 
@@ -173,8 +170,8 @@ struct Conv2dShape {
   int64_t OW() const { return (W + 2 * pad - KW) / stride + 1; }
 };
 int64_t conv2d_scratch_floats(const Conv2dShape& s);
-void conv2d_forward(float* y, const float* x, const float* w, const float* b,
-                    const Conv2dShape& s, float* scratch);
+void conv2d_forward(float* y, const float* x, const float* w, const float* b, const Conv2dShape& s,
+                    float* scratch);
 void conv2d_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                      const float* w, const Conv2dShape& s, float* scratch);
 
@@ -199,13 +196,13 @@ void conv2d_relu_maxpool_forward(float* y, int32_t* argmax, const float* x, cons
 // dy: the gradient w.r.t. y [N,OC,PH,PW]; argmax, y: the forward's outputs.
 void conv2d_relu_maxpool_backward(float* dx, float* dw, float* db, const float* dy,
                                   const int32_t* argmax, const float* y, const float* x,
-                                  const float* w, const Conv2dShape& s, int64_t k,
-                                  int64_t stride, float* scratch);
+                                  const float* w, const Conv2dShape& s, int64_t k, int64_t stride,
+                                  float* scratch);
 
 // ---- MaxPool2d, square kernel k and stride: x[N,C,H,W] -> y[N,C,OH,OW] ----
 // OH = (H - k) / stride + 1. argmax[N*C*OH*OW] caches the winning input index for backward.
-void maxpool2d_forward(float* y, int32_t* argmax, const float* x, int64_t N, int64_t C,
-                       int64_t H, int64_t W, int64_t k, int64_t stride);
+void maxpool2d_forward(float* y, int32_t* argmax, const float* x, int64_t N, int64_t C, int64_t H,
+                       int64_t W, int64_t k, int64_t stride);
 void maxpool2d_backward(float* dx, const float* dy, const int32_t* argmax, int64_t N, int64_t C,
                         int64_t H, int64_t W, int64_t k, int64_t stride);
 
@@ -221,8 +218,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
 // [pos, pos + T); each query attends to the cached positions up to its own. The same arithmetic,
 // in the same order, as attention_forward's rows for those positions (bit for bit where the
 // GEMMs run on tessel's own kernel: AVX-512 builds at one BLAS thread, as predict and serve run).
-void attention_forward_kv(float* out, const float* qkv, float* k_cache, float* v_cache,
-                          int64_t B, int64_t T, int64_t pos, int64_t C, int64_t NH,
-                          int64_t Tmax);
+void attention_forward_kv(float* out, const float* qkv, float* k_cache, float* v_cache, int64_t B,
+                          int64_t T, int64_t pos, int64_t C, int64_t NH, int64_t Tmax);
 
 }  // namespace tessel::ops

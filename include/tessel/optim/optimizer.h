@@ -64,8 +64,9 @@ class Optimizer {
   int64_t steps_ = 0;  // completed steps (AdamW's bias correction uses it)
 };
 
-// Creates an optimizer over n elements (its state allocated now, charged to optimizer state). Throws InvalidArgument on a bad spec
-// (negative lr, momentum outside [0, 1), unknown kind), naming the key.
+// Creates an optimizer over n elements (its state allocated now, charged to optimizer state).
+// Throws InvalidArgument on a bad spec (negative lr, momentum outside [0, 1), unknown kind), naming
+// the key.
 std::unique_ptr<Optimizer> make_optimizer(const OptimSpec& spec, int64_t n);
 
 }  // namespace tessel::optim

@@ -10,9 +10,9 @@ struct ScheduleSpec {
   std::string kind = "constant";  // constant | step | cosine
   int64_t warmup_steps = 0;       // linear warm-up from lr * warmup_start to lr
   float warmup_start = 0.0f;
-  int64_t step_size = 1000;       // step: multiply by gamma every step_size steps
+  int64_t step_size = 1000;  // step: multiply by gamma every step_size steps
   float gamma = 0.1f;
-  float min_lr = 0.0f;            // cosine: floor reached at total_steps
+  float min_lr = 0.0f;  // cosine: floor reached at total_steps
 };
 
 // lr at `step` (0-based) of `total_steps`, from the base lr.

@@ -19,17 +19,16 @@
 
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/comm/communicator.h"
 #include "tessel/nn/loss.h"
 #include "tessel/nn/model.h"
-#include "tessel/optim/loss_scaler.h"
 #include "tessel/nn/models.h"
+#include "tessel/optim/loss_scaler.h"
 #include "tessel/optim/optimizer.h"
 #include "tessel/parallel/executor.h"
 #include "tessel/parallel/layout.h"
@@ -153,7 +152,7 @@ class Engine {
 
   ParallelSpec spec_;
   Mesh mesh_;
-  DType type_ = DType::kF32;  // train.precision
+  DType type_ = DType::kF32;              // train.precision
   std::unique_ptr<WorkingCopy> working_;  // 16-bit values the blocks read (not ZeRO-3)
   std::unique_ptr<TpGroup> tp_;
   std::pair<std::unique_ptr<nn::Model>, std::unique_ptr<nn::Loss>> built_;
@@ -169,7 +168,7 @@ class Engine {
   ParamStore* store_ = nullptr;
   ReplicatedStore* replicated_ = nullptr;  // store_ when replicated (parameter checks)
   ShardedStore* sharded_ = nullptr;        // store_ when ZeRO-3 (step ends)
-  std::vector<BlockHooks*> hooks_;  // in the order they act before a block
+  std::vector<BlockHooks*> hooks_;         // in the order they act before a block
   std::unique_ptr<ParameterServer> ps_;
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::LossScaler> scaler_;  // fp16

@@ -33,8 +33,8 @@ class ParamStore {
   virtual void take_stats(RankStats& s) = 0;
 
   const std::vector<nn::Range>& update_ranges() const { return update_; }  // optimizer order
-  const std::vector<nn::Range>& owned() const { return owned_; }  // written to checkpoints
-  const std::vector<nn::Range>& held() const { return held_; }    // values held
+  const std::vector<nn::Range>& owned() const { return owned_; }           // written to checkpoints
+  const std::vector<nn::Range>& held() const { return held_; }             // values held
   // The values this rank reads from a checkpoint: held(), except where a host's ranks share one
   // copy (each then loads its own pieces, and before_start() waits for the others').
   virtual const std::vector<nn::Range>& loaded() const { return held_; }

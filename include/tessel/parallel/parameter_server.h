@@ -17,10 +17,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tessel/comm/communicator.h"
 #include "tessel/optim/optimizer.h"
@@ -105,7 +104,16 @@ class ParameterServer {
   // kCheckpoint: `clock` is the length of the folder path that follows on kTagState; the reply
   // is followed by the shard's description (JSON, has_data bytes) on kTagState. kValues: the
   // reply is followed by the server's values on kTagParams.
-  enum Kind : int64_t { kHello = 1, kPull, kEvalPull, kPushPull, kStats, kCheckpoint, kValues, kDone };
+  enum Kind : int64_t {
+    kHello = 1,
+    kPull,
+    kEvalPull,
+    kPushPull,
+    kStats,
+    kCheckpoint,
+    kValues,
+    kDone
+  };
   static constexpr int64_t kWireVersion = 1;
   struct Request {
     int64_t wire = kWireVersion;
@@ -129,8 +137,16 @@ class ParameterServer {
   static constexpr int kStalenessBins = 32;  // 0..30 exact, the last counts 31 and more
   // Server counters (kStats payload): totals since serve() started.
   enum Stat : int {
-    kPushes, kGradientsApplied, kUpdates, kPulls, kPullsWithData, kBytesIn, kBytesOut,
-    kApplySeconds, kIdleSeconds, kMaxStaleness,
+    kPushes,
+    kGradientsApplied,
+    kUpdates,
+    kPulls,
+    kPullsWithData,
+    kBytesIn,
+    kBytesOut,
+    kApplySeconds,
+    kIdleSeconds,
+    kMaxStaleness,
     // sync: largest (pulling worker's clock - slowest worker's clock) a pull was answered at;
     // async, ssp: largest (step of a granted claim - step of the oldest batch in progress)
     kMaxLead,
@@ -168,8 +184,8 @@ class ParameterServer {
   nn::Model& model_;
   Mode mode_ = Mode::kSync;
   std::vector<nn::Range> shards_;
-  ServerShard server_;  // server ranks
-  Tensor values_;       // worker ranks: the whole model
+  ServerShard server_;              // server ranks
+  Tensor values_;                   // worker ranks: the whole model
   WorkingCopy* working_ = nullptr;  // worker ranks, bf16: what the blocks read
   uint64_t seed_ = 0;
   // compress.kind != none, workers: one codec per server's shard (its top-k residual)
@@ -191,9 +207,9 @@ class ParameterServer {
   std::vector<comm::Work> sends_;
   // Measurements since the last report() (comm_exposed_seconds) and, for the ps_* figures,
   // totals since this invocation started, like the servers' counters.
-  double wait_s_ = 0;   // waiting for replies (pull, sync and ssp waits)
-  double push_s_ = 0;   // clipping and handing gradients over
-  double slow_s_ = 0;   // debug.delay_ms sleeps
+  double wait_s_ = 0;  // waiting for replies (pull, sync and ssp waits)
+  double push_s_ = 0;  // clipping and handing gradients over
+  double slow_s_ = 0;  // debug.delay_ms sleeps
   double total_wait_s_ = 0, total_slow_s_ = 0;
   int64_t pulls_with_data_ = 0;
 };

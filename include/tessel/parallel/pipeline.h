@@ -135,8 +135,8 @@ class PipelineExecutor final : public Executor {
   int tied_from_ = -1, tied_to_ = -1;  // chunks of the LM head and of the embedding
   size_t tied_owner_ = 0;              // the block owning the table
   nn::Parameter* tied_param_ = nullptr;
-  nn::Range tied_range_;               // the table's arena elements
-  Tensor tied_value_, tied_grad_;      // the head stage's copy of the table
+  nn::Range tied_range_;           // the table's arena elements
+  Tensor tied_value_, tied_grad_;  // the head stage's copy of the table
   std::map<std::pair<int, bool>, std::vector<std::vector<Task>>> schedules_;
   // Activation caches per chunk: every set ever used, the free ones, and a scratch set shared
   // by a chunk's micro-batches for the backward's short-lived outputs.

@@ -44,8 +44,8 @@ struct ParallelSpec {
   int64_t memory_limit_mb = 0;
 
   // tp.* (tensor parallelism)
-  int64_t tp_size = 1;           // ranks each layer is cut across (1: none)
-  bool tp_sequence = false;      // activations between cut regions split along the sequence
+  int64_t tp_size = 1;       // ranks each layer is cut across (1: none)
+  bool tp_sequence = false;  // activations between cut regions split along the sequence
 
   // pp.* (pipeline model parallelism)
   int64_t pp_stages = 1;                  // pipeline stages (1: no pipeline)

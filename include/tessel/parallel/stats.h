@@ -48,7 +48,8 @@ inline void RankStats::add(const RankStats& later) {
   stage = later.stage;
   peak_inflight = inflight;
   mem = later.mem;
-  for (size_t k = 0; k < peak.size(); ++k) mem_peak[k] = peak[k] > later.mem_peak[k] ? peak[k] : later.mem_peak[k];
+  for (size_t k = 0; k < peak.size(); ++k)
+    mem_peak[k] = peak[k] > later.mem_peak[k] ? peak[k] : later.mem_peak[k];
   mem_peak_total = peak_total > later.mem_peak_total ? peak_total : later.mem_peak_total;
 }
 

@@ -18,21 +18,21 @@
 namespace tessel::parallel {
 
 struct Unit {
-  nn::Range range;                          // arena elements
-  size_t first_block = 0, last_block = 0;   // blocks [first, last] whose own parameters it holds
-  size_t first_user = 0, last_user = 0;     // the lowest and highest local block reading it
-  std::vector<size_t> counts;               // elements of dp rank r's piece, r = 0..P-1
-  int64_t shard_offset = 0;                 // this rank's piece within its compact shard
+  nn::Range range;                         // arena elements
+  size_t first_block = 0, last_block = 0;  // blocks [first, last] whose own parameters it holds
+  size_t first_user = 0, last_user = 0;    // the lowest and highest local block reading it
+  std::vector<size_t> counts;              // elements of dp rank r's piece, r = 0..P-1
+  int64_t shard_offset = 0;                // this rank's piece within its compact shard
 
   nn::Range piece(int r) const;
 };
 
 struct Units {
-  std::vector<Unit> list;                      // in model order
-  std::vector<std::vector<int>> used_by_block; // units each local block reads (model order)
+  std::vector<Unit> list;                       // in model order
+  std::vector<std::vector<int>> used_by_block;  // units each local block reads (model order)
   int dp = 1, dp_rank = 0;
-  nn::Range span;            // from the first unit's start to the last one's end
-  int64_t shard_numel = 0;   // this rank's pieces together
+  nn::Range span;           // from the first unit's start to the last one's end
+  int64_t shard_numel = 0;  // this rank's pieces together
   // Arena ranges of tensor-parallel replicas (nn::Split::replica): values every rank of a tp
   // group holds and that count once, on the group's rank 0.
   std::vector<nn::Range> replicas;
@@ -50,7 +50,7 @@ double sum_squares_counted(const Units& units, nn::Range r, const float* g);
 
 // Units over the blocks marked in `local` (all when empty), cut for a dp group of `dp` ranks
 // seen from `dp_rank`. A unit never spans a block that is not local.
-Units make_units(const nn::Model& model, double bucket_mb, const std::vector<bool>& local,
-                 int dp, int dp_rank);
+Units make_units(const nn::Model& model, double bucket_mb, const std::vector<bool>& local, int dp,
+                 int dp_rank);
 
 }  // namespace tessel::parallel

@@ -15,7 +15,7 @@ enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kI64, kU8 };
 enum class Device : uint8_t { kCpu };
 
 size_t dtype_size(DType t);
-const char* dtype_name(DType t);  // "f32", "bf16", ...
+const char* dtype_name(DType t);                 // "f32", "bf16", ...
 DType dtype_from_name(const std::string& name);  // throws InvalidArgument naming the valid ones
 
 // Round-to-nearest-even conversions; NaN stays NaN.

@@ -43,7 +43,7 @@ class Storage {
   void* data_ = nullptr;
   size_t bytes_ = 0;
   Device device_;
-  std::shared_ptr<void> keep_;  // set once rebound: data_ is not ours to free
+  std::shared_ptr<void> keep_;            // set once rebound: data_ is not ours to free
   std::shared_ptr<MemoryLedger> ledger_;  // charged for our own allocation (may be null)
   MemCategory category_ = MemCategory::kOther;
   int64_t charged_ = 0;
@@ -51,10 +51,22 @@ class Storage {
 
 template <typename T>
 constexpr DType dtype_of();
-template <> constexpr DType dtype_of<float>() { return DType::kF32; }
-template <> constexpr DType dtype_of<int32_t>() { return DType::kI32; }
-template <> constexpr DType dtype_of<int64_t>() { return DType::kI64; }
-template <> constexpr DType dtype_of<uint8_t>() { return DType::kU8; }
+template <>
+constexpr DType dtype_of<float>() {
+  return DType::kF32;
+}
+template <>
+constexpr DType dtype_of<int32_t>() {
+  return DType::kI32;
+}
+template <>
+constexpr DType dtype_of<int64_t>() {
+  return DType::kI64;
+}
+template <>
+constexpr DType dtype_of<uint8_t>() {
+  return DType::kU8;
+}
 
 class Tensor {
  public:
@@ -72,16 +84,17 @@ class Tensor {
   Device device() const { return device_; }
 
   void* raw() const {
-    TESSEL_CHECK(storage_ != nullptr,
-                 "tensor: raw() of an undefined tensor (e.g. a parameter of a released ZeRO-3 unit)");
+    TESSEL_CHECK(
+        storage_ != nullptr,
+        "tensor: raw() of an undefined tensor (e.g. a parameter of a released ZeRO-3 unit)");
     return static_cast<char*>(storage_->data()) + offset_;
   }
   template <typename T>
   T* data() const {
     TESSEL_CHECK(storage_ != nullptr, "tensor: data<", dtype_name(dtype_of<T>()),
                  "> of an undefined tensor (e.g. a parameter of a released ZeRO-3 unit)");
-    TESSEL_CHECK(dtype_of<T>() == dtype_, "tensor: data<", dtype_name(dtype_of<T>()),
-                 "> on a ", dtype_name(dtype_), " tensor");
+    TESSEL_CHECK(dtype_of<T>() == dtype_, "tensor: data<", dtype_name(dtype_of<T>()), "> on a ",
+                 dtype_name(dtype_), " tensor");
     return static_cast<T*>(raw());
   }
 
@@ -92,8 +105,8 @@ class Tensor {
   Tensor to(DType dtype) const;  // converting copy (through f32 for float types)
 
   void zero_();
-  void fill_(float value);           // f32 only
-  void copy_from(const Tensor& src); // same numel and dtype
+  void fill_(float value);            // f32 only
+  void copy_from(const Tensor& src);  // same numel and dtype
   Storage& storage() const { return *storage_; }
 
  private:
@@ -121,7 +134,7 @@ class Arena {
   bool allocated() const { return flat_.defined(); }
 
   const std::vector<Entry>& entries() const { return entries_; }
-  int64_t numel() const { return numel_; }  // including alignment padding
+  int64_t numel() const { return numel_; }      // including alignment padding
   const Tensor& flat() const { return flat_; }  // the whole arena, 1-D
   Tensor view(size_t index) const;
   // Moves the arena to `data` (Storage::rebind); copies the values there first if `copy`.

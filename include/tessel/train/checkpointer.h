@@ -10,8 +10,8 @@
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/nn/model.h"
 #include "tessel/parallel/engine.h"
-#include "tessel/train/snapshots.h"
 #include "tessel/train/config.h"
+#include "tessel/train/snapshots.h"
 
 namespace tessel::train {
 

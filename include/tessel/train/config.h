@@ -19,17 +19,17 @@ namespace tessel::train {
 
 struct TrainSpec {
   int64_t epochs = 10;
-  int64_t batch = 128;        // global batch size
-  int64_t max_steps = 0;      // 0: epochs x batches per epoch; else stop (and end the schedule) here
-  float clip_norm = 0.0f;     // global-norm clipping, 0 = off
-  int64_t base_batch = 0;     // linear scaling rule: lr x batch / base_batch; 0 = off
-  int64_t accumulate = 1;     // micro-batches (of `batch` rows) summed per optimizer step
+  int64_t batch = 128;     // global batch size
+  int64_t max_steps = 0;   // 0: epochs x batches per epoch; else stop (and end the schedule) here
+  float clip_norm = 0.0f;  // global-norm clipping, 0 = off
+  int64_t base_batch = 0;  // linear scaling rule: lr x batch / base_batch; 0 = off
+  int64_t accumulate = 1;  // micro-batches (of `batch` rows) summed per optimizer step
   bool shuffle = true;
   bool drop_last = false;
-  int prefetch = -1;          // batches loaded ahead by a background thread; -1: auto
-  int64_t log_every = 50;     // steps between progress lines / metrics records
-  bool eval_train = false;    // also evaluate on the training set after each epoch
-  int max_restarts = 0;       // ranks as threads: restarts after a rank failure (recovery.h)
+  int prefetch = -1;        // batches loaded ahead by a background thread; -1: auto
+  int64_t log_every = 50;   // steps between progress lines / metrics records
+  bool eval_train = false;  // also evaluate on the training set after each epoch
+  int max_restarts = 0;     // ranks as threads: restarts after a rank failure (recovery.h)
 };
 
 // What a run records for people to look at besides metrics.jsonl (docs/observability.md).
@@ -40,8 +40,8 @@ struct ObserveSpec {
 };
 
 struct CheckpointSpec {
-  int64_t every_epochs = 1;   // 0 = never by epoch
-  int64_t every_steps = 0;    // 0 = never by step
+  int64_t every_epochs = 1;  // 0 = never by epoch
+  int64_t every_steps = 0;   // 0 = never by step
   int keep_last = 2;
   int64_t snapshot_steps = 0;  // ranks as threads: in-memory snapshot every N steps (0 = never)
 };
@@ -54,29 +54,30 @@ struct FaultSpec {
 };
 
 struct RuntimeSpec {
-  int threads = 1;            // BLAS threads for this process (1 per rank when ranks are threads)
-  int workers = 1;            // ranks as threads of this process (--workers); 1 under mpirun
+  int threads = 1;  // BLAS threads for this process (1 per rank when ranks are threads)
+  int workers = 1;  // ranks as threads of this process (--workers); 1 under mpirun
   std::string backend = "auto";  // auto | threads | mpi (auto: mpi when started by mpirun)
 };
 
 struct CommSpec {
-  double timeout_s = 300;     // deadline of every blocking communication
-  std::string algorithm = "auto";  // collective algorithm: auto | ring | halving_doubling | tree | direct | native
+  double timeout_s = 300;  // deadline of every blocking communication
+  std::string algorithm =
+      "auto";  // collective algorithm: auto | ring | halving_doubling | tree | direct | native
 };
 
 // tessel predict, generation and tessel serve (docs/inference.md).
 struct InferSpec {
-  int64_t chunk_rows = 1024;     // rows per chunk: the unit handed to a worker and committed
-  int64_t batch = 128;           // rows (prompts) per forward pass within a chunk
-  int64_t top_k = 5;             // classes listed with their probabilities per output row
-  double chunk_timeout_s = 60;   // a worker holding a chunk longer is stalled: others re-run it
-  double commit_every_s = 1;     // predict: seconds between commits of the output (--resume point)
-  int64_t max_new_tokens = 32;   // gpt: tokens generated per prompt
-  float temperature = 0.0f;      // gpt: 0 greedy, else sampling at this temperature
-  int64_t sample_top_k = 0;      // gpt: sample among the k most likely tokens (0: all)
-  bool kv_cache = true;          // gpt: keep keys and values instead of recomputing the context
-  int64_t kill_rank = -1;        // debug.kill_rank: this predict worker dies (-1: none)
-  int64_t kill_after = 0;        // debug.kill_after: ... after finishing this many chunks
+  int64_t chunk_rows = 1024;    // rows per chunk: the unit handed to a worker and committed
+  int64_t batch = 128;          // rows (prompts) per forward pass within a chunk
+  int64_t top_k = 5;            // classes listed with their probabilities per output row
+  double chunk_timeout_s = 60;  // a worker holding a chunk longer is stalled: others re-run it
+  double commit_every_s = 1;    // predict: seconds between commits of the output (--resume point)
+  int64_t max_new_tokens = 32;  // gpt: tokens generated per prompt
+  float temperature = 0.0f;     // gpt: 0 greedy, else sampling at this temperature
+  int64_t sample_top_k = 0;     // gpt: sample among the k most likely tokens (0: all)
+  bool kv_cache = true;         // gpt: keep keys and values instead of recomputing the context
+  int64_t kill_rank = -1;       // debug.kill_rank: this predict worker dies (-1: none)
+  int64_t kill_after = 0;       // debug.kill_after: ... after finishing this many chunks
 };
 
 struct ServeSpec {
@@ -90,7 +91,7 @@ struct ServeSpec {
 };
 
 struct Config {
-  std::string name;           // run name; default: the config file's stem
+  std::string name;  // run name; default: the config file's stem
   uint64_t seed = 0;
   nn::ModelSpec model;
   data::DataSpec data;

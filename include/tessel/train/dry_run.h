@@ -5,9 +5,8 @@
 // trained and nothing is written.
 #pragma once
 
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "tessel/train/config.h"
 

@@ -5,9 +5,8 @@
 // `tessel launch` (docs/fault_tolerance.md).
 #pragma once
 
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "tessel/comm/communicator.h"
 #include "tessel/parallel/engine.h"

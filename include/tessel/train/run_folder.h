@@ -16,13 +16,13 @@ enum class RunStart { kFresh, kResume, kOverwrite };
 
 // The files and folders tessel writes at the top of a run folder, besides checkpoints/ (whose
 // step folders and `latest` it removes one by one). A new output of the run folder is added here.
-inline const std::vector<std::string> kRunFiles = {"config.toml",  "metrics.jsonl", "summary.json",
-                                                   "run.json",     "trace.json",    "report.html",
+inline const std::vector<std::string> kRunFiles = {"config.toml", "metrics.jsonl", "summary.json",
+                                                   "run.json",    "trace.json",    "report.html",
                                                    "tensorboard"};
 
 struct RunRecord {
-  std::string command;  // the command line as typed (argv, shell-quoted)
-  std::string layout;   // e.g. "dp=4"
+  std::string command;       // the command line as typed (argv, shell-quoted)
+  std::string layout;        // e.g. "dp=4"
   std::string resumed_from;  // the checkpoint folder a resume continues from
 };
 

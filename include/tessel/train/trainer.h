@@ -19,9 +19,8 @@
 
 #include <atomic>
 #include <memory>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "tessel/data/loader.h"
 #include "tessel/nn/loss.h"
@@ -38,12 +37,12 @@ class Snapshots;
 class RunTrace;
 
 struct RunOptions {
-  std::string run_dir;      // empty: runs/<config name>
-  std::string resume;       // run folder or checkpoint folder to continue from; empty: fresh
-  int64_t stop_after = 0;   // > 0: stop after this many steps of this invocation (checkpointed)
-  bool overwrite = false;   // a fresh run may clear a run folder that holds a run
-  std::string command;      // the command line, recorded in run.json
-  bool progress = true;     // print progress (a live line on a terminal, plain lines otherwise)
+  std::string run_dir;     // empty: runs/<config name>
+  std::string resume;      // run folder or checkpoint folder to continue from; empty: fresh
+  int64_t stop_after = 0;  // > 0: stop after this many steps of this invocation (checkpointed)
+  bool overwrite = false;  // a fresh run may clear a run folder that holds a run
+  std::string command;     // the command line, recorded in run.json
+  bool progress = true;    // print progress (a live line on a terminal, plain lines otherwise)
   // Set from another thread (e.g. a signal handler) to stop at the next step boundary with a
   // checkpoint. May be null.
   const std::atomic<bool>* interrupt = nullptr;
@@ -100,8 +99,8 @@ class Trainer {
   void start_progress();  // the run's first line; the ETA's inputs
   void train_epoch(State& s, bool& stopped);
   bool train_claimed_epoch(State& s);
-  void end_epoch(State& s, double epoch_start, nlohmann::json& epoch_records,
-                 EvalResult& last_test, int64_t& last_test_step);
+  void end_epoch(State& s, double epoch_start, nlohmann::json& epoch_records, EvalResult& last_test,
+                 int64_t& last_test_step);
   // Collective over the training ranks: every rank's measurements since the last call, also
   // added to the epoch's and the run's.
   std::vector<parallel::RankStats> take_stats();
@@ -113,9 +112,8 @@ class Trainer {
   void restore(const std::string& path, State& s);
   EvalResult global_mean(const EvalResult& local_sums);
   float lr_at(int64_t step) const;
-  nlohmann::json summary(const State& s, const EvalResult& last_train,
-                         const EvalResult& last_test, const nlohmann::json& epoch_records,
-                         bool completed);
+  nlohmann::json summary(const State& s, const EvalResult& last_train, const EvalResult& last_test,
+                         const nlohmann::json& epoch_records, bool completed);
 
   Config config_;
   RunOptions options_;

@@ -80,9 +80,9 @@ Family::Family(MPI_Comm world, double timeout_s)
     MPI_Comm_rank(ctrl_, &world_rank_);
     MPI_Comm_size(ctrl_, &world_size_);
     open_board();
-    check(MPI_Irecv(in_.get(), sizeof(CtrlMsg), MPI_BYTE, MPI_ANY_SOURCE, kCtrlTag, ctrl_,
-                    &in_req_),
-          "MPI_Irecv");
+    check(
+        MPI_Irecv(in_.get(), sizeof(CtrlMsg), MPI_BYTE, MPI_ANY_SOURCE, kCtrlTag, ctrl_, &in_req_),
+        "MPI_Irecv");
   }
   my_slot().beat();
   monitor_ = std::thread([this] { monitor(); });

@@ -92,9 +92,9 @@ class Family {
   // Heartbeat board.
   MPI_Comm host_ = MPI_COMM_NULL;
   MPI_Win win_ = MPI_WIN_NULL;
-  HeartbeatSlot* slots_ = nullptr;   // this host's slots
-  std::vector<int> host_of_;         // by world rank: the lowest world rank on its host
-  std::vector<int> slot_of_;         // by world rank: its slot on its host
+  HeartbeatSlot* slots_ = nullptr;  // this host's slots
+  std::vector<int> host_of_;        // by world rank: the lowest world rank on its host
+  std::vector<int> slot_of_;        // by world rank: its slot on its host
   std::map<int, std::pair<RankState, double>> progress_;  // answers by world rank, and when
 
   std::mutex monitor_mu_;

@@ -70,8 +70,9 @@ class Watchdog {
   [[noreturn]] static void expire(const std::string& what) {
     const std::string stuck = stuck_rank_anywhere();
     const std::string msg =
-        str(what, ": the deadline (comm.timeout_s) passed inside an MPI call that cannot be "
-                  "interrupted; ",
+        str(what,
+            ": the deadline (comm.timeout_s) passed inside an MPI call that cannot be "
+            "interrupted; ",
             stuck.empty() ? "a rank is stuck, died or never made this call" : stuck,
             "; ending the job");
     if (!mpi_failed_elsewhere()) log_line(LogLevel::kError, msg);

@@ -424,8 +424,7 @@ std::shared_ptr<void> MpiTransport::shared_memory(size_t bytes, uint64_t) {
   const MPI_Aint rounded = static_cast<MPI_Aint>((std::max<size_t>(bytes, 1) + 63) / 64 * 64);
   void* mine = nullptr;
   MPI_Win win = MPI_WIN_NULL;
-  check(MPI_Win_allocate_shared(rank_ == 0 ? rounded + 64 : 0, 1, MPI_INFO_NULL, node, &mine,
-                                &win),
+  check(MPI_Win_allocate_shared(rank_ == 0 ? rounded + 64 : 0, 1, MPI_INFO_NULL, node, &mine, &win),
         "MPI_Win_allocate_shared");
   MPI_Aint size = 0;
   int unit = 0;

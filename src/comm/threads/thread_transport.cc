@@ -204,7 +204,7 @@ class ThreadOp final : public Request {
   ElemType elem_ = ElemType::kU8;
   ReduceOp op_ = ReduceOp::kSum;
   bool posted_ = false;
-  bool queued_ = false;           // guarded by the mailbox lock
+  bool queued_ = false;  // guarded by the mailbox lock
   // Set under the mailbox lock when a send pairs with a waiting receive. The claim flag is
   // shared: whichever side sets it runs the copy, and the other op cannot complete (or be
   // destroyed) before that copy ends, while the flag outlives both.
@@ -345,12 +345,12 @@ void ThreadOp::wait(Deadline deadline) {
     }
     if (fam.aborted.load(std::memory_order_acquire)) fail_aborted();
     const std::string stuck = group_->stuck_rank(rank_);
-    std::string msg = str(where(), ": no matching ", kind_ == Kind::kSend ? "receive" : "send",
-                          " from rank ", peer_, " before the deadline; ",
-                          stuck.empty() ? "that rank is stuck, died or never made this call"
-                                        : stuck,
-                          " (check that every rank calls the same collectives, or raise "
-                          "comm.timeout_s)");
+    std::string msg =
+        str(where(), ": no matching ", kind_ == Kind::kSend ? "receive" : "send", " from rank ",
+            peer_, " before the deadline; ",
+            stuck.empty() ? "that rank is stuck, died or never made this call" : stuck,
+            " (check that every rank calls the same collectives, or raise "
+            "comm.timeout_s)");
     fam.abort(msg);
     throw CommError(msg);
   }
@@ -464,7 +464,8 @@ std::vector<std::unique_ptr<Transport>> make_thread_transports(int world_size,
   policy.oversubscribed = static_cast<unsigned>(world_size) > cores;
   std::vector<int> world(world_size);
   for (int r = 0; r < world_size; ++r) world[r] = r;
-  auto group = std::make_shared<Group>(std::move(world), std::make_shared<Family>(world_size), policy);
+  auto group =
+      std::make_shared<Group>(std::move(world), std::make_shared<Family>(world_size), policy);
   std::vector<std::unique_ptr<Transport>> out;
   for (int r = 0; r < world_size; ++r) out.push_back(std::make_unique<ThreadTransport>(group, r));
   return out;

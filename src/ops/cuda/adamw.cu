@@ -90,11 +90,11 @@ void adamw_step(float* params, const float* grads, float* m, float* v, void* wor
   if (working == nullptr) {
     adamw_kernel<float><<<grid, kThreads, 0, s>>>(params, grads, m, v, nullptr, n, k);
   } else if (working_type == DType::kBF16) {
-    adamw_kernel<detail::bf16><<<grid, kThreads, 0, s>>>(
-        params, grads, m, v, static_cast<detail::bf16*>(working), n, k);
+    adamw_kernel<detail::bf16>
+        <<<grid, kThreads, 0, s>>>(params, grads, m, v, static_cast<detail::bf16*>(working), n, k);
   } else {
-    throw InvalidArgument(str("cuda adamw_step: the working copy must be bf16, got ",
-                              dtype_name(working_type)));
+    throw InvalidArgument(
+        str("cuda adamw_step: the working copy must be bf16, got ", dtype_name(working_type)));
   }
   check_launch("cuda adamw_step");
 }

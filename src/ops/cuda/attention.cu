@@ -8,9 +8,10 @@
 //             online softmax (running max m, sum l, output o rescaled by exp(m_old - m_new));
 //             write out = o / l and lse = m + log l.
 //   backward: D_i = dO_i . O_i; P_ij = exp(scale q_i.k_j - lse_i);
-//             dq kernel (one group per query, keys j <= i):  dq_i = scale sum_j P_ij (dO_i.v_j - D_i) k_j
-//             dkv kernel (one group per key, queries i >= j): dv_j = sum_i P_ij dO_i,
-//                                                            dk_j = scale sum_i P_ij (dO_i.v_j - D_i) q_i
+//             dq kernel (one group per query, keys j <= i):  dq_i = scale sum_j P_ij (dO_i.v_j -
+//             D_i) k_j dkv kernel (one group per key, queries i >= j): dv_j = sum_i P_ij dO_i,
+//                                                            dk_j = scale sum_i P_ij (dO_i.v_j -
+//                                                            D_i) q_i
 //             Each output row is summed by one row group in one order: deterministic, no atomics.
 #include "common.cuh"
 #include "tessel/ops/cuda/kernels.h"
@@ -68,9 +69,8 @@ __device__ __forceinline__ float dot(const float* a, const float* b) {
 }
 
 template <typename T, int HS, int DH>
-__global__ void __launch_bounds__(kRows * (HS / DH))
-    attention_forward_kernel(T* out, float* lse, const T* qkv, int T_, int C, int NH,
-                             float scale) {
+__global__ void __launch_bounds__(kRows*(HS / DH))
+    attention_forward_kernel(T* out, float* lse, const T* qkv, int T_, int C, int NH, float scale) {
   using L = Layout<HS, DH>;
   __shared__ __align__(16) float ks[kTile * L::kStride];
   __shared__ __align__(16) float vs[kTile * L::kStride];
@@ -93,8 +93,8 @@ __global__ void __launch_bounds__(kRows * (HS / DH))
     load_tile<T, HS, DH>(vs, seq + 2 * C + h * HS, k0, T_, C3);
     __syncthreads();
     if (k0 > i) continue;  // the whole tile lies above this row's diagonal
-    // Chunks of kChunk keys: their scores, the new running max, then rescale and accumulate
-    // (small chunks keep the scores in registers without unrolling the whole tile).
+      // Chunks of kChunk keys: their scores, the new running max, then rescale and accumulate
+      // (small chunks keep the scores in registers without unrolling the whole tile).
 #pragma unroll 1
     for (int j0 = 0; j0 < kTile; j0 += kChunk) {
       float s[kChunk];
@@ -130,7 +130,7 @@ __global__ void __launch_bounds__(kRows * (HS / DH))
 }
 
 template <typename T, int HS, int DH>
-__global__ void __launch_bounds__(kRows * (HS / DH))
+__global__ void __launch_bounds__(kRows*(HS / DH))
     attention_backward_dq_kernel(T* dqkv, const T* dout, const T* qkv, const T* out,
                                  const float* lse, int T_, int C, int NH, float scale) {
   using L = Layout<HS, DH>;
@@ -179,7 +179,7 @@ __global__ void __launch_bounds__(kRows * (HS / DH))
 }
 
 template <typename T, int HS, int DH>
-__global__ void __launch_bounds__(kRows * (HS / DH))
+__global__ void __launch_bounds__(kRows*(HS / DH))
     attention_backward_dkv_kernel(T* dqkv, const T* dout, const T* qkv, const T* out,
                                   const float* lse, int T_, int C, int NH, float scale) {
   using L = Layout<HS, DH>;
@@ -262,17 +262,23 @@ Shape check_shape(int64_t B, int64_t T, int64_t C, int64_t NH, const char* who) 
   if (!attention_head_size_supported(HS))
     throw InvalidArgument(str(who, ": head size C/NH must be 32, 64 or 128, got ", HS,
                               "; pick NH so that C/NH is one of them"));
-  return {static_cast<int>(B), static_cast<int>(T), static_cast<int>(C), static_cast<int>(NH),
-          static_cast<int>(HS), 1.0f / sqrtf(static_cast<float>(HS))};
+  return {static_cast<int>(B),  static_cast<int>(T),  static_cast<int>(C),
+          static_cast<int>(NH), static_cast<int>(HS), 1.0f / sqrtf(static_cast<float>(HS))};
 }
 
 // Calls f(std::integral_constant<int, HS>{}) for the supported head sizes.
 template <typename F>
 void dispatch_head(int HS, F&& f) {
   switch (HS) {
-    case 32: f(std::integral_constant<int, 32>{}); break;
-    case 64: f(std::integral_constant<int, 64>{}); break;
-    default: f(std::integral_constant<int, 128>{}); break;
+    case 32:
+      f(std::integral_constant<int, 32>{});
+      break;
+    case 64:
+      f(std::integral_constant<int, 64>{});
+      break;
+    default:
+      f(std::integral_constant<int, 128>{});
+      break;
   }
 }
 
@@ -288,7 +294,7 @@ void attention_forward(void* out, float* lse, const void* qkv, int64_t B, int64_
     dispatch_head(sh.HS, [&](auto hs) {
       constexpr int HS = decltype(hs)::value, DH = HS < 64 ? HS : 64;
       const dim3 grid(detail::ceil_div(sh.T, kRows), sh.NH, sh.B);
-      attention_forward_kernel<E, HS, DH><<<grid, kRows * (HS / DH), 0, s>>>(
+      attention_forward_kernel<E, HS, DH><<<grid, kRows*(HS / DH), 0, s>>>(
           static_cast<E*>(out), lse, static_cast<const E*>(qkv), sh.T, sh.C, sh.NH, sh.scale);
     });
   });
@@ -304,11 +310,11 @@ void attention_backward(void* dqkv, const void* dout, const void* qkv, const voi
     dispatch_head(sh.HS, [&](auto hs) {
       constexpr int HS = decltype(hs)::value, DH = 32;
       const dim3 grid(detail::ceil_div(sh.T, kRows), sh.NH, sh.B);
-      attention_backward_dq_kernel<E, HS, DH><<<grid, kRows * (HS / DH), 0, s>>>(
+      attention_backward_dq_kernel<E, HS, DH><<<grid, kRows*(HS / DH), 0, s>>>(
           static_cast<E*>(dqkv), static_cast<const E*>(dout), static_cast<const E*>(qkv),
           static_cast<const E*>(out), lse, sh.T, sh.C, sh.NH, sh.scale);
       check_launch("cuda attention_backward (dq)");
-      attention_backward_dkv_kernel<E, HS, DH><<<grid, kRows * (HS / DH), 0, s>>>(
+      attention_backward_dkv_kernel<E, HS, DH><<<grid, kRows*(HS / DH), 0, s>>>(
           static_cast<E*>(dqkv), static_cast<const E*>(dout), static_cast<const E*>(qkv),
           static_cast<const E*>(out), lse, sh.T, sh.C, sh.NH, sh.scale);
     });

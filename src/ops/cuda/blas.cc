@@ -16,12 +16,15 @@ namespace {
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
-    case DType::kF32: return CUDA_R_32F;
-    case DType::kBF16: return CUDA_R_16BF;
-    case DType::kF16: return CUDA_R_16F;
+    case DType::kF32:
+      return CUDA_R_32F;
+    case DType::kBF16:
+      return CUDA_R_16BF;
+    case DType::kF16:
+      return CUDA_R_16F;
     default:
-      throw InvalidArgument(str("cuda gemm: operands must be f32, bf16 or f16, got ",
-                                dtype_name(t)));
+      throw InvalidArgument(
+          str("cuda gemm: operands must be f32, bf16 or f16, got ", dtype_name(t)));
   }
 }
 
@@ -125,9 +128,8 @@ void gemm(Blas& blas, cudaStream_t stream, bool trans_a, bool trans_b, int64_t M
                         dtype_name(A.type), " -> ", dtype_name(C.type),
                         "; pad the leading dimensions to a multiple of 8 elements"));
   // K = 0 leaves C = beta * C (+ bias): cuBLASLt does that itself.
-  check_cublas(cublasLtMatmul(blas.handle(), d.op, &alpha, B.p, d.a, A.p, d.b, &beta, C.p, d.c,
-                              C.p, d.c, &best.algo, blas.workspace(), Blas::kWorkspaceBytes,
-                              stream),
+  check_cublas(cublasLtMatmul(blas.handle(), d.op, &alpha, B.p, d.a, A.p, d.b, &beta, C.p, d.c, C.p,
+                              d.c, &best.algo, blas.workspace(), Blas::kWorkspaceBytes, stream),
                "cublasLtMatmul");
 }
 

@@ -78,8 +78,12 @@ inline unsigned grid_for(int64_t n, int threads) {
 template <typename F>
 void dispatch(DType t, const char* who, F&& f) {
   switch (t) {
-    case DType::kF32: f(float{}); return;
-    case DType::kBF16: f(bf16{}); return;
+    case DType::kF32:
+      f(float{});
+      return;
+    case DType::kBF16:
+      f(bf16{});
+      return;
     default:
       throw InvalidArgument(str(who, ": activations must be f32 or bf16, got ", dtype_name(t),
                                 "; convert them first (cuda::convert)"));

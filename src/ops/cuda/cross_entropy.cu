@@ -71,9 +71,8 @@ __global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const
 
 }  // namespace
 
-void cross_entropy_forward(float* loss, float* losses, float* lse, float* probs,
-                           const void* logits, const int32_t* labels, int64_t N, int64_t C,
-                           DType t, cudaStream_t s) {
+void cross_entropy_forward(float* loss, float* losses, float* lse, float* probs, const void* logits,
+                           const int32_t* labels, int64_t N, int64_t C, DType t, cudaStream_t s) {
   TESSEL_CHECK(N > 0 && C > 0, "cuda cross_entropy_forward: N and C must be > 0, got N=", N,
                " C=", C);
   TESSEL_CHECK(N < (int64_t{1} << 31), "cuda cross_entropy_forward: N must be < 2^31, got ", N);

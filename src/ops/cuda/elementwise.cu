@@ -66,15 +66,15 @@ void map(void* y, const void* x, int64_t n, DType t, cudaStream_t s, const char*
   if (n <= 0) return;
   detail::dispatch(t, who, [&](auto tag) {
     using T = decltype(tag);
-    map_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, s>>>(
-        static_cast<T*>(y), static_cast<const T*>(x), n, f);
+    map_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, s>>>(static_cast<T*>(y),
+                                                                  static_cast<const T*>(x), n, f);
   });
   check_launch(who);
 }
 
 template <typename F>
-void zip(void* y, const void* a, const void* b, int64_t n, DType t, cudaStream_t s,
-         const char* who, F f) {
+void zip(void* y, const void* a, const void* b, int64_t n, DType t, cudaStream_t s, const char* who,
+         F f) {
   if (n <= 0) return;
   detail::dispatch(t, who, [&](auto tag) {
     using T = decltype(tag);
@@ -97,7 +97,8 @@ __global__ void bias_backward_kernel(float* db, const T* dy, int64_t N, int64_t 
   part[threadIdx.y][threadIdx.x] = acc;
   __syncthreads();
   for (int stride = 16; stride > 0; stride >>= 1) {
-    if (threadIdx.y < stride) part[threadIdx.y][threadIdx.x] += part[threadIdx.y + stride][threadIdx.x];
+    if (threadIdx.y < stride)
+      part[threadIdx.y][threadIdx.x] += part[threadIdx.y + stride][threadIdx.x];
     __syncthreads();
   }
   if (threadIdx.y == 0 && c < OC) db[c] += part[0][threadIdx.x];

@@ -23,18 +23,20 @@ __global__ void embedding_forward_kernel(T* y, const int32_t* ids, const T* tabl
     const int64_t n = i / C, c = i % C;
     const int64_t id = ids[n];
     float v;
-    if (id < 0 || id >= V) v = NAN;
-    else if (id < lo || id >= lo + rows) v = 0.0f;
-    else v = to_f32(table[(id - lo) * C + c]);
+    if (id < 0 || id >= V)
+      v = NAN;
+    else if (id < lo || id >= lo + rows)
+      v = 0.0f;
+    else
+      v = to_f32(table[(id - lo) * C + c]);
     y[i] = from_f32<T>(v);
   }
 }
 
 // Block (x, y): columns [x * kColumns, ...), table rows r with r % parts == y.
 template <typename T>
-__global__ void embedding_backward_kernel(float* dtable, const T* dy, const int32_t* ids,
-                                          int64_t N, int64_t C, int64_t lo, int64_t rows,
-                                          int parts) {
+__global__ void embedding_backward_kernel(float* dtable, const T* dy, const int32_t* ids, int64_t N,
+                                          int64_t C, int64_t lo, int64_t rows, int parts) {
   const int64_t c = blockIdx.x * int64_t{kColumns} + threadIdx.x;
   const int lane = threadIdx.x % 32;
   for (int64_t n0 = 0; n0 < N; n0 += 32) {
@@ -72,8 +74,8 @@ void embedding_backward(float* dtable, const void* dy, const int32_t* ids, int64
   const dim3 grid(detail::ceil_div(C, kColumns), static_cast<unsigned>(parts));
   detail::dispatch(t, "cuda embedding_backward", [&](auto tag) {
     using T = decltype(tag);
-    embedding_backward_kernel<<<grid, kColumns, 0, s>>>(dtable, static_cast<const T*>(dy), ids,
-                                                        N, C, lo, rows, parts);
+    embedding_backward_kernel<<<grid, kColumns, 0, s>>>(dtable, static_cast<const T*>(dy), ids, N,
+                                                        C, lo, rows, parts);
   });
   check_launch("cuda embedding_backward");
 }

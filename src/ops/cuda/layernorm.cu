@@ -42,8 +42,8 @@ __global__ void layernorm_forward_kernel(T* y, float* mean, float* rstd, const T
 
 // With xhat = (x - m) s and g = w dy:  dx = s (g - mean(g) - xhat mean(g xhat)).
 template <typename T>
-__global__ void layernorm_dx_kernel(T* dx, const T* dy, const T* x, const T* w,
-                                    const float* mean, const float* rstd, int64_t N, int C) {
+__global__ void layernorm_dx_kernel(T* dx, const T* dy, const T* x, const T* w, const float* mean,
+                                    const float* rstd, int64_t N, int C) {
   const int64_t r = blockIdx.x * int64_t{kRowsPerBlock} + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (r >= N) return;
@@ -68,8 +68,7 @@ __global__ void layernorm_dx_kernel(T* dx, const T* dy, const T* x, const T* w,
 // dw[c] += sum_r xhat[r,c] dy[r,c], db[c] += sum_r dy[r,c]: as bias_backward_kernel, twice.
 template <typename T>
 __global__ void layernorm_dwdb_kernel(float* dw, float* db, const T* dy, const T* x,
-                                      const float* mean, const float* rstd, int64_t N,
-                                      int64_t C) {
+                                      const float* mean, const float* rstd, int64_t N, int64_t C) {
   __shared__ float pw[32][33], pb[32][33];
   const int64_t c = blockIdx.x * int64_t{32} + threadIdx.x;
   float aw = 0.0f, ab = 0.0f;
@@ -116,8 +115,8 @@ void layernorm_forward(void* y, float* mean, float* rstd, const void* x, const v
 }
 
 void layernorm_backward(void* dx, float* dw, float* db, const void* dy, const void* x,
-                        const void* w, const float* mean, const float* rstd, int64_t N,
-                        int64_t C, DType t, cudaStream_t s) {
+                        const void* w, const float* mean, const float* rstd, int64_t N, int64_t C,
+                        DType t, cudaStream_t s) {
   if (N <= 0) return;
   check_width(C, "cuda layernorm_backward");
   detail::dispatch(t, "cuda layernorm_backward", [&](auto tag) {

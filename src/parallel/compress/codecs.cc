@@ -115,7 +115,9 @@ class DenseCodec final : public Codec {
 class Int8Codec final : public Codec {
  public:
   explicit Int8Codec(std::vector<Segment> segments)
-      : segments_(std::move(segments)), n_(total_numel(segments_)), flat_(static_cast<size_t>(n_)),
+      : segments_(std::move(segments)),
+        n_(total_numel(segments_)),
+        flat_(static_cast<size_t>(n_)),
         msg_(static_cast<size_t>(int8_message_bytes(n_))) {}
 
   Exchange encode(float* g, const CodecKey& key) override {
@@ -149,8 +151,11 @@ class Int8Codec final : public Codec {
 class TopkCodec final : public Codec {
  public:
   TopkCodec(std::vector<Segment> segments, double ratio, bool error_feedback)
-      : segments_(std::move(segments)), n_(total_numel(segments_)), k_(topk_count(n_, ratio)),
-        flat_(static_cast<size_t>(n_)), msg_(static_cast<size_t>(k_)) {
+      : segments_(std::move(segments)),
+        n_(total_numel(segments_)),
+        k_(topk_count(n_, ratio)),
+        flat_(static_cast<size_t>(n_)),
+        msg_(static_cast<size_t>(k_)) {
     if (error_feedback) residual_.assign(static_cast<size_t>(n_), 0.0f);
   }
 
@@ -200,8 +205,10 @@ class PowerSgdCodec final : public Codec {
     p_.resize(static_cast<size_t>(p));
     qmsg_.resize(static_cast<size_t>(q));
     m_.resize(static_cast<size_t>(total_numel(segments_)));
-    const CounterRng rng(seed, mix_stream(RngPurpose::kCompress, ~uint64_t{0}, static_cast<uint64_t>(unit)));
-    for (int64_t i = 0; i < q_numel_; ++i) state_[static_cast<size_t>(i)] = rng.normal(static_cast<uint64_t>(i));
+    const CounterRng rng(
+        seed, mix_stream(RngPurpose::kCompress, ~uint64_t{0}, static_cast<uint64_t>(unit)));
+    for (int64_t i = 0; i < q_numel_; ++i)
+      state_[static_cast<size_t>(i)] = rng.normal(static_cast<uint64_t>(i));
   }
 
   Exchange encode(float* g, const CodecKey& key) override;
@@ -283,7 +290,8 @@ void int8_encode(const float* x, int64_t n, const CodecKey& key, char* msg) {
   float* scales = reinterpret_cast<float*>(msg);
   int8_t* q = reinterpret_cast<int8_t*>(msg + 4 * chunks);
   const CounterRng rng(key.seed, mix_stream(RngPurpose::kCompress, static_cast<uint64_t>(key.step),
-                                            (static_cast<uint64_t>(key.unit) << 20) | static_cast<uint64_t>(key.rank)));
+                                            (static_cast<uint64_t>(key.unit) << 20) |
+                                                static_cast<uint64_t>(key.rank)));
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t lo = c * kInt8Chunk, hi = std::min(n, lo + kInt8Chunk);
     float amax = 0;
@@ -399,16 +407,20 @@ std::vector<uint32_t> top_k(const float* x, int64_t n, int64_t k) {
 void orthonormalize_columns(float* a, int64_t rows, int64_t cols) {
   for (int64_t j = 0; j < cols; ++j) {
     double before = 0;
-    for (int64_t r = 0; r < rows; ++r) before += static_cast<double>(a[r * cols + j]) * a[r * cols + j];
+    for (int64_t r = 0; r < rows; ++r)
+      before += static_cast<double>(a[r * cols + j]) * a[r * cols + j];
     for (int64_t i = 0; i < j; ++i) {  // remove the earlier columns' components
       double dot = 0;
-      for (int64_t r = 0; r < rows; ++r) dot += static_cast<double>(a[r * cols + i]) * a[r * cols + j];
-      for (int64_t r = 0; r < rows; ++r) a[r * cols + j] -= static_cast<float>(dot) * a[r * cols + i];
+      for (int64_t r = 0; r < rows; ++r)
+        dot += static_cast<double>(a[r * cols + i]) * a[r * cols + j];
+      for (int64_t r = 0; r < rows; ++r)
+        a[r * cols + j] -= static_cast<float>(dot) * a[r * cols + i];
     }
     double sq = 0;
     for (int64_t r = 0; r < rows; ++r) sq += static_cast<double>(a[r * cols + j]) * a[r * cols + j];
     // Nothing left but rounding noise (the column lay in the earlier ones' span): zero.
-    const float inv = sq > 1e-8 * before && sq > 1e-30 ? static_cast<float>(1.0 / std::sqrt(sq)) : 0.0f;
+    const float inv =
+        sq > 1e-8 * before && sq > 1e-30 ? static_cast<float>(1.0 / std::sqrt(sq)) : 0.0f;
     for (int64_t r = 0; r < rows; ++r) a[r * cols + j] *= inv;
   }
 }

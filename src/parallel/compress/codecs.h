@@ -121,7 +121,7 @@ bool worth_compressing(CompressKind kind, const Segment& s, const CompressSpec& 
 
 // ---- single messages (shared with parameter-server pushes, push_codec.h) ----
 int64_t topk_count(int64_t n, double ratio);  // ceil(ratio * n), at least 1
-int64_t int8_message_bytes(int64_t n);         // the chunks' f32 scales, then n int8 values
+int64_t int8_message_bytes(int64_t n);        // the chunks' f32 scales, then n int8 values
 // x (n values) quantised into msg (int8_message_bytes(n) bytes), and msg added into acc.
 void int8_encode(const float* x, int64_t n, const CodecKey& key, char* msg);
 void int8_add(const char* msg, int64_t n, float* acc);

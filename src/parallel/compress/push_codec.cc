@@ -8,7 +8,9 @@
 namespace tessel::parallel::compress {
 
 namespace {
-DType half_type(CompressKind kind) { return kind == CompressKind::kFp16 ? DType::kF16 : DType::kBF16; }
+DType half_type(CompressKind kind) {
+  return kind == CompressKind::kFp16 ? DType::kF16 : DType::kBF16;
+}
 }  // namespace
 
 PushCodec::PushCodec(CompressKind kind, int64_t n, const CompressSpec& spec) : kind_(kind), n_(n) {

@@ -1,8 +1,8 @@
 // Flash-style causal attention against the CPU's attention_forward/backward (which store the
 // T x T probabilities): f32 to 1e-5, bf16 against the CPU's bf16 path to its tolerance.
+#include "cuda_test_util.h"
 #include "tessel/ops/cpu.h"
 #include "tessel/ops/cuda/kernels.h"
-#include "cuda_test_util.h"
 
 namespace tessel::ops::cuda::testing {
 namespace {
@@ -11,8 +11,8 @@ struct Case {
   int64_t B, T, C, NH;
 };
 // Head sizes 64 (GPT-2), 32 and 128; T not a multiple of any tile, and T = 1.
-const Case kCases[] = {{2, 67, 128, 2}, {1, 130, 128, 4}, {1, 33, 256, 2}, {3, 1, 64, 1},
-                       {1, 256, 768, 12}};
+const Case kCases[] = {
+    {2, 67, 128, 2}, {1, 130, 128, 4}, {1, 33, 256, 2}, {3, 1, 64, 1}, {1, 256, 768, 12}};
 
 Vec to_f32(const std::vector<uint16_t>& h) {
   Vec v(h.size());
@@ -30,12 +30,11 @@ TEST_F(CudaAttention, F32ForwardAndBackwardMatchCpu) {
     ops::attention_forward(out.data(), att.data(), qkv.data(), c.B, c.T, c.C, c.NH);
     ops::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), c.B, c.T, c.C, c.NH);
     DeviceBuffer gqkv = upload(qkv), gdout = upload(dout);
-    DeviceBuffer gout = poisoned(n_out), glse = poisoned(c.B * c.NH * c.T),
-                 gdqkv = poisoned(n_qkv);
-    attention_forward(gout.get(), glse.as<float>(), gqkv.get(), c.B, c.T, c.C, c.NH,
-                      DType::kF32, nullptr);
-    attention_backward(gdqkv.get(), gdout.get(), gqkv.get(), gout.get(), glse.as<float>(), c.B,
-                       c.T, c.C, c.NH, DType::kF32, nullptr);
+    DeviceBuffer gout = poisoned(n_out), glse = poisoned(c.B * c.NH * c.T), gdqkv = poisoned(n_qkv);
+    attention_forward(gout.get(), glse.as<float>(), gqkv.get(), c.B, c.T, c.C, c.NH, DType::kF32,
+                      nullptr);
+    attention_backward(gdqkv.get(), gdout.get(), gqkv.get(), gout.get(), glse.as<float>(), c.B, c.T,
+                       c.C, c.NH, DType::kF32, nullptr);
     const std::string tag = str(" f32 B=", c.B, " T=", c.T, " C=", c.C, " NH=", c.NH);
     expect_close(download(gout, n_out), out, 1e-5, "attention out" + tag);
     expect_close(download(gdqkv, n_qkv), dqkv, 1e-5, "attention dqkv" + tag);
@@ -50,14 +49,14 @@ TEST_F(CudaAttention, Bf16ForwardAndBackwardMatchCpuLowPrecision) {
     Vec att(c.B * c.NH * c.T * c.T);
     const DType t = DType::kBF16;
     ops::attention_forward(out.data(), att.data(), qkv.data(), c.B, c.T, c.C, c.NH, t);
-    ops::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), c.B, c.T, c.C,
-                            c.NH, t);
+    ops::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), c.B, c.T, c.C, c.NH,
+                            t);
     DeviceBuffer gqkv = upload_ints(qkv), gdout = upload_ints(dout);
     DeviceBuffer gout = poisoned(n_out, t), glse = poisoned(c.B * c.NH * c.T),
                  gdqkv = poisoned(n_qkv, t);
     attention_forward(gout.get(), glse.as<float>(), gqkv.get(), c.B, c.T, c.C, c.NH, t, nullptr);
-    attention_backward(gdqkv.get(), gdout.get(), gqkv.get(), gout.get(), glse.as<float>(), c.B,
-                       c.T, c.C, c.NH, t, nullptr);
+    attention_backward(gdqkv.get(), gdout.get(), gqkv.get(), gout.get(), glse.as<float>(), c.B, c.T,
+                       c.C, c.NH, t, nullptr);
     const std::string tag = str(" bf16 B=", c.B, " T=", c.T, " C=", c.C, " NH=", c.NH);
     expect_close(download(gout, n_out, t), to_f32(out), 1e-2, "attention out" + tag);
     // The CPU's bf16 backward rounds P and dS to bf16 for its GEMMs; the GPU keeps them f32, so
@@ -76,8 +75,8 @@ TEST_F(CudaAttention, BackwardIsDeterministic) {
                     nullptr);
   Vec runs[2];
   for (Vec& r : runs) {
-    attention_backward(gdqkv.get(), gdout.get(), gqkv.get(), gout.get(), glse.as<float>(), c.B,
-                       c.T, c.C, c.NH, DType::kF32, nullptr);
+    attention_backward(gdqkv.get(), gdout.get(), gqkv.get(), gout.get(), glse.as<float>(), c.B, c.T,
+                       c.C, c.NH, DType::kF32, nullptr);
     r = download(gdqkv, n_qkv);
   }
   expect_same_bits(runs[0], runs[1], "attention dqkv");

@@ -1,8 +1,9 @@
 // cuBLASLt GEMMs and the linear layer against the CPU's ops::gemm / gemm_lowp / linear_*.
-#include "tessel/ops/cpu.h"
 #include "tessel/ops/cuda/blas.h"
-#include "tessel/ops/cuda/kernels.h"
+
 #include "cuda_test_util.h"
+#include "tessel/ops/cpu.h"
+#include "tessel/ops/cuda/kernels.h"
 
 namespace tessel::ops::cuda::testing {
 namespace {
@@ -38,9 +39,9 @@ TEST_F(CudaBlas, GemmF32MatchesCpuInEveryTransposeWithTf32Off) {
           if (beta == 0.0f)  // padding columns were never written: compare the matrix only
             for (int64_t i = 0; i < c.M; ++i)
               for (int64_t j = c.N; j < ldc; ++j) got[i * ldc + j] = 0.0f;
-          expect_close(got, want, kF32Tol,
-                       str("gemm f32 ", c.M, "x", c.N, "x", c.K, " ta=", ta, " tb=", tb,
-                           " beta=", beta));
+          expect_close(
+              got, want, kF32Tol,
+              str("gemm f32 ", c.M, "x", c.N, "x", c.K, " ta=", ta, " tb=", tb, " beta=", beta));
         }
       }
 }
@@ -63,8 +64,8 @@ TEST_F(CudaBlas, GemmBf16MatchesCpuLowPrecisionGemm) {
         gemm(blas, nullptr, ta, tb, c.M, c.N, c.K, 1.0f, {da.get(), DType::kBF16, lda},
              {db.get(), DType::kBF16, ldb}, 0.0f, {dc.get(), ct, c.N});
         expect_close(download(dc, c.M * c.N, ct), want, kBf16Tol,
-                     str("gemm bf16 -> ", dtype_name(ct), " ", c.M, "x", c.N, "x", c.K,
-                         " ta=", ta, " tb=", tb));
+                     str("gemm bf16 -> ", dtype_name(ct), " ", c.M, "x", c.N, "x", c.K, " ta=", ta,
+                         " tb=", tb));
       }
 }
 
@@ -76,15 +77,13 @@ TEST_F(CudaBlas, LinearF32ForwardAndBackwardMatchCpu) {
     const Vec dy = randn(N * OC, 4), dw0 = randn(OC * C, 5), db0 = randn(OC, 6);
     Vec y(N * OC), dx(N * C), dw = dw0, db = db0;
     ops::linear_forward(y.data(), x.data(), w.data(), with_bias ? b.data() : nullptr, N, C, OC);
-    ops::linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C,
-                         OC);
+    ops::linear_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(), w.data(), N, C, OC);
     DeviceBuffer gx = upload(x), gw = upload(w), gb = upload(b), gdy = upload(dy);
-    DeviceBuffer gy = poisoned(N * OC), gdx = poisoned(N * C), gdw = upload(dw0),
-                 gdb = upload(db0);
+    DeviceBuffer gy = poisoned(N * OC), gdx = poisoned(N * C), gdw = upload(dw0), gdb = upload(db0);
     linear_forward(blas, nullptr, gy.get(), gx.get(), gw.get(), with_bias ? gb.get() : nullptr,
                    DType::kF32, N, C, OC);
-    linear_backward(blas, nullptr, gdx.get(), gdw.as<float>(), gdb.as<float>(), gdy.get(),
-                    gx.get(), gw.get(), DType::kF32, N, C, OC);
+    linear_backward(blas, nullptr, gdx.get(), gdw.as<float>(), gdb.as<float>(), gdy.get(), gx.get(),
+                    gw.get(), DType::kF32, N, C, OC);
     const std::string tag = with_bias ? " (bias)" : " (no bias)";
     expect_close(download(gy, N * OC), y, kF32Tol, "linear f32 y" + tag);
     expect_close(download(gdx, N * C), dx, kF32Tol, "linear f32 dx" + tag);
@@ -102,8 +101,8 @@ TEST_F(CudaBlas, LinearBf16ForwardAndBackwardMatchCpuLowPrecision) {
   const auto xh = to_bf16(x), wh = to_bf16(w), bh = to_bf16(b), dyh = to_bf16(dy);
   std::vector<uint16_t> yh(N * OC), dxh(N * C);
   Vec dw = dw0, db = db0;
-  ops::linear_forward(yh.data(), xh.data(), DType::kBF16, wh.data(), bh.data(), DType::kBF16, N,
-                      C, OC);
+  ops::linear_forward(yh.data(), xh.data(), DType::kBF16, wh.data(), bh.data(), DType::kBF16, N, C,
+                      OC);
   ops::linear_backward(dxh.data(), DType::kBF16, dw.data(), db.data(), dyh.data(), xh.data(),
                        wh.data(), DType::kBF16, N, C, OC);
   Vec y(yh.size()), dx(dxh.size());
@@ -114,8 +113,8 @@ TEST_F(CudaBlas, LinearBf16ForwardAndBackwardMatchCpuLowPrecision) {
   DeviceBuffer gy = poisoned(N * OC, t), gdx = poisoned(N * C, t), gdw = upload(dw0),
                gdb = upload(db0);
   linear_forward(blas, nullptr, gy.get(), gx.get(), gw.get(), gb.get(), t, N, C, OC);
-  linear_backward(blas, nullptr, gdx.get(), gdw.as<float>(), gdb.as<float>(), gdy.get(),
-                  gx.get(), gw.get(), t, N, C, OC);
+  linear_backward(blas, nullptr, gdx.get(), gdw.as<float>(), gdb.as<float>(), gdy.get(), gx.get(),
+                  gw.get(), t, N, C, OC);
   expect_close(download(gy, N * OC, t), y, kBf16Tol, "linear bf16 y");
   expect_close(download(gdx, N * C, t), dx, kBf16Tol, "linear bf16 dx");
   expect_close(download(gdw, OC * C), dw, kBf16Tol, "linear bf16 dw (f32, accumulated)");

@@ -4,11 +4,11 @@
 // gradient started from random values. Without a device every test skips, saying why.
 #include <cstring>
 
+#include "cuda_test_util.h"
 #include "tessel/ops/cpu.h"
 #include "tessel/ops/cuda/kernels.h"
 #include "tessel/optim/optimizer.h"
 #include "tessel/optim/schedule.h"
-#include "cuda_test_util.h"
 
 namespace tessel::ops::cuda::testing {
 namespace {
@@ -77,8 +77,8 @@ TEST_F(CudaOps, LayerNormForwardAndBackwardMatchCpu) {
                    gdx = poisoned(N * C, t), gdw = upload(dw0), gdb = upload(db0);
       layernorm_forward(gy.get(), gmean.as<float>(), grstd.as<float>(), gx.get(), gw.get(),
                         gb.get(), N, C, t, nullptr);
-      layernorm_backward(gdx.get(), gdw.as<float>(), gdb.as<float>(), gdy.get(), gx.get(),
-                         gw.get(), gmean.as<float>(), grstd.as<float>(), N, C, t, nullptr);
+      layernorm_backward(gdx.get(), gdw.as<float>(), gdb.as<float>(), gdy.get(), gx.get(), gw.get(),
+                         gmean.as<float>(), grstd.as<float>(), N, C, t, nullptr);
       const std::string tag = str(" ", dtype_name(t), " ", N, "x", C);
       // The statistics are f32 on both sides whatever t: the f32 tolerance applies.
       expect_close(download(gmean, N), mean, kF32Tol, "layernorm mean" + tag);
@@ -96,7 +96,8 @@ TEST_F(CudaOps, CrossEntropyMatchesCpuWithAndWithoutProbabilities) {
       const Vec logits = as_type(randn(N * C, 1, 3.0f), t);
       const auto labels = rand_ids(N, 0, static_cast<int32_t>(C), 2);
       Vec probs(N * C), dlogits(N * C);
-      const float loss = ops::cross_entropy_forward(probs.data(), logits.data(), labels.data(), N, C);
+      const float loss =
+          ops::cross_entropy_forward(probs.data(), logits.data(), labels.data(), N, C);
       ops::cross_entropy_backward(dlogits.data(), probs.data(), labels.data(), N, C, 0.75f);
       DeviceBuffer glogits = upload(logits, t), glabels = upload_ints(labels);
       DeviceBuffer gloss = poisoned(1), glosses = poisoned(N), glse = poisoned(N),
@@ -104,8 +105,8 @@ TEST_F(CudaOps, CrossEntropyMatchesCpuWithAndWithoutProbabilities) {
       cross_entropy_forward(gloss.as<float>(), glosses.as<float>(), glse.as<float>(),
                             gprobs.as<float>(), glogits.get(), glabels.as<int32_t>(), N, C, t,
                             nullptr);
-      cross_entropy_backward(gd.get(), glogits.get(), glse.as<float>(), glabels.as<int32_t>(), N,
-                             C, 0.75f, 0, t, nullptr);
+      cross_entropy_backward(gd.get(), glogits.get(), glse.as<float>(), glabels.as<int32_t>(), N, C,
+                             0.75f, 0, t, nullptr);
       const std::string tag = str(" ", dtype_name(t), " ", N, "x", C);
       expect_close(download(gloss, 1), {loss}, kF32Tol, "cross_entropy loss" + tag);
       expect_close(download(gprobs, N * C), probs, kF32Tol, "cross_entropy probs" + tag);
@@ -114,8 +115,8 @@ TEST_F(CudaOps, CrossEntropyMatchesCpuWithAndWithoutProbabilities) {
       // The fused path: no probabilities, backward in place over the logits.
       cross_entropy_forward(gloss.as<float>(), glosses.as<float>(), glse.as<float>(), nullptr,
                             glogits.get(), glabels.as<int32_t>(), N, C, t, nullptr);
-      cross_entropy_backward(glogits.get(), glogits.get(), glse.as<float>(),
-                             glabels.as<int32_t>(), N, C, 0.75f, 0, t, nullptr);
+      cross_entropy_backward(glogits.get(), glogits.get(), glse.as<float>(), glabels.as<int32_t>(),
+                             N, C, 0.75f, 0, t, nullptr);
       expect_close(download(glogits, N * C, t), as_type(dlogits, t), tol(t),
                    "cross_entropy dlogits in place" + tag);
     }
@@ -151,8 +152,7 @@ TEST_F(CudaOps, EmbeddingMatchesCpuAndItsBackwardIsTheCpusBits) {
       ops::embedding_backward(dtable.data(), dy.data(), ids.data(), N, C, lo, rows);
       DeviceBuffer gtable = upload(table, t), gdy = upload(dy, t), gids = upload_ints(ids);
       DeviceBuffer gy = poisoned(N * C, t), gdt = upload(dt0);
-      embedding_forward(gy.get(), gids.as<int32_t>(), gtable.get(), N, V, C, lo, rows, t,
-                        nullptr);
+      embedding_forward(gy.get(), gids.as<int32_t>(), gtable.get(), N, V, C, lo, rows, t, nullptr);
       embedding_backward(gdt.as<float>(), gdy.get(), gids.as<int32_t>(), N, C, lo, rows, t,
                          nullptr);
       const std::string tag = str(" ", dtype_name(t), " lo=", lo, " rows=", rows);
@@ -224,13 +224,15 @@ TEST_F(CudaOps, BackwardsAreDeterministic) {
   const int64_t N = 513, C = 768, V = 50;
   const Vec x = randn(N * C, 1), w = randn(C, 2), b = randn(C, 3), dy = randn(N * C, 4);
   const auto ids = rand_ids(N, 0, V, 5);
-  DeviceBuffer gx = upload(x), gw = upload(w), gb = upload(b), gdy = upload(dy), gids = upload_ints(ids);
+  DeviceBuffer gx = upload(x), gw = upload(w), gb = upload(b), gdy = upload(dy),
+               gids = upload_ints(ids);
   DeviceBuffer gy(N * C * 4), gmean(N * 4), grstd(N * 4), gdx(N * C * 4);
-  layernorm_forward(gy.get(), gmean.as<float>(), grstd.as<float>(), gx.get(), gw.get(), gb.get(),
-                    N, C, DType::kF32, nullptr);
+  layernorm_forward(gy.get(), gmean.as<float>(), grstd.as<float>(), gx.get(), gw.get(), gb.get(), N,
+                    C, DType::kF32, nullptr);
   Vec runs[2][3];
   for (auto& run : runs) {
-    DeviceBuffer gdw = upload(Vec(C, 0.0f)), gdb = upload(Vec(C, 0.0f)), gdt = upload(Vec(V * C, 0.0f));
+    DeviceBuffer gdw = upload(Vec(C, 0.0f)), gdb = upload(Vec(C, 0.0f)),
+                 gdt = upload(Vec(V * C, 0.0f));
     layernorm_backward(gdx.get(), gdw.as<float>(), gdb.as<float>(), gdy.get(), gx.get(), gw.get(),
                        gmean.as<float>(), grstd.as<float>(), N, C, DType::kF32, nullptr);
     embedding_backward(gdt.as<float>(), gdy.get(), gids.as<int32_t>(), N, C, 0, V, DType::kF32,

@@ -142,10 +142,9 @@ inline void expect_close(const Vec& got, const Vec& want, double tol, const std:
   std::printf("[ cuda tests ] %-42s worst rel err %.3g (tol %.1g), norm %.3g, %zu values\n",
               what.c_str(), worst, tol, norm_err, got.size());
   EXPECT_LE(norm_err, norm_tol < 0 ? tol : norm_tol) << what << ": ||got - want|| / ||want||";
-  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size()
-                     << " values off; worst at " << at << ": got " << got[at] << ", want "
-                     << want[at] << " (rms of want " << rms << ", TESSEL_TEST_SEED="
-                     << test_seed() << ")";
+  EXPECT_EQ(bad, 0u) << what << ": " << bad << " of " << got.size() << " values off; worst at "
+                     << at << ": got " << got[at] << ", want " << want[at] << " (rms of want "
+                     << rms << ", TESSEL_TEST_SEED=" << test_seed() << ")";
 }
 
 inline void expect_same_bits(const Vec& a, const Vec& b, const std::string& what) {

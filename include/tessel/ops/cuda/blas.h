@@ -6,10 +6,10 @@
 // time, and work queued on several streams through one Blas must not overlap (one workspace).
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 #include <cstdint>
-
-#include <cuda_runtime_api.h>
 
 #include "tessel/ops/cpu.h"  // ConstMatrix, Matrix
 #include "tessel/tensor/dtype.h"

@@ -4,11 +4,11 @@
 // caching pool will sit on top of the same call. Not thread-safe per object.
 #pragma once
 
+#include <cuda_runtime_api.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
-
-#include <cuda_runtime_api.h>
 
 namespace tessel::ops::cuda {
 

@@ -12,9 +12,9 @@
 // cross-entropy keeps lse[N], probabilities optional) the comment says so.
 #pragma once
 
-#include <cstdint>
-
 #include <cuda_runtime_api.h>
+
+#include <cstdint>
 
 #include "tessel/tensor/dtype.h"
 
@@ -34,16 +34,15 @@ void add_forward(void* y, const void* a, const void* b, int64_t n, DType t, cuda
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n,
              cudaStream_t stream);
 // db[OC] += the column sums of dy[N,OC] (the linear layer's bias gradient).
-void bias_backward(float* db, const void* dy, DType t, int64_t N, int64_t OC,
-                   cudaStream_t stream);
+void bias_backward(float* db, const void* dy, DType t, int64_t N, int64_t OC, cudaStream_t stream);
 
 // ---- LayerNorm over the last dimension: x[N,C], w[C], b[C] of type t; eps = 1e-5 ----
 // Caches mean[N] and rstd[N] (f32; 1/sqrt(var + eps), biased variance, two-pass).
 void layernorm_forward(void* y, float* mean, float* rstd, const void* x, const void* w,
                        const void* b, int64_t N, int64_t C, DType t, cudaStream_t stream);
 void layernorm_backward(void* dx, float* dw, float* db, const void* dy, const void* x,
-                        const void* w, const float* mean, const float* rstd, int64_t N,
-                        int64_t C, DType t, cudaStream_t stream);
+                        const void* w, const float* mean, const float* rstd, int64_t N, int64_t C,
+                        DType t, cudaStream_t stream);
 
 // ---- Fused log-softmax + cross-entropy over logits[N,C] of type t, labels[N] ----
 // Writes loss[0] = the mean over the N rows (one fixed-order sum), losses[N] (each row's
@@ -51,15 +50,15 @@ void layernorm_backward(void* dx, float* dw, float* db, const void* dy, const vo
 // softmax, as ops::cross_entropy_forward writes it) only when not null: the fused path needs
 // none. A label outside [0, C) makes its row's loss NaN (the CPU throws; validate labels on the
 // host where they are loaded).
-void cross_entropy_forward(float* loss, float* losses, float* lse, float* probs,
-                           const void* logits, const int32_t* labels, int64_t N, int64_t C,
-                           DType t, cudaStream_t stream);
+void cross_entropy_forward(float* loss, float* losses, float* lse, float* probs, const void* logits,
+                           const int32_t* labels, int64_t N, int64_t C, DType t,
+                           cudaStream_t stream);
 // dlogits = (softmax(logits) - onehot(labels - lo)) * dloss / N, the softmax recomputed from
 // logits and lse; dlogits may be logits itself (in place). Labels outside [lo, lo + C) add
 // nothing, as in ops::cross_entropy_backward.
 void cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
-                            const int32_t* labels, int64_t N, int64_t C, float dloss,
-                            int64_t lo, DType t, cudaStream_t stream);
+                            const int32_t* labels, int64_t N, int64_t C, float dloss, int64_t lo,
+                            DType t, cudaStream_t stream);
 
 // ---- Embedding: y[N,C] = table[ids[n] - lo, :], table[rows,C] holding ids [lo, lo + rows) --
 // Ids in [0, V) outside the slice give zero rows; ids outside [0, V) give NaN rows (the CPU

@@ -1,6 +1,7 @@
 #include "launch.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -223,12 +224,24 @@ std::vector<std::string> start_command(const LaunchOptions& o, const TrainComman
   return argv;
 }
 
+// run.json's identity (inode, modification time): rank 0 rewrites it once the ranks have formed
+// their world and checked the run folder, so an unchanged one means no start got that far.
+std::pair<uint64_t, int64_t> run_record_stamp(const std::string& run_dir) {
+  struct stat st {};
+  if (::stat((fs::path(run_dir) / "run.json").c_str(), &st) != 0) return {0, 0};
+  return {st.st_ino, st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec};
+}
+
 }  // namespace
 
 int run_launch(const std::vector<std::string>& args) {
   const LaunchOptions o = parse_launch(args);
   const TrainCommand t = parse_train(o.command);
   for (int sig : {SIGINT, SIGTERM, SIGUSR1, SIGUSR2}) std::signal(sig, on_signal);
+  if (::geteuid() == 0) {  // most containers: OpenMPI refuses root unless told so twice
+    ::setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+    ::setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  }
   for (int restarts = 0;; ++restarts) {
     const int slots = o.hostfile.empty() ? o.np : hostfile_slots(o.hostfile);
     const int np = std::min(o.np, slots);
@@ -240,10 +253,18 @@ int run_launch(const std::vector<std::string>& args) {
     log_info("tessel launch: start ", restarts + 1, " on ", np, " ranks from ", from, ": ",
              joined(argv));
     const double t0 = now_seconds();
+    const std::pair<uint64_t, int64_t> record = run_record_stamp(t.run_dir);
     const int rc = run_child(argv);
     const int stop = g_stop_signal.load();
     if (stop != 0) return rc == 0 ? 0 : (stop == SIGINT ? 130 : 143);
     if (rc == 0 || rc == 130 || rc == 143) return rc;  // done, or stopped by a signal
+    if (run_record_stamp(t.run_dir) == record) {
+      log_warn("tessel launch: the job exited with code ", rc, " before its ranks started (",
+               t.run_dir,
+               "/run.json was not written): the launcher failed, see its message "
+               "above; not restarting");
+      return rc;
+    }
     if (restarts >= o.max_restarts) {
       log_warn("tessel launch: the job failed (exit ", rc, ") after ", now_seconds() - t0,
                " s and no restarts are left (--max-restarts ", o.max_restarts, ")");

@@ -229,6 +229,18 @@ Commands add_commands(CLI::App& app, Args& a) {
       "tessel launch -np N [--min-np M] [--max-restarts K] [--hostfile FILE] "
       "[--mpirun 'mpirun ARGS'] -- train CONFIG [options] (docs/fault_tolerance.md)");
   c.launch->prefix_command();  // everything after `launch` is the launcher's to parse
+  c.launch->footer(
+      "Options (before --):\n"
+      "  -np N                 ranks to start (also --np, -n)\n"
+      "  --min-np M            with --hostfile: restart on fewer ranks, down to M (default N)\n"
+      "  --max-restarts K      restarts after a failure, each from the newest checkpoint (0)\n"
+      "  --hostfile FILE       OpenMPI hostfile, read again before every start\n"
+      "  --mpirun 'CMD ARGS'   the mpirun command line (default mpirun), e.g. 'mpirun "
+      "--oversubscribe'\n"
+      "After --: train CONFIG [train options] (see tessel train --help).\n"
+      "As root, OpenMPI's refusal is lifted for the job (OMPI_ALLOW_RUN_AS_ROOT). A start that "
+      "never reached training (mpirun failed to launch) is not restarted. Exit code: the job's "
+      "(130/143 after SIGINT/SIGTERM).");
   c.report = app.add_subcommand(
       "report", "Write RUN_DIR/report.html: curves, load balance, memory, pipeline, timeline");
   c.report->add_option("run_dir", a.run_dir, "Run folder (holds summary.json)")->required();
@@ -393,7 +405,7 @@ std::string command_line(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   restart_predict_on_huge_pages(argv);
-  CLI::App app{"tessel: train and serve neural networks on many workers"};
+  CLI::App app{"tessel: train and serve neural networks on many workers", "tessel"};
   app.require_subcommand(1);
   app.set_version_flag("--version", [] {
     return tessel::str("tessel ", tessel::version(), " (commit ", tessel::commit(),

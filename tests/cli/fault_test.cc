@@ -165,6 +165,21 @@ TEST_F(Fault, DamagedNewestCheckpointFallsBackToThePreviousOne) {
   EXPECT_EQ(sha("d"), reference());
 }
 
+// tessel launch as root (most containers) starts mpirun without OpenMPI's root refusal; a
+// launcher that never starts a rank (here `false`) is reported once, not restarted.
+TEST_F(Fault, LaunchRunsAsRootAndDoesNotRestartALauncherThatNeverStarted) {
+  const std::string train =
+      " -- train " + kSpiral + " --quiet --set train.epochs=1 --run-dir " + path("ok");
+  Result ok = run("launch -np 2 --mpirun 'mpirun --oversubscribe'" + train);
+  EXPECT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_FALSE(has(ok.output, "attempt to run as root")) << ok.output;
+  Result never = run("launch -np 2 --max-restarts 3 --mpirun false -- train " + kSpiral +
+                     " --run-dir " + path("never"));
+  EXPECT_EQ(never.exit_code, 1) << never.output;
+  EXPECT_TRUE(has(never.output, "before its ranks started")) << never.output;
+  EXPECT_FALSE(has(never.output, "restart 1 of")) << never.output;
+}
+
 TEST_F(Fault, ImpossibleSizesAndHugeValuesGiveShortClearErrors) {
   auto expect_clear = [](const Result& r, const std::string& needle) {
     EXPECT_EQ(r.exit_code, 1) << r.output;

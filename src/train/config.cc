@@ -16,6 +16,7 @@
 
 #include "config_suggest.h"
 #include "tessel/core/error.h"
+#include "tessel/core/suggest.h"
 #include "tessel/train/run_trace.h"
 
 namespace tessel::train {
@@ -188,6 +189,40 @@ Key make_key(std::string path, std::string doc, Access access) {
              [access](const Config& c) { return write_value(access(const_cast<Config&>(c))); }};
 }
 
+// The values a string key accepts (a fixed set).
+struct Choices {
+  std::vector<std::string> values;
+};
+
+// "a, b or c".
+std::string either(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == v.size() ? " or " : ", ") + v[i];
+  return s;
+}
+
+// A string key stored by `access` that takes one of `choices`; a mistyped value gets the nearest.
+template <typename Access>
+Key make_key(std::string path, std::string doc, Access access, Choices choices) {
+  static_assert(std::is_same_v<Member<Access>, std::string>, "choices are strings");
+  std::string listed;
+  for (const std::string& v : choices.values) listed += (listed.empty() ? "" : ", ") + v;
+  KeyInfo info{path, std::move(doc), "string", listed};
+  return Key{std::move(info),
+             [path, access, values = std::move(choices.values)](Config& c, const toml::node& v) {
+               std::string s = read_value<std::string>(path, v, {0, 0});
+               if (std::find(values.begin(), values.end(), s) == values.end()) {
+                 const std::string guess = nearest(s, values);
+                 throw InvalidArgument(
+                     str("config: ", path, " must be ", either(values), ", got '", excerpt(s), "'",
+                         guess.empty() ? "" : str("; did you mean '", guess, "'?")));
+               }
+               access(c) = std::move(s);
+             },
+             [access](const Config& c) { return write_value(access(const_cast<Config&>(c))); }};
+}
+
 #define TESSEL_KEY(path, member, doc, ...) \
   make_key(                                \
       path, doc, [](Config & c) -> auto& { return c.member; } __VA_OPT__(, ) __VA_ARGS__)
@@ -198,9 +233,9 @@ const std::vector<Key>& registry() {
   static const std::vector<Key> keys = {
       TESSEL_KEY("name", name, "run name; default: the config file name without .toml"),
       TESSEL_KEY("seed", seed, "seed of parameter init, data shuffle and dropout", {0, kMaxInt}),
-      TESSEL_KEY("model.kind", model.kind, "mlp | cnn | gpt"),
+      TESSEL_KEY("model.kind", model.kind, "model family: a multi-layer perceptron, a convolutional network or a GPT", Choices{{"mlp", "cnn", "gpt"}}),
       TESSEL_KEY("model.hidden", model.hidden, "mlp: hidden layer widths", {1, 1 << 20}),
-      TESSEL_KEY("model.activation", model.activation, "mlp: relu | gelu"),
+      TESSEL_KEY("model.activation", model.activation, "mlp: the hidden layers' activation", Choices{{"relu", "gelu"}}),
       TESSEL_KEY("model.dropout", model.dropout, "mlp/cnn: dropout after hidden activations", {.lo = 0, .hi = 1, .hi_open = true}),
       TESSEL_KEY("model.channels", model.channels, "cnn: output channels of each conv block", {1, 1 << 16}),
       TESSEL_KEY("model.kernel", model.kernel, "cnn: convolution kernel size (padding k/2)", {1, 1024}),
@@ -208,7 +243,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("model.layers", model.layers, "gpt: transformer blocks", {1, 1024}),
       TESSEL_KEY("model.heads", model.heads, "gpt: attention heads (must divide embed)", {1, 1 << 16}),
       TESSEL_KEY("model.embed", model.embed, "gpt: embedding width", {1, 1 << 16}),
-      TESSEL_KEY("data.kind", data.kind, "fashion_mnist | mnist_idx | spiral | text | synthetic"),
+      TESSEL_KEY("data.kind", data.kind, "the data: an IDX folder (fashion_mnist, mnist_idx), a text file (text) or generated (spiral, synthetic)", Choices{{"fashion_mnist", "mnist_idx", "spiral", "text", "synthetic"}}),
       TESSEL_KEY("data.path", data.path, "IDX folder (fashion_mnist, mnist_idx) or text file (text)"),
       TESSEL_KEY("data.flatten", data.flatten, "idx: images as [784] (true) or [1,28,28] (false)"),
       TESSEL_KEY("data.mean", data.mean, "idx: input normalisation x = (pixel/255 - mean) / std", {-1000, 1000}),
@@ -221,7 +256,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("data.samples", data.samples, "synthetic: number of samples", {1, 1 << 30}),
       TESSEL_KEY("data.features", data.features, "synthetic: features per sample", {1, 1 << 30}),
       TESSEL_KEY("data.seed", data.seed, "spiral/synthetic: seed of the generated data", {0, kMaxInt}),
-      TESSEL_KEY("optim.kind", optim.kind, "sgd | adamw"),
+      TESSEL_KEY("optim.kind", optim.kind, "optimizer: SGD with momentum or AdamW", Choices{{"sgd", "adamw"}}),
       TESSEL_KEY("optim.lr", optim.lr, "base learning rate (> 0)", {.lo = 0, .hi = 1000, .lo_open = true}),
       TESSEL_KEY("optim.weight_decay", optim.weight_decay, "sgd: L2 penalty; adamw: decoupled decay", {0, 1000}),
       TESSEL_KEY("optim.momentum", optim.momentum, "sgd: momentum in [0, 1)", {.lo = 0, .hi = 1, .hi_open = true}),
@@ -229,7 +264,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("optim.beta1", optim.beta1, "adamw: first moment decay", {.lo = 0, .hi = 1, .hi_open = true}),
       TESSEL_KEY("optim.beta2", optim.beta2, "adamw: second moment decay", {.lo = 0, .hi = 1, .hi_open = true}),
       TESSEL_KEY("optim.eps", optim.eps, "adamw: denominator epsilon", {.lo = 0, .hi = 1, .lo_open = true}),
-      TESSEL_KEY("schedule.kind", schedule.kind, "constant | step | cosine"),
+      TESSEL_KEY("schedule.kind", schedule.kind, "learning-rate schedule after the warm-up", Choices{{"constant", "step", "cosine"}}),
       TESSEL_KEY("schedule.warmup_steps", schedule.warmup_steps, "linear warm-up steps", {0, kMaxSteps}),
       TESSEL_KEY("schedule.warmup_start", schedule.warmup_start, "warm-up starts at lr x this", {0, 1}),
       TESSEL_KEY("schedule.step_size", schedule.step_size, "step: steps between decays", {1, kMaxSteps}),
@@ -248,8 +283,8 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("train.log_every", train.log_every, "steps between progress lines and metrics records", {1, kMaxSteps}),
       TESSEL_KEY("train.eval_train", train.eval_train, "also evaluate on the training set each epoch"),
       TESSEL_KEY("train.max_restarts", train.max_restarts, "ranks as threads: after a rank fails (an error, an injected fault, a rank stalled past comm.timeout_s), restart every rank from the newest in-memory snapshot or checkpoint, up to this many times (0: the run fails); under MPI use tessel launch --max-restarts", {0, 1000}),
-      TESSEL_KEY("train.precision", parallel.precision, "fp32, bf16 or fp16: the type of activations, activation gradients, the parameter copy the blocks read and gradient messages; GEMMs in it with f32 sums; master weights, optimizer state, losses and norms f32; fp16 adds dynamic loss scaling (docs/mixed_precision.md)"),
-      TESSEL_KEY("train.recompute", parallel.recompute, "none, full or selective: full keeps only each block's input and reruns its forward during the backward; selective drops the large cheap tensors (attention probabilities, GELU outputs) and recomputes them (docs/recompute.md)"),
+      TESSEL_KEY("train.precision", parallel.precision, "fp32, bf16 or fp16: the type of activations, activation gradients, the parameter copy the blocks read and gradient messages; GEMMs in it with f32 sums; master weights, optimizer state, losses and norms f32; fp16 adds dynamic loss scaling (docs/mixed_precision.md)", Choices{{"fp32", "bf16", "fp16"}}),
+      TESSEL_KEY("train.recompute", parallel.recompute, "none, full or selective: full keeps only each block's input and reruns its forward during the backward; selective drops the large cheap tensors (attention probabilities, GELU outputs) and recomputes them (docs/recompute.md)", Choices{{"none", "full", "selective"}}),
       TESSEL_KEY("train.trace", observe.trace, "write trace.json, a per-rank timeline of the trace.steps window in Trace Event Format (Perfetto, chrome://tracing), into the run folder (also --trace)"),
       TESSEL_KEY("checkpoint.every_epochs", checkpoint.every_epochs, "save every N epochs (0: off)", {0, 1000000}),
       TESSEL_KEY("checkpoint.every_steps", checkpoint.every_steps, "save every N steps (0: off); not with ps.mode async or ssp, whose workers meet only at epoch ends", {0, kMaxSteps}),
@@ -259,16 +294,16 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("metrics.tensorboard", observe.tensorboard, "also write the metrics as TensorBoard scalars (event files in tensorboard/ of the run folder)"),
       TESSEL_KEY("runtime.threads", runtime.threads, "BLAS threads of this process", {1, 256}),
       TESSEL_KEY("runtime.workers", runtime.workers, "ranks run as threads of this process (same as --workers)", {1, 1024}),
-      TESSEL_KEY("runtime.backend", runtime.backend, "auto, threads or mpi (auto: mpi when started by an MPI launcher)"),
+      TESSEL_KEY("runtime.backend", runtime.backend, "auto, threads or mpi (auto: mpi when started by an MPI launcher)", Choices{{"auto", "threads", "mpi"}}),
       TESSEL_KEY("runtime.memory_limit_mb", parallel.memory_limit_mb, "per-rank memory limit in MiB for tensors (parameters, gradients, optimizer state, activations, communication buffers); a rank that would pass it fails naming the category and the ZeRO stage that shards it (0: none)", {0, 1 << 30}),
       TESSEL_KEY("comm.timeout_s", comm.timeout_s, "deadline in seconds of every blocking communication", {.lo = 0, .hi = kMaxSeconds, .lo_open = true}),
-      TESSEL_KEY("comm.algorithm", comm.algorithm, "collective algorithm: auto, ring, halving_doubling, tree, direct, native"),
+      TESSEL_KEY("comm.algorithm", comm.algorithm, "collective algorithm: auto, ring, halving_doubling, tree, direct, native", Choices{{"auto", "ring", "halving_doubling", "tree", "direct", "native"}}),
       TESSEL_KEY("ddp.bucket_mb", parallel.bucket_mb, "gradient bucket size in MiB; buckets are all-reduced while backward runs", {.lo = 0, .hi = 1 << 20, .lo_open = true}),
-      TESSEL_KEY("ddp.overlap", parallel.overlap, "auto, on or off: on runs each gradient bucket's collective (and ZeRO-3 prefetches) on a progress thread while the backward pass computes; off runs it on the compute thread as soon as the bucket is complete; auto: on only with a spare core per rank"),
+      TESSEL_KEY("ddp.overlap", parallel.overlap, "auto, on or off: on runs each gradient bucket's collective (and ZeRO-3 prefetches) on a progress thread while the backward pass computes; off runs it on the compute thread as soon as the bucket is complete; auto: on only with a spare core per rank", Choices{{"auto", "on", "off"}}),
       TESSEL_KEY("ddp.shared_memory", parallel.shared_memory, "among ranks of one host, sum gradients straight from each other's memory instead of sending messages: zero.stage = 0 (without ddp.overlap) writes each piece's sum into every rank's arena, zero.stage = 1 also keeps one parameter copy in shared memory; false: messages, as between hosts"),
       TESSEL_KEY("ddp.check_every", parallel.check_every, "steps between cross-rank parameter checksums (0: off)", {0, kMaxSteps}),
       TESSEL_KEY("ddp.micro_shard", parallel.micro_shard, "deterministic mode: rows per fixed micro-shard", {1, 1 << 24}),
-      TESSEL_KEY("compress.kind", parallel.compress.kind, "what data-parallel gradient buckets (zero.stage 0-2, with pipelines, tensor parallelism and 16-bit precision too) and parameter-server pushes travel as: none (f32), fp16, bf16, int8 (per-chunk scales, stochastic rounding), topk (largest |g| as index/value pairs, all-gathered) or powersgd (rank-r factors P and Q, all-reduced); 1-D tensors and tensors it would not shrink stay f32 (docs/compression.md)"),
+      TESSEL_KEY("compress.kind", parallel.compress.kind, "what data-parallel gradient buckets (zero.stage 0-2, with pipelines, tensor parallelism and 16-bit precision too) and parameter-server pushes travel as: none (f32), fp16, bf16, int8 (per-chunk scales, stochastic rounding), topk (largest |g| as index/value pairs, all-gathered) or powersgd (rank-r factors P and Q, all-reduced); 1-D tensors and tensors it would not shrink stay f32 (docs/compression.md)", Choices{{"none", "fp16", "bf16", "int8", "topk", "powersgd"}}),
       TESSEL_KEY("compress.ratio", parallel.compress.ratio, "topk: the share of each bucket's compressed elements sent per step, in (0, 0.5]", {.lo = 0, .hi = 0.5, .lo_open = true}),
       TESSEL_KEY("compress.rank", parallel.compress.rank, "powersgd: the rank r of each matrix's approximation (m x n sends r (m + n) values)", {1, 1 << 16}),
       TESSEL_KEY("compress.start_step", parallel.compress.start_step, "steps sent uncompressed (f32) before compression starts", {0, kMaxSteps}),
@@ -279,13 +314,13 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("tp.sequence_parallel", parallel.tp_sequence, "tp.size > 1 with a gpt: activations outside the cut layers (layer norms, residuals) are split along the sequence, and the tp all-reduces become all-gathers and reduce-scatters"),
       TESSEL_KEY("pp.stages", parallel.pp_stages, "pipeline stages: the model's blocks cut into this many contiguous stages (1: no pipeline); the world is dp x pp x tp ranks", {1, 1024}),
       TESSEL_KEY("pp.microbatches", parallel.pp_microbatches, "micro-batches each rank's batch is cut into for the pipeline schedule", {1, 1 << 16}),
-      TESSEL_KEY("pp.schedule", parallel.pp_schedule, "gpipe (all forwards, then all backwards) or 1f1b (one forward, one backward after warm-up)"),
-      TESSEL_KEY("pp.partition", parallel.pp_partition, "balanced (by estimated compute), uniform (same block count) or round_robin (block l on stage l mod P)"),
+      TESSEL_KEY("pp.schedule", parallel.pp_schedule, "gpipe (all forwards, then all backwards) or 1f1b (one forward, one backward after warm-up)", Choices{{"gpipe", "1f1b"}}),
+      TESSEL_KEY("pp.partition", parallel.pp_partition, "balanced (by estimated compute), uniform (same block count) or round_robin (block l on stage l mod P)", Choices{{"balanced", "uniform", "round_robin"}}),
       TESSEL_KEY("pp.cuts", parallel.pp_cuts, "explicit first block of stages 1..P-1, e.g. [3, 7] (overrides pp.partition)", {1, 1 << 20}),
       TESSEL_KEY("ps.servers", parallel.ps_servers, "parameter-server ranks (the last ones; 0: no parameter server)", {0, 1024}),
-      TESSEL_KEY("ps.mode", parallel.ps_mode, "sync (lockstep slices, one summed update per step: equals data parallel), async (workers claim worker batches of train.batch / workers rows one at a time, each push applied at once) or ssp (async, no claim more than ps.staleness steps ahead of a batch still in progress)"),
+      TESSEL_KEY("ps.mode", parallel.ps_mode, "sync (lockstep slices, one summed update per step: equals data parallel), async (workers claim worker batches of train.batch / workers rows one at a time, each push applied at once) or ssp (async, no claim more than ps.staleness steps ahead of a batch still in progress)", Choices{{"sync", "async", "ssp"}}),
       TESSEL_KEY("ps.staleness", parallel.ps_staleness, "ssp: a claim at step c waits until every batch in progress is at step c - staleness or later (W claimed batches make a step)", {0, 1 << 20}),
-      TESSEL_KEY("ps.stale_lr", parallel.ps_stale_lr, "async/ssp: inverse applies an update computed on parameters s versions old at lr / (1 + s); none at lr"),
+      TESSEL_KEY("ps.stale_lr", parallel.ps_stale_lr, "async/ssp: inverse applies an update computed on parameters s versions old at lr / (1 + s); none at lr", Choices{{"none", "inverse"}}),
       TESSEL_KEY("infer.chunk_rows", infer.chunk_rows, "predict: rows per chunk, the unit handed to a worker, written in order and resumed from (the same output for any worker count)", {1, 1 << 30}),
       TESSEL_KEY("infer.batch", infer.batch, "predict: rows (gpt: prompts) per forward pass within a chunk", {1, 1 << 24}),
       TESSEL_KEY("infer.top_k", infer.top_k, "predict and serve: classes listed with their probabilities per row", {1, 1 << 20}),
@@ -306,7 +341,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("debug.delay_ms", parallel.delay_ms, "milliseconds debug.slow_rank sleeps in every step or chunk", {0, kMaxSeconds}),
       TESSEL_KEY("debug.fail_rank", fault.fail_rank, "inject a failure on this world rank (-1: none), to test recovery; restarts (train.max_restarts, tessel launch) run without it", {-1, kMaxRank}),
       TESSEL_KEY("debug.fail_step", fault.fail_step, "the injected failure happens right after this step (1-based)", {0, kMaxSteps}),
-      TESSEL_KEY("debug.fail_mode", fault.fail_mode, "throw (an error), kill (SIGKILL of the process), hang (the rank stops making progress) or stop (SIGSTOP of the process; MPI only)"),
+      TESSEL_KEY("debug.fail_mode", fault.fail_mode, "throw (an error), kill (SIGKILL of the process), hang (the rank stops making progress) or stop (SIGSTOP of the process; MPI only)", Choices{{"throw", "kill", "hang", "stop"}}),
       TESSEL_KEY("debug.overflow_steps", parallel.overflow_steps, "train.precision = fp16: steps at which debug.overflow_rank's loss gradient is made inf, an injected overflow that every rank must skip", {0, kMaxSteps}),
       TESSEL_KEY("debug.overflow_rank", parallel.overflow_rank, "the worker rank that injects debug.overflow_steps", {0, kMaxRank}),
       TESSEL_KEY("debug.kill_rank", infer.kill_rank, "predict worker that dies after debug.kill_after chunks, to test re-runs and --resume (threads: its thread fails; mpi: its process is killed; -1: none)", {-1, kMaxRank}),
@@ -426,41 +461,16 @@ void require(bool ok, const std::string& msg) {
   if (!ok) throw InvalidArgument("config: " + msg);
 }
 
-// What no single key's range can say: string values and rules between keys. Each numeric key's
-// range was checked as it was read (make_key).
+// What no single key's range or choices can say: rules between keys. Each key's range or
+// choices were checked as it was read (make_key).
 void validate(const Config& c) {
-  require(
-      c.runtime.backend == "auto" || c.runtime.backend == "threads" || c.runtime.backend == "mpi",
-      str("runtime.backend must be auto, threads or mpi, got '", excerpt(c.runtime.backend), "'"));
-  require(c.parallel.overlap == "auto" || c.parallel.overlap == "on" || c.parallel.overlap == "off",
-          str("ddp.overlap must be auto, on or off, got '", excerpt(c.parallel.overlap), "'"));
   require(!c.parallel.deterministic || c.train.batch % c.parallel.micro_shard == 0,
           str("train.deterministic needs train.batch (", c.train.batch,
               ") to be a multiple of ddp.micro_shard (", c.parallel.micro_shard, ")"));
-  require(
-      c.parallel.precision == "fp32" || c.parallel.precision == "bf16" ||
-          c.parallel.precision == "fp16",
-      str("train.precision must be fp32, bf16 or fp16, got '", excerpt(c.parallel.precision), "'"));
-  parallel::validate_compress(c.parallel.compress);
-  require(c.parallel.recompute == "none" || c.parallel.recompute == "full" ||
-              c.parallel.recompute == "selective",
-          str("train.recompute must be none, full or selective, got '",
-              excerpt(c.parallel.recompute), "'"));
   require(c.parallel.overflow_steps.empty() || c.parallel.precision == "fp16",
           str("debug.overflow_steps injects fp16 overflows, got train.precision = ",
               excerpt(c.parallel.precision),
               "; set train.precision = fp16 or clear debug.overflow_steps"));
-  require(c.parallel.pp_schedule == "gpipe" || c.parallel.pp_schedule == "1f1b",
-          str("pp.schedule must be gpipe or 1f1b, got '", excerpt(c.parallel.pp_schedule), "'"));
-  require(c.parallel.pp_partition == "balanced" || c.parallel.pp_partition == "uniform" ||
-              c.parallel.pp_partition == "round_robin",
-          str("pp.partition must be balanced, uniform or round_robin, got '",
-              excerpt(c.parallel.pp_partition), "'"));
-  require(
-      c.parallel.ps_mode == "sync" || c.parallel.ps_mode == "async" || c.parallel.ps_mode == "ssp",
-      str("ps.mode must be sync, async or ssp, got '", excerpt(c.parallel.ps_mode), "'"));
-  require(c.parallel.ps_stale_lr == "none" || c.parallel.ps_stale_lr == "inverse",
-          str("ps.stale_lr must be none or inverse, got '", excerpt(c.parallel.ps_stale_lr), "'"));
   require(c.serve.max_queue >= c.serve.max_batch,
           str("serve.max_queue must be >= serve.max_batch (", c.serve.max_batch, "), got ",
               c.serve.max_queue));
@@ -470,10 +480,6 @@ void validate(const Config& c) {
           "serve; use checkpoint.every_steps with ps.servers > 0");
   require(c.fault.fail_rank < 0 || c.fault.fail_step >= 1,
           str("debug.fail_step must be >= 1 with debug.fail_rank set, got ", c.fault.fail_step));
-  require(c.fault.fail_mode == "throw" || c.fault.fail_mode == "kill" ||
-              c.fault.fail_mode == "hang" || c.fault.fail_mode == "stop",
-          str("debug.fail_mode must be throw, kill, hang or stop, got '",
-              excerpt(c.fault.fail_mode), "'"));
 }
 
 // parse_config, with `source` (the file, or the run name) in the messages.
@@ -484,7 +490,7 @@ Config parse_source(const std::string& toml_text, const std::string& source,
   try {
     root = toml::parse(toml_text, source);
   } catch (const toml::parse_error& e) {
-    throw InvalidArgument(str("config: ", name, ":", e.source().begin.line, ":",
+    throw InvalidArgument(str("config: ", source, ":", e.source().begin.line, ":",
                               e.source().begin.column, ": ", e.description()));
   }
   for (const std::string& o : overrides) apply_override(root, o);

@@ -126,7 +126,7 @@ struct KeyInfo {
   std::string path;   // "section.key", or "key" for top-level keys
   std::string doc;    // one line
   std::string type;   // boolean, integer, number, string or integer array
-  std::string range;  // numeric keys: the values allowed, e.g. "[1, 1000000]" or "(0, 0.5]"
+  std::string range;  // the values allowed: "[1, 1000000]", "(0, 0.5]", "gpipe, 1f1b"; "" any
 };
 // Every valid key, in the order of docs/config.md.
 std::vector<KeyInfo> config_keys();

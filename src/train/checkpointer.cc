@@ -1,6 +1,7 @@
 #include "tessel/train/checkpointer.h"
 
 #include <algorithm>
+#include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -74,7 +75,14 @@ std::string Checkpointer::save(const std::string& run_dir, int64_t step,
   if (TraceArgs* args = span.args()) args->num("step", static_cast<double>(step));
   const std::string dir = engine_.is_main() ? ckpt::begin_checkpoint(run_dir, step) : std::string();
   int64_t optimizer_steps = 0;
-  const std::vector<ckpt::ShardFile> shards = engine_.write_shards(dir, &optimizer_steps);
+  std::vector<ckpt::ShardFile> shards;
+  try {
+    shards = engine_.write_shards(dir, &optimizer_steps);
+  } catch (...) {  // e.g. a full disk: the partial checkpoint does not stay to fill it
+    std::error_code ec;
+    if (!dir.empty()) std::filesystem::remove_all(dir, ec);
+    throw;
+  }
   std::string committed;
   if (engine_.is_main()) {
     ckpt::Manifest m = manifest();

@@ -89,6 +89,22 @@ void record_start(const std::string& run_dir, RunStart start, const RunRecord& r
 
 }  // namespace
 
+void record_resumed_from(const std::string& run_dir, const std::string& dir) {
+  const fs::path path = fs::path(run_dir) / "run.json";
+  std::ifstream in(path);
+  json doc = json::parse(in, nullptr, false);
+  if (!doc.is_object() || !doc.contains("starts") || !doc["starts"].is_array() ||
+      doc["starts"].empty())
+    return;
+  json& last = doc["starts"].back();
+  const std::string named = last.value("resumed_from", "");
+  std::error_code ec;
+  if (named.empty() || fs::equivalent(named, dir, ec)) return;
+  last["passed_over"] = named;
+  last["resumed_from"] = dir;
+  ckpt::write_file_atomic(path.string(), doc.dump(2) + "\n");
+}
+
 std::vector<std::string> run_files_in(const std::string& run_dir) {
   std::vector<std::string> found;
   std::error_code ec;

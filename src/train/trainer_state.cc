@@ -50,7 +50,7 @@ void Trainer::save(const State& s, bool to_disk) {
   if (options_.snapshots) checkpointer_->snapshot(*options_.snapshots, step_, t.dump(2));
 }
 
-void Trainer::restore(const std::string& path, State& s) {
+std::string Trainer::restore(const std::string& path, State& s) {
   std::string dir;
   const std::string text = options_.resume_snapshot
                                ? checkpointer_->restore(*options_.snapshots->latest())
@@ -102,6 +102,7 @@ void Trainer::restore(const std::string& path, State& s) {
                       " batches; train.batch or the dataset changed since it was saved"));
   progress_->info(str("resumed from ", dir, " at step ", step_, " (epoch ", s.epoch + 1, ", batch ",
                       s.batch_in_epoch, ")"));
+  return dir;
 }
 
 // One epoch of a layout that is not lockstep: this worker claims batches [first, limit) of the

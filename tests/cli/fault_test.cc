@@ -33,8 +33,8 @@ struct Result {
   std::string output;  // stdout and stderr together
 };
 
-Result run(const std::string& args) {
-  FILE* p = popen((kTessel + " " + args + " 2>&1").c_str(), "r");
+Result shell(const std::string& command) {
+  FILE* p = popen((command + " 2>&1").c_str(), "r");
   Result r;
   char buf[4096];
   for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) r.output.append(buf, n);
@@ -42,6 +42,8 @@ Result run(const std::string& args) {
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return r;
 }
+
+Result run(const std::string& args) { return shell(kTessel + " " + args); }
 
 bool has(const std::string& s, const std::string& part) {
   return s.find(part) != std::string::npos;
@@ -163,6 +165,27 @@ TEST_F(Fault, DamagedNewestCheckpointFallsBackToThePreviousOne) {
   EXPECT_TRUE(has(rest.output, "resuming from the previous complete checkpoint")) << rest.output;
   EXPECT_TRUE(has(rest.output, "step-000100")) << rest.output;
   EXPECT_EQ(sha("d"), reference());
+  // run.json's start names the checkpoint it loaded, and the damaged one it passed over.
+  std::ifstream record(path("d") + "/run.json");
+  const nlohmann::json start = nlohmann::json::parse(record)["starts"].back();
+  EXPECT_TRUE(has(start.value("resumed_from", ""), "step-000100")) << start.dump();
+  EXPECT_TRUE(has(start.value("passed_over", ""), "step-000120")) << start.dump();
+}
+
+// A checkpoint write that fails (here: files limited to 1 MiB, as a full disk would stop it;
+// 2 ranks, each writing its ZeRO-1 shard) exits 1 naming the file and leaves no temporary
+// folder behind.
+TEST_F(Fault, AFailedCheckpointWriteLeavesNoTemporaryFolder) {
+  Result r =
+      shell("bash -c 'trap \"\" XFSZ; ulimit -f 1024; exec " + kTessel + " train " + kSpiral +
+            " --quiet --workers 2 --set zero.stage=1 --set data.kind=synthetic "
+            "--set data.samples=256 --set data.features=256 --set model.hidden=[512,512] "
+            "--set train.epochs=1 --set checkpoint.every_steps=2 --run-dir " +
+            path("full") + "'");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_TRUE(has(r.output, "checkpoint: writing ")) << r.output;
+  for (const fs::directory_entry& e : fs::directory_iterator(path("full") + "/checkpoints"))
+    ADD_FAILURE() << "left behind: " << e.path();
 }
 
 // tessel launch as root (most containers) starts mpirun without OpenMPI's root refusal; a

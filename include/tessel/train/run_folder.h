@@ -32,6 +32,11 @@ struct RunRecord {
 void prepare_run_folder(comm::Communicator& world, const std::string& run_dir, RunStart start,
                         const RunRecord& record);
 
+// Rank 0, after a resume loaded `dir`: when that is not the checkpoint run.json's last start
+// names (a damaged newer one was passed over), the start names `dir` as resumed_from and the
+// damaged one as passed_over.
+void record_resumed_from(const std::string& run_dir, const std::string& dir);
+
 // What of a run `run_dir` holds (a file name of kRunFiles, "checkpoints/"), in that order;
 // empty when it holds none (missing, empty, or only other files).
 std::vector<std::string> run_files_in(const std::string& run_dir);

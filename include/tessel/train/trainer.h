@@ -109,7 +109,7 @@ class Trainer {
   bool agree_stop();  // collective: whether any rank was interrupted
   // A checkpoint (to_disk) and an in-memory snapshot (with options_.snapshots) of state s.
   void save(const State& s, bool to_disk = true);
-  void restore(const std::string& path, State& s);
+  std::string restore(const std::string& path, State& s);  // returns the folder loaded
   EvalResult global_mean(const EvalResult& local_sums);
   float lr_at(int64_t step) const;
   nlohmann::json summary(const State& s, const EvalResult& last_train, const EvalResult& last_test,

@@ -416,6 +416,10 @@ json Trainer::run() {
   int64_t last_test_step = -1;
   bool stopped = false;
   json epoch_records = json::array();
+  if (resuming && !(s.epoch < epochs && budget_left()))
+    progress_->info(str("the run had already trained ", s.epoch, " epochs and ", step_,
+                        " steps; nothing left to train (raise train.epochs or train.max_steps "
+                        "to go on)"));
   for (; s.epoch < epochs && budget_left() && !stopped; ++s.epoch, s.batch_in_epoch = 0) {
     const double epoch_start = now_seconds();
     if (lockstep_)
@@ -449,7 +453,11 @@ json Trainer::run() {
     progress_->info(str("stopped at step ", step_, "; continue with --resume ", run_dir_));
   }
   if (data_.test && last_test_step != step_) last_test = evaluate(*data_.test);
-  json out = summary(s, last_train, last_test, epoch_records, !stopped);
+  const bool stop_after = options_.stop_after > 0 && step_ - start_step_ >= options_.stop_after;
+  const char* stopped_by = stopped             ? (stop_after ? "stop_after" : "signal")
+                           : s.epoch >= epochs ? "epochs"
+                                               : "max_steps";
+  json out = summary(s, last_train, last_test, epoch_records, stopped_by);
   finish_trace();
   return out;
 }
@@ -466,7 +474,7 @@ void Trainer::finish_trace() {
 }
 
 json Trainer::summary(const State& s, const EvalResult& last_train, const EvalResult& last_test,
-                      const json& epoch_records, bool completed) {
+                      const json& epoch_records, const std::string& stopped_by) {
   double samples = static_cast<double>(s.train_samples), seconds = s.train_seconds;
   engine_->sum(&samples, 1);
   engine_->max(&seconds, 1);
@@ -496,7 +504,8 @@ json Trainer::summary(const State& s, const EvalResult& last_train, const EvalRe
               {"peak_rss_bytes_per_rank", rss},
               {"threads", config_.runtime.threads},
               {"isa", ops::isa_name(ops::isa())},
-              {"completed", completed},
+              {"completed", stopped_by == "epochs" || stopped_by == "max_steps"},
+              {"stopped_by", stopped_by},
               {"run_dir", run_dir_}};
   if (!epoch_records.empty()) out["ranks"] = epoch_records.back()["ranks"];
   if (const optim::LossScaler* ls = engine_->loss_scaler()) {

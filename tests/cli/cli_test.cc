@@ -142,14 +142,33 @@ TEST_F(Cli, InterruptedAndResumedRunMatchesUninterrupted) {
   Result part = run(common + path("part") + " --stop-after 37");  // mid-epoch (10 steps/epoch)
   ASSERT_EQ(part.exit_code, 0) << part.output;
   EXPECT_FALSE(read_json(path("part") + "/summary.json")["completed"].get<bool>());
+  EXPECT_EQ(read_json(path("part") + "/summary.json")["stopped_by"], "stop_after");
   Result rest = run(common + path("part") + " --resume " + path("part"));
   ASSERT_EQ(rest.exit_code, 0) << rest.output;
   auto a = read_json(path("full") + "/summary.json");
   auto b = read_json(path("part") + "/summary.json");
+  EXPECT_EQ(a["stopped_by"], "epochs");
   EXPECT_EQ(a["steps"], b["steps"]);
   EXPECT_EQ(a["params_sha256"], b["params_sha256"]);
   EXPECT_EQ(a["test_accuracy"], b["test_accuracy"]);
   EXPECT_EQ(a["train_loss"], b["train_loss"]);
+}
+
+// train.max_steps inside the first epoch: completed, stopped by max_steps, 0 whole epochs; a
+// resume with nothing left to train says so.
+TEST_F(Cli, AMaxStepsStopSaysWhatEndedItAndAResumeOfAFinishedRunSaysSo) {
+  const std::string common =
+      "train " + kExamples + "/spiral.toml --set train.max_steps=4 --run-dir " + path("m");
+  Result r = run(common + " --quiet");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto s = read_json(path("m") + "/summary.json");
+  EXPECT_TRUE(s["completed"].get<bool>());
+  EXPECT_EQ(s["stopped_by"], "max_steps");
+  EXPECT_EQ(s["epochs"], 0);
+  EXPECT_EQ(s["steps"], 4);
+  Result again = run(common + " --resume " + path("m"));
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("nothing left to train"), std::string::npos) << again.output;
 }
 
 TEST_F(Cli, SpiralReachesNinetyEightPercentTrainingAccuracy) {

@@ -113,7 +113,7 @@ class Trainer {
   EvalResult global_mean(const EvalResult& local_sums);
   float lr_at(int64_t step) const;
   nlohmann::json summary(const State& s, const EvalResult& last_train, const EvalResult& last_test,
-                         const nlohmann::json& epoch_records, bool completed);
+                         const nlohmann::json& epoch_records, const std::string& stopped_by);
 
   Config config_;
   RunOptions options_;

@@ -356,6 +356,11 @@ void Trainer::start_progress() {
   const int64_t bpe = loader_->batches_per_epoch(), k = config_.train.accumulate;
   const int64_t workers = engine_->data_size();
   const int64_t steps_per_epoch = lockstep_ ? (bpe + k - 1) / k : (bpe + workers - 1) / workers;
+  if (lockstep_ && workers > config_.train.batch && engine_->is_main())
+    log_warn("train.batch = ", config_.train.batch, " rows over ", workers,
+             " data-parallel ranks leaves ", workers - config_.train.batch,
+             " of them without rows (they only join the collectives); use at most ",
+             config_.train.batch, " ranks, or a larger train.batch");
   progress_->info(str("training ", config_.model.kind, " (", engine_->model().num_parameters(),
                       " parameters) on ", data_.train->name(), " (", data_.train->size(),
                       " samples), layout ", engine_->layout().str(), ", zero.stage ",

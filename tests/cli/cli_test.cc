@@ -171,6 +171,18 @@ TEST_F(Cli, AMaxStepsStopSaysWhatEndedItAndAResumeOfAFinishedRunSaysSo) {
   EXPECT_NE(again.output.find("nothing left to train"), std::string::npos) << again.output;
 }
 
+// More data-parallel ranks than rows in a batch: warned at the start, naming both numbers.
+TEST_F(Cli, MoreRanksThanBatchRowsIsWarned) {
+  Result r = run("train " + kExamples +
+                 "/spiral.toml --workers 4 --set train.batch=3 --set train.max_steps=2 --run-dir " +
+                 path("w"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(
+                "train.batch = 3 rows over 4 data-parallel ranks leaves 1 of them without rows"),
+            std::string::npos)
+      << r.output;
+}
+
 TEST_F(Cli, SpiralReachesNinetyEightPercentTrainingAccuracy) {
   Result r = run("train " + kExamples + "/spiral.toml --quiet --run-dir " + path("spiral"));
   ASSERT_EQ(r.exit_code, 0) << r.output;

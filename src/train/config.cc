@@ -245,9 +245,9 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("model.embed", model.embed, "gpt: embedding width", {1, 1 << 16}),
       TESSEL_KEY("data.kind", data.kind, "the data: an IDX folder (fashion_mnist, mnist_idx), a text file (text) or generated (spiral, synthetic)", Choices{{"fashion_mnist", "mnist_idx", "spiral", "text", "synthetic"}}),
       TESSEL_KEY("data.path", data.path, "IDX folder (fashion_mnist, mnist_idx) or text file (text)"),
-      TESSEL_KEY("data.flatten", data.flatten, "idx: images as [784] (true) or [1,28,28] (false)"),
-      TESSEL_KEY("data.mean", data.mean, "idx: input normalisation x = (pixel/255 - mean) / std", {-1000, 1000}),
-      TESSEL_KEY("data.std", data.std, "idx: input normalisation scale", {.lo = 0, .hi = 1000, .lo_open = true}),
+      TESSEL_KEY("data.flatten", data.flatten, "fashion_mnist/mnist_idx: images as [784] (true) or [1,28,28] (false)"),
+      TESSEL_KEY("data.mean", data.mean, "fashion_mnist/mnist_idx: input normalisation x = (pixel/255 - mean) / std", {-1000, 1000}),
+      TESSEL_KEY("data.std", data.std, "fashion_mnist/mnist_idx: input normalisation scale", {.lo = 0, .hi = 1000, .lo_open = true}),
       TESSEL_KEY("data.classes", data.classes, "spiral/synthetic: number of classes", {1, 1 << 20}),
       TESSEL_KEY("data.points_per_class", data.points_per_class, "spiral: points per class", {1, 1 << 28}),
       TESSEL_KEY("data.noise", data.noise, "spiral: angular noise", {0, 1000}),
@@ -256,7 +256,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("data.samples", data.samples, "synthetic: number of samples", {1, 1 << 30}),
       TESSEL_KEY("data.features", data.features, "synthetic: features per sample", {1, 1 << 30}),
       TESSEL_KEY("data.seed", data.seed, "spiral/synthetic: seed of the generated data", {0, kMaxInt}),
-      TESSEL_KEY("optim.kind", optim.kind, "optimizer: SGD with momentum or AdamW", Choices{{"sgd", "adamw"}}),
+      TESSEL_KEY("optim.kind", optim.kind, "the optimizer: SGD with momentum or AdamW", Choices{{"sgd", "adamw"}}),
       TESSEL_KEY("optim.lr", optim.lr, "base learning rate (> 0)", {.lo = 0, .hi = 1000, .lo_open = true}),
       TESSEL_KEY("optim.weight_decay", optim.weight_decay, "sgd: L2 penalty; adamw: decoupled decay", {0, 1000}),
       TESSEL_KEY("optim.momentum", optim.momentum, "sgd: momentum in [0, 1)", {.lo = 0, .hi = 1, .hi_open = true}),
@@ -531,10 +531,43 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
   return parse_source(text, path, std::filesystem::path(path).stem().string(), overrides);
 }
 
+namespace {
+
+// Whether key k applies to c. A doc that starts with values of string keys with choices ("cnn:",
+// "spiral/synthetic:", "topk:") names when the key matters: while such a key holds one of them.
+// Any other key always applies.
+bool applies(const Key& k, const Config& c) {
+  const std::string& doc = k.info.doc;
+  const size_t colon = doc.find(':');
+  if (colon == std::string::npos ||
+      doc.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_/") < colon)
+    return true;
+  bool named = false;
+  std::stringstream tokens(doc.substr(0, colon));
+  for (std::string t; std::getline(tokens, t, '/');) {
+    for (const Key& s : registry()) {
+      if (s.info.type != "string" || s.info.range.empty()) continue;
+      std::stringstream values(s.info.range);
+      bool listed = false;
+      for (std::string v; std::getline(values >> std::ws, v, ',');) listed = listed || v == t;
+      if (!listed) continue;
+      named = true;
+      const std::string now = s.get(c);  // a quoted TOML string
+      if (now.substr(1, now.size() - 2) == t) return true;
+    }
+  }
+  return !named;
+}
+
+}  // namespace
+
 std::string to_toml(const Config& c) {
-  std::string out = "# resolved tessel config: every key, defaults included\n";
+  std::string out =
+      "# resolved tessel config: every key that applies to this model, data, optimizer, schedule "
+      "and mode, defaults included\n";
   std::string section;
   for (const Key& k : registry()) {
+    if (!applies(k, c)) continue;
     const std::string& path = k.info.path;
     size_t dot = path.find('.');
     std::string sec = dot == std::string::npos ? "" : path.substr(0, dot);

@@ -196,6 +196,26 @@ TEST(Config, ASyntaxErrorNamesTheFilesPath) {
   std::filesystem::remove(path);
 }
 
+// The resolved config lists the keys that apply: a cnn's keys not for an mlp, SGD's not for
+// AdamW, the spiral's not for text.
+TEST(Config, ResolvedTomlHasOnlyTheKeysThatApply) {
+  const std::string mlp = to_toml(parse_config("", "t"));
+  EXPECT_NE(mlp.find("hidden = "), std::string::npos) << mlp;
+  EXPECT_EQ(mlp.find("channels = "), std::string::npos) << mlp;
+  EXPECT_NE(mlp.find("momentum = "), std::string::npos) << mlp;
+  EXPECT_NE(mlp.find("flatten = "), std::string::npos) << mlp;  // fashion_mnist, the default
+  EXPECT_EQ(mlp.find("ratio = "), std::string::npos) << mlp;    // compress.kind = none
+  const std::string gpt = to_toml(parse_config(
+      "[model]\nkind = \"gpt\"\n[data]\nkind = \"text\"\n[optim]\nkind = \"adamw\"\n", "t"));
+  EXPECT_EQ(gpt.find("hidden = "), std::string::npos) << gpt;
+  EXPECT_NE(gpt.find("layers = "), std::string::npos) << gpt;
+  EXPECT_EQ(gpt.find("momentum = "), std::string::npos) << gpt;
+  EXPECT_NE(gpt.find("beta2 = "), std::string::npos) << gpt;
+  EXPECT_NE(gpt.find("context = "), std::string::npos) << gpt;
+  EXPECT_EQ(gpt.find("flatten = "), std::string::npos) << gpt;
+  EXPECT_EQ(to_toml(parse_config(gpt, "u")), gpt);  // and it reads back the same
+}
+
 TEST(Config, MissingFileIsIoError) { EXPECT_THROW(load_config("/nonexistent/x.toml"), IoError); }
 
 // ---- config values at the edges, hostile config files ----

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <csignal>
 #include <cstdio>
+#include <filesystem>
 #include <iostream>
 #include <sstream>
 #include <string>
@@ -248,6 +249,29 @@ Commands add_commands(CLI::App& app, Args& a) {
   return c;
 }
 
+// The config to train: CONFIG with the overrides; when resuming, the run's own config
+// (RUN/config.toml) with the overrides laid over it, each difference noted.
+tessel::train::Config train_config(const Args& a, std::vector<std::string>& notes) {
+  if (a.resume.empty()) return tessel::train::load_config(a.config_path, a.overrides);
+  const std::filesystem::path run =
+      std::filesystem::path(tessel::ckpt::resolve_checkpoint_dir(a.resume))
+          .parent_path()
+          .parent_path();
+  const std::string own = (run / "config.toml").string();
+  if (!std::filesystem::exists(own)) {
+    notes.push_back(tessel::str("resuming: ", own, " is missing, so the run trains with ",
+                                a.config_path, " as given"));
+    return tessel::train::load_config(a.config_path, a.overrides);
+  }
+  std::vector<std::string> changed;
+  tessel::train::Config c =
+      tessel::train::load_resume_config(own, a.config_path, a.overrides, &changed);
+  notes.push_back(tessel::str("resuming with the run's own config, ", own,
+                              changed.empty() ? "; nothing overridden" : ":"));
+  for (const std::string& line : changed) notes.push_back("  " + line);
+  return c;
+}
+
 int run_train(Args& a) {
   tessel::train::RunOptions opts;
   opts.run_dir = a.run_dir;
@@ -262,8 +286,7 @@ int run_train(Args& a) {
   if (!a.backend.empty()) a.overrides.push_back("runtime.backend=" + a.backend);
   if (a.trace) a.overrides.push_back("train.trace=true");
   bool main = true;
-  nlohmann::json summary =
-      train_job(tessel::train::load_config(a.config_path, a.overrides), opts, &main);
+  nlohmann::json summary = train_job(train_config(a, opts.notes), opts, &main);
   if (!main || summary.is_null())  // an MPI rank other than 0: rank 0 prints and reports
     return g_signal.load() != 0 ? stopped_exit_code() : 0;
   print_summary(summary);

@@ -482,9 +482,10 @@ void validate(const Config& c) {
           str("debug.fail_step must be >= 1 with debug.fail_rank set, got ", c.fault.fail_step));
 }
 
-// parse_config, with `source` (the file, or the run name) in the messages.
-Config parse_source(const std::string& toml_text, const std::string& source,
-                    const std::string& name, const std::vector<std::string>& overrides) {
+// The TOML of a config with the overrides applied, with `source` (the file, or the run name)
+// in the messages.
+toml::table parse_table(const std::string& toml_text, const std::string& source,
+                        const std::vector<std::string>& overrides) {
   check_bounds(toml_text, source);
   toml::table root;
   try {
@@ -494,41 +495,94 @@ Config parse_source(const std::string& toml_text, const std::string& source,
                               e.source().begin.column, ": ", e.description()));
   }
   for (const std::string& o : overrides) apply_override(root, o);
+  return root;
+}
 
-  Config c;
-  c.name = name;
-  auto visit = [&](const std::string& path, const toml::node& v) {
+// Calls visit(key, value) for every key of root; throws naming an unknown key.
+void for_each_key(const toml::table& root,
+                  const std::function<void(const Key&, const toml::node&)>& visit) {
+  auto one = [&](const std::string& path, const toml::node& v) {
     const Key* k = find_key(path);
     if (k == nullptr) throw InvalidArgument(unknown_key_message(path, ""));
-    k->set(c, v);
+    visit(*k, v);
   };
   for (auto&& [key, node] : root) {
     std::string top(key.str());
     if (const toml::table* section = node.as_table()) {
-      for (auto&& [sub, v] : *section) visit(top + "." + std::string(sub.str()), v);
+      for (auto&& [sub, v] : *section) one(top + "." + std::string(sub.str()), v);
     } else {
-      visit(top, node);
+      one(top, node);
     }
   }
-  validate(c);
+}
+
+// The config root gives (defaults for the keys it lacks), not yet validated as a whole.
+Config read_keys(const toml::table& root, const std::string& name) {
+  Config c;
+  c.name = name;
+  for_each_key(root, [&](const Key& k, const toml::node& v) { k.set(c, v); });
   return c;
 }
 
-}  // namespace
-
-Config parse_config(const std::string& toml_text, const std::string& name,
-                    const std::vector<std::string>& overrides) {
-  return parse_source(toml_text, name, name, overrides);
-}
-
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+std::string read_file(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in)
     throw IoError(str("config: cannot read '", path, "'; check the path (examples/ has configs)"));
   std::string text(kMaxConfigBytes + 1, '\0');  // one byte more tells a file over the limit
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<size_t>(in.gcount()));
-  return parse_source(text, path, std::filesystem::path(path).stem().string(), overrides);
+  return text;
+}
+
+std::string stem(const std::string& path) { return std::filesystem::path(path).stem().string(); }
+
+}  // namespace
+
+Config parse_config(const std::string& toml_text, const std::string& name,
+                    const std::vector<std::string>& overrides) {
+  Config c = read_keys(parse_table(toml_text, name, overrides), name);
+  validate(c);
+  return c;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  Config c = read_keys(parse_table(read_file(path), path, overrides), stem(path));
+  validate(c);
+  return c;
+}
+
+Config load_resume_config(const std::string& run_config, const std::string& path,
+                          const std::vector<std::string>& overrides,
+                          std::vector<std::string>* changed) {
+  Config c = load_config(run_config);
+  // What the file says differently is noted; the run's own value stays.
+  const toml::table in_file = parse_table(read_file(path), path, {});
+  const Config file = read_keys(in_file, stem(path));
+  for_each_key(in_file, [&](const Key& k, const toml::node&) {
+    const std::string& key = k.info.path;
+    const std::string was = k.get(c), now = k.get(file);
+    if (key != "name" && was != now)
+      changed->push_back(str(path, " says ", key, " = ", now, ", but the run's ", was,
+                             " stays (--set ", key, "=", now, " changes it)"));
+  });
+  // What the command line sets wins.
+  const toml::table set = parse_table("", "--set", overrides);
+  const Config want = read_keys(set, c.name);
+  bool schedule = false;
+  for_each_key(set, [&](const Key& k, const toml::node&) {
+    const std::string& key = k.info.path;
+    const std::string was = k.get(c), now = k.get(want);
+    if (was == now) return;
+    k.set(c, *toml::parse("v = " + now).get("v"));
+    changed->push_back(str("overridden: ", key, " = ", now, " (the run had ", was, ")"));
+    schedule = schedule || key == "train.epochs" || key.rfind("schedule.", 0) == 0;
+  });
+  if (schedule)
+    changed->push_back(
+        "the learning-rate schedule is laid out again for the new length: from the resumed step "
+        "on the rate follows the new schedule, not the one the run started with");
+  validate(c);
+  return c;
 }
 
 namespace {

@@ -386,6 +386,7 @@ bool Trainer::open_run(State& s) {
                       options_.resume_snapshot ? "an in-memory snapshot"
                       : resuming               ? ckpt::resolve_checkpoint_dir(options_.resume)
                                                : ""});
+  for (const std::string& note : options_.notes) progress_->info(note);
   if (resuming) {
     const std::string loaded = restore(options_.resume, s);
     if (engine_->is_main() && !options_.resume_snapshot) record_resumed_from(run_dir_, loaded);

@@ -171,6 +171,37 @@ TEST_F(Cli, AMaxStepsStopSaysWhatEndedItAndAResumeOfAFinishedRunSaysSo) {
   EXPECT_NE(again.output.find("nothing left to train"), std::string::npos) << again.output;
 }
 
+// `train CONFIG --resume RUN` keeps the run's own layout, ZeRO stage and precision
+// (RUN/config.toml) and says what the command line overrides, the schedule's new length included.
+TEST_F(Cli, ResumeUsesTheRunsOwnConfigAndSaysWhatItOverrides) {
+  const std::string spiral = "train " + kExamples + "/spiral.toml";
+  Result part = run(spiral +
+                    " --quiet --workers 2 --set zero.stage=2 --set train.precision=bf16 "
+                    "--set train.epochs=2 --stop-after 5 --run-dir " +
+                    path("r"));
+  ASSERT_EQ(part.exit_code, 0) << part.output;
+  Result rest = run(spiral + " --resume " + path("r"));
+  ASSERT_EQ(rest.exit_code, 0) << rest.output;
+  EXPECT_NE(rest.output.find("resuming with the run's own config"), std::string::npos)
+      << rest.output;
+  // spiral.toml's own train.epochs = 400 does not undo the run's --set train.epochs=2.
+  EXPECT_NE(rest.output.find("says train.epochs = 400, but the run's 2 stays (--set "
+                             "train.epochs=400 changes it)"),
+            std::string::npos)
+      << rest.output;
+  auto s = read_json(path("r") + "/summary.json");
+  EXPECT_EQ(s["layout"], "dp=2");
+  EXPECT_EQ(s["zero_stage"], 2);
+  EXPECT_EQ(s["engine"]["precision"], "bf16");
+  Result more = run(spiral + " --set train.epochs=3 --resume " + path("r"));
+  ASSERT_EQ(more.exit_code, 0) << more.output;
+  EXPECT_NE(more.output.find("overridden: train.epochs = 3 (the run had 2)"), std::string::npos)
+      << more.output;
+  EXPECT_NE(more.output.find("learning-rate schedule is laid out again"), std::string::npos)
+      << more.output;
+  EXPECT_EQ(read_json(path("r") + "/summary.json")["epochs"], 3);
+}
+
 // More data-parallel ranks than rows in a batch: warned at the start, naming both numbers.
 TEST_F(Cli, MoreRanksThanBatchRowsIsWarned) {
   Result r = run("train " + kExamples +

@@ -112,6 +112,13 @@ struct Config {
 // Reads and validates a config file; overrides are "section.key=value" (value in TOML syntax,
 // bare words taken as strings). Throws InvalidArgument / IoError with a message for the user.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The config of a resumed run: the run's own (run_config, its RUN/config.toml) with `overrides`
+// (--set and the like) laid over it. `changed` gets a line for each override that changes a
+// value, one for each key the file `path` gives another value (the run's stays), and a note
+// when the learning-rate schedule's length changes.
+Config load_resume_config(const std::string& run_config, const std::string& path,
+                          const std::vector<std::string>& overrides,
+                          std::vector<std::string>* changed);
 Config parse_config(const std::string& toml_text, const std::string& name,
                     const std::vector<std::string>& overrides = {});
 // The resolved config (every key, defaults included) as TOML, written into each run folder.

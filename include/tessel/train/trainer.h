@@ -49,7 +49,8 @@ struct RunOptions {
   // Ranks as threads (train/recovery.h): every rank adds its part of an in-memory snapshot
   // here every checkpoint.snapshot_steps steps and at every checkpoint; null: none.
   Snapshots* snapshots = nullptr;
-  bool resume_snapshot = false;  // restore from snapshots' newest instead of `resume`
+  bool resume_snapshot = false;    // restore from snapshots' newest instead of `resume`
+  std::vector<std::string> notes;  // said at the start (rank 0), e.g. what a resume overrides
 };
 
 class Trainer {

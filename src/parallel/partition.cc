@@ -35,19 +35,49 @@ std::vector<size_t> balanced_cuts(const std::vector<double>& cost, int stages) {
   return begin;
 }
 
+// The number of chunks: pp.stages, times pp.virtual_stages for the interleaved schedule.
+size_t chunk_count(const ParallelSpec& spec, size_t n, int stages) {
+  const int64_t v = spec.pp_virtual_stages;
+  const bool interleaved = spec.pp_schedule == "interleaved";
+  if (v != 1 && !interleaved)
+    throw InvalidArgument(str("config: pp.virtual_stages = ", v,
+                              " needs pp.schedule = ", "interleaved (", spec.pp_schedule,
+                              " runs one chunk per stage); set pp.schedule = interleaved or "
+                              "pp.virtual_stages = 1"));
+  if (interleaved && v < 2)
+    throw InvalidArgument(str("config: pp.schedule = interleaved needs pp.virtual_stages >= 2 ",
+                              "chunks per stage, got ", v,
+                              "; for one chunk per stage use pp.schedule = 1f1b"));
+  if (interleaved && spec.pp_cuts.empty() && spec.pp_partition == "round_robin")
+    throw InvalidArgument(
+        "config: pp.partition = round_robin makes every block a chunk, which pp.schedule = "
+        "interleaved does not take; use pp.partition = balanced or uniform, which cut the "
+        "model into pp.stages x pp.virtual_stages chunks");
+  const size_t chunks = static_cast<size_t>(stages) * static_cast<size_t>(v);
+  if (chunks > n)
+    throw InvalidArgument(
+        v > 1
+            ? str("config: pp.stages x pp.virtual_stages = ", stages, " x ", v, " = ", chunks,
+                  " chunks is more than the model's ", n,
+                  " blocks; every chunk needs at least one block, so use ",
+                  n / stages >= 2 ? str("pp.virtual_stages <= ", n / stages)
+                                  : str("pp.stages <= ", n / 2, " or pp.schedule = 1f1b"))
+            : str("config: pp.stages = ", stages, " is more than the model's ", n,
+                  " blocks; every stage needs at least one block, so use at most ", n, " stages"));
+  return chunks;
+}
+
 }  // namespace
 
 Partition make_partition(const ParallelSpec& spec, nn::Model& model, int stages) {
   const size_t n = model.num_blocks();
-  if (static_cast<size_t>(stages) > n)
-    throw InvalidArgument(str("config: pp.stages = ", stages, " is more than the model's ", n,
-                              " blocks; every stage needs at least one block, so use at most ", n,
-                              " stages"));
+  const size_t chunks = chunk_count(spec, n, stages);
+  const char* unit = chunks > static_cast<size_t>(stages) ? "chunks" : "stages";
   Partition p;
   if (!spec.pp_cuts.empty()) {
-    if (spec.pp_cuts.size() != static_cast<size_t>(stages - 1))
-      throw InvalidArgument(str("config: pp.cuts must list the first block of stages 1..",
-                                stages - 1, " (", stages - 1, " numbers), got ",
+    if (spec.pp_cuts.size() != chunks - 1)
+      throw InvalidArgument(str("config: pp.cuts must list the first block of ", unit, " 1..",
+                                chunks - 1, " (", chunks - 1, " numbers), got ",
                                 list_str(spec.pp_cuts), "; e.g. pp.cuts = [", n / 2, "]"));
     int64_t prev = 0;
     for (int64_t c : spec.pp_cuts) {
@@ -65,7 +95,7 @@ Partition make_partition(const ParallelSpec& spec, nn::Model& model, int stages)
   } else if (spec.pp_partition == "round_robin") {
     for (size_t i = 0; i < n; ++i) p.begin.push_back(i);
   } else if (spec.pp_partition == "uniform") {
-    for (int s = 0; s < stages; ++s) p.begin.push_back(n * s / stages);
+    for (size_t c = 0; c < chunks; ++c) p.begin.push_back(n * c / chunks);
   } else if (spec.pp_partition == "balanced") {
     // Estimated compute per block: forward plus backward, which costs two forwards (weight and
     // input gradient) or one where the block skips its input gradient (the first block).
@@ -78,7 +108,7 @@ Partition make_partition(const ParallelSpec& spec, nn::Model& model, int stages)
       total += cost[i] = b.forward_flops(1) * (b.input_grad() ? 3 : 2);
     }
     for (size_t i = 0; i < n; ++i) cost[i] += total > 0 ? 1e-3 * total / n : 1.0;
-    std::vector<size_t> b = balanced_cuts(cost, stages);
+    std::vector<size_t> b = balanced_cuts(cost, static_cast<int>(chunks));
     p.begin.assign(b.begin(), b.end() - 1);
   } else {
     throw InvalidArgument(str("config: pp.partition must be balanced, uniform or round_robin, ",

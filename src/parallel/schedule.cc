@@ -12,14 +12,63 @@
 
 namespace tessel::parallel {
 
+namespace {
+
+// Megatron-LM's interleaved 1F1B. Stage s holds chunks s, s + P, ..., s + (v - 1) P. Its
+// forwards run through the micro-batches in groups of P (the last group may be short): the
+// group on the stage's first chunk, then on its second, ...; its backwards run the same table
+// with the chunks in reverse. A stage warms up with 2 (P - s - 1) + (v - 1) P forwards (every
+// forward when m = P, as Megatron does), then runs one forward and one backward in turn, then
+// the remaining backwards.
+std::vector<std::vector<Task>> interleaved_schedule(const Partition& part, int stages, int micro) {
+  const int C = static_cast<int>(part.chunks());
+  bool round = C % stages == 0 && C / stages >= 2;
+  for (int c = 0; c < C; ++c) round = round && part.stage[c] == c % stages;
+  if (!round)
+    throw InvalidArgument(str("pipeline: the interleaved schedule needs chunk c on stage c mod ",
+                              stages, " and at least 2 chunks per stage, got ", C,
+                              " chunks; set pp.virtual_stages >= 2 with pp.partition = balanced "
+                              "or uniform"));
+  if (micro > stages && micro % stages != 0)
+    throw InvalidArgument(str("config: pp.schedule = interleaved runs the micro-batches in groups ",
+                              "of pp.stages = ", stages, ", so pp.microbatches must be at most ",
+                              stages, " or a multiple of it, got ", micro, "; use ",
+                              micro - micro % stages, " or ", micro + stages - micro % stages));
+  const int v = C / stages, total = micro * v;
+  std::vector<std::pair<int, int>> table;  // (micro-batch, local chunk) in forward order
+  for (int g = 0; g < micro; g += stages)
+    for (int k = 0; k < v; ++k)
+      for (int j = g; j < std::min(g + stages, micro); ++j) table.push_back({j, k});
+  std::vector<std::vector<Task>> order(stages);
+  for (int s = 0; s < stages; ++s) {
+    const int warm =
+        micro == stages ? total : std::min(total, 2 * (stages - s - 1) + (v - 1) * stages);
+    auto forward = [&](int k) {
+      order[s].push_back({TaskOp::kForward, table[k].second * stages + s, table[k].first});
+    };
+    auto backward = [&](int k) {
+      order[s].push_back(
+          {TaskOp::kBackward, (v - 1 - table[k].second) * stages + s, table[k].first});
+    };
+    for (int k = 0; k < warm; ++k) forward(k);
+    for (int k = 0; k < total - warm; ++k) forward(warm + k), backward(k);
+    for (int k = total - warm; k < total; ++k) backward(k);
+  }
+  return order;
+}
+
+}  // namespace
+
 // A list scheduler run in simulated time: at each moment every idle stage picks one ready task
 // by the schedule's rule. The simulated run is a valid execution, so ordering each stage's tasks
 // by their simulated start gives orders consistent with one global order.
 std::vector<std::vector<Task>> make_schedule(const Partition& part, int stages, int micro,
                                              const std::string& kind) {
   TESSEL_CHECK(micro >= 1 && stages >= 1, "pipeline: schedule of ", micro, " micro-batches");
+  if (kind == "interleaved") return interleaved_schedule(part, stages, micro);
   if (kind != "gpipe" && kind != "1f1b" && kind != "forward")
-    throw InvalidArgument(str("config: pp.schedule must be gpipe or 1f1b, got '", kind, "'"));
+    throw InvalidArgument(
+        str("config: pp.schedule must be gpipe, 1f1b or interleaved, got '", kind, "'"));
   const int C = static_cast<int>(part.chunks());
   const bool backward = kind != "forward";
   const double inf = std::numeric_limits<double>::infinity();
@@ -183,6 +232,22 @@ void check_schedule(const Partition& part, const std::vector<std::vector<Task>>&
                           " before its ", t.op == TaskOp::kForward ? "forward" : "backward",
                           " of chunk ", t.chunk, ", which is never sent first"));
     }
+}
+
+double bubble_model(const std::string& kind, int stages, int micro, int virtual_stages) {
+  const double p = stages, m = micro, v = kind == "interleaved" ? virtual_stages : 1;
+  // Fewer micro-batches than stages: one pass through P v chunks of 1/v the time each.
+  if (m < p) return (v * (p - m) + m - 1) / (v * p + m - 1);
+  return (p - 1) / (v * m + p - 1);
+}
+
+std::string order_str(const Partition& part, int stages, const std::vector<Task>& order) {
+  std::string out;
+  for (const Task& t : order) {
+    out += str(out.empty() ? "" : " ", t.op == TaskOp::kForward ? "F" : "B", t.micro);
+    if (static_cast<int>(part.chunks()) > stages) out += str("/", t.chunk);
+  }
+  return out;
 }
 
 }  // namespace tessel::parallel

@@ -279,7 +279,8 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("tp.sequence_parallel", parallel.tp_sequence, "tp.size > 1 with a gpt: activations outside the cut layers (layer norms, residuals) are split along the sequence, and the tp all-reduces become all-gathers and reduce-scatters"),
       TESSEL_KEY("pp.stages", parallel.pp_stages, "pipeline stages: the model's blocks cut into this many contiguous stages (1: no pipeline); the world is dp x pp x tp ranks", {1, 1024}),
       TESSEL_KEY("pp.microbatches", parallel.pp_microbatches, "micro-batches each rank's batch is cut into for the pipeline schedule", {1, 1 << 16}),
-      TESSEL_KEY("pp.schedule", parallel.pp_schedule, "gpipe (all forwards, then all backwards) or 1f1b (one forward, one backward after warm-up)"),
+      TESSEL_KEY("pp.schedule", parallel.pp_schedule, "gpipe (all forwards, then all backwards), 1f1b (one forward, one backward after warm-up) or interleaved (Megatron's interleaved 1F1B over pp.virtual_stages chunks per stage: bubble (P-1)/(v m + P-1))"),
+      TESSEL_KEY("pp.virtual_stages", parallel.pp_virtual_stages, "pp.schedule = interleaved: chunks v >= 2 per stage; the model is cut into P x v chunks (pp.partition) and stage s holds chunks s, s + P, ...", {1, 1024}),
       TESSEL_KEY("pp.partition", parallel.pp_partition, "balanced (by estimated compute), uniform (same block count) or round_robin (block l on stage l mod P)"),
       TESSEL_KEY("pp.cuts", parallel.pp_cuts, "explicit first block of stages 1..P-1, e.g. [3, 7] (overrides pp.partition)", {1, 1 << 20}),
       TESSEL_KEY("ps.servers", parallel.ps_servers, "parameter-server ranks (the last ones; 0: no parameter server)", {0, 1024}),
@@ -450,8 +451,10 @@ void validate(const Config& c) {
           str("debug.overflow_steps injects fp16 overflows, got train.precision = ",
               excerpt(c.parallel.precision),
               "; set train.precision = fp16 or clear debug.overflow_steps"));
-  require(c.parallel.pp_schedule == "gpipe" || c.parallel.pp_schedule == "1f1b",
-          str("pp.schedule must be gpipe or 1f1b, got '", excerpt(c.parallel.pp_schedule), "'"));
+  require(c.parallel.pp_schedule == "gpipe" || c.parallel.pp_schedule == "1f1b" ||
+              c.parallel.pp_schedule == "interleaved",
+          str("pp.schedule must be gpipe, 1f1b or interleaved, got '",
+              excerpt(c.parallel.pp_schedule), "'"));
   require(c.parallel.pp_partition == "balanced" || c.parallel.pp_partition == "uniform" ||
               c.parallel.pp_partition == "round_robin",
           str("pp.partition must be balanced, uniform or round_robin, got '",

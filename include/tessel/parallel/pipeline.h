@@ -1,16 +1,17 @@
 // Pipeline model parallelism (pp.stages = P), the executor of a pipeline stage. The model's
 // blocks are cut into chunks (contiguous block ranges); chunk c runs on stage
 // Partition::stage[c] -- one chunk per stage for balanced / uniform / explicit cuts, several
-// interleaved chunks per stage for round_robin. Each piece of a step is cut into
-// pp.microbatches micro-batches; a static schedule (gpipe or 1f1b) orders every stage's forward
-// and backward tasks, activations travel forward and activation gradients backward with
-// point-to-point messages on one two-rank communicator per chunk boundary and direction, so a
-// send never waits behind a receive. A stage keeps one set of activation caches per micro-batch
-// in flight (the blocks themselves hold no activations). Gradients accumulate over the
-// micro-batches; the gradient sync over the dp group reduces them like plain data parallelism.
-// A GPT's tied LM head on another stage than its embedding keeps a copy of the token table: it
-// sends its share of the table gradient to the embedding's stage per micro-batch, and the
-// updated table comes back after each step (sync_tied_table). One per rank, used by its thread.
+// interleaved chunks per stage for pp.schedule = interleaved (chunks s, s + P, ...) and
+// round_robin. Each piece of a step is cut into pp.microbatches micro-batches; a static schedule
+// (gpipe, 1f1b or interleaved: schedule.h) orders every stage's forward and backward tasks,
+// activations travel forward and activation gradients backward with point-to-point messages on one
+// two-rank communicator per chunk boundary and direction, so a send never waits behind a receive. A
+// stage keeps one set of activation caches per micro-batch in flight (the blocks themselves hold no
+// activations). Gradients accumulate over the micro-batches; the gradient sync over the dp group
+// reduces them like plain data parallelism. A GPT's tied LM head on another stage than its
+// embedding keeps a copy of the token table: it sends its share of the table gradient to the
+// embedding's stage per micro-batch, and the updated table comes back after each step
+// (sync_tied_table). One per rank, used by its thread.
 #pragma once
 
 #include <map>
@@ -67,6 +68,10 @@ class PipelineExecutor final : public Executor {
 
   int stage() const { return stage_; }
   const Partition& partition() const { return part_; }
+  // Every stage's training schedule for pp.microbatches micro-batches.
+  const std::vector<std::vector<Task>>& schedule() const {
+    return schedules_.at({static_cast<int>(spec_.pp_microbatches), true});
+  }
   // The last training piece's tasks as they ran on this rank.
   const std::vector<TraceEvent>& trace() const { return trace_; }
 

@@ -30,6 +30,9 @@ struct Task {
 // stage's first chunk) micro-batches in flight), or "forward" (evaluation). The orders come from
 // a simulation of the schedule in unit time (forward 1, backward 2 per chunk), so each stage's
 // order is consistent with one global execution order: blocking receives cannot deadlock.
+// "interleaved" is Megatron-LM's interleaved 1F1B over v >= 2 chunks per stage (chunk c on
+// stage c mod P; throws InvalidArgument for another partition, and for m > P not a multiple of
+// P, whose short last group can deadlock), built directly from its rule.
 std::vector<std::vector<Task>> make_schedule(const Partition& part, int stages, int micro,
                                              const std::string& kind);
 
@@ -39,5 +42,14 @@ std::vector<std::vector<Task>> make_schedule(const Partition& part, int stages, 
 // Throws Error naming the stage and message otherwise.
 void check_schedule(const Partition& part, const std::vector<std::vector<Task>>& schedule,
                     int micro, int tied_from, int tied_to);
+
+// The bubble fraction (idle / schedule time) of a schedule with equal stages in theory:
+// (P - 1) / (m + P - 1) for gpipe and 1f1b, (P - 1) / (v m + P - 1) for interleaved with
+// m >= P (with m < P: (v (P - m) + m - 1) / (v P + m - 1), the same as 1f1b's at m = 1).
+double bubble_model(const std::string& kind, int stages, int micro, int virtual_stages);
+
+// One stage's order for people: "F0 F1 B0 ...", with "/chunk" after each task when the stages
+// hold several chunks.
+std::string order_str(const Partition& part, int stages, const std::vector<Task>& order);
 
 }  // namespace tessel::parallel

@@ -75,10 +75,13 @@ Partition make_partition(const ParallelSpec& spec, nn::Model& model, int stages)
   const char* unit = chunks > static_cast<size_t>(stages) ? "chunks" : "stages";
   Partition p;
   if (!spec.pp_cuts.empty()) {
+    std::vector<int64_t> even;
+    for (size_t c = 1; c < chunks; ++c) even.push_back(static_cast<int64_t>(n * c / chunks));
     if (spec.pp_cuts.size() != chunks - 1)
       throw InvalidArgument(str("config: pp.cuts must list the first block of ", unit, " 1..",
                                 chunks - 1, " (", chunks - 1, " numbers), got ",
-                                list_str(spec.pp_cuts), "; e.g. pp.cuts = [", n / 2, "]"));
+                                list_str(spec.pp_cuts), "; e.g. pp.cuts = ", list_str(even), " (",
+                                chunks, " ", unit, " of about equal block counts)"));
     int64_t prev = 0;
     for (int64_t c : spec.pp_cuts) {
       if (c <= 0 || c >= static_cast<int64_t>(n))

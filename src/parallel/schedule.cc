@@ -15,11 +15,11 @@ namespace tessel::parallel {
 namespace {
 
 // Megatron-LM's interleaved 1F1B. Stage s holds chunks s, s + P, ..., s + (v - 1) P. Its
-// forwards run through the micro-batches in groups of P (the last group may be short): the
-// group on the stage's first chunk, then on its second, ...; its backwards run the same table
-// with the chunks in reverse. A stage warms up with 2 (P - s - 1) + (v - 1) P forwards (every
-// forward when m = P, as Megatron does), then runs one forward and one backward in turn, then
-// the remaining backwards.
+// forwards run through the micro-batches in groups of P (m a multiple of P, or one group of
+// m < P; a short last group can deadlock): the group on the stage's first chunk, then on its
+// second, ...; its backwards run the same table with the chunks in reverse. A stage warms up
+// with 2 (P - s - 1) + (v - 1) P forwards (every forward when m = P, as Megatron does), then
+// runs one forward and one backward in turn, then the remaining backwards.
 std::vector<std::vector<Task>> interleaved_schedule(const Partition& part, int stages, int micro) {
   const int C = static_cast<int>(part.chunks());
   bool round = C % stages == 0 && C / stages >= 2;

@@ -158,7 +158,9 @@ TEST(Pipeline, InterleavedMatchesSingleRankAndOneFOneB) {
     const std::string what =
         c.model + " " + inter.summary["layout"].get<std::string>() + " " + c.keys.back();
     const bool bf16 = model_keys.size() && model_keys.back() == "train.precision=bf16";
-    EXPECT_LT(max_rel_diff(single.params, inter.params), bf16 ? 2e-2 : 1e-5) << what;
+    // bf16 rounds differently on one rank than across stages (2.4e-3 measured); 1f1b in bf16
+    // is the reference there.
+    EXPECT_LT(max_rel_diff(single.params, inter.params), bf16 ? 1e-2 : 1e-5) << what;
     EXPECT_LT(max_rel_diff(ofob.params, inter.params), 1e-5) << what;
     EXPECT_NEAR(inter.summary["train_loss"].get<double>(), ofob.summary["train_loss"].get<double>(),
                 1e-5)
@@ -418,7 +420,8 @@ TEST(Pipeline, BadLayoutsFailAtStart) {
   expect_invalid(start(with({"pp.stages=2", "pp.partition=round_robin"}), 2),
                  "use pp.partition = balanced or uniform");
   expect_invalid(start(with({"pp.stages=2", "pp.cuts=[3]"}), 2),
-                 "first block of chunks 1..3 (3 numbers)");
+                 "first block of chunks 1..3 (3 numbers), got [3]; e.g. pp.cuts = [1, 3, 5] (4 "
+                 "chunks of about equal block counts)");
   expect_invalid(start(with({"pp.stages=2", "pp.microbatches=3"}), 2),
                  "pp.microbatches must be at most 2 or a multiple of it, got 3; use 2 or 4");
 }

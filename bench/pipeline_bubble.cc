@@ -1,8 +1,10 @@
 // Pipeline bubble benchmark: stages of fixed simulated compute (tests/parallel/pipeline_testing.h:
-// forward sleeps F ms, backward 2F ms, one block per stage), ranks as threads. For P = 2, 4 and
-// m = 1, 4, 8 under gpipe and 1f1b it prints the measured bubble fraction (mean over stages of
-// idle / schedule time) beside the model (P-1)/(m+P-1), and the peak activation memory per stage;
-// with --trace it draws the measured timeline of the last step for P = 4, m = 8 (docs/pipeline.md).
+// forward sleeps F ms, backward 2F ms per stage), ranks as threads. For P = 2, 4 and m = 1, 4, 8
+// under gpipe, 1f1b and interleaved (v = 2 chunks per stage of F / 2 each, so every stage
+// computes as much as under the others) it prints the measured bubble fraction (mean over stages
+// of idle / schedule time) beside the model (parallel::bubble_model: (P-1)/(m+P-1), interleaved
+// (P-1)/(v m+P-1)), and the peak activation memory per stage; with --trace it draws the measured
+// timeline of the last step for P = 4, m = 8 (docs/pipeline.md).
 //
 // Usage: pipeline_bubble [--forward-ms F] [--steps N] [--trace]
 #include <cmath>
@@ -28,16 +30,17 @@ struct Result {
   std::vector<std::vector<parallel::TraceEvent>> trace;  // by stage
 };
 
-Result measure(int P, int m, const std::string& schedule, double forward_ms, int steps) {
+Result measure(int P, int m, int v, const std::string& schedule, double forward_ms, int steps) {
   Result res;
   res.peak_bytes.resize(P);
   res.trace.resize(P);
   comm::run_threads(P, [&](comm::Communicator& c) {
-    auto model = testing::sleep_model(P, forward_ms);
+    auto model = testing::sleep_model(P * v, forward_ms / v);
     parallel::ParallelSpec spec;
     spec.pp_stages = P;
     spec.pp_microbatches = m;
     spec.pp_schedule = schedule;
+    spec.pp_virtual_stages = v;
     auto ledger = std::make_shared<MemoryLedger>();
     MemoryScope memory(ledger, MemCategory::kOther);
     parallel::Engine engine(spec, optim::OptimSpec{}, c, std::move(model), 1);
@@ -100,23 +103,24 @@ int main(int argc, char** argv) {
   }
   std::printf("forward %.1f ms, backward %.1f ms per stage; %d measured steps\n", forward_ms,
               2 * forward_ms, steps);
-  std::printf("%-6s %2s %2s %9s %9s %7s  peak activation KiB per stage\n", "sched", "P", "m",
+  std::printf("%-11s %2s %2s %9s %9s %7s  peak activation KiB per stage\n", "sched", "P", "m",
               "measured", "model", "diff");
   int worst_ok = 1;
-  for (const char* schedule : {"gpipe", "1f1b"})
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved"})
     for (int P : {2, 4})
       for (int m : {1, 4, 8}) {
-        Result r = measure(P, m, schedule, forward_ms, steps);
-        const double model = (P - 1.0) / (m + P - 1.0);
+        const int v = std::string(schedule) == "interleaved" ? 2 : 1;
+        Result r = measure(P, m, v, schedule, forward_ms, steps);
+        const double model = parallel::bubble_model(schedule, P, m, v);
         const double diff = r.measured - model;
         if (std::fabs(diff) > 0.05) worst_ok = 0;
-        std::printf("%-6s %2d %2d %9.3f %9.3f %+7.3f ", schedule, P, m, r.measured, model, diff);
+        std::printf("%-11s %2d %2d %9.3f %9.3f %+7.3f ", schedule, P, m, r.measured, model, diff);
         for (double b : r.peak_bytes) std::printf(" %6.1f", b / 1024);
         std::printf("\n");
         if (trace && P == 4 && m == 8) {
           std::printf(
               "  trace of the last step (1 char = %.1f ms; digit = forward, letter = "
-              "backward of that micro-batch, . = idle):\n",
+              "backward of that micro-batch, whichever of the stage's chunks, . = idle):\n",
               forward_ms / 2);
           draw(r, forward_ms / 2 * 1e-3);
         }

@@ -350,6 +350,10 @@ std::string plan_comments(const nlohmann::json& p, int world, const std::string&
     for (const auto& c : p["pipeline_chunks"])
       out += tessel::str("#   stage ", c["stage"].get<int>(), "  blocks [",
                          c["blocks"][0].get<int64_t>(), ", ", c["blocks"][1].get<int64_t>(), ")\n");
+  if (p.contains("pipeline_orders"))
+    for (size_t s = 0; s < p["pipeline_orders"].size(); ++s)
+      out += tessel::str("#   stage ", s, "  order ", p["pipeline_orders"][s].get<std::string>(),
+                         "\n");
   const auto& memory = p["memory_bytes_per_rank"];
   for (size_t r = 0; r < memory.size(); ++r)
     out += tessel::str("#   rank ", r, "   ", mib(memory[r]), "\n");

@@ -1,10 +1,6 @@
-// Pipeline partitions and schedules: which blocks each stage runs, in which order each stage
-// runs its forward and backward tasks, and the check that the messages of a schedule pair up.
+// Pipeline partitions: which blocks each stage runs.
 #include <algorithm>
 #include <limits>
-#include <map>
-#include <set>
-#include <tuple>
 
 #include "tessel/core/error.h"
 #include "tessel/parallel/pipeline.h"
@@ -39,20 +35,53 @@ std::vector<size_t> balanced_cuts(const std::vector<double>& cost, int stages) {
   return begin;
 }
 
+// The number of chunks: pp.stages, times pp.virtual_stages for the interleaved schedule.
+size_t chunk_count(const ParallelSpec& spec, size_t n, int stages) {
+  const int64_t v = spec.pp_virtual_stages;
+  const bool interleaved = spec.pp_schedule == "interleaved";
+  if (v != 1 && !interleaved)
+    throw InvalidArgument(str("config: pp.virtual_stages = ", v,
+                              " needs pp.schedule = ", "interleaved (", spec.pp_schedule,
+                              " runs one chunk per stage); set pp.schedule = interleaved or "
+                              "pp.virtual_stages = 1"));
+  if (interleaved && v < 2)
+    throw InvalidArgument(str("config: pp.schedule = interleaved needs pp.virtual_stages >= 2 ",
+                              "chunks per stage, got ", v,
+                              "; for one chunk per stage use pp.schedule = 1f1b"));
+  if (interleaved && spec.pp_cuts.empty() && spec.pp_partition == "round_robin")
+    throw InvalidArgument(
+        "config: pp.partition = round_robin makes every block a chunk, which pp.schedule = "
+        "interleaved does not take; use pp.partition = balanced or uniform, which cut the "
+        "model into pp.stages x pp.virtual_stages chunks");
+  const size_t chunks = static_cast<size_t>(stages) * static_cast<size_t>(v);
+  if (chunks > n)
+    throw InvalidArgument(
+        v > 1
+            ? str("config: pp.stages x pp.virtual_stages = ", stages, " x ", v, " = ", chunks,
+                  " chunks is more than the model's ", n,
+                  " blocks; every chunk needs at least one block, so use ",
+                  n / stages >= 2 ? str("pp.virtual_stages <= ", n / stages)
+                                  : str("pp.stages <= ", n / 2, " or pp.schedule = 1f1b"))
+            : str("config: pp.stages = ", stages, " is more than the model's ", n,
+                  " blocks; every stage needs at least one block, so use at most ", n, " stages"));
+  return chunks;
+}
+
 }  // namespace
 
 Partition make_partition(const ParallelSpec& spec, nn::Model& model, int stages) {
   const size_t n = model.num_blocks();
-  if (static_cast<size_t>(stages) > n)
-    throw InvalidArgument(str("config: pp.stages = ", stages, " is more than the model's ", n,
-                              " blocks; every stage needs at least one block, so use at most ", n,
-                              " stages"));
+  const size_t chunks = chunk_count(spec, n, stages);
+  const char* unit = chunks > static_cast<size_t>(stages) ? "chunks" : "stages";
   Partition p;
   if (!spec.pp_cuts.empty()) {
-    if (spec.pp_cuts.size() != static_cast<size_t>(stages - 1))
-      throw InvalidArgument(str("config: pp.cuts must list the first block of stages 1..",
-                                stages - 1, " (", stages - 1, " numbers), got ",
-                                list_str(spec.pp_cuts), "; e.g. pp.cuts = [", n / 2, "]"));
+    std::vector<int64_t> even;
+    for (size_t c = 1; c < chunks; ++c) even.push_back(static_cast<int64_t>(n * c / chunks));
+    if (spec.pp_cuts.size() != chunks - 1)
+      throw InvalidArgument(str("config: pp.cuts must list the first block of ", unit, " 1..",
+                                chunks - 1, " (", chunks - 1, " numbers), got ",
+                                list_str(spec.pp_cuts), "; e.g. pp.cuts = ", list_str(even), " (",
+                                chunks, " ", unit, " of about equal block counts)"));
     int64_t prev = 0;
     for (int64_t c : spec.pp_cuts) {
       if (c <= 0 || c >= static_cast<int64_t>(n))
@@ -69,7 +98,7 @@ Partition make_partition(const ParallelSpec& spec, nn::Model& model, int stages)
   } else if (spec.pp_partition == "round_robin") {
     for (size_t i = 0; i < n; ++i) p.begin.push_back(i);
   } else if (spec.pp_partition == "uniform") {
-    for (int s = 0; s < stages; ++s) p.begin.push_back(n * s / stages);
+    for (size_t c = 0; c < chunks; ++c) p.begin.push_back(n * c / chunks);
   } else if (spec.pp_partition == "balanced") {
     // Estimated compute per block: forward plus backward, which costs two forwards (weight and
     // input gradient) or one where the block skips its input gradient (the first block).
@@ -82,7 +111,7 @@ Partition make_partition(const ParallelSpec& spec, nn::Model& model, int stages)
       total += cost[i] = b.forward_flops(1) * (b.input_grad() ? 3 : 2);
     }
     for (size_t i = 0; i < n; ++i) cost[i] += total > 0 ? 1e-3 * total / n : 1.0;
-    std::vector<size_t> b = balanced_cuts(cost, stages);
+    std::vector<size_t> b = balanced_cuts(cost, static_cast<int>(chunks));
     p.begin.assign(b.begin(), b.end() - 1);
   } else {
     throw InvalidArgument(str("config: pp.partition must be balanced, uniform or round_robin, ",
@@ -91,179 +120,6 @@ Partition make_partition(const ParallelSpec& spec, nn::Model& model, int stages)
   for (size_t c = 0; c < p.begin.size(); ++c) p.stage.push_back(static_cast<int>(c % stages));
   p.begin.push_back(n);
   return p;
-}
-
-// A list scheduler run in simulated time: at each moment every idle stage picks one ready task
-// by the schedule's rule. The simulated run is a valid execution, so ordering each stage's tasks
-// by their simulated start gives orders consistent with one global order.
-std::vector<std::vector<Task>> make_schedule(const Partition& part, int stages, int micro,
-                                             const std::string& kind) {
-  TESSEL_CHECK(micro >= 1 && stages >= 1, "pipeline: schedule of ", micro, " micro-batches");
-  if (kind != "gpipe" && kind != "1f1b" && kind != "forward")
-    throw InvalidArgument(str("config: pp.schedule must be gpipe or 1f1b, got '", kind, "'"));
-  const int C = static_cast<int>(part.chunks());
-  const bool backward = kind != "forward";
-  const double inf = std::numeric_limits<double>::infinity();
-  // done_f[c][j], done_b[c][j]: simulated finish times (inf: not yet).
-  std::vector<std::vector<double>> done_f(C, std::vector<double>(micro, inf)), done_b = done_f;
-  std::vector<std::vector<bool>> started_f(C, std::vector<bool>(micro, false));
-  std::vector<std::vector<bool>> started_b = started_f;
-  std::vector<double> busy(stages, 0);
-  std::vector<int> forwards_left(stages, 0), first_chunk(stages, C);
-  for (int c = 0; c < C; ++c) {
-    forwards_left[part.stage[c]] += micro;
-    first_chunk[part.stage[c]] = std::min(first_chunk[part.stage[c]], c);
-  }
-  // Micro-batches in flight per stage: forwarded on some chunk, not yet fully backward.
-  std::vector<std::vector<int>> open(stages, std::vector<int>(micro, 0));
-  std::vector<int> inflight(stages, 0);
-  std::vector<std::vector<Task>> order(stages);
-  const size_t total = static_cast<size_t>(C) * micro * (backward ? 2 : 1);
-  size_t scheduled = 0;
-  double now = 0;
-  while (scheduled < total) {
-    for (int s = 0; s < stages; ++s) {
-      if (busy[s] > now) continue;
-      // Ready tasks of stage s: (ready time, micro, chunk) picks FIFO, then the lowest micro.
-      std::tuple<double, int, int> best_f{inf, 0, 0}, best_b{inf, 0, 0};
-      const int cap = std::min(micro, C - first_chunk[s]);
-      for (int c = 0; c < C; ++c) {
-        if (part.stage[c] != s) continue;
-        for (int j = 0; j < micro; ++j) {
-          if (!started_f[c][j]) {
-            double ready = c == 0 ? 0 : done_f[c - 1][j];
-            bool allowed = kind != "1f1b" || open[s][j] > 0 || inflight[s] < cap;
-            if (ready <= now && allowed) best_f = std::min(best_f, {ready, j, c});
-          } else if (backward && !started_b[c][j]) {
-            double ready = c + 1 == C ? done_f[c][j] : done_b[c + 1][j];
-            ready = std::max(ready, done_f[c][j]);
-            if (ready <= now) best_b = std::min(best_b, {ready, j, -c});
-          }
-        }
-      }
-      bool pick_b = std::get<0>(best_b) < inf;
-      if (kind == "gpipe" && forwards_left[s] > 0) pick_b = false;
-      if (kind == "1f1b" && !pick_b && std::get<0>(best_f) == inf) continue;
-      if (!pick_b && std::get<0>(best_f) == inf) continue;
-      if (pick_b) {
-        const int j = std::get<1>(best_b), c = -std::get<2>(best_b);
-        started_b[c][j] = true;
-        busy[s] = done_b[c][j] = now + 2;
-        order[s].push_back({TaskOp::kBackward, c, j});
-        if (--open[s][j] == 0) --inflight[s];
-      } else {
-        const int j = std::get<1>(best_f), c = std::get<2>(best_f);
-        started_f[c][j] = true;
-        busy[s] = done_f[c][j] = now + 1;
-        order[s].push_back({TaskOp::kForward, c, j});
-        --forwards_left[s];
-        if (backward && open[s][j]++ == 0) ++inflight[s];
-      }
-      ++scheduled;
-    }
-    // Advance to the next finish time.
-    double next = inf;
-    for (int s = 0; s < stages; ++s)
-      if (busy[s] > now) next = std::min(next, busy[s]);
-    TESSEL_CHECK(next < inf || scheduled == total, "pipeline: the ", kind,
-                 " schedule simulation stalled after ", scheduled, " of ", total, " tasks");
-    if (next < inf) now = next;
-  }
-  return order;
-}
-
-void check_schedule(const Partition& part, const std::vector<std::vector<Task>>& schedule,
-                    int micro, int tied_from, int tied_to) {
-  const int C = static_cast<int>(part.chunks());
-  const int stages = static_cast<int>(schedule.size());
-  // A message: (kind, boundary or -1, micro); kind 0 activation, 1 gradient, 2 tied gradient.
-  using Msg = std::tuple<int, int, int>;
-  auto name = [](const Msg& m) {
-    static const char* kinds[] = {"activation", "activation gradient", "tied-table gradient"};
-    return str(kinds[std::get<0>(m)], " of micro-batch ", std::get<2>(m),
-               std::get<1>(m) >= 0 ? str(" across chunk boundary ", std::get<1>(m)) : "");
-  };
-  struct Io {
-    std::vector<Msg> recvs, sends;
-  };
-  auto io_of = [&](const Task& t) {
-    Io io;
-    const int c = t.chunk, j = t.micro;
-    if (t.op == TaskOp::kForward) {
-      if (c > 0) io.recvs.push_back({0, c - 1, j});
-      if (c + 1 < C) io.sends.push_back({0, c, j});
-    } else {
-      if (c + 1 < C) io.recvs.push_back({1, c, j});
-      if (c == tied_to && tied_from >= 0) io.recvs.push_back({2, -1, j});
-      if (c == tied_from) io.sends.push_back({2, -1, j});
-      if (c > 0) io.sends.push_back({1, c - 1, j});
-    }
-    return io;
-  };
-  // 1. Each task once; each message sent once and received once, in the same order per path.
-  std::map<Msg, int> sent_by, recv_by;
-  std::map<std::pair<int, int>, std::vector<Msg>> sent_order, recv_order;  // by (from, to)
-  std::set<std::tuple<int, int, int>> seen;
-  for (int s = 0; s < stages; ++s)
-    for (const Task& t : schedule[s]) {
-      TESSEL_CHECK(t.chunk >= 0 && t.chunk < C && part.stage[t.chunk] == s && t.micro >= 0 &&
-                       t.micro < micro,
-                   "pipeline: stage ", s, " schedules chunk ", t.chunk, " micro-batch ", t.micro,
-                   " which it does not hold");
-      if (!seen.insert({static_cast<int>(t.op), t.chunk, t.micro}).second)
-        throw Error(str("pipeline: stage ", s, " schedules chunk ", t.chunk, " micro-batch ",
-                        t.micro, " twice"));
-      Io io = io_of(t);
-      for (const Msg& m : io.sends) sent_by[m] = s;
-      for (const Msg& m : io.recvs) recv_by[m] = s;
-    }
-  for (auto& [m, s] : sent_by)
-    if (!recv_by.count(m))
-      throw Error(str("pipeline: stage ", s, " sends the ", name(m), " that no stage receives"));
-  for (auto& [m, s] : recv_by)
-    if (!sent_by.count(m))
-      throw Error(str("pipeline: stage ", s, " waits for the ", name(m), " that no stage sends"));
-  for (int s = 0; s < stages; ++s)
-    for (const Task& t : schedule[s]) {
-      Io io = io_of(t);
-      for (const Msg& m : io.sends) sent_order[{s, recv_by[m]}].push_back(m);
-      for (const Msg& m : io.recvs) recv_order[{sent_by[m], s}].push_back(m);
-    }
-  for (auto& [path, msgs] : sent_order) {
-    // Messages of one kind and boundary travel on one link and must arrive in send order.
-    std::map<std::pair<int, int>, std::vector<int>> a, b;
-    for (const Msg& m : msgs) a[{std::get<0>(m), std::get<1>(m)}].push_back(std::get<2>(m));
-    for (const Msg& m : recv_order[path])
-      b[{std::get<0>(m), std::get<1>(m)}].push_back(std::get<2>(m));
-    if (a != b)
-      throw Error(str("pipeline: stage ", path.first, " sends to stage ", path.second,
-                      " in a different order than stage ", path.second, " receives"));
-  }
-  // 2. Run it: sends never block, a receive blocks until its message was sent.
-  std::vector<size_t> next(stages, 0);
-  std::set<Msg> arrived;
-  for (bool progress = true; progress;) {
-    progress = false;
-    for (int s = 0; s < stages; ++s)
-      while (next[s] < schedule[s].size()) {
-        Io io = io_of(schedule[s][next[s]]);
-        bool ready = std::all_of(io.recvs.begin(), io.recvs.end(),
-                                 [&](const Msg& m) { return arrived.count(m) > 0; });
-        if (!ready) break;
-        for (const Msg& m : io.sends) arrived.insert(m);
-        ++next[s];
-        progress = true;
-      }
-  }
-  for (int s = 0; s < stages; ++s)
-    if (next[s] < schedule[s].size()) {
-      const Task& t = schedule[s][next[s]];
-      for (const Msg& m : io_of(t).recvs)
-        if (!arrived.count(m))
-          throw Error(str("pipeline: the schedule deadlocks: stage ", s, " waits for the ", name(m),
-                          " before its ", t.op == TaskOp::kForward ? "forward" : "backward",
-                          " of chunk ", t.chunk, ", which is never sent first"));
-    }
 }
 
 }  // namespace tessel::parallel

@@ -302,7 +302,9 @@ void PipelineExecutor::check_batch_rows(int64_t rows) const {
 void PipelineExecutor::plan_micro_batches(int64_t rows) {
   const int64_t m_spec = spec_.pp_microbatches;
   // A short last batch may not divide evenly: the first micro-batches get one row more.
-  const int m = static_cast<int>(std::min<int64_t>(m_spec, std::max<int64_t>(rows, 1)));
+  int m = static_cast<int>(std::min<int64_t>(m_spec, std::max<int64_t>(rows, 1)));
+  // The interleaved schedule takes whole groups of P micro-batches (or fewer than P).
+  if (spec_.pp_schedule == "interleaved" && m > stages_) m -= m % stages_;
   micro_rows_.assign(m, rows / m);
   micro_first_.assign(m, 0);
   for (int j = 0; j < m; ++j) {

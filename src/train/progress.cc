@@ -244,7 +244,6 @@ json pipeline_json(const std::vector<parallel::RankStats>& ranks, parallel::Engi
          {"peak_inflight_microbatches", static_cast<int>(s.peak_inflight)},
          {"sent_bytes", s.sent_bytes}});
   }
-  const double P = layout.pp, m = static_cast<double>(config.parallel.pp_microbatches);
   std::vector<std::vector<std::string>> blocks(static_cast<size_t>(layout.pp));
   const parallel::Partition& part = engine.pipeline()->partition();
   for (size_t c = 0; c < part.chunks(); ++c)
@@ -255,7 +254,11 @@ json pipeline_json(const std::vector<parallel::RankStats>& ranks, parallel::Engi
           {"pipeline_partition",
            config.parallel.pp_cuts.empty() ? config.parallel.pp_partition : "cuts"},
           {"pipeline_stage_blocks", blocks},
-          {"pipeline_bubble_fraction_model", (P - 1) / (m + P - 1)},
+          {"pipeline_virtual_stages", config.parallel.pp_virtual_stages},
+          {"pipeline_bubble_fraction_model",
+           parallel::bubble_model(config.parallel.pp_schedule, layout.pp,
+                                  static_cast<int>(config.parallel.pp_microbatches),
+                                  static_cast<int>(config.parallel.pp_virtual_stages))},
           {"pipeline_bubble_fraction_measured", bubble_sum / static_cast<double>(ranks.size())},
           {"pipeline_stages", stages}};
 }

@@ -109,6 +109,11 @@ json Trainer::plan() const {
       stages.push_back(
           {{"stage", part.stage[c]}, {"blocks", json::array({part.begin[c], part.begin[c + 1]})}});
     out["pipeline_chunks"] = stages;
+    const auto& schedule = p->schedule();  // each stage's task order for a full batch
+    json orders = json::array();
+    for (const auto& order : schedule)
+      orders.push_back(parallel::order_str(part, static_cast<int>(schedule.size()), order));
+    out["pipeline_orders"] = orders;
   }
   return out;
 }

@@ -141,6 +141,7 @@ TEST_F(Cli, ConfigFailsExactlyAsTrainDoes) {
   const Result ok = run("config " + spiral + " --workers 2 --set pp.stages=2");
   EXPECT_EQ(ok.exit_code, 0) << ok.output;
   EXPECT_NE(ok.output.find("layout   pp=2"), std::string::npos) << ok.output;
+  EXPECT_NE(ok.output.find("stage 1  order F0 B0\n"), std::string::npos) << ok.output;
   // ... with no float noise in what it prints.
   EXPECT_EQ(ok.output.find("0000000"), std::string::npos) << ok.output;
   EXPECT_EQ(ok.output.find("9999999"), std::string::npos) << ok.output;

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Pipeline and parameter-server layouts under mpirun (one rank per process):
 #  1. a dp 2 x pp 2 pipeline in deterministic mode gives one rank's params_sha256;
-#  2. a pp 2 pipeline and a sync parameter server (1 server x 2 workers) give the same
-#     params_sha256 as the same layout run as threads of one process;
+#  2. a pp 2 pipeline (1f1b, and interleaved with 2 chunks per stage) and a sync parameter
+#     server (1 server x 2 workers) give the same params_sha256 as the same layout run as
+#     threads of one process;
 #  3. async and ssp parameter servers (1 server x 2 workers) hand out every batch exactly once;
 #  4. dp 2 x pp 2 x tp 2 (sequence parallel) on char_gpt: 8 MPI ranks = 8 threads.
 # Usage: mpi_layouts_test.sh TESSEL_BINARY SOURCE_DIR
@@ -31,6 +32,8 @@ check_same() {  # name, np, extra args...
   echo "ok: $name, $np MPI ranks = $np threads ($(layout "$tmp/$name-mpi"))"
 }
 check_same pipeline 2 --set pp.stages=2 --set pp.microbatches=3
+check_same interleaved 2 --set pp.stages=2 --set train.batch=32 --set pp.microbatches=4 \
+  --set pp.schedule=interleaved --set pp.virtual_stages=2
 check_same ps_sync 3 --set ps.servers=1 --set ps.mode=sync --set optim.lr=0.1
 for mode in async ssp; do
   $mpirun -np 3 "$tessel" train "$src/examples/spiral_ps.toml" --quiet --set ps.mode=$mode \
@@ -55,4 +58,4 @@ $mpirun -np 8 "$tessel" "${gpt[@]}" --run-dir "$tmp/3d-mpi" > "$tmp/3d.out" 2>&1
 [ "$(sha "$tmp/3d-threads")" = "$(sha "$tmp/3d-mpi")" ] ||
   { echo "FAIL: dp 2 x pp 2 x tp 2 under mpirun differs from threads"; exit 1; }
 echo "ok: dp 2 x pp 2 x tp 2, 8 MPI ranks = 8 threads"
-echo "6 passed, 0 failed"
+echo "7 passed, 0 failed"

@@ -1,7 +1,8 @@
 // Pipeline parallelism equals sequential training: pp = 2 and 4 and dp 2 x pp 2 (ranks as
 // threads) end within 1e-5 of one rank after 20 steps for an MLP, a CNN and a GPT whose tied
 // LM head sits on another stage than its embedding; deterministic mode gives the same bits;
-// 1f1b holds fewer activations than gpipe; schedules are checked; bad layouts fail at start.
+// 1f1b holds fewer activations than gpipe; interleaved 1F1B is Megatron's order and equals 1f1b
+// and one rank; schedules are checked; bad layouts fail at start.
 #include "tessel/parallel/pipeline.h"
 
 #include <gtest/gtest.h>
@@ -125,6 +126,50 @@ TEST(Pipeline, MlpMatchesSingleRank) { expect_matches_single("mlp"); }
 TEST(Pipeline, CnnMatchesSingleRank) { expect_matches_single("cnn"); }
 TEST(Pipeline, GptMatchesSingleRank) { expect_matches_single("gpt"); }
 
+// Interleaved 1F1B (v chunks per stage) at p = 2 and 4, m = 4 and 8, beside dp with ZeRO, tp,
+// recompute and bf16: within 1e-5 of one rank after 20 steps, and the same train_loss as 1f1b
+// with the same p and m (the same precision on both sides).
+TEST(Pipeline, InterleavedMatchesSingleRankAndOneFOneB) {
+  struct Case {
+    std::string model;
+    int workers, v;
+    std::vector<std::string> keys;  // the model's and the layout's
+  };
+  const std::string deep_mlp = "model.hidden=[32,16,16]", deep_gpt = "model.layers=6";
+  const std::vector<Case> cases = {
+      {"mlp", 2, 2, {"pp.stages=2", "pp.microbatches=4"}},
+      {"mlp", 2, 3, {"pp.stages=2", "pp.microbatches=8"}},
+      {"mlp", 4, 2, {deep_mlp, "pp.stages=4", "pp.microbatches=8", "pp.partition=uniform"}},
+      {"mlp", 4, 2, {"pp.stages=2", "pp.microbatches=2", "zero.stage=2"}},  // dp 2 x pp 2
+      {"gpt", 2, 2, {"pp.stages=2", "pp.microbatches=4", "train.precision=bf16"}},
+      {"gpt", 4, 2, {deep_gpt, "pp.stages=4", "pp.microbatches=4", "train.recompute=full"}},
+      {"gpt", 4, 2, {"pp.stages=2", "pp.microbatches=4", "tp.size=2"}}};  // tp 2 x pp 2
+  for (const Case& c : cases) {
+    std::vector<std::string> model_keys;  // what the single rank runs too
+    for (const std::string& k : c.keys)
+      if (k.rfind("model.", 0) == 0 || k.rfind("train.precision", 0) == 0) model_keys.push_back(k);
+    const RunResult single = train_on(config_for(c.model, model_keys), 1);
+    std::vector<std::string> keys = c.keys;
+    keys.push_back("pp.schedule=1f1b");
+    const RunResult ofob = train_on(config_for(c.model, keys), c.workers);
+    keys.back() = "pp.schedule=interleaved";
+    keys.push_back("pp.virtual_stages=" + std::to_string(c.v));
+    const RunResult inter = train_on(config_for(c.model, keys), c.workers);
+    const std::string what =
+        c.model + " " + inter.summary["layout"].get<std::string>() + " " + c.keys.back();
+    const bool bf16 = model_keys.size() && model_keys.back() == "train.precision=bf16";
+    // bf16 rounds differently on one rank than across stages (2.4e-3 measured); 1f1b in bf16
+    // is the reference there.
+    EXPECT_LT(max_rel_diff(single.params, inter.params), bf16 ? 1e-2 : 1e-5) << what;
+    EXPECT_LT(max_rel_diff(ofob.params, inter.params), 1e-5) << what;
+    EXPECT_NEAR(inter.summary["train_loss"].get<double>(), ofob.summary["train_loss"].get<double>(),
+                1e-5)
+        << what;
+    EXPECT_EQ(inter.summary["steps"], 20);
+    EXPECT_EQ(inter.summary["ranks"]["pipeline_schedule"], "interleaved");
+  }
+}
+
 TEST(Pipeline, AccumulationAndShortBatchesMatchSingleRank) {
   // Two pieces per step, and 130 training samples in batches of 24: the last batch has 10 rows
   // (5 per replica), which 4 micro-batches cannot divide, so it is cut unevenly.
@@ -190,6 +235,9 @@ TEST(Pipeline, DeterministicModeIsBitIdentical) {
       const RunResult grid = train_on(config_for(model, pp), 4);
       EXPECT_EQ(grid.summary["layout"], "dp=2 pp=2");
       EXPECT_EQ(grid.summary["params_sha256"], single.summary["params_sha256"]) << model;
+      pp.insert(pp.end(), {"pp.schedule=interleaved", "pp.virtual_stages=2"});
+      const RunResult inter = train_on(config_for(model, pp), 2);
+      EXPECT_EQ(inter.summary["params_sha256"], single.summary["params_sha256"]) << model;
     }
 }
 
@@ -247,6 +295,37 @@ TEST(Pipeline, SchedulesHaveTheTextbookShape) {
   }
   EXPECT_NO_THROW(parallel::check_schedule(part, f, 8, -1, -1));
   EXPECT_NO_THROW(parallel::check_schedule(part, g, 8, 3, 0));
+}
+
+TEST(Pipeline, InterleavedScheduleIsMegatrons) {
+  // P = 2, v = 2, m = 4: stage 0 holds chunks 0 and 2, stage 1 chunks 1 and 3. Forwards in
+  // groups of P micro-batches per chunk; stage 0 warms up with 2 (P - 1) + (v - 1) P = 4.
+  parallel::Partition part{{0, 1, 2, 3, 4}, {0, 1, 0, 1}};
+  auto s = parallel::make_schedule(part, 2, 4, "interleaved");
+  EXPECT_EQ(parallel::order_str(part, 2, s[0]),
+            "F0/0 F1/0 F0/2 F1/2 F2/0 B0/2 F3/0 B1/2 F2/2 B0/0 F3/2 B1/0 B2/2 B3/2 B2/0 B3/0");
+  EXPECT_EQ(parallel::order_str(part, 2, s[1]),
+            "F0/1 F1/1 F0/3 B0/3 F1/3 B1/3 F2/1 B0/1 F3/1 B1/1 F2/3 B2/3 F3/3 B3/3 B2/1 B3/1");
+  // Every P, v and m that the schedule takes passes the check, with a tied table from the last
+  // chunk to the first.
+  for (int P = 2; P <= 6; ++P)
+    for (int v = 2; v <= 3; ++v)
+      for (int m = 1; m <= 3 * P; ++m) {
+        parallel::Partition p;
+        for (int c = 0; c <= P * v; ++c) p.begin.push_back(static_cast<size_t>(c));
+        for (int c = 0; c < P * v; ++c) p.stage.push_back(c % P);
+        if (m > P && m % P != 0) {
+          EXPECT_THROW(parallel::make_schedule(p, P, m, "interleaved"), InvalidArgument);
+          continue;
+        }
+        auto order = parallel::make_schedule(p, P, m, "interleaved");
+        EXPECT_NO_THROW(parallel::check_schedule(p, order, m, P * v - 1, 0))
+            << "P " << P << " v " << v << " m " << m;
+        for (const auto& stage : order) EXPECT_EQ(stage.size(), static_cast<size_t>(2 * v * m));
+      }
+  // One chunk per stage is 1f1b's job.
+  EXPECT_THROW(parallel::make_schedule(parallel::Partition{{0, 1, 2}, {0, 1}}, 2, 4, "interleaved"),
+               InvalidArgument);
 }
 
 TEST(Pipeline, BadSchedulesAreCaughtBeforeTheyRun) {
@@ -322,6 +401,29 @@ TEST(Pipeline, BadLayoutsFailAtStart) {
   expect_invalid(start({"pp.stages=2"}, 3), "does not divide the 3 ranks");
   expect_invalid(start({"pp.stages=2", "pp.microbatches=2", "train.deterministic=true"}, 2),
                  "pp.microbatches = 1");
+  expect_invalid(start({"pp.stages=2", "pp.virtual_stages=2"}, 2),
+                 "pp.virtual_stages = 2 needs pp.schedule = interleaved (1f1b runs one chunk");
+  expect_invalid(start({"pp.stages=2", "pp.schedule=interleaved"}, 2),
+                 "needs pp.virtual_stages >= 2 chunks per stage, got 1");
+  const std::vector<std::string> inter = {"pp.schedule=interleaved", "pp.virtual_stages=2"};
+  auto with = [&](std::vector<std::string> keys) {
+    keys.insert(keys.end(), inter.begin(), inter.end());
+    return keys;
+  };
+  expect_invalid(start(with({"pp.stages=4"}), 4),
+                 "pp.stages x pp.virtual_stages = 4 x 2 = 8 chunks is more than the model's 7 "
+                 "blocks; every chunk needs at least one block, so use pp.stages <= 3 or "
+                 "pp.schedule = 1f1b");
+  expect_invalid(start({"pp.stages=2", "pp.schedule=interleaved", "pp.virtual_stages=4"}, 2),
+                 "2 x 4 = 8 chunks is more than the model's 7 blocks; every chunk needs at least "
+                 "one block, so use pp.virtual_stages <= 3");
+  expect_invalid(start(with({"pp.stages=2", "pp.partition=round_robin"}), 2),
+                 "use pp.partition = balanced or uniform");
+  expect_invalid(start(with({"pp.stages=2", "pp.cuts=[3]"}), 2),
+                 "first block of chunks 1..3 (3 numbers), got [3]; e.g. pp.cuts = [1, 3, 5] (4 "
+                 "chunks of about equal block counts)");
+  expect_invalid(start(with({"pp.stages=2", "pp.microbatches=3"}), 2),
+                 "pp.microbatches must be at most 2 or a multiple of it, got 3; use 2 or 4");
 }
 
 // Forward is the identity; backward returns a gradient one column short (a broken block).
@@ -381,34 +483,45 @@ TEST(Pipeline, ExplicitCutsAndBalancedPartition) {
   spec.pp_partition = "round_robin";
   p = parallel::make_partition(spec, *model, 2);
   EXPECT_EQ(p.stage, (std::vector<int>{0, 1, 0, 1, 0}));
+  // Interleaved: P x v chunks balanced by cost, chunk c on stage c mod P.
+  spec.pp_partition = "balanced";
+  spec.pp_schedule = "interleaved";
+  spec.pp_virtual_stages = 2;
+  p = parallel::make_partition(spec, *model, 2);
+  EXPECT_EQ(p.begin, (std::vector<size_t>{0, 1, 2, 3, 5}));
+  EXPECT_EQ(p.stage, (std::vector<int>{0, 1, 0, 1}));
 }
 
 TEST(Pipeline, BubbleFollowsTheModelWithFixedComputeBlocks) {
   // Loose bounds (a busy machine delays the sleeping stages); bench/pipeline_bubble measures
-  // the full grid.
+  // the full grid. Interleaved: v = 2 chunks per stage, each half a stage's compute.
   const int P = 2, m = 4;
-  double measured = 0;
-  comm::run_threads(P, [&](comm::Communicator& c) {
-    auto model = testing::sleep_model(P, 3.0);
-    parallel::ParallelSpec spec;
-    spec.pp_stages = P;
-    spec.pp_microbatches = m;
-    parallel::Engine engine(spec, optim::OptimSpec{}, c, std::move(model), 1);
-    Tensor x = Tensor::zeros({8, 4});
-    Tensor y = Tensor::zeros({8}, DType::kI32);
-    engine.start();
-    for (int step = 0; step < 4; ++step) {
-      if (step == 1) engine.take_stats(0);  // the first step allocates the caches
-      engine.train_piece({x, y, nn::Context{true, 1, step, 0}, 1.0, true});
-      engine.step(0.1f, 0, step);
-    }
-    double bubble = 0;
-    for (const parallel::RankStats& s : engine.take_stats(0))
-      bubble += 1.0 - (s.forward_s + s.backward_s) / s.schedule_s;
-    if (c.rank() == 0) measured = bubble / P;
-  });
-  const double model = (P - 1.0) / (m + P - 1.0);
-  EXPECT_NEAR(measured, model, 0.1);
+  for (int v : {1, 2}) {
+    const std::string schedule = v == 1 ? "1f1b" : "interleaved";
+    double measured = 0;
+    comm::run_threads(P, [&](comm::Communicator& c) {
+      auto model = testing::sleep_model(P * v, 8.0 / v);
+      parallel::ParallelSpec spec;
+      spec.pp_stages = P;
+      spec.pp_microbatches = m;
+      spec.pp_schedule = schedule;
+      spec.pp_virtual_stages = v;
+      parallel::Engine engine(spec, optim::OptimSpec{}, c, std::move(model), 1);
+      Tensor x = Tensor::zeros({8, 4});
+      Tensor y = Tensor::zeros({8}, DType::kI32);
+      engine.start();
+      for (int step = 0; step < 4; ++step) {
+        if (step == 1) engine.take_stats(0);  // the first step allocates the caches
+        engine.train_piece({x, y, nn::Context{true, 1, step, 0}, 1.0, true});
+        engine.step(0.1f, 0, step);
+      }
+      double bubble = 0;
+      for (const parallel::RankStats& s : engine.take_stats(0))
+        bubble += 1.0 - (s.forward_s + s.backward_s) / s.schedule_s;
+      if (c.rank() == 0) measured = bubble / P;
+    });
+    EXPECT_NEAR(measured, parallel::bubble_model(schedule, P, m, v), 0.1) << schedule;
+  }
 }
 
 }  // namespace

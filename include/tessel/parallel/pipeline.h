@@ -1,16 +1,17 @@
 // Pipeline model parallelism (pp.stages = P), the executor of a pipeline stage. The model's
 // blocks are cut into chunks (contiguous block ranges); chunk c runs on stage
 // Partition::stage[c] -- one chunk per stage for balanced / uniform / explicit cuts, several
-// interleaved chunks per stage for round_robin. Each piece of a step is cut into
-// pp.microbatches micro-batches; a static schedule (gpipe or 1f1b) orders every stage's forward
-// and backward tasks, activations travel forward and activation gradients backward with
-// point-to-point messages on one two-rank communicator per chunk boundary and direction, so a
-// send never waits behind a receive. A stage keeps one set of activation caches per micro-batch
-// in flight (the blocks themselves hold no activations). Gradients accumulate over the
-// micro-batches; the gradient sync over the dp group reduces them like plain data parallelism.
-// A GPT's tied LM head on another stage than its embedding keeps a copy of the token table: it
-// sends its share of the table gradient to the embedding's stage per micro-batch, and the
-// updated table comes back after each step (sync_tied_table). One per rank, used by its thread.
+// interleaved chunks per stage for pp.schedule = interleaved (chunks s, s + P, ...) and
+// round_robin. Each piece of a step is cut into pp.microbatches micro-batches; a static schedule
+// (gpipe, 1f1b or interleaved: schedule.h) orders every stage's forward and backward tasks,
+// activations travel forward and activation gradients backward with point-to-point messages on one
+// two-rank communicator per chunk boundary and direction, so a send never waits behind a receive. A
+// stage keeps one set of activation caches per micro-batch in flight (the blocks themselves hold no
+// activations). Gradients accumulate over the micro-batches; the gradient sync over the dp group
+// reduces them like plain data parallelism. A GPT's tied LM head on another stage than its
+// embedding keeps a copy of the token table: it sends its share of the table gradient to the
+// embedding's stage per micro-batch, and the updated table comes back after each step
+// (sync_tied_table). One per rank, used by its thread.
 #pragma once
 
 #include <map>
@@ -21,6 +22,7 @@
 #include "tessel/comm/communicator.h"
 #include "tessel/parallel/executor.h"
 #include "tessel/parallel/param_store.h"
+#include "tessel/parallel/schedule.h"
 #include "tessel/parallel/spec.h"
 
 namespace tessel {
@@ -29,40 +31,10 @@ class Tracer;
 
 namespace tessel::parallel {
 
-// Chunk c holds blocks [begin[c], begin[c + 1]) and runs on stage stage[c]. Chunks are in model
-// order; begin.back() is the number of blocks.
-struct Partition {
-  std::vector<size_t> begin;
-  std::vector<int> stage;
-  size_t chunks() const { return stage.size(); }
-};
-
 // The partition pp.partition / pp.cuts give `model` over `stages` stages. Throws
 // InvalidArgument for more stages than blocks and for cuts of the wrong count, out of order or
 // out of range.
 Partition make_partition(const ParallelSpec& spec, nn::Model& model, int stages);
-
-enum class TaskOp : uint8_t { kForward, kBackward };
-struct Task {
-  TaskOp op;
-  int chunk;
-  int micro;
-};
-
-// Every stage's task order for `micro` micro-batches: "gpipe" (all forwards, then all
-// backwards), "1f1b" (backward first whenever one is ready; at most min(m, chunks after the
-// stage's first chunk) micro-batches in flight), or "forward" (evaluation). The orders come from
-// a simulation of the schedule in unit time (forward 1, backward 2 per chunk), so each stage's
-// order is consistent with one global execution order: blocking receives cannot deadlock.
-std::vector<std::vector<Task>> make_schedule(const Partition& part, int stages, int micro,
-                                             const std::string& kind);
-
-// Checks a schedule before it runs: every message (activation, activation gradient, tied-table
-// gradient from chunk tied_from to tied_to; -1: none) is sent and received once, in the same
-// order at both ends, and the schedule completes with non-blocking sends and blocking receives.
-// Throws Error naming the stage and message otherwise.
-void check_schedule(const Partition& part, const std::vector<std::vector<Task>>& schedule,
-                    int micro, int tied_from, int tied_to);
 
 // One task as it ran (seconds since the start of the piece's schedule), for the trace picture.
 struct TraceEvent {
@@ -96,6 +68,10 @@ class PipelineExecutor final : public Executor {
 
   int stage() const { return stage_; }
   const Partition& partition() const { return part_; }
+  // Every stage's training schedule for pp.microbatches micro-batches.
+  const std::vector<std::vector<Task>>& schedule() const {
+    return schedules_.at({static_cast<int>(spec_.pp_microbatches), true});
+  }
   // The last training piece's tasks as they ran on this rank.
   const std::vector<TraceEvent>& trace() const { return trace_; }
 

@@ -1,0 +1,253 @@
+// Pipeline schedules: in which order each stage runs its forward and backward tasks, and the
+// check that the messages of a schedule pair up.
+#include "tessel/parallel/schedule.h"
+
+#include <algorithm>
+#include <limits>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "tessel/core/error.h"
+
+namespace tessel::parallel {
+
+namespace {
+
+// Megatron-LM's interleaved 1F1B. Stage s holds chunks s, s + P, ..., s + (v - 1) P. Its
+// forwards run through the micro-batches in groups of P (m a multiple of P, or one group of
+// m < P; a short last group can deadlock): the group on the stage's first chunk, then on its
+// second, ...; its backwards run the same table with the chunks in reverse. A stage warms up
+// with 2 (P - s - 1) + (v - 1) P forwards (every forward when m = P, as Megatron does), then
+// runs one forward and one backward in turn, then the remaining backwards.
+std::vector<std::vector<Task>> interleaved_schedule(const Partition& part, int stages, int micro) {
+  const int C = static_cast<int>(part.chunks());
+  bool round = C % stages == 0 && C / stages >= 2;
+  for (int c = 0; c < C; ++c) round = round && part.stage[c] == c % stages;
+  if (!round)
+    throw InvalidArgument(str("pipeline: the interleaved schedule needs chunk c on stage c mod ",
+                              stages, " and at least 2 chunks per stage, got ", C,
+                              " chunks; set pp.virtual_stages >= 2 with pp.partition = balanced "
+                              "or uniform"));
+  if (micro > stages && micro % stages != 0)
+    throw InvalidArgument(str("config: pp.schedule = interleaved runs the micro-batches in groups ",
+                              "of pp.stages = ", stages, ", so pp.microbatches must be at most ",
+                              stages, " or a multiple of it, got ", micro, "; use ",
+                              micro - micro % stages, " or ", micro + stages - micro % stages));
+  const int v = C / stages, total = micro * v;
+  std::vector<std::pair<int, int>> table;  // (micro-batch, local chunk) in forward order
+  for (int g = 0; g < micro; g += stages)
+    for (int k = 0; k < v; ++k)
+      for (int j = g; j < std::min(g + stages, micro); ++j) table.push_back({j, k});
+  std::vector<std::vector<Task>> order(stages);
+  for (int s = 0; s < stages; ++s) {
+    const int warm =
+        micro == stages ? total : std::min(total, 2 * (stages - s - 1) + (v - 1) * stages);
+    auto forward = [&](int k) {
+      order[s].push_back({TaskOp::kForward, table[k].second * stages + s, table[k].first});
+    };
+    auto backward = [&](int k) {
+      order[s].push_back(
+          {TaskOp::kBackward, (v - 1 - table[k].second) * stages + s, table[k].first});
+    };
+    for (int k = 0; k < warm; ++k) forward(k);
+    for (int k = 0; k < total - warm; ++k) forward(warm + k), backward(k);
+    for (int k = total - warm; k < total; ++k) backward(k);
+  }
+  return order;
+}
+
+}  // namespace
+
+// A list scheduler run in simulated time: at each moment every idle stage picks one ready task
+// by the schedule's rule. The simulated run is a valid execution, so ordering each stage's tasks
+// by their simulated start gives orders consistent with one global order.
+std::vector<std::vector<Task>> make_schedule(const Partition& part, int stages, int micro,
+                                             const std::string& kind) {
+  TESSEL_CHECK(micro >= 1 && stages >= 1, "pipeline: schedule of ", micro, " micro-batches");
+  if (kind == "interleaved") return interleaved_schedule(part, stages, micro);
+  if (kind != "gpipe" && kind != "1f1b" && kind != "forward")
+    throw InvalidArgument(
+        str("config: pp.schedule must be gpipe, 1f1b or interleaved, got '", kind, "'"));
+  const int C = static_cast<int>(part.chunks());
+  const bool backward = kind != "forward";
+  const double inf = std::numeric_limits<double>::infinity();
+  // done_f[c][j], done_b[c][j]: simulated finish times (inf: not yet).
+  std::vector<std::vector<double>> done_f(C, std::vector<double>(micro, inf)), done_b = done_f;
+  std::vector<std::vector<bool>> started_f(C, std::vector<bool>(micro, false));
+  std::vector<std::vector<bool>> started_b = started_f;
+  std::vector<double> busy(stages, 0);
+  std::vector<int> forwards_left(stages, 0), first_chunk(stages, C);
+  for (int c = 0; c < C; ++c) {
+    forwards_left[part.stage[c]] += micro;
+    first_chunk[part.stage[c]] = std::min(first_chunk[part.stage[c]], c);
+  }
+  // Micro-batches in flight per stage: forwarded on some chunk, not yet fully backward.
+  std::vector<std::vector<int>> open(stages, std::vector<int>(micro, 0));
+  std::vector<int> inflight(stages, 0);
+  std::vector<std::vector<Task>> order(stages);
+  const size_t total = static_cast<size_t>(C) * micro * (backward ? 2 : 1);
+  size_t scheduled = 0;
+  double now = 0;
+  while (scheduled < total) {
+    for (int s = 0; s < stages; ++s) {
+      if (busy[s] > now) continue;
+      // Ready tasks of stage s: (ready time, micro, chunk) picks FIFO, then the lowest micro.
+      std::tuple<double, int, int> best_f{inf, 0, 0}, best_b{inf, 0, 0};
+      const int cap = std::min(micro, C - first_chunk[s]);
+      for (int c = 0; c < C; ++c) {
+        if (part.stage[c] != s) continue;
+        for (int j = 0; j < micro; ++j) {
+          if (!started_f[c][j]) {
+            double ready = c == 0 ? 0 : done_f[c - 1][j];
+            bool allowed = kind != "1f1b" || open[s][j] > 0 || inflight[s] < cap;
+            if (ready <= now && allowed) best_f = std::min(best_f, {ready, j, c});
+          } else if (backward && !started_b[c][j]) {
+            double ready = c + 1 == C ? done_f[c][j] : done_b[c + 1][j];
+            ready = std::max(ready, done_f[c][j]);
+            if (ready <= now) best_b = std::min(best_b, {ready, j, -c});
+          }
+        }
+      }
+      bool pick_b = std::get<0>(best_b) < inf;
+      if (kind == "gpipe" && forwards_left[s] > 0) pick_b = false;
+      if (kind == "1f1b" && !pick_b && std::get<0>(best_f) == inf) continue;
+      if (!pick_b && std::get<0>(best_f) == inf) continue;
+      if (pick_b) {
+        const int j = std::get<1>(best_b), c = -std::get<2>(best_b);
+        started_b[c][j] = true;
+        busy[s] = done_b[c][j] = now + 2;
+        order[s].push_back({TaskOp::kBackward, c, j});
+        if (--open[s][j] == 0) --inflight[s];
+      } else {
+        const int j = std::get<1>(best_f), c = std::get<2>(best_f);
+        started_f[c][j] = true;
+        busy[s] = done_f[c][j] = now + 1;
+        order[s].push_back({TaskOp::kForward, c, j});
+        --forwards_left[s];
+        if (backward && open[s][j]++ == 0) ++inflight[s];
+      }
+      ++scheduled;
+    }
+    // Advance to the next finish time.
+    double next = inf;
+    for (int s = 0; s < stages; ++s)
+      if (busy[s] > now) next = std::min(next, busy[s]);
+    TESSEL_CHECK(next < inf || scheduled == total, "pipeline: the ", kind,
+                 " schedule simulation stalled after ", scheduled, " of ", total, " tasks");
+    if (next < inf) now = next;
+  }
+  return order;
+}
+
+void check_schedule(const Partition& part, const std::vector<std::vector<Task>>& schedule,
+                    int micro, int tied_from, int tied_to) {
+  const int C = static_cast<int>(part.chunks());
+  const int stages = static_cast<int>(schedule.size());
+  // A message: (kind, boundary or -1, micro); kind 0 activation, 1 gradient, 2 tied gradient.
+  using Msg = std::tuple<int, int, int>;
+  auto name = [](const Msg& m) {
+    static const char* kinds[] = {"activation", "activation gradient", "tied-table gradient"};
+    return str(kinds[std::get<0>(m)], " of micro-batch ", std::get<2>(m),
+               std::get<1>(m) >= 0 ? str(" across chunk boundary ", std::get<1>(m)) : "");
+  };
+  struct Io {
+    std::vector<Msg> recvs, sends;
+  };
+  auto io_of = [&](const Task& t) {
+    Io io;
+    const int c = t.chunk, j = t.micro;
+    if (t.op == TaskOp::kForward) {
+      if (c > 0) io.recvs.push_back({0, c - 1, j});
+      if (c + 1 < C) io.sends.push_back({0, c, j});
+    } else {
+      if (c + 1 < C) io.recvs.push_back({1, c, j});
+      if (c == tied_to && tied_from >= 0) io.recvs.push_back({2, -1, j});
+      if (c == tied_from) io.sends.push_back({2, -1, j});
+      if (c > 0) io.sends.push_back({1, c - 1, j});
+    }
+    return io;
+  };
+  // 1. Each task once; each message sent once and received once, in the same order per path.
+  std::map<Msg, int> sent_by, recv_by;
+  std::map<std::pair<int, int>, std::vector<Msg>> sent_order, recv_order;  // by (from, to)
+  std::set<std::tuple<int, int, int>> seen;
+  for (int s = 0; s < stages; ++s)
+    for (const Task& t : schedule[s]) {
+      TESSEL_CHECK(t.chunk >= 0 && t.chunk < C && part.stage[t.chunk] == s && t.micro >= 0 &&
+                       t.micro < micro,
+                   "pipeline: stage ", s, " schedules chunk ", t.chunk, " micro-batch ", t.micro,
+                   " which it does not hold");
+      if (!seen.insert({static_cast<int>(t.op), t.chunk, t.micro}).second)
+        throw Error(str("pipeline: stage ", s, " schedules chunk ", t.chunk, " micro-batch ",
+                        t.micro, " twice"));
+      Io io = io_of(t);
+      for (const Msg& m : io.sends) sent_by[m] = s;
+      for (const Msg& m : io.recvs) recv_by[m] = s;
+    }
+  for (auto& [m, s] : sent_by)
+    if (!recv_by.count(m))
+      throw Error(str("pipeline: stage ", s, " sends the ", name(m), " that no stage receives"));
+  for (auto& [m, s] : recv_by)
+    if (!sent_by.count(m))
+      throw Error(str("pipeline: stage ", s, " waits for the ", name(m), " that no stage sends"));
+  for (int s = 0; s < stages; ++s)
+    for (const Task& t : schedule[s]) {
+      Io io = io_of(t);
+      for (const Msg& m : io.sends) sent_order[{s, recv_by[m]}].push_back(m);
+      for (const Msg& m : io.recvs) recv_order[{sent_by[m], s}].push_back(m);
+    }
+  for (auto& [path, msgs] : sent_order) {
+    // Messages of one kind and boundary travel on one link and must arrive in send order.
+    std::map<std::pair<int, int>, std::vector<int>> a, b;
+    for (const Msg& m : msgs) a[{std::get<0>(m), std::get<1>(m)}].push_back(std::get<2>(m));
+    for (const Msg& m : recv_order[path])
+      b[{std::get<0>(m), std::get<1>(m)}].push_back(std::get<2>(m));
+    if (a != b)
+      throw Error(str("pipeline: stage ", path.first, " sends to stage ", path.second,
+                      " in a different order than stage ", path.second, " receives"));
+  }
+  // 2. Run it: sends never block, a receive blocks until its message was sent.
+  std::vector<size_t> next(stages, 0);
+  std::set<Msg> arrived;
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int s = 0; s < stages; ++s)
+      while (next[s] < schedule[s].size()) {
+        Io io = io_of(schedule[s][next[s]]);
+        bool ready = std::all_of(io.recvs.begin(), io.recvs.end(),
+                                 [&](const Msg& m) { return arrived.count(m) > 0; });
+        if (!ready) break;
+        for (const Msg& m : io.sends) arrived.insert(m);
+        ++next[s];
+        progress = true;
+      }
+  }
+  for (int s = 0; s < stages; ++s)
+    if (next[s] < schedule[s].size()) {
+      const Task& t = schedule[s][next[s]];
+      for (const Msg& m : io_of(t).recvs)
+        if (!arrived.count(m))
+          throw Error(str("pipeline: the schedule deadlocks: stage ", s, " waits for the ", name(m),
+                          " before its ", t.op == TaskOp::kForward ? "forward" : "backward",
+                          " of chunk ", t.chunk, ", which is never sent first"));
+    }
+}
+
+double bubble_model(const std::string& kind, int stages, int micro, int virtual_stages) {
+  const double p = stages, m = micro, v = kind == "interleaved" ? virtual_stages : 1;
+  // Fewer micro-batches than stages: one pass through P v chunks of 1/v the time each.
+  if (m < p) return (v * (p - m) + m - 1) / (v * p + m - 1);
+  return (p - 1) / (v * m + p - 1);
+}
+
+std::string order_str(const Partition& part, int stages, const std::vector<Task>& order) {
+  std::string out;
+  for (const Task& t : order) {
+    out += str(out.empty() ? "" : " ", t.op == TaskOp::kForward ? "F" : "B", t.micro);
+    if (static_cast<int>(part.chunks()) > stages) out += str("/", t.chunk);
+  }
+  return out;
+}
+
+}  // namespace tessel::parallel

@@ -196,23 +196,28 @@ TEST(Zero, RanksRunningOtherBlocksFailNamingThem) {
 
 TEST(Zero, ShardGroupsEqualSingleWorker) {
   // 4 ranks as 2 shard groups of 2 at stages 1-3 (stage 3 also with the progress thread and
-  // prefetch): one worker's parameters after 20 steps; the pieces' all-reduces across the groups
-  // are counted apart from the bytes inside a group.
-  const train::Config base =
-      example("fashion_mlp", {"train.batch=24", "train.accumulate=2", "optim.kind=adamw",
-                              "optim.lr=0.001", "train.clip_norm=0.5", "model.hidden=[64,32]"});
-  const data::Splits data = data::make_datasets(base.data);
-  const auto single = train_on(base, 1, {}, &data);
-  for (int k = 1; k <= 4; ++k) {
-    train::Config cfg = base;
-    cfg.parallel.zero_stage = std::min(k, 3);
-    cfg.parallel.zero_shard_size = 2;
-    if (k == 4) cfg.parallel.overlap = "on";
-    const auto multi = train_on(cfg, 4, {}, &data);
-    const std::string what = "zero.stage " + std::to_string(cfg.parallel.zero_stage) +
-                             (k == 4 ? " with overlap" : "") + ", 2 groups of 2";
+  // prefetch, and as the dp groups of a dp 4 x pp 2 pipeline): one worker's parameters after 20
+  // steps; the pieces' all-reduces across the groups are counted apart from the bytes inside a
+  // group.
+  const std::vector<std::string> base = {"train.batch=24",      "train.accumulate=2",
+                                         "optim.kind=adamw",    "optim.lr=0.001",
+                                         "train.clip_norm=0.5", "model.hidden=[64,32]"};
+  const data::Splits data = data::make_datasets(example("fashion_mlp", base).data);
+  const auto single = train_on(example("fashion_mlp", base), 1, {}, &data);
+  const std::vector<Leg> legs = {{4, {"zero.stage=1"}},
+                                 {4, {"zero.stage=2"}},
+                                 {4, {"zero.stage=3"}},
+                                 {4, {"zero.stage=3", "ddp.overlap=on"}},
+                                 {8, {"zero.stage=3", "pp.stages=2"}}};
+  for (const Leg& leg : legs) {
+    std::vector<std::string> keys = base;
+    keys.push_back("zero.shard_size=2");
+    keys.insert(keys.end(), leg.keys.begin(), leg.keys.end());
+    const auto multi = train_on(example("fashion_mlp", keys), leg.workers, {}, &data);
+    const std::string what = leg.keys.back() + ", 2 groups of 2";
     EXPECT_LT(max_rel_diff(single.params, multi.params), 1e-5) << what;
-    EXPECT_EQ(multi.summary["layout"], "dp=4 shard=2") << what;
+    EXPECT_EQ(multi.summary["layout"], leg.workers == 8 ? "dp=4 pp=2 shard=2" : "dp=4 shard=2")
+        << what;
     EXPECT_EQ(multi.summary["engine"]["shard_group"], 2) << what;
     EXPECT_EQ(multi.summary["engine"]["replica_groups"], 2) << what;
     EXPECT_EQ(multi.summary["ranks"]["zero_shard_size"], 2) << what;

@@ -154,9 +154,9 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
   } else {
     executor_ = std::make_unique<LocalExecutor>(model_, nn::recompute_mode(spec.recompute));
   }
-  comm::Communicator& shard = mesh_.group(Axis::kShard);  // the dp group, or its shard group
+  comm::Communicator& group = mesh_.group(Axis::kShard);  // dp, or its zero.shard_size group
   units_ =
-      make_units(model_, spec.bucket_mb, executor_->local_blocks(), shard.size(), shard.rank());
+      make_units(model_, spec.bucket_mb, executor_->local_blocks(), group.size(), group.rank());
   parts_["executor"] = pipeline_ ? "pipeline" : "local";
   if (tp_) parts_["tp"] = tp_->sequence() ? "sequence_parallel" : "tensor_parallel";
   build_data_parallel(spec, seed);
@@ -188,7 +188,7 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
     parts_["shard_group"] = layout().shard;
     parts_["replica_groups"] = across->size();
   }
-  comm::Communicator& shard = mesh_.group(Axis::kShard);
+  comm::Communicator& group = mesh_.group(Axis::kShard);
   const Buckets::Spec buckets{async, false, type_, spec.compress, seed, across};
   if (compressing) parts_["compress"] = spec.compress.kind;
   if (spec.deterministic) {
@@ -214,26 +214,26 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
     auto arena = std::make_unique<ArenaSync>(
         model_, units_,
         stage == 0 ? ArenaSync::Reduction::kAllReduce : ArenaSync::Reduction::kReduceScatter,
-        &shard, workers, buckets);
+        &group, workers, buckets);
     hooks_.push_back(arena.get());
     sync_owner_ = std::move(arena);
     parts_["grad_sync"] = stage == 0 ? "allreduce" : "reduce_scatter";
   } else if (!sync_owner_) {
-    auto sharded = std::make_unique<ShardSync>(model_, units_, shard, workers, !pipeline, buckets);
-    hooks_.push_back(sharded.get());
-    sync_owner_ = std::move(sharded);
+    auto shard = std::make_unique<ShardSync>(model_, units_, group, workers, !pipeline, buckets);
+    hooks_.push_back(shard.get());
+    sync_owner_ = std::move(shard);
     parts_["grad_sync"] = "reduce_scatter_shard";
   }
   sync_ = sync_owner_.get();
   if (stage == 3) {
-    auto sharded = std::make_unique<ShardedStore>(model_, units_, shard, across, seed,
+    auto sharded = std::make_unique<ShardedStore>(model_, units_, group, across, seed,
                                                   spec.zero_prefetch && async, pipeline, type_);
     sharded_ = sharded.get();
     hooks_.insert(hooks_.begin(), sharded.get());
     store_owner_ = std::move(sharded);
     parts_["store"] = "sharded";
   } else {
-    auto replicated = std::make_unique<ReplicatedStore>(model_, units_, stage, shard, across, seed);
+    auto replicated = std::make_unique<ReplicatedStore>(model_, units_, stage, group, across, seed);
     replicated_ = replicated.get();
     store_owner_ = std::move(replicated);
     parts_["store"] = "replicated";

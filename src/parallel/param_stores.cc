@@ -265,6 +265,12 @@ void ShardedStore::on_block(nn::Phase phase, size_t block, bool last) {
   }
 }
 
+void ShardedStore::set_training(bool training) {
+  if (training && !training_)
+    for (size_t u = 0; u < resident_.size(); ++u) release(static_cast<int>(u));
+  training_ = training;
+}
+
 void ShardedStore::end_step() {
   for (size_t u = 0; u < resident_.size(); ++u) release(static_cast<int>(u));
   if (recorded_ && next_ != order_.size())

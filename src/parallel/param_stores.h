@@ -68,8 +68,9 @@ class ShardedStore final : public ParamStore, public BlockHooks {
   void copy_values(nn::Range r, float* dst) override;
   void take_stats(RankStats& s) override;
   // Training passes record and check the gather order and prefetch; evaluation gathers as it
-  // goes. Set before each pass.
-  void set_training(bool training) { training_ = training; }
+  // goes. Set before each pass; back to training, the units evaluation left gathered (held for
+  // the step in a pipeline, which no end_step() follows) are released.
+  void set_training(bool training);
   void end_step();  // a training step is over: the next gather is the order's first
 
  private:

@@ -232,11 +232,14 @@ TEST(Zero, ShardGroupsEqualSingleWorker) {
 TEST(Zero, ShardGroupsKeepDeterministicBits) {
   // The exact sum runs over the whole dp group: 2 groups of 2 at every stage, 3 of 2 and 2 of
   // 3, and a pipeline's dp groups (dp 4 x pp 2) give one worker's bits; with tensor
-  // parallelism (dp 4 x tp 2), tp 2's.
+  // parallelism (dp 4 x tp 2), tp 2's. ZeRO-3 in a pipeline (also without groups) trains on
+  // after each epoch's evaluation, whose gathered units it holds until training resumes.
   const std::string ref = train_on(det_config(), 1).summary["params_sha256"];
   std::vector<Leg> cases = {{6, {"zero.stage=3", "zero.shard_size=3"}},
                             {6, {"zero.stage=2", "zero.shard_size=2"}},
-                            {8, {"zero.stage=2", "zero.shard_size=2", "pp.stages=2"}}};
+                            {8, {"zero.stage=2", "zero.shard_size=2", "pp.stages=2"}},
+                            {8, {"zero.stage=3", "zero.shard_size=2", "pp.stages=2"}},
+                            {4, {"zero.stage=3", "pp.stages=2"}}};
   for (int stage = 1; stage <= 3; ++stage)
     cases.push_back({4, {"zero.stage=" + std::to_string(stage), "zero.shard_size=2"}});
   for (const Leg& c : cases)

@@ -9,6 +9,8 @@
 #   netns_cluster.sh hostfile                                print an OpenMPI hostfile
 #   netns_cluster.sh exec I COMMAND...                       run COMMAND on host I
 #   netns_cluster.sh mpirun [MPIRUN ARGS...]                 one rank per host over TCP
+#                                                            (TESSEL_NETNS_SLOTS=S: S ranks per
+#                                                            host, consecutive ranks together)
 #   netns_cluster.sh wire [SECONDS]                          iperf3: host 0 -> host 1
 #
 # Host i is namespace ${TESSEL_NETNS_PREFIX}h<i> (default tessel-h<i>), address <subnet>.<i+1> on
@@ -22,6 +24,7 @@ set -euo pipefail
 prefix=${TESSEL_NETNS_PREFIX:-tessel-}
 bridge=${prefix}br
 subnet=${TESSEL_NETNS_SUBNET:-10.213.0}
+slots=${TESSEL_NETNS_SLOTS:-1}
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 die() { echo "netns_cluster: $*" >&2; exit 1; }
@@ -158,7 +161,8 @@ cmd_status() {
 
 cmd_hostfile() {
   local i
-  for i in $(hosts); do echo "$(host_addr "$i") slots=1"; done
+  [[ "$slots" =~ ^[1-9][0-9]*$ ]] || die "TESSEL_NETNS_SLOTS must be a positive integer, got '$slots'"
+  for i in $(hosts); do echo "$(host_addr "$i") slots=$slots"; done
 }
 
 # OpenMPI over the cluster: the rsh agent starts each orted in the namespace that owns the
@@ -170,7 +174,8 @@ cmd_mpirun() {
   local hostfile
   hostfile=$(mktemp /tmp/netns_hosts.XXXXXX)
   cmd_hostfile > "$hostfile"
-  local args=(--allow-run-as-root --hostfile "$hostfile" --map-by node --bind-to none
+  # One rank per host: round robin over the hosts; several: fill each host's slots in turn.
+  local args=(--allow-run-as-root --hostfile "$hostfile" --map-by "$([ "$slots" = 1 ] && echo node || echo slot)" --bind-to none
     --mca plm_rsh_agent "$here/netns_agent.sh" --mca plm_rsh_no_tree_spawn 1
     --mca pml ob1 --mca btl tcp,self
     --mca btl_tcp_if_include "$subnet.0/24" --mca oob_tcp_if_include "$subnet.0/24")

@@ -21,14 +21,22 @@ Buckets::Buckets(const nn::Model& model, const Units& units, comm::Communicator*
                  const Spec& spec)
     : units_(units),
       dp_(dp != nullptr && dp->size() > 1 ? dp : nullptr),
+      across_(spec.scatter && spec.across != nullptr && spec.across->size() > 1 ? spec.across
+                                                                                : nullptr),
       spec_(spec),
       kind_(compress_kind(spec.compress.kind)),
       pool_(largest_unit(units)),
       pending_(units.list.size(), 0),
       done_(units.list.size()) {
+  TESSEL_CHECK(dp_ || !across_, "buckets: a shard group of one rank has nothing to scatter");
   if (dp_)
-    for (size_t k = 0; k < units.list.size(); ++k)
+    for (size_t k = 0; k < units.list.size(); ++k) {
       plans_.push_back(plan(model, static_cast<int>(k)));
+      // This rank's piece in place (an empty piece: the same on every rank across, skipped).
+      const int64_t own = units.own(units.list[k]).size();
+      if (across_ && own > 0)
+        plans_.back().across = compress::dense_codec({{0, 1, own}}, spec.message, pool_);
+    }
 }
 
 // A unit's parameters as segments (a tensor whose run holds all of it keeps its matrix shape),
@@ -70,9 +78,18 @@ Buckets::Plan Buckets::plan(const nn::Model& model, int unit) {
   return out;
 }
 
+void Buckets::start(int unit, Codec* c, comm::Communicator* group, float* g) {
+  const compress::CodecKey key{spec_.seed, step_, unit, group->rank(), group->size()};
+  const double t0 = now_seconds();
+  const Exchange ex = c->encode(g, key);
+  if (compressing()) encode_s_ += now_seconds() - t0;
+  post(Flight{unit, c, group, g, 0, comm::Work(), 0, 0}, ex);
+}
+
 void Buckets::post(Flight f, const Exchange& ex) {
   const double bytes = static_cast<double>(ex.count * comm::elem_size(ex.elem));
   bytes_ += bytes;
+  if (f.group == across_) across_bytes_ += bytes;
   if (compressing()) {
     const double whole = ex.op == Exchange::Op::kAllgather ? bytes * dp_->size() : bytes;
     formula_ += ex.bytes(dp_->size(), dp_->choose(ex.kind(), static_cast<size_t>(whole)));
@@ -81,12 +98,12 @@ void Buckets::post(Flight f, const Exchange& ex) {
   call.label = static_cast<uint32_t>(f.unit + 1);
   if (!spec_.async) {  // blocking: the exchange runs now, on the compute thread
     const double t0 = now_seconds();
-    ex.start(*dp_, false, call);
+    ex.start(*f.group, false, call);
     exposed_s_ += now_seconds() - t0;
     complete(f, now_seconds());
     return;
   }
-  f.work = ex.start(*dp_, true, call);
+  f.work = ex.start(*f.group, true, call);
   f.launched = now_seconds();
   f.finished = 0;
   in_flight_.push_back(std::move(f));
@@ -107,7 +124,15 @@ void Buckets::complete(Flight& f, double now) {
     return;
   }
   const size_t k = static_cast<size_t>(f.unit);
-  if (--pending_[k] == 0 && done_[k]) {
+  if (--pending_[k] > 0) return;
+  // The group's sum of this rank's piece, summed over the other groups.
+  if (Codec* across = plans_[k].across.get(); across && f.group != across_) {
+    pending_[k] = 1;
+    const Unit& u = units_.list[k];
+    start(f.unit, across, across_, f.g + (units_.own(u).lo - u.range.lo));
+    return;
+  }
+  if (done_[k]) {
     const Done done = std::move(done_[k]);
     done_[k] = {};
     done();
@@ -153,13 +178,7 @@ void Buckets::launch(int unit, float* g, Done done, size_t max_in_flight) {
   // Older flights with another exchange to come move on after this unit's first exchanges
   // (a fixed order on every rank).
   const size_t older = in_flight_.size();
-  const compress::CodecKey key{spec_.seed, step_, unit, dp_->rank(), w};
-  for (Codec* c : codecs) {
-    const double t0 = now_seconds();
-    const Exchange ex = c->encode(g, key);
-    if (compressing()) encode_s_ += now_seconds() - t0;
-    post(Flight{unit, c, g, 0, comm::Work(), 0, 0}, ex);
-  }
+  for (Codec* c : codecs) start(unit, c, dp_, g);
   for (size_t i = 0; i < older; ++i) {
     Flight f = std::move(in_flight_.front());
     in_flight_.pop_front();
@@ -196,12 +215,14 @@ void Buckets::take_stats(RankStats& s) {
   s.comm_exposed_s += exposed_s_;
   s.comm_overlapped_s += overlapped_s_;
   s.comm_bytes += bytes_;
+  s.comm_across_bytes += across_bytes_;
   s.compress_bytes += sent_;
   s.compress_formula_bytes += formula_;
   s.compress_f32_bytes += f32_;
   s.encode_s += encode_s_;
   s.decode_s += decode_s_;
-  exposed_s_ = overlapped_s_ = bytes_ = encode_s_ = decode_s_ = sent_ = formula_ = f32_ = 0;
+  exposed_s_ = overlapped_s_ = bytes_ = across_bytes_ = 0;
+  encode_s_ = decode_s_ = sent_ = formula_ = f32_ = 0;
 }
 
 std::vector<float> Buckets::save_state() {

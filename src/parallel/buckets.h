@@ -8,6 +8,10 @@
 //                        codec for the rest (all-reduced or all-gathered whole; under ZeRO each
 //                        rank then keeps its piece), or one dense codec over everything during
 //                        the compress.start_step warm-up steps.
+// With zero.shard_size (hierarchical sharding) dp is this rank's shard group and `across` the
+// ranks holding the same piece in the other groups: once a unit's exchanges in the group are
+// done, this rank's piece is all-reduced across them (one dense message, train.precision's
+// type), so that it holds the sum over every dp rank.
 // A sync launches a unit as soon as the backward pass is done with it; with overlap the
 // exchanges run on the communicator's progress thread while earlier blocks still compute, and
 // a codec's second exchange (PowerSGD's Q) is started when the next unit launches, so unit k's
@@ -44,6 +48,9 @@ class Buckets {
     DType message = DType::kF32;  // what an uncompressed unit travels as (train.precision)
     CompressSpec compress;        // kind none: every unit is one dense message
     uint64_t seed = 0;            // PowerSGD's first Q, int8's rounding
+    // With scatter: the ranks holding this rank's pieces in the other shard groups (null or
+    // one rank: none).
+    comm::Communicator* across = nullptr;
   };
   // Runs once a unit's exchanges have completed (e.g. adds its piece into a shard).
   using Done = std::function<void()>;
@@ -52,7 +59,8 @@ class Buckets {
   Buckets(const nn::Model& model, const Units& units, comm::Communicator* dp, const Spec& spec);
 
   // Starts unit's exchanges on g, its gradient (the unit's range.size() values); once they are
-  // done, g holds the sum over dp (scatter: at least this rank's piece) and `done` runs. With
+  // done, g holds the sum over dp (scatter: at least this rank's piece; with across, its sum
+  // over every group) and `done` runs. With
   // `max_in_flight` > 0, first waits for the oldest exchanges until fewer units are in flight
   // (bounding the buffers they hold). A unit launched again in a step (a later pass) first
   // waits for its earlier exchanges.
@@ -72,11 +80,13 @@ class Buckets {
  private:
   struct Plan {
     std::vector<std::unique_ptr<compress::Codec>> codecs;  // what the unit sends
-    std::unique_ptr<compress::Codec> warm;  // compress.start_step: everything as one message
+    std::unique_ptr<compress::Codec> warm;    // compress.start_step: everything as one message
+    std::unique_ptr<compress::Codec> across;  // this rank's piece over spec.across (or null)
   };
   struct Flight {
     int unit = 0;
     compress::Codec* codec = nullptr;
+    comm::Communicator* group = nullptr;  // where its exchanges run: dp, or across
     float* g = nullptr;
     int phase = 0;  // exchanges completed
     comm::Work work;
@@ -84,6 +94,8 @@ class Buckets {
   };
   Plan plan(const nn::Model& model, int unit);
   bool compressing() const { return kind_ != CompressKind::kNone; }
+  // Encodes g with codec c and posts the first exchange on group.
+  void start(int unit, compress::Codec* c, comm::Communicator* group, float* g);
   void post(Flight f, const compress::Exchange& ex);
   // Waits for f's exchange (its time up to `now` overlapped), then decodes or posts the next.
   void complete(Flight& f, double now);
@@ -92,6 +104,7 @@ class Buckets {
 
   const Units& units_;
   comm::Communicator* dp_;
+  comm::Communicator* across_;
   Spec spec_;
   CompressKind kind_;
   compress::BufferPool pool_;
@@ -102,7 +115,7 @@ class Buckets {
   bool started_ = false;  // a unit launched in this step
   int64_t step_ = 0;
   uint64_t sent_at_start_ = 0;  // the transport's counter when the step's first unit launched
-  double exposed_s_ = 0, overlapped_s_ = 0, bytes_ = 0;
+  double exposed_s_ = 0, overlapped_s_ = 0, bytes_ = 0, across_bytes_ = 0;
   double encode_s_ = 0, decode_s_ = 0, sent_ = 0, formula_ = 0, f32_ = 0;  // compressing
 };
 

@@ -154,8 +154,9 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
   } else {
     executor_ = std::make_unique<LocalExecutor>(model_, nn::recompute_mode(spec.recompute));
   }
-  comm::Communicator& dp = mesh_.group(Axis::kDp);
-  units_ = make_units(model_, spec.bucket_mb, executor_->local_blocks(), dp.size(), dp.rank());
+  comm::Communicator& group = mesh_.group(Axis::kShard);  // dp, or its zero.shard_size group
+  units_ =
+      make_units(model_, spec.bucket_mb, executor_->local_blocks(), group.size(), group.rank());
   parts_["executor"] = pipeline_ ? "pipeline" : "local";
   if (tp_) parts_["tp"] = tp_->sequence() ? "sequence_parallel" : "tensor_parallel";
   build_data_parallel(spec, seed);
@@ -180,7 +181,15 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   parts_["prefetch"] = stage == 3 && spec.zero_prefetch && async;
   parts_["units"] = units_.list.size();
   const bool compressing = compress_kind(spec.compress.kind) != CompressKind::kNone;
-  const Buckets::Spec buckets{async, false, type_, spec.compress, seed};
+  // zero.shard_size: ZeRO within the shard group, its pieces all-reduced across the groups.
+  comm::Communicator* across = nullptr;
+  if (layout().shard < layout().dp) {
+    across = &mesh_.group(Axis::kReplica);
+    parts_["shard_group"] = layout().shard;
+    parts_["replica_groups"] = across->size();
+  }
+  comm::Communicator& group = mesh_.group(Axis::kShard);
+  const Buckets::Spec buckets{async, false, type_, spec.compress, seed, across};
   if (compressing) parts_["compress"] = spec.compress.kind;
   if (spec.deterministic) {
     scale_buckets_ = make_units(model_, spec.bucket_mb, {}, 1, 0);
@@ -189,7 +198,7 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
     hooks_.push_back(exact.get());
     sync_owner_ = std::move(exact);
     parts_["grad_sync"] = "exact";
-  } else if (stage == 1 && spec.shared_memory && dp.size() > 1 && !compressing) {
+  } else if (stage == 1 && spec.shared_memory && dp.size() > 1 && !compressing && !across) {
     if (auto shm = SharedMemoryStep::make(model_, units_, dp, mesh_.workers(), seed)) {
       sync_ = shm.get();
       store_ = shm.get();
@@ -204,27 +213,27 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   if (!sync_owner_ && stage <= 1) {
     auto arena = std::make_unique<ArenaSync>(
         model_, units_,
-        stage == 0 ? ArenaSync::Reduction::kAllReduce : ArenaSync::Reduction::kReduceScatter, &dp,
-        workers, buckets);
+        stage == 0 ? ArenaSync::Reduction::kAllReduce : ArenaSync::Reduction::kReduceScatter,
+        &group, workers, buckets);
     hooks_.push_back(arena.get());
     sync_owner_ = std::move(arena);
     parts_["grad_sync"] = stage == 0 ? "allreduce" : "reduce_scatter";
   } else if (!sync_owner_) {
-    auto shard = std::make_unique<ShardSync>(model_, units_, dp, workers, !pipeline, buckets);
+    auto shard = std::make_unique<ShardSync>(model_, units_, group, workers, !pipeline, buckets);
     hooks_.push_back(shard.get());
     sync_owner_ = std::move(shard);
     parts_["grad_sync"] = "reduce_scatter_shard";
   }
   sync_ = sync_owner_.get();
   if (stage == 3) {
-    auto sharded = std::make_unique<ShardedStore>(model_, units_, dp, seed,
+    auto sharded = std::make_unique<ShardedStore>(model_, units_, group, across, seed,
                                                   spec.zero_prefetch && async, pipeline, type_);
     sharded_ = sharded.get();
     hooks_.insert(hooks_.begin(), sharded.get());
     store_owner_ = std::move(sharded);
     parts_["store"] = "sharded";
   } else {
-    auto replicated = std::make_unique<ReplicatedStore>(model_, units_, stage, dp, seed);
+    auto replicated = std::make_unique<ReplicatedStore>(model_, units_, stage, group, across, seed);
     replicated_ = replicated.get();
     store_owner_ = std::move(replicated);
     parts_["store"] = "replicated";

@@ -18,6 +18,11 @@ Buckets::Spec with_scatter(Buckets::Spec spec, bool scatter) {
   return spec;
 }
 
+// Whether this rank's pieces count in the norm: with shard groups, on the first group only.
+bool first_group(const Buckets::Spec& spec) {
+  return spec.across == nullptr || spec.across->rank() == 0;
+}
+
 Tensor gradient_memory(int64_t n, MemCategory category, DType type = DType::kF32) {
   MemoryScope scope(category);
   return Tensor::zeros({std::max<int64_t>(n, 1)}, type);
@@ -33,11 +38,12 @@ void for_units_in_completion_order(const Units& units, F&& f) {
 
 }  // namespace
 
-double pieces_sq_norm(const Units& units, GradSync& sync, comm::Communicator* workers) {
+double pieces_sq_norm(const Units& units, GradSync& sync, comm::Communicator* workers,
+                      bool counted) {
   double sq = 0;
   for (const Unit& u : units.list) {
     const nn::Range own = units.own(u);
-    if (!own.empty()) sq += sum_squares_counted(units, own, sync.grads(own));
+    if (counted && !own.empty()) sq += sum_squares_counted(units, own, sync.grads(own));
   }
   if (several(workers)) workers->allreduce(&sq, 1, comm::ElemType::kF64);
   return sq;
@@ -50,6 +56,7 @@ ArenaSync::ArenaSync(nn::Model& model, const Units& units, Reduction reduction,
     : units_(units),
       dp_(several(dp) ? dp : nullptr),
       workers_(workers),
+      counted_(first_group(spec)),
       arena_(gradient_memory(units.span.size(), MemCategory::kGradients)),
       buckets_(model, units, dp_, with_scatter(spec, reduction == Reduction::kReduceScatter)),
       launched_(units.list.size(), 0) {
@@ -81,7 +88,7 @@ void ArenaSync::reduce() {
   std::fill(launched_.begin(), launched_.end(), 0);
 }
 
-double ArenaSync::sq_norm() { return pieces_sq_norm(units_, *this, workers_); }
+double ArenaSync::sq_norm() { return pieces_sq_norm(units_, *this, workers_, counted_); }
 
 float* ArenaSync::grads(nn::Range r) { return arena_.data<float>() + (r.lo - units_.span.lo); }
 
@@ -96,6 +103,7 @@ ShardSync::ShardSync(nn::Model& model, const Units& units, comm::Communicator& d
     : model_(model),
       units_(units),
       workers_(workers),
+      counted_(first_group(spec)),
       shard_(gradient_memory(units.shard_numel, MemCategory::kGradients)),
       pool_(largest_unit(units)),
       open_(units.list.size()),
@@ -157,7 +165,7 @@ void ShardSync::reduce() {
   buckets_.wait_all();
 }
 
-double ShardSync::sq_norm() { return pieces_sq_norm(units_, *this, workers_); }
+double ShardSync::sq_norm() { return pieces_sq_norm(units_, *this, workers_, counted_); }
 
 float* ShardSync::grads(nn::Range r) {
   for (const Unit& u : units_.list) {

@@ -12,6 +12,9 @@
 //                kept apart and summed exactly at the step (exact_sum.h); the full reduced
 //                gradient stays in an arena, and the norm is summed block by block so that
 //                every layout gives the same bits.
+// With zero.shard_size ArenaSync and ShardSync reduce-scatter within this rank's shard group
+// and all-reduce its pieces across the groups (Buckets::Spec::across); ExactSync sums over the
+// whole dp group as before, so deterministic mode keeps one worker's bits.
 // Ranks of one host sum their arenas in shared memory instead (shared_memory_step.h).
 // ArenaSync and ShardSync send each unit through Buckets (buckets.h) and its codecs: f32 by
 // default; in train.precision bf16 | fp16 the gradients stay f32 where they accumulate (a token
@@ -34,15 +37,17 @@
 namespace tessel::parallel {
 
 // The squared norm of this rank's pieces of every unit, summed over `workers` (null: this
-// rank alone): with every element owned by exactly one rank, the global squared norm.
-double pieces_sq_norm(const Units& units, GradSync& sync, comm::Communicator* workers);
+// rank alone): with every element owned by exactly one rank, the global squared norm. With
+// shard groups, a piece counts on the first group only (`counted` false elsewhere: zero).
+double pieces_sq_norm(const Units& units, GradSync& sync, comm::Communicator* workers,
+                      bool counted);
 
 class ArenaSync final : public GradSync, public BlockHooks {
  public:
   enum class Reduction { kAllReduce, kReduceScatter };
-  // dp: the ranks holding the same blocks (null or one rank: nothing to reduce); workers:
-  // every training rank, for the norm (null: this rank alone).
-  // spec.scatter is set from reduction.
+  // dp: the ranks holding the same blocks (null or one rank: nothing to reduce; with shard
+  // groups, this rank's group); workers: every training rank, for the norm (null: this rank
+  // alone). spec.scatter is set from reduction.
   ArenaSync(nn::Model& model, const Units& units, Reduction reduction, comm::Communicator* dp,
             comm::Communicator* workers, Buckets::Spec spec = {});
 
@@ -61,6 +66,7 @@ class ArenaSync final : public GradSync, public BlockHooks {
   const Units& units_;
   comm::Communicator* dp_;
   comm::Communicator* workers_;
+  bool counted_;  // this rank's pieces count in the norm (the first shard group's)
   Tensor arena_;  // gradients of units_.span
   Buckets buckets_;
   std::vector<char> launched_;
@@ -70,6 +76,7 @@ class ShardSync final : public GradSync, public BlockHooks {
  public:
   // per_pass: reduce after every backward pass; false (a pipeline, whose micro-batches
   // interleave): keep a unit's bucket open through the step and reduce it after its last pass.
+  // dp: the ranks sharing the units' pieces (with shard groups, this rank's group).
   // spec.scatter is set.
   ShardSync(nn::Model& model, const Units& units, comm::Communicator& dp,
             comm::Communicator* workers, bool per_pass, Buckets::Spec spec);
@@ -90,6 +97,7 @@ class ShardSync final : public GradSync, public BlockHooks {
   nn::Model& model_;
   const Units& units_;
   comm::Communicator* workers_;
+  bool counted_;                // this rank's pieces count in the norm (the first shard group's)
   Tensor shard_;                // this rank's pieces of the reduced gradient
   compress::BufferPool pool_;   // bucket buffers not in use
   std::vector<Tensor> open_;    // per unit: its bucket while in use

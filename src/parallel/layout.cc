@@ -4,6 +4,40 @@
 
 namespace tessel::parallel {
 
+namespace {
+
+// zero.shard_size: 0 (the whole dp group) or a divisor k of dp with 1 < k, at zero.stage 1-3.
+int resolve_shard(const ParallelSpec& spec, const Layout& l) {
+  const int k = spec.zero_shard_size;
+  if (k == 0) return l.dp;
+  auto refuse = [&](const std::string& why) {
+    throw InvalidArgument(tessel::str("config: zero.shard_size = ", k, " ", why,
+                                      "; set zero.shard_size = 0 to shard over the whole dp "
+                                      "group (docs/zero.md)"));
+  };
+  if (k < 0) refuse("must be >= 0 (a number of dp ranks per shard group)");
+  if (spec.zero_stage == 0)
+    refuse(
+        "shards ZeRO's state within groups of ranks, but zero.stage = 0 shards nothing; set "
+        "zero.stage = 1, 2 or 3");
+  if (k == 1)
+    refuse(
+        "leaves every rank a group of its own, which is plain data parallelism; set "
+        "zero.stage = 0 for that, or a zero.shard_size above 1");
+  if (l.dp % k != 0)
+    refuse(tessel::str("does not divide the dp size ", l.dp, " (", l.workers(), " ranks / (pp ",
+                       l.pp, " x tp ", l.tp, ")); use a divisor of ", l.dp,
+                       " such as the ranks per host, or start a multiple of ", k * l.pp * l.tp,
+                       " ranks"));
+  if (compress_kind(spec.compress.kind) != CompressKind::kNone)
+    refuse(tessel::str("does not run with compress.kind = ", spec.compress.kind,
+                       " (its exchanges and byte formulas cover one group); set "
+                       "compress.kind = none"));
+  return k;
+}
+
+}  // namespace
+
 Layout Layout::resolve(const ParallelSpec& spec, int world) {
   Layout l;
   l.world = world;
@@ -43,6 +77,7 @@ Layout Layout::resolve(const ParallelSpec& spec, int world) {
                                       l.pp * l.tp, " ranks (e.g. ",
                                       (l.workers() / (l.pp * l.tp) + 1) * l.pp * l.tp, ")"));
   l.dp = l.workers() / (l.pp * l.tp);
+  l.shard = resolve_shard(spec, l);
   return l;
 }
 
@@ -58,6 +93,10 @@ int Layout::size(Axis axis) const {
       return pp;
     case Axis::kTp:
       return tp;
+    case Axis::kShard:
+      return shard;
+    case Axis::kReplica:
+      return dp / shard;
   }
   return 1;
 }
@@ -70,6 +109,7 @@ std::string Layout::str() const {
   if (dp > 1) out += tessel::str("dp=", dp);
   if (pp > 1) out += tessel::str(out.empty() ? "" : " ", "pp=", pp);
   if (tp > 1) out += tessel::str(out.empty() ? "" : " ", "tp=", tp);
+  if (shard < dp) out += tessel::str(" shard=", shard);
   return out.empty() ? std::string("single") : out;
 }
 
@@ -82,6 +122,9 @@ Mesh::Mesh(comm::Communicator& world, const Layout& layout) : world_(world), lay
   dp_ = world.split(server ? -1 : c.pp * layout.tp + c.tp, r);
   pp_ = world.split(server ? -1 : c.dp * layout.tp + c.tp, r);
   tp_ = world.split(server ? -1 : c.dp * layout.pp + c.pp, r);
+  const int stage = c.pp * layout.tp + c.tp, stages = layout.pp * layout.tp;
+  shard_ = world.split(server ? -1 : c.dp / layout.shard * stages + stage, r);
+  replica_ = world.split(server ? -1 : c.dp % layout.shard * stages + stage, r);
   workers_ = world.split(server ? -1 : 0, r);
 }
 
@@ -94,6 +137,10 @@ comm::Communicator& Mesh::group(Axis axis) {
       return pp_;
     case Axis::kTp:
       return tp_;
+    case Axis::kShard:
+      return shard_;
+    case Axis::kReplica:
+      return replica_;
   }
   return dp_;
 }

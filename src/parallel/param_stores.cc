@@ -35,6 +35,11 @@ std::vector<nn::Range> unit_ranges(const Units& units) {
   return out;
 }
 
+// Pieces this rank writes to checkpoints: with shard groups, the first group's ranks only.
+std::vector<nn::Range> written_pieces(const Units& units, const comm::Communicator* across) {
+  return across == nullptr || across->rank() == 0 ? own_pieces(units) : std::vector<nn::Range>{};
+}
+
 // FNV-1a over the bytes, 8 at a time: cheap enough to run every few hundred steps, and any
 // differing bit changes it.
 int64_t checksum(const Tensor& t) {
@@ -50,16 +55,17 @@ int64_t checksum(const Tensor& t) {
 // ---- ReplicatedStore ----
 
 ReplicatedStore::ReplicatedStore(nn::Model& model, const Units& units, int stage,
-                                 comm::Communicator& dp, uint64_t seed)
+                                 comm::Communicator& dp, comm::Communicator* across, uint64_t seed)
     : units_(units),
       stage_(stage),
       dp_(dp),
+      across_(across),
       values_(parameter_memory(units.span.size(), MemCategory::kParameters)) {
   for (const Unit& u : units.list) model.init_values(values(u.range), u.range, seed);
   model.bind_values(units.span, values_);
   held_ = unit_ranges(units);
-  owned_ = own_pieces(units);
-  update_ = stage == 0 ? held_ : owned_;
+  owned_ = written_pieces(units, across);
+  update_ = stage == 0 ? held_ : own_pieces(units);
 }
 
 float* ReplicatedStore::values(nn::Range r) {
@@ -90,18 +96,22 @@ void ReplicatedStore::copy_values(nn::Range r, float* dst) {
 }
 
 void ReplicatedStore::check_replicas(int64_t step) {
-  if (dp_.size() == 1) return;
-  std::vector<double> sums(static_cast<size_t>(dp_.size()));
+  // Within the group, then (shard groups) across them: together, every dp rank.
   const double mine = static_cast<double>(checksum(values_));
-  dp_.allgather(&mine, sums.data(), 1, comm::ElemType::kF64);
-  std::string differ;
-  for (size_t r = 1; r < sums.size(); ++r)
-    if (sums[r] != sums[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
-  if (!differ.empty())
-    throw Error(str("data parallel: parameters differ across ranks at step ", step,
-                    ": data-parallel rank(s) ", differ,
-                    " differ from rank 0; every rank must start "
-                    "from the same seed and checkpoint (this is a bug if they did)"));
+  for (comm::Communicator* group : {&dp_, across_}) {
+    if (group == nullptr || group->size() == 1) continue;
+    std::vector<double> sums(static_cast<size_t>(group->size()));
+    group->allgather(&mine, sums.data(), 1, comm::ElemType::kF64);
+    std::string differ;
+    for (size_t r = 1; r < sums.size(); ++r)
+      if (sums[r] != sums[0]) differ += (differ.empty() ? "" : ", ") + std::to_string(r);
+    if (!differ.empty())
+      throw Error(str("data parallel: parameters differ across ranks at step ", step, ": ",
+                      group == across_ ? "shard group(s) " : "data-parallel rank(s) ", differ,
+                      " differ from ", group == across_ ? "group 0" : "rank 0",
+                      "; every rank must start from the same seed and checkpoint (this is a bug "
+                      "if they did)"));
+  }
 }
 
 void ReplicatedStore::take_stats(RankStats& s) {
@@ -114,7 +124,8 @@ void ReplicatedStore::take_stats(RankStats& s) {
 // ---- ShardedStore ----
 
 ShardedStore::ShardedStore(nn::Model& model, const Units& units, comm::Communicator& dp,
-                           uint64_t seed, bool prefetch, bool hold_for_step, DType type)
+                           comm::Communicator* across, uint64_t seed, bool prefetch,
+                           bool hold_for_step, DType type)
     : model_(model),
       units_(units),
       dp_(dp),
@@ -128,7 +139,8 @@ ShardedStore::ShardedStore(nn::Model& model, const Units& units, comm::Communica
     const nn::Range own = units.own(u);
     model.init_values(shard_.data<float>() + u.shard_offset, own, seed);
   }
-  update_ = owned_ = held_ = own_pieces(units);
+  update_ = held_ = own_pieces(units);
+  owned_ = written_pieces(units, across);
 }
 
 ShardedStore::~ShardedStore() {
@@ -251,6 +263,12 @@ void ShardedStore::on_block(nn::Phase phase, size_t block, bool last) {
       if (!keep) release(u);
     }
   }
+}
+
+void ShardedStore::set_training(bool training) {
+  if (training && !training_)
+    for (size_t u = 0; u < resident_.size(); ++u) release(static_cast<int>(u));
+  training_ = training;
 }
 
 void ShardedStore::end_step() {

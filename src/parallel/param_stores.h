@@ -13,6 +13,9 @@
 //                    order in the background while this one computes (zero.prefetch). In
 //                    train.precision bf16 | fp16 the gathers move 16-bit values (each rank
 //                    rounds its piece into its block of the buffer, then all-gathers in place).
+// With zero.shard_size a store's dp group is this rank's shard group and `across` the ranks
+// holding the same pieces in the other groups (null: none): every group holds the whole
+// model's state, and only the first group's ranks write their pieces to checkpoints.
 // Internal to the parallel area; built by the Engine.
 #pragma once
 
@@ -31,7 +34,7 @@ class ReplicatedStore final : public ParamStore {
  public:
   // stage 0: update everything; 1 or 2: update this rank's pieces and all-gather them.
   ReplicatedStore(nn::Model& model, const Units& units, int stage, comm::Communicator& dp,
-                  uint64_t seed);
+                  comm::Communicator* across, uint64_t seed);
 
   void update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync) override;
   float* values(nn::Range r) override;
@@ -44,6 +47,7 @@ class ReplicatedStore final : public ParamStore {
   const Units& units_;
   int stage_;
   comm::Communicator& dp_;
+  comm::Communicator* across_;
   Tensor values_;  // units_.span
   double optimizer_s_ = 0, gather_s_ = 0, bytes_ = 0;
 };
@@ -53,8 +57,9 @@ class ShardedStore final : public ParamStore, public BlockHooks {
   // hold_for_step: keep a gathered unit until end_step() (pipelines) instead of releasing it
   // after the last neighbouring block that reads it. type: what the blocks read and the
   // gathers move (train.precision); the shard stays f32.
-  ShardedStore(nn::Model& model, const Units& units, comm::Communicator& dp, uint64_t seed,
-               bool prefetch, bool hold_for_step, DType type);
+  ShardedStore(nn::Model& model, const Units& units, comm::Communicator& dp,
+               comm::Communicator* across, uint64_t seed, bool prefetch, bool hold_for_step,
+               DType type);
   ~ShardedStore() override;
 
   void on_block(nn::Phase phase, size_t block, bool last) override;
@@ -63,8 +68,9 @@ class ShardedStore final : public ParamStore, public BlockHooks {
   void copy_values(nn::Range r, float* dst) override;
   void take_stats(RankStats& s) override;
   // Training passes record and check the gather order and prefetch; evaluation gathers as it
-  // goes. Set before each pass.
-  void set_training(bool training) { training_ = training; }
+  // goes. Set before each pass; back to training, the units evaluation left gathered (held for
+  // the step in a pipeline, which no end_step() follows) are released.
+  void set_training(bool training);
   void end_step();  // a training step is over: the next gather is the order's first
 
  private:

@@ -91,7 +91,7 @@ void SharedGradSync::reduce() {
   if (whole_) sync_ranks();  // every piece's sum is in every arena
 }
 
-double SharedGradSync::sq_norm() { return pieces_sq_norm(units_, *this, &workers_); }
+double SharedGradSync::sq_norm() { return pieces_sq_norm(units_, *this, &workers_, true); }
 
 float* SharedGradSync::grads(nn::Range r) {
   return rank_grads_[static_cast<size_t>(dp_.rank())] + (r.lo - units_.span.lo);

@@ -45,6 +45,8 @@ const Foreign kForeign[] = {
      "--workers threads); nothing to set"},
     {"zero_stage zero_optimization", "zero.stage",
      "the same stages: 1 shards optimizer state, 2 also gradients, 3 also parameters"},
+    {"mics_shard_size zero_hpz_partition_size", "zero.shard_size",
+     "shard within groups of this many dp ranks and all-reduce gradients across the groups"},
     {"learning_rate", "optim.lr", "the base learning rate"},
     {"max_grad_norm gradient_clipping clip_grad_norm grad_clip", "train.clip_norm",
      "clip the global gradient norm to this value (0: off)"},

@@ -307,6 +307,9 @@ json rank_report(const std::vector<parallel::RankStats>& ranks, parallel::Engine
                         // Everything the rank sent: gradients and parameters, pipeline
                         // activations and gradients (sent_bytes), tensor-parallel collectives.
                         {"comm_bytes", s.comm_bytes + s.sent_bytes + s.tp_bytes},
+                        // Of them, the all-reduces across zero.shard_size's shard groups (e.g.
+                        // between hosts); the rest stayed inside the rank's group.
+                        {"comm_bytes_across_groups", s.comm_across_bytes},
                         {"tp_comm_seconds", s.tp_comm_s},
                         {"tp_bytes", s.tp_bytes},
                         // Waiting for the slowest rank shows up as exposed communication time
@@ -325,7 +328,8 @@ json rank_report(const std::vector<parallel::RankStats>& ranks, parallel::Engine
                                      {"peers_median_seconds_per_step", straggler->peers_median_s},
                                      {"slowdown", straggler->slowdown()}}
                               : json(nullptr)},
-      {"zero_stage", config.parallel.zero_stage}};
+      {"zero_stage", config.parallel.zero_stage},
+      {"zero_shard_size", config.parallel.zero_shard_size}};
   if (engine.pipeline()) out.update(pipeline_json(ranks, engine, model, config));
   if (engine.ps()) out.update(engine.ps()->report());
   return out;

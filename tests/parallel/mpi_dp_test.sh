@@ -2,6 +2,7 @@
 # Data parallel under mpirun (one rank per process):
 #  1. deterministic mode gives the same params_sha256 on 1 rank and on 2, 3, 4 and 6 MPI ranks
 #     (a batch of 24 rows in 12 micro-shards of 2), at every ZeRO stage on 2, 3 and 4 ranks;
+#     and with zero.shard_size = 2 (2 shard groups of 2) at stages 1 and 3 on 4 ranks;
 #  2. zero.stage 0 and 1 in an MPI shared-memory window equal the threads ones;
 #  3. killing one rank's process ends the whole job, naming the lost rank, well within the
 #     communication deadline (no hang).
@@ -31,6 +32,14 @@ for stage in 1 2 3; do
   done
   echo "ok: deterministic mode, zero.stage=$stage on 2, 3 and 4 MPI ranks = 1 rank"
 done
+for stage in 1 3; do
+  $mpirun -np 4 "$tessel" "${args[@]}" --set zero.stage=$stage --set zero.shard_size=2 \
+    --run-dir "$tmp/g$stage" > "$tmp/g.out" 2>&1 || { cat "$tmp/g.out"; exit 1; }
+  grep -q '"layout": "dp=4 shard=2"' "$tmp/g$stage/summary.json" || { echo "FAIL: layout"; exit 1; }
+  [ "$(sha "$tmp/one")" = "$(sha "$tmp/g$stage")" ] ||
+    { echo "FAIL: params_sha256 differs between 1 rank and zero.stage=$stage, 2 groups of 2 MPI ranks"; exit 1; }
+done
+echo "ok: deterministic mode, zero.shard_size=2 at zero.stage=1 and 3 on 4 MPI ranks = 1 rank"
 
 # Among ranks of one host zero.stage 0 and 1 sum the gradients in an MPI shared-memory window:
 # 2 MPI ranks give the same bits as 2 thread ranks (both sum each piece in rank order), and the
@@ -82,4 +91,4 @@ if ! grep -qiE "rank 1|rank: 1|from rank 1|peer 1" "$tmp/killed.out"; then
   cat "$tmp/killed.out"; echo "FAIL: the output does not name the lost rank 1"; exit 1
 fi
 echo "ok: a killed rank ended the job in ${elapsed}s (exit $rc), naming rank 1"
-echo "3 passed, 0 failed"
+echo "4 passed, 0 failed"

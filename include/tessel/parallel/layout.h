@@ -2,9 +2,13 @@
 // grid dp x pp x tp with tp fastest: rank = (dp_index * pp + pp_index) * tp + tp_index, so a
 // pipeline's tensor-parallel ranks are neighbours. With a parameter
 // server the last ps.servers ranks are servers and every other rank is a worker (a dp axis of
-// workers, no pipeline). Mesh adds this rank's communicators: one per axis (the ranks that
-// differ from it only along that axis) and one over every training rank. Pure arithmetic in
-// Layout; Mesh is collective to build (every rank of the world builds its own).
+// workers, no pipeline). zero.shard_size = k splits the dp axis in two: an inner shard axis of
+// k consecutive dp ranks (e.g. one host's), within which ZeRO shards, and an outer replica axis
+// of dp / k groups, across which the shards' gradients are all-reduced (hierarchical sharding);
+// without it the shard axis is the whole dp axis and the replica axis one rank. Mesh adds this
+// rank's communicators: one per axis (the ranks that differ from it only along that axis) and
+// one over every training rank. Pure arithmetic in Layout; Mesh is collective to build (every
+// rank of the world builds its own).
 #pragma once
 
 #include <memory>
@@ -16,7 +20,8 @@
 
 namespace tessel::parallel {
 
-enum class Axis { kDp, kPp, kTp };
+// kShard and kReplica split kDp: dp index = replica index * shard + shard index.
+enum class Axis { kDp, kPp, kTp, kShard, kReplica };
 
 struct Coord {
   int dp = 0, pp = 0, tp = 0;
@@ -28,9 +33,10 @@ struct Layout {
   int pp = 1;       // pipeline stages
   int tp = 1;       // tensor-parallel ranks
   int servers = 0;  // parameter-server ranks
+  int shard = 1;    // dp ranks per shard group (zero.shard_size; dp without it)
 
   // The layout of `spec` over `world` ranks: dp = (world - servers) / (pp * tp). Throws
-  // InvalidArgument naming the keys when the numbers do not fit.
+  // InvalidArgument naming the keys when the numbers do not fit (zero.shard_size included).
   static Layout resolve(const ParallelSpec& spec, int world);
 
   int workers() const { return world - servers; }
@@ -38,7 +44,8 @@ struct Layout {
   Coord coord(int rank) const;  // training ranks only
   int rank_of(const Coord& c) const;
   int size(Axis axis) const;
-  std::string str() const;  // "single", "dp=4", "dp=2 pp=2", "ps: 1 server x 4 workers"
+  // "single", "dp=4", "dp=2 pp=2", "dp=4 shard=2" (2 groups of 2), "ps: 1 server x 4 workers"
+  std::string str() const;
 };
 
 class Mesh {
@@ -59,7 +66,7 @@ class Mesh {
  private:
   comm::Communicator& world_;
   Layout layout_;
-  comm::Communicator dp_, pp_, tp_, workers_;
+  comm::Communicator dp_, pp_, tp_, shard_, replica_, workers_;
 };
 
 // The tensor-parallel collectives that cut layers call, over a mesh's tp communicator (which

@@ -17,6 +17,9 @@ struct RankStats {
   double comm_overlapped_s = 0;  // communication hidden behind the backward pass
   double optimizer_s = 0;        // clipping and the optimizer step
   double comm_bytes = 0;         // bytes of gradients and parameters this rank communicated
+  // Of comm_bytes, those of the all-reduces across shard groups (zero.shard_size); the rest
+  // stayed inside this rank's group.
+  double comm_across_bytes = 0;
   // Pipeline stages (zero elsewhere).
   double stage = 0, forward_s = 0, backward_s = 0, send_s = 0, recv_wait_s = 0;
   double schedule_s = 0, sent_bytes = 0, peak_inflight = 0;
@@ -32,7 +35,7 @@ struct RankStats {
   std::array<double, kMemCategories> mem{}, mem_peak{};
   double mem_peak_total = 0;
 
-  static constexpr size_t kFields = 22 + 2 * kMemCategories;
+  static constexpr size_t kFields = 23 + 2 * kMemCategories;
   double* data() { return &step_s; }
   const double* data() const { return &step_s; }
 

@@ -53,7 +53,7 @@ Result measure(int P, int m, int v, const std::string& schedule, double forward_
       engine.step(0.01f, 0, step);
     }
     const std::vector<parallel::RankStats> stats = engine.take_stats(0);
-    const parallel::PipelineExecutor& pipe = *engine.pipeline();
+    const auto& pipe = dynamic_cast<const parallel::PipelineExecutor&>(engine.executor());
     res.trace[pipe.stage()] = pipe.trace();
     res.peak_bytes[pipe.stage()] = stats[static_cast<size_t>(c.rank())]
                                        .mem_peak[static_cast<size_t>(MemCategory::kActivations)];

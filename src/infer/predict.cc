@@ -131,9 +131,10 @@ void thread_rank(const Job& job, comm::Communicator& world, ChunkQueue& queue, T
   Replica replica(job.config, job.info, place.pp, place.tp);
   world.barrier();  // every replica loaded: none waits for a late one's chunks at the start
   QueueFeed feed(queue, place.replica);
+  const std::unique_ptr<Feed> faulty = faulty_feed(feed, job.config, world.rank());
   const size_t r = static_cast<size_t>(world.rank());
   try {
-    run.chunks[r] = run_replica(job, replica, feed, place, world.rank());
+    run.chunks[r] = run_replica(job, replica, faulty ? *faulty : feed, place);
   } catch (const InvalidArgument&) {
     queue.abort(std::current_exception());
   } catch (const IoError&) {
@@ -228,9 +229,43 @@ Place place_of(parallel::Mesh& mesh) {
   return p;
 }
 
-int64_t run_replica(const Job& job, Replica& replica, Feed& feed, const Place& place, int rank) {
-  const parallel::ParallelSpec& debug = job.config.parallel;
-  const train::InferSpec& s = job.config.infer;
+namespace {
+
+class FaultyFeed final : public Feed {
+ public:
+  // delay_s < 0: no sleep; kill_after < 0: no death.
+  FaultyFeed(Feed& inner, double delay_s, int64_t kill_after, int rank)
+      : inner_(inner), delay_s_(delay_s), kill_after_(kill_after), rank_(rank) {}
+
+  bool take(Chunk& chunk) override { return inner_.take(chunk); }
+  void finish(int64_t id, std::string bytes, int64_t rows) override {
+    inner_.finish(id, std::move(bytes), rows);
+  }
+  void sleep(double seconds) override { inner_.sleep(seconds); }
+  void die(const std::string& why) override { inner_.die(why); }
+  void before_chunk(int64_t done) override {
+    if (delay_s_ >= 0) inner_.sleep(delay_s_);
+    if (done == kill_after_)
+      inner_.die(str("debug.kill_rank: rank ", rank_, " dies after ", done, " chunks"));
+  }
+
+ private:
+  Feed& inner_;
+  double delay_s_;
+  int64_t kill_after_;
+  int rank_;
+};
+
+}  // namespace
+
+std::unique_ptr<Feed> faulty_feed(Feed& feed, const train::Config& config, int rank) {
+  const bool slow = rank == config.parallel.slow_rank, dies = rank == config.infer.kill_rank;
+  if (!slow && !dies) return nullptr;
+  return std::make_unique<FaultyFeed>(feed, slow ? config.parallel.delay_ms / 1000.0 : -1.0,
+                                      dies ? config.infer.kill_after : -1, rank);
+}
+
+int64_t run_replica(const Job& job, Replica& replica, Feed& feed, const Place& place) {
   int64_t done = 0;
   for (;; ++done) {
     // The first stage's lead picks the chunk; the others learn its number and size (over tp
@@ -242,9 +277,7 @@ int64_t run_replica(const Job& job, Replica& replica, Feed& feed, const Place& p
     if (place.tp) place.tp->broadcast(head, 2, comm::ElemType::kI64, 0);
     if (place.pp) place.pp->broadcast(head, 2, comm::ElemType::kI64, 0);
     if (head[0] < 0) return done;
-    if (rank == debug.slow_rank) feed.sleep(debug.delay_ms / 1000.0);
-    if (rank == s.kill_rank && done == s.kill_after)
-      feed.die(str("debug.kill_rank: rank ", rank, " dies after ", done, " chunks"));
+    feed.before_chunk(done);
     if (place.tp && replica.first_stage()) share_rows(job, *place.tp, chunk.rows, head[1]);
     std::string bytes = run_chunk(job, replica, head[0], chunk.rows, head[1]);
     if (replica.last_stage() && place.lead()) feed.finish(head[0], std::move(bytes), head[1]);

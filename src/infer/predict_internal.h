@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -25,15 +26,23 @@ struct Job {
   nlohmann::json identity;      // what the progress file must match on --resume
 };
 
-// A replica's source of chunks (its first stage) and sink of outputs (its last stage).
+// A replica's source of chunks (its first stage) and sink of outputs (its last stage), one per
+// rank. sleep() and die() are how the driver's rank sleeps and dies, for faulty_feed().
 class Feed {
  public:
   virtual ~Feed() = default;
   virtual bool take(Chunk& chunk) = 0;
   virtual void finish(int64_t id, std::string bytes, int64_t rows) = 0;
-  virtual void sleep(double seconds) = 0;        // debug.delay_ms
-  virtual void die(const std::string& why) = 0;  // debug.kill_rank
+  virtual void sleep(double seconds) = 0;
+  virtual void die(const std::string& why) = 0;
+  // Before each chunk this rank runs, `done` chunks after its first (optional: nothing).
+  virtual void before_chunk(int64_t done) { (void)done; }
 };
+
+// Fault injection: `feed` of rank `rank` wrapped so that it sleeps debug.delay_ms before every
+// chunk (debug.slow_rank) or dies after debug.kill_after chunks (debug.kill_rank); null when
+// neither names this rank.
+std::unique_ptr<Feed> faulty_feed(Feed& feed, const train::Config& config, int rank);
 
 // The replica index, pipeline and tensor-parallel group of this rank (null: none). The lead
 // (tp rank 0) of a replica's first stage takes its chunks from the feed, that of its last stage
@@ -49,7 +58,7 @@ Place place_of(parallel::Mesh& mesh);
 // This rank's loop: chunks from the feed through the replica until the feed has no more; a
 // replica's ranks agree on each chunk (over tp, then pp) and the first stage's tensor-parallel
 // ranks get its rows from their lead. Returns the chunks this rank ran.
-int64_t run_replica(const Job& job, Replica& replica, Feed& feed, const Place& place, int rank);
+int64_t run_replica(const Job& job, Replica& replica, Feed& feed, const Place& place);
 
 // A finished run's figures into its summary (both drivers): the rows and chunks written, this
 // run's rows over `seconds`, each rank's chunks and peak bytes, the process's huge pages.

@@ -149,8 +149,9 @@ nlohmann::json predict_mpi(const Job& job) {
   if (replica.first_stage() && place.lead())
     input = open_input(job.options.input, job.info, job.config.data);
   MpiFeed feed(job, world, layout, place.replica, input.get(), writer.get(), first[0]);
+  const std::unique_ptr<Feed> faulty = faulty_feed(feed, job.config, world.rank());
   world.barrier();  // every replica loaded before the clock starts
-  const int64_t chunks = run_replica(job, replica, feed, place, world.rank());
+  const int64_t chunks = run_replica(job, replica, faulty ? *faulty : feed, place);
   if (writer) writer->finish();
   // Every rank's chunk count and peak bytes, for rank 0's summary.
   std::vector<int64_t> mine = {chunks, ledger->peak_total()}, all(2 * world.size());

@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <optional>
 #include <thread>
 
+#include "fault_injection.h"
 #include "grad_syncs.h"
 #include "param_stores.h"
 #include "shared_memory_step.h"
@@ -107,7 +107,7 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
       tp_(make_tp_group(spec, mesh_)),
       built_(build(tp_.get())),
       model_(*built_.first),
-      loss_(*built_.second) {
+      loss_(built_.second.get()) {
   if (spec.zero_stage < 0 || spec.zero_stage > 3)
     throw InvalidArgument(str("config: zero.stage must be 0, 1, 2 or 3, got ", spec.zero_stage));
   hooks_fn_ = [this](nn::Phase p, size_t b, bool last) { hook(p, b, last); };
@@ -121,55 +121,56 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
                               "); use train.precision = fp32"));
   check_compress(spec, layout());
   if (layout().servers > 0) {
-    if (type_ == DType::kF16)  // the servers update: they cannot skip an overflowing step
-      throw InvalidArgument(
-          str("config: train.precision = fp16 does not run with a parameter "
-              "server (ps.servers = ",
-              layout().servers,
-              "): its loss "
-              "scaling skips overflowing steps, which the servers do not "
-              "see; use train.precision = bf16 or fp32"));
-    ps_ = std::make_unique<ParameterServer>(spec, mesh_, model_, seed, optim);
-    parts_["executor"] = parts_["grad_sync"] = "local";
-    parts_["store"] = "parameter_server";
-    if (mesh_.is_server()) return;
-    executor_ = std::make_unique<LocalExecutor>(model_, nn::recompute_mode(spec.recompute));
-    units_ = make_units(model_, spec.bucket_mb, executor_->local_blocks(), 1, 0);
-    sync_owner_ = std::make_unique<ArenaSync>(model_, units_, ArenaSync::Reduction::kAllReduce,
-                                              nullptr, nullptr);
-    sync_ = sync_owner_.get();
-    if (type_ != DType::kF32) {
-      working_ = std::make_unique<WorkingCopy>(model_, units_, type_);
-      ps_->set_working(working_.get());
-    }
-    return;
-  }
-  if (spec.slow_rank >= world.size())
-    throw InvalidArgument(str("config: debug.slow_rank must be a rank of the ", world.size(),
-                              "-rank world or -1 (none), got ", spec.slow_rank));
-  if (layout().pp > 1) {
-    auto p = std::make_unique<PipelineExecutor>(spec, mesh_.group(Axis::kPp), model_);
-    pipeline_ = p.get();
-    executor_ = std::move(p);
+    build_parameter_server(spec, optim, seed);
   } else {
-    executor_ = std::make_unique<LocalExecutor>(model_, nn::recompute_mode(spec.recompute));
+    check_debug(spec, layout());
+    if (layout().pp > 1)
+      executor_ = std::make_unique<PipelineExecutor>(spec, mesh_.group(Axis::kPp), model_);
+    else
+      executor_ = std::make_unique<LocalExecutor>(model_, nn::recompute_mode(spec.recompute));
+    comm::Communicator& group = mesh_.group(Axis::kShard);  // dp, or its zero.shard_size group
+    units_ =
+        make_units(model_, spec.bucket_mb, executor_->local_blocks(), group.size(), group.rank());
+    parts_["executor"] = layout().pp > 1 ? "pipeline" : "local";
+    if (tp_) parts_["tp"] = tp_->sequence() ? "sequence_parallel" : "tensor_parallel";
+    build_data_parallel(spec, seed);
+    if (type_ == DType::kF16) scaler_ = std::make_unique<optim::LossScaler>();
   }
-  comm::Communicator& group = mesh_.group(Axis::kShard);  // dp, or its zero.shard_size group
-  units_ =
-      make_units(model_, spec.bucket_mb, executor_->local_blocks(), group.size(), group.rank());
-  parts_["executor"] = pipeline_ ? "pipeline" : "local";
-  if (tp_) parts_["tp"] = tp_->sequence() ? "sequence_parallel" : "tensor_parallel";
-  build_data_parallel(spec, seed);
-  if (type_ == DType::kF16) scaler_ = std::make_unique<optim::LossScaler>();
-  if (type_ != DType::kF32 && !sharded_) {  // ZeRO-3 gathers 16-bit values itself
+  if (!trains()) return;
+  if (type_ != DType::kF32 && spec.zero_stage != 3) {  // ZeRO-3 gathers 16-bit values itself
     working_ = std::make_unique<WorkingCopy>(model_, units_, type_);
     store_->set_working(working_.get());
     store_->refresh_working(true);
   }
   optimizer_ = optim::make_optimizer(optim, store_->update_numel());
+  const int rank = mesh_.workers().rank();
+  if ((faulty_sync_ = slow_sync(spec, rank, *sync_))) sync_ = faulty_sync_.get();
+  if ((faulty_loss_ = overflow_loss(spec, rank, *loss_, piece_step_))) loss_ = faulty_loss_.get();
 }
 
 Engine::~Engine() = default;
+
+void Engine::build_parameter_server(const ParallelSpec& spec, const optim::OptimSpec& optim,
+                                    uint64_t seed) {
+  if (type_ == DType::kF16)  // the servers update: they cannot skip an overflowing step
+    throw InvalidArgument(
+        str("config: train.precision = fp16 does not run with a parameter server (ps.servers = ",
+            layout().servers,
+            "): its loss scaling skips overflowing steps, which the servers do not see; use "
+            "train.precision = bf16 or fp32"));
+  auto ps = std::make_unique<ParameterServer>(spec, mesh_, model_, seed, optim);
+  check_debug(spec, layout());
+  claims_ = ps->lockstep() ? nullptr : ps.get();
+  store_owner_ = std::move(ps);
+  store_ = store_owner_.get();
+  parts_["executor"] = parts_["grad_sync"] = "local";
+  parts_["store"] = "parameter_server";
+  if (mesh_.is_server()) return;
+  executor_ = std::make_unique<LocalExecutor>(model_, nn::recompute_mode(spec.recompute));
+  units_ = make_units(model_, spec.bucket_mb, executor_->local_blocks(), 1, 0);
+  sync_owner_ = ParameterServer::worker_sync(model_, units_, layout().workers());
+  sync_ = sync_owner_.get();
+}
 
 void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   comm::Communicator& dp = mesh_.group(Axis::kDp);
@@ -228,25 +229,26 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   if (stage == 3) {
     auto sharded = std::make_unique<ShardedStore>(model_, units_, group, across, seed,
                                                   spec.zero_prefetch && async, pipeline, type_);
-    sharded_ = sharded.get();
     hooks_.insert(hooks_.begin(), sharded.get());
     store_owner_ = std::move(sharded);
     parts_["store"] = "sharded";
   } else {
-    auto replicated = std::make_unique<ReplicatedStore>(model_, units_, stage, group, across, seed);
-    replicated_ = replicated.get();
-    store_owner_ = std::move(replicated);
+    store_owner_ = std::make_unique<ReplicatedStore>(model_, units_, stage, group, across, seed,
+                                                     spec.check_every);
     parts_["store"] = "replicated";
   }
   store_ = store_owner_.get();
 }
 
-int Engine::data_rank() const {
-  if (ps_) return mesh_.is_server() ? 0 : mesh_.rank();
-  return mesh_.coord().dp;
-}
+int Engine::data_rank() const { return trains() ? mesh_.coord().dp : 0; }
 
 int Engine::data_size() const { return layout().dp; }
+
+void Engine::check_batch(int64_t batch) const {
+  if (!trains()) return;
+  const int64_t n = data_size();
+  for (int64_t r = 0; r < n; ++r) executor_->check_batch_rows((r + 1) * batch / n - r * batch / n);
+}
 
 void Engine::hook(nn::Phase phase, size_t block, bool last) {
   // Traced, a block's span covers its compute only: it starts after the hooks' gathers and
@@ -281,54 +283,36 @@ nlohmann::json Engine::tp_counters() const {
 }
 
 void Engine::start() {
-  if (store_) {
-    store_->before_start();
-    store_->refresh_working(true);  // the masters may have been restored
-  }
-  if (pipeline_) pipeline_->start(*store_);
-  if (replicated_) replicated_->check_replicas(0);
+  store_->before_start();
+  store_->refresh_working(true);  // the masters may have been restored
+  executor_->start(*store_);
 }
 
 PieceStats Engine::train_piece(const Piece& piece) {
-  if (ps_) ps_->before_train(piece.ctx.step);
-  if (sharded_) sharded_->set_training(true);
+  store_->begin_pass(true, piece.ctx.step);
   training_ = true;
+  piece_step_ = piece.ctx.step;
   if (piece.y.dim(0) == 0) {  // more ranks than rows in a short last batch
     executor_->idle(hooks_fn_, true, piece.last);
     return {};
   }
-  if (!scaler_) return counted(executor_->train(piece, loss_, hooks_fn_));
-  // fp16: the loss gradient scaled up (debug.overflow_steps: to inf on debug.overflow_rank).
-  Piece scaled = piece;
+  if (!scaler_) return counted(executor_->train(piece, *loss_, hooks_fn_));
+  Piece scaled = piece;  // fp16: the loss gradient scaled up
   scaled.weight *= scaler_->scale();
-  const auto& inject = spec_.overflow_steps;
-  if (std::find(inject.begin(), inject.end(), piece.ctx.step) != inject.end() &&
-      spec_.overflow_rank == mesh_.workers().rank())
-    scaled.weight = std::numeric_limits<double>::infinity();
-  return counted(executor_->train(scaled, loss_, hooks_fn_));
+  return counted(executor_->train(scaled, *loss_, hooks_fn_));
 }
 
 PieceStats Engine::eval_piece(const Piece& piece) {
-  if (ps_) ps_->before_eval(piece.ctx.step);
-  if (sharded_) sharded_->set_training(false);
+  store_->begin_pass(false, piece.ctx.step);
   training_ = false;
   if (piece.y.dim(0) == 0) {
     executor_->idle(hooks_fn_, false, false);
     return {};
   }
-  return counted(executor_->eval(piece, loss_, hooks_fn_));
+  return counted(executor_->eval(piece, *loss_, hooks_fn_));
 }
 
 void Engine::step(float lr, float clip_norm, int64_t step) {
-  if (ps_) {  // the servers update; the worker pushes its gradient and pulls the values
-    ps_->push(*sync_, clip_norm, step);
-    sync_->clear();
-    return;
-  }
-  if (spec_.slow_rank == mesh_.workers().rank() && spec_.delay_ms > 0) {  // a straggler, to study
-    TraceSpan span("debug.delay_ms", "debug");
-    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(spec_.delay_ms));
-  }
   {
     TraceSpan span("reduce gradients", "sync");
     sync_->reduce();
@@ -343,15 +327,13 @@ void Engine::step(float lr, float clip_norm, int64_t step) {
     const float unscale = scaler_ ? scaler_->inv_scale() : 1.0f;
     float grad_scale = unscale;
     if (clip_norm > 0) grad_scale *= optim::clip_factor(std::sqrt(sq) * unscale, clip_norm);
-    store_->update(*optimizer_, lr, grad_scale, *sync_);
+    store_->update(*optimizer_, lr, grad_scale, *sync_, step);
   }
   if (scaler_) scaler_->update(overflow);
   span.reset();
   sync_->clear();
-  if (pipeline_) pipeline_->sync_tied_table(*store_);
-  if (sharded_) sharded_->end_step();
-  if (replicated_ && spec_.check_every > 0 && (step + 1) % spec_.check_every == 0)
-    replicated_->check_replicas(step + 1);
+  executor_->end_step(*store_);
+  store_->end_step(step);
 }
 
 // Under sequence parallelism a whole parameter's gradient (layer norms, the position table,
@@ -393,15 +375,24 @@ std::vector<double> Engine::gather(double value) {
   return all;
 }
 
+nlohmann::json Engine::report(const std::vector<RankStats>& ranks) {
+  nlohmann::json out = executor_->report(ranks, layout());
+  out.update(store_->report());
+  return out;
+}
+
+nlohmann::json Engine::plan() const {
+  return trains() ? executor_->plan() : nlohmann::json::object();
+}
+
 std::vector<RankStats> Engine::take_stats(double step_s, double steps) {
   RankStats s;
   s.step_s = step_s;
   s.steps = steps;
   executor_->take_stats(s);
   sync_->take_stats(s);
-  if (ps_) ps_->take_stats(s);
+  store_->take_stats(s);  // after the sync (a part that is both adds nothing the second time)
   if (tp_) tp_->take_stats(s);
-  if (store_ && static_cast<void*>(store_) != static_cast<void*>(sync_)) store_->take_stats(s);
   if (const auto& ledger = current_ledger()) {
     for (int k = 0; k < kMemCategories; ++k) {
       s.mem[static_cast<size_t>(k)] = static_cast<double>(ledger->current(MemCategory(k)));

@@ -7,7 +7,6 @@
 #include "tessel/core/sha256.h"
 #include "tessel/core/trace.h"
 #include "tessel/parallel/engine.h"
-#include "tessel/parallel/parameter_server.h"
 
 namespace tessel::parallel {
 
@@ -80,19 +79,12 @@ std::string compression_slice(int rank) { return str("compress/rank", rank); }
 }  // namespace
 
 std::vector<float> Engine::compression_state() {
-  if (ps_) return ps_->save_compression();
-  return sync_ ? sync_->save_state() : std::vector<float>{};
+  std::vector<float> state = sync_ ? sync_->save_state() : std::vector<float>{};
+  return state.empty() ? store_->save_state() : state;
 }
 
 StateView Engine::state() {
-  StateView view = ps_ ? ps_->state()
-                       : StateView{store_->owned(),
-                                   store_->loaded(),
-                                   store_->update_ranges(),
-                                   [this](nn::Range r) { return store_->values(r); },
-                                   optimizer_.get(),
-                                   [this](nn::Range r) { return store_->state_offset(r); },
-                                   {}};
+  StateView view = store_->state(optimizer_.get());
   // Residuals differ per rank: every rank writes its own.
   if (const std::vector<float> s = compression_state(); !s.empty()) {
     Tensor t = Tensor::empty({static_cast<int64_t>(s.size())});
@@ -115,10 +107,10 @@ void Engine::restore_compression(const ckpt::CheckpointSource& reader) {
   }
   std::vector<float> state(static_cast<size_t>(n));
   reader.read(name, 0, static_cast<int64_t>(state.size()), state.data());
-  if (ps_)
-    ps_->load_compression(state);
-  else
+  if (sync_ && !sync_->save_state().empty())
     sync_->load_state(state);
+  else
+    store_->load_state(state);
 }
 
 std::vector<ckpt::ShardFile> Engine::write_shards(const std::string& dir,
@@ -154,8 +146,8 @@ std::vector<ckpt::ShardFile> Engine::write_shards(const std::string& dir,
     out.push_back({j.at("file").get<std::string>(), j.at("bytes").get<int64_t>(),
                    j.at("sha256").get<std::string>()});
   }
-  if (ps_)
-    for (ckpt::ShardFile& f : ps_->checkpoint(path, optimizer_steps)) out.push_back(std::move(f));
+  for (ckpt::ShardFile& f : store_->write_remote(path, optimizer_steps))
+    out.push_back(std::move(f));
   return out;
 }
 
@@ -173,40 +165,37 @@ std::string Engine::params_sha256() {
     sha.update(values, static_cast<size_t>(r.size()) * sizeof(float));
     at = r.hi;
   };
+  // This rank's runs as (place in the whole arena, first element in this rank's arena), in
+  // the order all_owned lists them; then what lives outside the training ranks.
   const StateView view = state();
-  if (ps_) {
-    if (is_main()) ps_->read_values(feed);
-  } else {
-    // This rank's runs as (place in the whole arena, first element in this rank's arena), in
-    // the order all_owned lists them.
-    std::vector<std::pair<nn::Range, int64_t>> mine;
-    for (const nn::Range& r : view.owned)
-      for (const nn::Run& run : counted_runs(model_, r)) {
-        const int64_t lo = model_.logical_offset(run.param) + run.logical;
-        mine.push_back({{lo, lo + run.count}, run.local});
-      }
-    std::sort(mine.begin(), mine.end(),
-              [](const auto& a, const auto& b) { return a.first.lo < b.first.lo; });
-    std::vector<nn::Range> logical;
-    for (const auto& m : mine) logical.push_back(m.first);
-    size_t next = 0;  // this rank's next run
-    auto take = [&](nn::Range l) {
-      const int64_t at_local = mine[next++].second;
-      return view.values({at_local, at_local + l.size()});
-    };
-    for (const Owned& o : all_owned(workers, logical)) {
-      if (o.rank == rank() && !is_main())
-        workers.send(take(o.range), static_cast<size_t>(o.range.size()), comm::ElemType::kF32, 0,
-                     kDigestTag);
-      if (!is_main()) continue;
-      std::vector<float> values(static_cast<size_t>(o.range.size()));
-      if (o.rank == 0)
-        std::copy_n(take(o.range), values.size(), values.data());
-      else
-        workers.recv(values.data(), values.size(), comm::ElemType::kF32, o.rank, kDigestTag);
-      feed(o.range, values.data());
+  std::vector<std::pair<nn::Range, int64_t>> mine;
+  for (const nn::Range& r : view.owned)
+    for (const nn::Run& run : counted_runs(model_, r)) {
+      const int64_t lo = model_.logical_offset(run.param) + run.logical;
+      mine.push_back({{lo, lo + run.count}, run.local});
     }
+  std::sort(mine.begin(), mine.end(),
+            [](const auto& a, const auto& b) { return a.first.lo < b.first.lo; });
+  std::vector<nn::Range> logical;
+  for (const auto& m : mine) logical.push_back(m.first);
+  size_t next = 0;  // this rank's next run
+  auto take = [&](nn::Range l) {
+    const int64_t at_local = mine[next++].second;
+    return view.values({at_local, at_local + l.size()});
+  };
+  for (const Owned& o : all_owned(workers, logical)) {
+    if (o.rank == rank() && !is_main())
+      workers.send(take(o.range), static_cast<size_t>(o.range.size()), comm::ElemType::kF32, 0,
+                   kDigestTag);
+    if (!is_main()) continue;
+    std::vector<float> values(static_cast<size_t>(o.range.size()));
+    if (o.rank == 0)
+      std::copy_n(take(o.range), values.size(), values.data());
+    else
+      workers.recv(values.data(), values.size(), comm::ElemType::kF32, o.rank, kDigestTag);
+    feed(o.range, values.data());
   }
+  if (is_main()) store_->read_remote(feed);
   std::string hex(64, '0');
   if (is_main()) {
     const std::vector<float> tail(

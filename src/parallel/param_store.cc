@@ -25,6 +25,13 @@ int64_t ParamStore::state_offset(nn::Range r) const {
       str("parallel: range [", r.lo, ", ", r.hi, ") is not updated by this rank (this is a bug)"));
 }
 
+StateView ParamStore::state(optim::Optimizer* opt) {
+  return {owned_,  loaded(),
+          update_, [this](nn::Range r) { return values(r); },
+          opt,     [this](nn::Range r) { return state_offset(r); },
+          {}};
+}
+
 std::vector<optim::Segment> ParamStore::segments(GradSync& sync) {
   std::vector<optim::Segment> out;
   for (const nn::Range& r : update_) {

@@ -55,9 +55,11 @@ int64_t checksum(const Tensor& t) {
 // ---- ReplicatedStore ----
 
 ReplicatedStore::ReplicatedStore(nn::Model& model, const Units& units, int stage,
-                                 comm::Communicator& dp, comm::Communicator* across, uint64_t seed)
+                                 comm::Communicator& dp, comm::Communicator* across, uint64_t seed,
+                                 int64_t check_every)
     : units_(units),
       stage_(stage),
+      check_every_(check_every),
       dp_(dp),
       across_(across),
       values_(parameter_memory(units.span.size(), MemCategory::kParameters)) {
@@ -72,7 +74,8 @@ float* ReplicatedStore::values(nn::Range r) {
   return values_.data<float>() + (r.lo - units_.span.lo);
 }
 
-void ReplicatedStore::update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync) {
+void ReplicatedStore::update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync,
+                             int64_t) {
   const double t0 = now_seconds();
   opt.step(segments(sync), lr, grad_scale);
   const double t1 = now_seconds();
@@ -265,13 +268,13 @@ void ShardedStore::on_block(nn::Phase phase, size_t block, bool last) {
   }
 }
 
-void ShardedStore::set_training(bool training) {
+void ShardedStore::begin_pass(bool training, int64_t) {
   if (training && !training_)
     for (size_t u = 0; u < resident_.size(); ++u) release(static_cast<int>(u));
   training_ = training;
 }
 
-void ShardedStore::end_step() {
+void ShardedStore::end_step(int64_t) {
   for (size_t u = 0; u < resident_.size(); ++u) release(static_cast<int>(u));
   if (recorded_ && next_ != order_.size())
     throw Error(str("zero: rank ", dp_.rank(), " of the data-parallel group ran ", next_,
@@ -282,7 +285,8 @@ void ShardedStore::end_step() {
   ++steps_;
 }
 
-void ShardedStore::update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync) {
+void ShardedStore::update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync,
+                          int64_t) {
   const double t0 = now_seconds();
   opt.step(segments(sync), lr, grad_scale);
   optimizer_s_ += now_seconds() - t0;

@@ -33,19 +33,27 @@ namespace tessel::parallel {
 class ReplicatedStore final : public ParamStore {
  public:
   // stage 0: update everything; 1 or 2: update this rank's pieces and all-gather them.
+  // check_every: check the replicas at the start and every that many steps (ddp.check_every;
+  // 0: at the start only).
   ReplicatedStore(nn::Model& model, const Units& units, int stage, comm::Communicator& dp,
-                  comm::Communicator* across, uint64_t seed);
+                  comm::Communicator* across, uint64_t seed, int64_t check_every);
 
-  void update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync) override;
+  void update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync,
+              int64_t step) override;
   float* values(nn::Range r) override;
   void copy_values(nn::Range r, float* dst) override;
   void take_stats(RankStats& s) override;
+  void before_start() override { check_replicas(0); }
+  void end_step(int64_t step) override {
+    if (check_every_ > 0 && (step + 1) % check_every_ == 0) check_replicas(step + 1);
+  }
   // Throws naming the ranks whose values differ from dp rank 0's (a replica diverged).
   void check_replicas(int64_t step);
 
  private:
   const Units& units_;
   int stage_;
+  int64_t check_every_;
   comm::Communicator& dp_;
   comm::Communicator* across_;
   Tensor values_;  // units_.span
@@ -63,15 +71,16 @@ class ShardedStore final : public ParamStore, public BlockHooks {
   ~ShardedStore() override;
 
   void on_block(nn::Phase phase, size_t block, bool last) override;
-  void update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync) override;
+  void update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync,
+              int64_t step) override;
   float* values(nn::Range r) override;
   void copy_values(nn::Range r, float* dst) override;
   void take_stats(RankStats& s) override;
   // Training passes record and check the gather order and prefetch; evaluation gathers as it
-  // goes. Set before each pass; back to training, the units evaluation left gathered (held for
-  // the step in a pipeline, which no end_step() follows) are released.
-  void set_training(bool training);
-  void end_step();  // a training step is over: the next gather is the order's first
+  // goes. Back to training, the units evaluation left gathered (held for the step in a
+  // pipeline, which no end_step() follows) are released.
+  void begin_pass(bool training, int64_t) override;
+  void end_step(int64_t) override;  // a training step is over: the next gather is the order's first
 
  private:
   struct Resident {

@@ -11,13 +11,12 @@
 #include "tessel/parallel/parameter_server.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cmath>
 #include <exception>
 #include <optional>
-#include <thread>
 
 #include "compress/push_codec.h"
+#include "grad_syncs.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
@@ -66,7 +65,37 @@ Tensor zeros_of(int64_t n, MemCategory category) {
   return Tensor::zeros({std::max<int64_t>(n, 1)});
 }
 
+// A worker's gradient (worker_sync): its rows' gradient in an ArenaSync of one rank.
+class WorkerSync final : public GradSync {
+ public:
+  WorkerSync(nn::Model& model, const Units& units, int workers)
+      : local_(model, units, ArenaSync::Reduction::kAllReduce, nullptr, nullptr),
+        all_{0, model.arena_numel()},
+        workers_(workers) {}
+
+  void reduce() override {}  // the servers sum the pushes
+  double sq_norm() override {
+    // The gradient holds this worker's share of the global mean (its rows weigh 1/global rows);
+    // scaled by the worker count it estimates the whole gradient.
+    const double norm = std::sqrt(optim::sum_squares(grads(all_), all_.size())) * workers_;
+    return norm * norm;
+  }
+  float* grads(nn::Range r) override { return local_.grads(r); }
+  void clear() override { local_.clear(); }
+  void take_stats(RankStats& s) override { local_.take_stats(s); }
+
+ private:
+  ArenaSync local_;
+  nn::Range all_;
+  int workers_;
+};
+
 }  // namespace
+
+std::unique_ptr<GradSync> ParameterServer::worker_sync(nn::Model& model, const Units& units,
+                                                       int workers) {
+  return std::make_unique<WorkerSync>(model, units, workers);
+}
 
 ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model& model,
                                  uint64_t seed, const optim::OptimSpec& optim)
@@ -81,12 +110,8 @@ ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model
     throw InvalidArgument(
         "config: train.deterministic cannot be combined with ps.servers > 0 (the servers sum "
         "whole pushes); turn one of them off");
-  if (spec_.slow_rank >= workers())
-    throw InvalidArgument(str("config: debug.slow_rank = ", spec_.slow_rank,
-                              " is not a worker rank; workers are ranks 0..", workers() - 1,
-                              " (the last ", servers(), " ranks are servers)"));
   shards_ = partition(model_, servers());
-  held_.assign(static_cast<size_t>(servers()), -1);
+  versions_.assign(static_cast<size_t>(servers()), -1);
   request_.resize(static_cast<size_t>(servers()));
   reply_.resize(static_cast<size_t>(servers()));
   if (is_server()) {
@@ -99,6 +124,7 @@ ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model
     values_ = zeros_of(model_.arena_numel(), MemCategory::kParameters);
     model_.init_values(values_.data<float>(), {0, model_.arena_numel()}, seed);
     model_.bind_values({0, model_.arena_numel()}, values_);
+    held_ = {{0, model_.arena_numel()}};
     if (const CompressKind kind = compress_kind(spec_.compress.kind); kind != CompressKind::kNone)
       for (int k = 0; k < servers(); ++k)
         codecs_.push_back(
@@ -120,12 +146,12 @@ void ParameterServer::finish() {
   if (is_server() || !started_ || finished_) return;
   finished_ = true;
   for (int k = 0; k < servers(); ++k) {
-    Request h{kWireVersion, kDone, clock_, held_[static_cast<size_t>(k)]};
+    Request h{kWireVersion, kDone, clock_, versions_[static_cast<size_t>(k)]};
     world_.send(&h, kRequestWords, comm::ElemType::kI64, server_rank(k), kTagRequest);
   }
 }
 
-StateView ParameterServer::state() {
+StateView ParameterServer::state(optim::Optimizer*) {
   if (!is_server()) return {};
   const nn::Range r = server_.range;
   return {{r},
@@ -137,7 +163,7 @@ StateView ParameterServer::state() {
           {}};
 }
 
-std::vector<float> ParameterServer::save_compression() {
+std::vector<float> ParameterServer::save_state() {
   std::vector<float> out = {0.0f};
   for (auto& c : codecs_)
     if (const std::vector<float>* s = c->state()) out.insert(out.end(), s->begin(), s->end());
@@ -146,8 +172,8 @@ std::vector<float> ParameterServer::save_compression() {
   return out;
 }
 
-void ParameterServer::load_compression(const std::vector<float>& state) {
-  const size_t need = save_compression().size();
+void ParameterServer::load_state(const std::vector<float>& state) {
+  const size_t need = save_state().size();
   if (state.size() != need)
     throw IoError(str("compress: the checkpoint's push residuals have ", state.size(),
                       " values, this layout needs ", need,
@@ -161,14 +187,14 @@ void ParameterServer::load_compression(const std::vector<float>& state) {
     }
 }
 
-std::vector<ckpt::ShardFile> ParameterServer::checkpoint(const std::string& dir,
-                                                         int64_t* optimizer_steps) {
+std::vector<ckpt::ShardFile> ParameterServer::write_remote(const std::string& dir,
+                                                           int64_t* optimizer_steps) {
   start(-1);
   std::vector<ckpt::ShardFile> out;
   const comm::Deadline deadline = comm::Deadline::after(timeout());
   for (int k = 0; k < servers(); ++k) {
     Request h{kWireVersion, kCheckpoint, static_cast<int64_t>(dir.size()),
-              held_[static_cast<size_t>(k)]};
+              versions_[static_cast<size_t>(k)]};
     world_.send(&h, kRequestWords, comm::ElemType::kI64, server_rank(k), kTagRequest);
     world_.send(dir.data(), dir.size(), comm::ElemType::kU8, server_rank(k), kTagState);
     Reply r;
@@ -184,12 +210,12 @@ std::vector<ckpt::ShardFile> ParameterServer::checkpoint(const std::string& dir,
   return out;
 }
 
-void ParameterServer::read_values(const std::function<void(nn::Range, const float*)>& consume) {
+void ParameterServer::read_remote(const std::function<void(nn::Range, const float*)>& consume) {
   start(-1);
   const comm::Deadline deadline = comm::Deadline::after(timeout());
   std::vector<float> buf;
   for (int k = 0; k < servers(); ++k) {
-    Request h{kWireVersion, kValues, clock_, held_[static_cast<size_t>(k)]};
+    Request h{kWireVersion, kValues, clock_, versions_[static_cast<size_t>(k)]};
     world_.send(&h, kRequestWords, comm::ElemType::kI64, server_rank(k), kTagRequest);
     Reply r;
     world_.irecv(&r, kReplyWords, comm::ElemType::kI64, server_rank(k), kTagReply).wait(deadline);
@@ -203,7 +229,7 @@ void ParameterServer::read_values(const std::function<void(nn::Range, const floa
 void ParameterServer::request(Kind kind, int64_t clock) {
   for (int k = 0; k < servers(); ++k) {
     Request& h = request_[static_cast<size_t>(k)];
-    h = Request{kWireVersion, kind, clock, held_[static_cast<size_t>(k)]};
+    h = Request{kWireVersion, kind, clock, versions_[static_cast<size_t>(k)]};
     if (k == 0 && claims_.open && (kind == kPull || kind == kPushPull)) {
       h.claim_epoch = claims_.epoch + 1, h.claim_first = claims_.first,
       h.claim_limit = claims_.limit;
@@ -236,7 +262,7 @@ void ParameterServer::await_replies(const char* what) {
         throw CommError(str("parameter server: server rank ", server_rank(k),
                             " speaks wire version ", r.wire, ", this worker ", kWireVersion,
                             "; run one tessel build on every rank"));
-      held_[static_cast<size_t>(k)] = r.version;
+      versions_[static_cast<size_t>(k)] = r.version;
       if (k == 0 && claiming_) claimed_ = r.claimed, claiming_ = false;
       if (r.has_data == 0) continue;  // this shard did not change since the version held
       const nn::Range s = shard(k);
@@ -263,9 +289,13 @@ void ParameterServer::await_replies(const char* what) {
   wait_s_ += now_seconds() - t0;
 }
 
-void ParameterServer::set_working(WorkingCopy* working) {
-  working_ = working;
-  working_->refresh({0, model_.arena_numel()}, values_.data<float>());
+float* ParameterServer::values(nn::Range r) {
+  if (is_server()) return server_.values.data<float>() + (r.lo - server_.range.lo);
+  return values_.data<float>() + r.lo;
+}
+
+void ParameterServer::copy_values(nn::Range r, float* dst) {
+  std::copy_n(values(r), r.size(), dst);
 }
 
 void ParameterServer::start(int64_t clock) {
@@ -283,7 +313,7 @@ void ParameterServer::pull(Kind kind) {
   if (kind == kEvalPull) wait_s_ = counted;  // evaluation is not step time (RankStats)
 }
 
-void ParameterServer::set_claims(const Claims& claims) {
+void ParameterServer::set_claims(const Range& claims) {
   TESSEL_CHECK(!lockstep(), "parameter server: sync mode hands out no claims (this is a bug)");
   claims_ = claims;
   claimed_ = kNotAsked;
@@ -305,41 +335,30 @@ int64_t ParameterServer::claim() {
   return b;
 }
 
-void ParameterServer::before_train(int64_t step) {
-  start(step);
-  evaluated_ = false;
-}
-
-void ParameterServer::before_eval(int64_t step) {
+void ParameterServer::begin_pass(bool training, int64_t step) {
   start(step);
   // Evaluate what every worker's gradients of the steps so far have made: the servers answer
   // this pull once every worker has reached this worker's clock.
-  if (!evaluated_) pull(kEvalPull);
-  evaluated_ = true;
+  if (!training && !evaluated_) pull(kEvalPull);
+  evaluated_ = !training;
 }
 
-void ParameterServer::push(GradSync& sync, float clip_norm, int64_t step) {
+void ParameterServer::update(optim::Optimizer&, float, float grad_scale, GradSync& sync,
+                             int64_t step) {
+  push(sync, grad_scale, step);
+}
+
+void ParameterServer::push(GradSync& sync, float grad_scale, int64_t step) {
   start(step);  // a worker whose slices were all empty so far
   evaluated_ = false;
-  if (spec_.slow_rank == rank() && spec_.delay_ms > 0) {
-    TraceSpan span("debug.delay_ms", "ps");
-    const double t = now_seconds();
-    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(spec_.delay_ms));
-    slow_s_ += now_seconds() - t;
-  }
   std::optional<TraceSpan> span(std::in_place, "push", "ps");
   if (TraceArgs* args = span->args()) args->num("step", static_cast<double>(step));
   const double t0 = now_seconds();
-  // The gradient holds this worker's share of the global mean (its rows weigh 1/global rows);
-  // scaled by the worker count it estimates the whole gradient, and that estimate's norm is
-  // what train.clip_norm bounds (so in sync mode the sum of the pushes stays within it).
+  // grad_scale: the clipping of worker_sync()'s norm.
   const nn::Range all{0, model_.arena_numel()};
   float* g = sync.grads(all);
-  if (clip_norm > 0) {
-    const double norm = std::sqrt(optim::sum_squares(g, all.size())) * workers();
-    const float scale = optim::clip_factor(norm, clip_norm);
-    for (int64_t i = 0; i < all.size(); ++i) g[i] *= scale;
-  }
+  if (grad_scale != 1.0f)
+    for (int64_t i = 0; i < all.size(); ++i) g[i] *= grad_scale;
   clock_ = step + 1;
   ++pushes_;
   request(kPushPull, clock_);
@@ -370,8 +389,8 @@ std::vector<double> ParameterServer::gather(double value) {
 void ParameterServer::take_stats(RankStats& s) {
   s.comm_exposed_s += wait_s_ + push_s_;
   total_wait_s_ += wait_s_;
-  total_slow_s_ += slow_s_;
-  wait_s_ = push_s_ = slow_s_ = 0;
+  total_slow_s_ += s.delay_s;
+  wait_s_ = push_s_ = 0;
 }
 
 namespace {
@@ -394,7 +413,7 @@ nlohmann::json ParameterServer::report() {
   std::vector<double> stats(static_cast<size_t>(S * kStatCount), 0.0);
   if (rank() == 0) {
     for (int k = 0; k < S; ++k) {
-      Request h{kWireVersion, kStats, clock_, held_[static_cast<size_t>(k)]};
+      Request h{kWireVersion, kStats, clock_, versions_[static_cast<size_t>(k)]};
       world_.send(&h, kRequestWords, comm::ElemType::kI64, server_rank(k), kTagRequest);
       world_.recv(stats.data() + k * kStatCount, kStatCount, comm::ElemType::kF64, server_rank(k),
                   kTagState);

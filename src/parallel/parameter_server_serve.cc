@@ -451,7 +451,7 @@ void ServerLoop::write_checkpoint(int w, int64_t path_bytes) {
   const comm::Deadline d = deadline();
   world_.irecv(dir.data(), dir.size(), comm::ElemType::kU8, peer(w), ParameterServer::kTagState)
       .wait(d);
-  const ckpt::ShardFile f = write_state_shard(dir, ps_.rank(), ps_.state(), ps_.model_);
+  const ckpt::ShardFile f = write_state_shard(dir, ps_.rank(), ps_.state(nullptr), ps_.model_);
   const std::string text =
       nlohmann::json{{"file", f.file}, {"bytes", f.bytes}, {"sha256", f.sha256}}.dump();
   Reply r{ParameterServer::kWireVersion, version(), static_cast<int64_t>(text.size()), opt_.steps(),

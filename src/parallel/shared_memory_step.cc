@@ -146,7 +146,8 @@ SharedMemoryStep::~SharedMemoryStep() {
 
 float* SharedMemoryStep::values(nn::Range r) { return params_ + (r.lo - units_.span.lo); }
 
-void SharedMemoryStep::update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync) {
+void SharedMemoryStep::update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync,
+                              int64_t) {
   const double t0 = now_seconds();
   opt.step(segments(sync), lr, grad_scale);
   optimizer_s_ += now_seconds() - t0;

@@ -63,7 +63,8 @@ class SharedMemoryStep final : public SharedGradSync, public ParamStore {
                                                 uint64_t seed);
   ~SharedMemoryStep() override;
 
-  void update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync) override;
+  void update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync,
+              int64_t step) override;
   // A restore loads this rank's pieces into the shared copy; start waits for every rank's.
   const std::vector<nn::Range>& loaded() const override { return pieces_; }
   void before_start() override { sync_ranks(); }

@@ -123,7 +123,7 @@ std::string Checkpointer::restore(const std::string& path, std::string* dir) {
       }
     }
     double picks[2] = {static_cast<double>(pick), -static_cast<double>(pick)};
-    if (!engine_.ps()) engine_.max(picks, 2);  // parameter servers: each rank on its own
+    if (engine_.layout().servers == 0) engine_.max(picks, 2);  // servers: each rank on its own
     if (picks[0] >= static_cast<double>(candidates.size()))
       throw IoError(candidates.size() == 1 ? damage
                                            : str(damage,

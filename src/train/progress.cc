@@ -10,8 +10,6 @@
 
 #include "tessel/core/clock.h"
 #include "tessel/core/log.h"
-#include "tessel/parallel/parameter_server.h"
-#include "tessel/parallel/pipeline.h"
 #include "tessel/train/tensorboard.h"
 
 namespace tessel::train {
@@ -219,50 +217,6 @@ json memory_json(const parallel::RankStats& s) {
           {"peak_total_bytes", static_cast<int64_t>(s.mem_peak_total)}};
 }
 
-json pipeline_json(const std::vector<parallel::RankStats>& ranks, parallel::Engine& engine,
-                   const nn::Model& model, const Config& config) {
-  const parallel::Layout& layout = engine.layout();
-  json stages = json::array();
-  double bubble_sum = 0;
-  for (size_t r = 0; r < ranks.size(); ++r) {
-    const parallel::RankStats& s = ranks[r];
-    const double busy = s.forward_s + s.backward_s;
-    const double bubble = s.schedule_s > 0 ? std::max(0.0, 1.0 - busy / s.schedule_s) : 0.0;
-    bubble_sum += bubble;
-    stages.push_back(
-        {{"rank", r},
-         {"stage", static_cast<int>(s.stage)},
-         {"replica", layout.coord(static_cast<int>(r)).dp},
-         {"forward_seconds", s.forward_s},
-         {"backward_seconds", s.backward_s},
-         {"send_seconds", s.send_s},
-         {"recv_wait_seconds", s.recv_wait_s},
-         {"idle_seconds", std::max(0.0, s.schedule_s - busy)},
-         {"schedule_seconds", s.schedule_s},
-         {"bubble_fraction", bubble},
-         {"peak_activation_bytes", s.mem_peak[static_cast<size_t>(MemCategory::kActivations)]},
-         {"peak_inflight_microbatches", static_cast<int>(s.peak_inflight)},
-         {"sent_bytes", s.sent_bytes}});
-  }
-  std::vector<std::vector<std::string>> blocks(static_cast<size_t>(layout.pp));
-  const parallel::Partition& part = engine.pipeline()->partition();
-  for (size_t c = 0; c < part.chunks(); ++c)
-    for (size_t i = part.begin[c]; i < part.begin[c + 1]; ++i)
-      blocks[static_cast<size_t>(part.stage[c])].push_back(model.block_name(i));
-  return {{"pipeline_schedule", config.parallel.pp_schedule},
-          {"pipeline_microbatches", config.parallel.pp_microbatches},
-          {"pipeline_partition",
-           config.parallel.pp_cuts.empty() ? config.parallel.pp_partition : "cuts"},
-          {"pipeline_stage_blocks", blocks},
-          {"pipeline_virtual_stages", config.parallel.pp_virtual_stages},
-          {"pipeline_bubble_fraction_model",
-           parallel::bubble_model(config.parallel.pp_schedule, layout.pp,
-                                  static_cast<int>(config.parallel.pp_microbatches),
-                                  static_cast<int>(config.parallel.pp_virtual_stages))},
-          {"pipeline_bubble_fraction_measured", bubble_sum / static_cast<double>(ranks.size())},
-          {"pipeline_stages", stages}};
-}
-
 }  // namespace
 
 json compress_report(const std::vector<parallel::RankStats>& ranks) {
@@ -284,7 +238,7 @@ json compress_report(const std::vector<parallel::RankStats>& ranks) {
 }
 
 json rank_report(const std::vector<parallel::RankStats>& ranks, parallel::Engine& engine,
-                 const nn::Model& model, const Config& config) {
+                 const Config& config) {
   // Load balance over the time each rank computes (waiting for the others is communication).
   double max_compute = 0, sum_compute = 0;
   int slowest = 0;
@@ -330,8 +284,7 @@ json rank_report(const std::vector<parallel::RankStats>& ranks, parallel::Engine
                               : json(nullptr)},
       {"zero_stage", config.parallel.zero_stage},
       {"zero_shard_size", config.parallel.zero_shard_size}};
-  if (engine.pipeline()) out.update(pipeline_json(ranks, engine, model, config));
-  if (engine.ps()) out.update(engine.ps()->report());
+  out.update(engine.report(ranks));  // the parts' own figures (pipeline, parameter servers)
   return out;
 }
 

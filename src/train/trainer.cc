@@ -15,8 +15,6 @@
 #include "tessel/ops/cpu.h"
 #include "tessel/ops/isa.h"
 #include "tessel/optim/schedule.h"
-#include "tessel/parallel/parameter_server.h"
-#include "tessel/parallel/pipeline.h"
 #include "tessel/train/checkpointer.h"
 #include "tessel/train/progress.h"
 #include "tessel/train/recovery.h"
@@ -102,26 +100,13 @@ json Trainer::plan() const {
               {"schedule_steps", schedule_steps_},
               {"run_dir", run_dir_},
               {"memory_bytes", memory}};
-  if (const parallel::PipelineExecutor* p = engine_->pipeline()) {
-    const parallel::Partition& part = p->partition();
-    json stages = json::array();
-    for (size_t c = 0; c < part.chunks(); ++c)
-      stages.push_back(
-          {{"stage", part.stage[c]}, {"blocks", json::array({part.begin[c], part.begin[c + 1]})}});
-    out["pipeline_chunks"] = stages;
-    const auto& schedule = p->schedule();  // each stage's task order for a full batch
-    json orders = json::array();
-    for (const auto& order : schedule)
-      orders.push_back(parallel::order_str(part, static_cast<int>(schedule.size()), order));
-    out["pipeline_orders"] = orders;
-  }
+  out.update(engine_->plan());
   return out;
 }
 
 void Trainer::set_up_loader() {
   const int64_t workers = engine_->data_size();
-  parallel::ParameterServer* ps = engine_->ps();
-  lockstep_ = ps == nullptr || ps->lockstep();
+  lockstep_ = engine_->claims() == nullptr;
   data::LoaderOptions lo;
   lo.batch = config_.train.batch;
   lo.shuffle = config_.train.shuffle;
@@ -170,10 +155,7 @@ void Trainer::set_up_loader() {
                                 data_.train->size() % config_.train.batch,
                                 "; set train.drop_last = true"));
   }
-  if (parallel::PipelineExecutor* p = engine_->pipeline())  // every replica's rows, on every rank
-    for (int64_t r = 0; r < workers; ++r)
-      p->check_batch_rows((r + 1) * config_.train.batch / workers -
-                          r * config_.train.batch / workers);
+  engine_->check_batch(config_.train.batch);
   // The one product of a config value and the dataset's size: every count below is at most it.
   int64_t run_batches = 0;
   if (__builtin_mul_overflow(config_.train.epochs, bpe, &run_batches))
@@ -348,7 +330,7 @@ void Trainer::end_epoch(State& s, double epoch_start, json& epoch_records, EvalR
   }
   rec["epoch_seconds"] = now_seconds() - epoch_start;
   take_stats();
-  rec["ranks"] = rank_report(epoch_stats_, *engine_, engine_->model(), config_);
+  rec["ranks"] = rank_report(epoch_stats_, *engine_, config_);
   epoch_stats_.clear();
   progress_->log(rec);
   epoch_records.push_back(rec);
@@ -406,8 +388,8 @@ json Trainer::run() {
   wall_start_ = now_seconds();
   State s;
   const bool resuming = open_run(s);
-  if (engine_->ps() && engine_->ps()->is_server()) {  // serves the workers until they finish
-    json out = engine_->ps()->serve([this](int64_t step) { return lr_at(step); });
+  if (!engine_->trains()) {  // a server: serves the training ranks until they finish
+    json out = engine_->serve([this](int64_t step) { return lr_at(step); });
     finish_trace();
     return out;
   }
@@ -476,7 +458,7 @@ json Trainer::run() {
 void Trainer::finish_trace() {
   if (!trace_) return;
   trace_->tracer()->set_recording(false);
-  if (engine_->ps() && !engine_->ps()->is_server()) engine_->ps()->finish();  // serve() returns
+  engine_->finish();  // nothing is asked of the servers afterwards: their serve() returns
   trace_->write(*world_, (fs::path(run_dir_) / "trace.json").string(),
                 {{"layout", engine_->layout().str()},
                  {"world_size", world_->size()},

@@ -5,7 +5,6 @@
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/trace.h"
-#include "tessel/parallel/parameter_server.h"
 #include "tessel/train/checkpointer.h"
 #include "tessel/train/progress.h"
 #include "tessel/train/recovery.h"
@@ -114,7 +113,7 @@ std::string Trainer::restore(const std::string& path, State& s) {
 // collective that counts the batches trained and agrees on stopping. Returns whether the run
 // stops.
 bool Trainer::train_claimed_epoch(State& s) {
-  parallel::ParameterServer& ps = *engine_->ps();
+  parallel::BatchClaims& claims = *engine_->claims();
   const int64_t workers = engine_->data_size();
   const int64_t first = s.batch_in_epoch;
   int64_t limit = std::min(loader_->batches_per_epoch(), first + claim_budget_ - batches_done_);
@@ -125,9 +124,9 @@ bool Trainer::train_claimed_epoch(State& s) {
   }
   const int64_t epoch_step = step_;
   auto interrupted = [&] { return options_.interrupt != nullptr && options_.interrupt->load(); };
-  ps.set_claims({s.epoch, first, limit, epoch_step, !interrupted()});
+  claims.set_claims({s.epoch, first, limit, epoch_step, !interrupted()});
   double window_start = now_seconds(), t0 = window_start;
-  int64_t b = ps.claim(), window_first = b, mine = 0;
+  int64_t b = claims.claim(), window_first = b, mine = 0;
   int64_t next_log = (epoch_step / config_.train.log_every + 1) * config_.train.log_every;
   bool stop = b < 0 && interrupted();
   untaken_s_ += now_seconds() - t0;
@@ -146,12 +145,12 @@ bool Trainer::train_claimed_epoch(State& s) {
                    1.0 / static_cast<double>(workers), true},
                   s.epoch_sums);
       stop = interrupted();
-      if (stop) ps.set_claims({});  // this push claims nothing more
+      if (stop) claims.set_claims({});  // this step claims nothing more
       engine_->step(lr_at(step_), config_.train.clip_norm, step_);
     }
     ++mine;
     const int64_t done = b;
-    b = stop ? -1 : ps.claim();
+    b = stop ? -1 : claims.claim();
     const double now = now_seconds(), dt = now - t0;
     s.train_seconds += dt;
     untaken_s_ += dt;

@@ -172,16 +172,16 @@ Claimed claim_ranges(const std::string& mode, int64_t staleness) {
   ms.hidden = {8};
   Claimed out;
   for (auto& e : out.batches) e.resize(3);
-  const parallel::ParameterServer::Claims ranges[2] = {{0, 0, 40, 0, true}, {1, 3, 31, 13, true}};
+  const parallel::BatchClaims::Range ranges[2] = {{0, 0, 40, 0, true}, {1, 3, 31, 13, true}};
   comm::run_threads(4, [&](comm::Communicator& world) {
     auto model = nn::build_model(ms);
     parallel::Engine engine(spec, optim::OptimSpec{}, world, std::move(model), 1);
-    parallel::ParameterServer& ps = *engine.ps();
-    if (ps.is_server()) {
-      ps.serve([](int64_t) { return 0.01f; });
+    if (!engine.trains()) {  // the server
+      engine.serve([](int64_t) { return 0.01f; });
       return;
     }
-    EXPECT_FALSE(ps.lockstep());
+    ASSERT_NE(engine.claims(), nullptr);  // not lockstep
+    parallel::BatchClaims& ps = *engine.claims();
     for (int e = 0; e < 2; ++e) {
       std::vector<int64_t>& mine = out.batches[e][static_cast<size_t>(world.rank())];
       ps.set_claims(ranges[e]);
@@ -193,7 +193,7 @@ Claimed claim_ranges(const std::string& mode, int64_t staleness) {
       double sync = 0;
       engine.sum(&sync, 1);  // the epoch end: a collective point
     }
-    nlohmann::json m = ps.report();
+    nlohmann::json m = engine.report({});
     if (world.rank() == 0) out.lead = m["ps_max_clock_lead"].get<double>();
   });
   return out;

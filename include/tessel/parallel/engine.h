@@ -2,18 +2,24 @@
 //   executor    whole model (LocalExecutor) or a pipeline stage (PipelineExecutor);
 //   grad sync   where the gradients live and how they are reduced over the dp group: all-reduced
 //               buckets (zero.stage 0), reduce-scattered buckets (1; 2-3 into a gradient shard),
-//               shared memory (ZeRO-1 on one host), the exact sum (deterministic mode);
+//               shared memory (ZeRO-1 on one host), the exact sum (deterministic mode), a
+//               parameter-server worker's own gradient (the servers sum the pushes);
 //   store       where the parameters live and who updates which elements: replicated (0-2),
 //               sharded with gathers around each block (3), shared memory, or the parameter
-//               servers (ps.servers > 0);
+//               servers (ps.servers > 0: a worker pushes and pulls, a server rank serves);
 //   optimizer   over exactly the elements this rank updates (its state allocated that size).
 //   tp group    tensor parallelism (tp.size > 1): the model is built cut across it
 //               (nn/tensor_parallel.h), and its layers communicate inside their forward and
 //               backward; the other parts see only this rank's part of the model.
-// A step is: every piece's forward and backward (the executor, with the sync's and store's
-// hooks around each block), then reduce (sync; under sequence parallelism also the whole
-// parameters' gradients over the tp group), clip with the global norm and update (store),
-// then the pipeline's tied table follows. The Trainer runs the loop and calls only this.
+// The Engine holds the parts by their interfaces only and drives each through the same
+// lifecycle hooks (start, passes, step ends, checkpoint state, report), whose defaults do
+// nothing. A step is: every piece's forward and backward (the executor, with the sync's and
+// store's hooks around each block), then reduce (sync; under sequence parallelism also the
+// whole parameters' gradients over the tp group), clip with the global norm and update
+// (store), then the parts' step ends. The debug.* fault injections (a sleeping sync, an
+// inf-injecting loss: fault_injection.h) wrap the real parts where the spec asks for them.
+// The Trainer runs the loop and calls only this; its work source is data_rank() of data_size()
+// of every batch, or, where claims() is set, the batches handed out one at a time.
 // One Engine per rank, used by that rank's thread.
 #pragma once
 
@@ -42,22 +48,27 @@ class Tracer;
 
 namespace tessel::parallel {
 
-class ParameterServer;
-class PipelineExecutor;
-class ReplicatedStore;
-class ShardedStore;
 class WorkingCopy;
 class TpGroup;
 
-// What a rank holds of the model's state, as checkpoints see it.
-struct StateView {
-  std::vector<nn::Range> owned;    // written by this rank (every element by exactly one rank)
-  std::vector<nn::Range> held;     // values this rank loads when restoring
-  std::vector<nn::Range> updated;  // elements of its optimizer (state loaded when restoring)
-  std::function<float*(nn::Range)> values;
-  optim::Optimizer* optimizer = nullptr;
-  std::function<int64_t(nn::Range)> state_offset;  // a range's place in the optimizer state
-  std::vector<ckpt::ShardSlice> extra;  // more of this rank's state (compression), written as is
+// Work handed out one batch at a time (a parameter-server worker in async or ssp mode): the
+// Trainer trains the whole worker batches it claims instead of its slice of every batch.
+class BatchClaims {
+ public:
+  // Batches [first, limit) of epoch `epoch` (in worker batches); `step` is the global step at
+  // `first` (W worker batches make one step).
+  struct Range {
+    int64_t epoch = 0, first = 0, limit = 0, step = 0;
+    bool open = false;  // false: claim nothing more (e.g. stopping)
+  };
+  virtual ~BatchClaims() = default;
+  // Sets the range this worker claims from; the next step claims one more batch of it in the
+  // same exchange. Local (no communication).
+  virtual void set_claims(const Range& range) = 0;
+  // The batch of the range this worker trains next (each batch goes to exactly one worker): the
+  // one claimed with the last step, or, none asked for yet, one claimed now; -1 once every
+  // batch of the range has been handed out or the range is closed.
+  virtual int64_t claim() = 0;
 };
 
 // This rank's part of a checkpoint: its owned values (copied) and optimizer state (views of
@@ -86,13 +97,21 @@ class Engine {
   const Layout& layout() const { return mesh_.layout(); }
   int rank() const { return mesh_.rank(); }
   bool is_main() const { return mesh_.rank() == 0; }
-  // This rank's share of every global batch: slice data_rank() of data_size().
+  // Whether this rank trains; one that does not (a parameter server) runs serve() instead.
+  bool trains() const { return executor_ != nullptr; }
+  // A rank that does not train: serves the training ranks until they finish (lr(step): the
+  // schedule) and returns its figures.
+  nlohmann::json serve(const std::function<float(int64_t)>& lr) { return store_->serve(lr); }
+  // This rank's share of every global batch: slice data_rank() of data_size(), unless claims()
+  // hands out whole worker batches (null: every rank trains its slice of every batch).
   int data_rank() const;
   int data_size() const;
-  // The parameter-server part (null unless ps.servers > 0): roles, claims, serve().
-  ParameterServer* ps() { return ps_.get(); }
+  BatchClaims* claims() { return claims_; }
+  // Throws InvalidArgument when a replica's slice of a full batch of `batch` rows cannot run.
+  void check_batch(int64_t batch) const;
   // This rank's part of the model (its layout; the values live in the engine's parts).
   nn::Model& model() { return model_; }
+  const Executor& executor() const { return *executor_; }
   // What each block's tensor-parallel collectives moved (empty without tensor parallelism).
   nlohmann::json tp_counters() const;
 
@@ -107,6 +126,9 @@ class Engine {
   // global norm to clip_norm (0: off), update, and check the replicas every ddp.check_every.
   // fp16: a step whose gradient overflowed anywhere is skipped on every rank (loss_scaler()).
   void step(float lr, float clip_norm, int64_t step);
+  // After the last step: nothing more is asked of other ranks (a parameter-server worker says
+  // goodbye, so that the servers' serve() returns).
+  void finish() { store_->finish(); }
   // train.precision = fp16: the dynamic loss scale (null otherwise); its state is checkpointed.
   optim::LossScaler* loss_scaler() { return scaler_.get(); }
 
@@ -117,6 +139,11 @@ class Engine {
   // Every training rank's measurements since the last call (collective over the training
   // ranks); step_s and steps are this rank's time in training steps and steps trained.
   std::vector<RankStats> take_stats(double step_s, double steps = 0);
+  // The parts' figures for the per-rank report (collective over the training ranks): the
+  // pipeline's stages, the parameter servers' counters; ranks: every rank's measurements.
+  nlohmann::json report(const std::vector<RankStats>& ranks);
+  // What `tessel config` prints of the parts beyond parts(): the pipeline's chunks.
+  nlohmann::json plan() const;
   // SHA-256 of the whole model's values in arena order (padding zero), the same bytes in every
   // layout; collective over the world, streamed unit by unit so no rank holds the model.
   std::string params_sha256();
@@ -130,11 +157,9 @@ class Engine {
   // rank 0's `dir`. Returns every shard on rank 0 (nothing elsewhere) and the optimizer's
   // step count.
   std::vector<ckpt::ShardFile> write_shards(const std::string& dir, int64_t* optimizer_steps);
-  const Units& units() const { return units_; }
   // Which parts this rank runs, for summaries and logs: executor, grad_sync, store, overlap,
   // prefetch.
   const nlohmann::json& parts() const { return parts_; }
-  PipelineExecutor* pipeline() { return pipeline_; }
 
  private:
   // Builds this rank's model and loss from its tp group (null: none).
@@ -142,8 +167,11 @@ class Engine {
       nn::TensorParallel*)>;
   Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Communicator& world,
          const Build& build, uint64_t seed);
+  void build_parameter_server(const ParallelSpec& spec, const optim::OptimSpec& optim,
+                              uint64_t seed);
   void build_data_parallel(const ParallelSpec& spec, uint64_t seed);
-  // This rank's compression state, its length first; empty when steps carry none.
+  // The part whose state travels in checkpoints beside the values (compression residuals):
+  // the gradient sync's, or else the store's (a parameter-server worker's pushes).
   std::vector<float> compression_state();
   void hook(nn::Phase phase, size_t block, bool last);
   PieceStats counted(const PieceStats& s) const;
@@ -157,19 +185,19 @@ class Engine {
   std::unique_ptr<TpGroup> tp_;
   std::pair<std::unique_ptr<nn::Model>, std::unique_ptr<nn::Loss>> built_;
   nn::Model& model_;
-  nn::Loss& loss_;
+  int64_t piece_step_ = 0;                 // the step of the piece in progress
+  std::unique_ptr<nn::Loss> faulty_loss_;  // debug.overflow_steps around built_'s loss
+  nn::Loss* loss_ = nullptr;
   bool training_ = true;
-  std::unique_ptr<Executor> executor_;
-  PipelineExecutor* pipeline_ = nullptr;  // executor_ when a pipeline
+  std::unique_ptr<Executor> executor_;  // null on a rank that does not train
   Units units_, scale_buckets_;
   std::unique_ptr<GradSync> sync_owner_;
   std::unique_ptr<ParamStore> store_owner_;
+  std::unique_ptr<GradSync> faulty_sync_;  // debug.slow_rank around the sync
   GradSync* sync_ = nullptr;
   ParamStore* store_ = nullptr;
-  ReplicatedStore* replicated_ = nullptr;  // store_ when replicated (parameter checks)
-  ShardedStore* sharded_ = nullptr;        // store_ when ZeRO-3 (step ends)
-  std::vector<BlockHooks*> hooks_;         // in the order they act before a block
-  std::unique_ptr<ParameterServer> ps_;
+  BatchClaims* claims_ = nullptr;
+  std::vector<BlockHooks*> hooks_;  // in the order they act before a block
   std::unique_ptr<optim::Optimizer> optimizer_;
   std::unique_ptr<optim::LossScaler> scaler_;  // fp16
   Hooks hooks_fn_;

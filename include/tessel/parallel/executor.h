@@ -3,10 +3,12 @@
 // block and micro-batch in flight; none in evaluation) and calls the engine's hooks around every
 // block's forward and backward, which is where the gradient sync and the parameter store act.
 // An executor holds no loop over steps and no collective of its own beyond the pipeline's
-// point-to-point messages.
+// point-to-point messages. The Engine drives every executor alike: its optional lifecycle hooks
+// (start, end_step, check_batch_rows, plan, report) default to nothing.
 #pragma once
 
 #include <functional>
+#include <nlohmann/json.hpp>
 #include <vector>
 
 #include "tessel/nn/loss.h"
@@ -14,6 +16,9 @@
 #include "tessel/parallel/stats.h"
 
 namespace tessel::parallel {
+
+class ParamStore;
+struct Layout;
 
 // One piece of this rank's rows of a step (a batch slice, or one micro-shard of it).
 struct Piece {
@@ -48,6 +53,21 @@ class Executor {
   // The blocks this rank runs.
   virtual const std::vector<bool>& local_blocks() const = 0;
   virtual void take_stats(RankStats& s) = 0;
+
+  // Optional hooks (the defaults do nothing):
+  // Before the first step, fresh or resumed (collective over the executor's ranks), and after
+  // each step's update; store: where the values live.
+  virtual void start(ParamStore& /*store*/) {}
+  virtual void end_step(ParamStore& /*store*/) {}
+  // Throws InvalidArgument when `rows`, a replica's slice of a full batch, cannot run.
+  virtual void check_batch_rows(int64_t /*rows*/) const {}
+  // What `tessel config` prints of this part beyond Engine::parts().
+  virtual nlohmann::json plan() const { return nlohmann::json::object(); }
+  // This part's figures for the per-rank report, from every training rank's measurements.
+  virtual nlohmann::json report(const std::vector<RankStats>& /*ranks*/,
+                                const Layout& /*layout*/) const {
+    return nlohmann::json::object();
+  }
 };
 
 // Throws naming the step when a training loss is not finite.

@@ -10,8 +10,10 @@
 // batch; one averaged update per step: equals data parallel), async and ssp (not lockstep: the
 // first server hands each epoch's worker batches out one claim at a time, riding on the pulls;
 // each push is applied at once; in ssp a claim at step c is granted only while every batch in
-// progress is at step c - ps.staleness or later). One object per rank, used by that rank's
-// thread; a server rank spends its whole run inside serve().
+// progress is at step c - ps.staleness or later). To the Engine it is the store (a remote one:
+// a worker's update pushes its gradient and pulls the values, a server rank serves) and, when
+// not lockstep, the worker's batch claims. One object per rank, used by that rank's thread; a
+// server rank spends its whole run inside serve().
 #pragma once
 
 #include <cstdint>
@@ -31,72 +33,66 @@ namespace tessel::parallel {
 namespace compress {
 class PushCodec;
 }  // namespace compress
-class WorkingCopy;
 
-class ParameterServer {
+class ParameterServer final : public ParamStore, public BatchClaims {
  public:
   enum class Mode { kSync, kAsync, kSsp };
 
-  // Work handed out when not lockstep: batches [first, limit) of epoch `epoch` (in worker
-  // batches); `step` is the global step at `first` (W worker batches make one step).
-  struct Claims {
-    int64_t epoch = 0, first = 0, limit = 0, step = 0;
-    bool open = false;  // false: claim nothing more (e.g. stopping)
-  };
-
-  // Throws InvalidArgument for a mode, staleness or debug.slow_rank that cannot work. A worker
-  // materializes the whole model (values initialised from seed); a server its range of values,
-  // gradients and optimizer state.
+  // Throws InvalidArgument for a mode or staleness that cannot work. A worker materializes the
+  // whole model (values initialised from seed; held() is the whole arena, it owns and updates
+  // nothing); a server its range of values, gradients and optimizer state.
   ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model& model, uint64_t seed,
                   const optim::OptimSpec& optim);
   // A worker that got as far as talking to the servers and did not finish() tells them it is
   // done (unless an exception is unwinding: the servers then fail at their deadline or with
   // the aborted group).
-  ~ParameterServer();
-  // Worker: tells the servers it is done, so that serve() returns; nothing is asked of the
-  // servers afterwards.
-  void finish();
+  ~ParameterServer() override;
+  // A worker's gradient sync over `units` (the whole model) of W = `workers` workers: its own
+  // rows' gradient, nothing to reduce (the servers sum the pushes); its norm is that of the
+  // worker's estimate of the whole gradient, W x its own, which train.clip_norm bounds (so in
+  // sync mode the sum of the pushes stays within it).
+  static std::unique_ptr<GradSync> worker_sync(nn::Model& model, const Units& units, int workers);
 
   bool is_server() const { return mesh_.is_server(); }
-  Mode mode() const { return mode_; }
   // Lockstep (sync): every worker trains its slice of every global batch. Otherwise (async,
   // ssp) the Trainer trains whole worker batches claimed one at a time (set_claims, claim).
   bool lockstep() const { return mode_ == Mode::kSync; }
-  // Sets the range this worker claims from; the next push claims one more batch of it in the
-  // same exchange with the servers. Local (no communication).
-  void set_claims(const Claims& claims);
-  // The batch of the range this worker trains next (each batch goes to exactly one worker): the
-  // one claimed with the last push, or, none asked for yet, one claimed now; -1 once every
-  // batch of the range has been handed out or the range is closed.
-  int64_t claim();
-  // A server rank: serves pushes and pulls until every worker has said goodbye. `lr(step)` is
-  // the schedule. Returns the server's figures.
-  nlohmann::json serve(const std::function<float(int64_t)>& lr);
+  // BatchClaims: the claim of the next batch rides on the push.
+  void set_claims(const Range& claims) override;
+  int64_t claim() override;
 
-  // Worker: before a training or evaluation piece at global step `step` (the first contact says
-  // hello; an evaluation first pulls what every worker's steps so far have made).
-  void before_train(int64_t step);
-  void before_eval(int64_t step);
-  // Worker: the step: clip this worker's gradient (from sync) and push it, pull new values.
-  void push(GradSync& sync, float clip_norm, int64_t step);
-  // Worker, train.precision = bf16: the 16-bit copy the blocks read, refreshed from the f32
-  // values now and after every pull that brings new ones.
-  void set_working(WorkingCopy* working);
+  // ParamStore, worker: the step clips this worker's gradient by grad_scale, pushes it and
+  // pulls new values; before a training or evaluation piece the first contact says hello (an
+  // evaluation first pulls what every worker's steps so far have made); finish() tells the
+  // servers it is done, so that serve() returns. The values are held in f32; with a working
+  // copy (bf16) it is refreshed after every pull that brings new ones.
+  void update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync,
+              int64_t step) override;
+  float* values(nn::Range r) override;
+  void copy_values(nn::Range r, float* dst) override;
+  void begin_pass(bool training, int64_t step) override;
+  void finish() override;
   // Checkpoints: a server owns its range; a worker nothing (it pulls after a restore).
-  StateView state();
+  StateView state(optim::Optimizer* opt) override;
   // Worker: what its compressed pushes carry from step to step (the top-k residual of each
   // server's shard) as one vector whose first value is its length; empty when they carry none.
-  std::vector<float> save_compression();
-  void load_compression(const std::vector<float>& state);
+  std::vector<float> save_state() override;
+  void load_state(const std::vector<float>& state) override;
   // Rank 0: asks every server to write its shard of a checkpoint into dir; returns them and
   // the servers' optimizer step count.
-  std::vector<ckpt::ShardFile> checkpoint(const std::string& dir, int64_t* optimizer_steps);
+  std::vector<ckpt::ShardFile> write_remote(const std::string& dir,
+                                            int64_t* optimizer_steps) override;
   // Rank 0: feeds every server's values, in arena order, to `consume(range, values)`.
-  void read_values(const std::function<void(nn::Range, const float*)>& consume);
+  void read_remote(const std::function<void(nn::Range, const float*)>& consume) override;
   // Collective over the workers (rank 0 asks the servers): the layout's figures for the report.
-  nlohmann::json report();
-  // Worker: adds the time waited for the servers since the last call.
-  void take_stats(RankStats& s);
+  nlohmann::json report() override;
+  // A server rank: serves pushes and pulls until every worker has said goodbye. `lr(step)` is
+  // the schedule. Returns the server's figures.
+  nlohmann::json serve(const std::function<float(int64_t)>& lr) override;
+  // Worker: adds the time waited for the servers since the last call; reads the sync's
+  // debug.delay_ms sleeps (RankStats::delay_s) into ps_worker_delay_seconds, so the Engine
+  // takes the store's stats after the sync's.
+  void take_stats(RankStats& s) override;
 
   // Wire format, shared by the two sides (parameter_server.cc, parameter_server_serve.cc). Per
   // (worker, server) pair a request and a reply travel on their own tags as int64 words;
@@ -175,6 +171,7 @@ class ParameterServer {
   void request(Kind kind, int64_t clock);  // sends a request to every server
   void await_replies(const char* what);    // receives every server's reply (and changed shards)
   void pull(Kind kind);
+  void push(GradSync& sync, float grad_scale, int64_t step);
   std::vector<double> gather(double value);
   friend class ServerLoop;  // parameter_server_serve.cc
 
@@ -184,9 +181,8 @@ class ParameterServer {
   nn::Model& model_;
   Mode mode_ = Mode::kSync;
   std::vector<nn::Range> shards_;
-  ServerShard server_;              // server ranks
-  Tensor values_;                   // worker ranks: the whole model
-  WorkingCopy* working_ = nullptr;  // worker ranks, bf16: what the blocks read
+  ServerShard server_;  // server ranks
+  Tensor values_;       // worker ranks: the whole model
   uint64_t seed_ = 0;
   // compress.kind != none, workers: one codec per server's shard (its top-k residual)
   std::vector<std::unique_ptr<compress::PushCodec>> codecs_;
@@ -197,11 +193,11 @@ class ParameterServer {
   bool evaluated_ = false;  // pulled for evaluation since the last training step
   int64_t clock_ = 0;       // steps pushed (async, ssp: 1 + the global step of the last push)
   static constexpr int64_t kNotAsked = -2;
-  Claims claims_;                // the range claimed from (async, ssp)
-  bool claiming_ = false;        // the exchange in flight claims a batch
-  int64_t claimed_ = kNotAsked;  // what the last exchange claimed (-1: none left)
-  int64_t pushes_ = 0;           // batches pushed in this invocation
-  std::vector<int64_t> held_;    // version of each server's shard held
+  Range claims_;                   // the range claimed from (async, ssp)
+  bool claiming_ = false;          // the exchange in flight claims a batch
+  int64_t claimed_ = kNotAsked;    // what the last exchange claimed (-1: none left)
+  int64_t pushes_ = 0;             // batches pushed in this invocation
+  std::vector<int64_t> versions_;  // version of each server's shard held
   std::vector<Request> request_;
   std::vector<Reply> reply_;
   std::vector<comm::Work> sends_;
@@ -209,7 +205,6 @@ class ParameterServer {
   // totals since this invocation started, like the servers' counters.
   double wait_s_ = 0;  // waiting for replies (pull, sync and ssp waits)
   double push_s_ = 0;  // clipping and handing gradients over
-  double slow_s_ = 0;  // debug.delay_ms sleeps
   double total_wait_s_ = 0, total_slow_s_ = 0;
   int64_t pulls_with_data_ = 0;
 };

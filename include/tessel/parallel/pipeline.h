@@ -58,13 +58,18 @@ class PipelineExecutor final : public Executor {
 
   // Collective over the pipeline: the stages agree on partition and schedule; the head's copy
   // of a tied table takes the embedding stage's values (store: where those live).
-  void start(ParamStore& store);
+  void start(ParamStore& store) override;
   // After each step's update: the embedding stage sends the new tied table to the head's stage.
+  void end_step(ParamStore& store) override { sync_tied_table(store); }
   void sync_tied_table(ParamStore& store);
 
   // Throws InvalidArgument unless pp.microbatches divides `rows`, the rows of a replica's
-  // slice of a full batch (the trainer checks every replica's before the first step).
-  void check_batch_rows(int64_t rows) const;
+  // slice of a full batch (the engine checks every replica's before the first step).
+  void check_batch_rows(int64_t rows) const override;
+  // The chunks: pipeline_chunks (pipeline_report.cc).
+  nlohmann::json plan() const override;
+  // Per stage: its times, bubble and traffic; the schedule, partition and model bubble.
+  nlohmann::json report(const std::vector<RankStats>& ranks, const Layout& layout) const override;
 
   int stage() const { return stage_; }
   const Partition& partition() const { return part_; }

@@ -31,11 +31,12 @@ struct RankStats {
   // buckets would send, and the time encoding and decoding.
   double compress_bytes = 0, compress_formula_bytes = 0, compress_f32_bytes = 0;
   double encode_s = 0, decode_s = 0;
+  double delay_s = 0;  // debug.delay_ms sleeps (fault_injection.h)
   // Memory per category (core/memory.h): bytes held at the end, and the peak since last taken.
   std::array<double, kMemCategories> mem{}, mem_peak{};
   double mem_peak_total = 0;
 
-  static constexpr size_t kFields = 23 + 2 * kMemCategories;
+  static constexpr size_t kFields = 24 + 2 * kMemCategories;
   double* data() { return &step_s; }
   const double* data() const { return &step_s; }
 

@@ -104,6 +104,6 @@ class Progress {
 // all-reduces; the ratios f32 / sent and f32 / formula; encode, decode and exposed seconds.
 nlohmann::json compress_report(const std::vector<parallel::RankStats>& ranks);
 nlohmann::json rank_report(const std::vector<parallel::RankStats>& ranks, parallel::Engine& engine,
-                           const nn::Model& model, const Config& config);
+                           const Config& config);
 
 }  // namespace tessel::train

@@ -1,0 +1,89 @@
+#include "fault_injection.h"
+
+#include <algorithm>
+#include <chrono>
+#include <limits>
+#include <thread>
+
+#include "tessel/core/clock.h"
+#include "tessel/core/error.h"
+#include "tessel/core/trace.h"
+
+namespace tessel::parallel {
+
+namespace {
+
+class SlowSync final : public GradSync {
+ public:
+  SlowSync(GradSync& inner, double delay_ms) : inner_(inner), delay_ms_(delay_ms) {}
+
+  void reduce() override {
+    {
+      TraceSpan span("debug.delay_ms", "debug");
+      const double t0 = now_seconds();
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(delay_ms_));
+      slept_s_ += now_seconds() - t0;
+    }
+    inner_.reduce();
+  }
+  double sq_norm() override { return inner_.sq_norm(); }
+  float* grads(nn::Range r) override { return inner_.grads(r); }
+  void clear() override { inner_.clear(); }
+  void take_stats(RankStats& s) override {
+    s.delay_s += slept_s_;
+    slept_s_ = 0;
+    inner_.take_stats(s);
+  }
+  std::vector<float> save_state() override { return inner_.save_state(); }
+  void load_state(const std::vector<float>& state) override { inner_.load_state(state); }
+
+ private:
+  GradSync& inner_;
+  double delay_ms_;
+  double slept_s_ = 0;  // since the last take_stats()
+};
+
+class OverflowLoss final : public nn::Loss {
+ public:
+  OverflowLoss(nn::Loss& inner, std::vector<int64_t> steps, const int64_t& step)
+      : inner_(inner), steps_(std::move(steps)), step_(step) {}
+
+  nn::LossValue forward(const Tensor& output, const Tensor& targets) override {
+    return inner_.forward(output, targets);
+  }
+  Tensor backward(float dloss) override {
+    const bool inject = std::find(steps_.begin(), steps_.end(), step_) != steps_.end();
+    return inner_.backward(inject ? std::numeric_limits<float>::infinity() : dloss);
+  }
+
+ private:
+  nn::Loss& inner_;
+  std::vector<int64_t> steps_;
+  const int64_t& step_;
+};
+
+}  // namespace
+
+void check_debug(const ParallelSpec& spec, const Layout& layout) {
+  if (layout.servers > 0 && spec.slow_rank >= layout.workers())
+    throw InvalidArgument(str("config: debug.slow_rank = ", spec.slow_rank,
+                              " is not a worker rank; workers are ranks 0..", layout.workers() - 1,
+                              " (the last ", layout.servers, " ranks are servers)"));
+  if (spec.slow_rank >= layout.world)
+    throw InvalidArgument(str("config: debug.slow_rank must be a rank of the ", layout.world,
+                              "-rank world or -1 (none), got ", spec.slow_rank));
+}
+
+std::unique_ptr<GradSync> slow_sync(const ParallelSpec& spec, int rank, GradSync& sync) {
+  if (spec.slow_rank != rank || spec.delay_ms <= 0) return nullptr;
+  return std::make_unique<SlowSync>(sync, spec.delay_ms);
+}
+
+std::unique_ptr<nn::Loss> overflow_loss(const ParallelSpec& spec, int rank, nn::Loss& loss,
+                                        const int64_t& step) {
+  if (spec.overflow_steps.empty() || spec.overflow_rank != rank || spec.precision != "fp16")
+    return nullptr;
+  return std::make_unique<OverflowLoss>(loss, spec.overflow_steps, step);
+}
+
+}  // namespace tessel::parallel

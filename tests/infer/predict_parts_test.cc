@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
@@ -278,6 +279,20 @@ TEST(Output, RecordsArePureFunctionsOfTheLogits) {
   EXPECT_THROW(output_format("out.txt"), InvalidArgument);
 }
 
+// A request's answer as a future (invalid when the batcher refused the request).
+std::future<std::vector<nlohmann::ordered_json>> submit(Batcher& b, Request r) {
+  auto reply = std::make_shared<std::promise<std::vector<nlohmann::ordered_json>>>();
+  auto future = reply->get_future();
+  if (!b.submit(std::move(r), [reply](auto records, std::exception_ptr error) {
+        if (error)
+          reply->set_exception(error);
+        else
+          reply->set_value(std::move(records));
+      }))
+    return {};
+  return future;
+}
+
 TEST(Batcher, EveryRequestGetsItsOwnRowsAndNoneIsSplit) {
   ServeMetrics metrics(8, 2);
   std::atomic<int> batches{0};
@@ -303,7 +318,7 @@ TEST(Batcher, EveryRequestGetsItsOwnRowsAndNoneIsSplit) {
     const int64_t n = 1 + i % 3;
     r.x = Tensor::empty({n, 1});
     for (int64_t j = 0; j < n; ++j) r.x.data<float>()[j] = static_cast<float>(100 * i + j);
-    replies.push_back(b.submit(std::move(r)));
+    replies.push_back(submit(b, std::move(r)));
   }
   for (int i = 0; i < 60; ++i) {
     auto out = replies[i].get();
@@ -315,7 +330,7 @@ TEST(Batcher, EveryRequestGetsItsOwnRowsAndNoneIsSplit) {
   b.close();
   Request late;
   late.x = Tensor::empty({1, 1});
-  EXPECT_FALSE(b.submit(std::move(late)).valid());  // closed
+  EXPECT_FALSE(submit(b, std::move(late)).valid());  // closed
   EXPECT_NE(metrics.prometheus().find("tessel_batch_rows_count"), std::string::npos);
 }
 
@@ -338,11 +353,11 @@ TEST(Batcher, AFullQueueRefusesAndCloseAnswersWhatWasQueued) {
     r.x = Tensor::zeros({n, 1});
     return r;
   };
-  auto first = b.submit(make(4));  // taken by the worker, which waits
+  auto first = submit(b, make(4));  // taken by the worker, which waits
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  auto queued = b.submit(make(4));  // fills the queue
+  auto queued = submit(b, make(4));  // fills the queue
   EXPECT_TRUE(queued.valid());
-  EXPECT_FALSE(b.submit(make(1)).valid());  // over serve.max_queue
+  EXPECT_FALSE(submit(b, make(1)).valid());  // over serve.max_queue
   std::thread closer([&] { b.close(); });
   release.set_value();
   closer.join();

@@ -152,8 +152,9 @@ class Session : public std::enable_shared_from_this<Session> {
           504, str("no answer within serve.timeout_s = ", self->shared_.options.timeout_s,
                    " s; the workers are overloaded")));
     });
-    HttpRequest r{std::string(req.method_string()), std::string(req.target()),
-                  std::move(req.body())};
+    HttpRequest r{
+        std::string(req.method_string()), std::string(req.target()), std::move(req.body()), {}};
+    for (const auto& f : req) r.headers.emplace_back(f.name_string(), f.value());
     if (const size_t q = r.path.find('?'); q != std::string::npos) r.path.resize(q);
     answered_ = false;
     shared_.handler(std::move(r), [self = shared_from_this(), seq](HttpResponse res) {
@@ -201,6 +202,12 @@ class Session : public std::enable_shared_from_this<Session> {
 };
 
 }  // namespace
+
+std::string HttpRequest::header(std::string_view name) const {
+  for (const auto& [k, v] : headers)
+    if (beast::iequals(k, beast::string_view(name.data(), name.size()))) return v;
+  return "";
+}
 
 struct HttpServer::Impl {
   net::io_context ioc;

@@ -163,6 +163,11 @@ Request read_prompts(const json& body, const json& in, const ModelInfo& info,
 
 }  // namespace
 
+std::vector<std::string> output_names(const ModelInfo& info) {
+  if (info.generates()) return {"text"};
+  return {"class", "top_k_class", "top_k_prob"};
+}
+
 ojson model_metadata(const std::string& name, const ModelInfo& info, const ModelLimits& limits) {
   ojson m = {{"name", name}, {"versions", {"1"}}, {"platform", "tessel"}};
   if (info.generates()) {
@@ -185,9 +190,7 @@ InferCall read_infer(const json& body, const ModelInfo& info, const ModelLimits&
   call.request =
       info.generates() ? read_prompts(body, in, info, limits) : read_classes(in, info, limits);
   if (body.contains("id")) call.id = body["id"];
-  const std::vector<std::string> known =
-      info.generates() ? std::vector<std::string>{"text"}
-                       : std::vector<std::string>{"class", "top_k_class", "top_k_prob"};
+  const std::vector<std::string> known = output_names(info);
   for (const json& o : body.value("outputs", json::array())) {
     if (!o.is_object() || !o.contains("name") || !o["name"].is_string() ||
         !one_of(o["name"].get<std::string>(), known))

@@ -26,6 +26,9 @@ struct ModelLimits {
   int64_t top_k = 5;            // classes per row in an answer
 };
 
+// v2: the names of the model's outputs, in the order of its metadata.
+std::vector<std::string> output_names(const ModelInfo& info);
+
 // v2: GET /v2/models/{name}.
 nlohmann::ordered_json model_metadata(const std::string& name, const ModelInfo& info,
                                       const ModelLimits& limits);

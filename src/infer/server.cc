@@ -184,8 +184,18 @@ void Server::model_metadata(const HttpRequest&, Respond respond) {
 }
 
 void Server::infer(const HttpRequest& req, Respond respond) {
-  auto call =
-      std::make_shared<InferCall>(read_infer(parse_json(req.body), info_, limits_of(config_)));
+  if (!req.header("Inference-Header-Content-Length").empty())
+    throw HttpError(400,
+                    "serve: binary tensors (Inference-Header-Content-Length) are not supported; "
+                    "send JSON tensors (tritonclient: binary_data=False)");
+  // The common body read straight into a tensor (as /v1/predict's), any other in full.
+  auto call = std::make_shared<InferCall>();
+  if (!info_.generates())
+    call->request.x = read_v2_inputs(req.body, info_.spec.input_shape, config_.serve.max_batch);
+  if (call->request.x.defined())
+    call->outputs = output_names(info_);
+  else
+    *call = read_infer(parse_json(req.body), info_, limits_of(config_));
   Request request = std::move(call->request);
   submit(std::move(request), std::move(respond), [this, call](std::vector<ojson> records) {
     return infer_answer(config_.name, *call, records);

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "inputs_json.h"
+#include "protocol.h"
 #include "tessel/core/error.h"
 #include "tessel/infer/batcher.h"
 #include "tessel/infer/chunk_queue.h"
@@ -421,6 +422,45 @@ TEST(ReadInputs, TakesExactlyTheCommonBodyAndReadsItsNumbersAsTheDocumentDoes) {
         R"({"inputs": [[1, 2, 3, 4],]})",
         ""})
     EXPECT_FALSE(read_inputs(body, row, 3).defined()) << body;
+}
+
+// The KServe v2 fast path gives the tensor the full reader (protocol.h) gives, to the bit, and
+// leaves every other body to it.
+TEST(ReadInputs, TakesTheCommonV2BodyAsTheFullReaderDoes) {
+  ModelInfo info;
+  info.spec.kind = "mlp";
+  info.spec.input_shape = {2, 2};
+  info.spec.num_classes = 3;
+  const ModelLimits limits{3, 1, 2};
+  for (const std::string body :
+       {R"({"inputs": [{"name": "input", "shape": [1, 2, 2], "datatype": "FP32",
+            "data": [1, -2, 0.5, 3.4e38]}]})",
+        R"({"inputs":[{"data":[1,2,3,4,5,6,7,8.25e-3],"datatype":"FP32","shape":[2,2,2],)"
+        R"("name":"input"}]})"}) {
+    const Tensor x = read_v2_inputs(body, info.spec.input_shape, limits.max_batch);
+    ASSERT_TRUE(x.defined()) << body;
+    const Tensor want = read_infer(nlohmann::json::parse(body), info, limits).request.x;
+    ASSERT_EQ(x.shape(), want.shape()) << body;
+    EXPECT_EQ(std::memcmp(x.raw(), want.raw(), x.nbytes()), 0) << body;
+  }
+  const std::string tensor = R"("name": "input", "datatype": "FP32", "data": [1, 2, 3, 4])";
+  const std::string fits = R"({"inputs": [{"shape": [1, 2, 2], )" + tensor + "}]}";
+  EXPECT_TRUE(read_v2_inputs(fits, info.spec.input_shape, limits.max_batch).defined()) << fits;
+  for (const std::string& body : std::vector<std::string>{
+           R"({"inputs": [{"shape": [1, 4], )" + tensor + "}]}",
+           R"({"inputs": [{"shape": [1.0, 2, 2], )" + tensor + "}]}",
+           R"({"inputs": [{"shape": [2, 2, 2], )" + tensor + "}]}",
+           R"({"inputs": [{"shape": [4, 2, 2], )" + tensor + "}]}",  // over max_rows
+           R"({"id": "a", "inputs": [{"shape": [1, 2, 2], )" + tensor + "}]}",
+           R"({"inputs": [{"shape": [1, 2, 2], "x": 1, )" + tensor + "}]}",
+           R"({"inputs": [{"shape": [1, 2, 2], )" + tensor + "}, {}]}",
+           R"({"inputs": [{"shape": [1, 2, 2], "name": "input", "datatype": "FP64", )"
+           R"("data": [1, 2, 3, 4]}]})",
+           R"({"inputs": [{"shape": [1, 2, 2], "name": "inp\u0075t", "datatype": "FP32", )"
+           R"("data": [1, 2, 3, 4]}]})",
+           R"({"inputs": [{"shape": [1, 2, 2], "name": "input", "datatype": "FP32", )"
+           R"("data": [[1, 2], [3, 4]]}]})"})
+    EXPECT_FALSE(read_v2_inputs(body, info.spec.input_shape, limits.max_batch).defined()) << body;
 }
 
 }  // namespace

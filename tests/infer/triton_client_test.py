@@ -89,6 +89,9 @@ def check_model(tmp, model):
         bad.set_data_from_numpy(np.zeros((1, 3), np.float32), binary_data=False)
         expect_error(lambda: client.infer(model, [bad]), "has shape [1,3]")
         expect_error(lambda: client.get_model_metadata("nope"), "unknown model")
+        binary = httpclient.InferInput("input", list(part.shape), "FP32")
+        binary.set_data_from_numpy(part)  # binary_data=True by default
+        expect_error(lambda: client.infer(model, [binary]), "binary_data=False")
         expect_error(lambda: client.infer("nope", [tensor]), "unknown model")
     finally:
         server.terminate()

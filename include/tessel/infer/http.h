@@ -16,6 +16,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -25,6 +26,9 @@ struct HttpRequest {
   std::string method;  // "GET", "POST", ...
   std::string path;    // the target without its query
   std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;
+  // The value of header `name` (any case), or "" when absent.
+  std::string header(std::string_view name) const;
 };
 
 struct HttpResponse {

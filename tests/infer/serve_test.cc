@@ -347,9 +347,13 @@ TEST_F(Serve, SigtermMidLoadAnswersEveryRequestItRead) {
     });
   std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   const int64_t before = answered;
+  const auto sigterm = std::chrono::steady_clock::now();
   ASSERT_EQ(kill(pid, SIGTERM), 0);
   int status = 0;
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  const double stopping =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - sigterm).count();
+  EXPECT_LT(stopping, 10) << "seconds from SIGTERM to exit";
   stop = true;
   for (auto& c : clients) c.join();
   const std::string text = slurp(log);
@@ -361,9 +365,9 @@ TEST_F(Serve, SigtermMidLoadAnswersEveryRequestItRead) {
   ASSERT_NE(at, std::string::npos) << text;
   int64_t read = -1, sent = -1;
   ASSERT_EQ(sscanf(text.c_str() + at, "stopped; %ld requests read, %ld answered", &read, &sent), 2);
-  std::printf("%ld answered before SIGTERM, %ld in all; the server read %ld\n",
+  std::printf("%ld answered before SIGTERM, %ld in all; the server read %ld; exit %.2f s after\n",
               static_cast<long>(before), static_cast<long>(answered.load()),
-              static_cast<long>(read));
+              static_cast<long>(read), stopping);
   EXPECT_EQ(read, sent) << text;
   EXPECT_EQ(sent, answered.load()) << text;
 }

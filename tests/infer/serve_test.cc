@@ -177,6 +177,30 @@ TEST_F(Serve, GptPromptsAndTheirErrors) {
   expect_status(c.Post("/v1/predict", R"({"prompts": ["A"], "max_new_tokens": "9"})", json), 400,
                 "\"max_new_tokens\" must be a non-negative integer");
   expect_status(c.Post("/v1/predict", R"({"inputs": [[1]]})", json), 400, "\"prompts\"");
+  // KServe v2: BYTES prompts, the same text as /v1/predict's.
+  const std::string infer = "/v2/models/char_gpt/infer";
+  const auto meta = nlohmann::json::parse(c.Get("/v2/models/char_gpt")->body);
+  EXPECT_EQ(meta["inputs"][0].dump(), R"({"datatype":"BYTES","name":"prompt","shape":[-1]})");
+  auto v2 = c.Post(infer,
+                   R"({"inputs": [{"name": "prompt", "shape": [2], "datatype": "BYTES",
+                       "data": ["The night", "A"]}], "parameters": {"max_new_tokens": 12}})",
+                   json);
+  ASSERT_EQ(v2->status, 200) << v2->body;
+  const auto text = nlohmann::json::parse(v2->body)["outputs"][0];
+  EXPECT_EQ(text["name"], "text");
+  EXPECT_EQ(text["datatype"], "BYTES");
+  EXPECT_EQ(text["data"][0], out[0]["text"]);
+  EXPECT_EQ(text["data"][1], out[1]["text"]);
+  expect_status(c.Post(infer,
+                       R"({"inputs": [{"name": "prompt", "shape": [1], "datatype": "FP32",
+                           "data": [1]}]})",
+                       json),
+                400, "a gpt model takes BYTES");
+  expect_status(c.Post(infer,
+                       R"({"inputs": [{"name": "prompt", "shape": [1], "datatype": "BYTES",
+                           "data": ["A"]}], "parameters": {"max_new_tokens": -1}})",
+                       json),
+                400, "parameters \"max_new_tokens\" must be a non-negative integer");
 }
 
 TEST_F(Serve, KserveV2MetadataAndInferAnswerAsPredictDoes) {

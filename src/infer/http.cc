@@ -57,7 +57,8 @@ class Session : public std::enable_shared_from_this<Session> {
   void start() {
     net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_header(); });
   }
-  // Closes the connection if it waits for a request; one being answered closes after.
+  // Closes the connection if it waits for a request or has not sent one whole (not accepted);
+  // one being answered closes after.
   void drain() {
     auto self = weak_from_this().lock();  // none: the session is ending
     if (!self) return;
@@ -90,7 +91,6 @@ class Session : public std::enable_shared_from_this<Session> {
 
   void on_header(beast::error_code ec) {
     if (ec) return on_read_error(ec);
-    reading_ = false;  // a request has begun: it gets an answer
     const auto& req = parser_->get();
     if (beast::iequals(req[http::field::expect], "100-continue")) {
       continue_ = http::response<http::empty_body>(http::status::continue_, req.version());
@@ -120,8 +120,8 @@ class Session : public std::enable_shared_from_this<Session> {
     if (ec == http::error::header_limit)
       return fail(431, str("request headers over ", kMaxHeaderBytes >> 10, " KiB"));
     // The client left or idled out, or drain() closed the connection: no request to answer.
-    const bool started = !reading_ || parser_->got_some();
-    if (!started || ec == http::error::end_of_stream || ec == http::error::partial_message)
+    if (!parser_->got_some() || ec == http::error::end_of_stream ||
+        ec == http::error::partial_message)
       return close();
     if (timed_out_)
       return fail(
@@ -134,12 +134,14 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // Answers a request the transport refuses, then closes the connection.
   void fail(int status, const std::string& message) {
+    reading_ = false;
     ++shared_.accepted;
     keep_alive_ = false;
     write(shared_.options.error(status, message));
   }
 
   void on_request() {
+    reading_ = false;  // read whole: it gets an answer
     ++shared_.accepted;
     auto& req = parser_->get();
     keep_alive_ = req.keep_alive() && !refuse_;
@@ -200,7 +202,8 @@ class Session : public std::enable_shared_from_this<Session> {
   net::steady_timer timer_;  // the deadline of the request being read, then of its answer
   Shared& shared_;
   const bool refuse_;
-  bool reading_ = false, timed_out_ = false, keep_alive_ = true, answered_ = true;
+  bool reading_ = false;  // from waiting for a request until it is read whole
+  bool timed_out_ = false, keep_alive_ = true, answered_ = true;
   uint64_t seq_ = 0;  // the request being answered (0: none)
 };
 

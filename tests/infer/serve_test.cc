@@ -37,13 +37,21 @@ nlohmann::json v2_body(int n, float value, const std::string& datatype = "FP32")
 
 // What the server sends back to `request` on a fresh connection, read until it closes the
 // connection or `seconds` pass.
-std::string raw_exchange(int port, const std::string& request, double seconds = 10) {
+// A socket connected to the server on `port` (-1: none).
+int connect_to(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in at{};
   at.sin_family = AF_INET;
   at.sin_port = htons(static_cast<uint16_t>(port));
   at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&at), sizeof at) != 0) return "no connection";
+  if (connect(fd, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0) return fd;
+  close(fd);
+  return -1;
+}
+
+std::string raw_exchange(int port, const std::string& request, double seconds = 10) {
+  const int fd = connect_to(port);
+  if (fd < 0) return "no connection";
   timeval tv{static_cast<time_t>(seconds), 0};
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   (void)!write(fd, request.data(), request.size());
@@ -327,6 +335,19 @@ TEST_F(Serve, TheTransportsLimitsAnswerInTheProtocolsShape) {
                                std::to_string(body.size()) + "\r\n\r\n" + body);
   EXPECT_EQ(expect.rfind("HTTP/1.1 100 Continue\r\n", 0), 0u) << expect;
   EXPECT_NE(expect.find("HTTP/1.1 200 OK"), std::string::npos) << expect;
+}
+
+TEST_F(Serve, StopDoesNotWaitForARequestNotSentWhole) {
+  auto s = std::make_unique<Running>();  // serve.timeout_s = 30
+  const int fd = connect_to(s->port);
+  ASSERT_GE(fd, 0);
+  const std::string part = "POST /v1/predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{";
+  ASSERT_EQ(write(fd, part.data(), part.size()), static_cast<ssize_t>(part.size()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // read by the server
+  const auto t0 = std::chrono::steady_clock::now();
+  s.reset();  // stop() and run()'s return
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 5);
+  close(fd);
 }
 
 // Starts `tessel serve` on a free port; returns its pid and port.

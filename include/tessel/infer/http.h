@@ -7,9 +7,9 @@
 //   400 a malformed HTTP request, 408 a request not read whole within timeout_s, 413 a body over
 //   max_body_bytes, 431 headers over kMaxHeaderBytes, 503 + Retry-After to a connection beyond
 //   max_connections (then closed), 504 a handler that has not answered within timeout_s.
-// A connection idle for timeout_s is closed. stop() closes the listening socket and every idle
-// connection; a request already read is answered (its connection then closes); run() returns
-// once no connection is left. Thread safe.
+// A connection idle for timeout_s is closed. stop() closes the listening socket and every
+// connection that is idle or has not sent a request whole; a request already read is answered
+// (its connection then closes); run() returns once no connection is left. Thread safe.
 #pragma once
 
 #include <cstdint>

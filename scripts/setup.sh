@@ -7,7 +7,7 @@ packages=(
   libopenblas-dev zlib1g-dev libtomlplusplus-dev nlohmann-json3-dev libcli11-dev
   libgtest-dev libbenchmark-dev libopenmpi-dev openmpi-bin
   dataset-fashion-mnist fortunes python3-torch python3-numpy
-  iproute2 iperf3 libcpp-httplib-dev wrk
+  iproute2 iperf3 libcpp-httplib-dev wrk libboost-dev
   python3-matplotlib python3-protobuf protobuf-compiler libprotobuf-dev libssl-dev libisal-dev
   chromium tmux clang-format
 )

@@ -76,7 +76,9 @@ int run_serve(ServeArgs& a) {
 InferCommand add_serve(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand(
-      "serve", "Serve a checkpoint's model over HTTP/JSON with dynamic batching until SIGTERM");
+      "serve",
+      "Serve a checkpoint's model over HTTP (KServe v2 protocol) with dynamic batching until "
+      "SIGTERM");
   cmd->add_option("config", a->config_path, "Config file the checkpoint was trained with")
       ->required();
   cmd->add_option("--checkpoint", a->checkpoint, "Run folder or checkpoint folder")->required();

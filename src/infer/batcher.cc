@@ -13,17 +13,17 @@ Batcher::Batcher(const BatchOptions& options, int workers, RunBatch run, ServeMe
 
 Batcher::~Batcher() { close(); }
 
-std::future<std::vector<nlohmann::ordered_json>> Batcher::submit(Request request) {
+bool Batcher::submit(Request request, Answer answer) {
   std::lock_guard lock(mu_);
-  if (closed_ || queued_rows_ + request.rows() > options_.max_queue) return {};
+  if (closed_ || queued_rows_ + request.rows() > options_.max_queue) return false;
   const bool was_empty = queue_.empty();
   queued_rows_ += request.rows();
-  queue_.push_back(Pending{std::move(request), {}, now_seconds()});
+  queue_.push_back(Pending{std::move(request), std::move(answer), now_seconds()});
   metrics_.queue(static_cast<int64_t>(queue_.size()), queued_rows_);
   // Wake a worker only when it has something new to do: start the max_wait clock of a first
   // request, or take a full batch (waking threads costs tens of microseconds on small VMs).
   if (was_empty || queued_rows_ >= options_.max_batch) cv_.notify_one();
-  return queue_.back().reply.get_future();
+  return true;
 }
 
 void Batcher::close() {
@@ -76,19 +76,25 @@ void Batcher::work(int worker) {
       requests.push_back(&p.request);
       rows += p.request.rows();
     }
+    std::vector<nlohmann::ordered_json> out;
+    std::exception_ptr error;
     try {
-      std::vector<nlohmann::ordered_json> out = run_(worker, requests);
+      out = run_(worker, requests);
       TESSEL_CHECK(static_cast<int64_t>(out.size()) == rows, "serve: a batch of ", rows,
                    " rows gave ", out.size(), " outputs");
-      size_t at = 0;
-      for (Pending& p : batch) {
-        const size_t n = static_cast<size_t>(p.request.rows());
-        p.reply.set_value({std::make_move_iterator(out.begin() + at),
-                           std::make_move_iterator(out.begin() + at + n)});
-        at += n;
-      }
     } catch (...) {
-      for (Pending& p : batch) p.reply.set_exception(std::current_exception());
+      error = std::current_exception();
+    }
+    size_t at = 0;
+    for (Pending& p : batch) {
+      const size_t n = static_cast<size_t>(p.request.rows());
+      if (error)
+        p.answer({}, error);
+      else
+        p.answer({std::make_move_iterator(out.begin() + at),
+                  std::make_move_iterator(out.begin() + at + n)},
+                 nullptr);
+      at += n;
     }
     metrics_.batch(rows);
     lock.lock();

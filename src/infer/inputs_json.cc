@@ -28,6 +28,37 @@ class Cursor {
     p_ += s.size();
     return true;
   }
+  // A string without escapes, into *out.
+  bool string(std::string_view* out) {
+    if (!eat('"')) return false;
+    const char* q = p_;
+    while (q < end_ && *q != '"' && *q != '\\') ++q;
+    if (q == end_ || *q != '"') return false;
+    *out = std::string_view(p_, static_cast<size_t>(q - p_));
+    p_ = q + 1;
+    return true;
+  }
+  // A non-negative integer of up to 15 digits.
+  bool integer(int64_t* out) {
+    skip_space();
+    const char* q = digits(p_);
+    if (q == p_ || q - p_ > 15) return false;
+    std::from_chars(p_, q, *out);
+    p_ = q;
+    return true;
+  }
+  // A JSON array of what read(T*) reads, appended to *out.
+  template <typename T, typename Read>
+  bool array(std::vector<T>* out, Read read) {
+    if (!eat('[')) return false;
+    if (eat(']')) return true;
+    do {
+      T v;
+      if (!(this->*read)(&v)) return false;
+      out->push_back(v);
+    } while (eat(','));
+    return eat(']');
+  }
   bool at_end() {
     skip_space();
     return p_ == end_;
@@ -103,6 +134,36 @@ Tensor read_inputs(std::string_view body, const Shape& row, int64_t max_rows) {
   Shape shape = row;
   shape.insert(shape.begin(), rows);
   Tensor x = Tensor::empty(shape);
+  std::memcpy(x.raw(), values.data(), values.size() * sizeof(float));
+  return x;
+}
+
+Tensor read_v2_inputs(std::string_view body, const Shape& row, int64_t max_rows) {
+  Cursor c(body);
+  std::string_view key, name, datatype;
+  std::vector<int64_t> shape;
+  std::vector<float> values;
+  values.reserve(static_cast<size_t>(shape_numel(row)));
+  if (!c.eat('{') || !c.string(&key) || key != "inputs" || !c.eat(':') || !c.eat('[') ||
+      !c.eat('{'))
+    return {};
+  do {
+    if (!c.string(&key) || !c.eat(':')) return {};
+    const bool ok = key == "name"       ? c.string(&name)
+                    : key == "datatype" ? c.string(&datatype)
+                    : key == "shape"    ? shape.empty() && c.array(&shape, &Cursor::integer)
+                    : key == "data"     ? values.empty() && c.array(&values, &Cursor::number)
+                                        : false;
+    if (!ok) return {};
+  } while (c.eat(','));
+  if (!c.eat('}') || !c.eat(']') || !c.eat('}') || !c.at_end()) return {};
+  if (name != "input" || datatype != "FP32" || shape.size() != row.size() + 1) return {};
+  Shape want = row;
+  want.insert(want.begin(), shape[0]);
+  if (shape != want || shape[0] < 1 || shape[0] > max_rows ||
+      static_cast<int64_t>(values.size()) != shape_numel(want))
+    return {};
+  Tensor x = Tensor::empty(want);
   std::memcpy(x.raw(), values.data(), values.size() * sizeof(float));
   return x;
 }

@@ -1,4 +1,4 @@
-// Private to src/infer: the common request body of tessel serve read without building a JSON
+// Private to src/infer: the common request bodies of tessel serve read without building a JSON
 // document. Profiled under 64 wrk connections, nlohmann::json's parse of a 784-number request
 // (a document node per number, strtod) took ten times the forward pass of its row in a batch.
 #pragma once
@@ -16,5 +16,11 @@ namespace tessel::infer {
 // Anything else -- another key, another shape, a string, a malformed number -- returns an
 // undefined tensor, and the caller parses the body in full to say what is wrong.
 Tensor read_inputs(std::string_view body, const Shape& row, int64_t max_rows);
+
+// The same for a KServe v2 infer body that is exactly {"inputs": [{"name": "input", "shape":
+// [rows, row...], "datatype": "FP32", "data": [number, ...]}]} (the tensor's keys in any order,
+// data flat): x [rows, row...]. Anything else (an "id", "outputs", parameters, another datatype,
+// nested data...) returns an undefined tensor, and the caller parses the body in full.
+Tensor read_v2_inputs(std::string_view body, const Shape& row, int64_t max_rows);
 
 }  // namespace tessel::infer

@@ -58,7 +58,7 @@ ServeMetrics::ServeMetrics(int64_t max_batch, int workers)
 void ServeMetrics::request(const std::string& route, int status, double seconds) {
   std::lock_guard lock(mu_);
   ++requests_[{route, status}];
-  if (route == "/v1/predict") latency_.add(seconds);
+  if (route == "/v1/predict" || route == "/v2/models/{name}/infer") latency_.add(seconds);
 }
 
 void ServeMetrics::batch(int64_t rows) {
@@ -83,7 +83,7 @@ std::string ServeMetrics::prometheus() const {
     os << "tessel_requests_total{route=\"" << key.first << "\",code=\"" << key.second << "\"} " << n
        << "\n";
   write_histogram(os, "tessel_request_duration_seconds",
-                  "Time from reading a /v1/predict request to its answer.", latency_);
+                  "Time from reading an infer or predict request to its answer.", latency_);
   write_histogram(os, "tessel_batch_rows", "Rows per batch a worker ran.", batch_rows_);
   write_scalar(os, "tessel_rows_total", "counter", "Rows answered.", static_cast<double>(rows_));
   write_scalar(os, "tessel_batches_total", "counter", "Batches run.",

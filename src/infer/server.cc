@@ -1,21 +1,17 @@
 #include "tessel/infer/server.h"
 
-#include <httplib.h>
-#include <sys/socket.h>
-
-#include <chrono>
 #include <cstring>
 
 #include "inputs_json.h"
+#include "protocol.h"
 #include "tessel/core/clock.h"
-#include "tessel/core/log.h"
 #include "tessel/core/memory.h"
 #include "tessel/infer/output.h"
 
 namespace tessel::infer {
 namespace {
 
-const char* const kRoutes[] = {"/v1/predict", "/healthz", "/metrics"};
+using ojson = nlohmann::ordered_json;
 
 // An HTTP status for an exception thrown while answering.
 struct HttpError : Error {
@@ -23,56 +19,67 @@ struct HttpError : Error {
   int status;
 };
 
-const char* reason(int status) {
-  switch (status) {
-    case 400:
-      return "bad request";
-    case 404:
-      return "unknown route";
-    case 405:
-      return "method not allowed";
-    case 413:
-      return "request body too large";
-    case 500:
-      return "internal error";
-    case 503:
-      return "unavailable";
-    case 504:
-      return "timeout";
-    default:
-      return "error";
+HttpResponse json_response(int status, const ojson& body) {
+  return {status, "application/json", dump_json(body) + "\n", {}};
+}
+
+HttpResponse error_response(int status, const std::string& message) {
+  return json_response(status, {{"error", message}});
+}
+
+ModelLimits limits_of(const train::Config& c) {
+  return {c.serve.max_batch, c.infer.max_new_tokens, c.infer.top_k};
+}
+
+nlohmann::json parse_json(const std::string& body) {
+  try {
+    return nlohmann::json::parse(body);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw HttpError(400, str("serve: malformed JSON body: ", e.what()));
   }
 }
 
-void set_json(httplib::Response& res, int status, const nlohmann::ordered_json& body) {
-  res.status = status;
-  res.set_content(dump_json(body) + "\n", "application/json");
+std::vector<std::string> split(const std::string& path) {
+  std::vector<std::string> out;
+  for (size_t at = 0; at < path.size();) {
+    const size_t next = std::min(path.find('/', at + 1), path.size());
+    out.push_back(path.substr(at, next - at));
+    at = next;
+  }
+  return out;
 }
 
-void set_error(httplib::Response& res, int status, const std::string& message) {
-  set_json(res, status, {{"error", {{"code", status}, {"message", message}}}});
-}
-
-// The rows of a request body: a non-empty array of at most max_batch entries under `key`.
-const nlohmann::json& rows_of(const nlohmann::json& body, const char* key, int64_t max_batch) {
-  if (!body.is_object() || !body.contains(key) || !body[key].is_array())
-    throw HttpError(400,
-                    str("serve: the body must be a JSON object with \"", key, "\": [...], got ",
-                        body.is_object() ? "no such array" : body.type_name()));
-  const nlohmann::json& rows = body[key];
-  if (rows.empty() || static_cast<int64_t>(rows.size()) > max_batch)
-    throw HttpError(400, str("serve: \"", key, "\" must hold 1 to serve.max_batch = ", max_batch,
-                             " rows, got ", rows.size(), "; split a larger request"));
-  return rows;
+// Whether `path` has the route's shape; *model_ok: whether its {name} is `model`.
+bool matches(const char* route, const std::string& path, const std::string& model, bool* model_ok) {
+  const std::vector<std::string> r = split(route), p = split(path);
+  if (r.size() != p.size()) return false;
+  *model_ok = true;
+  for (size_t i = 0; i < r.size(); ++i) {
+    if (r[i] == "/{name}")
+      *model_ok = p[i] == "/" + model;
+    else if (r[i] != p[i])
+      return false;
+  }
+  return true;
 }
 
 }  // namespace
 
+const Server::Route Server::kRoutes[] = {
+    {"GET", "/v2/health/live", &Server::live},
+    {"GET", "/v2/health/ready", &Server::ready},
+    {"GET", "/v2", &Server::server_metadata},
+    {"GET", "/v2/models/{name}", &Server::model_metadata},
+    {"GET", "/v2/models/{name}/ready", &Server::ready},
+    {"POST", "/v2/models/{name}/infer", &Server::infer},
+    {"POST", "/v1/predict", &Server::predict},
+    {"GET", "/metrics", &Server::metrics_text},
+};
+
 Server::Server(const train::Config& config, const std::string& checkpoint, int workers)
     : config_(config),
       info_(model_info(config, checkpoint)),
-      metrics_(config.serve.max_batch, workers),
-      http_(std::make_unique<httplib::Server>()) {
+      metrics_(config.serve.max_batch, workers) {
   retain_freed_memory();  // every batch allocates its layers' outputs afresh
   if (config.parallel.pp_stages > 1 || config.parallel.tp_size > 1)
     throw InvalidArgument(str("serve: each worker holds the whole model, got pp.stages = ",
@@ -85,46 +92,18 @@ Server::Server(const train::Config& config, const std::string& checkpoint, int w
   batcher_ = std::make_unique<Batcher>(
       bo, workers, [this](int w, const std::vector<const Request*>& b) { return run_batch(w, b); },
       metrics_);
-  httplib::Server& h = *http_;
-  // One thread per connection (keep-alive connections hold theirs); never close a connection
-  // for its request count.
-  const size_t threads = static_cast<size_t>(config.serve.connections);
-  h.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  h.set_keep_alive_max_count(SIZE_MAX);
-  h.set_keep_alive_timeout(2);  // an idle connection delays shutdown by this much at most
-  h.set_payload_max_length(static_cast<size_t>(config.serve.max_body_kb) << 10);
-  h.set_tcp_nodelay(true);
-  h.Post("/v1/predict",
-         [this](const auto& req, auto& res) { route("/v1/predict", &Server::predict, res, req); });
-  h.Get("/healthz",
-        [this](const auto& req, auto& res) { route("/healthz", &Server::healthz, res, req); });
-  h.Get("/metrics",
-        [this](const auto& req, auto& res) { route("/metrics", &Server::metrics_text, res, req); });
-  // Everything else: 405 on a known path, else 404 (also what httplib rejects itself: 400, 413).
-  h.set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;  // a route's own error, counted there
-    bool known = false;
-    for (const char* r : kRoutes) known |= req.path == r;
-    if (res.status == 404 && known) {
-      res.set_header("Allow", req.path == "/v1/predict" ? "POST" : "GET");
-      set_error(res, 405,
-                str("serve: ", req.method, " ", req.path, " is not allowed; use ",
-                    req.path == "/v1/predict" ? "POST" : "GET"));
-    } else if (res.status == 404) {
-      set_error(res, 404,
-                str("serve: no route ", req.method, " ", req.path,
-                    "; routes: POST /v1/predict, GET /healthz, GET /metrics"));
-    } else if (res.status == 413) {
-      set_error(res, 413,
-                str("serve: request body over serve.max_body_kb = ", config_.serve.max_body_kb,
-                    " KiB; send fewer rows per request"));
-    } else {
-      set_error(res, res.status, str("serve: ", reason(res.status)));
-    }
-    accepted_ += 1;
-    answered_ += 1;
-    metrics_.request("other", res.status, 0);
-  });
+  HttpOptions ho;
+  ho.host = config.serve.host;
+  ho.io_threads = static_cast<int>(config.serve.io_threads);
+  ho.max_connections = config.serve.connections;
+  ho.max_body_bytes = config.serve.max_body_kb << 10;
+  ho.timeout_s = config.serve.timeout_s;
+  ho.error = [this](int status, const std::string& message) {
+    metrics_.request("other", status, 0);
+    return error_response(status, "serve: " + message);
+  };
+  http_ = std::make_unique<HttpServer>(
+      ho, [this](HttpRequest req, Respond respond) { handle(std::move(req), std::move(respond)); });
 }
 
 Server::~Server() {
@@ -132,26 +111,10 @@ Server::~Server() {
   batcher_->close();
 }
 
-int Server::bind(int port) {
-  const std::string& host = config_.serve.host;
-  int fd = -1;
-  http_->set_socket_options([&fd](int sock) {
-    httplib::default_socket_options(sock);
-    fd = sock;
-  });
-  const int got =
-      port == 0 ? http_->bind_to_any_port(host) : (http_->bind_to_port(host, port) ? port : -1);
-  if (got < 0)
-    throw IoError(str("serve: cannot listen on ", host, ":", port,
-                      "; the port is taken or the address is not this machine's (serve.host)"));
-  // Debian's build listens with a backlog of 5: a burst of new clients would have their
-  // connections dropped and retried a second later. Listening again only raises the backlog.
-  ::listen(fd, SOMAXCONN);
-  return got;
-}
+int Server::bind(int port) { return http_->bind(port); }
 
 void Server::run() {
-  http_->listen_after_bind();  // returns after stop(), once every connection is done
+  http_->run();  // returns after stop(), once every connection is done
   batcher_->close();
 }
 
@@ -160,112 +123,118 @@ void Server::stop() {
   http_->stop();
 }
 
-void Server::route(const std::string& path, Handler handler, httplib::Response& res,
-                   const httplib::Request& req) {
-  ++accepted_;
-  const double t0 = now_seconds();
-  try {
-    (this->*handler)(req, res);
-  } catch (const HttpError& e) {
-    set_error(res, e.status, e.what());
-  } catch (const InvalidArgument& e) {
-    set_error(res, 400, e.what());
-  } catch (const std::exception& e) {
-    set_error(res, 500, str("serve: ", e.what()));
+void Server::handle(HttpRequest req, Respond respond) {
+  const Route* route = nullptr;
+  bool model_ok = false, any = false;
+  std::string allow;
+  for (const Route& r : kRoutes) {
+    bool ok = false;
+    if (!matches(r.path, req.path, config_.name, &ok)) continue;
+    any = true;
+    model_ok = ok;
+    allow = r.method;
+    if (req.method == r.method) route = &r;
   }
-  metrics_.request(path, res.status, now_seconds() - t0);
-  ++answered_;
+  const double t0 = now_seconds();
+  const std::string label = route ? route->path : "other";
+  Respond counted = [this, label, t0, respond = std::move(respond)](HttpResponse res) {
+    metrics_.request(label, res.status, now_seconds() - t0);
+    respond(std::move(res));
+  };
+  try {
+    if (!any)
+      throw HttpError(404, str("serve: no route ", req.method, " ", req.path,
+                               "; routes: GET /v2/health/live, GET /v2/health/ready, GET "
+                               "/v2/models/",
+                               config_.name, "[/ready], POST /v2/models/", config_.name,
+                               "/infer, POST /v1/predict, GET /metrics"));
+    if (!model_ok)
+      throw HttpError(404, str("serve: unknown model in ", req.path, "; this server serves \"",
+                               config_.name, "\""));
+    if (!route) {
+      HttpResponse res = error_response(
+          405, str("serve: ", req.method, " ", req.path, " is not allowed; use ", allow));
+      res.headers.emplace_back("Allow", allow);
+      return counted(std::move(res));
+    }
+    (this->*route->handler)(req, counted);
+  } catch (const HttpError& e) {
+    counted(error_response(e.status, e.what()));
+  } catch (const InvalidArgument& e) {
+    counted(error_response(400, e.what()));
+  } catch (const std::exception& e) {
+    counted(error_response(500, str("serve: ", e.what())));
+  }
 }
 
-void Server::predict(const httplib::Request& req, httplib::Response& res) {
-  if (draining_) throw HttpError(503, "serve: shutting down; send the request elsewhere");
+void Server::live(const HttpRequest&, Respond respond) { respond(json_response(200, {})); }
+
+void Server::ready(const HttpRequest&, Respond respond) {
+  if (draining_) return respond(error_response(503, "serve: shutting down"));
+  respond(json_response(200, {}));
+}
+
+void Server::server_metadata(const HttpRequest&, Respond respond) {
+  respond(
+      json_response(200, {{"name", "tessel"}, {"version", "1"}, {"extensions", ojson::array()}}));
+}
+
+void Server::model_metadata(const HttpRequest&, Respond respond) {
+  respond(json_response(200, infer::model_metadata(config_.name, info_, limits_of(config_))));
+}
+
+void Server::infer(const HttpRequest& req, Respond respond) {
+  if (!req.header("Inference-Header-Content-Length").empty())
+    throw HttpError(400,
+                    "serve: binary tensors (Inference-Header-Content-Length) are not supported; "
+                    "send JSON tensors (tritonclient: binary_data=False)");
+  // The common body read straight into a tensor (as /v1/predict's), any other in full.
+  auto call = std::make_shared<InferCall>();
+  if (!info_.generates())
+    call->request.x = read_v2_inputs(req.body, info_.spec.input_shape, config_.serve.max_batch);
+  if (call->request.x.defined())
+    call->outputs = output_names(info_);
+  else
+    *call = read_infer(parse_json(req.body), info_, limits_of(config_));
+  Request request = std::move(call->request);
+  submit(std::move(request), std::move(respond), [this, call](std::vector<ojson> records) {
+    return infer_answer(config_.name, *call, records);
+  });
+}
+
+void Server::predict(const HttpRequest& req, Respond respond) {
   // The common body read straight into a tensor; any other through a JSON document, whose
   // checks say what is wrong.
   Request request;
   if (!info_.generates())
     request.x = read_inputs(req.body, info_.spec.input_shape, config_.serve.max_batch);
-  if (!request.x.defined()) {
-    nlohmann::json body;
+  if (!request.x.defined()) request = read_predict(parse_json(req.body), info_, limits_of(config_));
+  submit(std::move(request), std::move(respond), [](std::vector<ojson> records) {
+    return ojson{{"outputs", std::move(records)}};
+  });
+}
+
+// Queues a request for the workers; `answer` makes the body of its 200 from its records.
+void Server::submit(Request request, Respond respond,
+                    std::function<ojson(std::vector<ojson>)> answer) {
+  if (draining_) throw HttpError(503, "serve: shutting down; send the request elsewhere");
+  auto done = [respond, answer = std::move(answer)](std::vector<ojson> records,
+                                                    std::exception_ptr error) {
     try {
-      body = nlohmann::json::parse(req.body);
-    } catch (const nlohmann::json::parse_error& e) {
-      throw HttpError(400, str("serve: malformed JSON body: ", e.what()));
+      if (error) std::rethrow_exception(error);
+      respond(json_response(200, answer(std::move(records))));
+    } catch (const std::exception& e) {
+      respond(error_response(500, str("serve: ", e.what())));
     }
-    request = parse(body);
-  }
-  auto reply = batcher_->submit(std::move(request));
-  if (!reply.valid())
+  };
+  if (!batcher_->submit(std::move(request), std::move(done)))
     throw HttpError(503, str("serve: queue full (serve.max_queue = ", config_.serve.max_queue,
                              " rows waiting) or shutting down; retry later"));
-  if (reply.wait_for(std::chrono::duration<double>(config_.serve.timeout_s)) !=
-      std::future_status::ready)
-    throw HttpError(504, str("serve: no answer within serve.timeout_s = ", config_.serve.timeout_s,
-                             " s; the workers are overloaded"));
-  nlohmann::ordered_json out = {{"outputs", reply.get()}};
-  set_json(res, 200, out);
 }
 
-Request Server::parse(const nlohmann::json& body) const {
-  Request r;
-  const int64_t max_batch = config_.serve.max_batch;
-  if (!info_.generates()) {
-    const nlohmann::json& rows = rows_of(body, "inputs", max_batch);
-    const int64_t n = static_cast<int64_t>(rows.size()),
-                  numel = shape_numel(info_.spec.input_shape);
-    Shape shape = info_.spec.input_shape;
-    shape.insert(shape.begin(), n);
-    r.x = Tensor::empty(shape);
-    float* dst = r.x.data<float>();
-    for (int64_t i = 0; i < n; ++i) {
-      const nlohmann::json& row = rows[i];
-      if (!row.is_array() || static_cast<int64_t>(row.size()) != numel)
-        throw HttpError(
-            400, str("serve: inputs[", i, "] must be a flat array of ", numel,
-                     " numbers (the model's input ", shape_str(info_.spec.input_shape), "), got ",
-                     row.is_array() ? str(row.size(), " entries") : row.type_name()));
-      for (int64_t j = 0; j < numel; ++j) {
-        if (!row[j].is_number())
-          throw HttpError(
-              400, str("serve: inputs[", i, "][", j, "] must be a number, got ", row[j].dump()));
-        *dst++ = row[j].get<float>();
-      }
-    }
-    return r;
-  }
-  const nlohmann::json& prompts = rows_of(body, "prompts", max_batch);
-  for (const char* key : {"max_new_tokens", "seed"})
-    if (body.contains(key) && !body[key].is_number_unsigned())
-      throw HttpError(
-          400, str("serve: \"", key, "\" must be a non-negative integer, got ", body[key].dump()));
-  const int64_t max_new = body.value("max_new_tokens", config_.infer.max_new_tokens);
-  const uint64_t seed = body.value("seed", uint64_t{0});
-  const int64_t context = info_.spec.input_shape[0];
-  for (size_t i = 0; i < prompts.size(); ++i) {
-    if (!prompts[i].is_string())
-      throw HttpError(
-          400, str("serve: prompts[", i, "] must be a string, got ", prompts[i].type_name()));
-    Prompt p{{}, max_new, seed + i};
-    try {
-      p.tokens = encode(prompts[i].get<std::string>(), info_.vocab);
-    } catch (const InvalidArgument& e) {
-      throw HttpError(400, str("serve: prompts[", i, "]: ", e.what()));
-    }
-    const int64_t len = static_cast<int64_t>(p.tokens.size());
-    if (len == 0 || max_new < 1 || len + max_new > context)
-      throw HttpError(
-          400, str("serve: prompts[", i, "] has ", len, " tokens and max_new_tokens is ", max_new,
-                   "; the prompt must be non-empty and prompt + max_new_tokens "
-                   "at most the model's context of ",
-                   context));
-    r.prompts.push_back(std::move(p));
-  }
-  return r;
-}
-
-std::vector<nlohmann::ordered_json> Server::run_batch(int worker,
-                                                      const std::vector<const Request*>& batch) {
+std::vector<ojson> Server::run_batch(int worker, const std::vector<const Request*>& batch) {
   Replica& replica = *replicas_[static_cast<size_t>(worker)];
-  std::vector<nlohmann::ordered_json> out;
+  std::vector<ojson> out;
   if (!info_.generates()) {
     int64_t rows = 0;
     for (const Request* r : batch) rows += r->rows();
@@ -293,20 +262,8 @@ std::vector<nlohmann::ordered_json> Server::run_batch(int worker,
   return out;
 }
 
-void Server::healthz(const httplib::Request&, httplib::Response& res) {
-  if (draining_) {
-    set_json(res, 503, {{"status", "draining"}});
-    return;
-  }
-  set_json(res, 200,
-           {{"status", "ok"},
-            {"model", config_.model.kind},
-            {"workers", static_cast<int64_t>(replicas_.size())},
-            {"max_batch", config_.serve.max_batch}});
-}
-
-void Server::metrics_text(const httplib::Request&, httplib::Response& res) {
-  res.set_content(metrics_.prometheus(), "text/plain; version=0.0.4");
+void Server::metrics_text(const HttpRequest&, Respond respond) {
+  respond({200, "text/plain; version=0.0.4", metrics_.prometheus(), {}});
 }
 
 }  // namespace tessel::infer

@@ -12,11 +12,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
 #include "inputs_json.h"
+#include "protocol.h"
 #include "tessel/core/error.h"
 #include "tessel/infer/batcher.h"
 #include "tessel/infer/chunk_queue.h"
@@ -278,6 +280,20 @@ TEST(Output, RecordsArePureFunctionsOfTheLogits) {
   EXPECT_THROW(output_format("out.txt"), InvalidArgument);
 }
 
+// A request's answer as a future (invalid when the batcher refused the request).
+std::future<std::vector<nlohmann::ordered_json>> submit(Batcher& b, Request r) {
+  auto reply = std::make_shared<std::promise<std::vector<nlohmann::ordered_json>>>();
+  auto future = reply->get_future();
+  if (!b.submit(std::move(r), [reply](auto records, std::exception_ptr error) {
+        if (error)
+          reply->set_exception(error);
+        else
+          reply->set_value(std::move(records));
+      }))
+    return {};
+  return future;
+}
+
 TEST(Batcher, EveryRequestGetsItsOwnRowsAndNoneIsSplit) {
   ServeMetrics metrics(8, 2);
   std::atomic<int> batches{0};
@@ -303,7 +319,7 @@ TEST(Batcher, EveryRequestGetsItsOwnRowsAndNoneIsSplit) {
     const int64_t n = 1 + i % 3;
     r.x = Tensor::empty({n, 1});
     for (int64_t j = 0; j < n; ++j) r.x.data<float>()[j] = static_cast<float>(100 * i + j);
-    replies.push_back(b.submit(std::move(r)));
+    replies.push_back(submit(b, std::move(r)));
   }
   for (int i = 0; i < 60; ++i) {
     auto out = replies[i].get();
@@ -315,7 +331,7 @@ TEST(Batcher, EveryRequestGetsItsOwnRowsAndNoneIsSplit) {
   b.close();
   Request late;
   late.x = Tensor::empty({1, 1});
-  EXPECT_FALSE(b.submit(std::move(late)).valid());  // closed
+  EXPECT_FALSE(submit(b, std::move(late)).valid());  // closed
   EXPECT_NE(metrics.prometheus().find("tessel_batch_rows_count"), std::string::npos);
 }
 
@@ -338,11 +354,11 @@ TEST(Batcher, AFullQueueRefusesAndCloseAnswersWhatWasQueued) {
     r.x = Tensor::zeros({n, 1});
     return r;
   };
-  auto first = b.submit(make(4));  // taken by the worker, which waits
+  auto first = submit(b, make(4));  // taken by the worker, which waits
   std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  auto queued = b.submit(make(4));  // fills the queue
+  auto queued = submit(b, make(4));  // fills the queue
   EXPECT_TRUE(queued.valid());
-  EXPECT_FALSE(b.submit(make(1)).valid());  // over serve.max_queue
+  EXPECT_FALSE(submit(b, make(1)).valid());  // over serve.max_queue
   std::thread closer([&] { b.close(); });
   release.set_value();
   closer.join();
@@ -406,6 +422,45 @@ TEST(ReadInputs, TakesExactlyTheCommonBodyAndReadsItsNumbersAsTheDocumentDoes) {
         R"({"inputs": [[1, 2, 3, 4],]})",
         ""})
     EXPECT_FALSE(read_inputs(body, row, 3).defined()) << body;
+}
+
+// The KServe v2 fast path gives the tensor the full reader (protocol.h) gives, to the bit, and
+// leaves every other body to it.
+TEST(ReadInputs, TakesTheCommonV2BodyAsTheFullReaderDoes) {
+  ModelInfo info;
+  info.spec.kind = "mlp";
+  info.spec.input_shape = {2, 2};
+  info.spec.num_classes = 3;
+  const ModelLimits limits{3, 1, 2};
+  for (const std::string body :
+       {R"({"inputs": [{"name": "input", "shape": [1, 2, 2], "datatype": "FP32",
+            "data": [1, -2, 0.5, 3.4e38]}]})",
+        R"({"inputs":[{"data":[1,2,3,4,5,6,7,8.25e-3],"datatype":"FP32","shape":[2,2,2],)"
+        R"("name":"input"}]})"}) {
+    const Tensor x = read_v2_inputs(body, info.spec.input_shape, limits.max_batch);
+    ASSERT_TRUE(x.defined()) << body;
+    const Tensor want = read_infer(nlohmann::json::parse(body), info, limits).request.x;
+    ASSERT_EQ(x.shape(), want.shape()) << body;
+    EXPECT_EQ(std::memcmp(x.raw(), want.raw(), x.nbytes()), 0) << body;
+  }
+  const std::string tensor = R"("name": "input", "datatype": "FP32", "data": [1, 2, 3, 4])";
+  const std::string fits = R"({"inputs": [{"shape": [1, 2, 2], )" + tensor + "}]}";
+  EXPECT_TRUE(read_v2_inputs(fits, info.spec.input_shape, limits.max_batch).defined()) << fits;
+  for (const std::string& body : std::vector<std::string>{
+           R"({"inputs": [{"shape": [1, 4], )" + tensor + "}]}",
+           R"({"inputs": [{"shape": [1.0, 2, 2], )" + tensor + "}]}",
+           R"({"inputs": [{"shape": [2, 2, 2], )" + tensor + "}]}",
+           R"({"inputs": [{"shape": [4, 2, 2], )" + tensor + "}]}",  // over max_rows
+           R"({"id": "a", "inputs": [{"shape": [1, 2, 2], )" + tensor + "}]}",
+           R"({"inputs": [{"shape": [1, 2, 2], "x": 1, )" + tensor + "}]}",
+           R"({"inputs": [{"shape": [1, 2, 2], )" + tensor + "}, {}]}",
+           R"({"inputs": [{"shape": [1, 2, 2], "name": "input", "datatype": "FP64", )"
+           R"("data": [1, 2, 3, 4]}]})",
+           R"({"inputs": [{"shape": [1, 2, 2], "name": "inp\u0075t", "datatype": "FP32", )"
+           R"("data": [1, 2, 3, 4]}]})",
+           R"({"inputs": [{"shape": [1, 2, 2], "name": "input", "datatype": "FP32", )"
+           R"("data": [[1, 2], [3, 4]]}]})"})
+    EXPECT_FALSE(read_v2_inputs(body, info.spec.input_shape, limits.max_batch).defined()) << body;
 }
 
 }  // namespace

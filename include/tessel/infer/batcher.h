@@ -2,15 +2,16 @@
 // queue in arrival order; each worker thread takes the oldest requests, up to max_batch rows,
 // once that many rows wait or the oldest request has waited max_wait, runs them as one batch
 // and answers each request with its own rows' results. A request is never split across
-// batches. submit() refuses a request when max_queue rows wait already. close() stops taking
+// batches. submit() refuses a request when max_queue rows wait already. A request's answer goes
+// to its callback on the worker's thread, so no thread waits for it. close() stops taking
 // requests, lets the workers answer every one already queued, and joins them. Thread safe.
 #pragma once
 
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <exception>
 #include <functional>
-#include <future>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -33,6 +34,10 @@ struct Request {
 using RunBatch = std::function<std::vector<nlohmann::ordered_json>(
     int worker, const std::vector<const Request*>&)>;
 
+// A request's answer: its rows' records, or the exception its batch threw (then no records).
+using Answer =
+    std::function<void(std::vector<nlohmann::ordered_json> records, std::exception_ptr error)>;
+
 struct BatchOptions {
   int64_t max_batch = 64;
   double max_wait_s = 0.002;
@@ -47,15 +52,15 @@ class Batcher {
   Batcher(const Batcher&) = delete;
   Batcher& operator=(const Batcher&) = delete;
 
-  // The rows' records when their batch has run; an exception from the run is set instead.
-  // Returns an invalid future when the queue is full or the batcher is closed.
-  std::future<std::vector<nlohmann::ordered_json>> submit(Request request);
+  // Queues the request; `answer` gets its rows' records once its batch has run. Returns false
+  // (and never calls `answer`) when the queue is full or the batcher is closed.
+  bool submit(Request request, Answer answer);
   void close();
 
  private:
   struct Pending {
     Request request;
-    std::promise<std::vector<nlohmann::ordered_json>> reply;
+    Answer answer;
     double arrival = 0;
   };
   void work(int worker);

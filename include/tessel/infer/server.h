@@ -1,17 +1,20 @@
-// Server: tessel serve's HTTP/JSON endpoint (Debian's cpp-httplib) in front of a Batcher whose
-// workers each hold the whole model (a Replica), forward only.
-//   POST /v1/predict  classifier: {"inputs": [[x, ...], ...]}, each row a flat array of the
-//                     model's input size -> {"outputs": [{"class": 3, "top_k": [...]}, ...]}
-//                     gpt: {"prompts": ["...", ...], "max_new_tokens": 16, "seed": 0}
-//                     -> {"outputs": [{"text": "..."}, ...]}
-//   GET  /healthz     {"status": "ok", ...}; 503 {"status": "draining"} while shutting down
-//   GET  /metrics     Prometheus text (metrics.h)
-// Every error is JSON {"error": {"code": C, "message": "..."}}: 400 malformed JSON or wrong
-// shapes, 404 unknown route, 405 wrong method, 413 body over serve.max_body_kb, 503 queue full
-// or shutting down, 504 no answer within serve.timeout_s, 500 a failed batch.
-// stop() closes the listening socket; run() then returns once every request already read has
-// been answered (connections finish their request in progress and close) and the batcher has
-// drained. Listens on serve.host (loopback by default). Thread safe.
+// Server: tessel serve -- the KServe v2 / Open Inference Protocol (JSON tensors) in front of a
+// Batcher whose workers each hold the whole model (a Replica), forward only, on the
+// event-driven HttpServer (http.h). The model's name is the config's name (its file's stem).
+//   GET  /v2/health/live               200 while the process serves
+//   GET  /v2/health/ready              200; 503 while draining
+//   GET  /v2                           server metadata
+//   GET  /v2/models/{name}             model metadata: inputs and outputs (protocol.h)
+//   GET  /v2/models/{name}/ready       200; 503 while draining
+//   POST /v2/models/{name}/infer       {"inputs": [{"name", "shape", "datatype", "data"}]}
+//   POST /v1/predict                   tessel's own rows ({"inputs": [[...]]} or {"prompts"})
+//   GET  /metrics                      Prometheus text (metrics.h)
+// Every error is {"error": "message"}: 400 malformed JSON, wrong shape or datatype, 404 unknown
+// route or model, 405 wrong method (with Allow), 408/413/431 (the transport's limits), 503 +
+// Retry-After queue full or shutting down, 504 no answer within serve.timeout_s, 500 a failed
+// batch. Routes are a table of handlers that know nothing of the transport.
+// stop() stops taking connections; run() returns once every request already read has been
+// answered and the batcher has drained. Thread safe.
 #pragma once
 
 #include <atomic>
@@ -21,15 +24,10 @@
 #include <vector>
 
 #include "tessel/infer/batcher.h"
+#include "tessel/infer/http.h"
 #include "tessel/infer/metrics.h"
 #include "tessel/infer/replica.h"
 #include "tessel/train/config.h"
-
-namespace httplib {
-class Server;
-struct Request;
-struct Response;
-}  // namespace httplib
 
 namespace tessel::infer {
 
@@ -47,18 +45,29 @@ class Server {
   void run();
   void stop();
   // Requests read and requests answered so far (equal once run() has returned).
-  int64_t accepted() const { return accepted_; }
-  int64_t answered() const { return answered_; }
+  int64_t accepted() const { return http_->accepted(); }
+  int64_t answered() const { return http_->answered(); }
   const ServeMetrics& metrics() const { return metrics_; }
 
  private:
-  using Handler = void (Server::*)(const httplib::Request&, httplib::Response&);
-  void route(const std::string& path, Handler handler, httplib::Response& res,
-             const httplib::Request& req);
-  void predict(const httplib::Request& req, httplib::Response& res);
-  void healthz(const httplib::Request& req, httplib::Response& res);
-  void metrics_text(const httplib::Request& req, httplib::Response& res);
-  Request parse(const nlohmann::json& body) const;
+  using Handler = void (Server::*)(const HttpRequest&, Respond);
+  struct Route {
+    const char* method;
+    const char* path;  // "{name}" matches the model's name
+    Handler handler;
+  };
+  static const Route kRoutes[];
+
+  void handle(HttpRequest req, Respond respond);
+  void live(const HttpRequest& req, Respond respond);
+  void ready(const HttpRequest& req, Respond respond);
+  void server_metadata(const HttpRequest& req, Respond respond);
+  void model_metadata(const HttpRequest& req, Respond respond);
+  void infer(const HttpRequest& req, Respond respond);
+  void predict(const HttpRequest& req, Respond respond);
+  void metrics_text(const HttpRequest& req, Respond respond);
+  void submit(Request request, Respond respond,
+              std::function<nlohmann::ordered_json(std::vector<nlohmann::ordered_json>)> answer);
   std::vector<nlohmann::ordered_json> run_batch(int worker,
                                                 const std::vector<const Request*>& batch);
 
@@ -67,9 +76,8 @@ class Server {
   std::vector<std::unique_ptr<Replica>> replicas_;
   ServeMetrics metrics_;
   std::unique_ptr<Batcher> batcher_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<HttpServer> http_;
   std::atomic<bool> draining_{false};
-  std::atomic<int64_t> accepted_{0}, answered_{0};
 };
 
 }  // namespace tessel::infer

@@ -86,8 +86,9 @@ struct ServeSpec {
   double max_wait_ms = 2;          // a request waits at most this long for others to batch with
   int64_t max_queue = 4096;        // rows waiting; more get 503
   int64_t max_body_kb = 4096;      // larger request bodies get 413
-  int64_t connections = 128;       // HTTP connections served at once (a thread each)
-  double timeout_s = 30;           // a request not answered by then gets 504
+  int64_t connections = 128;       // HTTP connections open at once; more get 503
+  int64_t io_threads = 1;          // threads reading and writing HTTP (apart from the workers)
+  double timeout_s = 30;           // unanswered: 504; unread: 408; idle connection: closed
 };
 
 struct Config {

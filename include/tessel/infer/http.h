@@ -1,0 +1,78 @@
+// HttpServer: tessel serve's HTTP/1.1 transport, event-driven on Boost.Beast over Asio. A fixed
+// pool of serve.io_threads I/O threads reads requests and writes answers on every connection
+// (keep-alive, pipelined requests answered in order); what a request asks is the handler's
+// business, which may answer at once or later from any thread (the model's workers), so no
+// thread waits on a connection. The transport answers by itself, through the error callback
+// (the protocol's error shape is the caller's):
+//   400 a malformed HTTP request, 408 a request not read whole within timeout_s, 413 a body over
+//   max_body_bytes, 431 headers over kMaxHeaderBytes, 503 + Retry-After to a connection beyond
+//   max_connections (then closed), 504 a handler that has not answered within timeout_s.
+// A connection idle for timeout_s is closed. stop() closes the listening socket and every
+// connection that is idle or has not sent a request whole; a request already read is answered
+// (its connection then closes); run() returns once no connection is left. Thread safe.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+namespace tessel::infer {
+
+struct HttpRequest {
+  std::string method;  // "GET", "POST", ...
+  std::string path;    // the target without its query
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;
+  // The value of header `name` (any case), or "" when absent.
+  std::string header(std::string_view name) const;
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;  // more, e.g. Allow, Retry-After
+};
+
+// Answers one request, exactly once, from any thread.
+using Respond = std::function<void(HttpResponse)>;
+using HttpHandler = std::function<void(HttpRequest, Respond)>;
+
+inline constexpr int64_t kMaxHeaderBytes = 16 << 10;
+
+struct HttpOptions {
+  std::string host = "127.0.0.1";
+  int io_threads = 1;
+  int64_t max_connections = 128;
+  int64_t max_body_bytes = 4 << 20;
+  double timeout_s = 30;
+  // The answer for a failure the transport answers itself: status and what went wrong.
+  std::function<HttpResponse(int status, const std::string& message)> error;
+};
+
+class HttpServer {
+ public:
+  HttpServer(HttpOptions options, HttpHandler handler);
+  ~HttpServer();
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+
+  // Listens on options.host:port (0: a free port) and returns the port. Throws IoError.
+  int bind(int port);
+  // Runs the I/O threads (this one among them) until stop() and the last connection's end.
+  void run();
+  void stop();
+  // Requests read whole and answers written so far (equal once run() has returned).
+  int64_t accepted() const;
+  int64_t answered() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tessel::infer

@@ -1,0 +1,285 @@
+#include "tessel/infer/http.h"
+
+#include <atomic>
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <thread>
+
+#include "tessel/core/error.h"
+
+namespace tessel::infer {
+namespace {
+
+namespace net = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = net::ip::tcp;
+using Duration = std::chrono::steady_clock::duration;
+
+class Session;
+
+// What the sessions share: options, handler, counters and the registry stop() drains.
+struct Shared {
+  HttpOptions options;
+  HttpHandler handler;
+  Duration timeout;
+  std::atomic<int64_t> accepted{0}, answered{0}, open{0};
+  std::atomic<bool> draining{false};
+  std::mutex mu;
+  std::set<Session*> sessions;
+};
+
+// One connection: reads a request, hands it to the handler, writes its answer, and again while
+// the client keeps the connection alive. Every step runs on the connection's strand.
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, Shared& shared, bool refuse)
+      : stream_(std::move(socket)),
+        timer_(stream_.get_executor()),
+        shared_(shared),
+        refuse_(refuse) {
+    // Beast reads into the buffer's free capacity (at least 512 bytes): without room, a request
+    // of a few KiB took 14 recvmsg calls.
+    buffer_.reserve(64 << 10);
+    std::lock_guard lock(shared_.mu);
+    shared_.sessions.insert(this);
+  }
+  ~Session() {
+    std::lock_guard lock(shared_.mu);
+    shared_.sessions.erase(this);
+    --shared_.open;
+  }
+
+  void start() {
+    net::dispatch(stream_.get_executor(), [self = shared_from_this()] { self->read_header(); });
+  }
+  // Closes the connection if it waits for a request or has not sent one whole (not accepted);
+  // one being answered closes after.
+  void drain() {
+    auto self = weak_from_this().lock();  // none: the session is ending
+    if (!self) return;
+    net::post(stream_.get_executor(), [self] {
+      if (self->reading_) self->close();
+    });
+  }
+
+ private:
+  void read_header() {
+    if (shared_.draining) return close();
+    parser_.emplace();
+    parser_->header_limit(static_cast<uint32_t>(kMaxHeaderBytes));
+    parser_->body_limit(static_cast<uint64_t>(shared_.options.max_body_bytes));
+    reading_ = true;
+    timed_out_ = false;
+    // Not the stream's own expiry, which closes the socket: a request cut short gets its 408.
+    stream_.expires_never();
+    timer_.expires_after(shared_.timeout);
+    timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (ec) return;  // re-armed or cancelled
+      self->timed_out_ = true;
+      beast::error_code ignored;
+      self->stream_.socket().cancel(ignored);
+    });
+    http::async_read_header(
+        stream_, buffer_, *parser_,
+        [self = shared_from_this()](beast::error_code ec, size_t) { self->on_header(ec); });
+  }
+
+  void on_header(beast::error_code ec) {
+    if (ec) return on_read_error(ec);
+    const auto& req = parser_->get();
+    if (beast::iequals(req[http::field::expect], "100-continue")) {
+      continue_ = http::response<http::empty_body>(http::status::continue_, req.version());
+      http::async_write(stream_, continue_,
+                        [self = shared_from_this()](beast::error_code e, size_t) {
+                          if (e) return self->close();
+                          self->read_body();
+                        });
+      return;
+    }
+    read_body();
+  }
+
+  void read_body() {
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, size_t) {
+                       if (ec) return self->on_read_error(ec);
+                       self->on_request();
+                     });
+  }
+
+  void on_read_error(beast::error_code ec) {
+    if (ec == http::error::body_limit)
+      return fail(
+          413, str("request body over serve.max_body_kb = ", shared_.options.max_body_bytes >> 10,
+                   " KiB; send fewer rows per request"));
+    if (ec == http::error::header_limit)
+      return fail(431, str("request headers over ", kMaxHeaderBytes >> 10, " KiB"));
+    // The client left or idled out, or drain() closed the connection: no request to answer.
+    if (!parser_->got_some() || ec == http::error::end_of_stream ||
+        ec == http::error::partial_message)
+      return close();
+    if (timed_out_)
+      return fail(
+          408,
+          str("request not read whole within serve.timeout_s = ", shared_.options.timeout_s, " s"));
+    if (ec.category() == beast::error_code(http::error::bad_target).category())
+      return fail(400, str("malformed HTTP request: ", ec.message()));
+    close();  // a socket error
+  }
+
+  // Answers a request the transport refuses, then closes the connection.
+  void fail(int status, const std::string& message) {
+    reading_ = false;
+    ++shared_.accepted;
+    keep_alive_ = false;
+    write(shared_.options.error(status, message));
+  }
+
+  void on_request() {
+    reading_ = false;  // read whole: it gets an answer
+    ++shared_.accepted;
+    auto& req = parser_->get();
+    keep_alive_ = req.keep_alive() && !refuse_;
+    if (refuse_)
+      return write(
+          shared_.options.error(503, str("serve.connections = ", shared_.options.max_connections,
+                                         " connections are open; retry later")));
+    const uint64_t seq = ++seq_;
+    timer_.expires_after(shared_.timeout);
+    timer_.async_wait([self = shared_from_this(), seq](beast::error_code ec) {
+      if (ec || seq != self->seq_ || self->answered_) return;
+      self->write(self->shared_.options.error(
+          504, str("no answer within serve.timeout_s = ", self->shared_.options.timeout_s,
+                   " s; the workers are overloaded")));
+    });
+    HttpRequest r{
+        std::string(req.method_string()), std::string(req.target()), std::move(req.body()), {}};
+    for (const auto& f : req) r.headers.emplace_back(f.name_string(), f.value());
+    if (const size_t q = r.path.find('?'); q != std::string::npos) r.path.resize(q);
+    answered_ = false;
+    shared_.handler(std::move(r), [self = shared_from_this(), seq](HttpResponse res) {
+      net::post(self->stream_.get_executor(), [self, seq, res = std::move(res)]() mutable {
+        if (seq == self->seq_ && !self->answered_) self->write(std::move(res));
+      });
+    });
+  }
+
+  void write(HttpResponse res) {
+    answered_ = true;
+    timer_.cancel();
+    res_ = http::response<http::string_body>(static_cast<http::status>(res.status), 11);
+    if (res.status == 503) res_.set(http::field::retry_after, "1");  // full or draining
+    res_.set(http::field::content_type, res.content_type);
+    for (auto& [k, v] : res.headers) res_.set(k, v);
+    res_.body() = std::move(res.body);
+    res_.keep_alive(keep_alive_ && !shared_.draining);
+    res_.prepare_payload();
+    stream_.expires_after(shared_.timeout);
+    http::async_write(stream_, res_, [self = shared_from_this()](beast::error_code ec, size_t) {
+      ++self->shared_.answered;
+      if (ec || !self->res_.keep_alive()) return self->close();
+      self->read_header();
+    });
+  }
+
+  void close() {
+    timer_.cancel();  // its wait holds the session
+    beast::error_code ec;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ec);
+    stream_.socket().close(ec);
+  }
+
+  beast::tcp_stream stream_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  http::response<http::empty_body> continue_;
+  http::response<http::string_body> res_;
+  net::steady_timer timer_;  // the deadline of the request being read, then of its answer
+  Shared& shared_;
+  const bool refuse_;
+  bool reading_ = false;  // from waiting for a request until it is read whole
+  bool timed_out_ = false, keep_alive_ = true, answered_ = true;
+  uint64_t seq_ = 0;  // the request being answered (0: none)
+};
+
+}  // namespace
+
+std::string HttpRequest::header(std::string_view name) const {
+  for (const auto& [k, v] : headers)
+    if (beast::iequals(k, beast::string_view(name.data(), name.size()))) return v;
+  return "";
+}
+
+struct HttpServer::Impl {
+  net::io_context ioc;
+  tcp::acceptor acceptor{ioc};
+  Shared shared;
+
+  void accept() {
+    acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket s) {
+      if (ec) return;  // closed by stop()
+      s.set_option(tcp::no_delay(true), ec);
+      const bool refuse = ++shared.open > shared.options.max_connections;
+      std::make_shared<Session>(std::move(s), shared, refuse)->start();
+      accept();
+    });
+  }
+};
+
+HttpServer::HttpServer(HttpOptions options, HttpHandler handler) : impl_(std::make_unique<Impl>()) {
+  Shared& s = impl_->shared;
+  s.timeout =
+      std::chrono::duration_cast<Duration>(std::chrono::duration<double>(options.timeout_s));
+  s.options = std::move(options);
+  s.handler = std::move(handler);
+}
+
+HttpServer::~HttpServer() = default;
+
+int HttpServer::bind(int port) {
+  const std::string& host = impl_->shared.options.host;
+  beast::error_code ec;
+  const auto address = net::ip::make_address(host, ec);
+  tcp::acceptor& a = impl_->acceptor;
+  if (!ec) {
+    const tcp::endpoint at(address, static_cast<uint16_t>(port));
+    a.open(at.protocol(), ec);
+    if (!ec) a.set_option(net::socket_base::reuse_address(true), ec);
+    if (!ec) a.bind(at, ec);
+    if (!ec) a.listen(net::socket_base::max_listen_connections, ec);
+  }
+  if (ec)
+    throw IoError(str("serve: cannot listen on ", host, ":", port, ": ", ec.message(),
+                      "; the port is taken or the address is not this machine's (serve.host)"));
+  return a.local_endpoint().port();
+}
+
+void HttpServer::run() {
+  impl_->accept();
+  std::vector<std::thread> threads;
+  for (int i = 1; i < impl_->shared.options.io_threads; ++i)
+    threads.emplace_back([this] { impl_->ioc.run(); });
+  impl_->ioc.run();
+  for (std::thread& t : threads) t.join();
+}
+
+void HttpServer::stop() {
+  Impl& m = *impl_;
+  if (m.shared.draining.exchange(true)) return;
+  net::post(m.ioc, [&m] {
+    beast::error_code ec;
+    m.acceptor.close(ec);
+    std::lock_guard lock(m.shared.mu);
+    for (Session* s : m.shared.sessions) s->drain();
+  });
+}
+
+int64_t HttpServer::accepted() const { return impl_->shared.accepted; }
+int64_t HttpServer::answered() const { return impl_->shared.answered; }
+
+}  // namespace tessel::infer

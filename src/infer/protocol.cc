@@ -1,0 +1,279 @@
+#include "protocol.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "tessel/core/error.h"
+#include "tessel/infer/generate.h"
+
+namespace tessel::infer {
+namespace {
+
+using json = nlohmann::json;
+using ojson = nlohmann::ordered_json;
+
+// The datatypes a classifier's input converts from; JSON carries each as a number.
+constexpr const char* kIntegerTypes[] = {"INT8",  "INT16",  "INT32",  "INT64",
+                                         "UINT8", "UINT16", "UINT32", "UINT64"};
+constexpr const char* kFloatTypes[] = {"FP32", "FP64", "FP16", "BF16"};
+
+bool one_of(const std::string& s, const auto& names) {
+  return std::find(std::begin(names), std::end(names), s) != std::end(names);
+}
+
+int64_t top_k(const ModelInfo& info, const ModelLimits& limits) {
+  return std::min(limits.top_k, info.spec.num_classes);
+}
+
+ojson tensor_meta(const char* name, const char* datatype, std::vector<int64_t> shape) {
+  return {{"name", name}, {"datatype", datatype}, {"shape", std::move(shape)}};
+}
+
+// The prompts of a request: each encoded in the model's vocabulary, non-empty, and with
+// max_new tokens within the context. `what` names the field in messages.
+std::vector<Prompt> make_prompts(const std::vector<std::string>& texts, const std::string& what,
+                                 int64_t max_new, uint64_t seed, const ModelInfo& info) {
+  const int64_t context = info.spec.input_shape[0];
+  std::vector<Prompt> out;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    Prompt p{{}, max_new, seed + i};
+    try {
+      p.tokens = encode(texts[i], info.vocab);
+    } catch (const InvalidArgument& e) {
+      throw InvalidArgument(str("serve: ", what, "[", i, "]: ", e.what()));
+    }
+    const int64_t len = static_cast<int64_t>(p.tokens.size());
+    if (len == 0 || max_new < 1 || len + max_new > context)
+      throw InvalidArgument(str("serve: ", what, "[", i, "] has ", len,
+                                " tokens and max_new_tokens is ", max_new,
+                                "; the prompt must be non-empty and prompt + max_new_tokens at "
+                                "most the model's context of ",
+                                context));
+    out.push_back(std::move(p));
+  }
+  return out;
+}
+
+// A non-negative integer `key` of `obj` (`where` names obj), or `fallback` when absent.
+uint64_t count_of(const json& obj, const char* key, const std::string& where, uint64_t fallback) {
+  if (!obj.is_object() || !obj.contains(key)) return fallback;
+  if (!obj[key].is_number_unsigned())
+    throw InvalidArgument(str("serve: ", where, "\"", key,
+                              "\" must be a non-negative integer, got ", obj[key].dump()));
+  return obj[key].get<uint64_t>();
+}
+
+// The leaves of a tensor's "data", flattened in row-major order (nested arrays allowed).
+void flatten(const json& data, std::vector<const json*>& out) {
+  if (!data.is_array()) return out.push_back(&data);
+  for (const json& d : data) flatten(d, out);
+}
+
+// The one input tensor of a v2 request, checked for its name and shape.
+const json& the_input(const json& body, const char* name) {
+  if (!body.is_object() || !body.contains("inputs") || !body["inputs"].is_array() ||
+      body["inputs"].size() != 1)
+    throw InvalidArgument(
+        str("serve: the body must be a JSON object with \"inputs\": [one tensor "
+            "named \"",
+            name, "\"] (see GET /v2/models/{name})"));
+  const json& in = body["inputs"][0];
+  for (const char* key : {"name", "datatype"})
+    if (!in.is_object() || !in.contains(key) || !in[key].is_string())
+      throw InvalidArgument(str("serve: inputs[0] must have a string \"", key, "\""));
+  if (in["name"] != name)
+    throw InvalidArgument(
+        str("serve: unknown input ", in["name"].dump(), "; the model's input is \"", name, "\""));
+  if (!in.contains("shape") || !in["shape"].is_array() || !in.contains("data"))
+    throw InvalidArgument("serve: inputs[0] must have \"shape\": [...] and \"data\": [...]");
+  return in;
+}
+
+// The shape of a v2 input, checked: [n, row...] with 1 <= n <= max_batch.
+int64_t rows_of(const json& in, const Shape& row, const ModelLimits& limits) {
+  Shape want = row;
+  want.insert(want.begin(), -1);
+  const json& shape = in["shape"];
+  bool ok = shape.size() == want.size();
+  for (size_t i = 0; ok && i < shape.size(); ++i)
+    ok = shape[i].is_number_integer() && (i == 0 || shape[i].get<int64_t>() == want[i]);
+  const int64_t n = ok ? shape[0].get<int64_t>() : 0;
+  if (!ok || n < 1 || n > limits.max_batch)
+    throw InvalidArgument(str("serve: inputs[0] has shape ", shape.dump(), "; the model takes ",
+                              shape_str(want), " with 1 to serve.max_batch = ", limits.max_batch,
+                              " rows (split a larger request)"));
+  return n;
+}
+
+Request read_classes(const json& in, const ModelInfo& info, const ModelLimits& limits) {
+  const std::string dtype = in["datatype"];
+  const bool integer = one_of(dtype, kIntegerTypes);
+  if (!integer && !one_of(dtype, kFloatTypes))
+    throw InvalidArgument(str("serve: inputs[0] has datatype ", dtype,
+                              "; the model takes FP32 (FP64, FP16, BF16 and INT8-64, UINT8-64 are "
+                              "converted)"));
+  const int64_t n = rows_of(in, info.spec.input_shape, limits);
+  std::vector<const json*> data;
+  flatten(in["data"], data);
+  const int64_t numel = n * shape_numel(info.spec.input_shape);
+  if (static_cast<int64_t>(data.size()) != numel)
+    throw InvalidArgument(
+        str("serve: inputs[0] has ", data.size(), " values; its shape holds ", numel));
+  Shape shape = info.spec.input_shape;
+  shape.insert(shape.begin(), n);
+  Request r;
+  r.x = Tensor::empty(shape);
+  float* dst = r.x.data<float>();
+  for (int64_t i = 0; i < numel; ++i) {
+    const json& v = *data[static_cast<size_t>(i)];
+    if (integer ? !v.is_number_integer() || (dtype[0] == 'U' && !v.is_number_unsigned())
+                : !v.is_number())
+      throw InvalidArgument(str("serve: inputs[0] value ", i, " is ", v.dump(), ", not ",
+                                integer ? "an integer of " : "a number of ", dtype));
+    dst[i] = v.get<float>();
+  }
+  return r;
+}
+
+Request read_prompts(const json& body, const json& in, const ModelInfo& info,
+                     const ModelLimits& limits) {
+  if (in["datatype"] != "BYTES")
+    throw InvalidArgument(str("serve: inputs[0] has datatype ", in["datatype"].get<std::string>(),
+                              "; a gpt model takes BYTES (one prompt per row)"));
+  const int64_t n = rows_of(in, {}, limits);
+  std::vector<const json*> data;
+  flatten(in["data"], data);
+  if (static_cast<int64_t>(data.size()) != n)
+    throw InvalidArgument(
+        str("serve: inputs[0] has ", data.size(), " prompts; its shape holds ", n));
+  std::vector<std::string> texts;
+  for (size_t i = 0; i < data.size(); ++i) {
+    if (!data[i]->is_string())
+      throw InvalidArgument(str("serve: prompt[", i, "] must be a string, got ", data[i]->dump()));
+    texts.push_back(data[i]->get<std::string>());
+  }
+  const json params = body.value("parameters", json::object());
+  Request r;
+  r.prompts = make_prompts(texts, "prompt",
+                           static_cast<int64_t>(count_of(params, "max_new_tokens", "parameters ",
+                                                         limits.max_new_tokens)),
+                           count_of(params, "seed", "parameters ", 0), info);
+  return r;
+}
+
+}  // namespace
+
+std::vector<std::string> output_names(const ModelInfo& info) {
+  if (info.generates()) return {"text"};
+  return {"class", "top_k_class", "top_k_prob"};
+}
+
+ojson model_metadata(const std::string& name, const ModelInfo& info, const ModelLimits& limits) {
+  ojson m = {{"name", name}, {"versions", {"1"}}, {"platform", "tessel"}};
+  if (info.generates()) {
+    m["inputs"] = {tensor_meta("prompt", "BYTES", {-1})};
+    m["outputs"] = {tensor_meta("text", "BYTES", {-1})};
+    return m;
+  }
+  Shape in = info.spec.input_shape;
+  in.insert(in.begin(), -1);
+  const int64_t k = top_k(info, limits);
+  m["inputs"] = {tensor_meta("input", "FP32", in)};
+  m["outputs"] = {tensor_meta("class", "INT64", {-1}), tensor_meta("top_k_class", "INT64", {-1, k}),
+                  tensor_meta("top_k_prob", "FP64", {-1, k})};
+  return m;
+}
+
+InferCall read_infer(const json& body, const ModelInfo& info, const ModelLimits& limits) {
+  InferCall call;
+  const json& in = the_input(body, info.generates() ? "prompt" : "input");
+  call.request =
+      info.generates() ? read_prompts(body, in, info, limits) : read_classes(in, info, limits);
+  if (body.contains("id")) call.id = body["id"];
+  const std::vector<std::string> known = output_names(info);
+  for (const json& o : body.value("outputs", json::array())) {
+    if (!o.is_object() || !o.contains("name") || !o["name"].is_string() ||
+        !one_of(o["name"].get<std::string>(), known))
+      throw InvalidArgument(str("serve: unknown output ", o.dump(), "; the model's outputs are ",
+                                json(known).dump()));
+    call.outputs.push_back(o["name"]);
+  }
+  if (call.outputs.empty()) call.outputs = known;
+  return call;
+}
+
+ojson infer_answer(const std::string& name, const InferCall& call,
+                   const std::vector<ojson>& records) {
+  const int64_t n = static_cast<int64_t>(records.size());
+  ojson out = {{"model_name", name}, {"model_version", "1"}};
+  if (!call.id.is_null()) out["id"] = call.id;
+  ojson tensors = ojson::array();
+  for (const std::string& o : call.outputs) {
+    ojson data = ojson::array();
+    ojson t;
+    if (o == "text" || o == "class") {
+      for (const ojson& r : records) data.push_back(r[o]);
+      t = tensor_meta(o.c_str(), o == "text" ? "BYTES" : "INT64", {n});
+    } else {
+      const char* field = o == "top_k_class" ? "class" : "prob";
+      const int64_t k = n ? static_cast<int64_t>(records[0]["top_k"].size()) : 0;
+      for (const ojson& r : records)
+        for (const ojson& c : r["top_k"]) data.push_back(c[field]);
+      t = tensor_meta(o.c_str(), o == "top_k_class" ? "INT64" : "FP64", {n, k});
+    }
+    t["data"] = std::move(data);
+    tensors.push_back(std::move(t));
+  }
+  out["outputs"] = std::move(tensors);
+  return out;
+}
+
+Request read_predict(const json& body, const ModelInfo& info, const ModelLimits& limits) {
+  const char* key = info.generates() ? "prompts" : "inputs";
+  if (!body.is_object() || !body.contains(key) || !body[key].is_array())
+    throw InvalidArgument(str("serve: the body must be a JSON object with \"", key,
+                              "\": [...], got ",
+                              body.is_object() ? "no such array" : body.type_name()));
+  const json& rows = body[key];
+  if (rows.empty() || static_cast<int64_t>(rows.size()) > limits.max_batch)
+    throw InvalidArgument(str("serve: \"", key,
+                              "\" must hold 1 to serve.max_batch = ", limits.max_batch,
+                              " rows, got ", rows.size(), "; split a larger request"));
+  Request r;
+  if (info.generates()) {
+    std::vector<std::string> texts;
+    for (size_t i = 0; i < rows.size(); ++i) {
+      if (!rows[i].is_string())
+        throw InvalidArgument(
+            str("serve: prompts[", i, "] must be a string, got ", rows[i].type_name()));
+      texts.push_back(rows[i].get<std::string>());
+    }
+    r.prompts = make_prompts(
+        texts, "prompts",
+        static_cast<int64_t>(count_of(body, "max_new_tokens", "", limits.max_new_tokens)),
+        count_of(body, "seed", "", 0), info);
+    return r;
+  }
+  const int64_t n = static_cast<int64_t>(rows.size()), numel = shape_numel(info.spec.input_shape);
+  Shape shape = info.spec.input_shape;
+  shape.insert(shape.begin(), n);
+  r.x = Tensor::empty(shape);
+  float* dst = r.x.data<float>();
+  for (int64_t i = 0; i < n; ++i) {
+    const json& row = rows[i];
+    if (!row.is_array() || static_cast<int64_t>(row.size()) != numel)
+      throw InvalidArgument(str("serve: inputs[", i, "] must be a flat array of ", numel,
+                                " numbers (the model's input ", shape_str(info.spec.input_shape),
+                                "), got ",
+                                row.is_array() ? str(row.size(), " entries") : row.type_name()));
+    for (int64_t j = 0; j < numel; ++j) {
+      if (!row[j].is_number())
+        throw InvalidArgument(
+            str("serve: inputs[", i, "][", j, "] must be a number, got ", row[j].dump()));
+      *dst++ = row[j].get<float>();
+    }
+  }
+  return r;
+}
+
+}  // namespace tessel::infer

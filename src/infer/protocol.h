@@ -1,0 +1,51 @@
+// Private to src/infer: the bodies tessel serve reads and writes, apart from the transport.
+//   KServe v2 / Open Inference Protocol (JSON tensors):
+//     classifier  input "input" [n, <the model's input shape>], FP32 (or FP64, FP16, INT8-64,
+//                 UINT8-64, converted to f32); outputs "class" INT64 [n], "top_k_class" INT64
+//                 [n, k], "top_k_prob" FP64 [n, k] (what tessel predict writes for each row)
+//     gpt         input "prompt" BYTES [n] (parameters max_new_tokens, seed); output "text"
+//                 BYTES [n]
+//   /v1/predict: {"inputs": [[x, ...], ...]} or {"prompts": [...], "max_new_tokens", "seed"}.
+// Every read throws InvalidArgument naming what is wrong (the caller answers 400).
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tessel/infer/batcher.h"
+#include "tessel/infer/replica.h"
+
+namespace tessel::infer {
+
+// What a request may ask of the model.
+struct ModelLimits {
+  int64_t max_batch = 64;       // rows per request
+  int64_t max_new_tokens = 32;  // gpt: when the request names none
+  int64_t top_k = 5;            // classes per row in an answer
+};
+
+// v2: the names of the model's outputs, in the order of its metadata.
+std::vector<std::string> output_names(const ModelInfo& info);
+
+// v2: GET /v2/models/{name}.
+nlohmann::ordered_json model_metadata(const std::string& name, const ModelInfo& info,
+                                      const ModelLimits& limits);
+
+// v2: a POST /v2/models/{name}/infer body, its "id" and the outputs it asks for (none: all).
+struct InferCall {
+  Request request;
+  nlohmann::json id;  // null when the request has none
+  std::vector<std::string> outputs;
+};
+InferCall read_infer(const nlohmann::json& body, const ModelInfo& info, const ModelLimits& limits);
+
+// v2: the answer to an infer call from its rows' records (class_record's, or {"text": ...}).
+nlohmann::ordered_json infer_answer(const std::string& name, const InferCall& call,
+                                    const std::vector<nlohmann::ordered_json>& records);
+
+// v1: a POST /v1/predict body.
+Request read_predict(const nlohmann::json& body, const ModelInfo& info, const ModelLimits& limits);
+
+}  // namespace tessel::infer

@@ -122,6 +122,9 @@ def curves(records):
     for ax, key, test_key, title in ((ax1, "loss", "test_loss", "loss"),
                                      (ax2, "accuracy", "test_accuracy", "accuracy")):
         if train:
+            if key in train[0]:
+                ax.plot([r["step"] for r in train], [r[key] for r in train], alpha=0.6,
+                        label="train (mean since the last record)")
             ax.plot([r["step"] for r in train], [r["epoch_" + key] for r in train],
                     label="train (running mean of the epoch)")
         if epochs and test_key in epochs[0]:

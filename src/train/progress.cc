@@ -130,6 +130,8 @@ void Progress::train_line(const TrainPoint& p) {
               {"epoch", p.epoch + 1},
               {"epoch_loss", p.metrics.loss},
               {"epoch_accuracy", p.metrics.accuracy},
+              {"loss", p.window.loss},
+              {"accuracy", p.window.accuracy},
               {"lr", p.lr},
               {"samples_per_second", p.samples_per_second}};
   last_epoch_ = p.epoch;

@@ -248,6 +248,7 @@ void Trainer::train_epoch(State& s, bool& stopped) {
   loader_->start_epoch(s.epoch, s.batch_in_epoch);
   double window_start = now_seconds();
   int64_t window_samples = 0;
+  EvalResult window_sums = s.epoch_sums;  // at the last record
   std::vector<data::Batch> group;
   while (step_ < total_steps_) {
     group.resize(static_cast<size_t>(k));
@@ -279,9 +280,11 @@ void Trainer::train_epoch(State& s, bool& stopped) {
     if (step_ % config_.train.log_every == 0 || step_ == total_steps_) {
       const double now = now_seconds();
       const EvalResult m = global_mean(s.epoch_sums);
+      const EvalResult w = global_mean(minus(s.epoch_sums, window_sums));
       const std::vector<parallel::RankStats> ranks = take_stats();
-      progress_->train_line({s.epoch, step_, total_steps_, m, lr_at(step_ - 1),
+      progress_->train_line({s.epoch, step_, total_steps_, m, w, lr_at(step_ - 1),
                              window_samples / std::max(1e-9, now - window_start), &ranks});
+      window_sums = s.epoch_sums;
       window_start = now;
       window_samples = 0;
     }

@@ -127,6 +127,7 @@ bool Trainer::train_claimed_epoch(State& s) {
   claims.set_claims({s.epoch, first, limit, epoch_step, !interrupted()});
   double window_start = now_seconds(), t0 = window_start;
   int64_t b = claims.claim(), window_first = b, mine = 0;
+  EvalResult window_sums = s.epoch_sums;  // at rank 0's last record
   int64_t next_log = (epoch_step / config_.train.log_every + 1) * config_.train.log_every;
   bool stop = b < 0 && interrupted();
   untaken_s_ += now_seconds() - t0;
@@ -162,8 +163,9 @@ bool Trainer::train_claimed_epoch(State& s) {
     next_log = ((step_ + 1) / config_.train.log_every + 1) * config_.train.log_every;
     const double sps = static_cast<double>((done + 1 - window_first) * batch_rows_) /
                        std::max(1e-9, now - window_start);
-    progress_->train_line(
-        {s.epoch, step_ + 1, total_steps_, mean_of(s.epoch_sums), lr_at(step_), sps});
+    progress_->train_line({s.epoch, step_ + 1, total_steps_, mean_of(s.epoch_sums),
+                           mean_of(minus(s.epoch_sums, window_sums)), lr_at(step_), sps});
+    window_sums = s.epoch_sums;
     window_start = now;
     window_first = done + 1;
   }

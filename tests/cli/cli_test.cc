@@ -202,6 +202,29 @@ TEST_F(Cli, ResumeUsesTheRunsOwnConfigAndSaysWhatItOverrides) {
   EXPECT_EQ(read_json(path("r") + "/summary.json")["epochs"], 3);
 }
 
+// Each train record has the loss of the steps since the last record beside the epoch's running
+// mean: with a record every step of equal batches, loss_k = k epoch_loss_k - (k-1) epoch_loss_k-1.
+TEST_F(Cli, TrainRecordsCarryThePerStepLoss) {
+  Result r = run("train " + kExamples +
+                 "/spiral.toml --quiet --workers 2 --set train.log_every=1 --set train.max_steps=8 "
+                 "--set train.drop_last=true --run-dir " +
+                 path("l"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::ifstream metrics(path("l") + "/metrics.jsonl");
+  std::vector<double> loss, mean;
+  for (std::string line; std::getline(metrics, line);) {
+    auto rec = nlohmann::json::parse(line);
+    if (rec["type"] != "train") continue;
+    loss.push_back(rec["loss"].get<double>());
+    mean.push_back(rec["epoch_loss"].get<double>());
+  }
+  ASSERT_EQ(loss.size(), 8u);
+  EXPECT_DOUBLE_EQ(loss[0], mean[0]);
+  for (size_t k = 1; k < loss.size(); ++k)
+    EXPECT_NEAR(loss[k], (k + 1) * mean[k] - k * mean[k - 1], 1e-9) << k;
+  EXPECT_NE(loss.back(), mean.back());
+}
+
 // More data-parallel ranks than rows in a batch: warned at the start, naming both numbers.
 TEST_F(Cli, MoreRanksThanBatchRowsIsWarned) {
   Result r = run("train " + kExamples +

@@ -23,6 +23,10 @@ struct EvalResult {
   int64_t samples = 0;
 };
 
+// a - b, field by field (sums since b was taken).
+inline EvalResult minus(const EvalResult& a, const EvalResult& b) {
+  return {a.loss - b.loss, a.accuracy - b.accuracy, a.samples - b.samples};
+}
 // Loss and accuracy sums (loss x samples, correct samples) turned into means.
 EvalResult mean_of(const EvalResult& sums);
 

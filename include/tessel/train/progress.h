@@ -40,7 +40,8 @@ std::optional<Straggler> find_straggler(const std::vector<parallel::RankStats>& 
 // One train record: where the run stands and the means of the epoch so far.
 struct TrainPoint {
   int64_t epoch = 0, step = 0, total_steps = 0;
-  EvalResult metrics;
+  EvalResult metrics;  // running means over the epoch so far
+  EvalResult window;   // means over the steps since the last record
   double lr = 0, samples_per_second = 0;
   // Every rank's measurements since the last record (lockstep layouts); null: rank 0's view.
   const std::vector<parallel::RankStats>* ranks = nullptr;

@@ -104,6 +104,10 @@ Family::~Family() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return;
+  // A peer's abort that is still in the control queue (a rank that never called, destroying its
+  // communicator after its peers failed): without it this rank would wait in the board's
+  // collective free below for peers that skip it.
+  poll();
   Guard guard;
   if (in_req_ != MPI_REQUEST_NULL) {
     MPI_Cancel(&in_req_);

@@ -43,6 +43,28 @@ class SlowSync final : public GradSync {
   double slept_s_ = 0;  // since the last take_stats()
 };
 
+// Last among the engine's hooks: each block's time is measured after the other hooks' work
+// before it, and the sleep follows their work after it.
+class SlowBlocks final : public BlockHooks {
+ public:
+  explicit SlowBlocks(double factor) : factor_(factor) {}
+
+  void on_block(nn::Phase phase, size_t block, bool last) override {
+    (void)block, (void)last;
+    if (phase == nn::Phase::kBeforeForward || phase == nn::Phase::kBeforeBackward) {
+      start_ = now_seconds();
+      return;
+    }
+    TraceSpan span("debug.slow_factor", "debug");
+    std::this_thread::sleep_for(
+        std::chrono::duration<double>((factor_ - 1) * (now_seconds() - start_)));
+  }
+
+ private:
+  double factor_;
+  double start_ = 0;
+};
+
 class OverflowLoss final : public nn::Loss {
  public:
   OverflowLoss(nn::Loss& inner, std::vector<int64_t> steps, const int64_t& step)
@@ -77,6 +99,11 @@ void check_debug(const ParallelSpec& spec, const Layout& layout) {
 std::unique_ptr<GradSync> slow_sync(const ParallelSpec& spec, int rank, GradSync& sync) {
   if (spec.slow_rank != rank || spec.delay_ms <= 0) return nullptr;
   return std::make_unique<SlowSync>(sync, spec.delay_ms);
+}
+
+std::unique_ptr<BlockHooks> slow_blocks(const ParallelSpec& spec, int rank) {
+  if (spec.slow_rank != rank || spec.slow_factor <= 1) return nullptr;
+  return std::make_unique<SlowBlocks>(spec.slow_factor);
 }
 
 std::unique_ptr<nn::Loss> overflow_loss(const ParallelSpec& spec, int rank, nn::Loss& loss,

@@ -39,6 +39,38 @@ std::string fmt(const char* f, Args... args) {
   return buf;
 }
 
+// The median of values (not empty).
+double median_of(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t h = values.size() / 2;
+  return values.size() % 2 ? values[h] : (values[h - 1] + values[h]) / 2;
+}
+
+// What the deal gains: the predicted step compute time of an even deal over this one's.
+double balance_speedup(const parallel::ShardDeal& deal) {
+  return deal.predicted_s() > 0 ? deal.even_s() / deal.predicted_s() : 1.0;
+}
+
+// " deal 11/5", and with a rank slower per micro-shard than kStragglerSlowdown x the median
+// of the others: " straggler rank 1 (x2.00 per shard) absorbed: x1.38 vs an even deal".
+std::string balance_tail(const parallel::ShardDeal& deal) {
+  std::string out = " deal " + deal.str();
+  const std::vector<double>& t = deal.seconds_per_shard();
+  int slowest = -1;
+  double slowdown = kStragglerSlowdown;
+  for (size_t r = 0; r < t.size() && t.size() > 1; ++r) {
+    std::vector<double> peers;
+    for (size_t q = 0; q < t.size(); ++q)
+      if (q != r) peers.push_back(t[q]);
+    const double median = median_of(peers);
+    if (median > 0 && t[r] / median > slowdown) slowdown = t[r] / median, slowest = int(r);
+  }
+  if (slowest >= 0)
+    out += fmt(" straggler rank %d (x%.2f per shard) absorbed: x%.2f vs an even deal", slowest,
+               slowdown, balance_speedup(deal));
+  return out;
+}
+
 }  // namespace
 
 Progress::Progress(const Config& config, bool main, bool enabled, bool live, std::string run_dir)
@@ -159,6 +191,11 @@ void Progress::train_line(const TrainPoint& p) {
     rec["straggler_rank"] = straggler_->rank;
     live_tail_ += fmt(" straggler rank %d (x%.2f)", straggler_->rank, straggler_->slowdown());
   }
+  if (p.deal) {
+    rec["shards_per_rank"] = p.deal->counts();
+    rec["balance_speedup"] = balance_speedup(*p.deal);
+    live_tail_ += balance_tail(*p.deal);
+  }
   log(rec);
   if (enabled_) draw(p.step);
 }
@@ -194,9 +231,7 @@ std::optional<Straggler> find_straggler(const std::vector<parallel::RankStats>& 
     for (size_t q = 0; q < ranks.size(); ++q)
       if (q != r && ranks[q].stage == ranks[r].stage) peers.push_back(busy(ranks[q]));
     if (peers.empty()) continue;
-    std::sort(peers.begin(), peers.end());
-    const size_t h = peers.size() / 2;
-    const double median = peers.size() % 2 ? peers[h] : (peers[h - 1] + peers[h]) / 2;
+    const double median = median_of(peers);
     const Straggler s{static_cast<int>(r), busy(ranks[r]), median};
     if (median > 0 && s.slowdown() > kStragglerSlowdown &&
         (!worst || s.slowdown() > worst->slowdown()))
@@ -237,6 +272,12 @@ json compress_report(const std::vector<parallel::RankStats>& ranks) {
           {"encode_seconds_per_step", encode / steps},
           {"decode_seconds_per_step", decode / steps},
           {"comm_exposed_seconds_per_step", exposed / steps}};
+}
+
+json balance_report(const parallel::ShardDeal& deal) {
+  json out = deal.save();
+  out["speedup_vs_even"] = balance_speedup(deal);
+  return out;
 }
 
 json rank_report(const std::vector<parallel::RankStats>& ranks, parallel::Engine& engine,

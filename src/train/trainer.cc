@@ -113,8 +113,12 @@ void Trainer::set_up_loader() {
   lo.drop_last = config_.train.drop_last;
   lo.seed = config_.seed;
   lo.prefetch = prefetch_;
-  lo.slice_rank = engine_->data_rank();
-  lo.slice_count = workers;
+  // ddp.balance: every rank loads whole batches and computes the micro-shards dealt to it.
+  parallel::check_balance(config_.parallel, engine_->layout());
+  const bool dealt =
+      parallel::balance_mode(config_.parallel.balance) != parallel::BalanceMode::kOff;
+  lo.slice_rank = dealt ? 0 : engine_->data_rank();
+  lo.slice_count = dealt ? 1 : static_cast<int>(workers);
   if (!lockstep_) {  // whole worker batches, claimed by index (batch_at)
     const std::string why =
         str("with ps.mode = ", config_.parallel.ps_mode,
@@ -141,20 +145,7 @@ void Trainer::set_up_loader() {
   if (bpe == 0)
     throw InvalidArgument(str("config: train.batch = ", config_.train.batch, " is larger than the ",
                               data_.train->size(), " training samples with drop_last; lower it"));
-  if (config_.parallel.deterministic) {
-    const int64_t shards = config_.train.batch / config_.parallel.micro_shard;
-    if (shards % workers != 0)
-      throw InvalidArgument(
-          str("config: train.deterministic splits each batch into ", shards,
-              " micro-shards of ddp.micro_shard = ", config_.parallel.micro_shard, " rows, which ",
-              workers, " data-parallel ranks cannot share evenly; pick a dp size dividing ", shards,
-              " or change ddp.micro_shard"));
-    if (!config_.train.drop_last && data_.train->size() % config_.train.batch != 0)
-      throw InvalidArgument(str("config: train.deterministic needs full batches, but ",
-                                data_.train->size(), " samples leave a short last batch of ",
-                                data_.train->size() % config_.train.batch,
-                                "; set train.drop_last = true"));
-  }
+  if (config_.parallel.deterministic) set_up_shards(workers, dealt);
   engine_->check_batch(config_.train.batch);
   // The one product of a config value and the dataset's size: every count below is at most it.
   int64_t run_batches = 0;
@@ -171,6 +162,32 @@ void Trainer::set_up_loader() {
       claim_budget_ = config_.train.max_steps * workers;  // less than the epochs' batches
     total_steps_ = (claim_budget_ + workers - 1) / workers;
   }
+}
+
+// Deterministic mode: the micro-shards of each batch, dealt evenly (a multiple of the ranks)
+// or by ddp.balance, and full batches.
+void Trainer::set_up_shards(int64_t workers, bool dealt) {
+  const int64_t shards = config_.train.batch / config_.parallel.micro_shard;
+  if (dealt && shards < workers)
+    throw InvalidArgument(
+        str("config: ddp.balance = ", config_.parallel.balance,
+            " deals each rank one micro-shard at least, but train.batch = ", config_.train.batch,
+            " makes ", shards, " of ddp.micro_shard = ", config_.parallel.micro_shard, " rows for ",
+            workers, " data-parallel ranks; lower ddp.micro_shard"));
+  if (dealt)
+    deal_ = std::make_unique<parallel::ShardDeal>(parallel::balance_mode(config_.parallel.balance),
+                                                  static_cast<int>(workers), shards);
+  else if (shards % workers != 0)
+    throw InvalidArgument(
+        str("config: train.deterministic splits each batch into ", shards,
+            " micro-shards of ddp.micro_shard = ", config_.parallel.micro_shard, " rows, which ",
+            workers, " data-parallel ranks cannot share evenly; pick a dp size dividing ", shards,
+            ", change ddp.micro_shard, or set ddp.balance = dynamic (uneven deals)"));
+  if (!config_.train.drop_last && data_.train->size() % config_.train.batch != 0)
+    throw InvalidArgument(str("config: train.deterministic needs full batches, but ",
+                              data_.train->size(), " samples leave a short last batch of ",
+                              data_.train->size() % config_.train.batch,
+                              "; set train.drop_last = true"));
 }
 
 float Trainer::lr_at(int64_t step) const {
@@ -190,6 +207,8 @@ void Trainer::step(const std::vector<data::Batch>& batches, EvalResult& sums) {
   double global_rows = 0;
   for (const data::Batch& b : batches) global_rows += static_cast<double>(b.global_size);
   const int64_t shard = config_.parallel.deterministic ? config_.parallel.micro_shard : 0;
+  const double t0 = now_seconds();
+  int64_t pieces = 0;
   for (size_t j = 0; j < batches.size(); ++j) {
     const data::Batch& b = batches[j];
     const int64_t rows = b.y.dim(0);
@@ -200,20 +219,38 @@ void Trainer::step(const std::vector<data::Batch>& batches, EvalResult& sums) {
                   sums);
       continue;
     }
-    // Deterministic mode: fixed micro-shards, each with its own gradient.
+    // Deterministic mode: fixed micro-shards, each with its own gradient. The loader's slice,
+    // or with ddp.balance the shards dealt to this rank of the whole batch.
+    const int me = engine_->data_rank();
+    const int64_t lo = deal_ ? deal_->first(me) * shard : 0;
+    const int64_t hi = deal_ ? lo + deal_->counts()[static_cast<size_t>(me)] * shard : rows;
     const int64_t x_row = b.x.numel() / std::max<int64_t>(rows, 1);
     const int64_t y_row = b.y.numel() / std::max<int64_t>(rows, 1);
-    for (int64_t r = 0; r < rows; r += shard) {
+    for (int64_t r = lo; r < hi; r += shard, ++pieces) {
       Shape xs = b.x.shape(), ys = b.y.shape();
-      xs[0] = ys[0] = std::min(shard, rows - r);
+      xs[0] = ys[0] = std::min(shard, hi - r);
       train_piece({b.x.view(r * x_row, xs), b.y.view(r * y_row, ys),
                    nn::Context{true, config_.seed, step_, b.first_sample + r}, xs[0] / global_rows,
-                   last && r + shard >= rows},
+                   last && r + shard >= hi},
                   sums);
     }
   }
+  const double busy_s = now_seconds() - t0;
   engine_->step(lr_at(step_), config_.train.clip_norm, step_);
+  if (deal_) rebalance(busy_s, pieces);
   ++step_;
+}
+
+void Trainer::rebalance(double busy_s, int64_t shards) {
+  if (!deal_->measuring()) return;
+  const std::vector<double> per_shard =
+      engine_->gather(busy_s / static_cast<double>(std::max<int64_t>(shards, 1)));
+  if (!deal_->update(per_shard)) return;
+  if (Tracer* tracer = active_tracer()) {  // the deal of the next step
+    TraceArgs args;
+    args.text("shards_per_rank", deal_->str());
+    tracer->instant("ddp.balance", "step", now_seconds(), std::move(args));
+  }
 }
 
 EvalResult Trainer::global_mean(const EvalResult& local) {
@@ -261,7 +298,12 @@ void Trainer::train_epoch(State& s, bool& stopped) {
     const int64_t counted = s.epoch_sums.samples;
     {
       TraceSpan span("step", "step");
-      if (TraceArgs* args = span.args()) args->num("step", static_cast<double>(step_));
+      if (TraceArgs* args = span.args()) {
+        args->num("step", static_cast<double>(step_));
+        if (deal_)  // this rank's micro-shards per batch in this step
+          args->num("shards", static_cast<double>(
+                                  deal_->counts()[static_cast<size_t>(engine_->data_rank())]));
+      }
       step(group, s.epoch_sums);
     }
     const double dt = now_seconds() - t0;
@@ -283,7 +325,8 @@ void Trainer::train_epoch(State& s, bool& stopped) {
       const EvalResult w = global_mean(minus(s.epoch_sums, window_sums));
       const std::vector<parallel::RankStats> ranks = take_stats();
       progress_->train_line({s.epoch, step_, total_steps_, m, w, lr_at(step_ - 1),
-                             window_samples / std::max(1e-9, now - window_start), &ranks});
+                             window_samples / std::max(1e-9, now - window_start), &ranks,
+                             deal_.get()});
       window_sums = s.epoch_sums;
       window_start = now;
       window_samples = 0;
@@ -514,6 +557,7 @@ json Trainer::summary(const State& s, const EvalResult& last_train, const EvalRe
                          ? json{{"rank", straggler->rank}, {"slowdown", straggler->slowdown()}}
                          : json(nullptr);
   if (json c = compress_report(run_stats_); !c.is_null()) out["compress"] = c;
+  if (deal_) out["balance"] = balance_report(*deal_);
   if (engine_->layout().tp > 1) out["tensor_parallel"] = engine_->tp_counters();
   if (engine_->is_main())
     ckpt::write_file_atomic((fs::path(run_dir_) / "summary.json").string(), out.dump(2) + "\n");

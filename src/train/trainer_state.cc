@@ -38,6 +38,7 @@ void Trainer::save(const State& s, bool to_disk) {
             {"config_name", config_.name},
             {"batch_rows", batch_rows_}};  // the unit of batch_in_epoch
   if (!lockstep_) t["worker_batches"] = batches_done_;
+  if (deal_) t["balance"] = deal_->save();                   // the same on every rank
   if (const optim::LossScaler* ls = engine_->loss_scaler())  // the same on every rank
     t["loss_scaler"] = {{"scale", ls->scale()},
                         {"growth_tracker", ls->growth_tracker()},
@@ -86,6 +87,10 @@ std::string Trainer::restore(const std::string& path, State& s) {
       ls->restore(l.at("scale").get<float>(), l.at("growth_tracker").get<int64_t>(),
                   l.at("skipped").get<int64_t>());
     }
+    if (deal_ && t.contains("balance") && !deal_->load(t.at("balance")))
+      progress_->info(str("ddp.balance: ", dir,
+                          " holds a deal for another ddp.balance, "
+                          "micro-shard or rank count; dealing evenly until measured again"));
     check_restored_params(*engine_, t.value("params_sha256", ""), dir);
   } catch (const json::exception& e) {
     throw IoError(str("checkpoint: ", dir, "/trainer.json is corrupt (", e.what(),

@@ -1,7 +1,8 @@
 // The debug.* fault injections as decorators (src/parallel/fault_injection.h): a sleeping
 // gradient sync forwards every call and counts its sleeps; an overflow loss makes the loss
-// gradient inf at the listed steps only; each is built only for the rank the spec names; a
-// debug.slow_rank outside the training ranks is refused naming the key.
+// gradient inf at the listed steps only; slowed blocks take debug.slow_factor times as long;
+// each is built only for the rank the spec names; a debug.slow_rank outside the training ranks
+// is refused naming the key.
 #include "../../src/parallel/fault_injection.h"
 
 #include <gtest/gtest.h>
@@ -60,6 +61,28 @@ TEST(FaultInjection, SlowSyncSleepsBeforeEachReductionOnItsRankOnly) {
   EXPECT_EQ(s.comm_bytes, 1);  // the inner sync's own figures
   spec.delay_ms = 0;
   EXPECT_EQ(slow_sync(spec, 1, inner), nullptr);
+}
+
+TEST(FaultInjection, SlowBlocksStretchEachBlockByTheFactorOnItsRankOnly) {
+  ParallelSpec spec;
+  spec.slow_rank = 1;
+  spec.slow_factor = 3;
+  EXPECT_EQ(slow_blocks(spec, 0), nullptr);
+  std::unique_ptr<BlockHooks> slow = slow_blocks(spec, 1);
+  ASSERT_NE(slow, nullptr);
+  const double t0 = now_seconds();
+  for (nn::Phase before : {nn::Phase::kBeforeForward, nn::Phase::kBeforeBackward}) {
+    slow->on_block(before, 0, true);
+    const double block = now_seconds();
+    while (now_seconds() - block < 0.01) {  // a 10 ms block
+    }
+    slow->on_block(
+        before == nn::Phase::kBeforeForward ? nn::Phase::kAfterForward : nn::Phase::kAfterBackward,
+        0, true);
+  }
+  EXPECT_GE(now_seconds() - t0, 0.059);  // 2 blocks of 10 ms, each 3x as long
+  spec.slow_factor = 1;
+  EXPECT_EQ(slow_blocks(spec, 1), nullptr);
 }
 
 TEST(FaultInjection, OverflowLossIsInfAtTheListedStepsOnItsRankOnly) {

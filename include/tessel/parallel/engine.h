@@ -193,7 +193,8 @@ class Engine {
   Units units_, scale_buckets_;
   std::unique_ptr<GradSync> sync_owner_;
   std::unique_ptr<ParamStore> store_owner_;
-  std::unique_ptr<GradSync> faulty_sync_;  // debug.slow_rank around the sync
+  std::unique_ptr<GradSync> faulty_sync_;    // debug.slow_rank around the sync
+  std::unique_ptr<BlockHooks> slow_blocks_;  // debug.slow_factor, the last hook
   GradSync* sync_ = nullptr;
   ParamStore* store_ = nullptr;
   BatchClaims* claims_ = nullptr;

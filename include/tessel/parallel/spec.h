@@ -26,6 +26,8 @@ struct ParallelSpec {
   bool shared_memory = true;
   bool deterministic = false;  // train.deterministic: bit-identical results for any worker count
   int64_t micro_shard = 8;     // rows per fixed micro-shard in deterministic mode
+  // off | static | dynamic: deal the micro-shards by the ranks' measured speeds (balance.h)
+  std::string balance = "off";
   // train.precision: fp32 | bf16 | fp16, the type of activations, activation gradients, the
   // parameters the blocks read and the gradient messages (docs/mixed_precision.md).
   std::string precision = "fp32";
@@ -67,6 +69,7 @@ struct ParallelSpec {
   // debug.*
   int64_t slow_rank = -1;  // this rank sleeps debug.delay_ms in every step (-1: none)
   double delay_ms = 0;
+  double slow_factor = 1;  // slow_rank's forward and backward of every piece take this x longer
   // fp16: at these steps worker overflow_rank's loss gradient is inf (an injected overflow)
   std::vector<int64_t> overflow_steps;
   int64_t overflow_rank = 0;

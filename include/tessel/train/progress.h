@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/parallel/balance.h"
 #include "tessel/parallel/engine.h"
 #include "tessel/train/config.h"
 #include "tessel/train/evaluator.h"
@@ -45,6 +46,7 @@ struct TrainPoint {
   double lr = 0, samples_per_second = 0;
   // Every rank's measurements since the last record (lockstep layouts); null: rank 0's view.
   const std::vector<parallel::RankStats>* ranks = nullptr;
+  const parallel::ShardDeal* deal = nullptr;  // ddp.balance's deal of the last step; null: off
 };
 
 class Progress {
@@ -104,6 +106,9 @@ class Progress {
 // per step and rank as sent (the transport's counter), by the codecs' formula and as f32
 // all-reduces; the ratios f32 / sent and f32 / formula; encode, decode and exposed seconds.
 nlohmann::json compress_report(const std::vector<parallel::RankStats>& ranks);
+// ddp.balance (summary.json, train records): the deal, the smoothed seconds per micro-shard by
+// rank, how many times the deal changed, and the step's predicted speed-up over an even deal.
+nlohmann::json balance_report(const parallel::ShardDeal& deal);
 nlohmann::json rank_report(const std::vector<parallel::RankStats>& ranks, parallel::Engine& engine,
                            const Config& config);
 

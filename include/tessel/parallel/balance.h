@@ -1,0 +1,78 @@
+// ShardDeal (ddp.balance): which of a step's micro-shards each data-parallel rank computes in
+// deterministic mode. The exact sum (exact_sum.h) gives the same bits whoever computes a
+// micro-shard, so the deal may follow the ranks' speeds: every step each rank's seconds per
+// micro-shard are all-gathered and every rank feeds the same numbers to its own ShardDeal,
+// which therefore deals the same everywhere. Rank r computes the consecutive micro-shards
+// [first(r), first(r) + counts()[r]) of every batch of the step.
+//   off      the even deal (rank r of n: shards [r S / n, (r + 1) S / n)), never measured;
+//   static   the even deal for kWarmupSteps measured steps, then the deal of their speeds, kept;
+//   dynamic  re-dealt whenever the smoothed speeds promise a step kHysteresis shorter.
+// A deal gives every rank at least one micro-shard (it keeps being measured) and otherwise
+// minimises the predicted compute time of the step: max over ranks of shards x smoothed
+// seconds per shard. Smoothing (an exponential average) and the hysteresis keep noise from
+// moving shards back and forth.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tessel/parallel/layout.h"
+#include "tessel/parallel/spec.h"
+
+namespace tessel::parallel {
+
+enum class BalanceMode { kOff, kStatic, kDynamic };
+
+// ddp.balance's mode; throws InvalidArgument naming the key for another name.
+BalanceMode balance_mode(const std::string& name);
+// Throws InvalidArgument naming ddp.balance when spec's balance cannot run on layout (it deals
+// micro-shards of a plain data-parallel layout: train.deterministic, no pipeline, tensor
+// parallelism, parameter server or zero.stage = 3, whose per-piece collectives need the same
+// number of pieces on every rank).
+void check_balance(const ParallelSpec& spec, const Layout& layout);
+
+class ShardDeal {
+ public:
+  static constexpr int kWarmupSteps = 10;      // static: steps measured before the deal is kept
+  static constexpr double kSmoothing = 0.3;    // the newest step's weight in the smoothed times
+  static constexpr double kHysteresis = 0.05;  // a new deal must predict a step this much shorter
+
+  // An even deal of `shards` micro-shards per batch over `ranks` ranks (shards >= ranks unless
+  // mode is off).
+  ShardDeal(BalanceMode mode, int ranks, int64_t shards);
+
+  BalanceMode mode() const { return mode_; }
+  const std::vector<int64_t>& counts() const { return counts_; }
+  int64_t first(int rank) const;
+  // Whether this step's timings are to be gathered and fed to update().
+  bool measuring() const;
+  // Every rank's seconds per micro-shard in the last step (the same numbers on every rank).
+  // Returns whether the deal changed.
+  bool update(const std::vector<double>& seconds_per_shard);
+  // The smoothed seconds per micro-shard by rank (empty before the first update).
+  const std::vector<double>& seconds_per_shard() const { return smoothed_; }
+  // The step's predicted compute seconds with this deal and with the even one (0 unmeasured).
+  double predicted_s() const { return makespan(counts_); }
+  double even_s() const { return makespan(even_); }
+  int64_t changes() const { return changes_; }  // deals made after the first
+  std::string str() const;                      // the counts, "11/5"
+
+  // The agreed state for a checkpoint; load() restores it and returns false (keeping the even
+  // deal) when it was saved for another mode, rank count or micro-shard count.
+  nlohmann::json save() const;
+  bool load(const nlohmann::json& state);
+
+ private:
+  double makespan(const std::vector<int64_t>& counts) const;
+  std::vector<int64_t> best_deal() const;
+
+  BalanceMode mode_;
+  int64_t shards_;
+  std::vector<int64_t> even_, counts_;
+  std::vector<double> smoothed_;
+  int64_t steps_ = 0, changes_ = 0;
+};
+
+}  // namespace tessel::parallel

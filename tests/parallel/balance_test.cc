@@ -1,0 +1,150 @@
+// ddp.balance (tessel/parallel/balance.h): the deal follows the measured speeds (at least one
+// micro-shard each, smoothed, with hysteresis so that noise moves nothing); static deals once
+// after its warm-up; the state survives a checkpoint; layouts it cannot deal are refused
+// naming the key. Training with a slow rank (debug.slow_factor) and ddp.balance = dynamic gives
+// one worker's bits on 2-6 ranks as threads while the deal moves shards to the fast ranks, and a
+// resumed run deals as the checkpoint says.
+#include "tessel/parallel/balance.h"
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "tessel/core/error.h"
+#include "train_on.h"
+
+namespace tessel::parallel {
+namespace {
+
+using testing::det_config;
+using testing::train_on;
+
+std::vector<int64_t> deal_after(ShardDeal& deal, const std::vector<double>& times, int steps) {
+  for (int i = 0; i < steps; ++i) deal.update(times);
+  return deal.counts();
+}
+
+TEST(ShardDeal, StartsEvenLikeTheLoaderSlices) {
+  ShardDeal deal(BalanceMode::kDynamic, 3, 10);
+  EXPECT_EQ(deal.counts(), (std::vector<int64_t>{3, 3, 4}));
+  EXPECT_EQ(deal.first(0), 0);
+  EXPECT_EQ(deal.first(2), 6);
+  EXPECT_EQ(deal.str(), "3/3/4");
+  EXPECT_TRUE(deal.measuring());
+  EXPECT_FALSE(ShardDeal(BalanceMode::kOff, 2, 4).measuring());
+}
+
+TEST(ShardDeal, DealsInProportionToSpeedWithAFloorOfOne) {
+  ShardDeal deal(BalanceMode::kDynamic, 2, 12);
+  EXPECT_EQ(deal_after(deal, {1.0, 2.0}, 5), (std::vector<int64_t>{8, 4}));
+  EXPECT_EQ(deal.changes(), 1);
+  EXPECT_NEAR(deal.even_s() / deal.predicted_s(), 12.0 / 8.0, 1e-9);
+  ShardDeal floor(BalanceMode::kDynamic, 3, 12);  // a rank 100x slower keeps one shard
+  EXPECT_EQ(deal_after(floor, {1.0, 1.0, 100.0}, 5), (std::vector<int64_t>{6, 5, 1}));
+}
+
+TEST(ShardDeal, FollowsASlowdownWithinAFewStepsAndIgnoresNoise) {
+  ShardDeal deal(BalanceMode::kDynamic, 2, 16);
+  // +-3% noise around equal speeds: no deal predicts a step 5% shorter.
+  for (int i = 0; i < 50; ++i) deal.update({i % 2 ? 1.03 : 0.97, i % 2 ? 0.97 : 1.03});
+  EXPECT_EQ(deal.counts(), (std::vector<int64_t>{8, 8}));
+  EXPECT_EQ(deal.changes(), 0);
+  int steps = 0;
+  while (deal.counts()[1] > 6 && steps < 100) deal.update({1.0, 2.0}), ++steps;
+  EXPECT_LE(steps, 5) << "rank 1 slowed to half speed";
+  deal_after(deal, {1.0, 2.0}, 30);
+  EXPECT_EQ(deal.counts(), (std::vector<int64_t>{11, 5}));  // 11 x 1 vs 5 x 2: the best split
+  const int64_t changes = deal.changes();
+  deal_after(deal, {1.0, 2.0}, 30);
+  EXPECT_EQ(deal.changes(), changes) << "settled: no oscillation";
+}
+
+TEST(ShardDeal, StaticDealsOnceAfterTheWarmUp) {
+  ShardDeal deal(BalanceMode::kStatic, 2, 12);
+  deal_after(deal, {1.0, 2.0}, ShardDeal::kWarmupSteps - 1);
+  EXPECT_EQ(deal.counts(), (std::vector<int64_t>{6, 6}));
+  EXPECT_TRUE(deal.update({1.0, 2.0}));
+  EXPECT_EQ(deal.counts(), (std::vector<int64_t>{8, 4}));
+  EXPECT_FALSE(deal.measuring());
+  EXPECT_FALSE(deal.update({2.0, 1.0}));
+  EXPECT_EQ(deal.counts(), (std::vector<int64_t>{8, 4}));
+}
+
+TEST(ShardDeal, StateRoundTripsAndAnotherLayoutsIsRefused) {
+  ShardDeal deal(BalanceMode::kDynamic, 2, 12);
+  deal_after(deal, {1.0, 3.0}, 5);
+  ShardDeal back(BalanceMode::kDynamic, 2, 12);
+  ASSERT_TRUE(back.load(deal.save()));
+  EXPECT_EQ(back.counts(), deal.counts());
+  EXPECT_EQ(back.seconds_per_shard(), deal.seconds_per_shard());
+  EXPECT_EQ(back.save(), deal.save());
+  ShardDeal three(BalanceMode::kDynamic, 3, 12), fixed(BalanceMode::kStatic, 2, 12);
+  EXPECT_FALSE(three.load(deal.save()));
+  EXPECT_FALSE(fixed.load(deal.save()));
+  EXPECT_EQ(three.counts(), (std::vector<int64_t>{4, 4, 4}));
+}
+
+TEST(ShardDeal, LayoutsWithoutDealableShardsAreRefusedNamingTheKey) {
+  auto refused = [](const std::vector<std::string>& keys, int workers, const std::string& why) {
+    std::vector<std::string> all = {"ddp.balance=dynamic"};
+    all.insert(all.end(), keys.begin(), keys.end());
+    try {
+      train_on(det_config(all), workers);
+      ADD_FAILURE() << "accepted: " << why;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("ddp.balance"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+    }
+  };
+  refused({"train.deterministic=false"}, 2, "train.deterministic");
+  refused({"zero.stage=3"}, 2, "zero.stage = 3");
+  refused({"pp.stages=2"}, 2, "pp.stages");
+  refused({"ddp.micro_shard=40"}, 4, "lower ddp.micro_shard");  // 3 shards for 4 ranks
+  EXPECT_THROW(balance_mode("fast"), InvalidArgument);
+}
+
+// debug.slow_factor = 4 on rank 1: the deal moves shards to the others, and the bits stay one
+// worker's on every rank count (5 too: 60 micro-shards per batch dealt unevenly).
+TEST(Balance, DynamicKeepsOneWorkersBitsAndShiftsWorkFromTheSlowRank) {
+  const std::string ref = train_on(det_config(), 1).summary["params_sha256"];
+  for (int w : {2, 3, 4, 5, 6}) {
+    const auto run = train_on(
+        det_config({"ddp.balance=dynamic", "debug.slow_rank=1", "debug.slow_factor=4"}), w);
+    EXPECT_EQ(run.summary["params_sha256"], ref) << w << " workers";
+    const nlohmann::json& b = run.summary["balance"];
+    ASSERT_EQ(b["shards_per_rank"].size(), static_cast<size_t>(w)) << b;
+    EXPECT_LT(b["shards_per_rank"][1], b["shards_per_rank"][0]) << w << " workers: " << b;
+    EXPECT_GT(b["speedup_vs_even"].get<double>(), 1.0) << b;
+  }
+  const auto fixed =
+      train_on(det_config({"ddp.balance=static", "debug.slow_rank=0", "debug.slow_factor=4"}), 2);
+  EXPECT_EQ(fixed.summary["params_sha256"], ref);
+  EXPECT_LT(fixed.summary["balance"]["shards_per_rank"][0],
+            fixed.summary["balance"]["shards_per_rank"][1]);
+}
+
+// A static deal is fixed after its warm-up: a run resumed after it deals what the checkpoint
+// holds (an even deal, were it lost), with the uninterrupted run's bits.
+TEST(Balance, ResumedRunDealsAsCheckpointed) {
+  const train::Config cfg = det_config(
+      {"ddp.balance=static", "debug.slow_rank=1", "debug.slow_factor=4", "train.log_every=1"});
+  const std::string whole = train_on(cfg, 2).summary["params_sha256"];
+  train::RunOptions first;
+  first.run_dir = testing::test_run_dir("balance_resume");
+  first.stop_after = 12;
+  train_on(cfg, 2, first);
+  std::ifstream in(first.run_dir + "/checkpoints/step-000012/trainer.json");
+  ASSERT_TRUE(in) << "no checkpoint at step 12";
+  const nlohmann::json saved = nlohmann::json::parse(in)["balance"];
+  ASSERT_NE(saved["shards_per_rank"], nlohmann::json({30, 30})) << saved;
+  train::RunOptions rest;
+  rest.run_dir = first.run_dir;
+  rest.resume = first.run_dir;
+  const auto resumed = train_on(cfg, 2, rest);
+  EXPECT_EQ(resumed.summary["params_sha256"], whole);
+  EXPECT_EQ(resumed.summary["balance"]["shards_per_rank"], saved["shards_per_rank"]);
+}
+
+}  // namespace
+}  // namespace tessel::parallel

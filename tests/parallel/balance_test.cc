@@ -105,7 +105,8 @@ TEST(ShardDeal, LayoutsWithoutDealableShardsAreRefusedNamingTheKey) {
 }
 
 // debug.slow_factor = 4 on rank 1: the deal moves shards to the others, and the bits stay one
-// worker's on every rank count (5 too: 60 micro-shards per batch dealt unevenly).
+// worker's on every rank count (5 too: 60 micro-shards per batch dealt unevenly), at zero.stage
+// 1 and 2 too, and with a static deal.
 TEST(Balance, DynamicKeepsOneWorkersBitsAndShiftsWorkFromTheSlowRank) {
   const std::string ref = train_on(det_config(), 1).summary["params_sha256"];
   for (int w : {2, 3, 4, 5, 6}) {

@@ -34,6 +34,12 @@ void check_balance(const ParallelSpec& spec, const Layout& layout) {
         "need the same number of micro-shards on every rank); use zero.stage = 2");
 }
 
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  const size_t h = values.size() / 2;
+  return values.size() % 2 ? values[h] : (values[h - 1] + values[h]) / 2;
+}
+
 ShardDeal::ShardDeal(BalanceMode mode, int ranks, int64_t shards) : mode_(mode), shards_(shards) {
   for (int64_t r = 0; r < ranks; ++r)
     even_.push_back((r + 1) * shards / ranks - r * shards / ranks);
@@ -94,9 +100,14 @@ bool ShardDeal::update(const std::vector<double>& seconds_per_shard) {
                             counts_.size(), " ranks (this is a bug)"));
   for (double t : seconds_per_shard)
     if (!(t > 0) || !std::isfinite(t)) return false;  // a clock too coarse: nothing learnt
-  if (smoothed_.empty()) smoothed_ = seconds_per_shard;
-  for (size_t r = 0; r < smoothed_.size(); ++r)
-    smoothed_[r] += kSmoothing * (seconds_per_shard[r] - smoothed_[r]);
+  recent_.resize(seconds_per_shard.size());
+  smoothed_.resize(seconds_per_shard.size());
+  for (size_t r = 0; r < recent_.size(); ++r) {
+    std::vector<double>& window = recent_[r];
+    window.push_back(seconds_per_shard[r]);
+    if (window.size() > static_cast<size_t>(kWindow)) window.erase(window.begin());
+    smoothed_[r] = median(window);
+  }
   ++steps_;
   if (mode_ == BalanceMode::kStatic && steps_ < kWarmupSteps) return false;
   const std::vector<int64_t> next = best_deal();
@@ -124,6 +135,7 @@ nlohmann::json ShardDeal::save() const {
           {"micro_shards", shards_},
           {"shards_per_rank", counts_},
           {"seconds_per_shard", smoothed_},
+          {"recent_seconds_per_shard", recent_},
           {"steps", steps_},
           {"changes", changes_}};
 }
@@ -134,13 +146,17 @@ bool ShardDeal::load(const nlohmann::json& state) {
                         state.at("micro_shards").get<int64_t>());
   std::vector<int64_t> counts = state.at("shards_per_rank").get<std::vector<int64_t>>();
   std::vector<double> smoothed = state.at("seconds_per_shard").get<std::vector<double>>();
+  std::vector<std::vector<double>> recent =
+      state.at("recent_seconds_per_shard").get<std::vector<std::vector<double>>>();
   int64_t dealt = 0;
   for (int64_t c : counts) dealt += c < 1 ? shards_ + 1 : c;  // every rank holds one at least
   if (saved.mode_ != mode_ || saved.shards_ != shards_ || counts.size() != counts_.size() ||
-      dealt != shards_ || (!smoothed.empty() && smoothed.size() != counts.size()))
+      dealt != shards_ || smoothed.size() != recent.size() ||
+      (!smoothed.empty() && smoothed.size() != counts.size()))
     return false;
   counts_ = std::move(counts);
   smoothed_ = std::move(smoothed);
+  recent_ = std::move(recent);
   steps_ = state.at("steps").get<int64_t>();
   changes_ = state.at("changes").get<int64_t>();
   return true;

@@ -39,13 +39,6 @@ std::string fmt(const char* f, Args... args) {
   return buf;
 }
 
-// The median of values (not empty).
-double median_of(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t h = values.size() / 2;
-  return values.size() % 2 ? values[h] : (values[h - 1] + values[h]) / 2;
-}
-
 // What the deal gains: the predicted step compute time of an even deal over this one's.
 double balance_speedup(const parallel::ShardDeal& deal) {
   return deal.predicted_s() > 0 ? deal.even_s() / deal.predicted_s() : 1.0;
@@ -62,7 +55,7 @@ std::string balance_tail(const parallel::ShardDeal& deal) {
     std::vector<double> peers;
     for (size_t q = 0; q < t.size(); ++q)
       if (q != r) peers.push_back(t[q]);
-    const double median = median_of(peers);
+    const double median = parallel::median(peers);
     if (median > 0 && t[r] / median > slowdown) slowdown = t[r] / median, slowest = int(r);
   }
   if (slowest >= 0)
@@ -231,7 +224,7 @@ std::optional<Straggler> find_straggler(const std::vector<parallel::RankStats>& 
     for (size_t q = 0; q < ranks.size(); ++q)
       if (q != r && ranks[q].stage == ranks[r].stage) peers.push_back(busy(ranks[q]));
     if (peers.empty()) continue;
-    const double median = median_of(peers);
+    const double median = parallel::median(peers);
     const Straggler s{static_cast<int>(r), busy(ranks[r]), median};
     if (median > 0 && s.slowdown() > kStragglerSlowdown &&
         (!worst || s.slowdown() > worst->slowdown()))

@@ -9,8 +9,9 @@
 //   dynamic  re-dealt whenever the smoothed speeds promise a step kHysteresis shorter.
 // A deal gives every rank at least one micro-shard (it keeps being measured) and otherwise
 // minimises the predicted compute time of the step: max over ranks of shards x smoothed
-// seconds per shard. Smoothing (an exponential average) and the hysteresis keep noise from
-// moving shards back and forth.
+// seconds per shard. Smoothing (the median of the last kWindow steps: a rank descheduled for
+// one step moves nothing, a lasting change counts after kWindow / 2 + 1 steps) and the
+// hysteresis keep noise from moving shards back and forth.
 #pragma once
 
 #include <cstdint>
@@ -33,10 +34,13 @@ BalanceMode balance_mode(const std::string& name);
 // number of pieces on every rank).
 void check_balance(const ParallelSpec& spec, const Layout& layout);
 
+// The median of values (not empty).
+double median(std::vector<double> values);
+
 class ShardDeal {
  public:
   static constexpr int kWarmupSteps = 10;      // static: steps measured before the deal is kept
-  static constexpr double kSmoothing = 0.3;    // the newest step's weight in the smoothed times
+  static constexpr int kWindow = 5;            // steps whose median time a rank's speed is
   static constexpr double kHysteresis = 0.05;  // a new deal must predict a step this much shorter
 
   // An even deal of `shards` micro-shards per batch over `ranks` ranks (shards >= ranks unless
@@ -51,7 +55,8 @@ class ShardDeal {
   // Every rank's seconds per micro-shard in the last step (the same numbers on every rank).
   // Returns whether the deal changed.
   bool update(const std::vector<double>& seconds_per_shard);
-  // The smoothed seconds per micro-shard by rank (empty before the first update).
+  // The smoothed seconds per micro-shard by rank: the median of the last kWindow steps' (empty
+  // before the first update).
   const std::vector<double>& seconds_per_shard() const { return smoothed_; }
   // The step's predicted compute seconds with this deal and with the even one (0 unmeasured).
   double predicted_s() const { return makespan(counts_); }
@@ -72,6 +77,7 @@ class ShardDeal {
   int64_t shards_;
   std::vector<int64_t> even_, counts_;
   std::vector<double> smoothed_;
+  std::vector<std::vector<double>> recent_;  // per rank, the last kWindow steps' times
   int64_t steps_ = 0, changes_ = 0;
 };
 

@@ -186,6 +186,7 @@ void Progress::train_line(const TrainPoint& p) {
   }
   if (p.deal) {
     rec["shards_per_rank"] = p.deal->counts();
+    rec["seconds_per_shard"] = p.deal->seconds_per_shard();
     rec["balance_speedup"] = balance_speedup(*p.deal);
     live_tail_ += balance_tail(*p.deal);
   }

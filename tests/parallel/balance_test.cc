@@ -46,7 +46,7 @@ TEST(ShardDeal, DealsInProportionToSpeedWithAFloorOfOne) {
 
 TEST(ShardDeal, FollowsASlowdownWithinAFewStepsAndIgnoresNoise) {
   ShardDeal deal(BalanceMode::kDynamic, 2, 16);
-  // +-3% noise around equal speeds: no deal predicts a step 5% shorter.
+  // +-3% noise around equal speeds: no deal predicts a step 10% shorter.
   for (int i = 0; i < 50; ++i) deal.update({i % 2 ? 1.03 : 0.97, i % 2 ? 0.97 : 1.03});
   EXPECT_EQ(deal.counts(), (std::vector<int64_t>{8, 8}));
   EXPECT_EQ(deal.changes(), 0);

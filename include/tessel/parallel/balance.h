@@ -41,7 +41,7 @@ class ShardDeal {
  public:
   static constexpr int kWarmupSteps = 10;      // static: steps measured before the deal is kept
   static constexpr int kWindow = 5;            // steps whose median time a rank's speed is
-  static constexpr double kHysteresis = 0.05;  // a new deal must predict a step this much shorter
+  static constexpr double kHysteresis = 0.10;  // a new deal must predict a step this much shorter
 
   // An even deal of `shards` micro-shards per batch over `ranks` ranks (shards >= ranks unless
   // mode is off).

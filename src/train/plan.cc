@@ -1,0 +1,367 @@
+// The planner: enumerate the layouts of N ranks, keep those the engine accepts, predict memory
+// and step time for each (plan.h). Terms used below:
+//   replica rows   train.batch / dp, the rows one data-parallel replica runs per step;
+//   micro rows     replica rows / pp.microbatches, one pipeline micro-batch;
+//   stage share    the forward flops of a stage's blocks over the whole model's (the calibration
+//                  is of the whole model on one rank; a stage runs its share of it);
+//   link           alpha (seconds per message) and beta (bytes/s) of a ring over a group.
+#include "tessel/train/plan.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <tuple>
+
+#include "tessel/core/error.h"
+#include "tessel/nn/models.h"
+#include "tessel/parallel/layout.h"
+#include "tessel/parallel/parameter_server.h"
+#include "tessel/parallel/pipeline.h"
+#include "tessel/parallel/schedule.h"
+#include "tessel/parallel/units.h"
+
+namespace tessel::train {
+
+using nlohmann::json;
+
+double MemoryBytes::total() const {
+  double t = 0;
+  for (double b : bytes) t += b;
+  return t;
+}
+
+MemCategory MemoryBytes::largest() const {
+  return MemCategory(std::max_element(bytes.begin(), bytes.end()) - bytes.begin());
+}
+
+// The allocation sites, per arena element (engine.cc, param_stores.cc, grad_syncs.cc,
+// working_copy.cc, optimizer.cc): f32 master values (ReplicatedStore whole, ShardedStore its
+// piece), the 16-bit working copy the blocks read (not at stage 3, which gathers 16-bit units),
+// f32 gradients (ArenaSync whole, ShardSync its piece), the optimizer's state over the elements
+// this rank updates (AdamW two moments, SGD one momentum).
+std::vector<StateTerm> engine_state_terms(const std::string& precision,
+                                          const std::string& optimizer) {
+  std::vector<StateTerm> terms = {
+      {MemCategory::kParameters, 4, 3, false},
+      {MemCategory::kGradients, 4, 2, false},
+      {MemCategory::kOptimizer, optimizer == "sgd" ? 4.0 : 8.0, 1, false}};
+  if (precision != "fp32") terms.push_back({MemCategory::kParameters, 2, 4, true});
+  return terms;
+}
+
+MemoryBytes state_bytes(const std::vector<StateTerm>& terms, int stage, double whole,
+                        double piece) {
+  MemoryBytes m;
+  for (const StateTerm& t : terms) {
+    if (t.before_stage3 && stage >= 3) continue;
+    m[t.category] += t.bytes * (stage >= t.sharded_from ? piece : whole);
+  }
+  return m;
+}
+
+namespace {
+
+// Builds the model's structure cut for a tp group (no collective is ever called: plan only
+// lays out the arena).
+class ShapeOnlyTp final : public nn::TensorParallel {
+ public:
+  using TensorParallel::TensorParallel;
+  void all_reduce_sum(float*, int64_t) override { refuse(); }
+  void all_reduce_max(float*, int64_t) override { refuse(); }
+  void all_gather(const float*, float*, int64_t) override { refuse(); }
+  void reduce_scatter(const float*, float*, int64_t) override { refuse(); }
+
+ private:
+  [[noreturn]] static void refuse() {
+    throw Error("plan: a model laid out for planning ran a collective (this is a bug)");
+  }
+};
+
+std::vector<int> divisors(int n) {
+  std::vector<int> out;
+  for (int d = 1; d <= n; ++d)
+    if (n % d == 0) out.push_back(d);
+  return out;
+}
+
+// A ring over p ranks moving `bytes` (the whole buffer) `passes` times over its p - 1 steps:
+// all-reduce 2, reduce-scatter and all-gather 1.
+double ring_s(double bytes, int p, double passes, double alpha, double beta) {
+  if (p <= 1 || bytes <= 0) return 0;
+  return passes * (p - 1) * (alpha + bytes / (p * beta));
+}
+
+struct Link {
+  double alpha = 0, beta = 1;
+};
+
+// What one stage of one layout holds and runs, from the engine's own layout of the arena.
+struct StageShape {
+  double whole = 0, piece = 0, largest_unit = 0, flops_share = 0;
+  double server_piece = 0;  // with parameter servers: the largest server's range
+  bool tied_copy = false;   // a pipeline's last stage keeps a copy of the tied token table
+  double tied_numel = 0;
+};
+
+std::vector<StageShape> stage_shapes(const Config& config, const parallel::ParallelSpec& spec,
+                                     const parallel::Layout& l, const Calibration& cal) {
+  ShapeOnlyTp tp(0, l.tp, spec.tp_sequence);
+  auto model = nn::build_model(config.model, l.tp > 1 ? &tp : nullptr);
+  const parallel::Partition part = parallel::make_partition(spec, *model, l.pp);
+  // Each block's weight: its forward flops, plus 2% of the mean so that a block without GEMMs
+  // (embedding, normalisation) still holds some activations and time.
+  const double n = static_cast<double>(cal.block_flops.size());
+  double flops = 0;
+  for (double f : cal.block_flops) flops += f;
+  const auto weight = [&](size_t b) { return cal.block_flops[b] + 0.02 * flops / n; };
+  const double total_flops = flops * 1.02;
+  std::vector<StageShape> out(static_cast<size_t>(l.pp));
+  for (int s = 0; s < l.pp; ++s) {
+    std::vector<bool> local(model->num_blocks(), false);
+    StageShape& st = out[static_cast<size_t>(s)];
+    for (size_t c = 0; c < part.chunks(); ++c)
+      if (part.stage[c] == s)
+        for (size_t b = part.begin[c]; b < part.begin[c + 1]; ++b) {
+          local[b] = true;
+          if (b < cal.block_flops.size() && total_flops > 0)
+            st.flops_share += weight(b) / total_flops;
+        }
+    const parallel::Units u = parallel::make_units(*model, spec.bucket_mb, local, l.shard, 0);
+    if (l.servers > 0)
+      for (const nn::Range& r : parallel::server_shards(*model, l.servers))
+        st.server_piece = std::max(st.server_piece, static_cast<double>(r.size()));
+    st.whole = static_cast<double>(u.span.size());
+    st.piece = static_cast<double>(u.shard_numel);
+    for (const parallel::Unit& unit : u.list)
+      st.largest_unit = std::max(st.largest_unit, static_cast<double>(unit.range.size()));
+    // A block here reading a parameter of a block on another stage (the tied LM head): this
+    // stage keeps a copy of it (pipeline.cc).
+    for (size_t b = 0; b < model->num_blocks(); ++b)
+      for (size_t o : model->blocks_used_by(b))
+        if (local[b] && o != b && !local[o])
+          for (const nn::Parameter* p : model->borrowed(b))
+            st.tied_numel += static_cast<double>(shape_numel(p->shape));
+    st.tied_copy = st.tied_numel > 0;
+  }
+  if (total_flops <= 0)
+    for (StageShape& st : out) st.flops_share = 1.0 / l.pp;
+  return out;
+}
+
+bool uses_shared_memory(const parallel::ParallelSpec& spec, const parallel::Layout& l,
+                        const PlanOptions& o) {
+  return spec.shared_memory && o.hosts == 1 && l.dp > 1 && spec.zero_stage <= 1 &&
+         spec.compress.kind == "none" && l.shard == l.dp && !spec.deterministic;
+}
+
+// The activation width one rank sends per row across a cut (pipeline boundary, tp collective).
+double row_width(const Config& config) {
+  const nn::ModelSpec& m = config.model;
+  if (m.kind == "gpt") return static_cast<double>(m.embed) * static_cast<double>(m.input_shape[0]);
+  if (m.kind == "mlp" && !m.hidden.empty())
+    return static_cast<double>(*std::max_element(m.hidden.begin(), m.hidden.end()));
+  return static_cast<double>(m.fc_hidden);
+}
+
+// Collectives a tensor-parallel group runs per micro-batch pass (forward + backward): a GPT
+// block's two regions each all-reduce once each way, embedding and head once more; an MLP's
+// cut pairs likewise.
+double tp_collectives(const Config& config, double blocks_share) {
+  const nn::ModelSpec& m = config.model;
+  if (m.kind == "gpt") return (4.0 * static_cast<double>(m.layers) + 4.0) * blocks_share;
+  return 2.0 * std::ceil(static_cast<double>(m.hidden.size()) / 2.0) * blocks_share;
+}
+
+struct Inputs {
+  const Config& config;
+  const PlanOptions& options;
+  const Calibration& cal;
+  Link here, across;  // within a host; between hosts
+};
+
+void predict(const Inputs& in, const parallel::ParallelSpec& spec, const parallel::Layout& l,
+             const std::vector<StageShape>& stages, Candidate& c) {
+  const Calibration::Variant& v = in.cal.variant(spec.precision, spec.recompute);
+  const double replica_rows = static_cast<double>(in.config.train.batch) / l.dp;
+  const int m = static_cast<int>(spec.pp_microbatches);
+  const double micro_rows = replica_rows / m;
+  const int ranks_here = in.options.workers / in.options.hosts;
+  const double crowding = std::max(1.0, static_cast<double>(ranks_here) / in.cal.cores);
+  const bool overlap =
+      spec.overlap == "on" || (spec.overlap == "auto" && in.cal.cores >= 2 * ranks_here);
+  const Link dp_link = in.options.hosts > 1 ? in.across : in.here;
+  const double g_bytes = spec.precision == "fp32" ? 4.0 : 2.0;
+  const auto terms = engine_state_terms(spec.precision, in.config.optim.kind);
+  const bool shm = uses_shared_memory(spec, l, in.options);
+  double busiest = -1;
+  for (int s = 0; s < l.pp; ++s) {
+    const StageShape& st = stages[static_cast<size_t>(s)];
+    // ---- memory ----
+    MemoryBytes mem;
+    if (l.servers > 0) {
+      // a worker holds every value (and the working copy) and gradient; a server its range's
+      // values, gradients and optimizer state (parameter_server.cc): the fuller of the two
+      mem = state_bytes(terms, 0, st.whole, st.whole);
+      mem[MemCategory::kOptimizer] = 0;
+      const MemoryBytes server =
+          state_bytes(engine_state_terms("fp32", in.config.optim.kind), 3, 0, st.server_piece);
+      if (server.total() > mem.total()) mem = server;
+    } else {
+      mem = state_bytes(terms, spec.zero_stage, st.whole, st.piece);
+      if (shm && spec.zero_stage == 1)  // SharedMemoryStep: one value copy per host
+        mem[MemCategory::kParameters] += 4 * (st.piece - st.whole);
+      if (spec.zero_stage == 3)  // gathered units: this one and the prefetched next
+        mem[MemCategory::kComm] += 2 * st.largest_unit * g_bytes;
+    }
+    if (st.tied_copy)
+      mem[MemCategory::kParameters] += st.tied_numel * g_bytes,
+          mem[MemCategory::kGradients] += 4 * st.tied_numel;
+    const int in_flight = l.pp == 1 ? 1 : spec.pp_schedule == "gpipe" ? m : std::min(m, l.pp - s);
+    mem[MemCategory::kActivations] =
+        (v.act_bytes_fixed + v.act_bytes_per_row * micro_rows * in_flight) * st.flops_share / l.tp;
+    if (l.pp > 1)  // received activations and gradients of the micro-batches in flight
+      mem[MemCategory::kComm] += 2.0 * in_flight * micro_rows * row_width(in.config) * g_bytes;
+    // ---- time ----
+    const double held = l.servers > 0 || spec.zero_stage == 0 ? st.whole : st.piece;
+    const double compute = crowding * (v.step_s_per_row * replica_rows * st.flops_share / l.tp +
+                                       v.step_s_fixed * held / std::max(1.0, in.cal.arena_numel));
+    double comm_dp = 0, comm_other = 0;
+    const double grad_bytes = st.whole * g_bytes;
+    if (l.servers > 0) {
+      comm_dp = 2 * dp_link.alpha + 2.0 * st.whole * 4 * l.dp / (l.servers * dp_link.beta);
+    } else if (spec.zero_stage == 0) {
+      comm_dp = ring_s(grad_bytes, l.dp, 2, dp_link.alpha, dp_link.beta);
+    } else {
+      comm_dp = ring_s(grad_bytes, l.dp, 1, dp_link.alpha, dp_link.beta) +
+                ring_s(st.whole * (spec.zero_stage == 3 ? 2 * g_bytes : 4), l.dp, 1, dp_link.alpha,
+                       dp_link.beta);
+    }
+    if (l.tp > 1)
+      comm_other +=
+          m * tp_collectives(in.config, st.flops_share) *
+          ring_s(micro_rows * row_width(in.config) * 4, l.tp, 2, in.here.alpha, in.here.beta);
+    if (l.pp > 1)
+      comm_other +=
+          2.0 * m * (in.here.alpha + micro_rows * row_width(in.config) * g_bytes / in.here.beta);
+    const double exposed =
+        comm_other + (overlap ? std::max(0.0, comm_dp - compute * 0.6) : comm_dp);
+    if (compute + exposed > busiest) {
+      busiest = compute + exposed;
+      c.time.compute = compute;
+      c.time.comm = exposed;
+    }
+    if (mem.total() > c.memory.total()) c.memory = mem;
+  }
+  if (l.pp > 1) {  // the stages idle while the schedule fills and drains
+    const double f =
+        parallel::bubble_model(spec.pp_schedule, l.pp, m, static_cast<int>(spec.pp_virtual_stages));
+    c.time.bubble = c.time.compute * f / (1 - f);
+  }
+  c.samples_per_s = static_cast<double>(in.config.train.batch) / c.time.total();
+  const int64_t cap = in.options.memory_per_rank;
+  if (cap > 0 && c.memory.total() > static_cast<double>(cap))
+    c.overflow = mem_category_name(c.memory.largest());
+}
+
+}  // namespace
+
+namespace {
+
+// The micro-batch counts tried for a pipeline of `pp` stages: pp, 2 pp and 4 pp where they
+// divide the replica's rows (fewer fill the pipeline badly; more shrink the GEMMs).
+std::vector<int> micro_choices(int pp, int64_t replica_rows) {
+  if (pp == 1) return {1};
+  std::vector<int> out;
+  for (int k : {1, 2, 4})
+    if (replica_rows % (k * pp) == 0) out.push_back(k * pp);
+  return out;
+}
+
+// Every spec to try: the config's own keys with the layout's keys set.
+std::vector<Candidate> enumerate(const Config& config, int workers) {
+  std::vector<Candidate> out;
+  auto add = [&](int tp, int pp, int servers, int zero, int m, const std::string& precision,
+                 const std::string& recompute) {
+    Candidate c;
+    c.spec = config.parallel;
+    c.spec.tp_size = tp;
+    c.spec.pp_stages = pp;
+    c.spec.ps_servers = servers;
+    c.spec.zero_stage = zero;
+    c.spec.pp_microbatches = m;
+    c.spec.precision = precision;
+    c.spec.recompute = recompute;
+    c.sets = {str("tp.size=", tp),
+              str("pp.stages=", pp),
+              str("zero.stage=", zero),
+              str("ps.servers=", servers),
+              "train.precision=" + precision,
+              "train.recompute=" + recompute};
+    if (pp > 1) c.sets.push_back(str("pp.microbatches=", m));
+    out.push_back(std::move(c));
+  };
+  for (const std::string recompute : {"none", "selective", "full"})
+    for (const std::string precision : {"fp32", "bf16"}) {
+      for (int tp : divisors(workers)) {
+        if (tp > 1 && precision != "fp32") continue;  // tensor parallelism runs in f32
+        for (int pp : divisors(workers / tp)) {
+          const int dp = workers / (tp * pp);
+          for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero)
+            for (int m : micro_choices(pp, config.train.batch / dp))
+              add(tp, pp, 0, zero, m, precision, recompute);
+        }
+      }
+      for (int servers = 1; servers <= std::min(2, workers - 1); ++servers)
+        add(1, 1, servers, 0, 1, precision, recompute);
+    }
+  return out;
+}
+
+}  // namespace
+
+std::vector<Candidate> plan_layouts(const Config& given, const PlanOptions& options,
+                                    const Calibration& calibration) {
+  Config config = given;  // the model shaped by its dataset, as the Trainer shapes it
+  config.model.input_shape = calibration.input_shape;
+  config.model.num_classes = calibration.num_classes;
+  if (options.workers < 1)
+    throw InvalidArgument(str("plan: --workers must be >= 1, got ", options.workers));
+  if (options.hosts < 1 || options.workers % options.hosts != 0)
+    throw InvalidArgument(str("plan: --hosts ", options.hosts, " must divide --workers ",
+                              options.workers, " (the same number of ranks on every host)"));
+  if (options.hosts > 1 && !(options.bandwidth > 0))
+    throw InvalidArgument(
+        "plan: --hosts > 1 needs --bandwidth (bytes/s between hosts, e.g. 12.5GB for 100 "
+        "Gbit/s) and --latency (seconds per message, e.g. 5e-6)");
+  const Link measured{calibration.link_latency_s, calibration.link_bytes_per_s};
+  const Link stated{options.latency, options.bandwidth};
+  const Inputs in{config, options, calibration,
+                  options.hosts == 1 && options.bandwidth > 0 ? stated : measured, stated};
+  std::map<std::tuple<int, int, int>, std::vector<StageShape>> shapes;  // by (tp, pp, shard)
+  std::vector<Candidate> out;
+  for (Candidate& c : enumerate(config, options.workers)) {
+    try {
+      const parallel::Layout l = parallel::Layout::resolve(c.spec, options.workers);
+      const int64_t replica_rows = config.train.batch / l.dp;
+      if (replica_rows < 1 || replica_rows % c.spec.pp_microbatches != 0) continue;
+      const auto key = std::make_tuple(l.tp, l.pp, l.shard);
+      if (!shapes.count(key)) shapes[key] = stage_shapes(config, c.spec, l, calibration);
+      c.layout = l.str();
+      predict(in, c.spec, l, shapes[key], c);
+      out.push_back(std::move(c));
+    } catch (const InvalidArgument&) {
+      // a layout the engine refuses (the tp cut of the model, the partition): not offered
+    }
+  }
+  if (out.empty())
+    throw InvalidArgument(str("plan: no layout of ", options.workers,
+                              " ranks runs this config; try another --workers"));
+  std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.overflow.empty() != b.overflow.empty()) return a.overflow.empty();
+    return a.overflow.empty() ? a.samples_per_s > b.samples_per_s
+                              : a.memory.total() < b.memory.total();
+  });
+  return out;
+}
+
+}  // namespace tessel::train

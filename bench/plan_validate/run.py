@@ -6,11 +6,12 @@ ledger peak in metrics.jsonl, the median samples/s of its records after the firs
 Prints a Markdown table (docs/planning.md holds one) and the share within 10% / 15%.
 
   flock /tmp/tessel-bench.lock python3 bench/plan_validate/run.py --tessel build/apps/tessel/tessel \
-      --config examples/char_gpt.toml --workers 2,4 [--limit 12] [--steps 30]
+      --config examples/char_gpt.toml --workers 2,4 [--limit 12] [--match 'pp='] [--steps 30]
 """
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -45,6 +46,7 @@ def main():
     ap.add_argument("--config", action="append", required=True)
     ap.add_argument("--workers", default="2,4")
     ap.add_argument("--limit", type=int, default=0, help="layouts per case (0: all)")
+    ap.add_argument("--match", default="", help="only layouts whose 'layout options' match")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/tessel/plan"))
     a = ap.parse_args()
@@ -56,6 +58,8 @@ def main():
         for config in a.config:
             for workers in [int(w) for w in a.workers.split(",")]:
                 layouts = plan(a.tessel, config, workers, a.cache_dir)
+                layouts = [l for l in layouts
+                           if re.search(a.match, l["layout"] + " " + l["options"])]
                 if a.limit:
                     layouts = layouts[:a.limit]
                 for l in layouts:

@@ -97,9 +97,8 @@ struct Link {
 
 // What one stage of one layout holds and runs, from the engine's own layout of the arena.
 struct StageShape {
-  double whole = 0, piece = 0, largest_unit = 0, flops_share = 0;
+  double whole = 0, piece = 0, largest_unit = 0, flops_share = 0, act_share = 0;
   double server_piece = 0;  // with parameter servers: the largest server's range
-  bool tied_copy = false;   // a pipeline's last stage keeps a copy of the tied token table
   double tied_numel = 0;
 };
 
@@ -108,24 +107,25 @@ std::vector<StageShape> stage_shapes(const Config& config, const parallel::Paral
   ShapeOnlyTp tp(0, l.tp, spec.tp_sequence);
   auto model = nn::build_model(config.model, l.tp > 1 ? &tp : nullptr);
   const parallel::Partition part = parallel::make_partition(spec, *model, l.pp);
-  // Each block's weight: its forward flops, plus 2% of the mean so that a block without GEMMs
-  // (embedding, normalisation) still holds some activations and time.
-  const double n = static_cast<double>(cal.block_flops.size());
-  double flops = 0;
-  for (double f : cal.block_flops) flops += f;
-  const auto weight = [&](size_t b) { return cal.block_flops[b] + 0.02 * flops / n; };
-  const double total_flops = flops * 1.02;
+  // Each block's share of the time (forward flops) and of the activations (bytes its forward
+  // keeps), plus 2% of the mean so that no block counts for nothing.
+  const auto shares = [](const std::vector<double>& w, const std::vector<bool>& local) {
+    double total = 0, mine = 0;
+    for (double x : w) total += x;
+    const double floor = 0.02 * total / static_cast<double>(std::max<size_t>(1, w.size()));
+    for (size_t b = 0; b < w.size() && b < local.size(); ++b)
+      if (local[b]) mine += w[b] + floor;
+    return total > 0 ? mine / (total * 1.02) : 0.0;
+  };
   std::vector<StageShape> out(static_cast<size_t>(l.pp));
   for (int s = 0; s < l.pp; ++s) {
     std::vector<bool> local(model->num_blocks(), false);
     StageShape& st = out[static_cast<size_t>(s)];
     for (size_t c = 0; c < part.chunks(); ++c)
       if (part.stage[c] == s)
-        for (size_t b = part.begin[c]; b < part.begin[c + 1]; ++b) {
-          local[b] = true;
-          if (b < cal.block_flops.size() && total_flops > 0)
-            st.flops_share += weight(b) / total_flops;
-        }
+        for (size_t b = part.begin[c]; b < part.begin[c + 1]; ++b) local[b] = true;
+    st.flops_share = l.pp == 1 ? 1.0 : shares(cal.block_flops, local);
+    st.act_share = l.pp == 1 ? 1.0 : shares(cal.block_act_bytes, local);
     const parallel::Units u = parallel::make_units(*model, spec.bucket_mb, local, l.shard, 0);
     if (l.servers > 0)
       for (const nn::Range& r : parallel::server_shards(*model, l.servers))
@@ -141,10 +141,7 @@ std::vector<StageShape> stage_shapes(const Config& config, const parallel::Paral
         if (local[b] && o != b && !local[o])
           for (const nn::Parameter* p : model->borrowed(b))
             st.tied_numel += static_cast<double>(shape_numel(p->shape));
-    st.tied_copy = st.tied_numel > 0;
   }
-  if (total_flops <= 0)
-    for (StageShape& st : out) st.flops_share = 1.0 / l.pp;
   return out;
 }
 
@@ -179,82 +176,121 @@ struct Inputs {
   Link here, across;  // within a host; between hosts
 };
 
-void predict(const Inputs& in, const parallel::ParallelSpec& spec, const parallel::Layout& l,
-             const std::vector<StageShape>& stages, Candidate& c) {
-  const Calibration::Variant& v = in.cal.variant(spec.precision, spec.recompute);
-  const double replica_rows = static_cast<double>(in.config.train.batch) / l.dp;
-  const int m = static_cast<int>(spec.pp_microbatches);
-  const double micro_rows = replica_rows / m;
-  const int ranks_here = in.options.workers / in.options.hosts;
-  const double crowding = std::max(1.0, static_cast<double>(ranks_here) / in.cal.cores);
-  const bool overlap =
-      spec.overlap == "on" || (spec.overlap == "auto" && in.cal.cores >= 2 * ranks_here);
-  const Link dp_link = in.options.hosts > 1 ? in.across : in.here;
+// The rows one stage runs per micro-batch and how many micro-batches it holds at once (1F1B:
+// as many as stages follow it; GPipe: all).
+struct Micro {
+  int m = 1, in_flight = 1;
+  double replica_rows = 0, rows = 0;
+};
+Micro micro_of(const Inputs& in, const parallel::ParallelSpec& spec, const parallel::Layout& l,
+               int stage) {
+  Micro mb;
+  mb.m = static_cast<int>(spec.pp_microbatches);
+  mb.replica_rows = static_cast<double>(in.config.train.batch) / l.dp;
+  mb.rows = mb.replica_rows / mb.m;
+  mb.in_flight = l.pp == 1 ? 1 : spec.pp_schedule == "gpipe" ? mb.m : std::min(mb.m, l.pp - stage);
+  return mb;
+}
+
+MemoryBytes stage_memory(const Inputs& in, const parallel::ParallelSpec& spec,
+                         const parallel::Layout& l, const StageShape& st, int stage) {
   const double g_bytes = spec.precision == "fp32" ? 4.0 : 2.0;
   const auto terms = engine_state_terms(spec.precision, in.config.optim.kind);
-  const bool shm = uses_shared_memory(spec, l, in.options);
-  double busiest = -1;
+  MemoryBytes mem;
+  if (l.servers > 0) {
+    // a worker holds every value (and the working copy) and gradient; a server its range's
+    // values, gradients and optimizer state (parameter_server.cc): the fuller of the two
+    mem = state_bytes(terms, 0, st.whole, st.whole);
+    mem[MemCategory::kOptimizer] = 0;
+    const MemoryBytes server =
+        state_bytes(engine_state_terms("fp32", in.config.optim.kind), 3, 0, st.server_piece);
+    if (server.total() > mem.total()) mem = server;
+  } else {
+    mem = state_bytes(terms, spec.zero_stage, st.whole, st.piece);
+    if (uses_shared_memory(spec, l, in.options) && spec.zero_stage == 1)
+      mem[MemCategory::kParameters] += 4 * (st.piece - st.whole);  // one value copy per host
+    if (spec.zero_stage == 3)  // gathered units: this one and the prefetched next
+      mem[MemCategory::kComm] += 2 * st.largest_unit * g_bytes;
+    if (spec.zero_stage >= 2)  // ShardSync's f32 buckets open during the backward (up to two)
+      mem[MemCategory::kComm] += std::min(2 * st.largest_unit, st.whole) * 4;
+  }
+  mem[MemCategory::kParameters] += st.tied_numel * g_bytes;  // a head stage's tied table
+  mem[MemCategory::kGradients] += 4 * st.tied_numel;
+  const Calibration::Variant& v = in.cal.variant(spec.precision, spec.recompute);
+  const Micro mb = micro_of(in, spec, l, stage);
+  // What the forwards keep (block_act_bytes, in this variant's proportion) is held for every
+  // micro-batch in flight; the rest of the peak (the backward's transients) for one.
+  const Calibration::Variant& base = in.cal.variant("fp32", "none");
+  double kept = 0;
+  for (double b : in.cal.block_act_bytes) kept += b / static_cast<double>(base.rows);
+  kept = std::min(v.act_bytes_per_row,
+                  kept * v.act_bytes_per_row / std::max(1.0, base.act_bytes_per_row));
+  mem[MemCategory::kActivations] =
+      (v.act_bytes_fixed + (kept * mb.in_flight + v.act_bytes_per_row - kept) * mb.rows) *
+      st.act_share * (in.cal.tp_act_whole + (1 - in.cal.tp_act_whole) / l.tp);
+  // The batch this rank reads (f32 or i32 inputs, i32 labels), its piece of it and the batches
+  // the loader prefetches (trainer.cc)
+  const double inputs = static_cast<double>(shape_numel(in.config.model.input_shape));
+  const double row_bytes = 4 * inputs + 4 * (in.config.model.kind == "gpt" ? inputs : 1);
+  const int ranks_here = in.options.workers / in.options.hosts;
+  const int prefetch = resolve_prefetch(in.config.train.prefetch, ranks_here,
+                                        in.config.runtime.threads, in.cal.cores);
+  mem[MemCategory::kOther] = (2 + prefetch) * mb.replica_rows * row_bytes;
+  if (l.pp > 1)  // received activations and gradients of the micro-batches in flight
+    mem[MemCategory::kComm] += 2.0 * mb.in_flight * mb.rows * row_width(in.config) * g_bytes;
+  return mem;
+}
+
+StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const parallel::Layout& l,
+                    const StageShape& st) {
+  const Calibration::Variant& v = in.cal.variant(spec.precision, spec.recompute);
+  const Micro mb = micro_of(in, spec, l, 0);
+  const int ranks_here = in.options.workers / in.options.hosts;
+  const double crowding = std::max(1.0, static_cast<double>(ranks_here) / in.cal.cores) *
+                          (ranks_here > 1 ? in.cal.contention : 1.0);
+  const double held = l.servers > 0 || spec.zero_stage == 0 ? st.whole : st.piece;
+  StepTime t;
+  t.compute = crowding * (v.step_s_per_row * mb.replica_rows * st.flops_share *
+                              (in.cal.tp_time_whole + (1 - in.cal.tp_time_whole) / l.tp) +
+                          v.step_s_fixed * held / std::max(1.0, in.cal.arena_numel));
+  // data parallel: all-reduce (ZeRO 1-2: reduce-scatter, then all-gather the f32 values;
+  // ZeRO-3: two gathers of 16-bit units) or a parameter server's pushes and pulls
+  const Link link = in.options.hosts > 1 ? in.across : in.here;
+  const double g_bytes = spec.precision == "fp32" ? 4.0 : 2.0, grads = st.whole * g_bytes;
+  double dp = 0, other = 0;
+  if (l.servers > 0)
+    dp = 2 * link.alpha + 2.0 * st.whole * 4 * l.dp / (l.servers * link.beta);
+  else if (spec.zero_stage == 0)
+    dp = ring_s(grads, l.dp, 2, link.alpha, link.beta);
+  else
+    dp =
+        ring_s(grads, l.dp, 1, link.alpha, link.beta) +
+        ring_s(st.whole * (spec.zero_stage == 3 ? 2 * g_bytes : 4), l.dp, 1, link.alpha, link.beta);
+  const double act_bytes = mb.rows * row_width(in.config);
+  if (l.tp > 1)
+    other += mb.m * tp_collectives(in.config, st.flops_share) *
+             ring_s(act_bytes * 4, l.tp, 2, in.here.alpha, in.here.beta);
+  if (l.pp > 1) other += 2.0 * mb.m * (in.here.alpha + act_bytes * g_bytes / in.here.beta);
+  // with overlap the gradient traffic hides behind the backward (about 60% of the compute)
+  const bool overlap =
+      spec.overlap == "on" || (spec.overlap == "auto" && in.cal.cores >= 2 * ranks_here);
+  t.comm = other + (overlap ? std::max(0.0, dp - t.compute * 0.6) : dp);
+  return t;
+}
+
+void predict(const Inputs& in, const parallel::ParallelSpec& spec, const parallel::Layout& l,
+             const std::vector<StageShape>& stages, Candidate& c) {
   for (int s = 0; s < l.pp; ++s) {
     const StageShape& st = stages[static_cast<size_t>(s)];
-    // ---- memory ----
-    MemoryBytes mem;
-    if (l.servers > 0) {
-      // a worker holds every value (and the working copy) and gradient; a server its range's
-      // values, gradients and optimizer state (parameter_server.cc): the fuller of the two
-      mem = state_bytes(terms, 0, st.whole, st.whole);
-      mem[MemCategory::kOptimizer] = 0;
-      const MemoryBytes server =
-          state_bytes(engine_state_terms("fp32", in.config.optim.kind), 3, 0, st.server_piece);
-      if (server.total() > mem.total()) mem = server;
-    } else {
-      mem = state_bytes(terms, spec.zero_stage, st.whole, st.piece);
-      if (shm && spec.zero_stage == 1)  // SharedMemoryStep: one value copy per host
-        mem[MemCategory::kParameters] += 4 * (st.piece - st.whole);
-      if (spec.zero_stage == 3)  // gathered units: this one and the prefetched next
-        mem[MemCategory::kComm] += 2 * st.largest_unit * g_bytes;
-    }
-    if (st.tied_copy)
-      mem[MemCategory::kParameters] += st.tied_numel * g_bytes,
-          mem[MemCategory::kGradients] += 4 * st.tied_numel;
-    const int in_flight = l.pp == 1 ? 1 : spec.pp_schedule == "gpipe" ? m : std::min(m, l.pp - s);
-    mem[MemCategory::kActivations] =
-        (v.act_bytes_fixed + v.act_bytes_per_row * micro_rows * in_flight) * st.flops_share / l.tp;
-    if (l.pp > 1)  // received activations and gradients of the micro-batches in flight
-      mem[MemCategory::kComm] += 2.0 * in_flight * micro_rows * row_width(in.config) * g_bytes;
-    // ---- time ----
-    const double held = l.servers > 0 || spec.zero_stage == 0 ? st.whole : st.piece;
-    const double compute = crowding * (v.step_s_per_row * replica_rows * st.flops_share / l.tp +
-                                       v.step_s_fixed * held / std::max(1.0, in.cal.arena_numel));
-    double comm_dp = 0, comm_other = 0;
-    const double grad_bytes = st.whole * g_bytes;
-    if (l.servers > 0) {
-      comm_dp = 2 * dp_link.alpha + 2.0 * st.whole * 4 * l.dp / (l.servers * dp_link.beta);
-    } else if (spec.zero_stage == 0) {
-      comm_dp = ring_s(grad_bytes, l.dp, 2, dp_link.alpha, dp_link.beta);
-    } else {
-      comm_dp = ring_s(grad_bytes, l.dp, 1, dp_link.alpha, dp_link.beta) +
-                ring_s(st.whole * (spec.zero_stage == 3 ? 2 * g_bytes : 4), l.dp, 1, dp_link.alpha,
-                       dp_link.beta);
-    }
-    if (l.tp > 1)
-      comm_other +=
-          m * tp_collectives(in.config, st.flops_share) *
-          ring_s(micro_rows * row_width(in.config) * 4, l.tp, 2, in.here.alpha, in.here.beta);
-    if (l.pp > 1)
-      comm_other +=
-          2.0 * m * (in.here.alpha + micro_rows * row_width(in.config) * g_bytes / in.here.beta);
-    const double exposed =
-        comm_other + (overlap ? std::max(0.0, comm_dp - compute * 0.6) : comm_dp);
-    if (compute + exposed > busiest) {
-      busiest = compute + exposed;
-      c.time.compute = compute;
-      c.time.comm = exposed;
-    }
+    const StepTime t = stage_time(in, spec, l, st);
+    if (t.total() > c.time.total()) c.time = t;
+    const MemoryBytes mem = stage_memory(in, spec, l, st, s);
     if (mem.total() > c.memory.total()) c.memory = mem;
   }
   if (l.pp > 1) {  // the stages idle while the schedule fills and drains
     const double f =
-        parallel::bubble_model(spec.pp_schedule, l.pp, m, static_cast<int>(spec.pp_virtual_stages));
+        parallel::bubble_model(spec.pp_schedule, l.pp, static_cast<int>(spec.pp_microbatches),
+                               static_cast<int>(spec.pp_virtual_stages));
     c.time.bubble = c.time.compute * f / (1 - f);
   }
   c.samples_per_s = static_cast<double>(in.config.train.batch) / c.time.total();

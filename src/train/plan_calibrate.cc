@@ -51,44 +51,94 @@ std::string model_key(const Config& c) {
       {"batch", c.train.batch},
       {"optim", c.optim.kind},
       {"threads", c.runtime.threads},
-      {"version", 1}};
+      {"version", 3}};
   return sha256_hex(key.dump().data(), key.dump().size()).substr(0, 16);
 }
 
-// Median seconds of one step of `rows` rows on one rank and its peak activation bytes.
-std::pair<double, double> measure(const Config& base, const data::Splits& data,
-                                  const std::string& precision, const std::string& recompute,
-                                  int64_t rows) {
+struct Measured {
+  double step_s = 0, act_bytes = 0;
+};
+
+// Steps of `rows` rows on `tp` ranks (threads) of a tensor-parallel group (1: one rank): rank
+// 0's median step time and peak activation bytes.
+Measured measure(const Config& base, const data::Splits& data, const std::string& precision,
+                 const std::string& recompute, int64_t rows, int tp = 1) {
   Config c = base;
-  c.parallel.tp_size = c.parallel.pp_stages = c.parallel.pp_microbatches = 1;  // one rank
+  c.parallel.tp_size = tp;
+  c.parallel.pp_stages = c.parallel.pp_microbatches = 1;
   c.parallel.zero_stage = 0;
   c.parallel.ps_servers = 0;
   c.parallel.precision = precision;
   c.parallel.recompute = recompute;
   c.train.batch = rows;
   c.train.accumulate = 1;
-  c.runtime.workers = 1;
+  c.runtime.workers = tp;
   RunOptions opts;
   opts.progress = false;
-  Trainer trainer(c, opts, nullptr, &data);
-  MemoryScope charged(trainer.ledger(), MemCategory::kOther);  // as Trainer::run charges it
+  Measured out;
+  comm::run_threads(tp, [&](comm::Communicator& world) {
+    Trainer trainer(c, opts, tp == 1 ? nullptr : &world, &data);
+    MemoryScope charged(trainer.ledger(), MemCategory::kOther);  // as Trainer::run charges it
+    data::LoaderOptions lo;
+    lo.batch = rows;
+    lo.drop_last = true;
+    data::DataLoader loader(data.train, lo);
+    loader.start_epoch(0);
+    std::vector<double> times;
+    EvalResult sums;
+    for (int i = 0; i <= kTimedSteps; ++i) {
+      data::Batch b;
+      if (!loader.next(b)) loader.start_epoch(i), loader.next(b);
+      b.global_size = rows;
+      if (i == 1) trainer.ledger()->reset_peaks();
+      const double t0 = now_seconds();
+      trainer.step({b}, sums);
+      if (i > 0) times.push_back(now_seconds() - t0);
+    }
+    if (world.rank() == 0)
+      out = {median(times), static_cast<double>(trainer.ledger()->peak(MemCategory::kActivations))};
+  });
+  return out;
+}
+
+// The same one-rank steps run by `copies` independent trainers at once (every core busy, as
+// ranks as threads keep them): rank 0's median step time over the lone one's.
+double contention(const Config& config, const data::Splits& data, int64_t rows, int copies) {
+  const double alone = measure(config, data, "fp32", "none", rows).step_s;
+  std::vector<double> together(static_cast<size_t>(copies));
+  std::vector<std::thread> threads;
+  for (int k = 0; k < copies; ++k)
+    threads.emplace_back([&, k] {
+      together[static_cast<size_t>(k)] = measure(config, data, "fp32", "none", rows).step_s;
+    });
+  for (std::thread& t : threads) t.join();
+  return std::max(1.0, median(together) / std::max(1e-9, alone));
+}
+
+// The bytes each block's forward keeps for the backward (fp32, no recompute), at `rows` rows:
+// how a pipeline's stages share the activations.
+std::vector<double> block_activations(const nn::ModelSpec& spec, const data::Splits& data,
+                                      int64_t rows) {
+  auto model = nn::build_model(spec);
+  model->materialize(1);
+  auto ledger = std::make_shared<MemoryLedger>();
+  MemoryScope scope(ledger, MemCategory::kActivations);
   data::LoaderOptions lo;
   lo.batch = rows;
-  lo.drop_last = true;
   data::DataLoader loader(data.train, lo);
   loader.start_epoch(0);
-  std::vector<double> times;
-  EvalResult sums;
-  for (int i = 0; i <= kTimedSteps; ++i) {
-    data::Batch b;
-    if (!loader.next(b)) loader.start_epoch(i), loader.next(b);
-    b.global_size = rows;
-    if (i == 1) trainer.ledger()->reset_peaks();
-    const double t0 = now_seconds();
-    trainer.step({b}, sums);
-    if (i > 0) times.push_back(now_seconds() - t0);
-  }
-  return {median(times), static_cast<double>(trainer.ledger()->peak(MemCategory::kActivations))};
+  data::Batch b;
+  loader.next(b);
+  nn::Activations acts;
+  std::vector<double> out;
+  double before = 0;
+  model->forward(b.x, nn::Context{}, &acts, [&](nn::Phase p, size_t) {
+    if (p != nn::Phase::kAfterForward) return;
+    const double now = static_cast<double>(ledger->current(MemCategory::kActivations));
+    out.push_back(now - before);
+    before = now;
+  });
+  return out;
 }
 
 // A ring all-reduce between two threads of this process at two sizes: alpha and beta.
@@ -125,19 +175,32 @@ Calibration measure_all(const Config& config, const data::Splits& data) {
   for (size_t b = 0; b < model->num_blocks(); ++b)
     cal.block_flops.push_back(model->block(b).forward_flops(1));
   const int64_t big = config.train.batch, little = std::max<int64_t>(1, big / 4);
+  cal.block_act_bytes = block_activations(spec, data, big);
   for (const std::string precision : {"fp32", "bf16"})
     for (const std::string recompute : {"none", "selective", "full"}) {
-      const auto [t_big, a_big] = measure(config, data, precision, recompute, big);
-      const auto [t_little, a_little] = measure(config, data, precision, recompute, little);
+      const Measured at_big = measure(config, data, precision, recompute, big);
+      const Measured at_little = measure(config, data, precision, recompute, little);
       Calibration::Variant v{precision, recompute, big};
       const double span = static_cast<double>(std::max<int64_t>(1, big - little));
-      v.step_s_per_row = std::max(0.0, (t_big - t_little) / span);
-      v.step_s_fixed = std::max(0.0, t_big - v.step_s_per_row * static_cast<double>(big));
-      v.act_bytes_per_row = std::max(0.0, (a_big - a_little) / span);
-      v.act_bytes_fixed = std::max(0.0, a_big - v.act_bytes_per_row * static_cast<double>(big));
+      v.step_s_per_row = std::max(0.0, (at_big.step_s - at_little.step_s) / span);
+      v.step_s_fixed = std::max(0.0, at_big.step_s - v.step_s_per_row * static_cast<double>(big));
+      v.act_bytes_per_row = std::max(0.0, (at_big.act_bytes - at_little.act_bytes) / span);
+      v.act_bytes_fixed =
+          std::max(0.0, at_big.act_bytes - v.act_bytes_per_row * static_cast<double>(big));
       cal.variants.push_back(v);
     }
+  // What a 2-way tensor-parallel group does not divide (replicated activations, the
+  // collectives' time): x at t = 2 is x1 (r + (1 - r) / 2).
+  try {
+    const Measured one = measure(config, data, "fp32", "none", big);
+    const Measured two = measure(config, data, "fp32", "none", big, 2);
+    cal.tp_act_whole = std::clamp(2 * two.act_bytes / std::max(1.0, one.act_bytes) - 1, 0.0, 1.0);
+    cal.tp_time_whole = std::clamp(2 * two.step_s / std::max(1e-9, one.step_s) - 1, 0.0, 1.0);
+  } catch (const InvalidArgument&) {
+    // a model tensor parallelism does not cut (a cnn): plan offers no tp layout for it
+  }
   std::tie(cal.link_latency_s, cal.link_bytes_per_s) = measure_link();
+  if (cal.cores > 1) cal.contention = contention(config, data, big, cal.cores);
   return cal;
 }
 
@@ -172,7 +235,11 @@ json Calibration::to_json() const {
           {"cores", cores},
           {"arena_numel", arena_numel},
           {"input_shape", input_shape},
-          {"num_classes", num_classes}};
+          {"num_classes", num_classes},
+          {"block_act_bytes", block_act_bytes},
+          {"tp_act_whole", tp_act_whole},
+          {"tp_time_whole", tp_time_whole},
+          {"contention", contention}};
 }
 
 Calibration Calibration::from_json(const json& j) {
@@ -183,6 +250,10 @@ Calibration Calibration::from_json(const json& j) {
                           v.at("step_s_per_row"), v.at("act_bytes_fixed"),
                           v.at("act_bytes_per_row")});
   c.block_flops = j.at("block_flops").get<std::vector<double>>();
+  c.block_act_bytes = j.at("block_act_bytes").get<std::vector<double>>();
+  c.tp_act_whole = j.at("tp_act_whole");
+  c.tp_time_whole = j.at("tp_time_whole");
+  c.contention = j.at("contention");
   c.link_latency_s = j.at("link_latency_s");
   c.link_bytes_per_s = j.at("link_bytes_per_s");
   c.cores = j.at("cores");

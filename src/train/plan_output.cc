@@ -11,8 +11,8 @@ using nlohmann::json;
 namespace {
 
 constexpr MemCategory kShown[] = {MemCategory::kParameters, MemCategory::kGradients,
-                                  MemCategory::kOptimizer, MemCategory::kActivations,
-                                  MemCategory::kComm};
+                                  MemCategory::kOptimizer,  MemCategory::kActivations,
+                                  MemCategory::kComm,       MemCategory::kOther};
 
 // "z1 bf16 rc=full m=4": the keys beyond the mesh that the layout sets.
 std::string options_str(const parallel::ParallelSpec& s) {

@@ -53,9 +53,16 @@ struct Calibration {
   };
   std::string host;  // hostname and ISA the figures were measured on
   std::vector<Variant> variants;
-  std::vector<double> block_flops;  // forward flops of each block per row (pipeline shares)
-  double link_latency_s = 0;        // alpha-beta of this host's threads transport (ring)
+  std::vector<double> block_flops;      // forward flops of each block per row (stage time)
+  std::vector<double> block_act_bytes;  // bytes each block keeps for the backward (stage memory)
+  // The share of activations and of step time a tensor-parallel group does not divide (from a
+  // 2-way group here): x_t = x_1 (whole + (1 - whole) / t).
+  double tp_act_whole = 0, tp_time_whole = 0;
+  double link_latency_s = 0;  // alpha-beta of this host's threads transport (ring)
   double link_bytes_per_s = 0;
+  // A rank's step time with every core busy over its time alone (shared memory bandwidth,
+  // whatever else runs here): ranks on one host run at that pace.
+  double contention = 1;
   int cores = 1;           // hardware threads here: ranks beyond them share cores
   double arena_numel = 1;  // the whole model's arena elements (one rank)
   Shape input_shape;       // the dataset's, which shapes the model

@@ -60,6 +60,7 @@ int run_plan(PlanArgs& a) {
     throw tessel::InvalidArgument(
         "plan: which model? give a CONFIG (e.g. examples/char_gpt.toml) or --gpt SIZE");
   const Config config = load_config(a.config_path, a.overrides);
+  check_options(a.options);  // before the calibration runs
   const Calibration cal =
       calibrate(config, a.cache_dir.empty() ? default_cache_dir() : a.cache_dir);
   return print(plan_layouts(config, a.options, cal), a.options, a.json);

@@ -49,6 +49,19 @@ std::vector<StateTerm> engine_state_terms(const std::string& precision,
   return terms;
 }
 
+void rank_candidates(std::vector<Candidate>& plan) {
+  std::stable_sort(plan.begin(), plan.end(), [](const Candidate& a, const Candidate& b) {
+    if (a.overflow.empty() != b.overflow.empty()) return a.overflow.empty();
+    // samples/s in steps of 0.1%: as fast within one step (or both too big), the smaller first
+    const auto step = [](const Candidate& c) {
+      return c.overflow.empty() ? std::floor(std::log(std::max(c.samples_per_s, 1e-30)) / 1e-3)
+                                : 0.0;
+    };
+    if (step(a) != step(b)) return step(a) > step(b);
+    return a.memory.total() < b.memory.total();
+  });
+}
+
 MemoryBytes state_bytes(const std::vector<StateTerm>& terms, int stage, double whole,
                         double piece) {
   MemoryBytes m;
@@ -355,11 +368,7 @@ std::vector<Candidate> enumerate(const Config& config, int workers) {
 
 }  // namespace
 
-std::vector<Candidate> plan_layouts(const Config& given, const PlanOptions& options,
-                                    const Calibration& calibration) {
-  Config config = given;  // the model shaped by its dataset, as the Trainer shapes it
-  config.model.input_shape = calibration.input_shape;
-  config.model.num_classes = calibration.num_classes;
+void check_options(const PlanOptions& options) {
   if (options.workers < 1)
     throw InvalidArgument(str("plan: --workers must be >= 1, got ", options.workers));
   if (options.hosts < 1 || options.workers % options.hosts != 0)
@@ -369,6 +378,14 @@ std::vector<Candidate> plan_layouts(const Config& given, const PlanOptions& opti
     throw InvalidArgument(
         "plan: --hosts > 1 needs --bandwidth (bytes/s between hosts, e.g. 12.5GB for 100 "
         "Gbit/s) and --latency (seconds per message, e.g. 5e-6)");
+}
+
+std::vector<Candidate> plan_layouts(const Config& given, const PlanOptions& options,
+                                    const Calibration& calibration) {
+  Config config = given;  // the model shaped by its dataset, as the Trainer shapes it
+  config.model.input_shape = calibration.input_shape;
+  config.model.num_classes = calibration.num_classes;
+  check_options(options);
   const Link measured{calibration.link_latency_s, calibration.link_bytes_per_s};
   const Link stated{options.latency, options.bandwidth};
   const Inputs in{config, options, calibration,
@@ -392,11 +409,7 @@ std::vector<Candidate> plan_layouts(const Config& given, const PlanOptions& opti
   if (out.empty())
     throw InvalidArgument(str("plan: no layout of ", options.workers,
                               " ranks runs this config; try another --workers"));
-  std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
-    if (a.overflow.empty() != b.overflow.empty()) return a.overflow.empty();
-    return a.overflow.empty() ? a.samples_per_s > b.samples_per_s
-                              : a.memory.total() < b.memory.total();
-  });
+  rank_candidates(out);
   return out;
 }
 

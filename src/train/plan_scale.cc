@@ -119,11 +119,7 @@ std::vector<Candidate> plan_gpt(const GptShape& g, const ScaleOptions& o) {
     throw InvalidArgument(str("plan: no layout of ", o.workers, " ranks divides the model (",
                               g.layers, " layers, ", g.heads, " heads) and the batch ",
                               o.global_batch, "; use a power of two of ranks"));
-  std::stable_sort(out.begin(), out.end(), [](const Candidate& a, const Candidate& b) {
-    if (a.overflow.empty() != b.overflow.empty()) return a.overflow.empty();
-    return a.overflow.empty() ? a.samples_per_s > b.samples_per_s
-                              : a.memory.total() < b.memory.total();
-  });
+  rank_candidates(out);
   return out;
 }
 

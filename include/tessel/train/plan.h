@@ -90,6 +90,10 @@ struct Candidate {
   std::string overflow;  // the largest category when past memory_per_rank ("": fits)
 };
 
+// Throws InvalidArgument naming the flag for options that lay out nothing (workers < 1, hosts
+// that do not divide them, several hosts without --bandwidth).
+void check_options(const PlanOptions& options);
+
 // Calibrates `config`'s model on this machine (about 10 s for the examples) or reads the
 // figures from cache_dir/<host>-<isa>-<model hash>.json; writes them there after measuring.
 Calibration calibrate(const Config& config, const std::string& cache_dir);
@@ -114,6 +118,10 @@ std::vector<StateTerm> engine_state_terms(const std::string& precision,
                                           const std::string& optimizer);
 // Sums the terms at `stage` for a rank holding `whole` arena elements of which `piece` are its.
 MemoryBytes state_bytes(const std::vector<StateTerm>& terms, int stage, double whole, double piece);
+
+// Feasible first, fastest first (as fast to 0.1%: the smaller first), then the others
+// smallest first.
+void rank_candidates(std::vector<Candidate>& plan);
 
 nlohmann::json plan_json(const std::vector<Candidate>& plan, const PlanOptions& options);
 std::string plan_table(const std::vector<Candidate>& plan, const PlanOptions& options);

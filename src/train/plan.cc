@@ -49,6 +49,11 @@ std::vector<StateTerm> engine_state_terms(const std::string& precision,
   return terms;
 }
 
+double ring_seconds(double bytes, int p, double passes, double alpha, double beta) {
+  if (p <= 1 || bytes <= 0) return 0;
+  return passes * (p - 1) * (alpha + bytes / (p * beta));
+}
+
 void rank_candidates(std::vector<Candidate>& plan) {
   std::stable_sort(plan.begin(), plan.end(), [](const Candidate& a, const Candidate& b) {
     if (a.overflow.empty() != b.overflow.empty()) return a.overflow.empty();
@@ -95,13 +100,6 @@ std::vector<int> divisors(int n) {
   for (int d = 1; d <= n; ++d)
     if (n % d == 0) out.push_back(d);
   return out;
-}
-
-// A ring over p ranks moving `bytes` (the whole buffer) `passes` times over its p - 1 steps:
-// all-reduce 2, reduce-scatter and all-gather 1.
-double ring_s(double bytes, int p, double passes, double alpha, double beta) {
-  if (p <= 1 || bytes <= 0) return 0;
-  return passes * (p - 1) * (alpha + bytes / (p * beta));
 }
 
 struct Link {
@@ -274,15 +272,15 @@ StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const 
   if (l.servers > 0)
     dp = 2 * link.alpha + 2.0 * st.whole * 4 * l.dp / (l.servers * link.beta);
   else if (spec.zero_stage == 0)
-    dp = ring_s(grads, l.dp, 2, link.alpha, link.beta);
+    dp = ring_seconds(grads, l.dp, 2, link.alpha, link.beta);
   else
-    dp =
-        ring_s(grads, l.dp, 1, link.alpha, link.beta) +
-        ring_s(st.whole * (spec.zero_stage == 3 ? 2 * g_bytes : 4), l.dp, 1, link.alpha, link.beta);
+    dp = ring_seconds(grads, l.dp, 1, link.alpha, link.beta) +
+         ring_seconds(st.whole * (spec.zero_stage == 3 ? 2 * g_bytes : 4), l.dp, 1, link.alpha,
+                      link.beta);
   const double act_bytes = mb.rows * row_width(in.config);
   if (l.tp > 1)
     other += mb.m * tp_collectives(in.config, st.flops_share) *
-             ring_s(act_bytes * 4, l.tp, 2, in.here.alpha, in.here.beta);
+             ring_seconds(act_bytes * 4, l.tp, 2, in.here.alpha, in.here.beta);
   if (l.pp > 1) other += 2.0 * mb.m * (in.here.alpha + act_bytes * g_bytes / in.here.beta);
   // with overlap the gradient traffic hides behind the backward (about 60% of the compute)
   const bool overlap =

@@ -43,11 +43,6 @@ std::vector<StateTerm> zero_paper_terms(double k) {
 
 namespace {
 
-double ring_s(double bytes, int p, double passes, double alpha, double beta) {
-  if (p <= 1) return 0;
-  return passes * (p - 1) * (alpha + bytes / (p * beta));
-}
-
 Candidate predict_gpt(const GptShape& g, const ScaleOptions& o, int tp, int pp, int zero,
                       const std::string& recompute) {
   Candidate c;
@@ -81,12 +76,12 @@ Candidate predict_gpt(const GptShape& g, const ScaleOptions& o, int tp, int pp, 
   c.time.compute = per_token * gpt_parameters(g) * tokens / (o.workers * o.flops_per_rank);
   // dp: gradient all-reduce (reduce-scatter + all-gather from stage 1) in 16 bits across hosts
   const double grads = params * 2;
-  const double dp_s = ring_s(grads, dp, zero == 3 ? 3 : 2, o.latency, o.bandwidth);
+  const double dp_s = ring_seconds(grads, dp, zero == 3 ? 3 : 2, o.latency, o.bandwidth);
   // tp: 4 all-reduces of s b h per layer per micro-batch (all-gather/reduce-scatter pairs with
   // sequence parallelism: the same bytes), within a host
   const double act = static_cast<double>(g.seq * o.micro_batch * g.hidden) * 2;
   const double tp_s = static_cast<double>(m) * static_cast<double>(g.layers) / pp * 4 *
-                      ring_s(act, tp, 2, o.latency, o.host_bandwidth);
+                      ring_seconds(act, tp, 2, o.latency, o.host_bandwidth);
   const double pp_s = pp > 1 ? 2.0 * static_cast<double>(m) * (o.latency + act / o.bandwidth) : 0;
   c.time.comm = dp_s + tp_s + pp_s;
   if (pp > 1) {

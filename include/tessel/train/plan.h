@@ -119,6 +119,10 @@ std::vector<StateTerm> engine_state_terms(const std::string& precision,
 // Sums the terms at `stage` for a rank holding `whole` arena elements of which `piece` are its.
 MemoryBytes state_bytes(const std::vector<StateTerm>& terms, int stage, double whole, double piece);
 
+// Seconds of a ring over p ranks (alpha per message, beta bytes/s) moving `bytes`, the whole
+// buffer, `passes` times over its p - 1 steps: all-reduce 2, reduce-scatter and all-gather 1.
+double ring_seconds(double bytes, int p, double passes, double alpha, double beta);
+
 // Feasible first, fastest first (as fast to 0.1%: the smaller first), then the others
 // smallest first.
 void rank_candidates(std::vector<Candidate>& plan);

@@ -257,13 +257,11 @@ StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const 
   const Calibration::Variant& v = in.cal.variant(spec.precision, spec.recompute);
   const Micro mb = micro_of(in, spec, l, 0);
   const int ranks_here = in.options.workers / in.options.hosts;
-  const double crowding = std::max(1.0, static_cast<double>(ranks_here) / in.cal.cores) *
-                          (ranks_here > 1 ? in.cal.contention : 1.0);
   const double held = l.servers > 0 || spec.zero_stage == 0 ? st.whole : st.piece;
-  StepTime t;
-  t.compute = crowding * (v.step_s_per_row * mb.replica_rows * st.flops_share *
-                              (in.cal.tp_time_whole + (1 - in.cal.tp_time_whole) / l.tp) +
-                          v.step_s_fixed * held / std::max(1.0, in.cal.arena_numel));
+  StepTime t;  // compute as on a core of its own (predict() adds the host's crowding)
+  t.compute = v.step_s_per_row * mb.replica_rows * st.flops_share *
+                  (in.cal.tp_time_whole + (1 - in.cal.tp_time_whole) / l.tp) +
+              v.step_s_fixed * held / std::max(1.0, in.cal.arena_numel);
   // data parallel: all-reduce (ZeRO 1-2: reduce-scatter, then all-gather the f32 values;
   // ZeRO-3: two gathers of 16-bit units) or a parameter server's pushes and pulls
   const Link link = in.options.hosts > 1 ? in.across : in.here;
@@ -291,9 +289,11 @@ StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const 
 
 void predict(const Inputs& in, const parallel::ParallelSpec& spec, const parallel::Layout& l,
              const std::vector<StageShape>& stages, Candidate& c) {
+  double work = 0;  // every training rank's compute, on cores of their own
   for (int s = 0; s < l.pp; ++s) {
     const StageShape& st = stages[static_cast<size_t>(s)];
     const StepTime t = stage_time(in, spec, l, st);
+    work += t.compute * l.dp * l.tp;
     if (t.total() > c.time.total()) c.time = t;
     const MemoryBytes mem = stage_memory(in, spec, l, st, s);
     if (mem.total() > c.memory.total()) c.memory = mem;
@@ -303,6 +303,12 @@ void predict(const Inputs& in, const parallel::ParallelSpec& spec, const paralle
         parallel::bubble_model(spec.pp_schedule, l.pp, static_cast<int>(spec.pp_microbatches),
                                static_cast<int>(spec.pp_virtual_stages));
     c.time.bubble = c.time.compute * f / (1 - f);
+  }
+  // Ranks sharing a host's cores: the step lasts at least the host's work over its cores, each
+  // at the pace measured with every core busy (a pipeline's idle stages leave cores to others).
+  if (in.options.workers / in.options.hosts > 1) {
+    const double host = work / in.options.hosts * in.cal.contention / in.cal.cores;
+    c.time.compute = std::max(c.time.compute, host - c.time.bubble);
   }
   c.samples_per_s = static_cast<double>(in.config.train.batch) / c.time.total();
   const int64_t cap = in.options.memory_per_rank;

@@ -187,6 +187,13 @@ struct Inputs {
   Link here, across;  // within a host; between hosts
 };
 
+// Whether bucket collectives (and ZeRO-3 prefetches) run on a progress thread: ddp.overlap,
+// "auto" meaning a spare core per rank (engine.cc resolve_overlap).
+bool overlaps(const Inputs& in, const parallel::ParallelSpec& spec) {
+  const int ranks_here = in.options.workers / in.options.hosts;
+  return spec.overlap == "on" || (spec.overlap == "auto" && in.cal.cores >= 2 * ranks_here);
+}
+
 // The rows one stage runs per micro-batch and how many micro-batches it holds at once (1F1B:
 // as many as stages follow it; GPipe: all).
 struct Micro {
@@ -220,8 +227,9 @@ MemoryBytes stage_memory(const Inputs& in, const parallel::ParallelSpec& spec,
     mem = state_bytes(terms, spec.zero_stage, st.whole, st.piece);
     if (uses_shared_memory(spec, l, in.options) && spec.zero_stage == 1)
       mem[MemCategory::kParameters] += 4 * (st.piece - st.whole);  // one value copy per host
-    if (spec.zero_stage == 3)  // gathered units: this one and the prefetched next
-      mem[MemCategory::kComm] += 2 * st.largest_unit * g_bytes;
+    if (spec.zero_stage == 3)  // gathered units: this one, and the next when prefetching
+      mem[MemCategory::kComm] +=
+          (overlaps(in, spec) && spec.zero_prefetch ? 2 : 1) * st.largest_unit * g_bytes;
     if (spec.zero_stage >= 2)  // ShardSync's f32 buckets open during the backward (up to two)
       mem[MemCategory::kComm] += std::min(2 * st.largest_unit, st.whole) * 4;
   }
@@ -256,7 +264,6 @@ StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const 
                     const StageShape& st) {
   const Calibration::Variant& v = in.cal.variant(spec.precision, spec.recompute);
   const Micro mb = micro_of(in, spec, l, 0);
-  const int ranks_here = in.options.workers / in.options.hosts;
   const double held = l.servers > 0 || spec.zero_stage == 0 ? st.whole : st.piece;
   StepTime t;  // compute as on a core of its own (predict() adds the host's crowding)
   t.compute = v.step_s_per_row * mb.replica_rows * st.flops_share *
@@ -281,9 +288,7 @@ StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const 
              ring_seconds(act_bytes * 4, l.tp, 2, in.here.alpha, in.here.beta);
   if (l.pp > 1) other += 2.0 * mb.m * (in.here.alpha + act_bytes * g_bytes / in.here.beta);
   // with overlap the gradient traffic hides behind the backward (about 60% of the compute)
-  const bool overlap =
-      spec.overlap == "on" || (spec.overlap == "auto" && in.cal.cores >= 2 * ranks_here);
-  t.comm = other + (overlap ? std::max(0.0, dp - t.compute * 0.6) : dp);
+  t.comm = other + (overlaps(in, spec) ? std::max(0.0, dp - t.compute * 0.6) : dp);
   return t;
 }
 

@@ -1,7 +1,7 @@
-// tessel command line: train, eval, predict, serve, config, ckpt export, bench comm, launch,
-// report. Library errors (tessel::Error) become a one-line message on stderr and exit code 1;
-// command-line misuse, and any error `tessel config` finds, exit 2 (command_line.h explains the
-// misuse).
+// tessel command line: train, eval, predict, serve, config, plan, ckpt export, bench comm,
+// launch, report. Library errors (tessel::Error) become a one-line message on stderr and exit
+// code 1; command-line misuse, and any error `tessel config` finds, exit 2 (command_line.h
+// explains the misuse).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
@@ -17,6 +17,7 @@
 #include "command_line.h"
 #include "infer_commands.h"
 #include "launch.h"
+#include "plan_command.h"
 #include "report.h"
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/comm/bench.h"
@@ -133,7 +134,7 @@ struct Args {
 
 struct Commands {
   CLI::App *train, *eval, *ckpt_export, *config, *bench_comm, *launch, *report;
-  InferCommand predict, serve;
+  InferCommand predict, serve, plan;
 };
 
 void add_overrides(CLI::App* cmd, Args& a) {
@@ -223,6 +224,7 @@ Commands add_commands(CLI::App& app, Args& a) {
       ->add_option("--np", a.np, "Check for N ranks under mpirun (also -np, as mpirun spells it)")
       ->check(tessel::cli::at_least(1, "ranks"))
       ->excludes(workers);
+  c.plan = add_plan(app);
   c.bench_comm = add_bench_comm(app, a);
   c.launch = app.add_subcommand(
       "launch",
@@ -397,6 +399,7 @@ int run(const Commands& c, Args& a) {
   if (*c.eval) return run_eval(a);
   if (*c.predict.app) return c.predict.run();
   if (*c.serve.app) return c.serve.run();
+  if (*c.plan.app) return c.plan.run();
   if (*c.ckpt_export) {
     tessel::ckpt::export_model(a.checkpoint, a.export_out);
     std::printf("wrote %s\n", a.export_out.c_str());

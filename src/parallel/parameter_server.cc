@@ -35,31 +35,6 @@ ParameterServer::Mode parse_mode(const std::string& m) {
   throw InvalidArgument(str("config: ps.mode must be sync, async or ssp, got '", m, "'"));
 }
 
-// Contiguous ranges of the arena, one per server, of about n / servers elements each. A cut
-// moves to the nearest parameter boundary when that changes a shard by at most an eighth, so
-// that most parameters live on one server; a large parameter is cut inside instead.
-std::vector<nn::Range> partition(const nn::Model& model, int servers) {
-  const int64_t n = model.arena_numel();
-  std::vector<int64_t> bounds;
-  for (size_t k = 0; k < model.parameters().size(); ++k) bounds.push_back(model.offset(k));
-  bounds.push_back(n);
-  std::vector<nn::Range> out;
-  int64_t lo = 0;
-  for (int k = 1; k <= servers; ++k) {
-    int64_t cut = n * k / servers;
-    if (k < servers) {
-      auto it = std::lower_bound(bounds.begin(), bounds.end(), cut);
-      int64_t best = it == bounds.end() ? n : *it;
-      if (it != bounds.begin() && cut - *(it - 1) < best - cut) best = *(it - 1);
-      if (std::llabs(best - cut) * 8 * servers <= n) cut = best;
-    }
-    cut = std::max(cut, lo);
-    out.push_back({lo, cut});
-    lo = cut;
-  }
-  return out;
-}
-
 Tensor zeros_of(int64_t n, MemCategory category) {
   MemoryScope scope(category);
   return Tensor::zeros({std::max<int64_t>(n, 1)});
@@ -92,6 +67,31 @@ class WorkerSync final : public GradSync {
 
 }  // namespace
 
+// Contiguous ranges of the arena, one per server, of about n / servers elements each. A cut
+// moves to the nearest parameter boundary when that changes a shard by at most an eighth, so
+// that most parameters live on one server; a large parameter is cut inside instead.
+std::vector<nn::Range> server_shards(const nn::Model& model, int servers) {
+  const int64_t n = model.arena_numel();
+  std::vector<int64_t> bounds;
+  for (size_t k = 0; k < model.parameters().size(); ++k) bounds.push_back(model.offset(k));
+  bounds.push_back(n);
+  std::vector<nn::Range> out;
+  int64_t lo = 0;
+  for (int k = 1; k <= servers; ++k) {
+    int64_t cut = n * k / servers;
+    if (k < servers) {
+      auto it = std::lower_bound(bounds.begin(), bounds.end(), cut);
+      int64_t best = it == bounds.end() ? n : *it;
+      if (it != bounds.begin() && cut - *(it - 1) < best - cut) best = *(it - 1);
+      if (std::llabs(best - cut) * 8 * servers <= n) cut = best;
+    }
+    cut = std::max(cut, lo);
+    out.push_back({lo, cut});
+    lo = cut;
+  }
+  return out;
+}
+
 std::unique_ptr<GradSync> ParameterServer::worker_sync(nn::Model& model, const Units& units,
                                                        int workers) {
   return std::make_unique<WorkerSync>(model, units, workers);
@@ -110,7 +110,7 @@ ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model
     throw InvalidArgument(
         "config: train.deterministic cannot be combined with ps.servers > 0 (the servers sum "
         "whole pushes); turn one of them off");
-  shards_ = partition(model_, servers());
+  shards_ = server_shards(model_, servers());
   versions_.assign(static_cast<size_t>(servers()), -1);
   request_.resize(static_cast<size_t>(servers()));
   reply_.resize(static_cast<size_t>(servers()));

@@ -102,8 +102,25 @@ TEST_F(Cli, CommandLineTyposAreNamed) {
   EXPECT_NE(sub.output.find("did you mean 'export'"), std::string::npos) << sub.output;
   // --help lists exactly the subcommands that exist.
   const Result help = run("--help");
-  for (const char* c : {"train", "eval", "config", "ckpt", "bench"})
+  for (const char* c : {"train", "eval", "config", "plan", "ckpt", "bench"})
     EXPECT_NE(help.output.find(std::string("  ") + c), std::string::npos) << c;
+}
+
+// `tessel plan` says what it lacks: a model, a known GPT size, a link for several hosts.
+TEST_F(Cli, PlanNamesWhatIsMissing) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"plan --workers 2", "which model?"},
+      {"plan --gpt 7b --workers 8", "use 1.5b, 2.7b, 6.7b, 13b or 175b"},
+      {"plan " + kExamples + "/spiral.toml --workers 4 --hosts 2", "needs --bandwidth"},
+      {"plan " + kExamples + "/spiral.toml", "--workers is required"}};
+  for (const auto& [args, says] : cases) {
+    const Result r = run(args);
+    EXPECT_NE(r.exit_code, 0) << args;
+    EXPECT_NE(r.output.find(says), std::string::npos) << args << ": " << r.output;
+  }
+  const Result ok = run("plan --gpt 1.5b --workers 8 --json");
+  ASSERT_EQ(ok.exit_code, 0) << ok.output;
+  EXPECT_NE(ok.output.find("\"samples_per_second\""), std::string::npos);
 }
 
 TEST_F(Cli, ConfigFailsExactlyAsTrainDoes) {

@@ -34,6 +34,11 @@ namespace compress {
 class PushCodec;
 }  // namespace compress
 
+// Server k's range of the arena: contiguous, about n / servers elements each, a cut moved to
+// the nearest parameter boundary when that changes a shard by at most an eighth (the planner
+// sizes a server's memory with it too).
+std::vector<nn::Range> server_shards(const nn::Model& model, int servers);
+
 class ParameterServer final : public ParamStore, public BatchClaims {
  public:
   enum class Mode { kSync, kAsync, kSsp };

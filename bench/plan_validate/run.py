@@ -1,0 +1,91 @@
+#!/usr/bin/env python3
+"""Checks `tessel plan` against measured runs: for each config and worker count, every layout
+the plan offers (or the first --limit of them) trains --steps steps on this machine, and its
+predicted peak memory of the fullest rank and step time are set beside the measured ones (the
+ledger peak in metrics.jsonl, the median samples/s of its records after the first).
+Prints a Markdown table (docs/planning.md holds one) and the share within 10% / 15%.
+
+  flock /tmp/tessel-bench.lock python3 bench/plan_validate/run.py --tessel build/apps/tessel/tessel \
+      --config examples/char_gpt.toml --workers 2,4 [--limit 12] [--match 'pp='] [--steps 30]
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+
+
+def plan(tessel, config, workers, cache):
+    out = subprocess.run([tessel, "plan", config, "--workers", str(workers), "--json",
+                          "--cache-dir", cache], check=True, capture_output=True, text=True)
+    return json.loads(out.stdout)["layouts"]
+
+
+def measure(tessel, config, workers, sets, steps, folder):
+    cmd = [tessel, "train", config, "--workers", str(workers), "--quiet", "--overwrite",
+           "--run-dir", folder, "--set", f"train.max_steps={steps}", "--set", "train.log_every=5",
+           "--set", "checkpoint.every_epochs=0"]
+    for s in sets:
+        cmd += ["--set", s]
+    run = subprocess.run(cmd, capture_output=True, text=True)
+    if run.returncode != 0:
+        return None, run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "failed"
+    recs = [json.loads(l) for l in open(os.path.join(folder, "metrics.jsonl"))]
+    recs = [r for r in recs if r.get("type") == "train"]
+    peak = max(r.get("memory_peak_bytes_max", 0) for r in recs)
+    sps = statistics.median(r["samples_per_second"] for r in recs[1:] or recs)
+    return (peak, sps), ""
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--tessel", default="build/apps/tessel/tessel")
+    ap.add_argument("--config", action="append", required=True)
+    ap.add_argument("--workers", default="2,4")
+    ap.add_argument("--limit", type=int, default=0, help="layouts per case (0: all)")
+    ap.add_argument("--match", default="", help="only layouts whose 'layout options' match")
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/tessel/plan"))
+    a = ap.parse_args()
+    print("| config | ranks | layout | options | mem pred MiB | mem meas MiB | err | "
+          "step pred ms | step meas ms | err |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    mem_ok = time_ok = n = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        for config in a.config:
+            for workers in [int(w) for w in a.workers.split(",")]:
+                layouts = plan(a.tessel, config, workers, a.cache_dir)
+                layouts = [l for l in layouts
+                           if re.search(a.match, l["layout"] + " " + l["options"])]
+                if a.limit:
+                    layouts = layouts[:a.limit]
+                for l in layouts:
+                    got, err = measure(a.tessel, config, workers, l["set"], a.steps,
+                                       os.path.join(tmp, "run"))
+                    name = os.path.basename(config)
+                    if got is None:
+                        print(f"| {name} | {workers} | {l['layout']} | {l['options']} | "
+                              f"refused: {err} |||||")
+                        continue
+                    peak, sps = got
+                    batch_s = l["step_seconds"]["total"]
+                    pred_mem = l["memory_bytes"]["total"]
+                    meas_s = l["samples_per_second"] * batch_s / sps
+                    em = (pred_mem - peak) / peak
+                    et = (batch_s - meas_s) / meas_s
+                    n += 1
+                    mem_ok += abs(em) <= 0.10
+                    time_ok += abs(et) <= 0.15
+                    print(f"| {name} | {workers} | {l['layout']} | {l['options']} | "
+                          f"{pred_mem / 2**20:.2f} | {peak / 2**20:.2f} | {100 * em:+.0f}% | "
+                          f"{1e3 * batch_s:.1f} | {1e3 * meas_s:.1f} | {100 * et:+.0f}% |",
+                          flush=True)
+    print(f"\n{n} layouts: memory within 10% for {mem_ok}, step time within 15% for {time_ok}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,298 @@
+// The planner's calibration: what a config's model costs on this machine, measured by the
+// Trainer itself on one rank (every precision x recompute the planner offers, at two batch
+// sizes, fitted a + b x rows), and the alpha-beta of this host's threads transport. Cached per
+// host, ISA and model (plan.h), so that `tessel plan` answers at once after the first time.
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "tessel/ckpt/checkpoint.h"
+#include "tessel/comm/threads.h"
+#include "tessel/core/clock.h"
+#include "tessel/core/error.h"
+#include "tessel/core/sha256.h"
+#include "tessel/nn/models.h"
+#include "tessel/ops/isa.h"
+#include "tessel/train/plan.h"
+#include "tessel/train/trainer.h"
+
+namespace tessel::train {
+
+using nlohmann::json;
+
+namespace {
+
+constexpr int kTimedSteps = 3;  // after one untimed step; the median is kept
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::string host_name() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  return host;
+}
+
+// What the figures depend on: the model, its input, the batch, the optimizer, BLAS threads.
+std::string model_key(const Config& c) {
+  const nn::ModelSpec& m = c.model;
+  const json key = {
+      {"model",
+       {m.kind, m.hidden, m.activation, m.dropout, m.channels, m.kernel, m.fc_hidden, m.layers,
+        m.heads, m.embed}},
+      {"data",
+       {c.data.kind, c.data.path, c.data.context, c.data.features, c.data.classes, c.data.flatten}},
+      {"batch", c.train.batch},
+      {"optim", c.optim.kind},
+      {"threads", c.runtime.threads},
+      {"version", 4}};
+  return sha256_hex(key.dump().data(), key.dump().size()).substr(0, 16);
+}
+
+struct Measured {
+  double step_s = 0, act_bytes = 0;
+};
+
+// Steps of `rows` rows on `tp` ranks (threads) of a tensor-parallel group (1: one rank): rank
+// 0's median step time and peak activation bytes.
+Measured measure(const Config& base, const data::Splits& data, const std::string& precision,
+                 const std::string& recompute, int64_t rows, int tp = 1) {
+  Config c = base;
+  c.parallel.tp_size = tp;
+  c.parallel.pp_stages = c.parallel.pp_microbatches = 1;
+  c.parallel.zero_stage = 0;
+  c.parallel.ps_servers = 0;
+  c.parallel.precision = precision;
+  c.parallel.recompute = recompute;
+  c.train.batch = rows;
+  c.train.accumulate = 1;
+  c.runtime.workers = tp;
+  RunOptions opts;
+  opts.progress = false;
+  Measured out;
+  comm::run_threads(tp, [&](comm::Communicator& world) {
+    Trainer trainer(c, opts, tp == 1 ? nullptr : &world, &data);
+    MemoryScope charged(trainer.ledger(), MemCategory::kOther);  // as Trainer::run charges it
+    data::LoaderOptions lo;
+    lo.batch = rows;
+    lo.drop_last = true;
+    data::DataLoader loader(data.train, lo);
+    loader.start_epoch(0);
+    std::vector<double> times;
+    EvalResult sums;
+    for (int i = 0; i <= kTimedSteps; ++i) {
+      data::Batch b;
+      if (!loader.next(b)) loader.start_epoch(i), loader.next(b);
+      b.global_size = rows;
+      if (i == 1) trainer.ledger()->reset_peaks();
+      const double t0 = now_seconds();
+      trainer.step({b}, sums);
+      if (i > 0) times.push_back(now_seconds() - t0);
+    }
+    if (world.rank() == 0)
+      out = {median(times), static_cast<double>(trainer.ledger()->peak(MemCategory::kActivations))};
+  });
+  return out;
+}
+
+// The same one-rank steps run by `copies` independent trainers at once (every core busy, as
+// ranks as threads keep them): rank 0's median step time over the lone one's.
+double contention(const Config& config, const data::Splits& data, int64_t rows, int copies) {
+  const double alone = measure(config, data, "fp32", "none", rows).step_s;
+  std::vector<double> together(static_cast<size_t>(copies));
+  std::vector<std::thread> threads;
+  for (int k = 0; k < copies; ++k)
+    threads.emplace_back([&, k] {
+      together[static_cast<size_t>(k)] = measure(config, data, "fp32", "none", rows).step_s;
+    });
+  for (std::thread& t : threads) t.join();
+  return std::max(1.0, median(together) / std::max(1e-9, alone));
+}
+
+// The bytes each block's forward keeps for the backward (fp32, no recompute), at `rows` rows:
+// how a pipeline's stages share the activations.
+std::vector<double> block_activations(const nn::ModelSpec& spec, const data::Splits& data,
+                                      int64_t rows) {
+  auto model = nn::build_model(spec);
+  model->materialize(1);
+  auto ledger = std::make_shared<MemoryLedger>();
+  MemoryScope scope(ledger, MemCategory::kActivations);
+  data::LoaderOptions lo;
+  lo.batch = rows;
+  data::DataLoader loader(data.train, lo);
+  loader.start_epoch(0);
+  data::Batch b;
+  loader.next(b);
+  nn::Activations acts;
+  std::vector<double> out;
+  double before = 0;
+  model->forward(b.x, nn::Context{}, &acts, [&](nn::Phase p, size_t) {
+    if (p != nn::Phase::kAfterForward) return;
+    const double now = static_cast<double>(ledger->current(MemCategory::kActivations));
+    out.push_back(now - before);
+    before = now;
+  });
+  return out;
+}
+
+// A ring all-reduce between two threads of this process at two sizes: alpha and beta.
+std::pair<double, double> measure_link() {
+  const size_t small = 1024, large = 1 << 20;  // floats
+  std::vector<double> t_small, t_large;
+  comm::run_threads(2, [&](comm::Communicator& c) {
+    std::vector<float> buf(large, 1.0f);
+    for (int i = 0; i < 12; ++i)
+      for (size_t n : {small, large}) {
+        c.barrier();
+        const double t0 = now_seconds();
+        c.allreduce(buf.data(), n, comm::ElemType::kF32);
+        if (c.rank() == 0 && i >= 2) (n == small ? t_small : t_large).push_back(now_seconds() - t0);
+      }
+  });
+  // ring_s(bytes, 2, 2, a, b) = 2 (a + bytes / (2 b))
+  const double ts = median(t_small), tl = median(t_large);
+  const double beta = static_cast<double>((large - small) * 4) / std::max(1e-9, tl - ts);
+  return {std::max(0.0, ts / 2 - static_cast<double>(small * 4) / (2 * beta)), beta};
+}
+
+Calibration measure_all(const Config& config, const data::Splits& data) {
+  Calibration cal;
+  cal.host = host_name() + " " + ops::isa_description();
+  cal.cores = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  nn::ModelSpec spec = config.model;
+  spec.input_shape = data.train->input_shape();
+  spec.num_classes = data.train->num_classes();
+  cal.input_shape = spec.input_shape;
+  cal.num_classes = spec.num_classes;
+  const auto model = nn::build_model(spec);
+  cal.arena_numel = static_cast<double>(model->arena_numel());
+  for (size_t b = 0; b < model->num_blocks(); ++b)
+    cal.block_flops.push_back(model->block(b).forward_flops(1));
+  const int64_t big = config.train.batch, little = std::max<int64_t>(1, big / 4);
+  cal.block_act_bytes = block_activations(spec, data, big);
+  for (const std::string precision : {"fp32", "bf16"})
+    for (const std::string recompute : {"none", "selective", "full"}) {
+      const Measured at_big = measure(config, data, precision, recompute, big);
+      const Measured at_little = measure(config, data, precision, recompute, little);
+      Calibration::Variant v{precision, recompute, big};
+      const double span = static_cast<double>(std::max<int64_t>(1, big - little));
+      v.step_s_per_row = std::max(0.0, (at_big.step_s - at_little.step_s) / span);
+      v.step_s_fixed = std::max(0.0, at_big.step_s - v.step_s_per_row * static_cast<double>(big));
+      v.act_bytes_per_row = std::max(0.0, (at_big.act_bytes - at_little.act_bytes) / span);
+      v.act_bytes_fixed =
+          std::max(0.0, at_big.act_bytes - v.act_bytes_per_row * static_cast<double>(big));
+      cal.variants.push_back(v);
+    }
+  std::tie(cal.link_latency_s, cal.link_bytes_per_s) = measure_link();
+  if (cal.cores > 1) cal.contention = contention(config, data, big, cal.cores);
+  // What a 2-way tensor-parallel group does not divide (replicated activations, the
+  // collectives' time): x at t = 2 is x1 (r + (1 - r) / 2). Its two ranks ran at once, at the
+  // pace of a busy host, so their time is first taken back to a core each.
+  try {
+    const Measured one = measure(config, data, "fp32", "none", big);
+    const Measured two = measure(config, data, "fp32", "none", big, 2);
+    const double shared = std::max(1.0, 2 * cal.contention / cal.cores);
+    cal.tp_act_whole = std::clamp(2 * two.act_bytes / std::max(1.0, one.act_bytes) - 1, 0.0, 1.0);
+    cal.tp_time_whole =
+        std::clamp(2 * two.step_s / shared / std::max(1e-9, one.step_s) - 1, 0.0, 1.0);
+  } catch (const InvalidArgument&) {
+    // a model tensor parallelism does not cut (a cnn): plan offers no tp layout for it
+  }
+  return cal;
+}
+
+}  // namespace
+
+const Calibration::Variant& Calibration::variant(const std::string& precision,
+                                                 const std::string& recompute) const {
+  // fp16 computes through the same 16-bit kernels as bf16 (docs/mixed_precision.md)
+  const std::string p = precision == "fp16" ? "bf16" : precision;
+  for (const Variant& v : variants)
+    if (v.precision == p && v.recompute == recompute) return v;
+  throw InvalidArgument(str("plan: no calibration for train.precision = ", precision,
+                            " with train.recompute = ", recompute,
+                            "; delete the cached calibration to measure again"));
+}
+
+json Calibration::to_json() const {
+  json vs = json::array();
+  for (const Variant& v : variants)
+    vs.push_back({{"precision", v.precision},
+                  {"recompute", v.recompute},
+                  {"rows", v.rows},
+                  {"step_s_fixed", v.step_s_fixed},
+                  {"step_s_per_row", v.step_s_per_row},
+                  {"act_bytes_fixed", v.act_bytes_fixed},
+                  {"act_bytes_per_row", v.act_bytes_per_row}});
+  return {{"host", host},
+          {"variants", vs},
+          {"block_flops", block_flops},
+          {"link_latency_s", link_latency_s},
+          {"link_bytes_per_s", link_bytes_per_s},
+          {"cores", cores},
+          {"arena_numel", arena_numel},
+          {"input_shape", input_shape},
+          {"num_classes", num_classes},
+          {"block_act_bytes", block_act_bytes},
+          {"tp_act_whole", tp_act_whole},
+          {"tp_time_whole", tp_time_whole},
+          {"contention", contention}};
+}
+
+Calibration Calibration::from_json(const json& j) {
+  Calibration c;
+  c.host = j.at("host");
+  for (const json& v : j.at("variants"))
+    c.variants.push_back({v.at("precision"), v.at("recompute"), v.at("rows"), v.at("step_s_fixed"),
+                          v.at("step_s_per_row"), v.at("act_bytes_fixed"),
+                          v.at("act_bytes_per_row")});
+  c.block_flops = j.at("block_flops").get<std::vector<double>>();
+  c.block_act_bytes = j.at("block_act_bytes").get<std::vector<double>>();
+  c.tp_act_whole = j.at("tp_act_whole");
+  c.tp_time_whole = j.at("tp_time_whole");
+  c.contention = j.at("contention");
+  c.link_latency_s = j.at("link_latency_s");
+  c.link_bytes_per_s = j.at("link_bytes_per_s");
+  c.cores = j.at("cores");
+  c.arena_numel = j.at("arena_numel");
+  c.input_shape = j.at("input_shape").get<Shape>();
+  c.num_classes = j.at("num_classes");
+  return c;
+}
+
+std::string default_cache_dir() {
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)
+    return (std::filesystem::path(x) / "tessel" / "plan").string();
+  const char* home = std::getenv("HOME");
+  return (std::filesystem::path(home && *home ? home : ".") / ".cache" / "tessel" / "plan")
+      .string();
+}
+
+Calibration calibrate(const Config& config, const std::string& cache_dir) {
+  std::string isa = ops::isa_name(ops::isa());
+  const std::filesystem::path path = std::filesystem::path(cache_dir) /
+                                     str(host_name(), "-", isa, "-", model_key(config), ".json");
+  if (std::ifstream f(path); f) {
+    try {
+      return Calibration::from_json(json::parse(f));
+    } catch (const std::exception&) {
+      // unreadable (an older format, cut short): measured again below and rewritten
+    }
+  }
+  const Calibration cal = measure_all(config, data::make_datasets(config.data));
+  std::error_code ec;
+  std::filesystem::create_directories(cache_dir, ec);
+  if (ec)
+    throw IoError(str("plan: cannot create the calibration cache ", cache_dir, ": ", ec.message(),
+                      "; pass --cache-dir with a writable folder"));
+  ckpt::write_file_atomic(path.string(), cal.to_json().dump(2));
+  return cal;
+}
+
+}  // namespace tessel::train

@@ -130,25 +130,29 @@ void Replica::load(const ckpt::CheckpointReader& checkpoint) {
   train::Checkpointer::load_weights(checkpoint, *model_);
 }
 
-Tensor Replica::forward(const Tensor& raw, int64_t rows, int64_t first_row) {
-  Tensor x = raw;
-  if (first_stage() && !input_mean_.empty()) {  // the map the training rows went through
-    x = Tensor::empty(raw.shape());
-    const size_t n = static_cast<size_t>(raw.numel()), f = input_mean_.size();
-    const float* in = raw.data<float>();
-    float* out = x.data<float>();
-    for (size_t i = 0; i < n; ++i) out[i] = (in[i] - input_mean_[i % f]) / input_std_[i % f];
-  }
+Tensor Replica::forward(const Tensor& x, int64_t rows, int64_t first_row) {
   OutputSink sink(rows);
   const parallel::Hooks no_hooks = [](nn::Phase, size_t, bool) {};
   const int64_t batch = config_.infer.batch;
+  const bool normalise = first_stage() && !input_mean_.empty();
+  Tensor normalised;  // one batch of rows through the map the training rows went through
   for (int64_t lo = 0; lo < rows; lo += batch) {
     const int64_t n = std::min(batch, rows - lo);
     parallel::Piece piece;
     if (first_stage()) {
       Shape s = x.shape();
       s[0] = n;
-      piece.x = x.view(lo * (x.numel() / x.dim(0)), s);
+      const int64_t row = x.numel() / x.dim(0);
+      piece.x = x.view(lo * row, s);
+      if (normalise) {
+        if (!normalised.defined()) normalised = Tensor::empty({std::min(batch, rows) * row});
+        const float* in = piece.x.data<float>();
+        float* out = normalised.data<float>();
+        const int64_t f = static_cast<int64_t>(input_mean_.size());
+        for (int64_t i = 0; i < n * row; ++i)
+          out[i] = (in[i] - input_mean_[i % f]) / input_std_[i % f];
+        piece.x = normalised.view(0, s);
+      }
     }
     piece.y = Tensor::empty({n}, DType::kI32);
     for (int64_t r = 0; r < n; ++r) piece.y.data<int32_t>()[r] = static_cast<int32_t>(lo + r);

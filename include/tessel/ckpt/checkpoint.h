@@ -60,7 +60,7 @@ struct ModelIo {
   Shape input_shape;
   DType input_dtype = DType::kF32;
   int64_t num_classes = 0;
-  std::vector<float> input_mean, input_std;
+  std::vector<float> input_mean = {}, input_std = {};
   bool regression = false;  // outputs are predicted values, not class logits
   bool operator==(const ModelIo&) const = default;
 };

@@ -4,6 +4,7 @@
 #include "manifest.h"
 
 #include <algorithm>
+#include <cmath>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -72,9 +73,24 @@ Json model_io_json(const std::optional<ModelIo>& io) {
                               dtype_name(io->input_dtype), " ", shape_str(io->input_shape), " and ",
                               io->num_classes, " classes; the input must be f32 or i32, its ",
                               "dimensions and the classes >= 1"));
-  return {{"input_shape", io->input_shape},
-          {"input_dtype", dtype_name(io->input_dtype)},
-          {"num_classes", io->num_classes}};
+  const size_t features = static_cast<size_t>(shape_numel(io->input_shape));
+  const bool bad_norm = io->input_mean.size() != io->input_std.size() ||
+                        !(io->input_mean.empty() || io->input_mean.size() == features) ||
+                        std::any_of(io->input_std.begin(), io->input_std.end(),
+                                    [](float s) { return !(s > 0 && std::isfinite(s)); });
+  if (bad_norm)
+    throw InvalidArgument(str("checkpoint: manifest model_io has ", io->input_mean.size(),
+                              " input means and ", io->input_std.size(), " stds for ", features,
+                              " features; give one finite mean and positive std per feature"));
+  Json out = {{"input_shape", io->input_shape},
+              {"input_dtype", dtype_name(io->input_dtype)},
+              {"num_classes", io->num_classes}};
+  if (!io->input_mean.empty()) {
+    out["input_mean"] = io->input_mean;
+    out["input_std"] = io->input_std;
+  }
+  if (io->regression) out["task"] = "regression";
+  return out;
 }
 
 // The manifest's shard list without the entries of writers that wrote nothing, after checking
@@ -134,6 +150,11 @@ class Fields {
   std::string text(const Field& f) const {
     if (!f.v.is_string()) bad(f.name, "that is not a string");
     return f.v.get<std::string>();
+  }
+  float number(const Field& f) const {  // a finite number
+    if (!f.v.is_number() || !std::isfinite(f.v.get<double>()))
+      bad(f.name, str("that is not a finite number, got ", f.v.dump()));
+    return f.v.get<float>();
   }
   int64_t count(const Field& f) const {  // a non-negative integer
     if (f.v.is_number_unsigned() ? f.v.get<uint64_t>() > uint64_t{kMaxInt64}
@@ -199,6 +220,25 @@ ModelIo parse_model_io(const Fields& f, const Field& io) {
   const Field classes = f.at(io, "num_classes");
   out.num_classes = f.count(classes);
   if (out.num_classes < 1) f.bad(classes.name, "that is not a positive integer, got 0");
+  if (io.v.is_object() && io.v.contains("input_mean")) {
+    const size_t features = static_cast<size_t>(shape_numel(out.input_shape));
+    const Field mean = f.at(io, "input_mean"), sd = f.at(io, "input_std");
+    auto read = [&](const Field& field, std::vector<float>& values) {
+      if (f.size(field) != features)
+        f.bad(field.name, str("that has ", f.size(field), " values for ", features, " features"));
+      for (size_t k = 0; k < features; ++k) values.push_back(f.number(f.item(field, k)));
+    };
+    read(mean, out.input_mean);
+    read(sd, out.input_std);
+    for (size_t k = 0; k < features; ++k)
+      if (!(out.input_std[k] > 0)) f.bad(sd.name, str("that holds ", out.input_std[k], " <= 0"));
+  }
+  if (io.v.is_object() && io.v.contains("task")) {
+    const Field task = f.at(io, "task");
+    out.regression = f.text(task) == "regression";
+    if (!out.regression)
+      f.bad(task.name, str("that is not 'regression', got '", f.text(task), "'"));
+  }
   return out;
 }
 

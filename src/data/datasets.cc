@@ -5,6 +5,12 @@
 #include "datasets_internal.h"
 
 namespace tessel::data {
+namespace {
+
+constexpr int64_t kGeneratedClasses = 3;  // spiral / synthetic when data.classes = 0
+
+}  // namespace
+
 namespace detail {
 
 void check_test_fraction(const DataSpec& spec) {
@@ -17,6 +23,15 @@ void check_range(const char* key, int64_t value, int64_t lo, int64_t hi) {
   if (value < lo || value > hi)
     throw InvalidArgument(str("data: ", key, " must be in [", lo, ", ", hi, "], got ", value,
                               "; set data.", key, " to a value in that range"));
+}
+
+int64_t resolve_classes(int64_t largest, int64_t classes, const std::string& where) {
+  if (classes == 0) return largest + 1;
+  if (classes <= largest)
+    throw InvalidArgument(str("data: data.classes = ", classes, " is too few for ", where,
+                              ", got labels up to ", largest, "; set data.classes to at least ",
+                              largest + 1, " or to 0 (the data's own count)"));
+  return classes;
 }
 
 DenseDataset::DenseDataset(std::string name, int64_t features, int64_t classes,
@@ -42,12 +57,17 @@ void DenseDataset::get(int64_t index, void* x, int32_t* y) const {
 Splits make_datasets(const DataSpec& spec) {
   if (spec.kind == "fashion_mnist" || spec.kind == "mnist_idx")
     return detail::make_idx_splits(spec);
-  if (spec.kind == "spiral") return detail::make_spiral_splits(spec);
   if (spec.kind == "text") return detail::make_text_splits(spec);
-  if (spec.kind == "synthetic") return detail::make_synthetic_splits(spec);
+  if (spec.kind == "npy" || spec.kind == "csv") return detail::make_table_splits(spec);
+  if (spec.kind == "spiral" || spec.kind == "synthetic") {
+    DataSpec generated = spec;
+    if (generated.classes == 0) generated.classes = kGeneratedClasses;
+    return spec.kind == "spiral" ? detail::make_spiral_splits(generated)
+                                 : detail::make_synthetic_splits(generated);
+  }
   throw InvalidArgument(str("data: unknown kind \"", spec.kind,
                             "\"; set data.kind to one of fashion_mnist, mnist_idx, spiral, text, "
-                            "synthetic"));
+                            "synthetic, npy, csv"));
 }
 
 }  // namespace tessel::data

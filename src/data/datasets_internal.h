@@ -14,6 +14,21 @@ Splits make_idx_splits(const DataSpec& spec);        // idx.cc: fashion_mnist, m
 Splits make_spiral_splits(const DataSpec& spec);     // spiral.cc
 Splits make_text_splits(const DataSpec& spec);       // text.cc
 Splits make_synthetic_splits(const DataSpec& spec);  // synthetic.cc
+Splits make_table_splits(const DataSpec& spec);      // table.cc: npy, csv
+
+// A table of `rows` rows: `features` f32 values each (row-major) and one target each.
+struct Table {
+  int64_t rows = 0;
+  int64_t features = 0;
+  std::vector<float> x;
+  std::vector<float> y;
+};
+// csv.cc: the CSV file at `path`, its column `target` (empty: the last) the targets.
+Table read_csv_table(const std::string& path, const std::string& target);
+
+// The class count of labels whose largest is `largest`: largest + 1, or `classes` (data.classes)
+// when > 0, which must be larger; throws InvalidArgument naming `where` otherwise.
+int64_t resolve_classes(int64_t largest, int64_t classes, const std::string& where);
 
 // Throws InvalidArgument unless spec.test_fraction is in [0, 1).
 void check_test_fraction(const DataSpec& spec);

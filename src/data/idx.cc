@@ -4,7 +4,8 @@
 // dimensions), then NN u32 dimensions - followed by the elements. A folder holds four files
 // (train/t10k images idx3, labels idx1), each plain or gzip-compressed (".gz" preferred).
 // Every file is read whole into memory and validated (magic, sizes against the header, trailing
-// bytes, gzip integrity, image/label counts, label range) before a Dataset is built; pixels stay
+// bytes, gzip integrity, image/label counts) before a Dataset is built; the class count is the
+// largest label + 1 over both splits (or data.classes, checked against them); pixels stay
 // u8 (60000 x 784 bytes for Fashion-MNIST) and are normalised per sample in get().
 #include <zlib.h>
 
@@ -26,7 +27,6 @@ namespace fs = std::filesystem;
 
 constexpr uint32_t kImagesMagic = 0x00000803;  // u8, 3 dimensions: count, rows, cols
 constexpr uint32_t kLabelsMagic = 0x00000801;  // u8, 1 dimension: count
-constexpr int64_t kNumClasses = 10;
 // Larger than any IDX image set in use; a header claiming more is corrupt, and capping reads
 // keeps a corrupt gzip stream from exhausting memory.
 constexpr size_t kMaxFileBytes = size_t{1} << 32;
@@ -151,13 +151,24 @@ IdxArray load_idx(const DataSpec& spec, const std::string& name, uint32_t magic)
   throw IoError(str("data: missing IDX file, got neither ", gz, " nor ", plain, "; ", fix));
 }
 
+// One split's two files, checked against each other.
+struct IdxSplit {
+  IdxArray images;
+  IdxArray labels;
+  int64_t largest_label() const {
+    const uint8_t* first = labels.bytes.data() + labels.offset;
+    return *std::max_element(first, first + labels.dims[0]);
+  }
+};
+
 class IdxDataset final : public Dataset {
  public:
-  IdxDataset(std::string name, IdxArray images, IdxArray labels, const DataSpec& spec)
+  IdxDataset(std::string name, IdxSplit split, int64_t classes, const DataSpec& spec)
       : name_(std::move(name)),
-        images_(std::move(images)),
-        labels_(std::move(labels)),
-        flatten_(spec.flatten) {
+        images_(std::move(split.images)),
+        labels_(std::move(split.labels)),
+        flatten_(spec.flatten),
+        classes_(classes) {
     for (int p = 0; p < 256; ++p) lut_[p] = (static_cast<float>(p) / 255.0f - spec.mean) / spec.std;
   }
   std::string name() const override { return name_; }
@@ -168,7 +179,7 @@ class IdxDataset final : public Dataset {
   }
   DType input_dtype() const override { return DType::kF32; }
   Shape label_shape() const override { return {}; }
-  int64_t num_classes() const override { return kNumClasses; }
+  int64_t num_classes() const override { return classes_; }
 
   void get(int64_t index, void* x, int32_t* y) const override {
     TESSEL_CHECK(index >= 0 && index < size(), "dataset ", name_, ": index ", index,
@@ -194,10 +205,11 @@ class IdxDataset final : public Dataset {
   IdxArray images_;
   IdxArray labels_;
   bool flatten_;
+  int64_t classes_;
   std::array<float, 256> lut_;  // normalised value of each pixel byte
 };
 
-std::shared_ptr<const Dataset> load_split(const DataSpec& spec, const std::string& prefix) {
+IdxSplit load_split(const DataSpec& spec, const std::string& prefix) {
   IdxArray images = load_idx(spec, prefix + "-images-idx3-ubyte", kImagesMagic);
   IdxArray labels = load_idx(spec, prefix + "-labels-idx1-ubyte", kLabelsMagic);
   std::string where = (fs::path(spec.path) / (prefix + "-*")).string();
@@ -208,13 +220,7 @@ std::shared_ptr<const Dataset> load_split(const DataSpec& spec, const std::strin
   if (images.dims[0] == 0 || images.dims[1] == 0 || images.dims[2] == 0)
     throw IoError(str("data: ", where, " holds no pixels, got ", images.dims[0], " images of ",
                       images.dims[1], "x", images.dims[2], "; check data.path"));
-  for (size_t i = 0; i < static_cast<size_t>(labels.dims[0]); ++i) {
-    int label = labels.bytes[labels.offset + i];
-    if (label >= kNumClasses)
-      throw IoError(str("data: ", where, " label ", i, " is out of range, got ", label,
-                        ", expected 0..", kNumClasses - 1, "; the labels file is corrupt"));
-  }
-  return std::make_shared<IdxDataset>(spec.kind, std::move(images), std::move(labels), spec);
+  return {std::move(images), std::move(labels)};
 }
 
 }  // namespace
@@ -224,8 +230,11 @@ Splits make_idx_splits(const DataSpec& spec) {
     throw InvalidArgument(str("data: mean and std must be finite with std > 0, got mean ",
                               spec.mean, ", std ", spec.std, "; set data.mean and data.std"));
   Splits s;
-  s.train = load_split(spec, "train");
-  s.test = load_split(spec, "t10k");
+  IdxSplit train = load_split(spec, "train"), test = load_split(spec, "t10k");
+  const int64_t classes = resolve_classes(std::max(train.largest_label(), test.largest_label()),
+                                          spec.classes, spec.path);
+  s.train = std::make_shared<IdxDataset>(spec.kind, std::move(train), classes, spec);
+  s.test = std::make_shared<IdxDataset>(spec.kind, std::move(test), classes, spec);
   if (s.train->input_shape() != s.test->input_shape())
     throw IoError(str("data: ", spec.path, " train and test images differ in size, got ",
                       shape_str(s.train->input_shape()), " and ", shape_str(s.test->input_shape()),

@@ -135,7 +135,7 @@ Batch DataLoader::load(const std::vector<int64_t>& order, int64_t epoch, int64_t
   ys.insert(ys.end(), label_shape.begin(), label_shape.end());
   Batch b;
   b.x = Tensor::empty(std::move(xs), dataset_->input_dtype());
-  b.y = Tensor::empty(std::move(ys), DType::kI32);
+  b.y = Tensor::empty(std::move(ys), dataset_->label_dtype());
   b.epoch = epoch;
   b.index = index;
   b.first_sample = start + lo;
@@ -144,7 +144,7 @@ Batch DataLoader::load(const std::vector<int64_t>& order, int64_t epoch, int64_t
   const size_t x_bytes = static_cast<size_t>(shape_numel(in_shape)) * dtype_size(b.x.dtype());
   const int64_t y_numel = shape_numel(label_shape);
   char* x = static_cast<char*>(b.x.raw());
-  int32_t* y = b.y.data<int32_t>();
+  int32_t* y = static_cast<int32_t*>(b.y.raw());  // f32 targets travel as their 4 bytes
   constexpr int64_t kAhead = 8;  // samples prefetched ahead of the one being copied
   const int64_t rows = hi - lo;
   auto sample = [&](int64_t k) { return order[static_cast<size_t>(start + lo + k)]; };

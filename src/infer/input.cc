@@ -5,11 +5,12 @@
 #include <zlib.h>
 
 #include <array>
-#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+
+#include "tessel/data/npy.h"
 
 namespace tessel::infer {
 namespace {
@@ -107,51 +108,17 @@ class IdxReader final : public InputReader {
   std::array<float, 256> lut_{};
 };
 
-// The value of 'key' in a .npy header dict: a quoted string, a tuple or a bare word.
-std::string header_field(const std::string& header, const std::string& key,
-                         const std::string& path) {
-  size_t at = header.find("'" + key + "'");
-  if (at != std::string::npos) at = header.find(':', at);
-  if (at == std::string::npos)
-    throw IoError(str("predict: ", path, " has no '", key, "' in its .npy header, got ", header,
-                      "; write it with numpy.save"));
-  at = header.find_first_not_of(' ', at + 1);
-  const char open = at < header.size() ? header[at] : ' ';
-  const size_t end = open == '\''  ? header.find('\'', at + 1) + 1
-                     : open == '(' ? header.find(')', at) + 1
-                                   : header.find_first_of(",}", at);
-  return header.substr(at, end == std::string::npos || end == 0 ? std::string::npos : end - at);
-}
-
-// NumPy .npy: '<f4' rows in C order.
+// NumPy .npy of any bool, int, uint or float dtype in C order, converted to f32 row by row.
 class NpyReader final : public InputReader {
  public:
   NpyReader(const std::string& path, const ModelInfo& model)
       : path_(path), f_(open_file(path)), shape_(model.spec.input_shape) {
-    const std::string header = read_header();
-    auto field = [&](const std::string& key) { return header_field(header, key, path); };
-    if (field("descr") != "'<f4'" || field("fortran_order") != "False")
-      throw InvalidArgument(str("predict: ", path,
-                                " must hold little-endian float32 in C order, "
-                                "got descr ",
-                                field("descr"), ", fortran_order ", field("fortran_order"),
-                                "; save it with "
-                                "numpy.save(path, x.astype('<f4'))"));
-    std::vector<int64_t> dims;
-    const std::string shape = field("shape");
-    for (size_t i = 0; i < shape.size();) {
-      if (!std::isdigit(static_cast<unsigned char>(shape[i]))) {
-        ++i;
-        continue;
-      }
-      size_t used = 0;
-      dims.push_back(std::stoll(shape.substr(i), &used));
-      i += used;
-    }
+    header_ = data::read_npy_header(f_.get(), path);
+    const std::vector<int64_t>& dims = header_.shape;
     int64_t row = 1;
     for (size_t i = 1; i < dims.size(); ++i) row *= dims[i];
     if (dims.empty() || row != shape_numel(shape_))
-      throw InvalidArgument(str("predict: ", path, " has shape ", shape, ", got ", row,
+      throw InvalidArgument(str("predict: ", path, " has shape ", shape_str(dims), ", got ", row,
                                 " values per row but the model takes ", shape_str(shape_), " (",
                                 shape_numel(shape_), "); save an array [N, ...] of such rows"));
     total_ = dims[0];
@@ -161,44 +128,30 @@ class NpyReader final : public InputReader {
   Rows read(int64_t n) override {
     Rows r = dense_rows(std::min(n, total_ - done_), shape_);
     const size_t want = static_cast<size_t>(r.count * row_);
-    if (std::fread(r.x.raw(), sizeof(float), want, f_.get()) != want)
+    // Elements up to 8 bytes wide: read into a buffer, then widen into the rows.
+    buffer_.resize(want * static_cast<size_t>(header_.width));
+    if (std::fread(buffer_.data(), static_cast<size_t>(header_.width), want, f_.get()) != want)
       throw IoError(str("predict: ", path_, " ends before row ", done_ + r.count, " of the ",
                         total_, " its header declares; the file is truncated"));
+    data::npy_to_f32(r.x.data<float>(), buffer_.data(), static_cast<int64_t>(want), header_);
     done_ += r.count;
     return r;
   }
 
   int64_t skip(int64_t n) override {
     const int64_t k = std::min(n, total_ - done_);
-    if (std::fseek(f_.get(), static_cast<long>(k * row_ * 4), SEEK_CUR) != 0)
+    if (std::fseek(f_.get(), static_cast<long>(k * row_ * header_.width), SEEK_CUR) != 0)
       throw IoError(str("predict: cannot skip in ", path_, ", got \"", std::strerror(errno), "\""));
     done_ += k;
     return k;
   }
 
  private:
-  std::string read_header() {
-    char magic[8];
-    if (std::fread(magic, 1, 8, f_.get()) != 8 || std::memcmp(magic, "\x93NUMPY", 6) != 0)
-      throw IoError(str("predict: ", path_,
-                        " is not a .npy file, got no \\x93NUMPY magic; "
-                        "write it with numpy.save"));
-    uint8_t len[4] = {};
-    const size_t width = magic[6] == 1 ? 2 : 4;
-    if (std::fread(len, 1, width, f_.get()) != width)
-      throw IoError(str("predict: ", path_, " is truncated inside its .npy header"));
-    const size_t n = width == 2 ? (len[0] | len[1] << 8)
-                                : (len[0] | len[1] << 8 | len[2] << 16 | size_t{len[3]} << 24);
-    std::string header(n, '\0');
-    if (n > (1 << 20) || std::fread(header.data(), 1, n, f_.get()) != n)
-      throw IoError(str("predict: ", path_, " has a .npy header of ", n,
-                        " bytes that the file does not hold; the file is truncated or corrupt"));
-    return header;
-  }
-
   std::string path_;
   File f_;
   Shape shape_;
+  data::NpyHeader header_;
+  std::vector<uint8_t> buffer_;
   int64_t total_ = 0, row_ = 0, done_ = 0;
 };
 

@@ -60,15 +60,18 @@ nlohmann::ordered_json class_record(const float* logits, int64_t classes, int64_
   return rec;
 }
 
-std::string csv_header(bool generation, int64_t k) {
+nlohmann::ordered_json value_record(float value) { return {{"value", value}}; }
+
+std::string csv_header(bool generation, bool regression, int64_t k) {
   if (generation) return "row,prompt,text\n";
+  if (regression) return "row,value\n";
   std::string h = "row,class";
   for (int64_t i = 1; i <= k; ++i) h += str(",top", i, "_class,top", i, "_prob");
   return h + "\n";
 }
 
-std::string format_classes(const Tensor& logits, int64_t first_row, int64_t k,
-                           OutputFormat format) {
+std::string format_classes(const Tensor& logits, int64_t first_row, int64_t k, OutputFormat format,
+                           bool regression) {
   TESSEL_CHECK(logits.ndim() == 2, "predict: classification needs logits [rows, classes], got ",
                shape_str(logits.shape()));
   const int64_t n = logits.dim(0), C = logits.dim(1);
@@ -78,8 +81,12 @@ std::string format_classes(const Tensor& logits, int64_t first_row, int64_t k,
     const float* row = logits.data<float>() + r * C;
     if (format == OutputFormat::kJsonl) {
       nlohmann::ordered_json rec = {{"row", first_row + r}};
-      rec.update(class_record(row, C, k));
+      rec.update(regression ? value_record(row[0]) : class_record(row, C, k));
       out += dump_json(rec) + "\n";
+      continue;
+    }
+    if (regression) {
+      out += str(first_row + r, ",", dump_json(row[0]), "\n");
       continue;
     }
     const auto top = top_classes(row, C, k);

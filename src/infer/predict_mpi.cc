@@ -121,8 +121,9 @@ nlohmann::json predict_mpi(const Job& job) {
   if (world.rank() == 0) {
     writer = std::make_unique<OrderedWriter>(
         job.options.output, job.identity,
-        job.format == OutputFormat::kCsv ? csv_header(job.info.generates(), job.config.infer.top_k)
-                                         : "",
+        job.format == OutputFormat::kCsv
+            ? csv_header(job.info.generates(), job.info.spec.regression, job.config.infer.top_k)
+            : "",
         job.options.resume, job.config.infer.commit_every_s);
     first[0] = writer->next_chunk();
     first[1] = writer->complete();

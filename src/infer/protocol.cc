@@ -165,6 +165,7 @@ Request read_prompts(const json& body, const json& in, const ModelInfo& info,
 
 std::vector<std::string> output_names(const ModelInfo& info) {
   if (info.generates()) return {"text"};
+  if (info.spec.regression) return {"value"};
   return {"class", "top_k_class", "top_k_prob"};
 }
 
@@ -179,6 +180,10 @@ ojson model_metadata(const std::string& name, const ModelInfo& info, const Model
   in.insert(in.begin(), -1);
   const int64_t k = top_k(info, limits);
   m["inputs"] = {tensor_meta("input", "FP32", in)};
+  if (info.spec.regression) {
+    m["outputs"] = {tensor_meta("value", "FP32", {-1})};
+    return m;
+  }
   m["outputs"] = {tensor_meta("class", "INT64", {-1}), tensor_meta("top_k_class", "INT64", {-1, k}),
                   tensor_meta("top_k_prob", "FP64", {-1, k})};
   return m;
@@ -211,9 +216,9 @@ ojson infer_answer(const std::string& name, const InferCall& call,
   for (const std::string& o : call.outputs) {
     ojson data = ojson::array();
     ojson t;
-    if (o == "text" || o == "class") {
+    if (o == "text" || o == "class" || o == "value") {
       for (const ojson& r : records) data.push_back(r[o]);
-      t = tensor_meta(o.c_str(), o == "text" ? "BYTES" : "INT64", {n});
+      t = tensor_meta(o.c_str(), o == "text" ? "BYTES" : o == "value" ? "FP32" : "INT64", {n});
     } else {
       const char* field = o == "top_k_class" ? "class" : "prob";
       const int64_t k = n ? static_cast<int64_t>(records[0]["top_k"].size()) : 0;

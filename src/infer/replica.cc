@@ -53,6 +53,9 @@ ModelInfo model_info(const train::Config& config, const std::string& checkpoint)
     info.spec.input_shape = m.io->input_shape;
     info.spec.num_classes = m.io->num_classes;
     info.input_dtype = m.io->input_dtype;
+    info.input_mean = m.io->input_mean;
+    info.input_std = m.io->input_std;
+    info.spec.regression = m.io->regression;
     return info;
   }
   log_info("infer: ", info.checkpoint->dir(), " predates model_io in manifest.json (version 3); ",
@@ -64,6 +67,9 @@ ModelInfo model_info(const train::Config& config, const std::string& checkpoint)
   info.spec.num_classes = data.train->num_classes();
   info.input_dtype = data.train->input_dtype();
   info.vocab = data.vocabulary;
+  info.input_mean = data.input_mean;
+  info.input_std = data.input_std;
+  info.spec.regression = data.train->label_dtype() == DType::kF32;
   return info;
 }
 
@@ -72,7 +78,9 @@ Replica::Replica(const train::Config& config, const ModelInfo& info, comm::Commu
     : config_(config),
       tp_(tp && tp->size() > 1 ? parallel::make_tensor_parallel(*tp, config.parallel.tp_sequence)
                                : nullptr),
-      model_(nn::build_model(info.spec, tp_.get())) {
+      model_(nn::build_model(info.spec, tp_.get())),
+      input_mean_(info.input_mean),
+      input_std_(info.input_std) {
   if (pp != nullptr && pp->size() > 1) {
     parallel::ParallelSpec spec = config.parallel;
     spec.deterministic = false;  // a training setting; inference has no gradient sums
@@ -126,13 +134,25 @@ Tensor Replica::forward(const Tensor& x, int64_t rows, int64_t first_row) {
   OutputSink sink(rows);
   const parallel::Hooks no_hooks = [](nn::Phase, size_t, bool) {};
   const int64_t batch = config_.infer.batch;
+  const bool normalise = first_stage() && !input_mean_.empty();
+  Tensor normalised;  // one batch of rows through the map the training rows went through
   for (int64_t lo = 0; lo < rows; lo += batch) {
     const int64_t n = std::min(batch, rows - lo);
     parallel::Piece piece;
     if (first_stage()) {
       Shape s = x.shape();
       s[0] = n;
-      piece.x = x.view(lo * (x.numel() / x.dim(0)), s);
+      const int64_t row = x.numel() / x.dim(0);
+      piece.x = x.view(lo * row, s);
+      if (normalise) {
+        if (!normalised.defined()) normalised = Tensor::empty({std::min(batch, rows) * row});
+        const float* in = piece.x.data<float>();
+        float* out = normalised.data<float>();
+        const int64_t f = static_cast<int64_t>(input_mean_.size());
+        for (int64_t i = 0; i < n * row; ++i)
+          out[i] = (in[i] - input_mean_[i % f]) / input_std_[i % f];
+        piece.x = normalised.view(0, s);
+      }
     }
     piece.y = Tensor::empty({n}, DType::kI32);
     for (int64_t r = 0; r < n; ++r) piece.y.data<int32_t>()[r] = static_cast<int32_t>(lo + r);

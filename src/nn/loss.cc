@@ -68,6 +68,49 @@ Tensor CrossEntropyLoss::backward(float dloss) {
   return narrow_;
 }
 
+// The output widened to f32 (in diff_), less the targets; the loss sums in double.
+LossValue MseLoss::forward(const Tensor& output, const Tensor& targets) {
+  const bool typed =
+      output.defined() && (output.dtype() == DType::kF32 || output.dtype() == DType::kBF16 ||
+                           output.dtype() == DType::kF16);
+  if (!typed || output.ndim() != 2 || output.dim(1) != 1)
+    throw InvalidArgument(str("mse: output must be f32, bf16 or f16 [N, 1], got ",
+                              output.defined()
+                                  ? str(dtype_name(output.dtype()), " ", shape_str(output.shape()))
+                                  : "undefined",
+                              "; a regression model has one output per row"));
+  const int64_t N = output.dim(0);
+  if (!targets.defined() || targets.dtype() != DType::kF32 || targets.numel() != N)
+    throw InvalidArgument(str("mse: targets must be f32 with one per row (", N, "), got ",
+                              targets.defined() ? dtype_name(targets.dtype()) : "undefined", " ",
+                              targets.defined() ? shape_str(targets.shape()) : "",
+                              "; regression needs a dataset of f32 targets (data.task)"));
+  type_ = output.dtype();
+  reuse(diff_, {N});
+  float* d = diff_.data<float>();
+  ops::convert(d, DType::kF32, output.raw(), type_, N);
+  const float* t = targets.data<float>();
+  double sum = 0;
+  for (int64_t r = 0; r < N; ++r) {
+    d[r] -= t[r];
+    sum += static_cast<double>(d[r]) * d[r];
+  }
+  return {N > 0 ? static_cast<float>(sum / static_cast<double>(N)) : 0.0f, 0, N};
+}
+
+Tensor MseLoss::backward(float dloss) {
+  TESSEL_CHECK(diff_.defined(), "mse: backward() before forward()");
+  const int64_t N = diff_.numel();
+  reuse(grad_, {N, 1});
+  const float scale = N > 0 ? 2.0f * dloss / static_cast<float>(N) : 0.0f;
+  for (int64_t r = 0; r < N; ++r) grad_.data<float>()[r] = scale * diff_.data<float>()[r];
+  if (type_ == DType::kF32) return grad_;
+  if (!narrow_.defined() || narrow_.shape() != grad_.shape() || narrow_.dtype() != type_)
+    narrow_ = Tensor::empty(grad_.shape(), type_);
+  ops::convert(narrow_.raw(), type_, grad_.raw(), DType::kF32, N);
+  return narrow_;
+}
+
 LossValue VocabParallelCrossEntropy::forward(const Tensor& logits, const Tensor& labels) {
   const int64_t N = check_inputs(logits, labels), C = logits.dim(-1);
   const int64_t lo = tp_.rank() * C, valid = std::clamp<int64_t>(V_ - lo, 0, C);

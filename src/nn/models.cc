@@ -216,6 +216,7 @@ std::unique_ptr<Model> build_model(const ModelSpec& spec, TensorParallel* tp) {
 }
 
 std::unique_ptr<Loss> make_loss(const ModelSpec& spec, TensorParallel* tp) {
+  if (spec.regression) return std::make_unique<MseLoss>();
   if (spec.kind == "gpt" && tp != nullptr)
     return std::make_unique<VocabParallelCrossEntropy>(*tp, spec.num_classes);
   return std::make_unique<CrossEntropyLoss>();

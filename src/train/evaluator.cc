@@ -53,7 +53,9 @@ Evaluator::Evaluator(const Config& config, const std::string& checkpoint) : conf
   nn::ModelSpec spec = config_.model;
   spec.input_shape = data_.train->input_shape();
   spec.num_classes = data_.train->num_classes();
+  spec.regression = data_.train->label_dtype() == DType::kF32;
   model_ = nn::build_model(spec);
+  loss_ = nn::make_loss(spec);
   model_->materialize(config_.seed);
   Checkpointer::load_weights(reader, *model_);
 }
@@ -61,7 +63,6 @@ Evaluator::Evaluator(const Config& config, const std::string& checkpoint) : conf
 Evaluator::~Evaluator() = default;
 
 EvalResult Evaluator::evaluate(const data::Dataset& dataset, comm::Communicator* world) {
-  nn::CrossEntropyLoss loss;
   EvalPass pass;
   pass.batch = config_.train.batch;
   pass.seed = config_.seed;
@@ -74,7 +75,7 @@ EvalResult Evaluator::evaluate(const data::Dataset& dataset, comm::Communicator*
       [&](const parallel::Piece& p) -> parallel::PieceStats {
         const int64_t rows = p.y.dim(0);
         if (rows == 0) return {};
-        const nn::LossValue v = loss.forward(model_->forward(p.x, p.ctx, nullptr), p.y);
+        const nn::LossValue v = loss_->forward(model_->forward(p.x, p.ctx, nullptr), p.y);
         return {static_cast<double>(v.mean) * rows,
                 static_cast<double>(v.correct) * rows / static_cast<double>(v.positions), rows};
       },

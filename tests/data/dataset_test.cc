@@ -133,7 +133,7 @@ void check_idx_round_trip(bool gz) {
   EXPECT_EQ(s.train->input_shape(), Shape{kPixels});
   EXPECT_EQ(s.train->label_shape(), Shape{});
   EXPECT_EQ(s.train->input_dtype(), DType::kF32);
-  EXPECT_EQ(s.train->num_classes(), 10);
+  EXPECT_EQ(s.train->num_classes(), 5);  // labels 0..4 (train) and 1..3 (test)
   std::vector<float> x(kPixels);
   for (int i = 0; i < 5; ++i) {
     int32_t y = -1;
@@ -250,11 +250,30 @@ TEST(Idx, CountMismatch) {
   expect_io_error(idx_spec(dir), {"5 images and 4 labels"});
 }
 
-TEST(Idx, LabelOutOfRange) {
+// The class count is the data's (15 and 3 here, where 10 was fixed), or data.classes when it
+// covers every label of either split.
+TEST(Idx, ClassCountComesFromTheLabels) {
   TempDir dir;
   write_idx_folder(dir, 5, 3, false);
-  write_file(dir / "t10k-labels-idx1-ubyte", idx_bytes(0x801, {3}, {1, 10, 2}), false);
-  expect_io_error(idx_spec(dir), {"label 1 is out of range, got 10"});
+  write_file(dir / "train-labels-idx1-ubyte", idx_bytes(0x801, {5}, {0, 14, 3, 7, 1}), false);
+  EXPECT_EQ(make_datasets(idx_spec(dir)).train->num_classes(), 15);
+  write_file(dir / "train-labels-idx1-ubyte", idx_bytes(0x801, {5}, {0, 1, 2, 1, 0}), false);
+  write_file(dir / "t10k-labels-idx1-ubyte", idx_bytes(0x801, {3}, {1, 2, 0}), false);
+  Splits s = make_datasets(idx_spec(dir));
+  EXPECT_EQ(s.train->num_classes(), 3);
+  EXPECT_EQ(s.test->num_classes(), 3);
+  DataSpec spec = idx_spec(dir);
+  spec.classes = 12;
+  EXPECT_EQ(make_datasets(spec).test->num_classes(), 12);
+  write_file(dir / "t10k-labels-idx1-ubyte", idx_bytes(0x801, {3}, {1, 200, 0}), false);
+  try {
+    make_datasets(spec);
+    FAIL() << "expected InvalidArgument";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("data.classes = 12 is too few"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("at least 201"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Idx, BadStdIsInvalidArgument) {

@@ -245,9 +245,21 @@ TEST_F(Files, InputsThatDoNotFitTheModelAreRefusedByName) {
   EXPECT_EQ(r->read(3).count, 3);
   EXPECT_EQ(r->read(3).count, 2);
   EXPECT_EQ(r->read(3).count, 0);
-  write_npy(path("f8.npy"), "<f8", "(5, 4)", 5 * 4 * 8);
-  expect_throw_with<InvalidArgument>([&] { open_input(path("f8.npy"), classifier({4}), data); },
-                                     "little-endian float32");
+  {  // float64 (numpy's default) and int16 rows are converted, not refused
+    std::vector<double> f8(20);
+    for (int i = 0; i < 20; ++i) f8[static_cast<size_t>(i)] = 0.25 * i - 2;
+    write_npy(path("f8.npy"), "<f8", "(5, 4)", 0);
+    std::ofstream(path("f8.npy"), std::ios::binary | std::ios::app)
+        .write(reinterpret_cast<const char*>(f8.data()), 20 * 8);
+    const Rows rows = open_input(path("f8.npy"), classifier({4}), data)->read(5);
+    ASSERT_EQ(rows.count, 5);
+    for (int i = 0; i < 20; ++i) EXPECT_EQ(rows.x.data<float>()[i], 0.25f * i - 2) << i;
+    write_npy(path("i2.npy"), "<i2", "(5, 4)", 5 * 4 * 2);
+    EXPECT_EQ(open_input(path("i2.npy"), classifier({4}), data)->read(5).count, 5);
+  }
+  write_npy(path("c8.npy"), "<c8", "(5, 4)", 5 * 4 * 8);
+  expect_throw_with<InvalidArgument>([&] { open_input(path("c8.npy"), classifier({4}), data); },
+                                     "little-endian bool, int, uint or float");
   write_npy(path("wide.npy"), "<f4", "(5, 6)", 5 * 6 * 4);
   expect_throw_with<InvalidArgument>([&] { open_input(path("wide.npy"), classifier({4}), data); },
                                      "has shape");
@@ -275,8 +287,13 @@ TEST(Output, RecordsArePureFunctionsOfTheLogits) {
   EXPECT_EQ(r["top_k"].size(), 2u);
   Tensor t = Tensor::empty({1, 3});
   std::copy(logits, logits + 3, t.data<float>());
-  EXPECT_EQ(format_classes(t, 41, 1, OutputFormat::kCsv), "41,1,1,0.449816\n");
-  EXPECT_EQ(csv_header(false, 1), "row,class,top1_class,top1_prob\n");
+  EXPECT_EQ(format_classes(t, 41, 1, OutputFormat::kCsv, false), "41,1,1,0.449816\n");
+  EXPECT_EQ(csv_header(false, false, 1), "row,class,top1_class,top1_prob\n");
+  // A regression model's single output is the value.
+  EXPECT_EQ(format_classes(t.view(1, {2, 1}), 3, 1, OutputFormat::kJsonl, true),
+            "{\"row\":3,\"value\":2.0}\n{\"row\":4,\"value\":2.0}\n");
+  EXPECT_EQ(format_classes(t.view(0, {1, 1}), 3, 1, OutputFormat::kCsv, true), "3,0.5\n");
+  EXPECT_EQ(csv_header(false, true, 1), "row,value\n");
   EXPECT_THROW(output_format("out.txt"), InvalidArgument);
 }
 

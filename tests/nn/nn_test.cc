@@ -10,6 +10,7 @@
 #include "tessel/nn/layers.h"
 #include "tessel/nn/loss.h"
 #include "tessel/nn/models.h"
+#include "tessel/ops/cpu.h"
 
 namespace tessel::nn {
 namespace {
@@ -424,6 +425,52 @@ TEST(CrossEntropyLoss, RejectsMismatchedLabelsAndBackwardBeforeForward) {
   EXPECT_THROW(loss.backward(1.0f), Error);
   EXPECT_THROW(loss.forward(randn({4, 3}, 1), random_ids({5}, 3, 1)), InvalidArgument);
   EXPECT_THROW(loss.forward(randn({4, 3}, 1), randn({4}, 1)), InvalidArgument);
+}
+
+TEST(MseLoss, MatchesTheFormulaAndFiniteDifferences) {
+  const Tensor out = randn({7, 1}, 24, 2.0f), targets = randn({7}, 25, 3.0f);
+  MseLoss loss;
+  const LossValue v = loss.forward(out, targets);
+  double expect = 0;
+  for (int64_t r = 0; r < 7; ++r) {
+    const double d = out.data<float>()[r] - targets.data<float>()[r];
+    expect += d * d;
+  }
+  EXPECT_NEAR(v.mean, expect / 7, 1e-5);
+  EXPECT_EQ(v.positions, 7);
+  EXPECT_EQ(v.correct, 0);
+  const Tensor d = loss.backward(1.0f).clone();
+  EXPECT_EQ(d.shape(), out.shape());
+  testing::check_grad("doutput", out, d, [&] {
+    MseLoss l2;
+    return static_cast<double>(l2.forward(out, targets).mean);
+  });
+  const Tensor d3 = loss.backward(3.0f);
+  for (int64_t i = 0; i < 7; ++i)
+    EXPECT_NEAR(d3.data<float>()[i], 3.0f * d.data<float>()[i], 1e-5f);
+  // 16-bit outputs: the loss in f32, the gradient back in the output's type.
+  Tensor half = Tensor::empty({7, 1}, DType::kBF16);
+  ops::convert(half.raw(), DType::kBF16, out.raw(), DType::kF32, 7);
+  MseLoss l16;
+  EXPECT_NEAR(l16.forward(half, targets).mean, v.mean, 0.05 * v.mean);
+  EXPECT_EQ(l16.backward(1.0f).dtype(), DType::kBF16);
+  EXPECT_THROW(MseLoss().backward(1.0f), Error);
+  EXPECT_THROW(MseLoss().forward(randn({7, 2}, 1), targets), InvalidArgument);
+  EXPECT_THROW(MseLoss().forward(out, random_ids({7}, 3, 1)), InvalidArgument);
+}
+
+TEST(MseLoss, RegressionMlpGradientsMatchFiniteDifferences) {
+  ModelSpec s;
+  s.kind = "mlp";
+  s.input_shape = {4};
+  s.num_classes = 1;
+  s.hidden = {5};
+  s.activation = "gelu";  // smooth, so that finite differences see no kinks
+  s.regression = true;
+  EXPECT_NE(dynamic_cast<MseLoss*>(make_loss(s).get()), nullptr);
+  auto m = build_model(s);
+  m->materialize(3);
+  testing::check_model_grads<MseLoss>(*m, randn({6, 4}, 26), randn({6}, 27), Context{true});
 }
 
 // ---- Whole models through the loss ----

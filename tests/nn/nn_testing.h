@@ -209,21 +209,22 @@ inline void check_grad(const std::string& what, Tensor values, const Tensor& ana
   EXPECT_GT(checked, 0) << what;
 }
 
-// Gradient check of a whole (materialized) model: model.forward -> CrossEntropyLoss, for dx
-// (when the input is f32) and a sample of coordinates of every parameter tensor.
-inline void check_model_grads(Model& model, const Tensor& x, const Tensor& labels,
-                              const Context& ctx, FdOptions o = {}) {
+// Gradient check of a whole (materialized) model: model.forward -> L (CrossEntropyLoss unless
+// given), for dx (when the input is f32) and a sample of coordinates of every parameter tensor.
+template <typename L = CrossEntropyLoss>
+void check_model_grads(Model& model, const Tensor& x, const Tensor& labels, const Context& ctx,
+                       FdOptions o = {}) {
   model.set_input_grad(x.dtype() == DType::kF32);
   jitter_params(model);
   Activations acts;
-  CrossEntropyLoss loss;
+  L loss;
   loss.forward(model.forward(x, ctx, &acts), labels);
   model.zero_grad();
   Tensor dx = model.backward(loss.backward(1.0f), acts);
   if (dx.defined()) dx = dx.clone();
   const Tensor grads = model.grads().clone();
   auto objective = [&] {
-    CrossEntropyLoss l;
+    L l;
     return static_cast<double>(l.forward(model.forward(x, ctx, nullptr), labels).mean);
   };
   if (x.dtype() == DType::kF32) {

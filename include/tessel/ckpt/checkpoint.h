@@ -53,12 +53,15 @@ struct TensorSpec {
 };
 
 // What a model reads and predicts, so that inference needs no dataset: one sample's input shape
-// and dtype (f32 features, i32 token ids) and the number of classes (a language model: its
-// vocabulary size).
+// and dtype (f32 features, i32 token ids), the number of classes (a language model: its
+// vocabulary size) and, for a table dataset, the per-feature map the training data went
+// through, x -> (x - input_mean) / input_std, which inference applies to raw rows (empty: none).
 struct ModelIo {
   Shape input_shape;
   DType input_dtype = DType::kF32;
   int64_t num_classes = 0;
+  std::vector<float> input_mean = {}, input_std = {};
+  bool regression = false;  // outputs are predicted values, not class logits
   bool operator==(const ModelIo&) const = default;
 };
 

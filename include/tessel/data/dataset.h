@@ -1,6 +1,7 @@
 // Dataset: a fixed number of samples addressed by index. A sample is an input (f32 features or
-// i32 token ids) and an i32 label (one class, or one target per token). Implementations are
-// immutable after construction, so get() may be called from several threads at once.
+// i32 token ids) and a label: i32 (one class, or one target per token) or an f32 regression
+// target. Implementations are immutable after construction, so get() may be called from
+// several threads at once.
 #pragma once
 
 #include <cstdint>
@@ -17,11 +18,15 @@ class Dataset {
   virtual ~Dataset() = default;
   virtual std::string name() const = 0;
   virtual int64_t size() const = 0;
-  virtual Shape input_shape() const = 0;    // per sample, e.g. [784], [1,28,28], [T]
-  virtual DType input_dtype() const = 0;    // kF32 features or kI32 token ids
-  virtual Shape label_shape() const = 0;    // per sample: [] for a class, [T] for tokens
-  virtual int64_t num_classes() const = 0;  // classes, or vocabulary size
-  // Writes sample `index` into x (numel(input_shape) values of input_dtype) and y.
+  virtual Shape input_shape() const = 0;  // per sample, e.g. [784], [1,28,28], [T]
+  virtual DType input_dtype() const = 0;  // kF32 features or kI32 token ids
+  virtual Shape label_shape() const = 0;  // per sample: [] for a class, [T] for tokens
+  // kI32 class or token ids; kF32 regression targets (get() writes them through y's 4-byte
+  // slots as floats).
+  virtual DType label_dtype() const { return DType::kI32; }
+  virtual int64_t num_classes() const = 0;  // classes, vocabulary size, or 1 (regression)
+  // Writes sample `index` into x (numel(input_shape) values of input_dtype) and y
+  // (numel(label_shape) values of label_dtype).
   virtual void get(int64_t index, void* x, int32_t* y) const = 0;
   // A hint that get(index) comes soon: start loading its bytes into the cache. A loader issues
   // it a few samples ahead, so that a batch of random samples waits on memory once, not once
@@ -31,19 +36,28 @@ class Dataset {
 
 // Which dataset to build and its options (the [data] section of a config).
 struct DataSpec {
-  std::string kind = "fashion_mnist";  // fashion_mnist | mnist_idx | spiral | text | synthetic
-  std::string path = "/usr/share/datasets/fashion-mnist";  // IDX folder, or text file
-  bool flatten = true;                                     // idx: [784] (true) or [1,28,28] (false)
-  float mean = 0.2860f;                                    // idx: x = (pixel/255 - mean) / std
+  // fashion_mnist | mnist_idx | spiral | text | synthetic | npy | csv
+  std::string kind = "fashion_mnist";
+  std::string path = "/usr/share/datasets/fashion-mnist";  // IDX folder, text file or table
+  // npy/csv: the targets: a CSV column's name, a 2-D .npy's column number, an .npz's array name
+  // (features: array "x"). Empty: the last column, or array "y".
+  std::string target;
+  std::string test_path;  // npy/csv: a table of the same form for the test set (else a split)
+  std::string task = "classification";  // npy/csv: classification | regression
+  bool flatten = true;                  // idx: [784] (true) or [1,28,28] (false)
+  float mean = 0.2860f;                 // idx: x = (pixel/255 - mean) / std
   float std = 0.3530f;
-  int64_t classes = 3;             // spiral / synthetic
+  // spiral / synthetic: the classes (0: 3); idx, npy, csv: the head's classes, at least the
+  // data's largest label + 1 (0: exactly that).
+  int64_t classes = 0;
   int64_t points_per_class = 100;  // spiral
   float noise = 0.2f;              // spiral
   int64_t context = 64;            // text: tokens per sample
-  double test_fraction = 0.1;      // text / spiral / synthetic: share held out for the test set
+  double test_fraction = 0.1;      // text/spiral/synthetic/npy/csv: share held out for the test
+                                   // set (npy/csv: rows drawn by seed, unless test_path is set)
   int64_t samples = 1024;          // synthetic
   int64_t features = 32;           // synthetic
-  uint64_t seed = 1;               // spiral / synthetic generation
+  uint64_t seed = 1;               // spiral / synthetic generation, npy / csv test rows
   // text: a fixed vocabulary, the byte of each token id in id order (a checkpoint's, so that a
   // trained model reads new text with its own ids); a byte outside it is an error. Not a config
   // key. Empty: the file's own distinct bytes.
@@ -54,6 +68,10 @@ struct Splits {
   std::shared_ptr<const Dataset> train;
   std::shared_ptr<const Dataset> test;  // may be null when the dataset has no test split
   std::string vocabulary;  // text: the byte of each token id, in id order; empty otherwise
+  // npy/csv: each feature's mean and standard deviation over the train split (a constant
+  // feature: std 1). The datasets hold (x - mean) / std; a model trained on them takes raw rows
+  // through the same map (predict, serve). Empty for kinds that normalise otherwise.
+  std::vector<float> input_mean, input_std;
 };
 
 // Builds the train and test sets. Throws IoError for a missing, truncated or corrupt file,

@@ -20,7 +20,7 @@ namespace tessel::data {
 
 struct Batch {
   Tensor x;  // [n, input_shape...] of the dataset's input dtype
-  Tensor y;  // [n, label_shape...] i32
+  Tensor y;  // [n, label_shape...] of the dataset's label dtype (i32, or f32 targets)
   int64_t epoch = 0;
   int64_t index = 0;         // batch index within the epoch
   int64_t first_sample = 0;  // position in the epoch order of row 0 (keys dropout)

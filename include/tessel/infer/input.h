@@ -2,7 +2,8 @@
 // than memory streams through:
 //   IDX images (name with "ubyte" or ".idx", plain or ".gz"): u8 [N, H, W], normalised as the
 //     training data is (data.mean, data.std) and shaped as the model's input;
-//   NumPy ".npy" (format 1.x/2.x, C order): '<f4' [N, ...], each row the model's input size;
+//   NumPy ".npy" (format 1.x-3.x, C order): any bool/int/uint/float dtype [N, ...] (converted
+//     to f32), each row the model's input size;
 //   text lines (".txt"): one prompt per line for a gpt model ("\n" or "\r\n" ends a line).
 // A reader checks the header against the model before the first row and names the file, row
 // and what is wrong when the data does not fit. One reader per thread.

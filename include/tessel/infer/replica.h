@@ -21,8 +21,9 @@
 
 namespace tessel::infer {
 
-// The model a config describes, with the shapes it was trained on (input, classes) and, for a
-// text dataset, the vocabulary (the byte of each token id), all from the checkpoint's manifest;
+// The model a config describes, with the shapes it was trained on (input, classes), for a
+// text dataset the vocabulary (the byte of each token id), for a table dataset the per-feature
+// normalisation its training rows went through, all from the checkpoint's manifest;
 // a checkpoint from before manifest version 3 has no shapes, and the config's training data is
 // loaded to learn them. The checkpoint is opened once and shared by the process's replicas
 // (its reads are thread safe). Built once per process.
@@ -30,6 +31,7 @@ struct ModelInfo {
   nn::ModelSpec spec;
   DType input_dtype = DType::kF32;
   std::string vocab;
+  std::vector<float> input_mean, input_std;  // raw row x -> (x - mean) / std; empty: none
   std::shared_ptr<const ckpt::CheckpointReader> checkpoint;
   bool generates() const { return spec.kind == "gpt"; }
 };
@@ -50,8 +52,9 @@ class Replica {
   bool first_stage() const { return stage_ == 0; }
   bool last_stage() const { return stage_ + 1 == stages_; }
   // The outputs of `rows` rows, global rows [first_row, first_row + rows): x [rows, ...] on the
-  // first stage (ignored elsewhere). Returns [rows, ...] on the last stage, an undefined tensor
-  // elsewhere. Collective over the pipeline.
+  // first stage (ignored elsewhere), raw rows that go through the model's input normalisation.
+  // Returns [rows, ...] on the last stage, an undefined tensor elsewhere. Collective over the
+  // pipeline.
   Tensor forward(const Tensor& x, int64_t rows, int64_t first_row);
   // The whole model (generation); only when it runs here without a pipeline.
   nn::Model& model();
@@ -65,6 +68,7 @@ class Replica {
   std::unique_ptr<nn::TensorParallel> tp_;
   std::unique_ptr<nn::Model> model_;
   std::unique_ptr<parallel::Executor> executor_;
+  std::vector<float> input_mean_, input_std_;
   int stage_ = 0, stages_ = 1;
   std::vector<Tensor> values_;  // one tensor per run of local blocks
   int64_t parameter_bytes_ = 0;

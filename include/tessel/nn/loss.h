@@ -44,6 +44,20 @@ class CrossEntropyLoss final : public Loss {
   Tensor narrow_;  // dlogits in the logits' type
 };
 
+// Mean squared error of outputs [N, 1] (f32, bf16 or f16; computed in f32) against f32
+// targets [N], mean over the rows. No row counts as "correct" (LossValue::correct = 0).
+class MseLoss final : public Loss {
+ public:
+  LossValue forward(const Tensor& output, const Tensor& targets) override;
+  Tensor backward(float dloss) override;
+
+ private:
+  DType type_ = DType::kF32;  // the output's
+  Tensor diff_;               // output - target, f32
+  Tensor grad_;               // f32
+  Tensor narrow_;             // the gradient in the output's type
+};
+
 // Cross-entropy over logits cut by vocabulary across a tensor-parallel group (an LmHead's):
 // this rank holds the logits of vocabulary [rank x Vl, (rank + 1) x Vl) of `vocab` (past it:
 // padding, left out). The forward reduces three values per position over the group (the max,

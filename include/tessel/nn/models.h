@@ -16,7 +16,8 @@ struct ModelSpec {
   std::string kind = "mlp";  // mlp | cnn | gpt
   // Filled from the dataset: per-sample input shape ([784], [1,28,28] or [T]) and classes/vocab.
   Shape input_shape;
-  int64_t num_classes = 0;
+  int64_t num_classes = 0;  // regression: the number of targets (outputs)
+  bool regression = false;  // f32 targets and a mean squared error loss (data.task)
 
   // mlp: Linear(in, hidden[0]) act ... Linear(hidden[-1], classes)
   std::vector<int64_t> hidden = {512, 256};
@@ -42,7 +43,8 @@ struct ModelSpec {
 // with the output layer as its row partner), a gpt's blocks, embedding and head as
 // tensor_parallel.h describes; whole parameters are replicas on every rank but the group's 0.
 std::unique_ptr<Model> build_model(const ModelSpec& spec, TensorParallel* tp = nullptr);
-// The loss a model trains with: cross-entropy, vocabulary-parallel for a gpt cut by tp.
+// The loss a model trains with: cross-entropy, vocabulary-parallel for a gpt cut by tp; the
+// mean squared error for regression.
 std::unique_ptr<Loss> make_loss(const ModelSpec& spec, TensorParallel* tp = nullptr);
 
 }  // namespace tessel::nn

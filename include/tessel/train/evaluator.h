@@ -64,6 +64,7 @@ class Evaluator {
   Config config_;
   data::Splits data_;
   std::unique_ptr<nn::Model> model_;
+  std::unique_ptr<nn::Loss> loss_;  // cross-entropy, or the mean squared error (regression)
 };
 
 }  // namespace tessel::train

@@ -250,6 +250,11 @@ class Session : public std::enable_shared_from_this<Session> {
   void flush() {
     if (writing_ || !streaming_) return;
     if (pieces_.empty() && !stream_ended_) return;
+    // Pieces that queued while the last write ran go out as one chunk (one system call).
+    while (pieces_.size() > 1) {
+      pieces_[pieces_.size() - 2] += pieces_.back();
+      pieces_.pop_back();
+    }
     writing_ = true;
     stream_.expires_after(shared_.timeout);
     auto done = [self = shared_from_this()](beast::error_code ec, size_t) {

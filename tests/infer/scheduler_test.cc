@@ -7,25 +7,14 @@
 
 #include <future>
 
-#include "tessel/nn/models.h"
+#include "tiny_gpt.h"
 
 namespace tessel::infer {
 namespace {
 
 constexpr int64_t kVocab = 23, kContext = 48;
 
-std::unique_ptr<nn::Model> tiny_gpt() {
-  nn::ModelSpec spec;
-  spec.kind = "gpt";
-  spec.input_shape = {kContext};
-  spec.num_classes = kVocab;
-  spec.layers = 2;
-  spec.heads = 2;
-  spec.embed = 16;
-  auto model = nn::build_model(spec);
-  model->materialize(5);
-  return model;
-}
+std::unique_ptr<nn::Model> tiny_gpt() { return testing::tiny_gpt(kVocab, kContext, 5); }
 
 Prompt prompt(int64_t i) {
   Prompt p;

@@ -57,18 +57,7 @@ Tensor at_position(const Tensor& logits, int64_t t) {
   return out;
 }
 
-// One step of the KV-cached model: the logits [B, V] of the last of the positions
-// [pos, pos + T) that ids [B, T] fill (only that position reaches the LM head).
-Tensor cached_step(Gpt& g, std::vector<nn::KvCache>& kv, const Tensor& ids, int64_t pos) {
-  Tensor h = g.embed->forward_at(ids, pos);
-  for (size_t l = 0; l < g.blocks.size(); ++l) h = g.blocks[l]->forward_cached(h, kv[l]);
-  const int64_t B = h.dim(0), T = h.dim(1), C = h.dim(2);
-  Tensor last = Tensor::empty({B, 1, C});
-  for (int64_t b = 0; b < B; ++b)
-    std::memcpy(last.data<float>() + b * C, h.data<float>() + (b * T + T - 1) * C,
-                static_cast<size_t>(C) * sizeof(float));
-  return at_position(g.head->forward(last, nn::Context{false}, nullptr), 0);
-}
+}  // namespace
 
 void check_prompts(const std::vector<Prompt>& prompts, int64_t context) {
   for (size_t b = 0; b < prompts.size(); ++b) {
@@ -85,7 +74,35 @@ void check_prompts(const std::vector<Prompt>& prompts, int64_t context) {
   }
 }
 
-}  // namespace
+int64_t gpt_context(nn::Model& model) { return gpt_of(model).embed->context(); }
+
+Tensor forward_step(nn::Model& model, nn::KvCache& kv, const std::vector<int32_t>& tokens,
+                    std::vector<nn::KvCache::Run> runs) {
+  Gpt g = gpt_of(model);
+  const int64_t N = static_cast<int64_t>(tokens.size()), R = static_cast<int64_t>(runs.size());
+  std::vector<int64_t> positions;
+  positions.reserve(tokens.size());
+  for (const nn::KvCache::Run& r : runs)
+    for (int64_t i = 0; i < r.rows; ++i) positions.push_back(kv.length(r.seq) + i);
+  TESSEL_CHECK(static_cast<int64_t>(positions.size()) == N, "generate: a step of ", N,
+               " tokens for runs of ", positions.size(), " rows");
+  Tensor ids = Tensor::empty({1, N}, DType::kI32);
+  std::memcpy(ids.data<int32_t>(), tokens.data(), tokens.size() * sizeof(int32_t));
+  kv.set_step(std::move(runs));
+  Tensor h = g.embed->forward_at(ids, positions);
+  for (size_t l = 0; l < g.blocks.size(); ++l) h = g.blocks[l]->forward_cached(h, kv, l);
+  // Each run's last row reaches the LM head.
+  const int64_t C = h.dim(2);
+  Tensor last = Tensor::empty({R, 1, C});
+  int64_t row = 0;
+  for (int64_t r = 0; r < R; ++r) {
+    row += kv.step()[static_cast<size_t>(r)].rows;
+    std::memcpy(last.data<float>() + r * C, h.data<float>() + (row - 1) * C,
+                static_cast<size_t>(C) * sizeof(float));
+  }
+  kv.finish_step();
+  return at_position(g.head->forward(last, nn::Context{false}, nullptr), 0);
+}
 
 int32_t choose_token(const float* logits, int64_t V, const SampleOptions& options, uint64_t key,
                      int64_t position) {
@@ -94,7 +111,7 @@ int32_t choose_token(const float* logits, int64_t V, const SampleOptions& option
   // Candidates by decreasing logit (ties: lower id first), cut to the top k.
   std::vector<int32_t> order(static_cast<size_t>(V));
   std::iota(order.begin(), order.end(), 0);
-  const int64_t k = options.top_k > 0 ? std::min(options.top_k, V) : V;
+  int64_t k = options.top_k > 0 ? std::min(options.top_k, V) : V;
   auto before = [logits](int32_t a, int32_t b) {
     return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
   };
@@ -104,6 +121,13 @@ int32_t choose_token(const float* logits, int64_t V, const SampleOptions& option
   for (int64_t i = 0; i < k; ++i)
     total += weight[i] =
         std::exp((static_cast<double>(logits[order[i]]) - logits[order[0]]) / options.temperature);
+  if (options.top_p < 1.0f) {  // nucleus: the fewest candidates holding top_p of the mass
+    double kept = 0;
+    int64_t n = 0;
+    while (n < k && kept < options.top_p * total) kept += weight[n++];
+    k = std::max<int64_t>(n, 1);
+    total = kept > 0 ? kept : weight[0];
+  }
   const CounterRng rng(options.seed,
                        mix_stream(RngPurpose::kSample, key, static_cast<uint64_t>(position)));
   double u = static_cast<double>(rng.uniform(0)) * total;
@@ -130,11 +154,22 @@ std::vector<std::vector<int32_t>> generate(nn::Model& model, const std::vector<P
   if (B == 0) return out;
   for (auto& s : seqs) s.resize(static_cast<size_t>(end));
   MemoryScope scope(MemCategory::kActivations);
-  std::vector<nn::KvCache> kv(g.blocks.size());
+  nn::KvCache kv(g.blocks.size());
+  for (int64_t b = 0; b < B; ++b) kv.add();  // sequence b
+  // Positions [lo, hi) of every row through the KV cache.
+  auto cached_step = [&](int64_t lo, int64_t hi) {
+    std::vector<int32_t> tokens;
+    std::vector<nn::KvCache::Run> runs;
+    for (int64_t b = 0; b < B; ++b) {
+      tokens.insert(tokens.end(), seqs[b].begin() + lo, seqs[b].begin() + hi);
+      runs.push_back({b, hi - lo});
+    }
+    return forward_step(model, kv, tokens, std::move(runs));
+  };
   // Logits of position p - 1 for every row, then the token at p, from `start` to the end.
   Tensor logits =
       options.kv_cache
-          ? cached_step(g, kv, ids_tensor(seqs, 0, start), 0)
+          ? cached_step(0, start)
           : at_position(model.forward(ids_tensor(seqs, 0, start), {false}, nullptr), start - 1);
   for (int64_t p = start;; ++p) {
     bool more = false;
@@ -151,7 +186,7 @@ std::vector<std::vector<int32_t>> generate(nn::Model& model, const std::vector<P
       more |= p + 1 < static_cast<int64_t>(prompts[b].tokens.size()) + prompts[b].max_new_tokens;
     if (!more) break;
     logits = options.kv_cache
-                 ? cached_step(g, kv, ids_tensor(seqs, p, p + 1), p)
+                 ? cached_step(p, p + 1)
                  : at_position(model.forward(ids_tensor(seqs, 0, p + 1), {false}, nullptr), p);
   }
   return out;

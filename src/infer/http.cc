@@ -4,6 +4,7 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <deque>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -21,6 +22,7 @@ using tcp = net::ip::tcp;
 using Duration = std::chrono::steady_clock::duration;
 
 class Session;
+std::shared_ptr<HttpStream> make_stream(std::shared_ptr<Session> session);
 
 // What the sessions share: options, handler, counters and the registry stop() drains.
 struct Shared {
@@ -158,8 +160,17 @@ class Session : public std::enable_shared_from_this<Session> {
                    " s; the workers are overloaded")));
     });
     HttpRequest r{
-        std::string(req.method_string()), std::string(req.target()), std::move(req.body()), {}};
+        std::string(req.method_string()), std::string(req.target()), std::move(req.body()), {}, {}};
     for (const auto& f : req) r.headers.emplace_back(f.name_string(), f.value());
+    r.start_stream = [self = shared_from_this(), seq](HttpResponse head) {
+      net::post(self->stream_.get_executor(), [self, seq, head = std::move(head)]() mutable {
+        if (seq == self->seq_ && !self->answered_)
+          self->begin_stream(std::move(head));
+        else
+          self->gone_ = true;  // answered already (504): nothing of the stream goes out
+      });
+      return make_stream(self);
+    };
     if (const size_t q = r.path.find('?'); q != std::string::npos) r.path.resize(q);
     answered_ = false;
     shared_.handler(std::move(r), [self = shared_from_this(), seq](HttpResponse res) {
@@ -187,6 +198,98 @@ class Session : public std::enable_shared_from_this<Session> {
     });
   }
 
+  // ---- A streamed answer: the head, then pieces as chunks one write at a time, then the last
+  // chunk. A read waits meanwhile so that a client that leaves is seen at once.
+ public:
+  bool gone() const { return gone_; }
+  void post_piece(std::string piece) {
+    net::post(stream_.get_executor(), [self = shared_from_this(), p = std::move(piece)]() mutable {
+      if (!self->streaming_) return;
+      self->pieces_.push_back(std::move(p));
+      self->flush();
+    });
+  }
+  void post_end() {
+    net::post(stream_.get_executor(), [self = shared_from_this()] {
+      if (!self->streaming_) return;
+      self->stream_ended_ = true;
+      self->flush();
+    });
+  }
+
+ private:
+  void begin_stream(HttpResponse head) {
+    answered_ = true;
+    timer_.cancel();
+    streaming_ = true;
+    stream_ended_ = false;
+    stream_head_.emplace(static_cast<http::status>(head.status), 11);
+    stream_head_->set(http::field::content_type, head.content_type);
+    for (auto& [k, v] : head.headers) stream_head_->set(k, v);
+    stream_head_->chunked(true);
+    stream_head_->keep_alive(keep_alive_ && !shared_.draining);
+    serializer_.emplace(*stream_head_);
+    writing_ = true;
+    stream_.expires_after(shared_.timeout);
+    http::async_write_header(stream_, *serializer_,
+                             [self = shared_from_this()](beast::error_code ec, size_t) {
+                               self->writing_ = false;
+                               if (ec) return self->lose();
+                               self->flush();
+                             });
+    watching_ = true;
+    stream_.socket().async_read_some(
+        buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, size_t n) {
+          self->watching_ = false;
+          self->buffer_.commit(n);  // a pipelined request's first bytes stay for its parser
+          if (self->streaming_ && ec && ec != net::error::operation_aborted) return self->lose();
+          if (!self->streaming_ && !self->gone_) self->after_stream();  // cancelled at the end
+        });
+  }
+
+  void flush() {
+    if (writing_ || !streaming_) return;
+    if (pieces_.empty() && !stream_ended_) return;
+    // Pieces that queued while the last write ran go out as one chunk (one system call).
+    while (pieces_.size() > 1) {
+      pieces_[pieces_.size() - 2] += pieces_.back();
+      pieces_.pop_back();
+    }
+    writing_ = true;
+    stream_.expires_after(shared_.timeout);
+    auto done = [self = shared_from_this()](beast::error_code ec, size_t) {
+      self->writing_ = false;
+      if (ec) return self->lose();
+      if (!self->pieces_.empty()) {
+        self->pieces_.pop_front();
+        return self->flush();
+      }
+      self->streaming_ = false;  // the last chunk went out
+      ++self->shared_.answered;
+      if (!self->watching_) return self->after_stream();
+      beast::error_code ignored;
+      self->stream_.socket().cancel(ignored);  // the watching read ends, then after_stream()
+    };
+    if (!pieces_.empty())
+      net::async_write(stream_, http::make_chunk(net::buffer(pieces_.front())), std::move(done));
+    else
+      net::async_write(stream_, http::make_chunk_last(), std::move(done));
+  }
+
+  void after_stream() {
+    if (!stream_head_->keep_alive() || shared_.draining) return close();
+    read_header();
+  }
+
+  // The client has gone mid-stream: what is queued is dropped and the connection closed.
+  void lose() {
+    if (gone_.exchange(true)) return;
+    if (streaming_) ++shared_.answered;  // its stream is closed: it counts as answered
+    streaming_ = false;
+    pieces_.clear();
+    close();
+  }
+
   void close() {
     timer_.cancel();  // its wait holds the session
     beast::error_code ec;
@@ -205,7 +308,37 @@ class Session : public std::enable_shared_from_this<Session> {
   bool reading_ = false;  // from waiting for a request until it is read whole
   bool timed_out_ = false, keep_alive_ = true, answered_ = true;
   uint64_t seq_ = 0;  // the request being answered (0: none)
+  // A streamed answer's state.
+  std::optional<http::response<http::empty_body>> stream_head_;
+  std::optional<http::response_serializer<http::empty_body>> serializer_;
+  std::deque<std::string> pieces_;  // the front one is being written
+  bool streaming_ = false, stream_ended_ = false, writing_ = false, watching_ = false;
+  std::atomic<bool> gone_{false};
 };
+
+// The handler's side of a streamed answer; the last reference ends the stream.
+class SessionStream final : public HttpStream {
+ public:
+  explicit SessionStream(std::shared_ptr<Session> s) : s_(std::move(s)) {}
+  ~SessionStream() override { end(); }
+  bool write(std::string piece) override {
+    if (ended_ || s_->gone()) return false;
+    s_->post_piece(std::move(piece));
+    return true;
+  }
+  void end() override {
+    if (!ended_.exchange(true)) s_->post_end();
+  }
+  bool gone() const override { return s_->gone(); }
+
+ private:
+  std::shared_ptr<Session> s_;
+  std::atomic<bool> ended_{false};
+};
+
+std::shared_ptr<HttpStream> make_stream(std::shared_ptr<Session> session) {
+  return std::make_shared<SessionStream>(std::move(session));
+}
 
 }  // namespace
 

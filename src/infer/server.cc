@@ -1,8 +1,10 @@
 #include "tessel/infer/server.h"
 
 #include <cstring>
+#include <ctime>
 
 #include "inputs_json.h"
+#include "openai.h"
 #include "protocol.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/memory.h"
@@ -74,6 +76,9 @@ const Server::Route Server::kRoutes[] = {
     {"POST", "/v2/models/{name}/infer", &Server::infer},
     {"POST", "/v1/predict", &Server::predict},
     {"GET", "/metrics", &Server::metrics_text},
+    {"GET", "/v1/models", &Server::models},
+    {"POST", "/v1/completions", &Server::completions},
+    {"POST", "/v1/chat/completions", &Server::chat_completions},
 };
 
 Server::Server(const train::Config& config, const std::string& checkpoint, int workers)
@@ -92,6 +97,13 @@ Server::Server(const train::Config& config, const std::string& checkpoint, int w
   batcher_ = std::make_unique<Batcher>(
       bo, workers, [this](int w, const std::vector<const Request*>& b) { return run_batch(w, b); },
       metrics_);
+  if (info_.generates()) {
+    generator_ = std::make_unique<Replica>(config_, info_, nullptr, nullptr);
+    scheduler_ = std::make_unique<Scheduler>(
+        generator_->model(),
+        SchedulerOptions{config.serve.max_sequences, config.serve.max_step_tokens,
+                         config.serve.max_queue});
+  }
   HttpOptions ho;
   ho.host = config.serve.host;
   ho.io_threads = static_cast<int>(config.serve.io_threads);
@@ -109,6 +121,7 @@ Server::Server(const train::Config& config, const std::string& checkpoint, int w
 Server::~Server() {
   stop();
   batcher_->close();
+  if (scheduler_) scheduler_->close();
 }
 
 int Server::bind(int port) { return http_->bind(port); }
@@ -116,6 +129,7 @@ int Server::bind(int port) { return http_->bind(port); }
 void Server::run() {
   http_->run();  // returns after stop(), once every connection is done
   batcher_->close();
+  if (scheduler_) scheduler_->close();
 }
 
 void Server::stop() {
@@ -147,24 +161,37 @@ void Server::handle(HttpRequest req, Respond respond) {
                                "; routes: GET /v2/health/live, GET /v2/health/ready, GET "
                                "/v2/models/",
                                config_.name, "[/ready], POST /v2/models/", config_.name,
-                               "/infer, POST /v1/predict, GET /metrics"));
+                               "/infer, POST /v1/predict, GET /metrics",
+                               info_.generates() ? ", GET /v1/models, POST /v1/completions, "
+                                                   "POST /v1/chat/completions"
+                                                 : ""));
     if (!model_ok)
       throw HttpError(404, str("serve: unknown model in ", req.path, "; this server serves \"",
                                config_.name, "\""));
     if (!route) {
-      HttpResponse res = error_response(
-          405, str("serve: ", req.method, " ", req.path, " is not allowed; use ", allow));
+      HttpResponse res = error_for(
+          req.path, 405, str("serve: ", req.method, " ", req.path, " is not allowed; use ", allow));
       res.headers.emplace_back("Allow", allow);
       return counted(std::move(res));
     }
     (this->*route->handler)(req, counted);
+  } catch (const OpenAiError& e) {
+    counted(json_response(e.status, openai_error(e.what(), e.status, e.param, e.code)));
   } catch (const HttpError& e) {
-    counted(error_response(e.status, e.what()));
+    counted(error_for(req.path, e.status, e.what()));
   } catch (const InvalidArgument& e) {
-    counted(error_response(400, e.what()));
+    counted(error_for(req.path, 400, e.what()));
   } catch (const std::exception& e) {
-    counted(error_response(500, str("serve: ", e.what())));
+    counted(error_for(req.path, 500, str("serve: ", e.what())));
   }
+}
+
+// OpenAI's error shape under /v1/ (but /v1/predict), the server's own elsewhere.
+HttpResponse Server::error_for(const std::string& path, int status,
+                               const std::string& message) const {
+  if (path.rfind("/v1/", 0) == 0 && path != "/v1/predict")
+    return json_response(status, openai_error(message, status));
+  return error_response(status, message);
 }
 
 void Server::live(const HttpRequest&, Respond respond) { respond(json_response(200, {})); }
@@ -265,7 +292,97 @@ std::vector<ojson> Server::run_batch(int worker, const std::vector<const Request
 }
 
 void Server::metrics_text(const HttpRequest&, Respond respond) {
-  respond({200, "text/plain; version=0.0.4", metrics_.prometheus(), {}});
+  std::string text = metrics_.prometheus();
+  if (scheduler_) {
+    const SchedulerStats st = scheduler_->stats();
+    const std::pair<const char*, int64_t> gauges[] = {
+        {"tessel_generate_sequences", st.sequences}, {"tessel_generate_waiting", st.waiting},
+        {"tessel_generate_positions", st.positions}, {"tessel_kv_cache_bytes", st.kv_bytes},
+        {"tessel_kv_cache_held_bytes", st.kv_held},  {"tessel_generate_steps", st.steps},
+        {"tessel_generate_tokens", st.tokens},       {"tessel_generate_cancelled", st.cancelled}};
+    for (const auto& [name, value] : gauges) text += str(name, " ", value, "\n");
+  }
+  respond({200, "text/plain; version=0.0.4", text, {}});
+}
+
+void Server::models(const HttpRequest&, Respond respond) {
+  if (!scheduler_)
+    throw OpenAiError(404, str("serve: the OpenAI API serves gpt models; \"", config_.name,
+                               "\" is a classifier (use /v2/models/", config_.name, "/infer)"));
+  respond(json_response(200, models_list(config_.name)));
+}
+
+void Server::completions(const HttpRequest& req, Respond respond) {
+  generate_text(req, std::move(respond), false);
+}
+
+void Server::chat_completions(const HttpRequest& req, Respond respond) {
+  generate_text(req, std::move(respond), true);
+}
+
+// An OpenAI generation on the scheduler. Streamed, the answer's head goes out with the first
+// token; the stream's client leaving cancels the generation at its next step.
+void Server::generate_text(const HttpRequest& req, Respond respond, bool chat) {
+  if (!scheduler_) return models(req, std::move(respond));  // the classifier's 404
+  const SampleOptions defaults{config_.infer.temperature, config_.infer.sample_top_k, config_.seed,
+                               true};
+  const OpenAiCall call =
+      read_openai(req.body, chat, config_.name, config_.infer.max_new_tokens, defaults);
+  if (draining_) throw OpenAiError(503, "serve: shutting down; send the request elsewhere");
+  struct State {
+    OpenAiCall call;
+    CompletionMeta meta;
+    CompletionText text;
+    std::function<std::shared_ptr<HttpStream>(HttpResponse)> start_stream;
+    std::shared_ptr<HttpStream> stream;  // from the first token on
+  };
+  Generation g;
+  g.prompt = {encode(call.prompt, info_.vocab), call.max_tokens, 0};
+  if (g.prompt.tokens.size() + static_cast<size_t>(call.max_tokens) >
+      static_cast<size_t>(scheduler_->context()))
+    throw OpenAiError(400,
+                      str("this model's context is ", scheduler_->context(), " tokens; the ",
+                          g.prompt.tokens.size(), "-token prompt and max_tokens ", call.max_tokens,
+                          " pass it: shorten the prompt or lower max_tokens"),
+                      "max_tokens", "context_length_exceeded");
+  g.sample = call.sample;
+  const CompletionMeta meta{str(chat ? "chatcmpl-" : "cmpl-", ++completions_), config_.name,
+                            static_cast<int64_t>(std::time(nullptr)),
+                            static_cast<int64_t>(g.prompt.tokens.size()), chat};
+  auto st = std::make_shared<State>(
+      State{call, meta, CompletionText(info_.vocab, call.stop), req.start_stream, nullptr});
+  g.on_token = [st](int32_t token) {
+    const bool more = st->text.add(token);
+    if (!st->call.stream) return more;
+    if (!st->stream)
+      st->stream =
+          st->start_stream({200, "text/event-stream", "", {{"Cache-Control", "no-cache"}}});
+    // A client that has gone is cancelled (alive) before the next step.
+    if (const std::string piece = st->text.take(false); !piece.empty())
+      st->stream->write(completion_chunk(st->meta, piece, ""));
+    return more;
+  };
+  g.on_done = [st, respond](const std::string& reason, std::exception_ptr error) {
+    if (!st->stream) {  // not streamed, or it ended before a token
+      if (!error) return respond(json_response(200, completion_body(st->meta, st->text, reason)));
+      try {
+        std::rethrow_exception(error);
+      } catch (const std::exception& e) {
+        return respond(json_response(500, openai_error(str("serve: ", e.what()), 500)));
+      }
+    }
+    HttpStream& out = *st->stream;
+    if (const std::string rest = st->text.take(true); !rest.empty())
+      out.write(completion_chunk(st->meta, rest, ""));
+    out.write(completion_chunk(st->meta, "", error ? "error" : reason));
+    if (st->call.include_usage) out.write(usage_chunk(st->meta, st->text.tokens()));
+    out.write(kDoneEvent);
+    out.end();
+  };
+  g.alive = [st] { return !st->stream || !st->stream->gone(); };
+  if (!scheduler_->submit(std::move(g)))
+    throw OpenAiError(503, str("serve: serve.max_queue = ", config_.serve.max_queue,
+                               " generations wait already, or shutting down; retry later"));
 }
 
 }  // namespace tessel::infer

@@ -86,27 +86,41 @@ Tensor Embedding::forward(const Tensor& ids, const Context& ctx, Cache* cache) {
   (void)ctx;
   check_tokens(ids, T_);
   if (cache) cache->keep(0, ids);
-  return embed(ids, 0, cache);
+  return embed(ids, cache);
 }
 
-Tensor Embedding::forward_at(const Tensor& ids, int64_t position) {
-  check_tokens(ids, T_);
-  if (position < 0 || position + ids.dim(1) > T_)
-    throw InvalidArgument(str("embedding: positions [", position, ", ", position + ids.dim(1),
-                              ") pass the context of ", T_,
-                              "; shorten the prompt or generate fewer tokens"));
-  return embed(ids, position, nullptr);
+Tensor Embedding::forward_at(const Tensor& ids, const std::vector<int64_t>& positions) {
+  TESSEL_CHECK(ids.defined() && ids.dtype() == DType::kI32 && ids.ndim() == 2 &&
+                   static_cast<size_t>(ids.numel()) == positions.size() && !sequence_split(tp_),
+               "embedding: forward_at takes i32 ids [B, T] and one position each, without "
+               "sequence parallelism");
+  for (int64_t p : positions)
+    if (p < 0 || p >= T_)
+      throw InvalidArgument(str("embedding: position ", p, " passes the context of ", T_,
+                                "; shorten the prompt or generate fewer tokens"));
+  const DType t = wte_.value.dtype();
+  Tensor y = lookup(ids, nullptr);
+  const int64_t e = static_cast<int64_t>(dtype_size(t));
+  char* row = static_cast<char*>(y.raw());
+  for (size_t i = 0; i < positions.size(); ++i, row += C_ * e)
+    ops::add_forward(row, row, static_cast<const char*>(wpe_.value.raw()) + positions[i] * C_ * e,
+                     C_, t);
+  return y;
 }
 
-Tensor Embedding::embed(const Tensor& ids, int64_t position, Cache* cache) {
+Tensor Embedding::lookup(const Tensor& ids, Cache* cache) {
   const int64_t B = ids.dim(0), T = ids.dim(1);
   const DType t = wte_.value.dtype();
   Tensor y = tp_whole_output(tp_, cache, 0, {B, T, C_}, t);
   ops::embedding_forward(y.raw(), ids.data<int32_t>(), wte_.value.raw(), B * T, V_, C_,
                          wte_.split.lo, wte_.shape[0], t);
-  y = tp_leave(tp_, y, cache, 1);
-  positions(y.raw(), wpe_.value.raw(), t, B, y.dim(1), C_, position + first_position(tp_, y.dim(1)),
-            false);
+  return tp_leave(tp_, y, cache, 1);
+}
+
+Tensor Embedding::embed(const Tensor& ids, Cache* cache) {
+  Tensor y = lookup(ids, cache);
+  positions(y.raw(), wpe_.value.raw(), wte_.value.dtype(), ids.dim(0), y.dim(1), C_,
+            first_position(tp_, y.dim(1)), false);
   return y;
 }
 
@@ -170,14 +184,15 @@ enum Sub : size_t { kLn1, kQkv, kAttnProj, kLn2, kFc, kGelu, kMlpProj };
 // x is [B, T, C], or this rank's [B, T/t, C] under sequence parallelism; qkv and the
 // attention are always over the whole sequence and this rank's heads (Ch = C_ / t channels).
 Tensor TransformerBlock::forward(const Tensor& x, const Context& ctx, Cache* cache) {
-  return run(x, ctx, cache, nullptr);
+  return run(x, ctx, cache, nullptr, 0);
 }
 
-Tensor TransformerBlock::forward_cached(const Tensor& x, KvCache& kv) {
-  return run(x, Context{false}, nullptr, &kv);
+Tensor TransformerBlock::forward_cached(const Tensor& x, KvCache& kv, size_t block) {
+  return run(x, Context{false}, nullptr, &kv, block);
 }
 
-Tensor TransformerBlock::run(const Tensor& x, const Context& ctx, Cache* cache, KvCache* kv) {
+Tensor TransformerBlock::run(const Tensor& x, const Context& ctx, Cache* cache, KvCache* kv,
+                             size_t block) {
   const DType t = qkv_.weight().value.dtype();
   check_activations(x, C_, t, "transformer_block");
   const int64_t n = x.numel();
@@ -192,7 +207,11 @@ Tensor TransformerBlock::run(const Tensor& x, const Context& ctx, Cache* cache, 
   Tensor a = output(cache, 0, {B, T, Ch}, t);
   Tensor att;
   if (kv) {
-    attend_cached(a, qkv, *kv, t);
+    TESSEL_CHECK(t == DType::kF32 && B * T == kv->step_rows(),
+                 "transformer_block: generation with a KV cache needs f32 weights and the rows "
+                 "of the cache's step, got ",
+                 dtype_name(t), " ", shape_str(qkv.shape()), " for ", kv->step_rows(), " rows");
+    kv->attend(block, a.data<float>(), qkv.data<float>(), Ch, NH_);
   } else {
     att = drop ? cache->scratch(3, {B, NH_, T, T}) : output(cache, 1, {B, NH_, T, T});
     ops::attention_forward(a.raw(), att.data<float>(), qkv.raw(), B, T, Ch, NH_, t);
@@ -261,25 +280,6 @@ Tensor TransformerBlock::backward(const Tensor& dy, Cache& cache) {
   Tensor dx = cache.scratch(2, shape, t);
   ops::add_forward(dx.raw(), dx1.raw(), dln1.raw(), n, t);
   return dx;
-}
-
-// Attention of qkv's positions over the cached keys and values and their own (appended).
-void TransformerBlock::attend_cached(Tensor& a, const Tensor& qkv, KvCache& kv, DType t) const {
-  const int64_t B = qkv.dim(0), T = qkv.dim(1), Ch = qkv.dim(2) / 3;
-  TESSEL_CHECK(t == DType::kF32,
-               "transformer_block: generation with a KV cache needs f32 "
-               "weights, got ",
-               dtype_name(t));
-  if (!kv.k.defined()) {
-    kv.k = Tensor::empty({B, T_, Ch});
-    kv.v = Tensor::empty({B, T_, Ch});
-  }
-  TESSEL_CHECK(kv.k.dim(0) == B && kv.length + T <= T_, "transformer_block: a KV cache of ",
-               kv.k.dim(0), " sequences at position ", kv.length, " cannot take ",
-               shape_str(qkv.shape()), " (context ", T_, ")");
-  ops::attention_forward_kv(a.data<float>(), qkv.data<float>(), kv.k.data<float>(),
-                            kv.v.data<float>(), B, T, kv.length, Ch, NH_, T_);
-  kv.length += T;
 }
 
 double TransformerBlock::forward_flops(int64_t batch) const {

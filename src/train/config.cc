@@ -345,6 +345,8 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("serve.connections", serve.connections, "HTTP connections open at once; a connection beyond them gets 503 with Retry-After and is closed", {1, 1 << 20}),
       TESSEL_KEY("serve.io_threads", serve.io_threads, "threads reading and writing HTTP on every connection (event-driven), apart from the model's workers", {1, 256}),
       TESSEL_KEY("serve.timeout_s", serve.timeout_s, "a request not answered in this many seconds gets 504, one not read whole 408; a connection idle this long is closed", {.lo = 0, .hi = kMaxSeconds, .lo_open = true}),
+      TESSEL_KEY("serve.max_sequences", serve.max_sequences, "gpt: sequences generating together (continuous batching; 1: one request at a time); more wait to join", {1, 1 << 16}),
+      TESSEL_KEY("serve.max_step_tokens", serve.max_step_tokens, "gpt: rows in one generation step, new tokens first, then prompt chunks", {1, 1 << 20}),
       TESSEL_KEY("debug.slow_rank", parallel.slow_rank, "rank that sleeps debug.delay_ms in every step (a parameter-server worker: before its push; otherwise before the gradient reduction) or before every chunk (predict), to study stragglers (-1: none)", {-1, kMaxRank}),
       TESSEL_KEY("debug.delay_ms", parallel.delay_ms, "milliseconds debug.slow_rank sleeps in every step or chunk", {0, kMaxSeconds}),
       TESSEL_KEY("debug.slow_factor", parallel.slow_factor, "training: debug.slow_rank's forward and backward of every piece take this many times as long (it sleeps the difference), a slower processor to study ddp.balance (1: off)", {1, 1000}),

@@ -6,25 +6,14 @@
 #include <gtest/gtest.h>
 
 #include "tessel/core/error.h"
-#include "tessel/nn/models.h"
+#include "tiny_gpt.h"
 
 namespace tessel::infer {
 namespace {
 
 constexpr int64_t kVocab = 23, kContext = 40;
 
-std::unique_ptr<nn::Model> tiny_gpt() {
-  nn::ModelSpec spec;
-  spec.kind = "gpt";
-  spec.input_shape = {kContext};
-  spec.num_classes = kVocab;
-  spec.layers = 2;
-  spec.heads = 2;
-  spec.embed = 16;
-  auto model = nn::build_model(spec);
-  model->materialize(7);
-  return model;
-}
+std::unique_ptr<nn::Model> tiny_gpt() { return testing::tiny_gpt(kVocab, kContext, 7); }
 
 std::vector<Prompt> prompts(int64_t new_tokens) {
   std::vector<Prompt> p;

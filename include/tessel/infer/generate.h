@@ -2,10 +2,10 @@
 // prompts advances in lockstep, one position per step, from the shortest prompt's length on; a
 // sequence still inside its prompt takes its next prompt token, the others a token chosen from
 // the last position's logits. With the KV cache each block keeps the keys and values of every
-// position seen (nn::KvCache) and a step runs the new position only; without it every step
+// position seen (nn::KvCache, paged) and a step runs the new position only; without it every step
 // recomputes the whole sequence. Both do the same arithmetic for a position's row, so greedy
 // decoding gives the same tokens. Tokens are chosen greedily (temperature 0) or sampled at a
-// temperature among the top k, from a counter-based stream keyed by (seed, prompt key,
+// temperature among the top k (and top p), from a counter-based stream keyed by (seed, prompt key,
 // position): the same tokens whatever the batch, worker or rank. No activation caches are kept.
 #pragma once
 
@@ -22,6 +22,7 @@ struct SampleOptions {
   int64_t top_k = 0;         // sample among the k most likely tokens (0: all)
   uint64_t seed = 0;
   bool kv_cache = true;
+  float top_p = 1.0f;  // then among the fewest most likely holding this share of the mass
 };
 
 struct Prompt {
@@ -34,6 +35,17 @@ struct Prompt {
 // when it is empty or prompt + new tokens pass the model's context, or the model is no GPT.
 std::vector<std::vector<int32_t>> generate(nn::Model& model, const std::vector<Prompt>& prompts,
                                            const SampleOptions& options);
+
+// The context of a GPT model (its longest sequence); throws InvalidArgument for another model.
+int64_t gpt_context(nn::Model& model);
+// Throws InvalidArgument naming the prompt when it is empty or prompt + new tokens pass context.
+void check_prompts(const std::vector<Prompt>& prompts, int64_t context);
+
+// One step of decoding over a KV cache: `tokens` are the step's rows, runs of them continuing
+// kv's sequences in the order of `runs`. Returns the logits [runs, V] of each run's last row
+// (only those reach the LM head) and advances the sequences' lengths.
+Tensor forward_step(nn::Model& model, nn::KvCache& kv, const std::vector<int32_t>& tokens,
+                    std::vector<nn::KvCache::Run> runs);
 
 // The token chosen from one position's logits[V] (greedy or sampled; see above).
 int32_t choose_token(const float* logits, int64_t V, const SampleOptions& options, uint64_t key,

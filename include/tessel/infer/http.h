@@ -7,6 +7,7 @@
 //   400 a malformed HTTP request, 408 a request not read whole within timeout_s, 413 a body over
 //   max_body_bytes, 431 headers over kMaxHeaderBytes, 503 + Retry-After to a connection beyond
 //   max_connections (then closed), 504 a handler that has not answered within timeout_s.
+// A streamed answer (HttpStream) has no deadline but each piece's write (timeout_s).
 // A connection idle for timeout_s is closed. stop() closes the listening socket and every
 // connection that is idle or has not sent a request whole; a request already read is answered
 // (its connection then closes); run() returns once no connection is left. Thread safe.
@@ -22,6 +23,26 @@
 
 namespace tessel::infer {
 
+struct HttpResponse {
+  int status = 200;
+  std::string content_type = "application/json";
+  std::string body;
+  std::vector<std::pair<std::string, std::string>> headers;  // more, e.g. Allow, Retry-After
+};
+
+// A response whose body goes out in pieces as they are made (chunked transfer encoding; e.g.
+// server-sent events), from any thread. While it streams, the connection watches for its
+// client leaving: then gone() turns true and write() refuses. end() (or the last reference
+// dropped) sends the final chunk; the connection then serves its next request.
+class HttpStream {
+ public:
+  virtual ~HttpStream() = default;
+  // Queues a piece of the body; false when the client has gone (the piece is dropped).
+  virtual bool write(std::string piece) = 0;
+  virtual void end() = 0;
+  virtual bool gone() const = 0;
+};
+
 struct HttpRequest {
   std::string method;  // "GET", "POST", ...
   std::string path;    // the target without its query
@@ -29,13 +50,9 @@ struct HttpRequest {
   std::vector<std::pair<std::string, std::string>> headers;
   // The value of header `name` (any case), or "" when absent.
   std::string header(std::string_view name) const;
-};
-
-struct HttpResponse {
-  int status = 200;
-  std::string content_type = "application/json";
-  std::string body;
-  std::vector<std::pair<std::string, std::string>> headers;  // more, e.g. Allow, Retry-After
+  // Answers with `head` (status, content type, headers; its body is ignored) and a body to
+  // stream, instead of calling Respond; from any thread. Set by the server for each request.
+  std::function<std::shared_ptr<HttpStream>(HttpResponse head)> start_stream;
 };
 
 // Answers one request, exactly once, from any thread.

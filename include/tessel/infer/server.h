@@ -9,9 +9,15 @@
 //   POST /v2/models/{name}/infer       {"inputs": [{"name", "shape", "datatype", "data"}]}
 //   POST /v1/predict                   tessel's own rows ({"inputs": [[...]]} or {"prompts"})
 //   GET  /metrics                      Prometheus text (metrics.h)
-// Every error is {"error": "message"}: 400 malformed JSON, wrong shape or datatype, 404 unknown
-// route or model, 405 wrong method (with Allow), 408/413/431 (the transport's limits), 503 +
-// Retry-After queue full or shutting down, 504 no answer within serve.timeout_s, 500 a failed
+// and for a gpt model the OpenAI API (src/infer/openai.h), its generations continuously
+// batched by a Scheduler on a replica of its own, streamed as server-sent events on request:
+//   GET  /v1/models                    the model
+//   POST /v1/completions               {"model", "prompt", "max_tokens", "stream", ...}
+//   POST /v1/chat/completions          {"model", "messages", "max_tokens", "stream", ...}
+// Errors under /v1/ (but /v1/predict) are OpenAI's {"error": {"message", "type", "param",
+// "code"}}; every other error is {"error": "message"}: 400 malformed JSON, wrong shape or datatype,
+// 404 unknown route or model, 405 wrong method (with Allow), 408/413/431 (the transport's limits),
+// 503 + Retry-After queue full or shutting down, 504 no answer within serve.timeout_s, 500 a failed
 // batch. Routes are a table of handlers that know nothing of the transport.
 // stop() stops taking connections; run() returns once every request already read has been
 // answered and the batcher has drained. Thread safe.
@@ -27,6 +33,7 @@
 #include "tessel/infer/http.h"
 #include "tessel/infer/metrics.h"
 #include "tessel/infer/replica.h"
+#include "tessel/infer/scheduler.h"
 #include "tessel/train/config.h"
 
 namespace tessel::infer {
@@ -66,6 +73,11 @@ class Server {
   void infer(const HttpRequest& req, Respond respond);
   void predict(const HttpRequest& req, Respond respond);
   void metrics_text(const HttpRequest& req, Respond respond);
+  void models(const HttpRequest& req, Respond respond);
+  void completions(const HttpRequest& req, Respond respond);
+  void chat_completions(const HttpRequest& req, Respond respond);
+  void generate_text(const HttpRequest& req, Respond respond, bool chat);
+  HttpResponse error_for(const std::string& path, int status, const std::string& message) const;
   void submit(Request request, Respond respond,
               std::function<nlohmann::ordered_json(std::vector<nlohmann::ordered_json>)> answer);
   std::vector<nlohmann::ordered_json> run_batch(int worker,
@@ -76,6 +88,9 @@ class Server {
   std::vector<std::unique_ptr<Replica>> replicas_;
   ServeMetrics metrics_;
   std::unique_ptr<Batcher> batcher_;
+  std::unique_ptr<Replica> generator_;  // gpt: the scheduler's model
+  std::unique_ptr<Scheduler> scheduler_;
+  std::atomic<int64_t> completions_{0};  // ids of OpenAI answers
   std::unique_ptr<HttpServer> http_;
   std::atomic<bool> draining_{false};
 };

@@ -62,4 +62,54 @@ class Cache {
 // buffer; without (inference) fresh storage that lives as long as the caller holds it.
 Tensor output(Cache* cache, size_t k, const Shape& shape, DType dtype = DType::kF32);
 
+// KvCache: the keys and values that the transformer blocks of a GPT have seen, for decoding,
+// of many sequences at once, in pages of kPage positions (paged attention, as in vLLM). A
+// sequence holds a table of pages and takes one more each time its length passes a multiple of
+// kPage; a page comes from the free list or new storage, and returns to the free list when its
+// sequence is released: memory follows the positions held, not the model's context. A step
+// runs rows of several sequences together: set_step() names, in row order, the runs of rows
+// that continue each sequence; each block's attention then goes through attend(), which reads
+// the sequence's keys and values and appends the run's; finish_step() adds the runs' lengths.
+// A run attends exactly as ops::attention_forward_kv over a contiguous cache (its pages are
+// gathered first), so a sequence's rows have the same bits whatever runs beside it. f32 only;
+// used by one thread at a time.
+class KvCache {
+ public:
+  static constexpr int64_t kPage = 16;
+  struct Run {
+    int64_t seq;   // an id from add()
+    int64_t rows;  // new positions [length(seq), length(seq) + rows)
+  };
+
+  explicit KvCache(size_t blocks) : blocks_(blocks) {}
+  int64_t add();              // a new, empty sequence's id
+  void release(int64_t seq);  // its pages go back to the free list
+  int64_t length(int64_t seq) const;
+  void set_step(std::vector<Run> runs);  // takes the pages the runs' new positions need
+  const std::vector<Run>& step() const { return step_; }
+  int64_t step_rows() const;
+  // Block `block`'s attention over the step's rows: out [rows, C] from qkv [rows, 3C], NH heads.
+  void attend(size_t block, float* out, const float* qkv, int64_t C, int64_t NH);
+  void finish_step();
+  int64_t bytes() const;       // page storage, held and free
+  int64_t bytes_held() const;  // page storage the sequences hold
+
+ private:
+  struct Seq {
+    std::vector<int32_t> pages;
+    int64_t length = 0;
+    bool live = false;
+  };
+  float* page_rows(int32_t page, size_t block, int kv, int64_t C);  // [kPage, C]
+  Seq& seq(int64_t id);
+
+  size_t blocks_;
+  std::vector<Tensor> pages_;  // [blocks, 2, kPage, C] each, made on first use
+  std::vector<int32_t> free_pages_;
+  std::vector<Seq> seqs_;
+  std::vector<int64_t> free_seqs_;
+  std::vector<Run> step_;
+  std::vector<float> keys_, values_;  // one run's gathered keys and values
+};
+
 }  // namespace tessel::nn

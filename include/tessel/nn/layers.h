@@ -170,25 +170,18 @@ class Embedding : public Module {
   Tensor backward(const Tensor& dy, Cache& cache) override;
   std::vector<Parameter*> parameters() override { return {&wte_, &wpe_}; }
   Parameter* token_table() { return &wte_; }
-  // Inference on ids that continue sequences at positions [position, position + T) (decoding
-  // with a KV cache): position + T <= context.
-  Tensor forward_at(const Tensor& ids, int64_t position);
+  // Inference on ids [B, T] at the given positions, one per id in row order (decoding with a
+  // KV cache: rows of several sequences, each at its own position < context).
+  Tensor forward_at(const Tensor& ids, const std::vector<int64_t>& positions);
   int64_t context() const { return T_; }
 
  private:
-  Tensor embed(const Tensor& ids, int64_t position, Cache* cache);
+  Tensor embed(const Tensor& ids, Cache* cache);
+  Tensor lookup(const Tensor& ids, Cache* cache);  // wte rows, whole on every rank
 
   int64_t V_, T_, C_;
   TensorParallel* tp_;
   Parameter wte_, wpe_;
-};
-
-// The keys and values a TransformerBlock has seen of B sequences, for decoding one position at
-// a time: k and v are [B, context, C] (allocated on first use), positions [0, length) filled.
-// One per block and batch of sequences, owned by the caller.
-struct KvCache {
-  Tensor k, v;
-  int64_t length = 0;
 };
 
 // Pre-LN transformer block on [B, T, C]: x1 = x + proj(attention(qkv(ln1(x)))), then
@@ -205,16 +198,15 @@ class TransformerBlock : public Module {
   Tensor backward(const Tensor& dy, Cache& cache) override;
   std::vector<Parameter*> parameters() override;
   double forward_flops(int64_t batch) const override;
-  // Inference on x [B, T, C] at positions [kv.length, kv.length + T) of the sequences whose
-  // earlier keys and values kv holds: appends this input's and attends over all of them. The
-  // same arithmetic as forward() on the whole sequence, for the new positions' rows.
-  Tensor forward_cached(const Tensor& x, KvCache& kv);
+  // Inference on x [B, T, C]: the B * T rows of kv's step (cache.h), this block being block
+  // `block` of kv's; appends their keys and values and attends over each sequence's. The same
+  // arithmetic as forward() on the whole sequence, for the new positions' rows.
+  Tensor forward_cached(const Tensor& x, KvCache& kv, size_t block);
 
  private:
   void recompute_gelu(Cache& cache);
   void recompute_attention(Cache& cache);
-  Tensor run(const Tensor& x, const Context& ctx, Cache* cache, KvCache* kv);
-  void attend_cached(Tensor& a, const Tensor& qkv, KvCache& kv, DType t) const;
+  Tensor run(const Tensor& x, const Context& ctx, Cache* cache, KvCache* kv, size_t block);
 
   int64_t C_, NH_, T_;  // NH_: this rank's heads
   LayerNorm ln1_, ln2_;

@@ -89,6 +89,8 @@ struct ServeSpec {
   int64_t connections = 128;       // HTTP connections open at once; more get 503
   int64_t io_threads = 1;          // threads reading and writing HTTP (apart from the workers)
   double timeout_s = 30;           // unanswered: 504; unread: 408; idle connection: closed
+  int64_t max_sequences = 32;      // gpt: sequences generating together (continuous batching)
+  int64_t max_step_tokens = 256;   // gpt: rows (prompt and new tokens) in one generation step
 };
 
 struct Config {

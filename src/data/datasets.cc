@@ -45,9 +45,10 @@ Splits make_datasets(const DataSpec& spec) {
   if (spec.kind == "spiral") return detail::make_spiral_splits(spec);
   if (spec.kind == "text") return detail::make_text_splits(spec);
   if (spec.kind == "synthetic") return detail::make_synthetic_splits(spec);
+  if (spec.kind == "tokens") return detail::make_tokens_splits(spec);
   throw InvalidArgument(str("data: unknown kind \"", spec.kind,
                             "\"; set data.kind to one of fashion_mnist, mnist_idx, spiral, text, "
-                            "synthetic"));
+                            "synthetic, tokens"));
 }
 
 }  // namespace tessel::data

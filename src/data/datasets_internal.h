@@ -14,6 +14,12 @@ Splits make_idx_splits(const DataSpec& spec);        // idx.cc: fashion_mnist, m
 Splits make_spiral_splits(const DataSpec& spec);     // spiral.cc
 Splits make_text_splits(const DataSpec& spec);       // text.cc
 Splits make_synthetic_splits(const DataSpec& spec);  // synthetic.cc
+Splits make_tokens_splits(const DataSpec& spec);     // tokens.cc
+
+// text.cc: next-token windows of spec.context over ids (the test split: test_ids when
+// spec.test_path is set, else the last spec.test_fraction of ids), num_classes = vocab.
+Splits token_windows(std::vector<int32_t> ids, std::vector<int32_t> test_ids, const DataSpec& spec,
+                     int64_t vocab);
 
 // Throws InvalidArgument unless spec.test_fraction is in [0, 1).
 void check_test_fraction(const DataSpec& spec);

@@ -65,7 +65,7 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
   engine_ = std::make_unique<parallel::Engine>(config_.parallel, config_.optim, *world, spec,
                                                config_.seed);
   checkpointer_ = std::make_unique<Checkpointer>(
-      config_, *engine_, data_.vocabulary,
+      config_, *engine_, data_.tokenizer,
       ckpt::ModelIo{spec.input_shape, data_.train->input_dtype(), spec.num_classes});
   set_up_loader();
   base_lr_ = optim::scaled_lr(config_.optim.lr, config_.train.batch * config_.train.accumulate,

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "tessel/tensor/tensor.h"
+#include "tessel/text/tokenizer.h"
 
 namespace tessel::data {
 
@@ -31,7 +32,8 @@ class Dataset {
 
 // Which dataset to build and its options (the [data] section of a config).
 struct DataSpec {
-  std::string kind = "fashion_mnist";  // fashion_mnist | mnist_idx | spiral | text | synthetic
+  std::string kind =
+      "fashion_mnist";  // fashion_mnist | mnist_idx | spiral | text | synthetic | tokens
   std::string path = "/usr/share/datasets/fashion-mnist";  // IDX folder, or text file
   bool flatten = true;                                     // idx: [784] (true) or [1,28,28] (false)
   float mean = 0.2860f;                                    // idx: x = (pixel/255 - mean) / std
@@ -44,16 +46,17 @@ struct DataSpec {
   int64_t samples = 1024;          // synthetic
   int64_t features = 32;           // synthetic
   uint64_t seed = 1;               // spiral / synthetic generation
-  // text: a fixed vocabulary, the byte of each token id in id order (a checkpoint's, so that a
-  // trained model reads new text with its own ids); a byte outside it is an error. Not a config
-  // key. Empty: the file's own distinct bytes.
-  std::string vocabulary;
+  std::string test_path;           // text / tokens: the test split's file (else test_fraction)
+  std::string tokenizer_path;      // text / tokens: a BPE tokenizer file (text: else char-level)
+  // text / tokens: a fixed tokenizer (a checkpoint's, so that a trained model reads new text
+  // with its own ids); overrides tokenizer_path. Not a config key.
+  std::shared_ptr<const text::Tokenizer> tokenizer;
 };
 
 struct Splits {
   std::shared_ptr<const Dataset> train;
   std::shared_ptr<const Dataset> test;  // may be null when the dataset has no test split
-  std::string vocabulary;  // text: the byte of each token id, in id order; empty otherwise
+  std::shared_ptr<const text::Tokenizer> tokenizer;  // text / tokens (may be null); else null
 };
 
 // Builds the train and test sets. Throws IoError for a missing, truncated or corrupt file,

@@ -7,7 +7,7 @@ again with tiktoken.Encoding built from the tokenizer file (tiktoken.load.load_t
 GPT-2's pre-tokenisation pattern: every token must agree. Then the same vocabulary written as
 GPT-2's encoder.json + vocab.bpe (ids in GPT-2's byte order) is read by tessel and by tiktoken
 (tiktoken.load.data_gym_to_mergeable_bpe_ranks) and must again agree token for token.
-Usage: tiktoken_check.py TESSEL WORKDIR [--mb MB] [--vocab N] [--bench]
+Usage: tiktoken_check.py TESSEL WORKDIR [--mb MB] [--vocab N] [--bench] [--corpus TEXT]
 """
 import argparse
 import json
@@ -123,10 +123,15 @@ def main():
     ap.add_argument("--mb", type=float, default=0.2)
     ap.add_argument("--vocab", type=int, default=1000)
     ap.add_argument("--bench", action="store_true")
+    ap.add_argument("--corpus", help="a UTF-8 text file to check instead of the generated text")
     args = ap.parse_args()
     os.makedirs(args.workdir, exist_ok=True)
     corpus = os.path.join(args.workdir, "corpus.txt")
-    text = mixed_text(int(args.mb * 1e6))
+    if args.corpus:
+        with open(args.corpus, encoding="utf-8", newline="") as f:
+            text = f.read()
+    else:
+        text = mixed_text(int(args.mb * 1e6))
     with open(corpus, "w", encoding="utf-8", newline="") as f:
         f.write(text)
     size = os.path.getsize(corpus)

@@ -32,7 +32,8 @@ int64_t total_bytes(const std::vector<std::string>& texts) {
 int run_train(const TokenizerArgs& a) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<std::string> texts;
-  for (const std::string& path : a.texts) texts.push_back(tessel::text::read_file(path, "TEXT"));
+  for (const std::string& path : a.texts)
+    texts.push_back(tessel::text::read_file(path, "tessel tokenizer"));
   const tessel::text::BpeTokenizer t = tessel::text::train_bpe(texts, a.train);
   tessel::ckpt::write_file_atomic(a.out, t.file_text());
   std::printf("wrote %s: %lld tokens (asked %lld%s) from %lld bytes in %.1f s\n", a.out.c_str(),
@@ -49,7 +50,7 @@ int run_tokenize(const TokenizerArgs& a) {
   int64_t bytes = 0;
   double encode_s = 0;
   for (const std::string& path : a.texts) {
-    const std::string text = tessel::text::read_file(path, "TEXT");
+    const std::string text = tessel::text::read_file(path, "tessel tokenizer");
     bytes += static_cast<int64_t>(text.size());
     const auto e0 = std::chrono::steady_clock::now();
     const std::vector<int32_t> ids = t.encode(text);

@@ -32,11 +32,12 @@ class Dataset {
 
 // Which dataset to build and its options (the [data] section of a config).
 struct DataSpec {
-  std::string kind =
-      "fashion_mnist";  // fashion_mnist | mnist_idx | spiral | text | synthetic | tokens
-  std::string path = "/usr/share/datasets/fashion-mnist";  // IDX folder, or text file
-  bool flatten = true;                                     // idx: [784] (true) or [1,28,28] (false)
-  float mean = 0.2860f;                                    // idx: x = (pixel/255 - mean) / std
+  // fashion_mnist | mnist_idx | spiral | text | synthetic | tokens
+  std::string kind = "fashion_mnist";
+  std::string path = "/usr/share/datasets/fashion-mnist";  // IDX folder, text or token file
+  std::string test_path;  // text / tokens: the test split's file (else test_fraction)
+  bool flatten = true;    // idx: [784] (true) or [1,28,28] (false)
+  float mean = 0.2860f;   // idx: x = (pixel/255 - mean) / std
   float std = 0.3530f;
   int64_t classes = 3;             // spiral / synthetic
   int64_t points_per_class = 100;  // spiral
@@ -46,7 +47,6 @@ struct DataSpec {
   int64_t samples = 1024;          // synthetic
   int64_t features = 32;           // synthetic
   uint64_t seed = 1;               // spiral / synthetic generation
-  std::string test_path;           // text / tokens: the test split's file (else test_fraction)
   std::string tokenizer_path;      // text / tokens: a BPE tokenizer file (text: else char-level)
   // text / tokens: a fixed tokenizer (a checkpoint's, so that a trained model reads new text
   // with its own ids); overrides tokenizer_path. Not a config key.

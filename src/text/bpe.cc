@@ -5,14 +5,14 @@
 
 #include <climits>
 #include <filesystem>
+#include <queue>
+#include <tuple>
 
 #include "tessel/core/error.h"
 #include "tessel/text/file.h"
 
 namespace tessel::text {
 namespace {
-
-constexpr int32_t kNone = INT32_MAX;  // a span that is no token
 
 std::string base64(const std::string& bytes) {
   std::string out(4 * ((bytes.size() + 2) / 3) + 1, '\0');
@@ -75,41 +75,40 @@ int32_t BpeTokenizer::rank(std::string_view bytes) const {
 }
 
 void BpeTokenizer::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {
+  if (piece.empty()) return;
   if (const int32_t whole = rank(piece); whole >= 0) {
     out.push_back(whole);
     return;
   }
-  // parts[i] = (start of part i, rank of parts i and i + 1 joined); the last two are sentinels.
-  struct Part {
-    size_t start;
-    int32_t rank;
-  };
-  auto rank_or_none = [&](size_t lo, size_t hi) {
-    const int32_t r = rank(piece.substr(lo, hi - lo));
-    return r < 0 ? kNone : r;
-  };
+  // The parts form a list over byte offsets: the part starting at s ends at end[s] (n: the last
+  // ends the piece); dead[s] once s is merged into the part before it. A candidate is a pair of
+  // adjacent parts (s, its right neighbour) whose joined bytes are a token, keyed (rank, s): the
+  // smallest is tiktoken's choice (lowest rank, leftmost). It is stale when s has died or the
+  // pair now ends elsewhere (the rank depends on the joined bytes only).
   const size_t n = piece.size();
-  std::vector<Part> parts;
-  parts.reserve(n + 1);
-  for (size_t i = 0; i + 1 < n; ++i) parts.push_back({i, rank_or_none(i, i + 2)});
-  parts.push_back({n - 1, kNone});
-  parts.push_back({n, kNone});
-  // The rank of parts i..i+2 joined, read before part i + 1 is removed.
-  auto joined = [&](size_t i) {
-    return i + 3 < parts.size() ? rank_or_none(parts[i].start, parts[i + 3].start) : kNone;
+  std::vector<size_t> end(n), before(n);
+  std::vector<bool> dead(n, false);
+  for (size_t i = 0; i < n; ++i) end[i] = i + 1, before[i] = i - 1;
+  using Candidate = std::tuple<int32_t, size_t, size_t>;  // rank, s, where the pair ends
+  std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+  auto pair_end = [&](size_t s) { return end[s] < n ? end[end[s]] : n + 1; };  // n + 1: none
+  auto offer = [&](size_t s) {
+    if (const size_t e = pair_end(s); e <= n)
+      if (const int32_t r = rank(piece.substr(s, e - s)); r >= 0) heap.push({r, s, e});
   };
-  for (;;) {
-    size_t best = 0;
-    int32_t best_rank = kNone;
-    for (size_t i = 0; i + 1 < parts.size(); ++i)
-      if (parts[i].rank < best_rank) best_rank = parts[i].rank, best = i;
-    if (best_rank == kNone) break;
-    if (best > 0) parts[best - 1].rank = joined(best - 1);
-    parts[best].rank = joined(best);
-    parts.erase(parts.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+  for (size_t s = 0; s + 1 < n; ++s) offer(s);
+  while (!heap.empty()) {
+    const auto [r, s, e] = heap.top();
+    heap.pop();
+    if (dead[s] || pair_end(s) != e) continue;
+    const size_t m = end[s];  // the right part joins s
+    dead[m] = true;
+    end[s] = end[m];
+    if (end[s] < n) before[end[s]] = s;
+    if (s > 0) offer(before[s]);
+    offer(s);
   }
-  for (size_t i = 0; i + 1 < parts.size(); ++i)
-    out.push_back(rank(piece.substr(parts[i].start, parts[i + 1].start - parts[i].start)));
+  for (size_t s = 0; s < n; s = end[s]) out.push_back(rank(piece.substr(s, end[s] - s)));
 }
 
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text) const {

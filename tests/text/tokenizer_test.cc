@@ -6,6 +6,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <random>
 
 #include "tessel/core/error.h"
 #include "tessel/text/bpe.h"
@@ -72,6 +74,56 @@ TEST(Bpe, RoundTripsAnyBytes) {
   }
   EXPECT_LT(t.encode("the cat sat").size(), std::string("the cat sat").size());
   EXPECT_NE(error_of([&] { t.decode(ids({1, 300})); }).find("token 1 is 300"), std::string::npos);
+}
+
+// tiktoken's byte_pair_merge as written there (quadratic): the reference for encode_piece.
+std::vector<int32_t> reference_merge(const BpeTokenizer& t, const std::string& piece) {
+  std::map<std::string, int32_t> rank;
+  for (size_t r = 0; r < t.tokens().size(); ++r) rank[t.tokens()[r]] = static_cast<int32_t>(r);
+  auto rank_of = [&](size_t lo, size_t hi) {
+    const auto it = rank.find(piece.substr(lo, hi - lo));
+    return it == rank.end() ? INT32_MAX : it->second;
+  };
+  if (rank.count(piece)) return {rank[piece]};
+  std::vector<std::pair<size_t, int32_t>> parts;
+  for (size_t i = 0; i + 1 < piece.size(); ++i) parts.push_back({i, rank_of(i, i + 2)});
+  parts.push_back({piece.size() - 1, INT32_MAX});
+  parts.push_back({piece.size(), INT32_MAX});
+  auto joined = [&](size_t i) {
+    return i + 3 < parts.size() ? rank_of(parts[i].first, parts[i + 3].first) : INT32_MAX;
+  };
+  for (;;) {
+    size_t best = 0;
+    int32_t min = INT32_MAX;
+    for (size_t i = 0; i + 1 < parts.size(); ++i)
+      if (parts[i].second < min) min = parts[i].second, best = i;
+    if (min == INT32_MAX) break;
+    if (best > 0) parts[best - 1].second = joined(best - 1);
+    parts[best].second = joined(best);
+    parts.erase(parts.begin() + static_cast<std::ptrdiff_t>(best) + 1);
+  }
+  std::vector<int32_t> out;
+  for (size_t i = 0; i + 1 < parts.size(); ++i)
+    out.push_back(rank_of(parts[i].first, parts[i + 1].first));
+  return out;
+}
+
+TEST(Bpe, MergesAsTiktokenDoesOnAnyPiece) {
+  std::mt19937 rng(7);
+  std::string corpus;
+  for (int i = 0; i < 20000; ++i) corpus += "abcab"[rng() % 5];
+  const BpeTokenizer t = train_bpe({corpus}, {.vocab_size = 400, .min_count = 2});
+  for (int trial = 0; trial < 200; ++trial) {
+    std::string piece;
+    for (size_t k = 0, len = 1 + rng() % 300; k < len; ++k) piece += "abcab"[rng() % 5];
+    std::vector<int32_t> got;
+    t.encode_piece(piece, got);
+    ASSERT_EQ(got, reference_merge(t, piece)) << piece;
+  }
+  // A long run of letters is one piece: merged in n log n, not n^2.
+  std::string run(1 << 20, 'a');
+  for (size_t k = 0; k < run.size(); k += 3) run[k] = 'b';
+  EXPECT_EQ(t.decode(t.encode(run)), run);
 }
 
 TEST(Bpe, FileRoundTripsAndItsErrorsNameTheLine) {

@@ -8,7 +8,7 @@ packages=(
   libgtest-dev libbenchmark-dev libopenmpi-dev openmpi-bin
   dataset-fashion-mnist fortunes python3-torch python3-numpy
   iproute2 iperf3 libcpp-httplib-dev wrk libboost-dev
-  python3-matplotlib python3-protobuf protobuf-compiler libprotobuf-dev libssl-dev libisal-dev
+  python3-matplotlib python3-protobuf protobuf-compiler libprotobuf-dev libssl-dev libisal-dev libpcre2-dev
   chromium tmux clang-format
 )
 missing=()

@@ -1,6 +1,6 @@
 // The inference subcommands of the tessel command line, each in its own file: `predict`
-// (predict.cc) and `serve` (serve.cc). add_* declares the subcommand and its options; run()
-// runs it once parsed and returns the exit code.
+// (predict.cc), `serve` (serve.cc) and the tokenizer tools (tokenizer.cc). add_* declares the
+// subcommand and its options; run() runs it once parsed and returns the exit code.
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -21,3 +21,9 @@ InferCommand add_predict(CLI::App& app);
 // or the exec failed.
 void restart_predict_on_huge_pages(char** argv);
 InferCommand add_serve(CLI::App& app);
+
+// `tessel tokenizer train` and `tessel tokenize` (tokenizer.cc).
+struct TokenizerCommands {
+  InferCommand train, tokenize;
+};
+TokenizerCommands add_tokenizer_commands(CLI::App& app);

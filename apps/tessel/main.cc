@@ -1,7 +1,7 @@
 // tessel command line: train, eval, predict, serve, config, plan, ckpt export, bench comm,
-// launch, report. Library errors (tessel::Error) become a one-line message on stderr and exit
-// code 1; command-line misuse, and any error `tessel config` finds, exit 2 (command_line.h
-// explains the misuse).
+// launch, tokenizer train, tokenize, report. Library errors (tessel::Error) become a one-line
+// message on stderr and exit code 1; command-line misuse, and any error `tessel config` finds,
+// exit 2 (command_line.h explains the misuse).
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
@@ -135,6 +135,7 @@ struct Args {
 struct Commands {
   CLI::App *train, *eval, *ckpt_export, *config, *bench_comm, *launch, *report;
   InferCommand predict, serve, plan;
+  TokenizerCommands tokenizer;
 };
 
 void add_overrides(CLI::App* cmd, Args& a) {
@@ -204,6 +205,7 @@ Commands add_commands(CLI::App& app, Args& a) {
   c.eval = add_eval(app, a);
   c.predict = add_predict(app);
   c.serve = add_serve(app);
+  c.tokenizer = add_tokenizer_commands(app);
   CLI::App* ckpt = app.add_subcommand("ckpt", "Checkpoint tools");
   ckpt->require_subcommand(1);
   c.ckpt_export = ckpt->add_subcommand(
@@ -400,6 +402,8 @@ int run(const Commands& c, Args& a) {
   if (*c.predict.app) return c.predict.run();
   if (*c.serve.app) return c.serve.run();
   if (*c.plan.app) return c.plan.run();
+  if (*c.tokenizer.train.app) return c.tokenizer.train.run();
+  if (*c.tokenizer.tokenize.app) return c.tokenizer.tokenize.run();
   if (*c.ckpt_export) {
     tessel::ckpt::export_model(a.checkpoint, a.export_out);
     std::printf("wrote %s\n", a.export_out.c_str());

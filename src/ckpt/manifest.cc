@@ -187,22 +187,6 @@ std::vector<TensorSpec> parse_parameters(const Fields& f, const Field& params) {
   return out;
 }
 
-// {"kind": "bytes", "vocabulary": [byte, ...]}: distinct bytes, one per token id.
-std::string parse_vocabulary(const Fields& f, const Field& tokenizer) {
-  const std::string kind = f.text(f.at(tokenizer, "kind"));
-  if (kind != "bytes") f.bad(tokenizer.name + ".kind", str("that is '", kind, "', not 'bytes'"));
-  const Field ids = f.at(tokenizer, "vocabulary");
-  std::string out;
-  for (size_t i = 0; i < f.size(ids); ++i) {
-    const int64_t b = f.count(f.item(ids, i));
-    if (b > 255 || out.find(static_cast<char>(b)) != std::string::npos)
-      f.bad(f.item(ids, i).name, str("that is not a byte of its own, got ", b));
-    out += static_cast<char>(b);
-  }
-  if (out.empty()) f.bad(ids.name, "that is empty");
-  return out;
-}
-
 ModelIo parse_model_io(const Fields& f, const Field& io) {
   ModelIo out;
   const Field shape = f.at(io, "input_shape");
@@ -284,11 +268,7 @@ std::string manifest_text(const Manifest& m, const std::string& trainer_json, co
                 {{"kind", m.optimizer_kind},
                  {"steps", m.optimizer_steps},
                  {"state_buffers", m.state_buffers}}}};
-  if (!m.vocabulary.empty()) {  // bytes as numbers: a vocabulary need not be valid UTF-8
-    Json ids = Json::array();
-    for (unsigned char b : m.vocabulary) ids.push_back(b);
-    body["tokenizer"] = {{"kind", "bytes"}, {"vocabulary", ids}};
-  }
+  if (m.tokenizer) body["tokenizer"] = m.tokenizer->to_json();
   body["shards"] = shards_json(m.shards, dir);
   body["trainer"] = {{"bytes", trainer_json.size()},
                      {"sha256", sha256_hex(trainer_json.data(), trainer_json.size())}};
@@ -340,7 +320,13 @@ Manifest parse_manifest(const std::string& path, const std::string& text, ShardF
         std::count(m.state_buffers.begin(), m.state_buffers.end(), m.state_buffers.back()) > 1)
       f.bad(f.item(buffers, i).name, "that is empty or repeated");
   }
-  if (j.contains("tokenizer")) m.vocabulary = parse_vocabulary(f, f.at(root, "tokenizer"));
+  if (j.contains("tokenizer")) {
+    try {
+      m.tokenizer = text::tokenizer_from_json(j["tokenizer"]);
+    } catch (const InvalidArgument& e) {
+      corrupt_file(path, str("has ", e.what()));
+    }
+  }
   m.shards = parse_shards(f, f.at(root, "shards"));
   const Field t = f.at(root, "trainer");
   *trainer = {kTrainer, f.count(f.at(t, "bytes")), f.text(f.at(t, "sha256"))};

@@ -65,9 +65,10 @@ Splits make_datasets(const DataSpec& spec) {
     return spec.kind == "spiral" ? detail::make_spiral_splits(generated)
                                  : detail::make_synthetic_splits(generated);
   }
+  if (spec.kind == "tokens") return detail::make_tokens_splits(spec);
   throw InvalidArgument(str("data: unknown kind \"", spec.kind,
                             "\"; set data.kind to one of fashion_mnist, mnist_idx, spiral, text, "
-                            "synthetic, npy, csv"));
+                            "synthetic, npy, csv, tokens"));
 }
 
 }  // namespace tessel::data

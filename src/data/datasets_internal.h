@@ -15,6 +15,7 @@ Splits make_spiral_splits(const DataSpec& spec);     // spiral.cc
 Splits make_text_splits(const DataSpec& spec);       // text.cc
 Splits make_synthetic_splits(const DataSpec& spec);  // synthetic.cc
 Splits make_table_splits(const DataSpec& spec);      // table.cc: npy, csv
+Splits make_tokens_splits(const DataSpec& spec);     // tokens.cc
 
 // A table of `rows` rows: `features` f32 values each (row-major) and one target each.
 struct Table {
@@ -29,6 +30,11 @@ Table read_csv_table(const std::string& path, const std::string& target);
 // The class count of labels whose largest is `largest`: largest + 1, or `classes` (data.classes)
 // when > 0, which must be larger; throws InvalidArgument naming `where` otherwise.
 int64_t resolve_classes(int64_t largest, int64_t classes, const std::string& where);
+
+// text.cc: next-token windows of spec.context over ids (the test split: test_ids when
+// spec.test_path is set, else the last spec.test_fraction of ids), num_classes = vocab.
+Splits token_windows(std::vector<int32_t> ids, std::vector<int32_t> test_ids, const DataSpec& spec,
+                     int64_t vocab);
 
 // Throws InvalidArgument unless spec.test_fraction is in [0, 1).
 void check_test_fraction(const DataSpec& spec);

@@ -192,33 +192,24 @@ std::vector<std::vector<int32_t>> generate(nn::Model& model, const std::vector<P
   return out;
 }
 
-std::vector<int32_t> encode(const std::string& text, const std::string& vocab) {
-  int32_t id[256];
-  std::fill(id, id + 256, -1);
-  for (size_t k = 0; k < vocab.size(); ++k)
-    id[static_cast<uint8_t>(vocab[k])] = static_cast<int32_t>(k);
-  std::vector<int32_t> out;
-  out.reserve(text.size());
-  for (size_t i = 0; i < text.size(); ++i) {
-    const uint8_t c = static_cast<uint8_t>(text[i]);
-    if (id[c] < 0)
-      throw InvalidArgument(
-          str("generate: byte ", i, " of the prompt (0x", std::hex, static_cast<int>(c), std::dec,
-              ") is not in the model's vocabulary (the bytes of its training text); "
-              "use only characters of the training text"));
-    out.push_back(id[c]);
-  }
-  return out;
+namespace {
+
+const text::Tokenizer& need(const text::Tokenizer* tokenizer) {
+  if (!tokenizer)
+    throw InvalidArgument(
+        "generate: the model has no tokenizer (it was trained on token files without "
+        "data.tokenizer), so it cannot read or write text; train with data.tokenizer set");
+  return *tokenizer;
 }
 
-std::string decode(const std::vector<int32_t>& tokens, const std::string& vocab) {
-  std::string out;
-  for (int32_t t : tokens) {
-    TESSEL_CHECK(t >= 0 && static_cast<size_t>(t) < vocab.size(), "generate: token ", t,
-                 " outside the vocabulary of ", vocab.size());
-    out.push_back(vocab[t]);
-  }
-  return out;
+}  // namespace
+
+std::vector<int32_t> encode(const std::string& text, const text::Tokenizer* tokenizer) {
+  return need(tokenizer).encode(text);
+}
+
+std::string decode(const std::vector<int32_t>& tokens, const text::Tokenizer* tokenizer) {
+  return need(tokenizer).decode(tokens);
 }
 
 }  // namespace tessel::infer

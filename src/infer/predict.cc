@@ -46,7 +46,7 @@ std::string run_chunk(const Job& job, Replica& replica, int64_t id, const Rows& 
   std::vector<Prompt> prompts;
   for (int64_t r = 0; r < count; ++r) {
     try {
-      prompts.push_back({encode(rows.lines[r], job.info.vocab), s.max_new_tokens,
+      prompts.push_back({encode(rows.lines[r], job.info.tokenizer.get()), s.max_new_tokens,
                          static_cast<uint64_t>(first + r)});
     } catch (const InvalidArgument& e) {
       throw InvalidArgument(
@@ -60,7 +60,7 @@ std::string run_chunk(const Job& job, Replica& replica, int64_t id, const Rows& 
                                     prompts.begin() + std::min(count, lo + s.batch));
     try {
       for (const auto& t : generate(replica.model(), batch, opts))
-        texts.push_back(decode(t, job.info.vocab));
+        texts.push_back(decode(t, job.info.tokenizer.get()));
     } catch (const InvalidArgument& e) {
       throw InvalidArgument(str("predict: rows ", first + lo, "..", first + lo + batch.size() - 1,
                                 " of ", job.options.input, ": ", e.what()));

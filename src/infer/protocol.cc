@@ -38,7 +38,7 @@ std::vector<Prompt> make_prompts(const std::vector<std::string>& texts, const st
   for (size_t i = 0; i < texts.size(); ++i) {
     Prompt p{{}, max_new, seed + i};
     try {
-      p.tokens = encode(texts[i], info.vocab);
+      p.tokens = encode(texts[i], info.tokenizer.get());
     } catch (const InvalidArgument& e) {
       throw InvalidArgument(str("serve: ", what, "[", i, "]: ", e.what()));
     }

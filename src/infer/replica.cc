@@ -48,7 +48,7 @@ ModelInfo model_info(const train::Config& config, const std::string& checkpoint)
   info.checkpoint = std::make_shared<const ckpt::CheckpointReader>(checkpoint);
   const ckpt::Manifest& m = info.checkpoint->manifest();
   info.spec = config.model;
-  info.vocab = m.vocabulary;
+  info.tokenizer = m.tokenizer;
   if (m.io) {
     info.spec.input_shape = m.io->input_shape;
     info.spec.num_classes = m.io->num_classes;
@@ -61,12 +61,12 @@ ModelInfo model_info(const train::Config& config, const std::string& checkpoint)
   log_info("infer: ", info.checkpoint->dir(), " predates model_io in manifest.json (version 3); ",
            "loading the training data to learn the model's shapes (a newer checkpoint skips this)");
   data::DataSpec spec = config.data;  // text: the token ids the model was trained with
-  spec.vocabulary = m.vocabulary;
+  spec.tokenizer = m.tokenizer;
   const data::Splits data = data::make_datasets(spec);
   info.spec.input_shape = data.train->input_shape();
   info.spec.num_classes = data.train->num_classes();
   info.input_dtype = data.train->input_dtype();
-  info.vocab = data.vocabulary;
+  info.tokenizer = data.tokenizer;
   info.input_mean = data.input_mean;
   info.input_std = data.input_std;
   info.spec.regression = data.train->label_dtype() == DType::kF32;

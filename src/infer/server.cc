@@ -287,7 +287,7 @@ std::vector<ojson> Server::run_batch(int worker, const std::vector<const Request
   const SampleOptions opts{config_.infer.temperature, config_.infer.sample_top_k, config_.seed,
                            config_.infer.kv_cache};
   for (const auto& tokens : generate(replica.model(), prompts, opts))
-    out.push_back({{"text", decode(tokens, info_.vocab)}});
+    out.push_back({{"text", decode(tokens, info_.tokenizer.get())}});
   return out;
 }
 

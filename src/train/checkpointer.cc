@@ -49,18 +49,18 @@ std::vector<std::string> state_buffer_names(const optim::OptimSpec& spec) {
 
 }  // namespace
 
-Checkpointer::Checkpointer(const Config& config, parallel::Engine& engine, std::string vocabulary,
-                           ckpt::ModelIo io)
+Checkpointer::Checkpointer(const Config& config, parallel::Engine& engine,
+                           std::shared_ptr<const text::Tokenizer> tokenizer, ckpt::ModelIo io)
     : config_(config),
       engine_(engine),
       model_(engine.model()),
-      vocabulary_(std::move(vocabulary)),
+      tokenizer_(std::move(tokenizer)),
       io_(std::move(io)) {}
 
 ckpt::Manifest Checkpointer::manifest() const {
   ckpt::Manifest m;
   m.model_kind = config_.model.kind;
-  m.vocabulary = vocabulary_;
+  m.tokenizer = tokenizer_;
   m.io = io_;
   for (const nn::Parameter* p : model_.parameters())
     m.parameters.push_back({p->name, p->full_shape()});
@@ -145,13 +145,15 @@ std::string Checkpointer::restore(const ckpt::CheckpointSource& reader) {
     throw IoError(str("checkpoint: ", reader.dir(), " holds a ", m.model_kind,
                       " model, the config a ", config_.model.kind,
                       "; resume with the config it was trained with"));
-  if (!m.vocabulary.empty() && m.vocabulary != vocabulary_)
+  if (m.tokenizer && !text::same_tokenizer(m.tokenizer.get(), tokenizer_.get()))
     throw IoError(str("checkpoint: ", reader.dir(), " was trained on text with a ",
-                      m.vocabulary.size(), "-token vocabulary, but ", config_.data.path, " gives ",
-                      vocabulary_.size(),
-                      " different tokens; resume on the text it "
-                      "was trained on (tessel eval reads other text with the checkpoint's "
-                      "vocabulary)"));
+                      m.tokenizer->vocab_size(), "-token ",
+                      m.tokenizer->to_json()["kind"].get<std::string>(), " vocabulary, but ",
+                      config_.data.path, " gives a different vocabulary",
+                      tokenizer_ ? str(" of ", tokenizer_->vocab_size(), " tokens") : std::string(),
+                      "; resume on the text and data.tokenizer it "
+                      "was trained with (tessel eval reads other text with the checkpoint's "
+                      "tokenizer)"));
   check_parameters(reader, model_);
   parallel::StateView view = engine_.state();
   for (const nn::Range& r : view.held) read_range(reader, model_, "", r, view.values(r));

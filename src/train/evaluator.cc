@@ -48,7 +48,7 @@ EvalResult evaluate(const data::Dataset& dataset, const EvalPass& pass,
 Evaluator::Evaluator(const Config& config, const std::string& checkpoint) : config_(config) {
   const ckpt::CheckpointReader reader(checkpoint);
   data::DataSpec data = config_.data;  // text: read with the token ids the model was trained with
-  data.vocabulary = reader.manifest().vocabulary;
+  data.tokenizer = reader.manifest().tokenizer;
   data_ = data::make_datasets(data);
   nn::ModelSpec spec = config_.model;
   spec.input_shape = data_.train->input_shape();

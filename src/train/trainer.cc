@@ -66,7 +66,7 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
   engine_ = std::make_unique<parallel::Engine>(config_.parallel, config_.optim, *world, spec,
                                                config_.seed);
   checkpointer_ = std::make_unique<Checkpointer>(
-      config_, *engine_, data_.vocabulary,
+      config_, *engine_, data_.tokenizer,
       ckpt::ModelIo{spec.input_shape, data_.train->input_dtype(), spec.num_classes,
                     data_.input_mean, data_.input_std, spec.regression});
   set_up_loader();

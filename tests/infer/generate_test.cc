@@ -98,15 +98,21 @@ TEST(Generate, BadPromptsAreRefusedByName) {
   EXPECT_THROW(generate(*m, prompts(5), {}), InvalidArgument);
 }
 
-TEST(Generate, TextThroughTheByteVocabulary) {
-  const std::string vocab = "\n abc";
-  EXPECT_EQ(encode("ab c", vocab), (std::vector<int32_t>{2, 3, 1, 4}));
-  EXPECT_EQ(decode({4, 2, 0}, vocab), "ca\n");
+TEST(Generate, TextThroughTheModelsTokenizer) {
+  const text::ByteTokenizer bytes("\n abc");
+  EXPECT_EQ(encode("ab c", &bytes), (std::vector<int32_t>{2, 3, 1, 4}));
+  EXPECT_EQ(decode({4, 2, 0}, &bytes), "ca\n");
   try {
-    encode("abz", vocab);
+    encode("abz", &bytes);
     FAIL();
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("byte 2"), std::string::npos) << e.what();
+  }
+  try {
+    encode("ab", nullptr);
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("has no tokenizer"), std::string::npos) << e.what();
   }
 }
 

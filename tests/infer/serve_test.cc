@@ -179,7 +179,7 @@ TEST_F(Serve, GptPromptsAndTheirErrors) {
                 "prompts[0] must be a string");
   expect_status(c.Post("/v1/predict", R"({"prompts": [""]})", json), 400, "non-empty");
   expect_status(c.Post("/v1/predict", R"({"prompts": ["ok", "a~"]})", json), 400,
-                "prompts[1]: generate: byte 1");
+                "prompts[1]: tokenizer: the text holds 1 bytes outside");
   expect_status(c.Post("/v1/predict", R"({"prompts": ["A"], "max_new_tokens": 64})", json), 400,
                 "context of 64");
   expect_status(c.Post("/v1/predict", R"({"prompts": ["A"], "max_new_tokens": "9"})", json), 400,

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "tessel/ckpt/safetensors.h"
+#include "tessel/text/tokenizer.h"
 
 namespace tessel::ckpt {
 
@@ -70,9 +71,9 @@ struct Manifest {
   static constexpr int kVersion = 3;
   std::string model_kind;     // "mlp", "cnn", "gpt"
   std::optional<ModelIo> io;  // always written; absent in version 1-2 manifests
-  // A language model's tokenizer: the byte each token id stands for, in id order (each byte
-  // of the text is one token). Empty for other models and in version 1 manifests.
-  std::string vocabulary;
+  // A language model's tokenizer (a byte vocabulary or BPE ranks); null for other models, a
+  // model trained on token files without data.tokenizer, and in version 1 manifests.
+  std::shared_ptr<const text::Tokenizer> tokenizer;
   std::vector<TensorSpec> parameters;  // in model order
   std::string optimizer_kind;          // "sgd", "adamw"
   int64_t optimizer_steps = 0;

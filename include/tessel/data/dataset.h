@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "tessel/tensor/tensor.h"
+#include "tessel/text/tokenizer.h"
 
 namespace tessel::data {
 
@@ -36,13 +37,15 @@ class Dataset {
 
 // Which dataset to build and its options (the [data] section of a config).
 struct DataSpec {
-  // fashion_mnist | mnist_idx | spiral | text | synthetic | npy | csv
+  // fashion_mnist | mnist_idx | spiral | text | synthetic | npy | csv | tokens
   std::string kind = "fashion_mnist";
-  std::string path = "/usr/share/datasets/fashion-mnist";  // IDX folder, text file or table
+  std::string path = "/usr/share/datasets/fashion-mnist";  // IDX folder, text/token file or table
   // npy/csv: the targets: a CSV column's name, a 2-D .npy's column number, an .npz's array name
   // (features: array "x"). Empty: the last column, or array "y".
   std::string target;
-  std::string test_path;  // npy/csv: a table of the same form for the test set (else a split)
+  // npy/csv: a table of the same form for the test set; text/tokens: the test split's file
+  // (else test_fraction).
+  std::string test_path;
   std::string task = "classification";  // npy/csv: classification | regression
   bool flatten = true;                  // idx: [784] (true) or [1,28,28] (false)
   float mean = 0.2860f;                 // idx: x = (pixel/255 - mean) / std
@@ -58,16 +61,16 @@ struct DataSpec {
   int64_t samples = 1024;          // synthetic
   int64_t features = 32;           // synthetic
   uint64_t seed = 1;               // spiral / synthetic generation, npy / csv test rows
-  // text: a fixed vocabulary, the byte of each token id in id order (a checkpoint's, so that a
-  // trained model reads new text with its own ids); a byte outside it is an error. Not a config
-  // key. Empty: the file's own distinct bytes.
-  std::string vocabulary;
+  std::string tokenizer_path;      // text / tokens: a BPE tokenizer file (text: else char-level)
+  // text / tokens: a fixed tokenizer (a checkpoint's, so that a trained model reads new text
+  // with its own ids); overrides tokenizer_path. Not a config key.
+  std::shared_ptr<const text::Tokenizer> tokenizer;
 };
 
 struct Splits {
   std::shared_ptr<const Dataset> train;
   std::shared_ptr<const Dataset> test;  // may be null when the dataset has no test split
-  std::string vocabulary;  // text: the byte of each token id, in id order; empty otherwise
+  std::shared_ptr<const text::Tokenizer> tokenizer;  // text / tokens (may be null); else null
   // npy/csv: each feature's mean and standard deviation over the train split (a constant
   // feature: std 1). The datasets hold (x - mean) / std; a model trained on them takes raw rows
   // through the same map (predict, serve). Empty for kinds that normalise otherwise.

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tessel/nn/model.h"
+#include "tessel/text/tokenizer.h"
 
 namespace tessel::infer {
 
@@ -51,9 +52,10 @@ Tensor forward_step(nn::Model& model, nn::KvCache& kv, const std::vector<int32_t
 int32_t choose_token(const float* logits, int64_t V, const SampleOptions& options, uint64_t key,
                      int64_t position);
 
-// Text <-> token ids through a byte vocabulary (token id = index of the byte). Throws
-// InvalidArgument naming the byte when the vocabulary lacks it.
-std::vector<int32_t> encode(const std::string& text, const std::string& vocab);
-std::string decode(const std::vector<int32_t>& tokens, const std::string& vocab);
+// Text <-> token ids through the model's tokenizer (its checkpoint's: char-level bytes or BPE).
+// Throws InvalidArgument when the model has none (trained on token files without
+// data.tokenizer) or the tokenizer cannot encode the text.
+std::vector<int32_t> encode(const std::string& text, const text::Tokenizer* tokenizer);
+std::string decode(const std::vector<int32_t>& tokens, const text::Tokenizer* tokenizer);
 
 }  // namespace tessel::infer

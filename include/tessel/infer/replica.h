@@ -22,15 +22,15 @@
 namespace tessel::infer {
 
 // The model a config describes, with the shapes it was trained on (input, classes), for a
-// text dataset the vocabulary (the byte of each token id), for a table dataset the per-feature
-// normalisation its training rows went through, all from the checkpoint's manifest;
+// text dataset the tokenizer, for a table dataset the per-feature normalisation its training
+// rows went through, all from the checkpoint's manifest;
 // a checkpoint from before manifest version 3 has no shapes, and the config's training data is
 // loaded to learn them. The checkpoint is opened once and shared by the process's replicas
 // (its reads are thread safe). Built once per process.
 struct ModelInfo {
   nn::ModelSpec spec;
   DType input_dtype = DType::kF32;
-  std::string vocab;
+  std::shared_ptr<const text::Tokenizer> tokenizer;  // null: the model reads no text
   std::vector<float> input_mean, input_std;  // raw row x -> (x - mean) / std; empty: none
   std::shared_ptr<const ckpt::CheckpointReader> checkpoint;
   bool generates() const { return spec.kind == "gpt"; }

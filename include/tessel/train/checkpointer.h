@@ -17,11 +17,11 @@ namespace tessel::train {
 
 class Checkpointer {
  public:
-  // vocabulary: the tokenizer of a language model's text (data::Splits), saved with every
-  // checkpoint and checked on restore; empty for other data. io: what the model reads and
-  // predicts, saved with every checkpoint for inference.
-  Checkpointer(const Config& config, parallel::Engine& engine, std::string vocabulary,
-               ckpt::ModelIo io);
+  // tokenizer: a language model's (data::Splits), saved with every checkpoint and checked on
+  // restore; null for other data. io: what the model reads and predicts, saved with every
+  // checkpoint for inference.
+  Checkpointer(const Config& config, parallel::Engine& engine,
+               std::shared_ptr<const text::Tokenizer> tokenizer, ckpt::ModelIo io);
 
   // Collective over the training ranks (the engine reaches parameter servers): writes step
   // `step`'s checkpoint under run_dir with rank 0's trainer_json and returns the committed
@@ -47,7 +47,7 @@ class Checkpointer {
   const Config& config_;
   parallel::Engine& engine_;
   nn::Model& model_;
-  std::string vocabulary_;
+  std::shared_ptr<const text::Tokenizer> tokenizer_;
   ckpt::ModelIo io_;
 };
 

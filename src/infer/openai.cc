@@ -187,7 +187,7 @@ ojson models_list(const std::string& model) {
 bool CompletionText::add(int32_t token) {
   tokens_.push_back(token);
   const size_t before = text_.size();
-  text_ = decode(tokens_, vocab_);
+  text_ = decode(tokens_, tokenizer_.get());
   size_t cut = std::string::npos;
   for (const std::string& s : stop_) {
     const size_t from = before >= s.size() ? before - s.size() + 1 : 0;

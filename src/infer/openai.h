@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -48,8 +49,8 @@ nlohmann::ordered_json models_list(const std::string& model);
 // The text of a generation so far: tokens decoded, cut before the first stop string met.
 class CompletionText {
  public:
-  CompletionText(std::string vocab, std::vector<std::string> stop)
-      : vocab_(std::move(vocab)), stop_(std::move(stop)) {}
+  CompletionText(std::shared_ptr<const text::Tokenizer> tokenizer, std::vector<std::string> stop)
+      : tokenizer_(std::move(tokenizer)), stop_(std::move(stop)) {}
   // Adds a new token; false once a stop string has been met (the text ends before it).
   bool add(int32_t token);
   // Text not yet taken that can go out now: all of it when `last`, else less what could still
@@ -59,7 +60,7 @@ class CompletionText {
   int64_t tokens() const { return static_cast<int64_t>(tokens_.size()); }
 
  private:
-  std::string vocab_;
+  std::shared_ptr<const text::Tokenizer> tokenizer_;
   std::vector<std::string> stop_;
   std::vector<int32_t> tokens_;
   std::string text_;

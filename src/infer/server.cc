@@ -337,7 +337,7 @@ void Server::generate_text(const HttpRequest& req, Respond respond, bool chat) {
     std::shared_ptr<HttpStream> stream;  // from the first token on
   };
   Generation g;
-  g.prompt = {encode(call.prompt, info_.vocab), call.max_tokens, 0};
+  g.prompt = {encode(call.prompt, info_.tokenizer.get()), call.max_tokens, 0};
   if (g.prompt.tokens.size() + static_cast<size_t>(call.max_tokens) >
       static_cast<size_t>(scheduler_->context()))
     throw OpenAiError(400,
@@ -350,7 +350,7 @@ void Server::generate_text(const HttpRequest& req, Respond respond, bool chat) {
                             static_cast<int64_t>(std::time(nullptr)),
                             static_cast<int64_t>(g.prompt.tokens.size()), chat};
   auto st = std::make_shared<State>(
-      State{call, meta, CompletionText(info_.vocab, call.stop), req.start_stream, nullptr});
+      State{call, meta, CompletionText(info_.tokenizer, call.stop), req.start_stream, nullptr});
   g.on_token = [st](int32_t token) {
     const bool more = st->text.add(token);
     if (!st->call.stream) return more;

@@ -72,7 +72,7 @@ TEST(OpenAi, BadRequestsAreRefusedNamingTheParameter) {
 }
 
 TEST(OpenAi, StopStringsCutTheTextAndAreHeldBackWhileStreaming) {
-  const std::string vocab = "abcd\n";
+  const auto vocab = std::make_shared<text::ByteTokenizer>("abcd\n");
   CompletionText t(vocab, {"cd"});
   std::string streamed;
   for (int32_t tok : {0, 1, 2}) {  // "abc": "c" may begin "cd"
@@ -90,7 +90,7 @@ TEST(OpenAi, StopStringsCutTheTextAndAreHeldBackWhileStreaming) {
 }
 
 TEST(OpenAi, AnswersAndChunksHaveOpenAisShape) {
-  CompletionText t("ab", {});
+  CompletionText t(std::make_shared<text::ByteTokenizer>("ab"), {});
   t.add(1);
   const CompletionMeta chat{"chatcmpl-1", "m", 5, 3, true};
   const auto body = completion_body(chat, t, "length");

@@ -121,6 +121,19 @@ class TableTrain : public ::testing::TestWithParam<std::string> {
   }
   void TearDown() override { fs::remove_all(dir_); }
   std::string path(const std::string& name) const { return (dir_ / name).string(); }
+  // Trains the config at path(config) into path("run"), predicts path("raw.npy") with it and
+  // returns the records of the predictions (one per row).
+  std::vector<nlohmann::json> train_and_predict(const std::string& config) const {
+    const Result trained = run("train " + path(config) + " --quiet --run-dir " + path("run"));
+    EXPECT_EQ(trained.exit_code, 0) << trained.output;
+    const Result predicted = run("predict " + path(config) + " --checkpoint " + path("run") +
+                                 " --input " + path("raw.npy") + " --output " + path("p.jsonl"));
+    EXPECT_EQ(predicted.exit_code, 0) << predicted.output;
+    std::vector<nlohmann::json> records;
+    std::ifstream in(path("p.jsonl"));
+    for (std::string line; std::getline(in, line);) records.push_back(nlohmann::json::parse(line));
+    return records;
+  }
   fs::path dir_;
 };
 
@@ -137,14 +150,8 @@ TEST_P(TableTrain, PredictAndServeTakeRawRowsAndAgree) {
                                 << (csv ? "target = \"species\"\n" : "")
                                 << "[optim]\nkind = \"adamw\"\nlr = 0.01\n"
                                 << "[train]\nbatch = 32\nepochs = 15\n";
-  const Result trained = run("train " + path("c.toml") + " --quiet --run-dir " + path("run"));
-  ASSERT_EQ(trained.exit_code, 0) << trained.output;
-  const Result predicted = run("predict " + path("c.toml") + " --checkpoint " + path("run") +
-                               " --input " + path("raw.npy") + " --output " + path("p.jsonl"));
-  ASSERT_EQ(predicted.exit_code, 0) << predicted.output;
-  std::vector<nlohmann::json> records;
-  std::ifstream in(path("p.jsonl"));
-  for (std::string line; std::getline(in, line);) records.push_back(nlohmann::json::parse(line));
+  const std::vector<nlohmann::json> records = train_and_predict("c.toml");
+  ASSERT_FALSE(HasFailure());
   ASSERT_EQ(records.size(), test.x.size());
   int correct = 0;
   for (size_t r = 0; r < records.size(); ++r) correct += records[r]["class"] == test.y[r];
@@ -198,15 +205,10 @@ TEST_F(TableTrain, RegressionPredictsValuesFromRawRows) {
                                 << "path = \"" << path("r.csv") << "\"\n"
                                 << "[optim]\nkind = \"adamw\"\nlr = 0.01\n"
                                 << "[train]\nbatch = 32\nepochs = 30\n";
-  const Result trained = run("train " + path("r.toml") + " --quiet --run-dir " + path("run"));
-  ASSERT_EQ(trained.exit_code, 0) << trained.output;
-  const Result predicted = run("predict " + path("r.toml") + " --checkpoint " + path("run") +
-                               " --input " + path("raw.npy") + " --output " + path("p.jsonl"));
-  ASSERT_EQ(predicted.exit_code, 0) << predicted.output;
+  const std::vector<nlohmann::json> records = train_and_predict("r.toml");
+  ASSERT_FALSE(HasFailure());
   std::vector<double> values;
-  std::ifstream in(path("p.jsonl"));
-  for (std::string line; std::getline(in, line);)
-    values.push_back(nlohmann::json::parse(line)["value"].get<double>());
+  for (const auto& record : records) values.push_back(record["value"].get<double>());
   ASSERT_EQ(values.size(), truth.size());
   double err = 0, var = 0;
   for (size_t r = 0; r < truth.size(); ++r) {

@@ -1,5 +1,6 @@
 // The inference subcommands of the tessel command line, each in its own file: `predict`
-// (predict.cc), `serve` (serve.cc) and the tokenizer tools (tokenizer.cc). add_* declares the
+// (predict.cc), `serve` (serve.cc), the tokenizer tools (tokenizer.cc) and the checkpoint
+// tools (ckpt.cc). add_* declares the
 // subcommand and its options; run() runs it once parsed and returns the exit code.
 #pragma once
 
@@ -27,3 +28,9 @@ struct TokenizerCommands {
   InferCommand train, tokenize;
 };
 TokenizerCommands add_tokenizer_commands(CLI::App& app);
+
+// `tessel ckpt export` and `tessel ckpt import` (ckpt.cc).
+struct CkptCommands {
+  InferCommand exp, imp;
+};
+CkptCommands add_ckpt_commands(CLI::App& app);

@@ -1,4 +1,4 @@
-// tessel command line: train, eval, predict, serve, config, plan, ckpt export, bench comm,
+// tessel command line: train, eval, predict, serve, config, plan, ckpt export/import, bench comm,
 // launch, tokenizer train, tokenize, report. Library errors (tessel::Error) become a one-line
 // message on stderr and exit code 1; command-line misuse, and any error `tessel config` finds,
 // exit 2 (command_line.h explains the misuse).
@@ -121,8 +121,7 @@ int fail(const char* kind, const std::exception& e) {
 
 // Everything the command line sets.
 struct Args {
-  std::string config_path, run_dir, resume, checkpoint, logits_path, export_out, backend,
-      report_out;
+  std::string config_path, run_dir, resume, checkpoint, logits_path, backend, report_out;
   std::string command;  // as typed, for run.json
   std::vector<std::string> overrides;
   int64_t stop_after = 0, logits_limit = 100;
@@ -133,9 +132,10 @@ struct Args {
 };
 
 struct Commands {
-  CLI::App *train, *eval, *ckpt_export, *config, *bench_comm, *launch, *report;
+  CLI::App *train, *eval, *config, *bench_comm, *launch, *report;
   InferCommand predict, serve, plan;
   TokenizerCommands tokenizer;
+  CkptCommands ckpt;
 };
 
 void add_overrides(CLI::App* cmd, Args& a) {
@@ -206,13 +206,7 @@ Commands add_commands(CLI::App& app, Args& a) {
   c.predict = add_predict(app);
   c.serve = add_serve(app);
   c.tokenizer = add_tokenizer_commands(app);
-  CLI::App* ckpt = app.add_subcommand("ckpt", "Checkpoint tools");
-  ckpt->require_subcommand(1);
-  c.ckpt_export = ckpt->add_subcommand(
-      "export", "Write a checkpoint's parameters as one plain safetensors file (PyTorch loads it)");
-  c.ckpt_export->add_option("checkpoint", a.checkpoint, "Run folder or checkpoint folder")
-      ->required();
-  c.ckpt_export->add_option("out", a.export_out, "Output file, e.g. model.safetensors")->required();
+  c.ckpt = add_ckpt_commands(app);
   c.config = app.add_subcommand(
       "config",
       "Check a config as train would (without training) and print it resolved, with "
@@ -404,11 +398,8 @@ int run(const Commands& c, Args& a) {
   if (*c.plan.app) return c.plan.run();
   if (*c.tokenizer.train.app) return c.tokenizer.train.run();
   if (*c.tokenizer.tokenize.app) return c.tokenizer.tokenize.run();
-  if (*c.ckpt_export) {
-    tessel::ckpt::export_model(a.checkpoint, a.export_out);
-    std::printf("wrote %s\n", a.export_out.c_str());
-    return 0;
-  }
+  if (*c.ckpt.exp.app) return c.ckpt.exp.run();
+  if (*c.ckpt.imp.app) return c.ckpt.imp.run();
   if (*c.bench_comm) return run_bench_comm(a);
   if (*c.launch) return tessel::app::run_launch(c.launch->remaining());
   if (*c.report) {

@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -63,6 +64,20 @@ BpeTokenizer parse_bpe_file(const std::string& text, const std::string& name);
 // Reads GPT-2's encoder.json (token string -> id, bytes spelled through GPT-2's byte-to-
 // character table) and vocab.bpe (the merges, checked against the encoder).
 BpeTokenizer load_gpt2_files(const std::string& encoder_json, const std::string& vocab_bpe);
+// The same files as Hugging Face's GPT2Tokenizer reads them (vocab.json, merges.txt): a BPE
+// tokenizer, or, for single-byte tokens without merges short of all 256 bytes (a char-level
+// model's, as gpt2_files writes them), a ByteTokenizer.
+std::shared_ptr<const Tokenizer> load_gpt2_tokenizer(const std::string& encoder_json,
+                                                     const std::string& vocab_bpe);
+
+// A tokenizer as GPT-2's two files (Hugging Face's vocab.json and merges.txt): every token's
+// bytes spelled through GPT-2's byte-to-character table with its id, and, for a BPE tokenizer,
+// the merge that makes each longer token, in rank order. GPT2Tokenizer then encodes as this
+// tokenizer does. Throws InvalidArgument for a token that is no merge of two lower-ranked ones.
+struct Gpt2Files {
+  std::string encoder_json, vocab_bpe;
+};
+Gpt2Files gpt2_files(const Tokenizer& tokenizer);
 
 struct BpeTrainOptions {
   int64_t vocab_size = 8192;  // 256 bytes + merges; at least 256

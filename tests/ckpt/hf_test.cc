@@ -3,14 +3,11 @@
 // generation; a folder tessel's GPT cannot express, or a damaged one, gets an error naming what
 // is wrong. A BPE tokenizer survives GPT-2's vocab.json + merges.txt. (bench/hf_roundtrip checks
 // the folder against transformers itself.)
-#include "tessel/ckpt/hf.h"
-
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <cstdio>
 #include <nlohmann/json.hpp>
 
+#include "../infer/infer_testing.h"  // run(): the tessel binary
 #include "ckpt_testing.h"
 #include "tessel/ckpt/safetensors.h"
 #include "tessel/text/bpe.h"
@@ -18,22 +15,9 @@
 namespace tessel::ckpt::testing {
 namespace {
 
-const std::string kTessel = std::string(TESSEL_BINARY_DIR) + "/apps/tessel/tessel";
+using infer::testing::Result;
 
-struct Result {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
-
-Result tessel(const std::string& args) {
-  Result r;
-  FILE* p = popen((kTessel + " " + args + " 2>&1").c_str(), "r");
-  char buf[4096];
-  for (size_t n; (n = fread(buf, 1, sizeof buf, p)) > 0;) r.output.append(buf, n);
-  const int status = pclose(p);
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return r;
-}
+Result tessel(const std::string& args) { return infer::testing::run(args); }
 
 // A 2-block char-level GPT trained 3 steps once for the suite, exported to a GPT-2 folder.
 class HfTest : public ::testing::Test {

@@ -93,11 +93,27 @@ class Trace:
 
 # ---- sections ----
 
+def shown(key, value):
+    """A summary value as a person reads it: 4 significant digits (no decimals from 1000 on),
+    accuracies in percent, seconds to 0.1 s, bytes in MiB; summary.json keeps every digit."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return str(value)
+    if key.endswith("_bytes"):
+        return "%.1f MiB" % (value / MIB)
+    if isinstance(value, int):
+        return "{:,}".format(value)
+    if key.endswith("accuracy"):
+        return "%.2f%%" % (100 * value)
+    if key.endswith("seconds"):
+        return "%.1f s" % value
+    return "{:,.0f}".format(value) if abs(value) >= 1000 else "%.4g" % value
+
+
 def overview(summary):
     keys = ["model", "dataset", "layout", "world_size", "zero_stage", "epochs", "steps",
             "train_loss", "train_accuracy", "test_loss", "test_accuracy", "samples_per_second",
             "train_seconds", "wall_seconds", "peak_rss_bytes", "completed"]
-    rows = "".join("<tr><th>%s</th><td>%s</td></tr>" % (esc(k), esc(summary.get(k)))
+    rows = "".join("<tr><th>%s</th><td>%s</td></tr>" % (esc(k), esc(shown(k, summary.get(k))))
                    for k in keys if k in summary)
     straggler = summary.get("straggler")
     if straggler:

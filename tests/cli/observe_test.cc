@@ -4,6 +4,7 @@
 // build folder as report_test.png).
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <regex>
 #include <sstream>
@@ -103,6 +104,31 @@ TEST_F(Observe, ReportOfAMissingRunSaysWhatToPass) {
   const Result r = sh(kTessel + " report " + (dir_ / "nothing").string() + " 2>&1");
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("holds no summary.json"), std::string::npos) << r.output;
+}
+
+// The report shows numbers as a person reads them (4 significant digits, percentages, MiB);
+// summary.json keeps every digit.
+TEST_F(Observe, ReportRoundsTheNumbersItShows) {
+  const fs::path run = dir_ / "rounded";
+  const Result t = sh(kTessel + " train " + kSpiral +
+                      " --quiet --set train.epochs=1 --set checkpoint.every_epochs=0 --run-dir " +
+                      run.string() + " 2>&1");
+  ASSERT_EQ(t.exit_code, 0) << t.output;
+  const Result r = sh(kTessel + " report " + run.string() + " 2>&1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string html = slurp(run / "report.html");
+  const auto summary = nlohmann::json::parse(slurp(run / "summary.json"));
+  char want[128];
+  std::snprintf(want, sizeof want, "<th>train_loss</th><td>%.4g</td>",
+                summary["train_loss"].get<double>());
+  EXPECT_NE(html.find(want), std::string::npos) << want;
+  std::snprintf(want, sizeof want, "<th>train_accuracy</th><td>%.2f%%</td>",
+                100 * summary["train_accuracy"].get<double>());
+  EXPECT_NE(html.find(want), std::string::npos) << want;
+  std::snprintf(want, sizeof want, "<th>peak_rss_bytes</th><td>%.1f MiB</td>",
+                summary["peak_rss_bytes"].get<double>() / (1 << 20));
+  EXPECT_NE(html.find(want), std::string::npos) << want;
+  EXPECT_EQ(html.find(summary["train_loss"].dump()), std::string::npos) << "unrounded";
 }
 
 TEST_F(Observe, ReportOfATracedPipelineRendersInChromium) {

@@ -78,11 +78,13 @@ Job make_job(const train::Config& config, const PredictOptions& options) {
           nlohmann::json()};
   job.spec.ps_servers = 0;  // a training layout; inference runs replicas of pp stages
   job.spec.zero_stage = 0;
-  if (job.info.generates() && (job.spec.pp_stages > 1 || job.spec.tp_size > 1))
-    throw InvalidArgument(
-        str("predict: generation runs the whole gpt model on each worker, got pp.stages = ",
-            job.spec.pp_stages, " and tp.size = ", job.spec.tp_size,
-            "; set pp.stages = 1 and tp.size = 1"));
+  if (job.info.generates() && (job.spec.pp_stages > 1 || job.spec.tp_size > 1)) {
+    // A checkpoint of any layout loads whole: the training run's own config generates as is.
+    log_info("predict: generation runs the whole gpt model on each worker; the config's ",
+             "pp.stages = ", job.spec.pp_stages, " and tp.size = ", job.spec.tp_size,
+             " are a training layout, so the workers run as data-parallel replicas");
+    job.spec.pp_stages = job.spec.tp_size = 1;
+  }
   open_input(options.input, job.info, config.data);  // a bad input fails before any output
   std::error_code ec;
   const auto input_bytes = std::filesystem::file_size(options.input, ec);

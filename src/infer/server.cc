@@ -7,6 +7,7 @@
 #include "openai.h"
 #include "protocol.h"
 #include "tessel/core/clock.h"
+#include "tessel/core/log.h"
 #include "tessel/core/memory.h"
 #include "tessel/infer/output.h"
 
@@ -86,10 +87,10 @@ Server::Server(const train::Config& config, const std::string& checkpoint, int w
       info_(model_info(config, checkpoint)),
       metrics_(config.serve.max_batch, workers) {
   retain_freed_memory();  // every batch allocates its layers' outputs afresh
-  if (config.parallel.pp_stages > 1 || config.parallel.tp_size > 1)
-    throw InvalidArgument(str("serve: each worker holds the whole model, got pp.stages = ",
-                              config.parallel.pp_stages, " and tp.size = ", config.parallel.tp_size,
-                              "; set both to 1 (a checkpoint of any layout loads)"));
+  if (config.parallel.pp_stages > 1 || config.parallel.tp_size > 1)  // the training layout's
+    log_info("serve: each worker holds the whole model (a checkpoint of any layout loads); ",
+             "pp.stages = ", config.parallel.pp_stages, " and tp.size = ", config.parallel.tp_size,
+             " apply to training only");
   for (int w = 0; w < workers; ++w)
     replicas_.push_back(std::make_unique<Replica>(config_, info_, nullptr, nullptr));
   BatchOptions bo{config.serve.max_batch, config.serve.max_wait_ms / 1000.0,

@@ -1,0 +1,44 @@
+// Generation from a tensor-parallel (or pipeline) run's own config: predict and serve run the
+// whole GPT on each worker and take the checkpoint as it is, whatever layout trained it, instead
+// of refusing the config's tp.size / pp.stages.
+#include <gtest/gtest.h>
+
+#include "infer_testing.h"
+#include "tessel/infer/server.h"
+#include "tessel/train/config.h"
+
+namespace tessel::infer::testing {
+namespace {
+
+TEST(GenerateLayout, PredictAndServeTakeATensorParallelRunsOwnConfig) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("tessel_gen_layout_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  std::string text;
+  for (int i = 0; i < 30; ++i) text += "a tensor-parallel run generates as any other. ";
+  std::ofstream(dir / "text.txt") << text;
+  const std::string config = (dir / "tp.toml").string(), run_dir = (dir / "run").string();
+  std::ofstream(config) << "[model]\nkind = \"gpt\"\nlayers = 1\nheads = 2\nembed = 16\n"
+                           "[data]\nkind = \"text\"\npath = \""
+                        << (dir / "text.txt").string()
+                        << "\"\ncontext = 16\n[train]\nbatch = 4\nmax_steps = 2\n"
+                           "[runtime]\nworkers = 2\n[tp]\nsize = 2\n[infer]\nmax_new_tokens = 6\n";
+  std::ofstream(dir / "prompts.txt") << "a tensor\nrun gen\n";
+  Result r = run("train " + config + " --quiet --run-dir " + run_dir);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string predict = "predict " + config + " --checkpoint " + run_dir + " --input " +
+                              (dir / "prompts.txt").string() + " --output ";
+  r = run(predict + (dir / "own.jsonl").string());
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("tp.size = 2"), std::string::npos) << r.output;  // says what it does
+  r = run(predict + (dir / "one.jsonl").string() + " --set tp.size=1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string own = slurp((dir / "own.jsonl").string());
+  EXPECT_NE(own.find("\"text\""), std::string::npos) << own;
+  EXPECT_EQ(own, slurp((dir / "one.jsonl").string()));
+  EXPECT_NO_THROW(Server(train::load_config(config), run_dir, 1));
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace tessel::infer::testing

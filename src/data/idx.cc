@@ -17,6 +17,7 @@
 #include <cstring>
 #include <filesystem>
 #include <memory>
+#include <utility>
 
 #include "datasets_internal.h"
 
@@ -152,6 +153,13 @@ IdxArray load_idx(const DataSpec& spec, const std::string& name, uint32_t magic)
 }
 
 // One split's two files, checked against each other.
+// A pixel byte p becomes (p - mean) / std with mean = 255 data.mean, std = 255 data.std: the same
+// value as (p / 255 - data.mean) / data.std, in the form inference applies to raw rows (the
+// model_io map), so the training rows and a served raw image go through the same arithmetic.
+std::pair<float, float> pixel_map(const DataSpec& spec) {
+  return {255.0f * spec.mean, 255.0f * spec.std};
+}
+
 struct IdxSplit {
   IdxArray images;
   IdxArray labels;
@@ -169,7 +177,8 @@ class IdxDataset final : public Dataset {
         labels_(std::move(split.labels)),
         flatten_(spec.flatten),
         classes_(classes) {
-    for (int p = 0; p < 256; ++p) lut_[p] = (static_cast<float>(p) / 255.0f - spec.mean) / spec.std;
+    const auto [mean, std] = pixel_map(spec);
+    for (int p = 0; p < 256; ++p) lut_[p] = (static_cast<float>(p) - mean) / std;
   }
   std::string name() const override { return name_; }
   int64_t size() const override { return images_.dims[0]; }
@@ -233,6 +242,10 @@ Splits make_idx_splits(const DataSpec& spec) {
   IdxSplit train = load_split(spec, "train"), test = load_split(spec, "t10k");
   const int64_t classes = resolve_classes(std::max(train.largest_label(), test.largest_label()),
                                           spec.classes, spec.path);
+  const size_t pixels = static_cast<size_t>(train.images.dims[1] * train.images.dims[2]);
+  const auto [mean, std] = pixel_map(spec);
+  s.input_mean.assign(pixels, mean);  // stored in checkpoints: serve and predict take raw pixels
+  s.input_std.assign(pixels, std);
   s.train = std::make_shared<IdxDataset>(spec.kind, std::move(train), classes, spec);
   s.test = std::make_shared<IdxDataset>(spec.kind, std::move(test), classes, spec);
   if (s.train->input_shape() != s.test->input_shape())

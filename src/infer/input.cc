@@ -38,7 +38,7 @@ Rows dense_rows(int64_t count, Shape row) {
   return r;
 }
 
-// IDX u8 images [N, H, W]: rows normalised through a lookup table, shaped as the model's input.
+// IDX u8 images [N, H, W]: rows through a lookup table, shaped as the model's input.
 class IdxReader final : public InputReader {
  public:
   IdxReader(const std::string& path, const ModelInfo& model, const data::DataSpec& data)
@@ -63,7 +63,11 @@ class IdxReader final : public InputReader {
       throw InvalidArgument(str("predict: ", path, " holds ", be32(8), "x", be32(12),
                                 " images, got ", pixels_, " pixels per row but the model takes ",
                                 shape_str(shape_), "; use images of the training size"));
-    for (int p = 0; p < 256; ++p) lut_[p] = (static_cast<float>(p) / 255.0f - data.mean) / data.std;
+    // A checkpoint with its input map (model_io) normalises in the replica, as for any raw row;
+    // one from before normalises here with the config's data.mean and data.std.
+    for (int p = 0; p < 256; ++p)
+      lut_[p] = model.input_mean.empty() ? (static_cast<float>(p) / 255.0f - data.mean) / data.std
+                                         : static_cast<float>(p);
   }
 
   // The bytes land in the last quarter of the rows' own f32 buffer and are widened in place,

@@ -134,18 +134,27 @@ void check_idx_round_trip(bool gz) {
   EXPECT_EQ(s.train->label_shape(), Shape{});
   EXPECT_EQ(s.train->input_dtype(), DType::kF32);
   EXPECT_EQ(s.train->num_classes(), 5);  // labels 0..4 (train) and 1..3 (test)
+  // The per-pixel map inference applies to raw pixels (model_io): the training rows are exactly
+  // what it makes of them, which is (p / 255 - data.mean) / data.std to rounding.
+  ASSERT_EQ(s.input_mean, std::vector<float>(kPixels, 255.0f * spec.mean));
+  ASSERT_EQ(s.input_std, std::vector<float>(kPixels, 255.0f * spec.std));
+  auto mapped = [&](uint8_t p) {
+    return (static_cast<float>(p) - s.input_mean[0]) / s.input_std[0];
+  };
   std::vector<float> x(kPixels);
   for (int i = 0; i < 5; ++i) {
     int32_t y = -1;
     s.train->get(i, x.data(), &y);
     EXPECT_EQ(y, i % 10);
-    for (int k = 0; k < kPixels; ++k)
-      ASSERT_FLOAT_EQ(x[k], (pixel(i, k, 0) / 255.0f - spec.mean) / spec.std) << i << "," << k;
+    for (int k = 0; k < kPixels; ++k) {
+      ASSERT_EQ(x[k], mapped(pixel(i, k, 0))) << i << "," << k;
+      ASSERT_NEAR(x[k], (pixel(i, k, 0) / 255.0f - spec.mean) / spec.std, 1e-6) << i << "," << k;
+    }
   }
   int32_t y = -1;
   s.test->get(2, x.data(), &y);
   EXPECT_EQ(y, 3);
-  EXPECT_FLOAT_EQ(x[10], (pixel(2, 10, 1) / 255.0f - spec.mean) / spec.std);
+  EXPECT_EQ(x[10], mapped(pixel(2, 10, 1)));
 
   spec.flatten = false;
   EXPECT_EQ(make_datasets(spec).train->input_shape(), (Shape{1, kSide, kSide}));

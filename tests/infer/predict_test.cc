@@ -91,7 +91,12 @@ std::string edited_run(const std::string& name, F&& edit) {
 TEST_F(Predict, ShapesComeFromTheManifestAndAnOldCheckpointLoadsTheData) {
   const std::optional<ckpt::ModelIo> io = ckpt::CheckpointReader(run_dir()).manifest().io;
   ASSERT_TRUE(io.has_value());
-  EXPECT_EQ(*io, (ckpt::ModelIo{{784}, DType::kF32, 10}));
+  // With the pixel map training applied (data.mean, data.std of 0..1 pixels, on 0..255 ones).
+  EXPECT_EQ(*io, (ckpt::ModelIo{{784},
+                                DType::kF32,
+                                10,
+                                std::vector<float>(784, 255.0f * 0.2860f),
+                                std::vector<float>(784, 255.0f * 0.3530f)}));
   // The training data is not read: a data.path that does not exist does not matter.
   ASSERT_EQ(predict("new.jsonl", "--set data.path=/nonexistent").exit_code, 0);
   const std::string expected = slurp(path("new.jsonl"));

@@ -211,6 +211,41 @@ TEST_F(Serve, GptPromptsAndTheirErrors) {
                 400, "parameters \"max_new_tokens\" must be a non-negative integer");
 }
 
+// Raw pixel values (0..255, as an IDX file holds them) answer as predict answers the image file:
+// the server applies training's normalisation (stored in the checkpoint), the client none.
+TEST_F(Serve, RawPixelsAnswerAsPredictOfTheImageFile) {
+  const Result p = predict("raw.jsonl");
+  ASSERT_EQ(p.exit_code, 0) << p.output;
+  const std::string images = slurp(TrainedMlp::images()), lines = slurp(path("raw.jsonl"));
+  constexpr int kRows = 3;
+  nlohmann::json rows = nlohmann::json::array();
+  for (int r = 0; r < kRows; ++r) {
+    std::vector<int> row(784);
+    for (int i = 0; i < 784; ++i) row[i] = static_cast<uint8_t>(images[16 + r * 784 + i]);
+    rows.push_back(row);
+  }
+  Running s;
+  httplib::Client c = s.client();
+  auto res = c.Post("/v1/predict", nlohmann::json{{"inputs", rows}}.dump(), "application/json");
+  ASSERT_TRUE(res);
+  ASSERT_EQ(res->status, 200) << res->body;
+  const auto got = nlohmann::json::parse(res->body)["outputs"];
+  size_t at = 0;
+  for (int r = 0; r < kRows; ++r) {
+    const size_t end = lines.find('\n', at);
+    const auto want = nlohmann::json::parse(lines.substr(at, end - at));
+    at = end + 1;
+    EXPECT_EQ(got[r]["class"], want["class"]) << r;
+    ASSERT_EQ(got[r]["top_k"].size(), want["top_k"].size()) << r;
+    for (size_t k = 0; k < want["top_k"].size(); ++k) {  // batches of another size: the last digit
+      EXPECT_EQ(got[r]["top_k"][k]["class"], want["top_k"][k]["class"]) << r;
+      EXPECT_NEAR(got[r]["top_k"][k]["prob"].get<double>(), want["top_k"][k]["prob"].get<double>(),
+                  2e-6)
+          << r;
+    }
+  }
+}
+
 TEST_F(Serve, KserveV2MetadataAndInferAnswerAsPredictDoes) {
   Running s({"serve.max_batch=4", "serve.max_body_kb=256"});
   httplib::Client c = s.client();

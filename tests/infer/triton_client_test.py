@@ -60,7 +60,7 @@ def check_model(tmp, model):
         # The same float32 rows through tessel predict (a .npy file) and the client.
         with gzip.open(IMAGES) as f:
             pixels = np.frombuffer(f.read(16 + ROWS * 784)[16:], np.uint8)
-        x = ((pixels / 255.0 - 0.2860) / 0.3530).astype(np.float32)
+        x = pixels.astype(np.float32)  # raw: the server normalises as training did
         x = x.reshape([ROWS] + inp["shape"][1:])
         rows_npy, pred = os.path.join(tmp, model + ".npy"), os.path.join(tmp, model + ".jsonl")
         write_npy(rows_npy, x)

@@ -41,11 +41,12 @@ int run_export(const CkptArgs& a) {
   return 0;
 }
 
-// The run's config: the imported GPT's sizes; predict, serve and eval read it.
+// The run's config: the imported GPT's sizes, which predict and serve read.
 std::string imported_config(const tessel::ckpt::GptSizes& s, const std::string& hf_dir) {
   return tessel::str("# Imported by tessel ckpt import from ", fs::absolute(hf_dir).string(),
-                     "\n# (a GPT-2 model). Use it with predict, serve and eval; checkpoints/ "
-                     "holds its parameters.\n[model]\nkind = \"gpt\"\nlayers = ",
+                     " (a GPT-2 model).\n# For predict and serve (eval: set data.kind and "
+                     "data.path); checkpoints/ holds the parameters.\n[model]\nkind = \"gpt\"\n"
+                     "layers = ",
                      s.layers, "\nheads = ", s.heads, "\nembed = ", s.embed,
                      "\n\n[data]\nkind = \"tokens\"\ncontext = ", s.context, "\n");
 }
@@ -87,7 +88,7 @@ CkptCommands add_ckpt_commands(CLI::App& app) {
   CLI::App* imp = ckpt->add_subcommand(
       "import",
       "Read a Hugging Face GPT-2 folder (config.json, model.safetensors, vocab.json + "
-      "merges.txt) into a new run folder for predict, serve and eval");
+      "merges.txt) into a new run folder for predict and serve");
   imp->add_option("hf_dir", a->hf_dir, "Folder that save_pretrained wrote")->required();
   imp->add_option("out_run", a->out, "New run folder: config.toml and checkpoints/")->required();
   return {{exp, [a] { return run_export(*a); }}, {imp, [a] { return run_import(*a); }}};

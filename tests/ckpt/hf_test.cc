@@ -169,6 +169,33 @@ TEST_F(HfTest, ImportRefusesDamagedFolders) {
             std::string::npos);
 }
 
+// transformers saves f16 and bf16 models too: their values arrive converted to f32.
+TEST_F(HfTest, ImportConvertsHalfPrecision) {
+  const TensorFile f = read_safetensors(path("hf") + "/model.safetensors");
+  for (const DType t : {DType::kF16, DType::kBF16}) {
+    TensorFile half = f;
+    for (auto& [name, x] : half.tensors) {
+      Tensor h = Tensor::empty(x.shape(), t);
+      for (int64_t i = 0; i < x.numel(); ++i)
+        static_cast<uint16_t*>(h.raw())[i] =
+            t == DType::kF16 ? f32_to_f16(x.data<float>()[i]) : f32_to_bf16(x.data<float>()[i]);
+      x = h;
+    }
+    const std::string d = copy_of_export(dtype_name(t)), run = d + "_run";
+    write_safetensors(d + "/model.safetensors", half);
+    const Result r = tessel("ckpt import " + d + " " + run);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const CheckpointReader reader(run);
+    const Tensor& wpe = *half.find("transformer.wpe.weight");
+    std::vector<float> got(wpe.numel());
+    reader.read("embed.wpe", 0, wpe.numel(), got.data());
+    for (int64_t i = 0; i < wpe.numel(); ++i) {
+      const uint16_t v = static_cast<const uint16_t*>(wpe.raw())[i];
+      ASSERT_EQ(got[i], t == DType::kF16 ? f16_to_f32(v) : bf16_to_f32(v)) << i;
+    }
+  }
+}
+
 TEST_F(HfTest, ExportRefusesANonGpt) {
   write_bytes(path("mlp.toml"),
               "[model]\nkind = \"mlp\"\nhidden = [8]\n[data]\nkind = \"spiral\"\n"

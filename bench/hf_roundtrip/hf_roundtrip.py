@@ -28,18 +28,6 @@ def path(name):
     return os.path.join(work, name)
 
 
-def bytes_to_unicode():
-    """GPT-2's byte -> character table (the one vocab.json spells tokens with)."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs, n = bs[:], 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
-
-
 def exported_logits(kind):
     """(a): tessel's eval logits against transformers' on the same test windows."""
     with open(CORPUS, encoding="utf-8") as f:
@@ -85,9 +73,10 @@ def imported_generation():
     model = GPT2LMHeadModel(config).eval()
     hf_dir, run_dir = path("random_hf"), path("random_run")
     model.save_pretrained(hf_dir)
-    table = bytes_to_unicode()
+    # GPT-2's byte-to-character table keeps '!'..'~' and spells ' ' as U+0120 ("Ġ").
     with open(os.path.join(hf_dir, "vocab.json"), "w", encoding="utf-8") as f:
-        json.dump({table[b]: i for i, b in enumerate(chars)}, f, ensure_ascii=False)
+        json.dump({("\u0120" if b == 32 else chr(b)): i for i, b in enumerate(chars)}, f,
+                  ensure_ascii=False)
     with open(os.path.join(hf_dir, "merges.txt"), "w", encoding="utf-8") as f:
         f.write("#version: 0.2\n")
     run("ckpt", "import", hf_dir, run_dir)

@@ -15,25 +15,6 @@ BalanceMode balance_mode(const std::string& name) {
       str("config: ddp.balance must be off, static or dynamic, got '", name, "'"));
 }
 
-void check_balance(const ParallelSpec& spec, const Layout& layout) {
-  if (balance_mode(spec.balance) == BalanceMode::kOff) return;
-  auto refuse = [&](const std::string& why) {
-    throw InvalidArgument(str("config: ddp.balance = ", spec.balance, " ", why,
-                              "; set ddp.balance = off or change that (docs/data_parallel.md)"));
-  };
-  if (!spec.deterministic)
-    refuse("deals the micro-shards of train.deterministic, which is false; set it to true");
-  if (layout.servers > 0)
-    refuse("runs without parameter servers (ps.servers > 0 trains whole worker batches)");
-  if (layout.pp > 1 || layout.tp > 1)
-    refuse(str("runs on plain data parallelism, got layout ", layout.str(),
-               " (pp.stages and tp.size must be 1)"));
-  if (spec.zero_stage == 3)
-    refuse(
-        "runs with zero.stage 0-2, got zero.stage = 3 (its parameter gathers around every piece "
-        "need the same number of micro-shards on every rank); use zero.stage = 2");
-}
-
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
   const size_t h = values.size() / 2;

@@ -106,10 +106,6 @@ ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model
   if (spec_.ps_stale_lr != "none" && spec_.ps_stale_lr != "inverse")
     throw InvalidArgument(
         str("config: ps.stale_lr must be none or inverse, got '", spec_.ps_stale_lr, "'"));
-  if (spec_.deterministic)
-    throw InvalidArgument(
-        "config: train.deterministic cannot be combined with ps.servers > 0 (the servers sum "
-        "whole pushes); turn one of them off");
   shards_ = server_shards(model_, servers());
   versions_.assign(static_cast<size_t>(servers()), -1);
   request_.resize(static_cast<size_t>(servers()));

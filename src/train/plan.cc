@@ -14,6 +14,7 @@
 
 #include "tessel/core/error.h"
 #include "tessel/nn/models.h"
+#include "tessel/parallel/composition.h"
 #include "tessel/parallel/layout.h"
 #include "tessel/parallel/parameter_server.h"
 #include "tessel/parallel/pipeline.h"
@@ -404,6 +405,7 @@ std::vector<Candidate> plan_layouts(const Config& given, const PlanOptions& opti
   for (Candidate& c : enumerate(config, options.workers)) {
     try {
       const parallel::Layout l = parallel::Layout::resolve(c.spec, options.workers);
+      parallel::compose(c.spec, l, false);  // a combination the decision table refuses
       const int64_t replica_rows = config.train.batch / l.dp;
       if (replica_rows < 1 || replica_rows % c.spec.pp_microbatches != 0) continue;
       const auto key = std::make_tuple(l.tp, l.pp, l.shard);

@@ -116,7 +116,6 @@ void Trainer::set_up_loader() {
   lo.seed = config_.seed;
   lo.prefetch = prefetch_;
   // ddp.balance: every rank loads whole batches and computes the micro-shards dealt to it.
-  parallel::check_balance(config_.parallel, engine_->layout());
   const bool dealt =
       parallel::balance_mode(config_.parallel.balance) != parallel::BalanceMode::kOff;
   lo.slice_rank = dealt ? 0 : engine_->data_rank();

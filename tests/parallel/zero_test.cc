@@ -285,7 +285,7 @@ TEST(Zero, ShardSizeThatCannotRunFailsNamingTheKeys) {
     spec.zero_shard_size = k;
     spec.compress.kind = kind;
     try {
-      parallel::Layout::resolve(spec, world);
+      parallel::compose(spec, parallel::Layout::resolve(spec, world), false);
     } catch (const InvalidArgument& e) {
       return std::string(e.what());
     }

@@ -2,18 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "tessel/core/error.h"
 
 namespace tessel::parallel {
-
-BalanceMode balance_mode(const std::string& name) {
-  if (name == "off") return BalanceMode::kOff;
-  if (name == "static") return BalanceMode::kStatic;
-  if (name == "dynamic") return BalanceMode::kDynamic;
-  throw InvalidArgument(
-      str("config: ddp.balance must be off, static or dynamic, got '", name, "'"));
-}
 
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
@@ -111,8 +104,7 @@ std::string ShardDeal::str() const {
 }
 
 nlohmann::json ShardDeal::save() const {
-  static const char* const kNames[] = {"off", "static", "dynamic"};
-  return {{"mode", kNames[static_cast<int>(mode_)]},
+  return {{"mode", name_of(mode_)},
           {"micro_shards", shards_},
           {"shards_per_rank", counts_},
           {"seconds_per_shard", smoothed_},
@@ -122,8 +114,10 @@ nlohmann::json ShardDeal::save() const {
 }
 
 bool ShardDeal::load(const nlohmann::json& state) {
-  const ShardDeal saved(balance_mode(state.at("mode").get<std::string>()),
-                        static_cast<int>(state.at("shards_per_rank").size()),
+  const std::optional<BalanceMode> mode =
+      value_of<BalanceMode>(state.at("mode").get<std::string>());
+  if (!mode) return false;
+  const ShardDeal saved(*mode, static_cast<int>(state.at("shards_per_rank").size()),
                         state.at("micro_shards").get<int64_t>());
   std::vector<int64_t> counts = state.at("shards_per_rank").get<std::vector<int64_t>>();
   std::vector<double> smoothed = state.at("seconds_per_shard").get<std::vector<double>>();

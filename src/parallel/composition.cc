@@ -3,7 +3,6 @@
 #include <functional>
 
 #include "tessel/core/error.h"
-#include "tessel/parallel/balance.h"
 
 namespace tessel::parallel {
 
@@ -29,7 +28,7 @@ struct Rule {
 bool compressing(const In& in) { return in.kind != CompressKind::kNone; }
 
 std::string compress_refusal(const In& in, const std::string& why) {
-  return str("compress.kind = ", in.s.compress.kind, " ", why,
+  return str("compress.kind = ", name_of(in.kind), " ", why,
              "; set compress.kind = none or change that (docs/compression.md)");
 }
 
@@ -39,7 +38,7 @@ std::string shard_refusal(const In& in, const std::string& why) {
 }
 
 std::string balance_refusal(const In& in, const std::string& why) {
-  return str("ddp.balance = ", in.s.balance, " ", why,
+  return str("ddp.balance = ", name_of(in.s.balance), " ", why,
              "; set ddp.balance = off or change that (docs/data_parallel.md)");
 }
 
@@ -96,14 +95,14 @@ const std::vector<Rule>& rules() {
       {"zero.shard_size > 0 and compress.kind != none",
        [](const In& in) { return in.s.zero_shard_size > 0 && compressing(in); },
        [](const In& in) {
-         return shard_refusal(in, str("does not run with compress.kind = ", in.s.compress.kind,
+         return shard_refusal(in, str("does not run with compress.kind = ", name_of(in.kind),
                                       " (its exchanges and byte formulas cover one group); set "
                                       "compress.kind = none"));
        }},
       {"tp.size > 1 and train.precision = bf16 or fp16",
        [](const In& in) { return in.l.tp > 1 && in.type != DType::kF32; },
        [](const In& in) {
-         return str("train.precision = ", in.s.precision,
+         return str("train.precision = ", name_of(in.s.precision),
                     " does not run with tensor parallelism yet (tp.size = ", in.l.tp,
                     "); use train.precision = fp32");
        }},
@@ -157,33 +156,27 @@ const std::vector<Rule>& rules() {
                     "-rank world or -1 (none), got ", in.s.slow_rank);
        }},
       {"ddp.balance != off without train.deterministic",
-       [](const In& in) {
-         return balance_mode(in.s.balance) != BalanceMode::kOff && !in.s.deterministic;
-       },
+       [](const In& in) { return in.s.balance != BalanceMode::kOff && !in.s.deterministic; },
        [](const In& in) {
          return balance_refusal(
              in, "deals the micro-shards of train.deterministic, which is false; set it to true");
        }},
       {"ddp.balance != off and ps.servers > 0",
-       [](const In& in) {
-         return balance_mode(in.s.balance) != BalanceMode::kOff && in.l.servers > 0;
-       },
+       [](const In& in) { return in.s.balance != BalanceMode::kOff && in.l.servers > 0; },
        [](const In& in) {
          return balance_refusal(
              in, "runs without parameter servers (ps.servers > 0 trains whole worker batches)");
        }},
       {"ddp.balance != off and pp.stages > 1 or tp.size > 1",
        [](const In& in) {
-         return balance_mode(in.s.balance) != BalanceMode::kOff && (in.l.pp > 1 || in.l.tp > 1);
+         return in.s.balance != BalanceMode::kOff && (in.l.pp > 1 || in.l.tp > 1);
        },
        [](const In& in) {
          return balance_refusal(in, str("runs on plain data parallelism, got layout ", in.l.str(),
                                         " (pp.stages and tp.size must be 1)"));
        }},
       {"ddp.balance != off and zero.stage = 3",
-       [](const In& in) {
-         return balance_mode(in.s.balance) != BalanceMode::kOff && in.s.zero_stage == 3;
-       },
+       [](const In& in) { return in.s.balance != BalanceMode::kOff && in.s.zero_stage == 3; },
        [](const In& in) {
          return balance_refusal(
              in,
@@ -208,7 +201,7 @@ Parts choose(const In& in, bool overlap) {
   const ParallelSpec& s = in.s;
   p.executor = in.l.pp > 1 ? "pipeline" : "local";
   p.tp = in.l.tp == 1 ? "none" : s.tp_sequence ? "sequence_parallel" : "tensor_parallel";
-  p.codec = compress_kind_name(in.kind);
+  p.codec = name_of(in.kind);
   p.scaler = in.type == DType::kF16;
   if (in.l.servers > 0) {
     p.grad_sync = "local";  // a worker's own gradient; the servers sum the pushes
@@ -233,8 +226,8 @@ Parts choose(const In& in, bool overlap) {
 }  // namespace
 
 nlohmann::json Parts::json(const ParallelSpec& spec, bool overlap) const {
-  nlohmann::json j = {{"precision", spec.precision},
-                      {"recompute", spec.recompute},
+  nlohmann::json j = {{"precision", name_of(spec.precision)},
+                      {"recompute", name_of(spec.recompute)},
                       {"executor", executor},
                       {"grad_sync", grad_sync},
                       {"store", store},
@@ -249,7 +242,7 @@ Parts compose(const ParallelSpec& spec, const Layout& layout, bool overlap, Devi
   validate_compress(spec.compress);
   if (spec.zero_stage < 0 || spec.zero_stage > 3)
     throw InvalidArgument(str("config: zero.stage must be 0, 1, 2 or 3, got ", spec.zero_stage));
-  const In in{spec, layout, device, compress_kind(spec.compress.kind), precision_type(spec)};
+  const In in{spec, layout, device, spec.compress.kind, precision_type(spec)};
   for (const Rule& r : rules())
     if (r.applies(in)) throw InvalidArgument("config: " + r.why(in));
   return choose(in, overlap);
@@ -267,16 +260,16 @@ std::vector<Combination> composition_grid(const ParallelSpec& base) {
   std::vector<Combination> out;
   for (const Shape& sh : shapes)
     for (int stage = 0; stage <= 3; ++stage)
-      for (const char* precision : {"fp32", "bf16", "fp16"})
-        for (const char* kind : {"none", "fp16", "bf16", "int8", "topk", "powersgd"}) {
+      for (const char* precision : Names<Precision>::values)
+        for (const char* kind : Names<CompressKind>::values) {
           Combination c{sh.name, sh.world, base};
           c.spec.pp_stages = sh.pp;
           c.spec.tp_size = sh.tp;
           c.spec.ps_servers = sh.servers;
           c.spec.zero_shard_size = sh.shard;
           c.spec.zero_stage = stage;
-          c.spec.precision = precision;
-          c.spec.compress.kind = kind;
+          c.spec.precision = *value_of<Precision>(precision);
+          c.spec.compress.kind = *value_of<CompressKind>(kind);
           out.push_back(std::move(c));
         }
   return out;
@@ -328,10 +321,10 @@ std::string composition_markdown() {
     for (size_t k = i + 1; k < i + 6; ++k) {
       Parts p;
       if (refusal(grid[k], &p).empty())
-        kinds += (kinds.empty() ? "" : ", ") + grid[k].spec.compress.kind;
+        kinds += str(kinds.empty() ? "" : ", ", name_of(grid[k].spec.compress.kind));
     }
     const Combination& c = grid[i];
-    out += str("| ", c.layout, " | ", c.spec.zero_stage, " | ", c.spec.precision, " | ",
+    out += str("| ", c.layout, " | ", c.spec.zero_stage, " | ", name_of(c.spec.precision), " | ",
                refused.empty() ? parts_cell(none) : "refused: " + refused, " | ",
                refused.empty() ? (kinds.empty() ? "none only" : "none, " + kinds) : "-", " |\n");
   }

@@ -27,11 +27,7 @@ namespace {
 // parameter server and without dp peers.
 bool resolve_overlap(const ParallelSpec& spec, Mesh& mesh) {
   if (mesh.is_server() || mesh.layout().dp == 1) return false;
-  if (spec.overlap == "on") return true;
-  if (spec.overlap == "off") return false;
-  if (spec.overlap != "auto")
-    throw InvalidArgument(
-        str("config: ddp.overlap must be auto, on or off, got '", spec.overlap, "'"));
+  if (spec.overlap != Overlap::kAuto) return spec.overlap == Overlap::kOn;
   return static_cast<int>(std::thread::hardware_concurrency()) >=
          2 * mesh.group(Axis::kDp).ranks_on_host();
 }
@@ -44,11 +40,14 @@ std::unique_ptr<TpGroup> make_tp_group(const ParallelSpec& spec, Mesh& mesh) {
 }  // namespace
 
 DType precision_type(const ParallelSpec& spec) {
-  if (spec.precision == "fp32") return DType::kF32;
-  if (spec.precision == "bf16") return DType::kBF16;
-  if (spec.precision == "fp16") return DType::kF16;
-  throw InvalidArgument(
-      str("config: train.precision must be fp32, bf16 or fp16, got '", spec.precision, "'"));
+  switch (spec.precision) {
+    case Precision::kBf16:
+      return DType::kBF16;
+    case Precision::kFp16:
+      return DType::kF16;
+    default:
+      return DType::kF32;
+  }
 }
 
 Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Communicator& world,
@@ -92,7 +91,7 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
     if (composed_.executor == "pipeline")
       executor_ = std::make_unique<PipelineExecutor>(spec, mesh_.group(Axis::kPp), model_);
     else
-      executor_ = std::make_unique<LocalExecutor>(model_, nn::recompute_mode(spec.recompute));
+      executor_ = std::make_unique<LocalExecutor>(model_, spec.recompute);
     comm::Communicator& group = mesh_.group(Axis::kShard);  // dp, or its zero.shard_size group
     units_ =
         make_units(model_, spec.bucket_mb, executor_->local_blocks(), group.size(), group.rank());
@@ -121,7 +120,7 @@ void Engine::build_parameter_server(const ParallelSpec& spec, const optim::Optim
   store_owner_ = std::move(ps);
   store_ = store_owner_.get();
   if (mesh_.is_server()) return;
-  executor_ = std::make_unique<LocalExecutor>(model_, nn::recompute_mode(spec.recompute));
+  executor_ = std::make_unique<LocalExecutor>(model_, spec.recompute);
   units_ = make_units(model_, spec.bucket_mb, executor_->local_blocks(), 1, 0);
   sync_owner_ = ParameterServer::worker_sync(model_, units_, layout().workers());
   sync_ = sync_owner_.get();

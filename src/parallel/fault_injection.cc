@@ -98,7 +98,8 @@ std::unique_ptr<BlockHooks> slow_blocks(const ParallelSpec& spec, int rank) {
 
 std::unique_ptr<nn::Loss> overflow_loss(const ParallelSpec& spec, int rank, nn::Loss& loss,
                                         const int64_t& step) {
-  if (spec.overflow_steps.empty() || spec.overflow_rank != rank || spec.precision != "fp16")
+  if (spec.overflow_steps.empty() || spec.overflow_rank != rank ||
+      spec.precision != Precision::kFp16)
     return nullptr;
   return std::make_unique<OverflowLoss>(loss, spec.overflow_steps, step);
 }

@@ -175,7 +175,7 @@ nn::Activations* PipelineExecutor::acquire(int chunk) {
   auto& free = free_[chunk];
   if (free.empty()) {
     auto acts = std::make_unique<nn::Activations>();
-    acts->recompute = nn::recompute_mode(spec_.recompute);
+    acts->recompute = spec_.recompute;
     acts->caches.resize(model_.num_blocks());
     nn::Activations& scratch = scratch_[chunk];
     if (scratch.caches.empty()) scratch.caches.resize(model_.num_blocks());

@@ -47,23 +47,26 @@ train::Config tiny() {
 // gradient rounded the other way moves an AdamW step by lr); int8, topk and powersgd are lossy
 // by design (compress_test checks their accuracy), 0.5 (0.13).
 double tolerance(const parallel::ParallelSpec& s) {
-  const std::string& kind = s.compress.kind;
-  if (kind == "int8" || kind == "topk" || kind == "powersgd") return 0.5;
-  if (s.precision == "bf16") return 5e-2;
-  if (s.precision == "fp16" || kind != "none") return 2e-3;
+  using parallel::CompressKind, parallel::Precision;
+  const CompressKind kind = s.compress.kind;
+  if (kind == CompressKind::kInt8 || kind == CompressKind::kTopk || kind == CompressKind::kPowerSgd)
+    return 0.5;
+  if (s.precision == Precision::kBf16) return 5e-2;
+  if (s.precision == Precision::kFp16 || kind != CompressKind::kNone) return 2e-3;
   return 1e-5;
 }
 
 #ifndef TESSEL_FULL_SWEEP
 bool sampled(const Combination& c) {
-  return c.spec.compress.kind == "none" && c.spec.precision != "fp16";
+  return c.spec.compress.kind == parallel::CompressKind::kNone &&
+         c.spec.precision != parallel::Precision::kFp16;
 }
 #endif
 
 TEST(Composition, WalksTheTable) {
   const train::Config base = tiny();
   const data::Splits data = data::make_datasets(base.data);
-  std::map<std::string, testing::RunResult> one;  // one worker, by precision
+  std::map<parallel::Precision, testing::RunResult> one;  // one worker, by precision
   int trained = 0, refused = 0;
   for (const Combination& c : parallel::composition_grid(base.parallel)) {
     parallel::Parts parts;
@@ -74,7 +77,8 @@ TEST(Composition, WalksTheTable) {
     train::Config cfg = base;
     cfg.parallel = c.spec;
     const std::string what = c.layout + ", zero.stage = " + std::to_string(c.spec.zero_stage) +
-                             ", " + c.spec.precision + ", compress.kind = " + c.spec.compress.kind;
+                             ", " + name_of(c.spec.precision) +
+                             ", compress.kind = " + name_of(c.spec.compress.kind);
     if (!expected.empty()) {
       ++refused;
       EXPECT_EQ(expected.rfind("config: ", 0), 0u) << expected;

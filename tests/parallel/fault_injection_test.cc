@@ -88,7 +88,7 @@ TEST(FaultInjection, SlowBlocksStretchEachBlockByTheFactorOnItsRankOnly) {
 
 TEST(FaultInjection, OverflowLossIsInfAtTheListedStepsOnItsRankOnly) {
   ParallelSpec spec;
-  spec.precision = "fp16";
+  spec.precision = Precision::kFp16;
   spec.overflow_steps = {3, 5};
   spec.overflow_rank = 1;
   EchoLoss inner;
@@ -103,7 +103,7 @@ TEST(FaultInjection, OverflowLossIsInfAtTheListedStepsOnItsRankOnly) {
     else
       EXPECT_EQ(g, 0.5f) << step;
   }
-  spec.precision = "bf16";
+  spec.precision = Precision::kBf16;
   EXPECT_EQ(overflow_loss(spec, 1, inner, step), nullptr);
 }
 

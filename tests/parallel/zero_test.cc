@@ -283,7 +283,7 @@ TEST(Zero, ShardSizeThatCannotRunFailsNamingTheKeys) {
     parallel::ParallelSpec spec;
     spec.zero_stage = stage;
     spec.zero_shard_size = k;
-    spec.compress.kind = kind;
+    spec.compress.kind = *value_of<parallel::CompressKind>(kind);
     try {
       parallel::compose(spec, parallel::Layout::resolve(spec, world), false);
     } catch (const InvalidArgument& e) {

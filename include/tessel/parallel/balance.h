@@ -24,11 +24,6 @@
 
 namespace tessel::parallel {
 
-enum class BalanceMode { kOff, kStatic, kDynamic };
-
-// ddp.balance's mode; throws InvalidArgument naming the key for another name.
-BalanceMode balance_mode(const std::string& name);
-
 // The median of values (not empty).
 double median(std::vector<double> values);
 

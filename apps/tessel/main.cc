@@ -28,6 +28,7 @@
 #include "tessel/core/version.h"
 #include "tessel/ops/cpu.h"
 #include "tessel/ops/isa.h"
+#include "tessel/parallel/composition.h"
 #include "tessel/train/config.h"
 #include "tessel/train/dry_run.h"
 #include "tessel/train/evaluator.h"
@@ -125,7 +126,7 @@ struct Args {
   std::string command;  // as typed, for run.json
   std::vector<std::string> overrides;
   int64_t stop_after = 0, logits_limit = 100;
-  bool quiet = false, overwrite = false, trace = false;
+  bool quiet = false, overwrite = false, trace = false, composition = false;
   int workers = 0, np = 0;
   tessel::comm::CommBenchOptions cb;
   std::string cb_algorithms, cb_sizes, cb_collectives, cb_dtype = "f32", cb_segment;
@@ -211,7 +212,12 @@ Commands add_commands(CLI::App& app, Args& a) {
       "config",
       "Check a config as train would (without training) and print it resolved, with "
       "the layout; exit 2 on any error");
-  c.config->add_option("config", a.config_path, "Config file (TOML)")->required();
+  CLI::Option* file = c.config->add_option("config", a.config_path, "Config file (TOML)");
+  c.config
+      ->add_flag("--composition", a.composition,
+                 "Print the decision table of which parts run with which (docs/composition.md) "
+                 "instead")
+      ->excludes(file);
   add_overrides(c.config, a);
   CLI::Option* workers =
       c.config->add_option("--workers", a.workers, "Check for N ranks as threads (runtime.workers)")
@@ -362,6 +368,13 @@ std::string plan_comments(const nlohmann::json& p, int world, const std::string&
 // exits 2.
 int run_config(Args& a) {
   try {
+    if (a.composition) {
+      std::printf("%s", tessel::parallel::composition_markdown().c_str());
+      return 0;
+    }
+    if (a.config_path.empty())
+      throw tessel::InvalidArgument(
+          "tessel config needs a config file (e.g. examples/fashion_mlp.toml), or --composition");
     if (a.workers > 0) a.overrides.push_back("runtime.workers=" + std::to_string(a.workers));
     const tessel::train::Config cfg = tessel::train::load_config(a.config_path, a.overrides);
     const std::string backend =

@@ -63,14 +63,6 @@ void for_each_run(const Parameter& p, int64_t first, int64_t count, F&& f) {
 
 }  // namespace
 
-Recompute recompute_mode(const std::string& name) {
-  if (name == "none") return Recompute::kNone;
-  if (name == "full") return Recompute::kFull;
-  if (name == "selective") return Recompute::kSelective;
-  throw InvalidArgument(
-      str("config: train.recompute must be none, full or selective, got '", name, "'"));
-}
-
 void Parameter::cut(size_t dim_index, int64_t groups, int part, int parts) {
   TESSEL_CHECK(!is_split() && dim_index < shape.size() && groups > 0 && parts > 0 && part >= 0 &&
                    part < parts && shape[dim_index] % groups == 0,

@@ -2,37 +2,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "tessel/core/error.h"
 
 namespace tessel::parallel {
-
-BalanceMode balance_mode(const std::string& name) {
-  if (name == "off") return BalanceMode::kOff;
-  if (name == "static") return BalanceMode::kStatic;
-  if (name == "dynamic") return BalanceMode::kDynamic;
-  throw InvalidArgument(
-      str("config: ddp.balance must be off, static or dynamic, got '", name, "'"));
-}
-
-void check_balance(const ParallelSpec& spec, const Layout& layout) {
-  if (balance_mode(spec.balance) == BalanceMode::kOff) return;
-  auto refuse = [&](const std::string& why) {
-    throw InvalidArgument(str("config: ddp.balance = ", spec.balance, " ", why,
-                              "; set ddp.balance = off or change that (docs/data_parallel.md)"));
-  };
-  if (!spec.deterministic)
-    refuse("deals the micro-shards of train.deterministic, which is false; set it to true");
-  if (layout.servers > 0)
-    refuse("runs without parameter servers (ps.servers > 0 trains whole worker batches)");
-  if (layout.pp > 1 || layout.tp > 1)
-    refuse(str("runs on plain data parallelism, got layout ", layout.str(),
-               " (pp.stages and tp.size must be 1)"));
-  if (spec.zero_stage == 3)
-    refuse(
-        "runs with zero.stage 0-2, got zero.stage = 3 (its parameter gathers around every piece "
-        "need the same number of micro-shards on every rank); use zero.stage = 2");
-}
 
 double median(std::vector<double> values) {
   std::sort(values.begin(), values.end());
@@ -130,8 +104,7 @@ std::string ShardDeal::str() const {
 }
 
 nlohmann::json ShardDeal::save() const {
-  static const char* const kNames[] = {"off", "static", "dynamic"};
-  return {{"mode", kNames[static_cast<int>(mode_)]},
+  return {{"mode", name_of(mode_)},
           {"micro_shards", shards_},
           {"shards_per_rank", counts_},
           {"seconds_per_shard", smoothed_},
@@ -141,8 +114,10 @@ nlohmann::json ShardDeal::save() const {
 }
 
 bool ShardDeal::load(const nlohmann::json& state) {
-  const ShardDeal saved(balance_mode(state.at("mode").get<std::string>()),
-                        static_cast<int>(state.at("shards_per_rank").size()),
+  const std::optional<BalanceMode> mode =
+      value_of<BalanceMode>(state.at("mode").get<std::string>());
+  if (!mode) return false;
+  const ShardDeal saved(*mode, static_cast<int>(state.at("shards_per_rank").size()),
                         state.at("micro_shards").get<int64_t>());
   std::vector<int64_t> counts = state.at("shards_per_rank").get<std::vector<int64_t>>();
   std::vector<double> smoothed = state.at("seconds_per_shard").get<std::vector<double>>();

@@ -24,7 +24,7 @@ Buckets::Buckets(const nn::Model& model, const Units& units, comm::Communicator*
       across_(spec.scatter && spec.across != nullptr && spec.across->size() > 1 ? spec.across
                                                                                 : nullptr),
       spec_(spec),
-      kind_(compress_kind(spec.compress.kind)),
+      kind_(spec.compress.kind),
       pool_(largest_unit(units)),
       pending_(units.list.size(), 0),
       done_(units.list.size()) {

@@ -23,13 +23,13 @@ namespace {
 
 // Overlap needs a core for each rank's progress thread besides the one computing; on a machine
 // without spare cores the progress threads steal time from compute and cost more than they hide
-// (measured on 2 cores: 2 workers ran fashion_mlp 20-50% faster without overlap).
-bool resolve_overlap(const std::string& mode, const comm::Communicator& group) {
-  if (mode == "on") return true;
-  if (mode == "off") return false;
-  if (mode != "auto")
-    throw InvalidArgument(str("config: ddp.overlap must be auto, on or off, got '", mode, "'"));
-  return static_cast<int>(std::thread::hardware_concurrency()) >= 2 * group.ranks_on_host();
+// (measured on 2 cores: 2 workers ran fashion_mlp 20-50% faster without overlap). Off on a
+// parameter server and without dp peers.
+bool resolve_overlap(const ParallelSpec& spec, Mesh& mesh) {
+  if (mesh.is_server() || mesh.layout().dp == 1) return false;
+  if (spec.overlap != Overlap::kAuto) return spec.overlap == Overlap::kOn;
+  return static_cast<int>(std::thread::hardware_concurrency()) >=
+         2 * mesh.group(Axis::kDp).ranks_on_host();
 }
 
 std::unique_ptr<TpGroup> make_tp_group(const ParallelSpec& spec, Mesh& mesh) {
@@ -37,46 +37,17 @@ std::unique_ptr<TpGroup> make_tp_group(const ParallelSpec& spec, Mesh& mesh) {
   return std::make_unique<TpGroup>(mesh.group(Axis::kTp), spec.tp_sequence);
 }
 
-// Gradient compression runs wherever units travel through Buckets: data parallelism with
-// zero.stage 0-2, the pipeline's dp groups, tensor parallelism (over the dp axis), f32 and 16-bit
-// precision; and on parameter-server pushes (not powersgd). The rest is refused with what to
-// change.
-void check_compress(const ParallelSpec& spec, const Layout& layout) {
-  validate_compress(spec.compress);
-  const CompressKind kind = compress_kind(spec.compress.kind);
-  if (kind == CompressKind::kNone) return;
-  auto refuse = [&](const std::string& why) {
-    throw InvalidArgument(str("config: compress.kind = ", spec.compress.kind, " ", why,
-                              "; set compress.kind = none or change that (docs/compression.md)"));
-  };
-  if (spec.deterministic)
-    refuse("does not run with train.deterministic (its exact integer sum is the point of it)");
-  if (layout.servers > 0 && kind == CompressKind::kPowerSgd)
-    refuse(
-        "does not apply to parameter-server pushes (it needs all-reduces among the workers); "
-        "use fp16, bf16, int8 or topk");
-  if (spec.zero_stage == 3)
-    refuse(
-        "runs with zero.stage 0-2, got zero.stage = 3 (its parameter gathers share the dp "
-        "group with the gradient exchanges); use zero.stage = 2, which shards gradients and "
-        "optimizer state");
-  const bool state = kind == CompressKind::kPowerSgd ||
-                     (kind == CompressKind::kTopk && spec.compress.error_feedback);
-  if (spec.precision == "fp16" && state)
-    refuse(
-        "keeps state (residuals, Q) that a step skipped for an fp16 overflow would fill with "
-        "inf; with train.precision = fp16 use fp16, bf16, int8 or topk with "
-        "compress.error_feedback = false, or train.precision = bf16");
-}
-
 }  // namespace
 
 DType precision_type(const ParallelSpec& spec) {
-  if (spec.precision == "fp32") return DType::kF32;
-  if (spec.precision == "bf16") return DType::kBF16;
-  if (spec.precision == "fp16") return DType::kF16;
-  throw InvalidArgument(
-      str("config: train.precision must be fp32, bf16 or fp16, got '", spec.precision, "'"));
+  switch (spec.precision) {
+    case Precision::kBf16:
+      return DType::kBF16;
+    case Precision::kFp16:
+      return DType::kF16;
+    default:
+      return DType::kF32;
+  }
 }
 
 Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Communicator& world,
@@ -104,40 +75,31 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
                const Build& build, uint64_t seed)
     : spec_(spec),
       mesh_(world, Layout::resolve(spec, world.size())),
+      overlap_(resolve_overlap(spec, mesh_)),
+      composed_(compose(spec, mesh_.layout(), overlap_)),
+      type_(precision_type(spec)),
       tp_(make_tp_group(spec, mesh_)),
       built_(build(tp_.get())),
       model_(*built_.first),
       loss_(built_.second.get()) {
-  if (spec.zero_stage < 0 || spec.zero_stage > 3)
-    throw InvalidArgument(str("config: zero.stage must be 0, 1, 2 or 3, got ", spec.zero_stage));
   hooks_fn_ = [this](nn::Phase p, size_t b, bool last) { hook(p, b, last); };
   block_start_.assign(model_.num_blocks(), 0.0);
-  type_ = precision_type(spec);
-  parts_["precision"] = spec.precision;
-  parts_["recompute"] = spec.recompute;
-  if (tp_ && type_ != DType::kF32)
-    throw InvalidArgument(str("config: train.precision = ", spec.precision,
-                              " does not run with tensor parallelism yet (tp.size = ", tp_->size(),
-                              "); use train.precision = fp32"));
-  check_compress(spec, layout());
+  parts_ = composed_.json(spec, overlap_);
   if (layout().servers > 0) {
     build_parameter_server(spec, optim, seed);
   } else {
-    check_debug(spec, layout());
-    if (layout().pp > 1)
+    if (composed_.executor == "pipeline")
       executor_ = std::make_unique<PipelineExecutor>(spec, mesh_.group(Axis::kPp), model_);
     else
-      executor_ = std::make_unique<LocalExecutor>(model_, nn::recompute_mode(spec.recompute));
+      executor_ = std::make_unique<LocalExecutor>(model_, spec.recompute);
     comm::Communicator& group = mesh_.group(Axis::kShard);  // dp, or its zero.shard_size group
     units_ =
         make_units(model_, spec.bucket_mb, executor_->local_blocks(), group.size(), group.rank());
-    parts_["executor"] = layout().pp > 1 ? "pipeline" : "local";
-    if (tp_) parts_["tp"] = tp_->sequence() ? "sequence_parallel" : "tensor_parallel";
     build_data_parallel(spec, seed);
-    if (type_ == DType::kF16) scaler_ = std::make_unique<optim::LossScaler>();
   }
   if (!trains()) return;
-  if (type_ != DType::kF32 && spec.zero_stage != 3) {  // ZeRO-3 gathers 16-bit values itself
+  if (composed_.scaler) scaler_ = std::make_unique<optim::LossScaler>();
+  if (composed_.working_copy) {
     working_ = std::make_unique<WorkingCopy>(model_, units_, type_);
     store_->set_working(working_.get());
     store_->refresh_working(true);
@@ -153,21 +115,12 @@ Engine::~Engine() = default;
 
 void Engine::build_parameter_server(const ParallelSpec& spec, const optim::OptimSpec& optim,
                                     uint64_t seed) {
-  if (type_ == DType::kF16)  // the servers update: they cannot skip an overflowing step
-    throw InvalidArgument(
-        str("config: train.precision = fp16 does not run with a parameter server (ps.servers = ",
-            layout().servers,
-            "): its loss scaling skips overflowing steps, which the servers do not see; use "
-            "train.precision = bf16 or fp32"));
   auto ps = std::make_unique<ParameterServer>(spec, mesh_, model_, seed, optim);
-  check_debug(spec, layout());
   claims_ = ps->lockstep() ? nullptr : ps.get();
   store_owner_ = std::move(ps);
   store_ = store_owner_.get();
-  parts_["executor"] = parts_["grad_sync"] = "local";
-  parts_["store"] = "parameter_server";
   if (mesh_.is_server()) return;
-  executor_ = std::make_unique<LocalExecutor>(model_, nn::recompute_mode(spec.recompute));
+  executor_ = std::make_unique<LocalExecutor>(model_, spec.recompute);
   units_ = make_units(model_, spec.bucket_mb, executor_->local_blocks(), 1, 0);
   sync_owner_ = ParameterServer::worker_sync(model_, units_, layout().workers());
   sync_ = sync_owner_.get();
@@ -176,14 +129,10 @@ void Engine::build_parameter_server(const ParallelSpec& spec, const optim::Optim
 void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   comm::Communicator& dp = mesh_.group(Axis::kDp);
   comm::Communicator* workers = &mesh_.workers();
-  const bool async = dp.size() > 1 && resolve_overlap(spec.overlap, dp);
   const int stage = spec.zero_stage;
-  const bool pipeline = layout().pp > 1;
-  parts_["overlap"] = async;
-  parts_["prefetch"] = stage == 3 && spec.zero_prefetch && async;
+  const bool pipeline = composed_.executor == "pipeline";
   parts_["units"] = units_.list.size();
-  const bool compressing = compress_kind(spec.compress.kind) != CompressKind::kNone;
-  // zero.shard_size: ZeRO within the shard group, its pieces all-reduced across the groups.
+  // zero.shard_size: ZeRO within the shard group, its shards all-reduced across the groups.
   comm::Communicator* across = nullptr;
   if (layout().shard < layout().dp) {
     across = &mesh_.group(Axis::kReplica);
@@ -191,16 +140,8 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
     parts_["replica_groups"] = across->size();
   }
   comm::Communicator& group = mesh_.group(Axis::kShard);
-  const Buckets::Spec buckets{async, false, type_, spec.compress, seed, across};
-  if (compressing) parts_["compress"] = spec.compress.kind;
-  if (spec.deterministic) {
-    scale_buckets_ = make_units(model_, spec.bucket_mb, {}, 1, 0);
-    auto exact = std::make_unique<ExactSync>(model_, units_, scale_buckets_, dp, mesh_.workers(),
-                                             type_ == DType::kF16);
-    hooks_.push_back(exact.get());
-    sync_owner_ = std::move(exact);
-    parts_["grad_sync"] = "exact";
-  } else if (stage == 1 && spec.shared_memory && dp.size() > 1 && !compressing && !across) {
+  const Buckets::Spec buckets{overlap_, false, type_, spec.compress, seed, across};
+  if (composed_.shared_memory && stage == 1) {
     if (auto shm = SharedMemoryStep::make(model_, units_, dp, mesh_.workers(), seed)) {
       sync_ = shm.get();
       store_ = shm.get();
@@ -209,34 +150,36 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
       return;
     }
   }
-  if (!sync_owner_ && stage == 0 && spec.shared_memory && dp.size() > 1 && !async && !compressing &&
+  if (composed_.shared_memory && stage == 0 &&
       (sync_owner_ = SharedGradSync::make(model_, units_, dp, mesh_.workers())))
     parts_["grad_sync"] = "shared_memory";
-  if (!sync_owner_ && stage <= 1) {
+  if (!sync_owner_ && composed_.grad_sync == "exact") {
+    scale_buckets_ = make_units(model_, spec.bucket_mb, {}, 1, 0);
+    auto exact = std::make_unique<ExactSync>(model_, units_, scale_buckets_, dp, mesh_.workers(),
+                                             type_ == DType::kF16);
+    hooks_.push_back(exact.get());
+    sync_owner_ = std::move(exact);
+  } else if (!sync_owner_ && composed_.grad_sync != "reduce_scatter_shard") {
     auto arena = std::make_unique<ArenaSync>(
         model_, units_,
         stage == 0 ? ArenaSync::Reduction::kAllReduce : ArenaSync::Reduction::kReduceScatter,
         &group, workers, buckets);
     hooks_.push_back(arena.get());
     sync_owner_ = std::move(arena);
-    parts_["grad_sync"] = stage == 0 ? "allreduce" : "reduce_scatter";
   } else if (!sync_owner_) {
     auto shard = std::make_unique<ShardSync>(model_, units_, group, workers, !pipeline, buckets);
     hooks_.push_back(shard.get());
     sync_owner_ = std::move(shard);
-    parts_["grad_sync"] = "reduce_scatter_shard";
   }
   sync_ = sync_owner_.get();
-  if (stage == 3) {
+  if (composed_.store == "sharded") {
     auto sharded = std::make_unique<ShardedStore>(model_, units_, group, across, seed,
-                                                  spec.zero_prefetch && async, pipeline, type_);
+                                                  composed_.prefetch, pipeline, type_);
     hooks_.insert(hooks_.begin(), sharded.get());
     store_owner_ = std::move(sharded);
-    parts_["store"] = "sharded";
   } else {
     store_owner_ = std::make_unique<ReplicatedStore>(model_, units_, stage, group, across, seed,
                                                      spec.check_every);
-    parts_["store"] = "replicated";
   }
   store_ = store_owner_.get();
 }

@@ -86,16 +86,6 @@ class OverflowLoss final : public nn::Loss {
 
 }  // namespace
 
-void check_debug(const ParallelSpec& spec, const Layout& layout) {
-  if (layout.servers > 0 && spec.slow_rank >= layout.workers())
-    throw InvalidArgument(str("config: debug.slow_rank = ", spec.slow_rank,
-                              " is not a worker rank; workers are ranks 0..", layout.workers() - 1,
-                              " (the last ", layout.servers, " ranks are servers)"));
-  if (spec.slow_rank >= layout.world)
-    throw InvalidArgument(str("config: debug.slow_rank must be a rank of the ", layout.world,
-                              "-rank world or -1 (none), got ", spec.slow_rank));
-}
-
 std::unique_ptr<GradSync> slow_sync(const ParallelSpec& spec, int rank, GradSync& sync) {
   if (spec.slow_rank != rank || spec.delay_ms <= 0) return nullptr;
   return std::make_unique<SlowSync>(sync, spec.delay_ms);
@@ -108,7 +98,8 @@ std::unique_ptr<BlockHooks> slow_blocks(const ParallelSpec& spec, int rank) {
 
 std::unique_ptr<nn::Loss> overflow_loss(const ParallelSpec& spec, int rank, nn::Loss& loss,
                                         const int64_t& step) {
-  if (spec.overflow_steps.empty() || spec.overflow_rank != rank || spec.precision != "fp16")
+  if (spec.overflow_steps.empty() || spec.overflow_rank != rank ||
+      spec.precision != Precision::kFp16)
     return nullptr;
   return std::make_unique<OverflowLoss>(loss, spec.overflow_steps, step);
 }

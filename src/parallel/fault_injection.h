@@ -21,8 +21,6 @@
 
 namespace tessel::parallel {
 
-// Throws InvalidArgument when debug.slow_rank names no training rank of `layout`.
-void check_debug(const ParallelSpec& spec, const Layout& layout);
 // `sync` or `loss` wrapped for training rank `rank` where spec asks for it; null elsewhere.
 // step: the step of the piece in progress, as the caller keeps it.
 std::unique_ptr<GradSync> slow_sync(const ParallelSpec& spec, int rank, GradSync& sync);

@@ -6,7 +6,8 @@ namespace tessel::parallel {
 
 namespace {
 
-// zero.shard_size: 0 (the whole dp group) or a divisor k of dp with 1 < k, at zero.stage 1-3.
+// zero.shard_size: 0 (the whole dp group) or a divisor k of dp with 1 < k (composition.h
+// refuses it with zero.stage = 0).
 int resolve_shard(const ParallelSpec& spec, const Layout& l) {
   const int k = spec.zero_shard_size;
   if (k == 0) return l.dp;
@@ -16,10 +17,6 @@ int resolve_shard(const ParallelSpec& spec, const Layout& l) {
                                       "group (docs/zero.md)"));
   };
   if (k < 0) refuse("must be >= 0 (a number of dp ranks per shard group)");
-  if (spec.zero_stage == 0)
-    refuse(
-        "shards ZeRO's state within groups of ranks, but zero.stage = 0 shards nothing; set "
-        "zero.stage = 1, 2 or 3");
   if (k == 1)
     refuse(
         "leaves every rank a group of its own, which is plain data parallelism; set "
@@ -29,10 +26,6 @@ int resolve_shard(const ParallelSpec& spec, const Layout& l) {
                        l.pp, " x tp ", l.tp, ")); use a divisor of ", l.dp,
                        " such as the ranks per host, or start a multiple of ", k * l.pp * l.tp,
                        " ranks"));
-  if (compress_kind(spec.compress.kind) != CompressKind::kNone)
-    refuse(tessel::str("does not run with compress.kind = ", spec.compress.kind,
-                       " (its exchanges and byte formulas cover one group); set "
-                       "compress.kind = none"));
   return k;
 }
 
@@ -46,14 +39,6 @@ Layout Layout::resolve(const ParallelSpec& spec, int world) {
   if (spec.ps_servers < 0)
     throw InvalidArgument(tessel::str(
         "config: ps.servers must be >= 0 (0 = no parameter server), got ", spec.ps_servers));
-  if (spec.ps_servers > 0 && spec.pp_stages > 1)
-    throw InvalidArgument(tessel::str("config: ps.servers = ", spec.ps_servers, " and pp.stages = ",
-                                      spec.pp_stages, " cannot be combined; use one of them"));
-  if (spec.ps_servers > 0 && spec.zero_stage > 0)
-    throw InvalidArgument(tessel::str(
-        "config: zero.stage = ", spec.zero_stage, " with ps.servers = ", spec.ps_servers,
-        ": the parameter servers already hold the "
-        "parameters and optimizer state in shards; set zero.stage = 0"));
   if (spec.ps_servers > 0 && spec.ps_servers >= world)
     throw InvalidArgument(
         tessel::str("config: ps.servers = ", spec.ps_servers, " leaves no worker among ", world,
@@ -61,9 +46,6 @@ Layout Layout::resolve(const ParallelSpec& spec, int world) {
   if (spec.tp_size < 1)
     throw InvalidArgument(tessel::str(
         "config: tp.size must be >= 1 (1 = no tensor parallelism), got ", spec.tp_size));
-  if (spec.ps_servers > 0 && spec.tp_size > 1)
-    throw InvalidArgument(tessel::str("config: ps.servers = ", spec.ps_servers, " and tp.size = ",
-                                      spec.tp_size, " cannot be combined; use one of them"));
   if (spec.tp_sequence && spec.tp_size == 1)
     throw InvalidArgument("config: tp.sequence_parallel = true needs tp.size > 1");
   l.servers = static_cast<int>(spec.ps_servers);

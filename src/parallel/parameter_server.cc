@@ -28,13 +28,6 @@ namespace tessel::parallel {
 
 namespace {
 
-ParameterServer::Mode parse_mode(const std::string& m) {
-  if (m == "sync") return ParameterServer::Mode::kSync;
-  if (m == "async") return ParameterServer::Mode::kAsync;
-  if (m == "ssp") return ParameterServer::Mode::kSsp;
-  throw InvalidArgument(str("config: ps.mode must be sync, async or ssp, got '", m, "'"));
-}
-
 Tensor zeros_of(int64_t n, MemCategory category) {
   MemoryScope scope(category);
   return Tensor::zeros({std::max<int64_t>(n, 1)});
@@ -100,16 +93,9 @@ std::unique_ptr<GradSync> ParameterServer::worker_sync(nn::Model& model, const U
 ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model& model,
                                  uint64_t seed, const optim::OptimSpec& optim)
     : spec_(spec), mesh_(mesh), world_(mesh.world()), model_(model), seed_(seed) {
-  mode_ = parse_mode(spec_.ps_mode);
+  mode_ = spec_.ps_mode;
   if (spec_.ps_staleness < 0)
     throw InvalidArgument(str("config: ps.staleness must be >= 0, got ", spec_.ps_staleness));
-  if (spec_.ps_stale_lr != "none" && spec_.ps_stale_lr != "inverse")
-    throw InvalidArgument(
-        str("config: ps.stale_lr must be none or inverse, got '", spec_.ps_stale_lr, "'"));
-  if (spec_.deterministic)
-    throw InvalidArgument(
-        "config: train.deterministic cannot be combined with ps.servers > 0 (the servers sum "
-        "whole pushes); turn one of them off");
   shards_ = server_shards(model_, servers());
   versions_.assign(static_cast<size_t>(servers()), -1);
   request_.resize(static_cast<size_t>(servers()));
@@ -125,7 +111,7 @@ ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model
     model_.init_values(values_.data<float>(), {0, model_.arena_numel()}, seed);
     model_.bind_values({0, model_.arena_numel()}, values_);
     held_ = {{0, model_.arena_numel()}};
-    if (const CompressKind kind = compress_kind(spec_.compress.kind); kind != CompressKind::kNone)
+    if (const CompressKind kind = spec_.compress.kind; kind != CompressKind::kNone)
       for (int k = 0; k < servers(); ++k)
         codecs_.push_back(
             std::make_unique<compress::PushCodec>(kind, shard(k).size(), spec_.compress));
@@ -448,7 +434,7 @@ nlohmann::json ParameterServer::report() {
                     {"idle_seconds", s[kIdleSeconds]},
                     {"staleness_histogram", histogram_json(bins, kStalenessBins)}});
   }
-  nlohmann::json m = {{"ps_mode", spec_.ps_mode},
+  nlohmann::json m = {{"ps_mode", name_of(spec_.ps_mode)},
                       {"ps_servers", list},
                       {"ps_staleness_histogram", histogram_json(total.data(), kStalenessBins)},
                       {"ps_staleness_mean", count > 0 ? weighted / count : 0.0},

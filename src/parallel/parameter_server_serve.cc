@@ -63,11 +63,10 @@ class ServerLoop {
         opt_(*ps.server_.optimizer),
         lr_(lr),
         W_(ps.workers()),
-        inverse_(ps.spec_.ps_stale_lr == "inverse"),
+        inverse_(ps.spec_.ps_stale_lr == StaleLr::kInverse),
         stats_(ParameterServer::kStatCount, 0.0) {
     len_ = static_cast<size_t>(ps.server_.range.size());
-    if (const CompressKind kind = compress_kind(ps.spec_.compress.kind);
-        kind != CompressKind::kNone)
+    if (const CompressKind kind = ps.spec_.compress.kind; kind != CompressKind::kNone)
       codec_ = std::make_unique<compress::PushCodec>(kind, static_cast<int64_t>(len_),
                                                      ps.spec_.compress);
     workers_.resize(static_cast<size_t>(W_));
@@ -484,12 +483,13 @@ void ServerLoop::stuck(double idle_s) {
     else
       silent += str(silent.empty() ? "" : ", ", w, " (clock ", k.clock, ")");
   }
-  const std::string msg = str("parameter server: server rank ", ps_.rank(), " (", ps_.spec_.ps_mode,
-                              ", step ", steps_clock(), ") heard nothing for ", idle_s,
-                              " s (comm.timeout_s); waiting for worker rank(s) ",
-                              silent.empty() ? std::string("none") : silent, "; worker rank(s) ",
-                              waiting.empty() ? std::string("none") : waiting,
-                              " wait for their reply; a silent worker is stuck or died");
+  const std::string msg =
+      str("parameter server: server rank ", ps_.rank(), " (", name_of(ps_.spec_.ps_mode), ", step ",
+          steps_clock(), ") heard nothing for ", idle_s,
+          " s (comm.timeout_s); waiting for worker rank(s) ",
+          silent.empty() ? std::string("none") : silent, "; worker rank(s) ",
+          waiting.empty() ? std::string("none") : waiting,
+          " wait for their reply; a silent worker is stuck or died");
   world_.abort(msg);
   throw CommError(msg);
 }

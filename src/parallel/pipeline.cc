@@ -48,11 +48,6 @@ struct PipelineExecutor::Inflight {
 PipelineExecutor::PipelineExecutor(const ParallelSpec& spec, comm::Communicator& pp,
                                    nn::Model& model)
     : spec_(spec), pp_(pp), model_(model), stage_(pp.rank()), stages_(pp.size()) {
-  if (spec_.deterministic && spec_.pp_microbatches > 1)
-    throw InvalidArgument(
-        str("config: train.deterministic runs each ddp.micro_shard micro-shard "
-            "through the pipeline as one micro-batch, got pp.microbatches = ",
-            spec_.pp_microbatches, "; set pp.microbatches = 1 or train.deterministic = false"));
   // Everything that can be wrong with the config is checked before the first message, on
   // every rank alike (each knows the whole model's structure).
   part_ = make_partition(spec_, model_, stages_);
@@ -180,7 +175,7 @@ nn::Activations* PipelineExecutor::acquire(int chunk) {
   auto& free = free_[chunk];
   if (free.empty()) {
     auto acts = std::make_unique<nn::Activations>();
-    acts->recompute = nn::recompute_mode(spec_.recompute);
+    acts->recompute = spec_.recompute;
     acts->caches.resize(model_.num_blocks());
     nn::Activations& scratch = scratch_[chunk];
     if (scratch.caches.empty()) scratch.caches.resize(model_.num_blocks());

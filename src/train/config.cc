@@ -76,7 +76,7 @@ const char* type_name() {
   if constexpr (std::is_same_v<T, bool>) return "boolean";
   if constexpr (std::is_integral_v<T>) return "integer";
   if constexpr (std::is_floating_point_v<T>) return "number";
-  if constexpr (std::is_same_v<T, std::string>) return "string";
+  if constexpr (std::is_same_v<T, std::string> || std::is_enum_v<T>) return "string";
   return "integer array";
 }
 
@@ -91,6 +91,34 @@ std::string type_error(const std::string& path, const char* want, const toml::no
   std::ostringstream os;
   v.visit([&os](auto&& x) { os << x; });
   return str("config: ", path, " must be ", want, ", got ", excerpt(os.str()));
+}
+
+// "a, b or c".
+std::string either(const std::vector<std::string>& v) {
+  std::string s;
+  for (size_t i = 0; i < v.size(); ++i)
+    s += (i == 0 ? "" : i + 1 == v.size() ? " or " : ", ") + v[i];
+  return s;
+}
+
+// "a, b, c": the values a choice key lists (docs/config.md's range column).
+std::string comma_list(const std::vector<std::string>& v) {
+  std::string s;
+  for (const std::string& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+// The message for string s of a key that takes one of `values`, with the nearest one.
+std::string not_one_of(const std::string& path, const std::vector<std::string>& values,
+                       const std::string& s) {
+  const std::string guess = nearest(s, values);
+  return str("config: ", path, " must be ", either(values), ", got '", excerpt(s), "'",
+             guess.empty() ? "" : str("; did you mean '", guess, "'?"));
+}
+
+template <typename E>
+std::vector<std::string> names() {
+  return {std::begin(Names<E>::values), std::end(Names<E>::values)};
 }
 
 // A number of key `path` (an entry of it for an array key) checked against its range, then as
@@ -117,6 +145,10 @@ T read_value(const std::string& path, const toml::node& v, const Range<Number<T>
   } else if constexpr (std::is_same_v<T, std::string>) {
     if (!v.is_string()) throw InvalidArgument(type_error(path, "a string", v));
     return *v.value<std::string>();
+  } else if constexpr (std::is_enum_v<T>) {  // a choice key: one of Names<T>
+    const std::string s = read_value<std::string>(path, v, {0, 0});
+    if (const std::optional<T> e = value_of<T>(s)) return *e;
+    throw InvalidArgument(not_one_of(path, names<T>(), s));
   } else {
     static_assert(std::is_same_v<T, std::vector<int64_t>>);
     const toml::array* a = v.as_array();
@@ -142,6 +174,8 @@ std::string write_value(const T& x) {
     std::string s(buf, std::to_chars(buf, buf + sizeof buf, x).ptr);
     if (s.find_first_of(".eEn") == std::string::npos) s += ".0";  // keep it a TOML float
     return s;
+  } else if constexpr (std::is_enum_v<T>) {
+    return write_value(std::string(name_of(x)));
   } else if constexpr (std::is_same_v<T, std::string>) {
     std::ostringstream os;
     os << toml::value<std::string>(x);
@@ -182,7 +216,9 @@ template <typename Access>
 Key make_key(std::string path, std::string doc, Access access) {
   using T = Member<Access>;
   static_assert(!kIsNumeric<T>, "a numeric key needs a range");
-  KeyInfo info{path, std::move(doc), type_name<T>(), ""};
+  std::string listed;  // a choice key's values
+  if constexpr (std::is_enum_v<T>) listed = comma_list(names<T>());
+  KeyInfo info{path, std::move(doc), type_name<T>(), listed};
   return Key{std::move(info),
              [path, access](Config& c, const toml::node& v) {
                access(c) = read_value<T>(path, v, {0, 0});
@@ -195,30 +231,16 @@ struct Choices {
   std::vector<std::string> values;
 };
 
-// "a, b or c".
-std::string either(const std::vector<std::string>& v) {
-  std::string s;
-  for (size_t i = 0; i < v.size(); ++i)
-    s += (i == 0 ? "" : i + 1 == v.size() ? " or " : ", ") + v[i];
-  return s;
-}
-
 // A string key stored by `access` that takes one of `choices`; a mistyped value gets the nearest.
 template <typename Access>
 Key make_key(std::string path, std::string doc, Access access, Choices choices) {
   static_assert(std::is_same_v<Member<Access>, std::string>, "choices are strings");
-  std::string listed;
-  for (const std::string& v : choices.values) listed += (listed.empty() ? "" : ", ") + v;
-  KeyInfo info{path, std::move(doc), "string", listed};
+  KeyInfo info{path, std::move(doc), "string", comma_list(choices.values)};
   return Key{std::move(info),
              [path, access, values = std::move(choices.values)](Config& c, const toml::node& v) {
                std::string s = read_value<std::string>(path, v, {0, 0});
-               if (std::find(values.begin(), values.end(), s) == values.end()) {
-                 const std::string guess = nearest(s, values);
-                 throw InvalidArgument(
-                     str("config: ", path, " must be ", either(values), ", got '", excerpt(s), "'",
-                         guess.empty() ? "" : str("; did you mean '", guess, "'?")));
-               }
+               if (std::find(values.begin(), values.end(), s) == values.end())
+                 throw InvalidArgument(not_one_of(path, values, s));
                access(c) = std::move(s);
              },
              [access](const Config& c) { return write_value(access(const_cast<Config&>(c))); }};
@@ -288,8 +310,8 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("train.log_every", train.log_every, "steps between progress lines and metrics records", {1, kMaxSteps}),
       TESSEL_KEY("train.eval_train", train.eval_train, "also evaluate on the training set each epoch"),
       TESSEL_KEY("train.max_restarts", train.max_restarts, "ranks as threads: after a rank fails (an error, an injected fault, a rank stalled past comm.timeout_s), restart every rank from the newest in-memory snapshot or checkpoint, up to this many times (0: the run fails); under MPI use tessel launch --max-restarts", {0, 1000}),
-      TESSEL_KEY("train.precision", parallel.precision, "fp32, bf16 or fp16: the type of activations, activation gradients, the parameter copy the blocks read and gradient messages; GEMMs in it with f32 sums; master weights, optimizer state, losses and norms f32; fp16 adds dynamic loss scaling (docs/mixed_precision.md)", Choices{{"fp32", "bf16", "fp16"}}),
-      TESSEL_KEY("train.recompute", parallel.recompute, "none, full or selective: full keeps only each block's input and reruns its forward during the backward; selective drops the large cheap tensors (attention probabilities, GELU outputs) and recomputes them (docs/recompute.md)", Choices{{"none", "full", "selective"}}),
+      TESSEL_KEY("train.precision", parallel.precision, "fp32, bf16 or fp16: the type of activations, activation gradients, the parameter copy the blocks read and gradient messages; GEMMs in it with f32 sums; master weights, optimizer state, losses and norms f32; fp16 adds dynamic loss scaling (docs/mixed_precision.md)"),
+      TESSEL_KEY("train.recompute", parallel.recompute, "none, full or selective: full keeps only each block's input and reruns its forward during the backward; selective drops the large cheap tensors (attention probabilities, GELU outputs) and recomputes them (docs/recompute.md)"),
       TESSEL_KEY("train.trace", observe.trace, "write trace.json, a per-rank timeline of the trace.steps window in Trace Event Format (Perfetto, chrome://tracing), into the run folder (also --trace)"),
       TESSEL_KEY("checkpoint.every_epochs", checkpoint.every_epochs, "save every N epochs (0: off)", {0, 1000000}),
       TESSEL_KEY("checkpoint.every_steps", checkpoint.every_steps, "save every N steps (0: off); not with ps.mode async or ssp, whose workers meet only at epoch ends", {0, kMaxSteps}),
@@ -304,12 +326,12 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("comm.timeout_s", comm.timeout_s, "deadline in seconds of every blocking communication", {.lo = 0, .hi = kMaxSeconds, .lo_open = true}),
       TESSEL_KEY("comm.algorithm", comm.algorithm, "collective algorithm: auto, ring, halving_doubling, tree, direct, native", Choices{{"auto", "ring", "halving_doubling", "tree", "direct", "native"}}),
       TESSEL_KEY("ddp.bucket_mb", parallel.bucket_mb, "gradient bucket size in MiB; buckets are all-reduced while backward runs", {.lo = 0, .hi = 1 << 20, .lo_open = true}),
-      TESSEL_KEY("ddp.overlap", parallel.overlap, "auto, on or off: on runs each gradient bucket's collective (and ZeRO-3 prefetches) on a progress thread while the backward pass computes; off runs it on the compute thread as soon as the bucket is complete; auto: on only with a spare core per rank", Choices{{"auto", "on", "off"}}),
+      TESSEL_KEY("ddp.overlap", parallel.overlap, "auto, on or off: on runs each gradient bucket's collective (and ZeRO-3 prefetches) on a progress thread while the backward pass computes; off runs it on the compute thread as soon as the bucket is complete; auto: on only with a spare core per rank"),
       TESSEL_KEY("ddp.shared_memory", parallel.shared_memory, "among ranks of one host, sum gradients straight from each other's memory instead of sending messages: zero.stage = 0 (without ddp.overlap) writes each piece's sum into every rank's arena, zero.stage = 1 also keeps one parameter copy in shared memory; false: messages, as between hosts"),
       TESSEL_KEY("ddp.check_every", parallel.check_every, "steps between cross-rank parameter checksums (0: off)", {0, kMaxSteps}),
       TESSEL_KEY("ddp.micro_shard", parallel.micro_shard, "deterministic mode: rows per fixed micro-shard", {1, 1 << 24}),
-      TESSEL_KEY("ddp.balance", parallel.balance, "deterministic mode: off (each rank computes an even share of every batch's micro-shards), static (the shares follow the ranks' speeds measured over the first 10 steps) or dynamic (re-dealt whenever the measured speeds change): the same bits, a slow rank no longer sets the pace (docs/data_parallel.md)", Choices{{"off", "static", "dynamic"}}),
-      TESSEL_KEY("compress.kind", parallel.compress.kind, "what data-parallel gradient buckets (zero.stage 0-2, with pipelines, tensor parallelism and 16-bit precision too) and parameter-server pushes travel as: none (f32), fp16, bf16, int8 (per-chunk scales, stochastic rounding), topk (largest |g| as index/value pairs, all-gathered) or powersgd (rank-r factors P and Q, all-reduced); 1-D tensors and tensors it would not shrink stay f32 (docs/compression.md)", Choices{{"none", "fp16", "bf16", "int8", "topk", "powersgd"}}),
+      TESSEL_KEY("ddp.balance", parallel.balance, "deterministic mode: off (each rank computes an even share of every batch's micro-shards), static (the shares follow the ranks' speeds measured over the first 10 steps) or dynamic (re-dealt whenever the measured speeds change): the same bits, a slow rank no longer sets the pace (docs/data_parallel.md)"),
+      TESSEL_KEY("compress.kind", parallel.compress.kind, "what data-parallel gradient buckets (zero.stage 0-2, with pipelines, tensor parallelism and 16-bit precision too) and parameter-server pushes travel as: none (f32), fp16, bf16, int8 (per-chunk scales, stochastic rounding), topk (largest |g| as index/value pairs, all-gathered) or powersgd (rank-r factors P and Q, all-reduced); 1-D tensors and tensors it would not shrink stay f32 (docs/compression.md)"),
       TESSEL_KEY("compress.ratio", parallel.compress.ratio, "topk: the share of each bucket's compressed elements sent per step, in (0, 0.5]", {.lo = 0, .hi = 0.5, .lo_open = true}),
       TESSEL_KEY("compress.rank", parallel.compress.rank, "powersgd: the rank r of each matrix's approximation (m x n sends r (m + n) values)", {1, 1 << 16}),
       TESSEL_KEY("compress.start_step", parallel.compress.start_step, "steps sent uncompressed (f32) before compression starts", {0, kMaxSteps}),
@@ -326,9 +348,9 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("pp.partition", parallel.pp_partition, "balanced (by estimated compute), uniform (same block count) or round_robin (block l on stage l mod P)", Choices{{"balanced", "uniform", "round_robin"}}),
       TESSEL_KEY("pp.cuts", parallel.pp_cuts, "explicit first block of stages 1..P-1, e.g. [3, 7] (overrides pp.partition)", {1, 1 << 20}),
       TESSEL_KEY("ps.servers", parallel.ps_servers, "parameter-server ranks (the last ones; 0: no parameter server)", {0, 1024}),
-      TESSEL_KEY("ps.mode", parallel.ps_mode, "sync (lockstep slices, one summed update per step: equals data parallel), async (workers claim worker batches of train.batch / workers rows one at a time, each push applied at once) or ssp (async, no claim more than ps.staleness steps ahead of a batch still in progress)", Choices{{"sync", "async", "ssp"}}),
+      TESSEL_KEY("ps.mode", parallel.ps_mode, "sync (lockstep slices, one summed update per step: equals data parallel), async (workers claim worker batches of train.batch / workers rows one at a time, each push applied at once) or ssp (async, no claim more than ps.staleness steps ahead of a batch still in progress)"),
       TESSEL_KEY("ps.staleness", parallel.ps_staleness, "ssp: a claim at step c waits until every batch in progress is at step c - staleness or later (W claimed batches make a step)", {0, 1 << 20}),
-      TESSEL_KEY("ps.stale_lr", parallel.ps_stale_lr, "async/ssp: inverse applies an update computed on parameters s versions old at lr / (1 + s); none at lr", Choices{{"none", "inverse"}}),
+      TESSEL_KEY("ps.stale_lr", parallel.ps_stale_lr, "async/ssp: inverse applies an update computed on parameters s versions old at lr / (1 + s); none at lr"),
       TESSEL_KEY("infer.chunk_rows", infer.chunk_rows, "predict: rows per chunk, the unit handed to a worker, written in order and resumed from (the same output for any worker count)", {1, 1 << 30}),
       TESSEL_KEY("infer.batch", infer.batch, "predict: rows (gpt: prompts) per forward pass within a chunk", {1, 1 << 24}),
       TESSEL_KEY("infer.top_k", infer.top_k, "predict and serve: classes listed with their probabilities per row", {1, 1 << 20}),
@@ -406,9 +428,9 @@ void validate(const Config& c) {
   require(!c.parallel.deterministic || c.train.batch % c.parallel.micro_shard == 0,
           str("train.deterministic needs train.batch (", c.train.batch,
               ") to be a multiple of ddp.micro_shard (", c.parallel.micro_shard, ")"));
-  require(c.parallel.overflow_steps.empty() || c.parallel.precision == "fp16",
+  require(c.parallel.overflow_steps.empty() || c.parallel.precision == parallel::Precision::kFp16,
           str("debug.overflow_steps injects fp16 overflows, got train.precision = ",
-              excerpt(c.parallel.precision),
+              name_of(c.parallel.precision),
               "; set train.precision = fp16 or clear debug.overflow_steps"));
   require(c.serve.max_queue >= c.serve.max_batch,
           str("serve.max_queue must be >= serve.max_batch (", c.serve.max_batch, "), got ",

@@ -14,6 +14,7 @@
 
 #include "tessel/core/error.h"
 #include "tessel/nn/models.h"
+#include "tessel/parallel/composition.h"
 #include "tessel/parallel/layout.h"
 #include "tessel/parallel/parameter_server.h"
 #include "tessel/parallel/pipeline.h"
@@ -159,7 +160,8 @@ std::vector<StageShape> stage_shapes(const Config& config, const parallel::Paral
 bool uses_shared_memory(const parallel::ParallelSpec& spec, const parallel::Layout& l,
                         const PlanOptions& o) {
   return spec.shared_memory && o.hosts == 1 && l.dp > 1 && spec.zero_stage <= 1 &&
-         spec.compress.kind == "none" && l.shard == l.dp && !spec.deterministic;
+         spec.compress.kind == parallel::CompressKind::kNone && l.shard == l.dp &&
+         !spec.deterministic;
 }
 
 // The activation width one rank sends per row across a cut (pipeline boundary, tp collective).
@@ -191,7 +193,8 @@ struct Inputs {
 // "auto" meaning a spare core per rank (engine.cc resolve_overlap).
 bool overlaps(const Inputs& in, const parallel::ParallelSpec& spec) {
   const int ranks_here = in.options.workers / in.options.hosts;
-  return spec.overlap == "on" || (spec.overlap == "auto" && in.cal.cores >= 2 * ranks_here);
+  return spec.overlap == parallel::Overlap::kOn ||
+         (spec.overlap == parallel::Overlap::kAuto && in.cal.cores >= 2 * ranks_here);
 }
 
 // The rows one stage runs per micro-batch and how many micro-batches it holds at once (1F1B:
@@ -212,8 +215,8 @@ Micro micro_of(const Inputs& in, const parallel::ParallelSpec& spec, const paral
 
 MemoryBytes stage_memory(const Inputs& in, const parallel::ParallelSpec& spec,
                          const parallel::Layout& l, const StageShape& st, int stage) {
-  const double g_bytes = spec.precision == "fp32" ? 4.0 : 2.0;
-  const auto terms = engine_state_terms(spec.precision, in.config.optim.kind);
+  const double g_bytes = spec.precision == parallel::Precision::kFp32 ? 4.0 : 2.0;
+  const auto terms = engine_state_terms(name_of(spec.precision), in.config.optim.kind);
   MemoryBytes mem;
   if (l.servers > 0) {
     // a worker holds every value (and the working copy) and gradient; a server its range's
@@ -235,7 +238,7 @@ MemoryBytes stage_memory(const Inputs& in, const parallel::ParallelSpec& spec,
   }
   mem[MemCategory::kParameters] += st.tied_numel * g_bytes;  // a head stage's tied table
   mem[MemCategory::kGradients] += 4 * st.tied_numel;
-  const Calibration::Variant& v = in.cal.variant(spec.precision, spec.recompute);
+  const Calibration::Variant& v = in.cal.variant(name_of(spec.precision), name_of(spec.recompute));
   const Micro mb = micro_of(in, spec, l, stage);
   // What the forwards keep (block_act_bytes, in this variant's proportion) is held for every
   // micro-batch in flight; the rest of the peak (the backward's transients) for one.
@@ -262,7 +265,7 @@ MemoryBytes stage_memory(const Inputs& in, const parallel::ParallelSpec& spec,
 
 StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const parallel::Layout& l,
                     const StageShape& st) {
-  const Calibration::Variant& v = in.cal.variant(spec.precision, spec.recompute);
+  const Calibration::Variant& v = in.cal.variant(name_of(spec.precision), name_of(spec.recompute));
   const Micro mb = micro_of(in, spec, l, 0);
   const double held = l.servers > 0 || spec.zero_stage == 0 ? st.whole : st.piece;
   StepTime t;  // compute as on a core of its own (predict() adds the host's crowding)
@@ -272,7 +275,8 @@ StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const 
   // data parallel: all-reduce (ZeRO 1-2: reduce-scatter, then all-gather the f32 values;
   // ZeRO-3: two gathers of 16-bit units) or a parameter server's pushes and pulls
   const Link link = in.options.hosts > 1 ? in.across : in.here;
-  const double g_bytes = spec.precision == "fp32" ? 4.0 : 2.0, grads = st.whole * g_bytes;
+  const double g_bytes = spec.precision == parallel::Precision::kFp32 ? 4.0 : 2.0,
+               grads = st.whole * g_bytes;
   double dp = 0, other = 0;
   if (l.servers > 0)
     dp = 2 * link.alpha + 2.0 * st.whole * 4 * l.dp / (l.servers * link.beta);
@@ -347,8 +351,8 @@ std::vector<Candidate> enumerate(const Config& config, int workers) {
     c.spec.ps_servers = servers;
     c.spec.zero_stage = zero;
     c.spec.pp_microbatches = m;
-    c.spec.precision = precision;
-    c.spec.recompute = recompute;
+    c.spec.precision = *value_of<parallel::Precision>(precision);
+    c.spec.recompute = *value_of<nn::Recompute>(recompute);
     c.sets = {str("tp.size=", tp),
               str("pp.stages=", pp),
               str("zero.stage=", zero),
@@ -404,6 +408,7 @@ std::vector<Candidate> plan_layouts(const Config& given, const PlanOptions& opti
   for (Candidate& c : enumerate(config, options.workers)) {
     try {
       const parallel::Layout l = parallel::Layout::resolve(c.spec, options.workers);
+      parallel::compose(c.spec, l, false);  // a combination the decision table refuses
       const int64_t replica_rows = config.train.batch / l.dp;
       if (replica_rows < 1 || replica_rows % c.spec.pp_microbatches != 0) continue;
       const auto key = std::make_tuple(l.tp, l.pp, l.shard);

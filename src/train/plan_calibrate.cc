@@ -68,8 +68,8 @@ Measured measure(const Config& base, const data::Splits& data, const std::string
   c.parallel.pp_stages = c.parallel.pp_microbatches = 1;
   c.parallel.zero_stage = 0;
   c.parallel.ps_servers = 0;
-  c.parallel.precision = precision;
-  c.parallel.recompute = recompute;
+  c.parallel.precision = *value_of<parallel::Precision>(precision);
+  c.parallel.recompute = *value_of<nn::Recompute>(recompute);
   c.train.batch = rows;
   c.train.accumulate = 1;
   c.runtime.workers = tp;

@@ -17,8 +17,8 @@ constexpr MemCategory kShown[] = {MemCategory::kParameters, MemCategory::kGradie
 // "z1 bf16 rc=full m=4": the keys beyond the mesh that the layout sets.
 std::string options_str(const parallel::ParallelSpec& s) {
   std::string out = s.ps_servers > 0 ? "" : str("z", s.zero_stage);
-  out += (out.empty() ? "" : " ") + s.precision;
-  if (s.recompute != "none") out += " rc=" + s.recompute;
+  out += str(out.empty() ? "" : " ", name_of(s.precision));
+  if (s.recompute != nn::Recompute::kNone) out += str(" rc=", name_of(s.recompute));
   if (s.pp_stages > 1) out += str(" m=", s.pp_microbatches);
   return out;
 }

@@ -52,8 +52,8 @@ Candidate predict_gpt(const GptShape& g, const ScaleOptions& o, int tp, int pp, 
   c.spec.pp_stages = pp;
   c.spec.zero_stage = zero;
   c.spec.pp_microbatches = m;
-  c.spec.precision = "bf16";
-  c.spec.recompute = recompute;
+  c.spec.precision = parallel::Precision::kBf16;
+  c.spec.recompute = *value_of<nn::Recompute>(recompute);
   c.spec.tp_sequence = tp > 1;
   c.layout = str("dp=", dp, " pp=", pp, " tp=", tp, tp > 1 ? " sp" : "");
   c.sets = {str("tp.size=", tp),

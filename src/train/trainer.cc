@@ -45,7 +45,8 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
   // BLAS thread (set by the launcher), a rank that owns its process uses runtime.threads.
   if (world->backend() == comm::Backend::kMpi || world->size() == 1)
     ops::set_blas_threads(config_.runtime.threads);
-  if (world->rank() == 0 && config_.parallel.precision == "bf16" && !ops::gemm_lowp_native())
+  if (world->rank() == 0 && config_.parallel.precision == parallel::Precision::kBf16 &&
+      !ops::gemm_lowp_native())
     log_info("ops: this CPU has no bf16 arithmetic (ISA level ", ops::isa_name(ops::isa()),
              "): bf16 keeps its storage, buffers and messages, and computes in f32 FMAs");
   // (2 workers on 2 cores ran fashion_mlp 5% faster without a prefetch thread.)
@@ -116,14 +117,12 @@ void Trainer::set_up_loader() {
   lo.seed = config_.seed;
   lo.prefetch = prefetch_;
   // ddp.balance: every rank loads whole batches and computes the micro-shards dealt to it.
-  parallel::check_balance(config_.parallel, engine_->layout());
-  const bool dealt =
-      parallel::balance_mode(config_.parallel.balance) != parallel::BalanceMode::kOff;
+  const bool dealt = config_.parallel.balance != parallel::BalanceMode::kOff;
   lo.slice_rank = dealt ? 0 : engine_->data_rank();
   lo.slice_count = dealt ? 1 : static_cast<int>(workers);
   if (!lockstep_) {  // whole worker batches, claimed by index (batch_at)
     const std::string why =
-        str("with ps.mode = ", config_.parallel.ps_mode,
+        str("with ps.mode = ", name_of(config_.parallel.ps_mode),
             " each worker trains claimed batches of train.batch / workers rows");
     if (config_.train.batch < workers)
       throw InvalidArgument(str("config: train.batch = ", config_.train.batch,
@@ -172,12 +171,12 @@ void Trainer::set_up_shards(int64_t workers, bool dealt) {
   const int64_t shards = config_.train.batch / config_.parallel.micro_shard;
   if (dealt && shards < workers)
     throw InvalidArgument(
-        str("config: ddp.balance = ", config_.parallel.balance,
+        str("config: ddp.balance = ", name_of(config_.parallel.balance),
             " deals each rank one micro-shard at least, but train.batch = ", config_.train.batch,
             " makes ", shards, " of ddp.micro_shard = ", config_.parallel.micro_shard, " rows for ",
             workers, " data-parallel ranks; lower ddp.micro_shard"));
   if (dealt)
-    deal_ = std::make_unique<parallel::ShardDeal>(parallel::balance_mode(config_.parallel.balance),
+    deal_ = std::make_unique<parallel::ShardDeal>(config_.parallel.balance,
                                                   static_cast<int>(workers), shards);
   else if (shards % workers != 0)
     throw InvalidArgument(

@@ -104,7 +104,6 @@ TEST(ShardDeal, LayoutsWithoutDealableShardsAreRefusedNamingTheKey) {
   refused({"zero.stage=3"}, 2, "zero.stage = 3");
   refused({"pp.stages=2"}, 2, "pp.stages");
   refused({"ddp.micro_shard=40"}, 4, "lower ddp.micro_shard");  // 3 shards for 4 ranks
-  EXPECT_THROW(balance_mode("fast"), InvalidArgument);
 }
 
 // debug.slow_factor = 4 on rank 1: the deal moves shards to the others, and the bits stay one

@@ -12,6 +12,7 @@
 
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
+#include "tessel/parallel/composition.h"
 
 namespace tessel::parallel {
 namespace {
@@ -87,7 +88,7 @@ TEST(FaultInjection, SlowBlocksStretchEachBlockByTheFactorOnItsRankOnly) {
 
 TEST(FaultInjection, OverflowLossIsInfAtTheListedStepsOnItsRankOnly) {
   ParallelSpec spec;
-  spec.precision = "fp16";
+  spec.precision = Precision::kFp16;
   spec.overflow_steps = {3, 5};
   spec.overflow_rank = 1;
   EchoLoss inner;
@@ -102,7 +103,7 @@ TEST(FaultInjection, OverflowLossIsInfAtTheListedStepsOnItsRankOnly) {
     else
       EXPECT_EQ(g, 0.5f) << step;
   }
-  spec.precision = "bf16";
+  spec.precision = Precision::kBf16;
   EXPECT_EQ(overflow_loss(spec, 1, inner, step), nullptr);
 }
 
@@ -112,7 +113,7 @@ TEST(FaultInjection, SlowRankOutsideTheTrainingRanksIsRefused) {
   Layout plain;
   plain.world = plain.dp = 3;
   try {
-    check_debug(spec, plain);
+    compose(spec, plain, false);
     ADD_FAILURE() << "debug.slow_rank = 3 of 3 ranks passed";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("debug.slow_rank"), std::string::npos) << e.what();
@@ -122,9 +123,9 @@ TEST(FaultInjection, SlowRankOutsideTheTrainingRanksIsRefused) {
   ps.servers = 1;
   ps.dp = 3;
   spec.slow_rank = 3;  // the server
-  EXPECT_THROW(check_debug(spec, ps), InvalidArgument);
+  EXPECT_THROW(compose(spec, ps, false), InvalidArgument);
   spec.slow_rank = 2;
-  EXPECT_NO_THROW(check_debug(spec, ps));
+  EXPECT_NO_THROW(compose(spec, ps, false));
 }
 
 }  // namespace

@@ -58,7 +58,7 @@ void expect_tracks_fp32(const train::Config& base, const std::vector<std::string
   for (const char* precision : {"bf16", "fp16"})
     for (const std::string& layout : layouts) {
       train::Config cfg = base;
-      cfg.parallel.precision = precision;
+      cfg.parallel.precision = *value_of<parallel::Precision>(precision);
       const int workers = layout == "one" ? 1 : 3;
       if (layout == "zero2") cfg.parallel.zero_stage = 2;
       if (layout == "zero3") cfg.parallel.zero_stage = 3;
@@ -92,7 +92,7 @@ TEST(MixedPrecision, Bf16WithParameterServersTracksFp32) {
   const data::Splits data = data::make_datasets(base.data);
   const auto ref = train_on(base, 3, {}, &data);
   train::Config cfg = base;
-  cfg.parallel.precision = "bf16";
+  cfg.parallel.precision = parallel::Precision::kBf16;
   const auto run = train_on(cfg, 3, {}, &data);
   const double diff = max_rel_diff(ref.params, run.params);
   std::printf("mlp bf16 ps: parameters %.4f, test loss %.4f of fp32's\n", diff,
@@ -154,7 +154,7 @@ TEST(Recompute, SameBitsAsNoneWithLessActivationMemory) {
     const auto none = train_on(base, 1, {}, &data);
     for (const char* mode : {"full", "selective"}) {
       train::Config cfg = base;
-      cfg.parallel.recompute = mode;
+      cfg.parallel.recompute = *value_of<nn::Recompute>(mode);
       const auto run = train_on(cfg, 1, {}, &data);
       EXPECT_EQ(run.summary["params_sha256"], none.summary["params_sha256"])
           << precision << " " << mode;
@@ -175,7 +175,7 @@ TEST(Recompute, SameResultsUnderZeroThreePipelinesAndTensorParallelism) {
     train::Config cfg = gpt(keys);
     const auto none = train_on(cfg, 2, {}, &data);
     for (const char* mode : {"full", "selective"}) {
-      cfg.parallel.recompute = mode;
+      cfg.parallel.recompute = *value_of<nn::Recompute>(mode);
       const auto run = train_on(cfg, 2, {}, &data);
       EXPECT_EQ(run.params, none.params) << layout.back() << " " << mode;
     }

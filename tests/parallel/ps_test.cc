@@ -107,7 +107,7 @@ TEST(ParameterServer, ResumedSyncRunEqualsUninterrupted) {
   EXPECT_EQ(resumed.params, whole.params);  // servers restored parameters and AdamW state
   // A sync checkpoint continues in another mode.
   train::Config async = cfg;
-  async.parallel.ps_mode = "async";
+  async.parallel.ps_mode = parallel::PsMode::kAsync;
   train_on(cfg, 4, "switched", first);
   second.resume = run_dir("switched");
   Result switched = train_on(async, 4, "switched", second);
@@ -162,7 +162,7 @@ struct Claimed {
 Claimed claim_ranges(const std::string& mode, int64_t staleness) {
   parallel::ParallelSpec spec;
   spec.ps_servers = 1;
-  spec.ps_mode = mode;
+  spec.ps_mode = *value_of<parallel::PsMode>(mode);
   spec.ps_staleness = staleness;
   spec.slow_rank = 1;
   spec.delay_ms = 10;  // 30x the others' work: a loaded machine cannot hide the gap
@@ -262,7 +262,7 @@ TEST(ParameterServer, ResumedAsyncRunTrainsTheRestOfTheBudget) {
   EXPECT_EQ(rest.summary["ranks"]["ps_servers"][0]["pushes"], 33);  // 20 x 3 batches in all
   // The async checkpoint (worker batch 27 = row 216 = batch 9 of 24 rows) continues in sync.
   train::Config sync = cfg;
-  sync.parallel.ps_mode = "sync";
+  sync.parallel.ps_mode = parallel::PsMode::kSync;
   train_on(cfg, 4, "async_to_sync", first);
   second.resume = run_dir("async_to_sync");
   Result synced = train_on(sync, 4, "async_to_sync", second);

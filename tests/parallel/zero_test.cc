@@ -283,9 +283,9 @@ TEST(Zero, ShardSizeThatCannotRunFailsNamingTheKeys) {
     parallel::ParallelSpec spec;
     spec.zero_stage = stage;
     spec.zero_shard_size = k;
-    spec.compress.kind = kind;
+    spec.compress.kind = *value_of<parallel::CompressKind>(kind);
     try {
-      parallel::Layout::resolve(spec, world);
+      parallel::compose(spec, parallel::Layout::resolve(spec, world), false);
     } catch (const InvalidArgument& e) {
       return std::string(e.what());
     }

@@ -141,7 +141,8 @@ TEST(Plan, OffersOnlyWhatTrainStartsAndPredictsItsState) {
     std::set<std::string> seen;
     int checked = 0;
     for (const Candidate& c : plan_layouts(base, o, cal)) {
-      if (c.spec.recompute != "none" || !seen.insert(c.layout + c.sets[2] + c.sets[4]).second)
+      if (c.spec.recompute != nn::Recompute::kNone ||
+          !seen.insert(c.layout + c.sets[2] + c.sets[4]).second)
         continue;  // recompute moves no state; one micro-batch count per mesh
       Config cfg = tiny_gpt(c.sets);
       cfg.runtime.workers = workers;

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "tessel/nn/module.h"
+#include "tessel/nn/recompute.h"
 
 namespace tessel::nn {
 
@@ -46,15 +47,6 @@ struct Run {
 // When a block hook runs, relative to the block's forward or backward.
 enum class Phase : uint8_t { kBeforeForward, kAfterForward, kBeforeBackward, kAfterBackward };
 using BlockHook = std::function<void(Phase, size_t block)>;
-
-// train.recompute: what a training forward keeps for the backward (docs/recompute.md).
-enum class Recompute : uint8_t {
-  kNone,       // every block's cache
-  kFull,       // each block's input only; the backward reruns the block's forward first
-  kSelective,  // the caches less what is large and cheap to recompute (Context::selective)
-};
-// "none" | "full" | "selective"; throws InvalidArgument naming the valid ones.
-Recompute recompute_mode(const std::string& name);
 
 // One cache per block of a model, what a forward of blocks [begin, end) keeps for the backward.
 // With recompute (set by the owner before the first forward) the backward's outputs of every

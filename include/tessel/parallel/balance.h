@@ -24,16 +24,6 @@
 
 namespace tessel::parallel {
 
-enum class BalanceMode { kOff, kStatic, kDynamic };
-
-// ddp.balance's mode; throws InvalidArgument naming the key for another name.
-BalanceMode balance_mode(const std::string& name);
-// Throws InvalidArgument naming ddp.balance when spec's balance cannot run on layout (it deals
-// micro-shards of a plain data-parallel layout: train.deterministic, no pipeline, tensor
-// parallelism, parameter server or zero.stage = 3, whose per-piece collectives need the same
-// number of pieces on every rank).
-void check_balance(const ParallelSpec& spec, const Layout& layout);
-
 // The median of values (not empty).
 double median(std::vector<double> values);
 

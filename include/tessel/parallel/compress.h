@@ -7,23 +7,21 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
+
+#include "tessel/core/names.h"
 
 namespace tessel::parallel {
 
 enum class CompressKind : uint8_t { kNone, kFp16, kBf16, kInt8, kTopk, kPowerSgd };
 
 struct CompressSpec {
-  std::string kind = "none";   // none | fp16 | bf16 | int8 | topk | powersgd
+  CompressKind kind = CompressKind::kNone;
   double ratio = 0.01;         // topk: the share of each bucket's elements sent, in (0, 0.5]
   int64_t rank = 4;            // powersgd: the rank of each matrix's approximation, >= 1
   int64_t start_step = 0;      // steps sent uncompressed (f32) before compression starts
   bool error_feedback = true;  // topk, powersgd: add what was not sent to the next step's gradient
 };
 
-// The kind named by spec.kind; throws InvalidArgument listing the kinds (with the nearest one).
-CompressKind compress_kind(const std::string& name);
-const char* compress_kind_name(CompressKind kind);
 // Throws InvalidArgument for an out-of-range key ("config: compress.ratio must be ...").
 void validate_compress(const CompressSpec& spec);
 
@@ -31,3 +29,10 @@ void validate_compress(const CompressSpec& spec);
 constexpr int64_t kInt8Chunk = 256;
 
 }  // namespace tessel::parallel
+
+namespace tessel {
+template <>
+struct Names<parallel::CompressKind> {
+  static constexpr const char* values[] = {"none", "fp16", "bf16", "int8", "topk", "powersgd"};
+};
+}  // namespace tessel

@@ -36,6 +36,7 @@
 #include "tessel/nn/models.h"
 #include "tessel/optim/loss_scaler.h"
 #include "tessel/optim/optimizer.h"
+#include "tessel/parallel/composition.h"
 #include "tessel/parallel/executor.h"
 #include "tessel/parallel/layout.h"
 #include "tessel/parallel/param_store.h"
@@ -157,8 +158,8 @@ class Engine {
   // rank 0's `dir`. Returns every shard on rank 0 (nothing elsewhere) and the optimizer's
   // step count.
   std::vector<ckpt::ShardFile> write_shards(const std::string& dir, int64_t* optimizer_steps);
-  // Which parts this rank runs, for summaries and logs: executor, grad_sync, store, overlap,
-  // prefetch.
+  // Which parts this rank runs, for summaries and logs: the decision table's choice
+  // (composition.h: executor, grad_sync, store, compress, overlap, prefetch, ...) as built.
   const nlohmann::json& parts() const { return parts_; }
 
  private:
@@ -180,7 +181,9 @@ class Engine {
 
   ParallelSpec spec_;
   Mesh mesh_;
-  DType type_ = DType::kF32;              // train.precision
+  bool overlap_ = false;      // bucket collectives on a progress thread (ddp.overlap resolved)
+  Parts composed_;            // what the decision table chose (composition.h)
+  DType type_ = DType::kF32;  // train.precision
   std::unique_ptr<WorkingCopy> working_;  // 16-bit values the blocks read (not ZeRO-3)
   std::unique_ptr<TpGroup> tp_;
   std::pair<std::unique_ptr<nn::Model>, std::unique_ptr<nn::Loss>> built_;

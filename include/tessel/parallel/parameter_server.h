@@ -41,7 +41,7 @@ std::vector<nn::Range> server_shards(const nn::Model& model, int servers);
 
 class ParameterServer final : public ParamStore, public BatchClaims {
  public:
-  enum class Mode { kSync, kAsync, kSsp };
+  using Mode = PsMode;
 
   // Throws InvalidArgument for a mode or staleness that cannot work. A worker materializes the
   // whole model (values initialised from seed; held() is the whole arena, it owns and updates

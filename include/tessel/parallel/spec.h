@@ -7,10 +7,19 @@
 #include <string>
 #include <vector>
 
+#include "tessel/core/names.h"
+#include "tessel/nn/recompute.h"
 #include "tessel/parallel/compress.h"
 #include "tessel/tensor/dtype.h"
 
 namespace tessel::parallel {
+
+// The values of the spec's choice keys, read from their names once (core/names.h).
+enum class Precision : uint8_t { kFp32, kBf16, kFp16 };        // train.precision
+enum class Overlap : uint8_t { kAuto, kOn, kOff };             // ddp.overlap
+enum class BalanceMode : uint8_t { kOff, kStatic, kDynamic };  // ddp.balance
+enum class PsMode : uint8_t { kSync, kAsync, kSsp };           // ps.mode
+enum class StaleLr : uint8_t { kNone, kInverse };              // ps.stale_lr
 
 struct ParallelSpec {
   // ddp.*
@@ -18,7 +27,7 @@ struct ParallelSpec {
   // "on" runs bucket collectives (and ZeRO-3 prefetches) on a progress thread while the
   // backward pass computes; "off" runs them on the compute thread; "auto": on only when the
   // machine has a spare core per rank for the progress threads.
-  std::string overlap = "auto";
+  Overlap overlap = Overlap::kAuto;
   int64_t check_every = 200;  // steps between cross-rank parameter checks (0 = off)
   // Ranks of one host read each other's gradients from shared memory (no messages); ZeRO-1
   // also keeps one parameter copy there. false: all-reduce or reduce-scatter + all-gather
@@ -27,13 +36,13 @@ struct ParallelSpec {
   bool deterministic = false;  // train.deterministic: bit-identical results for any worker count
   int64_t micro_shard = 8;     // rows per fixed micro-shard in deterministic mode
   // off | static | dynamic: deal the micro-shards by the ranks' measured speeds (balance.h)
-  std::string balance = "off";
+  BalanceMode balance = BalanceMode::kOff;
   // train.precision: fp32 | bf16 | fp16, the type of activations, activation gradients, the
   // parameters the blocks read and the gradient messages (docs/mixed_precision.md).
-  std::string precision = "fp32";
+  Precision precision = Precision::kFp32;
   // train.recompute: none | full | selective, which activations a forward keeps for the
   // backward and which the backward recomputes (docs/recompute.md).
-  std::string recompute = "none";
+  nn::Recompute recompute = nn::Recompute::kNone;
 
   // compress.* (gradient compression of data-parallel buckets and parameter-server pushes)
   CompressSpec compress;
@@ -61,10 +70,10 @@ struct ParallelSpec {
   std::vector<int64_t> pp_cuts;  // explicit first block of stages 1..P-1 (overrides partition)
 
   // ps.* (parameter server)
-  int64_t ps_servers = 0;               // server ranks (0: no parameter server)
-  std::string ps_mode = "sync";         // sync | async | ssp
-  int64_t ps_staleness = 2;             // ssp: a claim waits for the slowest within this many steps
-  std::string ps_stale_lr = "inverse";  // none | inverse: scale an update by 1 / (1 + staleness)
+  int64_t ps_servers = 0;          // server ranks (0: no parameter server)
+  PsMode ps_mode = PsMode::kSync;  // sync | async | ssp
+  int64_t ps_staleness = 2;        // ssp: a claim waits for the slowest within this many steps
+  StaleLr ps_stale_lr = StaleLr::kInverse;  // none | inverse: scale an update by 1/(1 + staleness)
 
   // debug.*
   int64_t slow_rank = -1;  // this rank sleeps debug.delay_ms in every step (-1: none)
@@ -75,7 +84,30 @@ struct ParallelSpec {
   int64_t overflow_rank = 0;
 };
 
-// The tensor type of spec.precision; throws InvalidArgument naming the valid ones.
+// The tensor type of spec.precision.
 DType precision_type(const ParallelSpec& spec);
 
 }  // namespace tessel::parallel
+
+namespace tessel {
+template <>
+struct Names<parallel::Precision> {
+  static constexpr const char* values[] = {"fp32", "bf16", "fp16"};
+};
+template <>
+struct Names<parallel::Overlap> {
+  static constexpr const char* values[] = {"auto", "on", "off"};
+};
+template <>
+struct Names<parallel::BalanceMode> {
+  static constexpr const char* values[] = {"off", "static", "dynamic"};
+};
+template <>
+struct Names<parallel::PsMode> {
+  static constexpr const char* values[] = {"sync", "async", "ssp"};
+};
+template <>
+struct Names<parallel::StaleLr> {
+  static constexpr const char* values[] = {"none", "inverse"};
+};
+}  // namespace tessel

@@ -29,7 +29,7 @@ PushCodec::PushCodec(CompressKind kind, int64_t n, const CompressSpec& spec) : k
       if (spec.error_feedback) residual_.assign(static_cast<size_t>(n), 0.0f);
       break;
     default:
-      throw InvalidArgument(str("config: compress.kind = ", compress_kind_name(kind),
+      throw InvalidArgument(str("config: compress.kind = ", name_of(kind),
                                 " does not apply to parameter-server pushes (it needs all-reduces "
                                 "among the workers); use fp16, bf16, int8 or topk"));
   }

@@ -1,0 +1,344 @@
+#include "tessel/parallel/composition.h"
+
+#include <functional>
+
+#include "tessel/core/error.h"
+
+namespace tessel::parallel {
+
+namespace {
+
+// What the rules read: the spec, its layout, the device and the values parsed once.
+struct In {
+  const ParallelSpec& s;
+  const Layout& l;
+  Device device;
+  CompressKind kind;
+  DType type;
+};
+
+// A refused combination: when it applies, and the message (after "config: ") naming the keys
+// and what to change.
+struct Rule {
+  const char* when;
+  std::function<bool(const In&)> applies;
+  std::function<std::string(const In&)> why;
+};
+
+bool compressing(const In& in) { return in.kind != CompressKind::kNone; }
+
+std::string compress_refusal(const In& in, const std::string& why) {
+  return str("compress.kind = ", name_of(in.kind), " ", why,
+             "; set compress.kind = none or change that (docs/compression.md)");
+}
+
+std::string shard_refusal(const In& in, const std::string& why) {
+  return str("zero.shard_size = ", in.s.zero_shard_size, " ", why,
+             "; set zero.shard_size = 0 to shard over the whole dp group (docs/zero.md)");
+}
+
+std::string balance_refusal(const In& in, const std::string& why) {
+  return str("ddp.balance = ", name_of(in.s.balance), " ", why,
+             "; set ddp.balance = off or change that (docs/data_parallel.md)");
+}
+
+// The table's refusals, in the order they are asked (the first that applies is the message).
+const std::vector<Rule>& rules() {
+  static const std::vector<Rule> table = {
+      {"device = cuda", [](const In& in) { return in.device == Device::kCuda; },
+       [](const In&) {
+         return std::string(
+             "the cuda device is not built yet (TESSEL_WITH_CUDA); run on the cpu "
+             "(docs/gpu.md)");
+       }},
+      {"ps.servers > 0 and pp.stages > 1",
+       [](const In& in) { return in.l.servers > 0 && in.l.pp > 1; },
+       [](const In& in) {
+         return str("ps.servers = ", in.l.servers, " and pp.stages = ", in.l.pp,
+                    " cannot be combined; use one of them");
+       }},
+      {"ps.servers > 0 and zero.stage > 0",
+       [](const In& in) { return in.l.servers > 0 && in.s.zero_stage > 0; },
+       [](const In& in) {
+         return str("zero.stage = ", in.s.zero_stage, " with ps.servers = ", in.l.servers,
+                    ": the parameter servers already hold the parameters and optimizer state "
+                    "in shards; set zero.stage = 0");
+       }},
+      {"ps.servers > 0 and tp.size > 1",
+       [](const In& in) { return in.l.servers > 0 && in.l.tp > 1; },
+       [](const In& in) {
+         return str("ps.servers = ", in.l.servers, " and tp.size = ", in.l.tp,
+                    " cannot be combined; use one of them");
+       }},
+      {"ps.servers > 0 and train.deterministic",
+       [](const In& in) { return in.l.servers > 0 && in.s.deterministic; },
+       [](const In&) {
+         return std::string(
+             "train.deterministic cannot be combined with ps.servers > 0 (the servers sum "
+             "whole pushes); turn one of them off");
+       }},
+      {"ps.servers > 0 and train.precision = fp16",
+       [](const In& in) { return in.l.servers > 0 && in.type == DType::kF16; },
+       [](const In& in) {
+         return str("train.precision = fp16 does not run with a parameter server (ps.servers = ",
+                    in.l.servers,
+                    "): its loss scaling skips overflowing steps, which the servers do not see; "
+                    "use train.precision = bf16 or fp32");
+       }},
+      {"zero.shard_size > 0 and zero.stage = 0",
+       [](const In& in) { return in.s.zero_shard_size > 0 && in.s.zero_stage == 0; },
+       [](const In& in) {
+         return shard_refusal(in,
+                              "shards ZeRO's state within groups of ranks, but zero.stage = 0 "
+                              "shards nothing; set zero.stage = 1, 2 or 3");
+       }},
+      {"zero.shard_size > 0 and compress.kind != none",
+       [](const In& in) { return in.s.zero_shard_size > 0 && compressing(in); },
+       [](const In& in) {
+         return shard_refusal(in, str("does not run with compress.kind = ", name_of(in.kind),
+                                      " (its exchanges and byte formulas cover one group); set "
+                                      "compress.kind = none"));
+       }},
+      {"tp.size > 1 and train.precision = bf16 or fp16",
+       [](const In& in) { return in.l.tp > 1 && in.type != DType::kF32; },
+       [](const In& in) {
+         return str("train.precision = ", name_of(in.s.precision),
+                    " does not run with tensor parallelism yet (tp.size = ", in.l.tp,
+                    "); use train.precision = fp32");
+       }},
+      {"compress.kind != none and train.deterministic",
+       [](const In& in) { return compressing(in) && in.s.deterministic; },
+       [](const In& in) {
+         return compress_refusal(
+             in,
+             "does not run with train.deterministic (its exact integer sum is the point of it)");
+       }},
+      {"compress.kind = powersgd and ps.servers > 0",
+       [](const In& in) { return in.kind == CompressKind::kPowerSgd && in.l.servers > 0; },
+       [](const In& in) {
+         return compress_refusal(in,
+                                 "does not apply to parameter-server pushes (it needs all-reduces "
+                                 "among the workers); use fp16, bf16, int8 or topk");
+       }},
+      {"compress.kind != none and zero.stage = 3",
+       [](const In& in) { return compressing(in) && in.s.zero_stage == 3; },
+       [](const In& in) {
+         return compress_refusal(
+             in,
+             "runs with zero.stage 0-2, got zero.stage = 3 (its parameter gathers share the dp "
+             "group with the gradient exchanges); use zero.stage = 2, which shards gradients and "
+             "optimizer state");
+       }},
+      {"compress.kind = powersgd, or topk with compress.error_feedback, and train.precision = fp16",
+       [](const In& in) {
+         const bool state = in.kind == CompressKind::kPowerSgd ||
+                            (in.kind == CompressKind::kTopk && in.s.compress.error_feedback);
+         return state && in.type == DType::kF16;
+       },
+       [](const In& in) {
+         return compress_refusal(
+             in,
+             "keeps state (residuals, Q) that a step skipped for an fp16 overflow would fill "
+             "with inf; with train.precision = fp16 use fp16, bf16, int8 or topk with "
+             "compress.error_feedback = false, or train.precision = bf16");
+       }},
+      {"debug.slow_rank is a parameter server",
+       [](const In& in) { return in.l.servers > 0 && in.s.slow_rank >= in.l.workers(); },
+       [](const In& in) {
+         return str("debug.slow_rank = ", in.s.slow_rank,
+                    " is not a worker rank; workers are ranks 0..", in.l.workers() - 1,
+                    " (the last ", in.l.servers, " ranks are servers)");
+       }},
+      {"debug.slow_rank >= the world size",
+       [](const In& in) { return in.s.slow_rank >= in.l.world; },
+       [](const In& in) {
+         return str("debug.slow_rank must be a rank of the ", in.l.world,
+                    "-rank world or -1 (none), got ", in.s.slow_rank);
+       }},
+      {"ddp.balance != off without train.deterministic",
+       [](const In& in) { return in.s.balance != BalanceMode::kOff && !in.s.deterministic; },
+       [](const In& in) {
+         return balance_refusal(
+             in, "deals the micro-shards of train.deterministic, which is false; set it to true");
+       }},
+      {"ddp.balance != off and ps.servers > 0",
+       [](const In& in) { return in.s.balance != BalanceMode::kOff && in.l.servers > 0; },
+       [](const In& in) {
+         return balance_refusal(
+             in, "runs without parameter servers (ps.servers > 0 trains whole worker batches)");
+       }},
+      {"ddp.balance != off and pp.stages > 1 or tp.size > 1",
+       [](const In& in) {
+         return in.s.balance != BalanceMode::kOff && (in.l.pp > 1 || in.l.tp > 1);
+       },
+       [](const In& in) {
+         return balance_refusal(in, str("runs on plain data parallelism, got layout ", in.l.str(),
+                                        " (pp.stages and tp.size must be 1)"));
+       }},
+      {"ddp.balance != off and zero.stage = 3",
+       [](const In& in) { return in.s.balance != BalanceMode::kOff && in.s.zero_stage == 3; },
+       [](const In& in) {
+         return balance_refusal(
+             in,
+             "runs with zero.stage 0-2, got zero.stage = 3 (its parameter gathers around every "
+             "piece need the same number of micro-shards on every rank); use zero.stage = 2");
+       }},
+      {"train.deterministic and pp.stages > 1 with pp.microbatches > 1",
+       [](const In& in) { return in.s.deterministic && in.l.pp > 1 && in.s.pp_microbatches > 1; },
+       [](const In& in) {
+         return str(
+             "train.deterministic runs each ddp.micro_shard micro-shard through the pipeline as "
+             "one micro-batch, got pp.microbatches = ",
+             in.s.pp_microbatches, "; set pp.microbatches = 1 or train.deterministic = false");
+       }},
+  };
+  return table;
+}
+
+// The parts of a combination no rule refuses.
+Parts choose(const In& in, bool overlap) {
+  Parts p;
+  const ParallelSpec& s = in.s;
+  p.executor = in.l.pp > 1 ? "pipeline" : "local";
+  p.tp = in.l.tp == 1 ? "none" : s.tp_sequence ? "sequence_parallel" : "tensor_parallel";
+  p.codec = name_of(in.kind);
+  p.scaler = in.type == DType::kF16;
+  if (in.l.servers > 0) {
+    p.grad_sync = "local";  // a worker's own gradient; the servers sum the pushes
+    p.store = "parameter_server";
+    p.working_copy = in.type != DType::kF32;
+    return p;
+  }
+  const int stage = s.zero_stage;
+  const bool grouped = in.l.shard < in.l.dp;
+  p.grad_sync = s.deterministic ? "exact"
+                : stage == 0    ? "allreduce"
+                : stage == 1    ? "reduce_scatter"
+                                : "reduce_scatter_shard";
+  p.store = stage == 3 ? "sharded" : "replicated";
+  p.shared_memory = s.shared_memory && in.l.dp > 1 && !compressing(in) && !s.deterministic &&
+                    ((stage == 1 && !grouped) || (stage == 0 && !overlap));
+  p.working_copy = in.type != DType::kF32 && stage != 3;
+  p.prefetch = stage == 3 && s.zero_prefetch && overlap;
+  return p;
+}
+
+}  // namespace
+
+nlohmann::json Parts::json(const ParallelSpec& spec, bool overlap) const {
+  nlohmann::json j = {{"precision", name_of(spec.precision)},
+                      {"recompute", name_of(spec.recompute)},
+                      {"executor", executor},
+                      {"grad_sync", grad_sync},
+                      {"store", store},
+                      {"overlap", overlap},
+                      {"prefetch", prefetch}};
+  if (tp != "none") j["tp"] = tp;
+  if (codec != "none") j["compress"] = codec;
+  return j;
+}
+
+Parts compose(const ParallelSpec& spec, const Layout& layout, bool overlap, Device device) {
+  validate_compress(spec.compress);
+  if (spec.zero_stage < 0 || spec.zero_stage > 3)
+    throw InvalidArgument(str("config: zero.stage must be 0, 1, 2 or 3, got ", spec.zero_stage));
+  const In in{spec, layout, device, spec.compress.kind, precision_type(spec)};
+  for (const Rule& r : rules())
+    if (r.applies(in)) throw InvalidArgument("config: " + r.why(in));
+  return choose(in, overlap);
+}
+
+std::vector<Combination> composition_grid(const ParallelSpec& base) {
+  struct Shape {
+    const char* name;
+    int world, pp, tp, servers, shard;
+  };
+  static const Shape shapes[] = {{"1 rank", 1, 1, 1, 0, 0},       {"dp=2", 2, 1, 1, 0, 0},
+                                 {"dp=4 shard=2", 4, 1, 1, 0, 2}, {"pp=2", 2, 2, 1, 0, 0},
+                                 {"dp=2 pp=2", 4, 2, 1, 0, 0},    {"tp=2", 2, 1, 2, 0, 0},
+                                 {"dp=2 tp=2", 4, 1, 2, 0, 0},    {"ps 1 x 2", 3, 1, 1, 1, 0}};
+  std::vector<Combination> out;
+  for (const Shape& sh : shapes)
+    for (int stage = 0; stage <= 3; ++stage)
+      for (const char* precision : Names<Precision>::values)
+        for (const char* kind : Names<CompressKind>::values) {
+          Combination c{sh.name, sh.world, base};
+          c.spec.pp_stages = sh.pp;
+          c.spec.tp_size = sh.tp;
+          c.spec.ps_servers = sh.servers;
+          c.spec.zero_shard_size = sh.shard;
+          c.spec.zero_stage = stage;
+          c.spec.precision = *value_of<Precision>(precision);
+          c.spec.compress.kind = *value_of<CompressKind>(kind);
+          out.push_back(std::move(c));
+        }
+  return out;
+}
+
+std::string refusal(const Combination& c, Parts* parts) {
+  try {
+    *parts = compose(c.spec, Layout::resolve(c.spec, c.world), false);
+    return "";
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+}
+
+namespace {
+
+std::string parts_cell(const Parts& p) {
+  std::string s = p.executor;
+  if (p.tp != "none") s += " + " + p.tp;
+  s += ", " + (p.shared_memory ? "shared_memory else " + p.grad_sync : p.grad_sync);
+  s += ", " + p.store;
+  if (p.working_copy) s += ", working copy";
+  if (p.scaler) s += ", loss scaler";
+  return s;
+}
+
+}  // namespace
+
+std::string composition_markdown() {
+  std::string out =
+      "# Composition: what runs with what\n\n"
+      "<!-- Generated by `tessel config --composition` from src/parallel/composition.cc; a test "
+      "checks it. Do not edit by hand. -->\n\n"
+      "The Engine asks one decision table which parts to build for a run (`tessel config` prints "
+      "them under `engine`), or why the combination is refused. Below: every combination of a "
+      "representative layout, `zero.stage` and `train.precision` with `ddp.overlap = off` and "
+      "the other keys at their defaults, the parts it builds with `compress.kind = none` "
+      "(executor, gradient sync, parameter store, extras) and the `compress.kind` values that "
+      "run with it. `train.recompute` (none, full, selective) runs with every combination: the "
+      "executor keeps or recomputes the activations. The only device built is the cpu.\n\n"
+      "| layout | zero.stage | train.precision | parts | compress.kind |\n"
+      "|---|---|---|---|---|\n";
+  const ParallelSpec defaults;
+  const std::vector<Combination> grid = composition_grid(defaults);
+  for (size_t i = 0; i < grid.size(); i += 6) {  // the six compress kinds of one row
+    Parts none;
+    const std::string refused = refusal(grid[i], &none);
+    std::string kinds;
+    for (size_t k = i + 1; k < i + 6; ++k) {
+      Parts p;
+      if (refusal(grid[k], &p).empty())
+        kinds += str(kinds.empty() ? "" : ", ", name_of(grid[k].spec.compress.kind));
+    }
+    const Combination& c = grid[i];
+    out += str("| ", c.layout, " | ", c.spec.zero_stage, " | ", name_of(c.spec.precision), " | ",
+               refused.empty() ? parts_cell(none) : "refused: " + refused, " | ",
+               refused.empty() ? (kinds.empty() ? "none only" : "none, " + kinds) : "-", " |\n");
+  }
+  out +=
+      "\n## Refusals\n\nEvery rule of the table, in the order it is asked (the first that "
+      "applies gives the message):\n\n";
+  for (const Rule& r : rules()) out += str("- ", r.when, "\n");
+  ParallelSpec cpu;
+  try {
+    compose(cpu, Layout::resolve(cpu, 1), false, Device::kCuda);
+  } catch (const InvalidArgument& e) {
+    out += str("\nOn a cuda device: `", e.what(), "`\n");
+  }
+  return out;
+}
+
+}  // namespace tessel::parallel

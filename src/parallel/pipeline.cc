@@ -445,7 +445,10 @@ void PipelineExecutor::backward_task(const Task& t, const Piece& piece, const Ho
   backward_s_ += task_end_ - t0;
   if (!split_) send_tied_grad(c);
   if (c > 0) send(*bwd_[c - 1], g);
-  if (split_) return;
+  if (split_) {  // the blocks keep what their W reads: the loss gradient can go
+    fl.dlogits = Tensor();
+    return;
+  }
   free_[c].push_back(fl.acts);
   inflight_.erase(it);
 }

@@ -1,15 +1,19 @@
 // Pipeline bubble benchmark: stages of fixed simulated compute (tests/parallel/pipeline_testing.h:
-// forward sleeps F ms, backward 2F ms per stage), ranks as threads. For P = 2, 4 and m = 1, 4, 8
-// under gpipe, 1f1b and interleaved (v = 2 chunks per stage of F / 2 each, so every stage
-// computes as much as under the others) it prints the measured bubble fraction (mean over stages
-// of idle / schedule time) beside the model (parallel::bubble_model: (P-1)/(m+P-1), interleaved
-// (P-1)/(v m+P-1)), and the peak activation memory per stage; with --trace it draws the measured
-// timeline of the last step for P = 4, m = 8 (docs/pipeline.md).
+// forward sleeps F ms, backward 2F ms per stage, under zb-h1 split into B and W of F ms each),
+// ranks as threads. For P = 2, 4 and m = 1, 4, 8 under gpipe, 1f1b, interleaved (v = 2 chunks per
+// stage of F / 2 each, so every stage computes as much as under the others) and zb-h1 it prints
+// the measured bubble fraction (mean over stages of idle / schedule time) beside the model
+// (parallel::bubble_model: (P-1)/(m+P-1), interleaved (P-1)/(v m+P-1), zb-h1 (P-1)/(3m+P-1)),
+// the peak activation memory and micro-batches in flight per stage, and zb-h1's bubble over
+// 1f1b's; with --trace it draws the measured timeline of the last step for P = 4, m = 8
+// (docs/pipeline.md).
 //
 // Usage: pipeline_bubble [--forward-ms F] [--steps N] [--trace]
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -26,13 +30,14 @@ namespace {
 
 struct Result {
   double measured = 0;
-  std::vector<double> peak_bytes;
+  std::vector<double> peak_bytes, peak_inflight;
   std::vector<std::vector<parallel::TraceEvent>> trace;  // by stage
 };
 
 Result measure(int P, int m, int v, const std::string& schedule, double forward_ms, int steps) {
   Result res;
   res.peak_bytes.resize(P);
+  res.peak_inflight.resize(P);
   res.trace.resize(P);
   comm::run_threads(P, [&](comm::Communicator& c) {
     auto model = testing::sleep_model(P * v, forward_ms / v);
@@ -55,8 +60,9 @@ Result measure(int P, int m, int v, const std::string& schedule, double forward_
     const std::vector<parallel::RankStats> stats = engine.take_stats(0);
     const auto& pipe = dynamic_cast<const parallel::PipelineExecutor&>(engine.executor());
     res.trace[pipe.stage()] = pipe.trace();
-    res.peak_bytes[pipe.stage()] = stats[static_cast<size_t>(c.rank())]
-                                       .mem_peak[static_cast<size_t>(MemCategory::kActivations)];
+    const parallel::RankStats& mine = stats[static_cast<size_t>(c.rank())];
+    res.peak_bytes[pipe.stage()] = mine.mem_peak[static_cast<size_t>(MemCategory::kActivations)];
+    res.peak_inflight[pipe.stage()] = mine.peak_inflight;
     double bubble = 0;
     for (const parallel::RankStats& s : stats)
       bubble += 1.0 - (s.forward_s + s.backward_s) / s.schedule_s;
@@ -66,7 +72,7 @@ Result measure(int P, int m, int v, const std::string& schedule, double forward_
 }
 
 // One row per stage, one character per `unit` seconds: the micro-batch's digit for a forward,
-// its letter (a = 0) for a backward, '.' for idle.
+// its letter (a = 0) for a backward (zb-h1's B), its capital letter for a W, '.' for idle.
 void draw(const Result& r, double unit) {
   for (size_t s = 0; s < r.trace.size(); ++s) {
     std::string row;
@@ -74,8 +80,9 @@ void draw(const Result& r, double unit) {
       const size_t a = static_cast<size_t>(std::lround(e.start / unit));
       const size_t b = std::max(a + 1, static_cast<size_t>(std::lround(e.end / unit)));
       if (row.size() < b) row.resize(b, '.');
-      const char ch = e.op == parallel::TaskOp::kForward ? static_cast<char>('0' + e.micro % 10)
-                                                         : static_cast<char>('a' + e.micro % 26);
+      const char first[] = {'0', 'a', 'A'};
+      const int span = e.op == parallel::TaskOp::kForward ? 10 : 26;
+      const char ch = static_cast<char>(first[static_cast<int>(e.op)] + e.micro % span);
       for (size_t i = a; i < b; ++i) row[i] = ch;
     }
     std::printf("  stage %zu |%s|\n", s, row.c_str());
@@ -103,24 +110,40 @@ int main(int argc, char** argv) {
   }
   std::printf("forward %.1f ms, backward %.1f ms per stage; %d measured steps\n", forward_ms,
               2 * forward_ms, steps);
-  std::printf("%-11s %2s %2s %9s %9s %7s  peak activation KiB per stage\n", "sched", "P", "m",
-              "measured", "model", "diff");
+  std::printf("%-11s %2s %2s %9s %9s %7s  peak activation KiB (micro-batches) per stage\n", "sched",
+              "P", "m", "measured", "model", "diff");
   int worst_ok = 1;
-  for (const char* schedule : {"gpipe", "1f1b", "interleaved"})
+  std::map<std::pair<int, int>, Result> ofob;  // 1f1b's, by (P, m), for zb-h1's ratios
+  for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1"})
     for (int P : {2, 4})
       for (int m : {1, 4, 8}) {
-        const int v = std::string(schedule) == "interleaved" ? 2 : 1;
+        const std::string kind = schedule;
+        const int v = kind == "interleaved" ? 2 : 1;
         Result r = measure(P, m, v, schedule, forward_ms, steps);
         const double model = parallel::bubble_model(schedule, P, m, v);
         const double diff = r.measured - model;
         if (std::fabs(diff) > 0.05) worst_ok = 0;
         std::printf("%-11s %2d %2d %9.3f %9.3f %+7.3f ", schedule, P, m, r.measured, model, diff);
-        for (double b : r.peak_bytes) std::printf(" %6.1f", b / 1024);
+        for (int s = 0; s < P; ++s)
+          std::printf(" %6.1f (%.0f)", r.peak_bytes[s] / 1024, r.peak_inflight[s]);
         std::printf("\n");
+        if (kind == "1f1b") ofob[{P, m}] = r;
+        if (kind == "zb-h1") {
+          const Result& o = ofob[{P, m}];
+          double peak = 0, ofob_peak = 0;
+          for (int s = 0; s < P; ++s) {
+            peak = std::max(peak, r.peak_bytes[s]);
+            ofob_peak = std::max(ofob_peak, o.peak_bytes[s]);
+          }
+          std::printf("  zb-h1 / 1f1b: bubble %.2f (model %.2f), largest stage peak %.2f\n",
+                      r.measured / o.measured, model / parallel::bubble_model("1f1b", P, m, 1),
+                      peak / ofob_peak);
+        }
         if (trace && P == 4 && m == 8) {
           std::printf(
               "  trace of the last step (1 char = %.1f ms; digit = forward, letter = "
-              "backward of that micro-batch, whichever of the stage's chunks, . = idle):\n",
+              "backward, capital = W of that micro-batch, whichever of the stage's chunks, "
+              ". = idle):\n",
               forward_ms / 2);
           draw(r, forward_ms / 2 * 1e-3);
         }

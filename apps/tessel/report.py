@@ -24,6 +24,7 @@ MIB = 1 << 20
 COLORS = {"compute": "#4c78a8", "comm": "#f58518", "idle": "#bab0ac"}
 CATEGORY_COLORS = {"step": "#e8e8e8", "forward": "#4c78a8", "backward": "#54a24b",
                    "pipeline_forward": "#4c78a8", "pipeline_backward": "#54a24b",
+                   "pipeline_weights": "#88d27a",
                    "comm": "#f58518", "p2p": "#e45756", "sync": "#f58518",
                    "optimizer": "#b279a2", "ps": "#9d755d", "data": "#bab0ac",
                    "checkpoint": "#222222"}

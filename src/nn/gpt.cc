@@ -130,11 +130,28 @@ Tensor Embedding::backward(const Tensor& dy, Cache& cache) {
   const int64_t Tl = sequence_split(tp_) ? T / tp_->size() : T;
   const DType t = wte_.value.dtype();
   check_gradient(dy, {B, Tl, C_}, t, "embedding");
-  positions(dy.raw(), wpe_.grad.data<float>(), t, B, Tl, C_, first_position(tp_, Tl), true);
+  if (!defer_weights_) {
+    table_grads(dy, ids);
+    return {};
+  }
+  Tensor kept = cache.buffer(2, dy.shape(), t);  // for backward_weights()
+  kept.copy_from(dy);
+  cache.keep(1, kept);
+  return {};
+}
+
+void Embedding::backward_weights(Cache& cache) {
+  if (defer_weights_) table_grads(cache.kept(1), cache.kept(0));
+}
+
+void Embedding::table_grads(const Tensor& dy, const Tensor& ids) {
+  const int64_t B = ids.dim(0), T = ids.dim(1);
+  const DType t = wte_.value.dtype();
+  positions(dy.raw(), wpe_.grad.data<float>(), t, B, dy.dim(1), C_, first_position(tp_, dy.dim(1)),
+            true);
   const Tensor g = tp_leave_backward(tp_, dy);
   ops::embedding_backward(wte_.grad.data<float>(), g.raw(), ids.data<int32_t>(), B * T, C_,
                           wte_.split.lo, wte_.shape[0], t);
-  return {};
 }
 
 // ---- TransformerBlock ----
@@ -263,6 +280,7 @@ Tensor TransformerBlock::backward(const Tensor& dy, Cache& cache) {
   const int64_t n = dy.numel(), B = qkv.dim(0), T = qkv.dim(1), Ch = qkv.dim(2) / 3;
   const bool dropped = cache.ctx.selective;
   if (dropped) recompute_gelu(cache);
+  for (Linear* l : {&qkv_, &attn_proj_, &fc_, &mlp_proj_}) l->set_defer_weights(defer_weights_);
   // The residual passes dy through unchanged; the MLP branch adds its share.
   Tensor dh2 = fc_.backward(
       gelu_.backward(mlp_proj_.backward(dy, cache.child(kMlpProj)), cache.child(kGelu)),
@@ -280,6 +298,16 @@ Tensor TransformerBlock::backward(const Tensor& dy, Cache& cache) {
   Tensor dx = cache.scratch(2, shape, t);
   ops::add_forward(dx.raw(), dx1.raw(), dln1.raw(), n, t);
   return dx;
+}
+
+void TransformerBlock::backward_weights(Cache& cache) {
+  if (!defer_weights_) return;
+  // mlp.proj reads the GELU output, which selective recompute left in shared scratch.
+  if (cache.ctx.selective) recompute_gelu(cache);
+  mlp_proj_.backward_weights(cache.child(kMlpProj));
+  fc_.backward_weights(cache.child(kFc));
+  attn_proj_.backward_weights(cache.child(kAttnProj));
+  qkv_.backward_weights(cache.child(kQkv));
 }
 
 double TransformerBlock::forward_flops(int64_t batch) const {
@@ -316,16 +344,34 @@ Tensor LmHead::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   return y;
 }
 
+// Deferred (zero-bubble B): dy goes to buffer 1 and kept slot 1 for backward_weights().
 Tensor LmHead::backward(const Tensor& dy, Cache& cache) {
-  const Tensor h = tp_enter(tp_, cache.kept(0));
-  const DType t = h.dtype();
-  check_gradient(dy, {h.dim(0), h.dim(1), V_}, t, "lm_head");
-  Tensor dh = tp_whole_grad(tp_, cache, 0, h.shape(), t);
+  const Shape h_shape = tp_entered_shape(tp_, cache.kept(0).shape());
+  const DType t = cache.kept(0).dtype();
+  check_gradient(dy, {h_shape[0], h_shape[1], V_}, t, "lm_head");
+  Tensor h;
+  if (defer_weights_) {
+    Tensor kept = cache.buffer(1, dy.shape(), t);
+    kept.copy_from(dy);
+    cache.keep(1, kept);
+  } else {
+    h = tp_enter(tp_, cache.kept(0));
+  }
+  Tensor dh = tp_whole_grad(tp_, cache, 0, h_shape, t);
   // Accumulates into the embedding's table gradient: the tied weight gets both uses.
-  ops::linear_backward(dh.raw(), t, wte_->grad.data<float>(), nullptr, dy.raw(), h.raw(),
-                       wte_->value.raw(), t, h.numel() / C_, C_, V_);
+  ops::linear_backward(dh.raw(), t, defer_weights_ ? nullptr : wte_->grad.data<float>(), nullptr,
+                       dy.raw(), defer_weights_ ? nullptr : h.raw(), wte_->value.raw(), t,
+                       shape_numel(h_shape) / C_, C_, V_);
   ln_.set_input_grad(input_grad_);
   return ln_.backward(tp_enter_backward(tp_, dh, cache, 1), cache.child(0));
+}
+
+void LmHead::backward_weights(Cache& cache) {
+  if (!defer_weights_) return;
+  const Tensor h = tp_enter(tp_, cache.kept(0));
+  const Tensor& dy = cache.kept(1);
+  ops::linear_backward(nullptr, h.dtype(), wte_->grad.data<float>(), nullptr, dy.raw(), h.raw(),
+                       wte_->value.raw(), h.dtype(), h.numel() / C_, C_, V_);
 }
 
 double LmHead::forward_flops(int64_t batch) const {

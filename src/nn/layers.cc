@@ -113,6 +113,8 @@ Tensor Linear::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   return row ? tp_leave(tp_.tp, y, cache, 1) : y;
 }
 
+// Deferred (zero-bubble B): dy goes to buffer 2 and kept slot 1 for backward_weights(), which
+// also gathers a column-cut layer's input, so that B moves no input.
 Tensor Linear::backward(const Tensor& dy_in, Cache& cache) {
   const bool row = tp_.cut == Cut::kRow, column = tp_.cut == Cut::kColumn;
   const DType t = weight_.value.dtype();
@@ -125,15 +127,35 @@ Tensor Linear::backward(const Tensor& dy_in, Cache& cache) {
     db = nullptr;
   }
   const Tensor dy = row ? tp_leave_backward(tp_.tp, dy_in) : dy_in;
-  const Tensor x = column ? tp_enter(tp_.tp, cache.kept(0)) : cache.kept(0);
-  check_same_shape(dy, with_last(x.shape(), out_), "linear", t);
+  const Shape x_shape =
+      column ? tp_entered_shape(tp_.tp, cache.kept(0).shape()) : cache.kept(0).shape();
+  const DType x_type = cache.kept(0).dtype();
+  check_same_shape(dy, with_last(x_shape, out_), "linear", t);
+  Tensor x;
+  if (defer_weights_) {
+    Tensor kept = cache.buffer(2, dy.shape(), t);
+    kept.copy_from(dy);
+    cache.keep(1, kept);
+  } else {
+    x = column ? tp_enter(tp_.tp, cache.kept(0)) : cache.kept(0);
+  }
   Tensor dx;
   if (input_grad_)
-    dx = column ? tp_whole_grad(tp_.tp, cache, 0, x.shape(), x.dtype())
-                : cache.scratch(0, x.shape(), x.dtype());
-  ops::linear_backward(input_grad_ ? dx.raw() : nullptr, x.dtype(), weight_.grad.data<float>(), db,
-                       dy.raw(), x.raw(), weight_.value.raw(), t, x.numel() / in_, in_, out_);
+    dx = column ? tp_whole_grad(tp_.tp, cache, 0, x_shape, x_type)
+                : cache.scratch(0, x_shape, x_type);
+  ops::linear_backward(input_grad_ ? dx.raw() : nullptr, x_type,
+                       defer_weights_ ? nullptr : weight_.grad.data<float>(), db, dy.raw(),
+                       defer_weights_ ? nullptr : x.raw(), weight_.value.raw(), t,
+                       shape_numel(x_shape) / in_, in_, out_);
   return column ? tp_enter_backward(tp_.tp, dx, cache, 1) : dx;
+}
+
+void Linear::backward_weights(Cache& cache) {
+  if (!defer_weights_) return;
+  const Tensor x = tp_.cut == Cut::kColumn ? tp_enter(tp_.tp, cache.kept(0)) : cache.kept(0);
+  const Tensor& dy = cache.kept(1);
+  ops::linear_backward(nullptr, x.dtype(), weight_.grad.data<float>(), nullptr, dy.raw(), x.raw(),
+                       weight_.value.raw(), weight_.value.dtype(), x.numel() / in_, in_, out_);
 }
 
 double Linear::forward_flops(int64_t batch) const {

@@ -293,6 +293,25 @@ Tensor Model::backward(const Tensor& dy, Activations& acts, const BlockHook& hoo
   return g;
 }
 
+void Model::set_defer_weights(bool on) {
+  for (auto& b : blocks_) b->set_defer_weights(on);
+}
+
+void Model::backward_weights(Activations& acts, const BlockHook& hook, size_t begin, size_t end) {
+  end = std::min(end, blocks_.size());
+  TESSEL_CHECK(begin <= end && acts.caches.size() >= end, "model: backward_weights over blocks [",
+               begin, ", ", end, ") with ", acts.caches.size(), " caches; run backward() first");
+  if (acts.recompute == Recompute::kFull)
+    throw InvalidArgument(
+        "model: deferred weight gradients need each block's own cache, which train.recompute = "
+        "full does not keep; use train.recompute = selective or none");
+  for (size_t i = end; i-- > begin;) {
+    if (hook) hook(Phase::kBeforeBackward, i);
+    blocks_[i]->backward_weights(acts.caches[i]);
+    if (hook) hook(Phase::kAfterBackward, i);
+  }
+}
+
 double Model::forward_flops(int64_t batch) const {
   double f = 0;
   for (const auto& b : blocks_) f += b->forward_flops(batch);

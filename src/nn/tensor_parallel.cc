@@ -86,6 +86,11 @@ Tensor tp_enter(TensorParallel* tp, const Tensor& x) {
   return sequence_split(tp) ? gather_sequence(*tp, x) : x;
 }
 
+Shape tp_entered_shape(const TensorParallel* tp, Shape part) {
+  if (sequence_split(tp) && part.size() == 3) part[1] *= tp->size();
+  return part;
+}
+
 Tensor tp_enter_backward(TensorParallel* tp, const Tensor& dx, Cache& cache, size_t slot) {
   if (tp == nullptr || !dx.defined()) return dx;
   if (tp->sequence())

@@ -74,7 +74,7 @@ void bias_backward(float* db, const float* dy, int64_t N, int64_t OC) {
 void linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                      const float* w, int64_t N, int64_t C, int64_t OC) {
   // dw[OC,C] += dy^T[OC,N] @ x[N,C]
-  gemm(true, false, OC, C, N, 1.0f, dy, OC, x, C, 1.0f, dw, C);
+  if (dw != nullptr) gemm(true, false, OC, C, N, 1.0f, dy, OC, x, C, 1.0f, dw, C);
   if (db != nullptr) bias_backward(db, dy, N, OC);
   // dx[N,C] = dy[N,OC] @ w[OC,C]
   if (dx != nullptr) gemm(false, false, N, C, OC, 1.0f, dy, OC, w, C, 0.0f, dx, C);

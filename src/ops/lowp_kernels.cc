@@ -103,7 +103,8 @@ void linear_backward(void* dx, DType x_type, float* dw, float* db, const void* d
                     static_cast<const float*>(x), static_cast<const float*>(w), N, C, OC);
     return;
   }
-  gemm_lowp(true, false, OC, C, N, 1.0f, {dy, t, OC}, {x, x_type, C}, 1.0f, {dw, DType::kF32, C});
+  if (dw != nullptr)
+    gemm_lowp(true, false, OC, C, N, 1.0f, {dy, t, OC}, {x, x_type, C}, 1.0f, {dw, DType::kF32, C});
   if (db != nullptr)
     for (int64_t n = 0; n < N; ++n) accumulate(db, at(dy, n * OC, t), OC, t);
   if (dx != nullptr)

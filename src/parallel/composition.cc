@@ -191,6 +191,17 @@ const std::vector<Rule>& rules() {
              "one micro-batch, got pp.microbatches = ",
              in.s.pp_microbatches, "; set pp.microbatches = 1 or train.deterministic = false");
        }},
+      {"pp.schedule = zb-h1 and train.recompute = full",
+       [](const In& in) {
+         return in.l.pp > 1 && in.s.pp_schedule == "zb-h1" &&
+                in.s.recompute == nn::Recompute::kFull;
+       },
+       [](const In&) {
+         return std::string(
+             "pp.schedule = zb-h1 keeps each block's cache until its weight-gradient task, which "
+             "train.recompute = full does not keep (its blocks rerun in one shared cache); use "
+             "train.recompute = selective or none, or pp.schedule = 1f1b");
+       }},
   };
   return table;
 }

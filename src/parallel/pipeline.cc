@@ -47,7 +47,12 @@ struct PipelineExecutor::Inflight {
 
 PipelineExecutor::PipelineExecutor(const ParallelSpec& spec, comm::Communicator& pp,
                                    nn::Model& model)
-    : spec_(spec), pp_(pp), model_(model), stage_(pp.rank()), stages_(pp.size()) {
+    : spec_(spec),
+      pp_(pp),
+      model_(model),
+      stage_(pp.rank()),
+      stages_(pp.size()),
+      split_(spec.pp_schedule == "zb-h1") {
   // Everything that can be wrong with the config is checked before the first message, on
   // every rank alike (each knows the whole model's structure).
   part_ = make_partition(spec_, model_, stages_);
@@ -58,6 +63,7 @@ PipelineExecutor::PipelineExecutor(const ParallelSpec& spec, comm::Communicator&
   find_tied_table();
   schedule_for(static_cast<int>(spec_.pp_microbatches), true);  // a bad schedule fails here
   schedule_for(static_cast<int>(spec_.pp_microbatches), false);
+  model_.set_defer_weights(split_);
   build_links();
 }
 
@@ -134,7 +140,9 @@ const std::vector<std::vector<Task>>& PipelineExecutor::schedule_for(int micro, 
   auto it = schedules_.find(key);
   if (it != schedules_.end()) return it->second;
   auto s = make_schedule(part_, stages_, micro, training ? spec_.pp_schedule : "forward");
-  check_schedule(part_, s, micro, training ? tied_from_ : -1, tied_to_);
+  check_schedule(
+      part_, s, micro, training ? tied_from_ : -1, tied_to_,
+      training ? inflight_bound(part_, stages_, micro, spec_.pp_schedule) : std::vector<int>());
   return schedules_[key] = std::move(s);
 }
 
@@ -330,8 +338,10 @@ PieceStats PipelineExecutor::run(const Piece& piece, nn::Loss& loss, const Hooks
   for (const Task& t : order) {
     if (t.op == TaskOp::kForward)
       forward_task(t, piece, loss, hooks, training, result);
-    else
+    else if (t.op == TaskOp::kBackward)
       backward_task(t, piece, hooks);
+    else
+      weight_task(t, piece, hooks);
     if (training) trace_.push_back({t.op, t.chunk, t.micro, task_start_ - t0_, task_end_ - t0_});
     if (Tracer* tracer = active_tracer()) trace_task(*tracer, t);
   }
@@ -351,9 +361,10 @@ PieceStats PipelineExecutor::run(const Piece& piece, nn::Loss& loss, const Hooks
 void PipelineExecutor::trace_task(Tracer& tracer, const Task& t) {
   TraceArgs args;
   args.num("micro", t.micro).num("chunk", t.chunk).num("stage", stage_);
-  const bool fwd = t.op == TaskOp::kForward;
-  tracer.span(str(fwd ? "F" : "B", t.micro), fwd ? "pipeline_forward" : "pipeline_backward",
-              task_start_, task_end_, std::move(args));
+  static const char* names[] = {"F", "B", "W"};
+  static const char* categories[] = {"pipeline_forward", "pipeline_backward", "pipeline_weights"};
+  const int op = static_cast<int>(t.op);
+  tracer.span(str(names[op], t.micro), categories[op], task_start_, task_end_, std::move(args));
 }
 
 void PipelineExecutor::forward_task(const Task& t, const Piece& piece, nn::Loss& loss,
@@ -408,32 +419,72 @@ void PipelineExecutor::backward_task(const Task& t, const Piece& piece, const Ho
   Tensor dy = c + 1 == C ? fl.dlogits
                          : recv(*bwd_[c], micro_rows_[j], &fl.out_shape, "activation gradient",
                                 fl.out_type);
+  // Under zb-h1 the blocks' gradients are complete after the W task: it fires kAfterBackward
+  // and moves the tied table's gradient.
   Tensor tied_grad;
-  if (c == tied_to_ && tied_) {  // the LM head's share of the table gradient comes first
-    const Shape table{tied_range_.size()};
-    tied_grad = recv(*tied_, tied_range_.size(), &table, "tied-table gradient");
-  }
+  if (!split_ && c == tied_to_ && tied_) tied_grad = recv_tied_grad();
   const bool last = piece.last && j + 1 == static_cast<int>(micro_rows_.size());
-  // The table's gradient memory is bound by the gradient sync's hook: add the head's share
-  // right after it, before the embedding's own backward.
   const nn::BlockHook hook = [&](nn::Phase p, size_t b) {
+    if (split_ && p == nn::Phase::kAfterBackward) return;
     hooks(p, b, last);
-    if (p != nn::Phase::kBeforeBackward || b != tied_owner_ || !tied_grad.defined()) return;
-    float* dst = tied_param_->grad.data<float>();
-    const float* src = tied_grad.data<float>();
-    for (int64_t i = 0; i < tied_grad.numel(); ++i) dst[i] += src[i];
+    add_tied_grad(p, b, tied_grad);
   };
   const double t0 = task_start_ = now_seconds();
   Tensor g = model_.backward(dy, *fl.acts, hook, part_.begin[c], part_.begin[c + 1]);
   task_end_ = now_seconds();
   backward_s_ += task_end_ - t0;
-  if (c == tied_from_ && tied_) {
-    send(*tied_, tied_grad_);
-    tied_grad_.zero_();
-  }
+  if (!split_) send_tied_grad(c);
   if (c > 0) send(*bwd_[c - 1], g);
+  if (split_) {  // the blocks keep what their W reads: the loss gradient can go
+    fl.dlogits = Tensor();
+    return;
+  }
   free_[c].push_back(fl.acts);
   inflight_.erase(it);
+}
+
+void PipelineExecutor::weight_task(const Task& t, const Piece& piece, const Hooks& hooks) {
+  const int c = t.chunk, j = t.micro;
+  auto it = inflight_.find({c, j});
+  TESSEL_CHECK(it != inflight_.end(), "pipeline: weight gradients of chunk ", c, " micro-batch ", j,
+               " before its forward");
+  // The head's share of the tied table's gradient, summed over the micro-batches, comes with
+  // the last micro-batch: the embedding's W adds it before its own share.
+  const bool last_micro = j + 1 == static_cast<int>(micro_rows_.size());
+  Tensor tied_grad;
+  if (last_micro && c == tied_to_ && tied_) tied_grad = recv_tied_grad();
+  const bool last = piece.last && last_micro;
+  const nn::BlockHook hook = [&](nn::Phase p, size_t b) {
+    hooks(p, b, last);
+    add_tied_grad(p, b, tied_grad);
+  };
+  const double t0 = task_start_ = now_seconds();
+  model_.backward_weights(*it->second.acts, hook, part_.begin[c], part_.begin[c + 1]);
+  task_end_ = now_seconds();
+  backward_s_ += task_end_ - t0;
+  if (last_micro) send_tied_grad(c);
+  free_[c].push_back(it->second.acts);
+  inflight_.erase(it);
+}
+
+Tensor PipelineExecutor::recv_tied_grad() {
+  const Shape table{tied_range_.size()};
+  return recv(*tied_, tied_range_.size(), &table, "tied-table gradient");
+}
+
+// The table's gradient memory is bound by the gradient sync's hook: the head's share goes in
+// right after it, before the embedding's own share.
+void PipelineExecutor::add_tied_grad(nn::Phase p, size_t block, const Tensor& tied_grad) {
+  if (p != nn::Phase::kBeforeBackward || block != tied_owner_ || !tied_grad.defined()) return;
+  float* dst = tied_param_->grad.data<float>();
+  const float* src = tied_grad.data<float>();
+  for (int64_t i = 0; i < tied_grad.numel(); ++i) dst[i] += src[i];
+}
+
+void PipelineExecutor::send_tied_grad(int chunk) {
+  if (chunk != tied_from_ || !tied_) return;
+  send(*tied_, tied_grad_);
+  tied_grad_.zero_();
 }
 
 void PipelineExecutor::idle(const Hooks& hooks, bool training, bool last) {
@@ -445,10 +496,10 @@ void PipelineExecutor::idle(const Hooks& hooks, bool training, bool last) {
         hooks(nn::Phase::kBeforeForward, b, last);
         hooks(nn::Phase::kAfterForward, b, last);
       }
-    } else {
+    } else {  // under zb-h1 a B fires kBeforeBackward only, its W both (backward_task)
       for (size_t b = hi; b-- > lo;) {
         hooks(nn::Phase::kBeforeBackward, b, last);
-        hooks(nn::Phase::kAfterBackward, b, last);
+        if (!split_ || t.op == TaskOp::kWeight) hooks(nn::Phase::kAfterBackward, b, last);
       }
     }
   }

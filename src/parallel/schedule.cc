@@ -14,6 +14,12 @@ namespace tessel::parallel {
 
 namespace {
 
+// Forwards before the interleaved schedule's first backward on stage s (v chunks per stage).
+int interleaved_warmup(int stages, int micro, int v, int s) {
+  const int total = micro * v;
+  return micro == stages ? total : std::min(total, 2 * (stages - s - 1) + (v - 1) * stages);
+}
+
 // Megatron-LM's interleaved 1F1B. Stage s holds chunks s, s + P, ..., s + (v - 1) P. Its
 // forwards run through the micro-batches in groups of P (m a multiple of P, or one group of
 // m < P; a short last group can deadlock): the group on the stage's first chunk, then on its
@@ -41,8 +47,7 @@ std::vector<std::vector<Task>> interleaved_schedule(const Partition& part, int s
       for (int j = g; j < std::min(g + stages, micro); ++j) table.push_back({j, k});
   std::vector<std::vector<Task>> order(stages);
   for (int s = 0; s < stages; ++s) {
-    const int warm =
-        micro == stages ? total : std::min(total, 2 * (stages - s - 1) + (v - 1) * stages);
+    const int warm = interleaved_warmup(stages, micro, v, s);
     auto forward = [&](int k) {
       order[s].push_back({TaskOp::kForward, table[k].second * stages + s, table[k].first});
     };
@@ -57,6 +62,30 @@ std::vector<std::vector<Task>> interleaved_schedule(const Partition& part, int s
   return order;
 }
 
+// ZB-H1 as PyTorch's ZB1P builds it: 1f1b's warm-up, then F, B and the oldest pending W, the
+// Ws held back by s on stage s so that every stage has min(m, P) micro-batches in flight.
+std::vector<std::vector<Task>> zb_h1_schedule(const Partition& part, int stages, int micro) {
+  bool one = static_cast<int>(part.chunks()) == stages;
+  for (int c = 0; one && c < stages; ++c) one = part.stage[c] == c;
+  if (!one)
+    throw InvalidArgument(str("pipeline: pp.schedule = zb-h1 runs one chunk per stage (chunk s on ",
+                              "stage s), got ", part.chunks(), " chunks on ", stages,
+                              " stages; use pp.partition = balanced or uniform, or "
+                              "pp.schedule = interleaved for several chunks per stage"));
+  std::vector<std::vector<Task>> order(stages);
+  for (int s = 0; s < stages; ++s) {
+    int f = 0, b = 0, w = 0;
+    for (; f < std::min(micro, stages - 1 - s); ++f) order[s].push_back({TaskOp::kForward, s, f});
+    for (int k = 0; k < micro; ++k) {
+      if (f < micro) order[s].push_back({TaskOp::kForward, s, f++});
+      order[s].push_back({TaskOp::kBackward, s, b++});
+      if (k >= s) order[s].push_back({TaskOp::kWeight, s, w++});
+    }
+    while (w < micro) order[s].push_back({TaskOp::kWeight, s, w++});
+  }
+  return order;
+}
+
 }  // namespace
 
 // A list scheduler run in simulated time: at each moment every idle stage picks one ready task
@@ -66,9 +95,10 @@ std::vector<std::vector<Task>> make_schedule(const Partition& part, int stages, 
                                              const std::string& kind) {
   TESSEL_CHECK(micro >= 1 && stages >= 1, "pipeline: schedule of ", micro, " micro-batches");
   if (kind == "interleaved") return interleaved_schedule(part, stages, micro);
+  if (kind == "zb-h1") return zb_h1_schedule(part, stages, micro);
   if (kind != "gpipe" && kind != "1f1b" && kind != "forward")
     throw InvalidArgument(
-        str("config: pp.schedule must be gpipe, 1f1b or interleaved, got '", kind, "'"));
+        str("config: pp.schedule must be gpipe, 1f1b, interleaved or zb-h1, got '", kind, "'"));
   const int C = static_cast<int>(part.chunks());
   const bool backward = kind != "forward";
   const double inf = std::numeric_limits<double>::infinity();
@@ -140,10 +170,40 @@ std::vector<std::vector<Task>> make_schedule(const Partition& part, int stages, 
   return order;
 }
 
+std::vector<int> inflight_bound(const Partition& part, int stages, int micro,
+                                const std::string& kind) {
+  const int C = static_cast<int>(part.chunks());
+  std::vector<int> chunks(stages, 0), first(stages, C), bound(stages, 0);
+  for (int c = 0; c < C; ++c) {
+    ++chunks[part.stage[c]];
+    first[part.stage[c]] = std::min(first[part.stage[c]], c);
+  }
+  for (int s = 0; s < stages; ++s) {
+    if (kind == "gpipe")
+      bound[s] = micro * chunks[s];
+    else if (kind == "1f1b")
+      bound[s] = std::min(micro, C - first[s]) * chunks[s];
+    else if (kind == "interleaved")
+      bound[s] = std::min(micro * chunks[s], interleaved_warmup(stages, micro, chunks[s], s) + 1);
+    else if (kind == "zb-h1")
+      bound[s] = std::min(micro, stages);
+    else
+      throw InvalidArgument(str("pipeline: no activation bound for schedule '", kind, "'"));
+  }
+  return bound;
+}
+
 void check_schedule(const Partition& part, const std::vector<std::vector<Task>>& schedule,
-                    int micro, int tied_from, int tied_to) {
+                    int micro, int tied_from, int tied_to, const std::vector<int>& bound) {
   const int C = static_cast<int>(part.chunks());
   const int stages = static_cast<int>(schedule.size());
+  bool split = false, training = false;  // W tasks: the tied gradient travels once, W to W
+  for (const auto& order : schedule)
+    for (const Task& t : order) {
+      split = split || t.op == TaskOp::kWeight;
+      training = training || t.op != TaskOp::kForward;
+    }
+  const int tied_micro = split ? micro - 1 : -1;
   // A message: (kind, boundary or -1, micro); kind 0 activation, 1 gradient, 2 tied gradient.
   using Msg = std::tuple<int, int, int>;
   auto name = [](const Msg& m) {
@@ -157,40 +217,66 @@ void check_schedule(const Partition& part, const std::vector<std::vector<Task>>&
   auto io_of = [&](const Task& t) {
     Io io;
     const int c = t.chunk, j = t.micro;
+    const bool tied = t.op == (split ? TaskOp::kWeight : TaskOp::kBackward) &&
+                      (!split || j == tied_micro) && tied_from >= 0;
     if (t.op == TaskOp::kForward) {
       if (c > 0) io.recvs.push_back({0, c - 1, j});
       if (c + 1 < C) io.sends.push_back({0, c, j});
-    } else {
+    } else if (t.op == TaskOp::kBackward) {
       if (c + 1 < C) io.recvs.push_back({1, c, j});
-      if (c == tied_to && tied_from >= 0) io.recvs.push_back({2, -1, j});
-      if (c == tied_from) io.sends.push_back({2, -1, j});
       if (c > 0) io.sends.push_back({1, c - 1, j});
     }
+    if (tied && c == tied_to) io.recvs.push_back({2, -1, j});
+    if (tied && c == tied_from) io.sends.push_back({2, -1, j});
     return io;
   };
-  // 1. Each task once; each message sent once and received once, in the same order per path.
+  // 1. Each task once, after the tasks it follows on its stage (F before B before W), and no
+  // stage over its bound of activation sets; each message sent once and received once, in the
+  // same order per path.
   std::map<Msg, int> sent_by, recv_by;
   std::map<std::pair<int, int>, std::vector<Msg>> sent_order, recv_order;  // by (from, to)
   std::set<std::tuple<int, int, int>> seen;
-  for (int s = 0; s < stages; ++s)
+  static const char* op_names[] = {"forward", "backward", "weight gradient"};
+  for (int s = 0; s < stages; ++s) {
+    int held = 0;
     for (const Task& t : schedule[s]) {
       TESSEL_CHECK(t.chunk >= 0 && t.chunk < C && part.stage[t.chunk] == s && t.micro >= 0 &&
                        t.micro < micro,
                    "pipeline: stage ", s, " schedules chunk ", t.chunk, " micro-batch ", t.micro,
                    " which it does not hold");
-      if (!seen.insert({static_cast<int>(t.op), t.chunk, t.micro}).second)
+      const int op = static_cast<int>(t.op);
+      if (!seen.insert({op, t.chunk, t.micro}).second)
         throw Error(str("pipeline: stage ", s, " schedules chunk ", t.chunk, " micro-batch ",
                         t.micro, " twice"));
+      if (op > 0 && !seen.count({op - 1, t.chunk, t.micro}))
+        throw Error(str("pipeline: stage ", s, " runs the ", op_names[op], " of chunk ", t.chunk,
+                        " micro-batch ", t.micro, " before its ", op_names[op - 1]));
+      if (t.op == TaskOp::kForward)
+        ++held;
+      else if (t.op == (split ? TaskOp::kWeight : TaskOp::kBackward))
+        --held;
+      if (!bound.empty() && held > bound[s])
+        throw Error(str("pipeline: stage ", s, " holds ", held, " activation sets after the ",
+                        op_names[op], " of chunk ", t.chunk, " micro-batch ", t.micro,
+                        ", more than the schedule's bound of ", bound[s]));
       Io io = io_of(t);
       for (const Msg& m : io.sends) sent_by[m] = s;
       for (const Msg& m : io.recvs) recv_by[m] = s;
     }
+  }
   for (auto& [m, s] : sent_by)
     if (!recv_by.count(m))
       throw Error(str("pipeline: stage ", s, " sends the ", name(m), " that no stage receives"));
   for (auto& [m, s] : recv_by)
     if (!sent_by.count(m))
       throw Error(str("pipeline: stage ", s, " waits for the ", name(m), " that no stage sends"));
+  const size_t tasks = static_cast<size_t>(C) * micro * (1 + training + split);
+  if (seen.size() != tasks)
+    throw Error(str("pipeline: the schedule runs ", seen.size(), " tasks, not the ", tasks, " of ",
+                    C, " chunks x ", micro, " micro-batches x ",
+                    split      ? "forward, backward and weight gradient"
+                    : training ? "forward and backward"
+                               : "forward"));
   for (int s = 0; s < stages; ++s)
     for (const Task& t : schedule[s]) {
       Io io = io_of(t);
@@ -229,13 +315,15 @@ void check_schedule(const Partition& part, const std::vector<std::vector<Task>>&
       for (const Msg& m : io_of(t).recvs)
         if (!arrived.count(m))
           throw Error(str("pipeline: the schedule deadlocks: stage ", s, " waits for the ", name(m),
-                          " before its ", t.op == TaskOp::kForward ? "forward" : "backward",
-                          " of chunk ", t.chunk, ", which is never sent first"));
+                          " before its ", op_names[static_cast<int>(t.op)], " of chunk ", t.chunk,
+                          ", which is never sent first"));
     }
 }
 
 double bubble_model(const std::string& kind, int stages, int micro, int virtual_stages) {
   const double p = stages, m = micro, v = kind == "interleaved" ? virtual_stages : 1;
+  if (kind == "zb-h1")
+    return m < p ? (2 * p - m - 1) / (2 * p + 2 * m - 1) : (p - 1) / (3 * m + p - 1);
   // Fewer micro-batches than stages: one pass through P v chunks of 1/v the time each.
   if (m < p) return (v * (p - m) + m - 1) / (v * p + m - 1);
   return (p - 1) / (v * m + p - 1);
@@ -244,7 +332,8 @@ double bubble_model(const std::string& kind, int stages, int micro, int virtual_
 std::string order_str(const Partition& part, int stages, const std::vector<Task>& order) {
   std::string out;
   for (const Task& t : order) {
-    out += str(out.empty() ? "" : " ", t.op == TaskOp::kForward ? "F" : "B", t.micro);
+    static const char* letters[] = {"F", "B", "W"};
+    out += str(out.empty() ? "" : " ", letters[static_cast<int>(t.op)], t.micro);
     if (static_cast<int>(part.chunks()) > stages) out += str("/", t.chunk);
   }
   return out;

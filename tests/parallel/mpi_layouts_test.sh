@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Pipeline and parameter-server layouts under mpirun (one rank per process):
 #  1. a dp 2 x pp 2 pipeline in deterministic mode gives one rank's params_sha256;
-#  2. a pp 2 pipeline (1f1b, and interleaved with 2 chunks per stage) and a sync parameter
+#  2. a pp 2 pipeline (1f1b, interleaved with 2 chunks per stage, zb-h1) and a sync parameter
 #     server (1 server x 2 workers) give the same params_sha256 as the same layout run as
 #     threads of one process;
 #  3. async and ssp parameter servers (1 server x 2 workers) hand out every batch exactly once;
@@ -34,6 +34,8 @@ check_same() {  # name, np, extra args...
 check_same pipeline 2 --set pp.stages=2 --set pp.microbatches=3
 check_same interleaved 2 --set pp.stages=2 --set train.batch=32 --set pp.microbatches=4 \
   --set pp.schedule=interleaved --set pp.virtual_stages=2
+check_same zb-h1 2 --set pp.stages=2 --set train.batch=32 --set pp.microbatches=4 \
+  --set pp.schedule=zb-h1
 check_same ps_sync 3 --set ps.servers=1 --set ps.mode=sync --set optim.lr=0.1
 for mode in async ssp; do
   $mpirun -np 3 "$tessel" train "$src/examples/spiral_ps.toml" --quiet --set ps.mode=$mode \

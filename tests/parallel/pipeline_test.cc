@@ -2,11 +2,13 @@
 // threads) end within 1e-5 of one rank after 20 steps for an MLP, a CNN and a GPT whose tied
 // LM head sits on another stage than its embedding; deterministic mode gives the same bits;
 // 1f1b holds fewer activations than gpipe; interleaved 1F1B is Megatron's order and equals 1f1b
-// and one rank; schedules are checked; bad layouts fail at start.
+// and one rank; zb-h1 (backwards split into B and W) is PyTorch's ZB1P order and equals 1f1b and
+// one rank; schedules are checked; bad layouts fail at start.
 #include "tessel/parallel/pipeline.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -126,9 +128,38 @@ TEST(Pipeline, MlpMatchesSingleRank) { expect_matches_single("mlp"); }
 TEST(Pipeline, CnnMatchesSingleRank) { expect_matches_single("cnn"); }
 TEST(Pipeline, GptMatchesSingleRank) { expect_matches_single("gpt"); }
 
+// Trains `model` with `keys` (the model's and the layout's) beside one rank and beside 1f1b
+// with the same p and m, then with `schedule` (its keys): within 1e-5 of one rank after 20
+// steps (bf16 rounds differently on one rank than across stages, 2.4e-3 measured: 1f1b in
+// bf16 is the reference there), and the same train_loss as 1f1b to 1e-5.
+void expect_schedule_matches(const std::string& model, int workers,
+                             const std::vector<std::string>& keys,
+                             const std::vector<std::string>& schedule) {
+  std::vector<std::string> model_keys;  // what the single rank runs too
+  for (const std::string& k : keys)
+    if (k.rfind("model.", 0) == 0 || k.rfind("train.precision", 0) == 0) model_keys.push_back(k);
+  const RunResult single = train_on(config_for(model, model_keys), 1);
+  std::vector<std::string> all = keys;
+  all.push_back("pp.schedule=1f1b");
+  const RunResult ofob = train_on(config_for(model, all), workers);
+  all.pop_back();
+  all.insert(all.end(), schedule.begin(), schedule.end());
+  const RunResult run = train_on(config_for(model, all), workers);
+  const std::string what =
+      model + " " + run.summary["layout"].get<std::string>() + " " + keys.back();
+  const bool bf16 = !model_keys.empty() && model_keys.back() == "train.precision=bf16";
+  EXPECT_LT(max_rel_diff(single.params, run.params), bf16 ? 1e-2 : 1e-5) << what;
+  EXPECT_LT(max_rel_diff(ofob.params, run.params), 1e-5) << what;
+  EXPECT_NEAR(run.summary["train_loss"].get<double>(), ofob.summary["train_loss"].get<double>(),
+              1e-5)
+      << what;
+  EXPECT_EQ(run.summary["steps"], 20);
+  EXPECT_EQ("pp.schedule=" + run.summary["ranks"]["pipeline_schedule"].get<std::string>(),
+            schedule.front());
+}
+
 // Interleaved 1F1B (v chunks per stage) at p = 2 and 4, m = 4 and 8, beside dp with ZeRO, tp,
-// recompute and bf16: within 1e-5 of one rank after 20 steps, and the same train_loss as 1f1b
-// with the same p and m (the same precision on both sides).
+// full recompute and bf16.
 TEST(Pipeline, InterleavedMatchesSingleRankAndOneFOneB) {
   struct Case {
     std::string model;
@@ -144,30 +175,30 @@ TEST(Pipeline, InterleavedMatchesSingleRankAndOneFOneB) {
       {"gpt", 2, 2, {"pp.stages=2", "pp.microbatches=4", "train.precision=bf16"}},
       {"gpt", 4, 2, {deep_gpt, "pp.stages=4", "pp.microbatches=4", "train.recompute=full"}},
       {"gpt", 4, 2, {"pp.stages=2", "pp.microbatches=4", "tp.size=2"}}};  // tp 2 x pp 2
-  for (const Case& c : cases) {
-    std::vector<std::string> model_keys;  // what the single rank runs too
-    for (const std::string& k : c.keys)
-      if (k.rfind("model.", 0) == 0 || k.rfind("train.precision", 0) == 0) model_keys.push_back(k);
-    const RunResult single = train_on(config_for(c.model, model_keys), 1);
-    std::vector<std::string> keys = c.keys;
-    keys.push_back("pp.schedule=1f1b");
-    const RunResult ofob = train_on(config_for(c.model, keys), c.workers);
-    keys.back() = "pp.schedule=interleaved";
-    keys.push_back("pp.virtual_stages=" + std::to_string(c.v));
-    const RunResult inter = train_on(config_for(c.model, keys), c.workers);
-    const std::string what =
-        c.model + " " + inter.summary["layout"].get<std::string>() + " " + c.keys.back();
-    const bool bf16 = model_keys.size() && model_keys.back() == "train.precision=bf16";
-    // bf16 rounds differently on one rank than across stages (2.4e-3 measured); 1f1b in bf16
-    // is the reference there.
-    EXPECT_LT(max_rel_diff(single.params, inter.params), bf16 ? 1e-2 : 1e-5) << what;
-    EXPECT_LT(max_rel_diff(ofob.params, inter.params), 1e-5) << what;
-    EXPECT_NEAR(inter.summary["train_loss"].get<double>(), ofob.summary["train_loss"].get<double>(),
-                1e-5)
-        << what;
-    EXPECT_EQ(inter.summary["steps"], 20);
-    EXPECT_EQ(inter.summary["ranks"]["pipeline_schedule"], "interleaved");
-  }
+  for (const Case& c : cases)
+    expect_schedule_matches(
+        c.model, c.workers, c.keys,
+        {"pp.schedule=interleaved", "pp.virtual_stages=" + std::to_string(c.v)});
+}
+
+// ZB-H1 at p = 2 and 4, m = 4 and 8, beside dp with ZeRO-2, tp (with and without sequence
+// parallelism), selective recompute and bf16.
+TEST(Pipeline, ZbH1MatchesSingleRankAndOneFOneB) {
+  struct Case {
+    std::string model;
+    int workers;
+    std::vector<std::string> keys;  // the model's and the layout's
+  };
+  const std::vector<Case> cases = {
+      {"mlp", 2, {"pp.stages=2", "pp.microbatches=4"}},
+      {"mlp", 4, {"model.hidden=[32,16,16]", "pp.stages=4", "pp.microbatches=8"}},
+      {"mlp", 4, {"pp.stages=2", "pp.microbatches=2", "zero.stage=2"}},  // dp 2 x pp 2
+      {"gpt", 2, {"pp.stages=2", "pp.microbatches=8", "train.precision=bf16"}},
+      {"gpt", 4, {"pp.stages=4", "pp.microbatches=4", "train.recompute=selective"}},
+      {"gpt", 4, {"pp.stages=2", "pp.microbatches=4", "tp.size=2"}},  // tp 2 x pp 2
+      {"gpt", 4, {"pp.stages=2", "pp.microbatches=4", "tp.size=2", "tp.sequence_parallel=true"}}};
+  for (const Case& c : cases)
+    expect_schedule_matches(c.model, c.workers, c.keys, {"pp.schedule=zb-h1"});
 }
 
 TEST(Pipeline, AccumulationAndShortBatchesMatchSingleRank) {
@@ -238,6 +269,10 @@ TEST(Pipeline, DeterministicModeIsBitIdentical) {
       pp.insert(pp.end(), {"pp.schedule=interleaved", "pp.virtual_stages=2"});
       const RunResult inter = train_on(config_for(model, pp), 2);
       EXPECT_EQ(inter.summary["params_sha256"], single.summary["params_sha256"]) << model;
+      pp.resize(pp.size() - 2);
+      pp.push_back("pp.schedule=zb-h1");
+      const RunResult zb = train_on(config_for(model, pp), 2);
+      EXPECT_EQ(zb.summary["params_sha256"], single.summary["params_sha256"]) << model;
     }
 }
 
@@ -325,6 +360,49 @@ TEST(Pipeline, InterleavedScheduleIsMegatrons) {
       }
   // One chunk per stage is 1f1b's job.
   EXPECT_THROW(parallel::make_schedule(parallel::Partition{{0, 1, 2}, {0, 1}}, 2, 4, "interleaved"),
+               InvalidArgument);
+}
+
+TEST(Pipeline, ZbH1ScheduleIsPyTorchs) {
+  parallel::Partition part{{0, 1, 2, 3, 4}, {0, 1, 2, 3}};
+  const auto s = parallel::make_schedule(part, 4, 8, "zb-h1");
+  // Stage s: 1f1b's 3 - s warm-up forwards, then F B with the W held back by s micro-batches.
+  EXPECT_EQ(parallel::order_str(part, 4, s[0]),
+            "F0 F1 F2 F3 B0 W0 F4 B1 W1 F5 B2 W2 F6 B3 W3 F7 B4 W4 B5 W5 B6 W6 B7 W7");
+  EXPECT_EQ(parallel::order_str(part, 4, s[3]),
+            "F0 B0 F1 B1 F2 B2 F3 B3 W0 F4 B4 W1 F5 B5 W2 F6 B6 W3 F7 B7 W4 W5 W6 W7");
+  const auto bound = parallel::inflight_bound(part, 4, 8, "zb-h1");
+  EXPECT_EQ(bound, (std::vector<int>{4, 4, 4, 4}));
+  EXPECT_NO_THROW(parallel::check_schedule(part, s, 8, 3, 0, bound));
+  EXPECT_EQ(parallel::inflight_bound(part, 4, 8, "1f1b"), (std::vector<int>{4, 3, 2, 1}));
+  EXPECT_NO_THROW(parallel::check_schedule(part, parallel::make_schedule(part, 4, 8, "1f1b"), 8, 3,
+                                           0, parallel::inflight_bound(part, 4, 8, "1f1b")));
+  // Fewer micro-batches than stages, and the bubble model: (P-1)/(3m+P-1) for m >= P.
+  EXPECT_NO_THROW(parallel::check_schedule(part, parallel::make_schedule(part, 4, 2, "zb-h1"), 2, 3,
+                                           0, parallel::inflight_bound(part, 4, 2, "zb-h1")));
+  EXPECT_DOUBLE_EQ(parallel::bubble_model("zb-h1", 4, 8, 1), 3.0 / 27);
+  EXPECT_DOUBLE_EQ(parallel::bubble_model("zb-h1", 4, 2, 1), 5.0 / 11);
+  auto expect_error = [&](std::vector<std::vector<parallel::Task>> bad, const std::string& what) {
+    try {
+      parallel::check_schedule(part, bad, 8, 3, 0, bound);
+      ADD_FAILURE() << "no error for " << what;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  // All of stage 3's Ws at the end: 8 micro-batches hold activations there.
+  auto late = s;
+  std::stable_partition(late[3].begin(), late[3].end(),
+                        [](const parallel::Task& t) { return t.op != parallel::TaskOp::kWeight; });
+  expect_error(late, "stage 3 holds 5 activation sets after the forward of chunk 3 micro-batch 4");
+  auto early = s;
+  // Stage 1: F0 F1 F2 B0 F3 B1 W0 ... with W0 moved before B0.
+  std::rotate(early[1].begin() + 3, early[1].begin() + 6, early[1].begin() + 7);
+  expect_error(early, "stage 1 runs the weight gradient of chunk 1 micro-batch 0 before its");
+  auto lost = s;
+  lost[2].pop_back();
+  expect_error(lost, "not the 96 of 4 chunks x 8 micro-batches");
+  EXPECT_THROW(parallel::make_schedule(parallel::Partition{{0, 1, 2}, {0, 0}}, 2, 4, "zb-h1"),
                InvalidArgument);
 }
 
@@ -424,6 +502,12 @@ TEST(Pipeline, BadLayoutsFailAtStart) {
                  "chunks of about equal block counts)");
   expect_invalid(start(with({"pp.stages=2", "pp.microbatches=3"}), 2),
                  "pp.microbatches must be at most 2 or a multiple of it, got 3; use 2 or 4");
+  expect_invalid(start({"pp.stages=2", "pp.schedule=zb-h1", "train.recompute=full"}, 2),
+                 "use train.recompute = selective or none, or pp.schedule = 1f1b");
+  expect_invalid(start({"pp.stages=2", "pp.schedule=zb-h1", "pp.partition=round_robin"}, 2),
+                 "zb-h1 runs one chunk per stage");
+  expect_invalid(start({"pp.stages=2", "pp.schedule=zb-h1", "pp.virtual_stages=2"}, 2),
+                 "pp.virtual_stages = 2 needs pp.schedule = interleaved (zb-h1 runs one chunk");
 }
 
 // Forward is the identity; backward returns a gradient one column short (a broken block).
@@ -494,10 +578,11 @@ TEST(Pipeline, ExplicitCutsAndBalancedPartition) {
 
 TEST(Pipeline, BubbleFollowsTheModelWithFixedComputeBlocks) {
   // Loose bounds (a busy machine delays the sleeping stages); bench/pipeline_bubble measures
-  // the full grid. Interleaved: v = 2 chunks per stage, each half a stage's compute.
+  // the full grid. Interleaved: v = 2 chunks per stage, each half a stage's compute; zb-h1:
+  // backwards split into B and W of one forward's time each.
   const int P = 2, m = 4;
-  for (int v : {1, 2}) {
-    const std::string schedule = v == 1 ? "1f1b" : "interleaved";
+  for (const std::string schedule : {"1f1b", "interleaved", "zb-h1"}) {
+    const int v = schedule == "interleaved" ? 2 : 1;
     double measured = 0;
     comm::run_threads(P, [&](comm::Communicator& c) {
       auto model = testing::sleep_model(P * v, 8.0 / v);

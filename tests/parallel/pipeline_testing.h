@@ -1,5 +1,6 @@
 // Test-only pipeline blocks with a fixed simulated compute time: forward copies its input and
-// sleeps forward_ms, backward copies the gradient and sleeps 2 x forward_ms. Sleeping instead of
+// sleeps forward_ms, backward copies the gradient and sleeps 2 x forward_ms -- split (zb-h1)
+// into forward_ms for B and forward_ms for W. Sleeping instead of
 // computing keeps the stages' times independent of how many cores the machine has, so the
 // measured pipeline bubble can be compared with the model (P-1)/(m+P-1).
 #pragma once
@@ -27,8 +28,13 @@ class SleepBlock : public nn::Module {
   Tensor backward(const Tensor& dy, nn::Cache& cache) override {
     Tensor dx = cache.scratch(0, dy.shape(), dy.dtype());
     dx.copy_from(dy);
-    std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(2 * forward_ms_));
+    std::this_thread::sleep_for(
+        std::chrono::duration<double, std::milli>((defer_weights_ ? 1 : 2) * forward_ms_));
     return dx;
+  }
+  void backward_weights(nn::Cache&) override {
+    if (defer_weights_)
+      std::this_thread::sleep_for(std::chrono::duration<double, std::milli>(forward_ms_));
   }
   // One unused parameter, so that every stage owns a range to update.
   std::vector<nn::Parameter*> parameters() override { return {&w_}; }

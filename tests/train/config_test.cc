@@ -76,7 +76,7 @@ TEST(Config, LayoutKeysSayWhatIsAllowed) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"pp.stages=0", "pp.stages must be in [1, 1024], got 0"},
       {"pp.microbatches=0", "pp.microbatches must be in [1, 65536], got 0"},
-      {"pp.schedule=zigzag", "pp.schedule must be gpipe, 1f1b or interleaved, got 'zigzag'"},
+      {"pp.schedule=zigzag", "pp.schedule must be gpipe, 1f1b, interleaved or zb-h1, got 'zigzag'"},
       {"pp.virtual_stages=0", "pp.virtual_stages must be in [1, 1024], got 0"},
       {"pp.partition=random", "pp.partition must be balanced, uniform or round_robin"},
       {"ps.servers=-1", "ps.servers must be in [0, 1024]"},

@@ -37,6 +37,8 @@ class Linear : public Module {
   std::string kind() const override { return "linear"; }
   Tensor forward(const Tensor& x, const Context& ctx, Cache* cache) override;
   Tensor backward(const Tensor& dy, Cache& cache) override;
+  // W: the weight gradient dy^T x (the bias gradient stays in backward()).
+  void backward_weights(Cache& cache) override;
   std::vector<Parameter*> parameters() override;
   // Rows per sample (1 for [N, in] inputs, T for [B, T, in]) for the FLOP count.
   void set_rows_per_sample(int64_t rows) { rows_per_sample_ = rows; }
@@ -168,6 +170,8 @@ class Embedding : public Module {
   std::string kind() const override { return "embedding"; }
   Tensor forward(const Tensor& ids, const Context& ctx, Cache* cache) override;
   Tensor backward(const Tensor& dy, Cache& cache) override;
+  // W: both tables' gradients (so that a tied head's share can be added first).
+  void backward_weights(Cache& cache) override;
   std::vector<Parameter*> parameters() override { return {&wte_, &wpe_}; }
   Parameter* token_table() { return &wte_; }
   // Inference on ids [B, T] at the given positions, one per id in row order (decoding with a
@@ -178,6 +182,7 @@ class Embedding : public Module {
  private:
   Tensor embed(const Tensor& ids, Cache* cache);
   Tensor lookup(const Tensor& ids, Cache* cache);  // wte rows, whole on every rank
+  void table_grads(const Tensor& dy, const Tensor& ids);
 
   int64_t V_, T_, C_;
   TensorParallel* tp_;
@@ -196,6 +201,8 @@ class TransformerBlock : public Module {
   std::string kind() const override { return "transformer_block"; }
   Tensor forward(const Tensor& x, const Context& ctx, Cache* cache) override;
   Tensor backward(const Tensor& dy, Cache& cache) override;
+  // W: the four projections' weight gradients (the layer norms' and biases' stay in B).
+  void backward_weights(Cache& cache) override;
   std::vector<Parameter*> parameters() override;
   double forward_flops(int64_t batch) const override;
   // Inference on x [B, T, C]: the B * T rows of kv's step (cache.h), this block being block
@@ -226,6 +233,8 @@ class LmHead : public Module {
   std::string kind() const override { return "lm_head"; }
   Tensor forward(const Tensor& x, const Context& ctx, Cache* cache) override;
   Tensor backward(const Tensor& dy, Cache& cache) override;
+  // W: the head's share of the table gradient.
+  void backward_weights(Cache& cache) override;
   std::vector<Parameter*> parameters() override { return ln_.parameters(); }
   double forward_flops(int64_t batch) const override;
   Parameter* token_table() const { return wte_; }  // the borrowed (tied) table

@@ -76,8 +76,19 @@ class Module {
   void set_input_grad(bool needed) { input_grad_ = needed; }
   bool input_grad() const { return input_grad_; }
 
+  // Zero-bubble pipeline schedules split a backward in two. With defer_weights on, backward()
+  // computes the input gradient (B) and keeps what the GEMM-heavy weight gradients need in the
+  // cache; backward_weights(cache) adds them later (W), once after each such backward and
+  // before the cache's next forward. B and W together give the same bits as one backward()
+  // with it off. A module without parameters, or whose weight gradients are cheap, computes
+  // everything in backward() and its W does nothing (the default).
+  void set_defer_weights(bool on) { defer_weights_ = on; }
+  bool defer_weights() const { return defer_weights_; }
+  virtual void backward_weights(Cache& cache) { (void)cache; }
+
  protected:
   bool input_grad_ = true;
+  bool defer_weights_ = false;
 };
 
 }  // namespace tessel::nn

@@ -54,6 +54,8 @@ class TensorParallel {
 // in the cache's buffer (scratch) `slot`, fresh without a cache (inference). Otherwise the
 // all-reduces work in place.
 Tensor tp_enter(TensorParallel* tp, const Tensor& x);
+// The shape tp_enter gives a tensor of shape `part` (the whole sequence's).
+Shape tp_entered_shape(const TensorParallel* tp, Shape part);
 Tensor tp_enter_backward(TensorParallel* tp, const Tensor& dx, Cache& cache, size_t slot);
 Tensor tp_leave(TensorParallel* tp, const Tensor& y, Cache* cache, size_t slot);
 Tensor tp_leave_backward(TensorParallel* tp, const Tensor& dy);

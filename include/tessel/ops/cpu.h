@@ -88,7 +88,7 @@ void attention_backward(void* dqkv, const void* dout, const void* qkv, const flo
 void linear_forward(float* y, const float* x, const float* w, const float* b, int64_t N, int64_t C,
                     int64_t OC);  // b may be null
 void linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
-                     const float* w, int64_t N, int64_t C, int64_t OC);  // dx, db may be null
+                     const float* w, int64_t N, int64_t C, int64_t OC);  // dx, dw, db may be null
 // db[OC] += the column sums of dy[N,OC] (linear_backward's bias part).
 void bias_backward(float* db, const float* dy, int64_t N, int64_t OC);
 

@@ -3,15 +3,16 @@
 // Partition::stage[c] -- one chunk per stage for balanced / uniform / explicit cuts, several
 // interleaved chunks per stage for pp.schedule = interleaved (chunks s, s + P, ...) and
 // round_robin. Each piece of a step is cut into pp.microbatches micro-batches; a static schedule
-// (gpipe, 1f1b or interleaved: schedule.h) orders every stage's forward and backward tasks,
+// (gpipe, 1f1b, interleaved or zb-h1: schedule.h) orders every stage's forward and backward tasks
+// (under zb-h1 each backward split into B and a later W, Module::backward_weights),
 // activations travel forward and activation gradients backward with point-to-point messages on one
 // two-rank communicator per chunk boundary and direction, so a send never waits behind a receive. A
 // stage keeps one set of activation caches per micro-batch in flight (the blocks themselves hold no
 // activations). Gradients accumulate over the micro-batches; the gradient sync over the dp group
 // reduces them like plain data parallelism. A GPT's tied LM head on another stage than its
 // embedding keeps a copy of the token table: it sends its share of the table gradient to the
-// embedding's stage per micro-batch, and the updated table comes back after each step
-// (sync_tied_table). One per rank, used by its thread.
+// embedding's stage per micro-batch (under zb-h1 once, summed, with the last W), and the updated
+// table comes back after each step (sync_tied_table). One per rank, used by its thread.
 #pragma once
 
 #include <map>
@@ -103,12 +104,19 @@ class PipelineExecutor final : public Executor {
   void forward_task(const Task& t, const Piece& piece, nn::Loss& loss, const Hooks& hooks,
                     bool training, PieceStats& result);
   void backward_task(const Task& t, const Piece& piece, const Hooks& hooks);
+  void weight_task(const Task& t, const Piece& piece, const Hooks& hooks);  // zb-h1's W
+  // The tied table's gradient: the head's share (received on the embedding's stage), added
+  // into the table's gradient at the owner's kBeforeBackward, and sent by the head's chunk.
+  Tensor recv_tied_grad();
+  void add_tied_grad(nn::Phase p, size_t block, const Tensor& tied_grad);
+  void send_tied_grad(int chunk);
   void trace_task(Tracer& tracer, const Task& t);  // the task's span (task_start_, task_end_)
 
   ParallelSpec spec_;
   comm::Communicator& pp_;
   nn::Model& model_;
   int stage_ = 0, stages_ = 1;
+  bool split_ = false;  // zb-h1: backwards split into B and W tasks (Module::set_defer_weights)
   Partition part_;
   std::vector<bool> local_;
   std::vector<std::unique_ptr<Link>> fwd_, bwd_;  // by boundary c (chunk c -> c + 1)

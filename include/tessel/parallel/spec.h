@@ -64,7 +64,7 @@ struct ParallelSpec {
   // pp.* (pipeline model parallelism)
   int64_t pp_stages = 1;                  // pipeline stages (1: no pipeline)
   int64_t pp_microbatches = 1;            // micro-batches per batch
-  std::string pp_schedule = "1f1b";       // gpipe | 1f1b | interleaved
+  std::string pp_schedule = "1f1b";       // gpipe | 1f1b | interleaved | zb-h1
   int64_t pp_virtual_stages = 1;          // interleaved: chunks per stage
   std::string pp_partition = "balanced";  // balanced | uniform | round_robin
   std::vector<int64_t> pp_cuts;  // explicit first block of stages 1..P-1 (overrides partition)

@@ -146,8 +146,9 @@ void linear_backward(Blas& blas, cudaStream_t stream, void* dx, float* dw, float
   if (dx != nullptr)
     gemm(blas, stream, false, false, N, C, OC, 1.0f, {dy, t, OC}, {w, t, C}, 0.0f, {dx, t, C});
   // dw[OC,C] += dy^T @ x            (accumulated, f32)
-  gemm(blas, stream, true, false, OC, C, N, 1.0f, {dy, t, OC}, {x, t, C}, 1.0f,
-       {dw, DType::kF32, C});
+  if (dw != nullptr)
+    gemm(blas, stream, true, false, OC, C, N, 1.0f, {dy, t, OC}, {x, t, C}, 1.0f,
+         {dw, DType::kF32, C});
   // db[OC] += column sums of dy
   if (db != nullptr) bias_backward(db, dy, t, N, OC, stream);
 }

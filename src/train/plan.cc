@@ -336,7 +336,8 @@ std::vector<int> micro_choices(int pp, int64_t replica_rows) {
 }
 
 // Every spec to try: the config's own keys with the layout's keys set.
-std::vector<Candidate> enumerate(const Config& config, int workers) {
+std::vector<Candidate> enumerate(const Config& config, int workers,
+                                 const std::vector<std::string>& precisions) {
   std::vector<Candidate> out;
   auto add = [&](int tp, int pp, int servers, int zero, int m, const std::string& precision,
                  const std::string& recompute) {
@@ -359,7 +360,7 @@ std::vector<Candidate> enumerate(const Config& config, int workers) {
     out.push_back(std::move(c));
   };
   for (const std::string recompute : {"none", "selective", "full"})
-    for (const std::string precision : {"fp32", "bf16"}) {
+    for (const std::string& precision : precisions) {
       for (int tp : divisors(workers)) {
         if (tp > 1 && precision != "fp32") continue;  // tensor parallelism runs in f32
         for (int pp : divisors(workers / tp)) {
@@ -401,7 +402,7 @@ std::vector<Candidate> plan_layouts(const Config& given, const PlanOptions& opti
                   options.hosts == 1 && options.bandwidth > 0 ? stated : measured, stated};
   std::map<std::tuple<int, int, int>, std::vector<StageShape>> shapes;  // by (tp, pp, shard)
   std::vector<Candidate> out;
-  for (Candidate& c : enumerate(config, options.workers)) {
+  for (Candidate& c : enumerate(config, options.workers, options.precisions)) {
     try {
       const parallel::Layout l = parallel::Layout::resolve(c.spec, options.workers);
       const int64_t replica_rows = config.train.batch / l.dp;

@@ -78,6 +78,7 @@ struct PlanOptions {
   int hosts = 1;                // hosts the ranks are spread over (dp crosses hosts first)
   double bandwidth = 0;         // bytes/s between hosts (0: this host's measured link)
   double latency = 0;           // seconds per message between hosts
+  std::vector<std::string> precisions = {"fp32", "bf16"};  // train.precision values to try
 };
 
 struct Candidate {
@@ -126,6 +127,11 @@ double ring_seconds(double bytes, int p, double passes, double alpha, double bet
 // Feasible first, fastest first (as fast to 0.1%: the smaller first), then the others
 // smallest first.
 void rank_candidates(std::vector<Candidate>& plan);
+
+// "z1 bf16 rc=full m=4": the keys beyond the mesh a layout sets (the table's options column).
+std::string options_str(const parallel::ParallelSpec& spec);
+// Bytes as the table shows them: "2.8M", "33.5G".
+std::string size_str(double bytes);
 
 nlohmann::json plan_json(const std::vector<Candidate>& plan, const PlanOptions& options);
 std::string plan_table(const std::vector<Candidate>& plan, const PlanOptions& options);

@@ -286,7 +286,9 @@ StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const 
   if (l.tp > 1)
     other += mb.m * tp_collectives(in.config, st.flops_share) *
              ring_seconds(act_bytes * 4, l.tp, 2, in.here.alpha, in.here.beta);
-  if (l.pp > 1) other += 2.0 * mb.m * (in.here.alpha + act_bytes * g_bytes / in.here.beta);
+  if (l.pp > 1)
+    other += 2.0 * mb.m * (in.here.alpha + in.cal.handoff_s + act_bytes * g_bytes / in.here.beta);
+  if (l.dp > 1 && l.servers == 0) other += in.cal.dp_step_s;
   // with overlap the gradient traffic hides behind the backward (about 60% of the compute)
   t.comm = other + (overlaps(in, spec) ? std::max(0.0, dp - t.compute * 0.6) : dp);
   return t;

@@ -58,6 +58,9 @@ struct Calibration {
   // The share of activations and of step time a tensor-parallel group does not divide (from a
   // 2-way group here): x_t = x_1 (whole + (1 - whole) / t).
   double tp_act_whole = 0, tp_time_whole = 0;
+  // What a 2-rank run takes beyond the prediction from one rank's figures: per step of a
+  // data-parallel group, and per pipeline message (a hand-off between stages on a busy host).
+  double dp_step_s = 0, handoff_s = 0;
   double link_latency_s = 0;  // alpha-beta of this host's threads transport (ring)
   double link_bytes_per_s = 0;
   // A rank's step time with every core busy over its time alone (shared memory bandwidth,

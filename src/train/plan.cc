@@ -214,15 +214,14 @@ MemoryBytes stage_memory(const Inputs& in, const parallel::ParallelSpec& spec,
                          const parallel::Layout& l, const StageShape& st, int stage) {
   const double g_bytes = spec.precision == "fp32" ? 4.0 : 2.0;
   const auto terms = engine_state_terms(spec.precision, in.config.optim.kind);
-  MemoryBytes mem;
+  MemoryBytes mem, server;
   if (l.servers > 0) {
-    // a worker holds every value (and the working copy) and gradient; a server its range's
-    // values, gradients and optimizer state (parameter_server.cc): the fuller of the two
+    // a worker holds every value (and the working copy) and gradient, and its batch's
+    // activations; a server its range's values, gradients and optimizer state and no batch
+    // (parameter_server.cc): the fuller of the two
     mem = state_bytes(terms, 0, st.whole, st.whole);
     mem[MemCategory::kOptimizer] = 0;
-    const MemoryBytes server =
-        state_bytes(engine_state_terms("fp32", in.config.optim.kind), 3, 0, st.server_piece);
-    if (server.total() > mem.total()) mem = server;
+    server = state_bytes(engine_state_terms("fp32", in.config.optim.kind), 3, 0, st.server_piece);
   } else {
     mem = state_bytes(terms, spec.zero_stage, st.whole, st.piece);
     if (uses_shared_memory(spec, l, in.options) && spec.zero_stage == 1)
@@ -257,7 +256,7 @@ MemoryBytes stage_memory(const Inputs& in, const parallel::ParallelSpec& spec,
   mem[MemCategory::kOther] = (2 + prefetch) * mb.replica_rows * row_bytes;
   if (l.pp > 1)  // received activations and gradients of the micro-batches in flight
     mem[MemCategory::kComm] += 2.0 * mb.in_flight * mb.rows * row_width(in.config) * g_bytes;
-  return mem;
+  return server.total() > mem.total() ? server : mem;
 }
 
 StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const parallel::Layout& l,

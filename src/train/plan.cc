@@ -287,7 +287,7 @@ StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const 
              ring_seconds(act_bytes * 4, l.tp, 2, in.here.alpha, in.here.beta);
   if (l.pp > 1)
     other += 2.0 * mb.m * (in.here.alpha + in.cal.handoff_s + act_bytes * g_bytes / in.here.beta);
-  if (l.dp > 1 && l.servers == 0) other += in.cal.dp_step_s;
+  if (l.dp > 1 || l.servers > 0) other += in.cal.dp_step_s;  // a group's per-step cost
   // with overlap the gradient traffic hides behind the backward (about 60% of the compute)
   t.comm = other + (overlaps(in, spec) ? std::max(0.0, dp - t.compute * 0.6) : dp);
   return t;
@@ -366,6 +366,8 @@ std::vector<Candidate> enumerate(const Config& config, int workers,
         if (tp > 1 && precision != "fp32") continue;  // tensor parallelism runs in f32
         for (int pp : divisors(workers / tp)) {
           const int dp = workers / (tp * pp);
+          // recompute in a pipeline keeps more than without it (docs/planning.md): not offered
+          if (pp > 1 && recompute != "none") continue;
           for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero)
             for (int m : micro_choices(pp, config.train.batch / dp))
               add(tp, pp, 0, zero, m, precision, recompute);

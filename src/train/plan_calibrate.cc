@@ -51,7 +51,7 @@ std::string model_key(const Config& c) {
       {"batch", c.train.batch},
       {"optim", c.optim.kind},
       {"threads", c.runtime.threads},
-      {"version", 6}};
+      {"version", 7}};
   return sha256_hex(key.dump().data(), key.dump().size()).substr(0, 16);
 }
 
@@ -170,7 +170,9 @@ std::pair<double, double> measure_link() {
 // What one rank does not show: a data-parallel pair's fixed cost per step (the gradient
 // exchange's start, barriers, the loader) and a pipeline hand-off's (a stage waiting for its
 // peer's micro-batch on a busy host). Each is what a 2-rank run (dp = 2; pp = 2 with the most
-// micro-batches plan offers) measures beyond the plan's prediction of it without them.
+// micro-batches plan offers) measures beyond the plan's prediction of it without them, that
+// prediction scaled by the host's load of the moment (a one-rank run just before over the
+// one-rank figures), so that load which came or went since those were measured does not count.
 void fit_pair_costs(const Config& config, const data::Splits& data, Calibration& cal) {
   PlanOptions o;
   o.workers = 2;
@@ -185,16 +187,23 @@ void fit_pair_costs(const Config& config, const data::Splits& data, Calibration&
     if (s.pp_stages == 2 && (!pp || s.pp_microbatches > pp->spec.pp_microbatches)) pp = &c;
   }
   const int64_t rows = config.train.batch;
+  const Calibration::Variant& alone = cal.variant("fp32", "none");
+  const auto load = [&] {
+    const double figures = alone.step_s_fixed + alone.step_s_per_row * static_cast<double>(rows);
+    return measure(base, data, rows).step_s / std::max(1e-9, figures);
+  };
   if (dp) {
+    const double now = load();
     const double measured = measure(base, data, rows, 2).step_s;
-    cal.dp_step_s = std::max(0.0, measured - dp->time.total());
+    cal.dp_step_s = std::max(0.0, measured - dp->time.total() * now);
   }
   if (pp) {
     Config c = base;
     c.parallel.pp_stages = 2;
     c.parallel.pp_microbatches = pp->spec.pp_microbatches;
+    const double now = load();
     const double measured = measure(c, data, rows, 2).step_s;
-    cal.handoff_s = std::max(0.0, measured - pp->time.total()) /
+    cal.handoff_s = std::max(0.0, measured - pp->time.total() * now) /
                     (2.0 * static_cast<double>(pp->spec.pp_microbatches));
   }
 }

@@ -52,9 +52,8 @@ TEST_F(PlanAuto, PicksSaysRecordsTrainsAndResumeKeepsThePick) {
   EXPECT_TRUE(holds("layout", "manual")) << toml;
   for (const std::string set : pick["set"]) {
     const size_t dot = set.find('.'), eq = set.find('=');
-    EXPECT_TRUE(holds(set.substr(dot + 1, eq - dot - 1), set.substr(eq + 1)))
-        << set << " not in\n"
-        << toml;
+    EXPECT_TRUE(holds(set.substr(dot + 1, eq - dot - 1), set.substr(eq + 1))) << set << " not in\n"
+                                                                              << toml;
   }
   // a resume (the file still says auto) trains the run's own layout without planning again
   const Result again =

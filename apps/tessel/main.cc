@@ -32,6 +32,7 @@
 #include "tessel/train/config.h"
 #include "tessel/train/dry_run.h"
 #include "tessel/train/evaluator.h"
+#include "tessel/train/plan_auto.h"
 #include "tessel/train/recovery.h"
 #include "tessel/train/trainer.h"
 
@@ -51,9 +52,17 @@ void on_stop_signal(int sig) {
 // The exit code of a run stopped by a signal: 130 after SIGINT, 143 after the others.
 int stopped_exit_code() { return g_signal.load() == SIGINT ? 130 : 143; }
 
-// Runs one training job on the layout the config asks for: one rank, ranks as threads of this
-// process, or this process as one rank of an MPI job. Returns the summary; *main is false on
-// the MPI ranks other than 0.
+// The run's options with what layout = auto picked: said at the start, recorded in run.json.
+tessel::train::RunOptions told(tessel::train::RunOptions opts,
+                               const tessel::train::LayoutChoice& layout) {
+  opts.notes.insert(opts.notes.end(), layout.notes.begin(), layout.notes.end());
+  opts.layout_auto = layout.record;
+  return opts;
+}
+
+// Runs one training job on the layout the config asks for (layout = auto: the plan's pick):
+// one rank, ranks as threads of this process, or this process as one rank of an MPI job.
+// Returns the summary; *main is false on the MPI ranks other than 0.
 nlohmann::json train_job(const tessel::train::Config& cfg, const tessel::train::RunOptions& opts,
                          bool* main) {
   *main = true;
@@ -67,7 +76,9 @@ nlohmann::json train_job(const tessel::train::Config& cfg, const tessel::train::
     if (world.rank() != 0) rank_opts.progress = *main = false;
     std::unique_ptr<tessel::train::Trainer> trainer;
     try {
-      trainer = std::make_unique<tessel::train::Trainer>(cfg, rank_opts, &world);
+      const auto layout = tessel::train::resolve_layout(cfg, world.size(), &world);
+      trainer =
+          std::make_unique<tessel::train::Trainer>(layout.config, told(rank_opts, layout), &world);
       return trainer->run();
     } catch (const std::exception& e) {
       // Before the trainer's calls in flight wait out their deadlines: every rank stops now.
@@ -78,7 +89,8 @@ nlohmann::json train_job(const tessel::train::Config& cfg, const tessel::train::
       throw;
     }
   }
-  return tessel::train::train_threads(cfg, opts, co);  // ranks as threads (or one rank)
+  const auto layout = tessel::train::resolve_layout(cfg, cfg.runtime.workers, nullptr);
+  return tessel::train::train_threads(layout.config, told(opts, layout), co);  // or one rank
 }
 
 // A float32 .npy file (NumPy format 1.0): magic, header dict padded to 64 bytes, data.
@@ -122,7 +134,7 @@ int fail(const char* kind, const std::exception& e) {
 
 // Everything the command line sets.
 struct Args {
-  std::string config_path, run_dir, resume, checkpoint, logits_path, backend, report_out;
+  std::string config_path, run_dir, resume, checkpoint, logits_path, backend, report_out, layout;
   std::string command;  // as typed, for run.json
   std::vector<std::string> overrides;
   int64_t stop_after = 0, logits_limit = 100;
@@ -165,6 +177,9 @@ CLI::App* add_train(CLI::App& app, Args& a) {
   train->add_option("--workers", a.workers, "Ranks as threads of this process (runtime.workers)")
       ->check(tessel::cli::at_least(1, "ranks"));
   train->add_option("--backend", a.backend, "threads or mpi (runtime.backend; default: auto)");
+  train->add_option("--layout", a.layout,
+                    "auto: train the layout tessel plan predicts fastest within "
+                    "runtime.memory_limit_mb (the layout key; docs/planning.md)");
   return train;
 }
 
@@ -289,6 +304,7 @@ int run_train(Args& a) {
   if (a.workers > 0) a.overrides.push_back("runtime.workers=" + std::to_string(a.workers));
   if (!a.backend.empty()) a.overrides.push_back("runtime.backend=" + a.backend);
   if (a.trace) a.overrides.push_back("train.trace=true");
+  if (!a.layout.empty()) a.overrides.push_back("layout=" + a.layout);
   bool main = true;
   nlohmann::json summary = train_job(train_config(a, opts.notes), opts, &main);
   if (!main || summary.is_null())  // an MPI rank other than 0: rank 0 prints and reports
@@ -376,12 +392,16 @@ int run_config(Args& a) {
       throw tessel::InvalidArgument(
           "tessel config needs a config file (e.g. examples/fashion_mlp.toml), or --composition");
     if (a.workers > 0) a.overrides.push_back("runtime.workers=" + std::to_string(a.workers));
-    const tessel::train::Config cfg = tessel::train::load_config(a.config_path, a.overrides);
+    const tessel::train::Config given = tessel::train::load_config(a.config_path, a.overrides);
     const std::string backend =
-        tessel::train::resolve_backend(cfg, a.np > 0 || tessel::comm::mpi_launched());
-    const int world = a.np > 0 ? a.np : cfg.runtime.workers;
+        tessel::train::resolve_backend(given, a.np > 0 || tessel::comm::mpi_launched());
+    const int world = a.np > 0 ? a.np : given.runtime.workers;
+    const auto layout = tessel::train::resolve_layout(given, world, nullptr);  // layout = auto
+    const tessel::train::Config& cfg = layout.config;
     const nlohmann::json plan = tessel::train::dry_run(cfg, world);
-    std::printf("%s%s", tessel::train::to_toml(cfg).c_str(),
+    std::string picked;
+    for (const std::string& line : layout.notes) picked += "# " + line + "\n";
+    std::printf("%s%s%s", tessel::train::to_toml(cfg).c_str(), picked.c_str(),
                 plan_comments(plan, world, backend).c_str());
     return 0;
   } catch (const tessel::Error& e) {

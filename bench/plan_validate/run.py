@@ -3,7 +3,10 @@
 the plan offers (or the first --limit of them) trains --steps steps on this machine, and its
 predicted peak memory of the fullest rank and step time are set beside the measured ones (the
 ledger peak in metrics.jsonl, the median samples/s of its records after the first).
-Prints a Markdown table (docs/planning.md holds one) and the share within 10% / 15%.
+Prints a Markdown table (docs/planning.md holds one) and the share within 10% / 15%. With
+--baseline the step time is also predicted without the 2-rank costs of the calibration
+(dp_step_s, handoff_s set to 0 in a copy of it): the model before they were added, on the
+same measurements.
 
   flock /tmp/tessel-bench.lock python3 bench/plan_validate/run.py --tessel build/apps/tessel/tessel \
       --config examples/char_gpt.toml --workers 2,4 [--limit 12] [--match 'pp='] [--steps 30]
@@ -16,6 +19,15 @@ import statistics
 import subprocess
 import sys
 import tempfile
+
+
+def without_pair_costs(cache, into):
+    """A copy of the calibrations in `cache` without the costs a 2-rank run adds."""
+    os.makedirs(into, exist_ok=True)
+    for name in os.listdir(cache):
+        cal = json.load(open(os.path.join(cache, name)))
+        cal["dp_step_s"] = cal["handoff_s"] = 0
+        json.dump(cal, open(os.path.join(into, name), "w"))
 
 
 def plan(tessel, config, workers, cache):
@@ -49,15 +61,24 @@ def main():
     ap.add_argument("--match", default="", help="only layouts whose 'layout options' match")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/tessel/plan"))
+    ap.add_argument("--baseline", action="store_true",
+                    help="also the step time predicted without the 2-rank calibration costs")
     a = ap.parse_args()
+    extra = " before ms | err |" if a.baseline else ""
     print("| config | ranks | layout | options | mem pred MiB | mem meas MiB | err | "
-          "step pred ms | step meas ms | err |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    mem_ok = time_ok = n = 0
+          "step pred ms | step meas ms | err |" + extra)
+    print("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if a.baseline else ""))
+    mem_ok = time_ok = before_ok = n = 0
     with tempfile.TemporaryDirectory() as tmp:
         for config in a.config:
             for workers in [int(w) for w in a.workers.split(",")]:
                 layouts = plan(a.tessel, config, workers, a.cache_dir)
+                before = {}
+                if a.baseline:
+                    without_pair_costs(a.cache_dir, os.path.join(tmp, "before"))
+                    before = {(l["layout"], l["options"]): l["step_seconds"]["total"]
+                              for l in plan(a.tessel, config, workers,
+                                            os.path.join(tmp, "before"))}
                 layouts = [l for l in layouts
                            if re.search(a.match, l["layout"] + " " + l["options"])]
                 if a.limit:
@@ -79,11 +100,17 @@ def main():
                     n += 1
                     mem_ok += abs(em) <= 0.10
                     time_ok += abs(et) <= 0.15
-                    print(f"| {name} | {workers} | {l['layout']} | {l['options']} | "
-                          f"{pred_mem / 2**20:.2f} | {peak / 2**20:.2f} | {100 * em:+.0f}% | "
-                          f"{1e3 * batch_s:.1f} | {1e3 * meas_s:.1f} | {100 * et:+.0f}% |",
-                          flush=True)
-    print(f"\n{n} layouts: memory within 10% for {mem_ok}, step time within 15% for {time_ok}")
+                    row = (f"| {name} | {workers} | {l['layout']} | {l['options']} | "
+                           f"{pred_mem / 2**20:.2f} | {peak / 2**20:.2f} | {100 * em:+.0f}% | "
+                           f"{1e3 * batch_s:.1f} | {1e3 * meas_s:.1f} | {100 * et:+.0f}% |")
+                    if a.baseline:
+                        b = before[(l["layout"], l["options"])]
+                        eb = (b - meas_s) / meas_s
+                        before_ok += abs(eb) <= 0.15
+                        row += f" {1e3 * b:.1f} | {100 * eb:+.0f}% |"
+                    print(row, flush=True)
+    print(f"\n{n} layouts: memory within 10% for {mem_ok}, step time within 15% for {time_ok}" +
+          (f" (without the 2-rank costs: {before_ok})" if a.baseline else ""))
     return 0
 
 

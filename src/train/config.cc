@@ -256,6 +256,7 @@ const std::vector<Key>& registry() {
   static const std::vector<Key> keys = {
       TESSEL_KEY("name", name, "run name; default: the config file name without .toml"),
       TESSEL_KEY("seed", seed, "seed of parameter init, data shuffle and dropout", {0, kMaxInt}),
+      TESSEL_KEY("layout", layout, "manual (the layout keys as written) or auto: tessel train plans the layout for its ranks (tessel plan) and trains the fastest one predicted to fit runtime.memory_limit_mb, setting tp.size, pp.stages, pp.microbatches, zero.stage, ps.servers and train.recompute (train.precision stays); also --layout auto (docs/planning.md)", Choices{{"manual", "auto"}}),
       TESSEL_KEY("model.kind", model.kind, "model family: a multi-layer perceptron, a convolutional network or a GPT", Choices{{"mlp", "cnn", "gpt"}}),
       TESSEL_KEY("model.hidden", model.hidden, "mlp: hidden layer widths", {1, 1 << 20}),
       TESSEL_KEY("model.activation", model.activation, "mlp: the hidden layers' activation", Choices{{"relu", "gelu"}}),

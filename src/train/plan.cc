@@ -220,15 +220,14 @@ MemoryBytes stage_memory(const Inputs& in, const parallel::ParallelSpec& spec,
                          const parallel::Layout& l, const StageShape& st, int stage) {
   const double g_bytes = spec.precision == parallel::Precision::kFp32 ? 4.0 : 2.0;
   const auto terms = engine_state_terms(name_of(spec.precision), in.config.optim.kind);
-  MemoryBytes mem;
+  MemoryBytes mem, server;
   if (l.servers > 0) {
-    // a worker holds every value (and the working copy) and gradient; a server its range's
-    // values, gradients and optimizer state (parameter_server.cc): the fuller of the two
+    // a worker holds every value (and the working copy) and gradient, and its batch's
+    // activations; a server its range's values, gradients and optimizer state and no batch
+    // (parameter_server.cc): the fuller of the two
     mem = state_bytes(terms, 0, st.whole, st.whole);
     mem[MemCategory::kOptimizer] = 0;
-    const MemoryBytes server =
-        state_bytes(engine_state_terms("fp32", in.config.optim.kind), 3, 0, st.server_piece);
-    if (server.total() > mem.total()) mem = server;
+    server = state_bytes(engine_state_terms("fp32", in.config.optim.kind), 3, 0, st.server_piece);
   } else {
     mem = state_bytes(terms, spec.zero_stage, st.whole, st.piece);
     if (uses_shared_memory(spec, l, in.options) && spec.zero_stage == 1)
@@ -263,7 +262,7 @@ MemoryBytes stage_memory(const Inputs& in, const parallel::ParallelSpec& spec,
   mem[MemCategory::kOther] = (2 + prefetch) * mb.replica_rows * row_bytes;
   if (l.pp > 1)  // received activations and gradients of the micro-batches in flight
     mem[MemCategory::kComm] += 2.0 * mb.in_flight * mb.rows * row_width(in.config) * g_bytes;
-  return mem;
+  return server.total() > mem.total() ? server : mem;
 }
 
 StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const parallel::Layout& l,
@@ -293,7 +292,9 @@ StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const 
   if (l.tp > 1)
     other += mb.m * tp_collectives(in.config, st.flops_share) *
              ring_seconds(act_bytes * 4, l.tp, 2, in.here.alpha, in.here.beta);
-  if (l.pp > 1) other += 2.0 * mb.m * (in.here.alpha + act_bytes * g_bytes / in.here.beta);
+  if (l.pp > 1)
+    other += 2.0 * mb.m * (in.here.alpha + in.cal.handoff_s + act_bytes * g_bytes / in.here.beta);
+  if (l.dp > 1 || l.servers > 0) other += in.cal.dp_step_s;  // a group's per-step cost
   // with overlap the gradient traffic hides behind the backward (about 60% of the compute)
   t.comm = other + (overlaps(in, spec) ? std::max(0.0, dp - t.compute * 0.6) : dp);
   return t;
@@ -343,7 +344,8 @@ std::vector<int> micro_choices(int pp, int64_t replica_rows) {
 }
 
 // Every spec to try: the config's own keys with the layout's keys set.
-std::vector<Candidate> enumerate(const Config& config, int workers) {
+std::vector<Candidate> enumerate(const Config& config, int workers,
+                                 const std::vector<std::string>& precisions) {
   std::vector<Candidate> out;
   auto add = [&](int tp, int pp, int servers, int zero, int m, const std::string& precision,
                  const std::string& recompute) {
@@ -366,11 +368,13 @@ std::vector<Candidate> enumerate(const Config& config, int workers) {
     out.push_back(std::move(c));
   };
   for (const std::string recompute : {"none", "selective", "full"})
-    for (const std::string precision : {"fp32", "bf16"}) {
+    for (const std::string& precision : precisions) {
       for (int tp : divisors(workers)) {
         if (tp > 1 && precision != "fp32") continue;  // tensor parallelism runs in f32
         for (int pp : divisors(workers / tp)) {
           const int dp = workers / (tp * pp);
+          // recompute in a pipeline keeps more than without it (docs/planning.md): not offered
+          if (pp > 1 && recompute != "none") continue;
           for (int zero = 0; zero <= (dp > 1 ? 3 : 0); ++zero)
             for (int m : micro_choices(pp, config.train.batch / dp))
               add(tp, pp, 0, zero, m, precision, recompute);
@@ -408,7 +412,7 @@ std::vector<Candidate> plan_layouts(const Config& given, const PlanOptions& opti
                   options.hosts == 1 && options.bandwidth > 0 ? stated : measured, stated};
   std::map<std::tuple<int, int, int>, std::vector<StageShape>> shapes;  // by (tp, pp, shard)
   std::vector<Candidate> out;
-  for (Candidate& c : enumerate(config, options.workers)) {
+  for (Candidate& c : enumerate(config, options.workers, options.precisions)) {
     try {
       const parallel::Layout l = parallel::Layout::resolve(c.spec, options.workers);
       parallel::compose(c.spec, l, false);  // a combination the decision table refuses

@@ -51,7 +51,7 @@ std::string model_key(const Config& c) {
       {"batch", c.train.batch},
       {"optim", c.optim.kind},
       {"threads", c.runtime.threads},
-      {"version", 4}};
+      {"version", 7}};
   return sha256_hex(key.dump().data(), key.dump().size()).substr(0, 16);
 }
 
@@ -59,28 +59,34 @@ struct Measured {
   double step_s = 0, act_bytes = 0;
 };
 
-// Steps of `rows` rows on `tp` ranks (threads) of a tensor-parallel group (1: one rank): rank
-// 0's median step time and peak activation bytes.
-Measured measure(const Config& base, const data::Splits& data, const std::string& precision,
-                 const std::string& recompute, int64_t rows, int tp = 1) {
+// config laid out on one rank in `precision` x `recompute`, as the calibration measures it.
+Config one_rank(const Config& base, const std::string& precision, const std::string& recompute) {
   Config c = base;
-  c.parallel.tp_size = tp;
-  c.parallel.pp_stages = c.parallel.pp_microbatches = 1;
+  c.parallel.tp_size = c.parallel.pp_stages = c.parallel.pp_microbatches = 1;
   c.parallel.zero_stage = 0;
   c.parallel.ps_servers = 0;
   c.parallel.precision = *value_of<parallel::Precision>(precision);
   c.parallel.recompute = *value_of<nn::Recompute>(recompute);
+  c.parallel.memory_limit_mb = 0;  // measured whole: the cap is what the plan checks
+  return c;
+}
+
+// Steps of `rows` rows on `ranks` threads in c's layout (one rank, a tp group, a pipeline, a
+// dp pair: each replica reads its share of the rows): rank 0's median step time and peak
+// activation bytes.
+Measured measure(Config c, const data::Splits& data, int64_t rows, int ranks = 1) {
   c.train.batch = rows;
   c.train.accumulate = 1;
-  c.runtime.workers = tp;
+  c.runtime.workers = ranks;
+  const int64_t replica_rows = rows / (ranks / (c.parallel.tp_size * c.parallel.pp_stages));
   RunOptions opts;
   opts.progress = false;
   Measured out;
-  comm::run_threads(tp, [&](comm::Communicator& world) {
-    Trainer trainer(c, opts, tp == 1 ? nullptr : &world, &data);
+  comm::run_threads(ranks, [&](comm::Communicator& world) {
+    Trainer trainer(c, opts, ranks == 1 ? nullptr : &world, &data);
     MemoryScope charged(trainer.ledger(), MemCategory::kOther);  // as Trainer::run charges it
     data::LoaderOptions lo;
-    lo.batch = rows;
+    lo.batch = replica_rows;
     lo.drop_last = true;
     data::DataLoader loader(data.train, lo);
     loader.start_epoch(0);
@@ -104,13 +110,13 @@ Measured measure(const Config& base, const data::Splits& data, const std::string
 // The same one-rank steps run by `copies` independent trainers at once (every core busy, as
 // ranks as threads keep them): rank 0's median step time over the lone one's.
 double contention(const Config& config, const data::Splits& data, int64_t rows, int copies) {
-  const double alone = measure(config, data, "fp32", "none", rows).step_s;
+  const Config one = one_rank(config, "fp32", "none");
+  const double alone = measure(one, data, rows).step_s;
   std::vector<double> together(static_cast<size_t>(copies));
   std::vector<std::thread> threads;
   for (int k = 0; k < copies; ++k)
-    threads.emplace_back([&, k] {
-      together[static_cast<size_t>(k)] = measure(config, data, "fp32", "none", rows).step_s;
-    });
+    threads.emplace_back(
+        [&, k] { together[static_cast<size_t>(k)] = measure(one, data, rows).step_s; });
   for (std::thread& t : threads) t.join();
   return std::max(1.0, median(together) / std::max(1e-9, alone));
 }
@@ -161,6 +167,47 @@ std::pair<double, double> measure_link() {
   return {std::max(0.0, ts / 2 - static_cast<double>(small * 4) / (2 * beta)), beta};
 }
 
+// What one rank does not show: a data-parallel pair's fixed cost per step (the gradient
+// exchange's start, barriers, the loader) and a pipeline hand-off's (a stage waiting for its
+// peer's micro-batch on a busy host). Each is what a 2-rank run (dp = 2; pp = 2 with the most
+// micro-batches plan offers) measures beyond the plan's prediction of it without them, that
+// prediction scaled by the host's load of the moment (a one-rank run just before over the
+// one-rank figures), so that load which came or went since those were measured does not count.
+void fit_pair_costs(const Config& config, const data::Splits& data, Calibration& cal) {
+  PlanOptions o;
+  o.workers = 2;
+  o.precisions = {"fp32"};
+  const Config base = one_rank(config, "fp32", "none");
+  const Candidate *dp = nullptr, *pp = nullptr;
+  const std::vector<Candidate> plan = plan_layouts(base, o, cal);
+  for (const Candidate& c : plan) {
+    const parallel::ParallelSpec& s = c.spec;
+    if (s.recompute != "none" || s.ps_servers > 0 || s.tp_size > 1 || s.zero_stage > 0) continue;
+    if (s.pp_stages == 1) dp = &c;
+    if (s.pp_stages == 2 && (!pp || s.pp_microbatches > pp->spec.pp_microbatches)) pp = &c;
+  }
+  const int64_t rows = config.train.batch;
+  const Calibration::Variant& alone = cal.variant("fp32", "none");
+  const auto load = [&] {
+    const double figures = alone.step_s_fixed + alone.step_s_per_row * static_cast<double>(rows);
+    return measure(base, data, rows).step_s / std::max(1e-9, figures);
+  };
+  if (dp) {
+    const double now = load();
+    const double measured = measure(base, data, rows, 2).step_s;
+    cal.dp_step_s = std::max(0.0, measured - dp->time.total() * now);
+  }
+  if (pp) {
+    Config c = base;
+    c.parallel.pp_stages = 2;
+    c.parallel.pp_microbatches = pp->spec.pp_microbatches;
+    const double now = load();
+    const double measured = measure(c, data, rows, 2).step_s;
+    cal.handoff_s = std::max(0.0, measured - pp->time.total() * now) /
+                    (2.0 * static_cast<double>(pp->spec.pp_microbatches));
+  }
+}
+
 Calibration measure_all(const Config& config, const data::Splits& data) {
   Calibration cal;
   cal.host = host_name() + " " + ops::isa_description();
@@ -178,8 +225,9 @@ Calibration measure_all(const Config& config, const data::Splits& data) {
   cal.block_act_bytes = block_activations(spec, data, big);
   for (const std::string precision : {"fp32", "bf16"})
     for (const std::string recompute : {"none", "selective", "full"}) {
-      const Measured at_big = measure(config, data, precision, recompute, big);
-      const Measured at_little = measure(config, data, precision, recompute, little);
+      const Config one = one_rank(config, precision, recompute);
+      const Measured at_big = measure(one, data, big);
+      const Measured at_little = measure(one, data, little);
       Calibration::Variant v{precision, recompute, big};
       const double span = static_cast<double>(std::max<int64_t>(1, big - little));
       v.step_s_per_row = std::max(0.0, (at_big.step_s - at_little.step_s) / span);
@@ -189,14 +237,23 @@ Calibration measure_all(const Config& config, const data::Splits& data) {
           std::max(0.0, at_big.act_bytes - v.act_bytes_per_row * static_cast<double>(big));
       cal.variants.push_back(v);
     }
+  // Recompute reruns forwards: a variant measured faster than its precision without recompute
+  // measured noise (a busy host), so it costs at least as much.
+  for (Calibration::Variant& v : cal.variants) {
+    const Calibration::Variant& none = cal.variant(v.precision, "none");
+    v.step_s_per_row = std::max(v.step_s_per_row, none.step_s_per_row);
+    v.step_s_fixed = std::max(v.step_s_fixed, none.step_s_fixed);
+  }
   std::tie(cal.link_latency_s, cal.link_bytes_per_s) = measure_link();
   if (cal.cores > 1) cal.contention = contention(config, data, big, cal.cores);
   // What a 2-way tensor-parallel group does not divide (replicated activations, the
   // collectives' time): x at t = 2 is x1 (r + (1 - r) / 2). Its two ranks ran at once, at the
   // pace of a busy host, so their time is first taken back to a core each.
   try {
-    const Measured one = measure(config, data, "fp32", "none", big);
-    const Measured two = measure(config, data, "fp32", "none", big, 2);
+    Config pair = one_rank(config, "fp32", "none");
+    const Measured one = measure(pair, data, big);
+    pair.parallel.tp_size = 2;
+    const Measured two = measure(pair, data, big, 2);
     const double shared = std::max(1.0, 2 * cal.contention / cal.cores);
     cal.tp_act_whole = std::clamp(2 * two.act_bytes / std::max(1.0, one.act_bytes) - 1, 0.0, 1.0);
     cal.tp_time_whole =
@@ -204,6 +261,7 @@ Calibration measure_all(const Config& config, const data::Splits& data) {
   } catch (const InvalidArgument&) {
     // a model tensor parallelism does not cut (a cnn): plan offers no tp layout for it
   }
+  fit_pair_costs(config, data, cal);
   return cal;
 }
 
@@ -242,7 +300,9 @@ json Calibration::to_json() const {
           {"block_act_bytes", block_act_bytes},
           {"tp_act_whole", tp_act_whole},
           {"tp_time_whole", tp_time_whole},
-          {"contention", contention}};
+          {"contention", contention},
+          {"dp_step_s", dp_step_s},
+          {"handoff_s", handoff_s}};
 }
 
 Calibration Calibration::from_json(const json& j) {
@@ -257,6 +317,8 @@ Calibration Calibration::from_json(const json& j) {
   c.tp_act_whole = j.at("tp_act_whole");
   c.tp_time_whole = j.at("tp_time_whole");
   c.contention = j.at("contention");
+  c.dp_step_s = j.at("dp_step_s");
+  c.handoff_s = j.at("handoff_s");
   c.link_latency_s = j.at("link_latency_s");
   c.link_bytes_per_s = j.at("link_bytes_per_s");
   c.cores = j.at("cores");

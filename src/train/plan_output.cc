@@ -14,7 +14,8 @@ constexpr MemCategory kShown[] = {MemCategory::kParameters, MemCategory::kGradie
                                   MemCategory::kOptimizer,  MemCategory::kActivations,
                                   MemCategory::kComm,       MemCategory::kOther};
 
-// "z1 bf16 rc=full m=4": the keys beyond the mesh that the layout sets.
+}  // namespace
+
 std::string options_str(const parallel::ParallelSpec& s) {
   std::string out = s.ps_servers > 0 ? "" : str("z", s.zero_stage);
   out += str(out.empty() ? "" : " ", name_of(s.precision));
@@ -31,8 +32,6 @@ std::string size_str(double bytes) {
     std::snprintf(buf, sizeof buf, "%.1fM", bytes / (1 << 20));
   return buf;
 }
-
-}  // namespace
 
 json plan_json(const std::vector<Candidate>& plan, const PlanOptions& options) {
   json rows = json::array();

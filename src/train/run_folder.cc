@@ -83,6 +83,7 @@ void record_start(const std::string& run_dir, RunStart start, const RunRecord& r
             {"world_size", world},
             {"layout", r.layout}};
   if (!r.resumed_from.empty()) s["resumed_from"] = r.resumed_from;
+  if (!r.layout_auto.is_null()) s["layout_auto"] = r.layout_auto;
   doc["starts"].push_back(s);
   ckpt::write_file_atomic(path.string(), doc.dump(2) + "\n");
 }

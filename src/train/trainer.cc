@@ -419,7 +419,8 @@ bool Trainer::open_run(State& s) {
                      {options_.command, engine_->layout().str(),
                       options_.resume_snapshot ? "an in-memory snapshot"
                       : resuming               ? ckpt::resolve_checkpoint_dir(options_.resume)
-                                               : ""});
+                                               : "",
+                      options_.layout_auto});
   for (const std::string& note : options_.notes) progress_->info(note);
   if (resuming) {
     const std::string loaded = restore(options_.resume, s);

@@ -5,12 +5,14 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 
 #include "tessel/core/error.h"
 #include "tessel/data/dataset.h"
 #include "tessel/train/dry_run.h"
+#include "tessel/train/plan_auto.h"
 #include "tessel/train/plan_scale.h"
 
 namespace tessel::train {
@@ -177,6 +179,61 @@ TEST(Plan, CapNamesTheOverflowingCategoryAndRanksFeasibleFirst) {
   EXPECT_THROW(plan_layouts(base, o, cal), InvalidArgument);  // --hosts needs --bandwidth
   o.hosts = 3;
   EXPECT_THROW(plan_layouts(base, o, cal), InvalidArgument);  // 3 does not divide 2
+}
+
+// layout = auto takes the plan's first feasible layout in the config's precision, sets its keys
+// (layout = manual, so that the run's config.toml keeps the pick) and names the runner-up.
+TEST(PlanAuto, PicksTheFastestFeasibleLayoutAndSetsItsKeys) {
+  const Config base = tiny_gpt({"layout=auto", "train.recompute=full"});
+  const Calibration cal = shape_only(base);
+  PlanOptions o;
+  o.workers = 4;
+  o.precisions = {"fp32"};
+  auto plan = plan_layouts(base, o, cal);
+  for (const Candidate& c : plan) EXPECT_EQ(c.spec.precision, "fp32");
+  // a cap between the smallest and the largest layout: the pick is one that fits
+  std::vector<double> totals;
+  for (const Candidate& c : plan) totals.push_back(c.memory.total());
+  std::sort(totals.begin(), totals.end());
+  o.memory_per_rank = static_cast<int64_t>(totals[totals.size() / 2]);
+  plan = plan_layouts(base, o, cal);
+  const LayoutChoice choice = choose_layout(base, plan, o);
+  const Candidate& best = plan.front();
+  EXPECT_LE(best.memory.total(), static_cast<double>(o.memory_per_rank));
+  EXPECT_EQ(choice.config.layout, "manual");
+  EXPECT_EQ(choice.config.parallel.tp_size, best.spec.tp_size);
+  EXPECT_EQ(choice.config.parallel.pp_stages, best.spec.pp_stages);
+  EXPECT_EQ(choice.config.parallel.zero_stage, best.spec.zero_stage);
+  EXPECT_EQ(choice.config.parallel.recompute, best.spec.recompute);
+  EXPECT_EQ(choice.record["chosen"]["layout"], best.layout + " " + options_str(best.spec));
+  EXPECT_EQ(choice.record["set"], nlohmann::json(best.sets));
+  ASSERT_FALSE(choice.record["runner_up"].is_null());
+  EXPECT_EQ(choice.record["runner_up"]["layout"], plan[1].layout + " " + options_str(plan[1].spec));
+  EXPECT_GE(choice.record["margin"].get<double>(), 0.0);
+  ASSERT_GE(choice.notes.size(), 2u);
+  EXPECT_NE(choice.notes[1].find("runner-up"), std::string::npos) << choice.notes[1];
+  // a manual config passes through untouched
+  const Config manual = tiny_gpt();
+  EXPECT_EQ(to_toml(resolve_layout(manual, 4, nullptr).config), to_toml(manual));
+}
+
+// A cap that no layout meets fails before training, naming the category and what to change.
+TEST(PlanAuto, ACapNoLayoutMeetsNamesTheCategory) {
+  const Config base = tiny_gpt({"layout=auto"});
+  const Calibration cal = shape_only(base);
+  PlanOptions o;
+  o.workers = 2;
+  o.memory_per_rank = 1024;
+  const auto plan = plan_layouts(base, o, cal);
+  try {
+    choose_layout(base, plan, o);
+    FAIL() << "no layout fits 1 KiB";
+  } catch (const InvalidArgument& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("no layout of 2 ranks"), std::string::npos) << m;
+    EXPECT_NE(m.find(std::string("most of it ") + plan.front().overflow), std::string::npos) << m;
+    EXPECT_NE(m.find("raise runtime.memory_limit_mb to 1"), std::string::npos) << m;
+  }
 }
 
 TEST(Plan, CalibrationRoundTripsThroughJson) {

@@ -96,6 +96,7 @@ struct ServeSpec {
 struct Config {
   std::string name;  // run name; default: the config file's stem
   uint64_t seed = 0;
+  std::string layout = "manual";  // manual: the layout keys as given; auto: tessel plan's pick
   nn::ModelSpec model;
   data::DataSpec data;
   optim::OptimSpec optim;

@@ -58,6 +58,9 @@ struct Calibration {
   // The share of activations and of step time a tensor-parallel group does not divide (from a
   // 2-way group here): x_t = x_1 (whole + (1 - whole) / t).
   double tp_act_whole = 0, tp_time_whole = 0;
+  // What a 2-rank run takes beyond the prediction from one rank's figures: per step of a
+  // data-parallel group, and per pipeline message (a hand-off between stages on a busy host).
+  double dp_step_s = 0, handoff_s = 0;
   double link_latency_s = 0;  // alpha-beta of this host's threads transport (ring)
   double link_bytes_per_s = 0;
   // A rank's step time with every core busy over its time alone (shared memory bandwidth,
@@ -78,6 +81,7 @@ struct PlanOptions {
   int hosts = 1;                // hosts the ranks are spread over (dp crosses hosts first)
   double bandwidth = 0;         // bytes/s between hosts (0: this host's measured link)
   double latency = 0;           // seconds per message between hosts
+  std::vector<std::string> precisions = {"fp32", "bf16"};  // train.precision values to try
 };
 
 struct Candidate {
@@ -126,6 +130,11 @@ double ring_seconds(double bytes, int p, double passes, double alpha, double bet
 // Feasible first, fastest first (as fast to 0.1%: the smaller first), then the others
 // smallest first.
 void rank_candidates(std::vector<Candidate>& plan);
+
+// "z1 bf16 rc=full m=4": the keys beyond the mesh a layout sets (the table's options column).
+std::string options_str(const parallel::ParallelSpec& spec);
+// Bytes as the table shows them: "2.8M", "33.5G".
+std::string size_str(double bytes);
 
 nlohmann::json plan_json(const std::vector<Candidate>& plan, const PlanOptions& options);
 std::string plan_table(const std::vector<Candidate>& plan, const PlanOptions& options);

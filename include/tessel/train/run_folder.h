@@ -5,6 +5,7 @@
 // version and commit, the command line, the host, the world size and how it started.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -21,9 +22,10 @@ inline const std::vector<std::string> kRunFiles = {"config.toml", "metrics.jsonl
                                                    "tensorboard"};
 
 struct RunRecord {
-  std::string command;       // the command line as typed (argv, shell-quoted)
-  std::string layout;        // e.g. "dp=4"
-  std::string resumed_from;  // the checkpoint folder a resume continues from
+  std::string command;         // the command line as typed (argv, shell-quoted)
+  std::string layout;          // e.g. "dp=4"
+  std::string resumed_from;    // the checkpoint folder a resume continues from
+  nlohmann::json layout_auto;  // layout = auto: what the plan picked and why (null: not auto)
 };
 
 // Collective over world: rank 0 checks run_dir, then (on success) clears it for kOverwrite and

@@ -52,6 +52,7 @@ struct RunOptions {
   Snapshots* snapshots = nullptr;
   bool resume_snapshot = false;    // restore from snapshots' newest instead of `resume`
   std::vector<std::string> notes;  // said at the start (rank 0), e.g. what a resume overrides
+  nlohmann::json layout_auto;      // layout = auto: the pick, recorded in run.json (plan_auto.h)
 };
 
 class Trainer {

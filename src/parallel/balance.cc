@@ -21,8 +21,6 @@ void check_balance(const ParallelSpec& spec, const Layout& layout) {
     throw InvalidArgument(str("config: ddp.balance = ", spec.balance, " ", why,
                               "; set ddp.balance = off or change that (docs/data_parallel.md)"));
   };
-  if (!spec.deterministic)
-    refuse("deals the micro-shards of train.deterministic, which is false; set it to true");
   if (layout.servers > 0)
     refuse("runs without parameter servers (ps.servers > 0 trains whole worker batches)");
   if (layout.pp > 1 || layout.tp > 1)
@@ -31,7 +29,7 @@ void check_balance(const ParallelSpec& spec, const Layout& layout) {
   if (spec.zero_stage == 3)
     refuse(
         "runs with zero.stage 0-2, got zero.stage = 3 (its parameter gathers around every piece "
-        "need the same number of micro-shards on every rank); use zero.stage = 2");
+        "need the same pieces on every rank); use zero.stage = 2");
 }
 
 double median(std::vector<double> values) {

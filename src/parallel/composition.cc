@@ -155,12 +155,6 @@ const std::vector<Rule>& rules() {
          return str("debug.slow_rank must be a rank of the ", in.l.world,
                     "-rank world or -1 (none), got ", in.s.slow_rank);
        }},
-      {"ddp.balance != off without train.deterministic",
-       [](const In& in) { return in.s.balance != BalanceMode::kOff && !in.s.deterministic; },
-       [](const In& in) {
-         return balance_refusal(
-             in, "deals the micro-shards of train.deterministic, which is false; set it to true");
-       }},
       {"ddp.balance != off and ps.servers > 0",
        [](const In& in) { return in.s.balance != BalanceMode::kOff && in.l.servers > 0; },
        [](const In& in) {

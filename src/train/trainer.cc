@@ -146,7 +146,7 @@ void Trainer::set_up_loader() {
   if (bpe == 0)
     throw InvalidArgument(str("config: train.batch = ", config_.train.batch, " is larger than the ",
                               data_.train->size(), " training samples with drop_last; lower it"));
-  if (config_.parallel.deterministic) set_up_shards(workers, dealt);
+  set_up_shards(workers, dealt);
   engine_->check_batch(config_.train.batch);
   // The one product of a config value and the dataset's size: every count below is at most it.
   int64_t run_batches = 0;
@@ -166,8 +166,19 @@ void Trainer::set_up_loader() {
 }
 
 // Deterministic mode: the micro-shards of each batch, dealt evenly (a multiple of the ranks)
-// or by ddp.balance, and full batches.
+// or by ddp.balance, and full batches. Otherwise ddp.balance deals each batch's rows.
 void Trainer::set_up_shards(int64_t workers, bool dealt) {
+  if (!config_.parallel.deterministic) {
+    if (!dealt) return;
+    if (config_.train.batch < workers)
+      throw InvalidArgument(
+          str("config: ddp.balance = ", config_.parallel.balance,
+              " deals each rank one row at least, but train.batch = ", config_.train.batch,
+              " is smaller than the ", workers, " data-parallel ranks; raise train.batch"));
+    deal_ = std::make_unique<parallel::ShardDeal>(parallel::balance_mode(config_.parallel.balance),
+                                                  static_cast<int>(workers), config_.train.batch);
+    return;
+  }
   const int64_t shards = config_.train.batch / config_.parallel.micro_shard;
   if (dealt && shards < workers)
     throw InvalidArgument(
@@ -208,37 +219,43 @@ void Trainer::step(const std::vector<data::Batch>& batches, EvalResult& sums) {
   double global_rows = 0;
   for (const data::Batch& b : batches) global_rows += static_cast<double>(b.global_size);
   const int64_t shard = config_.parallel.deterministic ? config_.parallel.micro_shard : 0;
+  const int me = engine_->data_rank();
   const double t0 = now_seconds();
-  int64_t pieces = 0;
+  int64_t dealt = 0;  // shards computed: micro-shards in deterministic mode, else rows
   for (size_t j = 0; j < batches.size(); ++j) {
     const data::Batch& b = batches[j];
     const int64_t rows = b.y.dim(0);
     const bool last = j + 1 == batches.size();
-    if (shard == 0) {
-      train_piece({b.x, b.y, nn::Context{true, config_.seed, step_, b.first_sample},
-                   rows / global_rows, last},
+    auto piece = [&](int64_t lo, int64_t hi, bool last_piece) {
+      Shape xs = b.x.shape(), ys = b.y.shape();
+      xs[0] = ys[0] = hi - lo;
+      const int64_t x_row = b.x.numel() / std::max<int64_t>(rows, 1);
+      const int64_t y_row = b.y.numel() / std::max<int64_t>(rows, 1);
+      train_piece({b.x.view(lo * x_row, xs), b.y.view(lo * y_row, ys),
+                   nn::Context{true, config_.seed, step_, b.first_sample + lo},
+                   static_cast<double>(hi - lo) / global_rows, last_piece},
                   sums);
+    };
+    if (shard == 0) {  // the loader's slice, or with ddp.balance the rows dealt to this rank
+      int64_t lo = 0, hi = rows;  // a short last batch is dealt in proportion
+      if (deal_) {
+        lo = deal_->first(me) * rows / batch_rows_;
+        hi = (deal_->first(me) + deal_->counts()[static_cast<size_t>(me)]) * rows / batch_rows_;
+      }
+      piece(lo, hi, last);
+      dealt += hi - lo;
       continue;
     }
     // Deterministic mode: fixed micro-shards, each with its own gradient. The loader's slice,
     // or with ddp.balance the shards dealt to this rank of the whole batch.
-    const int me = engine_->data_rank();
     const int64_t lo = deal_ ? deal_->first(me) * shard : 0;
     const int64_t hi = deal_ ? lo + deal_->counts()[static_cast<size_t>(me)] * shard : rows;
-    const int64_t x_row = b.x.numel() / std::max<int64_t>(rows, 1);
-    const int64_t y_row = b.y.numel() / std::max<int64_t>(rows, 1);
-    for (int64_t r = lo; r < hi; r += shard, ++pieces) {
-      Shape xs = b.x.shape(), ys = b.y.shape();
-      xs[0] = ys[0] = std::min(shard, hi - r);
-      train_piece({b.x.view(r * x_row, xs), b.y.view(r * y_row, ys),
-                   nn::Context{true, config_.seed, step_, b.first_sample + r}, xs[0] / global_rows,
-                   last && r + shard >= hi},
-                  sums);
-    }
+    for (int64_t r = lo; r < hi; r += shard, ++dealt)
+      piece(r, std::min(r + shard, hi), last && r + shard >= hi);
   }
   const double busy_s = now_seconds() - t0;
   engine_->step(lr_at(step_), config_.train.clip_norm, step_);
-  if (deal_) rebalance(busy_s, pieces);
+  if (deal_) rebalance(busy_s, dealt);
   ++step_;
 }
 

@@ -3,11 +3,14 @@
 // after its warm-up; the state survives a checkpoint; layouts it cannot deal are refused
 // naming the key. Training with a slow rank (debug.slow_factor) and ddp.balance = dynamic gives
 // one worker's bits on 2-6 ranks as threads while the deal moves shards to the fast ranks, and a
-// resumed run deals as the checkpoint says.
+// resumed run deals as the checkpoint says; without train.deterministic rows are dealt and the
+// parameters match an even split's within rounding.
 #include "tessel/parallel/balance.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 
@@ -100,7 +103,7 @@ TEST(ShardDeal, LayoutsWithoutDealableShardsAreRefusedNamingTheKey) {
       EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
     }
   };
-  refused({"train.deterministic=false"}, 2, "train.deterministic");
+  refused({"train.deterministic=false", "train.batch=2"}, 3, "raise train.batch");  // rows < ranks
   refused({"zero.stage=3"}, 2, "zero.stage = 3");
   refused({"pp.stages=2"}, 2, "pp.stages");
   refused({"ddp.micro_shard=40"}, 4, "lower ddp.micro_shard");  // 3 shards for 4 ranks
@@ -125,6 +128,29 @@ TEST(Balance, DynamicKeepsOneWorkersBitsAndShiftsWorkFromTheSlowRank) {
   EXPECT_EQ(fixed.summary["params_sha256"], ref);
   EXPECT_LT(fixed.summary["balance"]["shards_per_rank"][0],
             fixed.summary["balance"]["shards_per_rank"][1]);
+}
+
+// Without train.deterministic the deal is of rows, each rank's loss gradient weighted by its
+// rows: the same parameters as an even split (the all-reduce sums in another order) while
+// rows move from the slow rank to the fast ones.
+TEST(Balance, RowDealTrainsLikeAnEvenSplitAndShiftsRowsFromTheSlowRank) {
+  const std::vector<std::string> nondet = {"train.deterministic=false", "train.log_every=1"};
+  std::vector<std::string> slow = nondet;
+  slow.insert(slow.end(), {"ddp.balance=dynamic", "debug.slow_rank=1", "debug.slow_factor=4"});
+  for (int w : {2, 3}) {
+    const auto even = train_on(det_config(nondet), w);
+    const auto dealt = train_on(det_config(slow), w);
+    ASSERT_EQ(even.params.size(), dealt.params.size());
+    double diff = 0;
+    for (size_t i = 0; i < even.params.size(); ++i)
+      diff = std::max(diff, std::fabs(double(even.params[i]) - dealt.params[i]));
+    EXPECT_LT(diff, 1e-5) << w << " workers";
+    const nlohmann::json& b = dealt.summary["balance"];
+    ASSERT_EQ(b["shards_per_rank"].size(), static_cast<size_t>(w)) << b;
+    EXPECT_EQ(b["micro_shards"], 120) << b;  // a shard is a row
+    EXPECT_LT(b["shards_per_rank"][1], b["shards_per_rank"][0]) << w << " workers: " << b;
+    EXPECT_GT(b["changes"].get<int64_t>(), 0) << b;
+  }
 }
 
 // A static deal is fixed after its warm-up: a run resumed after it deals what the checkpoint

@@ -1,13 +1,15 @@
-// ShardDeal (ddp.balance): which of a step's micro-shards each data-parallel rank computes in
-// deterministic mode. The exact sum (exact_sum.h) gives the same bits whoever computes a
-// micro-shard, so the deal may follow the ranks' speeds: every step each rank's seconds per
-// micro-shard are all-gathered and every rank feeds the same numbers to its own ShardDeal,
-// which therefore deals the same everywhere. Rank r computes the consecutive micro-shards
-// [first(r), first(r) + counts()[r]) of every batch of the step.
+// ShardDeal (ddp.balance): which of a step's shards each data-parallel rank computes. In
+// deterministic mode a shard is a micro-shard: the exact sum (exact_sum.h) gives the same bits
+// whoever computes it. Otherwise a shard is one row: every rank's loss gradient weighs its rows
+// over the global batch's, so the all-reduced sum is the global mean's gradient whatever the
+// split (the sum reordered: equal within rounding). Either way the deal may follow the ranks'
+// speeds: every step each rank's seconds per shard are all-gathered and every rank feeds the
+// same numbers to its own ShardDeal, which therefore deals the same everywhere. Rank r
+// computes the consecutive shards [first(r), first(r) + counts()[r]) of every batch of the step.
 //   off      the even deal (rank r of n: shards [r S / n, (r + 1) S / n)), never measured;
 //   static   the even deal for kWarmupSteps measured steps, then the deal of their speeds, kept;
 //   dynamic  re-dealt whenever the smoothed speeds promise a step kHysteresis shorter.
-// A deal gives every rank at least one micro-shard (it keeps being measured) and otherwise
+// A deal gives every rank at least one shard (it keeps being measured) and otherwise
 // minimises the predicted compute time of the step: max over ranks of shards x smoothed
 // seconds per shard. Smoothing (the median of the last kWindow steps: a rank descheduled for
 // one step moves nothing, a lasting change counts after kWindow / 2 + 1 steps) and the
@@ -33,7 +35,7 @@ class ShardDeal {
   static constexpr int kWindow = 5;            // steps whose median time a rank's speed is
   static constexpr double kHysteresis = 0.10;  // a new deal must predict a step this much shorter
 
-  // An even deal of `shards` micro-shards per batch over `ranks` ranks (shards >= ranks unless
+  // An even deal of `shards` shards per batch over `ranks` ranks (shards >= ranks unless
   // mode is off).
   ShardDeal(BalanceMode mode, int ranks, int64_t shards);
 
@@ -42,10 +44,10 @@ class ShardDeal {
   int64_t first(int rank) const;
   // Whether this step's timings are to be gathered and fed to update().
   bool measuring() const;
-  // Every rank's seconds per micro-shard in the last step (the same numbers on every rank).
+  // Every rank's seconds per shard in the last step (the same numbers on every rank).
   // Returns whether the deal changed.
   bool update(const std::vector<double>& seconds_per_shard);
-  // The smoothed seconds per micro-shard by rank: the median of the last kWindow steps' (empty
+  // The smoothed seconds per shard by rank: the median of the last kWindow steps' (empty
   // before the first update).
   const std::vector<double>& seconds_per_shard() const { return smoothed_; }
   // The step's predicted compute seconds with this deal and with the even one (0 unmeasured).
@@ -55,7 +57,7 @@ class ShardDeal {
   std::string str() const;                      // the counts, "11/5"
 
   // The agreed state for a checkpoint; load() restores it and returns false (keeping the even
-  // deal) when it was saved for another mode, rank count or micro-shard count.
+  // deal) when it was saved for another mode, rank count or shard count.
   nlohmann::json save() const;
   bool load(const nlohmann::json& state);
 

@@ -96,7 +96,7 @@ class Trainer {
     int64_t train_samples = 0;
   };
   void set_up_loader();
-  void set_up_shards(int64_t workers, bool dealt);  // deterministic mode's micro-shards
+  void set_up_shards(int64_t workers, bool dealt);  // micro-shards, or ddp.balance's rows
   // The run folder for this start (run_folder.h) and, on a resume, the state to go on from in
   // s. Returns whether it resumed.
   bool open_run(State& s);
@@ -110,8 +110,8 @@ class Trainer {
   std::vector<parallel::RankStats> take_stats();
   void finish_trace();  // collective over the world: trace.json
   void train_piece(const parallel::Piece& piece, EvalResult& sums);
-  // ddp.balance: every rank's seconds per micro-shard of the step just trained (busy_s over
-  // `shards`) gathered and fed to the deal (collective while the deal measures).
+  // ddp.balance: every rank's seconds per shard (micro-shard, or row) of the step just trained
+  // (busy_s over `shards`) gathered and fed to the deal (collective while the deal measures).
   void rebalance(double busy_s, int64_t shards);
   bool agree_stop();  // collective: whether any rank was interrupted
   // A checkpoint (to_disk) and an in-memory snapshot (with options_.snapshots) of state s.
@@ -134,8 +134,8 @@ class Trainer {
   std::unique_ptr<Checkpointer> checkpointer_;
   std::unique_ptr<Progress> progress_;
   std::unique_ptr<data::DataLoader> loader_;
-  // ddp.balance != off: which micro-shards of every batch each rank computes (agreed state,
-  // checkpointed); null: each rank computes its loader slice.
+  // ddp.balance != off: which micro-shards (or rows) of every batch each rank computes (agreed
+  // state, checkpointed); null: each rank computes its loader slice.
   std::unique_ptr<parallel::ShardDeal> deal_;
   int64_t total_steps_ = 0;     // where this run stops (train.max_steps cuts the epochs' steps)
   int64_t schedule_steps_ = 0;  // the LR schedule's span: every epoch's steps

@@ -129,6 +129,17 @@ TEST(ModernGptParallel, LayoutsAndRecomputeMatchOneWorker) {
                       modern);
 }
 
+// SwiGLU's hidden width must split over the tp group: 128 units for embed 48 over 3 ranks do not.
+TEST(ModernGptParallel, SwigluWidthThatDoesNotSplitIsRefused) {
+  try {
+    train_on(modern({"tp.size=3", "model.heads=3", "model.embed=48"}), 3);
+    ADD_FAILURE() << "tp.size = 3 was accepted for 128 SwiGLU units";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("128 hidden units"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("tp.size = 3"), std::string::npos) << e.what();
+  }
+}
+
 // bf16 activations and GEMMs: parameters within 2% of fp32's after 20 steps, test loss within 2%.
 TEST(ModernGptParallel, Bf16TracksFp32) {
   const train::Config base = modern({});

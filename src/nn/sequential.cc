@@ -138,21 +138,59 @@ size_t add_image_layer(const ModelSpec& spec, size_t i, Shape& shape, Model& m) 
   return 1;
 }
 
+// Tensor parallelism over the linear layers, as the mlp's: a linear layer that is not the last
+// one opens a column cut and the next linear layer closes it as its row partner; the last one
+// is whole unless it closes a cut. Between the two each rank holds a slice of the features.
+struct TpCuts {
+  TensorParallel* tp = nullptr;
+  size_t last_linear = 0;
+  size_t open = SIZE_MAX;  // the column-cut layer awaiting its row partner
+  int64_t first_col = 0;   // this rank's first feature inside an open cut
+};
+
+// A linear layer, cut by tp as TpCuts says.
+void add_linear(const ModelSpec& spec, size_t i, const Layer& l, Shape& shape, Model& m,
+                TpCuts& tp) {
+  const bool last = i + 1 == spec.stack.size();
+  const int64_t out = l.size("out", last ? spec.num_classes : 0);
+  if (shape.back() > (int64_t{1} << 30))
+    wrong_input(l, "at most 2^30 features", shape, "add a pool layer before it");
+  Cut cut = Cut::kNone;
+  if (tp.tp && tp.open != SIZE_MAX) {
+    cut = Cut::kRow;
+    tp.open = SIZE_MAX;
+  } else if (tp.tp && i != tp.last_linear) {
+    const int parts = tp.tp->size();
+    if (out % parts != 0)
+      throw InvalidArgument(str("model: ", l.where(), " has out = ", out,
+                                ", which does not split over tp.size = ", parts,
+                                " ranks; use a multiple of ", parts));
+    cut = Cut::kColumn;
+    tp.open = i;
+    tp.first_col = tp.tp->rank() * (out / parts);
+  }
+  auto linear = std::make_unique<Linear>(shape.back(), out, true, TpCut{tp.tp, cut});
+  linear->set_rows_per_sample(shape_numel(shape) / shape.back());
+  m.add(str("linear", i), std::move(linear));
+  shape.back() = out;
+}
+
 // Every other layer; returns the layers consumed (1).
-size_t add_layer(const ModelSpec& spec, size_t i, Shape& shape, Model& m) {
+size_t add_layer(const ModelSpec& spec, size_t i, Shape& shape, Model& m, TpCuts& tp) {
   const LayerSpec& s = spec.stack[i];
+  if (tp.tp && s.type != "linear" && s.type != "relu" && s.type != "gelu" && s.type != "dropout" &&
+      (tp.open != SIZE_MAX || s.type == "conv" || s.type == "pool"))
+    throw InvalidArgument(
+        str("model: tensor parallelism (tp.size > 1) cuts a sequential model's linear layers, with "
+            "only relu, gelu and dropout between a column-cut one and the next, got model.stack[",
+            i, "] (", s.type, ")",
+            tp.open != SIZE_MAX ? str(" after the column-cut model.stack[", tp.open, "]") : "",
+            "; move it, or set tp.size = 1 and use data, ZeRO or pipeline parallelism"));
   if (s.type == "conv" || s.type == "pool") return add_image_layer(spec, i, shape, m);
   const Layer l(s, i);
   const std::string name = str(s.type, i);
   if (s.type == "linear") {
-    const bool last = i + 1 == spec.stack.size();
-    const int64_t out = l.size("out", last ? spec.num_classes : 0);
-    if (shape.back() > (int64_t{1} << 30))
-      wrong_input(l, "at most 2^30 features", shape, "add a pool layer before it");
-    auto linear = std::make_unique<Linear>(shape.back(), out);
-    linear->set_rows_per_sample(shape_numel(shape) / shape.back());
-    m.add(name, std::move(linear));
-    shape.back() = out;
+    add_linear(spec, i, l, shape, m, tp);
   } else if (s.type == "relu") {
     m.add(name, std::make_unique<ReLU>());
   } else if (s.type == "gelu") {
@@ -161,7 +199,8 @@ size_t add_layer(const ModelSpec& spec, size_t i, Shape& shape, Model& m) {
     const double p = l.number("p");
     if (!(p >= 0 && p < 1))
       throw InvalidArgument(str("model: ", l.where(), " needs p in [0, 1), got ", p));
-    m.add(name, std::make_unique<Dropout>(static_cast<float>(p)));
+    m.add(name,
+          std::make_unique<Dropout>(static_cast<float>(p), tp.open != SIZE_MAX ? tp.first_col : 0));
   } else if (s.type == "flatten") {
     m.add(name, std::make_unique<Flatten>());
     shape = {shape_numel(shape)};
@@ -180,17 +219,16 @@ std::string number_text(double v) {
 }  // namespace
 
 void build_sequential(const ModelSpec& spec, TensorParallel* tp, Model& m) {
-  if (tp)
-    throw InvalidArgument(
-        "model: tensor parallelism (tp.size > 1) cuts mlp and gpt models, not a sequential one; "
-        "set tp.size = 1 and use data, ZeRO or pipeline parallelism");
   if (spec.stack.empty())
     throw InvalidArgument(
         "model: model.kind = sequential needs its layers in model.stack, got none; e.g. "
         "stack = [{type = \"flatten\"}, {type = \"linear\", out = 128}, {type = \"relu\"}, "
         "{type = \"linear\"}]");
+  TpCuts cuts{tp};
+  for (size_t i = 0; i < spec.stack.size(); ++i)
+    if (spec.stack[i].type == "linear") cuts.last_linear = i;
   Shape shape = spec.input_shape;
-  for (size_t i = 0; i < spec.stack.size();) i += add_layer(spec, i, shape, m);
+  for (size_t i = 0; i < spec.stack.size();) i += add_layer(spec, i, shape, m, cuts);
   if (shape != Shape{spec.num_classes})
     throw InvalidArgument(str("model: model.stack ends with shape ", shape_str(shape),
                               ", but the loss needs [", spec.num_classes,

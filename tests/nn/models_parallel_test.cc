@@ -1,8 +1,8 @@
 // The config-stated models under the parallel layouts: a sequential stack (read from TOML as an
-// array of tables) trained with data parallelism, ZeRO and pipelines equals one worker; the
-// modern GPT (examples/char_gpt_modern.toml, shortened) with tp = 2, pp = 2, their compositions
-// and recompute equals one worker, and its bf16 run tracks fp32. Tensor parallelism of a
-// sequential model is refused naming what to use instead.
+// array of tables) trained with data, tensor and pipeline parallelism and ZeRO equals one worker;
+// the modern GPT (examples/char_gpt_modern.toml, shortened) with tp = 2, pp = 2, their compositions
+// and recompute equals one worker, and its bf16 run tracks fp32. A layer tensor parallelism
+// cannot cut through is refused naming it.
 #include <gtest/gtest.h>
 
 #include <functional>
@@ -71,12 +71,35 @@ TEST(SequentialParallel, DataZeroAndPipelineMatchOneWorker) {
                       sequential);
 }
 
-TEST(SequentialParallel, TensorParallelismIsRefusedByName) {
+// Linear layers cut column then row as the mlp's (a dropout inside a cut keyed by its global
+// feature), the last one the row partner of an odd column-cut one.
+const char* kTpStack =
+    "model.stack=[{type = \"linear\", out = 32}, {type = \"gelu\"}, {type = \"dropout\", p = "
+    "0.1}, {type = \"linear\", out = 16}, {type = \"layernorm\"}, {type = \"linear\", out = 8}, "
+    "{type = \"relu\"}, {type = \"linear\"}]";
+
+train::Config sequential_tp(std::vector<std::string> extra) {
+  extra.insert(extra.begin(), kTpStack);
+  return sequential(extra);
+}
+
+TEST(SequentialParallel, TensorParallelMatchesOneWorker) {
+  expect_match_single(sequential_tp({}),
+                      {{2, {"tp.size=2"}}, {4, {"tp.size=2", "zero.stage=1"}}, {4, {"tp.size=4"}}},
+                      sequential_tp);
+}
+
+// A layer other than relu, gelu or dropout between a column-cut linear layer and its row
+// partner is refused naming both.
+TEST(SequentialParallel, TensorParallelismRefusesALayerInsideACut) {
   try {
     train_on(sequential({"tp.size=2"}), 2);
-    ADD_FAILURE() << "tp.size = 2 was accepted for a sequential model";
+    ADD_FAILURE() << "a layernorm inside a column cut was accepted";
   } catch (const std::exception& e) {
-    EXPECT_NE(std::string(e.what()).find("not a sequential one"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("model.stack[3] (layernorm) after the column-cut "
+                                         "model.stack[0]"),
+              std::string::npos)
+        << e.what();
     EXPECT_NE(std::string(e.what()).find("tp.size = 1"), std::string::npos) << e.what();
   }
 }

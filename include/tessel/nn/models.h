@@ -64,8 +64,7 @@ std::unique_ptr<Loss> make_loss(const ModelSpec& spec, TensorParallel* tp = null
 
 // sequential.cc: lays out spec.stack's blocks into m (build_model's part for kind sequential),
 // checking each layer's settings and its input's shape; errors name the layer's index. With a
-// tensor-parallel group, throws (a sequential model trains with data, ZeRO and pipeline
-// parallelism).
+// tensor-parallel group, its linear layers are cut column then row as an mlp's (docs/models.md).
 void build_sequential(const ModelSpec& spec, TensorParallel* tp, Model& m);
 // model.stack as TOML (an array of inline tables), as `tessel config` prints it.
 std::string stack_toml(const std::vector<LayerSpec>& stack);

@@ -69,17 +69,31 @@ void positions(void* x, void* table, DType t, int64_t B, int64_t Tl, int64_t C, 
   }
 }
 
+// The positions of the rows of kv's step: each run continues its sequence.
+std::vector<int64_t> cached_positions(const KvCache& kv) {
+  std::vector<int64_t> pos;
+  for (const KvCache::Run& run : kv.step())
+    for (int64_t i = 0; i < run.rows; ++i) pos.push_back(kv.length(run.seq) + i);
+  return pos;
+}
+
 }  // namespace
 
 // ---- Embedding ----
 
-Embedding::Embedding(int64_t vocab, int64_t context, int64_t channels, TensorParallel* tp)
-    : V_(vocab), T_(context), C_(channels), tp_(tp) {
+Embedding::Embedding(int64_t vocab, int64_t context, int64_t channels, TensorParallel* tp,
+                     Position position)
+    : V_(vocab), T_(context), C_(channels), tp_(tp), learned_(position == Position::kLearned) {
   TESSEL_CHECK(V_ > 0 && T_ > 0 && C_ > 0, "embedding: sizes must be positive, got vocab ", V_,
                ", context ", T_, ", channels ", C_);
   wte_ = {"wte", {V_, C_}, Init::kNormal, kGptInitStd, {}, {}, {}};
   wpe_ = {"wpe", {T_, C_}, Init::kNormal, kGptInitStd, {}, {}, {}};
   if (tp_) wte_.cut(0, 1, tp_->rank(), tp_->size());
+}
+
+std::vector<Parameter*> Embedding::parameters() {
+  if (!learned_) return {&wte_};
+  return {&wte_, &wpe_};
 }
 
 Tensor Embedding::forward(const Tensor& ids, const Context& ctx, Cache* cache) {
@@ -100,6 +114,7 @@ Tensor Embedding::forward_at(const Tensor& ids, const std::vector<int64_t>& posi
                                 "; shorten the prompt or generate fewer tokens"));
   const DType t = wte_.value.dtype();
   Tensor y = lookup(ids, nullptr);
+  if (!learned_) return y;
   const int64_t e = static_cast<int64_t>(dtype_size(t));
   char* row = static_cast<char*>(y.raw());
   for (size_t i = 0; i < positions.size(); ++i, row += C_ * e)
@@ -119,6 +134,7 @@ Tensor Embedding::lookup(const Tensor& ids, Cache* cache) {
 
 Tensor Embedding::embed(const Tensor& ids, Cache* cache) {
   Tensor y = lookup(ids, cache);
+  if (!learned_) return y;
   positions(y.raw(), wpe_.value.raw(), wte_.value.dtype(), ids.dim(0), y.dim(1), C_,
             first_position(tp_, y.dim(1)), false);
   return y;
@@ -147,8 +163,9 @@ void Embedding::backward_weights(Cache& cache) {
 void Embedding::table_grads(const Tensor& dy, const Tensor& ids) {
   const int64_t B = ids.dim(0), T = ids.dim(1);
   const DType t = wte_.value.dtype();
-  positions(dy.raw(), wpe_.grad.data<float>(), t, B, dy.dim(1), C_, first_position(tp_, dy.dim(1)),
-            true);
+  if (learned_)
+    positions(dy.raw(), wpe_.grad.data<float>(), t, B, dy.dim(1), C_,
+              first_position(tp_, dy.dim(1)), true);
   const Tensor g = tp_leave_backward(tp_, dy);
   ops::embedding_backward(wte_.grad.data<float>(), g.raw(), ids.data<int32_t>(), B * T, C_,
                           wte_.split.lo, wte_.shape[0], t);
@@ -157,16 +174,19 @@ void Embedding::table_grads(const Tensor& dy, const Tensor& ids) {
 // ---- TransformerBlock ----
 
 TransformerBlock::TransformerBlock(int64_t channels, int64_t heads, int64_t context, int64_t layers,
-                                   TensorParallel* tp)
+                                   TensorParallel* tp, GptVariant variant)
     : C_(channels),
       NH_(heads),
       T_(context),
-      ln1_(channels),
-      ln2_(channels),
+      variant_(variant),
+      ln1_(make_norm(variant.norm, channels)),
+      ln2_(make_norm(variant.norm, channels)),
       qkv_(channels, 3 * channels, true, {tp, Cut::kColumn, 3}),
       attn_proj_(channels, channels, true, {tp, Cut::kRow}),
-      fc_(channels, 4 * channels, true, {tp, Cut::kColumn}),
-      mlp_proj_(4 * channels, channels, true, {tp, Cut::kRow}) {
+      fc_(channels, variant.mlp == Mlp::kSwiglu ? 2 * swiglu_hidden(channels) : 4 * channels, true,
+          {tp, Cut::kColumn, variant.mlp == Mlp::kSwiglu ? 2 : 1}),
+      mlp_proj_(variant.mlp == Mlp::kSwiglu ? swiglu_hidden(channels) : 4 * channels, channels,
+                true, {tp, Cut::kRow}) {
   const int parts = tp ? tp->size() : 1;
   TESSEL_CHECK(NH_ > 0 && C_ % NH_ == 0 && NH_ % parts == 0 && T_ > 0 && layers > 0,
                "transformer_block: heads must divide channels (and be split evenly over the ",
@@ -179,10 +199,13 @@ TransformerBlock::TransformerBlock(int64_t channels, int64_t heads, int64_t cont
     set_zeros(l->bias());
     l->set_rows_per_sample(T_);
   }
-  prefix_names(ln1_.parameters(), "ln1.");
+  TESSEL_CHECK(variant.position != Position::kRotary || (C_ / heads) % 2 == 0,
+               "transformer_block: rotary positions need an even head size, got channels ", C_,
+               " over ", heads, " heads");
+  prefix_names(ln1_->parameters(), "ln1.");
   prefix_names(qkv_.parameters(), "attn.qkv.");
   prefix_names(attn_proj_.parameters(), "attn.proj.");
-  prefix_names(ln2_.parameters(), "ln2.");
+  prefix_names(ln2_->parameters(), "ln2.");
   prefix_names(fc_.parameters(), "mlp.fc.");
   prefix_names(mlp_proj_.parameters(), "mlp.proj.");
 }
@@ -190,7 +213,7 @@ TransformerBlock::TransformerBlock(int64_t channels, int64_t heads, int64_t cont
 std::vector<Parameter*> TransformerBlock::parameters() {
   std::vector<Parameter*> out;
   for (Module* m :
-       std::initializer_list<Module*>{&ln1_, &qkv_, &attn_proj_, &ln2_, &fc_, &mlp_proj_})
+       std::initializer_list<Module*>{ln1_.get(), &qkv_, &attn_proj_, ln2_.get(), &fc_, &mlp_proj_})
     for (Parameter* p : m->parameters()) out.push_back(p);
   return out;
 }
@@ -215,8 +238,12 @@ Tensor TransformerBlock::run(const Tensor& x, const Context& ctx, Cache* cache, 
   const int64_t n = x.numel();
   auto sub = [cache](Sub k) { return cache ? &cache->child(k) : nullptr; };
   // Attention branch: x1 = x + proj(attention(qkv(ln1(x)))).
-  Tensor qkv = qkv_.forward(ln1_.forward(x, ctx, sub(kLn1)), ctx, sub(kQkv));
+  Tensor qkv = qkv_.forward(ln1_->forward(x, ctx, sub(kLn1)), ctx, sub(kQkv));
   const int64_t B = qkv.dim(0), T = qkv.dim(1), Ch = qkv.dim(2) / 3;
+  if (variant_.position == Position::kRotary) {  // q and k rotated in place: what attention reads
+    const std::vector<int64_t> pos = kv ? cached_positions(*kv) : sequence_positions(B, T);
+    ops::rotary_forward(qkv.raw(), pos.data(), B * T, Ch, NH_, t);
+  }
   // Selective recompute: the attention probabilities and the GELU output go to scratch, which
   // the blocks share; backward() rewrites them from the kept qkv and GELU input before use.
   const bool drop = cache && ctx.selective;
@@ -236,9 +263,11 @@ Tensor TransformerBlock::run(const Tensor& x, const Context& ctx, Cache* cache, 
   Tensor x1 = output(cache, 2, x.shape(), t);
   ops::add_forward(x1.raw(), x.raw(), attn_proj_.forward(a, ctx, sub(kAttnProj)).raw(), n, t);
   // MLP branch: y = x1 + proj(gelu(fc(ln2(x1)))).
-  Tensor h = fc_.forward(ln2_.forward(x1, ctx, sub(kLn2)), ctx, sub(kFc));
+  Tensor h = fc_.forward(ln2_->forward(x1, ctx, sub(kLn2)), ctx, sub(kFc));
   Tensor g;
-  if (drop) {  // GELU's forward, its output in scratch (it keeps its input as GELU does)
+  if (variant_.mlp == Mlp::kSwiglu) {
+    g = swiglu_.forward(h, ctx, sub(kGelu));
+  } else if (drop) {  // GELU's forward, its output in scratch (it keeps its input as GELU does)
     g = cache->scratch(4, h.shape(), t);
     ops::gelu_forward(g.raw(), h.raw(), h.numel(), t);
     cache->child(kGelu).keep(0, h);
@@ -279,21 +308,27 @@ Tensor TransformerBlock::backward(const Tensor& dy, Cache& cache) {
   check_gradient(dy, shape, t, "transformer_block");
   const int64_t n = dy.numel(), B = qkv.dim(0), T = qkv.dim(1), Ch = qkv.dim(2) / 3;
   const bool dropped = cache.ctx.selective;
-  if (dropped) recompute_gelu(cache);
+  const bool swiglu = variant_.mlp == Mlp::kSwiglu;
+  if (dropped && !swiglu) recompute_gelu(cache);
   for (Linear* l : {&qkv_, &attn_proj_, &fc_, &mlp_proj_}) l->set_defer_weights(defer_weights_);
   // The residual passes dy through unchanged; the MLP branch adds its share.
-  Tensor dh2 = fc_.backward(
-      gelu_.backward(mlp_proj_.backward(dy, cache.child(kMlpProj)), cache.child(kGelu)),
-      cache.child(kFc));
+  Module& act = swiglu ? static_cast<Module&>(swiglu_) : gelu_;
+  Tensor dh2 =
+      fc_.backward(act.backward(mlp_proj_.backward(dy, cache.child(kMlpProj)), cache.child(kGelu)),
+                   cache.child(kFc));
   Tensor dx1 = cache.scratch(0, shape, t);
-  ops::add_forward(dx1.raw(), dy.raw(), ln2_.backward(dh2, cache.child(kLn2)).raw(), n, t);
+  ops::add_forward(dx1.raw(), dy.raw(), ln2_->backward(dh2, cache.child(kLn2)).raw(), n, t);
   // Attention branch, then its residual.
   Tensor da = attn_proj_.backward(dx1, cache.child(kAttnProj));
   if (dropped) recompute_attention(cache);
   Tensor dqkv = cache.scratch(1, qkv.shape(), t);
   ops::attention_backward(dqkv.raw(), da.raw(), qkv.raw(), att.data<float>(), B, T, Ch, NH_, t);
-  ln1_.set_input_grad(input_grad_);
-  Tensor dln1 = ln1_.backward(qkv_.backward(dqkv, cache.child(kQkv)), cache.child(kLn1));
+  if (variant_.position == Position::kRotary) {
+    const std::vector<int64_t> pos = sequence_positions(B, T);
+    ops::rotary_backward(dqkv.raw(), pos.data(), B * T, Ch, NH_, t);
+  }
+  ln1_->set_input_grad(input_grad_);
+  Tensor dln1 = ln1_->backward(qkv_.backward(dqkv, cache.child(kQkv)), cache.child(kLn1));
   if (!input_grad_) return {};
   Tensor dx = cache.scratch(2, shape, t);
   ops::add_forward(dx.raw(), dx1.raw(), dln1.raw(), n, t);
@@ -321,13 +356,18 @@ double TransformerBlock::forward_flops(int64_t batch) const {
 // ---- LmHead ----
 
 LmHead::LmHead(Parameter* token_table, int64_t vocab, int64_t channels, int64_t context,
-               TensorParallel* tp)
-    : wte_(token_table), V_(vocab), C_(channels), T_(context), tp_(tp), ln_(channels) {
+               TensorParallel* tp, Norm norm)
+    : wte_(token_table),
+      V_(vocab),
+      C_(channels),
+      T_(context),
+      tp_(tp),
+      ln_(make_norm(norm, channels)) {
   TESSEL_CHECK(wte_ != nullptr && wte_->full_shape() == Shape({V_, C_}),
                "lm_head: tied token table must be [", V_, ", ", C_, "], got ",
                wte_ ? shape_str(wte_->full_shape()) : "none");
   V_ = wte_->shape[0];
-  prefix_names(ln_.parameters(), "ln.");
+  prefix_names(ln_->parameters(), "ln.");
 }
 
 // Buffer and scratch slots: 0 the logits / input gradient, 1 this rank's part of the input
@@ -336,7 +376,7 @@ LmHead::LmHead(Parameter* token_table, int64_t vocab, int64_t channels, int64_t 
 Tensor LmHead::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   const DType t = wte_->value.dtype();
   check_activations(x, C_, t, "lm_head");
-  const Tensor normed = ln_.forward(x, ctx, cache ? &cache->child(0) : nullptr);
+  const Tensor normed = ln_->forward(x, ctx, cache ? &cache->child(0) : nullptr);
   const Tensor h = tp_enter(tp_, normed);
   Tensor y = output(cache, 0, {h.dim(0), h.dim(1), V_}, t);
   ops::linear_forward(y.raw(), h.raw(), t, wte_->value.raw(), nullptr, t, h.numel() / C_, C_, V_);
@@ -362,8 +402,8 @@ Tensor LmHead::backward(const Tensor& dy, Cache& cache) {
   ops::linear_backward(dh.raw(), t, defer_weights_ ? nullptr : wte_->grad.data<float>(), nullptr,
                        dy.raw(), defer_weights_ ? nullptr : h.raw(), wte_->value.raw(), t,
                        shape_numel(h_shape) / C_, C_, V_);
-  ln_.set_input_grad(input_grad_);
-  return ln_.backward(tp_enter_backward(tp_, dh, cache, 1), cache.child(0));
+  ln_->set_input_grad(input_grad_);
+  return ln_->backward(tp_enter_backward(tp_, dh, cache, 1), cache.child(0));
 }
 
 void LmHead::backward_weights(Cache& cache) {

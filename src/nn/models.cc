@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include "tessel/nn/layers.h"
+#include "tessel/nn/modern.h"
 
 namespace tessel::nn {
 namespace {
@@ -24,6 +25,7 @@ int64_t checked_size(std::initializer_list<int64_t> factors, const std::string& 
 
 // The keys that size a model of this kind, with their values, for messages.
 std::string size_keys(const ModelSpec& spec) {
+  if (spec.kind == "sequential") return str("model.stack = ", excerpt(stack_toml(spec.stack)));
   if (spec.kind == "mlp") return str("model.hidden = ", list_str(spec.hidden));
   if (spec.kind == "cnn")
     return str("model.channels = ", list_str(spec.channels), ", model.kernel = ", spec.kernel,
@@ -76,6 +78,19 @@ void check_common(const ModelSpec& spec) {
   if (spec.num_classes <= 0)
     throw InvalidArgument(str("model: num_classes must be positive, got ", spec.num_classes,
                               "; check the dataset's labels"));
+  const GptVariant classic;
+  const GptVariant v = gpt_variant(spec.norm, spec.position, spec.mlp);
+  if (spec.kind != "gpt" &&
+      (v.norm != classic.norm || v.position != classic.position || v.mlp != classic.mlp))
+    throw InvalidArgument(
+        str("model: model.norm, model.position and model.mlp choose a gpt's "
+            "parts, got model.kind = ",
+            spec.kind, "; leave them at their defaults or use model.kind = gpt"));
+  if (spec.kind != "sequential" && !spec.stack.empty())
+    throw InvalidArgument(
+        str("model: model.stack lists the layers of a sequential model, got "
+            "model.kind = ",
+            spec.kind, "; set model.kind = \"sequential\" or remove model.stack"));
   if (!(spec.dropout >= 0.0f && spec.dropout < 1.0f))
     throw InvalidArgument(str("model: model.dropout must be in [0, 1), got ", spec.dropout,
                               "; use e.g. 0.1, or 0 to disable it"));
@@ -167,6 +182,18 @@ void build_gpt(const ModelSpec& spec, TensorParallel* tp, Model& m) {
     throw InvalidArgument(str("model: model.heads must divide model.embed, got heads ", spec.heads,
                               " and embed ", spec.embed,
                               "; pick heads among the divisors of embed"));
+  const GptVariant variant = gpt_variant(spec.norm, spec.position, spec.mlp);
+  if (variant.position == Position::kRotary && (spec.embed / spec.heads) % 2 != 0)
+    throw InvalidArgument(
+        str("model: model.position = rotary rotates pairs of a head's channels, "
+            "but model.embed / model.heads = ",
+            spec.embed, " / ", spec.heads, " = ", spec.embed / spec.heads,
+            " is odd; pick heads so that each head has an even size"));
+  if (tp && variant.mlp == Mlp::kSwiglu && swiglu_hidden(spec.embed) % tp->size() != 0)
+    throw InvalidArgument(str("model: model.mlp = swiglu has ", swiglu_hidden(spec.embed),
+                              " hidden units for model.embed = ", spec.embed,
+                              ", which do not split over tp.size = ", tp->size(),
+                              " ranks; use a tp.size dividing it"));
   const int64_t T = spec.input_shape[0], V = spec.num_classes, C = spec.embed;
   checked_size({V, C}, str("model.embed = ", C), "the token embedding");
   checked_size({T, C}, str("model.embed = ", C, " with data.context = ", T),
@@ -184,21 +211,21 @@ void build_gpt(const ModelSpec& spec, TensorParallel* tp, Model& m) {
                               " ranks, which does not divide it; "
                               "use a context (data.context) that is a multiple of ",
                               tp->size()));
-  auto embed = std::make_unique<Embedding>(V, T, C, tp);
+  auto embed = std::make_unique<Embedding>(V, T, C, tp, variant.position);
   Parameter* table = embed->token_table();
   m.add("embed", std::move(embed));
   for (int64_t l = 0; l < spec.layers; ++l)
     m.add("block" + std::to_string(l),
-          std::make_unique<TransformerBlock>(C, spec.heads, T, spec.layers, tp));
-  m.add("head", std::make_unique<LmHead>(table, V, C, T, tp), {table});
+          std::make_unique<TransformerBlock>(C, spec.heads, T, spec.layers, tp, variant));
+  m.add("head", std::make_unique<LmHead>(table, V, C, T, tp, variant.norm), {table});
 }
 
 }  // namespace
 
 std::unique_ptr<Model> build_model(const ModelSpec& spec, TensorParallel* tp) {
-  if (spec.kind != "mlp" && spec.kind != "cnn" && spec.kind != "gpt")
-    throw InvalidArgument(
-        str("model: unknown model.kind, got '", spec.kind, "'; use one of mlp, cnn, gpt"));
+  if (spec.kind != "mlp" && spec.kind != "cnn" && spec.kind != "gpt" && spec.kind != "sequential")
+    throw InvalidArgument(str("model: unknown model.kind, got '", spec.kind,
+                              "'; use one of mlp, cnn, gpt, sequential"));
   check_common(spec);
   if (tp && spec.kind == "cnn")
     throw InvalidArgument(
@@ -208,6 +235,7 @@ std::unique_ptr<Model> build_model(const ModelSpec& spec, TensorParallel* tp) {
   if (spec.kind == "mlp") build_mlp(spec, tp, *m);
   if (spec.kind == "cnn") build_cnn(spec, *m);
   if (spec.kind == "gpt") build_gpt(spec, tp, *m);
+  if (spec.kind == "sequential") build_sequential(spec, tp, *m);
   m->finalize();
   if (tp && tp->rank() > 0)
     for (Parameter* p : m->parameters()) p->split.replica = !p->is_split();

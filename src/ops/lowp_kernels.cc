@@ -217,6 +217,84 @@ void layernorm_backward(void* dx, float* dw, float* db, const void* dy, const vo
   }
 }
 
+void rmsnorm_forward(void* y, float* rstd, const void* x, const void* w, int64_t N, int64_t C,
+                     DType t) {
+  check_float(t, "rmsnorm_forward");
+  if (is_f32(t))
+    return rmsnorm_forward(static_cast<float*>(y), rstd, static_cast<const float*>(x),
+                           static_cast<const float*>(w), N, C);
+  const float* wf = widened(1, w, C, t);
+  float* out = f32_buffer(3, C);
+  for (int64_t r = 0; r < N; ++r) {
+    rmsnorm_forward(out, rstd + r, widened(0, at(x, r * C, t), C, t), wf, 1, C);
+    convert(at(y, r * C, t), t, out, DType::kF32, C);
+  }
+}
+
+void rmsnorm_backward(void* dx, float* dw, const void* dy, const void* x, const void* w,
+                      const float* rstd, int64_t N, int64_t C, DType t) {
+  check_float(t, "rmsnorm_backward");
+  if (is_f32(t))
+    return rmsnorm_backward(static_cast<float*>(dx), dw, static_cast<const float*>(dy),
+                            static_cast<const float*>(x), static_cast<const float*>(w), rstd, N, C);
+  const float* wf = widened(2, w, C, t);
+  float* out = f32_buffer(3, C);
+  for (int64_t r = 0; r < N; ++r) {
+    rmsnorm_backward(dx ? out : nullptr, dw, widened(0, at(dy, r * C, t), C, t),
+                     widened(1, at(x, r * C, t), C, t), wf, rstd + r, 1, C);
+    if (dx) convert(at(dx, r * C, t), t, out, DType::kF32, C);
+  }
+}
+
+// Rotary in place, row by row: each row's q and k widened, turned by `turn` (the f32 forward or
+// backward) and rounded back.
+template <typename Turn>
+void rotary_rows(void* qkv, const int64_t* pos, int64_t N, int64_t C, DType t, Turn turn) {
+  float* row = f32_buffer(3, 3 * C);
+  for (int64_t r = 0; r < N; ++r) {
+    convert(row, DType::kF32, at(qkv, r * 3 * C, t), t, 2 * C);
+    turn(row, pos + r);
+    convert(at(qkv, r * 3 * C, t), t, row, DType::kF32, 2 * C);
+  }
+}
+
+void rotary_forward(void* qkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t) {
+  check_float(t, "rotary_forward");
+  if (is_f32(t)) return rotary_forward(static_cast<float*>(qkv), pos, N, C, NH);
+  rotary_rows(qkv, pos, N, C, t,
+              [&](float* row, const int64_t* p) { rotary_forward(row, p, 1, C, NH); });
+}
+
+void rotary_backward(void* dqkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t) {
+  check_float(t, "rotary_backward");
+  if (is_f32(t)) return rotary_backward(static_cast<float*>(dqkv), pos, N, C, NH);
+  rotary_rows(dqkv, pos, N, C, t,
+              [&](float* row, const int64_t* p) { rotary_backward(row, p, 1, C, NH); });
+}
+
+void swiglu_forward(void* y, const void* x, int64_t N, int64_t H, DType t) {
+  check_float(t, "swiglu_forward");
+  if (is_f32(t)) return swiglu_forward(static_cast<float*>(y), static_cast<const float*>(x), N, H);
+  float* out = f32_buffer(3, H);
+  for (int64_t r = 0; r < N; ++r) {
+    swiglu_forward(out, widened(0, at(x, r * 2 * H, t), 2 * H, t), 1, H);
+    convert(at(y, r * H, t), t, out, DType::kF32, H);
+  }
+}
+
+void swiglu_backward(void* dx, const void* dy, const void* x, int64_t N, int64_t H, DType t) {
+  check_float(t, "swiglu_backward");
+  if (is_f32(t))
+    return swiglu_backward(static_cast<float*>(dx), static_cast<const float*>(dy),
+                           static_cast<const float*>(x), N, H);
+  float* out = f32_buffer(3, 2 * H);
+  for (int64_t r = 0; r < N; ++r) {
+    swiglu_backward(out, widened(0, at(dy, r * H, t), H, t),
+                    widened(1, at(x, r * 2 * H, t), 2 * H, t), 1, H);
+    convert(at(dx, r * 2 * H, t), t, out, DType::kF32, 2 * H);
+  }
+}
+
 // rows: the table's rows, ids [lo, lo + rows) (a tensor-parallel slice); other ids give zero
 // rows forward and nothing backward.
 void embedding_forward(void* y, const int32_t* ids, const void* table, int64_t N, int64_t V,

@@ -246,6 +246,46 @@ Key make_key(std::string path, std::string doc, Access access, Choices choices) 
              [access](const Config& c) { return write_value(access(const_cast<Config&>(c))); }};
 }
 
+// model.stack: an array of tables, one layer each: a string `type` and numbers for its settings.
+// What the types and settings mean is the model's (nn/sequential.cc), checked when it is built.
+std::vector<nn::LayerSpec> read_stack(const std::string& path, const toml::node& v) {
+  const toml::array* a = v.as_array();
+  if (a == nullptr) throw InvalidArgument(type_error(path, "an array of tables", v));
+  std::vector<nn::LayerSpec> out;
+  for (size_t i = 0; i < a->size(); ++i) {
+    const std::string where = str(path, "[", i, "]");
+    const toml::table* t = (*a)[i].as_table();
+    if (t == nullptr)
+      throw InvalidArgument(type_error(where, "a table such as {type = \"relu\"}", (*a)[i]));
+    nn::LayerSpec layer;
+    for (auto&& [key, value] : *t) {
+      const std::string name(key.str());
+      if (name == "type") {
+        if (!value.is_string())
+          throw InvalidArgument(type_error(where + ".type", "a string", value));
+        layer.type = *value.value<std::string>();
+      } else {
+        if (!value.is_number())
+          throw InvalidArgument(type_error(where + "." + name, "a number", value));
+        layer.args.emplace_back(name, *value.value<double>());
+      }
+    }
+    if (layer.type.empty())
+      throw InvalidArgument(
+          str("config: ", where, " has no type; e.g. {type = \"linear\", out = 128}"));
+    out.push_back(std::move(layer));
+  }
+  return out;
+}
+
+Key stack_key(std::string doc) {
+  const std::string path = "model.stack";
+  KeyInfo info{path, std::move(doc), "array of tables", ""};
+  return Key{std::move(info),
+             [path](Config& c, const toml::node& v) { c.model.stack = read_stack(path, v); },
+             [](const Config& c) { return nn::stack_toml(c.model.stack); }};
+}
+
 #define TESSEL_KEY(path, member, doc, ...) \
   make_key(                                \
       path, doc, [](Config & c) -> auto& { return c.member; } __VA_OPT__(, ) __VA_ARGS__)
@@ -257,7 +297,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("name", name, "run name; default: the config file name without .toml"),
       TESSEL_KEY("seed", seed, "seed of parameter init, data shuffle and dropout", {0, kMaxInt}),
       TESSEL_KEY("layout", layout, "manual (the layout keys as written) or auto: tessel train plans the layout for its ranks (tessel plan) and trains the fastest one predicted to fit runtime.memory_limit_mb, setting tp.size, pp.stages, pp.microbatches, zero.stage, ps.servers and train.recompute (train.precision stays); also --layout auto (docs/planning.md)", Choices{{"manual", "auto"}}),
-      TESSEL_KEY("model.kind", model.kind, "model family: a multi-layer perceptron, a convolutional network or a GPT", Choices{{"mlp", "cnn", "gpt"}}),
+      TESSEL_KEY("model.kind", model.kind, "model family: a multi-layer perceptron, a convolutional network, a GPT, or a sequential stack of layers stated in model.stack (docs/models.md)", Choices{{"mlp", "cnn", "gpt", "sequential"}}),
       TESSEL_KEY("model.hidden", model.hidden, "mlp: hidden layer widths", {1, 1 << 20}),
       TESSEL_KEY("model.activation", model.activation, "mlp: the hidden layers' activation", Choices{{"relu", "gelu"}}),
       TESSEL_KEY("model.dropout", model.dropout, "mlp/cnn: dropout after hidden activations", {.lo = 0, .hi = 1, .hi_open = true}),
@@ -267,6 +307,10 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("model.layers", model.layers, "gpt: transformer blocks", {1, 1024}),
       TESSEL_KEY("model.heads", model.heads, "gpt: attention heads (must divide embed)", {1, 1 << 16}),
       TESSEL_KEY("model.embed", model.embed, "gpt: embedding width", {1, 1 << 16}),
+      TESSEL_KEY("model.norm", model.norm, "gpt: the blocks' and the head's normalisation: layernorm (GPT-2) or rmsnorm (weight only, no centring)", Choices{{"layernorm", "rmsnorm"}}),
+      TESSEL_KEY("model.position", model.position, "gpt: positions as a learned table added to the embedding (GPT-2) or rotary (queries and keys rotated by position inside attention, no table)", Choices{{"learned", "rotary"}}),
+      TESSEL_KEY("model.mlp", model.mlp, "gpt: the blocks' MLP: gelu (C -> 4C -> C) or swiglu (silu(x W1) * x W3 -> W2, hidden 8C/3 rounded to a multiple of 8: about the same parameters)", Choices{{"gelu", "swiglu"}}),
+      stack_key("sequential: the layers in order, an array of tables such as [{type = \"conv\", channels = 16, kernel = 5}, {type = \"relu\"}, {type = \"pool\"}]; types linear, conv, pool, relu, gelu, dropout, flatten, layernorm (docs/models.md)"),
       TESSEL_KEY("data.kind", data.kind, "the data: an IDX folder (fashion_mnist, mnist_idx), a text file (text), a token file (tokens), generated (spiral, synthetic) or a table of features and targets (npy: .npy or .npz, csv; docs/data.md)", Choices{{"fashion_mnist", "mnist_idx", "spiral", "text", "synthetic", "npy", "csv", "tokens"}}),
       TESSEL_KEY("data.path", data.path, "IDX folder (fashion_mnist, mnist_idx), text file (text), token file (tokens, docs/tokenizer.md) or table file (npy: .npy/.npz, csv)"),
       TESSEL_KEY("data.target", data.target, "npy/csv: the targets: a CSV column's name, a 2-D .npy's column number, an .npz's array name (features: array x); empty: the last column, or array y"),

@@ -172,7 +172,8 @@ TEST(Config, AMistypedValueGetsTheNearestValid) {
       {"train.precision=bf61",
        "train.precision must be fp32, bf16 or fp16, got 'bf61'; did you "
        "mean 'bf16'?"},
-      {"model.kind=mpl", "model.kind must be mlp, cnn or gpt, got 'mpl'; did you mean 'mlp'?"},
+      {"model.kind=mpl",
+       "model.kind must be mlp, cnn, gpt or sequential, got 'mpl'; did you mean 'mlp'?"},
       {"compress.kind=powersdg", "did you mean 'powersgd'?"},
       {"optim.kind=adamww", "did you mean 'adamw'?"},
   };

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/nn/modern.h"
 #include "tessel/nn/module.h"
 #include "tessel/nn/tensor_parallel.h"
 #include "tessel/ops/cpu.h"
@@ -163,16 +164,18 @@ class LayerNorm : public Module {
 // and "wpe" [context, C], both N(0, 0.02). backward() returns an undefined Tensor (ids have no
 // gradient). With tensor parallelism the table is cut by vocabulary rows (padded to a multiple
 // of the group): each rank looks up the ids it holds and the group sums the rows (tp_leave);
-// with sequence parallelism the output is this rank's part of the sequence.
+// with sequence parallelism the output is this rank's part of the sequence. With rotary
+// positions (the modern variant) there is no "wpe": the blocks rotate their queries and keys.
 class Embedding : public Module {
  public:
-  Embedding(int64_t vocab, int64_t context, int64_t channels, TensorParallel* tp = nullptr);
+  Embedding(int64_t vocab, int64_t context, int64_t channels, TensorParallel* tp = nullptr,
+            Position position = Position::kLearned);
   std::string kind() const override { return "embedding"; }
   Tensor forward(const Tensor& ids, const Context& ctx, Cache* cache) override;
   Tensor backward(const Tensor& dy, Cache& cache) override;
   // W: both tables' gradients (so that a tied head's share can be added first).
   void backward_weights(Cache& cache) override;
-  std::vector<Parameter*> parameters() override { return {&wte_, &wpe_}; }
+  std::vector<Parameter*> parameters() override;
   Parameter* token_table() { return &wte_; }
   // Inference on ids [B, T] at the given positions, one per id in row order (decoding with a
   // KV cache: rows of several sequences, each at its own position < context).
@@ -186,6 +189,7 @@ class Embedding : public Module {
 
   int64_t V_, T_, C_;
   TensorParallel* tp_;
+  bool learned_;  // a position table wpe
   Parameter wte_, wpe_;
 };
 
@@ -194,10 +198,12 @@ class Embedding : public Module {
 // projections N(0, 0.02/sqrt(2*layers)), biases 0. With tensor parallelism qkv and mlp.fc are
 // column-cut and the two projections row-cut: each rank runs heads/t heads and 4C/t hidden
 // units, and the group communicates twice in the forward and twice in the backward.
+// A GptVariant (modern.h) swaps the norms for RMSNorm, rotates q and k by position (rotary) and
+// the MLP for fc [C -> 2H] (column-cut in two groups), SwiGLU, proj [H -> C].
 class TransformerBlock : public Module {
  public:
   TransformerBlock(int64_t channels, int64_t heads, int64_t context, int64_t layers,
-                   TensorParallel* tp = nullptr);
+                   TensorParallel* tp = nullptr, GptVariant variant = {});
   std::string kind() const override { return "transformer_block"; }
   Tensor forward(const Tensor& x, const Context& ctx, Cache* cache) override;
   Tensor backward(const Tensor& dy, Cache& cache) override;
@@ -216,9 +222,11 @@ class TransformerBlock : public Module {
   Tensor run(const Tensor& x, const Context& ctx, Cache* cache, KvCache* kv, size_t block);
 
   int64_t C_, NH_, T_;  // NH_: this rank's heads
-  LayerNorm ln1_, ln2_;
+  GptVariant variant_;
+  std::unique_ptr<Module> ln1_, ln2_;
   Linear qkv_, attn_proj_, fc_, mlp_proj_;
   GELU gelu_;
+  SwiGLU swiglu_;
 };
 
 // Final LayerNorm + LM head whose weight is the token table of an Embedding (tied): logits
@@ -229,13 +237,13 @@ class TransformerBlock : public Module {
 class LmHead : public Module {
  public:
   LmHead(Parameter* token_table, int64_t vocab, int64_t channels, int64_t context,
-         TensorParallel* tp = nullptr);
+         TensorParallel* tp = nullptr, Norm norm = Norm::kLayerNorm);
   std::string kind() const override { return "lm_head"; }
   Tensor forward(const Tensor& x, const Context& ctx, Cache* cache) override;
   Tensor backward(const Tensor& dy, Cache& cache) override;
   // W: the head's share of the table gradient.
   void backward_weights(Cache& cache) override;
-  std::vector<Parameter*> parameters() override { return ln_.parameters(); }
+  std::vector<Parameter*> parameters() override { return ln_->parameters(); }
   double forward_flops(int64_t batch) const override;
   Parameter* token_table() const { return wte_; }  // the borrowed (tied) table
 
@@ -243,7 +251,7 @@ class LmHead : public Module {
   Parameter* wte_;
   int64_t V_, C_, T_;  // V_: this rank's rows of the table
   TensorParallel* tp_;
-  LayerNorm ln_;
+  std::unique_ptr<Module> ln_;
 };
 
 }  // namespace tessel::nn

@@ -1,4 +1,5 @@
-// Model builders from a ModelSpec (the [model] section of a config): MLP, CNN, GPT.
+// Model builders from a ModelSpec (the [model] section of a config): MLP, CNN, GPT (classic or
+// modern), or a sequential stack of layers stated in the config (docs/models.md).
 #pragma once
 
 #include <cstdint>
@@ -12,8 +13,15 @@
 
 namespace tessel::nn {
 
+// One layer of a sequential model: its type ("conv", "linear", ...) and its numeric settings in
+// the order given (e.g. {"channels", 16}, {"kernel", 5}); sequential.cc checks both.
+struct LayerSpec {
+  std::string type;
+  std::vector<std::pair<std::string, double>> args;
+};
+
 struct ModelSpec {
-  std::string kind = "mlp";  // mlp | cnn | gpt
+  std::string kind = "mlp";  // mlp | cnn | gpt | sequential
   // Filled from the dataset: per-sample input shape ([784], [1,28,28] or [T]) and classes/vocab.
   Shape input_shape;
   int64_t num_classes = 0;  // regression: the number of targets (outputs)
@@ -35,6 +43,13 @@ struct ModelSpec {
   int64_t layers = 2;
   int64_t heads = 4;
   int64_t embed = 64;
+  // gpt variant (modern.h): layernorm | rmsnorm, learned | rotary, gelu | swiglu.
+  std::string norm = "layernorm";
+  std::string position = "learned";
+  std::string mlp = "gelu";
+
+  // sequential: the layers in order, from the input to the output (model.stack).
+  std::vector<LayerSpec> stack;
 };
 
 // Builds and finalises the model: blocks and parameter layout, no parameter memory yet (see
@@ -46,5 +61,12 @@ std::unique_ptr<Model> build_model(const ModelSpec& spec, TensorParallel* tp = n
 // The loss a model trains with: cross-entropy, vocabulary-parallel for a gpt cut by tp; the
 // mean squared error for regression.
 std::unique_ptr<Loss> make_loss(const ModelSpec& spec, TensorParallel* tp = nullptr);
+
+// sequential.cc: lays out spec.stack's blocks into m (build_model's part for kind sequential),
+// checking each layer's settings and its input's shape; errors name the layer's index. With a
+// tensor-parallel group, its linear layers are cut column then row as an mlp's (docs/models.md).
+void build_sequential(const ModelSpec& spec, TensorParallel* tp, Model& m);
+// model.stack as TOML (an array of inline tables), as `tessel config` prints it.
+std::string stack_toml(const std::vector<LayerSpec>& stack);
 
 }  // namespace tessel::nn

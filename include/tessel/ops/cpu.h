@@ -75,6 +75,14 @@ void layernorm_forward(void* y, float* mean, float* rstd, const void* x, const v
 void layernorm_backward(void* dx, float* dw, float* db, const void* dy, const void* x,
                         const void* w, const float* mean, const float* rstd, int64_t N, int64_t C,
                         DType t);
+void rmsnorm_forward(void* y, float* rstd, const void* x, const void* w, int64_t N, int64_t C,
+                     DType t);
+void rmsnorm_backward(void* dx, float* dw, const void* dy, const void* x, const void* w,
+                      const float* rstd, int64_t N, int64_t C, DType t);
+void rotary_forward(void* qkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t);
+void rotary_backward(void* dqkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t);
+void swiglu_forward(void* y, const void* x, int64_t N, int64_t H, DType t);
+void swiglu_backward(void* dx, const void* dy, const void* x, int64_t N, int64_t H, DType t);
 void embedding_forward(void* y, const int32_t* ids, const void* table, int64_t N, int64_t V,
                        int64_t C, int64_t lo, int64_t rows, DType t);
 void embedding_backward(float* dtable, const void* dy, const int32_t* ids, int64_t N, int64_t C,
@@ -139,6 +147,21 @@ void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const
                        const float* b, int64_t N, int64_t C);
 void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                         const float* w, const float* mean, const float* rstd, int64_t N, int64_t C);
+
+// ---- The modern GPT variant's kernels (modern_gpt.cc) ----
+// RMSNorm over the last dimension: y = x / sqrt(mean(x^2) + eps) * w, x[N,C], w[C], eps 1e-5;
+// caches rstd[N] for the backward.
+void rmsnorm_forward(float* y, float* rstd, const float* x, const float* w, int64_t N, int64_t C);
+void rmsnorm_backward(float* dx, float* dw, const float* dy, const float* x, const float* w,
+                      const float* rstd, int64_t N, int64_t C);
+// Rotary position embedding (RoPE, GPT-NeoX's pairing), in place on qkv[N,3C] rows (q, k, v of
+// NH heads of even size hs = C/NH): each head's pairs (i, i + hs/2) of q and k are rotated by
+// pos[n] * 10000^(-2i/hs); v is untouched. The backward rotates the gradient back.
+void rotary_forward(float* qkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH);
+void rotary_backward(float* dqkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH);
+// SwiGLU: y[N,H] = silu(a) * b for x[N,2H] = [a | b] row by row (silu(a) = a sigmoid(a)).
+void swiglu_forward(float* y, const float* x, int64_t N, int64_t H);
+void swiglu_backward(float* dx, const float* dy, const float* x, int64_t N, int64_t H);
 
 // ---- Embedding: y[N,C] = table[ids[n], :], table[V,C] ----
 // Throws InvalidArgument on an id outside [0, V). A tensor-parallel rank holds only the rows

@@ -90,7 +90,7 @@ LayoutChoice choose_layout(const Config& config, const std::vector<Candidate>& p
               ? str(" predicted under ", std::lround(cap_mib * 10) / 10.0, " MiB (",
                     std::lround(100 * kAutoMemoryShare), "% of runtime.memory_limit_mb)")
               : std::string(""),
-          " in train.precision = ", name_of(config.parallel.precision)));
+          " in train.precision = ", tessel::name_of(config.parallel.precision)));
   json record = {{"chosen", prediction(best)},
                  {"set", best.sets},
                  {"feasible", feasible},
@@ -122,7 +122,7 @@ LayoutChoice resolve_layout(const Config& config, int workers, comm::Communicato
     o.workers = workers;
     o.memory_per_rank = static_cast<int64_t>(
         static_cast<double>(config.parallel.memory_limit_mb << 20) * kAutoMemoryShare);
-    o.precisions = {name_of(config.parallel.precision)};
+    o.precisions = {tessel::name_of(config.parallel.precision)};
     const Calibration cal = calibrate(config, cache_dir.empty() ? default_cache_dir() : cache_dir);
     return choose_layout(config, plan_layouts(config, o, cal), o);
   }

@@ -182,7 +182,9 @@ void fit_pair_costs(const Config& config, const data::Splits& data, Calibration&
   const std::vector<Candidate> plan = plan_layouts(base, o, cal);
   for (const Candidate& c : plan) {
     const parallel::ParallelSpec& s = c.spec;
-    if (s.recompute != "none" || s.ps_servers > 0 || s.tp_size > 1 || s.zero_stage > 0) continue;
+    if (s.recompute != nn::Recompute::kNone || s.ps_servers > 0 || s.tp_size > 1 ||
+        s.zero_stage > 0)
+      continue;
     if (s.pp_stages == 1) dp = &c;
     if (s.pp_stages == 2 && (!pp || s.pp_microbatches > pp->spec.pp_microbatches)) pp = &c;
   }

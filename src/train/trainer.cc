@@ -172,10 +172,10 @@ void Trainer::set_up_shards(int64_t workers, bool dealt) {
     if (!dealt) return;
     if (config_.train.batch < workers)
       throw InvalidArgument(
-          str("config: ddp.balance = ", config_.parallel.balance,
+          str("config: ddp.balance = ", name_of(config_.parallel.balance),
               " deals each rank one row at least, but train.batch = ", config_.train.batch,
               " is smaller than the ", workers, " data-parallel ranks; raise train.batch"));
-    deal_ = std::make_unique<parallel::ShardDeal>(parallel::balance_mode(config_.parallel.balance),
+    deal_ = std::make_unique<parallel::ShardDeal>(config_.parallel.balance,
                                                   static_cast<int>(workers), config_.train.batch);
     return;
   }

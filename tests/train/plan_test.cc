@@ -190,7 +190,7 @@ TEST(PlanAuto, PicksTheFastestFeasibleLayoutAndSetsItsKeys) {
   o.workers = 4;
   o.precisions = {"fp32"};
   auto plan = plan_layouts(base, o, cal);
-  for (const Candidate& c : plan) EXPECT_EQ(c.spec.precision, "fp32");
+  for (const Candidate& c : plan) EXPECT_EQ(c.spec.precision, parallel::Precision::kFp32);
   // a cap between the smallest and the largest layout: the pick is one that fits
   std::vector<double> totals;
   for (const Candidate& c : plan) totals.push_back(c.memory.total());

@@ -2,6 +2,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "checks.h"
 #include "tessel/nn/layers.h"
 #include "tessel/ops/cpu.h"
 
@@ -26,13 +27,6 @@ void check_activations(const Tensor& x, int64_t C, DType t, const char* layer) {
         str(layer, ": input must be ", dtype_name(t), " [B, T, ", C, "], got ",
             x.defined() ? str(dtype_name(x.dtype()), " ", shape_str(x.shape())) : "undefined",
             "; place it after the embedding block"));
-}
-
-void check_gradient(const Tensor& dy, const Shape& shape, DType t, const char* layer) {
-  TESSEL_CHECK(dy.defined() && dy.shape() == shape && dy.dtype() == t, layer,
-               ": backward gradient ",
-               dy.defined() ? str(dtype_name(dy.dtype()), " ", shape_str(dy.shape())) : "undefined",
-               ", expected ", dtype_name(t), " ", shape_str(shape));
 }
 
 void prefix_names(const std::vector<Parameter*>& params, const std::string& prefix) {

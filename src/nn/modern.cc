@@ -2,6 +2,7 @@
 // model.position and model.mlp.
 #include "tessel/nn/modern.h"
 
+#include "checks.h"
 #include "tessel/nn/layers.h"
 #include "tessel/ops/cpu.h"
 
@@ -15,13 +16,6 @@ void check_input(const Tensor& x, DType t, int64_t last, const char* layer) {
         str(layer, ": input must be ", dtype_name(t), " [..., ", last, "], got ",
             x.defined() ? str(dtype_name(x.dtype()), " ", shape_str(x.shape())) : "undefined",
             "; check the model's embedding size and train.precision"));
-}
-
-void check_gradient(const Tensor& dy, const Shape& shape, DType t, const char* layer) {
-  TESSEL_CHECK(dy.defined() && dy.shape() == shape && dy.dtype() == t, layer,
-               ": backward gradient ",
-               dy.defined() ? str(dtype_name(dy.dtype()), " ", shape_str(dy.shape())) : "undefined",
-               ", expected ", dtype_name(t), " ", shape_str(shape));
 }
 
 template <typename E>

@@ -314,7 +314,8 @@ std::string composition_markdown() {
       "the other keys at their defaults, the parts it builds with `compress.kind = none` "
       "(executor, gradient sync, parameter store, extras) and the `compress.kind` values that "
       "run with it. `train.recompute` (none, full, selective) runs with every combination: the "
-      "executor keeps or recomputes the activations. The only device built is the cpu.\n\n"
+      "executor keeps or recomputes the activations (full recompute is refused only with "
+      "`pp.schedule = zb-h1`, below). The only device built is the cpu.\n\n"
       "| layout | zero.stage | train.precision | parts | compress.kind |\n"
       "|---|---|---|---|---|\n";
   const ParallelSpec defaults;

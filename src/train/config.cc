@@ -438,30 +438,7 @@ const Key* find_key(const std::string& path) {
   return nullptr;
 }
 
-// Applies "section.key=value" to the parsed table before the keys are read.
-void apply_override(toml::table& root, const std::string& assignment) {
-  size_t eq = assignment.find('=');
-  if (eq == std::string::npos || eq == 0)
-    throw InvalidArgument(str("config: --set expects section.key=value, got '", assignment, "'"));
-  std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
-  if (find_key(path) == nullptr) throw InvalidArgument(unknown_key_message(path, " in --set"));
-  toml::table parsed;
-  check_bounds("v = " + text, "--set " + path);
-  try {
-    parsed = toml::parse("v = " + text);
-  } catch (const toml::parse_error&) {
-    parsed.insert_or_assign("v", text);  // a bare word: take it as a string
-  }
-  size_t dot = path.find('.');
-  toml::table* target = &root;
-  if (dot != std::string::npos) {
-    std::string section = path.substr(0, dot);
-    if (!root[section].is_table()) root.insert_or_assign(section, toml::table{});
-    target = root[section].as_table();
-    path = path.substr(dot + 1);
-  }
-  target->insert_or_assign(path, *parsed.get("v"));
-}
+bool known_key(const std::string& path) { return find_key(path) != nullptr; }
 
 void require(bool ok, const std::string& msg) {
   if (!ok) throw InvalidArgument("config: " + msg);
@@ -486,22 +463,6 @@ void validate(const Config& c) {
           "serve; use checkpoint.every_steps with ps.servers > 0");
   require(c.fault.fail_rank < 0 || c.fault.fail_step >= 1,
           str("debug.fail_step must be >= 1 with debug.fail_rank set, got ", c.fault.fail_step));
-}
-
-// The TOML of a config with the overrides applied, with `source` (the file, or the run name)
-// in the messages.
-toml::table parse_table(const std::string& toml_text, const std::string& source,
-                        const std::vector<std::string>& overrides) {
-  check_bounds(toml_text, source);
-  toml::table root;
-  try {
-    root = toml::parse(toml_text, source);
-  } catch (const toml::parse_error& e) {
-    throw InvalidArgument(str("config: ", source, ":", e.source().begin.line, ":",
-                              e.source().begin.column, ": ", e.description()));
-  }
-  for (const std::string& o : overrides) apply_override(root, o);
-  return root;
 }
 
 // Calls visit(key, value) for every key of root; throws naming an unknown key.
@@ -530,29 +491,19 @@ Config read_keys(const toml::table& root, const std::string& name) {
   return c;
 }
 
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in)
-    throw IoError(str("config: cannot read '", path, "'; check the path (examples/ has configs)"));
-  std::string text(kMaxConfigBytes + 1, '\0');  // one byte more tells a file over the limit
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<size_t>(in.gcount()));
-  return text;
-}
-
 std::string stem(const std::string& path) { return std::filesystem::path(path).stem().string(); }
 
 }  // namespace
 
 Config parse_config(const std::string& toml_text, const std::string& name,
                     const std::vector<std::string>& overrides) {
-  Config c = read_keys(parse_table(toml_text, name, overrides), name);
+  Config c = read_keys(parse_table(toml_text, name, overrides, known_key), name);
   validate(c);
   return c;
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  Config c = read_keys(parse_table(read_file(path), path, overrides), stem(path));
+  Config c = read_keys(parse_table(read_config_file(path), path, overrides, known_key), stem(path));
   validate(c);
   return c;
 }
@@ -562,7 +513,7 @@ Config load_resume_config(const std::string& run_config, const std::string& path
                           std::vector<std::string>* changed) {
   Config c = load_config(run_config);
   // What the file says differently is noted; the run's own value stays.
-  const toml::table in_file = parse_table(read_file(path), path, {});
+  const toml::table in_file = parse_table(read_config_file(path), path, {}, known_key);
   const Config file = read_keys(in_file, stem(path));
   for_each_key(in_file, [&](const Key& k, const toml::node&) {
     const std::string& key = k.info.path;
@@ -572,7 +523,7 @@ Config load_resume_config(const std::string& run_config, const std::string& path
                              " stays (--set ", key, "=", now, " changes it)"));
   });
   // What the command line sets wins.
-  const toml::table set = parse_table("", "--set", overrides);
+  const toml::table set = parse_table("", "--set", overrides, known_key);
   const Config want = read_keys(set, c.name);
   bool schedule = false;
   for_each_key(set, [&](const Key& k, const toml::node&) {

@@ -1,13 +1,41 @@
 #include "config_bounds.h"
 
+#include <fstream>
 #include <utility>
 #include <vector>
 
+#include "config_suggest.h"
 #include "tessel/core/error.h"
 #include "tessel/train/config.h"
 
 namespace tessel::train {
 namespace {
+
+// Applies "section.key=value" to the parsed table before the keys are read.
+void apply_override(toml::table& root, const std::string& assignment,
+                    const std::function<bool(const std::string&)>& known) {
+  size_t eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw InvalidArgument(str("config: --set expects section.key=value, got '", assignment, "'"));
+  std::string path = assignment.substr(0, eq), text = assignment.substr(eq + 1);
+  if (!known(path)) throw InvalidArgument(unknown_key_message(path, " in --set"));
+  toml::table parsed;
+  check_bounds("v = " + text, "--set " + path);
+  try {
+    parsed = toml::parse("v = " + text);
+  } catch (const toml::parse_error&) {
+    parsed.insert_or_assign("v", text);  // a bare word: take it as a string
+  }
+  size_t dot = path.find('.');
+  toml::table* target = &root;
+  if (dot != std::string::npos) {
+    std::string section = path.substr(0, dot);
+    if (!root[section].is_table()) root.insert_or_assign(section, toml::table{});
+    target = root[section].as_table();
+    path = path.substr(dot + 1);
+  }
+  target->insert_or_assign(path, *parsed.get("v"));
+}
 
 // The index of the quote that closes the string opening at text[i] (basic "...", literal '...'
 // or multi-line """...""" / '''...'''), counting its newlines into `line`; text.size() if none.
@@ -82,6 +110,33 @@ void check_bounds(std::string_view text, const std::string& name) {
           "config: ", name, ":", line, ": tables, keys and arrays nest more than ", kMaxConfigDepth,
           " levels deep; a tessel config needs 3 ([section], key = [values])"));
   }
+}
+
+// The TOML of a config with the overrides applied, with `source` (the file, or the run name)
+// in the messages.
+toml::table parse_table(const std::string& toml_text, const std::string& source,
+                        const std::vector<std::string>& overrides,
+                        const std::function<bool(const std::string&)>& known) {
+  check_bounds(toml_text, source);
+  toml::table root;
+  try {
+    root = toml::parse(toml_text, source);
+  } catch (const toml::parse_error& e) {
+    throw InvalidArgument(str("config: ", source, ":", e.source().begin.line, ":",
+                              e.source().begin.column, ": ", e.description()));
+  }
+  for (const std::string& o : overrides) apply_override(root, o, known);
+  return root;
+}
+
+std::string read_config_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw IoError(str("config: cannot read '", path, "'; check the path (examples/ has configs)"));
+  std::string text(kMaxConfigBytes + 1, '\0');  // one byte more tells a file over the limit
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  return text;
 }
 
 }  // namespace tessel::train

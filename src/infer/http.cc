@@ -139,7 +139,23 @@ class Session : public std::enable_shared_from_this<Session> {
     reading_ = false;
     ++shared_.accepted;
     keep_alive_ = false;
-    write(shared_.options.error(status, message));
+    write(shared_.options.error(status, request_path(), message));
+  }
+
+  // The path of the request being read, its query cut: from its request line once parsed (the
+  // parser parses it before the fields), else from the bytes of it in the buffer (a request
+  // line cut short); "" when not even the target has come.
+  std::string request_path() const {
+    const auto parsed = parser_->get().target();
+    std::string_view target(parsed.data(), parsed.size());
+    if (target.empty()) {
+      std::string_view line(static_cast<const char*>(buffer_.data().data()), buffer_.size());
+      line = line.substr(0, line.find("\r\n"));
+      const size_t a = line.find(' '), b = line.find(' ', a + 1);
+      if (a != std::string_view::npos && b != std::string_view::npos)
+        target = line.substr(a + 1, b - a - 1);
+    }
+    return std::string(target.substr(0, target.find('?')));
   }
 
   void on_request() {
@@ -149,16 +165,19 @@ class Session : public std::enable_shared_from_this<Session> {
     keep_alive_ = req.keep_alive() && !refuse_;
     if (refuse_)
       return write(
-          shared_.options.error(503, str("serve.connections = ", shared_.options.max_connections,
-                                         " connections are open; retry later")));
+          shared_.options.error(503, request_path(),
+                                str("serve.connections = ", shared_.options.max_connections,
+                                    " connections are open; retry later")));
     const uint64_t seq = ++seq_;
     timer_.expires_after(shared_.timeout);
-    timer_.async_wait([self = shared_from_this(), seq](beast::error_code ec) {
-      if (ec || seq != self->seq_ || self->answered_) return;
-      self->write(self->shared_.options.error(
-          504, str("no answer within serve.timeout_s = ", self->shared_.options.timeout_s,
-                   " s; the workers are overloaded")));
-    });
+    timer_.async_wait(
+        [self = shared_from_this(), seq, path = request_path()](beast::error_code ec) {
+          if (ec || seq != self->seq_ || self->answered_) return;
+          self->write(self->shared_.options.error(
+              504, path,
+              str("no answer within serve.timeout_s = ", self->shared_.options.timeout_s,
+                  " s; the workers are overloaded")));
+        });
     HttpRequest r{
         std::string(req.method_string()), std::string(req.target()), std::move(req.body()), {}, {}};
     for (const auto& f : req) r.headers.emplace_back(f.name_string(), f.value());

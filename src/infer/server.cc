@@ -111,9 +111,9 @@ Server::Server(const train::Config& config, const std::string& checkpoint, int w
   ho.max_connections = config.serve.connections;
   ho.max_body_bytes = config.serve.max_body_kb << 10;
   ho.timeout_s = config.serve.timeout_s;
-  ho.error = [this](int status, const std::string& message) {
+  ho.error = [this](int status, const std::string& path, const std::string& message) {
     metrics_.request("other", status, 0);
-    return error_response(status, "serve: " + message);
+    return error_for(path, status, "serve: " + message);
   };
   http_ = std::make_unique<HttpServer>(
       ho, [this](HttpRequest req, Respond respond) { handle(std::move(req), std::move(respond)); });

@@ -372,6 +372,57 @@ TEST_F(Serve, TheTransportsLimitsAnswerInTheProtocolsShape) {
   EXPECT_NE(expect.find("HTTP/1.1 200 OK"), std::string::npos) << expect;
 }
 
+// The JSON body of a raw HTTP answer (discarded when it has none).
+nlohmann::json body_of(const std::string& answer) {
+  const size_t at = answer.find("\r\n\r\n");
+  return nlohmann::json::parse(at == std::string::npos ? "" : answer.substr(at + 4), nullptr,
+                               false);
+}
+
+// OpenAI's {"error": {"message", "type", ...}} whose message holds `needle`.
+void expect_openai_error(const nlohmann::json& body, const std::string& needle) {
+  ASSERT_TRUE(body.contains("error") && body["error"].is_object()) << body.dump();
+  EXPECT_EQ(body["error"]["type"], "invalid_request_error") << body.dump();
+  EXPECT_NE(body["error"]["message"].get<std::string>().find(needle), std::string::npos)
+      << "expected '" << needle << "' in " << body.dump();
+}
+
+TEST_F(Serve, TheTransportsLimitsUnderV1AreOpenAiShaped) {
+  Running s({"serve.connections=1", "serve.timeout_s=0.5", "serve.max_body_kb=256"});
+  const std::string big(20 << 10, 'a');
+  // Each transport limit under an OpenAI route, then the same under a v2 route.
+  std::string headers = raw_exchange(
+      s.port, "POST /v1/completions?x=1 HTTP/1.1\r\nHost: x\r\nX-Big: " + big + "\r\n\r\n");
+  EXPECT_NE(headers.find("431"), std::string::npos) << headers;
+  expect_openai_error(body_of(headers), "request headers over 16 KiB");
+  headers =
+      raw_exchange(s.port, "POST /v2/models/config/infer HTTP/1.1\r\nX-Big: " + big + "\r\n\r\n");
+  EXPECT_TRUE(body_of(headers)["error"].is_string()) << headers;
+  const std::string cut_body = raw_exchange(
+      s.port, "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{");
+  EXPECT_NE(cut_body.find("408 Request Timeout"), std::string::npos) << cut_body;
+  expect_openai_error(body_of(cut_body), "serve.timeout_s = 0.5");
+  const std::string cut_head = raw_exchange(s.port, "POST /v1/completions HT");  // request line
+  EXPECT_NE(cut_head.find("408 Request Timeout"), std::string::npos) << cut_head;
+  expect_openai_error(body_of(cut_head), "serve.timeout_s = 0.5");
+  httplib::Client c = s.client();
+  auto res = c.Post("/v1/completions", std::string(300 << 10, ' '), "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 413);
+  expect_openai_error(nlohmann::json::parse(res->body, nullptr, false), "serve.max_body_kb");
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // c's connection closes
+  {
+    httplib::Client held = s.client();
+    held.set_keep_alive(true);
+    ASSERT_EQ(held.Get("/v2/health/live")->status, 200);
+    const std::string refused = raw_exchange(s.port, "GET /v1/models HTTP/1.1\r\n\r\n");
+    EXPECT_NE(refused.find("503 Service Unavailable"), std::string::npos) << refused;
+    const nlohmann::json body = body_of(refused);
+    ASSERT_TRUE(body["error"].is_object()) << refused;
+    EXPECT_EQ(body["error"]["type"], "server_error") << refused;
+  }
+}
+
 TEST_F(Serve, StopDoesNotWaitForARequestNotSentWhole) {
   auto s = std::make_unique<Running>();  // serve.timeout_s = 30
   const int fd = connect_to(s->port);

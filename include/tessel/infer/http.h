@@ -3,7 +3,7 @@
 // (keep-alive, pipelined requests answered in order); what a request asks is the handler's
 // business, which may answer at once or later from any thread (the model's workers), so no
 // thread waits on a connection. The transport answers by itself, through the error callback
-// (the protocol's error shape is the caller's):
+// (the protocol's error shape, which may depend on the request's path, is the caller's):
 //   400 a malformed HTTP request, 408 a request not read whole within timeout_s, 413 a body over
 //   max_body_bytes, 431 headers over kMaxHeaderBytes, 503 + Retry-After to a connection beyond
 //   max_connections (then closed), 504 a handler that has not answered within timeout_s.
@@ -67,8 +67,10 @@ struct HttpOptions {
   int64_t max_connections = 128;
   int64_t max_body_bytes = 4 << 20;
   double timeout_s = 30;
-  // The answer for a failure the transport answers itself: status and what went wrong.
-  std::function<HttpResponse(int status, const std::string& message)> error;
+  // The answer for a failure the transport answers itself: status, the request's path (its query
+  // cut; "" when its request line has not come whole) and what went wrong.
+  std::function<HttpResponse(int status, const std::string& path, const std::string& message)>
+      error;
 };
 
 class HttpServer {

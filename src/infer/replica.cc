@@ -101,6 +101,19 @@ Replica::Replica(const train::Config& config, const ModelInfo& info, comm::Commu
   }
 }
 
+Replica::Replica(const train::Config& config, const ModelInfo& info, const Replica& weights)
+    : config_(config),
+      model_(nn::build_model(info.spec, nullptr)),
+      executor_(std::make_unique<parallel::LocalExecutor>(*model_)),
+      input_mean_(info.input_mean),
+      input_std_(info.input_std),
+      values_(weights.values_),
+      ranges_(weights.ranges_) {
+  TESSEL_CHECK(weights.stages_ == 1 && !weights.tp_,
+               "infer: a replica shares the values of a whole-model replica only");
+  for (size_t i = 0; i < values_.size(); ++i) model_->bind_values(ranges_[i], values_[i]);
+}
+
 Replica::~Replica() = default;
 
 void Replica::load(const ckpt::CheckpointReader& checkpoint) {
@@ -122,6 +135,7 @@ void Replica::load(const ckpt::CheckpointReader& checkpoint) {
     }
     if (r.lo < r.hi) {
       values_.push_back(Tensor::zeros({r.size()}));
+      ranges_.push_back(r);
       model_->bind_values(r, values_.back());
       parameter_bytes_ += static_cast<int64_t>(values_.back().nbytes());
     }

@@ -99,7 +99,7 @@ Server::Server(const train::Config& config, const std::string& checkpoint, int w
       bo, workers, [this](int w, const std::vector<const Request*>& b) { return run_batch(w, b); },
       metrics_);
   if (info_.generates()) {
-    generator_ = std::make_unique<Replica>(config_, info_, nullptr, nullptr);
+    generator_ = std::make_unique<Replica>(config_, info_, *replicas_.front());  // no copy
     scheduler_ = std::make_unique<Scheduler>(
         generator_->model(),
         SchedulerOptions{config.serve.max_sequences, config.serve.max_step_tokens,

@@ -1,9 +1,16 @@
 // Generation from a tensor-parallel (or pipeline) run's own config: predict and serve run the
 // whole GPT on each worker and take the checkpoint as it is, whatever layout trained it, instead
-// of refusing the config's tp.size / pp.stages.
+// of refusing the config's tp.size / pp.stages; the server's continuously batched OpenAI
+// completions give predict's greedy tokens, and its scheduler reads the worker's parameters
+// (one copy of them in the process).
 #include <gtest/gtest.h>
+#include <httplib.h>
+
+#include <nlohmann/json.hpp>
+#include <thread>
 
 #include "infer_testing.h"
+#include "tessel/core/memory.h"
 #include "tessel/infer/server.h"
 #include "tessel/train/config.h"
 
@@ -36,7 +43,36 @@ TEST(GenerateLayout, PredictAndServeTakeATensorParallelRunsOwnConfig) {
   const std::string own = slurp((dir / "own.jsonl").string());
   EXPECT_NE(own.find("\"text\""), std::string::npos) << own;
   EXPECT_EQ(own, slurp((dir / "one.jsonl").string()));
-  EXPECT_NO_THROW(Server(train::load_config(config), run_dir, 1));
+  const std::string first = nlohmann::json::parse(own.substr(0, own.find('\n')))["text"];
+  // The run's own config, and a pipeline's: served by the scheduler, the greedy completion of
+  // prompt 0 is predict's text.
+  for (const std::vector<std::string>& layout :
+       {std::vector<std::string>{}, std::vector<std::string>{"tp.size=1", "pp.stages=2"}}) {
+    const train::Config c = train::load_config(config, layout);
+    const int64_t model_bytes =
+        Replica(c, model_info(c, run_dir), nullptr, nullptr).parameter_bytes();
+    auto ledger = std::make_shared<MemoryLedger>();
+    std::unique_ptr<Server> server;
+    {
+      MemoryScope scope(ledger, MemCategory::kOther);
+      server = std::make_unique<Server>(c, run_dir, 1);
+    }
+    // One copy of the parameters: the scheduler's model reads the worker's.
+    EXPECT_EQ(ledger->current(MemCategory::kParameters), model_bytes);
+    const int port = server->bind(0);
+    std::thread serving([&] { server->run(); });
+    httplib::Client client("127.0.0.1", port);
+    client.set_read_timeout(30);
+    const auto res =
+        client.Post("/v1/completions",
+                    R"({"model": "tp", "prompt": "a tensor", "max_tokens": 6, "temperature": 0})",
+                    "application/json");
+    server->stop();
+    serving.join();
+    ASSERT_TRUE(res);
+    ASSERT_EQ(res->status, 200) << res->body;
+    EXPECT_EQ(nlohmann::json::parse(res->body)["choices"][0]["text"], first) << res->body;
+  }
   fs::remove_all(dir);
 }
 

@@ -45,6 +45,10 @@ class Replica {
   // pp.stages and tp.size) when this rank's part passes runtime.memory_limit_mb.
   Replica(const train::Config& config, const ModelInfo& info, comm::Communicator* pp,
           comm::Communicator* tp);
+  // The whole model over `weights`' parameter values, without a copy: modules of its own, for
+  // another thread, that read the same memory (forward reads parameters only). `weights` holds
+  // the whole model of the same info and outlives this replica, which holds 0 parameter bytes.
+  Replica(const train::Config& config, const ModelInfo& info, const Replica& weights);
   ~Replica();
   Replica(const Replica&) = delete;
   Replica& operator=(const Replica&) = delete;
@@ -70,7 +74,8 @@ class Replica {
   std::unique_ptr<parallel::Executor> executor_;
   std::vector<float> input_mean_, input_std_;
   int stage_ = 0, stages_ = 1;
-  std::vector<Tensor> values_;  // one tensor per run of local blocks
+  std::vector<Tensor> values_;     // one tensor per run of local blocks
+  std::vector<nn::Range> ranges_;  // the arena range of each
   int64_t parameter_bytes_ = 0;
 };
 

@@ -10,17 +10,18 @@
 //   POST /v1/predict                   tessel's own rows ({"inputs": [[...]]} or {"prompts"})
 //   GET  /metrics                      Prometheus text (metrics.h)
 // and for a gpt model the OpenAI API (src/infer/openai.h), its generations continuously
-// batched by a Scheduler on a replica of its own, streamed as server-sent events on request:
+// batched by a Scheduler on a model of its own over worker 0's parameter memory (no copy),
+// streamed as server-sent events on request:
 //   GET  /v1/models                    the model
 //   POST /v1/completions               {"model", "prompt", "max_tokens", "stream", ...}
 //   POST /v1/chat/completions          {"model", "messages", "max_tokens", "stream", ...}
 // Errors under /v1/ (but /v1/predict) are OpenAI's {"error": {"message", "type", "param",
-// "code"}}; every other error is {"error": "message"}: 400 malformed JSON, wrong shape or datatype,
-// 404 unknown route or model, 405 wrong method (with Allow), 408/413/431 (the transport's limits),
-// 503 + Retry-After queue full or shutting down, 504 no answer within serve.timeout_s, 500 a failed
-// batch. Routes are a table of handlers that know nothing of the transport.
-// stop() stops taking connections; run() returns once every request already read has been
-// answered and the batcher has drained. Thread safe.
+// "code"}}, the transport's too; every other error is {"error": "message"}: 400 malformed JSON,
+// wrong shape or datatype, 404 unknown route or model, 405 wrong method (with Allow), 408/413/431
+// (the transport's limits), 503 + Retry-After queue full or shutting down, 504 no answer within
+// serve.timeout_s, 500 a failed batch. Routes are a table of handlers that know nothing of the
+// transport. stop() stops taking connections; run() returns once every request already read has
+// been answered and the batcher has drained. Thread safe.
 #pragma once
 
 #include <atomic>
@@ -40,7 +41,8 @@ namespace tessel::infer {
 
 class Server {
  public:
-  // Loads `workers` replicas of the checkpoint's model (pp.stages must be 1).
+  // Loads `workers` replicas of the checkpoint's model, each the whole model whatever the
+  // config's pp.stages and tp.size (a training layout; the checkpoint is layout-free).
   Server(const train::Config& config, const std::string& checkpoint, int workers);
   ~Server();
   Server(const Server&) = delete;

@@ -66,6 +66,49 @@ bool matches(const char* route, const std::string& path, const std::string& mode
   return true;
 }
 
+// An OpenAI answer in the making: the request, the text so far, and its stream once started.
+struct OpenAiAnswer {
+  OpenAiCall call;
+  CompletionMeta meta;
+  CompletionText text;
+  std::function<std::shared_ptr<HttpStream>(HttpResponse)> start_stream;
+  std::shared_ptr<HttpStream> stream;  // from the first token on
+};
+
+// Sets g's callbacks to answer through `st`: streamed, a chunk per piece of text from the first
+// token on, the last with the finish reason (then usage, [DONE]); otherwise one body at the end.
+void answer_with(Generation& g, std::shared_ptr<OpenAiAnswer> st, Respond respond) {
+  g.on_token = [st](int32_t token) {
+    const bool more = st->text.add(token);
+    if (!st->call.stream) return more;
+    if (!st->stream)
+      st->stream =
+          st->start_stream({200, "text/event-stream", "", {{"Cache-Control", "no-cache"}}});
+    // A client that has gone is cancelled (alive) before the next step.
+    if (const std::string piece = st->text.take(false); !piece.empty())
+      st->stream->write(completion_chunk(st->meta, piece, ""));
+    return more;
+  };
+  g.on_done = [st, respond](const std::string& reason, std::exception_ptr error) {
+    if (!st->stream) {  // not streamed, or it ended before a token
+      if (!error) return respond(json_response(200, completion_body(st->meta, st->text, reason)));
+      try {
+        std::rethrow_exception(error);
+      } catch (const std::exception& e) {
+        return respond(json_response(500, openai_error(str("serve: ", e.what()), 500)));
+      }
+    }
+    HttpStream& out = *st->stream;
+    if (const std::string rest = st->text.take(true); !rest.empty())
+      out.write(completion_chunk(st->meta, rest, ""));
+    out.write(completion_chunk(st->meta, "", error ? "error" : reason));
+    if (st->call.include_usage) out.write(usage_chunk(st->meta, st->text.tokens()));
+    out.write(kDoneEvent);
+    out.end();
+  };
+  g.alive = [st] { return !st->stream || !st->stream->gone(); };
+}
+
 }  // namespace
 
 const Server::Route Server::kRoutes[] = {
@@ -330,13 +373,6 @@ void Server::generate_text(const HttpRequest& req, Respond respond, bool chat) {
   const OpenAiCall call =
       read_openai(req.body, chat, config_.name, config_.infer.max_new_tokens, defaults);
   if (draining_) throw OpenAiError(503, "serve: shutting down; send the request elsewhere");
-  struct State {
-    OpenAiCall call;
-    CompletionMeta meta;
-    CompletionText text;
-    std::function<std::shared_ptr<HttpStream>(HttpResponse)> start_stream;
-    std::shared_ptr<HttpStream> stream;  // from the first token on
-  };
   Generation g;
   g.prompt = {encode(call.prompt, info_.tokenizer.get()), call.max_tokens, 0};
   if (g.prompt.tokens.size() + static_cast<size_t>(call.max_tokens) >
@@ -350,37 +386,11 @@ void Server::generate_text(const HttpRequest& req, Respond respond, bool chat) {
   const CompletionMeta meta{str(chat ? "chatcmpl-" : "cmpl-", ++completions_), config_.name,
                             static_cast<int64_t>(std::time(nullptr)),
                             static_cast<int64_t>(g.prompt.tokens.size()), chat};
-  auto st = std::make_shared<State>(
-      State{call, meta, CompletionText(info_.tokenizer, call.stop), req.start_stream, nullptr});
-  g.on_token = [st](int32_t token) {
-    const bool more = st->text.add(token);
-    if (!st->call.stream) return more;
-    if (!st->stream)
-      st->stream =
-          st->start_stream({200, "text/event-stream", "", {{"Cache-Control", "no-cache"}}});
-    // A client that has gone is cancelled (alive) before the next step.
-    if (const std::string piece = st->text.take(false); !piece.empty())
-      st->stream->write(completion_chunk(st->meta, piece, ""));
-    return more;
-  };
-  g.on_done = [st, respond](const std::string& reason, std::exception_ptr error) {
-    if (!st->stream) {  // not streamed, or it ended before a token
-      if (!error) return respond(json_response(200, completion_body(st->meta, st->text, reason)));
-      try {
-        std::rethrow_exception(error);
-      } catch (const std::exception& e) {
-        return respond(json_response(500, openai_error(str("serve: ", e.what()), 500)));
-      }
-    }
-    HttpStream& out = *st->stream;
-    if (const std::string rest = st->text.take(true); !rest.empty())
-      out.write(completion_chunk(st->meta, rest, ""));
-    out.write(completion_chunk(st->meta, "", error ? "error" : reason));
-    if (st->call.include_usage) out.write(usage_chunk(st->meta, st->text.tokens()));
-    out.write(kDoneEvent);
-    out.end();
-  };
-  g.alive = [st] { return !st->stream || !st->stream->gone(); };
+  answer_with(
+      g,
+      std::make_shared<OpenAiAnswer>(OpenAiAnswer{
+          call, meta, CompletionText(info_.tokenizer, call.stop), req.start_stream, nullptr}),
+      std::move(respond));
   if (!scheduler_->submit(std::move(g)))
     throw OpenAiError(503, str("serve: serve.max_queue = ", config_.serve.max_queue,
                                " generations wait already, or shutting down; retry later"));

@@ -416,6 +416,19 @@ TEST(ReadInputs, TakesExactlyTheCommonBodyAndReadsItsNumbersAsTheDocumentDoes) {
     }
     expect_same(body + "]}");
   }
+  // Decimals of up to 15 digits within 10^+-22 take a fast path (m * 10^e): to the bit too, at
+  // every magnitude and digit count around its edges.
+  std::uniform_int_distribution<int> digits(1, 17), scale(-26, 26);
+  for (int k = 0; k < 3000; ++k) {
+    std::string body = "{\"inputs\":[[";
+    for (int j = 0; j < 4; ++j) {
+      const double v = value(gen) * std::pow(10.0, scale(gen));
+      std::snprintf(buf, sizeof buf, j % 2 ? "%.*e" : "%.*f",
+                    j % 2 ? digits(gen) - 1 : 1 + digits(gen) % 9, v);
+      body += std::string(j ? "," : "") + buf;
+    }
+    expect_same(body + "]]}");
+  }
   for (const std::string body :
        {R"({"inputs": [[1, 2, 3, 4]], "x": 1})",
         R"({"x": 1, "inputs": [[1, 2, 3, 4]]})",

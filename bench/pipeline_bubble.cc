@@ -34,7 +34,7 @@ struct Result {
   std::vector<std::vector<parallel::TraceEvent>> trace;  // by stage
 };
 
-Result measure(int P, int m, int v, const std::string& schedule, double forward_ms, int steps) {
+Result measure(int P, int m, int v, parallel::PpSchedule schedule, double forward_ms, int steps) {
   Result res;
   res.peak_bytes.resize(P);
   res.peak_inflight.resize(P);
@@ -114,21 +114,23 @@ int main(int argc, char** argv) {
               "P", "m", "measured", "model", "diff");
   int worst_ok = 1;
   std::map<std::pair<int, int>, Result> ofob;  // 1f1b's, by (P, m), for zb-h1's ratios
-  for (const char* schedule : {"gpipe", "1f1b", "interleaved", "zb-h1"})
+  using parallel::PpSchedule;
+  for (PpSchedule kind :
+       {PpSchedule::kGpipe, PpSchedule::k1f1b, PpSchedule::kInterleaved, PpSchedule::kZbH1})
     for (int P : {2, 4})
       for (int m : {1, 4, 8}) {
-        const std::string kind = schedule;
-        const int v = kind == "interleaved" ? 2 : 1;
-        Result r = measure(P, m, v, schedule, forward_ms, steps);
-        const double model = parallel::bubble_model(schedule, P, m, v);
+        const char* schedule = name_of(kind);
+        const int v = kind == PpSchedule::kInterleaved ? 2 : 1;
+        Result r = measure(P, m, v, kind, forward_ms, steps);
+        const double model = parallel::bubble_model(kind, P, m, v);
         const double diff = r.measured - model;
         if (std::fabs(diff) > 0.05) worst_ok = 0;
         std::printf("%-11s %2d %2d %9.3f %9.3f %+7.3f ", schedule, P, m, r.measured, model, diff);
         for (int s = 0; s < P; ++s)
           std::printf(" %6.1f (%.0f)", r.peak_bytes[s] / 1024, r.peak_inflight[s]);
         std::printf("\n");
-        if (kind == "1f1b") ofob[{P, m}] = r;
-        if (kind == "zb-h1") {
+        if (kind == PpSchedule::k1f1b) ofob[{P, m}] = r;
+        if (kind == PpSchedule::kZbH1) {
           const Result& o = ofob[{P, m}];
           double peak = 0, ofob_peak = 0;
           for (int s = 0; s < P; ++s) {
@@ -136,8 +138,8 @@ int main(int argc, char** argv) {
             ofob_peak = std::max(ofob_peak, o.peak_bytes[s]);
           }
           std::printf("  zb-h1 / 1f1b: bubble %.2f (model %.2f), largest stage peak %.2f\n",
-                      r.measured / o.measured, model / parallel::bubble_model("1f1b", P, m, 1),
-                      peak / ofob_peak);
+                      r.measured / o.measured,
+                      model / parallel::bubble_model(PpSchedule::k1f1b, P, m, 1), peak / ofob_peak);
         }
         if (trace && P == 4 && m == 8) {
           std::printf(

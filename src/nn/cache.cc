@@ -52,6 +52,17 @@ void Cache::clear() {
   for (Cache& c : children_) c.clear();
 }
 
+void Cache::release(std::initializer_list<size_t> keep) {
+  buffers_.clear();
+  for (size_t k = 0; k < kept_.size(); ++k)
+    if (std::find(keep.begin(), keep.end(), k) == keep.end()) kept_[k] = Tensor();
+}
+
+void Cache::release_all() {
+  release();
+  for (Cache& c : children_) c.release_all();
+}
+
 int64_t Cache::bytes() const {
   int64_t total = 0;
   for (const auto& [slot, t] : buffers_) total += static_cast<int64_t>(t.storage().bytes());

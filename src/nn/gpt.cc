@@ -154,6 +154,8 @@ void Embedding::backward_weights(Cache& cache) {
   if (defer_weights_) table_grads(cache.kept(1), cache.kept(0));
 }
 
+void Embedding::release_for_weights(Cache& cache) { cache.release({0, 1}); }  // ids and dy
+
 void Embedding::table_grads(const Tensor& dy, const Tensor& ids) {
   const int64_t B = ids.dim(0), T = ids.dim(1);
   const DType t = wte_.value.dtype();
@@ -303,7 +305,7 @@ Tensor TransformerBlock::backward(const Tensor& dy, Cache& cache) {
   const int64_t n = dy.numel(), B = qkv.dim(0), T = qkv.dim(1), Ch = qkv.dim(2) / 3;
   const bool dropped = cache.ctx.selective;
   const bool swiglu = variant_.mlp == Mlp::kSwiglu;
-  if (dropped && !swiglu) recompute_gelu(cache);
+  if (gelu_dropped(cache)) recompute_gelu(cache);
   for (Linear* l : {&qkv_, &attn_proj_, &fc_, &mlp_proj_}) l->set_defer_weights(defer_weights_);
   // The residual passes dy through unchanged; the MLP branch adds its share.
   Module& act = swiglu ? static_cast<Module&>(swiglu_) : gelu_;
@@ -332,11 +334,26 @@ Tensor TransformerBlock::backward(const Tensor& dy, Cache& cache) {
 void TransformerBlock::backward_weights(Cache& cache) {
   if (!defer_weights_) return;
   // mlp.proj reads the GELU output, which selective recompute left in shared scratch.
-  if (cache.ctx.selective) recompute_gelu(cache);
+  if (gelu_dropped(cache)) recompute_gelu(cache);
   mlp_proj_.backward_weights(cache.child(kMlpProj));
   fc_.backward_weights(cache.child(kFc));
   attn_proj_.backward_weights(cache.child(kAttnProj));
   qkv_.backward_weights(cache.child(kQkv));
+}
+
+// W reads the four projections' inputs and output gradients (and, when selective recompute
+// dropped the GELU output, the GELU input it rewrites it from); the rest goes after B.
+void TransformerBlock::release_for_weights(Cache& cache) {
+  for (auto [k, l] :
+       {std::pair{kQkv, &qkv_}, {kAttnProj, &attn_proj_}, {kFc, &fc_}, {kMlpProj, &mlp_proj_}})
+    l->release_for_weights(cache.child(k));
+  if (gelu_dropped(cache))
+    cache.child(kGelu).release({0});
+  else
+    cache.child(kGelu).release_all();
+  cache.child(kLn1).release_all();
+  cache.child(kLn2).release_all();
+  cache.release();  // qkv, the attention probabilities, the residual sums
 }
 
 double TransformerBlock::forward_flops(int64_t batch) const {
@@ -406,6 +423,11 @@ void LmHead::backward_weights(Cache& cache) {
   const Tensor& dy = cache.kept(1);
   ops::linear_backward(nullptr, h.dtype(), wte_->grad.data<float>(), nullptr, dy.raw(), h.raw(),
                        wte_->value.raw(), h.dtype(), h.numel() / C_, C_, V_);
+}
+
+void LmHead::release_for_weights(Cache& cache) {
+  cache.child(0).release_all();  // the norm's statistics (its output is kept slot 0)
+  cache.release({0, 1});
 }
 
 double LmHead::forward_flops(int64_t batch) const {

@@ -158,6 +158,8 @@ void Linear::backward_weights(Cache& cache) {
                        weight_.value.raw(), weight_.value.dtype(), x.numel() / in_, in_, out_);
 }
 
+void Linear::release_for_weights(Cache& cache) { cache.release({0, 1}); }  // x and dy
+
 double Linear::forward_flops(int64_t batch) const {
   return 2.0 * static_cast<double>(batch) * rows_per_sample_ * in_ * out_;
 }

@@ -286,7 +286,11 @@ Tensor Model::backward(const Tensor& dy, Activations& acts, const BlockHook& hoo
       std::memcpy(in.raw(), g.raw(), g.nbytes());
       g = in;
     }
-    g = blocks_[i]->backward(g, cache_for_backward(i, acts));
+    Module& block = *blocks_[i];
+    g = block.backward(g, cache_for_backward(i, acts));
+    // Zero-bubble B: the micro-batch keeps only what its W reads (full recompute refuses W).
+    if (block.defer_weights() && acts.recompute != Recompute::kFull)
+      block.release_for_weights(acts.caches[i]);
     if (hook) hook(Phase::kAfterBackward, i);
   }
   acts.work_block = SIZE_MAX;
@@ -308,6 +312,7 @@ void Model::backward_weights(Activations& acts, const BlockHook& hook, size_t be
   for (size_t i = end; i-- > begin;) {
     if (hook) hook(Phase::kBeforeBackward, i);
     blocks_[i]->backward_weights(acts.caches[i]);
+    acts.caches[i].release_all();  // W's inputs and output gradients: the cache is done
     if (hook) hook(Phase::kAfterBackward, i);
   }
 }

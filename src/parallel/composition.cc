@@ -187,7 +187,7 @@ const std::vector<Rule>& rules() {
        }},
       {"pp.schedule = zb-h1 and train.recompute = full",
        [](const In& in) {
-         return in.l.pp > 1 && in.s.pp_schedule == "zb-h1" &&
+         return in.l.pp > 1 && in.s.pp_schedule == PpSchedule::kZbH1 &&
                 in.s.recompute == nn::Recompute::kFull;
        },
        [](const In&) {
@@ -204,7 +204,7 @@ const std::vector<Rule>& rules() {
 Parts choose(const In& in, bool overlap) {
   Parts p;
   const ParallelSpec& s = in.s;
-  p.executor = in.l.pp > 1 ? "pipeline" : "local";
+  p.executor = in.l.pp > 1 ? ExecutorKind::kPipeline : ExecutorKind::kLocal;
   p.tp = in.l.tp == 1 ? "none" : s.tp_sequence ? "sequence_parallel" : "tensor_parallel";
   p.codec = name_of(in.kind);
   p.scaler = in.type == DType::kF16;
@@ -233,7 +233,7 @@ Parts choose(const In& in, bool overlap) {
 nlohmann::json Parts::json(const ParallelSpec& spec, bool overlap) const {
   nlohmann::json j = {{"precision", name_of(spec.precision)},
                       {"recompute", name_of(spec.recompute)},
-                      {"executor", executor},
+                      {"executor", name_of(executor)},
                       {"grad_sync", grad_sync},
                       {"store", store},
                       {"overlap", overlap},
@@ -292,7 +292,7 @@ std::string refusal(const Combination& c, Parts* parts) {
 namespace {
 
 std::string parts_cell(const Parts& p) {
-  std::string s = p.executor;
+  std::string s = name_of(p.executor);
   if (p.tp != "none") s += " + " + p.tp;
   s += ", " + (p.shared_memory ? "shared_memory else " + p.grad_sync : p.grad_sync);
   s += ", " + p.store;

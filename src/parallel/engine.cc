@@ -88,7 +88,7 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
   if (layout().servers > 0) {
     build_parameter_server(spec, optim, seed);
   } else {
-    if (composed_.executor == "pipeline")
+    if (composed_.executor == ExecutorKind::kPipeline)
       executor_ = std::make_unique<PipelineExecutor>(spec, mesh_.group(Axis::kPp), model_);
     else
       executor_ = std::make_unique<LocalExecutor>(model_, spec.recompute);
@@ -130,7 +130,7 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   comm::Communicator& dp = mesh_.group(Axis::kDp);
   comm::Communicator* workers = &mesh_.workers();
   const int stage = spec.zero_stage;
-  const bool pipeline = composed_.executor == "pipeline";
+  const bool pipeline = composed_.executor == ExecutorKind::kPipeline;
   parts_["units"] = units_.list.size();
   // zero.shard_size: ZeRO within the shard group, its shards all-reduced across the groups.
   comm::Communicator* across = nullptr;

@@ -38,17 +38,17 @@ std::vector<size_t> balanced_cuts(const std::vector<double>& cost, int stages) {
 // The number of chunks: pp.stages, times pp.virtual_stages for the interleaved schedule.
 size_t chunk_count(const ParallelSpec& spec, size_t n, int stages) {
   const int64_t v = spec.pp_virtual_stages;
-  const bool interleaved = spec.pp_schedule == "interleaved";
+  const bool interleaved = spec.pp_schedule == PpSchedule::kInterleaved;
   if (v != 1 && !interleaved)
     throw InvalidArgument(str("config: pp.virtual_stages = ", v,
-                              " needs pp.schedule = ", "interleaved (", spec.pp_schedule,
+                              " needs pp.schedule = ", "interleaved (", name_of(spec.pp_schedule),
                               " runs one chunk per stage); set pp.schedule = interleaved or "
                               "pp.virtual_stages = 1"));
   if (interleaved && v < 2)
     throw InvalidArgument(str("config: pp.schedule = interleaved needs pp.virtual_stages >= 2 ",
                               "chunks per stage, got ", v,
                               "; for one chunk per stage use pp.schedule = 1f1b"));
-  if (interleaved && spec.pp_cuts.empty() && spec.pp_partition == "round_robin")
+  if (interleaved && spec.pp_cuts.empty() && spec.pp_partition == PpPartition::kRoundRobin)
     throw InvalidArgument(
         "config: pp.partition = round_robin makes every block a chunk, which pp.schedule = "
         "interleaved does not take; use pp.partition = balanced or uniform, which cut the "
@@ -95,11 +95,11 @@ Partition make_partition(const ParallelSpec& spec, nn::Model& model, int stages)
     }
     p.begin.push_back(0);
     for (int64_t c : spec.pp_cuts) p.begin.push_back(static_cast<size_t>(c));
-  } else if (spec.pp_partition == "round_robin") {
+  } else if (spec.pp_partition == PpPartition::kRoundRobin) {
     for (size_t i = 0; i < n; ++i) p.begin.push_back(i);
-  } else if (spec.pp_partition == "uniform") {
+  } else if (spec.pp_partition == PpPartition::kUniform) {
     for (size_t c = 0; c < chunks; ++c) p.begin.push_back(n * c / chunks);
-  } else if (spec.pp_partition == "balanced") {
+  } else {  // balanced
     // Estimated compute per block: forward plus backward, which costs two forwards (weight and
     // input gradient) or one where the block skips its input gradient (the first block).
     // Blocks without a FLOP count (activations, pooling) get a small share so that they still
@@ -113,9 +113,6 @@ Partition make_partition(const ParallelSpec& spec, nn::Model& model, int stages)
     for (size_t i = 0; i < n; ++i) cost[i] += total > 0 ? 1e-3 * total / n : 1.0;
     std::vector<size_t> b = balanced_cuts(cost, static_cast<int>(chunks));
     p.begin.assign(b.begin(), b.end() - 1);
-  } else {
-    throw InvalidArgument(str("config: pp.partition must be balanced, uniform or round_robin, ",
-                              "got '", spec.pp_partition, "'"));
   }
   for (size_t c = 0; c < p.begin.size(); ++c) p.stage.push_back(static_cast<int>(c % stages));
   p.begin.push_back(n);

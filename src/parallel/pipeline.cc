@@ -52,7 +52,7 @@ PipelineExecutor::PipelineExecutor(const ParallelSpec& spec, comm::Communicator&
       model_(model),
       stage_(pp.rank()),
       stages_(pp.size()),
-      split_(spec.pp_schedule == "zb-h1") {
+      split_(spec.pp_schedule == PpSchedule::kZbH1) {
   // Everything that can be wrong with the config is checked before the first message, on
   // every rank alike (each knows the whole model's structure).
   part_ = make_partition(spec_, model_, stages_);
@@ -139,7 +139,8 @@ const std::vector<std::vector<Task>>& PipelineExecutor::schedule_for(int micro, 
   auto key = std::make_pair(micro, training);
   auto it = schedules_.find(key);
   if (it != schedules_.end()) return it->second;
-  auto s = make_schedule(part_, stages_, micro, training ? spec_.pp_schedule : "forward");
+  auto s = training ? make_schedule(part_, stages_, micro, spec_.pp_schedule)
+                    : forward_schedule(part_, stages_, micro);
   check_schedule(
       part_, s, micro, training ? tied_from_ : -1, tied_to_,
       training ? inflight_bound(part_, stages_, micro, spec_.pp_schedule) : std::vector<int>());
@@ -307,7 +308,7 @@ void PipelineExecutor::plan_micro_batches(int64_t rows) {
   // A short last batch may not divide evenly: the first micro-batches get one row more.
   int m = static_cast<int>(std::min<int64_t>(m_spec, std::max<int64_t>(rows, 1)));
   // The interleaved schedule takes whole groups of P micro-batches (or fewer than P).
-  if (spec_.pp_schedule == "interleaved" && m > stages_) m -= m % stages_;
+  if (spec_.pp_schedule == PpSchedule::kInterleaved && m > stages_) m -= m % stages_;
   micro_rows_.assign(m, rows / m);
   micro_first_.assign(m, 0);
   for (int j = 0; j < m; ++j) {

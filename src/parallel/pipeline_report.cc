@@ -50,9 +50,9 @@ json PipelineExecutor::report(const std::vector<RankStats>& ranks, const Layout&
   for (size_t c = 0; c < part_.chunks(); ++c)
     for (size_t i = part_.begin[c]; i < part_.begin[c + 1]; ++i)
       blocks[static_cast<size_t>(part_.stage[c])].push_back(model_.block_name(i));
-  return {{"pipeline_schedule", spec_.pp_schedule},
+  return {{"pipeline_schedule", name_of(spec_.pp_schedule)},
           {"pipeline_microbatches", spec_.pp_microbatches},
-          {"pipeline_partition", spec_.pp_cuts.empty() ? spec_.pp_partition : "cuts"},
+          {"pipeline_partition", spec_.pp_cuts.empty() ? name_of(spec_.pp_partition) : "cuts"},
           {"pipeline_stage_blocks", blocks},
           {"pipeline_virtual_stages", spec_.pp_virtual_stages},
           {"pipeline_bubble_fraction_model",

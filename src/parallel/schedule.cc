@@ -86,21 +86,15 @@ std::vector<std::vector<Task>> zb_h1_schedule(const Partition& part, int stages,
   return order;
 }
 
-}  // namespace
-
 // A list scheduler run in simulated time: at each moment every idle stage picks one ready task
-// by the schedule's rule. The simulated run is a valid execution, so ordering each stage's tasks
-// by their simulated start gives orders consistent with one global order.
-std::vector<std::vector<Task>> make_schedule(const Partition& part, int stages, int micro,
-                                             const std::string& kind) {
+// by the schedule's rule (gpipe or 1f1b; without backward: forwards only). The simulated run is
+// a valid execution, so ordering each stage's tasks by their simulated start gives orders
+// consistent with one global order.
+std::vector<std::vector<Task>> simulate(const Partition& part, int stages, int micro,
+                                        PpSchedule kind, bool backward) {
   TESSEL_CHECK(micro >= 1 && stages >= 1, "pipeline: schedule of ", micro, " micro-batches");
-  if (kind == "interleaved") return interleaved_schedule(part, stages, micro);
-  if (kind == "zb-h1") return zb_h1_schedule(part, stages, micro);
-  if (kind != "gpipe" && kind != "1f1b" && kind != "forward")
-    throw InvalidArgument(
-        str("config: pp.schedule must be gpipe, 1f1b, interleaved or zb-h1, got '", kind, "'"));
   const int C = static_cast<int>(part.chunks());
-  const bool backward = kind != "forward";
+  const bool one_f_one_b = backward && kind == PpSchedule::k1f1b;
   const double inf = std::numeric_limits<double>::infinity();
   // done_f[c][j], done_b[c][j]: simulated finish times (inf: not yet).
   std::vector<std::vector<double>> done_f(C, std::vector<double>(micro, inf)), done_b = done_f;
@@ -130,7 +124,7 @@ std::vector<std::vector<Task>> make_schedule(const Partition& part, int stages, 
         for (int j = 0; j < micro; ++j) {
           if (!started_f[c][j]) {
             double ready = c == 0 ? 0 : done_f[c - 1][j];
-            bool allowed = kind != "1f1b" || open[s][j] > 0 || inflight[s] < cap;
+            bool allowed = !one_f_one_b || open[s][j] > 0 || inflight[s] < cap;
             if (ready <= now && allowed) best_f = std::min(best_f, {ready, j, c});
           } else if (backward && !started_b[c][j]) {
             double ready = c + 1 == C ? done_f[c][j] : done_b[c + 1][j];
@@ -140,8 +134,7 @@ std::vector<std::vector<Task>> make_schedule(const Partition& part, int stages, 
         }
       }
       bool pick_b = std::get<0>(best_b) < inf;
-      if (kind == "gpipe" && forwards_left[s] > 0) pick_b = false;
-      if (kind == "1f1b" && !pick_b && std::get<0>(best_f) == inf) continue;
+      if (kind == PpSchedule::kGpipe && forwards_left[s] > 0) pick_b = false;
       if (!pick_b && std::get<0>(best_f) == inf) continue;
       if (pick_b) {
         const int j = std::get<1>(best_b), c = -std::get<2>(best_b);
@@ -163,166 +156,213 @@ std::vector<std::vector<Task>> make_schedule(const Partition& part, int stages, 
     double next = inf;
     for (int s = 0; s < stages; ++s)
       if (busy[s] > now) next = std::min(next, busy[s]);
-    TESSEL_CHECK(next < inf || scheduled == total, "pipeline: the ", kind,
-                 " schedule simulation stalled after ", scheduled, " of ", total, " tasks");
+    TESSEL_CHECK(next < inf || scheduled == total, "pipeline: the ",
+                 backward ? name_of(kind) : "forward", " schedule simulation stalled after ",
+                 scheduled, " of ", total, " tasks");
     if (next < inf) now = next;
   }
   return order;
 }
 
-std::vector<int> inflight_bound(const Partition& part, int stages, int micro,
-                                const std::string& kind) {
+}  // namespace
+
+std::vector<std::vector<Task>> make_schedule(const Partition& part, int stages, int micro,
+                                             PpSchedule kind) {
+  if (kind == PpSchedule::kInterleaved) return interleaved_schedule(part, stages, micro);
+  if (kind == PpSchedule::kZbH1) return zb_h1_schedule(part, stages, micro);
+  return simulate(part, stages, micro, kind, true);
+}
+
+std::vector<std::vector<Task>> forward_schedule(const Partition& part, int stages, int micro) {
+  return simulate(part, stages, micro, PpSchedule::kGpipe, false);
+}
+
+std::vector<int> inflight_bound(const Partition& part, int stages, int micro, PpSchedule kind) {
   const int C = static_cast<int>(part.chunks());
   std::vector<int> chunks(stages, 0), first(stages, C), bound(stages, 0);
   for (int c = 0; c < C; ++c) {
     ++chunks[part.stage[c]];
     first[part.stage[c]] = std::min(first[part.stage[c]], c);
   }
-  for (int s = 0; s < stages; ++s) {
-    if (kind == "gpipe")
-      bound[s] = micro * chunks[s];
-    else if (kind == "1f1b")
-      bound[s] = std::min(micro, C - first[s]) * chunks[s];
-    else if (kind == "interleaved")
-      bound[s] = std::min(micro * chunks[s], interleaved_warmup(stages, micro, chunks[s], s) + 1);
-    else if (kind == "zb-h1")
-      bound[s] = std::min(micro, stages);
-    else
-      throw InvalidArgument(str("pipeline: no activation bound for schedule '", kind, "'"));
-  }
+  for (int s = 0; s < stages; ++s) switch (kind) {
+      case PpSchedule::kGpipe:
+        bound[s] = micro * chunks[s];
+        break;
+      case PpSchedule::k1f1b:
+        bound[s] = std::min(micro, C - first[s]) * chunks[s];
+        break;
+      case PpSchedule::kInterleaved:
+        bound[s] = std::min(micro * chunks[s], interleaved_warmup(stages, micro, chunks[s], s) + 1);
+        break;
+      case PpSchedule::kZbH1:
+        bound[s] = std::min(micro, stages);
+        break;
+    }
   return bound;
 }
 
-void check_schedule(const Partition& part, const std::vector<std::vector<Task>>& schedule,
-                    int micro, int tied_from, int tied_to, const std::vector<int>& bound) {
-  const int C = static_cast<int>(part.chunks());
-  const int stages = static_cast<int>(schedule.size());
-  bool split = false, training = false;  // W tasks: the tied gradient travels once, W to W
-  for (const auto& order : schedule)
-    for (const Task& t : order) {
-      split = split || t.op == TaskOp::kWeight;
-      training = training || t.op != TaskOp::kForward;
-    }
-  const int tied_micro = split ? micro - 1 : -1;
-  // A message: (kind, boundary or -1, micro); kind 0 activation, 1 gradient, 2 tied gradient.
-  using Msg = std::tuple<int, int, int>;
-  auto name = [](const Msg& m) {
-    static const char* kinds[] = {"activation", "activation gradient", "tied-table gradient"};
-    return str(kinds[std::get<0>(m)], " of micro-batch ", std::get<2>(m),
-               std::get<1>(m) >= 0 ? str(" across chunk boundary ", std::get<1>(m)) : "");
-  };
+namespace {
+
+// A message: (kind, boundary or -1, micro); kind 0 activation, 1 gradient, 2 tied gradient.
+using Msg = std::tuple<int, int, int>;
+using Owners = std::map<Msg, int>;  // the stage that sends (or receives) each message
+const char* const kOpNames[] = {"forward", "backward", "weight gradient"};
+
+std::string msg_name(const Msg& m) {
+  static const char* kinds[] = {"activation", "activation gradient", "tied-table gradient"};
+  return str(kinds[std::get<0>(m)], " of micro-batch ", std::get<2>(m),
+             std::get<1>(m) >= 0 ? str(" across chunk boundary ", std::get<1>(m)) : "");
+}
+
+// The messages a task receives and sends. With W tasks (split) the tied-table gradient travels
+// once, from the head's last W to the embedding's; without, per micro-batch from B to B.
+struct Wiring {
+  int chunks, tied_from, tied_to, micro;
+  bool split;
   struct Io {
     std::vector<Msg> recvs, sends;
   };
-  auto io_of = [&](const Task& t) {
+  Io io(const Task& t) const {
     Io io;
     const int c = t.chunk, j = t.micro;
     const bool tied = t.op == (split ? TaskOp::kWeight : TaskOp::kBackward) &&
-                      (!split || j == tied_micro) && tied_from >= 0;
+                      (!split || j == micro - 1) && tied_from >= 0;
     if (t.op == TaskOp::kForward) {
       if (c > 0) io.recvs.push_back({0, c - 1, j});
-      if (c + 1 < C) io.sends.push_back({0, c, j});
+      if (c + 1 < chunks) io.sends.push_back({0, c, j});
     } else if (t.op == TaskOp::kBackward) {
-      if (c + 1 < C) io.recvs.push_back({1, c, j});
+      if (c + 1 < chunks) io.recvs.push_back({1, c, j});
       if (c > 0) io.sends.push_back({1, c - 1, j});
     }
     if (tied && c == tied_to) io.recvs.push_back({2, -1, j});
     if (tied && c == tied_from) io.sends.push_back({2, -1, j});
     return io;
-  };
-  // 1. Each task once, after the tasks it follows on its stage (F before B before W), and no
-  // stage over its bound of activation sets; each message sent once and received once, in the
-  // same order per path.
-  std::map<Msg, int> sent_by, recv_by;
-  std::map<std::pair<int, int>, std::vector<Msg>> sent_order, recv_order;  // by (from, to)
-  std::set<std::tuple<int, int, int>> seen;
-  static const char* op_names[] = {"forward", "backward", "weight gradient"};
-  for (int s = 0; s < stages; ++s) {
-    int held = 0;
-    for (const Task& t : schedule[s]) {
-      TESSEL_CHECK(t.chunk >= 0 && t.chunk < C && part.stage[t.chunk] == s && t.micro >= 0 &&
-                       t.micro < micro,
-                   "pipeline: stage ", s, " schedules chunk ", t.chunk, " micro-batch ", t.micro,
-                   " which it does not hold");
-      const int op = static_cast<int>(t.op);
-      if (!seen.insert({op, t.chunk, t.micro}).second)
-        throw Error(str("pipeline: stage ", s, " schedules chunk ", t.chunk, " micro-batch ",
-                        t.micro, " twice"));
-      if (op > 0 && !seen.count({op - 1, t.chunk, t.micro}))
-        throw Error(str("pipeline: stage ", s, " runs the ", op_names[op], " of chunk ", t.chunk,
-                        " micro-batch ", t.micro, " before its ", op_names[op - 1]));
-      if (t.op == TaskOp::kForward)
-        ++held;
-      else if (t.op == (split ? TaskOp::kWeight : TaskOp::kBackward))
-        --held;
-      if (!bound.empty() && held > bound[s])
-        throw Error(str("pipeline: stage ", s, " holds ", held, " activation sets after the ",
-                        op_names[op], " of chunk ", t.chunk, " micro-batch ", t.micro,
-                        ", more than the schedule's bound of ", bound[s]));
-      Io io = io_of(t);
-      for (const Msg& m : io.sends) sent_by[m] = s;
-      for (const Msg& m : io.recvs) recv_by[m] = s;
-    }
   }
+};
+
+// Stage s's tasks: each on a chunk of the stage, once, after the tasks it follows (F before B
+// before W), and never more activation sets held than `bound` (0: no bound). Records who
+// sends and receives each message into sent_by / recv_by.
+void check_stage_tasks(const Partition& part, const std::vector<Task>& order, int s,
+                       const Wiring& w, int bound, std::set<std::tuple<int, int, int>>& seen,
+                       Owners& sent_by, Owners& recv_by) {
+  int held = 0;
+  for (const Task& t : order) {
+    TESSEL_CHECK(t.chunk >= 0 && t.chunk < w.chunks && part.stage[t.chunk] == s && t.micro >= 0 &&
+                     t.micro < w.micro,
+                 "pipeline: stage ", s, " schedules chunk ", t.chunk, " micro-batch ", t.micro,
+                 " which it does not hold");
+    const int op = static_cast<int>(t.op);
+    if (!seen.insert({op, t.chunk, t.micro}).second)
+      throw Error(str("pipeline: stage ", s, " schedules chunk ", t.chunk, " micro-batch ", t.micro,
+                      " twice"));
+    if (op > 0 && !seen.count({op - 1, t.chunk, t.micro}))
+      throw Error(str("pipeline: stage ", s, " runs the ", kOpNames[op], " of chunk ", t.chunk,
+                      " micro-batch ", t.micro, " before its ", kOpNames[op - 1]));
+    if (t.op == TaskOp::kForward)
+      ++held;
+    else if (t.op == (w.split ? TaskOp::kWeight : TaskOp::kBackward))
+      --held;
+    if (bound > 0 && held > bound)
+      throw Error(str("pipeline: stage ", s, " holds ", held, " activation sets after the ",
+                      kOpNames[op], " of chunk ", t.chunk, " micro-batch ", t.micro,
+                      ", more than the schedule's bound of ", bound));
+    const Wiring::Io io = w.io(t);
+    for (const Msg& m : io.sends) sent_by[m] = s;
+    for (const Msg& m : io.recvs) recv_by[m] = s;
+  }
+}
+
+// Every message sent is received and the other way round, and the messages of one kind and
+// boundary (one link) arrive in the order they are sent.
+void check_message_pairs(const std::vector<std::vector<Task>>& schedule, const Wiring& w,
+                         const Owners& sent_by, const Owners& recv_by) {
   for (auto& [m, s] : sent_by)
     if (!recv_by.count(m))
-      throw Error(str("pipeline: stage ", s, " sends the ", name(m), " that no stage receives"));
+      throw Error(
+          str("pipeline: stage ", s, " sends the ", msg_name(m), " that no stage receives"));
   for (auto& [m, s] : recv_by)
     if (!sent_by.count(m))
-      throw Error(str("pipeline: stage ", s, " waits for the ", name(m), " that no stage sends"));
-  const size_t tasks = static_cast<size_t>(C) * micro * (1 + training + split);
-  if (seen.size() != tasks)
-    throw Error(str("pipeline: the schedule runs ", seen.size(), " tasks, not the ", tasks, " of ",
-                    C, " chunks x ", micro, " micro-batches x ",
-                    split      ? "forward, backward and weight gradient"
-                    : training ? "forward and backward"
-                               : "forward"));
-  for (int s = 0; s < stages; ++s)
+      throw Error(
+          str("pipeline: stage ", s, " waits for the ", msg_name(m), " that no stage sends"));
+  // Per path (from, to) and link (kind, boundary): the micro-batches in order at each end.
+  using Links = std::map<std::pair<int, int>, std::vector<int>>;
+  std::map<std::pair<int, int>, Links> sent, received;
+  for (size_t s = 0; s < schedule.size(); ++s)
     for (const Task& t : schedule[s]) {
-      Io io = io_of(t);
-      for (const Msg& m : io.sends) sent_order[{s, recv_by[m]}].push_back(m);
-      for (const Msg& m : io.recvs) recv_order[{sent_by[m], s}].push_back(m);
+      const Wiring::Io io = w.io(t);
+      const int me = static_cast<int>(s);
+      for (const Msg& m : io.sends)
+        sent[{me, recv_by.at(m)}][{std::get<0>(m), std::get<1>(m)}].push_back(std::get<2>(m));
+      for (const Msg& m : io.recvs)
+        received[{sent_by.at(m), me}][{std::get<0>(m), std::get<1>(m)}].push_back(std::get<2>(m));
     }
-  for (auto& [path, msgs] : sent_order) {
-    // Messages of one kind and boundary travel on one link and must arrive in send order.
-    std::map<std::pair<int, int>, std::vector<int>> a, b;
-    for (const Msg& m : msgs) a[{std::get<0>(m), std::get<1>(m)}].push_back(std::get<2>(m));
-    for (const Msg& m : recv_order[path])
-      b[{std::get<0>(m), std::get<1>(m)}].push_back(std::get<2>(m));
-    if (a != b)
+  for (auto& [path, links] : sent)
+    if (links != received[path])
       throw Error(str("pipeline: stage ", path.first, " sends to stage ", path.second,
                       " in a different order than stage ", path.second, " receives"));
-  }
-  // 2. Run it: sends never block, a receive blocks until its message was sent.
+}
+
+// Runs the schedule with sends that never block and receives that block until their message
+// was sent: a stage left waiting is a deadlock.
+void check_progress(const std::vector<std::vector<Task>>& schedule, const Wiring& w) {
+  const size_t stages = schedule.size();
   std::vector<size_t> next(stages, 0);
   std::set<Msg> arrived;
   for (bool progress = true; progress;) {
     progress = false;
-    for (int s = 0; s < stages; ++s)
+    for (size_t s = 0; s < stages; ++s)
       while (next[s] < schedule[s].size()) {
-        Io io = io_of(schedule[s][next[s]]);
-        bool ready = std::all_of(io.recvs.begin(), io.recvs.end(),
-                                 [&](const Msg& m) { return arrived.count(m) > 0; });
-        if (!ready) break;
-        for (const Msg& m : io.sends) arrived.insert(m);
+        const Wiring::Io io = w.io(schedule[s][next[s]]);
+        if (!std::all_of(io.recvs.begin(), io.recvs.end(),
+                         [&](const Msg& m) { return arrived.count(m) > 0; }))
+          break;
+        arrived.insert(io.sends.begin(), io.sends.end());
         ++next[s];
         progress = true;
       }
   }
-  for (int s = 0; s < stages; ++s)
-    if (next[s] < schedule[s].size()) {
-      const Task& t = schedule[s][next[s]];
-      for (const Msg& m : io_of(t).recvs)
-        if (!arrived.count(m))
-          throw Error(str("pipeline: the schedule deadlocks: stage ", s, " waits for the ", name(m),
-                          " before its ", op_names[static_cast<int>(t.op)], " of chunk ", t.chunk,
-                          ", which is never sent first"));
-    }
+  for (size_t s = 0; s < stages; ++s) {
+    if (next[s] == schedule[s].size()) continue;
+    const Task& t = schedule[s][next[s]];
+    for (const Msg& m : w.io(t).recvs)
+      if (!arrived.count(m))
+        throw Error(str("pipeline: the schedule deadlocks: stage ", s, " waits for the ",
+                        msg_name(m), " before its ", kOpNames[static_cast<int>(t.op)], " of chunk ",
+                        t.chunk, ", which is never sent first"));
+  }
 }
 
-double bubble_model(const std::string& kind, int stages, int micro, int virtual_stages) {
-  const double p = stages, m = micro, v = kind == "interleaved" ? virtual_stages : 1;
-  if (kind == "zb-h1")
+}  // namespace
+
+void check_schedule(const Partition& part, const std::vector<std::vector<Task>>& schedule,
+                    int micro, int tied_from, int tied_to, const std::vector<int>& bound) {
+  bool split = false, training = false;
+  for (const auto& order : schedule)
+    for (const Task& t : order) {
+      split = split || t.op == TaskOp::kWeight;
+      training = training || t.op != TaskOp::kForward;
+    }
+  const Wiring w{static_cast<int>(part.chunks()), tied_from, tied_to, micro, split};
+  std::set<std::tuple<int, int, int>> seen;
+  Owners sent_by, recv_by;
+  for (size_t s = 0; s < schedule.size(); ++s)
+    check_stage_tasks(part, schedule[s], static_cast<int>(s), w, bound.empty() ? 0 : bound[s], seen,
+                      sent_by, recv_by);
+  check_message_pairs(schedule, w, sent_by, recv_by);
+  const size_t tasks = static_cast<size_t>(w.chunks) * micro * (1 + training + split);
+  if (seen.size() != tasks)
+    throw Error(str("pipeline: the schedule runs ", seen.size(), " tasks, not the ", tasks, " of ",
+                    w.chunks, " chunks x ", micro, " micro-batches x ",
+                    split      ? "forward, backward and weight gradient"
+                    : training ? "forward and backward"
+                               : "forward"));
+  check_progress(schedule, w);
+}
+
+double bubble_model(PpSchedule kind, int stages, int micro, int virtual_stages) {
+  const double p = stages, m = micro, v = kind == PpSchedule::kInterleaved ? virtual_stages : 1;
+  if (kind == PpSchedule::kZbH1)
     return m < p ? (2 * p - m - 1) / (2 * p + 2 * m - 1) : (p - 1) / (3 * m + p - 1);
   // Fewer micro-batches than stages: one pass through P v chunks of 1/v the time each.
   if (m < p) return (v * (p - m) + m - 1) / (v * p + m - 1);

@@ -209,10 +209,11 @@ Micro micro_of(const Inputs& in, const parallel::ParallelSpec& spec, const paral
   mb.m = static_cast<int>(spec.pp_microbatches);
   mb.replica_rows = static_cast<double>(in.config.train.batch) / l.dp;
   mb.rows = mb.replica_rows / mb.m;
-  mb.in_flight = l.pp == 1                     ? 1
-                 : spec.pp_schedule == "gpipe" ? mb.m
-                 : spec.pp_schedule == "zb-h1" ? std::min(mb.m, l.pp)  // until each W
-                                               : std::min(mb.m, l.pp - stage);
+  mb.in_flight = l.pp == 1                                          ? 1
+                 : spec.pp_schedule == parallel::PpSchedule::kGpipe ? mb.m
+                 : spec.pp_schedule == parallel::PpSchedule::kZbH1
+                     ? std::min(mb.m, l.pp)  // until each W
+                     : std::min(mb.m, l.pp - stage);
   return mb;
 }
 

@@ -85,7 +85,8 @@ Candidate predict_gpt(const GptShape& g, const ScaleOptions& o, int tp, int pp, 
   const double pp_s = pp > 1 ? 2.0 * static_cast<double>(m) * (o.latency + act / o.bandwidth) : 0;
   c.time.comm = dp_s + tp_s + pp_s;
   if (pp > 1) {
-    const double f = parallel::bubble_model("1f1b", pp, static_cast<int>(m), 1);
+    const double f =
+        parallel::bubble_model(parallel::PpSchedule::k1f1b, pp, static_cast<int>(m), 1);
     c.time.bubble = c.time.compute * f / (1 - f);
   }
   c.samples_per_s = static_cast<double>(o.global_batch) / c.time.total();

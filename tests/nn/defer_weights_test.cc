@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "nn_testing.h"
+#include "tessel/core/memory.h"
 #include "tessel/nn/layers.h"
 #include "tessel/nn/loss.h"
 #include "tessel/nn/models.h"
@@ -62,8 +63,19 @@ Tensor gradients(const ModelSpec& spec, Recompute mode, bool split) {
   return out;
 }
 
+// The modern GPT: RMSNorm, rotary positions, SwiGLU (whose output selective recompute keeps).
+ModelSpec modern_spec() {
+  ModelSpec s = testing::gpt_spec();
+  s.norm = "rmsnorm";
+  s.position = "rotary";
+  s.mlp = "swiglu";
+  return s;
+}
+
 TEST(DeferWeights, SplitBackwardIsBitIdenticalToWhole) {
-  for (const ModelSpec& spec : small_specs())
+  std::vector<ModelSpec> specs = small_specs();
+  specs.push_back(modern_spec());
+  for (const ModelSpec& spec : specs)
     for (Recompute mode : {Recompute::kNone, Recompute::kSelective}) {
       const Tensor whole = gradients(spec, mode, false);
       EXPECT_GT(whole.numel(), 0);
@@ -97,12 +109,76 @@ TEST(DeferWeights, LinearInBf16MovesOnlyTheWeightGradient) {
     if (k == 1) {
       EXPECT_TRUE(same_bits(grads[1][1], grads[0][1]));  // the bias gradient stays in B
       EXPECT_TRUE(same_bits(grads[1][0], Tensor::zeros({6, 8})));
+      l.release_for_weights(cache);
       l.backward_weights(cache);
     }
   }
   EXPECT_TRUE(same_bits(dx[0], dx[1]));
   EXPECT_TRUE(same_bits(grads[0][0], grads[1][0]));
   EXPECT_TRUE(same_bits(grads[0][1], grads[1][1]));
+}
+
+// After B, a Linear's cache holds its output gradient for W (the input is the caller's) and
+// nothing else: its output and its input gradient's scratch are gone.
+TEST(DeferWeights, ReleasedLinearHoldsOnlyWhatItsWReads) {
+  Linear l(5, 7);
+  Tensor w = testing::randn({7, 5}, 1), b = testing::randn({7}, 2);
+  l.weight().value = w, l.bias()->value = b;
+  l.weight().grad = Tensor::zeros({7, 5}), l.bias()->grad = Tensor::zeros({7});
+  l.set_defer_weights(true);
+  const Tensor x = testing::randn({4, 5}, 3), dy = testing::randn({4, 7}, 4);
+  auto ledger = std::make_shared<MemoryLedger>();
+  MemoryScope scope(ledger, MemCategory::kActivations);
+  Cache cache;
+  l.forward(x, Context{}, &cache);
+  const int64_t one = ledger->current(MemCategory::kActivations);  // the output, [4, 7]
+  EXPECT_GE(one, 4 * 7 * 4);
+  l.backward(dy, cache);
+  EXPECT_GT(ledger->current(MemCategory::kActivations), 2 * one);  // + dy's copy, dx
+  l.release_for_weights(cache);
+  EXPECT_EQ(ledger->current(MemCategory::kActivations), one);  // dy's copy
+  l.backward_weights(cache);
+  Linear whole(5, 7);  // W from what stayed gives the whole backward's weight gradient
+  whole.weight().value = w, whole.bias()->value = b;
+  whole.weight().grad = Tensor::zeros({7, 5}), whole.bias()->grad = Tensor::zeros({7});
+  Cache c;
+  whole.forward(x, Context{}, &c);
+  whole.backward(dy, c);
+  EXPECT_TRUE(same_bits(whole.weight().grad, l.weight().grad));
+}
+
+// A GPT micro-batch waiting for its W holds less than after its forward (the attention
+// probabilities, residual sums, norms' outputs and statistics are gone; the projections'
+// inputs and output gradients stay), for classic and modern blocks, with selective recompute.
+TEST(DeferWeights, GptMicroBatchWaitingForWHoldsLessThanAfterForward) {
+  for (const ModelSpec& spec : {testing::gpt_spec(), modern_spec()})
+    for (Recompute mode : {Recompute::kNone, Recompute::kSelective}) {
+      auto m = materialized(spec, 3);
+      m->set_defer_weights(true);
+      const auto [x, y] = batch_for(spec, 4, 10);
+      CrossEntropyLoss loss;
+      Activations scratch, acts;
+      scratch.caches.resize(m->num_blocks());
+      acts.recompute = mode;
+      acts.caches.resize(m->num_blocks());
+      for (size_t b = 0; b < acts.caches.size(); ++b)
+        acts.caches[b].share_scratch(&scratch.caches[b]);
+      auto ledger = std::make_shared<MemoryLedger>();
+      int64_t after_forward = 0, after_backward = 0;
+      {
+        MemoryScope scope(ledger, MemCategory::kActivations);
+        loss.forward(m->forward(x, Context{true, 77, 5, 0}, &acts), y);
+        after_forward = ledger->current(MemCategory::kActivations);
+      }
+      const Tensor dlogits = loss.backward(1.0f).clone();
+      {
+        MemoryScope scope(ledger, MemCategory::kActivations);
+        m->backward(dlogits, acts);
+        after_backward = ledger->current(MemCategory::kActivations) - scratch.bytes();
+      }
+      EXPECT_LT(after_backward, after_forward) << spec.mlp << " recompute " << int(mode);
+      m->backward_weights(acts);
+    }
 }
 
 TEST(DeferWeights, FullRecomputeIsRefused) {

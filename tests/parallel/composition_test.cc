@@ -98,7 +98,7 @@ TEST(Composition, WalksTheTable) {
     }
     const testing::RunResult run = testing::train_on(cfg, c.world, {}, &data);
     const nlohmann::json& engine = run.summary["engine"];
-    EXPECT_EQ(engine["executor"], parts.executor) << what;
+    EXPECT_EQ(engine["executor"], name_of(parts.executor)) << what;
     const std::string sync = engine["grad_sync"];
     EXPECT_TRUE(sync == parts.grad_sync || (parts.shared_memory && sync == "shared_memory"))
         << what << ": " << sync;

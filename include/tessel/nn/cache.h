@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <initializer_list>
 #include <vector>
 
 #include "tessel/tensor/tensor.h"
@@ -44,6 +45,11 @@ class Cache {
   void share_scratch(Cache* shared);
   // Forgets what the forward kept (the buffers' storage stays for the next forward).
   void clear();
+  // Drops the buffers and every kept tensor but slots `keep` (children untouched): storage
+  // goes unless a kept tensor still refers to it, and the next forward allocates it again.
+  // A zero-bubble B leaves only what its W reads (Module::release_for_weights).
+  void release(std::initializer_list<size_t> keep = {});
+  void release_all();  // release() of this cache and all its children, keeping nothing
   // Bytes of storage held by this cache's buffers and its children's (not the shared scratch).
   int64_t bytes() const;
 

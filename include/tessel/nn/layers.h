@@ -40,6 +40,7 @@ class Linear : public Module {
   Tensor backward(const Tensor& dy, Cache& cache) override;
   // W: the weight gradient dy^T x (the bias gradient stays in backward()).
   void backward_weights(Cache& cache) override;
+  void release_for_weights(Cache& cache) override;
   std::vector<Parameter*> parameters() override;
   // Rows per sample (1 for [N, in] inputs, T for [B, T, in]) for the FLOP count.
   void set_rows_per_sample(int64_t rows) { rows_per_sample_ = rows; }
@@ -175,6 +176,7 @@ class Embedding : public Module {
   Tensor backward(const Tensor& dy, Cache& cache) override;
   // W: both tables' gradients (so that a tied head's share can be added first).
   void backward_weights(Cache& cache) override;
+  void release_for_weights(Cache& cache) override;
   std::vector<Parameter*> parameters() override;
   Parameter* token_table() { return &wte_; }
   // Inference on ids [B, T] at the given positions, one per id in row order (decoding with a
@@ -209,6 +211,7 @@ class TransformerBlock : public Module {
   Tensor backward(const Tensor& dy, Cache& cache) override;
   // W: the four projections' weight gradients (the layer norms' and biases' stay in B).
   void backward_weights(Cache& cache) override;
+  void release_for_weights(Cache& cache) override;
   std::vector<Parameter*> parameters() override;
   double forward_flops(int64_t batch) const override;
   // Inference on x [B, T, C]: the B * T rows of kv's step (cache.h), this block being block
@@ -218,6 +221,10 @@ class TransformerBlock : public Module {
 
  private:
   void recompute_gelu(Cache& cache);
+  // Selective recompute left the GELU output (not SwiGLU's) in scratch: B and W rewrite it.
+  bool gelu_dropped(const Cache& cache) const {
+    return cache.ctx.selective && variant_.mlp != Mlp::kSwiglu;
+  }
   void recompute_attention(Cache& cache);
   Tensor run(const Tensor& x, const Context& ctx, Cache* cache, KvCache* kv, size_t block);
 
@@ -243,6 +250,7 @@ class LmHead : public Module {
   Tensor backward(const Tensor& dy, Cache& cache) override;
   // W: the head's share of the table gradient.
   void backward_weights(Cache& cache) override;
+  void release_for_weights(Cache& cache) override;
   std::vector<Parameter*> parameters() override { return ln_->parameters(); }
   double forward_flops(int64_t batch) const override;
   Parameter* token_table() const { return wte_; }  // the borrowed (tied) table

@@ -126,9 +126,10 @@ class Model {
   void set_input_grad(bool needed);  // default false
   // Zero-bubble schedules: every block's backward() leaves its weight gradients to
   // backward_weights() (Module::set_defer_weights), which runs blocks [begin, end) in reverse
-  // from the caches that backward() read, with the hook's kBeforeBackward and kAfterBackward
-  // around each block. Throws InvalidArgument under Recompute::kFull (its blocks share one
-  // cache per kind, which the next block's backward overwrites).
+  // from the caches that backward() read -- and left only what W reads in
+  // (Module::release_for_weights), which W then drops too -- with the hook's kBeforeBackward
+  // and kAfterBackward around each block. Throws InvalidArgument under Recompute::kFull (its
+  // blocks share one cache per kind, which the next block's backward overwrites).
   void set_defer_weights(bool on);
   void backward_weights(Activations& acts, const BlockHook& hook = {}, size_t begin = 0,
                         size_t end = SIZE_MAX);

@@ -85,6 +85,10 @@ class Module {
   void set_defer_weights(bool on) { defer_weights_ = on; }
   bool defer_weights() const { return defer_weights_; }
   virtual void backward_weights(Cache& cache) { (void)cache; }
+  // Right after a deferred backward (B): drops from the cache all that backward_weights()
+  // does not read, so that a micro-batch waiting for its W holds only W's tensors (its layer
+  // inputs and output gradients). The default, for a module whose W does nothing, drops all.
+  virtual void release_for_weights(Cache& cache) { cache.release_all(); }
 
  protected:
   bool input_grad_ = true;

@@ -18,9 +18,11 @@ namespace tessel::parallel {
 
 // Where the tensors live. Only the CPU is built; the table refuses the others.
 enum class Device { kCpu, kCuda };
+// How a rank runs its blocks: all of them (LocalExecutor) or its pipeline stage's.
+enum class ExecutorKind : uint8_t { kLocal, kPipeline };
 
 struct Parts {
-  std::string executor;   // local | pipeline
+  ExecutorKind executor = ExecutorKind::kLocal;
   std::string tp;         // none | tensor_parallel | sequence_parallel
   std::string grad_sync;  // allreduce | reduce_scatter | reduce_scatter_shard | exact | local
   std::string store;      // replicated | sharded | parameter_server
@@ -60,3 +62,10 @@ std::string refusal(const Combination& c, Parts* parts);
 std::string composition_markdown();
 
 }  // namespace tessel::parallel
+
+namespace tessel {
+template <>
+struct Names<parallel::ExecutorKind> {
+  static constexpr const char* values[] = {"local", "pipeline"};
+};
+}  // namespace tessel

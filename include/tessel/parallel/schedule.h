@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "tessel/parallel/spec.h"
+
 namespace tessel::parallel {
 
 // Chunk c holds blocks [begin[c], begin[c + 1]) and runs on stage stage[c]. Chunks are in model
@@ -28,28 +30,29 @@ struct Task {
   int micro;
 };
 
-// Every stage's task order for `micro` micro-batches: "gpipe" (all forwards, then all
-// backwards), "1f1b" (backward first whenever one is ready; at most min(m, chunks after the
-// stage's first chunk) micro-batches in flight), or "forward" (evaluation). The orders come from
+// Every stage's training task order for `micro` micro-batches: gpipe (all forwards, then all
+// backwards), 1f1b (backward first whenever one is ready; at most min(m, chunks after the
+// stage's first chunk) micro-batches in flight). The orders come from
 // a simulation of the schedule in unit time (forward 1, backward 2 per chunk), so each stage's
 // order is consistent with one global execution order: blocking receives cannot deadlock.
-// "interleaved" is Megatron-LM's interleaved 1F1B over v >= 2 chunks per stage (chunk c on
+// interleaved is Megatron-LM's interleaved 1F1B over v >= 2 chunks per stage (chunk c on
 // stage c mod P; throws InvalidArgument for another partition, and for m > P not a multiple of
-// P, whose short last group can deadlock), built directly from its rule. "zb-h1" is the
+// P, whose short last group can deadlock), built directly from its rule. zb-h1 is the
 // zero-bubble schedule ZB-H1 (Qi et al. 2023; PyTorch's ZB1P) over one chunk per stage: stage s
 // warms up with min(m, P - 1 - s) forwards like 1f1b, then runs F, B and -- from its (s + 1)-th
 // B on -- the W of its oldest pending micro-batch, then the remaining Bs (each with its W
 // likewise) and Ws. The delayed Ws fill the drain: the bubble is about a third of 1f1b's, with
 // at most min(m, P) micro-batches holding activations on every stage (1f1b's stage 0).
 std::vector<std::vector<Task>> make_schedule(const Partition& part, int stages, int micro,
-                                             const std::string& kind);
+                                             PpSchedule kind);
+// Evaluation: every stage's forwards, from the same simulation.
+std::vector<std::vector<Task>> forward_schedule(const Partition& part, int stages, int micro);
 
 // Activation sets (chunk, micro-batch) a training schedule holds at most on each stage, from
 // a forward until its backward (and its W): gpipe m x the stage's chunks, 1f1b min(m, chunks
 // from the stage's first on) x the stage's chunks, interleaved min(v m, warm-up + 1), zb-h1
 // min(m, P).
-std::vector<int> inflight_bound(const Partition& part, int stages, int micro,
-                                const std::string& kind);
+std::vector<int> inflight_bound(const Partition& part, int stages, int micro, PpSchedule kind);
 
 // Checks a schedule before it runs: every task once (with a W for every B when any stage has
 // one, after it), every message (activation, activation gradient, tied-table gradient from
@@ -66,7 +69,7 @@ void check_schedule(const Partition& part, const std::vector<std::vector<Task>>&
 // m >= P (with m < P: (v (P - m) + m - 1) / (v P + m - 1), the same as 1f1b's at m = 1);
 // zb-h1 with F, B and W of equal time (a backward of 2 forwards split in halves):
 // (P - 1) / (3 m + P - 1) for m >= P, (2 P - m - 1) / (2 P + 2 m - 1) for m < P.
-double bubble_model(const std::string& kind, int stages, int micro, int virtual_stages);
+double bubble_model(PpSchedule kind, int stages, int micro, int virtual_stages);
 
 // One stage's order for people: "F0 F1 B0 W0 ...", with "/chunk" after each task when the
 // stages hold several chunks.

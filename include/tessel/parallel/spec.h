@@ -20,6 +20,8 @@ enum class Overlap : uint8_t { kAuto, kOn, kOff };             // ddp.overlap
 enum class BalanceMode : uint8_t { kOff, kStatic, kDynamic };  // ddp.balance
 enum class PsMode : uint8_t { kSync, kAsync, kSsp };           // ps.mode
 enum class StaleLr : uint8_t { kNone, kInverse };              // ps.stale_lr
+enum class PpSchedule : uint8_t { kGpipe, k1f1b, kInterleaved, kZbH1 };  // pp.schedule
+enum class PpPartition : uint8_t { kBalanced, kUniform, kRoundRobin };   // pp.partition
 
 struct ParallelSpec {
   // ddp.*
@@ -64,9 +66,9 @@ struct ParallelSpec {
   // pp.* (pipeline model parallelism)
   int64_t pp_stages = 1;                  // pipeline stages (1: no pipeline)
   int64_t pp_microbatches = 1;            // micro-batches per batch
-  std::string pp_schedule = "1f1b";       // gpipe | 1f1b | interleaved | zb-h1
+  PpSchedule pp_schedule = PpSchedule::k1f1b;
   int64_t pp_virtual_stages = 1;          // interleaved: chunks per stage
-  std::string pp_partition = "balanced";  // balanced | uniform | round_robin
+  PpPartition pp_partition = PpPartition::kBalanced;
   std::vector<int64_t> pp_cuts;  // explicit first block of stages 1..P-1 (overrides partition)
 
   // ps.* (parameter server)
@@ -109,5 +111,13 @@ struct Names<parallel::PsMode> {
 template <>
 struct Names<parallel::StaleLr> {
   static constexpr const char* values[] = {"none", "inverse"};
+};
+template <>
+struct Names<parallel::PpSchedule> {
+  static constexpr const char* values[] = {"gpipe", "1f1b", "interleaved", "zb-h1"};
+};
+template <>
+struct Names<parallel::PpPartition> {
+  static constexpr const char* values[] = {"balanced", "uniform", "round_robin"};
 };
 }  // namespace tessel

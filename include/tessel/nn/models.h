@@ -9,6 +9,7 @@
 
 #include "tessel/nn/loss.h"
 #include "tessel/nn/model.h"
+#include "tessel/nn/modern.h"
 #include "tessel/nn/tensor_parallel.h"
 
 namespace tessel::nn {
@@ -44,9 +45,9 @@ struct ModelSpec {
   int64_t heads = 4;
   int64_t embed = 64;
   // gpt variant (modern.h): layernorm | rmsnorm, learned | rotary, gelu | swiglu.
-  std::string norm = "layernorm";
-  std::string position = "learned";
-  std::string mlp = "gelu";
+  Norm norm = Norm::kLayerNorm;
+  Position position = Position::kLearned;
+  Mlp mlp = Mlp::kGelu;
 
   // sequential: the layers in order, from the input to the output (model.stack).
   std::vector<LayerSpec> stack;

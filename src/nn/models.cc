@@ -243,7 +243,8 @@ std::unique_ptr<Model> build_model(const ModelSpec& spec, TensorParallel* tp) {
 }
 
 std::unique_ptr<Loss> make_loss(const ModelSpec& spec, TensorParallel* tp) {
-  if (spec.regression) return std::make_unique<MseLoss>();
+  if (spec.task == data::Task::kRegression) return std::make_unique<MseLoss>();
+  if (spec.task == data::Task::kMultilabel) return std::make_unique<BceWithLogitsLoss>();
   if (spec.kind == "gpt" && tp != nullptr)
     return std::make_unique<VocabParallelCrossEntropy>(*tp, spec.num_classes);
   return std::make_unique<CrossEntropyLoss>();

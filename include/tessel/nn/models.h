@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/data/task.h"
 #include "tessel/nn/loss.h"
 #include "tessel/nn/model.h"
 #include "tessel/nn/modern.h"
@@ -25,8 +26,10 @@ struct ModelSpec {
   std::string kind = "mlp";  // mlp | cnn | gpt | sequential
   // Filled from the dataset: per-sample input shape ([784], [1,28,28] or [T]) and classes/vocab.
   Shape input_shape;
-  int64_t num_classes = 0;  // regression: the number of targets (outputs)
-  bool regression = false;  // f32 targets and a mean squared error loss (data.task)
+  int64_t num_classes = 0;  // regression: 1 output; multilabel: the labels K (outputs)
+  // data.task: the loss (make_loss): cross-entropy, mean squared error, or sigmoid + binary
+  // cross-entropy per label
+  data::Task task = data::Task::kClassification;
 
   // mlp: Linear(in, hidden[0]) act ... Linear(hidden[-1], classes)
   std::vector<int64_t> hidden = {512, 256};
@@ -60,7 +63,7 @@ struct ModelSpec {
 // tensor_parallel.h describes; whole parameters are replicas on every rank but the group's 0.
 std::unique_ptr<Model> build_model(const ModelSpec& spec, TensorParallel* tp = nullptr);
 // The loss a model trains with: cross-entropy, vocabulary-parallel for a gpt cut by tp; the
-// mean squared error for regression.
+// mean squared error for regression; sigmoid + binary cross-entropy for multilabel.
 std::unique_ptr<Loss> make_loss(const ModelSpec& spec, TensorParallel* tp = nullptr);
 
 // sequential.cc: lays out spec.stack's blocks into m (build_model's part for kind sequential),

@@ -191,6 +191,13 @@ class Lines {
       if (out.find_first_not_of(" \t") != std::string::npos) return true;
     return false;
   }
+  // Skips up to n lines (`filled`: n lines that are not blank); returns how many it skipped.
+  int64_t skip(int64_t n, bool filled) {
+    int64_t k = 0;
+    std::string line;
+    while (k < n && (filled ? next_filled(line) : next(line))) ++k;
+    return k;
+  }
   int64_t number() const { return number_; }  // of the last line read, from 1
 
  private:
@@ -216,12 +223,7 @@ class TextReader final : public InputReader {
     return r;
   }
 
-  int64_t skip(int64_t n) override {
-    int64_t k = 0;
-    std::string line;
-    while (k < n && lines_.next(line)) ++k;
-    return k;
-  }
+  int64_t skip(int64_t n) override { return lines_.skip(n, false); }
 
  private:
   Lines lines_;
@@ -319,12 +321,7 @@ class CsvReader final : public InputReader {
     return r;
   }
 
-  int64_t skip(int64_t n) override {
-    int64_t k = 0;
-    std::string line;
-    while (k < n && lines_.next_filled(line)) ++k;
-    return k;
-  }
+  int64_t skip(int64_t n) override { return lines_.skip(n, true); }
 
  private:
   std::string path_;

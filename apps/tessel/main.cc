@@ -34,6 +34,7 @@
 #include "tessel/train/evaluator.h"
 #include "tessel/train/plan_auto.h"
 #include "tessel/train/recovery.h"
+#include "tessel/train/summary_text.h"
 #include "tessel/train/trainer.h"
 
 namespace {
@@ -108,19 +109,6 @@ void write_npy(const std::string& path, const tessel::Tensor& t) {
   bytes += header;
   bytes.append(static_cast<const char*>(t.raw()), t.nbytes());
   tessel::ckpt::write_file_atomic(path, bytes);
-}
-
-void print_summary(const nlohmann::json& s) {
-  std::printf("\n== summary (%s/summary.json) ==\n", s["run_dir"].get<std::string>().c_str());
-  for (auto& [key, value] : s.items()) {
-    if (key == "ranks") {  // per-rank detail stays in the file; show the load balance here
-      std::printf("  %-20s load balance (max/mean step time) %.3f, slowest rank %d\n", "ranks",
-                  value["load_balance_max_over_mean"].get<double>(),
-                  value["slowest_rank"].get<int>());
-      continue;
-    }
-    std::printf("  %-20s %s\n", key.c_str(), value.dump().c_str());
-  }
 }
 
 // Reports an error that ends this process, once per job: under MPI a rank whose error is a
@@ -309,7 +297,7 @@ int run_train(Args& a) {
   nlohmann::json summary = train_job(train_config(a, opts.notes), opts, &main);
   if (!main || summary.is_null())  // an MPI rank other than 0: rank 0 prints and reports
     return g_signal.load() != 0 ? stopped_exit_code() : 0;
-  print_summary(summary);
+  std::fputs(tessel::train::summary_text(summary).c_str(), stdout);
   return summary["completed"].get<bool>() || a.stop_after > 0 ? 0 : stopped_exit_code();
 }
 

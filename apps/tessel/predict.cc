@@ -51,8 +51,9 @@ InferCommand add_predict(CLI::App& app) {
       ->required();
   cmd->add_option("--checkpoint", a->options.checkpoint, "Run folder or checkpoint folder")
       ->required();
-  cmd->add_option("--input", a->options.input,
-                  "IDX images (*-ubyte[.gz], *.idx), a .npy array, or .txt prompts (gpt)")
+  cmd->add_option(
+         "--input", a->options.input,
+         "IDX images (*-ubyte[.gz], *.idx), a .npy array, a .csv table, or .txt prompts (gpt)")
       ->required();
   cmd->add_option("--output", a->options.output, "Output file: .jsonl or .csv")->required();
   cmd->add_flag("--resume", a->options.resume,

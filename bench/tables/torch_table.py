@@ -2,10 +2,11 @@
 """PyTorch peer of tessel on a table (bench/tables/run.sh): an MLP of the same shape trained
 the same way -- features normalised by the train rows' mean and std, Linear layers with ReLU,
 AdamW (no weight decay), constant lr, shuffled batches, the given epochs -- then evaluated on
-the test table. Classification prints the test accuracy, regression the test MSE, as JSON.
+the test table. Classification prints the test accuracy, regression the test MSE, multilabel
+(y [N, K] of 0/1, BCEWithLogitsLoss) the test accuracy averaged over rows and labels, as JSON.
 
     /usr/bin/python3 bench/tables/torch_table.py --train TRAIN.npz --test TEST.npz
-        --hidden 64,64 --epochs 20 --batch 64 --lr 0.003 [--regression] [--seed 1]
+        --hidden 64,64 --epochs 20 --batch 64 --lr 0.003 [--regression | --multilabel] [--seed 1]
 """
 import argparse
 import json
@@ -24,6 +25,7 @@ def main():
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=0.003)
     p.add_argument("--regression", action="store_true")
+    p.add_argument("--multilabel", action="store_true")
     p.add_argument("--seed", type=int, default=1)
     a = p.parse_args()
     torch.manual_seed(a.seed)
@@ -34,9 +36,10 @@ def main():
     std[std <= 1e-12 * np.maximum(1.0, np.abs(mean))] = 1.0
     x = torch.tensor((x - mean) / std, dtype=torch.float32)
     xt = torch.tensor((xt - mean) / std, dtype=torch.float32)
-    if a.regression:
-        y, yt, out = (torch.tensor(train["y"], dtype=torch.float32),
-                      torch.tensor(test["y"], dtype=torch.float32), 1)
+    if a.regression or a.multilabel:
+        y, yt = (torch.tensor(train["y"], dtype=torch.float32),
+                 torch.tensor(test["y"], dtype=torch.float32))
+        out = y.shape[1] if a.multilabel else 1
     else:
         y, yt = torch.tensor(train["y"]).long(), torch.tensor(test["y"]).long()
         out = int(max(y.max(), yt.max())) + 1
@@ -46,7 +49,8 @@ def main():
         width = h
     model = nn.Sequential(*layers, nn.Linear(width, out))
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.0)
-    loss_fn = nn.MSELoss() if a.regression else nn.CrossEntropyLoss()
+    loss_fn = (nn.MSELoss() if a.regression else
+               nn.BCEWithLogitsLoss() if a.multilabel else nn.CrossEntropyLoss())
     for _ in range(a.epochs):
         order = torch.randperm(len(x))
         for i in range(0, len(x), a.batch):
@@ -60,6 +64,8 @@ def main():
         pred = model(xt)
         if a.regression:
             print(json.dumps({"test_mse": float(((pred[:, 0] - yt) ** 2).mean())}))
+        elif a.multilabel:
+            print(json.dumps({"test_accuracy": float(((pred > 0).float() == yt).float().mean())}))
         else:
             print(json.dumps({"test_accuracy": float((pred.argmax(1) == yt).float().mean())}))
 

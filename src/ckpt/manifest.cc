@@ -82,14 +82,21 @@ Json model_io_json(const std::optional<ModelIo>& io) {
     throw InvalidArgument(str("checkpoint: manifest model_io has ", io->input_mean.size(),
                               " input means and ", io->input_std.size(), " stds for ", features,
                               " features; give one finite mean and positive std per feature"));
+  if (!(io->input_names.empty() || io->input_names.size() == features))
+    throw InvalidArgument(str("checkpoint: manifest model_io has ", io->input_names.size(),
+                              " input names for ", features, " features; give one per feature"));
   Json out = {{"input_shape", io->input_shape},
               {"input_dtype", dtype_name(io->input_dtype)},
               {"num_classes", io->num_classes}};
+  if (!io->input_names.empty()) {
+    out["input_names"] = io->input_names;
+    out["target_names"] = io->target_names;
+  }
   if (!io->input_mean.empty()) {
     out["input_mean"] = io->input_mean;
     out["input_std"] = io->input_std;
   }
-  if (io->regression) out["task"] = "regression";
+  if (io->task != data::Task::kClassification) out["task"] = name_of(io->task);
   return out;
 }
 
@@ -217,11 +224,21 @@ ModelIo parse_model_io(const Fields& f, const Field& io) {
     for (size_t k = 0; k < features; ++k)
       if (!(out.input_std[k] > 0)) f.bad(sd.name, str("that holds ", out.input_std[k], " <= 0"));
   }
+  if (io.v.is_object() && io.v.contains("input_names")) {
+    const size_t features = static_cast<size_t>(shape_numel(out.input_shape));
+    const Field names = f.at(io, "input_names"), targets = f.at(io, "target_names");
+    if (f.size(names) != features)
+      f.bad(names.name, str("that has ", f.size(names), " names for ", features, " features"));
+    for (size_t k = 0; k < features; ++k) out.input_names.push_back(f.text(f.item(names, k)));
+    for (size_t k = 0; k < f.size(targets); ++k)
+      out.target_names.push_back(f.text(f.item(targets, k)));
+  }
   if (io.v.is_object() && io.v.contains("task")) {
     const Field task = f.at(io, "task");
-    out.regression = f.text(task) == "regression";
-    if (!out.regression)
-      f.bad(task.name, str("that is not 'regression', got '", f.text(task), "'"));
+    const std::optional<data::Task> t = value_of<data::Task>(f.text(task));
+    if (!t || *t == data::Task::kClassification)
+      f.bad(task.name, str("that is not 'regression' or 'multilabel', got '", f.text(task), "'"));
+    out.task = *t;
   }
   return out;
 }

@@ -17,15 +17,19 @@ Splits make_synthetic_splits(const DataSpec& spec);  // synthetic.cc
 Splits make_table_splits(const DataSpec& spec);      // table.cc: npy, csv
 Splits make_tokens_splits(const DataSpec& spec);     // tokens.cc
 
-// A table of `rows` rows: `features` f32 values each (row-major) and one target each.
+// A table of `rows` rows: `features` f32 values each (row-major) and `targets` targets each
+// (one, or a multilabel table's K labels), row-major.
 struct Table {
   int64_t rows = 0;
   int64_t features = 0;
+  int64_t targets = 1;
   std::vector<float> x;
   std::vector<float> y;
+  std::vector<std::string> feature_names, target_names;  // csv: the header's columns
 };
-// csv.cc: the CSV file at `path`, its column `target` (empty: the last) the targets.
-Table read_csv_table(const std::string& path, const std::string& target);
+// csv.cc: the CSV file at `path`, its column `target` (empty: the last) the targets; multilabel:
+// the columns data.target names (DataSpec::target).
+Table read_csv_table(const std::string& path, const std::string& target, bool multilabel);
 
 // The class count of labels whose largest is `largest`: largest + 1, or `classes` (data.classes)
 // when > 0, which must be larger; throws InvalidArgument naming `where` otherwise.

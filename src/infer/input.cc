@@ -1,15 +1,17 @@
-// The three predict input readers. Each holds one open file and its position; IDX goes through
-// zlib (which reads a plain file as it is), .npy and text through stdio.
+// The four predict input readers. Each holds one open file and its position; IDX goes through
+// zlib (which reads a plain file as it is), .npy, CSV and text through stdio.
 #include "tessel/infer/input.h"
 
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 
+#include "tessel/data/csv.h"
 #include "tessel/data/npy.h"
 
 namespace tessel::infer {
@@ -159,30 +161,15 @@ class NpyReader final : public InputReader {
   int64_t total_ = 0, row_ = 0, done_ = 0;
 };
 
-// One prompt per line.
-class TextReader final : public InputReader {
+// A file's lines, front to back ("\n" or "\r\n" ends a line).
+class Lines {
  public:
-  explicit TextReader(const std::string& path) : path_(path), f_(open_file(path)) {}
-  ~TextReader() override { std::free(line_); }
+  explicit Lines(const std::string& path) : path_(path), f_(open_file(path)) {}
+  ~Lines() { std::free(line_); }
+  Lines(const Lines&) = delete;
+  Lines& operator=(const Lines&) = delete;
 
-  Rows read(int64_t n) override {
-    Rows r;
-    std::string line;
-    while (r.count < n && next(line)) {
-      r.lines.push_back(line);
-      ++r.count;
-    }
-    return r;
-  }
-
-  int64_t skip(int64_t n) override {
-    int64_t k = 0;
-    std::string line;
-    while (k < n && next(line)) ++k;
-    return k;
-  }
-
- private:
+  // The next line into `out`; false at the end of the file.
   bool next(std::string& out) {
     errno = 0;
     const ssize_t got = getline(&line_, &cap_, f_.get());
@@ -195,13 +182,153 @@ class TextReader final : public InputReader {
     if (n > 0 && line_[n - 1] == '\n') --n;
     if (n > 0 && line_[n - 1] == '\r') --n;
     out.assign(line_, n);
+    ++number_;
     return true;
   }
+  // The next line that is not blank; false at the end of the file.
+  bool next_filled(std::string& out) {
+    while (next(out))
+      if (out.find_first_not_of(" \t") != std::string::npos) return true;
+    return false;
+  }
+  // Skips up to n lines (`filled`: n lines that are not blank); returns how many it skipped.
+  int64_t skip(int64_t n, bool filled) {
+    int64_t k = 0;
+    std::string line;
+    while (k < n && (filled ? next_filled(line) : next(line))) ++k;
+    return k;
+  }
+  int64_t number() const { return number_; }  // of the last line read, from 1
 
+ private:
   std::string path_;
   File f_;
   char* line_ = nullptr;
   size_t cap_ = 0;
+  int64_t number_ = 0;
+};
+
+// One prompt per line.
+class TextReader final : public InputReader {
+ public:
+  explicit TextReader(const std::string& path) : lines_(path) {}
+
+  Rows read(int64_t n) override {
+    Rows r;
+    std::string line;
+    while (r.count < n && lines_.next(line)) {
+      r.lines.push_back(line);
+      ++r.count;
+    }
+    return r;
+  }
+
+  int64_t skip(int64_t n) override { return lines_.skip(n, false); }
+
+ private:
+  Lines lines_;
+};
+
+std::string bracketed(const std::vector<std::string>& names) {
+  std::string out;
+  for (const std::string& n : names) out += (out.empty() ? "" : ", ") + n;
+  return "[" + out + "]";
+}
+
+// For each model input, its column in a CSV header: by name for a CSV-trained model (its
+// target columns may be there and are ignored, any other column is an error), else the
+// header's columns in order, exactly as many as the model's inputs.
+std::vector<size_t> csv_columns(const std::vector<std::string>& header, const ModelInfo& model,
+                                const std::string& path) {
+  const size_t features = static_cast<size_t>(shape_numel(model.spec.input_shape));
+  std::vector<size_t> columns;
+  if (model.input_names.empty()) {
+    if (header.size() != features)
+      throw InvalidArgument(str("predict: ", path, " has ", header.size(), " columns ",
+                                bracketed(header), ", but the model takes ", features,
+                                " values per row and was not trained on a CSV (its columns have "
+                                "no names); give ",
+                                features, " feature columns in training order"));
+    for (size_t c = 0; c < features; ++c) columns.push_back(c);
+    return columns;
+  }
+  std::vector<std::string> missing, extra;
+  for (const std::string& name : model.input_names) {
+    const auto at = std::find(header.begin(), header.end(), name);
+    if (at == header.end()) missing.push_back(name);
+    columns.push_back(static_cast<size_t>(at - header.begin()));
+  }
+  for (size_t c = 0; c < header.size(); ++c) {
+    const std::string& name = header[c];
+    const bool known = std::count(model.input_names.begin(), model.input_names.end(), name) ||
+                       std::count(model.target_names.begin(), model.target_names.end(), name);
+    if (!known || std::find(header.begin(), header.end(), name) != header.begin() + c)
+      extra.push_back(name);
+  }
+  if (!missing.empty() || !extra.empty())
+    throw InvalidArgument(
+        str("predict: ", path, "'s header ", bracketed(header),
+            missing.empty() ? "" : str(" lacks the feature columns ", bracketed(missing)),
+            !missing.empty() && !extra.empty() ? " and" : "",
+            extra.empty()
+                ? ""
+                : str(" has columns the model was not trained on (or repeated) ", bracketed(extra)),
+            "; the model reads the columns ", bracketed(model.input_names),
+            model.target_names.empty()
+                ? ""
+                : str(" (target ", bracketed(model.target_names), ", ignored if present)"),
+            " by name, in any order"));
+  return columns;
+}
+
+// A CSV table with a header line, rows of numbers, blank lines skipped; the columns of
+// csv_columns() in the model's input order, each converted to f32.
+class CsvReader final : public InputReader {
+ public:
+  CsvReader(const std::string& path, const ModelInfo& model)
+      : path_(path), lines_(path), shape_(model.spec.input_shape) {
+    std::string line;
+    if (!lines_.next_filled(line))
+      throw IoError(str("predict: ", path,
+                        " is empty, got no header line; a CSV input starts with a line of "
+                        "column names"));
+    header_ = data::csv_fields(line);
+    columns_ = csv_columns(header_, model, path);
+  }
+
+  Rows read(int64_t n) override {
+    std::vector<float> values;
+    std::string line;
+    int64_t count = 0;
+    while (count < n && lines_.next_filled(line)) {
+      const std::vector<std::string> fields = data::csv_fields(line);
+      if (fields.size() != header_.size())
+        throw IoError(str("predict: ", path_, " line ", lines_.number(), " has ", fields.size(),
+                          " fields, but the header has ", header_.size(),
+                          "; give every row one value per column"));
+      for (size_t c : columns_) {
+        const std::optional<double> v = data::csv_number(fields[c]);
+        if (!v)
+          throw IoError(str("predict: ", path_, " line ", lines_.number(), " column '", header_[c],
+                            "' is not a number, got \"", fields[c],
+                            "\"; every feature cell must be numeric"));
+        values.push_back(static_cast<float>(*v));
+      }
+      ++count;
+    }
+    Rows r = dense_rows(count, shape_);
+    std::copy(values.begin(), values.end(), r.x.data<float>());
+    return r;
+  }
+
+  int64_t skip(int64_t n) override { return lines_.skip(n, true); }
+
+ private:
+  std::string path_;
+  Lines lines_;
+  Shape shape_;
+  std::vector<std::string> header_;
+  std::vector<size_t> columns_;  // per model input, its column
 };
 
 }  // namespace
@@ -218,17 +345,19 @@ std::unique_ptr<InputReader> open_input(const std::string& path, const ModelInfo
                                     ".txt file, got --input ",
                                     path)
                               : str("predict: a ", model.spec.kind,
-                                    " model takes IDX images or a .npy array, got "
+                                    " model takes IDX images, a .npy array or a .csv table, got "
                                     "--input ",
                                     path, "; text prompts (.txt) are for a gpt model"));
   if (text) return std::make_unique<TextReader>(path);
   if (ends_with(name, ".npy")) return std::make_unique<NpyReader>(path, model);
+  if (ends_with(name, ".csv")) return std::make_unique<CsvReader>(path, model);
   if (name.find("ubyte") != std::string::npos || ends_with(name, ".idx") ||
       ends_with(name, ".idx.gz"))
     return std::make_unique<IdxReader>(path, model, data);
-  throw InvalidArgument(str("predict: cannot tell the kind of --input ", path,
-                            " from its name; use .npy, an IDX name (*-ubyte[.gz], *.idx[.gz]) "
-                            "or .txt"));
+  throw InvalidArgument(
+      str("predict: cannot tell the kind of --input ", path,
+          " from its name; use .npy, .csv, an IDX name (*-ubyte[.gz], *.idx[.gz]) "
+          "or .txt"));
 }
 
 }  // namespace tessel::infer

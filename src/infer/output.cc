@@ -16,6 +16,8 @@ bool ends_with(const std::string& s, const std::string& tail) {
 
 double round6(double p) { return std::round(p * 1e6) / 1e6; }
 
+double sigmoid(float z) { return 1.0 / (1.0 + std::exp(-static_cast<double>(z))); }
+
 // The k most probable classes of one row with their probabilities.
 std::vector<std::pair<int64_t, double>> top_classes(const float* logits, int64_t C, int64_t k) {
   const double mx = *std::max_element(logits, logits + C);
@@ -60,18 +62,34 @@ nlohmann::ordered_json class_record(const float* logits, int64_t classes, int64_
   return rec;
 }
 
-nlohmann::ordered_json value_record(float value) { return {{"value", value}}; }
+nlohmann::ordered_json output_record(const float* outputs, int64_t C, int64_t k, data::Task task) {
+  if (task == data::Task::kRegression) return {{"value", outputs[0]}};
+  if (task == data::Task::kClassification) return class_record(outputs, C, k);
+  nlohmann::ordered_json probs = nlohmann::ordered_json::array(),
+                         labels = nlohmann::ordered_json::array();
+  for (int64_t c = 0; c < C; ++c) {
+    const double p = sigmoid(outputs[c]);
+    probs.push_back(round6(p));
+    labels.push_back(p >= 0.5 ? 1 : 0);
+  }
+  return {{"probs", std::move(probs)}, {"labels", std::move(labels)}};
+}
 
-std::string csv_header(bool generation, bool regression, int64_t k) {
+std::string csv_header(bool generation, data::Task task, int64_t k, int64_t outputs) {
   if (generation) return "row,prompt,text\n";
-  if (regression) return "row,value\n";
+  if (task == data::Task::kRegression) return "row,value\n";
+  if (task == data::Task::kMultilabel) {
+    std::string h = "row";
+    for (int64_t c = 0; c < outputs; ++c) h += str(",prob", c);
+    return h + "\n";
+  }
   std::string h = "row,class";
   for (int64_t i = 1; i <= k; ++i) h += str(",top", i, "_class,top", i, "_prob");
   return h + "\n";
 }
 
 std::string format_classes(const Tensor& logits, int64_t first_row, int64_t k, OutputFormat format,
-                           bool regression) {
+                           data::Task task) {
   TESSEL_CHECK(logits.ndim() == 2, "predict: classification needs logits [rows, classes], got ",
                shape_str(logits.shape()));
   const int64_t n = logits.dim(0), C = logits.dim(1);
@@ -81,12 +99,21 @@ std::string format_classes(const Tensor& logits, int64_t first_row, int64_t k, O
     const float* row = logits.data<float>() + r * C;
     if (format == OutputFormat::kJsonl) {
       nlohmann::ordered_json rec = {{"row", first_row + r}};
-      rec.update(regression ? value_record(row[0]) : class_record(row, C, k));
+      rec.update(output_record(row, C, k, task));
       out += dump_json(rec) + "\n";
       continue;
     }
-    if (regression) {
+    if (task == data::Task::kRegression) {
       out += str(first_row + r, ",", dump_json(row[0]), "\n");
+      continue;
+    }
+    if (task == data::Task::kMultilabel) {
+      out += str(first_row + r);
+      for (int64_t c = 0; c < C; ++c) {
+        std::snprintf(buf, sizeof buf, ",%.6f", round6(sigmoid(row[c])));
+        out += buf;
+      }
+      out += "\n";
       continue;
     }
     const auto top = top_classes(row, C, k);

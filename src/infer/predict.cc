@@ -40,7 +40,7 @@ std::string run_chunk(const Job& job, Replica& replica, int64_t id, const Rows& 
   if (!job.info.generates()) {
     const Tensor logits = replica.forward(rows.x, count, first);
     return replica.last_stage()
-               ? format_classes(logits, first, s.top_k, job.format, job.info.spec.regression)
+               ? format_classes(logits, first, s.top_k, job.format, job.info.spec.task)
                : "";
   }
   std::vector<Prompt> prompts;
@@ -154,12 +154,12 @@ void thread_rank(const Job& job, comm::Communicator& world, ChunkQueue& queue, T
 nlohmann::json predict_threads(const Job& job) {
   const int world = job.config.runtime.workers;
   const parallel::Layout layout = parallel::Layout::resolve(job.spec, world);
-  OrderedWriter writer(
-      job.options.output, job.identity,
-      job.format == OutputFormat::kCsv
-          ? csv_header(job.info.generates(), job.info.spec.regression, job.config.infer.top_k)
-          : "",
-      job.options.resume, job.config.infer.commit_every_s);
+  OrderedWriter writer(job.options.output, job.identity,
+                       job.format == OutputFormat::kCsv
+                           ? csv_header(job.info.generates(), job.info.spec.task,
+                                        job.config.infer.top_k, job.info.spec.num_classes)
+                           : "",
+                       job.options.resume, job.config.infer.commit_every_s);
   const int64_t first_chunk = writer.next_chunk(), first_rows = writer.rows();
   nlohmann::json summary = {{"output", job.options.output},
                             {"layout", layout.str()},

@@ -122,7 +122,8 @@ nlohmann::json predict_mpi(const Job& job) {
     writer = std::make_unique<OrderedWriter>(
         job.options.output, job.identity,
         job.format == OutputFormat::kCsv
-            ? csv_header(job.info.generates(), job.info.spec.regression, job.config.infer.top_k)
+            ? csv_header(job.info.generates(), job.info.spec.task, job.config.infer.top_k,
+                         job.info.spec.num_classes)
             : "",
         job.options.resume, job.config.infer.commit_every_s);
     first[0] = writer->next_chunk();

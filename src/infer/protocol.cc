@@ -165,7 +165,8 @@ Request read_prompts(const json& body, const json& in, const ModelInfo& info,
 
 std::vector<std::string> output_names(const ModelInfo& info) {
   if (info.generates()) return {"text"};
-  if (info.spec.regression) return {"value"};
+  if (info.spec.task == data::Task::kRegression) return {"value"};
+  if (info.spec.task == data::Task::kMultilabel) return {"probs", "labels"};
   return {"class", "top_k_class", "top_k_prob"};
 }
 
@@ -180,8 +181,14 @@ ojson model_metadata(const std::string& name, const ModelInfo& info, const Model
   in.insert(in.begin(), -1);
   const int64_t k = top_k(info, limits);
   m["inputs"] = {tensor_meta("input", "FP32", in)};
-  if (info.spec.regression) {
+  if (info.spec.task == data::Task::kRegression) {
     m["outputs"] = {tensor_meta("value", "FP32", {-1})};
+    return m;
+  }
+  if (info.spec.task == data::Task::kMultilabel) {
+    const int64_t labels = info.spec.num_classes;
+    m["outputs"] = {tensor_meta("probs", "FP64", {-1, labels}),
+                    tensor_meta("labels", "INT64", {-1, labels})};
     return m;
   }
   m["outputs"] = {tensor_meta("class", "INT64", {-1}), tensor_meta("top_k_class", "INT64", {-1, k}),
@@ -219,6 +226,11 @@ ojson infer_answer(const std::string& name, const InferCall& call,
     if (o == "text" || o == "class" || o == "value") {
       for (const ojson& r : records) data.push_back(r[o]);
       t = tensor_meta(o.c_str(), o == "text" ? "BYTES" : o == "value" ? "FP32" : "INT64", {n});
+    } else if (o == "probs" || o == "labels") {  // multilabel: K per row
+      const int64_t k = n ? static_cast<int64_t>(records[0][o].size()) : 0;
+      for (const ojson& r : records)
+        for (const ojson& v : r[o]) data.push_back(v);
+      t = tensor_meta(o.c_str(), o == "probs" ? "FP64" : "INT64", {n, k});
     } else {
       const char* field = o == "top_k_class" ? "class" : "prob";
       const int64_t k = n ? static_cast<int64_t>(records[0]["top_k"].size()) : 0;

@@ -55,7 +55,9 @@ ModelInfo model_info(const train::Config& config, const std::string& checkpoint)
     info.input_dtype = m.io->input_dtype;
     info.input_mean = m.io->input_mean;
     info.input_std = m.io->input_std;
-    info.spec.regression = m.io->regression;
+    info.input_names = m.io->input_names;
+    info.target_names = m.io->target_names;
+    info.spec.task = m.io->task;
     return info;
   }
   log_info("infer: ", info.checkpoint->dir(), " predates model_io in manifest.json (version 3); ",
@@ -69,7 +71,9 @@ ModelInfo model_info(const train::Config& config, const std::string& checkpoint)
   info.tokenizer = data.tokenizer;
   info.input_mean = data.input_mean;
   info.input_std = data.input_std;
-  info.spec.regression = data.train->label_dtype() == DType::kF32;
+  info.input_names = data.input_names;
+  info.target_names = data.target_names;
+  info.spec.task = data.train->task();
   return info;
 }
 

@@ -320,9 +320,8 @@ std::vector<ojson> Server::run_batch(int worker, const std::vector<const Request
     const Tensor logits = replica.forward(x, rows, 0);
     const int64_t C = logits.dim(1);
     for (int64_t i = 0; i < rows; ++i)
-      out.push_back(info_.spec.regression
-                        ? value_record(logits.data<float>()[i * C])
-                        : class_record(logits.data<float>() + i * C, C, config_.infer.top_k));
+      out.push_back(
+          output_record(logits.data<float>() + i * C, C, config_.infer.top_k, info_.spec.task));
     return out;
   }
   std::vector<Prompt> prompts;

@@ -1,6 +1,7 @@
 #include "tessel/nn/loss.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "tessel/ops/cpu.h"
 
@@ -34,6 +35,15 @@ void reuse(Tensor& t, const Shape& shape) {
   if (!t.defined() || t.shape() != shape) t = Tensor::empty(shape);
 }
 
+// An f32 gradient g in type t: g itself for f32, else converted into `narrow` (reused).
+Tensor in_type(const Tensor& g, DType t, Tensor& narrow) {
+  if (t == DType::kF32) return g;
+  if (!narrow.defined() || narrow.shape() != g.shape() || narrow.dtype() != t)
+    narrow = Tensor::empty(g.shape(), t);
+  ops::convert(narrow.raw(), t, g.raw(), DType::kF32, g.numel());
+  return narrow;
+}
+
 }  // namespace
 
 // Logits of a 16-bit precision are widened first: the softmax, the loss and the row statistics
@@ -61,11 +71,7 @@ Tensor CrossEntropyLoss::backward(float dloss) {
   reuse(dlogits_, probs_.shape());
   ops::cross_entropy_backward(dlogits_.data<float>(), probs_.data<float>(), labels_.data<int32_t>(),
                               N, C, dloss);
-  if (type_ == DType::kF32) return dlogits_;
-  if (!narrow_.defined() || narrow_.shape() != probs_.shape() || narrow_.dtype() != type_)
-    narrow_ = Tensor::empty(probs_.shape(), type_);
-  ops::convert(narrow_.raw(), type_, dlogits_.raw(), DType::kF32, narrow_.numel());
-  return narrow_;
+  return in_type(dlogits_, type_, narrow_);
 }
 
 // The output widened to f32 (in diff_), less the targets; the loss sums in double.
@@ -104,11 +110,49 @@ Tensor MseLoss::backward(float dloss) {
   reuse(grad_, {N, 1});
   const float scale = N > 0 ? 2.0f * dloss / static_cast<float>(N) : 0.0f;
   for (int64_t r = 0; r < N; ++r) grad_.data<float>()[r] = scale * diff_.data<float>()[r];
-  if (type_ == DType::kF32) return grad_;
-  if (!narrow_.defined() || narrow_.shape() != grad_.shape() || narrow_.dtype() != type_)
-    narrow_ = Tensor::empty(grad_.shape(), type_);
-  ops::convert(narrow_.raw(), type_, grad_.raw(), DType::kF32, N);
-  return narrow_;
+  return in_type(grad_, type_, narrow_);
+}
+
+// The logits widened to f32 in grad_, which then holds sigmoid(z) - y; the loss sums in double.
+LossValue BceWithLogitsLoss::forward(const Tensor& logits, const Tensor& labels) {
+  const bool typed =
+      logits.defined() && (logits.dtype() == DType::kF32 || logits.dtype() == DType::kBF16 ||
+                           logits.dtype() == DType::kF16);
+  if (!typed || logits.ndim() != 2)
+    throw InvalidArgument(str("bce: logits must be f32, bf16 or f16 [N, K], got ",
+                              logits.defined()
+                                  ? str(dtype_name(logits.dtype()), " ", shape_str(logits.shape()))
+                                  : "undefined",
+                              "; a multilabel model has one output per label"));
+  const int64_t N = logits.dim(0), K = logits.dim(1), n = N * K;
+  if (!labels.defined() || labels.dtype() != DType::kF32 || labels.numel() != n)
+    throw InvalidArgument(str("bce: labels must be f32 [N, K] = ", shape_str(logits.shape()),
+                              ", got ", labels.defined() ? dtype_name(labels.dtype()) : "undefined",
+                              " ", labels.defined() ? shape_str(labels.shape()) : "",
+                              "; multilabel needs a dataset of 0/1 label columns (data.task)"));
+  type_ = logits.dtype();
+  reuse(grad_, {N, K});
+  float* g = grad_.data<float>();
+  ops::convert(g, DType::kF32, logits.raw(), type_, n);
+  const float* y = labels.data<float>();
+  double sum = 0;
+  int64_t correct = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float z = g[i], e = std::exp(-std::abs(z));  // e in (0, 1]: no overflow
+    sum += static_cast<double>(std::max(z, 0.0f) - z * y[i] + std::log1p(e));
+    correct += (z > 0) == (y[i] > 0.5f);
+    g[i] = (z >= 0 ? 1.0f / (1.0f + e) : e / (1.0f + e)) - y[i];
+  }
+  return {n > 0 ? static_cast<float>(sum / static_cast<double>(n)) : 0.0f, correct, n};
+}
+
+Tensor BceWithLogitsLoss::backward(float dloss) {
+  TESSEL_CHECK(grad_.defined(), "bce: backward() before forward()");
+  const int64_t n = grad_.numel();
+  reuse(scaled_, grad_.shape());
+  const float scale = n > 0 ? dloss / static_cast<float>(n) : 0.0f;
+  for (int64_t i = 0; i < n; ++i) scaled_.data<float>()[i] = scale * grad_.data<float>()[i];
+  return in_type(scaled_, type_, narrow_);
 }
 
 LossValue VocabParallelCrossEntropy::forward(const Tensor& logits, const Tensor& labels) {

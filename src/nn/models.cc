@@ -79,9 +79,8 @@ void check_common(const ModelSpec& spec) {
     throw InvalidArgument(str("model: num_classes must be positive, got ", spec.num_classes,
                               "; check the dataset's labels"));
   const GptVariant classic;
-  const GptVariant v = gpt_variant(spec.norm, spec.position, spec.mlp);
   if (spec.kind != "gpt" &&
-      (v.norm != classic.norm || v.position != classic.position || v.mlp != classic.mlp))
+      (spec.norm != classic.norm || spec.position != classic.position || spec.mlp != classic.mlp))
     throw InvalidArgument(
         str("model: model.norm, model.position and model.mlp choose a gpt's "
             "parts, got model.kind = ",
@@ -182,7 +181,7 @@ void build_gpt(const ModelSpec& spec, TensorParallel* tp, Model& m) {
     throw InvalidArgument(str("model: model.heads must divide model.embed, got heads ", spec.heads,
                               " and embed ", spec.embed,
                               "; pick heads among the divisors of embed"));
-  const GptVariant variant = gpt_variant(spec.norm, spec.position, spec.mlp);
+  const GptVariant variant{spec.norm, spec.position, spec.mlp};
   if (variant.position == Position::kRotary && (spec.embed / spec.heads) % 2 != 0)
     throw InvalidArgument(
         str("model: model.position = rotary rotates pairs of a head's channels, "
@@ -244,7 +243,8 @@ std::unique_ptr<Model> build_model(const ModelSpec& spec, TensorParallel* tp) {
 }
 
 std::unique_ptr<Loss> make_loss(const ModelSpec& spec, TensorParallel* tp) {
-  if (spec.regression) return std::make_unique<MseLoss>();
+  if (spec.task == data::Task::kRegression) return std::make_unique<MseLoss>();
+  if (spec.task == data::Task::kMultilabel) return std::make_unique<BceWithLogitsLoss>();
   if (spec.kind == "gpt" && tp != nullptr)
     return std::make_unique<VocabParallelCrossEntropy>(*tp, spec.num_classes);
   return std::make_unique<CrossEntropyLoss>();

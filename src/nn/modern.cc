@@ -18,28 +18,7 @@ void check_input(const Tensor& x, DType t, int64_t last, const char* layer) {
             "; check the model's embedding size and train.precision"));
 }
 
-template <typename E>
-E choose(const std::string& key, const std::string& value,
-         std::initializer_list<std::pair<const char*, E>> choices) {
-  std::string names;
-  for (const auto& [name, e] : choices) {
-    if (value == name) return e;
-    names += (names.empty() ? "" : ", ") + std::string(name);
-  }
-  throw InvalidArgument(
-      str("model: unknown ", key, ", got '", excerpt(value), "'; use one of ", names));
-}
-
 }  // namespace
-
-GptVariant gpt_variant(const std::string& norm, const std::string& position,
-                       const std::string& mlp) {
-  return {choose<Norm>("model.norm", norm,
-                       {{"layernorm", Norm::kLayerNorm}, {"rmsnorm", Norm::kRmsNorm}}),
-          choose<Position>("model.position", position,
-                           {{"learned", Position::kLearned}, {"rotary", Position::kRotary}}),
-          choose<Mlp>("model.mlp", mlp, {{"gelu", Mlp::kGelu}, {"swiglu", Mlp::kSwiglu}})};
-}
 
 int64_t swiglu_hidden(int64_t channels) {
   return std::max<int64_t>(8, (8 * channels / 3 + 4) / 8 * 8);

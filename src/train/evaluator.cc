@@ -53,7 +53,7 @@ Evaluator::Evaluator(const Config& config, const std::string& checkpoint) : conf
   nn::ModelSpec spec = config_.model;
   spec.input_shape = data_.train->input_shape();
   spec.num_classes = data_.train->num_classes();
-  spec.regression = data_.train->label_dtype() == DType::kF32;
+  spec.task = data_.train->task();
   model_ = nn::build_model(spec);
   loss_ = nn::make_loss(spec);
   model_->materialize(config_.seed);

@@ -63,13 +63,14 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
   nn::ModelSpec spec = config_.model;
   spec.input_shape = data_.train->input_shape();
   spec.num_classes = data_.train->num_classes();
-  spec.regression = data_.train->label_dtype() == DType::kF32;
+  spec.task = data_.train->task();
   engine_ = std::make_unique<parallel::Engine>(config_.parallel, config_.optim, *world, spec,
                                                config_.seed);
   checkpointer_ = std::make_unique<Checkpointer>(
       config_, *engine_, data_.tokenizer,
       ckpt::ModelIo{spec.input_shape, data_.train->input_dtype(), spec.num_classes,
-                    data_.input_mean, data_.input_std, spec.regression});
+                    data_.input_mean, data_.input_std, spec.task, data_.input_names,
+                    data_.target_names});
   set_up_loader();
   base_lr_ = optim::scaled_lr(config_.optim.lr, config_.train.batch * config_.train.accumulate,
                               config_.train.base_batch);

@@ -10,6 +10,11 @@ TEST_F(Cli, HelpAndUsage) {
   Result r = run("--help");
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.output.find("train"), std::string::npos);
+  EXPECT_NE(r.output.find("Usage: tessel [OPTIONS]"), std::string::npos) << r.output;
+  const Result launch = run("launch --help");  // its options, though mpirun parses the rest
+  EXPECT_EQ(launch.exit_code, 0);
+  for (const char* option : {"-np N", "--max-restarts K", "--hostfile FILE"})
+    EXPECT_NE(launch.output.find(option), std::string::npos) << launch.output;
   EXPECT_EQ(run("train --help").exit_code, 0);
   EXPECT_EQ(run("frobnicate").exit_code, 2);
   EXPECT_EQ(run("train").exit_code, 2);  // CONFIG is required

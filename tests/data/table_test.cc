@@ -190,7 +190,7 @@ TEST_F(Table, NpyTableTargetColumnByNumber) {
 TEST_F(Table, RegressionTargetsStayF32) {
   write("r.csv", "a,price\n1,2.5\n2,-7.25\n3,1e3\n");
   DataSpec s = spec("csv", "r.csv");
-  s.task = "regression";
+  s.task = Task::kRegression;
   const Splits sp = make_datasets(s);
   EXPECT_EQ(sp.train->label_dtype(), DType::kF32);
   EXPECT_EQ(sp.train->num_classes(), 1);
@@ -204,8 +204,66 @@ TEST_F(Table, RegressionTargetsStayF32) {
   write("nan.csv", "a,price\n1,nan\n");
   s.path = path("nan.csv");
   expect_error<InvalidArgument>(s, {"nan.csv row 0 has target nan", "missing targets"});
-  s.task = "ranking";
-  expect_error<InvalidArgument>(s, {"unknown task 'ranking'"});
+}
+
+// data.task = multilabel: the label columns by name or prefix (CSV) or number (.npy), an .npz
+// y of [N, K]; batches of y [B, K] f32; the names kept for predict; labels other than 0/1 and
+// a missing data.target refused.
+TEST_F(Table, MultilabelTargetsByNamePrefixOrNumber) {
+  write("m.csv", "tag_b,a,tag_c,b\n1,1,0,10\n0,2,1,20\n1,3,1,30\n");
+  DataSpec s = spec("csv", "m.csv");
+  s.task = Task::kMultilabel;
+  for (const std::string target : {"tag_b,tag_c", "tag_*"}) {
+    s.target = target;
+    const Splits sp = make_datasets(s);
+    EXPECT_EQ(sp.train->task(), Task::kMultilabel);
+    EXPECT_EQ(sp.train->num_classes(), 2);
+    EXPECT_EQ(sp.train->input_shape(), Shape{2});
+    EXPECT_EQ(sp.train->label_shape(), Shape{2});
+    EXPECT_EQ(sp.input_names, (std::vector<std::string>{"a", "b"}));
+    EXPECT_EQ(sp.target_names, (std::vector<std::string>{"tag_b", "tag_c"}));
+    DataLoader loader(sp.train, LoaderOptions{.batch = 3, .shuffle = false, .prefetch = 0});
+    Batch b;
+    ASSERT_TRUE(loader.next(b));
+    ASSERT_EQ(b.y.dtype(), DType::kF32);
+    ASSERT_EQ(b.y.shape(), (Shape{3, 2}));
+    const std::vector<float> want = {1, 0, 0, 1, 1, 1};
+    EXPECT_EQ(std::vector<float>(b.y.data<float>(), b.y.data<float>() + 6), want) << target;
+  }
+  write("m.npy", std::string("\x93NUMPY\x01\x00\x76\x00", 10) +
+                     "{'descr': '<f4', 'fortran_order': False, 'shape': (2, 4), }" +
+                     std::string(58, ' ') + "\n");
+  {
+    const float rows[8] = {0.5f, 1, 7, 0, -0.5f, 0, 8, 1};
+    std::ofstream(path("m.npy"), std::ios::app | std::ios::binary)
+        .write(reinterpret_cast<const char*>(rows), sizeof rows);
+  }
+  DataSpec n = spec("npy", "m.npy");
+  n.task = Task::kMultilabel;
+  n.target = "1,3";
+  const Splits np = make_datasets(n);
+  EXPECT_EQ(np.train->num_classes(), 2);
+  EXPECT_EQ(np.train->input_shape(), Shape{2});
+  float x[2], y[2];
+  np.train->get(1, x, reinterpret_cast<int32_t*>(y));
+  EXPECT_EQ(y[0], 0.0f);
+  EXPECT_EQ(y[1], 1.0f);
+  if (numpy("np.savez(d + 'm.npz', x=np.arange(12.).reshape(4, 3), "
+            "y=np.array([[1, 0], [0, 1], [1, 1], [0, 0]], dtype=np.uint8))\n")) {
+    DataSpec z = spec("npy", "m.npz");
+    z.task = Task::kMultilabel;
+    EXPECT_EQ(make_datasets(z).train->label_shape(), Shape{2});
+  }
+
+  s.target = "";
+  expect_error<InvalidArgument>(
+      s, {"multilabel takes its label columns from data.target", "tag_b, a, tag_c, b", "label_*"});
+  s.target = "tag_*,nope";
+  expect_error<InvalidArgument>(s, {"has no column 'nope'"});
+  s.target = "tag_b,a";
+  expect_error<InvalidArgument>(s, {"row 1 has label 2 in target column 1", "0 or 1"});
+  n.target = "1,9";
+  expect_error<InvalidArgument>(n, {"column numbers separated by commas in [0, 4), got '1,9'"});
 }
 
 TEST_F(Table, EachBadInputNamesTheFileTheLineAndTheFix) {

@@ -2,7 +2,8 @@
 // whose features sit far from zero at scales from 1 to 100, then `tessel predict` on raw rows
 // (a float64 .npy, as numpy saves by default) and `tessel serve` on the same raw rows in JSON:
 // both classify the held-out rows well (only possible through the stored normalisation) and
-// give the same probabilities.
+// give the same probabilities. The CSV-trained model also predicts a CSV read by column names;
+// regression and multilabel tables predict values and per-label probabilities the same way.
 #include <gtest/gtest.h>
 #include <httplib.h>
 #include <sys/wait.h>
@@ -134,6 +135,57 @@ class TableTrain : public ::testing::TestWithParam<std::string> {
     for (std::string line; std::getline(in, line);) records.push_back(nlohmann::json::parse(line));
     return records;
   }
+  // Predict of the trained csv model on a CSV of `test`'s rows, its columns written in the
+  // order `columns` (f0.. f7, species, or any other name: a column of zeros) into csv.jsonl.
+  Result predict_csv(const Blobs& test, const std::vector<std::string>& columns) const {
+    std::ofstream out(path("rows.csv"));
+    for (size_t c = 0; c < columns.size(); ++c) out << (c ? "," : "") << columns[c];
+    out << "\n";
+    out.precision(17);
+    for (size_t r = 0; r < test.x.size(); ++r) {
+      for (size_t c = 0; c < columns.size(); ++c) {
+        out << (c ? "," : "");
+        if (columns[c] == "species")
+          out << test.y[r];
+        else if (columns[c][0] == 'f')
+          out << test.x[r][static_cast<size_t>(std::stoi(columns[c].substr(1)))];
+        else
+          out << 0;
+      }
+      out << "\n";
+    }
+    out.close();
+    return run("predict " + path("c.toml") + " --checkpoint " + path("run") + " --input " +
+               path("rows.csv") + " --output " + path("csv.jsonl"));
+  }
+  // A CSV input is read by column names, in any order, with the target column ignored: the
+  // same records as the .npy of the same rows; a missing or unknown column is named.
+  void expect_csv_input_reads_columns_by_name(const Blobs& test,
+                                              const std::vector<nlohmann::json>& want) const {
+    const Result ok =
+        predict_csv(test, {"species", "f7", "f6", "f5", "f4", "f3", "f2", "f1", "f0"});
+    ASSERT_EQ(ok.exit_code, 0) << ok.output;
+    std::ifstream in(path("csv.jsonl"));
+    size_t r = 0;
+    for (std::string line; std::getline(in, line); ++r) {
+      ASSERT_LT(r, want.size());
+      const nlohmann::json got = nlohmann::json::parse(line);
+      EXPECT_EQ(got["class"], want[r]["class"]) << r;
+      EXPECT_NEAR(got["top_k"][0]["prob"].get<double>(), want[r]["top_k"][0]["prob"].get<double>(),
+                  1e-5)
+          << r;
+    }
+    EXPECT_EQ(r, want.size());
+    const Result missing = predict_csv(test, {"f0", "f1", "f2", "f4", "f5", "f6", "f7"});
+    EXPECT_NE(missing.exit_code, 0);
+    EXPECT_NE(missing.output.find("lacks the feature columns [f3]"), std::string::npos)
+        << missing.output;
+    const Result extra =
+        predict_csv(test, {"f0", "f1", "f2", "f3", "colour", "f4", "f5", "f6", "f7"});
+    EXPECT_NE(extra.exit_code, 0);
+    EXPECT_NE(extra.output.find("not trained on (or repeated) [colour]"), std::string::npos)
+        << extra.output;
+  }
   fs::path dir_;
 };
 
@@ -156,6 +208,7 @@ TEST_P(TableTrain, PredictAndServeTakeRawRowsAndAgree) {
   int correct = 0;
   for (size_t r = 0; r < records.size(); ++r) correct += records[r]["class"] == test.y[r];
   EXPECT_GE(correct, 54) << "of 60 raw rows";  // unnormalised rows would score near chance
+  if (csv) expect_csv_input_reads_columns_by_name(test, records);
 
   const auto replies = serve(path("c.toml"), path("run"),
                              {{"/v1/predict", nlohmann::json{{"inputs", test.x}}.dump()}});
@@ -240,6 +293,72 @@ TEST_F(TableTrain, RegressionPredictsValuesFromRawRows) {
     EXPECT_NEAR(outputs[r]["value"].get<double>(), values[r], 1e-5 * (1 + std::abs(values[r])));
     EXPECT_EQ(tensor["data"][r], outputs[r]["value"]);
   }
+}
+
+// data.task = multilabel: three labels per row (the blob's class has a bit set: classes 1, 3,
+// 5, ... for label 0, and so on), columns named by a prefix; predict answers each label's
+// probability for raw rows, right for nearly every label, and serve (/v1 and /v2) the same.
+TEST_F(TableTrain, MultilabelPredictsEachLabelsProbability) {
+  const int classes = 8;
+  const Blobs train = blobs(classes, 40 * classes, 5), test = blobs(classes, 64, 6);
+  std::ofstream csv(path("m.csv"));
+  csv.precision(17);
+  for (int k = 0; k < kFeatures; ++k) csv << "f" << k << ",";
+  csv << "has_a,has_b,has_c\n";
+  for (size_t r = 0; r < train.x.size(); ++r) {
+    for (double v : train.x[r]) csv << v << ",";
+    const int c = train.y[r];
+    csv << (c & 1) << "," << ((c >> 1) & 1) << "," << ((c >> 2) & 1) << "\n";
+  }
+  csv.close();
+  write_npy(path("raw.npy"), test, false);
+  std::ofstream(path("m.toml")) << "name = \"tags\"\nseed = 1\n[model]\nkind = \"mlp\"\n"
+                                << "hidden = [32]\n[data]\nkind = \"csv\"\ntask = \"multilabel\"\n"
+                                << "target = \"has_*\"\npath = \"" << path("m.csv") << "\"\n"
+                                << "[optim]\nkind = \"adamw\"\nlr = 0.01\n"
+                                << "[train]\nbatch = 32\nepochs = 15\n";
+  const std::vector<nlohmann::json> records = train_and_predict("m.toml");
+  ASSERT_FALSE(HasFailure());
+  ASSERT_EQ(records.size(), test.x.size());
+  int right = 0;
+  for (size_t r = 0; r < records.size(); ++r) {
+    ASSERT_EQ(records[r]["probs"].size(), 3u) << records[r].dump();
+    for (int k = 0; k < 3; ++k) {
+      const double p = records[r]["probs"][k].get<double>();
+      EXPECT_EQ(records[r]["labels"][k].get<int>(), p >= 0.5 ? 1 : 0);
+      right += (p >= 0.5) == (((test.y[r] >> k) & 1) == 1);
+    }
+  }
+  EXPECT_GE(right, 180) << "of 192 labels";  // 64 rows x 3
+
+  const nlohmann::json v2 = {{"inputs",
+                              {{{"name", "input"},
+                                {"shape", {test.x.size(), kFeatures}},
+                                {"datatype", "FP64"},
+                                {"data", [&] {
+                                   std::vector<double> flat;
+                                   for (const auto& row : test.x)
+                                     flat.insert(flat.end(), row.begin(), row.end());
+                                   return flat;
+                                 }()}}}}};
+  const auto replies = serve(path("m.toml"), path("run"),
+                             {{"/v1/predict", nlohmann::json{{"inputs", test.x}}.dump()},
+                              {"/v2/models/tags/infer", v2.dump()}});
+  ASSERT_TRUE(replies[0] && replies[1]);
+  ASSERT_EQ(replies[0]->status, 200) << replies[0]->body;
+  ASSERT_EQ(replies[1]->status, 200) << replies[1]->body;
+  const auto outputs = nlohmann::json::parse(replies[0]->body)["outputs"];
+  const auto tensors = nlohmann::json::parse(replies[1]->body)["outputs"];
+  ASSERT_EQ(outputs.size(), records.size());
+  ASSERT_EQ(tensors[0]["name"], "probs");
+  EXPECT_EQ(tensors[0]["shape"], nlohmann::json({test.x.size(), 3}));
+  for (size_t r = 0; r < records.size(); ++r)
+    for (size_t k = 0; k < 3; ++k) {
+      EXPECT_NEAR(outputs[r]["probs"][k].get<double>(), records[r]["probs"][k].get<double>(), 2e-6)
+          << r;
+      EXPECT_EQ(tensors[0]["data"][r * 3 + k], outputs[r]["probs"][k]) << r;
+      EXPECT_EQ(tensors[1]["data"][r * 3 + k], outputs[r]["labels"][k]) << r;
+    }
 }
 
 }  // namespace

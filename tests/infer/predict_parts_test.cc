@@ -279,6 +279,37 @@ TEST_F(Files, InputsThatDoNotFitTheModelAreRefusedByName) {
                              "missing.npy");
 }
 
+// A .csv input: by column names for a CSV-trained model (any order, the target ignored), in
+// order for any other; blank lines skipped, skip() counting rows; a ragged row or a cell that is
+// not a number named by its line.
+TEST_F(Files, CsvRowsByNameOrInOrder) {
+  const data::DataSpec data;
+  std::ofstream(path("r.csv")) << "c,y,a,b\n3,9,1,2\n\n6,9,4,5\r\n9,9,7,8\n";
+  ModelInfo named = classifier({3});
+  named.input_names = {"a", "b", "c"};
+  named.target_names = {"y"};
+  auto r = open_input(path("r.csv"), named, data);
+  EXPECT_EQ(r->skip(1), 1);
+  const Rows rows = r->read(5);
+  ASSERT_EQ(rows.count, 2);
+  EXPECT_EQ(std::vector<float>(rows.x.data<float>(), rows.x.data<float>() + 6),
+            (std::vector<float>{4, 5, 6, 7, 8, 9}));
+  EXPECT_EQ(r->read(5).count, 0);
+  std::ofstream(path("plain.csv")) << "p,q,r\n1,2,3\n";
+  const Rows plain = open_input(path("plain.csv"), classifier({3}), data)->read(2);
+  ASSERT_EQ(plain.count, 1);
+  EXPECT_EQ(plain.x.data<float>()[2], 3.0f);
+  expect_throw_with<InvalidArgument>(
+      [&] { open_input(path("r.csv"), classifier({3}), data); },
+      "has 4 columns [c, y, a, b], but the model takes 3 values per row");
+  std::ofstream(path("bad.csv")) << "a,b,c\n1,2,3\n1,2\n";
+  expect_throw_with<IoError>([&] { open_input(path("bad.csv"), named, data)->read(5); },
+                             "line 3 has 2 fields, but the header has 3");
+  std::ofstream(path("nan.csv")) << "a,b,c\n1,two,3\n";
+  expect_throw_with<IoError>([&] { open_input(path("nan.csv"), named, data)->read(5); },
+                             "line 2 column 'b' is not a number, got \"two\"");
+}
+
 TEST(Output, RecordsArePureFunctionsOfTheLogits) {
   const float logits[3] = {0.5f, 2.0f, 2.0f};
   const nlohmann::ordered_json r = class_record(logits, 3, 2);
@@ -287,13 +318,24 @@ TEST(Output, RecordsArePureFunctionsOfTheLogits) {
   EXPECT_EQ(r["top_k"].size(), 2u);
   Tensor t = Tensor::empty({1, 3});
   std::copy(logits, logits + 3, t.data<float>());
-  EXPECT_EQ(format_classes(t, 41, 1, OutputFormat::kCsv, false), "41,1,1,0.449816\n");
-  EXPECT_EQ(csv_header(false, false, 1), "row,class,top1_class,top1_prob\n");
+  using data::Task;
+  EXPECT_EQ(format_classes(t, 41, 1, OutputFormat::kCsv, Task::kClassification),
+            "41,1,1,0.449816\n");
+  EXPECT_EQ(csv_header(false, Task::kClassification, 1, 3), "row,class,top1_class,top1_prob\n");
   // A regression model's single output is the value.
-  EXPECT_EQ(format_classes(t.view(1, {2, 1}), 3, 1, OutputFormat::kJsonl, true),
+  EXPECT_EQ(format_classes(t.view(1, {2, 1}), 3, 1, OutputFormat::kJsonl, Task::kRegression),
             "{\"row\":3,\"value\":2.0}\n{\"row\":4,\"value\":2.0}\n");
-  EXPECT_EQ(format_classes(t.view(0, {1, 1}), 3, 1, OutputFormat::kCsv, true), "3,0.5\n");
-  EXPECT_EQ(csv_header(false, true, 1), "row,value\n");
+  EXPECT_EQ(format_classes(t.view(0, {1, 1}), 3, 1, OutputFormat::kCsv, Task::kRegression),
+            "3,0.5\n");
+  EXPECT_EQ(csv_header(false, Task::kRegression, 1, 1), "row,value\n");
+  // A multilabel model's outputs are each label's sigmoid probability, labelled 1 from 0.5 on.
+  const float ml[3] = {0.5f, -2.0f, 0.0f};
+  std::copy(ml, ml + 3, t.data<float>());
+  EXPECT_EQ(format_classes(t, 7, 1, OutputFormat::kJsonl, Task::kMultilabel),
+            "{\"row\":7,\"probs\":[0.622459,0.119203,0.5],\"labels\":[1,0,1]}\n");
+  EXPECT_EQ(format_classes(t, 7, 1, OutputFormat::kCsv, Task::kMultilabel),
+            "7,0.622459,0.119203,0.500000\n");
+  EXPECT_EQ(csv_header(false, Task::kMultilabel, 1, 3), "row,prob0,prob1,prob2\n");
   EXPECT_THROW(output_format("out.txt"), InvalidArgument);
 }
 

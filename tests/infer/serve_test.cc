@@ -120,11 +120,18 @@ TEST_F(Serve, EachBadRequestGetsAClearClientError) {
   ASSERT_TRUE(ok);
   EXPECT_EQ(ok->status, 200);
   EXPECT_EQ(nlohmann::json::parse(ok->body)["outputs"].size(), 2u);
+  // curl -d's default content type on a JSON body over 8 KiB: read as JSON, within the limit.
+  const std::string four = rows_body(4, 0.5f);
+  ASSERT_GT(four.size(), 8192u);
+  auto form = c.Post("/v1/predict", four, "application/x-www-form-urlencoded");
+  ASSERT_TRUE(form);
+  EXPECT_EQ(form->status, 200) << form->body;
   auto health = c.Get("/v2/health/ready");
   ASSERT_TRUE(health);
   EXPECT_EQ(health->status, 200);
   auto metrics = c.Get("/metrics");
   ASSERT_TRUE(metrics);
+  EXPECT_EQ(metrics->body.find("code=\"-1\""), std::string::npos) << metrics->body;
   for (const char* name : {"tessel_requests_total{route=\"/v1/predict\",code=\"400\"} 7",
                            "tessel_request_duration_seconds_bucket", "tessel_batch_rows_bucket",
                            "tessel_queue_requests"})

@@ -5,6 +5,7 @@
 // cannot cut through is refused naming it.
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <functional>
 #include <string>
 #include <vector>
@@ -127,6 +128,39 @@ TEST(SequentialParallel, StackReadsFromTomlTables) {
       EXPECT_NE(std::string(e.what()).find(want), std::string::npos) << e.what();
     }
   }
+}
+
+// data.task = multilabel (a CSV of 12 features and 3 label columns, each label a sign of a
+// linear map of them): the sequential stack with K = 3 sigmoid outputs, its [B, 3] label
+// batches dealt, sharded and sent down a pipeline, equals one worker.
+train::Config multilabel(std::vector<std::string> extra) {
+  const std::string path = ::testing::TempDir() + "/tessel_multilabel.csv";
+  std::ofstream out(path);
+  for (int f = 0; f < 12; ++f) out << "f" << f << ",";
+  out << "tag_a,tag_b,tag_c\n";
+  uint64_t state = 12345;
+  auto uniform = [&state] {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    return static_cast<double>(state >> 11) / 9007199254740992.0 - 0.5;
+  };
+  for (int r = 0; r < 240; ++r) {
+    double x[12], label[3] = {0, 0, 0};
+    for (int f = 0; f < 12; ++f) {
+      x[f] = uniform();
+      for (int k = 0; k < 3; ++k) label[k] += x[f] * ((f * 7 + k * 5) % 5 - 2);
+      out << x[f] << ",";
+    }
+    out << (label[0] > 0) << "," << (label[1] > 0) << "," << (label[2] > 0) << "\n";
+  }
+  extra.insert(extra.begin(),
+               {"data.kind=csv", "data.path=" + path, "data.task=multilabel", "data.target=tag_*"});
+  return sequential(extra);
+}
+
+TEST(MultilabelParallel, DataZeroAndPipelineMatchOneWorker) {
+  expect_match_single(multilabel({}),
+                      {{2, {}}, {2, {"zero.stage=2"}}, {2, {"pp.stages=2", "pp.microbatches=4"}}},
+                      multilabel);
 }
 
 std::vector<std::string> modern_keys(std::vector<std::string> extra) {

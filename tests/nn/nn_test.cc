@@ -466,7 +466,7 @@ TEST(MseLoss, RegressionMlpGradientsMatchFiniteDifferences) {
   s.num_classes = 1;
   s.hidden = {5};
   s.activation = "gelu";  // smooth, so that finite differences see no kinks
-  s.regression = true;
+  s.task = data::Task::kRegression;
   EXPECT_NE(dynamic_cast<MseLoss*>(make_loss(s).get()), nullptr);
   auto m = build_model(s);
   m->materialize(3);

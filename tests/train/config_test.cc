@@ -176,6 +176,7 @@ TEST(Config, AMistypedValueGetsTheNearestValid) {
        "model.kind must be mlp, cnn, gpt or sequential, got 'mpl'; did you mean 'mlp'?"},
       {"compress.kind=powersdg", "did you mean 'powersgd'?"},
       {"optim.kind=adamww", "did you mean 'adamw'?"},
+      {"model.position=alibi", "model.position must be learned or rotary, got 'alibi'"},
   };
   for (const auto& [set, want] : cases)
     EXPECT_NE(error_of("", {set}).find(want), std::string::npos)

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "tessel/ckpt/safetensors.h"
+#include "tessel/data/task.h"
 #include "tessel/text/tokenizer.h"
 
 namespace tessel::ckpt {
@@ -62,7 +63,11 @@ struct ModelIo {
   DType input_dtype = DType::kF32;
   int64_t num_classes = 0;
   std::vector<float> input_mean = {}, input_std = {};
-  bool regression = false;  // outputs are predicted values, not class logits
+  // outputs: class logits, predicted values (regression) or per-label logits (multilabel)
+  data::Task task = data::Task::kClassification;
+  // A CSV-trained model's feature columns (one per input value, in order) and target columns
+  // by name, so that predict reads a CSV by its header; empty otherwise.
+  std::vector<std::string> input_names = {}, target_names = {};
   bool operator==(const ModelIo&) const = default;
 };
 

@@ -1,7 +1,7 @@
 // Dataset: a fixed number of samples addressed by index. A sample is an input (f32 features or
-// i32 token ids) and a label: i32 (one class, or one target per token) or an f32 regression
-// target. Implementations are immutable after construction, so get() may be called from
-// several threads at once.
+// i32 token ids) and a label: i32 (one class, or one target per token), an f32 regression
+// target, or K f32 0/1 labels (multi-label). Implementations are immutable after construction, so
+// get() may be called from several threads at once.
 #pragma once
 
 #include <cstdint>
@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/data/task.h"
 #include "tessel/tensor/tensor.h"
 #include "tessel/text/tokenizer.h"
 
@@ -21,11 +22,14 @@ class Dataset {
   virtual int64_t size() const = 0;
   virtual Shape input_shape() const = 0;  // per sample, e.g. [784], [1,28,28], [T]
   virtual DType input_dtype() const = 0;  // kF32 features or kI32 token ids
-  virtual Shape label_shape() const = 0;  // per sample: [] for a class, [T] for tokens
-  // kI32 class or token ids; kF32 regression targets (get() writes them through y's 4-byte
-  // slots as floats).
+  // per sample: [] for a class or a regression target, [T] for tokens, [K] for K labels
+  virtual Shape label_shape() const = 0;
+  // kI32 class or token ids; kF32 regression targets or 0/1 labels (get() writes them through
+  // y's 4-byte slots as floats).
   virtual DType label_dtype() const { return DType::kI32; }
-  virtual int64_t num_classes() const = 0;  // classes, vocabulary size, or 1 (regression)
+  virtual Task task() const { return Task::kClassification; }  // tokens: classification
+  // classes, vocabulary size, 1 (regression) or the labels K (multilabel): the model's outputs
+  virtual int64_t num_classes() const = 0;
   // Writes sample `index` into x (numel(input_shape) values of input_dtype) and y
   // (numel(label_shape) values of label_dtype).
   virtual void get(int64_t index, void* x, int32_t* y) const = 0;
@@ -41,14 +45,16 @@ struct DataSpec {
   std::string kind = "fashion_mnist";
   std::string path = "/usr/share/datasets/fashion-mnist";  // IDX folder, text/token file or table
   // npy/csv: the targets: a CSV column's name, a 2-D .npy's column number, an .npz's array name
-  // (features: array "x"). Empty: the last column, or array "y".
+  // (features: array "x"). Empty: the last column, or array "y". Multilabel: CSV columns or
+  // .npy column numbers separated by commas ("a,b,c"; "name*": every column whose name starts
+  // with "name"), or an .npz array [N, K].
   std::string target;
   // npy/csv: a table of the same form for the test set; text/tokens: the test split's file
   // (else test_fraction).
   std::string test_path;
-  std::string task = "classification";  // npy/csv: classification | regression
-  bool flatten = true;                  // idx: [784] (true) or [1,28,28] (false)
-  float mean = 0.2860f;                 // idx: x = (pixel/255 - mean) / std
+  Task task = Task::kClassification;  // npy/csv: classification | regression | multilabel
+  bool flatten = true;                // idx: [784] (true) or [1,28,28] (false)
+  float mean = 0.2860f;               // idx: x = (pixel/255 - mean) / std
   float std = 0.3530f;
   // spiral / synthetic: the classes (0: 3); idx, npy, csv: the head's classes, at least the
   // data's largest label + 1 (0: exactly that).
@@ -75,6 +81,9 @@ struct Splits {
   // feature: std 1). The datasets hold (x - mean) / std; a model trained on them takes raw rows
   // through the same map (predict, serve). Empty for kinds that normalise otherwise.
   std::vector<float> input_mean, input_std;
+  // csv: the header's names of the feature columns (in the model's input order) and of the
+  // target column, so that predict reads a CSV's columns by name. Empty for other kinds.
+  std::vector<std::string> input_names, target_names;
 };
 
 // Builds the train and test sets. Throws IoError for a missing, truncated or corrupt file,

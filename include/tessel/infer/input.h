@@ -4,6 +4,9 @@
 //     training data is (data.mean, data.std) and shaped as the model's input;
 //   NumPy ".npy" (format 1.x-3.x, C order): any bool/int/uint/float dtype [N, ...] (converted
 //     to f32), each row the model's input size;
+//   CSV (".csv"): a header line of column names, then rows of numbers; a model trained on a
+//     CSV reads its feature columns by name (any order; its target column ignored, any other
+//     column an error), any other model exactly its input size of columns in order;
 //   text lines (".txt"): one prompt per line for a gpt model ("\n" or "\r\n" ends a line).
 // A reader checks the header against the model before the first row and names the file, row
 // and what is wrong when the data does not fit. One reader per thread.
@@ -20,7 +23,7 @@
 
 namespace tessel::infer {
 
-// Rows of the input: x [count, ...] for IDX and .npy, the lines for text.
+// Rows of the input: x [count, ...] for IDX, .npy and CSV, the lines for text.
 struct Rows {
   int64_t count = 0;
   Tensor x;

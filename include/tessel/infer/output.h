@@ -2,8 +2,12 @@
 //   classification  {"row": 7, "class": 3, "top_k": [{"class": 3, "prob": 0.912346}, ...]}
 //                   CSV: row,class,top1_class,top1_prob,...,topK_class,topK_prob
 //   regression      {"row": 7, "value": 2.5}   CSV: row,value
+//   multilabel      {"row": 7, "probs": [0.912346, 0.031, ...], "labels": [1, 0, ...]}
+//                   (each label's sigmoid probability, and 1 where it is at least 0.5)
+//                   CSV: row,prob0,...,probK-1
 //   generation      {"row": 7, "prompt": "...", "text": "..."}   CSV: row,prompt,text
-// Probabilities are the softmax of the logits (in double), rounded to 6 decimals; classes are
+// Probabilities are the softmax (multilabel: sigmoid) of the logits in double, rounded to 6
+// decimals; classes are
 // ordered by probability (ties: lower class first). Formatting is a pure function of the rows'
 // values, so equal logits give equal bytes whatever worker computed them.
 #pragma once
@@ -13,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/data/task.h"
 #include "tessel/tensor/tensor.h"
 
 namespace tessel::infer {
@@ -25,16 +30,17 @@ OutputFormat output_format(const std::string& path);
 // One row's classification: "class" and "top_k" (k most probable classes, at most C).
 nlohmann::ordered_json class_record(const float* logits, int64_t classes, int64_t k);
 
-// One row's regression output: "value", the model's single output.
-nlohmann::ordered_json value_record(float value);
+// One row's record of a model's C outputs for `task`: class_record, a regression's "value"
+// (its single output), or multilabel "probs" and "labels".
+nlohmann::ordered_json output_record(const float* outputs, int64_t C, int64_t k, data::Task task);
 
-// The first line of a CSV file (none for JSONL).
-std::string csv_header(bool generation, bool regression, int64_t k);
+// The first line of a CSV file (none for JSONL); `outputs`: a multilabel model's labels K.
+std::string csv_header(bool generation, data::Task task, int64_t k, int64_t outputs);
 
-// Records of rows [first_row, first_row + n) in `format`, each ending in "\n": classes of
-// logits [n, C], or values of outputs [n, 1] when `regression`.
+// Records of rows [first_row, first_row + n) of outputs [n, C] in `format`, each ending in
+// "\n" (output_record's fields).
 std::string format_classes(const Tensor& logits, int64_t first_row, int64_t k, OutputFormat format,
-                           bool regression);
+                           data::Task task);
 std::string format_texts(const std::vector<std::string>& prompts,
                          const std::vector<std::string>& texts, int64_t first_row,
                          OutputFormat format);

@@ -30,8 +30,9 @@ namespace tessel::infer {
 struct ModelInfo {
   nn::ModelSpec spec;
   DType input_dtype = DType::kF32;
-  std::shared_ptr<const text::Tokenizer> tokenizer;  // null: the model reads no text
-  std::vector<float> input_mean, input_std;          // raw row x -> (x - mean) / std; empty: none
+  std::shared_ptr<const text::Tokenizer> tokenizer;    // null: the model reads no text
+  std::vector<float> input_mean, input_std;            // raw row x -> (x - mean) / std; empty: none
+  std::vector<std::string> input_names, target_names;  // a CSV-trained model's columns
   std::shared_ptr<const ckpt::CheckpointReader> checkpoint;
   bool generates() const { return spec.kind == "gpt"; }
 };

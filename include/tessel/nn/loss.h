@@ -58,6 +58,23 @@ class MseLoss final : public Loss {
   Tensor narrow_;             // the gradient in the output's type
 };
 
+// Binary cross-entropy of logits [N, K] (f32, bf16 or f16; computed in f32) against f32 0/1
+// labels [N, K], each label's probability the sigmoid of its logit (multilabel, as PyTorch's
+// BCEWithLogitsLoss): mean over all N x K labels of max(z, 0) - z y + log(1 + exp(-|z|)), which
+// neither overflows nor loses a small loss to rounding. A label counts as correct when
+// (z > 0) == (y = 1), so LossValue's accuracy is the mean over rows and labels.
+class BceWithLogitsLoss final : public Loss {
+ public:
+  LossValue forward(const Tensor& logits, const Tensor& labels) override;
+  Tensor backward(float dloss) override;
+
+ private:
+  DType type_ = DType::kF32;  // the logits'
+  Tensor grad_;               // sigmoid(z) - y, f32, scaled in backward
+  Tensor scaled_;             // the gradient, f32
+  Tensor narrow_;             // the gradient in the logits' type
+};
+
 // Cross-entropy over logits cut by vocabulary across a tensor-parallel group (an LmHead's):
 // this rank holds the logits of vocabulary [rank x Vl, (rank + 1) x Vl) of `vocab` (past it:
 // padding, left out). The forward reduces three values per position over the group (the max,

@@ -7,8 +7,10 @@
 #include <string>
 #include <vector>
 
+#include "tessel/data/task.h"
 #include "tessel/nn/loss.h"
 #include "tessel/nn/model.h"
+#include "tessel/nn/modern.h"
 #include "tessel/nn/tensor_parallel.h"
 
 namespace tessel::nn {
@@ -24,8 +26,10 @@ struct ModelSpec {
   std::string kind = "mlp";  // mlp | cnn | gpt | sequential
   // Filled from the dataset: per-sample input shape ([784], [1,28,28] or [T]) and classes/vocab.
   Shape input_shape;
-  int64_t num_classes = 0;  // regression: the number of targets (outputs)
-  bool regression = false;  // f32 targets and a mean squared error loss (data.task)
+  int64_t num_classes = 0;  // regression: 1 output; multilabel: the labels K (outputs)
+  // data.task: the loss (make_loss): cross-entropy, mean squared error, or sigmoid + binary
+  // cross-entropy per label
+  data::Task task = data::Task::kClassification;
 
   // mlp: Linear(in, hidden[0]) act ... Linear(hidden[-1], classes)
   std::vector<int64_t> hidden = {512, 256};
@@ -44,9 +48,9 @@ struct ModelSpec {
   int64_t heads = 4;
   int64_t embed = 64;
   // gpt variant (modern.h): layernorm | rmsnorm, learned | rotary, gelu | swiglu.
-  std::string norm = "layernorm";
-  std::string position = "learned";
-  std::string mlp = "gelu";
+  Norm norm = Norm::kLayerNorm;
+  Position position = Position::kLearned;
+  Mlp mlp = Mlp::kGelu;
 
   // sequential: the layers in order, from the input to the output (model.stack).
   std::vector<LayerSpec> stack;
@@ -59,7 +63,7 @@ struct ModelSpec {
 // tensor_parallel.h describes; whole parameters are replicas on every rank but the group's 0.
 std::unique_ptr<Model> build_model(const ModelSpec& spec, TensorParallel* tp = nullptr);
 // The loss a model trains with: cross-entropy, vocabulary-parallel for a gpt cut by tp; the
-// mean squared error for regression.
+// mean squared error for regression; sigmoid + binary cross-entropy for multilabel.
 std::unique_ptr<Loss> make_loss(const ModelSpec& spec, TensorParallel* tp = nullptr);
 
 // sequential.cc: lays out spec.stack's blocks into m (build_model's part for kind sequential),

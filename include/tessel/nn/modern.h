@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/core/names.h"
 #include "tessel/nn/module.h"
 
 namespace tessel::nn {
@@ -23,10 +24,6 @@ struct GptVariant {
   Position position = Position::kLearned;
   Mlp mlp = Mlp::kGelu;
 };
-// The values of model.norm, model.position and model.mlp; throws naming the key and its choices.
-GptVariant gpt_variant(const std::string& norm, const std::string& position,
-                       const std::string& mlp);
-
 // SwiGLU's hidden width H for C channels: 8C/3 rounded to a multiple of 8, so its three C x H
 // matrices hold about the parameters of the classic MLP's two C x 4C ones.
 int64_t swiglu_hidden(int64_t channels);
@@ -63,3 +60,18 @@ class SwiGLU : public Module {
 std::vector<int64_t> sequence_positions(int64_t B, int64_t T);
 
 }  // namespace tessel::nn
+
+namespace tessel {
+template <>
+struct Names<nn::Norm> {
+  static constexpr const char* values[] = {"layernorm", "rmsnorm"};
+};
+template <>
+struct Names<nn::Position> {
+  static constexpr const char* values[] = {"learned", "rotary"};
+};
+template <>
+struct Names<nn::Mlp> {
+  static constexpr const char* values[] = {"gelu", "swiglu"};
+};
+}  // namespace tessel

@@ -1,0 +1,20 @@
+// The run summary as a person reads it at the end of `tessel train`: the values of
+// summary.json rounded as `tessel report` shows them (4 significant digits, no decimals from
+// 1000 on; accuracies in percent, seconds to 0.1 s, bytes in MiB); summary.json keeps every
+// digit.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+namespace tessel::train {
+
+// One value of the summary under `key`, rounded as above; objects and arrays show each member
+// so (an array's entries by the array's key), strings and booleans as they are.
+std::string shown(const std::string& key, const nlohmann::json& value);
+
+// The whole console summary: a heading naming run_dir/summary.json, then one line per key
+// ("ranks": the load balance and the slowest rank only).
+std::string summary_text(const nlohmann::json& summary);
+
+}  // namespace tessel::train

@@ -30,6 +30,7 @@ TEST_F(ReplicaRows, ARowsOutputDoesNotDependOnTheCallsRowCount) {
     std::memcpy(x.raw(), static_cast<const char*>(rows.x.raw()) + first * row_bytes, x.nbytes());
     return replica.forward(x, n, 0);
   };
+  const ops::Isa saved = ops::isa();
   for (ops::Isa level : ops::supported_isas()) {
     ops::set_isa(level);
     std::vector<Tensor> alone;
@@ -48,7 +49,7 @@ TEST_F(ReplicaRows, ARowsOutputDoesNotDependOnTheCallsRowCount) {
             << ") differs from the row alone";
     }
   }
-  ops::set_isa(ops::host_isa());
+  ops::set_isa(saved);
 }
 
 }  // namespace

@@ -41,6 +41,7 @@ Vec run_rows(const RowOp& op, const Vec& x, int64_t first, int64_t n) {
 // output alone, bit for bit, at every level. Nothing here sets the BLAS thread count: a process
 // that never does gets the exact kernels (OpenBLAS's default of one thread per core did not).
 void expect_row_invariant(const RowOp& op, const Vec& x) {
+  const Isa saved = isa();
   for (Isa level : supported_isas()) {
     set_isa(level);
     std::vector<Vec> alone;
@@ -61,7 +62,7 @@ void expect_row_invariant(const RowOp& op, const Vec& x) {
       }
     }
   }
-  set_isa(host_isa());
+  set_isa(saved);
 }
 
 // kRows rows of 784 pixels through the old IDX map (p / 255 - mean) / std, Fashion-MNIST's.

@@ -2,11 +2,12 @@
 // (every rank, predict and serve) the kernel table's own GEMM of the ISA level in use runs
 // (sgemm_portable.cc, sgemm_avx2.cc, sgemm_avx512.cc): the same bits at every level and for any
 // row count, which OpenBLAS does not give (its result for a row depends on how many rows the
-// call has), and faster than it on every GEMM shape of the example models. With more BLAS
-// threads (runtime.threads > 1 in a one-worker run), OpenBLAS, which brings the threading.
+// call has), and faster than it on every GEMM shape of the example models. Only with more BLAS
+// threads set (runtime.threads > 1 in a one-worker run), OpenBLAS, which brings the threading.
 #include <cblas.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "kernels.h"
 #include "tessel/core/error.h"
@@ -46,12 +47,20 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
               C, static_cast<int>(ldc));
 }
 
+namespace {
+// The count set_blas_threads was given, 1 before any call: not OpenBLAS's own default (every
+// core, or OPENBLAS_NUM_THREADS), so that a process which never sets it (a program using the
+// library, serve's or predict's classes in a test) takes tessel's kernels and their bits.
+std::atomic<int> g_blas_threads{1};
+}  // namespace
+
 void set_blas_threads(int n) {
   TESSEL_CHECK(n >= 1, "set_blas_threads: thread count must be >= 1, got ", n);
   openblas_set_num_threads(n);
+  g_blas_threads.store(n, std::memory_order_relaxed);
 }
 
-int blas_threads() { return openblas_get_num_threads(); }
+int blas_threads() { return g_blas_threads.load(std::memory_order_relaxed); }
 
 void linear_forward(float* y, const float* x, const float* w, const float* b, int64_t N, int64_t C,
                     int64_t OC) {

@@ -31,10 +31,10 @@ const float* rounded(ConstMatrix x, int64_t stored_rows, int64_t stored_cols,
   for (int64_t r = 0; r < stored_rows; ++r) {
     const void* row = static_cast<const char*>(x.p) + r * x.ld * static_cast<int64_t>(bytes);
     float* dst = out + r * stored_cols;
-    convert(dst, DType::kF32, row, x.type, stored_cols);
-    if (x.type == DType::kBF16) continue;  // exact in f32 already
-    convert(half, DType::kBF16, dst, DType::kF32, stored_cols);
-    convert(dst, DType::kF32, half, DType::kBF16, stored_cols);
+    // f32 and f16 round to bf16 (through f32, where f16 is exact), then widen: two passes.
+    const void* bf16 = x.type == DType::kBF16 ? row : half;
+    if (x.type != DType::kBF16) convert(half, DType::kBF16, row, x.type, stored_cols);
+    convert(dst, DType::kF32, bf16, DType::kBF16, stored_cols);
   }
   return out;
 }

@@ -73,6 +73,8 @@ void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
+void maxpool_2x2(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W,
+                 int64_t OH, int64_t OW);
 int64_t conv_direct_scratch(const Conv2dShape& s, const detail::ConvFusion& f);
 void conv_direct_forward(float* y, int32_t* argmax, const float* x, const float* w, const float* b,
                          const detail::ConvFusion& f, const Conv2dShape& s, float* scratch);

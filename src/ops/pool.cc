@@ -48,7 +48,8 @@ inline void chunk_2x2(float* m, int32_t* at, const float* r0, const float* r1, i
 
 }  // namespace
 
-// The portable 2x2 pool (the AVX-512 level has its own, pool_avx512.cc).
+// The portable 2x2 pool (the AVX2 and AVX-512 levels have their own, pool_avx2.cc and
+// pool_avx512.cc).
 void portable::maxpool_2x2(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H,
                            int64_t W, int64_t OH, int64_t OW) {
   const float* x_end = x + planes * H * W;

@@ -193,19 +193,27 @@ TEST(Isa, GeluGivesThePortableBitsAtEveryLevel) {
 }
 
 TEST(Isa, MaxPoolGivesThePortableResultAtEveryLevel) {
-  constexpr int64_t planes = 5, H = 13, W = 29, OH = 6, OW = 14;
-  Vec x = testing::randn(planes * H * W, 31);
-  x[40] = std::numeric_limits<float>::quiet_NaN();
-  x[41] = x[42] = 2.0f;  // ties keep the first in scan order
-  Vec want(planes * OH * OW), got(want.size());
-  std::vector<int32_t> want_at(want.size()), got_at(want.size());
-  portable::maxpool_2x2(want.data(), want_at.data(), x.data(), planes, H, W, OH, OW);
-  for (Isa l : supported_isas()) {
-    kernels_for(l).maxpool_2x2(got.data(), got_at.data(), x.data(), planes, H, W, OH, OW);
-    EXPECT_EQ(canonical(got.data(), DType::kF32, got.size()),
-              canonical(want.data(), DType::kF32, want.size()))
-        << isa_name(l);
-    EXPECT_EQ(got_at, want_at) << isa_name(l);
+  // Rows of 14 outputs (a full and a partial chunk at 8 and 16 lanes), 16, and 3 (one short).
+  constexpr int64_t kShapes[][3] = {{5, 13, 29}, {3, 4, 32}, {2, 7, 6}};
+  for (const auto& [planes, H, W] : kShapes) {
+    const int64_t OH = H / 2, OW = W / 2;
+    Vec x = testing::randn(planes * H * W, 31);
+    x[40] = std::numeric_limits<float>::quiet_NaN();
+    x[41] = x[42] = 2.0f;  // ties keep the first in scan order
+    x[W + 3] = x[W + 2] = std::numeric_limits<float>::quiet_NaN();  // a NaN after a NaN
+    x[2 * W + 4] = -std::numeric_limits<float>::infinity();
+    x[3 * W + 4] = std::numeric_limits<float>::infinity();
+    Vec want(planes * OH * OW), got(want.size());
+    std::vector<int32_t> want_at(want.size()), got_at(want.size());
+    portable::maxpool_2x2(want.data(), want_at.data(), x.data(), planes, H, W, OH, OW);
+    for (Isa l : supported_isas()) {
+      kernels_for(l).maxpool_2x2(got.data(), got_at.data(), x.data(), planes, H, W, OH, OW);
+      const std::string what = std::string(isa_name(l)) + " W=" + std::to_string(W);
+      EXPECT_EQ(canonical(got.data(), DType::kF32, got.size()),
+                canonical(want.data(), DType::kF32, want.size()))
+          << what;
+      EXPECT_EQ(got_at, want_at) << what;
+    }
   }
 }
 

@@ -21,8 +21,10 @@ void gemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alp
           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 // OpenBLAS's thread count is one value for the whole process: set it once per process from
 // runtime.threads. Ranks running as threads of one process each call BLAS with 1 thread.
+// With 1 (also before any call) gemm runs tessel's own kernels, whose row bits depend on
+// neither the row count nor the ISA level; only with more does it call OpenBLAS.
 void set_blas_threads(int n);
-int blas_threads();
+int blas_threads();  // the count last set, 1 before any call
 
 // ---- Low precision (train.precision = bf16 | fp16) ----
 // A row-major matrix of f32, bf16 or f16 elements (16-bit ones as their bit patterns) with

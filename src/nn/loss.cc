@@ -34,6 +34,23 @@ void reuse(Tensor& t, const Shape& shape) {
   if (!t.defined() || t.shape() != shape) t = Tensor::empty(shape);
 }
 
+// x as f32: itself, or (16-bit) widened into `wide`.
+Tensor widened(const Tensor& x, Tensor& wide) {
+  if (x.dtype() == DType::kF32) return x;
+  reuse(wide, x.shape());
+  ops::convert(wide.raw(), DType::kF32, x.raw(), x.dtype(), x.numel());
+  return wide;
+}
+
+// An f32 gradient in `type`: itself, or rounded into `narrow`.
+Tensor narrowed(const Tensor& g, DType type, Tensor& narrow) {
+  if (type == DType::kF32) return g;
+  if (!narrow.defined() || narrow.shape() != g.shape() || narrow.dtype() != type)
+    narrow = Tensor::empty(g.shape(), type);
+  ops::convert(narrow.raw(), type, g.raw(), DType::kF32, g.numel());
+  return narrow;
+}
+
 }  // namespace
 
 // Logits of a 16-bit precision are widened first: the softmax, the loss and the row statistics
@@ -42,12 +59,7 @@ LossValue CrossEntropyLoss::forward(const Tensor& logits_in, const Tensor& label
   const int64_t N = check_inputs(logits_in, labels, {DType::kF32, DType::kBF16, DType::kF16});
   const int64_t C = logits_in.dim(-1);
   type_ = logits_in.dtype();
-  Tensor logits = logits_in;
-  if (type_ != DType::kF32) {
-    reuse(wide_, logits_in.shape());
-    ops::convert(wide_.raw(), DType::kF32, logits_in.raw(), type_, logits_in.numel());
-    logits = wide_;
-  }
+  const Tensor logits = widened(logits_in, wide_);
   reuse(probs_, logits.shape());
   labels_ = labels;
   const float loss = ops::cross_entropy_forward(probs_.data<float>(), logits.data<float>(),
@@ -61,11 +73,7 @@ Tensor CrossEntropyLoss::backward(float dloss) {
   reuse(dlogits_, probs_.shape());
   ops::cross_entropy_backward(dlogits_.data<float>(), probs_.data<float>(), labels_.data<int32_t>(),
                               N, C, dloss);
-  if (type_ == DType::kF32) return dlogits_;
-  if (!narrow_.defined() || narrow_.shape() != probs_.shape() || narrow_.dtype() != type_)
-    narrow_ = Tensor::empty(probs_.shape(), type_);
-  ops::convert(narrow_.raw(), type_, dlogits_.raw(), DType::kF32, narrow_.numel());
-  return narrow_;
+  return narrowed(dlogits_, type_, narrow_);
 }
 
 // The output widened to f32 (in diff_), less the targets; the loss sums in double.
@@ -104,15 +112,14 @@ Tensor MseLoss::backward(float dloss) {
   reuse(grad_, {N, 1});
   const float scale = N > 0 ? 2.0f * dloss / static_cast<float>(N) : 0.0f;
   for (int64_t r = 0; r < N; ++r) grad_.data<float>()[r] = scale * diff_.data<float>()[r];
-  if (type_ == DType::kF32) return grad_;
-  if (!narrow_.defined() || narrow_.shape() != grad_.shape() || narrow_.dtype() != type_)
-    narrow_ = Tensor::empty(grad_.shape(), type_);
-  ops::convert(narrow_.raw(), type_, grad_.raw(), DType::kF32, N);
-  return narrow_;
+  return narrowed(grad_, type_, narrow_);
 }
 
-LossValue VocabParallelCrossEntropy::forward(const Tensor& logits, const Tensor& labels) {
-  const int64_t N = check_inputs(logits, labels), C = logits.dim(-1);
+LossValue VocabParallelCrossEntropy::forward(const Tensor& logits_in, const Tensor& labels) {
+  const int64_t N = check_inputs(logits_in, labels, {DType::kF32, DType::kBF16, DType::kF16});
+  const int64_t C = logits_in.dim(-1);
+  type_ = logits_in.dtype();
+  const Tensor logits = widened(logits_in, wide_);
   const int64_t lo = tp_.rank() * C, valid = std::clamp<int64_t>(V_ - lo, 0, C);
   const int32_t* y = labels.data<int32_t>();
   for (int64_t r = 0; r < N; ++r)
@@ -126,8 +133,8 @@ LossValue VocabParallelCrossEntropy::forward(const Tensor& logits, const Tensor&
   ops::sliced_row_max(mx, logits.data<float>(), N, C, valid);
   tp_.all_reduce_max(mx, N);
   ops::sliced_exp(probs_.data<float>(), sums, target, logits.data<float>(), y, mx, N, C, valid, lo);
-  tp_.all_reduce_sum(target, N);
-  tp_.all_reduce_sum(sums, N);
+  tp_.all_reduce_sum(target, N, DType::kF32);
+  tp_.all_reduce_sum(sums, N, DType::kF32);
   const float loss = ops::sliced_cross_entropy(probs_.data<float>(), sums, target, mx, N, C, valid);
   int64_t correct = 0;
   for (int64_t r = 0; r < N; ++r) correct += target[r] >= mx[r];
@@ -140,7 +147,7 @@ Tensor VocabParallelCrossEntropy::backward(float dloss) {
   reuse(dlogits_, probs_.shape());
   ops::cross_entropy_backward(dlogits_.data<float>(), probs_.data<float>(), labels_.data<int32_t>(),
                               N, C, dloss, tp_.rank() * C);
-  return dlogits_;
+  return narrowed(dlogits_, type_, narrow_);
 }
 
 }  // namespace tessel::nn

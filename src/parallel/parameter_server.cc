@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <limits>
 #include <optional>
 
 #include "compress/push_codec.h"
@@ -33,20 +34,28 @@ Tensor zeros_of(int64_t n, MemCategory category) {
   return Tensor::zeros({std::max<int64_t>(n, 1)});
 }
 
-// A worker's gradient (worker_sync): its rows' gradient in an ArenaSync of one rank.
+// A worker's gradient (worker_sync): its rows' gradient in an ArenaSync of one rank. agree:
+// the workers, when an overflow on any of them must make every one's norm non-finite.
 class WorkerSync final : public GradSync {
  public:
-  WorkerSync(nn::Model& model, const Units& units, int workers)
+  WorkerSync(nn::Model& model, const Units& units, int workers, comm::Communicator* agree)
       : local_(model, units, ArenaSync::Reduction::kAllReduce, nullptr, nullptr),
         all_{0, model.arena_numel()},
-        workers_(workers) {}
+        workers_(workers),
+        agree_(agree) {}
 
   void reduce() override {}  // the servers sum the pushes
   double sq_norm() override {
     // The gradient holds this worker's share of the global mean (its rows weigh 1/global rows);
     // scaled by the worker count it estimates the whole gradient.
     const double norm = std::sqrt(optim::sum_squares(grads(all_), all_.size())) * workers_;
-    return norm * norm;
+    double sq = norm * norm;
+    if (agree_) {
+      double overflow = std::isfinite(sq) ? 0 : 1;
+      agree_->allreduce(&overflow, 1, comm::ElemType::kF64, comm::ReduceOp::kMax);
+      if (overflow > 0) sq = std::numeric_limits<double>::infinity();
+    }
+    return sq;
   }
   float* grads(nn::Range r) override { return local_.grads(r); }
   void clear() override { local_.clear(); }
@@ -56,6 +65,7 @@ class WorkerSync final : public GradSync {
   ArenaSync local_;
   nn::Range all_;
   int workers_;
+  comm::Communicator* agree_;
 };
 
 }  // namespace
@@ -85,9 +95,9 @@ std::vector<nn::Range> server_shards(const nn::Model& model, int servers) {
   return out;
 }
 
-std::unique_ptr<GradSync> ParameterServer::worker_sync(nn::Model& model, const Units& units,
-                                                       int workers) {
-  return std::make_unique<WorkerSync>(model, units, workers);
+std::unique_ptr<GradSync> ParameterServer::worker_sync(nn::Model& model, const Units& units) {
+  const bool agree = lockstep() && spec_.precision == Precision::kFp16 && workers() > 1;
+  return std::make_unique<WorkerSync>(model, units, workers(), agree ? &mesh_.workers() : nullptr);
 }
 
 ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model& model,
@@ -212,10 +222,11 @@ void ParameterServer::read_remote(const std::function<void(nn::Range, const floa
   }
 }
 
-void ParameterServer::request(Kind kind, int64_t clock) {
+void ParameterServer::request(Kind kind, int64_t clock, bool skip) {
   for (int k = 0; k < servers(); ++k) {
     Request& h = request_[static_cast<size_t>(k)];
     h = Request{kWireVersion, kind, clock, versions_[static_cast<size_t>(k)]};
+    h.skip = skip ? 1 : 0;
     if (k == 0 && claims_.open && (kind == kPull || kind == kPushPull)) {
       h.claim_epoch = claims_.epoch + 1, h.claim_first = claims_.first,
       h.claim_limit = claims_.limit;
@@ -331,24 +342,30 @@ void ParameterServer::begin_pass(bool training, int64_t step) {
 
 void ParameterServer::update(optim::Optimizer&, float, float grad_scale, GradSync& sync,
                              int64_t step) {
-  push(sync, grad_scale, step);
+  push(&sync, grad_scale, step);
 }
 
-void ParameterServer::push(GradSync& sync, float grad_scale, int64_t step) {
+void ParameterServer::end_step(int64_t step) {
+  if (!pushed_) push(nullptr, 1.0f, step);  // fp16 skipped the update: push a skip
+  pushed_ = false;
+}
+
+void ParameterServer::push(GradSync* sync, float grad_scale, int64_t step) {
   start(step);  // a worker whose slices were all empty so far
   evaluated_ = false;
-  std::optional<TraceSpan> span(std::in_place, "push", "ps");
+  pushed_ = true;
+  std::optional<TraceSpan> span(std::in_place, sync ? "push" : "push skip", "ps");
   if (TraceArgs* args = span->args()) args->num("step", static_cast<double>(step));
   const double t0 = now_seconds();
-  // grad_scale: the clipping of worker_sync()'s norm.
-  const nn::Range all{0, model_.arena_numel()};
-  float* g = sync.grads(all);
-  if (grad_scale != 1.0f)
-    for (int64_t i = 0; i < all.size(); ++i) g[i] *= grad_scale;
   clock_ = step + 1;
   ++pushes_;
-  request(kPushPull, clock_);
-  for (int k = 0; k < servers(); ++k) {
+  request(kPushPull, clock_, sync == nullptr);
+  // grad_scale: the loss scale's inverse and the clipping of worker_sync()'s norm.
+  const nn::Range all{0, model_.arena_numel()};
+  float* g = sync ? sync->grads(all) : nullptr;
+  if (g && grad_scale != 1.0f)
+    for (int64_t i = 0; i < all.size(); ++i) g[i] *= grad_scale;
+  for (int k = 0; g && k < servers(); ++k) {
     const nn::Range s = shard(k);
     if (!codecs_.empty()) {  // compressed: the shard's message (compress.kind)
       compress::PushCodec& c = *codecs_[static_cast<size_t>(k)];

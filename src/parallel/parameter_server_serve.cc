@@ -12,6 +12,9 @@
 //          worker order, one update: the data-parallel step);
 //   async: a push is applied at once, the pull answered at once;
 //   ssp:   as async, but server 0 grants a claim only within the staleness bound (below).
+// A push may be a skip (train.precision = fp16 skipped the worker's step on an overflow): no
+// gradient follows; sync skips the whole step (the workers agree on it), async and ssp apply
+// nothing for it. Either way the version stays, so its pull brings nothing new.
 // An evaluation pull at clock c waits until every worker has reached c in sync; in async and
 // ssp it is answered at once (workers evaluate after the epoch-end collective, when every push
 // of the epoch has been applied).
@@ -89,6 +92,7 @@ class ServerLoop {
     comm::Work request_work, grad_work, reply_work, data_work;
     int64_t clock = 0;
     bool hello = false, done = false, arrived = false;
+    bool skipped = false;  // sync: its push of the step being collected was a skip
     bool pending = false;  // a pull waiting for the mode's condition
     int64_t pull_kind = 0, pull_clock = 0, pull_held = -1;
     bool wants_claim = false;  // server 0: the pending pull claims a batch
@@ -273,13 +277,18 @@ void ServerLoop::record_staleness(int64_t s, double count) {
       std::max(stats_[ParameterServer::kMaxStaleness], static_cast<double>(s));
 }
 
+// A skip (fp16 skipped the worker's step) carries no gradient: its posted receive stays for
+// the next push's.
 void ServerLoop::push(int w) {
   Worker& k = workers_[static_cast<size_t>(w)];
-  k.grad_work.wait(deadline());  // the payload follows its request
-  if (codec_) codec_->decode(k.msg.data(), k.grad.data());
+  const bool skip = k.request.skip != 0;
+  if (!skip) {
+    k.grad_work.wait(deadline());  // the payload follows its request
+    if (codec_) codec_->decode(k.msg.data(), k.grad.data());
+    stats_[ParameterServer::kBytesIn] +=
+        codec_ ? static_cast<double>(k.msg.size()) : 4.0 * static_cast<double>(len_);
+  }
   stats_[ParameterServer::kPushes] += 1;
-  stats_[ParameterServer::kBytesIn] +=
-      codec_ ? static_cast<double>(k.msg.size()) : 4.0 * static_cast<double>(len_);
   const int64_t clock = k.request.clock, held = k.request.held;
   k.clock = clock;
   k.holds = -1;  // the batch it trained is done
@@ -291,7 +300,12 @@ void ServerLoop::push(int w) {
                       "; sync workers must push every step "
                       "once (this is a bug)"));
     k.arrived = true;
+    k.skipped = skip;
     if (++arrived_ == W_) apply_sync();
+    return;
+  }
+  if (skip) {  // nothing to apply; the step counts towards the lr clock like an update
+    ++applied_;
     return;
   }
   // Async and ssp: apply now. The push is one worker's share of the global-mean gradient;
@@ -321,26 +335,33 @@ void ServerLoop::push(int w) {
 void ServerLoop::apply_sync() {
   TraceSpan span("apply sync update", "ps");
   const double t0 = now_seconds();
-  // The replies of the last version went out straight from the shard: they must have landed.
-  for (Worker& k : workers_) k.data_work.wait(deadline());
-  // Summed in worker order, so the result does not depend on arrival order. Each push already
-  // carries its rows' share of the global mean: the sum is the global-mean gradient.
-  float* g = grads();
-  std::memcpy(g, workers_[0].grad.data(), len_ * sizeof(float));
-  for (int w = 1; w < W_; ++w) {
-    const float* src = workers_[static_cast<size_t>(w)].grad.data();
-    for (size_t i = 0; i < len_; ++i) g[i] += src[i];
+  // A skip from any worker skips the step (the workers agree on overflows: worker_sync), so
+  // that the version stays and the pulls bring nothing new.
+  const bool skip =
+      std::any_of(workers_.begin(), workers_.end(), [](const Worker& k) { return k.skipped; });
+  if (!skip) {
+    // The replies of the last version went out straight from the shard: they must have landed.
+    for (Worker& k : workers_) k.data_work.wait(deadline());
+    // Summed in worker order, so the result does not depend on arrival order. Each push
+    // already carries its rows' share of the global mean: the sum is the global-mean gradient.
+    float* g = grads();
+    std::memcpy(g, workers_[0].grad.data(), len_ * sizeof(float));
+    for (int w = 1; w < W_; ++w) {
+      const float* src = workers_[static_cast<size_t>(w)].grad.data();
+      for (size_t i = 0; i < len_; ++i) g[i] += src[i];
+    }
+    apply(lr_(steps_clock()));
+    stats_[ParameterServer::kGradientsApplied] += W_;
+    stats_[ParameterServer::kUpdates] += 1;
+    record_staleness(0, W_);
   }
-  apply(lr_(steps_clock()));
   ++sync_updates_;
-  stats_[ParameterServer::kGradientsApplied] += W_;
-  stats_[ParameterServer::kUpdates] += 1;
-  record_staleness(0, W_);
   arrived_ = 0;
   for (int w = 0; w < W_; ++w) {
     Worker& k = workers_[static_cast<size_t>(w)];
     k.arrived = false;
-    post_grad(w);
+    if (!k.skipped) post_grad(w);  // its gradient was taken (a skip's receive still waits)
+    k.skipped = false;
   }
   stats_[ParameterServer::kApplySeconds] += now_seconds() - t0;
 }

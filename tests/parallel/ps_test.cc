@@ -93,6 +93,42 @@ TEST(ParameterServer, SyncMatchesDataParallelAndAppliesEveryGradientOnce) {
   }
 }
 
+// fp16 (loss scaling) on 1 server x 2 workers, sync: within the composition walk's fp16
+// tolerance (2e-3) of one worker in fp16. An overflow injected on worker 1 in the last of 4
+// steps skips that step on both workers and the server (plain SGD: the run ends where 3 clean
+// steps end, bit for bit; the step's pulls carry nothing). Async: the overflowing push is a
+// skip that applies nothing, every other push is applied.
+TEST(ParameterServer, Fp16SkipsAnOverflowingStepEverywhere) {
+  const train::Config fp16 = small_config({"train.precision=fp16", "model.dropout=0"});
+  const Result one = train_on(fp16, 1, "fp16_one");
+  const Result ps = train_on(
+      small_config({"train.precision=fp16", "model.dropout=0", "ps.servers=1"}), 3, "fp16_ps");
+  EXPECT_LT(max_rel_diff(one.params, ps.params), 2e-3);
+  EXPECT_EQ(ps.summary["steps"], 20);
+
+  const std::vector<std::string> sgd = {"train.precision=fp16", "optim.momentum=0", "ps.servers=1"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), sgd.begin(), sgd.end());
+    return small_config(more);
+  };
+  const Result clean = train_on(with({"train.max_steps=3"}), 3, "fp16_clean");
+  const Result skipped =
+      train_on(with({"train.max_steps=4", "debug.overflow_steps=[3]", "debug.overflow_rank=1"}), 3,
+               "fp16_skipped");
+  EXPECT_EQ(clean.params, skipped.params);
+  EXPECT_EQ(skipped.summary["skipped_steps"], 1);
+  const nlohmann::json& s = skipped.summary["ranks"]["ps_servers"][0];
+  EXPECT_EQ(s["pushes"], 8);
+  EXPECT_EQ(s["updates"], 3);
+  EXPECT_EQ(s["gradients_applied"], 6);
+
+  const Result async = train_on(with({"train.max_steps=4", "ps.mode=async",
+                                      "debug.overflow_steps=[1]", "debug.overflow_rank=1"}),
+                                3, "fp16_async");
+  const nlohmann::json& a = async.summary["ranks"]["ps_servers"][0];
+  EXPECT_EQ(a["gradients_applied"].get<int64_t>(), a["pushes"].get<int64_t>() - 1);
+}
+
 TEST(ParameterServer, ResumedSyncRunEqualsUninterrupted) {
   train::Config cfg = small_config({"ps.servers=1", "optim.kind=adamw", "optim.lr=0.01"});
   Result whole = train_on(cfg, 4, "whole");

@@ -124,6 +124,7 @@ void Engine::build_parameter_server(const ParallelSpec& spec, const optim::Optim
   executor_ = std::make_unique<LocalExecutor>(model_, spec.recompute);
   units_ = make_units(model_, spec.bucket_mb, executor_->local_blocks(), 1, 0);
   sync_owner_ = ps.worker_sync(model_, units_);
+  hooks_.push_back(&ps);  // its pushes go out as the backward completes each unit
   sync_ = sync_owner_.get();
 }
 

@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -122,11 +123,36 @@ TEST(ParameterServer, Fp16SkipsAnOverflowingStepEverywhere) {
   EXPECT_EQ(s["updates"], 3);
   EXPECT_EQ(s["gradients_applied"], 6);
 
-  const Result async = train_on(with({"train.max_steps=4", "ps.mode=async",
-                                      "debug.overflow_steps=[1]", "debug.overflow_rank=1"}),
-                                3, "fp16_async");
+  // Async: which worker trains the batch of step 1 depends on the claims; every push skipped
+  // on a worker is one gradient the server did not apply.
+  train::RunOptions opts;
+  opts.run_dir = run_dir("fp16_async");
+  std::atomic<int64_t> skips{0};
+  const Result async =
+      testing::train_on(with({"train.max_steps=4", "ps.mode=async", "debug.overflow_steps=[0,1]",
+                              "debug.overflow_rank=1"}),
+                        3, opts, nullptr, [&](train::Trainer& t) {
+                          if (const optim::LossScaler* l = t.engine().loss_scaler())
+                            skips += l->skipped();
+                        });
   const nlohmann::json& a = async.summary["ranks"]["ps_servers"][0];
-  EXPECT_EQ(a["gradients_applied"].get<int64_t>(), a["pushes"].get<int64_t>() - 1);
+  EXPECT_GT(skips.load(), 0);
+  EXPECT_EQ(a["gradients_applied"].get<int64_t>(), a["pushes"].get<int64_t>() - skips.load());
+}
+
+// Pushes go out bucket by bucket during the backward (ddp.bucket_mb), the clipping and loss
+// scale applied by the servers: the bits do not depend on the bucket size, and one bucket over
+// the whole model is the push after the backward. 2 servers: buckets split between them.
+TEST(ParameterServer, BucketedPushesKeepTheBits) {
+  auto run = [&](const char* mb) {
+    return train_on(small_config({"ps.servers=2", "train.clip_norm=0.05", "train.max_steps=8",
+                                  std::string("ddp.bucket_mb=") + mb}),
+                    4, std::string("buckets") + mb)
+        .params;
+  };
+  const std::vector<float> one = run("1000");
+  EXPECT_EQ(run("0.001"), one);
+  EXPECT_EQ(run("0.002"), one);
 }
 
 TEST(ParameterServer, ResumedSyncRunEqualsUninterrupted) {

@@ -123,7 +123,7 @@ Tensor Linear::backward(const Tensor& dy_in, Cache& cache) {
   // every whole parameter's (parallel/engine.h).
   float* db = has_bias_ ? bias_.grad.data<float>() : nullptr;
   if (row && sequence_split(tp_.tp) && db) {
-    ops::bias_backward(db, dy_in.data<float>(), dy_in.numel() / out_, out_);
+    ops::bias_backward(db, f32_in(dy_in, &cache, 2).data<float>(), dy_in.numel() / out_, out_);
     db = nullptr;
   }
   const Tensor dy = row ? tp_leave_backward(tp_.tp, dy_in) : dy_in;

@@ -35,12 +35,20 @@ void reuse(Tensor& t, const Shape& shape) {
   if (!t.defined() || t.shape() != shape) t = Tensor::empty(shape);
 }
 
-// An f32 gradient g in type t: g itself for f32, else converted into `narrow` (reused).
-Tensor in_type(const Tensor& g, DType t, Tensor& narrow) {
-  if (t == DType::kF32) return g;
-  if (!narrow.defined() || narrow.shape() != g.shape() || narrow.dtype() != t)
-    narrow = Tensor::empty(g.shape(), t);
-  ops::convert(narrow.raw(), t, g.raw(), DType::kF32, g.numel());
+// x as f32: itself, or (16-bit) widened into `wide`.
+Tensor widened(const Tensor& x, Tensor& wide) {
+  if (x.dtype() == DType::kF32) return x;
+  reuse(wide, x.shape());
+  ops::convert(wide.raw(), DType::kF32, x.raw(), x.dtype(), x.numel());
+  return wide;
+}
+
+// An f32 gradient in `type`: itself, or rounded into `narrow`.
+Tensor narrowed(const Tensor& g, DType type, Tensor& narrow) {
+  if (type == DType::kF32) return g;
+  if (!narrow.defined() || narrow.shape() != g.shape() || narrow.dtype() != type)
+    narrow = Tensor::empty(g.shape(), type);
+  ops::convert(narrow.raw(), type, g.raw(), DType::kF32, g.numel());
   return narrow;
 }
 
@@ -52,12 +60,7 @@ LossValue CrossEntropyLoss::forward(const Tensor& logits_in, const Tensor& label
   const int64_t N = check_inputs(logits_in, labels, {DType::kF32, DType::kBF16, DType::kF16});
   const int64_t C = logits_in.dim(-1);
   type_ = logits_in.dtype();
-  Tensor logits = logits_in;
-  if (type_ != DType::kF32) {
-    reuse(wide_, logits_in.shape());
-    ops::convert(wide_.raw(), DType::kF32, logits_in.raw(), type_, logits_in.numel());
-    logits = wide_;
-  }
+  const Tensor logits = widened(logits_in, wide_);
   reuse(probs_, logits.shape());
   labels_ = labels;
   const float loss = ops::cross_entropy_forward(probs_.data<float>(), logits.data<float>(),
@@ -71,7 +74,7 @@ Tensor CrossEntropyLoss::backward(float dloss) {
   reuse(dlogits_, probs_.shape());
   ops::cross_entropy_backward(dlogits_.data<float>(), probs_.data<float>(), labels_.data<int32_t>(),
                               N, C, dloss);
-  return in_type(dlogits_, type_, narrow_);
+  return narrowed(dlogits_, type_, narrow_);
 }
 
 // The output widened to f32 (in diff_), less the targets; the loss sums in double.
@@ -110,7 +113,7 @@ Tensor MseLoss::backward(float dloss) {
   reuse(grad_, {N, 1});
   const float scale = N > 0 ? 2.0f * dloss / static_cast<float>(N) : 0.0f;
   for (int64_t r = 0; r < N; ++r) grad_.data<float>()[r] = scale * diff_.data<float>()[r];
-  return in_type(grad_, type_, narrow_);
+  return narrowed(grad_, type_, narrow_);
 }
 
 // The logits widened to f32 in grad_, which then holds sigmoid(z) - y; the loss sums in double.
@@ -152,11 +155,14 @@ Tensor BceWithLogitsLoss::backward(float dloss) {
   reuse(scaled_, grad_.shape());
   const float scale = n > 0 ? dloss / static_cast<float>(n) : 0.0f;
   for (int64_t i = 0; i < n; ++i) scaled_.data<float>()[i] = scale * grad_.data<float>()[i];
-  return in_type(scaled_, type_, narrow_);
+  return narrowed(scaled_, type_, narrow_);
 }
 
-LossValue VocabParallelCrossEntropy::forward(const Tensor& logits, const Tensor& labels) {
-  const int64_t N = check_inputs(logits, labels), C = logits.dim(-1);
+LossValue VocabParallelCrossEntropy::forward(const Tensor& logits_in, const Tensor& labels) {
+  const int64_t N = check_inputs(logits_in, labels, {DType::kF32, DType::kBF16, DType::kF16});
+  const int64_t C = logits_in.dim(-1);
+  type_ = logits_in.dtype();
+  const Tensor logits = widened(logits_in, wide_);
   const int64_t lo = tp_.rank() * C, valid = std::clamp<int64_t>(V_ - lo, 0, C);
   const int32_t* y = labels.data<int32_t>();
   for (int64_t r = 0; r < N; ++r)
@@ -170,8 +176,8 @@ LossValue VocabParallelCrossEntropy::forward(const Tensor& logits, const Tensor&
   ops::sliced_row_max(mx, logits.data<float>(), N, C, valid);
   tp_.all_reduce_max(mx, N);
   ops::sliced_exp(probs_.data<float>(), sums, target, logits.data<float>(), y, mx, N, C, valid, lo);
-  tp_.all_reduce_sum(target, N);
-  tp_.all_reduce_sum(sums, N);
+  tp_.all_reduce_sum(target, N, DType::kF32);
+  tp_.all_reduce_sum(sums, N, DType::kF32);
   const float loss = ops::sliced_cross_entropy(probs_.data<float>(), sums, target, mx, N, C, valid);
   int64_t correct = 0;
   for (int64_t r = 0; r < N; ++r) correct += target[r] >= mx[r];
@@ -184,7 +190,7 @@ Tensor VocabParallelCrossEntropy::backward(float dloss) {
   reuse(dlogits_, probs_.shape());
   ops::cross_entropy_backward(dlogits_.data<float>(), probs_.data<float>(), labels_.data<int32_t>(),
                               N, C, dloss, tp_.rank() * C);
-  return dlogits_;
+  return narrowed(dlogits_, type_, narrow_);
 }
 
 }  // namespace tessel::nn

@@ -27,13 +27,18 @@ SeqShape whole_of(const Tensor& whole, int t) {
   return {whole.dim(0), whole.dim(1), whole.dim(2)};
 }
 
-// Copies between [B][T][C] and chunk-major [t][B][T/t][C]; to_chunks picks the direction.
-void rearrange(float* dst, const float* src, const SeqShape& s, int t, bool to_chunks) {
+// Copies between [B][T][C] and chunk-major [t][B][T/t][C] (elements of `e` bytes); to_chunks
+// picks the direction.
+void rearrange(void* dst_in, const void* src_in, const SeqShape& s, int t, size_t e,
+               bool to_chunks) {
+  char* dst = static_cast<char*>(dst_in);
+  const char* src = static_cast<const char*>(src_in);
   const int64_t Tc = s.T / t, row = Tc * s.C;
-  const size_t bytes = static_cast<size_t>(row) * sizeof(float);
+  const size_t bytes = static_cast<size_t>(row) * e;
   for (int r = 0; r < t; ++r)
     for (int64_t b = 0; b < s.B; ++b) {
-      const int64_t chunk = (r * s.B + b) * row, seq = (b * s.T + r * Tc) * s.C;
+      const size_t chunk = static_cast<size_t>((r * s.B + b) * row) * e,
+                   seq = static_cast<size_t>((b * s.T + r * Tc) * s.C) * e;
       if (to_chunks)
         std::memcpy(dst + chunk, src + seq, bytes);
       else
@@ -41,30 +46,33 @@ void rearrange(float* dst, const float* src, const SeqShape& s, int t, bool to_c
     }
 }
 
-// All-gather along T: [B, T/t, C] -> [B, T, C] in workspace 0.
+// All-gather along T: [B, T/t, C] -> [B, T, C] in workspace 0, in the part's type.
 Tensor gather_sequence(TensorParallel& tp, const Tensor& part) {
   const SeqShape s = whole_of_part(part, tp.size());
-  Tensor whole = tp.workspace(0, {s.B, s.T, s.C});
+  const DType type = part.dtype();
+  Tensor whole = tp.workspace(0, {s.B, s.T, s.C}, type);
   if (s.B == 1) {  // chunk-major is already sequence order
-    tp.all_gather(part.data<float>(), whole.data<float>(), part.numel());
+    tp.all_gather(part.raw(), whole.raw(), part.numel(), type);
     return whole;
   }
-  Tensor staging = tp.workspace(1, {s.B * s.T * s.C});
-  tp.all_gather(part.data<float>(), staging.data<float>(), part.numel());
-  rearrange(whole.data<float>(), staging.data<float>(), s, tp.size(), false);
+  Tensor staging = tp.workspace(1, {s.B * s.T * s.C}, type);
+  tp.all_gather(part.raw(), staging.raw(), part.numel(), type);
+  rearrange(whole.raw(), staging.raw(), s, tp.size(), dtype_size(type), false);
   return whole;
 }
 
-// Reduce-scatter along T: [B, T, C] summed over the group -> this rank's [B, T/t, C] in `part`.
+// Reduce-scatter along T: [B, T, C] summed over the group -> this rank's [B, T/t, C] in `part`
+// (of the whole's type).
 Tensor scatter_sequence(TensorParallel& tp, const Tensor& whole, Tensor part) {
   const SeqShape s = whole_of(whole, tp.size());
+  const DType type = whole.dtype();
   if (s.B == 1) {
-    tp.reduce_scatter(whole.data<float>(), part.data<float>(), part.numel());
+    tp.reduce_scatter(whole.raw(), part.raw(), part.numel(), type);
     return part;
   }
-  Tensor staging = tp.workspace(1, {s.B * s.T * s.C});
-  rearrange(staging.data<float>(), whole.data<float>(), s, tp.size(), true);
-  tp.reduce_scatter(staging.data<float>(), part.data<float>(), part.numel());
+  Tensor staging = tp.workspace(1, {s.B * s.T * s.C}, type);
+  rearrange(staging.raw(), whole.raw(), s, tp.size(), dtype_size(type), true);
+  tp.reduce_scatter(staging.raw(), part.raw(), part.numel(), type);
   return part;
 }
 
@@ -75,10 +83,11 @@ Shape part_shape(const Tensor& whole, int t) {
 
 }  // namespace
 
-Tensor TensorParallel::workspace(int k, const Shape& shape) {
+Tensor TensorParallel::workspace(int k, const Shape& shape, DType type) {
   TESSEL_CHECK(k >= 0 && k < 3, "tensor parallel: no workspace ", k);
   Tensor& w = workspace_[k];
-  if (!w.defined() || w.numel() < shape_numel(shape)) w = Tensor::empty({shape_numel(shape)});
+  if (!w.defined() || w.dtype() != type || w.numel() < shape_numel(shape))
+    w = Tensor::empty({shape_numel(shape)}, type);
   return w.view(0, shape);
 }
 
@@ -94,16 +103,16 @@ Shape tp_entered_shape(const TensorParallel* tp, Shape part) {
 Tensor tp_enter_backward(TensorParallel* tp, const Tensor& dx, Cache& cache, size_t slot) {
   if (tp == nullptr || !dx.defined()) return dx;
   if (tp->sequence())
-    return scatter_sequence(*tp, dx, cache.scratch(slot, part_shape(dx, tp->size())));
-  tp->all_reduce_sum(dx.data<float>(), dx.numel());
+    return scatter_sequence(*tp, dx, cache.scratch(slot, part_shape(dx, tp->size()), dx.dtype()));
+  tp->all_reduce_sum(dx.raw(), dx.numel(), dx.dtype());
   return dx;
 }
 
 Tensor tp_leave(TensorParallel* tp, const Tensor& y, Cache* cache, size_t slot) {
   if (tp == nullptr) return y;
   if (tp->sequence())
-    return scatter_sequence(*tp, y, output(cache, slot, part_shape(y, tp->size())));
-  tp->all_reduce_sum(y.data<float>(), y.numel());
+    return scatter_sequence(*tp, y, output(cache, slot, part_shape(y, tp->size()), y.dtype()));
+  tp->all_reduce_sum(y.raw(), y.numel(), y.dtype());
   return y;
 }
 
@@ -113,12 +122,12 @@ Tensor tp_leave_backward(TensorParallel* tp, const Tensor& dy) {
 
 Tensor tp_whole_output(TensorParallel* tp, Cache* cache, size_t slot, const Shape& shape,
                        DType type) {
-  return sequence_split(tp) ? tp->workspace(0, shape) : output(cache, slot, shape, type);
+  return sequence_split(tp) ? tp->workspace(0, shape, type) : output(cache, slot, shape, type);
 }
 
 Tensor tp_whole_grad(TensorParallel* tp, Cache& cache, size_t slot, const Shape& shape,
                      DType type) {
-  return sequence_split(tp) ? tp->workspace(2, shape) : cache.scratch(slot, shape, type);
+  return sequence_split(tp) ? tp->workspace(2, shape, type) : cache.scratch(slot, shape, type);
 }
 
 }  // namespace tessel::nn

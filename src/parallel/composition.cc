@@ -77,14 +77,6 @@ const std::vector<Rule>& rules() {
              "train.deterministic cannot be combined with ps.servers > 0 (the servers sum "
              "whole pushes); turn one of them off");
        }},
-      {"ps.servers > 0 and train.precision = fp16",
-       [](const In& in) { return in.l.servers > 0 && in.type == DType::kF16; },
-       [](const In& in) {
-         return str("train.precision = fp16 does not run with a parameter server (ps.servers = ",
-                    in.l.servers,
-                    "): its loss scaling skips overflowing steps, which the servers do not see; "
-                    "use train.precision = bf16 or fp32");
-       }},
       {"zero.shard_size > 0 and zero.stage = 0",
        [](const In& in) { return in.s.zero_shard_size > 0 && in.s.zero_stage == 0; },
        [](const In& in) {
@@ -98,13 +90,6 @@ const std::vector<Rule>& rules() {
          return shard_refusal(in, str("does not run with compress.kind = ", name_of(in.kind),
                                       " (its exchanges and byte formulas cover one group); set "
                                       "compress.kind = none"));
-       }},
-      {"tp.size > 1 and train.precision = bf16 or fp16",
-       [](const In& in) { return in.l.tp > 1 && in.type != DType::kF32; },
-       [](const In& in) {
-         return str("train.precision = ", name_of(in.s.precision),
-                    " does not run with tensor parallelism yet (tp.size = ", in.l.tp,
-                    "); use train.precision = fp32");
        }},
       {"compress.kind != none and train.deterministic",
        [](const In& in) { return compressing(in) && in.s.deterministic; },

@@ -115,14 +115,16 @@ Engine::~Engine() = default;
 
 void Engine::build_parameter_server(const ParallelSpec& spec, const optim::OptimSpec& optim,
                                     uint64_t seed) {
-  auto ps = std::make_unique<ParameterServer>(spec, mesh_, model_, seed, optim);
-  claims_ = ps->lockstep() ? nullptr : ps.get();
-  store_owner_ = std::move(ps);
+  auto owner = std::make_unique<ParameterServer>(spec, mesh_, model_, seed, optim);
+  ParameterServer& ps = *owner;
+  claims_ = ps.lockstep() ? nullptr : &ps;
+  store_owner_ = std::move(owner);
   store_ = store_owner_.get();
   if (mesh_.is_server()) return;
   executor_ = std::make_unique<LocalExecutor>(model_, spec.recompute);
   units_ = make_units(model_, spec.bucket_mb, executor_->local_blocks(), 1, 0);
-  sync_owner_ = ParameterServer::worker_sync(model_, units_, layout().workers());
+  sync_owner_ = ps.worker_sync(model_, units_);
+  hooks_.push_back(&ps);  // its pushes go out as the backward completes each unit
   sync_ = sync_owner_.get();
 }
 
@@ -296,7 +298,7 @@ void Engine::sum_whole_grads_over_tp() {
   int64_t at = 0;
   for (auto [p, n] : pieces) at = std::copy_n(p, n, buf.data() + at) - buf.data();
   tp_->at(nn::Phase::kAfterBackward, 0, true);
-  tp_->all_reduce_sum(buf.data(), total);
+  tp_->all_reduce_sum(buf.data(), total, DType::kF32);
   at = 0;
   for (auto [p, n] : pieces) {
     std::copy_n(buf.data() + at, n, p);

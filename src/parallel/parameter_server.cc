@@ -2,8 +2,10 @@
 // report). The server side is in parameter_server_serve.cc.
 //
 // A worker's life: the first piece of work sends a hello to every server and receives the
-// shards (start); every step pushes the gradient with the version it was computed on and, in
-// the same request, asks for the next parameters, which the servers send once the mode allows
+// shards (start); during the backward each bucket's gradient goes to its servers as soon as it
+// is complete (on_block); every step then sends the request of the push, with the version the
+// gradient was computed on and its factor, which in the same request asks for the next
+// parameters, which the servers send once the mode allows
 // (await_replies); evaluation first pulls with the rule "every worker has reached my clock";
 // the destructor says goodbye so that serve() returns. In async and ssp a pull or push to
 // server 0 also claims the worker's next batch of the epoch (set_claims, claim): the reply
@@ -11,8 +13,10 @@
 #include "tessel/parallel/parameter_server.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <exception>
+#include <limits>
 #include <optional>
 
 #include "compress/push_codec.h"
@@ -33,20 +37,28 @@ Tensor zeros_of(int64_t n, MemCategory category) {
   return Tensor::zeros({std::max<int64_t>(n, 1)});
 }
 
-// A worker's gradient (worker_sync): its rows' gradient in an ArenaSync of one rank.
+// A worker's gradient (worker_sync): its rows' gradient in an ArenaSync of one rank. agree:
+// the workers, when an overflow on any of them must make every one's norm non-finite.
 class WorkerSync final : public GradSync {
  public:
-  WorkerSync(nn::Model& model, const Units& units, int workers)
+  WorkerSync(nn::Model& model, const Units& units, int workers, comm::Communicator* agree)
       : local_(model, units, ArenaSync::Reduction::kAllReduce, nullptr, nullptr),
         all_{0, model.arena_numel()},
-        workers_(workers) {}
+        workers_(workers),
+        agree_(agree) {}
 
   void reduce() override {}  // the servers sum the pushes
   double sq_norm() override {
     // The gradient holds this worker's share of the global mean (its rows weigh 1/global rows);
     // scaled by the worker count it estimates the whole gradient.
     const double norm = std::sqrt(optim::sum_squares(grads(all_), all_.size())) * workers_;
-    return norm * norm;
+    double sq = norm * norm;
+    if (agree_) {
+      double overflow = std::isfinite(sq) ? 0 : 1;
+      agree_->allreduce(&overflow, 1, comm::ElemType::kF64, comm::ReduceOp::kMax);
+      if (overflow > 0) sq = std::numeric_limits<double>::infinity();
+    }
+    return sq;
   }
   float* grads(nn::Range r) override { return local_.grads(r); }
   void clear() override { local_.clear(); }
@@ -56,6 +68,7 @@ class WorkerSync final : public GradSync {
   ArenaSync local_;
   nn::Range all_;
   int workers_;
+  comm::Communicator* agree_;
 };
 
 }  // namespace
@@ -85,9 +98,49 @@ std::vector<nn::Range> server_shards(const nn::Model& model, int servers) {
   return out;
 }
 
-std::unique_ptr<GradSync> ParameterServer::worker_sync(nn::Model& model, const Units& units,
-                                                       int workers) {
-  return std::make_unique<WorkerSync>(model, units, workers);
+std::unique_ptr<GradSync> ParameterServer::worker_sync(nn::Model& model, const Units& units) {
+  bool same = units.list.size() == units_.list.size();
+  for (size_t u = 0; same && u < units.list.size(); ++u)
+    same = units.list[u].range.lo == units_.list[u].range.lo &&
+           units.list[u].range.hi == units_.list[u].range.hi;
+  TESSEL_CHECK(same, "parameter server: the worker's units (", units.list.size(),
+               ") are not the servers' (", units_.list.size(), "; this is a bug)");
+  const bool agree = lockstep() && spec_.precision == Precision::kFp16 && workers() > 1;
+  auto sync =
+      std::make_unique<WorkerSync>(model, units, workers(), agree ? &mesh_.workers() : nullptr);
+  sync_ = sync.get();
+  return sync;
+}
+
+std::vector<nn::Range> ParameterServer::pieces(int k) const {
+  const nn::Range s = shard(k);
+  std::vector<nn::Range> out;
+  for (int u : order_) {
+    const nn::Range r = units_.list[static_cast<size_t>(u)].range;
+    const int64_t lo = std::max(r.lo, s.lo), hi = std::min(r.hi, s.hi);
+    if (lo < hi) out.push_back({lo - s.lo, hi - s.lo});
+  }
+  return out;
+}
+
+void ParameterServer::send_unit(int u) {
+  sent_[static_cast<size_t>(u)] = 1;
+  const nn::Range r = units_.list[static_cast<size_t>(u)].range;
+  const float* g = sync_->grads(r);
+  for (int k = 0; k < servers(); ++k) {
+    const nn::Range s = shard(k);
+    const int64_t lo = std::max(r.lo, s.lo), hi = std::min(r.hi, s.hi);
+    if (lo < hi)
+      sends_.push_back(world_.isend(g + (lo - r.lo), static_cast<size_t>(hi - lo),
+                                    comm::ElemType::kF32, server_rank(k), kTagGrad));
+  }
+}
+
+void ParameterServer::on_block(nn::Phase phase, size_t block, bool last) {
+  if (phase != nn::Phase::kAfterBackward || !last || !codecs_.empty() || !sync_) return;
+  const double t0 = now_seconds();
+  for (int u : units_.completed_by(block)) send_unit(u);
+  push_s_ += now_seconds() - t0;
 }
 
 ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model& model,
@@ -97,6 +150,10 @@ ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model
   if (spec_.ps_staleness < 0)
     throw InvalidArgument(str("config: ps.staleness must be >= 0, got ", spec_.ps_staleness));
   shards_ = server_shards(model_, servers());
+  units_ = make_units(model_, spec_.bucket_mb, {}, 1, 0);
+  for (size_t b = units_.used_by_block.size(); b-- > 0;)
+    for (int u : units_.completed_by(b)) order_.push_back(u);
+  sent_.assign(units_.list.size(), 0);
   versions_.assign(static_cast<size_t>(servers()), -1);
   request_.resize(static_cast<size_t>(servers()));
   reply_.resize(static_cast<size_t>(servers()));
@@ -212,10 +269,12 @@ void ParameterServer::read_remote(const std::function<void(nn::Range, const floa
   }
 }
 
-void ParameterServer::request(Kind kind, int64_t clock) {
+void ParameterServer::request(Kind kind, int64_t clock, bool skip, float scale) {
   for (int k = 0; k < servers(); ++k) {
     Request& h = request_[static_cast<size_t>(k)];
     h = Request{kWireVersion, kind, clock, versions_[static_cast<size_t>(k)]};
+    h.skip = skip ? 1 : 0;
+    h.scale = std::bit_cast<uint32_t>(scale);
     if (k == 0 && claims_.open && (kind == kPull || kind == kPushPull)) {
       h.claim_epoch = claims_.epoch + 1, h.claim_first = claims_.first,
       h.claim_limit = claims_.limit;
@@ -329,36 +388,43 @@ void ParameterServer::begin_pass(bool training, int64_t step) {
   evaluated_ = !training;
 }
 
-void ParameterServer::update(optim::Optimizer&, float, float grad_scale, GradSync& sync,
-                             int64_t step) {
-  push(sync, grad_scale, step);
+void ParameterServer::update(optim::Optimizer&, float, float grad_scale, GradSync&, int64_t step) {
+  push(grad_scale, step, false);
 }
 
-void ParameterServer::push(GradSync& sync, float grad_scale, int64_t step) {
+void ParameterServer::end_step(int64_t step) {
+  if (!pushed_) push(1.0f, step, true);  // fp16 skipped the update: push a skip
+  pushed_ = false;
+}
+
+// grad_scale: the loss scale's inverse and the clipping of worker_sync()'s norm, applied by
+// the servers (uncompressed: the buckets went out during the backward) or here before encoding.
+void ParameterServer::push(float grad_scale, int64_t step, bool skip) {
   start(step);  // a worker whose slices were all empty so far
   evaluated_ = false;
-  std::optional<TraceSpan> span(std::in_place, "push", "ps");
+  pushed_ = true;
+  std::optional<TraceSpan> span(std::in_place, skip ? "push skip" : "push", "ps");
   if (TraceArgs* args = span->args()) args->num("step", static_cast<double>(step));
   const double t0 = now_seconds();
-  // grad_scale: the clipping of worker_sync()'s norm.
-  const nn::Range all{0, model_.arena_numel()};
-  float* g = sync.grads(all);
-  if (grad_scale != 1.0f)
-    for (int64_t i = 0; i < all.size(); ++i) g[i] *= grad_scale;
   clock_ = step + 1;
   ++pushes_;
-  request(kPushPull, clock_);
-  for (int k = 0; k < servers(); ++k) {
-    const nn::Range s = shard(k);
-    if (!codecs_.empty()) {  // compressed: the shard's message (compress.kind)
+  if (codecs_.empty()) {
+    for (int u : order_)  // a worker without rows in this step launched nothing
+      if (!sent_[static_cast<size_t>(u)]) send_unit(u);
+    std::fill(sent_.begin(), sent_.end(), 0);
+    request(kPushPull, clock_, skip, grad_scale);
+  } else {  // compressed: each shard's message (compress.kind)
+    request(kPushPull, clock_, skip);
+    const nn::Range all{0, model_.arena_numel()};
+    float* g = sync_->grads(all);
+    if (!skip && grad_scale != 1.0f)
+      for (int64_t i = 0; i < all.size(); ++i) g[i] *= grad_scale;
+    for (int k = 0; !skip && k < servers(); ++k) {
       compress::PushCodec& c = *codecs_[static_cast<size_t>(k)];
-      const void* msg = c.encode(g + s.lo, {seed_, step, k, rank(), 1});
+      const void* msg = c.encode(g + shard(k).lo, {seed_, step, k, rank(), 1});
       sends_.push_back(
           world_.isend(msg, c.message_bytes(), comm::ElemType::kU8, server_rank(k), kTagGrad));
-      continue;
     }
-    sends_.push_back(world_.isend(g + s.lo, static_cast<size_t>(s.size()), comm::ElemType::kF32,
-                                  server_rank(k), kTagGrad));
   }
   push_s_ += now_seconds() - t0;
   span.reset();

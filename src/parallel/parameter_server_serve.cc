@@ -4,15 +4,19 @@
 // Terms: a server's version is the number of updates it has applied (its optimizer's step
 // count, so a resumed run continues the count); a worker's clock is the number of steps it has
 // pushed; staleness of a push is the server's version when it is applied minus the version the
-// worker computed on. One request per worker is always posted, and so is one gradient receive
-// straight into that worker's buffer (a push's payload then lands while the server is busy
-// elsewhere); the loop polls them in worker order, handles whatever arrived, then answers the
+// worker computed on. One request per worker is always posted, and so are the gradient
+// receives straight into that worker's buffer, one per piece its buckets send (a push's payload
+// then lands while the worker's backward still runs and the server is busy elsewhere); the loop
+// polls them in worker order, handles whatever arrived, then answers the
 // pulls that the mode now allows:
 //   sync:  a pull at clock c waits for step c (every worker's gradient of step c - 1 summed in
 //          worker order, one update: the data-parallel step);
 //   async: a push is applied at once, the pull answered at once;
 //   ssp:   as async, but server 0 grants a claim only within the staleness bound (below).
-// An evaluation pull at clock c waits until every worker has reached c in sync; in async and
+// A push may be a skip (train.precision = fp16 skipped the worker's step on an overflow): its
+// gradient is dropped (compressed: none follows); sync skips the whole step (the workers agree on
+// it), async and ssp apply nothing for it. Either way the version stays, so its pull brings nothing
+// new. An evaluation pull at clock c waits until every worker has reached c in sync; in async and
 // ssp it is answered at once (workers evaluate after the epoch-end collective, when every push
 // of the epoch has been applied).
 //
@@ -29,6 +33,7 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <bit>
 #include <chrono>
 #include <cstring>
 #include <limits>
@@ -69,6 +74,7 @@ class ServerLoop {
     if (const CompressKind kind = ps.spec_.compress.kind; kind != CompressKind::kNone)
       codec_ = std::make_unique<compress::PushCodec>(kind, static_cast<int64_t>(len_),
                                                      ps.spec_.compress);
+    if (!codec_) pieces_ = ps.pieces(ps.server_index());
     workers_.resize(static_cast<size_t>(W_));
     for (Worker& w : workers_) {
       w.grad.assign(len_, 0.0f);
@@ -86,9 +92,11 @@ class ServerLoop {
     std::vector<float> grad, snapshot;
     std::vector<char> msg;  // compressed: the push's message, decoded into grad
     // After the buffers: destroyed first, cancelling receives still posted into them.
-    comm::Work request_work, grad_work, reply_work, data_work;
+    comm::Work request_work, reply_work, data_work;
+    std::vector<comm::Work> grad_works;  // the push's payload: one message per piece
     int64_t clock = 0;
     bool hello = false, done = false, arrived = false;
+    bool skipped = false;  // sync: its push of the step being collected was a skip
     bool pending = false;  // a pull waiting for the mode's condition
     int64_t pull_kind = 0, pull_clock = 0, pull_held = -1;
     bool wants_claim = false;  // server 0: the pending pull claims a batch
@@ -138,6 +146,7 @@ class ServerLoop {
   const bool inverse_;
   size_t len_ = 0;
   std::unique_ptr<compress::PushCodec> codec_;  // compress.kind != none: decodes pushes
+  std::vector<nn::Range> pieces_;               // uncompressed: the pushes' messages
   std::vector<Worker> workers_;
   int done_ = 0, arrived_ = 0;
   int64_t base_clock_ = -1;                 // set by the first hello (-1: none yet)
@@ -152,10 +161,15 @@ class ServerLoop {
 // compressed message.
 void ServerLoop::post_grad(int w) {
   Worker& k = workers_[static_cast<size_t>(w)];
-  k.grad_work = codec_ ? world_.irecv(k.msg.data(), k.msg.size(), comm::ElemType::kU8, peer(w),
-                                      ParameterServer::kTagGrad)
-                       : world_.irecv(k.grad.data(), len_, comm::ElemType::kF32, peer(w),
-                                      ParameterServer::kTagGrad);
+  k.grad_works.clear();
+  if (codec_) {
+    k.grad_works.push_back(world_.irecv(k.msg.data(), k.msg.size(), comm::ElemType::kU8, peer(w),
+                                        ParameterServer::kTagGrad));
+    return;
+  }
+  for (const nn::Range& p : pieces_)
+    k.grad_works.push_back(world_.irecv(k.grad.data() + p.lo, static_cast<size_t>(p.size()),
+                                        comm::ElemType::kF32, peer(w), ParameterServer::kTagGrad));
 }
 
 void ServerLoop::post(int w) {
@@ -205,7 +219,7 @@ nlohmann::json ServerLoop::run() {
   for (Worker& k : workers_) {
     k.reply_work.wait(deadline());  // the last replies
     k.data_work.wait(deadline());
-    k.grad_work = comm::Work();  // cancels the gradient receive nobody will match
+    k.grad_works.clear();  // cancels the gradient receives nobody will match
   }
   nlohmann::json out = {{"role", "server"}, {"rank", ps_.rank()}, {"version", version()}};
   out["pushes"] = stats_[ParameterServer::kPushes];
@@ -273,13 +287,22 @@ void ServerLoop::record_staleness(int64_t s, double count) {
       std::max(stats_[ParameterServer::kMaxStaleness], static_cast<double>(s));
 }
 
+// Uncompressed, a push's gradient came in pieces during the worker's backward (its buckets),
+// and the request's factor scales it. A compressed skip (fp16 skipped the worker's step)
+// carries no gradient: its posted receive stays for the next push's.
 void ServerLoop::push(int w) {
   Worker& k = workers_[static_cast<size_t>(w)];
-  k.grad_work.wait(deadline());  // the payload follows its request
-  if (codec_) codec_->decode(k.msg.data(), k.grad.data());
+  const bool skip = k.request.skip != 0;
+  if (!codec_ || !skip) {  // uncompressed, the payload came even with a skip
+    for (comm::Work& g : k.grad_works) g.wait(deadline());
+    if (codec_) codec_->decode(k.msg.data(), k.grad.data());
+    const float scale = std::bit_cast<float>(static_cast<uint32_t>(k.request.scale));
+    if (!codec_ && !skip && scale != 1.0f)
+      for (size_t i = 0; i < len_; ++i) k.grad[i] *= scale;
+    stats_[ParameterServer::kBytesIn] +=
+        codec_ ? static_cast<double>(k.msg.size()) : 4.0 * static_cast<double>(len_);
+  }
   stats_[ParameterServer::kPushes] += 1;
-  stats_[ParameterServer::kBytesIn] +=
-      codec_ ? static_cast<double>(k.msg.size()) : 4.0 * static_cast<double>(len_);
   const int64_t clock = k.request.clock, held = k.request.held;
   k.clock = clock;
   k.holds = -1;  // the batch it trained is done
@@ -291,7 +314,13 @@ void ServerLoop::push(int w) {
                       "; sync workers must push every step "
                       "once (this is a bug)"));
     k.arrived = true;
+    k.skipped = skip;
     if (++arrived_ == W_) apply_sync();
+    return;
+  }
+  if (skip) {  // nothing to apply; the step counts towards the lr clock like an update
+    ++applied_;
+    if (!codec_) post_grad(w);
     return;
   }
   // Async and ssp: apply now. The push is one worker's share of the global-mean gradient;
@@ -321,26 +350,33 @@ void ServerLoop::push(int w) {
 void ServerLoop::apply_sync() {
   TraceSpan span("apply sync update", "ps");
   const double t0 = now_seconds();
-  // The replies of the last version went out straight from the shard: they must have landed.
-  for (Worker& k : workers_) k.data_work.wait(deadline());
-  // Summed in worker order, so the result does not depend on arrival order. Each push already
-  // carries its rows' share of the global mean: the sum is the global-mean gradient.
-  float* g = grads();
-  std::memcpy(g, workers_[0].grad.data(), len_ * sizeof(float));
-  for (int w = 1; w < W_; ++w) {
-    const float* src = workers_[static_cast<size_t>(w)].grad.data();
-    for (size_t i = 0; i < len_; ++i) g[i] += src[i];
+  // A skip from any worker skips the step (the workers agree on overflows: worker_sync), so
+  // that the version stays and the pulls bring nothing new.
+  const bool skip =
+      std::any_of(workers_.begin(), workers_.end(), [](const Worker& k) { return k.skipped; });
+  if (!skip) {
+    // The replies of the last version went out straight from the shard: they must have landed.
+    for (Worker& k : workers_) k.data_work.wait(deadline());
+    // Summed in worker order, so the result does not depend on arrival order. Each push
+    // already carries its rows' share of the global mean: the sum is the global-mean gradient.
+    float* g = grads();
+    std::memcpy(g, workers_[0].grad.data(), len_ * sizeof(float));
+    for (int w = 1; w < W_; ++w) {
+      const float* src = workers_[static_cast<size_t>(w)].grad.data();
+      for (size_t i = 0; i < len_; ++i) g[i] += src[i];
+    }
+    apply(lr_(steps_clock()));
+    stats_[ParameterServer::kGradientsApplied] += W_;
+    stats_[ParameterServer::kUpdates] += 1;
+    record_staleness(0, W_);
   }
-  apply(lr_(steps_clock()));
   ++sync_updates_;
-  stats_[ParameterServer::kGradientsApplied] += W_;
-  stats_[ParameterServer::kUpdates] += 1;
-  record_staleness(0, W_);
   arrived_ = 0;
   for (int w = 0; w < W_; ++w) {
     Worker& k = workers_[static_cast<size_t>(w)];
     k.arrived = false;
-    post_grad(w);
+    if (!codec_ || !k.skipped) post_grad(w);  // its payload was taken
+    k.skipped = false;
   }
   stats_[ParameterServer::kApplySeconds] += now_seconds() - t0;
 }

@@ -22,10 +22,10 @@ class TpGroup final : public nn::TensorParallel {
  public:
   TpGroup(comm::Communicator& tp, bool sequence);
 
-  void all_reduce_sum(float* data, int64_t n) override;
+  void all_reduce_sum(void* data, int64_t n, DType type) override;
   void all_reduce_max(float* data, int64_t n) override;
-  void all_gather(const float* in, float* out, int64_t n) override;
-  void reduce_scatter(const float* in, float* out, int64_t n) override;
+  void all_gather(const void* in, void* out, int64_t n, DType type) override;
+  void reduce_scatter(const void* in, void* out, int64_t n, DType type) override;
 
   // Where the next calls come from: the block whose forward (backward) starts, or, after a
   // block, outside every block ("step" after a backward). `training` false: an evaluation.

@@ -85,10 +85,10 @@ namespace {
 class ShapeOnlyTp final : public nn::TensorParallel {
  public:
   using TensorParallel::TensorParallel;
-  void all_reduce_sum(float*, int64_t) override { refuse(); }
+  void all_reduce_sum(void*, int64_t, DType) override { refuse(); }
   void all_reduce_max(float*, int64_t) override { refuse(); }
-  void all_gather(const float*, float*, int64_t) override { refuse(); }
-  void reduce_scatter(const float*, float*, int64_t) override { refuse(); }
+  void all_gather(const void*, void*, int64_t, DType) override { refuse(); }
+  void reduce_scatter(const void*, void*, int64_t, DType) override { refuse(); }
 
  private:
   [[noreturn]] static void refuse() {
@@ -371,7 +371,6 @@ std::vector<Candidate> enumerate(const Config& config, int workers,
   for (const std::string recompute : {"none", "selective", "full"})
     for (const std::string& precision : precisions) {
       for (int tp : divisors(workers)) {
-        if (tp > 1 && precision != "fp32") continue;  // tensor parallelism runs in f32
         for (int pp : divisors(workers / tp)) {
           const int dp = workers / (tp * pp);
           // recompute in a pipeline keeps more than without it (docs/planning.md): not offered

@@ -129,10 +129,10 @@ TEST(ModelLayout, RunsClipToTheRange) {
 class LayoutOnlyGroup final : public TensorParallel {
  public:
   LayoutOnlyGroup(int rank, int size) : TensorParallel(rank, size, false) {}
-  void all_reduce_sum(float*, int64_t) override { ADD_FAILURE(); }
+  void all_reduce_sum(void*, int64_t, DType) override { ADD_FAILURE(); }
   void all_reduce_max(float*, int64_t) override { ADD_FAILURE(); }
-  void all_gather(const float*, float*, int64_t) override { ADD_FAILURE(); }
-  void reduce_scatter(const float*, float*, int64_t) override { ADD_FAILURE(); }
+  void all_gather(const void*, void*, int64_t, DType) override { ADD_FAILURE(); }
+  void reduce_scatter(const void*, void*, int64_t, DType) override { ADD_FAILURE(); }
 };
 
 // Every rank's part of a cut model starts with the whole model's values at the logical

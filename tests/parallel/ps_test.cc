@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -91,6 +92,67 @@ TEST(ParameterServer, SyncMatchesDataParallelAndAppliesEveryGradientOnce) {
     EXPECT_NEAR(ps.summary["test_accuracy"].get<double>(),
                 dp.summary["test_accuracy"].get<double>(), 0.02);
   }
+}
+
+// fp16 (loss scaling) on 1 server x 2 workers, sync: within the composition walk's fp16
+// tolerance (2e-3) of one worker in fp16. An overflow injected on worker 1 in the last of 4
+// steps skips that step on both workers and the server (plain SGD: the run ends where 3 clean
+// steps end, bit for bit; the step's pulls carry nothing). Async: the overflowing push is a
+// skip that applies nothing, every other push is applied.
+TEST(ParameterServer, Fp16SkipsAnOverflowingStepEverywhere) {
+  const train::Config fp16 = small_config({"train.precision=fp16", "model.dropout=0"});
+  const Result one = train_on(fp16, 1, "fp16_one");
+  const Result ps = train_on(
+      small_config({"train.precision=fp16", "model.dropout=0", "ps.servers=1"}), 3, "fp16_ps");
+  EXPECT_LT(max_rel_diff(one.params, ps.params), 2e-3);
+  EXPECT_EQ(ps.summary["steps"], 20);
+
+  const std::vector<std::string> sgd = {"train.precision=fp16", "optim.momentum=0", "ps.servers=1"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), sgd.begin(), sgd.end());
+    return small_config(more);
+  };
+  const Result clean = train_on(with({"train.max_steps=3"}), 3, "fp16_clean");
+  const Result skipped =
+      train_on(with({"train.max_steps=4", "debug.overflow_steps=[3]", "debug.overflow_rank=1"}), 3,
+               "fp16_skipped");
+  EXPECT_EQ(clean.params, skipped.params);
+  EXPECT_EQ(skipped.summary["skipped_steps"], 1);
+  const nlohmann::json& s = skipped.summary["ranks"]["ps_servers"][0];
+  EXPECT_EQ(s["pushes"], 8);
+  EXPECT_EQ(s["updates"], 3);
+  EXPECT_EQ(s["gradients_applied"], 6);
+
+  // Async: which worker trains the batch of step 1 depends on the claims; every push skipped
+  // on a worker is one gradient the server did not apply.
+  train::RunOptions opts;
+  opts.run_dir = run_dir("fp16_async");
+  std::atomic<int64_t> skips{0};
+  const Result async =
+      testing::train_on(with({"train.max_steps=4", "ps.mode=async", "debug.overflow_steps=[0,1]",
+                              "debug.overflow_rank=1"}),
+                        3, opts, nullptr, [&](train::Trainer& t) {
+                          if (const optim::LossScaler* l = t.engine().loss_scaler())
+                            skips += l->skipped();
+                        });
+  const nlohmann::json& a = async.summary["ranks"]["ps_servers"][0];
+  EXPECT_GT(skips.load(), 0);
+  EXPECT_EQ(a["gradients_applied"].get<int64_t>(), a["pushes"].get<int64_t>() - skips.load());
+}
+
+// Pushes go out bucket by bucket during the backward (ddp.bucket_mb), the clipping and loss
+// scale applied by the servers: the bits do not depend on the bucket size, and one bucket over
+// the whole model is the push after the backward. 2 servers: buckets split between them.
+TEST(ParameterServer, BucketedPushesKeepTheBits) {
+  auto run = [&](const char* mb) {
+    return train_on(small_config({"ps.servers=2", "train.clip_norm=0.05", "train.max_steps=8",
+                                  std::string("ddp.bucket_mb=") + mb}),
+                    4, std::string("buckets") + mb)
+        .params;
+  };
+  const std::vector<float> one = run("1000");
+  EXPECT_EQ(run("0.001"), one);
+  EXPECT_EQ(run("0.002"), one);
 }
 
 TEST(ParameterServer, ResumedSyncRunEqualsUninterrupted) {

@@ -79,7 +79,8 @@ class BceWithLogitsLoss final : public Loss {
 // this rank holds the logits of vocabulary [rank x Vl, (rank + 1) x Vl) of `vocab` (past it:
 // padding, left out). The forward reduces three values per position over the group (the max,
 // the target's logit, the sum of exponentials); the backward communicates nothing. A position
-// counts as correct when its target's logit is the group's max.
+// counts as correct when its target's logit is the group's max. 16-bit logits are widened
+// first (the reductions are f32); the gradient has the logits' type.
 class VocabParallelCrossEntropy final : public Loss {
  public:
   VocabParallelCrossEntropy(TensorParallel& tp, int64_t vocab) : tp_(tp), V_(vocab) {}
@@ -89,6 +90,8 @@ class VocabParallelCrossEntropy final : public Loss {
  private:
   TensorParallel& tp_;
   int64_t V_;
+  DType type_ = DType::kF32;  // the logits'
+  Tensor wide_, narrow_;      // 16-bit logits widened, the gradient in their type
   Tensor probs_, labels_, dlogits_;
   Tensor row_max_, sums_, target_;
 };

@@ -30,18 +30,19 @@ class TensorParallel {
   int size() const { return size_; }
   bool sequence() const { return sequence_; }
 
-  // Collectives over the group, f32, blocking. all_gather: out holds size() x n, rank r's n
-  // values at r x n. reduce_scatter: in holds size() x n; out gets the sum of every rank's
-  // chunk rank().
-  virtual void all_reduce_sum(float* data, int64_t n) = 0;
+  // Collectives over the group, blocking, n elements of `type` (f32, or the activations'
+  // bf16 or f16: 16-bit values are summed in f32 and rounded back at each step, as the
+  // communicator does). all_gather: out holds size() x n, rank r's n values at r x n.
+  // reduce_scatter: in holds size() x n; out gets the sum of every rank's chunk rank().
+  virtual void all_reduce_sum(void* data, int64_t n, DType type) = 0;
   virtual void all_reduce_max(float* data, int64_t n) = 0;
-  virtual void all_gather(const float* in, float* out, int64_t n) = 0;
-  virtual void reduce_scatter(const float* in, float* out, int64_t n) = 0;
+  virtual void all_gather(const void* in, void* out, int64_t n, DType type) = 0;
+  virtual void reduce_scatter(const void* in, void* out, int64_t n, DType type) = 0;
 
   // Transient whole-sequence tensors (sequence parallelism), valid until the next operator:
   // 0 an activation, 1 the collectives' staging, 2 a gradient. Storage grows to the largest
-  // asked for and is kept.
-  Tensor workspace(int k, const Shape& shape);
+  // asked for and is kept (made anew when the type changes).
+  Tensor workspace(int k, const Shape& shape, DType type);
 
  private:
   int rank_, size_;
@@ -63,11 +64,10 @@ Tensor tp_leave_backward(TensorParallel* tp, const Tensor& dy);
 // Where a layer writes the whole-sequence tensor that tp_leave (tp_enter_backward) reduces to
 // this rank's part: workspace 0 (2) under sequence parallelism, else the cache's buffer
 // (scratch) `slot`.
-// type: the activations' (tensor parallelism runs in f32 only: the workspaces are f32).
+// type: the activations' (f32, bf16 or f16).
 Tensor tp_whole_output(TensorParallel* tp, Cache* cache, size_t slot, const Shape& shape,
-                       DType type = DType::kF32);
-Tensor tp_whole_grad(TensorParallel* tp, Cache& cache, size_t slot, const Shape& shape,
-                     DType type = DType::kF32);
+                       DType type);
+Tensor tp_whole_grad(TensorParallel* tp, Cache& cache, size_t slot, const Shape& shape, DType type);
 
 // Whether activations between cut regions are split along the sequence.
 inline bool sequence_split(const TensorParallel* tp) { return tp != nullptr && tp->sequence(); }

@@ -39,7 +39,7 @@ class PushCodec;
 // sizes a server's memory with it too).
 std::vector<nn::Range> server_shards(const nn::Model& model, int servers);
 
-class ParameterServer final : public ParamStore, public BatchClaims {
+class ParameterServer final : public ParamStore, public BatchClaims, public BlockHooks {
  public:
   using Mode = PsMode;
 
@@ -52,11 +52,20 @@ class ParameterServer final : public ParamStore, public BatchClaims {
   // done (unless an exception is unwinding: the servers then fail at their deadline or with
   // the aborted group).
   ~ParameterServer() override;
-  // A worker's gradient sync over `units` (the whole model) of W = `workers` workers: its own
-  // rows' gradient, nothing to reduce (the servers sum the pushes); its norm is that of the
-  // worker's estimate of the whole gradient, W x its own, which train.clip_norm bounds (so in
-  // sync mode the sum of the pushes stays within it).
-  static std::unique_ptr<GradSync> worker_sync(nn::Model& model, const Units& units, int workers);
+  // A worker's gradient sync over `units` (the whole model): its own rows' gradient, nothing to
+  // reduce (the servers sum the pushes); its norm is that of the worker's estimate of the whole
+  // gradient, W x its own for W workers, which train.clip_norm bounds (so in sync mode the sum
+  // of the pushes stays within it). fp16 in sync mode: the norm is non-finite on every worker
+  // when any worker's gradient overflowed (one flag all-reduced over the workers), so that
+  // they all skip the step, as one worker's loss scaling would.
+  // The worker's pushes go out through its buckets (the units of ddp.bucket_mb, the same on
+  // every rank): each unit's gradient is sent to the servers holding it as soon as the backward
+  // is done with it (on_block), overlapped with the rest of the backward; the step's request
+  // then carries the factor (loss scale, clipping) the servers multiply it by. Compressed
+  // pushes (compress.kind) are encoded per server's shard at the step instead (the codec needs
+  // the scaled shard).
+  std::unique_ptr<GradSync> worker_sync(nn::Model& model, const Units& units);
+  void on_block(nn::Phase phase, size_t block, bool last) override;
 
   bool is_server() const { return mesh_.is_server(); }
   // Lockstep (sync): every worker trains its slice of every global batch. Otherwise (async,
@@ -67,7 +76,10 @@ class ParameterServer final : public ParamStore, public BatchClaims {
   int64_t claim() override;
 
   // ParamStore, worker: the step clips this worker's gradient by grad_scale, pushes it and
-  // pulls new values; before a training or evaluation piece the first contact says hello (an
+  // pulls new values; a step that fp16's loss scaling skipped (no update() before end_step())
+  // pushes a skip instead: the servers apply nothing for it (sync: the whole step is skipped)
+  // and its pull brings nothing new but what other workers' updates made; before a training or
+  // evaluation piece the first contact says hello (an
   // evaluation first pulls what every worker's steps so far have made); finish() tells the
   // servers it is done, so that serve() returns. The values are held in f32; with a working
   // copy (bf16) it is refreshed after every pull that brings new ones.
@@ -76,6 +88,7 @@ class ParameterServer final : public ParamStore, public BatchClaims {
   float* values(nn::Range r) override;
   void copy_values(nn::Range r, float* dst) override;
   void begin_pass(bool training, int64_t step) override;
+  void end_step(int64_t step) override;
   void finish() override;
   // Checkpoints: a server owns its range; a worker nothing (it pulls after a restore).
   StateView state(optim::Optimizer* opt) override;
@@ -115,7 +128,7 @@ class ParameterServer final : public ParamStore, public BatchClaims {
     kValues,
     kDone
   };
-  static constexpr int64_t kWireVersion = 1;
+  static constexpr int64_t kWireVersion = 2;
   struct Request {
     int64_t wire = kWireVersion;
     int64_t kind = 0;
@@ -123,6 +136,12 @@ class ParameterServer final : public ParamStore, public BatchClaims {
     int64_t held = -1;  // the server version of the shard the worker holds
     // A claim (to server 0, async/ssp): epoch + 1 (0: no claim) and the range [first, limit).
     int64_t claim_epoch = 0, claim_first = 0, claim_limit = 0;
+    // kPushPull: 1 for a step skipped on overflow (the servers drop its gradient; compressed:
+    // none follows).
+    int64_t skip = 0;
+    // kPushPull, uncompressed: the float bits of the factor the servers multiply the pushed
+    // gradient by (the loss scale's inverse times the clipping).
+    int64_t scale = 0;
   };
   struct Reply {
     int64_t wire = kWireVersion;
@@ -173,10 +192,16 @@ class ParameterServer final : public ParamStore, public BatchClaims {
   int server_rank(int k) const { return workers() + k; }
   double timeout() const { return mesh_.world().options().timeout_s; }
   void start(int64_t clock);               // the first contact: hello to every server
-  void request(Kind kind, int64_t clock);  // sends a request to every server
+  // Sends a request to every server (a push's skip and factor: Request).
+  void request(Kind kind, int64_t clock, bool skip = false, float scale = 1.0f);
+  // Worker: sends unit u's gradient to the servers holding parts of it (once per step).
+  void send_unit(int u);
+  // The pieces of server k's shard the workers' units send, in the order they go out (shard
+  // offsets); uncompressed pushes arrive as one message per piece.
+  std::vector<nn::Range> pieces(int k) const;
   void await_replies(const char* what);    // receives every server's reply (and changed shards)
   void pull(Kind kind);
-  void push(GradSync& sync, float grad_scale, int64_t step);
+  void push(float grad_scale, int64_t step, bool skip);
   std::vector<double> gather(double value);
   friend class ServerLoop;  // parameter_server_serve.cc
 
@@ -202,6 +227,11 @@ class ParameterServer final : public ParamStore, public BatchClaims {
   bool claiming_ = false;          // the exchange in flight claims a batch
   int64_t claimed_ = kNotAsked;    // what the last exchange claimed (-1: none left)
   int64_t pushes_ = 0;             // batches pushed in this invocation
+  bool pushed_ = false;            // this step pushed (end_step)
+  Units units_;                    // the buckets, in completion order below
+  std::vector<int> order_;         // units in the order the backward completes them
+  GradSync* sync_ = nullptr;       // worker: its gradient (worker_sync)
+  std::vector<char> sent_;         // worker, per unit: sent in this step
   std::vector<int64_t> versions_;  // version of each server's shard held
   std::vector<Request> request_;
   std::vector<Reply> reply_;

@@ -4,8 +4,8 @@
 #include <gtest/gtest.h>
 
 #include "infer_testing.h"
+#include "tessel/config/config.h"
 #include "tessel/infer/server.h"
-#include "tessel/train/config.h"
 
 namespace tessel::infer::testing {
 namespace {

@@ -1,4 +1,4 @@
-#include "tessel/train/config.h"
+#include "tessel/config/config.h"
 
 #include <gtest/gtest.h>
 

@@ -8,9 +8,9 @@
 #include <string>
 
 #include "tessel/ckpt/checkpoint.h"
+#include "tessel/config/config.h"
 #include "tessel/nn/model.h"
 #include "tessel/parallel/engine.h"
-#include "tessel/train/config.h"
 #include "tessel/train/snapshots.h"
 
 namespace tessel::train {

@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "tessel/config/config.h"
 #include "tessel/core/memory.h"
 #include "tessel/parallel/spec.h"
-#include "tessel/train/config.h"
 
 namespace tessel::train {
 

@@ -38,7 +38,7 @@ ckpt::Manifest Checkpointer::manifest() const {
   m.io = io_;
   for (const nn::Parameter* p : model_.parameters())
     m.parameters.push_back({p->name, p->full_shape()});
-  m.optimizer_kind = config_.optim.kind;
+  m.optimizer_kind = name_of(config_.optim.kind);
   m.state_buffers = state_buffer_names(config_.optim);
   return m;
 }
@@ -132,10 +132,11 @@ std::string Checkpointer::restore(const ckpt::CheckpointSource& reader) {
   parallel::StateView view = engine_.state();
   for (const nn::Range& r : view.held) ckpt::read_range(reader, model_, "", r, view.values(r));
   if (view.optimizer) {
-    if (m.optimizer_kind != config_.optim.kind)
-      throw IoError(str("checkpoint: ", reader.dir(), " holds ", m.optimizer_kind,
-                        " optimizer state but the config asks for optim.kind = ",
-                        config_.optim.kind, "; resume with the optimizer it was trained with"));
+    if (m.optimizer_kind != name_of(config_.optim.kind))
+      throw IoError(
+          str("checkpoint: ", reader.dir(), " holds ", m.optimizer_kind,
+              " optimizer state but the config asks for optim.kind = ", name_of(config_.optim.kind),
+              "; resume with the optimizer it was trained with"));
     for (const optim::StateBuffer& buf : view.optimizer->state())
       for (const nn::Range& r : view.updated)
         ckpt::read_range(reader, model_, buf.name + "/", r,

@@ -9,8 +9,8 @@
 #include "infer_commands.h"
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/ckpt/hf.h"
+#include "tessel/config/config.h"
 #include "tessel/core/error.h"
-#include "tessel/train/config.h"
 
 namespace {
 

@@ -16,10 +16,10 @@
 #include <sstream>
 
 #include "tessel/ckpt/checkpoint.h"
+#include "tessel/config/config.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
-#include "tessel/train/config.h"
 
 namespace tessel::app {
 namespace {

@@ -11,8 +11,8 @@
 #include "command_line.h"
 #include "plan_command.h"
 #include "tessel/comm/types.h"
+#include "tessel/config/config.h"
 #include "tessel/core/error.h"
-#include "tessel/train/config.h"
 #include "tessel/train/plan_scale.h"
 
 namespace {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "infer_commands.h"
-#include "tessel/train/config.h"
+#include "tessel/config/config.h"
 
 namespace {
 

@@ -12,9 +12,9 @@
 #include <vector>
 
 #include "infer_commands.h"
+#include "tessel/config/config.h"
 #include "tessel/infer/server.h"
 #include "tessel/ops/cpu.h"
-#include "tessel/train/config.h"
 
 namespace {
 

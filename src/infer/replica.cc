@@ -3,12 +3,12 @@
 #include <algorithm>
 #include <cstring>
 
+#include "tessel/ckpt/model_weights.h"
 #include "tessel/core/log.h"
 #include "tessel/core/memory.h"
 #include "tessel/data/dataset.h"
 #include "tessel/parallel/layout.h"
 #include "tessel/parallel/pipeline.h"
-#include "tessel/train/checkpointer.h"
 
 namespace tessel::infer {
 namespace {
@@ -145,7 +145,7 @@ void Replica::load(const ckpt::CheckpointReader& checkpoint) {
     }
     b = e;
   }
-  train::Checkpointer::load_weights(checkpoint, *model_);
+  ckpt::load_weights(checkpoint, *model_);
 }
 
 Tensor Replica::forward(const Tensor& x, int64_t rows, int64_t first_row) {

@@ -159,14 +159,11 @@ void require(bool ok, const std::string& key, const std::string& rule, float got
 }
 
 void validate(const OptimSpec& s, int64_t n) {
-  if (s.kind != "sgd" && s.kind != "adamw")
-    throw InvalidArgument(str("optim.kind must be one of sgd, adamw, got '", s.kind,
-                              "'; pick one of the valid kinds"));
   require(s.lr > 0.0f && std::isfinite(s.lr), "lr", "> 0", s.lr,
           "set a positive learning rate such as 0.05");
   require(s.weight_decay >= 0.0f && std::isfinite(s.weight_decay), "weight_decay", ">= 0",
           s.weight_decay, "use 0 to disable weight decay");
-  if (s.kind == "sgd") {
+  if (s.kind == OptimKind::kSgd) {
     require(s.momentum >= 0.0f && s.momentum < 1.0f, "momentum", "in [0, 1)", s.momentum,
             "typical values are 0 or 0.9");
     require(!s.nesterov || s.momentum > 0.0f, "momentum", "> 0 when nesterov is on", s.momentum,
@@ -186,7 +183,7 @@ void validate(const OptimSpec& s, int64_t n) {
 std::unique_ptr<Optimizer> make_optimizer(const OptimSpec& spec, int64_t n) {
   validate(spec, n);
   MemoryScope scope(MemCategory::kOptimizer);
-  if (spec.kind == "sgd") return std::make_unique<Sgd>(spec, n);
+  if (spec.kind == OptimKind::kSgd) return std::make_unique<Sgd>(spec, n);
   return std::make_unique<AdamW>(spec, n);
 }
 

@@ -12,22 +12,19 @@ namespace tessel::optim {
 namespace {
 
 void validate(const ScheduleSpec& s, float base_lr, int64_t step) {
-  if (s.kind != "constant" && s.kind != "step" && s.kind != "cosine")
-    throw InvalidArgument(str("schedule.kind must be one of constant, step, cosine, got '", s.kind,
-                              "'; pick one of the valid kinds"));
   if (s.warmup_steps < 0)
     throw InvalidArgument(str("schedule.warmup_steps must be >= 0, got ", s.warmup_steps,
                               "; use 0 to disable warm-up"));
   if (!(s.warmup_start >= 0.0f && s.warmup_start <= 1.0f))
     throw InvalidArgument(str("schedule.warmup_start must be in [0, 1], got ", s.warmup_start,
                               "; it is the fraction of the lr that warm-up starts from"));
-  if (s.kind == "step" && s.step_size <= 0)
+  if (s.kind == ScheduleKind::kStep && s.step_size <= 0)
     throw InvalidArgument(str("schedule.step_size must be > 0, got ", s.step_size,
                               "; it is the number of steps between lr decays"));
-  if (s.kind == "step" && !(s.gamma > 0.0f && std::isfinite(s.gamma)))
+  if (s.kind == ScheduleKind::kStep && !(s.gamma > 0.0f && std::isfinite(s.gamma)))
     throw InvalidArgument(
         str("schedule.gamma must be > 0, got ", s.gamma, "; the usual value is 0.1"));
-  if (s.kind == "cosine" && !(s.min_lr >= 0.0f && s.min_lr <= base_lr))
+  if (s.kind == ScheduleKind::kCosine && !(s.min_lr >= 0.0f && s.min_lr <= base_lr))
     throw InvalidArgument(str("schedule.min_lr must be in [0, lr = ", base_lr, "], got ", s.min_lr,
                               "; lower min_lr"));
   if (step < 0) throw InvalidArgument(str("schedule: step must be >= 0, got ", step));
@@ -43,12 +40,12 @@ float lr_at(const ScheduleSpec& spec, float base_lr, int64_t step, int64_t total
     const double frac = static_cast<double>(step) / static_cast<double>(spec.warmup_steps);
     return static_cast<float>(base * (spec.warmup_start + (1.0 - spec.warmup_start) * frac));
   }
-  if (spec.kind == "step") {
+  if (spec.kind == ScheduleKind::kStep) {
     // Decays count from step 0, so warm-up does not shift the decay boundaries.
     return static_cast<float>(base * std::pow(static_cast<double>(spec.gamma),
                                               static_cast<double>(step / spec.step_size)));
   }
-  if (spec.kind == "cosine") {
+  if (spec.kind == ScheduleKind::kCosine) {
     // Progress runs over the post-warm-up steps; past total_steps it stays at min_lr.
     const int64_t span = total_steps - spec.warmup_steps;
     double progress = 1.0;

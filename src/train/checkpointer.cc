@@ -1,12 +1,11 @@
 #include "tessel/train/checkpointer.h"
 
-#include <algorithm>
 #include <filesystem>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <numeric>
 
 #include "tessel/ckpt/checkpoint.h"
+#include "tessel/ckpt/model_weights.h"
 #include "tessel/core/log.h"
 #include "tessel/core/trace.h"
 
@@ -15,31 +14,6 @@ namespace tessel::train {
 namespace {
 
 using nlohmann::json;
-
-// Reads arena range r of tensor family `prefix` ("" for values, "exp_avg/" ...) into dst
-// (elements that are padding stay as they are).
-void read_range(const ckpt::CheckpointSource& reader, const nn::Model& model,
-                const std::string& prefix, nn::Range r, float* dst) {
-  for (const nn::Run& run : model.runs(r))
-    reader.read(prefix + model.parameters()[run.param]->name, run.logical, run.count,
-                dst + (run.local - r.lo));
-}
-
-// Every parameter of the model is in the checkpoint with the model's (whole) shape.
-void check_parameters(const ckpt::CheckpointSource& reader, const nn::Model& model) {
-  const ckpt::Manifest& m = reader.manifest();
-  for (const nn::Parameter* p : model.parameters()) {
-    auto it = std::find_if(m.parameters.begin(), m.parameters.end(),
-                           [&](const ckpt::TensorSpec& t) { return t.name == p->name; });
-    if (it == m.parameters.end() || it->shape != p->full_shape())
-      throw IoError(str("checkpoint: ", reader.dir(), " has ",
-                        it == m.parameters.end()
-                            ? str("no parameter '", p->name, "'")
-                            : str("'", p->name, "' of shape ", shape_str(it->shape)),
-                        " but the model needs ", shape_str(p->full_shape()),
-                        "; the checkpoint was saved from a different model config"));
-  }
-}
 
 std::vector<std::string> state_buffer_names(const optim::OptimSpec& spec) {
   std::vector<std::string> out;
@@ -64,7 +38,7 @@ ckpt::Manifest Checkpointer::manifest() const {
   m.io = io_;
   for (const nn::Parameter* p : model_.parameters())
     m.parameters.push_back({p->name, p->full_shape()});
-  m.optimizer_kind = config_.optim.kind;
+  m.optimizer_kind = name_of(config_.optim.kind);
   m.state_buffers = state_buffer_names(config_.optim);
   return m;
 }
@@ -154,30 +128,23 @@ std::string Checkpointer::restore(const ckpt::CheckpointSource& reader) {
                       "; resume on the text and data.tokenizer it "
                       "was trained with (tessel eval reads other text with the checkpoint's "
                       "tokenizer)"));
-  check_parameters(reader, model_);
+  ckpt::check_parameters(reader, model_);
   parallel::StateView view = engine_.state();
-  for (const nn::Range& r : view.held) read_range(reader, model_, "", r, view.values(r));
+  for (const nn::Range& r : view.held) ckpt::read_range(reader, model_, "", r, view.values(r));
   if (view.optimizer) {
-    if (m.optimizer_kind != config_.optim.kind)
-      throw IoError(str("checkpoint: ", reader.dir(), " holds ", m.optimizer_kind,
-                        " optimizer state but the config asks for optim.kind = ",
-                        config_.optim.kind, "; resume with the optimizer it was trained with"));
+    if (m.optimizer_kind != name_of(config_.optim.kind))
+      throw IoError(
+          str("checkpoint: ", reader.dir(), " holds ", m.optimizer_kind,
+              " optimizer state but the config asks for optim.kind = ", name_of(config_.optim.kind),
+              "; resume with the optimizer it was trained with"));
     for (const optim::StateBuffer& buf : view.optimizer->state())
       for (const nn::Range& r : view.updated)
-        read_range(reader, model_, buf.name + "/", r,
-                   buf.values.data<float>() + view.state_offset(r));
+        ckpt::read_range(reader, model_, buf.name + "/", r,
+                         buf.values.data<float>() + view.state_offset(r));
     view.optimizer->set_steps(m.optimizer_steps);
   }
   engine_.restore_compression(reader);
   return reader.trainer_json();
-}
-
-void Checkpointer::load_weights(const ckpt::CheckpointReader& reader, nn::Model& model) {
-  check_parameters(reader, model);
-  const std::vector<nn::Parameter*>& params = model.parameters();
-  for (size_t k = 0; k < params.size(); ++k)  // a tensor-parallel cut reads its own elements
-    if (params[k]->value.defined())
-      read_range(reader, model, "", model.param_range(k), params[k]->value.data<float>());
 }
 
 }  // namespace tessel::train

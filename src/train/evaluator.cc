@@ -4,9 +4,9 @@
 #include <cstring>
 
 #include "tessel/ckpt/checkpoint.h"
+#include "tessel/ckpt/model_weights.h"
 #include "tessel/data/loader.h"
 #include "tessel/nn/models.h"
-#include "tessel/train/checkpointer.h"
 
 namespace tessel::train {
 
@@ -57,7 +57,7 @@ Evaluator::Evaluator(const Config& config, const std::string& checkpoint) : conf
   model_ = nn::build_model(spec);
   loss_ = nn::make_loss(spec);
   model_->materialize(config_.seed);
-  Checkpointer::load_weights(reader, *model_);
+  ckpt::load_weights(reader, *model_);
 }
 
 Evaluator::~Evaluator() = default;

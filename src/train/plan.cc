@@ -40,13 +40,14 @@ MemCategory MemoryBytes::largest() const {
 // piece), the 16-bit working copy the blocks read (not at stage 3, which gathers 16-bit units),
 // f32 gradients (ArenaSync whole, ShardSync its piece), the optimizer's state over the elements
 // this rank updates (AdamW two moments, SGD one momentum).
-std::vector<StateTerm> engine_state_terms(const std::string& precision,
-                                          const std::string& optimizer) {
+std::vector<StateTerm> engine_state_terms(parallel::Precision precision,
+                                          optim::OptimKind optimizer) {
   std::vector<StateTerm> terms = {
       {MemCategory::kParameters, 4, 3, false},
       {MemCategory::kGradients, 4, 2, false},
-      {MemCategory::kOptimizer, optimizer == "sgd" ? 4.0 : 8.0, 1, false}};
-  if (precision != "fp32") terms.push_back({MemCategory::kParameters, 2, 4, true});
+      {MemCategory::kOptimizer, optimizer == optim::OptimKind::kSgd ? 4.0 : 8.0, 1, false}};
+  if (precision != parallel::Precision::kFp32)
+    terms.push_back({MemCategory::kParameters, 2, 4, true});
   return terms;
 }
 
@@ -220,7 +221,7 @@ Micro micro_of(const Inputs& in, const parallel::ParallelSpec& spec, const paral
 MemoryBytes stage_memory(const Inputs& in, const parallel::ParallelSpec& spec,
                          const parallel::Layout& l, const StageShape& st, int stage) {
   const double g_bytes = spec.precision == parallel::Precision::kFp32 ? 4.0 : 2.0;
-  const auto terms = engine_state_terms(name_of(spec.precision), in.config.optim.kind);
+  const auto terms = engine_state_terms(spec.precision, in.config.optim.kind);
   MemoryBytes mem, server;
   if (l.servers > 0) {
     // a worker holds every value (and the working copy) and gradient, and its batch's
@@ -228,7 +229,8 @@ MemoryBytes stage_memory(const Inputs& in, const parallel::ParallelSpec& spec,
     // (parameter_server.cc): the fuller of the two
     mem = state_bytes(terms, 0, st.whole, st.whole);
     mem[MemCategory::kOptimizer] = 0;
-    server = state_bytes(engine_state_terms("fp32", in.config.optim.kind), 3, 0, st.server_piece);
+    server = state_bytes(engine_state_terms(parallel::Precision::kFp32, in.config.optim.kind), 3, 0,
+                         st.server_piece);
   } else {
     mem = state_bytes(terms, spec.zero_stage, st.whole, st.piece);
     if (uses_shared_memory(spec, l, in.options) && spec.zero_stage == 1)

@@ -50,7 +50,7 @@ std::string model_key(const Config& c) {
       {"data",
        {c.data.kind, c.data.path, c.data.context, c.data.features, c.data.classes, c.data.flatten}},
       {"batch", c.train.batch},
-      {"optim", c.optim.kind},
+      {"optim", name_of(c.optim.kind)},
       {"threads", c.runtime.threads},
       {"version", 7}};
   return sha256_hex(key.dump().data(), key.dump().size()).substr(0, 16);

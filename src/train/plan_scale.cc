@@ -64,7 +64,8 @@ Candidate predict_gpt(const GptShape& g, const ScaleOptions& o, int tp, int pp, 
             "train.recompute=" + recompute,
             str("tp.sequence_parallel=", tp > 1 ? "true" : "false")};
   const double params = gpt_parameters(g) / (tp * pp);  // per rank before ZeRO
-  c.memory = state_bytes(engine_state_terms("bf16", "adamw"), zero, params, params / dp);
+  c.memory = state_bytes(engine_state_terms(parallel::Precision::kBf16, optim::OptimKind::kAdamw),
+                         zero, params, params / dp);
   // 1F1B: the first stage holds P micro-batches of its L / P layers (Korthikanti sec. 4.2)
   const double in_flight = static_cast<double>(std::min<int64_t>(m, pp));
   c.memory[MemCategory::kActivations] =

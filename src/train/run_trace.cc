@@ -3,9 +3,9 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <charconv>
 
 #include "tessel/ckpt/checkpoint.h"
+#include "tessel/config/config.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
 
@@ -22,25 +22,7 @@ std::string host_name() {
   return host;
 }
 
-bool parse_int(const std::string& s, int64_t& out) {
-  const char* end = s.data() + s.size();
-  auto [p, ec] = std::from_chars(s.data(), end, out);
-  return ec == std::errc() && p == end;
-}
-
 }  // namespace
-
-std::pair<int64_t, int64_t> parse_step_window(const std::string& text) {
-  const size_t colon = text.find(':');
-  int64_t first = 0, end = 0;
-  if (colon == std::string::npos || !parse_int(text.substr(0, colon), first) ||
-      !parse_int(text.substr(colon + 1), end) || first < 0 || end <= first)
-    throw InvalidArgument(
-        str("config: trace.steps must be \"A:B\" with 0 <= A < B (steps A to B - 1 "
-            "are traced), got '",
-            text, "'"));
-  return {first, end};
-}
 
 RunTrace::RunTrace(const std::string& window, std::string process) : process_(std::move(process)) {
   const auto [first, end] = parse_step_window(window);

@@ -19,8 +19,8 @@
 #include <thread>
 #include <vector>
 
+#include "tessel/config/config.h"
 #include "tessel/infer/server.h"
-#include "tessel/train/config.h"
 
 namespace tessel::data {
 namespace {

@@ -10,9 +10,9 @@
 #include <thread>
 
 #include "infer_testing.h"
+#include "tessel/config/config.h"
 #include "tessel/core/memory.h"
 #include "tessel/infer/server.h"
-#include "tessel/train/config.h"
 
 namespace tessel::infer::testing {
 namespace {

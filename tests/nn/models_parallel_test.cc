@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "../parallel/train_on.h"
-#include "tessel/train/config.h"
+#include "tessel/config/config.h"
 
 namespace tessel {
 namespace {

@@ -15,7 +15,7 @@
 #include "tessel/comm/communicator.h"
 #include "tessel/nn/layers.h"
 #include "tessel/nn/model.h"
-#include "tessel/train/config.h"
+#include "tessel/config/config.h"
 
 namespace tessel::testing {
 

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
+#include "tessel/ckpt/model_weights.h"
 #include "tessel/comm/threads.h"
 #include "tessel/nn/models.h"
-#include "tessel/train/checkpointer.h"
 #include "tessel/train/trainer.h"
 
 namespace tessel::testing {
@@ -37,7 +37,7 @@ inline std::vector<float> checkpoint_params(const train::Config& cfg, const data
   spec.num_classes = data.train->num_classes();
   auto model = nn::build_model(spec);
   model->materialize(cfg.seed);
-  train::Checkpointer::load_weights(ckpt::CheckpointReader(run_dir), *model);
+  ckpt::load_weights(ckpt::CheckpointReader(run_dir), *model);
   const Tensor& v = model->values();
   return {v.data<float>(), v.data<float>() + v.numel()};
 }

@@ -1,4 +1,4 @@
-#include "tessel/train/config.h"
+#include "tessel/config/config.h"
 
 #include <gtest/gtest.h>
 
@@ -217,6 +217,22 @@ TEST(Config, ResolvedTomlHasOnlyTheKeysThatApply) {
   EXPECT_NE(gpt.find("context = "), std::string::npos) << gpt;
   EXPECT_EQ(gpt.find("flatten = "), std::string::npos) << gpt;
   EXPECT_EQ(to_toml(parse_config(gpt, "u")), gpt);  // and it reads back the same
+}
+
+// A key that applies to more than its doc's first words name keeps its value through the
+// resolved config (a resumed run reads RUN/config.toml): AdamW's weight decay, a token file's
+// context and test share, a table's test-row seed.
+TEST(Config, ResolvedTomlKeepsEveryKeyThatApplies) {
+  for (const char* text : {"[optim]\nkind = \"adamw\"\nweight_decay = 0.25\n",
+                           "[data]\nkind = \"tokens\"\ncontext = 17\ntest_fraction = 0.25\n",
+                           "[data]\nkind = \"csv\"\nseed = 17\n"}) {
+    const Config c = parse_config(text, "t");
+    const Config d = parse_config(to_toml(c), "t");
+    EXPECT_EQ(d.optim.weight_decay, c.optim.weight_decay) << text;
+    EXPECT_EQ(d.data.context, c.data.context) << text;
+    EXPECT_EQ(d.data.test_fraction, c.data.test_fraction) << text;
+    EXPECT_EQ(d.data.seed, c.data.seed) << text;
+  }
 }
 
 TEST(Config, MissingFileIsIoError) { EXPECT_THROW(load_config("/nonexistent/x.toml"), IoError); }

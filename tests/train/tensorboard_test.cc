@@ -13,7 +13,7 @@
 #include <string>
 
 #include "../parallel/train_on.h"
-#include "tessel/train/config.h"
+#include "tessel/config/config.h"
 
 namespace tessel::train {
 namespace {

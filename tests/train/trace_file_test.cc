@@ -14,7 +14,7 @@
 #include <string>
 
 #include "../parallel/train_on.h"
-#include "tessel/train/config.h"
+#include "tessel/config/config.h"
 #include "tessel/train/run_trace.h"
 
 namespace tessel::train {

@@ -14,10 +14,10 @@
 
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/comm/communicator.h"
+#include "tessel/config/config.h"
 #include "tessel/nn/model.h"
 #include "tessel/nn/models.h"
 #include "tessel/parallel/executor.h"
-#include "tessel/train/config.h"
 
 namespace tessel::infer {
 

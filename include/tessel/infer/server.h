@@ -30,12 +30,12 @@
 #include <string>
 #include <vector>
 
+#include "tessel/config/config.h"
 #include "tessel/infer/batcher.h"
 #include "tessel/infer/http.h"
 #include "tessel/infer/metrics.h"
 #include "tessel/infer/replica.h"
 #include "tessel/infer/scheduler.h"
-#include "tessel/train/config.h"
 
 namespace tessel::infer {
 

@@ -11,12 +11,15 @@
 #include <utility>
 #include <vector>
 
+#include "tessel/core/names.h"
 #include "tessel/tensor/tensor.h"
 
 namespace tessel::optim {
 
+enum class OptimKind : uint8_t { kSgd, kAdamw };  // optim.kind
+
 struct OptimSpec {
-  std::string kind = "sgd";  // sgd | adamw
+  OptimKind kind = OptimKind::kSgd;
   float lr = 0.05f;
   float weight_decay = 0.0f;  // sgd: L2 added to the gradient; adamw: decoupled decay
   float momentum = 0.9f;      // sgd
@@ -70,3 +73,10 @@ class Optimizer {
 std::unique_ptr<Optimizer> make_optimizer(const OptimSpec& spec, int64_t n);
 
 }  // namespace tessel::optim
+
+namespace tessel {
+template <>
+struct Names<optim::OptimKind> {
+  static constexpr const char* values[] = {"sgd", "adamw"};
+};
+}  // namespace tessel

@@ -2,13 +2,16 @@
 #pragma once
 
 #include <cstdint>
-#include <string>
+
+#include "tessel/core/names.h"
 
 namespace tessel::optim {
 
+enum class ScheduleKind : uint8_t { kConstant, kStep, kCosine };  // schedule.kind
+
 struct ScheduleSpec {
-  std::string kind = "constant";  // constant | step | cosine
-  int64_t warmup_steps = 0;       // linear warm-up from lr * warmup_start to lr
+  ScheduleKind kind = ScheduleKind::kConstant;
+  int64_t warmup_steps = 0;  // linear warm-up from lr * warmup_start to lr
   float warmup_start = 0.0f;
   int64_t step_size = 1000;  // step: multiply by gamma every step_size steps
   float gamma = 0.1f;
@@ -29,3 +32,10 @@ double sum_squares(const float* g, int64_t n);
 float clip_factor(double norm, float max_norm);
 
 }  // namespace tessel::optim
+
+namespace tessel {
+template <>
+struct Names<optim::ScheduleKind> {
+  static constexpr const char* values[] = {"constant", "step", "cosine"};
+};
+}  // namespace tessel

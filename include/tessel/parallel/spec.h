@@ -1,5 +1,5 @@
 // ParallelSpec: the config sections that choose how a run is cut across ranks (ddp, zero, pp,
-// ps, debug; docs/config.md documents each key). Parsed by tessel/train/config.h; the parallel
+// ps, debug; docs/config.md documents each key). Parsed by tessel/config/config.h; the parallel
 // parts read it and nothing else.
 #pragma once
 

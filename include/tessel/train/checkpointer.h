@@ -8,9 +8,9 @@
 #include <string>
 
 #include "tessel/ckpt/checkpoint.h"
+#include "tessel/config/config.h"
 #include "tessel/nn/model.h"
 #include "tessel/parallel/engine.h"
-#include "tessel/train/config.h"
 #include "tessel/train/snapshots.h"
 
 namespace tessel::train {
@@ -37,9 +37,6 @@ class Checkpointer {
   // This rank's part of the in-memory snapshot of step `step` (ranks as threads; no
   // communication). trainer_json counts from rank 0 only.
   void snapshot(Snapshots& snapshots, int64_t step, const std::string& trainer_json);
-  // The weights (only) of an opened checkpoint into the model's bound parameter values: all of
-  // a materialized model, or the blocks a pipeline stage holds, each its tensor-parallel cut.
-  static void load_weights(const ckpt::CheckpointReader& reader, nn::Model& model);
 
  private:
   ckpt::Manifest manifest() const;  // the model and optimizer, without shards and steps

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include "tessel/train/config.h"
+#include "tessel/config/config.h"
 
 namespace tessel::train {
 

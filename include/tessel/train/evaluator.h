@@ -10,10 +10,10 @@
 #include <string>
 
 #include "tessel/comm/communicator.h"
+#include "tessel/config/config.h"
 #include "tessel/data/dataset.h"
 #include "tessel/nn/model.h"
 #include "tessel/parallel/executor.h"
-#include "tessel/train/config.h"
 
 namespace tessel::train {
 

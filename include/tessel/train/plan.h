@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
+#include "tessel/config/config.h"
 #include "tessel/core/memory.h"
 #include "tessel/parallel/spec.h"
-#include "tessel/train/config.h"
 
 namespace tessel::train {
 
@@ -118,8 +118,8 @@ struct StateTerm {
   int sharded_from = 4;        // zero.stage from which a rank holds only its piece (4: never)
   bool before_stage3 = false;  // held below stage 3 only (the 16-bit working copy)
 };
-std::vector<StateTerm> engine_state_terms(const std::string& precision,
-                                          const std::string& optimizer);
+std::vector<StateTerm> engine_state_terms(parallel::Precision precision,
+                                          optim::OptimKind optimizer);
 // Sums the terms at `stage` for a rank holding `whole` arena elements of which `piece` are its.
 MemoryBytes state_bytes(const std::vector<StateTerm>& terms, int stage, double whole, double piece);
 

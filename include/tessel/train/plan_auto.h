@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "tessel/comm/communicator.h"
-#include "tessel/train/config.h"
+#include "tessel/config/config.h"
 #include "tessel/train/plan.h"
 
 namespace tessel::train {

@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "tessel/config/config.h"
 #include "tessel/parallel/balance.h"
 #include "tessel/parallel/engine.h"
-#include "tessel/train/config.h"
 #include "tessel/train/evaluator.h"
 
 namespace tessel::train {

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "tessel/comm/communicator.h"
+#include "tessel/config/config.h"
 #include "tessel/parallel/engine.h"
-#include "tessel/train/config.h"
 #include "tessel/train/trainer.h"
 
 namespace tessel::train {

@@ -10,16 +10,12 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
-#include <utility>
 #include <vector>
 
 #include "tessel/comm/communicator.h"
 #include "tessel/core/trace.h"
 
 namespace tessel::train {
-
-// trace.steps "A:B" -> steps [A, B); throws InvalidArgument for anything else.
-std::pair<int64_t, int64_t> parse_step_window(const std::string& text);
 
 class RunTrace {
  public:

@@ -22,12 +22,12 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
+#include "tessel/config/config.h"
 #include "tessel/data/loader.h"
 #include "tessel/nn/loss.h"
 #include "tessel/nn/model.h"
 #include "tessel/parallel/balance.h"
 #include "tessel/parallel/engine.h"
-#include "tessel/train/config.h"
 #include "tessel/train/evaluator.h"
 
 namespace tessel::train {

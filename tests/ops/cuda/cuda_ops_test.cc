@@ -166,7 +166,7 @@ TEST_F(CudaOps, EmbeddingMatchesCpuAndItsBackwardIsTheCpusBits) {
 TEST_F(CudaOps, AdamWMatchesTheCpuOptimizerAndWritesTheBf16Copy) {
   const int64_t n = 10007;
   optim::OptimSpec spec;
-  spec.kind = "adamw";
+  spec.kind = optim::OptimKind::kAdamw;
   spec.lr = 3e-3f;
   spec.weight_decay = 0.1f;
   spec.beta2 = 0.95f;

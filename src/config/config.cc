@@ -1,15 +1,12 @@
-#include "tessel/train/config.h"
+#include "tessel/config/config.h"
 
 #include <toml++/toml.h>
 
 #include <algorithm>
 #include <charconv>
-#include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <limits>
-#include <map>
 #include <optional>
 #include <sstream>
 #include <utility>
@@ -18,7 +15,6 @@
 #include "config_suggest.h"
 #include "tessel/core/error.h"
 #include "tessel/core/suggest.h"
-#include "tessel/train/run_trace.h"
 
 namespace tessel::train {
 namespace {
@@ -80,11 +76,24 @@ const char* type_name() {
   return "integer array";
 }
 
+// When a key applies (the resolved config lists only those): while the choice key `key` holds
+// one of `values`; with no key, always.
+struct Applies {
+  std::string key;
+  std::vector<std::string> values;
+};
+
 // One config key: where it lives, how to read it from TOML and how to print it back.
 struct Key {
   KeyInfo info;
   std::function<void(Config&, const toml::node&)> set;
   std::function<std::string(const Config&)> get;
+  Applies applies = {};
+
+  Key when(std::string key, std::vector<std::string> values) && {
+    applies = {std::move(key), std::move(values)};
+    return std::move(*this);
+  }
 };
 
 std::string type_error(const std::string& path, const char* want, const toml::node& v) {
@@ -298,50 +307,50 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("seed", seed, "seed of parameter init, data shuffle and dropout", {0, kMaxInt}),
       TESSEL_KEY("layout", layout, "manual (the layout keys as written) or auto: tessel train plans the layout for its ranks (tessel plan) and trains the fastest one predicted to fit runtime.memory_limit_mb, setting tp.size, pp.stages, pp.microbatches, zero.stage, ps.servers and train.recompute (train.precision stays); also --layout auto (docs/planning.md)", Choices{{"manual", "auto"}}),
       TESSEL_KEY("model.kind", model.kind, "model family: a multi-layer perceptron, a convolutional network, a GPT, or a sequential stack of layers stated in model.stack (docs/models.md)", Choices{{"mlp", "cnn", "gpt", "sequential"}}),
-      TESSEL_KEY("model.hidden", model.hidden, "mlp: hidden layer widths", {1, 1 << 20}),
-      TESSEL_KEY("model.activation", model.activation, "mlp: the hidden layers' activation", Choices{{"relu", "gelu"}}),
-      TESSEL_KEY("model.dropout", model.dropout, "mlp/cnn: dropout after hidden activations", {.lo = 0, .hi = 1, .hi_open = true}),
-      TESSEL_KEY("model.channels", model.channels, "cnn: output channels of each conv block", {1, 1 << 16}),
-      TESSEL_KEY("model.kernel", model.kernel, "cnn: convolution kernel size (padding k/2)", {1, 1024}),
-      TESSEL_KEY("model.fc_hidden", model.fc_hidden, "cnn: width of the hidden fully connected layer", {1, 1 << 20}),
-      TESSEL_KEY("model.layers", model.layers, "gpt: transformer blocks", {1, 1024}),
-      TESSEL_KEY("model.heads", model.heads, "gpt: attention heads (must divide embed)", {1, 1 << 16}),
-      TESSEL_KEY("model.embed", model.embed, "gpt: embedding width", {1, 1 << 16}),
-      TESSEL_KEY("model.norm", model.norm, "gpt: the blocks' and the head's normalisation: layernorm (GPT-2) or rmsnorm (weight only, no centring)"),
-      TESSEL_KEY("model.position", model.position, "gpt: positions as a learned table added to the embedding (GPT-2) or rotary (queries and keys rotated by position inside attention, no table)"),
-      TESSEL_KEY("model.mlp", model.mlp, "gpt: the blocks' MLP: gelu (C -> 4C -> C) or swiglu (silu(x W1) * x W3 -> W2, hidden 8C/3 rounded to a multiple of 8: about the same parameters)"),
-      stack_key("sequential: the layers in order, an array of tables such as [{type = \"conv\", channels = 16, kernel = 5}, {type = \"relu\"}, {type = \"pool\"}]; types linear, conv, pool, relu, gelu, dropout, flatten, layernorm (docs/models.md)"),
+      TESSEL_KEY("model.hidden", model.hidden, "mlp: hidden layer widths", {1, 1 << 20}).when("model.kind", {"mlp"}),
+      TESSEL_KEY("model.activation", model.activation, "mlp: the hidden layers' activation", Choices{{"relu", "gelu"}}).when("model.kind", {"mlp"}),
+      TESSEL_KEY("model.dropout", model.dropout, "mlp/cnn: dropout after hidden activations", {.lo = 0, .hi = 1, .hi_open = true}).when("model.kind", {"mlp", "cnn"}),
+      TESSEL_KEY("model.channels", model.channels, "cnn: output channels of each conv block", {1, 1 << 16}).when("model.kind", {"cnn"}),
+      TESSEL_KEY("model.kernel", model.kernel, "cnn: convolution kernel size (padding k/2)", {1, 1024}).when("model.kind", {"cnn"}),
+      TESSEL_KEY("model.fc_hidden", model.fc_hidden, "cnn: width of the hidden fully connected layer", {1, 1 << 20}).when("model.kind", {"cnn"}),
+      TESSEL_KEY("model.layers", model.layers, "gpt: transformer blocks", {1, 1024}).when("model.kind", {"gpt"}),
+      TESSEL_KEY("model.heads", model.heads, "gpt: attention heads (must divide embed)", {1, 1 << 16}).when("model.kind", {"gpt"}),
+      TESSEL_KEY("model.embed", model.embed, "gpt: embedding width", {1, 1 << 16}).when("model.kind", {"gpt"}),
+      TESSEL_KEY("model.norm", model.norm, "gpt: the blocks' and the head's normalisation: layernorm (GPT-2) or rmsnorm (weight only, no centring)").when("model.kind", {"gpt"}),
+      TESSEL_KEY("model.position", model.position, "gpt: positions as a learned table added to the embedding (GPT-2) or rotary (queries and keys rotated by position inside attention, no table)").when("model.kind", {"gpt"}),
+      TESSEL_KEY("model.mlp", model.mlp, "gpt: the blocks' MLP: gelu (C -> 4C -> C) or swiglu (silu(x W1) * x W3 -> W2, hidden 8C/3 rounded to a multiple of 8: about the same parameters)").when("model.kind", {"gpt"}),
+      stack_key("sequential: the layers in order, an array of tables such as [{type = \"conv\", channels = 16, kernel = 5}, {type = \"relu\"}, {type = \"pool\"}]; types linear, conv, pool, relu, gelu, dropout, flatten, layernorm (docs/models.md)").when("model.kind", {"sequential"}),
       TESSEL_KEY("data.kind", data.kind, "the data: an IDX folder (fashion_mnist, mnist_idx), a text file (text), a token file (tokens), generated (spiral, synthetic) or a table of features and targets (npy: .npy or .npz, csv; docs/data.md)", Choices{{"fashion_mnist", "mnist_idx", "spiral", "text", "synthetic", "npy", "csv", "tokens"}}),
       TESSEL_KEY("data.path", data.path, "IDX folder (fashion_mnist, mnist_idx), text file (text), token file (tokens, docs/tokenizer.md) or table file (npy: .npy/.npz, csv)"),
-      TESSEL_KEY("data.target", data.target, "npy/csv: the targets: a CSV column's name, a 2-D .npy's column number, an .npz's array name (features: array x); empty: the last column, or array y; multilabel: CSV names or .npy numbers separated by commas (a CSV name ending in * takes every column it starts), or an .npz array [N, K]"),
-      TESSEL_KEY("data.task", data.task, "npy/csv: classification (integer class targets, cross-entropy), regression (one f32 target, mean squared error; the accuracy figures read 0) or multilabel (K 0/1 label columns named by data.target, K sigmoid outputs, binary cross-entropy; accuracy: the mean over rows and labels)"),
-      TESSEL_KEY("data.test_path", data.test_path, "npy/csv/text/tokens: the test set's file (a table of the same form, or text/tokens); empty: data.test_fraction of the rows drawn by data.seed (npy/csv), or the last data.test_fraction of data.path (text/tokens)"),
-      TESSEL_KEY("data.tokenizer", data.tokenizer_path, "text/tokens: a BPE tokenizer file (tessel tokenizer train) or a folder with GPT-2's encoder.json and vocab.bpe, stored in the checkpoint; empty: text is char-level (its distinct bytes), tokens have the largest id + 1 as vocabulary (docs/tokenizer.md)"),
-      TESSEL_KEY("data.flatten", data.flatten, "fashion_mnist/mnist_idx: images as [784] (true) or [1,28,28] (false)"),
-      TESSEL_KEY("data.mean", data.mean, "fashion_mnist/mnist_idx: input normalisation x = (pixel/255 - mean) / std", {-1000, 1000}),
-      TESSEL_KEY("data.std", data.std, "fashion_mnist/mnist_idx: input normalisation scale", {.lo = 0, .hi = 1000, .lo_open = true}),
+      TESSEL_KEY("data.target", data.target, "npy/csv: the targets: a CSV column's name, a 2-D .npy's column number, an .npz's array name (features: array x); empty: the last column, or array y; multilabel: CSV names or .npy numbers separated by commas (a CSV name ending in * takes every column it starts), or an .npz array [N, K]").when("data.kind", {"npy", "csv"}),
+      TESSEL_KEY("data.task", data.task, "npy/csv: classification (integer class targets, cross-entropy), regression (one f32 target, mean squared error; the accuracy figures read 0) or multilabel (K 0/1 label columns named by data.target, K sigmoid outputs, binary cross-entropy; accuracy: the mean over rows and labels)").when("data.kind", {"npy", "csv"}),
+      TESSEL_KEY("data.test_path", data.test_path, "npy/csv/text/tokens: the test set's file (a table of the same form, or text/tokens); empty: data.test_fraction of the rows drawn by data.seed (npy/csv), or the last data.test_fraction of data.path (text/tokens)").when("data.kind", {"npy", "csv", "text", "tokens"}),
+      TESSEL_KEY("data.tokenizer", data.tokenizer_path, "text/tokens: a BPE tokenizer file (tessel tokenizer train) or a folder with GPT-2's encoder.json and vocab.bpe, stored in the checkpoint; empty: text is char-level (its distinct bytes), tokens have the largest id + 1 as vocabulary (docs/tokenizer.md)").when("data.kind", {"text", "tokens"}),
+      TESSEL_KEY("data.flatten", data.flatten, "fashion_mnist/mnist_idx: images as [784] (true) or [1,28,28] (false)").when("data.kind", {"fashion_mnist", "mnist_idx"}),
+      TESSEL_KEY("data.mean", data.mean, "fashion_mnist/mnist_idx: input normalisation x = (pixel/255 - mean) / std", {-1000, 1000}).when("data.kind", {"fashion_mnist", "mnist_idx"}),
+      TESSEL_KEY("data.std", data.std, "fashion_mnist/mnist_idx: input normalisation scale", {.lo = 0, .hi = 1000, .lo_open = true}).when("data.kind", {"fashion_mnist", "mnist_idx"}),
       TESSEL_KEY("data.classes", data.classes, "number of classes; spiral/synthetic: 0 means 3; IDX, npy, csv: 0 means the data's largest label + 1, more adds unused classes", {0, 1 << 20}),
-      TESSEL_KEY("data.points_per_class", data.points_per_class, "spiral: points per class", {1, 1 << 28}),
-      TESSEL_KEY("data.noise", data.noise, "spiral: angular noise", {0, 1000}),
-      TESSEL_KEY("data.context", data.context, "text: tokens per sample (GPT context length)", {1, 1 << 24}),
-      TESSEL_KEY("data.test_fraction", data.test_fraction, "text/spiral/synthetic/npy/csv: share held out for test", {.lo = 0, .hi = 1, .hi_open = true}),
-      TESSEL_KEY("data.samples", data.samples, "synthetic: number of samples", {1, 1 << 30}),
-      TESSEL_KEY("data.features", data.features, "synthetic: features per sample", {1, 1 << 30}),
-      TESSEL_KEY("data.seed", data.seed, "spiral/synthetic: seed of the generated data; npy/csv: of the test rows drawn", {0, kMaxInt}),
-      TESSEL_KEY("optim.kind", optim.kind, "the optimizer: SGD with momentum or AdamW", Choices{{"sgd", "adamw"}}),
+      TESSEL_KEY("data.points_per_class", data.points_per_class, "spiral: points per class", {1, 1 << 28}).when("data.kind", {"spiral"}),
+      TESSEL_KEY("data.noise", data.noise, "spiral: angular noise", {0, 1000}).when("data.kind", {"spiral"}),
+      TESSEL_KEY("data.context", data.context, "text/tokens: tokens per sample (GPT context length)", {1, 1 << 24}).when("data.kind", {"text", "tokens"}),
+      TESSEL_KEY("data.test_fraction", data.test_fraction, "text/tokens/spiral/synthetic/npy/csv: share held out for test", {.lo = 0, .hi = 1, .hi_open = true}).when("data.kind", {"text", "tokens", "spiral", "synthetic", "npy", "csv"}),
+      TESSEL_KEY("data.samples", data.samples, "synthetic: number of samples", {1, 1 << 30}).when("data.kind", {"synthetic"}),
+      TESSEL_KEY("data.features", data.features, "synthetic: features per sample", {1, 1 << 30}).when("data.kind", {"synthetic"}),
+      TESSEL_KEY("data.seed", data.seed, "spiral/synthetic: seed of the generated data; npy/csv: of the test rows drawn", {0, kMaxInt}).when("data.kind", {"spiral", "synthetic", "npy", "csv"}),
+      TESSEL_KEY("optim.kind", optim.kind, "the optimizer: SGD with momentum or AdamW"),
       TESSEL_KEY("optim.lr", optim.lr, "base learning rate (> 0)", {.lo = 0, .hi = 1000, .lo_open = true}),
       TESSEL_KEY("optim.weight_decay", optim.weight_decay, "sgd: L2 penalty; adamw: decoupled decay", {0, 1000}),
-      TESSEL_KEY("optim.momentum", optim.momentum, "sgd: momentum in [0, 1)", {.lo = 0, .hi = 1, .hi_open = true}),
-      TESSEL_KEY("optim.nesterov", optim.nesterov, "sgd: Nesterov momentum"),
-      TESSEL_KEY("optim.beta1", optim.beta1, "adamw: first moment decay", {.lo = 0, .hi = 1, .hi_open = true}),
-      TESSEL_KEY("optim.beta2", optim.beta2, "adamw: second moment decay", {.lo = 0, .hi = 1, .hi_open = true}),
-      TESSEL_KEY("optim.eps", optim.eps, "adamw: denominator epsilon", {.lo = 0, .hi = 1, .lo_open = true}),
-      TESSEL_KEY("schedule.kind", schedule.kind, "learning-rate schedule after the warm-up", Choices{{"constant", "step", "cosine"}}),
+      TESSEL_KEY("optim.momentum", optim.momentum, "sgd: momentum in [0, 1)", {.lo = 0, .hi = 1, .hi_open = true}).when("optim.kind", {"sgd"}),
+      TESSEL_KEY("optim.nesterov", optim.nesterov, "sgd: Nesterov momentum").when("optim.kind", {"sgd"}),
+      TESSEL_KEY("optim.beta1", optim.beta1, "adamw: first moment decay", {.lo = 0, .hi = 1, .hi_open = true}).when("optim.kind", {"adamw"}),
+      TESSEL_KEY("optim.beta2", optim.beta2, "adamw: second moment decay", {.lo = 0, .hi = 1, .hi_open = true}).when("optim.kind", {"adamw"}),
+      TESSEL_KEY("optim.eps", optim.eps, "adamw: denominator epsilon", {.lo = 0, .hi = 1, .lo_open = true}).when("optim.kind", {"adamw"}),
+      TESSEL_KEY("schedule.kind", schedule.kind, "learning-rate schedule after the warm-up"),
       TESSEL_KEY("schedule.warmup_steps", schedule.warmup_steps, "linear warm-up steps", {0, kMaxSteps}),
       TESSEL_KEY("schedule.warmup_start", schedule.warmup_start, "warm-up starts at lr x this", {0, 1}),
-      TESSEL_KEY("schedule.step_size", schedule.step_size, "step: steps between decays", {1, kMaxSteps}),
-      TESSEL_KEY("schedule.gamma", schedule.gamma, "step: decay factor", {.lo = 0, .hi = 1, .lo_open = true}),
-      TESSEL_KEY("schedule.min_lr", schedule.min_lr, "cosine: final learning rate", {0, 1000}),
+      TESSEL_KEY("schedule.step_size", schedule.step_size, "step: steps between decays", {1, kMaxSteps}).when("schedule.kind", {"step"}),
+      TESSEL_KEY("schedule.gamma", schedule.gamma, "step: decay factor", {.lo = 0, .hi = 1, .lo_open = true}).when("schedule.kind", {"step"}),
+      TESSEL_KEY("schedule.min_lr", schedule.min_lr, "cosine: final learning rate", {0, 1000}).when("schedule.kind", {"cosine"}),
       TESSEL_KEY("train.epochs", train.epochs, "passes over the training set", {1, 1000000}),
       TESSEL_KEY("train.batch", train.batch, "global batch size", {1, 1 << 24}),
       TESSEL_KEY("train.max_steps", train.max_steps, "stop after this many steps (0: epochs decide); with ps.mode async or ssp a step is workers x worker batches, whoever trains them", {0, kMaxSteps}),
@@ -377,8 +386,8 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("ddp.micro_shard", parallel.micro_shard, "deterministic mode: rows per fixed micro-shard", {1, 1 << 24}),
       TESSEL_KEY("ddp.balance", parallel.balance, "off (each rank computes an even share of every batch's micro-shards in deterministic mode, else rows), static (the shares follow the ranks' speeds measured over the first 10 steps) or dynamic (re-dealt whenever the measured speeds change): the same gradient (deterministic: the same bits), a slow rank no longer sets the pace (docs/data_parallel.md)"),
       TESSEL_KEY("compress.kind", parallel.compress.kind, "what data-parallel gradient buckets (zero.stage 0-2, with pipelines, tensor parallelism and 16-bit precision too) and parameter-server pushes travel as: none (f32), fp16, bf16, int8 (per-chunk scales, stochastic rounding), topk (largest |g| as index/value pairs, all-gathered) or powersgd (rank-r factors P and Q, all-reduced); 1-D tensors and tensors it would not shrink stay f32 (docs/compression.md)"),
-      TESSEL_KEY("compress.ratio", parallel.compress.ratio, "topk: the share of each bucket's compressed elements sent per step, in (0, 0.5]", {.lo = 0, .hi = 0.5, .lo_open = true}),
-      TESSEL_KEY("compress.rank", parallel.compress.rank, "powersgd: the rank r of each matrix's approximation (m x n sends r (m + n) values)", {1, 1 << 16}),
+      TESSEL_KEY("compress.ratio", parallel.compress.ratio, "topk: the share of each bucket's compressed elements sent per step, in (0, 0.5]", {.lo = 0, .hi = 0.5, .lo_open = true}).when("compress.kind", {"topk"}),
+      TESSEL_KEY("compress.rank", parallel.compress.rank, "powersgd: the rank r of each matrix's approximation (m x n sends r (m + n) values)", {1, 1 << 16}).when("compress.kind", {"powersgd"}),
       TESSEL_KEY("compress.start_step", parallel.compress.start_step, "steps sent uncompressed (f32) before compression starts", {0, kMaxSteps}),
       TESSEL_KEY("compress.error_feedback", parallel.compress.error_feedback, "topk and powersgd: keep what a step did not send (the residual, per bucket and rank) and add it to the next step's gradient"),
       TESSEL_KEY("zero.stage", parallel.zero_stage, "sharded data parallelism over the dp ranks: 0 replicated, 1 optimizer state sharded (allocated 1/N per rank), 2 gradients too (buckets reduce-scattered during backward), 3 parameters too (gathered per block before forward and backward, released after)", {0, 3}),
@@ -394,17 +403,17 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("pp.cuts", parallel.pp_cuts, "explicit first block of stages 1..P-1, e.g. [3, 7] (overrides pp.partition)", {1, 1 << 20}),
       TESSEL_KEY("ps.servers", parallel.ps_servers, "parameter-server ranks (the last ones; 0: no parameter server)", {0, 1024}),
       TESSEL_KEY("ps.mode", parallel.ps_mode, "sync (lockstep slices, one summed update per step: equals data parallel), async (workers claim worker batches of train.batch / workers rows one at a time, each push applied at once) or ssp (async, no claim more than ps.staleness steps ahead of a batch still in progress)"),
-      TESSEL_KEY("ps.staleness", parallel.ps_staleness, "ssp: a claim at step c waits until every batch in progress is at step c - staleness or later (W claimed batches make a step)", {0, 1 << 20}),
-      TESSEL_KEY("ps.stale_lr", parallel.ps_stale_lr, "async/ssp: inverse applies an update computed on parameters s versions old at lr / (1 + s); none at lr"),
+      TESSEL_KEY("ps.staleness", parallel.ps_staleness, "ssp: a claim at step c waits until every batch in progress is at step c - staleness or later (W claimed batches make a step)", {0, 1 << 20}).when("ps.mode", {"ssp"}),
+      TESSEL_KEY("ps.stale_lr", parallel.ps_stale_lr, "async/ssp: inverse applies an update computed on parameters s versions old at lr / (1 + s); none at lr").when("ps.mode", {"async", "ssp"}),
       TESSEL_KEY("infer.chunk_rows", infer.chunk_rows, "predict: rows per chunk, the unit handed to a worker, written in order and resumed from (the same output for any worker count)", {1, 1 << 30}),
       TESSEL_KEY("infer.batch", infer.batch, "predict: rows (gpt: prompts) per forward pass within a chunk", {1, 1 << 24}),
       TESSEL_KEY("infer.top_k", infer.top_k, "predict and serve: classes listed with their probabilities per row", {1, 1 << 20}),
       TESSEL_KEY("infer.chunk_timeout_s", infer.chunk_timeout_s, "predict with threads: a worker holding a chunk this long is stalled and another worker re-runs the chunk", {.lo = 0, .hi = kMaxSeconds, .lo_open = true}),
       TESSEL_KEY("infer.commit_every_s", infer.commit_every_s, "predict: seconds between commits of the output (fsync + progress file); a killed job resumes from the last one (0: after every chunk)", {0, kMaxSeconds}),
-      TESSEL_KEY("infer.max_new_tokens", infer.max_new_tokens, "gpt: tokens generated per prompt (prompt + these must fit the context)", {1, 1 << 24}),
-      TESSEL_KEY("infer.temperature", infer.temperature, "gpt: 0 greedy (the most likely token), else sample at this temperature, seeded by seed and the row", {0, 1000}),
-      TESSEL_KEY("infer.sample_top_k", infer.sample_top_k, "gpt: sample among the k most likely tokens (0: all)", {0, 1 << 20}),
-      TESSEL_KEY("infer.kv_cache", infer.kv_cache, "gpt: keep each block's keys and values while generating (false: recompute the whole context for every token)"),
+      TESSEL_KEY("infer.max_new_tokens", infer.max_new_tokens, "gpt: tokens generated per prompt (prompt + these must fit the context)", {1, 1 << 24}).when("model.kind", {"gpt"}),
+      TESSEL_KEY("infer.temperature", infer.temperature, "gpt: 0 greedy (the most likely token), else sample at this temperature, seeded by seed and the row", {0, 1000}).when("model.kind", {"gpt"}),
+      TESSEL_KEY("infer.sample_top_k", infer.sample_top_k, "gpt: sample among the k most likely tokens (0: all)", {0, 1 << 20}).when("model.kind", {"gpt"}),
+      TESSEL_KEY("infer.kv_cache", infer.kv_cache, "gpt: keep each block's keys and values while generating (false: recompute the whole context for every token)").when("model.kind", {"gpt"}),
       TESSEL_KEY("serve.host", serve.host, "address tessel serve listens on (127.0.0.1: this machine only; 0.0.0.0: every interface)"),
       TESSEL_KEY("serve.max_batch", serve.max_batch, "rows per batch a serve worker runs (requests are batched up to it); also the most rows one request may carry", {1, 1 << 20}),
       TESSEL_KEY("serve.max_wait_ms", serve.max_wait_ms, "longest a request waits for others to fill a batch", {0, kMaxSeconds}),
@@ -413,8 +422,8 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("serve.connections", serve.connections, "HTTP connections open at once; a connection beyond them gets 503 with Retry-After and is closed", {1, 1 << 20}),
       TESSEL_KEY("serve.io_threads", serve.io_threads, "threads reading and writing HTTP on every connection (event-driven), apart from the model's workers", {1, 256}),
       TESSEL_KEY("serve.timeout_s", serve.timeout_s, "a request not answered in this many seconds gets 504, one not read whole 408; a connection idle this long is closed", {.lo = 0, .hi = kMaxSeconds, .lo_open = true}),
-      TESSEL_KEY("serve.max_sequences", serve.max_sequences, "gpt: sequences generating together (continuous batching; 1: one request at a time); more wait to join", {1, 1 << 16}),
-      TESSEL_KEY("serve.max_step_tokens", serve.max_step_tokens, "gpt: rows in one generation step, new tokens first, then prompt chunks", {1, 1 << 20}),
+      TESSEL_KEY("serve.max_sequences", serve.max_sequences, "gpt: sequences generating together (continuous batching; 1: one request at a time); more wait to join", {1, 1 << 16}).when("model.kind", {"gpt"}),
+      TESSEL_KEY("serve.max_step_tokens", serve.max_step_tokens, "gpt: rows in one generation step, new tokens first, then prompt chunks", {1, 1 << 20}).when("model.kind", {"gpt"}),
       TESSEL_KEY("debug.slow_rank", parallel.slow_rank, "rank that sleeps debug.delay_ms in every step (a parameter-server worker: before its push; otherwise before the gradient reduction) or before every chunk (predict), to study stragglers (-1: none)", {-1, kMaxRank}),
       TESSEL_KEY("debug.delay_ms", parallel.delay_ms, "milliseconds debug.slow_rank sleeps in every step or chunk", {0, kMaxSeconds}),
       TESSEL_KEY("debug.slow_factor", parallel.slow_factor, "training: debug.slow_rank's forward and backward of every piece take this many times as long (it sleeps the difference), a slower processor to study ddp.balance (1: off)", {1, 1000}),
@@ -544,30 +553,15 @@ Config load_resume_config(const std::string& run_config, const std::string& path
 
 namespace {
 
-// Whether key k applies to c. A doc that starts with values of string keys with choices ("cnn:",
-// "spiral/synthetic:", "topk:") names when the key matters: while such a key holds one of them.
-// Any other key always applies.
+// Whether key k applies to c (its `applies`).
 bool applies(const Key& k, const Config& c) {
-  const std::string& doc = k.info.doc;
-  const size_t colon = doc.find(':');
-  if (colon == std::string::npos ||
-      doc.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_/") < colon)
-    return true;
-  bool named = false;
-  std::stringstream tokens(doc.substr(0, colon));
-  for (std::string t; std::getline(tokens, t, '/');) {
-    for (const Key& s : registry()) {
-      if (s.info.type != "string" || s.info.range.empty()) continue;
-      std::stringstream values(s.info.range);
-      bool listed = false;
-      for (std::string v; std::getline(values >> std::ws, v, ',');) listed = listed || v == t;
-      if (!listed) continue;
-      named = true;
-      const std::string now = s.get(c);  // a quoted TOML string
-      if (now.substr(1, now.size() - 2) == t) return true;
-    }
-  }
-  return !named;
+  const Applies& a = k.applies;
+  if (a.key.empty()) return true;
+  const Key* on = find_key(a.key);
+  TESSEL_CHECK(on != nullptr, "config: ", k.info.path, " applies by unknown key ", a.key);
+  const std::string now = on->get(c);  // a quoted TOML string
+  return std::find(a.values.begin(), a.values.end(), now.substr(1, now.size() - 2)) !=
+         a.values.end();
 }
 
 }  // namespace
@@ -589,6 +583,23 @@ std::string to_toml(const Config& c) {
     out += path.substr(dot == std::string::npos ? 0 : dot + 1) + " = " + k.get(c) + "\n";
   }
   return out;
+}
+
+std::pair<int64_t, int64_t> parse_step_window(const std::string& text) {
+  auto parse_int = [](const std::string& s, int64_t& out) {
+    const char* end = s.data() + s.size();
+    auto [p, ec] = std::from_chars(s.data(), end, out);
+    return ec == std::errc() && p == end;
+  };
+  const size_t colon = text.find(':');
+  int64_t first = 0, end = 0;
+  if (colon == std::string::npos || !parse_int(text.substr(0, colon), first) ||
+      !parse_int(text.substr(colon + 1), end) || first < 0 || end <= first)
+    throw InvalidArgument(
+        str("config: trace.steps must be \"A:B\" with 0 <= A < B (steps A to B - 1 "
+            "are traced), got '",
+            text, "'"));
+  return {first, end};
 }
 
 int resolve_prefetch(int requested, int ranks_on_host, int blas_threads, int cores) {

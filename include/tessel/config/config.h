@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessel/data/dataset.h"
@@ -141,6 +142,8 @@ struct KeyInfo {
 };
 // Every valid key, in the order of docs/config.md.
 std::vector<KeyInfo> config_keys();
+// trace.steps "A:B" -> steps [A, B); throws InvalidArgument for anything else.
+std::pair<int64_t, int64_t> parse_step_window(const std::string& text);
 // train.prefetch as run: `requested` unless -1 (auto), which is 2 when the host's `cores`
 // leave one spare beyond its ranks x BLAS threads, else 0 (a loader thread on a busy core
 // preempts a rank, and every rank of a step waits for the slowest).

@@ -5,8 +5,8 @@
 #include <vector>
 
 #include "config_suggest.h"
+#include "tessel/config/config.h"
 #include "tessel/core/error.h"
-#include "tessel/train/config.h"
 
 namespace tessel::train {
 namespace {

@@ -4,9 +4,9 @@
 #include <cctype>
 #include <cmath>
 
+#include "tessel/config/config.h"
 #include "tessel/core/error.h"
 #include "tessel/core/suggest.h"
-#include "tessel/train/config.h"
 
 namespace tessel::train {
 namespace {

@@ -66,9 +66,9 @@ Tensor gradients(const ModelSpec& spec, Recompute mode, bool split) {
 // The modern GPT: RMSNorm, rotary positions, SwiGLU (whose output selective recompute keeps).
 ModelSpec modern_spec() {
   ModelSpec s = testing::gpt_spec();
-  s.norm = "rmsnorm";
-  s.position = "rotary";
-  s.mlp = "swiglu";
+  s.norm = Norm::kRmsNorm;
+  s.position = Position::kRotary;
+  s.mlp = Mlp::kSwiglu;
   return s;
 }
 
@@ -176,7 +176,7 @@ TEST(DeferWeights, GptMicroBatchWaitingForWHoldsLessThanAfterForward) {
         m->backward(dlogits, acts);
         after_backward = ledger->current(MemCategory::kActivations) - scratch.bytes();
       }
-      EXPECT_LT(after_backward, after_forward) << spec.mlp << " recompute " << int(mode);
+      EXPECT_LT(after_backward, after_forward) << name_of(spec.mlp) << " recompute " << int(mode);
       m->backward_weights(acts);
     }
 }

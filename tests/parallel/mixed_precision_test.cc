@@ -180,13 +180,6 @@ TEST(MixedPrecision, BadValuesNameTheKey) {
   EXPECT_THROW(gpt({"train.precision=fp8"}), InvalidArgument);
   EXPECT_THROW(gpt({"train.recompute=some"}), InvalidArgument);
   EXPECT_THROW(gpt({"debug.overflow_steps=[2]"}), InvalidArgument);  // not fp16
-  // Not yet: 16-bit tensor parallelism (its collectives and workspaces are f32).
-  try {
-    train_on(gpt({"train.precision=bf16", "tp.size=2"}), 2);
-    ADD_FAILURE() << "bf16 with tp.size = 2 ran";
-  } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("tensor parallelism"), std::string::npos) << e.what();
-  }
 }
 
 }  // namespace

@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "tessel/comm/communicator.h"
+#include "tessel/config/config.h"
 #include "tessel/nn/layers.h"
 #include "tessel/nn/model.h"
-#include "tessel/config/config.h"
 
 namespace tessel::testing {
 

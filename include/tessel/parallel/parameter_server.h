@@ -191,7 +191,7 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
   int server_index() const { return rank() - workers(); }
   int server_rank(int k) const { return workers() + k; }
   double timeout() const { return mesh_.world().options().timeout_s; }
-  void start(int64_t clock);               // the first contact: hello to every server
+  void start(int64_t clock);  // the first contact: hello to every server
   // Sends a request to every server (a push's skip and factor: Request).
   void request(Kind kind, int64_t clock, bool skip = false, float scale = 1.0f);
   // Worker: sends unit u's gradient to the servers holding parts of it (once per step).
@@ -199,7 +199,7 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
   // The pieces of server k's shard the workers' units send, in the order they go out (shard
   // offsets); uncompressed pushes arrive as one message per piece.
   std::vector<nn::Range> pieces(int k) const;
-  void await_replies(const char* what);    // receives every server's reply (and changed shards)
+  void await_replies(const char* what);  // receives every server's reply (and changed shards)
   void pull(Kind kind);
   void push(float grad_scale, int64_t step, bool skip);
   std::vector<double> gather(double value);

@@ -15,11 +15,11 @@
 namespace tessel::parallel {
 
 // The values of the spec's choice keys, read from their names once (core/names.h).
-enum class Precision : uint8_t { kFp32, kBf16, kFp16 };        // train.precision
-enum class Overlap : uint8_t { kAuto, kOn, kOff };             // ddp.overlap
-enum class BalanceMode : uint8_t { kOff, kStatic, kDynamic };  // ddp.balance
-enum class PsMode : uint8_t { kSync, kAsync, kSsp };           // ps.mode
-enum class StaleLr : uint8_t { kNone, kInverse };              // ps.stale_lr
+enum class Precision : uint8_t { kFp32, kBf16, kFp16 };                  // train.precision
+enum class Overlap : uint8_t { kAuto, kOn, kOff };                       // ddp.overlap
+enum class BalanceMode : uint8_t { kOff, kStatic, kDynamic };            // ddp.balance
+enum class PsMode : uint8_t { kSync, kAsync, kSsp };                     // ps.mode
+enum class StaleLr : uint8_t { kNone, kInverse };                        // ps.stale_lr
 enum class PpSchedule : uint8_t { kGpipe, k1f1b, kInterleaved, kZbH1 };  // pp.schedule
 enum class PpPartition : uint8_t { kBalanced, kUniform, kRoundRobin };   // pp.partition
 
@@ -64,10 +64,10 @@ struct ParallelSpec {
   bool tp_sequence = false;  // activations between cut regions split along the sequence
 
   // pp.* (pipeline model parallelism)
-  int64_t pp_stages = 1;                  // pipeline stages (1: no pipeline)
-  int64_t pp_microbatches = 1;            // micro-batches per batch
+  int64_t pp_stages = 1;        // pipeline stages (1: no pipeline)
+  int64_t pp_microbatches = 1;  // micro-batches per batch
   PpSchedule pp_schedule = PpSchedule::k1f1b;
-  int64_t pp_virtual_stages = 1;          // interleaved: chunks per stage
+  int64_t pp_virtual_stages = 1;  // interleaved: chunks per stage
   PpPartition pp_partition = PpPartition::kBalanced;
   std::vector<int64_t> pp_cuts;  // explicit first block of stages 1..P-1 (overrides partition)
 

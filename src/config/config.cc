@@ -585,23 +585,6 @@ std::string to_toml(const Config& c) {
   return out;
 }
 
-std::pair<int64_t, int64_t> parse_step_window(const std::string& text) {
-  auto parse_int = [](const std::string& s, int64_t& out) {
-    const char* end = s.data() + s.size();
-    auto [p, ec] = std::from_chars(s.data(), end, out);
-    return ec == std::errc() && p == end;
-  };
-  const size_t colon = text.find(':');
-  int64_t first = 0, end = 0;
-  if (colon == std::string::npos || !parse_int(text.substr(0, colon), first) ||
-      !parse_int(text.substr(colon + 1), end) || first < 0 || end <= first)
-    throw InvalidArgument(
-        str("config: trace.steps must be \"A:B\" with 0 <= A < B (steps A to B - 1 "
-            "are traced), got '",
-            text, "'"));
-  return {first, end};
-}
-
 int resolve_prefetch(int requested, int ranks_on_host, int blas_threads, int cores) {
   if (requested >= 0) return requested;
   return cores > ranks_on_host * std::max(1, blas_threads) ? 2 : 0;

@@ -1,5 +1,6 @@
 #include "config_bounds.h"
 
+#include <charconv>
 #include <fstream>
 #include <utility>
 #include <vector>
@@ -137,6 +138,23 @@ std::string read_config_file(const std::string& path) {
   in.read(text.data(), static_cast<std::streamsize>(text.size()));
   text.resize(static_cast<size_t>(in.gcount()));
   return text;
+}
+
+std::pair<int64_t, int64_t> parse_step_window(const std::string& text) {
+  auto parse_int = [](const std::string& s, int64_t& out) {
+    const char* end = s.data() + s.size();
+    auto [p, ec] = std::from_chars(s.data(), end, out);
+    return ec == std::errc() && p == end;
+  };
+  const size_t colon = text.find(':');
+  int64_t first = 0, end = 0;
+  if (colon == std::string::npos || !parse_int(text.substr(0, colon), first) ||
+      !parse_int(text.substr(colon + 1), end) || first < 0 || end <= first)
+    throw InvalidArgument(
+        str("config: trace.steps must be \"A:B\" with 0 <= A < B (steps A to B - 1 "
+            "are traced), got '",
+            text, "'"));
+  return {first, end};
 }
 
 }  // namespace tessel::train

@@ -1,6 +1,8 @@
 #include "tessel/infer/scheduler.h"
 
 #include <algorithm>
+#include <chrono>
+#include <thread>
 
 #include "tessel/core/error.h"
 #include "tessel/core/memory.h"
@@ -50,6 +52,8 @@ void Scheduler::loop() {
       if (queue_.empty() && running_.empty()) return;  // closed, and nothing left
     }
     admit();
+    if (options_.step_delay_s > 0)
+      std::this_thread::sleep_for(std::chrono::duration<double>(options_.step_delay_s));
     step();
   }
 }

@@ -1,7 +1,9 @@
 #include "tessel/infer/server.h"
 
+#include <chrono>
 #include <cstring>
 #include <ctime>
+#include <thread>
 
 #include "inputs_json.h"
 #include "openai.h"
@@ -24,6 +26,12 @@ struct HttpError : Error {
 
 HttpResponse json_response(int status, const ojson& body) {
   return {status, "application/json", dump_json(body) + "\n", {}};
+}
+
+// The seconds serve worker `worker` sleeps before each batch or generation step: debug.delay_ms
+// when it is debug.slow_rank (the generation scheduler counts as worker 0), to study timeouts.
+double debug_delay_s(const train::Config& config, int worker) {
+  return config.parallel.slow_rank == worker ? config.parallel.delay_ms / 1000.0 : 0.0;
 }
 
 HttpResponse error_response(int status, const std::string& message) {
@@ -146,7 +154,7 @@ Server::Server(const train::Config& config, const std::string& checkpoint, int w
     scheduler_ = std::make_unique<Scheduler>(
         generator_->model(),
         SchedulerOptions{config.serve.max_sequences, config.serve.max_step_tokens,
-                         config.serve.max_queue});
+                         config.serve.max_queue, debug_delay_s(config, 0)});
   }
   HttpOptions ho;
   ho.host = config.serve.host;
@@ -304,6 +312,8 @@ void Server::submit(Request request, Respond respond,
 }
 
 std::vector<ojson> Server::run_batch(int worker, const std::vector<const Request*>& batch) {
+  if (const double delay = debug_delay_s(config_, worker); delay > 0)
+    std::this_thread::sleep_for(std::chrono::duration<double>(delay));
   Replica& replica = *replicas_[static_cast<size_t>(worker)];
   std::vector<ojson> out;
   if (!info_.generates()) {

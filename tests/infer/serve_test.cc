@@ -430,6 +430,33 @@ TEST_F(Serve, TheTransportsLimitsUnderV1AreOpenAiShaped) {
   }
 }
 
+// A generation that outlasts serve.timeout_s gets a 504 in OpenAI's shape under /v1/; the late
+// answer goes nowhere, and the connection serves its next request.
+TEST_F(Serve, ALateGenerationGets504InOpenAisShape) {
+  const std::string gpt = std::string(TESSEL_SOURCE_DIR) + "/examples/char_gpt.toml";
+  const Result trained =
+      run("train " + gpt + " --quiet --set train.max_steps=1 --run-dir " + path("late"));
+  ASSERT_EQ(trained.exit_code, 0) << trained.output;
+  Running s({"serve.timeout_s=0.3", "debug.slow_rank=0", "debug.delay_ms=600"}, gpt, path("late"));
+  httplib::Client c = s.client();
+  c.set_keep_alive(true);
+  const auto res =
+      c.Post("/v1/completions", R"({"model": "char_gpt", "prompt": "The", "max_tokens": 2})",
+             "application/json");
+  ASSERT_TRUE(res);
+  EXPECT_EQ(res->status, 504) << res->body;
+  const auto body = nlohmann::json::parse(res->body, nullptr, false);
+  ASSERT_TRUE(body.contains("error") && body["error"].is_object()) << res->body;
+  EXPECT_EQ(body["error"]["type"], "server_error") << res->body;
+  EXPECT_NE(body["error"]["message"].get<std::string>().find("serve.timeout_s = 0.3"),
+            std::string::npos)
+      << res->body;
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the late answers come and go
+  const auto next = c.Get("/v2/health/live");
+  ASSERT_TRUE(next);
+  EXPECT_EQ(next->status, 200) << next->body;
+}
+
 TEST_F(Serve, StopDoesNotWaitForARequestNotSentWhole) {
   auto s = std::make_unique<Running>();  // serve.timeout_s = 30
   const int fd = connect_to(s->port);

@@ -43,6 +43,7 @@ struct SchedulerOptions {
   int64_t max_sequences = 32;     // sequences in a step (1: one request at a time)
   int64_t max_step_tokens = 256;  // rows in a step
   int64_t max_queue = 256;        // generations waiting to join
+  double step_delay_s = 0;        // debug: sleep before every step (debug.delay_ms of worker 0)
 };
 
 // Measured after each step.

@@ -251,6 +251,17 @@ TEST(TextStackParallel, TrainsToCharGptsParameters) {
   }
 }
 
+// Feature data for a stack of text layers is refused at start, naming the data it needs.
+TEST(TextStackParallel, FeatureDataIsRefused) {
+  try {
+    train_on(sequential({kTextStack}), 1);
+    ADD_FAILURE() << "a text stack trained on features";
+  } catch (const InvalidArgument& e) {
+    for (const char* part : {"sequential reads token ids", "data.kind = 'synthetic'", "'tokens'"})
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
 // Tensor parallelism cuts the blocks' heads and the vocabulary (the vocabulary-parallel loss).
 TEST(TextStackParallel, LayoutsMatchOneWorker) {
   expect_match_single(text_stack({}),

@@ -33,8 +33,7 @@ Gpt gpt_of(nn::Model& model) {
         str("generate: needs a gpt model (embedding, transformer blocks, lm "
             "head), got ",
             n, " blocks starting with '", n ? model.block(0).kind() : "",
-            "'; set "
-            "model.kind = gpt"));
+            "'; set model.kind = gpt, or state a stack of text layers (docs/models.md)"));
   return g;
 }
 

@@ -344,7 +344,7 @@ std::unique_ptr<InputReader> open_input(const std::string& path, const ModelInfo
                               ? str("predict: a gpt model takes text prompts, one per line, in a "
                                     ".txt file, got --input ",
                                     path)
-                              : str("predict: a ", model.spec.kind,
+                              : str("predict: a ", name_of(model.spec.kind),
                                     " model takes IDX images, a .npy array or a .csv table, got "
                                     "--input ",
                                     path, "; text prompts (.txt) are for a gpt model"));

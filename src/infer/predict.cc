@@ -93,7 +93,7 @@ Job make_job(const train::Config& config, const PredictOptions& options) {
                   {"input_bytes", ec ? -1 : static_cast<int64_t>(input_bytes)},
                   {"checkpoint", job.info.checkpoint->dir()},
                   {"chunk_rows", s.chunk_rows},
-                  {"model", config.model.kind}};
+                  {"model", name_of(config.model.kind)}};
   if (job.info.generates())
     job.identity.update({{"max_new_tokens", s.max_new_tokens},
                          {"temperature", s.temperature},

@@ -4,6 +4,9 @@
 
 #include <unistd.h>
 
+#include <algorithm>
+
+#include "builders.h"
 #include "tessel/nn/layers.h"
 #include "tessel/nn/modern.h"
 
@@ -25,9 +28,10 @@ int64_t checked_size(std::initializer_list<int64_t> factors, const std::string& 
 
 // The keys that size a model of this kind, with their values, for messages.
 std::string size_keys(const ModelSpec& spec) {
-  if (spec.kind == "sequential") return str("model.stack = ", excerpt(stack_toml(spec.stack)));
-  if (spec.kind == "mlp") return str("model.hidden = ", list_str(spec.hidden));
-  if (spec.kind == "cnn")
+  if (spec.kind == ModelKind::kSequential)
+    return str("model.stack = ", excerpt(stack_toml(spec.stack)));
+  if (spec.kind == ModelKind::kMlp) return str("model.hidden = ", list_str(spec.hidden));
+  if (spec.kind == ModelKind::kCnn)
     return str("model.channels = ", list_str(spec.channels), ", model.kernel = ", spec.kernel,
                ", model.fc_hidden = ", spec.fc_hidden);
   return str("model.layers = ", spec.layers, ", model.embed = ", spec.embed);
@@ -44,7 +48,7 @@ void check_fits_memory(const ModelSpec& spec, const Model& m) {
   const double bytes = static_cast<double>(m.logical_numel()) * 4.0;  // all tp parts
   const int64_t memory = machine_memory_bytes();
   if (memory > 0 && bytes > static_cast<double>(memory))
-    throw InvalidArgument(str("model: the ", spec.kind, " of ", size_keys(spec), " has ",
+    throw InvalidArgument(str("model: the ", name_of(spec.kind), " of ", size_keys(spec), " has ",
                               static_cast<double>(m.num_parameters()), " parameters (",
                               bytes / (1ull << 30), " GiB as f32), more than the ", memory >> 30,
                               " GiB of memory of this machine; lower ",
@@ -79,27 +83,26 @@ void check_common(const ModelSpec& spec) {
     throw InvalidArgument(str("model: num_classes must be positive, got ", spec.num_classes,
                               "; check the dataset's labels"));
   const GptVariant classic;
-  if (spec.kind != "gpt" &&
+  if (!reads_tokens(spec) &&
       (spec.norm != classic.norm || spec.position != classic.position || spec.mlp != classic.mlp))
     throw InvalidArgument(
-        str("model: model.norm, model.position and model.mlp choose a gpt's "
-            "parts, got model.kind = ",
-            spec.kind, "; leave them at their defaults or use model.kind = gpt"));
-  if (spec.kind != "sequential" && !spec.stack.empty())
+        str("model: model.norm, model.position and model.mlp choose the transformer parts of a "
+            "gpt or of a stack of text layers, got model.kind = ",
+            name_of(spec.kind), spec.kind == ModelKind::kSequential ? " with no text layers" : "",
+            "; leave them at their defaults or use model.kind = gpt"));
+  if (spec.kind != ModelKind::kSequential && !spec.stack.empty())
     throw InvalidArgument(
         str("model: model.stack lists the layers of a sequential model, got "
             "model.kind = ",
-            spec.kind, "; set model.kind = \"sequential\" or remove model.stack"));
+            name_of(spec.kind), "; set model.kind = \"sequential\" or remove model.stack"));
   if (!(spec.dropout >= 0.0f && spec.dropout < 1.0f))
     throw InvalidArgument(str("model: model.dropout must be in [0, 1), got ", spec.dropout,
                               "; use e.g. 0.1, or 0 to disable it"));
 }
 
-std::unique_ptr<Module> make_activation(const std::string& name) {
-  if (name == "relu") return std::make_unique<ReLU>();
-  if (name == "gelu") return std::make_unique<GELU>();
-  throw InvalidArgument(
-      str("model: unknown model.activation, got '", name, "'; use one of relu, gelu"));
+std::unique_ptr<Module> make_activation(Activation a) {
+  if (a == Activation::kGelu) return std::make_unique<GELU>();
+  return std::make_unique<ReLU>();
 }
 
 void build_mlp(const ModelSpec& spec, TensorParallel* tp, Model& m) {
@@ -107,7 +110,6 @@ void build_mlp(const ModelSpec& spec, TensorParallel* tp, Model& m) {
     throw InvalidArgument(str("model: mlp needs a flat input [features], got input_shape ",
                               shape_str(spec.input_shape), "; set data.flatten = true"));
   require_positive_list(spec.hidden, "model.hidden");
-  make_activation(spec.activation);  // validates the name before anything is built
   const int parts = tp ? tp->size() : 1;
   int64_t in = spec.input_shape[0];
   for (size_t i = 0; i < spec.hidden.size(); ++i) {
@@ -171,45 +173,15 @@ void build_cnn(const ModelSpec& spec, Model& m) {
 }
 
 void build_gpt(const ModelSpec& spec, TensorParallel* tp, Model& m) {
-  if (spec.input_shape.size() != 1)
-    throw InvalidArgument(str("model: gpt needs token input [T], got input_shape ",
-                              shape_str(spec.input_shape), "; use a text (token) dataset"));
+  check_token_input(spec, "gpt");
   require_positive(spec.layers, "model.layers");
   require_positive(spec.heads, "model.heads");
   require_positive(spec.embed, "model.embed");
-  if (spec.embed % spec.heads != 0)
-    throw InvalidArgument(str("model: model.heads must divide model.embed, got heads ", spec.heads,
-                              " and embed ", spec.embed,
-                              "; pick heads among the divisors of embed"));
-  const GptVariant variant{spec.norm, spec.position, spec.mlp};
-  if (variant.position == Position::kRotary && (spec.embed / spec.heads) % 2 != 0)
-    throw InvalidArgument(
-        str("model: model.position = rotary rotates pairs of a head's channels, "
-            "but model.embed / model.heads = ",
-            spec.embed, " / ", spec.heads, " = ", spec.embed / spec.heads,
-            " is odd; pick heads so that each head has an even size"));
-  if (tp && variant.mlp == Mlp::kSwiglu && swiglu_hidden(spec.embed) % tp->size() != 0)
-    throw InvalidArgument(str("model: model.mlp = swiglu has ", swiglu_hidden(spec.embed),
-                              " hidden units for model.embed = ", spec.embed,
-                              ", which do not split over tp.size = ", tp->size(),
-                              " ranks; use a tp.size dividing it"));
+  const TextKeys keys{"model.embed", "model.heads", "model.layers"};
+  check_heads(spec, spec.embed, spec.heads, keys, tp);
+  check_text_sizes(spec, spec.embed, spec.layers, keys, tp);
+  const GptVariant variant = gpt_variant(spec);
   const int64_t T = spec.input_shape[0], V = spec.num_classes, C = spec.embed;
-  checked_size({V, C}, str("model.embed = ", C), "the token embedding");
-  checked_size({T, C}, str("model.embed = ", C, " with data.context = ", T),
-               "the position embedding");
-  checked_size({12, C, C, spec.layers},
-               str("model.embed = ", C, " with model.layers = ", spec.layers),
-               "the transformer blocks");
-  if (tp && spec.heads % tp->size() != 0)
-    throw InvalidArgument(
-        str("model: model.heads = ", spec.heads, " does not split over tp.size = ", tp->size(),
-            " ranks; use a multiple of ", tp->size(), " heads or a tp.size dividing ", spec.heads));
-  if (sequence_split(tp) && T % tp->size() != 0)
-    throw InvalidArgument(str("model: tp.sequence_parallel splits the context of ", T,
-                              " tokens over tp.size = ", tp->size(),
-                              " ranks, which does not divide it; "
-                              "use a context (data.context) that is a multiple of ",
-                              tp->size()));
   auto embed = std::make_unique<Embedding>(V, T, C, tp, variant.position);
   Parameter* table = embed->token_table();
   m.add("embed", std::move(embed));
@@ -221,20 +193,91 @@ void build_gpt(const ModelSpec& spec, TensorParallel* tp, Model& m) {
 
 }  // namespace
 
+void check_token_input(const ModelSpec& spec, const std::string& what) {
+  if (spec.input_shape.size() != 1)
+    throw InvalidArgument(str("model: ", what, " needs token input [T], got input_shape ",
+                              shape_str(spec.input_shape),
+                              "; use a text or token dataset (data.kind = text or tokens)"));
+}
+
+void check_heads(const ModelSpec& spec, int64_t embed, int64_t heads, const TextKeys& keys,
+                 TensorParallel* tp) {
+  if (embed % heads != 0)
+    throw InvalidArgument(str("model: ", keys.heads, " must divide ", keys.embed, ", got heads ",
+                              heads, " and embed ", embed, "; pick heads among the divisors of ",
+                              embed));
+  if (spec.position == Position::kRotary && (embed / heads) % 2 != 0)
+    throw InvalidArgument(
+        str("model: model.position = rotary rotates pairs of a head's channels, "
+            "but ",
+            keys.embed, " / ", keys.heads, " = ", embed, " / ", heads, " = ", embed / heads,
+            " is odd; pick heads so that each head has an even size"));
+  if (tp && heads % tp->size() != 0)
+    throw InvalidArgument(
+        str("model: ", keys.heads, " = ", heads, " does not split over tp.size = ", tp->size(),
+            " ranks; use a multiple of ", tp->size(), " heads or a tp.size dividing ", heads));
+}
+
+void check_text_sizes(const ModelSpec& spec, int64_t embed, int64_t layers, const TextKeys& keys,
+                      TensorParallel* tp) {
+  const int64_t T = spec.input_shape[0], V = spec.num_classes, C = embed;
+  if (tp && spec.mlp == Mlp::kSwiglu && swiglu_hidden(C) % tp->size() != 0)
+    throw InvalidArgument(str("model: model.mlp = swiglu has ", swiglu_hidden(C),
+                              " hidden units for ", keys.embed, " = ", C,
+                              ", which do not split over tp.size = ", tp->size(),
+                              " ranks; use a tp.size dividing it"));
+  checked_size({V, C}, str(keys.embed, " = ", C), "the token embedding");
+  checked_size({T, C}, str(keys.embed, " = ", C, " with data.context = ", T),
+               "the position embedding");
+  checked_size({12, C, C, layers}, str(keys.embed, " = ", C, " with ", keys.layers, " = ", layers),
+               "the transformer blocks");
+  if (sequence_split(tp) && T % tp->size() != 0)
+    throw InvalidArgument(str("model: tp.sequence_parallel splits the context of ", T,
+                              " tokens over tp.size = ", tp->size(),
+                              " ranks, which does not divide it; "
+                              "use a context (data.context) that is a multiple of ",
+                              tp->size()));
+}
+
+bool reads_tokens(const ModelSpec& spec) {
+  if (spec.kind == ModelKind::kGpt) return true;
+  return spec.kind == ModelKind::kSequential &&
+         std::any_of(spec.stack.begin(), spec.stack.end(),
+                     [](const LayerSpec& l) { return is_text_layer(l.type); });
+}
+
+TextSizes text_sizes(const ModelSpec& spec) {
+  if (spec.kind == ModelKind::kGpt) return {spec.embed, spec.layers};
+  TextSizes s;
+  for (const LayerSpec& l : spec.stack) {
+    if (l.type == "transformer") ++s.layers;
+    for (const auto& [name, value] : l.args)
+      if (l.type == "embedding" && name == "channels") s.embed = static_cast<int64_t>(value);
+  }
+  return s;
+}
+
 std::unique_ptr<Model> build_model(const ModelSpec& spec, TensorParallel* tp) {
-  if (spec.kind != "mlp" && spec.kind != "cnn" && spec.kind != "gpt" && spec.kind != "sequential")
-    throw InvalidArgument(str("model: unknown model.kind, got '", spec.kind,
-                              "'; use one of mlp, cnn, gpt, sequential"));
   check_common(spec);
-  if (tp && spec.kind == "cnn")
+  if (tp && spec.kind == ModelKind::kCnn)
     throw InvalidArgument(
         "model: tensor parallelism (tp.size > 1) cuts mlp and gpt models, not a "
         "cnn; set tp.size = 1 or use data/pipeline parallelism");
   auto m = std::make_unique<Model>();
-  if (spec.kind == "mlp") build_mlp(spec, tp, *m);
-  if (spec.kind == "cnn") build_cnn(spec, *m);
-  if (spec.kind == "gpt") build_gpt(spec, tp, *m);
-  if (spec.kind == "sequential") build_sequential(spec, tp, *m);
+  switch (spec.kind) {
+    case ModelKind::kMlp:
+      build_mlp(spec, tp, *m);
+      break;
+    case ModelKind::kCnn:
+      build_cnn(spec, *m);
+      break;
+    case ModelKind::kGpt:
+      build_gpt(spec, tp, *m);
+      break;
+    case ModelKind::kSequential:
+      build_sequential(spec, tp, *m);
+      break;
+  }
   m->finalize();
   if (tp && tp->rank() > 0)
     for (Parameter* p : m->parameters()) p->split.replica = !p->is_split();
@@ -245,7 +288,7 @@ std::unique_ptr<Model> build_model(const ModelSpec& spec, TensorParallel* tp) {
 std::unique_ptr<Loss> make_loss(const ModelSpec& spec, TensorParallel* tp) {
   if (spec.task == data::Task::kRegression) return std::make_unique<MseLoss>();
   if (spec.task == data::Task::kMultilabel) return std::make_unique<BceWithLogitsLoss>();
-  if (spec.kind == "gpt" && tp != nullptr)
+  if (reads_tokens(spec) && tp != nullptr)
     return std::make_unique<VocabParallelCrossEntropy>(*tp, spec.num_classes);
   return std::make_unique<CrossEntropyLoss>();
 }

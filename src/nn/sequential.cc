@@ -1,12 +1,14 @@
 // kind = sequential: a model stated layer by layer in the config (model.stack). Each layer's
 // settings are checked by name and value, and each layer's input shape is followed from the
 // dataset's sample shape to the loss, so that every mistake is reported at start naming the
-// layer (model.stack[i], 0-based) and what to change.
+// layer (model.stack[i], 0-based) and what to change. A stack of text layers (embedding,
+// transformer, lm_head) is a gpt stated layer by layer: the same blocks in the same order.
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <map>
 
+#include "builders.h"
 #include "tessel/nn/layers.h"
 #include "tessel/nn/models.h"
 
@@ -23,7 +25,10 @@ const std::map<std::string, std::vector<std::string>>& layer_types() {
       {"gelu", {}},
       {"dropout", {"p"}},
       {"flatten", {}},
-      {"layernorm", {}}};
+      {"layernorm", {}},
+      {"embedding", {"channels"}},
+      {"transformer", {"heads"}},
+      {"lm_head", {}}};
   return types;
 }
 
@@ -210,6 +215,80 @@ size_t add_layer(const ModelSpec& spec, size_t i, Shape& shape, Model& m, TpCuts
   return 1;
 }
 
+// model.stack[i], an embedding: token ids [T] -> [T, C]; returns its token table.
+Parameter* add_embedding(const ModelSpec& spec, const Layer& l, size_t i, TensorParallel* tp,
+                         TextKeys& keys, Shape& shape, Model& m) {
+  if (i != 0)
+    throw InvalidArgument(str("model: ", l.where(),
+                              " must be the first layer: it reads the token ids; move it to "
+                              "model.stack[0]"));
+  if (shape.size() != 1)
+    wrong_input(l, "token input [T]", shape,
+                "use a text or token dataset (data.kind = text or tokens)");
+  const int64_t C = l.size("channels", 0, 1, 1 << 16);
+  keys.embed = str(l.where(), " channels");
+  check_text_sizes(spec, C, text_sizes(spec).layers, keys, tp);
+  auto embed =
+      std::make_unique<Embedding>(spec.num_classes, shape[0], C, tp, gpt_variant(spec).position);
+  Parameter* table = embed->token_table();
+  m.add(str("embedding", i), std::move(embed));
+  shape = {shape[0], C};
+  return table;
+}
+
+// A stack of text layers: embedding first (token ids [T] -> [T, C]), transformer blocks
+// ([T, C] -> [T, C]), lm_head last ([T, C] -> [T, vocab], tied to the embedding's table): the
+// blocks of a gpt, built in its order so that the same seed gives the same parameters. The
+// number of transformer entries plays model.layers' part in the blocks' initial scale.
+void build_text_stack(const ModelSpec& spec, TensorParallel* tp, Model& m) {
+  const std::vector<LayerSpec>& stack = spec.stack;
+  const auto text = std::find_if(stack.begin(), stack.end(),
+                                 [](const LayerSpec& l) { return is_text_layer(l.type); });
+  const std::string text_where = str("model.stack[", text - stack.begin(), "] (", text->type, ")");
+  const TextSizes sizes = text_sizes(spec);
+  const GptVariant variant = gpt_variant(spec);
+  Shape shape = spec.input_shape;
+  Parameter* table = nullptr;
+  TextKeys keys{"", "", "the transformer layers of model.stack"};
+  for (size_t i = 0; i < stack.size(); ++i) {
+    const Layer l(stack[i], i);
+    const std::string& type = stack[i].type;
+    if (!is_text_layer(type))
+      throw InvalidArgument(str("model: ", l.where(), " is no text layer, but ", text_where,
+                                " makes this a stack of text layers, which holds embedding, "
+                                "transformer and lm_head layers only; state image and feature "
+                                "models without them"));
+    const std::string name = str(type, i);
+    if (type == "embedding") {
+      table = add_embedding(spec, l, i, tp, keys, shape, m);
+    } else if (type == "transformer") {
+      if (table == nullptr)
+        wrong_input(l, "activations [T, C]", shape,
+                    "put {type = \"embedding\", channels = 64} first");
+      const int64_t heads = l.size("heads", 0, 1, 1 << 16);
+      keys.heads = str(l.where(), " heads");
+      check_heads(spec, shape[1], heads, keys, tp);
+      m.add(name, std::make_unique<TransformerBlock>(shape[1], heads, shape[0], sizes.layers, tp,
+                                                     variant));
+    } else {  // lm_head
+      if (table == nullptr)
+        throw InvalidArgument(str("model: ", l.where(),
+                                  " ties its output to an embedding's token table, but none comes "
+                                  "before it; put {type = \"embedding\", channels = 64} first"));
+      if (i + 1 != stack.size())
+        throw InvalidArgument(str("model: ", l.where(), " must be the last layer, got ",
+                                  stack.size() - i - 1, " after it; move it to the end"));
+      m.add(name,
+            std::make_unique<LmHead>(table, spec.num_classes, shape[1], shape[0], tp, variant.norm),
+            {table});
+      return;
+    }
+  }
+  throw InvalidArgument(str("model: model.stack ends with ", stack.back().type,
+                            ", but a stack of text layers ends with {type = \"lm_head\"} (the "
+                            "next token's scores, tied to the embedding's token table)"));
+}
+
 std::string number_text(double v) {
   char buf[64];
   std::string s(buf, std::to_chars(buf, buf + sizeof buf, v).ptr);
@@ -218,12 +297,17 @@ std::string number_text(double v) {
 
 }  // namespace
 
+bool is_text_layer(const std::string& type) {
+  return type == "embedding" || type == "transformer" || type == "lm_head";
+}
+
 void build_sequential(const ModelSpec& spec, TensorParallel* tp, Model& m) {
   if (spec.stack.empty())
     throw InvalidArgument(
         "model: model.kind = sequential needs its layers in model.stack, got none; e.g. "
         "stack = [{type = \"flatten\"}, {type = \"linear\", out = 128}, {type = \"relu\"}, "
         "{type = \"linear\"}]");
+  if (reads_tokens(spec)) return build_text_stack(spec, tp, m);
   TpCuts cuts{tp};
   for (size_t i = 0; i < spec.stack.size(); ++i)
     if (spec.stack[i].type == "linear") cuts.last_linear = i;

@@ -33,7 +33,7 @@ Checkpointer::Checkpointer(const Config& config, parallel::Engine& engine,
 
 ckpt::Manifest Checkpointer::manifest() const {
   ckpt::Manifest m;
-  m.model_kind = config_.model.kind;
+  m.model_kind = name_of(config_.model.kind);
   m.tokenizer = tokenizer_;
   m.io = io_;
   for (const nn::Parameter* p : model_.parameters())
@@ -115,9 +115,9 @@ std::string Checkpointer::restore(const std::string& path, std::string* dir) {
 
 std::string Checkpointer::restore(const ckpt::CheckpointSource& reader) {
   const ckpt::Manifest& m = reader.manifest();
-  if (m.model_kind != config_.model.kind)
+  if (m.model_kind != name_of(config_.model.kind))
     throw IoError(str("checkpoint: ", reader.dir(), " holds a ", m.model_kind,
-                      " model, the config a ", config_.model.kind,
+                      " model, the config a ", name_of(config_.model.kind),
                       "; resume with the config it was trained with"));
   if (m.tokenizer && !text::same_tokenizer(m.tokenizer.get(), tokenizer_.get()))
     throw IoError(str("checkpoint: ", reader.dir(), " was trained on text with a ",

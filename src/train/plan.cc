@@ -168,8 +168,9 @@ bool uses_shared_memory(const parallel::ParallelSpec& spec, const parallel::Layo
 // The activation width one rank sends per row across a cut (pipeline boundary, tp collective).
 double row_width(const Config& config) {
   const nn::ModelSpec& m = config.model;
-  if (m.kind == "gpt") return static_cast<double>(m.embed) * static_cast<double>(m.input_shape[0]);
-  if (m.kind == "mlp" && !m.hidden.empty())
+  if (nn::reads_tokens(m))
+    return static_cast<double>(nn::text_sizes(m).embed) * static_cast<double>(m.input_shape[0]);
+  if (m.kind == nn::ModelKind::kMlp && !m.hidden.empty())
     return static_cast<double>(*std::max_element(m.hidden.begin(), m.hidden.end()));
   return static_cast<double>(m.fc_hidden);
 }
@@ -179,7 +180,8 @@ double row_width(const Config& config) {
 // cut pairs likewise.
 double tp_collectives(const Config& config, double blocks_share) {
   const nn::ModelSpec& m = config.model;
-  if (m.kind == "gpt") return (4.0 * static_cast<double>(m.layers) + 4.0) * blocks_share;
+  if (nn::reads_tokens(m))
+    return (4.0 * static_cast<double>(nn::text_sizes(m).layers) + 4.0) * blocks_share;
   return 2.0 * std::ceil(static_cast<double>(m.hidden.size()) / 2.0) * blocks_share;
 }
 
@@ -258,7 +260,7 @@ MemoryBytes stage_memory(const Inputs& in, const parallel::ParallelSpec& spec,
   // The batch this rank reads (f32 or i32 inputs, i32 labels), its piece of it and the batches
   // the loader prefetches (trainer.cc)
   const double inputs = static_cast<double>(shape_numel(in.config.model.input_shape));
-  const double row_bytes = 4 * inputs + 4 * (in.config.model.kind == "gpt" ? inputs : 1);
+  const double row_bytes = 4 * inputs + 4 * (nn::reads_tokens(in.config.model) ? inputs : 1);
   const int ranks_here = in.options.workers / in.options.hosts;
   const int prefetch = resolve_prefetch(in.config.train.prefetch, ranks_here,
                                         in.config.runtime.threads, in.cal.cores);

@@ -44,9 +44,9 @@ std::string model_key(const Config& c) {
   const nn::ModelSpec& m = c.model;
   const json key = {
       {"model",
-       {m.kind, m.hidden, m.activation, m.dropout, m.channels, m.kernel, m.fc_hidden, m.layers,
-        m.heads, m.embed, name_of(m.norm), name_of(m.position), name_of(m.mlp),
-        nn::stack_toml(m.stack)}},
+       {name_of(m.kind), m.hidden, name_of(m.activation), m.dropout, m.channels, m.kernel,
+        m.fc_hidden, m.layers, m.heads, m.embed, name_of(m.norm), name_of(m.position),
+        name_of(m.mlp), nn::stack_toml(m.stack)}},
       {"data",
        {c.data.kind, c.data.path, c.data.context, c.data.features, c.data.classes, c.data.flatten}},
       {"batch", c.train.batch},

@@ -54,12 +54,13 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
       resolve_prefetch(config_.train.prefetch, world->ranks_on_host(), config_.runtime.threads,
                        static_cast<int>(std::thread::hardware_concurrency()));
   // Caught here (and so by `tessel config`), not by the first step's forward.
-  if ((config_.model.kind == "gpt") != (data_.train->input_dtype() == DType::kI32))
+  const bool tokens = nn::reads_tokens(config_.model);
+  if (tokens != (data_.train->input_dtype() == DType::kI32))
     throw InvalidArgument(
-        str("model: ", config_.model.kind, " reads ",
-            config_.model.kind == "gpt" ? "token ids" : "features", ", but data.kind = '",
-            config_.data.kind, "' gives ", config_.model.kind == "gpt" ? "features" : "token ids",
-            "; a gpt model trains on data.kind = 'text', mlp and cnn on the others"));
+        str("model: ", name_of(config_.model.kind), " reads ", tokens ? "token ids" : "features",
+            ", but data.kind = '", config_.data.kind, "' gives ", tokens ? "features" : "token ids",
+            "; a gpt or a stack of text layers trains on data.kind = 'text' or 'tokens', the "
+            "other models on the others"));
   nn::ModelSpec spec = config_.model;
   spec.input_shape = data_.train->input_shape();
   spec.num_classes = data_.train->num_classes();
@@ -94,7 +95,7 @@ json Trainer::plan() const {
   json out = {{"world_size", world_->size()},
               {"layout", engine_->layout().str()},
               {"engine", engine_->parts()},
-              {"model", config_.model.kind},
+              {"model", name_of(config_.model.kind)},
               {"num_parameters", engine_->model().num_parameters()},
               {"dataset", data_.train->name()},
               {"train_samples", data_.train->size()},
@@ -413,11 +414,11 @@ void Trainer::start_progress() {
              " data-parallel ranks leaves ", workers - config_.train.batch,
              " of them without rows (they only join the collectives); use at most ",
              config_.train.batch, " ranks, or a larger train.batch");
-  progress_->info(str("training ", config_.model.kind, " (", engine_->model().num_parameters(),
-                      " parameters) on ", data_.train->name(), " (", data_.train->size(),
-                      " samples), layout ", engine_->layout().str(), ", zero.stage ",
-                      config_.parallel.zero_stage, ", ", config_.train.epochs, " epochs x ",
-                      steps_per_epoch, " steps, batch ", config_.train.batch * k,
+  progress_->info(str("training ", name_of(config_.model.kind), " (",
+                      engine_->model().num_parameters(), " parameters) on ", data_.train->name(),
+                      " (", data_.train->size(), " samples), layout ", engine_->layout().str(),
+                      ", zero.stage ", config_.parallel.zero_stage, ", ", config_.train.epochs,
+                      " epochs x ", steps_per_epoch, " steps, batch ", config_.train.batch * k,
                       lockstep_ ? "" : str(" (claimed in worker batches of ", batch_rows_, ")"),
                       ", run folder ", run_dir_));
   // The ETA's guess of an evaluation before one ran: a forward pass costs about a third of a
@@ -529,7 +530,7 @@ void Trainer::finish_trace() {
                 {{"layout", engine_->layout().str()},
                  {"world_size", world_->size()},
                  {"trace_steps", config_.observe.trace_steps},
-                 {"model", config_.model.kind}});
+                 {"model", name_of(config_.model.kind)}});
 }
 
 json Trainer::summary(const State& s, const EvalResult& last_train, const EvalResult& last_test,
@@ -542,7 +543,7 @@ json Trainer::summary(const State& s, const EvalResult& last_train, const EvalRe
   json rss = json::array();
   for (double b : engine_->gather(static_cast<double>(peak_rss_bytes())))
     rss.push_back(static_cast<int64_t>(b));
-  json out = {{"model", config_.model.kind},
+  json out = {{"model", name_of(config_.model.kind)},
               {"dataset", data_.train->name()},
               {"world_size", world_->size()},
               {"layout", engine_->layout().str()},

@@ -500,7 +500,7 @@ TEST(ReadInputs, TakesExactlyTheCommonBodyAndReadsItsNumbersAsTheDocumentDoes) {
 // leaves every other body to it.
 TEST(ReadInputs, TakesTheCommonV2BodyAsTheFullReaderDoes) {
   ModelInfo info;
-  info.spec.kind = "mlp";
+  info.spec.kind = nn::ModelKind::kMlp;
   info.spec.input_shape = {2, 2};
   info.spec.num_classes = 3;
   const ModelLimits limits{3, 1, 2};

@@ -10,7 +10,7 @@ namespace tessel::infer::testing {
 
 inline std::unique_ptr<nn::Model> tiny_gpt(int64_t vocab, int64_t context, uint64_t seed) {
   nn::ModelSpec spec;
-  spec.kind = "gpt";
+  spec.kind = nn::ModelKind::kGpt;
   spec.input_shape = {context};
   spec.num_classes = vocab;
   spec.layers = 2;

@@ -101,7 +101,7 @@ using Event = std::pair<Phase, size_t>;
 TEST(ModelRun, HooksRunAroundEveryBlockAndSlicesCompose) {
   for (const ModelSpec& spec : small_specs()) {
     auto m = materialized(spec, 1);
-    m->set_input_grad(spec.kind != "gpt");
+    m->set_input_grad(spec.kind != ModelKind::kGpt);
     const auto [x, labels] = batch_for(spec, 4, 1);
     std::vector<Event> events;
     const BlockHook record = [&](Phase p, size_t i) { events.push_back({p, i}); };
@@ -117,7 +117,7 @@ TEST(ModelRun, HooksRunAroundEveryBlockAndSlicesCompose) {
       expect.insert(expect.end(), {{Phase::kBeforeForward, i}, {Phase::kAfterForward, i}});
     for (size_t i = m->num_blocks(); i-- > 0;)
       expect.insert(expect.end(), {{Phase::kBeforeBackward, i}, {Phase::kAfterBackward, i}});
-    EXPECT_EQ(events, expect) << spec.kind;
+    EXPECT_EQ(events, expect) << name_of(spec.kind);
 
     // The same blocks in two slices, through the same activations, give the same bits.
     const size_t cut = m->num_blocks() / 2;
@@ -128,13 +128,13 @@ TEST(ModelRun, HooksRunAroundEveryBlockAndSlicesCompose) {
     const Tensor dh = m->backward(r, acts, record, cut);
     EXPECT_TRUE(dh.defined());
     const Tensor dx = m->backward(dh, acts, record, 0, cut);
-    EXPECT_EQ(events, expect) << spec.kind;
-    EXPECT_TRUE(same_bits(y, full_y)) << spec.kind;
+    EXPECT_EQ(events, expect) << name_of(spec.kind);
+    EXPECT_TRUE(same_bits(y, full_y)) << name_of(spec.kind);
     EXPECT_EQ(dx.defined(), full_dx.defined());
     if (dx.defined()) {
-      EXPECT_TRUE(same_bits(dx, full_dx)) << spec.kind;
+      EXPECT_TRUE(same_bits(dx, full_dx)) << name_of(spec.kind);
     }
-    EXPECT_TRUE(same_bits(m->grads(), full_g)) << spec.kind;
+    EXPECT_TRUE(same_bits(m->grads(), full_g)) << name_of(spec.kind);
   }
 }
 
@@ -226,7 +226,7 @@ void expect_same(const StepResult& a, const StepResult& b, const std::string& wh
 TEST(InFlight, TwoMicroBatchesEqualOneAfterTheOther) {
   for (const ModelSpec& spec : small_specs()) {
     auto m = materialized(spec, 3);
-    m->set_input_grad(spec.kind != "gpt");
+    m->set_input_grad(spec.kind != ModelKind::kGpt);
     const auto [x1, l1] = batch_for(spec, 3, 10);
     const auto [x2, l2] = batch_for(spec, 2, 20);
     Context c1 = kTrain, c2 = kTrain;
@@ -240,7 +240,7 @@ TEST(InFlight, TwoMicroBatchesEqualOneAfterTheOther) {
     const Tensor sequential = m->grads().clone();
 
     for (bool share : {false, true}) {
-      const std::string what = spec.kind + (share ? " (shared scratch)" : "");
+      const std::string what = name_of(spec.kind) + std::string(share ? " (shared scratch)" : "");
       Activations a, b, scratch;
       if (share) {
         for (Activations* acts : {&a, &b, &scratch}) acts->caches.resize(m->num_blocks());
@@ -277,7 +277,8 @@ TEST(Inference, KeepsNothingAndMatchesTheTrainingForward) {
     Context eval = kTrain;
     eval.training = false;
     for (const Context& ctx : {eval, kTrain}) {
-      const std::string what = spec.kind + (ctx.training ? " training" : " eval");
+      const std::string what =
+          name_of(spec.kind) + std::string(ctx.training ? " training" : " eval");
       const int64_t before = ledger->total();
       {
         const Tensor y = m->forward(x, ctx, nullptr);
@@ -297,8 +298,8 @@ TEST(Inference, KeepsNothingAndMatchesTheTrainingForward) {
     auto p = materialized(plain, 4);
     Activations acts;
     const Tensor y_train = p->forward(x, kTrain, &acts);
-    EXPECT_TRUE(same_bits(p->forward(x, eval, nullptr), y_train)) << spec.kind;
-    EXPECT_TRUE(same_bits(p->forward(x, kTrain, nullptr), y_train)) << spec.kind;
+    EXPECT_TRUE(same_bits(p->forward(x, eval, nullptr), y_train)) << name_of(spec.kind);
+    EXPECT_TRUE(same_bits(p->forward(x, kTrain, nullptr), y_train)) << name_of(spec.kind);
   }
 }
 
@@ -307,7 +308,7 @@ TEST(Inference, KeepsNothingAndMatchesTheTrainingForward) {
 TEST(SteadyState, SecondStepReusesBuffersAllocatesNothingAndRepeats) {
   for (const ModelSpec& spec : small_specs()) {
     auto m = materialized(spec, 2);
-    m->set_input_grad(spec.kind != "gpt");
+    m->set_input_grad(spec.kind != ModelKind::kGpt);
     const auto [x, labels] = batch_for(spec, 3, 5);
     auto ledger = std::make_shared<MemoryLedger>();
     MemoryScope scope(ledger, MemCategory::kActivations);
@@ -327,16 +328,17 @@ TEST(SteadyState, SecondStepReusesBuffersAllocatesNothingAndRepeats) {
     const float l1 = step(&y1, &d1);
     const Tensor g1 = m->grads().clone();
     const int64_t held = ledger->total();
-    EXPECT_GE(held, acts.bytes()) << spec.kind;  // the caches' buffers, charged as activations
-    EXPECT_EQ(ledger->current(MemCategory::kActivations), held) << spec.kind;
+    EXPECT_GE(held, acts.bytes()) << name_of(
+        spec.kind);  // the caches' buffers, charged as activations
+    EXPECT_EQ(ledger->current(MemCategory::kActivations), held) << name_of(spec.kind);
     ledger->reset_peaks();
     const float l2 = step(&y2, &d2);
-    EXPECT_EQ(l1, l2) << spec.kind;
-    EXPECT_EQ(y1, y2) << spec.kind;
-    EXPECT_EQ(d1, d2) << spec.kind;
-    EXPECT_TRUE(same_bits(m->grads(), g1)) << spec.kind;
-    EXPECT_EQ(ledger->total(), held) << spec.kind;
-    EXPECT_EQ(ledger->peak_total(), held) << spec.kind << ": a transient allocation";
+    EXPECT_EQ(l1, l2) << name_of(spec.kind);
+    EXPECT_EQ(y1, y2) << name_of(spec.kind);
+    EXPECT_EQ(d1, d2) << name_of(spec.kind);
+    EXPECT_TRUE(same_bits(m->grads(), g1)) << name_of(spec.kind);
+    EXPECT_EQ(ledger->total(), held) << name_of(spec.kind);
+    EXPECT_EQ(ledger->peak_total(), held) << name_of(spec.kind) << ": a transient allocation";
   }
 }
 

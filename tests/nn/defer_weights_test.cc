@@ -80,7 +80,7 @@ TEST(DeferWeights, SplitBackwardIsBitIdenticalToWhole) {
       const Tensor whole = gradients(spec, mode, false);
       EXPECT_GT(whole.numel(), 0);
       EXPECT_TRUE(same_bits(whole, gradients(spec, mode, true)))
-          << spec.kind << " recompute " << static_cast<int>(mode);
+          << name_of(spec.kind) << " recompute " << static_cast<int>(mode);
     }
 }
 

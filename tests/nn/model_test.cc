@@ -40,7 +40,7 @@ TEST(ModelLayout, BuildModelAllocatesNothing) {
       MemoryScope scope(ledger, MemCategory::kOther);
       m = build_model(spec);
     }
-    EXPECT_EQ(ledger->peak_total(), 0) << spec.kind;
+    EXPECT_EQ(ledger->peak_total(), 0) << name_of(spec.kind);
     EXPECT_THROW(m->values(), Error);
     EXPECT_THROW(m->grads(), Error);
     EXPECT_THROW(m->zero_grad(), Error);
@@ -51,7 +51,7 @@ TEST(ModelLayout, BuildModelAllocatesNothing) {
       EXPECT_THROW(p->value.data<float>(), Error) << p->name;
     }
     const auto [x, labels] = batch_for(spec, 2, 1);
-    EXPECT_THROW(m->forward(x, kTrain, nullptr), Error) << spec.kind;  // unbound: no crash
+    EXPECT_THROW(m->forward(x, kTrain, nullptr), Error) << name_of(spec.kind);  // unbound: no crash
   }
 }
 
@@ -166,7 +166,8 @@ TEST(ModelLayout, CutModelsStartFromTheWholeModelsWeights) {
             in_run[static_cast<size_t>(run.local + e)] = 1;
             ASSERT_EQ(v[static_cast<size_t>(run.local + e)],
                       w[static_cast<size_t>(whole->offset(run.param) + run.logical + e)])
-                << spec.kind << " tp " << t << " rank " << r << " " << p.name << " element " << e;
+                << name_of(spec.kind) << " tp " << t << " rank " << r << " " << p.name
+                << " element " << e;
           }
           if (!p.split.replica) covered += run.count;
         }
@@ -176,7 +177,7 @@ TEST(ModelLayout, CutModelsStartFromTheWholeModelsWeights) {
           }
         }
       }
-      EXPECT_EQ(covered, whole->num_parameters()) << spec.kind << " tp " << t;
+      EXPECT_EQ(covered, whole->num_parameters()) << name_of(spec.kind) << " tp " << t;
     }
   }
 }
@@ -337,7 +338,7 @@ TEST(ModelInit, InitValuesOverAnyRangeEqualMaterialize) {
       std::vector<float> got(r.size() + 1, -7.0f);  // one guard element past the end
       bare->init_values(got.data(), r, seed);
       ASSERT_EQ(std::memcmp(got.data(), full->values().data<float>() + r.lo, r.size() * 4), 0)
-          << spec.kind << " [" << r.lo << ", " << r.hi << ")";
+          << name_of(spec.kind) << " [" << r.lo << ", " << r.hi << ")";
       ASSERT_EQ(got.back(), -7.0f) << "wrote past the range";
     }
     std::vector<float> other(n);
@@ -467,8 +468,8 @@ TEST(ModelMemory, BindingEachBlockOnlyAroundItsWorkEqualsMaterialized) {
     CrossEntropyLoss loss;
     const float l = loss.forward(m->forward(x, kTrain, &acts, hook), labels).mean;
     m->backward(loss.backward(1.0f), acts, hook);
-    EXPECT_EQ(l, ref_l) << spec.kind;
-    EXPECT_TRUE(same_bits(grads, ref->grads())) << spec.kind;
+    EXPECT_EQ(l, ref_l) << name_of(spec.kind);
+    EXPECT_TRUE(same_bits(grads, ref->grads())) << name_of(spec.kind);
     for (const Parameter* p : m->parameters()) EXPECT_FALSE(p->value.defined()) << p->name;
   }
 }

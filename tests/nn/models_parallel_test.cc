@@ -2,9 +2,11 @@
 // array of tables) trained with data, tensor and pipeline parallelism and ZeRO equals one worker;
 // the modern GPT (examples/char_gpt_modern.toml, shortened) with tp = 2, pp = 2, their compositions
 // and recompute equals one worker, and its bf16 run tracks fp32. A layer tensor parallelism
-// cannot cut through is refused naming it.
+// cannot cut through is refused naming it. A stack of text layers trains to char_gpt's bits and
+// matches one worker under data, pipeline and tensor parallelism.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <fstream>
 #include <functional>
 #include <string>
@@ -208,6 +210,66 @@ TEST(ModernGptParallel, Bf16TracksFp32) {
   EXPECT_LT(diff, 0.02);
   EXPECT_NEAR(run.summary["test_loss"].get<double>() / ref.summary["test_loss"].get<double>(), 1.0,
               0.02);
+}
+
+// char_gpt (shortened as the modern one) layer by layer: 2 blocks of 4 heads, width 32.
+const char* kTextStack =
+    "model.stack=[{type = \"embedding\", channels = 32}, {type = \"transformer\", heads = 4}, "
+    "{type = \"transformer\", heads = 4}, {type = \"lm_head\"}]";
+
+train::Config char_gpt(std::vector<std::string> extra) {
+  return example("char_gpt", modern_keys(std::move(extra)));
+}
+
+train::Config text_stack(std::vector<std::string> extra) {
+  extra.insert(extra.begin(), {"model.kind=sequential", kTextStack});
+  return char_gpt(std::move(extra));
+}
+
+TEST(TextStackParallel, TrainsToCharGptsParameters) {
+  // The example states char_gpt.toml's model: the same parameters for the same seed.
+  nn::ModelSpec gpt_spec = example("char_gpt", {}).model,
+                stack_spec = example("char_gpt_sequential", {}).model;
+  for (nn::ModelSpec* s : {&gpt_spec, &stack_spec}) {
+    s->input_shape = {64};
+    s->num_classes = 97;
+  }
+  auto a = nn::build_model(gpt_spec), b = nn::build_model(stack_spec);
+  a->materialize(1);
+  b->materialize(1);
+  ASSERT_EQ(a->values().numel(), b->values().numel());
+  EXPECT_EQ(std::memcmp(a->values().raw(), b->values().raw(), a->values().nbytes()), 0);
+  const data::Splits data = data::make_datasets(char_gpt({}).data);
+  for (int workers : {1, 2}) {
+    const std::vector<std::string> keys = {"train.deterministic=true", "ddp.micro_shard=2",
+                                           "train.drop_last=true"};
+    const auto gpt = train_on(char_gpt(keys), workers, {}, &data);
+    const auto stack = train_on(text_stack(keys), workers, {}, &data);
+    ASSERT_EQ(stack.summary["steps"], 20);
+    EXPECT_EQ(stack.summary["params_sha256"], gpt.summary["params_sha256"]) << workers;
+    EXPECT_EQ(stack.summary["test_loss"], gpt.summary["test_loss"]) << workers;
+  }
+}
+
+// Feature data for a stack of text layers is refused at start, naming the data it needs.
+TEST(TextStackParallel, FeatureDataIsRefused) {
+  try {
+    train_on(sequential({kTextStack}), 1);
+    ADD_FAILURE() << "a text stack trained on features";
+  } catch (const InvalidArgument& e) {
+    for (const char* part : {"sequential reads token ids", "data.kind = 'synthetic'", "'tokens'"})
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+  }
+}
+
+// Tensor parallelism cuts the blocks' heads and the vocabulary (the vocabulary-parallel loss).
+TEST(TextStackParallel, LayoutsMatchOneWorker) {
+  expect_match_single(text_stack({}),
+                      {{2, {}},
+                       {2, {"pp.stages=2", "pp.microbatches=2"}},
+                       {2, {"tp.size=2"}},
+                       {2, {"tp.size=2", "tp.sequence_parallel=true"}}},
+                      text_stack);
 }
 
 }  // namespace

@@ -139,7 +139,7 @@ TEST(ModernGrad, TransformerBlockVariants) {
 
 ModelSpec modern_gpt() {
   ModelSpec s;
-  s.kind = "gpt";
+  s.kind = ModelKind::kGpt;
   s.input_shape = {6};
   s.num_classes = 7;
   s.layers = 2;

@@ -91,11 +91,11 @@ TEST(BceWithLogits, WrongLabelsAreNamed) {
 
 TEST(BceWithLogits, MultilabelMlpGradientsMatchFiniteDifferences) {
   ModelSpec s;
-  s.kind = "mlp";
+  s.kind = ModelKind::kMlp;
   s.input_shape = {4};
   s.num_classes = 3;
   s.hidden = {5};
-  s.activation = "gelu";  // smooth, so that finite differences see no kinks
+  s.activation = Activation::kGelu;  // smooth, so that finite differences see no kinks
   s.task = data::Task::kMultilabel;
   EXPECT_NE(dynamic_cast<BceWithLogitsLoss*>(make_loss(s).get()), nullptr);
   auto m = build_model(s);

@@ -461,11 +461,11 @@ TEST(MseLoss, MatchesTheFormulaAndFiniteDifferences) {
 
 TEST(MseLoss, RegressionMlpGradientsMatchFiniteDifferences) {
   ModelSpec s;
-  s.kind = "mlp";
+  s.kind = ModelKind::kMlp;
   s.input_shape = {4};
   s.num_classes = 1;
   s.hidden = {5};
-  s.activation = "gelu";  // smooth, so that finite differences see no kinks
+  s.activation = Activation::kGelu;  // smooth, so that finite differences see no kinks
   s.task = data::Task::kRegression;
   EXPECT_NE(dynamic_cast<MseLoss*>(make_loss(s).get()), nullptr);
   auto m = build_model(s);
@@ -477,7 +477,7 @@ TEST(MseLoss, RegressionMlpGradientsMatchFiniteDifferences) {
 
 ModelSpec small_mlp() {
   ModelSpec s;
-  s.kind = "mlp";
+  s.kind = ModelKind::kMlp;
   s.input_shape = {6};
   s.num_classes = 4;
   s.hidden = {5, 3};
@@ -494,14 +494,14 @@ TEST(ModelGrad, MlpReluWithDropout) {
 
 TEST(ModelGrad, MlpGelu) {
   ModelSpec s = small_mlp();
-  s.activation = "gelu";
+  s.activation = Activation::kGelu;
   auto m = materialized(s, 2);
   check_model_grads(*m, randn({5, 6}, 32), random_ids({5}, 4, 33), kTrain);
 }
 
 TEST(ModelGrad, Cnn) {
   ModelSpec s;
-  s.kind = "cnn";
+  s.kind = ModelKind::kCnn;
   s.input_shape = {1, 8, 8};
   s.num_classes = 4;
   s.channels = {2, 3};
@@ -514,7 +514,7 @@ TEST(ModelGrad, Cnn) {
 
 ModelSpec small_gpt() {
   ModelSpec s;
-  s.kind = "gpt";
+  s.kind = ModelKind::kGpt;
   s.input_shape = {4};
   s.num_classes = 7;
   s.layers = 2;

@@ -99,7 +99,7 @@ inline ModelSpec mlp_spec() {
 
 inline ModelSpec cnn_spec() {
   ModelSpec s;
-  s.kind = "cnn";
+  s.kind = ModelKind::kCnn;
   s.input_shape = {1, 28, 28};
   s.num_classes = 10;
   return s;
@@ -107,7 +107,7 @@ inline ModelSpec cnn_spec() {
 
 inline ModelSpec gpt_spec() {
   ModelSpec s;
-  s.kind = "gpt";
+  s.kind = ModelKind::kGpt;
   s.input_shape = {8};
   s.num_classes = 11;
   s.layers = 2;
@@ -124,7 +124,7 @@ inline std::vector<ModelSpec> small_specs() {
   mlp.hidden = {16, 12};
   mlp.dropout = 0.2f;
   ModelSpec cnn;
-  cnn.kind = "cnn";
+  cnn.kind = ModelKind::kCnn;
   cnn.input_shape = {2, 8, 8};
   cnn.num_classes = 10;
   cnn.channels = {3, 4};
@@ -138,7 +138,7 @@ inline std::vector<ModelSpec> small_specs() {
 inline std::pair<Tensor, Tensor> batch_for(const ModelSpec& spec, int64_t batch, uint64_t seed) {
   Shape in{batch};
   in.insert(in.end(), spec.input_shape.begin(), spec.input_shape.end());
-  if (spec.kind == "gpt")
+  if (reads_tokens(spec))
     return {random_ids(in, spec.num_classes, seed), random_ids(in, spec.num_classes, seed + 1)};
   return {randn(in, seed), random_ids({batch}, spec.num_classes, seed + 1)};
 }

@@ -38,9 +38,9 @@ TEST(Recompute, GradientsAreBitIdenticalToNone) {
     auto none = run(Recompute::kNone, &none_bytes);
     for (Recompute mode : {Recompute::kFull, Recompute::kSelective}) {
       auto other = run(mode, &bytes);
-      EXPECT_TRUE(same_bits(none->grads(), other->grads())) << spec.kind;
+      EXPECT_TRUE(same_bits(none->grads(), other->grads())) << name_of(spec.kind);
       // (An MLP's blocks are single layers that keep little more than their inputs.)
-      if (spec.kind == "gpt") {
+      if (spec.kind == ModelKind::kGpt) {
         EXPECT_LT(bytes, none_bytes) << static_cast<int>(mode);
       }
     }

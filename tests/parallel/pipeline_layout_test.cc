@@ -123,7 +123,7 @@ TEST(Pipeline, MismatchedExchangeIsNamed) {
 TEST(Pipeline, ExplicitCutsAndBalancedPartition) {
   auto model = nn::build_model([] {
     nn::ModelSpec s;
-    s.kind = "mlp";
+    s.kind = nn::ModelKind::kMlp;
     s.input_shape = {64};
     s.num_classes = 4;
     s.hidden = {256, 8};

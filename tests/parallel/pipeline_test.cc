@@ -54,7 +54,7 @@ class Quadrants final : public data::Dataset {
 // The CNN trains on a small synthetic image set (quadrants), the others on their config's data.
 testing::RunResult train_on(const train::Config& cfg, int workers, train::RunOptions opts = {}) {
   data::Splits images;
-  if (cfg.model.kind != "cnn") return testing::train_on(cfg, workers, opts);
+  if (cfg.model.kind != nn::ModelKind::kCnn) return testing::train_on(cfg, workers, opts);
   images.train = std::make_shared<Quadrants>(320, 1);
   images.test = std::make_shared<Quadrants>(64, 2);
   return testing::train_on(cfg, workers, opts, &images);

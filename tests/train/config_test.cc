@@ -31,7 +31,7 @@ TEST(Config, DefaultsAndValues) {
       "demo");
   EXPECT_EQ(c.name, "demo");
   EXPECT_EQ(c.seed, 3u);
-  EXPECT_EQ(c.model.kind, "cnn");
+  EXPECT_EQ(c.model.kind, nn::ModelKind::kCnn);
   EXPECT_EQ(c.model.channels, (std::vector<int64_t>{8, 4}));
   EXPECT_FLOAT_EQ(c.optim.lr, 1.0f);  // an integer is accepted for a float key
   EXPECT_EQ(c.train.batch, 64);
@@ -95,7 +95,7 @@ TEST(Config, OverridesApplyAndAreChecked) {
   Config c = parse_config("[train]\nbatch = 8\n", "t",
                           {"train.batch=32", "model.kind=gpt", "model.hidden=[7]", "optim.lr=0.5"});
   EXPECT_EQ(c.train.batch, 32);
-  EXPECT_EQ(c.model.kind, "gpt");  // bare word taken as a string
+  EXPECT_EQ(c.model.kind, nn::ModelKind::kGpt);  // a bare word is taken as a string
   EXPECT_EQ(c.model.hidden, (std::vector<int64_t>{7}));
   EXPECT_FLOAT_EQ(c.optim.lr, 0.5f);
   EXPECT_NE(error_of("", {"train.epoch=3"}).find("did you mean 'train.epochs'"), std::string::npos);

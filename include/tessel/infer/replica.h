@@ -34,7 +34,7 @@ struct ModelInfo {
   std::vector<float> input_mean, input_std;            // raw row x -> (x - mean) / std; empty: none
   std::vector<std::string> input_names, target_names;  // a CSV-trained model's columns
   std::shared_ptr<const ckpt::CheckpointReader> checkpoint;
-  bool generates() const { return spec.kind == "gpt"; }
+  bool generates() const { return nn::reads_tokens(spec); }
 };
 ModelInfo model_info(const train::Config& config, const std::string& checkpoint);
 

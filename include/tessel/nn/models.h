@@ -22,8 +22,11 @@ struct LayerSpec {
   std::vector<std::pair<std::string, double>> args;
 };
 
+enum class ModelKind { kMlp, kCnn, kGpt, kSequential };
+enum class Activation { kRelu, kGelu };  // an mlp's hidden activation
+
 struct ModelSpec {
-  std::string kind = "mlp";  // mlp | cnn | gpt | sequential
+  ModelKind kind = ModelKind::kMlp;
   // Filled from the dataset: per-sample input shape ([784], [1,28,28] or [T]) and classes/vocab.
   Shape input_shape;
   int64_t num_classes = 0;  // regression: 1 output; multilabel: the labels K (outputs)
@@ -33,8 +36,8 @@ struct ModelSpec {
 
   // mlp: Linear(in, hidden[0]) act ... Linear(hidden[-1], classes)
   std::vector<int64_t> hidden = {512, 256};
-  std::string activation = "relu";  // relu | gelu
-  float dropout = 0.0f;             // after each hidden activation (mlp, cnn fc)
+  Activation activation = Activation::kRelu;
+  float dropout = 0.0f;  // after each hidden activation (mlp, cnn fc)
 
   // cnn: [Conv(k, pad k/2) ReLU MaxPool(2)] (one fused block each) per channel count, then Flatten,
   // Linear(fc_hidden) ReLU, Linear(classes)
@@ -47,7 +50,8 @@ struct ModelSpec {
   int64_t layers = 2;
   int64_t heads = 4;
   int64_t embed = 64;
-  // gpt variant (modern.h): layernorm | rmsnorm, learned | rotary, gelu | swiglu.
+  // gpt variant (modern.h): layernorm | rmsnorm, learned | rotary, gelu | swiglu; also the
+  // blocks of a sequential stack of text layers.
   Norm norm = Norm::kLayerNorm;
   Position position = Position::kLearned;
   Mlp mlp = Mlp::kGelu;
@@ -56,13 +60,23 @@ struct ModelSpec {
   std::vector<LayerSpec> stack;
 };
 
+// A model that reads token ids and predicts the next token at every position: a gpt, or a
+// sequential stack of text layers (embedding, transformer, lm_head).
+bool reads_tokens(const ModelSpec& spec);
+// A token model's width and number of transformer blocks: a gpt's model.embed and model.layers,
+// a text stack's embedding channels and transformer entries.
+struct TextSizes {
+  int64_t embed = 0, layers = 0;
+};
+TextSizes text_sizes(const ModelSpec& spec);
+
 // Builds and finalises the model: blocks and parameter layout, no parameter memory yet (see
 // Model::materialize and the parameter stores of tessel/parallel). With a tensor-parallel
 // group, this rank's part of it: an mlp's hidden layers cut column then row (an odd last one
 // with the output layer as its row partner), a gpt's blocks, embedding and head as
 // tensor_parallel.h describes; whole parameters are replicas on every rank but the group's 0.
 std::unique_ptr<Model> build_model(const ModelSpec& spec, TensorParallel* tp = nullptr);
-// The loss a model trains with: cross-entropy, vocabulary-parallel for a gpt cut by tp; the
+// The loss a model trains with: cross-entropy, vocabulary-parallel for a token model cut by tp; the
 // mean squared error for regression; sigmoid + binary cross-entropy for multilabel.
 std::unique_ptr<Loss> make_loss(const ModelSpec& spec, TensorParallel* tp = nullptr);
 
@@ -74,3 +88,14 @@ void build_sequential(const ModelSpec& spec, TensorParallel* tp, Model& m);
 std::string stack_toml(const std::vector<LayerSpec>& stack);
 
 }  // namespace tessel::nn
+
+namespace tessel {
+template <>
+struct Names<nn::ModelKind> {
+  static constexpr const char* values[] = {"mlp", "cnn", "gpt", "sequential"};
+};
+template <>
+struct Names<nn::Activation> {
+  static constexpr const char* values[] = {"relu", "gelu"};
+};
+}  // namespace tessel

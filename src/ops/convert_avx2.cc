@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels.h"
+#include "simd_avx2.h"
 
 namespace tessel::ops::avx2 {
 namespace {
@@ -22,12 +23,7 @@ inline __m256 load8(const void* p, DType t, int64_t i) {
 
 // Round to nearest even in integer lanes; NaN keeps a quiet NaN.
 inline __m128i to_bf16(__m256 v) {
-  const __m256i u = _mm256_castps_si256(v);
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
-  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
-  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-  r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
-  r = _mm256_srli_epi32(r, 16);
+  const __m256i r = _mm256_srli_epi32(round_to_bf16(v), 16);
   // Pack the 8 lanes to 16 bits (each 128-bit half packs on its own), then gather the halves.
   const __m256i packed = _mm256_packus_epi32(r, r);
   return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));

@@ -42,11 +42,28 @@ namespace tessel::ops::detail {
 // symbol that the linker takes from any of them, wider instructions and all.
 namespace {
 
-// Element (r, c) of a strided matrix view is p[r * rs + c * cs]; one of rs, cs is 1.
+// How a view's elements become the f32 values the kernel multiplies: kF32 as they are (ops::gemm);
+// the others are gemm_lowp's operands, each rounded to bf16 while packing (f32 and f16 to
+// nearest even, in integer lanes as ops::convert rounds; bf16 widened exactly). Only the AVX2
+// policy packs those; the kernel and the sum order are the same for every kind.
+enum class Elem { kF32, kF32Bf16, kBf16, kF16Bf16 };
+
+// Element (r, c) of a strided matrix view is element r * rs + c * cs of p; one of rs, cs is 1.
 struct View {
-  const float* p;
+  const void* p;
   int64_t rs, cs;
-  const float* at(int64_t r, int64_t c) const { return p + r * rs + c * cs; }
+  Elem e = Elem::kF32;
+  int64_t offset(int64_t r, int64_t c) const { return r * rs + c * cs; }
+  // Element (r, c) of an f32 view.
+  const float* at(int64_t r, int64_t c) const {
+    return static_cast<const float*>(p) + offset(r, c);
+  }
+  // The view whose element (0, 0) is this one's (r, c).
+  View from(int64_t r, int64_t c) const {
+    const int64_t bytes = e == Elem::kF32 || e == Elem::kF32Bf16 ? 4 : 2;
+    return {static_cast<const char*>(p) + offset(r, c) * bytes, rs, cs, e};
+  }
+  View transposed() const { return {p, cs, rs, e}; }
 };
 
 // An A micro-panel comes in one of two layouts, whichever packs by plain copies:
@@ -98,10 +115,12 @@ void gemm_blocks(int64_t M, int64_t N, int64_t K, float alpha, const View& a, co
   const int64_t kc_max = sum_block_k(K);
   const int64_t nc_max = std::min<int64_t>((N + P::kNr - 1) / P::kNr * P::kNr, P::kNc);
   const ALayout layout = a_layout(a);
-  float* pa = tls_a.get(std::min(tiles.count, P::kMcTiles) * P::kMr * kSumKc);
+  // kPackSlack: pack_a may write one vector of zeros past the last panel of a group.
+  constexpr int64_t kPackSlack = 16;
+  float* pa = tls_a.get(std::min(tiles.count, P::kMcTiles) * P::kMr * kSumKc + kPackSlack);
   float* pb = tls_b.get(nc_max * kc_max);
   // Full B micro-panels are read in place (edge panels still need their zero padding).
-  const bool direct_b = b.cs == 1 && tiles.count <= P::kDirectBTiles;
+  const bool direct_b = b.cs == 1 && b.e == Elem::kF32 && tiles.count <= P::kDirectBTiles;
   for (int64_t j0 = 0; j0 < N; j0 += P::kNc) {
     const int64_t nc = std::min(P::kNc, N - j0);
     for (int64_t p0 = 0; p0 < K; p0 += kc_max) {
@@ -110,7 +129,7 @@ void gemm_blocks(int64_t M, int64_t N, int64_t K, float alpha, const View& a, co
       for (int64_t jr = 0; jr < nc; jr += P::kNr) {
         const int cols = static_cast<int>(std::min<int64_t>(P::kNr, nc - jr));
         if (!direct_b || cols < P::kNr) {
-          P::pack_b(View{b.at(p0, j0 + jr), b.rs, b.cs}, kc, cols, pb + jr * kc);
+          P::pack_b(b.from(p0, j0 + jr), kc, cols, pb + jr * kc);
         }
       }
       for (int64_t t0 = 0; t0 < tiles.count; t0 += P::kMcTiles) {
@@ -118,7 +137,7 @@ void gemm_blocks(int64_t M, int64_t N, int64_t K, float alpha, const View& a, co
         const int64_t a_row_floats = layout == ALayout::kRows ? kSumKc : kc;  // per tile row
         float* dst = pa;
         for (int64_t t = t0; t < t1; ++t) {
-          P::pack_a(View{a.at(tiles.start(t), p0), a.rs, a.cs}, tiles.rows(t), kc, dst);
+          P::pack_a(a.from(tiles.start(t), p0), tiles.rows(t), kc, dst);
           dst += tiles.rows(t) * a_row_floats;
         }
         for (int64_t jr = 0; jr < nc; jr += P::kNr) {
@@ -140,15 +159,16 @@ void gemm_blocks(int64_t M, int64_t N, int64_t K, float alpha, const View& a, co
   }
 }
 
-// ops::gemm's contract for K > 0 and alpha != 0 (the caller handles the rest).
+// ops::gemm's contract for K > 0 and alpha != 0 (the caller handles the rest), over row-major
+// A and B of element kinds ea and eb.
 template <class P>
 void gemm_run(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-              const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,
-              int64_t ldc) {
-  const View a{A, trans_a ? 1 : lda, trans_a ? lda : 1};
-  const View b{B, trans_b ? 1 : ldb, trans_b ? ldb : 1};
+              const void* A, Elem ea, int64_t lda, const void* B, Elem eb, int64_t ldb, float beta,
+              float* C, int64_t ldc) {
+  const View a{A, trans_a ? 1 : lda, trans_a ? lda : 1, ea};
+  const View b{B, trans_b ? 1 : ldb, trans_b ? ldb : 1, eb};
   if (transpose_product<P::kNr>(M, N)) {
-    gemm_blocks<P>(N, M, K, alpha, View{b.p, b.cs, b.rs}, View{a.p, a.cs, a.rs}, beta, C, 1, ldc);
+    gemm_blocks<P>(N, M, K, alpha, b.transposed(), a.transposed(), beta, C, 1, ldc);
     return;
   }
   gemm_blocks<P>(M, N, K, alpha, a, b, beta, C, ldc, 1);

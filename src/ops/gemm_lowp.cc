@@ -2,8 +2,10 @@
 // at the avx512_bf16 level) and the f32 path, and the f32 path itself: every operand rounded to
 // bf16 and widened back to f32 (so the products are the native kernel's), then the f32 GEMM of
 // the level in use. CPUs without bf16 arithmetic keep bf16 storage and messages and compute in
-// f32 FMAs, at about the f32 speed. The f32 copies live in per-thread buffers reused across
-// calls (a fresh allocation of that size would be fresh pages, faulted in on every call).
+// f32 FMAs, at about the f32 speed. Where the level's GEMM has sgemm_lowp (AVX2) the rounding
+// happens while it packs its operands; elsewhere into f32 copies first. The copies (and a 16-bit
+// C's f32 copy) live in per-thread buffers reused across calls (a fresh allocation of that size
+// would be fresh pages, faulted in on every call).
 #include <vector>
 
 #include "gemm_bf16.h"
@@ -43,11 +45,19 @@ const float* rounded(ConstMatrix x, int64_t stored_rows, int64_t stored_cols,
 
 void gemm_lowp_portable(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                         ConstMatrix A, ConstMatrix B, float beta, Matrix C) {
-  const float* a = trans_a ? rounded(A, K, M, tls_a) : rounded(A, M, K, tls_a);
-  const float* b = trans_b ? rounded(B, N, K, tls_b) : rounded(B, K, N, tls_b);
+  // C[M,N] (ldc) = alpha * op(A) op(B) + beta_c * C on the rounded operands: rounded while
+  // packed where the level's GEMM can (and runs the call: one BLAS thread), else into copies.
+  auto f32_gemm = [&](float beta_c, float* c, int64_t ldc) {
+    if (kernels().sgemm_lowp != nullptr && blas_threads() == 1) {
+      kernels().sgemm_lowp(trans_a, trans_b, M, N, K, alpha, A, B, beta_c, c, ldc);
+      return;
+    }
+    const float* a = trans_a ? rounded(A, K, M, tls_a) : rounded(A, M, K, tls_a);
+    const float* b = trans_b ? rounded(B, N, K, tls_b) : rounded(B, K, N, tls_b);
+    gemm(trans_a, trans_b, M, N, K, alpha, a, trans_a ? M : K, b, trans_b ? K : N, beta_c, c, ldc);
+  };
   if (C.type == DType::kF32) {
-    gemm(trans_a, trans_b, M, N, K, alpha, a, trans_a ? M : K, b, trans_b ? K : N, beta,
-         static_cast<float*>(C.p), C.ld);
+    f32_gemm(beta, static_cast<float*>(C.p), C.ld);
     return;
   }
   // A 16-bit C: widened, updated in f32, rounded once.
@@ -58,7 +68,7 @@ void gemm_lowp_portable(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_
   };
   if (beta != 0.0f)
     for (int64_t i = 0; i < M; ++i) convert(c + i * N, DType::kF32, row(i), C.type, N);
-  gemm(trans_a, trans_b, M, N, K, alpha, a, trans_a ? M : K, b, trans_b ? K : N, beta, c, N);
+  f32_gemm(beta, c, N);
   for (int64_t i = 0; i < M; ++i) convert(row(i), C.type, c + i * N, DType::kF32, N);
 }
 

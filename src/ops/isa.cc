@@ -61,7 +61,8 @@ const CpuKernels kTables[] = {
      .maxpool_2x2 = &avx2::maxpool_2x2,
      .conv_direct_scratch = &avx2::conv_direct_scratch,
      .conv_direct_forward = &avx2::conv_direct_forward,
-     .conv_direct_backward = &avx2::conv_direct_backward},
+     .conv_direct_backward = &avx2::conv_direct_backward,
+     .sgemm_lowp = &avx2::sgemm_lowp},
     kAvx512Table,
     with_bf16(kAvx512Table),
 };

@@ -43,6 +43,12 @@ struct CpuKernels {
   // dot products; the caller has checked sizes, K > 0 and alpha != 0.
   void (*gemm_bf16)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                     ConstMatrix A, ConstMatrix B, float beta, Matrix C) = nullptr;
+  // (optional, default null: operands rounded into f32 copies, then sgemm) gemm_lowp's f32 path
+  // for an f32 C: sgemm's kernel and sum order on operands of any float type, each rounded to
+  // bf16 while it is packed (gemm_driver.h's Elem); the caller has checked sizes, K > 0 and
+  // alpha != 0.
+  void (*sgemm_lowp)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                     ConstMatrix A, ConstMatrix B, float beta, float* C, int64_t ldc) = nullptr;
 };
 
 // The table of the level in use (isa()).
@@ -72,6 +78,8 @@ void gelu_forward(float* y, const float* x, int64_t n);
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+void sgemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                ConstMatrix A, ConstMatrix B, float beta, float* C, int64_t ldc);
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
 void maxpool_2x2(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W,
                  int64_t OH, int64_t OW);

@@ -18,6 +18,7 @@ namespace {
 
 using detail::a_layout;
 using detail::ALayout;
+using detail::Elem;
 using detail::kSumKc;
 using detail::TileOut;
 using detail::View;
@@ -32,55 +33,84 @@ constexpr int64_t kMcTiles = 24;       // 144 rows: an A block of 144 x 320 floa
 constexpr int64_t kNc = 2048;          // a B block of 320 x 2048 floats (2.5 MiB) in L3
 constexpr int64_t kDirectBTiles = 24;  // B read in place up to 144 rows
 
-void pack_a(const View& a, int rows, int64_t kc, float* out) {
-  if (a_layout(a) == ALayout::kRows) {
-    const __m256i tail = head_mask(kc % kL);
-    for (int i = 0; i < rows; ++i) {
-      const float* src = a.at(i, 0);
-      float* dst = out + i * kKc;
-      int64_t k = 0;
-      for (; k + kL <= kc; k += kL) _mm256_storeu_ps(dst + k, _mm256_loadu_ps(src + k));
-      if (k < kc) _mm256_maskstore_ps(dst + k, tail, _mm256_maskload_ps(src + k, tail));
+// n (<= kL) consecutive elements of kind E from element `off` of p as f32 lanes, lanes past n
+// zero, each rounded to bf16 unless E is kF32 (Elem). Reads no element past n.
+template <Elem E>
+__m256 load(const void* p, int64_t off, int64_t n) {
+  if constexpr (E == Elem::kF32 || E == Elem::kF32Bf16) {
+    const float* f = static_cast<const float*>(p) + off;
+    const __m256 v = n >= kL ? _mm256_loadu_ps(f) : _mm256_maskload_ps(f, head_mask(n));
+    if constexpr (E == Elem::kF32) return v;
+    return _mm256_castsi256_ps(round_to_bf16(v));
+  } else {
+    const uint16_t* h = static_cast<const uint16_t*>(p) + off;
+    __m128i x;
+    if (n >= kL) {
+      x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(h));
+    } else {
+      alignas(16) uint16_t part[kL] = {};
+      for (int64_t i = 0; i < n; ++i) part[i] = h[i];
+      x = _mm_load_si128(reinterpret_cast<const __m128i*>(part));
     }
-    return;
-  }
-  const __m256i row_mask = head_mask(rows);
-  for (int64_t k = 0; k < kc; ++k) {
-    _mm256_maskstore_ps(out + k * rows, row_mask, _mm256_maskload_ps(a.at(0, k), row_mask));
+    if constexpr (E == Elem::kBf16)
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16));
+    return _mm256_castsi256_ps(round_to_bf16(_mm256_cvtph_ps(x)));
   }
 }
 
+// A micro-panel of `rows` rows and kc columns of a (ALayout). Its stores are whole vectors (a
+// masked store is microcoded and slow on AMD): a short one writes zeros past its values, which
+// the next store overwrites, and past the panel's end into the slack gemm_blocks allocates.
+template <Elem E>
+void pack_a(const View& a, int rows, int64_t kc, float* out) {
+  if (a_layout(a) == ALayout::kRows) {
+    for (int i = 0; i < rows; ++i) {
+      const int64_t src = a.offset(i, 0);
+      float* dst = out + i * kKc;
+      for (int64_t k = 0; k < kc; k += kL) _mm256_storeu_ps(dst + k, load<E>(a.p, src + k, kc - k));
+    }
+    return;
+  }
+  for (int64_t k = 0; k < kc; ++k)
+    _mm256_storeu_ps(out + k * rows, load<E>(a.p, a.offset(0, k), rows));
+}
+
 // B micro-panel: out[k * kNr + j] = b(k, j) for j < cols <= kNr, zero for cols <= j < kNr.
+template <Elem E>
 void pack_b(const View& b, int64_t kc, int cols, float* out) {
   if (b.cs == 1) {  // b's rows run along j
-    if (cols == kNr) {
-      for (int64_t k = 0; k < kc; ++k) {
-        _mm256_storeu_ps(out + k * kNr, _mm256_loadu_ps(b.at(k, 0)));
-        _mm256_storeu_ps(out + k * kNr + kL, _mm256_loadu_ps(b.at(k, 0) + kL));
-      }
-      return;
-    }
-    const __m256i lo = head_mask(cols), hi = head_mask(cols - kL);
     for (int64_t k = 0; k < kc; ++k) {
-      _mm256_storeu_ps(out + k * kNr, _mm256_maskload_ps(b.at(k, 0), lo));
-      _mm256_storeu_ps(out + k * kNr + kL, _mm256_maskload_ps(b.at(k, 0) + kL, hi));
+      _mm256_storeu_ps(out + k * kNr, load<E>(b.p, b.offset(k, 0), cols));
+      _mm256_storeu_ps(out + k * kNr + kL,
+                       cols > kL ? load<E>(b.p, b.offset(k, kL), cols - kL) : _mm256_setzero_ps());
     }
     return;
   }
   // b's columns run along k: transpose 8 x 8 blocks, each half of the panel on its own.
   for (int64_t k0 = 0; k0 < kc; k0 += kL) {
     const int64_t kt = std::min<int64_t>(kL, kc - k0);
-    const __m256i k_mask = head_mask(kt);
     for (int h = 0; h < kNr; h += kL) {
       __m256 r[kL];
-      for (int j = 0; j < kL; ++j) {
-        r[j] = h + j < cols ? (kt == kL ? _mm256_loadu_ps(b.at(k0, h + j))
-                                        : _mm256_maskload_ps(b.at(k0, h + j), k_mask))
-                            : _mm256_setzero_ps();
-      }
+      for (int j = 0; j < kL; ++j)
+        r[j] = h + j < cols ? load<E>(b.p, b.offset(k0, h + j), kt) : _mm256_setzero_ps();
       transpose8(r);
       for (int64_t k = 0; k < kt; ++k) _mm256_storeu_ps(out + (k0 + k) * kNr + h, r[k]);
     }
+  }
+}
+
+// Runs f.template operator()<E>() for the view's element kind E.
+template <class F>
+void with_elem(Elem e, F f) {
+  switch (e) {
+    case Elem::kF32:
+      return f.template operator()<Elem::kF32>();
+    case Elem::kF32Bf16:
+      return f.template operator()<Elem::kF32Bf16>();
+    case Elem::kBf16:
+      return f.template operator()<Elem::kBf16>();
+    case Elem::kF16Bf16:
+      return f.template operator()<Elem::kF16Bf16>();
   }
 }
 
@@ -160,10 +190,10 @@ struct Policy {
   static constexpr int64_t kMcTiles = avx2::kMcTiles, kNc = avx2::kNc,
                            kDirectBTiles = avx2::kDirectBTiles;
   static void pack_a(const View& a, int rows, int64_t kc, float* out) {
-    avx2::pack_a(a, rows, kc, out);
+    with_elem(a.e, [&]<Elem E>() { avx2::pack_a<E>(a, rows, kc, out); });
   }
   static void pack_b(const View& b, int64_t kc, int cols, float* out) {
-    avx2::pack_b(b, kc, cols, out);
+    with_elem(b.e, [&]<Elem E>() { avx2::pack_b<E>(b, kc, cols, out); });
   }
   template <int R, ALayout L>
   static constexpr detail::TileKernel tile = &micro_kernel<R, L>;
@@ -173,7 +203,17 @@ struct Policy {
 
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  detail::gemm_run<Policy>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  detail::gemm_run<Policy>(trans_a, trans_b, M, N, K, alpha, A, Elem::kF32, lda, B, Elem::kF32, ldb,
+                           beta, C, ldc);
+}
+
+void sgemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
+                ConstMatrix A, ConstMatrix B, float beta, float* C, int64_t ldc) {
+  auto elem = [](DType t) {
+    return t == DType::kBF16 ? Elem::kBf16 : t == DType::kF16 ? Elem::kF16Bf16 : Elem::kF32Bf16;
+  };
+  detail::gemm_run<Policy>(trans_a, trans_b, M, N, K, alpha, A.p, elem(A.type), A.ld, B.p,
+                           elem(B.type), B.ld, beta, C, ldc);
 }
 
 }  // namespace tessel::ops::avx2

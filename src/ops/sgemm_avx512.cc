@@ -167,7 +167,8 @@ struct Policy {
 
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
-  detail::gemm_run<Policy>(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  detail::gemm_run<Policy>(trans_a, trans_b, M, N, K, alpha, A, detail::Elem::kF32, lda, B,
+                           detail::Elem::kF32, ldb, beta, C, ldc);
 }
 
 }  // namespace tessel::ops::avx512

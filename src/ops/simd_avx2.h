@@ -21,6 +21,18 @@ inline __m256i head_mask(int64_t n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32(m), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 
+// f32 lanes rounded to bf16, to nearest even in integer lanes (a NaN stays a quiet NaN): each
+// lane's bf16 bit pattern in its high 16 bits, its low 16 bits zero, so that the lane read as
+// f32 is the bf16 value widened.
+inline __m256i round_to_bf16(__m256 v) {
+  const __m256i u = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+  __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff)));
+  const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
+  return _mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
+}
+
 // In-register transpose of the 8 x 8 block r[row] lane col -> r[col] lane row.
 inline void transpose8(__m256 r[8]) {
   __m256 t[8], u[8];

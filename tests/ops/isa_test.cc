@@ -94,6 +94,51 @@ TEST(Isa, GemmGivesThePortableBitsAtEveryLevel) {
       });
 }
 
+// gemm_lowp's f32 path (no native bf16) gives the portable bits at every level, whether the
+// level rounds the operands to bf16 while packing them (sgemm_lowp) or into f32 copies first:
+// each operand f32, bf16 or f16, with bf16 rounding ties and subnormals among the values, over
+// edge shapes in all transpose combinations.
+TEST(Isa, GemmLowpRoundingWhilePackingGivesThePortableBits) {
+  constexpr int64_t kSizes[] = {1, 7, 17, 33, 129, 321, 784};
+  const DType types[] = {DType::kF32, DType::kBF16, DType::kF16};
+  // n values stored as t (bits in `stored`), and the f32 values they round to in bf16.
+  auto operand = [](int64_t n, uint64_t seed, DType t, std::vector<uint32_t>& stored) {
+    Vec v = testing::randn(n, seed);
+    for (int64_t i = 0; i < n; i += 5)  // a tie halfway between two bf16 values
+      v[i] = std::bit_cast<float>((std::bit_cast<uint32_t>(v[i]) & 0xffff0000u) | 0x8000u);
+    for (int64_t i = 3; i < n; i += 37) v[i] = i % 2 ? 3e-39f : -1e-40f;  // f32 subnormals
+    stored.assign(n, 0);
+    if (t == DType::kF32) std::memcpy(stored.data(), v.data(), n * sizeof(float));
+    if (t != DType::kF32) portable::convert(stored.data(), t, v.data(), DType::kF32, n);
+    std::vector<uint16_t> bf16(n);
+    Vec rounded(n);
+    portable::convert(bf16.data(), DType::kBF16, stored.data(), t, n);
+    portable::convert(rounded.data(), DType::kF32, bf16.data(), DType::kBF16, n);
+    return rounded;
+  };
+  testing::for_each_edge_shape(
+      kSizes, 2'000'000, CounterRng(9, mix_stream(RngPurpose::kData, 5)),
+      [&](bool ta, bool tb, int64_t M, int64_t N, int64_t K, uint64_t seed) {
+        const DType at = types[seed % 3], bt = types[(seed / 3) % 3];
+        std::vector<uint32_t> a_bits, b_bits;
+        const Vec a = operand(M * K, seed * 3, at, a_bits),
+                  b = operand(K * N, seed * 3 + 1, bt, b_bits);
+        const Vec c0 = testing::randn(M * N, seed * 3 + 2);
+        const float beta = seed % 2 == 0 ? 0.0f : 1.0f;
+        const Vec want = gemm_at(Isa::kPortable, ta, tb, M, N, K, 1.0f, a, b, beta, c0);
+        for (Isa l : supported_isas()) {
+          if (kernels_for(l).sgemm_lowp == nullptr) continue;  // copies: the sgemm test's
+          Vec got = beta == 0.0f ? Vec(M * N, std::numeric_limits<float>::quiet_NaN()) : c0;
+          kernels_for(l).sgemm_lowp(ta, tb, M, N, K, 1.0f, {a_bits.data(), at, ta ? M : K},
+                                    {b_bits.data(), bt, tb ? K : N}, beta, got.data(), N);
+          expect_same_bits(got, want,
+                           std::string(isa_name(l)) + (ta ? " T" : " N") + (tb ? "T" : "N") +
+                               " M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" +
+                               std::to_string(K) + " A " + dtype_name(at) + " B " + dtype_name(bt));
+        }
+      });
+}
+
 // A row's result does not depend on how many rows the call has (the promise behind "the same
 // bytes on any worker count" and the KV cache's bits): rows [3, 3 + m) of a 200-row product
 // equal a product of those m rows alone, for the linear layer's forward (B transposed) and

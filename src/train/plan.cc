@@ -113,6 +113,7 @@ struct StageShape {
   double whole = 0, piece = 0, largest_unit = 0, flops_share = 0, act_share = 0;
   double server_piece = 0;  // with parameter servers: the largest server's range
   double tied_numel = 0;
+  double in_width = 0, out_width = 0;  // elements per row it receives and sends forward
 };
 
 std::vector<StageShape> stage_shapes(const Config& config, const parallel::ParallelSpec& spec,
@@ -134,9 +135,14 @@ std::vector<StageShape> stage_shapes(const Config& config, const parallel::Paral
   for (int s = 0; s < l.pp; ++s) {
     std::vector<bool> local(model->num_blocks(), false);
     StageShape& st = out[static_cast<size_t>(s)];
-    for (size_t c = 0; c < part.chunks(); ++c)
-      if (part.stage[c] == s)
-        for (size_t b = part.begin[c]; b < part.begin[c + 1]; ++b) local[b] = true;
+    const std::vector<double>& width = cal.block_out_width;  // empty: not calibrated
+    for (size_t c = 0; c < part.chunks(); ++c) {
+      if (part.stage[c] != s) continue;
+      const size_t begin = part.begin[c], end = part.begin[c + 1];
+      for (size_t b = begin; b < end; ++b) local[b] = true;
+      if (begin > 0 && begin <= width.size()) st.in_width += width[begin - 1];
+      if (end < model->num_blocks() && end <= width.size()) st.out_width += width[end - 1];
+    }
     st.flops_share = l.pp == 1 ? 1.0 : shares(cal.block_flops, local);
     st.act_share = l.pp == 1 ? 1.0 : shares(cal.block_act_bytes, local);
     const parallel::Units u = parallel::make_units(*model, spec.bucket_mb, local, l.shard, 0);
@@ -165,7 +171,7 @@ bool uses_shared_memory(const parallel::ParallelSpec& spec, const parallel::Layo
          !spec.deterministic;
 }
 
-// The activation width one rank sends per row across a cut (pipeline boundary, tp collective).
+// The activation width a tensor-parallel collective moves per row.
 double row_width(const Config& config) {
   const nn::ModelSpec& m = config.model;
   if (m.kind == "gpt") return static_cast<double>(m.embed) * static_cast<double>(m.input_shape[0]);
@@ -263,14 +269,29 @@ MemoryBytes stage_memory(const Inputs& in, const parallel::ParallelSpec& spec,
   const int prefetch = resolve_prefetch(in.config.train.prefetch, ranks_here,
                                         in.config.runtime.threads, in.cal.cores);
   mem[MemCategory::kOther] = (2 + prefetch) * mb.replica_rows * row_bytes;
-  if (l.pp > 1)  // received activations and gradients of the micro-batches in flight
-    mem[MemCategory::kComm] += 2.0 * mb.in_flight * mb.rows * row_width(in.config) * g_bytes;
+  if (l.pp > 1) {
+    // Each way, a send's copy (kept until the peer takes it) and a received tensor (kept by the
+    // stage's caches) for every micro-batch in flight and one more; the last stage as many as
+    // the stage before it (measured: fashion_cnn and fashion_mlp, 2 and 4 stages).
+    const int n = micro_of(in, spec, l, std::min(stage, l.pp - 2)).in_flight;
+    mem[MemCategory::kComm] += (n + 1) * mb.rows * (st.in_width + st.out_width) * g_bytes;
+  }
   return server.total() > mem.total() ? server : mem;
+}
+
+// The link among this host's ranks: more ranks than cores wait at every message until the peer
+// they need is scheduled, at the latency measured with twice the cores.
+Link here_link(const Inputs& in) {
+  Link here = in.here;
+  if (in.options.workers / in.options.hosts > in.cal.cores)
+    here.alpha = std::max(here.alpha, in.cal.crowded_latency_s);
+  return here;
 }
 
 StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const parallel::Layout& l,
                     const StageShape& st) {
   const Calibration::Variant& v = in.cal.variant(name_of(spec.precision), name_of(spec.recompute));
+  const Link here = here_link(in);
   const Micro mb = micro_of(in, spec, l, 0);
   const double held = l.servers > 0 || spec.zero_stage == 0 ? st.whole : st.piece;
   StepTime t;  // compute as on a core of its own (predict() adds the host's crowding)
@@ -279,7 +300,7 @@ StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const 
               v.step_s_fixed * held / std::max(1.0, in.cal.arena_numel);
   // data parallel: all-reduce (ZeRO 1-2: reduce-scatter, then all-gather the f32 values;
   // ZeRO-3: two gathers of 16-bit units) or a parameter server's pushes and pulls
-  const Link link = in.options.hosts > 1 ? in.across : in.here;
+  const Link link = in.options.hosts > 1 ? in.across : here;
   const double g_bytes = spec.precision == parallel::Precision::kFp32 ? 4.0 : 2.0,
                grads = st.whole * g_bytes;
   double dp = 0, other = 0;
@@ -294,9 +315,10 @@ StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const 
   const double act_bytes = mb.rows * row_width(in.config);
   if (l.tp > 1)
     other += mb.m * tp_collectives(in.config, st.flops_share) *
-             ring_seconds(act_bytes * 4, l.tp, 2, in.here.alpha, in.here.beta);
+             ring_seconds(act_bytes * 4, l.tp, 2, here.alpha, here.beta);
   if (l.pp > 1)
-    other += 2.0 * mb.m * (in.here.alpha + in.cal.handoff_s + act_bytes * g_bytes / in.here.beta);
+    other += mb.m * (2 * (here.alpha + in.cal.handoff_s) +
+                     mb.rows * (st.in_width + st.out_width) * g_bytes / here.beta);
   if (l.dp > 1 || l.servers > 0) other += in.cal.dp_step_s;  // a group's per-step cost
   // with overlap the gradient traffic hides behind the backward (about 60% of the compute)
   t.comm = other + (overlaps(in, spec) ? std::max(0.0, dp - t.compute * 0.6) : dp);

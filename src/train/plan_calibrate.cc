@@ -52,7 +52,7 @@ std::string model_key(const Config& c) {
       {"batch", c.train.batch},
       {"optim", name_of(c.optim.kind)},
       {"threads", c.runtime.threads},
-      {"version", 7}};
+      {"version", 8}};
   return sha256_hex(key.dump().data(), key.dump().size()).substr(0, 16);
 }
 
@@ -123,9 +123,10 @@ double contention(const Config& config, const data::Splits& data, int64_t rows, 
 }
 
 // The bytes each block's forward keeps for the backward (fp32, no recompute), at `rows` rows:
-// how a pipeline's stages share the activations.
-std::vector<double> block_activations(const nn::ModelSpec& spec, const data::Splits& data,
-                                      int64_t rows) {
+// how a pipeline's stages share the activations; and the elements per row of each block's
+// output (what a stage ending at it sends).
+void block_activations(const nn::ModelSpec& spec, const data::Splits& data, int64_t rows,
+                       Calibration& cal) {
   auto model = nn::build_model(spec);
   model->materialize(1);
   auto ledger = std::make_shared<MemoryLedger>();
@@ -137,22 +138,26 @@ std::vector<double> block_activations(const nn::ModelSpec& spec, const data::Spl
   data::Batch b;
   loader.next(b);
   nn::Activations acts;
-  std::vector<double> out;
   double before = 0;
   model->forward(b.x, nn::Context{}, &acts, [&](nn::Phase p, size_t) {
     if (p != nn::Phase::kAfterForward) return;
     const double now = static_cast<double>(ledger->current(MemCategory::kActivations));
-    out.push_back(now - before);
+    cal.block_act_bytes.push_back(now - before);
     before = now;
   });
-  return out;
+  Tensor h = b.x;
+  for (size_t i = 0; i < model->num_blocks(); ++i) {
+    h = model->forward(h, nn::Context{}, nullptr, {}, i, i + 1);
+    cal.block_out_width.push_back(static_cast<double>(h.numel()) / static_cast<double>(rows));
+  }
 }
 
-// A ring all-reduce between two threads of this process at two sizes: alpha and beta.
-std::pair<double, double> measure_link() {
+// A ring all-reduce among `ranks` threads of this process at two sizes: alpha and beta of
+// ring_seconds (2 (p - 1) steps of alpha + bytes / (p beta)).
+std::pair<double, double> measure_link(int ranks) {
   const size_t small = 1024, large = 1 << 20;  // floats
   std::vector<double> t_small, t_large;
-  comm::run_threads(2, [&](comm::Communicator& c) {
+  comm::run_threads(ranks, [&](comm::Communicator& c) {
     std::vector<float> buf(large, 1.0f);
     for (int i = 0; i < 12; ++i)
       for (size_t n : {small, large}) {
@@ -162,10 +167,11 @@ std::pair<double, double> measure_link() {
         if (c.rank() == 0 && i >= 2) (n == small ? t_small : t_large).push_back(now_seconds() - t0);
       }
   });
-  // ring_s(bytes, 2, 2, a, b) = 2 (a + bytes / (2 b))
+  const double p = ranks, steps = 2 * (p - 1);
   const double ts = median(t_small), tl = median(t_large);
-  const double beta = static_cast<double>((large - small) * 4) / std::max(1e-9, tl - ts);
-  return {std::max(0.0, ts / 2 - static_cast<double>(small * 4) / (2 * beta)), beta};
+  const double beta =
+      steps * static_cast<double>((large - small) * 4) / (p * std::max(1e-9, tl - ts));
+  return {std::max(0.0, ts / steps - static_cast<double>(small * 4) / (p * beta)), beta};
 }
 
 // What one rank does not show: a data-parallel pair's fixed cost per step (the gradient
@@ -225,7 +231,7 @@ Calibration measure_all(const Config& config, const data::Splits& data) {
   for (size_t b = 0; b < model->num_blocks(); ++b)
     cal.block_flops.push_back(model->block(b).forward_flops(1));
   const int64_t big = config.train.batch, little = std::max<int64_t>(1, big / 4);
-  cal.block_act_bytes = block_activations(spec, data, big);
+  block_activations(spec, data, big, cal);
   for (const std::string precision : {"fp32", "bf16"})
     for (const std::string recompute : {"none", "selective", "full"}) {
       const Config one = one_rank(config, precision, recompute);
@@ -247,7 +253,8 @@ Calibration measure_all(const Config& config, const data::Splits& data) {
     v.step_s_per_row = std::max(v.step_s_per_row, none.step_s_per_row);
     v.step_s_fixed = std::max(v.step_s_fixed, none.step_s_fixed);
   }
-  std::tie(cal.link_latency_s, cal.link_bytes_per_s) = measure_link();
+  std::tie(cal.link_latency_s, cal.link_bytes_per_s) = measure_link(2);
+  cal.crowded_latency_s = measure_link(2 * cal.cores).first;
   if (cal.cores > 1) cal.contention = contention(config, data, big, cal.cores);
   // What a 2-way tensor-parallel group does not divide (replicated activations, the
   // collectives' time): x at t = 2 is x1 (r + (1 - r) / 2). Its two ranks ran at once, at the
@@ -296,11 +303,13 @@ json Calibration::to_json() const {
           {"block_flops", block_flops},
           {"link_latency_s", link_latency_s},
           {"link_bytes_per_s", link_bytes_per_s},
+          {"crowded_latency_s", crowded_latency_s},
           {"cores", cores},
           {"arena_numel", arena_numel},
           {"input_shape", input_shape},
           {"num_classes", num_classes},
           {"block_act_bytes", block_act_bytes},
+          {"block_out_width", block_out_width},
           {"tp_act_whole", tp_act_whole},
           {"tp_time_whole", tp_time_whole},
           {"contention", contention},
@@ -317,6 +326,7 @@ Calibration Calibration::from_json(const json& j) {
                           v.at("act_bytes_per_row")});
   c.block_flops = j.at("block_flops").get<std::vector<double>>();
   c.block_act_bytes = j.at("block_act_bytes").get<std::vector<double>>();
+  c.block_out_width = j.at("block_out_width").get<std::vector<double>>();
   c.tp_act_whole = j.at("tp_act_whole");
   c.tp_time_whole = j.at("tp_time_whole");
   c.contention = j.at("contention");
@@ -324,6 +334,7 @@ Calibration Calibration::from_json(const json& j) {
   c.handoff_s = j.at("handoff_s");
   c.link_latency_s = j.at("link_latency_s");
   c.link_bytes_per_s = j.at("link_bytes_per_s");
+  c.crowded_latency_s = j.at("crowded_latency_s");
   c.cores = j.at("cores");
   c.arena_numel = j.at("arena_numel");
   c.input_shape = j.at("input_shape").get<Shape>();

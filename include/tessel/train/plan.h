@@ -55,6 +55,7 @@ struct Calibration {
   std::vector<Variant> variants;
   std::vector<double> block_flops;      // forward flops of each block per row (stage time)
   std::vector<double> block_act_bytes;  // bytes each block keeps for the backward (stage memory)
+  std::vector<double> block_out_width;  // elements per row of each block's output (stage sends)
   // The share of activations and of step time a tensor-parallel group does not divide (from a
   // 2-way group here): x_t = x_1 (whole + (1 - whole) / t).
   double tp_act_whole = 0, tp_time_whole = 0;
@@ -63,6 +64,9 @@ struct Calibration {
   double dp_step_s = 0, handoff_s = 0;
   double link_latency_s = 0;  // alpha-beta of this host's threads transport (ring)
   double link_bytes_per_s = 0;
+  // alpha of a ring of 2 x cores threads here: ranks beyond the cores wait at every message
+  // until the peer they need is scheduled (what makes tp = 4 on 2 cores lose to dp = 2 x tp = 2)
+  double crowded_latency_s = 0;
   // A rank's step time with every core busy over its time alone (shared memory bandwidth,
   // whatever else runs here): ranks on one host run at that pace.
   double contention = 1;

@@ -228,33 +228,29 @@ TEST(PlanMemory, PredictsTheLedgerPeakOfSharedMemoryZero1) {
   EXPECT_NEAR(candidate(plan, chosen).memory.total(), measured, 0.1 * measured);
 }
 
-// A pipeline's comm buffers hold the tensors its stages pass: for a cnn, feature maps (here
-// 16 x 14 x 14 per row) far wider than the fc layer they were once sized by. Predicted against
-// the fullest rank's ledger peak of comm buffers over set-up and 3 steps.
-TEST(PlanMemory, PredictsAPipelinesCommBuffers) {
-  const std::vector<std::string> cnn = {
-      "model.kind=cnn",    "model.channels=[16, 8]",  "model.kernel=3",
-      "model.fc_hidden=8", "data.kind=fashion_mnist", "data.flatten=false",
-      "train.batch=32",    "optim.kind=sgd",          "pp.stages=2",
-      "pp.microbatches=2"};
-  Config chosen = parse_config("", "plan_test", cnn);
+// The comm buffers of `sets` on `workers` ranks: predicted for the fullest rank, and the
+// largest ledger peak of comm buffers over the ranks' set-up and 3 steps.
+std::pair<double, double> comm_buffers(const std::vector<std::string>& sets, int workers,
+                                       const std::string& precision) {
+  Config chosen = parse_config("", "plan_test", sets);
   const std::string cache = testing::TempDir() + "/plan_memory_cache";
   std::filesystem::remove_all(cache);
   PlanOptions o;
-  o.workers = 2;
-  o.precisions = {"fp32"};
+  o.workers = workers;
+  o.precisions = {precision};
   const std::vector<Candidate> plan = plan_layouts(chosen, o, calibrate(chosen, cache));
   const double predicted = candidate(plan, chosen).memory[MemCategory::kComm];
   const data::Splits data = data::make_datasets(chosen.data);
-  chosen.runtime.workers = o.workers;
-  std::vector<double> comm(2);
-  comm::run_threads(o.workers, [&](comm::Communicator& world) {
+  chosen.runtime.workers = workers;
+  const int64_t replicas = workers / (chosen.parallel.pp_stages * chosen.parallel.tp_size);
+  std::vector<double> comm(static_cast<size_t>(workers));
+  comm::run_threads(workers, [&](comm::Communicator& world) {
     RunOptions opts;
     opts.progress = false;
     Trainer trainer(chosen, opts, &world, &data);
     MemoryScope charged(trainer.ledger(), MemCategory::kOther);  // as Trainer::run charges it
     data::LoaderOptions lo;
-    lo.batch = chosen.train.batch;
+    lo.batch = chosen.train.batch / replicas;
     data::DataLoader loader(data.train, lo);
     loader.start_epoch(0);
     EvalResult sums;
@@ -267,9 +263,32 @@ TEST(PlanMemory, PredictsAPipelinesCommBuffers) {
     comm[static_cast<size_t>(world.rank())] =
         static_cast<double>(trainer.ledger()->peak(MemCategory::kComm));
   });
-  const double measured = *std::max_element(comm.begin(), comm.end());
+  return {predicted, *std::max_element(comm.begin(), comm.end())};
+}
+
+// A pipeline's comm buffers hold the tensors its stages pass: for a cnn, feature maps (here
+// 16 x 14 x 14 per row) far wider than the fc layer they were once sized by.
+TEST(PlanMemory, PredictsAPipelinesCommBuffers) {
+  const auto [predicted, measured] =
+      comm_buffers({"model.kind=cnn", "model.channels=[16, 8]", "model.kernel=3",
+                    "model.fc_hidden=8", "data.kind=fashion_mnist", "data.flatten=false",
+                    "train.batch=32", "optim.kind=sgd", "pp.stages=2", "pp.microbatches=2"},
+                   2, "fp32");
   EXPECT_NEAR(predicted, measured, 0.1 * measured);
   EXPECT_GT(measured, 2 * 16.0 * 16 * 14 * 14 * 4) << "two micro-batches' feature maps";
+}
+
+// ZeRO-2 in a pipeline keeps every unit's f32 bucket open through the step and sends them all
+// at its end, each with a copy in the message's 16 bits under bf16 (here the first stage's
+// 784 x 256 layer: 0.8 MB f32 + 0.4 MB bf16).
+TEST(PlanMemory, PredictsZero2CommBuffersOfABf16Pipeline) {
+  const auto [predicted, measured] =
+      comm_buffers({"model.kind=mlp", "model.hidden=[256, 16]", "data.kind=fashion_mnist",
+                    "train.batch=16", "optim.kind=sgd", "pp.stages=2", "pp.microbatches=4",
+                    "zero.stage=2", "train.precision=bf16"},
+                   4, "bf16");
+  EXPECT_NEAR(predicted, measured, 0.1 * measured);
+  EXPECT_GT(measured, 6.0 * 784 * 256) << "the first stage's f32 buckets and their bf16 copies";
 }
 
 TEST(Plan, CapNamesTheOverflowingCategoryAndRanksFeasibleFirst) {

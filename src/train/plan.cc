@@ -289,19 +289,9 @@ MemoryBytes stage_memory(const Inputs& in, const parallel::ParallelSpec& spec,
   return server.total() > mem.total() ? server : mem;
 }
 
-// The link among this host's ranks: more ranks than cores wait at every message until the peer
-// they need is scheduled, at the latency measured with twice the cores.
-Link here_link(const Inputs& in) {
-  Link here = in.here;
-  if (in.options.workers / in.options.hosts > in.cal.cores)
-    here.alpha = std::max(here.alpha, in.cal.crowded_latency_s);
-  return here;
-}
-
 StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const parallel::Layout& l,
                     const StageShape& st) {
   const Calibration::Variant& v = in.cal.variant(name_of(spec.precision), name_of(spec.recompute));
-  const Link here = here_link(in);
   const Micro mb = micro_of(in, spec, l, 0);
   const double held = l.servers > 0 || spec.zero_stage == 0 ? st.whole : st.piece;
   StepTime t;  // compute as on a core of its own (predict() adds the host's crowding)
@@ -310,7 +300,7 @@ StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const 
               v.step_s_fixed * held / std::max(1.0, in.cal.arena_numel);
   // data parallel: all-reduce (ZeRO 1-2: reduce-scatter, then all-gather the f32 values;
   // ZeRO-3: two gathers of 16-bit units) or a parameter server's pushes and pulls
-  const Link link = in.options.hosts > 1 ? in.across : here;
+  const Link link = in.options.hosts > 1 ? in.across : in.here;
   const double g_bytes = spec.precision == parallel::Precision::kFp32 ? 4.0 : 2.0,
                grads = st.whole * g_bytes;
   double dp = 0, other = 0;
@@ -325,10 +315,10 @@ StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const 
   const double act_bytes = mb.rows * row_width(in.config);
   if (l.tp > 1)
     other += mb.m * tp_collectives(in.config, st.flops_share) *
-             ring_seconds(act_bytes * 4, l.tp, 2, here.alpha, here.beta);
+             ring_seconds(act_bytes * 4, l.tp, 2, in.here.alpha, in.here.beta);
   if (l.pp > 1)
-    other += mb.m * (2 * (here.alpha + in.cal.handoff_s) +
-                     mb.rows * (st.in_width + st.out_width) * g_bytes / here.beta);
+    other += mb.m * (2 * (in.here.alpha + in.cal.handoff_s) +
+                     mb.rows * (st.in_width + st.out_width) * g_bytes / in.here.beta);
   if (l.dp > 1 || l.servers > 0) other += in.cal.dp_step_s;  // a group's per-step cost
   // with overlap the gradient traffic hides behind the backward (about 60% of the compute)
   t.comm = other + (overlaps(in, spec) ? std::max(0.0, dp - t.compute * 0.6) : dp);

@@ -152,12 +152,11 @@ void block_activations(const nn::ModelSpec& spec, const data::Splits& data, int6
   }
 }
 
-// A ring all-reduce among `ranks` threads of this process at two sizes: alpha and beta of
-// ring_seconds (2 (p - 1) steps of alpha + bytes / (p beta)).
-std::pair<double, double> measure_link(int ranks) {
+// A ring all-reduce between two threads of this process at two sizes: alpha and beta.
+std::pair<double, double> measure_link() {
   const size_t small = 1024, large = 1 << 20;  // floats
   std::vector<double> t_small, t_large;
-  comm::run_threads(ranks, [&](comm::Communicator& c) {
+  comm::run_threads(2, [&](comm::Communicator& c) {
     std::vector<float> buf(large, 1.0f);
     for (int i = 0; i < 12; ++i)
       for (size_t n : {small, large}) {
@@ -167,11 +166,10 @@ std::pair<double, double> measure_link(int ranks) {
         if (c.rank() == 0 && i >= 2) (n == small ? t_small : t_large).push_back(now_seconds() - t0);
       }
   });
-  const double p = ranks, steps = 2 * (p - 1);
+  // ring_s(bytes, 2, 2, a, b) = 2 (a + bytes / (2 b))
   const double ts = median(t_small), tl = median(t_large);
-  const double beta =
-      steps * static_cast<double>((large - small) * 4) / (p * std::max(1e-9, tl - ts));
-  return {std::max(0.0, ts / steps - static_cast<double>(small * 4) / (p * beta)), beta};
+  const double beta = static_cast<double>((large - small) * 4) / std::max(1e-9, tl - ts);
+  return {std::max(0.0, ts / 2 - static_cast<double>(small * 4) / (2 * beta)), beta};
 }
 
 // What one rank does not show: a data-parallel pair's fixed cost per step (the gradient
@@ -253,8 +251,7 @@ Calibration measure_all(const Config& config, const data::Splits& data) {
     v.step_s_per_row = std::max(v.step_s_per_row, none.step_s_per_row);
     v.step_s_fixed = std::max(v.step_s_fixed, none.step_s_fixed);
   }
-  std::tie(cal.link_latency_s, cal.link_bytes_per_s) = measure_link(2);
-  cal.crowded_latency_s = measure_link(2 * cal.cores).first;
+  std::tie(cal.link_latency_s, cal.link_bytes_per_s) = measure_link();
   if (cal.cores > 1) cal.contention = contention(config, data, big, cal.cores);
   // What a 2-way tensor-parallel group does not divide (replicated activations, the
   // collectives' time): x at t = 2 is x1 (r + (1 - r) / 2). Its two ranks ran at once, at the
@@ -303,7 +300,6 @@ json Calibration::to_json() const {
           {"block_flops", block_flops},
           {"link_latency_s", link_latency_s},
           {"link_bytes_per_s", link_bytes_per_s},
-          {"crowded_latency_s", crowded_latency_s},
           {"cores", cores},
           {"arena_numel", arena_numel},
           {"input_shape", input_shape},
@@ -334,7 +330,6 @@ Calibration Calibration::from_json(const json& j) {
   c.handoff_s = j.at("handoff_s");
   c.link_latency_s = j.at("link_latency_s");
   c.link_bytes_per_s = j.at("link_bytes_per_s");
-  c.crowded_latency_s = j.at("crowded_latency_s");
   c.cores = j.at("cores");
   c.arena_numel = j.at("arena_numel");
   c.input_shape = j.at("input_shape").get<Shape>();

@@ -64,9 +64,6 @@ struct Calibration {
   double dp_step_s = 0, handoff_s = 0;
   double link_latency_s = 0;  // alpha-beta of this host's threads transport (ring)
   double link_bytes_per_s = 0;
-  // alpha of a ring of 2 x cores threads here: ranks beyond the cores wait at every message
-  // until the peer they need is scheduled (what makes tp = 4 on 2 cores lose to dp = 2 x tp = 2)
-  double crowded_latency_s = 0;
   // A rank's step time with every core busy over its time alone (shared memory bandwidth,
   // whatever else runs here): ranks on one host run at that pace.
   double contention = 1;

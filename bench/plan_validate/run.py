@@ -6,10 +6,13 @@ ledger peak in metrics.jsonl, the median samples/s of its records after the firs
 Prints a Markdown table (docs/planning.md holds one) and the share within 10% / 15%. With
 --baseline the step time is also predicted without the 2-rank costs of the calibration
 (dp_step_s, handoff_s set to 0 in a copy of it): the model before they were added, on the
-same measurements.
+same measurements. With --memory-only the time columns are left out and each run stops at its
+first record (memory is deterministic: a few steps, e.g. --steps 5, measure it; that record's
+peak includes the set-up).
 
   flock /tmp/tessel-bench.lock python3 bench/plan_validate/run.py --tessel build/apps/tessel/tessel \
       --config examples/char_gpt.toml --workers 2,4 [--limit 12] [--match 'pp='] [--steps 30]
+      [--memory-only]
 """
 import argparse
 import json
@@ -19,6 +22,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 
 def without_pair_costs(cache, into):
@@ -36,16 +40,34 @@ def plan(tessel, config, workers, cache):
     return json.loads(out.stdout)["layouts"]
 
 
-def measure(tessel, config, workers, sets, steps, folder):
+def measure(tessel, config, workers, sets, steps, folder, first_record_only):
     cmd = [tessel, "train", config, "--workers", str(workers), "--quiet", "--overwrite",
-           "--run-dir", folder, "--set", f"train.max_steps={steps}", "--set", "train.log_every=5",
+           "--run-dir", folder, "--set", f"train.max_steps={steps}",
+           "--set", f"train.log_every={min(5, steps)}",
            "--set", "checkpoint.every_epochs=0"]
     for s in sets:
         cmd += ["--set", s]
-    run = subprocess.run(cmd, capture_output=True, text=True)
-    if run.returncode != 0:
-        return None, run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "failed"
-    recs = [json.loads(l) for l in open(os.path.join(folder, "metrics.jsonl"))]
+    metrics = os.path.join(folder, "metrics.jsonl")
+
+    def recorded():  # a whole train record is in metrics.jsonl
+        return os.path.exists(metrics) and any(
+            l.endswith("\n") and '"type":"train"' in l for l in open(metrics))
+
+    if first_record_only:  # stopped once the peak is recorded: the test-set pass adds nothing
+        if os.path.exists(metrics):
+            os.remove(metrics)
+        run = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        while run.poll() is None and not recorded():
+            time.sleep(0.1)
+        run.kill()
+        stderr = run.communicate()[1]
+        if not recorded():
+            return None, stderr.strip().splitlines()[-1] if stderr.strip() else "failed"
+    else:
+        run = subprocess.run(cmd, capture_output=True, text=True)
+        if run.returncode != 0:
+            return None, run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "failed"
+    recs = [json.loads(l) for l in open(metrics) if l.endswith("\n")]
     recs = [r for r in recs if r.get("type") == "train"]
     peak = max(r.get("memory_peak_bytes_max", 0) for r in recs)
     sps = statistics.median(r["samples_per_second"] for r in recs[1:] or recs)
@@ -63,11 +85,14 @@ def main():
     ap.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/tessel/plan"))
     ap.add_argument("--baseline", action="store_true",
                     help="also the step time predicted without the 2-rank calibration costs")
+    ap.add_argument("--memory-only", action="store_true", help="no time columns")
     a = ap.parse_args()
     extra = " before ms | err |" if a.baseline else ""
-    print("| config | ranks | layout | options | mem pred MiB | mem meas MiB | err | "
-          "step pred ms | step meas ms | err |" + extra)
-    print("|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if a.baseline else ""))
+    timed = "" if a.memory_only else " step pred ms | step meas ms | err |"
+    print("| config | ranks | layout | options | mem pred MiB | mem meas MiB | err |" + timed +
+          extra)
+    print("|---|---|---|---|---|---|---|" + ("" if a.memory_only else "---|---|---|") +
+          ("---|---|" if a.baseline else ""))
     mem_ok = time_ok = before_ok = n = 0
     with tempfile.TemporaryDirectory() as tmp:
         for config in a.config:
@@ -85,11 +110,11 @@ def main():
                     layouts = layouts[:a.limit]
                 for l in layouts:
                     got, err = measure(a.tessel, config, workers, l["set"], a.steps,
-                                       os.path.join(tmp, "run"))
+                                       os.path.join(tmp, "run"), a.memory_only)
                     name = os.path.basename(config)
                     if got is None:
                         print(f"| {name} | {workers} | {l['layout']} | {l['options']} | "
-                              f"refused: {err} |||||")
+                              f"refused: {err} |||" + ("" if a.memory_only else "|||"))
                         continue
                     peak, sps = got
                     batch_s = l["step_seconds"]["total"]
@@ -101,15 +126,17 @@ def main():
                     mem_ok += abs(em) <= 0.10
                     time_ok += abs(et) <= 0.15
                     row = (f"| {name} | {workers} | {l['layout']} | {l['options']} | "
-                           f"{pred_mem / 2**20:.2f} | {peak / 2**20:.2f} | {100 * em:+.0f}% | "
-                           f"{1e3 * batch_s:.1f} | {1e3 * meas_s:.1f} | {100 * et:+.0f}% |")
+                           f"{pred_mem / 2**20:.2f} | {peak / 2**20:.2f} | {100 * em:+.0f}% |")
+                    if not a.memory_only:
+                        row += f" {1e3 * batch_s:.1f} | {1e3 * meas_s:.1f} | {100 * et:+.0f}% |"
                     if a.baseline:
                         b = before[(l["layout"], l["options"])]
                         eb = (b - meas_s) / meas_s
                         before_ok += abs(eb) <= 0.15
                         row += f" {1e3 * b:.1f} | {100 * eb:+.0f}% |"
                     print(row, flush=True)
-    print(f"\n{n} layouts: memory within 10% for {mem_ok}, step time within 15% for {time_ok}" +
+    timing = "" if a.memory_only else f", step time within 15% for {time_ok}"
+    print(f"\n{n} layouts: memory within 10% for {mem_ok}{timing}" +
           (f" (without the 2-rank costs: {before_ok})" if a.baseline else ""))
     return 0
 

@@ -113,6 +113,7 @@ struct StageShape {
   double whole = 0, piece = 0, largest_unit = 0, flops_share = 0, act_share = 0;
   double server_piece = 0;  // with parameter servers: the largest server's range
   double tied_numel = 0;
+  double in_width = 0, out_width = 0;  // elements per row it receives and sends forward
 };
 
 std::vector<StageShape> stage_shapes(const Config& config, const parallel::ParallelSpec& spec,
@@ -134,9 +135,14 @@ std::vector<StageShape> stage_shapes(const Config& config, const parallel::Paral
   for (int s = 0; s < l.pp; ++s) {
     std::vector<bool> local(model->num_blocks(), false);
     StageShape& st = out[static_cast<size_t>(s)];
-    for (size_t c = 0; c < part.chunks(); ++c)
-      if (part.stage[c] == s)
-        for (size_t b = part.begin[c]; b < part.begin[c + 1]; ++b) local[b] = true;
+    const std::vector<double>& width = cal.block_out_width;  // empty: not calibrated
+    for (size_t c = 0; c < part.chunks(); ++c) {
+      if (part.stage[c] != s) continue;
+      const size_t begin = part.begin[c], end = part.begin[c + 1];
+      for (size_t b = begin; b < end; ++b) local[b] = true;
+      if (begin > 0 && begin <= width.size()) st.in_width += width[begin - 1];
+      if (end < model->num_blocks() && end <= width.size()) st.out_width += width[end - 1];
+    }
     st.flops_share = l.pp == 1 ? 1.0 : shares(cal.block_flops, local);
     st.act_share = l.pp == 1 ? 1.0 : shares(cal.block_act_bytes, local);
     const parallel::Units u = parallel::make_units(*model, spec.bucket_mb, local, l.shard, 0);
@@ -165,7 +171,7 @@ bool uses_shared_memory(const parallel::ParallelSpec& spec, const parallel::Layo
          !spec.deterministic;
 }
 
-// The activation width one rank sends per row across a cut (pipeline boundary, tp collective).
+// The activation width a tensor-parallel collective moves per row.
 double row_width(const Config& config) {
   const nn::ModelSpec& m = config.model;
   if (nn::reads_tokens(m))
@@ -240,20 +246,30 @@ MemoryBytes stage_memory(const Inputs& in, const parallel::ParallelSpec& spec,
     if (spec.zero_stage == 3)  // gathered units: this one, and the next when prefetching
       mem[MemCategory::kComm] +=
           (overlaps(in, spec) && spec.zero_prefetch ? 2 : 1) * st.largest_unit * g_bytes;
-    if (spec.zero_stage >= 2)  // ShardSync's f32 buckets open during the backward (up to two)
-      mem[MemCategory::kComm] += std::min(2 * st.largest_unit, st.whole) * 4;
+    if (spec.zero_stage >= 2) {
+      // ShardSync's f32 buckets: up to two open during a backward; a pipeline keeps every
+      // unit's open through the step and reduces them all at its end, each with a copy in the
+      // message's 16 bits (measured: fashion_mlp dp=2 pp=2 bf16 ZeRO-2 and 3, the first stage)
+      mem[MemCategory::kComm] +=
+          (l.pp > 1 ? st.whole : std::min(2 * st.largest_unit, st.whole)) * 4;
+      if (l.pp > 1 && g_bytes < 4) mem[MemCategory::kComm] += st.whole * g_bytes;
+    }
   }
   mem[MemCategory::kParameters] += st.tied_numel * g_bytes;  // a head stage's tied table
   mem[MemCategory::kGradients] += 4 * st.tied_numel;
   const Calibration::Variant& v = in.cal.variant(name_of(spec.precision), name_of(spec.recompute));
   const Micro mb = micro_of(in, spec, l, stage);
-  // What the forwards keep (block_act_bytes, in this variant's proportion) is held for every
-  // micro-batch in flight; the rest of the peak (the backward's transients) for one.
+  // What the forwards keep (block_act_bytes, of the f32 forward, in this variant's proportion
+  // but never more) is held for every micro-batch in flight; the rest of the peak (the
+  // backward's transients) for one. fashion_cnn's bf16 one-rank peak is twice its f32 one (the
+  // backward's conversions on a CPU without 16-bit arithmetic), but its first stage keeps
+  // 1.07x the f32 bytes; char_gpt's bf16 keeps less, in its peak's proportion.
   const Calibration::Variant& base = in.cal.variant("fp32", "none");
   double kept = 0;
   for (double b : in.cal.block_act_bytes) kept += b / static_cast<double>(base.rows);
-  kept = std::min(v.act_bytes_per_row,
-                  kept * v.act_bytes_per_row / std::max(1.0, base.act_bytes_per_row));
+  kept =
+      std::min(v.act_bytes_per_row,
+               kept * std::min(1.0, v.act_bytes_per_row / std::max(1.0, base.act_bytes_per_row)));
   mem[MemCategory::kActivations] =
       (v.act_bytes_fixed + (kept * mb.in_flight + v.act_bytes_per_row - kept) * mb.rows) *
       st.act_share * (in.cal.tp_act_whole + (1 - in.cal.tp_act_whole) / l.tp);
@@ -265,8 +281,13 @@ MemoryBytes stage_memory(const Inputs& in, const parallel::ParallelSpec& spec,
   const int prefetch = resolve_prefetch(in.config.train.prefetch, ranks_here,
                                         in.config.runtime.threads, in.cal.cores);
   mem[MemCategory::kOther] = (2 + prefetch) * mb.replica_rows * row_bytes;
-  if (l.pp > 1)  // received activations and gradients of the micro-batches in flight
-    mem[MemCategory::kComm] += 2.0 * mb.in_flight * mb.rows * row_width(in.config) * g_bytes;
+  if (l.pp > 1) {
+    // Each way, a send's copy (kept until the peer takes it) and a received tensor (kept by the
+    // stage's caches) for every micro-batch in flight and one more; the last stage as many as
+    // the stage before it (measured: fashion_cnn and fashion_mlp, 2 and 4 stages).
+    const int n = micro_of(in, spec, l, std::min(stage, l.pp - 2)).in_flight;
+    mem[MemCategory::kComm] += (n + 1) * mb.rows * (st.in_width + st.out_width) * g_bytes;
+  }
   return server.total() > mem.total() ? server : mem;
 }
 
@@ -298,7 +319,8 @@ StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const 
     other += mb.m * tp_collectives(in.config, st.flops_share) *
              ring_seconds(act_bytes * 4, l.tp, 2, in.here.alpha, in.here.beta);
   if (l.pp > 1)
-    other += 2.0 * mb.m * (in.here.alpha + in.cal.handoff_s + act_bytes * g_bytes / in.here.beta);
+    other += mb.m * (2 * (in.here.alpha + in.cal.handoff_s) +
+                     mb.rows * (st.in_width + st.out_width) * g_bytes / in.here.beta);
   if (l.dp > 1 || l.servers > 0) other += in.cal.dp_step_s;  // a group's per-step cost
   // with overlap the gradient traffic hides behind the backward (about 60% of the compute)
   t.comm = other + (overlaps(in, spec) ? std::max(0.0, dp - t.compute * 0.6) : dp);

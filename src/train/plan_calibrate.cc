@@ -52,7 +52,7 @@ std::string model_key(const Config& c) {
       {"batch", c.train.batch},
       {"optim", name_of(c.optim.kind)},
       {"threads", c.runtime.threads},
-      {"version", 7}};
+      {"version", 8}};
   return sha256_hex(key.dump().data(), key.dump().size()).substr(0, 16);
 }
 
@@ -123,9 +123,10 @@ double contention(const Config& config, const data::Splits& data, int64_t rows, 
 }
 
 // The bytes each block's forward keeps for the backward (fp32, no recompute), at `rows` rows:
-// how a pipeline's stages share the activations.
-std::vector<double> block_activations(const nn::ModelSpec& spec, const data::Splits& data,
-                                      int64_t rows) {
+// how a pipeline's stages share the activations; and the elements per row of each block's
+// output (what a stage ending at it sends).
+void block_activations(const nn::ModelSpec& spec, const data::Splits& data, int64_t rows,
+                       Calibration& cal) {
   auto model = nn::build_model(spec);
   model->materialize(1);
   auto ledger = std::make_shared<MemoryLedger>();
@@ -137,15 +138,18 @@ std::vector<double> block_activations(const nn::ModelSpec& spec, const data::Spl
   data::Batch b;
   loader.next(b);
   nn::Activations acts;
-  std::vector<double> out;
   double before = 0;
   model->forward(b.x, nn::Context{}, &acts, [&](nn::Phase p, size_t) {
     if (p != nn::Phase::kAfterForward) return;
     const double now = static_cast<double>(ledger->current(MemCategory::kActivations));
-    out.push_back(now - before);
+    cal.block_act_bytes.push_back(now - before);
     before = now;
   });
-  return out;
+  Tensor h = b.x;
+  for (size_t i = 0; i < model->num_blocks(); ++i) {
+    h = model->forward(h, nn::Context{}, nullptr, {}, i, i + 1);
+    cal.block_out_width.push_back(static_cast<double>(h.numel()) / static_cast<double>(rows));
+  }
 }
 
 // A ring all-reduce between two threads of this process at two sizes: alpha and beta.
@@ -225,7 +229,7 @@ Calibration measure_all(const Config& config, const data::Splits& data) {
   for (size_t b = 0; b < model->num_blocks(); ++b)
     cal.block_flops.push_back(model->block(b).forward_flops(1));
   const int64_t big = config.train.batch, little = std::max<int64_t>(1, big / 4);
-  cal.block_act_bytes = block_activations(spec, data, big);
+  block_activations(spec, data, big, cal);
   for (const std::string precision : {"fp32", "bf16"})
     for (const std::string recompute : {"none", "selective", "full"}) {
       const Config one = one_rank(config, precision, recompute);
@@ -301,6 +305,7 @@ json Calibration::to_json() const {
           {"input_shape", input_shape},
           {"num_classes", num_classes},
           {"block_act_bytes", block_act_bytes},
+          {"block_out_width", block_out_width},
           {"tp_act_whole", tp_act_whole},
           {"tp_time_whole", tp_time_whole},
           {"contention", contention},
@@ -317,6 +322,7 @@ Calibration Calibration::from_json(const json& j) {
                           v.at("act_bytes_per_row")});
   c.block_flops = j.at("block_flops").get<std::vector<double>>();
   c.block_act_bytes = j.at("block_act_bytes").get<std::vector<double>>();
+  c.block_out_width = j.at("block_out_width").get<std::vector<double>>();
   c.tp_act_whole = j.at("tp_act_whole");
   c.tp_time_whole = j.at("tp_time_whole");
   c.contention = j.at("contention");

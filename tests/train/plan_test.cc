@@ -7,13 +7,19 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <set>
 
+#include "tessel/comm/threads.h"
 #include "tessel/core/error.h"
 #include "tessel/data/dataset.h"
+#include "tessel/nn/models.h"
 #include "tessel/train/dry_run.h"
 #include "tessel/train/plan_auto.h"
 #include "tessel/train/plan_scale.h"
+#include "tessel/train/recovery.h"
+#include "tessel/train/trainer.h"
 
 namespace tessel::train {
 namespace {
@@ -121,6 +127,10 @@ Calibration shape_only(const Config& c) {
   cal.input_shape = d.train->input_shape();
   cal.num_classes = d.train->num_classes();
   cal.link_bytes_per_s = 1e9;
+  nn::ModelSpec m = c.model;
+  m.input_shape = cal.input_shape;
+  m.num_classes = cal.num_classes;
+  cal.block_out_width.assign(nn::build_model(m)->num_blocks(), 16.0 * 16);  // context x embed
   for (const char* p : {"fp32", "bf16"})
     for (const char* r : {"none", "selective", "full"}) cal.variants.push_back({p, r, 8});
   return cal;
@@ -162,6 +172,123 @@ TEST(Plan, OffersOnlyWhatTrainStartsAndPredictsItsState) {
     }
     EXPECT_GT(checked, workers == 1 ? 1 : 6) << workers;
   }
+}
+
+// The fullest rank's ledger peak of a short run (set-up and 3 steps, as metrics.jsonl records
+// it), the figure the bench checks.
+double measured_peak(Config c, int workers) {
+  c.runtime.workers = workers;
+  c.train.max_steps = 3;
+  c.train.log_every = 1;
+  c.checkpoint.every_epochs = 0;
+  RunOptions opts;
+  opts.progress = false;
+  opts.overwrite = true;
+  opts.run_dir = testing::TempDir() + "/plan_memory_run";
+  train_threads(c, opts, comm::CommOptions{});
+  double peak = 0;
+  std::ifstream metrics(opts.run_dir + "/metrics.jsonl");
+  for (std::string line; std::getline(metrics, line);) {
+    const nlohmann::json r = nlohmann::json::parse(line);
+    if (r.value("type", "") == "train")
+      peak = std::max(peak, r.value("memory_peak_bytes_max", 0.0));
+  }
+  return peak;
+}
+
+// The candidate of `plan` that `sets` select (no recompute, no servers).
+const Candidate& candidate(const std::vector<Candidate>& plan, const Config& chosen) {
+  const parallel::ParallelSpec& want = chosen.parallel;
+  for (const Candidate& c : plan)
+    if (c.spec.recompute == nn::Recompute::kNone && c.spec.ps_servers == 0 &&
+        c.spec.tp_size == want.tp_size && c.spec.pp_stages == want.pp_stages &&
+        c.spec.zero_stage == want.zero_stage &&
+        (c.spec.pp_stages == 1 || c.spec.pp_microbatches == want.pp_microbatches))
+      return c;
+  throw Error("plan_test: the plan offers no such layout");
+}
+
+// ZeRO-1 over 4 ranks in shared memory: its set-up held an arena-sized buffer on top of the
+// gradients and the parameters (2.25 arenas, above the steps' 1.5 and the prediction).
+TEST(PlanMemory, PredictsTheLedgerPeakOfSharedMemoryZero1) {
+  const std::vector<std::string> mlp = {"model.kind=mlp", "model.hidden=[256]",
+                                        "data.kind=fashion_mnist", "train.batch=16",
+                                        "optim.kind=sgd"};
+  const Config base = parse_config("", "plan_test", mlp);
+  const std::string cache = testing::TempDir() + "/plan_memory_cache";
+  std::filesystem::remove_all(cache);
+  PlanOptions o;
+  o.workers = 4;
+  o.precisions = {"fp32"};
+  const std::vector<Candidate> plan = plan_layouts(base, o, calibrate(base, cache));
+  std::vector<std::string> sets = mlp;
+  sets.push_back("zero.stage=1");
+  const Config chosen = parse_config("", "plan_test", sets);
+  const double measured = measured_peak(chosen, o.workers);
+  EXPECT_NEAR(candidate(plan, chosen).memory.total(), measured, 0.1 * measured);
+}
+
+// The comm buffers of `sets` on `workers` ranks: predicted for the fullest rank, and the
+// largest ledger peak of comm buffers over the ranks' set-up and 3 steps.
+std::pair<double, double> comm_buffers(const std::vector<std::string>& sets, int workers,
+                                       const std::string& precision) {
+  Config chosen = parse_config("", "plan_test", sets);
+  const std::string cache = testing::TempDir() + "/plan_memory_cache";
+  std::filesystem::remove_all(cache);
+  PlanOptions o;
+  o.workers = workers;
+  o.precisions = {precision};
+  const std::vector<Candidate> plan = plan_layouts(chosen, o, calibrate(chosen, cache));
+  const double predicted = candidate(plan, chosen).memory[MemCategory::kComm];
+  const data::Splits data = data::make_datasets(chosen.data);
+  chosen.runtime.workers = workers;
+  const int64_t replicas = workers / (chosen.parallel.pp_stages * chosen.parallel.tp_size);
+  std::vector<double> comm(static_cast<size_t>(workers));
+  comm::run_threads(workers, [&](comm::Communicator& world) {
+    RunOptions opts;
+    opts.progress = false;
+    Trainer trainer(chosen, opts, &world, &data);
+    MemoryScope charged(trainer.ledger(), MemCategory::kOther);  // as Trainer::run charges it
+    data::LoaderOptions lo;
+    lo.batch = chosen.train.batch / replicas;
+    data::DataLoader loader(data.train, lo);
+    loader.start_epoch(0);
+    EvalResult sums;
+    for (int i = 0; i < 3; ++i) {
+      data::Batch b;
+      loader.next(b);
+      b.global_size = chosen.train.batch;
+      trainer.step({b}, sums);
+    }
+    comm[static_cast<size_t>(world.rank())] =
+        static_cast<double>(trainer.ledger()->peak(MemCategory::kComm));
+  });
+  return {predicted, *std::max_element(comm.begin(), comm.end())};
+}
+
+// A pipeline's comm buffers hold the tensors its stages pass: for a cnn, feature maps (here
+// 16 x 14 x 14 per row) far wider than the fc layer they were once sized by.
+TEST(PlanMemory, PredictsAPipelinesCommBuffers) {
+  const auto [predicted, measured] =
+      comm_buffers({"model.kind=cnn", "model.channels=[16, 8]", "model.kernel=3",
+                    "model.fc_hidden=8", "data.kind=fashion_mnist", "data.flatten=false",
+                    "train.batch=32", "optim.kind=sgd", "pp.stages=2", "pp.microbatches=2"},
+                   2, "fp32");
+  EXPECT_NEAR(predicted, measured, 0.1 * measured);
+  EXPECT_GT(measured, 2 * 16.0 * 16 * 14 * 14 * 4) << "two micro-batches' feature maps";
+}
+
+// ZeRO-2 in a pipeline keeps every unit's f32 bucket open through the step and sends them all
+// at its end, each with a copy in the message's 16 bits under bf16 (here the first stage's
+// 784 x 256 layer: 0.8 MB f32 + 0.4 MB bf16).
+TEST(PlanMemory, PredictsZero2CommBuffersOfABf16Pipeline) {
+  const auto [predicted, measured] =
+      comm_buffers({"model.kind=mlp", "model.hidden=[256, 16]", "data.kind=fashion_mnist",
+                    "train.batch=16", "optim.kind=sgd", "pp.stages=2", "pp.microbatches=4",
+                    "zero.stage=2", "train.precision=bf16"},
+                   4, "bf16");
+  EXPECT_NEAR(predicted, measured, 0.1 * measured);
+  EXPECT_GT(measured, 6.0 * 784 * 256) << "the first stage's f32 buckets and their bf16 copies";
 }
 
 TEST(Plan, CapNamesTheOverflowingCategoryAndRanksFeasibleFirst) {

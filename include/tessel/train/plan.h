@@ -55,6 +55,7 @@ struct Calibration {
   std::vector<Variant> variants;
   std::vector<double> block_flops;      // forward flops of each block per row (stage time)
   std::vector<double> block_act_bytes;  // bytes each block keeps for the backward (stage memory)
+  std::vector<double> block_out_width;  // elements per row of each block's output (stage sends)
   // The share of activations and of step time a tensor-parallel group does not divide (from a
   // 2-way group here): x_t = x_1 (whole + (1 - whole) / t).
   double tp_act_whole = 0, tp_time_whole = 0;

@@ -202,7 +202,7 @@ void Engine::hook(nn::Phase phase, size_t block, bool last) {
   Tracer* tracer = active_tracer();
   const bool after = phase == nn::Phase::kAfterForward || phase == nn::Phase::kAfterBackward;
   if (tracer && after) trace_block(*tracer, phase, block);
-  if (tp_) tp_->at(phase, block, training_);
+  if (tp_) tp_->set_call_site(phase, block, training_);
   for (BlockHooks* h : hooks_) h->on_block(phase, block, last);
   if (tracer && !after) block_start_[block] = now_seconds();
 }
@@ -220,7 +220,7 @@ void Engine::trace_block(Tracer& tracer, nn::Phase phase, size_t block) {
   }
 }
 
-PieceStats Engine::counted(const PieceStats& s) const {
+PieceStats Engine::once_per_replica(const PieceStats& s) const {
   return tp_ && tp_->rank() > 0 ? PieceStats{} : s;  // a tp group computes one loss together
 }
 
@@ -242,10 +242,10 @@ PieceStats Engine::train_piece(const Piece& piece) {
     executor_->idle(hooks_fn_, true, piece.last);
     return {};
   }
-  if (!scaler_) return counted(executor_->train(piece, *loss_, hooks_fn_));
+  if (!scaler_) return once_per_replica(executor_->train(piece, *loss_, hooks_fn_));
   Piece scaled = piece;  // fp16: the loss gradient scaled up
   scaled.weight *= scaler_->scale();
-  return counted(executor_->train(scaled, *loss_, hooks_fn_));
+  return once_per_replica(executor_->train(scaled, *loss_, hooks_fn_));
 }
 
 PieceStats Engine::eval_piece(const Piece& piece) {
@@ -255,7 +255,7 @@ PieceStats Engine::eval_piece(const Piece& piece) {
     executor_->idle(hooks_fn_, false, false);
     return {};
   }
-  return counted(executor_->eval(piece, *loss_, hooks_fn_));
+  return once_per_replica(executor_->eval(piece, *loss_, hooks_fn_));
 }
 
 void Engine::step(float lr, float clip_norm, int64_t step) {
@@ -297,7 +297,7 @@ void Engine::sum_whole_grads_over_tp() {
   std::vector<float> buf(static_cast<size_t>(total));
   int64_t at = 0;
   for (auto [p, n] : pieces) at = std::copy_n(p, n, buf.data() + at) - buf.data();
-  tp_->at(nn::Phase::kAfterBackward, 0, true);
+  tp_->set_call_site(nn::Phase::kAfterBackward, 0, true);
   tp_->all_reduce_sum(buf.data(), total, DType::kF32);
   at = 0;
   for (auto [p, n] : pieces) {

@@ -286,21 +286,21 @@ void Engine::step(float lr, float clip_norm, int64_t step) {
 // a row-cut layer's bias) holds only this rank's part of the sequence: the group sums them,
 // all in one buffer, before the norm and the update read them.
 void Engine::sum_whole_grads_over_tp() {
-  std::vector<std::pair<float*, int64_t>> pieces;
+  std::vector<std::pair<float*, int64_t>> whole;  // (gradient, elements) of each run
   int64_t total = 0;
   for (const nn::Range& r : store_->update_ranges())
     for (const nn::Run& run : model_.runs(r))
       if (!model_.parameters()[run.param]->is_split()) {
-        pieces.push_back({sync_->grads({run.local, run.local + run.count}), run.count});
+        whole.push_back({sync_->grads({run.local, run.local + run.count}), run.count});
         total += run.count;
       }
   std::vector<float> buf(static_cast<size_t>(total));
   int64_t at = 0;
-  for (auto [p, n] : pieces) at = std::copy_n(p, n, buf.data() + at) - buf.data();
+  for (auto [p, n] : whole) at = std::copy_n(p, n, buf.data() + at) - buf.data();
   tp_->set_call_site(nn::Phase::kAfterBackward, 0, true);
   tp_->all_reduce_sum(buf.data(), total, DType::kF32);
   at = 0;
-  for (auto [p, n] : pieces) {
+  for (auto [p, n] : whole) {
     std::copy_n(buf.data() + at, n, p);
     at += n;
   }

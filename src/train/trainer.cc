@@ -58,7 +58,8 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
     throw InvalidArgument(
         str("model: ", config_.model.kind, " reads ",
             config_.model.kind == "gpt" ? "token ids" : "features", ", but data.kind = '",
-            config_.data.kind, "' gives ", config_.model.kind == "gpt" ? "features" : "token ids",
+            name_of(config_.data.kind), "' gives ",
+            config_.model.kind == "gpt" ? "features" : "token ids",
             "; a gpt model trains on data.kind = 'text', mlp and cnn on the others"));
   nn::ModelSpec spec = config_.model;
   spec.input_shape = data_.train->input_shape();

@@ -70,8 +70,8 @@ nlohmann::json train_job(const tessel::train::Config& cfg, const tessel::train::
   namespace comm = tessel::comm;
   comm::CommOptions co;
   co.timeout_s = cfg.comm.timeout_s;
-  co.algorithm = comm::algorithm_from_name(cfg.comm.algorithm);
-  if (tessel::train::resolve_backend(cfg, comm::mpi_launched()) == "mpi") {
+  co.algorithm = cfg.comm.algorithm;
+  if (tessel::train::resolve_backend(cfg, comm::mpi_launched()) == comm::Backend::kMpi) {
     comm::Communicator world = comm::mpi_world(co);
     tessel::train::RunOptions rank_opts = opts;
     if (world.rank() != 0) rank_opts.progress = *main = false;
@@ -331,7 +331,7 @@ int run_eval(const Args& a) {
 }
 
 // The plan of a dry run as TOML comments, so the output stays a config file.
-std::string plan_comments(const nlohmann::json& p, int world, const std::string& backend) {
+std::string plan_comments(const nlohmann::json& p, int world, tessel::comm::Backend backend) {
   auto mib = [](const nlohmann::json& bytes) {
     std::string out;
     for (auto& [name, b] : bytes.items())
@@ -346,8 +346,9 @@ std::string plan_comments(const nlohmann::json& p, int world, const std::string&
                           v.is_string() ? v.get<std::string>() : v.dump());
   std::string out = tessel::str(
       "\n# checked as `tessel train` would start it on ", world, world == 1 ? " rank" : " ranks",
-      " (", backend == "mpi" ? "processes under mpirun" : "threads of one process", ")\n",
-      "#   layout   ", p["layout"].get<std::string>(), "\n#   engine   ", engine, "\n",
+      " (",
+      backend == tessel::comm::Backend::kMpi ? "processes under mpirun" : "threads of one process",
+      ")\n", "#   layout   ", p["layout"].get<std::string>(), "\n#   engine   ", engine, "\n",
       "#   model    ", p["model"].get<std::string>(), ", ", p["num_parameters"].get<int64_t>(),
       " parameters\n#   data     ", p["dataset"].get<std::string>(), ", ",
       p["train_samples"].get<int64_t>(), " training samples, global batch ",
@@ -381,7 +382,7 @@ int run_config(Args& a) {
           "tessel config needs a config file (e.g. examples/fashion_mlp.toml), or --composition");
     if (a.workers > 0) a.overrides.push_back("runtime.workers=" + std::to_string(a.workers));
     const tessel::train::Config given = tessel::train::load_config(a.config_path, a.overrides);
-    const std::string backend =
+    const tessel::comm::Backend backend =
         tessel::train::resolve_backend(given, a.np > 0 || tessel::comm::mpi_launched());
     const int world = a.np > 0 ? a.np : given.runtime.workers;
     const auto layout = tessel::train::resolve_layout(given, world, nullptr);  // layout = auto

@@ -97,29 +97,11 @@ ReduceOp reduce_op_from_name(const std::string& name) {
 
 const char* backend_name(Backend b) { return b == Backend::kMpi ? "mpi" : "threads"; }
 
-const char* algorithm_name(Algorithm a) {
-  switch (a) {
-    case Algorithm::kAuto:
-      return "auto";
-    case Algorithm::kRing:
-      return "ring";
-    case Algorithm::kHalvingDoubling:
-      return "halving_doubling";
-    case Algorithm::kTree:
-      return "tree";
-    case Algorithm::kDirect:
-      return "direct";
-    case Algorithm::kNative:
-      return "native";
-  }
-  return "?";
-}
+const char* algorithm_name(Algorithm a) { return name_of(a); }
 
 Algorithm algorithm_from_name(const std::string& name) {
   if (name == "hd" || name == "halving-doubling") return Algorithm::kHalvingDoubling;
-  for (Algorithm a : {Algorithm::kAuto, Algorithm::kRing, Algorithm::kHalvingDoubling,
-                      Algorithm::kTree, Algorithm::kDirect, Algorithm::kNative})
-    if (name == algorithm_name(a)) return a;
+  if (const std::optional<Algorithm> a = value_of<Algorithm>(name)) return *a;
   throw InvalidArgument(str("comm: unknown algorithm, got '", name,
                             "'; use one of auto, ring, halving_doubling (hd), tree, direct, "
                             "native"));

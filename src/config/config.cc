@@ -235,26 +235,6 @@ Key make_key(std::string path, std::string doc, Access access) {
              [access](const Config& c) { return write_value(access(const_cast<Config&>(c))); }};
 }
 
-// The values a string key accepts (a fixed set).
-struct Choices {
-  std::vector<std::string> values;
-};
-
-// A string key stored by `access` that takes one of `choices`; a mistyped value gets the nearest.
-template <typename Access>
-Key make_key(std::string path, std::string doc, Access access, Choices choices) {
-  static_assert(std::is_same_v<Member<Access>, std::string>, "choices are strings");
-  KeyInfo info{path, std::move(doc), "string", comma_list(choices.values)};
-  return Key{std::move(info),
-             [path, access, values = std::move(choices.values)](Config& c, const toml::node& v) {
-               std::string s = read_value<std::string>(path, v, {0, 0});
-               if (std::find(values.begin(), values.end(), s) == values.end())
-                 throw InvalidArgument(not_one_of(path, values, s));
-               access(c) = std::move(s);
-             },
-             [access](const Config& c) { return write_value(access(const_cast<Config&>(c))); }};
-}
-
 // model.stack: an array of tables, one layer each: a string `type` and numbers for its settings.
 // What the types and settings mean is the model's (nn/sequential.cc), checked when it is built.
 std::vector<nn::LayerSpec> read_stack(const std::string& path, const toml::node& v) {
@@ -305,7 +285,7 @@ const std::vector<Key>& registry() {
   static const std::vector<Key> keys = {
       TESSEL_KEY("name", name, "run name; default: the config file name without .toml"),
       TESSEL_KEY("seed", seed, "seed of parameter init, data shuffle and dropout", {0, kMaxInt}),
-      TESSEL_KEY("layout", layout, "manual (the layout keys as written) or auto: tessel train plans the layout for its ranks (tessel plan) and trains the fastest one predicted to fit runtime.memory_limit_mb, setting tp.size, pp.stages, pp.microbatches, zero.stage, ps.servers and train.recompute (train.precision stays); also --layout auto (docs/planning.md)", Choices{{"manual", "auto"}}),
+      TESSEL_KEY("layout", layout, "manual (the layout keys as written) or auto: tessel train plans the layout for its ranks (tessel plan) and trains the fastest one predicted to fit runtime.memory_limit_mb, setting tp.size, pp.stages, pp.microbatches, zero.stage, ps.servers and train.recompute (train.precision stays); also --layout auto (docs/planning.md)"),
       TESSEL_KEY("model.kind", model.kind, "model family: a multi-layer perceptron, a convolutional network, a GPT, or a sequential stack of layers stated in model.stack (docs/models.md)"),
       TESSEL_KEY("model.hidden", model.hidden, "mlp: hidden layer widths", {1, 1 << 20}).when("model.kind", {"mlp"}),
       TESSEL_KEY("model.activation", model.activation, "mlp: the hidden layers' activation").when("model.kind", {"mlp"}),
@@ -320,7 +300,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("model.position", model.position, "gpt, text stack: positions as a learned table added to the embedding (GPT-2) or rotary (queries and keys rotated by position inside attention, no table)").when("model.kind", {"gpt", "sequential"}),
       TESSEL_KEY("model.mlp", model.mlp, "gpt, text stack: the blocks' MLP: gelu (C -> 4C -> C) or swiglu (silu(x W1) * x W3 -> W2, hidden 8C/3 rounded to a multiple of 8: about the same parameters)").when("model.kind", {"gpt", "sequential"}),
       stack_key("sequential: the layers in order, an array of tables such as [{type = \"conv\", channels = 16, kernel = 5}, {type = \"relu\"}, {type = \"pool\"}]; types linear, conv, pool, relu, gelu, dropout, flatten, layernorm, or the text layers embedding, transformer, lm_head (docs/models.md)").when("model.kind", {"sequential"}),
-      TESSEL_KEY("data.kind", data.kind, "the data: an IDX folder (fashion_mnist, mnist_idx), a text file (text), a token file (tokens), generated (spiral, synthetic) or a table of features and targets (npy: .npy or .npz, csv; docs/data.md)", Choices{{"fashion_mnist", "mnist_idx", "spiral", "text", "synthetic", "npy", "csv", "tokens"}}),
+      TESSEL_KEY("data.kind", data.kind, "the data: an IDX folder (fashion_mnist, mnist_idx), a text file (text), a token file (tokens), generated (spiral, synthetic) or a table of features and targets (npy: .npy or .npz, csv; docs/data.md)"),
       TESSEL_KEY("data.path", data.path, "IDX folder (fashion_mnist, mnist_idx), text file (text), token file (tokens, docs/tokenizer.md) or table file (npy: .npy/.npz, csv)"),
       TESSEL_KEY("data.target", data.target, "npy/csv: the targets: a CSV column's name, a 2-D .npy's column number, an .npz's array name (features: array x); empty: the last column, or array y; multilabel: CSV names or .npy numbers separated by commas (a CSV name ending in * takes every column it starts), or an .npz array [N, K]").when("data.kind", {"npy", "csv"}),
       TESSEL_KEY("data.task", data.task, "npy/csv: classification (integer class targets, cross-entropy), regression (one f32 target, mean squared error; the accuracy figures read 0) or multilabel (K 0/1 label columns named by data.target, K sigmoid outputs, binary cross-entropy; accuracy: the mean over rows and labels)").when("data.kind", {"npy", "csv"}),
@@ -375,13 +355,13 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("metrics.tensorboard", observe.tensorboard, "also write the metrics as TensorBoard scalars (event files in tensorboard/ of the run folder)"),
       TESSEL_KEY("runtime.threads", runtime.threads, "BLAS threads of this process", {1, 256}),
       TESSEL_KEY("runtime.workers", runtime.workers, "ranks run as threads of this process (same as --workers)", {1, 1024}),
-      TESSEL_KEY("runtime.backend", runtime.backend, "auto, threads or mpi (auto: mpi when started by an MPI launcher)", Choices{{"auto", "threads", "mpi"}}),
+      TESSEL_KEY("runtime.backend", runtime.backend, "auto, threads or mpi (auto: mpi when started by an MPI launcher)"),
       TESSEL_KEY("runtime.memory_limit_mb", parallel.memory_limit_mb, "per-rank memory limit in MiB for tensors (parameters, gradients, optimizer state, activations, communication buffers); a rank that would pass it fails naming the category and the ZeRO stage that shards it (0: none)", {0, 1 << 30}),
       TESSEL_KEY("comm.timeout_s", comm.timeout_s, "deadline in seconds of every blocking communication", {.lo = 0, .hi = kMaxSeconds, .lo_open = true}),
-      TESSEL_KEY("comm.algorithm", comm.algorithm, "collective algorithm: auto, ring, halving_doubling, tree, direct, native", Choices{{"auto", "ring", "halving_doubling", "tree", "direct", "native"}}),
+      TESSEL_KEY("comm.algorithm", comm.algorithm, "collective algorithm: auto, ring, halving_doubling, tree, direct, native"),
       TESSEL_KEY("ddp.bucket_mb", parallel.bucket_mb, "gradient bucket size in MiB; buckets are all-reduced while backward runs", {.lo = 0, .hi = 1 << 20, .lo_open = true}),
       TESSEL_KEY("ddp.overlap", parallel.overlap, "auto, on or off: on runs each gradient bucket's collective (and ZeRO-3 prefetches) on a progress thread while the backward pass computes; off runs it on the compute thread as soon as the bucket is complete; auto: on only with a spare core per rank"),
-      TESSEL_KEY("ddp.shared_memory", parallel.shared_memory, "among ranks of one host, sum gradients straight from each other's memory instead of sending messages: zero.stage = 0 (without ddp.overlap) writes each piece's sum into every rank's arena, zero.stage = 1 also keeps one parameter copy in shared memory; false: messages, as between hosts"),
+      TESSEL_KEY("ddp.shared_memory", parallel.shared_memory, "among ranks of one host, sum gradients straight from each other's memory instead of sending messages: zero.stage = 0 (without ddp.overlap) writes each shard's sum into every rank's arena, zero.stage = 1 also keeps one parameter copy in shared memory; false: messages, as between hosts"),
       TESSEL_KEY("ddp.check_every", parallel.check_every, "steps between cross-rank parameter checksums (0: off)", {0, kMaxSteps}),
       TESSEL_KEY("ddp.micro_shard", parallel.micro_shard, "deterministic mode: rows per fixed micro-shard", {1, 1 << 24}),
       TESSEL_KEY("ddp.balance", parallel.balance, "off (each rank computes an even share of every batch's micro-shards in deterministic mode, else rows), static (the shares follow the ranks' speeds measured over the first 10 steps) or dynamic (re-dealt whenever the measured speeds change): the same gradient (deterministic: the same bits), a slow rank no longer sets the pace (docs/data_parallel.md)"),
@@ -392,7 +372,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("compress.error_feedback", parallel.compress.error_feedback, "topk and powersgd: keep what a step did not send (the residual, per bucket and rank) and add it to the next step's gradient"),
       TESSEL_KEY("zero.stage", parallel.zero_stage, "sharded data parallelism over the dp ranks: 0 replicated, 1 optimizer state sharded (allocated 1/N per rank), 2 gradients too (buckets reduce-scattered during backward), 3 parameters too (gathered per block before forward and backward, released after)", {0, 3}),
       TESSEL_KEY("zero.prefetch", parallel.zero_prefetch, "zero.stage = 3: gather the next block's parameters on a progress thread while this block computes (the order is recorded on the first step)"),
-      TESSEL_KEY("zero.shard_size", parallel.zero_shard_size, "zero.stage 1-3: shard within groups of this many consecutive dp ranks (e.g. one host's) and all-reduce the gradient pieces across the groups, so that ZeRO-3's gathers stay inside a group (hierarchical sharding: PyTorch HSDP, DeepSpeed MiCS); must divide the dp size; 0: the whole dp group", {0, 1 << 20}),
+      TESSEL_KEY("zero.shard_size", parallel.zero_shard_size, "zero.stage 1-3: shard within groups of this many consecutive dp ranks (e.g. one host's) and all-reduce the gradient shards across the groups, so that ZeRO-3's gathers stay inside a group (hierarchical sharding: PyTorch HSDP, DeepSpeed MiCS); must divide the dp size; 0: the whole dp group", {0, 1 << 20}),
       TESSEL_KEY("tp.size", parallel.tp_size, "tensor parallelism: ranks each layer of an mlp or gpt is cut across (1: none); the world is dp x pp x tp ranks, tp fastest (a tp group is consecutive ranks)", {1, 1024}),
       TESSEL_KEY("tp.sequence_parallel", parallel.tp_sequence, "tp.size > 1 with a gpt: activations outside the cut layers (layer norms, residuals) are split along the sequence, and the tp all-reduces become all-gathers and reduce-scatters"),
       TESSEL_KEY("pp.stages", parallel.pp_stages, "pipeline stages: the model's blocks cut into this many contiguous stages (1: no pipeline); the world is dp x pp x tp ranks", {1, 1024}),
@@ -429,7 +409,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("debug.slow_factor", parallel.slow_factor, "training: debug.slow_rank's forward and backward of every piece take this many times as long (it sleeps the difference), a slower processor to study ddp.balance (1: off)", {1, 1000}),
       TESSEL_KEY("debug.fail_rank", fault.fail_rank, "inject a failure on this world rank (-1: none), to test recovery; restarts (train.max_restarts, tessel launch) run without it", {-1, kMaxRank}),
       TESSEL_KEY("debug.fail_step", fault.fail_step, "the injected failure happens right after this step (1-based)", {0, kMaxSteps}),
-      TESSEL_KEY("debug.fail_mode", fault.fail_mode, "throw (an error), kill (SIGKILL of the process), hang (the rank stops making progress) or stop (SIGSTOP of the process; MPI only)", Choices{{"throw", "kill", "hang", "stop"}}),
+      TESSEL_KEY("debug.fail_mode", fault.fail_mode, "throw (an error), kill (SIGKILL of the process), hang (the rank stops making progress) or stop (SIGSTOP of the process; MPI only)"),
       TESSEL_KEY("debug.overflow_steps", parallel.overflow_steps, "train.precision = fp16: steps at which debug.overflow_rank's loss gradient is made inf, an injected overflow that every rank must skip", {0, kMaxSteps}),
       TESSEL_KEY("debug.overflow_rank", parallel.overflow_rank, "the worker rank that injects debug.overflow_steps", {0, kMaxRank}),
       TESSEL_KEY("debug.kill_rank", infer.kill_rank, "predict worker that dies after debug.kill_after chunks, to test re-runs and --resume (threads: its thread fails; mpi: its process is killed; -1: none)", {-1, kMaxRank}),

@@ -55,20 +55,26 @@ void DenseDataset::get(int64_t index, void* x, int32_t* y) const {
 }  // namespace detail
 
 Splits make_datasets(const DataSpec& spec) {
-  if (spec.kind == "fashion_mnist" || spec.kind == "mnist_idx")
-    return detail::make_idx_splits(spec);
-  if (spec.kind == "text") return detail::make_text_splits(spec);
-  if (spec.kind == "npy" || spec.kind == "csv") return detail::make_table_splits(spec);
-  if (spec.kind == "spiral" || spec.kind == "synthetic") {
-    DataSpec generated = spec;
-    if (generated.classes == 0) generated.classes = kGeneratedClasses;
-    return spec.kind == "spiral" ? detail::make_spiral_splits(generated)
-                                 : detail::make_synthetic_splits(generated);
+  DataSpec generated = spec;
+  if (generated.classes == 0) generated.classes = kGeneratedClasses;
+  switch (spec.kind) {
+    case DataKind::kFashionMnist:
+    case DataKind::kMnistIdx:
+      return detail::make_idx_splits(spec);
+    case DataKind::kText:
+      return detail::make_text_splits(spec);
+    case DataKind::kNpy:
+    case DataKind::kCsv:
+      return detail::make_table_splits(spec);
+    case DataKind::kSpiral:
+      return detail::make_spiral_splits(generated);
+    case DataKind::kSynthetic:
+      return detail::make_synthetic_splits(generated);
+    case DataKind::kTokens:
+      return detail::make_tokens_splits(spec);
   }
-  if (spec.kind == "tokens") return detail::make_tokens_splits(spec);
-  throw InvalidArgument(str("data: unknown kind \"", spec.kind,
-                            "\"; set data.kind to one of fashion_mnist, mnist_idx, spiral, text, "
-                            "synthetic, npy, csv, tokens"));
+  throw InvalidArgument(
+      str("data: data.kind out of range, got ", static_cast<int>(spec.kind), "; this is a bug"));
 }
 
 }  // namespace tessel::data

@@ -246,8 +246,8 @@ Splits make_idx_splits(const DataSpec& spec) {
   const auto [mean, std] = pixel_map(spec);
   s.input_mean.assign(pixels, mean);  // stored in checkpoints: serve and predict take raw pixels
   s.input_std.assign(pixels, std);
-  s.train = std::make_shared<IdxDataset>(spec.kind, std::move(train), classes, spec);
-  s.test = std::make_shared<IdxDataset>(spec.kind, std::move(test), classes, spec);
+  s.train = std::make_shared<IdxDataset>(name_of(spec.kind), std::move(train), classes, spec);
+  s.test = std::make_shared<IdxDataset>(name_of(spec.kind), std::move(test), classes, spec);
   if (s.train->input_shape() != s.test->input_shape())
     throw IoError(str("data: ", spec.path, " train and test images differ in size, got ",
                       shape_str(s.train->input_shape()), " and ", shape_str(s.test->input_shape()),

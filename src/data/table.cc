@@ -139,9 +139,9 @@ Table read_table(const DataSpec& spec, const std::string& path) {
     throw IoError(str("data: ", path,
                       " is not a readable file; set data.path (and "
                       "data.test_path) to a ",
-                      spec.kind == "csv" ? ".csv" : ".npy or .npz", " file"));
+                      spec.kind == DataKind::kCsv ? ".csv" : ".npy or .npz", " file"));
   const bool multilabel = spec.task == Task::kMultilabel;
-  if (spec.kind == "csv") return read_csv_table(path, spec.target, multilabel);
+  if (spec.kind == DataKind::kCsv) return read_csv_table(path, spec.target, multilabel);
   if (ends_with(path, ".npz")) return from_npz(path, spec.target, multilabel);
   return from_npy(path, spec.target, multilabel);
 }
@@ -268,20 +268,20 @@ Splits make_table_splits(const DataSpec& spec) {
   normalise(train, s.input_mean, s.input_std);
   normalise(test, s.input_mean, s.input_std);
   if (spec.task != Task::kClassification) {
-    s.train = std::make_shared<TargetDataset>(spec.kind, std::move(train), spec.task);
+    s.train = std::make_shared<TargetDataset>(name_of(spec.kind), std::move(train), spec.task);
     if (test.rows > 0)
-      s.test = std::make_shared<TargetDataset>(spec.kind, std::move(test), spec.task);
+      s.test = std::make_shared<TargetDataset>(name_of(spec.kind), std::move(test), spec.task);
     return s;
   }
 
   int64_t largest = 0;
   std::vector<int32_t> y_train = class_ids(train, largest), y_test = class_ids(test, largest);
   const int64_t classes = resolve_classes(largest, spec.classes, spec.path);
-  s.train =
-      std::make_shared<DenseDataset>(spec.kind, f, classes, std::move(train.x), std::move(y_train));
+  s.train = std::make_shared<DenseDataset>(name_of(spec.kind), f, classes, std::move(train.x),
+                                           std::move(y_train));
   if (test.rows > 0)
-    s.test =
-        std::make_shared<DenseDataset>(spec.kind, f, classes, std::move(test.x), std::move(y_test));
+    s.test = std::make_shared<DenseDataset>(name_of(spec.kind), f, classes, std::move(test.x),
+                                            std::move(y_test));
   return s;
 }
 

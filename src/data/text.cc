@@ -102,10 +102,11 @@ Splits token_windows(std::vector<int32_t> ids, std::vector<int32_t> test_ids, co
                               "; use more test text, lower data.context, or set ",
                               "data.test_fraction = 0 (and no data.test_path) for no test set"));
   Splits s;
-  s.train = std::make_shared<TokenWindows>(spec.kind, all, 0, train_end, spec.context, vocab);
+  s.train =
+      std::make_shared<TokenWindows>(name_of(spec.kind), all, 0, train_end, spec.context, vocab);
   if (with_test)
-    s.test =
-        std::make_shared<TokenWindows>(spec.kind, all, test_begin, test_end, spec.context, vocab);
+    s.test = std::make_shared<TokenWindows>(name_of(spec.kind), all, test_begin, test_end,
+                                            spec.context, vocab);
   return s;
 }
 

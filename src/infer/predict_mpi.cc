@@ -4,11 +4,12 @@
 // order: before it starts a chunk of its own it receives, in order, every output of the chunks
 // before it. A killed job loses at most the chunks after the last commit; --resume (rank 0
 // reads the progress file and tells every rank where to start) runs only those.
+#include "predict_mpi.h"
+
 #include <chrono>
 #include <csignal>
 #include <thread>
 
-#include "predict_internal.h"
 #include "tessel/comm/mpi.h"
 #include "tessel/core/clock.h"
 #include "tessel/infer/ordered_writer.h"
@@ -18,12 +19,12 @@ namespace {
 
 constexpr int kOutputTag = 17;
 
-class MpiFeed final : public Feed {
+class MpiChunkIo final : public ChunkIo {
  public:
   // input: on first stages; writer: on rank 0.
-  MpiFeed(const Job& job, comm::Communicator& world, const parallel::Layout& layout, int replica,
-          InputReader* input, OrderedWriter* writer, int64_t first_chunk)
-      : job_(job),
+  MpiChunkIo(const PredictSetup& setup, comm::Communicator& world, const parallel::Layout& layout,
+             int replica, InputReader* input, OrderedWriter* writer, int64_t first_chunk)
+      : setup_(setup),
         world_(world),
         layout_(layout),
         replica_(replica),
@@ -31,14 +32,14 @@ class MpiFeed final : public Feed {
         writer_(writer),
         cursor_(first_chunk),
         next_commit_(first_chunk) {
-    const int64_t skip = first_chunk * job.config.infer.chunk_rows;
+    const int64_t skip = first_chunk * setup.config.infer.chunk_rows;
     if (input_ && skip > 0 && input_->skip(skip) < skip)
       throw InvalidArgument(str("predict: --resume: the progress file counts ", first_chunk,
                                 " chunks but the input is shorter; resume with the same input"));
   }
 
   bool take(Chunk& chunk) override {
-    const int64_t R = job_.config.infer.chunk_rows;
+    const int64_t R = setup_.config.infer.chunk_rows;
     for (;; ++cursor_) {
       if (cursor_ % layout_.dp == replica_) {
         Rows rows = input_->read(R);
@@ -98,7 +99,7 @@ class MpiFeed final : public Feed {
     }
   }
 
-  const Job& job_;
+  const PredictSetup& setup_;
   comm::Communicator& world_;
   const parallel::Layout& layout_;
   int replica_;
@@ -111,26 +112,26 @@ class MpiFeed final : public Feed {
 
 }  // namespace
 
-nlohmann::json predict_mpi(const Job& job) {
+nlohmann::json predict_mpi(const PredictSetup& setup) {
   comm::CommOptions co;
-  co.timeout_s = job.config.comm.timeout_s;
+  co.timeout_s = setup.config.comm.timeout_s;
   comm::Communicator world = comm::mpi_world(co);
-  const parallel::Layout layout = parallel::Layout::resolve(job.spec, world.size());
+  const parallel::Layout layout = parallel::Layout::resolve(setup.spec, world.size());
   std::unique_ptr<OrderedWriter> writer;
   int64_t first[2] = {0, 0};  // first chunk, complete
   if (world.rank() == 0) {
     writer = std::make_unique<OrderedWriter>(
-        job.options.output, job.identity,
-        job.format == OutputFormat::kCsv
-            ? csv_header(job.info.generates(), job.info.spec.task, job.config.infer.top_k,
-                         job.info.spec.num_classes)
+        setup.options.output, setup.identity,
+        setup.format == OutputFormat::kCsv
+            ? csv_header(setup.info.generates(), setup.info.spec.task, setup.config.infer.top_k,
+                         setup.info.spec.num_classes)
             : "",
-        job.options.resume, job.config.infer.commit_every_s);
+        setup.options.resume, setup.config.infer.commit_every_s);
     first[0] = writer->next_chunk();
     first[1] = writer->complete();
   }
   world.broadcast(first, 2, comm::ElemType::kI64, 0);
-  nlohmann::json summary = {{"output", job.options.output},
+  nlohmann::json summary = {{"output", setup.options.output},
                             {"layout", layout.str()},
                             {"workers", world.size()},
                             {"backend", "mpi"},
@@ -141,19 +142,19 @@ nlohmann::json predict_mpi(const Job& job) {
     return summary;
   }
   const int64_t first_rows = writer ? writer->rows() : 0;
-  auto ledger = std::make_shared<MemoryLedger>(job.config.parallel.memory_limit_mb << 20,
+  auto ledger = std::make_shared<MemoryLedger>(setup.config.parallel.memory_limit_mb << 20,
                                                str("rank ", world.rank()));
   MemoryScope memory(ledger, MemCategory::kOther);
   parallel::Mesh mesh(world, layout);
-  const Place place = place_of(mesh);
-  Replica replica(job.config, job.info, place.pp, place.tp);
+  const RankInReplica place = rank_in_replica(mesh);
+  Replica replica(setup.config, setup.info, place.pp, place.tp);
   std::unique_ptr<InputReader> input;
   if (replica.first_stage() && place.lead())
-    input = open_input(job.options.input, job.info, job.config.data);
-  MpiFeed feed(job, world, layout, place.replica, input.get(), writer.get(), first[0]);
-  const std::unique_ptr<Feed> faulty = faulty_feed(feed, job.config, world.rank());
+    input = open_input(setup.options.input, setup.info, setup.config.data);
+  MpiChunkIo io(setup, world, layout, place.replica, input.get(), writer.get(), first[0]);
+  const std::unique_ptr<ChunkIo> faulty = faulty_chunk_io(io, setup.config, world.rank());
   world.barrier();  // every replica loaded before the clock starts
-  const int64_t chunks = run_replica(job, replica, faulty ? *faulty : feed, place);
+  const int64_t chunks = run_replica(setup, replica, faulty ? *faulty : io, place);
   if (writer) writer->finish();
   // Every rank's chunk count and peak bytes, for rank 0's summary.
   std::vector<int64_t> mine = {chunks, ledger->peak_total()}, all(2 * world.size());
@@ -164,7 +165,7 @@ nlohmann::json predict_mpi(const Job& job) {
     per_rank_chunks.push_back(all[2 * r]);
     peak.push_back(all[2 * r + 1]);
   }
-  add_run_figures(summary, *writer, first_rows, now_seconds() - feed.started(), per_rank_chunks,
+  add_run_figures(summary, *writer, first_rows, now_seconds() - io.started(), per_rank_chunks,
                   peak);
   return summary;
 }

@@ -32,7 +32,7 @@ Buckets::Buckets(const nn::Model& model, const Units& units, comm::Communicator*
   if (dp_)
     for (size_t k = 0; k < units.list.size(); ++k) {
       plans_.push_back(plan(model, static_cast<int>(k)));
-      // This rank's piece in place (an empty piece: the same on every rank across, skipped).
+      // This rank's shard in place (an empty shard: the same on every rank across, skipped).
       const int64_t own = units.own(units.list[k]).size();
       if (across_ && own > 0)
         plans_.back().across = compress::dense_codec({{0, 1, own}}, spec.message, pool_);
@@ -125,7 +125,7 @@ void Buckets::complete(Flight& f, double now) {
   }
   const size_t k = static_cast<size_t>(f.unit);
   if (--pending_[k] > 0) return;
-  // The group's sum of this rank's piece, summed over the other groups.
+  // The group's sum of this rank's shard, summed over the other groups.
   if (Codec* across = plans_[k].across.get(); across && f.group != across_) {
     pending_[k] = 1;
     const Unit& u = units_.list[k];

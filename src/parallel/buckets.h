@@ -3,14 +3,14 @@
 // unit travels through its codecs (compress/codecs.h), planned once:
 //   compress.kind none   one dense codec over the whole unit, f32 or train.precision's 16-bit
 //                        type, all-reduced, or reduce-scattered (ZeRO) so that this rank gets
-//                        the sum of its piece;
+//                        the sum of its shard;
 //   other kinds          a dense codec for the tensors the kind would not shrink, the kind's
 //                        codec for the rest (all-reduced or all-gathered whole; under ZeRO each
-//                        rank then keeps its piece), or one dense codec over everything during
+//                        rank then keeps its shard), or one dense codec over everything during
 //                        the compress.start_step warm-up steps.
 // With zero.shard_size (hierarchical sharding) dp is this rank's shard group and `across` the
-// ranks holding the same piece in the other groups: once a unit's exchanges in the group are
-// done, this rank's piece is all-reduced across them (one dense message, train.precision's
+// ranks holding the same shard in the other groups: once a unit's exchanges in the group are
+// done, this rank's shard is all-reduced across them (one dense message, train.precision's
 // type), so that it holds the sum over every dp rank.
 // A sync launches a unit as soon as the backward pass is done with it; with overlap the
 // exchanges run on the communicator's progress thread while earlier blocks still compute, and
@@ -43,23 +43,24 @@ class Buckets {
  public:
   struct Spec {
     bool async = false;
-    // Reduce-scatter (ZeRO): a unit's exchanges need only leave this rank's piece summed.
+    // Reduce-scatter (ZeRO): a unit's exchanges need only leave this rank's shard summed.
     bool scatter = false;
     DType message = DType::kF32;  // what an uncompressed unit travels as (train.precision)
     CompressSpec compress;        // kind none: every unit is one dense message
     uint64_t seed = 0;            // PowerSGD's first Q, int8's rounding
-    // With scatter: the ranks holding this rank's pieces in the other shard groups (null or
+    // With scatter: the ranks holding this rank's shards in the other shard groups (null or
     // one rank: none).
     comm::Communicator* across = nullptr;
   };
-  // Runs once a unit's exchanges have completed (e.g. adds its piece into a shard).
+  // Runs once a unit's exchanges have completed (e.g. adds this rank's shard into its shard
+  // buffer).
   using Done = std::function<void()>;
 
   // dp null or one rank: nothing to exchange (launch runs done at once).
   Buckets(const nn::Model& model, const Units& units, comm::Communicator* dp, const Spec& spec);
 
   // Starts unit's exchanges on g, its gradient (the unit's range.size() values); once they are
-  // done, g holds the sum over dp (scatter: at least this rank's piece; with across, its sum
+  // done, g holds the sum over dp (scatter: at least this rank's shard; with across, its sum
   // over every group) and `done` runs. With
   // `max_in_flight` > 0, first waits for the oldest exchanges until fewer units are in flight
   // (bounding the buffers they hold). A unit launched again in a step (a later pass) first
@@ -81,7 +82,7 @@ class Buckets {
   struct Plan {
     std::vector<std::unique_ptr<compress::Codec>> codecs;  // what the unit sends
     std::unique_ptr<compress::Codec> warm;    // compress.start_step: everything as one message
-    std::unique_ptr<compress::Codec> across;  // this rank's piece over spec.across (or null)
+    std::unique_ptr<compress::Codec> across;  // this rank's shard over spec.across (or null)
   };
   struct Flight {
     int unit = 0;

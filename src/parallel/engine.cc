@@ -202,7 +202,7 @@ void Engine::hook(nn::Phase phase, size_t block, bool last) {
   Tracer* tracer = active_tracer();
   const bool after = phase == nn::Phase::kAfterForward || phase == nn::Phase::kAfterBackward;
   if (tracer && after) trace_block(*tracer, phase, block);
-  if (tp_) tp_->at(phase, block, training_);
+  if (tp_) tp_->set_call_site(phase, block, training_);
   for (BlockHooks* h : hooks_) h->on_block(phase, block, last);
   if (tracer && !after) block_start_[block] = now_seconds();
 }
@@ -220,7 +220,7 @@ void Engine::trace_block(Tracer& tracer, nn::Phase phase, size_t block) {
   }
 }
 
-PieceStats Engine::counted(const PieceStats& s) const {
+PieceStats Engine::once_per_replica(const PieceStats& s) const {
   return tp_ && tp_->rank() > 0 ? PieceStats{} : s;  // a tp group computes one loss together
 }
 
@@ -242,10 +242,10 @@ PieceStats Engine::train_piece(const Piece& piece) {
     executor_->idle(hooks_fn_, true, piece.last);
     return {};
   }
-  if (!scaler_) return counted(executor_->train(piece, *loss_, hooks_fn_));
+  if (!scaler_) return once_per_replica(executor_->train(piece, *loss_, hooks_fn_));
   Piece scaled = piece;  // fp16: the loss gradient scaled up
   scaled.weight *= scaler_->scale();
-  return counted(executor_->train(scaled, *loss_, hooks_fn_));
+  return once_per_replica(executor_->train(scaled, *loss_, hooks_fn_));
 }
 
 PieceStats Engine::eval_piece(const Piece& piece) {
@@ -255,7 +255,7 @@ PieceStats Engine::eval_piece(const Piece& piece) {
     executor_->idle(hooks_fn_, false, false);
     return {};
   }
-  return counted(executor_->eval(piece, *loss_, hooks_fn_));
+  return once_per_replica(executor_->eval(piece, *loss_, hooks_fn_));
 }
 
 void Engine::step(float lr, float clip_norm, int64_t step) {
@@ -286,21 +286,21 @@ void Engine::step(float lr, float clip_norm, int64_t step) {
 // a row-cut layer's bias) holds only this rank's part of the sequence: the group sums them,
 // all in one buffer, before the norm and the update read them.
 void Engine::sum_whole_grads_over_tp() {
-  std::vector<std::pair<float*, int64_t>> pieces;
+  std::vector<std::pair<float*, int64_t>> whole;  // (gradient, elements) of each run
   int64_t total = 0;
   for (const nn::Range& r : store_->update_ranges())
     for (const nn::Run& run : model_.runs(r))
       if (!model_.parameters()[run.param]->is_split()) {
-        pieces.push_back({sync_->grads({run.local, run.local + run.count}), run.count});
+        whole.push_back({sync_->grads({run.local, run.local + run.count}), run.count});
         total += run.count;
       }
   std::vector<float> buf(static_cast<size_t>(total));
   int64_t at = 0;
-  for (auto [p, n] : pieces) at = std::copy_n(p, n, buf.data() + at) - buf.data();
-  tp_->at(nn::Phase::kAfterBackward, 0, true);
+  for (auto [p, n] : whole) at = std::copy_n(p, n, buf.data() + at) - buf.data();
+  tp_->set_call_site(nn::Phase::kAfterBackward, 0, true);
   tp_->all_reduce_sum(buf.data(), total, DType::kF32);
   at = 0;
-  for (auto [p, n] : pieces) {
+  for (auto [p, n] : whole) {
     std::copy_n(buf.data() + at, n, p);
     at += n;
   }

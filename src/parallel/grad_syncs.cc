@@ -18,7 +18,7 @@ Buckets::Spec with_scatter(Buckets::Spec spec, bool scatter) {
   return spec;
 }
 
-// Whether this rank's pieces count in the norm: with shard groups, on the first group only.
+// Whether this rank's shards count in the norm: with shard groups, on the first group only.
 bool first_group(const Buckets::Spec& spec) {
   return spec.across == nullptr || spec.across->rank() == 0;
 }
@@ -38,7 +38,7 @@ void for_units_in_completion_order(const Units& units, F&& f) {
 
 }  // namespace
 
-double pieces_sq_norm(const Units& units, GradSync& sync, comm::Communicator* workers,
+double shards_sq_norm(const Units& units, GradSync& sync, comm::Communicator* workers,
                       bool counted) {
   double sq = 0;
   for (const Unit& u : units.list) {
@@ -63,8 +63,8 @@ ArenaSync::ArenaSync(nn::Model& model, const Units& units, Reduction reduction,
   model.bind_grads(units.span, arena_);
 }
 
-// All-reduced, or reduced in place so that this rank's piece of the unit becomes the sum of
-// everyone's piece.
+// All-reduced, or reduced in place so that this rank's shard of the unit becomes the sum of
+// everyone's shard.
 void ArenaSync::launch(int unit) {
   launched_[static_cast<size_t>(unit)] = 1;
   const Unit& u = units_.list[static_cast<size_t>(unit)];
@@ -88,7 +88,7 @@ void ArenaSync::reduce() {
   std::fill(launched_.begin(), launched_.end(), 0);
 }
 
-double ArenaSync::sq_norm() { return pieces_sq_norm(units_, *this, workers_, counted_); }
+double ArenaSync::sq_norm() { return shards_sq_norm(units_, *this, workers_, counted_); }
 
 float* ArenaSync::grads(nn::Range r) { return arena_.data<float>() + (r.lo - units_.span.lo); }
 
@@ -129,15 +129,15 @@ void ShardSync::launch(int unit) {
   model_.bind_grads(u.range, Tensor());  // nothing may write the bucket while it travels
   Tensor bucket = std::move(open_[k]);
   const nn::Range own = units_.own(u);
-  float* shard = shard_.data<float>() + u.shard_offset;
-  const float* piece = bucket.data<float>() + (own.lo - u.range.lo);
-  // Done: the piece joins the shard, the buffer goes back to the pool.
-  auto done = [this, bucket, first, shard, piece, n = own.size()]() mutable {
+  float* kept = shard_.data<float>() + u.shard_offset;
+  const float* summed = bucket.data<float>() + (own.lo - u.range.lo);
+  // Done: this rank's summed shard joins shard_, the buffer goes back to the pool.
+  auto done = [this, bucket, first, kept, summed, n = own.size()]() mutable {
     if (first) {
-      std::copy_n(piece, n, shard);
+      std::copy_n(summed, n, kept);
     } else {
-      float* __restrict dst = shard;
-      const float* __restrict src = piece;
+      float* __restrict dst = kept;
+      const float* __restrict src = summed;
       for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
     }
     pool_.give(std::move(bucket));
@@ -165,7 +165,7 @@ void ShardSync::reduce() {
   buckets_.wait_all();
 }
 
-double ShardSync::sq_norm() { return pieces_sq_norm(units_, *this, workers_, counted_); }
+double ShardSync::sq_norm() { return shards_sq_norm(units_, *this, workers_, counted_); }
 
 float* ShardSync::grads(nn::Range r) {
   for (const Unit& u : units_.list) {
@@ -178,7 +178,7 @@ float* ShardSync::grads(nn::Range r) {
                   "(this is a bug)"));
 }
 
-void ShardSync::clear() {  // every unit's first reduction of the next step overwrites its piece
+void ShardSync::clear() {  // every unit's first reduction of the next step overwrites its shard
   std::fill(launched_.begin(), launched_.end(), 0);
 }
 

@@ -1,10 +1,10 @@
 // The gradient syncs (grad_sync.h), each holding this rank's gradient memory:
 //   ArenaSync    the full gradient of the local units in one arena; each unit's bucket is
 //                all-reduced (zero.stage 0) or reduce-scattered in place so that this rank
-//                holds the sum of its pieces (1) once its last backward pass is done. With a
+//                holds the sum of its shards (1) once its last backward pass is done. With a
 //                one-rank group it only holds the gradients (one worker, a parameter-server
 //                worker that pushes them).
-//   ShardSync    zero.stage 2 and 3: only a gradient shard (this rank's pieces) persists; a
+//   ShardSync    zero.stage 2 and 3: only this rank's gradient shards persist; a
 //                unit's gradient accumulates in a bucket buffer taken from a small pool when
 //                its backward starts, is reduce-scattered after every backward pass and added
 //                into the shard, and the buffer goes back to the pool.
@@ -13,7 +13,7 @@
 //                gradient stays in an arena, and the norm is summed block by block so that
 //                every layout gives the same bits.
 // With zero.shard_size ArenaSync and ShardSync reduce-scatter within this rank's shard group
-// and all-reduce its pieces across the groups (Buckets::Spec::across); ExactSync sums over the
+// and all-reduce its shards across the groups (Buckets::Spec::across); ExactSync sums over the
 // whole dp group as before, so deterministic mode keeps one worker's bits.
 // Ranks of one host sum their arenas in shared memory instead (shared_memory_step.h).
 // ArenaSync and ShardSync send each unit through Buckets (buckets.h) and its codecs: f32 by
@@ -36,10 +36,10 @@
 
 namespace tessel::parallel {
 
-// The squared norm of this rank's pieces of every unit, summed over `workers` (null: this
+// The squared norm of this rank's shards of every unit, summed over `workers` (null: this
 // rank alone): with every element owned by exactly one rank, the global squared norm. With
-// shard groups, a piece counts on the first group only (`counted` false elsewhere: zero).
-double pieces_sq_norm(const Units& units, GradSync& sync, comm::Communicator* workers,
+// shard groups, a shard counts on the first group only (`counted` false elsewhere: zero).
+double shards_sq_norm(const Units& units, GradSync& sync, comm::Communicator* workers,
                       bool counted);
 
 class ArenaSync final : public GradSync, public BlockHooks {
@@ -66,7 +66,7 @@ class ArenaSync final : public GradSync, public BlockHooks {
   const Units& units_;
   comm::Communicator* dp_;
   comm::Communicator* workers_;
-  bool counted_;  // this rank's pieces count in the norm (the first shard group's)
+  bool counted_;  // this rank's shards count in the norm (the first shard group's)
   Tensor arena_;  // gradients of units_.span
   Buckets buckets_;
   std::vector<char> launched_;
@@ -76,7 +76,7 @@ class ShardSync final : public GradSync, public BlockHooks {
  public:
   // per_pass: reduce after every backward pass; false (a pipeline, whose micro-batches
   // interleave): keep a unit's bucket open through the step and reduce it after its last pass.
-  // dp: the ranks sharing the units' pieces (with shard groups, this rank's group).
+  // dp: the ranks sharing the units' shards (with shard groups, this rank's group).
   // spec.scatter is set.
   ShardSync(nn::Model& model, const Units& units, comm::Communicator& dp,
             comm::Communicator* workers, bool per_pass, Buckets::Spec spec);
@@ -92,13 +92,13 @@ class ShardSync final : public GradSync, public BlockHooks {
 
  private:
   void open(int unit);    // a zeroed bucket buffer becomes the unit's gradient memory
-  void launch(int unit);  // reduce the bucket, add this rank's piece into the shard
+  void launch(int unit);  // reduce the bucket, add this rank's shard into shard_
 
   nn::Model& model_;
   const Units& units_;
   comm::Communicator* workers_;
-  bool counted_;                // this rank's pieces count in the norm (the first shard group's)
-  Tensor shard_;                // this rank's pieces of the reduced gradient
+  bool counted_;                // this rank's shards count in the norm (the first shard group's)
+  Tensor shard_;                // this rank's shards of the reduced gradient, packed
   compress::BufferPool pool_;   // bucket buffers not in use
   std::vector<Tensor> open_;    // per unit: its bucket while in use
   std::vector<char> launched_;  // per unit: reduced into the shard in this step

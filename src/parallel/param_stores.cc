@@ -16,7 +16,7 @@ Tensor parameter_memory(int64_t n, MemCategory category, DType type = DType::kF3
   return Tensor::zeros({std::max<int64_t>(n, 1)}, type);
 }
 
-std::vector<nn::Range> own_pieces(const Units& units) {
+std::vector<nn::Range> own_shards(const Units& units) {
   std::vector<nn::Range> out;
   for (const Unit& u : units.list)
     if (!units.own(u).empty()) out.push_back(units.own(u));
@@ -35,9 +35,9 @@ std::vector<nn::Range> unit_ranges(const Units& units) {
   return out;
 }
 
-// Pieces this rank writes to checkpoints: with shard groups, the first group's ranks only.
-std::vector<nn::Range> written_pieces(const Units& units, const comm::Communicator* across) {
-  return across == nullptr || across->rank() == 0 ? own_pieces(units) : std::vector<nn::Range>{};
+// Shards this rank writes to checkpoints: with shard groups, the first group's ranks only.
+std::vector<nn::Range> written_shards(const Units& units, const comm::Communicator* across) {
+  return across == nullptr || across->rank() == 0 ? own_shards(units) : std::vector<nn::Range>{};
 }
 
 // FNV-1a over the bytes, 8 at a time: cheap enough to run every few hundred steps, and any
@@ -66,8 +66,8 @@ ReplicatedStore::ReplicatedStore(nn::Model& model, const Units& units, int stage
   for (const Unit& u : units.list) model.init_values(values(u.range), u.range, seed);
   model.bind_values(units.span, values_);
   held_ = unit_ranges(units);
-  owned_ = written_pieces(units, across);
-  update_ = stage == 0 ? held_ : own_pieces(units);
+  owned_ = written_shards(units, across);
+  update_ = stage == 0 ? held_ : own_shards(units);
 }
 
 float* ReplicatedStore::values(nn::Range r) {
@@ -81,7 +81,7 @@ void ReplicatedStore::update(optim::Optimizer& opt, float lr, float grad_scale, 
   const double t1 = now_seconds();
   optimizer_s_ += t1 - t0;
   if (stage_ == 0 || dp_.size() == 1) return;
-  // Every replica gets every rank's updated piece back, unit by unit, in place.
+  // Every replica gets every rank's updated shard back, unit by unit, in place.
   for (size_t k = 0; k < units_.list.size(); ++k) {
     const Unit& u = units_.list[k];
     comm::CallOptions call;
@@ -142,8 +142,8 @@ ShardedStore::ShardedStore(nn::Model& model, const Units& units, comm::Communica
     const nn::Range own = units.own(u);
     model.init_values(shard_.data<float>() + u.shard_offset, own, seed);
   }
-  update_ = held_ = own_pieces(units);
-  owned_ = written_pieces(units, across);
+  update_ = held_ = own_shards(units);
+  owned_ = written_shards(units, across);
 }
 
 ShardedStore::~ShardedStore() {
@@ -176,13 +176,13 @@ void ShardedStore::start_gather(int unit, bool async) {
   }
   r.memory = std::move(free_.back());
   free_.pop_back();
-  const float* piece = shard_.data<float>() + u.shard_offset;
-  const void* in = piece;
+  const float* shard = shard_.data<float>() + u.shard_offset;
+  const void* in = shard;
   void* out = r.memory.raw();
-  if (type_ != DType::kF32) {  // this rank's piece rounded into its own block: gathered in place
+  if (type_ != DType::kF32) {  // this rank's shard rounded into its own block: gathered in place
     const nn::Range own = units_.own(u);
     void* block = r.memory.view(own.lo - u.range.lo, {own.size()}).raw();
-    ops::convert(block, type_, piece, DType::kF32, own.size());
+    ops::convert(block, type_, shard, DType::kF32, own.size());
     in = block;
   }
   comm::CallOptions call;
@@ -301,7 +301,7 @@ void ShardedStore::copy_values(nn::Range r, float* dst) {
     const bool was_resident = resident_[k].memory.defined();
     if (!was_resident) start_gather(static_cast<int>(k), false);
     resident_[k].work.wait();
-    // The gathered values (16-bit ones widened; the f32 master pieces live on their owners).
+    // The gathered values (16-bit ones widened; the f32 master shards live on their owners).
     ops::convert(dst + (lo - r.lo), DType::kF32,
                  resident_[k].memory.view(lo - ur.lo, {hi - lo}).raw(), type_, hi - lo);
     if (!was_resident) release(static_cast<int>(k));

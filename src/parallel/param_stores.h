@@ -1,9 +1,9 @@
 // The parameter stores (param_store.h) of data parallelism:
 //   ReplicatedStore  every rank of a dp group holds the values of its units. zero.stage 0: the
 //                    optimizer updates everything (every replica the same); 1 and 2: each rank
-//                    updates its pieces (optimizer state allocated 1/N) and the pieces are
+//                    updates its shards (optimizer state allocated 1/N) and the shards are
 //                    all-gathered back into every replica after the step.
-//   ShardedStore     zero.stage 3: a rank holds only its pieces (the master values the optimizer
+//   ShardedStore     zero.stage 3: a rank holds only its shards (the master values the optimizer
 //                    updates). Before a block runs forward or backward, the units it reads are
 //                    all-gathered into buffers from a pool; after it, a unit no neighbouring
 //                    block reads is released (in a pipeline, whose micro-batches interleave,
@@ -12,10 +12,10 @@
 //                    runs other blocks fails naming them) and gather the next unit of the
 //                    order in the background while this one computes (zero.prefetch). In
 //                    train.precision bf16 | fp16 the gathers move 16-bit values (each rank
-//                    rounds its piece into its block of the buffer, then all-gathers in place).
+//                    rounds its shard into its block of the buffer, then all-gathers in place).
 // With zero.shard_size a store's dp group is this rank's shard group and `across` the ranks
-// holding the same pieces in the other groups (null: none): every group holds the whole
-// model's state, and only the first group's ranks write their pieces to checkpoints.
+// holding the same shards in the other groups (null: none): every group holds the whole
+// model's state, and only the first group's ranks write their shards to checkpoints.
 // Internal to the parallel area; built by the Engine.
 #pragma once
 
@@ -32,7 +32,7 @@ namespace tessel::parallel {
 
 class ReplicatedStore final : public ParamStore {
  public:
-  // stage 0: update everything; 1 or 2: update this rank's pieces and all-gather them.
+  // stage 0: update everything; 1 or 2: update this rank's shards and all-gather them.
   // check_every: check the replicas at the start and every that many steps (ddp.check_every;
   // 0: at the start only).
   ReplicatedStore(nn::Model& model, const Units& units, int stage, comm::Communicator& dp,
@@ -100,7 +100,7 @@ class ShardedStore final : public ParamStore, public BlockHooks {
   bool hold_for_step_;
   DType type_;
   bool training_ = true;
-  Tensor shard_;                    // this rank's pieces, the master values
+  Tensor shard_;                    // this rank's shards, the master values
   std::vector<Resident> resident_;  // per unit (memory undefined: not gathered)
   std::vector<Tensor> free_;        // gather buffers not in use
   int64_t buffer_numel_ = 0;

@@ -112,7 +112,7 @@ std::unique_ptr<GradSync> ParameterServer::worker_sync(nn::Model& model, const U
   return sync;
 }
 
-std::vector<nn::Range> ParameterServer::pieces(int k) const {
+std::vector<nn::Range> ParameterServer::unit_shards(int k) const {
   const nn::Range s = shard(k);
   std::vector<nn::Range> out;
   for (int u : order_) {

@@ -5,7 +5,7 @@
 // count, so a resumed run continues the count); a worker's clock is the number of steps it has
 // pushed; staleness of a push is the server's version when it is applied minus the version the
 // worker computed on. One request per worker is always posted, and so are the gradient
-// receives straight into that worker's buffer, one per piece its buckets send (a push's payload
+// receives straight into that worker's buffer, one per shard its buckets send (a push's payload
 // then lands while the worker's backward still runs and the server is busy elsewhere); the loop
 // polls them in worker order, handles whatever arrived, then answers the
 // pulls that the mode now allows:
@@ -74,7 +74,7 @@ class ServerLoop {
     if (const CompressKind kind = ps.spec_.compress.kind; kind != CompressKind::kNone)
       codec_ = std::make_unique<compress::PushCodec>(kind, static_cast<int64_t>(len_),
                                                      ps.spec_.compress);
-    if (!codec_) pieces_ = ps.pieces(ps.server_index());
+    if (!codec_) unit_shards_ = ps.unit_shards(ps.server_index());
     workers_.resize(static_cast<size_t>(W_));
     for (Worker& w : workers_) {
       w.grad.assign(len_, 0.0f);
@@ -93,7 +93,7 @@ class ServerLoop {
     std::vector<char> msg;  // compressed: the push's message, decoded into grad
     // After the buffers: destroyed first, cancelling receives still posted into them.
     comm::Work request_work, reply_work, data_work;
-    std::vector<comm::Work> grad_works;  // the push's payload: one message per piece
+    std::vector<comm::Work> grad_works;  // the push's payload: one message per shard
     int64_t clock = 0;
     bool hello = false, done = false, arrived = false;
     bool skipped = false;  // sync: its push of the step being collected was a skip
@@ -146,7 +146,7 @@ class ServerLoop {
   const bool inverse_;
   size_t len_ = 0;
   std::unique_ptr<compress::PushCodec> codec_;  // compress.kind != none: decodes pushes
-  std::vector<nn::Range> pieces_;               // uncompressed: the pushes' messages
+  std::vector<nn::Range> unit_shards_;          // uncompressed: the pushes' messages
   std::vector<Worker> workers_;
   int done_ = 0, arrived_ = 0;
   int64_t base_clock_ = -1;                 // set by the first hello (-1: none yet)
@@ -167,7 +167,7 @@ void ServerLoop::post_grad(int w) {
                                         ParameterServer::kTagGrad));
     return;
   }
-  for (const nn::Range& p : pieces_)
+  for (const nn::Range& p : unit_shards_)
     k.grad_works.push_back(world_.irecv(k.grad.data() + p.lo, static_cast<size_t>(p.size()),
                                         comm::ElemType::kF32, peer(w), ParameterServer::kTagGrad));
 }
@@ -287,7 +287,7 @@ void ServerLoop::record_staleness(int64_t s, double count) {
       std::max(stats_[ParameterServer::kMaxStaleness], static_cast<double>(s));
 }
 
-// Uncompressed, a push's gradient came in pieces during the worker's backward (its buckets),
+// Uncompressed, a push's gradient came in shards during the worker's backward (its buckets),
 // and the request's factor scales it. A compressed skip (fp16 skipped the worker's step)
 // carries no gradient: its posted receive stays for the next push's.
 void ServerLoop::push(int w) {

@@ -44,7 +44,7 @@ SharedGradSync::SharedGradSync(nn::Model& model, const Units& units, comm::Commu
   for (int r = 0; r < dp.size(); ++r)
     rank_grads_.push_back(reinterpret_cast<float*>(base + bytes * static_cast<size_t>(r)));
   for (const Unit& u : units.list)
-    if (!units.own(u).empty()) pieces_.push_back(units.own(u));
+    if (!units.own(u).empty()) shards_.push_back(units.own(u));
   model.bind_grads(units.span,
                    view(rank_grads_[static_cast<size_t>(dp.rank())], units.span.size(), block_));
   if ((ledger_ = current_ledger())) {  // this rank's arena
@@ -71,9 +71,9 @@ void SharedGradSync::reduce() {
   const size_t me = static_cast<size_t>(dp_.rank()), n = rank_grads_.size();
   float* own = rank_grads_[me] - units_.span.lo;
   constexpr int64_t kChunk = 4096;  // stays in L1 while every rank's part is added
-  for (const nn::Range& piece : pieces_)
-    for (int64_t lo = piece.lo; lo < piece.hi; lo += kChunk) {
-      const int64_t hi = std::min(piece.hi, lo + kChunk);
+  for (const nn::Range& shard : shards_)
+    for (int64_t lo = shard.lo; lo < shard.hi; lo += kChunk) {
+      const int64_t hi = std::min(shard.hi, lo + kChunk);
       for (size_t r = 0; r < n; ++r) {
         if (r == me) continue;
         const float* __restrict src = rank_grads_[r] - units_.span.lo;
@@ -88,10 +88,10 @@ void SharedGradSync::reduce() {
           4.0 * static_cast<double>((hi - lo) * static_cast<int64_t>(n - 1) * (whole_ ? 2 : 1));
     }
   reduce_s_ += now_seconds() - t0;
-  if (whole_) sync_ranks();  // every piece's sum is in every arena
+  if (whole_) sync_ranks();  // every shard's sum is in every arena
 }
 
-double SharedGradSync::sq_norm() { return pieces_sq_norm(units_, *this, &workers_, true); }
+double SharedGradSync::sq_norm() { return shards_sq_norm(units_, *this, &workers_, true); }
 
 float* SharedGradSync::grads(nn::Range r) {
   return rank_grads_[static_cast<size_t>(dp_.rank())] + (r.lo - units_.span.lo);
@@ -136,7 +136,7 @@ SharedMemoryStep::SharedMemoryStep(nn::Model& model, const Units& units, comm::C
     : SharedGradSync(model, units, dp, workers, block, arena_bytes(units), false),
       params_(static_cast<float*>(block.get())) {
   for (const Unit& u : units.list) held_.push_back(u.range);
-  owned_ = update_ = pieces_;
+  owned_ = update_ = shards_;
   // This rank's share of the parameters, held once by the host's ranks.
   if (ledger_) {
     charged_params_ = static_cast<int64_t>(arena_bytes(units)) / dp.size();
@@ -155,7 +155,7 @@ void SharedMemoryStep::update(optim::Optimizer& opt, float lr, float grad_scale,
   const double t0 = now_seconds();
   opt.step(segments(sync), lr, grad_scale);
   optimizer_s_ += now_seconds() - t0;
-  sync_ranks();  // every piece of the shared parameters is updated
+  sync_ranks();  // every shard of the shared parameters is updated
   refresh_working(false);
 }
 

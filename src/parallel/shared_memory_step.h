@@ -1,12 +1,12 @@
 // Data parallelism among ranks that share one host's memory (threads, or mpi ranks on one host:
 // Communicator::shared_memory): every rank's gradient arena lives in one shared block, so the
 // gradient sum moves no messages at all.
-//   SharedGradSync   zero.stage 0: barrier (every backward is done); each rank sums its pieces
+//   SharedGradSync   zero.stage 0: barrier (every backward is done); each rank sums its shards
 //                    of every unit straight from the other ranks' arenas and writes the sum
 //                    into every arena; barrier: each arena holds the whole reduced gradient.
 //                    One rank computes each element's sum, so the replicas stay identical.
 //   SharedMemoryStep zero.stage 1: the ranks keep ONE copy of the parameters in the block too;
-//                    each rank sums its pieces into its own arena, updates its pieces of the
+//                    each rank sums its shards into its own arena, updates its shards of the
 //                    shared parameters (its optimizer state is 1/N), barrier (the next forward
 //                    sees the whole new model). Both the gradient sync and the parameter store.
 // Internal to the parallel area.
@@ -48,7 +48,7 @@ class SharedGradSync : public GradSync {
   comm::Communicator& workers_;
   std::shared_ptr<void> block_;
   std::vector<float*> rank_grads_;  // every rank's gradient arena in the block
-  std::vector<nn::Range> pieces_;   // this rank's pieces
+  std::vector<nn::Range> shards_;   // this rank's shards
   bool whole_;
   std::shared_ptr<MemoryLedger> ledger_;
   int64_t charged_grads_ = 0;
@@ -65,8 +65,8 @@ class SharedMemoryStep final : public SharedGradSync, public ParamStore {
 
   void update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync,
               int64_t step) override;
-  // A restore loads this rank's pieces into the shared copy; start waits for every rank's.
-  const std::vector<nn::Range>& loaded() const override { return pieces_; }
+  // A restore loads this rank's shards into the shared copy; start waits for every rank's.
+  const std::vector<nn::Range>& loaded() const override { return shards_; }
   void before_start() override { sync_ranks(); }
   float* values(nn::Range r) override;
   void copy_values(nn::Range r, float* dst) override;

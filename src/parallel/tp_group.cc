@@ -46,7 +46,7 @@ void TpGroup::reduce_scatter(const void* in, void* out, int64_t n, DType type) {
       [&] { comm_.reduce_scatter(in, out, static_cast<size_t>(n), comm::elem_type(type)); });
 }
 
-void TpGroup::at(nn::Phase phase, size_t block, bool training) {
+void TpGroup::set_call_site(nn::Phase phase, size_t block, bool training) {
   const bool before = phase == nn::Phase::kBeforeForward || phase == nn::Phase::kBeforeBackward;
   block_ = before ? static_cast<int64_t>(block) : kOutside;
   where_ = !training                             ? kEval

@@ -29,7 +29,7 @@ class TpGroup final : public nn::TensorParallel {
 
   // Where the next calls come from: the block whose forward (backward) starts, or, after a
   // block, outside every block ("step" after a backward). `training` false: an evaluation.
-  void at(nn::Phase phase, size_t block, bool training);
+  void set_call_site(nn::Phase phase, size_t block, bool training);
   // Calls and bytes per block ("block0": {"forward": {"all_reduce": {"calls", "bytes"}}}, the
   // rest under "outside"), since the start.
   nlohmann::json counters(const nn::Model& model) const;

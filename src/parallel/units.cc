@@ -8,10 +8,10 @@
 namespace tessel::parallel {
 
 namespace {
-constexpr int64_t kLine = 16;  // floats per 64-byte line: pieces never share a cache line
+constexpr int64_t kLine = 16;  // floats per 64-byte line: shards never share a cache line
 }
 
-nn::Range Unit::piece(int r) const {
+nn::Range Unit::shard(int r) const {
   int64_t lo = range.lo;
   for (int k = 0; k < r; ++k) lo += static_cast<int64_t>(counts[static_cast<size_t>(k)]);
   return {lo, lo + static_cast<int64_t>(counts[static_cast<size_t>(r)])};
@@ -85,7 +85,7 @@ Units make_units(const nn::Model& model, double bucket_mb, const std::vector<boo
         auto& used = units.used_by_block[user];
         if (used.empty() || used.back() != static_cast<int>(k)) used.push_back(static_cast<int>(k));
       }
-    // Pieces: piece r starts at the line boundary at or below r/P of the unit.
+    // Shards: shard r starts at the line boundary at or below r/P of the unit.
     const int64_t len = u.range.size();
     int64_t prev = 0;
     for (int r = 1; r <= dp; ++r) {

@@ -1,7 +1,7 @@
 // WorkingCopy: train.precision = bf16 | fp16 with parameters held whole on this rank (zero.stage
 // 0-2, the shared-memory step, a bf16 parameter-server worker): a 16-bit copy of the f32 master
 // values over the local units, which the blocks read (bound to the model in place of the
-// masters). The optimizer writes the pieces it updates while they are in cache
+// masters). The optimizer writes the shards it updates while they are in cache
 // (optim::Segment::working); refresh() converts the rest after they arrive (all-gathers, the
 // shared-memory barrier, a pull, a restore). ZeRO-3 needs none: it gathers 16-bit values per
 // unit. Charged to the parameters' memory. Internal to the parallel area.

@@ -8,10 +8,13 @@ namespace tessel::train {
 
 using nlohmann::json;
 
-std::string resolve_backend(const Config& config, bool under_mpi) {
-  const std::string backend =
-      config.runtime.backend == "auto" ? (under_mpi ? "mpi" : "threads") : config.runtime.backend;
-  if (backend == "mpi" && config.runtime.workers > 1)
+comm::Backend resolve_backend(const Config& config, bool under_mpi) {
+  const BackendChoice choice = config.runtime.backend;
+  const comm::Backend backend =
+      choice == BackendChoice::kMpi || (choice == BackendChoice::kAuto && under_mpi)
+          ? comm::Backend::kMpi
+          : comm::Backend::kThreads;
+  if (backend == comm::Backend::kMpi && config.runtime.workers > 1)
     throw InvalidArgument(
         "runtime.workers (--workers) is for ranks as threads; under mpirun use -np instead");
   return backend;

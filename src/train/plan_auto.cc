@@ -116,7 +116,7 @@ LayoutChoice choose_layout(const Config& config, const std::vector<Candidate>& p
 
 LayoutChoice resolve_layout(const Config& config, int workers, comm::Communicator* world,
                             const std::string& cache_dir) {
-  if (config.layout != "auto") return {config, {}, nullptr};
+  if (config.layout != LayoutMode::kAuto) return {config, {}, nullptr};
   if (world == nullptr) {
     PlanOptions o;
     o.workers = workers;

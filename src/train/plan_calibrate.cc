@@ -42,17 +42,17 @@ std::string host_name() {
 // What the figures depend on: the model, its input, the batch, the optimizer, BLAS threads.
 std::string model_key(const Config& c) {
   const nn::ModelSpec& m = c.model;
-  const json key = {
-      {"model",
-       {name_of(m.kind), m.hidden, name_of(m.activation), m.dropout, m.channels, m.kernel,
-        m.fc_hidden, m.layers, m.heads, m.embed, name_of(m.norm), name_of(m.position),
-        name_of(m.mlp), nn::stack_toml(m.stack)}},
-      {"data",
-       {c.data.kind, c.data.path, c.data.context, c.data.features, c.data.classes, c.data.flatten}},
-      {"batch", c.train.batch},
-      {"optim", name_of(c.optim.kind)},
-      {"threads", c.runtime.threads},
-      {"version", 8}};
+  const json key = {{"model",
+                     {name_of(m.kind), m.hidden, name_of(m.activation), m.dropout, m.channels,
+                      m.kernel, m.fc_hidden, m.layers, m.heads, m.embed, name_of(m.norm),
+                      name_of(m.position), name_of(m.mlp), nn::stack_toml(m.stack)}},
+                    {"data",
+                     {name_of(c.data.kind), c.data.path, c.data.context, c.data.features,
+                      c.data.classes, c.data.flatten}},
+                    {"batch", c.train.batch},
+                    {"optim", name_of(c.optim.kind)},
+                    {"threads", c.runtime.threads},
+                    {"version", 8}};
   return sha256_hex(key.dump().data(), key.dump().size()).substr(0, 16);
 }
 

@@ -42,7 +42,7 @@ std::string choose_restart(const Snapshots* snapshots, const std::string& run_di
 nlohmann::json train_threads(const Config& config, const RunOptions& options,
                              const comm::CommOptions& comm) {
   const int workers = config.runtime.workers;
-  if (config.fault.fail_rank >= 0 && config.fault.fail_mode == "stop")
+  if (config.fault.fail_rank >= 0 && config.fault.fail_mode == FailMode::kStop)
     throw InvalidArgument(
         "config: debug.fail_mode = stop stops the whole process, which with ranks as threads is "
         "every rank; use debug.fail_mode = hang");
@@ -99,12 +99,14 @@ nlohmann::json train_threads(const Config& config, const RunOptions& options,
 
 void inject_fault(const FaultSpec& fault, comm::Communicator& world, int64_t step) {
   if (step != fault.fail_step || world.rank() != fault.fail_rank) return;
-  const std::string what = str("debug: injected failure (debug.fail_mode = ", fault.fail_mode,
-                               ") on rank ", world.rank(), " after step ", step);
-  if (fault.fail_mode == "throw") throw Error(what);
+  const std::string what =
+      str("debug: injected failure (debug.fail_mode = ", name_of(fault.fail_mode), ") on rank ",
+          world.rank(), " after step ", step);
+  if (fault.fail_mode == FailMode::kThrow) throw Error(what);
   log_warn(what);
-  if (fault.fail_mode == "kill") ::raise(SIGKILL);
-  if (fault.fail_mode == "stop") ::raise(SIGSTOP);  // until SIGCONT, or killed with the job
+  if (fault.fail_mode == FailMode::kKill) ::raise(SIGKILL);
+  if (fault.fail_mode == FailMode::kStop)
+    ::raise(SIGSTOP);  // until SIGCONT, or killed with the job
   // hang: alive (an MPI rank's monitor thread still beats) but no progress, until the others
   // give up on this rank and abort the group.
   while (!world.aborted()) std::this_thread::sleep_for(std::chrono::milliseconds(10));

@@ -58,7 +58,8 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
   if (tokens != (data_.train->input_dtype() == DType::kI32))
     throw InvalidArgument(
         str("model: ", name_of(config_.model.kind), " reads ", tokens ? "token ids" : "features",
-            ", but data.kind = '", config_.data.kind, "' gives ", tokens ? "features" : "token ids",
+            ", but data.kind = '", name_of(config_.data.kind), "' gives ",
+            tokens ? "features" : "token ids",
             "; a gpt or a stack of text layers trains on data.kind = 'text' or 'tokens', the "
             "other models on the others"));
   nn::ModelSpec spec = config_.model;

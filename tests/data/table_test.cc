@@ -40,7 +40,7 @@ class Table : public ::testing::Test {
     EXPECT_EQ(std::system(("/usr/bin/python3 " + script).c_str()), 0) << code;
     return true;
   }
-  DataSpec spec(const std::string& kind, const std::string& name) const {
+  DataSpec spec(DataKind kind, const std::string& name) const {
     DataSpec s;
     s.kind = kind;
     s.path = path(name);
@@ -100,7 +100,7 @@ TEST_F(Table, NumpyWrittenArraysOfEveryDtypeReadBack) {
 // A numpy.savez_compressed archive kept in the tree (int16 x, int64 y), so that the zip and
 // deflate path is checked where numpy is not installed.
 TEST_F(Table, CheckedInNpzTrainsAsATable) {
-  DataSpec s = spec("npy", "");
+  DataSpec s = spec(DataKind::kNpy, "");
   s.path = std::string(TESSEL_SOURCE_DIR) + "/tests/data/fixtures/table.npz";
   const Splits sp = make_datasets(s);
   ASSERT_EQ(sp.train->size(), 4);
@@ -117,7 +117,7 @@ TEST_F(Table, CheckedInNpzTrainsAsATable) {
 TEST_F(Table, CsvByColumnNameNormalisedPerFeature) {
   write("t.csv",
         "a, \"label\",b\r\n1,0,10\r\n\r\n3, 2 ,10\n5,1,10\n7,14,10\n");  // b is constant
-  DataSpec s = spec("csv", "t.csv");
+  DataSpec s = spec(DataKind::kCsv, "t.csv");
   s.target = "label";
   const Splits sp = make_datasets(s);
   ASSERT_EQ(sp.train->size(), 4);
@@ -141,7 +141,7 @@ TEST_F(Table, SplitBySeedOrByTestFile) {
   std::string text = "f,y\n";
   for (int i = 0; i < 40; ++i) text += std::to_string(i) + "," + std::to_string(i % 3) + "\n";
   write("t.csv", text);
-  DataSpec s = spec("csv", "t.csv");
+  DataSpec s = spec(DataKind::kCsv, "t.csv");
   s.test_fraction = 0.25;
   auto test_rows = [&](uint64_t seed) {
     s.seed = seed;
@@ -172,7 +172,7 @@ TEST_F(Table, SplitBySeedOrByTestFile) {
 TEST_F(Table, NpyTableTargetColumnByNumber) {
   if (!numpy("np.save(d + 't.npy', np.array([[1, 0, 5], [2, 1, 6], [3, 1, 9]], dtype='f8'))\n"))
     GTEST_SKIP() << "/usr/bin/python3 has no numpy";
-  DataSpec s = spec("npy", "t.npy");
+  DataSpec s = spec(DataKind::kNpy, "t.npy");
   s.target = "1";
   const Splits sp = make_datasets(s);
   EXPECT_EQ(sp.train->input_shape(), Shape{2});
@@ -189,7 +189,7 @@ TEST_F(Table, NpyTableTargetColumnByNumber) {
 // is f32.
 TEST_F(Table, RegressionTargetsStayF32) {
   write("r.csv", "a,price\n1,2.5\n2,-7.25\n3,1e3\n");
-  DataSpec s = spec("csv", "r.csv");
+  DataSpec s = spec(DataKind::kCsv, "r.csv");
   s.task = Task::kRegression;
   const Splits sp = make_datasets(s);
   EXPECT_EQ(sp.train->label_dtype(), DType::kF32);
@@ -211,7 +211,7 @@ TEST_F(Table, RegressionTargetsStayF32) {
 // a missing data.target refused.
 TEST_F(Table, MultilabelTargetsByNamePrefixOrNumber) {
   write("m.csv", "tag_b,a,tag_c,b\n1,1,0,10\n0,2,1,20\n1,3,1,30\n");
-  DataSpec s = spec("csv", "m.csv");
+  DataSpec s = spec(DataKind::kCsv, "m.csv");
   s.task = Task::kMultilabel;
   for (const std::string target : {"tag_b,tag_c", "tag_*"}) {
     s.target = target;
@@ -238,7 +238,7 @@ TEST_F(Table, MultilabelTargetsByNamePrefixOrNumber) {
     std::ofstream(path("m.npy"), std::ios::app | std::ios::binary)
         .write(reinterpret_cast<const char*>(rows), sizeof rows);
   }
-  DataSpec n = spec("npy", "m.npy");
+  DataSpec n = spec(DataKind::kNpy, "m.npy");
   n.task = Task::kMultilabel;
   n.target = "1,3";
   const Splits np = make_datasets(n);
@@ -250,7 +250,7 @@ TEST_F(Table, MultilabelTargetsByNamePrefixOrNumber) {
   EXPECT_EQ(y[1], 1.0f);
   if (numpy("np.savez(d + 'm.npz', x=np.arange(12.).reshape(4, 3), "
             "y=np.array([[1, 0], [0, 1], [1, 1], [0, 0]], dtype=np.uint8))\n")) {
-    DataSpec z = spec("npy", "m.npz");
+    DataSpec z = spec(DataKind::kNpy, "m.npz");
     z.task = Task::kMultilabel;
     EXPECT_EQ(make_datasets(z).train->label_shape(), Shape{2});
   }
@@ -268,29 +268,31 @@ TEST_F(Table, MultilabelTargetsByNamePrefixOrNumber) {
 
 TEST_F(Table, EachBadInputNamesTheFileTheLineAndTheFix) {
   write("ragged.csv", "a,b,y\n1,2,0\n3,1\n");
-  expect_error<IoError>(spec("csv", "ragged.csv"),
+  expect_error<IoError>(spec(DataKind::kCsv, "ragged.csv"),
                         {"ragged.csv line 3 has 2 fields", "ragged row", "header has 3"});
   write("text.csv", "a,b,y\n1,2,0\n1,two,1\n");
-  expect_error<IoError>(spec("csv", "text.csv"),
+  expect_error<IoError>(spec(DataKind::kCsv, "text.csv"),
                         {"text.csv line 3 column 'b' is not a number, got \"two\""});
-  DataSpec s = spec("csv", "text.csv");
+  DataSpec s = spec(DataKind::kCsv, "text.csv");
   s.target = "label";
   expect_error<InvalidArgument>(
       s, {"has no column 'label', got columns [a, b, y]", "set data.target"});
   write("float.csv", "a,y\n1,0.5\n");
-  expect_error<InvalidArgument>(spec("csv", "float.csv"),
+  expect_error<InvalidArgument>(spec(DataKind::kCsv, "float.csv"),
                                 {"float.csv row 0 has target 0.5", "not a class label"});
   write("nan.csv", "a,y\n1,0\nnan,1\n");
-  expect_error<InvalidArgument>(spec("csv", "nan.csv"), {"row 1 feature 0 is nan"});
+  expect_error<InvalidArgument>(spec(DataKind::kCsv, "nan.csv"), {"row 1 feature 0 is nan"});
   write("empty.csv", "");
-  expect_error<IoError>(spec("csv", "empty.csv"), {"empty.csv is empty"});
+  expect_error<IoError>(spec(DataKind::kCsv, "empty.csv"), {"empty.csv is empty"});
   write("header.csv", "a,y\n");
-  expect_error<IoError>(spec("csv", "header.csv"), {"no rows"});
-  expect_error<IoError>(spec("csv", "missing.csv"), {"missing.csv is not a readable file"});
+  expect_error<IoError>(spec(DataKind::kCsv, "header.csv"), {"no rows"});
+  expect_error<IoError>(spec(DataKind::kCsv, "missing.csv"),
+                        {"missing.csv is not a readable file"});
   write("bad.npy", "\x93NUMPX garbage");
-  expect_error<IoError>(spec("npy", "bad.npy"), {"bad.npy is not a .npy file"});
+  expect_error<IoError>(spec(DataKind::kNpy, "bad.npy"), {"bad.npy is not a .npy file"});
   write("short.npy", std::string("\x93NUMPY\x01\x00\x40\x00", 10) + "{'descr'");
-  expect_error<IoError>(spec("npy", "short.npy"), {"short.npy has a .npy header of 64 bytes"});
+  expect_error<IoError>(spec(DataKind::kNpy, "short.npy"),
+                        {"short.npy has a .npy header of 64 bytes"});
   auto npy = [](const std::string& dict, size_t data_bytes) {
     std::string h = dict;
     h.resize(118, ' ');
@@ -298,22 +300,25 @@ TEST_F(Table, EachBadInputNamesTheFileTheLineAndTheFix) {
     return std::string("\x93NUMPY\x01\x00\x77\x00", 10) + h + std::string(data_bytes, '\0');
   };
   write("fortran.npy", npy("{'descr': '<f4', 'fortran_order': True, 'shape': (2, 2), }", 16));
-  expect_error<InvalidArgument>(spec("npy", "fortran.npy"), {"fortran_order True", "C order"});
+  expect_error<InvalidArgument>(spec(DataKind::kNpy, "fortran.npy"),
+                                {"fortran_order True", "C order"});
   write("complex.npy", npy("{'descr': '<c8', 'fortran_order': False, 'shape': (2, 2), }", 32));
-  expect_error<InvalidArgument>(spec("npy", "complex.npy"), {"descr '<c8'"});
+  expect_error<InvalidArgument>(spec(DataKind::kNpy, "complex.npy"), {"descr '<c8'"});
   write("cut.npy", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (2, 2), }", 12));
-  expect_error<IoError>(spec("npy", "cut.npy"), {"cut.npy holds fewer elements", "truncated"});
+  expect_error<IoError>(spec(DataKind::kNpy, "cut.npy"),
+                        {"cut.npy holds fewer elements", "truncated"});
   write("flat.npy", npy("{'descr': '<f4', 'fortran_order': False, 'shape': (4,), }", 16));
-  expect_error<InvalidArgument>(spec("npy", "flat.npy"), {"flat.npy has shape [4]", "2-D"});
+  expect_error<InvalidArgument>(spec(DataKind::kNpy, "flat.npy"),
+                                {"flat.npy has shape [4]", "2-D"});
   write("broken.npz", "PK\x03\x04 not a zip at all");
-  expect_error<IoError>(spec("npy", "broken.npz"), {"broken.npz is not a readable .npz"});
+  expect_error<IoError>(spec(DataKind::kNpy, "broken.npz"), {"broken.npz is not a readable .npz"});
   std::ifstream fixture(std::string(TESSEL_SOURCE_DIR) + "/tests/data/fixtures/table.npz",
                         std::ios::binary);
   std::string npz{std::istreambuf_iterator<char>(fixture), {}};
   npz[60] ^= 0x55;  // inside the first member's deflate stream
   write("flipped.npz", npz);
-  expect_error<IoError>(spec("npy", "flipped.npz"), {"flipped.npz", "member x.npy"});
-  DataSpec few = spec("npy", "");
+  expect_error<IoError>(spec(DataKind::kNpy, "flipped.npz"), {"flipped.npz", "member x.npy"});
+  DataSpec few = spec(DataKind::kNpy, "");
   few.path = std::string(TESSEL_SOURCE_DIR) + "/tests/data/fixtures/table.npz";
   few.classes = 2;
   expect_error<InvalidArgument>(few, {"data.classes = 2 is too few", "at least 3"});

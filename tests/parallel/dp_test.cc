@@ -65,14 +65,14 @@ TEST(DataParallel, MatchesSingleRankAfterTwentySteps) {
 }
 
 TEST(DataParallel, ZeroOneWithClippingAdamWAndResumeOnAnotherWorkerCount) {
-  // Each rank updates its pieces: clipping needs the global norm, AdamW's state of the other
-  // pieces lives on other ranks and is written by them into the checkpoint.
+  // Each rank updates its shards: clipping needs the global norm, AdamW's state of the other
+  // shards live on other ranks and is written by them into the checkpoint.
   const train::Config cfg = small_config(
       "mlp", {"optim.kind=adamw", "optim.lr=0.01", "train.clip_norm=0.05", "zero.stage=1"});
   const auto single = train_on(cfg, 1);
   const auto multi = train_on(cfg, 3);
   EXPECT_LT(max_rel_diff(single.params, multi.params), 1e-5);
-  // Shared memory: each rank reads its pieces of the 2 other ranks' gradients a step.
+  // Shared memory: each rank reads its shards of the 2 other ranks' gradients a step.
   const double arena_bytes = 4.0 * static_cast<double>(single.params.size());
   EXPECT_NEAR(comm_bytes(multi.summary) / 20, arena_bytes * 2 / 3, 4.0 * 16 * 3 * 4);
   // Messages: a reduce-scatter and an all-gather of every bucket a step.

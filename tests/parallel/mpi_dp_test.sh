@@ -42,7 +42,7 @@ done
 echo "ok: deterministic mode, zero.shard_size=2 at zero.stage=1 and 3 on 4 MPI ranks = 1 rank"
 
 # Among ranks of one host zero.stage 0 and 1 sum the gradients in an MPI shared-memory window:
-# 2 MPI ranks give the same bits as 2 thread ranks (both sum each piece in rank order), and the
+# 2 MPI ranks give the same bits as 2 thread ranks (both sum each shard in rank order), and the
 # message path (ddp.shared_memory=false) trains the same model.
 acc() { grep -o '"test_accuracy": *[0-9.e-]*' "$1/summary.json" | grep -o '[0-9.e-]*$'; }
 for stage in 0 1; do

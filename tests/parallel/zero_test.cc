@@ -197,7 +197,7 @@ TEST(Zero, RanksRunningOtherBlocksFailNamingThem) {
 TEST(Zero, ShardGroupsEqualSingleWorker) {
   // 4 ranks as 2 shard groups of 2 at stages 1-3 (stage 3 also with the progress thread and
   // prefetch, and as the dp groups of a dp 4 x pp 2 pipeline): one worker's parameters after 20
-  // steps; the pieces' all-reduces across the groups are counted apart from the bytes inside a
+  // steps; the shards' all-reduces across the groups are counted apart from the bytes inside a
   // group.
   const std::vector<std::string> base = {"train.batch=24",      "train.accumulate=2",
                                          "optim.kind=adamw",    "optim.lr=0.001",
@@ -255,7 +255,7 @@ TEST(Zero, ShardGroupsKeepDeterministicBits) {
 }
 
 TEST(Zero, ShardGroupCheckpointsMoveToOtherLayouts) {
-  // Only the first group writes its pieces: 2 groups of 2 (stage 3) -> stage 2 on 3 ranks ->
+  // Only the first group writes its shards: 2 groups of 2 (stage 3) -> stage 2 on 3 ranks ->
   // 3 groups of 2 (stage 1).
   expect_legs_end_uninterrupted("zero_groups_roundtrip",
                                 {{4, {"zero.stage=3", "zero.shard_size=2"}},

@@ -63,7 +63,7 @@ TEST_F(TokenFiles, DatasetWindowsAndTestFile) {
   for (int i = 0; i < 41; ++i) ids[i] = i % 13;
   for (int i = 0; i < 9; ++i) test[i] = 12 - i;
   DataSpec spec;
-  spec.kind = "tokens";
+  spec.kind = DataKind::kTokens;
   spec.path = write("train.bin", token_file_bytes(ids));
   spec.test_path = write("test.bin", token_file_bytes(test));
   spec.context = 8;

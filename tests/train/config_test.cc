@@ -177,6 +177,13 @@ TEST(Config, AMistypedValueGetsTheNearestValid) {
       {"compress.kind=powersdg", "did you mean 'powersgd'?"},
       {"optim.kind=adamww", "did you mean 'adamw'?"},
       {"model.position=alibi", "model.position must be learned or rotary, got 'alibi'"},
+      {"data.kind=cifar",
+       "data.kind must be fashion_mnist, mnist_idx, spiral, text, synthetic, npy, csv or tokens, "
+       "got 'cifar'"},
+      {"runtime.backend=mpl", "did you mean 'mpi'?"},
+      {"layout=atuo", "did you mean 'auto'?"},
+      {"comm.algorithm=rnig", "did you mean 'ring'?"},
+      {"debug.fail_mode=hnag", "did you mean 'hang'?"},
   };
   for (const auto& [set, want] : cases)
     EXPECT_NE(error_of("", {set}).find(want), std::string::npos)
@@ -184,6 +191,25 @@ TEST(Config, AMistypedValueGetsTheNearestValid) {
   const std::string far = error_of("", {"train.precision=float64"});
   EXPECT_NE(far.find("got 'float64'"), std::string::npos) << far;
   EXPECT_EQ(far.find("did you mean"), std::string::npos) << far;
+}
+
+// The choice keys read into their enums and write back the same spellings.
+TEST(Config, ChoiceKeysAreEnumsWithTheirSpellings) {
+  const Config c = parse_config(
+      "layout = \"auto\"\n", "t",
+      {"data.kind=spiral", "runtime.backend=mpi", "comm.algorithm=tree", "debug.fail_mode=kill"});
+  EXPECT_EQ(c.layout, LayoutMode::kAuto);
+  EXPECT_EQ(c.data.kind, data::DataKind::kSpiral);
+  EXPECT_EQ(c.runtime.backend, BackendChoice::kMpi);
+  EXPECT_EQ(c.comm.algorithm, comm::Algorithm::kTree);
+  EXPECT_EQ(c.fault.fail_mode, FailMode::kKill);
+  const std::string toml = to_toml(c);
+  for (const char* line : {"layout = 'auto'", "kind = 'spiral'", "backend = 'mpi'",
+                           "algorithm = 'tree'", "fail_mode = 'kill'"})
+    EXPECT_NE(toml.find(line), std::string::npos) << line << "\n" << toml;
+  const Config back = parse_config(toml, "t");
+  EXPECT_EQ(back.runtime.backend, BackendChoice::kMpi);
+  EXPECT_EQ(back.comm.algorithm, comm::Algorithm::kTree);
 }
 
 // A TOML syntax error names the file by its path (the name of the run is only its stem).

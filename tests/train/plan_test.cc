@@ -327,7 +327,7 @@ TEST(PlanAuto, PicksTheFastestFeasibleLayoutAndSetsItsKeys) {
   const LayoutChoice choice = choose_layout(base, plan, o);
   const Candidate& best = plan.front();
   EXPECT_LE(best.memory.total(), static_cast<double>(o.memory_per_rank));
-  EXPECT_EQ(choice.config.layout, "manual");
+  EXPECT_EQ(choice.config.layout, LayoutMode::kManual);
   EXPECT_EQ(choice.config.parallel.tp_size, best.spec.tp_size);
   EXPECT_EQ(choice.config.parallel.pp_stages, best.spec.pp_stages);
   EXPECT_EQ(choice.config.parallel.zero_stage, best.spec.zero_stage);

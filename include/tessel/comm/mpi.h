@@ -19,11 +19,12 @@ bool mpi_launched();  // this process was started by an MPI launcher (environmen
 // aborts the job rather than hang on a dead peer. Throws CommError when MPI is not built.
 Communicator mpi_world(const CommOptions& options = {});
 
-// The MPI thread level granted ("MPI_THREAD_MULTIPLE", ...), "" before initialisation.
+// The MPI thread level granted ("MPI_THREAD_MULTIPLE", ...), "" before MPI_Init or after
+// MPI_Finalize.
 const char* mpi_thread_level();
 
 // Ends this process after an error it cannot recover from, so that the whole MPI job ends at
-// once instead of waiting out deadlines: every family of groups is aborted (the other ranks
+// once instead of waiting out deadlines: every world (with its groups) is aborted (the other ranks
 // learn of it within a heartbeat and stop with a CommError), and then this rank calls
 // MPI_Abort(MPI_COMM_WORLD, exit_code), never MPI_Finalize, which would wait for the failed
 // ranks. A rank whose error is a consequence of another rank's failure (mpi_failed_elsewhere)

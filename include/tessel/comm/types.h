@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/core/names.h"
 #include "tessel/tensor/dtype.h"
 
 namespace tessel::comm {
@@ -87,3 +88,11 @@ std::vector<size_t> parse_size_list(const std::string& text);
 std::string format_bytes(size_t bytes);  // 4096 -> "4KiB", 1000 -> "1000B"
 
 }  // namespace tessel::comm
+
+namespace tessel {
+template <>
+struct Names<comm::Algorithm> {  // comm.algorithm
+  static constexpr const char* values[] = {"auto", "ring",   "halving_doubling",
+                                           "tree", "direct", "native"};
+};
+}  // namespace tessel

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "tessel/comm/types.h"
+#include "tessel/core/names.h"
 #include "tessel/data/dataset.h"
 #include "tessel/nn/models.h"
 #include "tessel/optim/optimizer.h"
@@ -47,24 +49,33 @@ struct CheckpointSpec {
   int64_t snapshot_steps = 0;  // ranks as threads: in-memory snapshot every N steps (0 = never)
 };
 
+// debug.fail_mode: how the injected failure fails (recovery.h).
+enum class FailMode : uint8_t { kThrow, kKill, kHang, kStop };
+
 // debug.fail_*: a failure injected at a step boundary, to test recovery (recovery.h).
 struct FaultSpec {
-  int fail_rank = -1;               // world rank that fails, -1: none
-  int64_t fail_step = 0;            // right after this step (1-based)
-  std::string fail_mode = "throw";  // throw | kill | hang | stop
+  int fail_rank = -1;                     // world rank that fails, -1: none
+  int64_t fail_step = 0;                  // right after this step (1-based)
+  FailMode fail_mode = FailMode::kThrow;  // throw | kill | hang | stop
 };
+
+// runtime.backend: the ranks as threads of this process, or as MPI processes; auto: mpi when an
+// MPI launcher started the process (resolve_backend).
+enum class BackendChoice : uint8_t { kAuto, kThreads, kMpi };
 
 struct RuntimeSpec {
   int threads = 1;  // BLAS threads for this process (1 per rank when ranks are threads)
   int workers = 1;  // ranks as threads of this process (--workers); 1 under mpirun
-  std::string backend = "auto";  // auto | threads | mpi (auto: mpi when started by mpirun)
+  BackendChoice backend = BackendChoice::kAuto;
 };
 
 struct CommSpec {
-  double timeout_s = 300;  // deadline of every blocking communication
-  std::string algorithm =
-      "auto";  // collective algorithm: auto | ring | halving_doubling | tree | direct | native
+  double timeout_s = 300;                              // deadline of every blocking communication
+  comm::Algorithm algorithm = comm::Algorithm::kAuto;  // collective algorithm (comm/types.h)
 };
+
+// layout: manual (the layout keys as given) or auto (tessel plan's pick: plan_auto.h).
+enum class LayoutMode : uint8_t { kManual, kAuto };
 
 // tessel predict, generation and tessel serve (docs/inference.md).
 struct InferSpec {
@@ -97,7 +108,7 @@ struct ServeSpec {
 struct Config {
   std::string name;  // run name; default: the config file's stem
   uint64_t seed = 0;
-  std::string layout = "manual";  // manual: the layout keys as given; auto: tessel plan's pick
+  LayoutMode layout = LayoutMode::kManual;
   nn::ModelSpec model;
   data::DataSpec data;
   optim::OptimSpec optim;
@@ -150,3 +161,18 @@ std::pair<int64_t, int64_t> parse_step_window(const std::string& text);
 int resolve_prefetch(int requested, int ranks_on_host, int blas_threads, int cores);
 
 }  // namespace tessel::train
+
+namespace tessel {
+template <>
+struct Names<train::FailMode> {
+  static constexpr const char* values[] = {"throw", "kill", "hang", "stop"};
+};
+template <>
+struct Names<train::BackendChoice> {
+  static constexpr const char* values[] = {"auto", "threads", "mpi"};
+};
+template <>
+struct Names<train::LayoutMode> {
+  static constexpr const char* values[] = {"manual", "auto"};
+};
+}  // namespace tessel

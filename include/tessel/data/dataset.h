@@ -39,10 +39,22 @@ class Dataset {
   virtual void prefetch(int64_t /*index*/) const {}
 };
 
+// data.kind: an IDX folder (fashion_mnist, mnist_idx), generated (spiral, synthetic), a text
+// file (text), a table (npy, csv) or a token file (tokens).
+enum class DataKind : uint8_t {
+  kFashionMnist,
+  kMnistIdx,
+  kSpiral,
+  kText,
+  kSynthetic,
+  kNpy,
+  kCsv,
+  kTokens
+};
+
 // Which dataset to build and its options (the [data] section of a config).
 struct DataSpec {
-  // fashion_mnist | mnist_idx | spiral | text | synthetic | npy | csv | tokens
-  std::string kind = "fashion_mnist";
+  DataKind kind = DataKind::kFashionMnist;
   std::string path = "/usr/share/datasets/fashion-mnist";  // IDX folder, text/token file or table
   // npy/csv: the targets: a CSV column's name, a 2-D .npy's column number, an .npz's array name
   // (features: array "x"). Empty: the last column, or array "y". Multilabel: CSV columns or
@@ -91,3 +103,11 @@ struct Splits {
 Splits make_datasets(const DataSpec& spec);
 
 }  // namespace tessel::data
+
+namespace tessel {
+template <>
+struct Names<data::DataKind> {
+  static constexpr const char* values[] = {"fashion_mnist", "mnist_idx", "spiral", "text",
+                                           "synthetic",     "npy",       "csv",    "tokens"};
+};
+}  // namespace tessel

@@ -175,7 +175,8 @@ class Engine {
   // the gradient sync's, or else the store's (a parameter-server worker's pushes).
   std::vector<float> compression_state();
   void hook(nn::Phase phase, size_t block, bool last);
-  PieceStats counted(const PieceStats& s) const;
+  // s on a tp group's rank 0, empty on the others: a replica's loss is counted once.
+  PieceStats once_per_replica(const PieceStats& s) const;
   void sum_whole_grads_over_tp();
   void trace_block(Tracer& tracer, nn::Phase phase, size_t block);  // its span, memory counter
 

@@ -6,7 +6,7 @@
 //               straight from the other ranks' memory (ZeRO-1 on one host);
 //   ParamStore  holds the parameter values and the optimizer over the elements this rank
 //               updates (param_store.h).
-// The element ranges a rank updates and writes are pieces of Units (units.h).
+// The element ranges a rank updates and writes are shards of Units (units.h).
 #pragma once
 
 #include <cstddef>

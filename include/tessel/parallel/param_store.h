@@ -1,6 +1,6 @@
 // ParamStore: where this rank's parameter values live and which elements its optimizer
 // updates. Replicated (zero.stage 0-2: every dp rank holds the values of its blocks; 1 and 2
-// update their pieces and all-gather them), sharded (3: a rank holds only its pieces and
+// update their shards and all-gather them), sharded (3: a rank holds only its shards and
 // gathers a unit for the blocks that read it), shared (ZeRO-1 on one host: one copy in shared
 // memory), or remote (the parameter servers, parameter_server.h: a worker holds a copy of the
 // values, its update pushes the gradient and pulls the servers' values; a server rank holds
@@ -54,7 +54,7 @@ class ParamStore {
   const std::vector<nn::Range>& owned() const { return owned_; }           // written to checkpoints
   const std::vector<nn::Range>& held() const { return held_; }             // values held
   // The values this rank reads from a checkpoint: held(), except where a host's ranks share one
-  // copy (each then loads its own pieces, and before_start() waits for the others').
+  // copy (each then loads its own shards, and before_start() waits for the others').
   virtual const std::vector<nn::Range>& loaded() const { return held_; }
 
   // Optional hooks (the defaults do nothing):
@@ -90,7 +90,7 @@ class ParamStore {
   // Offset of range r (inside one update range) in the optimizer's state.
   int64_t state_offset(nn::Range r) const;
   // train.precision bf16 | fp16 (null: f32): the 16-bit copy of held() that the blocks read.
-  // The optimizer rewrites the pieces it updates; the store refreshes whatever else changes.
+  // The optimizer rewrites the shards it updates; the store refreshes whatever else changes.
   void set_working(WorkingCopy* working) { working_ = working; }
   // Rewrites the working copy (if any) of every held range from the master values (after a
   // restore), or with updated_too = false of those outside update_ranges() (values that came

@@ -196,9 +196,9 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
   void request(Kind kind, int64_t clock, bool skip = false, float scale = 1.0f);
   // Worker: sends unit u's gradient to the servers holding parts of it (once per step).
   void send_unit(int u);
-  // The pieces of server k's shard the workers' units send, in the order they go out (shard
-  // offsets); uncompressed pushes arrive as one message per piece.
-  std::vector<nn::Range> pieces(int k) const;
+  // Server k's shard of each unit the workers send, in the order they go out (as offsets in
+  // server k's shard); uncompressed pushes arrive as one message per unit shard.
+  std::vector<nn::Range> unit_shards(int k) const;
   void await_replies(const char* what);  // receives every server's reply (and changed shards)
   void pull(Kind kind);
   void push(float grad_scale, int64_t step, bool skip);

@@ -53,7 +53,7 @@ struct ParallelSpec {
   int zero_stage = 0;         // 0 replicated, 1 optimizer state, 2 + gradients, 3 + parameters
   bool zero_prefetch = true;  // stage 3: gather the next unit while this one computes
   // Ranks per shard group (0: the whole dp group): stages 1-3 shard within groups of this many
-  // consecutive dp ranks and all-reduce the gradient pieces across the groups.
+  // consecutive dp ranks and all-reduce the gradient shards across the groups.
   int zero_shard_size = 0;
 
   // runtime.memory_limit_mb: a rank whose tensors would pass it fails naming the category

@@ -3,7 +3,7 @@
 // finishes the last blocks first). A unit is the one grain every parallel part works in:
 //   - a gradient bucket: its reduction starts once the backward pass is done with it;
 //   - a ZeRO-3 gather: its parameters are all-gathered before a block that reads them runs;
-//   - a shard: each rank of the dp group owns one piece of it (piece r of P, cut on 64-byte
+//   - sharded: each rank r of the dp group owns one shard of it (shard r of P, cut on 64-byte
 //     lines), whose optimizer state it keeps (ZeRO >= 1), whose reduced gradient it gets
 //     (reduce-scatter), whose values it writes into a checkpoint.
 // Cutting every unit over the dp ranks, rather than the arena into P contiguous shards, keeps
@@ -21,10 +21,10 @@ struct Unit {
   nn::Range range;                         // arena elements
   size_t first_block = 0, last_block = 0;  // blocks [first, last] whose own parameters it holds
   size_t first_user = 0, last_user = 0;    // the lowest and highest local block reading it
-  std::vector<size_t> counts;              // elements of dp rank r's piece, r = 0..P-1
-  int64_t shard_offset = 0;                // this rank's piece within its compact shard
+  std::vector<size_t> counts;              // elements of dp rank r's shard, r = 0..P-1
+  int64_t shard_offset = 0;                // this rank's shard in its shard buffer
 
-  nn::Range piece(int r) const;
+  nn::Range shard(int r) const;
 };
 
 struct Units {
@@ -32,12 +32,12 @@ struct Units {
   std::vector<std::vector<int>> used_by_block;  // units each local block reads (model order)
   int dp = 1, dp_rank = 0;
   nn::Range span;           // from the first unit's start to the last one's end
-  int64_t shard_numel = 0;  // this rank's pieces together
+  int64_t shard_numel = 0;  // this rank's shards of every unit, packed: its shard buffer
   // Arena ranges of tensor-parallel replicas (nn::Split::replica): values every rank of a tp
   // group holds and that count once, on the group's rank 0.
   std::vector<nn::Range> replicas;
 
-  nn::Range own(const Unit& u) const { return u.piece(dp_rank); }
+  nn::Range own(const Unit& u) const { return u.shard(dp_rank); }
   // Units whose gradient is complete once local block b's backward is done (last pass).
   std::vector<int> completed_by(size_t b) const;
   std::string describe(int unit, const nn::Model& model) const;  // "unit 2 (blocks fc2..fc3)"

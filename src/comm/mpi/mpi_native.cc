@@ -6,7 +6,9 @@
 #include <numeric>
 #include <vector>
 
-#include "mpi_internal.h"
+#include "mpi_base.h"
+#include "mpi_control.h"
+#include "tessel/comm/transport.h"
 #include "tessel/core/error.h"
 
 namespace tessel::comm::mpi_detail {

@@ -2,33 +2,40 @@
 // Stamps travel in the MPI tag: a collective's messages use a 30-bit hash of the stamp, so
 // messages of disagreeing calls never match (no header bytes, no extra copies). What they do
 // instead is wait, and a rank that has waited kProbeAfterS asks the peer, on a separate control
-// communicator (mpi_family.h), which call it is in; a different call with the same sequence
+// communicator (mpi_control.h), which call it is in; a different call with the same sequence
 // number, or a peer that has moved past this call, is reported naming both sides. The control
 // communicator also carries aborts: abort() tells every rank of the world, and waits poll for
-// such messages. When a deadline passes, the family's heartbeat board names the rank that
+// such messages. When a deadline passes, the world control's heartbeat board names the rank that
 // stopped making progress. Point-to-point messages use tag 2^30 + user tag.
+// The top of src/comm/mpi: MPI start-up and mpi_world (mpi.h) build on every other file of the
+// folder (mpi_base.h <- mpi_control.h <- mpi_native.cc <- this file).
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <thread>
 #include <vector>
 
 #include "../reduce.h"
-#include "mpi_family.h"
-#include "mpi_internal.h"
+#include "../wait.h"
+#include "mpi_base.h"
+#include "mpi_control.h"
+#include "tessel/comm/mpi.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
 
-namespace tessel::comm::mpi_detail {
+namespace tessel::comm {
+namespace mpi_detail {
 namespace {
 
 constexpr double kProbeAfterS = 0.05;  // first query to a silent peer
 constexpr double kProbeEveryS = 0.5;
 
-class MpiTransport final : public Transport, public FamilyMember {
+class MpiTransport final : public Transport, public ControlledGroup {
  public:
-  MpiTransport(MPI_Comm comm, std::shared_ptr<Family> family, uint64_t id, WaitPolicy policy);
+  MpiTransport(MPI_Comm comm, std::shared_ptr<WorldControl> control, uint64_t id,
+               WaitPolicy policy);
   ~MpiTransport() override;
 
   int rank() const override { return rank_; }
@@ -42,8 +49,8 @@ class MpiTransport final : public Transport, public FamilyMember {
   RequestPtr irecv(int peer, uint64_t tag, void* data, size_t bytes, const Stamp& stamp) override;
   RequestPtr irecv_reduce(int peer, uint64_t tag, void* acc, size_t count, ElemType elem,
                           ReduceOp op, const Stamp& stamp) override;
-  void abort(const std::string& reason) noexcept override { family_->abort(reason); }
-  bool aborted() const override { return family_->aborted(); }
+  void abort(const std::string& reason) noexcept override { control_->abort(reason); }
+  bool aborted() const override { return control_->aborted(); }
   void check_alive() override;
   void fail_if_aborted();
   std::unique_ptr<Transport> split(int color, int key, const std::vector<int>& members,
@@ -51,9 +58,9 @@ class MpiTransport final : public Transport, public FamilyMember {
   std::shared_ptr<void> shared_memory(size_t bytes, uint64_t id) override;
   NativeCollectives* native() override { return native_.get(); }
 
-  // For requests and the family.
+  // For requests and the world control.
   MPI_Comm comm() const { return comm_; }
-  Family& family() { return *family_; }
+  WorldControl& control() { return *control_; }
   const WaitPolicy& policy() const { return policy_; }
   int world_rank_of(int peer) const { return world_ranks_[peer]; }
   uint64_t id() const { return id_; }
@@ -68,7 +75,7 @@ class MpiTransport final : public Transport, public FamilyMember {
 
  private:
   MPI_Comm comm_;
-  std::shared_ptr<Family> family_;
+  std::shared_ptr<WorldControl> control_;
   uint64_t id_;
   WaitPolicy policy_;
   int rank_ = 0, size_ = 1;
@@ -174,7 +181,7 @@ bool MpiRequest::test() {
 }
 
 void MpiRequest::wait(Deadline deadline) {
-  Family& fam = t_->family();
+  WorldControl& fam = t_->control();
   WaitMark mark(&fam.my_slot(), t_->world_rank_of(peer_));
   Backoff backoff(effective_policy(t_->policy()));
   double start = now_seconds(), asked_at = 0;
@@ -214,9 +221,9 @@ void MpiRequest::wait(Deadline deadline) {
 
 // ---- MpiTransport ----
 
-MpiTransport::MpiTransport(MPI_Comm comm, std::shared_ptr<Family> family, uint64_t id,
+MpiTransport::MpiTransport(MPI_Comm comm, std::shared_ptr<WorldControl> control, uint64_t id,
                            WaitPolicy policy)
-    : comm_(comm), family_(std::move(family)), id_(id), policy_(policy) {
+    : comm_(comm), control_(std::move(control)), id_(id), policy_(policy) {
   MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
@@ -231,15 +238,15 @@ MpiTransport::MpiTransport(MPI_Comm comm, std::shared_ptr<Family> family, uint64
   MPI_Group_free(&mine);
   MPI_Group_free(&world);
   native_ = make_native(comm_, rank_, size_);
-  family_->enroll(id_, this);
+  control_->enroll(id_, this);
 }
 
 MpiTransport::~MpiTransport() {
-  family_->leave(id_);
+  control_->leave(id_);
   native_.reset();
   int finalized = 0;
   MPI_Finalized(&finalized);
-  if (!finalized && !family_->aborted()) {  // see ~Family: a failed group's comm is leaked
+  if (!finalized && !control_->aborted()) {  // see ~WorldControl: a failed group's comm is leaked
     Guard guard;
     MPI_Comm_free(&comm_);
   }
@@ -250,14 +257,14 @@ MpiTransport::~MpiTransport() {
 // this rank's own send is even posted, serialising the two directions of an exchange (measured:
 // a 2-rank 1 MiB ring allreduce took 190 us instead of 110 us).
 void MpiTransport::fail_if_aborted() {
-  if (family_->aborted())
-    throw CommError(str("comm: rank ", rank_, " (mpi): group aborted: ", family_->why()));
+  if (control_->aborted())
+    throw CommError(str("comm: rank ", rank_, " (mpi): group aborted: ", control_->why()));
 }
 
 void MpiTransport::check_alive() {
-  family_->poll();
-  if (family_->aborted())
-    throw CommError(str("comm: rank ", rank_, " (mpi): group aborted: ", family_->why()));
+  control_->poll();
+  if (control_->aborted())
+    throw CommError(str("comm: rank ", rank_, " (mpi): group aborted: ", control_->why()));
 }
 
 int MpiTransport::mpi_tag(uint64_t tag, const Stamp& s) const {
@@ -278,7 +285,7 @@ int MpiTransport::mpi_tag(uint64_t tag, const Stamp& s) const {
 }
 
 void MpiTransport::publish(const Stamp& s) {
-  family_->my_slot().enter(s);
+  control_->my_slot().enter(s);
   if (!is_collective(s)) return;
   std::lock_guard<std::mutex> lock(mu_);
   published_ = s;
@@ -392,14 +399,14 @@ std::unique_ptr<Transport> MpiTransport::split(int color, int key, const std::ve
   {
     // Every member arrives here right after the allgather of (color, key), but may stop (or
     // be stopped) right after it.
-    WatchdogArm arm(Deadline::after(family_->timeout_s()), "comm: MPI_Comm_split");
+    WatchdogArm arm(Deadline::after(control_->timeout_s()), "comm: MPI_Comm_split");
     Guard guard;
     check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &sub), "MPI_Comm_split");
   }
   if (sub == MPI_COMM_NULL) return nullptr;
   uint64_t id = (id_ ^ (split_id + 0x9e3779b97f4a7c15ull + (id_ << 6) + (id_ >> 2))) * 31 +
                 static_cast<uint64_t>(color) + 1;
-  return std::make_unique<MpiTransport>(sub, family_, id, policy_);
+  return std::make_unique<MpiTransport>(sub, control_, id, policy_);
 }
 
 // An MPI-3 shared-memory window on the ranks' host, when all of them are on one host. Rank 0
@@ -407,7 +414,7 @@ std::unique_ptr<Transport> MpiTransport::split(int color, int key, const std::ve
 // rank drops it (skipped once the world is aborted, as the free is collective, or after
 // MPI_Finalize, which has released it).
 std::shared_ptr<void> MpiTransport::shared_memory(size_t bytes, uint64_t) {
-  WatchdogArm arm(Deadline::after(family_->timeout_s()), "comm: MPI shared-memory window");
+  WatchdogArm arm(Deadline::after(control_->timeout_s()), "comm: MPI shared-memory window");
   Guard guard;
   MPI_Comm node = MPI_COMM_NULL;
   check(MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &node),
@@ -439,11 +446,11 @@ std::shared_ptr<void> MpiTransport::shared_memory(size_t bytes, uint64_t) {
   void* base = static_cast<char*>(window) + pad;
   if (rank_ == 0) std::memset(base, 0, static_cast<size_t>(rounded));
   check(MPI_Barrier(node), "MPI_Barrier");
-  std::shared_ptr<Family> family = family_;
-  return std::shared_ptr<void>(base, [win, node, family](void*) mutable {
+  std::shared_ptr<WorldControl> control = control_;
+  return std::shared_ptr<void>(base, [win, node, control](void*) mutable {
     int finalized = 0;
     MPI_Finalized(&finalized);
-    if (finalized || family->aborted()) return;
+    if (finalized || control->aborted()) return;
     WatchdogArm free_arm(Deadline::after(30), "comm: MPI_Win_free");
     Guard g;
     MPI_Win_free(&win);
@@ -451,8 +458,41 @@ std::shared_ptr<void> MpiTransport::shared_memory(size_t bytes, uint64_t) {
   });
 }
 
-}  // namespace
+std::once_flag g_init_once;
 
+void finalize_at_exit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return;
+  // A peer that died or hangs would make MPI_Finalize wait forever.
+  WatchdogArm arm(Deadline::after(30), "comm: MPI_Finalize");  // after success only
+  MPI_Finalize();
+}
+
+// Initialises MPI once (MPI_THREAD_MULTIPLE requested; a rank that does not join within
+// timeout_s ends the job) and registers finalisation at exit.
+void ensure_initialized(double timeout_s) {
+  std::call_once(g_init_once, [timeout_s] {
+    int initialized = 0;
+    MPI_Initialized(&initialized);
+    int provided = MPI_THREAD_SINGLE;
+    if (!initialized) {
+      WatchdogArm arm(Deadline::after(timeout_s), "comm: MPI_Init (every rank joins the job)");
+      check(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided), "MPI_Init_thread");
+      std::atexit(finalize_at_exit);
+    } else {
+      MPI_Query_thread(&provided);
+    }
+    if (provided < MPI_THREAD_SERIALIZED)
+      throw CommError(str("comm: MPI grants thread level ", provided,
+                          ", but tessel needs at "
+                          "least MPI_THREAD_SERIALIZED; initialise MPI with "
+                          "MPI_Init_thread(MPI_THREAD_MULTIPLE) or let tessel do it"));
+  });
+}
+
+// The world transport over a duplicate of MPI_COMM_WORLD.
+// timeout_s bounds the blocking MPI calls of the world and its groups (splits, windows).
 std::unique_ptr<Transport> make_world_transport(const WaitPolicy& policy, double timeout_s) {
   MPI_Comm comm;
   {
@@ -460,8 +500,23 @@ std::unique_ptr<Transport> make_world_transport(const WaitPolicy& policy, double
     Guard guard;
     check(MPI_Comm_dup(MPI_COMM_WORLD, &comm), "MPI_Comm_dup");
   }
-  auto family = std::make_shared<Family>(MPI_COMM_WORLD, timeout_s);
-  return std::make_unique<MpiTransport>(comm, std::move(family), 0, policy);
+  auto control = std::make_shared<WorldControl>(MPI_COMM_WORLD, timeout_s);
+  return std::make_unique<MpiTransport>(comm, std::move(control), 0, policy);
 }
 
-}  // namespace tessel::comm::mpi_detail
+}  // namespace
+}  // namespace mpi_detail
+
+Communicator mpi_world(const CommOptions& options) {
+  mpi_detail::ensure_initialized(options.timeout_s);
+  WaitPolicy policy;
+  policy.spin_us = options.spin_us;
+  policy.yield_us = options.yield_us;
+  // With more ranks on this host than cores, a spinning rank steals its peer's core.
+  const char* local = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  policy.oversubscribed = local && static_cast<unsigned>(std::atoi(local)) > cores;
+  return Communicator(mpi_detail::make_world_transport(policy, options.timeout_s), options);
+}
+
+}  // namespace tessel::comm

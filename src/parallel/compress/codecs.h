@@ -3,7 +3,7 @@
 // (buckets.h). A codec owns its state (error-feedback residual, PowerSGD's Q), one per unit and
 // rank; every rank decodes the same bytes in the same order, so the replicas stay identical.
 //   DenseCodec    f32, f16 or bf16 messages, all-reduced, or reduce-scattered so that this rank
-//                 gets the sum of its piece (ZeRO); f32 over a whole unit travels in place, the
+//                 gets the sum of its shard (ZeRO); f32 over a whole unit travels in place, the
 //                 others in a message buffer from a pool (train.precision 16-bit, compress.kind
 //                 fp16/bf16, and every tensor that compression would not make smaller).
 //   Int8Codec     per chunk of kInt8Chunk elements one f32 scale (max |g| / 127) and int8
@@ -98,13 +98,13 @@ class Codec {
   virtual std::vector<float>* state() { return nullptr; }
 };
 
-// A reduce-scatter's blocks (every rank's piece of the unit) and this rank's.
+// A reduce-scatter's blocks (every rank's shard of the unit) and this rank's.
 struct Scatter {
   std::vector<size_t> blocks;
   int rank = 0;
 };
 // Sends segments as `type` messages (f32, f16 or bf16) taken from pool, all-reduced; with
-// scatter (segments: one run from 0) reduce-scattered, only this rank's piece decoded.
+// scatter (segments: one run from 0) reduce-scattered, only this rank's shard decoded.
 std::unique_ptr<Codec> dense_codec(std::vector<Segment> segments, DType type, BufferPool& pool,
                                    std::optional<Scatter> scatter = std::nullopt);
 // The codec of `kind` for the segments worth compressing (see worth_compressing); error

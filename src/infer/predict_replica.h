@@ -1,5 +1,7 @@
-// Private to src/infer: what the threads and MPI drivers of predict share -- the job, where a
-// replica's chunks come from and its outputs go (Feed), and the loop every rank runs.
+// Private to src/infer: what the threads and MPI drivers of predict build on -- the run's
+// setup, where a replica's chunks come from and its outputs go (ChunkIo), and the loop every
+// rank runs (predict_replica.cc). The drivers are above it: predict.cc (threads, and the entry
+// point) and predict_mpi.cc.
 #pragma once
 
 #include <cstdint>
@@ -17,7 +19,8 @@
 
 namespace tessel::infer::detail {
 
-struct Job {
+// What a predict run does: the config and options, and what they resolve to.
+struct PredictSetup {
   const train::Config& config;
   PredictOptions options;
   ModelInfo info;
@@ -27,10 +30,10 @@ struct Job {
 };
 
 // A replica's source of chunks (its first stage) and sink of outputs (its last stage), one per
-// rank. sleep() and die() are how the driver's rank sleeps and dies, for faulty_feed().
-class Feed {
+// rank. sleep() and die() are how the driver's rank sleeps and dies, for faulty_chunk_io().
+class ChunkIo {
  public:
-  virtual ~Feed() = default;
+  virtual ~ChunkIo() = default;
   virtual bool take(Chunk& chunk) = 0;
   virtual void finish(int64_t id, std::string bytes, int64_t rows) = 0;
   virtual void sleep(double seconds) = 0;
@@ -39,34 +42,32 @@ class Feed {
   virtual void before_chunk(int64_t done) { (void)done; }
 };
 
-// Fault injection: `feed` of rank `rank` wrapped so that it sleeps debug.delay_ms before every
+// Fault injection: `io` of rank `rank` wrapped so that it sleeps debug.delay_ms before every
 // chunk (debug.slow_rank) or dies after debug.kill_after chunks (debug.kill_rank); null when
 // neither names this rank.
-std::unique_ptr<Feed> faulty_feed(Feed& feed, const train::Config& config, int rank);
+std::unique_ptr<ChunkIo> faulty_chunk_io(ChunkIo& io, const train::Config& config, int rank);
 
 // The replica index, pipeline and tensor-parallel group of this rank (null: none). The lead
-// (tp rank 0) of a replica's first stage takes its chunks from the feed, that of its last stage
+// (tp rank 0) of a replica's first stage takes its chunks from its ChunkIo, that of its last stage
 // hands their outputs over.
-struct Place {
+struct RankInReplica {
   int replica = 0;
   comm::Communicator* pp = nullptr;
   comm::Communicator* tp = nullptr;
   bool lead() const { return tp == nullptr || tp->rank() == 0; }
 };
-Place place_of(parallel::Mesh& mesh);
+RankInReplica rank_in_replica(parallel::Mesh& mesh);
 
-// This rank's loop: chunks from the feed through the replica until the feed has no more; a
+// This rank's loop: chunks from `io` through the replica until it has no more; a
 // replica's ranks agree on each chunk (over tp, then pp) and the first stage's tensor-parallel
 // ranks get its rows from their lead. Returns the chunks this rank ran.
-int64_t run_replica(const Job& job, Replica& replica, Feed& feed, const Place& place);
+int64_t run_replica(const PredictSetup& setup, Replica& replica, ChunkIo& io,
+                    const RankInReplica& place);
 
 // A finished run's figures into its summary (both drivers): the rows and chunks written, this
 // run's rows over `seconds`, each rank's chunks and peak bytes, the process's huge pages.
 void add_run_figures(nlohmann::json& summary, const OrderedWriter& writer, int64_t first_rows,
                      double seconds, const std::vector<int64_t>& chunks,
                      const std::vector<int64_t>& peak_bytes);
-
-// The MPI driver (predict_mpi.cc).
-nlohmann::json predict_mpi(const Job& job);
 
 }  // namespace tessel::infer::detail

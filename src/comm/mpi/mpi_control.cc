@@ -1,15 +1,21 @@
-#include "mpi_family.h"
+#include "mpi_control.h"
 
 #include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <set>
 
-#include "mpi_internal.h"
+#include "mpi_base.h"
+#include "tessel/comm/mpi.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
+#include "tessel/core/log.h"
 
-namespace tessel::comm::mpi_detail {
+namespace tessel::comm {
+namespace mpi_detail {
 
 constexpr int kCtrlTag = 1;
 constexpr size_t kTextMax = 1024;
@@ -25,8 +31,8 @@ enum class CtrlType : int32_t {
 
 struct CtrlMsg {
   CtrlType type;
-  int32_t from;        // world rank of the sender
-  uint64_t family_id;  // equal on every rank: families are created collectively, in order
+  int32_t from;         // world rank of the sender
+  uint64_t control_id;  // equal on every rank: world controls are created collectively, in order
   uint64_t comm_id;
   Stamp stamp;
   int32_t valid;
@@ -39,17 +45,17 @@ struct CtrlMsg {
 
 namespace {
 
-std::atomic<uint64_t> g_families{0};
+std::atomic<uint64_t> g_controls{0};
 std::atomic<bool> g_peer_failure{false};
 std::mutex g_registry_mu;
-std::set<Family*> g_registry;
+std::set<WorldControl*> g_registry;
 
 }  // namespace
 
-void abort_all_families(const std::string& why, double flush_s) noexcept {
+void abort_all_worlds(const std::string& why, double flush_s) noexcept {
   std::lock_guard<std::mutex> lock(g_registry_mu);
-  for (Family* f : g_registry) f->abort(why);
-  for (Family* f : g_registry) f->flush(flush_s);
+  for (WorldControl* f : g_registry) f->abort(why);
+  for (WorldControl* f : g_registry) f->flush(flush_s);
 }
 
 bool failure_came_from_peer(double settle_s) {
@@ -58,7 +64,7 @@ bool failure_came_from_peer(double settle_s) {
   for (const double until = now_seconds() + settle_s; now_seconds() < until;) {
     {
       std::lock_guard<std::mutex> lock(g_registry_mu);
-      for (Family* f : g_registry) f->poll();
+      for (WorldControl* f : g_registry) f->poll();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
@@ -70,8 +76,8 @@ std::string stuck_rank_anywhere() {
   return g_registry.empty() ? std::string() : (*g_registry.begin())->stuck_rank();
 }
 
-Family::Family(MPI_Comm world, double timeout_s)
-    : id_(++g_families), timeout_s_(timeout_s), in_(std::make_unique<CtrlMsg>()) {
+WorldControl::WorldControl(MPI_Comm world, double timeout_s)
+    : id_(++g_controls), timeout_s_(timeout_s), in_(std::make_unique<CtrlMsg>()) {
   {
     WatchdogArm arm(Deadline::after(timeout_s), "comm: opening the MPI control channel");
     Guard guard;
@@ -90,7 +96,7 @@ Family::Family(MPI_Comm world, double timeout_s)
   g_registry.insert(this);
 }
 
-Family::~Family() {
+WorldControl::~WorldControl() {
   {
     std::lock_guard<std::mutex> lock(g_registry_mu);
     g_registry.erase(this);
@@ -125,7 +131,7 @@ Family::~Family() {
 
 // The host's slots in one shared-memory window, allocated by the host's first rank; every
 // rank learns where every world rank's slot is (its host, by lowest world rank, and index).
-void Family::open_board() {
+void WorldControl::open_board() {
   check(MPI_Comm_split_type(ctrl_, MPI_COMM_TYPE_SHARED, world_rank_, MPI_INFO_NULL, &host_),
         "MPI_Comm_split_type");
   int local = 0, local_size = 1;
@@ -155,13 +161,13 @@ void Family::open_board() {
   }
 }
 
-void Family::close_board() noexcept {
+void WorldControl::close_board() noexcept {
   WatchdogArm arm(Deadline::after(30), "comm: freeing the heartbeat window");
   MPI_Win_free(&win_);
   MPI_Comm_free(&host_);
 }
 
-void Family::monitor() {
+void WorldControl::monitor() {
   std::unique_lock<std::mutex> lock(monitor_mu_);
   while (!stop_) {
     my_slot().beat();
@@ -172,24 +178,24 @@ void Family::monitor() {
   }
 }
 
-std::string Family::why() {
+std::string WorldControl::why() {
   std::lock_guard<std::mutex> lock(mu_);
   return reason_;
 }
 
-void Family::enroll(uint64_t id, FamilyMember* t) {
+void WorldControl::enroll(uint64_t id, ControlledGroup* t) {
   std::lock_guard<std::mutex> lock(mu_);
   groups_[id] = t;
 }
 
-void Family::leave(uint64_t id) {
+void WorldControl::leave(uint64_t id) {
   std::lock_guard<std::mutex> lock(mu_);
   groups_.erase(id);
 }
 
-void Family::send(int world_peer, const CtrlMsg& m) {
+void WorldControl::send(int world_peer, const CtrlMsg& m) {
   auto msg = std::make_unique<CtrlMsg>(m);
-  msg->family_id = id_;
+  msg->control_id = id_;
   MPI_Request req;
   Guard guard;
   if (MPI_Isend(msg.get(), sizeof(CtrlMsg), MPI_BYTE, world_peer, kCtrlTag, ctrl_, &req) !=
@@ -205,7 +211,7 @@ void Family::send(int world_peer, const CtrlMsg& m) {
   outgoing_.emplace_back(std::move(msg), req);
 }
 
-void Family::flush(double seconds) noexcept {
+void WorldControl::flush(double seconds) noexcept {
   const double until = now_seconds() + seconds;
   for (;;) {
     {
@@ -222,7 +228,7 @@ void Family::flush(double seconds) noexcept {
   }
 }
 
-void Family::abort(const std::string& why) noexcept {
+void WorldControl::abort(const std::string& why) noexcept {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (aborted_.load()) return;
@@ -240,7 +246,7 @@ void Family::abort(const std::string& why) noexcept {
   }
 }
 
-void Family::query(int world_peer, uint64_t comm_id, const Stamp& mine) {
+void WorldControl::query(int world_peer, uint64_t comm_id, const Stamp& mine) {
   CtrlMsg m{};
   m.type = CtrlType::kQuery;
   m.from = world_rank_;
@@ -249,7 +255,7 @@ void Family::query(int world_peer, uint64_t comm_id, const Stamp& mine) {
   send(world_peer, m);
 }
 
-void Family::poll() noexcept {
+void WorldControl::poll() noexcept {
   std::unique_lock<std::mutex> busy(poll_mu_, std::try_to_lock);
   if (!busy.owns_lock()) return;  // another thread of this process is polling
   for (;;) {
@@ -274,10 +280,10 @@ void Family::poll() noexcept {
   }
 }
 
-void Family::handle(const CtrlMsg& m) {
-  // A freed communicator's context id may be reused by MPI for a newer family; a late message
+void WorldControl::handle(const CtrlMsg& m) {
+  // A freed communicator's context id may be reused by MPI for a newer world; a late message
   // to the old one then arrives here and must be ignored.
-  if (m.family_id != id_) return;
+  if (m.control_id != id_) return;
   if (m.type == CtrlType::kAbort) {
     std::string text(m.text, strnlen(m.text, kTextMax));
     std::lock_guard<std::mutex> lock(mu_);
@@ -322,7 +328,7 @@ void Family::handle(const CtrlMsg& m) {
     progress_[m.target] = {s, now_seconds()};
     return;
   }
-  FamilyMember* t = nullptr;
+  ControlledGroup* t = nullptr;
   {
     std::lock_guard<std::mutex> lock(mu_);
     auto it = groups_.find(m.comm_id);
@@ -343,8 +349,8 @@ void Family::handle(const CtrlMsg& m) {
   }
 }
 
-void Family::ask_progress(const std::vector<int>& ranks, bool via_host, double seconds,
-                          std::vector<RankState>& states) {
+void WorldControl::ask_progress(const std::vector<int>& ranks, bool via_host, double seconds,
+                                std::vector<RankState>& states) {
   const double asked = now_seconds();
   std::vector<int> asked_ranks;
   for (int r : ranks) {
@@ -376,7 +382,7 @@ void Family::ask_progress(const std::vector<int>& ranks, bool via_host, double s
   }
 }
 
-std::string Family::stuck_rank() {
+std::string WorldControl::stuck_rank() {
   std::vector<RankState> states(world_size_);
   std::vector<int> remote;
   for (int r = 0; r < world_size_; ++r) {
@@ -396,4 +402,105 @@ std::string Family::stuck_rank() {
   return name_stuck_rank(states, world_rank_);
 }
 
-}  // namespace tessel::comm::mpi_detail
+// ---- watchdog ----
+
+namespace {
+
+class Watchdog {
+ public:
+  static Watchdog& get() {
+    static Watchdog* w = new Watchdog();  // never destroyed: may be needed during exit
+    return *w;
+  }
+  uint64_t arm(Deadline d, std::string what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    uint64_t id = next_++;
+    armed_[id] = {d.when(), std::move(what)};
+    if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+    cv_.notify_one();
+    return id;
+  }
+  void disarm(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    armed_.erase(id);
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      double earliest = 1e300;
+      const std::string* what = nullptr;
+      for (auto& [id, e] : armed_)
+        if (e.first < earliest) {
+          earliest = e.first;
+          what = &e.second;
+        }
+      double wait_s = earliest - Deadline::after(0).when();
+      if (what && wait_s <= 0) {
+        const std::string head = *what;
+        lock.unlock();
+        expire(head);
+      }
+      // Sleep at most a second: arm() only notifies, it does not track the earliest deadline.
+      cv_.wait_for(lock, std::chrono::duration<double>(std::min(wait_s, 1.0)));
+    }
+  }
+  // Ends the job like any failure (mpi_end_failed_job), naming the rank that stopped.
+  [[noreturn]] static void expire(const std::string& what) {
+    const std::string stuck = stuck_rank_anywhere();
+    const std::string msg =
+        str(what,
+            ": the deadline (comm.timeout_s) passed inside an MPI call that cannot be "
+            "interrupted; ",
+            stuck.empty() ? "a rank is stuck, died or never made this call" : stuck,
+            "; ending the job");
+    if (!mpi_failed_elsewhere()) log_line(LogLevel::kError, msg);
+    mpi_end_failed_job(msg, 1);
+    std::_Exit(1);  // MPI_Abort returned (a one-rank job)
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::map<uint64_t, std::pair<double, std::string>> armed_;
+  uint64_t next_ = 1;
+  std::thread thread_;
+};
+
+}  // namespace
+
+WatchdogArm::WatchdogArm(Deadline deadline, std::string what)
+    : id_(deadline.is_never() ? 0 : Watchdog::get().arm(deadline, std::move(what))) {}
+
+WatchdogArm::~WatchdogArm() {
+  if (id_) Watchdog::get().disarm(id_);
+}
+
+}  // namespace mpi_detail
+
+void mpi_end_failed_job(const std::string& reason, int exit_code) {
+  int initialized = 0, finalized = 0, size = 1;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  if (!initialized || finalized) return;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size == 1) return;
+  const bool consequence = mpi_detail::failure_came_from_peer(0);
+  mpi_detail::abort_all_worlds(reason, 0.5);
+  std::fflush(nullptr);
+  if (consequence) std::_Exit(exit_code);
+  // mpirun ends an aborted job with SIGTERM, then SIGKILL a second later: a graceful-stop
+  // handler must not delay that.
+  for (int sig : {SIGINT, SIGTERM, SIGUSR1, SIGUSR2}) std::signal(sig, SIG_DFL);
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
+}
+
+bool mpi_failed_elsewhere() {
+  int initialized = 0, finalized = 0;
+  MPI_Initialized(&initialized);
+  MPI_Finalized(&finalized);
+  return initialized && !finalized && mpi_detail::failure_came_from_peer(0.2);
+}
+
+}  // namespace tessel::comm

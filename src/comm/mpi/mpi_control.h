@@ -1,5 +1,5 @@
-// The family of an MPI world: the world transport and every group split from it share one
-// abort flag, one control communicator and one heartbeat board. Internal to the comm area.
+// WorldControl: what an MPI world and every group split from it share: one abort flag, one
+// control communicator and one heartbeat board. Internal to the comm area.
 //  - Control channel: small messages on a duplicate of the world, sent to world ranks. An abort
 //    reaches every rank; a query asks a peer which call it is in (mismatch detection); a
 //    progress query asks a rank for a heartbeat slot of its host (naming a stuck rank).
@@ -8,6 +8,9 @@
 //    the control channel, and when it does not answer, a rank of its host is asked for its slot.
 //  - Monitor thread: beats this rank's slot every kBeatS and serves the control channel, so
 //    that a rank busy computing still answers queries and learns of aborts within kBeatS.
+// Also the job's end on failure, which goes through every live world control: the watchdog that
+// bounds uninterruptible MPI calls (its own blocking frees among them) and mpi_end_failed_job.
+// Builds on mpi_base.h only.
 #pragma once
 
 #include <mpi.h>
@@ -26,34 +29,34 @@
 
 namespace tessel::comm::mpi_detail {
 
-// What the family needs of each group: the call it published last, and where replies to its
+// What the world control needs of each group: the call it published last, and where replies to its
 // queries go.
-class FamilyMember {
+class ControlledGroup {
  public:
   virtual Stamp published(bool* valid) = 0;
   virtual void record_reply(int world_peer, const Stamp& s, bool valid) = 0;
 
  protected:
-  ~FamilyMember() = default;
+  ~ControlledGroup() = default;
 };
 
 struct CtrlMsg;
 
-class Family {
+class WorldControl {
  public:
-  // Collective over world; timeout_s bounds the blocking MPI calls of the family's groups.
-  Family(MPI_Comm world, double timeout_s);
-  ~Family();
-  Family(const Family&) = delete;
-  Family& operator=(const Family&) = delete;
+  // Collective over world; timeout_s bounds the blocking MPI calls of the world's groups.
+  WorldControl(MPI_Comm world, double timeout_s);
+  ~WorldControl();
+  WorldControl(const WorldControl&) = delete;
+  WorldControl& operator=(const WorldControl&) = delete;
 
-  // Poisons every group of the family here and tells every other rank. First reason wins.
+  // Poisons every group of the world here and tells every other rank. First reason wins.
   void abort(const std::string& why) noexcept;
   bool aborted() const { return aborted_.load(std::memory_order_acquire); }
   std::string why();
   void poll() noexcept;  // serves queries, records replies and aborts
   void query(int world_peer, uint64_t comm_id, const Stamp& mine);
-  void enroll(uint64_t id, FamilyMember* t);
+  void enroll(uint64_t id, ControlledGroup* t);
   void leave(uint64_t id);
   int world_rank() const { return world_rank_; }
   double timeout_s() const { return timeout_s_; }
@@ -84,7 +87,7 @@ class Family {
   std::mutex mu_;  // reason_, groups_, outgoing_, progress_
   std::mutex poll_mu_;
   std::string reason_;
-  std::map<uint64_t, FamilyMember*> groups_;
+  std::map<uint64_t, ControlledGroup*> groups_;
   std::unique_ptr<CtrlMsg> in_;
   MPI_Request in_req_ = MPI_REQUEST_NULL;
   std::vector<std::pair<std::unique_ptr<CtrlMsg>, MPI_Request>> outgoing_;
@@ -103,12 +106,26 @@ class Family {
   std::thread monitor_;
 };
 
-// Every live family of this process: aborts them all with `why` and waits up to flush_s for
+// Every live world control of this process: aborts them all with `why` and waits up to flush_s for
 // the abort messages to leave (mpi_end_failed_job).
-void abort_all_families(const std::string& why, double flush_s) noexcept;
-// The sentence naming the rank that stopped making progress, from the first live family
-// (Family::stuck_rank), or "" when there is none.
+void abort_all_worlds(const std::string& why, double flush_s) noexcept;
+// The sentence naming the rank that stopped making progress, from the first live world control
+// (WorldControl::stuck_rank), or "" when there is none.
 std::string stuck_rank_anywhere();
+// Bounds a blocking MPI call that cannot be interrupted: if it is still armed at its deadline,
+// the job ends (mpi_end_failed_job, exit code 1) after logging `what` and the rank that stopped
+// making progress (stuck_rank_anywhere).
+class WatchdogArm {
+ public:
+  WatchdogArm(Deadline deadline, std::string what);
+  ~WatchdogArm();
+  WatchdogArm(const WatchdogArm&) = delete;
+  WatchdogArm& operator=(const WatchdogArm&) = delete;
+
+ private:
+  uint64_t id_;
+};
+
 // Whether this process learnt of a failure from another rank's abort message before it
 // aborted anything itself (or from a lower rank that failed at the same moment): its own error
 // is then a consequence of that failure. Serves the control channels for settle_s first.

@@ -407,6 +407,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("debug.slow_rank", parallel.slow_rank, "rank that sleeps debug.delay_ms in every step (a parameter-server worker: before its push; otherwise before the gradient reduction) or before every chunk (predict) or every batch and generation step of its serve worker (serve; generation counts as worker 0), to study stragglers and timeouts (-1: none)", {-1, kMaxRank}),
       TESSEL_KEY("debug.delay_ms", parallel.delay_ms, "milliseconds debug.slow_rank sleeps in every step, chunk or serve batch", {0, kMaxSeconds}),
       TESSEL_KEY("debug.slow_factor", parallel.slow_factor, "training: debug.slow_rank's forward and backward of every piece take this many times as long (it sleeps the difference), a slower processor to study ddp.balance (1: off)", {1, 1000}),
+      TESSEL_KEY("debug.slow_from_step", parallel.slow_from_step, "debug.slow_factor applies from this step on (0-based; 0: from the start): a straggler that appears mid-run", {0, kMaxSteps}),
       TESSEL_KEY("debug.fail_rank", fault.fail_rank, "inject a failure on this world rank (-1: none), to test recovery; restarts (train.max_restarts, tessel launch) run without it", {-1, kMaxRank}),
       TESSEL_KEY("debug.fail_step", fault.fail_step, "the injected failure happens right after this step (1-based)", {0, kMaxSteps}),
       TESSEL_KEY("debug.fail_mode", fault.fail_mode, "throw (an error), kill (SIGKILL of the process), hang (the rank stops making progress) or stop (SIGSTOP of the process; MPI only)"),

@@ -37,16 +37,20 @@ double ShardDeal::makespan(const std::vector<int64_t>& counts) const {
   return m;
 }
 
+double ShardDeal::ideal_s() const {
+  double speed_sum = 0;
+  for (double t : smoothed_) speed_sum += 1.0 / t;
+  return speed_sum > 0 ? static_cast<double>(shards_) / speed_sum : 0;
+}
+
 // Proportional to the speeds (at least one each), then shard by shard to the rank it ends
 // soonest on (from the rank that ends last while too many are dealt).
 std::vector<int64_t> ShardDeal::best_deal() const {
-  double speed_sum = 0;
-  for (double t : smoothed_) speed_sum += 1.0 / t;
+  const double ideal = ideal_s();
   std::vector<int64_t> n;
   int64_t dealt = 0;
   for (double t : smoothed_) {
-    n.push_back(std::max<int64_t>(
-        1, static_cast<int64_t>(std::floor(static_cast<double>(shards_) / t / speed_sum))));
+    n.push_back(std::max<int64_t>(1, static_cast<int64_t>(std::floor(ideal / t))));
     dealt += n.back();
   }
   auto end_with = [&](size_t r, int64_t extra) {

@@ -108,7 +108,7 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
   const int rank = mesh_.workers().rank();
   if ((faulty_sync_ = slow_sync(spec, rank, *sync_))) sync_ = faulty_sync_.get();
   if ((faulty_loss_ = overflow_loss(spec, rank, *loss_, piece_step_))) loss_ = faulty_loss_.get();
-  if ((slow_blocks_ = slow_blocks(spec, rank))) hooks_.push_back(slow_blocks_.get());
+  if ((slow_blocks_ = slow_blocks(spec, rank, piece_step_))) hooks_.push_back(slow_blocks_.get());
 }
 
 Engine::~Engine() = default;

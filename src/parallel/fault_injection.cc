@@ -47,10 +47,12 @@ class SlowSync final : public GradSync {
 // before it, and the sleep follows their work after it.
 class SlowBlocks final : public BlockHooks {
  public:
-  explicit SlowBlocks(double factor) : factor_(factor) {}
+  SlowBlocks(double factor, int64_t from_step, const int64_t& step)
+      : factor_(factor), from_step_(from_step), step_(step) {}
 
   void on_block(nn::Phase phase, size_t block, bool last) override {
     (void)block, (void)last;
+    if (step_ < from_step_) return;
     if (phase == nn::Phase::kBeforeForward || phase == nn::Phase::kBeforeBackward) {
       start_ = now_seconds();
       return;
@@ -62,6 +64,8 @@ class SlowBlocks final : public BlockHooks {
 
  private:
   double factor_;
+  int64_t from_step_;
+  const int64_t& step_;
   double start_ = 0;
 };
 
@@ -91,9 +95,9 @@ std::unique_ptr<GradSync> slow_sync(const ParallelSpec& spec, int rank, GradSync
   return std::make_unique<SlowSync>(sync, spec.delay_ms);
 }
 
-std::unique_ptr<BlockHooks> slow_blocks(const ParallelSpec& spec, int rank) {
+std::unique_ptr<BlockHooks> slow_blocks(const ParallelSpec& spec, int rank, const int64_t& step) {
   if (spec.slow_rank != rank || spec.slow_factor <= 1) return nullptr;
-  return std::make_unique<SlowBlocks>(spec.slow_factor);
+  return std::make_unique<SlowBlocks>(spec.slow_factor, spec.slow_from_step, step);
 }
 
 std::unique_ptr<nn::Loss> overflow_loss(const ParallelSpec& spec, int rank, nn::Loss& loss,

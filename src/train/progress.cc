@@ -10,6 +10,7 @@
 
 #include "tessel/core/clock.h"
 #include "tessel/core/log.h"
+#include "tessel/train/summary_text.h"
 #include "tessel/train/tensorboard.h"
 
 namespace tessel::train {
@@ -44,10 +45,11 @@ double balance_speedup(const parallel::ShardDeal& deal) {
   return deal.predicted_s() > 0 ? deal.even_s() / deal.predicted_s() : 1.0;
 }
 
-// " deal 11/5", and with a rank slower per micro-shard than kStragglerSlowdown x the median
-// of the others: " straggler rank 1 (x2.00 per shard) absorbed: x1.38 vs an even deal".
-std::string balance_tail(const parallel::ShardDeal& deal) {
-  std::string out = " deal " + deal.str();
+// The straggler by the deal's smoothed speeds: the rank slower per shard than
+// kStragglerSlowdown x the median of the others (the slowest such), with how much slower and
+// how much of its cost the deal recovers (the step time an even deal loses to it over the
+// ideal split's, won back); null when none is.
+json shard_straggler(const parallel::ShardDeal& deal) {
   const std::vector<double>& t = deal.seconds_per_shard();
   int slowest = -1;
   double slowdown = kStragglerSlowdown;
@@ -58,10 +60,11 @@ std::string balance_tail(const parallel::ShardDeal& deal) {
     const double median = parallel::median(peers);
     if (median > 0 && t[r] / median > slowdown) slowdown = t[r] / median, slowest = int(r);
   }
-  if (slowest >= 0)
-    out += fmt(" straggler rank %d (x%.2f per shard) absorbed: x%.2f vs an even deal", slowest,
-               slowdown, balance_speedup(deal));
-  return out;
+  const double cost = deal.even_s() - deal.ideal_s();
+  if (slowest < 0 || !(cost > 0)) return nullptr;
+  return {{"rank", slowest},
+          {"slowdown_per_shard", slowdown},
+          {"recovered", (deal.even_s() - deal.predicted_s()) / cost}};
 }
 
 }  // namespace
@@ -187,8 +190,11 @@ void Progress::train_line(const TrainPoint& p) {
   if (p.deal) {
     rec["shards_per_rank"] = p.deal->counts();
     rec["seconds_per_shard"] = p.deal->seconds_per_shard();
-    rec["balance_speedup"] = balance_speedup(*p.deal);
-    live_tail_ += balance_tail(*p.deal);
+    const json balance = balance_report(*p.deal);
+    rec["balance_speedup"] = balance["speedup_vs_even"];
+    if (!balance["straggler"].is_null())
+      rec["balance_recovered"] = balance["straggler"]["recovered"];
+    live_tail_ += " " + balance_text(balance);
   }
   log(rec);
   if (enabled_) draw(p.step);
@@ -271,6 +277,7 @@ json compress_report(const std::vector<parallel::RankStats>& ranks) {
 json balance_report(const parallel::ShardDeal& deal) {
   json out = deal.save();
   out["speedup_vs_even"] = balance_speedup(deal);
+  out["straggler"] = shard_straggler(deal);
   return out;
 }
 

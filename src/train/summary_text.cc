@@ -60,6 +60,19 @@ std::string shown(const std::string& key, const nlohmann::json& value) {
   return value.dump();  // true, false, null
 }
 
+std::string balance_text(const nlohmann::json& b) {
+  std::string deal;
+  for (const nlohmann::json& n : b["shards_per_rank"])
+    deal += (deal.empty() ? "" : "/") + std::to_string(n.get<long long>());
+  std::string out = "deal " + deal;
+  if (const nlohmann::json& s = b["straggler"]; !s.is_null())
+    out += fmt(" straggler rank %d (x%.2f per shard)", s["rank"].get<int>(),
+               s["slowdown_per_shard"].get<double>()) +
+           fmt(" absorbed: %.0f%% of its cost recovered,", 100 * s["recovered"].get<double>()) +
+           fmt(" x%.2f vs an even deal", b["speedup_vs_even"].get<double>());
+  return out;
+}
+
 std::string summary_text(const nlohmann::json& s) {
   std::string out = "\n== summary (" + s.value("run_dir", std::string()) + "/summary.json) ==\n";
   for (const auto& [key, value] : s.items()) {
@@ -68,7 +81,7 @@ std::string summary_text(const nlohmann::json& s) {
             ? fmt("load balance (max/mean step time) %.3f, slowest rank %d",
                   value["load_balance_max_over_mean"].get<double>(),
                   value["slowest_rank"].get<int>())
-            : shown(key, value);
+            : key == "balance" ? balance_text(value) : shown(key, value);
     out += fmt("  %-20s ", key.c_str()) + shown_value + "\n";
   }
   return out;

@@ -216,7 +216,7 @@ void Trainer::train_piece(const parallel::Piece& piece, EvalResult& sums) {
   sums.samples += r.rows;
 }
 
-void Trainer::step(const std::vector<data::Batch>& batches, EvalResult& sums) {
+double Trainer::step(const std::vector<data::Batch>& batches, EvalResult& sums) {
   // Every row of the step's global batches weighs 1/global_rows, so summing the ranks'
   // gradients gives the gradient of the global mean loss whatever the split.
   double global_rows = 0;
@@ -258,15 +258,12 @@ void Trainer::step(const std::vector<data::Batch>& batches, EvalResult& sums) {
   }
   const double busy_s = now_seconds() - t0;
   engine_->step(lr_at(step_), config_.train.clip_norm, step_);
-  if (deal_) rebalance(busy_s, dealt);
   ++step_;
+  return deal_ ? busy_s / static_cast<double>(std::max<int64_t>(dealt, 1)) : 0;
 }
 
-void Trainer::rebalance(double busy_s, int64_t shards) {
-  if (!deal_->measuring()) return;
-  const std::vector<double> per_shard =
-      engine_->gather(busy_s / static_cast<double>(std::max<int64_t>(shards, 1)));
-  if (!deal_->update(per_shard)) return;
+void Trainer::rebalance(const std::vector<double>& seconds_per_shard) {
+  if (!deal_->update(seconds_per_shard)) return;
   if (Tracer* tracer = active_tracer()) {  // the deal of the next step
     TraceArgs args;
     args.text("shards_per_rank", deal_->str());
@@ -294,11 +291,17 @@ EvalResult Trainer::evaluate(const data::Dataset& dataset) {
       [&](double* v, int n) { engine_->sum(v, n); });
 }
 
-bool Trainer::agree_stop() {
-  if (options_.interrupt == nullptr) return false;
-  double interrupt = options_.interrupt->load() ? 1 : 0;
-  engine_->max(&interrupt, 1);
-  return interrupt > 0;
+// One all-reduce (max) carries both: the stop flag, and each rank's seconds per shard in its
+// own slot (0 in the others'), so that balancing adds no collective of its own.
+bool Trainer::agree_stop(double seconds_per_shard) {
+  const bool measuring = deal_ && deal_->measuring();
+  if (options_.interrupt == nullptr && !measuring) return false;
+  std::vector<double> v(measuring ? 1 + static_cast<size_t>(engine_->data_size()) : 1, 0.0);
+  v[0] = options_.interrupt != nullptr && options_.interrupt->load() ? 1 : 0;
+  if (measuring) v[1 + static_cast<size_t>(engine_->data_rank())] = seconds_per_shard;
+  engine_->max(v.data(), static_cast<int>(v.size()));
+  if (measuring) rebalance({v.begin() + 1, v.end()});
+  return v[0] > 0;
 }
 
 void Trainer::train_epoch(State& s, bool& stopped) {
@@ -317,6 +320,7 @@ void Trainer::train_epoch(State& s, bool& stopped) {
     if (trace_) trace_->tracer()->at_step(step_);
     const double t0 = now_seconds();  // time waiting for data is not training time
     const int64_t counted = s.epoch_sums.samples;
+    double seconds_per_shard = 0;
     {
       TraceSpan span("step", "step");
       if (TraceArgs* args = span.args()) {
@@ -325,7 +329,7 @@ void Trainer::train_epoch(State& s, bool& stopped) {
           args->num("shards", static_cast<double>(
                                   deal_->counts()[static_cast<size_t>(engine_->data_rank())]));
       }
-      step(group, s.epoch_sums);
+      seconds_per_shard = step(group, s.epoch_sums);
     }
     const double dt = now_seconds() - t0;
     s.train_seconds += dt;
@@ -338,7 +342,7 @@ void Trainer::train_epoch(State& s, bool& stopped) {
     s.batch_in_epoch += static_cast<int64_t>(got);
     // Collective on every rank at the same steps: global metrics, and whether to stop (every
     // step, so that a signal to any rank stops them all at the next step boundary).
-    stopped = agree_stop();
+    stopped = agree_stop(seconds_per_shard);
     inject_fault(config_.fault, *world_, step_);
     if (step_ % config_.train.log_every == 0 || step_ == total_steps_) {
       const double now = now_seconds();

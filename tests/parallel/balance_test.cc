@@ -1,10 +1,12 @@
 // ddp.balance (tessel/parallel/balance.h): the deal follows the measured speeds (at least one
-// micro-shard each, smoothed, with hysteresis so that noise moves nothing); static deals once
+// micro-shard each, smoothed, with hysteresis so that noise moves nothing) and its report says
+// how much of a straggler's cost it recovers; static deals once
 // after its warm-up; the state survives a checkpoint; layouts it cannot deal are refused
 // naming the key. Training with a slow rank (debug.slow_factor) and ddp.balance = dynamic gives
 // one worker's bits on 2-6 ranks as threads while the deal moves shards to the fast ranks, and a
-// resumed run deals as the checkpoint says; without train.deterministic rows are dealt and the
-// parameters match an even split's within rounding.
+// resumed run deals as the checkpoint says; a straggler appearing mid-run is absorbed within 20
+// steps; without train.deterministic rows are dealt and the parameters match an even split's
+// within rounding.
 #include "tessel/parallel/balance.h"
 
 #include <gtest/gtest.h>
@@ -15,6 +17,8 @@
 #include <fstream>
 
 #include "tessel/core/error.h"
+#include "tessel/train/progress.h"
+#include "tessel/train/summary_text.h"
 #include "train_on.h"
 
 namespace tessel::parallel {
@@ -64,6 +68,25 @@ TEST(ShardDeal, FollowsASlowdownWithinAFewStepsAndIgnoresNoise) {
   const int64_t changes = deal.changes();
   deal_after(deal, {1.0, 2.0}, 30);
   EXPECT_EQ(deal.changes(), changes) << "settled: no oscillation";
+}
+
+// Rank 1 at half speed, 32 shards: an even deal takes 16 x 2 = 32, the ideal split 32 / 1.5 =
+// 21.33, the deal 22/10 takes 22: it recovers (32 - 22) / (32 - 21.33) of the straggler's cost.
+TEST(ShardDeal, ReportSaysHowMuchOfTheStragglersCostTheDealRecovers) {
+  ShardDeal deal(BalanceMode::kDynamic, 2, 32);
+  EXPECT_EQ(train::balance_text(train::balance_report(deal)), "deal 16/16");
+  deal_after(deal, {1.0, 2.0}, 5);
+  const nlohmann::json report = train::balance_report(deal);
+  EXPECT_NEAR(deal.ideal_s(), 32 / 1.5, 1e-9);
+  ASSERT_FALSE(report["straggler"].is_null()) << report;
+  EXPECT_EQ(report["straggler"]["rank"], 1);
+  EXPECT_NEAR(report["straggler"]["recovered"].get<double>(), 10 / (32 - 32 / 1.5), 1e-9);
+  EXPECT_EQ(train::balance_text(report),
+            "deal 22/10 straggler rank 1 (x2.00 per shard) absorbed: 94% of its cost recovered, "
+            "x1.45 vs an even deal");
+  ShardDeal equal(BalanceMode::kDynamic, 2, 32);
+  deal_after(equal, {1.0, 1.1}, 5);  // within kStragglerSlowdown: no straggler named
+  EXPECT_TRUE(train::balance_report(equal)["straggler"].is_null());
 }
 
 TEST(ShardDeal, StaticDealsOnceAfterTheWarmUp) {
@@ -128,6 +151,35 @@ TEST(Balance, DynamicKeepsOneWorkersBitsAndShiftsWorkFromTheSlowRank) {
   EXPECT_EQ(fixed.summary["params_sha256"], ref);
   EXPECT_LT(fixed.summary["balance"]["shards_per_rank"][0],
             fixed.summary["balance"]["shards_per_rank"][1]);
+}
+
+// A straggler that appears mid-run (debug.slow_from_step): metrics.jsonl's deal moves shards
+// off rank 1 within 20 steps of its slowdown (the median of 5 steps flips after 3), with one
+// worker's bits all the same.
+TEST(Balance, AStragglerAppearingMidRunIsAbsorbedWithinTwentySteps) {
+  const std::vector<std::string> run = {"train.max_steps=34", "train.log_every=1"};
+  const std::string ref = train_on(det_config(run), 1).summary["params_sha256"];
+  std::vector<std::string> slow = run;
+  slow.insert(slow.end(), {"ddp.balance=dynamic", "debug.slow_rank=1", "debug.slow_factor=4",
+                           "debug.slow_from_step=12"});
+  train::RunOptions opts;
+  opts.run_dir = testing::test_run_dir("balance_mid_run");
+  EXPECT_EQ(train_on(det_config(slow), 2, opts).summary["params_sha256"], ref);
+  std::ifstream in(opts.run_dir + "/metrics.jsonl");
+  std::vector<int64_t> before;  // the deal after step 12, the last one at full speed
+  int64_t absorbed_at = -1;     // the first record whose deal moved shards off rank 1
+  for (std::string line; std::getline(in, line) && absorbed_at < 0;) {
+    const nlohmann::json r = nlohmann::json::parse(line);
+    if (r.value("type", "") != "train") continue;
+    const auto deal = r["shards_per_rank"].get<std::vector<int64_t>>();
+    const int64_t step = r["step"].get<int64_t>();
+    if (step == 12) before = deal;
+    if (step > 12 && !before.empty() && deal[1] < before[1] && deal[1] < deal[0])
+      absorbed_at = step;
+  }
+  ASSERT_EQ(before.size(), 2u) << "no record of step 12 in " << opts.run_dir;
+  ASSERT_GT(absorbed_at, 12) << "the deal never moved shards off the slowed rank";
+  EXPECT_LE(absorbed_at - 12, 20);
 }
 
 // Without train.deterministic the deal is of rows, each rank's loss gradient weighted by its

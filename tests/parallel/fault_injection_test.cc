@@ -1,8 +1,8 @@
 // The debug.* fault injections as decorators (src/parallel/fault_injection.h): a sleeping
 // gradient sync forwards every call and counts its sleeps; an overflow loss makes the loss
-// gradient inf at the listed steps only; slowed blocks take debug.slow_factor times as long;
-// each is built only for the rank the spec names; a debug.slow_rank outside the training ranks
-// is refused naming the key.
+// gradient inf at the listed steps only; slowed blocks take debug.slow_factor times as long
+// from debug.slow_from_step on; each is built only for the rank the spec names; a
+// debug.slow_rank outside the training ranks is refused naming the key.
 #include "../../src/parallel/fault_injection.h"
 
 #include <gtest/gtest.h>
@@ -64,26 +64,33 @@ TEST(FaultInjection, SlowSyncSleepsBeforeEachReductionOnItsRankOnly) {
   EXPECT_EQ(slow_sync(spec, 1, inner), nullptr);
 }
 
-TEST(FaultInjection, SlowBlocksStretchEachBlockByTheFactorOnItsRankOnly) {
+TEST(FaultInjection, SlowBlocksStretchEachBlockByTheFactorOnItsRankOnlyFromTheirStep) {
   ParallelSpec spec;
   spec.slow_rank = 1;
   spec.slow_factor = 3;
-  EXPECT_EQ(slow_blocks(spec, 0), nullptr);
-  std::unique_ptr<BlockHooks> slow = slow_blocks(spec, 1);
+  spec.slow_from_step = 4;
+  int64_t step = 3;
+  EXPECT_EQ(slow_blocks(spec, 0, step), nullptr);
+  std::unique_ptr<BlockHooks> slow = slow_blocks(spec, 1, step);
   ASSERT_NE(slow, nullptr);
-  const double t0 = now_seconds();
-  for (nn::Phase before : {nn::Phase::kBeforeForward, nn::Phase::kBeforeBackward}) {
-    slow->on_block(before, 0, true);
-    const double block = now_seconds();
-    while (now_seconds() - block < 0.01) {  // a 10 ms block
+  auto two_blocks = [&] {  // the seconds of a forward and a backward block of 10 ms each
+    const double t0 = now_seconds();
+    for (nn::Phase before : {nn::Phase::kBeforeForward, nn::Phase::kBeforeBackward}) {
+      slow->on_block(before, 0, true);
+      const double block = now_seconds();
+      while (now_seconds() - block < 0.01) {
+      }
+      slow->on_block(before == nn::Phase::kBeforeForward ? nn::Phase::kAfterForward
+                                                         : nn::Phase::kAfterBackward,
+                     0, true);
     }
-    slow->on_block(
-        before == nn::Phase::kBeforeForward ? nn::Phase::kAfterForward : nn::Phase::kAfterBackward,
-        0, true);
-  }
-  EXPECT_GE(now_seconds() - t0, 0.059);  // 2 blocks of 10 ms, each 3x as long
+    return now_seconds() - t0;
+  };
+  EXPECT_LT(two_blocks(), 0.059) << "step 3, before debug.slow_from_step = 4";
+  step = 4;
+  EXPECT_GE(two_blocks(), 0.059);  // each 3x as long
   spec.slow_factor = 1;
-  EXPECT_EQ(slow_blocks(spec, 1), nullptr);
+  EXPECT_EQ(slow_blocks(spec, 1, step), nullptr);
 }
 
 TEST(FaultInjection, OverflowLossIsInfAtTheListedStepsOnItsRankOnly) {

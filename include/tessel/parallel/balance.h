@@ -53,6 +53,8 @@ class ShardDeal {
   // The step's predicted compute seconds with this deal and with the even one (0 unmeasured).
   double predicted_s() const { return makespan(counts_); }
   double even_s() const { return makespan(even_); }
+  // ... and with the ideal split, shards divided like a fluid so that every rank ends at once.
+  double ideal_s() const;
   int64_t changes() const { return changes_; }  // deals made after the first
   std::string str() const;                      // the counts, "11/5"
 

@@ -81,6 +81,8 @@ struct ParallelSpec {
   int64_t slow_rank = -1;  // this rank sleeps debug.delay_ms in every step (-1: none)
   double delay_ms = 0;
   double slow_factor = 1;  // slow_rank's forward and backward of every piece take this x longer
+  // slow_factor applies from this step on (a straggler that appears mid-run)
+  int64_t slow_from_step = 0;
   // fp16: at these steps worker overflow_rank's loss gradient is inf (an injected overflow)
   std::vector<int64_t> overflow_steps;
   int64_t overflow_rank = 0;

@@ -107,7 +107,8 @@ class Progress {
 // all-reduces; the ratios f32 / sent and f32 / formula; encode, decode and exposed seconds.
 nlohmann::json compress_report(const std::vector<parallel::RankStats>& ranks);
 // ddp.balance (summary.json, train records): the deal, the smoothed seconds per micro-shard by
-// rank, how many times the deal changed, and the step's predicted speed-up over an even deal.
+// rank, how many times the deal changed, the step's predicted speed-up over an even deal, and
+// the straggler by seconds per shard (rank, slowdown, the share of its cost recovered) or null.
 nlohmann::json balance_report(const parallel::ShardDeal& deal);
 nlohmann::json rank_report(const std::vector<parallel::RankStats>& ranks, parallel::Engine& engine,
                            const Config& config);

@@ -13,8 +13,13 @@ namespace tessel::train {
 // so (an array's entries by the array's key), strings and booleans as they are.
 std::string shown(const std::string& key, const nlohmann::json& value);
 
+// ddp.balance's record (summary.json's "balance") in a line: "deal 21/11 straggler rank 1
+// (x2.00 per shard) absorbed: 94% of its cost recovered, x1.45 vs an even deal" (the progress
+// line's tail too).
+std::string balance_text(const nlohmann::json& balance);
+
 // The whole console summary: a heading naming run_dir/summary.json, then one line per key
-// ("ranks": the load balance and the slowest rank only).
+// ("ranks": the load balance and the slowest rank only; "balance": balance_text).
 std::string summary_text(const nlohmann::json& summary);
 
 }  // namespace tessel::train

@@ -70,8 +70,9 @@ class Trainer {
   EvalResult evaluate(const data::Dataset& dataset);
   // One optimizer step over this rank's slices of `batches` (train.accumulate micro-batches):
   // forward, loss, backward of every piece, then the engine's step. Adds this rank's loss x
-  // rows and correct count to `sums`. run() calls it; benchmarks time it directly.
-  void step(const std::vector<data::Batch>& batches, EvalResult& sums);
+  // rows and correct count to `sums`. run() calls it; benchmarks time it directly. Returns
+  // with ddp.balance this rank's busy seconds per dealt shard (for agree_stop), else 0.
+  double step(const std::vector<data::Batch>& batches, EvalResult& sums);
 
   // What this rank set up, as `tessel config` prints it: layout, engine parts, steps, the
   // pipeline's chunks and the bytes this rank holds (measured by its ledger).
@@ -110,10 +111,10 @@ class Trainer {
   std::vector<parallel::RankStats> take_stats();
   void finish_trace();  // collective over the world: trace.json
   void train_piece(const parallel::Piece& piece, EvalResult& sums);
-  // ddp.balance: every rank's seconds per shard (micro-shard, or row) of the step just trained
-  // (busy_s over `shards`) gathered and fed to the deal (collective while the deal measures).
-  void rebalance(double busy_s, int64_t shards);
-  bool agree_stop();  // collective: whether any rank was interrupted
+  // Collective after every step (one all-reduce): whether any rank was interrupted and, while
+  // ddp.balance measures, every rank's seconds per shard (step()'s), fed to the deal.
+  bool agree_stop(double seconds_per_shard);
+  void rebalance(const std::vector<double>& seconds_per_shard);  // the deal's update, traced
   // A checkpoint (to_disk) and an in-memory snapshot (with options_.snapshots) of state s.
   void save(const State& s, bool to_disk = true);
   std::string restore(const std::string& path, State& s);  // returns the folder loaded

@@ -37,8 +37,8 @@ MemCategory MemoryBytes::largest() const {
 
 // The allocation sites, per arena element (engine.cc, param_stores.cc, grad_syncs.cc,
 // working_copy.cc, optimizer.cc): f32 master values (ReplicatedStore whole, ShardedStore its
-// piece), the 16-bit working copy the blocks read (not at stage 3, which gathers 16-bit units),
-// f32 gradients (ArenaSync whole, ShardSync its piece), the optimizer's state over the elements
+// shard), the 16-bit working copy the blocks read (not at stage 3, which gathers 16-bit units),
+// f32 gradients (ArenaSync whole, ShardSync its shard), the optimizer's state over the elements
 // this rank updates (AdamW two moments, SGD one momentum).
 std::vector<StateTerm> engine_state_terms(parallel::Precision precision,
                                           optim::OptimKind optimizer) {
@@ -70,11 +70,11 @@ void rank_candidates(std::vector<Candidate>& plan) {
 }
 
 MemoryBytes state_bytes(const std::vector<StateTerm>& terms, int stage, double whole,
-                        double piece) {
+                        double shard) {
   MemoryBytes m;
   for (const StateTerm& t : terms) {
     if (t.before_stage3 && stage >= 3) continue;
-    m[t.category] += t.bytes * (stage >= t.sharded_from ? piece : whole);
+    m[t.category] += t.bytes * (stage >= t.sharded_from ? shard : whole);
   }
   return m;
 }
@@ -110,8 +110,8 @@ struct Link {
 
 // What one stage of one layout holds and runs, from the engine's own layout of the arena.
 struct StageShape {
-  double whole = 0, piece = 0, largest_unit = 0, flops_share = 0, act_share = 0;
-  double server_piece = 0;  // with parameter servers: the largest server's range
+  double whole = 0, shard = 0, largest_unit = 0, flops_share = 0, act_share = 0;
+  double server_shard = 0;  // with parameter servers: the largest server's range
   double tied_numel = 0;
   double in_width = 0, out_width = 0;  // elements per row it receives and sends forward
 };
@@ -148,9 +148,9 @@ std::vector<StageShape> stage_shapes(const Config& config, const parallel::Paral
     const parallel::Units u = parallel::make_units(*model, spec.bucket_mb, local, l.shard, 0);
     if (l.servers > 0)
       for (const nn::Range& r : parallel::server_shards(*model, l.servers))
-        st.server_piece = std::max(st.server_piece, static_cast<double>(r.size()));
+        st.server_shard = std::max(st.server_shard, static_cast<double>(r.size()));
     st.whole = static_cast<double>(u.span.size());
-    st.piece = static_cast<double>(u.shard_numel);
+    st.shard = static_cast<double>(u.shard_numel);
     for (const parallel::Unit& unit : u.list)
       st.largest_unit = std::max(st.largest_unit, static_cast<double>(unit.range.size()));
     // A block here reading a parameter of a block on another stage (the tied LM head): this
@@ -238,11 +238,11 @@ MemoryBytes stage_memory(const Inputs& in, const parallel::ParallelSpec& spec,
     mem = state_bytes(terms, 0, st.whole, st.whole);
     mem[MemCategory::kOptimizer] = 0;
     server = state_bytes(engine_state_terms(parallel::Precision::kFp32, in.config.optim.kind), 3, 0,
-                         st.server_piece);
+                         st.server_shard);
   } else {
-    mem = state_bytes(terms, spec.zero_stage, st.whole, st.piece);
+    mem = state_bytes(terms, spec.zero_stage, st.whole, st.shard);
     if (uses_shared_memory(spec, l, in.options) && spec.zero_stage == 1)
-      mem[MemCategory::kParameters] += 4 * (st.piece - st.whole);  // one value copy per host
+      mem[MemCategory::kParameters] += 4 * (st.shard - st.whole);  // one value copy per host
     if (spec.zero_stage == 3)  // gathered units: this one, and the next when prefetching
       mem[MemCategory::kComm] +=
           (overlaps(in, spec) && spec.zero_prefetch ? 2 : 1) * st.largest_unit * g_bytes;
@@ -295,7 +295,7 @@ StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const 
                     const StageShape& st) {
   const Calibration::Variant& v = in.cal.variant(name_of(spec.precision), name_of(spec.recompute));
   const Micro mb = micro_of(in, spec, l, 0);
-  const double held = l.servers > 0 || spec.zero_stage == 0 ? st.whole : st.piece;
+  const double held = l.servers > 0 || spec.zero_stage == 0 ? st.whole : st.shard;
   StepTime t;  // compute as on a core of its own (predict() adds the host's crowding)
   t.compute = v.step_s_per_row * mb.replica_rows * st.flops_share *
                   (in.cal.tp_time_whole + (1 - in.cal.tp_time_whole) / l.tp) +

@@ -185,7 +185,8 @@ void Progress::train_line(const TrainPoint& p) {
   }
   if (straggler_) {
     rec["straggler_rank"] = straggler_->rank;
-    live_tail_ += fmt(" straggler rank %d (x%.2f)", straggler_->rank, straggler_->slowdown());
+    if (!p.deal)  // a deal's own text names the straggler by its time per shard
+      live_tail_ += fmt(" straggler rank %d (x%.2f)", straggler_->rank, straggler_->slowdown());
   }
   if (p.deal) {
     rec["shards_per_rank"] = p.deal->counts();

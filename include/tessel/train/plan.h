@@ -116,13 +116,13 @@ std::vector<Candidate> plan_layouts(const Config& config, const PlanOptions& opt
 struct StateTerm {
   MemCategory category;
   double bytes = 0;            // per element
-  int sharded_from = 4;        // zero.stage from which a rank holds only its piece (4: never)
+  int sharded_from = 4;        // zero.stage from which a rank holds only its shard (4: never)
   bool before_stage3 = false;  // held below stage 3 only (the 16-bit working copy)
 };
 std::vector<StateTerm> engine_state_terms(parallel::Precision precision,
                                           optim::OptimKind optimizer);
-// Sums the terms at `stage` for a rank holding `whole` arena elements of which `piece` are its.
-MemoryBytes state_bytes(const std::vector<StateTerm>& terms, int stage, double whole, double piece);
+// Sums the terms at `stage` for a rank holding `whole` arena elements of which `shard` are its.
+MemoryBytes state_bytes(const std::vector<StateTerm>& terms, int stage, double whole, double shard);
 
 // Seconds of a ring over p ranks (alpha per message, beta bytes/s) moving `bytes`, the whole
 // buffer, `passes` times over its p - 1 steps: all-reduce 2, reduce-scatter and all-gather 1.

@@ -571,6 +571,18 @@ int resolve_prefetch(int requested, int ranks_on_host, int blas_threads, int cor
   return cores > ranks_on_host * std::max(1, blas_threads) ? 2 : 0;
 }
 
+comm::Backend resolve_backend(const Config& config, bool under_mpi) {
+  const BackendChoice choice = config.runtime.backend;
+  const comm::Backend backend =
+      choice == BackendChoice::kMpi || (choice == BackendChoice::kAuto && under_mpi)
+          ? comm::Backend::kMpi
+          : comm::Backend::kThreads;
+  if (backend == comm::Backend::kMpi && config.runtime.workers > 1)
+    throw InvalidArgument(
+        "runtime.workers (--workers) is for ranks as threads; under mpirun use -np instead");
+  return backend;
+}
+
 std::vector<KeyInfo> config_keys() {
   std::vector<KeyInfo> out;
   for (const Key& k : registry()) out.push_back(k.info);

@@ -171,15 +171,8 @@ nlohmann::json predict(const train::Config& config, const PredictOptions& option
   // One BLAS thread per rank everywhere: the same kernels, so the same bytes, in every layout.
   ops::set_blas_threads(1);
   retain_freed_memory();
-  const train::BackendChoice backend = config.runtime.backend;
-  if (backend == train::BackendChoice::kMpi ||
-      (backend == train::BackendChoice::kAuto && comm::mpi_launched())) {
-    if (config.runtime.workers > 1)
-      throw InvalidArgument(
-          "predict: runtime.workers (--workers) is for ranks as threads; under "
-          "mpirun use -np instead");
+  if (train::resolve_backend(config, comm::mpi_launched()) == comm::Backend::kMpi)
     return detail::predict_mpi(setup);
-  }
   return detail::predict_threads(setup);
 }
 

@@ -8,18 +8,6 @@ namespace tessel::train {
 
 using nlohmann::json;
 
-comm::Backend resolve_backend(const Config& config, bool under_mpi) {
-  const BackendChoice choice = config.runtime.backend;
-  const comm::Backend backend =
-      choice == BackendChoice::kMpi || (choice == BackendChoice::kAuto && under_mpi)
-          ? comm::Backend::kMpi
-          : comm::Backend::kThreads;
-  if (backend == comm::Backend::kMpi && config.runtime.workers > 1)
-    throw InvalidArgument(
-        "runtime.workers (--workers) is for ranks as threads; under mpirun use -np instead");
-  return backend;
-}
-
 json dry_run(const Config& config, int world) {
   const data::Splits data = data::make_datasets(config.data);
   RunOptions opts;

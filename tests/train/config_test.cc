@@ -72,6 +72,22 @@ TEST(Config, PrefetchAutoOnlyWithASpareCore) {
   EXPECT_EQ(resolve_prefetch(0, 1, 1, 16), 0);
 }
 
+TEST(Config, BackendAutoIsMpiUnderALauncherAndWorkersAreForThreads) {
+  Config c;
+  EXPECT_EQ(resolve_backend(c, false), comm::Backend::kThreads);
+  EXPECT_EQ(resolve_backend(c, true), comm::Backend::kMpi);
+  c.runtime.backend = BackendChoice::kThreads;
+  EXPECT_EQ(resolve_backend(c, true), comm::Backend::kThreads);
+  c.runtime.backend = BackendChoice::kMpi;
+  c.runtime.workers = 2;
+  try {
+    resolve_backend(c, false);
+    FAIL() << "runtime.workers = 2 on mpi was taken";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("under mpirun use -np"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Config, LayoutKeysSayWhatIsAllowed) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"pp.stages=0", "pp.stages must be in [1, 1024], got 0"},

@@ -160,6 +160,11 @@ std::pair<int64_t, int64_t> parse_step_window(const std::string& text);
 // preempts a rank, and every rank of a step waits for the slowest).
 int resolve_prefetch(int requested, int ranks_on_host, int blas_threads, int cores);
 
+// The backend train and predict use for `config`: runtime.backend, where "auto" means mpi when
+// an MPI launcher started the process (under_mpi). Throws InvalidArgument for
+// runtime.workers > 1 on mpi (ranks are processes there).
+comm::Backend resolve_backend(const Config& config, bool under_mpi);
+
 }  // namespace tessel::train
 
 namespace tessel {

@@ -12,11 +12,6 @@
 
 namespace tessel::train {
 
-// The backend train uses for `config`: runtime.backend, where "auto" means mpi when an MPI
-// launcher started the process (under_mpi). Throws InvalidArgument for runtime.workers > 1 on
-// mpi (ranks are processes there).
-comm::Backend resolve_backend(const Config& config, bool under_mpi);
-
 // Sets up `config` on `world` ranks and returns rank 0's Trainer::plan() with every rank's
 // measured bytes ("memory_bytes_per_rank"). Throws what train would throw before training.
 nlohmann::json dry_run(const Config& config, int world);

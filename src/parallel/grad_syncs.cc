@@ -1,7 +1,6 @@
 #include "grad_syncs.h"
 
 #include <algorithm>
-#include <cstring>
 
 #include "tessel/core/clock.h"
 
@@ -186,13 +185,11 @@ void ShardSync::take_stats(RankStats& s) { buckets_.take_stats(s); }
 
 // ---- ExactSync ----
 
-namespace {
 std::vector<nn::Range> ranges_of(const Units& units) {
   std::vector<nn::Range> out;
   for (const Unit& u : units.list) out.push_back(u.range);
   return out;
 }
-}  // namespace
 
 ExactSync::ExactSync(nn::Model& model, const Units& units, const Units& scale_buckets,
                      comm::Communicator& dp, comm::Communicator& workers, bool overflow_ok)
@@ -210,9 +207,7 @@ void ExactSync::on_block(nn::Phase phase, size_t block, bool last) {
   if (phase != nn::Phase::kAfterBackward) return;
   for (int k : units_.completed_by(block)) {
     const nn::Range r = units_.list[static_cast<size_t>(k)].range;
-    float* g = arena_.data<float>() + (r.lo - units_.span.lo);
-    sum_.collect(r, g);
-    std::memset(g, 0, static_cast<size_t>(r.size()) * sizeof(float));
+    sum_.collect(r, arena_.data<float>() + (r.lo - units_.span.lo));
   }
 }
 

@@ -42,6 +42,9 @@ namespace tessel::parallel {
 double shards_sq_norm(const Units& units, GradSync& sync, comm::Communicator* workers,
                       bool counted);
 
+// Every unit's range, in the list's order (ExactSum's scale buckets).
+std::vector<nn::Range> ranges_of(const Units& units);
+
 class ArenaSync final : public GradSync, public BlockHooks {
  public:
   enum class Reduction { kAllReduce, kReduceScatter };

@@ -73,6 +73,59 @@ class WorkerSync final : public GradSync {
 
 }  // namespace
 
+// A worker's gradient in deterministic mode (worker_sync): every micro-shard's gradient is kept
+// apart (ExactSum); the step's reduce() agrees over the workers the scales one worker holding
+// every shard would pick (from the largest |g| over all of them) and quantises this worker's
+// shards into int64 sums at them, which its push carries; the servers add the workers' integers
+// (in any order the same sums) and dequantise them as data parallel's all-reduce would.
+class ExactPushSync final : public GradSync {
+ public:
+  ExactPushSync(nn::Model& model, const Units& units, comm::Communicator& workers, bool overflow_ok)
+      : units_(units),
+        workers_(workers),
+        arena_(zeros_of(model.arena_numel(), MemCategory::kGradients)),
+        sum_({0, model.arena_numel()}, ranges_of(units), overflow_ok) {
+    model.bind_grads({0, model.arena_numel()}, arena_);
+  }
+
+  // After a backward pass over `block`: the units it completed, one micro-shard each.
+  void collect(size_t block) {
+    for (int u : units_.completed_by(block)) {
+      const nn::Range r = units_.list[static_cast<size_t>(u)].range;
+      sum_.collect(r, arena_.data<float>() + r.lo);
+    }
+  }
+  void reduce() override {
+    const double t0 = now_seconds();
+    scales_ = sum_.quantise(workers_, workers_);
+    reduce_s_ += now_seconds() - t0;
+  }
+  // Read only by fp16's overflow test: train.clip_norm, which would need the norm of the summed
+  // gradient that only the servers hold, is refused with ps.servers in deterministic mode
+  // (config.cc). +inf when any worker's gradient held an inf or NaN (the agreed scales), else 0.
+  double sq_norm() override {
+    const bool overflow =
+        std::any_of(scales_.begin(), scales_.end(), [](double s) { return std::isnan(s); });
+    return overflow ? std::numeric_limits<double>::infinity() : 0.0;
+  }
+  float* grads(nn::Range r) override { return arena_.data<float>() + r.lo; }
+  void clear() override {}  // collect() zeroes each micro-shard's gradient
+  void take_stats(RankStats& s) override {
+    s.comm_exposed_s += reduce_s_;
+    reduce_s_ = 0;
+  }
+  const int64_t* sums() const { return sum_.sums(); }
+  const std::vector<double>& scales() const { return scales_; }
+
+ private:
+  const Units& units_;
+  comm::Communicator& workers_;
+  Tensor arena_;
+  ExactSum sum_;
+  std::vector<double> scales_;
+  double reduce_s_ = 0;
+};
+
 // Contiguous ranges of the arena, one per server, of about n / servers elements each. A cut
 // moves to the nearest parameter boundary when that changes a shard by at most an eighth, so
 // that most parameters live on one server; a large parameter is cut inside instead.
@@ -105,6 +158,12 @@ std::unique_ptr<GradSync> ParameterServer::worker_sync(nn::Model& model, const U
            units.list[u].range.hi == units_.list[u].range.hi;
   TESSEL_CHECK(same, "parameter server: the worker's units (", units.list.size(),
                ") are not the servers' (", units_.list.size(), "; this is a bug)");
+  if (spec_.deterministic) {
+    auto sync = std::make_unique<ExactPushSync>(model, units, mesh_.workers(),
+                                                spec_.precision == Precision::kFp16);
+    sync_ = exact_ = sync.get();
+    return sync;
+  }
   const bool agree = lockstep() && spec_.precision == Precision::kFp16 && workers() > 1;
   auto sync =
       std::make_unique<WorkerSync>(model, units, workers(), agree ? &mesh_.workers() : nullptr);
@@ -126,17 +185,23 @@ std::vector<nn::Range> ParameterServer::unit_shards(int k) const {
 void ParameterServer::send_unit(int u) {
   sent_[static_cast<size_t>(u)] = 1;
   const nn::Range r = units_.list[static_cast<size_t>(u)].range;
-  const float* g = sync_->grads(r);
   for (int k = 0; k < servers(); ++k) {
     const nn::Range s = shard(k);
     const int64_t lo = std::max(r.lo, s.lo), hi = std::min(r.hi, s.hi);
-    if (lo < hi)
-      sends_.push_back(world_.isend(g + (lo - r.lo), static_cast<size_t>(hi - lo),
-                                    comm::ElemType::kF32, server_rank(k), kTagGrad));
+    const size_t n = static_cast<size_t>(hi - lo);
+    if (lo < hi)  // deterministic mode: the unit shard's integer sums
+      sends_.push_back(exact_ ? world_.isend(exact_->sums() + lo, n, comm::ElemType::kI64,
+                                             server_rank(k), kTagGrad)
+                              : world_.isend(sync_->grads(r) + (lo - r.lo), n, comm::ElemType::kF32,
+                                             server_rank(k), kTagGrad));
   }
 }
 
 void ParameterServer::on_block(nn::Phase phase, size_t block, bool last) {
+  if (exact_) {  // deterministic: every pass is a micro-shard, kept apart until the step
+    if (phase == nn::Phase::kAfterBackward) exact_->collect(block);
+    return;
+  }
   if (phase != nn::Phase::kAfterBackward || !last || !codecs_.empty() || !sync_) return;
   const double t0 = now_seconds();
   for (int u : units_.completed_by(block)) send_unit(u);
@@ -412,6 +477,10 @@ void ParameterServer::push(float grad_scale, int64_t step, bool skip) {
     for (int u : order_)  // a worker without rows in this step launched nothing
       if (!sent_[static_cast<size_t>(u)]) send_unit(u);
     std::fill(sent_.begin(), sent_.end(), 0);
+    if (exact_)  // the scales its integer sums were taken at
+      for (int k = 0; k < servers(); ++k)
+        sends_.push_back(world_.isend(exact_->scales().data(), exact_->scales().size(),
+                                      comm::ElemType::kF64, server_rank(k), kTagGrad));
     request(kPushPull, clock_, skip, grad_scale);
   } else {  // compressed: each shard's message (compress.kind)
     request(kPushPull, clock_, skip);

@@ -40,6 +40,8 @@
 #include <thread>
 
 #include "compress/push_codec.h"
+#include "exact_sum.h"
+#include "grad_syncs.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
 #include "tessel/core/trace.h"
@@ -75,9 +77,14 @@ class ServerLoop {
       codec_ = std::make_unique<compress::PushCodec>(kind, static_cast<int64_t>(len_),
                                                      ps.spec_.compress);
     if (!codec_) unit_shards_ = ps.unit_shards(ps.server_index());
+    if (ps.spec_.deterministic) {
+      scale_buckets_ = ranges_of(ps.units_);
+      sums_.resize(len_);
+    }
     workers_.resize(static_cast<size_t>(W_));
     for (Worker& w : workers_) {
       w.grad.assign(len_, 0.0f);
+      if (exact()) w.sums.resize(len_), w.scales.resize(scale_buckets_.size());
       if (codec_) w.msg.resize(codec_->message_bytes());
       if (ps.mode_ != ParameterServer::Mode::kSync) w.snapshot.assign(len_, 0.0f);
     }
@@ -91,6 +98,11 @@ class ServerLoop {
     Reply reply;
     std::vector<float> grad, snapshot;
     std::vector<char> msg;  // compressed: the push's message, decoded into grad
+    // train.deterministic: the push's int64 sums of its micro-shards, the scales they were taken
+    // at (one per scale bucket), and the factor of its request
+    std::vector<int64_t> sums;
+    std::vector<double> scales;
+    float factor = 1.0f;
     // After the buffers: destroyed first, cancelling receives still posted into them.
     comm::Work request_work, reply_work, data_work;
     std::vector<comm::Work> grad_works;  // the push's payload: one message per shard
@@ -112,13 +124,14 @@ class ServerLoop {
     return std::max<int64_t>(base_clock_, 0) + (sync() ? sync_updates_ : applied_ / W_);
   }
   bool sync() const { return ps_.mode_ == ParameterServer::Mode::kSync; }
+  bool exact() const { return !scale_buckets_.empty(); }  // train.deterministic
   comm::Deadline deadline() const { return comm::Deadline::after(ps_.timeout()); }
   float* params() { return ps_.server_.values.data<float>(); }
   float* grads() { return ps_.server_.grads.data<float>(); }
-  // One optimizer step over the whole shard.
-  void apply(float lr) {
+  // One optimizer step over the whole shard, reading the gradient times grad_scale.
+  void apply(float lr, float grad_scale = 1.0f) {
     const optim::Segment seg{params(), grads(), static_cast<int64_t>(len_), 0};
-    opt_.step({&seg, 1}, lr);
+    opt_.step({&seg, 1}, lr, grad_scale);
   }
 
   void post(int w);
@@ -126,6 +139,7 @@ class ServerLoop {
   void handle(int w);
   void push(int w);
   void apply_sync();
+  void sum_exact();
   void answer_pulls();
   void open_claims(int w);
   int64_t grant(Worker& k);
@@ -147,6 +161,8 @@ class ServerLoop {
   size_t len_ = 0;
   std::unique_ptr<compress::PushCodec> codec_;  // compress.kind != none: decodes pushes
   std::vector<nn::Range> unit_shards_;          // uncompressed: the pushes' messages
+  std::vector<nn::Range> scale_buckets_;        // train.deterministic: the workers' (arena ranges)
+  std::vector<int64_t> sums_;                   // train.deterministic: the step's integer sum
   std::vector<Worker> workers_;
   int done_ = 0, arrived_ = 0;
   int64_t base_clock_ = -1;                 // set by the first hello (-1: none yet)
@@ -168,8 +184,14 @@ void ServerLoop::post_grad(int w) {
     return;
   }
   for (const nn::Range& p : unit_shards_)
-    k.grad_works.push_back(world_.irecv(k.grad.data() + p.lo, static_cast<size_t>(p.size()),
-                                        comm::ElemType::kF32, peer(w), ParameterServer::kTagGrad));
+    k.grad_works.push_back(
+        exact() ? world_.irecv(k.sums.data() + p.lo, static_cast<size_t>(p.size()),
+                               comm::ElemType::kI64, peer(w), ParameterServer::kTagGrad)
+                : world_.irecv(k.grad.data() + p.lo, static_cast<size_t>(p.size()),
+                               comm::ElemType::kF32, peer(w), ParameterServer::kTagGrad));
+  if (exact())
+    k.grad_works.push_back(world_.irecv(k.scales.data(), k.scales.size(), comm::ElemType::kF64,
+                                        peer(w), ParameterServer::kTagGrad));
 }
 
 void ServerLoop::post(int w) {
@@ -297,10 +319,13 @@ void ServerLoop::push(int w) {
     for (comm::Work& g : k.grad_works) g.wait(deadline());
     if (codec_) codec_->decode(k.msg.data(), k.grad.data());
     const float scale = std::bit_cast<float>(static_cast<uint32_t>(k.request.scale));
-    if (!codec_ && !skip && scale != 1.0f)
+    k.factor = scale;  // deterministic: the optimizer's gradient scale
+    if (!codec_ && !exact() && !skip && scale != 1.0f)
       for (size_t i = 0; i < len_; ++i) k.grad[i] *= scale;
-    stats_[ParameterServer::kBytesIn] +=
-        codec_ ? static_cast<double>(k.msg.size()) : 4.0 * static_cast<double>(len_);
+    stats_[ParameterServer::kBytesIn] += codec_ ? static_cast<double>(k.msg.size())
+                                         : exact()
+                                             ? 8.0 * static_cast<double>(len_ + k.scales.size())
+                                             : 4.0 * static_cast<double>(len_);
   }
   stats_[ParameterServer::kPushes] += 1;
   const int64_t clock = k.request.clock, held = k.request.held;
@@ -357,15 +382,19 @@ void ServerLoop::apply_sync() {
   if (!skip) {
     // The replies of the last version went out straight from the shard: they must have landed.
     for (Worker& k : workers_) k.data_work.wait(deadline());
-    // Summed in worker order, so the result does not depend on arrival order. Each push
-    // already carries its rows' share of the global mean: the sum is the global-mean gradient.
-    float* g = grads();
-    std::memcpy(g, workers_[0].grad.data(), len_ * sizeof(float));
-    for (int w = 1; w < W_; ++w) {
-      const float* src = workers_[static_cast<size_t>(w)].grad.data();
-      for (size_t i = 0; i < len_; ++i) g[i] += src[i];
+    if (exact()) {
+      sum_exact();
+    } else {
+      // Summed in worker order, so the result does not depend on arrival order. Each push
+      // already carries its rows' share of the global mean: the sum is the global-mean gradient.
+      float* g = grads();
+      std::memcpy(g, workers_[0].grad.data(), len_ * sizeof(float));
+      for (int w = 1; w < W_; ++w) {
+        const float* src = workers_[static_cast<size_t>(w)].grad.data();
+        for (size_t i = 0; i < len_; ++i) g[i] += src[i];
+      }
     }
-    apply(lr_(steps_clock()));
+    apply(lr_(steps_clock()), exact() ? workers_[0].factor : 1.0f);
     stats_[ParameterServer::kGradientsApplied] += W_;
     stats_[ParameterServer::kUpdates] += 1;
     record_staleness(0, W_);
@@ -379,6 +408,26 @@ void ServerLoop::apply_sync() {
     k.skipped = false;
   }
   stats_[ParameterServer::kApplySeconds] += now_seconds() - t0;
+}
+
+// Deterministic mode: the workers' integer sums added (exact: any order gives the same sums)
+// and turned back into the gradient at the scales the workers agreed, as one worker's exact sum
+// would; the factor (fp16's loss scale) is the optimizer's gradient scale.
+void ServerLoop::sum_exact() {
+  const Worker& first = workers_[0];
+  for (const Worker& k : workers_)
+    if (k.scales != first.scales ||
+        std::bit_cast<uint32_t>(k.factor) != std::bit_cast<uint32_t>(first.factor))
+      throw Error(str("parameter server: server rank ", ps_.rank(), ": the workers pushed step ",
+                      steps_clock(),
+                      " at different scales or factors; deterministic workers agree on them "
+                      "(this is a bug)"));
+  std::copy(first.sums.begin(), first.sums.end(), sums_.begin());
+  for (int w = 1; w < W_; ++w) {
+    const int64_t* src = workers_[static_cast<size_t>(w)].sums.data();
+    for (size_t i = 0; i < len_; ++i) sums_[i] += src[i];
+  }
+  ExactSum::dequantise(sums_.data(), ps_.server_.range, scale_buckets_, first.scales, grads());
 }
 
 void ServerLoop::open_claims(int w) {

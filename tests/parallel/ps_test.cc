@@ -1,9 +1,10 @@
 // Parameter server: sync mode equals data parallel after 20 steps (1 and 2 servers) and applies
-// every gradient exactly once; a resumed sync run equals an uninterrupted one; async and ssp
-// learn and report staleness; their claims hand every batch of an epoch to exactly one worker,
-// a slowed worker trains fewer, ssp keeps claims within ps.staleness steps of the oldest batch
-// in progress; an async run resumes mid-epoch; a worker or server that dies or stops gives a
-// CommError within the deadline.
+// every gradient exactly once; in deterministic mode it gives one worker's params_sha256 (1
+// server x 1, 2, 3 workers, 2 servers x 2; fp16 too) and refuses async, ssp and clipping; a resumed
+// sync run equals an uninterrupted one; async and ssp learn and report staleness; their claims hand
+// every batch of an epoch to exactly one worker, a slowed worker trains fewer, ssp keeps claims
+// within ps.staleness steps of the oldest batch in progress; an async run resumes mid-epoch; a
+// worker or server that dies or stops gives a CommError within the deadline.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -46,6 +47,16 @@ testing::RunResult train_on(const train::Config& cfg, int ranks, const std::stri
                             train::RunOptions opts = {}) {
   opts.run_dir = run_dir(dir);
   return testing::train_on(cfg, ranks, opts);
+}
+
+// The InvalidArgument a run of cfg on `ranks` thread ranks fails with ("" if none).
+std::string error_of(const train::Config& cfg, int ranks) {
+  try {
+    train_on(cfg, ranks, "bad");
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
 }
 
 using testing::max_rel_diff;
@@ -92,6 +103,33 @@ TEST(ParameterServer, SyncMatchesDataParallelAndAppliesEveryGradientOnce) {
     EXPECT_NEAR(ps.summary["test_accuracy"].get<double>(),
                 dp.summary["test_accuracy"].get<double>(), 0.02);
   }
+}
+
+// Deterministic mode: the workers push their micro-shards' exact integer sums at the scales one
+// worker would pick, the servers add them: one worker's bits for every worker and server count.
+TEST(ParameterServer, DeterministicSyncGivesOneWorkersBits) {
+  const std::vector<std::string> det = {"train.deterministic=true", "ddp.micro_shard=2"};
+  const auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), det.begin(), det.end());
+    return small_config(more);
+  };
+  const Result one = train_on(with({}), 1, "det_one");
+  for (auto [servers, workers] : {std::pair{1, 1}, {1, 2}, {1, 3}, {2, 2}}) {
+    const Result ps =
+        train_on(with({"ps.servers=" + std::to_string(servers)}), workers + servers, "det_ps");
+    EXPECT_EQ(ps.summary["params_sha256"], one.summary["params_sha256"])
+        << servers << " server(s) x " << workers << " worker(s)";
+    EXPECT_EQ(ps.summary["ranks"]["ps_servers"][0]["updates"], 20);
+  }
+  // fp16: an overflow injected on worker 1 at step 2 skips the step everywhere, as on one worker.
+  const std::vector<std::string> fp16 = {"train.precision=fp16", "debug.overflow_steps=[2]"};
+  const Result one16 = train_on(with(fp16), 1, "det_one16");
+  std::vector<std::string> ps16 = fp16;
+  ps16.push_back("ps.servers=1");
+  ps16.push_back("debug.overflow_rank=1");
+  const Result two16 = train_on(with(ps16), 3, "det_ps16");
+  EXPECT_EQ(two16.summary["params_sha256"], one16.summary["params_sha256"]);
+  EXPECT_EQ(two16.summary["ranks"]["ps_servers"][0]["updates"], 19);
 }
 
 // fp16 (loss scaling) on 1 server x 2 workers, sync: within the composition walk's fp16
@@ -335,7 +373,14 @@ TEST(ParameterServer, ResumedAsyncRunTrainsTheRestOfTheBudget) {
 TEST(ParameterServer, RejectsImpossibleSettings) {
   EXPECT_THROW(train_on(small_config({"ps.servers=1", "debug.slow_rank=3"}), 4, "bad"),
                InvalidArgument);  // rank 3 is the server
-  EXPECT_THROW(train_on(small_config({"ps.servers=1", "train.deterministic=true"}), 3, "bad"),
+  // Deterministic mode: async and ssp apply pushes in arrival order; clipping needs the norm of
+  // the summed gradient, which only the servers hold.
+  for (const char* mode : {"ps.mode=async", "ps.mode=ssp"}) {
+    const std::string why =
+        error_of(small_config({"ps.servers=1", "train.deterministic=true", mode}), 3);
+    EXPECT_NE(why.find("arrival order decides the result"), std::string::npos) << why;
+  }
+  EXPECT_THROW(small_config({"ps.servers=1", "train.deterministic=true", "train.clip_norm=1"}),
                InvalidArgument);
   // async and ssp train claimed batches at each worker's pace: no step checkpoints, no
   // accumulation, at least one row per worker.

@@ -73,59 +73,6 @@ class WorkerSync final : public GradSync {
 
 }  // namespace
 
-// A worker's gradient in deterministic mode (worker_sync): every micro-shard's gradient is kept
-// apart (ExactSum); the step's reduce() agrees over the workers the scales one worker holding
-// every shard would pick (from the largest |g| over all of them) and quantises this worker's
-// shards into int64 sums at them, which its push carries; the servers add the workers' integers
-// (in any order the same sums) and dequantise them as data parallel's all-reduce would.
-class ExactPushSync final : public GradSync {
- public:
-  ExactPushSync(nn::Model& model, const Units& units, comm::Communicator& workers, bool overflow_ok)
-      : units_(units),
-        workers_(workers),
-        arena_(zeros_of(model.arena_numel(), MemCategory::kGradients)),
-        sum_({0, model.arena_numel()}, ranges_of(units), overflow_ok) {
-    model.bind_grads({0, model.arena_numel()}, arena_);
-  }
-
-  // After a backward pass over `block`: the units it completed, one micro-shard each.
-  void collect(size_t block) {
-    for (int u : units_.completed_by(block)) {
-      const nn::Range r = units_.list[static_cast<size_t>(u)].range;
-      sum_.collect(r, arena_.data<float>() + r.lo);
-    }
-  }
-  void reduce() override {
-    const double t0 = now_seconds();
-    scales_ = sum_.quantise(workers_, workers_);
-    reduce_s_ += now_seconds() - t0;
-  }
-  // Read only by fp16's overflow test: train.clip_norm, which would need the norm of the summed
-  // gradient that only the servers hold, is refused with ps.servers in deterministic mode
-  // (config.cc). +inf when any worker's gradient held an inf or NaN (the agreed scales), else 0.
-  double sq_norm() override {
-    const bool overflow =
-        std::any_of(scales_.begin(), scales_.end(), [](double s) { return std::isnan(s); });
-    return overflow ? std::numeric_limits<double>::infinity() : 0.0;
-  }
-  float* grads(nn::Range r) override { return arena_.data<float>() + r.lo; }
-  void clear() override {}  // collect() zeroes each micro-shard's gradient
-  void take_stats(RankStats& s) override {
-    s.comm_exposed_s += reduce_s_;
-    reduce_s_ = 0;
-  }
-  const int64_t* sums() const { return sum_.sums(); }
-  const std::vector<double>& scales() const { return scales_; }
-
- private:
-  const Units& units_;
-  comm::Communicator& workers_;
-  Tensor arena_;
-  ExactSum sum_;
-  std::vector<double> scales_;
-  double reduce_s_ = 0;
-};
-
 // Contiguous ranges of the arena, one per server, of about n / servers elements each. A cut
 // moves to the nearest parameter boundary when that changes a shard by at most an eighth, so
 // that most parameters live on one server; a large parameter is cut inside instead.
@@ -198,6 +145,10 @@ void ParameterServer::send_unit(int u) {
 }
 
 void ParameterServer::on_block(nn::Phase phase, size_t block, bool last) {
+  if (phase == nn::Phase::kBeforeForward) {  // the block's parameters have landed
+    for (int u : units_.used_by_block[block]) land(u);
+    return;
+  }
   if (exact_) {  // deterministic: every pass is a micro-shard, kept apart until the step
     if (phase == nn::Phase::kAfterBackward) exact_->collect(block);
     return;
@@ -219,6 +170,7 @@ ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model
   for (size_t b = units_.used_by_block.size(); b-- > 0;)
     for (int u : units_.completed_by(b)) order_.push_back(u);
   sent_.assign(units_.list.size(), 0);
+  landing_.resize(units_.list.size());
   versions_.assign(static_cast<size_t>(servers()), -1);
   request_.resize(static_cast<size_t>(servers()));
   reply_.resize(static_cast<size_t>(servers()));
@@ -350,7 +302,7 @@ void ParameterServer::request(Kind kind, int64_t clock, bool skip, float scale) 
   }
 }
 
-void ParameterServer::await_replies(const char* what) {
+void ParameterServer::await_replies(const char* what, bool lazy) {
   TraceSpan span("wait for servers", "ps");
   if (TraceArgs* args = span.args()) args->text("reply", what);
   const double t0 = now_seconds();
@@ -360,11 +312,11 @@ void ParameterServer::await_replies(const char* what) {
   float* params = values_.data<float>();
   int k = 0;
   try {
+    land_all();  // the last pull's units the forward has not read yet
     std::vector<comm::Work> recvs;
     for (k = 0; k < servers(); ++k)
       recvs.push_back(world_.irecv(&reply_[static_cast<size_t>(k)], kReplyWords,
                                    comm::ElemType::kI64, server_rank(k), kTagReply));
-    std::vector<comm::Work> data;
     for (k = 0; k < servers(); ++k) {
       recvs[static_cast<size_t>(k)].wait(deadline);
       const Reply& r = reply_[static_cast<size_t>(k)];
@@ -375,18 +327,19 @@ void ParameterServer::await_replies(const char* what) {
       versions_[static_cast<size_t>(k)] = r.version;
       if (k == 0 && claiming_) claimed_ = r.claimed, claiming_ = false;
       if (r.has_data == 0) continue;  // this shard did not change since the version held
-      const nn::Range s = shard(k);
-      data.push_back(world_.irecv(params + s.lo, static_cast<size_t>(s.size()),
-                                  comm::ElemType::kF32, server_rank(k), kTagParams));
+      // Unit by unit in the order the forward reads them (the server sends them so).
+      for (auto u = order_.rbegin(); u != order_.rend(); ++u) {
+        const nn::Range ur = units_.list[static_cast<size_t>(*u)].range;
+        const int64_t lo = std::max(ur.lo, shard(k).lo), hi = std::min(ur.hi, shard(k).hi);
+        if (lo < hi)
+          landing_[static_cast<size_t>(*u)].push_back(
+              world_.irecv(params + lo, static_cast<size_t>(hi - lo), comm::ElemType::kF32,
+                           server_rank(k), kTagParams));
+      }
       ++pulls_with_data_;
     }
     k = -1;
-    for (comm::Work& w : data) w.wait(deadline);
-    if (working_)
-      for (k = 0; k < servers(); ++k)
-        if (reply_[static_cast<size_t>(k)].has_data != 0)
-          working_->refresh(shard(k), params + shard(k).lo);
-    k = -1;
+    if (!lazy) land_all();
     for (comm::Work& w : sends_) w.wait(deadline);
     sends_.clear();
   } catch (const CommError& e) {
@@ -401,7 +354,32 @@ void ParameterServer::await_replies(const char* what) {
 
 float* ParameterServer::values(nn::Range r) {
   if (is_server()) return server_.values.data<float>() + (r.lo - server_.range.lo);
+  land_all();
   return values_.data<float>() + r.lo;
+}
+
+void ParameterServer::land(int u) {
+  std::vector<comm::Work>& works = landing_[static_cast<size_t>(u)];
+  if (works.empty()) return;
+  TraceSpan span("wait for parameters", "ps");
+  const double t0 = now_seconds();
+  const comm::Deadline deadline = comm::Deadline::after(1.25 * timeout());
+  const nn::Range r = units_.list[static_cast<size_t>(u)].range;
+  try {
+    for (comm::Work& w : works) w.wait(deadline);
+  } catch (const CommError& e) {
+    throw CommError(str("parameter server: worker rank ", rank(), " (clock ", clock_,
+                        ") waited for the parameters [", r.lo, ", ", r.hi,
+                        ") from the servers (deadline 1.25 x comm.timeout_s = ", 1.25 * timeout(),
+                        " s): ", e.what()));
+  }
+  works.clear();
+  if (working_) working_->refresh(r, values_.data<float>() + r.lo);
+  wait_s_ += now_seconds() - t0;
+}
+
+void ParameterServer::land_all() {
+  for (int u : order_) land(u);
 }
 
 void ParameterServer::copy_values(nn::Range r, float* dst) {
@@ -497,7 +475,7 @@ void ParameterServer::push(float grad_scale, int64_t step, bool skip) {
   }
   push_s_ += now_seconds() - t0;
   span.reset();
-  await_replies("push");
+  await_replies("push", true);
 }
 
 std::vector<double> ParameterServer::gather(double value) {

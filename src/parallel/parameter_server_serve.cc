@@ -76,7 +76,7 @@ class ServerLoop {
     if (const CompressKind kind = ps.spec_.compress.kind; kind != CompressKind::kNone)
       codec_ = std::make_unique<compress::PushCodec>(kind, static_cast<int64_t>(len_),
                                                      ps.spec_.compress);
-    if (!codec_) unit_shards_ = ps.unit_shards(ps.server_index());
+    unit_shards_ = ps.unit_shards(ps.server_index());
     if (ps.spec_.deterministic) {
       scale_buckets_ = ranges_of(ps.units_);
       sums_.resize(len_);
@@ -104,7 +104,8 @@ class ServerLoop {
     std::vector<double> scales;
     float factor = 1.0f;
     // After the buffers: destroyed first, cancelling receives still posted into them.
-    comm::Work request_work, reply_work, data_work;
+    comm::Work request_work, reply_work;
+    std::vector<comm::Work> data_works;  // a reply's parameters: one message per unit shard
     std::vector<comm::Work> grad_works;  // the push's payload: one message per shard
     int64_t clock = 0;
     bool hello = false, done = false, arrived = false;
@@ -126,6 +127,10 @@ class ServerLoop {
   bool sync() const { return ps_.mode_ == ParameterServer::Mode::kSync; }
   bool exact() const { return !scale_buckets_.empty(); }  // train.deterministic
   comm::Deadline deadline() const { return comm::Deadline::after(ps_.timeout()); }
+  void wait_all(std::vector<comm::Work>& works) {
+    for (comm::Work& w : works) w.wait(deadline());
+    works.clear();
+  }
   float* params() { return ps_.server_.values.data<float>(); }
   float* grads() { return ps_.server_.grads.data<float>(); }
   // One optimizer step over the whole shard, reading the gradient times grad_scale.
@@ -160,9 +165,11 @@ class ServerLoop {
   const bool inverse_;
   size_t len_ = 0;
   std::unique_ptr<compress::PushCodec> codec_;  // compress.kind != none: decodes pushes
-  std::vector<nn::Range> unit_shards_;          // uncompressed: the pushes' messages
-  std::vector<nn::Range> scale_buckets_;        // train.deterministic: the workers' (arena ranges)
-  std::vector<int64_t> sums_;                   // train.deterministic: the step's integer sum
+  // Server's shard of every unit in the order the backward completes them: uncompressed, the
+  // pushes' messages; backwards, the order the replies send them (what the forward reads first)
+  std::vector<nn::Range> unit_shards_;
+  std::vector<nn::Range> scale_buckets_;  // train.deterministic: the workers' (arena ranges)
+  std::vector<int64_t> sums_;             // train.deterministic: the step's integer sum
   std::vector<Worker> workers_;
   int done_ = 0, arrived_ = 0;
   int64_t base_clock_ = -1;                 // set by the first hello (-1: none yet)
@@ -240,7 +247,7 @@ nlohmann::json ServerLoop::run() {
   }
   for (Worker& k : workers_) {
     k.reply_work.wait(deadline());  // the last replies
-    k.data_work.wait(deadline());
+    wait_all(k.data_works);
     k.grad_works.clear();  // cancels the gradient receives nobody will match
   }
   nlohmann::json out = {{"role", "server"}, {"rank", ps_.rank()}, {"version", version()}};
@@ -381,7 +388,7 @@ void ServerLoop::apply_sync() {
       std::any_of(workers_.begin(), workers_.end(), [](const Worker& k) { return k.skipped; });
   if (!skip) {
     // The replies of the last version went out straight from the shard: they must have landed.
-    for (Worker& k : workers_) k.data_work.wait(deadline());
+    for (Worker& k : workers_) wait_all(k.data_works);
     if (exact()) {
       sum_exact();
     } else {
@@ -500,7 +507,7 @@ void ServerLoop::answer_pulls() {
 void ServerLoop::reply(int w) {
   Worker& k = workers_[static_cast<size_t>(w)];
   k.reply_work.wait(deadline());  // the previous reply was received long ago
-  k.data_work.wait(deadline());
+  wait_all(k.data_works);
   const bool changed = version() != k.pull_held;
   const int64_t claimed = k.wants_claim ? grant(k) : -1;
   if (Tracer* tracer = active_tracer()) {
@@ -519,7 +526,11 @@ void ServerLoop::reply(int w) {
     std::memcpy(k.snapshot.data(), src, len_ * sizeof(float));
     src = k.snapshot.data();
   }
-  k.data_work = world_.isend(src, len_, comm::ElemType::kF32, peer(w), ParameterServer::kTagParams);
+  // Unit by unit, the first layers' first: the worker's forward starts on a unit once it landed.
+  for (auto p = unit_shards_.rbegin(); p != unit_shards_.rend(); ++p)
+    k.data_works.push_back(world_.isend(src + p->lo, static_cast<size_t>(p->size()),
+                                        comm::ElemType::kF32, peer(w),
+                                        ParameterServer::kTagParams));
   stats_[ParameterServer::kPullsWithData] += 1;
   stats_[ParameterServer::kBytesOut] += 4.0 * static_cast<double>(len_);
 }

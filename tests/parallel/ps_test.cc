@@ -121,6 +121,12 @@ TEST(ParameterServer, DeterministicSyncGivesOneWorkersBits) {
         << servers << " server(s) x " << workers << " worker(s)";
     EXPECT_EQ(ps.summary["ranks"]["ps_servers"][0]["updates"], 20);
   }
+  // Small buckets: several scale buckets, units cut between the 2 servers, pushed and pulled
+  // unit by unit.
+  const Result small = train_on(with({"ddp.bucket_mb=0.001"}), 1, "det_small");
+  EXPECT_EQ(train_on(with({"ddp.bucket_mb=0.001", "ps.servers=2"}), 4, "det_ps_small")
+                .summary["params_sha256"],
+            small.summary["params_sha256"]);
   // fp16: an overflow injected on worker 1 at step 2 skips the step everywhere, as on one worker.
   const std::vector<std::string> fp16 = {"train.precision=fp16", "debug.overflow_steps=[2]"};
   const Result one16 = train_on(with(fp16), 1, "det_one16");
@@ -179,8 +185,9 @@ TEST(ParameterServer, Fp16SkipsAnOverflowingStepEverywhere) {
 }
 
 // Pushes go out bucket by bucket during the backward (ddp.bucket_mb), the clipping and loss
-// scale applied by the servers: the bits do not depend on the bucket size, and one bucket over
-// the whole model is the push after the backward. 2 servers: buckets split between them.
+// scale applied by the servers, and pulls come back unit by unit in forward order: the bits do
+// not depend on the bucket size, and one bucket over the whole model is the push after the
+// backward and the pull of whole shards. 2 servers: buckets split between them.
 TEST(ParameterServer, BucketedPushesKeepTheBits) {
   auto run = [&](const char* mb) {
     return train_on(small_config({"ps.servers=2", "train.clip_norm=0.05", "train.max_steps=8",

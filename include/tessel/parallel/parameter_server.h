@@ -33,7 +33,7 @@ namespace tessel::parallel {
 namespace compress {
 class PushCodec;
 }  // namespace compress
-class ExactPushSync;  // parameter_server.cc
+class ExactPushSync;  // grad_syncs.h
 
 // Server k's range of the arena: contiguous, about n / servers elements each, a cut moved to
 // the nearest parameter boundary when that changes a shard by at most an eighth (the planner
@@ -205,7 +205,12 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
   // Server k's shard of each unit the workers send, in the order they go out (as offsets in
   // server k's shard); uncompressed pushes arrive as one message per unit shard.
   std::vector<nn::Range> unit_shards(int k) const;
-  void await_replies(const char* what);  // receives every server's reply (and changed shards)
+  // Receives every server's reply; the changed shards land unit by unit (land), in the order
+  // the forward reads them: lazy (a push, a forward follows), as the forward reaches each unit
+  // (on_block), else all before it returns.
+  void await_replies(const char* what, bool lazy = false);
+  void land(int u);  // waits until unit u's pulled parameters have landed (working copy too)
+  void land_all();
   void pull(Kind kind);
   void push(float grad_scale, int64_t step, bool skip);
   std::vector<double> gather(double value);
@@ -243,6 +248,7 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
   std::vector<Request> request_;
   std::vector<Reply> reply_;
   std::vector<comm::Work> sends_;
+  std::vector<std::vector<comm::Work>> landing_;  // per unit: its pulled shards still in flight
   // Measurements since the last report() (comm_exposed_seconds) and, for the ps_* figures,
   // totals since this invocation started, like the servers' counters.
   double wait_s_ = 0;  // waiting for replies (pull, sync and ssp waits)

@@ -5,8 +5,9 @@
 // shards (start); during the backward each bucket's gradient goes to its servers as soon as it
 // is complete (on_block); every step then sends the request of the push, with the version the
 // gradient was computed on and its factor, which in the same request asks for the next
-// parameters, which the servers send once the mode allows
-// (await_replies); evaluation first pulls with the rule "every worker has reached my clock";
+// parameters, which the servers send once the mode allows, unit by unit in the order the
+// forward reads them (await_replies), and the next forward waits for each unit as it reaches
+// it (on_block, land); evaluation first pulls with the rule "every worker has reached my clock";
 // the destructor says goodbye so that serve() returns. In async and ssp a pull or push to
 // server 0 also claims the worker's next batch of the epoch (set_claims, claim): the reply
 // carries its index. Checkpoints are written by the servers, each its own range.
@@ -205,6 +206,7 @@ ParameterServer::~ParameterServer() {
 void ParameterServer::finish() {
   if (is_server() || !started_ || finished_) return;
   finished_ = true;
+  land_all();  // no receive may stay posted into values_ after the servers are told
   for (int k = 0; k < servers(); ++k) {
     Request h{kWireVersion, kDone, clock_, versions_[static_cast<size_t>(k)]};
     world_.send(&h, kRequestWords, comm::ElemType::kI64, server_rank(k), kTagRequest);

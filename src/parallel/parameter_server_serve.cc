@@ -28,8 +28,10 @@
 // c - staleness or later: no gradient in progress is more than staleness steps behind the
 // newest one. A worker waiting for a grant holds nothing, so the oldest holder can always
 // finish and nobody waits forever.
-// Replies are sent from a per-worker snapshot in async and ssp (later pushes change the shard
-// while the send is pending); in sync the shard cannot change before every worker has received.
+// A reply's parameters go out as one message per unit shard, the first layers' units first, so
+// that the worker's forward starts on a unit once it landed. They are sent from a per-worker
+// snapshot in async and ssp (later pushes change the shard while the send is pending); in sync
+// the shard cannot change before every worker has received.
 #include <sched.h>
 
 #include <algorithm>

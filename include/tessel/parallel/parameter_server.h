@@ -134,7 +134,7 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
     kValues,
     kDone
   };
-  static constexpr int64_t kWireVersion = 2;
+  static constexpr int64_t kWireVersion = 3;  // 3: pulls and deterministic pushes per unit
   struct Request {
     int64_t wire = kWireVersion;
     int64_t kind = 0;

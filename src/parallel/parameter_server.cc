@@ -147,7 +147,9 @@ void ParameterServer::send_unit(int u) {
 
 void ParameterServer::on_block(nn::Phase phase, size_t block, bool last) {
   if (phase == nn::Phase::kBeforeForward) {  // the block's parameters have landed
+    const double t0 = now_seconds();
     for (int u : units_.used_by_block[block]) land(u);
+    wait_s_ += now_seconds() - t0;
     return;
   }
   if (exact_) {  // deterministic: every pass is a micro-shard, kept apart until the step
@@ -364,7 +366,6 @@ void ParameterServer::land(int u) {
   std::vector<comm::Work>& works = landing_[static_cast<size_t>(u)];
   if (works.empty()) return;
   TraceSpan span("wait for parameters", "ps");
-  const double t0 = now_seconds();
   const comm::Deadline deadline = comm::Deadline::after(1.25 * timeout());
   const nn::Range r = units_.list[static_cast<size_t>(u)].range;
   try {
@@ -377,7 +378,6 @@ void ParameterServer::land(int u) {
   }
   works.clear();
   if (working_) working_->refresh(r, values_.data<float>() + r.lo);
-  wait_s_ += now_seconds() - t0;
 }
 
 void ParameterServer::land_all() {

@@ -85,8 +85,12 @@ class ServerLoop {
     }
     workers_.resize(static_cast<size_t>(W_));
     for (Worker& w : workers_) {
-      w.grad.assign(len_, 0.0f);
-      if (exact()) w.sums.resize(len_), w.scales.resize(scale_buckets_.size());
+      if (exact()) {
+        w.sums.resize(len_);
+        w.scales.resize(scale_buckets_.size());
+      } else {
+        w.grad.assign(len_, 0.0f);
+      }
       if (codec_) w.msg.resize(codec_->message_bytes());
       if (ps.mode_ != ParameterServer::Mode::kSync) w.snapshot.assign(len_, 0.0f);
     }

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 #include <vector>
 
@@ -198,6 +199,32 @@ TEST(ParameterServer, BucketedPushesKeepTheBits) {
   const std::vector<float> one = run("1000");
   EXPECT_EQ(run("0.001"), one);
   EXPECT_EQ(run("0.002"), one);
+}
+
+// A push returns once the servers' replies are in; the parameters then land unit by unit as
+// the next forward reaches each unit: traced, workers wait for parameters outside their waits
+// for the servers' replies (in the forward), unit by unit, first units first.
+TEST(ParameterServer, PulledUnitsLandAsTheForwardReachesThem) {
+  const Result r = train_on(
+      small_config({"ps.servers=2", "ddp.bucket_mb=0.001", "train.trace=true", "trace.steps=2:6"}),
+      4, "land");
+  std::ifstream in(std::filesystem::path(run_dir("land")) / "trace.json");
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  std::vector<std::pair<double, double>> replies;  // worker 0's waits for the servers
+  std::vector<double> lands;                       // worker 0's lands, by start
+  for (const nlohmann::json& e : doc["traceEvents"]) {
+    if (e["ph"] != "X" || e["pid"] != 0) continue;
+    const double t = e["ts"].get<double>(), end = t + e.value("dur", 0.0);
+    if (e["name"] == "wait for servers") replies.push_back({t, end});
+    if (e["name"] == "wait for parameters") lands.push_back(t);
+  }
+  int in_forward = 0;
+  for (double t : lands)
+    in_forward += std::none_of(replies.begin(), replies.end(),
+                               [&](const auto& w) { return t >= w.first && t <= w.second; });
+  // Steps 3-5 land every unit of the pull of the step before in their forward (several units).
+  EXPECT_GE(in_forward, 3 * 3) << lands.size() << " lands, " << replies.size() << " waits";
+  EXPECT_EQ(r.summary["steps"], 20);
 }
 
 TEST(ParameterServer, ResumedSyncRunEqualsUninterrupted) {

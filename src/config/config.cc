@@ -440,6 +440,11 @@ void validate(const Config& c) {
   require(!c.parallel.deterministic || c.train.batch % c.parallel.micro_shard == 0,
           str("train.deterministic needs train.batch (", c.train.batch,
               ") to be a multiple of ddp.micro_shard (", c.parallel.micro_shard, ")"));
+  require(!c.parallel.deterministic || c.parallel.ps_servers == 0 || c.train.clip_norm == 0,
+          str("train.clip_norm = ", c.train.clip_norm,
+              " needs the norm of the summed gradient, which with ps.servers and "
+              "train.deterministic only the servers hold; set train.clip_norm = 0, or train "
+              "deterministically without parameter servers"));
   require(c.parallel.overflow_steps.empty() || c.parallel.precision == parallel::Precision::kFp16,
           str("debug.overflow_steps injects fp16 overflows, got train.precision = ",
               name_of(c.parallel.precision),

@@ -70,12 +70,15 @@ const std::vector<Rule>& rules() {
          return str("ps.servers = ", in.l.servers, " and tp.size = ", in.l.tp,
                     " cannot be combined; use one of them");
        }},
-      {"ps.servers > 0 and train.deterministic",
-       [](const In& in) { return in.l.servers > 0 && in.s.deterministic; },
-       [](const In&) {
-         return std::string(
-             "train.deterministic cannot be combined with ps.servers > 0 (the servers sum "
-             "whole pushes); turn one of them off");
+      {"ps.servers > 0 with ps.mode async or ssp and train.deterministic",
+       [](const In& in) {
+         return in.l.servers > 0 && in.s.ps_mode != PsMode::kSync && in.s.deterministic;
+       },
+       [](const In& in) {
+         return str("train.deterministic cannot be combined with ps.mode = ", name_of(in.s.ps_mode),
+                    ": its servers apply each push as it arrives, so the arrival order decides "
+                    "the result; use ps.mode = sync (the servers add the workers' exact sums) or "
+                    "train.deterministic = false");
        }},
       {"zero.shard_size > 0 and zero.stage = 0",
        [](const In& in) { return in.s.zero_shard_size > 0 && in.s.zero_stage == 0; },
@@ -194,7 +197,9 @@ Parts choose(const In& in, bool overlap) {
   p.codec = name_of(in.kind);
   p.scaler = in.type == DType::kF16;
   if (in.l.servers > 0) {
-    p.grad_sync = "local";  // a worker's own gradient; the servers sum the pushes
+    // A worker's own gradient (deterministic: its micro-shards' exact integer sums); the
+    // servers sum the pushes.
+    p.grad_sync = s.deterministic ? "exact_push" : "local";
     p.store = "parameter_server";
     p.working_copy = in.type != DType::kF32;
     return p;

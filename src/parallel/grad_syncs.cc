@@ -1,7 +1,8 @@
 #include "grad_syncs.h"
 
 #include <algorithm>
-#include <cstring>
+#include <cmath>
+#include <limits>
 
 #include "tessel/core/clock.h"
 
@@ -186,13 +187,11 @@ void ShardSync::take_stats(RankStats& s) { buckets_.take_stats(s); }
 
 // ---- ExactSync ----
 
-namespace {
 std::vector<nn::Range> ranges_of(const Units& units) {
   std::vector<nn::Range> out;
   for (const Unit& u : units.list) out.push_back(u.range);
   return out;
 }
-}  // namespace
 
 ExactSync::ExactSync(nn::Model& model, const Units& units, const Units& scale_buckets,
                      comm::Communicator& dp, comm::Communicator& workers, bool overflow_ok)
@@ -210,9 +209,7 @@ void ExactSync::on_block(nn::Phase phase, size_t block, bool last) {
   if (phase != nn::Phase::kAfterBackward) return;
   for (int k : units_.completed_by(block)) {
     const nn::Range r = units_.list[static_cast<size_t>(k)].range;
-    float* g = arena_.data<float>() + (r.lo - units_.span.lo);
-    sum_.collect(r, g);
-    std::memset(g, 0, static_cast<size_t>(r.size()) * sizeof(float));
+    sum_.collect(r, arena_.data<float>() + (r.lo - units_.span.lo));
   }
 }
 
@@ -248,6 +245,41 @@ void ExactSync::take_stats(RankStats& s) {
   s.comm_exposed_s += reduce_s_;
   s.comm_bytes += bytes_;
   reduce_s_ = bytes_ = 0;
+}
+
+// ---- ExactPushSync ----
+
+ExactPushSync::ExactPushSync(nn::Model& model, const Units& units, comm::Communicator& workers,
+                             bool overflow_ok)
+    : units_(units),
+      workers_(workers),
+      arena_(gradient_memory(model.arena_numel(), MemCategory::kGradients)),
+      sum_({0, model.arena_numel()}, ranges_of(units), overflow_ok) {
+  model.bind_grads({0, model.arena_numel()}, arena_);
+}
+
+void ExactPushSync::collect(size_t block) {
+  for (int u : units_.completed_by(block)) {
+    const nn::Range r = units_.list[static_cast<size_t>(u)].range;
+    sum_.collect(r, arena_.data<float>() + r.lo);
+  }
+}
+
+void ExactPushSync::reduce() {
+  const double t0 = now_seconds();
+  scales_ = sum_.quantise(workers_, workers_);
+  reduce_s_ += now_seconds() - t0;
+}
+
+double ExactPushSync::sq_norm() {
+  const bool overflow =
+      std::any_of(scales_.begin(), scales_.end(), [](double s) { return std::isnan(s); });
+  return overflow ? std::numeric_limits<double>::infinity() : 0.0;
+}
+
+void ExactPushSync::take_stats(RankStats& s) {
+  s.comm_exposed_s += reduce_s_;
+  reduce_s_ = 0;
 }
 
 }  // namespace tessel::parallel

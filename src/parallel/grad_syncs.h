@@ -12,6 +12,9 @@
 //                kept apart and summed exactly at the step (exact_sum.h); the full reduced
 //                gradient stays in an arena, and the norm is summed block by block so that
 //                every layout gives the same bits.
+//   ExactPushSync  a parameter-server worker in deterministic mode: ExactSync's micro-shards,
+//                quantised at the scales agreed over the workers into int64 sums that the worker
+//                pushes (parameter_server.h); the servers add them.
 // With zero.shard_size ArenaSync and ShardSync reduce-scatter within this rank's shard group
 // and all-reduce its shards across the groups (Buckets::Spec::across); ExactSync sums over the
 // whole dp group as before, so deterministic mode keeps one worker's bits.
@@ -41,6 +44,9 @@ namespace tessel::parallel {
 // shard groups, a shard counts on the first group only (`counted` false elsewhere: zero).
 double shards_sq_norm(const Units& units, GradSync& sync, comm::Communicator* workers,
                       bool counted);
+
+// Every unit's range, in the list's order (ExactSum's scale buckets).
+std::vector<nn::Range> ranges_of(const Units& units);
 
 class ArenaSync final : public GradSync, public BlockHooks {
  public:
@@ -129,6 +135,39 @@ class ExactSync final : public GradSync, public BlockHooks {
   Tensor arena_;
   ExactSum sum_;
   double reduce_s_ = 0, bytes_ = 0;
+};
+
+// A parameter-server worker's gradient in deterministic mode (ParameterServer::worker_sync):
+// every micro-shard's gradient is kept apart (ExactSum); reduce() agrees over the workers the
+// scales one worker holding every shard would pick (from the largest |g| over all of them) and
+// quantises this worker's shards into int64 sums at them, which its push carries; the servers
+// add the workers' integers (in any order the same sums) and dequantise them.
+class ExactPushSync final : public GradSync {
+ public:
+  // units: the whole model's (the servers' buckets, also the scale buckets); workers: every
+  // worker rank; overflow_ok: fp16 (an inf or NaN makes the step's scales NaN).
+  ExactPushSync(nn::Model& model, const Units& units, comm::Communicator& workers,
+                bool overflow_ok);
+
+  void collect(size_t block);  // after a backward pass: the units `block` completed
+  void reduce() override;
+  // Read only by fp16's overflow test: train.clip_norm, which would need the norm of the summed
+  // gradient that only the servers hold, is refused with ps.servers in deterministic mode
+  // (config.cc). +inf when any worker's gradient held an inf or NaN (the agreed scales), else 0.
+  double sq_norm() override;
+  float* grads(nn::Range r) override { return arena_.data<float>() + r.lo; }
+  void clear() override {}  // collect() zeroes each micro-shard's gradient
+  void take_stats(RankStats& s) override;
+  const int64_t* sums() const { return sum_.sums(); }  // after reduce(), over the arena
+  const std::vector<double>& scales() const { return scales_; }
+
+ private:
+  const Units& units_;
+  comm::Communicator& workers_;
+  Tensor arena_;
+  ExactSum sum_;
+  std::vector<double> scales_;
+  double reduce_s_ = 0;
 };
 
 }  // namespace tessel::parallel

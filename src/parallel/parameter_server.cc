@@ -5,8 +5,9 @@
 // shards (start); during the backward each bucket's gradient goes to its servers as soon as it
 // is complete (on_block); every step then sends the request of the push, with the version the
 // gradient was computed on and its factor, which in the same request asks for the next
-// parameters, which the servers send once the mode allows
-// (await_replies); evaluation first pulls with the rule "every worker has reached my clock";
+// parameters, which the servers send once the mode allows, unit by unit in the order the
+// forward reads them (await_replies), and the next forward waits for each unit as it reaches
+// it (on_block, land); evaluation first pulls with the rule "every worker has reached my clock";
 // the destructor says goodbye so that serve() returns. In async and ssp a pull or push to
 // server 0 also claims the worker's next batch of the epoch (set_claims, claim): the reply
 // carries its index. Checkpoints are written by the servers, each its own range.
@@ -105,6 +106,12 @@ std::unique_ptr<GradSync> ParameterServer::worker_sync(nn::Model& model, const U
            units.list[u].range.hi == units_.list[u].range.hi;
   TESSEL_CHECK(same, "parameter server: the worker's units (", units.list.size(),
                ") are not the servers' (", units_.list.size(), "; this is a bug)");
+  if (spec_.deterministic) {
+    auto sync = std::make_unique<ExactPushSync>(model, units, mesh_.workers(),
+                                                spec_.precision == Precision::kFp16);
+    sync_ = exact_ = sync.get();
+    return sync;
+  }
   const bool agree = lockstep() && spec_.precision == Precision::kFp16 && workers() > 1;
   auto sync =
       std::make_unique<WorkerSync>(model, units, workers(), agree ? &mesh_.workers() : nullptr);
@@ -126,17 +133,29 @@ std::vector<nn::Range> ParameterServer::unit_shards(int k) const {
 void ParameterServer::send_unit(int u) {
   sent_[static_cast<size_t>(u)] = 1;
   const nn::Range r = units_.list[static_cast<size_t>(u)].range;
-  const float* g = sync_->grads(r);
   for (int k = 0; k < servers(); ++k) {
     const nn::Range s = shard(k);
     const int64_t lo = std::max(r.lo, s.lo), hi = std::min(r.hi, s.hi);
-    if (lo < hi)
-      sends_.push_back(world_.isend(g + (lo - r.lo), static_cast<size_t>(hi - lo),
-                                    comm::ElemType::kF32, server_rank(k), kTagGrad));
+    const size_t n = static_cast<size_t>(hi - lo);
+    if (lo < hi)  // deterministic mode: the unit shard's integer sums
+      sends_.push_back(exact_ ? world_.isend(exact_->sums() + lo, n, comm::ElemType::kI64,
+                                             server_rank(k), kTagGrad)
+                              : world_.isend(sync_->grads(r) + (lo - r.lo), n, comm::ElemType::kF32,
+                                             server_rank(k), kTagGrad));
   }
 }
 
 void ParameterServer::on_block(nn::Phase phase, size_t block, bool last) {
+  if (phase == nn::Phase::kBeforeForward) {  // the block's parameters have landed
+    const double t0 = now_seconds();
+    for (int u : units_.used_by_block[block]) land(u);
+    wait_s_ += now_seconds() - t0;
+    return;
+  }
+  if (exact_) {  // deterministic: every pass is a micro-shard, kept apart until the step
+    if (phase == nn::Phase::kAfterBackward) exact_->collect(block);
+    return;
+  }
   if (phase != nn::Phase::kAfterBackward || !last || !codecs_.empty() || !sync_) return;
   const double t0 = now_seconds();
   for (int u : units_.completed_by(block)) send_unit(u);
@@ -154,6 +173,7 @@ ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model
   for (size_t b = units_.used_by_block.size(); b-- > 0;)
     for (int u : units_.completed_by(b)) order_.push_back(u);
   sent_.assign(units_.list.size(), 0);
+  landing_.resize(units_.list.size());
   versions_.assign(static_cast<size_t>(servers()), -1);
   request_.resize(static_cast<size_t>(servers()));
   reply_.resize(static_cast<size_t>(servers()));
@@ -188,6 +208,7 @@ ParameterServer::~ParameterServer() {
 void ParameterServer::finish() {
   if (is_server() || !started_ || finished_) return;
   finished_ = true;
+  land_all();  // no receive may stay posted into values_ after the servers are told
   for (int k = 0; k < servers(); ++k) {
     Request h{kWireVersion, kDone, clock_, versions_[static_cast<size_t>(k)]};
     world_.send(&h, kRequestWords, comm::ElemType::kI64, server_rank(k), kTagRequest);
@@ -285,7 +306,7 @@ void ParameterServer::request(Kind kind, int64_t clock, bool skip, float scale) 
   }
 }
 
-void ParameterServer::await_replies(const char* what) {
+void ParameterServer::await_replies(const char* what, bool lazy) {
   TraceSpan span("wait for servers", "ps");
   if (TraceArgs* args = span.args()) args->text("reply", what);
   const double t0 = now_seconds();
@@ -295,11 +316,11 @@ void ParameterServer::await_replies(const char* what) {
   float* params = values_.data<float>();
   int k = 0;
   try {
+    land_all();  // the last pull's units the forward has not read yet
     std::vector<comm::Work> recvs;
     for (k = 0; k < servers(); ++k)
       recvs.push_back(world_.irecv(&reply_[static_cast<size_t>(k)], kReplyWords,
                                    comm::ElemType::kI64, server_rank(k), kTagReply));
-    std::vector<comm::Work> data;
     for (k = 0; k < servers(); ++k) {
       recvs[static_cast<size_t>(k)].wait(deadline);
       const Reply& r = reply_[static_cast<size_t>(k)];
@@ -310,18 +331,19 @@ void ParameterServer::await_replies(const char* what) {
       versions_[static_cast<size_t>(k)] = r.version;
       if (k == 0 && claiming_) claimed_ = r.claimed, claiming_ = false;
       if (r.has_data == 0) continue;  // this shard did not change since the version held
-      const nn::Range s = shard(k);
-      data.push_back(world_.irecv(params + s.lo, static_cast<size_t>(s.size()),
-                                  comm::ElemType::kF32, server_rank(k), kTagParams));
+      // Unit by unit in the order the forward reads them (the server sends them so).
+      for (auto u = order_.rbegin(); u != order_.rend(); ++u) {
+        const nn::Range ur = units_.list[static_cast<size_t>(*u)].range;
+        const int64_t lo = std::max(ur.lo, shard(k).lo), hi = std::min(ur.hi, shard(k).hi);
+        if (lo < hi)
+          landing_[static_cast<size_t>(*u)].push_back(
+              world_.irecv(params + lo, static_cast<size_t>(hi - lo), comm::ElemType::kF32,
+                           server_rank(k), kTagParams));
+      }
       ++pulls_with_data_;
     }
     k = -1;
-    for (comm::Work& w : data) w.wait(deadline);
-    if (working_)
-      for (k = 0; k < servers(); ++k)
-        if (reply_[static_cast<size_t>(k)].has_data != 0)
-          working_->refresh(shard(k), params + shard(k).lo);
-    k = -1;
+    if (!lazy) land_all();
     for (comm::Work& w : sends_) w.wait(deadline);
     sends_.clear();
   } catch (const CommError& e) {
@@ -336,7 +358,30 @@ void ParameterServer::await_replies(const char* what) {
 
 float* ParameterServer::values(nn::Range r) {
   if (is_server()) return server_.values.data<float>() + (r.lo - server_.range.lo);
+  land_all();
   return values_.data<float>() + r.lo;
+}
+
+void ParameterServer::land(int u) {
+  std::vector<comm::Work>& works = landing_[static_cast<size_t>(u)];
+  if (works.empty()) return;
+  TraceSpan span("wait for parameters", "ps");
+  const comm::Deadline deadline = comm::Deadline::after(1.25 * timeout());
+  const nn::Range r = units_.list[static_cast<size_t>(u)].range;
+  try {
+    for (comm::Work& w : works) w.wait(deadline);
+  } catch (const CommError& e) {
+    throw CommError(str("parameter server: worker rank ", rank(), " (clock ", clock_,
+                        ") waited for the parameters [", r.lo, ", ", r.hi,
+                        ") from the servers (deadline 1.25 x comm.timeout_s = ", 1.25 * timeout(),
+                        " s): ", e.what()));
+  }
+  works.clear();
+  if (working_) working_->refresh(r, values_.data<float>() + r.lo);
+}
+
+void ParameterServer::land_all() {
+  for (int u : order_) land(u);
 }
 
 void ParameterServer::copy_values(nn::Range r, float* dst) {
@@ -412,6 +457,10 @@ void ParameterServer::push(float grad_scale, int64_t step, bool skip) {
     for (int u : order_)  // a worker without rows in this step launched nothing
       if (!sent_[static_cast<size_t>(u)]) send_unit(u);
     std::fill(sent_.begin(), sent_.end(), 0);
+    if (exact_)  // the scales its integer sums were taken at
+      for (int k = 0; k < servers(); ++k)
+        sends_.push_back(world_.isend(exact_->scales().data(), exact_->scales().size(),
+                                      comm::ElemType::kF64, server_rank(k), kTagGrad));
     request(kPushPull, clock_, skip, grad_scale);
   } else {  // compressed: each shard's message (compress.kind)
     request(kPushPull, clock_, skip);
@@ -428,7 +477,7 @@ void ParameterServer::push(float grad_scale, int64_t step, bool skip) {
   }
   push_s_ += now_seconds() - t0;
   span.reset();
-  await_replies("push");
+  await_replies("push", true);
 }
 
 std::vector<double> ParameterServer::gather(double value) {

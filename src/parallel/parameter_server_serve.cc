@@ -28,8 +28,10 @@
 // c - staleness or later: no gradient in progress is more than staleness steps behind the
 // newest one. A worker waiting for a grant holds nothing, so the oldest holder can always
 // finish and nobody waits forever.
-// Replies are sent from a per-worker snapshot in async and ssp (later pushes change the shard
-// while the send is pending); in sync the shard cannot change before every worker has received.
+// A reply's parameters go out as one message per unit shard, the first layers' units first, so
+// that the worker's forward starts on a unit once it landed. They are sent from a per-worker
+// snapshot in async and ssp (later pushes change the shard while the send is pending); in sync
+// the shard cannot change before every worker has received.
 #include <sched.h>
 
 #include <algorithm>
@@ -40,6 +42,8 @@
 #include <thread>
 
 #include "compress/push_codec.h"
+#include "exact_sum.h"
+#include "grad_syncs.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
 #include "tessel/core/trace.h"
@@ -74,10 +78,19 @@ class ServerLoop {
     if (const CompressKind kind = ps.spec_.compress.kind; kind != CompressKind::kNone)
       codec_ = std::make_unique<compress::PushCodec>(kind, static_cast<int64_t>(len_),
                                                      ps.spec_.compress);
-    if (!codec_) unit_shards_ = ps.unit_shards(ps.server_index());
+    unit_shards_ = ps.unit_shards(ps.server_index());
+    if (ps.spec_.deterministic) {
+      scale_buckets_ = ranges_of(ps.units_);
+      sums_.resize(len_);
+    }
     workers_.resize(static_cast<size_t>(W_));
     for (Worker& w : workers_) {
-      w.grad.assign(len_, 0.0f);
+      if (exact()) {
+        w.sums.resize(len_);
+        w.scales.resize(scale_buckets_.size());
+      } else {
+        w.grad.assign(len_, 0.0f);
+      }
       if (codec_) w.msg.resize(codec_->message_bytes());
       if (ps.mode_ != ParameterServer::Mode::kSync) w.snapshot.assign(len_, 0.0f);
     }
@@ -91,8 +104,14 @@ class ServerLoop {
     Reply reply;
     std::vector<float> grad, snapshot;
     std::vector<char> msg;  // compressed: the push's message, decoded into grad
+    // train.deterministic: the push's int64 sums of its micro-shards, the scales they were taken
+    // at (one per scale bucket), and the factor of its request
+    std::vector<int64_t> sums;
+    std::vector<double> scales;
+    float factor = 1.0f;
     // After the buffers: destroyed first, cancelling receives still posted into them.
-    comm::Work request_work, reply_work, data_work;
+    comm::Work request_work, reply_work;
+    std::vector<comm::Work> data_works;  // a reply's parameters: one message per unit shard
     std::vector<comm::Work> grad_works;  // the push's payload: one message per shard
     int64_t clock = 0;
     bool hello = false, done = false, arrived = false;
@@ -112,13 +131,18 @@ class ServerLoop {
     return std::max<int64_t>(base_clock_, 0) + (sync() ? sync_updates_ : applied_ / W_);
   }
   bool sync() const { return ps_.mode_ == ParameterServer::Mode::kSync; }
+  bool exact() const { return !scale_buckets_.empty(); }  // train.deterministic
   comm::Deadline deadline() const { return comm::Deadline::after(ps_.timeout()); }
+  void wait_all(std::vector<comm::Work>& works) {
+    for (comm::Work& w : works) w.wait(deadline());
+    works.clear();
+  }
   float* params() { return ps_.server_.values.data<float>(); }
   float* grads() { return ps_.server_.grads.data<float>(); }
-  // One optimizer step over the whole shard.
-  void apply(float lr) {
+  // One optimizer step over the whole shard, reading the gradient times grad_scale.
+  void apply(float lr, float grad_scale = 1.0f) {
     const optim::Segment seg{params(), grads(), static_cast<int64_t>(len_), 0};
-    opt_.step({&seg, 1}, lr);
+    opt_.step({&seg, 1}, lr, grad_scale);
   }
 
   void post(int w);
@@ -126,6 +150,7 @@ class ServerLoop {
   void handle(int w);
   void push(int w);
   void apply_sync();
+  void sum_exact();
   void answer_pulls();
   void open_claims(int w);
   int64_t grant(Worker& k);
@@ -146,7 +171,11 @@ class ServerLoop {
   const bool inverse_;
   size_t len_ = 0;
   std::unique_ptr<compress::PushCodec> codec_;  // compress.kind != none: decodes pushes
-  std::vector<nn::Range> unit_shards_;          // uncompressed: the pushes' messages
+  // Server's shard of every unit in the order the backward completes them: uncompressed, the
+  // pushes' messages; backwards, the order the replies send them (what the forward reads first)
+  std::vector<nn::Range> unit_shards_;
+  std::vector<nn::Range> scale_buckets_;  // train.deterministic: the workers' (arena ranges)
+  std::vector<int64_t> sums_;             // train.deterministic: the step's integer sum
   std::vector<Worker> workers_;
   int done_ = 0, arrived_ = 0;
   int64_t base_clock_ = -1;                 // set by the first hello (-1: none yet)
@@ -168,8 +197,14 @@ void ServerLoop::post_grad(int w) {
     return;
   }
   for (const nn::Range& p : unit_shards_)
-    k.grad_works.push_back(world_.irecv(k.grad.data() + p.lo, static_cast<size_t>(p.size()),
-                                        comm::ElemType::kF32, peer(w), ParameterServer::kTagGrad));
+    k.grad_works.push_back(
+        exact() ? world_.irecv(k.sums.data() + p.lo, static_cast<size_t>(p.size()),
+                               comm::ElemType::kI64, peer(w), ParameterServer::kTagGrad)
+                : world_.irecv(k.grad.data() + p.lo, static_cast<size_t>(p.size()),
+                               comm::ElemType::kF32, peer(w), ParameterServer::kTagGrad));
+  if (exact())
+    k.grad_works.push_back(world_.irecv(k.scales.data(), k.scales.size(), comm::ElemType::kF64,
+                                        peer(w), ParameterServer::kTagGrad));
 }
 
 void ServerLoop::post(int w) {
@@ -218,7 +253,7 @@ nlohmann::json ServerLoop::run() {
   }
   for (Worker& k : workers_) {
     k.reply_work.wait(deadline());  // the last replies
-    k.data_work.wait(deadline());
+    wait_all(k.data_works);
     k.grad_works.clear();  // cancels the gradient receives nobody will match
   }
   nlohmann::json out = {{"role", "server"}, {"rank", ps_.rank()}, {"version", version()}};
@@ -297,10 +332,13 @@ void ServerLoop::push(int w) {
     for (comm::Work& g : k.grad_works) g.wait(deadline());
     if (codec_) codec_->decode(k.msg.data(), k.grad.data());
     const float scale = std::bit_cast<float>(static_cast<uint32_t>(k.request.scale));
-    if (!codec_ && !skip && scale != 1.0f)
+    k.factor = scale;  // deterministic: the optimizer's gradient scale
+    if (!codec_ && !exact() && !skip && scale != 1.0f)
       for (size_t i = 0; i < len_; ++i) k.grad[i] *= scale;
-    stats_[ParameterServer::kBytesIn] +=
-        codec_ ? static_cast<double>(k.msg.size()) : 4.0 * static_cast<double>(len_);
+    stats_[ParameterServer::kBytesIn] += codec_ ? static_cast<double>(k.msg.size())
+                                         : exact()
+                                             ? 8.0 * static_cast<double>(len_ + k.scales.size())
+                                             : 4.0 * static_cast<double>(len_);
   }
   stats_[ParameterServer::kPushes] += 1;
   const int64_t clock = k.request.clock, held = k.request.held;
@@ -356,16 +394,20 @@ void ServerLoop::apply_sync() {
       std::any_of(workers_.begin(), workers_.end(), [](const Worker& k) { return k.skipped; });
   if (!skip) {
     // The replies of the last version went out straight from the shard: they must have landed.
-    for (Worker& k : workers_) k.data_work.wait(deadline());
-    // Summed in worker order, so the result does not depend on arrival order. Each push
-    // already carries its rows' share of the global mean: the sum is the global-mean gradient.
-    float* g = grads();
-    std::memcpy(g, workers_[0].grad.data(), len_ * sizeof(float));
-    for (int w = 1; w < W_; ++w) {
-      const float* src = workers_[static_cast<size_t>(w)].grad.data();
-      for (size_t i = 0; i < len_; ++i) g[i] += src[i];
+    for (Worker& k : workers_) wait_all(k.data_works);
+    if (exact()) {
+      sum_exact();
+    } else {
+      // Summed in worker order, so the result does not depend on arrival order. Each push
+      // already carries its rows' share of the global mean: the sum is the global-mean gradient.
+      float* g = grads();
+      std::memcpy(g, workers_[0].grad.data(), len_ * sizeof(float));
+      for (int w = 1; w < W_; ++w) {
+        const float* src = workers_[static_cast<size_t>(w)].grad.data();
+        for (size_t i = 0; i < len_; ++i) g[i] += src[i];
+      }
     }
-    apply(lr_(steps_clock()));
+    apply(lr_(steps_clock()), exact() ? workers_[0].factor : 1.0f);
     stats_[ParameterServer::kGradientsApplied] += W_;
     stats_[ParameterServer::kUpdates] += 1;
     record_staleness(0, W_);
@@ -379,6 +421,26 @@ void ServerLoop::apply_sync() {
     k.skipped = false;
   }
   stats_[ParameterServer::kApplySeconds] += now_seconds() - t0;
+}
+
+// Deterministic mode: the workers' integer sums added (exact: any order gives the same sums)
+// and turned back into the gradient at the scales the workers agreed, as one worker's exact sum
+// would; the factor (fp16's loss scale) is the optimizer's gradient scale.
+void ServerLoop::sum_exact() {
+  const Worker& first = workers_[0];
+  for (const Worker& k : workers_)
+    if (k.scales != first.scales ||
+        std::bit_cast<uint32_t>(k.factor) != std::bit_cast<uint32_t>(first.factor))
+      throw Error(str("parameter server: server rank ", ps_.rank(), ": the workers pushed step ",
+                      steps_clock(),
+                      " at different scales or factors; deterministic workers agree on them "
+                      "(this is a bug)"));
+  std::copy(first.sums.begin(), first.sums.end(), sums_.begin());
+  for (int w = 1; w < W_; ++w) {
+    const int64_t* src = workers_[static_cast<size_t>(w)].sums.data();
+    for (size_t i = 0; i < len_; ++i) sums_[i] += src[i];
+  }
+  ExactSum::dequantise(sums_.data(), ps_.server_.range, scale_buckets_, first.scales, grads());
 }
 
 void ServerLoop::open_claims(int w) {
@@ -451,7 +513,7 @@ void ServerLoop::answer_pulls() {
 void ServerLoop::reply(int w) {
   Worker& k = workers_[static_cast<size_t>(w)];
   k.reply_work.wait(deadline());  // the previous reply was received long ago
-  k.data_work.wait(deadline());
+  wait_all(k.data_works);
   const bool changed = version() != k.pull_held;
   const int64_t claimed = k.wants_claim ? grant(k) : -1;
   if (Tracer* tracer = active_tracer()) {
@@ -470,7 +532,11 @@ void ServerLoop::reply(int w) {
     std::memcpy(k.snapshot.data(), src, len_ * sizeof(float));
     src = k.snapshot.data();
   }
-  k.data_work = world_.isend(src, len_, comm::ElemType::kF32, peer(w), ParameterServer::kTagParams);
+  // Unit by unit, the first layers' first: the worker's forward starts on a unit once it landed.
+  for (auto p = unit_shards_.rbegin(); p != unit_shards_.rend(); ++p)
+    k.data_works.push_back(world_.isend(src + p->lo, static_cast<size_t>(p->size()),
+                                        comm::ElemType::kF32, peer(w),
+                                        ParameterServer::kTagParams));
   stats_[ParameterServer::kPullsWithData] += 1;
   stats_[ParameterServer::kBytesOut] += 4.0 * static_cast<double>(len_);
 }

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Pipeline and parameter-server layouts under mpirun (one rank per process):
-#  1. a dp 2 x pp 2 pipeline in deterministic mode gives one rank's params_sha256;
+#  1. a dp 2 x pp 2 pipeline and a sync parameter server (1 server x 2 workers) in
+#     deterministic mode give one rank's params_sha256;
 #  2. a pp 2 pipeline (1f1b, interleaved with 2 chunks per stage, zb-h1) and a sync parameter
 #     server (1 server x 2 workers) give the same params_sha256 as the same layout run as
 #     threads of one process;
@@ -20,6 +21,11 @@ $mpirun -np 4 "$tessel" "${base[@]}" "${det[@]}" --set pp.stages=2 --run-dir "$t
 [ "$(sha "$tmp/one")" = "$(sha "$tmp/dpxpp")" ] ||
   { echo "FAIL: deterministic dp 2 x pp 2 under mpirun differs from 1 rank"; exit 1; }
 echo "ok: deterministic dp 2 x pp 2, 4 MPI ranks = 1 rank"
+$mpirun -np 3 "$tessel" "${base[@]}" "${det[@]}" --set ps.servers=1 --run-dir "$tmp/ps_det" \
+  > "$tmp/ps_det.out" 2>&1 || { cat "$tmp/ps_det.out"; exit 1; }
+[ "$(sha "$tmp/one")" = "$(sha "$tmp/ps_det")" ] ||
+  { echo "FAIL: deterministic parameter server under mpirun differs from 1 rank"; exit 1; }
+echo "ok: deterministic parameter server 1 x 2, 3 MPI ranks = 1 rank"
 
 check_same() {  # name, np, extra args...
   local name=$1 np=$2
@@ -60,4 +66,4 @@ $mpirun -np 8 "$tessel" "${gpt[@]}" --run-dir "$tmp/3d-mpi" > "$tmp/3d.out" 2>&1
 [ "$(sha "$tmp/3d-threads")" = "$(sha "$tmp/3d-mpi")" ] ||
   { echo "FAIL: dp 2 x pp 2 x tp 2 under mpirun differs from threads"; exit 1; }
 echo "ok: dp 2 x pp 2 x tp 2, 8 MPI ranks = 8 threads"
-echo "7 passed, 0 failed"
+echo "8 passed, 0 failed"

@@ -1,9 +1,10 @@
 // Parameter server: sync mode equals data parallel after 20 steps (1 and 2 servers) and applies
-// every gradient exactly once; a resumed sync run equals an uninterrupted one; async and ssp
-// learn and report staleness; their claims hand every batch of an epoch to exactly one worker,
-// a slowed worker trains fewer, ssp keeps claims within ps.staleness steps of the oldest batch
-// in progress; an async run resumes mid-epoch; a worker or server that dies or stops gives a
-// CommError within the deadline.
+// every gradient exactly once; in deterministic mode it gives one worker's params_sha256 (1
+// server x 1, 2, 3 workers, 2 servers x 2; fp16 too) and refuses async, ssp and clipping; a resumed
+// sync run equals an uninterrupted one; async and ssp learn and report staleness; their claims hand
+// every batch of an epoch to exactly one worker, a slowed worker trains fewer, ssp keeps claims
+// within ps.staleness steps of the oldest batch in progress; an async run resumes mid-epoch; a
+// worker or server that dies or stops gives a CommError within the deadline.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -12,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 #include <vector>
 
@@ -46,6 +48,16 @@ testing::RunResult train_on(const train::Config& cfg, int ranks, const std::stri
                             train::RunOptions opts = {}) {
   opts.run_dir = run_dir(dir);
   return testing::train_on(cfg, ranks, opts);
+}
+
+// The InvalidArgument a run of cfg on `ranks` thread ranks fails with ("" if none).
+std::string error_of(const train::Config& cfg, int ranks) {
+  try {
+    train_on(cfg, ranks, "bad");
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
 }
 
 using testing::max_rel_diff;
@@ -92,6 +104,39 @@ TEST(ParameterServer, SyncMatchesDataParallelAndAppliesEveryGradientOnce) {
     EXPECT_NEAR(ps.summary["test_accuracy"].get<double>(),
                 dp.summary["test_accuracy"].get<double>(), 0.02);
   }
+}
+
+// Deterministic mode: the workers push their micro-shards' exact integer sums at the scales one
+// worker would pick, the servers add them: one worker's bits for every worker and server count.
+TEST(ParameterServer, DeterministicSyncGivesOneWorkersBits) {
+  const std::vector<std::string> det = {"train.deterministic=true", "ddp.micro_shard=2"};
+  const auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), det.begin(), det.end());
+    return small_config(more);
+  };
+  const Result one = train_on(with({}), 1, "det_one");
+  for (auto [servers, workers] : {std::pair{1, 1}, {1, 2}, {1, 3}, {2, 2}}) {
+    const Result ps =
+        train_on(with({"ps.servers=" + std::to_string(servers)}), workers + servers, "det_ps");
+    EXPECT_EQ(ps.summary["params_sha256"], one.summary["params_sha256"])
+        << servers << " server(s) x " << workers << " worker(s)";
+    EXPECT_EQ(ps.summary["ranks"]["ps_servers"][0]["updates"], 20);
+  }
+  // Small buckets: several scale buckets, units cut between the 2 servers, pushed and pulled
+  // unit by unit.
+  const Result small = train_on(with({"ddp.bucket_mb=0.001"}), 1, "det_small");
+  EXPECT_EQ(train_on(with({"ddp.bucket_mb=0.001", "ps.servers=2"}), 4, "det_ps_small")
+                .summary["params_sha256"],
+            small.summary["params_sha256"]);
+  // fp16: an overflow injected on worker 1 at step 2 skips the step everywhere, as on one worker.
+  const std::vector<std::string> fp16 = {"train.precision=fp16", "debug.overflow_steps=[2]"};
+  const Result one16 = train_on(with(fp16), 1, "det_one16");
+  std::vector<std::string> ps16 = fp16;
+  ps16.push_back("ps.servers=1");
+  ps16.push_back("debug.overflow_rank=1");
+  const Result two16 = train_on(with(ps16), 3, "det_ps16");
+  EXPECT_EQ(two16.summary["params_sha256"], one16.summary["params_sha256"]);
+  EXPECT_EQ(two16.summary["ranks"]["ps_servers"][0]["updates"], 19);
 }
 
 // fp16 (loss scaling) on 1 server x 2 workers, sync: within the composition walk's fp16
@@ -141,8 +186,9 @@ TEST(ParameterServer, Fp16SkipsAnOverflowingStepEverywhere) {
 }
 
 // Pushes go out bucket by bucket during the backward (ddp.bucket_mb), the clipping and loss
-// scale applied by the servers: the bits do not depend on the bucket size, and one bucket over
-// the whole model is the push after the backward. 2 servers: buckets split between them.
+// scale applied by the servers, and pulls come back unit by unit in forward order: the bits do
+// not depend on the bucket size, and one bucket over the whole model is the push after the
+// backward and the pull of whole shards. 2 servers: buckets split between them.
 TEST(ParameterServer, BucketedPushesKeepTheBits) {
   auto run = [&](const char* mb) {
     return train_on(small_config({"ps.servers=2", "train.clip_norm=0.05", "train.max_steps=8",
@@ -153,6 +199,32 @@ TEST(ParameterServer, BucketedPushesKeepTheBits) {
   const std::vector<float> one = run("1000");
   EXPECT_EQ(run("0.001"), one);
   EXPECT_EQ(run("0.002"), one);
+}
+
+// A push returns once the servers' replies are in; the parameters then land unit by unit as
+// the next forward reaches each unit: traced, workers wait for parameters outside their waits
+// for the servers' replies (in the forward), unit by unit, first units first.
+TEST(ParameterServer, PulledUnitsLandAsTheForwardReachesThem) {
+  const Result r = train_on(
+      small_config({"ps.servers=2", "ddp.bucket_mb=0.001", "train.trace=true", "trace.steps=2:6"}),
+      4, "land");
+  std::ifstream in(std::filesystem::path(run_dir("land")) / "trace.json");
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  std::vector<std::pair<double, double>> replies;  // worker 0's waits for the servers
+  std::vector<double> lands;                       // worker 0's lands, by start
+  for (const nlohmann::json& e : doc["traceEvents"]) {
+    if (e["ph"] != "X" || e["pid"] != 0) continue;
+    const double t = e["ts"].get<double>(), end = t + e.value("dur", 0.0);
+    if (e["name"] == "wait for servers") replies.push_back({t, end});
+    if (e["name"] == "wait for parameters") lands.push_back(t);
+  }
+  int in_forward = 0;
+  for (double t : lands)
+    in_forward += std::none_of(replies.begin(), replies.end(),
+                               [&](const auto& w) { return t >= w.first && t <= w.second; });
+  // Steps 3-5 land every unit of the pull of the step before in their forward (several units).
+  EXPECT_GE(in_forward, 3 * 3) << lands.size() << " lands, " << replies.size() << " waits";
+  EXPECT_EQ(r.summary["steps"], 20);
 }
 
 TEST(ParameterServer, ResumedSyncRunEqualsUninterrupted) {
@@ -335,8 +407,19 @@ TEST(ParameterServer, ResumedAsyncRunTrainsTheRestOfTheBudget) {
 TEST(ParameterServer, RejectsImpossibleSettings) {
   EXPECT_THROW(train_on(small_config({"ps.servers=1", "debug.slow_rank=3"}), 4, "bad"),
                InvalidArgument);  // rank 3 is the server
-  EXPECT_THROW(train_on(small_config({"ps.servers=1", "train.deterministic=true"}), 3, "bad"),
-               InvalidArgument);
+  // Deterministic mode: async and ssp apply pushes in arrival order; clipping needs the norm of
+  // the summed gradient, which only the servers hold.
+  for (const char* mode : {"ps.mode=async", "ps.mode=ssp"}) {
+    const std::string why =
+        error_of(small_config({"ps.servers=1", "train.deterministic=true", mode}), 3);
+    EXPECT_NE(why.find("arrival order decides the result"), std::string::npos) << why;
+  }
+  try {
+    small_config({"ps.servers=1", "train.deterministic=true", "train.clip_norm=1"});
+    ADD_FAILURE() << "train.clip_norm with a deterministic parameter server was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("set train.clip_norm = 0"), std::string::npos) << e.what();
+  }
   // async and ssp train claimed batches at each worker's pace: no step checkpoints, no
   // accumulation, at least one row per worker.
   EXPECT_THROW(train_on(small_config({"ps.servers=1", "ps.mode=async", "checkpoint.every_steps=5"}),

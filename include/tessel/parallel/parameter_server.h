@@ -33,6 +33,7 @@ namespace tessel::parallel {
 namespace compress {
 class PushCodec;
 }  // namespace compress
+class ExactPushSync;  // grad_syncs.h
 
 // Server k's range of the arena: contiguous, about n / servers elements each, a cut moved to
 // the nearest parameter boundary when that changes a shard by at most an eighth (the planner
@@ -63,7 +64,12 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
   // is done with it (on_block), overlapped with the rest of the backward; the step's request
   // then carries the factor (loss scale, clipping) the servers multiply it by. Compressed
   // pushes (compress.kind) are encoded per server's shard at the step instead (the codec needs
-  // the scaled shard).
+  // the scaled shard). train.deterministic (sync mode): the worker keeps every micro-shard's
+  // gradient apart; at the step the workers agree the scales one worker would pick and each
+  // pushes its shards' int64 sums at them and the scales; the servers add the integers of every
+  // worker (any order, the same sums), turn them back to floats as data parallel's exact sum
+  // does (exact_sum.h) and apply the request's factor as the optimizer's gradient scale: one
+  // worker's bits. Its norm only says whether fp16 overflowed (clip_norm is refused).
   std::unique_ptr<GradSync> worker_sync(nn::Model& model, const Units& units);
   void on_block(nn::Phase phase, size_t block, bool last) override;
 
@@ -128,7 +134,7 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
     kValues,
     kDone
   };
-  static constexpr int64_t kWireVersion = 2;
+  static constexpr int64_t kWireVersion = 3;  // 3: pulls and deterministic pushes per unit
   struct Request {
     int64_t wire = kWireVersion;
     int64_t kind = 0;
@@ -199,7 +205,12 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
   // Server k's shard of each unit the workers send, in the order they go out (as offsets in
   // server k's shard); uncompressed pushes arrive as one message per unit shard.
   std::vector<nn::Range> unit_shards(int k) const;
-  void await_replies(const char* what);  // receives every server's reply (and changed shards)
+  // Receives every server's reply; the changed shards land unit by unit (land), in the order
+  // the forward reads them: lazy (a push, a forward follows), as the forward reaches each unit
+  // (on_block), else all before it returns.
+  void await_replies(const char* what, bool lazy = false);
+  void land(int u);  // waits until unit u's pulled parameters have landed (working copy too)
+  void land_all();
   void pull(Kind kind);
   void push(float grad_scale, int64_t step, bool skip);
   std::vector<double> gather(double value);
@@ -223,19 +234,21 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
   bool evaluated_ = false;  // pulled for evaluation since the last training step
   int64_t clock_ = 0;       // steps pushed (async, ssp: 1 + the global step of the last push)
   static constexpr int64_t kNotAsked = -2;
-  Range claims_;                   // the range claimed from (async, ssp)
-  bool claiming_ = false;          // the exchange in flight claims a batch
-  int64_t claimed_ = kNotAsked;    // what the last exchange claimed (-1: none left)
-  int64_t pushes_ = 0;             // batches pushed in this invocation
-  bool pushed_ = false;            // this step pushed (end_step)
-  Units units_;                    // the buckets, in completion order below
-  std::vector<int> order_;         // units in the order the backward completes them
-  GradSync* sync_ = nullptr;       // worker: its gradient (worker_sync)
-  std::vector<char> sent_;         // worker, per unit: sent in this step
-  std::vector<int64_t> versions_;  // version of each server's shard held
+  Range claims_;                    // the range claimed from (async, ssp)
+  bool claiming_ = false;           // the exchange in flight claims a batch
+  int64_t claimed_ = kNotAsked;     // what the last exchange claimed (-1: none left)
+  int64_t pushes_ = 0;              // batches pushed in this invocation
+  bool pushed_ = false;             // this step pushed (end_step)
+  Units units_;                     // the buckets, in completion order below
+  std::vector<int> order_;          // units in the order the backward completes them
+  GradSync* sync_ = nullptr;        // worker: its gradient (worker_sync)
+  ExactPushSync* exact_ = nullptr;  // worker, train.deterministic: sync_, its integer sums
+  std::vector<char> sent_;          // worker, per unit: sent in this step
+  std::vector<int64_t> versions_;   // version of each server's shard held
   std::vector<Request> request_;
   std::vector<Reply> reply_;
   std::vector<comm::Work> sends_;
+  std::vector<std::vector<comm::Work>> landing_;  // per unit: its pulled shards still in flight
   // Measurements since the last report() (comm_exposed_seconds) and, for the ps_* figures,
   // totals since this invocation started, like the servers' counters.
   double wait_s_ = 0;  // waiting for replies (pull, sync and ssp waits)

@@ -116,20 +116,6 @@ void with_elem(Elem e, F f) {
   }
 }
 
-// c = alpha * acc + beta * c over the first n lanes of an f32 C.
-inline void update(float* c, int n, __m256 acc, __m256 alpha, float beta) {
-  __m256 v = _mm256_mul_ps(alpha, acc);
-  if (n >= kL) {
-    if (beta != 0.0f) v = _mm256_fmadd_ps(_mm256_set1_ps(beta), _mm256_loadu_ps(c), v);
-    _mm256_storeu_ps(c, v);
-    return;
-  }
-  if (n <= 0) return;
-  const __m256i m = head_mask(n);
-  if (beta != 0.0f) v = _mm256_fmadd_ps(_mm256_set1_ps(beta), _mm256_maskload_ps(c, m), v);
-  _mm256_maskstore_ps(c, m, v);
-}
-
 // n (<= kL) consecutive elements of a C of kind e from element `off` of p, widened exactly.
 inline __m256 load_c(const void* p, CElem e, int64_t off, int n) {
   if (e == CElem::kF32) {
@@ -157,29 +143,34 @@ inline void store_c(void* p, CElem e, int64_t off, int n, __m256 v) {
   std::memcpy(h, part, static_cast<size_t>(n) * sizeof(uint16_t));
 }
 
+// out = alpha * acc + beta * in over the first n (<= kL) lanes (in not read when beta = 0).
+inline void update(const void* in, CElem e_in, void* out, CElem e, int64_t off, int n, __m256 acc,
+                   __m256 alpha, float beta) {
+  if (n <= 0) return;
+  __m256 v = _mm256_mul_ps(alpha, acc);
+  if (beta != 0.0f) v = _mm256_fmadd_ps(_mm256_set1_ps(beta), load_c(in, e_in, off, n), v);
+  store_c(out, e, off, n, v);
+}
+
 // The tile's accumulators, stored to tile[R][kNr] (through the stack, so that the accumulator
 // registers never have their address taken, which would make gcc store them after every FMA),
 // into C of any kind and orientation: C rows take two updates of up to kL lanes each; C columns
 // (the transposed product) one update of R lanes per tile column.
 template <int R>
 void store_tile(const float (*tile)[kNr], const TileOut& t) {
-  const __m256 alpha = _mm256_set1_ps(t.alpha), beta = _mm256_set1_ps(t.beta);
-  auto update_any = [&](int64_t off, int n, __m256 acc) {
-    __m256 v = _mm256_mul_ps(alpha, acc);
-    if (t.beta != 0.0f) v = _mm256_fmadd_ps(beta, load_c(t.c_in, t.e_in, off, n), v);
-    store_c(t.c, t.e, off, n, v);
-  };
+  const __m256 alpha = _mm256_set1_ps(t.alpha);
   if (t.cs == 1) {
     for (int i = 0; i < R; ++i) {
-      update_any(i * t.rs, std::min(t.cols, kL), _mm256_load_ps(tile[i]));
-      if (t.cols > kL) update_any(i * t.rs + kL, t.cols - kL, _mm256_load_ps(tile[i] + kL));
+      for (int h = 0; h < kNr; h += kL)
+        update(t.c_in, t.e_in, t.c, t.e, i * t.rs + h, std::min(t.cols - h, kL),
+               _mm256_load_ps(tile[i] + h), alpha, t.beta);
     }
     return;
   }
   for (int j = 0; j < t.cols; ++j) {
     alignas(32) float col[kL] = {};
     for (int i = 0; i < R; ++i) col[i] = tile[i][j];
-    update_any(j * t.cs, R, _mm256_load_ps(col));
+    update(t.c_in, t.e_in, t.c, t.e, j * t.cs, R, _mm256_load_ps(col), alpha, t.beta);
   }
 }
 
@@ -187,13 +178,12 @@ void store_tile(const float (*tile)[kNr], const TileOut& t) {
 template <int R, ALayout L>
 void micro_kernel(int64_t kc, const float* __restrict a, const float* __restrict b, int64_t ldb,
                   const TileOut& t) {
-  // An f32 C's rows are updated in registers; any other tile goes through store_tile.
-  const bool f32_rows = t.cs == 1 && t.e == CElem::kF32 && t.e_in == CElem::kF32;
-  if (f32_rows) {
+  if (t.cs == 1) {  // the first touch of C's rows would otherwise stall the stores
+    const int64_t bytes = detail::c_bytes(t.e_in);
     for (int i = 0; i < R; ++i) {
-      const float* row = static_cast<const float*>(t.c) + i * t.rs;
-      _mm_prefetch(reinterpret_cast<const char*>(row), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(row + kNr - 1), _MM_HINT_T0);
+      const char* row = static_cast<const char*>(t.c_in) + i * t.rs * bytes;
+      _mm_prefetch(row, _MM_HINT_T0);
+      _mm_prefetch(row + (kNr - 1) * bytes, _MM_HINT_T0);
     }
   }
   __m256 acc0[R], acc1[R];
@@ -211,7 +201,8 @@ void micro_kernel(int64_t kc, const float* __restrict a, const float* __restrict
     a += L == ALayout::kRows ? 1 : R;
     b += ldb;
   }
-  if (!f32_rows) {
+  // An f32 C's rows are updated from the registers; any other tile goes through store_tile.
+  if (t.cs != 1 || t.e != CElem::kF32 || t.e_in != CElem::kF32) {
     alignas(32) float tile[R][kNr];
 #pragma GCC unroll 6
     for (int i = 0; i < R; ++i) {
@@ -224,9 +215,9 @@ void micro_kernel(int64_t kc, const float* __restrict a, const float* __restrict
   const __m256 alpha = _mm256_set1_ps(t.alpha);
 #pragma GCC unroll 6
   for (int i = 0; i < R; ++i) {
-    float* row = static_cast<float*>(t.c) + i * t.rs;
-    update(row, t.cols, acc0[i], alpha, t.beta);
-    update(row + kL, t.cols - kL, acc1[i], alpha, t.beta);
+    update(t.c, CElem::kF32, t.c, CElem::kF32, i * t.rs, std::min(t.cols, kL), acc0[i], alpha,
+           t.beta);
+    update(t.c, CElem::kF32, t.c, CElem::kF32, i * t.rs + kL, t.cols - kL, acc1[i], alpha, t.beta);
   }
 }
 

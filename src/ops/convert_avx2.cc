@@ -21,14 +21,6 @@ inline __m256 load8(const void* p, DType t, int64_t i) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
 }
 
-// Round to nearest even in integer lanes; NaN keeps a quiet NaN.
-inline __m128i to_bf16(__m256 v) {
-  const __m256i r = _mm256_srli_epi32(round_to_bf16(v), 16);
-  // Pack the 8 lanes to 16 bits (each 128-bit half packs on its own), then gather the halves.
-  const __m256i packed = _mm256_packus_epi32(r, r);
-  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
-}
-
 inline void store8(void* p, DType t, int64_t i, __m256 v) {
   if (t == DType::kF32) return _mm256_storeu_ps(static_cast<float*>(p) + i, v);
   auto* h = reinterpret_cast<__m128i*>(static_cast<Half*>(p) + i);

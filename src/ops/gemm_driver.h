@@ -24,6 +24,8 @@
 // contiguous, the kernel reads B in place instead (packing would cost about as much as it
 // saves).
 //
+// C may be f32 or (AVX2 policy, gemm_lowp) 16-bit: see CElem.
+//
 // When N is far from a multiple of Nr while M is not (N = 10 would waste most lanes), the
 // product is computed transposed, C^T = op(B)^T op(A)^T: the operands swap roles and the kernel
 // stores its tile transposed. Every element's sum is the same either way.
@@ -76,13 +78,29 @@ inline ALayout a_layout(const View& a) {
   return a.cs == 1 ? ALayout::kRows : ALayout::kInterleaved;
 }
 
-// Where a tile goes: its element (i, j) is c[i * rs + j * cs], columns j < cols are stored.
-// Either cs = 1 (C rows) or rs = 1 (transposed product, C columns).
+// How C's elements are stored: f32, or gemm_lowp's 16-bit C (AVX2 policy only), which the
+// tile widens to f32 when beta reads it and rounds to nearest even when it stores it (as
+// ops::convert rounds).
+enum class CElem { kF32, kBf16, kF16 };
+
+inline int64_t c_bytes(CElem e) { return e == CElem::kF32 ? 4 : 2; }
+
+// Element `off` of a C buffer of kind e.
+inline void* c_at(void* p, CElem e, int64_t off) {
+  return static_cast<char*>(p) + off * c_bytes(e);
+}
+
+// Where a tile goes: its element (i, j) is element i * rs + j * cs of c (stored as kind e),
+// columns j < cols are stored; beta scales element i * rs + j * cs of c_in (kind e_in, read only
+// when beta != 0), which is c itself except while a 16-bit C waits in f32 staging between K
+// blocks. Either cs = 1 (C rows) or rs = 1 (transposed product, C columns).
 struct TileOut {
-  float* c;
+  void* c;
+  const void* c_in;
   int64_t rs, cs;
   int cols;
   float alpha, beta;  // beta = 0: C is not read
+  CElem e = CElem::kF32, e_in = CElem::kF32;
 };
 
 // The micro-kernel of a tile of `rows` rows; row k of the B micro-panel is at b + k * ldb.
@@ -106,11 +124,20 @@ TileKernel tile_kernel(ALayout layout, int rows) {
   return layout == ALayout::kRows ? kRows[rows] : kInterleaved[rows];
 }
 
-// C = alpha * op(A) @ op(B) + beta * C over views; C(i, j) is c[i * rs_c + j * cs_c].
+// C's storage: element (i, j) at element i * rs + j * cs of p, of kind e.
+struct CView {
+  void* p;
+  int64_t rs, cs;
+  CElem e;
+};
+
+// C = alpha * op(A) @ op(B) + beta * C over views. A 16-bit C is rounded once, when its sum is
+// complete: with several K blocks the partial sums wait in f32 staging laid out as C (so the
+// bits are those of an f32 C widened from it, updated and rounded: gemm_lowp's portable path).
 template <class P>
 void gemm_blocks(int64_t M, int64_t N, int64_t K, float alpha, const View& a, const View& b,
-                 float beta, float* c, int64_t rs_c, int64_t cs_c) {
-  static thread_local Scratch<float> tls_a, tls_b;
+                 float beta, const CView& c) {
+  static thread_local Scratch<float> tls_a, tls_b, tls_c;
   const RowTiles<P::kMr> tiles(M);
   const int64_t kc_max = sum_block_k(K);
   const int64_t nc_max = std::min<int64_t>((N + P::kNr - 1) / P::kNr * P::kNr, P::kNc);
@@ -119,6 +146,8 @@ void gemm_blocks(int64_t M, int64_t N, int64_t K, float alpha, const View& a, co
   constexpr int64_t kPackSlack = 16;
   float* pa = tls_a.get(std::min(tiles.count, P::kMcTiles) * P::kMr * kSumKc + kPackSlack);
   float* pb = tls_b.get(nc_max * kc_max);
+  const bool staged = c.e != CElem::kF32 && K > kc_max;
+  float* staging = staged ? tls_c.get((M - 1) * c.rs + (N - 1) * c.cs + 1) : nullptr;
   // Full B micro-panels are read in place (edge panels still need their zero padding).
   const bool direct_b = b.cs == 1 && b.e == Elem::kF32 && tiles.count <= P::kDirectBTiles;
   for (int64_t j0 = 0; j0 < N; j0 += P::kNc) {
@@ -126,6 +155,9 @@ void gemm_blocks(int64_t M, int64_t N, int64_t K, float alpha, const View& a, co
     for (int64_t p0 = 0; p0 < K; p0 += kc_max) {
       const int64_t kc = std::min(kc_max, K - p0);
       const float beta_k = p0 == 0 ? beta : 1.0f;
+      // This K block reads C (first) or the staging, and writes C (last) or the staging.
+      const CView in = staged && p0 > 0 ? CView{staging, c.rs, c.cs, CElem::kF32} : c;
+      const CView out = staged && p0 + kc < K ? CView{staging, c.rs, c.cs, CElem::kF32} : c;
       for (int64_t jr = 0; jr < nc; jr += P::kNr) {
         const int cols = static_cast<int>(std::min<int64_t>(P::kNr, nc - jr));
         if (!direct_b || cols < P::kNr) {
@@ -148,9 +180,11 @@ void gemm_blocks(int64_t M, int64_t N, int64_t K, float alpha, const View& a, co
           const float* ap = pa;
           for (int64_t t = t0; t < t1; ++t) {
             const int rows = tiles.rows(t);
-            const TileOut out{
-                c + tiles.start(t) * rs_c + (j0 + jr) * cs_c, rs_c, cs_c, cols, alpha, beta_k};
-            tile_kernel<P>(layout, rows)(kc, ap, bp, ldb, out);
+            const int64_t off = tiles.start(t) * c.rs + (j0 + jr) * c.cs;
+            void* to = c_at(out.p, out.e, off);
+            const void* from = c_at(in.p, in.e, off);
+            const TileOut tile{to, from, c.rs, c.cs, cols, alpha, beta_k, out.e, in.e};
+            tile_kernel<P>(layout, rows)(kc, ap, bp, ldb, tile);
             ap += rows * a_row_floats;
           }
         }
@@ -160,18 +194,18 @@ void gemm_blocks(int64_t M, int64_t N, int64_t K, float alpha, const View& a, co
 }
 
 // ops::gemm's contract for K > 0 and alpha != 0 (the caller handles the rest), over row-major
-// A and B of element kinds ea and eb.
+// A and B of element kinds ea and eb and C of kind ec.
 template <class P>
 void gemm_run(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
               const void* A, Elem ea, int64_t lda, const void* B, Elem eb, int64_t ldb, float beta,
-              float* C, int64_t ldc) {
+              void* C, CElem ec, int64_t ldc) {
   const View a{A, trans_a ? 1 : lda, trans_a ? lda : 1, ea};
   const View b{B, trans_b ? 1 : ldb, trans_b ? ldb : 1, eb};
   if (transpose_product<P::kNr>(M, N)) {
-    gemm_blocks<P>(N, M, K, alpha, b.transposed(), a.transposed(), beta, C, 1, ldc);
+    gemm_blocks<P>(N, M, K, alpha, b.transposed(), a.transposed(), beta, {C, 1, ldc, ec});
     return;
   }
-  gemm_blocks<P>(M, N, K, alpha, a, b, beta, C, ldc, 1);
+  gemm_blocks<P>(M, N, K, alpha, a, b, beta, {C, ldc, 1, ec});
 }
 
 }  // namespace

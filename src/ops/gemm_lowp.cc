@@ -3,9 +3,10 @@
 // bf16 and widened back to f32 (so the products are the native kernel's), then the f32 GEMM of
 // the level in use. CPUs without bf16 arithmetic keep bf16 storage and messages and compute in
 // f32 FMAs, at about the f32 speed. Where the level's GEMM has sgemm_lowp (AVX2) the rounding
-// happens while it packs its operands; elsewhere into f32 copies first. The copies (and a 16-bit
-// C's f32 copy) live in per-thread buffers reused across calls (a fresh allocation of that size
-// would be fresh pages, faulted in on every call).
+// happens while it packs its operands (and a 16-bit C is widened and rounded in its tile
+// stores); elsewhere into f32 copies first. The copies (and a 16-bit C's f32 copy) live in
+// per-thread buffers reused across calls (a fresh allocation of that size would be fresh pages,
+// faulted in on every call).
 #include <vector>
 
 #include "gemm_bf16.h"
@@ -45,13 +46,14 @@ const float* rounded(ConstMatrix x, int64_t stored_rows, int64_t stored_cols,
 
 void gemm_lowp_portable(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                         ConstMatrix A, ConstMatrix B, float beta, Matrix C) {
-  // C[M,N] (ldc) = alpha * op(A) op(B) + beta_c * C on the rounded operands: rounded while
-  // packed where the level's GEMM can (and runs the call: one BLAS thread), else into copies.
+  // Rounded while packed (and a 16-bit C on store) where the level's GEMM can and runs the call
+  // (one BLAS thread).
+  if (kernels().sgemm_lowp != nullptr && blas_threads() == 1) {
+    kernels().sgemm_lowp(trans_a, trans_b, M, N, K, alpha, A, B, beta, C);
+    return;
+  }
+  // Else into copies: C[M,N] (ldc) = alpha * op(A) op(B) + beta_c * C on the rounded operands.
   auto f32_gemm = [&](float beta_c, float* c, int64_t ldc) {
-    if (kernels().sgemm_lowp != nullptr && blas_threads() == 1) {
-      kernels().sgemm_lowp(trans_a, trans_b, M, N, K, alpha, A, B, beta_c, c, ldc);
-      return;
-    }
     const float* a = trans_a ? rounded(A, K, M, tls_a) : rounded(A, M, K, tls_a);
     const float* b = trans_b ? rounded(B, N, K, tls_b) : rounded(B, K, N, tls_b);
     gemm(trans_a, trans_b, M, N, K, alpha, a, trans_a ? M : K, b, trans_b ? K : N, beta_c, c, ldc);

@@ -43,12 +43,13 @@ struct CpuKernels {
   // dot products; the caller has checked sizes, K > 0 and alpha != 0.
   void (*gemm_bf16)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                     ConstMatrix A, ConstMatrix B, float beta, Matrix C) = nullptr;
-  // (optional, default null: operands rounded into f32 copies, then sgemm) gemm_lowp's f32 path
-  // for an f32 C: sgemm's kernel and sum order on operands of any float type, each rounded to
-  // bf16 while it is packed (gemm_driver.h's Elem); the caller has checked sizes, K > 0 and
-  // alpha != 0.
+  // (optional, default null: operands rounded into f32 copies, then sgemm) gemm_lowp's f32 path:
+  // sgemm's kernel and sum order on operands of any float type, each rounded to bf16 while it
+  // is packed (gemm_driver.h's Elem), and a C of any float type, a 16-bit one widened when read
+  // and rounded once when its sum is complete (gemm_driver.h's CElem); the caller has checked
+  // sizes, K > 0 and alpha != 0.
   void (*sgemm_lowp)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                     ConstMatrix A, ConstMatrix B, float beta, float* C, int64_t ldc) = nullptr;
+                     ConstMatrix A, ConstMatrix B, float beta, Matrix C) = nullptr;
 };
 
 // The table of the level in use (isa()).
@@ -79,7 +80,7 @@ void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void sgemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                ConstMatrix A, ConstMatrix B, float beta, float* C, int64_t ldc);
+                ConstMatrix A, ConstMatrix B, float beta, Matrix C);
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
 void maxpool_2x2(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W,
                  int64_t OH, int64_t OW);

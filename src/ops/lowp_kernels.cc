@@ -3,7 +3,8 @@
 // the GEMMs on gemm_lowp (bf16 products, f32 sums) and everything else through the f32 kernels
 // on f32 copies of small pieces (a chunk of an elementwise op, a row of a LayerNorm, one
 // sequence of an attention), so statistics, softmax and sums stay f32 and the 16-bit values
-// are rounded once, when stored. Parameter gradients are always f32 (accumulated, never
+// are rounded once, when stored; ReLU, which only keeps or zeroes values, selects the stored
+// bits directly (the same bits, without the conversions). Parameter gradients are always f32 (accumulated, never
 // rounded).
 #include <algorithm>
 #include <cstring>
@@ -67,6 +68,10 @@ void elementwise(void* y, std::initializer_list<const void*> inputs, int64_t n, 
   }
 }
 
+// Whether a 16-bit float of type t with bits h is > 0: sign clear, neither zero nor NaN (at most
+// the bits of +inf).
+bool positive(uint16_t h, DType t) { return h != 0 && h <= (t == DType::kBF16 ? 0x7f80 : 0x7c00); }
+
 }  // namespace
 
 void accumulate(float* acc, const void* x, int64_t n, DType t) {
@@ -114,8 +119,11 @@ void linear_backward(void* dx, DType x_type, float* dw, float* db, const void* d
 void relu_forward(void* y, const void* x, int64_t n, DType t) {
   check_float(t, "relu_forward");
   if (is_f32(t)) return relu_forward(static_cast<float*>(y), static_cast<const float*>(x), n);
-  elementwise(y, {x}, n, t,
-              [](float* o, const float* const* in, int64_t m) { relu_forward(o, in[0], m); });
+  // On the stored bits: the f32 kernel keeps a widened x > 0 exactly or gives +0, and rounding
+  // gives x's bits back.
+  const auto* in = static_cast<const uint16_t*>(x);
+  auto* out = static_cast<uint16_t*>(y);
+  for (int64_t i = 0; i < n; ++i) out[i] = positive(in[i], t) ? in[i] : uint16_t{0};
 }
 
 void relu_backward(void* dx, const void* dy, const void* y, int64_t n, DType t) {
@@ -124,9 +132,11 @@ void relu_backward(void* dx, const void* dy, const void* y, int64_t n, DType t) 
   if (is_f32(t))
     return relu_backward(static_cast<float*>(dx), static_cast<const float*>(dy),
                          static_cast<const float*>(y), n);
-  elementwise(dx, {dy, y}, n, t, [](float* o, const float* const* in, int64_t m) {
-    relu_backward(o, in[0], in[1], m);
-  });
+  // On the stored bits, as relu_forward (a NaN gradient stays a NaN).
+  const auto* g = static_cast<const uint16_t*>(dy);
+  const auto* out = static_cast<const uint16_t*>(y);
+  auto* d = static_cast<uint16_t*>(dx);
+  for (int64_t i = 0; i < n; ++i) d[i] = positive(out[i], t) ? g[i] : uint16_t{0};
 }
 
 void gelu_forward(void* y, const void* x, int64_t n, DType t) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 
 #include "gemm_driver.h"
 #include "kernels.h"
@@ -18,6 +19,7 @@ namespace {
 
 using detail::a_layout;
 using detail::ALayout;
+using detail::CElem;
 using detail::Elem;
 using detail::kSumKc;
 using detail::TileOut;
@@ -33,6 +35,14 @@ constexpr int64_t kMcTiles = 24;       // 144 rows: an A block of 144 x 320 floa
 constexpr int64_t kNc = 2048;          // a B block of 320 x 2048 floats (2.5 MiB) in L3
 constexpr int64_t kDirectBTiles = 24;  // B read in place up to 144 rows
 
+// n (<= kL) consecutive 16-bit values from h, lanes past n zero. Reads no element past n.
+inline __m128i load_half(const uint16_t* h, int64_t n) {
+  if (n >= kL) return _mm_loadu_si128(reinterpret_cast<const __m128i*>(h));
+  alignas(16) uint16_t part[kL] = {};
+  for (int64_t i = 0; i < n; ++i) part[i] = h[i];
+  return _mm_load_si128(reinterpret_cast<const __m128i*>(part));
+}
+
 // n (<= kL) consecutive elements of kind E from element `off` of p as f32 lanes, lanes past n
 // zero, each rounded to bf16 unless E is kF32 (Elem). Reads no element past n.
 template <Elem E>
@@ -43,15 +53,7 @@ __m256 load(const void* p, int64_t off, int64_t n) {
     if constexpr (E == Elem::kF32) return v;
     return _mm256_castsi256_ps(round_to_bf16(v));
   } else {
-    const uint16_t* h = static_cast<const uint16_t*>(p) + off;
-    __m128i x;
-    if (n >= kL) {
-      x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(h));
-    } else {
-      alignas(16) uint16_t part[kL] = {};
-      for (int64_t i = 0; i < n; ++i) part[i] = h[i];
-      x = _mm_load_si128(reinterpret_cast<const __m128i*>(part));
-    }
+    const __m128i x = load_half(static_cast<const uint16_t*>(p) + off, n);
     if constexpr (E == Elem::kBf16)
       return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16));
     return _mm256_castsi256_ps(round_to_bf16(_mm256_cvtph_ps(x)));
@@ -114,30 +116,61 @@ void with_elem(Elem e, F f) {
   }
 }
 
-// c = alpha * acc + beta * c over the first n lanes.
-inline void update(float* c, int n, __m256 acc, __m256 alpha, float beta) {
-  __m256 v = _mm256_mul_ps(alpha, acc);
-  if (n >= kL) {
-    if (beta != 0.0f) v = _mm256_fmadd_ps(_mm256_set1_ps(beta), _mm256_loadu_ps(c), v);
-    _mm256_storeu_ps(c, v);
-    return;
+// n (<= kL) consecutive elements of a C of kind e from element `off` of p, widened exactly.
+inline __m256 load_c(const void* p, CElem e, int64_t off, int n) {
+  if (e == CElem::kF32) {
+    const float* f = static_cast<const float*>(p) + off;
+    return n >= kL ? _mm256_loadu_ps(f) : _mm256_maskload_ps(f, head_mask(n));
   }
-  if (n <= 0) return;
-  const __m256i m = head_mask(n);
-  if (beta != 0.0f) v = _mm256_fmadd_ps(_mm256_set1_ps(beta), _mm256_maskload_ps(c, m), v);
-  _mm256_maskstore_ps(c, m, v);
+  const __m128i x = load_half(static_cast<const uint16_t*>(p) + off, n);
+  if (e == CElem::kF16) return _mm256_cvtph_ps(x);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16));
 }
 
-// Tile of the transposed product, its accumulators stored to tile[R][kNr] (through the stack, so
-// that the accumulator registers never have their address taken, which would make gcc store
-// them after every FMA): each C row (a tile column) takes one update of R lanes.
+// Stores the first n (<= kL) lanes of v as elements of a C of kind e from element `off` of p,
+// rounded to nearest even (as ops::convert rounds).
+inline void store_c(void* p, CElem e, int64_t off, int n, __m256 v) {
+  if (e == CElem::kF32) {
+    float* f = static_cast<float*>(p) + off;
+    if (n >= kL) return _mm256_storeu_ps(f, v);
+    return _mm256_maskstore_ps(f, head_mask(n), v);
+  }
+  const __m128i x = e == CElem::kF16 ? _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT) : to_bf16(v);
+  uint16_t* h = static_cast<uint16_t*>(p) + off;
+  if (n >= kL) return _mm_storeu_si128(reinterpret_cast<__m128i*>(h), x);
+  alignas(16) uint16_t part[kL];
+  _mm_store_si128(reinterpret_cast<__m128i*>(part), x);
+  std::memcpy(h, part, static_cast<size_t>(n) * sizeof(uint16_t));
+}
+
+// out = alpha * acc + beta * in over the first n (<= kL) lanes (in not read when beta = 0).
+inline void update(const void* in, CElem e_in, void* out, CElem e, int64_t off, int n, __m256 acc,
+                   __m256 alpha, float beta) {
+  if (n <= 0) return;
+  __m256 v = _mm256_mul_ps(alpha, acc);
+  if (beta != 0.0f) v = _mm256_fmadd_ps(_mm256_set1_ps(beta), load_c(in, e_in, off, n), v);
+  store_c(out, e, off, n, v);
+}
+
+// The tile's accumulators, stored to tile[R][kNr] (through the stack, so that the accumulator
+// registers never have their address taken, which would make gcc store them after every FMA),
+// into C of any kind and orientation: C rows take two updates of up to kL lanes each; C columns
+// (the transposed product) one update of R lanes per tile column.
 template <int R>
-void store_transposed(const float (*tile)[kNr], const TileOut& t) {
+void store_tile(const float (*tile)[kNr], const TileOut& t) {
   const __m256 alpha = _mm256_set1_ps(t.alpha);
+  if (t.cs == 1) {
+    for (int i = 0; i < R; ++i) {
+      for (int h = 0; h < kNr; h += kL)
+        update(t.c_in, t.e_in, t.c, t.e, i * t.rs + h, std::min(t.cols - h, kL),
+               _mm256_load_ps(tile[i] + h), alpha, t.beta);
+    }
+    return;
+  }
   for (int j = 0; j < t.cols; ++j) {
     alignas(32) float col[kL] = {};
     for (int i = 0; i < R; ++i) col[i] = tile[i][j];
-    update(t.c + j * t.cs, R, _mm256_load_ps(col), alpha, t.beta);
+    update(t.c_in, t.e_in, t.c, t.e, j * t.cs, R, _mm256_load_ps(col), alpha, t.beta);
   }
 }
 
@@ -145,10 +178,12 @@ void store_transposed(const float (*tile)[kNr], const TileOut& t) {
 template <int R, ALayout L>
 void micro_kernel(int64_t kc, const float* __restrict a, const float* __restrict b, int64_t ldb,
                   const TileOut& t) {
-  if (t.cs == 1) {
+  if (t.cs == 1) {  // the first touch of C's rows would otherwise stall the stores
+    const int64_t bytes = detail::c_bytes(t.e_in);
     for (int i = 0; i < R; ++i) {
-      _mm_prefetch(reinterpret_cast<const char*>(t.c + i * t.rs), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(t.c + i * t.rs + kNr - 1), _MM_HINT_T0);
+      const char* row = static_cast<const char*>(t.c_in) + i * t.rs * bytes;
+      _mm_prefetch(row, _MM_HINT_T0);
+      _mm_prefetch(row + (kNr - 1) * bytes, _MM_HINT_T0);
     }
   }
   __m256 acc0[R], acc1[R];
@@ -166,22 +201,23 @@ void micro_kernel(int64_t kc, const float* __restrict a, const float* __restrict
     a += L == ALayout::kRows ? 1 : R;
     b += ldb;
   }
-  if (t.cs != 1) {
+  // An f32 C's rows are updated from the registers; any other tile goes through store_tile.
+  if (t.cs != 1 || t.e != CElem::kF32 || t.e_in != CElem::kF32) {
     alignas(32) float tile[R][kNr];
 #pragma GCC unroll 6
     for (int i = 0; i < R; ++i) {
       _mm256_store_ps(tile[i], acc0[i]);
       _mm256_store_ps(tile[i] + kL, acc1[i]);
     }
-    store_transposed<R>(tile, t);
+    store_tile<R>(tile, t);
     return;
   }
   const __m256 alpha = _mm256_set1_ps(t.alpha);
 #pragma GCC unroll 6
   for (int i = 0; i < R; ++i) {
-    float* row = t.c + i * t.rs;
-    update(row, t.cols, acc0[i], alpha, t.beta);
-    update(row + kL, t.cols - kL, acc1[i], alpha, t.beta);
+    update(t.c, CElem::kF32, t.c, CElem::kF32, i * t.rs, std::min(t.cols, kL), acc0[i], alpha,
+           t.beta);
+    update(t.c, CElem::kF32, t.c, CElem::kF32, i * t.rs + kL, t.cols - kL, acc1[i], alpha, t.beta);
   }
 }
 
@@ -204,16 +240,19 @@ struct Policy {
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   detail::gemm_run<Policy>(trans_a, trans_b, M, N, K, alpha, A, Elem::kF32, lda, B, Elem::kF32, ldb,
-                           beta, C, ldc);
+                           beta, C, CElem::kF32, ldc);
 }
 
 void sgemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
-                ConstMatrix A, ConstMatrix B, float beta, float* C, int64_t ldc) {
+                ConstMatrix A, ConstMatrix B, float beta, Matrix C) {
   auto elem = [](DType t) {
     return t == DType::kBF16 ? Elem::kBf16 : t == DType::kF16 ? Elem::kF16Bf16 : Elem::kF32Bf16;
   };
+  const CElem ec = C.type == DType::kBF16  ? CElem::kBf16
+                   : C.type == DType::kF16 ? CElem::kF16
+                                           : CElem::kF32;
   detail::gemm_run<Policy>(trans_a, trans_b, M, N, K, alpha, A.p, elem(A.type), A.ld, B.p,
-                           elem(B.type), B.ld, beta, C, ldc);
+                           elem(B.type), B.ld, beta, C.p, ec, C.ld);
 }
 
 }  // namespace tessel::ops::avx2

@@ -104,20 +104,23 @@ void store_transposed(const __m512* acc0, const __m512* acc1, const TileOut& t) 
     for (int i = 0; i < 16; ++i) r[i] = i < R ? _mm512_load_ps(tile[i] + h) : _mm512_setzero_ps();
     transpose16(r);
     const int n = std::min(16, t.cols - h);
-    for (int j = 0; j < n; ++j) update(t.c + (h + j) * t.cs, row_mask, r[j], alpha, t.beta);
+    for (int j = 0; j < n; ++j)
+      update(static_cast<float*>(t.c) + (h + j) * t.cs, row_mask, r[j], alpha, t.beta);
   }
 }
 
-// The R x kNr tile C = alpha * (A micro-panel @ B micro-panel) + beta * C. Row k of the B
-// micro-panel is at b + k * ldb: ldb = kNr when packed, else B's own row stride.
+// The R x kNr tile C = alpha * (A micro-panel @ B micro-panel) + beta * C, C f32 (ops::gemm's:
+// t.c is t.c_in). Row k of the B micro-panel is at b + k * ldb: ldb = kNr when packed, else B's
+// own row stride.
 template <int R, ALayout L>
 void micro_kernel(int64_t kc, const float* __restrict a, const float* __restrict b, int64_t ldb,
                   const TileOut& t) {
   if (t.cs == 1) {
     // The first touch of C would otherwise stall the stores after the k loop.
     for (int i = 0; i < R; ++i) {
-      _mm_prefetch(reinterpret_cast<const char*>(t.c + i * t.rs), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(t.c + i * t.rs + kNr - 1), _MM_HINT_T0);
+      const float* row = static_cast<const float*>(t.c) + i * t.rs;
+      _mm_prefetch(reinterpret_cast<const char*>(row), _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(row + kNr - 1), _MM_HINT_T0);
     }
   }
   __m512 acc0[R], acc1[R];
@@ -143,7 +146,7 @@ void micro_kernel(int64_t kc, const float* __restrict a, const float* __restrict
   const __mmask16 lo = head_mask(t.cols), hi = head_mask(t.cols - 16);
 #pragma GCC unroll 14
   for (int i = 0; i < R; ++i) {
-    float* row = t.c + i * t.rs;
+    float* row = static_cast<float*>(t.c) + i * t.rs;
     update(row, lo, acc0[i], alpha, t.beta);
     update(row + 16, hi, acc1[i], alpha, t.beta);
   }
@@ -168,7 +171,7 @@ struct Policy {
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc) {
   detail::gemm_run<Policy>(trans_a, trans_b, M, N, K, alpha, A, detail::Elem::kF32, lda, B,
-                           detail::Elem::kF32, ldb, beta, C, ldc);
+                           detail::Elem::kF32, ldb, beta, C, detail::CElem::kF32, ldc);
 }
 
 }  // namespace tessel::ops::avx512

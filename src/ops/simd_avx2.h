@@ -1,5 +1,5 @@
 // Private to ops: small AVX2 helpers shared by the AVX2 translation units (sgemm_avx2.cc,
-// conv_direct_avx2.cc). Only meaningful in a build that targets AVX2.
+// conv_direct_avx2.cc, convert_avx2.cc). Only meaningful in a build that targets AVX2.
 #pragma once
 
 #ifdef __AVX2__
@@ -31,6 +31,14 @@ inline __m256i round_to_bf16(__m256 v) {
   const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
   r = _mm256_blendv_epi8(r, _mm256_or_si256(u, _mm256_set1_epi32(0x400000)), nan);
   return _mm256_and_si256(r, _mm256_set1_epi32(static_cast<int>(0xffff0000u)));
+}
+
+// f32 lanes rounded to bf16 as round_to_bf16 rounds, packed to 8 bf16 values.
+inline __m128i to_bf16(__m256 v) {
+  const __m256i r = _mm256_srli_epi32(round_to_bf16(v), 16);
+  // Pack the 8 lanes to 16 bits (each 128-bit half packs on its own), then gather the halves.
+  const __m256i packed = _mm256_packus_epi32(r, r);
+  return _mm256_castsi256_si128(_mm256_permute4x64_epi64(packed, 0x08));
 }
 
 // In-register transpose of the 8 x 8 block r[row] lane col -> r[col] lane row.

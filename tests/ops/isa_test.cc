@@ -95,9 +95,10 @@ TEST(Isa, GemmGivesThePortableBitsAtEveryLevel) {
 }
 
 // gemm_lowp's f32 path (no native bf16) gives the portable bits at every level, whether the
-// level rounds the operands to bf16 while packing them (sgemm_lowp) or into f32 copies first:
-// each operand f32, bf16 or f16, with bf16 rounding ties and subnormals among the values, over
-// edge shapes in all transpose combinations.
+// level rounds the operands to bf16 while packing them and a 16-bit C in its tile stores
+// (sgemm_lowp) or into f32 copies first: each operand and C f32, bf16 or f16, with bf16
+// rounding ties and subnormals among the values, over edge shapes in all transpose combinations
+// (K up to 784: C's sum over one K block and over several).
 TEST(Isa, GemmLowpRoundingWhilePackingGivesThePortableBits) {
   constexpr int64_t kSizes[] = {1, 7, 17, 33, 129, 321, 784};
   const DType types[] = {DType::kF32, DType::kBF16, DType::kF16};
@@ -119,22 +120,33 @@ TEST(Isa, GemmLowpRoundingWhilePackingGivesThePortableBits) {
   testing::for_each_edge_shape(
       kSizes, 2'000'000, CounterRng(9, mix_stream(RngPurpose::kData, 5)),
       [&](bool ta, bool tb, int64_t M, int64_t N, int64_t K, uint64_t seed) {
-        const DType at = types[seed % 3], bt = types[(seed / 3) % 3];
-        std::vector<uint32_t> a_bits, b_bits;
+        const DType at = types[seed % 3], bt = types[(seed / 3) % 3], ct = types[(seed / 9) % 3];
+        std::vector<uint32_t> a_bits, b_bits, c_bits;
         const Vec a = operand(M * K, seed * 3, at, a_bits),
                   b = operand(K * N, seed * 3 + 1, bt, b_bits);
-        const Vec c0 = testing::randn(M * N, seed * 3 + 2);
         const float beta = seed % 2 == 0 ? 0.0f : 1.0f;
-        const Vec want = gemm_at(Isa::kPortable, ta, tb, M, N, K, 1.0f, a, b, beta, c0);
+        // C starts as c0 stored in ct (NaN when beta = 0: it must not be read); the portable
+        // level updates it widened to f32, then rounds the result to ct once.
+        Vec c0 = testing::randn(M * N, seed * 3 + 2);
+        if (beta == 0.0f) c0.assign(M * N, std::numeric_limits<float>::quiet_NaN());
+        std::vector<uint32_t> c_start(M * N);
+        portable::convert(c_start.data(), ct, c0.data(), DType::kF32, M * N);
+        Vec c_wide(M * N);
+        portable::convert(c_wide.data(), DType::kF32, c_start.data(), ct, M * N);
+        const Vec want_f32 = gemm_at(Isa::kPortable, ta, tb, M, N, K, 1.0f, a, b, beta, c_wide);
+        std::vector<uint32_t> want(M * N);
+        portable::convert(want.data(), ct, want_f32.data(), DType::kF32, M * N);
         for (Isa l : supported_isas()) {
           if (kernels_for(l).sgemm_lowp == nullptr) continue;  // copies: the sgemm test's
-          Vec got = beta == 0.0f ? Vec(M * N, std::numeric_limits<float>::quiet_NaN()) : c0;
+          std::vector<uint32_t> got = c_start;
           kernels_for(l).sgemm_lowp(ta, tb, M, N, K, 1.0f, {a_bits.data(), at, ta ? M : K},
-                                    {b_bits.data(), bt, tb ? K : N}, beta, got.data(), N);
-          expect_same_bits(got, want,
-                           std::string(isa_name(l)) + (ta ? " T" : " N") + (tb ? "T" : "N") +
-                               " M=" + std::to_string(M) + " N=" + std::to_string(N) + " K=" +
-                               std::to_string(K) + " A " + dtype_name(at) + " B " + dtype_name(bt));
+                                    {b_bits.data(), bt, tb ? K : N}, beta, {got.data(), ct, N});
+          const std::string what = std::string(isa_name(l)) + (ta ? " T" : " N") +
+                                   (tb ? "T" : "N") + " M=" + std::to_string(M) +
+                                   " N=" + std::to_string(N) + " K=" + std::to_string(K) + " A " +
+                                   dtype_name(at) + " B " + dtype_name(bt) + " C " + dtype_name(ct);
+          const size_t bytes = M * N * dtype_size(ct);
+          EXPECT_EQ(std::memcmp(got.data(), want.data(), bytes), 0) << what;
         }
       });
 }

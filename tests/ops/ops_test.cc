@@ -4,8 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "grad_check.h"
 #include "tessel/core/error.h"
@@ -107,6 +109,38 @@ TEST(GradCheck, Relu) {
   relu_backward(dx.data(), r.data(), y.data(), n);
   expect_grad("relu dx", x, dx, objective);
   for (int64_t i = 0; i < n; i += 2) EXPECT_EQ(dx[i], 0.0f) << "negative input " << i;
+}
+
+// ReLU on 16-bit buffers selects the stored bits: the bits of the f32 kernel on the widened
+// values, rounded back, for every value a bf16 or f16 can hold but NaN (a NaN input gives +0,
+// a NaN gradient stays a NaN).
+TEST(Relu, SixteenBitBuffersGiveTheBitsOfTheF32Kernel) {
+  const int64_t n = 1 << 16;
+  for (DType t : {DType::kBF16, DType::kF16}) {
+    std::vector<uint16_t> x(n), dy(n), y(n), dx(n), want(n);
+    for (int64_t i = 0; i < n; ++i) {
+      x[i] = static_cast<uint16_t>(i);
+      dy[i] = static_cast<uint16_t>(i * 40503 + 7);  // a gradient of every sign and size
+    }
+    Vec xf(n), yf(n), dyf(n), dxf(n);
+    convert(xf.data(), DType::kF32, x.data(), t, n);
+    convert(dyf.data(), DType::kF32, dy.data(), t, n);
+    relu_forward(yf.data(), xf.data(), n);
+    relu_backward(dxf.data(), dyf.data(), yf.data(), n);
+    relu_forward(y.data(), x.data(), n, t);
+    relu_backward(dx.data(), dy.data(), y.data(), n, t);
+    convert(want.data(), t, yf.data(), DType::kF32, n);
+    for (int64_t i = 0; i < n; ++i)
+      ASSERT_EQ(y[i], want[i]) << dtype_name(t) << " relu_forward of bits " << i;
+    convert(want.data(), t, dxf.data(), DType::kF32, n);
+    for (int64_t i = 0; i < n; ++i) {
+      if (std::isnan(dxf[i])) {
+        ASSERT_TRUE((dx[i] & 0x7fff) > (t == DType::kBF16 ? 0x7f80 : 0x7c00)) << i;
+        continue;
+      }
+      ASSERT_EQ(dx[i], want[i]) << dtype_name(t) << " relu_backward at bits " << i;
+    }
+  }
 }
 
 TEST(GradCheck, Gelu) {

@@ -309,7 +309,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("data.flatten", data.flatten, "fashion_mnist/mnist_idx: images as [784] (true) or [1,28,28] (false)").when("data.kind", {"fashion_mnist", "mnist_idx"}),
       TESSEL_KEY("data.mean", data.mean, "fashion_mnist/mnist_idx: input normalisation x = (pixel/255 - mean) / std", {-1000, 1000}).when("data.kind", {"fashion_mnist", "mnist_idx"}),
       TESSEL_KEY("data.std", data.std, "fashion_mnist/mnist_idx: input normalisation scale", {.lo = 0, .hi = 1000, .lo_open = true}).when("data.kind", {"fashion_mnist", "mnist_idx"}),
-      TESSEL_KEY("data.classes", data.classes, "number of classes; spiral/synthetic: 0 means 3; IDX, npy, csv: 0 means the data's largest label + 1, more adds unused classes", {0, 1 << 20}),
+      TESSEL_KEY("data.classes", data.classes, "number of classes; spiral/synthetic: 0 means 3; IDX, npy, csv: 0 means the data's largest label + 1, more adds unused classes; tokens without data.tokenizer: 0 means the largest id + 1, more pads the vocabulary with unused ids (GPT-2: 50304, its 50257 rounded up to a multiple of 128)", {0, 1 << 20}),
       TESSEL_KEY("data.points_per_class", data.points_per_class, "spiral: points per class", {1, 1 << 28}).when("data.kind", {"spiral"}),
       TESSEL_KEY("data.noise", data.noise, "spiral: angular noise", {0, 1000}).when("data.kind", {"spiral"}),
       TESSEL_KEY("data.context", data.context, "text/tokens: tokens per sample (GPT context length)", {1, 1 << 24}).when("data.kind", {"text", "tokens"}),

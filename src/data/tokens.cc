@@ -77,7 +77,7 @@ Splits make_tokens_splits(const DataSpec& spec) {
         std::make_shared<const text::BpeTokenizer>(text::BpeTokenizer::load(spec.tokenizer_path));
   std::vector<int32_t> ids = read_token_file(spec.path), test_ids;
   if (!spec.test_path.empty()) test_ids = read_token_file(spec.test_path);
-  // The vocabulary: the tokenizer's, else the largest id seen + 1.
+  // The vocabulary: the tokenizer's, else the largest id seen + 1 (or data.classes).
   int64_t vocab = tokenizer ? tokenizer->vocab_size() : 1;
   for (const auto* file : {&ids, &test_ids})
     for (int32_t t : *file) {
@@ -88,6 +88,14 @@ Splits make_tokens_splits(const DataSpec& spec) {
                                   "with the same tokenizer"));
       if (!tokenizer) vocab = std::max<int64_t>(vocab, int64_t{t} + 1);
     }
+  // data.classes pads a file's own vocabulary (GPT-2: 50257 ids to 50304, a multiple of 128).
+  if (!tokenizer) {
+    vocab = resolve_classes(vocab - 1, spec.classes, spec.path);
+  } else if (spec.classes != 0) {
+    throw InvalidArgument(str("data: data.classes = ", spec.classes, " with data.tokenizer: the ",
+                              "vocabulary is the tokenizer's ", vocab, " tokens (generation ",
+                              "would sample ids it cannot decode); set data.classes = 0"));
+  }
   Splits s = token_windows(std::move(ids), std::move(test_ids), spec, vocab);
   s.tokenizer = std::move(tokenizer);
   return s;

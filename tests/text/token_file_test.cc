@@ -88,5 +88,36 @@ TEST_F(TokenFiles, DatasetWindowsAndTestFile) {
   EXPECT_EQ(t.tokenizer, spec.tokenizer);
 }
 
+// data.classes pads a file's own vocabulary (GPT-2's 50257 to 50304); too few, or padding a
+// tokenizer's vocabulary, is an error saying what to set.
+TEST_F(TokenFiles, ClassesPadTheVocabulary) {
+  DataSpec spec;
+  spec.kind = DataKind::kTokens;
+  spec.path = write("pad.bin", token_file_bytes({0, 50256, 3, 7, 1}));
+  spec.context = 2;
+  spec.test_fraction = 0;
+  EXPECT_EQ(make_datasets(spec).train->num_classes(), 50257);
+  spec.classes = 50304;
+  EXPECT_EQ(make_datasets(spec).train->num_classes(), 50304);
+  spec.classes = 50000;
+  try {
+    make_datasets(spec);
+    ADD_FAILURE() << "data.classes below the largest id + 1 was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("set data.classes to at least 50257"), std::string::npos)
+        << e.what();
+  }
+  spec.classes = 512;
+  spec.path = write("small.bin", token_file_bytes({0, 1, 2, 3, 4}));
+  spec.tokenizer = std::make_shared<const text::BpeTokenizer>(text::train_bpe({"abab"}, {257}));
+  try {
+    make_datasets(spec);
+    ADD_FAILURE() << "data.classes with a tokenizer was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("the tokenizer's 257 tokens"), std::string::npos)
+        << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace tessel::data

@@ -68,8 +68,8 @@ struct DataSpec {
   bool flatten = true;                // idx: [784] (true) or [1,28,28] (false)
   float mean = 0.2860f;               // idx: x = (pixel/255 - mean) / std
   float std = 0.3530f;
-  // spiral / synthetic: the classes (0: 3); idx, npy, csv: the head's classes, at least the
-  // data's largest label + 1 (0: exactly that).
+  // spiral / synthetic: the classes (0: 3); idx, npy, csv, tokens without a tokenizer: the
+  // head's classes, at least the data's largest label (token id) + 1 (0: exactly that).
   int64_t classes = 0;
   int64_t points_per_class = 100;  // spiral
   float noise = 0.2f;              // spiral

@@ -47,7 +47,9 @@ class DeviceRuntime {
 };
 
 // Makes `runtime` the one of `device` (process wide, before any thread uses it; it must live
-// until exit). Device::kCpu has none.
+// until exit, and every storage of the device is freed through it: replace it, or uninstall it
+// with nullptr as tests do, only while no tensor of the device is alive). Device::kCpu has
+// none.
 void install_device_runtime(Device device, DeviceRuntime* runtime);
 // The runtime of `device`; throws Error naming the device and that this build has none.
 DeviceRuntime& device_runtime(Device device);

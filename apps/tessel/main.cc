@@ -36,6 +36,9 @@
 #include "tessel/train/recovery.h"
 #include "tessel/train/summary_text.h"
 #include "tessel/train/trainer.h"
+#ifdef TESSEL_WITH_CUDA
+#include "tessel/ops/cuda/runtime.h"
+#endif
 
 namespace {
 
@@ -452,6 +455,9 @@ std::string command_line(int argc, char** argv) {
 
 int main(int argc, char** argv) {
   restart_predict_on_huge_pages(argv);
+#ifdef TESSEL_WITH_CUDA
+  tessel::ops::cuda::install();  // runtime.device = cuda finds the device through it
+#endif
   CLI::App app{"tessel: train and serve neural networks on many workers", "tessel"};
   app.require_subcommand(1);
   app.set_version_flag("--version", [] {

@@ -356,6 +356,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("runtime.threads", runtime.threads, "BLAS threads of this process", {1, 256}),
       TESSEL_KEY("runtime.workers", runtime.workers, "ranks run as threads of this process (same as --workers)", {1, 1024}),
       TESSEL_KEY("runtime.backend", runtime.backend, "auto, threads or mpi (auto: mpi when started by an MPI launcher)"),
+      TESSEL_KEY("runtime.device", parallel.device, "cpu or cuda: where each rank's tensors live and its kernels run; cuda (builds with CUDA only) is checked at start: the device must be usable, and the decision table says what runs on it (docs/gpu.md)"),
       TESSEL_KEY("runtime.memory_limit_mb", parallel.memory_limit_mb, "per-rank memory limit in MiB for tensors (parameters, gradients, optimizer state, activations, communication buffers); a rank that would pass it fails naming the category and the ZeRO stage that shards it (0: none)", {0, 1 << 30}),
       TESSEL_KEY("comm.timeout_s", comm.timeout_s, "deadline in seconds of every blocking communication", {.lo = 0, .hi = kMaxSeconds, .lo_open = true}),
       TESSEL_KEY("comm.algorithm", comm.algorithm, "collective algorithm: auto, ring, halving_doubling, tree, direct, native"),

@@ -3,16 +3,16 @@
 #include <functional>
 
 #include "tessel/core/error.h"
+#include "tessel/tensor/device.h"
 
 namespace tessel::parallel {
 
 namespace {
 
-// What the rules read: the spec, its layout, the device and the values parsed once.
+// What the rules read: the spec, its layout and the values parsed once.
 struct In {
   const ParallelSpec& s;
   const Layout& l;
-  Device device;
   CompressKind kind;
   DType type;
 };
@@ -42,14 +42,52 @@ std::string balance_refusal(const In& in, const std::string& why) {
              "; set ddp.balance = off or change that (docs/data_parallel.md)");
 }
 
+bool on_cuda(const In& in) { return in.s.device == Device::kCuda; }
+
+std::string cuda_refusal(const std::string& why, const std::string& instead) {
+  return str("runtime.device = cuda ", why, "; set ", instead,
+             ", or runtime.device = cpu (docs/gpu.md)");
+}
+
 // The table's refusals, in the order they are asked (the first that applies is the message).
 const std::vector<Rule>& rules() {
   static const std::vector<Rule> table = {
-      {"device = cuda", [](const In& in) { return in.device == Device::kCuda; },
+      {"runtime.device = cuda and more than one rank",
+       [](const In& in) { return on_cuda(in) && in.l.world > 1; },
+       [](const In& in) {
+         return cuda_refusal(str("runs one rank on one GPU, got layout ", in.l.str(), " on ",
+                                 in.l.world, " ranks (collectives between GPUs come with NCCL)"),
+                             "--workers 1 with dp, pp.stages and tp.size 1 and ps.servers 0");
+       }},
+      {"runtime.device = cuda and zero.stage > 0",
+       [](const In& in) { return on_cuda(in) && in.s.zero_stage > 0; },
+       [](const In& in) {
+         return cuda_refusal(str("runs zero.stage 0, got ", in.s.zero_stage), "zero.stage = 0");
+       }},
+      {"runtime.device = cuda and compress.kind != none",
+       [](const In& in) { return on_cuda(in) && compressing(in); },
+       [](const In& in) {
+         return cuda_refusal(str("sends no gradients, got compress.kind = ", name_of(in.kind)),
+                             "compress.kind = none");
+       }},
+      {"runtime.device = cuda and train.recompute != none",
+       [](const In& in) { return on_cuda(in) && in.s.recompute != nn::Recompute::kNone; },
+       [](const In& in) {
+         return cuda_refusal(
+             str("keeps every activation, got train.recompute = ", name_of(in.s.recompute)),
+             "train.recompute = none");
+       }},
+      {"runtime.device = cuda and train.precision = fp16",
+       [](const In& in) { return on_cuda(in) && in.type == DType::kF16; },
+       [](const In&) {
+         return cuda_refusal("runs fp32 or bf16 (the fp16 loss scaler is not on the device)",
+                             "train.precision = bf16");
+       }},
+      {"runtime.device = cuda", on_cuda,
        [](const In&) {
          return std::string(
-             "the cuda device is not built yet (TESSEL_WITH_CUDA); run on the cpu "
-             "(docs/gpu.md)");
+             "runtime.device = cuda has device tensors and kernels, but the layers, losses and "
+             "optimizers do not call them yet; set runtime.device = cpu (docs/gpu.md)");
        }},
       {"ps.servers > 0 and pp.stages > 1",
        [](const In& in) { return in.l.servers > 0 && in.l.pp > 1; },
@@ -233,14 +271,50 @@ nlohmann::json Parts::json(const ParallelSpec& spec, bool overlap) const {
   return j;
 }
 
-Parts compose(const ParallelSpec& spec, const Layout& layout, bool overlap, Device device) {
+Parts compose(const ParallelSpec& spec, const Layout& layout, bool overlap) {
   validate_compress(spec.compress);
   if (spec.zero_stage < 0 || spec.zero_stage > 3)
     throw InvalidArgument(str("config: zero.stage must be 0, 1, 2 or 3, got ", spec.zero_stage));
-  const In in{spec, layout, device, spec.compress.kind, precision_type(spec)};
+  const In in{spec, layout, spec.compress.kind, precision_type(spec)};
   for (const Rule& r : rules())
     if (r.applies(in)) throw InvalidArgument("config: " + r.why(in));
   return choose(in, overlap);
+}
+
+namespace {
+
+// What of `model` has no cuda kernel yet ("" when it all runs there), as "<key> = <value> (the
+// layer)".
+std::string missing_on_cuda(const nn::ModelSpec& m) {
+  using nn::ModelKind;
+  if (m.kind == ModelKind::kCnn) return "model.kind = cnn (convolution and max pooling)";
+  if (m.kind == ModelKind::kSequential) return "model.kind = sequential (its layer stack)";
+  if (m.dropout > 0) return str("model.dropout = ", m.dropout, " (dropout)");
+  if (m.kind != ModelKind::kGpt) return "";
+  if (m.norm != nn::Norm::kLayerNorm) return "model.norm = rmsnorm (RMSNorm)";
+  if (m.position != nn::Position::kLearned) return "model.position = rotary (rotary embedding)";
+  if (m.mlp != nn::Mlp::kGelu) return "model.mlp = swiglu (SwiGLU)";
+  return "";
+}
+
+}  // namespace
+
+void check_device(const ParallelSpec& spec, const nn::ModelSpec& model) {
+  if (spec.device == Device::kCpu) return;
+  // Throws when this build has no runtime for the device.
+  const std::string unavailable = device_runtime(spec.device).unavailable_reason();
+  if (!unavailable.empty()) {
+    throw Error(str("runtime.device = ", name_of(spec.device),
+                    " cannot be used here: ", unavailable,
+                    "; run where a GPU and its driver are, or set runtime.device = "
+                    "cpu (docs/gpu.md)"));
+  }
+  const std::string missing = missing_on_cuda(model);
+  if (!missing.empty())
+    throw InvalidArgument(str("config: runtime.device = cuda has no kernel for ", missing,
+                              " yet; use an mlp or a gpt with the classic block "
+                              "(layernorm, learned positions, gelu) and model.dropout = 0, or "
+                              "runtime.device = cpu (docs/gpu.md)"));
 }
 
 std::vector<Combination> composition_grid(const ParallelSpec& base) {
@@ -305,7 +379,8 @@ std::string composition_markdown() {
       "(executor, gradient sync, parameter store, extras) and the `compress.kind` values that "
       "run with it. `train.recompute` (none, full, selective) runs with every combination: the "
       "executor keeps or recomputes the activations (full recompute is refused only with "
-      "`pp.schedule = zb-h1`, below). The only device built is the cpu.\n\n"
+      "`pp.schedule = zb-h1`, below). All of it on `runtime.device = cpu`; the rules for "
+      "`runtime.device = cuda` are listed below.\n\n"
       "| layout | zero.stage | train.precision | parts | compress.kind |\n"
       "|---|---|---|---|---|\n";
   const ParallelSpec defaults;
@@ -328,11 +403,12 @@ std::string composition_markdown() {
       "\n## Refusals\n\nEvery rule of the table, in the order it is asked (the first that "
       "applies gives the message):\n\n";
   for (const Rule& r : rules()) out += str("- ", r.when, "\n");
-  ParallelSpec cpu;
+  ParallelSpec cuda;
+  cuda.device = Device::kCuda;
   try {
-    compose(cpu, Layout::resolve(cpu, 1), false, Device::kCuda);
+    compose(cuda, Layout::resolve(cuda, 1), false);
   } catch (const InvalidArgument& e) {
-    out += str("\nOn a cuda device: `", e.what(), "`\n");
+    out += str("\nOne rank on a cuda device, the other keys at their defaults: `", e.what(), "`\n");
   }
   return out;
 }

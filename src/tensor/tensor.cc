@@ -4,6 +4,8 @@
 #include <cstring>
 #include <new>
 
+#include "tessel/tensor/device.h"
+
 namespace tessel {
 namespace {
 constexpr size_t kAlignBytes = 64;
@@ -27,11 +29,23 @@ std::string shape_str(const Shape& shape) {
 Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
   size_t rounded = (bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes;
   if (rounded == 0) rounded = kAlignBytes;
+  DeviceRuntime* runtime = device == Device::kCpu ? nullptr : &device_runtime(device);
+  const size_t charged = runtime ? runtime->allocation_size(rounded) : rounded;
   if (const auto& ledger = current_ledger()) {  // throws before allocating when over the limit
-    ledger->charge(current_category(), static_cast<int64_t>(rounded));
+    ledger->charge(current_category(), static_cast<int64_t>(charged));
     ledger_ = ledger;
     category_ = current_category();
-    charged_ = static_cast<int64_t>(rounded);
+    charged_ = static_cast<int64_t>(charged);
+  }
+  if (runtime != nullptr) {
+    try {
+      data_ = runtime->allocate(rounded);
+      runtime->zero(data_, rounded, current_stream());
+    } catch (...) {
+      free_own();
+      throw;
+    }
+    return;
   }
   data_ = std::aligned_alloc(kAlignBytes, rounded);
   if (data_ == nullptr) {
@@ -51,7 +65,10 @@ Storage::~Storage() {
 }
 
 void Storage::free_own() noexcept {
-  std::free(data_);
+  if (device_ == Device::kCpu)
+    std::free(data_);
+  else if (data_ != nullptr)
+    device_runtime(device_).free(data_, (bytes_ + kAlignBytes - 1) / kAlignBytes * kAlignBytes);
   if (ledger_) ledger_->release(category_, charged_);
   ledger_.reset();
 }
@@ -59,6 +76,8 @@ void Storage::free_own() noexcept {
 void Storage::rebind(void* data, std::shared_ptr<void> keep) {
   TESSEL_CHECK(data && keep && reinterpret_cast<uintptr_t>(data) % kAlignBytes == 0,
                "storage: rebind to a null, unowned or unaligned buffer");
+  TESSEL_CHECK(device_ == Device::kCpu, "storage: rebind of ", name_of(device_),
+               " memory (only host memory is shared between ranks)");
   if (!keep_) free_own();
   data_ = data;
   keep_ = std::move(keep);
@@ -116,15 +135,34 @@ Tensor Tensor::reshape(Shape shape) const {
   return view(0, std::move(shape));
 }
 
-Tensor Tensor::clone() const {
-  Tensor t = empty(shape_, dtype_, device_);
-  std::memcpy(t.raw(), raw(), nbytes());
+void Tensor::throw_device_pointer(DType type, const char* accessor) const {
+  if (device_ == Device::kCpu)
+    throw Error(str("tensor: device_data<", dtype_name(type), ">() of a host tensor ",
+                    shape_str(shape_),
+                    ": device kernels read device memory only; copy it there "
+                    "with to_device() or copy_from()"));
+  throw Error(str("tensor: ", accessor, "<", dtype_name(type), ">() of a ", name_of(device_),
+                  " tensor ", shape_str(shape_),
+                  ": host code cannot read device memory; copy it to the host first "
+                  "(to_device(Device::kCpu) or copy_from()), or pass device_data<T>() to a "
+                  "device kernel"));
+}
+
+Tensor Tensor::clone() const { return to_device(device_); }
+
+Tensor Tensor::to_device(Device device) const {
+  Tensor t = empty(shape_, dtype_, device);
+  t.copy_from(*this);
   return t;
 }
 
 Tensor Tensor::to(DType dtype) const {
   if (dtype == dtype_) return clone();
   Tensor out = empty(shape_, dtype, device_);
+  if (device_ != Device::kCpu) {
+    device_runtime(device_).convert(out.raw(), dtype, raw(), dtype_, numel(), current_stream());
+    return out;
+  }
   const int64_t n = numel();
   auto load = [&](int64_t i) -> double {
     const char* p = static_cast<const char*>(raw());
@@ -171,9 +209,20 @@ Tensor Tensor::to(DType dtype) const {
   return out;
 }
 
-void Tensor::zero_() { std::memset(raw(), 0, nbytes()); }
+void Tensor::zero_() {
+  if (device_ == Device::kCpu)
+    std::memset(raw(), 0, nbytes());
+  else
+    device_runtime(device_).zero(raw(), nbytes(), current_stream());
+}
 
 void Tensor::fill_(float value) {
+  if (device_ != Device::kCpu) {  // through a host copy: one upload
+    Tensor host = empty(shape_, dtype_);
+    host.fill_(value);
+    copy_from(host);
+    return;
+  }
   float* p = data<float>();
   for (int64_t i = 0, n = numel(); i < n; ++i) p[i] = value;
 }
@@ -182,7 +231,12 @@ void Tensor::copy_from(const Tensor& src) {
   TESSEL_CHECK(src.numel() == numel() && src.dtype() == dtype_, "tensor: copy_from ",
                shape_str(src.shape()), " ", dtype_name(src.dtype()), " into ", shape_str(shape_),
                " ", dtype_name(dtype_));
-  std::memmove(raw(), src.raw(), nbytes());
+  if (device_ == Device::kCpu && src.device() == Device::kCpu) {
+    std::memmove(raw(), src.raw(), nbytes());
+    return;
+  }
+  const Device runtime = device_ == Device::kCpu ? src.device() : device_;
+  device_runtime(runtime).copy(raw(), device_, src.raw(), src.device(), nbytes(), current_stream());
 }
 
 int64_t Arena::add(std::string name, Shape shape) {
@@ -200,6 +254,8 @@ void Arena::allocate(DType dtype, Device device) {
 
 void Arena::rebind(void* data, std::shared_ptr<void> keep, bool copy) {
   TESSEL_CHECK(allocated(), "arena: rebind() before allocate()");
+  TESSEL_CHECK(flat_.device() == Device::kCpu, "arena: rebind of a ", name_of(flat_.device()),
+               " arena (only host memory is shared between ranks)");
   if (copy) std::memcpy(data, flat_.raw(), flat_.nbytes());
   flat_.storage().rebind(data, std::move(keep));
 }

@@ -15,6 +15,7 @@
 #include "tessel/ops/cpu.h"
 #include "tessel/ops/isa.h"
 #include "tessel/optim/schedule.h"
+#include "tessel/parallel/composition.h"
 #include "tessel/train/checkpointer.h"
 #include "tessel/train/progress.h"
 #include "tessel/train/recovery.h"
@@ -66,6 +67,7 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
   spec.input_shape = data_.train->input_shape();
   spec.num_classes = data_.train->num_classes();
   spec.task = data_.train->task();
+  parallel::check_device(config_.parallel, spec);
   engine_ = std::make_unique<parallel::Engine>(config_.parallel, config_.optim, *world, spec,
                                                config_.seed);
   checkpointer_ = std::make_unique<Checkpointer>(

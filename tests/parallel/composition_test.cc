@@ -13,6 +13,7 @@
 #include <map>
 #include <sstream>
 
+#include "tessel/tensor/device.h"
 #include "train_on.h"
 
 namespace tessel {
@@ -109,6 +110,92 @@ TEST(Composition, WalksTheTable) {
   std::printf("%d combinations trained, %d refused\n", trained, refused);
   EXPECT_GT(trained, 0);
   EXPECT_GT(refused, 0);
+}
+
+// runtime.device = cuda: the table's rules, each with its message, and the start check (the
+// device's runtime, then the model's layers), with a stand-in runtime: this host need not have
+// a GPU, nor this build CUDA.
+std::string refusal_on_cuda(parallel::ParallelSpec spec, int world = 1) {
+  spec.device = Device::kCuda;
+  try {
+    parallel::compose(spec, parallel::Layout::resolve(spec, world), false);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Composition, RefusesOnCudaWhatRunsOnlyOnTheCpu) {
+  parallel::ParallelSpec s;
+  EXPECT_NE(refusal_on_cuda(s, 2).find("runs one rank on one GPU, got layout dp=2"),
+            std::string::npos)
+      << refusal_on_cuda(s, 2);
+  s.zero_stage = 1;
+  EXPECT_NE(refusal_on_cuda(s).find("runs zero.stage 0, got 1"), std::string::npos);
+  s.zero_stage = 0;
+  s.compress.kind = parallel::CompressKind::kBf16;
+  EXPECT_NE(refusal_on_cuda(s).find("compress.kind = bf16"), std::string::npos);
+  s.compress.kind = parallel::CompressKind::kNone;
+  s.recompute = nn::Recompute::kFull;
+  EXPECT_NE(refusal_on_cuda(s).find("train.recompute = full"), std::string::npos);
+  s.recompute = nn::Recompute::kNone;
+  s.precision = parallel::Precision::kFp16;
+  EXPECT_NE(refusal_on_cuda(s).find("set train.precision = bf16"), std::string::npos);
+  s.precision = parallel::Precision::kBf16;
+  EXPECT_NE(refusal_on_cuda(s).find("do not call them yet"), std::string::npos);
+  EXPECT_EQ(refusal_on_cuda(s).rfind("config: runtime.device = cuda ", 0), 0u);
+}
+
+class StandInCuda final : public DeviceRuntime {
+ public:
+  explicit StandInCuda(std::string reason) : reason_(std::move(reason)) {}
+  std::string unavailable_reason() const override { return reason_; }
+  size_t allocation_size(size_t bytes) const override { return bytes; }
+  void* allocate(size_t) override { throw Error("stand-in: no memory"); }
+  void free(void*, size_t) noexcept override {}
+  void zero(void*, size_t, void*) override {}
+  void copy(void*, Device, const void*, Device, size_t, void*) override {}
+  void convert(void*, DType, const void*, DType, int64_t, void*) override {}
+
+ private:
+  std::string reason_;
+};
+
+std::string start_error(const nn::ModelSpec& model) {
+  parallel::ParallelSpec spec;
+  spec.device = Device::kCuda;
+  try {
+    parallel::check_device(spec, model);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Composition, CudaAtStartNeedsTheRuntimeTheDeviceAndKernelsForTheModel) {
+  nn::ModelSpec mlp;
+  install_device_runtime(Device::kCuda, nullptr);
+  EXPECT_NE(start_error(mlp).find("this tessel was built without cuda"), std::string::npos)
+      << start_error(mlp);
+  StandInCuda absent("no CUDA device: no CUDA-capable device is detected");
+  install_device_runtime(Device::kCuda, &absent);
+  EXPECT_NE(start_error(mlp).find("cannot be used here: no CUDA device: no CUDA-capable"),
+            std::string::npos)
+      << start_error(mlp);
+  StandInCuda present("");
+  install_device_runtime(Device::kCuda, &present);
+  EXPECT_EQ(start_error(mlp), "");
+  nn::ModelSpec cnn;
+  cnn.kind = nn::ModelKind::kCnn;
+  EXPECT_NE(start_error(cnn).find("no kernel for model.kind = cnn"), std::string::npos);
+  nn::ModelSpec dropout;
+  dropout.dropout = 0.1f;
+  EXPECT_NE(start_error(dropout).find("model.dropout = 0.1"), std::string::npos);
+  nn::ModelSpec rms;
+  rms.kind = nn::ModelKind::kGpt;
+  rms.norm = nn::Norm::kRmsNorm;
+  EXPECT_NE(start_error(rms).find("model.norm = rmsnorm"), std::string::npos);
+  install_device_runtime(Device::kCuda, nullptr);
 }
 
 }  // namespace

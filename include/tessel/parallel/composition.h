@@ -1,6 +1,6 @@
 // The decision table: for a combination of the keys that choose how a run is composed (the
 // layout's dp, pp, tp and ps, zero.stage and zero.shard_size, train.precision, compress.kind,
-// train.recompute, train.deterministic, ddp.balance, debug.*, and the device), the parts the
+// train.recompute, train.deterministic, ddp.balance, debug.*, and runtime.device), the parts the
 // Engine builds, or why the combination is refused, with a message naming the keys and what to
 // change. It is the one place that says so: the Engine asks compose() and builds what it
 // answers, `tessel config` prints the answer, and docs/composition.md is generated from it
@@ -11,13 +11,12 @@
 #include <string>
 #include <vector>
 
+#include "tessel/nn/models.h"
 #include "tessel/parallel/layout.h"
 #include "tessel/parallel/spec.h"
 
 namespace tessel::parallel {
 
-// Where the tensors live. Only the CPU is built; the table refuses the others.
-enum class Device { kCpu, kCuda };
 // How a rank runs its blocks: all of them (LocalExecutor) or its pipeline stage's.
 enum class ExecutorKind : uint8_t { kLocal, kPipeline };
 
@@ -41,8 +40,14 @@ struct Parts {
 // The parts that run spec on layout with bucket collectives on a progress thread (overlap) or
 // not. Throws InvalidArgument naming the keys and an alternative for a combination that does
 // not run.
-Parts compose(const ParallelSpec& spec, const Layout& layout, bool overlap,
-              Device device = Device::kCpu);
+Parts compose(const ParallelSpec& spec, const Layout& layout, bool overlap);
+
+// At start, before anything is built: throws Error when runtime.device cannot be used here
+// (this build has no such device, or the host has none: the runtime's reason), and
+// InvalidArgument naming the model key when the model's layers have no kernels on it yet (on
+// cuda: convolutions, dropout, RMSNorm, rotary positions, SwiGLU, sequential stacks). Every
+// model runs on the cpu.
+void check_device(const ParallelSpec& spec, const nn::ModelSpec& model);
 
 // One combination of the table: spec on `world` ranks (layout names it).
 struct Combination {

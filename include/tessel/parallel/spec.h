@@ -58,6 +58,8 @@ struct ParallelSpec {
 
   // runtime.memory_limit_mb: a rank whose tensors would pass it fails naming the category
   int64_t memory_limit_mb = 0;
+  // runtime.device: where each rank's tensors live and its kernels run (docs/gpu.md)
+  Device device = Device::kCpu;
 
   // tp.* (tensor parallelism)
   int64_t tp_size = 1;       // ranks each layer is cut across (1: none)

@@ -6,13 +6,15 @@
 #include <cstdint>
 #include <string>
 
+#include "tessel/core/names.h"
+
 namespace tessel {
 
 enum class DType : uint8_t { kF32, kF16, kBF16, kI32, kI64, kU8 };
 
-// Where a tensor's storage lives. Only the CPU exists today; the tag is there so that a CUDA
-// backend can be added without changing call sites.
-enum class Device : uint8_t { kCpu };
+// Where a tensor's storage lives (runtime.device): host memory, or the rank's CUDA device
+// (tessel/tensor/device.h says how device memory is reached).
+enum class Device : uint8_t { kCpu, kCuda };
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);                 // "f32", "bf16", ...
@@ -23,5 +25,10 @@ uint16_t f32_to_bf16(float x);
 float bf16_to_f32(uint16_t x);
 uint16_t f32_to_f16(float x);
 float f16_to_f32(uint16_t x);
+
+template <>
+struct Names<Device> {
+  static constexpr const char* values[] = {"cpu", "cuda"};
+};
 
 }  // namespace tessel

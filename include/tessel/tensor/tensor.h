@@ -1,5 +1,6 @@
-// Tensor: a value type holding a shape, a dtype, a device tag and a shared, 64-byte aligned
-// storage. Tensors are always contiguous; copying a Tensor shares its storage (a view), clone()
+// Tensor: a value type holding a shape, a dtype, a device and a shared, 64-byte aligned
+// storage (on a device: through its runtime, tessel/tensor/device.h, whose pointer contract
+// applies). Tensors are always contiguous; copying a Tensor shares its storage (a view), clone()
 // copies the bytes. No autograd lives here: modules cache what their backward needs.
 // Not thread safe for concurrent writes to the same storage; distinct views may be written
 // from distinct threads.
@@ -22,7 +23,8 @@ int64_t shape_numel(const Shape& shape);
 std::string shape_str(const Shape& shape);  // "[128, 784]"
 
 // A 64-byte aligned, zero-initialised block of bytes on one device. Its bytes are charged to the
-// allocating thread's memory ledger (core/memory.h) until it is freed or rebound.
+// allocating thread's memory ledger (core/memory.h) until it is freed or rebound: host bytes as
+// allocated, device bytes as the device runtime's allocation_size (its size class).
 class Storage {
  public:
   Storage(size_t bytes, Device device);
@@ -34,7 +36,7 @@ class Storage {
   Device device() const { return device_; }
   // From now on the bytes live at `data` (at least bytes() long, 64-byte aligned, kept alive by
   // `keep`), e.g. memory shared with other ranks; the own allocation is freed and every tensor
-  // viewing this storage follows. Values are not copied.
+  // viewing this storage follows. Values are not copied. Host storage only.
   void rebind(void* data, std::shared_ptr<void> keep);
 
  private:
@@ -89,27 +91,49 @@ class Tensor {
         "tensor: raw() of an undefined tensor (e.g. a parameter of a released ZeRO-3 unit)");
     return static_cast<char*>(storage_->data()) + offset_;
   }
+  // The elements, for host code: throws on a device tensor (copy it to the host first).
   template <typename T>
   T* data() const {
-    TESSEL_CHECK(storage_ != nullptr, "tensor: data<", dtype_name(dtype_of<T>()),
-                 "> of an undefined tensor (e.g. a parameter of a released ZeRO-3 unit)");
-    TESSEL_CHECK(dtype_of<T>() == dtype_, "tensor: data<", dtype_name(dtype_of<T>()), "> on a ",
-                 dtype_name(dtype_), " tensor");
-    return static_cast<T*>(raw());
+    if (device_ != Device::kCpu) [[unlikely]]
+      throw_device_pointer(dtype_of<T>(), "data");
+    return typed<T>("data");
+  }
+  // The elements in device memory, for device kernels only: throws on a host tensor.
+  template <typename T>
+  T* device_data() const {
+    if (device_ == Device::kCpu) [[unlikely]]
+      throw_device_pointer(dtype_of<T>(), "device_data");
+    return typed<T>("device_data");
   }
 
   // A view of numel(shape) elements starting at element `offset` of this tensor's storage range.
   Tensor view(int64_t offset, Shape shape) const;
   Tensor reshape(Shape shape) const;  // same numel; one dimension may be -1
   Tensor clone() const;
-  Tensor to(DType dtype) const;  // converting copy (through f32 for float types)
+  // Converting copy on the same device (through f32 for float types on the host; between float
+  // types on a device).
+  Tensor to(DType dtype) const;
+  // A copy on `device` (the explicit host <-> device transfer; a clone when already there).
+  Tensor to_device(Device device) const;
 
   void zero_();
   void fill_(float value);            // f32 only
-  void copy_from(const Tensor& src);  // same numel and dtype
+  void copy_from(const Tensor& src);  // same numel and dtype, from any device
   Storage& storage() const { return *storage_; }
 
  private:
+  template <typename T>
+  T* typed(const char* accessor) const {
+    TESSEL_CHECK(storage_ != nullptr, "tensor: ", accessor, "<", dtype_name(dtype_of<T>()),
+                 "> of an undefined tensor (e.g. a parameter of a released ZeRO-3 unit)");
+    TESSEL_CHECK(dtype_of<T>() == dtype_, "tensor: ", accessor, "<", dtype_name(dtype_of<T>()),
+                 "> on a ", dtype_name(dtype_), " tensor");
+    return static_cast<T*>(raw());
+  }
+  // Throws the pointer contract's error for data<T>() of a device tensor or device_data<T>()
+  // of a host one.
+  [[noreturn]] void throw_device_pointer(DType type, const char* accessor) const;
+
   std::shared_ptr<Storage> storage_;
   size_t offset_ = 0;  // bytes into storage_
   Shape shape_;
@@ -138,6 +162,7 @@ class Arena {
   const Tensor& flat() const { return flat_; }  // the whole arena, 1-D
   Tensor view(size_t index) const;
   // Moves the arena to `data` (Storage::rebind); copies the values there first if `copy`.
+  // Host arenas only.
   void rebind(void* data, std::shared_ptr<void> keep, bool copy);
 
  private:

@@ -1,6 +1,7 @@
 // The optimizer's device side: one fused AdamW pass over a flat f32 arena (read p, g, m, v;
-// write p, m, v and the 16-bit working copy), and the deterministic sum of squares for global
-// norm clipping. Built with -fmad=false (CMakeLists.txt): the same roundings as the CPU step.
+// write p, m, v and the 16-bit working copy), the same for SGD (p, g and the momentum buffer),
+// and the deterministic sum of squares for global norm clipping. Built with -fmad=false
+// (CMakeLists.txt): the same roundings as the CPU step.
 #include <cmath>
 
 #include "common.cuh"
@@ -29,6 +30,26 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
     v[i] = vi;
     const float denom = sqrtf(vi) / k.bc2_sqrt + k.eps;
     const float pi = p[i] * k.decay - k.step_size * (mi / denom);
+    p[i] = pi;
+    if (working != nullptr) working[i] = detail::from_f32<W>(pi);
+  }
+}
+
+// The CPU's Sgd::update, one element per thread: the same operations in the same order.
+template <typename W>
+__global__ void sgd_kernel(float* __restrict__ p, const float* __restrict__ g,
+                           float* __restrict__ buf, W* __restrict__ working, int64_t n, SgdStep k) {
+  const float neg_lr = -k.lr, mu = k.momentum, wd = k.weight_decay;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    const float d = g[i] * k.grad_scale + wd * p[i];
+    float step = d;
+    if (mu != 0.0f) {
+      const float b = k.first ? d : mu * buf[i] + d;
+      buf[i] = b;
+      step = k.nesterov ? d + mu * b : b;
+    }
+    const float pi = p[i] + neg_lr * step;
     p[i] = pi;
     if (working != nullptr) working[i] = detail::from_f32<W>(pi);
   }
@@ -97,6 +118,22 @@ void adamw_step(float* params, const float* grads, float* m, float* v, void* wor
         str("cuda adamw_step: the working copy must be bf16, got ", dtype_name(working_type)));
   }
   check_launch("cuda adamw_step");
+}
+
+void sgd_step(float* params, const float* grads, float* momentum, void* working, DType working_type,
+              int64_t n, const SgdStep& k, cudaStream_t s) {
+  if (n <= 0) return;
+  const unsigned grid = detail::grid_for(n, kThreads);
+  if (working == nullptr) {
+    sgd_kernel<float><<<grid, kThreads, 0, s>>>(params, grads, momentum, nullptr, n, k);
+  } else if (working_type == DType::kBF16) {
+    sgd_kernel<detail::bf16><<<grid, kThreads, 0, s>>>(params, grads, momentum,
+                                                       static_cast<detail::bf16*>(working), n, k);
+  } else {
+    throw InvalidArgument(
+        str("cuda sgd_step: the working copy must be bf16, got ", dtype_name(working_type)));
+  }
+  check_launch("cuda sgd_step");
 }
 
 void sum_squares(double* out, double* partials, const float* x, int64_t n, cudaStream_t s) {

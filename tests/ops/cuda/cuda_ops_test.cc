@@ -1,5 +1,5 @@
 // The CUDA kernel table against the CPU ops (tessel/ops/cpu.h) on random inputs of odd shapes:
-// elementwise, LayerNorm, cross-entropy, embedding, AdamW and the sum of squares. f32 to 1e-5
+// elementwise, LayerNorm, cross-entropy, embedding, AdamW, SGD and the sum of squares. f32 to 1e-5
 // relative, bf16 to 1e-2; every output poisoned with NaN before the run, every accumulated
 // gradient started from random values. Without a device every test skips, saying why.
 #include <cstring>
@@ -202,6 +202,47 @@ TEST_F(CudaOps, AdamWMatchesTheCpuOptimizerAndWritesTheBf16Copy) {
   for (int64_t i = 0; i < n; ++i) same += std::memcmp(&got[i], &params[i], sizeof(float)) == 0;
   std::printf("[ cuda tests ] adamw params bit-identical to the CPU: %lld of %lld\n",
               static_cast<long long>(same), static_cast<long long>(n));
+}
+
+// Without momentum, with it (the first step seeds the buffer) and Nesterov's, 3 steps each.
+TEST_F(CudaOps, SgdMatchesTheCpuOptimizerAndWritesTheBf16Copy) {
+  const int64_t n = 10007;
+  const std::pair<float, bool> cases[] = {{0.0f, false}, {0.9f, false}, {0.9f, true}};
+  for (const auto& [mu, nesterov] : cases) {
+    optim::OptimSpec spec;
+    spec.lr = 0.05f;
+    spec.momentum = mu;
+    spec.nesterov = nesterov;
+    spec.weight_decay = 0.01f;
+    auto cpu = optim::make_optimizer(spec, n);
+    Vec params = randn(n, 1);
+    DeviceBuffer gp = upload(params), gbuf = upload(Vec(n, 0.0f));
+    DeviceBuffer gwork = poisoned(n, DType::kBF16);
+    for (int step = 0; step < 3; ++step) {
+      const Vec grads = randn(n, 20 + step);
+      const optim::Segment seg{params.data(), grads.data(), n, 0};
+      cpu->step({&seg, 1}, spec.lr, 0.5f);
+      DeviceBuffer gg = upload(grads);
+      SgdStep k;
+      k.lr = spec.lr;
+      k.momentum = mu;
+      k.weight_decay = spec.weight_decay;
+      k.nesterov = nesterov;
+      k.first = step == 0;
+      k.grad_scale = 0.5f;
+      sgd_step(gp.as<float>(), gg.as<float>(), gbuf.as<float>(), gwork.get(), DType::kBF16, n, k,
+               nullptr);
+    }
+    const std::string what = str("sgd momentum ", mu, nesterov ? " nesterov" : "");
+    const Vec got = download(gp, n);
+    expect_close(got, params, 1e-6, what + " params, 3 steps");
+    if (mu > 0.0f) {
+      const Tensor& buf = cpu->state()[0].values;
+      expect_close(download(gbuf, n), Vec(buf.data<float>(), buf.data<float>() + n), 1e-6,
+                   what + " momentum");
+    }
+    expect_same_bits(download(gwork, n, DType::kBF16), round_bf16(got), what + " bf16 copy");
+  }
 }
 
 TEST_F(CudaOps, SumSquaresIsTheCpusInF64AndRepeatsExactly) {

@@ -82,7 +82,7 @@ void attention_backward(void* dqkv, const void* dout, const void* qkv, const voi
                         const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, DType t,
                         cudaStream_t stream);
 
-// ---- Optimizer over a flat f32 arena ----
+// ---- Optimizers over a flat f32 arena ----
 // One AdamW step (torch.optim.AdamW, as tessel::optim's AdamW: decoupled decay, bias
 // correction by the 1-based step) over n parameters, reading grads * grad_scale; m and v are
 // the state. When `working` is not null, the new parameters are also written there as
@@ -94,6 +94,19 @@ struct AdamWStep {
 };
 void adamw_step(float* params, const float* grads, float* m, float* v, void* working,
                 DType working_type, int64_t n, const AdamWStep& k, cudaStream_t stream);
+// One SGD step (torch.optim.SGD, as tessel::optim's Sgd) over n parameters: d = grads *
+// grad_scale + weight_decay * params; with momentum mu > 0 the buffer becomes d on the first
+// step (first = true, as PyTorch seeds it) and mu * buf + d after; params -= lr * (buf, or
+// d + mu * buf with nesterov; d without momentum). `working` as in adamw_step. The CPU
+// optimizer's roundings: the same f32 operations in the same order, no contraction.
+struct SgdStep {
+  float lr = 0.01f, momentum = 0.0f, weight_decay = 0.0f;
+  bool nesterov = false;
+  bool first = true;  // the first step: the momentum buffer is seeded, not decayed
+  float grad_scale = 1.0f;
+};
+void sgd_step(float* params, const float* grads, float* momentum, void* working, DType working_type,
+              int64_t n, const SgdStep& k, cudaStream_t stream);
 // out[0] = sum of x[i]^2 over n floats, in f64 (as optim::sum_squares), in a fixed order:
 // kSumSquaresParts partial sums (in `partials`, caller-owned, that many doubles) then one.
 // The global norm is sqrt of that (summed over shards first).

@@ -1,0 +1,74 @@
+// How tensors reach a device's memory without the tensor library linking the device's runtime.
+// A backend (tessel_ops_cuda: ops::cuda::install(), called by the tessel binary at start)
+// installs a DeviceRuntime for its device; Storage on that device allocates and frees through
+// it (its one allocation site, a caching pool), and Tensor's fills, copies and conversions of
+// device tensors go through it. Without one installed, asking for a device tensor is an Error
+// saying this build has no such device.
+//
+// The pointer contract: device memory is read only by device code. Tensor::data<T>() of a
+// device tensor throws; device code takes device_data<T>() (or raw()), host code copies to the
+// host first (Tensor::to_device(Device::kCpu), copy_from across devices).
+//
+// A rank owns one device and a current stream, like it owns a current memory ledger
+// (core/memory.h): DeviceScope sets them for this thread; the runtime queues work on it.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "tessel/tensor/dtype.h"
+
+namespace tessel {
+
+class DeviceRuntime {
+ public:
+  virtual ~DeviceRuntime() = default;
+  // "" when the device can be used, else why not (e.g. "no CUDA device: ...").
+  virtual std::string unavailable_reason() const = 0;
+  // The bytes allocate(bytes) takes from the device (its size class): what the memory ledger
+  // is charged, so the ledger's device figures are the allocator's own.
+  virtual size_t allocation_size(size_t bytes) const = 0;
+  // allocation_size(bytes) bytes of device memory, 256-byte aligned, not initialised; throws
+  // (naming the size) when the device has no room.
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void free(void* p, size_t bytes) noexcept = 0;  // bytes as given to allocate
+  // bytes of device memory at p set to zero, queued on `stream`.
+  virtual void zero(void* p, size_t bytes, void* stream) = 0;
+  // bytes from src to dst, each on its device (at least one of them this runtime's). A copy
+  // from or to the host returns once the host side may be reused or read; device to device is
+  // queued on `stream`.
+  virtual void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
+                    void* stream) = 0;
+  // n values from src_type to dst_type in device memory (round to nearest even), on `stream`;
+  // throws InvalidArgument for a pair of types the device has no conversion for.
+  virtual void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n,
+                       void* stream) = 0;
+};
+
+// Makes `runtime` the one of `device` (process wide, before any thread uses it; it must live
+// until exit, and every storage of the device is freed through it: replace it, or uninstall it
+// with nullptr as tests do, only while no tensor of the device is alive). Device::kCpu has
+// none.
+void install_device_runtime(Device device, DeviceRuntime* runtime);
+// The runtime of `device`; throws Error naming the device and that this build has none.
+DeviceRuntime& device_runtime(Device device);
+
+// While alive, this thread's device work goes to `device` on `stream` (null: the device's
+// default stream); scopes nest and restore the previous ones.
+class DeviceScope {
+ public:
+  DeviceScope(Device device, void* stream);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  Device saved_device_;
+  void* saved_stream_;
+};
+
+Device current_device();  // Device::kCpu outside any DeviceScope
+void* current_stream();   // null outside any DeviceScope
+
+}  // namespace tessel

@@ -1,0 +1,180 @@
+// Device tensors through the DeviceRuntime seam (tessel/tensor/device.h), on the CPU: a fake
+// runtime keeps "device" memory in its own host blocks and checks that every call comes through
+// it (with the thread's current stream), so the tensor side of the pointer contract, the
+// copies, fills and conversions and the ledger's device bytes are tested without a GPU. The
+// CUDA runtime itself (its pool) is tested on a GPU in tests/ops/cuda.
+#include "tessel/tensor/device.h"
+
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "tessel/core/memory.h"
+#include "tessel/tensor/tensor.h"
+
+namespace tessel {
+namespace {
+
+// "Device" memory: blocks from malloc, poisoned when handed out (the tensor must zero them),
+// in size classes of 1 KiB; counts what it holds and checks each call's stream.
+class FakeDevice final : public DeviceRuntime {
+ public:
+  std::string unavailable_reason() const override { return ""; }
+  size_t allocation_size(size_t bytes) const override { return (bytes + 1023) / 1024 * 1024; }
+  void* allocate(size_t bytes) override {
+    void* p = std::malloc(allocation_size(bytes));
+    std::memset(p, 0xFF, allocation_size(bytes));
+    blocks[p] = allocation_size(bytes);
+    in_use += static_cast<int64_t>(allocation_size(bytes));
+    return p;
+  }
+  void free(void* p, size_t bytes) noexcept override {
+    EXPECT_EQ(blocks[p], allocation_size(bytes));
+    in_use -= static_cast<int64_t>(blocks[p]);
+    blocks.erase(p);
+    std::free(p);
+  }
+  void zero(void* p, size_t bytes, void* stream) override {
+    EXPECT_TRUE(owns(p, bytes));
+    streams.push_back(stream);
+    std::memset(p, 0, bytes);
+  }
+  void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
+            void* stream) override {
+    EXPECT_EQ(dst_device == Device::kCuda, owns(dst, bytes));
+    EXPECT_EQ(src_device == Device::kCuda, owns(src, bytes));
+    streams.push_back(stream);
+    ++copies;
+    std::memmove(dst, src, bytes);
+  }
+  void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n,
+               void* stream) override {
+    ASSERT_TRUE(dst_type == DType::kBF16 && src_type == DType::kF32);
+    streams.push_back(stream);
+    for (int64_t i = 0; i < n; ++i)
+      static_cast<uint16_t*>(dst)[i] = f32_to_bf16(static_cast<const float*>(src)[i]);
+  }
+
+  bool owns(const void* p, size_t bytes) const {
+    for (const auto& [base, size] : blocks)
+      if (p >= base && static_cast<const char*>(p) + bytes <= static_cast<char*>(base) + size)
+        return true;
+    return false;
+  }
+
+  std::map<void*, size_t> blocks;
+  int64_t in_use = 0;
+  int copies = 0;
+  std::vector<void*> streams;
+};
+
+class DeviceTensor : public ::testing::Test {
+ protected:
+  void SetUp() override { install_device_runtime(Device::kCuda, &fake_); }
+  void TearDown() override {
+    install_device_runtime(Device::kCuda, nullptr);
+    EXPECT_TRUE(fake_.blocks.empty()) << "a device block was not given back";
+  }
+  FakeDevice fake_;
+};
+
+std::vector<float> host_values(const Tensor& t) {
+  Tensor h = t.to_device(Device::kCpu);
+  return std::vector<float>(h.data<float>(), h.data<float>() + h.numel());
+}
+
+TEST_F(DeviceTensor, HostCodeCannotTakeADevicePointer) {
+  Tensor d = Tensor::zeros({2, 3}, DType::kF32, Device::kCuda);
+  try {
+    d.data<float>();
+    FAIL() << "data<f32>() of a device tensor did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("host code cannot read device memory"), std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("cuda tensor [2, 3]"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(fake_.owns(d.device_data<float>(), d.nbytes()));
+  EXPECT_THROW(d.device_data<int32_t>(), Error);  // the dtype still checked
+  EXPECT_THROW(Tensor::zeros({2}).device_data<float>(), Error);
+}
+
+TEST_F(DeviceTensor, ZeroedCopiedFilledAndConvertedThroughTheRuntime) {
+  int stream_tag = 0;
+  DeviceScope scope(Device::kCuda, &stream_tag);
+  EXPECT_EQ(current_device(), Device::kCuda);
+  Tensor d = Tensor::zeros({5}, DType::kF32, Device::kCuda);  // the runtime's block was 0xFF
+  EXPECT_EQ(host_values(d), std::vector<float>(5, 0.0f));
+
+  Tensor h = Tensor::empty({5});
+  for (int i = 0; i < 5; ++i) h.data<float>()[i] = 1.5f * i;
+  d.copy_from(h);  // host -> device
+  Tensor c = d.clone();
+  EXPECT_EQ(c.device(), Device::kCuda);
+  EXPECT_NE(c.raw(), d.raw());
+  d.fill_(7.0f);
+  EXPECT_EQ(host_values(d), std::vector<float>(5, 7.0f));
+  EXPECT_EQ(host_values(c), (std::vector<float>{0.0f, 1.5f, 3.0f, 4.5f, 6.0f}));
+  Tensor b = c.to(DType::kBF16);
+  EXPECT_EQ(b.device(), Device::kCuda);
+  Tensor bh = b.to_device(Device::kCpu);
+  EXPECT_EQ(bf16_to_f32(reinterpret_cast<const uint16_t*>(bh.raw())[3]), 4.5f);
+  c.view(1, {2}).zero_();
+  EXPECT_EQ(host_values(c), (std::vector<float>{0.0f, 0.0f, 0.0f, 4.5f, 6.0f}));
+  EXPECT_THROW(Tensor::zeros({5}, DType::kI32, Device::kCuda).fill_(1.0f), Error);  // f32 only
+  for (void* s : fake_.streams) EXPECT_EQ(s, &stream_tag);
+  EXPECT_GE(fake_.copies, 6);
+}
+
+TEST_F(DeviceTensor, LedgerChargesTheRuntimesSizeClassUnderItsCategory) {
+  auto ledger = std::make_shared<MemoryLedger>();
+  {
+    MemoryScope scope(ledger, MemCategory::kParameters);
+    Tensor d = Tensor::zeros({300}, DType::kF32, Device::kCuda);  // 1200 bytes -> 2048
+    EXPECT_EQ(ledger->current(MemCategory::kParameters), 2048);
+    EXPECT_EQ(fake_.in_use, 2048);
+    {
+      MemoryScope act(MemCategory::kActivations);
+      Tensor a = Tensor::zeros({10}, DType::kF32, Device::kCuda);
+      EXPECT_EQ(ledger->current(MemCategory::kActivations), 1024);
+    }
+    EXPECT_EQ(ledger->peak_total(), fake_.in_use + 1024);
+  }
+  EXPECT_EQ(ledger->total(), 0);
+  EXPECT_EQ(fake_.in_use, 0);
+}
+
+TEST_F(DeviceTensor, OverTheLimitAllocatesNothingOnTheDevice) {
+  auto ledger = std::make_shared<MemoryLedger>(1024);
+  MemoryScope scope(ledger, MemCategory::kActivations);
+  EXPECT_THROW(Tensor::zeros({300}, DType::kF32, Device::kCuda), MemoryLimitError);
+  EXPECT_TRUE(fake_.blocks.empty());
+}
+
+TEST_F(DeviceTensor, ArenasLiveOnTheDeviceButShareOnlyHostMemory) {
+  Arena arena;
+  arena.add("w", {3, 4});
+  arena.add("b", {4});
+  arena.allocate(DType::kF32, Device::kCuda);
+  EXPECT_EQ(arena.view(1).device(), Device::kCuda);
+  EXPECT_EQ(host_values(arena.view(1)), std::vector<float>(4, 0.0f));
+  auto keep = std::shared_ptr<void>(std::aligned_alloc(64, 4096), std::free);
+  EXPECT_THROW(arena.rebind(keep.get(), keep, true), Error);
+}
+
+TEST(DeviceTensorWithoutRuntime, SaysThisBuildHasNoSuchDevice) {
+  install_device_runtime(Device::kCuda, nullptr);
+  try {
+    Tensor::zeros({2}, DType::kF32, Device::kCuda);
+    FAIL() << "a cuda tensor without a cuda runtime did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("this tessel was built without cuda"), std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tessel

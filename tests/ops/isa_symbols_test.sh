@@ -8,8 +8,11 @@
 # Usage: isa_symbols_test.sh BINARY...
 set -euo pipefail
 status=0
+listing=$(mktemp)
+trap 'rm -f "$listing"' EXIT
 for bin in "$@"; do
-  report=$(objdump -d --no-show-raw-insn -C "$bin" | awk '
+  objdump -d --no-show-raw-insn -C "$bin" > "$listing"
+  report=$(awk '
     function flush() {
       if (fn == "") return
       avx512_ok = fn ~ /tessel::ops::avx512(_bf16)?::/
@@ -23,8 +26,8 @@ for bin in "$@"; do
       if (insn ~ /^v[a-z]/) vex = 1
       if (insn ~ /%zmm|%k[0-7]/) evex = 1
     }
-    END { flush() }')
-  functions=$(objdump -d --no-show-raw-insn -C "$bin" | grep -c '^[0-9a-f]* <.*tessel::ops::avx' || true)
+    END { flush() }' "$listing")
+  functions=$(grep -c '^[0-9a-f]* <.*tessel::ops::avx' "$listing" || true)
   if [ -n "$report" ]; then
     echo "$bin:"
     echo "$report" | head -20

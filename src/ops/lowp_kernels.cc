@@ -4,8 +4,8 @@
 // on f32 copies of small pieces (a chunk of an elementwise op, a row of a LayerNorm, one
 // sequence of an attention), so statistics, softmax and sums stay f32 and the 16-bit values
 // are rounded once, when stored; ReLU, which only keeps or zeroes values, selects the stored
-// bits directly (the same bits, without the conversions). Parameter gradients are always f32 (accumulated, never
-// rounded).
+// bits directly (the same bits, without the conversions). Parameter gradients are always f32
+// (accumulated, never rounded).
 #include <algorithm>
 #include <cstring>
 #include <initializer_list>

@@ -9,10 +9,11 @@ using namespace tessel_cli;
 
 // A tiny GPT on `data` (a token file or a text file), 4 steps.
 std::string gpt_args(const std::string& kind, const std::string& data, const std::string& tok) {
-  return str_cat(kExamples, "/spiral.toml --set model.kind=gpt --set model.layers=1 ",
-                 "--set model.heads=2 --set model.embed=16 --set data.kind=", kind,
-                 " --set data.context=32 --set data.test_fraction=0.2 --set data.path=", data,
-                 " --set data.tokenizer=", tok, " --set train.batch=4 --set train.max_steps=4 ");
+  return str_cat(
+      kExamples, "/spiral.toml --set model.kind=gpt --set model.layers=1 ",
+      "--set model.heads=2 --set model.embed=16 --set data.kind=", kind,
+      " --set data.classes=0 --set data.context=32 --set data.test_fraction=0.2 --set data.path=",
+      data, " --set data.tokenizer=", tok, " --set train.batch=4 --set train.max_steps=4 ");
 }
 
 class TokenizerCli : public Cli {

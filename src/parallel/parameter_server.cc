@@ -1,5 +1,6 @@
 // The worker side of the parameter server and what both sides share (partition, state,
-// report). The server side is in parameter_server_serve.cc.
+// report). The server side is ServerLoop (server_loop.h): parameter_server_serve.cc and
+// parameter_server_replies.cc.
 //
 // A worker's life: the first piece of work sends a hello to every server and receives the
 // shards (start); during the backward each bucket's gradient goes to its servers as soon as it

@@ -214,7 +214,7 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
   void pull(Kind kind);
   void push(float grad_scale, int64_t step, bool skip);
   std::vector<double> gather(double value);
-  friend class ServerLoop;  // parameter_server_serve.cc
+  friend class ServerLoop;  // server_loop.h
 
   ParallelSpec spec_;
   Mesh& mesh_;

@@ -1,0 +1,143 @@
+// ServerLoop: one parameter server's event loop (ParameterServer::serve). Private to the
+// parallel area: parameter_server_serve.cc receives and applies pushes, parameter_server_replies.cc
+// answers pulls (claims, replies, stats, checkpoints). The protocol is described at the top of
+// parameter_server_serve.cc.
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <vector>
+
+#include "compress/push_codec.h"
+#include "grad_syncs.h"
+#include "tessel/parallel/parameter_server.h"
+
+namespace tessel::parallel {
+
+using Request = ParameterServer::Request;
+using Reply = ParameterServer::Reply;
+
+class ServerLoop {
+ public:
+  ServerLoop(ParameterServer& ps, const std::function<float(int64_t)>& lr)
+      : ps_(ps),
+        world_(ps.world_),
+        opt_(*ps.server_.optimizer),
+        lr_(lr),
+        W_(ps.workers()),
+        inverse_(ps.spec_.ps_stale_lr == StaleLr::kInverse),
+        stats_(ParameterServer::kStatCount, 0.0) {
+    len_ = static_cast<size_t>(ps.server_.range.size());
+    if (const CompressKind kind = ps.spec_.compress.kind; kind != CompressKind::kNone)
+      codec_ = std::make_unique<compress::PushCodec>(kind, static_cast<int64_t>(len_),
+                                                     ps.spec_.compress);
+    unit_shards_ = ps.unit_shards(ps.server_index());
+    if (ps.spec_.deterministic) {
+      scale_buckets_ = ranges_of(ps.units_);
+      sums_.resize(len_);
+    }
+    workers_.resize(static_cast<size_t>(W_));
+    for (Worker& w : workers_) {
+      if (exact()) {
+        w.sums.resize(len_);
+        w.scales.resize(scale_buckets_.size());
+      } else {
+        w.grad.assign(len_, 0.0f);
+      }
+      if (codec_) w.msg.resize(codec_->message_bytes());
+      if (ps.mode_ != ParameterServer::Mode::kSync) w.snapshot.assign(len_, 0.0f);
+    }
+  }
+
+  nlohmann::json run();
+
+ private:
+  struct Worker {
+    Request request;
+    Reply reply;
+    std::vector<float> grad, snapshot;
+    std::vector<char> msg;  // compressed: the push's message, decoded into grad
+    // train.deterministic: the push's int64 sums of its micro-shards, the scales they were taken
+    // at (one per scale bucket), and the factor of its request
+    std::vector<int64_t> sums;
+    std::vector<double> scales;
+    float factor = 1.0f;
+    // After the buffers: destroyed first, cancelling receives still posted into them.
+    comm::Work request_work, reply_work;
+    std::vector<comm::Work> data_works;  // a reply's parameters: one message per unit shard
+    std::vector<comm::Work> grad_works;  // the push's payload: one message per shard
+    int64_t clock = 0;
+    bool hello = false, done = false, arrived = false;
+    bool skipped = false;  // sync: its push of the step being collected was a skip
+    bool pending = false;  // a pull waiting for the mode's condition
+    int64_t pull_kind = 0, pull_clock = 0, pull_held = -1;
+    bool wants_claim = false;  // server 0: the pending pull claims a batch
+    int64_t holds = -1;        // server 0: step of the batch it trains (-1: none)
+  };
+
+  int peer(int w) const { return w; }  // workers are world ranks 0..W-1
+  int64_t version() const { return opt_.steps(); }
+  // The server's progress in steps (its lr clock, and the clock of a worker whose hello
+  // carried none): the workers' starting step plus the updates since, counting W async
+  // updates as one step. Not derived from the version, so a run may resume in another mode.
+  int64_t steps_clock() const {
+    return std::max<int64_t>(base_clock_, 0) + (sync() ? sync_updates_ : applied_ / W_);
+  }
+  bool sync() const { return ps_.mode_ == ParameterServer::Mode::kSync; }
+  bool exact() const { return !scale_buckets_.empty(); }  // train.deterministic
+  comm::Deadline deadline() const { return comm::Deadline::after(ps_.timeout()); }
+  void wait_all(std::vector<comm::Work>& works) {
+    for (comm::Work& w : works) w.wait(deadline());
+    works.clear();
+  }
+  float* params() { return ps_.server_.values.data<float>(); }
+  float* grads() { return ps_.server_.grads.data<float>(); }
+  // One optimizer step over the whole shard, reading the gradient times grad_scale.
+  void apply(float lr, float grad_scale = 1.0f) {
+    const optim::Segment seg{params(), grads(), static_cast<int64_t>(len_), 0};
+    opt_.step({&seg, 1}, lr, grad_scale);
+  }
+
+  void post(int w);
+  void post_grad(int w);
+  void handle(int w);
+  void push(int w);
+  void apply_sync();
+  void sum_exact();
+  void answer_pulls();
+  void open_claims(int w);
+  int64_t grant(Worker& k);
+  int64_t oldest_held(const Worker* except) const;
+  bool allowed(const Worker& w) const;
+  void reply(int w);
+  void send_stats(int w);
+  void write_checkpoint(int w, int64_t path_bytes);
+  void send_values(int w);
+  void record_staleness(int64_t s, double count);
+  [[noreturn]] void stuck(double idle_s);
+
+  ParameterServer& ps_;
+  comm::Communicator& world_;
+  optim::Optimizer& opt_;
+  const std::function<float(int64_t)>& lr_;
+  const int W_;
+  const bool inverse_;
+  size_t len_ = 0;
+  std::unique_ptr<compress::PushCodec> codec_;  // compress.kind != none: decodes pushes
+  // Server's shard of every unit in the order the backward completes them: uncompressed, the
+  // pushes' messages; backwards, the order the replies send them (what the forward reads first)
+  std::vector<nn::Range> unit_shards_;
+  std::vector<nn::Range> scale_buckets_;  // train.deterministic: the workers' (arena ranges)
+  std::vector<int64_t> sums_;             // train.deterministic: the step's integer sum
+  std::vector<Worker> workers_;
+  int done_ = 0, arrived_ = 0;
+  int64_t base_clock_ = -1;                 // set by the first hello (-1: none yet)
+  int64_t sync_updates_ = 0, applied_ = 0;  // since serve() started
+  // Server 0's claims (async, ssp): the open range of worker batches, the next index to hand
+  // out, and the grants since serve() started (across epochs: their step numbering).
+  int64_t claim_epoch_ = -1, claim_first_ = 0, claim_next_ = 0, claim_limit_ = 0, grants_ = 0;
+  std::vector<double> stats_;
+};
+
+}  // namespace tessel::parallel

@@ -1,0 +1,545 @@
+#include "nccl_mock.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "../../src/comm/reduce.h"
+#include "tessel/core/error.h"
+
+namespace tessel::comm::testing {
+namespace {
+
+// A stream: one worker thread running its queue in order. Destroying it drains the queue.
+class Stream {
+ public:
+  Stream() : worker_([this] { run(); }) {}
+  ~Stream() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_one();
+    worker_.join();
+  }
+  void push(std::function<void()> task) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      queue_.push_back(std::move(task));
+    }
+    cv_.notify_one();
+  }
+
+ private:
+  void run() {
+    for (;;) {
+      std::function<void()> task;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        task = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      task();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> queue_;
+  bool stop_ = false;
+  std::thread worker_;
+};
+
+struct Event {
+  std::atomic<uint64_t> recorded{0}, reached{0};
+  bool destroyed = false;
+};
+
+enum class Kind { kAllReduce, kReduce, kReduceScatter, kAllGather, kBroadcast, kSend, kRecv };
+
+struct Op {
+  Kind kind;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t count = 0;  // all-gather: per rank sent; reduce-scatter: per rank received
+  ElemType elem = ElemType::kF32;
+  ReduceOp op = ReduceOp::kSum;
+  int root = -1;  // or the peer of a send / recv
+  Stream* stream = nullptr;
+};
+
+struct Meeting {  // one collective: every rank's op, then the result
+  std::vector<const Op*> ops;
+  int arrived = 0, left = 0;
+  bool done = false;
+};
+
+struct Message {  // a send waiting for its receive
+  const void* data;
+  size_t bytes;
+  bool taken = false;
+};
+
+struct Group {  // the ranks of one unique id; every field under mu
+  int nranks = 0;
+  std::mutex mu;
+  std::condition_variable cv;
+  int joined = 0, finalized = 0;
+  std::vector<char> taken_ranks;
+  bool broken = false;  // a rank aborted, died or disagreed: nothing completes any more
+  NcclResult error = NcclResult::kSuccess;  // what the live ranks' async error turns into
+  std::map<uint64_t, Meeting> meetings;     // by collective number
+  std::map<std::pair<int, int>, std::deque<Message*>> wires;  // (from, to), in send order
+};
+
+struct Comm {
+  std::shared_ptr<Group> g;
+  int rank = 0;
+  MockFault fault = MockFault::kNone;
+  int fault_after = 0;
+  // Under g->mu:
+  bool settling = true;  // answered kInProgress, not yet polled out of it (init included)
+  bool finalizing = false, aborted = false, freed = false;
+  int in_flight = 0;         // work items queued or running
+  uint64_t items = 0;        // work items enqueued
+  uint64_t collectives = 0;  // collectives run (stream side)
+};
+
+struct Library {  // the mock library's global state, as libnccl's
+  std::mutex mu;
+  std::map<std::string, std::shared_ptr<Group>> groups;
+  std::vector<std::unique_ptr<Comm>> comms;  // kept until reset: dead handles stay detectable
+  std::vector<std::unique_ptr<Event>> events;
+  std::map<int, std::pair<MockFault, int>> faults;
+  int misuses = 0;
+  std::string first_misuse;
+  uint64_t ids = 0;
+  int streams = 0;
+};
+Library& lib() {
+  static Library l;
+  return l;
+}
+
+NcclResult misuse(const std::string& what) {
+  Library& l = lib();
+  std::lock_guard<std::mutex> lock(l.mu);
+  if (l.misuses++ == 0) l.first_misuse = what;
+  return NcclResult::kInvalidUsage;
+}
+
+Comm* comm_of(NcclComm c) { return reinterpret_cast<Comm*>(c); }
+
+// A call other than get_async_error / abort may be made on this communicator now (g->mu held).
+NcclResult usable(const Comm& c, const char* call) {
+  if (c.freed) return misuse(str(call, " on rank ", c.rank, "'s communicator after abort/destroy"));
+  if (c.settling)
+    return misuse(str(call, " on rank ", c.rank, " before the previous call left kInProgress"));
+  return NcclResult::kSuccess;
+}
+
+// ---- the device side: what a stream runs ----
+
+// Every rank's op of one collective is in `m`: computes and writes the results.
+void compute(Group& g, Meeting& m) {
+  const Op& a = *m.ops[0];
+  for (int r = 1; r < g.nranks; ++r) {
+    const Op& b = *m.ops[r];
+    if (b.kind != a.kind || b.count != a.count || b.elem != a.elem || b.op != a.op ||
+        b.root != a.root) {
+      misuse(str("rank ", r, "'s collective differs from rank 0's"));
+      g.broken = true;
+      g.error = NcclResult::kInvalidUsage;
+      return;
+    }
+  }
+  const size_t esz = elem_size(a.elem), n = a.count, bytes = n * esz;
+  const int ranks = g.nranks;
+  auto copy = [](void* dst, const void* src, size_t len) {
+    if (len) std::memmove(dst, src, len);
+  };
+  std::vector<char> acc;
+  if (a.kind == Kind::kAllReduce || a.kind == Kind::kReduce || a.kind == Kind::kReduceScatter) {
+    const size_t total = a.kind == Kind::kReduceScatter ? n * ranks : n;
+    acc.assign(static_cast<const char*>(a.send), static_cast<const char*>(a.send) + total * esz);
+    for (int r = 1; r < ranks; ++r) reduce_into(acc.data(), m.ops[r]->send, total, a.elem, a.op);
+    if (a.op == ReduceOp::kAvg) divide_by(acc.data(), total, a.elem, ranks);
+  } else if (a.kind == Kind::kAllGather) {
+    acc.resize(bytes * ranks);
+    for (int r = 0; r < ranks; ++r) copy(acc.data() + r * bytes, m.ops[r]->send, bytes);
+  } else {  // broadcast
+    const char* src = static_cast<const char*>(m.ops[a.root]->send);
+    acc.assign(src, src + bytes);
+  }
+  for (int r = 0; r < ranks; ++r) {
+    void* out = m.ops[r]->recv;
+    switch (a.kind) {
+      case Kind::kAllReduce:
+      case Kind::kBroadcast:
+        copy(out, acc.data(), bytes);
+        break;
+      case Kind::kReduce:
+        if (r == a.root) copy(out, acc.data(), bytes);
+        break;
+      case Kind::kReduceScatter:
+        copy(out, acc.data() + r * bytes, bytes);
+        break;
+      case Kind::kAllGather:
+        copy(out, acc.data(), acc.size());
+        break;
+      default:
+        break;
+    }
+  }
+}
+
+// Runs one collective of `c` (lock held); false when the group broke before it completed.
+bool meet(Comm& c, const Op& op, std::unique_lock<std::mutex>& lock) {
+  Group& g = *c.g;
+  const uint64_t k = c.collectives++;
+  Meeting& m = g.meetings[k];
+  m.ops.resize(g.nranks);
+  m.ops[c.rank] = &op;
+  if (++m.arrived == g.nranks && !g.broken) {
+    compute(g, m);
+    m.done = !g.broken;
+    g.cv.notify_all();
+  }
+  g.cv.wait(lock, [&] { return c.aborted || m.done; });
+  if (!m.done) return false;
+  if (++m.left == g.nranks) g.meetings.erase(k);
+  return true;
+}
+
+// One work item of `c`: a group's sends are posted first, then its collectives run in order,
+// then its receives, then it waits until its sends were taken (NCCL's sends wait for their
+// receives too). Nothing completes once the group broke.
+void run_item(Comm& c, const std::vector<Op>& ops, MockFault fault) {
+  Group& g = *c.g;
+  std::unique_lock<std::mutex> lock(g.mu);
+  auto gone = [&] { return c.aborted; };
+  if (fault == MockFault::kDie) {
+    g.broken = true;
+    g.error = NcclResult::kRemoteError;
+    g.cv.notify_all();
+  }
+  if (fault != MockFault::kNone) return g.cv.wait(lock, gone);
+  std::deque<Message> sent;
+  for (const Op& op : ops)
+    if (op.kind == Kind::kSend) {
+      sent.push_back({op.send, op.count * elem_size(op.elem)});
+      g.wires[{c.rank, op.root}].push_back(&sent.back());
+    }
+  g.cv.notify_all();
+  bool ok = true;
+  for (const Op& op : ops)
+    if (ok && op.kind != Kind::kSend && op.kind != Kind::kRecv) ok = meet(c, op, lock);
+  for (const Op& op : ops) {
+    if (!ok || op.kind != Kind::kRecv) continue;
+    auto& wire = g.wires[{op.root, c.rank}];
+    g.cv.wait(lock, [&] { return gone() || (!g.broken && !wire.empty()); });
+    if (gone()) break;
+    Message* msg = wire.front();
+    wire.pop_front();
+    const size_t bytes = op.count * elem_size(op.elem);
+    if (msg->bytes != bytes)
+      misuse(str("rank ", c.rank, " receives ", bytes, " bytes, sent ", msg->bytes));
+    if (msg->bytes && bytes) std::memcpy(op.recv, msg->data, std::min(bytes, msg->bytes));
+    msg->taken = true;
+    g.cv.notify_all();
+  }
+  auto all_taken = [&] {
+    return std::all_of(sent.begin(), sent.end(), [](const Message& m) { return m.taken; });
+  };
+  g.cv.wait(lock, [&] { return gone() || (!g.broken && all_taken()); });
+  for (Message& m : sent)  // aborted: withdraw what nobody took
+    for (auto& [key, wire] : g.wires) std::erase(wire, &m);
+}
+
+// Queues a work item on its stream (g->mu held by the caller).
+NcclResult enqueue(Comm& c, std::vector<Op> ops) {
+  Stream* stream = ops[0].stream;
+  const MockFault fault =
+      c.items++ >= static_cast<uint64_t>(c.fault_after) ? c.fault : MockFault::kNone;
+  c.settling = true;
+  ++c.in_flight;
+  stream->push([&c, ops = std::move(ops), fault] {
+    run_item(c, ops, fault);
+    std::lock_guard<std::mutex> lock(c.g->mu);
+    --c.in_flight;
+    c.g->cv.notify_all();
+  });
+  return NcclResult::kInProgress;
+}
+
+// ---- the host side: the table's NCCL calls ----
+
+thread_local int t_depth = 0;  // ncclGroupStart nesting of this thread
+thread_local std::vector<std::pair<Comm*, Op>> t_grouped;
+
+NcclResult submit(NcclComm handle, const Op& op, const char* call) {
+  Comm* c = comm_of(handle);
+  if (!c) return misuse(str(call, " on a null communicator"));
+  std::lock_guard<std::mutex> lock(c->g->mu);
+  if (NcclResult r = usable(*c, call); r != NcclResult::kSuccess) return r;
+  if (t_depth > 0) {
+    t_grouped.emplace_back(c, op);
+    return NcclResult::kSuccess;
+  }
+  return enqueue(*c, {op});
+}
+
+NcclResult group_end() {
+  if (t_depth == 0) return misuse("ncclGroupEnd without ncclGroupStart");
+  if (--t_depth > 0) return NcclResult::kSuccess;
+  auto grouped = std::move(t_grouped);
+  t_grouped.clear();
+  NcclResult result = NcclResult::kSuccess;
+  while (!grouped.empty()) {  // one work item per communicator, in first-call order
+    Comm* c = grouped.front().first;
+    std::vector<Op> ops;
+    std::erase_if(grouped, [&](const auto& p) {
+      if (p.first == c) ops.push_back(p.second);
+      return p.first == c;
+    });
+    std::lock_guard<std::mutex> lock(c->g->mu);
+    result = enqueue(*c, std::move(ops));
+  }
+  return result;
+}
+
+NcclResult init_rank(NcclComm* out, int nranks, const NcclUniqueId* id, int rank) {
+  Library& l = lib();
+  auto comm = std::make_unique<Comm>();
+  {
+    std::lock_guard<std::mutex> lock(l.mu);
+    auto& g = l.groups[std::string(id->internal, kNcclUniqueIdBytes)];
+    if (!g) {
+      g = std::make_shared<Group>();
+      g->nranks = nranks;
+      g->taken_ranks.assign(nranks, 0);
+    }
+    comm->g = g;
+    auto f = l.faults.find(rank);
+    if (f != l.faults.end()) std::tie(comm->fault, comm->fault_after) = f->second;
+    if (g->nranks != nranks || rank < 0 || rank >= nranks || g->taken_ranks[rank]++) {
+      if (l.misuses++ == 0)
+        l.first_misuse =
+            str("init_rank of rank ", rank, " of ", nranks, " in a group of ", g->nranks);
+      return NcclResult::kInvalidUsage;
+    }
+  }
+  Group& g = *comm->g;
+  comm->rank = rank;
+  {
+    std::lock_guard<std::mutex> lock(g.mu);
+    ++g.joined;
+  }
+  *out = reinterpret_cast<NcclComm>(comm.get());
+  std::lock_guard<std::mutex> lock(l.mu);
+  l.comms.push_back(std::move(comm));
+  return NcclResult::kInProgress;
+}
+
+NcclResult get_async_error(NcclComm handle, NcclResult* async) {
+  Comm* c = comm_of(handle);
+  if (!c) return misuse("get_async_error on a null communicator");
+  Group& g = *c->g;
+  std::lock_guard<std::mutex> lock(g.mu);
+  if (c->freed) return misuse(str("get_async_error on rank ", c->rank, " after abort/destroy"));
+  const bool quiet =
+      c->finalizing ? g.finalized == g.nranks && c->in_flight == 0 : g.joined == g.nranks;
+  if (g.error != NcclResult::kSuccess)
+    *async = g.error;
+  else if (c->settling && quiet)
+    *async = NcclResult::kSuccess, c->settling = false;
+  else
+    *async = c->settling ? NcclResult::kInProgress : NcclResult::kSuccess;
+  return NcclResult::kSuccess;
+}
+
+NcclResult comm_abort(NcclComm handle) {
+  Comm* c = comm_of(handle);
+  if (!c) return misuse("abort on a null communicator");
+  Group& g = *c->g;
+  std::unique_lock<std::mutex> lock(g.mu);
+  if (c->freed) return misuse(str("abort on rank ", c->rank, " after abort/destroy"));
+  c->aborted = true;
+  g.broken = true;
+  if (g.error == NcclResult::kSuccess) g.error = NcclResult::kRemoteError;
+  g.cv.notify_all();
+  g.cv.wait(lock, [&] { return c->in_flight == 0; });  // NCCL's abort stops the device work
+  c->freed = true;
+  return NcclResult::kSuccess;
+}
+
+NcclResult finalize(NcclComm handle) {
+  Comm* c = comm_of(handle);
+  if (!c) return misuse("finalize on a null communicator");
+  std::lock_guard<std::mutex> lock(c->g->mu);
+  if (NcclResult r = usable(*c, "finalize"); r != NcclResult::kSuccess) return r;
+  c->finalizing = c->settling = true;
+  ++c->g->finalized;
+  return NcclResult::kInProgress;
+}
+
+NcclResult destroy(NcclComm handle) {
+  Comm* c = comm_of(handle);
+  if (!c) return misuse("destroy on a null communicator");
+  std::lock_guard<std::mutex> lock(c->g->mu);
+  if (c->freed) return misuse(str("destroy on rank ", c->rank, " after abort/destroy"));
+  if (c->in_flight) return misuse(str("destroy on rank ", c->rank, " with work in flight"));
+  c->freed = true;
+  return NcclResult::kSuccess;
+}
+
+Op make(Kind kind, const void* send, void* recv, size_t count, ElemType elem, ReduceOp op, int root,
+        NcclStream stream) {
+  return Op{kind, send, recv, count, elem, op, root, static_cast<Stream*>(stream)};
+}
+
+Event* event_of(NcclEvent e) { return static_cast<Event*>(e); }
+
+const NcclApi kMock = {
+    .name = "mock nccl",
+    .get_unique_id =
+        [](NcclUniqueId* id) {
+          std::memset(id, 0, sizeof *id);
+          std::lock_guard<std::mutex> lock(lib().mu);
+          const std::string text = str("mock-nccl-id-", ++lib().ids);
+          std::memcpy(id->internal, text.data(), text.size());
+          return NcclResult::kSuccess;
+        },
+    .init_rank = init_rank,
+    .all_reduce =
+        [](const void* s, void* r, size_t n, ElemType e, ReduceOp op, NcclComm c, NcclStream st) {
+          return submit(c, make(Kind::kAllReduce, s, r, n, e, op, -1, st), "ncclAllReduce");
+        },
+    .reduce =
+        [](const void* s, void* r, size_t n, ElemType e, ReduceOp op, int root, NcclComm c,
+           NcclStream st) {
+          return submit(c, make(Kind::kReduce, s, r, n, e, op, root, st), "ncclReduce");
+        },
+    .reduce_scatter =
+        [](const void* s, void* r, size_t n, ElemType e, ReduceOp op, NcclComm c, NcclStream st) {
+          return submit(c, make(Kind::kReduceScatter, s, r, n, e, op, -1, st), "ncclReduceScatter");
+        },
+    .all_gather =
+        [](const void* s, void* r, size_t n, ElemType e, NcclComm c, NcclStream st) {
+          return submit(c, make(Kind::kAllGather, s, r, n, e, ReduceOp::kSum, -1, st),
+                        "ncclAllGather");
+        },
+    .broadcast =
+        [](const void* s, void* r, size_t n, ElemType e, int root, NcclComm c, NcclStream st) {
+          return submit(c, make(Kind::kBroadcast, s, r, n, e, ReduceOp::kSum, root, st),
+                        "ncclBroadcast");
+        },
+    .send =
+        [](const void* b, size_t n, ElemType e, int peer, NcclComm c, NcclStream st) {
+          return submit(c, make(Kind::kSend, b, nullptr, n, e, ReduceOp::kSum, peer, st),
+                        "ncclSend");
+        },
+    .recv =
+        [](void* b, size_t n, ElemType e, int peer, NcclComm c, NcclStream st) {
+          return submit(c, make(Kind::kRecv, nullptr, b, n, e, ReduceOp::kSum, peer, st),
+                        "ncclRecv");
+        },
+    .group_start =
+        [] {
+          ++t_depth;
+          return NcclResult::kSuccess;
+        },
+    .group_end = group_end,
+    .get_async_error = get_async_error,
+    .abort = comm_abort,
+    .finalize = finalize,
+    .destroy = destroy,
+    .last_error = [](NcclComm) -> const char* { return "mock nccl: see the async error"; },
+    .stream_create =
+        [](NcclStream* s) {
+          *s = new Stream;
+          std::lock_guard<std::mutex> lock(lib().mu);
+          ++lib().streams;
+          return 0;
+        },
+    .stream_destroy =
+        [](NcclStream s) {
+          delete static_cast<Stream*>(s);
+          std::lock_guard<std::mutex> lock(lib().mu);
+          --lib().streams;
+          return 0;
+        },
+    .event_create =
+        [](NcclEvent* e) {
+          std::lock_guard<std::mutex> lock(lib().mu);
+          lib().events.push_back(std::make_unique<Event>());
+          *e = lib().events.back().get();
+          return 0;
+        },
+    .event_record =
+        [](NcclEvent e, NcclStream s) {
+          const uint64_t v = ++event_of(e)->recorded;
+          static_cast<Stream*>(s)->push([ev = event_of(e), v] { ev->reached = v; });
+          return 0;
+        },
+    .event_query =
+        [](NcclEvent e) {
+          if (event_of(e)->destroyed) misuse("cudaEventQuery on a destroyed event");
+          return event_of(e)->reached >= event_of(e)->recorded ? 0 : kCudaNotReady;
+        },
+    .event_destroy =
+        [](NcclEvent e) {
+          event_of(e)->destroyed = true;
+          return 0;
+        },
+    .device_error_string = [](int) { return "mock cuda error"; },
+};
+
+}  // namespace
+
+const NcclApi& mock_nccl() { return kMock; }
+
+void mock_nccl_fault(int rank, MockFault fault, int after) {
+  std::lock_guard<std::mutex> lock(lib().mu);
+  lib().faults[rank] = {fault, after};
+}
+
+MockNcclState mock_nccl_state() {
+  Library& l = lib();
+  MockNcclState s;
+  std::vector<Comm*> comms;
+  {
+    std::lock_guard<std::mutex> lock(l.mu);
+    for (const auto& c : l.comms) comms.push_back(c.get());
+    s.live_streams = l.streams;
+    s.misuses = l.misuses;
+    s.first_misuse = l.first_misuse;
+  }
+  for (Comm* c : comms) {  // group locks after the library's (misuse() nests them the other way)
+    std::lock_guard<std::mutex> lock(c->g->mu);
+    s.live_comms += !c->freed;
+  }
+  return s;
+}
+
+void mock_nccl_reset() {
+  Library& l = lib();
+  std::lock_guard<std::mutex> lock(l.mu);
+  l.groups.clear();
+  l.comms.clear();
+  l.events.clear();
+  l.faults.clear();
+  l.misuses = 0;
+  l.first_misuse.clear();
+}
+
+}  // namespace tessel::comm::testing

@@ -109,6 +109,7 @@ struct Comm {
   // Under g->mu:
   bool settling = true;  // answered kInProgress, not yet polled out of it (init included)
   bool finalizing = false, aborted = false, freed = false;
+  bool dead = false;         // its kDie fault struck: a dead process's calls neither wait nor fail
   int in_flight = 0;         // work items queued or running
   uint64_t items = 0;        // work items enqueued
   uint64_t collectives = 0;  // collectives run (stream side)
@@ -270,7 +271,8 @@ NcclResult enqueue(Comm& c, std::vector<Op> ops) {
   Stream* stream = ops[0].stream;
   const MockFault fault =
       c.items++ >= static_cast<uint64_t>(c.fault_after) ? c.fault : MockFault::kNone;
-  c.settling = true;
+  c.dead |= fault == MockFault::kDie;
+  c.settling = !c.dead;
   ++c.in_flight;
   stream->push([&c, ops = std::move(ops), fault] {
     run_item(c, ops, fault);
@@ -278,7 +280,7 @@ NcclResult enqueue(Comm& c, std::vector<Op> ops) {
     --c.in_flight;
     c.g->cv.notify_all();
   });
-  return NcclResult::kInProgress;
+  return c.dead ? NcclResult::kSuccess : NcclResult::kInProgress;
 }
 
 // ---- the host side: the table's NCCL calls ----
@@ -358,12 +360,14 @@ NcclResult get_async_error(NcclComm handle, NcclResult* async) {
   if (c->freed) return misuse(str("get_async_error on rank ", c->rank, " after abort/destroy"));
   const bool quiet =
       c->finalizing ? g.finalized == g.nranks && c->in_flight == 0 : g.joined == g.nranks;
-  if (g.error != NcclResult::kSuccess)
+  if (g.error != NcclResult::kSuccess && !c->dead) {
     *async = g.error;
-  else if (c->settling && quiet)
-    *async = NcclResult::kSuccess, c->settling = false;
-  else
+  } else if (c->settling && quiet) {
+    *async = NcclResult::kSuccess;
+    c->settling = false;
+  } else {
     *async = c->settling ? NcclResult::kInProgress : NcclResult::kSuccess;
+  }
   return NcclResult::kSuccess;
 }
 

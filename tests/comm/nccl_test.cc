@@ -361,23 +361,26 @@ TEST_F(Nccl, DeadPeerReportedByTheControlPlaneAbortsNccl) {
   }
 }
 
-// Rank 2's process dies inside NCCL: NCCL reports ncclRemoteError; the others abort and name
-// rank 2 (outside any call since) long before the deadline.
+// Rank 2's process dies inside NCCL while the others wait in the call: NCCL reports
+// ncclRemoteError; the others abort and name rank 2 (outside any call since) long before the
+// deadline.
 TEST_F(Nccl, DeadPeerReportedByNcclGivesCommErrorNamingIt) {
   mock_nccl_fault(2, MockFault::kDie, 1);
   auto out = run_ranks(3, 30, [&](Communicator& c, NcclCommunicator& nccl) {
     float x = 1;
     nccl.allreduce(&x, 1, ElemType::kF32).wait();
-    NcclWork w = nccl.allreduce(&x, 1, ElemType::kF32);
-    if (c.rank() == 2) {  // a dead process waits for nothing
-      std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    if (c.rank() == 2) {  // dies in its next call, once the others wait in theirs
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      (void)nccl.allreduce(&x, 1, ElemType::kF32);
+      std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // dead: waits for nothing
       return;
     }
-    w.wait();
+    nccl.allreduce(&x, 1, ElemType::kF32).wait();
   });
   for (int r : {0, 1}) {
     SCOPED_TRACE(r);
     EXPECT_EQ(out[r].type, "CommError");
+    EXPECT_TRUE(contains(out[r].error, "allreduce #1")) << out[r].error;
     EXPECT_TRUE(contains(out[r].error, "ncclRemoteError")) << out[r].error;
     EXPECT_TRUE(contains(out[r].error, "rank 2 stopped making progress")) << out[r].error;
     EXPECT_LT(out[r].seconds, 1.2);

@@ -216,10 +216,12 @@ TEST_P(NcclCollectives, AllgatherPutsEveryBlockInPlace) {
         Buffer in = filled(e, c.rank(), counts[c.rank()]);
         Buffer result(e, first_of(counts, world));
         nccl.allgather(in.data(), result.data(), counts, e).wait();
-        for (int r = 0; r < world; ++r)
+        for (int r = 0; r < world; ++r) {
+          const Buffer want = filled(e, r, counts[r]);
           for (size_t i = 0; i < counts[r]; ++i)
-            EXPECT_EQ(result.get(first_of(counts, r) + i), filled(e, r, counts[r]).get(i))
+            EXPECT_EQ(result.get(first_of(counts, r) + i), want.get(i))
                 << elem_name(e) << (equal ? " equal" : " unequal") << " block " << r;
+        }
       }
   });
   for (const auto& r : out) EXPECT_EQ(r.type, "") << r.error;

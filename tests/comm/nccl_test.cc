@@ -277,6 +277,27 @@ TEST_P(NcclCollectives, WorkInFlightCompletesInOrder) {
   for (const auto& r : out) EXPECT_EQ(r.type, "") << r.error;
 }
 
+// A work item completes on the device, not when it is enqueued: rank 0's all-reduce is not
+// done while rank 1 has not made its call, and is once both waited.
+TEST_F(Nccl, WorkIsDoneOnlyOnceEveryRankTookPart) {
+  auto out = run_ranks(2, 10, [&](Communicator& c, NcclCommunicator& nccl) {
+    float x = static_cast<float>(c.rank() + 1);
+    if (c.rank() == 0) {
+      NcclWork w = nccl.allreduce(&x, 1, ElemType::kF32);
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      EXPECT_FALSE(w.done());  // rank 1 has not called yet: it waits for the barrier
+      c.barrier();
+      w.wait();
+      EXPECT_TRUE(w.done());
+    } else {
+      c.barrier();
+      nccl.allreduce(&x, 1, ElemType::kF32).wait();
+    }
+    EXPECT_EQ(x, 3.0f);
+  });
+  for (const auto& r : out) EXPECT_EQ(r.type, "") << r.error;
+}
+
 std::vector<Case> cases() {
   std::vector<Case> out;
   for (int w : {1, 2, 3, 4})

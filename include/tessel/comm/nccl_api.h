@@ -4,9 +4,9 @@
 // built only with CUDA and NCCL); tests fill it with a mock that runs ranks as threads on host
 // memory. Every slot is required. Semantics are NCCL's for a non-blocking communicator
 // (ncclConfig_t::blocking = 0): any call may return kInProgress, after which the caller polls
-// comm_get_async_error until it leaves kInProgress before the next call on that communicator.
+// get_async_error until it leaves kInProgress before the next call on that communicator.
 // The table is immutable; thread safety is the library's (NCCL's: one thread per communicator,
-// comm_abort from any thread).
+// abort from any thread).
 #pragma once
 
 #include <cstddef>

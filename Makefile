@@ -43,7 +43,7 @@ sanitize-test:
 # The threaded tests under ThreadSanitizer in build-tsan: collectives, the parallel layouts,
 # predict's chunk queue and serve's batcher, and restarts from in-memory snapshots (fault_test
 # runs the tessel binary, built with the same sanitizer).
-TSAN_TESTS = comm/comm_test comm/comm_failure_test comm/comm_conformance_test \
+TSAN_TESTS = comm/comm_test comm/comm_failure_test comm/comm_conformance_test comm/nccl_test \
              parallel/dp_test parallel/zero_test parallel/pipeline_test parallel/ps_test \
              infer/predict_parts_test cli/fault_test
 tsan-test: setup

@@ -1,6 +1,6 @@
 // Elementwise activations, the residual add and row softmax. Loops are kept branch-free where
-// possible so gcc -O3 vectorises them; GELU, whose exp is worth wider vectors, runs the kernel
-// table's loops of the ISA level in use (activation_loops.h).
+// possible so gcc -O3 vectorises them; GELU and attention's causal softmax, whose exp is worth
+// wider vectors, run the kernel table's loops of the ISA level in use (activation_loops.h).
 #include <cmath>
 
 #include "activation_loops.h"
@@ -16,6 +16,10 @@ void portable::gelu_forward(float* y, const float* x, int64_t n) {
 
 void portable::gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
   detail::gelu_backward_loop(dx, dy, x, n);
+}
+
+void portable::causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys) {
+  detail::causal_softmax_loop(p, rows, ld, first, keys);
 }
 
 void relu_forward(float* y, const float* x, int64_t n) {

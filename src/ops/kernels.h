@@ -27,6 +27,8 @@ struct CpuKernels {
   // ops::gelu_forward and gelu_backward over f32 (dx not null).
   void (*gelu_forward)(float* y, const float* x, int64_t n);
   void (*gelu_backward)(float* dx, const float* dy, const float* x, int64_t n);
+  // Attention's softmax of a query block's scores (activation_loops.h's causal_softmax_loop).
+  void (*causal_softmax)(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys);
   // The 2x2, stride 2 max pool over `planes` planes of H x W (pool.cc).
   void (*maxpool_2x2)(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H,
                       int64_t W, int64_t OH, int64_t OW);
@@ -61,6 +63,7 @@ const CpuKernels& kernels_for(Isa level);
 namespace portable {
 void gelu_forward(float* y, const float* x, int64_t n);
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
+void causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys);
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
@@ -77,6 +80,7 @@ void conv_direct_backward(float* dx, float* dw, float* db, const float* dy, cons
 namespace avx2 {
 void gelu_forward(float* y, const float* x, int64_t n);
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
+void causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys);
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void sgemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -95,6 +99,7 @@ void conv_direct_backward(float* dx, float* dw, float* db, const float* dy, cons
 namespace avx512 {
 void gelu_forward(float* y, const float* x, int64_t n);
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
+void causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys);
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);

@@ -1,9 +1,9 @@
 // The ISA levels (tessel/ops/isa.h): names and their errors, and the promise that every level
 // the host supports computes the same bits as the portable one: the f32 GEMM over edge and
 // model shapes (and a row's result whatever the call's row count), conversions between the
-// float types, GELU, the 2x2 max pool and the direct convolution with its fusions. The suites of
-// each kernel (gemm_test, conv_test, ...) check each level against its reference; this one checks
-// the levels against each other.
+// float types, GELU, attention's causal softmax, the 2x2 max pool and the direct convolution with
+// its fusions. The suites of each kernel (gemm_test, conv_test, ...) check each level against its
+// reference; this one checks the levels against each other.
 #include "tessel/ops/isa.h"
 
 #include <gtest/gtest.h>
@@ -245,6 +245,25 @@ TEST(Isa, GeluGivesThePortableBitsAtEveryLevel) {
     EXPECT_EQ(canonical(y.data(), DType::kF32, n), canonical(want_y.data(), DType::kF32, n))
         << isa_name(l);
     EXPECT_EQ(canonical(dx.data(), DType::kF32, n), canonical(want_dx.data(), DType::kF32, n))
+        << isa_name(l);
+  }
+}
+
+TEST(Isa, CausalSoftmaxGivesThePortableBitsAtEveryLevel) {
+  // A query block of 37 rows from position 40, 77 keys, rows 101 apart: rows of 41 to 77 keys
+  // (lane tails of every length), zeros after each row's keys, the rest of a row untouched.
+  constexpr int64_t rows = 37, ld = 101, first = 40, keys = 77;
+  Vec scores = testing::randn(rows * ld, 23);
+  for (float& s : scores) s *= 8.0f;  // a wide range of exponents
+  Vec want = scores;
+  portable::causal_softmax(want.data(), rows, ld, first, keys);
+  EXPECT_EQ(want[keys - 1], 0.0f);  // row 0 has 41 keys
+  EXPECT_EQ(want[keys], scores[keys]);
+  for (Isa l : supported_isas()) {
+    Vec got = scores;
+    kernels_for(l).causal_softmax(got.data(), rows, ld, first, keys);
+    EXPECT_EQ(canonical(got.data(), DType::kF32, rows * ld),
+              canonical(want.data(), DType::kF32, rows * ld))
         << isa_name(l);
   }
 }

@@ -28,7 +28,11 @@ void relu_forward(float* y, const float* x, int64_t n) {
 
 void relu_backward(float* dx, const float* dy, const float* y, int64_t n) {
   if (dx == nullptr) return;
-  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+  // dy read unconditionally: a conditional load keeps the loop scalar, with a branch per value.
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = dy[i];
+    dx[i] = y[i] > 0.0f ? g : 0.0f;
+  }
 }
 
 void gelu_forward(float* y, const float* x, int64_t n) { kernels().gelu_forward(y, x, n); }

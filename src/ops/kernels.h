@@ -29,6 +29,12 @@ struct CpuKernels {
   void (*gelu_backward)(float* dx, const float* dy, const float* x, int64_t n);
   // Attention's softmax of a query block's scores (activation_loops.h's causal_softmax_loop).
   void (*causal_softmax)(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys);
+  // ops::layernorm_forward and layernorm_backward over f32 (layernorm_loops.h).
+  void (*layernorm_forward)(float* y, float* mean, float* rstd, const float* x, const float* w,
+                            const float* b, int64_t N, int64_t C);
+  void (*layernorm_backward)(float* dx, float* dw, float* db, const float* dy, const float* x,
+                             const float* w, const float* mean, const float* rstd, int64_t N,
+                             int64_t C);
   // The 2x2, stride 2 max pool over `planes` planes of H x W (pool.cc).
   void (*maxpool_2x2)(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H,
                       int64_t W, int64_t OH, int64_t OW);
@@ -64,6 +70,10 @@ namespace portable {
 void gelu_forward(float* y, const float* x, int64_t n);
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
 void causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys);
+void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t N, int64_t C);
+void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
+                        const float* w, const float* mean, const float* rstd, int64_t N, int64_t C);
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
@@ -81,6 +91,10 @@ namespace avx2 {
 void gelu_forward(float* y, const float* x, int64_t n);
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
 void causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys);
+void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t N, int64_t C);
+void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
+                        const float* w, const float* mean, const float* rstd, int64_t N, int64_t C);
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void sgemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -100,6 +114,10 @@ namespace avx512 {
 void gelu_forward(float* y, const float* x, int64_t n);
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
 void causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys);
+void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t N, int64_t C);
+void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
+                        const float* w, const float* mean, const float* rstd, int64_t N, int64_t C);
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);

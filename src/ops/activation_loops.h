@@ -53,5 +53,20 @@ inline void causal_softmax_loop(float* p, int64_t rows, int64_t ld, int64_t firs
   }
 }
 
+// Its backward in place: row i of d[rows, ld] (query first + i) holds dP over the keys [0, keys)
+// and becomes dS = P * (dP - rowsum(P * dP)) * scale over the keys [0, first + i], zero after;
+// P's rows p[rows, ld] are zero after their keys.
+inline void causal_softmax_backward_loop(float* d, const float* p, int64_t rows, int64_t ld,
+                                         int64_t first, int64_t keys, float scale) {
+  for (int64_t i = 0; i < rows; ++i) {
+    const float* pi = p + i * ld;
+    float* row = d + i * ld;
+    const int64_t n = first + i + 1;
+    const float weighted = dot(pi, row, n);
+    for (int64_t j = 0; j < n; ++j) row[j] = pi[j] * (row[j] - weighted) * scale;
+    for (int64_t j = n; j < keys; ++j) row[j] = 0.0f;
+  }
+}
+
 }  // namespace
 }  // namespace tessel::ops::detail

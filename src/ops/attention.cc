@@ -19,7 +19,6 @@
 #include "kernels.h"
 #include "tessel/core/error.h"
 #include "tessel/ops/cpu.h"
-#include "vec_math.h"
 
 namespace tessel::ops {
 namespace {
@@ -118,13 +117,7 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
         gemm(false, true, rows, keys, HS, 1.0f, dout_h + t0 * C, C, q + 2 * C, C3, 0.0f, ds_block,
              T);  // dP
         // dS in place of dP, over row t's keys t2 <= t (P is zero after them).
-        for (int64_t t = t0; t < keys; ++t) {
-          const float* pt = p + t * T;
-          float* row = ds + t * T;
-          const float weighted = detail::dot(pt, row, t + 1);
-          for (int64_t j = 0; j <= t; ++j) row[j] = pt[j] * (row[j] - weighted) * scale;
-          std::fill(row + t + 1, row + keys, 0.0f);
-        }
+        kernels().causal_softmax_backward(ds_block, p + t0 * T, rows, T, t0, keys, scale);
         gemm(false, false, rows, HS, keys, 1.0f, ds_block, T, q + C, C3, 0.0f, dq + t0 * C3,
              C3);  // dQ
       }

@@ -22,6 +22,11 @@ void portable::causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first,
   detail::causal_softmax_loop(p, rows, ld, first, keys);
 }
 
+void portable::causal_softmax_backward(float* d, const float* p, int64_t rows, int64_t ld,
+                                       int64_t first, int64_t keys, float scale) {
+  detail::causal_softmax_backward_loop(d, p, rows, ld, first, keys, scale);
+}
+
 void relu_forward(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }

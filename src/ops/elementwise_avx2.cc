@@ -16,6 +16,11 @@ void causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first, int64_t k
   detail::causal_softmax_loop(p, rows, ld, first, keys);
 }
 
+void causal_softmax_backward(float* d, const float* p, int64_t rows, int64_t ld, int64_t first,
+                             int64_t keys, float scale) {
+  detail::causal_softmax_backward_loop(d, p, rows, ld, first, keys, scale);
+}
+
 void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
                        const float* b, int64_t N, int64_t C) {
   detail::layernorm_forward_loop(y, mean, rstd, x, w, b, N, C);

@@ -27,8 +27,10 @@ struct CpuKernels {
   // ops::gelu_forward and gelu_backward over f32 (dx not null).
   void (*gelu_forward)(float* y, const float* x, int64_t n);
   void (*gelu_backward)(float* dx, const float* dy, const float* x, int64_t n);
-  // Attention's softmax of a query block's scores (activation_loops.h's causal_softmax_loop).
+  // Attention's softmax of a query block's scores and its backward (activation_loops.h).
   void (*causal_softmax)(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys);
+  void (*causal_softmax_backward)(float* d, const float* p, int64_t rows, int64_t ld, int64_t first,
+                                  int64_t keys, float scale);
   // ops::layernorm_forward and layernorm_backward over f32 (layernorm_loops.h).
   void (*layernorm_forward)(float* y, float* mean, float* rstd, const float* x, const float* w,
                             const float* b, int64_t N, int64_t C);
@@ -70,6 +72,8 @@ namespace portable {
 void gelu_forward(float* y, const float* x, int64_t n);
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
 void causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys);
+void causal_softmax_backward(float* d, const float* p, int64_t rows, int64_t ld, int64_t first,
+                             int64_t keys, float scale);
 void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
                        const float* b, int64_t N, int64_t C);
 void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
@@ -91,6 +95,8 @@ namespace avx2 {
 void gelu_forward(float* y, const float* x, int64_t n);
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
 void causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys);
+void causal_softmax_backward(float* d, const float* p, int64_t rows, int64_t ld, int64_t first,
+                             int64_t keys, float scale);
 void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
                        const float* b, int64_t N, int64_t C);
 void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
@@ -114,6 +120,8 @@ namespace avx512 {
 void gelu_forward(float* y, const float* x, int64_t n);
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
 void causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys);
+void causal_softmax_backward(float* d, const float* p, int64_t rows, int64_t ld, int64_t first,
+                             int64_t keys, float scale);
 void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
                        const float* b, int64_t N, int64_t C);
 void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,

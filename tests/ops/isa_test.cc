@@ -1,9 +1,9 @@
 // The ISA levels (tessel/ops/isa.h): names and their errors, and the promise that every level
 // the host supports computes the same bits as the portable one: the f32 GEMM over edge and
 // model shapes (and a row's result whatever the call's row count), conversions between the
-// float types, GELU, attention's causal softmax, LayerNorm, the 2x2 max pool and the direct
-// convolution with its fusions. The suites of each kernel (gemm_test, conv_test, ...) check each
-// level against its reference; this one checks the levels against each other.
+// float types, GELU, attention's causal softmax and its backward, LayerNorm, the 2x2 max pool and
+// the direct convolution with its fusions. The suites of each kernel (gemm_test, conv_test, ...)
+// check each level against its reference; this one checks the levels against each other.
 #include "tessel/ops/isa.h"
 
 #include <gtest/gtest.h>
@@ -253,18 +253,24 @@ TEST(Isa, CausalSoftmaxGivesThePortableBitsAtEveryLevel) {
   // A query block of 37 rows from position 40, 77 keys, rows 101 apart: rows of 41 to 77 keys
   // (lane tails of every length), zeros after each row's keys, the rest of a row untouched.
   constexpr int64_t rows = 37, ld = 101, first = 40, keys = 77;
+  constexpr float scale = 0.25f;
   Vec scores = testing::randn(rows * ld, 23);
   for (float& s : scores) s *= 8.0f;  // a wide range of exponents
-  Vec want = scores;
+  const Vec dp = testing::randn(rows * ld, 28);
+  Vec want = scores, want_ds = dp;
   portable::causal_softmax(want.data(), rows, ld, first, keys);
+  portable::causal_softmax_backward(want_ds.data(), want.data(), rows, ld, first, keys, scale);
   EXPECT_EQ(want[keys - 1], 0.0f);  // row 0 has 41 keys
   EXPECT_EQ(want[keys], scores[keys]);
+  EXPECT_EQ(want_ds[keys - 1], 0.0f);
+  EXPECT_EQ(want_ds[keys], dp[keys]);
+  const auto bits = [](const Vec& v) { return canonical(v.data(), DType::kF32, rows * ld); };
   for (Isa l : supported_isas()) {
-    Vec got = scores;
+    Vec got = scores, ds = dp;
     kernels_for(l).causal_softmax(got.data(), rows, ld, first, keys);
-    EXPECT_EQ(canonical(got.data(), DType::kF32, rows * ld),
-              canonical(want.data(), DType::kF32, rows * ld))
-        << isa_name(l);
+    kernels_for(l).causal_softmax_backward(ds.data(), want.data(), rows, ld, first, keys, scale);
+    EXPECT_EQ(bits(got), bits(want)) << isa_name(l);
+    EXPECT_EQ(bits(ds), bits(want_ds)) << isa_name(l);
   }
 }
 

@@ -5,7 +5,9 @@
 // less the first block's input gradient, which is never computed) beside two references
 // measured in the same run: the core's fp32 FMA peak (12 independent vfmadd chains,
 // bench/fma_peak.h; with 2 threads, twice the one-core figure, an upper bound) and the GEMM
-// GFLOP/s (ops::gemm, 512^3).
+// GFLOP/s (ops::gemm, 512^3). Also samples per second of the process's CPU time: on a shared
+// host it leaves out the time the process waited for a core (a busy SMT sibling still slows
+// it), so it compares two builds more steadily than the wall-clock rate.
 //
 //   train_throughput [--steps N] [--repeats R] [--models fashion_mlp,fashion_cnn,char_gpt]
 //                    [--threads 1,2] [--json FILE]
@@ -13,6 +15,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -50,8 +53,19 @@ double sgemm_gflops(int n, int repeats) {
   return 2.0 * n * n * n / times[times.size() / 2] / 1e9;
 }
 
+double cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 struct Measure {
-  double samples_per_second;
+  double samples_per_second, samples_per_cpu_second;
   double gflops;
   int64_t batch;
 };
@@ -77,19 +91,19 @@ Measure measure(const std::string& example, int threads, int steps, int repeats)
   for (auto& b : batches) loader.next(b[0]);
   train::EvalResult sums;
   for (int i = 0; i < 10; ++i) trainer.step(batches[i % batches.size()], sums);  // warm-up
-  std::vector<double> rates;
+  std::vector<double> rates, cpu_rates;
   for (int r = 0; r < repeats; ++r) {
-    double t0 = now_seconds();
+    const double t0 = now_seconds(), c0 = cpu_seconds();
     for (int i = 0; i < steps; ++i) trainer.step(batches[i % batches.size()], sums);
     rates.push_back(static_cast<double>(steps * batch) / (now_seconds() - t0));
+    cpu_rates.push_back(static_cast<double>(steps * batch) / (cpu_seconds() - c0));
   }
-  std::sort(rates.begin(), rates.end());
-  double sps = rates[rates.size() / 2];
+  const double sps = median(rates);
   // Forward F, backward 2F (input and weight gradients) less the first block's input gradient,
   // which the trainer never computes (its input is data).
   nn::Model& m = trainer.model();
   double flops = 3.0 * m.forward_flops(1) - m.block(0).forward_flops(1);
-  return {sps, sps * flops / 1e9, batch};
+  return {sps, median(cpu_rates), sps * flops / 1e9, batch};
 }
 
 }  // namespace
@@ -131,8 +145,8 @@ int main(int argc, char** argv) {
   try {
     const double fma_peak = bench::fma_peak_gflops();  // one core
     std::printf("fp32 FMA peak, 1 core (12 vfmadd chains, this run): %.1f GFLOP/s\n", fma_peak);
-    std::printf("%-12s %7s %12s %9s %9s %12s %9s\n", "model", "threads", "samples/s", "GFLOP/s",
-                "of peak", "sgemm GF/s", "of sgemm");
+    std::printf("%-12s %7s %12s %9s %9s %12s %9s %14s\n", "model", "threads", "samples/s",
+                "GFLOP/s", "of peak", "sgemm GF/s", "of sgemm", "per CPU second");
     for (const std::string& t : threads) {
       int nt = std::stoi(t);
       ops::set_blas_threads(nt);
@@ -140,14 +154,15 @@ int main(int argc, char** argv) {
       double sgemm = sgemm_gflops(512, 20);  // the GEMM size our kernel runs best at
       for (const std::string& m : models) {
         Measure r = measure(m, nt, steps, repeats);
-        std::printf("%-12s %7d %12.0f %9.1f %8.0f%% %12.1f %8.0f%%\n", m.c_str(), nt,
+        std::printf("%-12s %7d %12.0f %9.1f %8.0f%% %12.1f %8.0f%% %14.0f\n", m.c_str(), nt,
                     r.samples_per_second, r.gflops, 100.0 * r.gflops / peak, sgemm,
-                    100.0 * r.gflops / sgemm);
+                    100.0 * r.gflops / sgemm, r.samples_per_cpu_second);
         std::fflush(stdout);
         out.push_back({{"model", m},
                        {"threads", nt},
                        {"batch", r.batch},
                        {"samples_per_second", r.samples_per_second},
+                       {"samples_per_cpu_second", r.samples_per_cpu_second},
                        {"gflops", r.gflops},
                        {"fma_peak_gflops", peak},
                        {"sgemm_gflops", sgemm},

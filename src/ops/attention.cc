@@ -4,24 +4,26 @@
 //   forward:  S = scale * Q K^T, P = softmax of each row over its keys t2 <= t, O = P V;
 //   backward: dP = dO V^T, dV = P^T dO, dS = P * (dP - rowsum(P * dP)) * scale,
 //             dQ = dS K, dK = dS^T Q.
-// The forward runs query blocks of kQueryBlock rows against the keys up to the block's end
-// (causality skips the rest), and sums P V over key chunks of kKeyChunk at fixed positions.
-// A score is the same HS-term sum whatever the block, and a chunk of keys is one GEMM pass
-// (kKeyChunk is below the GEMM's K blocking), so a row's output is the same sum of the same
-// chunk sums however many queries and keys the call has: the KV-cache path
-// (attention_forward_kv) gives the bits of the full forward's rows.
+// Causality skips the zeros of P and dS: the forward runs query blocks of kQueryBlock rows
+// against the keys up to the block's end and sums P V over key chunks of kKeyChunk at fixed
+// positions; the backward forms dP, dS and dQ by the same query blocks, and dV and dK by key
+// blocks over the queries from the block's start. A score is the same HS-term sum whatever the
+// block, and a chunk of keys is one GEMM pass (kKeyChunk is below the GEMM's K blocking), so a
+// row's output is the same sum of the same chunk sums however many queries and keys the call
+// has: the KV-cache path (attention_forward_kv) gives the bits of the full forward's rows. A
+// skipped product is an exact zero: skipping it changes no sum (at most the sign of a zero sum).
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "kernels.h"
 #include "tessel/core/error.h"
 #include "tessel/ops/cpu.h"
-#include "vec_math.h"
 
 namespace tessel::ops {
 namespace {
 
-constexpr int64_t kQueryBlock = 64;
+constexpr int64_t kQueryBlock = 16;
 constexpr int64_t kKeyChunk = 256;
 
 void check_heads(const char* who, int64_t C, int64_t NH) {
@@ -36,20 +38,6 @@ float* scratch(int64_t n) {
   return buffer.data();
 }
 
-// Row i of p[rows, ld] (query first + i) softmaxed over its keys [0, first + i], zero after.
-void causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys) {
-  for (int64_t i = 0; i < rows; ++i) {
-    float* row = p + i * ld;
-    const int64_t n = first + i + 1;
-    float mx = -INFINITY;
-    for (int64_t j = 0; j < n; ++j) mx = std::max(mx, row[j]);
-    for (int64_t j = 0; j < n; ++j) row[j] = detail::exp(row[j] - mx);
-    const float inv = 1.0f / detail::sum(row, n);
-    for (int64_t j = 0; j < n; ++j) row[j] *= inv;
-    std::fill(row + n, row + keys, 0.0f);
-  }
-}
-
 // One head: queries q[rows, HS] (positions first ..) against keys k and values v [keys, HS]
 // (positions 0 ..), leading dimensions ld_q and ld_kv; probabilities into p[rows, ld_p], the
 // output into o[rows, HS] (leading dimension ld_o).
@@ -57,7 +45,7 @@ void attend(float* o, int64_t ld_o, float* p, int64_t ld_p, const float* q, int6
             const float* k, const float* v, int64_t ld_kv, int64_t rows, int64_t first,
             int64_t keys, int64_t HS, float scale) {
   gemm(false, true, rows, keys, HS, scale, q, ld_q, k, ld_kv, 0.0f, p, ld_p);
-  causal_softmax(p, rows, ld_p, first, keys);
+  kernels().causal_softmax(p, rows, ld_p, first, keys);
   for (int64_t c = 0; c < keys; c += kKeyChunk)
     gemm(false, false, rows, HS, std::min(kKeyChunk, keys - c), 1.0f, p + c, ld_p, v + c * ld_kv,
          ld_kv, c == 0 ? 0.0f : 1.0f, o, ld_o);
@@ -122,18 +110,26 @@ void attention_backward(float* dqkv, const float* dout, const float* qkv, const 
     for (int64_t h = 0; h < NH; ++h, q += HS, dq += HS) {
       const float* p = att + (b * NH + h) * T * T;
       const float* dout_h = dout + b * T * C + h * HS;
-      gemm(false, true, T, T, HS, 1.0f, dout_h, C, q + 2 * C, C3, 0.0f, ds, T);  // dP
-      gemm(true, false, T, HS, T, 1.0f, p, T, dout_h, C, 0.0f, dq + 2 * C, C3);  // dV
-      // dS in place of dP, over row t's keys t2 <= t (P is zero after them).
-      for (int64_t t = 0; t < T; ++t) {
-        const float* pt = p + t * T;
-        float* row = ds + t * T;
-        const float weighted = detail::dot(pt, row, t + 1);
-        for (int64_t j = 0; j <= t; ++j) row[j] = pt[j] * (row[j] - weighted) * scale;
-        std::fill(row + t + 1, row + T, 0.0f);
+      // Query blocks: dP, dS and dQ over the keys up to the block's end (dS is zero after).
+      for (int64_t t0 = 0; t0 < T; t0 += kQueryBlock) {
+        const int64_t rows = std::min(kQueryBlock, T - t0), keys = t0 + rows;
+        float* ds_block = ds + t0 * T;
+        gemm(false, true, rows, keys, HS, 1.0f, dout_h + t0 * C, C, q + 2 * C, C3, 0.0f, ds_block,
+             T);  // dP
+        // dS in place of dP, over row t's keys t2 <= t (P is zero after them).
+        kernels().causal_softmax_backward(ds_block, p + t0 * T, rows, T, t0, keys, scale);
+        gemm(false, false, rows, HS, keys, 1.0f, ds_block, T, q + C, C3, 0.0f, dq + t0 * C3,
+             C3);  // dQ
       }
-      gemm(false, false, T, HS, T, 1.0f, ds, T, q + C, C3, 0.0f, dq, C3);  // dQ
-      gemm(true, false, T, HS, T, 1.0f, ds, T, q, C3, 0.0f, dq + C, C3);   // dK
+      // Key blocks: dV and dK over the queries from the block's start (P and dS are zero before),
+      // whose dS rows the query blocks above wrote up to these keys.
+      for (int64_t j0 = 0; j0 < T; j0 += kQueryBlock) {
+        const int64_t cols = std::min(kQueryBlock, T - j0), queries = T - j0;
+        gemm(true, false, cols, HS, queries, 1.0f, p + j0 * T + j0, T, dout_h + j0 * C, C, 0.0f,
+             dq + 2 * C + j0 * C3, C3);  // dV
+        gemm(true, false, cols, HS, queries, 1.0f, ds + j0 * T + j0, T, q + j0 * C3, C3, 0.0f,
+             dq + C + j0 * C3, C3);  // dK
+      }
     }
   }
 }

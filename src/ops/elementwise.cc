@@ -1,6 +1,6 @@
 // Elementwise activations, the residual add and row softmax. Loops are kept branch-free where
-// possible so gcc -O3 vectorises them; GELU, whose exp is worth wider vectors, runs the kernel
-// table's loops of the ISA level in use (activation_loops.h).
+// possible so gcc -O3 vectorises them; GELU and attention's causal softmax, whose exp is worth
+// wider vectors, run the kernel table's loops of the ISA level in use (activation_loops.h).
 #include <cmath>
 
 #include "activation_loops.h"
@@ -18,13 +18,26 @@ void portable::gelu_backward(float* dx, const float* dy, const float* x, int64_t
   detail::gelu_backward_loop(dx, dy, x, n);
 }
 
+void portable::causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys) {
+  detail::causal_softmax_loop(p, rows, ld, first, keys);
+}
+
+void portable::causal_softmax_backward(float* d, const float* p, int64_t rows, int64_t ld,
+                                       int64_t first, int64_t keys, float scale) {
+  detail::causal_softmax_backward_loop(d, p, rows, ld, first, keys, scale);
+}
+
 void relu_forward(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
 }
 
 void relu_backward(float* dx, const float* dy, const float* y, int64_t n) {
   if (dx == nullptr) return;
-  for (int64_t i = 0; i < n; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+  // dy read unconditionally: a conditional load keeps the loop scalar, with a branch per value.
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = dy[i];
+    dx[i] = y[i] > 0.0f ? g : 0.0f;
+  }
 }
 
 void gelu_forward(float* y, const float* x, int64_t n) { kernels().gelu_forward(y, x, n); }

@@ -27,6 +27,16 @@ struct CpuKernels {
   // ops::gelu_forward and gelu_backward over f32 (dx not null).
   void (*gelu_forward)(float* y, const float* x, int64_t n);
   void (*gelu_backward)(float* dx, const float* dy, const float* x, int64_t n);
+  // Attention's softmax of a query block's scores and its backward (activation_loops.h).
+  void (*causal_softmax)(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys);
+  void (*causal_softmax_backward)(float* d, const float* p, int64_t rows, int64_t ld, int64_t first,
+                                  int64_t keys, float scale);
+  // ops::layernorm_forward and layernorm_backward over f32 (layernorm_loops.h).
+  void (*layernorm_forward)(float* y, float* mean, float* rstd, const float* x, const float* w,
+                            const float* b, int64_t N, int64_t C);
+  void (*layernorm_backward)(float* dx, float* dw, float* db, const float* dy, const float* x,
+                             const float* w, const float* mean, const float* rstd, int64_t N,
+                             int64_t C);
   // The 2x2, stride 2 max pool over `planes` planes of H x W (pool.cc).
   void (*maxpool_2x2)(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H,
                       int64_t W, int64_t OH, int64_t OW);
@@ -61,6 +71,13 @@ const CpuKernels& kernels_for(Isa level);
 namespace portable {
 void gelu_forward(float* y, const float* x, int64_t n);
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
+void causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys);
+void causal_softmax_backward(float* d, const float* p, int64_t rows, int64_t ld, int64_t first,
+                             int64_t keys, float scale);
+void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t N, int64_t C);
+void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
+                        const float* w, const float* mean, const float* rstd, int64_t N, int64_t C);
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
@@ -77,6 +94,13 @@ void conv_direct_backward(float* dx, float* dw, float* db, const float* dy, cons
 namespace avx2 {
 void gelu_forward(float* y, const float* x, int64_t n);
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
+void causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys);
+void causal_softmax_backward(float* d, const float* p, int64_t rows, int64_t ld, int64_t first,
+                             int64_t keys, float scale);
+void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t N, int64_t C);
+void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
+                        const float* w, const float* mean, const float* rstd, int64_t N, int64_t C);
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void sgemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -95,6 +119,13 @@ void conv_direct_backward(float* dx, float* dw, float* db, const float* dy, cons
 namespace avx512 {
 void gelu_forward(float* y, const float* x, int64_t n);
 void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
+void causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys);
+void causal_softmax_backward(float* d, const float* p, int64_t rows, int64_t ld, int64_t first,
+                             int64_t keys, float scale);
+void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
+                       const float* b, int64_t N, int64_t C);
+void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
+                        const float* w, const float* mean, const float* rstd, int64_t N, int64_t C);
 void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
            int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);

@@ -73,8 +73,14 @@ void pack_a(const View& a, int rows, int64_t kc, float* out) {
     }
     return;
   }
-  for (int64_t k = 0; k < kc; ++k)
-    _mm256_storeu_ps(out + k * rows, load<E>(a.p, a.offset(0, k), rows));
+  // Each k's store is overwritten past its `rows` values by the next one, so every k but the
+  // last may load a whole vector (a masked load is slow on AMD, and this loop is a weight
+  // gradient's whole packing): the values past `rows` lie before element (rows - 1, k + 1) when
+  // cs + rows > kL, so the load stays inside the matrix.
+  const int64_t whole = a.cs + rows > kL ? kc - 1 : 0;
+  int64_t k = 0;
+  for (; k < whole; ++k) _mm256_storeu_ps(out + k * rows, load<E>(a.p, a.offset(0, k), kL));
+  for (; k < kc; ++k) _mm256_storeu_ps(out + k * rows, load<E>(a.p, a.offset(0, k), rows));
 }
 
 // B micro-panel: out[k * kNr + j] = b(k, j) for j < cols <= kNr, zero for cols <= j < kNr.

@@ -4,6 +4,7 @@
 // loop scalar.
 #pragma once
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -72,7 +73,9 @@ inline float tanh(float u) { return 1.0f - 2.0f / (exp(2.0f * u) + 1.0f); }
 // log(sum(exp(x - max))) so a caller can form log-softmax without taking log(y).
 inline float softmax_row(float* y, const float* x, int64_t C, float* row_max) {
   float mx = -INFINITY;
-  for (int64_t c = 0; c < C; ++c) mx = std::fmax(mx, x[c]);
+  // std::max, not std::fmax (a libm call per value at the baseline ISA): both skip NaN, and a
+  // max of +0 or -0 changes neither x - max nor the log-sum returned.
+  for (int64_t c = 0; c < C; ++c) mx = std::max(mx, x[c]);
   for (int64_t c = 0; c < C; ++c) y[c] = exp(x[c] - mx);
   const float total = sum(y, C);
   const float inv = 1.0f / total;

@@ -1,9 +1,9 @@
 // The ISA levels (tessel/ops/isa.h): names and their errors, and the promise that every level
 // the host supports computes the same bits as the portable one: the f32 GEMM over edge and
 // model shapes (and a row's result whatever the call's row count), conversions between the
-// float types, GELU, the 2x2 max pool and the direct convolution with its fusions. The suites of
-// each kernel (gemm_test, conv_test, ...) check each level against its reference; this one checks
-// the levels against each other.
+// float types, GELU, attention's causal softmax and its backward, LayerNorm, the 2x2 max pool and
+// the direct convolution with its fusions. The suites of each kernel (gemm_test, conv_test, ...)
+// check each level against its reference; this one checks the levels against each other.
 #include "tessel/ops/isa.h"
 
 #include <gtest/gtest.h>
@@ -246,6 +246,60 @@ TEST(Isa, GeluGivesThePortableBitsAtEveryLevel) {
         << isa_name(l);
     EXPECT_EQ(canonical(dx.data(), DType::kF32, n), canonical(want_dx.data(), DType::kF32, n))
         << isa_name(l);
+  }
+}
+
+TEST(Isa, CausalSoftmaxGivesThePortableBitsAtEveryLevel) {
+  // A query block of 37 rows from position 40, 77 keys, rows 101 apart: rows of 41 to 77 keys
+  // (lane tails of every length), zeros after each row's keys, the rest of a row untouched.
+  constexpr int64_t rows = 37, ld = 101, first = 40, keys = 77;
+  constexpr float scale = 0.25f;
+  Vec scores = testing::randn(rows * ld, 23);
+  for (float& s : scores) s *= 8.0f;  // a wide range of exponents
+  const Vec dp = testing::randn(rows * ld, 28);
+  Vec want = scores, want_ds = dp;
+  portable::causal_softmax(want.data(), rows, ld, first, keys);
+  portable::causal_softmax_backward(want_ds.data(), want.data(), rows, ld, first, keys, scale);
+  EXPECT_EQ(want[keys - 1], 0.0f);  // row 0 has 41 keys
+  EXPECT_EQ(want[keys], scores[keys]);
+  EXPECT_EQ(want_ds[keys - 1], 0.0f);
+  EXPECT_EQ(want_ds[keys], dp[keys]);
+  const auto bits = [](const Vec& v) { return canonical(v.data(), DType::kF32, rows * ld); };
+  for (Isa l : supported_isas()) {
+    Vec got = scores, ds = dp;
+    kernels_for(l).causal_softmax(got.data(), rows, ld, first, keys);
+    kernels_for(l).causal_softmax_backward(ds.data(), want.data(), rows, ld, first, keys, scale);
+    EXPECT_EQ(bits(got), bits(want)) << isa_name(l);
+    EXPECT_EQ(bits(ds), bits(want_ds)) << isa_name(l);
+  }
+}
+
+TEST(Isa, LayerNormGivesThePortableBitsAtEveryLevel) {
+  // Rows of 77 values: two vectors of 16 lanes and a tail, an offset that the mean removes.
+  constexpr int64_t N = 9, C = 77;
+  Vec x = testing::randn(N * C, 24), w = testing::randn(C, 25), b = testing::randn(C, 26);
+  const Vec dy = testing::randn(N * C, 27);
+  for (float& v : x) v = 3.0f + 0.5f * v;
+  Vec want_y(N * C), want_mean(N), want_rstd(N), want_dx(N * C), want_dw(C, 0.25f), want_db(C);
+  portable::layernorm_forward(want_y.data(), want_mean.data(), want_rstd.data(), x.data(), w.data(),
+                              b.data(), N, C);
+  portable::layernorm_backward(want_dx.data(), want_dw.data(), want_db.data(), dy.data(), x.data(),
+                               w.data(), want_mean.data(), want_rstd.data(), N, C);
+  const auto bits = [](const Vec& v) {
+    return canonical(v.data(), DType::kF32, static_cast<int64_t>(v.size()));
+  };
+  for (Isa l : supported_isas()) {
+    Vec y(N * C), mean(N), rstd(N), dx(N * C), dw(C, 0.25f), db(C);
+    kernels_for(l).layernorm_forward(y.data(), mean.data(), rstd.data(), x.data(), w.data(),
+                                     b.data(), N, C);
+    kernels_for(l).layernorm_backward(dx.data(), dw.data(), db.data(), dy.data(), x.data(),
+                                      w.data(), mean.data(), rstd.data(), N, C);
+    EXPECT_EQ(bits(y), bits(want_y)) << isa_name(l);
+    EXPECT_EQ(bits(mean), bits(want_mean)) << isa_name(l);
+    EXPECT_EQ(bits(rstd), bits(want_rstd)) << isa_name(l);
+    EXPECT_EQ(bits(dx), bits(want_dx)) << isa_name(l);
+    EXPECT_EQ(bits(dw), bits(want_dw)) << isa_name(l);
+    EXPECT_EQ(bits(db), bits(want_db)) << isa_name(l);
   }
 }
 

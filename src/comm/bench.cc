@@ -197,22 +197,9 @@ std::vector<Point> bench_rank(Communicator& c, const CommBenchOptions& o,
 
 // nccl-tests' names of the element types.
 const char* type_name(ElemType e) {
-  switch (e) {
-    case ElemType::kF32:
-      return "float";
-    case ElemType::kF64:
-      return "double";
-    case ElemType::kF16:
-      return "half";
-    case ElemType::kBF16:
-      return "bfloat16";
-    case ElemType::kI32:
-      return "int32";
-    case ElemType::kI64:
-      return "int64";
-    default:
-      return "uint8";
-  }
+  constexpr const char* kNames[] = {"float", "double", "half", "bfloat16",
+                                    "int32", "int64",  "uint8"};
+  return kNames[static_cast<size_t>(e)];
 }
 
 std::string columns(const Point* p) {

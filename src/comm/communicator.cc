@@ -402,16 +402,6 @@ void Communicator::broadcast(void* buf, size_t count, ElemType elem, int root,
       broadcast_body(buf, count, elem, root));
 }
 
-Work Communicator::broadcast_async(void* buf, size_t count, ElemType elem, int root,
-                                   const CallOptions& call) {
-  check_buffer(buf, count, "broadcast buffer");
-  check_root(*s_, root);
-  return run_async(
-      *s_,
-      Call{OpKind::kBroadcast, elem, ReduceOp::kSum, root, count, count * elem_size(elem), call},
-      broadcast_body(buf, count, elem, root));
-}
-
 void Communicator::reduce(void* buf, size_t count, ElemType elem, ReduceOp op, int root,
                           const CallOptions& call) {
   check_buffer(buf, count, "reduce buffer");
@@ -419,15 +409,6 @@ void Communicator::reduce(void* buf, size_t count, ElemType elem, ReduceOp op, i
   check_reducible(elem, op);
   run_blocking(*s_, Call{OpKind::kReduce, elem, op, root, count, count * elem_size(elem), call},
                reduce_body(buf, count, elem, op, root));
-}
-
-Work Communicator::reduce_async(void* buf, size_t count, ElemType elem, ReduceOp op, int root,
-                                const CallOptions& call) {
-  check_buffer(buf, count, "reduce buffer");
-  check_root(*s_, root);
-  check_reducible(elem, op);
-  return run_async(*s_, Call{OpKind::kReduce, elem, op, root, count, count * elem_size(elem), call},
-                   reduce_body(buf, count, elem, op, root));
 }
 
 // ---- gather / all_to_all / barrier ----

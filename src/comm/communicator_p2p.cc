@@ -79,16 +79,6 @@ void Communicator::recv(void* buf, size_t count, ElemType elem, int peer, int ta
   irecv(buf, count, elem, peer, tag, call).wait(Deadline::after(timeout_of(*s_, call)));
 }
 
-void Communicator::allreduce(const Tensor& t, ReduceOp op, const CallOptions& call) {
-  check_tensor(t, "allreduce");
-  allreduce(t.raw(), static_cast<size_t>(t.numel()), elem_type(t.dtype()), op, call);
-}
-
-Work Communicator::allreduce_async(const Tensor& t, ReduceOp op, const CallOptions& call) {
-  check_tensor(t, "allreduce");
-  return allreduce_async(t.raw(), static_cast<size_t>(t.numel()), elem_type(t.dtype()), op, call);
-}
-
 void Communicator::broadcast(const Tensor& t, int root, const CallOptions& call) {
   check_tensor(t, "broadcast");
   broadcast(t.raw(), static_cast<size_t>(t.numel()), elem_type(t.dtype()), root, call);

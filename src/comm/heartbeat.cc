@@ -35,8 +35,6 @@ std::string last_call(const RankState& r) {
 
 }  // namespace
 
-double host_seconds() { return static_cast<double>(host_ns()) * 1e-9; }
-
 void HeartbeatSlot::beat() noexcept { beat_ns_.store(host_ns(), std::memory_order_relaxed); }
 
 void HeartbeatSlot::enter(const Stamp& s) noexcept {

@@ -20,9 +20,6 @@ namespace tessel::comm {
 constexpr double kBeatS = 0.1;    // MPI processes beat this often
 constexpr double kSilentS = 1.0;  // a process silent this long is stopped or dead
 
-// Seconds on a clock shared by the processes of one host (CLOCK_MONOTONIC).
-double host_seconds();
-
 // One rank as another rank sees it.
 struct RankState {
   int rank = -1;          // world rank

@@ -8,33 +8,10 @@
 namespace tessel::comm {
 
 const char* op_kind_name(OpKind k) {
-  switch (k) {
-    case OpKind::kNone:
-      return "none";
-    case OpKind::kAllreduce:
-      return "allreduce";
-    case OpKind::kReduceScatter:
-      return "reduce_scatter";
-    case OpKind::kAllgather:
-      return "allgather";
-    case OpKind::kBroadcast:
-      return "broadcast";
-    case OpKind::kReduce:
-      return "reduce";
-    case OpKind::kGather:
-      return "gather";
-    case OpKind::kAllToAll:
-      return "all_to_all";
-    case OpKind::kBarrier:
-      return "barrier";
-    case OpKind::kP2p:
-      return "send/recv";
-    case OpKind::kSplit:
-      return "split";
-    case OpKind::kSharedMemory:
-      return "shared_memory";
-  }
-  return "?";
+  constexpr const char* kNames[] = {"none",      "allreduce", "reduce_scatter", "allgather",
+                                    "broadcast", "reduce",    "gather",         "all_to_all",
+                                    "barrier",   "send/recv", "split",          "shared_memory"};
+  return kNames[static_cast<size_t>(k)];
 }
 
 std::string describe(const Stamp& s) {

@@ -2,95 +2,42 @@
 
 #include <cctype>
 #include <cmath>
+#include <iterator>
 
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
 
 namespace tessel::comm {
 
-size_t elem_size(ElemType t) {
-  switch (t) {
-    case ElemType::kF32:
-      return 4;
-    case ElemType::kF64:
-      return 8;
-    case ElemType::kF16:
-      return 2;
-    case ElemType::kBF16:
-      return 2;
-    case ElemType::kI32:
-      return 4;
-    case ElemType::kI64:
-      return 8;
-    case ElemType::kU8:
-      return 1;
-  }
-  return 1;
-}
+namespace {
+// Per ElemType, in the enum's order.
+constexpr size_t kElemSizes[] = {4, 8, 2, 2, 4, 8, 1};
+constexpr const char* kElemNames[] = {"f32", "f64", "f16", "bf16", "i32", "i64", "u8"};
+constexpr const char* kReduceOpNames[] = {"sum", "avg", "max", "min"};
+}  // namespace
 
-const char* elem_name(ElemType t) {
-  switch (t) {
-    case ElemType::kF32:
-      return "f32";
-    case ElemType::kF64:
-      return "f64";
-    case ElemType::kF16:
-      return "f16";
-    case ElemType::kBF16:
-      return "bf16";
-    case ElemType::kI32:
-      return "i32";
-    case ElemType::kI64:
-      return "i64";
-    case ElemType::kU8:
-      return "u8";
-  }
-  return "?";
-}
+size_t elem_size(ElemType t) { return kElemSizes[static_cast<size_t>(t)]; }
+
+const char* elem_name(ElemType t) { return kElemNames[static_cast<size_t>(t)]; }
 
 ElemType elem_type(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return ElemType::kF32;
-    case DType::kF16:
-      return ElemType::kF16;
-    case DType::kBF16:
-      return ElemType::kBF16;
-    case DType::kI32:
-      return ElemType::kI32;
-    case DType::kI64:
-      return ElemType::kI64;
-    case DType::kU8:
-      return ElemType::kU8;
-  }
-  return ElemType::kU8;
+  constexpr ElemType kOfDType[] = {ElemType::kF32, ElemType::kF16, ElemType::kBF16,
+                                   ElemType::kI32, ElemType::kI64, ElemType::kU8};
+  return kOfDType[static_cast<size_t>(t)];
 }
 
 ElemType elem_type_from_name(const std::string& name) {
-  for (ElemType t : {ElemType::kF32, ElemType::kF64, ElemType::kF16, ElemType::kBF16,
-                     ElemType::kI32, ElemType::kI64, ElemType::kU8})
-    if (name == elem_name(t)) return t;
+  for (size_t i = 0; i < std::size(kElemNames); ++i)
+    if (name == kElemNames[i]) return static_cast<ElemType>(i);
   throw InvalidArgument(
       str("comm: unknown dtype, got '", name, "'; use one of f32, f64, f16, bf16, i32, i64, u8"));
 }
 
-const char* reduce_op_name(ReduceOp op) {
-  switch (op) {
-    case ReduceOp::kSum:
-      return "sum";
-    case ReduceOp::kAvg:
-      return "avg";
-    case ReduceOp::kMax:
-      return "max";
-    case ReduceOp::kMin:
-      return "min";
-  }
-  return "?";
-}
+const char* reduce_op_name(ReduceOp op) { return kReduceOpNames[static_cast<size_t>(op)]; }
 
 ReduceOp reduce_op_from_name(const std::string& name) {
-  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kMax, ReduceOp::kMin})
-    if (name == reduce_op_name(op)) return op;
+  for (size_t i = 0; i < std::size(kReduceOpNames); ++i)
+    if (name == kReduceOpNames[i]) return static_cast<ReduceOp>(i);
   throw InvalidArgument(
       str("comm: unknown reduce op, got '", name, "'; use one of sum, avg, max, min"));
 }

@@ -40,21 +40,9 @@ const char* remedy(MemCategory largest) {
 }  // namespace
 
 const char* mem_category_name(MemCategory c) {
-  switch (c) {
-    case MemCategory::kParameters:
-      return "parameters";
-    case MemCategory::kGradients:
-      return "gradients";
-    case MemCategory::kOptimizer:
-      return "optimizer_state";
-    case MemCategory::kActivations:
-      return "activations";
-    case MemCategory::kComm:
-      return "comm_buffers";
-    case MemCategory::kOther:
-      return "other";
-  }
-  return "?";
+  constexpr const char* kNames[] = {"parameters",  "gradients",    "optimizer_state",
+                                    "activations", "comm_buffers", "other"};
+  return kNames[static_cast<size_t>(c)];
 }
 
 MemoryLedger::MemoryLedger(int64_t limit_bytes, std::string owner)

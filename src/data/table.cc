@@ -57,10 +57,6 @@ class TargetDataset final : public Dataset {
   Task task_;
 };
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 Table from_npz(const std::string& path, const std::string& target, bool multilabel) {
   const NpyArray x = read_npz_member(path, "x");
   const NpyArray y = read_npz_member(path, target.empty() ? "y" : target);
@@ -142,7 +138,7 @@ Table read_table(const DataSpec& spec, const std::string& path) {
                       spec.kind == DataKind::kCsv ? ".csv" : ".npy or .npz", " file"));
   const bool multilabel = spec.task == Task::kMultilabel;
   if (spec.kind == DataKind::kCsv) return read_csv_table(path, spec.target, multilabel);
-  if (ends_with(path, ".npz")) return from_npz(path, spec.target, multilabel);
+  if (path.ends_with(".npz")) return from_npz(path, spec.target, multilabel);
   return from_npy(path, spec.target, multilabel);
 }
 

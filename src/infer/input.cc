@@ -27,10 +27,6 @@ File open_file(const std::string& path) {
   return f;
 }
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 // `count` rows of shape `row` in a fresh tensor [count, row...], to be filled.
 Rows dense_rows(int64_t count, Shape row) {
   Rows r;
@@ -336,7 +332,7 @@ class CsvReader final : public InputReader {
 std::unique_ptr<InputReader> open_input(const std::string& path, const ModelInfo& model,
                                         const data::DataSpec& data) {
   const std::string name = std::filesystem::path(path).filename().string();
-  const bool text = ends_with(name, ".txt");
+  const bool text = name.ends_with(".txt");
   if (!std::filesystem::is_regular_file(path))
     throw IoError(str("predict: input ", path, " is not a readable file; check --input"));
   if (model.generates() != text)
@@ -349,10 +345,10 @@ std::unique_ptr<InputReader> open_input(const std::string& path, const ModelInfo
                                     "--input ",
                                     path, "; text prompts (.txt) are for a gpt model"));
   if (text) return std::make_unique<TextReader>(path);
-  if (ends_with(name, ".npy")) return std::make_unique<NpyReader>(path, model);
-  if (ends_with(name, ".csv")) return std::make_unique<CsvReader>(path, model);
-  if (name.find("ubyte") != std::string::npos || ends_with(name, ".idx") ||
-      ends_with(name, ".idx.gz"))
+  if (name.ends_with(".npy")) return std::make_unique<NpyReader>(path, model);
+  if (name.ends_with(".csv")) return std::make_unique<CsvReader>(path, model);
+  if (name.find("ubyte") != std::string::npos || name.ends_with(".idx") ||
+      name.ends_with(".idx.gz"))
     return std::make_unique<IdxReader>(path, model, data);
   throw InvalidArgument(
       str("predict: cannot tell the kind of --input ", path,

@@ -10,10 +10,6 @@
 namespace tessel::infer {
 namespace {
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
 double round6(double p) { return std::round(p * 1e6) / 1e6; }
 
 double sigmoid(float z) { return 1.0 / (1.0 + std::exp(-static_cast<double>(z))); }
@@ -46,8 +42,8 @@ std::string csv_field(const std::string& s) {
 }  // namespace
 
 OutputFormat output_format(const std::string& path) {
-  if (ends_with(path, ".jsonl")) return OutputFormat::kJsonl;
-  if (ends_with(path, ".csv")) return OutputFormat::kCsv;
+  if (path.ends_with(".jsonl")) return OutputFormat::kJsonl;
+  if (path.ends_with(".csv")) return OutputFormat::kCsv;
   throw InvalidArgument(
       str("predict: --output must end in .jsonl or .csv (the format), got ", path));
 }

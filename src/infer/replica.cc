@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include "tessel/ckpt/model_weights.h"
 #include "tessel/core/log.h"
@@ -49,31 +50,28 @@ ModelInfo model_info(const train::Config& config, const std::string& checkpoint)
   const ckpt::Manifest& m = info.checkpoint->manifest();
   info.spec = config.model;
   info.tokenizer = m.tokenizer;
-  if (m.io) {
-    info.spec.input_shape = m.io->input_shape;
-    info.spec.num_classes = m.io->num_classes;
-    info.input_dtype = m.io->input_dtype;
-    info.input_mean = m.io->input_mean;
-    info.input_std = m.io->input_std;
-    info.input_names = m.io->input_names;
-    info.target_names = m.io->target_names;
-    info.spec.task = m.io->task;
-    return info;
+  std::optional<ckpt::ModelIo> io = m.io;
+  if (!io) {
+    log_info("infer: ", info.checkpoint->dir(), " predates model_io in manifest.json (version 3); ",
+             "loading the training data to learn the model's shapes (a newer checkpoint skips "
+             "this)");
+    data::DataSpec spec = config.data;  // text: the token ids the model was trained with
+    spec.tokenizer = m.tokenizer;
+    const data::Splits data = data::make_datasets(spec);
+    const data::Dataset& train = *data.train;
+    io = ckpt::ModelIo{train.input_shape(), train.input_dtype(), train.num_classes(),
+                       data.input_mean,     data.input_std,      train.task(),
+                       data.input_names,    data.target_names};
+    info.tokenizer = data.tokenizer;
   }
-  log_info("infer: ", info.checkpoint->dir(), " predates model_io in manifest.json (version 3); ",
-           "loading the training data to learn the model's shapes (a newer checkpoint skips this)");
-  data::DataSpec spec = config.data;  // text: the token ids the model was trained with
-  spec.tokenizer = m.tokenizer;
-  const data::Splits data = data::make_datasets(spec);
-  info.spec.input_shape = data.train->input_shape();
-  info.spec.num_classes = data.train->num_classes();
-  info.input_dtype = data.train->input_dtype();
-  info.tokenizer = data.tokenizer;
-  info.input_mean = data.input_mean;
-  info.input_std = data.input_std;
-  info.input_names = data.input_names;
-  info.target_names = data.target_names;
-  info.spec.task = data.train->task();
+  info.spec.input_shape = io->input_shape;
+  info.spec.num_classes = io->num_classes;
+  info.spec.task = io->task;
+  info.input_dtype = io->input_dtype;
+  info.input_mean = io->input_mean;
+  info.input_std = io->input_std;
+  info.input_names = io->input_names;
+  info.target_names = io->target_names;
   return info;
 }
 

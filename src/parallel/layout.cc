@@ -1,5 +1,7 @@
 #include "tessel/parallel/layout.h"
 
+#include <iterator>
+
 #include "tessel/core/error.h"
 
 namespace tessel::parallel {
@@ -68,19 +70,8 @@ Coord Layout::coord(int rank) const { return {rank / (pp * tp), rank / tp % pp, 
 int Layout::rank_of(const Coord& c) const { return (c.dp * pp + c.pp) * tp + c.tp; }
 
 int Layout::size(Axis axis) const {
-  switch (axis) {
-    case Axis::kDp:
-      return dp;
-    case Axis::kPp:
-      return pp;
-    case Axis::kTp:
-      return tp;
-    case Axis::kShard:
-      return shard;
-    case Axis::kReplica:
-      return dp / shard;
-  }
-  return 1;
+  const int sizes[] = {dp, pp, tp, shard, dp / shard};  // in Axis order
+  return sizes[static_cast<size_t>(axis)];
 }
 
 std::string Layout::str() const {
@@ -99,32 +90,19 @@ Mesh::Mesh(comm::Communicator& world, const Layout& layout) : world_(world), lay
   const int r = world.rank();
   const bool server = layout.is_server(r);
   const Coord c = server ? Coord{} : layout.coord(r);
-  // Every rank takes part in each split, in the same order; a group is keyed by the
-  // coordinates the axis leaves fixed.
-  dp_ = world.split(server ? -1 : c.pp * layout.tp + c.tp, r);
-  pp_ = world.split(server ? -1 : c.dp * layout.tp + c.tp, r);
-  tp_ = world.split(server ? -1 : c.dp * layout.pp + c.pp, r);
   const int stage = c.pp * layout.tp + c.tp, stages = layout.pp * layout.tp;
-  shard_ = world.split(server ? -1 : c.dp / layout.shard * stages + stage, r);
-  replica_ = world.split(server ? -1 : c.dp % layout.shard * stages + stage, r);
+  // Per axis, in Axis order, the coordinates the axis leaves fixed: they key its group. Every
+  // rank takes part in each split, in the same order.
+  const int keys[] = {stage, c.dp * layout.tp + c.tp, c.dp * layout.pp + c.pp,
+                      c.dp / layout.shard * stages + stage, c.dp % layout.shard * stages + stage};
+  for (size_t a = 0; a < std::size(groups_); ++a)
+    groups_[a] = world.split(server ? -1 : keys[a], r);
   workers_ = world.split(server ? -1 : 0, r);
 }
 
 comm::Communicator& Mesh::group(Axis axis) {
   TESSEL_CHECK(!is_server(), "mesh: a parameter-server rank belongs to no training axis");
-  switch (axis) {
-    case Axis::kDp:
-      return dp_;
-    case Axis::kPp:
-      return pp_;
-    case Axis::kTp:
-      return tp_;
-    case Axis::kShard:
-      return shard_;
-    case Axis::kReplica:
-      return replica_;
-  }
-  return dp_;
+  return groups_[static_cast<size_t>(axis)];
 }
 
 }  // namespace tessel::parallel

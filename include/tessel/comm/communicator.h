@@ -12,9 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <span>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "tessel/comm/transport.h"
@@ -146,26 +144,12 @@ class Communicator {
                             const CallOptions& call = {});
   Work allgather_async(const void* in, void* out, const std::vector<size_t>& counts, ElemType elem,
                        const CallOptions& call = {});
-  Work broadcast_async(void* buf, size_t count, ElemType elem, int root,
-                       const CallOptions& call = {});
-  Work reduce_async(void* buf, size_t count, ElemType elem, ReduceOp op, int root,
-                    const CallOptions& call = {});
   Work isend(const void* buf, size_t count, ElemType elem, int peer, int tag = 0,
              const CallOptions& call = {});
   Work irecv(void* buf, size_t count, ElemType elem, int peer, int tag = 0,
              const CallOptions& call = {});
 
-  // ---- typed and tensor conveniences ----
-  template <typename T>
-  void allreduce(std::span<T> data, ReduceOp op = ReduceOp::kSum, const CallOptions& call = {}) {
-    allreduce(data.data(), data.size(), elem_type_of<std::remove_cv_t<T>>(), op, call);
-  }
-  template <typename T>
-  void broadcast(std::span<T> data, int root, const CallOptions& call = {}) {
-    broadcast(data.data(), data.size(), elem_type_of<std::remove_cv_t<T>>(), root, call);
-  }
-  void allreduce(const Tensor& t, ReduceOp op = ReduceOp::kSum, const CallOptions& call = {});
-  Work allreduce_async(const Tensor& t, ReduceOp op = ReduceOp::kSum, const CallOptions& call = {});
+  // ---- tensor conveniences ----
   void broadcast(const Tensor& t, int root, const CallOptions& call = {});
   // out.numel() == in.numel() * size(); in may be out's own block (in place).
   void allgather(const Tensor& in, const Tensor& out, const CallOptions& call = {});

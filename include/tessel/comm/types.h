@@ -22,29 +22,6 @@ const char* elem_name(ElemType t);  // "f32", "f64", "f16", "bf16", "i32", "i64"
 ElemType elem_type(DType t);        // a tensor dtype as a comm element type
 ElemType elem_type_from_name(const std::string& name);  // throws InvalidArgument
 
-template <typename T>
-constexpr ElemType elem_type_of();
-template <>
-constexpr ElemType elem_type_of<float>() {
-  return ElemType::kF32;
-}
-template <>
-constexpr ElemType elem_type_of<double>() {
-  return ElemType::kF64;
-}
-template <>
-constexpr ElemType elem_type_of<int32_t>() {
-  return ElemType::kI32;
-}
-template <>
-constexpr ElemType elem_type_of<int64_t>() {
-  return ElemType::kI64;
-}
-template <>
-constexpr ElemType elem_type_of<uint8_t>() {
-  return ElemType::kU8;
-}
-
 // kAvg is a sum divided by the world size after the reduction (integer division for i32/i64).
 // u8 supports max and min only (it is for moving bytes, not for arithmetic).
 enum class ReduceOp : uint8_t { kSum, kAvg, kMax, kMin };

@@ -66,7 +66,8 @@ class Mesh {
  private:
   comm::Communicator& world_;
   Layout layout_;
-  comm::Communicator dp_, pp_, tp_, shard_, replica_, workers_;
+  comm::Communicator groups_[5];  // per Axis, in its order
+  comm::Communicator workers_;
 };
 
 // The tensor-parallel collectives that cut layers call, over a mesh's tp communicator (which

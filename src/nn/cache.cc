@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "tessel/ops/cpu.h"
+#include "tessel/tensor/device.h"
 
 namespace tessel::nn {
 
@@ -13,8 +14,8 @@ Tensor Cache::buffer(size_t k, const Shape& shape, DType dtype) {
       std::find_if(buffers_.begin(), buffers_.end(), [k](const auto& b) { return b.first == k; });
   if (it == buffers_.end()) it = buffers_.insert(buffers_.end(), {k, Tensor()});
   Tensor& s = it->second;
-  if (!s.defined() || s.dtype() != dtype || s.numel() < n)
-    s = Tensor::empty({std::max<int64_t>(n, 1)}, dtype);
+  if (!s.defined() || s.dtype() != dtype || s.numel() < n || s.device() != current_device())
+    s = Tensor::empty({std::max<int64_t>(n, 1)}, dtype, current_device());
   return s.view(0, shape);
 }
 
@@ -71,7 +72,7 @@ int64_t Cache::bytes() const {
 }
 
 Tensor output(Cache* cache, size_t k, const Shape& shape, DType dtype) {
-  return cache ? cache->buffer(k, shape, dtype) : Tensor::empty(shape, dtype);
+  return cache ? cache->buffer(k, shape, dtype) : Tensor::empty(shape, dtype, current_device());
 }
 
 // ---- KvCache ----

@@ -121,7 +121,7 @@ Tensor Linear::backward(const Tensor& dy_in, Cache& cache) {
   // A row-cut layer's bias sees its output split along the sequence under sequence
   // parallelism: its gradient is this rank's part, summed over the group at the step like
   // every whole parameter's (parallel/engine.h).
-  float* db = has_bias_ ? bias_.grad.data<float>() : nullptr;
+  float* db = has_bias_ ? bias_.grad.kernel_data<float>() : nullptr;
   if (row && sequence_split(tp_.tp) && db) {
     ops::bias_backward(db, f32_in(dy_in, &cache, 2).data<float>(), dy_in.numel() / out_, out_);
     db = nullptr;
@@ -144,7 +144,7 @@ Tensor Linear::backward(const Tensor& dy_in, Cache& cache) {
     dx = column ? tp_whole_grad(tp_.tp, cache, 0, x_shape, x_type)
                 : cache.scratch(0, x_shape, x_type);
   ops::linear_backward(input_grad_ ? dx.raw() : nullptr, x_type,
-                       defer_weights_ ? nullptr : weight_.grad.data<float>(), db, dy.raw(),
+                       defer_weights_ ? nullptr : weight_.grad.kernel_data<float>(), db, dy.raw(),
                        defer_weights_ ? nullptr : x.raw(), weight_.value.raw(), t,
                        shape_numel(x_shape) / in_, in_, out_);
   return column ? tp_enter_backward(tp_.tp, dx, cache, 1) : dx;
@@ -154,8 +154,9 @@ void Linear::backward_weights(Cache& cache) {
   if (!defer_weights_) return;
   const Tensor x = tp_.cut == Cut::kColumn ? tp_enter(tp_.tp, cache.kept(0)) : cache.kept(0);
   const Tensor& dy = cache.kept(1);
-  ops::linear_backward(nullptr, x.dtype(), weight_.grad.data<float>(), nullptr, dy.raw(), x.raw(),
-                       weight_.value.raw(), weight_.value.dtype(), x.numel() / in_, in_, out_);
+  ops::linear_backward(nullptr, x.dtype(), weight_.grad.kernel_data<float>(), nullptr, dy.raw(),
+                       x.raw(), weight_.value.raw(), weight_.value.dtype(), x.numel() / in_, in_,
+                       out_);
 }
 
 void Linear::release_for_weights(Cache& cache) { cache.release({0, 1}); }  // x and dy
@@ -486,8 +487,8 @@ Tensor LayerNorm::backward(const Tensor& dy, Cache& cache) {
   const int64_t N = x.numel() / C_;
   Tensor dx;
   if (input_grad_) dx = cache.scratch(0, x.shape(), x.dtype());
-  ops::layernorm_backward(input_grad_ ? dx.raw() : nullptr, weight_.grad.data<float>(),
-                          bias_.grad.data<float>(), dy.raw(), x.raw(), weight_.value.raw(),
+  ops::layernorm_backward(input_grad_ ? dx.raw() : nullptr, weight_.grad.kernel_data<float>(),
+                          bias_.grad.kernel_data<float>(), dy.raw(), x.raw(), weight_.value.raw(),
                           cache.kept(1).data<float>(), cache.kept(2).data<float>(), N, C_,
                           x.dtype());
   return dx;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "tessel/ops/cpu.h"
+#include "tessel/ops/device_kernels.h"
 
 namespace tessel::nn {
 
@@ -56,19 +57,41 @@ Tensor narrowed(const Tensor& g, DType type, Tensor& narrow) {
 
 // Logits of a 16-bit precision are widened first: the softmax, the loss and the row statistics
 // are always f32; the gradient goes back in the logits' type.
+// On a device the fused kernels: the loss and the count read back, lse (no probabilities) kept
+// with the logits for the backward.
 LossValue CrossEntropyLoss::forward(const Tensor& logits_in, const Tensor& labels) {
   const int64_t N = check_inputs(logits_in, labels, {DType::kF32, DType::kBF16, DType::kF16});
   const int64_t C = logits_in.dim(-1);
   type_ = logits_in.dtype();
+  labels_ = labels;
+  if (logits_in.device() != Device::kCpu) {
+    logits_ = logits_in;
+    if (!lse_.defined() || lse_.numel() != N || lse_.device() != logits_in.device())
+      lse_ = Tensor::empty({N}, DType::kF32, logits_in.device());
+    int64_t correct = 0;
+    const float loss =
+        ops::cross_entropy_forward_device(lse_.device_data<float>(), &correct, logits_in.raw(),
+                                          labels.device_data<int32_t>(), N, C, type_);
+    return {loss, correct, N};
+  }
+  logits_ = Tensor();
   const Tensor logits = widened(logits_in, wide_);
   reuse(probs_, logits.shape());
-  labels_ = labels;
   const float loss = ops::cross_entropy_forward(probs_.data<float>(), logits.data<float>(),
                                                 labels.data<int32_t>(), N, C);
   return {loss, ops::count_correct(logits.data<float>(), labels.data<int32_t>(), N, C), N};
 }
 
 Tensor CrossEntropyLoss::backward(float dloss) {
+  if (logits_.defined()) {  // on the device
+    const int64_t C = logits_.dim(-1), N = logits_.numel() / C;
+    if (!dlogits_.defined() || dlogits_.shape() != logits_.shape() || dlogits_.dtype() != type_ ||
+        dlogits_.device() != logits_.device())
+      dlogits_ = Tensor::empty(logits_.shape(), type_, logits_.device());
+    ops::cross_entropy_backward_device(dlogits_.raw(), logits_.raw(), lse_.device_data<float>(),
+                                       labels_.device_data<int32_t>(), N, C, dloss, 0, type_);
+    return dlogits_;
+  }
   TESSEL_CHECK(probs_.defined() && labels_.defined(), "cross_entropy: backward() before forward()");
   const int64_t C = probs_.dim(-1), N = probs_.numel() / C;
   reuse(dlogits_, probs_.shape());

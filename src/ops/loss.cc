@@ -1,10 +1,14 @@
 // Fused softmax + cross-entropy and the accuracy count. The loss is computed from the
 // log-sum-exp, not log(prob), so a confidently wrong row gives a large finite loss instead of
-// -log(0) = inf.
+// -log(0) = inf. The *_device pair runs the current device's fused kernels (device_kernels.h).
 #include <cmath>
+#include <cstring>
 
 #include "tessel/core/error.h"
 #include "tessel/ops/cpu.h"
+#include "tessel/ops/device_kernels.h"
+#include "tessel/tensor/device.h"
+#include "tessel/tensor/tensor.h"
 #include "vec_math.h"
 
 namespace tessel::ops {
@@ -91,6 +95,33 @@ float sliced_cross_entropy(float* probs, const float* sums, const float* target,
     total += static_cast<double>(std::log(sums[r])) - static_cast<double>(target[r] - row_max[r]);
   }
   return static_cast<float>(total / static_cast<double>(N));
+}
+
+float cross_entropy_forward_device(float* lse, int64_t* correct, const void* logits,
+                                   const int32_t* labels, int64_t N, int64_t C, DType t) {
+  TESSEL_CHECK(N > 0 && C > 0, "cross_entropy_forward: N and C must be > 0, got N=", N, " C=", C);
+  const DeviceKernels& k = current_device_kernels("cross_entropy_forward");
+  if (k.cross_entropy_forward == nullptr) throw_no_device_kernel("cross_entropy_forward");
+  if (k.count_correct == nullptr) throw_no_device_kernel("count_correct");
+  const Device device = current_device();
+  // The mean loss (f32) and the count (i64) side by side: one read back.
+  Tensor out = Tensor::empty({2}, DType::kI64, device),
+         losses = Tensor::empty({N}, DType::kF32, device);
+  k.cross_entropy_forward(static_cast<float*>(out.raw()), static_cast<float*>(losses.raw()), lse,
+                          logits, labels, N, C, t, current_stream());
+  k.count_correct(static_cast<int64_t*>(out.raw()) + 1, logits, labels, N, C, t, current_stream());
+  const Tensor host = out.to_device(Device::kCpu);
+  *correct = host.data<int64_t>()[1];
+  float loss;
+  std::memcpy(&loss, host.raw(), sizeof loss);
+  return loss;
+}
+
+void cross_entropy_backward_device(void* dlogits, const void* logits, const float* lse,
+                                   const int32_t* labels, int64_t N, int64_t C, float dloss,
+                                   int64_t lo, DType t) {
+  device_kernel(&DeviceKernels::cross_entropy_backward, "cross_entropy_backward")(
+      dlogits, logits, lse, labels, N, C, dloss, lo, t, current_stream());
 }
 
 }  // namespace tessel::ops

@@ -5,7 +5,9 @@
 // sequence of an attention), so statistics, softmax and sums stay f32 and the 16-bit values
 // are rounded once, when stored; ReLU, which only keeps or zeroes values, selects the stored
 // bits directly (the same bits, without the conversions). Parameter gradients are always f32
-// (accumulated, never rounded).
+// (accumulated, never rounded). On a device (inside a DeviceScope) each op calls that device's
+// kernel table (device_kernels.h) instead, with the same arguments and the current stream; an op
+// without a device kernel throws naming itself.
 #include <algorithm>
 #include <cstring>
 #include <initializer_list>
@@ -13,6 +15,8 @@
 
 #include "tessel/core/error.h"
 #include "tessel/ops/cpu.h"
+#include "tessel/ops/device_kernels.h"
+#include "tessel/tensor/device.h"
 
 namespace tessel::ops {
 namespace {
@@ -20,6 +24,12 @@ namespace {
 constexpr int64_t kChunk = 1024;  // elementwise ops: f32 copies of this many values (12 KiB)
 
 bool is_f32(DType t) { return t == DType::kF32; }
+
+// The current device's kernel `slot` over args, on the current stream.
+template <typename Fn, typename... Args>
+void run_on_device(Fn DeviceKernels::*slot, const char* op, Args... args) {
+  device_kernel(slot, op)(args..., current_stream());
+}
 
 void check_float(DType t, const char* who) {
   TESSEL_CHECK(t == DType::kF32 || t == DType::kBF16 || t == DType::kF16, who,
@@ -76,6 +86,7 @@ bool positive(uint16_t h, DType t) { return h != 0 && h <= (t == DType::kBF16 ? 
 
 void accumulate(float* acc, const void* x, int64_t n, DType t) {
   check_float(t, "accumulate");
+  if (on_device()) throw_no_device_kernel("accumulate");
   for (int64_t i = 0; i < n; i += kChunk) {
     const int64_t m = std::min(kChunk, n - i);
     const float* v = widened(0, at(x, i, t), m, t);
@@ -87,6 +98,9 @@ void accumulate(float* acc, const void* x, int64_t n, DType t) {
 void linear_forward(void* y, const void* x, DType x_type, const void* w, const void* b, DType t,
                     int64_t N, int64_t C, int64_t OC) {
   check_float(t, "linear_forward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::linear_forward, "linear_forward", y, x, x_type, w, b, t, N,
+                         C, OC);
   if (is_f32(t) && is_f32(x_type)) {
     linear_forward(static_cast<float*>(y), static_cast<const float*>(x),
                    static_cast<const float*>(w), static_cast<const float*>(b), N, C, OC);
@@ -103,6 +117,9 @@ void linear_forward(void* y, const void* x, DType x_type, const void* w, const v
 void linear_backward(void* dx, DType x_type, float* dw, float* db, const void* dy, const void* x,
                      const void* w, DType t, int64_t N, int64_t C, int64_t OC) {
   check_float(t, "linear_backward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::linear_backward, "linear_backward", dx, x_type, dw, db, dy,
+                         x, w, t, N, C, OC);
   if (is_f32(t) && is_f32(x_type)) {
     linear_backward(static_cast<float*>(dx), dw, db, static_cast<const float*>(dy),
                     static_cast<const float*>(x), static_cast<const float*>(w), N, C, OC);
@@ -118,6 +135,7 @@ void linear_backward(void* dx, DType x_type, float* dw, float* db, const void* d
 
 void relu_forward(void* y, const void* x, int64_t n, DType t) {
   check_float(t, "relu_forward");
+  if (on_device()) return run_on_device(&DeviceKernels::relu_forward, "relu_forward", y, x, n, t);
   if (is_f32(t)) return relu_forward(static_cast<float*>(y), static_cast<const float*>(x), n);
   // On the stored bits: the f32 kernel keeps a widened x > 0 exactly or gives +0, and rounding
   // gives x's bits back.
@@ -128,6 +146,8 @@ void relu_forward(void* y, const void* x, int64_t n, DType t) {
 
 void relu_backward(void* dx, const void* dy, const void* y, int64_t n, DType t) {
   check_float(t, "relu_backward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::relu_backward, "relu_backward", dx, dy, y, n, t);
   if (dx == nullptr) return;
   if (is_f32(t))
     return relu_backward(static_cast<float*>(dx), static_cast<const float*>(dy),
@@ -141,6 +161,7 @@ void relu_backward(void* dx, const void* dy, const void* y, int64_t n, DType t) 
 
 void gelu_forward(void* y, const void* x, int64_t n, DType t) {
   check_float(t, "gelu_forward");
+  if (on_device()) return run_on_device(&DeviceKernels::gelu_forward, "gelu_forward", y, x, n, t);
   if (is_f32(t)) return gelu_forward(static_cast<float*>(y), static_cast<const float*>(x), n);
   elementwise(y, {x}, n, t,
               [](float* o, const float* const* in, int64_t m) { gelu_forward(o, in[0], m); });
@@ -148,6 +169,8 @@ void gelu_forward(void* y, const void* x, int64_t n, DType t) {
 
 void gelu_backward(void* dx, const void* dy, const void* x, int64_t n, DType t) {
   check_float(t, "gelu_backward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::gelu_backward, "gelu_backward", dx, dy, x, n, t);
   if (dx == nullptr) return;
   if (is_f32(t))
     return gelu_backward(static_cast<float*>(dx), static_cast<const float*>(dy),
@@ -159,6 +182,7 @@ void gelu_backward(void* dx, const void* dy, const void* x, int64_t n, DType t) 
 
 void add_forward(void* y, const void* a, const void* b, int64_t n, DType t) {
   check_float(t, "add_forward");
+  if (on_device()) return run_on_device(&DeviceKernels::add_forward, "add_forward", y, a, b, n, t);
   if (is_f32(t))
     return add_forward(static_cast<float*>(y), static_cast<const float*>(a),
                        static_cast<const float*>(b), n);
@@ -170,6 +194,7 @@ void add_forward(void* y, const void* a, const void* b, int64_t n, DType t) {
 void dropout_forward(void* y, const void* x, int64_t rows, int64_t cols, float p, uint64_t seed,
                      int64_t step, int64_t first_sample, int64_t first_col, DType t) {
   check_float(t, "dropout_forward");
+  if (on_device()) throw_no_device_kernel("dropout_forward");
   if (is_f32(t))
     return dropout_forward(static_cast<float*>(y), static_cast<const float*>(x), rows, cols, p,
                            seed, step, first_sample, first_col);
@@ -184,6 +209,7 @@ void dropout_forward(void* y, const void* x, int64_t rows, int64_t cols, float p
 void dropout_backward(void* dx, const void* dy, int64_t rows, int64_t cols, float p, uint64_t seed,
                       int64_t step, int64_t first_sample, int64_t first_col, DType t) {
   check_float(t, "dropout_backward");
+  if (on_device()) throw_no_device_kernel("dropout_backward");
   if (is_f32(t))
     return dropout_backward(static_cast<float*>(dx), static_cast<const float*>(dy), rows, cols, p,
                             seed, step, first_sample, first_col);
@@ -198,6 +224,9 @@ void dropout_backward(void* dx, const void* dy, int64_t rows, int64_t cols, floa
 void layernorm_forward(void* y, float* mean, float* rstd, const void* x, const void* w,
                        const void* b, int64_t N, int64_t C, DType t) {
   check_float(t, "layernorm_forward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::layernorm_forward, "layernorm_forward", y, mean, rstd, x,
+                         w, b, N, C, t);
   if (is_f32(t))
     return layernorm_forward(static_cast<float*>(y), mean, rstd, static_cast<const float*>(x),
                              static_cast<const float*>(w), static_cast<const float*>(b), N, C);
@@ -214,6 +243,9 @@ void layernorm_backward(void* dx, float* dw, float* db, const void* dy, const vo
                         const void* w, const float* mean, const float* rstd, int64_t N, int64_t C,
                         DType t) {
   check_float(t, "layernorm_backward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::layernorm_backward, "layernorm_backward", dx, dw, db, dy,
+                         x, w, mean, rstd, N, C, t);
   if (is_f32(t))
     return layernorm_backward(static_cast<float*>(dx), dw, db, static_cast<const float*>(dy),
                               static_cast<const float*>(x), static_cast<const float*>(w), mean,
@@ -230,6 +262,7 @@ void layernorm_backward(void* dx, float* dw, float* db, const void* dy, const vo
 void rmsnorm_forward(void* y, float* rstd, const void* x, const void* w, int64_t N, int64_t C,
                      DType t) {
   check_float(t, "rmsnorm_forward");
+  if (on_device()) throw_no_device_kernel("rmsnorm_forward");
   if (is_f32(t))
     return rmsnorm_forward(static_cast<float*>(y), rstd, static_cast<const float*>(x),
                            static_cast<const float*>(w), N, C);
@@ -244,6 +277,7 @@ void rmsnorm_forward(void* y, float* rstd, const void* x, const void* w, int64_t
 void rmsnorm_backward(void* dx, float* dw, const void* dy, const void* x, const void* w,
                       const float* rstd, int64_t N, int64_t C, DType t) {
   check_float(t, "rmsnorm_backward");
+  if (on_device()) throw_no_device_kernel("rmsnorm_backward");
   if (is_f32(t))
     return rmsnorm_backward(static_cast<float*>(dx), dw, static_cast<const float*>(dy),
                             static_cast<const float*>(x), static_cast<const float*>(w), rstd, N, C);
@@ -270,6 +304,7 @@ void rotary_rows(void* qkv, const int64_t* pos, int64_t N, int64_t C, DType t, T
 
 void rotary_forward(void* qkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t) {
   check_float(t, "rotary_forward");
+  if (on_device()) throw_no_device_kernel("rotary_forward");
   if (is_f32(t)) return rotary_forward(static_cast<float*>(qkv), pos, N, C, NH);
   rotary_rows(qkv, pos, N, C, t,
               [&](float* row, const int64_t* p) { rotary_forward(row, p, 1, C, NH); });
@@ -277,6 +312,7 @@ void rotary_forward(void* qkv, const int64_t* pos, int64_t N, int64_t C, int64_t
 
 void rotary_backward(void* dqkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t) {
   check_float(t, "rotary_backward");
+  if (on_device()) throw_no_device_kernel("rotary_backward");
   if (is_f32(t)) return rotary_backward(static_cast<float*>(dqkv), pos, N, C, NH);
   rotary_rows(dqkv, pos, N, C, t,
               [&](float* row, const int64_t* p) { rotary_backward(row, p, 1, C, NH); });
@@ -284,6 +320,7 @@ void rotary_backward(void* dqkv, const int64_t* pos, int64_t N, int64_t C, int64
 
 void swiglu_forward(void* y, const void* x, int64_t N, int64_t H, DType t) {
   check_float(t, "swiglu_forward");
+  if (on_device()) throw_no_device_kernel("swiglu_forward");
   if (is_f32(t)) return swiglu_forward(static_cast<float*>(y), static_cast<const float*>(x), N, H);
   float* out = f32_buffer(3, H);
   for (int64_t r = 0; r < N; ++r) {
@@ -294,6 +331,7 @@ void swiglu_forward(void* y, const void* x, int64_t N, int64_t H, DType t) {
 
 void swiglu_backward(void* dx, const void* dy, const void* x, int64_t N, int64_t H, DType t) {
   check_float(t, "swiglu_backward");
+  if (on_device()) throw_no_device_kernel("swiglu_backward");
   if (is_f32(t))
     return swiglu_backward(static_cast<float*>(dx), static_cast<const float*>(dy),
                            static_cast<const float*>(x), N, H);
@@ -310,6 +348,9 @@ void swiglu_backward(void* dx, const void* dy, const void* x, int64_t N, int64_t
 void embedding_forward(void* y, const int32_t* ids, const void* table, int64_t N, int64_t V,
                        int64_t C, int64_t lo, int64_t rows, DType t) {
   check_float(t, "embedding_forward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::embedding_forward, "embedding_forward", y, ids, table, N,
+                         V, C, lo, rows, t);
   if (is_f32(t))
     return embedding_forward(static_cast<float*>(y), ids, static_cast<const float*>(table), N, V, C,
                              lo, rows);
@@ -330,6 +371,9 @@ void embedding_forward(void* y, const int32_t* ids, const void* table, int64_t N
 void embedding_backward(float* dtable, const void* dy, const int32_t* ids, int64_t N, int64_t C,
                         int64_t lo, int64_t rows, DType t) {
   check_float(t, "embedding_backward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::embedding_backward, "embedding_backward", dtable, dy, ids,
+                         N, C, lo, rows, t);
   for (int64_t n = 0; n < N; ++n) {
     const int64_t id = ids[n] - lo;
     if (id >= 0 && id < rows) accumulate(dtable + id * C, at(dy, n * C, t), C, t);
@@ -341,6 +385,7 @@ void embedding_backward(float* dtable, const void* dy, const int32_t* ids, int64
 void attention_forward(void* out, float* att, const void* qkv, int64_t B, int64_t T, int64_t C,
                        int64_t NH, DType t) {
   check_float(t, "attention_forward");
+  if (on_device()) throw_no_device_kernel("attention_forward");
   if (is_f32(t))
     return attention_forward(static_cast<float*>(out), att, static_cast<const float*>(qkv), B, T, C,
                              NH);
@@ -355,6 +400,7 @@ void attention_forward(void* out, float* att, const void* qkv, int64_t B, int64_
 void attention_backward(void* dqkv, const void* dout, const void* qkv, const float* att, int64_t B,
                         int64_t T, int64_t C, int64_t NH, DType t) {
   check_float(t, "attention_backward");
+  if (on_device()) throw_no_device_kernel("attention_backward");
   if (is_f32(t))
     return attention_backward(static_cast<float*>(dqkv), static_cast<const float*>(dout),
                               static_cast<const float*>(qkv), att, B, T, C, NH);

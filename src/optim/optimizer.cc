@@ -1,7 +1,8 @@
 // SGD and AdamW with PyTorch 1.13's update rules (torch.optim.SGD with dampening 0,
 // torch.optim.AdamW without amsgrad), so a tessel run and a PyTorch run from the same
 // weights and gradients follow the same trajectory. Each step is one fused pass over memory;
-// the per-step scalars are computed once outside the loops so that the loops vectorise.
+// the loops are ops' (optim_step.h), and on a device (inside a DeviceScope) the device's kernel
+// table's, over the same flat arenas, with the state allocated on that device.
 #include "tessel/optim/optimizer.h"
 
 #include <algorithm>
@@ -10,6 +11,8 @@
 
 #include "tessel/core/error.h"
 #include "tessel/ops/cpu.h"
+#include "tessel/ops/device_kernels.h"
+#include "tessel/tensor/device.h"
 
 namespace tessel::optim {
 namespace {
@@ -23,21 +26,6 @@ void check_segments(std::span<const Segment> segments, int64_t n, const char* wh
                  " is not inside the optimizer's ", n, " elements");
 }
 
-// Runs update(part) over parts of seg of a few thousand elements, each followed by the rewrite
-// of its working copy (if any) while its new values are in L1.
-template <typename F>
-void for_parts(const Segment& seg, F update) {
-  constexpr int64_t kPart = 2048;
-  const size_t half = dtype_size(seg.working_type);
-  for (int64_t i = 0; i < seg.count; i += kPart) {
-    const int64_t n = std::min(kPart, seg.count - i);
-    update(Segment{seg.params + i, seg.grads + i, n, seg.state_offset + i});
-    if (seg.working != nullptr)
-      ops::convert(static_cast<char*>(seg.working) + i * static_cast<int64_t>(half),
-                   seg.working_type, seg.params + i, DType::kF32, n);
-  }
-}
-
 void check_lr(float lr, const char* who) {
   // 0 is legal here: a warm-up that starts from 0 asks for it on step 0.
   if (!(lr >= 0.0f) || !std::isfinite(lr))
@@ -45,54 +33,51 @@ void check_lr(float lr, const char* who) {
                               "; check the learning-rate schedule"));
 }
 
+// Runs cpu(segment) on the CPU, or device(segment, stream) on the current device (inside a
+// DeviceScope: its kernel table's step over the same flat arenas), for every segment.
+template <typename Cpu, typename Dev>
+void each_segment(std::span<const Segment> segments, Cpu cpu, Dev device) {
+  for (const Segment& seg : segments) {
+    if (ops::on_device())
+      device(seg, current_stream());
+    else
+      cpu(seg);
+  }
+}
+
 class Sgd final : public Optimizer {
  public:
   Sgd(const OptimSpec& spec, int64_t n)
-      : Optimizer(n), spec_(spec), momentum_(Tensor::zeros({n})) {}
+      : Optimizer(n), spec_(spec), momentum_(Tensor::zeros({n}, DType::kF32, current_device())) {}
 
   void step(std::span<const Segment> segments, float lr, float grad_scale) override {
     check_segments(segments, numel_, "optim.sgd");
     check_lr(lr, "optim.sgd");
-    for (const Segment& seg : segments)
-      for_parts(seg, [&](const Segment& part) { update(part, lr, grad_scale); });
+    ops::SgdStep k;
+    k.lr = lr;
+    k.momentum = spec_.momentum;
+    k.weight_decay = spec_.weight_decay;
+    k.nesterov = spec_.nesterov;
+    k.first = steps_ == 0;
+    k.grad_scale = grad_scale;
+    float* buf = static_cast<float*>(momentum_.raw());
+    each_segment(
+        segments,
+        [&](const Segment& s) {
+          ops::sgd_step(s.params, s.grads, buf + s.state_offset, s.working, s.working_type, s.count,
+                        k);
+        },
+        [&](const Segment& s, void* stream) {
+          ops::device_kernel(&ops::DeviceKernels::sgd_step, "sgd_step")(
+              s.params, s.grads, buf + s.state_offset, s.working, s.working_type, s.count, k,
+              stream);
+        });
     ++steps_;
   }
 
   std::vector<StateBuffer> state() override { return {{"momentum", momentum_}}; }
 
  private:
-  void update(const Segment& seg, float lr, float gs) {
-    float* __restrict p = seg.params;
-    const float* __restrict g = seg.grads;
-    float* __restrict buf = momentum_.data<float>() + seg.state_offset;
-    const float wd = spec_.weight_decay, mu = spec_.momentum, neg_lr = -lr;
-    const int64_t n = seg.count;
-    if (mu == 0.0f) {
-      for (int64_t i = 0; i < n; ++i) p[i] += neg_lr * (g[i] * gs + wd * p[i]);
-    } else if (steps_ == 0) {
-      // PyTorch seeds the buffer with the first gradient instead of decaying a zero buffer.
-      for (int64_t i = 0; i < n; ++i) {
-        const float d = g[i] * gs + wd * p[i];
-        buf[i] = d;
-        p[i] += neg_lr * (spec_.nesterov ? d + mu * d : d);
-      }
-    } else if (spec_.nesterov) {
-      for (int64_t i = 0; i < n; ++i) {
-        const float d = g[i] * gs + wd * p[i];
-        const float b = mu * buf[i] + d;
-        buf[i] = b;
-        p[i] += neg_lr * (d + mu * b);
-      }
-    } else {
-      for (int64_t i = 0; i < n; ++i) {
-        const float d = g[i] * gs + wd * p[i];
-        const float b = mu * buf[i] + d;
-        buf[i] = b;
-        p[i] += neg_lr * b;
-      }
-    }
-  }
-
   OptimSpec spec_;
   Tensor momentum_;
 };
@@ -100,22 +85,35 @@ class Sgd final : public Optimizer {
 class AdamW final : public Optimizer {
  public:
   AdamW(const OptimSpec& spec, int64_t n)
-      : Optimizer(n), spec_(spec), exp_avg_(Tensor::zeros({n})), exp_avg_sq_(Tensor::zeros({n})) {}
+      : Optimizer(n),
+        spec_(spec),
+        exp_avg_(Tensor::zeros({n}, DType::kF32, current_device())),
+        exp_avg_sq_(Tensor::zeros({n}, DType::kF32, current_device())) {}
 
   void step(std::span<const Segment> segments, float lr, float grad_scale) override {
     check_segments(segments, numel_, "optim.adamw");
     check_lr(lr, "optim.adamw");
-    const int64_t t = steps_ + 1;
-    // Scalars in double as PyTorch computes them in Python, then rounded once to f32.
-    const double bc1 = 1.0 - std::pow(static_cast<double>(spec_.beta1), static_cast<double>(t));
-    const double bc2 = 1.0 - std::pow(static_cast<double>(spec_.beta2), static_cast<double>(t));
-    Scalars k;
-    k.step_size = static_cast<float>(static_cast<double>(lr) / bc1);
-    k.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-    k.decay = static_cast<float>(1.0 - static_cast<double>(lr) * spec_.weight_decay);
-    k.gs = grad_scale;
-    for (const Segment& seg : segments)
-      for_parts(seg, [&](const Segment& part) { update(part, k); });
+    ops::AdamWStep k;
+    k.lr = lr;
+    k.beta1 = spec_.beta1;
+    k.beta2 = spec_.beta2;
+    k.eps = spec_.eps;
+    k.weight_decay = spec_.weight_decay;
+    k.step = steps_ + 1;
+    k.grad_scale = grad_scale;
+    float* m = static_cast<float*>(exp_avg_.raw());
+    float* v = static_cast<float*>(exp_avg_sq_.raw());
+    each_segment(
+        segments,
+        [&](const Segment& s) {
+          ops::adamw_step(s.params, s.grads, m + s.state_offset, v + s.state_offset, s.working,
+                          s.working_type, s.count, k);
+        },
+        [&](const Segment& s, void* stream) {
+          ops::device_kernel(&ops::DeviceKernels::adamw_step, "adamw_step")(
+              s.params, s.grads, m + s.state_offset, v + s.state_offset, s.working, s.working_type,
+              s.count, k, stream);
+        });
     ++steps_;
   }
 
@@ -124,30 +122,6 @@ class AdamW final : public Optimizer {
   }
 
  private:
-  struct Scalars {
-    float step_size, bc2_sqrt, decay, gs;
-  };
-
-  void update(const Segment& seg, const Scalars& k) {
-    const float b1 = spec_.beta1, b2 = spec_.beta2, eps = spec_.eps;
-    const float c1 = 1.0f - b1, c2 = 1.0f - b2;
-    const float step_size = k.step_size, bc2_sqrt = k.bc2_sqrt, decay = k.decay, gs = k.gs;
-    float* __restrict p = seg.params;
-    const float* __restrict g = seg.grads;
-    float* __restrict m = exp_avg_.data<float>() + seg.state_offset;
-    float* __restrict v = exp_avg_sq_.data<float>() + seg.state_offset;
-    const int64_t n = seg.count;
-    for (int64_t i = 0; i < n; ++i) {
-      const float gi = g[i] * gs;
-      const float mi = b1 * m[i] + c1 * gi;
-      const float vi = b2 * v[i] + c2 * gi * gi;
-      m[i] = mi;
-      v[i] = vi;
-      const float denom = std::sqrt(vi) / bc2_sqrt + eps;
-      p[i] = p[i] * decay - step_size * (mi / denom);
-    }
-  }
-
   OptimSpec spec_;
   Tensor exp_avg_;
   Tensor exp_avg_sq_;

@@ -4,9 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <numbers>
 
 #include "tessel/core/error.h"
+#include "tessel/ops/device_kernels.h"
+#include "tessel/tensor/device.h"
+#include "tessel/tensor/tensor.h"
 
 namespace tessel::optim {
 namespace {
@@ -68,7 +72,25 @@ float scaled_lr(float lr, int64_t global_batch, int64_t base_batch) {
                             static_cast<double>(base_batch));
 }
 
+namespace {
+
+// On the current device: its kernel's fixed order, the f64 result read back (kI64 storage
+// holds the doubles: the result, then the partial sums).
+double device_sum_squares(const float* g, int64_t n) {
+  const auto kernel = ops::device_kernel(&ops::DeviceKernels::sum_squares, "sum_squares");
+  const Tensor out = Tensor::empty({1 + ops::kSumSquaresParts}, DType::kI64, current_device());
+  auto* words = static_cast<double*>(out.raw());
+  kernel(words, words + 1, g, n, current_stream());
+  const Tensor host = out.view(0, {1}).to_device(Device::kCpu);
+  double sum;
+  std::memcpy(&sum, host.raw(), sizeof sum);
+  return sum;
+}
+
+}  // namespace
+
 double sum_squares(const float* g, int64_t n) {
+  if (ops::on_device()) return device_sum_squares(g, n);
   // Eight independent double lanes: strict FP forbids reassociating one accumulator, so the
   // lanes are what lets the compiler vectorise; the lane order keeps the result deterministic.
   constexpr int kLanes = 8;

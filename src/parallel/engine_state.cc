@@ -60,9 +60,11 @@ std::vector<ckpt::ShardSlice> state_slices(const StateView& view, const nn::Mode
       Tensor values = Tensor::empty({run.count});
       std::copy_n(view.values(o), run.count, values.data<float>());
       slices.push_back({name, run.logical, values});
-      for (const optim::StateBuffer& buf : view.optimizer->state())
-        slices.push_back({buf.name + "/" + name, run.logical,
-                          buf.values.view(view.state_offset(o), {run.count})});
+      for (const optim::StateBuffer& buf : view.optimizer->state()) {
+        Tensor state = buf.values.view(view.state_offset(o), {run.count});
+        if (state.device() != Device::kCpu) state = state.to_device(Device::kCpu);  // read back
+        slices.push_back({buf.name + "/" + name, run.logical, state});
+      }
     }
   slices.insert(slices.end(), view.extra.begin(), view.extra.end());
   return slices;

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "tessel/core/clock.h"
+#include "tessel/tensor/device.h"
 
 namespace tessel::parallel {
 
@@ -24,9 +25,11 @@ bool first_group(const Buckets::Spec& spec) {
   return spec.across == nullptr || spec.across->rank() == 0;
 }
 
+// On the rank's device (tessel/tensor/device.h): the kernels that write and read gradients run
+// there; a device run has one rank, whose syncs send nothing.
 Tensor gradient_memory(int64_t n, MemCategory category, DType type = DType::kF32) {
   MemoryScope scope(category);
-  return Tensor::zeros({std::max<int64_t>(n, 1)}, type);
+  return Tensor::zeros({std::max<int64_t>(n, 1)}, type, current_device());
 }
 
 // Every unit whose last backward pass ended with block b, for each local block from the last
@@ -69,7 +72,7 @@ ArenaSync::ArenaSync(nn::Model& model, const Units& units, Reduction reduction,
 void ArenaSync::launch(int unit) {
   launched_[static_cast<size_t>(unit)] = 1;
   const Unit& u = units_.list[static_cast<size_t>(unit)];
-  buckets_.launch(unit, arena_.data<float>() + (u.range.lo - units_.span.lo));
+  buckets_.launch(unit, arena_.kernel_data<float>() + (u.range.lo - units_.span.lo));
 }
 
 void ArenaSync::on_block(nn::Phase phase, size_t block, bool last) {
@@ -91,7 +94,9 @@ void ArenaSync::reduce() {
 
 double ArenaSync::sq_norm() { return shards_sq_norm(units_, *this, workers_, counted_); }
 
-float* ArenaSync::grads(nn::Range r) { return arena_.data<float>() + (r.lo - units_.span.lo); }
+float* ArenaSync::grads(nn::Range r) {
+  return arena_.kernel_data<float>() + (r.lo - units_.span.lo);
+}
 
 void ArenaSync::clear() { arena_.zero_(); }
 

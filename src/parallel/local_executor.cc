@@ -2,8 +2,22 @@
 
 #include "tessel/core/clock.h"
 #include "tessel/parallel/executor.h"
+#include "tessel/tensor/device.h"
 
 namespace tessel::parallel {
+namespace {
+
+// The piece's inputs and targets on this thread's device: uploaded from the host loader's
+// tensors (the one upload of a step's batch).
+Piece on_current_device(const Piece& piece) {
+  if (current_device() == Device::kCpu) return piece;
+  Piece out = piece;
+  out.x = piece.x.to_device(current_device());
+  out.y = piece.y.to_device(current_device());
+  return out;
+}
+
+}  // namespace
 
 void check_loss(double loss, int64_t step) {
   if (!std::isfinite(loss))
@@ -19,9 +33,10 @@ LocalExecutor::LocalExecutor(nn::Model& model, nn::Recompute recompute)
   for (nn::Cache& c : acts_.caches) c.share_scratch(&acts_.scratch);
 }
 
-PieceStats LocalExecutor::train(const Piece& piece, nn::Loss& loss, const Hooks& hooks) {
-  const nn::BlockHook hook = [&](nn::Phase p, size_t b) { hooks(p, b, piece.last); };
+PieceStats LocalExecutor::train(const Piece& host_piece, nn::Loss& loss, const Hooks& hooks) {
+  const nn::BlockHook hook = [&](nn::Phase p, size_t b) { hooks(p, b, host_piece.last); };
   MemoryScope scope(MemCategory::kActivations);
+  const Piece piece = on_current_device(host_piece);
   const double t0 = now_seconds();
   const nn::LossValue v = loss.forward(model_.forward(piece.x, piece.ctx, &acts_, hook), piece.y);
   check_loss(v.mean, piece.ctx.step);
@@ -35,9 +50,10 @@ PieceStats LocalExecutor::train(const Piece& piece, nn::Loss& loss, const Hooks&
           static_cast<double>(v.correct) * rows / static_cast<double>(v.positions), rows};
 }
 
-PieceStats LocalExecutor::eval(const Piece& piece, nn::Loss& loss, const Hooks& hooks) {
+PieceStats LocalExecutor::eval(const Piece& host_piece, nn::Loss& loss, const Hooks& hooks) {
   const nn::BlockHook hook = [&](nn::Phase p, size_t b) { hooks(p, b, false); };
   MemoryScope scope(MemCategory::kActivations);
+  const Piece piece = on_current_device(host_piece);
   const nn::LossValue v = loss.forward(model_.forward(piece.x, piece.ctx, nullptr, hook), piece.y);
   const int64_t rows = piece.y.dim(0);
   return {static_cast<double>(v.mean) * rows,

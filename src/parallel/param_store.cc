@@ -2,9 +2,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
+#include <memory>
+#include <vector>
 
 #include "tessel/core/error.h"
 #include "tessel/optim/schedule.h"
+#include "tessel/tensor/device.h"
 #include "working_copy.h"
 
 namespace tessel::parallel {
@@ -26,10 +30,26 @@ int64_t ParamStore::state_offset(nn::Range r) const {
 }
 
 StateView ParamStore::state(optim::Optimizer* opt) {
-  return {owned_,  loaded(),
-          update_, [this](nn::Range r) { return values(r); },
-          opt,     [this](nn::Range r) { return state_offset(r); },
-          {}};
+  StateView view{owned_,  loaded(),
+                 update_, [this](nn::Range r) { return values(r); },
+                 opt,     [this](nn::Range r) { return state_offset(r); },
+                 {}};
+  const Device device = current_device();
+  if (device == Device::kCpu) return view;
+  // Values on a device: each range asked for is read back into host memory that lives as long
+  // as the view; write_back() uploads every such copy again.
+  auto copies = std::make_shared<std::deque<std::pair<nn::Range, std::vector<float>>>>();
+  view.values = [this, copies](nn::Range r) {
+    copies->push_back({r, std::vector<float>(static_cast<size_t>(r.size()))});
+    copy_values(r, copies->back().second.data());
+    return copies->back().second.data();
+  };
+  view.write_back = [this, copies, device] {
+    for (const auto& [r, host] : *copies)
+      device_runtime(device).copy(values(r), device, host.data(), Device::kCpu,
+                                  host.size() * sizeof(float), current_stream());
+  };
+  return view;
 }
 
 std::vector<optim::Segment> ParamStore::segments(GradSync& sync) {

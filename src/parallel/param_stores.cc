@@ -6,14 +6,17 @@
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
 #include "tessel/ops/cpu.h"
+#include "tessel/tensor/device.h"
 
 namespace tessel::parallel {
 
 namespace {
 
+// On the rank's device (tessel/tensor/device.h), where the kernels read and the optimizer
+// writes the values.
 Tensor parameter_memory(int64_t n, MemCategory category, DType type = DType::kF32) {
   MemoryScope scope(category);
-  return Tensor::zeros({std::max<int64_t>(n, 1)}, type);
+  return Tensor::zeros({std::max<int64_t>(n, 1)}, type, current_device());
 }
 
 std::vector<nn::Range> own_shards(const Units& units) {
@@ -63,7 +66,11 @@ ReplicatedStore::ReplicatedStore(nn::Model& model, const Units& units, int stage
       dp_(dp),
       across_(across),
       values_(parameter_memory(units.span.size(), MemCategory::kParameters)) {
-  for (const Unit& u : units.list) model.init_values(values(u.range), u.range, seed);
+  // Initialised on the host, then uploaded where the values live on a device.
+  const Tensor host = values_.device() == Device::kCpu ? values_ : Tensor::zeros({values_.numel()});
+  for (const Unit& u : units.list)
+    model.init_values(host.data<float>() + (u.range.lo - units.span.lo), u.range, seed);
+  if (host.raw() != values_.raw()) values_.copy_from(host);
   model.bind_values(units.span, values_);
   held_ = unit_ranges(units);
   owned_ = written_shards(units, across);
@@ -71,7 +78,7 @@ ReplicatedStore::ReplicatedStore(nn::Model& model, const Units& units, int stage
 }
 
 float* ReplicatedStore::values(nn::Range r) {
-  return values_.data<float>() + (r.lo - units_.span.lo);
+  return values_.kernel_data<float>() + (r.lo - units_.span.lo);
 }
 
 void ReplicatedStore::update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync,
@@ -95,10 +102,16 @@ void ReplicatedStore::update(optim::Optimizer& opt, float lr, float grad_scale, 
 }
 
 void ReplicatedStore::copy_values(nn::Range r, float* dst) {
-  std::memcpy(dst, values(r), static_cast<size_t>(r.size()) * sizeof(float));
+  const size_t bytes = static_cast<size_t>(r.size()) * sizeof(float);
+  if (values_.device() == Device::kCpu)
+    std::memcpy(dst, values(r), bytes);
+  else  // the explicit read back of device values
+    device_runtime(values_.device())
+        .copy(dst, Device::kCpu, values(r), values_.device(), bytes, current_stream());
 }
 
 void ReplicatedStore::check_replicas(int64_t step) {
+  if (dp_.size() == 1 && (across_ == nullptr || across_->size() == 1)) return;  // one replica
   // Within the group, then (shard groups) across them: together, every dp rank.
   const double mine = static_cast<double>(checksum(values_));
   for (comm::Communicator* group : {&dp_, across_}) {

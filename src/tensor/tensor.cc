@@ -26,9 +26,19 @@ std::string shape_str(const Shape& shape) {
   return s + "]";
 }
 
+namespace {
+
+// The bytes a storage of `bytes` takes: whole alignment blocks, at least one (what the device
+// runtime is asked to allocate and, the same, to free).
+size_t rounded_bytes(size_t bytes) {
+  const size_t rounded = (bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes;
+  return rounded == 0 ? kAlignBytes : rounded;
+}
+
+}  // namespace
+
 Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
-  size_t rounded = (bytes + kAlignBytes - 1) / kAlignBytes * kAlignBytes;
-  if (rounded == 0) rounded = kAlignBytes;
+  const size_t rounded = rounded_bytes(bytes);
   DeviceRuntime* runtime = device == Device::kCpu ? nullptr : &device_runtime(device);
   const size_t charged = runtime ? runtime->allocation_size(rounded) : rounded;
   if (const auto& ledger = current_ledger()) {  // throws before allocating when over the limit
@@ -68,7 +78,7 @@ void Storage::free_own() noexcept {
   if (device_ == Device::kCpu)
     std::free(data_);
   else if (data_ != nullptr)
-    device_runtime(device_).free(data_, (bytes_ + kAlignBytes - 1) / kAlignBytes * kAlignBytes);
+    device_runtime(device_).free(data_, rounded_bytes(bytes_));
   if (ledger_) ledger_->release(category_, charged_);
   ledger_.reset();
 }

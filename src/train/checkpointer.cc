@@ -131,6 +131,7 @@ std::string Checkpointer::restore(const ckpt::CheckpointSource& reader) {
   ckpt::check_parameters(reader, model_);
   parallel::StateView view = engine_.state();
   for (const nn::Range& r : view.held) ckpt::read_range(reader, model_, "", r, view.values(r));
+  view.write_back();  // values on a device: the host copies read into go up
   if (view.optimizer) {
     if (m.optimizer_kind != name_of(config_.optim.kind))
       throw IoError(
@@ -138,9 +139,13 @@ std::string Checkpointer::restore(const ckpt::CheckpointSource& reader) {
               " optimizer state but the config asks for optim.kind = ", name_of(config_.optim.kind),
               "; resume with the optimizer it was trained with"));
     for (const optim::StateBuffer& buf : view.optimizer->state())
-      for (const nn::Range& r : view.updated)
-        ckpt::read_range(reader, model_, buf.name + "/", r,
-                         buf.values.data<float>() + view.state_offset(r));
+      for (const nn::Range& r : view.updated) {
+        // Read into host memory (staging for state on a device), then to where it lives.
+        Tensor state = buf.values.view(view.state_offset(r), {r.size()});
+        Tensor host = state.device() == Device::kCpu ? state : Tensor::empty({r.size()});
+        ckpt::read_range(reader, model_, buf.name + "/", r, host.data<float>());
+        if (host.raw() != state.raw()) state.copy_from(host);
+      }
     view.optimizer->set_steps(m.optimizer_steps);
   }
   engine_.restore_compression(reader);

@@ -16,6 +16,7 @@
 #include "tessel/ops/isa.h"
 #include "tessel/optim/schedule.h"
 #include "tessel/parallel/composition.h"
+#include "tessel/tensor/device.h"
 #include "tessel/train/checkpointer.h"
 #include "tessel/train/progress.h"
 #include "tessel/train/recovery.h"
@@ -40,6 +41,7 @@ Trainer::Trainer(Config config, RunOptions options, comm::Communicator* world,
   ledger_ = std::make_shared<MemoryLedger>(config_.parallel.memory_limit_mb << 20,
                                            str("rank ", world->rank()));
   MemoryScope memory(ledger_, MemCategory::kOther);
+  DeviceScope device(config_.parallel.device, nullptr);  // runtime.device: where tensors go
   if (config_.observe.trace)
     trace_ = std::make_unique<RunTrace>(config_.observe.trace_steps, str("rank ", world->rank()));
   // OpenBLAS's thread count is process-wide: ranks that are threads of one process each use one
@@ -281,6 +283,7 @@ EvalResult Trainer::global_mean(const EvalResult& local) {
 
 EvalResult Trainer::evaluate(const data::Dataset& dataset) {
   MemoryScope memory(ledger_, MemCategory::kOther);
+  DeviceScope device(config_.parallel.device, nullptr);
   EvalPass pass;
   pass.batch = config_.train.batch;
   pass.slice_rank = engine_->data_rank();
@@ -457,6 +460,7 @@ bool Trainer::open_run(State& s) {
 
 json Trainer::run() {
   MemoryScope memory(ledger_, MemCategory::kOther);
+  DeviceScope device(config_.parallel.device, nullptr);
   TraceScope trace(trace_ ? trace_->tracer() : nullptr);
   if (trace_) trace_->align(*world_);
   wall_start_ = now_seconds();

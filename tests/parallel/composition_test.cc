@@ -141,9 +141,11 @@ TEST(Composition, RefusesOnCudaWhatRunsOnlyOnTheCpu) {
   s.recompute = nn::Recompute::kNone;
   s.precision = parallel::Precision::kFp16;
   EXPECT_NE(refusal_on_cuda(s).find("set train.precision = bf16"), std::string::npos);
-  s.precision = parallel::Precision::kBf16;
-  EXPECT_NE(refusal_on_cuda(s).find("do not call them yet"), std::string::npos);
   EXPECT_EQ(refusal_on_cuda(s).rfind("config: runtime.device = cuda ", 0), 0u);
+  s.precision = parallel::Precision::kBf16;  // one rank, fp32 or bf16: the table lets it pass
+  EXPECT_EQ(refusal_on_cuda(s), "");
+  s.precision = parallel::Precision::kFp32;
+  EXPECT_EQ(refusal_on_cuda(s), "");
 }
 
 class StandInCuda final : public DeviceRuntime {
@@ -191,10 +193,12 @@ TEST(Composition, CudaAtStartNeedsTheRuntimeTheDeviceAndKernelsForTheModel) {
   nn::ModelSpec dropout;
   dropout.dropout = 0.1f;
   EXPECT_NE(start_error(dropout).find("model.dropout = 0.1"), std::string::npos);
-  nn::ModelSpec rms;
-  rms.kind = nn::ModelKind::kGpt;
-  rms.norm = nn::Norm::kRmsNorm;
-  EXPECT_NE(start_error(rms).find("model.norm = rmsnorm"), std::string::npos);
+  nn::ModelSpec gpt;
+  gpt.kind = nn::ModelKind::kGpt;
+  EXPECT_NE(start_error(gpt).find("no kernel for model.kind = gpt"), std::string::npos);
+  nn::ModelSpec regression;
+  regression.task = data::Task::kRegression;
+  EXPECT_NE(start_error(regression).find("data.task = regression"), std::string::npos);
   install_device_runtime(Device::kCuda, nullptr);
 }
 

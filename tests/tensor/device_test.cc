@@ -1,76 +1,22 @@
 // Device tensors through the DeviceRuntime seam (tessel/tensor/device.h), on the CPU: a fake
-// runtime keeps "device" memory in its own host blocks and checks that every call comes through
-// it (with the thread's current stream), so the tensor side of the pointer contract, the
-// copies, fills and conversions and the ledger's device bytes are tested without a GPU. The
-// CUDA runtime itself (its pool) is tested on a GPU in tests/ops/cuda.
+// runtime (tests/support/fake_device.h) keeps "device" memory in its own host blocks and checks
+// that every call comes through it (with the thread's current stream), so the tensor side of the
+// pointer contract, the copies, fills and conversions and the ledger's device bytes are tested
+// without a GPU. The CUDA runtime itself (its pool) is tested on a GPU in tests/ops/cuda.
 #include "tessel/tensor/device.h"
 
 #include <gtest/gtest.h>
 
 #include <cstdlib>
-#include <cstring>
-#include <map>
 #include <memory>
 #include <vector>
 
+#include "fake_device.h"
 #include "tessel/core/memory.h"
 #include "tessel/tensor/tensor.h"
 
 namespace tessel {
 namespace {
-
-// "Device" memory: blocks from malloc, poisoned when handed out (the tensor must zero them),
-// in size classes of 1 KiB; counts what it holds and checks each call's stream.
-class FakeDevice final : public DeviceRuntime {
- public:
-  std::string unavailable_reason() const override { return ""; }
-  size_t allocation_size(size_t bytes) const override { return (bytes + 1023) / 1024 * 1024; }
-  void* allocate(size_t bytes) override {
-    void* p = std::malloc(allocation_size(bytes));
-    std::memset(p, 0xFF, allocation_size(bytes));
-    blocks[p] = allocation_size(bytes);
-    in_use += static_cast<int64_t>(allocation_size(bytes));
-    return p;
-  }
-  void free(void* p, size_t bytes) noexcept override {
-    EXPECT_EQ(blocks[p], allocation_size(bytes));
-    in_use -= static_cast<int64_t>(blocks[p]);
-    blocks.erase(p);
-    std::free(p);
-  }
-  void zero(void* p, size_t bytes, void* stream) override {
-    EXPECT_TRUE(owns(p, bytes));
-    streams.push_back(stream);
-    std::memset(p, 0, bytes);
-  }
-  void copy(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
-            void* stream) override {
-    EXPECT_EQ(dst_device == Device::kCuda, owns(dst, bytes));
-    EXPECT_EQ(src_device == Device::kCuda, owns(src, bytes));
-    streams.push_back(stream);
-    ++copies;
-    std::memmove(dst, src, bytes);
-  }
-  void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n,
-               void* stream) override {
-    ASSERT_TRUE(dst_type == DType::kBF16 && src_type == DType::kF32);
-    streams.push_back(stream);
-    for (int64_t i = 0; i < n; ++i)
-      static_cast<uint16_t*>(dst)[i] = f32_to_bf16(static_cast<const float*>(src)[i]);
-  }
-
-  bool owns(const void* p, size_t bytes) const {
-    for (const auto& [base, size] : blocks)
-      if (p >= base && static_cast<const char*>(p) + bytes <= static_cast<char*>(base) + size)
-        return true;
-    return false;
-  }
-
-  std::map<void*, size_t> blocks;
-  int64_t in_use = 0;
-  int copies = 0;
-  std::vector<void*> streams;
-};
 
 class DeviceTensor : public ::testing::Test {
  protected:
@@ -79,7 +25,7 @@ class DeviceTensor : public ::testing::Test {
     install_device_runtime(Device::kCuda, nullptr);
     EXPECT_TRUE(fake_.blocks.empty()) << "a device block was not given back";
   }
-  FakeDevice fake_;
+  fakes::FakeRuntime fake_;  // "device" memory: poisoned host blocks of 1 KiB size classes
 };
 
 std::vector<float> host_values(const Tensor& t) {

@@ -30,8 +30,9 @@ struct Context {
 
 class Cache {
  public:
-  // Buffer slot k as a tensor of `shape`: the slot's storage when big enough, else new storage
-  // that the slot keeps. Lives until the slot is asked for again.
+  // Buffer slot k as a tensor of `shape` on the thread's current device: the slot's storage
+  // when big enough, else new storage that the slot keeps. Lives until the slot is asked for
+  // again.
   Tensor buffer(size_t k, const Shape& shape, DType dtype = DType::kF32);
   // A buffer for the backward's outputs (activation gradients, temporaries): from the shared
   // scratch cache when one is set, else from this cache's slot `kScratchBase + k`.
@@ -65,7 +66,8 @@ class Cache {
 };
 
 // For layers: the output tensor slot k of a forward. With a cache (training) it is the cache's
-// buffer; without (inference) fresh storage that lives as long as the caller holds it.
+// buffer; without (inference) fresh storage that lives as long as the caller holds it; on the
+// thread's current device either way.
 Tensor output(Cache* cache, size_t k, const Shape& shape, DType dtype = DType::kF32);
 
 // KvCache: the keys and values that the transformer blocks of a GPT have seen, for decoding,

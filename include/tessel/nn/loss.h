@@ -29,7 +29,9 @@ class Loss {
 };
 
 // Cross-entropy over logits [..., C] (f32, bf16 or f16; computed in f32) and int32 labels
-// [...], mean over all label positions. The gradient has the logits' type.
+// [...], mean over all label positions. The gradient has the logits' type. Logits on a device
+// take its fused kernels (ops::cross_entropy_forward_device): lse kept instead of the
+// probabilities, the loss and the count of correct rows read back.
 class CrossEntropyLoss final : public Loss {
  public:
   LossValue forward(const Tensor& logits, const Tensor& labels) override;
@@ -42,6 +44,8 @@ class CrossEntropyLoss final : public Loss {
   Tensor labels_;
   Tensor dlogits_;
   Tensor narrow_;  // dlogits in the logits' type
+  Tensor logits_;  // on a device: the logits and each row's log-sum-exp (the fused backward's)
+  Tensor lse_;
 };
 
 // Mean squared error of outputs [N, 1] (f32, bf16 or f16; computed in f32) against f32

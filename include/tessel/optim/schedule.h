@@ -25,7 +25,8 @@ float lr_at(const ScheduleSpec& spec, float base_lr, int64_t step, int64_t total
 float scaled_lr(float lr, int64_t global_batch, int64_t base_batch);
 
 // Global-norm clipping split in two, so a distributed step can all-reduce the sum of squares
-// between them: norm = sqrt(sum of sum_squares over all shards).
+// between them: norm = sqrt(sum of sum_squares over all shards). Inside a DeviceScope g is
+// device memory, summed by the device's kernel and read back.
 double sum_squares(const float* g, int64_t n);
 // The factor gradients are multiplied by: max_norm / norm when norm > max_norm > 0, else 1.
 // Throws InvalidArgument when the norm is not finite.

@@ -28,10 +28,13 @@ struct StateView {
   std::vector<nn::Range> owned;    // written by this rank (every element by exactly one rank)
   std::vector<nn::Range> held;     // values this rank loads when restoring
   std::vector<nn::Range> updated;  // elements of its optimizer (state loaded when restoring)
+  // A range's values in host memory: the store's own on the CPU; on a device a host copy,
+  // which write_back() uploads again (a restore writes into it).
   std::function<float*(nn::Range)> values;
   optim::Optimizer* optimizer = nullptr;
   std::function<int64_t(nn::Range)> state_offset;  // a range's place in the optimizer state
   std::vector<ckpt::ShardSlice> extra;  // more of this rank's state (compression), written as is
+  std::function<void()> write_back = [] {};  // see values
 };
 
 class ParamStore {

@@ -105,6 +105,13 @@ class Tensor {
       throw_device_pointer(dtype_of<T>(), "device_data");
     return typed<T>("device_data");
   }
+  // The elements for a kernel that runs where they are (the typed ops of tessel/ops, which
+  // call the device's kernel table inside a DeviceScope, and the optimizers): data<T>() on the
+  // host, device_data<T>() on a device. Host loops never take it.
+  template <typename T>
+  T* kernel_data() const {
+    return typed<T>("kernel_data");
+  }
 
   // A view of numel(shape) elements starting at element `offset` of this tensor's storage range.
   Tensor view(int64_t offset, Shape shape) const;

@@ -69,6 +69,35 @@ __global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const
   }
 }
 
+// correct[0] = the rows whose first maximum is the label: one block, each thread a strided set
+// of rows (a plain scan, C is read once per row), then an integer tree (exact in any order).
+template <typename T>
+__global__ void count_correct_kernel(int64_t* correct, const T* logits, const int32_t* labels,
+                                     int64_t N, int64_t C) {
+  __shared__ int64_t part[kThreads];
+  int64_t count = 0;
+  for (int64_t r = threadIdx.x; r < N; r += blockDim.x) {
+    const T* lr = logits + r * C;
+    int64_t best = 0;
+    float best_value = to_f32(lr[0]);
+    for (int64_t c = 1; c < C; ++c) {  // strict >: the first of tied maxima, as torch.argmax
+      const float v = to_f32(lr[c]);
+      if (v > best_value) {
+        best = c;
+        best_value = v;
+      }
+    }
+    count += best == labels[r];
+  }
+  part[threadIdx.x] = count;
+  __syncthreads();
+  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
+    if (threadIdx.x < stride) part[threadIdx.x] += part[threadIdx.x + stride];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) correct[0] = part[0];
+}
+
 }  // namespace
 
 void cross_entropy_forward(float* loss, float* losses, float* lse, float* probs, const void* logits,
@@ -98,6 +127,18 @@ void cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
         static_cast<T*>(dlogits), static_cast<const T*>(logits), lse, labels, C, scale, lo);
   });
   check_launch("cuda cross_entropy_backward");
+}
+
+void count_correct(int64_t* correct, const void* logits, const int32_t* labels, int64_t N,
+                   int64_t C, DType t, cudaStream_t s) {
+  TESSEL_CHECK(N >= 0 && C > 0, "cuda count_correct: N must be >= 0 and C > 0, got N=", N,
+               " C=", C);
+  detail::dispatch(t, "cuda count_correct", [&](auto tag) {
+    using T = decltype(tag);
+    count_correct_kernel<<<1, kThreads, 0, s>>>(correct, static_cast<const T*>(logits), labels, N,
+                                                C);
+  });
+  check_launch("cuda count_correct");
 }
 
 }  // namespace tessel::ops::cuda

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernel_table.h"
 #include "tessel/ops/cuda/check.h"
 #include "tessel/ops/cuda/device.h"
 #include "tessel/ops/cuda/kernels.h"
@@ -130,6 +131,7 @@ size_t pool_size_class(size_t bytes) {
 void install() {
   static CudaRuntime runtime;
   install_device_runtime(Device::kCuda, &runtime);
+  install_device_kernels(Device::kCuda, &kernel_table());
 }
 
 PoolStats pool_stats() { return pool().stats(); }

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 
+#include "tessel/ops/optim_step.h"  // AdamWStep, SgdStep, kSumSquaresParts
 #include "tessel/tensor/dtype.h"
 
 namespace tessel::ops::cuda {
@@ -59,6 +60,9 @@ void cross_entropy_forward(float* loss, float* losses, float* lse, float* probs,
 void cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
                             const int32_t* labels, int64_t N, int64_t C, float dloss, int64_t lo,
                             DType t, cudaStream_t stream);
+// correct[0] = the number of rows whose first maximum is the label (ops::count_correct).
+void count_correct(int64_t* correct, const void* logits, const int32_t* labels, int64_t N,
+                   int64_t C, DType t, cudaStream_t stream);
 
 // ---- Embedding: y[N,C] = table[ids[n] - lo, :], table[rows,C] holding ids [lo, lo + rows) --
 // Ids in [0, V) outside the slice give zero rows; ids outside [0, V) give NaN rows (the CPU
@@ -82,35 +86,20 @@ void attention_backward(void* dqkv, const void* dout, const void* qkv, const voi
                         const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, DType t,
                         cudaStream_t stream);
 
-// ---- Optimizers over a flat f32 arena ----
-// One AdamW step (torch.optim.AdamW, as tessel::optim's AdamW: decoupled decay, bias
-// correction by the 1-based step) over n parameters, reading grads * grad_scale; m and v are
-// the state. When `working` is not null, the new parameters are also written there as
-// working_type (bf16 for now; round to nearest even), the 16-bit copy the next forward reads.
-struct AdamWStep {
-  float lr = 1e-3f, beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f, weight_decay = 0.0f;
-  int64_t step = 1;  // t, counting from 1
-  float grad_scale = 1.0f;
-};
+// ---- Optimizers over a flat f32 arena (AdamWStep, SgdStep: optim_step.h) ----
+// One AdamW step over n parameters, reading grads * grad_scale; m and v are the state. When
+// `working` is not null, the new parameters are also written there as working_type (bf16 for
+// now; round to nearest even), the 16-bit copy the next forward reads.
 void adamw_step(float* params, const float* grads, float* m, float* v, void* working,
                 DType working_type, int64_t n, const AdamWStep& k, cudaStream_t stream);
-// One SGD step (torch.optim.SGD, as tessel::optim's Sgd) over n parameters: d = grads *
-// grad_scale + weight_decay * params; with momentum mu > 0 the buffer becomes d on the first
-// step (first = true, as PyTorch seeds it) and mu * buf + d after; params -= lr * (buf, or
-// d + mu * buf with nesterov; d without momentum). `working` as in adamw_step. The CPU
-// optimizer's roundings: the same f32 operations in the same order, no contraction.
-struct SgdStep {
-  float lr = 0.01f, momentum = 0.0f, weight_decay = 0.0f;
-  bool nesterov = false;
-  bool first = true;  // the first step: the momentum buffer is seeded, not decayed
-  float grad_scale = 1.0f;
-};
+// One SGD step over n parameters; the momentum buffer is seeded on k.first, as PyTorch does.
+// `working` as in adamw_step. The CPU optimizer's roundings: the same f32 operations in the
+// same order, no contraction.
 void sgd_step(float* params, const float* grads, float* momentum, void* working, DType working_type,
               int64_t n, const SgdStep& k, cudaStream_t stream);
 // out[0] = sum of x[i]^2 over n floats, in f64 (as optim::sum_squares), in a fixed order:
 // kSumSquaresParts partial sums (in `partials`, caller-owned, that many doubles) then one.
 // The global norm is sqrt of that (summed over shards first).
-constexpr int kSumSquaresParts = 528;  // a multiple of 132 (the H100/H200 SM count)
 void sum_squares(double* out, double* partials, const float* x, int64_t n, cudaStream_t stream);
 
 }  // namespace tessel::ops::cuda

@@ -9,9 +9,9 @@
 
 namespace tessel::ops::cuda {
 
-// Installs the runtime for Device::kCuda (idempotent). Probes no device: a host without one
-// learns it from device_runtime(Device::kCuda).unavailable_reason() or at the first
-// allocation.
+// Installs the runtime and the kernel table (ops/device_kernels.h) for Device::kCuda (idempotent).
+// Probes no device: a host without one learns it from
+// device_runtime(Device::kCuda).unavailable_reason() or at the first allocation.
 void install();
 
 // The pool's own count of device memory (bytes in its size classes).

@@ -1,0 +1,99 @@
+// The kernel table of a device (ggml's backend interface, narrowed to the ops tessel's models
+// use): plain function pointers that a device backend fills with its launchers
+// (ops::cuda::install() for Device::kCuda). The typed public ops of cpu.h and the device
+// losses below call the table of current_device() when a thread works on a device (inside a
+// DeviceScope), and the CPU kernels otherwise; an op whose slot is null (or that has none)
+// throws naming the op. Every pointer a slot takes is that device's memory; every slot only
+// queues work on `stream` (the caller's current_stream()) and reads nothing back. Contracts are
+// cpu.h's: forward writes (=), backward overwrites dx (null: skipped) and accumulates (+=) into
+// the f32 parameter gradients; activations are of type t (f32 or bf16 on CUDA).
+#pragma once
+
+#include <cstdint>
+
+#include "tessel/ops/optim_step.h"  // AdamWStep, SgdStep, kSumSquaresParts
+#include "tessel/tensor/dtype.h"
+
+namespace tessel::ops {
+
+struct DeviceKernels {
+  // ---- Linear: y[N,OC] = x[N,C] @ w[OC,C]^T + b[OC] (b may be null); x of x_type, the rest t
+  void (*linear_forward)(void* y, const void* x, DType x_type, const void* w, const void* b,
+                         DType t, int64_t N, int64_t C, int64_t OC, void* stream);
+  // dx of x_type (null: skipped); dw[OC,C], db[OC] f32, accumulated (each may be null).
+  void (*linear_backward)(void* dx, DType x_type, float* dw, float* db, const void* dy,
+                          const void* x, const void* w, DType t, int64_t N, int64_t C, int64_t OC,
+                          void* stream);
+  // ---- Elementwise over n values ----
+  void (*relu_forward)(void* y, const void* x, int64_t n, DType t, void* stream);
+  void (*relu_backward)(void* dx, const void* dy, const void* y, int64_t n, DType t,
+                        void* stream);  // y = the forward's output
+  void (*gelu_forward)(void* y, const void* x, int64_t n, DType t, void* stream);
+  void (*gelu_backward)(void* dx, const void* dy, const void* x, int64_t n, DType t, void* stream);
+  void (*add_forward)(void* y, const void* a, const void* b, int64_t n, DType t, void* stream);
+  // ---- LayerNorm over x[N,C], w[C], b[C]; mean[N], rstd[N] f32 (eps 1e-5) ----
+  void (*layernorm_forward)(void* y, float* mean, float* rstd, const void* x, const void* w,
+                            const void* b, int64_t N, int64_t C, DType t, void* stream);
+  void (*layernorm_backward)(void* dx, float* dw, float* db, const void* dy, const void* x,
+                             const void* w, const float* mean, const float* rstd, int64_t N,
+                             int64_t C, DType t, void* stream);
+  // ---- Embedding: y[N,C] = table[ids[n] - lo], a table of rows [lo, lo + rows) of V ----
+  // An id outside [0, V) gives a NaN row (a kernel cannot throw: ids are checked on the host).
+  void (*embedding_forward)(void* y, const int32_t* ids, const void* table, int64_t N, int64_t V,
+                            int64_t C, int64_t lo, int64_t rows, DType t, void* stream);
+  void (*embedding_backward)(float* dtable, const void* dy, const int32_t* ids, int64_t N,
+                             int64_t C, int64_t lo, int64_t rows, DType t, void* stream);
+  // ---- Fused softmax + cross-entropy over logits[N,C] of type t, labels[N] ----
+  // loss[0] = the mean over the rows, losses[N] each row's, lse[N] each row's log-sum-exp (the
+  // backward's cache; no probabilities). A label outside [0, C) gives a NaN loss.
+  void (*cross_entropy_forward)(float* loss, float* losses, float* lse, const void* logits,
+                                const int32_t* labels, int64_t N, int64_t C, DType t, void* stream);
+  // dlogits (type t) = (softmax(logits) - onehot(labels - lo)) * dloss / N, the softmax
+  // recomputed from logits and lse; labels outside [lo, lo + C) add nothing.
+  void (*cross_entropy_backward)(void* dlogits, const void* logits, const float* lse,
+                                 const int32_t* labels, int64_t N, int64_t C, float dloss,
+                                 int64_t lo, DType t, void* stream);
+  // correct[0] = the number of rows whose first maximum is the label (torch.argmax's tie).
+  void (*count_correct)(int64_t* correct, const void* logits, const int32_t* labels, int64_t N,
+                        int64_t C, DType t, void* stream);
+  // ---- Optimizers over a flat f32 arena of n parameters ----
+  // m, v, momentum: the optimizer's state; working (null: none) receives the new parameters as
+  // working_type (bf16), the 16-bit copy the next forward reads.
+  void (*adamw_step)(float* params, const float* grads, float* m, float* v, void* working,
+                     DType working_type, int64_t n, const AdamWStep& k, void* stream);
+  void (*sgd_step)(float* params, const float* grads, float* momentum, void* working,
+                   DType working_type, int64_t n, const SgdStep& k, void* stream);
+  // out[0] = the sum of x[i]^2 in f64 (kSumSquaresParts partial sums in `partials`, then one).
+  void (*sum_squares)(double* out, double* partials, const float* x, int64_t n, void* stream);
+};
+
+// Makes `kernels` the table of `device` (process wide, before any thread uses it; it must live
+// until exit; nullptr uninstalls it, as tests do). Device::kCpu has none.
+void install_device_kernels(Device device, const DeviceKernels* kernels);
+// The table of `device`, or null when none is installed.
+const DeviceKernels* device_kernels(Device device);
+
+// Whether this thread's work goes to a device (current_device() is not the CPU).
+bool on_device();
+// Throws Error naming `op` and the current device: it has no kernel for the op.
+[[noreturn]] void throw_no_device_kernel(const char* op);
+// The current device's slot `slot`; throws as throw_no_device_kernel when the device has no
+// table or the table no such kernel.
+const DeviceKernels& current_device_kernels(const char* op);
+template <typename Fn>
+Fn device_kernel(Fn DeviceKernels::*slot, const char* op) {
+  const Fn fn = current_device_kernels(op).*slot;
+  if (fn == nullptr) throw_no_device_kernel(op);
+  return fn;
+}
+
+// ---- Losses on the current device (a DeviceScope's), over device tensors ----
+// The fused cross-entropy forward: lse[N] (f32, device) the backward's cache; returns the mean
+// loss and *correct, read back from the device (the one read back of a loss).
+float cross_entropy_forward_device(float* lse, int64_t* correct, const void* logits,
+                                   const int32_t* labels, int64_t N, int64_t C, DType t);
+void cross_entropy_backward_device(void* dlogits, const void* logits, const float* lse,
+                                   const int32_t* labels, int64_t N, int64_t C, float dloss,
+                                   int64_t lo, DType t);
+
+}  // namespace tessel::ops

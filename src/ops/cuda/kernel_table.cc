@@ -1,0 +1,116 @@
+// The CUDA kernel table: each slot adapts the typed public op's arguments to a launcher of
+// kernels.h or blas.h (the stream as a cudaStream_t; the linear layer's input type). Each
+// thread (a rank) has its own cuBLASLt handle and workspace, as Blas asks.
+#include "kernel_table.h"
+
+#include "tessel/ops/cuda/blas.h"
+#include "tessel/ops/cuda/kernels.h"
+#include "tessel/tensor/tensor.h"
+
+namespace tessel::ops::cuda {
+namespace {
+
+cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+Blas& blas() {
+  thread_local Blas b;
+  return b;
+}
+
+// cuBLASLt multiplies operands of one type: an input of another type (the first layer's f32
+// input of a bf16 model) is converted into a pooled device tensor first, as the CPU rounds it
+// while packing.
+Tensor as_type(const void* x, DType x_type, DType t, int64_t n, cudaStream_t s) {
+  Tensor out = Tensor::empty({n}, t, Device::kCuda);
+  convert(out.raw(), t, x, x_type, n, s);
+  return out;
+}
+
+void linear_fwd(void* y, const void* x, DType x_type, const void* w, const void* b, DType t,
+                int64_t N, int64_t C, int64_t OC, void* stream) {
+  const cudaStream_t s = as_stream(stream);
+  if (x_type == t) return linear_forward(blas(), s, y, x, w, b, t, N, C, OC);
+  const Tensor xt = as_type(x, x_type, t, N * C, s);
+  linear_forward(blas(), s, y, xt.raw(), w, b, t, N, C, OC);
+}
+
+// dx comes in t and is converted to x_type when they differ.
+void linear_bwd(void* dx, DType x_type, float* dw, float* db, const void* dy, const void* x,
+                const void* w, DType t, int64_t N, int64_t C, int64_t OC, void* stream) {
+  const cudaStream_t s = as_stream(stream);
+  if (x_type == t) return linear_backward(blas(), s, dx, dw, db, dy, x, w, t, N, C, OC);
+  const Tensor xt = x != nullptr ? as_type(x, x_type, t, N * C, s) : Tensor();
+  const Tensor dxt = dx != nullptr ? Tensor::empty({N * C}, t, Device::kCuda) : Tensor();
+  linear_backward(blas(), s, dx ? dxt.raw() : nullptr, dw, db, dy, x ? xt.raw() : nullptr, w, t, N,
+                  C, OC);
+  if (dx != nullptr) convert(dx, x_type, dxt.raw(), t, N * C, s);
+}
+
+DeviceKernels make_table() {
+  DeviceKernels k{};
+  k.linear_forward = linear_fwd;
+  k.linear_backward = linear_bwd;
+  k.relu_forward = [](void* y, const void* x, int64_t n, DType t, void* s) {
+    relu_forward(y, x, n, t, as_stream(s));
+  };
+  k.relu_backward = [](void* dx, const void* dy, const void* y, int64_t n, DType t, void* s) {
+    relu_backward(dx, dy, y, n, t, as_stream(s));
+  };
+  k.gelu_forward = [](void* y, const void* x, int64_t n, DType t, void* s) {
+    gelu_forward(y, x, n, t, as_stream(s));
+  };
+  k.gelu_backward = [](void* dx, const void* dy, const void* x, int64_t n, DType t, void* s) {
+    gelu_backward(dx, dy, x, n, t, as_stream(s));
+  };
+  k.add_forward = [](void* y, const void* a, const void* b, int64_t n, DType t, void* s) {
+    add_forward(y, a, b, n, t, as_stream(s));
+  };
+  k.layernorm_forward = [](void* y, float* mean, float* rstd, const void* x, const void* w,
+                           const void* b, int64_t N, int64_t C, DType t, void* s) {
+    layernorm_forward(y, mean, rstd, x, w, b, N, C, t, as_stream(s));
+  };
+  k.layernorm_backward = [](void* dx, float* dw, float* db, const void* dy, const void* x,
+                            const void* w, const float* mean, const float* rstd, int64_t N,
+                            int64_t C, DType t, void* s) {
+    layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C, t, as_stream(s));
+  };
+  k.embedding_forward = [](void* y, const int32_t* ids, const void* table, int64_t N, int64_t V,
+                           int64_t C, int64_t lo, int64_t rows, DType t, void* s) {
+    embedding_forward(y, ids, table, N, V, C, lo, rows, t, as_stream(s));
+  };
+  k.embedding_backward = [](float* dtable, const void* dy, const int32_t* ids, int64_t N, int64_t C,
+                            int64_t lo, int64_t rows, DType t, void* s) {
+    embedding_backward(dtable, dy, ids, N, C, lo, rows, t, as_stream(s));
+  };
+  k.cross_entropy_forward = [](float* loss, float* losses, float* lse, const void* logits,
+                               const int32_t* labels, int64_t N, int64_t C, DType t, void* s) {
+    cross_entropy_forward(loss, losses, lse, nullptr, logits, labels, N, C, t, as_stream(s));
+  };
+  k.cross_entropy_backward = [](void* dlogits, const void* logits, const float* lse,
+                                const int32_t* labels, int64_t N, int64_t C, float dloss,
+                                int64_t lo, DType t, void* s) {
+    cross_entropy_backward(dlogits, logits, lse, labels, N, C, dloss, lo, t, as_stream(s));
+  };
+  k.count_correct = [](int64_t* correct, const void* logits, const int32_t* labels, int64_t N,
+                       int64_t C, DType t,
+                       void* s) { count_correct(correct, logits, labels, N, C, t, as_stream(s)); };
+  k.adamw_step = [](float* p, const float* g, float* m, float* v, void* working, DType wt,
+                    int64_t n, const AdamWStep& a,
+                    void* s) { adamw_step(p, g, m, v, working, wt, n, a, as_stream(s)); };
+  k.sgd_step = [](float* p, const float* g, float* momentum, void* working, DType wt, int64_t n,
+                  const SgdStep& a,
+                  void* s) { sgd_step(p, g, momentum, working, wt, n, a, as_stream(s)); };
+  k.sum_squares = [](double* out, double* partials, const float* x, int64_t n, void* s) {
+    sum_squares(out, partials, x, n, as_stream(s));
+  };
+  return k;
+}
+
+}  // namespace
+
+const DeviceKernels& kernel_table() {
+  static const DeviceKernels table = make_table();
+  return table;
+}
+
+}  // namespace tessel::ops::cuda

@@ -1,0 +1,217 @@
+// The seam between the typed public ops and a device's kernel table (device_kernels.h), on the
+// CPU: with the fake device (tests/support/fake_device.h: "device" memory in host blocks, a
+// table whose slots run the CPU kernels), every op called inside a DeviceScope goes through its
+// slot, with device pointers only, and gives the CPU path's bits; outside one the CPU path runs
+// and no slot is called; an op without a device kernel throws naming itself.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "fake_device.h"
+#include "grad_check.h"
+#include "tessel/ops/cpu.h"
+#include "tessel/ops/device_kernels.h"
+#include "tessel/optim/optimizer.h"
+#include "tessel/tensor/tensor.h"
+
+namespace tessel::ops {
+namespace {
+
+using testing::randn;
+using testing::Vec;
+
+// A host tensor of type t holding v (rounded to t).
+Tensor host(const Vec& v, DType t = DType::kF32) {
+  Tensor f = Tensor::empty({static_cast<int64_t>(v.size())});
+  std::memcpy(f.raw(), v.data(), v.size() * sizeof(float));
+  return t == DType::kF32 ? f : f.to(t);
+}
+
+Tensor ids(const std::vector<int32_t>& v) {
+  Tensor t = Tensor::empty({static_cast<int64_t>(v.size())}, DType::kI32);
+  std::memcpy(t.raw(), v.data(), v.size() * sizeof(int32_t));
+  return t;
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  const Tensor h = b.to_device(Device::kCpu);
+  return a.nbytes() == h.nbytes() && std::memcmp(a.raw(), h.raw(), a.nbytes()) == 0;
+}
+
+class DeviceSeam : public ::testing::Test {
+ protected:
+  // Runs op over host copies of args (the CPU path), then over device copies inside a
+  // DeviceScope, and expects every argument (outputs, caches, gradients) to end with the same
+  // bits, and slot `op_name` to have run `calls` times, only in the scope.
+  void expect_same(const std::string& op_name, const std::vector<Tensor>& args,
+                   const std::function<void(std::vector<Tensor>&)>& op, int calls = 1) {
+    const int before = fake_.calls(op_name);
+    std::vector<Tensor> cpu, dev;
+    for (const Tensor& a : args) {
+      cpu.push_back(a.clone());
+      dev.push_back(a.to_device(Device::kCuda));
+    }
+    op(cpu);
+    EXPECT_EQ(fake_.calls(op_name), before) << op_name << ": the CPU path called the device";
+    {
+      DeviceScope scope(Device::kCuda, &stream_);
+      op(dev);
+    }
+    EXPECT_EQ(fake_.calls(op_name), before + calls) << op_name;
+    for (size_t i = 0; i < args.size(); ++i)
+      EXPECT_TRUE(same_bytes(cpu[i], dev[i])) << op_name << ": argument " << i << " differs";
+  }
+
+  fakes::FakeDevice fake_;
+  int stream_ = 0;
+};
+
+class DeviceSeamTyped : public DeviceSeam, public ::testing::WithParamInterface<DType> {};
+
+TEST_P(DeviceSeamTyped, LinearForwardAndBackward) {
+  const DType t = GetParam();
+  const int64_t N = 5, C = 7, OC = 3;
+  for (DType x_type : {t, DType::kF32}) {  // the first layer's f32 input of a 16-bit model
+    const std::vector<Tensor> args = {
+        host(Vec(N * OC, 0.0f), t), host(randn(N * C, 1), x_type),  host(randn(OC * C, 2), t),
+        host(randn(OC, 3), t),      host(Vec(N * C, 0.0f), x_type), host(randn(OC * C, 4)),
+        host(randn(OC, 5)),         host(randn(N * OC, 6), t)};
+    expect_same("linear_forward", args, [&](std::vector<Tensor>& a) {
+      linear_forward(a[0].raw(), a[1].raw(), x_type, a[2].raw(), a[3].raw(), t, N, C, OC);
+    });
+    expect_same("linear_backward", args, [&](std::vector<Tensor>& a) {
+      linear_backward(a[4].raw(), x_type, static_cast<float*>(a[5].raw()),
+                      static_cast<float*>(a[6].raw()), a[7].raw(), a[1].raw(), a[2].raw(), t, N, C,
+                      OC);
+    });
+  }
+}
+
+TEST_P(DeviceSeamTyped, ElementwiseOps) {
+  const DType t = GetParam();
+  const int64_t n = 2051;  // more than one of the CPU path's chunks
+  const std::vector<Tensor> args = {host(randn(n, 1), t), host(randn(n, 2), t),
+                                    host(Vec(n, 0.0f), t)};
+  expect_same("relu_forward", args,
+              [&](std::vector<Tensor>& a) { relu_forward(a[2].raw(), a[0].raw(), n, t); });
+  expect_same("relu_backward", args, [&](std::vector<Tensor>& a) {
+    relu_backward(a[2].raw(), a[1].raw(), a[0].raw(), n, t);
+  });
+  expect_same("gelu_forward", args,
+              [&](std::vector<Tensor>& a) { gelu_forward(a[2].raw(), a[0].raw(), n, t); });
+  expect_same("gelu_backward", args, [&](std::vector<Tensor>& a) {
+    gelu_backward(a[2].raw(), a[1].raw(), a[0].raw(), n, t);
+  });
+  expect_same("add_forward", args, [&](std::vector<Tensor>& a) {
+    add_forward(a[2].raw(), a[0].raw(), a[1].raw(), n, t);
+  });
+}
+
+TEST_P(DeviceSeamTyped, LayerNormAndEmbedding) {
+  const DType t = GetParam();
+  const int64_t N = 6, C = 9, V = 11;
+  const std::vector<Tensor> ln = {
+      host(Vec(N * C, 0.0f), t), host(Vec(N, 0.0f)),   host(Vec(N, 0.0f)),
+      host(randn(N * C, 1), t),  host(randn(C, 2), t), host(randn(C, 3), t),
+      host(randn(N * C, 4), t),  host(randn(C, 5)),    host(randn(C, 6))};
+  auto f = [](Tensor& x) { return static_cast<float*>(x.raw()); };
+  expect_same("layernorm_forward", ln, [&](std::vector<Tensor>& a) {
+    layernorm_forward(a[0].raw(), f(a[1]), f(a[2]), a[3].raw(), a[4].raw(), a[5].raw(), N, C, t);
+    layernorm_backward(a[0].raw(), f(a[7]), f(a[8]), a[6].raw(), a[3].raw(), a[4].raw(), f(a[1]),
+                       f(a[2]), N, C, t);
+  });
+  EXPECT_EQ(fake_.calls("layernorm_backward"), 1);
+  const std::vector<Tensor> emb = {host(Vec(N * C, 0.0f), t), ids({3, 0, 10, 3, 7, 1}),
+                                   host(randn(V * C, 7), t), host(randn(N * C, 8), t),
+                                   host(randn(V * C, 9))};
+  expect_same("embedding_forward", emb, [&](std::vector<Tensor>& a) {
+    const auto* id = static_cast<const int32_t*>(a[1].raw());
+    embedding_forward(a[0].raw(), id, a[2].raw(), N, V, C, 0, V, t);
+    embedding_backward(f(a[4]), a[3].raw(), id, N, C, 0, V, t);
+  });
+  EXPECT_EQ(fake_.calls("embedding_backward"), 1);
+}
+
+TEST_P(DeviceSeamTyped, CrossEntropyOnTheDeviceIsTheCpuLoss) {
+  const DType t = GetParam();
+  const int64_t N = 9, C = 6;
+  const Vec logits = randn(N * C, 1, 3.0f);
+  const std::vector<int32_t> labels = {0, 5, 2, 2, 1, 4, 3, 0, 5};
+  // The CPU loss as nn::CrossEntropyLoss computes it: the logits widened, then f32.
+  const Tensor x = host(logits, t).to(DType::kF32);
+  Vec probs(N * C), dlogits(N * C);
+  const float loss =
+      cross_entropy_forward(probs.data(), static_cast<const float*>(x.raw()), labels.data(), N, C);
+  const int64_t correct = count_correct(static_cast<const float*>(x.raw()), labels.data(), N, C);
+  cross_entropy_backward(dlogits.data(), probs.data(), labels.data(), N, C, 0.5f);
+
+  const Tensor dx = host(logits, t).to_device(Device::kCuda),
+               dy = ids(labels).to_device(Device::kCuda);
+  Tensor lse = Tensor::zeros({N}, DType::kF32, Device::kCuda);
+  Tensor dl = Tensor::zeros({N, C}, t, Device::kCuda);
+  DeviceScope scope(Device::kCuda, &stream_);
+  int64_t dev_correct = -1;
+  const auto* y = static_cast<const int32_t*>(dy.raw());
+  EXPECT_EQ(cross_entropy_forward_device(static_cast<float*>(lse.raw()), &dev_correct, dx.raw(), y,
+                                         N, C, t),
+            loss);
+  EXPECT_EQ(dev_correct, correct);
+  cross_entropy_backward_device(dl.raw(), dx.raw(), static_cast<float*>(lse.raw()), y, N, C, 0.5f,
+                                0, t);
+  EXPECT_TRUE(same_bytes(host(dlogits, t), dl));
+  EXPECT_EQ(fake_.calls("cross_entropy_forward"), 1);
+  EXPECT_EQ(fake_.calls("count_correct"), 1);
+  EXPECT_EQ(fake_.calls("cross_entropy_backward"), 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, DeviceSeamTyped, ::testing::Values(DType::kF32, DType::kBF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// The optimizer's state on the device and its step through the table, with the working copy.
+TEST_F(DeviceSeam, OptimizerStepsOnTheDeviceAsOnTheCpu) {
+  for (optim::OptimKind kind : {optim::OptimKind::kSgd, optim::OptimKind::kAdamw}) {
+    optim::OptimSpec spec;
+    spec.kind = kind;
+    spec.weight_decay = 0.01f;
+    const int64_t n = 5000;
+    const std::vector<Tensor> args = {host(randn(n, 1)), host(randn(n, 2)),
+                                      host(Vec(n, 0.0f), DType::kBF16)};
+    const char* slot = kind == optim::OptimKind::kSgd ? "sgd_step" : "adamw_step";
+    expect_same(
+        slot, args,
+        [&](std::vector<Tensor>& a) {
+          auto opt = optim::make_optimizer(spec, n);  // its state where the scope puts it
+          const optim::Segment seg{static_cast<float*>(a[0].raw()),
+                                   static_cast<float*>(a[1].raw()),
+                                   n,
+                                   0,
+                                   a[2].raw(),
+                                   DType::kBF16};
+          opt->step({&seg, 1}, 0.1f, 0.5f);
+          opt->step({&seg, 1}, 0.1f, 1.0f);  // the second step reads the state the first left
+          EXPECT_EQ(opt->state()[0].values.device(), current_device());
+        },
+        2);  // both steps
+  }
+}
+
+TEST_F(DeviceSeam, OpsWithoutADeviceKernelThrowNamingThemselves) {
+  Tensor a = Tensor::zeros({16}, DType::kF32, Device::kCuda);
+  DeviceScope scope(Device::kCuda, nullptr);
+  try {
+    dropout_forward(a.raw(), a.raw(), 4, 4, 0.5f, 1, 0, 0, 0, DType::kF32);
+    FAIL() << "dropout_forward on the device did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("dropout_forward has no cuda kernel"), std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(attention_forward(a.raw(), nullptr, a.raw(), 1, 1, 1, 1, DType::kF32), Error);
+  install_device_kernels(Device::kCuda, nullptr);  // a device runtime without a table
+  EXPECT_THROW(relu_forward(a.raw(), a.raw(), 16, DType::kF32), Error);
+}
+
+}  // namespace
+}  // namespace tessel::ops

@@ -195,7 +195,7 @@ void Progress::train_line(const TrainPoint& p) {
     rec["balance_speedup"] = balance["speedup_vs_even"];
     if (!balance["straggler"].is_null())
       rec["balance_recovered"] = balance["straggler"]["recovered"];
-    live_tail_ += " " + balance_text(balance);
+    live_tail_.append(" ").append(balance_text(balance));
   }
   log(rec);
   if (enabled_) draw(p.step);

@@ -152,11 +152,15 @@ void relu_backward(void* dx, const void* dy, const void* y, int64_t n, DType t) 
   if (is_f32(t))
     return relu_backward(static_cast<float*>(dx), static_cast<const float*>(dy),
                          static_cast<const float*>(y), n);
-  // On the stored bits, as relu_forward (a NaN gradient stays a NaN).
+  // On the stored bits, as relu_forward (a NaN gradient stays a NaN); dy read unconditionally,
+  // as in the f32 kernel, so the loop vectorises.
   const auto* g = static_cast<const uint16_t*>(dy);
   const auto* out = static_cast<const uint16_t*>(y);
   auto* d = static_cast<uint16_t*>(dx);
-  for (int64_t i = 0; i < n; ++i) d[i] = positive(out[i], t) ? g[i] : uint16_t{0};
+  for (int64_t i = 0; i < n; ++i) {
+    const uint16_t v = g[i];
+    d[i] = positive(out[i], t) ? v : uint16_t{0};
+  }
 }
 
 void gelu_forward(void* y, const void* x, int64_t n, DType t) {

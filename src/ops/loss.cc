@@ -1,6 +1,7 @@
 // Fused softmax + cross-entropy and the accuracy count. The loss is computed from the
 // log-sum-exp, not log(prob), so a confidently wrong row gives a large finite loss instead of
 // -log(0) = inf. The *_device pair runs the current device's fused kernels (device_kernels.h).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -67,7 +68,8 @@ int64_t count_correct(const float* logits, const int32_t* labels, int64_t N, int
 void sliced_row_max(float* row_max, const float* logits, int64_t N, int64_t C, int64_t valid) {
   for (int64_t r = 0; r < N; ++r) {
     float mx = -INFINITY;
-    for (int64_t c = 0; c < valid; ++c) mx = std::fmax(mx, logits[r * C + c]);
+    // std::max, not a libm std::fmax call per value (the same bits: softmax_row says why).
+    for (int64_t c = 0; c < valid; ++c) mx = std::max(mx, logits[r * C + c]);
     row_max[r] = mx;
   }
 }

@@ -62,8 +62,10 @@ std::string shown(const std::string& key, const nlohmann::json& value) {
 
 std::string balance_text(const nlohmann::json& b) {
   std::string deal;
-  for (const nlohmann::json& n : b["shards_per_rank"])
-    deal += (deal.empty() ? "" : "/") + std::to_string(n.get<long long>());
+  for (const nlohmann::json& n : b["shards_per_rank"]) {
+    if (!deal.empty()) deal += '/';
+    deal += std::to_string(n.get<long long>());
+  }
   std::string out = "deal " + deal;
   if (const nlohmann::json& s = b["straggler"]; !s.is_null())
     out += fmt(" straggler rank %d (x%.2f per shard)", s["rank"].get<int>(),

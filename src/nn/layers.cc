@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "tessel/ops/cpu.h"
+#include "tessel/tensor/device.h"
 
 namespace tessel::nn {
 namespace {
@@ -32,15 +33,24 @@ void check_same_shape(const Tensor& dy, const Shape& expected, const char* layer
 
 // For the f32-only kernels (convolution, pooling) in a 16-bit precision: f32_in(x) is x or an
 // f32 copy of it, f32_out(y) is y or f32 staging that to_out() rounds into y afterwards. The
-// copies live in scratch slot `slot` of the cache (fresh storage without one).
+// copies live in scratch slot `slot` of the cache (fresh storage without one), on the thread's
+// current device, and are converted there.
 Tensor f32_scratch(const Shape& shape, Cache* cache, size_t slot) {
-  return cache ? cache->scratch(slot, shape) : Tensor::empty(shape);
+  return cache ? cache->scratch(slot, shape) : Tensor::empty(shape, DType::kF32, current_device());
+}
+
+// dst = src converted to dst's type, both on dst's device.
+void convert_into(const Tensor& dst, const Tensor& src) {
+  if (dst.device() == Device::kCpu)
+    return ops::convert(dst.raw(), dst.dtype(), src.raw(), src.dtype(), dst.numel());
+  device_runtime(dst.device())
+      .convert(dst.raw(), dst.dtype(), src.raw(), src.dtype(), dst.numel(), current_stream());
 }
 
 Tensor f32_in(const Tensor& x, Cache* cache, size_t slot) {
   if (x.dtype() == DType::kF32) return x;
   Tensor out = f32_scratch(x.shape(), cache, slot);
-  ops::convert(out.raw(), DType::kF32, x.raw(), x.dtype(), x.numel());
+  convert_into(out, x);
   return out;
 }
 
@@ -49,8 +59,7 @@ Tensor f32_out(const Tensor& y, Cache* cache, size_t slot) {
 }
 
 void to_out(const Tensor& y, const Tensor& staged) {
-  if (staged.raw() != y.raw())
-    ops::convert(y.raw(), y.dtype(), staged.raw(), DType::kF32, y.numel());
+  if (staged.raw() != y.raw()) convert_into(y, staged);
 }
 
 Shape with_last(Shape s, int64_t last) {
@@ -304,10 +313,12 @@ Tensor Conv2d::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   Tensor y = output(cache, 0, {s.N, OC_, s.OH(), s.OW()}, weight_.value.dtype());
   Tensor y32 = f32_out(y, cache, 5);
   const Shape scratch_shape{ops::conv2d_scratch_floats(s)};
-  Tensor scratch = cache ? cache->scratch(0, scratch_shape) : Tensor::empty(scratch_shape);
-  ops::conv2d_forward(y32.data<float>(), f32_in(x, cache, 6).data<float>(),
-                      f32_in(weight_.value, cache, 7).data<float>(),
-                      f32_in(bias_.value, cache, 8).data<float>(), s, scratch.data<float>());
+  Tensor scratch = cache ? cache->scratch(0, scratch_shape)
+                         : Tensor::empty(scratch_shape, DType::kF32, current_device());
+  ops::conv2d_forward(y32.kernel_data<float>(), f32_in(x, cache, 6).kernel_data<float>(),
+                      f32_in(weight_.value, cache, 7).kernel_data<float>(),
+                      f32_in(bias_.value, cache, 8).kernel_data<float>(), s,
+                      scratch.kernel_data<float>());
   to_out(y, y32);
   return y;
 }
@@ -322,10 +333,11 @@ Tensor Conv2d::backward(const Tensor& dy, Cache& cache) {
     dx32 = f32_out(dx, &cache, 5);
   }
   Tensor scratch = cache.scratch(0, {ops::conv2d_scratch_floats(s)});
-  ops::conv2d_backward(input_grad_ ? dx32.data<float>() : nullptr, weight_.grad.data<float>(),
-                       bias_.grad.data<float>(), f32_in(dy, &cache, 6).data<float>(),
-                       f32_in(x, &cache, 7).data<float>(),
-                       f32_in(weight_.value, &cache, 8).data<float>(), s, scratch.data<float>());
+  ops::conv2d_backward(
+      input_grad_ ? dx32.kernel_data<float>() : nullptr, weight_.grad.kernel_data<float>(),
+      bias_.grad.kernel_data<float>(), f32_in(dy, &cache, 6).kernel_data<float>(),
+      f32_in(x, &cache, 7).kernel_data<float>(),
+      f32_in(weight_.value, &cache, 8).kernel_data<float>(), s, scratch.kernel_data<float>());
   if (input_grad_) to_out(dx, dx32);
   return dx;
 }
@@ -369,11 +381,13 @@ Tensor ConvReluPool::forward(const Tensor& x, const Context& ctx, Cache* cache) 
   Tensor y = output(cache, 0, out, weight_.value.dtype());
   Tensor argmax = output(cache, 1, out, DType::kI32), y32 = f32_out(y, cache, 5);
   const Shape scratch_shape{ops::conv2d_relu_maxpool_scratch_floats(s, pool_, pool_)};
-  Tensor scratch = cache ? cache->scratch(0, scratch_shape) : Tensor::empty(scratch_shape);
-  ops::conv2d_relu_maxpool_forward(
-      y32.data<float>(), argmax.data<int32_t>(), f32_in(x, cache, 6).data<float>(),
-      f32_in(weight_.value, cache, 7).data<float>(), f32_in(bias_.value, cache, 8).data<float>(), s,
-      pool_, pool_, scratch.data<float>());
+  Tensor scratch = cache ? cache->scratch(0, scratch_shape)
+                         : Tensor::empty(scratch_shape, DType::kF32, current_device());
+  ops::conv2d_relu_maxpool_forward(y32.kernel_data<float>(), argmax.kernel_data<int32_t>(),
+                                   f32_in(x, cache, 6).kernel_data<float>(),
+                                   f32_in(weight_.value, cache, 7).kernel_data<float>(),
+                                   f32_in(bias_.value, cache, 8).kernel_data<float>(), s, pool_,
+                                   pool_, scratch.kernel_data<float>());
   to_out(y, y32);
   if (cache) {
     cache->keep(0, x);
@@ -394,10 +408,12 @@ Tensor ConvReluPool::backward(const Tensor& dy, Cache& cache) {
   }
   Tensor scratch = cache.scratch(0, {ops::conv2d_relu_maxpool_scratch_floats(s, pool_, pool_)});
   ops::conv2d_relu_maxpool_backward(
-      input_grad_ ? dx32.data<float>() : nullptr, weight_.grad.data<float>(),
-      bias_.grad.data<float>(), f32_in(dy, &cache, 6).data<float>(), argmax.data<int32_t>(),
-      f32_in(y, &cache, 9).data<float>(), f32_in(x, &cache, 7).data<float>(),
-      f32_in(weight_.value, &cache, 8).data<float>(), s, pool_, pool_, scratch.data<float>());
+      input_grad_ ? dx32.kernel_data<float>() : nullptr, weight_.grad.kernel_data<float>(),
+      bias_.grad.kernel_data<float>(), f32_in(dy, &cache, 6).kernel_data<float>(),
+      argmax.kernel_data<int32_t>(), f32_in(y, &cache, 9).kernel_data<float>(),
+      f32_in(x, &cache, 7).kernel_data<float>(),
+      f32_in(weight_.value, &cache, 8).kernel_data<float>(), s, pool_, pool_,
+      scratch.kernel_data<float>());
   if (input_grad_) to_out(dx, dx32);
   return dx;
 }
@@ -425,8 +441,8 @@ Tensor MaxPool2d::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   const Shape out{N, C, (H - k_) / stride_ + 1, (W - k_) / stride_ + 1};
   Tensor y = output(cache, 0, out, x.dtype()), y32 = f32_out(y, cache, 5);
   Tensor argmax = output(cache, 1, out, DType::kI32);
-  ops::maxpool2d_forward(y32.data<float>(), argmax.data<int32_t>(),
-                         f32_in(x, cache, 6).data<float>(), N, C, H, W, k_, stride_);
+  ops::maxpool2d_forward(y32.kernel_data<float>(), argmax.kernel_data<int32_t>(),
+                         f32_in(x, cache, 6).kernel_data<float>(), N, C, H, W, k_, stride_);
   to_out(y, y32);
   if (cache) {
     cache->shape = x.shape();
@@ -443,8 +459,8 @@ Tensor MaxPool2d::backward(const Tensor& dy, Cache& cache) {
   if (!input_grad_) return {};
   // The output (and its gradient) has the input's type.
   Tensor dx = cache.scratch(0, in, dy.dtype()), dx32 = f32_out(dx, &cache, 5);
-  ops::maxpool2d_backward(dx32.data<float>(), f32_in(dy, &cache, 6).data<float>(),
-                          argmax.data<int32_t>(), N, C, H, W, k_, stride_);
+  ops::maxpool2d_backward(dx32.kernel_data<float>(), f32_in(dy, &cache, 6).kernel_data<float>(),
+                          argmax.kernel_data<int32_t>(), N, C, H, W, k_, stride_);
   to_out(dx, dx32);
   return dx;
 }

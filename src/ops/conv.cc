@@ -33,6 +33,8 @@
 #include "kernels.h"
 #include "tessel/core/error.h"
 #include "tessel/ops/cpu.h"
+#include "tessel/ops/device_kernels.h"
+#include "tessel/tensor/device.h"
 #include "vec_math.h"
 
 namespace tessel::ops {
@@ -378,6 +380,7 @@ void conv2d_direct_backward(float* dx, float* dw, float* db, const float* dy, co
 
 int64_t conv2d_scratch_floats(const Conv2dShape& s) {
   check_shape("conv2d_scratch_floats", s);
+  if (on_device()) return 0;  // the device's launchers keep their own workspace
   return detail::conv2d_direct_supported(s) ? detail::conv2d_direct_scratch_floats(s, {})
                                             : detail::conv2d_im2col_scratch_floats(s);
 }
@@ -385,6 +388,9 @@ int64_t conv2d_scratch_floats(const Conv2dShape& s) {
 void conv2d_forward(float* y, const float* x, const float* w, const float* b, const Conv2dShape& s,
                     float* scratch) {
   check_shape("conv2d_forward", s);
+  if (on_device())
+    return device_kernel(&DeviceKernels::conv2d_forward, "conv2d_forward")(y, x, w, b, s,
+                                                                           current_stream());
   if (detail::conv2d_direct_supported(s)) {
     detail::conv2d_direct_forward(y, nullptr, x, w, b, ConvFusion{}, s, scratch);
     return;
@@ -395,6 +401,9 @@ void conv2d_forward(float* y, const float* x, const float* w, const float* b, co
 void conv2d_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                      const float* w, const Conv2dShape& s, float* scratch) {
   check_shape("conv2d_backward", s);
+  if (on_device())
+    return device_kernel(&DeviceKernels::conv2d_backward, "conv2d_backward")(dx, dw, db, dy, x, w,
+                                                                             s, current_stream());
   if (detail::conv2d_direct_supported(s)) {
     detail::conv2d_direct_backward(dx, dw, db, dy, nullptr, nullptr, ConvFusion{}, x, w, s,
                                    scratch);
@@ -406,6 +415,7 @@ void conv2d_backward(float* dx, float* dw, float* db, const float* dy, const flo
 void conv2d_relu_forward(float* y, const float* x, const float* w, const float* b,
                          const Conv2dShape& s, float* scratch) {
   check_shape("conv2d_relu_forward", s);
+  if (on_device()) throw_no_device_kernel("conv2d_relu_forward");
   if (detail::conv2d_direct_supported(s)) {
     detail::conv2d_direct_forward(y, nullptr, x, w, b, ConvFusion{true}, s, scratch);
     return;
@@ -417,6 +427,7 @@ void conv2d_relu_forward(float* y, const float* x, const float* w, const float* 
 void conv2d_relu_backward(float* dx, float* dw, float* db, const float* dy, const float* y,
                           const float* x, const float* w, const Conv2dShape& s, float* scratch) {
   check_shape("conv2d_relu_backward", s);
+  if (on_device()) throw_no_device_kernel("conv2d_relu_backward");
   if (detail::conv2d_direct_supported(s)) {
     detail::conv2d_direct_backward(dx, dw, db, dy, y, nullptr, ConvFusion{true}, x, w, s, scratch);
     return;
@@ -429,6 +440,7 @@ void conv2d_relu_backward(float* dx, float* dw, float* db, const float* dy, cons
 int64_t conv2d_relu_maxpool_scratch_floats(const Conv2dShape& s, int64_t k, int64_t stride) {
   check_shape("conv2d_relu_maxpool_scratch_floats", s);
   check_pool("conv2d_relu_maxpool_scratch_floats", s, k, stride);
+  if (on_device()) return detail::conv2d_relu_maxpool_device_floats(s, k, stride);
   if (detail::conv2d_direct_supported(s)) {
     return detail::conv2d_direct_scratch_floats(s, ConvFusion{true, k, stride});
   }
@@ -440,6 +452,8 @@ void conv2d_relu_maxpool_forward(float* y, int32_t* argmax, const float* x, cons
                                  float* scratch) {
   check_shape("conv2d_relu_maxpool_forward", s);
   check_pool("conv2d_relu_maxpool_forward", s, k, stride);
+  if (on_device())
+    return detail::conv2d_relu_maxpool_forward_device(y, argmax, x, w, b, s, k, stride, scratch);
   if (detail::conv2d_direct_supported(s)) {
     detail::conv2d_direct_forward(y, argmax, x, w, b, ConvFusion{true, k, stride}, s, scratch);
     return;
@@ -462,6 +476,9 @@ void conv2d_relu_maxpool_backward(float* dx, float* dw, float* db, const float* 
                                   float* scratch) {
   check_shape("conv2d_relu_maxpool_backward", s);
   check_pool("conv2d_relu_maxpool_backward", s, k, stride);
+  if (on_device())
+    return detail::conv2d_relu_maxpool_backward_device(dx, dw, db, dy, argmax, y, x, w, s, k,
+                                                       stride, scratch);
   if (detail::conv2d_direct_supported(s)) {
     detail::conv2d_direct_backward(dx, dw, db, dy, y, argmax, ConvFusion{true, k, stride}, x, w, s,
                                    scratch);

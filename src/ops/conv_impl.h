@@ -52,4 +52,17 @@ void conv2d_direct_backward(float* dx, float* dw, float* db, const float* dy, co
 void pool_relu_grad_image(float* dconv, const float* dy, const int32_t* argmax, const float* y,
                           const Conv2dShape& s, int64_t k, int64_t stride);
 
+// ---- on a device (conv_device.cc) ----
+// The fused conv2d + ReLU + max pool inside a DeviceScope, as the device's convolution, ReLU
+// and pooling slots in sequence (device_kernels.h). Scratch: the device's own memory, of
+// conv2d_relu_maxpool_device_floats(s, k, stride) floats.
+int64_t conv2d_relu_maxpool_device_floats(const Conv2dShape& s, int64_t k, int64_t stride);
+void conv2d_relu_maxpool_forward_device(float* y, int32_t* argmax, const float* x, const float* w,
+                                        const float* b, const Conv2dShape& s, int64_t k,
+                                        int64_t stride, float* scratch);
+void conv2d_relu_maxpool_backward_device(float* dx, float* dw, float* db, const float* dy,
+                                         const int32_t* argmax, const float* y, const float* x,
+                                         const float* w, const Conv2dShape& s, int64_t k,
+                                         int64_t stride, float* scratch);
+
 }  // namespace tessel::ops::detail

@@ -6,6 +6,8 @@
 #include "kernels.h"
 #include "tessel/core/error.h"
 #include "tessel/ops/cpu.h"
+#include "tessel/ops/device_kernels.h"
+#include "tessel/tensor/device.h"
 
 namespace tessel::ops {
 namespace {
@@ -85,6 +87,9 @@ void maxpool2d_forward(float* y, int32_t* argmax, const float* x, int64_t N, int
                "maxpool2d_forward: need 1 <= k <= H, W and stride >= 1, got k=", k,
                " stride=", stride, " H=", H, " W=", W);
   TESSEL_CHECK(H * W <= INT32_MAX, "maxpool2d_forward: plane H*W must fit int32, got ", H * W);
+  if (on_device())
+    return device_kernel(&DeviceKernels::maxpool2d_forward, "maxpool2d_forward")(
+        y, argmax, x, N, C, H, W, k, stride, current_stream());
   const int64_t OH = (H - k) / stride + 1, OW = (W - k) / stride + 1;
   if (k == 2 && stride == 2) {
     kernels().maxpool_2x2(y, argmax, x, N * C, H, W, OH, OW);
@@ -119,6 +124,9 @@ void maxpool2d_forward(float* y, int32_t* argmax, const float* x, int64_t N, int
 void maxpool2d_backward(float* dx, const float* dy, const int32_t* argmax, int64_t N, int64_t C,
                         int64_t H, int64_t W, int64_t k, int64_t stride) {
   if (dx == nullptr) return;
+  if (on_device())
+    return device_kernel(&DeviceKernels::maxpool2d_backward, "maxpool2d_backward")(
+        dx, dy, argmax, N, C, H, W, k, stride, current_stream());
   const int64_t OH = (H - k) / stride + 1, OW = (W - k) / stride + 1;
   for (int64_t p = 0; p < N * C; ++p) {
     // Plane by plane, so that the scatter finds the zeroed plane still in L1: a fill of the

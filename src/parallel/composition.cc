@@ -280,11 +280,10 @@ Parts compose(const ParallelSpec& spec, const Layout& layout, bool overlap) {
 namespace {
 
 // What of `model` does not run on cuda yet ("" when it all runs there), as "<key> = <value>
-// (the layer)": the layers, the loss and the optimizer of an mlp classifier call the device's
-// kernel table (ops/device_kernels.h); the gpt's attention and embeddings do not yet.
+// (the layer)": the layers, the loss and the optimizer of an mlp or cnn classifier call the
+// device's kernel table (ops/device_kernels.h); the gpt's attention and embeddings do not yet.
 std::string missing_on_cuda(const nn::ModelSpec& m) {
   using nn::ModelKind;
-  if (m.kind == ModelKind::kCnn) return "model.kind = cnn (convolution and max pooling)";
   if (m.kind == ModelKind::kSequential) return "model.kind = sequential (its layer stack)";
   if (m.kind == ModelKind::kGpt) return "model.kind = gpt (attention, embeddings)";
   if (m.dropout > 0) return str("model.dropout = ", m.dropout, " (dropout)");
@@ -308,7 +307,7 @@ void check_device(const ParallelSpec& spec, const nn::ModelSpec& model) {
   const std::string missing = missing_on_cuda(model);
   if (!missing.empty())
     throw InvalidArgument(str("config: runtime.device = cuda has no kernel for ", missing,
-                              " yet; use an mlp classifier with model.dropout = 0, or "
+                              " yet; use an mlp or cnn classifier with model.dropout = 0, or "
                               "runtime.device = cpu (docs/gpu.md)"));
 }
 

@@ -29,14 +29,14 @@ TEST_F(Cli, UnknownConfigKey) {
 
 // runtime.device = cuda where it cannot run fails at start, exit code 1, with the reason: a
 // build without CUDA says so, a host without a GPU gives the CUDA runtime's reason, a GPU the
-// start checks' refusal of a model without cuda kernels (a cnn). runtime.device takes only its
-// names.
+// start checks' refusal of a model without cuda kernels (a sequential stack). runtime.device
+// takes only its names.
 TEST_F(Cli, CudaDeviceFailsAtStartWithTheReason) {
-  const Result r = run("train " + kExamples + "/fashion_cnn.toml --set runtime.device=cuda");
+  const Result r = run("train " + kExamples + "/fashion_sequential.toml --set runtime.device=cuda");
   expect_error(r, "runtime.device = cuda");
   const bool reason = r.output.find("this tessel was built without cuda") != std::string::npos ||
                       r.output.find("cannot be used here: no CUDA device") != std::string::npos ||
-                      r.output.find("no kernel for model.kind = cnn") != std::string::npos;
+                      r.output.find("no kernel for model.kind = sequential") != std::string::npos;
   EXPECT_TRUE(reason) << r.output;
   expect_error(run("train " + kExamples + "/spiral.toml --set runtime.device=gpu"),
                "runtime.device must be cpu or cuda, got 'gpu'");

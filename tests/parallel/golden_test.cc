@@ -9,14 +9,11 @@
 // applies to raw pixels (before: (p / 255 - mean) / std): a change of the input rows, alike at
 // every level, not of a kernel.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
-#include <cstdint>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
+#include "small_images.h"
 #include "tessel/ops/isa.h"
 #include "train_on.h"
 
@@ -27,7 +24,7 @@ struct Golden {
   const char* example;
   std::vector<std::string> overrides;
   const char* params_sha256;
-  bool small_images = false;  // on small_images_dir()'s images instead of Fashion-MNIST
+  bool small_images = false;  // on testing::small_images_dir()'s images instead of Fashion-MNIST
 };
 
 const Golden kGolden[] = {
@@ -43,32 +40,6 @@ const Golden kGolden[] = {
      "4100be64e0232ac470766712f0d92c96196ca2012976ce712da6fb8652949724"},
 };
 
-// A folder of IDX files shaped like Fashion-MNIST's, 64 training and 32 test images of 28 x 28
-// with pixels and labels from a fixed formula: the CNN's run evaluates its whole test set, and
-// Fashion-MNIST's 10,000 images would take minutes through the portable convolution.
-std::string small_images_dir() {
-  const std::filesystem::path dir =
-      std::filesystem::temp_directory_path() / ("tessel_golden_idx_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  const auto be32 = [](std::ofstream& out, uint32_t v) {
-    for (int shift = 24; shift >= 0; shift -= 8) out.put(static_cast<char>(v >> shift & 0xFF));
-  };
-  for (const auto& [split, n] : {std::pair{"train", 64u}, std::pair{"t10k", 32u}}) {
-    std::ofstream images(dir / (std::string(split) + "-images-idx3-ubyte"), std::ios::binary);
-    be32(images, 0x803);
-    be32(images, n);
-    be32(images, 28);
-    be32(images, 28);
-    for (uint32_t i = 0; i < n * 784; ++i)
-      images.put(static_cast<char>((i * 37 + i / 784 * 11) % 251));
-    std::ofstream labels(dir / (std::string(split) + "-labels-idx1-ubyte"), std::ios::binary);
-    be32(labels, 0x801);
-    be32(labels, n);
-    for (uint32_t i = 0; i < n; ++i) labels.put(static_cast<char>(i % 10));
-  }
-  return dir.string();
-}
-
 class GoldenTest : public ::testing::TestWithParam<ops::Isa> {
  protected:
   void SetUp() override {
@@ -82,7 +53,7 @@ class GoldenTest : public ::testing::TestWithParam<ops::Isa> {
 };
 
 TEST_P(GoldenTest, ParamsSha256OfShortDeterministicRuns) {
-  const std::string images = small_images_dir();
+  const std::string images = testing::small_images_dir();
   for (const Golden& g : kGolden) {
     std::vector<std::string> overrides = g.overrides;
     if (g.small_images) overrides.push_back("data.path=" + images);

@@ -84,8 +84,39 @@ struct FakeSlots {
     return out;
   }
 
+  static void add_conv_slots(ops::DeviceKernels& k);
   static ops::DeviceKernels table();
 };
+
+// ---- Convolution and pooling: the CPU's unfused kernels, scratch on the host ----
+void FakeSlots::add_conv_slots(ops::DeviceKernels& k) {
+  k.conv2d_forward = [](float* y, const float* x, const float* w, const float* b,
+                        const ops::Conv2dShape& s, void*) {
+    enter("conv2d_forward", {y, x, w, b});
+    DeviceScope host(Device::kCpu, nullptr);
+    std::vector<float> scratch(static_cast<size_t>(ops::conv2d_scratch_floats(s)));
+    ops::conv2d_forward(y, x, w, b, s, scratch.data());
+  };
+  k.conv2d_backward = [](float* dx, float* dw, float* db, const float* dy, const float* x,
+                         const float* w, const ops::Conv2dShape& s, void*) {
+    enter("conv2d_backward", {dx, dw, db, dy, x, w});
+    DeviceScope host(Device::kCpu, nullptr);
+    std::vector<float> scratch(static_cast<size_t>(ops::conv2d_scratch_floats(s)));
+    ops::conv2d_backward(dx, dw, db, dy, x, w, s, scratch.data());
+  };
+  k.maxpool2d_forward = [](float* y, int32_t* argmax, const float* x, int64_t N, int64_t C,
+                           int64_t H, int64_t W, int64_t kk, int64_t stride, void*) {
+    enter("maxpool2d_forward", {y, argmax, x});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::maxpool2d_forward(y, argmax, x, N, C, H, W, kk, stride);
+  };
+  k.maxpool2d_backward = [](float* dx, const float* dy, const int32_t* argmax, int64_t N, int64_t C,
+                            int64_t H, int64_t W, int64_t kk, int64_t stride, void*) {
+    enter("maxpool2d_backward", {dx, dy, argmax});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::maxpool2d_backward(dx, dy, argmax, N, C, H, W, kk, stride);
+  };
+}
 
 ops::DeviceKernels FakeSlots::table() {
   ops::DeviceKernels k{};
@@ -101,6 +132,7 @@ ops::DeviceKernels FakeSlots::table() {
     DeviceScope host(Device::kCpu, nullptr);
     ops::linear_backward(dx, xt, dw, db, dy, x, w, t, N, C, OC);
   };
+  add_conv_slots(k);
   k.relu_forward = [](void* y, const void* x, int64_t n, DType t, void*) {
     enter("relu_forward", {y, x});
     DeviceScope host(Device::kCpu, nullptr);

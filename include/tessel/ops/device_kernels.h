@@ -16,6 +16,8 @@
 
 namespace tessel::ops {
 
+struct Conv2dShape;  // cpu.h
+
 struct DeviceKernels {
   // ---- Linear: y[N,OC] = x[N,C] @ w[OC,C]^T + b[OC] (b may be null); x of x_type, the rest t
   void (*linear_forward)(void* y, const void* x, DType x_type, const void* w, const void* b,
@@ -24,6 +26,21 @@ struct DeviceKernels {
   void (*linear_backward)(void* dx, DType x_type, float* dw, float* db, const void* dy,
                           const void* x, const void* w, DType t, int64_t N, int64_t C, int64_t OC,
                           void* stream);
+  // ---- Convolution and pooling: f32, NCHW, s as cpu.h's Conv2dShape ----
+  // y[N,OC,OH,OW] = conv2d(x[N,C,H,W], w[OC,C,KH,KW]) + b[OC].
+  void (*conv2d_forward)(float* y, const float* x, const float* w, const float* b,
+                         const Conv2dShape& s, void* stream);
+  // dx[N,C,H,W] overwritten (null: skipped); dw, db accumulated.
+  void (*conv2d_backward)(float* dx, float* dw, float* db, const float* dy, const float* x,
+                          const float* w, const Conv2dShape& s, void* stream);
+  // Max pooling without padding, y[N,C,OH,OW], argmax[N,C,OH,OW] each winner's index h * W + w
+  // in its plane; the first maximum in scan order wins, a NaN wins (cpu.h's maxpool2d_forward).
+  void (*maxpool2d_forward)(float* y, int32_t* argmax, const float* x, int64_t N, int64_t C,
+                            int64_t H, int64_t W, int64_t k, int64_t stride, void* stream);
+  // dx[N,C,H,W] overwritten: zero, plus dy at each argmax (summed where windows overlap).
+  void (*maxpool2d_backward)(float* dx, const float* dy, const int32_t* argmax, int64_t N,
+                             int64_t C, int64_t H, int64_t W, int64_t k, int64_t stride,
+                             void* stream);
   // ---- Elementwise over n values ----
   void (*relu_forward)(void* y, const void* x, int64_t n, DType t, void* stream);
   void (*relu_backward)(void* dx, const void* dy, const void* y, int64_t n, DType t,

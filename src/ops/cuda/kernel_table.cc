@@ -3,7 +3,10 @@
 // thread (a rank) has its own cuBLASLt handle and workspace, as Blas asks.
 #include "kernel_table.h"
 
+#include <algorithm>
+
 #include "tessel/ops/cuda/blas.h"
+#include "tessel/ops/cuda/conv.h"
 #include "tessel/ops/cuda/kernels.h"
 #include "tessel/tensor/tensor.h"
 
@@ -46,10 +49,40 @@ void linear_bwd(void* dx, DType x_type, float* dw, float* db, const void* dy, co
   if (dx != nullptr) convert(dx, x_type, dxt.raw(), t, N * C, s);
 }
 
+// ---- Convolution and pooling ----
+// cuDNN's workspace for one call, from the caching pool (given back at once: work queued after
+// this call's reuses it).
+Tensor conv_workspace(const Conv2dShape& s) {
+  const int64_t floats = static_cast<int64_t>((conv2d_workspace_bytes(s) + 3) / 4);
+  return Tensor::empty({std::max<int64_t>(floats, 1)}, DType::kF32, Device::kCuda);
+}
+
+void add_conv_slots(DeviceKernels& k) {
+  k.conv2d_forward = [](float* y, const float* x, const float* w, const float* b,
+                        const Conv2dShape& s, void* stream) {
+    const Tensor ws = conv_workspace(s);
+    conv2d_forward(y, x, w, b, s, ws.raw(), as_stream(stream));
+  };
+  k.conv2d_backward = [](float* dx, float* dw, float* db, const float* dy, const float* x,
+                         const float* w, const Conv2dShape& s, void* stream) {
+    const Tensor ws = conv_workspace(s);
+    conv2d_backward(dx, dw, db, dy, x, w, s, ws.raw(), as_stream(stream));
+  };
+  k.maxpool2d_forward = [](float* y, int32_t* argmax, const float* x, int64_t N, int64_t C,
+                           int64_t H, int64_t W, int64_t kk, int64_t stride, void* stream) {
+    maxpool2d_forward(y, argmax, x, N, C, H, W, kk, stride, as_stream(stream));
+  };
+  k.maxpool2d_backward = [](float* dx, const float* dy, const int32_t* argmax, int64_t N, int64_t C,
+                            int64_t H, int64_t W, int64_t kk, int64_t stride, void* stream) {
+    maxpool2d_backward(dx, dy, argmax, N, C, H, W, kk, stride, as_stream(stream));
+  };
+}
+
 DeviceKernels make_table() {
   DeviceKernels k{};
   k.linear_forward = linear_fwd;
   k.linear_backward = linear_bwd;
+  add_conv_slots(k);
   k.relu_forward = [](void* y, const void* x, int64_t n, DType t, void* s) {
     relu_forward(y, x, n, t, as_stream(s));
   };

@@ -13,6 +13,7 @@
 
 #include "tessel/ops/cuda/blas.h"
 #include "tessel/ops/cuda/check.h"
+#include "tessel/ops/cuda/conv.h"
 #include "tessel/ops/cuda/device.h"
 #include "tessel/ops/cuda/kernels.h"
 
@@ -93,6 +94,7 @@ int main(int argc, char** argv) {
       std::printf("cuda_runtime\t%d (static, linked into the binary)\n", runtime);
       std::printf("cuda_driver\t%d\n", driver);
       std::printf("cublaslt\t%zu (shared library found on LD_LIBRARY_PATH)\n", cublaslt_version());
+      std::printf("cudnn\t%zu (shared library found on LD_LIBRARY_PATH)\n", cudnn_version());
       return 0;
     }
     cudaStream_t s;

@@ -188,7 +188,9 @@ void dropout_backward(float* dx, const float* dy, int64_t rows, int64_t cols, fl
 // OH = (H + 2*pad - KH) / stride + 1, likewise OW. `scratch` holds at least
 // conv2d_scratch_floats(...) floats; the caller owns it. An AVX-512 build runs tessel's own
 // direct kernels for stride 1 (kernel width <= 7, pad < kernel size), im2col + GEMM otherwise.
-// Single-threaded; results are the same bits on every run and for any thread count.
+// Single-threaded; results are the same bits on every run and for any thread count. On a device
+// (inside a DeviceScope) the conv and pool ops run its kernel table (device_kernels.h), and the
+// scratch is device memory of the size the scratch queries then give.
 struct Conv2dShape {
   int64_t N, C, H, W, OC, KH, KW, stride, pad;
   int64_t OH() const { return (H + 2 * pad - KH) / stride + 1; }

@@ -313,8 +313,7 @@ Tensor Conv2d::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   Tensor y = output(cache, 0, {s.N, OC_, s.OH(), s.OW()}, weight_.value.dtype());
   Tensor y32 = f32_out(y, cache, 5);
   const Shape scratch_shape{ops::conv2d_scratch_floats(s)};
-  Tensor scratch = cache ? cache->scratch(0, scratch_shape)
-                         : Tensor::empty(scratch_shape, DType::kF32, current_device());
+  Tensor scratch = f32_scratch(scratch_shape, cache, 0);
   ops::conv2d_forward(y32.kernel_data<float>(), f32_in(x, cache, 6).kernel_data<float>(),
                       f32_in(weight_.value, cache, 7).kernel_data<float>(),
                       f32_in(bias_.value, cache, 8).kernel_data<float>(), s,
@@ -381,8 +380,7 @@ Tensor ConvReluPool::forward(const Tensor& x, const Context& ctx, Cache* cache) 
   Tensor y = output(cache, 0, out, weight_.value.dtype());
   Tensor argmax = output(cache, 1, out, DType::kI32), y32 = f32_out(y, cache, 5);
   const Shape scratch_shape{ops::conv2d_relu_maxpool_scratch_floats(s, pool_, pool_)};
-  Tensor scratch = cache ? cache->scratch(0, scratch_shape)
-                         : Tensor::empty(scratch_shape, DType::kF32, current_device());
+  Tensor scratch = f32_scratch(scratch_shape, cache, 0);
   ops::conv2d_relu_maxpool_forward(y32.kernel_data<float>(), argmax.kernel_data<int32_t>(),
                                    f32_in(x, cache, 6).kernel_data<float>(),
                                    f32_in(weight_.value, cache, 7).kernel_data<float>(),

@@ -5,6 +5,7 @@
 // and no slot is called; an op without a device kernel throws naming itself.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <functional>
 #include <string>
@@ -196,6 +197,51 @@ TEST_F(DeviceSeam, OptimizerStepsOnTheDeviceAsOnTheCpu) {
         },
         2);  // both steps
   }
+}
+
+// The CPU's fused conv2d + ReLU + max pool on the device, as the convolution, ReLU and pooling
+// slots in sequence: fashion_cnn's second layer, the CPU fused kernels' bits. Then the plain
+// convolution (a strided one) and an overlapping pool.
+TEST_F(DeviceSeam, ConvolutionAndPoolingOnTheDeviceAsOnTheCpu) {
+  const Conv2dShape s{3, 4, 14, 14, 6, 5, 5, 1, 2};
+  const int64_t nx = s.N * s.C * s.H * s.W, nw = s.OC * s.C * s.KH * s.KW, ny = s.N * s.OC * 7 * 7;
+  const std::vector<Tensor> args = {host(Vec(ny, 0.0f)),  ids(std::vector<int32_t>(ny, 0)),
+                                    host(randn(nx, 1)),   host(randn(nw, 2)),
+                                    host(randn(s.OC, 3)), host(Vec(nx, 0.0f)),
+                                    host(randn(nw, 4)),   host(randn(s.OC, 5)),
+                                    host(randn(ny, 6))};
+  auto f = [](const Tensor& x) { return static_cast<float*>(x.raw()); };
+  auto scratch = [](int64_t floats) {
+    return Tensor::empty({floats}, DType::kF32, current_device());
+  };
+  expect_same("conv2d_forward", args, [&](std::vector<Tensor>& a) {
+    const Tensor t = scratch(conv2d_relu_maxpool_scratch_floats(s, 2, 2));
+    auto* argmax = static_cast<int32_t*>(a[1].raw());
+    conv2d_relu_maxpool_forward(f(a[0]), argmax, f(a[2]), f(a[3]), f(a[4]), s, 2, 2, f(t));
+    conv2d_relu_maxpool_backward(f(a[5]), f(a[6]), f(a[7]), f(a[8]), argmax, f(a[0]), f(a[2]),
+                                 f(a[3]), s, 2, 2, f(t));
+  });
+  for (const char* slot : {"conv2d_backward", "maxpool2d_forward", "maxpool2d_backward",
+                           "relu_forward", "relu_backward"})
+    EXPECT_EQ(fake_.calls(slot), 1) << slot;
+  const Conv2dShape st{2, 3, 11, 9, 5, 3, 3, 2, 1};
+  const int64_t sx = st.N * st.C * st.H * st.W, sw = st.OC * st.C * 9, sy = st.N * st.OC * 6 * 5;
+  const std::vector<Tensor> conv = {
+      host(Vec(sy, 0.0f)), host(randn(sx, 7)),  host(randn(sw, 8)),     host(randn(st.OC, 9)),
+      host(Vec(sx, 0.0f)), host(randn(sw, 10)), host(randn(st.OC, 11)), host(randn(sy, 12))};
+  expect_same("conv2d_backward", conv, [&](std::vector<Tensor>& a) {
+    const Tensor t = scratch(std::max<int64_t>(conv2d_scratch_floats(st), 1));
+    conv2d_forward(f(a[0]), f(a[1]), f(a[2]), f(a[3]), st, f(t));
+    conv2d_backward(f(a[4]), f(a[5]), f(a[6]), f(a[7]), f(a[1]), f(a[2]), st, f(t));
+  });
+  const std::vector<Tensor> pool = {host(Vec(2 * 3 * 4 * 5, 0.0f)), ids(std::vector<int32_t>(120)),
+                                    host(randn(2 * 3 * 9 * 11, 13)), host(randn(120, 14)),
+                                    host(Vec(2 * 3 * 9 * 11, 0.0f))};
+  expect_same("maxpool2d_backward", pool, [&](std::vector<Tensor>& a) {
+    auto* argmax = static_cast<int32_t*>(a[1].raw());
+    maxpool2d_forward(f(a[0]), argmax, f(a[2]), 2, 3, 9, 11, 3, 2);
+    maxpool2d_backward(f(a[4]), f(a[3]), argmax, 2, 3, 9, 11, 3, 2);
+  });
 }
 
 TEST_F(DeviceSeam, OpsWithoutADeviceKernelThrowNamingThemselves) {

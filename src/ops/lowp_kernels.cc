@@ -86,7 +86,7 @@ bool positive(uint16_t h, DType t) { return h != 0 && h <= (t == DType::kBF16 ? 
 
 void accumulate(float* acc, const void* x, int64_t n, DType t) {
   check_float(t, "accumulate");
-  if (on_device()) throw_no_device_kernel("accumulate");
+  if (on_device()) return run_on_device(&DeviceKernels::accumulate, "accumulate", acc, x, n, t);
   for (int64_t i = 0; i < n; i += kChunk) {
     const int64_t m = std::min(kChunk, n - i);
     const float* v = widened(0, at(x, i, t), m, t);
@@ -389,7 +389,7 @@ void embedding_backward(float* dtable, const void* dy, const int32_t* ids, int64
 void attention_forward(void* out, float* att, const void* qkv, int64_t B, int64_t T, int64_t C,
                        int64_t NH, DType t) {
   check_float(t, "attention_forward");
-  if (on_device()) throw_no_device_kernel("attention_forward");
+  if (on_device()) throw_no_device_kernel("attention_forward (with the CPU's cache att)");
   if (is_f32(t))
     return attention_forward(static_cast<float*>(out), att, static_cast<const float*>(qkv), B, T, C,
                              NH);
@@ -404,7 +404,7 @@ void attention_forward(void* out, float* att, const void* qkv, int64_t B, int64_
 void attention_backward(void* dqkv, const void* dout, const void* qkv, const float* att, int64_t B,
                         int64_t T, int64_t C, int64_t NH, DType t) {
   check_float(t, "attention_backward");
-  if (on_device()) throw_no_device_kernel("attention_backward");
+  if (on_device()) throw_no_device_kernel("attention_backward (with the CPU's cache att)");
   if (is_f32(t))
     return attention_backward(static_cast<float*>(dqkv), static_cast<const float*>(dout),
                               static_cast<const float*>(qkv), att, B, T, C, NH);
@@ -416,6 +416,22 @@ void attention_backward(void* dqkv, const void* dout, const void* qkv, const flo
                        T, C, NH);
     convert(at(dqkv, b * T * 3 * C, t), t, d, DType::kF32, T * 3 * C);
   }
+}
+
+// A device's attention keeps lse[B,NH,T] instead of att (device_kernels.h); the layer chooses.
+void attention_forward_device(void* out, float* lse, const void* qkv, int64_t B, int64_t T,
+                              int64_t C, int64_t NH, DType t) {
+  check_float(t, "attention_forward");
+  run_on_device(&DeviceKernels::attention_forward, "attention_forward", out, lse, qkv, B, T, C, NH,
+                t);
+}
+
+void attention_backward_device(void* dqkv, const void* dout, const void* qkv, const void* out,
+                               const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
+                               DType t) {
+  check_float(t, "attention_backward");
+  run_on_device(&DeviceKernels::attention_backward, "attention_backward", dqkv, dout, qkv, out, lse,
+                B, T, C, NH, t);
 }
 
 }  // namespace tessel::ops

@@ -1,8 +1,9 @@
 // The seam between the typed public ops and a device's kernel table (device_kernels.h), on the
 // CPU: with the fake device (tests/support/fake_device.h: "device" memory in host blocks, a
 // table whose slots run the CPU kernels), every op called inside a DeviceScope goes through its
-// slot, with device pointers only, and gives the CPU path's bits; outside one the CPU path runs
-// and no slot is called; an op without a device kernel throws naming itself.
+// slot, with device pointers only, and gives the CPU path's bits (attention, whose device cache
+// differs, through its device entry points); outside one the CPU path runs and no slot is
+// called; an op without a device kernel throws naming itself.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -135,6 +136,36 @@ TEST_P(DeviceSeamTyped, LayerNormAndEmbedding) {
   EXPECT_EQ(fake_.calls("embedding_backward"), 1);
 }
 
+TEST_P(DeviceSeamTyped, AccumulateAndAttention) {
+  const DType t = GetParam();
+  const int64_t n = 2051, B = 2, T = 5, C = 8, NH = 2;
+  expect_same("accumulate", {host(randn(n, 1)), host(randn(n, 2), t)}, [&](std::vector<Tensor>& a) {
+    accumulate(static_cast<float*>(a[0].raw()), a[1].raw(), n, t);
+  });
+  // The CPU's attention keeps att[B,NH,T,T]; the device's lse[B,NH,T] (and its backward reads
+  // the forward's output): the same outputs and gradients.
+  const Tensor qkv = host(randn(B * T * 3 * C, 3), t), dout = host(randn(B * T * C, 4), t);
+  Tensor out = host(Vec(B * T * C, 0.0f), t), dqkv = host(Vec(B * T * 3 * C, 0.0f), t);
+  Vec att(B * NH * T * T);
+  attention_forward(out.raw(), att.data(), qkv.raw(), B, T, C, NH, t);
+  attention_backward(dqkv.raw(), dout.raw(), qkv.raw(), att.data(), B, T, C, NH, t);
+  const Tensor dev_qkv = qkv.to_device(Device::kCuda), dev_dout = dout.to_device(Device::kCuda);
+  Tensor dev_out = Tensor::zeros({B * T * C}, t, Device::kCuda),
+         dev_dqkv = Tensor::zeros({B * T * 3 * C}, t, Device::kCuda),
+         lse = Tensor::zeros({B * NH * T}, DType::kF32, Device::kCuda);
+  {
+    DeviceScope scope(Device::kCuda, &stream_);
+    auto* l = static_cast<float*>(lse.raw());
+    attention_forward_device(dev_out.raw(), l, dev_qkv.raw(), B, T, C, NH, t);
+    attention_backward_device(dev_dqkv.raw(), dev_dout.raw(), dev_qkv.raw(), dev_out.raw(), l, B, T,
+                              C, NH, t);
+  }
+  EXPECT_TRUE(same_bytes(out, dev_out));
+  EXPECT_TRUE(same_bytes(dqkv, dev_dqkv));
+  EXPECT_EQ(fake_.calls("attention_forward"), 1);
+  EXPECT_EQ(fake_.calls("attention_backward"), 1);
+}
+
 TEST_P(DeviceSeamTyped, CrossEntropyOnTheDeviceIsTheCpuLoss) {
   const DType t = GetParam();
   const int64_t N = 9, C = 6;
@@ -208,7 +239,14 @@ TEST_F(DeviceSeam, OpsWithoutADeviceKernelThrowNamingThemselves) {
     EXPECT_NE(std::string(e.what()).find("dropout_forward has no cuda kernel"), std::string::npos)
         << e.what();
   }
-  EXPECT_THROW(attention_forward(a.raw(), nullptr, a.raw(), 1, 1, 1, 1, DType::kF32), Error);
+  try {  // the CPU's cache (att) has no device kernel: the device's attention keeps lse
+    attention_forward(a.raw(), nullptr, a.raw(), 1, 1, 1, 1, DType::kF32);
+    FAIL() << "attention_forward (att) on the device did not throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("attention_forward (with the CPU's cache att) has no"),
+              std::string::npos)
+        << e.what();
+  }
   install_device_kernels(Device::kCuda, nullptr);  // a device runtime without a table
   EXPECT_THROW(relu_forward(a.raw(), a.raw(), 16, DType::kF32), Error);
 }

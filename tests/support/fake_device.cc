@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
@@ -84,8 +86,43 @@ struct FakeSlots {
     return out;
   }
 
+  // The CPU attention forward on the fake device's memory (its probabilities in a host
+  // buffer), and the device cache: lse[B,NH,T], each query row's log-sum-exp of its scaled
+  // scores, computed from qkv.
+  static void attention(void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t C,
+                        int64_t NH, DType t, std::vector<float>& att);
+
   static ops::DeviceKernels table();
 };
+
+void FakeSlots::attention(void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t C,
+                          int64_t NH, DType t, std::vector<float>& att) {
+  att.assign(static_cast<size_t>(B * NH * T * T), 0.0f);
+  {
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::attention_forward(out, att.data(), qkv, B, T, C, NH, t);
+  }
+  const std::vector<float> x = widened(qkv, B * T * 3 * C, t);
+  const int64_t HS = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  std::vector<float> s(static_cast<size_t>(T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t i = 0; i < T; ++i) {
+        const float* q = x.data() + (b * T + i) * 3 * C + h * HS;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) {
+          const float* k = x.data() + (b * T + j) * 3 * C + C + h * HS;
+          float dot = 0.0f;
+          for (int64_t d = 0; d < HS; ++d) dot += q[d] * k[d];
+          s[j] = dot * scale;
+          mx = std::max(mx, s[j]);
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j <= i; ++j) sum += std::exp(s[j] - mx);
+        lse[(b * NH + h) * T + i] = mx + std::log(sum);
+      }
+}
 
 ops::DeviceKernels FakeSlots::table() {
   ops::DeviceKernels k{};
@@ -178,6 +215,34 @@ ops::DeviceKernels FakeSlots::table() {
                        int64_t C, DType t, void*) {
     enter("count_correct", {correct, logits, labels});
     correct[0] = ops::count_correct(widened(logits, N * C, t).data(), labels, N, C);
+  };
+  k.accumulate = [](float* acc, const void* x, int64_t n, DType t, void*) {
+    enter("accumulate", {acc, x});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::accumulate(acc, x, n, t);
+  };
+  k.attention_forward = [](void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t C,
+                           int64_t NH, DType t, void*) {
+    enter("attention_forward", {out, lse, qkv});
+    std::vector<float> att;
+    attention(out, lse, qkv, B, T, C, NH, t, att);
+  };
+  // The CPU backward over the probabilities the CPU forward recomputes, after checking that the
+  // caller passed the forward's out and lse (what a flash backward reads).
+  k.attention_backward = [](void* dqkv, const void* dout, const void* qkv, const void* out,
+                            const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, DType t,
+                            void*) {
+    enter("attention_backward", {dqkv, dout, qkv, out, lse});
+    const size_t out_bytes = static_cast<size_t>(B * T * C) * dtype_size(t);
+    std::vector<char> out2(out_bytes);
+    std::vector<float> lse2(static_cast<size_t>(B * NH * T)), att;
+    attention(out2.data(), lse2.data(), qkv, B, T, C, NH, t, att);
+    EXPECT_EQ(std::memcmp(out2.data(), out, out_bytes), 0) << "attention_backward: out is not "
+                                                              "the forward's";
+    EXPECT_EQ(std::memcmp(lse2.data(), lse, lse2.size() * sizeof(float)), 0)
+        << "attention_backward: lse is not the forward's";
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::attention_backward(dqkv, dout, qkv, att.data(), B, T, C, NH, t);
   };
   k.adamw_step = [](float* p, const float* g, float* m, float* v, void* working, DType wt,
                     int64_t n, const ops::AdamWStep& a, void*) {

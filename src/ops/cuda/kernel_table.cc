@@ -94,6 +94,18 @@ DeviceKernels make_table() {
   k.count_correct = [](int64_t* correct, const void* logits, const int32_t* labels, int64_t N,
                        int64_t C, DType t,
                        void* s) { count_correct(correct, logits, labels, N, C, t, as_stream(s)); };
+  k.accumulate = [](float* acc, const void* x, int64_t n, DType t, void* s) {
+    accumulate(acc, x, n, t, as_stream(s));
+  };
+  k.attention_forward = [](void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t C,
+                           int64_t NH, DType t, void* s) {
+    attention_forward(out, lse, qkv, B, T, C, NH, t, as_stream(s));
+  };
+  k.attention_backward = [](void* dqkv, const void* dout, const void* qkv, const void* out,
+                            const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, DType t,
+                            void* s) {
+    attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, t, as_stream(s));
+  };
   k.adamw_step = [](float* p, const float* g, float* m, float* v, void* working, DType wt,
                     int64_t n, const AdamWStep& a,
                     void* s) { adamw_step(p, g, m, v, working, wt, n, a, as_stream(s)); };

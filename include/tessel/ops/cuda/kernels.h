@@ -34,6 +34,8 @@ void add_forward(void* y, const void* a, const void* b, int64_t n, DType t, cuda
 // dst[i] = src[i] between f32 and bf16 (round to nearest even, as tessel::f32_to_bf16).
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n,
              cudaStream_t stream);
+// acc[i] (f32) += x[i] (a gradient summed into f32, as ops::accumulate: the position table's).
+void accumulate(float* acc, const void* x, int64_t n, DType t, cudaStream_t stream);
 // db[OC] += the column sums of dy[N,OC] (the linear layer's bias gradient).
 void bias_backward(float* db, const void* dy, DType t, int64_t N, int64_t OC, cudaStream_t stream);
 
@@ -78,7 +80,7 @@ void embedding_backward(float* dtable, const void* dy, const int32_t* ids, int64
 // no T x T matrix is ever stored. The cache is lse[B,NH,T] (f32, each query row's
 // log-sum-exp of its scaled scores), not the CPU's att; the backward recomputes the
 // probabilities from it and needs the forward's out. It OVERWRITES all of dqkv[B,T,3C].
-// Head sizes 32, 64 and 128 (attention_head_size_supported); InvalidArgument otherwise.
+// Head sizes 16, 32, 64 and 128 (attention_head_size_supported); InvalidArgument otherwise.
 bool attention_head_size_supported(int64_t HS);
 void attention_forward(void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t C,
                        int64_t NH, DType t, cudaStream_t stream);

@@ -6,6 +6,7 @@
 #include "tessel/nn/layers.h"
 #include "tessel/ops/cpu.h"
 #include "tessel/ops/device_kernels.h"
+#include "tessel/tensor/device.h"
 
 namespace tessel::nn {
 namespace {
@@ -70,6 +71,13 @@ std::vector<int64_t> cached_positions(const KvCache& kv) {
   for (const KvCache::Run& run : kv.step())
     for (int64_t i = 0; i < run.rows; ++i) pos.push_back(kv.length(run.seq) + i);
   return pos;
+}
+
+// Rotary positions where the kernel reads them: the host's, or uploaded to this thread's device.
+Tensor rotary_positions(const std::vector<int64_t>& pos) {
+  Tensor p = Tensor::empty({static_cast<int64_t>(pos.size())}, DType::kI64);
+  std::memcpy(p.raw(), pos.data(), pos.size() * sizeof(int64_t));
+  return ops::on_device() ? p.to_device(current_device()) : p;
 }
 
 // Attention's cache where this thread works: the CPU's probabilities att[B,NH,T,T], or a
@@ -266,8 +274,8 @@ Tensor TransformerBlock::run(const Tensor& x, const Context& ctx, Cache* cache, 
   Tensor qkv = qkv_.forward(ln1_->forward(x, ctx, sub(kLn1)), ctx, sub(kQkv));
   const int64_t B = qkv.dim(0), T = qkv.dim(1), Ch = qkv.dim(2) / 3;
   if (variant_.position == Position::kRotary) {  // q and k rotated in place: what attention reads
-    const std::vector<int64_t> pos = kv ? cached_positions(*kv) : sequence_positions(B, T);
-    ops::rotary_forward(qkv.raw(), pos.data(), B * T, Ch, NH_, t);
+    const Tensor pos = rotary_positions(kv ? cached_positions(*kv) : sequence_positions(B, T));
+    ops::rotary_forward(qkv.raw(), pos.kernel_data<int64_t>(), B * T, Ch, NH_, t);
   }
   // Selective recompute: the attention probabilities and the GELU output go to scratch, which
   // the blocks share; backward() rewrites them from the kept qkv and GELU input before use.
@@ -351,8 +359,8 @@ Tensor TransformerBlock::backward(const Tensor& dy, Cache& cache) {
   Tensor dqkv = cache.scratch(1, qkv.shape(), t);
   attend_backward(dqkv, da, qkv, cache.kept(2), att, NH_);
   if (variant_.position == Position::kRotary) {
-    const std::vector<int64_t> pos = sequence_positions(B, T);
-    ops::rotary_backward(dqkv.raw(), pos.data(), B * T, Ch, NH_, t);
+    const Tensor pos = rotary_positions(sequence_positions(B, T));
+    ops::rotary_backward(dqkv.raw(), pos.kernel_data<int64_t>(), B * T, Ch, NH_, t);
   }
   ln1_->set_input_grad(input_grad_);
   Tensor dln1 = ln1_->backward(qkv_.backward(dqkv, cache.child(kQkv)), cache.child(kLn1));

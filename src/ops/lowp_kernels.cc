@@ -266,7 +266,9 @@ void layernorm_backward(void* dx, float* dw, float* db, const void* dy, const vo
 void rmsnorm_forward(void* y, float* rstd, const void* x, const void* w, int64_t N, int64_t C,
                      DType t) {
   check_float(t, "rmsnorm_forward");
-  if (on_device()) throw_no_device_kernel("rmsnorm_forward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::rmsnorm_forward, "rmsnorm_forward", y, rstd, x, w, N, C,
+                         t);
   if (is_f32(t))
     return rmsnorm_forward(static_cast<float*>(y), rstd, static_cast<const float*>(x),
                            static_cast<const float*>(w), N, C);
@@ -281,7 +283,9 @@ void rmsnorm_forward(void* y, float* rstd, const void* x, const void* w, int64_t
 void rmsnorm_backward(void* dx, float* dw, const void* dy, const void* x, const void* w,
                       const float* rstd, int64_t N, int64_t C, DType t) {
   check_float(t, "rmsnorm_backward");
-  if (on_device()) throw_no_device_kernel("rmsnorm_backward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::rmsnorm_backward, "rmsnorm_backward", dx, dw, dy, x, w,
+                         rstd, N, C, t);
   if (is_f32(t))
     return rmsnorm_backward(static_cast<float*>(dx), dw, static_cast<const float*>(dy),
                             static_cast<const float*>(x), static_cast<const float*>(w), rstd, N, C);
@@ -308,7 +312,8 @@ void rotary_rows(void* qkv, const int64_t* pos, int64_t N, int64_t C, DType t, T
 
 void rotary_forward(void* qkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t) {
   check_float(t, "rotary_forward");
-  if (on_device()) throw_no_device_kernel("rotary_forward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::rotary_forward, "rotary_forward", qkv, pos, N, C, NH, t);
   if (is_f32(t)) return rotary_forward(static_cast<float*>(qkv), pos, N, C, NH);
   rotary_rows(qkv, pos, N, C, t,
               [&](float* row, const int64_t* p) { rotary_forward(row, p, 1, C, NH); });
@@ -316,7 +321,9 @@ void rotary_forward(void* qkv, const int64_t* pos, int64_t N, int64_t C, int64_t
 
 void rotary_backward(void* dqkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t) {
   check_float(t, "rotary_backward");
-  if (on_device()) throw_no_device_kernel("rotary_backward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::rotary_backward, "rotary_backward", dqkv, pos, N, C, NH,
+                         t);
   if (is_f32(t)) return rotary_backward(static_cast<float*>(dqkv), pos, N, C, NH);
   rotary_rows(dqkv, pos, N, C, t,
               [&](float* row, const int64_t* p) { rotary_backward(row, p, 1, C, NH); });
@@ -324,7 +331,8 @@ void rotary_backward(void* dqkv, const int64_t* pos, int64_t N, int64_t C, int64
 
 void swiglu_forward(void* y, const void* x, int64_t N, int64_t H, DType t) {
   check_float(t, "swiglu_forward");
-  if (on_device()) throw_no_device_kernel("swiglu_forward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::swiglu_forward, "swiglu_forward", y, x, N, H, t);
   if (is_f32(t)) return swiglu_forward(static_cast<float*>(y), static_cast<const float*>(x), N, H);
   float* out = f32_buffer(3, H);
   for (int64_t r = 0; r < N; ++r) {
@@ -335,7 +343,8 @@ void swiglu_forward(void* y, const void* x, int64_t N, int64_t H, DType t) {
 
 void swiglu_backward(void* dx, const void* dy, const void* x, int64_t N, int64_t H, DType t) {
   check_float(t, "swiglu_backward");
-  if (on_device()) throw_no_device_kernel("swiglu_backward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::swiglu_backward, "swiglu_backward", dx, dy, x, N, H, t);
   if (is_f32(t))
     return swiglu_backward(static_cast<float*>(dx), static_cast<const float*>(dy),
                            static_cast<const float*>(x), N, H);

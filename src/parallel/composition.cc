@@ -280,16 +280,14 @@ Parts compose(const ParallelSpec& spec, const Layout& layout, bool overlap) {
 namespace {
 
 // What of `model` does not run on cuda yet ("" when it all runs there), as "<key> = <value>
-// (the layer)": the layers, the loss and the optimizer of an mlp classifier and of the classic
-// gpt call the device's kernel table (ops/device_kernels.h); the modern gpt's parts do not yet.
+// (the layer)": the layers, the loss and the optimizer of an mlp classifier and of a gpt (classic
+// or modern) call the device's kernel table (ops/device_kernels.h); attention has some head
+// sizes only.
 std::string missing_on_cuda(const nn::ModelSpec& m) {
   using nn::ModelKind;
   if (m.kind == ModelKind::kCnn) return "model.kind = cnn (convolution and max pooling)";
   if (m.kind == ModelKind::kSequential) return "model.kind = sequential (its layer stack)";
   if (m.kind == ModelKind::kGpt) {
-    if (m.norm != nn::Norm::kLayerNorm) return "model.norm = rmsnorm (RMSNorm)";
-    if (m.position != nn::Position::kLearned) return "model.position = rotary (rotary embeddings)";
-    if (m.mlp != nn::Mlp::kGelu) return "model.mlp = swiglu (SwiGLU)";
     const int64_t head = m.heads > 0 ? m.embed / m.heads : 0;
     if (head != 16 && head != 32 && head != 64 && head != 128)
       return str("model.embed / model.heads = ", m.embed, " / ", m.heads,
@@ -316,7 +314,7 @@ void check_device(const ParallelSpec& spec, const nn::ModelSpec& model) {
   const std::string missing = missing_on_cuda(model);
   if (!missing.empty())
     throw InvalidArgument(str("config: runtime.device = cuda has no kernel for ", missing,
-                              " yet; use an mlp classifier or a classic gpt with "
+                              " yet; use an mlp classifier or a gpt with "
                               "model.dropout = 0, or runtime.device = cpu (docs/gpu.md)"));
 }
 

@@ -166,6 +166,35 @@ TEST_P(DeviceSeamTyped, AccumulateAndAttention) {
   EXPECT_EQ(fake_.calls("attention_backward"), 1);
 }
 
+TEST_P(DeviceSeamTyped, ModernGptOps) {
+  const DType t = GetParam();
+  const int64_t N = 6, C = 8, NH = 2, H = 5;
+  auto f = [](Tensor& x) { return static_cast<float*>(x.raw()); };
+  const std::vector<Tensor> rms = {host(Vec(N * C, 0.0f), t), host(Vec(N, 0.0f)),
+                                   host(randn(N * C, 1), t),  host(randn(C, 2), t),
+                                   host(randn(N * C, 3), t),  host(randn(C, 4))};
+  expect_same("rmsnorm_forward", rms, [&](std::vector<Tensor>& a) {
+    rmsnorm_forward(a[0].raw(), f(a[1]), a[2].raw(), a[3].raw(), N, C, t);
+    rmsnorm_backward(a[0].raw(), f(a[5]), a[4].raw(), a[2].raw(), a[3].raw(), f(a[1]), N, C, t);
+  });
+  EXPECT_EQ(fake_.calls("rmsnorm_backward"), 1);
+  Tensor pos = Tensor::empty({N}, DType::kI64);
+  for (int64_t i = 0; i < N; ++i) static_cast<int64_t*>(pos.raw())[i] = 3 * i + 1;
+  expect_same("rotary_forward", {host(randn(N * 3 * C, 5), t), pos}, [&](std::vector<Tensor>& a) {
+    const auto* p = static_cast<const int64_t*>(a[1].raw());
+    rotary_forward(a[0].raw(), p, N, C, NH, t);
+    rotary_backward(a[0].raw(), p, N, C, NH, t);
+  });
+  EXPECT_EQ(fake_.calls("rotary_backward"), 1);
+  const std::vector<Tensor> glu = {host(Vec(N * H, 0.0f), t), host(randn(N * 2 * H, 6), t),
+                                   host(randn(N * H, 7), t), host(Vec(N * 2 * H, 0.0f), t)};
+  expect_same("swiglu_forward", glu, [&](std::vector<Tensor>& a) {
+    swiglu_forward(a[0].raw(), a[1].raw(), N, H, t);
+    swiglu_backward(a[3].raw(), a[2].raw(), a[1].raw(), N, H, t);
+  });
+  EXPECT_EQ(fake_.calls("swiglu_backward"), 1);
+}
+
 TEST_P(DeviceSeamTyped, CrossEntropyOnTheDeviceIsTheCpuLoss) {
   const DType t = GetParam();
   const int64_t N = 9, C = 6;

@@ -193,14 +193,16 @@ TEST(Composition, CudaAtStartNeedsTheRuntimeTheDeviceAndKernelsForTheModel) {
   nn::ModelSpec dropout;
   dropout.dropout = 0.1f;
   EXPECT_NE(start_error(dropout).find("model.dropout = 0.1"), std::string::npos);
-  nn::ModelSpec gpt;  // the classic gpt runs; the modern variant's parts and odd heads do not
+  nn::ModelSpec gpt;  // a gpt runs, classic or modern, with attention's head sizes
   gpt.kind = nn::ModelKind::kGpt;
   EXPECT_EQ(start_error(gpt), "");
-  gpt.heads = 8;  // head size 8
-  EXPECT_NE(start_error(gpt).find("model.embed / model.heads = 64 / 8"), std::string::npos);
-  gpt.heads = 4;
   gpt.norm = nn::Norm::kRmsNorm;
-  EXPECT_NE(start_error(gpt).find("no kernel for model.norm = rmsnorm"), std::string::npos);
+  gpt.position = nn::Position::kRotary;
+  gpt.mlp = nn::Mlp::kSwiglu;
+  EXPECT_EQ(start_error(gpt), "");
+  gpt.heads = 8;  // head size 8
+  EXPECT_NE(start_error(gpt).find("no kernel for model.embed / model.heads = 64 / 8"),
+            std::string::npos);
   nn::ModelSpec regression;
   regression.task = data::Task::kRegression;
   EXPECT_NE(start_error(regression).find("data.task = regression"), std::string::npos);

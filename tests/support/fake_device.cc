@@ -244,6 +244,41 @@ ops::DeviceKernels FakeSlots::table() {
     DeviceScope host(Device::kCpu, nullptr);
     ops::attention_backward(dqkv, dout, qkv, att.data(), B, T, C, NH, t);
   };
+  k.rmsnorm_forward = [](void* y, float* rstd, const void* x, const void* w, int64_t N, int64_t C,
+                         DType t, void*) {
+    enter("rmsnorm_forward", {y, rstd, x, w});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::rmsnorm_forward(y, rstd, x, w, N, C, t);
+  };
+  k.rmsnorm_backward = [](void* dx, float* dw, const void* dy, const void* x, const void* w,
+                          const float* rstd, int64_t N, int64_t C, DType t, void*) {
+    enter("rmsnorm_backward", {dx, dw, dy, x, w, rstd});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C, t);
+  };
+  k.rotary_forward = [](void* qkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t,
+                        void*) {
+    enter("rotary_forward", {qkv, pos});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::rotary_forward(qkv, pos, N, C, NH, t);
+  };
+  k.rotary_backward = [](void* dqkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t,
+                         void*) {
+    enter("rotary_backward", {dqkv, pos});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::rotary_backward(dqkv, pos, N, C, NH, t);
+  };
+  k.swiglu_forward = [](void* y, const void* x, int64_t N, int64_t H, DType t, void*) {
+    enter("swiglu_forward", {y, x});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::swiglu_forward(y, x, N, H, t);
+  };
+  k.swiglu_backward = [](void* dx, const void* dy, const void* x, int64_t N, int64_t H, DType t,
+                         void*) {
+    enter("swiglu_backward", {dx, dy, x});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::swiglu_backward(dx, dy, x, N, H, t);
+  };
   k.adamw_step = [](float* p, const float* g, float* m, float* v, void* working, DType wt,
                     int64_t n, const ops::AdamWStep& a, void*) {
     enter("adamw_step", {p, g, m, v, working});

@@ -3,10 +3,11 @@
 // every pointer is device memory), char_gpt (shortened: 2 blocks, width 64, context 32) with
 // runtime.device = cuda must train exactly as with runtime.device = cpu: the same loss at every
 // step, the same evaluation, params_sha256 and final checkpoint, in fp32 and bf16 with AdamW and
-// clipping. The device's attention keeps lse instead of the CPU's probabilities, and the fake's
-// attention backward checks that it is handed the forward's output and lse. A run stopped and
-// resumed on the device ends where the uninterrupted one does; a GPT variant without device
-// kernels is refused at start naming its key.
+// clipping, classic (LayerNorm, learned positions, GELU) and modern (RMSNorm, rotary, SwiGLU).
+// The device's attention keeps lse instead of the CPU's probabilities, and the fake's attention
+// backward checks that it is handed the forward's output and lse. A run stopped and resumed on
+// the device ends where the uninterrupted one does; what has no device kernel (attention's odd
+// head sizes, dropout) is refused at start naming its key.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -24,9 +25,13 @@ using tessel::testing::RunResult;
 using tessel::testing::test_run_dir;
 using tessel::testing::train_on;
 
+struct Case {
+  const char* precision;
+  bool modern;  // model.norm = rmsnorm, model.position = rotary, model.mlp = swiglu
+};
+
 // Shortened char_gpt on `device`, with `extra` settings after the test's own.
-Config char_gpt(const std::string& device, const char* precision,
-                std::vector<std::string> extra = {}) {
+Config char_gpt(const std::string& device, Case c, std::vector<std::string> extra = {}) {
   std::vector<std::string> o = {"model.layers=2",
                                 "model.embed=64",
                                 "schedule.warmup_steps=1",
@@ -35,9 +40,11 @@ Config char_gpt(const std::string& device, const char* precision,
                                 "train.batch=8",
                                 "train.log_every=1",
                                 "train.clip_norm=0.5",
-                                str("train.precision=", precision),
+                                str("train.precision=", c.precision),
                                 "optim.kind=adamw",
                                 str("runtime.device=", device)};
+  if (c.modern)
+    o.insert(o.end(), {"model.norm=rmsnorm", "model.position=rotary", "model.mlp=swiglu"});
   o.insert(o.end(), extra.begin(), extra.end());
   return example("char_gpt", o);
 }
@@ -53,10 +60,10 @@ std::vector<double> step_losses(const std::string& run_dir) {
   return out;
 }
 
-class DeviceGpt : public ::testing::TestWithParam<const char*> {
+class DeviceGpt : public ::testing::TestWithParam<Case> {
  protected:
   static void SetUpTestSuite() {
-    data_ = new data::Splits(data::make_datasets(char_gpt("cpu", "fp32").data));
+    data_ = new data::Splits(data::make_datasets(char_gpt("cpu", {"fp32", false}).data));
   }
   static void TearDownTestSuite() {
     delete data_;
@@ -79,28 +86,36 @@ data::Splits* DeviceGpt::data_ = nullptr;
 
 TEST_P(DeviceGpt, TrainsAsTheCpuDoes) {
   std::vector<double> cpu_losses, cuda_losses;
-  const RunResult cpu = run(char_gpt("cpu", GetParam()), "device_gpt_cpu", &cpu_losses);
+  const RunResult cpu =
+      run(char_gpt("cpu", GetParam()), str("device_gpt_cpu_", GetParam().modern), &cpu_losses);
   fakes::FakeDevice fake;
-  const RunResult cuda = run(char_gpt("cuda", GetParam()), "device_gpt_cuda", &cuda_losses);
+  const RunResult cuda =
+      run(char_gpt("cuda", GetParam()), str("device_gpt_cuda_", GetParam().modern), &cuda_losses);
   ASSERT_EQ(cpu_losses.size(), 5u);
   EXPECT_EQ(cuda_losses, cpu_losses);
   for (const char* key : {"params_sha256", "train_loss", "test_loss", "test_accuracy", "steps"})
     EXPECT_EQ(cuda.summary[key], cpu.summary[key]) << key;
   EXPECT_EQ(cuda.params, cpu.params);  // the final checkpoint, read back from the device
   // Every layer of the GPT went through the device's table.
-  for (const char* op :
-       {"embedding_forward", "embedding_backward", "accumulate", "layernorm_forward",
-        "layernorm_backward", "linear_forward", "linear_backward", "attention_forward",
-        "attention_backward", "gelu_forward", "gelu_backward", "add_forward",
-        "cross_entropy_forward", "cross_entropy_backward", "sum_squares", "adamw_step"})
-    EXPECT_GT(fake.calls(op), 0) << op;
+  std::vector<std::string> ops = {
+      "embedding_forward",      "embedding_backward", "linear_forward", "linear_backward",
+      "attention_forward",      "attention_backward", "add_forward",    "cross_entropy_forward",
+      "cross_entropy_backward", "sum_squares",        "adamw_step"};
+  if (GetParam().modern)
+    ops.insert(ops.end(), {"rmsnorm_forward", "rmsnorm_backward", "rotary_forward",
+                           "rotary_backward", "swiglu_forward", "swiglu_backward"});
+  else
+    ops.insert(ops.end(), {"accumulate", "layernorm_forward", "layernorm_backward", "gelu_forward",
+                           "gelu_backward"});
+  for (const std::string& op : ops) EXPECT_GT(fake.calls(op), 0) << op;
   EXPECT_EQ(fake.calls("attention_backward"), 2 * 5);  // two blocks, five steps
 }
 
 // Stopped after 2 steps on the device and resumed there: the uninterrupted CPU run's end.
 TEST_P(DeviceGpt, ResumesOnTheDevice) {
   std::vector<double> cpu_losses;
-  const RunResult cpu = run(char_gpt("cpu", GetParam()), "device_gpt_cpu", &cpu_losses);
+  const RunResult cpu =
+      run(char_gpt("cpu", GetParam()), str("device_gpt_cpu_", GetParam().modern), &cpu_losses);
   fakes::FakeDevice fake;
   RunOptions first;
   first.run_dir = test_run_dir("device_gpt_resume");
@@ -114,21 +129,24 @@ TEST_P(DeviceGpt, ResumesOnTheDevice) {
   EXPECT_EQ(resumed.params, cpu.params);
 }
 
-INSTANTIATE_TEST_SUITE_P(Precisions, DeviceGpt, ::testing::Values("fp32", "bf16"),
-                         [](const auto& info) { return std::string(info.param); });
+INSTANTIATE_TEST_SUITE_P(Cases, DeviceGpt,
+                         ::testing::Values(Case{"fp32", false}, Case{"bf16", false},
+                                           Case{"fp32", true}, Case{"bf16", true}),
+                         [](const auto& info) {
+                           return str(info.param.modern ? "modern_" : "classic_",
+                                      info.param.precision);
+                         });
 
-// The modern GPT's parts (RMSNorm, rotary, SwiGLU) have no device kernels yet, nor has
-// attention a head size of 8: refused when the trainer starts, naming the key, before any step.
+// Attention has no device kernel for a head size of 8, and dropout none at all: refused when the
+// trainer starts, naming the key, before any step.
 TEST(DeviceGptRefusals, UnsupportedVariantsAreRefusedAtStart) {
-  const data::Splits data = data::make_datasets(char_gpt("cpu", "fp32").data);
+  const data::Splits data = data::make_datasets(char_gpt("cpu", {"fp32", false}).data);
   fakes::FakeDevice fake;
   for (const auto& [setting, key] : std::vector<std::pair<std::string, std::string>>{
-           {"model.norm=rmsnorm", "model.norm = rmsnorm"},
-           {"model.position=rotary", "model.position = rotary"},
-           {"model.mlp=swiglu", "model.mlp = swiglu"},
-           {"model.heads=8", "model.embed / model.heads = 64 / 8"}}) {
+           {"model.heads=8", "model.embed / model.heads = 64 / 8"},
+           {"model.dropout=0.1", "model.dropout = 0.1"}}) {
     try {
-      train_on(char_gpt("cuda", "fp32", {setting}), 1, {}, &data);
+      train_on(char_gpt("cuda", {"fp32", false}, {setting}), 1, {}, &data);
       ADD_FAILURE() << setting << " was not refused on cuda";
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find("runtime.device = cuda has no kernel for " + key),

@@ -68,6 +68,22 @@ struct DeviceKernels {
   void (*attention_backward)(void* dqkv, const void* dout, const void* qkv, const void* out,
                              const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, DType t,
                              void* stream);
+  // The modern GPT's parts (cpu.h's contracts). RMSNorm over x[N,C], w[C]; rstd[N] f32
+  // (eps 1e-5); dw[C] f32, accumulated.
+  void (*rmsnorm_forward)(void* y, float* rstd, const void* x, const void* w, int64_t N, int64_t C,
+                          DType t, void* stream);
+  void (*rmsnorm_backward)(void* dx, float* dw, const void* dy, const void* x, const void* w,
+                           const float* rstd, int64_t N, int64_t C, DType t, void* stream);
+  // Rotary positions, in place over the q and k of N rows of qkv[N,3C] (NH heads), each row at
+  // position pos[n] (device memory); the backward turns the gradient back.
+  void (*rotary_forward)(void* qkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t,
+                         void* stream);
+  void (*rotary_backward)(void* dqkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t,
+                          void* stream);
+  // SwiGLU: y[N,H] = silu(x[:, :H]) * x[:, H:] over x[N,2H]; the backward overwrites dx[N,2H].
+  void (*swiglu_forward)(void* y, const void* x, int64_t N, int64_t H, DType t, void* stream);
+  void (*swiglu_backward)(void* dx, const void* dy, const void* x, int64_t N, int64_t H, DType t,
+                          void* stream);
   // ---- Optimizers over a flat f32 arena of n parameters ----
   // m, v, momentum: the optimizer's state; working (null: none) receives the new parameters as
   // working_type (bf16), the 16-bit copy the next forward reads.

@@ -106,6 +106,22 @@ DeviceKernels make_table() {
                             void* s) {
     attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, t, as_stream(s));
   };
+  k.rmsnorm_forward = [](void* y, float* rstd, const void* x, const void* w, int64_t N, int64_t C,
+                         DType t,
+                         void* s) { rmsnorm_forward(y, rstd, x, w, N, C, t, as_stream(s)); };
+  k.rmsnorm_backward = [](void* dx, float* dw, const void* dy, const void* x, const void* w,
+                          const float* rstd, int64_t N, int64_t C, DType t, void* s) {
+    rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C, t, as_stream(s));
+  };
+  k.rotary_forward = [](void* qkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t,
+                        void* s) { rotary_forward(qkv, pos, N, C, NH, t, as_stream(s)); };
+  k.rotary_backward = [](void* dqkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t,
+                         void* s) { rotary_backward(dqkv, pos, N, C, NH, t, as_stream(s)); };
+  k.swiglu_forward = [](void* y, const void* x, int64_t N, int64_t H, DType t, void* s) {
+    swiglu_forward(y, x, N, H, t, as_stream(s));
+  };
+  k.swiglu_backward = [](void* dx, const void* dy, const void* x, int64_t N, int64_t H, DType t,
+                         void* s) { swiglu_backward(dx, dy, x, N, H, t, as_stream(s)); };
   k.adamw_step = [](float* p, const float* g, float* m, float* v, void* working, DType wt,
                     int64_t n, const AdamWStep& a,
                     void* s) { adamw_step(p, g, m, v, working, wt, n, a, as_stream(s)); };

@@ -88,6 +88,24 @@ void attention_backward(void* dqkv, const void* dout, const void* qkv, const voi
                         const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, DType t,
                         cudaStream_t stream);
 
+// ---- The modern GPT's parts (src/ops/cuda/modern_gpt.cu), as cpu.h's ----
+// RMSNorm over x[N,C], w[C]; eps = 1e-5; caches rstd[N] (f32); dw[C] accumulated (+=).
+void rmsnorm_forward(void* y, float* rstd, const void* x, const void* w, int64_t N, int64_t C,
+                     DType t, cudaStream_t stream);
+void rmsnorm_backward(void* dx, float* dw, const void* dy, const void* x, const void* w,
+                      const float* rstd, int64_t N, int64_t C, DType t, cudaStream_t stream);
+// Rotary positions in place over q and k (the first 2C values) of N rows of qkv[N,3C]: in each
+// head of size hs = C/NH the pairs (i, i + hs/2) turn by pos[n] * 10000^(-2i/hs) (the angle in
+// f64, as the CPU); the backward turns the other way.
+void rotary_forward(void* qkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t,
+                    cudaStream_t stream);
+void rotary_backward(void* dqkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t,
+                     cudaStream_t stream);
+// SwiGLU over x[N,2H] (gate, then up): y[N,H] = silu(gate) * up; the backward overwrites dx.
+void swiglu_forward(void* y, const void* x, int64_t N, int64_t H, DType t, cudaStream_t stream);
+void swiglu_backward(void* dx, const void* dy, const void* x, int64_t N, int64_t H, DType t,
+                     cudaStream_t stream);
+
 // ---- Optimizers over a flat f32 arena (AdamWStep, SgdStep: optim_step.h) ----
 // One AdamW step over n parameters, reading grads * grad_scale; m and v are the state. When
 // `working` is not null, the new parameters are also written there as working_type (bf16 for

@@ -129,6 +129,23 @@ TEST_P(DeviceGpt, ResumesOnTheDevice) {
   EXPECT_EQ(resumed.params, cpu.params);
 }
 
+// Deterministic mode, as scripts/gpu_check's char_gpt rows train: on the device it keeps the
+// gradient arena (fixed-order sums), so two runs give the same bits; the CPU's exact integer
+// sums are not the device's, so the losses agree to rounding only.
+TEST_P(DeviceGpt, DeterministicModeRepeatsOnTheDevice) {
+  std::vector<double> cpu_losses, a_losses, b_losses;
+  const std::vector<std::string> det = {"train.deterministic=true", "train.drop_last=true"};
+  const RunResult cpu = run(char_gpt("cpu", GetParam(), det), "device_gpt_det_cpu", &cpu_losses);
+  fakes::FakeDevice fake;
+  const RunResult a = run(char_gpt("cuda", GetParam(), det), "device_gpt_det_a", &a_losses);
+  const RunResult b = run(char_gpt("cuda", GetParam(), det), "device_gpt_det_b", &b_losses);
+  EXPECT_EQ(a.summary["params_sha256"], b.summary["params_sha256"]);
+  EXPECT_EQ(a_losses, b_losses);
+  ASSERT_EQ(a_losses.size(), cpu_losses.size());
+  for (size_t i = 0; i < a_losses.size(); ++i)
+    EXPECT_NEAR(a_losses[i], cpu_losses[i], 1e-4 * cpu_losses[i]) << "step " << i + 1;
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, DeviceGpt,
                          ::testing::Values(Case{"fp32", false}, Case{"bf16", false},
                                            Case{"fp32", true}, Case{"bf16", true}),

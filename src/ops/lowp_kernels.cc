@@ -198,7 +198,9 @@ void add_forward(void* y, const void* a, const void* b, int64_t n, DType t) {
 void dropout_forward(void* y, const void* x, int64_t rows, int64_t cols, float p, uint64_t seed,
                      int64_t step, int64_t first_sample, int64_t first_col, DType t) {
   check_float(t, "dropout_forward");
-  if (on_device()) throw_no_device_kernel("dropout_forward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::dropout_forward, "dropout_forward", y, x, rows, cols, p,
+                         seed, step, first_sample, first_col, t);
   if (is_f32(t))
     return dropout_forward(static_cast<float*>(y), static_cast<const float*>(x), rows, cols, p,
                            seed, step, first_sample, first_col);
@@ -213,7 +215,9 @@ void dropout_forward(void* y, const void* x, int64_t rows, int64_t cols, float p
 void dropout_backward(void* dx, const void* dy, int64_t rows, int64_t cols, float p, uint64_t seed,
                       int64_t step, int64_t first_sample, int64_t first_col, DType t) {
   check_float(t, "dropout_backward");
-  if (on_device()) throw_no_device_kernel("dropout_backward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::dropout_backward, "dropout_backward", dx, dy, rows, cols,
+                         p, seed, step, first_sample, first_col, t);
   if (is_f32(t))
     return dropout_backward(static_cast<float*>(dx), static_cast<const float*>(dy), rows, cols, p,
                             seed, step, first_sample, first_col);

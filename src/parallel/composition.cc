@@ -293,7 +293,6 @@ std::string missing_on_cuda(const nn::ModelSpec& m) {
       return str("model.embed / model.heads = ", m.embed, " / ", m.heads,
                  " (attention's head size; cuda's has sizes 16, 32, 64 and 128)");
   }
-  if (m.dropout > 0) return str("model.dropout = ", m.dropout, " (dropout)");
   if (m.task != data::Task::kClassification)
     return str("data.task = ", name_of(m.task), " (its loss)");
   return "";
@@ -314,8 +313,8 @@ void check_device(const ParallelSpec& spec, const nn::ModelSpec& model) {
   const std::string missing = missing_on_cuda(model);
   if (!missing.empty())
     throw InvalidArgument(str("config: runtime.device = cuda has no kernel for ", missing,
-                              " yet; use an mlp classifier or a gpt with "
-                              "model.dropout = 0, or runtime.device = cpu (docs/gpu.md)"));
+                              " yet; use an mlp classifier or a gpt, or runtime.device = cpu "
+                              "(docs/gpu.md)"));
 }
 
 std::vector<Combination> composition_grid(const ParallelSpec& base) {

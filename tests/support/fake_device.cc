@@ -279,6 +279,19 @@ ops::DeviceKernels FakeSlots::table() {
     DeviceScope host(Device::kCpu, nullptr);
     ops::swiglu_backward(dx, dy, x, N, H, t);
   };
+  k.dropout_forward = [](void* y, const void* x, int64_t rows, int64_t cols, float p, uint64_t seed,
+                         int64_t step, int64_t first_sample, int64_t first_col, DType t, void*) {
+    enter("dropout_forward", {y, x});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::dropout_forward(y, x, rows, cols, p, seed, step, first_sample, first_col, t);
+  };
+  k.dropout_backward = [](void* dx, const void* dy, int64_t rows, int64_t cols, float p,
+                          uint64_t seed, int64_t step, int64_t first_sample, int64_t first_col,
+                          DType t, void*) {
+    enter("dropout_backward", {dx, dy});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::dropout_backward(dx, dy, rows, cols, p, seed, step, first_sample, first_col, t);
+  };
   k.adamw_step = [](float* p, const float* g, float* m, float* v, void* working, DType wt,
                     int64_t n, const ops::AdamWStep& a, void*) {
     enter("adamw_step", {p, g, m, v, working});

@@ -84,6 +84,15 @@ struct DeviceKernels {
   void (*swiglu_forward)(void* y, const void* x, int64_t N, int64_t H, DType t, void* stream);
   void (*swiglu_backward)(void* dx, const void* dy, const void* x, int64_t N, int64_t H, DType t,
                           void* stream);
+  // Dropout (any model's) over x[rows, cols] with the CPU's mask: element (r, c) kept, scaled
+  // by 1 / (1 - p), when the counter RNG's uniform for (seed, step, first_sample + r,
+  // first_col + c) is >= p (src/ops/dropout.cc); the backward applies the same mask to dy.
+  void (*dropout_forward)(void* y, const void* x, int64_t rows, int64_t cols, float p,
+                          uint64_t seed, int64_t step, int64_t first_sample, int64_t first_col,
+                          DType t, void* stream);
+  void (*dropout_backward)(void* dx, const void* dy, int64_t rows, int64_t cols, float p,
+                           uint64_t seed, int64_t step, int64_t first_sample, int64_t first_col,
+                           DType t, void* stream);
   // ---- Optimizers over a flat f32 arena of n parameters ----
   // m, v, momentum: the optimizer's state; working (null: none) receives the new parameters as
   // working_type (bf16), the 16-bit copy the next forward reads.

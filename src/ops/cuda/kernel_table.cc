@@ -122,6 +122,15 @@ DeviceKernels make_table() {
   };
   k.swiglu_backward = [](void* dx, const void* dy, const void* x, int64_t N, int64_t H, DType t,
                          void* s) { swiglu_backward(dx, dy, x, N, H, t, as_stream(s)); };
+  k.dropout_forward = [](void* y, const void* x, int64_t rows, int64_t cols, float p, uint64_t seed,
+                         int64_t step, int64_t first_sample, int64_t first_col, DType t, void* s) {
+    dropout_forward(y, x, rows, cols, p, seed, step, first_sample, first_col, t, as_stream(s));
+  };
+  k.dropout_backward = [](void* dx, const void* dy, int64_t rows, int64_t cols, float p,
+                          uint64_t seed, int64_t step, int64_t first_sample, int64_t first_col,
+                          DType t, void* s) {
+    dropout_backward(dx, dy, rows, cols, p, seed, step, first_sample, first_col, t, as_stream(s));
+  };
   k.adamw_step = [](float* p, const float* g, float* m, float* v, void* working, DType wt,
                     int64_t n, const AdamWStep& a,
                     void* s) { adamw_step(p, g, m, v, working, wt, n, a, as_stream(s)); };

@@ -106,6 +106,17 @@ void swiglu_forward(void* y, const void* x, int64_t N, int64_t H, DType t, cudaS
 void swiglu_backward(void* dx, const void* dy, const void* x, int64_t N, int64_t H, DType t,
                      cudaStream_t stream);
 
+// ---- Dropout with the CPU's counter-RNG mask (src/ops/cuda/dropout.cu): the CPU's bits ----
+// y[rows, cols] = x * mask / (1 - p); element (r, c) kept when the uniform of CounterRng(seed,
+// mix_stream(kDropout, step, first_sample + r)) at first_col + c is >= p. The backward applies
+// the same mask to dy (a null dx is skipped).
+void dropout_forward(void* y, const void* x, int64_t rows, int64_t cols, float p, uint64_t seed,
+                     int64_t step, int64_t first_sample, int64_t first_col, DType t,
+                     cudaStream_t stream);
+void dropout_backward(void* dx, const void* dy, int64_t rows, int64_t cols, float p, uint64_t seed,
+                      int64_t step, int64_t first_sample, int64_t first_col, DType t,
+                      cudaStream_t stream);
+
 // ---- Optimizers over a flat f32 arena (AdamWStep, SgdStep: optim_step.h) ----
 // One AdamW step over n parameters, reading grads * grad_scale; m and v are the state. When
 // `working` is not null, the new parameters are also written there as working_type (bf16 for

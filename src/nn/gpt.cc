@@ -73,11 +73,15 @@ std::vector<int64_t> cached_positions(const KvCache& kv) {
   return pos;
 }
 
-// Rotary positions where the kernel reads them: the host's, or uploaded to this thread's device.
-Tensor rotary_positions(const std::vector<int64_t>& pos) {
+// Rotary positions where the kernel reads them: pos itself on the host; on a device, uploaded
+// into `held`, which the caller keeps until the kernel is queued (the pool reuses a freed block
+// in stream order).
+const int64_t* rotary_positions(const std::vector<int64_t>& pos, Tensor& held) {
+  if (!ops::on_device()) return pos.data();
   Tensor p = Tensor::empty({static_cast<int64_t>(pos.size())}, DType::kI64);
   std::memcpy(p.raw(), pos.data(), pos.size() * sizeof(int64_t));
-  return ops::on_device() ? p.to_device(current_device()) : p;
+  held = p.to_device(current_device());
+  return held.device_data<int64_t>();
 }
 
 // Attention's cache where this thread works: the CPU's probabilities att[B,NH,T,T], or a
@@ -274,8 +278,9 @@ Tensor TransformerBlock::run(const Tensor& x, const Context& ctx, Cache* cache, 
   Tensor qkv = qkv_.forward(ln1_->forward(x, ctx, sub(kLn1)), ctx, sub(kQkv));
   const int64_t B = qkv.dim(0), T = qkv.dim(1), Ch = qkv.dim(2) / 3;
   if (variant_.position == Position::kRotary) {  // q and k rotated in place: what attention reads
-    const Tensor pos = rotary_positions(kv ? cached_positions(*kv) : sequence_positions(B, T));
-    ops::rotary_forward(qkv.raw(), pos.kernel_data<int64_t>(), B * T, Ch, NH_, t);
+    const std::vector<int64_t> pos = kv ? cached_positions(*kv) : sequence_positions(B, T);
+    Tensor held;
+    ops::rotary_forward(qkv.raw(), rotary_positions(pos, held), B * T, Ch, NH_, t);
   }
   // Selective recompute: the attention probabilities and the GELU output go to scratch, which
   // the blocks share; backward() rewrites them from the kept qkv and GELU input before use.
@@ -359,8 +364,9 @@ Tensor TransformerBlock::backward(const Tensor& dy, Cache& cache) {
   Tensor dqkv = cache.scratch(1, qkv.shape(), t);
   attend_backward(dqkv, da, qkv, cache.kept(2), att, NH_);
   if (variant_.position == Position::kRotary) {
-    const Tensor pos = rotary_positions(sequence_positions(B, T));
-    ops::rotary_backward(dqkv.raw(), pos.kernel_data<int64_t>(), B * T, Ch, NH_, t);
+    const std::vector<int64_t> pos = sequence_positions(B, T);
+    Tensor held;
+    ops::rotary_backward(dqkv.raw(), rotary_positions(pos, held), B * T, Ch, NH_, t);
   }
   ln1_->set_input_grad(input_grad_);
   Tensor dln1 = ln1_->backward(qkv_.backward(dqkv, cache.child(kQkv)), cache.child(kLn1));

@@ -93,6 +93,8 @@ struct FakeSlots {
                         int64_t NH, DType t, std::vector<float>& att);
 
   static ops::DeviceKernels table();
+  static void fill_gpt_slots(ops::DeviceKernels& k);
+  static void fill_modern_slots(ops::DeviceKernels& k);
 };
 
 void FakeSlots::attention(void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t C,
@@ -216,6 +218,28 @@ ops::DeviceKernels FakeSlots::table() {
     enter("count_correct", {correct, logits, labels});
     correct[0] = ops::count_correct(widened(logits, N * C, t).data(), labels, N, C);
   };
+  k.adamw_step = [](float* p, const float* g, float* m, float* v, void* working, DType wt,
+                    int64_t n, const ops::AdamWStep& a, void*) {
+    enter("adamw_step", {p, g, m, v, working});
+    ops::adamw_step(p, g, m, v, working, wt, n, a);
+  };
+  k.sgd_step = [](float* p, const float* g, float* momentum, void* working, DType wt, int64_t n,
+                  const ops::SgdStep& a, void*) {
+    enter("sgd_step", {p, g, momentum, working});
+    ops::sgd_step(p, g, momentum, working, wt, n, a);
+  };
+  k.sum_squares = [](double* out, double* partials, const float* x, int64_t n, void*) {
+    enter("sum_squares", {out, partials, x});
+    DeviceScope host(Device::kCpu, nullptr);
+    out[0] = optim::sum_squares(x, n);
+  };
+  fill_gpt_slots(k);
+  fill_modern_slots(k);
+  return k;
+}
+
+// The GPT's slots: accumulate and attention.
+void FakeSlots::fill_gpt_slots(ops::DeviceKernels& k) {
   k.accumulate = [](float* acc, const void* x, int64_t n, DType t, void*) {
     enter("accumulate", {acc, x});
     DeviceScope host(Device::kCpu, nullptr);
@@ -244,6 +268,10 @@ ops::DeviceKernels FakeSlots::table() {
     DeviceScope host(Device::kCpu, nullptr);
     ops::attention_backward(dqkv, dout, qkv, att.data(), B, T, C, NH, t);
   };
+}
+
+// The modern GPT's slots and dropout's.
+void FakeSlots::fill_modern_slots(ops::DeviceKernels& k) {
   k.rmsnorm_forward = [](void* y, float* rstd, const void* x, const void* w, int64_t N, int64_t C,
                          DType t, void*) {
     enter("rmsnorm_forward", {y, rstd, x, w});
@@ -292,22 +320,6 @@ ops::DeviceKernels FakeSlots::table() {
     DeviceScope host(Device::kCpu, nullptr);
     ops::dropout_backward(dx, dy, rows, cols, p, seed, step, first_sample, first_col, t);
   };
-  k.adamw_step = [](float* p, const float* g, float* m, float* v, void* working, DType wt,
-                    int64_t n, const ops::AdamWStep& a, void*) {
-    enter("adamw_step", {p, g, m, v, working});
-    ops::adamw_step(p, g, m, v, working, wt, n, a);
-  };
-  k.sgd_step = [](float* p, const float* g, float* momentum, void* working, DType wt, int64_t n,
-                  const ops::SgdStep& a, void*) {
-    enter("sgd_step", {p, g, momentum, working});
-    ops::sgd_step(p, g, momentum, working, wt, n, a);
-  };
-  k.sum_squares = [](double* out, double* partials, const float* x, int64_t n, void*) {
-    enter("sum_squares", {out, partials, x});
-    DeviceScope host(Device::kCpu, nullptr);
-    out[0] = optim::sum_squares(x, n);
-  };
-  return k;
 }
 
 // ---- FakeDevice ----

@@ -46,6 +46,47 @@ void linear_bwd(void* dx, DType x_type, float* dw, float* db, const void* dy, co
   if (dx != nullptr) convert(dx, x_type, dxt.raw(), t, N * C, s);
 }
 
+// The GPT's slots (and dropout's).
+void fill_gpt_slots(DeviceKernels& k) {
+  k.accumulate = [](float* acc, const void* x, int64_t n, DType t, void* s) {
+    accumulate(acc, x, n, t, as_stream(s));
+  };
+  k.attention_forward = [](void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t C,
+                           int64_t NH, DType t, void* s) {
+    attention_forward(out, lse, qkv, B, T, C, NH, t, as_stream(s));
+  };
+  k.attention_backward = [](void* dqkv, const void* dout, const void* qkv, const void* out,
+                            const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, DType t,
+                            void* s) {
+    attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, t, as_stream(s));
+  };
+  k.rmsnorm_forward = [](void* y, float* rstd, const void* x, const void* w, int64_t N, int64_t C,
+                         DType t,
+                         void* s) { rmsnorm_forward(y, rstd, x, w, N, C, t, as_stream(s)); };
+  k.rmsnorm_backward = [](void* dx, float* dw, const void* dy, const void* x, const void* w,
+                          const float* rstd, int64_t N, int64_t C, DType t, void* s) {
+    rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C, t, as_stream(s));
+  };
+  k.rotary_forward = [](void* qkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t,
+                        void* s) { rotary_forward(qkv, pos, N, C, NH, t, as_stream(s)); };
+  k.rotary_backward = [](void* dqkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t,
+                         void* s) { rotary_backward(dqkv, pos, N, C, NH, t, as_stream(s)); };
+  k.swiglu_forward = [](void* y, const void* x, int64_t N, int64_t H, DType t, void* s) {
+    swiglu_forward(y, x, N, H, t, as_stream(s));
+  };
+  k.swiglu_backward = [](void* dx, const void* dy, const void* x, int64_t N, int64_t H, DType t,
+                         void* s) { swiglu_backward(dx, dy, x, N, H, t, as_stream(s)); };
+  k.dropout_forward = [](void* y, const void* x, int64_t rows, int64_t cols, float p, uint64_t seed,
+                         int64_t step, int64_t first_sample, int64_t first_col, DType t, void* s) {
+    dropout_forward(y, x, rows, cols, p, seed, step, first_sample, first_col, t, as_stream(s));
+  };
+  k.dropout_backward = [](void* dx, const void* dy, int64_t rows, int64_t cols, float p,
+                          uint64_t seed, int64_t step, int64_t first_sample, int64_t first_col,
+                          DType t, void* s) {
+    dropout_backward(dx, dy, rows, cols, p, seed, step, first_sample, first_col, t, as_stream(s));
+  };
+}
+
 DeviceKernels make_table() {
   DeviceKernels k{};
   k.linear_forward = linear_fwd;
@@ -94,43 +135,6 @@ DeviceKernels make_table() {
   k.count_correct = [](int64_t* correct, const void* logits, const int32_t* labels, int64_t N,
                        int64_t C, DType t,
                        void* s) { count_correct(correct, logits, labels, N, C, t, as_stream(s)); };
-  k.accumulate = [](float* acc, const void* x, int64_t n, DType t, void* s) {
-    accumulate(acc, x, n, t, as_stream(s));
-  };
-  k.attention_forward = [](void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t C,
-                           int64_t NH, DType t, void* s) {
-    attention_forward(out, lse, qkv, B, T, C, NH, t, as_stream(s));
-  };
-  k.attention_backward = [](void* dqkv, const void* dout, const void* qkv, const void* out,
-                            const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, DType t,
-                            void* s) {
-    attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, t, as_stream(s));
-  };
-  k.rmsnorm_forward = [](void* y, float* rstd, const void* x, const void* w, int64_t N, int64_t C,
-                         DType t,
-                         void* s) { rmsnorm_forward(y, rstd, x, w, N, C, t, as_stream(s)); };
-  k.rmsnorm_backward = [](void* dx, float* dw, const void* dy, const void* x, const void* w,
-                          const float* rstd, int64_t N, int64_t C, DType t, void* s) {
-    rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C, t, as_stream(s));
-  };
-  k.rotary_forward = [](void* qkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t,
-                        void* s) { rotary_forward(qkv, pos, N, C, NH, t, as_stream(s)); };
-  k.rotary_backward = [](void* dqkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t,
-                         void* s) { rotary_backward(dqkv, pos, N, C, NH, t, as_stream(s)); };
-  k.swiglu_forward = [](void* y, const void* x, int64_t N, int64_t H, DType t, void* s) {
-    swiglu_forward(y, x, N, H, t, as_stream(s));
-  };
-  k.swiglu_backward = [](void* dx, const void* dy, const void* x, int64_t N, int64_t H, DType t,
-                         void* s) { swiglu_backward(dx, dy, x, N, H, t, as_stream(s)); };
-  k.dropout_forward = [](void* y, const void* x, int64_t rows, int64_t cols, float p, uint64_t seed,
-                         int64_t step, int64_t first_sample, int64_t first_col, DType t, void* s) {
-    dropout_forward(y, x, rows, cols, p, seed, step, first_sample, first_col, t, as_stream(s));
-  };
-  k.dropout_backward = [](void* dx, const void* dy, int64_t rows, int64_t cols, float p,
-                          uint64_t seed, int64_t step, int64_t first_sample, int64_t first_col,
-                          DType t, void* s) {
-    dropout_backward(dx, dy, rows, cols, p, seed, step, first_sample, first_col, t, as_stream(s));
-  };
   k.adamw_step = [](float* p, const float* g, float* m, float* v, void* working, DType wt,
                     int64_t n, const AdamWStep& a,
                     void* s) { adamw_step(p, g, m, v, working, wt, n, a, as_stream(s)); };
@@ -140,6 +144,7 @@ DeviceKernels make_table() {
   k.sum_squares = [](double* out, double* partials, const float* x, int64_t n, void* s) {
     sum_squares(out, partials, x, n, as_stream(s));
   };
+  fill_gpt_slots(k);
   return k;
 }
 

@@ -5,6 +5,8 @@
 #include "checks.h"
 #include "tessel/nn/layers.h"
 #include "tessel/ops/cpu.h"
+#include "tessel/ops/device_kernels.h"
+#include "tessel/tensor/device.h"
 
 namespace tessel::nn {
 namespace {
@@ -71,6 +73,45 @@ std::vector<int64_t> cached_positions(const KvCache& kv) {
   return pos;
 }
 
+// Rotary positions where the kernel reads them: pos itself on the host; on a device, uploaded
+// into `held`, which the caller keeps until the kernel is queued (the pool reuses a freed block
+// in stream order).
+const int64_t* rotary_positions(const std::vector<int64_t>& pos, Tensor& held) {
+  if (!ops::on_device()) return pos.data();
+  Tensor p = Tensor::empty({static_cast<int64_t>(pos.size())}, DType::kI64);
+  std::memcpy(p.raw(), pos.data(), pos.size() * sizeof(int64_t));
+  held = p.to_device(current_device());
+  return held.device_data<int64_t>();
+}
+
+// Attention's cache where this thread works: the CPU's probabilities att[B,NH,T,T], or a
+// device's lse[B,NH,T] (its flash kernels keep no T x T matrix and recompute the
+// probabilities from qkv, the output and lse).
+Shape attention_cache_shape(int64_t B, int64_t NH, int64_t T) {
+  if (ops::on_device()) return {B, NH, T};
+  return {B, NH, T, T};
+}
+
+// a[B,T,Ch] = causal attention over qkv[B,T,3Ch], writing `cache` (attention_cache_shape's).
+void attend(const Tensor& a, const Tensor& cache, const Tensor& qkv, int64_t NH) {
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), Ch = qkv.dim(2) / 3;
+  if (ops::on_device())
+    return ops::attention_forward_device(a.raw(), cache.kernel_data<float>(), qkv.raw(), B, T, Ch,
+                                         NH, qkv.dtype());
+  ops::attention_forward(a.raw(), cache.data<float>(), qkv.raw(), B, T, Ch, NH, qkv.dtype());
+}
+
+// dqkv from da, the forward's qkv, output a and cache.
+void attend_backward(const Tensor& dqkv, const Tensor& da, const Tensor& qkv, const Tensor& a,
+                     const Tensor& cache, int64_t NH) {
+  const int64_t B = qkv.dim(0), T = qkv.dim(1), Ch = qkv.dim(2) / 3;
+  if (ops::on_device())
+    return ops::attention_backward_device(dqkv.raw(), da.raw(), qkv.raw(), a.raw(),
+                                          cache.kernel_data<float>(), B, T, Ch, NH, qkv.dtype());
+  ops::attention_backward(dqkv.raw(), da.raw(), qkv.raw(), cache.data<float>(), B, T, Ch, NH,
+                          qkv.dtype());
+}
+
 }  // namespace
 
 // ---- Embedding ----
@@ -121,7 +162,7 @@ Tensor Embedding::lookup(const Tensor& ids, Cache* cache) {
   const int64_t B = ids.dim(0), T = ids.dim(1);
   const DType t = wte_.value.dtype();
   Tensor y = tp_whole_output(tp_, cache, 0, {B, T, C_}, t);
-  ops::embedding_forward(y.raw(), ids.data<int32_t>(), wte_.value.raw(), B * T, V_, C_,
+  ops::embedding_forward(y.raw(), ids.kernel_data<int32_t>(), wte_.value.raw(), B * T, V_, C_,
                          wte_.split.lo, wte_.shape[0], t);
   return tp_leave(tp_, y, cache, 1);
 }
@@ -160,11 +201,11 @@ void Embedding::table_grads(const Tensor& dy, const Tensor& ids) {
   const int64_t B = ids.dim(0), T = ids.dim(1);
   const DType t = wte_.value.dtype();
   if (learned_)
-    positions(dy.raw(), wpe_.grad.data<float>(), t, B, dy.dim(1), C_,
+    positions(dy.raw(), wpe_.grad.kernel_data<float>(), t, B, dy.dim(1), C_,
               first_position(tp_, dy.dim(1)), true);
   const Tensor g = tp_leave_backward(tp_, dy);
-  ops::embedding_backward(wte_.grad.data<float>(), g.raw(), ids.data<int32_t>(), B * T, C_,
-                          wte_.split.lo, wte_.shape[0], t);
+  ops::embedding_backward(wte_.grad.kernel_data<float>(), g.raw(), ids.kernel_data<int32_t>(),
+                          B * T, C_, wte_.split.lo, wte_.shape[0], t);
 }
 
 // ---- TransformerBlock ----
@@ -238,7 +279,8 @@ Tensor TransformerBlock::run(const Tensor& x, const Context& ctx, Cache* cache, 
   const int64_t B = qkv.dim(0), T = qkv.dim(1), Ch = qkv.dim(2) / 3;
   if (variant_.position == Position::kRotary) {  // q and k rotated in place: what attention reads
     const std::vector<int64_t> pos = kv ? cached_positions(*kv) : sequence_positions(B, T);
-    ops::rotary_forward(qkv.raw(), pos.data(), B * T, Ch, NH_, t);
+    Tensor held;
+    ops::rotary_forward(qkv.raw(), rotary_positions(pos, held), B * T, Ch, NH_, t);
   }
   // Selective recompute: the attention probabilities and the GELU output go to scratch, which
   // the blocks share; backward() rewrites them from the kept qkv and GELU input before use.
@@ -253,8 +295,9 @@ Tensor TransformerBlock::run(const Tensor& x, const Context& ctx, Cache* cache, 
                  dtype_name(t), " ", shape_str(qkv.shape()), " for ", kv->step_rows(), " rows");
     kv->attend(block, a.data<float>(), qkv.data<float>(), Ch, NH_);
   } else {
-    att = drop ? cache->scratch(3, {B, NH_, T, T}) : output(cache, 1, {B, NH_, T, T});
-    ops::attention_forward(a.raw(), att.data<float>(), qkv.raw(), B, T, Ch, NH_, t);
+    const Shape att_shape = attention_cache_shape(B, NH_, T);
+    att = drop ? cache->scratch(3, att_shape) : output(cache, 1, att_shape);
+    attend(a, att, qkv, NH_);
   }
   Tensor x1 = output(cache, 2, x.shape(), t);
   ops::add_forward(x1.raw(), x.raw(), attn_proj_.forward(a, ctx, sub(kAttnProj)).raw(), n, t);
@@ -276,6 +319,7 @@ Tensor TransformerBlock::run(const Tensor& x, const Context& ctx, Cache* cache, 
   if (cache) {
     cache->keep(0, qkv);
     cache->keep(1, att);
+    cache->keep(2, a);  // a device's attention backward reads its output
     cache->shape = x.shape();
   }
   return y;
@@ -294,7 +338,7 @@ void TransformerBlock::recompute_attention(Cache& cache) {
   const Tensor &qkv = cache.kept(0), &att = cache.kept(1);
   const int64_t B = qkv.dim(0), T = qkv.dim(1), Ch = qkv.dim(2) / 3;
   Tensor a = cache.scratch(5, {B, T, Ch}, qkv.dtype());  // equals the kept output: unused
-  ops::attention_forward(a.raw(), att.data<float>(), qkv.raw(), B, T, Ch, NH_, qkv.dtype());
+  attend(a, att, qkv, NH_);
 }
 
 Tensor TransformerBlock::backward(const Tensor& dy, Cache& cache) {
@@ -318,10 +362,11 @@ Tensor TransformerBlock::backward(const Tensor& dy, Cache& cache) {
   Tensor da = attn_proj_.backward(dx1, cache.child(kAttnProj));
   if (dropped) recompute_attention(cache);
   Tensor dqkv = cache.scratch(1, qkv.shape(), t);
-  ops::attention_backward(dqkv.raw(), da.raw(), qkv.raw(), att.data<float>(), B, T, Ch, NH_, t);
+  attend_backward(dqkv, da, qkv, cache.kept(2), att, NH_);
   if (variant_.position == Position::kRotary) {
     const std::vector<int64_t> pos = sequence_positions(B, T);
-    ops::rotary_backward(dqkv.raw(), pos.data(), B * T, Ch, NH_, t);
+    Tensor held;
+    ops::rotary_backward(dqkv.raw(), rotary_positions(pos, held), B * T, Ch, NH_, t);
   }
   ln1_->set_input_grad(input_grad_);
   Tensor dln1 = ln1_->backward(qkv_.backward(dqkv, cache.child(kQkv)), cache.child(kLn1));
@@ -410,8 +455,8 @@ Tensor LmHead::backward(const Tensor& dy, Cache& cache) {
   }
   Tensor dh = tp_whole_grad(tp_, cache, 0, h_shape, t);
   // Accumulates into the embedding's table gradient: the tied weight gets both uses.
-  ops::linear_backward(dh.raw(), t, defer_weights_ ? nullptr : wte_->grad.data<float>(), nullptr,
-                       dy.raw(), defer_weights_ ? nullptr : h.raw(), wte_->value.raw(), t,
+  ops::linear_backward(dh.raw(), t, defer_weights_ ? nullptr : wte_->grad.kernel_data<float>(),
+                       nullptr, dy.raw(), defer_weights_ ? nullptr : h.raw(), wte_->value.raw(), t,
                        shape_numel(h_shape) / C_, C_, V_);
   ln_->set_input_grad(input_grad_);
   return ln_->backward(tp_enter_backward(tp_, dh, cache, 1), cache.child(0));
@@ -421,8 +466,8 @@ void LmHead::backward_weights(Cache& cache) {
   if (!defer_weights_) return;
   const Tensor h = tp_enter(tp_, cache.kept(0));
   const Tensor& dy = cache.kept(1);
-  ops::linear_backward(nullptr, h.dtype(), wte_->grad.data<float>(), nullptr, dy.raw(), h.raw(),
-                       wte_->value.raw(), h.dtype(), h.numel() / C_, C_, V_);
+  ops::linear_backward(nullptr, h.dtype(), wte_->grad.kernel_data<float>(), nullptr, dy.raw(),
+                       h.raw(), wte_->value.raw(), h.dtype(), h.numel() / C_, C_, V_);
 }
 
 void LmHead::release_for_weights(Cache& cache) {

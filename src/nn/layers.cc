@@ -485,7 +485,7 @@ Tensor LayerNorm::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   const int64_t N = x.numel() / C_;
   Tensor y = output(cache, 0, x.shape(), t);
   Tensor mean = output(cache, 1, {N}), rstd = output(cache, 2, {N});
-  ops::layernorm_forward(y.raw(), mean.data<float>(), rstd.data<float>(), x.raw(),
+  ops::layernorm_forward(y.raw(), mean.kernel_data<float>(), rstd.kernel_data<float>(), x.raw(),
                          weight_.value.raw(), bias_.value.raw(), N, C_, t);
   if (cache) {
     cache->keep(0, x);
@@ -503,8 +503,8 @@ Tensor LayerNorm::backward(const Tensor& dy, Cache& cache) {
   if (input_grad_) dx = cache.scratch(0, x.shape(), x.dtype());
   ops::layernorm_backward(input_grad_ ? dx.raw() : nullptr, weight_.grad.kernel_data<float>(),
                           bias_.grad.kernel_data<float>(), dy.raw(), x.raw(), weight_.value.raw(),
-                          cache.kept(1).data<float>(), cache.kept(2).data<float>(), N, C_,
-                          x.dtype());
+                          cache.kept(1).kernel_data<float>(), cache.kept(2).kernel_data<float>(), N,
+                          C_, x.dtype());
   return dx;
 }
 

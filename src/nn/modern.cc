@@ -49,7 +49,7 @@ Tensor RMSNorm::forward(const Tensor& x, const Context& ctx, Cache* cache) {
   const int64_t N = x.numel() / C_;
   Tensor y = output(cache, 0, x.shape(), t);
   Tensor rstd = output(cache, 1, {N});
-  ops::rmsnorm_forward(y.raw(), rstd.data<float>(), x.raw(), weight_.value.raw(), N, C_, t);
+  ops::rmsnorm_forward(y.raw(), rstd.kernel_data<float>(), x.raw(), weight_.value.raw(), N, C_, t);
   if (cache) {
     cache->keep(0, x);
     cache->keep(1, rstd);
@@ -62,9 +62,9 @@ Tensor RMSNorm::backward(const Tensor& dy, Cache& cache) {
   check_gradient(dy, x.shape(), x.dtype(), "rmsnorm");
   Tensor dx;
   if (input_grad_) dx = cache.scratch(0, x.shape(), x.dtype());
-  ops::rmsnorm_backward(input_grad_ ? dx.raw() : nullptr, weight_.grad.data<float>(), dy.raw(),
-                        x.raw(), weight_.value.raw(), cache.kept(1).data<float>(), x.numel() / C_,
-                        C_, x.dtype());
+  ops::rmsnorm_backward(input_grad_ ? dx.raw() : nullptr, weight_.grad.kernel_data<float>(),
+                        dy.raw(), x.raw(), weight_.value.raw(), cache.kept(1).kernel_data<float>(),
+                        x.numel() / C_, C_, x.dtype());
   return dx;
 }
 

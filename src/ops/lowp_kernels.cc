@@ -86,7 +86,7 @@ bool positive(uint16_t h, DType t) { return h != 0 && h <= (t == DType::kBF16 ? 
 
 void accumulate(float* acc, const void* x, int64_t n, DType t) {
   check_float(t, "accumulate");
-  if (on_device()) throw_no_device_kernel("accumulate");
+  if (on_device()) return run_on_device(&DeviceKernels::accumulate, "accumulate", acc, x, n, t);
   for (int64_t i = 0; i < n; i += kChunk) {
     const int64_t m = std::min(kChunk, n - i);
     const float* v = widened(0, at(x, i, t), m, t);
@@ -198,7 +198,9 @@ void add_forward(void* y, const void* a, const void* b, int64_t n, DType t) {
 void dropout_forward(void* y, const void* x, int64_t rows, int64_t cols, float p, uint64_t seed,
                      int64_t step, int64_t first_sample, int64_t first_col, DType t) {
   check_float(t, "dropout_forward");
-  if (on_device()) throw_no_device_kernel("dropout_forward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::dropout_forward, "dropout_forward", y, x, rows, cols, p,
+                         seed, step, first_sample, first_col, t);
   if (is_f32(t))
     return dropout_forward(static_cast<float*>(y), static_cast<const float*>(x), rows, cols, p,
                            seed, step, first_sample, first_col);
@@ -213,7 +215,9 @@ void dropout_forward(void* y, const void* x, int64_t rows, int64_t cols, float p
 void dropout_backward(void* dx, const void* dy, int64_t rows, int64_t cols, float p, uint64_t seed,
                       int64_t step, int64_t first_sample, int64_t first_col, DType t) {
   check_float(t, "dropout_backward");
-  if (on_device()) throw_no_device_kernel("dropout_backward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::dropout_backward, "dropout_backward", dx, dy, rows, cols,
+                         p, seed, step, first_sample, first_col, t);
   if (is_f32(t))
     return dropout_backward(static_cast<float*>(dx), static_cast<const float*>(dy), rows, cols, p,
                             seed, step, first_sample, first_col);
@@ -266,7 +270,9 @@ void layernorm_backward(void* dx, float* dw, float* db, const void* dy, const vo
 void rmsnorm_forward(void* y, float* rstd, const void* x, const void* w, int64_t N, int64_t C,
                      DType t) {
   check_float(t, "rmsnorm_forward");
-  if (on_device()) throw_no_device_kernel("rmsnorm_forward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::rmsnorm_forward, "rmsnorm_forward", y, rstd, x, w, N, C,
+                         t);
   if (is_f32(t))
     return rmsnorm_forward(static_cast<float*>(y), rstd, static_cast<const float*>(x),
                            static_cast<const float*>(w), N, C);
@@ -281,7 +287,9 @@ void rmsnorm_forward(void* y, float* rstd, const void* x, const void* w, int64_t
 void rmsnorm_backward(void* dx, float* dw, const void* dy, const void* x, const void* w,
                       const float* rstd, int64_t N, int64_t C, DType t) {
   check_float(t, "rmsnorm_backward");
-  if (on_device()) throw_no_device_kernel("rmsnorm_backward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::rmsnorm_backward, "rmsnorm_backward", dx, dw, dy, x, w,
+                         rstd, N, C, t);
   if (is_f32(t))
     return rmsnorm_backward(static_cast<float*>(dx), dw, static_cast<const float*>(dy),
                             static_cast<const float*>(x), static_cast<const float*>(w), rstd, N, C);
@@ -308,7 +316,8 @@ void rotary_rows(void* qkv, const int64_t* pos, int64_t N, int64_t C, DType t, T
 
 void rotary_forward(void* qkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t) {
   check_float(t, "rotary_forward");
-  if (on_device()) throw_no_device_kernel("rotary_forward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::rotary_forward, "rotary_forward", qkv, pos, N, C, NH, t);
   if (is_f32(t)) return rotary_forward(static_cast<float*>(qkv), pos, N, C, NH);
   rotary_rows(qkv, pos, N, C, t,
               [&](float* row, const int64_t* p) { rotary_forward(row, p, 1, C, NH); });
@@ -316,7 +325,9 @@ void rotary_forward(void* qkv, const int64_t* pos, int64_t N, int64_t C, int64_t
 
 void rotary_backward(void* dqkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t) {
   check_float(t, "rotary_backward");
-  if (on_device()) throw_no_device_kernel("rotary_backward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::rotary_backward, "rotary_backward", dqkv, pos, N, C, NH,
+                         t);
   if (is_f32(t)) return rotary_backward(static_cast<float*>(dqkv), pos, N, C, NH);
   rotary_rows(dqkv, pos, N, C, t,
               [&](float* row, const int64_t* p) { rotary_backward(row, p, 1, C, NH); });
@@ -324,7 +335,8 @@ void rotary_backward(void* dqkv, const int64_t* pos, int64_t N, int64_t C, int64
 
 void swiglu_forward(void* y, const void* x, int64_t N, int64_t H, DType t) {
   check_float(t, "swiglu_forward");
-  if (on_device()) throw_no_device_kernel("swiglu_forward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::swiglu_forward, "swiglu_forward", y, x, N, H, t);
   if (is_f32(t)) return swiglu_forward(static_cast<float*>(y), static_cast<const float*>(x), N, H);
   float* out = f32_buffer(3, H);
   for (int64_t r = 0; r < N; ++r) {
@@ -335,7 +347,8 @@ void swiglu_forward(void* y, const void* x, int64_t N, int64_t H, DType t) {
 
 void swiglu_backward(void* dx, const void* dy, const void* x, int64_t N, int64_t H, DType t) {
   check_float(t, "swiglu_backward");
-  if (on_device()) throw_no_device_kernel("swiglu_backward");
+  if (on_device())
+    return run_on_device(&DeviceKernels::swiglu_backward, "swiglu_backward", dx, dy, x, N, H, t);
   if (is_f32(t))
     return swiglu_backward(static_cast<float*>(dx), static_cast<const float*>(dy),
                            static_cast<const float*>(x), N, H);
@@ -389,7 +402,7 @@ void embedding_backward(float* dtable, const void* dy, const int32_t* ids, int64
 void attention_forward(void* out, float* att, const void* qkv, int64_t B, int64_t T, int64_t C,
                        int64_t NH, DType t) {
   check_float(t, "attention_forward");
-  if (on_device()) throw_no_device_kernel("attention_forward");
+  if (on_device()) throw_no_device_kernel("attention_forward (with the CPU's cache att)");
   if (is_f32(t))
     return attention_forward(static_cast<float*>(out), att, static_cast<const float*>(qkv), B, T, C,
                              NH);
@@ -404,7 +417,7 @@ void attention_forward(void* out, float* att, const void* qkv, int64_t B, int64_
 void attention_backward(void* dqkv, const void* dout, const void* qkv, const float* att, int64_t B,
                         int64_t T, int64_t C, int64_t NH, DType t) {
   check_float(t, "attention_backward");
-  if (on_device()) throw_no_device_kernel("attention_backward");
+  if (on_device()) throw_no_device_kernel("attention_backward (with the CPU's cache att)");
   if (is_f32(t))
     return attention_backward(static_cast<float*>(dqkv), static_cast<const float*>(dout),
                               static_cast<const float*>(qkv), att, B, T, C, NH);
@@ -416,6 +429,22 @@ void attention_backward(void* dqkv, const void* dout, const void* qkv, const flo
                        T, C, NH);
     convert(at(dqkv, b * T * 3 * C, t), t, d, DType::kF32, T * 3 * C);
   }
+}
+
+// A device's attention keeps lse[B,NH,T] instead of att (device_kernels.h); the layer chooses.
+void attention_forward_device(void* out, float* lse, const void* qkv, int64_t B, int64_t T,
+                              int64_t C, int64_t NH, DType t) {
+  check_float(t, "attention_forward");
+  run_on_device(&DeviceKernels::attention_forward, "attention_forward", out, lse, qkv, B, T, C, NH,
+                t);
+}
+
+void attention_backward_device(void* dqkv, const void* dout, const void* qkv, const void* out,
+                               const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
+                               DType t) {
+  check_float(t, "attention_backward");
+  run_on_device(&DeviceKernels::attention_backward, "attention_backward", dqkv, dout, qkv, out, lse,
+                B, T, C, NH, t);
 }
 
 }  // namespace tessel::ops

@@ -280,13 +280,18 @@ Parts compose(const ParallelSpec& spec, const Layout& layout, bool overlap) {
 namespace {
 
 // What of `model` does not run on cuda yet ("" when it all runs there), as "<key> = <value>
-// (the layer)": the layers, the loss and the optimizer of an mlp or cnn classifier call the
-// device's kernel table (ops/device_kernels.h); the gpt's attention and embeddings do not yet.
+// (the layer)": the layers, the loss and the optimizer of an mlp or cnn classifier and of a gpt
+// (classic or modern) call the device's kernel table (ops/device_kernels.h); attention has some
+// head sizes only.
 std::string missing_on_cuda(const nn::ModelSpec& m) {
   using nn::ModelKind;
   if (m.kind == ModelKind::kSequential) return "model.kind = sequential (its layer stack)";
-  if (m.kind == ModelKind::kGpt) return "model.kind = gpt (attention, embeddings)";
-  if (m.dropout > 0) return str("model.dropout = ", m.dropout, " (dropout)");
+  if (m.kind == ModelKind::kGpt) {
+    const int64_t head = m.heads > 0 ? m.embed / m.heads : 0;
+    if (head != 16 && head != 32 && head != 64 && head != 128)
+      return str("model.embed / model.heads = ", m.embed, " / ", m.heads,
+                 " (attention's head size; cuda's has sizes 16, 32, 64 and 128)");
+  }
   if (m.task != data::Task::kClassification)
     return str("data.task = ", name_of(m.task), " (its loss)");
   return "";
@@ -307,7 +312,7 @@ void check_device(const ParallelSpec& spec, const nn::ModelSpec& model) {
   const std::string missing = missing_on_cuda(model);
   if (!missing.empty())
     throw InvalidArgument(str("config: runtime.device = cuda has no kernel for ", missing,
-                              " yet; use an mlp or cnn classifier with model.dropout = 0, or "
+                              " yet; use an mlp or cnn classifier or a gpt, or "
                               "runtime.device = cpu (docs/gpu.md)"));
 }
 

@@ -1,8 +1,9 @@
 // The seam between the typed public ops and a device's kernel table (device_kernels.h), on the
 // CPU: with the fake device (tests/support/fake_device.h: "device" memory in host blocks, a
 // table whose slots run the CPU kernels), every op called inside a DeviceScope goes through its
-// slot, with device pointers only, and gives the CPU path's bits; outside one the CPU path runs
-// and no slot is called; an op without a device kernel throws naming itself.
+// slot, with device pointers only, and gives the CPU path's bits (attention, whose device cache
+// differs, through its device entry points); outside one the CPU path runs and no slot is
+// called; an op without a device kernel throws naming itself.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -136,6 +137,79 @@ TEST_P(DeviceSeamTyped, LayerNormAndEmbedding) {
   EXPECT_EQ(fake_.calls("embedding_backward"), 1);
 }
 
+TEST_P(DeviceSeamTyped, AccumulateAndAttention) {
+  const DType t = GetParam();
+  const int64_t n = 2051, B = 2, T = 5, C = 8, NH = 2;
+  expect_same("accumulate", {host(randn(n, 1)), host(randn(n, 2), t)}, [&](std::vector<Tensor>& a) {
+    accumulate(static_cast<float*>(a[0].raw()), a[1].raw(), n, t);
+  });
+  // The CPU's attention keeps att[B,NH,T,T]; the device's lse[B,NH,T] (and its backward reads
+  // the forward's output): the same outputs and gradients.
+  const Tensor qkv = host(randn(B * T * 3 * C, 3), t), dout = host(randn(B * T * C, 4), t);
+  Tensor out = host(Vec(B * T * C, 0.0f), t), dqkv = host(Vec(B * T * 3 * C, 0.0f), t);
+  Vec att(B * NH * T * T);
+  attention_forward(out.raw(), att.data(), qkv.raw(), B, T, C, NH, t);
+  attention_backward(dqkv.raw(), dout.raw(), qkv.raw(), att.data(), B, T, C, NH, t);
+  const Tensor dev_qkv = qkv.to_device(Device::kCuda), dev_dout = dout.to_device(Device::kCuda);
+  Tensor dev_out = Tensor::zeros({B * T * C}, t, Device::kCuda),
+         dev_dqkv = Tensor::zeros({B * T * 3 * C}, t, Device::kCuda),
+         lse = Tensor::zeros({B * NH * T}, DType::kF32, Device::kCuda);
+  {
+    DeviceScope scope(Device::kCuda, &stream_);
+    auto* l = static_cast<float*>(lse.raw());
+    attention_forward_device(dev_out.raw(), l, dev_qkv.raw(), B, T, C, NH, t);
+    attention_backward_device(dev_dqkv.raw(), dev_dout.raw(), dev_qkv.raw(), dev_out.raw(), l, B, T,
+                              C, NH, t);
+  }
+  EXPECT_TRUE(same_bytes(out, dev_out));
+  EXPECT_TRUE(same_bytes(dqkv, dev_dqkv));
+  EXPECT_EQ(fake_.calls("attention_forward"), 1);
+  EXPECT_EQ(fake_.calls("attention_backward"), 1);
+}
+
+TEST_P(DeviceSeamTyped, ModernGptOps) {
+  const DType t = GetParam();
+  const int64_t N = 6, C = 8, NH = 2, H = 5;
+  auto f = [](Tensor& x) { return static_cast<float*>(x.raw()); };
+  const std::vector<Tensor> rms = {host(Vec(N * C, 0.0f), t), host(Vec(N, 0.0f)),
+                                   host(randn(N * C, 1), t),  host(randn(C, 2), t),
+                                   host(randn(N * C, 3), t),  host(randn(C, 4))};
+  expect_same("rmsnorm_forward", rms, [&](std::vector<Tensor>& a) {
+    rmsnorm_forward(a[0].raw(), f(a[1]), a[2].raw(), a[3].raw(), N, C, t);
+    rmsnorm_backward(a[0].raw(), f(a[5]), a[4].raw(), a[2].raw(), a[3].raw(), f(a[1]), N, C, t);
+  });
+  EXPECT_EQ(fake_.calls("rmsnorm_backward"), 1);
+  Tensor pos = Tensor::empty({N}, DType::kI64);
+  for (int64_t i = 0; i < N; ++i) static_cast<int64_t*>(pos.raw())[i] = 3 * i + 1;
+  expect_same("rotary_forward", {host(randn(N * 3 * C, 5), t), pos}, [&](std::vector<Tensor>& a) {
+    const auto* p = static_cast<const int64_t*>(a[1].raw());
+    rotary_forward(a[0].raw(), p, N, C, NH, t);
+    rotary_backward(a[0].raw(), p, N, C, NH, t);
+  });
+  EXPECT_EQ(fake_.calls("rotary_backward"), 1);
+  const std::vector<Tensor> glu = {host(Vec(N * H, 0.0f), t), host(randn(N * 2 * H, 6), t),
+                                   host(randn(N * H, 7), t), host(Vec(N * 2 * H, 0.0f), t)};
+  expect_same("swiglu_forward", glu, [&](std::vector<Tensor>& a) {
+    swiglu_forward(a[0].raw(), a[1].raw(), N, H, t);
+    swiglu_backward(a[3].raw(), a[2].raw(), a[1].raw(), N, H, t);
+  });
+  EXPECT_EQ(fake_.calls("swiglu_backward"), 1);
+}
+
+// The CPU's counter-RNG mask on the device: rows of other samples and columns past the first.
+TEST_P(DeviceSeamTyped, Dropout) {
+  const DType t = GetParam();
+  const int64_t rows = 5, cols = 77;
+  expect_same("dropout_forward",
+              {host(Vec(rows * cols, 0.0f), t), host(randn(rows * cols, 1), t),
+               host(randn(rows * cols, 2), t), host(Vec(rows * cols, 0.0f), t)},
+              [&](std::vector<Tensor>& a) {
+                dropout_forward(a[0].raw(), a[1].raw(), rows, cols, 0.3f, 7, 4, 130, 9, t);
+                dropout_backward(a[3].raw(), a[2].raw(), rows, cols, 0.3f, 7, 4, 130, 9, t);
+              });
+  EXPECT_EQ(fake_.calls("dropout_backward"), 1);
+}
+
 TEST_P(DeviceSeamTyped, CrossEntropyOnTheDeviceIsTheCpuLoss) {
   const DType t = GetParam();
   const int64_t N = 9, C = 6;
@@ -247,14 +321,14 @@ TEST_F(DeviceSeam, ConvolutionAndPoolingOnTheDeviceAsOnTheCpu) {
 TEST_F(DeviceSeam, OpsWithoutADeviceKernelThrowNamingThemselves) {
   Tensor a = Tensor::zeros({16}, DType::kF32, Device::kCuda);
   DeviceScope scope(Device::kCuda, nullptr);
-  try {
-    dropout_forward(a.raw(), a.raw(), 4, 4, 0.5f, 1, 0, 0, 0, DType::kF32);
-    FAIL() << "dropout_forward on the device did not throw";
+  try {  // the CPU's cache (att) has no device kernel: the device's attention keeps lse
+    attention_forward(a.raw(), nullptr, a.raw(), 1, 1, 1, 1, DType::kF32);
+    FAIL() << "attention_forward (att) on the device did not throw";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("dropout_forward has no cuda kernel"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("attention_forward (with the CPU's cache att) has no"),
+              std::string::npos)
         << e.what();
   }
-  EXPECT_THROW(attention_forward(a.raw(), nullptr, a.raw(), 1, 1, 1, 1, DType::kF32), Error);
   install_device_kernels(Device::kCuda, nullptr);  // a device runtime without a table
   EXPECT_THROW(relu_forward(a.raw(), a.raw(), 16, DType::kF32), Error);
 }

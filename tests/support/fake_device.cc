@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <initializer_list>
@@ -84,12 +86,20 @@ struct FakeSlots {
     return out;
   }
 
-  static void add_conv_slots(ops::DeviceKernels& k);
+  static void fill_conv_slots(ops::DeviceKernels& k);
+  // The CPU attention forward on the fake device's memory (its probabilities in a host
+  // buffer), and the device cache: lse[B,NH,T], each query row's log-sum-exp of its scaled
+  // scores, computed from qkv.
+  static void attention(void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t C,
+                        int64_t NH, DType t, std::vector<float>& att);
+
   static ops::DeviceKernels table();
+  static void fill_gpt_slots(ops::DeviceKernels& k);
+  static void fill_modern_slots(ops::DeviceKernels& k);
 };
 
 // ---- Convolution and pooling: the CPU's unfused kernels, scratch on the host ----
-void FakeSlots::add_conv_slots(ops::DeviceKernels& k) {
+void FakeSlots::fill_conv_slots(ops::DeviceKernels& k) {
   k.conv2d_forward = [](float* y, const float* x, const float* w, const float* b,
                         const ops::Conv2dShape& s, void*) {
     enter("conv2d_forward", {y, x, w, b});
@@ -118,6 +128,35 @@ void FakeSlots::add_conv_slots(ops::DeviceKernels& k) {
   };
 }
 
+void FakeSlots::attention(void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t C,
+                          int64_t NH, DType t, std::vector<float>& att) {
+  att.assign(static_cast<size_t>(B * NH * T * T), 0.0f);
+  {
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::attention_forward(out, att.data(), qkv, B, T, C, NH, t);
+  }
+  const std::vector<float> x = widened(qkv, B * T * 3 * C, t);
+  const int64_t HS = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(HS));
+  std::vector<float> s(static_cast<size_t>(T));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < NH; ++h)
+      for (int64_t i = 0; i < T; ++i) {
+        const float* q = x.data() + (b * T + i) * 3 * C + h * HS;
+        float mx = -INFINITY;
+        for (int64_t j = 0; j <= i; ++j) {
+          const float* k = x.data() + (b * T + j) * 3 * C + C + h * HS;
+          float dot = 0.0f;
+          for (int64_t d = 0; d < HS; ++d) dot += q[d] * k[d];
+          s[j] = dot * scale;
+          mx = std::max(mx, s[j]);
+        }
+        float sum = 0.0f;
+        for (int64_t j = 0; j <= i; ++j) sum += std::exp(s[j] - mx);
+        lse[(b * NH + h) * T + i] = mx + std::log(sum);
+      }
+}
+
 ops::DeviceKernels FakeSlots::table() {
   ops::DeviceKernels k{};
   k.linear_forward = [](void* y, const void* x, DType xt, const void* w, const void* b, DType t,
@@ -132,7 +171,7 @@ ops::DeviceKernels FakeSlots::table() {
     DeviceScope host(Device::kCpu, nullptr);
     ops::linear_backward(dx, xt, dw, db, dy, x, w, t, N, C, OC);
   };
-  add_conv_slots(k);
+  fill_conv_slots(k);
   k.relu_forward = [](void* y, const void* x, int64_t n, DType t, void*) {
     enter("relu_forward", {y, x});
     DeviceScope host(Device::kCpu, nullptr);
@@ -226,7 +265,93 @@ ops::DeviceKernels FakeSlots::table() {
     DeviceScope host(Device::kCpu, nullptr);
     out[0] = optim::sum_squares(x, n);
   };
+  fill_gpt_slots(k);
+  fill_modern_slots(k);
   return k;
+}
+
+// The GPT's slots: accumulate and attention.
+void FakeSlots::fill_gpt_slots(ops::DeviceKernels& k) {
+  k.accumulate = [](float* acc, const void* x, int64_t n, DType t, void*) {
+    enter("accumulate", {acc, x});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::accumulate(acc, x, n, t);
+  };
+  k.attention_forward = [](void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t C,
+                           int64_t NH, DType t, void*) {
+    enter("attention_forward", {out, lse, qkv});
+    std::vector<float> att;
+    attention(out, lse, qkv, B, T, C, NH, t, att);
+  };
+  // The CPU backward over the probabilities the CPU forward recomputes, after checking that the
+  // caller passed the forward's out and lse (what a flash backward reads).
+  k.attention_backward = [](void* dqkv, const void* dout, const void* qkv, const void* out,
+                            const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, DType t,
+                            void*) {
+    enter("attention_backward", {dqkv, dout, qkv, out, lse});
+    const size_t out_bytes = static_cast<size_t>(B * T * C) * dtype_size(t);
+    std::vector<char> out2(out_bytes);
+    std::vector<float> lse2(static_cast<size_t>(B * NH * T)), att;
+    attention(out2.data(), lse2.data(), qkv, B, T, C, NH, t, att);
+    EXPECT_EQ(std::memcmp(out2.data(), out, out_bytes), 0) << "attention_backward: out is not "
+                                                              "the forward's";
+    EXPECT_EQ(std::memcmp(lse2.data(), lse, lse2.size() * sizeof(float)), 0)
+        << "attention_backward: lse is not the forward's";
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::attention_backward(dqkv, dout, qkv, att.data(), B, T, C, NH, t);
+  };
+}
+
+// The modern GPT's slots and dropout's.
+void FakeSlots::fill_modern_slots(ops::DeviceKernels& k) {
+  k.rmsnorm_forward = [](void* y, float* rstd, const void* x, const void* w, int64_t N, int64_t C,
+                         DType t, void*) {
+    enter("rmsnorm_forward", {y, rstd, x, w});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::rmsnorm_forward(y, rstd, x, w, N, C, t);
+  };
+  k.rmsnorm_backward = [](void* dx, float* dw, const void* dy, const void* x, const void* w,
+                          const float* rstd, int64_t N, int64_t C, DType t, void*) {
+    enter("rmsnorm_backward", {dx, dw, dy, x, w, rstd});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C, t);
+  };
+  k.rotary_forward = [](void* qkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t,
+                        void*) {
+    enter("rotary_forward", {qkv, pos});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::rotary_forward(qkv, pos, N, C, NH, t);
+  };
+  k.rotary_backward = [](void* dqkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t,
+                         void*) {
+    enter("rotary_backward", {dqkv, pos});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::rotary_backward(dqkv, pos, N, C, NH, t);
+  };
+  k.swiglu_forward = [](void* y, const void* x, int64_t N, int64_t H, DType t, void*) {
+    enter("swiglu_forward", {y, x});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::swiglu_forward(y, x, N, H, t);
+  };
+  k.swiglu_backward = [](void* dx, const void* dy, const void* x, int64_t N, int64_t H, DType t,
+                         void*) {
+    enter("swiglu_backward", {dx, dy, x});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::swiglu_backward(dx, dy, x, N, H, t);
+  };
+  k.dropout_forward = [](void* y, const void* x, int64_t rows, int64_t cols, float p, uint64_t seed,
+                         int64_t step, int64_t first_sample, int64_t first_col, DType t, void*) {
+    enter("dropout_forward", {y, x});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::dropout_forward(y, x, rows, cols, p, seed, step, first_sample, first_col, t);
+  };
+  k.dropout_backward = [](void* dx, const void* dy, int64_t rows, int64_t cols, float p,
+                          uint64_t seed, int64_t step, int64_t first_sample, int64_t first_col,
+                          DType t, void*) {
+    enter("dropout_backward", {dx, dy});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::dropout_backward(dx, dy, rows, cols, p, seed, step, first_sample, first_col, t);
+  };
 }
 
 // ---- FakeDevice ----

@@ -2,10 +2,10 @@
 // "device" memory in host blocks, a kernel table whose slots run the CPU kernels), fashion_mlp
 // with runtime.device = cuda must train exactly as with runtime.device = cpu: the same losses,
 // accuracies, params_sha256 and final checkpoint, in fp32 and bf16, with SGD and AdamW and
-// clipping. Host code that reads device memory through a tensor throws (data<T>() of a device
-// tensor), and every slot checks that its pointers are device memory, so a missed upload or
-// read back fails the run; the slots' call counts show the work went through the table. A run
-// stopped and resumed on the device ends where the uninterrupted one does.
+// clipping, and with dropout (the CPU's masks). Host code that reads device memory through a tensor
+// throws (data<T>() of a device tensor), and every slot checks that its pointers are device memory,
+// so a missed upload or read back fails the run; the slots' call counts show the work went through
+// the table. A run stopped and resumed on the device ends where the uninterrupted one does.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -100,6 +100,18 @@ TEST_P(DeviceTrain, DeterministicModeRepeatsOnTheDevice) {
   EXPECT_EQ(a.summary["engine"]["grad_sync"], "allreduce");
   const double cpu_loss = cpu.summary["train_loss"], cuda_loss = a.summary["train_loss"];
   EXPECT_NEAR(cuda_loss, cpu_loss, 1e-4 * cpu_loss);
+}
+
+// Dropout on the device draws the CPU's counter-RNG masks: the same bits with model.dropout.
+TEST_P(DeviceTrain, TrainsWithDropoutAsTheCpuDoes) {
+  const RunResult cpu = train_on(config("cpu", {"model.dropout=0.2"}), 1, {}, data_);
+  fakes::FakeDevice fake;
+  const RunResult cuda = train_on(config("cuda", {"model.dropout=0.2"}), 1, {}, data_);
+  EXPECT_EQ(cuda.summary["params_sha256"], cpu.summary["params_sha256"]);
+  EXPECT_EQ(cuda.summary["train_loss"], cpu.summary["train_loss"]);
+  EXPECT_EQ(cuda.params, cpu.params);
+  EXPECT_GT(fake.calls("dropout_forward"), 0);
+  EXPECT_GT(fake.calls("dropout_backward"), 0);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, DeviceTrain,

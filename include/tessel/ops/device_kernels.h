@@ -73,6 +73,43 @@ struct DeviceKernels {
   // correct[0] = the number of rows whose first maximum is the label (torch.argmax's tie).
   void (*count_correct)(int64_t* correct, const void* logits, const int32_t* labels, int64_t N,
                         int64_t C, DType t, void* stream);
+  // ---- GPT ----
+  // acc[n] (f32) += x[n] of type t (a gradient summed into f32, e.g. the position table's).
+  void (*accumulate)(float* acc, const void* x, int64_t n, DType t, void* stream);
+  // Causal multi-head attention over qkv[B,T,3C] (q, k, v side by side, C = NH * head size),
+  // out[B,T,C]. The cache is lse[B,NH,T] (f32, each query row's log-sum-exp of its scaled
+  // scores), not the CPU's att[B,NH,T,T]; the backward recomputes the probabilities from qkv,
+  // the forward's out and lse, and overwrites all of dqkv.
+  void (*attention_forward)(void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t C,
+                            int64_t NH, DType t, void* stream);
+  void (*attention_backward)(void* dqkv, const void* dout, const void* qkv, const void* out,
+                             const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, DType t,
+                             void* stream);
+  // The modern GPT's parts (cpu.h's contracts). RMSNorm over x[N,C], w[C]; rstd[N] f32
+  // (eps 1e-5); dw[C] f32, accumulated.
+  void (*rmsnorm_forward)(void* y, float* rstd, const void* x, const void* w, int64_t N, int64_t C,
+                          DType t, void* stream);
+  void (*rmsnorm_backward)(void* dx, float* dw, const void* dy, const void* x, const void* w,
+                           const float* rstd, int64_t N, int64_t C, DType t, void* stream);
+  // Rotary positions, in place over the q and k of N rows of qkv[N,3C] (NH heads), each row at
+  // position pos[n] (device memory); the backward turns the gradient back.
+  void (*rotary_forward)(void* qkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t,
+                         void* stream);
+  void (*rotary_backward)(void* dqkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t,
+                          void* stream);
+  // SwiGLU: y[N,H] = silu(x[:, :H]) * x[:, H:] over x[N,2H]; the backward overwrites dx[N,2H].
+  void (*swiglu_forward)(void* y, const void* x, int64_t N, int64_t H, DType t, void* stream);
+  void (*swiglu_backward)(void* dx, const void* dy, const void* x, int64_t N, int64_t H, DType t,
+                          void* stream);
+  // Dropout (any model's) over x[rows, cols] with the CPU's mask: element (r, c) kept, scaled
+  // by 1 / (1 - p), when the counter RNG's uniform for (seed, step, first_sample + r,
+  // first_col + c) is >= p (src/ops/dropout.cc); the backward applies the same mask to dy.
+  void (*dropout_forward)(void* y, const void* x, int64_t rows, int64_t cols, float p,
+                          uint64_t seed, int64_t step, int64_t first_sample, int64_t first_col,
+                          DType t, void* stream);
+  void (*dropout_backward)(void* dx, const void* dy, int64_t rows, int64_t cols, float p,
+                           uint64_t seed, int64_t step, int64_t first_sample, int64_t first_col,
+                           DType t, void* stream);
   // ---- Optimizers over a flat f32 arena of n parameters ----
   // m, v, momentum: the optimizer's state; working (null: none) receives the new parameters as
   // working_type (bf16), the 16-bit copy the next forward reads.
@@ -112,5 +149,12 @@ float cross_entropy_forward_device(float* lse, int64_t* correct, const void* log
 void cross_entropy_backward_device(void* dlogits, const void* logits, const float* lse,
                                    const int32_t* labels, int64_t N, int64_t C, float dloss,
                                    int64_t lo, DType t);
+
+// ---- Attention on the current device, over device tensors (the device's cache: lse) ----
+void attention_forward_device(void* out, float* lse, const void* qkv, int64_t B, int64_t T,
+                              int64_t C, int64_t NH, DType t);
+void attention_backward_device(void* dqkv, const void* dout, const void* qkv, const void* out,
+                               const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH,
+                               DType t);
 
 }  // namespace tessel::ops

@@ -260,7 +260,7 @@ Shape check_shape(int64_t B, int64_t T, int64_t C, int64_t NH, const char* who) 
                ": shape too large for one launch, got B=", B, " T=", T, " C=", C, " NH=", NH);
   const int64_t HS = C / NH;
   if (!attention_head_size_supported(HS))
-    throw InvalidArgument(str(who, ": head size C/NH must be 32, 64 or 128, got ", HS,
+    throw InvalidArgument(str(who, ": head size C/NH must be 16, 32, 64 or 128, got ", HS,
                               "; pick NH so that C/NH is one of them"));
   return {static_cast<int>(B),  static_cast<int>(T),  static_cast<int>(C),
           static_cast<int>(NH), static_cast<int>(HS), 1.0f / sqrtf(static_cast<float>(HS))};
@@ -270,6 +270,9 @@ Shape check_shape(int64_t B, int64_t T, int64_t C, int64_t NH, const char* who) 
 template <typename F>
 void dispatch_head(int HS, F&& f) {
   switch (HS) {
+    case 16:
+      f(std::integral_constant<int, 16>{});
+      break;
     case 32:
       f(std::integral_constant<int, 32>{});
       break;
@@ -284,7 +287,9 @@ void dispatch_head(int HS, F&& f) {
 
 }  // namespace
 
-bool attention_head_size_supported(int64_t HS) { return HS == 32 || HS == 64 || HS == 128; }
+bool attention_head_size_supported(int64_t HS) {
+  return HS == 16 || HS == 32 || HS == 64 || HS == 128;
+}
 
 void attention_forward(void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t C,
                        int64_t NH, DType t, cudaStream_t s) {
@@ -308,7 +313,7 @@ void attention_backward(void* dqkv, const void* dout, const void* qkv, const voi
   detail::dispatch(t, "cuda attention_backward", [&](auto tag) {
     using E = decltype(tag);
     dispatch_head(sh.HS, [&](auto hs) {
-      constexpr int HS = decltype(hs)::value, DH = 32;
+      constexpr int HS = decltype(hs)::value, DH = HS < 32 ? HS : 32;
       const dim3 grid(detail::ceil_div(sh.T, kRows), sh.NH, sh.B);
       attention_backward_dq_kernel<E, HS, DH><<<grid, kRows*(HS / DH), 0, s>>>(
           static_cast<E*>(dqkv), static_cast<const E*>(dout), static_cast<const E*>(qkv),

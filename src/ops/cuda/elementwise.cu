@@ -1,5 +1,6 @@
-// Elementwise kernels (ReLU, GELU, the residual add, f32 <-> bf16) and the bias gradient, a
-// column sum. Grid-stride loops over n; math in f32; one rounding to t per output.
+// Elementwise kernels (ReLU, GELU, the residual add, f32 <-> bf16, the f32 accumulation of a
+// gradient) and the bias gradient, a column sum. Grid-stride loops over n; math in f32; one
+// rounding to t per output.
 #include "common.cuh"
 #include "tessel/ops/cuda/kernels.h"
 
@@ -84,6 +85,13 @@ void zip(void* y, const void* a, const void* b, int64_t n, DType t, cudaStream_t
   check_launch(who);
 }
 
+template <typename T>
+__global__ void accumulate_kernel(float* acc, const T* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x)
+    acc[i] += to_f32(x[i]);
+}
+
 // db[c] += sum over r of dy[r, c]. A block owns 32 columns: lane x reads column c, the 32 row
 // lanes y take rows y, y + 32, ... (coalesced 32-column rows), then a fixed tree over y.
 // Deterministic without a second pass; enough parallelism for OC >= a few thousand.
@@ -138,6 +146,16 @@ void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t
     });
   });
   check_launch("cuda convert");
+}
+
+void accumulate(float* acc, const void* x, int64_t n, DType t, cudaStream_t s) {
+  if (n <= 0) return;
+  detail::dispatch(t, "cuda accumulate", [&](auto tag) {
+    using T = decltype(tag);
+    accumulate_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, s>>>(
+        acc, static_cast<const T*>(x), n);
+  });
+  check_launch("cuda accumulate");
 }
 
 void bias_backward(float* db, const void* dy, DType t, int64_t N, int64_t OC, cudaStream_t s) {

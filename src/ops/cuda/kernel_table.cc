@@ -57,7 +57,7 @@ Tensor conv_workspace(const Conv2dShape& s) {
   return Tensor::empty({std::max<int64_t>(floats, 1)}, DType::kF32, Device::kCuda);
 }
 
-void add_conv_slots(DeviceKernels& k) {
+void fill_conv_slots(DeviceKernels& k) {
   k.conv2d_forward = [](float* y, const float* x, const float* w, const float* b,
                         const Conv2dShape& s, void* stream) {
     const Tensor ws = conv_workspace(s);
@@ -78,11 +78,52 @@ void add_conv_slots(DeviceKernels& k) {
   };
 }
 
+// The GPT's slots (and dropout's).
+void fill_gpt_slots(DeviceKernels& k) {
+  k.accumulate = [](float* acc, const void* x, int64_t n, DType t, void* s) {
+    accumulate(acc, x, n, t, as_stream(s));
+  };
+  k.attention_forward = [](void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t C,
+                           int64_t NH, DType t, void* s) {
+    attention_forward(out, lse, qkv, B, T, C, NH, t, as_stream(s));
+  };
+  k.attention_backward = [](void* dqkv, const void* dout, const void* qkv, const void* out,
+                            const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, DType t,
+                            void* s) {
+    attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, t, as_stream(s));
+  };
+  k.rmsnorm_forward = [](void* y, float* rstd, const void* x, const void* w, int64_t N, int64_t C,
+                         DType t,
+                         void* s) { rmsnorm_forward(y, rstd, x, w, N, C, t, as_stream(s)); };
+  k.rmsnorm_backward = [](void* dx, float* dw, const void* dy, const void* x, const void* w,
+                          const float* rstd, int64_t N, int64_t C, DType t, void* s) {
+    rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C, t, as_stream(s));
+  };
+  k.rotary_forward = [](void* qkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t,
+                        void* s) { rotary_forward(qkv, pos, N, C, NH, t, as_stream(s)); };
+  k.rotary_backward = [](void* dqkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t,
+                         void* s) { rotary_backward(dqkv, pos, N, C, NH, t, as_stream(s)); };
+  k.swiglu_forward = [](void* y, const void* x, int64_t N, int64_t H, DType t, void* s) {
+    swiglu_forward(y, x, N, H, t, as_stream(s));
+  };
+  k.swiglu_backward = [](void* dx, const void* dy, const void* x, int64_t N, int64_t H, DType t,
+                         void* s) { swiglu_backward(dx, dy, x, N, H, t, as_stream(s)); };
+  k.dropout_forward = [](void* y, const void* x, int64_t rows, int64_t cols, float p, uint64_t seed,
+                         int64_t step, int64_t first_sample, int64_t first_col, DType t, void* s) {
+    dropout_forward(y, x, rows, cols, p, seed, step, first_sample, first_col, t, as_stream(s));
+  };
+  k.dropout_backward = [](void* dx, const void* dy, int64_t rows, int64_t cols, float p,
+                          uint64_t seed, int64_t step, int64_t first_sample, int64_t first_col,
+                          DType t, void* s) {
+    dropout_backward(dx, dy, rows, cols, p, seed, step, first_sample, first_col, t, as_stream(s));
+  };
+}
+
 DeviceKernels make_table() {
   DeviceKernels k{};
   k.linear_forward = linear_fwd;
   k.linear_backward = linear_bwd;
-  add_conv_slots(k);
+  fill_conv_slots(k);
   k.relu_forward = [](void* y, const void* x, int64_t n, DType t, void* s) {
     relu_forward(y, x, n, t, as_stream(s));
   };
@@ -136,6 +177,7 @@ DeviceKernels make_table() {
   k.sum_squares = [](double* out, double* partials, const float* x, int64_t n, void* s) {
     sum_squares(out, partials, x, n, as_stream(s));
   };
+  fill_gpt_slots(k);
   return k;
 }
 

@@ -10,9 +10,9 @@ namespace {
 struct Case {
   int64_t B, T, C, NH;
 };
-// Head sizes 64 (GPT-2), 32 and 128; T not a multiple of any tile, and T = 1.
-const Case kCases[] = {
-    {2, 67, 128, 2}, {1, 130, 128, 4}, {1, 33, 256, 2}, {3, 1, 64, 1}, {1, 256, 768, 12}};
+// Head sizes 64 (GPT-2), 32, 128 and 16 (char_gpt); T not a multiple of any tile, and T = 1.
+const Case kCases[] = {{2, 67, 128, 2}, {1, 130, 128, 4},  {1, 33, 256, 2},
+                       {3, 1, 64, 1},   {1, 256, 768, 12}, {2, 97, 64, 4}};
 
 Vec to_f32(const std::vector<uint16_t>& h) {
   Vec v(h.size());

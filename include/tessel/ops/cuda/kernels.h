@@ -34,6 +34,8 @@ void add_forward(void* y, const void* a, const void* b, int64_t n, DType t, cuda
 // dst[i] = src[i] between f32 and bf16 (round to nearest even, as tessel::f32_to_bf16).
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n,
              cudaStream_t stream);
+// acc[i] (f32) += x[i] (a gradient summed into f32, as ops::accumulate: the position table's).
+void accumulate(float* acc, const void* x, int64_t n, DType t, cudaStream_t stream);
 // db[OC] += the column sums of dy[N,OC] (the linear layer's bias gradient).
 void bias_backward(float* db, const void* dy, DType t, int64_t N, int64_t OC, cudaStream_t stream);
 
@@ -78,13 +80,42 @@ void embedding_backward(float* dtable, const void* dy, const int32_t* ids, int64
 // no T x T matrix is ever stored. The cache is lse[B,NH,T] (f32, each query row's
 // log-sum-exp of its scaled scores), not the CPU's att; the backward recomputes the
 // probabilities from it and needs the forward's out. It OVERWRITES all of dqkv[B,T,3C].
-// Head sizes 32, 64 and 128 (attention_head_size_supported); InvalidArgument otherwise.
+// Head sizes 16, 32, 64 and 128 (attention_head_size_supported); InvalidArgument otherwise.
 bool attention_head_size_supported(int64_t HS);
 void attention_forward(void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t C,
                        int64_t NH, DType t, cudaStream_t stream);
 void attention_backward(void* dqkv, const void* dout, const void* qkv, const void* out,
                         const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, DType t,
                         cudaStream_t stream);
+
+// ---- The modern GPT's parts (src/ops/cuda/modern_gpt.cu), as cpu.h's ----
+// RMSNorm over x[N,C], w[C]; eps = 1e-5; caches rstd[N] (f32); dw[C] accumulated (+=).
+void rmsnorm_forward(void* y, float* rstd, const void* x, const void* w, int64_t N, int64_t C,
+                     DType t, cudaStream_t stream);
+void rmsnorm_backward(void* dx, float* dw, const void* dy, const void* x, const void* w,
+                      const float* rstd, int64_t N, int64_t C, DType t, cudaStream_t stream);
+// Rotary positions in place over q and k (the first 2C values) of N rows of qkv[N,3C]: in each
+// head of size hs = C/NH the pairs (i, i + hs/2) turn by pos[n] * 10000^(-2i/hs) (the angle in
+// f64, as the CPU); the backward turns the other way.
+void rotary_forward(void* qkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t,
+                    cudaStream_t stream);
+void rotary_backward(void* dqkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t,
+                     cudaStream_t stream);
+// SwiGLU over x[N,2H] (gate, then up): y[N,H] = silu(gate) * up; the backward overwrites dx.
+void swiglu_forward(void* y, const void* x, int64_t N, int64_t H, DType t, cudaStream_t stream);
+void swiglu_backward(void* dx, const void* dy, const void* x, int64_t N, int64_t H, DType t,
+                     cudaStream_t stream);
+
+// ---- Dropout with the CPU's counter-RNG mask (src/ops/cuda/dropout.cu): the CPU's bits ----
+// y[rows, cols] = x * mask / (1 - p); element (r, c) kept when the uniform of CounterRng(seed,
+// mix_stream(kDropout, step, first_sample + r)) at first_col + c is >= p. The backward applies
+// the same mask to dy (a null dx is skipped).
+void dropout_forward(void* y, const void* x, int64_t rows, int64_t cols, float p, uint64_t seed,
+                     int64_t step, int64_t first_sample, int64_t first_col, DType t,
+                     cudaStream_t stream);
+void dropout_backward(void* dx, const void* dy, int64_t rows, int64_t cols, float p, uint64_t seed,
+                      int64_t step, int64_t first_sample, int64_t first_col, DType t,
+                      cudaStream_t stream);
 
 // ---- Optimizers over a flat f32 arena (AdamWStep, SgdStep: optim_step.h) ----
 // One AdamW step over n parameters, reading grads * grad_scale; m and v are the state. When

@@ -289,19 +289,19 @@ void Server::predict(const HttpRequest& req, Respond respond) {
     request.x = read_inputs(req.body, info_.spec.input_shape, config_.serve.max_batch);
   if (!request.x.defined()) request = read_predict(parse_json(req.body), info_, limits_of(config_));
   submit(std::move(request), std::move(respond), [](std::vector<ojson> records) {
-    return ojson{{"outputs", std::move(records)}};
+    return dump_json(ojson{{"outputs", std::move(records)}});
   });
 }
 
-// Queues a request for the workers; `answer` makes the body of its 200 from its records.
+// Queues a request for the workers; `answer` makes the JSON text of its 200 from its records.
 void Server::submit(Request request, Respond respond,
-                    std::function<ojson(std::vector<ojson>)> answer) {
+                    std::function<std::string(std::vector<ojson>)> answer) {
   if (draining_) throw HttpError(503, "serve: shutting down; send the request elsewhere");
   auto done = [respond, answer = std::move(answer)](std::vector<ojson> records,
                                                     std::exception_ptr error) {
     try {
       if (error) std::rethrow_exception(error);
-      respond(json_response(200, answer(std::move(records))));
+      respond({200, "application/json", answer(std::move(records)) + "\n", {}});
     } catch (const std::exception& e) {
       respond(error_response(500, str("serve: ", e.what())));
     }

@@ -41,9 +41,10 @@ struct InferCall {
 };
 InferCall read_infer(const nlohmann::json& body, const ModelInfo& info, const ModelLimits& limits);
 
-// v2: the answer to an infer call from its rows' records (class_record's, or {"text": ...}).
-nlohmann::ordered_json infer_answer(const std::string& name, const InferCall& call,
-                                    const std::vector<nlohmann::ordered_json>& records);
+// v2: the JSON text of the answer to an infer call from its rows' records (class_record's, or
+// {"text": ...}).
+std::string infer_answer(const std::string& name, const InferCall& call,
+                         const std::vector<nlohmann::ordered_json>& records);
 
 // v1: a POST /v1/predict body.
 Request read_predict(const nlohmann::json& body, const ModelInfo& info, const ModelLimits& limits);

@@ -162,11 +162,13 @@ Tensor Replica::forward(const Tensor& x, int64_t rows, int64_t first_row) {
       piece.x = x.view(lo * row, s);
       if (normalise) {
         if (!normalised.defined()) normalised = Tensor::empty({std::min(batch, rows) * row});
-        const float* in = piece.x.data<float>();
+        // A mean and std per feature of the row (the manifest's check), row by row: without a
+        // modulo per value the loop vectorises (it was 2% of a batched server's time).
+        const float *in = piece.x.data<float>(), *mean = input_mean_.data(),
+                    *std = input_std_.data();
         float* out = normalised.data<float>();
-        const int64_t f = static_cast<int64_t>(input_mean_.size());
-        for (int64_t i = 0; i < n * row; ++i)
-          out[i] = (in[i] - input_mean_[i % f]) / input_std_[i % f];
+        for (int64_t r = 0; r < n; ++r)
+          for (int64_t j = 0; j < row; ++j) out[r * row + j] = (in[r * row + j] - mean[j]) / std[j];
         piece.x = normalised.view(0, s);
       }
     }

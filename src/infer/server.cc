@@ -50,28 +50,23 @@ nlohmann::json parse_json(const std::string& body) {
   }
 }
 
-std::vector<std::string> split(const std::string& path) {
-  std::vector<std::string> out;
-  for (size_t at = 0; at < path.size();) {
-    const size_t next = std::min(path.find('/', at + 1), path.size());
-    out.push_back(path.substr(at, next - at));
-    at = next;
-  }
-  return out;
-}
-
-// Whether `path` has the route's shape; *model_ok: whether its {name} is `model`.
-bool matches(const char* route, const std::string& path, const std::string& model, bool* model_ok) {
-  const std::vector<std::string> r = split(route), p = split(path);
-  if (r.size() != p.size()) return false;
+// Whether `path` has the route's shape; *model_ok: whether its {name} is `model`. Segment by
+// segment over views of both (no copies: it runs for every route on every request).
+bool matches(std::string_view route, std::string_view path, const std::string& model,
+             bool* model_ok) {
   *model_ok = true;
-  for (size_t i = 0; i < r.size(); ++i) {
-    if (r[i] == "/{name}")
-      *model_ok = p[i] == "/" + model;
-    else if (r[i] != p[i])
+  while (!route.empty() && !path.empty()) {
+    const size_t r = std::min(route.find('/', 1), route.size());
+    const size_t p = std::min(path.find('/', 1), path.size());
+    const std::string_view rs = route.substr(0, r), ps = path.substr(0, p);
+    if (rs == "/{name}")
+      *model_ok = ps.size() == model.size() + 1 && ps[0] == '/' && ps.substr(1) == model;
+    else if (rs != ps)
       return false;
+    route.remove_prefix(r);
+    path.remove_prefix(p);
   }
-  return true;
+  return route.empty() && path.empty();
 }
 
 // An OpenAI answer in the making: the request, the text so far, and its stream once started.
@@ -289,19 +284,19 @@ void Server::predict(const HttpRequest& req, Respond respond) {
     request.x = read_inputs(req.body, info_.spec.input_shape, config_.serve.max_batch);
   if (!request.x.defined()) request = read_predict(parse_json(req.body), info_, limits_of(config_));
   submit(std::move(request), std::move(respond), [](std::vector<ojson> records) {
-    return ojson{{"outputs", std::move(records)}};
+    return dump_json(ojson{{"outputs", std::move(records)}});
   });
 }
 
-// Queues a request for the workers; `answer` makes the body of its 200 from its records.
+// Queues a request for the workers; `answer` makes the JSON text of its 200 from its records.
 void Server::submit(Request request, Respond respond,
-                    std::function<ojson(std::vector<ojson>)> answer) {
+                    std::function<std::string(std::vector<ojson>)> answer) {
   if (draining_) throw HttpError(503, "serve: shutting down; send the request elsewhere");
   auto done = [respond, answer = std::move(answer)](std::vector<ojson> records,
                                                     std::exception_ptr error) {
     try {
       if (error) std::rethrow_exception(error);
-      respond(json_response(200, answer(std::move(records))));
+      respond({200, "application/json", answer(std::move(records)) + "\n", {}});
     } catch (const std::exception& e) {
       respond(error_response(500, str("serve: ", e.what())));
     }

@@ -535,5 +535,55 @@ TEST(ReadInputs, TakesTheCommonV2BodyAsTheFullReaderDoes) {
     EXPECT_FALSE(read_v2_inputs(body, info.spec.input_shape, limits.max_batch).defined()) << body;
 }
 
+// The v2 answer, written as text without a document, is the document's text to the byte: every
+// kind of output and value (probabilities down to 1e-06 and 0, integers, strings to escape).
+TEST(InferAnswer, IsTheTextOfItsDocument) {
+  using ojson = nlohmann::ordered_json;
+  const float logits[2][4] = {{2.0f, -14.0f, 0.5f, -40.0f}, {0.0f, 0.0f, 9.25f, 1.0f}};
+  std::vector<ojson> classes;
+  for (const auto& row : logits) classes.push_back(class_record(row, 4, 3));
+  const std::vector<ojson> labels = {{{"probs", {0.5, 1e-06}}, {"labels", {1, 0}}},
+                                     {{"probs", {0.0001, 1.0}}, {"labels", {0, 1}}}};
+  const std::vector<ojson> texts = {{{"text", "a \"b\"\n"}}};
+  // The document, built as a tree: each output's metadata, then its data row by row.
+  auto document = [](const InferCall& call, const std::vector<ojson>& records) {
+    ojson out = {{"model_name", "m\"1"}, {"model_version", "1"}};
+    if (!call.id.is_null()) out["id"] = call.id;
+    out["outputs"] = ojson::array();
+    const auto n = static_cast<int64_t>(records.size());
+    for (const std::string& o : call.outputs) {
+      ojson t = {{"name", o}}, data = ojson::array();
+      if (o == "text" || o == "class") {
+        t["datatype"] = o == "text" ? "BYTES" : "INT64";
+        t["shape"] = {n};
+        for (const ojson& r : records) data.push_back(r[o]);
+      } else if (o == "probs" || o == "labels") {
+        t["datatype"] = o == "probs" ? "FP64" : "INT64";
+        t["shape"] = {n, static_cast<int64_t>(records[0][o].size())};
+        for (const ojson& r : records) data.insert(data.end(), r[o].begin(), r[o].end());
+      } else {
+        t["datatype"] = o == "top_k_class" ? "INT64" : "FP64";
+        t["shape"] = {n, static_cast<int64_t>(records[0]["top_k"].size())};
+        for (const ojson& r : records)
+          for (const ojson& c : r["top_k"])
+            data.push_back(c[o == "top_k_class" ? "class" : "prob"]);
+      }
+      t["data"] = std::move(data);
+      out["outputs"].push_back(std::move(t));
+    }
+    return dump_json(out);
+  };
+  InferCall call;
+  call.outputs = {"class", "top_k_class", "top_k_prob"};
+  EXPECT_EQ(infer_answer("m\"1", call, classes), document(call, classes));
+  call.id = "r\"1";
+  call.outputs = {"top_k_prob", "class"};
+  EXPECT_EQ(infer_answer("m\"1", call, classes), document(call, classes));
+  call.outputs = {"labels", "probs"};
+  EXPECT_EQ(infer_answer("m\"1", call, labels), document(call, labels));
+  call.outputs = {"text"};
+  EXPECT_EQ(infer_answer("m\"1", call, texts), document(call, texts));
+}
+
 }  // namespace
 }  // namespace tessel::infer

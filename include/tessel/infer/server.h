@@ -81,7 +81,7 @@ class Server {
   void generate_text(const HttpRequest& req, Respond respond, bool chat);
   HttpResponse error_for(const std::string& path, int status, const std::string& message) const;
   void submit(Request request, Respond respond,
-              std::function<nlohmann::ordered_json(std::vector<nlohmann::ordered_json>)> answer);
+              std::function<std::string(std::vector<nlohmann::ordered_json>)> answer);
   std::vector<nlohmann::ordered_json> run_batch(int worker,
                                                 const std::vector<const Request*>& batch);
 

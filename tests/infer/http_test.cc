@@ -1,0 +1,80 @@
+// HttpServer (the transport alone, a handler that answers at once): stop() under load from raw
+// socket clients answers every request it read, and every answer it counts reaches its client.
+#include "tessel/infer/http.h"
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace tessel::infer {
+namespace {
+
+int connect_to(int port) {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_port = htons(static_cast<uint16_t>(port));
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0) return fd;
+  close(fd);
+  return -1;
+}
+
+// Sends `request` on a fresh connection and reads until the server closes it: whether a whole
+// answer came (its body "ok"); -1 when the server no longer listens.
+int exchange(int port, const std::string& request) {
+  const int fd = connect_to(port);
+  if (fd < 0) return -1;
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  (void)!write(fd, request.data(), request.size());
+  std::string got;
+  char buf[1024];
+  for (ssize_t n; (n = read(fd, buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return got.rfind("HTTP/1.1 200", 0) == 0 && got.size() >= 2 &&
+         got.compare(got.size() - 2, 2, "ok") == 0;
+}
+
+// One round: 16 clients send request after request (a connection each, as cpp-httplib's client
+// does) while the server is stopped after `ms` milliseconds.
+void stop_under_load(int ms) {
+  HttpOptions options;
+  options.error = [](int status, const std::string&, const std::string& message) {
+    return HttpResponse{status, "text/plain", message, {}};
+  };
+  HttpServer server(options, [](HttpRequest, Respond respond) {
+    respond({200, "text/plain", "ok", {}});
+  });
+  const int port = server.bind(0);
+  std::thread runner([&] { server.run(); });
+  std::atomic<int64_t> received{0};
+  std::vector<std::thread> clients;
+  const std::string request =
+      "POST /x HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}";
+  for (int c = 0; c < 16; ++c)
+    clients.emplace_back([&] {
+      for (int got; (got = exchange(port, request)) >= 0;) received += got;
+    });
+  std::this_thread::sleep_for(std::chrono::milliseconds(ms));
+  server.stop();
+  runner.join();
+  for (auto& c : clients) c.join();
+  EXPECT_EQ(server.accepted(), server.answered()) << "stopped after " << ms << " ms";
+  EXPECT_EQ(server.answered(), received.load()) << "stopped after " << ms << " ms";
+}
+
+TEST(Http, StopUnderLoadAnswersEveryRequestReadAndEachAnswerArrives) {
+  for (int round = 0; round < 40 && !HasFailure(); ++round) stop_under_load(20 + round % 7);
+}
+
+}  // namespace
+}  // namespace tessel::infer

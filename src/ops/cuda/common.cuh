@@ -65,6 +65,19 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
   return v;
 }
 
+// Column sums in a block of 32 x 32 threads: `part[y][x]` holds thread (x, y)'s partial sum of
+// column x; a fixed tree over y (deterministic); returns column x's sum (valid in row y = 0).
+__device__ __forceinline__ float column_tree_sum(float (&part)[32][33], float acc) {
+  part[threadIdx.y][threadIdx.x] = acc;
+  __syncthreads();
+  for (int stride = 16; stride > 0; stride >>= 1) {
+    if (threadIdx.y < stride)
+      part[threadIdx.y][threadIdx.x] += part[threadIdx.y + stride][threadIdx.x];
+    __syncthreads();
+  }
+  return part[0][threadIdx.x];
+}
+
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 
 // Blocks for a grid-stride loop over n items with `threads` per block: enough to fill any

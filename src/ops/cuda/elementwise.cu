@@ -8,6 +8,7 @@ namespace tessel::ops::cuda {
 namespace {
 
 using detail::bf16;
+using detail::column_tree_sum;
 using detail::from_f32;
 using detail::to_f32;
 
@@ -102,14 +103,8 @@ __global__ void bias_backward_kernel(float* db, const T* dy, int64_t N, int64_t 
   float acc = 0.0f;
   if (c < OC)
     for (int64_t r = threadIdx.y; r < N; r += 32) acc += to_f32(dy[r * OC + c]);
-  part[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  for (int stride = 16; stride > 0; stride >>= 1) {
-    if (threadIdx.y < stride)
-      part[threadIdx.y][threadIdx.x] += part[threadIdx.y + stride][threadIdx.x];
-    __syncthreads();
-  }
-  if (threadIdx.y == 0 && c < OC) db[c] += part[0][threadIdx.x];
+  const float sum = column_tree_sum(part, acc);
+  if (threadIdx.y == 0 && c < OC) db[c] += sum;
 }
 
 }  // namespace

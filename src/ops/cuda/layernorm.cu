@@ -6,6 +6,7 @@
 namespace tessel::ops::cuda {
 namespace {
 
+using detail::column_tree_sum;
 using detail::from_f32;
 using detail::to_f32;
 using detail::warp_sum;
@@ -78,19 +79,10 @@ __global__ void layernorm_dwdb_kernel(float* dw, float* db, const T* dy, const T
       aw += (to_f32(x[r * C + c]) - mean[r]) * rstd[r] * d;
       ab += d;
     }
-  pw[threadIdx.y][threadIdx.x] = aw;
-  pb[threadIdx.y][threadIdx.x] = ab;
-  __syncthreads();
-  for (int stride = 16; stride > 0; stride >>= 1) {
-    if (threadIdx.y < stride) {
-      pw[threadIdx.y][threadIdx.x] += pw[threadIdx.y + stride][threadIdx.x];
-      pb[threadIdx.y][threadIdx.x] += pb[threadIdx.y + stride][threadIdx.x];
-    }
-    __syncthreads();
-  }
+  const float sw = column_tree_sum(pw, aw), sb = column_tree_sum(pb, ab);
   if (threadIdx.y == 0 && c < C) {
-    dw[c] += pw[0][threadIdx.x];
-    db[c] += pb[0][threadIdx.x];
+    dw[c] += sw;
+    db[c] += sb;
   }
 }
 

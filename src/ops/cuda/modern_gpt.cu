@@ -9,6 +9,7 @@
 namespace tessel::ops::cuda {
 namespace {
 
+using detail::column_tree_sum;
 using detail::from_f32;
 using detail::to_f32;
 using detail::warp_sum;
@@ -62,14 +63,8 @@ __global__ void rmsnorm_dw_kernel(float* dw, const T* dy, const T* x, const floa
   if (c < C)
     for (int64_t r = threadIdx.y; r < N; r += 32)
       acc += to_f32(x[r * C + c]) * rstd[r] * to_f32(dy[r * C + c]);
-  part[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  for (int stride = 16; stride > 0; stride >>= 1) {
-    if (threadIdx.y < stride)
-      part[threadIdx.y][threadIdx.x] += part[threadIdx.y + stride][threadIdx.x];
-    __syncthreads();
-  }
-  if (threadIdx.y == 0 && c < C) dw[c] += part[0][threadIdx.x];
+  const float sum = column_tree_sum(part, acc);
+  if (threadIdx.y == 0 && c < C) dw[c] += sum;
 }
 
 // Thread e of N * 2NH * half turns pair i of head h (q's heads, then k's) of row r by

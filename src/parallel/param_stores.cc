@@ -113,7 +113,8 @@ void ReplicatedStore::copy_values(nn::Range r, float* dst) {
 void ReplicatedStore::check_replicas(int64_t step) {
   if (dp_.size() == 1 && (across_ == nullptr || across_->size() == 1)) return;  // one replica
   // Within the group, then (shard groups) across them: together, every dp rank.
-  const double mine = static_cast<double>(checksum(values_));
+  const double mine = static_cast<double>(
+      checksum(values_.device() == Device::kCpu ? values_ : values_.to_device(Device::kCpu)));
   for (comm::Communicator* group : {&dp_, across_}) {
     if (group == nullptr || group->size() == 1) continue;
     std::vector<double> sums(static_cast<size_t>(group->size()));

@@ -468,6 +468,17 @@ const NcclApi kMock = {
     .finalize = finalize,
     .destroy = destroy,
     .last_error = [](NcclComm) -> const char* { return "mock nccl: see the async error"; },
+    .shares_device = [] { return true; },  // ranks are threads on one host memory
+    .device_count =
+        [](int* count) {
+          *count = 1;
+          return 0;
+        },
+    .set_device =
+        [](int device) {
+          if (device != 0) misuse("cudaSetDevice of a device the mock does not have");
+          return device == 0 ? 0 : 101;  // cudaErrorInvalidDevice
+        },
     .stream_create =
         [](NcclStream* s) {
           *s = new Stream;

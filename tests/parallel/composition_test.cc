@@ -127,9 +127,20 @@ std::string refusal_on_cuda(parallel::ParallelSpec spec, int world = 1) {
 
 TEST(Composition, RefusesOnCudaWhatRunsOnlyOnTheCpu) {
   parallel::ParallelSpec s;
-  EXPECT_NE(refusal_on_cuda(s, 2).find("runs one rank on one GPU, got layout dp=2"),
+  EXPECT_EQ(refusal_on_cuda(s, 4), "");  // data parallel runs on device ranks
+  s.pp_stages = 2;
+  EXPECT_NE(refusal_on_cuda(s, 4).find("runs data parallel only, got layout dp=2 pp=2"),
+            std::string::npos)
+      << refusal_on_cuda(s, 4);
+  s.pp_stages = 1;
+  s.tp_size = 2;
+  EXPECT_NE(refusal_on_cuda(s, 2).find("set pp.stages = 1, tp.size = 1 and ps.servers = 0"),
             std::string::npos)
       << refusal_on_cuda(s, 2);
+  s.tp_size = 1;
+  s.ps_servers = 1;
+  EXPECT_NE(refusal_on_cuda(s, 3).find("runs data parallel only"), std::string::npos);
+  s.ps_servers = 0;
   s.zero_stage = 1;
   EXPECT_NE(refusal_on_cuda(s).find("runs zero.stage 0, got 1"), std::string::npos);
   s.zero_stage = 0;

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <numeric>
 
@@ -80,7 +81,12 @@ const char* byte_ptr(const void* p, size_t elems, ElemType elem) {
   return static_cast<const char*>(p) + elems * elem_size(elem);
 }
 
+std::atomic<const NcclApi*> g_installed{nullptr};
+
 }  // namespace
+
+void install_nccl_api(const NcclApi* api) { g_installed.store(api, std::memory_order_release); }
+const NcclApi* installed_nccl_api() { return g_installed.load(std::memory_order_acquire); }
 
 NcclCommunicator::NcclCommunicator(Communicator& control, const NcclApi& api,
                                    const NcclOptions& options)

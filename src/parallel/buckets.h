@@ -55,7 +55,8 @@ class Buckets {
     // one rank: none).
     comm::Communicator* across = nullptr;
     // A device rank: dp's collectives on device memory (NCCL, or copies through the host),
-    // which carry every exchange instead of dp itself (all-reduces: zero.stage 0).
+    // which carry every exchange instead of dp itself (dense ones: all-reduces, or under ZeRO-1
+    // reduce-scatters; no shard groups).
     comm::DeviceCollectives* device = nullptr;
   };
   // Runs once a unit's exchanges have completed (e.g. adds this rank's shard into its shard

@@ -195,7 +195,7 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
     store_owner_ = std::move(sharded);
   } else {
     store_owner_ = std::make_unique<ReplicatedStore>(model_, units_, stage, group, across, seed,
-                                                     spec.check_every);
+                                                     spec.check_every, device_comm_.get());
   }
   store_ = store_owner_.get();
 }

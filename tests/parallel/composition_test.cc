@@ -142,7 +142,16 @@ TEST(Composition, RefusesOnCudaWhatRunsOnlyOnTheCpu) {
   EXPECT_NE(refusal_on_cuda(s, 3).find("runs data parallel only"), std::string::npos);
   s.ps_servers = 0;
   s.zero_stage = 1;
-  EXPECT_NE(refusal_on_cuda(s).find("runs zero.stage 0, got 1"), std::string::npos);
+  EXPECT_EQ(refusal_on_cuda(s, 2), "");  // ZeRO-1 too
+  s.zero_stage = 2;
+  EXPECT_NE(refusal_on_cuda(s, 2).find("runs zero.stage 0 or 1 over the whole dp group, got "
+                                       "zero.stage = 2"),
+            std::string::npos)
+      << refusal_on_cuda(s, 2);
+  s.zero_stage = 1;
+  s.zero_shard_size = 2;
+  EXPECT_NE(refusal_on_cuda(s, 4).find("zero.shard_size = 2"), std::string::npos);
+  s.zero_shard_size = 0;
   s.zero_stage = 0;
   s.compress.kind = parallel::CompressKind::kBf16;
   EXPECT_NE(refusal_on_cuda(s).find("compress.kind = bf16"), std::string::npos);

@@ -84,6 +84,31 @@ TEST_F(DeviceDp, StagedRanksTrainAsTheCpuRanks) {
     }
 }
 
+// ZeRO-1: each rank's gradient shard reduce-scattered, its optimizer state and update over
+// its shards, the updated shards all-gathered into every replica, all on device memory.
+TEST_F(DeviceDp, ZeroOneRanksTrainAsTheCpuRanks) {
+  for (bool nccl : {false, true})
+    for (int workers : {2, 4}) {
+      SCOPED_TRACE(str(nccl ? "nccl" : "staged", " dp=", workers));
+      const std::vector<std::string> zero = {"zero.stage=1", "train.precision=bf16",
+                                             "optim.kind=adamw", "ddp.shared_memory=false"};
+      const RunResult cpu = run(config("cpu", zero), workers);
+      comm::install_nccl_api(nccl ? &mock_nccl() : nullptr);
+      RunResult cuda;
+      {
+        fakes::FakeDevice fake;
+        cuda = run(config("cuda", zero), workers);
+      }
+      EXPECT_EQ(cuda.summary["engine"]["grad_sync"], "reduce_scatter");
+      if (!nccl || workers == 2) {
+        expect_same_run(cuda, cpu);
+      } else {
+        const double want = cpu.summary["train_loss"], got = cuda.summary["train_loss"];
+        EXPECT_NEAR(got, want, 1e-4 * want);
+      }
+    }
+}
+
 // Through NCCL (the mock): two ranks' sums are the CPU's bits (a + b either way); four ranks
 // add in the mock's rank order, not the CPU ring's, so their losses agree to rounding.
 TEST_F(DeviceDp, NcclRanksTrainAsTheCpuRanks) {

@@ -64,6 +64,14 @@ class DeviceCollectives {
   // buf (count elements of device memory) becomes op over every rank's buf.
   [[nodiscard]] virtual NcclWork allreduce(void* buf, size_t count, ElemType elem, ReduceOp op,
                                            const CallOptions& call) = 0;
+  // Blocks of every rank's lengths (rank order): in holds sum(counts), out counts[rank()] (it
+  // may be this rank's own block of in); allgather the reverse (in may be out's own block).
+  [[nodiscard]] virtual NcclWork reduce_scatter(const void* in, void* out,
+                                                const std::vector<size_t>& counts, ElemType elem,
+                                                ReduceOp op, const CallOptions& call) = 0;
+  [[nodiscard]] virtual NcclWork allgather(const void* in, void* out,
+                                           const std::vector<size_t>& counts, ElemType elem,
+                                           const CallOptions& call) = 0;
   // Collective: waits for the issued work and releases what the group holds, within the
   // control plane's timeout_s (after an abort, only releases).
   virtual void close() = 0;
@@ -94,9 +102,10 @@ class NcclCommunicator final : public DeviceCollectives {
                                    const CallOptions& call = {}) override;
   [[nodiscard]] NcclWork reduce_scatter(const void* in, void* out,
                                         const std::vector<size_t>& counts, ElemType elem,
-                                        ReduceOp op = ReduceOp::kSum, const CallOptions& call = {});
+                                        ReduceOp op = ReduceOp::kSum,
+                                        const CallOptions& call = {}) override;
   [[nodiscard]] NcclWork allgather(const void* in, void* out, const std::vector<size_t>& counts,
-                                   ElemType elem, const CallOptions& call = {});
+                                   ElemType elem, const CallOptions& call = {}) override;
   [[nodiscard]] NcclWork broadcast(void* buf, size_t count, ElemType elem, int root,
                                    const CallOptions& call = {});
   // Point to point, matched in order per peer. A send and a receive between the same two

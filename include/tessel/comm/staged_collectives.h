@@ -26,10 +26,20 @@ class StagedCollectives final : public DeviceCollectives {
   int size() const override { return group_.size(); }
   [[nodiscard]] NcclWork allreduce(void* buf, size_t count, ElemType elem, ReduceOp op,
                                    const CallOptions& call) override;
+  [[nodiscard]] NcclWork reduce_scatter(const void* in, void* out,
+                                        const std::vector<size_t>& counts, ElemType elem,
+                                        ReduceOp op, const CallOptions& call) override;
+  [[nodiscard]] NcclWork allgather(const void* in, void* out, const std::vector<size_t>& counts,
+                                   ElemType elem, const CallOptions& call) override;
   void close() override {}  // holds nothing of the other ranks
   void abort(const std::string& reason) noexcept override { group_.abort(reason); }
 
  private:
+  // Copies count elements of device memory p into host_ (grown to hold `at` + count elements)
+  // at element `at`, and returns host_; up() copies count elements of host to p.
+  char* down(const void* p, size_t at, size_t count, ElemType elem);
+  void up(void* p, const char* host, size_t count, ElemType elem);
+
   Communicator& group_;
   DeviceRuntime& runtime_;
   Device device_;

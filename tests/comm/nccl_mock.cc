@@ -486,6 +486,14 @@ const NcclApi kMock = {
           ++lib().streams;
           return 0;
         },
+    .stream_wait_event =
+        [](NcclStream s, NcclEvent e) {
+          const uint64_t v = event_of(e)->recorded;  // the record before this call
+          static_cast<Stream*>(s)->push([ev = event_of(e), v] {
+            while (ev->reached < v) std::this_thread::yield();
+          });
+          return 0;
+        },
     .stream_destroy =
         [](NcclStream s) {
           delete static_cast<Stream*>(s);
@@ -503,6 +511,10 @@ const NcclApi kMock = {
     .event_record =
         [](NcclEvent e, NcclStream s) {
           const uint64_t v = ++event_of(e)->recorded;
+          if (s == nullptr) {  // the default stream: the callers' (fake) kernels ran already
+            event_of(e)->reached = v;
+            return 0;
+          }
           static_cast<Stream*>(s)->push([ev = event_of(e), v] { ev->reached = v; });
           return 0;
         },

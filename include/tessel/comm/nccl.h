@@ -9,6 +9,8 @@
 // naming the rank that stopped. Not an algorithm host: NCCL chooses its own. One thread uses a
 // communicator at a time (abort() from any thread); the control Communicator and the NcclApi
 // must outlive it, and buffers must stay untouched until their work completes.
+// DeviceCollectives, below, is the part of it the engine's device ranks use, which
+// StagedCollectives (staged_collectives.h) also fills for ranks that share a GPU.
 #pragma once
 
 #include <functional>
@@ -23,9 +25,12 @@ namespace tessel::comm {
 
 struct NcclOptions {
   // Where calls are enqueued. The rank's compute stream orders them after the kernels that
-  // wrote their buffers; null: a stream of the communicator's own, which the device's default
-  // stream orders both ways (NcclApi::stream_create), so ranks computing on the default stream
-  // need no more.
+  // wrote their buffers; null: a stream of the communicator's own, on which each call first
+  // waits for the work queued so far on the device's default stream (an event recorded there),
+  // so ranks computing on the default stream need no more. (Not a blocking stream: with ranks
+  // as threads sharing a GPU, the default stream would then wait for one rank's NCCL kernel,
+  // which waits for a peer whose kernels queue behind it.) Work after a call waits for its
+  // NcclWork.
   NcclStream stream = nullptr;
   double poll_us = 50;  // between polls of the event and the async error while waiting
 };

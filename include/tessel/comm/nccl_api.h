@@ -79,15 +79,15 @@ struct NcclApi {
   bool (*shares_device)();
 
   // ---- CUDA runtime ----
-  int (*device_count)(int* count);  // cudaGetDeviceCount
-  int (*set_device)(int device);    // cudaSetDevice: this thread's device from now on
-  // A blocking stream: the device's default (legacy) stream orders it both ways, so calls on
-  // it follow the kernels queued on the default stream before them and precede those after.
-  int (*stream_create)(NcclStream* stream);
+  int (*device_count)(int* count);           // cudaGetDeviceCount
+  int (*set_device)(int device);             // cudaSetDevice: this thread's device from now on
+  int (*stream_create)(NcclStream* stream);  // non-blocking with respect to the null stream
+  // Work queued on `stream` from now on waits for `event` (cudaStreamWaitEvent).
+  int (*stream_wait_event)(NcclStream stream, NcclEvent event);
   int (*stream_destroy)(NcclStream stream);
-  int (*event_create)(NcclEvent* event);  // without timing
-  int (*event_record)(NcclEvent event, NcclStream stream);
-  int (*event_query)(NcclEvent event);  // 0: reached; kCudaNotReady: not yet
+  int (*event_create)(NcclEvent* event);                    // without timing
+  int (*event_record)(NcclEvent event, NcclStream stream);  // null: the default stream
+  int (*event_query)(NcclEvent event);                      // 0: reached; kCudaNotReady: not yet
   int (*event_destroy)(NcclEvent event);
   const char* (*device_error_string)(int error);
 };

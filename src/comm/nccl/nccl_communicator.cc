@@ -105,6 +105,7 @@ NcclCommunicator::NcclCommunicator(Communicator& control, const NcclApi& api,
   if (!s.stream) {
     s.check_cuda(api.stream_create(&s.stream), "cudaStreamCreate", stamp);
     s.own_stream = true;
+    s.check_cuda(api.event_create(&s.follow), "cudaEventCreate", stamp);
   }
   // Bootstrap: rank 0's unique id travels over the control plane.
   NcclUniqueId id{};
@@ -144,6 +145,10 @@ NcclWork NcclCommunicator::launch(const Stamp& stamp, const CallOptions& call,
   NcclState& s = *s_;
   s.enter(stamp);
   const Deadline deadline = Deadline::after(call.timeout_s > 0 ? call.timeout_s : s.timeout_s);
+  if (s.follow) {  // after the kernels queued so far on the default stream
+    s.check_cuda(s.api->event_record(s.follow, nullptr), "cudaEventRecord", stamp);
+    s.check_cuda(s.api->stream_wait_event(s.stream, s.follow), "cudaStreamWaitEvent", stamp);
+  }
   const char* what = "";
   NcclResult r = NcclResult::kSuccess;
   {

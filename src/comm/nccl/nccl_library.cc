@@ -133,9 +133,13 @@ const NcclApi kLibrary = {
     .stream_create =
         [](NcclStream* stream) {
           cudaStream_t s = nullptr;
-          const cudaError_t e = cudaStreamCreate(&s);
+          const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
           *stream = s;
           return static_cast<int>(e);
+        },
+    .stream_wait_event =
+        [](NcclStream s, NcclEvent e) {
+          return static_cast<int>(cudaStreamWaitEvent(raw(s), static_cast<cudaEvent_t>(e), 0));
         },
     .stream_destroy = [](NcclStream s) { return static_cast<int>(cudaStreamDestroy(raw(s))); },
     .event_create =

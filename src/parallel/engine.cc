@@ -155,8 +155,8 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
       parts_["device_comm"] = kind;
     }
   }
-  const Buckets::Spec buckets{overlap_,          false, type_, spec.compress, seed, across,
-                              device_comm_.get()};
+  Buckets::Spec buckets{overlap_, false, type_, spec.compress, seed, across};
+  buckets.device = device_comm_.get();
   if (composed_.shared_memory && stage == 1) {
     if (auto shm = SharedMemoryStep::make(model_, units_, dp, mesh_.workers(), seed)) {
       sync_ = shm.get();

@@ -23,9 +23,9 @@ DevicePlacement place_device_rank(comm::Communicator& world) {
   DevicePlacement p;
   const comm::NcclApi* api = comm::installed_nccl_api();
   int count = 1;  // without an NcclApi to ask, the runtime's one device
-  if (api != nullptr && api->device_count(&count) != 0)
-    throw Error(str("runtime.device = cuda: cudaGetDeviceCount failed in ", api->name,
-                    "; check the driver with nvidia-smi"));
+  if (const int e = api != nullptr ? api->device_count(&count) : 0; e != 0)
+    throw Error(str("runtime.device = cuda: cudaGetDeviceCount failed, got ",
+                    api->device_error_string(e), "; check the driver with nvidia-smi"));
   count = std::max(count, 1);
   if (world.backend() != comm::Backend::kMpi) {  // threads: one process, the runtime's device
     p.shared = world.size() > 1;
@@ -34,10 +34,10 @@ DevicePlacement place_device_rank(comm::Communicator& world) {
   const int local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
   p.device = local_rank % count;
   p.shared = world.ranks_on_host() > count;
-  if (api != nullptr && api->set_device(p.device) != 0)
-    throw Error(str("runtime.device = cuda: cudaSetDevice(", p.device, ") failed for local rank ",
-                    local_rank, " of ", world.ranks_on_host(), " on ", count,
-                    " GPUs; check CUDA_VISIBLE_DEVICES"));
+  if (const int e = api != nullptr ? api->set_device(p.device) : 0; e != 0)
+    throw Error(str("runtime.device = cuda: cudaSetDevice(", p.device, ") for local rank ",
+                    local_rank, " of ", world.ranks_on_host(), " on ", count, " GPUs failed, got ",
+                    api->device_error_string(e), "; check CUDA_VISIBLE_DEVICES"));
   return p;
 }
 

@@ -22,6 +22,7 @@
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/comm/bench.h"
 #include "tessel/comm/mpi.h"
+#include "tessel/comm/nccl_api.h"
 #include "tessel/comm/threads.h"
 #include "tessel/config/config.h"
 #include "tessel/core/error.h"
@@ -457,6 +458,9 @@ int main(int argc, char** argv) {
   restart_predict_on_huge_pages(argv);
 #ifdef TESSEL_WITH_CUDA
   tessel::ops::cuda::install();  // runtime.device = cuda finds the device through it
+#endif
+#ifdef TESSEL_WITH_NCCL
+  tessel::comm::install_nccl_api(&tessel::comm::nccl_library());  // device ranks' collectives
 #endif
   CLI::App app{"tessel: train and serve neural networks on many workers", "tessel"};
   app.require_subcommand(1);

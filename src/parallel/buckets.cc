@@ -83,7 +83,7 @@ void Buckets::start(int unit, Codec* c, comm::Communicator* group, float* g) {
   const double t0 = now_seconds();
   const Exchange ex = c->encode(g, key);
   if (compressing()) encode_s_ += now_seconds() - t0;
-  post(Flight{unit, c, group, g, 0, comm::Work(), 0, 0}, ex);
+  post(Flight{unit, c, group, g, 0, comm::Work(), 0, 0, comm::NcclWork()}, ex);
 }
 
 void Buckets::post(Flight f, const Exchange& ex) {
@@ -96,6 +96,21 @@ void Buckets::post(Flight f, const Exchange& ex) {
   }
   comm::CallOptions call;
   call.label = static_cast<uint32_t>(f.unit + 1);
+  if (spec_.device) {  // on device memory: enqueued (NCCL) or done (staged) on return
+    TESSEL_CHECK(ex.op != Exchange::Op::kAllgather && f.group == dp_,
+                 "buckets: a device rank's exchanges are dense, over dp");
+    const double t0 = now_seconds();  // enqueueing (NCCL), or the whole exchange (staged)
+    f.device_work =
+        ex.op == Exchange::Op::kAllreduce
+            ? spec_.device->allreduce(ex.in, ex.count, ex.elem, comm::ReduceOp::kSum, call)
+            : spec_.device->reduce_scatter(ex.in, ex.out, *ex.blocks, ex.elem, comm::ReduceOp::kSum,
+                                           call);
+    f.launched = now_seconds();
+    f.finished = 0;
+    exposed_s_ += f.launched - t0;
+    in_flight_.push_back(std::move(f));
+    return;
+  }
   if (!spec_.async) {  // blocking: the exchange runs now, on the compute thread
     const double t0 = now_seconds();
     ex.start(*f.group, false, call);
@@ -111,7 +126,8 @@ void Buckets::post(Flight f, const Exchange& ex) {
 
 void Buckets::complete(Flight& f, double now) {
   f.work.wait();
-  if (spec_.async) {
+  f.device_work.wait();
+  if (spec_.async || spec_.device) {
     if (f.finished == 0) f.finished = now;
     overlapped_s_ += std::max(0.0, std::min(f.finished, now) - f.launched);
   }
@@ -147,7 +163,7 @@ void Buckets::wait_front() {
 
 void Buckets::wait(Flight& f) {
   const double t0 = now_seconds();
-  const bool was_done = f.work.done();
+  const bool was_done = done(f);
   complete(f, t0);
   if (!was_done) exposed_s_ += now_seconds() - t0;
 }
@@ -192,13 +208,13 @@ void Buckets::launch(int unit, float* g, Done done, size_t max_in_flight) {
 void Buckets::poll() {
   const double now = now_seconds();
   for (Flight& f : in_flight_)
-    if (f.finished == 0 && f.work.done()) f.finished = now;
+    if (f.finished == 0 && done(f)) f.finished = now;
 }
 
 void Buckets::wait_all() {
   const double end_of_backward = now_seconds();
   for (Flight& f : in_flight_)
-    if (f.finished == 0 && f.work.done()) f.finished = end_of_backward;
+    if (f.finished == 0 && done(f)) f.finished = end_of_backward;
   while (!in_flight_.empty()) {  // a codec's next exchange joins the back
     Flight f = std::move(in_flight_.front());
     in_flight_.pop_front();

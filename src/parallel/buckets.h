@@ -18,7 +18,9 @@
 // Q travels behind unit k+1's P (every rank advances in the same fixed order, so the
 // collectives match); without overlap the exchanges run right there on the compute thread.
 // wait_all() at the step completes them all and splits the time into exposed (waited for) and
-// overlapped (hidden behind the backward).
+// overlapped (hidden behind the backward). A device rank's exchanges go through its
+// DeviceCollectives (nccl.h): NCCL's run on their stream while the backward goes on, like the
+// progress thread's; staged ones are done when they return.
 // Compressed results depend on the worker count (each rank compresses its own gradient); the
 // codecs' state (residuals, Q, the step) is saved with checkpoints so a resumed run on the same
 // worker count continues bit-identically. Internal to the parallel area.
@@ -31,6 +33,7 @@
 
 #include "compress/codecs.h"
 #include "tessel/comm/communicator.h"
+#include "tessel/comm/nccl.h"
 #include "tessel/parallel/compress.h"
 #include "tessel/parallel/stats.h"
 #include "tessel/parallel/units.h"
@@ -51,6 +54,10 @@ class Buckets {
     // With scatter: the ranks holding this rank's shards in the other shard groups (null or
     // one rank: none).
     comm::Communicator* across = nullptr;
+    // A device rank: dp's collectives on device memory (NCCL, or copies through the host),
+    // which carry every exchange instead of dp itself (dense ones: all-reduces, or under ZeRO-1
+    // reduce-scatters; no shard groups).
+    comm::DeviceCollectives* device = nullptr;
   };
   // Runs once a unit's exchanges have completed (e.g. adds this rank's shard into its shard
   // buffer).
@@ -92,6 +99,7 @@ class Buckets {
     int phase = 0;  // exchanges completed
     comm::Work work;
     double launched = 0, finished = 0;  // finished: first seen complete (0: not yet)
+    comm::NcclWork device_work;         // a device rank's exchange (spec.device)
   };
   Plan plan(const nn::Model& model, int unit);
   bool compressing() const { return kind_ != CompressKind::kNone; }
@@ -101,7 +109,8 @@ class Buckets {
   // Waits for f's exchange (its time up to `now` overlapped), then decodes or posts the next.
   void complete(Flight& f, double now);
   void wait(Flight& f);  // complete(), its wait exposed
-  void wait_front();     // wait() for the oldest flight
+  static bool done(const Flight& f) { return f.work.done() && f.device_work.done(); }
+  void wait_front();  // wait() for the oldest flight
 
   const Units& units_;
   comm::Communicator* dp_;

@@ -52,17 +52,24 @@ std::string cuda_refusal(const std::string& why, const std::string& instead) {
 // The table's refusals, in the order they are asked (the first that applies is the message).
 const std::vector<Rule>& rules() {
   static const std::vector<Rule> table = {
-      {"runtime.device = cuda and more than one rank",
-       [](const In& in) { return on_cuda(in) && in.l.world > 1; },
+      {"runtime.device = cuda and pp.stages, tp.size or ps.servers beyond one",
+       [](const In& in) { return on_cuda(in) && (in.l.pp > 1 || in.l.tp > 1 || in.l.servers > 0); },
        [](const In& in) {
-         return cuda_refusal(str("runs one rank on one GPU, got layout ", in.l.str(), " on ",
-                                 in.l.world, " ranks (collectives between GPUs come with NCCL)"),
-                             "--workers 1 with dp, pp.stages and tp.size 1 and ps.servers 0");
+         return cuda_refusal(str("runs data parallel only, got layout ", in.l.str(),
+                                 " (pipeline, tensor parallel and parameter servers on device "
+                                 "ranks come later)"),
+                             "pp.stages = 1, tp.size = 1 and ps.servers = 0");
        }},
-      {"runtime.device = cuda and zero.stage > 0",
-       [](const In& in) { return on_cuda(in) && in.s.zero_stage > 0; },
+      {"runtime.device = cuda and zero.stage > 1 or zero.shard_size > 0",
        [](const In& in) {
-         return cuda_refusal(str("runs zero.stage 0, got ", in.s.zero_stage), "zero.stage = 0");
+         return on_cuda(in) && (in.s.zero_stage > 1 || in.s.zero_shard_size > 0);
+       },
+       [](const In& in) {
+         return cuda_refusal(
+             str("runs zero.stage 0 or 1 over the whole dp group, got zero.stage = ",
+                 in.s.zero_stage, " and zero.shard_size = ", in.s.zero_shard_size,
+                 " (gradient and parameter shards on device ranks come later)"),
+             "zero.stage = 0 or 1 and zero.shard_size = 0");
        }},
       {"runtime.device = cuda and compress.kind != none",
        [](const In& in) { return on_cuda(in) && compressing(in); },
@@ -238,15 +245,15 @@ Parts choose(const In& in, bool overlap) {
   }
   const int stage = s.zero_stage;
   const bool grouped = in.l.shard < in.l.dp;
-  // On cuda (one rank) the kernels' sums have fixed orders already: deterministic mode keeps
-  // the arena, the same bits run to run (not the CPU's exact integer sums).
-  p.grad_sync = s.deterministic && !on_cuda(in) ? "exact"
-                : stage == 0                    ? "allreduce"
-                : stage == 1                    ? "reduce_scatter"
-                                                : "reduce_scatter_shard";
+  // On cuda too, deterministic mode sums exactly (the micro-shards through host memory).
+  p.grad_sync = s.deterministic ? "exact"
+                : stage == 0    ? "allreduce"
+                : stage == 1    ? "reduce_scatter"
+                                : "reduce_scatter_shard";
   p.store = stage == 3 ? "sharded" : "replicated";
-  p.shared_memory = s.shared_memory && in.l.dp > 1 && !compressing(in) && !s.deterministic &&
-                    ((stage == 1 && !grouped) || (stage == 0 && !overlap));
+  // Device arenas are never rebound to shared host memory.
+  p.shared_memory = s.shared_memory && !on_cuda(in) && in.l.dp > 1 && !compressing(in) &&
+                    !s.deterministic && ((stage == 1 && !grouped) || (stage == 0 && !overlap));
   p.working_copy = in.type != DType::kF32 && stage != 3;
   p.prefetch = stage == 3 && s.zero_prefetch && overlap;
   return p;

@@ -5,6 +5,7 @@
 #include <optional>
 #include <thread>
 
+#include "engine_device.h"
 #include "fault_injection.h"
 #include "grad_syncs.h"
 #include "param_stores.h"
@@ -14,6 +15,7 @@
 #include "tessel/optim/schedule.h"
 #include "tessel/parallel/parameter_server.h"
 #include "tessel/parallel/pipeline.h"
+#include "tessel/tensor/device.h"
 #include "tp_group.h"
 #include "working_copy.h"
 
@@ -111,7 +113,9 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
   if ((slow_blocks_ = slow_blocks(spec, rank, piece_step_))) hooks_.push_back(slow_blocks_.get());
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  if (device_comm_) release_device_collectives(*device_comm_);
+}
 
 void Engine::build_parameter_server(const ParallelSpec& spec, const optim::OptimSpec& optim,
                                     uint64_t seed) {
@@ -142,7 +146,17 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
     parts_["replica_groups"] = across->size();
   }
   comm::Communicator& group = mesh_.group(Axis::kShard);
-  const Buckets::Spec buckets{overlap_, false, type_, spec.compress, seed, across};
+  if (current_device() != Device::kCpu) {  // before the first device allocation below
+    const DevicePlacement place = place_device_rank(mesh_.world());
+    parts_["gpu"] = place.device;
+    if (group.size() > 1 && composed_.grad_sync != "exact") {  // exact sums run on the host
+      std::string kind;
+      device_comm_ = make_device_collectives(group, place, &kind);
+      parts_["device_comm"] = kind;
+    }
+  }
+  Buckets::Spec buckets{overlap_, false, type_, spec.compress, seed, across};
+  buckets.device = device_comm_.get();
   if (composed_.shared_memory && stage == 1) {
     if (auto shm = SharedMemoryStep::make(model_, units_, dp, mesh_.workers(), seed)) {
       sync_ = shm.get();
@@ -181,7 +195,7 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
     store_owner_ = std::move(sharded);
   } else {
     store_owner_ = std::make_unique<ReplicatedStore>(model_, units_, stage, group, across, seed,
-                                                     spec.check_every);
+                                                     spec.check_every, device_comm_.get());
   }
   store_ = store_owner_.get();
 }

@@ -26,7 +26,7 @@ bool first_group(const Buckets::Spec& spec) {
 }
 
 // On the rank's device (tessel/tensor/device.h): the kernels that write and read gradients run
-// there; a device run has one rank, whose syncs send nothing.
+// there; a device rank's buckets send them through its DeviceCollectives (buckets.h).
 Tensor gradient_memory(int64_t n, MemCategory category, DType type = DType::kF32) {
   MemoryScope scope(category);
   return Tensor::zeros({std::max<int64_t>(n, 1)}, type, current_device());
@@ -206,6 +206,10 @@ ExactSync::ExactSync(nn::Model& model, const Units& units, const Units& scale_bu
       workers_(workers),
       arena_(gradient_memory(units.span.size(), MemCategory::kGradients)),
       sum_(units.span, ranges_of(scale_buckets), overflow_ok) {
+  if (arena_.device() != Device::kCpu) {
+    MemoryScope scope(MemCategory::kGradients);
+    staged_ = Tensor::zeros({arena_.numel()});
+  }
   model.bind_grads(units.span, arena_);
 }
 
@@ -214,13 +218,22 @@ void ExactSync::on_block(nn::Phase phase, size_t block, bool last) {
   if (phase != nn::Phase::kAfterBackward) return;
   for (int k : units_.completed_by(block)) {
     const nn::Range r = units_.list[static_cast<size_t>(k)].range;
-    sum_.collect(r, arena_.data<float>() + (r.lo - units_.span.lo));
+    float* host = host_span() + (r.lo - units_.span.lo);
+    if (staged_.defined()) {  // the micro-shard comes down; the device range starts over
+      float* dev = grads(r);
+      const size_t bytes = static_cast<size_t>(r.size()) * sizeof(float);
+      DeviceRuntime& rt = device_runtime(arena_.device());
+      rt.copy(host, Device::kCpu, dev, arena_.device(), bytes, current_stream());
+      rt.zero(dev, bytes, current_stream());
+    }
+    sum_.collect(r, host);
   }
 }
 
 void ExactSync::reduce() {
   const double t0 = now_seconds();
-  bytes_ += sum_.reduce(arena_.data<float>(), ranges_of(units_), workers_, dp_);
+  bytes_ += sum_.reduce(host_span(), ranges_of(units_), workers_, dp_);
+  if (staged_.defined()) arena_.copy_from(staged_);  // the sum goes up
   reduce_s_ += now_seconds() - t0;
 }
 
@@ -242,7 +255,9 @@ double ExactSync::sq_norm() {
   return sq;
 }
 
-float* ExactSync::grads(nn::Range r) { return arena_.data<float>() + (r.lo - units_.span.lo); }
+float* ExactSync::grads(nn::Range r) {
+  return arena_.kernel_data<float>() + (r.lo - units_.span.lo);
+}
 
 void ExactSync::clear() { arena_.zero_(); }
 

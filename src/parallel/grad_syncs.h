@@ -11,7 +11,9 @@
 //   ExactSync    deterministic mode (any stage): every micro-shard's gradient of every unit is
 //                kept apart and summed exactly at the step (exact_sum.h); the full reduced
 //                gradient stays in an arena, and the norm is summed block by block so that
-//                every layout gives the same bits.
+//                every layout gives the same bits. On a device the arena is the device's and
+//                each micro-shard is copied to the host, where the integer sum runs as on the
+//                CPU; the sum goes back up: any worker count gives one device run's bits.
 //   ExactPushSync  a parameter-server worker in deterministic mode: ExactSync's micro-shards,
 //                quantised at the scales agreed over the workers into int64 sums that the worker
 //                pushes (parameter_server.h); the servers add them.
@@ -128,11 +130,15 @@ class ExactSync final : public GradSync, public BlockHooks {
   void take_stats(RankStats& s) override;
 
  private:
+  // Where the exact sum reads and writes the span: the arena, or on a device its host copy.
+  float* host_span() { return (staged_.defined() ? staged_ : arena_).data<float>(); }
+
   nn::Model& model_;
   const Units& units_;
   comm::Communicator& dp_;
   comm::Communicator& workers_;
   Tensor arena_;
+  Tensor staged_;  // on a device: the arena's host copy (undefined on the CPU)
   ExactSum sum_;
   double reduce_s_ = 0, bytes_ = 0;
 };

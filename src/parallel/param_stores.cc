@@ -59,12 +59,13 @@ int64_t checksum(const Tensor& t) {
 
 ReplicatedStore::ReplicatedStore(nn::Model& model, const Units& units, int stage,
                                  comm::Communicator& dp, comm::Communicator* across, uint64_t seed,
-                                 int64_t check_every)
+                                 int64_t check_every, comm::DeviceCollectives* device)
     : units_(units),
       stage_(stage),
       check_every_(check_every),
       dp_(dp),
       across_(across),
+      device_(device),
       values_(parameter_memory(units.span.size(), MemCategory::kParameters)) {
   // Initialised on the host, then uploaded where the values live on a device.
   const Tensor host = values_.device() == Device::kCpu ? values_ : Tensor::zeros({values_.numel()});
@@ -94,7 +95,10 @@ void ReplicatedStore::update(optim::Optimizer& opt, float lr, float grad_scale, 
     comm::CallOptions call;
     call.label = static_cast<uint32_t>(k + 1);
     float* unit = values(u.range);
-    dp_.allgather(values(units_.own(u)), unit, u.counts, comm::ElemType::kF32, call);
+    if (device_)
+      device_->allgather(values(units_.own(u)), unit, u.counts, comm::ElemType::kF32, call).wait();
+    else
+      dp_.allgather(values(units_.own(u)), unit, u.counts, comm::ElemType::kF32, call);
     bytes_ += 4.0 * static_cast<double>(u.range.size());
   }
   refresh_working(false);
@@ -113,7 +117,8 @@ void ReplicatedStore::copy_values(nn::Range r, float* dst) {
 void ReplicatedStore::check_replicas(int64_t step) {
   if (dp_.size() == 1 && (across_ == nullptr || across_->size() == 1)) return;  // one replica
   // Within the group, then (shard groups) across them: together, every dp rank.
-  const double mine = static_cast<double>(checksum(values_));
+  const double mine = static_cast<double>(
+      checksum(values_.device() == Device::kCpu ? values_ : values_.to_device(Device::kCpu)));
   for (comm::Communicator* group : {&dp_, across_}) {
     if (group == nullptr || group->size() == 1) continue;
     std::vector<double> sums(static_cast<size_t>(group->size()));

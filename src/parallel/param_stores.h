@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "tessel/comm/communicator.h"
+#include "tessel/comm/nccl.h"
 #include "tessel/parallel/param_store.h"
 #include "tessel/parallel/units.h"
 
@@ -35,8 +36,11 @@ class ReplicatedStore final : public ParamStore {
   // stage 0: update everything; 1 or 2: update this rank's shards and all-gather them.
   // check_every: check the replicas at the start and every that many steps (ddp.check_every;
   // 0: at the start only).
+  // device: dp's collectives on device memory (a device rank with dp peers), which gather the
+  // shards instead of dp.
   ReplicatedStore(nn::Model& model, const Units& units, int stage, comm::Communicator& dp,
-                  comm::Communicator* across, uint64_t seed, int64_t check_every);
+                  comm::Communicator* across, uint64_t seed, int64_t check_every,
+                  comm::DeviceCollectives* device = nullptr);
 
   void update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync,
               int64_t step) override;
@@ -56,6 +60,7 @@ class ReplicatedStore final : public ParamStore {
   int64_t check_every_;
   comm::Communicator& dp_;
   comm::Communicator* across_;
+  comm::DeviceCollectives* device_;
   Tensor values_;  // units_.span
   double optimizer_s_ = 0, gather_s_ = 0, bytes_ = 0;
 };

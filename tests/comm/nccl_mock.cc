@@ -468,11 +468,30 @@ const NcclApi kMock = {
     .finalize = finalize,
     .destroy = destroy,
     .last_error = [](NcclComm) -> const char* { return "mock nccl: see the async error"; },
+    .shares_device = [] { return true; },  // ranks are threads on one host memory
+    .device_count =
+        [](int* count) {
+          *count = 1;
+          return 0;
+        },
+    .set_device =
+        [](int device) {
+          if (device != 0) misuse("cudaSetDevice of a device the mock does not have");
+          return device == 0 ? 0 : 101;  // cudaErrorInvalidDevice
+        },
     .stream_create =
         [](NcclStream* s) {
           *s = new Stream;
           std::lock_guard<std::mutex> lock(lib().mu);
           ++lib().streams;
+          return 0;
+        },
+    .stream_wait_event =
+        [](NcclStream s, NcclEvent e) {
+          const uint64_t v = event_of(e)->recorded;  // the record before this call
+          static_cast<Stream*>(s)->push([ev = event_of(e), v] {
+            while (ev->reached < v) std::this_thread::yield();
+          });
           return 0;
         },
     .stream_destroy =
@@ -492,6 +511,10 @@ const NcclApi kMock = {
     .event_record =
         [](NcclEvent e, NcclStream s) {
           const uint64_t v = ++event_of(e)->recorded;
+          if (s == nullptr) {  // the default stream: the callers' (fake) kernels ran already
+            event_of(e)->reached = v;
+            return 0;
+          }
           static_cast<Stream*>(s)->push([ev = event_of(e), v] { ev->reached = v; });
           return 0;
         },

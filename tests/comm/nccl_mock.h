@@ -9,6 +9,7 @@
 // destroyed communicator, ranks whose calls differ) counts as a misuse, which tests check.
 // Once a rank aborts or dies, nothing more completes in its group and the other ranks' async
 // error turns ncclRemoteError (what NCCL's network transports report when a peer goes away).
+// It has one device, which every rank may share (as NCCL 2.30 with NCCL_MULTI_RANK_GPU_ENABLE).
 #pragma once
 
 #include <string>

@@ -127,11 +127,31 @@ std::string refusal_on_cuda(parallel::ParallelSpec spec, int world = 1) {
 
 TEST(Composition, RefusesOnCudaWhatRunsOnlyOnTheCpu) {
   parallel::ParallelSpec s;
-  EXPECT_NE(refusal_on_cuda(s, 2).find("runs one rank on one GPU, got layout dp=2"),
+  EXPECT_EQ(refusal_on_cuda(s, 4), "");  // data parallel runs on device ranks
+  s.pp_stages = 2;
+  EXPECT_NE(refusal_on_cuda(s, 4).find("runs data parallel only, got layout dp=2 pp=2"),
+            std::string::npos)
+      << refusal_on_cuda(s, 4);
+  s.pp_stages = 1;
+  s.tp_size = 2;
+  EXPECT_NE(refusal_on_cuda(s, 2).find("set pp.stages = 1, tp.size = 1 and ps.servers = 0"),
+            std::string::npos)
+      << refusal_on_cuda(s, 2);
+  s.tp_size = 1;
+  s.ps_servers = 1;
+  EXPECT_NE(refusal_on_cuda(s, 3).find("runs data parallel only"), std::string::npos);
+  s.ps_servers = 0;
+  s.zero_stage = 1;
+  EXPECT_EQ(refusal_on_cuda(s, 2), "");  // ZeRO-1 too
+  s.zero_stage = 2;
+  EXPECT_NE(refusal_on_cuda(s, 2).find("runs zero.stage 0 or 1 over the whole dp group, got "
+                                       "zero.stage = 2"),
             std::string::npos)
       << refusal_on_cuda(s, 2);
   s.zero_stage = 1;
-  EXPECT_NE(refusal_on_cuda(s).find("runs zero.stage 0, got 1"), std::string::npos);
+  s.zero_shard_size = 2;
+  EXPECT_NE(refusal_on_cuda(s, 4).find("zero.shard_size = 2"), std::string::npos);
+  s.zero_shard_size = 0;
   s.zero_stage = 0;
   s.compress.kind = parallel::CompressKind::kBf16;
   EXPECT_NE(refusal_on_cuda(s).find("compress.kind = bf16"), std::string::npos);

@@ -16,6 +16,7 @@ namespace tessel::fakes {
 // ---- FakeRuntime ----
 
 void* FakeRuntime::allocate(size_t bytes) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
   void* p = std::malloc(allocation_size(bytes));
   std::memset(p, 0xFF, allocation_size(bytes));
   blocks[p] = allocation_size(bytes);
@@ -24,6 +25,7 @@ void* FakeRuntime::allocate(size_t bytes) {
 }
 
 void FakeRuntime::free(void* p, size_t bytes) noexcept {
+  std::lock_guard<std::recursive_mutex> lock(mu);
   EXPECT_EQ(blocks[p], allocation_size(bytes));
   in_use -= static_cast<int64_t>(blocks[p]);
   blocks.erase(p);
@@ -31,6 +33,7 @@ void FakeRuntime::free(void* p, size_t bytes) noexcept {
 }
 
 void FakeRuntime::zero(void* p, size_t bytes, void* stream) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
   EXPECT_TRUE(owns(p, bytes));
   streams.push_back(stream);
   std::memset(p, 0, bytes);
@@ -38,6 +41,7 @@ void FakeRuntime::zero(void* p, size_t bytes, void* stream) {
 
 void FakeRuntime::copy(void* dst, Device dst_device, const void* src, Device src_device,
                        size_t bytes, void* stream) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
   EXPECT_EQ(dst_device == Device::kCuda, owns(dst, bytes));
   EXPECT_EQ(src_device == Device::kCuda, owns(src, bytes));
   streams.push_back(stream);
@@ -47,6 +51,7 @@ void FakeRuntime::copy(void* dst, Device dst_device, const void* src, Device src
 
 void FakeRuntime::convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n,
                           void* stream) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
   EXPECT_TRUE(owns(dst, static_cast<size_t>(n) * dtype_size(dst_type)));
   EXPECT_TRUE(owns(src, static_cast<size_t>(n) * dtype_size(src_type)));
   streams.push_back(stream);
@@ -54,6 +59,7 @@ void FakeRuntime::convert(void* dst, DType dst_type, const void* src, DType src_
 }
 
 bool FakeRuntime::owns(const void* p, size_t bytes) const {
+  std::lock_guard<std::recursive_mutex> lock(mu);
   for (const auto& [base, size] : blocks)
     if (p >= base && static_cast<const char*>(p) + bytes <= static_cast<char*>(base) + size)
       return true;
@@ -71,7 +77,10 @@ FakeDevice* g_device = nullptr;
 struct FakeSlots {
   static void enter(const char* op, std::initializer_list<const void*> pointers) {
     ASSERT_NE(g_device, nullptr);
-    ++g_device->calls_[op];
+    {
+      std::lock_guard<std::recursive_mutex> lock(g_device->runtime_.mu);
+      ++g_device->calls_[op];
+    }
     for (const void* p : pointers) {
       if (p != nullptr) {
         EXPECT_TRUE(g_device->runtime_.owns(p, 1)) << op << " was given host memory";
@@ -370,6 +379,7 @@ FakeDevice::~FakeDevice() {
 }
 
 int FakeDevice::calls(const std::string& op) const {
+  std::lock_guard<std::recursive_mutex> lock(runtime_.mu);
   auto it = calls_.find(op);
   return it == calls_.end() ? 0 : it->second;
 }

@@ -4,12 +4,14 @@
 // (tessel/ops/device_kernels.h) whose slots run the CPU kernels on those host blocks, each slot
 // counting its calls and checking that every pointer it is given is the fake device's memory (a
 // host buffer passed to a device kernel, a missed upload, fails the test). Install one per test
-// (it installs itself for Device::kCuda and uninstalls in its destructor); not thread safe.
+// (it installs itself for Device::kCuda and uninstalls in its destructor) from one thread; its
+// runtime calls and slots may come from several (ranks as threads share the one fake device).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,9 @@ class FakeRuntime : public DeviceRuntime {
   int64_t in_use = 0;
   int copies = 0;
   std::vector<void*> streams;
+
+  // Ranks as threads: every call above holds it (recursive: copy() asks owns()).
+  mutable std::recursive_mutex mu;
 };
 
 class FakeDevice {

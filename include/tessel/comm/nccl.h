@@ -9,6 +9,8 @@
 // naming the rank that stopped. Not an algorithm host: NCCL chooses its own. One thread uses a
 // communicator at a time (abort() from any thread); the control Communicator and the NcclApi
 // must outlive it, and buffers must stay untouched until their work completes.
+// DeviceCollectives, below, is the part of it the engine's device ranks use, which
+// StagedCollectives (staged_collectives.h) also fills for ranks that share a GPU.
 #pragma once
 
 #include <functional>
@@ -23,8 +25,12 @@ namespace tessel::comm {
 
 struct NcclOptions {
   // Where calls are enqueued. The rank's compute stream orders them after the kernels that
-  // wrote their buffers; null: a stream of the communicator's own (the caller then orders,
-  // e.g. by synchronizing, before each call).
+  // wrote their buffers; null: a stream of the communicator's own, on which each call first
+  // waits for the work queued so far on the device's default stream (an event recorded there),
+  // so ranks computing on the default stream need no more. (Not a blocking stream: with ranks
+  // as threads sharing a GPU, the default stream would then wait for one rank's NCCL kernel,
+  // which waits for a peer whose kernels queue behind it.) Work after a call waits for its
+  // NcclWork.
   NcclStream stream = nullptr;
   double poll_us = 50;  // between polls of the event and the async error while waiting
 };
@@ -50,31 +56,61 @@ class NcclWork {
   std::shared_ptr<Call> c_;
 };
 
-class NcclCommunicator {
+// The collectives a group of device ranks runs on device memory (the gradient buckets of
+// device ranks call them): NcclCommunicator below, where NCCL moves the buffers, or
+// StagedCollectives (staged_collectives.h), which copies them through host memory over the
+// ranks' ordinary Communicator, for ranks that share a GPU NCCL will not share. A call returns
+// once it is enqueued (or done); its NcclWork completes when the buffer holds the result.
+class DeviceCollectives {
+ public:
+  virtual ~DeviceCollectives() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  // buf (count elements of device memory) becomes op over every rank's buf.
+  [[nodiscard]] virtual NcclWork allreduce(void* buf, size_t count, ElemType elem, ReduceOp op,
+                                           const CallOptions& call) = 0;
+  // Blocks of every rank's lengths (rank order): in holds sum(counts), out counts[rank()] (it
+  // may be this rank's own block of in); allgather the reverse (in may be out's own block).
+  [[nodiscard]] virtual NcclWork reduce_scatter(const void* in, void* out,
+                                                const std::vector<size_t>& counts, ElemType elem,
+                                                ReduceOp op, const CallOptions& call) = 0;
+  [[nodiscard]] virtual NcclWork allgather(const void* in, void* out,
+                                           const std::vector<size_t>& counts, ElemType elem,
+                                           const CallOptions& call) = 0;
+  // Collective: waits for the issued work and releases what the group holds, within the
+  // control plane's timeout_s (after an abort, only releases).
+  virtual void close() = 0;
+  // Stops the group's work and aborts the control plane with `reason`; never blocks.
+  virtual void abort(const std::string& reason) noexcept = 0;
+};
+
+class NcclCommunicator final : public DeviceCollectives {
  public:
   // Collective over `control`: rank 0 makes the unique id, the control plane broadcasts it,
   // every rank initializes its NCCL communicator (rank and size are control's) within
   // control's timeout_s. Throws Timeout or CommError (both sides aborted) on failure.
   NcclCommunicator(Communicator& control, const NcclApi& api, const NcclOptions& options = {});
   // Aborts (never blocks) when close() was not called.
-  ~NcclCommunicator();
+  ~NcclCommunicator() override;
   NcclCommunicator(NcclCommunicator&&) noexcept;
   NcclCommunicator& operator=(NcclCommunicator&&) noexcept;
 
-  int rank() const;
-  int size() const;
+  int rank() const override;
+  int size() const override;
   NcclStream stream() const;
 
   // The collectives. Unequal blocks (counts of every rank, in rank order) run as one NCCL group
   // of reduces or broadcasts, one per rank, so nothing is padded; equal blocks use NCCL's own.
   // reduce_scatter: in holds sum(counts), out counts[rank()]; allgather the reverse.
   [[nodiscard]] NcclWork allreduce(void* buf, size_t count, ElemType elem,
-                                   ReduceOp op = ReduceOp::kSum, const CallOptions& call = {});
+                                   ReduceOp op = ReduceOp::kSum,
+                                   const CallOptions& call = {}) override;
   [[nodiscard]] NcclWork reduce_scatter(const void* in, void* out,
                                         const std::vector<size_t>& counts, ElemType elem,
-                                        ReduceOp op = ReduceOp::kSum, const CallOptions& call = {});
+                                        ReduceOp op = ReduceOp::kSum,
+                                        const CallOptions& call = {}) override;
   [[nodiscard]] NcclWork allgather(const void* in, void* out, const std::vector<size_t>& counts,
-                                   ElemType elem, const CallOptions& call = {});
+                                   ElemType elem, const CallOptions& call = {}) override;
   [[nodiscard]] NcclWork broadcast(void* buf, size_t count, ElemType elem, int root,
                                    const CallOptions& call = {});
   // Point to point, matched in order per peer. A send and a receive between the same two
@@ -90,10 +126,10 @@ class NcclCommunicator {
 
   // Collective: waits for the issued work and frees the NCCL communicator (finalize, then
   // destroy) within control's timeout_s; after an abort it only releases what is left.
-  void close();
+  void close() override;
   // Stops NCCL's work and frees it (ncclCommAbort) and aborts the control group with
   // `reason`; later calls and waits throw CommError. Idempotent, from any thread.
-  void abort(const std::string& reason) noexcept;
+  void abort(const std::string& reason) noexcept override;
   bool aborted() const;
 
  private:

@@ -74,13 +74,20 @@ struct NcclApi {
   NcclResult (*finalize)(NcclComm comm);
   NcclResult (*destroy)(NcclComm comm);
   const char* (*last_error)(NcclComm comm);  // ncclGetLastError: the library's own words
+  // Whether one communicator may hold several ranks on one device: NCCL 2.30 or newer with
+  // NCCL_MULTI_RANK_GPU_ENABLE=1 in the environment (older NCCL refuses them at init).
+  bool (*shares_device)();
 
   // ---- CUDA runtime ----
+  int (*device_count)(int* count);           // cudaGetDeviceCount
+  int (*set_device)(int device);             // cudaSetDevice: this thread's device from now on
   int (*stream_create)(NcclStream* stream);  // non-blocking with respect to the null stream
+  // Work queued on `stream` from now on waits for `event` (cudaStreamWaitEvent).
+  int (*stream_wait_event)(NcclStream stream, NcclEvent event);
   int (*stream_destroy)(NcclStream stream);
-  int (*event_create)(NcclEvent* event);  // without timing
-  int (*event_record)(NcclEvent event, NcclStream stream);
-  int (*event_query)(NcclEvent event);  // 0: reached; kCudaNotReady: not yet
+  int (*event_create)(NcclEvent* event);                    // without timing
+  int (*event_record)(NcclEvent event, NcclStream stream);  // null: the default stream
+  int (*event_query)(NcclEvent event);                      // 0: reached; kCudaNotReady: not yet
   int (*event_destroy)(NcclEvent event);
   const char* (*device_error_string)(int error);
 };
@@ -88,5 +95,11 @@ struct NcclApi {
 // libnccl and the CUDA runtime. Defined by target tessel::comm_nccl, which exists only in a
 // build with CUDA where CMake found NCCL (docs/nccl.md).
 const NcclApi& nccl_library();
+
+// The table device ranks use (process wide, as the device runtime: the tessel binary installs
+// nccl_library() where it was built, tests the mock; null uninstalls). Without one, device
+// ranks copy their buffers through host memory (staged_collectives.h).
+void install_nccl_api(const NcclApi* api);
+const NcclApi* installed_nccl_api();  // null when none
 
 }  // namespace tessel::comm

@@ -46,6 +46,9 @@
 namespace tessel {
 class Tracer;
 }
+namespace tessel::comm {
+class DeviceCollectives;
+}
 
 namespace tessel::parallel {
 
@@ -195,6 +198,8 @@ class Engine {
   bool training_ = true;
   std::unique_ptr<Executor> executor_;  // null on a rank that does not train
   Units units_, scale_buckets_;
+  // A device rank with dp peers: its buckets' collectives on device memory (engine_device.h).
+  std::unique_ptr<comm::DeviceCollectives> device_comm_;
   std::unique_ptr<GradSync> sync_owner_;
   std::unique_ptr<ParamStore> store_owner_;
   std::unique_ptr<GradSync> faulty_sync_;    // debug.slow_rank around the sync

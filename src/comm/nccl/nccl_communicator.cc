@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <atomic>
 #include <functional>
 #include <numeric>
 
@@ -80,7 +81,12 @@ const char* byte_ptr(const void* p, size_t elems, ElemType elem) {
   return static_cast<const char*>(p) + elems * elem_size(elem);
 }
 
+std::atomic<const NcclApi*> g_installed{nullptr};
+
 }  // namespace
+
+void install_nccl_api(const NcclApi* api) { g_installed.store(api, std::memory_order_release); }
+const NcclApi* installed_nccl_api() { return g_installed.load(std::memory_order_acquire); }
 
 NcclCommunicator::NcclCommunicator(Communicator& control, const NcclApi& api,
                                    const NcclOptions& options)
@@ -99,6 +105,7 @@ NcclCommunicator::NcclCommunicator(Communicator& control, const NcclApi& api,
   if (!s.stream) {
     s.check_cuda(api.stream_create(&s.stream), "cudaStreamCreate", stamp);
     s.own_stream = true;
+    s.check_cuda(api.event_create(&s.follow), "cudaEventCreate", stamp);
   }
   // Bootstrap: rank 0's unique id travels over the control plane.
   NcclUniqueId id{};
@@ -138,6 +145,10 @@ NcclWork NcclCommunicator::launch(const Stamp& stamp, const CallOptions& call,
   NcclState& s = *s_;
   s.enter(stamp);
   const Deadline deadline = Deadline::after(call.timeout_s > 0 ? call.timeout_s : s.timeout_s);
+  if (s.follow) {  // after the kernels queued so far on the default stream
+    s.check_cuda(s.api->event_record(s.follow, nullptr), "cudaEventRecord", stamp);
+    s.check_cuda(s.api->stream_wait_event(s.stream, s.follow), "cudaStreamWaitEvent", stamp);
+  }
   const char* what = "";
   NcclResult r = NcclResult::kSuccess;
   {

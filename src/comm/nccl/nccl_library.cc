@@ -3,6 +3,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "tessel/comm/nccl_api.h"
@@ -120,12 +121,25 @@ const NcclApi kLibrary = {
     .finalize = [](NcclComm comm) { return out(ncclCommFinalize(raw(comm))); },
     .destroy = [](NcclComm comm) { return out(ncclCommDestroy(raw(comm))); },
     .last_error = [](NcclComm comm) { return ncclGetLastError(raw(comm)); },
+    .shares_device =
+        [] {
+          int version = 0;
+          const char* enable = std::getenv("NCCL_MULTI_RANK_GPU_ENABLE");
+          return ncclGetVersion(&version) == ncclSuccess && version >= 23000 && enable != nullptr &&
+                 std::strcmp(enable, "1") == 0;
+        },
+    .device_count = [](int* count) { return static_cast<int>(cudaGetDeviceCount(count)); },
+    .set_device = [](int device) { return static_cast<int>(cudaSetDevice(device)); },
     .stream_create =
         [](NcclStream* stream) {
           cudaStream_t s = nullptr;
           const cudaError_t e = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
           *stream = s;
           return static_cast<int>(e);
+        },
+    .stream_wait_event =
+        [](NcclStream s, NcclEvent e) {
+          return static_cast<int>(cudaStreamWaitEvent(raw(s), static_cast<cudaEvent_t>(e), 0));
         },
     .stream_destroy = [](NcclStream s) { return static_cast<int>(cudaStreamDestroy(raw(s))); },
     .event_create =

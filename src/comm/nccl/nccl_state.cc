@@ -54,6 +54,7 @@ const char* advice(NcclResult r) {
 }  // namespace
 
 NcclState::~NcclState() {
+  if (follow) api->event_destroy(follow);
   if (own_stream && stream) api->stream_destroy(stream);
 }
 

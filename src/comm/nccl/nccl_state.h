@@ -27,6 +27,9 @@ struct NcclState {
   double poll_s = 50e-6;
   NcclStream stream = nullptr;
   bool own_stream = false;
+  // With its own stream: recorded on the default stream before each call, which the stream
+  // waits for (NcclOptions::stream).
+  NcclEvent follow = nullptr;
   uint64_t seq = 0;      // next collective's number (equal on every rank)
   uint64_t p2p_seq = 0;  // next point-to-point call's number (this rank's own count)
 
@@ -42,7 +45,7 @@ struct NcclState {
   std::atomic<bool> aborted{false};
   std::string abort_reason;  // under mu
 
-  ~NcclState();  // releases the stream (the communicator is gone by then)
+  ~NcclState();  // releases the stream and event (the communicator is gone by then)
 
   // The call's description for messages: "allreduce #3 (1000 x f32, sum, native) on rank 1".
   std::string where(const Stamp& s) const;

@@ -11,6 +11,7 @@
 #include "tessel/core/memory.h"
 #include "tessel/core/rng.h"
 #include "tessel/ops/cpu.h"
+#include "tessel/tensor/device.h"
 
 namespace tessel::parallel::compress {
 
@@ -34,6 +35,15 @@ void unpack(const std::vector<Segment>& segments, const float* flat, float* g) {
 }
 
 double allreduce_bytes(double bytes, int world) { return 2.0 * (world - 1) / world * bytes; }
+
+// On this thread's device, where a device rank's gradients and messages live.
+void convert_here(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) {
+  const Device device = current_device();
+  if (device == Device::kCpu)
+    ops::convert(dst, dst_type, src, src_type, n);
+  else
+    device_runtime(device).convert(dst, dst_type, src, src_type, n, current_stream());
+}
 
 // ---- DenseCodec ----
 
@@ -59,7 +69,7 @@ class DenseCodec final : public Codec {
       msg_ = pool_.take(type_);
       char* at = static_cast<char*>(msg_.raw());
       for (const Segment& s : segments_) {
-        ops::convert(at, type_, g + s.offset, DType::kF32, s.numel());
+        convert_here(at, type_, g + s.offset, DType::kF32, s.numel());
         at += static_cast<size_t>(s.numel()) * dtype_size(type_);
       }
       msg = msg_.raw();
@@ -76,12 +86,12 @@ class DenseCodec final : public Codec {
   std::optional<Exchange> next(float* g) override {
     if (!msg_.defined()) return std::nullopt;  // summed in place
     if (scatter_) {
-      ops::convert(g + own_lo_, DType::kF32, at(msg_.raw(), own_lo_), type_,
+      convert_here(g + own_lo_, DType::kF32, at(msg_.raw(), own_lo_), type_,
                    static_cast<int64_t>(scatter_->blocks[static_cast<size_t>(scatter_->rank)]));
     } else {
       int64_t i = 0;
       for (const Segment& s : segments_) {
-        ops::convert(g + s.offset, DType::kF32, at(msg_.raw(), i), type_, s.numel());
+        convert_here(g + s.offset, DType::kF32, at(msg_.raw(), i), type_, s.numel());
         i += s.numel();
       }
     }
@@ -375,7 +385,7 @@ Tensor BufferPool::take(DType type) {
       return t;
     }
   MemoryScope scope(MemCategory::kComm);
-  return Tensor::zeros({std::max<int64_t>(numel_, 1)}, type);
+  return Tensor::zeros({std::max<int64_t>(numel_, 1)}, type, current_device());
 }
 
 int8_t quantize_int8(float x, float inv_scale, float u) {

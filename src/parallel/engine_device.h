@@ -1,0 +1,39 @@
+// A device rank's GPU and the collectives its gradient buckets run on device memory
+// (comm/nccl.h's DeviceCollectives). Ranks that are threads of one process share the device
+// runtime's one device (its caching pool serves one GPU), an MPI process takes GPU (local rank
+// mod device count). The collectives are NCCL's where the installed NcclApi can hold this
+// group's ranks (one per GPU, or NCCL 2.30+ sharing one), else copies through the host
+// (comm/staged_collectives.h), which any number of ranks on one GPU can run. docs/nccl.md.
+// Internal to the parallel area; built by the Engine.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "tessel/comm/communicator.h"
+#include "tessel/comm/nccl.h"
+
+namespace tessel::parallel {
+
+// Where a rank's device work runs.
+struct DevicePlacement {
+  int device = 0;       // the GPU index
+  bool shared = false;  // other ranks of this host use that GPU too
+};
+
+// Collective-free. Places this rank (`world`: every rank of the job) and, under MPI, makes its
+// GPU (OMPI_COMM_WORLD_LOCAL_RANK mod the GPUs the installed NcclApi counts) this thread's
+// current device; call before anything is allocated there.
+DevicePlacement place_device_rank(comm::Communicator& world);
+
+// Collective over dp. The dp group's collectives on device memory; *kind says which ("nccl" or
+// "staged") and why. Throws CommError or Timeout when NCCL fails to start.
+std::unique_ptr<comm::DeviceCollectives> make_device_collectives(comm::Communicator& dp,
+                                                                 const DevicePlacement& place,
+                                                                 std::string* kind);
+
+// The Engine's destructor: close() after a finished run (collective, within the control
+// plane's timeout_s), abort() while an exception unwinds the rank (its peers must not wait).
+void release_device_collectives(comm::DeviceCollectives& c) noexcept;
+
+}  // namespace tessel::parallel

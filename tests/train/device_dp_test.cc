@@ -1,0 +1,213 @@
+// Data parallel on device ranks, proved on the CPU: fashion_mlp with runtime.device = cuda on
+// 2 and 4 ranks (threads) over the fake device (tests/support/fake_device.h), whose "device"
+// memory is host blocks and whose kernel slots run the CPU kernels, must give what the same
+// layout gives on the CPU. The ranks' buckets go through their DeviceCollectives: copies
+// through the host (no NCCL installed: the CPU's own all-reduce, so the CPU's bits), or the
+// mock NCCL (tests/comm/nccl_mock.h: ranks as threads, sums in rank order). Deterministic mode
+// gives one params_sha256 for 1, 2 and 4 device ranks, the CPU's. A rank that hangs is named
+// at the deadline, through either path, and a rank whose NCCL dies ends the run.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "fake_device.h"
+#include "nccl_mock.h"
+#include "tessel/core/clock.h"
+#include "train_on.h"
+
+namespace tessel::train {
+namespace {
+
+using comm::testing::mock_nccl;
+using comm::testing::mock_nccl_fault;
+using comm::testing::mock_nccl_reset;
+using comm::testing::mock_nccl_state;
+using comm::testing::MockFault;
+using tessel::testing::example;
+using tessel::testing::RunResult;
+using tessel::testing::train_on;
+
+class DeviceDp : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    data_ = new data::Splits(data::make_datasets(example("fashion_mlp", {}).data));
+  }
+  static void TearDownTestSuite() {
+    delete data_;
+    data_ = nullptr;
+  }
+  void TearDown() override {
+    comm::install_nccl_api(nullptr);
+    const comm::testing::MockNcclState s = mock_nccl_state();
+    EXPECT_EQ(s.misuses, 0) << s.first_misuse;
+    mock_nccl_reset();
+  }
+
+  // fashion_mlp, 6 steps of 64 rows (several buckets each), clipped, on `device`.
+  static Config config(const std::string& device, std::vector<std::string> extra = {}) {
+    extra.insert(extra.end(), {"train.max_steps=6", "train.batch=64", "train.drop_last=true",
+                               "train.clip_norm=0.5", "ddp.bucket_mb=0.1",
+                               str("runtime.device=", device), "data.test_fraction=0"});
+    return example("fashion_mlp", extra);
+  }
+  static RunResult run(const Config& cfg, int workers, RunOptions opts = {}) {
+    return train_on(cfg, workers, std::move(opts), data_);
+  }
+
+  static data::Splits* data_;
+};
+
+data::Splits* DeviceDp::data_ = nullptr;
+
+void expect_same_run(const RunResult& got, const RunResult& want) {
+  for (const char* key : {"params_sha256", "train_loss", "train_accuracy", "steps"})
+    EXPECT_EQ(got.summary[key], want.summary[key]) << key;
+  EXPECT_EQ(got.params, want.params);
+}
+
+// Ranks sharing the one (fake) device, no NCCL: the host's all-reduce on staged copies.
+TEST_F(DeviceDp, StagedRanksTrainAsTheCpuRanks) {
+  for (const char* precision : {"fp32", "bf16"})
+    for (int workers : {2, 4}) {
+      SCOPED_TRACE(str(precision, " dp=", workers));
+      const std::string p = str("train.precision=", precision);
+      // The CPU ranks' bucket all-reduce (their default on one host sums in shared memory).
+      const RunResult cpu = run(config("cpu", {p, "ddp.shared_memory=false"}), workers);
+      fakes::FakeDevice fake;
+      const RunResult cuda = run(config("cuda", {p}), workers);
+      expect_same_run(cuda, cpu);
+      EXPECT_EQ(cuda.summary["engine"]["grad_sync"], "allreduce");
+      EXPECT_EQ(cuda.summary["engine"]["device_comm"], "staged (no NCCL in this build)");
+      EXPECT_GT(fake.runtime().copies, 0);
+    }
+}
+
+// ZeRO-1: each rank's gradient shard reduce-scattered, its optimizer state and update over
+// its shards, the updated shards all-gathered into every replica, all on device memory.
+TEST_F(DeviceDp, ZeroOneRanksTrainAsTheCpuRanks) {
+  for (bool nccl : {false, true})
+    for (int workers : {2, 4}) {
+      SCOPED_TRACE(str(nccl ? "nccl" : "staged", " dp=", workers));
+      const std::vector<std::string> zero = {"zero.stage=1", "train.precision=bf16",
+                                             "optim.kind=adamw", "ddp.shared_memory=false"};
+      const RunResult cpu = run(config("cpu", zero), workers);
+      comm::install_nccl_api(nccl ? &mock_nccl() : nullptr);
+      RunResult cuda;
+      {
+        fakes::FakeDevice fake;
+        cuda = run(config("cuda", zero), workers);
+      }
+      EXPECT_EQ(cuda.summary["engine"]["grad_sync"], "reduce_scatter");
+      if (!nccl || workers == 2) {
+        expect_same_run(cuda, cpu);
+      } else {
+        const double want = cpu.summary["train_loss"], got = cuda.summary["train_loss"];
+        EXPECT_NEAR(got, want, 1e-4 * want);
+      }
+    }
+}
+
+// Through NCCL (the mock): two ranks' sums are the CPU's bits (a + b either way); four ranks
+// add in the mock's rank order, not the CPU ring's, so their losses agree to rounding.
+TEST_F(DeviceDp, NcclRanksTrainAsTheCpuRanks) {
+  for (int workers : {2, 4}) {
+    SCOPED_TRACE(str("dp=", workers));
+    const RunResult cpu = run(config("cpu", {"ddp.shared_memory=false"}), workers);
+    comm::install_nccl_api(&mock_nccl());
+    RunResult cuda;
+    {
+      fakes::FakeDevice fake;
+      cuda = run(config("cuda"), workers);
+    }
+    comm::install_nccl_api(nullptr);
+    EXPECT_EQ(cuda.summary["engine"]["device_comm"], "nccl");
+    if (workers == 2) {
+      expect_same_run(cuda, cpu);
+    } else {
+      const double want = cpu.summary["train_loss"], got = cuda.summary["train_loss"];
+      EXPECT_NEAR(got, want, 1e-5 * want);
+    }
+    EXPECT_EQ(mock_nccl_state().live_comms, 0);  // every rank closed its communicator
+    EXPECT_EQ(mock_nccl_state().live_streams, 0);
+  }
+}
+
+// Deterministic mode: the exact integer sum of the micro-shards, whatever the worker count and
+// whether NCCL is there, gives the one-worker CPU run's parameters.
+TEST_F(DeviceDp, DeterministicModeGivesOneRunForAnyWorkerCount) {
+  const std::vector<std::string> det = {"train.deterministic=true", "ddp.micro_shard=16"};
+  const RunResult cpu = run(config("cpu", det), 1);
+  fakes::FakeDevice fake;
+  for (int workers : {1, 2, 4}) {
+    SCOPED_TRACE(str("dp=", workers));
+    const RunResult cuda = run(config("cuda", det), workers);
+    EXPECT_EQ(cuda.summary["engine"]["grad_sync"], "exact");
+    expect_same_run(cuda, cpu);
+  }
+  comm::install_nccl_api(&mock_nccl());
+  expect_same_run(run(config("cuda", det), 2), cpu);
+}
+
+struct Failed {
+  std::string type, error;
+  double seconds = 0;
+};
+
+// Trains cfg on `workers` ranks as threads whose communicators take cfg's comm.timeout_s (as
+// the tessel binary's do), expecting a failure.
+Failed run_failing(const Config& cfg, int workers, const data::Splits* data) {
+  comm::CommOptions options;
+  options.timeout_s = cfg.comm.timeout_s;
+  RunOptions opts;
+  opts.progress = false;
+  opts.run_dir = tessel::testing::test_run_dir("device_dp_failing");
+  std::filesystem::remove_all(opts.run_dir);
+  const double t0 = now_seconds();
+  try {
+    comm::run_threads(
+        workers, [&](comm::Communicator& c) { Trainer(cfg, opts, &c, data).run(); }, options);
+  } catch (const Timeout& e) {
+    return {"Timeout", e.what(), now_seconds() - t0};
+  } catch (const CommError& e) {
+    return {"CommError", e.what(), now_seconds() - t0};
+  } catch (const std::exception& e) {
+    return {"other", e.what(), now_seconds() - t0};
+  }
+  return {"none", "", now_seconds() - t0};
+}
+
+// Rank 1 hangs after step 2 outside any call: the others' next bucket waits until
+// comm.timeout_s and names it, with NCCL (its wait) or without (the host's all-reduce).
+TEST_F(DeviceDp, HungRankIsNamedAtTheDeadline) {
+  const std::vector<std::string> hang = {"debug.fail_rank=1", "debug.fail_mode=hang",
+                                         "debug.fail_step=2", "comm.timeout_s=1"};
+  fakes::FakeDevice fake;
+  for (bool nccl : {false, true}) {
+    SCOPED_TRACE(nccl ? "nccl" : "staged");
+    comm::install_nccl_api(nccl ? &mock_nccl() : nullptr);
+    const Failed f = run_failing(config("cuda", hang), 2, data_);
+    EXPECT_NE(f.type, "none");
+    EXPECT_NE(f.error.find("rank 1 stopped making progress"), std::string::npos) << f.error;
+    EXPECT_LT(f.seconds, 1 + 5.0) << f.error;  // comm.timeout_s + 5 s (a loaded host)
+  }
+}
+
+// Rank 1's process dies inside NCCL (its work never runs, its peers' NCCL reports
+// ncclRemoteError): the run ends with CommError long before the 30 s deadline. (NCCL's remote
+// error does not say which peer went; the mock's dead rank still waits in its call, so no
+// rank stands out of the progress records either.)
+TEST_F(DeviceDp, DeadNcclRankEndsTheRun) {
+  fakes::FakeDevice fake;
+  comm::install_nccl_api(&mock_nccl());
+  mock_nccl_fault(1, MockFault::kDie, 5);
+  const Failed f = run_failing(config("cuda", {"comm.timeout_s=30"}), 2, data_);
+  EXPECT_EQ(f.type, "CommError") << f.error;
+  EXPECT_NE(f.error.find("ncclRemoteError"), std::string::npos) << f.error;
+  EXPECT_NE(f.error.find("allreduce #5"), std::string::npos) << f.error;  // the dead call
+  EXPECT_LT(f.seconds, 10.0);
+}
+
+}  // namespace
+}  // namespace tessel::train

@@ -94,6 +94,32 @@ void set_batch(cublasLtMatrixLayout_t layout, int64_t count, int64_t stride) {
                "batch stride");
 }
 
+// The algorithm for the descriptors in d. The heuristic's first choice is a function of the
+// descriptors and alignments alone: the same call picks the same algorithm every time, and
+// cuBLASLt's algorithms give the same bits run to run on one GPU model.
+cublasLtMatmulAlgo_t pick_algo(Blas& blas, Desc& d, int64_t M, int64_t N, int64_t K, ConstMatrix A,
+                               ConstMatrix B, Matrix C, const GemmBatch& batch) {
+  check_cublas(cublasLtMatmulPreferenceCreate(&d.pref), "cublasLtMatmulPreferenceCreate");
+  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{Blas::kWorkspaceBytes});
+  const uint32_t align_c = alignment(C.p, batch.stride_c, C.type);
+  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+           alignment(B.p, batch.stride_b, B.type));
+  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+           alignment(A.p, batch.stride_a, A.type));
+  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
+  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
+  cublasLtMatmulHeuristicResult_t best{};
+  int found = 0;
+  check_cublas(cublasLtMatmulAlgoGetHeuristic(blas.handle(), d.op, d.a, d.b, d.c, d.c, d.pref, 1,
+                                              &best, &found),
+               "cublasLtMatmulAlgoGetHeuristic");
+  if (found == 0)
+    throw CudaError(str("cublas: no cuBLASLt algorithm for M=", M, " N=", N, " K=", K, " batch ",
+                        batch.count, " ", dtype_name(A.type), " -> ", dtype_name(C.type),
+                        "; pad the leading dimensions to a multiple of 8 elements"));
+  return best.algo;
+}
+
 // The one cuBLASLt call behind gemm and gemm_batched.
 void matmul(Blas& blas, cudaStream_t stream, bool trans_a, bool trans_b, int64_t M, int64_t N,
             int64_t K, float alpha, ConstMatrix A, ConstMatrix B, float beta, Matrix C,
@@ -133,30 +159,10 @@ void matmul(Blas& blas, cudaStream_t stream, bool trans_a, bool trans_b, int64_t
     set_batch(d.c, batch.count, batch.stride_c);
   }
 
-  check_cublas(cublasLtMatmulPreferenceCreate(&d.pref), "cublasLtMatmulPreferenceCreate");
-  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{Blas::kWorkspaceBytes});
-  const uint32_t align_c = alignment(C.p, batch.stride_c, C.type);
-  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-           alignment(B.p, batch.stride_b, B.type));
-  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-           alignment(A.p, batch.stride_a, A.type));
-  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
-  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
-  // The heuristic's first choice is a function of the descriptors and alignments alone: the same
-  // call picks the same algorithm every time, and cuBLASLt's algorithms give the same bits run to
-  // run on one GPU model.
-  cublasLtMatmulHeuristicResult_t best{};
-  int found = 0;
-  check_cublas(cublasLtMatmulAlgoGetHeuristic(blas.handle(), d.op, d.a, d.b, d.c, d.c, d.pref, 1,
-                                              &best, &found),
-               "cublasLtMatmulAlgoGetHeuristic");
-  if (found == 0)
-    throw CudaError(str("cublas: no cuBLASLt algorithm for M=", M, " N=", N, " K=", K, " batch ",
-                        batch.count, " ", dtype_name(A.type), " -> ", dtype_name(C.type),
-                        "; pad the leading dimensions to a multiple of 8 elements"));
+  const cublasLtMatmulAlgo_t algo = pick_algo(blas, d, M, N, K, A, B, C, batch);
   // K = 0 leaves C = beta * C (+ bias): cuBLASLt does that itself.
   check_cublas(cublasLtMatmul(blas.handle(), d.op, &alpha, B.p, d.a, A.p, d.b, &beta, C.p, d.c, C.p,
-                              d.c, &best.algo, blas.workspace(), Blas::kWorkspaceBytes, stream),
+                              d.c, &algo, blas.workspace(), Blas::kWorkspaceBytes, stream),
                "cublasLtMatmul");
 }
 

@@ -1,6 +1,7 @@
 // Attention through tensor-core GEMMs (attention_gemm.cu) against the CPU's bf16
 // attention_forward/backward, its lse against the flash kernel's, chunks of heads against whole
-// sequences, and the same bits on a second run. The support rule and the scratch bound are host
+// sequences, and the same bits on a second run (IsDeterministic: gpu_check leaves it out of
+// memcheck, as every *Deterministic* test). The support rule and the scratch bound are host
 // functions and run without a device.
 #include <memory>
 
@@ -104,7 +105,7 @@ TEST_F(CudaAttentionGemm, ChunksOfHeadsGiveTheWholeResult) {
   expect_close(chunked.dqkv, whole.dqkv, 1e-2, "chunked attention dqkv", 1e-3);
 }
 
-TEST_F(CudaAttentionGemm, TwoRunsGiveTheSameBits) {
+TEST_F(CudaAttentionGemm, IsDeterministic) {
   const Case c{2, 1024, 768, 12};
   const DeviceBuffer qkv = upload(randn(c.B * c.T * 3 * c.C, 15), kBf16);
   const DeviceBuffer dout = upload(randn(c.B * c.T * c.C, 16), kBf16);

@@ -10,6 +10,8 @@
 #include "tessel/ops/cpu.h"
 #include "tessel/ops/cuda/blas.h"
 #include "tessel/ops/cuda/kernels.h"
+#include "tessel/ops/cuda/runtime.h"
+#include "tessel/ops/device_kernels.h"
 
 namespace tessel::ops::cuda::testing {
 namespace {
@@ -113,6 +115,26 @@ TEST_F(CudaAttentionGemm, IsDeterministic) {
   expect_same_bits(a.out, b.out, "gemm attention out");
   expect_same_bits(a.lse, b.lse, "gemm attention lse");
   expect_same_bits(a.dqkv, b.dqkv, "gemm attention dqkv");
+}
+
+// The kernel table's attention slots (what a bf16 GPT at T >= 256 calls) are the GEMM path: the
+// same bits (the flash kernels round differently).
+TEST_F(CudaAttentionGemm, TheKernelTableTakesItForLongBf16) {
+  const Case c{2, 256, 256, 4};
+  const int64_t n_qkv = c.B * c.T * 3 * c.C, n_out = c.B * c.T * c.C, n_lse = c.B * c.NH * c.T;
+  const DeviceBuffer qkv = upload(randn(n_qkv, 18), kBf16), dout = upload(randn(n_out, 19), kBf16);
+  const Result direct = run(c, qkv, dout);
+  install();
+  const DeviceKernels* table = device_kernels(Device::kCuda);
+  ASSERT_NE(table, nullptr);
+  DeviceBuffer out = poisoned(n_out, kBf16), lse = poisoned(n_lse), dqkv = poisoned(n_qkv, kBf16);
+  table->attention_forward(out.get(), lse.as<float>(), qkv.get(), c.B, c.T, c.C, c.NH, kBf16,
+                           nullptr);
+  table->attention_backward(dqkv.get(), dout.get(), qkv.get(), out.get(), lse.as<float>(), c.B, c.T,
+                            c.C, c.NH, kBf16, nullptr);
+  expect_same_bits(download(out, n_out, kBf16), direct.out, "table attention out");
+  expect_same_bits(download(lse, n_lse), direct.lse, "table attention lse");
+  expect_same_bits(download(dqkv, n_qkv, kBf16), direct.dqkv, "table attention dqkv");
 }
 
 TEST_F(CudaAttentionGemm, RefusesScratchWithoutRoomForOneHead) {

@@ -28,10 +28,11 @@ cudaDataType_t cuda_type(DType t) {
   }
 }
 
-// The largest power of two (<= 256) dividing the address: cuBLASLt assumes 256-byte aligned
-// buffers unless told, and views into arenas need not be.
-uint32_t alignment(const void* p) {
-  const auto a = reinterpret_cast<uintptr_t>(p);
+// The largest power of two (<= 256) dividing the address and the batch stride in bytes (every
+// matrix of a batch starts at such an address): cuBLASLt assumes 256-byte aligned buffers unless
+// told, and views into arenas need not be.
+uint32_t alignment(const void* p, int64_t stride, DType t) {
+  const auto a = reinterpret_cast<uintptr_t>(p) | static_cast<uintptr_t>(stride * dtype_size(t));
   uint32_t align = 256;
   while (align > 1 && (a % align) != 0) align /= 2;
   return align;
@@ -81,10 +82,51 @@ Blas::~Blas() noexcept {
 
 size_t cublaslt_version() { return cublasLtGetVersion(); }
 
-void gemm(Blas& blas, cudaStream_t stream, bool trans_a, bool trans_b, int64_t M, int64_t N,
-          int64_t K, float alpha, ConstMatrix A, ConstMatrix B, float beta, Matrix C,
-          const void* bias) {
+namespace {
+
+void set_batch(cublasLtMatrixLayout_t layout, int64_t count, int64_t stride) {
+  const int32_t n = static_cast<int32_t>(count);
+  check_cublas(
+      cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof(n)),
+      "batch count");
+  check_cublas(cublasLtMatrixLayoutSetAttribute(layout, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET,
+                                                &stride, sizeof(stride)),
+               "batch stride");
+}
+
+// The algorithm for the descriptors in d. The heuristic's first choice is a function of the
+// descriptors and alignments alone: the same call picks the same algorithm every time, and
+// cuBLASLt's algorithms give the same bits run to run on one GPU model.
+cublasLtMatmulAlgo_t pick_algo(Blas& blas, Desc& d, int64_t M, int64_t N, int64_t K, ConstMatrix A,
+                               ConstMatrix B, Matrix C, const GemmBatch& batch) {
+  check_cublas(cublasLtMatmulPreferenceCreate(&d.pref), "cublasLtMatmulPreferenceCreate");
+  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{Blas::kWorkspaceBytes});
+  const uint32_t align_c = alignment(C.p, batch.stride_c, C.type);
+  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+           alignment(B.p, batch.stride_b, B.type));
+  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+           alignment(A.p, batch.stride_a, A.type));
+  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, align_c);
+  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, align_c);
+  cublasLtMatmulHeuristicResult_t best{};
+  int found = 0;
+  check_cublas(cublasLtMatmulAlgoGetHeuristic(blas.handle(), d.op, d.a, d.b, d.c, d.c, d.pref, 1,
+                                              &best, &found),
+               "cublasLtMatmulAlgoGetHeuristic");
+  if (found == 0)
+    throw CudaError(str("cublas: no cuBLASLt algorithm for M=", M, " N=", N, " K=", K, " batch ",
+                        batch.count, " ", dtype_name(A.type), " -> ", dtype_name(C.type),
+                        "; pad the leading dimensions to a multiple of 8 elements"));
+  return best.algo;
+}
+
+// The one cuBLASLt call behind gemm and gemm_batched.
+void matmul(Blas& blas, cudaStream_t stream, bool trans_a, bool trans_b, int64_t M, int64_t N,
+            int64_t K, float alpha, ConstMatrix A, ConstMatrix B, float beta, Matrix C,
+            const void* bias, const GemmBatch& batch) {
   TESSEL_CHECK(M >= 0 && N >= 0 && K >= 0, "cuda gemm: negative shape M=", M, " N=", N, " K=", K);
+  TESSEL_CHECK(batch.count >= 1 && batch.count < (int64_t{1} << 31),
+               "cuda gemm: batch count must be in [1, 2^31), got ", batch.count);
   if (M == 0 || N == 0) return;
   if (A.type != B.type)
     throw InvalidArgument(str("cuda gemm: A and B must have one type, got ", dtype_name(A.type),
@@ -111,26 +153,31 @@ void gemm(Blas& blas, cudaStream_t stream, bool trans_a, bool trans_b, int64_t M
   check_cublas(cublasLtMatrixLayoutCreate(&d.a, ab, rows_a, cols_a, B.ld), "layout of B");
   check_cublas(cublasLtMatrixLayoutCreate(&d.b, ab, rows_b, cols_b, A.ld), "layout of A");
   check_cublas(cublasLtMatrixLayoutCreate(&d.c, c, N, M, C.ld), "layout of C");
+  if (batch.count > 1) {
+    set_batch(d.a, batch.count, batch.stride_b);
+    set_batch(d.b, batch.count, batch.stride_a);
+    set_batch(d.c, batch.count, batch.stride_c);
+  }
 
-  check_cublas(cublasLtMatmulPreferenceCreate(&d.pref), "cublasLtMatmulPreferenceCreate");
-  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, uint64_t{Blas::kWorkspaceBytes});
-  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, alignment(B.p));
-  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, alignment(A.p));
-  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, alignment(C.p));
-  set_pref(d.pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, alignment(C.p));
-  cublasLtMatmulHeuristicResult_t best{};
-  int found = 0;
-  check_cublas(cublasLtMatmulAlgoGetHeuristic(blas.handle(), d.op, d.a, d.b, d.c, d.c, d.pref, 1,
-                                              &best, &found),
-               "cublasLtMatmulAlgoGetHeuristic");
-  if (found == 0)
-    throw CudaError(str("cublas: no cuBLASLt algorithm for M=", M, " N=", N, " K=", K, " ",
-                        dtype_name(A.type), " -> ", dtype_name(C.type),
-                        "; pad the leading dimensions to a multiple of 8 elements"));
+  const cublasLtMatmulAlgo_t algo = pick_algo(blas, d, M, N, K, A, B, C, batch);
   // K = 0 leaves C = beta * C (+ bias): cuBLASLt does that itself.
   check_cublas(cublasLtMatmul(blas.handle(), d.op, &alpha, B.p, d.a, A.p, d.b, &beta, C.p, d.c, C.p,
-                              d.c, &best.algo, blas.workspace(), Blas::kWorkspaceBytes, stream),
+                              d.c, &algo, blas.workspace(), Blas::kWorkspaceBytes, stream),
                "cublasLtMatmul");
+}
+
+}  // namespace
+
+void gemm(Blas& blas, cudaStream_t stream, bool trans_a, bool trans_b, int64_t M, int64_t N,
+          int64_t K, float alpha, ConstMatrix A, ConstMatrix B, float beta, Matrix C,
+          const void* bias) {
+  matmul(blas, stream, trans_a, trans_b, M, N, K, alpha, A, B, beta, C, bias, GemmBatch{});
+}
+
+void gemm_batched(Blas& blas, cudaStream_t stream, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                  int64_t K, float alpha, ConstMatrix A, ConstMatrix B, float beta, Matrix C,
+                  const GemmBatch& batch) {
+  matmul(blas, stream, trans_a, trans_b, M, N, K, alpha, A, B, beta, C, nullptr, batch);
 }
 
 void linear_forward(Blas& blas, cudaStream_t stream, void* y, const void* x, const void* w,

@@ -78,20 +78,39 @@ void fill_conv_slots(DeviceKernels& k) {
   };
 }
 
+// ---- Attention: tensor-core GEMMs where attention_gemm_supported (bf16, long sequences), the
+// flash kernels otherwise; the GEMM path's T x T scratch comes from the caching pool.
+Tensor attention_scratch(int64_t T, int64_t NH) {
+  const int64_t floats = static_cast<int64_t>(attention_gemm_scratch_bytes(T, NH) / 4);
+  return Tensor::empty({floats}, DType::kF32, Device::kCuda);
+}
+
+void attention_fwd(void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t C,
+                   int64_t NH, DType t, void* stream) {
+  const cudaStream_t s = as_stream(stream);
+  if (NH <= 0 || C % NH != 0 || !attention_gemm_supported(t, T, C / NH))
+    return attention_forward(out, lse, qkv, B, T, C, NH, t, s);
+  const Tensor scratch = attention_scratch(T, NH);
+  attention_gemm_forward(blas(), scratch.raw(), scratch.nbytes(), out, lse, qkv, B, T, C, NH, t, s);
+}
+
+void attention_bwd(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
+                   int64_t B, int64_t T, int64_t C, int64_t NH, DType t, void* stream) {
+  const cudaStream_t s = as_stream(stream);
+  if (NH <= 0 || C % NH != 0 || !attention_gemm_supported(t, T, C / NH))
+    return attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, t, s);
+  const Tensor scratch = attention_scratch(T, NH);
+  attention_gemm_backward(blas(), scratch.raw(), scratch.nbytes(), dqkv, dout, qkv, out, lse, B, T,
+                          C, NH, t, s);
+}
+
 // The GPT's slots (and dropout's).
 void fill_gpt_slots(DeviceKernels& k) {
   k.accumulate = [](float* acc, const void* x, int64_t n, DType t, void* s) {
     accumulate(acc, x, n, t, as_stream(s));
   };
-  k.attention_forward = [](void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t C,
-                           int64_t NH, DType t, void* s) {
-    attention_forward(out, lse, qkv, B, T, C, NH, t, as_stream(s));
-  };
-  k.attention_backward = [](void* dqkv, const void* dout, const void* qkv, const void* out,
-                            const float* lse, int64_t B, int64_t T, int64_t C, int64_t NH, DType t,
-                            void* s) {
-    attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, t, as_stream(s));
-  };
+  k.attention_forward = attention_fwd;
+  k.attention_backward = attention_bwd;
   k.rmsnorm_forward = [](void* y, float* rstd, const void* x, const void* w, int64_t N, int64_t C,
                          DType t,
                          void* s) { rmsnorm_forward(y, rstd, x, w, N, C, t, as_stream(s)); };

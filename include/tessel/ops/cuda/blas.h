@@ -46,6 +46,18 @@ void gemm(Blas& blas, cudaStream_t stream, bool trans_a, bool trans_b, int64_t M
           int64_t K, float alpha, ConstMatrix A, ConstMatrix B, float beta, Matrix C,
           const void* bias = nullptr);
 
+// A batch of `count` GEMMs of one shape, matrix b of each operand at p + b * stride (elements).
+// Strides may be smaller than a matrix (the heads of an attention layer, interleaved in one
+// row-major [T, NH * HS] tensor); the C matrices must not overlap.
+struct GemmBatch {
+  int64_t count = 1;
+  int64_t stride_a = 0, stride_b = 0, stride_c = 0;
+};
+// gemm over every matrix of the batch (no bias).
+void gemm_batched(Blas& blas, cudaStream_t stream, bool trans_a, bool trans_b, int64_t M, int64_t N,
+                  int64_t K, float alpha, ConstMatrix A, ConstMatrix B, float beta, Matrix C,
+                  const GemmBatch& batch);
+
 // ---- Linear: y[N,OC] = x[N,C] @ w[OC,C]^T + b[OC], everything of type t (f32 or bf16) ----
 // Same contract as ops::linear_forward/backward: b may be null; the backward OVERWRITES dx
 // (of type t; null: skipped) and ACCUMULATES into dw[OC,C] and db[OC] (f32; db null: skipped).

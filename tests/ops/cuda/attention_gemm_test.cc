@@ -1,0 +1,150 @@
+// Attention through tensor-core GEMMs (attention_gemm.cu) against the CPU's bf16
+// attention_forward/backward, its lse against the flash kernel's, chunks of heads against whole
+// sequences, and the same bits on a second run (IsDeterministic: gpu_check leaves it out of
+// memcheck, as every *Deterministic* test). The support rule and the scratch bound are host
+// functions and run without a device.
+#include <memory>
+
+#include "cuda_test_util.h"
+#include "tessel/core/error.h"
+#include "tessel/ops/cpu.h"
+#include "tessel/ops/cuda/blas.h"
+#include "tessel/ops/cuda/kernels.h"
+#include "tessel/ops/cuda/runtime.h"
+#include "tessel/ops/device_kernels.h"
+
+namespace tessel::ops::cuda::testing {
+namespace {
+
+constexpr DType kBf16 = DType::kBF16;
+
+struct Case {
+  int64_t B, T, C, NH;
+};
+
+Vec to_f32(const std::vector<uint16_t>& h) {
+  Vec v(h.size());
+  for (size_t i = 0; i < h.size(); ++i) v[i] = bf16_to_f32(h[i]);
+  return v;
+}
+
+TEST(AttentionGemmPlan, SupportsBf16LongSequencesOnly) {
+  EXPECT_TRUE(attention_gemm_supported(kBf16, 256, 64));
+  EXPECT_TRUE(attention_gemm_supported(kBf16, 1024, 128));
+  EXPECT_FALSE(attention_gemm_supported(DType::kF32, 1024, 64));  // f32 stays exact (flash)
+  EXPECT_FALSE(attention_gemm_supported(kBf16, 248, 64));         // short: flash
+  EXPECT_FALSE(attention_gemm_supported(kBf16, 260, 64));         // not a multiple of 8
+  EXPECT_FALSE(attention_gemm_supported(kBf16, 1024, 48));        // head size
+}
+
+TEST(AttentionGemmPlan, ScratchHoldsAllHeadsUpTo256MiBElseWhatFits) {
+  const size_t MiB = size_t{1} << 20;
+  EXPECT_EQ(attention_gemm_scratch_bytes(1024, 12), 144 * MiB);  // GPT-2: 12 heads x 12 MiB
+  EXPECT_EQ(attention_gemm_scratch_bytes(2048, 12), 5 * 48 * MiB);
+  EXPECT_EQ(attention_gemm_scratch_bytes(4096, 32), 192 * MiB);  // one head even past the budget
+}
+
+class CudaAttentionGemm : public Gpu {
+ protected:
+  struct Result {
+    Vec out, lse, dqkv;
+  };
+  // Forward and backward through the GEMM path with `scratch_bytes` of scratch (0: the
+  // kernel table's size).
+  Result run(const Case& c, const DeviceBuffer& qkv, const DeviceBuffer& dout,
+             size_t scratch_bytes = 0) {
+    const int64_t n_qkv = c.B * c.T * 3 * c.C, n_out = c.B * c.T * c.C, n_lse = c.B * c.NH * c.T;
+    if (scratch_bytes == 0) scratch_bytes = attention_gemm_scratch_bytes(c.T, c.NH);
+    DeviceBuffer scratch(scratch_bytes), out = poisoned(n_out, kBf16), lse = poisoned(n_lse),
+                                         dqkv = poisoned(n_qkv, kBf16);
+    attention_gemm_forward(blas(), scratch.get(), scratch_bytes, out.get(), lse.as<float>(),
+                           qkv.get(), c.B, c.T, c.C, c.NH, kBf16, nullptr);
+    attention_gemm_backward(blas(), scratch.get(), scratch_bytes, dqkv.get(), dout.get(), qkv.get(),
+                            out.get(), lse.as<float>(), c.B, c.T, c.C, c.NH, kBf16, nullptr);
+    return {download(out, n_out, kBf16), download(lse, n_lse), download(dqkv, n_qkv, kBf16)};
+  }
+  Blas& blas() {  // made after SetUp: Blas throws without a device
+    if (!blas_) blas_ = std::make_unique<Blas>();
+    return *blas_;
+  }
+  std::unique_ptr<Blas> blas_;
+};
+
+TEST_F(CudaAttentionGemm, ForwardAndBackwardMatchCpuBf16) {
+  // GPT-2's head size 64 at T = 256 and 1024; 256/4 has four heads of 64 too.
+  for (const Case& c : {Case{2, 256, 256, 4}, Case{1, 256, 768, 12}, Case{1, 1024, 768, 12}}) {
+    const int64_t n_qkv = c.B * c.T * 3 * c.C, n_out = c.B * c.T * c.C;
+    const auto qkv = to_bf16(randn(n_qkv, 11)), dout = to_bf16(randn(n_out, 12));
+    std::vector<uint16_t> out(n_out), dqkv(n_qkv);
+    Vec att(c.B * c.NH * c.T * c.T);
+    ops::attention_forward(out.data(), att.data(), qkv.data(), c.B, c.T, c.C, c.NH, kBf16);
+    ops::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), c.B, c.T, c.C, c.NH,
+                            kBf16);
+    const DeviceBuffer gqkv = upload_ints(qkv), gdout = upload_ints(dout);
+    const Result got = run(c, gqkv, gdout);
+    // The flash kernel's lse (f32 scores from the same bf16 inputs): only the sums' order differs.
+    DeviceBuffer fout = poisoned(n_out, kBf16), flse = poisoned(c.B * c.NH * c.T);
+    attention_forward(fout.get(), flse.as<float>(), gqkv.get(), c.B, c.T, c.C, c.NH, kBf16,
+                      nullptr);
+    const std::string tag = str(" gemm B=", c.B, " T=", c.T, " C=", c.C, " NH=", c.NH);
+    expect_close(got.out, to_f32(out), 1e-2, "attention out" + tag);
+    expect_close(got.lse, download(flse, c.B * c.NH * c.T), 1e-5, "attention lse" + tag);
+    // Both round P and dS to bf16 for their GEMMs; sums in other orders: a few bf16 steps.
+    expect_close(got.dqkv, to_f32(dqkv), 3e-2, "attention dqkv" + tag, 1e-2);
+  }
+}
+
+TEST_F(CudaAttentionGemm, ChunksOfHeadsGiveTheWholeResult) {
+  const Case c{2, 256, 768, 12};
+  const DeviceBuffer qkv = upload(randn(c.B * c.T * 3 * c.C, 13), kBf16);
+  const DeviceBuffer dout = upload(randn(c.B * c.T * c.C, 14), kBf16);
+  const Result whole = run(c, qkv, dout);
+  // Room for 5 heads: chunks of 5, 5 and 2 per sequence.
+  const Result chunked = run(c, qkv, dout, 5 * 12 * c.T * c.T + 1000);
+  // Another batch count may pick another GEMM algorithm: equal to a bf16 step or two.
+  expect_close(chunked.out, whole.out, 1e-2, "chunked attention out", 1e-3);
+  expect_close(chunked.lse, whole.lse, 1e-5, "chunked attention lse");
+  expect_close(chunked.dqkv, whole.dqkv, 1e-2, "chunked attention dqkv", 1e-3);
+}
+
+TEST_F(CudaAttentionGemm, IsDeterministic) {
+  const Case c{2, 1024, 768, 12};
+  const DeviceBuffer qkv = upload(randn(c.B * c.T * 3 * c.C, 15), kBf16);
+  const DeviceBuffer dout = upload(randn(c.B * c.T * c.C, 16), kBf16);
+  const Result a = run(c, qkv, dout), b = run(c, qkv, dout);
+  expect_same_bits(a.out, b.out, "gemm attention out");
+  expect_same_bits(a.lse, b.lse, "gemm attention lse");
+  expect_same_bits(a.dqkv, b.dqkv, "gemm attention dqkv");
+}
+
+// The kernel table's attention slots (what a bf16 GPT at T >= 256 calls) are the GEMM path: the
+// same bits (the flash kernels round differently).
+TEST_F(CudaAttentionGemm, TheKernelTableTakesItForLongBf16) {
+  const Case c{2, 256, 256, 4};
+  const int64_t n_qkv = c.B * c.T * 3 * c.C, n_out = c.B * c.T * c.C, n_lse = c.B * c.NH * c.T;
+  const DeviceBuffer qkv = upload(randn(n_qkv, 18), kBf16), dout = upload(randn(n_out, 19), kBf16);
+  const Result direct = run(c, qkv, dout);
+  install();
+  const DeviceKernels* table = device_kernels(Device::kCuda);
+  ASSERT_NE(table, nullptr);
+  DeviceBuffer out = poisoned(n_out, kBf16), lse = poisoned(n_lse), dqkv = poisoned(n_qkv, kBf16);
+  table->attention_forward(out.get(), lse.as<float>(), qkv.get(), c.B, c.T, c.C, c.NH, kBf16,
+                           nullptr);
+  table->attention_backward(dqkv.get(), dout.get(), qkv.get(), out.get(), lse.as<float>(), c.B, c.T,
+                            c.C, c.NH, kBf16, nullptr);
+  expect_same_bits(download(out, n_out, kBf16), direct.out, "table attention out");
+  expect_same_bits(download(lse, n_lse), direct.lse, "table attention lse");
+  expect_same_bits(download(dqkv, n_qkv, kBf16), direct.dqkv, "table attention dqkv");
+}
+
+TEST_F(CudaAttentionGemm, RefusesScratchWithoutRoomForOneHead) {
+  const Case c{1, 256, 256, 4};
+  const DeviceBuffer qkv = upload(randn(c.B * c.T * 3 * c.C, 17), kBf16);
+  DeviceBuffer scratch(1024), out(c.B * c.T * c.C * 2), lse(c.B * c.NH * c.T * 4);
+  EXPECT_THROW(attention_gemm_forward(blas(), scratch.get(), 1024, out.get(), lse.as<float>(),
+                                      qkv.get(), c.B, c.T, c.C, c.NH, kBf16, nullptr),
+               InvalidArgument);
+}
+
+}  // namespace
+}  // namespace tessel::ops::cuda::testing

@@ -286,6 +286,10 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_.expires_after(shared_.timeout);
     auto done = [self = shared_from_this()](beast::error_code ec, size_t) {
       self->writing_ = false;
+      // The client left while this write ran (the watching read saw it first): lose() has
+      // counted the stream and closed the connection. Going on would count it again and read
+      // the next request on a closed socket, keeping the session for a whole timeout.
+      if (self->gone_) return;
       if (ec) return self->lose();
       if (!self->pieces_.empty()) {
         self->pieces_.pop_front();

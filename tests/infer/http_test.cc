@@ -1,5 +1,7 @@
-// HttpServer (the transport alone, a handler that answers at once): stop() under load from raw
-// socket clients answers every request it read, and every answer it counts reaches its client.
+// HttpServer (the transport alone, a handler that answers at once or streams): stop() under load
+// from raw socket clients answers every request it read, and every answer it counts reaches its
+// client; a streamed answer whose client leaves counts once, however the leaving and the last
+// write interleave.
 #include "tessel/infer/http.h"
 
 #include <arpa/inet.h>
@@ -74,6 +76,49 @@ void stop_under_load(int ms) {
 
 TEST(Http, StopUnderLoadAnswersEveryRequestReadAndEachAnswerArrives) {
   for (int round = 0; round < 40 && !HasFailure(); ++round) stop_under_load(20 + round % 7);
+}
+
+// Clients that close as soon as the stream's last piece ("end") has come, before or after the
+// final chunk: the server sees them leave while its final chunk is written, or just after. Each
+// stream is counted answered once: the count equals the requests read.
+TEST(Http, StreamWhoseClientLeavesAtItsEndCountsAnsweredOnce) {
+  HttpOptions options;
+  options.io_threads = 2;
+  options.error = [](int status, const std::string&, const std::string& message) {
+    return HttpResponse{status, "text/plain", message, {}};
+  };
+  HttpServer server(options, [](HttpRequest req, Respond) {
+    auto stream = req.start_stream({200, "text/plain", "", {}});
+    for (int i = 0; i < 3; ++i) stream->write("piece ");
+    stream->write("end");
+    stream->end();
+  });
+  const int port = server.bind(0);
+  std::thread runner([&] { server.run(); });
+  const std::string request = "GET /x HTTP/1.1\r\nHost: x\r\n\r\n";
+  std::vector<std::thread> clients;
+  std::atomic<int64_t> ended{0};
+  for (int c = 0; c < 4; ++c)
+    clients.emplace_back([&] {
+      for (int i = 0; i < 200; ++i) {
+        const int fd = connect_to(port);
+        ASSERT_GE(fd, 0);
+        (void)!write(fd, request.data(), request.size());
+        std::string got;
+        char buf[256];
+        for (ssize_t n;
+             got.find("end") == std::string::npos && (n = read(fd, buf, sizeof buf)) > 0;)
+          got.append(buf, static_cast<size_t>(n));
+        ended += got.find("end") != std::string::npos;
+        close(fd);
+      }
+    });
+  for (auto& c : clients) c.join();
+  server.stop();
+  runner.join();
+  EXPECT_EQ(ended.load(), 800);
+  EXPECT_EQ(server.accepted(), 800);
+  EXPECT_EQ(server.answered(), server.accepted());
 }
 
 }  // namespace

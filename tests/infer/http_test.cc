@@ -121,5 +121,59 @@ TEST(Http, StreamWhoseClientLeavesAtItsEndCountsAnsweredOnce) {
   EXPECT_EQ(server.answered(), server.accepted());
 }
 
+// A handler that starts its stream after the transport answered 504 sends nothing; the client's
+// next request on that connection streams whole, untouched by the late one.
+TEST(Http, StreamAfterA504OnTheSameConnectionStreamsWhole) {
+  HttpOptions options;
+  options.timeout_s = 0.3;
+  options.error = [](int status, const std::string&, const std::string& message) {
+    return HttpResponse{status, "text/plain", message, {}};
+  };
+  std::atomic<bool> got_504{false}, late_started{false};
+  std::thread late;
+  HttpServer server(options, [&](HttpRequest req, Respond) {
+    if (req.path == "/late") {  // streams once its client has had the 504
+      late = std::thread([&, start = req.start_stream] {
+        while (!got_504) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        auto stream = start({200, "text/plain", "", {}});
+        late_started = true;
+        stream->write("late ");
+      });
+      return;
+    }
+    auto stream = req.start_stream({200, "text/plain", "", {}});
+    stream->write("fresh ");
+    stream->write("end");
+  });
+  const int port = server.bind(0);
+  std::thread runner([&] { server.run(); });
+  const int fd = connect_to(port);
+  ASSERT_GE(fd, 0);
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  auto exchange_on = [fd](const std::string& path, const std::string& until) {
+    const std::string request = "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n";
+    (void)!write(fd, request.data(), request.size());
+    std::string got;
+    char buf[1024];
+    for (ssize_t n; got.find(until) == std::string::npos && (n = read(fd, buf, sizeof buf)) > 0;)
+      got.append(buf, static_cast<size_t>(n));
+    return got;
+  };
+  EXPECT_EQ(exchange_on("/late", "overloaded").rfind("HTTP/1.1 504", 0), 0u);
+  got_504 = true;
+  while (!late_started) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // its head is refused meanwhile
+  const std::string got = exchange_on("/now", "0\r\n\r\n");
+  EXPECT_EQ(got.rfind("HTTP/1.1 200", 0), 0u) << got;
+  EXPECT_NE(got.find("fresh end"), std::string::npos) << got;
+  EXPECT_EQ(got.find("late"), std::string::npos) << got;
+  close(fd);
+  late.join();
+  server.stop();
+  runner.join();
+  EXPECT_EQ(server.answered(), server.accepted());
+}
+
 }  // namespace
 }  // namespace tessel::infer

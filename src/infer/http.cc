@@ -390,9 +390,12 @@ std::string HttpRequest::header(std::string_view name) const {
 }
 
 struct HttpServer::Impl {
+  // Before ioc, so destroyed after it: a handler still queued when the server goes (a stream's
+  // end posted after run() returned) may hold the last reference to a session, whose destructor
+  // leaves the registry in `shared`.
+  Shared shared;
   net::io_context ioc;
   tcp::acceptor acceptor{ioc};
-  Shared shared;
 
   void accept() {
     acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket s) {

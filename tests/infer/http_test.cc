@@ -1,7 +1,8 @@
 // HttpServer (the transport alone, a handler that answers at once or streams): stop() under load
 // from raw socket clients answers every request it read, and every answer it counts reaches its
 // client; a streamed answer whose client leaves counts once, however the leaving and the last
-// write interleave.
+// write interleave; a stream started after its request's 504 touches no later stream; a stream
+// ended after the server stopped ends safely with the server.
 #include "tessel/infer/http.h"
 
 #include <arpa/inet.h>
@@ -173,6 +174,41 @@ TEST(Http, StreamAfterA504OnTheSameConnectionStreamsWhole) {
   server.stop();
   runner.join();
   EXPECT_EQ(server.answered(), server.accepted());
+}
+
+// A stream that outlives the transport's run() (its client left; the handler ends it after the
+// server stopped): the end queued to the stopped server holds the connection's session, which
+// ends when the server is destroyed, safely.
+TEST(Http, AStreamEndedAfterTheServerStoppedEndsWithIt) {
+  HttpOptions options;
+  options.error = [](int status, const std::string&, const std::string& message) {
+    return HttpResponse{status, "text/plain", message, {}};
+  };
+  std::shared_ptr<HttpStream> kept;
+  std::atomic<bool> started{false};
+  auto server = std::make_unique<HttpServer>(options, [&](HttpRequest req, Respond) {
+    kept = req.start_stream({200, "text/plain", "", {}});
+    kept->write("first");
+    started = true;
+  });
+  const int port = server->bind(0);
+  std::thread runner([&] { server->run(); });
+  const int fd = connect_to(port);
+  ASSERT_GE(fd, 0);
+  const std::string request = "GET /x HTTP/1.1\r\nHost: x\r\n\r\n";
+  (void)!write(fd, request.data(), request.size());
+  char buf[256];
+  std::string got;
+  for (ssize_t n; got.find("first") == std::string::npos && (n = read(fd, buf, sizeof buf)) > 0;)
+    got.append(buf, static_cast<size_t>(n));
+  close(fd);
+  while (!kept->gone()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  server->stop();
+  runner.join();
+  EXPECT_TRUE(started);
+  kept->end();
+  kept.reset();
+  server.reset();
 }
 
 }  // namespace

@@ -22,7 +22,11 @@ using tcp = net::ip::tcp;
 using Duration = std::chrono::steady_clock::duration;
 
 class Session;
-std::shared_ptr<HttpStream> make_stream(std::shared_ptr<Session> session);
+// One streamed answer's "its client has gone": set when the client leaves mid-stream, or at once
+// for a stream started after its request was answered (504). Its own, not the connection's: the
+// connection's next stream is another.
+using GoneFlag = std::shared_ptr<std::atomic<bool>>;
+std::shared_ptr<HttpStream> make_stream(std::shared_ptr<Session> session, GoneFlag gone);
 
 // What the sessions share: options, handler, counters and the registry stop() drains.
 struct Shared {
@@ -190,13 +194,14 @@ class Session : public std::enable_shared_from_this<Session> {
         std::string(req.method_string()), std::string(req.target()), std::move(req.body()), {}, {}};
     for (const auto& f : req) r.headers.emplace_back(f.name_string(), f.value());
     r.start_stream = [self = shared_from_this(), seq](HttpResponse head) {
-      net::post(self->stream_.get_executor(), [self, seq, head = std::move(head)]() mutable {
+      auto gone = std::make_shared<std::atomic<bool>>(false);
+      net::post(self->stream_.get_executor(), [self, seq, gone, head = std::move(head)]() mutable {
         if (seq == self->seq_ && !self->answered_)
-          self->begin_stream(std::move(head));
+          self->begin_stream(std::move(head), gone);
         else
-          self->gone_ = true;  // answered already (504): nothing of the stream goes out
+          *gone = true;  // answered already (504): nothing of the stream goes out
       });
-      return make_stream(self);
+      return make_stream(self, gone);
     };
     if (const size_t q = r.path.find('?'); q != std::string::npos) r.path.resize(q);
     answered_ = false;
@@ -228,25 +233,28 @@ class Session : public std::enable_shared_from_this<Session> {
   // ---- A streamed answer: the head, then pieces as chunks one write at a time, then the last
   // chunk. A read waits meanwhile so that a client that leaves is seen at once.
  public:
-  bool gone() const { return gone_; }
-  void post_piece(std::string piece) {
-    net::post(stream_.get_executor(), [self = shared_from_this(), p = std::move(piece)]() mutable {
-      if (!self->streaming_) return;
-      self->pieces_.push_back(std::move(p));
-      self->flush();
-    });
+  // Pieces and the end of stream `gone` (its flag names it): dropped unless it is the one
+  // being written.
+  void post_piece(const GoneFlag& gone, std::string piece) {
+    net::post(stream_.get_executor(),
+              [self = shared_from_this(), gone, p = std::move(piece)]() mutable {
+                if (!self->streaming_ || gone != self->gone_) return;
+                self->pieces_.push_back(std::move(p));
+                self->flush();
+              });
   }
-  void post_end() {
-    net::post(stream_.get_executor(), [self = shared_from_this()] {
-      if (!self->streaming_) return;
+  void post_end(const GoneFlag& gone) {
+    net::post(stream_.get_executor(), [self = shared_from_this(), gone] {
+      if (!self->streaming_ || gone != self->gone_) return;
       self->stream_ended_ = true;
       self->flush();
     });
   }
 
  private:
-  void begin_stream(HttpResponse head) {
+  void begin_stream(HttpResponse head, GoneFlag gone) {
     answered_ = true;
+    gone_ = std::move(gone);
     timer_.cancel();
     streaming_ = true;
     stream_ended_ = false;
@@ -270,7 +278,7 @@ class Session : public std::enable_shared_from_this<Session> {
           self->watching_ = false;
           self->buffer_.commit(n);  // a pipelined request's first bytes stay for its parser
           if (self->streaming_ && ec && ec != net::error::operation_aborted) return self->lose();
-          if (!self->streaming_ && !self->gone_) self->after_stream();  // cancelled at the end
+          if (!self->streaming_ && !*self->gone_) self->after_stream();  // cancelled at the end
         });
   }
 
@@ -286,6 +294,10 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_.expires_after(shared_.timeout);
     auto done = [self = shared_from_this()](beast::error_code ec, size_t) {
       self->writing_ = false;
+      // The client left while this write ran (the watching read saw it first): lose() has
+      // counted the stream and closed the connection. Going on would count it again and read
+      // the next request on a closed socket, keeping the session for a whole timeout.
+      if (*self->gone_) return;
       if (ec) return self->lose();
       if (!self->pieces_.empty()) {
         self->pieces_.pop_front();
@@ -310,7 +322,7 @@ class Session : public std::enable_shared_from_this<Session> {
 
   // The client has gone mid-stream: what is queued is dropped and the connection closed.
   void lose() {
-    if (gone_.exchange(true)) return;
+    if (gone_->exchange(true)) return;
     if (streaming_) ++shared_.answered;  // its stream is closed: it counts as answered
     streaming_ = false;
     pieces_.clear();
@@ -340,31 +352,33 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::response_serializer<http::empty_body>> serializer_;
   std::deque<std::string> pieces_;  // the front one is being written
   bool streaming_ = false, stream_ended_ = false, writing_ = false, watching_ = false;
-  std::atomic<bool> gone_{false};
+  GoneFlag gone_;  // the stream being written's
 };
 
 // The handler's side of a streamed answer; the last reference ends the stream.
 class SessionStream final : public HttpStream {
  public:
-  explicit SessionStream(std::shared_ptr<Session> s) : s_(std::move(s)) {}
+  SessionStream(std::shared_ptr<Session> s, GoneFlag gone)
+      : s_(std::move(s)), gone_(std::move(gone)) {}
   ~SessionStream() override { end(); }
   bool write(std::string piece) override {
-    if (ended_ || s_->gone()) return false;
-    s_->post_piece(std::move(piece));
+    if (ended_ || *gone_) return false;
+    s_->post_piece(gone_, std::move(piece));
     return true;
   }
   void end() override {
-    if (!ended_.exchange(true)) s_->post_end();
+    if (!ended_.exchange(true)) s_->post_end(gone_);
   }
-  bool gone() const override { return s_->gone(); }
+  bool gone() const override { return *gone_; }
 
  private:
   std::shared_ptr<Session> s_;
+  GoneFlag gone_;
   std::atomic<bool> ended_{false};
 };
 
-std::shared_ptr<HttpStream> make_stream(std::shared_ptr<Session> session) {
-  return std::make_shared<SessionStream>(std::move(session));
+std::shared_ptr<HttpStream> make_stream(std::shared_ptr<Session> session, GoneFlag gone) {
+  return std::make_shared<SessionStream>(std::move(session), std::move(gone));
 }
 
 }  // namespace
@@ -376,9 +390,12 @@ std::string HttpRequest::header(std::string_view name) const {
 }
 
 struct HttpServer::Impl {
+  // Before ioc, so destroyed after it: a handler still queued when the server goes (a stream's
+  // end posted after run() returned) may hold the last reference to a session, whose destructor
+  // leaves the registry in `shared`.
+  Shared shared;
   net::io_context ioc;
   tcp::acceptor acceptor{ioc};
-  Shared shared;
 
   void accept() {
     acceptor.async_accept(net::make_strand(ioc), [this](beast::error_code ec, tcp::socket s) {

@@ -26,6 +26,7 @@ TESSEL, SRC = sys.argv[1], sys.argv[2]
 CONFIG = os.path.join(SRC, "examples", "char_gpt.toml")
 PROMPTS = ["Oh the moon", "And I", "The sea", "When we", "Love is", "a", "My heart", "Down by"]
 NEW = 12
+STEP_DELAY_MS = 5  # every generation step sleeps this long (debug.delay_ms): see check_bad_requests
 
 
 def run(*args):
@@ -135,15 +136,22 @@ def check_bad_requests(client, port):
     status, body = post(port, "/v1/completions", json.dumps(
         {"model": "char_gpt", "prompt": "a", "max_tokens": 500}).encode())
     assert expect_openai_error(status, body, "max_tokens", "context_length_exceeded") == 400
-    # A client that sends a streaming request and leaves: the generation is cancelled.
+    # A client that leaves mid-stream: the generation is cancelled. It keeps its socket until
+    # the first event (the request read, its stream begun) and leaves with 59 tokens to go, which
+    # take at least 59 * STEP_DELAY_MS: the time the server has to see it go. Without the delay
+    # the 60 tokens take ~3 ms, and on a loaded host the generation often ended whole before an
+    # I/O thread ran to see the client gone (then nothing is cancelled, rightly).
     before = metric(port, "tessel_generate_cancelled")
     with socket.create_connection(("127.0.0.1", port)) as s:
         body = json.dumps({"model": "char_gpt", "prompt": "a", "max_tokens": 60,
                            "stream": True, "temperature": 0}).encode()
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
                   b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
-    # Wait for the cancellation itself: right after the client leaves, the server may not have
-    # read the request yet, and then nothing runs or waits either.
+        got = b""
+        while b"data: " not in got:
+            piece = s.recv(4096)
+            assert piece, got
+            got += piece
     deadline = time.time() + 10
     while (metric(port, "tessel_generate_cancelled") != before + 1
            or metric(port, "tessel_generate_sequences") or metric(port, "tessel_generate_waiting")):
@@ -200,7 +208,8 @@ def main():
         run("train", CONFIG, "--quiet", "--run-dir", run_dir, "--set", "train.max_steps=1")
         expected = predict(tmp, run_dir, PROMPTS, NEW)
         server = subprocess.Popen([TESSEL, "serve", CONFIG, "--checkpoint", run_dir, "--port",
-                                   "0", "--set", "serve.max_step_tokens=16"],
+                                   "0", "--set", "serve.max_step_tokens=16", "--set",
+                                   "debug.slow_rank=0", "--set", f"debug.delay_ms={STEP_DELAY_MS}"],
                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         try:
             port = int(re.search(r"127\.0\.0\.1:(\d+)", server.stdout.readline()).group(1))

@@ -17,19 +17,12 @@
 #include <thread>
 #include <vector>
 
+#include "socket_testing.h"
+
 namespace tessel::infer {
 namespace {
 
-int connect_to(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in at{};
-  at.sin_family = AF_INET;
-  at.sin_port = htons(static_cast<uint16_t>(port));
-  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0) return fd;
-  close(fd);
-  return -1;
-}
+using tessel::infer::testing::connect_to;
 
 // Sends `request` on a fresh connection and reads until the server closes it: whether a whole
 // answer came (its body "ok"); -1 when the server no longer listens.

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "infer_testing.h"
+#include "socket_testing.h"
 #include "tessel/infer/server.h"
 
 namespace tessel::infer::testing {
@@ -37,18 +38,6 @@ nlohmann::json v2_body(int n, float value, const std::string& datatype = "FP32")
 
 // What the server sends back to `request` on a fresh connection, read until it closes the
 // connection or `seconds` pass.
-// A socket connected to the server on `port` (-1: none).
-int connect_to(int port) {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in at{};
-  at.sin_family = AF_INET;
-  at.sin_port = htons(static_cast<uint16_t>(port));
-  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&at), sizeof at) == 0) return fd;
-  close(fd);
-  return -1;
-}
-
 std::string raw_exchange(int port, const std::string& request, double seconds = 10) {
   const int fd = connect_to(port);
   if (fd < 0) return "no connection";

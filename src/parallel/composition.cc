@@ -60,16 +60,13 @@ const std::vector<Rule>& rules() {
                                  "ranks come later)"),
                              "pp.stages = 1, tp.size = 1 and ps.servers = 0");
        }},
-      {"runtime.device = cuda and zero.stage > 1 or zero.shard_size > 0",
-       [](const In& in) {
-         return on_cuda(in) && (in.s.zero_stage > 1 || in.s.zero_shard_size > 0);
-       },
+      {"runtime.device = cuda and zero.shard_size > 0",
+       [](const In& in) { return on_cuda(in) && in.s.zero_shard_size > 0; },
        [](const In& in) {
          return cuda_refusal(
-             str("runs zero.stage 0 or 1 over the whole dp group, got zero.stage = ",
-                 in.s.zero_stage, " and zero.shard_size = ", in.s.zero_shard_size,
-                 " (gradient and parameter shards on device ranks come later)"),
-             "zero.stage = 0 or 1 and zero.shard_size = 0");
+             str("runs ZeRO over the whole dp group, got zero.shard_size = ", in.s.zero_shard_size,
+                 " (shard groups on device ranks come later)"),
+             "zero.shard_size = 0");
        }},
       {"runtime.device = cuda and compress.kind != none",
        [](const In& in) { return on_cuda(in) && compressing(in); },

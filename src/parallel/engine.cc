@@ -149,7 +149,8 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   if (current_device() != Device::kCpu) {  // before the first device allocation below
     const DevicePlacement place = place_device_rank(mesh_.world());
     parts_["gpu"] = place.device;
-    if (group.size() > 1 && composed_.grad_sync != "exact") {  // exact sums run on the host
+    // Exact sums run on the host; ZeRO's shard gathers still move device memory.
+    if (group.size() > 1 && (composed_.grad_sync != "exact" || stage > 0)) {
       std::string kind;
       device_comm_ = make_device_collectives(group, place, &kind);
       parts_["device_comm"] = kind;
@@ -189,8 +190,9 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   }
   sync_ = sync_owner_.get();
   if (composed_.store == "sharded") {
-    auto sharded = std::make_unique<ShardedStore>(model_, units_, group, across, seed,
-                                                  composed_.prefetch, pipeline, type_);
+    auto sharded =
+        std::make_unique<ShardedStore>(model_, units_, group, across, seed, composed_.prefetch,
+                                       pipeline, type_, device_comm_.get());
     hooks_.insert(hooks_.begin(), sharded.get());
     store_owner_ = std::move(sharded);
   } else {

@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "tessel/core/clock.h"
+#include "tessel/ops/cpu.h"
 #include "tessel/tensor/device.h"
 
 namespace tessel::parallel {
@@ -135,20 +136,21 @@ void ShardSync::launch(int unit) {
   model_.bind_grads(u.range, Tensor());  // nothing may write the bucket while it travels
   Tensor bucket = std::move(open_[k]);
   const nn::Range own = units_.own(u);
-  float* kept = shard_.data<float>() + u.shard_offset;
-  const float* summed = bucket.data<float>() + (own.lo - u.range.lo);
-  // Done: this rank's summed shard joins shard_, the buffer goes back to the pool.
-  auto done = [this, bucket, first, kept, summed, n = own.size()]() mutable {
-    if (first) {
-      std::copy_n(summed, n, kept);
-    } else {
-      float* __restrict dst = kept;
-      const float* __restrict src = summed;
-      for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+  // Done: this rank's summed shard joins shard_ (on the rank's device: a copy or the
+  // accumulate kernel), the buffer goes back to the pool.
+  auto done = [this, bucket, first, offset = u.shard_offset, at = own.lo - u.range.lo,
+               n = own.size()]() mutable {
+    if (n > 0) {
+      const Tensor summed = bucket.view(at, {n});
+      Tensor kept = shard_.view(offset, {n});
+      if (first)
+        kept.copy_from(summed);
+      else
+        ops::accumulate(kept.kernel_data<float>(), summed.kernel_data<float>(), n, DType::kF32);
     }
     pool_.give(std::move(bucket));
   };
-  buckets_.launch(unit, bucket.data<float>(), done, kBucketsInFlight);
+  buckets_.launch(unit, bucket.kernel_data<float>(), done, kBucketsInFlight);
 }
 
 void ShardSync::on_block(nn::Phase phase, size_t block, bool last) {
@@ -177,7 +179,7 @@ float* ShardSync::grads(nn::Range r) {
   for (const Unit& u : units_.list) {
     const nn::Range own = units_.own(u);
     if (r.lo >= own.lo && r.hi <= own.hi && !own.empty())
-      return shard_.data<float>() + u.shard_offset + (r.lo - own.lo);
+      return shard_.kernel_data<float>() + u.shard_offset + (r.lo - own.lo);
   }
   throw Error(str("zero: range [", r.lo, ", ", r.hi,
                   ") is not this rank's gradient shard "

@@ -37,12 +37,15 @@ StateView ParamStore::state(optim::Optimizer* opt) {
   const Device device = current_device();
   if (device == Device::kCpu) return view;
   // Values on a device: each range asked for is read back into host memory that lives as long
-  // as the view; write_back() uploads every such copy again.
+  // as the view; write_back() uploads every such copy again. values(r) is this rank's own memory
+  // (not copy_values, which gathers sharded values over the dp group).
   auto copies = std::make_shared<std::deque<std::pair<nn::Range, std::vector<float>>>>();
-  view.values = [this, copies](nn::Range r) {
+  view.values = [this, copies, device](nn::Range r) {
     copies->push_back({r, std::vector<float>(static_cast<size_t>(r.size()))});
-    copy_values(r, copies->back().second.data());
-    return copies->back().second.data();
+    float* host = copies->back().second.data();
+    device_runtime(device).copy(host, Device::kCpu, values(r), device,
+                                copies->back().second.size() * sizeof(float), current_stream());
+    return host;
   };
   view.write_back = [this, copies, device] {
     for (const auto& [r, host] : *copies)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "compress/codecs.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
 #include "tessel/ops/cpu.h"
@@ -17,6 +18,14 @@ namespace {
 Tensor parameter_memory(int64_t n, MemCategory category, DType type = DType::kF32) {
   MemoryScope scope(category);
   return Tensor::zeros({std::max<int64_t>(n, 1)}, type, current_device());
+}
+
+// Values initialised on the host by init(float* host), then uploaded where they live on a device.
+template <typename F>
+void initialise(Tensor values, F&& init) {  // values shares the storage
+  const Tensor host = values.device() == Device::kCpu ? values : Tensor::zeros({values.numel()});
+  init(host.data<float>());
+  if (host.raw() != values.raw()) values.copy_from(host);
 }
 
 std::vector<nn::Range> own_shards(const Units& units) {
@@ -67,11 +76,10 @@ ReplicatedStore::ReplicatedStore(nn::Model& model, const Units& units, int stage
       across_(across),
       device_(device),
       values_(parameter_memory(units.span.size(), MemCategory::kParameters)) {
-  // Initialised on the host, then uploaded where the values live on a device.
-  const Tensor host = values_.device() == Device::kCpu ? values_ : Tensor::zeros({values_.numel()});
-  for (const Unit& u : units.list)
-    model.init_values(host.data<float>() + (u.range.lo - units.span.lo), u.range, seed);
-  if (host.raw() != values_.raw()) values_.copy_from(host);
+  initialise(values_, [&](float* host) {
+    for (const Unit& u : units.list)
+      model.init_values(host + (u.range.lo - units.span.lo), u.range, seed);
+  });
   model.bind_values(units.span, values_);
   held_ = unit_ranges(units);
   owned_ = written_shards(units, across);
@@ -146,20 +154,20 @@ void ReplicatedStore::take_stats(RankStats& s) {
 
 ShardedStore::ShardedStore(nn::Model& model, const Units& units, comm::Communicator& dp,
                            comm::Communicator* across, uint64_t seed, bool prefetch,
-                           bool hold_for_step, DType type)
+                           bool hold_for_step, DType type, comm::DeviceCollectives* device)
     : model_(model),
       units_(units),
       dp_(dp),
+      device_(device),
       prefetch_(prefetch),
       hold_for_step_(hold_for_step),
       type_(type),
       shard_(parameter_memory(units.shard_numel, MemCategory::kParameters)),
       resident_(units.list.size()) {
-  for (const Unit& u : units.list) {
-    buffer_numel_ = std::max(buffer_numel_, u.range.size());
-    const nn::Range own = units.own(u);
-    model.init_values(shard_.data<float>() + u.shard_offset, own, seed);
-  }
+  for (const Unit& u : units.list) buffer_numel_ = std::max(buffer_numel_, u.range.size());
+  initialise(shard_, [&](float* host) {
+    for (const Unit& u : units.list) model.init_values(host + u.shard_offset, units.own(u), seed);
+  });
   update_ = held_ = own_shards(units);
   owned_ = written_shards(units, across);
 }
@@ -168,6 +176,7 @@ ShardedStore::~ShardedStore() {
   for (Resident& r : resident_) {
     try {
       r.work.wait();
+      r.device_work.wait();
     } catch (...) {  // the group failed; the error was reported where it happened
     }
   }
@@ -177,7 +186,7 @@ float* ShardedStore::values(nn::Range r) {
   for (const Unit& u : units_.list) {
     const nn::Range own = units_.own(u);
     if (!own.empty() && r.lo >= own.lo && r.hi <= own.hi)
-      return shard_.data<float>() + u.shard_offset + (r.lo - own.lo);
+      return shard_.kernel_data<float>() + u.shard_offset + (r.lo - own.lo);
   }
   throw Error(str("zero: range [", r.lo, ", ", r.hi, ") is not this rank's shard (this is a bug)"));
 }
@@ -194,24 +203,30 @@ void ShardedStore::start_gather(int unit, bool async) {
   }
   r.memory = std::move(free_.back());
   free_.pop_back();
-  const float* shard = shard_.data<float>() + u.shard_offset;
+  const float* shard = shard_.kernel_data<float>() + u.shard_offset;
   const void* in = shard;
   void* out = r.memory.raw();
   if (type_ != DType::kF32) {  // this rank's shard rounded into its own block: gathered in place
     const nn::Range own = units_.own(u);
     void* block = r.memory.view(own.lo - u.range.lo, {own.size()}).raw();
-    ops::convert(block, type_, shard, DType::kF32, own.size());
+    compress::convert_here(block, type_, shard, DType::kF32, own.size());
     in = block;
   }
   comm::CallOptions call;
   call.label = static_cast<uint32_t>(unit + 1);
   const comm::ElemType elem = comm::elem_type(type_);
   bytes_ += static_cast<double>(dtype_size(type_)) * static_cast<double>(u.range.size());
-  if (async) {
-    r.work = dp_.allgather_async(in, out, u.counts, elem, call);
+  if (async) {  // waited for in require() or release()
+    if (device_)
+      r.device_work = device_->allgather(in, out, u.counts, elem, call);
+    else
+      r.work = dp_.allgather_async(in, out, u.counts, elem, call);
   } else {
     const double t0 = now_seconds();
-    dp_.allgather(in, out, u.counts, elem, call);
+    if (device_)
+      device_->allgather(in, out, u.counts, elem, call).wait();
+    else
+      dp_.allgather(in, out, u.counts, elem, call);
     wait_s_ += now_seconds() - t0;
   }
   model_.bind_values(u.range, r.memory);
@@ -221,10 +236,12 @@ void ShardedStore::release(int unit) {
   Resident& r = resident_[static_cast<size_t>(unit)];
   if (!r.memory.defined()) return;
   r.work.wait();
+  r.device_work.wait();
   model_.bind_values(units_.list[static_cast<size_t>(unit)].range, Tensor());
   free_.push_back(std::move(r.memory));
   r.memory = Tensor();
   r.work = comm::Work();
+  r.device_work = comm::NcclWork();
 }
 
 void ShardedStore::require(int unit, nn::Phase phase, size_t block) {
@@ -254,6 +271,7 @@ void ShardedStore::require(int unit, nn::Phase phase, size_t block) {
   } else {
     const double t0 = now_seconds();
     r.work.wait();  // a prefetch may still be in flight
+    r.device_work.wait();
     wait_s_ += now_seconds() - t0;
   }
   // Prefetch the order's next gather while this unit computes.
@@ -319,9 +337,12 @@ void ShardedStore::copy_values(nn::Range r, float* dst) {
     const bool was_resident = resident_[k].memory.defined();
     if (!was_resident) start_gather(static_cast<int>(k), false);
     resident_[k].work.wait();
-    // The gathered values (16-bit ones widened; the f32 master shards live on their owners).
-    ops::convert(dst + (lo - r.lo), DType::kF32,
-                 resident_[k].memory.view(lo - ur.lo, {hi - lo}).raw(), type_, hi - lo);
+    resident_[k].device_work.wait();
+    // The gathered values (16-bit ones widened; the f32 master shards live on their owners),
+    // read back from a device first.
+    Tensor part = resident_[k].memory.view(lo - ur.lo, {hi - lo});
+    if (part.device() != Device::kCpu) part = part.to_device(Device::kCpu);
+    ops::convert(dst + (lo - r.lo), DType::kF32, part.raw(), type_, hi - lo);
     if (!was_resident) release(static_cast<int>(k));
   }
 }

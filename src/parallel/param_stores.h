@@ -69,10 +69,11 @@ class ShardedStore final : public ParamStore, public BlockHooks {
  public:
   // hold_for_step: keep a gathered unit until end_step() (pipelines) instead of releasing it
   // after the last neighbouring block that reads it. type: what the blocks read and the
-  // gathers move (train.precision); the shard stays f32.
+  // gathers move (train.precision); the shard stays f32. device: dp's collectives on device
+  // memory (a device rank with dp peers), which gather the units instead of dp.
   ShardedStore(nn::Model& model, const Units& units, comm::Communicator& dp,
                comm::Communicator* across, uint64_t seed, bool prefetch, bool hold_for_step,
-               DType type);
+               DType type, comm::DeviceCollectives* device = nullptr);
   ~ShardedStore() override;
 
   void on_block(nn::Phase phase, size_t block, bool last) override;
@@ -90,7 +91,8 @@ class ShardedStore final : public ParamStore, public BlockHooks {
  private:
   struct Resident {
     Tensor memory;
-    comm::Work work;  // an all-gather in flight into memory (done: resident)
+    comm::Work work;             // an all-gather in flight into memory (done: resident)
+    comm::NcclWork device_work;  // the same through the device collectives
   };
   void require(int unit, nn::Phase phase, size_t block);  // resident when this returns
   void start_gather(int unit, bool async);
@@ -101,6 +103,7 @@ class ShardedStore final : public ParamStore, public BlockHooks {
   nn::Model& model_;
   const Units& units_;
   comm::Communicator& dp_;
+  comm::DeviceCollectives* device_;
   bool prefetch_;
   bool hold_for_step_;
   DType type_;

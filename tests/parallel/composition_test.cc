@@ -144,13 +144,14 @@ TEST(Composition, RefusesOnCudaWhatRunsOnlyOnTheCpu) {
   s.zero_stage = 1;
   EXPECT_EQ(refusal_on_cuda(s, 2), "");  // ZeRO-1 too
   s.zero_stage = 2;
-  EXPECT_NE(refusal_on_cuda(s, 2).find("runs zero.stage 0 or 1 over the whole dp group, got "
-                                       "zero.stage = 2"),
-            std::string::npos)
-      << refusal_on_cuda(s, 2);
-  s.zero_stage = 1;
+  EXPECT_EQ(refusal_on_cuda(s, 2), "");  // ZeRO-2 and 3 as well
+  s.zero_stage = 3;
+  EXPECT_EQ(refusal_on_cuda(s, 4), "");
   s.zero_shard_size = 2;
-  EXPECT_NE(refusal_on_cuda(s, 4).find("zero.shard_size = 2"), std::string::npos);
+  EXPECT_NE(refusal_on_cuda(s, 4).find("runs ZeRO over the whole dp group, got "
+                                       "zero.shard_size = 2"),
+            std::string::npos)
+      << refusal_on_cuda(s, 4);
   s.zero_shard_size = 0;
   s.zero_stage = 0;
   s.compress.kind = parallel::CompressKind::kBf16;

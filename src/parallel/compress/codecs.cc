@@ -15,6 +15,14 @@
 
 namespace tessel::parallel::compress {
 
+void convert_here(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) {
+  const Device device = current_device();
+  if (device == Device::kCpu)
+    ops::convert(dst, dst_type, src, src_type, n);
+  else
+    device_runtime(device).convert(dst, dst_type, src, src_type, n, current_stream());
+}
+
 namespace {
 
 int64_t total_numel(const std::vector<Segment>& segments) {
@@ -35,15 +43,6 @@ void unpack(const std::vector<Segment>& segments, const float* flat, float* g) {
 }
 
 double allreduce_bytes(double bytes, int world) { return 2.0 * (world - 1) / world * bytes; }
-
-// On this thread's device, where a device rank's gradients and messages live.
-void convert_here(void* dst, DType dst_type, const void* src, DType src_type, int64_t n) {
-  const Device device = current_device();
-  if (device == Device::kCpu)
-    ops::convert(dst, dst_type, src, src_type, n);
-  else
-    device_runtime(device).convert(dst, dst_type, src, src_type, n, current_stream());
-}
 
 // ---- DenseCodec ----
 

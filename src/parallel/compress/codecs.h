@@ -63,6 +63,10 @@ struct Exchange {
 
 // Buffers of one size (the largest unit's elements), reused across units and steps and charged
 // to communication buffers: 16-bit messages, ZeRO-2/3 bucket buffers.
+// n values from src_type to dst_type on this thread's device (the host outside a DeviceScope),
+// where a device rank's gradients, messages and gathered parameters live.
+void convert_here(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
+
 class BufferPool {
  public:
   explicit BufferPool(int64_t numel) : numel_(numel) {}

@@ -199,7 +199,9 @@ TEST_F(DeviceDp, ZeroMemoryPerRankShrinksAsOnTheCpu) {
       EXPECT_NEAR(bytes(cuda, c), bytes(cpu, c), 0.01 * bytes(cpu, c)) << c;  // size classes
       total += bytes(cuda, c);
     }
-    if (stage > 0) EXPECT_LT(total, last);
+    if (stage > 0) {
+      EXPECT_LT(total, last);
+    }
     last = total;
   }
 }

@@ -2,6 +2,7 @@
 the kernel level (ISA) the tessel binary runs at there (from `tessel --version`)."""
 import os
 import subprocess
+import sys
 
 
 def machine_line(tessel):
@@ -12,3 +13,7 @@ def machine_line(tessel):
                 if l.startswith("isa:")), "unknown")
     return (f"CPU: {model}, {os.cpu_count()} logical CPUs, load average "
             f"{os.getloadavg()[0]:.1f}; isa: {isa}")
+
+
+if __name__ == "__main__":  # for the shell benches: python3 bench/machine.py TESSEL
+    print(machine_line(sys.argv[1]))

@@ -16,7 +16,7 @@ tessel="$build/apps/tessel/tessel"
 [[ -x "$tessel" ]] || { echo "modern_gpt: $tessel missing; build it first" >&2; exit 1; }
 out=$(mktemp -d /tmp/tessel_modern_gpt.XXXXXX)
 trap 'rm -rf "$out"' EXIT
-grep -m1 'model name' /proc/cpuinfo
+python3 bench/machine.py "$tessel"
 for model in char_gpt char_gpt_modern; do
   for seed in $(seq 1 "$seeds"); do
     "$tessel" train "examples/$model.toml" --quiet --run-dir "$out/$model.$seed" \

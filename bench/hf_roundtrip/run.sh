@@ -24,7 +24,7 @@ if ! "$python" -c "import transformers; assert transformers.__version__ == '$tra
   echo "hf_roundtrip: installing transformers==$transformers_version into $(dirname "$python")/.." >&2
   "$(dirname "$python")/pip" install -q "transformers==$transformers_version" >&2
 fi
-grep -m1 'model name' /proc/cpuinfo
+python3 "$root/bench/machine.py" "$tessel"
 export TRANSFORMERS_VERBOSITY=error HF_HUB_DISABLE_PROGRESS_BARS=1 TQDM_DISABLE=1
 work=$(mktemp -d /tmp/tessel_hf.XXXXXX)
 trap 'rm -rf "$work"' EXIT

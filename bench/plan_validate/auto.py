@@ -17,18 +17,13 @@ import sys
 import tempfile
 
 from run import measure
+from machine import machine_line  # bench/machine.py, on the path run.py sets
 
 DEFAULT_CASES = ["examples/fashion_mlp.toml:2:0", "examples/fashion_mlp.toml:4:0",
                  "examples/fashion_mlp.toml:4:4", "examples/char_gpt.toml:2:0",
                  "examples/char_gpt.toml:4:0", "examples/char_gpt.toml:4:6",
                  "examples/fashion_cnn.toml:2:0"]
 AUTO_SHARE = 0.9  # kAutoMemoryShare: the share of the cap a pick may be predicted to use
-
-
-def cpu_line():
-    model = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo")
-                  if l.startswith("model name")), "unknown CPU")
-    return f"{model}, {os.cpu_count()} vCPUs, load average {os.getloadavg()[0]:.1f}"
 
 
 def precision_of(tessel, config):
@@ -63,7 +58,7 @@ def main():
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=2, help="measurements of each layout")
     a = ap.parse_args()
-    print(f"CPU: {cpu_line()}\n")
+    print(machine_line(a.tessel) + "\n")
     print("| config | ranks | cap MiB | auto pick | pick samples/s | best measured | "
           "best samples/s | pick / best | layouts measured |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -102,7 +97,7 @@ def main():
             ok += ratio >= 0.9
             print(f"| {name} | {workers} | {cap:g} | {pick} | {measured[pick]:.1f} | {best} | "
                   f"{measured[best]:.1f} | {ratio:.2f} | {len(measured)} |", flush=True)
-    print(f"\n{n} cases: the pick within 10% of the best measured in {ok}; CPU: {cpu_line()}")
+    print(f"\n{n} cases: the pick within 10% of the best measured in {ok}; {machine_line(a.tessel)}")
     return 0
 
 

@@ -24,6 +24,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from machine import machine_line  # noqa: E402  (bench/machine.py)
+
 
 def without_pair_costs(cache, into):
     """A copy of the calibrations in `cache` without the costs a 2-rank run adds."""
@@ -87,6 +90,7 @@ def main():
                     help="also the step time predicted without the 2-rank calibration costs")
     ap.add_argument("--memory-only", action="store_true", help="no time columns")
     a = ap.parse_args()
+    print(machine_line(a.tessel) + "\n")
     extra = " before ms | err |" if a.baseline else ""
     timed = "" if a.memory_only else " step pred ms | step meas ms | err |"
     print("| config | ranks | layout | options | mem pred MiB | mem meas MiB | err |" + timed +

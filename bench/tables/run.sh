@@ -60,7 +60,7 @@ for k in (3, 15, "reg", "ml"):
         np.savetxt(f"{out}/{part}{k}.csv", np.column_stack([x, y]), delimiter=",",
                    header=header, comments="", fmt="%.9g")
 PY
-grep -m1 'model name' /proc/cpuinfo
+python3 bench/machine.py "$tessel"
 # One figure: the mean over the seeds with the range, e.g. "66.70 [65.9, 67.3]".
 stats() { /usr/bin/python3 -c "import sys; v = [float(x) for x in sys.argv[2:]]; \
 print('%.4g [%.4g, %.4g]' % (sum(v) / len(v), min(v), max(v)) if sys.argv[1] == 'reg' else \

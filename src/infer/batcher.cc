@@ -38,8 +38,11 @@ void Batcher::close() {
 }
 
 // The oldest requests up to max_batch rows (at least one), once enough rows wait, the oldest
-// has waited max_wait, or the batcher closes. Empty when another worker took them first.
+// has waited max_wait, another worker left rows for this one, or the batcher closes; shared
+// with the other idle workers (a cap of the waiting rows over them), so that no worker idles
+// while one runs everything that waits. Empty when another worker took them first.
 std::vector<Batcher::Pending> Batcher::take_batch(std::unique_lock<std::mutex>& lock) {
+  ++idle_;
   cv_.wait(lock, [this] { return !queue_.empty() || closed_; });
   const auto deadline =
       std::chrono::steady_clock::now() +
@@ -47,19 +50,23 @@ std::vector<Batcher::Pending> Batcher::take_batch(std::unique_lock<std::mutex>& 
           0.0,
           queue_.empty() ? 0.0 : queue_.front().arrival + options_.max_wait_s - now_seconds()));
   cv_.wait_until(lock, deadline, [this] {
-    return queue_.empty() || queued_rows_ >= options_.max_batch || closed_;
+    return queue_.empty() || queued_rows_ >= options_.max_batch || handed_ || closed_;
   });
+  const int64_t cap = std::min(options_.max_batch, (queued_rows_ + idle_ - 1) / idle_);
+  --idle_;
   std::vector<Pending> batch;
   int64_t rows = 0;
-  while (!queue_.empty() &&
-         (batch.empty() || rows + queue_.front().request.rows() <= options_.max_batch)) {
+  while (!queue_.empty() && (batch.empty() || rows + queue_.front().request.rows() <= cap)) {
     rows += queue_.front().request.rows();
     batch.push_back(std::move(queue_.front()));
     queue_.pop_front();
   }
   queued_rows_ -= rows;
   metrics_.queue(static_cast<int64_t>(queue_.size()), queued_rows_);
-  if (!queue_.empty()) cv_.notify_one();  // more for the next worker
+  // What is left is for the next worker: at once when it was left to share the work.
+  handed_ =
+      !queue_.empty() && idle_ > 0 && rows + queue_.front().request.rows() <= options_.max_batch;
+  if (!queue_.empty()) cv_.notify_one();
   return batch;
 }
 

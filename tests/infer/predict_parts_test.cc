@@ -1,8 +1,7 @@
 // The parts of predict and serve on their own: the chunk queue hands every chunk out until it
 // is written exactly once, also when a worker fails or stalls; the ordered writer resumes after
-// its last commit; input files that do not fit the model are refused by name; the batcher
-// answers every request with its own rows and never splits one; serve's request fast path reads
-// what a JSON document would.
+// its last commit; input files that do not fit the model are refused by name; serve's request
+// fast path reads what a JSON document would. (The batcher: batcher_test.cc.)
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -20,7 +19,6 @@
 #include "inputs_json.h"
 #include "protocol.h"
 #include "tessel/core/error.h"
-#include "tessel/infer/batcher.h"
 #include "tessel/infer/chunk_queue.h"
 #include "tessel/infer/input.h"
 #include "tessel/infer/metrics.h"
@@ -337,92 +335,6 @@ TEST(Output, RecordsArePureFunctionsOfTheLogits) {
             "7,0.622459,0.119203,0.500000\n");
   EXPECT_EQ(csv_header(false, Task::kMultilabel, 1, 3), "row,prob0,prob1,prob2\n");
   EXPECT_THROW(output_format("out.txt"), InvalidArgument);
-}
-
-// A request's answer as a future (invalid when the batcher refused the request).
-std::future<std::vector<nlohmann::ordered_json>> submit(Batcher& b, Request r) {
-  auto reply = std::make_shared<std::promise<std::vector<nlohmann::ordered_json>>>();
-  auto future = reply->get_future();
-  if (!b.submit(std::move(r), [reply](auto records, std::exception_ptr error) {
-        if (error)
-          reply->set_exception(error);
-        else
-          reply->set_value(std::move(records));
-      }))
-    return {};
-  return future;
-}
-
-TEST(Batcher, EveryRequestGetsItsOwnRowsAndNoneIsSplit) {
-  ServeMetrics metrics(8, 2);
-  std::atomic<int> batches{0};
-  std::atomic<bool> split{false};
-  // Each row's record is its value; a batch checks it holds whole requests only.
-  Batcher b(
-      {8, 0.005, 1000}, 2,
-      [&](int, const std::vector<const Request*>& batch) {
-        ++batches;
-        std::vector<nlohmann::ordered_json> out;
-        int64_t rows = 0;
-        for (const Request* r : batch) {
-          rows += r->rows();
-          for (int64_t i = 0; i < r->rows(); ++i) out.push_back(r->x.data<float>()[i]);
-        }
-        split = split || rows > 8;
-        return out;
-      },
-      metrics);
-  std::vector<std::future<std::vector<nlohmann::ordered_json>>> replies;
-  for (int i = 0; i < 60; ++i) {
-    Request r;
-    const int64_t n = 1 + i % 3;
-    r.x = Tensor::empty({n, 1});
-    for (int64_t j = 0; j < n; ++j) r.x.data<float>()[j] = static_cast<float>(100 * i + j);
-    replies.push_back(submit(b, std::move(r)));
-  }
-  for (int i = 0; i < 60; ++i) {
-    auto out = replies[i].get();
-    ASSERT_EQ(out.size(), static_cast<size_t>(1 + i % 3));
-    for (size_t j = 0; j < out.size(); ++j) EXPECT_EQ(out[j].get<float>(), 100.0f * i + j);
-  }
-  EXPECT_FALSE(split);
-  EXPECT_LT(batches, 60);  // requests were batched together
-  b.close();
-  Request late;
-  late.x = Tensor::empty({1, 1});
-  EXPECT_FALSE(submit(b, std::move(late)).valid());  // closed
-  EXPECT_NE(metrics.prometheus().find("tessel_batch_rows_count"), std::string::npos);
-}
-
-TEST(Batcher, AFullQueueRefusesAndCloseAnswersWhatWasQueued) {
-  ServeMetrics metrics(4, 1);
-  std::promise<void> release;
-  std::shared_future<void> go = release.get_future().share();
-  Batcher b(
-      {4, 0.0, 4}, 1,
-      [go](int, const std::vector<const Request*>& batch) {
-        go.wait();
-        std::vector<nlohmann::ordered_json> out;
-        for (const Request* r : batch)
-          for (int64_t i = 0; i < r->rows(); ++i) out.push_back(1);
-        return out;
-      },
-      metrics);
-  auto make = [](int64_t n) {
-    Request r;
-    r.x = Tensor::zeros({n, 1});
-    return r;
-  };
-  auto first = submit(b, make(4));  // taken by the worker, which waits
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  auto queued = submit(b, make(4));  // fills the queue
-  EXPECT_TRUE(queued.valid());
-  EXPECT_FALSE(submit(b, make(1)).valid());  // over serve.max_queue
-  std::thread closer([&] { b.close(); });
-  release.set_value();
-  closer.join();
-  EXPECT_EQ(first.get().size(), 4u);
-  EXPECT_EQ(queued.get().size(), 4u);
 }
 
 // The serve fast path reads what nlohmann::json's document gives, to the bit, and leaves every

@@ -1,6 +1,7 @@
 // Batcher: dynamic batching for tessel serve. Requests (one or more rows each) wait in one
 // queue in arrival order; each worker thread takes the oldest requests, up to max_batch rows,
-// once that many rows wait or the oldest request has waited max_wait, runs them as one batch
+// once that many rows wait or the oldest request has waited max_wait (what waits is shared
+// among the idle workers, so that every core works while requests wait), runs them as one batch
 // and answers each request with its own rows' results. A request is never split across
 // batches. submit() refuses a request when max_queue rows wait already. A request's answer goes
 // to its callback on the worker's thread, so no thread waits for it. close() stops taking
@@ -73,6 +74,8 @@ class Batcher {
   std::condition_variable cv_;
   std::deque<Pending> queue_;
   int64_t queued_rows_ = 0;
+  int idle_ = 0;         // workers in take_batch
+  bool handed_ = false;  // a worker left waiting rows to an idle one: take them at once
   bool closed_ = false;
   std::vector<std::thread> workers_;
 };

@@ -15,6 +15,7 @@
 #include "fake_device.h"
 #include "nccl_mock.h"
 #include "tessel/core/clock.h"
+#include "tessel/ops/exact.h"
 #include "train_on.h"
 
 namespace tessel::train {
@@ -231,20 +232,66 @@ TEST_F(DeviceDp, NcclRanksTrainAsTheCpuRanks) {
   }
 }
 
-// Deterministic mode: the exact integer sum of the micro-shards, whatever the worker count and
-// whether NCCL is there, gives the one-worker CPU run's parameters.
+// Deterministic mode: the exact integer sum of the micro-shards, kept on the device (the
+// exact slots), the integers all-reduced staged or through NCCL (the mock's rank-order int64
+// sums are exact too), gives the one-worker CPU run's parameters for any worker count. No
+// micro-shard comes down to the host: through NCCL the run copies to the host less than one
+// parameter copy more than plain data parallel does (the checkpoint, losses, the scales'
+// maxima), where copying each micro-shard down took two per rank and step.
 TEST_F(DeviceDp, DeterministicModeGivesOneRunForAnyWorkerCount) {
   const std::vector<std::string> det = {"train.deterministic=true", "ddp.micro_shard=16"};
   const RunResult cpu = run(config("cpu", det), 1);
-  fakes::FakeDevice fake;
-  for (int workers : {1, 2, 4}) {
-    SCOPED_TRACE(str("dp=", workers));
-    const RunResult cuda = run(config("cuda", det), workers);
-    EXPECT_EQ(cuda.summary["engine"]["grad_sync"], "exact");
-    expect_same_run(cuda, cpu);
+  const double param_bytes = 4.0 * static_cast<double>(cpu.params.size());
+  for (bool nccl : {false, true})
+    for (int workers : {1, 2, 4}) {
+      SCOPED_TRACE(str(nccl ? "nccl" : "staged", " dp=", workers));
+      comm::install_nccl_api(nccl ? &mock_nccl() : nullptr);
+      double plain_bytes = 0;
+      {
+        fakes::FakeDevice fake;
+        run(config("cuda"), workers);
+        plain_bytes = static_cast<double>(fake.runtime().to_host_bytes);
+      }
+      fakes::FakeDevice fake;
+      const RunResult cuda = run(config("cuda", det), workers);
+      EXPECT_EQ(cuda.summary["engine"]["grad_sync"], "exact");
+      expect_same_run(cuda, cpu);
+      for (const char* slot : {"exact_max", "exact_quantise", "exact_dequantise"})
+        EXPECT_GT(fake.calls(slot), 0) << slot;
+      if (nccl || workers == 1) {  // staged collectives copy the integers through the host
+        EXPECT_LT(static_cast<double>(fake.runtime().to_host_bytes), plain_bytes + param_bytes);
+      }
+    }
+}
+
+// Each exact slot broken as a kernel's launch bounds could break it (quantise missing each
+// range's last value, dequantise its first, the maxima over the first value only): the run's
+// bits leave the CPU's.
+TEST_F(DeviceDp, DeterministicModeFailsWithABrokenExactKernel) {
+  const std::vector<std::string> det = {"train.deterministic=true", "ddp.micro_shard=16"};
+  const RunResult cpu = run(config("cpu", det), 1);
+  for (int broken = 0; broken < 3; ++broken) {
+    SCOPED_TRACE(str("broken slot ", broken));
+    fakes::FakeDevice fake;
+    ops::DeviceKernels k = *ops::device_kernels(Device::kCuda);
+    if (broken == 0)
+      k.exact_quantise = [](int64_t* acc, const float* g, int64_t n, double scale, void*) {
+        DeviceScope host(Device::kCpu, nullptr);  // the CPU loop
+        ops::exact_quantise(acc, g, n - 1, scale);
+      };
+    if (broken == 1)
+      k.exact_max = [](float* max, const float* g, int64_t, void*) {
+        DeviceScope host(Device::kCpu, nullptr);
+        ops::exact_max(max, g, 1);
+      };
+    if (broken == 2)
+      k.exact_dequantise = [](float* out, const int64_t* sums, int64_t n, double scale, void*) {
+        DeviceScope host(Device::kCpu, nullptr);
+        ops::exact_dequantise(out + 1, sums + 1, n - 1, scale);
+      };
+    ops::install_device_kernels(Device::kCuda, &k);
+    EXPECT_NE(run(config("cuda", det), 2).summary["params_sha256"], cpu.summary["params_sha256"]);
   }
-  comm::install_nccl_api(&mock_nccl());
-  expect_same_run(run(config("cuda", det), 2), cpu);
 }
 
 struct Failed {

@@ -23,7 +23,9 @@ const NcclApi& mock_nccl();
 enum class MockFault {
   kNone,
   kStall,  // the rank's device work never ends (a hung kernel); its process stays alive
-  kDie,    // the rank's process is gone: its work never runs, peers see ncclRemoteError
+  // The rank's process is gone: its work never runs, peers see ncclRemoteError, and its thread
+  // shows no more life (it stays inside the call it died in until a peer aborts the group).
+  kDie,
 };
 // For communicators created from now on: rank `rank`'s work items from the `after`-th
 // (0-based, in enqueue order) on meet `fault`.

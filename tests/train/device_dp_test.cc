@@ -338,19 +338,23 @@ TEST_F(DeviceDp, HungRankIsNamedAtTheDeadline) {
   }
 }
 
-// Rank 1's process dies inside NCCL (its work never runs, its peers' NCCL reports
-// ncclRemoteError): the run ends with CommError long before the 30 s deadline. (NCCL's remote
-// error does not say which peer went; the mock's dead rank still waits in its call, so no
-// rank stands out of the progress records either.)
+// Rank 1's process dies inside NCCL (its work never runs, its thread shows no more life, its
+// peers' NCCL reports ncclRemoteError): the run ends with CommError naming rank 1, whose NCCL
+// side went silent while rank 0's polled, within comm.timeout_s + 5 s (and without waiting for
+// the deadline: not a Timeout).
 TEST_F(DeviceDp, DeadNcclRankEndsTheRun) {
+  constexpr double kTimeout = 3;
   fakes::FakeDevice fake;
   comm::install_nccl_api(&mock_nccl());
   mock_nccl_fault(1, MockFault::kDie, 5);
-  const Failed f = run_failing(config("cuda", {"comm.timeout_s=30"}), 2, data_);
+  const Failed f = run_failing(config("cuda", {str("comm.timeout_s=", kTimeout)}), 2, data_);
   EXPECT_EQ(f.type, "CommError") << f.error;
   EXPECT_NE(f.error.find("ncclRemoteError"), std::string::npos) << f.error;
   EXPECT_NE(f.error.find("allreduce #5"), std::string::npos) << f.error;  // the dead call
-  EXPECT_LT(f.seconds, 10.0);
+  EXPECT_NE(f.error.find("rank 1 stopped making progress: its NCCL side has shown no activity"),
+            std::string::npos)
+      << f.error;
+  EXPECT_LT(f.seconds, kTimeout + 5.0) << f.error;
 }
 
 }  // namespace

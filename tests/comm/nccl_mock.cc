@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -107,6 +108,7 @@ struct Comm {
   int rank = 0;
   MockFault fault = MockFault::kNone;
   int fault_after = 0;
+  double delay_s = 0;  // mock_nccl_delay
   // Under g->mu:
   bool settling = true;  // answered kInProgress, not yet polled out of it (init included)
   bool finalizing = false, aborted = false, freed = false;
@@ -123,6 +125,7 @@ struct Library {  // the mock library's global state, as libnccl's
   std::vector<std::unique_ptr<Comm>> comms;  // kept until reset: dead handles stay detectable
   std::vector<std::unique_ptr<Event>> events;
   std::map<int, std::pair<MockFault, int>> faults;
+  double delay_s = 0;
   int misuses = 0;
   std::string first_misuse;
   uint64_t ids = 0;
@@ -277,6 +280,7 @@ NcclResult enqueue(Comm& c, std::vector<Op> ops) {
   c.settling = !c.dead;
   ++c.in_flight;
   stream->push([&c, ops = std::move(ops), fault] {
+    if (c.delay_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(c.delay_s));
     run_item(c, ops, fault);
     std::lock_guard<std::mutex> lock(c.g->mu);
     --c.in_flight;
@@ -347,6 +351,7 @@ NcclResult init_rank(NcclComm* out, int nranks, const NcclUniqueId* id, int rank
     comm->g = g;
     auto f = l.faults.find(rank);
     if (f != l.faults.end()) std::tie(comm->fault, comm->fault_after) = f->second;
+    comm->delay_s = l.delay_s;
     if (g->nranks != nranks || rank < 0 || rank >= nranks || g->taken_ranks[rank]++) {
       if (l.misuses++ == 0)
         l.first_misuse =
@@ -555,6 +560,11 @@ void mock_nccl_fault(int rank, MockFault fault, int after) {
   lib().faults[rank] = {fault, after};
 }
 
+void mock_nccl_delay(double seconds) {
+  std::lock_guard<std::mutex> lock(lib().mu);
+  lib().delay_s = seconds;
+}
+
 MockNcclState mock_nccl_state() {
   Library& l = lib();
   MockNcclState s;
@@ -580,6 +590,7 @@ void mock_nccl_reset() {
   l.comms.clear();
   l.events.clear();
   l.faults.clear();
+  l.delay_s = 0;
   l.misuses = 0;
   l.first_misuse.clear();
 }

@@ -30,6 +30,9 @@ enum class MockFault {
 // For communicators created from now on: rank `rank`'s work items from the `after`-th
 // (0-based, in enqueue order) on meet `fault`.
 void mock_nccl_fault(int rank, MockFault fault, int after = 0);
+// For communicators created from now on: every work item starts `seconds` after its turn on its
+// stream (work that completes late, as a slow link's).
+void mock_nccl_delay(double seconds);
 
 struct MockNcclState {
   int live_comms = 0;    // initialized and neither destroyed nor aborted
@@ -38,7 +41,8 @@ struct MockNcclState {
   std::string first_misuse;
 };
 MockNcclState mock_nccl_state();
-// Forgets faults, misuses and dead communicators; call between tests, with no stream left.
+// Forgets faults, delays, misuses and dead communicators; call between tests, with no stream
+// left.
 void mock_nccl_reset();
 
 }  // namespace tessel::comm::testing

@@ -22,6 +22,7 @@ namespace tessel::train {
 namespace {
 
 using comm::testing::mock_nccl;
+using comm::testing::mock_nccl_delay;
 using comm::testing::mock_nccl_fault;
 using comm::testing::mock_nccl_reset;
 using comm::testing::mock_nccl_state;
@@ -230,6 +231,32 @@ TEST_F(DeviceDp, NcclRanksTrainAsTheCpuRanks) {
     EXPECT_EQ(mock_nccl_state().live_comms, 0);  // every rank closed its communicator
     EXPECT_EQ(mock_nccl_state().live_streams, 0);
   }
+}
+
+// Device buckets overlap the backward: through the mock NCCL, whose every work item completes
+// kDelay late, each rank enqueues a bucket as the backward completes it and waits for them
+// only at the step's end. Rank 0's backward blocks are slowed 40 times (debug.slow_factor):
+// its buckets complete behind the rest of its backward, which its metrics show as overlapped
+// time (waited for at launch, they would show none) and next to no exposed time; rank 1, fast,
+// finds them unfinished at its step's end (they need rank 0's) and shows that wait as exposed.
+// (Sleeps only lengthen: the lower bounds hold on a loaded host.)
+TEST_F(DeviceDp, NcclBucketsOverlapTheBackward) {
+  constexpr double kDelay = 0.01;
+  constexpr int kSteps = 6;
+  comm::install_nccl_api(&mock_nccl());
+  mock_nccl_delay(kDelay);
+  fakes::FakeDevice fake;
+  const RunResult r = run(config("cuda", {"debug.slow_rank=0", "debug.slow_factor=40"}), 2);
+  EXPECT_EQ(r.summary["engine"]["device_comm"], "nccl");
+  const auto& ranks = r.summary["ranks"]["per_rank"];
+  const double overlapped = ranks[0]["comm_overlapped_seconds"];
+  const double exposed = ranks[0]["comm_exposed_seconds"];
+  const double fast_exposed = ranks[1]["comm_exposed_seconds"];
+  std::printf("[ overlap ] rank 0: %.3f s overlapped, %.4f s exposed; rank 1: %.3f s exposed\n",
+              overlapped, exposed, fast_exposed);
+  EXPECT_GE(overlapped, kSteps * kDelay);  // at least a bucket per step hidden
+  EXPECT_LT(exposed, overlapped);
+  EXPECT_GE(fast_exposed, kSteps * kDelay);
 }
 
 // Deterministic mode: the exact integer sum of the micro-shards, kept on the device (the

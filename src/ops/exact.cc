@@ -10,12 +10,14 @@
 
 namespace tessel::ops {
 
-void exact_max(float* max, const float* g, int64_t n) {
+void exact_collect(float* kept, float* max, const float* g, int64_t n) {
   if (on_device())
-    return device_kernel(&DeviceKernels::exact_max, "exact_max")(max, g, n, current_stream());
+    return device_kernel(&DeviceKernels::exact_collect, "exact_collect")(kept, max, g, n,
+                                                                         current_stream());
   float m = max[0];
   bool nan = false;  // std::max passes NaN over: note it apart
   for (int64_t i = 0; i < n; ++i) {
+    kept[i] = g[i];
     m = std::max(m, std::fabs(g[i]));
     nan |= g[i] != g[i];
   }

@@ -13,19 +13,10 @@ namespace tessel::parallel {
 
 namespace {
 
-// n floats of `device`'s memory: zeroed, or copied (queued on the current stream).
+// n floats of `device`'s memory zeroed (queued on the current stream).
 void zero_floats(Device device, float* p, int64_t n) {
   if (device == Device::kCpu) return std::fill(p, p + n, 0.0f);
   device_runtime(device).zero(p, static_cast<size_t>(n) * sizeof(float), current_stream());
-}
-
-void copy_floats(Device device, float* dst, const float* src, int64_t n) {
-  if (device == Device::kCpu) {
-    std::copy(src, src + n, dst);
-    return;
-  }
-  device_runtime(device).copy(dst, device, src, device, static_cast<size_t>(n) * sizeof(float),
-                              current_stream());
 }
 
 Tensor sum_memory(int64_t n, DType type, Device device) {
@@ -58,13 +49,12 @@ void ExactSum::collect(nn::Range r, float* grad) {
       shards_ = std::move(grown);
     }
   }
+  // Kept, and each scale bucket's largest |g| taken, in one pass.
   float* dst = shard(s);
-  copy_floats(device_, dst + r.lo, grad, r.size());
-  // Each scale bucket's largest |g|, over the kept copy.
   float* max = max_.kernel_data<float>();
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const int64_t lo = std::max(buckets_[b].lo, r.lo), hi = std::min(buckets_[b].hi, r.hi);
-    if (lo < hi) ops::exact_max(max + b, dst + lo, hi - lo);
+    if (lo < hi) ops::exact_collect(dst + lo, max + b, grad + (lo - r.lo), hi - lo);
   }
   zero_floats(device_, grad, r.size());
 }

@@ -369,10 +369,10 @@ void FakeSlots::fill_modern_slots(ops::DeviceKernels& k) {
 
 // Deterministic mode's exact sum: the CPU's loops (tessel/ops/exact.h).
 void FakeSlots::fill_exact_slots(ops::DeviceKernels& k) {
-  k.exact_max = [](float* max, const float* g, int64_t n, void*) {
-    enter("exact_max", {max, g});
+  k.exact_collect = [](float* kept, float* max, const float* g, int64_t n, void*) {
+    enter("exact_collect", {kept, max, g});
     DeviceScope host(Device::kCpu, nullptr);
-    ops::exact_max(max, g, n);
+    ops::exact_collect(kept, max, g, n);
   };
   k.exact_quantise = [](int64_t* acc, const float* g, int64_t n, double scale, void*) {
     enter("exact_quantise", {acc, g});

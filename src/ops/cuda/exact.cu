@@ -1,9 +1,9 @@
-// Deterministic mode's exact sum on the device (tessel/ops/exact.h): the largest |g| of a range
-// (a block maximum per block, then an atomic maximum over the bits: |g| >= 0 orders as its
-// bits, so any order gives the same result), the quantise-and-add into int64 sums and the
-// dequantisation, with the CPU loops' roundings: a product by a power of two is exact, the
-// conversion to int64 truncates (__double2ll_rz), int64 -> double and double -> float round to
-// nearest, and the division is IEEE's.
+// Deterministic mode's exact sum on the device (tessel/ops/exact.h): a range kept and its
+// largest |g| taken in one pass (a block maximum per block, then an atomic maximum over the
+// bits: |g| >= 0 orders as its bits, so any order gives the same result), the quantise-and-add into
+// int64 sums and the dequantisation, with the CPU loops' roundings: a product by a power of two is
+// exact, the conversion to int64 truncates (__double2ll_rz), int64 -> double and double -> float
+// round to nearest, and the division is IEEE's.
 #include <cmath>
 
 #include "common.cuh"
@@ -17,12 +17,14 @@ using detail::grid_for;
 
 constexpr int kThreads = 256;
 
-__global__ void abs_max_kernel(float* max, const float* g, int64_t n) {
+__global__ void collect_kernel(float* kept, float* max, const float* g, int64_t n) {
   __shared__ float shared[32];
   float m = 0.0f;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
-    const float a = fabsf(g[i]);
+    const float v = g[i];
+    kept[i] = v;
+    const float a = fabsf(v);
     m = fmaxf(m, a != a ? INFINITY : a);  // a NaN makes the maximum +inf
   }
   m = block_max(m, shared);
@@ -45,10 +47,10 @@ __global__ void dequantise_kernel(float* out, const int64_t* sums, int64_t n, do
 
 }  // namespace
 
-void exact_max(float* max, const float* g, int64_t n, cudaStream_t stream) {
+void exact_collect(float* kept, float* max, const float* g, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
-  abs_max_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(max, g, n);
-  check_launch("exact_max");
+  collect_kernel<<<grid_for(n, kThreads), kThreads, 0, stream>>>(kept, max, g, n);
+  check_launch("exact_collect");
 }
 
 void exact_quantise(int64_t* acc, const float* g, int64_t n, double scale, cudaStream_t stream) {

@@ -140,8 +140,8 @@ void fill_gpt_slots(DeviceKernels& k) {
 
 // Deterministic mode's exact sum.
 void fill_exact_slots(DeviceKernels& k) {
-  k.exact_max = [](float* max, const float* g, int64_t n, void* s) {
-    exact_max(max, g, n, as_stream(s));
+  k.exact_collect = [](float* kept, float* max, const float* g, int64_t n, void* s) {
+    exact_collect(kept, max, g, n, as_stream(s));
   };
   k.exact_quantise = [](int64_t* acc, const float* g, int64_t n, double scale, void* s) {
     exact_quantise(acc, g, n, scale, as_stream(s));

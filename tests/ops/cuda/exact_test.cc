@@ -1,7 +1,7 @@
 // Deterministic mode's exact sum on the GPU gives the CPU loops' bits (tessel/ops/exact.h):
-// the largest |g| (a NaN makes it +inf), the quantise-and-add into int64 sums at a power-of-two
-// scale (truncation of values far below the scale's unit included), and the dequantisation
-// (a NaN scale writes NaN). Without a device it skips, saying why.
+// the kept shard and its largest |g| (a NaN makes it +inf), the quantise-and-add into int64 sums at
+// a power-of-two scale (truncation of values far below the scale's unit included), and the
+// dequantisation (a NaN scale writes NaN). Without a device it skips, saying why.
 #include "tessel/ops/exact.h"
 
 #include <cmath>
@@ -34,17 +34,20 @@ std::vector<T> download_as(const DeviceBuffer& b, int64_t n) {
   return out;
 }
 
-TEST_F(CudaExact, MaxIsTheCpusAndANanMakesItInfinite) {
+TEST_F(CudaExact, CollectKeepsTheShardAndTakesTheCpusMaximum) {
   Vec g = gradients(1);
   for (bool nan : {false, true}) {
     if (nan) g[kN / 2] = std::numeric_limits<float>::quiet_NaN();
     float want = 0.25f;  // an earlier range's maximum
-    ops::exact_max(&want, g.data(), kN);
-    DeviceBuffer gg = upload(g), gm = upload(Vec{0.25f});
-    exact_max(static_cast<float*>(gm.get()), static_cast<const float*>(gg.get()), kN, nullptr);
+    Vec kept(kN);
+    ops::exact_collect(kept.data(), &want, g.data(), kN);
+    DeviceBuffer gg = upload(g), gm = upload(Vec{0.25f}), gkept = poisoned(kN);
+    exact_collect(static_cast<float*>(gkept.get()), static_cast<float*>(gm.get()),
+                  static_cast<const float*>(gg.get()), kN, nullptr);
     const float got = download(gm, 1)[0];
     EXPECT_EQ(std::memcmp(&got, &want, sizeof got), 0) << got << " vs " << want;
     EXPECT_EQ(std::isinf(got), nan);
+    expect_same_bits(download(gkept, kN), kept, "the kept shard");
   }
 }
 

@@ -154,7 +154,7 @@ void sum_squares(double* out, double* partials, const float* x, int64_t n, cudaS
 
 // ---- Deterministic mode's exact sum (src/ops/cuda/exact.cu): tessel/ops/exact.h's contracts,
 // the CPU loops' bits ----
-void exact_max(float* max, const float* g, int64_t n, cudaStream_t stream);
+void exact_collect(float* kept, float* max, const float* g, int64_t n, cudaStream_t stream);
 void exact_quantise(int64_t* acc, const float* g, int64_t n, double scale, cudaStream_t stream);
 void exact_dequantise(float* out, const int64_t* sums, int64_t n, double scale,
                       cudaStream_t stream);

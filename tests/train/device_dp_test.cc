@@ -3,9 +3,10 @@
 // memory is host blocks and whose kernel slots run the CPU kernels, must give what the same
 // layout gives on the CPU. The ranks' buckets go through their DeviceCollectives: copies
 // through the host (no NCCL installed: the CPU's own all-reduce, so the CPU's bits), or the
-// mock NCCL (tests/comm/nccl_mock.h: ranks as threads, sums in rank order). Deterministic mode
-// gives one params_sha256 for 1, 2 and 4 device ranks, the CPU's. A rank that hangs is named
-// at the deadline, through either path, and a rank whose NCCL dies ends the run.
+// mock NCCL (tests/comm/nccl_mock.h: ranks as threads, sums in rank order), whose buckets
+// overlap the backward. Deterministic mode, its exact sum on the device, gives one
+// params_sha256 for 1, 2 and 4 device ranks, the CPU's. A rank that hangs is named at the
+// deadline, through either path, and a rank whose NCCL dies ends the run, named.
 #include <gtest/gtest.h>
 
 #include <algorithm>

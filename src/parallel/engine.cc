@@ -149,8 +149,8 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   if (current_device() != Device::kCpu) {  // before the first device allocation below
     const DevicePlacement place = place_device_rank(mesh_.world());
     parts_["gpu"] = place.device;
-    // Exact sums run on the host; ZeRO's shard gathers still move device memory.
-    if (group.size() > 1 && (composed_.grad_sync != "exact" || stage > 0)) {
+    // Buckets, ZeRO's shard gathers and the exact sum's integers all move device memory.
+    if (group.size() > 1) {
       std::string kind;
       device_comm_ = make_device_collectives(group, place, &kind);
       parts_["device_comm"] = kind;
@@ -173,7 +173,7 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   if (!sync_owner_ && composed_.grad_sync == "exact") {
     scale_buckets_ = make_units(model_, spec.bucket_mb, {}, 1, 0);
     auto exact = std::make_unique<ExactSync>(model_, units_, scale_buckets_, dp, mesh_.workers(),
-                                             type_ == DType::kF16);
+                                             type_ == DType::kF16, device_comm_.get());
     hooks_.push_back(exact.get());
     sync_owner_ = std::move(exact);
   } else if (!sync_owner_ && composed_.grad_sync != "reduce_scatter_shard") {

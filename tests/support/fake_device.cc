@@ -9,6 +9,7 @@
 #include <initializer_list>
 
 #include "tessel/ops/cpu.h"
+#include "tessel/ops/exact.h"
 #include "tessel/optim/schedule.h"
 
 namespace tessel::fakes {
@@ -46,6 +47,7 @@ void FakeRuntime::copy(void* dst, Device dst_device, const void* src, Device src
   EXPECT_EQ(src_device == Device::kCuda, owns(src, bytes));
   streams.push_back(stream);
   ++copies;
+  if (dst_device == Device::kCpu) to_host_bytes += static_cast<int64_t>(bytes);
   std::memmove(dst, src, bytes);
 }
 
@@ -105,6 +107,7 @@ struct FakeSlots {
   static ops::DeviceKernels table();
   static void fill_gpt_slots(ops::DeviceKernels& k);
   static void fill_modern_slots(ops::DeviceKernels& k);
+  static void fill_exact_slots(ops::DeviceKernels& k);
 };
 
 // ---- Convolution and pooling: the CPU's unfused kernels, scratch on the host ----
@@ -276,6 +279,7 @@ ops::DeviceKernels FakeSlots::table() {
   };
   fill_gpt_slots(k);
   fill_modern_slots(k);
+  fill_exact_slots(k);
   return k;
 }
 
@@ -360,6 +364,25 @@ void FakeSlots::fill_modern_slots(ops::DeviceKernels& k) {
     enter("dropout_backward", {dx, dy});
     DeviceScope host(Device::kCpu, nullptr);
     ops::dropout_backward(dx, dy, rows, cols, p, seed, step, first_sample, first_col, t);
+  };
+}
+
+// Deterministic mode's exact sum: the CPU's loops (tessel/ops/exact.h).
+void FakeSlots::fill_exact_slots(ops::DeviceKernels& k) {
+  k.exact_collect = [](float* kept, float* max, const float* g, int64_t n, void*) {
+    enter("exact_collect", {kept, max, g});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::exact_collect(kept, max, g, n);
+  };
+  k.exact_quantise = [](int64_t* acc, const float* g, int64_t n, double scale, void*) {
+    enter("exact_quantise", {acc, g});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::exact_quantise(acc, g, n, scale);
+  };
+  k.exact_dequantise = [](float* out, const int64_t* sums, int64_t n, double scale, void*) {
+    enter("exact_dequantise", {out, sums});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::exact_dequantise(out, sums, n, scale);
   };
 }
 

@@ -119,6 +119,10 @@ struct DeviceKernels {
                    DType working_type, int64_t n, const SgdStep& k, void* stream);
   // out[0] = the sum of x[i]^2 in f64 (kSumSquaresParts partial sums in `partials`, then one).
   void (*sum_squares)(double* out, double* partials, const float* x, int64_t n, void* stream);
+  // ---- Deterministic mode's exact sum (tessel/ops/exact.h's contracts, the CPU's bits) ----
+  void (*exact_collect)(float* kept, float* max, const float* g, int64_t n, void* stream);
+  void (*exact_quantise)(int64_t* acc, const float* g, int64_t n, double scale, void* stream);
+  void (*exact_dequantise)(float* out, const int64_t* sums, int64_t n, double scale, void* stream);
 };
 
 // Makes `kernels` the table of `device` (process wide, before any thread uses it; it must live

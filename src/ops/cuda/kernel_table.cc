@@ -138,6 +138,19 @@ void fill_gpt_slots(DeviceKernels& k) {
   };
 }
 
+// Deterministic mode's exact sum.
+void fill_exact_slots(DeviceKernels& k) {
+  k.exact_collect = [](float* kept, float* max, const float* g, int64_t n, void* s) {
+    exact_collect(kept, max, g, n, as_stream(s));
+  };
+  k.exact_quantise = [](int64_t* acc, const float* g, int64_t n, double scale, void* s) {
+    exact_quantise(acc, g, n, scale, as_stream(s));
+  };
+  k.exact_dequantise = [](float* out, const int64_t* sums, int64_t n, double scale, void* s) {
+    exact_dequantise(out, sums, n, scale, as_stream(s));
+  };
+}
+
 DeviceKernels make_table() {
   DeviceKernels k{};
   k.linear_forward = linear_fwd;
@@ -197,6 +210,7 @@ DeviceKernels make_table() {
     sum_squares(out, partials, x, n, as_stream(s));
   };
   fill_gpt_slots(k);
+  fill_exact_slots(k);
   return k;
 }
 

@@ -152,4 +152,11 @@ void sgd_step(float* params, const float* grads, float* momentum, void* working,
 // The global norm is sqrt of that (summed over shards first).
 void sum_squares(double* out, double* partials, const float* x, int64_t n, cudaStream_t stream);
 
+// ---- Deterministic mode's exact sum (src/ops/cuda/exact.cu): tessel/ops/exact.h's contracts,
+// the CPU loops' bits ----
+void exact_collect(float* kept, float* max, const float* g, int64_t n, cudaStream_t stream);
+void exact_quantise(int64_t* acc, const float* g, int64_t n, double scale, cudaStream_t stream);
+void exact_dequantise(float* out, const int64_t* sums, int64_t n, double scale,
+                      cudaStream_t stream);
+
 }  // namespace tessel::ops::cuda

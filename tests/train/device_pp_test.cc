@@ -113,6 +113,7 @@ void pipeline_as_on_the_cpu(const std::string& model) {
         SCOPED_TRACE(str(model, " ", schedule, " ", precision, nccl ? " nccl" : " staged"));
         const RunResult cuda = DevicePp::run_on_device(config("cuda", pp), 2, nccl);
         EXPECT_EQ(cuda.summary["layout"], "pp=2");
+
         expect_links(cuda, nccl);
         expect_same_run(cuda, cpu);
       }
@@ -123,7 +124,13 @@ TEST_F(DevicePp, FashionMlpTrainsAsOnTheCpu) { pipeline_as_on_the_cpu("mlp"); }
 
 // The LM head's stage keeps the tied table in device memory: its gradient share travels on the
 // tied link, the updated values come back after each step.
-TEST_F(DevicePp, TiedCharGptTrainsAsOnTheCpu) { pipeline_as_on_the_cpu("gpt"); }
+TEST_F(DevicePp, TiedCharGptTrainsAsOnTheCpu) {
+  const nlohmann::json blocks = {{"embed", "block0"}, {"block1", "head"}};  // the table's two ends
+  EXPECT_EQ(run(gpt("cpu", {"pp.stages=2", "train.max_steps=1"}), 2)
+                .summary["ranks"]["pipeline_stage_blocks"],
+            blocks);
+  pipeline_as_on_the_cpu("gpt");
+}
 
 // dp 2 x pp 2 on 4 ranks: the pipeline's dp groups reduce their buckets on device memory too.
 TEST_F(DevicePp, DataTimesPipelineTrainsAsOnTheCpu) {

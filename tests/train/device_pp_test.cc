@@ -125,7 +125,7 @@ TEST_F(DevicePp, FashionMlpTrainsAsOnTheCpu) { pipeline_as_on_the_cpu("mlp"); }
 // The LM head's stage keeps the tied table in device memory: its gradient share travels on the
 // tied link, the updated values come back after each step.
 TEST_F(DevicePp, TiedCharGptTrainsAsOnTheCpu) {
-  const nlohmann::json blocks = {{"embed", "block0"}, {"block1", "head"}};  // the table's two ends
+  const auto blocks = nlohmann::json::parse(R"([["embed", "block0"], ["block1", "head"]])");
   EXPECT_EQ(run(gpt("cpu", {"pp.stages=2", "train.max_steps=1"}), 2)
                 .summary["ranks"]["pipeline_stage_blocks"],
             blocks);

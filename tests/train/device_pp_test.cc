@@ -98,29 +98,43 @@ void expect_links(const RunResult& r, bool nccl) {
   EXPECT_EQ(r.summary["ranks"]["pipeline_device_comm"], nccl ? "nccl" : kStaged);
 }
 
-// pp = 2 under gpipe and 1f1b, fp32 and bf16, staged and through the mock NCCL: the CPU's bits.
-void pipeline_as_on_the_cpu(const std::string& model) {
+// pp = 2 under each schedule (its settings) in each precision, staged and through the mock
+// NCCL: the CPU's bits.
+void pipeline_as_on_the_cpu(const std::string& model,
+                            const std::vector<std::vector<std::string>>& schedules,
+                            const std::vector<std::string>& precisions = {"fp32", "bf16"}) {
   auto config = [&](const std::string& device, const std::vector<std::string>& extra) {
     return model == "gpt" ? DevicePp::gpt(device, extra) : DevicePp::mlp(device, extra);
   };
-  for (const char* schedule : {"gpipe", "1f1b"})
-    for (const char* precision : {"fp32", "bf16"}) {
-      const std::vector<std::string> pp = {"pp.stages=2", "pp.microbatches=4",
-                                           str("pp.schedule=", schedule),
-                                           str("train.precision=", precision)};
+  for (const std::vector<std::string>& schedule : schedules)
+    for (const std::string& precision : precisions) {
+      std::vector<std::string> pp = {"pp.stages=2", "pp.microbatches=4",
+                                     str("train.precision=", precision)};
+      pp.insert(pp.end(), schedule.begin(), schedule.end());
       const RunResult cpu = DevicePp::run(config("cpu", pp), 2);
       for (bool nccl : {false, true}) {
-        SCOPED_TRACE(str(model, " ", schedule, " ", precision, nccl ? " nccl" : " staged"));
+        SCOPED_TRACE(str(model, " ", schedule[0], " ", precision, nccl ? " nccl" : " staged"));
         const RunResult cuda = DevicePp::run_on_device(config("cuda", pp), 2, nccl);
         EXPECT_EQ(cuda.summary["layout"], "pp=2");
-
         expect_links(cuda, nccl);
         expect_same_run(cuda, cpu);
       }
     }
 }
 
-TEST_F(DevicePp, FashionMlpTrainsAsOnTheCpu) { pipeline_as_on_the_cpu("mlp"); }
+const std::vector<std::vector<std::string>> kGpipeAnd1f1b = {{"pp.schedule=gpipe"},
+                                                             {"pp.schedule=1f1b"}};
+// Interleaved 1F1B (two chunks per stage: more links) and zb-h1 (backwards split into B and
+// W; the tied table's gradient sent once, with the last W).
+const std::vector<std::vector<std::string>> kInterleavedAndZbH1 = {
+    {"pp.schedule=interleaved", "pp.virtual_stages=2"}, {"pp.schedule=zb-h1"}};
+
+TEST_F(DevicePp, FashionMlpTrainsAsOnTheCpu) { pipeline_as_on_the_cpu("mlp", kGpipeAnd1f1b); }
+
+TEST_F(DevicePp, InterleavedAndZbH1TrainAsOnTheCpu) {
+  pipeline_as_on_the_cpu("mlp", kInterleavedAndZbH1, {"fp32"});
+  pipeline_as_on_the_cpu("gpt", kInterleavedAndZbH1, {"bf16"});
+}
 
 // The LM head's stage keeps the tied table in device memory: its gradient share travels on the
 // tied link, the updated values come back after each step.
@@ -129,7 +143,7 @@ TEST_F(DevicePp, TiedCharGptTrainsAsOnTheCpu) {
   EXPECT_EQ(run(gpt("cpu", {"pp.stages=2", "train.max_steps=1"}), 2)
                 .summary["ranks"]["pipeline_stage_blocks"],
             blocks);
-  pipeline_as_on_the_cpu("gpt");
+  pipeline_as_on_the_cpu("gpt", kGpipeAnd1f1b);
 }
 
 // dp 2 x pp 2 on 4 ranks: the pipeline's dp groups reduce their buckets on device memory too.

@@ -34,6 +34,16 @@ bool resolve_overlap(const ParallelSpec& spec, Mesh& mesh) {
          2 * mesh.group(Axis::kDp).ranks_on_host();
 }
 
+// On device ranks, each pipeline link's path for device memory: NCCL or staged, chosen as the
+// dp group's is (placed first: nothing is on the device yet).
+PipelineExecutor::DeviceLinks pipeline_device_links(Mesh& mesh) {
+  if (current_device() == Device::kCpu) return nullptr;
+  const DevicePlacement place = place_device_rank(mesh.world());
+  return [place](comm::Communicator& link, std::string* kind) {
+    return make_device_collectives(link, place, kind);
+  };
+}
+
 std::unique_ptr<TpGroup> make_tp_group(const ParallelSpec& spec, Mesh& mesh) {
   if (mesh.layout().tp == 1) return nullptr;
   return std::make_unique<TpGroup>(mesh.group(Axis::kTp), spec.tp_sequence);
@@ -91,7 +101,8 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
     build_parameter_server(spec, optim, seed);
   } else {
     if (composed_.executor == ExecutorKind::kPipeline)
-      executor_ = std::make_unique<PipelineExecutor>(spec, mesh_.group(Axis::kPp), model_);
+      executor_ = std::make_unique<PipelineExecutor>(spec, mesh_.group(Axis::kPp), model_,
+                                                     pipeline_device_links(mesh_));
     else
       executor_ = std::make_unique<LocalExecutor>(model_, spec.recompute);
     comm::Communicator& group = mesh_.group(Axis::kShard);  // dp, or its zero.shard_size group

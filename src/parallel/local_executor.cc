@@ -5,10 +5,7 @@
 #include "tessel/tensor/device.h"
 
 namespace tessel::parallel {
-namespace {
 
-// The piece's inputs and targets on this thread's device: uploaded from the host loader's
-// tensors (the one upload of a step's batch).
 Piece on_current_device(const Piece& piece) {
   if (current_device() == Device::kCpu) return piece;
   Piece out = piece;
@@ -16,8 +13,6 @@ Piece on_current_device(const Piece& piece) {
   out.y = piece.y.to_device(current_device());
   return out;
 }
-
-}  // namespace
 
 void check_loss(double loss, int64_t step) {
   if (!std::isfinite(loss))

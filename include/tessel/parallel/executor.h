@@ -73,6 +73,10 @@ class Executor {
 // Throws naming the step when a training loss is not finite.
 void check_loss(double loss, int64_t step);
 
+// The piece's inputs and targets on this thread's device: uploaded from the host loader's
+// tensors (the one upload of a step's batch); the piece itself on the host.
+Piece on_current_device(const Piece& piece);
+
 class LocalExecutor final : public Executor {
  public:
   // recompute: train.recompute, what the forward keeps for the backward.

@@ -219,7 +219,9 @@ TEST_F(DevicePp, DeviceSendsArriveInOrder) {
             host.fill_(static_cast<float>(k));
             bufs.push_back(host.to_device(Device::kCuda));
             works.push_back(p2p->send(bufs.back().raw(), 5, elem, 1, {}));
-            if (!nccl) EXPECT_TRUE(works.back().done());  // its bytes are on the host already
+            if (!nccl) {
+              EXPECT_TRUE(works.back().done());  // its bytes are on the host already
+            }
           }
           if (!nccl) c.barrier();  // staged: rank 1 receives after every send returned
           for (int k = 1; k <= 3 && c.rank() == 1; ++k) {

@@ -52,13 +52,20 @@ std::string cuda_refusal(const std::string& why, const std::string& instead) {
 // The table's refusals, in the order they are asked (the first that applies is the message).
 const std::vector<Rule>& rules() {
   static const std::vector<Rule> table = {
-      {"runtime.device = cuda and pp.stages, tp.size or ps.servers beyond one",
-       [](const In& in) { return on_cuda(in) && (in.l.pp > 1 || in.l.tp > 1 || in.l.servers > 0); },
+      {"runtime.device = cuda and pp.stages or ps.servers beyond one",
+       [](const In& in) { return on_cuda(in) && (in.l.pp > 1 || in.l.servers > 0); },
        [](const In& in) {
-         return cuda_refusal(str("runs data parallel only, got layout ", in.l.str(),
-                                 " (pipeline, tensor parallel and parameter servers on device "
-                                 "ranks come later)"),
-                             "pp.stages = 1, tp.size = 1 and ps.servers = 0");
+         return cuda_refusal(str("runs data and tensor parallel only, got layout ", in.l.str(),
+                                 " (pipeline and parameter servers on device ranks come later)"),
+                             "pp.stages = 1 and ps.servers = 0");
+       }},
+      {"runtime.device = cuda and tp.sequence_parallel",
+       [](const In& in) { return on_cuda(in) && in.l.tp > 1 && in.s.tp_sequence; },
+       [](const In&) {
+         return cuda_refusal(
+             "runs tensor parallel without sequence parallelism (its gathers along the "
+             "sequence are host code)",
+             "tp.sequence_parallel = false");
        }},
       {"runtime.device = cuda and zero.shard_size > 0",
        [](const In& in) { return on_cuda(in) && in.s.zero_shard_size > 0; },

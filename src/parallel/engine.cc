@@ -115,6 +115,7 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
 
 Engine::~Engine() {
   if (device_comm_) release_device_collectives(*device_comm_);
+  if (tp_) tp_->release_device();
 }
 
 void Engine::build_parameter_server(const ParallelSpec& spec, const optim::OptimSpec& optim,
@@ -154,6 +155,11 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
       std::string kind;
       device_comm_ = make_device_collectives(group, place, &kind);
       parts_["device_comm"] = kind;
+    }
+    if (tp_) {  // the tp group's all-reduces of activations and their gradients
+      std::string kind;
+      tp_->use_device(make_device_collectives(mesh_.group(Axis::kTp), place, &kind));
+      parts_["tp_device_comm"] = kind;
     }
   }
   Buckets::Spec buckets{overlap_, false, type_, spec.compress, seed, across};

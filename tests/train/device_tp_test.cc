@@ -1,0 +1,120 @@
+// Tensor parallel on device ranks, proved on the CPU: fashion_mlp and char_gpt with
+// runtime.device = cuda and tp.size = 2 on ranks as threads over the fake device
+// (tests/support/fake_device.h: "device" memory in host blocks, kernel slots that run the CPU
+// kernels and check every pointer is device memory) must give what the same layout gives on
+// the CPU. The tp group's all-reduces of activations and gradients, and the vocab-parallel
+// loss's row statistics, go through its DeviceCollectives: copies through the host (no NCCL
+// installed: the CPU's own all-reduce, so the CPU's bits) or the mock NCCL
+// (tests/comm/nccl_mock.h; a sum of two ranks is a + b either way, so the bits too). dp2 x tp2
+// on 4 ranks, and deterministic mode, as on the CPU.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "fake_device.h"
+#include "nccl_mock.h"
+#include "train_on.h"
+
+namespace tessel::train {
+namespace {
+
+using comm::testing::mock_nccl;
+using comm::testing::mock_nccl_reset;
+using comm::testing::mock_nccl_state;
+using tessel::testing::example;
+using tessel::testing::RunResult;
+using tessel::testing::train_on;
+
+// fashion_mlp, 6 steps of 64 rows, clipped (the norm sums over the tp group's cut parameters).
+Config fashion_mlp(const std::string& device, std::vector<std::string> extra) {
+  extra.insert(extra.end(), {"train.max_steps=6", "train.batch=64", "train.drop_last=true",
+                             "train.clip_norm=0.5", "ddp.shared_memory=false",
+                             "data.test_fraction=0", str("runtime.device=", device)});
+  return example("fashion_mlp", extra);
+}
+
+// Shortened char_gpt (2 blocks, width 64, context 32, 4 heads: 2 per rank), AdamW, clipped.
+Config char_gpt(const std::string& device, std::vector<std::string> extra) {
+  extra.insert(extra.end(),
+               {"model.layers=2", "model.embed=64", "schedule.warmup_steps=1", "data.context=32",
+                "train.max_steps=4", "train.batch=8", "train.clip_norm=0.5", "optim.kind=adamw",
+                "ddp.shared_memory=false", str("runtime.device=", device)});
+  return example("char_gpt", extra);
+}
+
+class DeviceTp : public ::testing::Test {
+ public:
+  static void SetUpTestSuite() {
+    mlp_data_ = new data::Splits(data::make_datasets(fashion_mlp("cpu", {}).data));
+    gpt_data_ = new data::Splits(data::make_datasets(char_gpt("cpu", {}).data));
+  }
+  static void TearDownTestSuite() {
+    delete mlp_data_;
+    delete gpt_data_;
+    mlp_data_ = gpt_data_ = nullptr;
+  }
+  void TearDown() override {
+    comm::install_nccl_api(nullptr);
+    const comm::testing::MockNcclState s = mock_nccl_state();
+    EXPECT_EQ(s.misuses, 0) << s.first_misuse;
+    EXPECT_EQ(s.live_comms, 0);  // every rank closed its communicators
+    mock_nccl_reset();
+  }
+
+  static const data::Splits* data_of(const Config& cfg) {
+    return cfg.model.kind == nn::ModelKind::kGpt ? gpt_data_ : mlp_data_;
+  }
+  static RunResult run(const Config& cfg, int workers) {
+    return train_on(cfg, workers, {}, data_of(cfg));
+  }
+  // cfg on the fake device, through the mock NCCL when `nccl`.
+  static RunResult run_on_device(const Config& cfg, int workers, bool nccl) {
+    comm::install_nccl_api(nccl ? &mock_nccl() : nullptr);
+    RunResult r;
+    {
+      fakes::FakeDevice fake;
+      r = run(cfg, workers);
+    }
+    comm::install_nccl_api(nullptr);
+    return r;
+  }
+
+  static data::Splits* mlp_data_;
+  static data::Splits* gpt_data_;
+};
+
+data::Splits* DeviceTp::mlp_data_ = nullptr;
+data::Splits* DeviceTp::gpt_data_ = nullptr;
+
+void expect_same_run(const RunResult& got, const RunResult& want) {
+  for (const char* key : {"params_sha256", "train_loss", "train_accuracy", "steps"})
+    EXPECT_EQ(got.summary[key], want.summary[key]) << key;
+  EXPECT_EQ(got.params, want.params);
+}
+
+std::string tp_comm(bool nccl) { return nccl ? "nccl" : "staged (no NCCL in this build)"; }
+
+// Each model on tp = 2 (and `workers` / 2 dp replicas), fp32 and bf16, staged and through the
+// mock NCCL, against the CPU's same layout, bit for bit.
+void expect_device_runs_as_the_cpu(
+    const std::function<Config(const std::string&, std::vector<std::string>)>& make, int workers,
+    std::vector<std::string> extra = {}) {
+  for (const char* precision : {"fp32", "bf16"}) {
+    std::vector<std::string> o = extra;
+    o.insert(o.end(), {"tp.size=2", str("train.precision=", precision)});
+    const RunResult cpu = DeviceTp::run(make("cpu", o), workers);
+    EXPECT_EQ(cpu.summary["engine"]["tp"], "tensor_parallel");
+    for (bool nccl : {false, true}) {
+      SCOPED_TRACE(str(precision, nccl ? " nccl" : " staged", " ranks=", workers));
+      const RunResult cuda = DeviceTp::run_on_device(make("cuda", o), workers, nccl);
+      EXPECT_EQ(cuda.summary["engine"]["tp_device_comm"], tp_comm(nccl));
+      expect_same_run(cuda, cpu);
+    }
+  }
+}
+
+TEST_F(DeviceTp, FashionMlpTrainsAsOnTheCpu) { expect_device_runs_as_the_cpu(fashion_mlp, 2); }
+
+}  // namespace
+}  // namespace tessel::train

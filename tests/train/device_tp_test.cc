@@ -116,5 +116,13 @@ void expect_device_runs_as_the_cpu(
 
 TEST_F(DeviceTp, FashionMlpTrainsAsOnTheCpu) { expect_device_runs_as_the_cpu(fashion_mlp, 2); }
 
+// The GPT's cut attention and MLP, its vocab-parallel embedding, tied head and loss.
+TEST_F(DeviceTp, CharGptTrainsAsOnTheCpu) { expect_device_runs_as_the_cpu(char_gpt, 2); }
+
+TEST_F(DeviceTp, ModernCharGptTrainsAsOnTheCpu) {
+  expect_device_runs_as_the_cpu(char_gpt, 2,
+                                {"model.norm=rmsnorm", "model.position=rotary", "model.mlp=swiglu"});
+}
+
 }  // namespace
 }  // namespace tessel::train

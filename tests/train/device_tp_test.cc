@@ -38,8 +38,8 @@ Config fashion_mlp(const std::string& device, std::vector<std::string> extra) {
 Config char_gpt(const std::string& device, std::vector<std::string> extra) {
   extra.insert(extra.end(),
                {"model.layers=2", "model.embed=64", "schedule.warmup_steps=1", "data.context=32",
-                "train.max_steps=4", "train.batch=8", "train.clip_norm=0.5", "optim.kind=adamw",
-                "ddp.shared_memory=false", str("runtime.device=", device)});
+                "train.max_steps=4", "train.batch=8", "train.drop_last=true", "train.clip_norm=0.5",
+                "optim.kind=adamw", "ddp.shared_memory=false", str("runtime.device=", device)});
   return example("char_gpt", extra);
 }
 
@@ -109,6 +109,9 @@ void expect_device_runs_as_the_cpu(
       SCOPED_TRACE(str(precision, nccl ? " nccl" : " staged", " ranks=", workers));
       const RunResult cuda = DeviceTp::run_on_device(make("cuda", o), workers, nccl);
       EXPECT_EQ(cuda.summary["engine"]["tp_device_comm"], tp_comm(nccl));
+      if (workers > 2) {
+        EXPECT_EQ(cuda.summary["engine"]["device_comm"], tp_comm(nccl));  // the dp groups'
+      }
       expect_same_run(cuda, cpu);
     }
   }
@@ -120,8 +123,39 @@ TEST_F(DeviceTp, FashionMlpTrainsAsOnTheCpu) { expect_device_runs_as_the_cpu(fas
 TEST_F(DeviceTp, CharGptTrainsAsOnTheCpu) { expect_device_runs_as_the_cpu(char_gpt, 2); }
 
 TEST_F(DeviceTp, ModernCharGptTrainsAsOnTheCpu) {
-  expect_device_runs_as_the_cpu(char_gpt, 2,
-                                {"model.norm=rmsnorm", "model.position=rotary", "model.mlp=swiglu"});
+  expect_device_runs_as_the_cpu(
+      char_gpt, 2, {"model.norm=rmsnorm", "model.position=rotary", "model.mlp=swiglu"});
+}
+
+// dp2 x tp2 on 4 ranks: the tp groups' all-reduces and the dp groups' buckets, each through
+// their own DeviceCollectives.
+TEST_F(DeviceTp, DataAndTensorParallelTrainAsOnTheCpu) {
+  for (auto make : {fashion_mlp, char_gpt}) expect_device_runs_as_the_cpu(make, 4);
+}
+
+// Deterministic mode: the CPU's tp = 2 run's parameters (exact dp sums, tp sums of two ranks),
+// on 2 ranks and with 2 dp replicas on 4. fashion_mlp's tp = 2 run is the one-rank run too
+// (its cut layers sum two partial products in one rounding, as the whole GEMM's order gives
+// here); char_gpt's is not (its attention and loss split their sums), on the CPU as here.
+TEST_F(DeviceTp, DeterministicModeGivesTheCpuRun) {
+  for (auto make : {fashion_mlp, char_gpt}) {
+    const std::vector<std::string> det = {"train.deterministic=true", "ddp.micro_shard=4"};
+    std::vector<std::string> tp = det;
+    tp.push_back("tp.size=2");
+    const RunResult cpu = run(make("cpu", tp), 2);
+    const bool mlp = make("cpu", {}).model.kind == nn::ModelKind::kMlp;
+    if (mlp) {
+      EXPECT_EQ(cpu.summary["params_sha256"], run(make("cpu", det), 1).summary["params_sha256"]);
+    }
+    for (bool nccl : {false, true})
+      for (int workers : {2, 4}) {
+        SCOPED_TRACE(
+            str(mlp ? "fashion_mlp " : "char_gpt ", nccl ? "nccl" : "staged", " ranks=", workers));
+        const RunResult cuda = run_on_device(make("cuda", tp), workers, nccl);
+        EXPECT_EQ(cuda.summary["engine"]["grad_sync"], "exact");
+        expect_same_run(cuda, cpu);
+      }
+  }
 }
 
 }  // namespace

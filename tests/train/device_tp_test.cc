@@ -5,8 +5,8 @@
 // the CPU. The tp group's all-reduces of activations and gradients, and the vocab-parallel
 // loss's row statistics, go through its DeviceCollectives: copies through the host (no NCCL
 // installed: the CPU's own all-reduce, so the CPU's bits) or the mock NCCL
-// (tests/comm/nccl_mock.h; a sum of two ranks is a + b either way, so the bits too). dp2 x tp2
-// on 4 ranks, and deterministic mode, as on the CPU.
+// (tests/comm/nccl_mock.h; a sum of two ranks is a + b either way, so the bits too). tp = 4,
+// dp2 x tp2 on 4 ranks, and deterministic mode, as on the CPU.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -106,7 +106,8 @@ void expect_device_runs_as_the_cpu(
     const RunResult cpu = DeviceTp::run(make("cpu", o), workers);
     EXPECT_EQ(cpu.summary["engine"]["tp"], "tensor_parallel");
     for (bool nccl : {false, true}) {
-      SCOPED_TRACE(str(precision, nccl ? " nccl" : " staged", " ranks=", workers));
+      SCOPED_TRACE(
+          str(o.back(), " ", make("cpu", o).name, nccl ? " nccl" : " staged", " ranks=", workers));
       const RunResult cuda = DeviceTp::run_on_device(make("cuda", o), workers, nccl);
       EXPECT_EQ(cuda.summary["engine"]["tp_device_comm"], tp_comm(nccl));
       if (workers > 2) {
@@ -125,6 +126,27 @@ TEST_F(DeviceTp, CharGptTrainsAsOnTheCpu) { expect_device_runs_as_the_cpu(char_g
 TEST_F(DeviceTp, ModernCharGptTrainsAsOnTheCpu) {
   expect_device_runs_as_the_cpu(
       char_gpt, 2, {"model.norm=rmsnorm", "model.position=rotary", "model.mlp=swiglu"});
+}
+
+// tp = 4 (one head per rank in char_gpt; its vocabulary padded to a multiple of 4): staged,
+// the CPU's bits; through the mock NCCL, whose 4-rank sums add in rank order (the CPU's ring
+// does not), to rounding.
+TEST_F(DeviceTp, FourRanksTrainAsOnTheCpu) {
+  for (auto make : {fashion_mlp, char_gpt}) {
+    const std::vector<std::string> tp = {"tp.size=4"};
+    const RunResult cpu = run(make("cpu", tp), 4);
+    for (bool nccl : {false, true}) {
+      SCOPED_TRACE(str(make("cpu", tp).name, nccl ? " nccl" : " staged"));
+      const RunResult cuda = run_on_device(make("cuda", tp), 4, nccl);
+      EXPECT_EQ(cuda.summary["engine"]["tp_device_comm"], tp_comm(nccl));
+      if (!nccl) {
+        expect_same_run(cuda, cpu);
+      } else {
+        const double want = cpu.summary["train_loss"], got = cuda.summary["train_loss"];
+        EXPECT_NEAR(got, want, 1e-5 * want);
+      }
+    }
+  }
 }
 
 // dp2 x tp2 on 4 ranks: the tp groups' all-reduces and the dp groups' buckets, each through

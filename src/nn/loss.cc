@@ -37,6 +37,22 @@ void reuse(Tensor& t, const Shape& shape) {
   if (!t.defined() || t.shape() != shape) t = Tensor::empty(shape);
 }
 
+// t holds `shape` of `type` on `device`, made anew when it does not.
+void reuse_on(Tensor& t, const Shape& shape, DType type, Device device) {
+  if (!t.defined() || t.shape() != shape || t.dtype() != type || t.device() != device)
+    t = Tensor::empty(shape, type, device);
+}
+
+// A tensor-parallel rank's classes of logits [..., C]: [lo, lo + C), the first `valid` real
+// (the last ranks' pad the vocabulary V to a multiple of the group).
+struct ClassSlice {
+  int64_t lo, valid;
+};
+ClassSlice class_slice(const TensorParallel& tp, int64_t V, int64_t C) {
+  const int64_t lo = tp.rank() * C;
+  return {lo, std::clamp<int64_t>(V - lo, 0, C)};
+}
+
 // x as f32: itself, or (16-bit) widened into `wide`.
 Tensor widened(const Tensor& x, Tensor& wide) {
   if (x.dtype() == DType::kF32) return x;
@@ -86,9 +102,7 @@ LossValue CrossEntropyLoss::forward(const Tensor& logits_in, const Tensor& label
 Tensor CrossEntropyLoss::backward(float dloss) {
   if (logits_.defined()) {  // on the device
     const int64_t C = logits_.dim(-1), N = logits_.numel() / C;
-    if (!dlogits_.defined() || dlogits_.shape() != logits_.shape() || dlogits_.dtype() != type_ ||
-        dlogits_.device() != logits_.device())
-      dlogits_ = Tensor::empty(logits_.shape(), type_, logits_.device());
+    reuse_on(dlogits_, logits_.shape(), type_, logits_.device());
     ops::cross_entropy_backward_device(dlogits_.raw(), logits_.raw(), lse_.device_data<float>(),
                                        labels_.device_data<int32_t>(), N, C, dloss, 0, type_);
     return dlogits_;
@@ -189,7 +203,7 @@ LossValue VocabParallelCrossEntropy::forward(const Tensor& logits_in, const Tens
   if (logits_in.device() != Device::kCpu) return forward_device(logits_in, labels);
   logits_ = Tensor();
   const Tensor logits = widened(logits_in, wide_);
-  const int64_t lo = tp_.rank() * C, valid = std::clamp<int64_t>(V_ - lo, 0, C);
+  const auto [lo, valid] = class_slice(tp_, V_, C);
   const int32_t* y = labels.data<int32_t>();
   for (int64_t r = 0; r < N; ++r)
     if (y[r] < 0 || y[r] >= V_)
@@ -212,11 +226,10 @@ LossValue VocabParallelCrossEntropy::forward(const Tensor& logits_in, const Tens
 
 LossValue VocabParallelCrossEntropy::forward_device(const Tensor& logits, const Tensor& labels) {
   const int64_t C = logits.dim(-1), N = logits.numel() / C;
-  const int64_t lo = tp_.rank() * C, valid = std::clamp<int64_t>(V_ - lo, 0, C);
+  const auto [lo, valid] = class_slice(tp_, V_, C);
   logits_ = logits;
   labels_ = labels;
-  if (!stats_.defined() || stats_.numel() != 3 * N || stats_.device() != logits.device())
-    stats_ = Tensor::empty({3, N}, DType::kF32, logits.device());
+  reuse_on(stats_, {3, N}, DType::kF32, logits.device());
   float* mx = stats_.device_data<float>();
   float *sums = mx + N, *target = mx + 2 * N;
   ops::device_kernel(&ops::DeviceKernels::sliced_row_max, "sliced_row_max")(
@@ -237,10 +250,8 @@ LossValue VocabParallelCrossEntropy::forward_device(const Tensor& logits, const 
 Tensor VocabParallelCrossEntropy::backward(float dloss) {
   if (logits_.defined()) {  // on the device
     const int64_t C = logits_.dim(-1), N = logits_.numel() / C;
-    const int64_t lo = tp_.rank() * C, valid = std::clamp<int64_t>(V_ - lo, 0, C);
-    if (!dlogits_.defined() || dlogits_.shape() != logits_.shape() || dlogits_.dtype() != type_ ||
-        dlogits_.device() != logits_.device())
-      dlogits_ = Tensor::empty(logits_.shape(), type_, logits_.device());
+    const auto [lo, valid] = class_slice(tp_, V_, C);
+    reuse_on(dlogits_, logits_.shape(), type_, logits_.device());
     const float* mx = stats_.device_data<float>();
     ops::device_kernel(&ops::DeviceKernels::sliced_cross_entropy_backward,
                        "sliced_cross_entropy_backward")(dlogits_.raw(), logits_.raw(), mx, mx + N,

@@ -25,8 +25,6 @@ void TpGroup::run(Op op, int64_t bytes, F&& call) {
   c.bytes += static_cast<double>(bytes);
 }
 
-// 16-bit activations travel in 16 bits (Megatron reduces in bf16): half the bytes of f32, and
-// with 2 ranks the same one rounding of the f32 sum as widening would give.
 void TpGroup::use_device(std::unique_ptr<comm::DeviceCollectives> device) {
   device_ = std::move(device);
 }

@@ -9,11 +9,13 @@
 // dp2 x tp2 on 4 ranks, and deterministic mode, as on the CPU.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include "fake_device.h"
 #include "nccl_mock.h"
+#include "tessel/core/clock.h"
 #include "train_on.h"
 
 namespace tessel::train {
@@ -177,6 +179,37 @@ TEST_F(DeviceTp, DeterministicModeGivesTheCpuRun) {
         EXPECT_EQ(cuda.summary["engine"]["grad_sync"], "exact");
         expect_same_run(cuda, cpu);
       }
+  }
+}
+
+// Rank 1 hangs after step 2 outside any call: rank 0's next tp all-reduce waits until
+// comm.timeout_s and names it, staged (the host's all-reduce) or through NCCL (its wait).
+TEST_F(DeviceTp, HungRankIsNamedAtTheDeadline) {
+  const Config cfg = fashion_mlp("cuda", {"tp.size=2", "debug.fail_rank=1", "debug.fail_mode=hang",
+                                          "debug.fail_step=2", "comm.timeout_s=1"});
+  comm::CommOptions options;
+  options.timeout_s = cfg.comm.timeout_s;  // as the tessel binary's communicators
+  RunOptions opts;
+  opts.progress = false;
+  opts.run_dir = tessel::testing::test_run_dir("device_tp_hang");
+  for (bool nccl : {false, true}) {
+    SCOPED_TRACE(nccl ? "nccl" : "staged");
+    comm::install_nccl_api(nccl ? &mock_nccl() : nullptr);
+    fakes::FakeDevice fake;
+    std::filesystem::remove_all(opts.run_dir);
+    const double t0 = now_seconds();
+    std::string error;
+    try {
+      comm::run_threads(
+          2, [&](comm::Communicator& c) { Trainer(cfg, opts, &c, mlp_data_).run(); }, options);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    EXPECT_NE(error.find("rank 1 stopped making progress"), std::string::npos) << error;
+    // The row-cut layer's all-reduce of its output (64 rows x 256), through the tp group's path.
+    EXPECT_NE(error.find(nccl ? "nccl: allreduce" : "comm: allreduce"), std::string::npos) << error;
+    EXPECT_NE(error.find("16384 x f32"), std::string::npos) << error;
+    EXPECT_LT(now_seconds() - t0, 1 + 5.0) << error;  // comm.timeout_s + 5 s (a loaded host)
   }
 }
 

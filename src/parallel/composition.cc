@@ -59,14 +59,6 @@ const std::vector<Rule>& rules() {
                                  " (pipeline and parameter servers on device ranks come later)"),
                              "pp.stages = 1 and ps.servers = 0");
        }},
-      {"runtime.device = cuda and tp.sequence_parallel",
-       [](const In& in) { return on_cuda(in) && in.l.tp > 1 && in.s.tp_sequence; },
-       [](const In&) {
-         return cuda_refusal(
-             "runs tensor parallel without sequence parallelism (its gathers along the "
-             "sequence are host code)",
-             "tp.sequence_parallel = false");
-       }},
       {"runtime.device = cuda and zero.shard_size > 0",
        [](const In& in) { return on_cuda(in) && in.s.zero_shard_size > 0; },
        [](const In& in) {

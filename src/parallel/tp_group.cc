@@ -3,7 +3,6 @@
 #include "engine_device.h"
 #include "tessel/comm/types.h"
 #include "tessel/core/clock.h"
-#include "tessel/core/error.h"
 
 namespace tessel::parallel {
 
@@ -44,25 +43,31 @@ void TpGroup::all_reduce_max(float* data, int64_t n) {
   run(kAllReduce, n * 4, [&] { all_reduce(data, n, DType::kF32, comm::ReduceOp::kMax); });
 }
 
-// Only sequence parallelism gathers and scatters, which the decision table keeps off device
-// ranks (its workspaces and rearranging copies are host code).
+// Sequence parallelism's gathers and scatters along T: every rank's block is n elements.
 void TpGroup::all_gather(const void* in, void* out, int64_t n, DType type) {
-  check_host("all_gather");
-  run(kAllGather, n * size() * dtype_size(type),
-      [&] { comm_.allgather(in, out, static_cast<size_t>(n), comm::elem_type(type)); });
+  run(kAllGather, n * size() * dtype_size(type), [&] {
+    const size_t count = static_cast<size_t>(n);
+    if (device_)
+      device_->allgather(in, out, blocks(count), comm::elem_type(type), {}).wait();
+    else
+      comm_.allgather(in, out, count, comm::elem_type(type));
+  });
 }
 
 void TpGroup::reduce_scatter(const void* in, void* out, int64_t n, DType type) {
-  check_host("reduce_scatter");
-  run(kReduceScatter, n * size() * dtype_size(type),
-      [&] { comm_.reduce_scatter(in, out, static_cast<size_t>(n), comm::elem_type(type)); });
+  run(kReduceScatter, n * size() * dtype_size(type), [&] {
+    const size_t count = static_cast<size_t>(n);
+    if (device_)
+      device_
+          ->reduce_scatter(in, out, blocks(count), comm::elem_type(type), comm::ReduceOp::kSum, {})
+          .wait();
+    else
+      comm_.reduce_scatter(in, out, count, comm::elem_type(type));
+  });
 }
 
-void TpGroup::check_host(const char* op) const {
-  if (device_)
-    throw InvalidArgument(str("tensor parallel: ", op,
-                              " runs on host memory only (sequence parallelism), got a device "
-                              "rank; set tp.sequence_parallel = false on runtime.device = cuda"));
+std::vector<size_t> TpGroup::blocks(size_t count) const {
+  return std::vector<size_t>(static_cast<size_t>(size()), count);
 }
 
 void TpGroup::all_reduce(void* data, int64_t n, DType type, comm::ReduceOp op) {

@@ -13,6 +13,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "tessel/comm/communicator.h"
 #include "tessel/comm/nccl.h"
@@ -56,7 +57,7 @@ class TpGroup final : public nn::TensorParallel {
   template <typename F>
   void run(Op op, int64_t bytes, F&& call);
   void all_reduce(void* data, int64_t n, DType type, comm::ReduceOp op);
-  void check_host(const char* op) const;
+  std::vector<size_t> blocks(size_t count) const;  // size() blocks of count elements
 
   comm::Communicator& comm_;
   std::unique_ptr<comm::DeviceCollectives> device_;

@@ -106,7 +106,9 @@ void expect_device_runs_as_the_cpu(
     std::vector<std::string> o = extra;
     o.insert(o.end(), {"tp.size=2", str("train.precision=", precision)});
     const RunResult cpu = DeviceTp::run(make("cpu", o), workers);
-    EXPECT_EQ(cpu.summary["engine"]["tp"], "tensor_parallel");
+    EXPECT_EQ(cpu.summary["engine"]["tp"], extra.empty() || extra[0] != "tp.sequence_parallel=true"
+                                               ? "tensor_parallel"
+                                               : "sequence_parallel");
     for (bool nccl : {false, true}) {
       SCOPED_TRACE(
           str(o.back(), " ", make("cpu", o).name, nccl ? " nccl" : " staged", " ranks=", workers));
@@ -128,6 +130,14 @@ TEST_F(DeviceTp, CharGptTrainsAsOnTheCpu) { expect_device_runs_as_the_cpu(char_g
 TEST_F(DeviceTp, ModernCharGptTrainsAsOnTheCpu) {
   expect_device_runs_as_the_cpu(
       char_gpt, 2, {"model.norm=rmsnorm", "model.position=rotary", "model.mlp=swiglu"});
+}
+
+// Sequence parallelism: the activations between the cut regions split along the sequence,
+// gathered and reduce-scattered along T on device memory, the whole parameters' gradients
+// summed over the group at the step; alone and with 2 dp replicas.
+TEST_F(DeviceTp, SequenceParallelCharGptTrainsAsOnTheCpu) {
+  for (int workers : {2, 4})
+    expect_device_runs_as_the_cpu(char_gpt, workers, {"tp.sequence_parallel=true"});
 }
 
 // tp = 4 (one head per rank in char_gpt; its vocabulary padded to a multiple of 4): staged,
@@ -198,12 +208,21 @@ TEST_F(DeviceTp, HungRankIsNamedAtTheDeadline) {
     fakes::FakeDevice fake;
     std::filesystem::remove_all(opts.run_dir);
     const double t0 = now_seconds();
-    std::string error;
+    std::string error;  // rank 0's (the hung rank's own may reach run_threads first)
     try {
       comm::run_threads(
-          2, [&](comm::Communicator& c) { Trainer(cfg, opts, &c, mlp_data_).run(); }, options);
-    } catch (const std::exception& e) {
-      error = e.what();
+          2,
+          [&](comm::Communicator& c) {
+            try {
+              Trainer(cfg, opts, &c, mlp_data_).run();
+            } catch (const std::exception& e) {
+              if (c.rank() == 0) error = e.what();
+              throw;
+            }
+          },
+          options);
+    } catch (const std::exception&) {
+      // Expected: the run fails; rank 0's account is checked below.
     }
     EXPECT_NE(error.find("rank 1 stopped making progress"), std::string::npos) << error;
     // The row-cut layer's all-reduce of its output (64 rows x 256), through the tp group's path.

@@ -52,13 +52,12 @@ std::string cuda_refusal(const std::string& why, const std::string& instead) {
 // The table's refusals, in the order they are asked (the first that applies is the message).
 const std::vector<Rule>& rules() {
   static const std::vector<Rule> table = {
-      {"runtime.device = cuda and tp.size or ps.servers beyond one",
-       [](const In& in) { return on_cuda(in) && (in.l.tp > 1 || in.l.servers > 0); },
+      {"runtime.device = cuda and ps.servers beyond zero",
+       [](const In& in) { return on_cuda(in) && in.l.servers > 0; },
        [](const In& in) {
-         return cuda_refusal(str("runs data and pipeline parallel only, got layout ", in.l.str(),
-                                 " (tensor parallel and parameter servers on device ranks come "
-                                 "later)"),
-                             "tp.size = 1 and ps.servers = 0");
+         return cuda_refusal(str("runs data, pipeline and tensor parallel only, got layout ",
+                                 in.l.str(), " (parameter servers on device ranks come later)"),
+                             "ps.servers = 0");
        }},
       {"runtime.device = cuda and zero.shard_size > 0",
        [](const In& in) { return on_cuda(in) && in.s.zero_shard_size > 0; },

@@ -126,6 +126,7 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
 
 Engine::~Engine() {
   if (device_comm_) release_device_collectives(*device_comm_);
+  if (tp_) tp_->release_device();
 }
 
 void Engine::build_parameter_server(const ParallelSpec& spec, const optim::OptimSpec& optim,
@@ -165,6 +166,11 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
       std::string kind;
       device_comm_ = make_device_collectives(group, place, &kind);
       parts_["device_comm"] = kind;
+    }
+    if (tp_) {  // the tp group's all-reduces of activations and their gradients
+      std::string kind;
+      tp_->use_device(make_device_collectives(mesh_.group(Axis::kTp), place, &kind));
+      parts_["tp_device_comm"] = kind;
     }
   }
   Buckets::Spec buckets{overlap_, false, type_, spec.compress, seed, across};
@@ -311,7 +317,7 @@ void Engine::step(float lr, float clip_norm, int64_t step) {
 
 // Under sequence parallelism a whole parameter's gradient (layer norms, the position table,
 // a row-cut layer's bias) holds only this rank's part of the sequence: the group sums them,
-// all in one buffer, before the norm and the update read them.
+// all in one buffer (on the rank's device), before the norm and the update read them.
 void Engine::sum_whole_grads_over_tp() {
   std::vector<std::pair<float*, int64_t>> whole;  // (gradient, elements) of each run
   int64_t total = 0;
@@ -321,14 +327,25 @@ void Engine::sum_whole_grads_over_tp() {
         whole.push_back({sync_->grads({run.local, run.local + run.count}), run.count});
         total += run.count;
       }
-  std::vector<float> buf(static_cast<size_t>(total));
+  const Device device = current_device();
+  const Tensor buf = Tensor::empty({total}, DType::kF32, device);
+  float* b = buf.kernel_data<float>();
+  // n floats from src to dst, both on this rank's device.
+  auto copy = [&](float* dst, const float* src, int64_t n) {
+    if (device == Device::kCpu) return static_cast<void>(std::copy_n(src, n, dst));
+    device_runtime(device).copy(dst, device, src, device, static_cast<size_t>(n) * sizeof(float),
+                                current_stream());
+  };
   int64_t at = 0;
-  for (auto [p, n] : whole) at = std::copy_n(p, n, buf.data() + at) - buf.data();
+  for (auto [p, n] : whole) {
+    copy(b + at, p, n);
+    at += n;
+  }
   tp_->set_call_site(nn::Phase::kAfterBackward, 0, true);
-  tp_->all_reduce_sum(buf.data(), total, DType::kF32);
+  tp_->all_reduce_sum(b, total, DType::kF32);
   at = 0;
   for (auto [p, n] : whole) {
-    std::copy_n(buf.data() + at, n, p);
+    copy(p, b + at, n);
     at += n;
   }
 }

@@ -108,6 +108,7 @@ struct FakeSlots {
   static void fill_gpt_slots(ops::DeviceKernels& k);
   static void fill_modern_slots(ops::DeviceKernels& k);
   static void fill_exact_slots(ops::DeviceKernels& k);
+  static void fill_vocab_parallel_slots(ops::DeviceKernels& k);
 };
 
 // ---- Convolution and pooling: the CPU's unfused kernels, scratch on the host ----
@@ -280,7 +281,41 @@ ops::DeviceKernels FakeSlots::table() {
   fill_gpt_slots(k);
   fill_modern_slots(k);
   fill_exact_slots(k);
+  fill_vocab_parallel_slots(k);
   return k;
+}
+
+// The vocab-parallel loss's steps: the CPU's sliced_* on the widened logits; the backward
+// recomputes the probabilities as the CPU's forward made them (exp, then times 1 / sum).
+void FakeSlots::fill_vocab_parallel_slots(ops::DeviceKernels& k) {
+  k.sliced_row_max = [](float* row_max, const void* logits, int64_t N, int64_t C, int64_t valid,
+                        DType t, void*) {
+    enter("sliced_row_max", {row_max, logits});
+    ops::sliced_row_max(row_max, widened(logits, N * C, t).data(), N, C, valid);
+  };
+  k.sliced_exp_sum = [](float* sums, float* target, const void* logits, const int32_t* labels,
+                        const float* row_max, int64_t N, int64_t C, int64_t valid, int64_t lo,
+                        int64_t V, DType t, void*) {
+    enter("sliced_exp_sum", {sums, target, logits, labels, row_max});
+    std::vector<float> probs(static_cast<size_t>(N * C));
+    ops::sliced_exp(probs.data(), sums, target, widened(logits, N * C, t).data(), labels, row_max,
+                    N, C, valid, lo);
+    for (int64_t r = 0; r < N; ++r)
+      if (labels[r] < 0 || labels[r] >= V) target[r] = NAN;
+  };
+  k.sliced_cross_entropy_backward = [](void* dlogits, const void* logits, const float* row_max,
+                                       const float* sums, const int32_t* labels, int64_t N,
+                                       int64_t C, int64_t valid, int64_t lo, float dloss, DType t,
+                                       void*) {
+    enter("sliced_cross_entropy_backward", {dlogits, logits, row_max, sums, labels});
+    const size_t n = static_cast<size_t>(N * C);
+    std::vector<float> probs(n), d(n), local_sums(static_cast<size_t>(N)), target(local_sums);
+    ops::sliced_exp(probs.data(), local_sums.data(), target.data(),
+                    widened(logits, N * C, t).data(), labels, row_max, N, C, valid, lo);
+    ops::sliced_normalize(probs.data(), sums, N, C, valid);
+    ops::cross_entropy_backward(d.data(), probs.data(), labels, N, C, dloss, lo);
+    ops::convert(dlogits, t, d.data(), DType::kF32, N * C);
+  };
 }
 
 // The GPT's slots: accumulate and attention.

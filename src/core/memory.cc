@@ -32,6 +32,7 @@ const char* remedy(MemCategory largest) {
              "data-parallel ranks (or split the model with pp.stages)";
     case MemCategory::kActivations:
     case MemCategory::kOther:
+    case MemCategory::kOffloaded:
       break;
   }
   return "a smaller train.batch, more pp.microbatches or more ranks reduce the activations";
@@ -40,8 +41,9 @@ const char* remedy(MemCategory largest) {
 }  // namespace
 
 const char* mem_category_name(MemCategory c) {
-  constexpr const char* kNames[] = {"parameters",  "gradients",    "optimizer_state",
-                                    "activations", "comm_buffers", "other"};
+  constexpr const char* kNames[] = {"parameters",           "gradients",    "optimizer_state",
+                                    "activations",          "comm_buffers", "other",
+                                    "activations_offloaded"};
   return kNames[static_cast<size_t>(c)];
 }
 

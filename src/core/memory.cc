@@ -51,6 +51,11 @@ MemoryLedger::MemoryLedger(int64_t limit_bytes, std::string owner)
     : limit_(limit_bytes), owner_(std::move(owner)) {}
 
 void MemoryLedger::charge(MemCategory c, int64_t bytes) {
+  const int k = static_cast<int>(c);
+  if (c == MemCategory::kOffloaded) {  // host memory beside a device rank's: not in its total
+    raise_max(peak_[k], current_[k].fetch_add(bytes, std::memory_order_relaxed) + bytes);
+    return;
+  }
   const int64_t total = total_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
   if (limit_ > 0 && total > limit_) {
     total_.fetch_sub(bytes, std::memory_order_relaxed);
@@ -70,14 +75,13 @@ void MemoryLedger::charge(MemCategory c, int64_t bytes) {
                                "; the most is ", mem_category_name(largest), "); ", remedy(largest),
                                ", or raise runtime.memory_limit_mb"));
   }
-  const int k = static_cast<int>(c);
   raise_max(peak_[k], current_[k].fetch_add(bytes, std::memory_order_relaxed) + bytes);
   raise_max(peak_total_, total);
 }
 
 void MemoryLedger::release(MemCategory c, int64_t bytes) noexcept {
   current_[static_cast<int>(c)].fetch_sub(bytes, std::memory_order_relaxed);
-  total_.fetch_sub(bytes, std::memory_order_relaxed);
+  if (c != MemCategory::kOffloaded) total_.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
 int64_t MemoryLedger::current(MemCategory c) const {

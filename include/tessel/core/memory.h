@@ -24,9 +24,7 @@ enum class MemCategory : uint8_t {
   kActivations,
   kComm,  // communication buffers: gathered parameters, gradient buckets, copies in flight
   kOther,
-  // Host copies of a device rank's activations (train.offload = activations): counted, but
-  // not part of the rank's total, its peak or its limit (the rank's own memory).
-  kOffloaded,
+  kOffloaded,  // host copies of a device rank's activations (train.offload = activations)
 };
 constexpr int kMemCategories = 7;
 const char* mem_category_name(MemCategory c);  // "parameters", "optimizer_state", ...

@@ -62,29 +62,29 @@ double peak_bytes(const RunResult& r, const char* category) {
   return r.summary["ranks"]["per_rank"][0]["memory"]["peak_bytes"][category].get<double>();
 }
 
-class DeviceOffload : public ::testing::TestWithParam<Case> {
- protected:
-  // A fresh run of cfg on the fake device in test_run_dir(name); its step losses in *losses and
-  // the device copies it made in *copies.
-  RunResult run(const Config& cfg, const std::string& name, std::vector<double>* losses,
-                int* copies) {
-    const data::Splits data = data::make_datasets(cfg.data);
-    fakes::FakeDevice fake;
-    RunOptions opts;
-    opts.run_dir = test_run_dir(name);
-    RunResult r = train_on(cfg, 1, opts, &data);
-    *losses = step_losses(opts.run_dir);
-    *copies = fake.runtime().copies;
-    return r;
-  }
-};
+// A fresh run of cfg on `workers` ranks sharing a fake device, in test_run_dir(name); its step
+// losses in *losses and the device copies it made in *copies.
+RunResult run(const Config& cfg, int workers, const std::string& name, std::vector<double>* losses,
+              int* copies) {
+  const data::Splits data = data::make_datasets(cfg.data);
+  fakes::FakeDevice fake;
+  RunOptions opts;
+  opts.run_dir = test_run_dir(name);
+  RunResult r = train_on(cfg, workers, opts, &data);
+  *losses = step_losses(opts.run_dir);
+  *copies = fake.runtime().copies;
+  return r;
+}
+
+class DeviceOffload : public ::testing::TestWithParam<Case> {};
 
 TEST_P(DeviceOffload, TrainsAsWithoutOffloadOnLessDeviceMemory) {
   const Case c = GetParam();
   std::vector<double> kept_losses, offload_losses;
   int kept_copies = 0, offload_copies = 0;
-  const RunResult kept = run(config(c), str("offload_none_", c.model), &kept_losses, &kept_copies);
-  const RunResult offload = run(config(c, {"train.offload=activations"}),
+  const RunResult kept =
+      run(config(c), 1, str("offload_none_", c.model), &kept_losses, &kept_copies);
+  const RunResult offload = run(config(c, {"train.offload=activations"}), 1,
                                 str("offload_on_", c.model), &offload_losses, &offload_copies);
   ASSERT_EQ(kept_losses.size(), 4u);
   EXPECT_EQ(offload_losses, kept_losses);  // a copy out and back: the same bits
@@ -113,6 +113,23 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(Case{"fashion_mlp", "fp32", 0.4}, Case{"fashion_cnn", "fp32", 0.65},
                       Case{"char_gpt", "fp32", 0.25}, Case{"char_gpt", "bf16", 0.25}),
     [](const auto& info) { return str(info.param.model, "_", info.param.precision); });
+
+// Two data-parallel ranks sharing the device, their parameters sharded (ZeRO-3: each block's
+// parameters gathered for its forward and again for its backward): the same as without.
+TEST(DeviceOffloadDataParallel, TwoRanksUnderZero3TrainAsWithout) {
+  const Case c{"char_gpt", "fp32", 1};
+  std::vector<double> kept_losses, offload_losses;
+  int kept_copies = 0, offload_copies = 0;
+  const RunResult kept =
+      run(config(c, {"zero.stage=3"}), 2, "offload_dp_none", &kept_losses, &kept_copies);
+  const RunResult offload = run(config(c, {"zero.stage=3", "train.offload=activations"}), 2,
+                                "offload_dp_on", &offload_losses, &offload_copies);
+  ASSERT_EQ(kept_losses.size(), 4u);
+  EXPECT_EQ(offload_losses, kept_losses);
+  EXPECT_EQ(offload.summary["params_sha256"], kept.summary["params_sha256"]);
+  EXPECT_GT(offload_copies, kept_copies);
+  EXPECT_LT(peak_bytes(offload, "activations"), 0.5 * peak_bytes(kept, "activations"));
+}
 
 // Refused at start, naming the keys and what to set instead.
 TEST(DeviceOffloadRefusals, CpuRanksAndPipelinesAreRefused) {

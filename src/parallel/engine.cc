@@ -104,7 +104,7 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
       executor_ = std::make_unique<PipelineExecutor>(spec, mesh_.group(Axis::kPp), model_,
                                                      pipeline_device_links(mesh_));
     else
-      executor_ = std::make_unique<LocalExecutor>(model_, spec.recompute);
+      executor_ = std::make_unique<LocalExecutor>(model_, spec.recompute, spec.offload);
     comm::Communicator& group = mesh_.group(Axis::kShard);  // dp, or its zero.shard_size group
     units_ =
         make_units(model_, spec.bucket_mb, executor_->local_blocks(), group.size(), group.rank());
@@ -137,7 +137,7 @@ void Engine::build_parameter_server(const ParallelSpec& spec, const optim::Optim
   store_owner_ = std::move(owner);
   store_ = store_owner_.get();
   if (mesh_.is_server()) return;
-  executor_ = std::make_unique<LocalExecutor>(model_, spec.recompute);
+  executor_ = std::make_unique<LocalExecutor>(model_, spec.recompute, spec.offload);
   units_ = make_units(model_, spec.bucket_mb, executor_->local_blocks(), 1, 0);
   sync_owner_ = ps.worker_sync(model_, units_);
   hooks_.push_back(&ps);  // its pushes go out as the backward completes each unit

@@ -1,5 +1,6 @@
 #include <cmath>
 
+#include "offload.h"
 #include "tessel/core/clock.h"
 #include "tessel/parallel/executor.h"
 #include "tessel/tensor/device.h"
@@ -20,16 +21,22 @@ void check_loss(double loss, int64_t step) {
         str("train: loss is ", loss, " at step ", step, "; lower optim.lr or set train.clip_norm"));
 }
 
-LocalExecutor::LocalExecutor(nn::Model& model, nn::Recompute recompute)
+LocalExecutor::LocalExecutor(nn::Model& model, nn::Recompute recompute, Offload offload)
     : model_(model), local_(model.num_blocks(), true) {
+  if (offload == Offload::kActivations) offload_ = std::make_unique<ActivationOffload>();
   acts_.recompute = recompute;
   if (recompute == nn::Recompute::kNone) return;
   acts_.caches.resize(model.num_blocks());
   for (nn::Cache& c : acts_.caches) c.share_scratch(&acts_.scratch);
 }
 
+LocalExecutor::~LocalExecutor() = default;
+
 PieceStats LocalExecutor::train(const Piece& host_piece, nn::Loss& loss, const Hooks& hooks) {
-  const nn::BlockHook hook = [&](nn::Phase p, size_t b) { hooks(p, b, host_piece.last); };
+  const nn::BlockHook hook = [&](nn::Phase p, size_t b) {
+    hooks(p, b, host_piece.last);
+    if (offload_) offload_->on_block(p, b, acts_);
+  };
   MemoryScope scope(MemCategory::kActivations);
   const Piece piece = on_current_device(host_piece);
   const double t0 = now_seconds();

@@ -114,21 +114,25 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"char_gpt", "fp32", 0.25}, Case{"char_gpt", "bf16", 0.25}),
     [](const auto& info) { return str(info.param.model, "_", info.param.precision); });
 
-// Two data-parallel ranks sharing the device, their parameters sharded (ZeRO-3: each block's
-// parameters gathered for its forward and again for its backward): the same as without.
-TEST(DeviceOffloadDataParallel, TwoRanksUnderZero3TrainAsWithout) {
+// Two ranks sharing the device: data parallel with the parameters sharded (ZeRO-3: each block's
+// parameters gathered for its forward and again for its backward), and tensor parallel (each
+// rank's caches hold its cut of the activations): the same as without.
+TEST(DeviceOffloadParallel, TwoRanksTrainAsWithout) {
   const Case c{"char_gpt", "fp32", 1};
-  std::vector<double> kept_losses, offload_losses;
-  int kept_copies = 0, offload_copies = 0;
-  const RunResult kept =
-      run(config(c, {"zero.stage=3"}), 2, "offload_dp_none", &kept_losses, &kept_copies);
-  const RunResult offload = run(config(c, {"zero.stage=3", "train.offload=activations"}), 2,
-                                "offload_dp_on", &offload_losses, &offload_copies);
-  ASSERT_EQ(kept_losses.size(), 4u);
-  EXPECT_EQ(offload_losses, kept_losses);
-  EXPECT_EQ(offload.summary["params_sha256"], kept.summary["params_sha256"]);
-  EXPECT_GT(offload_copies, kept_copies);
-  EXPECT_LT(peak_bytes(offload, "activations"), 0.5 * peak_bytes(kept, "activations"));
+  for (const std::string layout : {"zero.stage=3", "tp.size=2"}) {
+    SCOPED_TRACE(layout);
+    std::vector<double> kept_losses, offload_losses;
+    int kept_copies = 0, offload_copies = 0;
+    const RunResult kept =
+        run(config(c, {layout}), 2, "offload_two_none", &kept_losses, &kept_copies);
+    const RunResult offload = run(config(c, {layout, "train.offload=activations"}), 2,
+                                  "offload_two_on", &offload_losses, &offload_copies);
+    ASSERT_EQ(kept_losses.size(), 4u);
+    EXPECT_EQ(offload_losses, kept_losses);
+    EXPECT_EQ(offload.summary["params_sha256"], kept.summary["params_sha256"]);
+    EXPECT_GT(offload_copies, kept_copies);
+    EXPECT_LT(peak_bytes(offload, "activations"), 0.5 * peak_bytes(kept, "activations"));
+  }
 }
 
 // Refused at start, naming the keys and what to set instead.

@@ -50,4 +50,35 @@ NcclWork StagedCollectives::allgather(const void* in, void* out, const std::vect
   return NcclWork();
 }
 
+NcclWork StagedCollectives::send(const void* buf, size_t count, ElemType elem, int peer,
+                                 const CallOptions& call) {
+  reap(false);
+  auto s = std::make_unique<Sending>();
+  s->bytes.resize(count * elem_size(elem));
+  runtime_.copy(s->bytes.data(), Device::kCpu, buf, device_, s->bytes.size(), stream_);
+  s->work = group_.isend(s->bytes.data(), count, elem, peer, 0, call);
+  sending_.push_back(std::move(s));
+  return NcclWork();  // buf's bytes are on the host: it may be reused
+}
+
+NcclWork StagedCollectives::recv(void* buf, size_t count, ElemType elem, int peer,
+                                 const CallOptions& call) {
+  const size_t bytes = count * elem_size(elem);
+  if (host_.size() < bytes) host_.resize(bytes);
+  group_.recv(host_.data(), count, elem, peer, 0, call);
+  up(buf, host_.data(), count, elem);
+  return NcclWork();
+}
+
+void StagedCollectives::reap(bool all) {
+  // In order: a peer takes one link's messages in the order they were sent.
+  while (!sending_.empty() && (all || sending_.front()->work.done())) {
+    const std::unique_ptr<Sending> s = std::move(sending_.front());
+    sending_.pop_front();
+    s->work.wait();  // rethrows a failed send
+  }
+}
+
+void StagedCollectives::close() { reap(true); }
+
 }  // namespace tessel::comm

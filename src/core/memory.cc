@@ -32,6 +32,7 @@ const char* remedy(MemCategory largest) {
              "data-parallel ranks (or split the model with pp.stages)";
     case MemCategory::kActivations:
     case MemCategory::kOther:
+    case MemCategory::kOffloaded:
       break;
   }
   return "a smaller train.batch, more pp.microbatches or more ranks reduce the activations";
@@ -40,8 +41,9 @@ const char* remedy(MemCategory largest) {
 }  // namespace
 
 const char* mem_category_name(MemCategory c) {
-  constexpr const char* kNames[] = {"parameters",  "gradients",    "optimizer_state",
-                                    "activations", "comm_buffers", "other"};
+  constexpr const char* kNames[] = {"parameters",           "gradients",    "optimizer_state",
+                                    "activations",          "comm_buffers", "other",
+                                    "activations_offloaded"};
   return kNames[static_cast<size_t>(c)];
 }
 
@@ -49,6 +51,11 @@ MemoryLedger::MemoryLedger(int64_t limit_bytes, std::string owner)
     : limit_(limit_bytes), owner_(std::move(owner)) {}
 
 void MemoryLedger::charge(MemCategory c, int64_t bytes) {
+  const int k = static_cast<int>(c);
+  if (c == MemCategory::kOffloaded) {  // host memory beside a device rank's: not in its total
+    raise_max(peak_[k], current_[k].fetch_add(bytes, std::memory_order_relaxed) + bytes);
+    return;
+  }
   const int64_t total = total_.fetch_add(bytes, std::memory_order_relaxed) + bytes;
   if (limit_ > 0 && total > limit_) {
     total_.fetch_sub(bytes, std::memory_order_relaxed);
@@ -68,14 +75,13 @@ void MemoryLedger::charge(MemCategory c, int64_t bytes) {
                                "; the most is ", mem_category_name(largest), "); ", remedy(largest),
                                ", or raise runtime.memory_limit_mb"));
   }
-  const int k = static_cast<int>(c);
   raise_max(peak_[k], current_[k].fetch_add(bytes, std::memory_order_relaxed) + bytes);
   raise_max(peak_total_, total);
 }
 
 void MemoryLedger::release(MemCategory c, int64_t bytes) noexcept {
   current_[static_cast<int>(c)].fetch_sub(bytes, std::memory_order_relaxed);
-  total_.fetch_sub(bytes, std::memory_order_relaxed);
+  if (c != MemCategory::kOffloaded) total_.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
 int64_t MemoryLedger::current(MemCategory c) const {

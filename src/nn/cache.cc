@@ -71,6 +71,13 @@ int64_t Cache::bytes() const {
   return total;
 }
 
+void Cache::for_each_tensor(const std::function<void(const Tensor&)>& f) const {
+  for (const auto& [slot, t] : buffers_) f(t);
+  for (const Tensor& t : kept_)
+    if (t.defined()) f(t);
+  for (const Cache& c : children_) c.for_each_tensor(f);
+}
+
 Tensor output(Cache* cache, size_t k, const Shape& shape, DType dtype) {
   return cache ? cache->buffer(k, shape, dtype) : Tensor::empty(shape, dtype, current_device());
 }

@@ -131,8 +131,10 @@ Tensor Linear::backward(const Tensor& dy_in, Cache& cache) {
   // parallelism: its gradient is this rank's part, summed over the group at the step like
   // every whole parameter's (parallel/engine.h).
   float* db = has_bias_ ? bias_.grad.kernel_data<float>() : nullptr;
-  if (row && sequence_split(tp_.tp) && db) {
-    ops::bias_backward(db, f32_in(dy_in, &cache, 2).data<float>(), dy_in.numel() / out_, out_);
+  if (row && sequence_split(tp_.tp) && db) {  // the bias part of linear_backward alone
+    const Tensor dy32 = f32_in(dy_in, &cache, 2);
+    ops::linear_backward(nullptr, DType::kF32, nullptr, db, dy32.raw(), nullptr, nullptr,
+                         DType::kF32, dy_in.numel() / out_, in_, out_);
     db = nullptr;
   }
   const Tensor dy = row ? tp_leave_backward(tp_.tp, dy_in) : dy_in;

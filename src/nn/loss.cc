@@ -5,6 +5,7 @@
 
 #include "tessel/ops/cpu.h"
 #include "tessel/ops/device_kernels.h"
+#include "tessel/tensor/device.h"
 
 namespace tessel::nn {
 
@@ -34,6 +35,22 @@ int64_t check_inputs(const Tensor& logits, const Tensor& labels,
 
 void reuse(Tensor& t, const Shape& shape) {
   if (!t.defined() || t.shape() != shape) t = Tensor::empty(shape);
+}
+
+// t holds `shape` of `type` on `device`, made anew when it does not.
+void reuse_on(Tensor& t, const Shape& shape, DType type, Device device) {
+  if (!t.defined() || t.shape() != shape || t.dtype() != type || t.device() != device)
+    t = Tensor::empty(shape, type, device);
+}
+
+// A tensor-parallel rank's classes of logits [..., C]: [lo, lo + C), the first `valid` real
+// (the last ranks' pad the vocabulary V to a multiple of the group).
+struct ClassSlice {
+  int64_t lo, valid;
+};
+ClassSlice class_slice(const TensorParallel& tp, int64_t V, int64_t C) {
+  const int64_t lo = tp.rank() * C;
+  return {lo, std::clamp<int64_t>(V - lo, 0, C)};
 }
 
 // x as f32: itself, or (16-bit) widened into `wide`.
@@ -85,9 +102,7 @@ LossValue CrossEntropyLoss::forward(const Tensor& logits_in, const Tensor& label
 Tensor CrossEntropyLoss::backward(float dloss) {
   if (logits_.defined()) {  // on the device
     const int64_t C = logits_.dim(-1), N = logits_.numel() / C;
-    if (!dlogits_.defined() || dlogits_.shape() != logits_.shape() || dlogits_.dtype() != type_ ||
-        dlogits_.device() != logits_.device())
-      dlogits_ = Tensor::empty(logits_.shape(), type_, logits_.device());
+    reuse_on(dlogits_, logits_.shape(), type_, logits_.device());
     ops::cross_entropy_backward_device(dlogits_.raw(), logits_.raw(), lse_.device_data<float>(),
                                        labels_.device_data<int32_t>(), N, C, dloss, 0, type_);
     return dlogits_;
@@ -185,8 +200,10 @@ LossValue VocabParallelCrossEntropy::forward(const Tensor& logits_in, const Tens
   const int64_t N = check_inputs(logits_in, labels, {DType::kF32, DType::kBF16, DType::kF16});
   const int64_t C = logits_in.dim(-1);
   type_ = logits_in.dtype();
+  if (logits_in.device() != Device::kCpu) return forward_device(logits_in, labels);
+  logits_ = Tensor();
   const Tensor logits = widened(logits_in, wide_);
-  const int64_t lo = tp_.rank() * C, valid = std::clamp<int64_t>(V_ - lo, 0, C);
+  const auto [lo, valid] = class_slice(tp_, V_, C);
   const int32_t* y = labels.data<int32_t>();
   for (int64_t r = 0; r < N; ++r)
     if (y[r] < 0 || y[r] >= V_)
@@ -201,13 +218,47 @@ LossValue VocabParallelCrossEntropy::forward(const Tensor& logits_in, const Tens
   ops::sliced_exp(probs_.data<float>(), sums, target, logits.data<float>(), y, mx, N, C, valid, lo);
   tp_.all_reduce_sum(target, N, DType::kF32);
   tp_.all_reduce_sum(sums, N, DType::kF32);
-  const float loss = ops::sliced_cross_entropy(probs_.data<float>(), sums, target, mx, N, C, valid);
+  ops::sliced_normalize(probs_.data<float>(), sums, N, C, valid);
   int64_t correct = 0;
-  for (int64_t r = 0; r < N; ++r) correct += target[r] >= mx[r];
+  const float loss = ops::sliced_loss(sums, target, mx, N, &correct);
+  return {loss, correct, N};
+}
+
+LossValue VocabParallelCrossEntropy::forward_device(const Tensor& logits, const Tensor& labels) {
+  const int64_t C = logits.dim(-1), N = logits.numel() / C;
+  const auto [lo, valid] = class_slice(tp_, V_, C);
+  logits_ = logits;
+  labels_ = labels;
+  reuse_on(stats_, {3, N}, DType::kF32, logits.device());
+  float* mx = stats_.device_data<float>();
+  float *sums = mx + N, *target = mx + 2 * N;
+  ops::device_kernel(&ops::DeviceKernels::sliced_row_max, "sliced_row_max")(
+      mx, logits.raw(), N, C, valid, type_, current_stream());
+  tp_.all_reduce_max(mx, N);
+  ops::device_kernel(&ops::DeviceKernels::sliced_exp_sum, "sliced_exp_sum")(
+      sums, target, logits.raw(), labels.device_data<int32_t>(), mx, N, C, valid, lo, V_, type_,
+      current_stream());
+  tp_.all_reduce_sum(target, N, DType::kF32);
+  tp_.all_reduce_sum(sums, N, DType::kF32);
+  const Tensor host = stats_.to_device(Device::kCpu);
+  const float* h = host.data<float>();
+  int64_t correct = 0;
+  const float loss = ops::sliced_loss(h + N, h + 2 * N, h, N, &correct);
   return {loss, correct, N};
 }
 
 Tensor VocabParallelCrossEntropy::backward(float dloss) {
+  if (logits_.defined()) {  // on the device
+    const int64_t C = logits_.dim(-1), N = logits_.numel() / C;
+    const auto [lo, valid] = class_slice(tp_, V_, C);
+    reuse_on(dlogits_, logits_.shape(), type_, logits_.device());
+    const float* mx = stats_.device_data<float>();
+    ops::device_kernel(&ops::DeviceKernels::sliced_cross_entropy_backward,
+                       "sliced_cross_entropy_backward")(dlogits_.raw(), logits_.raw(), mx, mx + N,
+                                                        labels_.device_data<int32_t>(), N, C, valid,
+                                                        lo, dloss, type_, current_stream());
+    return dlogits_;
+  }
   TESSEL_CHECK(probs_.defined() && labels_.defined(), "cross_entropy: backward() before forward()");
   const int64_t C = probs_.dim(-1), N = probs_.numel() / C;
   reuse(dlogits_, probs_.shape());

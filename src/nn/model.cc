@@ -243,8 +243,10 @@ Tensor Model::forward(const Tensor& x, const Context& ctx, Activations* acts, co
       h = forward_keeping_input(i, h, c, *acts);
     else
       h = blocks_[i]->forward(h, c, acts ? &acts->caches[i] : nullptr);
+    if (acts) acts->output = h;
     if (hook) hook(Phase::kAfterForward, i);
   }
+  if (acts) acts->output = Tensor();
   return h;
 }
 

@@ -1,6 +1,6 @@
 #include "tessel/nn/tensor_parallel.h"
 
-#include <cstring>
+#include "tessel/tensor/device.h"
 
 namespace tessel::nn {
 namespace {
@@ -27,22 +27,18 @@ SeqShape whole_of(const Tensor& whole, int t) {
   return {whole.dim(0), whole.dim(1), whole.dim(2)};
 }
 
-// Copies between [B][T][C] and chunk-major [t][B][T/t][C] (elements of `e` bytes); to_chunks
-// picks the direction.
-void rearrange(void* dst_in, const void* src_in, const SeqShape& s, int t, size_t e,
-               bool to_chunks) {
-  char* dst = static_cast<char*>(dst_in);
-  const char* src = static_cast<const char*>(src_in);
+// Copies between [B][T][C] and chunk-major [t][B][T/t][C] (flat views of either, on one
+// device: a copy per chunk row, so a device moves them with its own copies); to_chunks picks
+// the direction.
+void rearrange(const Tensor& dst, const Tensor& src, const SeqShape& s, int t, bool to_chunks) {
   const int64_t Tc = s.T / t, row = Tc * s.C;
-  const size_t bytes = static_cast<size_t>(row) * e;
   for (int r = 0; r < t; ++r)
     for (int64_t b = 0; b < s.B; ++b) {
-      const size_t chunk = static_cast<size_t>((r * s.B + b) * row) * e,
-                   seq = static_cast<size_t>((b * s.T + r * Tc) * s.C) * e;
+      const int64_t chunk = (r * s.B + b) * row, seq = (b * s.T + r * Tc) * s.C;
       if (to_chunks)
-        std::memcpy(dst + chunk, src + seq, bytes);
+        dst.view(chunk, {row}).copy_from(src.view(seq, {row}));
       else
-        std::memcpy(dst + seq, src + chunk, bytes);
+        dst.view(seq, {row}).copy_from(src.view(chunk, {row}));
     }
 }
 
@@ -57,7 +53,7 @@ Tensor gather_sequence(TensorParallel& tp, const Tensor& part) {
   }
   Tensor staging = tp.workspace(1, {s.B * s.T * s.C}, type);
   tp.all_gather(part.raw(), staging.raw(), part.numel(), type);
-  rearrange(whole.raw(), staging.raw(), s, tp.size(), dtype_size(type), false);
+  rearrange(whole, staging, s, tp.size(), false);
   return whole;
 }
 
@@ -71,7 +67,7 @@ Tensor scatter_sequence(TensorParallel& tp, const Tensor& whole, Tensor part) {
     return part;
   }
   Tensor staging = tp.workspace(1, {s.B * s.T * s.C}, type);
-  rearrange(staging.raw(), whole.raw(), s, tp.size(), dtype_size(type), true);
+  rearrange(staging, whole, s, tp.size(), true);
   tp.reduce_scatter(staging.raw(), part.raw(), part.numel(), type);
   return part;
 }
@@ -86,8 +82,9 @@ Shape part_shape(const Tensor& whole, int t) {
 Tensor TensorParallel::workspace(int k, const Shape& shape, DType type) {
   TESSEL_CHECK(k >= 0 && k < 3, "tensor parallel: no workspace ", k);
   Tensor& w = workspace_[k];
-  if (!w.defined() || w.dtype() != type || w.numel() < shape_numel(shape))
-    w = Tensor::empty({shape_numel(shape)}, type);
+  if (!w.defined() || w.dtype() != type || w.numel() < shape_numel(shape) ||
+      w.device() != current_device())
+    w = Tensor::empty({shape_numel(shape)}, type, current_device());
   return w.view(0, shape);
 }
 

@@ -88,13 +88,20 @@ void sliced_exp(float* probs, float* sums, float* target, const float* logits,
   }
 }
 
-float sliced_cross_entropy(float* probs, const float* sums, const float* target,
-                           const float* row_max, int64_t N, int64_t C, int64_t valid) {
-  double total = 0.0;
+void sliced_normalize(float* probs, const float* sums, int64_t N, int64_t C, int64_t valid) {
   for (int64_t r = 0; r < N; ++r) {
     const float inv = 1.0f / sums[r];
     for (int64_t c = 0; c < valid; ++c) probs[r * C + c] *= inv;
+  }
+}
+
+float sliced_loss(const float* sums, const float* target, const float* row_max, int64_t N,
+                  int64_t* correct) {
+  double total = 0.0;
+  *correct = 0;
+  for (int64_t r = 0; r < N; ++r) {
     total += static_cast<double>(std::log(sums[r])) - static_cast<double>(target[r] - row_max[r]);
+    *correct += target[r] >= row_max[r];
   }
   return static_cast<float>(total / static_cast<double>(N));
 }

@@ -49,16 +49,38 @@ std::string cuda_refusal(const std::string& why, const std::string& instead) {
              ", or runtime.device = cpu (docs/gpu.md)");
 }
 
+bool offloading(const In& in) { return in.s.offload != Offload::kNone; }
+
+std::string offload_refusal(const std::string& why, const std::string& instead) {
+  return str("train.offload = activations ", why, "; set ", instead,
+             " or train.offload = none (docs/gpu.md)");
+}
+
 // The table's refusals, in the order they are asked (the first that applies is the message).
 const std::vector<Rule>& rules() {
   static const std::vector<Rule> table = {
-      {"runtime.device = cuda and pp.stages, tp.size or ps.servers beyond one",
-       [](const In& in) { return on_cuda(in) && (in.l.pp > 1 || in.l.tp > 1 || in.l.servers > 0); },
+      {"train.offload = activations and runtime.device = cpu",
+       [](const In& in) { return offloading(in) && !on_cuda(in); },
+       [](const In&) {
+         return offload_refusal(
+             "moves a device rank's activations to host memory, got runtime.device = cpu (its "
+             "activations are in host memory already)",
+             "runtime.device = cuda");
+       }},
+      {"train.offload = activations and pp.stages > 1",
+       [](const In& in) { return offloading(in) && in.l.pp > 1; },
        [](const In& in) {
-         return cuda_refusal(str("runs data parallel only, got layout ", in.l.str(),
-                                 " (pipeline, tensor parallel and parameter servers on device "
-                                 "ranks come later)"),
-                             "pp.stages = 1, tp.size = 1 and ps.servers = 0");
+         return offload_refusal(
+             str("runs in the local executor only, got pp.stages = ", in.l.pp,
+                 " (a pipeline's micro-batches in flight are not offloaded yet)"),
+             "pp.stages = 1");
+       }},
+      {"runtime.device = cuda and ps.servers beyond zero",
+       [](const In& in) { return on_cuda(in) && in.l.servers > 0; },
+       [](const In& in) {
+         return cuda_refusal(str("runs data, pipeline and tensor parallel only, got layout ",
+                                 in.l.str(), " (parameter servers on device ranks come later)"),
+                             "ps.servers = 0");
        }},
       {"runtime.device = cuda and zero.shard_size > 0",
        [](const In& in) { return on_cuda(in) && in.s.zero_shard_size > 0; },
@@ -261,6 +283,7 @@ Parts choose(const In& in, bool overlap) {
 nlohmann::json Parts::json(const ParallelSpec& spec, bool overlap) const {
   nlohmann::json j = {{"precision", name_of(spec.precision)},
                       {"recompute", name_of(spec.recompute)},
+                      {"offload", name_of(spec.offload)},
                       {"executor", name_of(executor)},
                       {"grad_sync", grad_sync},
                       {"store", store},

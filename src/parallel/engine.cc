@@ -34,6 +34,16 @@ bool resolve_overlap(const ParallelSpec& spec, Mesh& mesh) {
          2 * mesh.group(Axis::kDp).ranks_on_host();
 }
 
+// On device ranks, each pipeline link's path for device memory: NCCL or staged, chosen as the
+// dp group's is (placed first: nothing is on the device yet).
+PipelineExecutor::DeviceLinks pipeline_device_links(Mesh& mesh) {
+  if (current_device() == Device::kCpu) return nullptr;
+  const DevicePlacement place = place_device_rank(mesh.world());
+  return [place](comm::Communicator& link, std::string* kind) {
+    return make_device_collectives(link, place, kind);
+  };
+}
+
 std::unique_ptr<TpGroup> make_tp_group(const ParallelSpec& spec, Mesh& mesh) {
   if (mesh.layout().tp == 1) return nullptr;
   return std::make_unique<TpGroup>(mesh.group(Axis::kTp), spec.tp_sequence);
@@ -91,9 +101,10 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
     build_parameter_server(spec, optim, seed);
   } else {
     if (composed_.executor == ExecutorKind::kPipeline)
-      executor_ = std::make_unique<PipelineExecutor>(spec, mesh_.group(Axis::kPp), model_);
+      executor_ = std::make_unique<PipelineExecutor>(spec, mesh_.group(Axis::kPp), model_,
+                                                     pipeline_device_links(mesh_));
     else
-      executor_ = std::make_unique<LocalExecutor>(model_, spec.recompute);
+      executor_ = std::make_unique<LocalExecutor>(model_, spec.recompute, spec.offload);
     comm::Communicator& group = mesh_.group(Axis::kShard);  // dp, or its zero.shard_size group
     units_ =
         make_units(model_, spec.bucket_mb, executor_->local_blocks(), group.size(), group.rank());
@@ -115,6 +126,7 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
 
 Engine::~Engine() {
   if (device_comm_) release_device_collectives(*device_comm_);
+  if (tp_) tp_->release_device();
 }
 
 void Engine::build_parameter_server(const ParallelSpec& spec, const optim::OptimSpec& optim,
@@ -125,7 +137,7 @@ void Engine::build_parameter_server(const ParallelSpec& spec, const optim::Optim
   store_owner_ = std::move(owner);
   store_ = store_owner_.get();
   if (mesh_.is_server()) return;
-  executor_ = std::make_unique<LocalExecutor>(model_, spec.recompute);
+  executor_ = std::make_unique<LocalExecutor>(model_, spec.recompute, spec.offload);
   units_ = make_units(model_, spec.bucket_mb, executor_->local_blocks(), 1, 0);
   sync_owner_ = ps.worker_sync(model_, units_);
   hooks_.push_back(&ps);  // its pushes go out as the backward completes each unit
@@ -149,11 +161,16 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   if (current_device() != Device::kCpu) {  // before the first device allocation below
     const DevicePlacement place = place_device_rank(mesh_.world());
     parts_["gpu"] = place.device;
-    // Exact sums run on the host; ZeRO's shard gathers still move device memory.
-    if (group.size() > 1 && (composed_.grad_sync != "exact" || stage > 0)) {
+    // Buckets, ZeRO's shard gathers and the exact sum's integers all move device memory.
+    if (group.size() > 1) {
       std::string kind;
       device_comm_ = make_device_collectives(group, place, &kind);
       parts_["device_comm"] = kind;
+    }
+    if (tp_) {  // the tp group's all-reduces of activations and their gradients
+      std::string kind;
+      tp_->use_device(make_device_collectives(mesh_.group(Axis::kTp), place, &kind));
+      parts_["tp_device_comm"] = kind;
     }
   }
   Buckets::Spec buckets{overlap_, false, type_, spec.compress, seed, across};
@@ -173,7 +190,7 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   if (!sync_owner_ && composed_.grad_sync == "exact") {
     scale_buckets_ = make_units(model_, spec.bucket_mb, {}, 1, 0);
     auto exact = std::make_unique<ExactSync>(model_, units_, scale_buckets_, dp, mesh_.workers(),
-                                             type_ == DType::kF16);
+                                             type_ == DType::kF16, device_comm_.get());
     hooks_.push_back(exact.get());
     sync_owner_ = std::move(exact);
   } else if (!sync_owner_ && composed_.grad_sync != "reduce_scatter_shard") {
@@ -300,7 +317,7 @@ void Engine::step(float lr, float clip_norm, int64_t step) {
 
 // Under sequence parallelism a whole parameter's gradient (layer norms, the position table,
 // a row-cut layer's bias) holds only this rank's part of the sequence: the group sums them,
-// all in one buffer, before the norm and the update read them.
+// all in one buffer (on the rank's device), before the norm and the update read them.
 void Engine::sum_whole_grads_over_tp() {
   std::vector<std::pair<float*, int64_t>> whole;  // (gradient, elements) of each run
   int64_t total = 0;
@@ -310,14 +327,25 @@ void Engine::sum_whole_grads_over_tp() {
         whole.push_back({sync_->grads({run.local, run.local + run.count}), run.count});
         total += run.count;
       }
-  std::vector<float> buf(static_cast<size_t>(total));
+  const Device device = current_device();
+  const Tensor buf = Tensor::empty({total}, DType::kF32, device);
+  float* b = buf.kernel_data<float>();
+  // n floats from src to dst, both on this rank's device.
+  auto copy = [&](float* dst, const float* src, int64_t n) {
+    if (device == Device::kCpu) return static_cast<void>(std::copy_n(src, n, dst));
+    device_runtime(device).copy(dst, device, src, device, static_cast<size_t>(n) * sizeof(float),
+                                current_stream());
+  };
   int64_t at = 0;
-  for (auto [p, n] : whole) at = std::copy_n(p, n, buf.data() + at) - buf.data();
+  for (auto [p, n] : whole) {
+    copy(b + at, p, n);
+    at += n;
+  }
   tp_->set_call_site(nn::Phase::kAfterBackward, 0, true);
-  tp_->all_reduce_sum(buf.data(), total, DType::kF32);
+  tp_->all_reduce_sum(b, total, DType::kF32);
   at = 0;
   for (auto [p, n] : whole) {
-    std::copy_n(buf.data() + at, n, p);
+    copy(p, b + at, n);
     at += n;
   }
 }

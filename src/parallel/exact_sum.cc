@@ -5,52 +5,79 @@
 #include <limits>
 
 #include "tessel/core/error.h"
+#include "tessel/core/memory.h"
+#include "tessel/ops/exact.h"
+#include "tessel/tensor/device.h"
 
 namespace tessel::parallel {
+
+namespace {
+
+// n floats of `device`'s memory zeroed (queued on the current stream).
+void zero_floats(Device device, float* p, int64_t n) {
+  if (device == Device::kCpu) return std::fill(p, p + n, 0.0f);
+  device_runtime(device).zero(p, static_cast<size_t>(n) * sizeof(float), current_stream());
+}
+
+Tensor sum_memory(int64_t n, DType type, Device device) {
+  MemoryScope scope(MemCategory::kGradients);
+  return Tensor::zeros({std::max<int64_t>(n, 1)}, type, device);
+}
+
+}  // namespace
 
 ExactSum::ExactSum(nn::Range span, std::vector<nn::Range> scale_buckets, bool overflow_ok)
     : span_(span),
       buckets_(std::move(scale_buckets)),
-      max_(buckets_.size(), 0.0f),
+      device_(current_device()),
+      max_(sum_memory(static_cast<int64_t>(buckets_.size()), DType::kF32, device_)),
+      acc_(sum_memory(span.size(), DType::kI64, device_)),
       overflow_ok_(overflow_ok) {}
+
+float* ExactSum::shard(int64_t s) const {
+  return shards_.kernel_data<float>() + s * span_.size() - span_.lo;
+}
 
 void ExactSum::collect(nn::Range r, float* grad) {
   const int64_t n = span_.size();
   const int64_t s = passes_[r.lo]++;
   if (s >= num_shards_) {
     num_shards_ = s + 1;
-    shards_.resize(static_cast<size_t>(num_shards_ * n), 0.0f);
+    if (!shards_.defined() || shards_.numel() < num_shards_ * n) {
+      Tensor grown = sum_memory(num_shards_ * n, DType::kF32, device_);
+      if (shards_.defined()) grown.view(0, {shards_.numel()}).copy_from(shards_);
+      shards_ = std::move(grown);
+    }
   }
-  float* dst = shards_.data() + s * n - span_.lo;
-  const float* src = grad;
-  // Copy and track each scale bucket's largest |g| in one pass.
+  // Kept, and each scale bucket's largest |g| taken, in one pass.
+  float* dst = shard(s);
+  float* max = max_.kernel_data<float>();
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const int64_t lo = std::max(buckets_[b].lo, r.lo), hi = std::min(buckets_[b].hi, r.hi);
-    float m = max_[b];
-    bool nan = false;  // std::max passes NaN over: note it apart
-    for (int64_t i = lo; i < hi; ++i) {
-      dst[i] = src[i - r.lo];
-      m = std::max(m, std::fabs(src[i - r.lo]));
-      nan |= src[i - r.lo] != src[i - r.lo];
-    }
-    max_[b] = nan ? std::numeric_limits<float>::infinity() : m;
+    if (lo < hi) ops::exact_collect(dst + lo, max + b, grad + (lo - r.lo), hi - lo);
   }
-  std::fill(grad, grad + r.size(), 0.0f);
+  zero_floats(device_, grad, r.size());
 }
 
 const std::vector<double>& ExactSum::quantise(comm::Communicator& scale_group,
                                               comm::Communicator& sum_group) {
-  const int64_t n = span_.size();
   const size_t nb = buckets_.size();
   // 1. Agree on every bucket's largest |g| over all shards, and on the number of shards.
-  std::vector<float> maxes = max_;
-  std::fill(max_.begin(), max_.end(), 0.0f);
+  std::vector<float> maxes(nb);
+  if (device_ == Device::kCpu) {
+    std::copy_n(max_.data<float>(), nb, maxes.begin());
+  } else if (nb > 0) {
+    device_runtime(device_).copy(maxes.data(), Device::kCpu, max_.raw(), device_,
+                                 nb * sizeof(float), current_stream());
+  }
+  max_.zero_();
   double shards_total = static_cast<double>(num_shards_);
   scale_group.allreduce(maxes.data(), nb, comm::ElemType::kF32, comm::ReduceOp::kMax);
   sum_group.allreduce(&shards_total, 1, comm::ElemType::kF64);
   // 2. Quantise at scale 2^e with |sum| < 2^62 and sum exactly in int64.
-  acc_.assign(static_cast<size_t>(n), 0);
+  acc_.zero_();
   scales_.assign(nb, 1.0);
+  int64_t* acc = acc_.kernel_data<int64_t>() - span_.lo;
   for (size_t b = 0; b < nb; ++b) {
     if (!std::isfinite(maxes[b]) && !overflow_ok_)
       throw Error("deterministic mode: non-finite gradient; lower optim.lr");
@@ -62,15 +89,10 @@ const std::vector<double>& ExactSum::quantise(comm::Communicator& scale_group,
     const int e =
         static_cast<int>(std::floor(std::log2(std::ldexp(1.0, 62) / (shards_total * maxes[b]))));
     scales_[b] = std::ldexp(1.0, std::min(e, 1000));
-    const double sc = scales_[b];
     const int64_t lo = std::max(buckets_[b].lo, span_.lo), hi = std::min(buckets_[b].hi, span_.hi);
-    for (int64_t s = 0; s < num_shards_; ++s) {
-      const float* p = shards_.data() + s * n - span_.lo;
-      int64_t* a = acc_.data() - span_.lo;
-      // Truncation toward zero: deterministic, vectorises, and loses < 2^-e per shard.
-      for (int64_t i = lo; i < hi; ++i)
-        a[i] += static_cast<int64_t>(static_cast<double>(p[i]) * sc);
-    }
+    if (lo < hi)
+      for (int64_t s = 0; s < num_shards_; ++s)
+        ops::exact_quantise(acc + lo, shard(s) + lo, hi - lo, scales_[b]);
   }
   num_shards_ = 0;
   passes_.clear();
@@ -80,29 +102,37 @@ const std::vector<double>& ExactSum::quantise(comm::Communicator& scale_group,
 void ExactSum::dequantise(const int64_t* sums, nn::Range span,
                           const std::vector<nn::Range>& buckets, const std::vector<double>& scales,
                           float* out) {
-  std::fill(out, out + span.size(), 0.0f);
+  zero_floats(current_device(), out, span.size());
   for (size_t b = 0; b < buckets.size(); ++b) {
     const int64_t lo = std::max(buckets[b].lo, span.lo), hi = std::min(buckets[b].hi, span.hi);
-    if (std::isnan(scales[b])) {
-      for (int64_t i = lo; i < hi; ++i) out[i - span.lo] = std::numeric_limits<float>::quiet_NaN();
-      continue;
-    }
-    for (int64_t i = lo; i < hi; ++i)
-      out[i - span.lo] = static_cast<float>(static_cast<double>(sums[i - span.lo]) / scales[b]);
+    if (lo < hi)
+      ops::exact_dequantise(out + (lo - span.lo), sums + (lo - span.lo), hi - lo, scales[b]);
   }
 }
 
 double ExactSum::reduce(float* out, const std::vector<nn::Range>& ranges,
-                        comm::Communicator& scale_group, comm::Communicator& sum_group) {
+                        comm::Communicator& scale_group, comm::Communicator& sum_group,
+                        comm::DeviceCollectives* device) {
+  TESSEL_CHECK(device_ == Device::kCpu || device != nullptr || sum_group.size() == 1,
+               "exact sum: a device rank's integer sums need its DeviceCollectives (this is a "
+               "bug)");
   quantise(scale_group, sum_group);
-  // 3. All-reduce the integers (associative: any order of ranks gives the same sums).
+  // 3. All-reduce the integers (associative: any order of ranks gives the same sums), on a
+  //    device through its collectives, all enqueued before the first wait.
   double bytes = 0;
+  std::vector<comm::NcclWork> works;
+  int64_t* acc = acc_.kernel_data<int64_t>();
   for (const nn::Range& r : ranges) {
-    sum_group.allreduce(acc_.data() + (r.lo - span_.lo), static_cast<size_t>(r.size()),
-                        comm::ElemType::kI64);
-    bytes += 8.0 * static_cast<double>(r.size());
+    int64_t* p = acc + (r.lo - span_.lo);
+    const size_t count = static_cast<size_t>(r.size());
+    if (device != nullptr)
+      works.push_back(device->allreduce(p, count, comm::ElemType::kI64, comm::ReduceOp::kSum, {}));
+    else if (device_ == Device::kCpu)
+      sum_group.allreduce(p, count, comm::ElemType::kI64);
+    bytes += 8.0 * static_cast<double>(count);
   }
-  dequantise(acc_.data(), span_, buckets_, scales_, out);
+  for (const comm::NcclWork& w : works) w.wait();
+  dequantise(acc, span_, buckets_, scales_, out);
   return bytes;
 }
 

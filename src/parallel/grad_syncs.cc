@@ -201,17 +201,15 @@ std::vector<nn::Range> ranges_of(const Units& units) {
 }
 
 ExactSync::ExactSync(nn::Model& model, const Units& units, const Units& scale_buckets,
-                     comm::Communicator& dp, comm::Communicator& workers, bool overflow_ok)
+                     comm::Communicator& dp, comm::Communicator& workers, bool overflow_ok,
+                     comm::DeviceCollectives* device)
     : model_(model),
       units_(units),
       dp_(dp),
       workers_(workers),
+      device_(device),
       arena_(gradient_memory(units.span.size(), MemCategory::kGradients)),
       sum_(units.span, ranges_of(scale_buckets), overflow_ok) {
-  if (arena_.device() != Device::kCpu) {
-    MemoryScope scope(MemCategory::kGradients);
-    staged_ = Tensor::zeros({arena_.numel()});
-  }
   model.bind_grads(units.span, arena_);
 }
 
@@ -220,22 +218,13 @@ void ExactSync::on_block(nn::Phase phase, size_t block, bool last) {
   if (phase != nn::Phase::kAfterBackward) return;
   for (int k : units_.completed_by(block)) {
     const nn::Range r = units_.list[static_cast<size_t>(k)].range;
-    float* host = host_span() + (r.lo - units_.span.lo);
-    if (staged_.defined()) {  // the micro-shard comes down; the device range starts over
-      float* dev = grads(r);
-      const size_t bytes = static_cast<size_t>(r.size()) * sizeof(float);
-      DeviceRuntime& rt = device_runtime(arena_.device());
-      rt.copy(host, Device::kCpu, dev, arena_.device(), bytes, current_stream());
-      rt.zero(dev, bytes, current_stream());
-    }
-    sum_.collect(r, host);
+    sum_.collect(r, grads(r));  // on the arena's device
   }
 }
 
 void ExactSync::reduce() {
   const double t0 = now_seconds();
-  bytes_ += sum_.reduce(host_span(), ranges_of(units_), workers_, dp_);
-  if (staged_.defined()) arena_.copy_from(staged_);  // the sum goes up
+  bytes_ += sum_.reduce(arena_.kernel_data<float>(), ranges_of(units_), workers_, dp_, device_);
   reduce_s_ += now_seconds() - t0;
 }
 

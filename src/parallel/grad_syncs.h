@@ -11,9 +11,10 @@
 //   ExactSync    deterministic mode (any stage): every micro-shard's gradient of every unit is
 //                kept apart and summed exactly at the step (exact_sum.h); the full reduced
 //                gradient stays in an arena, and the norm is summed block by block so that
-//                every layout gives the same bits. On a device the arena is the device's and
-//                each micro-shard is copied to the host, where the integer sum runs as on the
-//                CPU; the sum goes back up: any worker count gives one device run's bits.
+//                every layout gives the same bits. On a device the arena, the kept
+//                micro-shards and the integer sums are the device's (ExactSum on the device's
+//                exact kernels, the integers all-reduced through its DeviceCollectives): no
+//                gradient comes to the host, and any worker count gives the CPU run's bits.
 //   ExactPushSync  a parameter-server worker in deterministic mode: ExactSync's micro-shards,
 //                quantised at the scales agreed over the workers into int64 sums that the worker
 //                pushes (parameter_server.h); the servers add them.
@@ -118,9 +119,11 @@ class ExactSync final : public GradSync, public BlockHooks {
  public:
   // scale_buckets: units over the whole model (one rank, no pipeline), the same in every
   // layout. dp: the ranks whose micro-shards are summed; workers: every training rank.
-  // overflow_ok: fp16, whose loss scaling skips a step with an inf or NaN gradient.
+  // overflow_ok: fp16, whose loss scaling skips a step with an inf or NaN gradient. device: on
+  // a device rank, dp's collectives on device memory (null: the CPU, or dp of one rank).
   ExactSync(nn::Model& model, const Units& units, const Units& scale_buckets,
-            comm::Communicator& dp, comm::Communicator& workers, bool overflow_ok);
+            comm::Communicator& dp, comm::Communicator& workers, bool overflow_ok,
+            comm::DeviceCollectives* device = nullptr);
 
   void on_block(nn::Phase phase, size_t block, bool last) override;
   void reduce() override;
@@ -130,15 +133,12 @@ class ExactSync final : public GradSync, public BlockHooks {
   void take_stats(RankStats& s) override;
 
  private:
-  // Where the exact sum reads and writes the span: the arena, or on a device its host copy.
-  float* host_span() { return (staged_.defined() ? staged_ : arena_).data<float>(); }
-
   nn::Model& model_;
   const Units& units_;
   comm::Communicator& dp_;
   comm::Communicator& workers_;
+  comm::DeviceCollectives* device_;
   Tensor arena_;
-  Tensor staged_;  // on a device: the arena's host copy (undefined on the CPU)
   ExactSum sum_;
   double reduce_s_ = 0, bytes_ = 0;
 };

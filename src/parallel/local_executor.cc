@@ -1,14 +1,12 @@
 #include <cmath>
 
+#include "offload.h"
 #include "tessel/core/clock.h"
 #include "tessel/parallel/executor.h"
 #include "tessel/tensor/device.h"
 
 namespace tessel::parallel {
-namespace {
 
-// The piece's inputs and targets on this thread's device: uploaded from the host loader's
-// tensors (the one upload of a step's batch).
 Piece on_current_device(const Piece& piece) {
   if (current_device() == Device::kCpu) return piece;
   Piece out = piece;
@@ -17,24 +15,28 @@ Piece on_current_device(const Piece& piece) {
   return out;
 }
 
-}  // namespace
-
 void check_loss(double loss, int64_t step) {
   if (!std::isfinite(loss))
     throw Error(
         str("train: loss is ", loss, " at step ", step, "; lower optim.lr or set train.clip_norm"));
 }
 
-LocalExecutor::LocalExecutor(nn::Model& model, nn::Recompute recompute)
+LocalExecutor::LocalExecutor(nn::Model& model, nn::Recompute recompute, Offload offload)
     : model_(model), local_(model.num_blocks(), true) {
+  if (offload == Offload::kActivations) offload_ = std::make_unique<ActivationOffload>();
   acts_.recompute = recompute;
   if (recompute == nn::Recompute::kNone) return;
   acts_.caches.resize(model.num_blocks());
   for (nn::Cache& c : acts_.caches) c.share_scratch(&acts_.scratch);
 }
 
+LocalExecutor::~LocalExecutor() = default;
+
 PieceStats LocalExecutor::train(const Piece& host_piece, nn::Loss& loss, const Hooks& hooks) {
-  const nn::BlockHook hook = [&](nn::Phase p, size_t b) { hooks(p, b, host_piece.last); };
+  const nn::BlockHook hook = [&](nn::Phase p, size_t b) {
+    hooks(p, b, host_piece.last);
+    if (offload_) offload_->on_block(p, b, acts_);
+  };
   MemoryScope scope(MemCategory::kActivations);
   const Piece piece = on_current_device(host_piece);
   const double t0 = now_seconds();

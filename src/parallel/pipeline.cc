@@ -3,10 +3,12 @@
 #include <algorithm>
 #include <cstring>
 
+#include "engine_device.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
 #include "tessel/core/trace.h"
 #include "tessel/ops/cpu.h"
+#include "tessel/tensor/device.h"
 
 namespace tessel::parallel {
 
@@ -31,11 +33,18 @@ uint64_t fnv(uint64_t h, int64_t v) { return (h ^ static_cast<uint64_t>(v)) * 10
 
 struct PipelineExecutor::Link {
   comm::Communicator comm;  // the two ranks of this path: sender and receiver
-  int peer = 0;             // the other end's rank in comm
+  // On device ranks the tensors' path (over comm: NCCL, or staged through the host); the
+  // headers still go over comm. Released (collective with the peer) before comm goes.
+  std::unique_ptr<comm::DeviceCollectives> device;
+  int peer = 0;  // the other end's rank in comm
   int peer_stage = 0;
   bool first = true;  // the first message carries a header with dtype and shape
   DType dtype = DType::kF32;
   Shape tail;  // dimensions after the rows, learned from the header
+
+  ~Link() {
+    if (device) release_device_collectives(*device);
+  }
 };
 
 struct PipelineExecutor::Inflight {
@@ -46,13 +55,14 @@ struct PipelineExecutor::Inflight {
 };
 
 PipelineExecutor::PipelineExecutor(const ParallelSpec& spec, comm::Communicator& pp,
-                                   nn::Model& model)
+                                   nn::Model& model, DeviceLinks device_links)
     : spec_(spec),
       pp_(pp),
       model_(model),
       stage_(pp.rank()),
       stages_(pp.size()),
-      split_(spec.pp_schedule == PpSchedule::kZbH1) {
+      split_(spec.pp_schedule == PpSchedule::kZbH1),
+      device_links_(std::move(device_links)) {
   // Everything that can be wrong with the config is checked before the first message, on
   // every rank alike (each knows the whole model's structure).
   part_ = make_partition(spec_, model_, stages_);
@@ -71,9 +81,16 @@ PipelineExecutor::~PipelineExecutor() {
   for (Pending& p : pending_) {
     try {
       p.work.wait();
+      p.device_work.wait();
     } catch (...) {  // the group failed; the error was reported where it happened
     }
   }
+  // Device links close with their peer: every rank in one order (boundaries, then the tie).
+  for (size_t c = 0; c < fwd_.size(); ++c) {
+    fwd_[c].reset();
+    bwd_[c].reset();
+  }
+  tied_.reset();
 }
 
 void PipelineExecutor::find_tied_table() {
@@ -105,11 +122,11 @@ void PipelineExecutor::find_tied_table() {
   // The head's stage reads (in train.precision) and accumulates into a copy of the table.
   {
     MemoryScope scope(MemCategory::kParameters);
-    tied_value_ = Tensor::zeros({tied_range_.size()}, precision_type(spec_));
+    tied_value_ = Tensor::zeros({tied_range_.size()}, precision_type(spec_), current_device());
   }
   {
     MemoryScope scope(MemCategory::kGradients);
-    tied_grad_ = Tensor::zeros({tied_range_.size()});
+    tied_grad_ = Tensor::zeros({tied_range_.size()}, DType::kF32, current_device());
   }
   model_.bind_values(tied_range_, tied_value_);
   model_.bind_grads(tied_range_, tied_grad_);
@@ -125,6 +142,7 @@ void PipelineExecutor::build_links() {
     if (!mine) return std::unique_ptr<Link>();
     link->peer = 1 - link->comm.rank();
     link->peer_stage = stage_ == from ? to : from;
+    if (device_links_) link->device = device_links_(link->comm, &device_comm_);
     return link;
   };
   const int C = static_cast<int>(part_.chunks());
@@ -172,11 +190,10 @@ void PipelineExecutor::sync_tied_table(ParamStore& store) {
     std::vector<float> table(n);
     store.copy_values(tied_range_, table.data());
     tied_->comm.send(table.data(), n, comm::ElemType::kF32, tied_->peer, kValueTag);
-  } else {
-    std::vector<float> table(n);
-    tied_->comm.recv(table.data(), n, comm::ElemType::kF32, tied_->peer, kValueTag);
-    ops::convert(tied_value_.raw(), tied_value_.dtype(), table.data(), DType::kF32,
-                 static_cast<int64_t>(n));
+  } else {  // in train.precision, on this rank's device
+    const Tensor table = Tensor::empty({tied_range_.size()});
+    tied_->comm.recv(table.raw(), n, comm::ElemType::kF32, tied_->peer, kValueTag);
+    tied_value_.copy_from(table.to_device(tied_value_.device()).to(tied_value_.dtype()));
   }
 }
 
@@ -214,17 +231,22 @@ void PipelineExecutor::send(Link& link, const Tensor& t) {
     std::memcpy(words->data(), &h, sizeof h);
     pending_.push_back(
         {link.comm.isend(words->data(), kHeaderWords, comm::ElemType::kI64, link.peer), Tensor(),
-         words});
+         words, comm::NcclWork()});
     link.first = false;
   }
-  p.work = link.comm.isend(p.keep.raw(), static_cast<size_t>(p.keep.numel()),
-                           comm::elem_type(p.keep.dtype()), link.peer);
+  const size_t n = static_cast<size_t>(p.keep.numel());
+  if (link.device)
+    p.device_work =
+        link.device->send(p.keep.raw(), n, comm::elem_type(p.keep.dtype()), link.peer, {});
+  else
+    p.work = link.comm.isend(p.keep.raw(), n, comm::elem_type(p.keep.dtype()), link.peer);
   sent_bytes_ += static_cast<double>(p.keep.nbytes());
   pending_.push_back(std::move(p));
   // Drop finished sends so that the list stays short.
   auto finished = [](const Pending& q) {
-    if (!q.work.done()) return false;
+    if (!q.work.done() || !q.device_work.done()) return false;
     q.work.wait();  // rethrows a failed send
+    q.device_work.wait();
     return true;
   };
   pending_.erase(std::remove_if(pending_.begin(), pending_.end(), finished), pending_.end());
@@ -262,7 +284,7 @@ Tensor PipelineExecutor::recv(Link& link, int64_t rows, const Shape* expect,
   Tensor t;
   {
     MemoryScope scope(MemCategory::kComm);
-    t = Tensor::empty(shape, link.dtype);
+    t = Tensor::empty(shape, link.dtype, current_device());
   }
   {
     TraceSpan span("recv", "p2p");
@@ -270,7 +292,11 @@ Tensor PipelineExecutor::recv(Link& link, int64_t rows, const Shape* expect,
       args->text("what", what)
           .num("from_stage", link.peer_stage)
           .num("bytes", static_cast<double>(t.nbytes()));
-    link.comm.recv(t.raw(), static_cast<size_t>(t.numel()), comm::elem_type(link.dtype), link.peer);
+    const size_t n = static_cast<size_t>(t.numel());
+    if (link.device)
+      link.device->recv(t.raw(), n, comm::elem_type(link.dtype), link.peer, {}).wait();
+    else
+      link.comm.recv(t.raw(), n, comm::elem_type(link.dtype), link.peer);
   }
   if (expect && *expect != shape)
     throw Error(str("pipeline: stage ", stage_, " expected the ", what, " from stage ",
@@ -281,7 +307,10 @@ Tensor PipelineExecutor::recv(Link& link, int64_t rows, const Shape* expect,
 
 void PipelineExecutor::wait_sends() {
   const double t0 = now_seconds();
-  for (Pending& p : pending_) p.work.wait();
+  for (Pending& p : pending_) {
+    p.work.wait();
+    p.device_work.wait();
+  }
   pending_.clear();
   send_s_ += now_seconds() - t0;
 }
@@ -318,8 +347,9 @@ void PipelineExecutor::plan_micro_batches(int64_t rows) {
   piece_rows_ = rows;
 }
 
-PieceStats PipelineExecutor::run(const Piece& piece, nn::Loss& loss, const Hooks& hooks,
+PieceStats PipelineExecutor::run(const Piece& host_piece, nn::Loss& loss, const Hooks& hooks,
                                  bool training) {
+  const Piece piece = on_current_device(host_piece);
   plan_micro_batches(piece.y.dim(0));
   const int m = static_cast<int>(micro_rows_.size());
   const auto& order = schedule_for(m, training)[stage_];
@@ -477,9 +507,8 @@ Tensor PipelineExecutor::recv_tied_grad() {
 // right after it, before the embedding's own share.
 void PipelineExecutor::add_tied_grad(nn::Phase p, size_t block, const Tensor& tied_grad) {
   if (p != nn::Phase::kBeforeBackward || block != tied_owner_ || !tied_grad.defined()) return;
-  float* dst = tied_param_->grad.data<float>();
-  const float* src = tied_grad.data<float>();
-  for (int64_t i = 0; i < tied_grad.numel(); ++i) dst[i] += src[i];
+  ops::accumulate(tied_param_->grad.kernel_data<float>(), tied_grad.kernel_data<float>(),
+                  tied_grad.numel(), DType::kF32);
 }
 
 void PipelineExecutor::send_tied_grad(int chunk) {

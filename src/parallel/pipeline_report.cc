@@ -50,16 +50,18 @@ json PipelineExecutor::report(const std::vector<RankStats>& ranks, const Layout&
   for (size_t c = 0; c < part_.chunks(); ++c)
     for (size_t i = part_.begin[c]; i < part_.begin[c + 1]; ++i)
       blocks[static_cast<size_t>(part_.stage[c])].push_back(model_.block_name(i));
-  return {{"pipeline_schedule", name_of(spec_.pp_schedule)},
-          {"pipeline_microbatches", spec_.pp_microbatches},
-          {"pipeline_partition", spec_.pp_cuts.empty() ? name_of(spec_.pp_partition) : "cuts"},
-          {"pipeline_stage_blocks", blocks},
-          {"pipeline_virtual_stages", spec_.pp_virtual_stages},
-          {"pipeline_bubble_fraction_model",
-           bubble_model(spec_.pp_schedule, layout.pp, static_cast<int>(spec_.pp_microbatches),
-                        static_cast<int>(spec_.pp_virtual_stages))},
-          {"pipeline_bubble_fraction_measured", bubble_sum / static_cast<double>(ranks.size())},
-          {"pipeline_stages", stages}};
+  json out = {{"pipeline_schedule", name_of(spec_.pp_schedule)},
+              {"pipeline_microbatches", spec_.pp_microbatches},
+              {"pipeline_partition", spec_.pp_cuts.empty() ? name_of(spec_.pp_partition) : "cuts"},
+              {"pipeline_stage_blocks", blocks},
+              {"pipeline_virtual_stages", spec_.pp_virtual_stages},
+              {"pipeline_bubble_fraction_model",
+               bubble_model(spec_.pp_schedule, layout.pp, static_cast<int>(spec_.pp_microbatches),
+                            static_cast<int>(spec_.pp_virtual_stages))},
+              {"pipeline_bubble_fraction_measured", bubble_sum / static_cast<double>(ranks.size())},
+              {"pipeline_stages", stages}};
+  if (!device_comm_.empty()) out["pipeline_device_comm"] = device_comm_;  // nccl or staged
+  return out;
 }
 
 }  // namespace tessel::parallel

@@ -37,16 +37,22 @@ size_t rounded_bytes(size_t bytes) {
 
 }  // namespace
 
-Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
-  const size_t rounded = rounded_bytes(bytes);
-  DeviceRuntime* runtime = device == Device::kCpu ? nullptr : &device_runtime(device);
-  const size_t charged = runtime ? runtime->allocation_size(rounded) : rounded;
+void Storage::charge_current() {
+  const size_t rounded = rounded_bytes(bytes_);
+  const size_t charged =
+      device_ == Device::kCpu ? rounded : device_runtime(device_).allocation_size(rounded);
   if (const auto& ledger = current_ledger()) {  // throws before allocating when over the limit
     ledger->charge(current_category(), static_cast<int64_t>(charged));
     ledger_ = ledger;
     category_ = current_category();
     charged_ = static_cast<int64_t>(charged);
   }
+}
+
+Storage::Storage(size_t bytes, Device device) : bytes_(bytes), device_(device) {
+  const size_t rounded = rounded_bytes(bytes);
+  DeviceRuntime* runtime = device == Device::kCpu ? nullptr : &device_runtime(device);
+  charge_current();
   if (runtime != nullptr) {
     try {
       data_ = runtime->allocate(rounded);
@@ -91,6 +97,27 @@ void Storage::rebind(void* data, std::shared_ptr<void> keep) {
   if (!keep_) free_own();
   data_ = data;
   keep_ = std::move(keep);
+}
+
+void Storage::swap_out(void* host, void* stream) {
+  TESSEL_CHECK(device_ != Device::kCpu && !keep_ && !swapped_out(),
+               "storage: swap_out of host, shared or already swapped-out memory");
+  device_runtime(device_).copy(host, Device::kCpu, data_, device_, bytes_, stream);
+  free_own();
+  data_ = nullptr;
+}
+
+void Storage::swap_in(const void* host, void* stream) {
+  TESSEL_CHECK(swapped_out(), "storage: swap_in of memory that was not swapped out");
+  DeviceRuntime& runtime = device_runtime(device_);
+  charge_current();
+  try {
+    data_ = runtime.allocate(rounded_bytes(bytes_));
+  } catch (...) {
+    free_own();
+    throw;
+  }
+  runtime.copy(data_, device_, host, Device::kCpu, bytes_, stream);
 }
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -96,6 +97,7 @@ struct Group {  // the ranks of one unique id; every field under mu
   int joined = 0, finalized = 0;
   std::vector<char> taken_ranks;
   bool broken = false;  // a rank aborted, died or disagreed: nothing completes any more
+  int aborts = 0;       // communicators of the group aborted
   NcclResult error = NcclResult::kSuccess;  // what the live ranks' async error turns into
   std::map<uint64_t, Meeting> meetings;     // by collective number
   std::map<std::pair<int, int>, std::deque<Message*>> wires;  // (from, to), in send order
@@ -106,10 +108,12 @@ struct Comm {
   int rank = 0;
   MockFault fault = MockFault::kNone;
   int fault_after = 0;
+  double delay_s = 0;  // mock_nccl_delay
   // Under g->mu:
   bool settling = true;  // answered kInProgress, not yet polled out of it (init included)
   bool finalizing = false, aborted = false, freed = false;
   bool dead = false;         // its kDie fault struck: a dead process's calls neither wait nor fail
+  bool held = false;         // its thread was held in the call it died in (die_here)
   int in_flight = 0;         // work items queued or running
   uint64_t items = 0;        // work items enqueued
   uint64_t collectives = 0;  // collectives run (stream side)
@@ -121,6 +125,7 @@ struct Library {  // the mock library's global state, as libnccl's
   std::vector<std::unique_ptr<Comm>> comms;  // kept until reset: dead handles stay detectable
   std::vector<std::unique_ptr<Event>> events;
   std::map<int, std::pair<MockFault, int>> faults;
+  double delay_s = 0;
   int misuses = 0;
   std::string first_misuse;
   uint64_t ids = 0;
@@ -275,6 +280,7 @@ NcclResult enqueue(Comm& c, std::vector<Op> ops) {
   c.settling = !c.dead;
   ++c.in_flight;
   stream->push([&c, ops = std::move(ops), fault] {
+    if (c.delay_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(c.delay_s));
     run_item(c, ops, fault);
     std::lock_guard<std::mutex> lock(c.g->mu);
     --c.in_flight;
@@ -285,19 +291,30 @@ NcclResult enqueue(Comm& c, std::vector<Op> ops) {
 
 // ---- the host side: the table's NCCL calls ----
 
+// A rank whose process died in the call just enqueued (kDie) shows no life any more: its thread
+// stays inside that call until a peer aborted the group (so that a test's thread still ends),
+// then the call returns as if nothing had happened.
+void die_here(Comm& c, std::unique_lock<std::mutex>& lock) {
+  if (!c.dead || c.held) return;
+  c.held = true;
+  c.g->cv.wait(lock, [&] { return c.g->aborts > 0; });
+}
+
 thread_local int t_depth = 0;  // ncclGroupStart nesting of this thread
 thread_local std::vector<std::pair<Comm*, Op>> t_grouped;
 
 NcclResult submit(NcclComm handle, const Op& op, const char* call) {
   Comm* c = comm_of(handle);
   if (!c) return misuse(str(call, " on a null communicator"));
-  std::lock_guard<std::mutex> lock(c->g->mu);
+  std::unique_lock<std::mutex> lock(c->g->mu);
   if (NcclResult r = usable(*c, call); r != NcclResult::kSuccess) return r;
   if (t_depth > 0) {
     t_grouped.emplace_back(c, op);
     return NcclResult::kSuccess;
   }
-  return enqueue(*c, {op});
+  const NcclResult r = enqueue(*c, {op});
+  die_here(*c, lock);
+  return r;
 }
 
 NcclResult group_end() {
@@ -313,8 +330,9 @@ NcclResult group_end() {
       if (p.first == c) ops.push_back(p.second);
       return p.first == c;
     });
-    std::lock_guard<std::mutex> lock(c->g->mu);
+    std::unique_lock<std::mutex> lock(c->g->mu);
     result = enqueue(*c, std::move(ops));
+    die_here(*c, lock);
   }
   return result;
 }
@@ -333,6 +351,7 @@ NcclResult init_rank(NcclComm* out, int nranks, const NcclUniqueId* id, int rank
     comm->g = g;
     auto f = l.faults.find(rank);
     if (f != l.faults.end()) std::tie(comm->fault, comm->fault_after) = f->second;
+    comm->delay_s = l.delay_s;
     if (g->nranks != nranks || rank < 0 || rank >= nranks || g->taken_ranks[rank]++) {
       if (l.misuses++ == 0)
         l.first_misuse =
@@ -378,6 +397,7 @@ NcclResult comm_abort(NcclComm handle) {
   std::unique_lock<std::mutex> lock(g.mu);
   if (c->freed) return misuse(str("abort on rank ", c->rank, " after abort/destroy"));
   c->aborted = true;
+  ++g.aborts;
   g.broken = true;
   if (g.error == NcclResult::kSuccess) g.error = NcclResult::kRemoteError;
   g.cv.notify_all();
@@ -540,6 +560,11 @@ void mock_nccl_fault(int rank, MockFault fault, int after) {
   lib().faults[rank] = {fault, after};
 }
 
+void mock_nccl_delay(double seconds) {
+  std::lock_guard<std::mutex> lock(lib().mu);
+  lib().delay_s = seconds;
+}
+
 MockNcclState mock_nccl_state() {
   Library& l = lib();
   MockNcclState s;
@@ -565,6 +590,7 @@ void mock_nccl_reset() {
   l.comms.clear();
   l.events.clear();
   l.faults.clear();
+  l.delay_s = 0;
   l.misuses = 0;
   l.first_misuse.clear();
 }

@@ -23,11 +23,16 @@ const NcclApi& mock_nccl();
 enum class MockFault {
   kNone,
   kStall,  // the rank's device work never ends (a hung kernel); its process stays alive
-  kDie,    // the rank's process is gone: its work never runs, peers see ncclRemoteError
+  // The rank's process is gone: its work never runs, peers see ncclRemoteError, and its thread
+  // shows no more life (it stays inside the call it died in until a peer aborts the group).
+  kDie,
 };
 // For communicators created from now on: rank `rank`'s work items from the `after`-th
 // (0-based, in enqueue order) on meet `fault`.
 void mock_nccl_fault(int rank, MockFault fault, int after = 0);
+// For communicators created from now on: every work item starts `seconds` after its turn on its
+// stream (work that completes late, as a slow link's).
+void mock_nccl_delay(double seconds);
 
 struct MockNcclState {
   int live_comms = 0;    // initialized and neither destroyed nor aborted
@@ -36,7 +41,8 @@ struct MockNcclState {
   std::string first_misuse;
 };
 MockNcclState mock_nccl_state();
-// Forgets faults, misuses and dead communicators; call between tests, with no stream left.
+// Forgets faults, delays, misuses and dead communicators; call between tests, with no stream
+// left.
 void mock_nccl_reset();
 
 }  // namespace tessel::comm::testing

@@ -109,9 +109,26 @@ TEST(MemoryLedger, EachCategorySaysWhatFreesIt) {
   expect_has(limit_error(l, MemCategory::kComm, 2 * kMiB), "comm_buffers");
   expect_has(limit_error(l, MemCategory::kActivations, 2 * kMiB), "train.batch");
   for (int c = 0; c < kMemCategories; ++c)  // and always the limit itself
-    expect_has(limit_error(l, MemCategory(c), 2 * kMiB), "raise runtime.memory_limit_mb");
+    if (MemCategory(c) != MemCategory::kOffloaded)
+      expect_has(limit_error(l, MemCategory(c), 2 * kMiB), "raise runtime.memory_limit_mb");
   EXPECT_EQ(l.peak_total(), 0);
   static_assert(std::is_base_of_v<Error, MemoryLimitError>, "a tessel::Error like the others");
+}
+
+// A device rank's activations offloaded to host memory are shown, not counted in its total or
+// its limit (train.offload = activations).
+TEST(MemoryLedger, OffloadedBytesAreOutsideTheTotalAndTheLimit) {
+  MemoryLedger l(kMiB);
+  l.charge(MemCategory::kActivations, kMiB / 2);
+  l.charge(MemCategory::kOffloaded, 2 * kMiB);
+  EXPECT_EQ(l.current(MemCategory::kOffloaded), 2 * kMiB);
+  EXPECT_EQ(l.peak(MemCategory::kOffloaded), 2 * kMiB);
+  EXPECT_EQ(l.total(), kMiB / 2);
+  EXPECT_EQ(l.peak_total(), kMiB / 2);
+  l.release(MemCategory::kOffloaded, 2 * kMiB);
+  EXPECT_EQ(l.current(MemCategory::kOffloaded), 0);
+  EXPECT_EQ(l.total(), kMiB / 2);
+  EXPECT_STREQ(mem_category_name(MemCategory::kOffloaded), "activations_offloaded");
 }
 
 TEST(MemoryLedger, NoLimitNeverThrows) {

@@ -129,17 +129,22 @@ TEST(Composition, RefusesOnCudaWhatRunsOnlyOnTheCpu) {
   parallel::ParallelSpec s;
   EXPECT_EQ(refusal_on_cuda(s, 4), "");  // data parallel runs on device ranks
   s.pp_stages = 2;
-  EXPECT_NE(refusal_on_cuda(s, 4).find("runs data parallel only, got layout dp=2 pp=2"),
-            std::string::npos)
-      << refusal_on_cuda(s, 4);
+  EXPECT_EQ(refusal_on_cuda(s, 4), "");  // pipeline too, and dp x pp
   s.pp_stages = 1;
   s.tp_size = 2;
-  EXPECT_NE(refusal_on_cuda(s, 2).find("set pp.stages = 1, tp.size = 1 and ps.servers = 0"),
-            std::string::npos)
-      << refusal_on_cuda(s, 2);
+  EXPECT_EQ(refusal_on_cuda(s, 4), "");  // tensor parallel runs on device ranks, with dp too
+  s.tp_sequence = true;
+  EXPECT_EQ(refusal_on_cuda(s, 2), "");  // sequence parallelism too
+  s.tp_sequence = false;
+  s.pp_stages = 2;
+  EXPECT_EQ(refusal_on_cuda(s, 4), "");  // pp x tp
+  s.pp_stages = 1;
   s.tp_size = 1;
   s.ps_servers = 1;
-  EXPECT_NE(refusal_on_cuda(s, 3).find("runs data parallel only"), std::string::npos);
+  EXPECT_NE(refusal_on_cuda(s, 3).find("runs data, pipeline and tensor parallel only"),
+            std::string::npos)
+      << refusal_on_cuda(s, 3);
+  EXPECT_NE(refusal_on_cuda(s, 3).find("set ps.servers = 0"), std::string::npos);
   s.ps_servers = 0;
   s.zero_stage = 1;
   EXPECT_EQ(refusal_on_cuda(s, 2), "");  // ZeRO-1 too

@@ -9,6 +9,7 @@
 #include <initializer_list>
 
 #include "tessel/ops/cpu.h"
+#include "tessel/ops/exact.h"
 #include "tessel/optim/schedule.h"
 
 namespace tessel::fakes {
@@ -46,6 +47,7 @@ void FakeRuntime::copy(void* dst, Device dst_device, const void* src, Device src
   EXPECT_EQ(src_device == Device::kCuda, owns(src, bytes));
   streams.push_back(stream);
   ++copies;
+  if (dst_device == Device::kCpu) to_host_bytes += static_cast<int64_t>(bytes);
   std::memmove(dst, src, bytes);
 }
 
@@ -105,6 +107,8 @@ struct FakeSlots {
   static ops::DeviceKernels table();
   static void fill_gpt_slots(ops::DeviceKernels& k);
   static void fill_modern_slots(ops::DeviceKernels& k);
+  static void fill_exact_slots(ops::DeviceKernels& k);
+  static void fill_vocab_parallel_slots(ops::DeviceKernels& k);
 };
 
 // ---- Convolution and pooling: the CPU's unfused kernels, scratch on the host ----
@@ -276,7 +280,42 @@ ops::DeviceKernels FakeSlots::table() {
   };
   fill_gpt_slots(k);
   fill_modern_slots(k);
+  fill_exact_slots(k);
+  fill_vocab_parallel_slots(k);
   return k;
+}
+
+// The vocab-parallel loss's steps: the CPU's sliced_* on the widened logits; the backward
+// recomputes the probabilities as the CPU's forward made them (exp, then times 1 / sum).
+void FakeSlots::fill_vocab_parallel_slots(ops::DeviceKernels& k) {
+  k.sliced_row_max = [](float* row_max, const void* logits, int64_t N, int64_t C, int64_t valid,
+                        DType t, void*) {
+    enter("sliced_row_max", {row_max, logits});
+    ops::sliced_row_max(row_max, widened(logits, N * C, t).data(), N, C, valid);
+  };
+  k.sliced_exp_sum = [](float* sums, float* target, const void* logits, const int32_t* labels,
+                        const float* row_max, int64_t N, int64_t C, int64_t valid, int64_t lo,
+                        int64_t V, DType t, void*) {
+    enter("sliced_exp_sum", {sums, target, logits, labels, row_max});
+    std::vector<float> probs(static_cast<size_t>(N * C));
+    ops::sliced_exp(probs.data(), sums, target, widened(logits, N * C, t).data(), labels, row_max,
+                    N, C, valid, lo);
+    for (int64_t r = 0; r < N; ++r)
+      if (labels[r] < 0 || labels[r] >= V) target[r] = NAN;
+  };
+  k.sliced_cross_entropy_backward = [](void* dlogits, const void* logits, const float* row_max,
+                                       const float* sums, const int32_t* labels, int64_t N,
+                                       int64_t C, int64_t valid, int64_t lo, float dloss, DType t,
+                                       void*) {
+    enter("sliced_cross_entropy_backward", {dlogits, logits, row_max, sums, labels});
+    const size_t n = static_cast<size_t>(N * C);
+    std::vector<float> probs(n), d(n), local_sums(static_cast<size_t>(N)), target(local_sums);
+    ops::sliced_exp(probs.data(), local_sums.data(), target.data(),
+                    widened(logits, N * C, t).data(), labels, row_max, N, C, valid, lo);
+    ops::sliced_normalize(probs.data(), sums, N, C, valid);
+    ops::cross_entropy_backward(d.data(), probs.data(), labels, N, C, dloss, lo);
+    ops::convert(dlogits, t, d.data(), DType::kF32, N * C);
+  };
 }
 
 // The GPT's slots: accumulate and attention.
@@ -360,6 +399,25 @@ void FakeSlots::fill_modern_slots(ops::DeviceKernels& k) {
     enter("dropout_backward", {dx, dy});
     DeviceScope host(Device::kCpu, nullptr);
     ops::dropout_backward(dx, dy, rows, cols, p, seed, step, first_sample, first_col, t);
+  };
+}
+
+// Deterministic mode's exact sum: the CPU's loops (tessel/ops/exact.h).
+void FakeSlots::fill_exact_slots(ops::DeviceKernels& k) {
+  k.exact_collect = [](float* kept, float* max, const float* g, int64_t n, void*) {
+    enter("exact_collect", {kept, max, g});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::exact_collect(kept, max, g, n);
+  };
+  k.exact_quantise = [](int64_t* acc, const float* g, int64_t n, double scale, void*) {
+    enter("exact_quantise", {acc, g});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::exact_quantise(acc, g, n, scale);
+  };
+  k.exact_dequantise = [](float* out, const int64_t* sums, int64_t n, double scale, void*) {
+    enter("exact_dequantise", {out, sums});
+    DeviceScope host(Device::kCpu, nullptr);
+    ops::exact_dequantise(out, sums, n, scale);
   };
 }
 

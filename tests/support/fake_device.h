@@ -39,6 +39,7 @@ class FakeRuntime : public DeviceRuntime {
   std::map<void*, size_t> blocks;
   int64_t in_use = 0;
   int copies = 0;
+  int64_t to_host_bytes = 0;  // copied from the device to the host
   std::vector<void*> streams;
 
   // Ranks as threads: every call above holds it (recursive: copy() asks owns()).

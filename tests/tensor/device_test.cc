@@ -100,6 +100,31 @@ TEST_F(DeviceTensor, OverTheLimitAllocatesNothingOnTheDevice) {
   EXPECT_TRUE(fake_.blocks.empty());
 }
 
+// Activation offload's move: the device block and its charge go while the bytes wait on the
+// host, and every view of the storage reads them again after swap_in.
+TEST_F(DeviceTensor, SwappedOutStorageGivesItsDeviceMemoryBackAndReturnsTheSameBytes) {
+  Tensor h = Tensor::empty({300});
+  for (int i = 0; i < 300; ++i) h.data<float>()[i] = 0.5f * static_cast<float>(i);
+  auto ledger = std::make_shared<MemoryLedger>();
+  MemoryScope scope(ledger, MemCategory::kActivations);
+  Tensor d = Tensor::zeros({300}, DType::kF32, Device::kCuda);
+  d.copy_from(h);
+  const Tensor view = d.view(100, {200});
+  std::vector<char> host(d.storage().bytes());
+  d.storage().swap_out(host.data(), current_stream());
+  EXPECT_TRUE(d.storage().swapped_out());
+  EXPECT_EQ(fake_.in_use, 0);
+  EXPECT_EQ(ledger->current(MemCategory::kActivations), 0);
+  EXPECT_THROW(d.storage().swap_out(host.data(), current_stream()), Error);
+  d.storage().swap_in(host.data(), current_stream());
+  EXPECT_FALSE(d.storage().swapped_out());
+  EXPECT_EQ(fake_.in_use, 2048);
+  EXPECT_EQ(ledger->current(MemCategory::kActivations), 2048);
+  const std::vector<float> back = host_values(view);
+  EXPECT_EQ(back, std::vector<float>(h.data<float>() + 100, h.data<float>() + 300));
+  EXPECT_THROW(d.storage().swap_in(host.data(), current_stream()), Error);
+}
+
 TEST_F(DeviceTensor, ArenasLiveOnTheDeviceButShareOnlyHostMemory) {
   Arena arena;
   arena.add("w", {3, 4});

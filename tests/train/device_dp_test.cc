@@ -3,11 +3,13 @@
 // memory is host blocks and whose kernel slots run the CPU kernels, must give what the same
 // layout gives on the CPU. The ranks' buckets go through their DeviceCollectives: copies
 // through the host (no NCCL installed: the CPU's own all-reduce, so the CPU's bits), or the
-// mock NCCL (tests/comm/nccl_mock.h: ranks as threads, sums in rank order). Deterministic mode
-// gives one params_sha256 for 1, 2 and 4 device ranks, the CPU's. A rank that hangs is named
-// at the deadline, through either path, and a rank whose NCCL dies ends the run.
+// mock NCCL (tests/comm/nccl_mock.h: ranks as threads, sums in rank order), whose buckets
+// overlap the backward. Deterministic mode, its exact sum on the device, gives one
+// params_sha256 for 1, 2 and 4 device ranks, the CPU's. A rank that hangs is named at the
+// deadline, through either path, and a rank whose NCCL dies ends the run, named.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -15,12 +17,14 @@
 #include "fake_device.h"
 #include "nccl_mock.h"
 #include "tessel/core/clock.h"
+#include "tessel/ops/exact.h"
 #include "train_on.h"
 
 namespace tessel::train {
 namespace {
 
 using comm::testing::mock_nccl;
+using comm::testing::mock_nccl_delay;
 using comm::testing::mock_nccl_fault;
 using comm::testing::mock_nccl_reset;
 using comm::testing::mock_nccl_state;
@@ -231,20 +235,92 @@ TEST_F(DeviceDp, NcclRanksTrainAsTheCpuRanks) {
   }
 }
 
-// Deterministic mode: the exact integer sum of the micro-shards, whatever the worker count and
-// whether NCCL is there, gives the one-worker CPU run's parameters.
+// Device buckets overlap the backward: through the mock NCCL, whose every work item completes
+// kDelay late, each rank enqueues a bucket as the backward completes it and waits for them
+// only at the step's end. Rank 0's backward blocks are slowed 40 times (debug.slow_factor):
+// its buckets complete behind the rest of its backward, which its metrics show as overlapped
+// time (waited for at launch, they would show none); rank 1, fast,
+// finds them unfinished at its step's end (they need rank 0's) and shows that wait as exposed.
+// (Sleeps only lengthen: the lower bounds hold on a loaded host.)
+TEST_F(DeviceDp, NcclBucketsOverlapTheBackward) {
+  constexpr double kDelay = 0.01;
+  constexpr int kSteps = 6;
+  comm::install_nccl_api(&mock_nccl());
+  mock_nccl_delay(kDelay);
+  fakes::FakeDevice fake;
+  const RunResult r = run(config("cuda", {"debug.slow_rank=0", "debug.slow_factor=40"}), 2);
+  EXPECT_EQ(r.summary["engine"]["device_comm"], "nccl");
+  const auto& ranks = r.summary["ranks"]["per_rank"];
+  const double overlapped = ranks[0]["comm_overlapped_seconds"];
+  const double exposed = ranks[0]["comm_exposed_seconds"];
+  const double fast_exposed = ranks[1]["comm_exposed_seconds"];
+  std::printf("[ overlap ] rank 0: %.3f s overlapped, %.4f s exposed; rank 1: %.3f s exposed\n",
+              overlapped, exposed, fast_exposed);
+  EXPECT_GE(overlapped, kSteps * kDelay);  // at least a bucket per step hidden
+  EXPECT_GE(fast_exposed, kSteps * kDelay);
+}
+
+// Deterministic mode: the exact integer sum of the micro-shards, kept on the device (the
+// exact slots), the integers all-reduced staged or through NCCL (the mock's rank-order int64
+// sums are exact too), gives the one-worker CPU run's parameters for any worker count. No
+// micro-shard comes down to the host: through NCCL the run copies to the host less than one
+// parameter copy more than plain data parallel does (the checkpoint, losses, the scales'
+// maxima), where copying each micro-shard down took two per rank and step.
 TEST_F(DeviceDp, DeterministicModeGivesOneRunForAnyWorkerCount) {
   const std::vector<std::string> det = {"train.deterministic=true", "ddp.micro_shard=16"};
   const RunResult cpu = run(config("cpu", det), 1);
-  fakes::FakeDevice fake;
-  for (int workers : {1, 2, 4}) {
-    SCOPED_TRACE(str("dp=", workers));
-    const RunResult cuda = run(config("cuda", det), workers);
-    EXPECT_EQ(cuda.summary["engine"]["grad_sync"], "exact");
-    expect_same_run(cuda, cpu);
+  const double param_bytes = 4.0 * static_cast<double>(cpu.params.size());
+  for (bool nccl : {false, true})
+    for (int workers : {1, 2, 4}) {
+      SCOPED_TRACE(str(nccl ? "nccl" : "staged", " dp=", workers));
+      comm::install_nccl_api(nccl ? &mock_nccl() : nullptr);
+      double plain_bytes = 0;
+      {
+        fakes::FakeDevice fake;
+        run(config("cuda"), workers);
+        plain_bytes = static_cast<double>(fake.runtime().to_host_bytes);
+      }
+      fakes::FakeDevice fake;
+      const RunResult cuda = run(config("cuda", det), workers);
+      EXPECT_EQ(cuda.summary["engine"]["grad_sync"], "exact");
+      expect_same_run(cuda, cpu);
+      for (const char* slot : {"exact_collect", "exact_quantise", "exact_dequantise"})
+        EXPECT_GT(fake.calls(slot), 0) << slot;
+      if (nccl || workers == 1) {  // staged collectives copy the integers through the host
+        EXPECT_LT(static_cast<double>(fake.runtime().to_host_bytes), plain_bytes + param_bytes);
+      }
+    }
+}
+
+// Each exact slot broken as a kernel's launch bounds could break it (quantise missing each
+// range's last value, dequantise its first, the maximum over the first value only): the run's
+// bits leave the CPU's.
+TEST_F(DeviceDp, DeterministicModeFailsWithABrokenExactKernel) {
+  const std::vector<std::string> det = {"train.deterministic=true", "ddp.micro_shard=16"};
+  const RunResult cpu = run(config("cpu", det), 1);
+  for (int broken = 0; broken < 3; ++broken) {
+    SCOPED_TRACE(str("broken slot ", broken));
+    fakes::FakeDevice fake;
+    ops::DeviceKernels k = *ops::device_kernels(Device::kCuda);
+    if (broken == 0)
+      k.exact_quantise = [](int64_t* acc, const float* g, int64_t n, double scale, void*) {
+        DeviceScope host(Device::kCpu, nullptr);  // the CPU loop
+        ops::exact_quantise(acc, g, n - 1, scale);
+      };
+    if (broken == 1)
+      k.exact_collect = [](float* kept, float* max, const float* g, int64_t n, void*) {
+        DeviceScope host(Device::kCpu, nullptr);
+        ops::exact_collect(kept, max, g, 1);
+        std::copy(g + 1, g + std::max<int64_t>(n, 1), kept + 1);
+      };
+    if (broken == 2)
+      k.exact_dequantise = [](float* out, const int64_t* sums, int64_t n, double scale, void*) {
+        DeviceScope host(Device::kCpu, nullptr);
+        ops::exact_dequantise(out + 1, sums + 1, n - 1, scale);
+      };
+    ops::install_device_kernels(Device::kCuda, &k);
+    EXPECT_NE(run(config("cuda", det), 2).summary["params_sha256"], cpu.summary["params_sha256"]);
   }
-  comm::install_nccl_api(&mock_nccl());
-  expect_same_run(run(config("cuda", det), 2), cpu);
 }
 
 struct Failed {
@@ -291,19 +367,23 @@ TEST_F(DeviceDp, HungRankIsNamedAtTheDeadline) {
   }
 }
 
-// Rank 1's process dies inside NCCL (its work never runs, its peers' NCCL reports
-// ncclRemoteError): the run ends with CommError long before the 30 s deadline. (NCCL's remote
-// error does not say which peer went; the mock's dead rank still waits in its call, so no
-// rank stands out of the progress records either.)
+// Rank 1's process dies inside NCCL (its work never runs, its thread shows no more life, its
+// peers' NCCL reports ncclRemoteError): the run ends with CommError naming rank 1, whose NCCL
+// side went silent while rank 0's polled, within comm.timeout_s + 5 s (and without waiting for
+// the deadline: not a Timeout).
 TEST_F(DeviceDp, DeadNcclRankEndsTheRun) {
+  constexpr double kTimeout = 3;
   fakes::FakeDevice fake;
   comm::install_nccl_api(&mock_nccl());
   mock_nccl_fault(1, MockFault::kDie, 5);
-  const Failed f = run_failing(config("cuda", {"comm.timeout_s=30"}), 2, data_);
+  const Failed f = run_failing(config("cuda", {str("comm.timeout_s=", kTimeout)}), 2, data_);
   EXPECT_EQ(f.type, "CommError") << f.error;
   EXPECT_NE(f.error.find("ncclRemoteError"), std::string::npos) << f.error;
   EXPECT_NE(f.error.find("allreduce #5"), std::string::npos) << f.error;  // the dead call
-  EXPECT_LT(f.seconds, 10.0);
+  EXPECT_NE(f.error.find("rank 1 stopped making progress: its NCCL side has shown no activity"),
+            std::string::npos)
+      << f.error;
+  EXPECT_LT(f.seconds, kTimeout + 5.0) << f.error;
 }
 
 }  // namespace

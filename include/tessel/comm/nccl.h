@@ -77,6 +77,14 @@ class DeviceCollectives {
   [[nodiscard]] virtual NcclWork allgather(const void* in, void* out,
                                            const std::vector<size_t>& counts, ElemType elem,
                                            const CallOptions& call) = 0;
+  // Point to point (a pipeline boundary), matched in order per peer: send returns once buf
+  // may be reused or its NcclWork says when; recv's work completes when buf holds the message.
+  // A send and a receive between the same two ranks in opposite directions need send_recv on
+  // NCCL: a boundary uses one group per direction.
+  [[nodiscard]] virtual NcclWork send(const void* buf, size_t count, ElemType elem, int peer,
+                                      const CallOptions& call) = 0;
+  [[nodiscard]] virtual NcclWork recv(void* buf, size_t count, ElemType elem, int peer,
+                                      const CallOptions& call) = 0;
   // Collective: waits for the issued work and releases what the group holds, within the
   // control plane's timeout_s (after an abort, only releases).
   virtual void close() = 0;
@@ -117,9 +125,9 @@ class NcclCommunicator final : public DeviceCollectives {
   // ranks in opposite directions must be one send_recv (two separate calls would each wait
   // for the other on the device).
   [[nodiscard]] NcclWork send(const void* buf, size_t count, ElemType elem, int peer,
-                              const CallOptions& call = {});
+                              const CallOptions& call = {}) override;
   [[nodiscard]] NcclWork recv(void* buf, size_t count, ElemType elem, int peer,
-                              const CallOptions& call = {});
+                              const CallOptions& call = {}) override;
   [[nodiscard]] NcclWork send_recv(const void* send_buf, size_t send_count, int to, void* recv_buf,
                                    size_t recv_count, int from, ElemType elem,
                                    const CallOptions& call = {});

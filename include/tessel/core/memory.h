@@ -24,8 +24,9 @@ enum class MemCategory : uint8_t {
   kActivations,
   kComm,  // communication buffers: gathered parameters, gradient buckets, copies in flight
   kOther,
+  kOffloaded,  // host copies of a device rank's activations (train.offload = activations)
 };
-constexpr int kMemCategories = 6;
+constexpr int kMemCategories = 7;
 const char* mem_category_name(MemCategory c);  // "parameters", "optimizer_state", ...
 
 // An allocation would pass runtime.memory_limit_mb.

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <initializer_list>
 #include <vector>
 
@@ -53,6 +54,9 @@ class Cache {
   void release_all();  // release() of this cache and all its children, keeping nothing
   // Bytes of storage held by this cache's buffers and its children's (not the shared scratch).
   int64_t bytes() const;
+  // Calls f on every buffer and kept tensor of this cache and its children (not the shared
+  // scratch): what activation offload moves (parallel/offload.h).
+  void for_each_tensor(const std::function<void(const Tensor&)>& f) const;
 
   Context ctx;  // the forward's context
   Shape shape;  // a shape the backward needs (e.g. the input's)

@@ -92,12 +92,18 @@ class VocabParallelCrossEntropy final : public Loss {
   Tensor backward(float dloss) override;
 
  private:
+  // On a device: the sliced steps' kernels, the row statistics reduced over the group in
+  // stats_ [3, N] (row max, sums, target), read back once for the loss; the backward recomputes
+  // the probabilities from the logits kept in logits_.
+  LossValue forward_device(const Tensor& logits, const Tensor& labels);
+
   TensorParallel& tp_;
   int64_t V_;
   DType type_ = DType::kF32;  // the logits'
   Tensor wide_, narrow_;      // 16-bit logits widened, the gradient in their type
   Tensor probs_, labels_, dlogits_;
   Tensor row_max_, sums_, target_;
+  Tensor logits_, stats_;  // on a device
 };
 
 }  // namespace tessel::nn

@@ -59,6 +59,9 @@ struct Activations {
   size_t work_block = SIZE_MAX;       // kFull: the block whose forward `work` holds
   Cache scratch;
   Tensor carry;
+  // While the kAfterForward hook of a block runs: its output, the next block's input (which
+  // activation offload must leave on the device).
+  Tensor output;
   int64_t bytes() const;  // storage held by the caches
 };
 

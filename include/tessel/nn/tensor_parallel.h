@@ -40,8 +40,9 @@ class TensorParallel {
   virtual void reduce_scatter(const void* in, void* out, int64_t n, DType type) = 0;
 
   // Transient whole-sequence tensors (sequence parallelism), valid until the next operator:
-  // 0 an activation, 1 the collectives' staging, 2 a gradient. Storage grows to the largest
-  // asked for and is kept (made anew when the type changes).
+  // 0 an activation, 1 the collectives' staging, 2 a gradient, on the thread's current device.
+  // Storage grows to the largest asked for and is kept (made anew when the type or the device
+  // changes).
   Tensor workspace(int k, const Shape& shape, DType type);
 
  private:

@@ -139,9 +139,13 @@ void sliced_row_max(float* row_max, const float* logits, int64_t N, int64_t C, i
 void sliced_exp(float* probs, float* sums, float* target, const float* logits,
                 const int32_t* labels, const float* row_max, int64_t N, int64_t C, int64_t valid,
                 int64_t lo);
-// (3) probs /= sums (padding 0); returns the mean loss, log(sum) + max - target.
-float sliced_cross_entropy(float* probs, const float* sums, const float* target,
-                           const float* row_max, int64_t N, int64_t C, int64_t valid);
+// (3) probs /= sums (padding 0);
+void sliced_normalize(float* probs, const float* sums, int64_t N, int64_t C, int64_t valid);
+// (4) returns the mean loss, log(sum) + max - target (the group's), and *correct, the rows
+//     whose label's logit is their maximum. (A device computes (3) in its backward and reads
+//     (4)'s N x 3 values back.)
+float sliced_loss(const float* sums, const float* target, const float* row_max, int64_t N,
+                  int64_t* correct);
 
 // ---- LayerNorm over the last dimension: x[N,C], w[C], b[C]; eps = 1e-5 ----
 // Caches mean[N] and rstd[N] (1/sqrt(var + eps), biased variance) for the backward.

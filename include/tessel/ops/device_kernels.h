@@ -73,6 +73,25 @@ struct DeviceKernels {
   // correct[0] = the number of rows whose first maximum is the label (torch.argmax's tie).
   void (*count_correct)(int64_t* correct, const void* logits, const int32_t* labels, int64_t N,
                         int64_t C, DType t, void* stream);
+  // ---- Vocab-parallel cross-entropy (tensor parallel; cpu.h's sliced_* steps) ----
+  // logits[N,C] of type t hold this rank's classes [lo, lo + C) of V; columns from `valid` on
+  // pad the vocabulary, left out. The caller reduces each row's values over the tp group
+  // between the calls (the max of row_max, the sums of sums and target).
+  // row_max[N] = each row's maximum over its valid columns.
+  void (*sliced_row_max)(float* row_max, const void* logits, int64_t N, int64_t C, int64_t valid,
+                         DType t, void* stream);
+  // sums[N] = each row's sum of exp(logit - row_max) over its valid columns (row_max: the
+  // group's); target[N] = the label's logit where this rank holds the label, else 0. A label
+  // outside [0, V) gives a NaN target (ids are checked where they are loaded).
+  void (*sliced_exp_sum)(float* sums, float* target, const void* logits, const int32_t* labels,
+                         const float* row_max, int64_t N, int64_t C, int64_t valid, int64_t lo,
+                         int64_t V, DType t, void* stream);
+  // dlogits (type t) = (exp(logit - row_max) / sums - onehot(labels - lo)) * dloss / N over
+  // the valid columns (row_max, sums: the group's), 0 over the padding.
+  void (*sliced_cross_entropy_backward)(void* dlogits, const void* logits, const float* row_max,
+                                        const float* sums, const int32_t* labels, int64_t N,
+                                        int64_t C, int64_t valid, int64_t lo, float dloss, DType t,
+                                        void* stream);
   // ---- GPT ----
   // acc[n] (f32) += x[n] of type t (a gradient summed into f32, e.g. the position table's).
   void (*accumulate)(float* acc, const void* x, int64_t n, DType t, void* stream);
@@ -119,6 +138,10 @@ struct DeviceKernels {
                    DType working_type, int64_t n, const SgdStep& k, void* stream);
   // out[0] = the sum of x[i]^2 in f64 (kSumSquaresParts partial sums in `partials`, then one).
   void (*sum_squares)(double* out, double* partials, const float* x, int64_t n, void* stream);
+  // ---- Deterministic mode's exact sum (tessel/ops/exact.h's contracts, the CPU's bits) ----
+  void (*exact_collect)(float* kept, float* max, const float* g, int64_t n, void* stream);
+  void (*exact_quantise)(int64_t* acc, const float* g, int64_t n, double scale, void* stream);
+  void (*exact_dequantise)(float* out, const int64_t* sums, int64_t n, double scale, void* stream);
 };
 
 // Makes `kernels` the table of `device` (process wide, before any thread uses it; it must live

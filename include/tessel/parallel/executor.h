@@ -8,11 +8,13 @@
 #pragma once
 
 #include <functional>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <vector>
 
 #include "tessel/nn/loss.h"
 #include "tessel/nn/model.h"
+#include "tessel/parallel/spec.h"
 #include "tessel/parallel/stats.h"
 
 namespace tessel::parallel {
@@ -73,10 +75,19 @@ class Executor {
 // Throws naming the step when a training loss is not finite.
 void check_loss(double loss, int64_t step);
 
+class ActivationOffload;
+
+// The piece's inputs and targets on this thread's device: uploaded from the host loader's
+// tensors (the one upload of a step's batch); the piece itself on the host.
+Piece on_current_device(const Piece& piece);
+
 class LocalExecutor final : public Executor {
  public:
-  // recompute: train.recompute, what the forward keeps for the backward.
-  explicit LocalExecutor(nn::Model& model, nn::Recompute recompute = nn::Recompute::kNone);
+  // recompute: train.recompute, what the forward keeps for the backward; offload:
+  // train.offload, where it waits for the backward (src/parallel/offload.h).
+  explicit LocalExecutor(nn::Model& model, nn::Recompute recompute = nn::Recompute::kNone,
+                         Offload offload = Offload::kNone);
+  ~LocalExecutor() override;
   PieceStats train(const Piece& piece, nn::Loss& loss, const Hooks& hooks) override;
   PieceStats eval(const Piece& piece, nn::Loss& loss, const Hooks& hooks) override;
   void idle(const Hooks& hooks, bool training, bool last) override;
@@ -87,6 +98,7 @@ class LocalExecutor final : public Executor {
   nn::Model& model_;
   std::vector<bool> local_;
   nn::Activations acts_;
+  std::unique_ptr<ActivationOffload> offload_;  // null: train.offload = none
   double forward_s_ = 0, backward_s_ = 0;
 };
 

@@ -12,15 +12,21 @@
 // reduces them like plain data parallelism. A GPT's tied LM head on another stage than its
 // embedding keeps a copy of the token table: it sends its share of the table gradient to the
 // embedding's stage per micro-batch (under zb-h1 once, summed, with the last W), and the updated
-// table comes back after each step (sync_tied_table). One per rank, used by its thread.
+// table comes back after each step (sync_tied_table). On device ranks (runtime.device = cuda)
+// the tensors live in device memory and each link also has its DeviceCollectives (NCCL, or
+// copies through the host for ranks sharing a GPU), which carry them; the headers (dtype,
+// shape) and the tied table's values, read back from the store, stay on the link's host
+// communicator. One per rank, used by its thread.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "tessel/comm/communicator.h"
+#include "tessel/comm/nccl.h"
 #include "tessel/parallel/executor.h"
 #include "tessel/parallel/param_store.h"
 #include "tessel/parallel/schedule.h"
@@ -46,9 +52,16 @@ struct TraceEvent {
 
 class PipelineExecutor final : public Executor {
  public:
+  // On device ranks: the collectives of one link (collective over its two ranks), *kind
+  // saying which (the Engine's make_device_collectives).
+  using DeviceLinks = std::function<std::unique_ptr<comm::DeviceCollectives>(
+      comm::Communicator& link, std::string* kind)>;
+
   // pp: this rank's pipeline (its stages, in stage order). Collective over pp (builds the
-  // links). Throws InvalidArgument for a partition or schedule that cannot run.
-  PipelineExecutor(const ParallelSpec& spec, comm::Communicator& pp, nn::Model& model);
+  // links; device_links, set on device ranks, gives each its device path). Throws
+  // InvalidArgument for a partition or schedule that cannot run.
+  PipelineExecutor(const ParallelSpec& spec, comm::Communicator& pp, nn::Model& model,
+                   DeviceLinks device_links = nullptr);
   ~PipelineExecutor() override;
 
   PieceStats train(const Piece& piece, nn::Loss& loss, const Hooks& hooks) override;
@@ -84,10 +97,11 @@ class PipelineExecutor final : public Executor {
  private:
   struct Link;      // one direction of one chunk boundary (or the tied-table path)
   struct Inflight;  // a micro-batch between its forward and backward on one chunk
-  struct Pending {  // a send in progress and the bytes it reads
+  struct Pending {  // a send in progress (on the host or a device link) and the bytes it reads
     comm::Work work;
     Tensor keep;
     std::shared_ptr<std::vector<int64_t>> header;
+    comm::NcclWork device_work;
   };
 
   void find_tied_table();
@@ -121,6 +135,8 @@ class PipelineExecutor final : public Executor {
   std::vector<bool> local_;
   std::vector<std::unique_ptr<Link>> fwd_, bwd_;  // by boundary c (chunk c -> c + 1)
   std::unique_ptr<Link> tied_;         // head stage -> embedding stage (null: same stage / none)
+  DeviceLinks device_links_;           // null on the host
+  std::string device_comm_;            // which device path the links took ("" on the host)
   int tied_from_ = -1, tied_to_ = -1;  // chunks of the LM head and of the embedding
   size_t tied_owner_ = 0;              // the block owning the table
   nn::Parameter* tied_param_ = nullptr;

@@ -22,6 +22,7 @@ enum class PsMode : uint8_t { kSync, kAsync, kSsp };                     // ps.m
 enum class StaleLr : uint8_t { kNone, kInverse };                        // ps.stale_lr
 enum class PpSchedule : uint8_t { kGpipe, k1f1b, kInterleaved, kZbH1 };  // pp.schedule
 enum class PpPartition : uint8_t { kBalanced, kUniform, kRoundRobin };   // pp.partition
+enum class Offload : uint8_t { kNone, kActivations };                    // train.offload
 
 struct ParallelSpec {
   // ddp.*
@@ -45,6 +46,9 @@ struct ParallelSpec {
   // train.recompute: none | full | selective, which activations a forward keeps for the
   // backward and which the backward recomputes (docs/recompute.md).
   nn::Recompute recompute = nn::Recompute::kNone;
+  // train.offload: none | activations, a device rank's activations wait in host memory between
+  // their block's forward and backward (docs/gpu.md).
+  Offload offload = Offload::kNone;
 
   // compress.* (gradient compression of data-parallel buckets and parameter-server pushes)
   CompressSpec compress;
@@ -119,6 +123,10 @@ struct Names<parallel::StaleLr> {
 template <>
 struct Names<parallel::PpSchedule> {
   static constexpr const char* values[] = {"gpipe", "1f1b", "interleaved", "zb-h1"};
+};
+template <>
+struct Names<parallel::Offload> {
+  static constexpr const char* values[] = {"none", "activations"};
 };
 template <>
 struct Names<parallel::PpPartition> {

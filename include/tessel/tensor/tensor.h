@@ -38,8 +38,16 @@ class Storage {
   // `keep`), e.g. memory shared with other ranks; the own allocation is freed and every tensor
   // viewing this storage follows. Values are not copied. Host storage only.
   void rebind(void* data, std::shared_ptr<void> keep);
+  // Activation offload (device storage only): swap_out copies the bytes to `host` (at least
+  // bytes() long) and gives the device allocation and its charge back; until swap_in() --
+  // which allocates again, charging the thread's current ledger and category, and copies the
+  // bytes back from `host` -- no tensor viewing this storage may be used. Copies on `stream`.
+  void swap_out(void* host, void* stream);
+  void swap_in(const void* host, void* stream);
+  bool swapped_out() const { return device_ != Device::kCpu && data_ == nullptr; }
 
  private:
+  void charge_current();  // the current ledger and category, for an allocation of ours
   void free_own() noexcept;
 
   void* data_ = nullptr;

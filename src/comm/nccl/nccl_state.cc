@@ -67,7 +67,10 @@ std::string NcclState::where(const Stamp& s) const {
 void NcclState::enter(const Stamp& s) {
   if (aborted.load(std::memory_order_acquire)) refuse(s);
   if (control->aborted()) fail_control(s);
-  if (slots) slots[rank].enter(s);
+  if (slots) {
+    slots[rank].enter(s);
+    slots[rank].beat();
+  }
 }
 
 void NcclState::settle(NcclResult r, const char* call, const Stamp& s, Deadline deadline) {
@@ -91,6 +94,7 @@ void NcclState::wait_until(const std::function<bool()>& reached, const Stamp& s,
 }
 
 NcclResult NcclState::check_health(const Stamp& s) {
+  if (slots) slots[rank].beat();  // this rank's NCCL side is active
   if (aborted.load(std::memory_order_acquire)) refuse(s);
   // The control plane first: its abort reason is the first failure's own account (a peer that
   // failed aborts both, and NCCL then only says "remote error").
@@ -169,7 +173,16 @@ void NcclState::fail_nccl(NcclResult r, const char* call, const Stamp& s) {
     std::lock_guard<std::mutex> lock(mu);
     if (comm && api->last_error(comm)) detail = api->last_error(comm);
   }
-  const std::string stuck = r == NcclResult::kRemoteError ? stuck_rank() : "";
+  // A failure that may come from a peer (not the caller's bug, not this rank's device): the
+  // rank whose NCCL side went silent is the one that went away; a peer that named it first
+  // aborted the control plane with that account meanwhile.
+  std::string stuck;
+  if (r == NcclResult::kRemoteError || r == NcclResult::kSystemError ||
+      r == NcclResult::kInternalError) {
+    stuck = silent_ranks();
+    if (control->aborted()) fail_control(s);
+    if (stuck.empty() && r == NcclResult::kRemoteError) stuck = stuck_rank();
+  }
   fail(str("nccl: ", call, " failed in ", where(s), ", got ", nccl_result_name(r),
            detail.empty() ? "" : str(" (", detail, ")"), "; ", stuck.empty() ? "" : stuck + "; ",
            advice(r), ". The NCCL communicator and the control group were aborted"));
@@ -199,7 +212,12 @@ void NcclState::refuse(const Stamp& s) {
 std::string NcclState::stuck_rank() const {
   if (!slots) return "";
   std::vector<RankState> ranks;
-  for (int r = 0; r < size; ++r) ranks.push_back(slots[r].read(r));
+  for (int r = 0; r < size; ++r) {
+    ranks.push_back(slots[r].read(r));
+    // The beats here are NCCL-side activity, not a process's heartbeat (a rank computing
+    // between calls is silent too): name_stuck_rank's rules for stopped processes do not apply.
+    ranks.back().silent_s = -1;
+  }
   // NCCL hides which rank holds a collective up: when every rank waits inside the same call,
   // the ring neighbours in the records mean nothing.
   bool all_inside = true;
@@ -211,6 +229,35 @@ std::string NcclState::stuck_rank() const {
                ": no rank stands out (a hang on a device or inside NCCL; NCCL_DEBUG=INFO and "
                "nvidia-smi on each rank's host tell more)");
   return name_stuck_rank(ranks, rank);
+}
+
+std::string NcclState::silent_ranks() {
+  if (!slots || size < 2) return "";
+  const double start = now_seconds();
+  std::vector<RankState> silent;
+  for (;;) {
+    slots[rank].beat();
+    silent.clear();
+    bool undecided = false;
+    for (int r = 0; r < size; ++r) {
+      if (r == rank) continue;
+      const RankState st = slots[r].read(r);
+      if (st.silent_s > kSilentS)
+        silent.push_back(st);
+      else if (st.silent_s < 0 || st.silent_s > now_seconds() - start)
+        undecided = true;  // not active since this rank saw the failure, not silent long yet
+    }
+    if (!undecided || now_seconds() - start > 2 * kSilentS || control->aborted()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  std::string out;
+  for (const RankState& st : silent)
+    out += str(out.empty() ? "" : "; ", "rank ", st.rank,
+               " stopped making progress: its NCCL side has shown no activity for ",
+               static_cast<int64_t>(st.silent_s * 10 + 0.5) / 10.0,
+               " s while the other ranks' is (its process died, or it hangs outside NCCL)",
+               st.entered_s < 0 ? "" : str("; its last NCCL call was ", describe(st.stamp)));
+  return out;
 }
 
 }  // namespace detail

@@ -34,7 +34,10 @@ struct NcclState {
   uint64_t p2p_seq = 0;  // next point-to-point call's number (this rank's own count)
 
   // Progress records of every rank (one HeartbeatSlot each) in memory the control plane's
-  // ranks share, or null when they do not share a host (then no rank can be named).
+  // ranks share, or null when they do not share a host (then no rank can be named). Each rank
+  // records the calls it enters and the waits it is in, and beats its slot whenever its NCCL
+  // side acts (a call, a poll): a rank whose NCCL side stays silent while the others' poll is
+  // the one that went away (silent_ranks).
   std::shared_ptr<void> slots_memory;
   HeartbeatSlot* slots = nullptr;
 
@@ -80,6 +83,10 @@ struct NcclState {
   [[noreturn]] void fail_control(const Stamp& s);
   [[noreturn]] void refuse(const Stamp& s);
   std::string stuck_rank() const;
+  // After a failure NCCL may owe to a peer: polls the records (beating this rank's own slot,
+  // at most 2 kSilentS) until every other rank either acted since or has been silent for
+  // kSilentS, and names the silent ones ("" when none, or without records).
+  std::string silent_ranks();
 };
 
 }  // namespace tessel::comm::detail

@@ -138,6 +138,19 @@ void fill_gpt_slots(DeviceKernels& k) {
   };
 }
 
+// Deterministic mode's exact sum.
+void fill_exact_slots(DeviceKernels& k) {
+  k.exact_collect = [](float* kept, float* max, const float* g, int64_t n, void* s) {
+    exact_collect(kept, max, g, n, as_stream(s));
+  };
+  k.exact_quantise = [](int64_t* acc, const float* g, int64_t n, double scale, void* s) {
+    exact_quantise(acc, g, n, scale, as_stream(s));
+  };
+  k.exact_dequantise = [](float* out, const int64_t* sums, int64_t n, double scale, void* s) {
+    exact_dequantise(out, sums, n, scale, as_stream(s));
+  };
+}
+
 DeviceKernels make_table() {
   DeviceKernels k{};
   k.linear_forward = linear_fwd;
@@ -184,6 +197,21 @@ DeviceKernels make_table() {
                                 int64_t lo, DType t, void* s) {
     cross_entropy_backward(dlogits, logits, lse, labels, N, C, dloss, lo, t, as_stream(s));
   };
+  k.sliced_row_max = [](float* row_max, const void* logits, int64_t N, int64_t C, int64_t valid,
+                        DType t,
+                        void* s) { sliced_row_max(row_max, logits, N, C, valid, t, as_stream(s)); };
+  k.sliced_exp_sum = [](float* sums, float* target, const void* logits, const int32_t* labels,
+                        const float* row_max, int64_t N, int64_t C, int64_t valid, int64_t lo,
+                        int64_t V, DType t, void* s) {
+    sliced_exp_sum(sums, target, logits, labels, row_max, N, C, valid, lo, V, t, as_stream(s));
+  };
+  k.sliced_cross_entropy_backward = [](void* dlogits, const void* logits, const float* row_max,
+                                       const float* sums, const int32_t* labels, int64_t N,
+                                       int64_t C, int64_t valid, int64_t lo, float dloss, DType t,
+                                       void* s) {
+    sliced_cross_entropy_backward(dlogits, logits, row_max, sums, labels, N, C, valid, lo, dloss, t,
+                                  as_stream(s));
+  };
   k.count_correct = [](int64_t* correct, const void* logits, const int32_t* labels, int64_t N,
                        int64_t C, DType t,
                        void* s) { count_correct(correct, logits, labels, N, C, t, as_stream(s)); };
@@ -197,6 +225,7 @@ DeviceKernels make_table() {
     sum_squares(out, partials, x, n, as_stream(s));
   };
   fill_gpt_slots(k);
+  fill_exact_slots(k);
   return k;
 }
 

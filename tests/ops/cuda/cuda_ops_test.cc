@@ -1,7 +1,8 @@
 // The CUDA kernel table against the CPU ops (tessel/ops/cpu.h) on random inputs of odd shapes:
-// elementwise, LayerNorm, cross-entropy, embedding, AdamW, SGD and the sum of squares. f32 to 1e-5
-// relative, bf16 to 1e-2; every output poisoned with NaN before the run, every accumulated
-// gradient started from random values. Without a device every test skips, saying why.
+// elementwise, LayerNorm, cross-entropy (whole and vocab-parallel), embedding, AdamW, SGD and the
+// sum of squares. f32 to 1e-5 relative, bf16 to 1e-2; every output poisoned with NaN before the
+// run, every accumulated gradient started from random values. Without a device every test skips,
+// saying why.
 #include <cstring>
 
 #include "cuda_test_util.h"
@@ -138,6 +139,56 @@ TEST_F(CudaOps, CrossEntropyBackwardOfAClassSliceSkipsOtherRanksLabels) {
   cross_entropy_backward(gd.get(), glogits.get(), glse.as<float>(), glabels.as<int32_t>(), N, C,
                          1.0f, lo, DType::kF32, nullptr);
   expect_close(download(gd, N * C), want, kF32Tol, "cross_entropy dlogits, class slice");
+}
+
+// Vocab-parallel cross-entropy of a vocabulary of 201 over 2 ranks (101 columns each, the last
+// one padding on rank 1), the group's reductions done here between the steps: every rank's
+// steps against the CPU's sliced_* ones.
+TEST_F(CudaOps, VocabParallelStepsMatchCpu) {
+  const int64_t N = 37, C = 101, V = 201;
+  const auto labels = rand_ids(N, 0, static_cast<int32_t>(V), 5);
+  for (DType t : kTypes) {
+    const Vec logits[2] = {as_type(randn(N * C, 6, 3.0f), t), as_type(randn(N * C, 7, 3.0f), t)};
+    Vec mx(N, -INFINITY), sums(N, 0.0f), target(N, 0.0f);
+    Vec probs[2] = {Vec(N * C), Vec(N * C)}, part_sums(N), part_target(N), part_mx(N);
+    DeviceBuffer glabels = upload_ints(labels), gmx = poisoned(N), gsums = poisoned(N),
+                 gtarget = poisoned(N);
+    DeviceBuffer glogits[2] = {upload(logits[0], t), upload(logits[1], t)};
+    for (int64_t r = 0; r < 2; ++r) {  // (1) and the group's max
+      ops::sliced_row_max(part_mx.data(), logits[r].data(), N, C, std::min(C, V - r * C));
+      sliced_row_max(gmx.as<float>(), glogits[r].get(), N, C, std::min(C, V - r * C), t, nullptr);
+      expect_close(download(gmx, N), part_mx, kF32Tol, str("sliced_row_max ", dtype_name(t)));
+      for (int64_t i = 0; i < N; ++i) mx[i] = std::max(mx[i], part_mx[i]);
+    }
+    DeviceBuffer gmx_all = upload(mx);
+    for (int64_t r = 0; r < 2; ++r) {  // (2) and the group's sums
+      const int64_t valid = std::min(C, V - r * C);
+      ops::sliced_exp(probs[r].data(), part_sums.data(), part_target.data(), logits[r].data(),
+                      labels.data(), mx.data(), N, C, valid, r * C);
+      sliced_exp_sum(gsums.as<float>(), gtarget.as<float>(), glogits[r].get(),
+                     glabels.as<int32_t>(), gmx_all.as<float>(), N, C, valid, r * C, V, t, nullptr);
+      const std::string tag = str(" ", dtype_name(t), " rank ", r);
+      expect_close(download(gsums, N), part_sums, kF32Tol, "sliced_exp_sum sums" + tag);
+      expect_close(download(gtarget, N), part_target, kF32Tol, "sliced_exp_sum target" + tag);
+      for (int64_t i = 0; i < N; ++i) {
+        sums[i] += part_sums[i];
+        target[i] += part_target[i];
+      }
+    }
+    DeviceBuffer gsums_all = upload(sums);
+    for (int64_t r = 0; r < 2; ++r) {  // the backward
+      const int64_t valid = std::min(C, V - r * C);
+      Vec want(N * C);
+      ops::sliced_normalize(probs[r].data(), sums.data(), N, C, valid);
+      ops::cross_entropy_backward(want.data(), probs[r].data(), labels.data(), N, C, 0.75f, r * C);
+      DeviceBuffer gd = poisoned(N * C, t);
+      sliced_cross_entropy_backward(gd.get(), glogits[r].get(), gmx_all.as<float>(),
+                                    gsums_all.as<float>(), glabels.as<int32_t>(), N, C, valid,
+                                    r * C, 0.75f, t, nullptr);
+      expect_close(download(gd, N * C, t), as_type(want, t), tol(t),
+                   str("sliced_cross_entropy_backward ", dtype_name(t), " rank ", r));
+    }
+  }
 }
 
 TEST_F(CudaOps, EmbeddingMatchesCpuAndItsBackwardIsTheCpusBits) {

@@ -67,6 +67,19 @@ void cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
 void count_correct(int64_t* correct, const void* logits, const int32_t* labels, int64_t N,
                    int64_t C, DType t, cudaStream_t stream);
 
+// ---- Vocab-parallel cross-entropy over this rank's classes [lo, lo + C) of V ----
+// device_kernels.h's sliced_* slots: columns from `valid` on are padding; the caller reduces
+// row_max (max), sums and target (sum) over the tp group between the calls.
+void sliced_row_max(float* row_max, const void* logits, int64_t N, int64_t C, int64_t valid,
+                    DType t, cudaStream_t stream);
+void sliced_exp_sum(float* sums, float* target, const void* logits, const int32_t* labels,
+                    const float* row_max, int64_t N, int64_t C, int64_t valid, int64_t lo,
+                    int64_t V, DType t, cudaStream_t stream);
+void sliced_cross_entropy_backward(void* dlogits, const void* logits, const float* row_max,
+                                   const float* sums, const int32_t* labels, int64_t N, int64_t C,
+                                   int64_t valid, int64_t lo, float dloss, DType t,
+                                   cudaStream_t stream);
+
 // ---- Embedding: y[N,C] = table[ids[n] - lo, :], table[rows,C] holding ids [lo, lo + rows) --
 // Ids in [0, V) outside the slice give zero rows; ids outside [0, V) give NaN rows (the CPU
 // throws). The backward adds rows in the order of n, without atomics: the same sums in the
@@ -151,5 +164,12 @@ void sgd_step(float* params, const float* grads, float* momentum, void* working,
 // kSumSquaresParts partial sums (in `partials`, caller-owned, that many doubles) then one.
 // The global norm is sqrt of that (summed over shards first).
 void sum_squares(double* out, double* partials, const float* x, int64_t n, cudaStream_t stream);
+
+// ---- Deterministic mode's exact sum (src/ops/cuda/exact.cu): tessel/ops/exact.h's contracts,
+// the CPU loops' bits ----
+void exact_collect(float* kept, float* max, const float* g, int64_t n, cudaStream_t stream);
+void exact_quantise(int64_t* acc, const float* g, int64_t n, double scale, cudaStream_t stream);
+void exact_dequantise(float* out, const int64_t* sums, int64_t n, double scale,
+                      cudaStream_t stream);
 
 }  // namespace tessel::ops::cuda

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "device_ranks_testing.h"
 #include "fake_device.h"
 #include "nccl_mock.h"
 #include "tessel/comm/staged_collectives.h"
@@ -24,32 +25,14 @@ namespace tessel::train {
 namespace {
 
 using comm::testing::mock_nccl;
-using comm::testing::mock_nccl_reset;
-using comm::testing::mock_nccl_state;
 using tessel::testing::example;
 using tessel::testing::RunResult;
-using tessel::testing::train_on;
 
 constexpr const char* kStaged = "staged (no NCCL in this build)";
 
-class DevicePp : public ::testing::Test {
+class DevicePp : public DeviceRanks {
  public:
-  static void SetUpTestSuite() {
-    mlp_data_ = new data::Splits(data::make_datasets(mlp("cpu").data));
-    gpt_data_ = new data::Splits(data::make_datasets(gpt("cpu").data));
-  }
-  static void TearDownTestSuite() {
-    delete mlp_data_;
-    delete gpt_data_;
-    mlp_data_ = gpt_data_ = nullptr;
-  }
-  void TearDown() override {
-    comm::install_nccl_api(nullptr);
-    const comm::testing::MockNcclState s = mock_nccl_state();
-    EXPECT_EQ(s.misuses, 0) << s.first_misuse;
-    EXPECT_EQ(s.live_comms, 0);  // every link and dp group closed its communicator
-    mock_nccl_reset();
-  }
+  static void SetUpTestSuite() { load(mlp("cpu"), gpt("cpu")); }
 
   // fashion_mlp, 6 steps of 64 rows, clipped, on `device`.
   static Config mlp(const std::string& device, std::vector<std::string> extra = {}) {
@@ -67,29 +50,7 @@ class DevicePp : public ::testing::Test {
                   str("runtime.device=", device)});
     return example("char_gpt", extra);
   }
-  static RunResult run(const Config& cfg, int workers) {
-    const bool is_gpt = cfg.model.kind == nn::ModelKind::kGpt;
-    return train_on(cfg, workers, {}, is_gpt ? gpt_data_ : mlp_data_);
-  }
-  // cfg on `workers` device ranks (fake device; the mock NCCL when `nccl`).
-  static RunResult run_on_device(const Config& cfg, int workers, bool nccl) {
-    comm::install_nccl_api(nccl ? &mock_nccl() : nullptr);
-    RunResult r;
-    {
-      fakes::FakeDevice fake;
-      r = run(cfg, workers);
-      EXPECT_GT(fake.runtime().copies, 0);
-    }
-    comm::install_nccl_api(nullptr);
-    return r;
-  }
-
-  static data::Splits* mlp_data_;
-  static data::Splits* gpt_data_;
 };
-
-data::Splits* DevicePp::mlp_data_ = nullptr;
-data::Splits* DevicePp::gpt_data_ = nullptr;
 
 // The evaluation's loss is the same bits where the layouts are (other dp sizes add the
 // replicas' test losses in another order).

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "device_ranks_testing.h"
 #include "fake_device.h"
 #include "nccl_mock.h"
 #include "tessel/core/clock.h"
@@ -22,11 +23,8 @@ namespace tessel::train {
 namespace {
 
 using comm::testing::mock_nccl;
-using comm::testing::mock_nccl_reset;
-using comm::testing::mock_nccl_state;
 using tessel::testing::example;
 using tessel::testing::RunResult;
-using tessel::testing::train_on;
 
 // fashion_mlp, 6 steps of 64 rows, clipped (the norm sums over the tp group's cut parameters).
 Config fashion_mlp(const std::string& device, std::vector<std::string> extra) {
@@ -45,49 +43,10 @@ Config char_gpt(const std::string& device, std::vector<std::string> extra) {
   return example("char_gpt", extra);
 }
 
-class DeviceTp : public ::testing::Test {
+class DeviceTp : public DeviceRanks {
  public:
-  static void SetUpTestSuite() {
-    mlp_data_ = new data::Splits(data::make_datasets(fashion_mlp("cpu", {}).data));
-    gpt_data_ = new data::Splits(data::make_datasets(char_gpt("cpu", {}).data));
-  }
-  static void TearDownTestSuite() {
-    delete mlp_data_;
-    delete gpt_data_;
-    mlp_data_ = gpt_data_ = nullptr;
-  }
-  void TearDown() override {
-    comm::install_nccl_api(nullptr);
-    const comm::testing::MockNcclState s = mock_nccl_state();
-    EXPECT_EQ(s.misuses, 0) << s.first_misuse;
-    EXPECT_EQ(s.live_comms, 0);  // every rank closed its communicators
-    mock_nccl_reset();
-  }
-
-  static const data::Splits* data_of(const Config& cfg) {
-    return cfg.model.kind == nn::ModelKind::kGpt ? gpt_data_ : mlp_data_;
-  }
-  static RunResult run(const Config& cfg, int workers) {
-    return train_on(cfg, workers, {}, data_of(cfg));
-  }
-  // cfg on the fake device, through the mock NCCL when `nccl`.
-  static RunResult run_on_device(const Config& cfg, int workers, bool nccl) {
-    comm::install_nccl_api(nccl ? &mock_nccl() : nullptr);
-    RunResult r;
-    {
-      fakes::FakeDevice fake;
-      r = run(cfg, workers);
-    }
-    comm::install_nccl_api(nullptr);
-    return r;
-  }
-
-  static data::Splits* mlp_data_;
-  static data::Splits* gpt_data_;
+  static void SetUpTestSuite() { load(fashion_mlp("cpu", {}), char_gpt("cpu", {})); }
 };
-
-data::Splits* DeviceTp::mlp_data_ = nullptr;
-data::Splits* DeviceTp::gpt_data_ = nullptr;
 
 void expect_same_run(const RunResult& got, const RunResult& want) {
   for (const char* key : {"params_sha256", "train_loss", "train_accuracy", "steps"})

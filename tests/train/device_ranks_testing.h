@@ -1,0 +1,60 @@
+// The fixture device_pp_test and device_tp_test share: fashion_mlp's and char_gpt's data loaded
+// once per suite, a run on CPU ranks or on the stand-in device (tests/support/fake_device.h;
+// through the mock NCCL when asked, else staged through the host), and after each test the
+// mock's rules kept and every communicator closed.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include "fake_device.h"
+#include "nccl_mock.h"
+#include "tessel/comm/nccl_api.h"
+#include "train_on.h"
+
+namespace tessel::train {
+
+class DeviceRanks : public ::testing::Test {
+ public:
+  // A suite's SetUpTestSuite: the data of its two configurations.
+  static void load(const Config& mlp, const Config& gpt) {
+    mlp_data_ = new data::Splits(data::make_datasets(mlp.data));
+    gpt_data_ = new data::Splits(data::make_datasets(gpt.data));
+  }
+  static void TearDownTestSuite() {
+    delete mlp_data_;
+    delete gpt_data_;
+    mlp_data_ = gpt_data_ = nullptr;
+  }
+  void TearDown() override {
+    comm::install_nccl_api(nullptr);
+    const comm::testing::MockNcclState s = comm::testing::mock_nccl_state();
+    EXPECT_EQ(s.misuses, 0) << s.first_misuse;
+    EXPECT_EQ(s.live_comms, 0);  // every rank closed its communicators
+    comm::testing::mock_nccl_reset();
+  }
+
+  static const data::Splits* data_of(const Config& cfg) {
+    return cfg.model.kind == nn::ModelKind::kGpt ? gpt_data_ : mlp_data_;
+  }
+  static tessel::testing::RunResult run(const Config& cfg, int workers) {
+    return tessel::testing::train_on(cfg, workers, {}, data_of(cfg));
+  }
+  // cfg on `workers` device ranks (the fake device; the mock NCCL when `nccl`).
+  static tessel::testing::RunResult run_on_device(const Config& cfg, int workers, bool nccl) {
+    comm::install_nccl_api(nccl ? &comm::testing::mock_nccl() : nullptr);
+    tessel::testing::RunResult r;
+    {
+      fakes::FakeDevice fake;
+      r = run(cfg, workers);
+      EXPECT_GT(fake.runtime().copies, 0);
+    }
+    comm::install_nccl_api(nullptr);
+    return r;
+  }
+
+ protected:
+  static inline data::Splits* mlp_data_ = nullptr;
+  static inline data::Splits* gpt_data_ = nullptr;
+};
+
+}  // namespace tessel::train

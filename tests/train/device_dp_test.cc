@@ -328,8 +328,16 @@ struct Failed {
   double seconds = 0;
 };
 
+// The failure's kind, for its account.
+std::string kind_of(const std::exception& e) {
+  if (dynamic_cast<const Timeout*>(&e)) return "Timeout";
+  if (dynamic_cast<const CommError*>(&e)) return "CommError";
+  return "other";
+}
+
 // Trains cfg on `workers` ranks as threads whose communicators take cfg's comm.timeout_s (as
-// the tessel binary's do), expecting a failure.
+// the tessel binary's do), expecting a failure: rank 0's account of it (the failing rank's own
+// error, "aborted while it hung", may reach run_threads first).
 Failed run_failing(const Config& cfg, int workers, const data::Splits* data) {
   comm::CommOptions options;
   options.timeout_s = cfg.comm.timeout_s;
@@ -338,17 +346,23 @@ Failed run_failing(const Config& cfg, int workers, const data::Splits* data) {
   opts.run_dir = tessel::testing::test_run_dir("device_dp_failing");
   std::filesystem::remove_all(opts.run_dir);
   const double t0 = now_seconds();
+  Failed f{"none", "", 0};
   try {
     comm::run_threads(
-        workers, [&](comm::Communicator& c) { Trainer(cfg, opts, &c, data).run(); }, options);
-  } catch (const Timeout& e) {
-    return {"Timeout", e.what(), now_seconds() - t0};
-  } catch (const CommError& e) {
-    return {"CommError", e.what(), now_seconds() - t0};
+        workers,
+        [&](comm::Communicator& c) {
+          try {
+            Trainer(cfg, opts, &c, data).run();
+          } catch (const std::exception& e) {
+            if (c.rank() == 0) f = {kind_of(e), e.what(), now_seconds() - t0};
+            throw;
+          }
+        },
+        options);
   } catch (const std::exception& e) {
-    return {"other", e.what(), now_seconds() - t0};
+    if (f.type == "none") f = {kind_of(e), e.what(), now_seconds() - t0};
   }
-  return {"none", "", now_seconds() - t0};
+  return f;
 }
 
 // Rank 1 hangs after step 2 outside any call: the others' next bucket waits until

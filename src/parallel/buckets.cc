@@ -97,14 +97,14 @@ void Buckets::post(Flight f, const Exchange& ex) {
   comm::CallOptions call;
   call.label = static_cast<uint32_t>(f.unit + 1);
   if (spec_.device) {  // on device memory: enqueued (NCCL) or done (staged) on return
-    TESSEL_CHECK(ex.op != Exchange::Op::kAllgather && f.group == dp_,
-                 "buckets: a device rank's exchanges are dense, over dp");
+    comm::DeviceCollectives* device = f.group == dp_ ? spec_.device : spec_.across_device;
+    TESSEL_CHECK(ex.op != Exchange::Op::kAllgather && device != nullptr,
+                 "buckets: a device rank's exchanges are dense, over dp or across its groups");
     const double t0 = now_seconds();  // enqueueing (NCCL), or the whole exchange (staged)
-    f.device_work =
-        ex.op == Exchange::Op::kAllreduce
-            ? spec_.device->allreduce(ex.in, ex.count, ex.elem, comm::ReduceOp::kSum, call)
-            : spec_.device->reduce_scatter(ex.in, ex.out, *ex.blocks, ex.elem, comm::ReduceOp::kSum,
-                                           call);
+    f.device_work = ex.op == Exchange::Op::kAllreduce
+                        ? device->allreduce(ex.in, ex.count, ex.elem, comm::ReduceOp::kSum, call)
+                        : device->reduce_scatter(ex.in, ex.out, *ex.blocks, ex.elem,
+                                                 comm::ReduceOp::kSum, call);
     f.launched = now_seconds();
     f.finished = 0;
     exposed_s_ += f.launched - t0;

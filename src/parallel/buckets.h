@@ -55,9 +55,10 @@ class Buckets {
     // one rank: none).
     comm::Communicator* across = nullptr;
     // A device rank: dp's collectives on device memory (NCCL, or copies through the host),
-    // which carry every exchange instead of dp itself (dense ones: all-reduces, or under ZeRO-1
-    // reduce-scatters; no shard groups).
+    // which carry every exchange instead of dp itself (dense ones: all-reduces, or under ZeRO
+    // reduce-scatters), and across's, which carry the shards' all-reduces across the groups.
     comm::DeviceCollectives* device = nullptr;
+    comm::DeviceCollectives* across_device = nullptr;
   };
   // Runs once a unit's exchanges have completed (e.g. adds this rank's shard into its shard
   // buffer).

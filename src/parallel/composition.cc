@@ -82,14 +82,6 @@ const std::vector<Rule>& rules() {
                                  in.l.str(), " (parameter servers on device ranks come later)"),
                              "ps.servers = 0");
        }},
-      {"runtime.device = cuda and zero.shard_size > 0",
-       [](const In& in) { return on_cuda(in) && in.s.zero_shard_size > 0; },
-       [](const In& in) {
-         return cuda_refusal(
-             str("runs ZeRO over the whole dp group, got zero.shard_size = ", in.s.zero_shard_size,
-                 " (shard groups on device ranks come later)"),
-             "zero.shard_size = 0");
-       }},
       {"runtime.device = cuda and compress.kind != none",
        [](const In& in) { return on_cuda(in) && compressing(in); },
        [](const In& in) {

@@ -125,7 +125,8 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
 }
 
 Engine::~Engine() {
-  if (device_comm_) release_device_collectives(*device_comm_);
+  for (auto* c : {&dp_comm_, &across_comm_, &device_comm_})
+    if (*c) release_device_collectives(**c);
   if (tp_) tp_->release_device();
 }
 
@@ -158,23 +159,10 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
     parts_["replica_groups"] = across->size();
   }
   comm::Communicator& group = mesh_.group(Axis::kShard);
-  if (current_device() != Device::kCpu) {  // before the first device allocation below
-    const DevicePlacement place = place_device_rank(mesh_.world());
-    parts_["gpu"] = place.device;
-    // Buckets, ZeRO's shard gathers and the exact sum's integers all move device memory.
-    if (group.size() > 1) {
-      std::string kind;
-      device_comm_ = make_device_collectives(group, place, &kind);
-      parts_["device_comm"] = kind;
-    }
-    if (tp_) {  // the tp group's all-reduces of activations and their gradients
-      std::string kind;
-      tp_->use_device(make_device_collectives(mesh_.group(Axis::kTp), place, &kind));
-      parts_["tp_device_comm"] = kind;
-    }
-  }
+  if (current_device() != Device::kCpu) build_device_comms(group, across);  // before allocating
   Buckets::Spec buckets{overlap_, false, type_, spec.compress, seed, across};
   buckets.device = device_comm_.get();
+  buckets.across_device = across_comm_.get();
   if (composed_.shared_memory && stage == 1) {
     if (auto shm = SharedMemoryStep::make(model_, units_, dp, mesh_.workers(), seed)) {
       sync_ = shm.get();
@@ -190,7 +178,8 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   if (!sync_owner_ && composed_.grad_sync == "exact") {
     scale_buckets_ = make_units(model_, spec.bucket_mb, {}, 1, 0);
     auto exact = std::make_unique<ExactSync>(model_, units_, scale_buckets_, dp, mesh_.workers(),
-                                             type_ == DType::kF16, device_comm_.get());
+                                             type_ == DType::kF16,
+                                             dp_comm_ ? dp_comm_.get() : device_comm_.get());
     hooks_.push_back(exact.get());
     sync_owner_ = std::move(exact);
   } else if (!sync_owner_ && composed_.grad_sync != "reduce_scatter_shard") {
@@ -217,6 +206,31 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
                                                      spec.check_every, device_comm_.get());
   }
   store_ = store_owner_.get();
+}
+
+// A device rank's collectives on device memory, made before its first device allocation:
+// buckets, ZeRO's shard gathers and the exact sum's integers all move device memory. With
+// shard groups, a second DeviceCollectives carries each shard's all-reduce across the groups,
+// or (deterministic mode) the exact sum over all of dp.
+void Engine::build_device_comms(comm::Communicator& group, comm::Communicator* across) {
+  const DevicePlacement place = place_device_rank(mesh_.world());
+  parts_["gpu"] = place.device;
+  std::string kind;
+  if (group.size() > 1) {
+    device_comm_ = make_device_collectives(group, place, &kind);
+    parts_["device_comm"] = kind;
+  }
+  if (across != nullptr && across->size() > 1 && composed_.grad_sync == "exact") {
+    dp_comm_ = make_device_collectives(mesh_.group(Axis::kDp), place, &kind);
+    parts_["dp_device_comm"] = kind;
+  } else if (across != nullptr && across->size() > 1) {
+    across_comm_ = make_device_collectives(*across, place, &kind);
+    parts_["across_device_comm"] = kind;
+  }
+  if (tp_) {  // the tp group's all-reduces of activations and their gradients
+    tp_->use_device(make_device_collectives(mesh_.group(Axis::kTp), place, &kind));
+    parts_["tp_device_comm"] = kind;
+  }
 }
 
 int Engine::data_rank() const { return trains() ? mesh_.coord().dp : 0; }

@@ -4,8 +4,9 @@
 // layout gives on the CPU. The ranks' buckets go through their DeviceCollectives: copies
 // through the host (no NCCL installed: the CPU's own all-reduce, so the CPU's bits), or the
 // mock NCCL (tests/comm/nccl_mock.h: ranks as threads, sums in rank order), whose buckets
-// overlap the backward. Deterministic mode, its exact sum on the device, gives one
-// params_sha256 for 1, 2 and 4 device ranks, the CPU's. A rank that hangs is named at the
+// overlap the backward. zero.shard_size's shards go across the groups through a second
+// DeviceCollectives, over the replica group. Deterministic mode, its exact sum on the device, gives
+// one params_sha256 for 1, 2 and 4 device ranks, the CPU's. A rank that hangs is named at the
 // deadline, through either path, and a rank whose NCCL dies ends the run, named.
 #include <gtest/gtest.h>
 
@@ -180,6 +181,57 @@ TEST_F(DeviceDp, DeterministicZeroGivesTheOneWorkerRun) {
       zero.push_back(str("zero.stage=", stage));
       fakes::FakeDevice fake;
       for (int workers : {2, 4}) expect_same_run(run(config("cuda", zero), workers), cpu);
+    }
+}
+
+// zero.shard_size = 2 on 4 ranks: ZeRO within two shard groups of two ranks, each rank's
+// summed gradient shard all-reduced across the groups through a second DeviceCollectives made
+// over the replica group (staged, or the mock NCCL), on device memory. Every sum is of two
+// ranks (a + b either way): the CPU's same layout's bits, through either path.
+TEST_F(DeviceDp, ShardGroupsTrainAsTheCpuRanks) {
+  for (int stage : {1, 2, 3})
+    for (const char* precision : {"fp32", "bf16"}) {
+      const std::vector<std::string> zero = {str("zero.stage=", stage), "zero.shard_size=2",
+                                             str("train.precision=", precision), "optim.kind=adamw",
+                                             "ddp.shared_memory=false"};
+      const RunResult cpu = run(config("cpu", zero), 4);
+      for (bool nccl : {false, true}) {
+        SCOPED_TRACE(str("zero.stage=", stage, " ", precision, " ", nccl ? "nccl" : "staged"));
+        comm::install_nccl_api(nccl ? &mock_nccl() : nullptr);
+        RunResult cuda;
+        {
+          fakes::FakeDevice fake;
+          cuda = run(config("cuda", zero), 4);
+        }
+        comm::install_nccl_api(nullptr);
+        const std::string kind = nccl ? "nccl" : "staged (no NCCL in this build)";
+        EXPECT_EQ(cuda.summary["engine"]["device_comm"], kind);
+        EXPECT_EQ(cuda.summary["engine"]["across_device_comm"], kind);
+        EXPECT_EQ(cuda.summary["engine"]["replica_groups"], 2);
+        expect_same_run(cuda, cpu);
+        EXPECT_GT(cuda.summary["ranks"]["per_rank"][0]["comm_bytes_across_groups"].get<double>(),
+                  0);
+        EXPECT_EQ(mock_nccl_state().live_comms, 0);  // both communicators closed
+      }
+    }
+}
+
+// Deterministic mode with shard groups: the one-worker CPU run's bits.
+TEST_F(DeviceDp, DeterministicShardGroupsGiveTheOneWorkerRun) {
+  const std::vector<std::string> det = {"train.deterministic=true", "ddp.micro_shard=16"};
+  const RunResult cpu = run(config("cpu", det), 1);
+  for (int stage : {1, 2, 3})
+    for (bool nccl : {false, true}) {
+      SCOPED_TRACE(str("zero.stage=", stage, nccl ? " nccl" : " staged"));
+      comm::install_nccl_api(nccl ? &mock_nccl() : nullptr);
+      std::vector<std::string> zero = det;
+      zero.insert(zero.end(), {str("zero.stage=", stage), "zero.shard_size=2"});
+      fakes::FakeDevice fake;
+      const RunResult cuda = run(config("cuda", zero), 4);
+      expect_same_run(cuda, cpu);
+      // The exact sum runs over all of dp, through a DeviceCollectives of its 4 ranks.
+      EXPECT_EQ(cuda.summary["engine"]["dp_device_comm"],
+                nccl ? "nccl" : "staged (no NCCL in this build)");
     }
 }
 

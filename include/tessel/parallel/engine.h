@@ -174,6 +174,7 @@ class Engine {
   void build_parameter_server(const ParallelSpec& spec, const optim::OptimSpec& optim,
                               uint64_t seed);
   void build_data_parallel(const ParallelSpec& spec, uint64_t seed);
+  void build_device_comms(comm::Communicator& group, comm::Communicator* across);
   // The part whose state travels in checkpoints beside the values (compression residuals):
   // the gradient sync's, or else the store's (a parameter-server worker's pushes).
   std::vector<float> compression_state();
@@ -198,8 +199,10 @@ class Engine {
   bool training_ = true;
   std::unique_ptr<Executor> executor_;  // null on a rank that does not train
   Units units_, scale_buckets_;
-  // A device rank with dp peers: its buckets' collectives on device memory (engine_device.h).
-  std::unique_ptr<comm::DeviceCollectives> device_comm_;
+  // A device rank with dp peers: its buckets' collectives on device memory (engine_device.h);
+  // With zero.shard_size, device_comm_ is the shard group's; across_comm_ the replica group's
+  // (the shards' all-reduces across the groups), or dp_comm_ all of dp's (the exact sum).
+  std::unique_ptr<comm::DeviceCollectives> device_comm_, across_comm_, dp_comm_;
   std::unique_ptr<GradSync> sync_owner_;
   std::unique_ptr<ParamStore> store_owner_;
   std::unique_ptr<GradSync> faulty_sync_;    // debug.slow_rank around the sync

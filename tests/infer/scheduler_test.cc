@@ -88,6 +88,7 @@ TEST(Scheduler, StopAndCancelEndASequence) {
   ASSERT_TRUE(s.submit(std::move(g)));
   cancelled.done.get_future().wait();
   EXPECT_EQ(cancelled.reason, "cancelled");
+  s.close();  // the step's figures follow its callbacks
   EXPECT_EQ(s.stats().kv_held, 0);
 }
 
@@ -130,6 +131,7 @@ TEST(Scheduler, AQueuedGenerationCancelledLeavesAtOnceWithoutItsPrefill) {
   EXPECT_LE(tokens_then, 1u) << "the queued generation left only when the place freed";
   EXPECT_EQ(running.reason, "length");
   EXPECT_EQ(running.tokens.size(), 20u);
+  s.close();  // its last step's figures are in (they follow the step's callbacks)
   const SchedulerStats st = s.stats();
   EXPECT_EQ(st.prompt_tokens, static_cast<int64_t>(long_prompt.tokens.size()));
   EXPECT_EQ(st.cancelled, 1);

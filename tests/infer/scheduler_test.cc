@@ -65,6 +65,7 @@ TEST(Scheduler, EverySequenceGetsTheTokensOfGeneratingItAlone) {
       EXPECT_EQ(out[i].tokens, generate(*model, {prompt(i)}, opts)[0])
           << "prompt " << i << " temperature " << temperature;
     }
+    s.close();  // the last step's figures follow its callbacks
     const SchedulerStats st = s.stats();
     EXPECT_EQ(st.sequences, 0);
     EXPECT_EQ(st.kv_held, 0);  // every page back on the free list

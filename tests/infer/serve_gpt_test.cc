@@ -1,11 +1,14 @@
 // tessel serve's generations (OpenAI completions, char_gpt trained one step) when nobody will
 // take their answer: a request whose client leaves while it waits for a place in the running
-// batch, streamed or not, leaves the queue before its prefill, the others unaffected; one that
-// had its 504 is cancelled too, and its connection serves on.
+// batch, streamed or not, leaves the queue before its prefill, the others unaffected; a stop
+// under such load answers every request read; one that had its 504 is cancelled too, and its
+// connection serves on.
 #include <httplib.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -106,6 +109,66 @@ TEST_F(ServeGpt, GenerationsWhoseClientsLeaveWhileQueuedNeverReachTheModel) {
   for (const char* line : {"tessel_requests_total{route=\"/v1/completions\",code=\"200\"} 3\n",
                            "tessel_requests_total{route=\"/v1/completions\",code=\"499\"} 2\n"})
     EXPECT_NE(m.find(line), std::string::npos) << line << " in\n" << m;
+}
+
+// Stopped (as SIGTERM stops it) under load from generations, streamed and not, beside clients
+// that leave while theirs wait or run: every request read counts as answered (its client's
+// leaving too), every answer a client got is whole, and run() returns within 10 s.
+TEST_F(ServeGpt, StopUnderGenerationLoadAnswersEveryRequestRead) {
+  Running s({"serve.max_sequences=2", "debug.slow_rank=0", "debug.delay_ms=5"}, config(),
+            run_dir());
+  std::atomic<bool> stop{false};
+  std::atomic<int> whole{0}, refused{0}, broken{0}, left{0};
+  std::vector<std::thread> clients;
+  for (int t = 0; t < 6; ++t)
+    clients.emplace_back([&, t] {
+      const bool stream = t % 2 == 1;
+      const std::string ask = std::string(R"({"model": "char_gpt", "prompt": "The night", )") +
+                              R"("max_tokens": 16, "stream": )" + (stream ? "true}" : "false}");
+      httplib::Client c = s.client();
+      while (!stop) {
+        const auto res = c.Post("/v1/completions", ask, "application/json");
+        if (!res) {
+          if (res.error() == httplib::Error::Connection) break;  // no longer listening
+          continue;  // a connection closed by the drain before its request was read
+        }
+        if (res->status == 503) {
+          ++refused;
+          continue;
+        }
+        const auto body = nlohmann::json::parse(res->body, nullptr, false);
+        const bool ok = res->status == 200 &&
+                        (stream ? res->body.ends_with("data: [DONE]\n\n")
+                                : !body.is_discarded() && body["usage"]["completion_tokens"] == 16);
+        (ok ? whole : broken) += 1;
+      }
+    });
+  for (int t = 0; t < 2; ++t)
+    clients.emplace_back([&, t] {
+      const std::string ask = R"({"model": "char_gpt", "prompt": "A", "max_tokens": 16})";
+      for (int i = 0; !stop; ++i) {
+        const int fd = send_completion(s.port, ask);
+        if (fd < 0) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds((7 * i + 11 * t) % 40));
+        close(fd);
+        ++left;
+      }
+    });
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  const auto t0 = std::chrono::steady_clock::now();
+  s.server.stop();
+  s.thread.join();
+  const double stopping =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  stop = true;
+  for (auto& c : clients) c.join();
+  std::printf("%d whole answers, %d refused (503), %d clients left; stopped in %.2f s\n",
+              whole.load(), refused.load(), left.load(), stopping);
+  EXPECT_LT(stopping, 10);
+  EXPECT_GT(whole, 0);
+  EXPECT_GT(left, 0);
+  EXPECT_EQ(broken, 0);
+  EXPECT_EQ(s.server.accepted(), s.server.answered());
 }
 
 // A generation that outlasts serve.timeout_s gets a 504 in OpenAI's shape under /v1/; it is

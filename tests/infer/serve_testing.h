@@ -22,7 +22,7 @@ struct Running {
         thread([this] { server.run(); }) {}
   ~Running() {
     server.stop();
-    thread.join();
+    if (thread.joinable()) thread.join();  // a test may have stopped it
   }
   httplib::Client client() const {
     httplib::Client c("127.0.0.1", port);

@@ -38,7 +38,8 @@ struct Generation {
   // Once, at the end: the finish reason, or the error that ended it (then reason is "error").
   std::function<void(const std::string& reason, std::exception_ptr error)> on_done;
   // Asked before each step, queued or running (optional): false cancels the generation (its
-  // client has gone). Cheap: it is asked of every waiting generation at every step.
+  // client has gone). Asked of every waiting generation at every step, under the scheduler's
+  // lock: it must be cheap and must not call the scheduler.
   std::function<bool()> alive;
 };
 

@@ -221,7 +221,7 @@ TEST(Http, AWatchedRequestSeesItsClientLeaveBeforeItsAnswer) {
   EXPECT_FALSE(gone());
   close(fd);
   EXPECT_TRUE(wait_for(gone)) << "the client left unseen";
-  EXPECT_EQ(server.answered(), 1);
+  EXPECT_TRUE(wait_for([&] { return server.answered() == 1; })) << "its leaving was not counted";
   kept({200, "text/plain", "late", {}});  // dropped
   kept = nullptr;                         // its session goes before the server
   server.stop();

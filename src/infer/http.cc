@@ -22,9 +22,9 @@ using tcp = net::ip::tcp;
 using Duration = std::chrono::steady_clock::duration;
 
 class Session;
-// One streamed answer's "its client has gone": set when the client leaves mid-stream, or at once
-// for a stream started after its request was answered (504). Its own, not the connection's: the
-// connection's next stream is another.
+// One request's "its answer has no taker": set when its client leaves while the answer is awaited
+// (watched) or streamed, or when the transport answered it (504). Its own, not the connection's:
+// the connection's next request has another.
 using GoneFlag = std::shared_ptr<std::atomic<bool>>;
 std::shared_ptr<HttpStream> make_stream(std::shared_ptr<Session> session, GoneFlag gone);
 
@@ -181,27 +181,37 @@ class Session : public std::enable_shared_from_this<Session> {
                                 str("serve.connections = ", shared_.options.max_connections,
                                     " connections are open; retry later")));
     const uint64_t seq = ++seq_;
+    gone_ = std::make_shared<std::atomic<bool>>(false);
+    watched_ = false;
     timer_.expires_after(shared_.timeout);
     timer_.async_wait(
         [self = shared_from_this(), seq, path = request_path()](beast::error_code ec) {
           if (ec || seq != self->seq_ || self->answered_) return;
+          *self->gone_ = true;  // the handler's answer, when it comes, is dropped
           self->write(self->shared_.options.error(
               504, path,
               str("no answer within serve.timeout_s = ", self->shared_.options.timeout_s,
                   " s; the workers are overloaded")));
         });
-    HttpRequest r{
-        std::string(req.method_string()), std::string(req.target()), std::move(req.body()), {}, {}};
+    HttpRequest r{std::string(req.method_string()),
+                  std::string(req.target()),
+                  std::move(req.body()),
+                  {},
+                  {},
+                  {}};
     for (const auto& f : req) r.headers.emplace_back(f.name_string(), f.value());
-    r.start_stream = [self = shared_from_this(), seq](HttpResponse head) {
-      auto gone = std::make_shared<std::atomic<bool>>(false);
-      net::post(self->stream_.get_executor(), [self, seq, gone, head = std::move(head)]() mutable {
-        if (seq == self->seq_ && !self->answered_)
-          self->begin_stream(std::move(head), gone);
-        else
-          *gone = true;  // answered already (504): nothing of the stream goes out
+    // A stream or watch asked after the answer (504, or the client gone): its flag says gone.
+    r.start_stream = [self = shared_from_this(), seq, gone = gone_](HttpResponse head) {
+      net::post(self->stream_.get_executor(), [self, seq, head = std::move(head)]() mutable {
+        if (seq == self->seq_ && !self->answered_) self->begin_stream(std::move(head));
       });
       return make_stream(self, gone);
+    };
+    r.watch = [self = shared_from_this(), seq, gone = gone_] {
+      net::post(self->stream_.get_executor(), [self, seq] {
+        if (seq == self->seq_ && !self->answered_) self->watch();
+      });
+      return std::function<bool()>([gone] { return gone->load(); });
     };
     if (const size_t q = r.path.find('?'); q != std::string::npos) r.path.resize(q);
     answered_ = false;
@@ -226,12 +236,39 @@ class Session : public std::enable_shared_from_this<Session> {
     http::async_write(stream_, res_, [self = shared_from_this()](beast::error_code ec, size_t) {
       ++self->shared_.answered;
       if (ec || !self->res_.keep_alive()) return self->close();
-      self->read_header();
+      self->next_request();
     });
   }
 
+  // The answer has gone out whole: the next request is read, once the watching read has ended.
+  void next_request() {
+    if (!watching_) return read_header();
+    resume_ = true;
+    beast::error_code ignored;
+    stream_.socket().cancel(ignored);  // the watching read ends, then read_header()
+  }
+
+  // Reads while the answer is awaited or streamed (once per request), so that a client that
+  // closes or resets its connection is seen at once: lose(). Bytes that come instead (a
+  // pipelined request's first) end the watch and stay in the buffer for their parser.
+  void watch() {
+    if (watched_) return;
+    watched_ = watching_ = true;
+    stream_.socket().async_read_some(buffer_.prepare(4096),
+                                     [self = shared_from_this()](beast::error_code ec, size_t n) {
+                                       self->watching_ = false;
+                                       self->buffer_.commit(n);
+                                       if (self->closed()) return;
+                                       if (self->resume_) {  // cancelled by next_request()
+                                         self->resume_ = false;
+                                         return self->read_header();
+                                       }
+                                       if (ec && ec != net::error::operation_aborted) self->lose();
+                                     });
+  }
+
   // ---- A streamed answer: the head, then pieces as chunks one write at a time, then the last
-  // chunk. A read waits meanwhile so that a client that leaves is seen at once.
+  // chunk. A read waits meanwhile (watch) so that a client that leaves is seen at once.
  public:
   // Pieces and the end of stream `gone` (its flag names it): dropped unless it is the one
   // being written.
@@ -252,9 +289,8 @@ class Session : public std::enable_shared_from_this<Session> {
   }
 
  private:
-  void begin_stream(HttpResponse head, GoneFlag gone) {
+  void begin_stream(HttpResponse head) {
     answered_ = true;
-    gone_ = std::move(gone);
     timer_.cancel();
     streaming_ = true;
     stream_ended_ = false;
@@ -272,14 +308,7 @@ class Session : public std::enable_shared_from_this<Session> {
                                if (ec) return self->lose();
                                self->flush();
                              });
-    watching_ = true;
-    stream_.socket().async_read_some(
-        buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, size_t n) {
-          self->watching_ = false;
-          self->buffer_.commit(n);  // a pipelined request's first bytes stay for its parser
-          if (self->streaming_ && ec && ec != net::error::operation_aborted) return self->lose();
-          if (!self->streaming_ && !*self->gone_) self->after_stream();  // cancelled at the end
-        });
+    watch();
   }
 
   void flush() {
@@ -305,9 +334,8 @@ class Session : public std::enable_shared_from_this<Session> {
       }
       self->streaming_ = false;  // the last chunk went out
       ++self->shared_.answered;
-      if (!self->watching_) return self->after_stream();
-      beast::error_code ignored;
-      self->stream_.socket().cancel(ignored);  // the watching read ends, then after_stream()
+      if (!self->stream_head_->keep_alive()) return self->close();
+      self->next_request();
     };
     if (!pieces_.empty())
       net::async_write(stream_, http::make_chunk(net::buffer(pieces_.front())), std::move(done));
@@ -315,15 +343,13 @@ class Session : public std::enable_shared_from_this<Session> {
       net::async_write(stream_, http::make_chunk_last(), std::move(done));
   }
 
-  void after_stream() {
-    if (!stream_head_->keep_alive() || shared_.draining) return close();
-    read_header();
-  }
-
-  // The client has gone mid-stream: what is queued is dropped and the connection closed.
+  // The client has gone while its answer was awaited or written: what is queued is dropped and
+  // the connection closed. An answer awaited or streamed counts as given now (its handler's
+  // answer, when it comes, is dropped); a plain one being written counts when its write ends.
   void lose() {
-    if (gone_->exchange(true)) return;
-    if (streaming_) ++shared_.answered;  // its stream is closed: it counts as answered
+    *gone_ = true;
+    if (!answered_ || streaming_) ++shared_.answered;
+    answered_ = true;
     streaming_ = false;
     pieces_.clear();
     close();
@@ -351,8 +377,10 @@ class Session : public std::enable_shared_from_this<Session> {
   std::optional<http::response<http::empty_body>> stream_head_;
   std::optional<http::response_serializer<http::empty_body>> serializer_;
   std::deque<std::string> pieces_;  // the front one is being written
-  bool streaming_ = false, stream_ended_ = false, writing_ = false, watching_ = false;
-  GoneFlag gone_;  // the stream being written's
+  bool streaming_ = false, stream_ended_ = false, writing_ = false;
+  // The watching read: pending, started for this request, cancelled to read the next one.
+  bool watching_ = false, watched_ = false, resume_ = false;
+  GoneFlag gone_;  // the request being answered's
 };
 
 // The handler's side of a streamed answer; the last reference ends the stream.

@@ -58,18 +58,33 @@ void Scheduler::loop() {
   }
 }
 
-// Waiting generations join the running batch, oldest first, while it has room.
+// Cancelled generations leave the queue, wherever they wait; then waiting ones join the running
+// batch, oldest first, while it has room.
 void Scheduler::admit() {
-  std::lock_guard lock(mu_);
-  while (!queue_.empty() && static_cast<int64_t>(running_.size()) < options_.max_sequences) {
-    auto s = std::make_unique<Seq>();
-    s->g = std::move(queue_.front());
-    queue_.pop_front();
-    s->tokens = s->g.prompt.tokens;
-    s->id = kv_.add();
-    running_.push_back(std::move(s));
+  std::vector<Generation> left;
+  {
+    std::lock_guard lock(mu_);
+    for (auto it = queue_.begin(); it != queue_.end();)
+      if (it->alive && !it->alive()) {
+        left.push_back(std::move(*it));
+        it = queue_.erase(it);
+      } else {
+        ++it;
+      }
+    while (!queue_.empty() && static_cast<int64_t>(running_.size()) < options_.max_sequences) {
+      auto s = std::make_unique<Seq>();
+      s->g = std::move(queue_.front());
+      queue_.pop_front();
+      s->tokens = s->g.prompt.tokens;
+      s->id = kv_.add();
+      running_.push_back(std::move(s));
+    }
+    stats_.waiting = static_cast<int64_t>(queue_.size());
+    stats_.cancelled += static_cast<int64_t>(left.size());
+    stats_.cancelled_queued += static_cast<int64_t>(left.size());
   }
-  stats_.waiting = static_cast<int64_t>(queue_.size());
+  for (Generation& g : left)  // outside the lock: on_done may take others
+    if (g.on_done) g.on_done("cancelled", nullptr);
 }
 
 void Scheduler::finish(Seq& s, const std::string& reason, std::exception_ptr error) {
@@ -91,7 +106,7 @@ void Scheduler::step() {
   std::vector<int32_t> tokens;
   std::vector<nn::KvCache::Run> runs;
   std::vector<Seq*> fed;
-  int64_t budget = options_.max_step_tokens, made = 0;
+  int64_t budget = options_.max_step_tokens, made = 0, prompt_rows = 0;
   for (bool decodes : {true, false})
     for (auto& s : running_) {
       const int64_t left = static_cast<int64_t>(s->tokens.size()) - s->fed;
@@ -100,6 +115,7 @@ void Scheduler::step() {
       tokens.insert(tokens.end(), s->tokens.begin() + s->fed, s->tokens.begin() + s->fed + rows);
       runs.push_back({s->id, rows});
       fed.push_back(s.get());
+      if (s->generated == 0) prompt_rows += rows;  // nothing generated: all rows are the prompt's
       s->fed += rows;
       budget -= rows;
     }
@@ -136,6 +152,7 @@ void Scheduler::step() {
   stats_.kv_held = kv_.bytes_held();
   stats_.steps += fed.empty() ? 0 : 1;
   stats_.tokens += made;
+  stats_.prompt_tokens += prompt_rows;
   stats_.cancelled += cancelled;
 }
 

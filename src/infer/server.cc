@@ -80,7 +80,10 @@ struct OpenAiAnswer {
 
 // Sets g's callbacks to answer through `st`: streamed, a chunk per piece of text from the first
 // token on, the last with the finish reason (then usage, [DONE]); otherwise one body at the end.
-void answer_with(Generation& g, std::shared_ptr<OpenAiAnswer> st, Respond respond) {
+// `gone`: whether the client has left (or had its 504): the generation is then cancelled, queued
+// or running, and its answer (none goes out) counted as 499, nginx's "client closed request".
+void answer_with(Generation& g, std::shared_ptr<OpenAiAnswer> st, Respond respond,
+                 std::function<bool()> gone) {
   g.on_token = [st](int32_t token) {
     const bool more = st->text.add(token);
     if (!st->call.stream) return more;
@@ -94,6 +97,8 @@ void answer_with(Generation& g, std::shared_ptr<OpenAiAnswer> st, Respond respon
   };
   g.on_done = [st, respond](const std::string& reason, std::exception_ptr error) {
     if (!st->stream) {  // not streamed, or it ended before a token
+      if (reason == "cancelled")
+        return respond(json_response(499, openai_error("serve: the client has gone", 499)));
       if (!error) return respond(json_response(200, completion_body(st->meta, st->text, reason)));
       try {
         std::rethrow_exception(error);
@@ -109,7 +114,7 @@ void answer_with(Generation& g, std::shared_ptr<OpenAiAnswer> st, Respond respon
     out.write(kDoneEvent);
     out.end();
   };
-  g.alive = [st] { return !st->stream || !st->stream->gone(); };
+  g.alive = [gone = std::move(gone)] { return !gone(); };
 }
 
 }  // namespace
@@ -344,10 +349,16 @@ void Server::metrics_text(const HttpRequest&, Respond respond) {
   if (scheduler_) {
     const SchedulerStats st = scheduler_->stats();
     const std::pair<const char*, int64_t> gauges[] = {
-        {"tessel_generate_sequences", st.sequences}, {"tessel_generate_waiting", st.waiting},
-        {"tessel_generate_positions", st.positions}, {"tessel_kv_cache_bytes", st.kv_bytes},
-        {"tessel_kv_cache_held_bytes", st.kv_held},  {"tessel_generate_steps", st.steps},
-        {"tessel_generate_tokens", st.tokens},       {"tessel_generate_cancelled", st.cancelled}};
+        {"tessel_generate_sequences", st.sequences},
+        {"tessel_generate_waiting", st.waiting},
+        {"tessel_generate_positions", st.positions},
+        {"tessel_kv_cache_bytes", st.kv_bytes},
+        {"tessel_kv_cache_held_bytes", st.kv_held},
+        {"tessel_generate_steps", st.steps},
+        {"tessel_generate_tokens", st.tokens},
+        {"tessel_generate_prompt_tokens", st.prompt_tokens},
+        {"tessel_generate_cancelled", st.cancelled},
+        {"tessel_generate_cancelled_queued", st.cancelled_queued}};
     for (const auto& [name, value] : gauges) text += str(name, " ", value, "\n");
   }
   respond({200, "text/plain; version=0.0.4", text, {}});
@@ -369,7 +380,8 @@ void Server::chat_completions(const HttpRequest& req, Respond respond) {
 }
 
 // An OpenAI generation on the scheduler. Streamed, the answer's head goes out with the first
-// token; the stream's client leaving cancels the generation at its next step.
+// token. The connection is watched from here on: its client leaving cancels the generation,
+// still queued (no prefill) or at its next step.
 void Server::generate_text(const HttpRequest& req, Respond respond, bool chat) {
   if (!scheduler_) return models(req, std::move(respond));  // the classifier's 404
   const SampleOptions defaults{config_.infer.temperature, config_.infer.sample_top_k, config_.seed,
@@ -394,7 +406,7 @@ void Server::generate_text(const HttpRequest& req, Respond respond, bool chat) {
       g,
       std::make_shared<OpenAiAnswer>(OpenAiAnswer{
           call, meta, CompletionText(info_.tokenizer, call.stop), req.start_stream, nullptr}),
-      std::move(respond));
+      std::move(respond), req.watch());
   if (!scheduler_->submit(std::move(g)))
     throw OpenAiError(503, str("serve: serve.max_queue = ", config_.serve.max_queue,
                                " generations wait already, or shutting down; retry later"));

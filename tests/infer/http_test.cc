@@ -2,7 +2,9 @@
 // from raw socket clients answers every request it read, and every answer it counts reaches its
 // client; a streamed answer whose client leaves counts once, however the leaving and the last
 // write interleave; a stream started after its request's 504 touches no later stream; a stream
-// ended after the server stopped ends safely with the server.
+// ended after the server stopped ends safely with the server; a watched request sees its client
+// leave before its answer, and watched requests on a keep-alive connection (pipelined or not)
+// are each answered in order.
 #include "tessel/infer/http.h"
 
 #include <arpa/inet.h>
@@ -13,6 +15,8 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -167,6 +171,122 @@ TEST(Http, StreamAfterA504OnTheSameConnectionStreamsWhole) {
   server.stop();
   runner.join();
   EXPECT_EQ(server.answered(), server.accepted());
+}
+
+HttpOptions text_errors() {
+  HttpOptions options;
+  options.error = [](int status, const std::string&, const std::string& message) {
+    return HttpResponse{status, "text/plain", message, {}};
+  };
+  return options;
+}
+
+// Reads from `fd` until `until` has come (or the connection ends); what came.
+std::string read_until(int fd, const std::string& until) {
+  std::string got;
+  char buf[1024];
+  for (ssize_t n; got.find(until) == std::string::npos && (n = read(fd, buf, sizeof buf)) > 0;)
+    got.append(buf, static_cast<size_t>(n));
+  return got;
+}
+
+// A plain answer that waits (a queued generation's): with the connection watched, a client that
+// leaves is seen before any answer: gone() turns true, the request counts as answered, and the
+// late answer goes nowhere.
+TEST(Http, AWatchedRequestSeesItsClientLeaveBeforeItsAnswer) {
+  std::mutex mu;
+  Respond kept;
+  std::function<bool()> gone;
+  HttpServer server(text_errors(), [&](HttpRequest req, Respond respond) {
+    std::lock_guard lock(mu);
+    gone = req.watch();
+    kept = std::move(respond);
+  });
+  const int port = server.bind(0);
+  std::thread runner([&] { server.run(); });
+  const int fd = connect_to(port);
+  ASSERT_GE(fd, 0);
+  const std::string request = "GET /x HTTP/1.1\r\nHost: x\r\n\r\n";
+  ASSERT_EQ(write(fd, request.data(), request.size()), static_cast<ssize_t>(request.size()));
+  auto wait_for = [](const std::function<bool()>& done) {
+    for (int i = 0; i < 5000 && !done(); ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return done();
+  };
+  ASSERT_TRUE(wait_for([&] {
+    std::lock_guard lock(mu);
+    return static_cast<bool>(kept);
+  }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the watch begins
+  EXPECT_FALSE(gone());
+  close(fd);
+  EXPECT_TRUE(wait_for(gone)) << "the client left unseen";
+  EXPECT_TRUE(wait_for([&] { return server.answered() == 1; })) << "its leaving was not counted";
+  kept({200, "text/plain", "late", {}});  // dropped
+  kept = nullptr;                         // its session goes before the server
+  server.stop();
+  runner.join();
+  EXPECT_EQ(server.accepted(), 1);
+  EXPECT_EQ(server.answered(), 1);
+}
+
+// Watched requests on one keep-alive connection, answered late from another thread: pipelined
+// ones (sent in one write, read by the watch while the first waits) and then one after the
+// other are each answered whole and in order; no client is taken as gone.
+TEST(Http, WatchedRequestsOnAKeepAliveConnectionAreEachAnswered) {
+  std::atomic<int> seen{0}, gone_seen{0};
+  std::vector<std::thread> late;
+  std::mutex mu;
+  HttpServer server(text_errors(), [&](HttpRequest req, Respond respond) {
+    auto gone = req.watch();
+    std::lock_guard lock(mu);
+    late.emplace_back([&, gone, path = req.path, respond = std::move(respond)] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      gone_seen += gone();
+      ++seen;
+      respond({200, "text/plain", "answer" + path, {}});
+    });
+  });
+  const int port = server.bind(0);
+  std::thread runner([&] { server.run(); });
+  const int fd = connect_to(port);
+  ASSERT_GE(fd, 0);
+  timeval tv{10, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  auto get = [](int i) {  // GET /i
+    std::string r = "GET /";
+    r += std::to_string(i);
+    return r + " HTTP/1.1\r\nHost: x\r\n\r\n";
+  };
+  auto answer = [](int i) {
+    std::string a = "answer/";
+    return a += std::to_string(i);
+  };
+  // The first request alone, then two more in one write while it waits.
+  const std::string first = get(1), two = get(2) + get(3);
+  ASSERT_EQ(write(fd, first.data(), first.size()), static_cast<ssize_t>(first.size()));
+  std::this_thread::sleep_for(std::chrono::milliseconds(10));  // its watch reads them
+  ASSERT_EQ(write(fd, two.data(), two.size()), static_cast<ssize_t>(two.size()));
+  std::string got = read_until(fd, answer(3));
+  for (int i = 4; i <= 6; ++i) {
+    const std::string one = get(i);
+    ASSERT_EQ(write(fd, one.data(), one.size()), static_cast<ssize_t>(one.size()));
+    got += read_until(fd, answer(i));
+  }
+  size_t at = 0;
+  for (int i = 1; i <= 6; ++i) {
+    const size_t next = got.find(answer(i), at);
+    ASSERT_NE(next, std::string::npos) << "answer " << i << " missing or out of order in\n" << got;
+    at = next;
+  }
+  close(fd);
+  server.stop();
+  runner.join();
+  for (auto& t : late) t.join();
+  EXPECT_EQ(seen, 6);
+  EXPECT_EQ(gone_seen, 0);
+  EXPECT_EQ(server.accepted(), 6);
+  EXPECT_EQ(server.answered(), 6);
 }
 
 // A stream that outlives the transport's run() (its client left; the handler ends it after the

@@ -1,10 +1,12 @@
 // Continuous batching: every sequence gets the tokens generate() gives it alone, whatever joins
 // or leaves beside it and however its prompt is chunked; the paged KV cache holds pages for the
-// positions in flight only; stop and cancellation end a sequence and free its pages.
+// positions in flight only; stop and cancellation end a sequence and free its pages; a queued
+// generation cancelled leaves at once, before its prefill.
 #include "tessel/infer/scheduler.h"
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <future>
 
 #include "tiny_gpt.h"
@@ -63,6 +65,7 @@ TEST(Scheduler, EverySequenceGetsTheTokensOfGeneratingItAlone) {
       EXPECT_EQ(out[i].tokens, generate(*model, {prompt(i)}, opts)[0])
           << "prompt " << i << " temperature " << temperature;
     }
+    s.close();  // the last step's figures follow its callbacks
     const SchedulerStats st = s.stats();
     EXPECT_EQ(st.sequences, 0);
     EXPECT_EQ(st.kv_held, 0);  // every page back on the free list
@@ -86,7 +89,56 @@ TEST(Scheduler, StopAndCancelEndASequence) {
   ASSERT_TRUE(s.submit(std::move(g)));
   cancelled.done.get_future().wait();
   EXPECT_EQ(cancelled.reason, "cancelled");
+  s.close();  // the step's figures follow its callbacks
   EXPECT_EQ(s.stats().kv_held, 0);
+}
+
+// A generation cancelled while it waits for a place (the one place held by a long generation)
+// leaves the queue before the next step, not when the place frees: its prompt never reaches the
+// model, and the long one runs on to its end.
+TEST(Scheduler, AQueuedGenerationCancelledLeavesAtOnceWithoutItsPrefill) {
+  auto model = tiny_gpt();
+  Scheduler s(*model, {1, 256, 8});
+  Prompt long_prompt = prompt(2);
+  long_prompt.max_new_tokens = 20;
+  std::promise<void> go;
+  std::shared_future<void> went = go.get_future().share();
+  Outcome running, queued;
+  Generation a{long_prompt, {}, nullptr, nullptr, nullptr};
+  a.on_token = [&](int32_t t) {
+    running.tokens.push_back(t);
+    if (running.tokens.size() == 1) went.wait();  // holds the step until b waits, cancelled
+    return true;
+  };
+  a.on_done = [&](const std::string& reason, std::exception_ptr) {
+    running.reason = reason;
+    running.done.set_value();
+  };
+  ASSERT_TRUE(s.submit(std::move(a)));
+  std::atomic<bool> cancel{false};
+  size_t tokens_then = 0;  // the running generation's when the queued one left
+  Generation b{prompt(5), {}, nullptr, nullptr, [&] { return !cancel; }};
+  b.on_done = [&](const std::string& reason, std::exception_ptr) {
+    queued.reason = reason;
+    tokens_then = running.tokens.size();
+    queued.done.set_value();
+  };
+  ASSERT_TRUE(s.submit(std::move(b)));
+  cancel = true;
+  go.set_value();
+  queued.done.get_future().wait();
+  running.done.get_future().wait();
+  EXPECT_EQ(queued.reason, "cancelled");
+  EXPECT_LE(tokens_then, 1u) << "the queued generation left only when the place freed";
+  EXPECT_EQ(running.reason, "length");
+  EXPECT_EQ(running.tokens.size(), 20u);
+  s.close();  // its last step's figures are in (they follow the step's callbacks)
+  const SchedulerStats st = s.stats();
+  EXPECT_EQ(st.prompt_tokens, static_cast<int64_t>(long_prompt.tokens.size()));
+  EXPECT_EQ(st.cancelled, 1);
+  EXPECT_EQ(st.cancelled_queued, 1);
+  EXPECT_EQ(st.waiting, 0);
+  EXPECT_EQ(st.kv_held, 0);
 }
 
 TEST(Scheduler, RefusesPromptsPastTheContext) {

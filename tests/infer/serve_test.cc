@@ -12,9 +12,8 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "infer_testing.h"
+#include "serve_testing.h"
 #include "socket_testing.h"
-#include "tessel/infer/server.h"
 
 namespace tessel::infer::testing {
 namespace {
@@ -50,30 +49,6 @@ std::string raw_exchange(int port, const std::string& request, double seconds = 
   close(fd);
   return got;
 }
-
-// A server on a free loopback port, running until the test ends.
-struct Running {
-  explicit Running(const std::vector<std::string>& overrides = {},
-                   const std::string& config_path = TrainedMlp::config(),
-                   const std::string& run_dir = TrainedMlp::run_dir())
-      : config(train::load_config(config_path, overrides)),
-        server(config, run_dir, 2),
-        port(server.bind(0)),
-        thread([this] { server.run(); }) {}
-  ~Running() {
-    server.stop();
-    thread.join();
-  }
-  httplib::Client client() const {
-    httplib::Client c("127.0.0.1", port);
-    c.set_read_timeout(30);
-    return c;
-  }
-  train::Config config;
-  Server server;
-  int port;
-  std::thread thread;
-};
 
 void expect_status(const httplib::Result& res, int status, const std::string& needle) {
   ASSERT_TRUE(res) << "no response: " << httplib::to_string(res.error());
@@ -417,33 +392,6 @@ TEST_F(Serve, TheTransportsLimitsUnderV1AreOpenAiShaped) {
     ASSERT_TRUE(body["error"].is_object()) << refused;
     EXPECT_EQ(body["error"]["type"], "server_error") << refused;
   }
-}
-
-// A generation that outlasts serve.timeout_s gets a 504 in OpenAI's shape under /v1/; the late
-// answer goes nowhere, and the connection serves its next request.
-TEST_F(Serve, ALateGenerationGets504InOpenAisShape) {
-  const std::string gpt = std::string(TESSEL_SOURCE_DIR) + "/examples/char_gpt.toml";
-  const Result trained =
-      run("train " + gpt + " --quiet --set train.max_steps=1 --run-dir " + path("late"));
-  ASSERT_EQ(trained.exit_code, 0) << trained.output;
-  Running s({"serve.timeout_s=0.3", "debug.slow_rank=0", "debug.delay_ms=600"}, gpt, path("late"));
-  httplib::Client c = s.client();
-  c.set_keep_alive(true);
-  const auto res =
-      c.Post("/v1/completions", R"({"model": "char_gpt", "prompt": "The", "max_tokens": 2})",
-             "application/json");
-  ASSERT_TRUE(res);
-  EXPECT_EQ(res->status, 504) << res->body;
-  const auto body = nlohmann::json::parse(res->body, nullptr, false);
-  ASSERT_TRUE(body.contains("error") && body["error"].is_object()) << res->body;
-  EXPECT_EQ(body["error"]["type"], "server_error") << res->body;
-  EXPECT_NE(body["error"]["message"].get<std::string>().find("serve.timeout_s = 0.3"),
-            std::string::npos)
-      << res->body;
-  std::this_thread::sleep_for(std::chrono::milliseconds(1500));  // the late answers come and go
-  const auto next = c.Get("/v2/health/live");
-  ASSERT_TRUE(next);
-  EXPECT_EQ(next->status, 200) << next->body;
 }
 
 TEST_F(Serve, StopDoesNotWaitForARequestNotSentWhole) {

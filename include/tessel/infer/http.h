@@ -32,8 +32,9 @@ struct HttpResponse {
 
 // A response whose body goes out in pieces as they are made (chunked transfer encoding; e.g.
 // server-sent events), from any thread. While it streams, the connection watches for its
-// client leaving: then gone() turns true and write() refuses. end() (or the last reference
-// dropped) sends the final chunk; the connection then serves its next request.
+// client leaving (HttpRequest::watch): then gone() turns true and write() refuses. end() (or
+// the last reference dropped) sends the final chunk; the connection then serves its next
+// request.
 class HttpStream {
  public:
   virtual ~HttpStream() = default;
@@ -53,6 +54,14 @@ struct HttpRequest {
   // Answers with `head` (status, content type, headers; its body is ignored) and a body to
   // stream, instead of calling Respond; from any thread. Set by the server for each request.
   std::function<std::shared_ptr<HttpStream>(HttpResponse head)> start_stream;
+  // Watches the connection for its client leaving until the answer has gone out whole (for an
+  // answer that may wait long: a generation queued or running); from any thread. Returns what
+  // says whether the client has gone: it closed or reset the connection, or the answer was
+  // given already (504); its answer, plain or streamed, is then dropped and counts as given.
+  // Bytes of a pipelined request end the watch (they stay for their parser). Unwatched, a
+  // plain answer's connection is not read until the answer is out; a stream's is watched from
+  // its head on. Set by the server for each request.
+  std::function<std::function<bool()>()> watch;
 };
 
 // Answers one request, exactly once, from any thread.

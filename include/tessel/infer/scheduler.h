@@ -5,8 +5,10 @@
 // share the step, a new sequence joins at the next step and a finished one leaves at once, its
 // pages freed. Each step chooses a token for every sequence whose known tokens have all been
 // fed, as generate() does; since a row's arithmetic does not depend on the rows beside it, a
-// sequence gets the tokens generate() gives it alone. Callbacks run on the scheduler's thread.
-// submit() is thread safe; close() finishes every generation already taken, then joins.
+// sequence gets the tokens generate() gives it alone. A generation whose alive() says no leaves
+// before the next step: from the queue (it never reaches the model) or from the running batch.
+// Callbacks run on the scheduler's thread. submit() is thread safe; close() finishes every
+// generation already taken, then joins.
 #pragma once
 
 #include <atomic>
@@ -35,7 +37,9 @@ struct Generation {
   std::function<bool(int32_t token)> on_token;
   // Once, at the end: the finish reason, or the error that ended it (then reason is "error").
   std::function<void(const std::string& reason, std::exception_ptr error)> on_done;
-  // Asked before each step (optional): false cancels the generation (its client has gone).
+  // Asked before each step, queued or running (optional): false cancels the generation (its
+  // client has gone). Asked of every waiting generation at every step, under the scheduler's
+  // lock: it must be cheap and must not call the scheduler.
   std::function<bool()> alive;
 };
 
@@ -54,7 +58,9 @@ struct SchedulerStats {
   int64_t kv_bytes = 0;           // page storage of the KV cache, held and free
   int64_t kv_held = 0;            // page storage the running sequences hold
   int64_t steps = 0, tokens = 0;  // steps run and tokens generated so far
+  int64_t prompt_tokens = 0;      // prompt tokens read through the model so far (prefill)
   int64_t cancelled = 0;          // generations cancelled so far
+  int64_t cancelled_queued = 0;   // of them, while they waited (before any prefill)
 };
 
 class Scheduler {

@@ -11,7 +11,8 @@
 //   GET  /metrics                      Prometheus text (metrics.h)
 // and for a gpt model the OpenAI API (src/infer/openai.h), its generations continuously
 // batched by a Scheduler on a model of its own over worker 0's parameter memory (no copy),
-// streamed as server-sent events on request:
+// streamed as server-sent events on request, cancelled (queued: before any prefill) when their
+// client leaves or has had its 504:
 //   GET  /v1/models                    the model
 //   POST /v1/completions               {"model", "prompt", "max_tokens", "stream", ...}
 //   POST /v1/chat/completions          {"model", "messages", "max_tokens", "stream", ...}

@@ -4,8 +4,10 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "kernel_table.h"
@@ -19,15 +21,19 @@ namespace {
 
 // Freed blocks are kept by size class and handed out again to a request of the same class, so a
 // training step's activations reuse the previous step's memory without cudaMalloc/cudaFree
-// (which synchronise the device). One stream per device: a block freed by the host is reused
-// by work queued after the work that used it. Everything cached is freed at exit.
+// (which synchronise the device). One pool per GPU, one stream per rank: a block freed by the
+// host is reused by work queued after the work that used it (ranks sharing a GPU each order
+// their own). Everything cached is freed at exit.
 class Pool {
  public:
+  explicit Pool(int device) : device_(device) {}
   ~Pool() {
+    cudaSetDevice(device_);  // at exit: errors have nobody to report to
     for (auto& [size, blocks] : free_)
-      for (void* p : blocks) cudaFree(p);  // at exit: errors have nobody to report to
+      for (void* p : blocks) cudaFree(p);
   }
 
+  // On this pool's GPU, which must be the calling thread's current one (cudaMalloc's).
   void* allocate(size_t bytes) {
     const size_t size = pool_size_class(bytes);
     std::lock_guard<std::mutex> lock(mu_);
@@ -44,21 +50,26 @@ class Pool {
         e = cudaMalloc(&p, size);
       }
       if (e != cudaSuccess)
-        check_cuda(e, str("cudaMalloc of ", size, " bytes (device memory of tensors; ",
-                          stats_.in_use, " bytes in use): make the model or the batch smaller")
+        check_cuda(e, str("cudaMalloc of ", size, " bytes on GPU ", device_,
+                          " (device memory of tensors; ", stats_.in_use,
+                          " bytes in use): make the model or the batch smaller")
                           .c_str());
       stats_.reserved += static_cast<int64_t>(size);
     }
+    live_.insert(p);
     stats_.in_use += static_cast<int64_t>(size);
     if (stats_.in_use > stats_.peak_in_use) stats_.peak_in_use = stats_.in_use;
     return p;
   }
 
-  void free(void* p, size_t bytes) noexcept {
+  // Takes p back if this pool handed it out (from any thread); false if it did not.
+  bool free(void* p, size_t bytes) noexcept {
     const size_t size = pool_size_class(bytes);
     std::lock_guard<std::mutex> lock(mu_);
+    if (live_.erase(p) == 0) return false;
     stats_.in_use -= static_cast<int64_t>(size);
     free_[size].push_back(p);
+    return true;
   }
 
   PoolStats stats() {
@@ -71,7 +82,7 @@ class Pool {
   }
 
  private:
-  void release_cached() {  // mu_ held
+  void release_cached() {  // mu_ held, on this pool's GPU
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize before freeing cached blocks");
     for (auto& [size, blocks] : free_) {
       for (void* p : blocks) check_cuda(cudaFree(p), "cudaFree of a cached block");
@@ -80,13 +91,48 @@ class Pool {
     }
   }
 
+  const int device_;
   std::mutex mu_;
   std::unordered_map<size_t, std::vector<void*>> free_;
+  std::unordered_set<void*> live_;  // handed out, not yet freed
   PoolStats stats_;
 };
 
-Pool& pool() {
-  static Pool p;  // destroyed at exit, giving the cached blocks back
+// The pools of the GPUs this process sees (CUDA_VISIBLE_DEVICES applied), made at first use.
+// A rank allocates from its thread's current GPU's pool; a block goes back to the pool it came
+// from, whichever thread frees it, and is handed out again only on that GPU.
+class Pools {
+ public:
+  Pool& current() {
+    int device = 0;
+    check_cuda(cudaGetDevice(&device), "cudaGetDevice");
+    std::call_once(made_, [this] {
+      int count = 0;
+      check_cuda(cudaGetDeviceCount(&count), "cudaGetDeviceCount");
+      for (int d = 0; d < count; ++d) pools_.push_back(std::make_unique<Pool>(d));
+    });
+    TESSEL_CHECK(device >= 0 && device < static_cast<int>(pools_.size()),
+                 "cuda: the current GPU is not one cudaGetDeviceCount counts, got ", device);
+    return *pools_[static_cast<size_t>(device)];
+  }
+
+  // The freeing thread's GPU's pool first (a rank frees its own blocks), then the others.
+  void free(void* p, size_t bytes) noexcept {
+    int device = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) cudaGetLastError();
+    const size_t mine = static_cast<size_t>(device);
+    if (mine < pools_.size() && pools_[mine]->free(p, bytes)) return;
+    for (const std::unique_ptr<Pool>& pool : pools_)
+      if (pool->free(p, bytes)) return;
+  }
+
+ private:
+  std::once_flag made_;
+  std::vector<std::unique_ptr<Pool>> pools_;  // by GPU; fixed once made
+};
+
+Pools& pools() {
+  static Pools p;  // destroyed at exit, giving the cached blocks back
   return p;
 }
 
@@ -96,8 +142,8 @@ class CudaRuntime final : public DeviceRuntime {
  public:
   std::string unavailable_reason() const override { return device_unavailable_reason(); }
   size_t allocation_size(size_t bytes) const override { return pool_size_class(bytes); }
-  void* allocate(size_t bytes) override { return pool().allocate(bytes); }
-  void free(void* p, size_t bytes) noexcept override { pool().free(p, bytes); }
+  void* allocate(size_t bytes) override { return pools().current().allocate(bytes); }
+  void free(void* p, size_t bytes) noexcept override { pools().free(p, bytes); }
   void zero(void* p, size_t bytes, void* stream) override {
     check_cuda(cudaMemsetAsync(p, 0, bytes, as_stream(stream)), "cudaMemsetAsync of a tensor");
   }
@@ -134,7 +180,7 @@ void install() {
   install_device_kernels(Device::kCuda, &kernel_table());
 }
 
-PoolStats pool_stats() { return pool().stats(); }
-void pool_reset_peak() { pool().reset_peak(); }
+PoolStats pool_stats() { return pools().current().stats(); }
+void pool_reset_peak() { pools().current().reset_peak(); }
 
 }  // namespace tessel::ops::cuda

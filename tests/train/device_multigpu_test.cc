@@ -6,7 +6,8 @@
 // parameters, buffers and kernels stay on its GPU: fashion_mlp on 4 ranks over 2 GPUs (dp and
 // ZeRO-3) gives the CPU ranks' bits and, in deterministic mode, the one-rank run's
 // params_sha256; 4 ranks over 4 GPUs share none and take NCCL (the mock refusing two ranks on a
-// GPU, as NCCL before 2.30 does); 3 ranks over 2 GPUs share and go through the host.
+// GPU, as NCCL before 2.30 does); 3 ranks over 2 GPUs share and go through the host; pipeline
+// stages and dp x tp on GPUs of their own.
 #include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
@@ -184,6 +185,19 @@ TEST_F(MultiGpu, PipelineStagesOnTwoGpus) {
   const RunResult cuda = run_on_gpus(config("cuda", pp), 2, 2, false);
   expect_gpus(cuda, {0, 1}, false);
   EXPECT_EQ(cuda.summary["ranks"]["pipeline_device_comm"], "nccl");
+  expect_same_run(cuda, cpu);
+}
+
+// dp 2 x tp 2 on 4 GPUs: the tp groups' all-reduces of activations and gradients and the dp
+// groups' buckets all through NCCL between GPUs (every sum of two ranks: the CPU's bits).
+TEST_F(MultiGpu, DataTimesTensorParallelOnFourGpus) {
+  const std::vector<std::string> grid = {"tp.size=2"};
+  const RunResult cpu = run(config("cpu", grid), 4);
+  const RunResult cuda = run_on_gpus(config("cuda", grid), 4, 4, false);
+  EXPECT_EQ(cuda.summary["layout"], "dp=2 tp=2");
+  expect_gpus(cuda, {0, 1, 2, 3}, false);
+  EXPECT_EQ(cuda.summary["engine"]["device_comm"], "nccl");
+  EXPECT_EQ(cuda.summary["engine"]["tp_device_comm"], "nccl");
   expect_same_run(cuda, cpu);
 }
 

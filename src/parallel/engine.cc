@@ -241,7 +241,7 @@ void Engine::build_device_comms(comm::Communicator& group, comm::Communicator* a
 }
 
 // Collective over the world. engine.gpus: each rank's GPU, by world rank; engine.gpu_shared:
-// whether this rank's GPU holds other ranks too.
+// whether ranks share GPUs (more ranks on the host than GPUs).
 void Engine::record_gpus() {
   std::vector<int32_t> gpus(static_cast<size_t>(mesh_.world().size()));
   mesh_.world().allgather(&place_->device, gpus.data(), 1, comm::ElemType::kI32);

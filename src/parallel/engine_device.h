@@ -17,8 +17,10 @@ namespace tessel::parallel {
 
 // Where a rank's device work runs.
 struct DevicePlacement {
-  int device = 0;       // the GPU index
-  bool shared = false;  // other ranks of this host use that GPU too
+  int device = 0;  // the GPU index
+  // The host has more ranks than GPUs, so some share one: every rank of the host says the
+  // same, so that a group's ranks all choose the same collectives.
+  bool shared = false;
 };
 
 // Collective-free. Places this rank (`world`: every rank of the job) on GPU (its rank on the

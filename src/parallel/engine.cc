@@ -34,12 +34,18 @@ bool resolve_overlap(const ParallelSpec& spec, Mesh& mesh) {
          2 * mesh.group(Axis::kDp).ranks_on_host();
 }
 
-// On device ranks, each pipeline link's path for device memory: NCCL or staged, chosen as the
-// dp group's is (placed first: nothing is on the device yet).
-PipelineExecutor::DeviceLinks pipeline_device_links(Mesh& mesh) {
+// A device rank's GPU, made its thread's current device first of all: the model's parameters,
+// the parts' buffers and the kernels' handles all belong to the GPU current when they are made.
+std::unique_ptr<const DevicePlacement> place_on_device(Mesh& mesh) {
   if (current_device() == Device::kCpu) return nullptr;
-  const DevicePlacement place = place_device_rank(mesh.world());
-  return [place](comm::Communicator& link, std::string* kind) {
+  return std::make_unique<const DevicePlacement>(place_device_rank(mesh.world()));
+}
+
+// On device ranks, each pipeline link's path for device memory: NCCL or staged, chosen as the
+// dp group's is.
+PipelineExecutor::DeviceLinks pipeline_device_links(const DevicePlacement* place) {
+  if (place == nullptr) return nullptr;
+  return [place = *place](comm::Communicator& link, std::string* kind) {
     return make_device_collectives(link, place, kind);
   };
 }
@@ -87,6 +93,7 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
                const Build& build, uint64_t seed)
     : spec_(spec),
       mesh_(world, Layout::resolve(spec, world.size())),
+      place_(place_on_device(mesh_)),
       overlap_(resolve_overlap(spec, mesh_)),
       composed_(compose(spec, mesh_.layout(), overlap_)),
       type_(precision_type(spec)),
@@ -97,12 +104,13 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
   hooks_fn_ = [this](nn::Phase p, size_t b, bool last) { hook(p, b, last); };
   block_start_.assign(model_.num_blocks(), 0.0);
   parts_ = composed_.json(spec, overlap_);
+  if (place_) record_gpus();
   if (layout().servers > 0) {
     build_parameter_server(spec, optim, seed);
   } else {
     if (composed_.executor == ExecutorKind::kPipeline)
       executor_ = std::make_unique<PipelineExecutor>(spec, mesh_.group(Axis::kPp), model_,
-                                                     pipeline_device_links(mesh_));
+                                                     pipeline_device_links(place_.get()));
     else
       executor_ = std::make_unique<LocalExecutor>(model_, spec.recompute, spec.offload);
     comm::Communicator& group = mesh_.group(Axis::kShard);  // dp, or its zero.shard_size group
@@ -213,8 +221,7 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
 // shard groups, a second DeviceCollectives carries each shard's all-reduce across the groups,
 // or (deterministic mode) the exact sum over all of dp.
 void Engine::build_device_comms(comm::Communicator& group, comm::Communicator* across) {
-  const DevicePlacement place = place_device_rank(mesh_.world());
-  parts_["gpu"] = place.device;
+  const DevicePlacement& place = *place_;
   std::string kind;
   if (group.size() > 1) {
     device_comm_ = make_device_collectives(group, place, &kind);
@@ -231,6 +238,15 @@ void Engine::build_device_comms(comm::Communicator& group, comm::Communicator* a
     tp_->use_device(make_device_collectives(mesh_.group(Axis::kTp), place, &kind));
     parts_["tp_device_comm"] = kind;
   }
+}
+
+// Collective over the world. engine.gpus: each rank's GPU, by world rank; engine.gpu_shared:
+// whether ranks share GPUs (more ranks on the host than GPUs).
+void Engine::record_gpus() {
+  std::vector<int32_t> gpus(static_cast<size_t>(mesh_.world().size()));
+  mesh_.world().allgather(&place_->device, gpus.data(), 1, comm::ElemType::kI32);
+  parts_["gpus"] = gpus;
+  parts_["gpu_shared"] = place_->shared;
 }
 
 int Engine::data_rank() const { return trains() ? mesh_.coord().dp : 0; }

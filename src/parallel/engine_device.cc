@@ -20,24 +20,22 @@ int env_int(const char* name, int fallback) {
 }  // namespace
 
 DevicePlacement place_device_rank(comm::Communicator& world) {
-  DevicePlacement p;
   const comm::NcclApi* api = comm::installed_nccl_api();
-  int count = 1;  // without an NcclApi to ask, the runtime's one device
-  if (const int e = api != nullptr ? api->device_count(&count) : 0; e != 0)
+  if (api == nullptr) return {0, world.ranks_on_host() > 1};  // the runtime's one device
+  int count = 1;
+  if (const int e = api->device_count(&count); e != 0)
     throw Error(str("runtime.device = cuda: cudaGetDeviceCount failed, got ",
                     api->device_error_string(e), "; check the driver with nvidia-smi"));
   count = std::max(count, 1);
-  if (world.backend() != comm::Backend::kMpi) {  // threads: one process, the runtime's device
-    p.shared = world.size() > 1;
-    return p;
-  }
-  const int local_rank = env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0);
-  p.device = local_rank % count;
-  p.shared = world.ranks_on_host() > count;
-  if (const int e = api != nullptr ? api->set_device(p.device) : 0; e != 0)
-    throw Error(str("runtime.device = cuda: cudaSetDevice(", p.device, ") for local rank ",
-                    local_rank, " of ", world.ranks_on_host(), " on ", count, " GPUs failed, got ",
-                    api->device_error_string(e), "; check CUDA_VISIBLE_DEVICES"));
+  // Ranks as threads: one process holds every rank of this host, numbered as the world's.
+  const bool mpi = world.backend() == comm::Backend::kMpi;
+  const int local_rank = mpi ? env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0) : world.rank();
+  const DevicePlacement p{local_rank % count, world.ranks_on_host() > count};
+  if (const int e = api->set_device(p.device); e != 0)
+    throw Error(str("runtime.device = cuda: cudaSetDevice(", p.device, ") for ",
+                    mpi ? "local rank " : "rank ", local_rank, " of ", world.ranks_on_host(),
+                    " on ", count, " GPUs failed, got ", api->device_error_string(e),
+                    "; check CUDA_VISIBLE_DEVICES"));
   return p;
 }
 

@@ -1,10 +1,10 @@
 // A device rank's GPU and the collectives its gradient buckets run on device memory
-// (comm/nccl.h's DeviceCollectives). Ranks that are threads of one process share the device
-// runtime's one device (its caching pool serves one GPU), an MPI process takes GPU (local rank
-// mod device count). The collectives are NCCL's where the installed NcclApi can hold this
-// group's ranks (one per GPU, or NCCL 2.30+ sharing one), else copies through the host
-// (comm/staged_collectives.h), which any number of ranks on one GPU can run. docs/nccl.md.
-// Internal to the parallel area; built by the Engine.
+// (comm/nccl.h's DeviceCollectives). A rank takes GPU (its rank on the host mod the GPUs it
+// sees): a rank that is a thread sets it on its thread, an MPI process on its one thread; ranks
+// share a GPU only when there are more of them than GPUs. The collectives are NCCL's where the
+// installed NcclApi can hold this group's ranks (one per GPU, or NCCL 2.30+ sharing one), else
+// copies through the host (comm/staged_collectives.h), which any number of ranks on one GPU can
+// run. docs/nccl.md. Internal to the parallel area; built by the Engine.
 #pragma once
 
 #include <memory>
@@ -17,13 +17,17 @@ namespace tessel::parallel {
 
 // Where a rank's device work runs.
 struct DevicePlacement {
-  int device = 0;       // the GPU index
-  bool shared = false;  // other ranks of this host use that GPU too
+  int device = 0;  // the GPU index
+  // The host has more ranks than GPUs, so some share one: every rank of the host says the
+  // same, so that a group's ranks all choose the same collectives.
+  bool shared = false;
 };
 
-// Collective-free. Places this rank (`world`: every rank of the job) and, under MPI, makes its
-// GPU (OMPI_COMM_WORLD_LOCAL_RANK mod the GPUs the installed NcclApi counts) this thread's
-// current device; call before anything is allocated there.
+// Collective-free. Places this rank (`world`: every rank of the job) on GPU (its rank on the
+// host mod the GPUs the installed NcclApi counts; the rank for threads, OMPI_COMM_WORLD_LOCAL_RANK
+// under MPI) and makes that GPU this thread's current device: call on the rank's thread before
+// anything is allocated on the device (the caching pool hands out the current GPU's memory).
+// Without an NcclApi there is one GPU, which every rank shares.
 DevicePlacement place_device_rank(comm::Communicator& world);
 
 // Collective over dp. The dp group's collectives on device memory; *kind says which ("nccl" or

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "../../src/comm/reduce.h"
+#include "fake_device.h"
 #include "tessel/core/error.h"
 
 namespace tessel::comm::testing {
@@ -92,6 +93,7 @@ struct Message {  // a send waiting for its receive
 
 struct Group {  // the ranks of one unique id; every field under mu
   int nranks = 0;
+  std::vector<int> gpus;  // of the ranks joined so far
   std::mutex mu;
   std::condition_variable cv;
   int joined = 0, finalized = 0;
@@ -106,6 +108,7 @@ struct Group {  // the ranks of one unique id; every field under mu
 struct Comm {
   std::shared_ptr<Group> g;
   int rank = 0;
+  int gpu = 0;  // the thread's fake GPU at init, as NCCL binds a communicator to its device
   MockFault fault = MockFault::kNone;
   int fault_after = 0;
   double delay_s = 0;  // mock_nccl_delay
@@ -130,6 +133,7 @@ struct Library {  // the mock library's global state, as libnccl's
   std::string first_misuse;
   uint64_t ids = 0;
   int streams = 0;
+  bool shares_device = true;  // mock_nccl_shares_device
 };
 Library& lib() {
   static Library l;
@@ -306,6 +310,10 @@ thread_local std::vector<std::pair<Comm*, Op>> t_grouped;
 NcclResult submit(NcclComm handle, const Op& op, const char* call) {
   Comm* c = comm_of(handle);
   if (!c) return misuse(str(call, " on a null communicator"));
+  for (const void* p : {op.send, static_cast<const void*>(op.recv)})  // host memory: any GPU
+    if (const int gpu = fakes::fake_gpu_of(p); gpu >= 0 && gpu != c->gpu)
+      return misuse(str(call, " of rank ", c->rank, "'s communicator on GPU ", c->gpu,
+                        " was given GPU ", gpu, "'s memory"));
   std::unique_lock<std::mutex> lock(c->g->mu);
   if (NcclResult r = usable(*c, call); r != NcclResult::kSuccess) return r;
   if (t_depth > 0) {
@@ -340,8 +348,10 @@ NcclResult group_end() {
 NcclResult init_rank(NcclComm* out, int nranks, const NcclUniqueId* id, int rank) {
   Library& l = lib();
   auto comm = std::make_unique<Comm>();
+  bool shares = true;
   {
     std::lock_guard<std::mutex> lock(l.mu);
+    shares = l.shares_device;
     auto& g = l.groups[std::string(id->internal, kNcclUniqueIdBytes)];
     if (!g) {
       g = std::make_shared<Group>();
@@ -361,8 +371,14 @@ NcclResult init_rank(NcclComm* out, int nranks, const NcclUniqueId* id, int rank
   }
   Group& g = *comm->g;
   comm->rank = rank;
+  comm->gpu = fakes::fake_gpu();
   {
     std::lock_guard<std::mutex> lock(g.mu);
+    const bool taken = std::find(g.gpus.begin(), g.gpus.end(), comm->gpu) != g.gpus.end();
+    if (taken && !shares)  // NCCL before 2.30: "Duplicate GPU detected"
+      return misuse(str("init_rank of rank ", rank, " on GPU ", comm->gpu,
+                        ", which another rank of the group holds"));
+    g.gpus.push_back(comm->gpu);
     ++g.joined;
   }
   *out = reinterpret_cast<NcclComm>(comm.get());
@@ -488,16 +504,24 @@ const NcclApi kMock = {
     .finalize = finalize,
     .destroy = destroy,
     .last_error = [](NcclComm) -> const char* { return "mock nccl: see the async error"; },
-    .shares_device = [] { return true; },  // ranks are threads on one host memory
+    .shares_device =
+        [] {
+          std::lock_guard<std::mutex> lock(lib().mu);
+          return lib().shares_device;
+        },
     .device_count =
         [](int* count) {
-          *count = 1;
+          *count = fakes::fake_gpu_count();
           return 0;
         },
     .set_device =
         [](int device) {
-          if (device != 0) misuse("cudaSetDevice of a device the mock does not have");
-          return device == 0 ? 0 : 101;  // cudaErrorInvalidDevice
+          if (device < 0 || device >= fakes::fake_gpu_count()) {
+            misuse(str("cudaSetDevice(", device, ") of a GPU the mock does not have"));
+            return 101;  // cudaErrorInvalidDevice
+          }
+          fakes::set_fake_gpu(device);
+          return 0;
         },
     .stream_create =
         [](NcclStream* s) {
@@ -583,9 +607,15 @@ MockNcclState mock_nccl_state() {
   return s;
 }
 
+void mock_nccl_shares_device(bool allowed) {
+  std::lock_guard<std::mutex> lock(lib().mu);
+  lib().shares_device = allowed;
+}
+
 void mock_nccl_reset() {
   Library& l = lib();
   std::lock_guard<std::mutex> lock(l.mu);
+  l.shares_device = true;
   l.groups.clear();
   l.comms.clear();
   l.events.clear();

@@ -9,7 +9,10 @@
 // destroyed communicator, ranks whose calls differ) counts as a misuse, which tests check.
 // Once a rank aborts or dies, nothing more completes in its group and the other ranks' async
 // error turns ncclRemoteError (what NCCL's network transports report when a peer goes away).
-// It has one device, which every rank may share (as NCCL 2.30 with NCCL_MULTI_RANK_GPU_ENABLE).
+// Its CUDA slots are the fake device's (tests/support/fake_device.h): device_count its GPUs (1
+// without a FakeDevice), set_device this thread's fake GPU. A communicator belongs to the GPU
+// current at init_rank, and a buffer of another GPU's memory given to it is a misuse. Ranks may
+// share a GPU (as NCCL 2.30 with NCCL_MULTI_RANK_GPU_ENABLE) unless mock_nccl_shares_device(false).
 #pragma once
 
 #include <string>
@@ -41,8 +44,12 @@ struct MockNcclState {
   std::string first_misuse;
 };
 MockNcclState mock_nccl_state();
-// Forgets faults, delays, misuses and dead communicators; call between tests, with no stream
-// left.
+// For communicators created from now on: whether ranks of one group may share a GPU (true by
+// default). Without, a second rank's init_rank on a GPU of the group is a misuse and fails with
+// kInvalidUsage, as NCCL before 2.30 refuses it; shares_device answers the same.
+void mock_nccl_shares_device(bool allowed);
+// Forgets faults, delays, sharing, misuses and dead communicators; call between tests, with no
+// stream left.
 void mock_nccl_reset();
 
 }  // namespace tessel::comm::testing

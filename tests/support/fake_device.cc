@@ -16,11 +16,28 @@ namespace tessel::fakes {
 
 // ---- FakeRuntime ----
 
+namespace {
+thread_local int t_gpu = 0;
+
+// Each pointer that is device memory lies on the calling thread's GPU.
+void expect_on_this_gpu(const FakeRuntime& r, const char* what,
+                        std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers) {
+    const int gpu = p != nullptr ? r.gpu_of(p) : -1;
+    if (gpu >= 0) {
+      EXPECT_EQ(gpu, t_gpu) << what << " on GPU " << t_gpu << " was given GPU " << gpu
+                            << "'s memory";
+    }
+  }
+}
+}  // namespace
+
 void* FakeRuntime::allocate(size_t bytes) {
   std::lock_guard<std::recursive_mutex> lock(mu);
   void* p = std::malloc(allocation_size(bytes));
   std::memset(p, 0xFF, allocation_size(bytes));
   blocks[p] = allocation_size(bytes);
+  gpus[p] = t_gpu;
   in_use += static_cast<int64_t>(allocation_size(bytes));
   return p;
 }
@@ -30,12 +47,14 @@ void FakeRuntime::free(void* p, size_t bytes) noexcept {
   EXPECT_EQ(blocks[p], allocation_size(bytes));
   in_use -= static_cast<int64_t>(blocks[p]);
   blocks.erase(p);
+  gpus.erase(p);
   std::free(p);
 }
 
 void FakeRuntime::zero(void* p, size_t bytes, void* stream) {
   std::lock_guard<std::recursive_mutex> lock(mu);
   EXPECT_TRUE(owns(p, bytes));
+  expect_on_this_gpu(*this, "zero", {p});
   streams.push_back(stream);
   std::memset(p, 0, bytes);
 }
@@ -45,6 +64,7 @@ void FakeRuntime::copy(void* dst, Device dst_device, const void* src, Device src
   std::lock_guard<std::recursive_mutex> lock(mu);
   EXPECT_EQ(dst_device == Device::kCuda, owns(dst, bytes));
   EXPECT_EQ(src_device == Device::kCuda, owns(src, bytes));
+  expect_on_this_gpu(*this, "copy", {dst, src});
   streams.push_back(stream);
   ++copies;
   if (dst_device == Device::kCpu) to_host_bytes += static_cast<int64_t>(bytes);
@@ -56,6 +76,7 @@ void FakeRuntime::convert(void* dst, DType dst_type, const void* src, DType src_
   std::lock_guard<std::recursive_mutex> lock(mu);
   EXPECT_TRUE(owns(dst, static_cast<size_t>(n) * dtype_size(dst_type)));
   EXPECT_TRUE(owns(src, static_cast<size_t>(n) * dtype_size(src_type)));
+  expect_on_this_gpu(*this, "convert", {dst, src});
   streams.push_back(stream);
   ops::convert(dst, dst_type, src, src_type, n);
 }
@@ -66,6 +87,15 @@ bool FakeRuntime::owns(const void* p, size_t bytes) const {
     if (p >= base && static_cast<const char*>(p) + bytes <= static_cast<char*>(base) + size)
       return true;
   return false;
+}
+
+int FakeRuntime::gpu_of(const void* p) const {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  auto it = blocks.upper_bound(const_cast<void*>(p));  // the first block after p
+  if (it == blocks.begin()) return -1;
+  --it;
+  if (static_cast<const char*>(p) >= static_cast<char*>(it->first) + it->second) return -1;
+  return gpus.at(it->first);
 }
 
 // ---- The kernel table: the CPU kernels on the fake device's memory ----
@@ -88,6 +118,7 @@ struct FakeSlots {
         EXPECT_TRUE(g_device->runtime_.owns(p, 1)) << op << " was given host memory";
       }
     }
+    expect_on_this_gpu(g_device->runtime_, op, pointers);
   }
 
   // The logits widened to f32 (the CPU loss's own widening).
@@ -423,7 +454,7 @@ void FakeSlots::fill_exact_slots(ops::DeviceKernels& k) {
 
 // ---- FakeDevice ----
 
-FakeDevice::FakeDevice() : kernels_(FakeSlots::table()) {
+FakeDevice::FakeDevice(int gpus) : gpus_(gpus), kernels_(FakeSlots::table()) {
   g_device = this;
   install_device_runtime(Device::kCuda, &runtime_);
   ops::install_device_kernels(Device::kCuda, &kernels_);
@@ -441,5 +472,19 @@ int FakeDevice::calls(const std::string& op) const {
   auto it = calls_.find(op);
   return it == calls_.end() ? 0 : it->second;
 }
+
+// ---- Several GPUs ----
+
+void set_fake_gpu(int gpu) {
+  EXPECT_GE(gpu, 0);
+  EXPECT_LT(gpu, fake_gpu_count()) << "set_fake_gpu of a GPU the fake device does not have";
+  t_gpu = gpu;
+}
+
+int fake_gpu() { return t_gpu; }
+
+int fake_gpu_count() { return g_device != nullptr ? g_device->gpu_count() : 1; }
+
+int fake_gpu_of(const void* p) { return g_device != nullptr ? g_device->runtime().gpu_of(p) : -1; }
 
 }  // namespace tessel::fakes

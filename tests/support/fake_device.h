@@ -6,6 +6,10 @@
 // host buffer passed to a device kernel, a missed upload, fails the test). Install one per test
 // (it installs itself for Device::kCuda and uninstalls in its destructor) from one thread; its
 // runtime calls and slots may come from several (ranks as threads share the one fake device).
+// It stands in for one GPU or several: each thread has a current GPU (set_fake_gpu, as
+// cudaSetDevice; the mock NCCL's set_device calls it), each block belongs to the GPU current on
+// the thread that allocated it, and every runtime call and kernel slot checks that the device
+// memory it is given is on the calling thread's GPU.
 #pragma once
 
 #include <cstddef>
@@ -35,6 +39,9 @@ class FakeRuntime : public DeviceRuntime {
 
   // Whether [p, p + bytes) lies in one block of this runtime.
   bool owns(const void* p, size_t bytes) const;
+  // The GPU of the block holding p; -1 when p is in none.
+  int gpu_of(const void* p) const;
+  std::map<void*, int> gpus;  // each block's GPU
 
   std::map<void*, size_t> blocks;
   int64_t in_use = 0;
@@ -48,7 +55,8 @@ class FakeRuntime : public DeviceRuntime {
 
 class FakeDevice {
  public:
-  FakeDevice();   // installs the runtime and the kernel table for Device::kCuda
+  // Installs the runtime and the kernel table for Device::kCuda, standing in for `gpus` GPUs.
+  explicit FakeDevice(int gpus = 1);
   ~FakeDevice();  // uninstalls both; every device block must have been freed by then
   FakeDevice(const FakeDevice&) = delete;
   FakeDevice& operator=(const FakeDevice&) = delete;
@@ -56,12 +64,21 @@ class FakeDevice {
   // How many times the slot of `op` (its field name in DeviceKernels) ran.
   int calls(const std::string& op) const;
   FakeRuntime& runtime() { return runtime_; }
+  int gpu_count() const { return gpus_; }
 
  private:
+  int gpus_;
   FakeRuntime runtime_;
   ops::DeviceKernels kernels_;
   std::map<std::string, int> calls_;
   friend struct FakeSlots;
 };
+
+// ---- Several GPUs: this thread's current one, as the CUDA runtime keeps it ----
+void set_fake_gpu(int gpu);  // cudaSetDevice
+int fake_gpu();              // cudaGetDevice: 0 until set on this thread
+int fake_gpu_count();        // cudaGetDeviceCount: the installed FakeDevice's, 1 without one
+// The GPU of the installed FakeDevice's block holding p; -1 when none holds it (host memory).
+int fake_gpu_of(const void* p);
 
 }  // namespace tessel::fakes

@@ -54,6 +54,7 @@ namespace tessel::parallel {
 
 class WorkingCopy;
 class TpGroup;
+struct DevicePlacement;
 
 // Work handed out one batch at a time (a parameter-server worker in async or ssp mode): the
 // Trainer trains the whole worker batches it claims instead of its slice of every batch.
@@ -175,6 +176,7 @@ class Engine {
                               uint64_t seed);
   void build_data_parallel(const ParallelSpec& spec, uint64_t seed);
   void build_device_comms(comm::Communicator& group, comm::Communicator* across);
+  void record_gpus();
   // The part whose state travels in checkpoints beside the values (compression residuals):
   // the gradient sync's, or else the store's (a parameter-server worker's pushes).
   std::vector<float> compression_state();
@@ -186,6 +188,8 @@ class Engine {
 
   ParallelSpec spec_;
   Mesh mesh_;
+  // A device rank's GPU, set on its thread before anything is allocated there (null on the CPU).
+  std::unique_ptr<const DevicePlacement> place_;
   bool overlap_ = false;      // bucket collectives on a progress thread (ddp.overlap resolved)
   Parts composed_;            // what the decision table chose (composition.h)
   DType type_ = DType::kF32;  // train.precision

@@ -1,13 +1,9 @@
-// Device tensors on CUDA: the caching pool and the DeviceRuntime built on it.
+// Device tensors on CUDA: the DeviceRuntime over the caching pools (device_pools.h).
 #include "tessel/ops/cuda/runtime.h"
 
 #include <cuda_runtime_api.h>
 
-#include <algorithm>
-#include <mutex>
-#include <unordered_map>
-#include <vector>
-
+#include "device_pools.h"
 #include "kernel_table.h"
 #include "tessel/ops/cuda/check.h"
 #include "tessel/ops/cuda/device.h"
@@ -17,76 +13,48 @@
 namespace tessel::ops::cuda {
 namespace {
 
-// Freed blocks are kept by size class and handed out again to a request of the same class, so a
-// training step's activations reuse the previous step's memory without cudaMalloc/cudaFree
-// (which synchronise the device). One stream per device: a block freed by the host is reused
-// by work queued after the work that used it. Everything cached is freed at exit.
-class Pool {
- public:
-  ~Pool() {
-    for (auto& [size, blocks] : free_)
-      for (void* p : blocks) cudaFree(p);  // at exit: errors have nobody to report to
-  }
-
-  void* allocate(size_t bytes) {
-    const size_t size = pool_size_class(bytes);
-    std::lock_guard<std::mutex> lock(mu_);
-    void* p = nullptr;
-    auto it = free_.find(size);
-    if (it != free_.end() && !it->second.empty()) {
-      p = it->second.back();
-      it->second.pop_back();
-    } else {
-      cudaError_t e = cudaMalloc(&p, size);
-      if (e == cudaErrorMemoryAllocation) {  // give the cache back, then try once more
-        cudaGetLastError();
-        release_cached();
-        e = cudaMalloc(&p, size);
-      }
-      if (e != cudaSuccess)
-        check_cuda(e, str("cudaMalloc of ", size, " bytes (device memory of tensors; ",
-                          stats_.in_use, " bytes in use): make the model or the batch smaller")
-                          .c_str());
-      stats_.reserved += static_cast<int64_t>(size);
-    }
-    stats_.in_use += static_cast<int64_t>(size);
-    if (stats_.in_use > stats_.peak_in_use) stats_.peak_in_use = stats_.in_use;
-    return p;
-  }
-
-  void free(void* p, size_t bytes) noexcept {
-    const size_t size = pool_size_class(bytes);
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.in_use -= static_cast<int64_t>(size);
-    free_[size].push_back(p);
-  }
-
-  PoolStats stats() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return stats_;
-  }
-  void reset_peak() {
-    std::lock_guard<std::mutex> lock(mu_);
-    stats_.peak_in_use = stats_.in_use;
-  }
-
- private:
-  void release_cached() {  // mu_ held
-    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize before freeing cached blocks");
-    for (auto& [size, blocks] : free_) {
-      for (void* p : blocks) check_cuda(cudaFree(p), "cudaFree of a cached block");
-      stats_.reserved -= static_cast<int64_t>(size * blocks.size());
-      blocks.clear();
-    }
-  }
-
-  std::mutex mu_;
-  std::unordered_map<size_t, std::vector<void*>> free_;
-  PoolStats stats_;
+// The CUDA runtime's calls under the caching pools (device_pools.h).
+const RawDevice kCudaMemory = {
+    .count =
+        [] {
+          int count = 0;
+          if (cudaGetDeviceCount(&count) == cudaSuccess) return count;
+          cudaGetLastError();  // no device: the first cudaMalloc says why
+          return 0;
+        },
+    .current =
+        [] {
+          int device = 0;
+          if (cudaGetDevice(&device) == cudaSuccess) return device;
+          cudaGetLastError();
+          return 0;
+        },
+    .allocate =
+        [](size_t bytes, int64_t in_use, bool last_try) {
+          void* p = nullptr;
+          const cudaError_t e = cudaMalloc(&p, bytes);
+          if (e == cudaErrorMemoryAllocation && !last_try) {
+            cudaGetLastError();
+            return static_cast<void*>(nullptr);
+          }
+          int device = 0;
+          if (e != cudaSuccess && cudaGetDevice(&device) != cudaSuccess) cudaGetLastError();
+          check_cuda(e, str("cudaMalloc of ", bytes, " bytes on GPU ", device,
+                            " (device memory of tensors; ", in_use,
+                            " bytes in use): make the model or the batch smaller")
+                            .c_str());
+          return p;
+        },
+    .release = [](void* p) { check_cuda(cudaFree(p), "cudaFree of a cached block"); },
+    .synchronize =
+        [] {
+          check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize before freeing cached blocks");
+        },
+    .set_current = [](int device) { check_cuda(cudaSetDevice(device), "cudaSetDevice"); },
 };
 
-Pool& pool() {
-  static Pool p;  // destroyed at exit, giving the cached blocks back
+DevicePools& pools() {
+  static DevicePools p(kCudaMemory);  // destroyed at exit, giving the cached blocks back
   return p;
 }
 
@@ -96,8 +64,8 @@ class CudaRuntime final : public DeviceRuntime {
  public:
   std::string unavailable_reason() const override { return device_unavailable_reason(); }
   size_t allocation_size(size_t bytes) const override { return pool_size_class(bytes); }
-  void* allocate(size_t bytes) override { return pool().allocate(bytes); }
-  void free(void* p, size_t bytes) noexcept override { pool().free(p, bytes); }
+  void* allocate(size_t bytes) override { return pools().current().allocate(bytes); }
+  void free(void* p, size_t bytes) noexcept override { pools().free(p, bytes); }
   void zero(void* p, size_t bytes, void* stream) override {
     check_cuda(cudaMemsetAsync(p, 0, bytes, as_stream(stream)), "cudaMemsetAsync of a tensor");
   }
@@ -122,19 +90,13 @@ class CudaRuntime final : public DeviceRuntime {
 
 }  // namespace
 
-size_t pool_size_class(size_t bytes) {
-  constexpr size_t kSmall = 512, kLarge = size_t{2} << 20;
-  const size_t step = bytes <= (size_t{1} << 20) ? kSmall : kLarge;
-  return (std::max<size_t>(bytes, 1) + step - 1) / step * step;
-}
-
 void install() {
   static CudaRuntime runtime;
   install_device_runtime(Device::kCuda, &runtime);
   install_device_kernels(Device::kCuda, &kernel_table());
 }
 
-PoolStats pool_stats() { return pool().stats(); }
-void pool_reset_peak() { pool().reset_peak(); }
+PoolStats pool_stats() { return pools().current().stats(); }
+void pool_reset_peak() { pools().current().reset_peak(); }
 
 }  // namespace tessel::ops::cuda

@@ -14,7 +14,8 @@ namespace tessel::ops::cuda {
 // device_runtime(Device::kCuda).unavailable_reason() or at the first allocation.
 void install();
 
-// The pool's own count of device memory (bytes in its size classes).
+// A pool's own count of device memory (bytes in its size classes). There is one pool per GPU;
+// these are the calling thread's current GPU's (a rank's own, with ranks on several GPUs).
 struct PoolStats {
   int64_t in_use = 0;       // handed out and not yet freed
   int64_t peak_in_use = 0;  // the most in_use since start or reset_peak

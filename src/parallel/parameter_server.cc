@@ -132,6 +132,8 @@ std::vector<nn::Range> ParameterServer::unit_shards(int k) const {
 // Each unit shard as one message: f32, deterministic mode's integer sums, or the codec's
 // message of the unscaled gradient (int8's key: the unit shard's place in the model).
 void ParameterServer::send_unit(int u) {
+  TraceSpan span("push unit", "ps");
+  if (TraceArgs* args = span.args()) args->num("unit", u);
   sent_[static_cast<size_t>(u)] = 1;
   const nn::Range r = units_.list[static_cast<size_t>(u)].range;
   for (UnitShard& p : by_unit_[static_cast<size_t>(u)]) {

@@ -395,6 +395,29 @@ TEST(Compress, ResumedParameterServerRunWithTopKEndsBitIdentical) {
   const auto [whole, resumed] = whole_and_resumed(cfg, 3, "compress_resume_ps_topk");
   EXPECT_EQ(resumed.summary["steps"], 20);
   EXPECT_EQ(resumed.summary["params_sha256"], whole.summary["params_sha256"]);
+  // The residuals are saved one per arena element: a run resumes on another server count and
+  // other buckets. A state of another length (data parallelism's) is a clear error.
+  train::RunOptions first;
+  first.run_dir = testing::test_run_dir("compress_resume_ps_topk_other");
+  first.stop_after = 7;
+  testing::train_on(cfg, 3, first);
+  train::RunOptions second;
+  second.run_dir = second.resume = first.run_dir;
+  train::Config other = cfg;
+  other.parallel.ps_servers = 2;
+  other.parallel.bucket_mb = 0.001;
+  EXPECT_EQ(testing::train_on(other, 4, second).summary["steps"], 20);
+  const train::Config dp = small({"compress.kind=topk", "compress.ratio=0.1"});
+  first.run_dir = testing::test_run_dir("compress_resume_dp_topk");
+  testing::train_on(dp, 2, first);
+  second.run_dir = second.resume = first.run_dir;
+  try {
+    testing::train_on(small({"ps.servers=1", "compress.kind=topk", "compress.ratio=0.1"}), 3,
+                      second);
+    ADD_FAILURE() << "a data-parallel compression state resumed into parameter-server pushes";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("push residuals"), std::string::npos) << e.what();
+  }
 }
 
 // The bytes of one worker's push: every unit shard (a unit's part of a server's range) one

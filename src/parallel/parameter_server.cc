@@ -270,10 +270,10 @@ std::vector<float> ParameterServer::save_state() {
 void ParameterServer::load_state(const std::vector<float>& state) {
   const size_t need = save_state().size();
   if (state.size() != need)
-    throw IoError(str("compress: the checkpoint's push residuals have ", state.size(),
-                      " values, this model needs ", need,
-                      " (one per parameter element, and the length); resume with the model and "
-                      "compress.kind it was saved with"));
+    throw IoError(str("compress: the checkpoint's push residuals of worker rank ", rank(), " have ",
+                      state.size(), " values, parameter-server pushes need ", need,
+                      " (the length, then one per parameter element), so another model or "
+                      "layout saved them; resume with the model and layout it was saved with"));
   for (auto& v : by_unit_)
     for (UnitShard& p : v)
       if (std::vector<float>* s = p.codec ? p.codec->state() : nullptr)

@@ -5,10 +5,10 @@
 // count, so a resumed run continues the count); a worker's clock is the number of steps it has
 // pushed; staleness of a push is the server's version when it is applied minus the version the
 // worker computed on. One request per worker is always posted, and so are the gradient
-// receives straight into that worker's buffer, one per shard its buckets send (a push's payload
-// then lands while the worker's backward still runs and the server is busy elsewhere); the loop
-// polls them in worker order, handles whatever arrived, then answers the
-// pulls that the mode now allows:
+// receives straight into that worker's buffer, one per unit shard its buckets send (a push's
+// payload then lands while the worker's backward still runs and the server is busy elsewhere;
+// compressed messages are decoded as they arrive); the loop polls them in worker order,
+// handles whatever arrived, then answers the pulls that the mode now allows:
 //   sync:  a pull at clock c waits for step c (every worker's gradient of step c - 1 summed in
 //          worker order, one update: the data-parallel step);
 //   async: a push is applied at once, the pull answered at once;

@@ -313,18 +313,24 @@ TEST(ParameterServer, ResumedSyncRunEqualsUninterrupted) {
   EXPECT_EQ(switched.summary["ranks"]["ps_servers"][0]["pushes"], 3 * 11);
 }
 
+// Async and ssp (and async with int8 pushes in several unit shards, each push decoded and
+// applied on its own) learn and apply every push once.
 TEST(ParameterServer, AsyncAndSspLearnAndReportStaleness) {
-  for (const char* mode : {"async", "ssp"}) {
-    train::Config cfg = small_config({"ps.servers=1", std::string("ps.mode=") + mode,
-                                      "train.max_steps=0", "train.epochs=3", "optim.lr=0.05"});
-    Result r = train_on(cfg, 4, mode);
+  for (const auto& [mode, kind] :
+       {std::pair{"async", "none"}, {"ssp", "none"}, {"async", "int8"}}) {
+    std::vector<std::string> keys = {"ps.servers=1", std::string("ps.mode=") + mode,
+                                     "train.max_steps=0", "train.epochs=3", "optim.lr=0.05"};
+    if (std::string(kind) == "int8")
+      keys.insert(keys.end(), {"compress.kind=int8", "ddp.bucket_mb=0.001"});
+    train::Config cfg = small_config(keys);
+    Result r = train_on(cfg, 4, std::string(mode) + kind);
     const nlohmann::json& m = r.summary["ranks"];
     const nlohmann::json& s = m["ps_servers"][0];
     const int64_t steps = r.summary["steps"].get<int64_t>();
     EXPECT_EQ(s["pushes"], 3 * steps);
     EXPECT_EQ(s["updates"], 3 * steps);  // one update per push
     EXPECT_EQ(histogram_total(s["staleness_histogram"]), 3 * steps);
-    EXPECT_GT(r.summary["test_accuracy"].get<double>(), 0.6) << mode;
+    EXPECT_GT(r.summary["test_accuracy"].get<double>(), 0.6) << mode << " " << kind;
     EXPECT_EQ(m["ps_mode"], mode);
   }
 }

@@ -139,23 +139,25 @@ void ParameterServer::send_unit(int u) {
   for (UnitShard& p : by_unit_[static_cast<size_t>(u)]) {
     const size_t n = static_cast<size_t>(p.range.size());
     const int to = server_rank(p.server);
-    float* g = exact_ ? nullptr : sync_->grads(r) + (p.range.lo - r.lo);
     if (exact_) {
       sends_.push_back(
           world_.isend(exact_->sums() + p.range.lo, n, comm::ElemType::kI64, to, kTagGrad));
-    } else if (!p.codec) {
-      sends_.push_back(world_.isend(g, n, comm::ElemType::kF32, to, kTagGrad));
-    } else {
-      const double t0 = now_seconds();
-      const void* msg = p.codec->encode(g, {seed_, step_, p.index, rank(), 1});
-      encode_s_ += now_seconds() - t0;
-      const uint64_t before = world_.transport().sent_bytes();
-      sends_.push_back(
-          world_.isend(msg, p.codec->message_bytes(), comm::ElemType::kU8, to, kTagGrad));
-      sent_bytes_ += static_cast<double>(world_.transport().sent_bytes() - before);
-      formula_ += static_cast<double>(p.codec->message_bytes());
-      f32_ += 4.0 * static_cast<double>(n);
+      continue;
     }
+    float* g = sync_->grads(r) + (p.range.lo - r.lo);
+    if (!p.codec) {
+      sends_.push_back(world_.isend(g, n, comm::ElemType::kF32, to, kTagGrad));
+      continue;
+    }
+    const double t0 = now_seconds();
+    const void* msg = p.codec->encode(g, {seed_, step_, p.index, rank(), 1});
+    encode_s_ += now_seconds() - t0;
+    const uint64_t before = world_.transport().sent_bytes();
+    sends_.push_back(
+        world_.isend(msg, p.codec->message_bytes(), comm::ElemType::kU8, to, kTagGrad));
+    sent_bytes_ += static_cast<double>(world_.transport().sent_bytes() - before);
+    formula_ += static_cast<double>(p.codec->message_bytes());
+    f32_ += 4.0 * static_cast<double>(n);
   }
 }
 

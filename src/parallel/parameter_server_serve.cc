@@ -217,11 +217,9 @@ void ServerLoop::record_staleness(int64_t s, double count) {
 void ServerLoop::push(int w) {
   Worker& k = workers_[static_cast<size_t>(w)];
   const bool skip = k.request.skip != 0;
-  if (skip) {
-    for (comm::Work& g : k.grad_works) g.wait(deadline());
-  } else {
-    decode_arrived(w, true);
-    for (comm::Work& g : k.grad_works) g.wait(deadline());
+  for (comm::Work& g : k.grad_works) g.wait(deadline());
+  if (!skip) {
+    decode_arrived(w, true);  // the rest of the compressed messages
     const float scale = std::bit_cast<float>(static_cast<uint32_t>(k.request.scale));
     k.factor = scale;  // deterministic: the optimizer's gradient scale
     if (!exact() && scale != 1.0f)

@@ -5,8 +5,9 @@
 // blocking ones' bits), reports its bytes, and so does every layout compression composes with
 // (ZeRO-1/2, dp2 x pp2, tp2 x dp2, bf16/fp16 precision: within the codec's tolerance of the same
 // layout uncompressed, bytes within 5% of the formula); a resumed compressed run (data parallel,
-// ZeRO-2, or parameter-server top-k pushes) ends bit-identical to an uninterrupted one;
-// parameter-server pushes shrink to their messages; bad keys are clear errors.
+// ZeRO-2, or parameter-server top-k pushes) ends bit-identical to an uninterrupted one, and the
+// push residuals also resume on other servers and buckets; parameter-server pushes travel as
+// one message per unit shard, their bytes the formula's; bad keys are clear errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>

@@ -4,7 +4,9 @@
 // sync run equals an uninterrupted one; async and ssp learn and report staleness; their claims hand
 // every batch of an epoch to exactly one worker, a slowed worker trains fewer, ssp keeps claims
 // within ps.staleness steps of the oldest batch in progress; an async run resumes mid-epoch; a
-// worker or server that dies or stops gives a CommError within the deadline.
+// worker or server that dies or stops gives a CommError within the deadline. Pushes go out per
+// bucket during the backward, compressed ones too (traced), with the bits of one bucket (f32,
+// fp16, bf16); an fp16 skip drops the unit shards that left before the overflow was known.
 #include <gtest/gtest.h>
 #include <unistd.h>
 

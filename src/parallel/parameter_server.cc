@@ -123,26 +123,41 @@ std::unique_ptr<GradSync> ParameterServer::worker_sync(nn::Model& model, const U
 std::vector<nn::Range> ParameterServer::unit_shards(int k) const {
   const nn::Range s = shard(k);
   std::vector<nn::Range> out;
-  for (int u : order_) {
-    const nn::Range r = units_.list[static_cast<size_t>(u)].range;
-    const int64_t lo = std::max(r.lo, s.lo), hi = std::min(r.hi, s.hi);
-    if (lo < hi) out.push_back({lo - s.lo, hi - s.lo});
-  }
+  for (int u : order_)
+    for (const UnitShard& p : by_unit_[static_cast<size_t>(u)])
+      if (p.server == k) out.push_back({p.range.lo - s.lo, p.range.hi - s.lo});
   return out;
 }
 
+// Each unit shard as one message: f32, deterministic mode's integer sums, or the codec's
+// message of the unscaled gradient (int8's key: the unit shard's place in the model).
 void ParameterServer::send_unit(int u) {
+  TraceSpan span("push unit", "ps");
+  if (TraceArgs* args = span.args()) args->num("unit", u);
   sent_[static_cast<size_t>(u)] = 1;
   const nn::Range r = units_.list[static_cast<size_t>(u)].range;
-  for (int k = 0; k < servers(); ++k) {
-    const nn::Range s = shard(k);
-    const int64_t lo = std::max(r.lo, s.lo), hi = std::min(r.hi, s.hi);
-    const size_t n = static_cast<size_t>(hi - lo);
-    if (lo < hi)  // deterministic mode: the unit shard's integer sums
-      sends_.push_back(exact_ ? world_.isend(exact_->sums() + lo, n, comm::ElemType::kI64,
-                                             server_rank(k), kTagGrad)
-                              : world_.isend(sync_->grads(r) + (lo - r.lo), n, comm::ElemType::kF32,
-                                             server_rank(k), kTagGrad));
+  for (UnitShard& p : by_unit_[static_cast<size_t>(u)]) {
+    const size_t n = static_cast<size_t>(p.range.size());
+    const int to = server_rank(p.server);
+    if (exact_) {
+      sends_.push_back(
+          world_.isend(exact_->sums() + p.range.lo, n, comm::ElemType::kI64, to, kTagGrad));
+      continue;
+    }
+    float* g = sync_->grads(r) + (p.range.lo - r.lo);
+    if (!p.codec) {
+      sends_.push_back(world_.isend(g, n, comm::ElemType::kF32, to, kTagGrad));
+      continue;
+    }
+    const double t0 = now_seconds();
+    const void* msg = p.codec->encode(g, {seed_, step_, p.index, rank(), 1});
+    encode_s_ += now_seconds() - t0;
+    const uint64_t before = world_.transport().sent_bytes();
+    sends_.push_back(
+        world_.isend(msg, p.codec->message_bytes(), comm::ElemType::kU8, to, kTagGrad));
+    sent_bytes_ += static_cast<double>(world_.transport().sent_bytes() - before);
+    formula_ += static_cast<double>(p.codec->message_bytes());
+    f32_ += 4.0 * static_cast<double>(n);
   }
 }
 
@@ -157,7 +172,7 @@ void ParameterServer::on_block(nn::Phase phase, size_t block, bool last) {
     if (phase == nn::Phase::kAfterBackward) exact_->collect(block);
     return;
   }
-  if (phase != nn::Phase::kAfterBackward || !last || !codecs_.empty() || !sync_) return;
+  if (phase != nn::Phase::kAfterBackward || !last || !sync_) return;
   const double t0 = now_seconds();
   for (int u : units_.completed_by(block)) send_unit(u);
   push_s_ += now_seconds() - t0;
@@ -173,6 +188,19 @@ ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model
   units_ = make_units(model_, spec_.bucket_mb, {}, 1, 0);
   for (size_t b = units_.used_by_block.size(); b-- > 0;)
     for (int u : units_.completed_by(b)) order_.push_back(u);
+  const CompressKind kind = spec_.compress.kind;
+  int index = 0;
+  for (const Unit& unit : units_.list) {
+    std::vector<UnitShard>& v = by_unit_.emplace_back();
+    for (int k = 0; k < servers(); ++k) {
+      const int64_t lo = std::max(unit.range.lo, shard(k).lo);
+      const int64_t hi = std::min(unit.range.hi, shard(k).hi);
+      if (lo >= hi) continue;
+      v.push_back({k, index++, {lo, hi}, nullptr});
+      if (kind != CompressKind::kNone && !is_server())
+        v.back().codec = std::make_unique<compress::PushCodec>(kind, hi - lo, spec_.compress);
+    }
+  }
   sent_.assign(units_.list.size(), 0);
   landing_.resize(units_.list.size());
   versions_.assign(static_cast<size_t>(servers()), -1);
@@ -189,10 +217,6 @@ ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model
     model_.init_values(values_.data<float>(), {0, model_.arena_numel()}, seed);
     model_.bind_values({0, model_.arena_numel()}, values_);
     held_ = {{0, model_.arena_numel()}};
-    if (const CompressKind kind = spec_.compress.kind; kind != CompressKind::kNone)
-      for (int k = 0; k < servers(); ++k)
-        codecs_.push_back(
-            std::make_unique<compress::PushCodec>(kind, shard(k).size(), spec_.compress));
   }
 }
 
@@ -228,28 +252,34 @@ StateView ParameterServer::state(optim::Optimizer*) {
           {}};
 }
 
+// The residuals in arena order, one value per element (0 between units): the layout of the
+// earlier one residual per server's shard, so such a checkpoint loads as it is.
 std::vector<float> ParameterServer::save_state() {
-  std::vector<float> out = {0.0f};
-  for (auto& c : codecs_)
-    if (const std::vector<float>* s = c->state()) out.insert(out.end(), s->begin(), s->end());
-  if (out.size() == 1) return {};
+  const bool any = std::any_of(by_unit_.begin(), by_unit_.end(), [](const auto& v) {
+    return std::any_of(v.begin(), v.end(),
+                       [](const UnitShard& p) { return p.codec && p.codec->state(); });
+  });
+  if (!any) return {};
+  std::vector<float> out(static_cast<size_t>(1 + model_.arena_numel()), 0.0f);
   out[0] = static_cast<float>(out.size());
+  for (auto& v : by_unit_)
+    for (UnitShard& p : v)
+      if (const std::vector<float>* s = p.codec ? p.codec->state() : nullptr)
+        std::copy(s->begin(), s->end(), out.begin() + 1 + p.range.lo);
   return out;
 }
 
 void ParameterServer::load_state(const std::vector<float>& state) {
   const size_t need = save_state().size();
   if (state.size() != need)
-    throw IoError(str("compress: the checkpoint's push residuals have ", state.size(),
-                      " values, this layout needs ", need,
-                      "; resume with the config and worker "
-                      "and server counts it was saved with"));
-  size_t at = 1;
-  for (auto& c : codecs_)
-    if (std::vector<float>* s = c->state()) {
-      std::copy_n(state.begin() + static_cast<std::ptrdiff_t>(at), s->size(), s->begin());
-      at += s->size();
-    }
+    throw IoError(str("compress: the checkpoint's push residuals of worker rank ", rank(), " have ",
+                      state.size(), " values, parameter-server pushes need ", need,
+                      " (the length, then one per parameter element), so another model or "
+                      "layout saved them; resume with the model and layout it was saved with"));
+  for (auto& v : by_unit_)
+    for (UnitShard& p : v)
+      if (std::vector<float>* s = p.codec ? p.codec->state() : nullptr)
+        std::copy_n(state.begin() + 1 + p.range.lo, s->size(), s->begin());
 }
 
 std::vector<ckpt::ShardFile> ParameterServer::write_remote(const std::string& dir,
@@ -428,6 +458,7 @@ int64_t ParameterServer::claim() {
 
 void ParameterServer::begin_pass(bool training, int64_t step) {
   start(step);
+  if (training) step_ = step;
   // Evaluate what every worker's gradients of the steps so far have made: the servers answer
   // this pull once every worker has reached this worker's clock.
   if (!training && !evaluated_) pull(kEvalPull);
@@ -444,7 +475,7 @@ void ParameterServer::end_step(int64_t step) {
 }
 
 // grad_scale: the loss scale's inverse and the clipping of worker_sync()'s norm, applied by
-// the servers (uncompressed: the buckets went out during the backward) or here before encoding.
+// the servers (the buckets went out during the backward, compressed or not).
 void ParameterServer::push(float grad_scale, int64_t step, bool skip) {
   start(step);  // a worker whose slices were all empty so far
   evaluated_ = false;
@@ -454,28 +485,14 @@ void ParameterServer::push(float grad_scale, int64_t step, bool skip) {
   const double t0 = now_seconds();
   clock_ = step + 1;
   ++pushes_;
-  if (codecs_.empty()) {
-    for (int u : order_)  // a worker without rows in this step launched nothing
-      if (!sent_[static_cast<size_t>(u)]) send_unit(u);
-    std::fill(sent_.begin(), sent_.end(), 0);
-    if (exact_)  // the scales its integer sums were taken at
-      for (int k = 0; k < servers(); ++k)
-        sends_.push_back(world_.isend(exact_->scales().data(), exact_->scales().size(),
-                                      comm::ElemType::kF64, server_rank(k), kTagGrad));
-    request(kPushPull, clock_, skip, grad_scale);
-  } else {  // compressed: each shard's message (compress.kind)
-    request(kPushPull, clock_, skip);
-    const nn::Range all{0, model_.arena_numel()};
-    float* g = sync_->grads(all);
-    if (!skip && grad_scale != 1.0f)
-      for (int64_t i = 0; i < all.size(); ++i) g[i] *= grad_scale;
-    for (int k = 0; !skip && k < servers(); ++k) {
-      compress::PushCodec& c = *codecs_[static_cast<size_t>(k)];
-      const void* msg = c.encode(g + shard(k).lo, {seed_, step, k, rank(), 1});
-      sends_.push_back(
-          world_.isend(msg, c.message_bytes(), comm::ElemType::kU8, server_rank(k), kTagGrad));
-    }
-  }
+  for (int u : order_)  // a worker without rows in this step launched nothing
+    if (!sent_[static_cast<size_t>(u)]) send_unit(u);
+  std::fill(sent_.begin(), sent_.end(), 0);
+  if (exact_)  // the scales its integer sums were taken at
+    for (int k = 0; k < servers(); ++k)
+      sends_.push_back(world_.isend(exact_->scales().data(), exact_->scales().size(),
+                                    comm::ElemType::kF64, server_rank(k), kTagGrad));
+  request(kPushPull, clock_, skip, grad_scale);
   push_s_ += now_seconds() - t0;
   span.reset();
   await_replies("push", true);
@@ -490,9 +507,13 @@ std::vector<double> ParameterServer::gather(double value) {
 
 void ParameterServer::take_stats(RankStats& s) {
   s.comm_exposed_s += wait_s_ + push_s_;
+  s.compress_bytes += sent_bytes_;
+  s.compress_formula_bytes += formula_;
+  s.compress_f32_bytes += f32_;
+  s.encode_s += encode_s_;
   total_wait_s_ += wait_s_;
   total_slow_s_ += s.delay_s;
-  wait_s_ = push_s_ = 0;
+  wait_s_ = push_s_ = sent_bytes_ = formula_ = f32_ = encode_s_ = 0;
 }
 
 namespace {

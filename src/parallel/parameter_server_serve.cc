@@ -5,16 +5,16 @@
 // count, so a resumed run continues the count); a worker's clock is the number of steps it has
 // pushed; staleness of a push is the server's version when it is applied minus the version the
 // worker computed on. One request per worker is always posted, and so are the gradient
-// receives straight into that worker's buffer, one per shard its buckets send (a push's payload
-// then lands while the worker's backward still runs and the server is busy elsewhere); the loop
-// polls them in worker order, handles whatever arrived, then answers the
-// pulls that the mode now allows:
+// receives straight into that worker's buffer, one per unit shard its buckets send (a push's
+// payload then lands while the worker's backward still runs and the server is busy elsewhere;
+// compressed messages are decoded as they arrive); the loop polls them in worker order,
+// handles whatever arrived, then answers the pulls that the mode now allows:
 //   sync:  a pull at clock c waits for step c (every worker's gradient of step c - 1 summed in
 //          worker order, one update: the data-parallel step);
 //   async: a push is applied at once, the pull answered at once;
 //   ssp:   as async, but server 0 grants a claim only within the staleness bound (below).
 // A push may be a skip (train.precision = fp16 skipped the worker's step on an overflow): its
-// gradient is dropped (compressed: none follows); sync skips the whole step (the workers agree on
+// gradient (sent during the backward) is dropped; sync skips the whole step (the workers agree on
 // it), async and ssp apply nothing for it. Either way the version stays, so its pull brings nothing
 // new. An evaluation pull at clock c waits until every worker has reached c in sync; in async and
 // ssp it is answered at once (workers evaluate after the epoch-end collective, when every push
@@ -59,25 +59,40 @@ inline void cpu_relax() {
 }
 }  // namespace
 
-// The next push's payload from worker w: f32 straight into its gradient buffer, or its
-// compressed message.
+// The next push's payload from worker w, one message per unit shard: f32 straight into its
+// gradient buffer, deterministic mode's integer sums, or the compressed messages.
 void ServerLoop::post_grad(int w) {
   Worker& k = workers_[static_cast<size_t>(w)];
   k.grad_works.clear();
-  if (codec_) {
-    k.grad_works.push_back(world_.irecv(k.msg.data(), k.msg.size(), comm::ElemType::kU8, peer(w),
-                                        ParameterServer::kTagGrad));
-    return;
-  }
-  for (const nn::Range& p : unit_shards_)
+  k.decoded = 0;
+  for (size_t i = 0; i < unit_shards_.size(); ++i) {
+    const nn::Range& p = unit_shards_[i];
+    const size_t n = static_cast<size_t>(p.size());
+    const int from = peer(w), tag = ParameterServer::kTagGrad;
     k.grad_works.push_back(
-        exact() ? world_.irecv(k.sums.data() + p.lo, static_cast<size_t>(p.size()),
-                               comm::ElemType::kI64, peer(w), ParameterServer::kTagGrad)
-                : world_.irecv(k.grad.data() + p.lo, static_cast<size_t>(p.size()),
-                               comm::ElemType::kF32, peer(w), ParameterServer::kTagGrad));
+        compressed() ? world_.irecv(k.msg.data() + msg_at_[i], codecs_[i]->message_bytes(),
+                                    comm::ElemType::kU8, from, tag)
+        : exact()    ? world_.irecv(k.sums.data() + p.lo, n, comm::ElemType::kI64, from, tag)
+                     : world_.irecv(k.grad.data() + p.lo, n, comm::ElemType::kF32, from, tag));
+  }
   if (exact())
     k.grad_works.push_back(world_.irecv(k.scales.data(), k.scales.size(), comm::ElemType::kF64,
                                         peer(w), ParameterServer::kTagGrad));
+}
+
+// Compressed: decodes worker w's unit shards that have arrived, in order (all of them, waiting
+// for each, with `wait`), while the worker's backward still runs. Returns whether it decoded.
+bool ServerLoop::decode_arrived(int w, bool wait) {
+  Worker& k = workers_[static_cast<size_t>(w)];
+  const size_t before = k.decoded;
+  for (; compressed() && k.decoded < k.grad_works.size(); ++k.decoded) {
+    comm::Work& g = k.grad_works[k.decoded];
+    if (!wait && !g.done()) break;
+    g.wait(deadline());  // rethrows a failed receive (aborted group)
+    codecs_[k.decoded]->decode(k.msg.data() + msg_at_[k.decoded],
+                               k.grad.data() + unit_shards_[k.decoded].lo);
+  }
+  return k.decoded > before;
 }
 
 void ServerLoop::post(int w) {
@@ -98,9 +113,10 @@ nlohmann::json ServerLoop::run() {
   Tracer* tracer = scoped_tracer();  // records the steps of its window (Tracer::at_step)
   while (done_ < W_) {
     if (tracer) tracer->at_step(steps_clock());
-    bool progress = false;
+    bool progress = false, decoded = false;
     for (int w = 0; w < W_; ++w) {
       Worker& k = workers_[static_cast<size_t>(w)];
+      if (!k.done) decoded |= decode_arrived(w, false);
       if (k.done || !k.request_work.done()) continue;
       k.request_work.wait(deadline());  // rethrows a failed receive (aborted group)
       handle(w);
@@ -108,8 +124,8 @@ nlohmann::json ServerLoop::run() {
       progress = true;
     }
     const double now = now_seconds();
-    if (progress) {
-      answer_pulls();
+    if (progress) answer_pulls();
+    if (progress || decoded) {
       idle_since = now_seconds();
       continue;
     }
@@ -195,24 +211,23 @@ void ServerLoop::record_staleness(int64_t s, double count) {
       std::max(stats_[ParameterServer::kMaxStaleness], static_cast<double>(s));
 }
 
-// Uncompressed, a push's gradient came in shards during the worker's backward (its buckets),
-// and the request's factor scales it. A compressed skip (fp16 skipped the worker's step)
-// carries no gradient: its posted receive stays for the next push's.
+// A push's gradient came in unit shards during the worker's backward (its buckets; compressed
+// ones decoded as they arrived), and the request's factor scales it. A skip (fp16 skipped the
+// worker's step: its gradient overflowed after the buckets had left) drops it.
 void ServerLoop::push(int w) {
   Worker& k = workers_[static_cast<size_t>(w)];
   const bool skip = k.request.skip != 0;
-  if (!codec_ || !skip) {  // uncompressed, the payload came even with a skip
-    for (comm::Work& g : k.grad_works) g.wait(deadline());
-    if (codec_) codec_->decode(k.msg.data(), k.grad.data());
+  for (comm::Work& g : k.grad_works) g.wait(deadline());
+  if (!skip) {
+    decode_arrived(w, true);  // the rest of the compressed messages
     const float scale = std::bit_cast<float>(static_cast<uint32_t>(k.request.scale));
     k.factor = scale;  // deterministic: the optimizer's gradient scale
-    if (!codec_ && !exact() && !skip && scale != 1.0f)
+    if (!exact() && scale != 1.0f)
       for (size_t i = 0; i < len_; ++i) k.grad[i] *= scale;
-    stats_[ParameterServer::kBytesIn] += codec_ ? static_cast<double>(k.msg.size())
-                                         : exact()
-                                             ? 8.0 * static_cast<double>(len_ + k.scales.size())
-                                             : 4.0 * static_cast<double>(len_);
   }
+  stats_[ParameterServer::kBytesIn] += compressed() ? static_cast<double>(k.msg.size())
+                                       : exact() ? 8.0 * static_cast<double>(len_ + k.scales.size())
+                                                 : 4.0 * static_cast<double>(len_);
   stats_[ParameterServer::kPushes] += 1;
   const int64_t clock = k.request.clock, held = k.request.held;
   k.clock = clock;
@@ -231,7 +246,7 @@ void ServerLoop::push(int w) {
   }
   if (skip) {  // nothing to apply; the step counts towards the lr clock like an update
     ++applied_;
-    if (!codec_) post_grad(w);
+    post_grad(w);
     return;
   }
   // Async and ssp: apply now. The push is one worker's share of the global-mean gradient;
@@ -290,7 +305,7 @@ void ServerLoop::apply_sync() {
   for (int w = 0; w < W_; ++w) {
     Worker& k = workers_[static_cast<size_t>(w)];
     k.arrived = false;
-    if (!codec_ || !k.skipped) post_grad(w);  // its payload was taken
+    post_grad(w);  // its payload was taken
     k.skipped = false;
   }
   stats_[ParameterServer::kApplySeconds] += now_seconds() - t0;

@@ -29,10 +29,13 @@ class ServerLoop {
         inverse_(ps.spec_.ps_stale_lr == StaleLr::kInverse),
         stats_(ParameterServer::kStatCount, 0.0) {
     len_ = static_cast<size_t>(ps.server_.range.size());
-    if (const CompressKind kind = ps.spec_.compress.kind; kind != CompressKind::kNone)
-      codec_ = std::make_unique<compress::PushCodec>(kind, static_cast<int64_t>(len_),
-                                                     ps.spec_.compress);
     unit_shards_ = ps.unit_shards(ps.server_index());
+    if (const CompressKind kind = ps.spec_.compress.kind; kind != CompressKind::kNone)
+      for (const nn::Range& p : unit_shards_) {
+        msg_at_.push_back(msg_bytes_);
+        codecs_.push_back(std::make_unique<compress::PushCodec>(kind, p.size(), ps.spec_.compress));
+        msg_bytes_ += codecs_.back()->message_bytes();
+      }
     if (ps.spec_.deterministic) {
       scale_buckets_ = ranges_of(ps.units_);
       sums_.resize(len_);
@@ -45,7 +48,7 @@ class ServerLoop {
       } else {
         w.grad.assign(len_, 0.0f);
       }
-      if (codec_) w.msg.resize(codec_->message_bytes());
+      if (compressed()) w.msg.resize(msg_bytes_);
       if (ps.mode_ != ParameterServer::Mode::kSync) w.snapshot.assign(len_, 0.0f);
     }
   }
@@ -57,7 +60,7 @@ class ServerLoop {
     Request request;
     Reply reply;
     std::vector<float> grad, snapshot;
-    std::vector<char> msg;  // compressed: the push's message, decoded into grad
+    std::vector<char> msg;  // compressed: the push's messages, decoded into grad
     // train.deterministic: the push's int64 sums of its micro-shards, the scales they were taken
     // at (one per scale bucket), and the factor of its request
     std::vector<int64_t> sums;
@@ -66,7 +69,8 @@ class ServerLoop {
     // After the buffers: destroyed first, cancelling receives still posted into them.
     comm::Work request_work, reply_work;
     std::vector<comm::Work> data_works;  // a reply's parameters: one message per unit shard
-    std::vector<comm::Work> grad_works;  // the push's payload: one message per shard
+    std::vector<comm::Work> grad_works;  // the push's payload: one message per unit shard
+    size_t decoded = 0;                  // compressed: its first messages already decoded
     int64_t clock = 0;
     bool hello = false, done = false, arrived = false;
     bool skipped = false;  // sync: its push of the step being collected was a skip
@@ -86,6 +90,7 @@ class ServerLoop {
   }
   bool sync() const { return ps_.mode_ == ParameterServer::Mode::kSync; }
   bool exact() const { return !scale_buckets_.empty(); }  // train.deterministic
+  bool compressed() const { return !codecs_.empty(); }    // compress.kind
   comm::Deadline deadline() const { return comm::Deadline::after(ps_.timeout()); }
   void wait_all(std::vector<comm::Work>& works) {
     for (comm::Work& w : works) w.wait(deadline());
@@ -101,6 +106,7 @@ class ServerLoop {
 
   void post(int w);
   void post_grad(int w);
+  bool decode_arrived(int w, bool wait);
   void handle(int w);
   void push(int w);
   void apply_sync();
@@ -124,10 +130,13 @@ class ServerLoop {
   const int W_;
   const bool inverse_;
   size_t len_ = 0;
-  std::unique_ptr<compress::PushCodec> codec_;  // compress.kind != none: decodes pushes
-  // Server's shard of every unit in the order the backward completes them: uncompressed, the
-  // pushes' messages; backwards, the order the replies send them (what the forward reads first)
+  // Server's shard of every unit in the order the backward completes them: the pushes'
+  // messages; backwards, the order the replies send them (what the forward reads first)
   std::vector<nn::Range> unit_shards_;
+  // compress.kind != none: per unit shard its decoder and its message's offset in Worker::msg
+  std::vector<std::unique_ptr<compress::PushCodec>> codecs_;
+  std::vector<size_t> msg_at_;
+  size_t msg_bytes_ = 0;
   std::vector<nn::Range> scale_buckets_;  // train.deterministic: the workers' (arena ranges)
   std::vector<int64_t> sums_;             // train.deterministic: the step's integer sum
   std::vector<Worker> workers_;

@@ -5,8 +5,9 @@
 // blocking ones' bits), reports its bytes, and so does every layout compression composes with
 // (ZeRO-1/2, dp2 x pp2, tp2 x dp2, bf16/fp16 precision: within the codec's tolerance of the same
 // layout uncompressed, bytes within 5% of the formula); a resumed compressed run (data parallel,
-// ZeRO-2, or parameter-server top-k pushes) ends bit-identical to an uninterrupted one;
-// parameter-server pushes shrink to their messages; bad keys are clear errors.
+// ZeRO-2, or parameter-server top-k pushes) ends bit-identical to an uninterrupted one, and the
+// push residuals also resume on other servers and buckets; parameter-server pushes travel as
+// one message per unit shard, their bytes the formula's; bad keys are clear errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -17,6 +18,8 @@
 #include "../../src/parallel/compress/codecs.h"
 #include "tessel/comm/threads.h"
 #include "tessel/parallel/engine.h"
+#include "tessel/parallel/parameter_server.h"
+#include "tessel/parallel/units.h"
 #include "train_on.h"
 
 namespace tessel {
@@ -393,29 +396,84 @@ TEST(Compress, ResumedParameterServerRunWithTopKEndsBitIdentical) {
   const auto [whole, resumed] = whole_and_resumed(cfg, 3, "compress_resume_ps_topk");
   EXPECT_EQ(resumed.summary["steps"], 20);
   EXPECT_EQ(resumed.summary["params_sha256"], whole.summary["params_sha256"]);
+  // The residuals are saved one per arena element: a run resumes on another server count and
+  // other buckets. A state of another length (data parallelism's) is a clear error.
+  train::RunOptions first;
+  first.run_dir = testing::test_run_dir("compress_resume_ps_topk_other");
+  first.stop_after = 7;
+  testing::train_on(cfg, 3, first);
+  train::RunOptions second;
+  second.run_dir = second.resume = first.run_dir;
+  train::Config other = cfg;
+  other.parallel.ps_servers = 2;
+  other.parallel.bucket_mb = 0.001;
+  EXPECT_EQ(testing::train_on(other, 4, second).summary["steps"], 20);
+  const train::Config dp = small({"compress.kind=topk", "compress.ratio=0.1"});
+  first.run_dir = testing::test_run_dir("compress_resume_dp_topk");
+  testing::train_on(dp, 2, first);
+  second.run_dir = second.resume = first.run_dir;
+  try {
+    testing::train_on(small({"ps.servers=1", "compress.kind=topk", "compress.ratio=0.1"}), 3,
+                      second);
+    ADD_FAILURE() << "a data-parallel compression state resumed into parameter-server pushes";
+  } catch (const IoError& e) {
+    EXPECT_NE(std::string(e.what()).find("push residuals"), std::string::npos) << e.what();
+  }
+}
+
+// The bytes of one worker's push: every unit shard (a unit's part of a server's range) one
+// message of `message(n)` bytes for its n elements.
+double push_formula(const train::Config& cfg, const std::function<double(double)>& message) {
+  const data::Splits data = data::make_datasets(cfg.data);
+  nn::ModelSpec spec = cfg.model;
+  spec.input_shape = data.train->input_shape();
+  spec.num_classes = data.train->num_classes();
+  const auto model = nn::build_model(spec);
+  const parallel::Units units = parallel::make_units(*model, cfg.parallel.bucket_mb, {}, 1, 0);
+  double bytes = 0;
+  int shards = 0;
+  for (const nn::Range& s :
+       parallel::server_shards(*model, static_cast<int>(cfg.parallel.ps_servers)))
+    for (const parallel::Unit& u : units.list)
+      if (const int64_t n = std::min(u.range.hi, s.hi) - std::max(u.range.lo, s.lo); n > 0)
+        bytes += message(static_cast<double>(n)), ++shards;
+  EXPECT_GT(shards, 3) << "several unit shards, each its own message";
+  return bytes;
 }
 
 TEST(Compress, ParameterServerPushes) {
-  // 1 server x 2 workers, sync: fp16 pushes end close to f32 pushes; every codec's pushes
-  // arrive in the bytes of its message (bytes_in counts what the server received).
+  // 1 server x 2 workers, sync: fp16 pushes end close to f32 pushes (int8, topk: they learn).
+  // 2 servers x 2 workers, buckets of 0.001 MB: every unit shard goes as its own message,
+  // whose bytes (the server's bytes_in, exactly; the workers' transport counters, the summary's
+  // compress figures, within 5%) are the codec's formula for its elements.
   const std::vector<std::string> ps = {"ps.servers=1", "model.hidden=[32,16]"};
   const auto plain = testing::train_on(small(ps), 3);
   const double plain_in = plain.summary["ranks"]["ps_servers"][0]["bytes_in"].get<double>();
   const int64_t n = plain.summary["ranks"]["ps_servers"][0]["elements"].get<int64_t>();
   EXPECT_DOUBLE_EQ(plain_in, 20.0 * 2 * 4 * static_cast<double>(n));
-  const std::vector<std::pair<std::string, double>> kinds = {
-      {"fp16", 2.0 * n},
-      {"int8", static_cast<double>(n + 4 * ((n + 255) / 256))},
-      {"topk", 8.0 * std::ceil(0.1 * static_cast<double>(n))}};
+  const std::vector<std::pair<std::string, std::function<double(double)>>> kinds = {
+      {"fp16", [](double e) { return 2.0 * e; }},
+      {"int8", [](double e) { return e + 4 * std::ceil(e / 256); }},
+      {"topk", [](double e) { return 8.0 * std::ceil(0.1 * e); }}};
   for (const auto& [kind, message] : kinds) {
     std::vector<std::string> keys = ps;
     keys.insert(keys.end(), {"compress.kind=" + kind, "compress.ratio=0.1"});
     const auto run = testing::train_on(small(keys), 3);
-    EXPECT_DOUBLE_EQ(run.summary["ranks"]["ps_servers"][0]["bytes_in"].get<double>(),
-                     20.0 * 2 * message)
-        << kind;
     EXPECT_LT(testing::max_rel_diff(plain.params, run.params), kind == "fp16" ? 2e-3 : 1.0) << kind;
     EXPECT_GT(run.summary["test_accuracy"].get<double>(), 0.5) << kind;
+
+    keys.insert(keys.end(), {"ps.servers=2", "ddp.bucket_mb=0.001"});
+    const train::Config cfg = small(keys);
+    const auto two = testing::train_on(cfg, 4);
+    const double push = push_formula(cfg, message);
+    const nlohmann::json& servers = two.summary["ranks"]["ps_servers"];
+    EXPECT_DOUBLE_EQ(servers[0]["bytes_in"].get<double>() + servers[1]["bytes_in"].get<double>(),
+                     20.0 * 2 * push)
+        << kind;
+    const nlohmann::json& c = two.summary.at("compress");
+    EXPECT_DOUBLE_EQ(c["formula_bytes_per_step"].get<double>(), push) << kind;
+    EXPECT_NEAR(c["bytes_per_step"].get<double>(), push, 0.05 * push) << kind;
+    EXPECT_GT(two.summary["test_accuracy"].get<double>(), 0.5) << kind;
   }
 }
 

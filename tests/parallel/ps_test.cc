@@ -4,7 +4,9 @@
 // sync run equals an uninterrupted one; async and ssp learn and report staleness; their claims hand
 // every batch of an epoch to exactly one worker, a slowed worker trains fewer, ssp keeps claims
 // within ps.staleness steps of the oldest batch in progress; an async run resumes mid-epoch; a
-// worker or server that dies or stops gives a CommError within the deadline.
+// worker or server that dies or stops gives a CommError within the deadline. Pushes go out per
+// bucket during the backward, compressed ones too (traced), with the bits of one bucket (f32,
+// fp16, bf16); an fp16 skip drops the unit shards that left before the overflow was known.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -14,6 +16,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <thread>
 #include <vector>
 
@@ -167,6 +170,15 @@ TEST(ParameterServer, Fp16SkipsAnOverflowingStepEverywhere) {
   EXPECT_EQ(s["pushes"], 8);
   EXPECT_EQ(s["updates"], 3);
   EXPECT_EQ(s["gradients_applied"], 6);
+  // Compressed (int8, several unit shards): the overflowing step's messages left during the
+  // backward, before the overflow was known; the server drops them with the skip.
+  const std::vector<std::string> int8 = {"compress.kind=int8", "ddp.bucket_mb=0.001"};
+  const Result clean8 = train_on(with({int8[0], int8[1], "train.max_steps=3"}), 3, "fp16_clean8");
+  const Result skipped8 = train_on(with({int8[0], int8[1], "train.max_steps=4",
+                                         "debug.overflow_steps=[3]", "debug.overflow_rank=1"}),
+                                   3, "fp16_skipped8");
+  EXPECT_EQ(clean8.params, skipped8.params);
+  EXPECT_EQ(skipped8.summary["ranks"]["ps_servers"][0]["updates"], 3);
 
   // Async: which worker trains the batch of step 1 depends on the claims; every push skipped
   // on a worker is one gradient the server did not apply.
@@ -199,6 +211,60 @@ TEST(ParameterServer, BucketedPushesKeepTheBits) {
   const std::vector<float> one = run("1000");
   EXPECT_EQ(run("0.001"), one);
   EXPECT_EQ(run("0.002"), one);
+  // fp16 and bf16 pushes (element by element, the factor applied after decoding, here 1): each
+  // unit shard's message decodes to the bits of the whole shard's.
+  for (const char* kind : {"fp16", "bf16"}) {
+    auto compressed = [&](const char* mb) {
+      return train_on(small_config({"ps.servers=2", "train.max_steps=8",
+                                    std::string("compress.kind=") + kind,
+                                    std::string("ddp.bucket_mb=") + mb}),
+                      4, std::string("buckets_") + kind + mb)
+          .params;
+    };
+    const std::vector<float> whole = compressed("1000");
+    EXPECT_EQ(compressed("0.001"), whole) << kind;
+    EXPECT_NE(whole, run("1000")) << kind << " pushes are rounded";
+  }
+}
+
+// Worker 0's traced spans of category `cat` named `name` (any name: empty), as (start, end).
+std::vector<std::pair<double, double>> spans_of(const std::string& dir, const std::string& name,
+                                                const std::string& cat) {
+  std::ifstream in(std::filesystem::path(run_dir(dir)) / "trace.json");
+  const nlohmann::json doc = nlohmann::json::parse(in);
+  std::vector<std::pair<double, double>> out;
+  for (const nlohmann::json& e : doc["traceEvents"])
+    if (e["ph"] == "X" && e["pid"] == 0 && e["cat"] == cat && (name.empty() || e["name"] == name))
+      out.push_back({e["ts"].get<double>(), e["ts"].get<double>() + e.value("dur", 0.0)});
+  return out;
+}
+
+// Compressed pushes (int8) leave during the backward: a unit's messages are sent while blocks
+// of the same step still run their backward (before that step's push request). With one
+// bucket over the whole model (the push after the backward) none is.
+TEST(ParameterServer, CompressedPushesLeaveDuringTheBackward) {
+  auto sent_early = [&](const char* mb) {
+    const std::string dir = std::string("early") + mb;
+    train_on(small_config({"ps.servers=2", "compress.kind=int8", "train.trace=true",
+                           "trace.steps=2:6", std::string("ddp.bucket_mb=") + mb}),
+             4, dir);
+    const auto sends = spans_of(dir, "push unit", "ps");
+    const auto requests = spans_of(dir, "push", "ps");
+    const auto blocks = spans_of(dir, "", "backward");
+    EXPECT_FALSE(blocks.empty());
+    int early = 0;
+    for (const auto& s : sends) {
+      double request = std::numeric_limits<double>::infinity();  // this step's push request
+      for (const auto& p : requests)
+        if (p.first >= s.first) request = std::min(request, p.first);
+      early += std::any_of(blocks.begin(), blocks.end(), [&](const auto& b) {
+        return b.first >= s.second && b.first <= request;
+      });
+    }
+    return early;
+  };
+  EXPECT_GE(sent_early("0.001"), 3 * 2);  // steps 2-4 at least, two units ahead of the last
+  EXPECT_EQ(sent_early("1000"), 0);
 }
 
 // A push returns once the servers' replies are in; the parameters then land unit by unit as
@@ -249,18 +315,24 @@ TEST(ParameterServer, ResumedSyncRunEqualsUninterrupted) {
   EXPECT_EQ(switched.summary["ranks"]["ps_servers"][0]["pushes"], 3 * 11);
 }
 
+// Async and ssp (and async with int8 pushes in several unit shards, each push decoded and
+// applied on its own) learn and apply every push once.
 TEST(ParameterServer, AsyncAndSspLearnAndReportStaleness) {
-  for (const char* mode : {"async", "ssp"}) {
-    train::Config cfg = small_config({"ps.servers=1", std::string("ps.mode=") + mode,
-                                      "train.max_steps=0", "train.epochs=3", "optim.lr=0.05"});
-    Result r = train_on(cfg, 4, mode);
+  for (const auto& [mode, kind] :
+       {std::pair{"async", "none"}, {"ssp", "none"}, {"async", "int8"}}) {
+    std::vector<std::string> keys = {"ps.servers=1", std::string("ps.mode=") + mode,
+                                     "train.max_steps=0", "train.epochs=3", "optim.lr=0.05"};
+    if (std::string(kind) == "int8")
+      keys.insert(keys.end(), {"compress.kind=int8", "ddp.bucket_mb=0.001"});
+    train::Config cfg = small_config(keys);
+    Result r = train_on(cfg, 4, std::string(mode) + kind);
     const nlohmann::json& m = r.summary["ranks"];
     const nlohmann::json& s = m["ps_servers"][0];
     const int64_t steps = r.summary["steps"].get<int64_t>();
     EXPECT_EQ(s["pushes"], 3 * steps);
     EXPECT_EQ(s["updates"], 3 * steps);  // one update per push
     EXPECT_EQ(histogram_total(s["staleness_histogram"]), 3 * steps);
-    EXPECT_GT(r.summary["test_accuracy"].get<double>(), 0.6) << mode;
+    EXPECT_GT(r.summary["test_accuracy"].get<double>(), 0.6) << mode << " " << kind;
     EXPECT_EQ(m["ps_mode"], mode);
   }
 }

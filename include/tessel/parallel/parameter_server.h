@@ -63,8 +63,10 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
   // every rank): each unit's gradient is sent to the servers holding it as soon as the backward
   // is done with it (on_block), overlapped with the rest of the backward; the step's request
   // then carries the factor (loss scale, clipping) the servers multiply it by. Compressed
-  // pushes (compress.kind) are encoded per server's shard at the step instead (the codec needs
-  // the scaled shard). train.deterministic (sync mode): the worker keeps every micro-shard's
+  // pushes (compress.kind) go the same way: each unit shard (a unit's part of one server's
+  // range) is encoded unscaled by its own codec, which keeps its own top-k residual (in raw
+  // gradient units), and the server decodes it before applying the factor.
+  // train.deterministic (sync mode): the worker keeps every micro-shard's
   // gradient apart; at the step the workers agree the scales one worker would pick and each
   // pushes its shards' int64 sums at them and the scales; the servers add the integers of every
   // worker (any order, the same sums), turn them back to floats as data parallel's exact sum
@@ -98,8 +100,9 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
   void finish() override;
   // Checkpoints: a server owns its range; a worker nothing (it pulls after a restore).
   StateView state(optim::Optimizer* opt) override;
-  // Worker: what its compressed pushes carry from step to step (the top-k residual of each
-  // server's shard) as one vector whose first value is its length; empty when they carry none.
+  // Worker: what its compressed pushes carry from step to step (the top-k residuals) as one
+  // vector whose first value is its length, then one value per arena element (arena order, so
+  // it does not depend on ddp.bucket_mb or the server count); empty when they carry none.
   std::vector<float> save_state() override;
   void load_state(const std::vector<float>& state) override;
   // Rank 0: asks every server to write its shard of a checkpoint into dir; returns them and
@@ -134,7 +137,7 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
     kValues,
     kDone
   };
-  static constexpr int64_t kWireVersion = 3;  // 3: pulls and deterministic pushes per unit
+  static constexpr int64_t kWireVersion = 4;  // 4: compressed pushes per unit shard
   struct Request {
     int64_t wire = kWireVersion;
     int64_t kind = 0;
@@ -142,10 +145,10 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
     int64_t held = -1;  // the server version of the shard the worker holds
     // A claim (to server 0, async/ssp): epoch + 1 (0: no claim) and the range [first, limit).
     int64_t claim_epoch = 0, claim_first = 0, claim_limit = 0;
-    // kPushPull: 1 for a step skipped on overflow (the servers drop its gradient; compressed:
-    // none follows).
+    // kPushPull: 1 for a step skipped on overflow (the servers drop its gradient, which its
+    // buckets sent during the backward).
     int64_t skip = 0;
-    // kPushPull, uncompressed: the float bits of the factor the servers multiply the pushed
+    // kPushPull: the float bits of the factor the servers multiply the pushed (decoded)
     // gradient by (the loss scale's inverse times the clipping).
     int64_t scale = 0;
   };
@@ -200,10 +203,18 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
   void start(int64_t clock);  // the first contact: hello to every server
   // Sends a request to every server (a push's skip and factor: Request).
   void request(Kind kind, int64_t clock, bool skip = false, float scale = 1.0f);
+  // A unit's part of server k's range (arena elements): one push message. Compressed
+  // (compress.kind), a worker's codec encodes it and keeps its top-k residual.
+  struct UnitShard {
+    int server = 0;
+    int index = 0;  // its place among every unit's unit shards, in model order (int8's key)
+    nn::Range range;
+    std::unique_ptr<compress::PushCodec> codec;
+  };
   // Worker: sends unit u's gradient to the servers holding parts of it (once per step).
   void send_unit(int u);
   // Server k's shard of each unit the workers send, in the order they go out (as offsets in
-  // server k's shard); uncompressed pushes arrive as one message per unit shard.
+  // server k's shard): each arrives as one message.
   std::vector<nn::Range> unit_shards(int k) const;
   // Receives every server's reply; the changed shards land unit by unit (land), in the order
   // the forward reads them: lazy (a push, a forward follows), as the forward reaches each unit
@@ -225,8 +236,7 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
   ServerShard server_;  // server ranks
   Tensor values_;       // worker ranks: the whole model
   uint64_t seed_ = 0;
-  // compress.kind != none, workers: one codec per server's shard (its top-k residual)
-  std::vector<std::unique_ptr<compress::PushCodec>> codecs_;
+  std::vector<std::vector<UnitShard>> by_unit_;  // every unit's unit shards (model order)
 
   // Worker state.
   bool started_ = false;
@@ -237,6 +247,7 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
   Range claims_;                    // the range claimed from (async, ssp)
   bool claiming_ = false;           // the exchange in flight claims a batch
   int64_t claimed_ = kNotAsked;     // what the last exchange claimed (-1: none left)
+  int64_t step_ = 0;                // the step being trained (begin_pass): int8's key
   int64_t pushes_ = 0;              // batches pushed in this invocation
   bool pushed_ = false;             // this step pushed (end_step)
   Units units_;                     // the buckets, in completion order below
@@ -252,7 +263,10 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
   // Measurements since the last report() (comm_exposed_seconds) and, for the ps_* figures,
   // totals since this invocation started, like the servers' counters.
   double wait_s_ = 0;  // waiting for replies (pull, sync and ssp waits)
-  double push_s_ = 0;  // clipping and handing gradients over
+  double push_s_ = 0;  // encoding and handing gradients over
+  // Compressed pushes since the last take_stats (RankStats' compress_* and encode_s): bytes the
+  // transport counted, the messages' formula, an f32 push's bytes, encoding time.
+  double sent_bytes_ = 0, formula_ = 0, f32_ = 0, encode_s_ = 0;
   double total_wait_s_ = 0, total_slow_s_ = 0;
   int64_t pulls_with_data_ = 0;
 };

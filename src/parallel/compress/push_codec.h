@@ -1,8 +1,9 @@
-// PushCodec: a parameter-server push of one shard's gradient as one message of fixed size
-// (compress.kind fp16, bf16, int8 or topk; powersgd needs the workers' all-reduces and is
-// refused with parameter servers). The worker encodes, keeping its top-k residual per shard;
-// the server decodes each worker's message into that worker's f32 gradient buffer. The shard
-// is compressed whole (its biases too: a shard is a flat range of the arena).
+// PushCodec: one unit shard of a parameter-server push (a unit's part of one server's range)
+// as one message of fixed size (compress.kind fp16, bf16, int8 or topk; powersgd needs the
+// workers' all-reduces and is refused with parameter servers). The worker holds one per unit
+// shard, encodes the unscaled gradient during the backward and keeps its top-k residual; the
+// server holds one per unit shard too and decodes each worker's message into that worker's
+// f32 gradient buffer. The range is compressed whole (its biases too: it is a flat range).
 // Internal to the parallel area.
 #pragma once
 

@@ -28,6 +28,7 @@ void* FakeRuntime::allocate(size_t bytes) {
 void FakeRuntime::free(void* p, size_t bytes) noexcept {
   std::lock_guard<std::recursive_mutex> lock(mu);
   EXPECT_EQ(blocks[p], allocation_size(bytes));
+  EXPECT_FALSE(pending(p, blocks[p])) << "a device block freed while a queued copy still uses it";
   in_use -= static_cast<int64_t>(blocks[p]);
   blocks.erase(p);
   std::free(p);
@@ -68,6 +69,132 @@ bool FakeRuntime::owns(const void* p, size_t bytes) const {
   return false;
 }
 
+// ---- FakeRuntime: overlap ----
+
+void* FakeRuntime::allocate_pinned(size_t bytes) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  void* p = std::malloc(std::max<size_t>(bytes, 1));
+  std::memset(p, 0xFF, std::max<size_t>(bytes, 1));
+  pinned[p] = bytes;
+  pinned_in_use += static_cast<int64_t>(bytes);
+  pinned_peak = std::max(pinned_peak, pinned_in_use);
+  return p;
+}
+
+void FakeRuntime::free_pinned(void* p, size_t bytes) noexcept {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  EXPECT_EQ(pinned[p], bytes);
+  EXPECT_FALSE(pending(p, bytes)) << "pinned memory freed while a queued copy still uses it";
+  pinned_in_use -= static_cast<int64_t>(bytes);
+  pinned.erase(p);
+  std::free(p);
+}
+
+void* FakeRuntime::create_stream() {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  void* s = new char;
+  queues_[s];
+  return s;
+}
+
+void FakeRuntime::destroy_stream(void* stream) noexcept {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  const Queue& q = queues_[stream];
+  EXPECT_EQ(q.ran, q.copies.size()) << "a stream destroyed with copies nobody waited for";
+  queues_.erase(stream);
+  delete static_cast<char*>(stream);
+}
+
+void* FakeRuntime::create_event() {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  void* e = new char;
+  events_[e];
+  return e;
+}
+
+void FakeRuntime::destroy_event(void* event) noexcept {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  EXPECT_EQ(events_.erase(event), 1u);
+  delete static_cast<char*>(event);
+}
+
+void FakeRuntime::record_event(void* event, void* stream) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  ASSERT_EQ(events_.count(event), 1u) << "record_event of an unknown event";
+  auto q = queues_.find(stream);
+  events_[event] = q == queues_.end() ? Mark{} : Mark{stream, q->second.copies.size()};
+}
+
+// The stream waiting runs at once or later; either way the event's work must have run before
+// the stream's next work, so it runs now.
+void FakeRuntime::stream_wait(void*, void* event) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  ASSERT_EQ(events_.count(event), 1u) << "stream_wait on an unknown event";
+  run_until(events_[event]);
+}
+
+void FakeRuntime::event_synchronize(void* event) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  ASSERT_EQ(events_.count(event), 1u) << "event_synchronize on an unknown event";
+  run_until(events_[event]);
+}
+
+void FakeRuntime::copy_async(void* dst, Device dst_device, const void* src, Device src_device,
+                             size_t bytes, void* stream) {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  const bool to_host = dst_device == Device::kCpu;
+  EXPECT_NE(to_host, src_device == Device::kCpu) << "copy_async is between host and device";
+  EXPECT_TRUE(owns(to_host ? src : dst, bytes));
+  EXPECT_TRUE(owns_pinned(to_host ? dst : src, bytes)) << "copy_async of pageable host memory";
+  async_streams.push_back(stream);
+  ++(to_host ? async_to_host : async_to_device).queued;
+  if (to_host) to_host_bytes += static_cast<int64_t>(bytes);
+  const Queued c{dst, src, bytes, to_host, kernels_};
+  auto q = queues_.find(stream);
+  if (q == queues_.end()) {
+    std::memmove(dst, src, bytes);
+    return;
+  }
+  q->second.copies.push_back(c);
+}
+
+void FakeRuntime::run_until(const Mark& mark) {
+  if (mark.stream == nullptr) return;
+  Queue& q = queues_.at(mark.stream);
+  for (; q.ran < mark.position; ++q.ran) {
+    const Queued& c = q.copies[q.ran];
+    std::memmove(c.dst, c.src, c.bytes);
+    if (kernels_ > c.kernels_before) ++(c.to_host ? async_to_host : async_to_device).overlapped;
+  }
+}
+
+bool FakeRuntime::pending(const void* p, size_t bytes) const {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  const char* lo = static_cast<const char*>(p);
+  auto overlaps = [&](const void* base, size_t n) {
+    const char* b = static_cast<const char*>(base);
+    return lo < b + n && b < lo + bytes;
+  };
+  for (const auto& [stream, q] : queues_)
+    for (size_t i = q.ran; i < q.copies.size(); ++i)
+      if (overlaps(q.copies[i].dst, q.copies[i].bytes) ||
+          overlaps(q.copies[i].src, q.copies[i].bytes))
+        return true;
+  return false;
+}
+
+void FakeRuntime::count_kernel() {
+  std::lock_guard<std::recursive_mutex> lock(mu);
+  ++kernels_;
+}
+
+bool FakeRuntime::owns_pinned(const void* p, size_t bytes) const {
+  for (const auto& [base, size] : pinned)
+    if (p >= base && static_cast<const char*>(p) + bytes <= static_cast<char*>(base) + size)
+      return true;
+  return false;
+}
+
 // ---- The kernel table: the CPU kernels on the fake device's memory ----
 
 namespace {
@@ -83,9 +210,12 @@ struct FakeSlots {
       std::lock_guard<std::recursive_mutex> lock(g_device->runtime_.mu);
       ++g_device->calls_[op];
     }
+    g_device->runtime_.count_kernel();
     for (const void* p : pointers) {
       if (p != nullptr) {
         EXPECT_TRUE(g_device->runtime_.owns(p, 1)) << op << " was given host memory";
+        EXPECT_FALSE(g_device->runtime_.pending(p, 1))
+            << op << " was given memory a queued copy has not written or read yet (a missed wait)";
       }
     }
   }
@@ -434,6 +564,7 @@ FakeDevice::~FakeDevice() {
   install_device_runtime(Device::kCuda, nullptr);
   g_device = nullptr;
   EXPECT_TRUE(runtime_.blocks.empty()) << "a device block was not given back";
+  EXPECT_TRUE(runtime_.pinned.empty()) << "pinned host memory was not given back";
 }
 
 int FakeDevice::calls(const std::string& op) const {

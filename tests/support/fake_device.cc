@@ -28,7 +28,8 @@ void* FakeRuntime::allocate(size_t bytes) {
 void FakeRuntime::free(void* p, size_t bytes) noexcept {
   std::lock_guard<std::recursive_mutex> lock(mu);
   EXPECT_EQ(blocks[p], allocation_size(bytes));
-  EXPECT_FALSE(pending(p, blocks[p])) << "a device block freed while a queued copy still uses it";
+  EXPECT_FALSE(cancel_pending(p, blocks[p]))
+      << "a device block freed while a queued copy still uses it";
   in_use -= static_cast<int64_t>(blocks[p]);
   blocks.erase(p);
   std::free(p);
@@ -84,7 +85,7 @@ void* FakeRuntime::allocate_pinned(size_t bytes) {
 void FakeRuntime::free_pinned(void* p, size_t bytes) noexcept {
   std::lock_guard<std::recursive_mutex> lock(mu);
   EXPECT_EQ(pinned[p], bytes);
-  EXPECT_FALSE(pending(p, bytes)) << "pinned memory freed while a queued copy still uses it";
+  EXPECT_FALSE(cancel_pending(p, bytes)) << "pinned memory freed while a queued copy still uses it";
   pinned_in_use -= static_cast<int64_t>(bytes);
   pinned.erase(p);
   std::free(p);
@@ -170,17 +171,31 @@ void FakeRuntime::run_until(const Mark& mark) {
 
 bool FakeRuntime::pending(const void* p, size_t bytes) const {
   std::lock_guard<std::recursive_mutex> lock(mu);
-  const char* lo = static_cast<const char*>(p);
-  auto overlaps = [&](const void* base, size_t n) {
-    const char* b = static_cast<const char*>(base);
-    return lo < b + n && b < lo + bytes;
-  };
   for (const auto& [stream, q] : queues_)
     for (size_t i = q.ran; i < q.copies.size(); ++i)
-      if (overlaps(q.copies[i].dst, q.copies[i].bytes) ||
-          overlaps(q.copies[i].src, q.copies[i].bytes))
-        return true;
+      if (q.copies[i].uses(p, bytes)) return true;
   return false;
+}
+
+// Whether a queued copy uses [p, p + bytes); such copies are emptied, so that a test that
+// frees memory under them fails its check instead of writing freed memory later.
+bool FakeRuntime::cancel_pending(const void* p, size_t bytes) {
+  bool found = false;
+  for (auto& [stream, q] : queues_)
+    for (size_t i = q.ran; i < q.copies.size(); ++i)
+      if (q.copies[i].uses(p, bytes)) {
+        q.copies[i].bytes = 0;
+        found = true;
+      }
+  return found;
+}
+
+bool FakeRuntime::Queued::uses(const void* p, size_t n) const {
+  const auto overlaps = [&](const void* base) {
+    const char *lo = static_cast<const char*>(p), *b = static_cast<const char*>(base);
+    return lo < b + bytes && b < lo + n;
+  };
+  return bytes > 0 && (overlaps(dst) || overlaps(src));
 }
 
 void FakeRuntime::count_kernel() {

@@ -83,7 +83,8 @@ class FakeRuntime : public DeviceRuntime {
     const void* src;
     size_t bytes;
     bool to_host;
-    int64_t kernels_before;  // kernels_ when it was queued
+    int64_t kernels_before;                    // kernels_ when it was queued
+    bool uses(const void* p, size_t n) const;  // whether it reads or writes [p, p + n)
   };
   struct Queue {
     std::vector<Queued> copies;
@@ -94,6 +95,7 @@ class FakeRuntime : public DeviceRuntime {
     size_t position = 0;     // reached once the stream's ran >= position
   };
   void run_until(const Mark& mark);
+  bool cancel_pending(const void* p, size_t bytes);
   bool owns_pinned(const void* p, size_t bytes) const;
 
   std::map<void*, Queue> queues_;  // the streams this runtime created

@@ -64,15 +64,11 @@ void ActivationOffload::on_block(nn::Phase phase, size_t block, nn::Activations&
       swap_out_before(block, acts);
       release_outgoing(1);  // block - 1's copies ran beside this block's forward
       break;
-    case nn::Phase::kBeforeBackward: {
+    case nn::Phase::kBeforeBackward:
       release_outgoing(0);
-      bring_in(block, acts.caches[block]);  // unless the prefetch did
-      auto in = std::find_if(incoming_.rbegin(), incoming_.rend(),
-                             [&](const Incoming& i) { return i.block == block; });
-      if (in != incoming_.rend()) runtime_.stream_wait(current_stream(), in->event);
+      wait_for(block, acts.caches[block]);
       if (block > 0) bring_in(block - 1, acts.caches[block - 1]);  // beside this backward
       break;
-    }
     case nn::Phase::kAfterBackward:
       acts.caches[block].release_all();
       break;
@@ -127,7 +123,7 @@ void ActivationOffload::bring_in(size_t block, const nn::Cache& cache) {
     auto it = std::find_if(waiting_.begin(), waiting_.end(),
                            [&](const Waiting& w) { return &w.device.storage() == &s; });
     TESSEL_CHECK(it != waiting_.end(), "offload: a swapped-out activation of unknown origin");
-    if (in.host.empty()) copy_after_compute();  // the pool may hand out memory it used
+    if (in.host.empty()) copy_after_compute();  // the pool may hand out memory kernels used
     s.swap_in(it->host.data(), copy_stream_);
     in.host.push_back(std::move(it->host));
     waiting_.erase(it);
@@ -136,6 +132,18 @@ void ActivationOffload::bring_in(size_t block, const nn::Cache& cache) {
   in.event = event();
   runtime_.record_event(in.event, copy_stream_);
   incoming_.push_back(std::move(in));
+}
+
+// Block b's storages came back with the prefetch during block b + 1's backward (the last
+// block's never left): the compute stream waits for those copies.
+void ActivationOffload::wait_for(size_t block, const nn::Cache& cache) {
+  cache.for_each_tensor([&](const Tensor& t) {
+    TESSEL_CHECK(!t.storage().swapped_out(), "offload: block ", block,
+                 "'s activations are not back before its backward (a block was skipped)");
+  });
+  auto in = std::find_if(incoming_.rbegin(), incoming_.rend(),
+                         [&](const Incoming& i) { return i.block == block; });
+  if (in != incoming_.rend()) runtime_.stream_wait(current_stream(), in->event);
 }
 
 void ActivationOffload::reclaim_host() {

@@ -10,8 +10,9 @@
 //   until the host has seen the copies' event: at block b + 1's kAfterForward, and all of them at
 //   the first kBeforeBackward.
 // - Before block b's backward (kBeforeBackward) the compute stream waits for the event of b's
-//   copies back (Storage::swap_in), then block b - 1's copies back start (the prefetch: they
-//   overlap b's backward). After it (kAfterBackward) its cache is released.
+//   copies back (Storage::swap_in), which started before block b + 1's backward; then block
+//   b - 1's copies back start (the prefetch: they overlap b's backward). After it
+//   (kAfterBackward) its cache is released.
 // The last block is never offloaded: its backward follows its forward. Host buffers are reused
 // across steps once their copy back is reached, and charged to the ledger as
 // activations_offloaded. Owned by the LocalExecutor; one thread.
@@ -71,7 +72,8 @@ class ActivationOffload {
 
   void swap_out_before(size_t block, nn::Activations& acts);
   void release_outgoing(size_t keep);  // all but the newest `keep`, once their event is reached
-  void bring_in(size_t block, const nn::Cache& cache);
+  void bring_in(size_t block, const nn::Cache& cache);  // queues the copies back
+  void wait_for(size_t block, const nn::Cache& cache);  // the compute stream, for them
   void reclaim_host();        // the host buffers of every copy back, once reached
   void copy_after_compute();  // the copy stream's next work starts after the compute stream's
   HostBuffer host_buffer(size_t bytes);

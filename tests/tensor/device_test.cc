@@ -159,6 +159,53 @@ TEST_F(DeviceTensor, SwapOutOnACopyStreamIsDoneOnlyAtItsEvent) {
   fake_.destroy_stream(stream);
 }
 
+// A runtime that fills only the required slots (here the fake's, forwarded) gets the overlap
+// slots' defaults: no stream of its own, and every copy_async done when it returns.
+class RequiredSlotsOnly final : public DeviceRuntime {
+ public:
+  explicit RequiredSlotsOnly(fakes::FakeRuntime& f) : f_(f) {}
+  std::string unavailable_reason() const override { return ""; }
+  size_t allocation_size(size_t bytes) const override { return f_.allocation_size(bytes); }
+  void* allocate(size_t bytes) override { return f_.allocate(bytes); }
+  void free(void* p, size_t bytes) noexcept override { f_.free(p, bytes); }
+  void zero(void* p, size_t bytes, void* s) override { f_.zero(p, bytes, s); }
+  void copy(void* dst, Device dd, const void* src, Device sd, size_t bytes, void* s) override {
+    f_.copy(dst, dd, src, sd, bytes, s);
+  }
+  void convert(void* dst, DType dt, const void* src, DType st, int64_t n, void* s) override {
+    f_.convert(dst, dt, src, st, n, s);
+  }
+
+ private:
+  fakes::FakeRuntime& f_;
+};
+
+TEST_F(DeviceTensor, WithoutStreamsOfItsOwnARuntimesAsyncCopiesAreDoneAtOnce) {
+  RequiredSlotsOnly runtime(fake_);
+  install_device_runtime(Device::kCuda, &runtime);
+  Tensor h = Tensor::empty({300});
+  for (int i = 0; i < 300; ++i) h.data<float>()[i] = static_cast<float>(i);
+  Tensor d = Tensor::empty({300}, DType::kF32, Device::kCuda);
+  d.copy_from(h);
+  void* stream = runtime.create_stream();
+  void* done = runtime.create_event();
+  EXPECT_EQ(stream, nullptr);
+  auto* host = static_cast<float*>(runtime.allocate_pinned(d.storage().bytes()));
+  (void)d.storage().swap_out(host, stream);  // the block may go at once
+  runtime.record_event(done, stream);
+  EXPECT_EQ(std::vector<float>(host, host + 300),
+            std::vector<float>(h.data<float>(), h.data<float>() + 300));
+  d.storage().swap_in(host, stream);
+  runtime.stream_wait(nullptr, done);
+  runtime.event_synchronize(done);
+  EXPECT_EQ(host_values(d), std::vector<float>(h.data<float>(), h.data<float>() + 300));
+  EXPECT_EQ(fake_.copies, 4);  // up, out, back, down: all the runtime's synchronous copy
+  runtime.free_pinned(host, d.storage().bytes());
+  runtime.destroy_event(done);
+  runtime.destroy_stream(stream);
+  install_device_runtime(Device::kCuda, &fake_);
+}
+
 TEST_F(DeviceTensor, ArenasLiveOnTheDeviceButShareOnlyHostMemory) {
   Arena arena;
   arena.add("w", {3, 4});

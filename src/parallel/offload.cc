@@ -94,12 +94,13 @@ void ActivationOffload::swap_out_before(size_t block, nn::Activations& acts) {
     });
   }
   if (out.empty()) return;
+  std::vector<HostBuffer> host;  // first, so that no copy is queued when one fails
+  for (const Tensor& t : out) host.push_back(host_buffer(t.storage().bytes()));
   copy_after_compute();
   Outgoing going{event(), {}};
-  for (Tensor& t : out) {
-    HostBuffer host = host_buffer(t.storage().bytes());
-    going.blocks.push_back(t.storage().swap_out(host.data(), copy_stream_));
-    waiting_.push_back({std::move(t), std::move(host)});
+  for (size_t i = 0; i < out.size(); ++i) {
+    going.blocks.push_back(out[i].storage().swap_out(host[i].data(), copy_stream_));
+    waiting_.push_back({std::move(out[i]), std::move(host[i])});
   }
   runtime_.record_event(going.event, copy_stream_);
   outgoing_.push_back(std::move(going));

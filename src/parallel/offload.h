@@ -1,39 +1,93 @@
 // ActivationOffload (train.offload = activations, docs/gpu.md "Activation offload"): a device
-// rank's activation caches wait in host memory between their block's forward and its backward.
-// After block b's forward (Phase::kAfterForward) every device storage that the caches of blocks
-// before b hold -- buffers and kept tensors, however many tensors view it -- is copied to a host
-// buffer and its device memory given back (Storage::swap_out), except what block b's cache
-// holds (the input it keeps is block b - 1's output) and block b's output (the next block's
-// input). Before block b's backward (kBeforeBackward) the storages its cache holds come back
-// (Storage::swap_in), and after it (kAfterBackward) its cache is released, so that the next
-// forward allocates afresh. The last block is never offloaded: its backward follows its
-// forward. Host buffers are kept for reuse across steps and charged to the ledger as
-// activations_offloaded. Copies are the device runtime's, on the rank's current stream.
-// Owned by the LocalExecutor; one thread.
+// rank's activation caches wait in pinned host memory between their block's forward and its
+// backward, copied on a copy stream of the rank's own so that the copies overlap the kernels
+// of its compute stream (the thread's current stream).
+// - After block b's forward (Phase::kAfterForward) every device storage that the caches of
+//   blocks before b hold -- buffers and kept tensors, however many tensors view it -- is copied
+//   out (Storage::swap_out), except what block b's cache holds (the input it keeps is block
+//   b - 1's output) and block b's output (the next block's input). The copies start after an
+//   event of the compute stream (they read what the forward wrote); their device blocks are kept
+//   until the host has seen the copies' event: at block b + 1's kAfterForward, and all of them at
+//   the first kBeforeBackward.
+// - Before block b's backward (kBeforeBackward) the compute stream waits for the event of b's
+//   copies back (Storage::swap_in), which started before block b + 1's backward; then block
+//   b - 1's copies back start (the prefetch: they overlap b's backward). After it
+//   (kAfterBackward) its cache is released.
+// The last block is never offloaded: its backward follows its forward. Host buffers are reused
+// across steps once their copy back is reached, and charged to the ledger as
+// activations_offloaded. Owned by the LocalExecutor; one thread.
 #pragma once
 
+#include <memory>
 #include <vector>
 
 #include "tessel/nn/model.h"
+
+namespace tessel {
+class DeviceRuntime;
+}
 
 namespace tessel::parallel {
 
 class ActivationOffload {
  public:
+  ActivationOffload();   // the copy stream, on the thread's current device
+  ~ActivationOffload();  // waits for every copy, then gives back the buffers, events and stream
+  ActivationOffload(const ActivationOffload&) = delete;
+  ActivationOffload& operator=(const ActivationOffload&) = delete;
+
   // The executor calls it after the engine's hooks, around every block of a training piece.
   void on_block(nn::Phase phase, size_t block, nn::Activations& acts);
 
  private:
-  struct Swapped {
-    Tensor device;  // a view of the swapped-out storage (keeps it alive)
-    Tensor host;    // where its bytes wait
-  };
-  void swap_out_before(size_t block, nn::Activations& acts);
-  void swap_in(const nn::Cache& cache);
-  Tensor host_buffer(size_t bytes);
+  // Pinned host memory, charged to the current ledger as activations_offloaded.
+  class HostBuffer {
+   public:
+    HostBuffer(DeviceRuntime& runtime, size_t bytes);
+    ~HostBuffer();
+    HostBuffer(HostBuffer&& o) noexcept;
+    HostBuffer& operator=(HostBuffer&& o) noexcept;  // swaps: o gives back what this held
+    void* data() const { return data_; }
+    size_t bytes() const { return bytes_; }
 
-  std::vector<Swapped> swapped_;
-  std::vector<Tensor> free_host_;  // host buffers for reuse, each a u8 tensor
+   private:
+    DeviceRuntime* runtime_;
+    void* data_;
+    size_t bytes_;
+    std::shared_ptr<MemoryLedger> ledger_;
+  };
+  struct Waiting {  // a storage swapped out
+    Tensor device;  // a view of it (keeps it alive)
+    HostBuffer host;
+  };
+  struct Outgoing {                                // copies out queued after one block's forward
+    void* event;                                   // recorded after them on the copy stream
+    std::vector<std::unique_ptr<Storage>> blocks;  // the device memory they read
+  };
+  struct Incoming {  // copies back of one block's storages
+    size_t block;
+    void* event;
+    std::vector<HostBuffer> host;  // the host memory they read
+  };
+
+  void swap_out_before(size_t block, nn::Activations& acts);
+  void release_outgoing(size_t keep);  // all but the newest `keep`, once their event is reached
+  void bring_in(size_t block, const nn::Cache& cache);  // queues the copies back
+  void wait_for(size_t block, const nn::Cache& cache);  // the compute stream, for them
+  void reclaim_host();        // the host buffers of every copy back, once reached
+  void copy_after_compute();  // the copy stream's next work starts after the compute stream's
+  HostBuffer host_buffer(size_t bytes);
+  void* event();
+  void give_back(void* event);
+
+  DeviceRuntime& runtime_;
+  void* copy_stream_;
+  void* compute_event_;
+  std::vector<Waiting> waiting_;
+  std::vector<Outgoing> outgoing_;
+  std::vector<Incoming> incoming_;
+  std::vector<HostBuffer> free_host_;
+  std::vector<void*> free_events_;
 };
 
 }  // namespace tessel::parallel

@@ -3,6 +3,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <utility>
 
 #include "tessel/tensor/device.h"
 
@@ -99,12 +100,16 @@ void Storage::rebind(void* data, std::shared_ptr<void> keep) {
   keep_ = std::move(keep);
 }
 
-void Storage::swap_out(void* host, void* stream) {
+std::unique_ptr<Storage> Storage::swap_out(void* host, void* stream) {
   TESSEL_CHECK(device_ != Device::kCpu && !keep_ && !swapped_out(),
                "storage: swap_out of host, shared or already swapped-out memory");
-  device_runtime(device_).copy(host, Device::kCpu, data_, device_, bytes_, stream);
-  free_own();
-  data_ = nullptr;
+  device_runtime(device_).copy_async(host, Device::kCpu, data_, device_, bytes_, stream);
+  std::unique_ptr<Storage> block(new Storage(bytes_, device_, Unallocated{}));
+  std::swap(block->data_, data_);
+  block->ledger_ = std::move(ledger_);
+  block->category_ = category_;
+  block->charged_ = charged_;
+  return block;
 }
 
 void Storage::swap_in(const void* host, void* stream) {
@@ -117,7 +122,7 @@ void Storage::swap_in(const void* host, void* stream) {
     free_own();
     throw;
   }
-  runtime.copy(data_, device_, host, Device::kCpu, bytes_, stream);
+  runtime.copy_async(data_, device_, host, Device::kCpu, bytes_, stream);
 }
 
 Tensor Tensor::empty(Shape shape, DType dtype, Device device) {

@@ -45,6 +45,8 @@ void* FakeRuntime::allocate(size_t bytes) {
 void FakeRuntime::free(void* p, size_t bytes) noexcept {
   std::lock_guard<std::recursive_mutex> lock(mu);
   EXPECT_EQ(blocks[p], allocation_size(bytes));
+  EXPECT_FALSE(cancel_pending(p, blocks[p]))
+      << "a device block freed while a queued copy still uses it";
   in_use -= static_cast<int64_t>(blocks[p]);
   blocks.erase(p);
   gpus.erase(p);
@@ -113,9 +115,12 @@ struct FakeSlots {
       std::lock_guard<std::recursive_mutex> lock(g_device->runtime_.mu);
       ++g_device->calls_[op];
     }
+    g_device->runtime_.count_kernel();
     for (const void* p : pointers) {
       if (p != nullptr) {
         EXPECT_TRUE(g_device->runtime_.owns(p, 1)) << op << " was given host memory";
+        EXPECT_FALSE(g_device->runtime_.pending(p, 1))
+            << op << " was given memory a queued copy has not written or read yet (a missed wait)";
       }
     }
     expect_on_this_gpu(g_device->runtime_, op, pointers);
@@ -465,6 +470,7 @@ FakeDevice::~FakeDevice() {
   install_device_runtime(Device::kCuda, nullptr);
   g_device = nullptr;
   EXPECT_TRUE(runtime_.blocks.empty()) << "a device block was not given back";
+  EXPECT_TRUE(runtime_.pinned.empty()) << "pinned host memory was not given back";
 }
 
 int FakeDevice::calls(const std::string& op) const {

@@ -49,8 +49,65 @@ class FakeRuntime : public DeviceRuntime {
   int64_t to_host_bytes = 0;  // copied from the device to the host
   std::vector<void*> streams;
 
-  // Ranks as threads: every call above holds it (recursive: copy() asks owns()).
+  // Ranks as threads: every call above and below holds it (recursive: copy() asks owns()).
   mutable std::recursive_mutex mu;
+
+  // ---- Overlap: pinned host blocks, lazy streams, events ----
+  // Pinned memory is plain host memory, counted. copy_async on a stream this runtime created is
+  // only queued: it runs when an event recorded after it is waited for (stream_wait) or
+  // synchronised, so a missed wait leaves the destination unwritten (a kernel given such memory
+  // fails its check), and freeing a block a queued copy still uses fails here. Work on any
+  // other stream (the ranks' compute streams) runs at once.
+  void* allocate_pinned(size_t bytes) override;
+  void free_pinned(void* p, size_t bytes) noexcept override;
+  void* create_stream() override;
+  void destroy_stream(void* stream) noexcept override;
+  void* create_event() override;
+  void destroy_event(void* event) noexcept override;
+  void record_event(void* event, void* stream) override;
+  void stream_wait(void* stream, void* event) override;
+  void event_synchronize(void* event) override;
+  void copy_async(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes,
+                  void* stream) override;
+
+  // Whether a queued copy that has not run reads or writes [p, p + bytes).
+  bool pending(const void* p, size_t bytes) const;
+  // A kernel ran (the fake device's slots call it): what tells a copy that overlapped.
+  void count_kernel();
+
+  std::map<void*, size_t> pinned;  // pinned blocks: where copy_async's host side must lie
+  int64_t pinned_in_use = 0, pinned_peak = 0;
+  std::vector<void*> async_streams;  // each copy_async's stream
+  struct AsyncCopies {
+    int queued = 0;
+    int overlapped = 0;  // of them, those with a kernel run between their queueing and their run
+  };
+  AsyncCopies async_to_host, async_to_device;
+
+ private:
+  struct Queued {
+    void* dst;
+    const void* src;
+    size_t bytes;
+    bool to_host;
+    int64_t kernels_before;                    // kernels_ when it was queued
+    bool uses(const void* p, size_t n) const;  // whether it reads or writes [p, p + n)
+  };
+  struct Queue {
+    std::vector<Queued> copies;
+    size_t ran = 0;  // copies[0, ran) have run
+  };
+  struct Mark {
+    void* stream = nullptr;  // null: reached
+    size_t position = 0;     // reached once the stream's ran >= position
+  };
+  void run_until(const Mark& mark);
+  bool cancel_pending(const void* p, size_t bytes);
+  bool owns_pinned(const void* p, size_t bytes) const;
+
+  std::map<void*, Queue> queues_;  // the streams this runtime created
+  std::map<void*, Mark> events_;
+  int64_t kernels_ = 0;
 };
 
 class FakeDevice {

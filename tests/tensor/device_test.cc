@@ -100,8 +100,9 @@ TEST_F(DeviceTensor, OverTheLimitAllocatesNothingOnTheDevice) {
   EXPECT_TRUE(fake_.blocks.empty());
 }
 
-// Activation offload's move: the device block and its charge go while the bytes wait on the
-// host, and every view of the storage reads them again after swap_in.
+// Activation offload's move: the device block and its charge go, with the storage swap_out
+// returns, once the copy has read it; the bytes wait on the host, and every view of the storage
+// reads them again after swap_in. On the default stream the copies are done at once.
 TEST_F(DeviceTensor, SwappedOutStorageGivesItsDeviceMemoryBackAndReturnsTheSameBytes) {
   Tensor h = Tensor::empty({300});
   for (int i = 0; i < 300; ++i) h.data<float>()[i] = 0.5f * static_cast<float>(i);
@@ -110,19 +111,99 @@ TEST_F(DeviceTensor, SwappedOutStorageGivesItsDeviceMemoryBackAndReturnsTheSameB
   Tensor d = Tensor::zeros({300}, DType::kF32, Device::kCuda);
   d.copy_from(h);
   const Tensor view = d.view(100, {200});
-  std::vector<char> host(d.storage().bytes());
-  d.storage().swap_out(host.data(), current_stream());
+  void* host = fake_.allocate_pinned(d.storage().bytes());
+  std::unique_ptr<Storage> block = d.storage().swap_out(host, current_stream());
   EXPECT_TRUE(d.storage().swapped_out());
+  EXPECT_EQ(fake_.in_use, 2048);  // until the block goes
+  EXPECT_EQ(ledger->current(MemCategory::kActivations), 2048);
+  block.reset();
   EXPECT_EQ(fake_.in_use, 0);
   EXPECT_EQ(ledger->current(MemCategory::kActivations), 0);
-  EXPECT_THROW(d.storage().swap_out(host.data(), current_stream()), Error);
-  d.storage().swap_in(host.data(), current_stream());
+  EXPECT_THROW((void)d.storage().swap_out(host, current_stream()), Error);
+  d.storage().swap_in(host, current_stream());
   EXPECT_FALSE(d.storage().swapped_out());
   EXPECT_EQ(fake_.in_use, 2048);
   EXPECT_EQ(ledger->current(MemCategory::kActivations), 2048);
   const std::vector<float> back = host_values(view);
   EXPECT_EQ(back, std::vector<float>(h.data<float>() + 100, h.data<float>() + 300));
-  EXPECT_THROW(d.storage().swap_in(host.data(), current_stream()), Error);
+  EXPECT_THROW(d.storage().swap_in(host, current_stream()), Error);
+  fake_.free_pinned(host, d.storage().bytes());
+}
+
+// On a stream of the runtime's own the copies wait (lazily, in the fake) until an event after
+// them is waited for: the host bytes are not there before, and are after.
+TEST_F(DeviceTensor, SwapOutOnACopyStreamIsDoneOnlyAtItsEvent) {
+  Tensor h = Tensor::empty({300});
+  for (int i = 0; i < 300; ++i) h.data<float>()[i] = static_cast<float>(i);
+  Tensor d = Tensor::empty({300}, DType::kF32, Device::kCuda);
+  d.copy_from(h);
+  void* stream = fake_.create_stream();
+  void* done = fake_.create_event();
+  auto* host = static_cast<float*>(fake_.allocate_pinned(d.storage().bytes()));
+  std::unique_ptr<Storage> block = d.storage().swap_out(host, stream);
+  fake_.record_event(done, stream);
+  EXPECT_EQ(fake_.async_streams, std::vector<void*>{stream});
+  EXPECT_TRUE(fake_.pending(block->data(), block->bytes()));
+  EXPECT_NE(host[7], 7.0f);  // still the pinned block's poison
+  fake_.event_synchronize(done);
+  EXPECT_FALSE(fake_.pending(block->data(), block->bytes()));
+  EXPECT_EQ(std::vector<float>(host, host + 300),
+            std::vector<float>(h.data<float>(), h.data<float>() + 300));
+  block.reset();
+  d.storage().swap_in(host, stream);
+  fake_.record_event(done, stream);
+  fake_.stream_wait(nullptr, done);  // the compute stream's work after this sees the bytes
+  EXPECT_EQ(host_values(d), std::vector<float>(h.data<float>(), h.data<float>() + 300));
+  fake_.free_pinned(host, d.storage().bytes());
+  fake_.destroy_event(done);
+  fake_.destroy_stream(stream);
+}
+
+// A runtime that fills only the required slots (here the fake's, forwarded) gets the overlap
+// slots' defaults: no stream of its own, and every copy_async done when it returns.
+class RequiredSlotsOnly final : public DeviceRuntime {
+ public:
+  explicit RequiredSlotsOnly(fakes::FakeRuntime& f) : f_(f) {}
+  std::string unavailable_reason() const override { return ""; }
+  size_t allocation_size(size_t bytes) const override { return f_.allocation_size(bytes); }
+  void* allocate(size_t bytes) override { return f_.allocate(bytes); }
+  void free(void* p, size_t bytes) noexcept override { f_.free(p, bytes); }
+  void zero(void* p, size_t bytes, void* s) override { f_.zero(p, bytes, s); }
+  void copy(void* dst, Device dd, const void* src, Device sd, size_t bytes, void* s) override {
+    f_.copy(dst, dd, src, sd, bytes, s);
+  }
+  void convert(void* dst, DType dt, const void* src, DType st, int64_t n, void* s) override {
+    f_.convert(dst, dt, src, st, n, s);
+  }
+
+ private:
+  fakes::FakeRuntime& f_;
+};
+
+TEST_F(DeviceTensor, WithoutStreamsOfItsOwnARuntimesAsyncCopiesAreDoneAtOnce) {
+  RequiredSlotsOnly runtime(fake_);
+  install_device_runtime(Device::kCuda, &runtime);
+  Tensor h = Tensor::empty({300});
+  for (int i = 0; i < 300; ++i) h.data<float>()[i] = static_cast<float>(i);
+  Tensor d = Tensor::empty({300}, DType::kF32, Device::kCuda);
+  d.copy_from(h);
+  void* stream = runtime.create_stream();
+  void* done = runtime.create_event();
+  EXPECT_EQ(stream, nullptr);
+  auto* host = static_cast<float*>(runtime.allocate_pinned(d.storage().bytes()));
+  (void)d.storage().swap_out(host, stream);  // the block may go at once
+  runtime.record_event(done, stream);
+  EXPECT_EQ(std::vector<float>(host, host + 300),
+            std::vector<float>(h.data<float>(), h.data<float>() + 300));
+  d.storage().swap_in(host, stream);
+  runtime.stream_wait(nullptr, done);
+  runtime.event_synchronize(done);
+  EXPECT_EQ(host_values(d), std::vector<float>(h.data<float>(), h.data<float>() + 300));
+  EXPECT_EQ(fake_.copies, 4);  // up, out, back, down: all the runtime's synchronous copy
+  runtime.free_pinned(host, d.storage().bytes());
+  runtime.destroy_event(done);
+  runtime.destroy_stream(stream);
+  install_device_runtime(Device::kCuda, &fake_);
 }
 
 TEST_F(DeviceTensor, ArenasLiveOnTheDeviceButShareOnlyHostMemory) {

@@ -44,6 +44,36 @@ class DeviceRuntime {
   // throws InvalidArgument for a pair of types the device has no conversion for.
   virtual void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n,
                        void* stream) = 0;
+
+  // ---- Overlap: pinned host memory, streams and events (activation offload) ----
+  // What lets a copy run beside the kernels of the rank's stream. Streams and events are
+  // opaque handles. Every slot below is optional; its default is that of a runtime without
+  // streams of its own -- heap memory, the default stream (null), events always reached,
+  // copy_async = copy -- under which every ordering below holds trivially.
+  //
+  // bytes of page-locked host memory (cudaHostAlloc): what copy_async copies from and to; not
+  // initialised, charged to no ledger (the caller charges it); throws when there is no room.
+  virtual void* allocate_pinned(size_t bytes);
+  virtual void free_pinned(void* p, size_t bytes) noexcept;  // bytes as given
+  // A stream ordered with others (the default stream included) only through events. Destroy it
+  // once an event after its last work has been reached.
+  virtual void* create_stream();
+  virtual void destroy_stream(void* stream) noexcept;
+  virtual void* create_event();
+  virtual void destroy_event(void* event) noexcept;
+  // Marks `event` at the end of the work queued on `stream` so far (recording again moves it);
+  // an event never recorded counts as reached.
+  virtual void record_event(void* event, void* stream);
+  // Work queued on `stream` after this call starts once `event`'s mark is reached; the host
+  // does not wait.
+  virtual void stream_wait(void* stream, void* event);
+  // The host waits until `event`'s mark is reached.
+  virtual void event_synchronize(void* event);
+  // Like copy, between pinned host memory and this device's memory, but queued on `stream`
+  // and returning at once: the host side may be read or reused, and the device side freed,
+  // only once an event recorded on `stream` after it is reached.
+  virtual void copy_async(void* dst, Device dst_device, const void* src, Device src_device,
+                          size_t bytes, void* stream);
 };
 
 // Makes `runtime` the one of `device` (process wide, before any thread uses it; it must live

@@ -38,15 +38,21 @@ class Storage {
   // `keep`), e.g. memory shared with other ranks; the own allocation is freed and every tensor
   // viewing this storage follows. Values are not copied. Host storage only.
   void rebind(void* data, std::shared_ptr<void> keep);
-  // Activation offload (device storage only): swap_out copies the bytes to `host` (at least
-  // bytes() long) and gives the device allocation and its charge back; until swap_in() --
-  // which allocates again, charging the thread's current ledger and category, and copies the
-  // bytes back from `host` -- no tensor viewing this storage may be used. Copies on `stream`.
-  void swap_out(void* host, void* stream);
+  // Activation offload (device storage only): swap_out queues the copy of the bytes to `host`
+  // (pinned, at least bytes() long) on `stream` (DeviceRuntime::copy_async) and hands the
+  // device allocation, and its charge, to the storage it returns: keep that alive until an
+  // event recorded on `stream` after the copy is reached (the copy reads it), then drop it.
+  // Until swap_in() -- which allocates again, charging the thread's current ledger and
+  // category, and queues the copy back from `host` on `stream` -- no tensor viewing this
+  // storage may be used; after it, only by work ordered after that copy (an event), and `host`
+  // is kept until the copy is reached.
+  [[nodiscard]] std::unique_ptr<Storage> swap_out(void* host, void* stream);
   void swap_in(const void* host, void* stream);
   bool swapped_out() const { return device_ != Device::kCpu && data_ == nullptr; }
 
  private:
+  struct Unallocated {};
+  Storage(size_t bytes, Device device, Unallocated) : bytes_(bytes), device_(device) {}
   void charge_current();  // the current ledger and category, for an allocation of ours
   void free_own() noexcept;
 

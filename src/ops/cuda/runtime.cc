@@ -59,6 +59,7 @@ DevicePools& pools() {
 }
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+cudaEvent_t as_event(void* e) { return static_cast<cudaEvent_t>(e); }
 
 class CudaRuntime final : public DeviceRuntime {
  public:
@@ -85,6 +86,47 @@ class CudaRuntime final : public DeviceRuntime {
   void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n,
                void* stream) override {
     cuda::convert(dst, dst_type, src, src_type, n, as_stream(stream));
+  }
+
+  // ---- Overlap (activation offload): pinned host memory, a copy stream, events ----
+  void* allocate_pinned(size_t bytes) override {
+    void* p = nullptr;
+    check_cuda(cudaHostAlloc(&p, std::max<size_t>(bytes, 1), cudaHostAllocDefault),
+               str("cudaHostAlloc of ", bytes,
+                   " bytes (pinned host memory of offloaded activations): free host memory, "
+                   "make the batch smaller or set train.offload = none")
+                   .c_str());
+    return p;
+  }
+  void free_pinned(void* p, size_t) noexcept override { cudaFreeHost(p); }
+  void* create_stream() override {
+    cudaStream_t s = nullptr;  // non-blocking: not ordered with the legacy default stream either
+    check_cuda(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), "cudaStreamCreateWithFlags");
+    return s;
+  }
+  void destroy_stream(void* stream) noexcept override { cudaStreamDestroy(as_stream(stream)); }
+  void* create_event() override {
+    cudaEvent_t e = nullptr;
+    check_cuda(cudaEventCreateWithFlags(&e, cudaEventDisableTiming), "cudaEventCreateWithFlags");
+    return e;
+  }
+  void destroy_event(void* event) noexcept override { cudaEventDestroy(as_event(event)); }
+  void record_event(void* event, void* stream) override {
+    check_cuda(cudaEventRecord(as_event(event), as_stream(stream)), "cudaEventRecord");
+  }
+  void stream_wait(void* stream, void* event) override {
+    check_cuda(cudaStreamWaitEvent(as_stream(stream), as_event(event), 0), "cudaStreamWaitEvent");
+  }
+  void event_synchronize(void* event) override {
+    check_cuda(cudaEventSynchronize(as_event(event)), "cudaEventSynchronize");
+  }
+  void copy_async(void* dst, Device dst_device, const void* src, Device /*src_device*/,
+                  size_t bytes, void* stream) override {
+    if (bytes == 0) return;
+    const cudaMemcpyKind kind =
+        dst_device == Device::kCpu ? cudaMemcpyDeviceToHost : cudaMemcpyHostToDevice;
+    check_cuda(cudaMemcpyAsync(dst, src, bytes, kind, as_stream(stream)),
+               "cudaMemcpyAsync between pinned host memory and the device");
   }
 };
 

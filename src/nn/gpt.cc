@@ -25,10 +25,8 @@ void check_tokens(const Tensor& x, int64_t context) {
 // x: [B, T, C] activations of the blocks' type t (train.precision).
 void check_activations(const Tensor& x, int64_t C, DType t, const char* layer) {
   if (!x.defined() || x.dtype() != t || x.ndim() != 3 || x.dim(2) != C)
-    throw InvalidArgument(
-        str(layer, ": input must be ", dtype_name(t), " [B, T, ", C, "], got ",
-            x.defined() ? str(dtype_name(x.dtype()), " ", shape_str(x.shape())) : "undefined",
-            "; place it after the embedding block"));
+    throw InvalidArgument(str(layer, ": input must be ", dtype_name(t), " [B, T, ", C, "], got ",
+                              described(x), "; place it after the embedding block"));
 }
 
 void prefix_names(const std::vector<Parameter*>& params, const std::string& prefix) {

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "checks.h"
 #include "tessel/ops/cpu.h"
 #include "tessel/tensor/device.h"
 
@@ -14,9 +15,7 @@ namespace {
 // Activations may be f32, bf16 or f16 (train.precision); a layer computes in its parameters'
 // type and keeps its input's.
 void check_float(const Tensor& x, const char* layer) {
-  const bool ok = x.defined() && (x.dtype() == DType::kF32 || x.dtype() == DType::kBF16 ||
-                                  x.dtype() == DType::kF16);
-  if (!ok)
+  if (!float_typed(x))
     throw InvalidArgument(str(layer, ": input must be an f32, bf16 or f16 tensor, got ",
                               x.defined() ? dtype_name(x.dtype()) : "an undefined tensor",
                               "; check the data loader's output and the model kind"));
@@ -25,10 +24,9 @@ void check_float(const Tensor& x, const char* layer) {
 void check_same_shape(const Tensor& dy, const Shape& expected, const char* layer,
                       DType type = DType::kF32) {
   if (!dy.defined() || dy.shape() != expected || dy.dtype() != type)
-    throw InvalidArgument(str(
-        layer, ": backward gradient must be ", dtype_name(type), " ", shape_str(expected), ", got ",
-        dy.defined() ? str(dtype_name(dy.dtype()), " ", shape_str(dy.shape())) : "undefined",
-        "; call backward() with the gradient of the last forward() output"));
+    throw InvalidArgument(str(layer, ": backward gradient must be ", dtype_name(type), " ",
+                              shape_str(expected), ", got ", described(dy),
+                              "; call backward() with the gradient of the last forward() output"));
 }
 
 // For the f32-only kernels (convolution, pooling) in a 16-bit precision: f32_in(x) is x or an

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "checks.h"
 #include "tessel/ops/cpu.h"
 #include "tessel/ops/device_kernels.h"
 #include "tessel/tensor/device.h"
@@ -19,10 +20,7 @@ int64_t check_inputs(const Tensor& logits, const Tensor& labels,
   if (!typed || logits.ndim() < 1 || logits.dim(-1) < 1)
     throw InvalidArgument(str("cross_entropy: logits must be ",
                               types.size() > 1 ? "f32, bf16 or f16" : "f32", " [..., C], got ",
-                              logits.defined()
-                                  ? str(dtype_name(logits.dtype()), " ", shape_str(logits.shape()))
-                                  : "undefined",
-                              "; pass the model's output"));
+                              described(logits), "; pass the model's output"));
   const int64_t N = logits.numel() / logits.dim(-1);
   if (!labels.defined() || labels.dtype() != DType::kI32 || labels.numel() != N)
     throw InvalidArgument(str("cross_entropy: labels must be i32 with one per logits row (", N,
@@ -117,15 +115,9 @@ Tensor CrossEntropyLoss::backward(float dloss) {
 
 // The output widened to f32 (in diff_), less the targets; the loss sums in double.
 LossValue MseLoss::forward(const Tensor& output, const Tensor& targets) {
-  const bool typed =
-      output.defined() && (output.dtype() == DType::kF32 || output.dtype() == DType::kBF16 ||
-                           output.dtype() == DType::kF16);
-  if (!typed || output.ndim() != 2 || output.dim(1) != 1)
+  if (!float_typed(output) || output.ndim() != 2 || output.dim(1) != 1)
     throw InvalidArgument(str("mse: output must be f32, bf16 or f16 [N, 1], got ",
-                              output.defined()
-                                  ? str(dtype_name(output.dtype()), " ", shape_str(output.shape()))
-                                  : "undefined",
-                              "; a regression model has one output per row"));
+                              described(output), "; a regression model has one output per row"));
   const int64_t N = output.dim(0);
   if (!targets.defined() || targets.dtype() != DType::kF32 || targets.numel() != N)
     throw InvalidArgument(str("mse: targets must be f32 with one per row (", N, "), got ",
@@ -156,15 +148,9 @@ Tensor MseLoss::backward(float dloss) {
 
 // The logits widened to f32 in grad_, which then holds sigmoid(z) - y; the loss sums in double.
 LossValue BceWithLogitsLoss::forward(const Tensor& logits, const Tensor& labels) {
-  const bool typed =
-      logits.defined() && (logits.dtype() == DType::kF32 || logits.dtype() == DType::kBF16 ||
-                           logits.dtype() == DType::kF16);
-  if (!typed || logits.ndim() != 2)
+  if (!float_typed(logits) || logits.ndim() != 2)
     throw InvalidArgument(str("bce: logits must be f32, bf16 or f16 [N, K], got ",
-                              logits.defined()
-                                  ? str(dtype_name(logits.dtype()), " ", shape_str(logits.shape()))
-                                  : "undefined",
-                              "; a multilabel model has one output per label"));
+                              described(logits), "; a multilabel model has one output per label"));
   const int64_t N = logits.dim(0), K = logits.dim(1), n = N * K;
   if (!labels.defined() || labels.dtype() != DType::kF32 || labels.numel() != n)
     throw InvalidArgument(str("bce: labels must be f32 [N, K] = ", shape_str(logits.shape()),

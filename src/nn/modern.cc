@@ -12,10 +12,9 @@ namespace {
 // x must be of the parameters' float type t with last dimension `last`.
 void check_input(const Tensor& x, DType t, int64_t last, const char* layer) {
   if (!x.defined() || x.dtype() != t || x.ndim() < 1 || x.dim(-1) != last)
-    throw InvalidArgument(
-        str(layer, ": input must be ", dtype_name(t), " [..., ", last, "], got ",
-            x.defined() ? str(dtype_name(x.dtype()), " ", shape_str(x.shape())) : "undefined",
-            "; check the model's embedding size and train.precision"));
+    throw InvalidArgument(str(layer, ": input must be ", dtype_name(t), " [..., ", last, "], got ",
+                              described(x),
+                              "; check the model's embedding size and train.precision"));
 }
 
 }  // namespace

@@ -5,27 +5,15 @@
 
 #include "activation_loops.h"
 #include "kernels.h"
+#include "layernorm_loops.h"
 #include "tessel/ops/cpu.h"
 #include "vec_math.h"
 
 namespace tessel::ops {
 
-void portable::gelu_forward(float* y, const float* x, int64_t n) {
-  detail::gelu_forward_loop(y, x, n);
-}
-
-void portable::gelu_backward(float* dx, const float* dy, const float* x, int64_t n) {
-  detail::gelu_backward_loop(dx, dy, x, n);
-}
-
-void portable::causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys) {
-  detail::causal_softmax_loop(p, rows, ld, first, keys);
-}
-
-void portable::causal_softmax_backward(float* d, const float* p, int64_t rows, int64_t ld,
-                                       int64_t first, int64_t keys, float scale) {
-  detail::causal_softmax_backward_loop(d, p, rows, ld, first, keys, scale);
-}
+namespace portable {
+#include "elementwise_level.h"
+}  // namespace portable
 
 void relu_forward(float* y, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;

@@ -25,20 +25,18 @@ constexpr bool kBf16Built = false;
 constexpr decltype(CpuKernels::gemm_bf16) kGemmBf16 = nullptr;
 #endif
 
-// Designated initializers: a slot left out is null (its portable default, kernels.h).
-constexpr CpuKernels kAvx512Table = {.isa = Isa::kAvx512,
-                                     .sgemm = &avx512::sgemm,
-                                     .convert = &avx512::convert,
-                                     .gelu_forward = &avx512::gelu_forward,
-                                     .gelu_backward = &avx512::gelu_backward,
-                                     .causal_softmax = &avx512::causal_softmax,
-                                     .causal_softmax_backward = &avx512::causal_softmax_backward,
-                                     .layernorm_forward = &avx512::layernorm_forward,
-                                     .layernorm_backward = &avx512::layernorm_backward,
-                                     .maxpool_2x2 = &avx512::maxpool_2x2,
-                                     .conv_direct_scratch = &avx512::conv_direct_scratch,
-                                     .conv_direct_forward = &avx512::conv_direct_forward,
-                                     .conv_direct_backward = &avx512::conv_direct_backward};
+// A level's table of the kernels every level defines (kernels.h's TESSEL_LEVEL_KERNELS);
+// designated initializers, so a slot left out is null (its portable default, kernels.h).
+#define TESSEL_LEVEL_TABLE(level, ns)                                                            \
+  .isa = level, .sgemm = &ns::sgemm, .convert = &ns::convert, .gelu_forward = &ns::gelu_forward, \
+  .gelu_backward = &ns::gelu_backward, .causal_softmax = &ns::causal_softmax,                    \
+  .causal_softmax_backward = &ns::causal_softmax_backward,                                       \
+  .layernorm_forward = &ns::layernorm_forward, .layernorm_backward = &ns::layernorm_backward,    \
+  .maxpool_2x2 = &ns::maxpool_2x2, .conv_direct_scratch = &ns::conv_direct_scratch,              \
+  .conv_direct_forward = &ns::conv_direct_forward,                                               \
+  .conv_direct_backward = &ns::conv_direct_backward
+
+constexpr CpuKernels kAvx512Table = {TESSEL_LEVEL_TABLE(Isa::kAvx512, avx512)};
 
 // avx512_bf16: the avx512 table and the native bf16 GEMM.
 constexpr CpuKernels with_bf16(CpuKernels t) {
@@ -48,33 +46,8 @@ constexpr CpuKernels with_bf16(CpuKernels t) {
 }
 
 const CpuKernels kTables[] = {
-    {.isa = Isa::kPortable,
-     .sgemm = &portable::sgemm,
-     .convert = &portable::convert,
-     .gelu_forward = &portable::gelu_forward,
-     .gelu_backward = &portable::gelu_backward,
-     .causal_softmax = &portable::causal_softmax,
-     .causal_softmax_backward = &portable::causal_softmax_backward,
-     .layernorm_forward = &portable::layernorm_forward,
-     .layernorm_backward = &portable::layernorm_backward,
-     .maxpool_2x2 = &portable::maxpool_2x2,
-     .conv_direct_scratch = &portable::conv_direct_scratch,
-     .conv_direct_forward = &portable::conv_direct_forward,
-     .conv_direct_backward = &portable::conv_direct_backward},
-    {.isa = Isa::kAvx2,
-     .sgemm = &avx2::sgemm,
-     .convert = &avx2::convert,
-     .gelu_forward = &avx2::gelu_forward,
-     .gelu_backward = &avx2::gelu_backward,
-     .causal_softmax = &avx2::causal_softmax,
-     .causal_softmax_backward = &avx2::causal_softmax_backward,
-     .layernorm_forward = &avx2::layernorm_forward,
-     .layernorm_backward = &avx2::layernorm_backward,
-     .maxpool_2x2 = &avx2::maxpool_2x2,
-     .conv_direct_scratch = &avx2::conv_direct_scratch,
-     .conv_direct_forward = &avx2::conv_direct_forward,
-     .conv_direct_backward = &avx2::conv_direct_backward,
-     .sgemm_lowp = &avx2::sgemm_lowp},
+    {TESSEL_LEVEL_TABLE(Isa::kPortable, portable)},
+    {TESSEL_LEVEL_TABLE(Isa::kAvx2, avx2), .sgemm_lowp = &avx2::sgemm_lowp},
     kAvx512Table,
     with_bf16(kAvx512Table),
 };

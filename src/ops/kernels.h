@@ -67,76 +67,45 @@ const CpuKernels& kernels();
 // The table of a level this build and CPU support.
 const CpuKernels& kernels_for(Isa level);
 
-// The kernels of each level, defined in that level's translation units.
+// The kernels every level defines in its own translation units, declared in each level's
+// namespace below.
+#define TESSEL_LEVEL_KERNELS                                                                      \
+  void gelu_forward(float* y, const float* x, int64_t n);                                         \
+  void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);                      \
+  void causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys);           \
+  void causal_softmax_backward(float* d, const float* p, int64_t rows, int64_t ld, int64_t first, \
+                               int64_t keys, float scale);                                        \
+  void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,      \
+                         const float* b, int64_t N, int64_t C);                                   \
+  void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,       \
+                          const float* w, const float* mean, const float* rstd, int64_t N,        \
+                          int64_t C);                                                             \
+  void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,            \
+             const float* A, int64_t lda, const float* B, int64_t ldb, float beta, float* C,      \
+             int64_t ldc);                                                                        \
+  void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);            \
+  void maxpool_2x2(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H,          \
+                   int64_t W, int64_t OH, int64_t OW);                                            \
+  int64_t conv_direct_scratch(const Conv2dShape& s, const detail::ConvFusion& f);                 \
+  void conv_direct_forward(float* y, int32_t* argmax, const float* x, const float* w,             \
+                           const float* b, const detail::ConvFusion& f, const Conv2dShape& s,     \
+                           float* scratch);                                                       \
+  void conv_direct_backward(float* dx, float* dw, float* db, const float* dy, const float* y,     \
+                            const int32_t* argmax, const detail::ConvFusion& f, const float* x,   \
+                            const float* w, const Conv2dShape& s, float* scratch);
+
 namespace portable {
-void gelu_forward(float* y, const float* x, int64_t n);
-void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
-void causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys);
-void causal_softmax_backward(float* d, const float* p, int64_t rows, int64_t ld, int64_t first,
-                             int64_t keys, float scale);
-void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
-                       const float* b, int64_t N, int64_t C);
-void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
-                        const float* w, const float* mean, const float* rstd, int64_t N, int64_t C);
-void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
-void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
-void maxpool_2x2(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W,
-                 int64_t OH, int64_t OW);
-int64_t conv_direct_scratch(const Conv2dShape& s, const detail::ConvFusion& f);
-void conv_direct_forward(float* y, int32_t* argmax, const float* x, const float* w, const float* b,
-                         const detail::ConvFusion& f, const Conv2dShape& s, float* scratch);
-void conv_direct_backward(float* dx, float* dw, float* db, const float* dy, const float* y,
-                          const int32_t* argmax, const detail::ConvFusion& f, const float* x,
-                          const float* w, const Conv2dShape& s, float* scratch);
+TESSEL_LEVEL_KERNELS
 }  // namespace portable
 
 namespace avx2 {
-void gelu_forward(float* y, const float* x, int64_t n);
-void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
-void causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys);
-void causal_softmax_backward(float* d, const float* p, int64_t rows, int64_t ld, int64_t first,
-                             int64_t keys, float scale);
-void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
-                       const float* b, int64_t N, int64_t C);
-void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
-                        const float* w, const float* mean, const float* rstd, int64_t N, int64_t C);
-void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
+TESSEL_LEVEL_KERNELS
 void sgemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                 ConstMatrix A, ConstMatrix B, float beta, Matrix C);
-void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
-void maxpool_2x2(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W,
-                 int64_t OH, int64_t OW);
-int64_t conv_direct_scratch(const Conv2dShape& s, const detail::ConvFusion& f);
-void conv_direct_forward(float* y, int32_t* argmax, const float* x, const float* w, const float* b,
-                         const detail::ConvFusion& f, const Conv2dShape& s, float* scratch);
-void conv_direct_backward(float* dx, float* dw, float* db, const float* dy, const float* y,
-                          const int32_t* argmax, const detail::ConvFusion& f, const float* x,
-                          const float* w, const Conv2dShape& s, float* scratch);
 }  // namespace avx2
 
 namespace avx512 {
-void gelu_forward(float* y, const float* x, int64_t n);
-void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
-void causal_softmax(float* p, int64_t rows, int64_t ld, int64_t first, int64_t keys);
-void causal_softmax_backward(float* d, const float* p, int64_t rows, int64_t ld, int64_t first,
-                             int64_t keys, float scale);
-void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
-                       const float* b, int64_t N, int64_t C);
-void layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
-                        const float* w, const float* mean, const float* rstd, int64_t N, int64_t C);
-void sgemm(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha, const float* A,
-           int64_t lda, const float* B, int64_t ldb, float beta, float* C, int64_t ldc);
-void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n);
-void maxpool_2x2(float* y, int32_t* argmax, const float* x, int64_t planes, int64_t H, int64_t W,
-                 int64_t OH, int64_t OW);
-int64_t conv_direct_scratch(const Conv2dShape& s, const detail::ConvFusion& f);
-void conv_direct_forward(float* y, int32_t* argmax, const float* x, const float* w, const float* b,
-                         const detail::ConvFusion& f, const Conv2dShape& s, float* scratch);
-void conv_direct_backward(float* dx, float* dw, float* db, const float* dy, const float* y,
-                          const int32_t* argmax, const detail::ConvFusion& f, const float* x,
-                          const float* w, const Conv2dShape& s, float* scratch);
+TESSEL_LEVEL_KERNELS
 }  // namespace avx512
 
 // Built only where the compiler targets AVX512_BF16 (TESSEL_BF16_KERNEL).

@@ -1,21 +1,9 @@
 // LayerNorm over the last dimension: the kernel table's loops of the ISA level in use
-// (layernorm_loops.h).
+// (layernorm_loops.h, elementwise_level.h).
 #include "kernels.h"
-#include "layernorm_loops.h"
 #include "tessel/ops/cpu.h"
 
 namespace tessel::ops {
-
-void portable::layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
-                                 const float* b, int64_t N, int64_t C) {
-  detail::layernorm_forward_loop(y, mean, rstd, x, w, b, N, C);
-}
-
-void portable::layernorm_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
-                                  const float* w, const float* mean, const float* rstd, int64_t N,
-                                  int64_t C) {
-  detail::layernorm_backward_loop(dx, dw, db, dy, x, w, mean, rstd, N, C);
-}
 
 void layernorm_forward(float* y, float* mean, float* rstd, const float* x, const float* w,
                        const float* b, int64_t N, int64_t C) {

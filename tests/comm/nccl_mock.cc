@@ -1,12 +1,10 @@
 #include "nccl_mock.h"
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -15,56 +13,12 @@
 
 #include "../../src/comm/reduce.h"
 #include "fake_device.h"
+#include "nccl_mock_cuda.h"
 #include "tessel/core/error.h"
 
 namespace tessel::comm::testing {
+namespace mock {
 namespace {
-
-// A stream: one worker thread running its queue in order. Destroying it drains the queue.
-class Stream {
- public:
-  Stream() : worker_([this] { run(); }) {}
-  ~Stream() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      stop_ = true;
-    }
-    cv_.notify_one();
-    worker_.join();
-  }
-  void push(std::function<void()> task) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      queue_.push_back(std::move(task));
-    }
-    cv_.notify_one();
-  }
-
- private:
-  void run() {
-    for (;;) {
-      std::function<void()> task;
-      {
-        std::unique_lock<std::mutex> lock(mu_);
-        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        task = std::move(queue_.front());
-        queue_.pop_front();
-      }
-      task();
-    }
-  }
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<std::function<void()>> queue_;
-  bool stop_ = false;
-  std::thread worker_;
-};
-
-struct Event {
-  std::atomic<uint64_t> recorded{0}, reached{0};
-  bool destroyed = false;
-};
 
 enum class Kind { kAllReduce, kReduce, kReduceScatter, kAllGather, kBroadcast, kSend, kRecv };
 
@@ -76,7 +30,7 @@ struct Op {
   ElemType elem = ElemType::kF32;
   ReduceOp op = ReduceOp::kSum;
   int root = -1;  // or the peer of a send / recv
-  Stream* stream = nullptr;
+  NcclStream stream = nullptr;
 };
 
 struct Meeting {  // one collective: every rank's op, then the result
@@ -126,13 +80,11 @@ struct Library {  // the mock library's global state, as libnccl's
   std::mutex mu;
   std::map<std::string, std::shared_ptr<Group>> groups;
   std::vector<std::unique_ptr<Comm>> comms;  // kept until reset: dead handles stay detectable
-  std::vector<std::unique_ptr<Event>> events;
   std::map<int, std::pair<MockFault, int>> faults;
   double delay_s = 0;
   int misuses = 0;
   std::string first_misuse;
   uint64_t ids = 0;
-  int streams = 0;
   bool shares_device = true;  // mock_nccl_shares_device
 };
 Library& lib() {
@@ -140,12 +92,16 @@ Library& lib() {
   return l;
 }
 
+}  // namespace
+
 NcclResult misuse(const std::string& what) {
   Library& l = lib();
   std::lock_guard<std::mutex> lock(l.mu);
   if (l.misuses++ == 0) l.first_misuse = what;
   return NcclResult::kInvalidUsage;
 }
+
+namespace {
 
 Comm* comm_of(NcclComm c) { return reinterpret_cast<Comm*>(c); }
 
@@ -277,13 +233,13 @@ void run_item(Comm& c, const std::vector<Op>& ops, MockFault fault) {
 
 // Queues a work item on its stream (g->mu held by the caller).
 NcclResult enqueue(Comm& c, std::vector<Op> ops) {
-  Stream* stream = ops[0].stream;
   const MockFault fault =
       c.items++ >= static_cast<uint64_t>(c.fault_after) ? c.fault : MockFault::kNone;
   c.dead |= fault == MockFault::kDie;
   c.settling = !c.dead;
   ++c.in_flight;
-  stream->push([&c, ops = std::move(ops), fault] {
+  const NcclStream stream = ops[0].stream;
+  stream_push(stream, [&c, ops = std::move(ops), fault] {
     if (c.delay_s > 0) std::this_thread::sleep_for(std::chrono::duration<double>(c.delay_s));
     run_item(c, ops, fault);
     std::lock_guard<std::mutex> lock(c.g->mu);
@@ -444,181 +400,124 @@ NcclResult destroy(NcclComm handle) {
 
 Op make(Kind kind, const void* send, void* recv, size_t count, ElemType elem, ReduceOp op, int root,
         NcclStream stream) {
-  return Op{kind, send, recv, count, elem, op, root, static_cast<Stream*>(stream)};
+  return Op{kind, send, recv, count, elem, op, root, stream};
 }
 
-Event* event_of(NcclEvent e) { return static_cast<Event*>(e); }
-
-const NcclApi kMock = {
-    .name = "mock nccl",
-    .get_unique_id =
-        [](NcclUniqueId* id) {
-          std::memset(id, 0, sizeof *id);
-          std::lock_guard<std::mutex> lock(lib().mu);
-          const std::string text = str("mock-nccl-id-", ++lib().ids);
-          std::memcpy(id->internal, text.data(), text.size());
-          return NcclResult::kSuccess;
-        },
-    .init_rank = init_rank,
-    .all_reduce =
-        [](const void* s, void* r, size_t n, ElemType e, ReduceOp op, NcclComm c, NcclStream st) {
-          return submit(c, make(Kind::kAllReduce, s, r, n, e, op, -1, st), "ncclAllReduce");
-        },
-    .reduce =
-        [](const void* s, void* r, size_t n, ElemType e, ReduceOp op, int root, NcclComm c,
-           NcclStream st) {
-          return submit(c, make(Kind::kReduce, s, r, n, e, op, root, st), "ncclReduce");
-        },
-    .reduce_scatter =
-        [](const void* s, void* r, size_t n, ElemType e, ReduceOp op, NcclComm c, NcclStream st) {
-          return submit(c, make(Kind::kReduceScatter, s, r, n, e, op, -1, st), "ncclReduceScatter");
-        },
-    .all_gather =
-        [](const void* s, void* r, size_t n, ElemType e, NcclComm c, NcclStream st) {
-          return submit(c, make(Kind::kAllGather, s, r, n, e, ReduceOp::kSum, -1, st),
-                        "ncclAllGather");
-        },
-    .broadcast =
-        [](const void* s, void* r, size_t n, ElemType e, int root, NcclComm c, NcclStream st) {
-          return submit(c, make(Kind::kBroadcast, s, r, n, e, ReduceOp::kSum, root, st),
-                        "ncclBroadcast");
-        },
-    .send =
-        [](const void* b, size_t n, ElemType e, int peer, NcclComm c, NcclStream st) {
-          return submit(c, make(Kind::kSend, b, nullptr, n, e, ReduceOp::kSum, peer, st),
-                        "ncclSend");
-        },
-    .recv =
-        [](void* b, size_t n, ElemType e, int peer, NcclComm c, NcclStream st) {
-          return submit(c, make(Kind::kRecv, nullptr, b, n, e, ReduceOp::kSum, peer, st),
-                        "ncclRecv");
-        },
-    .group_start =
-        [] {
-          ++t_depth;
-          return NcclResult::kSuccess;
-        },
-    .group_end = group_end,
-    .get_async_error = get_async_error,
-    .abort = comm_abort,
-    .finalize = finalize,
-    .destroy = destroy,
-    .last_error = [](NcclComm) -> const char* { return "mock nccl: see the async error"; },
-    .shares_device =
-        [] {
-          std::lock_guard<std::mutex> lock(lib().mu);
-          return lib().shares_device;
-        },
-    .device_count =
-        [](int* count) {
-          *count = fakes::fake_gpu_count();
-          return 0;
-        },
-    .set_device =
-        [](int device) {
-          if (device < 0 || device >= fakes::fake_gpu_count()) {
-            misuse(str("cudaSetDevice(", device, ") of a GPU the mock does not have"));
-            return 101;  // cudaErrorInvalidDevice
-          }
-          fakes::set_fake_gpu(device);
-          return 0;
-        },
-    .stream_create =
-        [](NcclStream* s) {
-          *s = new Stream;
-          std::lock_guard<std::mutex> lock(lib().mu);
-          ++lib().streams;
-          return 0;
-        },
-    .stream_wait_event =
-        [](NcclStream s, NcclEvent e) {
-          const uint64_t v = event_of(e)->recorded;  // the record before this call
-          static_cast<Stream*>(s)->push([ev = event_of(e), v] {
-            while (ev->reached < v) std::this_thread::yield();
-          });
-          return 0;
-        },
-    .stream_destroy =
-        [](NcclStream s) {
-          delete static_cast<Stream*>(s);
-          std::lock_guard<std::mutex> lock(lib().mu);
-          --lib().streams;
-          return 0;
-        },
-    .event_create =
-        [](NcclEvent* e) {
-          std::lock_guard<std::mutex> lock(lib().mu);
-          lib().events.push_back(std::make_unique<Event>());
-          *e = lib().events.back().get();
-          return 0;
-        },
-    .event_record =
-        [](NcclEvent e, NcclStream s) {
-          const uint64_t v = ++event_of(e)->recorded;
-          if (s == nullptr) {  // the default stream: the callers' (fake) kernels ran already
-            event_of(e)->reached = v;
-            return 0;
-          }
-          static_cast<Stream*>(s)->push([ev = event_of(e), v] { ev->reached = v; });
-          return 0;
-        },
-    .event_query =
-        [](NcclEvent e) {
-          if (event_of(e)->destroyed) misuse("cudaEventQuery on a destroyed event");
-          return event_of(e)->reached >= event_of(e)->recorded ? 0 : kCudaNotReady;
-        },
-    .event_destroy =
-        [](NcclEvent e) {
-          event_of(e)->destroyed = true;
-          return 0;
-        },
-    .device_error_string = [](int) { return "mock cuda error"; },
-};
+NcclApi make_mock() {
+  NcclApi api = {
+      .name = "mock nccl",
+      .get_unique_id =
+          [](NcclUniqueId* id) {
+            std::memset(id, 0, sizeof *id);
+            std::lock_guard<std::mutex> lock(lib().mu);
+            const std::string text = str("mock-nccl-id-", ++lib().ids);
+            std::memcpy(id->internal, text.data(), text.size());
+            return NcclResult::kSuccess;
+          },
+      .init_rank = init_rank,
+      .all_reduce =
+          [](const void* s, void* r, size_t n, ElemType e, ReduceOp op, NcclComm c, NcclStream st) {
+            return submit(c, make(Kind::kAllReduce, s, r, n, e, op, -1, st), "ncclAllReduce");
+          },
+      .reduce =
+          [](const void* s, void* r, size_t n, ElemType e, ReduceOp op, int root, NcclComm c,
+             NcclStream st) {
+            return submit(c, make(Kind::kReduce, s, r, n, e, op, root, st), "ncclReduce");
+          },
+      .reduce_scatter =
+          [](const void* s, void* r, size_t n, ElemType e, ReduceOp op, NcclComm c, NcclStream st) {
+            return submit(c, make(Kind::kReduceScatter, s, r, n, e, op, -1, st),
+                          "ncclReduceScatter");
+          },
+      .all_gather =
+          [](const void* s, void* r, size_t n, ElemType e, NcclComm c, NcclStream st) {
+            return submit(c, make(Kind::kAllGather, s, r, n, e, ReduceOp::kSum, -1, st),
+                          "ncclAllGather");
+          },
+      .broadcast =
+          [](const void* s, void* r, size_t n, ElemType e, int root, NcclComm c, NcclStream st) {
+            return submit(c, make(Kind::kBroadcast, s, r, n, e, ReduceOp::kSum, root, st),
+                          "ncclBroadcast");
+          },
+      .send =
+          [](const void* b, size_t n, ElemType e, int peer, NcclComm c, NcclStream st) {
+            return submit(c, make(Kind::kSend, b, nullptr, n, e, ReduceOp::kSum, peer, st),
+                          "ncclSend");
+          },
+      .recv =
+          [](void* b, size_t n, ElemType e, int peer, NcclComm c, NcclStream st) {
+            return submit(c, make(Kind::kRecv, nullptr, b, n, e, ReduceOp::kSum, peer, st),
+                          "ncclRecv");
+          },
+      .group_start =
+          [] {
+            ++t_depth;
+            return NcclResult::kSuccess;
+          },
+      .group_end = group_end,
+      .get_async_error = get_async_error,
+      .abort = comm_abort,
+      .finalize = finalize,
+      .destroy = destroy,
+      .last_error = [](NcclComm) -> const char* { return "mock nccl: see the async error"; },
+      .shares_device =
+          [] {
+            std::lock_guard<std::mutex> lock(lib().mu);
+            return lib().shares_device;
+          },
+  };
+  fill_cuda_slots(api);
+  return api;
+}
 
 }  // namespace
+}  // namespace mock
 
-const NcclApi& mock_nccl() { return kMock; }
+const NcclApi& mock_nccl() {
+  static const NcclApi api = mock::make_mock();
+  return api;
+}
 
 void mock_nccl_fault(int rank, MockFault fault, int after) {
-  std::lock_guard<std::mutex> lock(lib().mu);
-  lib().faults[rank] = {fault, after};
+  std::lock_guard<std::mutex> lock(mock::lib().mu);
+  mock::lib().faults[rank] = {fault, after};
 }
 
 void mock_nccl_delay(double seconds) {
-  std::lock_guard<std::mutex> lock(lib().mu);
-  lib().delay_s = seconds;
+  std::lock_guard<std::mutex> lock(mock::lib().mu);
+  mock::lib().delay_s = seconds;
 }
 
 MockNcclState mock_nccl_state() {
-  Library& l = lib();
+  mock::Library& l = mock::lib();
   MockNcclState s;
-  std::vector<Comm*> comms;
+  std::vector<mock::Comm*> comms;
   {
     std::lock_guard<std::mutex> lock(l.mu);
     for (const auto& c : l.comms) comms.push_back(c.get());
-    s.live_streams = l.streams;
     s.misuses = l.misuses;
     s.first_misuse = l.first_misuse;
   }
-  for (Comm* c : comms) {  // group locks after the library's (misuse() nests them the other way)
+  for (mock::Comm* c :
+       comms) {  // group locks after the library's (misuse() nests them the other way)
     std::lock_guard<std::mutex> lock(c->g->mu);
     s.live_comms += !c->freed;
   }
+  s.live_streams = mock::live_streams();
   return s;
 }
 
 void mock_nccl_shares_device(bool allowed) {
-  std::lock_guard<std::mutex> lock(lib().mu);
-  lib().shares_device = allowed;
+  std::lock_guard<std::mutex> lock(mock::lib().mu);
+  mock::lib().shares_device = allowed;
 }
 
 void mock_nccl_reset() {
-  Library& l = lib();
+  mock::Library& l = mock::lib();
   std::lock_guard<std::mutex> lock(l.mu);
   l.shares_device = true;
   l.groups.clear();
   l.comms.clear();
-  l.events.clear();
   l.faults.clear();
   l.delay_s = 0;
   l.misuses = 0;

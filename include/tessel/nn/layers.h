@@ -48,7 +48,6 @@ class Linear : public Module {
 
   Parameter& weight() { return weight_; }
   Parameter* bias() { return has_bias_ ? &bias_ : nullptr; }
-  int64_t in_features() const { return in_; }  // this rank's
   int64_t out_features() const { return out_; }
 
  private:

@@ -4,6 +4,7 @@
 #include "kernel_table.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "tessel/ops/cuda/blas.h"
 #include "tessel/ops/cuda/conv.h"
@@ -14,6 +15,18 @@ namespace tessel::ops::cuda {
 namespace {
 
 cudaStream_t as_stream(void* s) { return static_cast<cudaStream_t>(s); }
+
+// The slot of launcher F, which takes the table's arguments with the stream as a cudaStream_t
+// (a slot's type-erased void*): Launch<&F>::call. An argument whose type differs from the
+// slot's fails to compile.
+template <typename T>
+using SlotArg = std::conditional_t<std::is_same_v<T, cudaStream_t>, void*, T>;
+template <auto F>
+struct Launch;
+template <typename... A, void (*F)(A...)>
+struct Launch<F> {
+  static void call(SlotArg<A>... a) { F(static_cast<A>(a)...); }
+};
 
 Blas& blas() {
   thread_local Blas b;
@@ -68,14 +81,8 @@ void fill_conv_slots(DeviceKernels& k) {
     const Tensor ws = conv_workspace(s);
     conv2d_backward(dx, dw, db, dy, x, w, s, ws.raw(), as_stream(stream));
   };
-  k.maxpool2d_forward = [](float* y, int32_t* argmax, const float* x, int64_t N, int64_t C,
-                           int64_t H, int64_t W, int64_t kk, int64_t stride, void* stream) {
-    maxpool2d_forward(y, argmax, x, N, C, H, W, kk, stride, as_stream(stream));
-  };
-  k.maxpool2d_backward = [](float* dx, const float* dy, const int32_t* argmax, int64_t N, int64_t C,
-                            int64_t H, int64_t W, int64_t kk, int64_t stride, void* stream) {
-    maxpool2d_backward(dx, dy, argmax, N, C, H, W, kk, stride, as_stream(stream));
-  };
+  k.maxpool2d_forward = Launch<&maxpool2d_forward>::call;
+  k.maxpool2d_backward = Launch<&maxpool2d_backward>::call;
 }
 
 // ---- Attention: tensor-core GEMMs where attention_gemm_supported (bf16, long sequences), the
@@ -104,128 +111,48 @@ void attention_bwd(void* dqkv, const void* dout, const void* qkv, const void* ou
                           C, NH, t, s);
 }
 
-// The GPT's slots (and dropout's).
-void fill_gpt_slots(DeviceKernels& k) {
-  k.accumulate = [](float* acc, const void* x, int64_t n, DType t, void* s) {
-    accumulate(acc, x, n, t, as_stream(s));
-  };
-  k.attention_forward = attention_fwd;
-  k.attention_backward = attention_bwd;
-  k.rmsnorm_forward = [](void* y, float* rstd, const void* x, const void* w, int64_t N, int64_t C,
-                         DType t,
-                         void* s) { rmsnorm_forward(y, rstd, x, w, N, C, t, as_stream(s)); };
-  k.rmsnorm_backward = [](void* dx, float* dw, const void* dy, const void* x, const void* w,
-                          const float* rstd, int64_t N, int64_t C, DType t, void* s) {
-    rmsnorm_backward(dx, dw, dy, x, w, rstd, N, C, t, as_stream(s));
-  };
-  k.rotary_forward = [](void* qkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t,
-                        void* s) { rotary_forward(qkv, pos, N, C, NH, t, as_stream(s)); };
-  k.rotary_backward = [](void* dqkv, const int64_t* pos, int64_t N, int64_t C, int64_t NH, DType t,
-                         void* s) { rotary_backward(dqkv, pos, N, C, NH, t, as_stream(s)); };
-  k.swiglu_forward = [](void* y, const void* x, int64_t N, int64_t H, DType t, void* s) {
-    swiglu_forward(y, x, N, H, t, as_stream(s));
-  };
-  k.swiglu_backward = [](void* dx, const void* dy, const void* x, int64_t N, int64_t H, DType t,
-                         void* s) { swiglu_backward(dx, dy, x, N, H, t, as_stream(s)); };
-  k.dropout_forward = [](void* y, const void* x, int64_t rows, int64_t cols, float p, uint64_t seed,
-                         int64_t step, int64_t first_sample, int64_t first_col, DType t, void* s) {
-    dropout_forward(y, x, rows, cols, p, seed, step, first_sample, first_col, t, as_stream(s));
-  };
-  k.dropout_backward = [](void* dx, const void* dy, int64_t rows, int64_t cols, float p,
-                          uint64_t seed, int64_t step, int64_t first_sample, int64_t first_col,
-                          DType t, void* s) {
-    dropout_backward(dx, dy, rows, cols, p, seed, step, first_sample, first_col, t, as_stream(s));
-  };
-}
-
-// Deterministic mode's exact sum.
-void fill_exact_slots(DeviceKernels& k) {
-  k.exact_collect = [](float* kept, float* max, const float* g, int64_t n, void* s) {
-    exact_collect(kept, max, g, n, as_stream(s));
-  };
-  k.exact_quantise = [](int64_t* acc, const float* g, int64_t n, double scale, void* s) {
-    exact_quantise(acc, g, n, scale, as_stream(s));
-  };
-  k.exact_dequantise = [](float* out, const int64_t* sums, int64_t n, double scale, void* s) {
-    exact_dequantise(out, sums, n, scale, as_stream(s));
-  };
-}
-
 DeviceKernels make_table() {
   DeviceKernels k{};
   k.linear_forward = linear_fwd;
   k.linear_backward = linear_bwd;
   fill_conv_slots(k);
-  k.relu_forward = [](void* y, const void* x, int64_t n, DType t, void* s) {
-    relu_forward(y, x, n, t, as_stream(s));
-  };
-  k.relu_backward = [](void* dx, const void* dy, const void* y, int64_t n, DType t, void* s) {
-    relu_backward(dx, dy, y, n, t, as_stream(s));
-  };
-  k.gelu_forward = [](void* y, const void* x, int64_t n, DType t, void* s) {
-    gelu_forward(y, x, n, t, as_stream(s));
-  };
-  k.gelu_backward = [](void* dx, const void* dy, const void* x, int64_t n, DType t, void* s) {
-    gelu_backward(dx, dy, x, n, t, as_stream(s));
-  };
-  k.add_forward = [](void* y, const void* a, const void* b, int64_t n, DType t, void* s) {
-    add_forward(y, a, b, n, t, as_stream(s));
-  };
-  k.layernorm_forward = [](void* y, float* mean, float* rstd, const void* x, const void* w,
-                           const void* b, int64_t N, int64_t C, DType t, void* s) {
-    layernorm_forward(y, mean, rstd, x, w, b, N, C, t, as_stream(s));
-  };
-  k.layernorm_backward = [](void* dx, float* dw, float* db, const void* dy, const void* x,
-                            const void* w, const float* mean, const float* rstd, int64_t N,
-                            int64_t C, DType t, void* s) {
-    layernorm_backward(dx, dw, db, dy, x, w, mean, rstd, N, C, t, as_stream(s));
-  };
-  k.embedding_forward = [](void* y, const int32_t* ids, const void* table, int64_t N, int64_t V,
-                           int64_t C, int64_t lo, int64_t rows, DType t, void* s) {
-    embedding_forward(y, ids, table, N, V, C, lo, rows, t, as_stream(s));
-  };
-  k.embedding_backward = [](float* dtable, const void* dy, const int32_t* ids, int64_t N, int64_t C,
-                            int64_t lo, int64_t rows, DType t, void* s) {
-    embedding_backward(dtable, dy, ids, N, C, lo, rows, t, as_stream(s));
-  };
+  k.relu_forward = Launch<&relu_forward>::call;
+  k.relu_backward = Launch<&relu_backward>::call;
+  k.gelu_forward = Launch<&gelu_forward>::call;
+  k.gelu_backward = Launch<&gelu_backward>::call;
+  k.add_forward = Launch<&add_forward>::call;
+  k.layernorm_forward = Launch<&layernorm_forward>::call;
+  k.layernorm_backward = Launch<&layernorm_backward>::call;
+  k.embedding_forward = Launch<&embedding_forward>::call;
+  k.embedding_backward = Launch<&embedding_backward>::call;
   k.cross_entropy_forward = [](float* loss, float* losses, float* lse, const void* logits,
                                const int32_t* labels, int64_t N, int64_t C, DType t, void* s) {
     cross_entropy_forward(loss, losses, lse, nullptr, logits, labels, N, C, t, as_stream(s));
   };
-  k.cross_entropy_backward = [](void* dlogits, const void* logits, const float* lse,
-                                const int32_t* labels, int64_t N, int64_t C, float dloss,
-                                int64_t lo, DType t, void* s) {
-    cross_entropy_backward(dlogits, logits, lse, labels, N, C, dloss, lo, t, as_stream(s));
-  };
-  k.sliced_row_max = [](float* row_max, const void* logits, int64_t N, int64_t C, int64_t valid,
-                        DType t,
-                        void* s) { sliced_row_max(row_max, logits, N, C, valid, t, as_stream(s)); };
-  k.sliced_exp_sum = [](float* sums, float* target, const void* logits, const int32_t* labels,
-                        const float* row_max, int64_t N, int64_t C, int64_t valid, int64_t lo,
-                        int64_t V, DType t, void* s) {
-    sliced_exp_sum(sums, target, logits, labels, row_max, N, C, valid, lo, V, t, as_stream(s));
-  };
-  k.sliced_cross_entropy_backward = [](void* dlogits, const void* logits, const float* row_max,
-                                       const float* sums, const int32_t* labels, int64_t N,
-                                       int64_t C, int64_t valid, int64_t lo, float dloss, DType t,
-                                       void* s) {
-    sliced_cross_entropy_backward(dlogits, logits, row_max, sums, labels, N, C, valid, lo, dloss, t,
-                                  as_stream(s));
-  };
-  k.count_correct = [](int64_t* correct, const void* logits, const int32_t* labels, int64_t N,
-                       int64_t C, DType t,
-                       void* s) { count_correct(correct, logits, labels, N, C, t, as_stream(s)); };
-  k.adamw_step = [](float* p, const float* g, float* m, float* v, void* working, DType wt,
-                    int64_t n, const AdamWStep& a,
-                    void* s) { adamw_step(p, g, m, v, working, wt, n, a, as_stream(s)); };
-  k.sgd_step = [](float* p, const float* g, float* momentum, void* working, DType wt, int64_t n,
-                  const SgdStep& a,
-                  void* s) { sgd_step(p, g, momentum, working, wt, n, a, as_stream(s)); };
-  k.sum_squares = [](double* out, double* partials, const float* x, int64_t n, void* s) {
-    sum_squares(out, partials, x, n, as_stream(s));
-  };
-  fill_gpt_slots(k);
-  fill_exact_slots(k);
+  k.cross_entropy_backward = Launch<&cross_entropy_backward>::call;
+  k.sliced_row_max = Launch<&sliced_row_max>::call;
+  k.sliced_exp_sum = Launch<&sliced_exp_sum>::call;
+  k.sliced_cross_entropy_backward = Launch<&sliced_cross_entropy_backward>::call;
+  k.count_correct = Launch<&count_correct>::call;
+  k.adamw_step = Launch<&adamw_step>::call;
+  k.sgd_step = Launch<&sgd_step>::call;
+  k.sum_squares = Launch<&sum_squares>::call;
+  // The GPT's slots (and dropout's).
+  k.accumulate = Launch<&accumulate>::call;
+  k.attention_forward = attention_fwd;
+  k.attention_backward = attention_bwd;
+  k.rmsnorm_forward = Launch<&rmsnorm_forward>::call;
+  k.rmsnorm_backward = Launch<&rmsnorm_backward>::call;
+  k.rotary_forward = Launch<&rotary_forward>::call;
+  k.rotary_backward = Launch<&rotary_backward>::call;
+  k.swiglu_forward = Launch<&swiglu_forward>::call;
+  k.swiglu_backward = Launch<&swiglu_backward>::call;
+  k.dropout_forward = Launch<&dropout_forward>::call;
+  k.dropout_backward = Launch<&dropout_backward>::call;
+  // Deterministic mode's exact sum.
+  k.exact_collect = Launch<&exact_collect>::call;
+  k.exact_quantise = Launch<&exact_quantise>::call;
+  k.exact_dequantise = Launch<&exact_dequantise>::call;
   return k;
 }
 

@@ -38,7 +38,10 @@ constexpr CpuKernels kAvx512Table = {.isa = Isa::kAvx512,
                                      .maxpool_2x2 = &avx512::maxpool_2x2,
                                      .conv_direct_scratch = &avx512::conv_direct_scratch,
                                      .conv_direct_forward = &avx512::conv_direct_forward,
-                                     .conv_direct_backward = &avx512::conv_direct_backward};
+                                     .conv_direct_backward = &avx512::conv_direct_backward,
+                                     // AVX2's: no AVX-512 kernel of their own yet
+                                     .int8_quantize = &avx2::int8_quantize,
+                                     .int8_dequantize_add = &avx2::int8_dequantize_add};
 
 // avx512_bf16: the avx512 table and the native bf16 GEMM.
 constexpr CpuKernels with_bf16(CpuKernels t) {
@@ -60,7 +63,9 @@ const CpuKernels kTables[] = {
      .maxpool_2x2 = &portable::maxpool_2x2,
      .conv_direct_scratch = &portable::conv_direct_scratch,
      .conv_direct_forward = &portable::conv_direct_forward,
-     .conv_direct_backward = &portable::conv_direct_backward},
+     .conv_direct_backward = &portable::conv_direct_backward,
+     .int8_quantize = &portable::int8_quantize,
+     .int8_dequantize_add = &portable::int8_dequantize_add},
     {.isa = Isa::kAvx2,
      .sgemm = &avx2::sgemm,
      .convert = &avx2::convert,
@@ -74,6 +79,8 @@ const CpuKernels kTables[] = {
      .conv_direct_scratch = &avx2::conv_direct_scratch,
      .conv_direct_forward = &avx2::conv_direct_forward,
      .conv_direct_backward = &avx2::conv_direct_backward,
+     .int8_quantize = &avx2::int8_quantize,
+     .int8_dequantize_add = &avx2::int8_dequantize_add,
      .sgemm_lowp = &avx2::sgemm_lowp},
     kAvx512Table,
     with_bf16(kAvx512Table),

@@ -26,9 +26,24 @@ inline void mul_hi_lo(__m256i a, __m256i b, __m256i& hi, __m256i& lo) {
   lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
 }
 
+// The key of every Philox round (the seed's words plus i Weyl increments) and the stream's
+// words, broadcast once per call.
+struct PhiloxKeys {
+  __m256i k0[10], k1[10], stream_lo, stream_hi;
+  PhiloxKeys(uint64_t seed, uint64_t stream) {
+    uint32_t a = static_cast<uint32_t>(seed), b = static_cast<uint32_t>(seed >> 32);
+    for (int round = 0; round < 10; ++round, a += kPhiloxWeyl0, b += kPhiloxWeyl1) {
+      k0[round] = _mm256_set1_epi32(static_cast<int>(a));
+      k1[round] = _mm256_set1_epi32(static_cast<int>(b));
+    }
+    stream_lo = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(stream)));
+    stream_hi = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(stream >> 32)));
+  }
+};
+
 // Philox4x32-10 blocks first .. first + 7 of (seed, stream): the 32 numbers in element order
 // (r[0] holds blocks first and first + 1, ...), as 4 x 8 lanes.
-void philox8(uint64_t seed, uint64_t stream, uint64_t first, __m256i r[4]) {
+void philox8(const PhiloxKeys& key, uint64_t first, __m256i r[4]) {
   const __m256i index = _mm256_add_epi64(_mm256_set1_epi64x(static_cast<int64_t>(first)),
                                          _mm256_setr_epi64x(0, 1, 2, 3));
   const __m256i index_hi = _mm256_add_epi64(index, _mm256_set1_epi64x(4));
@@ -38,21 +53,17 @@ void philox8(uint64_t seed, uint64_t stream, uint64_t first, __m256i r[4]) {
   const __m256i b = _mm256_permutevar8x32_epi32(index_hi, perm);
   __m256i c0 = _mm256_permute2x128_si256(a, b, 0x20);
   __m256i c1 = _mm256_permute2x128_si256(a, b, 0x31);
-  __m256i c2 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(stream)));
-  __m256i c3 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(stream >> 32)));
-  uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+  __m256i c2 = key.stream_lo, c3 = key.stream_hi;
   const __m256i m0 = _mm256_set1_epi32(static_cast<int>(kPhiloxMul0));
   const __m256i m1 = _mm256_set1_epi32(static_cast<int>(kPhiloxMul1));
   for (int round = 0; round < 10; ++round) {
     __m256i hi0, lo0, hi1, lo1;
     mul_hi_lo(m0, c0, hi0, lo0);
     mul_hi_lo(m1, c2, hi1, lo1);
-    c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(k0)));
+    c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), key.k0[round]);
     c1 = lo1;
-    c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(static_cast<int>(k1)));
+    c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), key.k1[round]);
     c3 = lo0;
-    k0 += kPhiloxWeyl0;
-    k1 += kPhiloxWeyl1;
   }
   // Transpose: lane k of block j goes to element 4 j + k.
   const __m256i t0 = _mm256_unpacklo_epi32(c0, c1), t1 = _mm256_unpackhi_epi32(c0, c1);
@@ -108,6 +119,7 @@ float absmax(const float* x, int64_t n) {
 
 void int8_quantize(int8_t* q, float* scales, const float* x, int64_t n, int64_t chunk,
                    uint64_t seed, uint64_t stream) {
+  const PhiloxKeys key(seed, stream);
   __m256i bits[4];
   for (int64_t c = 0, lo = 0; lo < n; ++c, lo += chunk) {
     const int64_t hi = std::min(n, lo + chunk);
@@ -116,14 +128,14 @@ void int8_quantize(int8_t* q, float* scales, const float* x, int64_t n, int64_t 
     const __m256 inv = _mm256_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
     int64_t i = lo;
     for (; i + 32 <= hi; i += 32) {
-      philox8(seed, stream, static_cast<uint64_t>(i / 4), bits);
+      philox8(key, static_cast<uint64_t>(i / 4), bits);
       quantize32(q + i, x + i, inv, bits);
     }
     if (i == hi) continue;
     alignas(32) float xs[32] = {};
     alignas(32) int8_t qs[32];
     std::copy(x + i, x + hi, xs);
-    philox8(seed, stream, static_cast<uint64_t>(i / 4), bits);
+    philox8(key, static_cast<uint64_t>(i / 4), bits);
     quantize32(qs, xs, inv, bits);
     std::copy(qs, qs + (hi - i), q + i);
   }

@@ -5,11 +5,6 @@
 namespace tessel {
 namespace {
 
-constexpr uint32_t kMul0 = 0xD2511F53u;
-constexpr uint32_t kMul1 = 0xCD9E8D57u;
-constexpr uint32_t kWeyl0 = 0x9E3779B9u;
-constexpr uint32_t kWeyl1 = 0xBB67AE85u;
-
 uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
   x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -22,12 +17,12 @@ uint64_t splitmix64(uint64_t x) {
 std::array<uint32_t, 4> philox4x32(uint64_t key, std::array<uint32_t, 4> c) {
   uint32_t k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
   for (int round = 0; round < 10; ++round) {
-    uint64_t p0 = static_cast<uint64_t>(kMul0) * c[0];
-    uint64_t p1 = static_cast<uint64_t>(kMul1) * c[2];
+    uint64_t p0 = static_cast<uint64_t>(kPhiloxMul0) * c[0];
+    uint64_t p1 = static_cast<uint64_t>(kPhiloxMul1) * c[2];
     c = {static_cast<uint32_t>(p1 >> 32) ^ c[1] ^ k0, static_cast<uint32_t>(p1),
          static_cast<uint32_t>(p0 >> 32) ^ c[3] ^ k1, static_cast<uint32_t>(p0)};
-    k0 += kWeyl0;
-    k1 += kWeyl1;
+    k0 += kPhiloxWeyl0;
+    k1 += kPhiloxWeyl1;
   }
   return c;
 }

@@ -36,7 +36,10 @@ constexpr decltype(CpuKernels::gemm_bf16) kGemmBf16 = nullptr;
   .conv_direct_forward = &ns::conv_direct_forward,                                               \
   .conv_direct_backward = &ns::conv_direct_backward
 
-constexpr CpuKernels kAvx512Table = {TESSEL_LEVEL_TABLE(Isa::kAvx512, avx512)};
+constexpr CpuKernels kAvx512Table = {TESSEL_LEVEL_TABLE(Isa::kAvx512, avx512),
+                                     // AVX2's: no AVX-512 kernel of their own yet
+                                     .int8_quantize = &avx2::int8_quantize,
+                                     .int8_dequantize_add = &avx2::int8_dequantize_add};
 
 // avx512_bf16: the avx512 table and the native bf16 GEMM.
 constexpr CpuKernels with_bf16(CpuKernels t) {
@@ -46,8 +49,10 @@ constexpr CpuKernels with_bf16(CpuKernels t) {
 }
 
 const CpuKernels kTables[] = {
-    {TESSEL_LEVEL_TABLE(Isa::kPortable, portable)},
-    {TESSEL_LEVEL_TABLE(Isa::kAvx2, avx2), .sgemm_lowp = &avx2::sgemm_lowp},
+    {TESSEL_LEVEL_TABLE(Isa::kPortable, portable), .int8_quantize = &portable::int8_quantize,
+     .int8_dequantize_add = &portable::int8_dequantize_add},
+    {TESSEL_LEVEL_TABLE(Isa::kAvx2, avx2), .int8_quantize = &avx2::int8_quantize,
+     .int8_dequantize_add = &avx2::int8_dequantize_add, .sgemm_lowp = &avx2::sgemm_lowp},
     kAvx512Table,
     with_bf16(kAvx512Table),
 };

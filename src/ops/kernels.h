@@ -49,6 +49,11 @@ struct CpuKernels {
   void (*conv_direct_backward)(float* dx, float* dw, float* db, const float* dy, const float* y,
                                const int32_t* argmax, const detail::ConvFusion& f, const float* x,
                                const float* w, const Conv2dShape& s, float* scratch);
+  // ops::int8_quantize and int8_dequantize_add (quantize.cc; chunk checked).
+  void (*int8_quantize)(int8_t* q, float* scales, const float* x, int64_t n, int64_t chunk,
+                        uint64_t seed, uint64_t stream);
+  void (*int8_dequantize_add)(float* acc, const int8_t* q, const float* scales, int64_t n,
+                              int64_t chunk);
   // (optional, default null: bf16-rounded operands through sgemm) gemm_lowp on native bf16
   // dot products; the caller has checked sizes, K > 0 and alpha != 0.
   void (*gemm_bf16)(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
@@ -96,12 +101,21 @@ const CpuKernels& kernels_for(Isa level);
 
 namespace portable {
 TESSEL_LEVEL_KERNELS
+// The int8 codec's kernels: portable and AVX2 only (the AVX-512 tables take AVX2's, isa.cc).
+void int8_quantize(int8_t* q, float* scales, const float* x, int64_t n, int64_t chunk,
+                   uint64_t seed, uint64_t stream);
+void int8_dequantize_add(float* acc, const int8_t* q, const float* scales, int64_t n,
+                         int64_t chunk);
 }  // namespace portable
 
 namespace avx2 {
 TESSEL_LEVEL_KERNELS
 void sgemm_lowp(bool trans_a, bool trans_b, int64_t M, int64_t N, int64_t K, float alpha,
                 ConstMatrix A, ConstMatrix B, float beta, Matrix C);
+void int8_quantize(int8_t* q, float* scales, const float* x, int64_t n, int64_t chunk,
+                   uint64_t seed, uint64_t stream);
+void int8_dequantize_add(float* acc, const int8_t* q, const float* scales, int64_t n,
+                         int64_t chunk);
 }  // namespace avx2
 
 namespace avx512 {

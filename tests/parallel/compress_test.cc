@@ -17,6 +17,7 @@
 
 #include "../../src/parallel/compress/codecs.h"
 #include "tessel/comm/threads.h"
+#include "tessel/ops/quantize.h"
 #include "tessel/parallel/engine.h"
 #include "tessel/parallel/parameter_server.h"
 #include "tessel/parallel/units.h"
@@ -98,10 +99,10 @@ TEST(Compress, StochasticRoundingIsUnbiasedAndClamped) {
   const float x = 0.3f * 127 / 2.0f, inv = 1.0f;  // 19.05 steps
   double mean = 0;
   const int n = 10000;
-  for (int i = 0; i < n; ++i) mean += parallel::compress::quantize_int8(x, inv, (i + 0.5f) / n);
+  for (int i = 0; i < n; ++i) mean += ops::quantize_int8(x, inv, (i + 0.5f) / n);
   EXPECT_NEAR(mean / n, x, 1e-3);
-  EXPECT_EQ(parallel::compress::quantize_int8(1e6f, 1.0f, 0.99f), 127);
-  EXPECT_EQ(parallel::compress::quantize_int8(-1e6f, 1.0f, 0.0f), -127);
+  EXPECT_EQ(ops::quantize_int8(1e6f, 1.0f, 0.99f), 127);
+  EXPECT_EQ(ops::quantize_int8(-1e6f, 1.0f, 0.0f), -127);
 }
 
 TEST(Compress, TopKPicksTheLargestMagnitudes) {

@@ -19,6 +19,13 @@ enum class RngPurpose : uint32_t {
   kCompress = 6
 };
 
+// Philox4x32-10's round multipliers and key increments (Salmon et al. 2011), for the vector
+// versions (src/ops/quantize_avx2.cc) that must match philox4x32 bit for bit.
+constexpr uint32_t kPhiloxMul0 = 0xD2511F53u;
+constexpr uint32_t kPhiloxMul1 = 0xCD9E8D57u;
+constexpr uint32_t kPhiloxWeyl0 = 0x9E3779B9u;
+constexpr uint32_t kPhiloxWeyl1 = 0xBB67AE85u;
+
 // One Philox4x32-10 block: 4 x 32 random bits for a 128-bit counter under a 64-bit key.
 std::array<uint32_t, 4> philox4x32(uint64_t key, std::array<uint32_t, 4> counter);
 

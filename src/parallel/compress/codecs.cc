@@ -1,7 +1,6 @@
 #include "codecs.h"
 
 #include <algorithm>
-#include <array>
 #include <cmath>
 #include <cstring>
 #include <functional>
@@ -11,6 +10,7 @@
 #include "tessel/core/memory.h"
 #include "tessel/core/rng.h"
 #include "tessel/ops/cpu.h"
+#include "tessel/ops/quantize.h"
 #include "tessel/tensor/device.h"
 
 namespace tessel::parallel::compress {
@@ -296,30 +296,17 @@ int64_t int8_message_bytes(int64_t n) { return n + 4 * ((n + kInt8Chunk - 1) / k
 
 void int8_encode(const float* x, int64_t n, const CodecKey& key, char* msg) {
   const int64_t chunks = (n + kInt8Chunk - 1) / kInt8Chunk;
-  float* scales = reinterpret_cast<float*>(msg);
-  int8_t* q = reinterpret_cast<int8_t*>(msg + 4 * chunks);
-  const CounterRng rng(key.seed, mix_stream(RngPurpose::kCompress, static_cast<uint64_t>(key.step),
-                                            (static_cast<uint64_t>(key.unit) << 20) |
-                                                static_cast<uint64_t>(key.rank)));
-  for (int64_t c = 0; c < chunks; ++c) {
-    const int64_t lo = c * kInt8Chunk, hi = std::min(n, lo + kInt8Chunk);
-    float amax = 0;
-    for (int64_t i = lo; i < hi; ++i) amax = std::max(amax, std::fabs(x[i]));
-    scales[c] = amax / 127.0f;
-    const float inv = amax > 0 ? 127.0f / amax : 0.0f;
-    std::array<uint32_t, 4> u{};  // element i takes lane i % 4 of Philox block i / 4
-    for (int64_t i = lo; i < hi; ++i) {
-      if (i % 4 == 0 || i == lo) u = rng.block(static_cast<uint64_t>(i / 4));
-      q[i] = quantize_int8(x[i], inv, static_cast<float>(u[i % 4] >> 8) * (1.0f / 16777216.0f));
-    }
-  }
+  const uint64_t stream =
+      mix_stream(RngPurpose::kCompress, static_cast<uint64_t>(key.step),
+                 (static_cast<uint64_t>(key.unit) << 20) | static_cast<uint64_t>(key.rank));
+  ops::int8_quantize(reinterpret_cast<int8_t*>(msg + 4 * chunks), reinterpret_cast<float*>(msg), x,
+                     n, kInt8Chunk, key.seed, stream);
 }
 
 void int8_add(const char* msg, int64_t n, float* acc) {
   const int64_t chunks = (n + kInt8Chunk - 1) / kInt8Chunk;
-  const float* scales = reinterpret_cast<const float*>(msg);
-  const int8_t* q = reinterpret_cast<const int8_t*>(msg + 4 * chunks);
-  for (int64_t i = 0; i < n; ++i) acc[i] += static_cast<float>(q[i]) * scales[i / kInt8Chunk];
+  ops::int8_dequantize_add(acc, reinterpret_cast<const int8_t*>(msg + 4 * chunks),
+                           reinterpret_cast<const float*>(msg), n, kInt8Chunk);
 }
 
 void topk_encode(const float* x, int64_t n, int64_t k, float* residual, Pair* msg) {
@@ -385,11 +372,6 @@ Tensor BufferPool::take(DType type) {
     }
   MemoryScope scope(MemCategory::kComm);
   return Tensor::zeros({std::max<int64_t>(numel_, 1)}, type, current_device());
-}
-
-int8_t quantize_int8(float x, float inv_scale, float u) {
-  const float v = std::floor(x * inv_scale + u);
-  return static_cast<int8_t>(std::clamp(v, -127.0f, 127.0f));
 }
 
 std::vector<uint32_t> top_k(const float* x, int64_t n, int64_t k) {

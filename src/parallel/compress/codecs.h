@@ -126,7 +126,8 @@ bool worth_compressing(CompressKind kind, const Segment& s, const CompressSpec& 
 // ---- single messages (shared with parameter-server pushes, push_codec.h) ----
 int64_t topk_count(int64_t n, double ratio);  // ceil(ratio * n), at least 1
 int64_t int8_message_bytes(int64_t n);        // the chunks' f32 scales, then n int8 values
-// x (n values) quantised into msg (int8_message_bytes(n) bytes), and msg added into acc.
+// x (n values) quantised into msg (int8_message_bytes(n) bytes), and msg added into acc
+// (ops::int8_quantize, tessel/ops/quantize.h, in chunks of kInt8Chunk).
 void int8_encode(const float* x, int64_t n, const CodecKey& key, char* msg);
 void int8_add(const char* msg, int64_t n, float* acc);
 struct Pair {
@@ -140,9 +141,6 @@ void topk_encode(const float* x, int64_t n, int64_t k, float* residual, Pair* ms
 void topk_add(const Pair* pairs, int64_t count, float* acc);
 
 // ---- the math, exposed for tests ----
-// Stochastic rounding of x / scale to int8 with uniforms u in [0, 1): floor(x / scale + u),
-// clamped to [-127, 127]; unbiased.
-int8_t quantize_int8(float x, float inv_scale, float u);
 // Indices of the k largest |x| (ties: lower index first), ascending.
 std::vector<uint32_t> top_k(const float* x, int64_t n, int64_t k);
 // Orthonormalises the columns of the rows x cols row-major matrix a (Gram-Schmidt); a column

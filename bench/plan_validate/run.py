@@ -4,9 +4,9 @@ the plan offers (or the first --limit of them) trains --steps steps on this mach
 predicted peak memory of the fullest rank and step time are set beside the measured ones (the
 ledger peak in metrics.jsonl, the median samples/s of its records after the first).
 Prints a Markdown table (docs/planning.md holds one) and the share within 10% / 15%. With
---baseline the step time is also predicted without the 2-rank costs of the calibration
-(dp_step_s, handoff_s and their _crowded ones set to 0 in a copy of it): the model before they were added, on the
-same measurements. With --memory-only the time columns are left out and each run stops at its
+--baseline the step time is also predicted without the group costs of the calibration
+(dp_step_s, handoff_s and their _crowded ones set to 0 in a copy of it): the model before they
+were added, on the same measurements. With --memory-only the time columns are left out and each run stops at its
 first record (memory is deterministic: a few steps, e.g. --steps 5, measure it; that record's
 peak includes the set-up).
 

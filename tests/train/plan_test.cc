@@ -216,7 +216,9 @@ TEST(PlanMemory, PredictsTheLedgerPeakOfSharedMemoryZero1) {
                                         "data.kind=fashion_mnist", "train.batch=16",
                                         "optim.kind=sgd"};
   const Config base = parse_config("", "plan_test", mlp);
-  const std::string cache = testing::TempDir() + "/plan_memory_cache";
+  // a cache of its own: ctest runs the tests that calibrate at once
+  const std::string cache = testing::TempDir() + "/plan_memory_cache_" +
+                            testing::UnitTest::GetInstance()->current_test_info()->name();
   std::filesystem::remove_all(cache);
   PlanOptions o;
   o.workers = 4;
@@ -234,7 +236,9 @@ TEST(PlanMemory, PredictsTheLedgerPeakOfSharedMemoryZero1) {
 std::pair<double, double> comm_buffers(const std::vector<std::string>& sets, int workers,
                                        const std::string& precision) {
   Config chosen = parse_config("", "plan_test", sets);
-  const std::string cache = testing::TempDir() + "/plan_memory_cache";
+  // a cache of its own: ctest runs the tests that calibrate at once
+  const std::string cache = testing::TempDir() + "/plan_memory_cache_" +
+                            testing::UnitTest::GetInstance()->current_test_info()->name();
   std::filesystem::remove_all(cache);
   PlanOptions o;
   o.workers = workers;

@@ -119,8 +119,9 @@ Measured measure(Config c, const data::Splits& data, int64_t rows, int ranks = 1
   return out;
 }
 
-// Timed steps for a 2-rank group at `rows` rows: as many as fill kTimedSeconds at half the
-// one-rank time of those rows (measured before: fp32 without recompute).
+// Timed steps for a group of ranks at `rows` rows: as many as fill kTimedSeconds at half the
+// one-rank time of those rows (measured before: fp32 without recompute; the groups measured run
+// on 2 or more cores).
 int group_steps(const Calibration& cal, int64_t rows) {
   const Calibration::Variant& v = cal.variant("fp32", "none");
   const double step = (v.step_s_fixed + v.step_s_per_row * static_cast<double>(rows)) / 2;

@@ -38,6 +38,19 @@ def without_pair_costs(cache, into):
         json.dump(cal, open(os.path.join(into, name), "w"))
 
 
+def calibration_lines(cache):
+    """The time figures of each calibration in `cache` (of this planner's format)."""
+    keys = ("contention", "contention_crowded", "dp_step_s", "handoff_s", "dp_step_crowded_s",
+            "handoff_crowded_s", "tp_time_whole")
+    out = []
+    for name in sorted(os.listdir(cache)):
+        cal = json.load(open(os.path.join(cache, name)))
+        if all(k in cal for k in keys):
+            out.append(f"- {name} ({cal['arena_numel']:.0f} parameters): " +
+                       ", ".join(f"{k} {cal[k]:.3g}" for k in keys))
+    return out
+
+
 def plan(tessel, config, workers, cache):
     out = subprocess.run([tessel, "plan", config, "--workers", str(workers), "--json",
                           "--cache-dir", cache], check=True, capture_output=True, text=True)
@@ -142,7 +155,10 @@ def main():
                     print(row, flush=True)
     timing = "" if a.memory_only else f", step time within 15% for {time_ok}"
     print(f"\n{n} layouts: memory within 10% for {mem_ok}{timing}" +
-          (f" (without the 2-rank costs: {before_ok})" if a.baseline else ""))
+          (f" (without the group costs: {before_ok})" if a.baseline else ""))
+    if not a.memory_only:
+        print("\ncalibrations (seconds; paces as factors):\n" +
+              "\n".join(calibration_lines(a.cache_dir)))
     return 0
 
 

@@ -249,6 +249,24 @@ void fit_group_costs(const Config& config, const data::Splits& data, int workers
   }
 }
 
+// What a 2-way tensor-parallel group does not divide (replicated activations, the collectives'
+// time): x at t = 2 is x1 (r + (1 - r) / 2). Its two ranks ran at once, at the pace of a busy
+// host, so their time is first taken back to a core each.
+void fit_tp_shares(const Config& config, const data::Splits& data, int64_t rows, Calibration& cal) {
+  try {
+    Config pair = one_rank(config, "fp32", "none");
+    const Measured one = measure(pair, data, rows);
+    pair.parallel.tp_size = 2;
+    const Measured two = measure(pair, data, rows, 2, group_steps(cal, rows));
+    const double shared = std::max(1.0, 2 * cal.contention / cal.cores);
+    cal.tp_act_whole = std::clamp(2 * two.act_bytes / std::max(1.0, one.act_bytes) - 1, 0.0, 1.0);
+    cal.tp_time_whole =
+        std::clamp(2 * two.step_s / shared / std::max(1e-9, one.step_s) - 1, 0.0, 1.0);
+  } catch (const InvalidArgument&) {
+    // a model tensor parallelism does not cut (a cnn): plan offers no tp layout for it
+  }
+}
+
 Calibration measure_all(const Config& config, const data::Splits& data) {
   Calibration cal;
   cal.host = host_name() + " " + ops::isa_description();
@@ -293,21 +311,7 @@ Calibration measure_all(const Config& config, const data::Splits& data) {
   const int crowd = 2 * cal.cores;
   cal.contention_crowded =
       pace_of(config, data, std::max<int64_t>(1, big / crowd), crowd, cal.cores);
-  // What a 2-way tensor-parallel group does not divide (replicated activations, the
-  // collectives' time): x at t = 2 is x1 (r + (1 - r) / 2). Its two ranks ran at once, at the
-  // pace of a busy host, so their time is first taken back to a core each.
-  try {
-    Config pair = one_rank(config, "fp32", "none");
-    const Measured one = measure(pair, data, big);
-    pair.parallel.tp_size = 2;
-    const Measured two = measure(pair, data, big, 2, group_steps(cal, big));
-    const double shared = std::max(1.0, 2 * cal.contention / cal.cores);
-    cal.tp_act_whole = std::clamp(2 * two.act_bytes / std::max(1.0, one.act_bytes) - 1, 0.0, 1.0);
-    cal.tp_time_whole =
-        std::clamp(2 * two.step_s / shared / std::max(1e-9, one.step_s) - 1, 0.0, 1.0);
-  } catch (const InvalidArgument&) {
-    // a model tensor parallelism does not cut (a cnn): plan offers no tp layout for it
-  }
+  fit_tp_shares(config, data, big, cal);
   for (int workers : {2, 2 * cal.cores}) {
     try {
       fit_group_costs(config, data, workers, cal);

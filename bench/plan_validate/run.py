@@ -4,9 +4,9 @@ the plan offers (or the first --limit of them) trains --steps steps on this mach
 predicted peak memory of the fullest rank and step time are set beside the measured ones (the
 ledger peak in metrics.jsonl, the median samples/s of its records after the first).
 Prints a Markdown table (docs/planning.md holds one) and the share within 10% / 15%. With
---baseline the step time is also predicted without the 2-rank costs of the calibration
-(dp_step_s, handoff_s set to 0 in a copy of it): the model before they were added, on the
-same measurements. With --memory-only the time columns are left out and each run stops at its
+--baseline the step time is also predicted without the group costs of the calibration
+(dp_step_s, handoff_s and their _crowded ones set to 0 in a copy of it): the model before they
+were added, on the same measurements. With --memory-only the time columns are left out and each run stops at its
 first record (memory is deterministic: a few steps, e.g. --steps 5, measure it; that record's
 peak includes the set-up).
 
@@ -33,8 +33,22 @@ def without_pair_costs(cache, into):
     os.makedirs(into, exist_ok=True)
     for name in os.listdir(cache):
         cal = json.load(open(os.path.join(cache, name)))
-        cal["dp_step_s"] = cal["handoff_s"] = 0
+        for key in ("dp_step_s", "handoff_s", "dp_step_crowded_s", "handoff_crowded_s"):
+            cal[key] = 0
         json.dump(cal, open(os.path.join(into, name), "w"))
+
+
+def calibration_lines(cache):
+    """The time figures of each calibration in `cache` (of this planner's format)."""
+    keys = ("contention", "contention_crowded", "dp_step_s", "handoff_s", "dp_step_crowded_s",
+            "handoff_crowded_s", "tp_time_whole")
+    out = []
+    for name in sorted(os.listdir(cache)):
+        cal = json.load(open(os.path.join(cache, name)))
+        if all(k in cal for k in keys):
+            out.append(f"- {name} ({cal['arena_numel']:.0f} parameters): " +
+                       ", ".join(f"{k} {cal[k]:.3g}" for k in keys))
+    return out
 
 
 def plan(tessel, config, workers, cache):
@@ -141,7 +155,10 @@ def main():
                     print(row, flush=True)
     timing = "" if a.memory_only else f", step time within 15% for {time_ok}"
     print(f"\n{n} layouts: memory within 10% for {mem_ok}{timing}" +
-          (f" (without the 2-rank costs: {before_ok})" if a.baseline else ""))
+          (f" (without the group costs: {before_ok})" if a.baseline else ""))
+    if not a.memory_only:
+        print("\ncalibrations (seconds; paces as factors):\n" +
+              "\n".join(calibration_lines(a.cache_dir)))
     return 0
 
 

@@ -79,6 +79,26 @@ MemoryBytes state_bytes(const std::vector<StateTerm>& terms, int stage, double w
   return m;
 }
 
+double pipeline_bubble(const std::vector<double>& stage_compute, size_t slowest, double f) {
+  if (stage_compute.size() < 2) return 0;
+  double others = 0;
+  for (size_t s = 0; s < stage_compute.size(); ++s)
+    if (s != slowest) others += stage_compute[s];
+  return f / (1 - f) * others / static_cast<double>(stage_compute.size() - 1);
+}
+
+StepTime share_host(StepTime slowest, double host_work, int ranks_here, const Calibration& cal) {
+  if (ranks_here <= 1) return slowest;
+  const bool crowded = ranks_here > cal.cores;
+  const double host =
+      host_work * (crowded ? cal.contention_crowded : cal.contention) / std::max(1, cal.cores);
+  // what the slowest rank waits through leaves its core to the others: a pipeline's idle
+  // stages; with more ranks than cores its exposed communication too
+  const double waits = slowest.bubble + (crowded ? slowest.comm - slowest.sync : 0);
+  slowest.compute = std::max(slowest.compute, host - waits);
+  return slowest;
+}
+
 namespace {
 
 // Builds the model's structure cut for a tp group (no collective is ever called: plan only
@@ -318,10 +338,15 @@ StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const 
   if (l.tp > 1)
     other += mb.m * tp_collectives(in.config, st.flops_share) *
              ring_seconds(act_bytes * 4, l.tp, 2, in.here.alpha, in.here.beta);
-  if (l.pp > 1)
-    other += mb.m * (2 * (in.here.alpha + in.cal.handoff_s) +
-                     mb.rows * (st.in_width + st.out_width) * g_bytes / in.here.beta);
-  if (l.dp > 1 || l.servers > 0) other += in.cal.dp_step_s;  // a group's per-step cost
+  // the group's measured waits: per pipeline message and per data-parallel step
+  const bool crowded = in.options.workers / in.options.hosts > in.cal.cores;
+  if (l.pp > 1) {
+    t.sync += 2 * mb.m * (crowded ? in.cal.handoff_crowded_s : in.cal.handoff_s);
+    other += mb.m *
+             (2 * in.here.alpha + mb.rows * (st.in_width + st.out_width) * g_bytes / in.here.beta);
+  }
+  if (l.dp > 1 || l.servers > 0) t.sync += crowded ? in.cal.dp_step_crowded_s : in.cal.dp_step_s;
+  other += t.sync;
   // with overlap the gradient traffic hides behind the backward (about 60% of the compute)
   t.comm = other + (overlaps(in, spec) ? std::max(0.0, dp - t.compute * 0.6) : dp);
   return t;
@@ -330,26 +355,24 @@ StepTime stage_time(const Inputs& in, const parallel::ParallelSpec& spec, const 
 void predict(const Inputs& in, const parallel::ParallelSpec& spec, const parallel::Layout& l,
              const std::vector<StageShape>& stages, Candidate& c) {
   double work = 0;  // every training rank's compute, on cores of their own
+  std::vector<double> compute;
+  size_t slowest = 0;
   for (int s = 0; s < l.pp; ++s) {
     const StageShape& st = stages[static_cast<size_t>(s)];
     const StepTime t = stage_time(in, spec, l, st);
     work += t.compute * l.dp * l.tp;
-    if (t.total() > c.time.total()) c.time = t;
+    compute.push_back(t.compute);
+    if (t.total() > c.time.total()) c.time = t, slowest = compute.size() - 1;
     const MemoryBytes mem = stage_memory(in, spec, l, st, s);
     if (mem.total() > c.memory.total()) c.memory = mem;
   }
-  if (l.pp > 1) {  // the stages idle while the schedule fills and drains
-    const double f =
+  if (l.pp > 1)
+    c.time.bubble = pipeline_bubble(
+        compute, slowest,
         parallel::bubble_model(spec.pp_schedule, l.pp, static_cast<int>(spec.pp_microbatches),
-                               static_cast<int>(spec.pp_virtual_stages));
-    c.time.bubble = c.time.compute * f / (1 - f);
-  }
-  // Ranks sharing a host's cores: the step lasts at least the host's work over its cores, each
-  // at the pace measured with every core busy (a pipeline's idle stages leave cores to others).
-  if (in.options.workers / in.options.hosts > 1) {
-    const double host = work / in.options.hosts * in.cal.contention / in.cal.cores;
-    c.time.compute = std::max(c.time.compute, host - c.time.bubble);
-  }
+                               static_cast<int>(spec.pp_virtual_stages)));
+  c.time =
+      share_host(c.time, work / in.options.hosts, in.options.workers / in.options.hosts, in.cal);
   c.samples_per_s = static_cast<double>(in.config.train.batch) / c.time.total();
   const int64_t cap = in.options.memory_per_rank;
   if (cap > 0 && c.memory.total() > static_cast<double>(cap))

@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "tessel/ckpt/checkpoint.h"
@@ -26,7 +28,11 @@ using nlohmann::json;
 
 namespace {
 
-constexpr int kTimedSteps = 3;  // after one untimed step; the median is kept
+// Steps timed after one untimed step (the median is kept): at least kTimedSteps, and on one rank
+// as many more as fill kTimedSeconds, so that a model of 3 ms steps is timed over more than 9 ms
+// (one scheduler tick of another process on the host moved such a figure by 30%).
+constexpr int kTimedSteps = 3, kMaxTimedSteps = 200;
+constexpr double kTimedSeconds = 0.15;
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -52,7 +58,7 @@ std::string model_key(const Config& c) {
                     {"batch", c.train.batch},
                     {"optim", name_of(c.optim.kind)},
                     {"threads", c.runtime.threads},
-                    {"version", 8}};
+                    {"version", 9}};
   return sha256_hex(key.dump().data(), key.dump().size()).substr(0, 16);
 }
 
@@ -74,8 +80,10 @@ Config one_rank(const Config& base, const std::string& precision, const std::str
 
 // Steps of `rows` rows on `ranks` threads in c's layout (one rank, a tp group, a pipeline, a
 // dp pair: each replica reads its share of the rows): rank 0's median step time and peak
-// activation bytes.
-Measured measure(Config c, const data::Splits& data, int64_t rows, int ranks = 1) {
+// activation bytes. `steps` timed steps, or (0, one rank only: the ranks of a group must agree
+// on the count) as many as kTimedSeconds takes.
+Measured measure(Config c, const data::Splits& data, int64_t rows, int ranks = 1, int steps = 0) {
+  TESSEL_CHECK(steps > 0 || ranks == 1, "plan: a group's timed steps must be given");
   c.train.batch = rows;
   c.train.accumulate = 1;
   c.runtime.workers = ranks;
@@ -93,14 +101,17 @@ Measured measure(Config c, const data::Splits& data, int64_t rows, int ranks = 1
     loader.start_epoch(0);
     std::vector<double> times;
     EvalResult sums;
-    for (int i = 0; i <= kTimedSteps; ++i) {
+    double timed = 0;
+    for (int i = 0; steps > 0 ? i <= steps
+                              : i <= kTimedSteps || (timed < kTimedSeconds && i <= kMaxTimedSteps);
+         ++i) {
       data::Batch b;
       if (!loader.next(b)) loader.start_epoch(i), loader.next(b);
       b.global_size = rows;
       if (i == 1) trainer.ledger()->reset_peaks();
       const double t0 = now_seconds();
       trainer.step({b}, sums);
-      if (i > 0) times.push_back(now_seconds() - t0);
+      if (i > 0) times.push_back(now_seconds() - t0), timed += times.back();
     }
     if (world.rank() == 0)
       out = {median(times), static_cast<double>(trainer.ledger()->peak(MemCategory::kActivations))};
@@ -108,9 +119,21 @@ Measured measure(Config c, const data::Splits& data, int64_t rows, int ranks = 1
   return out;
 }
 
-// The same one-rank steps run by `copies` independent trainers at once (every core busy, as
-// ranks as threads keep them): rank 0's median step time over the lone one's.
-double contention(const Config& config, const data::Splits& data, int64_t rows, int copies) {
+// Timed steps for a group of ranks at `rows` rows: as many as fill kTimedSeconds at half the
+// one-rank time of those rows (measured before: fp32 without recompute; the groups measured run
+// on 2 or more cores).
+int group_steps(const Calibration& cal, int64_t rows) {
+  const Calibration::Variant& v = cal.variant("fp32", "none");
+  const double step = (v.step_s_fixed + v.step_s_per_row * static_cast<double>(rows)) / 2;
+  return static_cast<int>(std::clamp(std::ceil(kTimedSeconds / std::max(1e-6, step)),
+                                     double{kTimedSteps}, double{kMaxTimedSteps}));
+}
+
+// The same one-rank steps run by `copies` independent trainers at once (copies >= cores: every
+// core busy, as ranks as threads keep them): their median step time over the lone one's, per
+// core's share of the copies (two copies to a core take twice as long at the same pace).
+double pace_of(const Config& config, const data::Splits& data, int64_t rows, int copies,
+               int cores) {
   const Config one = one_rank(config, "fp32", "none");
   const double alone = measure(one, data, rows).step_s;
   std::vector<double> together(static_cast<size_t>(copies));
@@ -119,7 +142,7 @@ double contention(const Config& config, const data::Splits& data, int64_t rows, 
     threads.emplace_back(
         [&, k] { together[static_cast<size_t>(k)] = measure(one, data, rows).step_s; });
   for (std::thread& t : threads) t.join();
-  return std::max(1.0, median(together) / std::max(1e-9, alone));
+  return median(together) * cores / (copies * std::max(1e-9, alone));
 }
 
 // The bytes each block's forward keeps for the backward (fp32, no recompute), at `rows` rows:
@@ -172,46 +195,75 @@ std::pair<double, double> measure_link() {
   return {std::max(0.0, ts / 2 - static_cast<double>(small * 4) / (2 * beta)), beta};
 }
 
-// What one rank does not show: a data-parallel pair's fixed cost per step (the gradient
+// What one rank does not show: a data-parallel group's fixed cost per step (the gradient
 // exchange's start, barriers, the loader) and a pipeline hand-off's (a stage waiting for its
-// peer's micro-batch on a busy host). Each is what a 2-rank run (dp = 2; pp = 2 with the most
-// micro-batches plan offers) measures beyond the plan's prediction of it without them, that
-// prediction scaled by the host's load of the moment (a one-rank run just before over the
-// one-rank figures), so that load which came or went since those were measured does not count.
-void fit_pair_costs(const Config& config, const data::Splits& data, Calibration& cal) {
+// peer's micro-batch). Each is what a run of `workers` ranks (dp = workers; dp = workers / 2 x
+// pp = 2 with the most micro-batches plan offers) measures beyond the plan's prediction of it
+// without them, that prediction scaled by the host's load of the moment (a one-rank run just
+// before over the one-rank figures), so that load which came or went since those were measured
+// does not count. Fitted on 2 ranks (cal.dp_step_s, handoff_s) and on twice as many ranks as
+// cores (the _crowded ones: there a rank's waits leave its core to another rank, and what
+// remains are the waits every rank shares).
+void fit_group_costs(const Config& config, const data::Splits& data, int workers,
+                     Calibration& cal) {
+  const bool crowded = workers > cal.cores;
+  double& dp_step_s = crowded ? cal.dp_step_crowded_s : cal.dp_step_s;
+  double& handoff_s = crowded ? cal.handoff_crowded_s : cal.handoff_s;
   PlanOptions o;
-  o.workers = 2;
+  o.workers = workers;
   o.precisions = {"fp32"};
   const Config base = one_rank(config, "fp32", "none");
-  const Candidate *dp = nullptr, *pp = nullptr;
-  const std::vector<Candidate> plan = plan_layouts(base, o, cal);
-  for (const Candidate& c : plan) {
-    const parallel::ParallelSpec& s = c.spec;
-    if (s.recompute != nn::Recompute::kNone || s.ps_servers > 0 || s.tp_size > 1 ||
-        s.zero_stage > 0)
-      continue;
-    if (s.pp_stages == 1) dp = &c;
-    if (s.pp_stages == 2 && (!pp || s.pp_microbatches > pp->spec.pp_microbatches)) pp = &c;
-  }
+  // the layout of `pp` stages over all the ranks plan predicts for `base` now
+  const auto find = [&](int pp) -> std::optional<Candidate> {
+    std::optional<Candidate> out;
+    for (Candidate& c : plan_layouts(base, o, cal)) {
+      const parallel::ParallelSpec& s = c.spec;
+      if (s.recompute != nn::Recompute::kNone || s.ps_servers > 0 || s.tp_size > 1 ||
+          s.zero_stage > 0 || s.pp_stages != pp)
+        continue;
+      if (!out || s.pp_microbatches > out->spec.pp_microbatches) out = std::move(c);
+    }
+    return out;
+  };
   const int64_t rows = config.train.batch;
   const Calibration::Variant& alone = cal.variant("fp32", "none");
+  // the one-rank time of the moment over the figures, and the group's measured step
   const auto load = [&] {
     const double figures = alone.step_s_fixed + alone.step_s_per_row * static_cast<double>(rows);
     return measure(base, data, rows).step_s / std::max(1e-9, figures);
   };
-  if (dp) {
+  const auto run = [&](const Candidate& c) {
+    Config group = base;
+    group.parallel.pp_stages = c.spec.pp_stages;
+    group.parallel.pp_microbatches = c.spec.pp_microbatches;
+    return measure(group, data, rows, workers, group_steps(cal, rows)).step_s;
+  };
+  if (const std::optional<Candidate> dp = find(1)) {
     const double now = load();
-    const double measured = measure(base, data, rows, 2).step_s;
-    cal.dp_step_s = std::max(0.0, measured - dp->time.total() * now);
+    dp_step_s = std::max(0.0, run(*dp) - dp->time.total() * now);
   }
-  if (pp) {
-    Config c = base;
-    c.parallel.pp_stages = 2;
-    c.parallel.pp_microbatches = pp->spec.pp_microbatches;
+  if (const std::optional<Candidate> pp = find(2)) {  // predicted with dp_step_s just fitted
     const double now = load();
-    const double measured = measure(c, data, rows, 2).step_s;
-    cal.handoff_s = std::max(0.0, measured - pp->time.total() * now) /
-                    (2.0 * static_cast<double>(pp->spec.pp_microbatches));
+    handoff_s = std::max(0.0, run(*pp) - pp->time.total() * now) /
+                (2.0 * static_cast<double>(pp->spec.pp_microbatches));
+  }
+}
+
+// What a 2-way tensor-parallel group does not divide (replicated activations, the collectives'
+// time): x at t = 2 is x1 (r + (1 - r) / 2). Its two ranks ran at once, at the pace of a busy
+// host, so their time is first taken back to a core each.
+void fit_tp_shares(const Config& config, const data::Splits& data, int64_t rows, Calibration& cal) {
+  try {
+    Config pair = one_rank(config, "fp32", "none");
+    const Measured one = measure(pair, data, rows);
+    pair.parallel.tp_size = 2;
+    const Measured two = measure(pair, data, rows, 2, group_steps(cal, rows));
+    const double shared = std::max(1.0, 2 * cal.contention / cal.cores);
+    cal.tp_act_whole = std::clamp(2 * two.act_bytes / std::max(1.0, one.act_bytes) - 1, 0.0, 1.0);
+    cal.tp_time_whole =
+        std::clamp(2 * two.step_s / shared / std::max(1e-9, one.step_s) - 1, 0.0, 1.0);
+  } catch (const InvalidArgument&) {
+    // a model tensor parallelism does not cut (a cnn): plan offers no tp layout for it
   }
 }
 
@@ -252,23 +304,21 @@ Calibration measure_all(const Config& config, const data::Splits& data) {
     v.step_s_fixed = std::max(v.step_s_fixed, none.step_s_fixed);
   }
   std::tie(cal.link_latency_s, cal.link_bytes_per_s) = measure_link();
-  if (cal.cores > 1) cal.contention = contention(config, data, big, cal.cores);
-  // What a 2-way tensor-parallel group does not divide (replicated activations, the
-  // collectives' time): x at t = 2 is x1 (r + (1 - r) / 2). Its two ranks ran at once, at the
-  // pace of a busy host, so their time is first taken back to a core each.
-  try {
-    Config pair = one_rank(config, "fp32", "none");
-    const Measured one = measure(pair, data, big);
-    pair.parallel.tp_size = 2;
-    const Measured two = measure(pair, data, big, 2);
-    const double shared = std::max(1.0, 2 * cal.contention / cal.cores);
-    cal.tp_act_whole = std::clamp(2 * two.act_bytes / std::max(1.0, one.act_bytes) - 1, 0.0, 1.0);
-    cal.tp_time_whole =
-        std::clamp(2 * two.step_s / shared / std::max(1e-9, one.step_s) - 1, 0.0, 1.0);
-  } catch (const InvalidArgument&) {
-    // a model tensor parallelism does not cut (a cnn): plan offers no tp layout for it
+  if (cal.cores > 1)
+    cal.contention = std::max(1.0, pace_of(config, data, big, cal.cores, cal.cores));
+  // Twice as many ranks as cores, at the rows each then runs: a rank waiting for a peer leaves
+  // its core to another (the host's pace with its waits filled).
+  const int crowd = 2 * cal.cores;
+  cal.contention_crowded =
+      pace_of(config, data, std::max<int64_t>(1, big / crowd), crowd, cal.cores);
+  fit_tp_shares(config, data, big, cal);
+  for (int workers : {2, 2 * cal.cores}) {
+    try {
+      fit_group_costs(config, data, workers, cal);
+    } catch (const InvalidArgument&) {
+      // no layout of that many ranks runs this config (a batch of fewer rows): none to fit
+    }
   }
-  fit_pair_costs(config, data, cal);
   return cal;
 }
 
@@ -309,8 +359,11 @@ json Calibration::to_json() const {
           {"tp_act_whole", tp_act_whole},
           {"tp_time_whole", tp_time_whole},
           {"contention", contention},
+          {"contention_crowded", contention_crowded},
           {"dp_step_s", dp_step_s},
-          {"handoff_s", handoff_s}};
+          {"handoff_s", handoff_s},
+          {"dp_step_crowded_s", dp_step_crowded_s},
+          {"handoff_crowded_s", handoff_crowded_s}};
 }
 
 Calibration Calibration::from_json(const json& j) {
@@ -326,8 +379,11 @@ Calibration Calibration::from_json(const json& j) {
   c.tp_act_whole = j.at("tp_act_whole");
   c.tp_time_whole = j.at("tp_time_whole");
   c.contention = j.at("contention");
+  c.contention_crowded = j.at("contention_crowded");
   c.dp_step_s = j.at("dp_step_s");
   c.handoff_s = j.at("handoff_s");
+  c.dp_step_crowded_s = j.at("dp_step_crowded_s");
+  c.handoff_crowded_s = j.at("handoff_crowded_s");
   c.link_latency_s = j.at("link_latency_s");
   c.link_bytes_per_s = j.at("link_bytes_per_s");
   c.cores = j.at("cores");

@@ -15,6 +15,7 @@
 #include "tessel/core/error.h"
 #include "tessel/data/dataset.h"
 #include "tessel/nn/models.h"
+#include "tessel/parallel/schedule.h"
 #include "tessel/train/dry_run.h"
 #include "tessel/train/plan_auto.h"
 #include "tessel/train/plan_scale.h"
@@ -215,7 +216,9 @@ TEST(PlanMemory, PredictsTheLedgerPeakOfSharedMemoryZero1) {
                                         "data.kind=fashion_mnist", "train.batch=16",
                                         "optim.kind=sgd"};
   const Config base = parse_config("", "plan_test", mlp);
-  const std::string cache = testing::TempDir() + "/plan_memory_cache";
+  // a cache of its own: ctest runs the tests that calibrate at once
+  const std::string cache = testing::TempDir() + "/plan_memory_cache_" +
+                            testing::UnitTest::GetInstance()->current_test_info()->name();
   std::filesystem::remove_all(cache);
   PlanOptions o;
   o.workers = 4;
@@ -233,7 +236,9 @@ TEST(PlanMemory, PredictsTheLedgerPeakOfSharedMemoryZero1) {
 std::pair<double, double> comm_buffers(const std::vector<std::string>& sets, int workers,
                                        const std::string& precision) {
   Config chosen = parse_config("", "plan_test", sets);
-  const std::string cache = testing::TempDir() + "/plan_memory_cache";
+  // a cache of its own: ctest runs the tests that calibrate at once
+  const std::string cache = testing::TempDir() + "/plan_memory_cache_" +
+                            testing::UnitTest::GetInstance()->current_test_info()->name();
   std::filesystem::remove_all(cache);
   PlanOptions o;
   o.workers = workers;
@@ -366,12 +371,75 @@ TEST(PlanAuto, ACapNoLayoutMeetsNamesTheCategory) {
 TEST(Plan, CalibrationRoundTripsThroughJson) {
   Calibration c = shape_only(tiny_gpt());
   c.variants[1].step_s_per_row = 0.25;
+  c.contention_crowded = 0.75;
   c.block_flops = {1, 2, 3};
   c.host = "h avx2";
   const Calibration back = Calibration::from_json(c.to_json());
   EXPECT_EQ(back.to_json(), c.to_json());
   EXPECT_EQ(back.variant("fp32", "selective").step_s_per_row, 0.25);
   EXPECT_THROW(back.variant("fp64", "none"), InvalidArgument);
+}
+
+// A pipeline's slowest stage idles while the others fill and drain: f / (1 - f) of their mean
+// compute, which for equal stages is its own (bubble_model's share of the step).
+TEST(PlanTime, BubbleIsTheOtherStagesFill) {
+  const double f = parallel::bubble_model(parallel::PpSchedule::k1f1b, 4, 8, 1);  // 3 / 11
+  EXPECT_NEAR(pipeline_bubble({2, 2, 2, 2}, 1, f), 2 * 3.0 / 8, 1e-12);
+  // fashion_mlp's first stage holds most of the flops: the others' short micro-batches fill it
+  EXPECT_NEAR(pipeline_bubble({3, 0.5, 1, 0.5}, 0, f), 3.0 / 8 * (2.0 / 3), 1e-12);
+  EXPECT_EQ(pipeline_bubble({3}, 0, 0.5), 0);
+}
+
+// Ranks on one host: the step lasts at least the host's work over its cores at the measured
+// pace; with more ranks than cores the slowest rank's communication waits are filled by the
+// others (the pace then is contention_crowded's) but for those every rank shares (sync), with
+// at most one rank a core they add.
+TEST(PlanTime, CrowdedHostFillsTheWaits) {
+  Calibration cal;
+  cal.cores = 2;
+  cal.contention = 1.2;
+  cal.contention_crowded = 0.9;
+  StepTime path;
+  path.compute = 1;
+  path.comm = 0.5;
+  path.bubble = 0.25;
+  path.sync = 0.125;                                               // of comm
+  EXPECT_EQ(share_host(path, 100, 1, cal).total(), path.total());  // one rank: its own path
+  const StepTime two = share_host(path, 4, 2, cal);                // 4 s of work at 1.2 on 2 cores
+  EXPECT_NEAR(two.compute, 4 * 1.2 / 2 - 0.25, 1e-12);
+  EXPECT_NEAR(two.total(), 4 * 1.2 / 2 + 0.5, 1e-12);  // its comm waits on top
+  // 4 ranks: the host's work and the waits every rank shares; the rest filled
+  EXPECT_NEAR(share_host(path, 4, 4, cal).total(), 4 * 0.9 / 2 + 0.125, 1e-12);
+  EXPECT_EQ(share_host(path, 1, 4, cal).total(), path.total());  // its own path is longer
+}
+
+// The same through plan_layouts: a data-parallel group's per-step cost measured on 2 ranks
+// (dp_step_s) adds to dp = 2 on 2 cores, the one measured on 4 (dp_step_crowded_s) to the
+// host's work for dp = 4, its ring's time filled by the other ranks' work.
+TEST(PlanTime, DataParallelOnACrowdedHostIsTheHostsWork) {
+  const Config base = tiny_gpt();
+  Calibration cal = shape_only(base);
+  for (Calibration::Variant& v : cal.variants) v.step_s_per_row = 1e-3;
+  cal.arena_numel = 1;
+  cal.cores = 2;
+  cal.contention = cal.contention_crowded = 1;
+  cal.dp_step_s = 1e-3;  // less than the host's work: dp = 4's own path is 3 ms
+  cal.dp_step_crowded_s = 0.5e-3;
+  cal.link_latency_s = 1e-4;  // 3 steps of the ring each way for dp = 4: 0.6 ms, filled
+  cal.link_bytes_per_s = 1e15;
+  PlanOptions o;
+  o.precisions = {"fp32"};
+  const auto dp_time = [&](int workers) {
+    o.workers = workers;
+    for (const Candidate& c : plan_layouts(base, o, cal))
+      if (c.layout == str("dp=", workers) && c.spec.zero_stage == 1 &&
+          c.spec.recompute == nn::Recompute::kNone)
+        return c.time.total();
+    return 0.0;
+  };
+  const double host = 8 * 1e-3 / 2;  // train.batch = 8 rows on 2 cores
+  EXPECT_NEAR(dp_time(2), host + cal.dp_step_s + 2 * 1e-4, 1e-9);  // ZeRO-1: 2 x 1 step
+  EXPECT_NEAR(dp_time(4), host + cal.dp_step_crowded_s, 1e-9);
 }
 
 }  // namespace

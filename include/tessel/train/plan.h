@@ -38,6 +38,9 @@ struct StepTime {
   double compute = 0;  // forward, backward and optimizer
   double comm = 0;     // communication the computation does not hide
   double bubble = 0;   // pipeline stages idle while the others fill and drain
+  // Of comm, the group's measured waits (Calibration's dp_step_s and handoff_s): on a crowded
+  // host the waits no other rank's work fills.
+  double sync = 0;
   double total() const { return compute + comm + bubble; }
 };
 
@@ -60,13 +63,18 @@ struct Calibration {
   // 2-way group here): x_t = x_1 (whole + (1 - whole) / t).
   double tp_act_whole = 0, tp_time_whole = 0;
   // What a 2-rank run takes beyond the prediction from one rank's figures: per step of a
-  // data-parallel group, and per pipeline message (a hand-off between stages on a busy host).
+  // data-parallel group, and per pipeline message (a hand-off between stages on a busy host);
+  // and what a run of twice as many ranks as cores takes (dp = 2 cores; dp = cores x pp = 2):
+  // the waits every rank shares, which no other rank's work fills.
   double dp_step_s = 0, handoff_s = 0;
+  double dp_step_crowded_s = 0, handoff_crowded_s = 0;
   double link_latency_s = 0;  // alpha-beta of this host's threads transport (ring)
   double link_bytes_per_s = 0;
   // A rank's step time with every core busy over its time alone (shared memory bandwidth,
-  // whatever else runs here): ranks on one host run at that pace.
-  double contention = 1;
+  // whatever else runs here): ranks on one host run at that pace. With twice as many ranks as
+  // cores (each at the rows it then runs) the host's pace per core's share of them: their waits
+  // for one another leave the cores to the other ranks.
+  double contention = 1, contention_crowded = 1;
   int cores = 1;           // hardware threads here: ranks beyond them share cores
   double arena_numel = 1;  // the whole model's arena elements (one rank)
   Shape input_shape;       // the dataset's, which shapes the model
@@ -99,8 +107,9 @@ struct Candidate {
 // that do not divide them, several hosts without --bandwidth).
 void check_options(const PlanOptions& options);
 
-// Calibrates `config`'s model on this machine (char_gpt 8-13 s, fashion_mlp 2-4 s) or reads the
-// figures from cache_dir/<host>-<isa>-<model hash>.json; writes them there after measuring.
+// Calibrates `config`'s model on this machine (char_gpt, fashion_mlp, fashion_cnn 10-12 s each on
+// 2 cores at load average 10) or reads the figures from cache_dir/<host>-<isa>-<model
+// hash>.json; writes them there after measuring.
 Calibration calibrate(const Config& config, const std::string& cache_dir);
 // ~/.cache/tessel/plan (XDG_CACHE_HOME/tessel/plan when set).
 std::string default_cache_dir();
@@ -127,6 +136,18 @@ MemoryBytes state_bytes(const std::vector<StateTerm>& terms, int stage, double w
 // Seconds of a ring over p ranks (alpha per message, beta bytes/s) moving `bytes`, the whole
 // buffer, `passes` times over its p - 1 steps: all-reduce 2, reduce-scatter and all-gather 1.
 double ring_seconds(double bytes, int p, double passes, double alpha, double beta);
+
+// The bubble of a pipeline's slowest stage (`slowest`, of the stages' compute per step): it idles
+// while the others fill and drain the schedule, f / (1 - f) times their mean compute (f:
+// bubble_model's idle share for equal stages; equal stages give f / (1 - f) of its own).
+double pipeline_bubble(const std::vector<double>& stage_compute, size_t slowest, double f);
+
+// The step of the slowest rank when `ranks_here` ranks share this host's cores: at least the
+// host's work (every rank's compute on cores of their own, `host_work` seconds) over its cores
+// at the measured pace (Calibration::contention; beyond one rank a core,
+// contention_crowded), less what the rank waits through meanwhile (its bubble; with more ranks
+// than cores its exposed communication too, but for `sync`, the cores then running other ranks).
+StepTime share_host(StepTime slowest, double host_work, int ranks_here, const Calibration& cal);
 
 // Feasible first, fastest first (as fast to 0.1%: the smaller first), then the others
 // smallest first.

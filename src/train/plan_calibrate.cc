@@ -28,6 +28,9 @@ using nlohmann::json;
 
 namespace {
 
+// The most cores a host may have for the calibration to measure more ranks than cores.
+constexpr int kCrowdedCoresMax = 8;
+
 // Steps timed after one untimed step (the median is kept): at least kTimedSteps, and on one rank
 // as many more as fill kTimedSeconds, so that a model of 3 ms steps is timed over more than 9 ms
 // (one scheduler tick of another process on the host moved such a figure by 30%).
@@ -307,17 +310,26 @@ Calibration measure_all(const Config& config, const data::Splits& data) {
   if (cal.cores > 1)
     cal.contention = std::max(1.0, pace_of(config, data, big, cal.cores, cal.cores));
   // Twice as many ranks as cores, at the rows each then runs: a rank waiting for a peer leaves
-  // its core to another (the host's pace with its waits filled).
+  // its core to another (the host's pace with its waits filled). Measured on small hosts only
+  // (kCrowdedCoresMax), where layouts of more ranks than cores are the common case; a larger
+  // one takes its uncrowded figures rather than run 2 x cores replicas of the model.
   const int crowd = 2 * cal.cores;
+  const bool small_host = cal.cores <= kCrowdedCoresMax;
   cal.contention_crowded =
-      pace_of(config, data, std::max<int64_t>(1, big / crowd), crowd, cal.cores);
+      small_host ? pace_of(config, data, std::max<int64_t>(1, big / crowd), crowd, cal.cores)
+                 : cal.contention;
   fit_tp_shares(config, data, big, cal);
   for (int workers : {2, 2 * cal.cores}) {
+    if (workers > 2 && !small_host) break;
     try {
       fit_group_costs(config, data, workers, cal);
     } catch (const InvalidArgument&) {
       // no layout of that many ranks runs this config (a batch of fewer rows): none to fit
     }
+  }
+  if (!small_host) {
+    cal.dp_step_crowded_s = cal.dp_step_s;
+    cal.handoff_crowded_s = cal.handoff_s;
   }
   return cal;
 }

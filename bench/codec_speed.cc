@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "tessel/core/clock.h"
+#include "best_of.h"
 #include "tessel/core/rng.h"
 #include "tessel/ops/isa.h"
 #include "tessel/ops/quantize.h"
@@ -25,14 +25,7 @@ constexpr int64_t kChunk = 256;  // the codec's kInt8Chunk
 // ns per element of the best of `repeats` calls of f over n elements, after one warm-up call.
 template <typename F>
 double best_ns(int repeats, int64_t n, F f) {
-  f();
-  double best = 1e30;
-  for (int r = 0; r < repeats; ++r) {
-    const double t0 = now_seconds();
-    f();
-    best = std::min(best, now_seconds() - t0);
-  }
-  return best * 1e9 / static_cast<double>(n);
+  return bench::best_seconds(repeats, f) * 1e9 / static_cast<double>(n);
 }
 
 }  // namespace

@@ -13,7 +13,7 @@
 #include <string>
 #include <vector>
 
-#include "tessel/core/clock.h"
+#include "best_of.h"
 #include "tessel/core/crc32c.h"
 #include "tessel/core/rng.h"
 #include "tessel/core/sha256.h"
@@ -98,14 +98,7 @@ std::string table_sha256_hex(const uint8_t* p, size_t size) {
 // GB/s of the best of `repeats` calls of f over `bytes` bytes, after one warm-up call.
 template <typename F>
 double best_gbps(int repeats, size_t bytes, F f) {
-  f();
-  double best = 1e30;
-  for (int r = 0; r < repeats; ++r) {
-    const double t0 = now_seconds();
-    f();
-    best = std::min(best, now_seconds() - t0);
-  }
-  return bytes / best / 1e9;
+  return static_cast<double>(bytes) / bench::best_seconds(repeats, f) / 1e9;
 }
 
 }  // namespace

@@ -320,9 +320,6 @@ PieceStats PipelineExecutor::train(const Piece& piece, nn::Loss& loss, const Hoo
 }
 
 PieceStats PipelineExecutor::eval(const Piece& piece, nn::Loss& loss, const Hooks& hooks) {
-  for (auto& [chunk, sets] : acts_)  // no micro-batch is in flight between steps
-    for (auto& acts : sets) acts->release_all();
-  for (auto& [chunk, scratch] : scratch_) scratch.release_all();
   return run(piece, loss, hooks, false);
 }
 

@@ -1,8 +1,8 @@
 // Optimizer offload (train.offload = optimizer | all), proved on the CPU with the fake device
 // (tests/support/fake_device.h: "device" memory in host blocks whose kernels check that every
 // pointer is device memory, and the same CPU kernels, so an offloaded step must give the same
-// bits). fashion_mlp and char_gpt, fp32 and bf16, on one rank and on two with zero.stage 1, 2
-// and 3, train with the optimizer state in host memory exactly as without: every step's loss,
+// bits). fashion_mlp and char_gpt, fp32 and bf16, on one rank and on two with zero.stage 0-3
+// train with the optimizer state in host memory exactly as without: every step's loss,
 // params_sha256 and the parameters; a run stopped and resumed ends where the uninterrupted one
 // does; the rank's device ledger holds no optimizer state and optimizer_offloaded (pinned and
 // plain host memory) holds at least what it held; the summary names the offload. On
@@ -110,7 +110,7 @@ TEST_P(DeviceOptimizerOffload, OneRankTrainsAsWithout) {
 
 TEST_P(DeviceOptimizerOffload, TwoRanksWithZeroTrainAsWithout) {
   const Case c = GetParam();
-  for (const char* stage : {"zero.stage=1", "zero.stage=2", "zero.stage=3"}) {
+  for (const char* stage : {"zero.stage=0", "zero.stage=1", "zero.stage=2", "zero.stage=3"}) {
     SCOPED_TRACE(stage);
     expect_same_bits(config(c, {stage}), config(c, {stage, "train.offload=optimizer"}), 2,
                      "optimizer");

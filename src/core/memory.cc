@@ -33,6 +33,7 @@ const char* remedy(MemCategory largest) {
     case MemCategory::kActivations:
     case MemCategory::kOther:
     case MemCategory::kOffloaded:
+    case MemCategory::kOptimizerOffloaded:
       break;
   }
   return "a smaller train.batch, more pp.microbatches or more ranks reduce the activations";
@@ -41,9 +42,9 @@ const char* remedy(MemCategory largest) {
 }  // namespace
 
 const char* mem_category_name(MemCategory c) {
-  constexpr const char* kNames[] = {"parameters",           "gradients",    "optimizer_state",
-                                    "activations",          "comm_buffers", "other",
-                                    "activations_offloaded"};
+  constexpr const char* kNames[] = {
+      "parameters",   "gradients", "optimizer_state",       "activations",
+      "comm_buffers", "other",     "activations_offloaded", "optimizer_offloaded"};
   return kNames[static_cast<size_t>(c)];
 }
 
@@ -52,7 +53,7 @@ MemoryLedger::MemoryLedger(int64_t limit_bytes, std::string owner)
 
 void MemoryLedger::charge(MemCategory c, int64_t bytes) {
   const int k = static_cast<int>(c);
-  if (c == MemCategory::kOffloaded) {  // host memory beside a device rank's: not in its total
+  if (host_category(c)) {  // host memory beside a device rank's: not in its total
     raise_max(peak_[k], current_[k].fetch_add(bytes, std::memory_order_relaxed) + bytes);
     return;
   }
@@ -81,7 +82,7 @@ void MemoryLedger::charge(MemCategory c, int64_t bytes) {
 
 void MemoryLedger::release(MemCategory c, int64_t bytes) noexcept {
   current_[static_cast<int>(c)].fetch_sub(bytes, std::memory_order_relaxed);
-  if (c != MemCategory::kOffloaded) total_.fetch_sub(bytes, std::memory_order_relaxed);
+  if (!host_category(c)) total_.fetch_sub(bytes, std::memory_order_relaxed);
 }
 
 int64_t MemoryLedger::current(MemCategory c) const {

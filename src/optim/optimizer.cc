@@ -154,9 +154,9 @@ void validate(const OptimSpec& s, int64_t n) {
 
 }  // namespace
 
-std::unique_ptr<Optimizer> make_optimizer(const OptimSpec& spec, int64_t n) {
+std::unique_ptr<Optimizer> make_optimizer(const OptimSpec& spec, int64_t n, MemCategory category) {
   validate(spec, n);
-  MemoryScope scope(MemCategory::kOptimizer);
+  MemoryScope scope(category);
   if (spec.kind == OptimKind::kSgd) return std::make_unique<Sgd>(spec, n);
   return std::make_unique<AdamW>(spec, n);
 }

@@ -51,29 +51,51 @@ std::string cuda_refusal(const std::string& why, const std::string& instead) {
 
 bool offloading(const In& in) { return in.s.offload != Offload::kNone; }
 
-std::string offload_refusal(const std::string& why, const std::string& instead) {
-  return str("train.offload = activations ", why, "; set ", instead,
+std::string offload_refusal(const In& in, const std::string& why, const std::string& instead) {
+  return str("train.offload = ", name_of(in.s.offload), " ", why, "; set ", instead,
              " or train.offload = none (docs/gpu.md)");
+}
+
+// What train.offload moves to host memory, for messages.
+std::string offloaded(const In& in) {
+  switch (in.s.offload) {
+    case Offload::kActivations:
+      return "activations";
+    case Offload::kOptimizer:
+      return "optimizer state";
+    default:
+      return "activations and optimizer state";
+  }
 }
 
 // The table's refusals, in the order they are asked (the first that applies is the message).
 const std::vector<Rule>& rules() {
   static const std::vector<Rule> table = {
-      {"train.offload = activations and runtime.device = cpu",
+      {"train.offload != none and runtime.device = cpu",
        [](const In& in) { return offloading(in) && !on_cuda(in); },
-       [](const In&) {
-         return offload_refusal(
-             "moves a device rank's activations to host memory, got runtime.device = cpu (its "
-             "activations are in host memory already)",
-             "runtime.device = cuda");
+       [](const In& in) {
+         return offload_refusal(in,
+                                str("moves a device rank's ", offloaded(in),
+                                    " to host memory, got runtime.device = cpu (host memory "
+                                    "holds them already)"),
+                                "runtime.device = cuda");
        }},
-      {"train.offload = activations and pp.stages > 1",
-       [](const In& in) { return offloading(in) && in.l.pp > 1; },
+      {"train.offload = optimizer | all and ps.servers > 0",
+       [](const In& in) { return offloads_optimizer(in.s.offload) && in.l.servers > 0; },
        [](const In& in) {
          return offload_refusal(
-             str("runs in the local executor only, got pp.stages = ", in.l.pp,
-                 " (a pipeline's micro-batches in flight are not offloaded yet)"),
-             "pp.stages = 1");
+             in,
+             str("moves a device rank's optimizer state to host memory, got ps.servers = ",
+                 in.l.servers, " (the servers hold the optimizer state, in host memory)"),
+             "ps.servers = 0");
+       }},
+      {"train.offload != none and pp.stages > 1",
+       [](const In& in) { return offloading(in) && in.l.pp > 1; },
+       [](const In& in) {
+         return offload_refusal(in,
+                                str("runs in the local executor only, got pp.stages = ", in.l.pp,
+                                    " (the pipeline executor offloads nothing yet)"),
+                                "pp.stages = 1");
        }},
       {"runtime.device = cuda and ps.servers beyond zero",
        [](const In& in) { return on_cuda(in) && in.l.servers > 0; },

@@ -8,6 +8,7 @@
 #include "engine_device.h"
 #include "fault_injection.h"
 #include "grad_syncs.h"
+#include "optimizer_offload.h"
 #include "param_stores.h"
 #include "shared_memory_step.h"
 #include "tessel/core/clock.h"
@@ -125,7 +126,11 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
     store_->set_working(working_.get());
     store_->refresh_working(true);
   }
-  optimizer_ = optim::make_optimizer(optim, store_->update_numel());
+  if (offloads_optimizer(spec.offload))  // state in host memory, the step on the CPU
+    optimizer_ = std::make_unique<OffloadedOptimizer>(optim, store_->update_numel(),
+                                                      composed_.working_copy ? type_ : DType::kF32);
+  else
+    optimizer_ = optim::make_optimizer(optim, store_->update_numel());
   const int rank = mesh_.workers().rank();
   if ((faulty_sync_ = slow_sync(spec, rank, *sync_))) sync_ = faulty_sync_.get();
   if ((faulty_loss_ = overflow_loss(spec, rank, *loss_, piece_step_))) loss_ = faulty_loss_.get();

@@ -23,7 +23,7 @@ void check_loss(double loss, int64_t step) {
 
 LocalExecutor::LocalExecutor(nn::Model& model, nn::Recompute recompute, Offload offload)
     : model_(model), local_(model.num_blocks(), true) {
-  if (offload == Offload::kActivations) offload_ = std::make_unique<ActivationOffload>();
+  if (offloads_activations(offload)) offload_ = std::make_unique<ActivationOffload>();
   acts_.recompute = recompute;
   if (recompute == nn::Recompute::kNone) return;
   acts_.caches.resize(model.num_blocks());

@@ -8,30 +8,34 @@
 
 namespace tessel::parallel {
 
-// ---- HostBuffer ----
+// ---- PinnedBuffer ----
 
-ActivationOffload::HostBuffer::HostBuffer(DeviceRuntime& runtime, size_t bytes)
-    : runtime_(&runtime), data_(runtime.allocate_pinned(bytes)), bytes_(bytes) {
-  if ((ledger_ = current_ledger()))
-    ledger_->charge(MemCategory::kOffloaded, static_cast<int64_t>(bytes));
+PinnedBuffer::PinnedBuffer(DeviceRuntime& runtime, size_t bytes, MemCategory category)
+    : runtime_(&runtime),
+      data_(runtime.allocate_pinned(bytes)),
+      bytes_(bytes),
+      category_(category) {
+  if ((ledger_ = current_ledger())) ledger_->charge(category_, static_cast<int64_t>(bytes));
 }
 
-ActivationOffload::HostBuffer::~HostBuffer() {
+PinnedBuffer::~PinnedBuffer() {
   if (data_ == nullptr) return;
   runtime_->free_pinned(data_, bytes_);
-  if (ledger_) ledger_->release(MemCategory::kOffloaded, static_cast<int64_t>(bytes_));
+  if (ledger_) ledger_->release(category_, static_cast<int64_t>(bytes_));
 }
 
-ActivationOffload::HostBuffer::HostBuffer(HostBuffer&& o) noexcept
+PinnedBuffer::PinnedBuffer(PinnedBuffer&& o) noexcept
     : runtime_(o.runtime_),
       data_(std::exchange(o.data_, nullptr)),
       bytes_(o.bytes_),
+      category_(o.category_),
       ledger_(std::move(o.ledger_)) {}
 
-ActivationOffload::HostBuffer& ActivationOffload::HostBuffer::operator=(HostBuffer&& o) noexcept {
+PinnedBuffer& PinnedBuffer::operator=(PinnedBuffer&& o) noexcept {
   std::swap(runtime_, o.runtime_);
   std::swap(data_, o.data_);
   std::swap(bytes_, o.bytes_);
+  std::swap(category_, o.category_);
   std::swap(ledger_, o.ledger_);
   return *this;
 }
@@ -94,7 +98,7 @@ void ActivationOffload::swap_out_before(size_t block, nn::Activations& acts) {
     });
   }
   if (out.empty()) return;
-  std::vector<HostBuffer> host;  // first, so that no copy is queued when one fails
+  std::vector<PinnedBuffer> host;  // first, so that no copy is queued when one fails
   for (const Tensor& t : out) host.push_back(host_buffer(t.storage().bytes()));
   copy_after_compute();
   Outgoing going{event(), {}};
@@ -150,7 +154,7 @@ void ActivationOffload::wait_for(size_t block, const nn::Cache& cache) {
 void ActivationOffload::reclaim_host() {
   for (Incoming& in : incoming_) {
     runtime_.event_synchronize(in.event);
-    for (HostBuffer& h : in.host) free_host_.push_back(std::move(h));
+    for (PinnedBuffer& h : in.host) free_host_.push_back(std::move(h));
     give_back(in.event);
   }
   incoming_.clear();
@@ -164,13 +168,13 @@ void ActivationOffload::copy_after_compute() {
 }
 
 // The smallest free host buffer that holds `bytes`, else a new one.
-ActivationOffload::HostBuffer ActivationOffload::host_buffer(size_t bytes) {
+PinnedBuffer ActivationOffload::host_buffer(size_t bytes) {
   auto best = free_host_.end();
   for (auto it = free_host_.begin(); it != free_host_.end(); ++it)
     if (it->bytes() >= bytes && (best == free_host_.end() || it->bytes() < best->bytes()))
       best = it;
-  if (best == free_host_.end()) return HostBuffer(runtime_, bytes);
-  HostBuffer out = std::move(*best);
+  if (best == free_host_.end()) return PinnedBuffer(runtime_, bytes, MemCategory::kOffloaded);
+  PinnedBuffer out = std::move(*best);
   free_host_.erase(best);
   return out;
 }

@@ -21,6 +21,7 @@
 #include <memory>
 #include <vector>
 
+#include "tessel/core/memory.h"
 #include "tessel/nn/model.h"
 
 namespace tessel {
@@ -28,6 +29,25 @@ class DeviceRuntime;
 }
 
 namespace tessel::parallel {
+
+// Pinned host memory (DeviceRuntime::allocate_pinned), charged to the current ledger under
+// `category` (activations_offloaded, optimizer_offloaded) while it lives.
+class PinnedBuffer {
+ public:
+  PinnedBuffer(DeviceRuntime& runtime, size_t bytes, MemCategory category);
+  ~PinnedBuffer();
+  PinnedBuffer(PinnedBuffer&& o) noexcept;
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept;  // swaps: o gives back what this held
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  DeviceRuntime* runtime_;
+  void* data_;
+  size_t bytes_;
+  MemCategory category_;
+  std::shared_ptr<MemoryLedger> ledger_;
+};
 
 class ActivationOffload {
  public:
@@ -40,25 +60,9 @@ class ActivationOffload {
   void on_block(nn::Phase phase, size_t block, nn::Activations& acts);
 
  private:
-  // Pinned host memory, charged to the current ledger as activations_offloaded.
-  class HostBuffer {
-   public:
-    HostBuffer(DeviceRuntime& runtime, size_t bytes);
-    ~HostBuffer();
-    HostBuffer(HostBuffer&& o) noexcept;
-    HostBuffer& operator=(HostBuffer&& o) noexcept;  // swaps: o gives back what this held
-    void* data() const { return data_; }
-    size_t bytes() const { return bytes_; }
-
-   private:
-    DeviceRuntime* runtime_;
-    void* data_;
-    size_t bytes_;
-    std::shared_ptr<MemoryLedger> ledger_;
-  };
   struct Waiting {  // a storage swapped out
     Tensor device;  // a view of it (keeps it alive)
-    HostBuffer host;
+    PinnedBuffer host;
   };
   struct Outgoing {                                // copies out queued after one block's forward
     void* event;                                   // recorded after them on the copy stream
@@ -67,7 +71,7 @@ class ActivationOffload {
   struct Incoming {  // copies back of one block's storages
     size_t block;
     void* event;
-    std::vector<HostBuffer> host;  // the host memory they read
+    std::vector<PinnedBuffer> host;  // the host memory they read
   };
 
   void swap_out_before(size_t block, nn::Activations& acts);
@@ -76,7 +80,7 @@ class ActivationOffload {
   void wait_for(size_t block, const nn::Cache& cache);  // the compute stream, for them
   void reclaim_host();        // the host buffers of every copy back, once reached
   void copy_after_compute();  // the copy stream's next work starts after the compute stream's
-  HostBuffer host_buffer(size_t bytes);
+  PinnedBuffer host_buffer(size_t bytes);
   void* event();
   void give_back(void* event);
 
@@ -86,7 +90,7 @@ class ActivationOffload {
   std::vector<Waiting> waiting_;
   std::vector<Outgoing> outgoing_;
   std::vector<Incoming> incoming_;
-  std::vector<HostBuffer> free_host_;
+  std::vector<PinnedBuffer> free_host_;
   std::vector<void*> free_events_;
 };
 

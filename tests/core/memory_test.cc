@@ -109,26 +109,30 @@ TEST(MemoryLedger, EachCategorySaysWhatFreesIt) {
   expect_has(limit_error(l, MemCategory::kComm, 2 * kMiB), "comm_buffers");
   expect_has(limit_error(l, MemCategory::kActivations, 2 * kMiB), "train.batch");
   for (int c = 0; c < kMemCategories; ++c)  // and always the limit itself
-    if (MemCategory(c) != MemCategory::kOffloaded)
+    if (!host_category(MemCategory(c)))
       expect_has(limit_error(l, MemCategory(c), 2 * kMiB), "raise runtime.memory_limit_mb");
   EXPECT_EQ(l.peak_total(), 0);
   static_assert(std::is_base_of_v<Error, MemoryLimitError>, "a tessel::Error like the others");
 }
 
-// A device rank's activations offloaded to host memory are shown, not counted in its total or
-// its limit (train.offload = activations).
+// A device rank's activations and optimizer state offloaded to host memory are shown, not
+// counted in its total or its limit (train.offload = activations | optimizer | all).
 TEST(MemoryLedger, OffloadedBytesAreOutsideTheTotalAndTheLimit) {
-  MemoryLedger l(kMiB);
-  l.charge(MemCategory::kActivations, kMiB / 2);
-  l.charge(MemCategory::kOffloaded, 2 * kMiB);
-  EXPECT_EQ(l.current(MemCategory::kOffloaded), 2 * kMiB);
-  EXPECT_EQ(l.peak(MemCategory::kOffloaded), 2 * kMiB);
-  EXPECT_EQ(l.total(), kMiB / 2);
-  EXPECT_EQ(l.peak_total(), kMiB / 2);
-  l.release(MemCategory::kOffloaded, 2 * kMiB);
-  EXPECT_EQ(l.current(MemCategory::kOffloaded), 0);
-  EXPECT_EQ(l.total(), kMiB / 2);
+  for (const MemCategory host : {MemCategory::kOffloaded, MemCategory::kOptimizerOffloaded}) {
+    SCOPED_TRACE(mem_category_name(host));
+    MemoryLedger l(kMiB);
+    l.charge(MemCategory::kActivations, kMiB / 2);
+    l.charge(host, 2 * kMiB);
+    EXPECT_EQ(l.current(host), 2 * kMiB);
+    EXPECT_EQ(l.peak(host), 2 * kMiB);
+    EXPECT_EQ(l.total(), kMiB / 2);
+    EXPECT_EQ(l.peak_total(), kMiB / 2);
+    l.release(host, 2 * kMiB);
+    EXPECT_EQ(l.current(host), 0);
+    EXPECT_EQ(l.total(), kMiB / 2);
+  }
   EXPECT_STREQ(mem_category_name(MemCategory::kOffloaded), "activations_offloaded");
+  EXPECT_STREQ(mem_category_name(MemCategory::kOptimizerOffloaded), "optimizer_offloaded");
 }
 
 TEST(MemoryLedger, NoLimitNeverThrows) {

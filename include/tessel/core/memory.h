@@ -24,9 +24,15 @@ enum class MemCategory : uint8_t {
   kActivations,
   kComm,  // communication buffers: gathered parameters, gradient buckets, copies in flight
   kOther,
-  kOffloaded,  // host copies of a device rank's activations (train.offload = activations)
+  kOffloaded,           // host copies of a device rank's activations (train.offload = activations)
+  kOptimizerOffloaded,  // a device rank's optimizer state in host memory (train.offload =
+                        // optimizer)
 };
-constexpr int kMemCategories = 7;
+constexpr int kMemCategories = 8;
+// Host memory beside a device rank's (the offloaded categories): shown, not in its total.
+constexpr bool host_category(MemCategory c) {
+  return c == MemCategory::kOffloaded || c == MemCategory::kOptimizerOffloaded;
+}
 const char* mem_category_name(MemCategory c);  // "parameters", "optimizer_state", ...
 
 // An allocation would pass runtime.memory_limit_mb.

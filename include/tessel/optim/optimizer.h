@@ -11,6 +11,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessel/core/memory.h"
 #include "tessel/core/names.h"
 #include "tessel/tensor/tensor.h"
 
@@ -67,10 +68,12 @@ class Optimizer {
   int64_t steps_ = 0;  // completed steps (AdamW's bias correction uses it)
 };
 
-// Creates an optimizer over n elements (its state allocated now, charged to optimizer state).
+// Creates an optimizer over n elements (its state allocated now on the current device, charged
+// to `category`: optimizer state, or optimizer_offloaded for a device rank's host copy).
 // Throws InvalidArgument on a bad spec (negative lr, momentum outside [0, 1), unknown kind), naming
 // the key.
-std::unique_ptr<Optimizer> make_optimizer(const OptimSpec& spec, int64_t n);
+std::unique_ptr<Optimizer> make_optimizer(const OptimSpec& spec, int64_t n,
+                                          MemCategory category = MemCategory::kOptimizer);
 
 }  // namespace tessel::optim
 

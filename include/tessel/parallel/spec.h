@@ -22,7 +22,13 @@ enum class PsMode : uint8_t { kSync, kAsync, kSsp };                     // ps.m
 enum class StaleLr : uint8_t { kNone, kInverse };                        // ps.stale_lr
 enum class PpSchedule : uint8_t { kGpipe, k1f1b, kInterleaved, kZbH1 };  // pp.schedule
 enum class PpPartition : uint8_t { kBalanced, kUniform, kRoundRobin };   // pp.partition
-enum class Offload : uint8_t { kNone, kActivations };                    // train.offload
+enum class Offload : uint8_t { kNone, kActivations, kOptimizer, kAll };  // train.offload
+constexpr bool offloads_activations(Offload o) {
+  return o == Offload::kActivations || o == Offload::kAll;
+}
+constexpr bool offloads_optimizer(Offload o) {
+  return o == Offload::kOptimizer || o == Offload::kAll;
+}
 
 struct ParallelSpec {
   // ddp.*
@@ -126,7 +132,7 @@ struct Names<parallel::PpSchedule> {
 };
 template <>
 struct Names<parallel::Offload> {
-  static constexpr const char* values[] = {"none", "activations"};
+  static constexpr const char* values[] = {"none", "activations", "optimizer", "all"};
 };
 template <>
 struct Names<parallel::PpPartition> {

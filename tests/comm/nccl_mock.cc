@@ -465,6 +465,17 @@ NcclApi make_mock() {
             std::lock_guard<std::mutex> lock(lib().mu);
             return lib().shares_device;
           },
+      // the CUDA runtime's slots: fill_cuda_slots (nccl_mock_cuda.cc)
+      .device_count = nullptr,
+      .set_device = nullptr,
+      .stream_create = nullptr,
+      .stream_wait_event = nullptr,
+      .stream_destroy = nullptr,
+      .event_create = nullptr,
+      .event_record = nullptr,
+      .event_query = nullptr,
+      .event_destroy = nullptr,
+      .device_error_string = nullptr,
   };
   fill_cuda_slots(api);
   return api;

@@ -31,7 +31,7 @@ class ServeGpt : public ::testing::Test {
     ASSERT_EQ(r.exit_code, 0) << r.output;
   }
   static void TearDownTestSuite() { fs::remove_all(dir_); }
-  static std::string config() { return std::string(TESSEL_SOURCE_DIR) + "/examples/char_gpt.toml"; }
+  static std::string config() { return TESSEL_SOURCE_DIR "/examples/char_gpt.toml"; }
   static std::string run_dir() { return (dir_ / "run").string(); }
   static inline fs::path dir_;
 };

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <barrier>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -16,6 +17,7 @@
 #include "tessel/comm/threads.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
+#include "tessel/core/log.h"
 #include "tessel/core/sha256.h"
 #include "tessel/nn/models.h"
 #include "tessel/ops/isa.h"
@@ -31,15 +33,20 @@ namespace {
 // The most cores a host may have for the calibration to measure more ranks than cores.
 constexpr int kCrowdedCoresMax = 8;
 
-// Steps timed after one untimed step (the median is kept): at least kTimedSteps, and on one rank
-// as many more as fill kTimedSeconds, so that a model of 3 ms steps is timed over more than 9 ms
-// (one scheduler tick of another process on the host moved such a figure by 30%).
+// Steps timed after one untimed step (the median is kept): at least kTimedSteps, and as many
+// more as fill kTimedSeconds, so that a model of 3 ms steps is timed over more than 9 ms (one
+// scheduler tick of another process on the host moved such a figure by 30%).
 constexpr int kTimedSteps = 3, kMaxTimedSteps = 200;
 constexpr double kTimedSeconds = 0.15;
+// Each time figure is the median of kRounds such runs, the rounds spread over the calibration
+// (a burst of load on a shared host lasts longer than one run: one figure in 0.15 s measured
+// a pace of 0.56, two ranks to a core faster than one).
+constexpr int kRounds = 3;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+// Steps to time at `step_s` a step: as many as fill kTimedSeconds, within the bounds above.
+int steps_for(double step_s) {
+  return static_cast<int>(std::clamp(std::ceil(kTimedSeconds / std::max(1e-6, step_s)),
+                                     double{kTimedSteps}, double{kMaxTimedSteps}));
 }
 
 std::string host_name() {
@@ -61,7 +68,7 @@ std::string model_key(const Config& c) {
                     {"batch", c.train.batch},
                     {"optim", name_of(c.optim.kind)},
                     {"threads", c.runtime.threads},
-                    {"version", 9}};
+                    {"version", 10}};
   return sha256_hex(key.dump().data(), key.dump().size()).substr(0, 16);
 }
 
@@ -84,8 +91,10 @@ Config one_rank(const Config& base, const std::string& precision, const std::str
 // Steps of `rows` rows on `ranks` threads in c's layout (one rank, a tp group, a pipeline, a
 // dp pair: each replica reads its share of the rows): rank 0's median step time and peak
 // activation bytes. `steps` timed steps, or (0, one rank only: the ranks of a group must agree
-// on the count) as many as kTimedSeconds takes.
-Measured measure(Config c, const data::Splits& data, int64_t rows, int ranks = 1, int steps = 0) {
+// on the count) as many as kTimedSeconds takes. With `start`, the steps begin once every
+// trainer arrived there (copies measured at once start together, not as each is built).
+Measured measure(Config c, const data::Splits& data, int64_t rows, int ranks = 1, int steps = 0,
+                 std::barrier<>* start = nullptr) {
   TESSEL_CHECK(steps > 0 || ranks == 1, "plan: a group's timed steps must be given");
   c.train.batch = rows;
   c.train.accumulate = 1;
@@ -102,6 +111,7 @@ Measured measure(Config c, const data::Splits& data, int64_t rows, int ranks = 1
     lo.drop_last = true;
     data::DataLoader loader(data.train, lo);
     loader.start_epoch(0);
+    if (start) start->arrive_and_wait();
     std::vector<double> times;
     EvalResult sums;
     double timed = 0;
@@ -117,7 +127,8 @@ Measured measure(Config c, const data::Splits& data, int64_t rows, int ranks = 1
       if (i > 0) times.push_back(now_seconds() - t0), timed += times.back();
     }
     if (world.rank() == 0)
-      out = {median(times), static_cast<double>(trainer.ledger()->peak(MemCategory::kActivations))};
+      out = {median_of(times),
+             static_cast<double>(trainer.ledger()->peak(MemCategory::kActivations))};
   });
   return out;
 }
@@ -127,25 +138,32 @@ Measured measure(Config c, const data::Splits& data, int64_t rows, int ranks = 1
 // on 2 or more cores).
 int group_steps(const Calibration& cal, int64_t rows) {
   const Calibration::Variant& v = cal.variant("fp32", "none");
-  const double step = (v.step_s_fixed + v.step_s_per_row * static_cast<double>(rows)) / 2;
-  return static_cast<int>(std::clamp(std::ceil(kTimedSeconds / std::max(1e-6, step)),
-                                     double{kTimedSteps}, double{kMaxTimedSteps}));
+  return steps_for((v.step_s_fixed + v.step_s_per_row * static_cast<double>(rows)) / 2);
 }
 
 // The same one-rank steps run by `copies` independent trainers at once (copies >= cores: every
 // core busy, as ranks as threads keep them): their median step time over the lone one's, per
-// core's share of the copies (two copies to a core take twice as long at the same pace).
+// core's share of the copies (two copies to a core take twice as long at the same pace). Each
+// round times one alone, then the copies, started together, for as many steps each as fill
+// kTimedSeconds at the pace of one (so that they end together too); the median of the rounds.
 double pace_of(const Config& config, const data::Splits& data, int64_t rows, int copies,
                int cores) {
   const Config one = one_rank(config, "fp32", "none");
-  const double alone = measure(one, data, rows).step_s;
-  std::vector<double> together(static_cast<size_t>(copies));
-  std::vector<std::thread> threads;
-  for (int k = 0; k < copies; ++k)
-    threads.emplace_back(
-        [&, k] { together[static_cast<size_t>(k)] = measure(one, data, rows).step_s; });
-  for (std::thread& t : threads) t.join();
-  return median(together) * cores / (copies * std::max(1e-9, alone));
+  std::vector<double> paces;
+  for (int round = 0; round < kRounds; ++round) {
+    const double alone = measure(one, data, rows).step_s;
+    const int steps = steps_for(alone * copies / cores);
+    std::barrier<> start(copies);
+    std::vector<double> together(static_cast<size_t>(copies));
+    std::vector<std::thread> threads;
+    for (int k = 0; k < copies; ++k)
+      threads.emplace_back([&, k] {
+        together[static_cast<size_t>(k)] = measure(one, data, rows, 1, steps, &start).step_s;
+      });
+    for (std::thread& t : threads) t.join();
+    paces.push_back(median_of(together) * cores / (copies * std::max(1e-9, alone)));
+  }
+  return median_of(paces);
 }
 
 // The bytes each block's forward keeps for the backward (fp32, no recompute), at `rows` rows:
@@ -193,7 +211,7 @@ std::pair<double, double> measure_link() {
       }
   });
   // ring_s(bytes, 2, 2, a, b) = 2 (a + bytes / (2 b))
-  const double ts = median(t_small), tl = median(t_large);
+  const double ts = median_of(t_small), tl = median_of(t_large);
   const double beta = static_cast<double>((large - small) * 4) / std::max(1e-9, tl - ts);
   return {std::max(0.0, ts / 2 - static_cast<double>(small * 4) / (2 * beta)), beta};
 }
@@ -204,9 +222,9 @@ std::pair<double, double> measure_link() {
 // pp = 2 with the most micro-batches plan offers) measures beyond the plan's prediction of it
 // without them, that prediction scaled by the host's load of the moment (a one-rank run just
 // before over the one-rank figures), so that load which came or went since those were measured
-// does not count. Fitted on 2 ranks (cal.dp_step_s, handoff_s) and on twice as many ranks as
-// cores (the _crowded ones: there a rank's waits leave its core to another rank, and what
-// remains are the waits every rank shares).
+// does not count; the median over kRounds such pairs. Fitted on 2 ranks (cal.dp_step_s, handoff_s)
+// and on twice as many ranks as cores (the _crowded ones: there a rank's waits leave its core to
+// another rank, and what remains are the waits every rank shares).
 void fit_group_costs(const Config& config, const data::Splits& data, int workers,
                      Calibration& cal) {
   const bool crowded = workers > cal.cores;
@@ -241,32 +259,76 @@ void fit_group_costs(const Config& config, const data::Splits& data, int workers
     group.parallel.pp_microbatches = c.spec.pp_microbatches;
     return measure(group, data, rows, workers, group_steps(cal, rows)).step_s;
   };
-  if (const std::optional<Candidate> dp = find(1)) {
-    const double now = load();
-    dp_step_s = std::max(0.0, run(*dp) - dp->time.total() * now);
-  }
-  if (const std::optional<Candidate> pp = find(2)) {  // predicted with dp_step_s just fitted
-    const double now = load();
-    handoff_s = std::max(0.0, run(*pp) - pp->time.total() * now) /
-                (2.0 * static_cast<double>(pp->spec.pp_microbatches));
-  }
+  // what the group measures beyond its prediction at the load of the moment
+  const auto beyond = [&](const Candidate& c) {
+    std::vector<double> rounds;
+    for (int round = 0; round < kRounds; ++round) {
+      const double now = load();
+      rounds.push_back(run(c) - c.time.total() * now);
+    }
+    return std::max(0.0, median_of(rounds));
+  };
+  if (const std::optional<Candidate> dp = find(1)) dp_step_s = beyond(*dp);
+  if (const std::optional<Candidate> pp = find(2))  // predicted with dp_step_s just fitted
+    handoff_s = beyond(*pp) / (2.0 * static_cast<double>(pp->spec.pp_microbatches));
 }
 
 // What a 2-way tensor-parallel group does not divide (replicated activations, the collectives'
 // time): x at t = 2 is x1 (r + (1 - r) / 2). Its two ranks ran at once, at the pace of a busy
-// host, so their time is first taken back to a core each.
+// host, so their time is first taken back to a core each. The time's share is the median of
+// kRounds pairs of runs (one rank, then the group).
 void fit_tp_shares(const Config& config, const data::Splits& data, int64_t rows, Calibration& cal) {
   try {
-    Config pair = one_rank(config, "fp32", "none");
-    const Measured one = measure(pair, data, rows);
+    const Config one = one_rank(config, "fp32", "none");
+    Config pair = one;
     pair.parallel.tp_size = 2;
-    const Measured two = measure(pair, data, rows, 2, group_steps(cal, rows));
     const double shared = std::max(1.0, 2 * cal.contention / cal.cores);
-    cal.tp_act_whole = std::clamp(2 * two.act_bytes / std::max(1.0, one.act_bytes) - 1, 0.0, 1.0);
-    cal.tp_time_whole =
-        std::clamp(2 * two.step_s / shared / std::max(1e-9, one.step_s) - 1, 0.0, 1.0);
+    std::vector<double> shares;
+    for (int round = 0; round < kRounds; ++round) {
+      const Measured alone = measure(one, data, rows);
+      const Measured two = measure(pair, data, rows, 2, group_steps(cal, rows));
+      cal.tp_act_whole =
+          std::clamp(2 * two.act_bytes / std::max(1.0, alone.act_bytes) - 1, 0.0, 1.0);
+      shares.push_back(2 * two.step_s / shared / std::max(1e-9, alone.step_s) - 1);
+    }
+    cal.tp_time_whole = std::clamp(median_of(shares), 0.0, 1.0);
   } catch (const InvalidArgument&) {
     // a model tensor parallelism does not cut (a cnn): plan offers no tp layout for it
+  }
+}
+
+// Every precision x recompute on one rank at `big` and `little` rows, fitted a + b x rows: the
+// step times as the median of kRounds rounds, each round over all the variants (a burst of
+// load falls on one round of several variants rather than every round of one).
+void fit_variants(const Config& config, const data::Splits& data, int64_t big, int64_t little,
+                  Calibration& cal) {
+  struct Runs {
+    std::string precision, recompute;
+    std::vector<double> big_s, little_s;
+    Measured big, little;  // the last round's (activation bytes are the same every round)
+  };
+  std::vector<Runs> runs;
+  for (const std::string precision : {"fp32", "bf16"})
+    for (const std::string recompute : {"none", "selective", "full"})
+      runs.push_back({precision, recompute, {}, {}, {}, {}});
+  for (int round = 0; round < kRounds; ++round)
+    for (Runs& r : runs) {
+      const Config one = one_rank(config, r.precision, r.recompute);
+      r.big = measure(one, data, big);
+      r.little = measure(one, data, little);
+      r.big_s.push_back(r.big.step_s);
+      r.little_s.push_back(r.little.step_s);
+    }
+  const double span = static_cast<double>(std::max<int64_t>(1, big - little));
+  for (const Runs& r : runs) {
+    Calibration::Variant v{r.precision, r.recompute, big};
+    const double at_big = median_of(r.big_s), at_little = median_of(r.little_s);
+    v.step_s_per_row = std::max(0.0, (at_big - at_little) / span);
+    v.step_s_fixed = std::max(0.0, at_big - v.step_s_per_row * static_cast<double>(big));
+    v.act_bytes_per_row = std::max(0.0, (r.big.act_bytes - r.little.act_bytes) / span);
+    v.act_bytes_fixed =
+        std::max(0.0, r.big.act_bytes - v.act_bytes_per_row * static_cast<double>(big));
+    cal.variants.push_back(v);
   }
 }
 
@@ -285,20 +347,7 @@ Calibration measure_all(const Config& config, const data::Splits& data) {
     cal.block_flops.push_back(model->block(b).forward_flops(1));
   const int64_t big = config.train.batch, little = std::max<int64_t>(1, big / 4);
   block_activations(spec, data, big, cal);
-  for (const std::string precision : {"fp32", "bf16"})
-    for (const std::string recompute : {"none", "selective", "full"}) {
-      const Config one = one_rank(config, precision, recompute);
-      const Measured at_big = measure(one, data, big);
-      const Measured at_little = measure(one, data, little);
-      Calibration::Variant v{precision, recompute, big};
-      const double span = static_cast<double>(std::max<int64_t>(1, big - little));
-      v.step_s_per_row = std::max(0.0, (at_big.step_s - at_little.step_s) / span);
-      v.step_s_fixed = std::max(0.0, at_big.step_s - v.step_s_per_row * static_cast<double>(big));
-      v.act_bytes_per_row = std::max(0.0, (at_big.act_bytes - at_little.act_bytes) / span);
-      v.act_bytes_fixed =
-          std::max(0.0, at_big.act_bytes - v.act_bytes_per_row * static_cast<double>(big));
-      cal.variants.push_back(v);
-    }
+  fit_variants(config, data, big, little, cal);
   // Recompute reruns forwards: a variant measured faster than its precision without recompute
   // measured noise (a busy host), so it costs at least as much.
   for (Calibration::Variant& v : cal.variants) {
@@ -335,6 +384,17 @@ Calibration measure_all(const Config& config, const data::Splits& data) {
 }
 
 }  // namespace
+
+double median_of(std::vector<double> values) {
+  TESSEL_CHECK(!values.empty(), "plan: the median of no measurement");
+  const size_t mid = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid), values.end());
+  const double upper = values[mid];
+  if (values.size() % 2 == 1) return upper;
+  return (*std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid)) +
+          upper) /
+         2;
+}
 
 const Calibration::Variant& Calibration::variant(const std::string& precision,
                                                  const std::string& recompute) const {
@@ -375,7 +435,8 @@ json Calibration::to_json() const {
           {"dp_step_s", dp_step_s},
           {"handoff_s", handoff_s},
           {"dp_step_crowded_s", dp_step_crowded_s},
-          {"handoff_crowded_s", handoff_crowded_s}};
+          {"handoff_crowded_s", handoff_crowded_s},
+          {"seconds", seconds}};
 }
 
 Calibration Calibration::from_json(const json& j) {
@@ -396,6 +457,7 @@ Calibration Calibration::from_json(const json& j) {
   c.handoff_s = j.at("handoff_s");
   c.dp_step_crowded_s = j.at("dp_step_crowded_s");
   c.handoff_crowded_s = j.at("handoff_crowded_s");
+  c.seconds = j.at("seconds");
   c.link_latency_s = j.at("link_latency_s");
   c.link_bytes_per_s = j.at("link_bytes_per_s");
   c.cores = j.at("cores");
@@ -424,7 +486,12 @@ Calibration calibrate(const Config& config, const std::string& cache_dir) {
       // unreadable (an older format, cut short): measured again below and rewritten
     }
   }
-  const Calibration cal = measure_all(config, data::make_datasets(config.data));
+  const double start = now_seconds();
+  Calibration cal = measure_all(config, data::make_datasets(config.data));
+  cal.seconds = now_seconds() - start;
+  log_info("plan: calibrated ", name_of(config.model.kind), " on this machine in ",
+           std::round(cal.seconds * 10) / 10, " s (", kRounds, " rounds a figure), cached in ",
+           path.string());
   std::error_code ec;
   std::filesystem::create_directories(cache_dir, ec);
   if (ec)

@@ -8,6 +8,7 @@
 #include <barrier>
 #include <cmath>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -72,8 +73,16 @@ std::string model_key(const Config& c) {
   return sha256_hex(key.dump().data(), key.dump().size()).substr(0, 16);
 }
 
+// The CPU time of the calling thread: a one-rank step's work without the time other processes
+// on a shared host took its core from it (on a quiet host its wall time).
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 struct Measured {
-  double step_s = 0, act_bytes = 0;
+  double step_s = 0, cpu_s = 0, act_bytes = 0;  // median wall and thread CPU time of a step
 };
 
 // config laid out on one rank in `precision` x `recompute`, as the calibration measures it.
@@ -112,7 +121,7 @@ Measured measure(Config c, const data::Splits& data, int64_t rows, int ranks = 1
     data::DataLoader loader(data.train, lo);
     loader.start_epoch(0);
     if (start) start->arrive_and_wait();
-    std::vector<double> times;
+    std::vector<double> times, cpus;
     EvalResult sums;
     double timed = 0;
     for (int i = 0; steps > 0 ? i <= steps
@@ -122,12 +131,15 @@ Measured measure(Config c, const data::Splits& data, int64_t rows, int ranks = 1
       if (!loader.next(b)) loader.start_epoch(i), loader.next(b);
       b.global_size = rows;
       if (i == 1) trainer.ledger()->reset_peaks();
-      const double t0 = now_seconds();
+      const double t0 = now_seconds(), c0 = thread_cpu_seconds();
       trainer.step({b}, sums);
-      if (i > 0) times.push_back(now_seconds() - t0), timed += times.back();
+      if (i > 0) {
+        times.push_back(now_seconds() - t0), timed += times.back();
+        cpus.push_back(thread_cpu_seconds() - c0);
+      }
     }
     if (world.rank() == 0)
-      out = {median_of(times),
+      out = {median_of(times), median_of(cpus),
              static_cast<double>(trainer.ledger()->peak(MemCategory::kActivations))};
   });
   return out;
@@ -297,39 +309,28 @@ void fit_tp_shares(const Config& config, const data::Splits& data, int64_t rows,
   }
 }
 
-// Every precision x recompute on one rank at `big` and `little` rows, fitted a + b x rows: the
-// step times as the median of kRounds rounds, each round over all the variants (a burst of
-// load falls on one round of several variants rather than every round of one).
+// Every precision x recompute on one rank at `big` and `little` rows, fitted a + b x rows to
+// the step's thread CPU time: its wall time on a quiet host, and what other processes' load
+// does not move (char_gpt's 32 rows: 30.6, 31.3 and 31.0 ms of CPU in three rounds at load
+// average 7, while the wall time was 30.7, 63.0 and 77.2 ms), so one run of each is kept.
 void fit_variants(const Config& config, const data::Splits& data, int64_t big, int64_t little,
                   Calibration& cal) {
-  struct Runs {
-    std::string precision, recompute;
-    std::vector<double> big_s, little_s;
-    Measured big, little;  // the last round's (activation bytes are the same every round)
-  };
-  std::vector<Runs> runs;
-  for (const std::string precision : {"fp32", "bf16"})
-    for (const std::string recompute : {"none", "selective", "full"})
-      runs.push_back({precision, recompute, {}, {}, {}, {}});
-  for (int round = 0; round < kRounds; ++round)
-    for (Runs& r : runs) {
-      const Config one = one_rank(config, r.precision, r.recompute);
-      r.big = measure(one, data, big);
-      r.little = measure(one, data, little);
-      r.big_s.push_back(r.big.step_s);
-      r.little_s.push_back(r.little.step_s);
-    }
   const double span = static_cast<double>(std::max<int64_t>(1, big - little));
-  for (const Runs& r : runs) {
-    Calibration::Variant v{r.precision, r.recompute, big};
-    const double at_big = median_of(r.big_s), at_little = median_of(r.little_s);
-    v.step_s_per_row = std::max(0.0, (at_big - at_little) / span);
-    v.step_s_fixed = std::max(0.0, at_big - v.step_s_per_row * static_cast<double>(big));
-    v.act_bytes_per_row = std::max(0.0, (r.big.act_bytes - r.little.act_bytes) / span);
-    v.act_bytes_fixed =
-        std::max(0.0, r.big.act_bytes - v.act_bytes_per_row * static_cast<double>(big));
-    cal.variants.push_back(v);
-  }
+  for (const std::string precision : {"fp32", "bf16"})
+    for (const std::string recompute : {"none", "selective", "full"}) {
+      const Config one = one_rank(config, precision, recompute);
+      const Measured at_big = measure(one, data, big);
+      const Measured at_little = measure(one, data, little);
+      log_debug("plan: ", precision, " ", recompute, " at ", big, " rows: wall ",
+                1e3 * at_big.step_s, " ms, thread CPU ", 1e3 * at_big.cpu_s, " ms");
+      Calibration::Variant v{precision, recompute, big};
+      v.step_s_per_row = std::max(0.0, (at_big.cpu_s - at_little.cpu_s) / span);
+      v.step_s_fixed = std::max(0.0, at_big.cpu_s - v.step_s_per_row * static_cast<double>(big));
+      v.act_bytes_per_row = std::max(0.0, (at_big.act_bytes - at_little.act_bytes) / span);
+      v.act_bytes_fixed =
+          std::max(0.0, at_big.act_bytes - v.act_bytes_per_row * static_cast<double>(big));
+      cal.variants.push_back(v);
+    }
 }
 
 Calibration measure_all(const Config& config, const data::Splits& data) {
@@ -346,8 +347,14 @@ Calibration measure_all(const Config& config, const data::Splits& data) {
   for (size_t b = 0; b < model->num_blocks(); ++b)
     cal.block_flops.push_back(model->block(b).forward_flops(1));
   const int64_t big = config.train.batch, little = std::max<int64_t>(1, big / 4);
+  double since = now_seconds();  // each part's wall time, for TESSEL_LOG=debug
+  const auto took = [&](const char* part) {
+    log_debug("plan: calibrated ", part, " in ", now_seconds() - since, " s");
+    since = now_seconds();
+  };
   block_activations(spec, data, big, cal);
   fit_variants(config, data, big, little, cal);
+  took("the one-rank variants");
   // Recompute reruns forwards: a variant measured faster than its precision without recompute
   // measured noise (a busy host), so it costs at least as much.
   for (Calibration::Variant& v : cal.variants) {
@@ -367,7 +374,9 @@ Calibration measure_all(const Config& config, const data::Splits& data) {
   cal.contention_crowded =
       small_host ? pace_of(config, data, std::max<int64_t>(1, big / crowd), crowd, cal.cores)
                  : cal.contention;
+  took("the link and the paces");
   fit_tp_shares(config, data, big, cal);
+  took("the tensor-parallel shares");
   for (int workers : {2, 2 * cal.cores}) {
     if (workers > 2 && !small_host) break;
     try {
@@ -376,6 +385,7 @@ Calibration measure_all(const Config& config, const data::Splits& data) {
       // no layout of that many ranks runs this config (a batch of fewer rows): none to fit
     }
   }
+  took("the group costs");
   if (!small_host) {
     cal.dp_step_crowded_s = cal.dp_step_s;
     cal.handoff_crowded_s = cal.handoff_s;

@@ -154,26 +154,30 @@ int group_steps(const Calibration& cal, int64_t rows) {
 }
 
 // The same one-rank steps run by `copies` independent trainers at once (copies >= cores: every
-// core busy, as ranks as threads keep them): their median step time over the lone one's, per
-// core's share of the copies (two copies to a core take twice as long at the same pace). Each
-// round times one alone, then the copies, started together, for as many steps each as fill
-// kTimedSeconds at the pace of one (so that they end together too); the median of the rounds.
+// core busy, as ranks as threads keep them): the median thread CPU time of their steps over the
+// lone one's. CPU time, not wall time: the copies' share of the cores is the planner's to divide
+// (two copies to a core take twice as long at the same pace), what it needs is the pace, which
+// a wall time would take from other processes' load (the copies' threads take a larger share of
+// a loaded host than one: fashion_mlp's crowded pace measured 0.46-0.64 in wall time at load
+// average 7). Each round times one alone, then the copies, started together, for as many steps
+// each as fill kTimedSeconds at the pace of one (so that they end together too); the median of
+// the rounds.
 double pace_of(const Config& config, const data::Splits& data, int64_t rows, int copies,
                int cores) {
   const Config one = one_rank(config, "fp32", "none");
   std::vector<double> paces;
   for (int round = 0; round < kRounds; ++round) {
-    const double alone = measure(one, data, rows).step_s;
-    const int steps = steps_for(alone * copies / cores);
+    const Measured alone = measure(one, data, rows);
+    const int steps = steps_for(alone.step_s * copies / cores);
     std::barrier<> start(copies);
     std::vector<double> together(static_cast<size_t>(copies));
     std::vector<std::thread> threads;
     for (int k = 0; k < copies; ++k)
       threads.emplace_back([&, k] {
-        together[static_cast<size_t>(k)] = measure(one, data, rows, 1, steps, &start).step_s;
+        together[static_cast<size_t>(k)] = measure(one, data, rows, 1, steps, &start).cpu_s;
       });
     for (std::thread& t : threads) t.join();
-    paces.push_back(median_of(together) * cores / (copies * std::max(1e-9, alone)));
+    paces.push_back(median_of(together) / std::max(1e-9, alone.cpu_s));
   }
   return median_of(paces);
 }
@@ -362,7 +366,14 @@ Calibration measure_all(const Config& config, const data::Splits& data) {
     v.step_s_per_row = std::max(v.step_s_per_row, none.step_s_per_row);
     v.step_s_fixed = std::max(v.step_s_fixed, none.step_s_fixed);
   }
-  std::tie(cal.link_latency_s, cal.link_bytes_per_s) = measure_link();
+  std::vector<double> alphas, betas;  // kRounds of the link, each figure's median
+  for (int round = 0; round < kRounds; ++round) {
+    const auto [alpha, beta] = measure_link();
+    alphas.push_back(alpha);
+    betas.push_back(beta);
+  }
+  cal.link_latency_s = median_of(alphas);
+  cal.link_bytes_per_s = median_of(betas);
   if (cal.cores > 1)
     cal.contention = std::max(1.0, pace_of(config, data, big, cal.cores, cal.cores));
   // Twice as many ranks as cores, at the rows each then runs: a rank waiting for a peer leaves

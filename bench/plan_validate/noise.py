@@ -19,7 +19,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from machine import machine_line  # noqa: E402  (bench/machine.py)
-from run import train_command, train_records  # noqa: E402
+from run import repeats_summary, train_command, train_records  # noqa: E402
 
 
 def parse_case(text):
@@ -39,11 +39,6 @@ def window_median(recs, batch, first, last):
     """Median step time of the records ending in (first, last]."""
     times = [batch / r["samples_per_second"] for r in recs if first < r["step"] <= last]
     return statistics.median(times) if times else float("nan")
-
-
-def spread(values):
-    m = statistics.median(values)
-    return m, (max(values) - min(values)) / m
 
 
 def main():
@@ -76,7 +71,7 @@ def main():
             for w in windows:
                 if first + w > a.steps:
                     continue
-                m, s = spread([window_median(r, batch, first, first + w) for r in recs_of])
+                m, s = repeats_summary([window_median(r, batch, first, first + w) for r in recs_of])
                 print(f"| {text} | {first} | {w} | {w * m:.2f} | {1e3 * m:.2f} | "
                       f"{100 * s:.1f}% |")
         warm = [window_median(r, batch, 0, a.warmup_steps) for r in recs_of]

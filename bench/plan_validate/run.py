@@ -1,18 +1,21 @@
 #!/usr/bin/env python3
 """Checks `tessel plan` against measured runs: for each config and worker count, every layout
-the plan offers (or the first --limit of them) trains --steps steps on this machine, and its
-predicted peak memory of the fullest rank and step time are set beside the measured ones (the
-ledger peak in metrics.jsonl, the median samples/s of its records after the first).
-Prints a Markdown table (docs/planning.md holds one) and the share within 10% / 15%. With
---baseline the step time is also predicted without the group costs of the calibration
-(dp_step_s, handoff_s and their _crowded ones set to 0 in a copy of it): the model before they
-were added, on the same measurements. With --memory-only the time columns are left out and each run stops at its
-first record (memory is deterministic: a few steps, e.g. --steps 5, measure it; that record's
-peak includes the set-up).
+the plan offers (or the first --limit of them) trains on this machine, and its predicted peak
+memory of the fullest rank and step time are set beside the measured ones (the ledger peak in
+metrics.jsonl; the median step time, batch over samples/s, of its records of 5 steps past the
+first --warmup-steps). Each layout trains the warm-up and then --min-seconds of steps at its
+predicted step time (at least --steps in all); --repeats R trains every layout R times, in turn
+over the layouts of a case, and reports the median of the R and their spread (largest less
+smallest over the median). Prints a Markdown table (docs/planning.md holds one) and the share
+within 10% / 15%. With --baseline the step time is also predicted without the group costs of
+the calibration (dp_step_s, handoff_s and their _crowded ones set to 0 in a copy of it): the
+model before they were added, on the same measurements. With --memory-only the time columns
+are left out and each run stops at its first record (memory is deterministic: a few steps,
+e.g. --steps 5, measure it; that record's peak includes the set-up).
 
   flock /tmp/tessel-bench.lock python3 bench/plan_validate/run.py --tessel build/apps/tessel/tessel \
-      --config examples/char_gpt.toml --workers 2,4 [--limit 12] [--match 'pp='] [--steps 30]
-      [--memory-only]
+      --config examples/char_gpt.toml --workers 2,4 [--limit 12] [--match 'pp='] \
+      [--min-seconds 1] [--repeats 3] [--cache-dir DIR] [--memory-only --steps 5]
 """
 import argparse
 import json
@@ -102,6 +105,12 @@ def step_seconds(recs, batch, warmup_steps):
     return statistics.median(batch / r["samples_per_second"] for r in late)
 
 
+def repeats_summary(values):
+    """The median of repeated measurements and their spread: largest less smallest over it."""
+    m = statistics.median(values)
+    return m, (max(values) - min(values)) / m
+
+
 def timed_steps(a, predicted_s):
     """Steps for a layout predicted at `predicted_s` a step: the warm-up, then --min-seconds of
     steps (at least --steps in all; at most 4000 for a prediction far too small)."""
@@ -181,8 +190,7 @@ def main():
                               f"refused: {got[1]} |||" + ("" if a.memory_only else "||||"))
                         continue
                     peak = max(g[0] for g in got)
-                    meas_s = statistics.median(g[1] for g in got)
-                    spread = (max(g[1] for g in got) - min(g[1] for g in got)) / meas_s
+                    meas_s, spread = repeats_summary([g[1] for g in got])
                     spreads.append(spread)
                     batch_s = l["step_seconds"]["total"]
                     pred_mem = l["memory_bytes"]["total"]

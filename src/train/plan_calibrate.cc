@@ -315,26 +315,43 @@ void fit_tp_shares(const Config& config, const data::Splits& data, int64_t rows,
 
 // Every precision x recompute on one rank at `big` and `little` rows, fitted a + b x rows to
 // the step's thread CPU time: its wall time on a quiet host, and what other processes' load
-// does not move (char_gpt's 32 rows: 30.6, 31.3 and 31.0 ms of CPU in three rounds at load
-// average 7, while the wall time was 30.7, 63.0 and 77.2 ms), so one run of each is kept.
+// moves far less (char_gpt's 32 rows: 30.6, 31.3 and 31.0 ms of CPU in three rounds at load
+// average 7, while the wall time was 30.7, 63.0 and 77.2 ms). Load still moves it through the
+// caches and memory it shares (fashion_mlp's 128 rows: 4.5 and 6.3 ms of CPU in two
+// calibrations at load average 8), so each is the median of kRounds rounds, each round over all
+// the variants (a burst of load falls on one round of several variants, not every round of one).
 void fit_variants(const Config& config, const data::Splits& data, int64_t big, int64_t little,
                   Calibration& cal) {
-  const double span = static_cast<double>(std::max<int64_t>(1, big - little));
+  struct Runs {
+    std::string precision, recompute;
+    std::vector<double> big_s, little_s;
+    Measured big, little;  // the last round's (activation bytes are the same every round)
+  };
+  std::vector<Runs> runs;
   for (const std::string precision : {"fp32", "bf16"})
-    for (const std::string recompute : {"none", "selective", "full"}) {
-      const Config one = one_rank(config, precision, recompute);
-      const Measured at_big = measure(one, data, big);
-      const Measured at_little = measure(one, data, little);
-      log_debug("plan: ", precision, " ", recompute, " at ", big, " rows: wall ",
-                1e3 * at_big.step_s, " ms, thread CPU ", 1e3 * at_big.cpu_s, " ms");
-      Calibration::Variant v{precision, recompute, big};
-      v.step_s_per_row = std::max(0.0, (at_big.cpu_s - at_little.cpu_s) / span);
-      v.step_s_fixed = std::max(0.0, at_big.cpu_s - v.step_s_per_row * static_cast<double>(big));
-      v.act_bytes_per_row = std::max(0.0, (at_big.act_bytes - at_little.act_bytes) / span);
-      v.act_bytes_fixed =
-          std::max(0.0, at_big.act_bytes - v.act_bytes_per_row * static_cast<double>(big));
-      cal.variants.push_back(v);
+    for (const std::string recompute : {"none", "selective", "full"})
+      runs.push_back({precision, recompute, {}, {}, {}, {}});
+  for (int round = 0; round < kRounds; ++round)
+    for (Runs& r : runs) {
+      const Config one = one_rank(config, r.precision, r.recompute);
+      r.big = measure(one, data, big);
+      r.little = measure(one, data, little);
+      r.big_s.push_back(r.big.cpu_s);
+      r.little_s.push_back(r.little.cpu_s);
+      log_debug("plan: ", r.precision, " ", r.recompute, " at ", big, " rows: wall ",
+                1e3 * r.big.step_s, " ms, thread CPU ", 1e3 * r.big.cpu_s, " ms");
     }
+  const double span = static_cast<double>(std::max<int64_t>(1, big - little));
+  for (const Runs& r : runs) {
+    Calibration::Variant v{r.precision, r.recompute, big};
+    const double at_big = median_of(r.big_s), at_little = median_of(r.little_s);
+    v.step_s_per_row = std::max(0.0, (at_big - at_little) / span);
+    v.step_s_fixed = std::max(0.0, at_big - v.step_s_per_row * static_cast<double>(big));
+    v.act_bytes_per_row = std::max(0.0, (r.big.act_bytes - r.little.act_bytes) / span);
+    v.act_bytes_fixed =
+        std::max(0.0, r.big.act_bytes - v.act_bytes_per_row * static_cast<double>(big));
+    cal.variants.push_back(v);
+  }
 }
 
 Calibration measure_all(const Config& config, const data::Splits& data) {

@@ -37,7 +37,12 @@ def figures(cal):
     """(name, value, kind) of every time figure: kind 'rel' or 'add'."""
     out = []
     for v in cal["variants"]:
+        # the fit's two terms trade off against each other; a step of the batch (and of a
+        # quarter of it, a rank's share on 4) is what a prediction takes from them
         tag = f"{v['precision']} {v['recompute']}"
+        for rows in (v["rows"], max(1, v["rows"] // 4)):
+            out.append((f"{tag} step at {rows} rows", v["step_s_fixed"] +
+                        v["step_s_per_row"] * rows, "rel"))
         out.append((f"{tag} step_s_per_row", v["step_s_per_row"], "rel"))
         out.append((f"{tag} step_s_fixed", v["step_s_fixed"], "add"))
     out += [(k, cal[k], "rel") for k in RELATIVE]

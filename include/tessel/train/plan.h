@@ -108,9 +108,9 @@ struct Candidate {
 // that do not divide them, several hosts without --bandwidth).
 void check_options(const PlanOptions& options);
 
-// Calibrates `config`'s model on this machine (char_gpt, fashion_mlp, fashion_cnn 10-12 s each on
-// 2 cores at load average 10) or reads the figures from cache_dir/<host>-<isa>-<model
-// hash>.json; writes them there after measuring.
+// Calibrates `config`'s model on this machine (char_gpt, fashion_mlp, fashion_cnn 25-40 s each on
+// 2 cores at load average 8-9, each figure the median of 3 rounds; logs the time) or reads the
+// figures from cache_dir/<host>-<isa>-<model hash>.json; writes them there after measuring.
 Calibration calibrate(const Config& config, const std::string& cache_dir);
 // ~/.cache/tessel/plan (XDG_CACHE_HOME/tessel/plan when set).
 std::string default_cache_dir();

@@ -43,9 +43,10 @@ def without_pair_costs(cache, into):
 
 
 def calibration_lines(cache):
-    """The time figures of each calibration in `cache` (of this planner's format)."""
+    """The time figures of each calibration in `cache` (of this planner's format), and the
+    seconds it took."""
     keys = ("contention", "contention_crowded", "dp_step_s", "handoff_s", "dp_step_crowded_s",
-            "handoff_crowded_s", "tp_time_whole")
+            "handoff_crowded_s", "tp_time_whole", "seconds")
     out = []
     for name in sorted(os.listdir(cache)):
         cal = json.load(open(os.path.join(cache, name)))

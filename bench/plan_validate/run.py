@@ -106,6 +106,17 @@ def step_seconds(recs, batch, warmup_steps):
     return statistics.median(batch / r["samples_per_second"] for r in late)
 
 
+def measure(tessel, config, workers, sets, steps, folder, first_record_only=False):
+    """One run of `steps` steps (auto.py's measurement): ((the ledger peak, the median samples/s
+    of the records after the first), "") or (None, the error's last line)."""
+    recs, err = train_records(train_command(tessel, config, workers, sets, steps, folder), folder,
+                              first_record_only)
+    if recs is None:
+        return None, err
+    peak = max(r.get("memory_peak_bytes_max", 0) for r in recs)
+    return (peak, statistics.median(r["samples_per_second"] for r in recs[1:] or recs)), ""
+
+
 def repeats_summary(values):
     """The median of repeated measurements and their spread: largest less smallest over it."""
     m = statistics.median(values)

@@ -98,10 +98,10 @@ Config one_rank(const Config& base, const std::string& precision, const std::str
 }
 
 // Steps of `rows` rows on `ranks` threads in c's layout (one rank, a tp group, a pipeline, a
-// dp pair: each replica reads its share of the rows): rank 0's median step time and peak
-// activation bytes. `steps` timed steps, or (0, one rank only: the ranks of a group must agree
-// on the count) as many as kTimedSeconds takes. With `start`, the steps begin once every
-// trainer arrived there (copies measured at once start together, not as each is built).
+// dp pair: each replica reads its share of the rows): rank 0's median step time (wall, and its
+// thread's CPU) and peak activation bytes. `steps` timed steps, or (0, one rank only: the ranks of
+// a group must agree on the count) as many as kTimedSeconds takes. With `start`, the steps begin
+// once every trainer arrived there (copies measured at once start together, not as each is built).
 Measured measure(Config c, const data::Splits& data, int64_t rows, int ranks = 1, int steps = 0,
                  std::barrier<>* start = nullptr) {
   TESSEL_CHECK(steps > 0 || ranks == 1, "plan: a group's timed steps must be given");

@@ -1,21 +1,25 @@
 #!/usr/bin/env python3
 """Checks `tessel plan` against measured runs: for each config and worker count, every layout
-the plan offers (or the first --limit of them) trains --steps steps on this machine, and its
-predicted peak memory of the fullest rank and step time are set beside the measured ones (the
-ledger peak in metrics.jsonl, the median samples/s of its records after the first).
-Prints a Markdown table (docs/planning.md holds one) and the share within 10% / 15%. With
---baseline the step time is also predicted without the group costs of the calibration
-(dp_step_s, handoff_s and their _crowded ones set to 0 in a copy of it): the model before they
-were added, on the same measurements. With --memory-only the time columns are left out and each run stops at its
-first record (memory is deterministic: a few steps, e.g. --steps 5, measure it; that record's
-peak includes the set-up).
+the plan offers (or the first --limit of them) trains on this machine, and its predicted peak
+memory of the fullest rank and step time are set beside the measured ones (the ledger peak in
+metrics.jsonl; the median step time, batch over samples/s, of its records of 5 steps past the
+first --warmup-steps). Each layout trains the warm-up and then --min-seconds of steps at its
+predicted step time (at least --steps in all); --repeats R trains every layout R times, in turn
+over the layouts of a case, and reports the median of the R and their spread (largest less
+smallest over the median). Prints a Markdown table (docs/planning.md holds one) and the share
+within 10% / 15%. With --baseline the step time is also predicted without the group costs of
+the calibration (dp_step_s, handoff_s and their _crowded ones set to 0 in a copy of it): the
+model before they were added, on the same measurements. With --memory-only the time columns
+are left out and each run stops at its first record (memory is deterministic: a few steps,
+e.g. --steps 5, measure it; that record's peak includes the set-up).
 
   flock /tmp/tessel-bench.lock python3 bench/plan_validate/run.py --tessel build/apps/tessel/tessel \
-      --config examples/char_gpt.toml --workers 2,4 [--limit 12] [--match 'pp='] [--steps 30]
-      [--memory-only]
+      --config examples/char_gpt.toml --workers 2,4 [--limit 12] [--match 'pp='] \
+      [--min-seconds 1] [--repeats 3] [--cache-dir DIR] [--memory-only --steps 5]
 """
 import argparse
 import json
+import math
 import os
 import re
 import statistics
@@ -39,9 +43,10 @@ def without_pair_costs(cache, into):
 
 
 def calibration_lines(cache):
-    """The time figures of each calibration in `cache` (of this planner's format)."""
+    """The time figures of each calibration in `cache` (of this planner's format), and the
+    seconds it took."""
     keys = ("contention", "contention_crowded", "dp_step_s", "handoff_s", "dp_step_crowded_s",
-            "handoff_crowded_s", "tp_time_whole")
+            "handoff_crowded_s", "tp_time_whole", "seconds")
     out = []
     for name in sorted(os.listdir(cache)):
         cal = json.load(open(os.path.join(cache, name)))
@@ -57,13 +62,19 @@ def plan(tessel, config, workers, cache):
     return json.loads(out.stdout)["layouts"]
 
 
-def measure(tessel, config, workers, sets, steps, folder, first_record_only):
+def train_command(tessel, config, workers, sets, steps, folder, log_every=5):
     cmd = [tessel, "train", config, "--workers", str(workers), "--quiet", "--overwrite",
            "--run-dir", folder, "--set", f"train.max_steps={steps}",
-           "--set", f"train.log_every={min(5, steps)}",
+           "--set", f"train.log_every={min(log_every, steps)}",
            "--set", "checkpoint.every_epochs=0"]
     for s in sets:
         cmd += ["--set", s]
+    return cmd
+
+
+def train_records(cmd, folder, first_record_only=False):
+    """The train records of metrics.jsonl after running `cmd` (stopped at the first one with
+    first_record_only), or (None, the error's last line)."""
     metrics = os.path.join(folder, "metrics.jsonl")
 
     def recorded():  # a whole train record is in metrics.jsonl
@@ -85,10 +96,60 @@ def measure(tessel, config, workers, sets, steps, folder, first_record_only):
         if run.returncode != 0:
             return None, run.stderr.strip().splitlines()[-1] if run.stderr.strip() else "failed"
     recs = [json.loads(l) for l in open(metrics) if l.endswith("\n")]
-    recs = [r for r in recs if r.get("type") == "train"]
+    return [r for r in recs if r.get("type") == "train"], ""
+
+
+def step_seconds(recs, batch, warmup_steps):
+    """The median step time of the records past the first `warmup_steps` steps (all but the
+    first record when none is past them): batch over each record's samples/s."""
+    late = [r for r in recs if r["step"] > warmup_steps] or recs[1:] or recs
+    return statistics.median(batch / r["samples_per_second"] for r in late)
+
+
+def measure(tessel, config, workers, sets, steps, folder, first_record_only=False):
+    """One run of `steps` steps (auto.py's measurement): ((the ledger peak, the median samples/s
+    of the records after the first), "") or (None, the error's last line)."""
+    recs, err = train_records(train_command(tessel, config, workers, sets, steps, folder), folder,
+                              first_record_only)
+    if recs is None:
+        return None, err
     peak = max(r.get("memory_peak_bytes_max", 0) for r in recs)
-    sps = statistics.median(r["samples_per_second"] for r in recs[1:] or recs)
-    return (peak, sps), ""
+    return (peak, statistics.median(r["samples_per_second"] for r in recs[1:] or recs)), ""
+
+
+def repeats_summary(values):
+    """The median of repeated measurements and their spread: largest less smallest over it."""
+    m = statistics.median(values)
+    return m, (max(values) - min(values)) / m
+
+
+def timed_steps(a, predicted_s):
+    """Steps for a layout predicted at `predicted_s` a step: the warm-up, then --min-seconds of
+    steps (at least --steps in all; at most 4000 for a prediction far too small)."""
+    if a.memory_only:
+        return a.steps
+    return max(a.steps, a.warmup_steps + min(4000, math.ceil(a.min_seconds / predicted_s)))
+
+
+def measure_case(a, config, workers, layouts, tmp):
+    """Each layout's (peak, step seconds of each repeat) or (None, error), the repeats run in
+    turn over all the layouts (interleaved: load that comes and goes spreads over them all)."""
+    got = [[] for _ in layouts]
+    for _ in range(1 if a.memory_only else a.repeats):
+        for i, l in enumerate(layouts):
+            if got[i] and got[i][0] is None:
+                continue  # refused the first time: the same the next
+            batch = l["samples_per_second"] * l["step_seconds"]["total"]
+            folder = os.path.join(tmp, "run")
+            cmd = train_command(a.tessel, config, workers, l["set"],
+                                timed_steps(a, l["step_seconds"]["total"]), folder)
+            recs, err = train_records(cmd, folder, a.memory_only)
+            if recs is None:
+                got[i] = [None, err]
+                continue
+            peak = max(r.get("memory_peak_bytes_max", 0) for r in recs)
+            got[i].append((peak, step_seconds(recs, batch, a.warmup_steps)))
+    return got
 
 
 def main():
@@ -98,7 +159,13 @@ def main():
     ap.add_argument("--workers", default="2,4")
     ap.add_argument("--limit", type=int, default=0, help="layouts per case (0: all)")
     ap.add_argument("--match", default="", help="only layouts whose 'layout options' match")
-    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--steps", type=int, default=30, help="the fewest steps a run trains")
+    ap.add_argument("--min-seconds", type=float, default=1.0,
+                    help="seconds of steps past the warm-up (from the predicted step time)")
+    ap.add_argument("--warmup-steps", type=int, default=10,
+                    help="steps whose records the median leaves out")
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs of each layout, in turn over the layouts: the median and spread")
     ap.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/tessel/plan"))
     ap.add_argument("--baseline", action="store_true",
                     help="also the step time predicted without the 2-rank calibration costs")
@@ -106,12 +173,14 @@ def main():
     a = ap.parse_args()
     print(machine_line(a.tessel) + "\n")
     extra = " before ms | err |" if a.baseline else ""
-    timed = "" if a.memory_only else " step pred ms | step meas ms | err |"
+    timed = "" if a.memory_only else " step pred ms | step meas ms | spread | err |"
     print("| config | ranks | layout | options | mem pred MiB | mem meas MiB | err |" + timed +
           extra)
-    print("|---|---|---|---|---|---|---|" + ("" if a.memory_only else "---|---|---|") +
+    print("|---|---|---|---|---|---|---|" + ("" if a.memory_only else "---|---|---|---|") +
           ("---|---|" if a.baseline else ""))
     mem_ok = time_ok = before_ok = n = 0
+    spreads = []
+    start = time.time()
     with tempfile.TemporaryDirectory() as tmp:
         for config in a.config:
             for workers in [int(w) for w in a.workers.split(",")]:
@@ -126,18 +195,17 @@ def main():
                            if re.search(a.match, l["layout"] + " " + l["options"])]
                 if a.limit:
                     layouts = layouts[:a.limit]
-                for l in layouts:
-                    got, err = measure(a.tessel, config, workers, l["set"], a.steps,
-                                       os.path.join(tmp, "run"), a.memory_only)
-                    name = os.path.basename(config)
-                    if got is None:
+                name = os.path.basename(config)
+                for l, got in zip(layouts, measure_case(a, config, workers, layouts, tmp)):
+                    if got[0] is None:
                         print(f"| {name} | {workers} | {l['layout']} | {l['options']} | "
-                              f"refused: {err} |||" + ("" if a.memory_only else "|||"))
+                              f"refused: {got[1]} |||" + ("" if a.memory_only else "||||"))
                         continue
-                    peak, sps = got
+                    peak = max(g[0] for g in got)
+                    meas_s, spread = repeats_summary([g[1] for g in got])
+                    spreads.append(spread)
                     batch_s = l["step_seconds"]["total"]
                     pred_mem = l["memory_bytes"]["total"]
-                    meas_s = l["samples_per_second"] * batch_s / sps
                     em = (pred_mem - peak) / peak
                     et = (batch_s - meas_s) / meas_s
                     n += 1
@@ -146,7 +214,8 @@ def main():
                     row = (f"| {name} | {workers} | {l['layout']} | {l['options']} | "
                            f"{pred_mem / 2**20:.2f} | {peak / 2**20:.2f} | {100 * em:+.0f}% |")
                     if not a.memory_only:
-                        row += f" {1e3 * batch_s:.1f} | {1e3 * meas_s:.1f} | {100 * et:+.0f}% |"
+                        row += (f" {1e3 * batch_s:.1f} | {1e3 * meas_s:.1f} | "
+                                f"{100 * spread:.0f}% | {100 * et:+.0f}% |")
                     if a.baseline:
                         b = before[(l["layout"], l["options"])]
                         eb = (b - meas_s) / meas_s
@@ -157,6 +226,11 @@ def main():
     print(f"\n{n} layouts: memory within 10% for {mem_ok}{timing}" +
           (f" (without the group costs: {before_ok})" if a.baseline else ""))
     if not a.memory_only:
+        if a.repeats > 1 and spreads:
+            print(f"{a.repeats} repeats a layout: spread (max - min over the median) "
+                  f"median {100 * statistics.median(spreads):.1f}%, "
+                  f"largest {100 * max(spreads):.1f}%")
+        print(f"{time.time() - start:.0f} s; load average now {os.getloadavg()[0]:.1f}")
         print("\ncalibrations (seconds; paces as factors):\n" +
               "\n".join(calibration_lines(a.cache_dir)))
     return 0

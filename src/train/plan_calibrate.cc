@@ -5,8 +5,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <barrier>
 #include <cmath>
 #include <cstdlib>
+#include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -16,6 +18,7 @@
 #include "tessel/comm/threads.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
+#include "tessel/core/log.h"
 #include "tessel/core/sha256.h"
 #include "tessel/nn/models.h"
 #include "tessel/ops/isa.h"
@@ -31,15 +34,20 @@ namespace {
 // The most cores a host may have for the calibration to measure more ranks than cores.
 constexpr int kCrowdedCoresMax = 8;
 
-// Steps timed after one untimed step (the median is kept): at least kTimedSteps, and on one rank
-// as many more as fill kTimedSeconds, so that a model of 3 ms steps is timed over more than 9 ms
-// (one scheduler tick of another process on the host moved such a figure by 30%).
+// Steps timed after one untimed step (the median is kept): at least kTimedSteps, and as many
+// more as fill kTimedSeconds, so that a model of 3 ms steps is timed over more than 9 ms (one
+// scheduler tick of another process on the host moved such a figure by 30%).
 constexpr int kTimedSteps = 3, kMaxTimedSteps = 200;
 constexpr double kTimedSeconds = 0.15;
+// Each time figure is the median of kRounds such runs, the rounds spread over the calibration
+// (a burst of load on a shared host lasts longer than one run: one figure in 0.15 s measured
+// a pace of 0.56, two ranks to a core faster than one).
+constexpr int kRounds = 3;
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+// Steps to time at `step_s` a step: as many as fill kTimedSeconds, within the bounds above.
+int steps_for(double step_s) {
+  return static_cast<int>(std::clamp(std::ceil(kTimedSeconds / std::max(1e-6, step_s)),
+                                     double{kTimedSteps}, double{kMaxTimedSteps}));
 }
 
 std::string host_name() {
@@ -61,12 +69,20 @@ std::string model_key(const Config& c) {
                     {"batch", c.train.batch},
                     {"optim", name_of(c.optim.kind)},
                     {"threads", c.runtime.threads},
-                    {"version", 9}};
+                    {"version", 10}};
   return sha256_hex(key.dump().data(), key.dump().size()).substr(0, 16);
 }
 
+// The CPU time of the calling thread: a one-rank step's work without the time other processes
+// on a shared host took its core from it (on a quiet host its wall time).
+double thread_cpu_seconds() {
+  timespec t{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec);
+}
+
 struct Measured {
-  double step_s = 0, act_bytes = 0;
+  double step_s = 0, cpu_s = 0, act_bytes = 0;  // median wall and thread CPU time of a step
 };
 
 // config laid out on one rank in `precision` x `recompute`, as the calibration measures it.
@@ -82,10 +98,12 @@ Config one_rank(const Config& base, const std::string& precision, const std::str
 }
 
 // Steps of `rows` rows on `ranks` threads in c's layout (one rank, a tp group, a pipeline, a
-// dp pair: each replica reads its share of the rows): rank 0's median step time and peak
-// activation bytes. `steps` timed steps, or (0, one rank only: the ranks of a group must agree
-// on the count) as many as kTimedSeconds takes.
-Measured measure(Config c, const data::Splits& data, int64_t rows, int ranks = 1, int steps = 0) {
+// dp pair: each replica reads its share of the rows): rank 0's median step time (wall, and its
+// thread's CPU) and peak activation bytes. `steps` timed steps, or (0, one rank only: the ranks of
+// a group must agree on the count) as many as kTimedSeconds takes. With `start`, the steps begin
+// once every trainer arrived there (copies measured at once start together, not as each is built).
+Measured measure(Config c, const data::Splits& data, int64_t rows, int ranks = 1, int steps = 0,
+                 std::barrier<>* start = nullptr) {
   TESSEL_CHECK(steps > 0 || ranks == 1, "plan: a group's timed steps must be given");
   c.train.batch = rows;
   c.train.accumulate = 1;
@@ -102,7 +120,8 @@ Measured measure(Config c, const data::Splits& data, int64_t rows, int ranks = 1
     lo.drop_last = true;
     data::DataLoader loader(data.train, lo);
     loader.start_epoch(0);
-    std::vector<double> times;
+    if (start) start->arrive_and_wait();
+    std::vector<double> times, cpus;
     EvalResult sums;
     double timed = 0;
     for (int i = 0; steps > 0 ? i <= steps
@@ -112,12 +131,16 @@ Measured measure(Config c, const data::Splits& data, int64_t rows, int ranks = 1
       if (!loader.next(b)) loader.start_epoch(i), loader.next(b);
       b.global_size = rows;
       if (i == 1) trainer.ledger()->reset_peaks();
-      const double t0 = now_seconds();
+      const double t0 = now_seconds(), c0 = thread_cpu_seconds();
       trainer.step({b}, sums);
-      if (i > 0) times.push_back(now_seconds() - t0), timed += times.back();
+      if (i > 0) {
+        times.push_back(now_seconds() - t0), timed += times.back();
+        cpus.push_back(thread_cpu_seconds() - c0);
+      }
     }
     if (world.rank() == 0)
-      out = {median(times), static_cast<double>(trainer.ledger()->peak(MemCategory::kActivations))};
+      out = {median_of(times), median_of(cpus),
+             static_cast<double>(trainer.ledger()->peak(MemCategory::kActivations))};
   });
   return out;
 }
@@ -127,25 +150,36 @@ Measured measure(Config c, const data::Splits& data, int64_t rows, int ranks = 1
 // on 2 or more cores).
 int group_steps(const Calibration& cal, int64_t rows) {
   const Calibration::Variant& v = cal.variant("fp32", "none");
-  const double step = (v.step_s_fixed + v.step_s_per_row * static_cast<double>(rows)) / 2;
-  return static_cast<int>(std::clamp(std::ceil(kTimedSeconds / std::max(1e-6, step)),
-                                     double{kTimedSteps}, double{kMaxTimedSteps}));
+  return steps_for((v.step_s_fixed + v.step_s_per_row * static_cast<double>(rows)) / 2);
 }
 
 // The same one-rank steps run by `copies` independent trainers at once (copies >= cores: every
-// core busy, as ranks as threads keep them): their median step time over the lone one's, per
-// core's share of the copies (two copies to a core take twice as long at the same pace).
+// core busy, as ranks as threads keep them): the median thread CPU time of their steps over the
+// lone one's. CPU time, not wall time: the copies' share of the cores is the planner's to divide
+// (two copies to a core take twice as long at the same pace), what it needs is the pace, which
+// a wall time would take from other processes' load (the copies' threads take a larger share of
+// a loaded host than one: fashion_mlp's crowded pace measured 0.46-0.64 in wall time at load
+// average 7). Each round times one alone, then the copies, started together, for as many steps
+// each as fill kTimedSeconds at the pace of one (so that they end together too); the median of
+// the rounds.
 double pace_of(const Config& config, const data::Splits& data, int64_t rows, int copies,
                int cores) {
   const Config one = one_rank(config, "fp32", "none");
-  const double alone = measure(one, data, rows).step_s;
-  std::vector<double> together(static_cast<size_t>(copies));
-  std::vector<std::thread> threads;
-  for (int k = 0; k < copies; ++k)
-    threads.emplace_back(
-        [&, k] { together[static_cast<size_t>(k)] = measure(one, data, rows).step_s; });
-  for (std::thread& t : threads) t.join();
-  return median(together) * cores / (copies * std::max(1e-9, alone));
+  std::vector<double> paces;
+  for (int round = 0; round < kRounds; ++round) {
+    const Measured alone = measure(one, data, rows);
+    const int steps = steps_for(alone.step_s * copies / cores);
+    std::barrier<> start(copies);
+    std::vector<double> together(static_cast<size_t>(copies));
+    std::vector<std::thread> threads;
+    for (int k = 0; k < copies; ++k)
+      threads.emplace_back([&, k] {
+        together[static_cast<size_t>(k)] = measure(one, data, rows, 1, steps, &start).cpu_s;
+      });
+    for (std::thread& t : threads) t.join();
+    paces.push_back(median_of(together) / std::max(1e-9, alone.cpu_s));
+  }
+  return median_of(paces);
 }
 
 // The bytes each block's forward keeps for the backward (fp32, no recompute), at `rows` rows:
@@ -193,7 +227,7 @@ std::pair<double, double> measure_link() {
       }
   });
   // ring_s(bytes, 2, 2, a, b) = 2 (a + bytes / (2 b))
-  const double ts = median(t_small), tl = median(t_large);
+  const double ts = median_of(t_small), tl = median_of(t_large);
   const double beta = static_cast<double>((large - small) * 4) / std::max(1e-9, tl - ts);
   return {std::max(0.0, ts / 2 - static_cast<double>(small * 4) / (2 * beta)), beta};
 }
@@ -204,9 +238,9 @@ std::pair<double, double> measure_link() {
 // pp = 2 with the most micro-batches plan offers) measures beyond the plan's prediction of it
 // without them, that prediction scaled by the host's load of the moment (a one-rank run just
 // before over the one-rank figures), so that load which came or went since those were measured
-// does not count. Fitted on 2 ranks (cal.dp_step_s, handoff_s) and on twice as many ranks as
-// cores (the _crowded ones: there a rank's waits leave its core to another rank, and what
-// remains are the waits every rank shares).
+// does not count; the median over kRounds such pairs. Fitted on 2 ranks (cal.dp_step_s, handoff_s)
+// and on twice as many ranks as cores (the _crowded ones: there a rank's waits leave its core to
+// another rank, and what remains are the waits every rank shares).
 void fit_group_costs(const Config& config, const data::Splits& data, int workers,
                      Calibration& cal) {
   const bool crowded = workers > cal.cores;
@@ -241,32 +275,82 @@ void fit_group_costs(const Config& config, const data::Splits& data, int workers
     group.parallel.pp_microbatches = c.spec.pp_microbatches;
     return measure(group, data, rows, workers, group_steps(cal, rows)).step_s;
   };
-  if (const std::optional<Candidate> dp = find(1)) {
-    const double now = load();
-    dp_step_s = std::max(0.0, run(*dp) - dp->time.total() * now);
-  }
-  if (const std::optional<Candidate> pp = find(2)) {  // predicted with dp_step_s just fitted
-    const double now = load();
-    handoff_s = std::max(0.0, run(*pp) - pp->time.total() * now) /
-                (2.0 * static_cast<double>(pp->spec.pp_microbatches));
-  }
+  // what the group measures beyond its prediction at the load of the moment
+  const auto beyond = [&](const Candidate& c) {
+    std::vector<double> rounds;
+    for (int round = 0; round < kRounds; ++round) {
+      const double now = load();
+      rounds.push_back(run(c) - c.time.total() * now);
+    }
+    return std::max(0.0, median_of(rounds));
+  };
+  if (const std::optional<Candidate> dp = find(1)) dp_step_s = beyond(*dp);
+  if (const std::optional<Candidate> pp = find(2))  // predicted with dp_step_s just fitted
+    handoff_s = beyond(*pp) / (2.0 * static_cast<double>(pp->spec.pp_microbatches));
 }
 
 // What a 2-way tensor-parallel group does not divide (replicated activations, the collectives'
 // time): x at t = 2 is x1 (r + (1 - r) / 2). Its two ranks ran at once, at the pace of a busy
-// host, so their time is first taken back to a core each.
+// host, so their time is first taken back to a core each. The time's share is the median of
+// kRounds pairs of runs (one rank, then the group).
 void fit_tp_shares(const Config& config, const data::Splits& data, int64_t rows, Calibration& cal) {
   try {
-    Config pair = one_rank(config, "fp32", "none");
-    const Measured one = measure(pair, data, rows);
+    const Config one = one_rank(config, "fp32", "none");
+    Config pair = one;
     pair.parallel.tp_size = 2;
-    const Measured two = measure(pair, data, rows, 2, group_steps(cal, rows));
     const double shared = std::max(1.0, 2 * cal.contention / cal.cores);
-    cal.tp_act_whole = std::clamp(2 * two.act_bytes / std::max(1.0, one.act_bytes) - 1, 0.0, 1.0);
-    cal.tp_time_whole =
-        std::clamp(2 * two.step_s / shared / std::max(1e-9, one.step_s) - 1, 0.0, 1.0);
+    std::vector<double> shares;
+    for (int round = 0; round < kRounds; ++round) {
+      const Measured alone = measure(one, data, rows);
+      const Measured two = measure(pair, data, rows, 2, group_steps(cal, rows));
+      cal.tp_act_whole =
+          std::clamp(2 * two.act_bytes / std::max(1.0, alone.act_bytes) - 1, 0.0, 1.0);
+      shares.push_back(2 * two.step_s / shared / std::max(1e-9, alone.step_s) - 1);
+    }
+    cal.tp_time_whole = std::clamp(median_of(shares), 0.0, 1.0);
   } catch (const InvalidArgument&) {
     // a model tensor parallelism does not cut (a cnn): plan offers no tp layout for it
+  }
+}
+
+// Every precision x recompute on one rank at `big` and `little` rows, fitted a + b x rows to
+// the step's thread CPU time: its wall time on a quiet host, and what other processes' load
+// moves far less (char_gpt's 32 rows: 30.6, 31.3 and 31.0 ms of CPU in three rounds at load
+// average 7, while the wall time was 30.7, 63.0 and 77.2 ms). Load still moves it through the
+// caches and memory it shares (fashion_mlp's 128 rows: 4.5 and 6.3 ms of CPU in two
+// calibrations at load average 8), so each is the median of kRounds rounds, each round over all
+// the variants (a burst of load falls on one round of several variants, not every round of one).
+void fit_variants(const Config& config, const data::Splits& data, int64_t big, int64_t little,
+                  Calibration& cal) {
+  struct Runs {
+    std::string precision, recompute;
+    std::vector<double> big_s, little_s;
+    Measured big, little;  // the last round's (activation bytes are the same every round)
+  };
+  std::vector<Runs> runs;
+  for (const std::string precision : {"fp32", "bf16"})
+    for (const std::string recompute : {"none", "selective", "full"})
+      runs.push_back({precision, recompute, {}, {}, {}, {}});
+  for (int round = 0; round < kRounds; ++round)
+    for (Runs& r : runs) {
+      const Config one = one_rank(config, r.precision, r.recompute);
+      r.big = measure(one, data, big);
+      r.little = measure(one, data, little);
+      r.big_s.push_back(r.big.cpu_s);
+      r.little_s.push_back(r.little.cpu_s);
+      log_debug("plan: ", r.precision, " ", r.recompute, " at ", big, " rows: wall ",
+                1e3 * r.big.step_s, " ms, thread CPU ", 1e3 * r.big.cpu_s, " ms");
+    }
+  const double span = static_cast<double>(std::max<int64_t>(1, big - little));
+  for (const Runs& r : runs) {
+    Calibration::Variant v{r.precision, r.recompute, big};
+    const double at_big = median_of(r.big_s), at_little = median_of(r.little_s);
+    v.step_s_per_row = std::max(0.0, (at_big - at_little) / span);
+    v.step_s_fixed = std::max(0.0, at_big - v.step_s_per_row * static_cast<double>(big));
+    v.act_bytes_per_row = std::max(0.0, (r.big.act_bytes - r.little.act_bytes) / span);
+    v.act_bytes_fixed =
+        std::max(0.0, r.big.act_bytes - v.act_bytes_per_row * static_cast<double>(big));
+    cal.variants.push_back(v);
   }
 }
 
@@ -284,21 +368,14 @@ Calibration measure_all(const Config& config, const data::Splits& data) {
   for (size_t b = 0; b < model->num_blocks(); ++b)
     cal.block_flops.push_back(model->block(b).forward_flops(1));
   const int64_t big = config.train.batch, little = std::max<int64_t>(1, big / 4);
+  double since = now_seconds();  // each part's wall time, for TESSEL_LOG=debug
+  const auto took = [&](const char* part) {
+    log_debug("plan: calibrated ", part, " in ", now_seconds() - since, " s");
+    since = now_seconds();
+  };
   block_activations(spec, data, big, cal);
-  for (const std::string precision : {"fp32", "bf16"})
-    for (const std::string recompute : {"none", "selective", "full"}) {
-      const Config one = one_rank(config, precision, recompute);
-      const Measured at_big = measure(one, data, big);
-      const Measured at_little = measure(one, data, little);
-      Calibration::Variant v{precision, recompute, big};
-      const double span = static_cast<double>(std::max<int64_t>(1, big - little));
-      v.step_s_per_row = std::max(0.0, (at_big.step_s - at_little.step_s) / span);
-      v.step_s_fixed = std::max(0.0, at_big.step_s - v.step_s_per_row * static_cast<double>(big));
-      v.act_bytes_per_row = std::max(0.0, (at_big.act_bytes - at_little.act_bytes) / span);
-      v.act_bytes_fixed =
-          std::max(0.0, at_big.act_bytes - v.act_bytes_per_row * static_cast<double>(big));
-      cal.variants.push_back(v);
-    }
+  fit_variants(config, data, big, little, cal);
+  took("the one-rank variants");
   // Recompute reruns forwards: a variant measured faster than its precision without recompute
   // measured noise (a busy host), so it costs at least as much.
   for (Calibration::Variant& v : cal.variants) {
@@ -306,7 +383,14 @@ Calibration measure_all(const Config& config, const data::Splits& data) {
     v.step_s_per_row = std::max(v.step_s_per_row, none.step_s_per_row);
     v.step_s_fixed = std::max(v.step_s_fixed, none.step_s_fixed);
   }
-  std::tie(cal.link_latency_s, cal.link_bytes_per_s) = measure_link();
+  std::vector<double> alphas, betas;  // kRounds of the link, each figure's median
+  for (int round = 0; round < kRounds; ++round) {
+    const auto [alpha, beta] = measure_link();
+    alphas.push_back(alpha);
+    betas.push_back(beta);
+  }
+  cal.link_latency_s = median_of(alphas);
+  cal.link_bytes_per_s = median_of(betas);
   if (cal.cores > 1)
     cal.contention = std::max(1.0, pace_of(config, data, big, cal.cores, cal.cores));
   // Twice as many ranks as cores, at the rows each then runs: a rank waiting for a peer leaves
@@ -318,7 +402,9 @@ Calibration measure_all(const Config& config, const data::Splits& data) {
   cal.contention_crowded =
       small_host ? pace_of(config, data, std::max<int64_t>(1, big / crowd), crowd, cal.cores)
                  : cal.contention;
+  took("the link and the paces");
   fit_tp_shares(config, data, big, cal);
+  took("the tensor-parallel shares");
   for (int workers : {2, 2 * cal.cores}) {
     if (workers > 2 && !small_host) break;
     try {
@@ -327,6 +413,7 @@ Calibration measure_all(const Config& config, const data::Splits& data) {
       // no layout of that many ranks runs this config (a batch of fewer rows): none to fit
     }
   }
+  took("the group costs");
   if (!small_host) {
     cal.dp_step_crowded_s = cal.dp_step_s;
     cal.handoff_crowded_s = cal.handoff_s;
@@ -335,6 +422,17 @@ Calibration measure_all(const Config& config, const data::Splits& data) {
 }
 
 }  // namespace
+
+double median_of(std::vector<double> values) {
+  TESSEL_CHECK(!values.empty(), "plan: the median of no measurement");
+  const size_t mid = values.size() / 2;
+  std::nth_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid), values.end());
+  const double upper = values[mid];
+  if (values.size() % 2 == 1) return upper;
+  return (*std::max_element(values.begin(), values.begin() + static_cast<std::ptrdiff_t>(mid)) +
+          upper) /
+         2;
+}
 
 const Calibration::Variant& Calibration::variant(const std::string& precision,
                                                  const std::string& recompute) const {
@@ -375,7 +473,8 @@ json Calibration::to_json() const {
           {"dp_step_s", dp_step_s},
           {"handoff_s", handoff_s},
           {"dp_step_crowded_s", dp_step_crowded_s},
-          {"handoff_crowded_s", handoff_crowded_s}};
+          {"handoff_crowded_s", handoff_crowded_s},
+          {"seconds", seconds}};
 }
 
 Calibration Calibration::from_json(const json& j) {
@@ -396,6 +495,7 @@ Calibration Calibration::from_json(const json& j) {
   c.handoff_s = j.at("handoff_s");
   c.dp_step_crowded_s = j.at("dp_step_crowded_s");
   c.handoff_crowded_s = j.at("handoff_crowded_s");
+  c.seconds = j.at("seconds");
   c.link_latency_s = j.at("link_latency_s");
   c.link_bytes_per_s = j.at("link_bytes_per_s");
   c.cores = j.at("cores");
@@ -424,7 +524,12 @@ Calibration calibrate(const Config& config, const std::string& cache_dir) {
       // unreadable (an older format, cut short): measured again below and rewritten
     }
   }
-  const Calibration cal = measure_all(config, data::make_datasets(config.data));
+  const double start = now_seconds();
+  Calibration cal = measure_all(config, data::make_datasets(config.data));
+  cal.seconds = now_seconds() - start;
+  log_info("plan: calibrated ", name_of(config.model.kind), " on this machine in ",
+           std::round(cal.seconds * 10) / 10, " s (", kRounds, " rounds a figure), cached in ",
+           path.string());
   std::error_code ec;
   std::filesystem::create_directories(cache_dir, ec);
   if (ec)

@@ -374,10 +374,21 @@ TEST(Plan, CalibrationRoundTripsThroughJson) {
   c.contention_crowded = 0.75;
   c.block_flops = {1, 2, 3};
   c.host = "h avx2";
+  c.seconds = 12.5;
   const Calibration back = Calibration::from_json(c.to_json());
   EXPECT_EQ(back.to_json(), c.to_json());
   EXPECT_EQ(back.variant("fp32", "selective").step_s_per_row, 0.25);
   EXPECT_THROW(back.variant("fp64", "none"), InvalidArgument);
+}
+
+// The calibration keeps each time figure as the median of its rounds: a round a burst of load
+// slowed (or a lucky one) does not move it, as it would a mean.
+TEST(Plan, MedianOfRoundsIgnoresOneOutlyingRound) {
+  EXPECT_EQ(median_of({0.010, 0.031, 0.011}), 0.011);
+  EXPECT_EQ(median_of({0.56, 1.10, 1.08}), 1.08);
+  EXPECT_DOUBLE_EQ(median_of({4, 1, 3, 2}), 2.5);  // an even count: the middle two's mean
+  EXPECT_EQ(median_of({7}), 7);
+  EXPECT_THROW(median_of({}), Error);
 }
 
 // A pipeline's slowest stage idles while the others fill and drain: f / (1 - f) of their mean

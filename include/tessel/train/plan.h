@@ -76,6 +76,7 @@ struct Calibration {
   // for one another leave the cores to the other ranks.
   double contention = 1, contention_crowded = 1;
   int cores = 1;           // hardware threads here: ranks beyond them share cores
+  double seconds = 0;      // the calibration's wall time
   double arena_numel = 1;  // the whole model's arena elements (one rank)
   Shape input_shape;       // the dataset's, which shapes the model
   int64_t num_classes = 0;
@@ -107,12 +108,16 @@ struct Candidate {
 // that do not divide them, several hosts without --bandwidth).
 void check_options(const PlanOptions& options);
 
-// Calibrates `config`'s model on this machine (char_gpt, fashion_mlp, fashion_cnn 10-12 s each on
-// 2 cores at load average 10) or reads the figures from cache_dir/<host>-<isa>-<model
-// hash>.json; writes them there after measuring.
+// Calibrates `config`'s model on this machine (char_gpt, fashion_mlp, fashion_cnn 25-40 s each on
+// 2 cores at load average 8-9, each figure the median of 3 rounds; logs the time) or reads the
+// figures from cache_dir/<host>-<isa>-<model hash>.json; writes them there after measuring.
 Calibration calibrate(const Config& config, const std::string& cache_dir);
 // ~/.cache/tessel/plan (XDG_CACHE_HOME/tessel/plan when set).
 std::string default_cache_dir();
+// The median of repeated measurements (the mean of the middle two for an even count): how the
+// calibration keeps each time figure of its rounds, so that a burst of load during one round
+// does not move it. Throws for no values.
+double median_of(std::vector<double> values);
 
 // Every valid layout of options.workers ranks, predicted: the feasible ones by samples/s, then
 // the others by total memory. Throws InvalidArgument for options that lay out nothing.

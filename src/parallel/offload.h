@@ -7,8 +7,9 @@
 //   out (Storage::swap_out), except what block b's cache holds (the input it keeps is block
 //   b - 1's output) and block b's output (the next block's input). The copies start after an
 //   event of the compute stream (they read what the forward wrote); their device blocks are kept
-//   until the host has seen the copies' event: at block b + 1's kAfterForward, and all of them at
-//   the first kBeforeBackward.
+//   until the host has seen the copies' event, once compute was queued after them (computed_):
+//   at block b + 1's kAfterForward, and the last ones at the first kBeforeBackward (after the
+//   loss) or, with no compute since (a pipeline's backward task), after that block's backward.
 // - Before block b's backward (kBeforeBackward) the compute stream waits for the event of b's
 //   copies back (Storage::swap_in), which started before block b + 1's backward; then block
 //   b - 1's copies back start (the prefetch: they overlap b's backward). After it
@@ -19,9 +20,9 @@
 // In a pipeline stage (several micro-batches in flight, each its own Activations) the same
 // happens inside each micro-batch's forward and backward, and between the tasks: after a
 // micro-batch's forward the rest of its caches go out too (swap_out_all: the last block's,
-// which on_block leaves), unless its backward is the stage's next task; before the task that
-// precedes a backward, that micro-batch's last block comes back (prefetch), so its copies
-// overlap that task. Copies back are matched to their cache, not to a block number.
+// which on_block leaves), unless its backward is one of the stage's next two tasks; before the
+// task that precedes a backward, that micro-batch's last block comes back (prefetch), so its
+// copies overlap that task. Copies back are matched to their cache, not to a block number.
 // Owned by the LocalExecutor or the PipelineExecutor; one thread.
 #pragma once
 

@@ -16,7 +16,9 @@
 // the tensors live in device memory and each link also has its DeviceCollectives (NCCL, or
 // copies through the host for ranks sharing a GPU), which carry them; the headers (dtype,
 // shape) and the tied table's values, read back from the store, stay on the link's host
-// communicator. One per rank, used by its thread.
+// communicator. With train.offload = activations a device stage keeps the caches of its
+// micro-batches in flight in pinned host memory between their forward and backward
+// (pipeline_offload.cc, docs/gpu.md). One per rank, used by its thread.
 #pragma once
 
 #include <functional>

@@ -89,13 +89,18 @@ const std::vector<Rule>& rules() {
                  in.l.servers, " (the servers hold the optimizer state, in host memory)"),
              "ps.servers = 0");
        }},
-      {"train.offload != none and pp.stages > 1",
-       [](const In& in) { return offloading(in) && in.l.pp > 1; },
+      {"train.offload = activations | all and pp.schedule = zb-h1",
        [](const In& in) {
-         return offload_refusal(in,
-                                str("runs in the local executor only, got pp.stages = ", in.l.pp,
-                                    " (the pipeline executor offloads nothing yet)"),
-                                "pp.stages = 1");
+         return offloads_activations(in.s.offload) && in.l.pp > 1 &&
+                in.s.pp_schedule == PpSchedule::kZbH1;
+       },
+       [](const In& in) {
+         return offload_refusal(
+             in,
+             str("moves each micro-batch's caches between its forward and its backward, got "
+                 "pp.schedule = zb-h1 (its weight-gradient task reads the caches after the "
+                 "backward: not offloaded yet)"),
+             "pp.schedule = 1f1b");
        }},
       {"runtime.device = cuda and ps.servers beyond zero",
        [](const In& in) { return on_cuda(in) && in.l.servers > 0; },

@@ -43,6 +43,7 @@ PieceStats LocalExecutor::train(const Piece& host_piece, nn::Loss& loss, const H
   const nn::LossValue v = loss.forward(model_.forward(piece.x, piece.ctx, &acts_, hook), piece.y);
   check_loss(v.mean, piece.ctx.step);
   const Tensor dy = loss.backward(static_cast<float>(piece.weight));
+  if (offload_) offload_->computed();
   const double t1 = now_seconds();
   model_.backward(dy, acts_, hook);
   forward_s_ += t1 - t0;

@@ -50,7 +50,7 @@ ActivationOffload::ActivationOffload()
 ActivationOffload::~ActivationOffload() {
   try {
     release_outgoing(0);
-    reclaim_host();
+    reclaim_host(true);
   } catch (...) {  // a failed wait: the device's error was thrown where it happened
   }
   waiting_.clear();
@@ -65,28 +65,38 @@ void ActivationOffload::on_block(nn::Phase phase, size_t block, nn::Activations&
     case nn::Phase::kBeforeForward:
       break;
     case nn::Phase::kAfterForward:
-      swap_out_before(block, acts);
+      ++computed_;
+      swap_out(acts, block, &acts.caches[block]);
       release_outgoing(1);  // block - 1's copies ran beside this block's forward
       break;
     case nn::Phase::kBeforeBackward:
-      release_outgoing(0);
+      release_beside();  // the rest after this block's backward, which runs beside them
       wait_for(block, acts.caches[block]);
-      if (block > 0) bring_in(block - 1, acts.caches[block - 1]);  // beside this backward
+      if (block > 0) bring_in(acts.caches[block - 1]);  // beside this backward
       break;
     case nn::Phase::kAfterBackward:
+      ++computed_;
+      release_beside();
       acts.caches[block].release_all();
       break;
   }
 }
 
-void ActivationOffload::swap_out_before(size_t block, nn::Activations& acts) {
+// The copies queued after the last block's forward and these are released by the next task's
+// hooks, once they ran beside its kernels.
+void ActivationOffload::swap_out_all(nn::Activations& acts) {
+  swap_out(acts, acts.caches.size(), nullptr);
+  release_beside();
+}
+
+void ActivationOffload::swap_out(nn::Activations& acts, size_t end, const nn::Cache* stay_cache) {
   reclaim_host();
-  // What stays on the device: block's cache and its output.
-  std::vector<const Storage*> stay;
-  acts.caches[block].for_each_tensor([&](const Tensor& t) { stay.push_back(&t.storage()); });
+  std::vector<const Storage*> stay = {resident_};
+  if (stay_cache)
+    stay_cache->for_each_tensor([&](const Tensor& t) { stay.push_back(&t.storage()); });
   if (acts.output.defined()) stay.push_back(&acts.output.storage());
   std::vector<Tensor> out;  // one view of each storage to move
-  for (size_t c = 0; c < block; ++c) {
+  for (size_t c = 0; c < end; ++c) {
     acts.caches[c].for_each_tensor([&](const Tensor& t) {
       const Storage& s = t.storage();
       const auto same = [&](const Tensor& o) { return &o.storage() == &s; };
@@ -101,7 +111,7 @@ void ActivationOffload::swap_out_before(size_t block, nn::Activations& acts) {
   std::vector<PinnedBuffer> host;  // first, so that no copy is queued when one fails
   for (const Tensor& t : out) host.push_back(host_buffer(t.storage().bytes()));
   copy_after_compute();
-  Outgoing going{event(), {}};
+  Outgoing going{event(), {}, computed_};
   for (size_t i = 0; i < out.size(); ++i) {
     going.blocks.push_back(out[i].storage().swap_out(host[i].data(), copy_stream_));
     waiting_.push_back({std::move(out[i]), std::move(host[i])});
@@ -120,8 +130,14 @@ void ActivationOffload::release_outgoing(size_t keep) {
   }
 }
 
-void ActivationOffload::bring_in(size_t block, const nn::Cache& cache) {
-  Incoming in{block, nullptr, {}};
+void ActivationOffload::release_beside() {
+  size_t keep = outgoing_.size();
+  while (keep > 0 && outgoing_[outgoing_.size() - keep].computed < computed_) --keep;
+  release_outgoing(keep);
+}
+
+void ActivationOffload::bring_in(const nn::Cache& cache) {
+  Incoming in{&cache, nullptr, {}};
   cache.for_each_tensor([&](const Tensor& t) {
     Storage& s = t.storage();
     if (!s.swapped_out()) return;
@@ -140,24 +156,29 @@ void ActivationOffload::bring_in(size_t block, const nn::Cache& cache) {
 }
 
 // Block b's storages came back with the prefetch during block b + 1's backward (the last
-// block's never left): the compute stream waits for those copies.
+// block's never left, or came back beside the pipeline task before): the compute stream waits
+// for those copies.
 void ActivationOffload::wait_for(size_t block, const nn::Cache& cache) {
   cache.for_each_tensor([&](const Tensor& t) {
     TESSEL_CHECK(!t.storage().swapped_out(), "offload: block ", block,
                  "'s activations are not back before its backward (a block was skipped)");
   });
-  auto in = std::find_if(incoming_.rbegin(), incoming_.rend(),
-                         [&](const Incoming& i) { return i.block == block; });
-  if (in != incoming_.rend()) runtime_.stream_wait(current_stream(), in->event);
+  for (Incoming& in : incoming_)
+    if (in.cache == &cache && !in.waited) {
+      runtime_.stream_wait(current_stream(), in.event);
+      in.waited = true;
+    }
 }
 
-void ActivationOffload::reclaim_host() {
-  for (Incoming& in : incoming_) {
+void ActivationOffload::reclaim_host(bool all) {
+  const auto reclaim = [&](Incoming& in) {
+    if (!all && !in.waited) return false;  // a prefetch for a backward to come
     runtime_.event_synchronize(in.event);
     for (PinnedBuffer& h : in.host) free_host_.push_back(std::move(h));
     give_back(in.event);
-  }
-  incoming_.clear();
+    return true;
+  };
+  incoming_.erase(std::remove_if(incoming_.begin(), incoming_.end(), reclaim), incoming_.end());
 }
 
 // The compute stream's work so far (the forward that wrote what goes out; the kernels that

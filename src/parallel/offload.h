@@ -7,15 +7,23 @@
 //   out (Storage::swap_out), except what block b's cache holds (the input it keeps is block
 //   b - 1's output) and block b's output (the next block's input). The copies start after an
 //   event of the compute stream (they read what the forward wrote); their device blocks are kept
-//   until the host has seen the copies' event: at block b + 1's kAfterForward, and all of them at
-//   the first kBeforeBackward.
+//   until the host has seen the copies' event, once compute was queued after them (computed_):
+//   at block b + 1's kAfterForward, and the last ones at the first kBeforeBackward (after the
+//   loss) or, with no compute since (a pipeline's backward task), after that block's backward.
 // - Before block b's backward (kBeforeBackward) the compute stream waits for the event of b's
 //   copies back (Storage::swap_in), which started before block b + 1's backward; then block
 //   b - 1's copies back start (the prefetch: they overlap b's backward). After it
 //   (kAfterBackward) its cache is released.
 // The last block is never offloaded: its backward follows its forward. Host buffers are reused
 // across steps once their copy back is reached, and charged to the ledger as
-// activations_offloaded. Owned by the LocalExecutor; one thread.
+// activations_offloaded.
+// In a pipeline stage (several micro-batches in flight, each its own Activations) the same
+// happens inside each micro-batch's forward and backward, and between the tasks: after a
+// micro-batch's forward the rest of its caches go out too (swap_out_all: the last block's,
+// which on_block leaves), unless its backward is one of the stage's next two tasks; before the
+// task that precedes a backward, that micro-batch's last block comes back (prefetch), so its
+// copies overlap that task. Copies back are matched to their cache, not to a block number.
+// Owned by the LocalExecutor or the PipelineExecutor; one thread.
 #pragma once
 
 #include <memory>
@@ -58,6 +66,16 @@ class ActivationOffload {
 
   // The executor calls it after the engine's hooks, around every block of a training piece.
   void on_block(nn::Phase phase, size_t block, nn::Activations& acts);
+  // Compute other than a block's was queued (the loss): the copies out before it ran beside it.
+  void computed() { ++computed_; }
+  // Pipelines: after a micro-batch's forward, every device storage its caches still hold.
+  void swap_out_all(nn::Activations& acts);
+  // Pipelines: queues the copies back of `cache` (a micro-batch's last block) on the copy
+  // stream; its kBeforeBackward makes the compute stream wait for them.
+  void prefetch(const nn::Cache& cache) { bring_in(cache); }
+  // The storage of `t` never moves, whatever caches hold it (a pipeline's piece input, which
+  // its micro-batches view); replaces the one set before.
+  void set_resident(const Tensor& t) { resident_ = t.defined() ? &t.storage() : nullptr; }
 
  private:
   struct Waiting {  // a storage swapped out
@@ -67,18 +85,23 @@ class ActivationOffload {
   struct Outgoing {                                // copies out queued after one block's forward
     void* event;                                   // recorded after them on the copy stream
     std::vector<std::unique_ptr<Storage>> blocks;  // the device memory they read
+    int64_t computed;                              // computed_ when they were queued
   };
-  struct Incoming {  // copies back of one block's storages
-    size_t block;
+  struct Incoming {  // copies back of one cache's storages
+    const nn::Cache* cache;
     void* event;
     std::vector<PinnedBuffer> host;  // the host memory they read
+    bool waited = false;             // the compute stream waits for them
   };
 
-  void swap_out_before(size_t block, nn::Activations& acts);
-  void release_outgoing(size_t keep);  // all but the newest `keep`, once their event is reached
-  void bring_in(size_t block, const nn::Cache& cache);  // queues the copies back
+  // The caches of blocks [0, end), but what `stay` and acts.output hold.
+  void swap_out(nn::Activations& acts, size_t end, const nn::Cache* stay);
+  void release_outgoing(size_t keep);     // all but the newest `keep`, once their event is reached
+  void release_beside();                  // those that compute was queued after (computed_)
+  void bring_in(const nn::Cache& cache);  // queues the copies back
   void wait_for(size_t block, const nn::Cache& cache);  // the compute stream, for them
-  void reclaim_host();        // the host buffers of every copy back, once reached
+  // The host buffers of the copies back waited for (all: every one), once reached.
+  void reclaim_host(bool all = false);
   void copy_after_compute();  // the copy stream's next work starts after the compute stream's
   PinnedBuffer host_buffer(size_t bytes);
   void* event();
@@ -87,8 +110,10 @@ class ActivationOffload {
   DeviceRuntime& runtime_;
   void* copy_stream_;
   void* compute_event_;
+  const Storage* resident_ = nullptr;
   std::vector<Waiting> waiting_;
   std::vector<Outgoing> outgoing_;
+  int64_t computed_ = 0;  // blocks' forwards and backwards and losses queued
   std::vector<Incoming> incoming_;
   std::vector<PinnedBuffer> free_host_;
   std::vector<void*> free_events_;

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "engine_device.h"
+#include "offload.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
 #include "tessel/core/trace.h"
@@ -75,6 +76,7 @@ PipelineExecutor::PipelineExecutor(const ParallelSpec& spec, comm::Communicator&
   schedule_for(static_cast<int>(spec_.pp_microbatches), false);
   model_.set_defer_weights(split_);
   build_links();
+  if (offloads_activations(spec_.offload)) offload_ = std::make_unique<ActivationOffload>();
 }
 
 PipelineExecutor::~PipelineExecutor() {
@@ -213,6 +215,11 @@ nn::Activations* PipelineExecutor::acquire(int chunk) {
   nn::Activations* a = free.back();
   free.pop_back();
   return a;
+}
+
+nn::Activations* PipelineExecutor::inflight_acts(int chunk, int micro) const {
+  auto it = inflight_.find({chunk, micro});
+  return it == inflight_.end() ? nullptr : it->second.acts;
 }
 
 void PipelineExecutor::send(Link& link, const Tensor& t) {
@@ -365,14 +372,18 @@ PieceStats PipelineExecutor::run(const Piece& host_piece, nn::Loss& loss, const 
     trace_.clear();
   }
   MemoryScope scope(MemCategory::kActivations);
+  if (offload_) offload_->set_resident(piece.x);  // chunk 0's micro-batches view it
   t0_ = now_seconds();
-  for (const Task& t : order) {
+  for (size_t k = 0; k < order.size(); ++k) {
+    const Task& t = order[k];
+    if (training) offload_before(order, k);
     if (t.op == TaskOp::kForward)
       forward_task(t, piece, loss, hooks, training, result);
     else if (t.op == TaskOp::kBackward)
       backward_task(t, piece, hooks);
     else
       weight_task(t, piece, hooks);
+    if (training) offload_after(order, k);
     if (training) trace_.push_back({t.op, t.chunk, t.micro, task_start_ - t0_, task_end_ - t0_});
     if (Tracer* tracer = active_tracer()) trace_task(*tracer, t);
   }
@@ -416,7 +427,10 @@ void PipelineExecutor::forward_task(const Task& t, const Piece& piece, nn::Loss&
   ctx.first_sample += micro_first_[j];  // dropout masks follow the global sample index
   Inflight fl;
   if (training) fl.acts = acquire(c);
-  const nn::BlockHook hook = [&](nn::Phase p, size_t b) { hooks(p, b, false); };
+  const nn::BlockHook hook = [&](nn::Phase p, size_t b) {
+    hooks(p, b, false);
+    if (offload_ && fl.acts) offload_->on_block(p, b, *fl.acts);
+  };
   Tensor h = model_.forward(x, ctx, fl.acts, hook, part_.begin[c], part_.begin[c + 1]);
   if (c + 1 == C) {
     Shape ys = piece.y.shape();
@@ -429,6 +443,7 @@ void PipelineExecutor::forward_task(const Task& t, const Piece& piece, nn::Loss&
     result.rows += rows;
     if (training)  // this micro-batch's share of the piece's loss gradient
       fl.dlogits = loss.backward(static_cast<float>(piece.weight * rows / piece_rows_)).clone();
+    if (offload_ && training) offload_->computed();
   }
   task_end_ = now_seconds();
   forward_s_ += task_end_ - t0;
@@ -458,6 +473,7 @@ void PipelineExecutor::backward_task(const Task& t, const Piece& piece, const Ho
   const nn::BlockHook hook = [&](nn::Phase p, size_t b) {
     if (split_ && p == nn::Phase::kAfterBackward) return;
     hooks(p, b, last);
+    if (offload_) offload_->on_block(p, b, *fl.acts);
     add_tied_grad(p, b, tied_grad);
   };
   const double t0 = task_start_ = now_seconds();

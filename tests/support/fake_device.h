@@ -17,6 +17,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tessel/ops/device_kernels.h"
@@ -72,7 +73,8 @@ class FakeRuntime : public DeviceRuntime {
 
   // Whether a queued copy that has not run reads or writes [p, p + bytes).
   bool pending(const void* p, size_t bytes) const;
-  // A kernel ran (the fake device's slots call it): what tells a copy that overlapped.
+  // A kernel ran (the fake device's slots call it) on the calling thread's stream: what tells a
+  // copy that overlapped the kernels of the thread (the rank) that queued it.
   void count_kernel();
 
   std::map<void*, size_t> pinned;  // pinned blocks: where copy_async's host side must lie
@@ -90,7 +92,8 @@ class FakeRuntime : public DeviceRuntime {
     const void* src;
     size_t bytes;
     bool to_host;
-    int64_t kernels_before;                    // kernels_ when it was queued
+    std::thread::id thread;                    // the thread that queued it
+    int64_t kernels_before;                    // that thread's kernels_ when it was queued
     bool uses(const void* p, size_t n) const;  // whether it reads or writes [p, p + n)
   };
   struct Queue {
@@ -107,7 +110,7 @@ class FakeRuntime : public DeviceRuntime {
 
   std::map<void*, Queue> queues_;  // the streams this runtime created
   std::map<void*, Mark> events_;
-  int64_t kernels_ = 0;
+  std::map<std::thread::id, int64_t> kernels_;  // kernels run by each thread
 };
 
 class FakeDevice {

@@ -88,7 +88,8 @@ void FakeRuntime::copy_async(void* dst, Device dst_device, const void* src, Devi
   async_streams.push_back(stream);
   ++(to_host ? async_to_host : async_to_device).queued;
   if (to_host) to_host_bytes += static_cast<int64_t>(bytes);
-  const Queued c{dst, src, bytes, to_host, kernels_};
+  const Queued c{
+      dst, src, bytes, to_host, std::this_thread::get_id(), kernels_[std::this_thread::get_id()]};
   auto q = queues_.find(stream);
   if (q == queues_.end()) {
     std::memmove(dst, src, bytes);
@@ -103,7 +104,8 @@ void FakeRuntime::run_until(const Mark& mark) {
   for (; q.ran < mark.position; ++q.ran) {
     const Queued& c = q.copies[q.ran];
     std::memmove(c.dst, c.src, c.bytes);
-    if (kernels_ > c.kernels_before) ++(c.to_host ? async_to_host : async_to_device).overlapped;
+    if (kernels_[c.thread] > c.kernels_before)
+      ++(c.to_host ? async_to_host : async_to_device).overlapped;
   }
 }
 
@@ -138,7 +140,7 @@ bool FakeRuntime::Queued::uses(const void* p, size_t n) const {
 
 void FakeRuntime::count_kernel() {
   std::lock_guard<std::recursive_mutex> lock(mu);
-  ++kernels_;
+  ++kernels_[std::this_thread::get_id()];
 }
 
 bool FakeRuntime::owns_pinned(const void* p, size_t bytes) const {

@@ -16,7 +16,9 @@
 // the tensors live in device memory and each link also has its DeviceCollectives (NCCL, or
 // copies through the host for ranks sharing a GPU), which carry them; the headers (dtype,
 // shape) and the tied table's values, read back from the store, stay on the link's host
-// communicator. One per rank, used by its thread.
+// communicator. With train.offload = activations a device stage keeps the caches of its
+// micro-batches in flight in pinned host memory between their forward and backward
+// (pipeline_offload.cc, docs/gpu.md). One per rank, used by its thread.
 #pragma once
 
 #include <functional>
@@ -37,6 +39,8 @@ class Tracer;
 }
 
 namespace tessel::parallel {
+
+class ActivationOffload;
 
 // The partition pp.partition / pp.cuts give `model` over `stages` stages. Throws
 // InvalidArgument for more stages than blocks and for cuts of the wrong count, out of order or
@@ -109,6 +113,7 @@ class PipelineExecutor final : public Executor {
   const std::vector<std::vector<Task>>& schedule_for(int micro, bool training);
   void plan_micro_batches(int64_t rows);
   nn::Activations* acquire(int chunk);
+  nn::Activations* inflight_acts(int chunk, int micro) const;  // null: not in flight
   void send(Link& link, const Tensor& t);
   // expect: the shape (and expect_type the type) the message must have; null: any, rows first.
   Tensor recv(Link& link, int64_t rows, const Shape* expect, const std::string& what,
@@ -125,6 +130,10 @@ class PipelineExecutor final : public Executor {
   void add_tied_grad(nn::Phase p, size_t block, const Tensor& tied_grad);
   void send_tied_grad(int chunk);
   void trace_task(Tracer& tracer, const Task& t);  // the task's span (task_start_, task_end_)
+  // train.offload = activations between the tasks (pipeline_offload.cc): before task k of
+  // `order`, the prefetch for the backward after it; after a forward, its caches out.
+  void offload_before(const std::vector<Task>& order, size_t k);
+  void offload_after(const std::vector<Task>& order, size_t k);
 
   ParallelSpec spec_;
   comm::Communicator& pp_;
@@ -150,6 +159,9 @@ class PipelineExecutor final : public Executor {
   std::map<int, nn::Activations> scratch_;
   std::map<std::pair<int, int>, Inflight> inflight_;
   std::vector<Pending> pending_;
+  // train.offload = activations: the caches of micro-batches in flight wait in host memory
+  // (src/parallel/offload.h); null without. After the caches: it goes first.
+  std::unique_ptr<ActivationOffload> offload_;
 
   // Per-piece facts the tasks use.
   std::vector<int64_t> micro_rows_, micro_first_;

@@ -355,6 +355,12 @@ TEST(ReadInputs, TakesExactlyTheCommonBodyAndReadsItsNumbersAsTheDocumentDoes) {
   };
   expect_same(R"({"inputs": [[1, -2, 0.5, -0.25]]})");
   expect_same(" {\n\t\"inputs\" :[ [ -0 ,-0.0, 2.5E+2, 1e-3 ] ,[0,7,123456789012345,3.4e38]]}\r\n");
+  // Runs of digits read eight bytes at a time: 7, 8 and 9 digits, across the 8-byte windows, in
+  // the integer and the fraction, and ending at the body's last bytes.
+  expect_same(R"({"inputs": [[1234567, 12345678, 123456789, -98765432.123456789]]})");
+  expect_same(R"({"inputs": [[0.00000001, 0.1234567890123, 1234567.8901234, 9.99999999e-9]]})");
+  expect_same(R"({"inputs": [[1e22, 1.5e-22, -0.000000000000000000000000000001, 7]]})");
+  expect_same(R"({"inputs":[[1,2,3,12345678]]})");
   std::mt19937 gen(7);
   std::uniform_real_distribution<double> value(-3, 3);
   char buf[64];
@@ -399,6 +405,12 @@ TEST(ReadInputs, TakesExactlyTheCommonBodyAndReadsItsNumbersAsTheDocumentDoes) {
         R"({"inputs": [[1, 2, 3, NaN]]})",
         R"({"inputs": [[1, 2, 3, 1e999]]})",
         R"({"inputs": [[1, 2, 3, 12345678901234567890]]})",
+        R"({"inputs": [[1, 2, 3, 4\u00e9]]})",
+        "{\"inputs\": [[1, 2, 3, 4\xc3\xa9]]}",  // UTF-8 bytes right after the digits
+        "{\"inputs\": [[1, 2, 3, 12345\x80"
+        "678]]}",
+        R"({"inputs": [[1, 2, 3, 1234567:]]})",
+        R"({"inputs": [[1, 2, 3, -Infinity]]})",
         R"({"inputs": [[[1, 2], [3, 4]]]})",
         R"({"inputs": [[1, 2, 3, 4]])",
         R"({"inputs": [[1, 2, 3, 4]]} x)",

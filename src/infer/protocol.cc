@@ -222,6 +222,8 @@ InferCall read_infer(const json& body, const ModelInfo& info, const ModelLimits&
 std::string infer_answer(const std::string& name, const InferCall& call, const BatchRows& rows,
                          int64_t k, data::Task task) {
   std::string out = "{\"model_name\":";
+  out.reserve(256 + 32 * static_cast<size_t>(rows.count) * call.outputs.size() *
+                        static_cast<size_t>(k + 1));
   nlohmann::detail::serializer<ojson> writer(nlohmann::detail::output_adapter<char>(out), ' ',
                                              ojson::error_handler_t::replace);
   auto value = [&writer](const ojson& v) { writer.dump(v, false, false, 0); };
@@ -247,13 +249,20 @@ std::string infer_answer(const std::string& name, const InferCall& call, const B
                            : o == "probs"      ? "FP64"
                            : o == "top_k_prob" ? "FP64"
                                                : "INT64";
-    out +=
-        str(i ? "," : "", "{\"name\":\"", o, "\",\"datatype\":\"", datatype, "\",\"shape\":[", n);
+    // Appended piece by piece (str() formats through a stream, allocating as it goes).
+    out += i ? ",{\"name\":\"" : "{\"name\":\"";
+    out += o;
+    out += "\",\"datatype\":\"";
+    out += datatype;
+    out += "\",\"shape\":[";
+    out += std::to_string(n);
     // K values a row: a multilabel row's probs or labels, or its top k classes.
-    if (!per_row)
-      out += str(",", n == 0       ? 0
-                      : multilabel ? rows.width()
-                                   : static_cast<int64_t>(tops[0].size()));
+    if (!per_row) {
+      out += ',';
+      out += std::to_string(n == 0       ? 0
+                            : multilabel ? rows.width()
+                                         : static_cast<int64_t>(tops[0].size()));
+    }
     out += "],\"data\":[";
     bool comma = false;
     auto add = [&](const ojson& v) {

@@ -307,7 +307,9 @@ void Server::submit(Request request, Respond respond,
                                                     std::exception_ptr error) {
     try {
       if (error) std::rethrow_exception(error);
-      respond({200, "application/json", answer(rows) + "\n", {}});
+      std::string body = answer(rows);
+      body += '\n';
+      respond({200, "application/json", std::move(body), {}});
     } catch (const std::exception& e) {
       respond(error_response(500, str("serve: ", e.what())));
     }

@@ -215,6 +215,43 @@ InferCall read_infer(const json& body, const ModelInfo& info, const ModelLimits&
   return call;
 }
 
+namespace {
+
+// Each row's top classes (output.h's top_classes).
+using TopClasses = std::vector<std::vector<std::pair<int64_t, double>>>;
+
+// The values of v2 output `o` for the rows, row by row, comma separated, each through `value`
+// (the serializer): what output_record's records of the rows hold for it.
+template <typename Value>
+void output_data(const std::string& o, const BatchRows& rows, const TopClasses& tops,
+                 std::string& out, Value value) {
+  bool comma = false;
+  auto add = [&](const ojson& v) {
+    if (comma) out += ',';
+    comma = true;
+    value(v);
+  };
+  for (int64_t r = 0; r < rows.count; ++r) {
+    if (o == "text") {
+      add(rows.text(r));
+    } else if (o == "value") {
+      add(rows.values(r)[0]);
+    } else if (o == "probs" || o == "labels") {
+      for (int64_t c = 0; c < rows.width(); ++c) {
+        const double p = sigmoid(rows.values(r)[c]);
+        add(o == "probs" ? ojson(round6(p)) : ojson(p >= 0.5 ? 1 : 0));
+      }
+    } else if (o == "class") {
+      add(tops[static_cast<size_t>(r)][0].first);
+    } else {
+      for (const auto& [c, p] : tops[static_cast<size_t>(r)])
+        add(o == "top_k_class" ? ojson(c) : ojson(round6(p)));
+    }
+  }
+}
+
+}  // namespace
+
 // Written as text as it goes from the rows' values, each value by nlohmann's serializer: the
 // bytes dump_json gives the document of the rows' records, without building either (the
 // document of a one-row answer cost a third of the forward of its row in a batch of 64, on
@@ -237,7 +274,7 @@ std::string infer_answer(const std::string& name, const InferCall& call, const B
   const int64_t n = rows.count;
   const bool texts = n > 0 && !rows.batch->values.defined();
   // Each row's top classes, once for the three outputs that show them.
-  std::vector<std::vector<std::pair<int64_t, double>>> tops;
+  TopClasses tops;
   if (!texts && task == data::Task::kClassification)
     for (int64_t i = 0; i < n; ++i) tops.push_back(top_classes(rows.values(i), rows.width(), k));
   for (size_t i = 0; i < call.outputs.size(); ++i) {
@@ -264,28 +301,7 @@ std::string infer_answer(const std::string& name, const InferCall& call, const B
                                          : static_cast<int64_t>(tops[0].size()));
     }
     out += "],\"data\":[";
-    bool comma = false;
-    auto add = [&](const ojson& v) {
-      if (comma) out += ',';
-      comma = true;
-      value(v);
-    };
-    for (int64_t r = 0; r < n; ++r) {
-      if (o == "text") {
-        add(rows.text(r));
-      } else if (o == "value") {
-        add(rows.values(r)[0]);
-      } else if (multilabel) {
-        for (int64_t c = 0; c < rows.width(); ++c) {
-          const double p = sigmoid(rows.values(r)[c]);
-          add(o == "probs" ? ojson(round6(p)) : ojson(p >= 0.5 ? 1 : 0));
-        }
-      } else if (o == "class") {
-        add(tops[r][0].first);
-      } else {
-        for (const auto& [c, p] : tops[r]) add(o == "top_k_class" ? ojson(c) : ojson(round6(p)));
-      }
-    }
+    output_data(o, rows, tops, out, value);
     out += "]}";
   }
   return out + "]}";

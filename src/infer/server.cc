@@ -202,7 +202,7 @@ void Server::handle(HttpRequest req, Respond respond) {
     if (req.method == r.method) route = &r;
   }
   const double t0 = now_seconds();
-  const std::string label = route ? route->path : "other";
+  const char* label = route ? route->path : "other";  // a static string: no copy to carry
   Respond counted = [this, label, t0, respond = std::move(respond)](HttpResponse res) {
     metrics_.request(label, res.status, now_seconds() - t0);
     respond(std::move(res));
@@ -303,8 +303,8 @@ void Server::predict(const HttpRequest& req, Respond respond) {
 void Server::submit(Request request, Respond respond,
                     std::function<std::string(const BatchRows&)> answer) {
   if (draining_) throw HttpError(503, "serve: shutting down; send the request elsewhere");
-  auto done = [respond, answer = std::move(answer)](const BatchRows& rows,
-                                                    std::exception_ptr error) {
+  auto done = [respond = std::move(respond), answer = std::move(answer)](const BatchRows& rows,
+                                                                         std::exception_ptr error) {
     try {
       if (error) std::rethrow_exception(error);
       std::string body = answer(rows);

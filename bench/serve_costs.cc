@@ -1,9 +1,9 @@
 // What one classifier request costs tessel serve apart from HTTP, stage by stage, on one thread:
 // reading its KServe v2 JSON body into a tensor, the model's forward per row in a batch of B
 // rows (B = 1 is the batch-size-1 server's, B = serve.max_batch the batched one's), and making
-// its answer (records, the v2 body, its JSON text). The bound this puts on dynamic batching's
-// gain: (parse + forward(1) + answer) / (parse + forward(B) / B + answer), before HTTP and the
-// load generator, which both servers pay alike. Rounds alternate the stages (the machine is
+// its answer (the v2 body's JSON text from the row's outputs). The bound this puts on dynamic
+// batching's gain: (parse + forward(1) + answer) / (parse + forward(B) / B + answer), before HTTP
+// and the load generator, which both servers pay alike. Rounds alternate the stages (the machine is
 // shared and noisy); medians over the rounds.
 //
 //   serve_costs CONFIG RUN_DIR BODY_JSON [--rounds R] [--batch B] [--iters N]
@@ -19,7 +19,6 @@
 #include "protocol.h"
 #include "tessel/config/config.h"
 #include "tessel/core/clock.h"
-#include "tessel/infer/output.h"
 #include "tessel/infer/replica.h"
 #include "tessel/ops/cpu.h"
 
@@ -76,18 +75,16 @@ int main(int argc, char** argv) {
     std::memcpy(static_cast<char*>(xb.raw()) + r * row.nbytes(), row.raw(), row.nbytes());
   InferCall call;
   call.outputs = output_names(info);
-  const int64_t C = replica.forward(row, 1, 0).dim(1);
   std::vector<double> parse, f1, fb, answer;
   for (int r = 0; r < rounds; ++r) {
     parse.push_back(per_call_us(iters, [&] { read_v2_inputs(body, info.spec.input_shape, 64); }));
     f1.push_back(per_call_us(iters, [&] { replica.forward(row, 1, 0); }));
     fb.push_back(per_call_us(std::max(1, iters / batch), [&] { replica.forward(xb, batch, 0); }) /
                  batch);
-    const Tensor logits = replica.forward(row, 1, 0);
+    const BatchOutput one_row{replica.forward(row, 1, 0), {}};
     answer.push_back(per_call_us(iters, [&] {
-      std::vector<nlohmann::ordered_json> records{
-          output_record(logits.data<float>(), C, config.infer.top_k, info.spec.task)};
-      infer_answer(config.name, call, records);
+      infer_answer(config.name, call, BatchRows{&one_row, 0, 1}, config.infer.top_k,
+                   info.spec.task);
     }));
   }
   const double p = median(parse), a = median(answer), one = median(f1), per = median(fb);

@@ -83,24 +83,19 @@ void Batcher::work(int worker) {
       requests.push_back(&p.request);
       rows += p.request.rows();
     }
-    std::vector<nlohmann::ordered_json> out;
+    BatchOutput out;
     std::exception_ptr error;
     try {
       out = run_(worker, requests);
-      TESSEL_CHECK(static_cast<int64_t>(out.size()) == rows, "serve: a batch of ", rows,
-                   " rows gave ", out.size(), " outputs");
+      TESSEL_CHECK(out.rows() == rows, "serve: a batch of ", rows, " rows gave ", out.rows(),
+                   " outputs");
     } catch (...) {
       error = std::current_exception();
     }
-    size_t at = 0;
+    int64_t at = 0;
     for (Pending& p : batch) {
-      const size_t n = static_cast<size_t>(p.request.rows());
-      if (error)
-        p.answer({}, error);
-      else
-        p.answer({std::make_move_iterator(out.begin() + at),
-                  std::make_move_iterator(out.begin() + at + n)},
-                 nullptr);
+      const int64_t n = p.request.rows();
+      p.answer(error ? BatchRows{} : BatchRows{&out, at, n}, error);
       at += n;
     }
     metrics_.batch(rows);

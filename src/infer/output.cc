@@ -10,11 +10,20 @@
 namespace tessel::infer {
 namespace {
 
+// A CSV field: quoted when it holds a comma, quote or line break (quotes doubled).
+std::string csv_field(const std::string& s) {
+  if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
+  std::string out = "\"";
+  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return out + "\"";
+}
+
+}  // namespace
+
 double round6(double p) { return std::round(p * 1e6) / 1e6; }
 
 double sigmoid(float z) { return 1.0 / (1.0 + std::exp(-static_cast<double>(z))); }
 
-// The k most probable classes of one row with their probabilities.
 std::vector<std::pair<int64_t, double>> top_classes(const float* logits, int64_t C, int64_t k) {
   const double mx = *std::max_element(logits, logits + C);
   double total = 0;
@@ -30,16 +39,6 @@ std::vector<std::pair<int64_t, double>> top_classes(const float* logits, int64_t
     out.push_back({order[i], std::exp(static_cast<double>(logits[order[i]]) - mx) / total});
   return out;
 }
-
-// A CSV field: quoted when it holds a comma, quote or line break (quotes doubled).
-std::string csv_field(const std::string& s) {
-  if (s.find_first_of(",\"\r\n") == std::string::npos) return s;
-  std::string out = "\"";
-  for (char c : s) out += c == '"' ? std::string("\"\"") : std::string(1, c);
-  return out + "\"";
-}
-
-}  // namespace
 
 OutputFormat output_format(const std::string& path) {
   if (path.ends_with(".jsonl")) return OutputFormat::kJsonl;

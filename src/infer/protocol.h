@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "tessel/data/task.h"
 #include "tessel/infer/batcher.h"
 #include "tessel/infer/replica.h"
 
@@ -41,10 +42,10 @@ struct InferCall {
 };
 InferCall read_infer(const nlohmann::json& body, const ModelInfo& info, const ModelLimits& limits);
 
-// v2: the JSON text of the answer to an infer call from its rows' records (class_record's, or
-// {"text": ...}).
-std::string infer_answer(const std::string& name, const InferCall& call,
-                         const std::vector<nlohmann::ordered_json>& records);
+// v2: the JSON text of the answer to an infer call from its rows: a classifier's outputs (as
+// output_record makes its record of them for `task`, k classes), or a gpt's texts.
+std::string infer_answer(const std::string& name, const InferCall& call, const BatchRows& rows,
+                         int64_t k, data::Task task);
 
 // v1: a POST /v1/predict body.
 Request read_predict(const nlohmann::json& body, const ModelInfo& info, const ModelLimits& limits);

@@ -202,7 +202,7 @@ void Server::handle(HttpRequest req, Respond respond) {
     if (req.method == r.method) route = &r;
   }
   const double t0 = now_seconds();
-  const std::string label = route ? route->path : "other";
+  const char* label = route ? route->path : "other";  // a static string: no copy to carry
   Respond counted = [this, label, t0, respond = std::move(respond)](HttpResponse res) {
     metrics_.request(label, res.status, now_seconds() - t0);
     respond(std::move(res));
@@ -276,8 +276,8 @@ void Server::infer(const HttpRequest& req, Respond respond) {
   else
     *call = read_infer(parse_json(req.body), info_, limits_of(config_));
   Request request = std::move(call->request);
-  submit(std::move(request), std::move(respond), [this, call](std::vector<ojson> records) {
-    return infer_answer(config_.name, *call, records);
+  submit(std::move(request), std::move(respond), [this, call](const BatchRows& rows) {
+    return infer_answer(config_.name, *call, rows, config_.infer.top_k, info_.spec.task);
   });
 }
 
@@ -288,20 +288,28 @@ void Server::predict(const HttpRequest& req, Respond respond) {
   if (!info_.generates())
     request.x = read_inputs(req.body, info_.spec.input_shape, config_.serve.max_batch);
   if (!request.x.defined()) request = read_predict(parse_json(req.body), info_, limits_of(config_));
-  submit(std::move(request), std::move(respond), [](std::vector<ojson> records) {
+  submit(std::move(request), std::move(respond), [this](const BatchRows& rows) {
+    ojson records = ojson::array();
+    for (int64_t i = 0; i < rows.count; ++i)
+      records.push_back(
+          rows.batch->values.defined()
+              ? output_record(rows.values(i), rows.width(), config_.infer.top_k, info_.spec.task)
+              : ojson{{"text", rows.text(i)}});
     return dump_json(ojson{{"outputs", std::move(records)}});
   });
 }
 
-// Queues a request for the workers; `answer` makes the JSON text of its 200 from its records.
+// Queues a request for the workers; `answer` makes the JSON text of its 200 from its rows.
 void Server::submit(Request request, Respond respond,
-                    std::function<std::string(std::vector<ojson>)> answer) {
+                    std::function<std::string(const BatchRows&)> answer) {
   if (draining_) throw HttpError(503, "serve: shutting down; send the request elsewhere");
-  auto done = [respond, answer = std::move(answer)](std::vector<ojson> records,
-                                                    std::exception_ptr error) {
+  auto done = [respond = std::move(respond), answer = std::move(answer)](const BatchRows& rows,
+                                                                         std::exception_ptr error) {
     try {
       if (error) std::rethrow_exception(error);
-      respond({200, "application/json", answer(std::move(records)) + "\n", {}});
+      std::string body = answer(rows);
+      body += '\n';
+      respond({200, "application/json", std::move(body), {}});
     } catch (const std::exception& e) {
       respond(error_response(500, str("serve: ", e.what())));
     }
@@ -311,11 +319,11 @@ void Server::submit(Request request, Respond respond,
                              " rows waiting) or shutting down; retry later"));
 }
 
-std::vector<ojson> Server::run_batch(int worker, const std::vector<const Request*>& batch) {
+BatchOutput Server::run_batch(int worker, const std::vector<const Request*>& batch) {
   if (const double delay = debug_delay_s(config_, worker); delay > 0)
     std::this_thread::sleep_for(std::chrono::duration<double>(delay));
   Replica& replica = *replicas_[static_cast<size_t>(worker)];
-  std::vector<ojson> out;
+  BatchOutput out;
   if (!info_.generates()) {
     int64_t rows = 0;
     for (const Request* r : batch) rows += r->rows();
@@ -327,11 +335,7 @@ std::vector<ojson> Server::run_batch(int worker, const std::vector<const Request
       std::memcpy(static_cast<char*>(x.raw()) + at, r->x.raw(), r->x.nbytes());
       at += static_cast<int64_t>(r->x.nbytes());
     }
-    const Tensor logits = replica.forward(x, rows, 0);
-    const int64_t C = logits.dim(1);
-    for (int64_t i = 0; i < rows; ++i)
-      out.push_back(
-          output_record(logits.data<float>() + i * C, C, config_.infer.top_k, info_.spec.task));
+    out.values = replica.forward(x, rows, 0);
     return out;
   }
   std::vector<Prompt> prompts;
@@ -340,7 +344,7 @@ std::vector<ojson> Server::run_batch(int worker, const std::vector<const Request
   const SampleOptions opts{config_.infer.temperature, config_.infer.sample_top_k, config_.seed,
                            config_.infer.kv_cache};
   for (const auto& tokens : generate(replica.model(), prompts, opts))
-    out.push_back({{"text", decode(tokens, info_.tokenizer.get())}});
+    out.texts.push_back(decode(tokens, info_.tokenizer.get()));
   return out;
 }
 

@@ -9,7 +9,6 @@
 #include <condition_variable>
 #include <future>
 #include <mutex>
-#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "tessel/core/clock.h"
@@ -18,18 +17,30 @@
 namespace tessel::infer {
 namespace {
 
-// A request's answer as a future (invalid when the batcher refused the request).
-std::future<std::vector<nlohmann::ordered_json>> submit(Batcher& b, Request r) {
-  auto reply = std::make_shared<std::promise<std::vector<nlohmann::ordered_json>>>();
+// A request's answer as a future of its rows' first values (invalid when the batcher refused
+// the request).
+std::future<std::vector<float>> submit(Batcher& b, Request r) {
+  auto reply = std::make_shared<std::promise<std::vector<float>>>();
   auto future = reply->get_future();
-  if (!b.submit(std::move(r), [reply](auto records, std::exception_ptr error) {
-        if (error)
-          reply->set_exception(error);
-        else
-          reply->set_value(std::move(records));
+  if (!b.submit(std::move(r), [reply](const BatchRows& rows, std::exception_ptr error) {
+        if (error) return reply->set_exception(error);
+        std::vector<float> got;
+        for (int64_t i = 0; i < rows.count; ++i) got.push_back(rows.values(i)[0]);
+        reply->set_value(got);
       }))
     return {};
   return future;
+}
+
+// A batch's outputs: each row's value, one column.
+BatchOutput echo(const std::vector<const Request*>& batch) {
+  int64_t rows = 0;
+  for (const Request* r : batch) rows += r->rows();
+  BatchOutput out{Tensor::empty({rows, 1}), {}};
+  int64_t at = 0;
+  for (const Request* r : batch)
+    for (int64_t i = 0; i < r->rows(); ++i) out.values.data<float>()[at++] = r->x.data<float>()[i];
+  return out;
 }
 
 TEST(Batcher, EveryRequestGetsItsOwnRowsAndNoneIsSplit) {
@@ -41,17 +52,13 @@ TEST(Batcher, EveryRequestGetsItsOwnRowsAndNoneIsSplit) {
       {8, 0.005, 1000}, 2,
       [&](int, const std::vector<const Request*>& batch) {
         ++batches;
-        std::vector<nlohmann::ordered_json> out;
         int64_t rows = 0;
-        for (const Request* r : batch) {
-          rows += r->rows();
-          for (int64_t i = 0; i < r->rows(); ++i) out.push_back(r->x.data<float>()[i]);
-        }
+        for (const Request* r : batch) rows += r->rows();
         split = split || rows > 8;
-        return out;
+        return echo(batch);
       },
       metrics);
-  std::vector<std::future<std::vector<nlohmann::ordered_json>>> replies;
+  std::vector<std::future<std::vector<float>>> replies;
   for (int i = 0; i < 60; ++i) {
     Request r;
     const int64_t n = 1 + i % 3;
@@ -62,7 +69,7 @@ TEST(Batcher, EveryRequestGetsItsOwnRowsAndNoneIsSplit) {
   for (int i = 0; i < 60; ++i) {
     auto out = replies[i].get();
     ASSERT_EQ(out.size(), static_cast<size_t>(1 + i % 3));
-    for (size_t j = 0; j < out.size(); ++j) EXPECT_EQ(out[j].get<float>(), 100.0f * i + j);
+    for (size_t j = 0; j < out.size(); ++j) EXPECT_EQ(out[j], 100.0f * i + j);
   }
   EXPECT_FALSE(split);
   EXPECT_LT(batches, 60);  // requests were batched together
@@ -81,10 +88,7 @@ TEST(Batcher, AFullQueueRefusesAndCloseAnswersWhatWasQueued) {
       {4, 0.0, 4}, 1,
       [go](int, const std::vector<const Request*>& batch) {
         go.wait();
-        std::vector<nlohmann::ordered_json> out;
-        for (const Request* r : batch)
-          for (int64_t i = 0; i < r->rows(); ++i) out.push_back(1);
-        return out;
+        return echo(batch);
       },
       metrics);
   auto make = [](int64_t n) {
@@ -122,12 +126,12 @@ TEST(Batcher, IdleWorkersShareWhatWaits) {
         cv.notify_all();
         side_by_side = cv.wait_for(lock, std::chrono::seconds(5), [&] { return running >= 2; }) &&
                        side_by_side;
-        return std::vector<nlohmann::ordered_json>(batch.size(), 1);
+        return echo(batch);
       },
       metrics);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // both workers wait
   const double t0 = now_seconds();
-  std::vector<std::future<std::vector<nlohmann::ordered_json>>> replies;
+  std::vector<std::future<std::vector<float>>> replies;
   for (int i = 0; i < 64; ++i) {
     Request r;
     r.x = Tensor::zeros({1, 1});

@@ -355,6 +355,12 @@ TEST(ReadInputs, TakesExactlyTheCommonBodyAndReadsItsNumbersAsTheDocumentDoes) {
   };
   expect_same(R"({"inputs": [[1, -2, 0.5, -0.25]]})");
   expect_same(" {\n\t\"inputs\" :[ [ -0 ,-0.0, 2.5E+2, 1e-3 ] ,[0,7,123456789012345,3.4e38]]}\r\n");
+  // Runs of digits read eight bytes at a time: 7, 8 and 9 digits, across the 8-byte windows, in
+  // the integer and the fraction, and ending at the body's last bytes.
+  expect_same(R"({"inputs": [[1234567, 12345678, 123456789, -98765432.123456789]]})");
+  expect_same(R"({"inputs": [[0.00000001, 0.1234567890123, 1234567.8901234, 9.99999999e-9]]})");
+  expect_same(R"({"inputs": [[1e22, 1.5e-22, -0.000000000000000000000000000001, 7]]})");
+  expect_same(R"({"inputs":[[1,2,3,12345678]]})");
   std::mt19937 gen(7);
   std::uniform_real_distribution<double> value(-3, 3);
   char buf[64];
@@ -399,6 +405,12 @@ TEST(ReadInputs, TakesExactlyTheCommonBodyAndReadsItsNumbersAsTheDocumentDoes) {
         R"({"inputs": [[1, 2, 3, NaN]]})",
         R"({"inputs": [[1, 2, 3, 1e999]]})",
         R"({"inputs": [[1, 2, 3, 12345678901234567890]]})",
+        R"({"inputs": [[1, 2, 3, 4\u00e9]]})",
+        "{\"inputs\": [[1, 2, 3, 4\xc3\xa9]]}",  // UTF-8 bytes right after the digits
+        "{\"inputs\": [[1, 2, 3, 12345\x80"
+        "678]]}",
+        R"({"inputs": [[1, 2, 3, 1234567:]]})",
+        R"({"inputs": [[1, 2, 3, -Infinity]]})",
         R"({"inputs": [[[1, 2], [3, 4]]]})",
         R"({"inputs": [[1, 2, 3, 4]])",
         R"({"inputs": [[1, 2, 3, 4]]} x)",
@@ -447,26 +459,34 @@ TEST(ReadInputs, TakesTheCommonV2BodyAsTheFullReaderDoes) {
     EXPECT_FALSE(read_v2_inputs(body, info.spec.input_shape, limits.max_batch).defined()) << body;
 }
 
-// The v2 answer, written as text without a document, is the document's text to the byte: every
-// kind of output and value (probabilities down to 1e-06 and 0, integers, strings to escape).
-TEST(InferAnswer, IsTheTextOfItsDocument) {
+// The v2 answer, written as text from a request's rows of its batch, is the text of the document
+// of their records to the byte: every kind of output and value (probabilities down to 1e-06 and
+// 0, integers, floats, strings to escape), from rows past the batch's first.
+TEST(InferAnswer, IsTheTextOfItsRecordsDocument) {
   using ojson = nlohmann::ordered_json;
-  const float logits[2][4] = {{2.0f, -14.0f, 0.5f, -40.0f}, {0.0f, 0.0f, 9.25f, 1.0f}};
-  std::vector<ojson> classes;
-  for (const auto& row : logits) classes.push_back(class_record(row, 4, 3));
-  const std::vector<ojson> labels = {{{"probs", {0.5, 1e-06}}, {"labels", {1, 0}}},
-                                     {{"probs", {0.0001, 1.0}}, {"labels", {0, 1}}}};
-  const std::vector<ojson> texts = {{{"text", "a \"b\"\n"}}};
-  // The document, built as a tree: each output's metadata, then its data row by row.
-  auto document = [](const InferCall& call, const std::vector<ojson>& records) {
+  const float logits[] = {9.0f, 0.0f,   0.0f,  0.0f,    // another request's row
+                          2.0f, -14.0f, 0.5f,  -40.0f,  //
+                          0.0f, 0.0f,   9.25f, 40.0f};
+  BatchOutput values{Tensor::empty({3, 4}), {}};
+  std::memcpy(values.values.raw(), logits, sizeof logits);
+  const BatchOutput texts{{}, {"x", "a \"b\"\n"}};
+  const BatchRows two{&values, 1, 2}, text{&texts, 1, 1};
+  // The document, built as a tree from the rows' records: each output's metadata, then its data
+  // row by row.
+  auto document = [](const InferCall& call, const BatchRows& rows, data::Task task) {
+    std::vector<ojson> records;
+    for (int64_t i = 0; i < rows.count; ++i)
+      records.push_back(rows.batch->values.defined()
+                            ? output_record(rows.values(i), rows.width(), 3, task)
+                            : ojson{{"text", rows.text(i)}});
     ojson out = {{"model_name", "m\"1"}, {"model_version", "1"}};
     if (!call.id.is_null()) out["id"] = call.id;
     out["outputs"] = ojson::array();
     const auto n = static_cast<int64_t>(records.size());
     for (const std::string& o : call.outputs) {
       ojson t = {{"name", o}}, data = ojson::array();
-      if (o == "text" || o == "class") {
-        t["datatype"] = o == "text" ? "BYTES" : "INT64";
+      if (o == "text" || o == "class" || o == "value") {
+        t["datatype"] = o == "text" ? "BYTES" : o == "value" ? "FP32" : "INT64";
         t["shape"] = {n};
         for (const ojson& r : records) data.push_back(r[o]);
       } else if (o == "probs" || o == "labels") {
@@ -485,16 +505,24 @@ TEST(InferAnswer, IsTheTextOfItsDocument) {
     }
     return dump_json(out);
   };
+  const auto classification = data::Task::kClassification;
   InferCall call;
   call.outputs = {"class", "top_k_class", "top_k_prob"};
-  EXPECT_EQ(infer_answer("m\"1", call, classes), document(call, classes));
+  EXPECT_EQ(infer_answer("m\"1", call, two, 3, classification),
+            document(call, two, classification));
   call.id = "r\"1";
   call.outputs = {"top_k_prob", "class"};
-  EXPECT_EQ(infer_answer("m\"1", call, classes), document(call, classes));
+  EXPECT_EQ(infer_answer("m\"1", call, two, 3, classification),
+            document(call, two, classification));
   call.outputs = {"labels", "probs"};
-  EXPECT_EQ(infer_answer("m\"1", call, labels), document(call, labels));
+  EXPECT_EQ(infer_answer("m\"1", call, two, 3, data::Task::kMultilabel),
+            document(call, two, data::Task::kMultilabel));
+  call.outputs = {"value"};
+  EXPECT_EQ(infer_answer("m\"1", call, two, 3, data::Task::kRegression),
+            document(call, two, data::Task::kRegression));
   call.outputs = {"text"};
-  EXPECT_EQ(infer_answer("m\"1", call, texts), document(call, texts));
+  EXPECT_EQ(infer_answer("m\"1", call, text, 3, classification),
+            document(call, text, classification));
 }
 
 }  // namespace

@@ -14,7 +14,7 @@
 #include <exception>
 #include <functional>
 #include <mutex>
-#include <nlohmann/json.hpp>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -31,13 +31,33 @@ struct Request {
   int64_t rows() const { return x.defined() ? x.dim(0) : static_cast<int64_t>(prompts.size()); }
 };
 
-// A batch's outputs, one JSON record per row, in the order of the batch's requests.
-using RunBatch = std::function<std::vector<nlohmann::ordered_json>(
-    int worker, const std::vector<const Request*>&)>;
+// A batch's outputs, row by row in the order of its requests: a classifier's outputs [rows, C]
+// (logits; a regression's value), or a gpt's texts.
+struct BatchOutput {
+  Tensor values;
+  std::vector<std::string> texts;
+  int64_t rows() const {
+    return values.defined() ? values.dim(0) : static_cast<int64_t>(texts.size());
+  }
+};
 
-// A request's answer: its rows' records, or the exception its batch threw (then no records).
-using Answer =
-    std::function<void(std::vector<nlohmann::ordered_json> records, std::exception_ptr error)>;
+// One request's rows of its batch's outputs, [first, first + count): values, not JSON records
+// (a record per row, as a document, made of tens of allocations, was the cost of an answer).
+struct BatchRows {
+  const BatchOutput* batch = nullptr;
+  int64_t first = 0, count = 0;
+  int64_t width() const { return batch->values.dim(1); }
+  const float* values(int64_t i) const {
+    return batch->values.data<float>() + (first + i) * width();
+  }
+  const std::string& text(int64_t i) const { return batch->texts[static_cast<size_t>(first + i)]; }
+};
+
+using RunBatch = std::function<BatchOutput(int worker, const std::vector<const Request*>&)>;
+
+// A request's answer: its rows (valid during the call), or the exception its batch threw (then
+// no rows).
+using Answer = std::function<void(const BatchRows& rows, std::exception_ptr error)>;
 
 struct BatchOptions {
   int64_t max_batch = 64;

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessel/data/task.h"
@@ -26,6 +27,14 @@ enum class OutputFormat { kJsonl, kCsv };
 
 // By the name's extension (.jsonl or .csv); throws InvalidArgument otherwise.
 OutputFormat output_format(const std::string& path);
+
+// A probability as records hold it: rounded to 6 decimals.
+double round6(double p);
+// A multilabel output's probability (its label is 1 from 0.5 on).
+double sigmoid(float z);
+// The k most probable classes of one row (at most C) with their softmax probabilities (in
+// double, not rounded), most probable first, ties to the lower class.
+std::vector<std::pair<int64_t, double>> top_classes(const float* logits, int64_t C, int64_t k);
 
 // One row's classification: "class" and "top_k" (k most probable classes, at most C).
 nlohmann::ordered_json class_record(const float* logits, int64_t classes, int64_t k);

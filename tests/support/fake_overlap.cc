@@ -12,8 +12,10 @@ namespace tessel::fakes {
 
 void* FakeRuntime::allocate_pinned(size_t bytes) {
   std::lock_guard<std::recursive_mutex> lock(mu);
-  void* p = std::malloc(std::max<size_t>(bytes, 1));
-  std::memset(p, 0xFF, std::max<size_t>(bytes, 1));
+  // 64-byte aligned, as Storage::rebind asks (cudaHostAlloc gives whole pages)
+  const size_t size = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, size);
+  std::memset(p, 0xFF, size);
   pinned[p] = bytes;
   pinned_in_use += static_cast<int64_t>(bytes);
   pinned_peak = std::max(pinned_peak, pinned_in_use);

@@ -77,7 +77,10 @@ void FakeRuntime::stream_wait(void*, void* event) {
 void FakeRuntime::event_synchronize(void* event) {
   std::lock_guard<std::recursive_mutex> lock(mu);
   ASSERT_EQ(events_.count(event), 1u) << "event_synchronize on an unknown event";
-  run_until(events_[event]);
+  const Mark& mark = events_[event];
+  run_until(mark);
+  if (mark.stream != nullptr && queues_.at(mark.stream).ran < queues_.at(mark.stream).copies.size())
+    ++waits_with_copies_behind;
 }
 
 void FakeRuntime::copy_async(void* dst, Device dst_device, const void* src, Device src_device,
@@ -88,7 +91,9 @@ void FakeRuntime::copy_async(void* dst, Device dst_device, const void* src, Devi
   EXPECT_TRUE(owns(to_host ? src : dst, bytes));
   EXPECT_TRUE(owns_pinned(to_host ? dst : src, bytes)) << "copy_async of pageable host memory";
   async_streams.push_back(stream);
-  ++(to_host ? async_to_host : async_to_device).queued;
+  AsyncCopies& counts = to_host ? async_to_host : async_to_device;
+  ++counts.queued;
+  counts.bytes += static_cast<int64_t>(bytes);
   if (to_host) to_host_bytes += static_cast<int64_t>(bytes);
   const Queued c{dst, src, bytes, to_host, kernels_};
   auto q = queues_.find(stream);

@@ -179,6 +179,33 @@ TEST_P(DeviceOptimizerOffload, ResumesAsTheUninterruptedRun) {
   EXPECT_EQ(resumed.result.params, whole.result.params);
 }
 
+// The checkpoint of an offloading run holds the same files as one without (the host masters
+// are the values written): stopped with offload and resumed without it, or the other way, the
+// uninterrupted run's bits -- at stage 0 (the whole arena's masters on the host) and 3 (the
+// shard's, a 16-bit copy on the device).
+TEST_P(DeviceOptimizerOffload, ResumesWithAndWithoutOffload) {
+  const Case c = GetParam();
+  for (const char* stage : {"zero.stage=0", "zero.stage=3"}) {
+    SCOPED_TRACE(stage);
+    const Config without = config(c, {stage});
+    const Config with = config(c, {stage, "train.offload=optimizer"});
+    const Outcome whole = run(without, 2, "optoff_whole");
+    for (const auto& [first_cfg, second_cfg] : {std::pair{&with, &without}, {&without, &with}}) {
+      SCOPED_TRACE(first_cfg == &with ? "stopped with offload" : "resumed with offload");
+      RunOptions first;
+      first.stop_after = 2;
+      run(*first_cfg, 2, "optoff_resume", first);
+      RunOptions second;
+      second.resume = test_run_dir("optoff_resume");
+      const Outcome resumed = run(*second_cfg, 2, "optoff_resume", second);
+      EXPECT_EQ(resumed.result.summary["steps"], 4);
+      EXPECT_EQ(resumed.losses, whole.losses);  // the run folder's metrics: both halves
+      EXPECT_EQ(resumed.result.summary["params_sha256"], whole.result.summary["params_sha256"]);
+      EXPECT_EQ(resumed.result.params, whole.result.params);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, DeviceOptimizerOffload,
                          ::testing::Values(Case{"fashion_mlp", "fp32"}, Case{"fashion_mlp", "bf16"},
                                            Case{"char_gpt", "fp32"}, Case{"char_gpt", "bf16"}),

@@ -12,7 +12,8 @@
 //                    runs other blocks fails naming them) and gather the next unit of the
 //                    order in the background while this one computes (zero.prefetch). In
 //                    train.precision bf16 | fp16 the gathers move 16-bit values (each rank
-//                    rounds its shard into its block of the buffer, then all-gathers in place).
+//                    rounds its shard into its block of the buffer, then all-gathers in place;
+//                    with the masters on the host, from its 16-bit shard on the device).
 // With zero.shard_size a store's dp group is this rank's shard group and `across` the ranks
 // holding the same shards in the other groups (null: none): every group holds the whole
 // model's state, and only the first group's ranks write their shards to checkpoints.

@@ -14,6 +14,24 @@ std::unique_ptr<optim::Optimizer> host_optimizer(const optim::OptimSpec& spec, i
   return optim::make_optimizer(spec, n, MemCategory::kOptimizerOffloaded);
 }
 
+// The most elements one piece of a step moves (1 MiB of f32 gradients): a segment longer than
+// this -- the whole arena at stage 0 -- is stepped in pieces, each overlapping the next one's
+// copies.
+constexpr int64_t kPiece = int64_t{1} << 18;
+
+// The segments cut into pieces of at most kPiece elements.
+std::vector<optim::Segment> pieces(std::span<const optim::Segment> segments) {
+  std::vector<optim::Segment> out;
+  for (const optim::Segment& s : segments)
+    for (int64_t at = 0; at == 0 || at < s.count; at += kPiece) {
+      const int64_t skip = s.working ? at * static_cast<int64_t>(dtype_size(s.working_type)) : 0;
+      out.push_back({s.params + at, s.grads + at, std::min(kPiece, s.count - at),
+                     s.state_offset + at,
+                     s.working ? static_cast<char*>(s.working) + skip : nullptr, s.working_type});
+    }
+  return out;
+}
+
 // n elements of `type` (at least one, so that every buffer is a block).
 size_t bytes_of(int64_t n, DType type) {
   return static_cast<size_t>(std::max<int64_t>(n, 1)) * dtype_size(type);
@@ -89,8 +107,8 @@ void OffloadedOptimizer::upload(const optim::Segment& device, const optim::Segme
          host.count * static_cast<int64_t>(dtype_size(working_)));
 }
 
-void OffloadedOptimizer::step(std::span<const optim::Segment> segments, float lr,
-                              float grad_scale) {
+void OffloadedOptimizer::step(std::span<const optim::Segment> whole, float lr, float grad_scale) {
+  const std::vector<optim::Segment> segments = pieces(whole);
   while (arrived_.size() < segments.size()) arrived_.push_back(runtime_.create_event());
   // Every segment's downloads, in order, once the reductions on the compute stream are done.
   runtime_.record_event(reduced_, current_stream());

@@ -6,13 +6,14 @@
 // reduced gradients down and the 16-bit copy up. In fp32 the device's values are the ones the
 // forward reads: they come down with the gradients and go up after the step.
 // The step overlaps the copies with the CPU kernel, segment by segment (a segment: one update
-// range of the store, optim::Segment): every segment's downloads are queued on a copy stream of
-// its own after an event of the compute stream (the reductions that wrote the gradients); the
-// CPU steps segment i as soon as its downloads have arrived (segment i + 1's are in flight) and
-// queues its upload, which runs while segment i + 1 steps; the compute stream waits for the last
-// upload's event before its next work reads the values. The same elementwise kernel as the
-// stand-in device's, so the same bits; a real GPU's AdamW may differ in the last bit.
-// Internal to the parallel area; built by the Engine on a device rank; one thread.
+// range of the store, optim::Segment, cut into pieces of at most 1 MiB of gradients): every
+// segment's downloads are queued on a copy stream of its own after an event of the compute stream
+// (the reductions that wrote the gradients); the CPU steps segment i as soon as its downloads have
+// arrived (segment i + 1's are in flight) and queues its upload, which runs while segment i + 1
+// steps; the compute stream waits for the last upload's event before its next work reads the
+// values. The same elementwise kernel as the stand-in device's, so the same bits; a real GPU's
+// AdamW may differ in the last bit. Internal to the parallel area; built by the Engine on a device
+// rank; one thread.
 #pragma once
 
 #include <memory>

@@ -53,14 +53,6 @@ std::vector<nn::Range> own_shards(const Units& units) {
   return out;
 }
 
-// Whole units, one range each: the optimizer's segments at stage 0 (an offloaded step overlaps
-// one unit's copies with the next one's step).
-std::vector<nn::Range> whole_units(const Units& units) {
-  std::vector<nn::Range> out;
-  for (const Unit& u : units.list) out.push_back(u.range);
-  return out;
-}
-
 // Whole units, adjacent ones merged.
 std::vector<nn::Range> unit_ranges(const Units& units) {
   std::vector<nn::Range> out;
@@ -111,7 +103,7 @@ ReplicatedStore::ReplicatedStore(nn::Model& model, const Units& units, int stage
   model.bind_values(units.span, values_);
   held_ = unit_ranges(units);
   owned_ = written_shards(units, across);
-  update_ = stage == 0 ? whole_units(units) : own_shards(units);
+  update_ = stage == 0 ? held_ : own_shards(units);
 }
 
 float* ReplicatedStore::values(nn::Range r) {

@@ -127,8 +127,9 @@ Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Co
     store_->refresh_working(true);
   }
   if (offloads_optimizer(spec.offload))  // state in host memory, the step on the CPU
-    optimizer_ = std::make_unique<OffloadedOptimizer>(optim, store_->update_numel(),
-                                                      composed_.working_copy ? type_ : DType::kF32);
+    optimizer_ = std::make_unique<OffloadedOptimizer>(
+        optim, store_->update_numel(),
+        composed_.working_copy || host_masters(spec) ? type_ : DType::kF32, host_masters(spec));
   else
     optimizer_ = optim::make_optimizer(optim, store_->update_numel());
   const int rank = mesh_.workers().rank();
@@ -211,12 +212,13 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   if (composed_.store == "sharded") {
     auto sharded =
         std::make_unique<ShardedStore>(model_, units_, group, across, seed, composed_.prefetch,
-                                       pipeline, type_, device_comm_.get());
+                                       pipeline, type_, device_comm_.get(), host_masters(spec));
     hooks_.insert(hooks_.begin(), sharded.get());
     store_owner_ = std::move(sharded);
   } else {
-    store_owner_ = std::make_unique<ReplicatedStore>(model_, units_, stage, group, across, seed,
-                                                     spec.check_every, device_comm_.get());
+    store_owner_ =
+        std::make_unique<ReplicatedStore>(model_, units_, stage, group, across, seed,
+                                          spec.check_every, device_comm_.get(), host_masters(spec));
   }
   store_ = store_owner_.get();
 }

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <deque>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "tessel/core/error.h"
@@ -35,7 +36,7 @@ StateView ParamStore::state(optim::Optimizer* opt) {
                  opt,     [this](nn::Range r) { return state_offset(r); },
                  {}};
   const Device device = current_device();
-  if (device == Device::kCpu) return view;
+  if (device == Device::kCpu || host_masters_) return view;
   // Values on a device: each range asked for is read back into host memory that lives as long
   // as the view; write_back() uploads every such copy again. values(r) is this rank's own memory
   // (not copy_values, which gathers sharded values over the dp group).
@@ -59,18 +60,22 @@ std::vector<optim::Segment> ParamStore::segments(GradSync& sync) {
   std::vector<optim::Segment> out;
   for (const nn::Range& r : update_) {
     out.push_back({values(r), sync.grads(r), r.size(), state_offset(r)});
-    if (working_) {
-      out.back().working = working_->at(r);
-      out.back().working_type = working_->type();
-    }
+    std::tie(out.back().working, out.back().working_type) = working_at(r);
   }
   return out;
 }
 
+std::pair<void*, DType> ParamStore::working_at(nn::Range r) {
+  if (!working_) return {nullptr, DType::kF32};
+  return {working_->at(r), working_->type()};
+}
+
 void ParamStore::refresh_working(bool updated_too) {
   if (!working_) return;
+  const Device from = host_masters_ ? Device::kCpu : current_device();
+  auto refresh = [&](nn::Range r) { working_->refresh(r, values(r), from); };
   if (updated_too) {
-    for (const nn::Range& h : held_) working_->refresh(h, values(h));
+    for (const nn::Range& h : held_) refresh(h);
     return;
   }
   // held_ and update_ are sorted and update_ lies inside held_: refresh the gaps.
@@ -78,10 +83,10 @@ void ParamStore::refresh_working(bool updated_too) {
   for (const nn::Range& h : held_) {
     int64_t at = h.lo;
     for (; u < update_.size() && update_[u].lo < h.hi; ++u) {
-      if (update_[u].lo > at) working_->refresh({at, update_[u].lo}, values({at, update_[u].lo}));
+      if (update_[u].lo > at) refresh({at, update_[u].lo});
       at = std::max(at, update_[u].hi);
     }
-    if (at < h.hi) working_->refresh({at, h.hi}, values({at, h.hi}));
+    if (at < h.hi) refresh({at, h.hi});
   }
 }
 

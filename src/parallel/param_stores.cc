@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "compress/codecs.h"
+#include "offload.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
 #include "tessel/ops/cpu.h"
@@ -18,6 +19,23 @@ namespace {
 Tensor parameter_memory(int64_t n, MemCategory category, DType type = DType::kF32) {
   MemoryScope scope(category);
   return Tensor::zeros({std::max<int64_t>(n, 1)}, type, current_device());
+}
+
+// The f32 master values: on the rank's device, or (host_masters: optimizer offload in bf16 |
+// fp16) in pinned host memory, charged to optimizer_offloaded, where the optimizer steps them
+// and from where checkpoints read them; the device then holds only a 16-bit copy.
+Tensor master_memory(int64_t n, bool host_masters) {
+  if (!host_masters) return parameter_memory(n, MemCategory::kParameters);
+  const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float);
+  auto pinned = std::make_shared<PinnedBuffer>(device_runtime(current_device()), bytes,
+                                               MemCategory::kOptimizerOffloaded);
+  Tensor values;
+  {
+    MemoryScope uncharged(nullptr, MemCategory::kOther);  // given back at once by rebind
+    values = Tensor::empty({std::max<int64_t>(n, 1)});
+  }
+  values.storage().rebind(pinned->data(), pinned);
+  return values;
 }
 
 // Values initialised on the host by init(float* host), then uploaded where they live on a device.
@@ -68,14 +86,16 @@ int64_t checksum(const Tensor& t) {
 
 ReplicatedStore::ReplicatedStore(nn::Model& model, const Units& units, int stage,
                                  comm::Communicator& dp, comm::Communicator* across, uint64_t seed,
-                                 int64_t check_every, comm::DeviceCollectives* device)
+                                 int64_t check_every, comm::DeviceCollectives* device,
+                                 bool host_masters)
     : units_(units),
       stage_(stage),
       check_every_(check_every),
       dp_(dp),
       across_(across),
       device_(device),
-      values_(parameter_memory(units.span.size(), MemCategory::kParameters)) {
+      values_(master_memory(units.span.size(), host_masters)) {
+  host_masters_ = host_masters;
   initialise(values_, [&](float* host) {
     for (const Unit& u : units.list)
       model.init_values(host + (u.range.lo - units.span.lo), u.range, seed);
@@ -103,7 +123,7 @@ void ReplicatedStore::update(optim::Optimizer& opt, float lr, float grad_scale, 
     comm::CallOptions call;
     call.label = static_cast<uint32_t>(k + 1);
     float* unit = values(u.range);
-    if (device_)
+    if (device_ && !host_masters_)
       device_->allgather(values(units_.own(u)), unit, u.counts, comm::ElemType::kF32, call).wait();
     else
       dp_.allgather(values(units_.own(u)), unit, u.counts, comm::ElemType::kF32, call);
@@ -154,7 +174,8 @@ void ReplicatedStore::take_stats(RankStats& s) {
 
 ShardedStore::ShardedStore(nn::Model& model, const Units& units, comm::Communicator& dp,
                            comm::Communicator* across, uint64_t seed, bool prefetch,
-                           bool hold_for_step, DType type, comm::DeviceCollectives* device)
+                           bool hold_for_step, DType type, comm::DeviceCollectives* device,
+                           bool host_masters)
     : model_(model),
       units_(units),
       dp_(dp),
@@ -162,12 +183,18 @@ ShardedStore::ShardedStore(nn::Model& model, const Units& units, comm::Communica
       prefetch_(prefetch),
       hold_for_step_(hold_for_step),
       type_(type),
-      shard_(parameter_memory(units.shard_numel, MemCategory::kParameters)),
+      shard_(master_memory(units.shard_numel, host_masters)),
       resident_(units.list.size()) {
   for (const Unit& u : units.list) buffer_numel_ = std::max(buffer_numel_, u.range.size());
   initialise(shard_, [&](float* host) {
     for (const Unit& u : units.list) model.init_values(host + u.shard_offset, units.own(u), seed);
   });
+  if ((host_masters_ = host_masters)) {
+    TESSEL_CHECK(type != DType::kF32, "zero: master values on the host need 16-bit gathers, got ",
+                 dtype_name(type), " (this is a bug)");
+    shard16_ = parameter_memory(units.shard_numel, MemCategory::kParameters, type);
+    refresh_working(true);
+  }
   update_ = held_ = own_shards(units);
   owned_ = written_shards(units, across);
 }
@@ -206,7 +233,10 @@ void ShardedStore::start_gather(int unit, bool async) {
   const float* shard = shard_.kernel_data<float>() + u.shard_offset;
   const void* in = shard;
   void* out = r.memory.raw();
-  if (type_ != DType::kF32) {  // this rank's shard rounded into its own block: gathered in place
+  if (shard16_.defined()) {  // masters on the host: the device's 16-bit shard
+    in = shard16_.view(u.shard_offset, {units_.own(u).size()}).raw();
+  } else if (type_ !=
+             DType::kF32) {  // this rank's shard rounded into its own block: gathered in place
     const nn::Range own = units_.own(u);
     void* block = r.memory.view(own.lo - u.range.lo, {own.size()}).raw();
     compress::convert_here(block, type_, shard, DType::kF32, own.size());
@@ -345,6 +375,21 @@ void ShardedStore::copy_values(nn::Range r, float* dst) {
     ops::convert(dst + (lo - r.lo), DType::kF32, part.raw(), type_, hi - lo);
     if (!was_resident) release(static_cast<int>(k));
   }
+}
+
+std::pair<void*, DType> ShardedStore::working_at(nn::Range r) {
+  if (!shard16_.defined()) return {nullptr, DType::kF32};
+  const int64_t at = values(r) - shard_.kernel_data<float>();
+  return {shard16_.view(at, {r.size()}).raw(), type_};
+}
+
+void ShardedStore::refresh_working(bool) {
+  if (!shard16_.defined()) return;            // the gathers round the device's f32 shard
+  std::vector<char> host(shard16_.nbytes());  // rounded on the host, where the masters live
+  ops::convert(host.data(), type_, shard_.data<float>(), DType::kF32, shard16_.numel());
+  device_runtime(shard16_.device())
+      .copy(shard16_.raw(), shard16_.device(), host.data(), Device::kCpu, host.size(),
+            current_stream());
 }
 
 void ShardedStore::take_stats(RankStats& s) {

@@ -12,7 +12,8 @@
 //                    runs other blocks fails naming them) and gather the next unit of the
 //                    order in the background while this one computes (zero.prefetch). In
 //                    train.precision bf16 | fp16 the gathers move 16-bit values (each rank
-//                    rounds its shard into its block of the buffer, then all-gathers in place).
+//                    rounds its shard into its block of the buffer, then all-gathers in place;
+//                    with the masters on the host, from its 16-bit shard on the device).
 // With zero.shard_size a store's dp group is this rank's shard group and `across` the ranks
 // holding the same shards in the other groups (null: none): every group holds the whole
 // model's state, and only the first group's ranks write their shards to checkpoints.
@@ -38,9 +39,11 @@ class ReplicatedStore final : public ParamStore {
   // 0: at the start only).
   // device: dp's collectives on device memory (a device rank with dp peers), which gather the
   // shards instead of dp.
+  // host_masters: the values in pinned host memory (optimizer offload in bf16 | fp16; the blocks
+  // read the working copy), the shards gathered through dp.
   ReplicatedStore(nn::Model& model, const Units& units, int stage, comm::Communicator& dp,
                   comm::Communicator* across, uint64_t seed, int64_t check_every,
-                  comm::DeviceCollectives* device = nullptr);
+                  comm::DeviceCollectives* device = nullptr, bool host_masters = false);
 
   void update(optim::Optimizer& opt, float lr, float grad_scale, GradSync& sync,
               int64_t step) override;
@@ -70,10 +73,12 @@ class ShardedStore final : public ParamStore, public BlockHooks {
   // hold_for_step: keep a gathered unit until end_step() (pipelines) instead of releasing it
   // after the last neighbouring block that reads it. type: what the blocks read and the
   // gathers move (train.precision); the shard stays f32. device: dp's collectives on device
-  // memory (a device rank with dp peers), which gather the units instead of dp.
+  // memory (a device rank with dp peers), which gather the units instead of dp. host_masters:
+  // the f32 shard in pinned host memory (optimizer offload; type 16-bit), and a 16-bit copy of
+  // it on the device, which the optimizer rewrites and the gathers read.
   ShardedStore(nn::Model& model, const Units& units, comm::Communicator& dp,
                comm::Communicator* across, uint64_t seed, bool prefetch, bool hold_for_step,
-               DType type, comm::DeviceCollectives* device = nullptr);
+               DType type, comm::DeviceCollectives* device = nullptr, bool host_masters = false);
   ~ShardedStore() override;
 
   void on_block(nn::Phase phase, size_t block, bool last) override;
@@ -87,6 +92,10 @@ class ShardedStore final : public ParamStore, public BlockHooks {
   // pipeline, which no end_step() follows) are released.
   void begin_pass(bool training, int64_t) override;
   void end_step(int64_t) override;  // a training step is over: the next gather is the order's first
+  void refresh_working(bool updated_too) override;  // the 16-bit shard (host masters)
+
+ protected:
+  std::pair<void*, DType> working_at(nn::Range r) override;
 
  private:
   struct Resident {
@@ -109,6 +118,7 @@ class ShardedStore final : public ParamStore, public BlockHooks {
   DType type_;
   bool training_ = true;
   Tensor shard_;                    // this rank's shards, the master values
+  Tensor shard16_;                  // host masters: their 16-bit copy on the device
   std::vector<Resident> resident_;  // per unit (memory undefined: not gathered)
   std::vector<Tensor> free_;        // gather buffers not in use
   int64_t buffer_numel_ = 0;

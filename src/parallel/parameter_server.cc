@@ -408,7 +408,7 @@ void ParameterServer::land(int u) {
                         " s): ", e.what()));
   }
   works.clear();
-  if (working_) working_->refresh(r, values_.data<float>() + r.lo);
+  if (working_) working_->refresh(r, values_.data<float>() + r.lo, values_.device());
 }
 
 void ParameterServer::land_all() {

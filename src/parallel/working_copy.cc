@@ -1,6 +1,7 @@
 #include "working_copy.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "tessel/ops/cpu.h"
 #include "tessel/tensor/device.h"
@@ -23,14 +24,20 @@ void* WorkingCopy::at(nn::Range r) const {
          (r.lo - units_.span.lo) * static_cast<int64_t>(dtype_size(type_));
 }
 
-void WorkingCopy::refresh(nn::Range r, const float* src) {
+void WorkingCopy::refresh(nn::Range r, const float* src, Device from) {
   const nn::Range in{std::max(r.lo, units_.span.lo), std::min(r.hi, units_.span.hi)};
   if (in.lo >= in.hi) return;
-  if (values_.device() == Device::kCpu)
-    ops::convert(at(in), type_, src + (in.lo - r.lo), DType::kF32, in.size());
-  else  // src is the device's master values
-    device_runtime(values_.device())
-        .convert(at(in), type_, src + (in.lo - r.lo), DType::kF32, in.size(), current_stream());
+  src += in.lo - r.lo;
+  const Device to = values_.device();
+  if (to == Device::kCpu) {
+    ops::convert(at(in), type_, src, DType::kF32, in.size());
+  } else if (from == to) {
+    device_runtime(to).convert(at(in), type_, src, DType::kF32, in.size(), current_stream());
+  } else {  // masters on the host: rounded there, the 16-bit values go up
+    std::vector<char> host(static_cast<size_t>(in.size()) * dtype_size(type_));
+    ops::convert(host.data(), type_, src, DType::kF32, in.size());
+    device_runtime(to).copy(at(in), to, host.data(), Device::kCpu, host.size(), current_stream());
+  }
 }
 
 }  // namespace tessel::parallel

@@ -4,7 +4,9 @@
 // masters). The optimizer writes the shards it updates while they are in cache
 // (optim::Segment::working); refresh() converts the rest after they arrive (all-gathers, the
 // shared-memory barrier, a pull, a restore). ZeRO-3 needs none: it gathers 16-bit values per
-// unit. Charged to the parameters' memory. Internal to the parallel area.
+// unit. Charged to the parameters' memory. On a device rank the masters may live on the host
+// (optimizer offload): then this copy is the device's only copy of the values. Internal to the
+// parallel area.
 #pragma once
 
 #include <vector>
@@ -21,8 +23,9 @@ class WorkingCopy {
   DType type() const { return type_; }
   // Where arena range r (inside the local units) of the copy lives.
   void* at(nn::Range r) const;
-  // The copy of range r from the f32 values at src (the part of r inside the local units).
-  void refresh(nn::Range r, const float* src);
+  // The copy of range r from the f32 values at src, in the memory of `from` (the part of r
+  // inside the local units). Masters on the host (optimizer offload) are rounded there and go up.
+  void refresh(nn::Range r, const float* src, Device from);
 
  private:
   const Units& units_;

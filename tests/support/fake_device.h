@@ -83,8 +83,12 @@ class FakeRuntime : public DeviceRuntime {
   struct AsyncCopies {
     int queued = 0;
     int overlapped = 0;  // of them, those with a kernel run between their queueing and their run
+    int64_t bytes = 0;   // what they move
   };
   AsyncCopies async_to_host, async_to_device;
+  // Host waits (event_synchronize) that left copies queued behind their event on its stream:
+  // the host went on while those were in flight.
+  int waits_with_copies_behind = 0;
 
  private:
   struct Queued {

@@ -12,8 +12,10 @@ namespace tessel::fakes {
 
 void* FakeRuntime::allocate_pinned(size_t bytes) {
   std::lock_guard<std::recursive_mutex> lock(mu);
-  void* p = std::malloc(std::max<size_t>(bytes, 1));
-  std::memset(p, 0xFF, std::max<size_t>(bytes, 1));
+  // 64-byte aligned, as Storage::rebind asks (cudaHostAlloc gives whole pages)
+  const size_t size = (std::max<size_t>(bytes, 1) + 63) / 64 * 64;
+  void* p = std::aligned_alloc(64, size);
+  std::memset(p, 0xFF, size);
   pinned[p] = bytes;
   pinned_in_use += static_cast<int64_t>(bytes);
   pinned_peak = std::max(pinned_peak, pinned_in_use);
@@ -75,7 +77,10 @@ void FakeRuntime::stream_wait(void*, void* event) {
 void FakeRuntime::event_synchronize(void* event) {
   std::lock_guard<std::recursive_mutex> lock(mu);
   ASSERT_EQ(events_.count(event), 1u) << "event_synchronize on an unknown event";
-  run_until(events_[event]);
+  const Mark& mark = events_[event];
+  run_until(mark);
+  if (mark.stream != nullptr && queues_.at(mark.stream).ran < queues_.at(mark.stream).copies.size())
+    ++waits_with_copies_behind;
 }
 
 void FakeRuntime::copy_async(void* dst, Device dst_device, const void* src, Device src_device,
@@ -86,7 +91,9 @@ void FakeRuntime::copy_async(void* dst, Device dst_device, const void* src, Devi
   EXPECT_TRUE(owns(to_host ? src : dst, bytes));
   EXPECT_TRUE(owns_pinned(to_host ? dst : src, bytes)) << "copy_async of pageable host memory";
   async_streams.push_back(stream);
-  ++(to_host ? async_to_host : async_to_device).queued;
+  AsyncCopies& counts = to_host ? async_to_host : async_to_device;
+  ++counts.queued;
+  counts.bytes += static_cast<int64_t>(bytes);
   if (to_host) to_host_bytes += static_cast<int64_t>(bytes);
   const Queued c{
       dst, src, bytes, to_host, std::this_thread::get_id(), kernels_[std::this_thread::get_id()]};

@@ -64,6 +64,8 @@ struct Outcome {
   RunResult result;
   std::vector<double> losses;
   int64_t pinned_peak = 0;
+  int64_t down = 0, up = 0;          // bytes of the copies on copy streams, every rank together
+  int waits_with_copies_behind = 0;  // the host went on while copies were in flight
 };
 
 // A fresh run of cfg on `workers` ranks sharing a fake device, in test_run_dir(name).
@@ -75,7 +77,41 @@ Outcome run(const Config& cfg, int workers, const std::string& name, RunOptions 
   r.result = train_on(cfg, workers, opts, &data);
   r.losses = step_losses(opts.run_dir);
   r.pinned_peak = fake.runtime().pinned_peak;
+  r.down = fake.runtime().async_to_host.bytes;
+  r.up = fake.runtime().async_to_device.bytes;
+  r.waits_with_copies_behind = fake.runtime().waits_with_copies_behind;
   return r;
+}
+
+// What the offloaded step moved and where the f32 master values lived, against the run
+// without offload. bf16 (masters on the host only): each step the gradients (4 B) down and the
+// 16-bit copy (2 B) up per updated element; the device's parameters fall by the f32 values (4 B
+// per held element; ZeRO-3 keeps a 16-bit copy of its shard: 2 B). fp32: the values come down
+// with the gradients and go up (8 B and 4 B); the device keeps them.
+void expect_moved_only_what_it_must(const Outcome& kept, const Outcome& on, int workers, int stage,
+                                    bool bf16) {
+  const int64_t arena = static_cast<int64_t>(kept.result.params.size());
+  const int64_t steps = 4;
+  // Every rank updates the whole arena at stage 0, its shards (the arena between them) above.
+  const int64_t updated = stage == 0 ? arena * workers : arena;
+  const int64_t elements = on.up / (steps * (bf16 ? 2 : 4));  // updated, every step
+  EXPECT_EQ(on.up, elements * steps * (bf16 ? 2 : 4));
+  EXPECT_EQ(on.down, elements * steps * (bf16 ? 4 : 8));
+  EXPECT_LE(elements, updated);
+  EXPECT_GT(elements, updated - 16 * workers);  // the arena's tail pads to 16 elements
+  double fell = 0;
+  for (int rank = 0; rank < workers; ++rank)
+    fell += peak_bytes(kept.result, "parameters", rank) - peak_bytes(on.result, "parameters", rank);
+  const double per_element = !bf16 ? 0 : stage == 3 ? 2 : 4;
+  const double held = stage == 3 ? arena : arena * workers;
+  // The fake device rounds each block up to 1 KiB: one or two blocks per rank.
+  EXPECT_GE(fell, per_element * held - 1024.0 * workers);
+  EXPECT_LE(fell, per_element * held + 1024.0 * workers);
+  // Segment i stepped while later segments' copies were still queued (segments: each unit's
+  // shard at stages 1-3, pieces of at most 2^18 elements of the arena at stage 0).
+  if (stage > 0 || arena > (int64_t{1} << 18)) {
+    EXPECT_GT(on.waits_with_copies_behind, 0);
+  }
 }
 
 // cfg with and without `offload` on `workers` ranks: the same bits, the optimizer state off
@@ -84,6 +120,9 @@ void expect_same_bits(const Config& kept_cfg, const Config& offload_cfg, int wor
                       const std::string& offload) {
   const Outcome kept = run(kept_cfg, workers, "optoff_none");
   const Outcome on = run(offload_cfg, workers, "optoff_on");
+  if (offload == "optimizer")
+    expect_moved_only_what_it_must(kept, on, workers, offload_cfg.parallel.zero_stage,
+                                   offload_cfg.parallel.precision != parallel::Precision::kFp32);
   ASSERT_EQ(kept.losses.size(), 4u);
   EXPECT_EQ(on.losses, kept.losses);
   EXPECT_EQ(on.result.summary["params_sha256"], kept.result.summary["params_sha256"]);
@@ -139,6 +178,33 @@ TEST_P(DeviceOptimizerOffload, ResumesAsTheUninterruptedRun) {
   EXPECT_EQ(resumed.result.summary["steps"], 4);
   EXPECT_EQ(resumed.result.summary["params_sha256"], whole.result.summary["params_sha256"]);
   EXPECT_EQ(resumed.result.params, whole.result.params);
+}
+
+// The checkpoint of an offloading run holds the same files as one without (the host masters
+// are the values written): stopped with offload and resumed without it, or the other way, the
+// uninterrupted run's bits -- at stage 0 (the whole arena's masters on the host) and 3 (the
+// shard's, a 16-bit copy on the device).
+TEST_P(DeviceOptimizerOffload, ResumesWithAndWithoutOffload) {
+  const Case c = GetParam();
+  for (const char* stage : {"zero.stage=0", "zero.stage=3"}) {
+    SCOPED_TRACE(stage);
+    const Config without = config(c, {stage});
+    const Config with = config(c, {stage, "train.offload=optimizer"});
+    const Outcome whole = run(without, 2, "optoff_whole");
+    for (const auto& [first_cfg, second_cfg] : {std::pair{&with, &without}, {&without, &with}}) {
+      SCOPED_TRACE(first_cfg == &with ? "stopped with offload" : "resumed with offload");
+      RunOptions first;
+      first.stop_after = 2;
+      run(*first_cfg, 2, "optoff_resume", first);
+      RunOptions second;
+      second.resume = test_run_dir("optoff_resume");
+      const Outcome resumed = run(*second_cfg, 2, "optoff_resume", second);
+      EXPECT_EQ(resumed.result.summary["steps"], 4);
+      EXPECT_EQ(resumed.losses, whole.losses);  // the run folder's metrics: both halves
+      EXPECT_EQ(resumed.result.summary["params_sha256"], whole.result.summary["params_sha256"]);
+      EXPECT_EQ(resumed.result.params, whole.result.params);
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, DeviceOptimizerOffload,

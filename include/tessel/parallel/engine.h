@@ -175,6 +175,10 @@ class Engine {
   void build_parameter_server(const ParallelSpec& spec, const optim::OptimSpec& optim,
                               uint64_t seed);
   void build_data_parallel(const ParallelSpec& spec, uint64_t seed);
+  // Optimizer offload in bf16 | fp16: the f32 master values live on the host only (docs/gpu.md).
+  bool host_masters(const ParallelSpec& spec) const {
+    return offloads_optimizer(spec.offload) && type_ != DType::kF32;
+  }
   void build_device_comms(comm::Communicator& group, comm::Communicator* across);
   void record_gpus();
   // The part whose state travels in checkpoints beside the values (compression residuals):

@@ -13,6 +13,7 @@
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessel/ckpt/checkpoint.h"
@@ -98,14 +99,19 @@ class ParamStore {
   // Rewrites the working copy (if any) of every held range from the master values (after a
   // restore), or with updated_too = false of those outside update_ranges() (values that came
   // from other ranks).
-  void refresh_working(bool updated_too);
+  virtual void refresh_working(bool updated_too);
 
  protected:
   // The optimizer's segments over update_ranges() with sync's gradients.
   std::vector<optim::Segment> segments(GradSync& sync);
+  // The 16-bit copy of update range r that the optimizer rewrites (null: none) and its type.
+  virtual std::pair<void*, DType> working_at(nn::Range r);
 
   std::vector<nn::Range> update_, owned_, held_;
   WorkingCopy* working_ = nullptr;
+  // The f32 master values live in pinned host memory on a device rank (optimizer offload in
+  // bf16 | fp16, docs/gpu.md): values() is host memory, the blocks read a 16-bit device copy.
+  bool host_masters_ = false;
 };
 
 }  // namespace tessel::parallel

@@ -65,6 +65,9 @@ void ActivationOffload::on_block(nn::Phase phase, size_t block, nn::Activations&
     case nn::Phase::kBeforeForward:
       break;
     case nn::Phase::kAfterForward:
+      // The forward's workspace (a convolution's unpooled output) waits neither on the device
+      // nor on the host: the backward allocates its own.
+      acts.caches[block].release_scratch();
       swap_out_before(block, acts);
       release_outgoing(1);  // block - 1's copies ran beside this block's forward
       break;

@@ -64,6 +64,11 @@ void Cache::release_all() {
   for (Cache& c : children_) c.release_all();
 }
 
+void Cache::release_scratch() {
+  std::erase_if(buffers_, [](const auto& b) { return b.first >= kScratchBase; });
+  for (Cache& c : children_) c.release_scratch();
+}
+
 int64_t Cache::bytes() const {
   int64_t total = 0;
   for (const auto& [slot, t] : buffers_) total += static_cast<int64_t>(t.storage().bytes());

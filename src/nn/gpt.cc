@@ -183,6 +183,7 @@ Tensor Embedding::backward(const Tensor& dy, Cache& cache) {
     table_grads(dy, ids);
     return {};
   }
+  cache.release({0});  // the output, which neither B nor W reads, goes before dy's copy comes
   Tensor kept = cache.buffer(2, dy.shape(), t);  // for backward_weights()
   kept.copy_from(dy);
   cache.keep(1, kept);

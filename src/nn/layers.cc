@@ -142,6 +142,7 @@ Tensor Linear::backward(const Tensor& dy_in, Cache& cache) {
   check_same_shape(dy, with_last(x_shape, out_), "linear", t);
   Tensor x;
   if (defer_weights_) {
+    cache.release({0});  // the output, which neither B nor W reads, goes before dy's copy comes
     Tensor kept = cache.buffer(2, dy.shape(), t);
     kept.copy_from(dy);
     cache.keep(1, kept);

@@ -87,6 +87,14 @@ int64_t Activations::bytes() const {
   return total;
 }
 
+void Activations::release_all() {
+  for (Cache& c : caches) c.release_all();
+  for (auto& [kind, c] : work) c.release_all();
+  work_block = SIZE_MAX;
+  scratch.release_all();
+  carry = Tensor();
+}
+
 void Model::add(std::string name, std::unique_ptr<Module> block, std::vector<Parameter*> borrows) {
   TESSEL_CHECK(!finalized_, "model: add('", name, "') after finalize()");
   TESSEL_CHECK(block != nullptr, "model: add('", name, "') with a null block");

@@ -55,7 +55,7 @@ PieceStats LocalExecutor::train(const Piece& host_piece, nn::Loss& loss, const H
 
 PieceStats LocalExecutor::eval(const Piece& host_piece, nn::Loss& loss, const Hooks& hooks) {
   const nn::BlockHook hook = [&](nn::Phase p, size_t b) { hooks(p, b, false); };
-  MemoryScope scope(MemCategory::kActivations);
+  acts_.release_all();
   const Piece piece = on_current_device(host_piece);
   const nn::LossValue v = loss.forward(model_.forward(piece.x, piece.ctx, nullptr, hook), piece.y);
   const int64_t rows = piece.y.dim(0);

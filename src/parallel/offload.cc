@@ -66,6 +66,9 @@ void ActivationOffload::on_block(nn::Phase phase, size_t block, nn::Activations&
       break;
     case nn::Phase::kAfterForward:
       ++computed_;
+      // The forward's workspace (a convolution's unpooled output) waits neither on the device
+      // nor on the host: the backward allocates its own.
+      acts.caches[block].release_scratch();
       swap_out(acts, block, &acts.caches[block]);
       release_outgoing(1);  // block - 1's copies ran beside this block's forward
       break;

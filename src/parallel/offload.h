@@ -5,8 +5,9 @@
 // - After block b's forward (Phase::kAfterForward) every device storage that the caches of
 //   blocks before b hold -- buffers and kept tensors, however many tensors view it -- is copied
 //   out (Storage::swap_out), except what block b's cache holds (the input it keeps is block
-//   b - 1's output) and block b's output (the next block's input). The copies start after an
-//   event of the compute stream (they read what the forward wrote); their device blocks are kept
+//   b - 1's output) and block b's output (the next block's input); block b's forward workspace
+//   (Cache::release_scratch: no backward reads it) is dropped, not copied. The copies start after
+//   an event of the compute stream (they read what the forward wrote); their device blocks are kept
 //   until the host has seen the copies' event, once compute was queued after them (computed_):
 //   at block b + 1's kAfterForward, and the last ones at the first kBeforeBackward (after the
 //   loss) or, with no compute since (a pipeline's backward task), after that block's backward.

@@ -327,6 +327,9 @@ PieceStats PipelineExecutor::train(const Piece& piece, nn::Loss& loss, const Hoo
 }
 
 PieceStats PipelineExecutor::eval(const Piece& piece, nn::Loss& loss, const Hooks& hooks) {
+  for (auto& [chunk, sets] : acts_)  // no micro-batch is in flight between steps
+    for (auto& acts : sets) acts->release_all();
+  for (auto& [chunk, scratch] : scratch_) scratch.release_all();
   return run(piece, loss, hooks, false);
 }
 
@@ -371,7 +374,9 @@ PieceStats PipelineExecutor::run(const Piece& host_piece, nn::Loss& loss, const 
     recv_s_ += now_seconds() - b0;
     trace_.clear();
   }
-  MemoryScope scope(MemCategory::kActivations);
+  // An evaluation's working set is charged where its caller is (the Trainer: other), so that
+  // the activations' peak is training's.
+  MemoryScope scope(training ? MemCategory::kActivations : current_category());
   if (offload_) offload_->set_resident(piece.x);  // chunk 0's micro-batches view it
   t0_ = now_seconds();
   for (size_t k = 0; k < order.size(); ++k) {

@@ -68,6 +68,22 @@ TEST(Cache, KeepClearAndBytes) {
   EXPECT_EQ(c.bytes(), 18 * 4);  // buffers stay for the next forward
 }
 
+// After a forward its workspace (the scratch slots) can go while what the backward reads stays:
+// a slot's storage survives while a kept tensor still refers to it.
+TEST(Cache, ReleaseScratchDropsOnlyTheScratchSlots) {
+  Cache c;
+  c.buffer(0, {10});
+  c.scratch(0, {4});
+  c.child(0).scratch(1, {3});
+  c.child(0).buffer(1, {2});
+  const Tensor kept = c.scratch(2, {5});
+  c.keep(0, kept);
+  EXPECT_EQ(c.bytes(), 24 * 4);
+  c.release_scratch();
+  EXPECT_EQ(c.bytes(), 12 * 4);  // the buffers of c and its child
+  EXPECT_EQ(c.kept(0).raw(), kept.raw());
+}
+
 TEST(Cache, SharedScratchServesEveryCacheAndChild) {
   Cache shared, a, b;
   a.child(1);  // exists before sharing: share_scratch reaches it

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "device_ranks_testing.h"
 #include "fake_device.h"
 #include "small_images.h"
 #include "train_on.h"
@@ -141,11 +142,14 @@ TEST_P(DeviceOffload, TrainsAsWithoutOffloadOnLessDeviceMemory) {
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, DeviceOffload,
-    // Measured: 50% of none's peak for fashion_mlp, 62% for fashion_cnn (four blocks, the
-    // first convolution's the largest), 25% for char_gpt (32%, 55% and 17% with synchronous
-    // copies: now the device blocks of the copies out stay one block longer, and block b - 1's
-    // activations come back during block b's backward).
-    ::testing::Values(Case{"fashion_mlp", "fp32", 0.55, 0}, Case{"fashion_cnn", "fp32", 0.7, 3},
+    // Measured, training's peaks alone (the evaluation drops the caches and is charged to
+    // `other`): 27% of none's peak for char_gpt; 61% for fashion_mlp, whose peak is block 1's
+    // backward: the step's input batch (17% of none's peak, not a cache), the caches of block 1
+    // and of block 0 (back for the prefetch; 22%) and the gradient in and out (22%) -- only
+    // blocks 2-4's caches are away; 65% for fashion_cnn, whose peak is conv1's backward, its
+    // 0.96 MiB workspace (mostly the unpooled output) beside the pooled output and indices it
+    // keeps.
+    ::testing::Values(Case{"fashion_mlp", "fp32", 0.65, 0}, Case{"fashion_cnn", "fp32", 0.7, 2},
                       Case{"char_gpt", "fp32", 0.3, 0}, Case{"char_gpt", "bf16", 0.3, 0}),
     [](const auto& info) { return str(info.param.model, "_", info.param.precision); });
 
@@ -180,14 +184,7 @@ TEST(DeviceOffloadRefusals, CpuRanksAreRefused) {
             "runtime.device = cpu"}}) {
     std::vector<std::string> s = settings;
     s.push_back("train.offload=activations");
-    try {
-      train_on(config(c, s), 2, {}, &data);
-      ADD_FAILURE() << settings[0] << " was not refused";
-    } catch (const InvalidArgument& e) {
-      const std::string what = e.what();
-      EXPECT_NE(what.find(expected), std::string::npos) << what;
-      EXPECT_NE(what.find("or train.offload = none"), std::string::npos) << what;
-    }
+    expect_refused(config(c, s), data, settings[0], expected);
   }
   EXPECT_EQ(fake.calls("linear_forward"), 0);  // refused before any step
 }

@@ -1,10 +1,13 @@
 // The fixture device_pp_test and device_tp_test share: fashion_mlp's and char_gpt's data loaded
 // once per suite, a run on CPU ranks or on the stand-in device (tests/support/fake_device.h;
 // through the mock NCCL when asked, else staged through the host), and after each test the
-// mock's rules kept and every communicator closed.
+// mock's rules kept and every communicator closed. Also the refusal check of the offload tests
+// (expect_refused).
 #pragma once
 
 #include <gtest/gtest.h>
+
+#include <string>
 
 #include "fake_device.h"
 #include "nccl_mock.h"
@@ -56,5 +59,19 @@ class DeviceRanks : public ::testing::Test {
   static inline data::Splits* mlp_data_ = nullptr;
   static inline data::Splits* gpt_data_ = nullptr;
 };
+
+// cfg on two ranks is refused at start: an InvalidArgument naming `expected` and offering
+// train.offload = none, before any step. `settings`: what cfg tried, for a failure's message.
+inline void expect_refused(const Config& cfg, const data::Splits& data, const std::string& settings,
+                           const std::string& expected) {
+  try {
+    tessel::testing::train_on(cfg, 2, {}, &data);
+    ADD_FAILURE() << settings << " was not refused";
+  } catch (const InvalidArgument& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find(expected), std::string::npos) << what;
+    EXPECT_NE(what.find("or train.offload = none"), std::string::npos) << what;
+  }
+}
 
 }  // namespace tessel::train

@@ -52,6 +52,9 @@ class Cache {
   // A zero-bubble B leaves only what its W reads (Module::release_for_weights).
   void release(std::initializer_list<size_t> keep = {});
   void release_all();  // release() of this cache and all its children, keeping nothing
+  // Drops this cache's own scratch slots and its children's (not the shared scratch): after a
+  // forward they hold its workspace, which no backward reads (it writes them afresh).
+  void release_scratch();
   // Bytes of storage held by this cache's buffers and its children's (not the shared scratch).
   int64_t bytes() const;
   // Calls f on every buffer and kept tensor of this cache and its children (not the shared

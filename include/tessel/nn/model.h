@@ -63,6 +63,10 @@ struct Activations {
   // activation offload must leave on the device).
   Tensor output;
   int64_t bytes() const;  // storage held by the caches
+  // Drops the storage every cache holds for the next forward: an evaluation, which keeps no
+  // caches, then peaks at its own working set, not on top of training's (the next training
+  // forward allocates them again).
+  void release_all();
 };
 
 class Model {

@@ -46,7 +46,9 @@ class Executor {
   virtual ~Executor() = default;
   // Forward, loss and backward of a piece; gradients accumulate where the hooks bound them.
   virtual PieceStats train(const Piece& piece, nn::Loss& loss, const Hooks& hooks) = 0;
-  // Forward and loss only; keeps no activations.
+  // Forward and loss only; keeps no activations. First drops the caches training keeps between
+  // steps, so that it peaks at its own working set, which it charges to the caller's memory
+  // category (the Trainer's: other), not to the activations.
   virtual PieceStats eval(const Piece& piece, nn::Loss& loss, const Hooks& hooks) = 0;
   // A piece without rows on this rank: the hooks a piece would call (training: forward and
   // backward; else forward only), in the same order, so that every rank takes part in the

@@ -10,7 +10,6 @@
 // device_ppoffload_test).
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,21 +43,6 @@ Config config(const Case& c, std::vector<std::string> extra = {}) {
     o.insert(o.end(), {"train.batch=64", "data.test_fraction=0"});
   o.insert(o.end(), extra.begin(), extra.end());
   return example(c.model, o);
-}
-
-// The training loss of every step in run_dir's metrics.jsonl.
-std::vector<double> step_losses(const std::string& run_dir) {
-  std::ifstream in(run_dir + "/metrics.jsonl");
-  std::vector<double> out;
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json r = nlohmann::json::parse(line);
-    if (r.value("type", "") == "train") out.push_back(r["loss"].get<double>());
-  }
-  return out;
-}
-
-double peak_bytes(const RunResult& r, const char* category, int rank = 0) {
-  return r.summary["ranks"]["per_rank"][rank]["memory"]["peak_bytes"][category].get<double>();
 }
 
 struct Outcome {

@@ -1,13 +1,16 @@
 // The fixture device_pp_test and device_tp_test share: fashion_mlp's and char_gpt's data loaded
 // once per suite, a run on CPU ranks or on the stand-in device (tests/support/fake_device.h;
 // through the mock NCCL when asked, else staged through the host), and after each test the
-// mock's rules kept and every communicator closed. Also the refusal check of the offload tests
-// (expect_refused).
+// mock's rules kept and every communicator closed. Also what the offload tests share: the
+// refusal check (expect_refused), a run's step losses and a rank's ledger peak.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "fake_device.h"
 #include "nccl_mock.h"
@@ -72,6 +75,22 @@ inline void expect_refused(const Config& cfg, const data::Splits& data, const st
     EXPECT_NE(what.find(expected), std::string::npos) << what;
     EXPECT_NE(what.find("or train.offload = none"), std::string::npos) << what;
   }
+}
+
+// The training loss of every step in run_dir's metrics.jsonl.
+inline std::vector<double> step_losses(const std::string& run_dir) {
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  std::vector<double> out;
+  for (std::string line; std::getline(in, line);) {
+    const nlohmann::json r = nlohmann::json::parse(line);
+    if (r.value("type", "") == "train") out.push_back(r["loss"].get<double>());
+  }
+  return out;
+}
+
+// Rank `rank`'s ledger peak of `category` in a run's summary.
+inline double peak_bytes(const tessel::testing::RunResult& r, const char* category, int rank = 0) {
+  return r.summary["ranks"]["per_rank"][rank]["memory"]["peak_bytes"][category].get<double>();
 }
 
 }  // namespace tessel::train

@@ -161,15 +161,10 @@ TEST(DeviceOffloadRefusals, CpuRanksAreRefused) {
   const Case c{"fashion_mlp", "fp32", 1, 0};
   const data::Splits data = data::make_datasets(config(c).data);
   fakes::FakeDevice fake;
-  for (const auto& [settings, expected] :
-       std::vector<std::pair<std::vector<std::string>, std::string>>{
-           {{"runtime.device=cpu"},
-            "train.offload = activations moves a device rank's activations to host memory, got "
-            "runtime.device = cpu"}}) {
-    std::vector<std::string> s = settings;
-    s.push_back("train.offload=activations");
-    expect_refused(config(c, s), data, settings[0], expected);
-  }
+  expect_refused(config(c, {"runtime.device=cpu", "train.offload=activations"}), data,
+                 "runtime.device=cpu",
+                 "train.offload = activations moves a device rank's activations to host memory, "
+                 "got runtime.device = cpu");
   EXPECT_EQ(fake.calls("linear_forward"), 0);  // refused before any step
 }
 

@@ -204,18 +204,13 @@ TEST(DeviceOptimizerOffloadRefusals, CpuRanksAndServersAreRefused) {
   const Case c{"fashion_mlp", "fp32"};
   const data::Splits data = data::make_datasets(config(c).data);
   fakes::FakeDevice fake;
-  for (const auto& [settings, expected] :
-       std::vector<std::pair<std::vector<std::string>, std::string>>{
-           {{"runtime.device=cpu"},
-            "train.offload = optimizer moves a device rank's optimizer state to host memory, got "
-            "runtime.device = cpu"},
-           {{"ps.servers=1"},
-            "train.offload = optimizer moves a device rank's optimizer state to host memory, got "
-            "ps.servers = 1"}}) {
-    std::vector<std::string> s = settings;
-    s.push_back("train.offload=optimizer");
-    expect_refused(config(c, s), data, settings[0], expected);
-  }
+  expect_refused(config(c, {"runtime.device=cpu", "train.offload=optimizer"}), data,
+                 "runtime.device=cpu",
+                 "train.offload = optimizer moves a device rank's optimizer state to host memory, "
+                 "got runtime.device = cpu");
+  expect_refused(config(c, {"ps.servers=1", "train.offload=optimizer"}), data, "ps.servers=1",
+                 "train.offload = optimizer moves a device rank's optimizer state to host memory, "
+                 "got ps.servers = 1");
   EXPECT_EQ(fake.calls("linear_forward"), 0);  // refused before any step
 }
 

@@ -65,19 +65,6 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
   return v;
 }
 
-// Column sums in a block of 32 x 32 threads: `part[y][x]` holds thread (x, y)'s partial sum of
-// column x; a fixed tree over y (deterministic); returns column x's sum (valid in row y = 0).
-__device__ __forceinline__ float column_tree_sum(float (&part)[32][33], float acc) {
-  part[threadIdx.y][threadIdx.x] = acc;
-  __syncthreads();
-  for (int stride = 16; stride > 0; stride >>= 1) {
-    if (threadIdx.y < stride)
-      part[threadIdx.y][threadIdx.x] += part[threadIdx.y + stride][threadIdx.x];
-    __syncthreads();
-  }
-  return part[0][threadIdx.x];
-}
-
 inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a + b - 1) / b); }
 
 // Blocks for a grid-stride loop over n items with `threads` per block: enough to fill any
@@ -85,6 +72,81 @@ inline unsigned ceil_div(int64_t a, int64_t b) { return static_cast<unsigned>((a
 inline unsigned grid_for(int64_t n, int threads) {
   const int64_t blocks = (n + threads - 1) / threads;
   return static_cast<unsigned>(blocks < 4096 ? (blocks > 0 ? blocks : 1) : 4096);
+}
+
+// A device buffer of at least `floats` floats for the calling thread and stream, kept for its
+// next calls (grown, never shrunk; device.cc). Work queued on that stream may use it until the
+// next call for the same stream queues work after it.
+float* stream_scratch(size_t floats, cudaStream_t stream);
+
+// ---- Column sums: out_k[c] += sum over rows r < N of term_k(r, c), k < K, for c < C ----
+// Two passes with fixed partitions, so the order of every sum depends on N and C alone: pass 1
+// gives each block 32 columns of one part of the rows (parts of kColumnRows rows, at most
+// kColumnParts parts), its 8 row lanes summing strided rows, then the 8 in order; pass 2 adds
+// each column's parts in order. F is a functor: `void operator()(int64_t r, int64_t c,
+// float (&v)[K]) const` sets the K terms of element (r, c).
+constexpr int64_t kColumnRows = 256, kColumnParts = 4096;
+
+inline int64_t column_parts(int64_t N) {
+  const int64_t parts = (N + kColumnRows - 1) / kColumnRows;
+  return parts < 1 ? 1 : (parts > kColumnParts ? kColumnParts : parts);
+}
+
+template <int K, typename F>
+__global__ void column_parts_kernel(float* part, int64_t N, int64_t C, F term) {
+  __shared__ float sh[K][8][33];
+  const int64_t c = blockIdx.x * int64_t{32} + threadIdx.x, parts = gridDim.y, p = blockIdx.y;
+  const int64_t rows = (N + parts - 1) / parts, r0 = p * rows, r1 = r0 + rows < N ? r0 + rows : N;
+  float acc[K] = {};
+  if (c < C)
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) {
+      float v[K];
+      term(r, c, v);
+#pragma unroll
+      for (int k = 0; k < K; ++k) acc[k] += v[k];
+    }
+#pragma unroll
+  for (int k = 0; k < K; ++k) sh[k][threadIdx.y][threadIdx.x] = acc[k];
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C)
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      float sum = sh[k][0][threadIdx.x];
+      for (int y = 1; y < 8; ++y) sum += sh[k][y][threadIdx.x];
+      part[(k * parts + p) * C + c] = sum;
+    }
+}
+
+// The K outputs of a column sum (a kernel parameter).
+template <int K>
+struct ColumnOuts {
+  float* p[K];
+};
+
+template <int K>
+__global__ void column_finish_kernel(ColumnOuts<K> out, const float* part, int64_t parts,
+                                     int64_t C) {
+  const int64_t c = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  if (c >= C) return;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    float sum = 0.0f;
+    for (int64_t p = 0; p < parts; ++p) sum += part[(k * parts + p) * C + c];
+    out.p[k][c] += sum;
+  }
+}
+
+template <int K, typename F>
+void column_sums(ColumnOuts<K> out, int64_t N, int64_t C, F term, cudaStream_t s,
+                 const char* who) {
+  if (N <= 0 || C <= 0) return;
+  const int64_t parts = column_parts(N);
+  float* part = stream_scratch(static_cast<size_t>(K * parts * C), s);
+  column_parts_kernel<K><<<dim3(ceil_div(C, 32), static_cast<unsigned>(parts)), dim3(32, 8), 0,
+                           s>>>(part, N, C, term);
+  check_launch(who);
+  column_finish_kernel<K><<<ceil_div(C, 256), 256, 0, s>>>(out, part, parts, C);
+  check_launch(who);
 }
 
 // Calls f(float{}) or f(bf16{}) for t; InvalidArgument naming `who` otherwise.

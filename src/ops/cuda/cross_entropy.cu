@@ -1,7 +1,7 @@
 // Fused log-softmax + cross-entropy: one block per row finds the max and the sum of
-// exponentials (two reads of the row; vocabularies of 50k columns do not fit in registers),
-// keeps only lse = max + log(sum); the backward recomputes each probability from it, so no
-// [N,C] probabilities exist unless the caller asks for them.
+// exponentials in one read of the row (an online sum, rescaled when the max grows), keeps only
+// lse = max + log(sum); the backward recomputes each probability from it, so no [N,C]
+// probabilities exist unless the caller asks for them.
 #include "common.cuh"
 #include "tessel/ops/cuda/kernels.h"
 
@@ -13,18 +13,51 @@ using detail::to_f32;
 
 constexpr int kThreads = 512;
 
+// A running (max m, sum l of exp(v - m)) and its merge with another: max and + are commutative,
+// so both lanes of a butterfly step get the same bits. A side with m = -inf has l = 0 (adds
+// nothing) or l = NaN (a NaN seen before any number), which must reach the result.
+struct MaxSum {
+  float m, l;
+};
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+  const float m = fmaxf(a.m, b.m);
+  if (m == -INFINITY) return {m, a.l + b.l};
+  return {m, a.l * (a.m == -INFINITY ? 0.0f : expf(a.m - m)) +
+                 b.l * (b.m == -INFINITY ? 0.0f : expf(b.m - m))};
+}
+
+// The block's (max, sum) of its threads' ones, in a fixed tree; every thread gets it.
+__device__ MaxSum block_max_sum(MaxSum v, MaxSum* shared) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
+  for (int o = 16; o > 0; o >>= 1)
+    v = merge(v, {__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.l, o)});
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < warps ? shared[lane] : MaxSum{-INFINITY, 0.0f};
+  for (int o = 16; o > 0; o >>= 1)
+    v = merge(v, {__shfl_xor_sync(0xffffffffu, v.m, o), __shfl_xor_sync(0xffffffffu, v.l, o)});
+  return v;
+}
+
 template <typename T>
 __global__ void cross_entropy_forward_kernel(float* losses, float* lse, float* probs,
                                              const T* logits, const int32_t* labels, int64_t C) {
-  __shared__ float shared[32];
+  __shared__ MaxSum shared[32];
   const int64_t r = blockIdx.x;
   const T* lr = logits + r * C;
-  float mx = -INFINITY;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) mx = fmaxf(mx, to_f32(lr[c]));
-  mx = detail::block_max(mx, shared);
-  float sum = 0.0f;
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) sum += expf(to_f32(lr[c]) - mx);
-  sum = detail::block_sum(sum, shared);
+  MaxSum ms{-INFINITY, 0.0f};
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+    const float v = to_f32(lr[c]);
+    // A NaN makes the sum NaN, and so does +inf (exp(inf - inf), as the CPU's softmax).
+    if (v > ms.m) {
+      ms.l = ms.l * expf(ms.m - v) + (isinf(v) ? NAN : 1.0f);
+      ms.m = v;
+    } else {
+      ms.l += v == -INFINITY ? 0.0f : expf(v - ms.m);
+    }
+  }
+  ms = block_max_sum(ms, shared);
+  const float mx = ms.m, sum = ms.l;
   const float log_sum = logf(sum);
   if (probs != nullptr) {
     const float inv = 1.0f / sum;
@@ -69,33 +102,50 @@ __global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const
   }
 }
 
-// correct[0] = the rows whose first maximum is the label: one block, each thread a strided set
-// of rows (a plain scan, C is read once per row), then an integer tree (exact in any order).
+// The first maximum of a row in scan order, as the CPU's strict > scan: a NaN never wins, except
+// at column 0, where nothing then compares greater (the answer is 0). A warp per row, each lane a
+// strided run of columns (coalesced); then (value, column) pairs merge, ties to the smaller column.
+constexpr int kWarpsPerBlock = 8;
+
 template <typename T>
-__global__ void count_correct_kernel(int64_t* correct, const T* logits, const int32_t* labels,
-                                     int64_t N, int64_t C) {
-  __shared__ int64_t part[kThreads];
-  int64_t count = 0;
-  for (int64_t r = threadIdx.x; r < N; r += blockDim.x) {
-    const T* lr = logits + r * C;
-    int64_t best = 0;
-    float best_value = to_f32(lr[0]);
-    for (int64_t c = 1; c < C; ++c) {  // strict >: the first of tied maxima, as torch.argmax
-      const float v = to_f32(lr[c]);
-      if (v > best_value) {
-        best = c;
-        best_value = v;
-      }
+__device__ int64_t row_first_max(const T* lr, int64_t C, int lane) {
+  float best_value = -INFINITY;
+  int64_t best = C;  // none yet
+  for (int64_t c = lane; c < C; c += 32) {
+    const float v = to_f32(lr[c]);
+    if (v > best_value || (best == C && v == best_value)) {
+      best = c;
+      best_value = v;
     }
-    count += best == labels[r];
   }
-  part[threadIdx.x] = count;
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, best_value, off);
+    const int64_t oc = __shfl_xor_sync(0xffffffffu, best, off);
+    if (oc != C && (best == C || ov > best_value || (ov == best_value && oc < best))) {
+      best = oc;
+      best_value = ov;
+    }
+  }
+  return (best == C || isnan(to_f32(lr[0]))) ? 0 : best;
+}
+
+// correct[0] += the block's rows whose first maximum is the label (correct[0] zeroed before):
+// integer sums, exact in any order.
+template <typename T>
+__global__ void count_correct_kernel(unsigned long long* correct, const T* logits,
+                                     const int32_t* labels, int64_t N, int64_t C) {
+  __shared__ unsigned hits[kWarpsPerBlock];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t r = blockIdx.x * int64_t{kWarpsPerBlock} + warp;
+  unsigned hit = 0;
+  if (r < N) hit = row_first_max(logits + r * C, C, lane) == labels[r];
+  if (lane == 0) hits[warp] = hit;
   __syncthreads();
-  for (int stride = blockDim.x / 2; stride > 0; stride >>= 1) {
-    if (threadIdx.x < stride) part[threadIdx.x] += part[threadIdx.x + stride];
-    __syncthreads();
+  if (threadIdx.x == 0) {
+    unsigned sum = 0;
+    for (int w = 0; w < kWarpsPerBlock; ++w) sum += hits[w];
+    if (sum != 0) atomicAdd(correct, static_cast<unsigned long long>(sum));
   }
-  if (threadIdx.x == 0) correct[0] = part[0];
 }
 
 }  // namespace
@@ -133,10 +183,13 @@ void count_correct(int64_t* correct, const void* logits, const int32_t* labels, 
                    int64_t C, DType t, cudaStream_t s) {
   TESSEL_CHECK(N >= 0 && C > 0, "cuda count_correct: N must be >= 0 and C > 0, got N=", N,
                " C=", C);
+  check_cuda(cudaMemsetAsync(correct, 0, sizeof(int64_t), s), "cuda count_correct (zero)");
+  if (N == 0) return;
   detail::dispatch(t, "cuda count_correct", [&](auto tag) {
     using T = decltype(tag);
-    count_correct_kernel<<<1, kThreads, 0, s>>>(correct, static_cast<const T*>(logits), labels, N,
-                                                C);
+    count_correct_kernel<<<detail::ceil_div(N, kWarpsPerBlock), kWarpsPerBlock * 32, 0, s>>>(
+        reinterpret_cast<unsigned long long*>(correct), static_cast<const T*>(logits), labels, N,
+        C);
   });
   check_launch("cuda count_correct");
 }

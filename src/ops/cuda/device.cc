@@ -1,5 +1,8 @@
-// Device probing and DeviceBuffer: plain cudaMalloc/cudaFree, synchronous copies.
+// Device probing, DeviceBuffer (plain cudaMalloc/cudaFree, synchronous copies) and the kernels'
+// per-stream scratch.
 #include "tessel/ops/cuda/device.h"
+
+#include <unordered_map>
 
 #include "tessel/ops/cuda/check.h"
 
@@ -53,5 +56,18 @@ void DeviceBuffer::download(void* host, size_t bytes) const {
 void DeviceBuffer::fill(int byte) {
   if (bytes_ > 0) check_cuda(cudaMemset(p_, byte, bytes_), "cudaMemset");
 }
+
+namespace detail {
+
+// common.cuh's stream_scratch. Growing frees the old buffer: cudaFree waits for the device, so
+// no queued kernel still reads it.
+float* stream_scratch(size_t floats, cudaStream_t stream) {
+  thread_local std::unordered_map<cudaStream_t, DeviceBuffer> buffers;
+  DeviceBuffer& b = buffers[stream];
+  if (b.bytes() < floats * sizeof(float)) b = DeviceBuffer(floats * sizeof(float));
+  return b.as<float>();
+}
+
+}  // namespace detail
 
 }  // namespace tessel::ops::cuda

@@ -8,7 +8,6 @@ namespace tessel::ops::cuda {
 namespace {
 
 using detail::bf16;
-using detail::column_tree_sum;
 using detail::from_f32;
 using detail::to_f32;
 
@@ -16,19 +15,50 @@ constexpr int kThreads = 256;
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCube = 0.044715f;
 
+// 16 bytes of T: map and zip move their elements in these when every pointer is 16-byte aligned
+// (`vec`), the rest one by one; each element is computed alike either way.
+template <typename T>
+struct alignas(16) Pack {
+  static constexpr int kWidth = 16 / sizeof(T);
+  T v[kWidth];
+};
+
+inline bool aligned16(const void* a, const void* b, const void* c = nullptr) {
+  return ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) |
+           reinterpret_cast<uintptr_t>(c)) & 15) == 0;
+}
+
 // y = op(x) elementwise; F maps one f32 to one f32.
 template <typename T, typename F>
-__global__ void map_kernel(T* y, const T* x, int64_t n, F f) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    y[i] = from_f32<T>(f(to_f32(x[i])));
+__global__ void map_kernel(T* y, const T* x, int64_t n, bool vec, F f) {
+  constexpr int W = Pack<T>::kWidth;
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x, packs = vec ? n / W : 0;
+  for (int64_t k = first; k < packs; k += stride) {
+    const Pack<T> in = reinterpret_cast<const Pack<T>*>(x)[k];
+    Pack<T> out;
+#pragma unroll
+    for (int q = 0; q < W; ++q) out.v[q] = from_f32<T>(f(to_f32(in.v[q])));
+    reinterpret_cast<Pack<T>*>(y)[k] = out;
+  }
+  for (int64_t i = packs * W + first; i < n; i += stride) y[i] = from_f32<T>(f(to_f32(x[i])));
 }
 
 // y = op(a, b) elementwise.
 template <typename T, typename F>
-__global__ void zip_kernel(T* y, const T* a, const T* b, int64_t n, F f) {
-  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
+__global__ void zip_kernel(T* y, const T* a, const T* b, int64_t n, bool vec, F f) {
+  constexpr int W = Pack<T>::kWidth;
+  const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
+  const int64_t stride = int64_t{gridDim.x} * blockDim.x, packs = vec ? n / W : 0;
+  for (int64_t k = first; k < packs; k += stride) {
+    const Pack<T> pa = reinterpret_cast<const Pack<T>*>(a)[k];
+    const Pack<T> pb = reinterpret_cast<const Pack<T>*>(b)[k];
+    Pack<T> out;
+#pragma unroll
+    for (int q = 0; q < W; ++q) out.v[q] = from_f32<T>(f(to_f32(pa.v[q]), to_f32(pb.v[q])));
+    reinterpret_cast<Pack<T>*>(y)[k] = out;
+  }
+  for (int64_t i = packs * W + first; i < n; i += stride)
     y[i] = from_f32<T>(f(to_f32(a[i]), to_f32(b[i])));
 }
 
@@ -68,8 +98,8 @@ void map(void* y, const void* x, int64_t n, DType t, cudaStream_t s, const char*
   if (n <= 0) return;
   detail::dispatch(t, who, [&](auto tag) {
     using T = decltype(tag);
-    map_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, s>>>(static_cast<T*>(y),
-                                                                  static_cast<const T*>(x), n, f);
+    map_kernel<<<detail::grid_for(n / Pack<T>::kWidth + 1, kThreads), kThreads, 0, s>>>(
+        static_cast<T*>(y), static_cast<const T*>(x), n, aligned16(y, x), f);
   });
   check_launch(who);
 }
@@ -80,8 +110,9 @@ void zip(void* y, const void* a, const void* b, int64_t n, DType t, cudaStream_t
   if (n <= 0) return;
   detail::dispatch(t, who, [&](auto tag) {
     using T = decltype(tag);
-    zip_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, s>>>(
-        static_cast<T*>(y), static_cast<const T*>(a), static_cast<const T*>(b), n, f);
+    zip_kernel<<<detail::grid_for(n / Pack<T>::kWidth + 1, kThreads), kThreads, 0, s>>>(
+        static_cast<T*>(y), static_cast<const T*>(a), static_cast<const T*>(b), n,
+        aligned16(y, a, b), f);
   });
   check_launch(who);
 }
@@ -93,19 +124,15 @@ __global__ void accumulate_kernel(float* acc, const T* x, int64_t n) {
     acc[i] += to_f32(x[i]);
 }
 
-// db[c] += sum over r of dy[r, c]. A block owns 32 columns: lane x reads column c, the 32 row
-// lanes y take rows y, y + 32, ... (coalesced 32-column rows), then a fixed tree over y.
-// Deterministic without a second pass; enough parallelism for OC >= a few thousand.
+// The terms of db[c] += sum over r of dy[r, c] (column_sums).
 template <typename T>
-__global__ void bias_backward_kernel(float* db, const T* dy, int64_t N, int64_t OC) {
-  __shared__ float part[32][33];
-  const int64_t c = blockIdx.x * int64_t{32} + threadIdx.x;
-  float acc = 0.0f;
-  if (c < OC)
-    for (int64_t r = threadIdx.y; r < N; r += 32) acc += to_f32(dy[r * OC + c]);
-  const float sum = column_tree_sum(part, acc);
-  if (threadIdx.y == 0 && c < OC) db[c] += sum;
-}
+struct BiasGrad {
+  const T* dy;
+  int64_t OC;
+  __device__ void operator()(int64_t r, int64_t c, float (&v)[1]) const {
+    v[0] = to_f32(dy[r * OC + c]);
+  }
+};
 
 }  // namespace
 
@@ -157,10 +184,9 @@ void bias_backward(float* db, const void* dy, DType t, int64_t N, int64_t OC, cu
   if (N <= 0 || OC <= 0) return;
   detail::dispatch(t, "cuda bias_backward", [&](auto tag) {
     using T = decltype(tag);
-    bias_backward_kernel<<<detail::ceil_div(OC, 32), dim3(32, 32), 0, s>>>(
-        db, static_cast<const T*>(dy), N, OC);
+    detail::column_sums<1>({db}, N, OC, BiasGrad<T>{static_cast<const T*>(dy), OC}, s,
+                           "cuda bias_backward");
   });
-  check_launch("cuda bias_backward");
 }
 
 }  // namespace tessel::ops::cuda

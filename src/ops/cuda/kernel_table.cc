@@ -87,8 +87,8 @@ void fill_conv_slots(DeviceKernels& k) {
 
 // ---- Attention: tensor-core GEMMs where attention_gemm_supported (bf16, long sequences), the
 // flash kernels otherwise; the GEMM path's T x T scratch comes from the caching pool.
-Tensor attention_scratch(int64_t T, int64_t NH) {
-  const int64_t floats = static_cast<int64_t>(attention_gemm_scratch_bytes(T, NH) / 4);
+Tensor attention_scratch(int64_t B, int64_t T, int64_t NH) {
+  const int64_t floats = static_cast<int64_t>(attention_gemm_scratch_bytes(B, T, NH) / 4);
   return Tensor::empty({floats}, DType::kF32, Device::kCuda);
 }
 
@@ -97,7 +97,7 @@ void attention_fwd(void* out, float* lse, const void* qkv, int64_t B, int64_t T,
   const cudaStream_t s = as_stream(stream);
   if (NH <= 0 || C % NH != 0 || !attention_gemm_supported(t, T, C / NH))
     return attention_forward(out, lse, qkv, B, T, C, NH, t, s);
-  const Tensor scratch = attention_scratch(T, NH);
+  const Tensor scratch = attention_scratch(B, T, NH);
   attention_gemm_forward(blas(), scratch.raw(), scratch.nbytes(), out, lse, qkv, B, T, C, NH, t, s);
 }
 
@@ -106,7 +106,7 @@ void attention_bwd(void* dqkv, const void* dout, const void* qkv, const void* ou
   const cudaStream_t s = as_stream(stream);
   if (NH <= 0 || C % NH != 0 || !attention_gemm_supported(t, T, C / NH))
     return attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, t, s);
-  const Tensor scratch = attention_scratch(T, NH);
+  const Tensor scratch = attention_scratch(B, T, NH);
   attention_gemm_backward(blas(), scratch.raw(), scratch.nbytes(), dqkv, dout, qkv, out, lse, B, T,
                           C, NH, t, s);
 }

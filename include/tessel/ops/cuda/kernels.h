@@ -103,15 +103,16 @@ void attention_backward(void* dqkv, const void* dout, const void* qkv, const voi
                         cudaStream_t stream);
 // The same through tensor-core GEMMs (attention_gemm.cu; cuBLASLt, bf16 in, f32 accumulate),
 // for bf16, T >= 256 a multiple of 8, the head sizes above (attention_gemm_supported):
-// per sequence and chunk of heads, S = scale Q K^T (f32), a causal softmax kernel writes
-// P (bf16) and lse, O = P V; the backward recomputes S and P. Same cache (lse) and contract, so
-// either backward takes either forward's out and lse. `scratch` (device, 256-byte aligned)
-// holds 12 T^2 bytes per head of a chunk (S, dP f32; P, dS bf16): heads per chunk =
-// scratch_bytes / (12 T^2), at least one; attention_gemm_scratch_bytes(T, NH) is the size the
-// kernel table uses: all NH heads up to 256 MiB, else as many heads as fit (one at least).
+// batched over the heads of a sequence or, when B > NH, over the sequences of a head, by chunks
+// of that batch: S = scale Q K^T (f32), a causal softmax kernel writes P (bf16) and lse,
+// O = P V; the backward recomputes S and P. Same cache (lse) and contract, so either backward
+// takes either forward's out and lse. `scratch` (device, 256-byte aligned) holds 12 T^2 bytes
+// per matrix of a chunk (S, dP f32; P, dS bf16): a chunk = scratch_bytes / (12 T^2) matrices,
+// at least one; attention_gemm_scratch_bytes(B, T, NH) is the size the kernel table uses: the
+// whole batch (max(B, NH) matrices) up to 256 MiB, else as many as fit (one at least).
 class Blas;
 bool attention_gemm_supported(DType t, int64_t T, int64_t HS);
-size_t attention_gemm_scratch_bytes(int64_t T, int64_t NH);
+size_t attention_gemm_scratch_bytes(int64_t B, int64_t T, int64_t NH);
 void attention_gemm_forward(Blas& blas, void* scratch, size_t scratch_bytes, void* out, float* lse,
                             const void* qkv, int64_t B, int64_t T, int64_t C, int64_t NH, DType t,
                             cudaStream_t stream);

@@ -198,19 +198,31 @@ void matmul(Blas& blas, cudaStream_t stream, bool trans_a, bool trans_b, int64_t
   const Alignments align{alignment(B.p, batch.stride_b, B.type),
                          alignment(A.p, batch.stride_a, A.type),
                          alignment(C.p, batch.stride_c, C.type)};
-  const PlanKey key{trans_a,        trans_b,         M,
-                    N,              K,               static_cast<int64_t>(A.type),
-                    static_cast<int64_t>(C.type),    A.ld,
-                    B.ld,           C.ld,            bias != nullptr,
-                    batch.count,    batch.stride_a,  batch.stride_b,
-                    batch.stride_c, align.a,         align.b,
+  const PlanKey key{trans_a,
+                    trans_b,
+                    M,
+                    N,
+                    K,
+                    static_cast<int64_t>(A.type),
+                    static_cast<int64_t>(C.type),
+                    A.ld,
+                    B.ld,
+                    C.ld,
+                    bias != nullptr,
+                    batch.count,
+                    batch.stride_a,
+                    batch.stride_b,
+                    batch.stride_c,
+                    align.a,
+                    align.b,
                     align.c};
   auto& plans = blas.plans().map;
   auto it = plans.find(key);
   if (it == plans.end()) {
     if (plans.size() >= kMaxPlans) plans.clear();
-    it = plans.emplace(key, make_plan(blas, trans_a, trans_b, M, N, K, A, B, C, bias != nullptr,
-                                      batch, align))
+    it = plans
+             .emplace(key, make_plan(blas, trans_a, trans_b, M, N, K, A, B, C, bias != nullptr,
+                                     batch, align))
              .first;
   }
   const Plan& plan = *it->second;

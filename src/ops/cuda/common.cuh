@@ -137,13 +137,13 @@ __global__ void column_finish_kernel(ColumnOuts<K> out, const float* part, int64
 }
 
 template <int K, typename F>
-void column_sums(ColumnOuts<K> out, int64_t N, int64_t C, F term, cudaStream_t s,
-                 const char* who) {
+void column_sums(ColumnOuts<K> out, int64_t N, int64_t C, F term, cudaStream_t s, const char* who) {
   if (N <= 0 || C <= 0) return;
   const int64_t parts = column_parts(N);
   float* part = stream_scratch(static_cast<size_t>(K * parts * C), s);
-  column_parts_kernel<K><<<dim3(ceil_div(C, 32), static_cast<unsigned>(parts)), dim3(32, 8), 0,
-                           s>>>(part, N, C, term);
+  column_parts_kernel<K>
+      <<<dim3(ceil_div(C, 32), static_cast<unsigned>(parts)), dim3(32, 8), 0, s>>>(part, N, C,
+                                                                                   term);
   check_launch(who);
   column_finish_kernel<K><<<ceil_div(C, 256), 256, 0, s>>>(out, part, parts, C);
   check_launch(who);

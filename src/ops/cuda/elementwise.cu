@@ -25,7 +25,8 @@ struct alignas(16) Pack {
 
 inline bool aligned16(const void* a, const void* b, const void* c = nullptr) {
   return ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) |
-           reinterpret_cast<uintptr_t>(c)) & 15) == 0;
+           reinterpret_cast<uintptr_t>(c)) &
+          15) == 0;
 }
 
 // y = op(x) elementwise; F maps one f32 to one f32.

@@ -105,10 +105,10 @@ void layernorm_backward(void* dx, float* dw, float* db, const void* dy, const vo
   check_width(C, "cuda layernorm_backward");
   detail::dispatch(t, "cuda layernorm_backward", [&](auto tag) {
     using T = decltype(tag);
-    detail::column_sums<2>({dw, db}, N, C,
-                           LayerNormGrads<T>{static_cast<const T*>(dy), static_cast<const T*>(x),
-                                             mean, rstd, C},
-                           s, "cuda layernorm_backward (dw, db)");
+    detail::column_sums<2>(
+        {dw, db}, N, C,
+        LayerNormGrads<T>{static_cast<const T*>(dy), static_cast<const T*>(x), mean, rstd, C}, s,
+        "cuda layernorm_backward (dw, db)");
     if (dx != nullptr)
       layernorm_dx_kernel<<<detail::ceil_div(N, kRowsPerBlock), kRowsPerBlock * 32, 0, s>>>(
           static_cast<T*>(dx), static_cast<const T*>(dy), static_cast<const T*>(x),

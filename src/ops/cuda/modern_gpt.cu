@@ -150,8 +150,7 @@ void rmsnorm_backward(void* dx, float* dw, const void* dy, const void* x, const 
   detail::dispatch(t, "cuda rmsnorm_backward", [&](auto tag) {
     using T = decltype(tag);
     detail::column_sums<1>(
-        {dw}, N, C,
-        RmsNormGrad<T>{static_cast<const T*>(dy), static_cast<const T*>(x), rstd, C}, s,
+        {dw}, N, C, RmsNormGrad<T>{static_cast<const T*>(dy), static_cast<const T*>(x), rstd, C}, s,
         "cuda rmsnorm_backward (dw)");
     if (dx != nullptr)
       rmsnorm_dx_kernel<<<detail::ceil_div(N, kRowsPerBlock), kRowsPerBlock * 32, 0, s>>>(

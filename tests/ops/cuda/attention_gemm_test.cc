@@ -39,11 +39,11 @@ TEST(AttentionGemmPlan, SupportsBf16LongSequencesOnly) {
 
 TEST(AttentionGemmPlan, ScratchHoldsTheWholeBatchUpTo256MiBElseWhatFits) {
   const size_t MiB = size_t{1} << 20;
-  EXPECT_EQ(attention_gemm_scratch_bytes(1, 1024, 12), 144 * MiB);  // 12 heads x 12 MiB
+  EXPECT_EQ(attention_gemm_scratch_bytes(1, 1024, 12), 144 * MiB);   // 12 heads x 12 MiB
   EXPECT_EQ(attention_gemm_scratch_bytes(16, 1024, 12), 192 * MiB);  // GPT-2: 16 sequences
   EXPECT_EQ(attention_gemm_scratch_bytes(1, 2048, 12), 5 * 48 * MiB);
   EXPECT_EQ(attention_gemm_scratch_bytes(1, 4096, 32), 192 * MiB);  // one even past the budget
-  EXPECT_EQ(attention_gemm_scratch_bytes(64, 256, 6), 48 * MiB);  // char GPT: 64 sequences
+  EXPECT_EQ(attention_gemm_scratch_bytes(64, 256, 6), 48 * MiB);    // char GPT: 64 sequences
 }
 
 class CudaAttentionGemm : public Gpu {

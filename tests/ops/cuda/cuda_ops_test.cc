@@ -1,8 +1,8 @@
 // The CUDA kernel table against the CPU ops (tessel/ops/cpu.h) on random inputs of odd shapes:
 // elementwise, LayerNorm, cross-entropy (whole and vocab-parallel), the count of correct rows,
-// embedding, AdamW, SGD and the sum of squares. f32 to 1e-5 relative, bf16 to 1e-2; every output poisoned with NaN before the
-// run, every accumulated gradient started from random values. Without a device every test skips,
-// saying why.
+// embedding, AdamW, SGD and the sum of squares. f32 to 1e-5 relative, bf16 to 1e-2; every output
+// poisoned with NaN before the run, every accumulated gradient started from random values. Without
+// a device every test skips, saying why.
 #include <cstring>
 
 #include "cuda_test_util.h"

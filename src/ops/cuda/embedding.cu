@@ -2,6 +2,9 @@
 // block row (rows are dealt out by id % kParts), and that block walks the ids in order of n:
 // each table element is then summed by one thread, in the CPU's order, with no atomics. A warp
 // reads 32 ids at once and a ballot keeps the ones of its part, so the walk costs N/32 steps.
+// A small table (at most kHeld rows a block: a character vocabulary) is summed in registers,
+// loaded from dtable first and stored after the walk: the same additions in the same order,
+// without a read-modify-write of global memory per id.
 #include "common.cuh"
 #include "tessel/ops/cuda/kernels.h"
 
@@ -14,6 +17,7 @@ using detail::to_f32;
 constexpr int kThreads = 256;
 constexpr int kColumns = 128;  // columns per backward block (its threads, 4 warps)
 constexpr int kParts = 64;     // table rows dealt out round-robin to this many block rows
+constexpr int kHeld = 4;       // table rows a block may hold in registers
 
 template <typename T>
 __global__ void embedding_forward_kernel(T* y, const int32_t* ids, const T* table, int64_t N,
@@ -33,12 +37,20 @@ __global__ void embedding_forward_kernel(T* y, const int32_t* ids, const T* tabl
   }
 }
 
-// Block (x, y): columns [x * kColumns, ...), table rows r with r % parts == y.
-template <typename T>
+// Block (x, y): columns [x * kColumns, ...), table rows r with r % parts == y, i.e.
+// r = y + q parts; with kHold, q < kHeld and row q's sum is held[q].
+template <typename T, bool kHold>
 __global__ void embedding_backward_kernel(float* dtable, const T* dy, const int32_t* ids, int64_t N,
                                           int64_t C, int64_t lo, int64_t rows, int parts) {
   const int64_t c = blockIdx.x * int64_t{kColumns} + threadIdx.x;
   const int lane = threadIdx.x % 32;
+  float held[kHeld] = {};
+  if (kHold && c < C)
+#pragma unroll
+    for (int q = 0; q < kHeld; ++q) {
+      const int64_t r = blockIdx.y + int64_t{q} * parts;
+      if (r < rows) held[q] = dtable[r * C + c];
+    }
   for (int64_t n0 = 0; n0 < N; n0 += 32) {
     const int64_t n = n0 + lane;
     const int64_t r = n < N ? static_cast<int64_t>(ids[n]) - lo : -1;
@@ -48,9 +60,24 @@ __global__ void embedding_backward_kernel(float* dtable, const T* dy, const int3
       const int k = __ffs(mask) - 1;
       mask &= mask - 1;
       const int64_t rk = __shfl_sync(0xffffffffu, r, k);
-      if (c < C) dtable[rk * C + c] += to_f32(dy[(n0 + k) * C + c]);
+      if (c >= C) continue;
+      const float v = to_f32(dy[(n0 + k) * C + c]);
+      if constexpr (kHold) {
+        const int64_t q = rk / parts;
+#pragma unroll
+        for (int j = 0; j < kHeld; ++j)
+          if (j == q) held[j] += v;
+      } else {
+        dtable[rk * C + c] += v;
+      }
     }
   }
+  if (kHold && c < C)
+#pragma unroll
+    for (int q = 0; q < kHeld; ++q) {
+      const int64_t r = blockIdx.y + int64_t{q} * parts;
+      if (r < rows) dtable[r * C + c] = held[q];
+    }
 }
 
 }  // namespace
@@ -74,8 +101,12 @@ void embedding_backward(float* dtable, const void* dy, const int32_t* ids, int64
   const dim3 grid(detail::ceil_div(C, kColumns), static_cast<unsigned>(parts));
   detail::dispatch(t, "cuda embedding_backward", [&](auto tag) {
     using T = decltype(tag);
-    embedding_backward_kernel<<<grid, kColumns, 0, s>>>(dtable, static_cast<const T*>(dy), ids, N,
-                                                        C, lo, rows, parts);
+    if (rows <= int64_t{kHeld} * parts)
+      embedding_backward_kernel<T, true>
+          <<<grid, kColumns, 0, s>>>(dtable, static_cast<const T*>(dy), ids, N, C, lo, rows, parts);
+    else
+      embedding_backward_kernel<T, false>
+          <<<grid, kColumns, 0, s>>>(dtable, static_cast<const T*>(dy), ids, N, C, lo, rows, parts);
   });
   check_launch("cuda embedding_backward");
 }

@@ -120,6 +120,14 @@ def trial_fail(tessel, tmp, np_, epochs):
                f"all ranks gone {took:.2f} s after it"
 
 
+def error_said(out, ok):
+    """The run's error line where a trial failed (what named the wrong rank, or nobody)."""
+    if ok:
+        return ""
+    errors = [l.strip() for l in out.splitlines() if "error" in l.lower()]
+    return f"; it said: {errors[-1][:400]}" if errors else "; it printed no error"
+
+
 def trial_stop_mpi(tessel, tmp, np_, epochs):
     run = fresh(tmp, f"stop{np_}")
     args = MPIRUN + ["-np", str(np_), tessel] + BASE + [
@@ -137,7 +145,7 @@ def trial_stop_mpi(tessel, tmp, np_, epochs):
         f"rank ({victim}) was itself stopped" in out
     ok = proc.returncode != 0 and named and took <= TIMEOUT_S + 5
     return ok, f"np={np_} SIGSTOP rank {victim}: exit {proc.returncode} after {took:.1f} s " \
-               f"(bound {TIMEOUT_S + 5}), named: {named}"
+               f"(bound {TIMEOUT_S + 5}), named: {named}{error_said(out, ok)}"
 
 
 def trial_stop_threads(tessel, tmp, epochs):
@@ -155,7 +163,7 @@ def trial_stop_threads(tessel, tmp, epochs):
     named = f"rank {victim} stopped making progress" in out
     ok = proc.returncode == 1 and named and took <= TIMEOUT_S + 5
     return ok, f"threads=3 rank {victim} hangs: exit {proc.returncode} after {took:.1f} s, " \
-               f"named: {named}"
+               f"named: {named}{error_said(out, ok)}"
 
 
 def trial_term(tessel, tmp, reference, epochs, launch):

@@ -50,17 +50,14 @@ int64_t first_position(const TensorParallel* tp, int64_t local_T) {
 
 // Adds (forward) or accumulates the gradient of (backward) the position table over x's rows
 // [B, Tl, C] of type t, which are positions [t0, t0 + Tl). table: the values (type t), or the
-// f32 gradient.
+// f32 gradient. One call for the B sequences (one launch on a device).
 void positions(void* x, void* table, DType t, int64_t B, int64_t Tl, int64_t C, int64_t t0,
                bool grad) {
   const int64_t n = Tl * C, e = static_cast<int64_t>(dtype_size(t));
-  for (int64_t b = 0; b < B; ++b) {
-    void* seq = static_cast<char*>(x) + b * n * e;
-    if (grad)
-      ops::accumulate(static_cast<float*>(table) + t0 * C, seq, n, t);
-    else
-      ops::add_forward(seq, seq, static_cast<char*>(table) + t0 * C * e, n, t);
-  }
+  if (grad)
+    ops::accumulate(static_cast<float*>(table) + t0 * C, x, n, t, B);
+  else
+    ops::add_forward(x, x, static_cast<char*>(table) + t0 * C * e, n, t, B);
 }
 
 // The positions of the rows of kv's step: each run continues its sequence.

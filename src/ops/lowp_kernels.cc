@@ -84,15 +84,17 @@ bool positive(uint16_t h, DType t) { return h != 0 && h <= (t == DType::kBF16 ? 
 
 }  // namespace
 
-void accumulate(float* acc, const void* x, int64_t n, DType t) {
+void accumulate(float* acc, const void* x, int64_t n, DType t, int64_t count) {
   check_float(t, "accumulate");
-  if (on_device()) return run_on_device(&DeviceKernels::accumulate, "accumulate", acc, x, n, t);
-  for (int64_t i = 0; i < n; i += kChunk) {
-    const int64_t m = std::min(kChunk, n - i);
-    const float* v = widened(0, at(x, i, t), m, t);
-    float* __restrict a = acc + i;
-    for (int64_t j = 0; j < m; ++j) a[j] += v[j];
-  }
+  if (on_device())
+    return run_on_device(&DeviceKernels::accumulate, "accumulate", acc, x, n, count, t);
+  for (int64_t k = 0; k < count; ++k)
+    for (int64_t i = 0; i < n; i += kChunk) {
+      const int64_t m = std::min(kChunk, n - i);
+      const float* v = widened(0, at(x, k * n + i, t), m, t);
+      float* __restrict a = acc + i;
+      for (int64_t j = 0; j < m; ++j) a[j] += v[j];
+    }
 }
 
 void linear_forward(void* y, const void* x, DType x_type, const void* w, const void* b, DType t,
@@ -184,14 +186,22 @@ void gelu_backward(void* dx, const void* dy, const void* x, int64_t n, DType t) 
   });
 }
 
-void add_forward(void* y, const void* a, const void* b, int64_t n, DType t) {
+void add_forward(void* y, const void* a, const void* b, int64_t n, DType t, int64_t count) {
   check_float(t, "add_forward");
-  if (on_device()) return run_on_device(&DeviceKernels::add_forward, "add_forward", y, a, b, n, t);
-  if (is_f32(t))
-    return add_forward(static_cast<float*>(y), static_cast<const float*>(a),
-                       static_cast<const float*>(b), n);
-  elementwise(y, {a, b}, n, t,
-              [](float* o, const float* const* in, int64_t m) { add_forward(o, in[0], in[1], m); });
+  if (on_device())
+    return run_on_device(&DeviceKernels::add_forward, "add_forward", y, a, b, n, count, t);
+  for (int64_t k = 0; k < count; ++k) {
+    void* yk = static_cast<char*>(y) + k * n * static_cast<int64_t>(dtype_size(t));
+    const void* ak = at(a, k * n, t);
+    if (is_f32(t)) {
+      add_forward(static_cast<float*>(yk), static_cast<const float*>(ak),
+                  static_cast<const float*>(b), n);
+      continue;
+    }
+    elementwise(yk, {ak, b}, n, t, [](float* o, const float* const* in, int64_t m) {
+      add_forward(o, in[0], in[1], m);
+    });
+  }
 }
 
 // Dropout row by row: each row keeps its global sample index, so the masks are the f32 ones.

@@ -241,10 +241,11 @@ ops::DeviceKernels FakeSlots::table() {
     DeviceScope host(Device::kCpu, nullptr);
     ops::gelu_backward(dx, dy, x, n, t);
   };
-  k.add_forward = [](void* y, const void* a, const void* b, int64_t n, DType t, void*) {
+  k.add_forward = [](void* y, const void* a, const void* b, int64_t n, int64_t count, DType t,
+                     void*) {
     enter("add_forward", {y, a, b});
     DeviceScope host(Device::kCpu, nullptr);
-    ops::add_forward(y, a, b, n, t);
+    ops::add_forward(y, a, b, n, t, count);
   };
   k.layernorm_forward = [](void* y, float* mean, float* rstd, const void* x, const void* w,
                            const void* b, int64_t N, int64_t C, DType t, void*) {
@@ -356,10 +357,10 @@ void FakeSlots::fill_vocab_parallel_slots(ops::DeviceKernels& k) {
 
 // The GPT's slots: accumulate and attention.
 void FakeSlots::fill_gpt_slots(ops::DeviceKernels& k) {
-  k.accumulate = [](float* acc, const void* x, int64_t n, DType t, void*) {
+  k.accumulate = [](float* acc, const void* x, int64_t n, int64_t count, DType t, void*) {
     enter("accumulate", {acc, x});
     DeviceScope host(Device::kCpu, nullptr);
-    ops::accumulate(acc, x, n, t);
+    ops::accumulate(acc, x, n, t, count);
   };
   k.attention_forward = [](void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t C,
                            int64_t NH, DType t, void*) {

@@ -57,7 +57,9 @@ void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t
 // GEMMs on gemm_lowp and the rest on f32 copies of small pieces (statistics, softmax, sums in
 // f32; 16-bit results rounded once). Parameter gradients (dw, db, dtable) and the statistics
 // (mean, rstd, att) are always f32. Same shapes and contracts as the f32 versions.
-void accumulate(float* acc, const void* x, int64_t n, DType t);  // acc[i] += x[i]
+// acc[i] += x[k n + i] for k = 0, 1, ..., count - 1 in that order: count rows of n summed into
+// one, each element in the order count separate calls would give.
+void accumulate(float* acc, const void* x, int64_t n, DType t, int64_t count = 1);
 // x may be of another float type than y, w, b (the first layer's f32 input); dx has x's type.
 void linear_forward(void* y, const void* x, DType x_type, const void* w, const void* b, DType t,
                     int64_t N, int64_t C, int64_t OC);
@@ -67,7 +69,8 @@ void relu_forward(void* y, const void* x, int64_t n, DType t);
 void relu_backward(void* dx, const void* dy, const void* y, int64_t n, DType t);
 void gelu_forward(void* y, const void* x, int64_t n, DType t);
 void gelu_backward(void* dx, const void* dy, const void* x, int64_t n, DType t);
-void add_forward(void* y, const void* a, const void* b, int64_t n, DType t);
+// y = a + b over count rows of n: b is one row of n, added to every row of a (y may alias a).
+void add_forward(void* y, const void* a, const void* b, int64_t n, DType t, int64_t count = 1);
 void dropout_forward(void* y, const void* x, int64_t rows, int64_t cols, float p, uint64_t seed,
                      int64_t step, int64_t first_sample, int64_t first_col, DType t);
 void dropout_backward(void* dx, const void* dy, int64_t rows, int64_t cols, float p, uint64_t seed,

@@ -47,7 +47,8 @@ struct DeviceKernels {
                         void* stream);  // y = the forward's output
   void (*gelu_forward)(void* y, const void* x, int64_t n, DType t, void* stream);
   void (*gelu_backward)(void* dx, const void* dy, const void* x, int64_t n, DType t, void* stream);
-  void (*add_forward)(void* y, const void* a, const void* b, int64_t n, DType t, void* stream);
+  void (*add_forward)(void* y, const void* a, const void* b, int64_t n, int64_t count, DType t,
+                      void* stream);
   // ---- LayerNorm over x[N,C], w[C], b[C]; mean[N], rstd[N] f32 (eps 1e-5) ----
   void (*layernorm_forward)(void* y, float* mean, float* rstd, const void* x, const void* w,
                             const void* b, int64_t N, int64_t C, DType t, void* stream);
@@ -94,7 +95,7 @@ struct DeviceKernels {
                                         void* stream);
   // ---- GPT ----
   // acc[n] (f32) += x[n] of type t (a gradient summed into f32, e.g. the position table's).
-  void (*accumulate)(float* acc, const void* x, int64_t n, DType t, void* stream);
+  void (*accumulate)(float* acc, const void* x, int64_t n, int64_t count, DType t, void* stream);
   // Causal multi-head attention over qkv[B,T,3C] (q, k, v side by side, C = NH * head size),
   // out[B,T,C]. The cache is lse[B,NH,T] (f32, each query row's log-sum-exp of its scaled
   // scores), not the CPU's att[B,NH,T,T]; the backward recomputes the probabilities from qkv,

@@ -45,22 +45,23 @@ __global__ void map_kernel(T* y, const T* x, int64_t n, bool vec, F f) {
   for (int64_t i = packs * W + first; i < n; i += stride) y[i] = from_f32<T>(f(to_f32(x[i])));
 }
 
-// y = op(a, b) elementwise.
+// y = op(a, b) elementwise, b repeating every `period` elements (a period of n: no repeat);
+// `vec` also asks that period be a multiple of the pack width.
 template <typename T, typename F>
-__global__ void zip_kernel(T* y, const T* a, const T* b, int64_t n, bool vec, F f) {
+__global__ void zip_kernel(T* y, const T* a, const T* b, int64_t n, int64_t period, bool vec, F f) {
   constexpr int W = Pack<T>::kWidth;
   const int64_t first = blockIdx.x * int64_t{blockDim.x} + threadIdx.x;
   const int64_t stride = int64_t{gridDim.x} * blockDim.x, packs = vec ? n / W : 0;
   for (int64_t k = first; k < packs; k += stride) {
     const Pack<T> pa = reinterpret_cast<const Pack<T>*>(a)[k];
-    const Pack<T> pb = reinterpret_cast<const Pack<T>*>(b)[k];
+    const Pack<T> pb = reinterpret_cast<const Pack<T>*>(b)[k % (period / W)];
     Pack<T> out;
 #pragma unroll
     for (int q = 0; q < W; ++q) out.v[q] = from_f32<T>(f(to_f32(pa.v[q]), to_f32(pb.v[q])));
     reinterpret_cast<Pack<T>*>(y)[k] = out;
   }
   for (int64_t i = packs * W + first; i < n; i += stride)
-    y[i] = from_f32<T>(f(to_f32(a[i]), to_f32(b[i])));
+    y[i] = from_f32<T>(f(to_f32(a[i]), to_f32(b[i % period])));
 }
 
 template <typename D, typename S>
@@ -105,24 +106,30 @@ void map(void* y, const void* x, int64_t n, DType t, cudaStream_t s, const char*
   check_launch(who);
 }
 
+// y = f(a, b) over n elements, b of `period` elements repeating (period = n: none).
 template <typename F>
 void zip(void* y, const void* a, const void* b, int64_t n, DType t, cudaStream_t s, const char* who,
-         F f) {
+         F f, int64_t period = 0) {
   if (n <= 0) return;
+  if (period <= 0) period = n;
   detail::dispatch(t, who, [&](auto tag) {
     using T = decltype(tag);
+    const bool vec = aligned16(y, a, b) && period % Pack<T>::kWidth == 0;
     zip_kernel<<<detail::grid_for(n / Pack<T>::kWidth + 1, kThreads), kThreads, 0, s>>>(
-        static_cast<T*>(y), static_cast<const T*>(a), static_cast<const T*>(b), n,
-        aligned16(y, a, b), f);
+        static_cast<T*>(y), static_cast<const T*>(a), static_cast<const T*>(b), n, period, vec, f);
   });
   check_launch(who);
 }
 
+// acc[i] += x[k n + i] for k in order: the sum of each element as count launches would give.
 template <typename T>
-__global__ void accumulate_kernel(float* acc, const T* x, int64_t n) {
+__global__ void accumulate_kernel(float* acc, const T* x, int64_t n, int64_t count) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
-       i += int64_t{gridDim.x} * blockDim.x)
-    acc[i] += to_f32(x[i]);
+       i += int64_t{gridDim.x} * blockDim.x) {
+    float sum = acc[i];
+    for (int64_t k = 0; k < count; ++k) sum += to_f32(x[k * n + i]);
+    acc[i] = sum;
+  }
 }
 
 // The terms of db[c] += sum over r of dy[r, c] (column_sums).
@@ -153,8 +160,9 @@ void gelu_backward(void* dx, const void* dy, const void* x, int64_t n, DType t, 
   if (dx != nullptr) zip(dx, dy, x, n, t, s, "cuda gelu_backward", GeluGrad{});
 }
 
-void add_forward(void* y, const void* a, const void* b, int64_t n, DType t, cudaStream_t s) {
-  zip(y, a, b, n, t, s, "cuda add_forward", Add{});
+void add_forward(void* y, const void* a, const void* b, int64_t n, int64_t count, DType t,
+                 cudaStream_t s) {
+  if (count > 0) zip(y, a, b, n * count, t, s, "cuda add_forward", Add{}, n);
 }
 
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n,
@@ -171,12 +179,12 @@ void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t
   check_launch("cuda convert");
 }
 
-void accumulate(float* acc, const void* x, int64_t n, DType t, cudaStream_t s) {
-  if (n <= 0) return;
+void accumulate(float* acc, const void* x, int64_t n, int64_t count, DType t, cudaStream_t s) {
+  if (n <= 0 || count <= 0) return;
   detail::dispatch(t, "cuda accumulate", [&](auto tag) {
     using T = decltype(tag);
     accumulate_kernel<<<detail::grid_for(n, kThreads), kThreads, 0, s>>>(
-        acc, static_cast<const T*>(x), n);
+        acc, static_cast<const T*>(x), n, count);
   });
   check_launch("cuda accumulate");
 }

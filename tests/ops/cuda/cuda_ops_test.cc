@@ -42,7 +42,7 @@ TEST_F(CudaOps, ElementwiseMatchCpu) {
     relu_backward(gdrelu.get(), gdy.get(), grelu.get(), n, t, nullptr);
     gelu_forward(ggelu.get(), gx.get(), n, t, nullptr);
     gelu_backward(gdgelu.get(), gdy.get(), gx.get(), n, t, nullptr);
-    add_forward(gsum.get(), gx.get(), gy2.get(), n, t, nullptr);
+    add_forward(gsum.get(), gx.get(), gy2.get(), n, 1, t, nullptr);
     const std::string ty = dtype_name(t);
     expect_close(download(grelu, n, t), as_type(relu, t), tol(t), "relu_forward " + ty);
     expect_close(download(gdrelu, n, t), as_type(drelu, t), tol(t), "relu_backward " + ty);
@@ -50,6 +50,29 @@ TEST_F(CudaOps, ElementwiseMatchCpu) {
     expect_close(download(gdgelu, n, t), as_type(dgelu, t), tol(t), "gelu_backward " + ty);
     expect_close(download(gsum, n, t), as_type(sum, t), tol(t), "add_forward " + ty);
   }
+}
+
+// The position table added to every sequence: one row of b over count rows of a, in place, for
+// a row length that packs (768) and one that does not (10007): the CPU's bits.
+TEST_F(CudaOps, AddForwardOfOneRowToManyIsTheCpus) {
+  for (DType t : kTypes)
+    for (int64_t n : {768, 10007}) {
+      const int64_t count = 6;
+      const Vec a = as_type(randn(n * count, 4), t), b = as_type(randn(n, 5), t);
+      Vec want = a;
+      if (t == DType::kF32) {
+        ops::add_forward(want.data(), want.data(), b.data(), n, t, count);
+      } else {
+        std::vector<uint16_t> y16 = to_bf16(a);
+        const std::vector<uint16_t> b16 = to_bf16(b);
+        ops::add_forward(y16.data(), y16.data(), b16.data(), n, t, count);
+        for (int64_t i = 0; i < n * count; ++i) want[i] = bf16_to_f32(y16[i]);
+      }
+      DeviceBuffer ga = upload(a, t), gb = upload(b, t);
+      add_forward(ga.get(), ga.get(), gb.get(), n, count, t, nullptr);
+      expect_same_bits(download(ga, n * count, t), want,
+                       str("add_forward x", count, " ", dtype_name(t), " n=", n));
+    }
 }
 
 TEST_F(CudaOps, ConvertRoundsToNearestEvenAsTheCpu) {

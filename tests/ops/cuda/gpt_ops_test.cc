@@ -16,18 +16,22 @@ Vec as_type(Vec v, DType t) { return t == DType::kF32 ? v : round_bf16(std::move
 
 class CudaGptOps : public Gpu {};
 
+// One row, and 5 rows summed into one (the position table's gradient over 5 sequences).
 TEST_F(CudaGptOps, AccumulateIsTheCpusBits) {
   const int64_t n = 10007;
-  for (DType t : kTypes) {
-    const Vec acc = randn(n, 1), x = t == DType::kF32 ? randn(n, 2) : round_bf16(randn(n, 2));
-    Vec want = acc;
-    const std::vector<uint16_t> x16 = to_bf16(x);
-    ops::accumulate(want.data(), t == DType::kF32 ? static_cast<const void*>(x.data()) : x16.data(),
-                    n, t);
-    DeviceBuffer gacc = upload(acc), gx = upload(x, t);
-    accumulate(gacc.as<float>(), gx.get(), n, t, nullptr);
-    expect_same_bits(download(gacc, n), want, str("accumulate ", dtype_name(t)));
-  }
+  for (DType t : kTypes)
+    for (int64_t count : {1, 5}) {
+      const Vec acc = randn(n, 1);
+      const Vec x = t == DType::kF32 ? randn(n * count, 2) : round_bf16(randn(n * count, 2));
+      Vec want = acc;
+      const std::vector<uint16_t> x16 = to_bf16(x);
+      ops::accumulate(want.data(),
+                      t == DType::kF32 ? static_cast<const void*>(x.data()) : x16.data(), n, t,
+                      count);
+      DeviceBuffer gacc = upload(acc), gx = upload(x, t);
+      accumulate(gacc.as<float>(), gx.get(), n, count, t, nullptr);
+      expect_same_bits(download(gacc, n), want, str("accumulate ", dtype_name(t), " x", count));
+    }
 }
 
 TEST_F(CudaGptOps, RmsNormForwardAndBackwardMatchCpu) {

@@ -30,13 +30,16 @@ void relu_backward(void* dx, const void* dy, const void* y, int64_t n, DType t,
 void gelu_forward(void* y, const void* x, int64_t n, DType t, cudaStream_t stream);
 void gelu_backward(void* dx, const void* dy, const void* x, int64_t n, DType t,
                    cudaStream_t stream);
-// y = a + b (the residual add; its backward is a copy to both inputs).
-void add_forward(void* y, const void* a, const void* b, int64_t n, DType t, cudaStream_t stream);
+// y = a + b over count rows of n, b one row added to each (the residual add, count = 1; the
+// position table added to every sequence). Its backward is a copy to both inputs.
+void add_forward(void* y, const void* a, const void* b, int64_t n, int64_t count, DType t,
+                 cudaStream_t stream);
 // dst[i] = src[i] between f32 and bf16 (round to nearest even, as tessel::f32_to_bf16).
 void convert(void* dst, DType dst_type, const void* src, DType src_type, int64_t n,
              cudaStream_t stream);
-// acc[i] (f32) += x[i] (a gradient summed into f32, as ops::accumulate: the position table's).
-void accumulate(float* acc, const void* x, int64_t n, DType t, cudaStream_t stream);
+// acc[i] (f32) += x[k n + i] for k = 0 .. count - 1 in order (a gradient summed into f32, as
+// ops::accumulate: the position table's over the sequences).
+void accumulate(float* acc, const void* x, int64_t n, int64_t count, DType t, cudaStream_t stream);
 // db[OC] += the column sums of dy[N,OC] (the linear layer's bias gradient).
 void bias_backward(float* db, const void* dy, DType t, int64_t N, int64_t OC, cudaStream_t stream);
 

@@ -180,21 +180,39 @@ TEST(ParameterServer, Fp16SkipsAnOverflowingStepEverywhere) {
   EXPECT_EQ(clean8.params, skipped8.params);
   EXPECT_EQ(skipped8.summary["ranks"]["ps_servers"][0]["updates"], 3);
 
-  // Async: which worker trains the batch of step 1 depends on the claims; every push skipped
-  // on a worker is one gradient the server did not apply.
+  // Async, one worker (every claim its own): the overflowing push is a skip that applies
+  // nothing, so an overflow in the last of 4 steps ends where 3 clean steps end, bit for bit.
+  const Result clean_async =
+      train_on(with({"ps.mode=async", "train.max_steps=3"}), 2, "fp16_async_clean");
+  const Result skipped_async = train_on(with({"ps.mode=async", "train.max_steps=4",
+                                              "debug.overflow_steps=[3]", "debug.overflow_rank=0"}),
+                                        2, "fp16_async_skipped");
+  EXPECT_EQ(clean_async.params, skipped_async.params);
+  EXPECT_EQ(skipped_async.summary["skipped_steps"], 1);
+  const nlohmann::json& one_worker = skipped_async.summary["ranks"]["ps_servers"][0];
+  EXPECT_EQ(one_worker["pushes"], 4);
+  EXPECT_EQ(one_worker["gradients_applied"], 3);
+
+  // Async, two workers: which worker trains which batch depends on the claims (first come,
+  // first served: on a loaded host one worker may claim every batch of a step, or all of
+  // them), so worker 1 overflows in every step it trains: each of its pushes is a skip that
+  // applies nothing, each of worker 0's is applied, however the batches fell.
   train::RunOptions opts;
   opts.run_dir = run_dir("fp16_async");
   std::atomic<int64_t> skips{0};
   const Result async =
-      testing::train_on(with({"train.max_steps=4", "ps.mode=async", "debug.overflow_steps=[0,1]",
-                              "debug.overflow_rank=1"}),
+      testing::train_on(with({"train.max_steps=4", "ps.mode=async",
+                              "debug.overflow_steps=[0,1,2,3]", "debug.overflow_rank=1"}),
                         3, opts, nullptr, [&](train::Trainer& t) {
                           if (const optim::LossScaler* l = t.engine().loss_scaler())
                             skips += l->skipped();
                         });
   const nlohmann::json& a = async.summary["ranks"]["ps_servers"][0];
-  EXPECT_GT(skips.load(), 0);
-  EXPECT_EQ(a["gradients_applied"].get<int64_t>(), a["pushes"].get<int64_t>() - skips.load());
+  const nlohmann::json& batches = async.summary["ranks"]["ps_worker_batches"];
+  EXPECT_EQ(a["pushes"], 8);
+  EXPECT_EQ(batches[0].get<int64_t>() + batches[1].get<int64_t>(), 8);
+  EXPECT_EQ(skips.load(), batches[1].get<int64_t>());
+  EXPECT_EQ(a["gradients_applied"].get<int64_t>(), batches[0].get<int64_t>());
 }
 
 // Pushes go out bucket by bucket during the backward (ddp.bucket_mb), the clipping and loss

@@ -11,43 +11,38 @@
 #include <string>
 #include <vector>
 
+#include "device_ranks_testing.h"
 #include "fake_device.h"
-#include "small_images.h"
 #include "train_on.h"
 
 namespace tessel::train {
 namespace {
 
-using tessel::testing::example;
 using tessel::testing::RunResult;
 using tessel::testing::train_on;
 
 class DeviceCnn : public ::testing::TestWithParam<const char*> {
  protected:
   static void SetUpTestSuite() {
-    images_ = new std::string(tessel::testing::small_images_dir());
     data_ = new data::Splits(data::make_datasets(config("cpu", "fp32").data));
   }
   static void TearDownTestSuite() {
     delete data_;
-    delete images_;
     data_ = nullptr;
-    images_ = nullptr;
   }
 
   // fashion_cnn, 3 steps of 16 images with momentum SGD (an evaluation after), on `device`.
   static Config config(const std::string& device, const std::string& precision) {
-    return example("fashion_cnn",
-                   {"train.max_steps=3", "train.batch=16", "train.drop_last=true",
-                    "data.path=" + *images_, "train.precision=" + precision, "optim.kind=sgd",
-                    "optim.momentum=0.9", "runtime.device=" + device});
+    return device_config({.model = "fashion_cnn",
+                          .device = device,
+                          .precision = precision,
+                          .steps = 3,
+                          .extra = {"optim.kind=sgd", "optim.momentum=0.9"}});
   }
 
-  static std::string* images_;
   static data::Splits* data_;
 };
 
-std::string* DeviceCnn::images_ = nullptr;
 data::Splits* DeviceCnn::data_ = nullptr;
 
 TEST_P(DeviceCnn, TrainsAsTheCpuDoes) {

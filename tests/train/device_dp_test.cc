@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "device_ranks_testing.h"
 #include "fake_device.h"
 #include "nccl_mock.h"
 #include "tessel/core/clock.h"
@@ -52,10 +53,8 @@ class DeviceDp : public ::testing::Test {
 
   // fashion_mlp, 6 steps of 64 rows (several buckets each), clipped, on `device`.
   static Config config(const std::string& device, std::vector<std::string> extra = {}) {
-    extra.insert(extra.end(), {"train.max_steps=6", "train.batch=64", "train.drop_last=true",
-                               "train.clip_norm=0.5", "ddp.bucket_mb=0.1",
-                               str("runtime.device=", device), "data.test_fraction=0"});
-    return example("fashion_mlp", extra);
+    extra.insert(extra.begin(), {"train.clip_norm=0.5", "ddp.bucket_mb=0.1"});
+    return device_config({.model = "fashion_mlp", .device = device, .steps = 6, .extra = extra});
   }
   static RunResult run(const Config& cfg, int workers, RunOptions opts = {}) {
     return train_on(cfg, workers, std::move(opts), data_);

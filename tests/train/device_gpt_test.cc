@@ -10,17 +10,16 @@
 // kernel are refused at start naming the keys.
 #include <gtest/gtest.h>
 
-#include <fstream>
 #include <string>
 #include <vector>
 
+#include "device_ranks_testing.h"
 #include "fake_device.h"
 #include "train_on.h"
 
 namespace tessel::train {
 namespace {
 
-using tessel::testing::example;
 using tessel::testing::RunResult;
 using tessel::testing::test_run_dir;
 using tessel::testing::train_on;
@@ -32,32 +31,15 @@ struct Case {
 
 // Shortened char_gpt on `device`, with `extra` settings after the test's own.
 Config char_gpt(const std::string& device, Case c, std::vector<std::string> extra = {}) {
-  std::vector<std::string> o = {"model.layers=2",
-                                "model.embed=64",
-                                "schedule.warmup_steps=1",
-                                "data.context=32",
-                                "train.max_steps=5",
-                                "train.batch=8",
-                                "train.log_every=1",
-                                "train.clip_norm=0.5",
-                                str("train.precision=", c.precision),
-                                "optim.kind=adamw",
-                                str("runtime.device=", device)};
   if (c.modern)
-    o.insert(o.end(), {"model.norm=rmsnorm", "model.position=rotary", "model.mlp=swiglu"});
-  o.insert(o.end(), extra.begin(), extra.end());
-  return example("char_gpt", o);
-}
-
-// The training loss of every step in run_dir's metrics.jsonl.
-std::vector<double> step_losses(const std::string& run_dir) {
-  std::ifstream in(run_dir + "/metrics.jsonl");
-  std::vector<double> out;
-  for (std::string line; std::getline(in, line);) {
-    const nlohmann::json r = nlohmann::json::parse(line);
-    if (r.value("type", "") == "train") out.push_back(r["loss"].get<double>());
-  }
-  return out;
+    extra.insert(extra.begin(),
+                 {"model.norm=rmsnorm", "model.position=rotary", "model.mlp=swiglu"});
+  extra.insert(extra.begin(), {"train.log_every=1", "train.clip_norm=0.5"});
+  return device_config({.model = "char_gpt",
+                        .device = device,
+                        .precision = c.precision,
+                        .steps = 5,
+                        .extra = extra});
 }
 
 class DeviceGpt : public ::testing::TestWithParam<Case> {

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "device_ranks_testing.h"
 #include "fake_device.h"
 #include "nccl_mock.h"
 #include "tessel/ops/device_kernels.h"
@@ -27,7 +28,6 @@ using comm::testing::mock_nccl;
 using comm::testing::mock_nccl_reset;
 using comm::testing::mock_nccl_shares_device;
 using comm::testing::mock_nccl_state;
-using tessel::testing::example;
 using tessel::testing::RunResult;
 using tessel::testing::train_on;
 
@@ -52,13 +52,10 @@ class MultiGpu : public ::testing::Test {
   }
 
   // fashion_mlp, 6 steps of 64 rows (several buckets each), clipped, AdamW, on `device`.
-  static Config config(const std::string& device, const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> o = {
-        "train.max_steps=6",    "train.batch=64",          "train.drop_last=true",
-        "train.clip_norm=0.5",  "ddp.bucket_mb=0.1",       "optim.kind=adamw",
-        "data.test_fraction=0", "ddp.shared_memory=false", str("runtime.device=", device)};
-    o.insert(o.end(), extra.begin(), extra.end());
-    return example("fashion_mlp", o);
+  static Config config(const std::string& device, std::vector<std::string> extra = {}) {
+    extra.insert(extra.begin(), {"train.clip_norm=0.5", "ddp.bucket_mb=0.1", "optim.kind=adamw",
+                                 "ddp.shared_memory=false"});
+    return device_config({.model = "fashion_mlp", .device = device, .steps = 6, .extra = extra});
   }
   static RunResult run(const Config& cfg, int workers) { return train_on(cfg, workers, {}, data_); }
   // cfg on `workers` device ranks as threads over `gpus` fake GPUs, through the mock NCCL, which

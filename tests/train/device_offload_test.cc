@@ -18,13 +18,11 @@
 
 #include "device_ranks_testing.h"
 #include "fake_device.h"
-#include "small_images.h"
 #include "train_on.h"
 
 namespace tessel::train {
 namespace {
 
-using tessel::testing::example;
 using tessel::testing::RunResult;
 using tessel::testing::test_run_dir;
 using tessel::testing::train_on;
@@ -36,21 +34,13 @@ struct Case {
   int lone_copies;    // copies each way a step beside a block that runs no kernel (a flatten)
 };
 
-// The model shortened for a test, on cuda, with `extra` settings after the test's own.
+// The model shortened for a test (char_gpt of 6 blocks; fashion_cnn's flatten block's output is
+// a view of the block before's), on cuda, with `extra` settings after the test's own.
 Config config(const Case& c, std::vector<std::string> extra = {}) {
-  std::vector<std::string> o = {"train.max_steps=4",      "train.log_every=1",
-                                "train.drop_last=true",   str("train.precision=", c.precision),
-                                "runtime.device=cuda",    "optim.kind=adamw",
-                                "schedule.warmup_steps=1"};
-  const std::string model = c.model;
-  if (model == "char_gpt")
-    o.insert(o.end(), {"model.layers=6", "model.embed=64", "data.context=32", "train.batch=8"});
-  else if (model == "fashion_cnn")  // its flatten block's output is a view of the block before's
-    o.insert(o.end(), {"train.batch=16", "data.path=" + tessel::testing::small_images_dir()});
-  else
-    o.insert(o.end(), {"train.batch=64", "data.test_fraction=0"});
+  std::vector<std::string> o = kOffloadSettings;
+  if (std::string(c.model) == "char_gpt") o.push_back("model.layers=6");
   o.insert(o.end(), extra.begin(), extra.end());
-  return example(c.model, o);
+  return device_config({.model = c.model, .precision = c.precision, .extra = o});
 }
 
 // What a run did on the fake device.

@@ -21,7 +21,6 @@
 namespace tessel::train {
 namespace {
 
-using tessel::testing::example;
 using tessel::testing::RunResult;
 using tessel::testing::test_run_dir;
 using tessel::testing::train_on;
@@ -31,18 +30,13 @@ struct Case {
   const char* precision;
 };
 
-// The model shortened for a test, on cuda with AdamW, with `extra` settings after the test's own.
+// The model shortened for a test (char_gpt over a context of 16), on cuda with AdamW, with
+// `extra` settings after the test's own.
 Config config(const Case& c, std::vector<std::string> extra = {}) {
-  std::vector<std::string> o = {"train.max_steps=4",      "train.log_every=1",
-                                "train.drop_last=true",   str("train.precision=", c.precision),
-                                "runtime.device=cuda",    "optim.kind=adamw",
-                                "schedule.warmup_steps=1"};
-  if (std::string(c.model) == "char_gpt")
-    o.insert(o.end(), {"model.layers=2", "model.embed=64", "data.context=16", "train.batch=8"});
-  else
-    o.insert(o.end(), {"train.batch=64", "data.test_fraction=0"});
+  std::vector<std::string> o = kOffloadSettings;
+  if (std::string(c.model) == "char_gpt") o.push_back("data.context=16");
   o.insert(o.end(), extra.begin(), extra.end());
-  return example(c.model, o);
+  return device_config({.model = c.model, .precision = c.precision, .extra = o});
 }
 
 struct Outcome {

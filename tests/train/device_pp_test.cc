@@ -25,7 +25,6 @@ namespace tessel::train {
 namespace {
 
 using comm::testing::mock_nccl;
-using tessel::testing::example;
 using tessel::testing::RunResult;
 
 constexpr const char* kStaged = "staged (no NCCL in this build)";
@@ -36,19 +35,14 @@ class DevicePp : public DeviceRanks {
 
   // fashion_mlp, 6 steps of 64 rows, clipped, on `device`.
   static Config mlp(const std::string& device, std::vector<std::string> extra = {}) {
-    extra.insert(extra.end(), {"train.max_steps=6", "train.batch=64", "train.drop_last=true",
-                               "train.clip_norm=0.5", "ddp.bucket_mb=0.1",
-                               str("runtime.device=", device), "data.test_fraction=0"});
-    return example("fashion_mlp", extra);
+    extra.insert(extra.begin(), {"train.clip_norm=0.5", "ddp.bucket_mb=0.1"});
+    return device_config({.model = "fashion_mlp", .device = device, .steps = 6, .extra = extra});
   }
   // char_gpt shortened (2 blocks, width 64, context 32), 4 steps of 8 rows, AdamW, clipped,
   // then evaluated (forward only through the links).
   static Config gpt(const std::string& device, std::vector<std::string> extra = {}) {
-    extra.insert(extra.end(),
-                 {"model.layers=2", "model.embed=64", "data.context=32", "schedule.warmup_steps=1",
-                  "train.max_steps=4", "train.batch=8", "train.clip_norm=0.5", "optim.kind=adamw",
-                  str("runtime.device=", device)});
-    return example("char_gpt", extra);
+    extra.insert(extra.begin(), "train.clip_norm=0.5");
+    return device_config({.model = "char_gpt", .device = device, .extra = extra});
   }
 };
 

@@ -20,7 +20,6 @@
 namespace tessel::train {
 namespace {
 
-using tessel::testing::example;
 using tessel::testing::RunResult;
 using tessel::testing::test_run_dir;
 using tessel::testing::train_on;
@@ -34,20 +33,15 @@ struct Case {
   double peak_share[2];
 };
 
-// The model shortened for a test, on cuda, pp = 2 with 4 micro-batches, `extra` last.
+// The model shortened for a test (char_gpt of 4 blocks in batches of 16), on cuda, pp = 2 with 4
+// micro-batches, `extra` last.
 Config config(const Case& c, std::vector<std::string> extra = {}) {
-  std::vector<std::string> o = {"train.max_steps=4",       "train.log_every=1",
-                                "train.drop_last=true",    str("train.precision=", c.precision),
-                                "runtime.device=cuda",     "optim.kind=adamw",
-                                "schedule.warmup_steps=1", "pp.stages=2",
-                                "pp.microbatches=4",       str("pp.schedule=", c.schedule),
-                                "ddp.shared_memory=false"};
-  if (std::string(c.model) == "char_gpt")
-    o.insert(o.end(), {"model.layers=4", "model.embed=64", "data.context=32", "train.batch=16"});
-  else
-    o.insert(o.end(), {"train.batch=64", "data.test_fraction=0"});
+  std::vector<std::string> o = kOffloadSettings;
+  o.insert(o.end(), {"pp.stages=2", "pp.microbatches=4", str("pp.schedule=", c.schedule),
+                     "ddp.shared_memory=false"});
+  if (std::string(c.model) == "char_gpt") o.insert(o.end(), {"model.layers=4", "train.batch=16"});
   o.insert(o.end(), extra.begin(), extra.end());
-  return example(c.model, o);
+  return device_config({.model = c.model, .precision = c.precision, .extra = o});
 }
 
 // What a run did on the stand-in device.

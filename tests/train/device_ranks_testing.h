@@ -1,8 +1,9 @@
 // The fixture device_pp_test and device_tp_test share: fashion_mlp's and char_gpt's data loaded
 // once per suite, a run on CPU ranks or on the stand-in device (tests/support/fake_device.h;
 // through the mock NCCL when asked, else staged through the host), and after each test the
-// mock's rules kept and every communicator closed. Also what the offload tests share: the
-// refusal check (expect_refused), a run's step losses and a rank's ledger peak.
+// mock's rules kept and every communicator closed. Also what every device test shares: the
+// configs they train (device_config), the refusal check (expect_refused), a run's step losses
+// and a rank's ledger peak.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -14,10 +15,44 @@
 
 #include "fake_device.h"
 #include "nccl_mock.h"
+#include "small_images.h"
 #include "tessel/comm/nccl_api.h"
 #include "train_on.h"
 
 namespace tessel::train {
+
+// A device test's run of examples/<model>.toml, shortened: fashion_mlp in batches of 64 with no
+// test split, fashion_cnn in batches of 16 of small_images_dir()'s images (both whole batches
+// only), char_gpt as 2 blocks of width 64 over a context of 32 in batches of 8, AdamW after one
+// warm-up step.
+struct DeviceRun {
+  std::string model;               // fashion_mlp, fashion_cnn or char_gpt
+  std::string device = "cuda";     // runtime.device
+  std::string precision = "fp32";  // train.precision
+  int steps = 4;                   // train.max_steps
+  std::vector<std::string> extra;  // after the rest: its settings win
+};
+
+inline Config device_config(const DeviceRun& run) {
+  std::vector<std::string> o = {str("train.max_steps=", run.steps),
+                                str("train.precision=", run.precision),
+                                str("runtime.device=", run.device)};
+  if (run.model == "char_gpt")
+    o.insert(o.end(), {"model.layers=2", "model.embed=64", "data.context=32", "train.batch=8",
+                       "optim.kind=adamw", "schedule.warmup_steps=1"});
+  else if (run.model == "fashion_cnn")
+    o.insert(o.end(), {"train.batch=16", "train.drop_last=true",
+                       "data.path=" + tessel::testing::small_images_dir()});
+  else
+    o.insert(o.end(), {"train.batch=64", "train.drop_last=true", "data.test_fraction=0"});
+  o.insert(o.end(), run.extra.begin(), run.extra.end());
+  return tessel::testing::example(run.model, o);
+}
+
+// What the offload tests add to a DeviceRun: every step's loss logged (step_losses), whole
+// batches, AdamW after one warm-up step.
+inline const std::vector<std::string> kOffloadSettings = {
+    "train.log_every=1", "train.drop_last=true", "optim.kind=adamw", "schedule.warmup_steps=1"};
 
 class DeviceRanks : public ::testing::Test {
  public:

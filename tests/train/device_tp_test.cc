@@ -23,24 +23,19 @@ namespace tessel::train {
 namespace {
 
 using comm::testing::mock_nccl;
-using tessel::testing::example;
 using tessel::testing::RunResult;
 
 // fashion_mlp, 6 steps of 64 rows, clipped (the norm sums over the tp group's cut parameters).
 Config fashion_mlp(const std::string& device, std::vector<std::string> extra) {
-  extra.insert(extra.end(), {"train.max_steps=6", "train.batch=64", "train.drop_last=true",
-                             "train.clip_norm=0.5", "ddp.shared_memory=false",
-                             "data.test_fraction=0", str("runtime.device=", device)});
-  return example("fashion_mlp", extra);
+  extra.insert(extra.begin(), {"train.clip_norm=0.5", "ddp.shared_memory=false"});
+  return device_config({.model = "fashion_mlp", .device = device, .steps = 6, .extra = extra});
 }
 
 // Shortened char_gpt (2 blocks, width 64, context 32, 4 heads: 2 per rank), AdamW, clipped.
 Config char_gpt(const std::string& device, std::vector<std::string> extra) {
-  extra.insert(extra.end(),
-               {"model.layers=2", "model.embed=64", "schedule.warmup_steps=1", "data.context=32",
-                "train.max_steps=4", "train.batch=8", "train.drop_last=true", "train.clip_norm=0.5",
-                "optim.kind=adamw", "ddp.shared_memory=false", str("runtime.device=", device)});
-  return example("char_gpt", extra);
+  extra.insert(extra.begin(),
+               {"train.drop_last=true", "train.clip_norm=0.5", "ddp.shared_memory=false"});
+  return device_config({.model = "char_gpt", .device = device, .extra = extra});
 }
 
 class DeviceTp : public DeviceRanks {

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "device_ranks_testing.h"
 #include "fake_device.h"
 #include "train_on.h"
 
@@ -40,11 +41,12 @@ class DeviceTrain : public ::testing::TestWithParam<Case> {
   // exceed, on `device`, with `extra` settings.
   Config config(const std::string& device, std::vector<std::string> extra = {}) const {
     const Case c = GetParam();
-    extra.insert(extra.end(),
-                 {"train.max_steps=6", "train.batch=64", "train.drop_last=true",
-                  str("train.precision=", c.precision), str("optim.kind=", c.optim),
-                  "train.clip_norm=0.5", str("runtime.device=", device), "data.test_fraction=0"});
-    return example("fashion_mlp", extra);
+    extra.insert(extra.begin(), {str("optim.kind=", c.optim), "train.clip_norm=0.5"});
+    return device_config({.model = "fashion_mlp",
+                          .device = device,
+                          .precision = c.precision,
+                          .steps = 6,
+                          .extra = extra});
   }
 
   static data::Splits* data_;

@@ -124,18 +124,23 @@ TEST_P(DevicePpOffload, StagesTrainAsWithoutOnLessDeviceMemory) {
 INSTANTIATE_TEST_SUITE_P(Cases, DevicePpOffload,
                          // Measured, training's peak alone (the evaluation releases the
                          // caches first; stage 0, stage 1; fp32 and bf16 within 1%): fashion_mlp
-                         // (stages of 1 and 4 blocks) gpipe 75%, 55%; char_gpt (4 transformer
-                         // blocks, 3 a stage) gpipe 70%, 43%. Under 1f1b at pp=2, m=4 the peak
-                         // does not fall (100% on both stages of both models, though bytes go
-                         // out and back): not yet explained, so the bound there is "no higher".
-                         ::testing::Values(Case{"fashion_mlp", "fp32", "gpipe", {0.8, 0.6}},
-                                           Case{"fashion_mlp", "bf16", "gpipe", {0.8, 0.6}},
-                                           Case{"fashion_mlp", "fp32", "1f1b", {1, 1}},
-                                           Case{"fashion_mlp", "bf16", "1f1b", {1, 1}},
-                                           Case{"char_gpt", "fp32", "gpipe", {0.75, 0.5}},
-                                           Case{"char_gpt", "bf16", "gpipe", {0.75, 0.5}},
-                                           Case{"char_gpt", "fp32", "1f1b", {1, 1}},
-                                           Case{"char_gpt", "bf16", "1f1b", {1, 1}}),
+                         // (stages of 1 and 4 blocks) gpipe 75%, 33%, 1f1b 100%, 61%; char_gpt
+                         // (4 transformer blocks, 3 a stage) gpipe 51%, 34%, 1f1b 67%, 76%.
+                         // 1f1b's floors (docs/gpu.md): fashion_mlp's stage 0 holds two
+                         // micro-batches' one-block caches with or without offload; stage 1 and
+                         // char_gpt's stage 0 peak in a block's backward with the block below
+                         // coming back (and on stage 0 the other micro-batch's last block going
+                         // out). Seen failing: the shared scratch kept (1f1b 99%, 99% on stage
+                         // 1; char_gpt 84% on stage 0), each block's own cache kept until the
+                         // next block's forward (char_gpt 84% on stage 0).
+                         ::testing::Values(Case{"fashion_mlp", "fp32", "gpipe", {0.8, 0.4}},
+                                           Case{"fashion_mlp", "bf16", "gpipe", {0.8, 0.4}},
+                                           Case{"fashion_mlp", "fp32", "1f1b", {1, 0.65}},
+                                           Case{"fashion_mlp", "bf16", "1f1b", {1, 0.65}},
+                                           Case{"char_gpt", "fp32", "gpipe", {0.55, 0.4}},
+                                           Case{"char_gpt", "bf16", "gpipe", {0.55, 0.4}},
+                                           Case{"char_gpt", "fp32", "1f1b", {0.72, 0.8}},
+                                           Case{"char_gpt", "bf16", "1f1b", {0.72, 0.8}}),
                          [](const auto& info) {
                            return str(info.param.model, "_", info.param.precision, "_",
                                       info.param.schedule);

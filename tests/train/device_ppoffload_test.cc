@@ -5,9 +5,10 @@
 // fails). fashion_mlp and char_gpt (its LM head tied to the embedding on the other stage) train
 // under gpipe and 1f1b, fp32 and bf16, with each micro-batch's activations in pinned host memory
 // between its forward and its backward exactly as without: every step's loss, params_sha256
-// and the parameters; each stage's peak of device activation bytes falls, the pinned copies
-// show as activations_offloaded, and every copy back overlaps kernels (the prefetch). dp 2 x
-// pp 2 too, and the optimizer offloaded per stage. zb-h1 with activation offload is refused.
+// and the parameters; each stage's peak of device activation bytes stays under a bound measured
+// for its schedule (1f1b's at the floors docs/gpu.md explains), the pinned copies show as
+// activations_offloaded, and every copy back overlaps kernels (the prefetch). dp 2 x pp 2 too,
+// and the optimizer offloaded per stage. zb-h1 with activation offload is refused.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -165,20 +166,22 @@ TEST(DevicePpOffloadInterleaved, TrainsAsWithout) {
   }
 }
 
-// dp 2 x pp 2 on four ranks: each replica's stages offload, the dp groups reduce as without.
-// Under 1f1b the stages' training peaks do not fall (see the cases above): no higher.
+// dp 2 x pp 2 on four ranks: each replica's stages offload, the dp groups reduce as without,
+// and each rank's training peak stays under its stage's 1f1b bound (rank r is stage r % 2,
+// Layout::coord; measured 100%, 61%, as on two ranks at half the micro-batch rows).
 TEST(DevicePpOffloadGrid, DataTimesPipelineTrainsAsWithout) {
-  const Case c{"fashion_mlp", "fp32", "1f1b", {1, 1}};
+  const Case c{"fashion_mlp", "fp32", "1f1b", {1, 0.65}};
   const Outcome kept = run(config(c, {"ddp.bucket_mb=0.1"}), 4, "ppoffload_grid_none");
   const Outcome offload =
       run(config(c, {"ddp.bucket_mb=0.1", "train.offload=activations"}), 4, "ppoffload_grid");
   EXPECT_EQ(offload.result.summary["layout"], "dp=2 pp=2");
   expect_same_run(offload, kept);
   expect_overlapped_copies(kept, offload);
-  for (int rank = 0; rank < 4; ++rank)
-    EXPECT_LE(peak_bytes(offload.result, "activations", rank),
-              peak_bytes(kept.result, "activations", rank))
-        << "rank " << rank;
+  for (int rank = 0; rank < 4; ++rank) {
+    const double none_peak = peak_bytes(kept.result, "activations", rank);
+    const double offload_peak = peak_bytes(offload.result, "activations", rank);
+    EXPECT_LE(offload_peak, c.peak_share[rank % 2] * none_peak) << "rank " << rank;
+  }
 }
 
 // The optimizer offloaded per stage (each stage's arena its own OffloadedOptimizer), alone and

@@ -70,7 +70,7 @@ void ActivationOffload::on_block(nn::Phase phase, size_t block, nn::Activations&
       // nor on the host: the backward allocates its own.
       acts.caches[block].release_scratch();
       swap_out(acts, block, &acts.caches[block]);
-      release_outgoing(1);  // block - 1's copies ran beside this block's forward
+      release_beside();  // the copies queued before ran beside this block's forward
       break;
     case nn::Phase::kBeforeBackward:
       release_beside();  // the rest after this block's backward, which runs beside them

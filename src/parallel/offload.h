@@ -19,7 +19,8 @@
 // across steps once their copy back is reached, and charged to the ledger as
 // activations_offloaded.
 // In a pipeline stage (several micro-batches in flight, each its own Activations) the same
-// happens inside each micro-batch's forward and backward, and between the tasks: after a
+// happens inside each micro-batch's forward and backward (and each block's own cache goes out
+// after its forward, swap_out_own, but the chunk's last's), and between the tasks: after a
 // micro-batch's forward the rest of its caches go out too (swap_out_all: the last block's,
 // which on_block leaves), unless its backward is one of the stage's next two tasks; before the
 // task that precedes a backward, that micro-batch's last block comes back (prefetch), so its
@@ -71,6 +72,10 @@ class ActivationOffload {
   void computed() { ++computed_; }
   // Pipelines: after a micro-batch's forward, every device storage its caches still hold.
   void swap_out_all(nn::Activations& acts);
+  // Pipelines: after the forward of `block`, not its chunk's last, its own cache goes out too
+  // (all but its output, the next block's input), so that the copies run beside the next
+  // block's forward, not beside the stage's next task.
+  void swap_out_own(nn::Activations& acts, size_t block) { swap_out(acts, block + 1, nullptr); }
   // Pipelines: queues the copies back of `cache` (a micro-batch's last block) on the copy
   // stream; its kBeforeBackward makes the compute stream wait for them.
   void prefetch(const nn::Cache& cache) { bring_in(cache); }

@@ -434,7 +434,7 @@ void PipelineExecutor::forward_task(const Task& t, const Piece& piece, nn::Loss&
   if (training) fl.acts = acquire(c);
   const nn::BlockHook hook = [&](nn::Phase p, size_t b) {
     hooks(p, b, false);
-    if (offload_ && fl.acts) offload_->on_block(p, b, *fl.acts);
+    if (offload_ && fl.acts) offload_block(p, b, c, *fl.acts);
   };
   Tensor h = model_.forward(x, ctx, fl.acts, hook, part_.begin[c], part_.begin[c + 1]);
   if (c + 1 == C) {
@@ -478,7 +478,7 @@ void PipelineExecutor::backward_task(const Task& t, const Piece& piece, const Ho
   const nn::BlockHook hook = [&](nn::Phase p, size_t b) {
     if (split_ && p == nn::Phase::kAfterBackward) return;
     hooks(p, b, last);
-    if (offload_) offload_->on_block(p, b, *fl.acts);
+    if (offload_) offload_block(p, b, c, *fl.acts);
     add_tied_grad(p, b, tied_grad);
   };
   const double t0 = task_start_ = now_seconds();

@@ -5,9 +5,10 @@
 // fails). fashion_mlp and char_gpt (its LM head tied to the embedding on the other stage) train
 // under gpipe and 1f1b, fp32 and bf16, with each micro-batch's activations in pinned host memory
 // between its forward and its backward exactly as without: every step's loss, params_sha256
-// and the parameters; each stage's peak of device activation bytes falls, the pinned copies
-// show as activations_offloaded, and every copy back overlaps kernels (the prefetch). dp 2 x
-// pp 2 too, and the optimizer offloaded per stage. zb-h1 with activation offload is refused.
+// and the parameters; each stage's peak of device activation bytes stays under a bound measured
+// for its schedule (1f1b's at the floors docs/gpu.md explains), the pinned copies show as
+// activations_offloaded, and every copy back overlaps kernels (the prefetch). dp 2 x pp 2 too,
+// and the optimizer offloaded per stage. zb-h1 with activation offload is refused.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -118,18 +119,23 @@ TEST_P(DevicePpOffload, StagesTrainAsWithoutOnLessDeviceMemory) {
 INSTANTIATE_TEST_SUITE_P(Cases, DevicePpOffload,
                          // Measured, training's peak alone (the evaluation releases the
                          // caches first; stage 0, stage 1; fp32 and bf16 within 1%): fashion_mlp
-                         // (stages of 1 and 4 blocks) gpipe 75%, 55%; char_gpt (4 transformer
-                         // blocks, 3 a stage) gpipe 70%, 43%. Under 1f1b at pp=2, m=4 the peak
-                         // does not fall (100% on both stages of both models, though bytes go
-                         // out and back): not yet explained, so the bound there is "no higher".
-                         ::testing::Values(Case{"fashion_mlp", "fp32", "gpipe", {0.8, 0.6}},
-                                           Case{"fashion_mlp", "bf16", "gpipe", {0.8, 0.6}},
-                                           Case{"fashion_mlp", "fp32", "1f1b", {1, 1}},
-                                           Case{"fashion_mlp", "bf16", "1f1b", {1, 1}},
-                                           Case{"char_gpt", "fp32", "gpipe", {0.75, 0.5}},
-                                           Case{"char_gpt", "bf16", "gpipe", {0.75, 0.5}},
-                                           Case{"char_gpt", "fp32", "1f1b", {1, 1}},
-                                           Case{"char_gpt", "bf16", "1f1b", {1, 1}}),
+                         // (stages of 1 and 4 blocks) gpipe 75%, 33%, 1f1b 100%, 61%; char_gpt
+                         // (4 transformer blocks, 3 a stage) gpipe 51%, 34%, 1f1b 67%, 76%.
+                         // 1f1b's floors (docs/gpu.md): fashion_mlp's stage 0 holds two
+                         // micro-batches' one-block caches with or without offload; stage 1 and
+                         // char_gpt's stage 0 peak in a block's backward with the block below
+                         // coming back (and on stage 0 the other micro-batch's last block going
+                         // out). Seen failing: the shared scratch kept (1f1b 99%, 99% on stage
+                         // 1; char_gpt 84% on stage 0), each block's own cache kept until the
+                         // next block's forward (char_gpt 84% on stage 0).
+                         ::testing::Values(Case{"fashion_mlp", "fp32", "gpipe", {0.8, 0.4}},
+                                           Case{"fashion_mlp", "bf16", "gpipe", {0.8, 0.4}},
+                                           Case{"fashion_mlp", "fp32", "1f1b", {1, 0.65}},
+                                           Case{"fashion_mlp", "bf16", "1f1b", {1, 0.65}},
+                                           Case{"char_gpt", "fp32", "gpipe", {0.55, 0.4}},
+                                           Case{"char_gpt", "bf16", "gpipe", {0.55, 0.4}},
+                                           Case{"char_gpt", "fp32", "1f1b", {0.72, 0.8}},
+                                           Case{"char_gpt", "bf16", "1f1b", {0.72, 0.8}}),
                          [](const auto& info) {
                            return str(info.param.model, "_", info.param.precision, "_",
                                       info.param.schedule);
@@ -154,20 +160,22 @@ TEST(DevicePpOffloadInterleaved, TrainsAsWithout) {
   }
 }
 
-// dp 2 x pp 2 on four ranks: each replica's stages offload, the dp groups reduce as without.
-// Under 1f1b the stages' training peaks do not fall (see the cases above): no higher.
+// dp 2 x pp 2 on four ranks: each replica's stages offload, the dp groups reduce as without,
+// and each rank's training peak stays under its stage's 1f1b bound (rank r is stage r % 2,
+// Layout::coord; measured 100%, 61%, as on two ranks at half the micro-batch rows).
 TEST(DevicePpOffloadGrid, DataTimesPipelineTrainsAsWithout) {
-  const Case c{"fashion_mlp", "fp32", "1f1b", {1, 1}};
+  const Case c{"fashion_mlp", "fp32", "1f1b", {1, 0.65}};
   const Outcome kept = run(config(c, {"ddp.bucket_mb=0.1"}), 4, "ppoffload_grid_none");
   const Outcome offload =
       run(config(c, {"ddp.bucket_mb=0.1", "train.offload=activations"}), 4, "ppoffload_grid");
   EXPECT_EQ(offload.result.summary["layout"], "dp=2 pp=2");
   expect_same_run(offload, kept);
   expect_overlapped_copies(kept, offload);
-  for (int rank = 0; rank < 4; ++rank)
-    EXPECT_LE(peak_bytes(offload.result, "activations", rank),
-              peak_bytes(kept.result, "activations", rank))
-        << "rank " << rank;
+  for (int rank = 0; rank < 4; ++rank) {
+    const double none_peak = peak_bytes(kept.result, "activations", rank);
+    const double offload_peak = peak_bytes(offload.result, "activations", rank);
+    EXPECT_LE(offload_peak, c.peak_share[rank % 2] * none_peak) << "rank " << rank;
+  }
 }
 
 // The optimizer offloaded per stage (each stage's arena its own OffloadedOptimizer), alone and

@@ -134,6 +134,10 @@ class PipelineExecutor final : public Executor {
   // `order`, the prefetch for the backward after it; after a forward, its caches out.
   void offload_before(const std::vector<Task>& order, size_t k);
   void offload_after(const std::vector<Task>& order, size_t k);
+  // Around block b of a micro-batch of `chunk`: the offload's moves, block b's own cache out
+  // after its forward (not the chunk's last), and the chunk's shared scratch of block b
+  // released after its forward and after its backward.
+  void offload_block(nn::Phase p, size_t b, int chunk, nn::Activations& acts);
 
   ParallelSpec spec_;
   comm::Communicator& pp_;

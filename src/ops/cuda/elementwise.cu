@@ -46,7 +46,7 @@ __global__ void map_kernel(T* y, const T* x, int64_t n, bool vec, F f) {
 }
 
 // y = op(a, b) elementwise, b repeating every `period` elements (a period of n: no repeat);
-// `vec` also asks that period be a multiple of the pack width.
+// with `vec`, period is n or a multiple of the pack width.
 template <typename T, typename F>
 __global__ void zip_kernel(T* y, const T* a, const T* b, int64_t n, int64_t period, bool vec, F f) {
   constexpr int W = Pack<T>::kWidth;
@@ -114,7 +114,9 @@ void zip(void* y, const void* a, const void* b, int64_t n, DType t, cudaStream_t
   if (period <= 0) period = n;
   detail::dispatch(t, who, [&](auto tag) {
     using T = decltype(tag);
-    const bool vec = aligned16(y, a, b) && period % Pack<T>::kWidth == 0;
+    // Packs of b stay whole when b does not repeat (pack k < n / W is b's pack k) or repeats
+    // every whole number of packs.
+    const bool vec = aligned16(y, a, b) && (period == n || period % Pack<T>::kWidth == 0);
     zip_kernel<<<detail::grid_for(n / Pack<T>::kWidth + 1, kThreads), kThreads, 0, s>>>(
         static_cast<T*>(y), static_cast<const T*>(a), static_cast<const T*>(b), n, period, vec, f);
   });

@@ -1,6 +1,6 @@
 // gpu_bench: times tessel's CUDA kernels on the shapes that matter (bf16 GEMM 8192^3, GPT-2
 // 124M's linear layers at 16 x 1024 tokens, LayerNorm and causal attention at GPT-2's width:
-// the tensor-core GEMM path training takes, then the flash kernels on CUDA cores)
+// cuDNN's fused attention training takes, then the tensor-core GEMM path and the flash kernels)
 // and prints one line per measurement, "name<TAB>milliseconds<TAB>TFLOP/s", which
 // scripts/gpu_check sets beside bench/gpu/torch_bench.py's lines for the same names.
 // `--versions` prints the device and the CUDA runtime, driver and cuBLASLt versions instead;
@@ -133,20 +133,41 @@ int main(int argc, char** argv) {
       // Causal: half of the 4 B NH T^2 HS multiply-adds of a full attention (QK^T and PV).
       const double fwd_flops = 2.0 * B * NH * T * T * (C / NH);
       const std::string shape = "_bf16_B" + std::to_string(B) + "_T1024_H12";
-      // What training runs at this shape (the kernel table's choice): the tensor-core GEMM path,
-      // under the names torch_bench.py gives SDPA; then the flash kernels on CUDA cores.
+      // What training runs at this shape (the kernel table's choice): cuDNN's fused attention,
+      // under the names torch_bench.py gives SDPA; then the tensor-core GEMM path (the table's
+      // choice where cuDNN refuses) and the flash kernels on CUDA cores.
+      const std::string refusal = attention_cudnn_refusal(bf, B, T, C, NH);
+      if (refusal.empty()) {
+        DeviceBuffer ws(attention_cudnn_workspace_bytes(B, T, C, NH) + 1);
+        report("attention_fwd" + shape,
+               time_ms(s, 2, 5,
+                       [&] {
+                         attention_cudnn_forward(ws.get(), out.get(), lse.as<float>(), qkv.get(), B,
+                                                 T, C, NH, s);
+                       }),
+               fwd_flops);
+        report("attention_bwd" + shape,
+               time_ms(s, 1, 3,
+                       [&] {
+                         attention_cudnn_backward(ws.get(), dqkv.get(), dout.get(), qkv.get(),
+                                                  out.get(), lse.as<float>(), B, T, C, NH, s);
+                       }),
+               2.5 * fwd_flops);
+      } else {
+        std::printf("attention_cudnn\trefused: %s\n", refusal.c_str());
+      }
       const size_t scratch_bytes = attention_gemm_scratch_bytes(B, T, NH);
       DeviceBuffer scratch(scratch_bytes);
       const double fwd = time_ms(s, 2, 5, [&] {
         attention_gemm_forward(blas, scratch.get(), scratch_bytes, out.get(), lse.as<float>(),
                                qkv.get(), B, T, C, NH, bf, s);
       });
-      report("attention_fwd" + shape, fwd, fwd_flops);
+      report("attention_gemm_fwd" + shape, fwd, fwd_flops);
       const double bwd = time_ms(s, 1, 3, [&] {
         attention_gemm_backward(blas, scratch.get(), scratch_bytes, dqkv.get(), dout.get(),
                                 qkv.get(), out.get(), lse.as<float>(), B, T, C, NH, bf, s);
       });
-      report("attention_bwd" + shape, bwd, 2.5 * fwd_flops);
+      report("attention_gemm_bwd" + shape, bwd, 2.5 * fwd_flops);
       const double flash_fwd = time_ms(s, 2, 5, [&] {
         attention_forward(out.get(), lse.as<float>(), qkv.get(), B, T, C, NH, bf, s);
       });

@@ -4,11 +4,9 @@
 // deterministic, with CUDNN_FMA_MATH (f32 FMAs, no TF32 tensor-core math).
 #include "tessel/ops/cuda/conv.h"
 
-#include <cudnn.h>
-
 #include <algorithm>
 
-#include "tessel/ops/cuda/check.h"
+#include "cudnn_handle.h"
 
 namespace tessel::ops::cuda {
 namespace {
@@ -16,27 +14,6 @@ namespace {
 constexpr cudnnConvolutionFwdAlgo_t kForward = CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
 constexpr cudnnConvolutionBwdDataAlgo_t kBackwardData = CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
 constexpr cudnnConvolutionBwdFilterAlgo_t kBackwardFilter = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1;
-
-// The one place cuDNN status codes become tessel errors.
-void check_cudnn(cudnnStatus_t status, const char* what) {
-  if (status == CUDNN_STATUS_SUCCESS) [[likely]]
-    return;
-  throw CudaError(str("cudnn: ", what, " failed: ", cudnnGetErrorString(status), " (", status,
-                      "); check that the GPU machine's libcudnn is version 9 (scripts/gpu_check "
-                      "prints which it loads) and the shape against include/tessel/ops/cpu.h"));
-}
-
-// This thread's handle, bound to `stream` for the call.
-cudnnHandle_t handle(cudaStream_t stream) {
-  struct Handle {
-    cudnnHandle_t h = nullptr;
-    Handle() { check_cudnn(cudnnCreate(&h), "cudnnCreate"); }
-    ~Handle() { cudnnDestroy(h); }
-  };
-  thread_local Handle handle;
-  check_cudnn(cudnnSetStream(handle.h, stream), "cudnnSetStream");
-  return handle.h;
-}
 
 int as_int(int64_t v) { return static_cast<int>(v); }
 
@@ -99,12 +76,12 @@ size_t workspace_bytes(cudnnHandle_t h, const Descriptors& d) {
 
 size_t conv2d_workspace_bytes(const Conv2dShape& s) {
   const Descriptors d(s);
-  return workspace_bytes(handle(nullptr), d);
+  return workspace_bytes(cudnn_handle(nullptr), d);
 }
 
 void conv2d_forward(float* y, const float* x, const float* w, const float* b, const Conv2dShape& s,
                     void* workspace, cudaStream_t stream) {
-  const cudnnHandle_t h = handle(stream);
+  const cudnnHandle_t h = cudnn_handle(stream);
   const Descriptors d(s);
   const float one = 1.0f, zero = 0.0f;
   check_cudnn(cudnnConvolutionForward(h, &one, d.x, x, d.w, w, d.conv, kForward, workspace,
@@ -116,7 +93,7 @@ void conv2d_forward(float* y, const float* x, const float* w, const float* b, co
 
 void conv2d_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                      const float* w, const Conv2dShape& s, void* workspace, cudaStream_t stream) {
-  const cudnnHandle_t h = handle(stream);
+  const cudnnHandle_t h = cudnn_handle(stream);
   const Descriptors d(s);
   const size_t bytes = workspace_bytes(h, d);
   const float one = 1.0f, zero = 0.0f;

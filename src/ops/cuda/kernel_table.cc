@@ -62,13 +62,15 @@ void linear_bwd(void* dx, DType x_type, float* dw, float* db, const void* dy, co
   if (dx != nullptr) convert(dx, x_type, dxt.raw(), t, N * C, s);
 }
 
-// ---- Convolution and pooling ----
-// cuDNN's workspace for one call, from the caching pool (given back at once: work queued after
-// this call's reuses it).
-Tensor conv_workspace(const Conv2dShape& s) {
-  const int64_t floats = static_cast<int64_t>((conv2d_workspace_bytes(s) + 3) / 4);
-  return Tensor::empty({std::max<int64_t>(floats, 1)}, DType::kF32, Device::kCuda);
+// A library call's workspace or scratch from the caching pool (given back at once: work queued
+// after this call's reuses it).
+Tensor pooled_bytes(size_t bytes) {
+  return Tensor::empty({std::max<int64_t>(static_cast<int64_t>((bytes + 3) / 4), 1)}, DType::kF32,
+                       Device::kCuda);
 }
+
+// ---- Convolution and pooling ----
+Tensor conv_workspace(const Conv2dShape& s) { return pooled_bytes(conv2d_workspace_bytes(s)); }
 
 void fill_conv_slots(DeviceKernels& k) {
   k.conv2d_forward = [](float* y, const float* x, const float* w, const float* b,
@@ -85,28 +87,39 @@ void fill_conv_slots(DeviceKernels& k) {
   k.maxpool2d_backward = Launch<&maxpool2d_backward>::call;
 }
 
-// ---- Attention: tensor-core GEMMs where attention_gemm_supported (bf16, long sequences), the
-// flash kernels otherwise; the GEMM path's T x T scratch comes from the caching pool.
-Tensor attention_scratch(int64_t B, int64_t T, int64_t NH) {
-  const int64_t floats = static_cast<int64_t>(attention_gemm_scratch_bytes(B, T, NH) / 4);
-  return Tensor::empty({floats}, DType::kF32, Device::kCuda);
+// ---- Attention: cuDNN's fused attention where this cuDNN runs the shape (bf16), else
+// tensor-core GEMMs where attention_gemm_supported (bf16, long sequences), the flash kernels
+// otherwise.
+bool use_cudnn(DType t, int64_t B, int64_t T, int64_t C, int64_t NH) {
+  return attention_cudnn_refusal(t, B, T, C, NH).empty();
+}
+
+bool use_gemm(DType t, int64_t T, int64_t C, int64_t NH) {
+  return NH > 0 && C % NH == 0 && attention_gemm_supported(t, T, C / NH);
 }
 
 void attention_fwd(void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t C,
                    int64_t NH, DType t, void* stream) {
   const cudaStream_t s = as_stream(stream);
-  if (NH <= 0 || C % NH != 0 || !attention_gemm_supported(t, T, C / NH))
-    return attention_forward(out, lse, qkv, B, T, C, NH, t, s);
-  const Tensor scratch = attention_scratch(B, T, NH);
+  if (use_cudnn(t, B, T, C, NH)) {
+    const Tensor ws = pooled_bytes(attention_cudnn_workspace_bytes(B, T, C, NH));
+    return attention_cudnn_forward(ws.raw(), out, lse, qkv, B, T, C, NH, s);
+  }
+  if (!use_gemm(t, T, C, NH)) return attention_forward(out, lse, qkv, B, T, C, NH, t, s);
+  const Tensor scratch = pooled_bytes(attention_gemm_scratch_bytes(B, T, NH));
   attention_gemm_forward(blas(), scratch.raw(), scratch.nbytes(), out, lse, qkv, B, T, C, NH, t, s);
 }
 
 void attention_bwd(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
                    int64_t B, int64_t T, int64_t C, int64_t NH, DType t, void* stream) {
   const cudaStream_t s = as_stream(stream);
-  if (NH <= 0 || C % NH != 0 || !attention_gemm_supported(t, T, C / NH))
+  if (use_cudnn(t, B, T, C, NH)) {
+    const Tensor ws = pooled_bytes(attention_cudnn_workspace_bytes(B, T, C, NH));
+    return attention_cudnn_backward(ws.raw(), dqkv, dout, qkv, out, lse, B, T, C, NH, s);
+  }
+  if (!use_gemm(t, T, C, NH))
     return attention_backward(dqkv, dout, qkv, out, lse, B, T, C, NH, t, s);
-  const Tensor scratch = attention_scratch(B, T, NH);
+  const Tensor scratch = pooled_bytes(attention_gemm_scratch_bytes(B, T, NH));
   attention_gemm_backward(blas(), scratch.raw(), scratch.nbytes(), dqkv, dout, qkv, out, lse, B, T,
                           C, NH, t, s);
 }

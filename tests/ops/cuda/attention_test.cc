@@ -1,24 +1,14 @@
 // Flash-style causal attention against the CPU's attention_forward/backward (which store the
 // T x T probabilities): f32 to 1e-5, bf16 against the CPU's bf16 path to its tolerance.
-#include "cuda_test_util.h"
-#include "tessel/ops/cpu.h"
+#include "attention_testing.h"
 #include "tessel/ops/cuda/kernels.h"
 
 namespace tessel::ops::cuda::testing {
 namespace {
 
-struct Case {
-  int64_t B, T, C, NH;
-};
 // Head sizes 64 (GPT-2), 32, 128 and 16 (char_gpt); T not a multiple of any tile, and T = 1.
 const Case kCases[] = {{2, 67, 128, 2}, {1, 130, 128, 4},  {1, 33, 256, 2},
                        {3, 1, 64, 1},   {1, 256, 768, 12}, {2, 97, 64, 4}};
-
-Vec to_f32(const std::vector<uint16_t>& h) {
-  Vec v(h.size());
-  for (size_t i = 0; i < h.size(); ++i) v[i] = bf16_to_f32(h[i]);
-  return v;
-}
 
 class CudaAttention : public Gpu {};
 
@@ -45,12 +35,8 @@ TEST_F(CudaAttention, Bf16ForwardAndBackwardMatchCpuLowPrecision) {
   for (const Case& c : kCases) {
     const int64_t n_qkv = c.B * c.T * 3 * c.C, n_out = c.B * c.T * c.C;
     const auto qkv = to_bf16(randn(n_qkv, 3)), dout = to_bf16(randn(n_out, 4));
-    std::vector<uint16_t> out(n_out), dqkv(n_qkv);
-    Vec att(c.B * c.NH * c.T * c.T);
+    const CpuAttention want = cpu_attention_bf16(c, qkv, dout);
     const DType t = DType::kBF16;
-    ops::attention_forward(out.data(), att.data(), qkv.data(), c.B, c.T, c.C, c.NH, t);
-    ops::attention_backward(dqkv.data(), dout.data(), qkv.data(), att.data(), c.B, c.T, c.C, c.NH,
-                            t);
     DeviceBuffer gqkv = upload_ints(qkv), gdout = upload_ints(dout);
     DeviceBuffer gout = poisoned(n_out, t), glse = poisoned(c.B * c.NH * c.T),
                  gdqkv = poisoned(n_qkv, t);
@@ -58,12 +44,12 @@ TEST_F(CudaAttention, Bf16ForwardAndBackwardMatchCpuLowPrecision) {
     attention_backward(gdqkv.get(), gdout.get(), gqkv.get(), gout.get(), glse.as<float>(), c.B, c.T,
                        c.C, c.NH, t, nullptr);
     const std::string tag = str(" bf16 B=", c.B, " T=", c.T, " C=", c.C, " NH=", c.NH);
-    expect_close(download(gout, n_out, t), to_f32(out), 1e-2, "attention out" + tag);
+    expect_close(download(gout, n_out, t), want.out, 1e-2, "attention out" + tag);
     // The CPU's bf16 backward rounds P and dS to bf16 for its GEMMs; the GPU keeps them f32, so
     // single values of a long sum differ by a few bf16 steps: the worst value moves with the
     // random inputs (H200, 2026-11-29, three seeds: 0.020, 0.019 and 0.034 of |want| + rms) while
     // the norm stays near 1.2e-3: 1e-1 per value, 1e-2 for the whole.
-    expect_close(download(gdqkv, n_qkv, t), to_f32(dqkv), 1e-1, "attention dqkv" + tag, 1e-2);
+    expect_close(download(gdqkv, n_qkv, t), want.dqkv, 1e-1, "attention dqkv" + tag, 1e-2);
   }
 }
 

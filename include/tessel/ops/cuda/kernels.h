@@ -16,6 +16,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "tessel/ops/optim_step.h"  // AdamWStep, SgdStep, kSumSquaresParts
 #include "tessel/tensor/dtype.h"
@@ -123,6 +124,21 @@ void attention_gemm_backward(Blas& blas, void* scratch, size_t scratch_bytes, vo
                              const void* dout, const void* qkv, const void* out, const float* lse,
                              int64_t B, int64_t T, int64_t C, int64_t NH, DType t,
                              cudaStream_t stream);
+
+// The same through cuDNN's fused flash attention (attention_cudnn.cc: cuDNN 9's SDPA through
+// cudnn-frontend graphs, bf16 in, f32 softmax, tensor cores, the deterministic backward). Same
+// cache (lse) and contract. attention_cudnn_refusal says "" where this cuDNN runs the shape and
+// why not elsewhere (f32; a head size, length or library it does not support): it builds the
+// shape's graphs on this thread at the first ask (tens of ms; a device is needed) and keeps them.
+// The others throw InvalidArgument for a refused shape. `workspace` (device) holds
+// attention_cudnn_workspace_bytes(B, T, C, NH), enough for both directions.
+std::string attention_cudnn_refusal(DType t, int64_t B, int64_t T, int64_t C, int64_t NH);
+size_t attention_cudnn_workspace_bytes(int64_t B, int64_t T, int64_t C, int64_t NH);
+void attention_cudnn_forward(void* workspace, void* out, float* lse, const void* qkv, int64_t B,
+                             int64_t T, int64_t C, int64_t NH, cudaStream_t stream);
+void attention_cudnn_backward(void* workspace, void* dqkv, const void* dout, const void* qkv,
+                              const void* out, const float* lse, int64_t B, int64_t T, int64_t C,
+                              int64_t NH, cudaStream_t stream);
 
 // ---- The modern GPT's parts (src/ops/cuda/modern_gpt.cu), as cpu.h's ----
 // RMSNorm over x[N,C], w[C]; eps = 1e-5; caches rstd[N] (f32); dw[C] accumulated (+=).

@@ -6,6 +6,7 @@
 // `--versions` prints the device and the CUDA runtime, driver and cuBLASLt versions instead;
 // `--quick` uses 4 x 1024 tokens. Timing: CUDA events around `iters` launches after `warmup` ones,
 // mean per launch.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -136,9 +137,12 @@ int main(int argc, char** argv) {
       // What training runs at this shape (the kernel table's choice): cuDNN's fused attention,
       // under the names torch_bench.py gives SDPA; then the tensor-core GEMM path (the table's
       // choice where cuDNN refuses) and the flash kernels on CUDA cores.
-      const std::string refusal = attention_cudnn_refusal(bf, B, T, C, NH);
+      const std::string refusal = attention_cudnn_refusal(bf, B, T, C, NH, false) +
+                                  attention_cudnn_refusal(bf, B, T, C, NH, true);
       if (refusal.empty()) {
-        DeviceBuffer ws(attention_cudnn_workspace_bytes(B, T, C, NH) + 1);
+        DeviceBuffer ws(std::max(attention_cudnn_workspace_bytes(B, T, C, NH, false),
+                                 attention_cudnn_workspace_bytes(B, T, C, NH, true)) +
+                        1);
         report("attention_fwd" + shape,
                time_ms(s, 2, 5,
                        [&] {

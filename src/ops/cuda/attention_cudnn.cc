@@ -4,12 +4,12 @@
 // statistics, the log-sum-exp of each query row's scaled scores: the lse[B,NH,T] the flash and
 // GEMM paths keep. The backward runs cuDNN's deterministic algorithm (one summation order, so
 // two runs give the same bits, as kernels.h promises of every kernel).
-// A shape's two graphs are built at its first use on a thread (heuristics, then the plans:
-// tens of milliseconds) and kept for the thread, as blas.cc keeps its plans; a shape that this
-// cuDNN cannot run keeps cuDNN's reason instead (attention_cudnn_refusal).
+// Each direction of a shape is built at its first use on a thread (heuristics, then the plan;
+// its time is not measured yet) and kept for the thread, as blas.cc keeps its plans; a direction
+// that this cuDNN cannot run keeps cuDNN's reason instead (attention_cudnn_refusal), and the
+// kernel table then takes another path for it (the cache and contract are the same).
 #include <cudnn_frontend.h>
 
-#include <algorithm>
 #include <cmath>
 #include <map>
 #include <memory>
@@ -79,7 +79,8 @@ std::shared_ptr<Graph> forward_graph(const Shape& s) {
                             fe::graph::SDPA_attributes()
                                 .set_name("attention")
                                 .set_generate_stats(true)
-                                .set_causal_mask(true)
+                                .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                                .set_diagonal_band_right_bound(0)
                                 .set_attn_scale(scale(s)));
   set_view(o, kO, s, s.C);
   stats->set_output(true);
@@ -94,12 +95,14 @@ std::shared_ptr<Graph> backward_graph(const Shape& s) {
                   o = view(*g, kO, s, s.C), dout = view(*g, kDO, s, s.C);
   TensorPtr stats = g->tensor(Attr().set_name("stats"));
   set_stats(stats, s);
-  auto [dq, dk, dv] = g->sdpa_backward(q, k, v, o, dout, stats,
-                                       fe::graph::SDPA_backward_attributes()
-                                           .set_name("attention_backward")
-                                           .set_causal_mask(true)
-                                           .set_attn_scale(scale(s))
-                                           .set_deterministic_algorithm(true));
+  auto [dq, dk, dv] =
+      g->sdpa_backward(q, k, v, o, dout, stats,
+                       fe::graph::SDPA_backward_attributes()
+                           .set_name("attention_backward")
+                           .set_diagonal_alignment(fe::DiagonalAlignment_t::TOP_LEFT)
+                           .set_diagonal_band_right_bound(0)
+                           .set_attn_scale(scale(s))
+                           .set_deterministic_algorithm(true));
   set_view(dq, kDQ, s, C3);
   set_view(dk, kDK, s, C3);
   set_view(dv, kDV, s, C3);
@@ -107,53 +110,60 @@ std::shared_ptr<Graph> backward_graph(const Shape& s) {
 }
 
 // Builds g's plan; "" when it is ready, else cuDNN's reason for the first step that failed.
-std::string build(Graph& g, cudnnHandle_t h) try {
+std::string build(Graph& g, cudnnHandle_t h) {
   fe::error_t e = g.validate();
   if (e.is_good()) e = g.build_operation_graph(h);
-  if (e.is_good()) e = g.create_execution_plans({fe::HeurMode_t::A});
+  if (e.is_good()) e = g.create_execution_plans({fe::HeurMode_t::A, fe::HeurMode_t::FALLBACK});
   if (e.is_good()) e = g.check_support(h);
   if (e.is_good()) e = g.build_plans();
   return e.is_good() ? "" : e.get_message();
-} catch (const std::exception& e) {  // the frontend throws for a few malformed graphs
-  return e.what();
 }
 
-// One shape's graphs on this thread; null graphs and a reason where cuDNN refused.
-struct Graphs {
-  std::shared_ptr<Graph> forward, backward;
+// One direction of one shape on this thread: its graph and workspace, or (graph null) the
+// reason cuDNN refused it.
+struct Built {
+  std::shared_ptr<Graph> graph;
   std::string refusal;
   size_t workspace = 0;
 };
 
-const Graphs& graphs(const Shape& s) {
-  thread_local std::map<std::tuple<int64_t, int64_t, int64_t, int64_t>, Graphs> cache;
-  auto [it, fresh] = cache.try_emplace(std::tuple(s.B, s.T, s.C, s.NH));
-  Graphs& g = it->second;
-  if (!fresh) return g;
-  const cudnnHandle_t h = cudnn_handle(nullptr);
-  auto fwd = forward_graph(s), bwd = backward_graph(s);
-  std::string why = build(*fwd, h);
-  if (why.empty()) why = build(*bwd, h);
-  int64_t fwd_bytes = 0, bwd_bytes = 0;
-  if (why.empty() && (!fwd->get_workspace_size(fwd_bytes).is_good() ||
-                      !bwd->get_workspace_size(bwd_bytes).is_good()))
-    why = "no workspace size";
-  if (!why.empty()) {
-    g.refusal = "cuDNN " + std::to_string(cudnnGetVersion()) + " refuses it: " + why;
-    return g;
+Built make(const Shape& s, bool backward, cudnnHandle_t h) {
+  Built b;
+  std::string why;
+  try {  // the frontend throws for a few malformed graphs
+    std::shared_ptr<Graph> g = backward ? backward_graph(s) : forward_graph(s);
+    why = build(*g, h);
+    int64_t bytes = 0;
+    if (why.empty() && !g->get_workspace_size(bytes).is_good()) why = "no workspace size";
+    if (why.empty()) {
+      b.graph = std::move(g);
+      b.workspace = static_cast<size_t>(bytes);
+      return b;
+    }
+  } catch (const std::exception& e) {
+    why = e.what();
   }
-  g.forward = std::move(fwd);
-  g.backward = std::move(bwd);
-  g.workspace = static_cast<size_t>(std::max(fwd_bytes, bwd_bytes));
-  return g;
+  b.refusal = str("cuDNN ", cudnnGetVersion(), " refuses the ", backward ? "backward" : "forward",
+                  ": ", why);
+  return b;
 }
 
-const Graphs& ready(const Shape& s, const char* what) {
-  const Graphs& g = graphs(s);
-  if (!g.forward)
+// Built at the first ask and kept. The handle is made first, so that (destroyed in reverse
+// order) it outlives the graphs.
+const Built& built(const Shape& s, bool backward) {
+  const cudnnHandle_t h = cudnn_handle(nullptr);
+  thread_local std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, Built> cache;
+  const auto key = std::tuple(s.B, s.T, s.C, s.NH, backward);
+  if (auto it = cache.find(key); it != cache.end()) return it->second;
+  return cache.emplace(key, make(s, backward, h)).first->second;
+}
+
+const Built& ready(const Shape& s, bool backward, const char* what) {
+  const Built& b = built(s, backward);
+  if (!b.graph)
     throw InvalidArgument(str(what, ": B=", s.B, " T=", s.T, " C=", s.C, " NH=", s.NH, ": ",
-                              g.refusal, "; ask attention_cudnn_refusal first"));
-  return g;
+                              b.refusal, "; ask attention_cudnn_refusal first"));
+  return b;
 }
 
 void execute(const Graph& g, std::unordered_map<int64_t, void*>& pack, void* workspace,
@@ -171,38 +181,39 @@ void* part(const void* qkv, int i, int64_t C) {
 
 }  // namespace
 
-std::string attention_cudnn_refusal(DType t, int64_t B, int64_t T, int64_t C, int64_t NH) {
+std::string attention_cudnn_refusal(DType t, int64_t B, int64_t T, int64_t C, int64_t NH,
+                                    bool backward) {
   if (t != DType::kBF16) return "cuDNN's fused attention takes 16-bit inputs (f32 stays exact)";
   if (B <= 0 || T <= 0 || NH <= 0 || C % NH != 0) return "not a shape of attention";
-  return graphs({B, T, C, NH}).refusal;
+  return built({B, T, C, NH}, backward).refusal;
 }
 
-size_t attention_cudnn_workspace_bytes(int64_t B, int64_t T, int64_t C, int64_t NH) {
-  return ready({B, T, C, NH}, "attention_cudnn_workspace_bytes").workspace;
+size_t attention_cudnn_workspace_bytes(int64_t B, int64_t T, int64_t C, int64_t NH, bool backward) {
+  return ready({B, T, C, NH}, backward, "attention_cudnn_workspace_bytes").workspace;
 }
 
 void attention_cudnn_forward(void* workspace, void* out, float* lse, const void* qkv, int64_t B,
                              int64_t T, int64_t C, int64_t NH, cudaStream_t stream) {
-  const Graphs& g = ready({B, T, C, NH}, "attention_cudnn_forward");
+  const Built& b = ready({B, T, C, NH}, false, "attention_cudnn_forward");
   std::unordered_map<int64_t, void*> pack{{kQ, part(qkv, 0, C)},
                                           {kK, part(qkv, 1, C)},
                                           {kV, part(qkv, 2, C)},
                                           {kO, out},
                                           {kStats, lse}};
-  execute(*g.forward, pack, workspace, stream, "attention forward");
+  execute(*b.graph, pack, workspace, stream, "attention forward");
 }
 
 void attention_cudnn_backward(void* workspace, void* dqkv, const void* dout, const void* qkv,
                               const void* out, const float* lse, int64_t B, int64_t T, int64_t C,
                               int64_t NH, cudaStream_t stream) {
-  const Graphs& g = ready({B, T, C, NH}, "attention_cudnn_backward");
+  const Built& b = ready({B, T, C, NH}, true, "attention_cudnn_backward");
   std::unordered_map<int64_t, void*> pack{
       {kQ, part(qkv, 0, C)},          {kK, part(qkv, 1, C)},
       {kV, part(qkv, 2, C)},          {kO, const_cast<void*>(out)},
       {kDO, const_cast<void*>(dout)}, {kStats, const_cast<float*>(lse)},
       {kDQ, part(dqkv, 0, C)},        {kDK, part(dqkv, 1, C)},
       {kDV, part(dqkv, 2, C)}};
-  execute(*g.backward, pack, workspace, stream, "attention backward");
+  execute(*b.graph, pack, workspace, stream, "attention backward");
 }
 
 }  // namespace tessel::ops::cuda

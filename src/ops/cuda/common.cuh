@@ -30,6 +30,19 @@ __device__ __forceinline__ bf16 from_f32<bf16>(float x) {
   return __float2bfloat16_rn(x);
 }
 
+// 16 bytes of T, moved as one load or store where every pointer is 16-byte aligned.
+template <typename T>
+struct alignas(16) Pack {
+  static constexpr int kWidth = 16 / sizeof(T);
+  T v[kWidth];
+};
+
+inline bool aligned16(const void* a, const void* b = nullptr, const void* c = nullptr) {
+  return ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) |
+           reinterpret_cast<uintptr_t>(c)) &
+          15) == 0;
+}
+
 // Butterfly sum over the 32 lanes: every lane ends with the same value, in the same order.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

@@ -1,5 +1,6 @@
 // Fused log-softmax + cross-entropy: one block per row finds the max and the sum of
-// exponentials in one read of the row (an online sum, rescaled when the max grows), keeps only
+// exponentials in one read of the row (an online sum, rescaled when the max grows; 16-byte
+// packs where the row allows), keeps only
 // lse = max + log(sum); the backward recomputes each probability from it, so no [N,C]
 // probabilities exist unless the caller asks for them.
 #include "common.cuh"
@@ -39,21 +40,46 @@ __device__ MaxSum block_max_sum(MaxSum v, MaxSum* shared) {
   return v;
 }
 
+// Adds the values v[0..n) of a row to a running (max, sum): the sum rescaled once to the group's
+// max, then each exponential added. A NaN makes the sum NaN, and so does +inf (exp(inf - inf),
+// as the CPU's softmax); -inf adds nothing.
+template <int n>
+__device__ __forceinline__ void add_values(MaxSum& ms, const float (&v)[n]) {
+  float top = v[0];
+#pragma unroll
+  for (int i = 1; i < n; ++i) top = fmaxf(top, v[i]);
+  if (top > ms.m) {
+    ms.l *= expf(ms.m - top);  // 0 from m = -inf (a NaN sum stays NaN)
+    ms.m = top;
+  }
+#pragma unroll
+  for (int i = 0; i < n; ++i) ms.l += v[i] == -INFINITY ? 0.0f : expf(v[i] - ms.m);
+}
+
+// One block per row. `vec`: the row is read in 16-byte packs (C a multiple of a pack's width,
+// logits 16-byte aligned): a pack in flight per thread, not one value, which is what keeps the
+// memory busy on a row of 50k classes.
 template <typename T>
 __global__ void cross_entropy_forward_kernel(float* losses, float* lse, float* probs,
-                                             const T* logits, const int32_t* labels, int64_t C) {
+                                             const T* logits, const int32_t* labels, int64_t C,
+                                             bool vec) {
   __shared__ MaxSum shared[32];
+  constexpr int W = detail::Pack<T>::kWidth;
   const int64_t r = blockIdx.x;
   const T* lr = logits + r * C;
   MaxSum ms{-INFINITY, 0.0f};
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    const float v = to_f32(lr[c]);
-    // A NaN makes the sum NaN, and so does +inf (exp(inf - inf), as the CPU's softmax).
-    if (v > ms.m) {
-      ms.l = ms.l * expf(ms.m - v) + (isinf(v) ? NAN : 1.0f);
-      ms.m = v;
-    } else {
-      ms.l += v == -INFINITY ? 0.0f : expf(v - ms.m);
+  if (vec) {
+    for (int64_t k = threadIdx.x; k < C / W; k += blockDim.x) {
+      const detail::Pack<T> p = reinterpret_cast<const detail::Pack<T>*>(lr)[k];
+      float v[W];
+#pragma unroll
+      for (int i = 0; i < W; ++i) v[i] = to_f32(p.v[i]);
+      add_values(ms, v);
+    }
+  } else {
+    for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
+      const float v[1] = {to_f32(lr[c])};
+      add_values(ms, v);
     }
   }
   ms = block_max_sum(ms, shared);
@@ -87,19 +113,36 @@ __global__ void mean_kernel(float* loss, const float* losses, int64_t N) {
 }
 
 // dlogits = (exp(logit - lse) - onehot) * scale; each element read and written by one thread,
-// so dlogits may alias logits.
+// so dlogits may alias logits. `vec`: in 16-byte packs, as the forward.
+__device__ __forceinline__ float dlogit(float logit, float lse, int64_t c, int64_t target,
+                                        float scale) {
+  const float d = expf(logit - lse) * scale;
+  return c == target ? d - scale : d;
+}
+
 template <typename T>
 __global__ void cross_entropy_backward_kernel(T* dlogits, const T* logits, const float* lse,
                                               const int32_t* labels, int64_t C, float scale,
-                                              int64_t lo) {
+                                              int64_t lo, bool vec) {
+  constexpr int W = detail::Pack<T>::kWidth;
   const int64_t r = blockIdx.x;
   const float l = lse[r];
   const int64_t target = static_cast<int64_t>(labels[r]) - lo;  // outside [0, C): no one-hot
-  for (int64_t c = threadIdx.x; c < C; c += blockDim.x) {
-    float d = expf(to_f32(logits[r * C + c]) - l) * scale;
-    if (c == target) d -= scale;
-    dlogits[r * C + c] = from_f32<T>(d);
+  const T* in = logits + r * C;
+  T* out = dlogits + r * C;
+  if (vec) {
+    for (int64_t k = threadIdx.x; k < C / W; k += blockDim.x) {
+      const detail::Pack<T> p = reinterpret_cast<const detail::Pack<T>*>(in)[k];
+      detail::Pack<T> d;
+#pragma unroll
+      for (int i = 0; i < W; ++i)
+        d.v[i] = from_f32<T>(dlogit(to_f32(p.v[i]), l, k * W + i, target, scale));
+      reinterpret_cast<detail::Pack<T>*>(out)[k] = d;
+    }
+    return;
   }
+  for (int64_t c = threadIdx.x; c < C; c += blockDim.x)
+    out[c] = from_f32<T>(dlogit(to_f32(in[c]), l, c, target, scale));
 }
 
 // The first maximum of a row in scan order, as the CPU's strict > scan: a NaN never wins, except
@@ -157,8 +200,9 @@ void cross_entropy_forward(float* loss, float* losses, float* lse, float* probs,
   TESSEL_CHECK(N < (int64_t{1} << 31), "cuda cross_entropy_forward: N must be < 2^31, got ", N);
   detail::dispatch(t, "cuda cross_entropy_forward", [&](auto tag) {
     using T = decltype(tag);
+    const bool vec = C % detail::Pack<T>::kWidth == 0 && detail::aligned16(logits);
     cross_entropy_forward_kernel<<<static_cast<unsigned>(N), kThreads, 0, s>>>(
-        losses, lse, probs, static_cast<const T*>(logits), labels, C);
+        losses, lse, probs, static_cast<const T*>(logits), labels, C, vec);
   });
   check_launch("cuda cross_entropy_forward");
   mean_kernel<<<1, 1024, 0, s>>>(loss, losses, N);
@@ -173,8 +217,9 @@ void cross_entropy_backward(void* dlogits, const void* logits, const float* lse,
   const float scale = dloss / static_cast<float>(N);
   detail::dispatch(t, "cuda cross_entropy_backward", [&](auto tag) {
     using T = decltype(tag);
+    const bool vec = C % detail::Pack<T>::kWidth == 0 && detail::aligned16(dlogits, logits);
     cross_entropy_backward_kernel<<<static_cast<unsigned>(N), kThreads, 0, s>>>(
-        static_cast<T*>(dlogits), static_cast<const T*>(logits), lse, labels, C, scale, lo);
+        static_cast<T*>(dlogits), static_cast<const T*>(logits), lse, labels, C, scale, lo, vec);
   });
   check_launch("cuda cross_entropy_backward");
 }

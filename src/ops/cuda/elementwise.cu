@@ -7,29 +7,18 @@
 namespace tessel::ops::cuda {
 namespace {
 
+using detail::aligned16;
 using detail::bf16;
 using detail::from_f32;
+using detail::Pack;
 using detail::to_f32;
 
 constexpr int kThreads = 256;
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCube = 0.044715f;
 
-// 16 bytes of T: map and zip move their elements in these when every pointer is 16-byte aligned
-// (`vec`), the rest one by one; each element is computed alike either way.
-template <typename T>
-struct alignas(16) Pack {
-  static constexpr int kWidth = 16 / sizeof(T);
-  T v[kWidth];
-};
-
-inline bool aligned16(const void* a, const void* b, const void* c = nullptr) {
-  return ((reinterpret_cast<uintptr_t>(a) | reinterpret_cast<uintptr_t>(b) |
-           reinterpret_cast<uintptr_t>(c)) &
-          15) == 0;
-}
-
-// y = op(x) elementwise; F maps one f32 to one f32.
+// y = op(x) elementwise; F maps one f32 to one f32. Packs (common.cuh) when every pointer is
+// 16-byte aligned (`vec`), the rest one by one; each element is computed alike either way.
 template <typename T, typename F>
 __global__ void map_kernel(T* y, const T* x, int64_t n, bool vec, F f) {
   constexpr int W = Pack<T>::kWidth;

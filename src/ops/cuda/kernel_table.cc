@@ -90,8 +90,8 @@ void fill_conv_slots(DeviceKernels& k) {
 // ---- Attention: cuDNN's fused attention where this cuDNN runs the shape (bf16), else
 // tensor-core GEMMs where attention_gemm_supported (bf16, long sequences), the flash kernels
 // otherwise.
-bool use_cudnn(DType t, int64_t B, int64_t T, int64_t C, int64_t NH) {
-  return attention_cudnn_refusal(t, B, T, C, NH).empty();
+bool use_cudnn(DType t, int64_t B, int64_t T, int64_t C, int64_t NH, bool backward) {
+  return attention_cudnn_refusal(t, B, T, C, NH, backward).empty();
 }
 
 bool use_gemm(DType t, int64_t T, int64_t C, int64_t NH) {
@@ -101,8 +101,8 @@ bool use_gemm(DType t, int64_t T, int64_t C, int64_t NH) {
 void attention_fwd(void* out, float* lse, const void* qkv, int64_t B, int64_t T, int64_t C,
                    int64_t NH, DType t, void* stream) {
   const cudaStream_t s = as_stream(stream);
-  if (use_cudnn(t, B, T, C, NH)) {
-    const Tensor ws = pooled_bytes(attention_cudnn_workspace_bytes(B, T, C, NH));
+  if (use_cudnn(t, B, T, C, NH, false)) {
+    const Tensor ws = pooled_bytes(attention_cudnn_workspace_bytes(B, T, C, NH, false));
     return attention_cudnn_forward(ws.raw(), out, lse, qkv, B, T, C, NH, s);
   }
   if (!use_gemm(t, T, C, NH)) return attention_forward(out, lse, qkv, B, T, C, NH, t, s);
@@ -113,8 +113,8 @@ void attention_fwd(void* out, float* lse, const void* qkv, int64_t B, int64_t T,
 void attention_bwd(void* dqkv, const void* dout, const void* qkv, const void* out, const float* lse,
                    int64_t B, int64_t T, int64_t C, int64_t NH, DType t, void* stream) {
   const cudaStream_t s = as_stream(stream);
-  if (use_cudnn(t, B, T, C, NH)) {
-    const Tensor ws = pooled_bytes(attention_cudnn_workspace_bytes(B, T, C, NH));
+  if (use_cudnn(t, B, T, C, NH, true)) {
+    const Tensor ws = pooled_bytes(attention_cudnn_workspace_bytes(B, T, C, NH, true));
     return attention_cudnn_backward(ws.raw(), dqkv, dout, qkv, out, lse, B, T, C, NH, s);
   }
   if (!use_gemm(t, T, C, NH))

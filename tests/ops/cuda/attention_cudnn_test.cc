@@ -15,10 +15,12 @@ namespace {
 constexpr DType kBf16 = DType::kBF16;
 
 TEST(AttentionCudnnPlan, RefusesF32AndShapesThatAreNotAttention) {
-  EXPECT_NE(attention_cudnn_refusal(DType::kF32, 2, 256, 768, 12).find("16-bit"),
-            std::string::npos);
-  EXPECT_NE(attention_cudnn_refusal(kBf16, 2, 256, 760, 12), "");  // 12 heads do not divide 760
-  EXPECT_NE(attention_cudnn_refusal(kBf16, 0, 256, 768, 12), "");
+  for (bool backward : {false, true}) {
+    EXPECT_NE(attention_cudnn_refusal(DType::kF32, 2, 256, 768, 12, backward).find("16-bit"),
+              std::string::npos);
+    EXPECT_NE(attention_cudnn_refusal(kBf16, 2, 256, 760, 12, backward), "");  // 12 in 760: no
+    EXPECT_NE(attention_cudnn_refusal(kBf16, 0, 256, 768, 12, backward), "");
+  }
 }
 
 class CudaAttentionCudnn : public Gpu {
@@ -30,35 +32,37 @@ class CudaAttentionCudnn : public Gpu {
   // test where `must_run` (GPT-2's and the char GPT's head sizes, lengths of whole tiles).
   static Result run(const Case& c, const DeviceBuffer& qkv, const DeviceBuffer& dout,
                     bool must_run = true) {
-    const std::string why = attention_cudnn_refusal(kBf16, c.B, c.T, c.C, c.NH);
+    const std::string why = attention_cudnn_refusal(kBf16, c.B, c.T, c.C, c.NH, false) +
+                            attention_cudnn_refusal(kBf16, c.B, c.T, c.C, c.NH, true);
     if (!why.empty()) {
       if (must_run) ADD_FAILURE() << "cuDNN refuses" << c.tag() << ": " << why;
       std::printf("[ cuda tests ] cuDNN refuses%s: %s\n", c.tag().c_str(), why.c_str());
       return {};
     }
-    DeviceBuffer ws(attention_cudnn_workspace_bytes(c.B, c.T, c.C, c.NH) + 1);
+    DeviceBuffer fws(attention_cudnn_workspace_bytes(c.B, c.T, c.C, c.NH, false) + 1),
+        bws(attention_cudnn_workspace_bytes(c.B, c.T, c.C, c.NH, true) + 1);
     DeviceBuffer out = poisoned(c.out_size(), kBf16), lse = poisoned(c.lse_size()),
                  dqkv = poisoned(c.qkv_size(), kBf16);
-    attention_cudnn_forward(ws.get(), out.get(), lse.as<float>(), qkv.get(), c.B, c.T, c.C, c.NH,
+    attention_cudnn_forward(fws.get(), out.get(), lse.as<float>(), qkv.get(), c.B, c.T, c.C, c.NH,
                             nullptr);
-    attention_cudnn_backward(ws.get(), dqkv.get(), dout.get(), qkv.get(), out.get(),
+    attention_cudnn_backward(bws.get(), dqkv.get(), dout.get(), qkv.get(), out.get(),
                              lse.as<float>(), c.B, c.T, c.C, c.NH, nullptr);
     return {download(out, c.out_size(), kBf16), download(lse, c.lse_size()),
             download(dqkv, c.qkv_size(), kBf16)};
   }
 };
 
-// GPT-2's head size and length (T = 1024, heads of 64) and the char GPT's shape (32 x 64, 4
-// heads of 16) must run; lengths that are no multiple of a tile may be refused (the table then
-// falls back), and where they run they hold the same bounds.
+// GPT-2's head size and length (T = 1024, heads of 64) and the 10.8M char GPT's (T = 256, heads
+// of 64) must run; the example char GPT's heads of 16 and lengths that are no multiple of a tile
+// may be refused (the table then falls back), and where they run they hold the same bounds.
 TEST_F(CudaAttentionCudnn, ForwardAndBackwardMatchCpuBf16) {
   struct Try {
     Case c;
     bool must_run;
   };
   for (const auto& [c, must_run] :
-       {Try{{2, 256, 256, 4}, true}, Try{{1, 1024, 768, 12}, true}, Try{{32, 64, 64, 4}, true},
-        Try{{2, 97, 256, 2}, false}, Try{{3, 1, 64, 1}, false}}) {
+       {Try{{2, 256, 256, 4}, true}, Try{{1, 1024, 768, 12}, true}, Try{{2, 256, 384, 6}, true},
+        Try{{32, 64, 64, 4}, false}, Try{{2, 97, 256, 2}, false}, Try{{3, 1, 64, 1}, false}}) {
     const auto qkv = to_bf16(randn(c.qkv_size(), 31)), dout = to_bf16(randn(c.out_size(), 32));
     const CpuAttention want = cpu_attention_bf16(c, qkv, dout);
     const DeviceBuffer gqkv = upload_ints(qkv), gdout = upload_ints(dout);

@@ -181,25 +181,28 @@ TEST_F(CudaOps, CountCorrectIsTheCpusCount) {
 
 // A NaN or +inf logit makes its row's loss NaN, as on the CPU, wherever it sits in the row (the
 // forward's running max and sum start empty in each thread: a NaN seen first must survive the
-// merge); the other rows keep theirs.
+// merge); a -inf adds nothing; the other rows keep theirs. C = 64 reads rows in 16-byte packs,
+// 65 one value at a time.
 TEST_F(CudaOps, CrossEntropyOfANanOrInfiniteLogitIsNan) {
-  const int64_t N = 4, C = 65;
-  for (DType t : kTypes) {
-    Vec logits = as_type(randn(N * C, 7), t);
-    logits[1 * C + 21] = NAN;
-    logits[2 * C + 0] = NAN;
-    logits[3 * C + 40] = INFINITY;
-    const std::vector<int32_t> labels{3, 5, 7, 9};
-    DeviceBuffer glogits = upload(logits, t), glabels = upload_ints(labels);
-    DeviceBuffer gloss = poisoned(1), glosses = poisoned(N), glse = poisoned(N);
-    cross_entropy_forward(gloss.as<float>(), glosses.as<float>(), glse.as<float>(), nullptr,
-                          glogits.get(), glabels.as<int32_t>(), N, C, t, nullptr);
-    const Vec losses = download(glosses, N);
-    EXPECT_TRUE(std::isfinite(losses[0])) << dtype_name(t);
-    for (int64_t r = 1; r < N; ++r)
-      EXPECT_TRUE(std::isnan(losses[r])) << dtype_name(t) << " row " << r;
-    EXPECT_TRUE(std::isnan(download(gloss, 1)[0])) << dtype_name(t);
-  }
+  const int64_t N = 4;
+  for (int64_t C : {65, 64})
+    for (DType t : kTypes) {
+      Vec logits = as_type(randn(N * C, 7), t);
+      logits[0 * C + 10] = -INFINITY;
+      logits[1 * C + 21] = NAN;
+      logits[2 * C + 0] = NAN;
+      logits[3 * C + 40] = INFINITY;
+      const std::vector<int32_t> labels{3, 5, 7, 9};
+      DeviceBuffer glogits = upload(logits, t), glabels = upload_ints(labels);
+      DeviceBuffer gloss = poisoned(1), glosses = poisoned(N), glse = poisoned(N);
+      cross_entropy_forward(gloss.as<float>(), glosses.as<float>(), glse.as<float>(), nullptr,
+                            glogits.get(), glabels.as<int32_t>(), N, C, t, nullptr);
+      const Vec losses = download(glosses, N);
+      EXPECT_TRUE(std::isfinite(losses[0])) << dtype_name(t) << " C=" << C;
+      for (int64_t r = 1; r < N; ++r)
+        EXPECT_TRUE(std::isnan(losses[r])) << dtype_name(t) << " C=" << C << " row " << r;
+      EXPECT_TRUE(std::isnan(download(gloss, 1)[0])) << dtype_name(t) << " C=" << C;
+    }
 }
 
 TEST_F(CudaOps, CrossEntropyBackwardOfAClassSliceSkipsOtherRanksLabels) {

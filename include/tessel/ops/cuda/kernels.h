@@ -127,13 +127,16 @@ void attention_gemm_backward(Blas& blas, void* scratch, size_t scratch_bytes, vo
 
 // The same through cuDNN's fused flash attention (attention_cudnn.cc: cuDNN 9's SDPA through
 // cudnn-frontend graphs, bf16 in, f32 softmax, tensor cores, the deterministic backward). Same
-// cache (lse) and contract. attention_cudnn_refusal says "" where this cuDNN runs the shape and
-// why not elsewhere (f32; a head size, length or library it does not support): it builds the
-// shape's graphs on this thread at the first ask (tens of ms; a device is needed) and keeps them.
-// The others throw InvalidArgument for a refused shape. `workspace` (device) holds
-// attention_cudnn_workspace_bytes(B, T, C, NH), enough for both directions.
-std::string attention_cudnn_refusal(DType t, int64_t B, int64_t T, int64_t C, int64_t NH);
-size_t attention_cudnn_workspace_bytes(int64_t B, int64_t T, int64_t C, int64_t NH);
+// cache (lse) and contract, so its forward and another path's backward mix. Each direction:
+// attention_cudnn_refusal says "" where this cuDNN runs it and why not elsewhere (f32; a head
+// size, length or library it lacks): the first ask builds the direction's graph on this thread
+// (a device is needed) and keeps it. The others throw InvalidArgument for a refused direction.
+// `workspace` (device) holds attention_cudnn_workspace_bytes of that direction (the
+// deterministic backward's grows with B NH T^2: about 384 MiB for GPT-2 at 16 x 1024 with
+// cuDNN 9.19, by the frontend's formula).
+std::string attention_cudnn_refusal(DType t, int64_t B, int64_t T, int64_t C, int64_t NH,
+                                    bool backward);
+size_t attention_cudnn_workspace_bytes(int64_t B, int64_t T, int64_t C, int64_t NH, bool backward);
 void attention_cudnn_forward(void* workspace, void* out, float* lse, const void* qkv, int64_t B,
                              int64_t T, int64_t C, int64_t NH, cudaStream_t stream);
 void attention_cudnn_backward(void* workspace, void* dqkv, const void* dout, const void* qkv,

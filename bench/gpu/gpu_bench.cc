@@ -7,6 +7,7 @@
 // `--quick` uses 4 x 1024 tokens. Timing: CUDA events around `iters` launches after `warmup` ones,
 // mean per launch.
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -137,8 +138,14 @@ int main(int argc, char** argv) {
       // What training runs at this shape (the kernel table's choice): cuDNN's fused attention,
       // under the names torch_bench.py gives SDPA; then the tensor-core GEMM path (the table's
       // choice where cuDNN refuses) and the flash kernels on CUDA cores.
+      // The first ask builds both directions' graphs (host time, once per shape and thread).
+      const auto build_start = std::chrono::steady_clock::now();
       const std::string refusal = attention_cudnn_refusal(bf, B, T, C, NH, false) +
                                   attention_cudnn_refusal(bf, B, T, C, NH, true);
+      std::printf(
+          "attention_cudnn_build\t%.1f ms (host, both graphs)\n",
+          std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - build_start)
+              .count());
       if (refusal.empty()) {
         DeviceBuffer ws(std::max(attention_cudnn_workspace_bytes(B, T, C, NH, false),
                                  attention_cudnn_workspace_bytes(B, T, C, NH, true)) +

@@ -314,9 +314,6 @@ nlohmann::json Parts::json(const ParallelSpec& spec, bool overlap) const {
 }
 
 Parts compose(const ParallelSpec& spec, const Layout& layout, bool overlap) {
-  validate_compress(spec.compress);
-  if (spec.zero_stage < 0 || spec.zero_stage > 3)
-    throw InvalidArgument(str("config: zero.stage must be 0, 1, 2 or 3, got ", spec.zero_stage));
   const In in{spec, layout, spec.compress.kind, precision_type(spec)};
   for (const Rule& r : rules())
     if (r.applies(in)) throw InvalidArgument("config: " + r.why(in));

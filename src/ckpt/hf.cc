@@ -197,21 +197,12 @@ GptSizes read_config(const fs::path& path) {
 
 // A tensor of the file as f32, whatever its float dtype.
 Tensor read_f32(const SafetensorsReader& file, const TensorInfo& info) {
-  Tensor out = Tensor::empty(info.shape);
-  const int64_t n = out.numel();
-  if (info.dtype == DType::kF32) {
-    file.read(info.name, 0, n, out.raw());
-    return out;
-  }
-  if (info.dtype != DType::kF16 && info.dtype != DType::kBF16)
+  if (info.dtype != DType::kF32 && info.dtype != DType::kF16 && info.dtype != DType::kBF16)
     throw IoError(str("hf import: ", file.path(), " holds '", info.name, "' as ",
                       dtype_name(info.dtype), "; parameters must be F32, F16 or BF16"));
-  std::vector<uint16_t> half(static_cast<size_t>(n));
-  file.read(info.name, 0, n, half.data());
-  float* dst = out.data<float>();
-  for (int64_t i = 0; i < n; ++i)
-    dst[i] = info.dtype == DType::kF16 ? f16_to_f32(half[i]) : bf16_to_f32(half[i]);
-  return out;
+  Tensor stored = Tensor::empty(info.shape, info.dtype);
+  file.read(info.name, 0, stored.numel(), stored.raw());
+  return info.dtype == DType::kF32 ? stored : stored.to(DType::kF32);
 }
 
 // The file's parameters by GPT-2 name ("transformer." prefixed, as GPT2LMHeadModel saves

@@ -56,16 +56,11 @@ std::string offload_refusal(const In& in, const std::string& why, const std::str
              " or train.offload = none (docs/gpu.md)");
 }
 
-// What train.offload moves to host memory, for messages.
+// What train.offload (not none) moves to host memory, for messages; indexed by Offload.
 std::string offloaded(const In& in) {
-  switch (in.s.offload) {
-    case Offload::kActivations:
-      return "activations";
-    case Offload::kOptimizer:
-      return "optimizer state";
-    default:
-      return "activations and optimizer state";
-  }
+  constexpr const char* kMoved[] = {"", "activations", "optimizer state",
+                                    "activations and optimizer state"};
+  return kMoved[static_cast<size_t>(in.s.offload)];
 }
 
 // The table's refusals, in the order they are asked (the first that applies is the message).
@@ -314,9 +309,6 @@ nlohmann::json Parts::json(const ParallelSpec& spec, bool overlap) const {
 }
 
 Parts compose(const ParallelSpec& spec, const Layout& layout, bool overlap) {
-  validate_compress(spec.compress);
-  if (spec.zero_stage < 0 || spec.zero_stage > 3)
-    throw InvalidArgument(str("config: zero.stage must be 0, 1, 2 or 3, got ", spec.zero_stage));
   const In in{spec, layout, spec.compress.kind, precision_type(spec)};
   for (const Rule& r : rules())
     if (r.applies(in)) throw InvalidArgument("config: " + r.why(in));

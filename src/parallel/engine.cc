@@ -59,14 +59,8 @@ std::unique_ptr<TpGroup> make_tp_group(const ParallelSpec& spec, Mesh& mesh) {
 }  // namespace
 
 DType precision_type(const ParallelSpec& spec) {
-  switch (spec.precision) {
-    case Precision::kBf16:
-      return DType::kBF16;
-    case Precision::kFp16:
-      return DType::kF16;
-    default:
-      return DType::kF32;
-  }
+  constexpr DType kTypes[] = {DType::kF32, DType::kBF16, DType::kF16};  // indexed by Precision
+  return kTypes[static_cast<size_t>(spec.precision)];
 }
 
 Engine::Engine(const ParallelSpec& spec, const optim::OptimSpec& optim, comm::Communicator& world,
@@ -189,24 +183,22 @@ void Engine::build_data_parallel(const ParallelSpec& spec, uint64_t seed) {
   if (composed_.shared_memory && stage == 0 &&
       (sync_owner_ = SharedGradSync::make(model_, units_, dp, mesh_.workers())))
     parts_["grad_sync"] = "shared_memory";
+  auto hooked = [this](auto sync) {
+    hooks_.push_back(sync.get());
+    sync_owner_ = std::move(sync);
+  };
   if (!sync_owner_ && composed_.grad_sync == "exact") {
     scale_buckets_ = make_units(model_, spec.bucket_mb, {}, 1, 0);
-    auto exact = std::make_unique<ExactSync>(model_, units_, scale_buckets_, dp, mesh_.workers(),
-                                             type_ == DType::kF16,
-                                             dp_comm_ ? dp_comm_.get() : device_comm_.get());
-    hooks_.push_back(exact.get());
-    sync_owner_ = std::move(exact);
+    hooked(std::make_unique<ExactSync>(model_, units_, scale_buckets_, dp, mesh_.workers(),
+                                       type_ == DType::kF16,
+                                       dp_comm_ ? dp_comm_.get() : device_comm_.get()));
   } else if (!sync_owner_ && composed_.grad_sync != "reduce_scatter_shard") {
-    auto arena = std::make_unique<ArenaSync>(
+    hooked(std::make_unique<ArenaSync>(
         model_, units_,
         stage == 0 ? ArenaSync::Reduction::kAllReduce : ArenaSync::Reduction::kReduceScatter,
-        &group, workers, buckets);
-    hooks_.push_back(arena.get());
-    sync_owner_ = std::move(arena);
+        &group, workers, buckets));
   } else if (!sync_owner_) {
-    auto shard = std::make_unique<ShardSync>(model_, units_, group, workers, !pipeline, buckets);
-    hooks_.push_back(shard.get());
-    sync_owner_ = std::move(shard);
+    hooked(std::make_unique<ShardSync>(model_, units_, group, workers, !pipeline, buckets));
   }
   sync_ = sync_owner_.get();
   if (composed_.store == "sharded") {

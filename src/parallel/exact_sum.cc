@@ -19,19 +19,15 @@ void zero_floats(Device device, float* p, int64_t n) {
   device_runtime(device).zero(p, static_cast<size_t>(n) * sizeof(float), current_stream());
 }
 
-Tensor sum_memory(int64_t n, DType type, Device device) {
-  MemoryScope scope(MemCategory::kGradients);
-  return Tensor::zeros({std::max<int64_t>(n, 1)}, type, device);
-}
-
 }  // namespace
 
 ExactSum::ExactSum(nn::Range span, std::vector<nn::Range> scale_buckets, bool overflow_ok)
     : span_(span),
       buckets_(std::move(scale_buckets)),
       device_(current_device()),
-      max_(sum_memory(static_cast<int64_t>(buckets_.size()), DType::kF32, device_)),
-      acc_(sum_memory(span.size(), DType::kI64, device_)),
+      max_(flat_zeros(static_cast<int64_t>(buckets_.size()), MemCategory::kGradients, DType::kF32,
+                      device_)),
+      acc_(flat_zeros(span.size(), MemCategory::kGradients, DType::kI64, device_)),
       overflow_ok_(overflow_ok) {}
 
 float* ExactSum::shard(int64_t s) const {
@@ -44,7 +40,7 @@ void ExactSum::collect(nn::Range r, float* grad) {
   if (s >= num_shards_) {
     num_shards_ = s + 1;
     if (!shards_.defined() || shards_.numel() < num_shards_ * n) {
-      Tensor grown = sum_memory(num_shards_ * n, DType::kF32, device_);
+      Tensor grown = flat_zeros(num_shards_ * n, MemCategory::kGradients, DType::kF32, device_);
       if (shards_.defined()) grown.view(0, {shards_.numel()}).copy_from(shards_);
       shards_ = std::move(grown);
     }

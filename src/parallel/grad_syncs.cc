@@ -26,13 +26,6 @@ bool first_group(const Buckets::Spec& spec) {
   return spec.across == nullptr || spec.across->rank() == 0;
 }
 
-// On the rank's device (tessel/tensor/device.h): the kernels that write and read gradients run
-// there; a device rank's buckets send them through its DeviceCollectives (buckets.h).
-Tensor gradient_memory(int64_t n, MemCategory category, DType type = DType::kF32) {
-  MemoryScope scope(category);
-  return Tensor::zeros({std::max<int64_t>(n, 1)}, type, current_device());
-}
-
 // Every unit whose last backward pass ended with block b, for each local block from the last
 // to the first: the order in which a full backward pass completes them.
 template <typename F>
@@ -62,7 +55,7 @@ ArenaSync::ArenaSync(nn::Model& model, const Units& units, Reduction reduction,
       dp_(several(dp) ? dp : nullptr),
       workers_(workers),
       counted_(first_group(spec)),
-      arena_(gradient_memory(units.span.size(), MemCategory::kGradients)),
+      arena_(flat_zeros(units.span.size(), MemCategory::kGradients)),
       buckets_(model, units, dp_, with_scatter(spec, reduction == Reduction::kReduceScatter)),
       launched_(units.list.size(), 0) {
   model.bind_grads(units.span, arena_);
@@ -111,7 +104,7 @@ ShardSync::ShardSync(nn::Model& model, const Units& units, comm::Communicator& d
       units_(units),
       workers_(workers),
       counted_(first_group(spec)),
-      shard_(gradient_memory(units.shard_numel, MemCategory::kGradients)),
+      shard_(flat_zeros(units.shard_numel, MemCategory::kGradients)),
       pool_(largest_unit(units)),
       open_(units.list.size()),
       launched_(units.list.size(), 0),
@@ -208,7 +201,7 @@ ExactSync::ExactSync(nn::Model& model, const Units& units, const Units& scale_bu
       dp_(dp),
       workers_(workers),
       device_(device),
-      arena_(gradient_memory(units.span.size(), MemCategory::kGradients)),
+      arena_(flat_zeros(units.span.size(), MemCategory::kGradients)),
       sum_(units.span, ranges_of(scale_buckets), overflow_ok) {
   model.bind_grads(units.span, arena_);
 }
@@ -264,7 +257,7 @@ ExactPushSync::ExactPushSync(nn::Model& model, const Units& units, comm::Communi
                              bool overflow_ok)
     : units_(units),
       workers_(workers),
-      arena_(gradient_memory(model.arena_numel(), MemCategory::kGradients)),
+      arena_(flat_zeros(model.arena_numel(), MemCategory::kGradients)),
       sum_({0, model.arena_numel()}, ranges_of(units), overflow_ok) {
   model.bind_grads({0, model.arena_numel()}, arena_);
 }

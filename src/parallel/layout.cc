@@ -36,18 +36,10 @@ int resolve_shard(const ParallelSpec& spec, const Layout& l) {
 Layout Layout::resolve(const ParallelSpec& spec, int world) {
   Layout l;
   l.world = world;
-  if (spec.pp_stages < 1)
-    throw InvalidArgument(tessel::str("config: pp.stages must be >= 1, got ", spec.pp_stages));
-  if (spec.ps_servers < 0)
-    throw InvalidArgument(tessel::str(
-        "config: ps.servers must be >= 0 (0 = no parameter server), got ", spec.ps_servers));
   if (spec.ps_servers > 0 && spec.ps_servers >= world)
     throw InvalidArgument(
         tessel::str("config: ps.servers = ", spec.ps_servers, " leaves no worker among ", world,
                     " ranks; start more ranks (--workers / mpirun -np) than ", "servers"));
-  if (spec.tp_size < 1)
-    throw InvalidArgument(tessel::str(
-        "config: tp.size must be >= 1 (1 = no tensor parallelism), got ", spec.tp_size));
   if (spec.tp_sequence && spec.tp_size == 1)
     throw InvalidArgument("config: tp.sequence_parallel = true needs tp.size > 1");
   l.servers = static_cast<int>(spec.ps_servers);

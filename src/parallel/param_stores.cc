@@ -14,18 +14,11 @@ namespace tessel::parallel {
 
 namespace {
 
-// On the rank's device (tessel/tensor/device.h), where the kernels read and the optimizer
-// writes the values.
-Tensor parameter_memory(int64_t n, MemCategory category, DType type = DType::kF32) {
-  MemoryScope scope(category);
-  return Tensor::zeros({std::max<int64_t>(n, 1)}, type, current_device());
-}
-
 // The f32 master values: on the rank's device, or (host_masters: optimizer offload in bf16 |
 // fp16) in pinned host memory, charged to optimizer_offloaded, where the optimizer steps them
 // and from where checkpoints read them; the device then holds only a 16-bit copy.
 Tensor master_memory(int64_t n, bool host_masters) {
-  if (!host_masters) return parameter_memory(n, MemCategory::kParameters);
+  if (!host_masters) return flat_zeros(n, MemCategory::kParameters);
   const size_t bytes = static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float);
   auto pinned = std::make_shared<PinnedBuffer>(device_runtime(current_device()), bytes,
                                                MemCategory::kOptimizerOffloaded);
@@ -192,7 +185,7 @@ ShardedStore::ShardedStore(nn::Model& model, const Units& units, comm::Communica
   if ((host_masters_ = host_masters)) {
     TESSEL_CHECK(type != DType::kF32, "zero: master values on the host need 16-bit gathers, got ",
                  dtype_name(type), " (this is a bug)");
-    shard16_ = parameter_memory(units.shard_numel, MemCategory::kParameters, type);
+    shard16_ = flat_zeros(units.shard_numel, MemCategory::kParameters, type);
     refresh_working(true);
   }
   update_ = held_ = own_shards(units);
@@ -226,7 +219,7 @@ void ShardedStore::start_gather(int unit, bool async) {
   Resident& r = resident_[static_cast<size_t>(unit)];
   const Unit& u = units_.list[static_cast<size_t>(unit)];
   if (free_.empty()) {
-    free_.push_back(parameter_memory(buffer_numel_, MemCategory::kComm, type_));
+    free_.push_back(flat_zeros(buffer_numel_, MemCategory::kComm, type_));
   }
   r.memory = std::move(free_.back());
   free_.pop_back();

@@ -28,16 +28,12 @@
 #include "tessel/core/log.h"
 #include "tessel/core/trace.h"
 #include "tessel/optim/schedule.h"
+#include "tessel/tensor/device.h"
 #include "working_copy.h"
 
 namespace tessel::parallel {
 
 namespace {
-
-Tensor zeros_of(int64_t n, MemCategory category) {
-  MemoryScope scope(category);
-  return Tensor::zeros({std::max<int64_t>(n, 1)});
-}
 
 // A worker's gradient (worker_sync): its rows' gradient in an ArenaSync of one rank. agree:
 // the workers, when an overflow on any of them must make every one's norm non-finite.
@@ -182,8 +178,6 @@ ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model
                                  uint64_t seed, const optim::OptimSpec& optim)
     : spec_(spec), mesh_(mesh), world_(mesh.world()), model_(model), seed_(seed) {
   mode_ = spec_.ps_mode;
-  if (spec_.ps_staleness < 0)
-    throw InvalidArgument(str("config: ps.staleness must be >= 0, got ", spec_.ps_staleness));
   shards_ = server_shards(model_, servers());
   units_ = make_units(model_, spec_.bucket_mb, {}, 1, 0);
   for (size_t b = units_.used_by_block.size(); b-- > 0;)
@@ -208,12 +202,12 @@ ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model
   reply_.resize(static_cast<size_t>(servers()));
   if (is_server()) {
     server_.range = shard(server_index());
-    server_.values = zeros_of(server_.range.size(), MemCategory::kParameters);
-    server_.grads = zeros_of(server_.range.size(), MemCategory::kGradients);
+    server_.values = flat_zeros(server_.range.size(), MemCategory::kParameters);
+    server_.grads = flat_zeros(server_.range.size(), MemCategory::kGradients);
     model_.init_values(server_.values.data<float>(), server_.range, seed);
     server_.optimizer = optim::make_optimizer(optim, server_.range.size());
   } else {
-    values_ = zeros_of(model_.arena_numel(), MemCategory::kParameters);
+    values_ = flat_zeros(model_.arena_numel(), MemCategory::kParameters);
     model_.init_values(values_.data<float>(), {0, model_.arena_numel()}, seed);
     model_.bind_values({0, model_.arena_numel()}, values_);
     held_ = {{0, model_.arena_numel()}};

@@ -122,14 +122,8 @@ void PipelineExecutor::find_tied_table() {
     }
   if (tied_from_ < 0 || part_.stage[tied_from_] != stage_) return;
   // The head's stage reads (in train.precision) and accumulates into a copy of the table.
-  {
-    MemoryScope scope(MemCategory::kParameters);
-    tied_value_ = Tensor::zeros({tied_range_.size()}, precision_type(spec_), current_device());
-  }
-  {
-    MemoryScope scope(MemCategory::kGradients);
-    tied_grad_ = Tensor::zeros({tied_range_.size()}, DType::kF32, current_device());
-  }
+  tied_value_ = flat_zeros(tied_range_.size(), MemCategory::kParameters, precision_type(spec_));
+  tied_grad_ = flat_zeros(tied_range_.size(), MemCategory::kGradients);
   model_.bind_values(tied_range_, tied_value_);
   model_.bind_grads(tied_range_, tied_grad_);
 }

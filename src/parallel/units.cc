@@ -46,8 +46,6 @@ double sum_squares_counted(const Units& units, nn::Range r, const float* g) {
 
 Units make_units(const nn::Model& model, double bucket_mb, const std::vector<bool>& local, int dp,
                  int dp_rank) {
-  if (!(bucket_mb > 0))
-    throw InvalidArgument(str("config: ddp.bucket_mb must be > 0, got ", bucket_mb));
   const int64_t limit = std::max<int64_t>(1, static_cast<int64_t>(bucket_mb * (1 << 20) / 4));
   auto is_local = [&](size_t b) { return local.empty() || local[b]; };
   Units units;

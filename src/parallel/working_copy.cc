@@ -12,10 +12,7 @@ WorkingCopy::WorkingCopy(nn::Model& model, const Units& units, DType type)
     : units_(units), type_(type) {
   TESSEL_CHECK(type == DType::kBF16 || type == DType::kF16, "working copy: a 16-bit type, got ",
                dtype_name(type));
-  {
-    MemoryScope scope(MemCategory::kParameters);
-    values_ = Tensor::zeros({std::max<int64_t>(units.span.size(), 1)}, type, current_device());
-  }
+  values_ = flat_zeros(units.span.size(), MemCategory::kParameters, type);
   model.bind_values(units.span, values_);
 }
 

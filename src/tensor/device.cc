@@ -4,6 +4,7 @@
 #include <cstdlib>
 
 #include "tessel/core/error.h"
+#include "tessel/tensor/tensor.h"
 
 namespace tessel {
 namespace {
@@ -69,5 +70,10 @@ DeviceScope::~DeviceScope() {
 
 Device current_device() { return t_device; }
 void* current_stream() { return t_stream; }
+
+Tensor flat_zeros(int64_t n, MemCategory category, DType type, Device device) {
+  MemoryScope scope(category);
+  return Tensor::zeros({std::max<int64_t>(n, 1)}, type, device);
+}
 
 }  // namespace tessel

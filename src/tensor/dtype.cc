@@ -1,50 +1,27 @@
 #include "tessel/tensor/dtype.h"
 
 #include <cstring>
+#include <iterator>
 
 #include "tessel/core/error.h"
 
 namespace tessel {
 
-size_t dtype_size(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return 4;
-    case DType::kF16:
-      return 2;
-    case DType::kBF16:
-      return 2;
-    case DType::kI32:
-      return 4;
-    case DType::kI64:
-      return 8;
-    case DType::kU8:
-      return 1;
-  }
-  return 0;
-}
+namespace {
 
-const char* dtype_name(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return "f32";
-    case DType::kF16:
-      return "f16";
-    case DType::kBF16:
-      return "bf16";
-    case DType::kI32:
-      return "i32";
-    case DType::kI64:
-      return "i64";
-    case DType::kU8:
-      return "u8";
-  }
-  return "?";
-}
+// Indexed by DType.
+constexpr size_t kSizes[] = {4, 2, 2, 4, 8, 1};
+constexpr const char* kNames[] = {"f32", "f16", "bf16", "i32", "i64", "u8"};
+
+}  // namespace
+
+size_t dtype_size(DType t) { return kSizes[static_cast<size_t>(t)]; }
+
+const char* dtype_name(DType t) { return kNames[static_cast<size_t>(t)]; }
 
 DType dtype_from_name(const std::string& name) {
-  for (DType t : {DType::kF32, DType::kF16, DType::kBF16, DType::kI32, DType::kI64, DType::kU8})
-    if (name == dtype_name(t)) return t;
+  for (size_t i = 0; i < std::size(kNames); ++i)
+    if (name == kNames[i]) return static_cast<DType>(i);
   throw InvalidArgument(
       str("dtype: unknown name, got '", name, "'; use one of f32, f16, bf16, i32, i64, u8"));
 }

@@ -2,8 +2,6 @@
 // Trainer itself on one rank (every precision x recompute the planner offers, at two batch
 // sizes, fitted a + b x rows), and the alpha-beta of this host's threads transport. Cached per
 // host, ISA and model (plan.h), so that `tessel plan` answers at once after the first time.
-#include <unistd.h>
-
 #include <algorithm>
 #include <barrier>
 #include <cmath>
@@ -23,6 +21,7 @@
 #include "tessel/nn/models.h"
 #include "tessel/ops/isa.h"
 #include "tessel/train/plan.h"
+#include "tessel/train/run_folder.h"
 #include "tessel/train/trainer.h"
 
 namespace tessel::train {
@@ -48,12 +47,6 @@ constexpr int kRounds = 3;
 int steps_for(double step_s) {
   return static_cast<int>(std::clamp(std::ceil(kTimedSeconds / std::max(1e-6, step_s)),
                                      double{kTimedSteps}, double{kMaxTimedSteps}));
-}
-
-std::string host_name() {
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
-  return host;
 }
 
 // What the figures depend on: the model, its input, the batch, the optimizer, BLAS threads.
@@ -445,65 +438,18 @@ const Calibration::Variant& Calibration::variant(const std::string& precision,
                             "; delete the cached calibration to measure again"));
 }
 
-json Calibration::to_json() const {
-  json vs = json::array();
-  for (const Variant& v : variants)
-    vs.push_back({{"precision", v.precision},
-                  {"recompute", v.recompute},
-                  {"rows", v.rows},
-                  {"step_s_fixed", v.step_s_fixed},
-                  {"step_s_per_row", v.step_s_per_row},
-                  {"act_bytes_fixed", v.act_bytes_fixed},
-                  {"act_bytes_per_row", v.act_bytes_per_row}});
-  return {{"host", host},
-          {"variants", vs},
-          {"block_flops", block_flops},
-          {"link_latency_s", link_latency_s},
-          {"link_bytes_per_s", link_bytes_per_s},
-          {"cores", cores},
-          {"arena_numel", arena_numel},
-          {"input_shape", input_shape},
-          {"num_classes", num_classes},
-          {"block_act_bytes", block_act_bytes},
-          {"block_out_width", block_out_width},
-          {"tp_act_whole", tp_act_whole},
-          {"tp_time_whole", tp_time_whole},
-          {"contention", contention},
-          {"contention_crowded", contention_crowded},
-          {"dp_step_s", dp_step_s},
-          {"handoff_s", handoff_s},
-          {"dp_step_crowded_s", dp_step_crowded_s},
-          {"handoff_crowded_s", handoff_crowded_s},
-          {"seconds", seconds}};
-}
+// Every field under its own name (the cache file's format).
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Calibration::Variant, precision, recompute, rows, step_s_fixed,
+                                   step_s_per_row, act_bytes_fixed, act_bytes_per_row)
+NLOHMANN_DEFINE_TYPE_NON_INTRUSIVE(Calibration, host, variants, block_flops, block_act_bytes,
+                                   block_out_width, tp_act_whole, tp_time_whole, dp_step_s,
+                                   handoff_s, dp_step_crowded_s, handoff_crowded_s, link_latency_s,
+                                   link_bytes_per_s, contention, contention_crowded, cores, seconds,
+                                   arena_numel, input_shape, num_classes)
 
-Calibration Calibration::from_json(const json& j) {
-  Calibration c;
-  c.host = j.at("host");
-  for (const json& v : j.at("variants"))
-    c.variants.push_back({v.at("precision"), v.at("recompute"), v.at("rows"), v.at("step_s_fixed"),
-                          v.at("step_s_per_row"), v.at("act_bytes_fixed"),
-                          v.at("act_bytes_per_row")});
-  c.block_flops = j.at("block_flops").get<std::vector<double>>();
-  c.block_act_bytes = j.at("block_act_bytes").get<std::vector<double>>();
-  c.block_out_width = j.at("block_out_width").get<std::vector<double>>();
-  c.tp_act_whole = j.at("tp_act_whole");
-  c.tp_time_whole = j.at("tp_time_whole");
-  c.contention = j.at("contention");
-  c.contention_crowded = j.at("contention_crowded");
-  c.dp_step_s = j.at("dp_step_s");
-  c.handoff_s = j.at("handoff_s");
-  c.dp_step_crowded_s = j.at("dp_step_crowded_s");
-  c.handoff_crowded_s = j.at("handoff_crowded_s");
-  c.seconds = j.at("seconds");
-  c.link_latency_s = j.at("link_latency_s");
-  c.link_bytes_per_s = j.at("link_bytes_per_s");
-  c.cores = j.at("cores");
-  c.arena_numel = j.at("arena_numel");
-  c.input_shape = j.at("input_shape").get<Shape>();
-  c.num_classes = j.at("num_classes");
-  return c;
-}
+json Calibration::to_json() const { return *this; }
+
+Calibration Calibration::from_json(const json& j) { return j.get<Calibration>(); }
 
 std::string default_cache_dir() {
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x)

@@ -1,8 +1,7 @@
 // `tessel plan`'s answer: a text table (one row per layout, feasible ones first) and JSON.
-#include <cstdio>
-
 #include "tessel/core/error.h"
 #include "tessel/train/plan.h"
+#include "tessel/train/summary_text.h"
 
 namespace tessel::train {
 
@@ -25,12 +24,7 @@ std::string options_str(const parallel::ParallelSpec& s) {
 }
 
 std::string size_str(double bytes) {
-  char buf[32];
-  if (bytes >= 1e9)
-    std::snprintf(buf, sizeof buf, "%.1fG", bytes / (1 << 30));
-  else
-    std::snprintf(buf, sizeof buf, "%.1fM", bytes / (1 << 20));
-  return buf;
+  return bytes >= 1e9 ? fmt("%.1fG", bytes / (1 << 30)) : fmt("%.1fM", bytes / (1 << 20));
 }
 
 json plan_json(const std::vector<Candidate>& plan, const PlanOptions& options) {
@@ -66,25 +60,20 @@ std::string plan_table(const std::vector<Candidate>& plan, const PlanOptions& op
               ? ", at most " + size_str(static_cast<double>(options.memory_per_rank)) + " per rank"
               : "",
           "; memory of the fullest rank, time of the slowest\n");
-  char line[256];
-  std::snprintf(line, sizeof line, "%4s  %-18s %-24s %7s %7s %7s %7s %7s %8s %9s %8s %7s %9s  %s\n",
-                "#", "layout", "options", "params", "grads", "optim", "acts", "comm", "total",
-                "compute", "comm", "bubble", "samples/s", "fits");
-  out += line;
+  out += fmt("%4s  %-18s %-24s %7s %7s %7s %7s %7s %8s %9s %8s %7s %9s  %s\n", "#", "layout",
+             "options", "params", "grads", "optim", "acts", "comm", "total", "compute", "comm",
+             "bubble", "samples/s", "fits");
   int rank = 0;
   for (const Candidate& c : plan) {
-    std::snprintf(line, sizeof line,
-                  "%4d  %-18s %-24s %7s %7s %7s %7s %7s %8s %7.1fms %6.1fms %5.1fms %9.1f  %s\n",
-                  ++rank, c.layout.c_str(), options_str(c.spec).c_str(),
-                  size_str(c.memory[MemCategory::kParameters]).c_str(),
-                  size_str(c.memory[MemCategory::kGradients]).c_str(),
-                  size_str(c.memory[MemCategory::kOptimizer]).c_str(),
-                  size_str(c.memory[MemCategory::kActivations]).c_str(),
-                  size_str(c.memory[MemCategory::kComm]).c_str(),
-                  size_str(c.memory.total()).c_str(), 1e3 * c.time.compute, 1e3 * c.time.comm,
-                  1e3 * c.time.bubble, c.samples_per_s,
-                  c.overflow.empty() ? "yes" : ("no: " + c.overflow).c_str());
-    out += line;
+    out += fmt("%4d  %-18s %-24s %7s %7s %7s %7s %7s %8s %7.1fms %6.1fms %5.1fms %9.1f  %s\n",
+               ++rank, c.layout.c_str(), options_str(c.spec).c_str(),
+               size_str(c.memory[MemCategory::kParameters]).c_str(),
+               size_str(c.memory[MemCategory::kGradients]).c_str(),
+               size_str(c.memory[MemCategory::kOptimizer]).c_str(),
+               size_str(c.memory[MemCategory::kActivations]).c_str(),
+               size_str(c.memory[MemCategory::kComm]).c_str(), size_str(c.memory.total()).c_str(),
+               1e3 * c.time.compute, 1e3 * c.time.comm, 1e3 * c.time.bubble, c.samples_per_s,
+               c.overflow.empty() ? "yes" : ("no: " + c.overflow).c_str());
   }
   if (!plan.empty() && plan.front().overflow.empty())
     out += "best: tessel train CONFIG --workers " + std::to_string(options.workers) + " --set " +

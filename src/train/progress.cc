@@ -23,21 +23,9 @@ namespace {
 std::string format_eta(double seconds) {
   if (!std::isfinite(seconds) || seconds < 0) return "?";
   const int64_t s = static_cast<int64_t>(seconds + 0.5);
-  char buf[32];
-  if (seconds < 9.95)  // short runs: tenths, so that the estimate can be judged
-    std::snprintf(buf, sizeof buf, "%.1fs", seconds);
-  else if (s >= 3600)
-    std::snprintf(buf, sizeof buf, "%ldh%02ldm", long(s / 3600), long(s / 60 % 60));
-  else
-    std::snprintf(buf, sizeof buf, "%ldm%02lds", long(s / 60), long(s % 60));
-  return buf;
-}
-
-template <typename... Args>
-std::string fmt(const char* f, Args... args) {
-  char buf[256];
-  std::snprintf(buf, sizeof buf, f, args...);
-  return buf;
+  if (seconds < 9.95) return fmt("%.1fs", seconds);  // short runs: tenths, to judge the estimate
+  if (s >= 3600) return fmt("%ldh%02ldm", long(s / 3600), long(s / 60 % 60));
+  return fmt("%ldm%02lds", long(s / 60), long(s % 60));
 }
 
 // What the deal gains: the predicted step compute time of an even deal over this one's.

@@ -69,8 +69,6 @@ void record_start(const std::string& run_dir, RunStart start, const RunRecord& r
     else
       log_warn("run: ", path.string(), " is not a run record; starting a new one");
   }
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
   json s = {{"time", utc_now()},
             {"how", start == RunStart::kFresh    ? "fresh"
                     : start == RunStart::kResume ? "resume"
@@ -78,7 +76,7 @@ void record_start(const std::string& run_dir, RunStart start, const RunRecord& r
             {"command", r.command},
             {"tessel_version", version()},
             {"commit", commit()},
-            {"host", host},
+            {"host", host_name()},
             {"isa", ops::isa_description()},
             {"world_size", world},
             {"layout", r.layout}};
@@ -104,6 +102,12 @@ void record_resumed_from(const std::string& run_dir, const std::string& dir) {
   last["passed_over"] = named;
   last["resumed_from"] = dir;
   ckpt::write_file_atomic(path.string(), doc.dump(2) + "\n");
+}
+
+std::string host_name() {
+  char host[256] = {};
+  gethostname(host, sizeof host - 1);
+  return host;
 }
 
 std::vector<std::string> run_files_in(const std::string& run_dir) {

@@ -1,13 +1,12 @@
 #include "tessel/train/run_trace.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 
 #include "tessel/ckpt/checkpoint.h"
 #include "tessel/config/config.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
+#include "tessel/train/run_folder.h"
 
 namespace tessel::train {
 
@@ -15,12 +14,6 @@ namespace {
 
 constexpr int kTag = 7001;  // point-to-point tag of the trace's messages on the world
 constexpr int kRounds = 8;  // round trips per rank; the fastest gives the offset
-
-std::string host_name() {
-  char host[256] = {};
-  gethostname(host, sizeof host - 1);
-  return host;
-}
 
 }  // namespace
 

@@ -9,17 +9,6 @@ namespace {
 
 constexpr double kMiB = 1024.0 * 1024.0;
 
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
-template <typename... A>
-std::string fmt(const char* f, A... a) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, f, a...);
-  return buf;
-}
-
 // An integer with thousands separators: 1234567 -> "1,234,567".
 std::string grouped(long long v) {
   std::string digits = std::to_string(v < 0 ? -v : v), out;
@@ -35,8 +24,8 @@ std::string number(const std::string& key, const nlohmann::json& value) {
   // peak_rss_bytes, and each entry of peak_rss_bytes_per_rank
   if (key.find("_bytes") != std::string::npos) return fmt("%.1f MiB", v / kMiB);
   if (value.is_number_integer()) return grouped(value.get<long long>());
-  if (ends_with(key, "accuracy")) return fmt("%.2f%%", 100 * v);
-  if (ends_with(key, "seconds")) return fmt("%.1f s", v);
+  if (key.ends_with("accuracy")) return fmt("%.2f%%", 100 * v);
+  if (key.ends_with("seconds")) return fmt("%.1f s", v);
   if (std::isfinite(v) && std::abs(v) >= 1000) return grouped(std::llround(v));
   return fmt("%.4g", v);
 }

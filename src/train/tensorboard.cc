@@ -9,6 +9,7 @@
 #include "tensorboard/compat/proto/event.pb.h"
 #include "tessel/core/crc32c.h"
 #include "tessel/core/error.h"
+#include "tessel/train/run_folder.h"
 
 namespace tessel::train {
 
@@ -69,11 +70,9 @@ TensorBoardWriter::TensorBoardWriter(const std::string& run_dir) {
   const fs::path dir = fs::path(run_dir) / "tensorboard";
   std::error_code ec;
   fs::create_directories(dir, ec);
-  char host[256] = "localhost";
-  gethostname(host, sizeof host - 1);
   const double now = unix_seconds();
-  path_ = (dir / ("events.out.tfevents." + std::to_string(static_cast<int64_t>(now)) + "." + host +
-                  "." + std::to_string(getpid())))
+  path_ = (dir / ("events.out.tfevents." + std::to_string(static_cast<int64_t>(now)) + "." +
+                  host_name() + "." + std::to_string(getpid())))
               .string();
   file_ = std::fopen(path_.c_str(), "wb");
   if (!file_)

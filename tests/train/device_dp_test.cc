@@ -28,48 +28,22 @@ namespace {
 using comm::testing::mock_nccl;
 using comm::testing::mock_nccl_delay;
 using comm::testing::mock_nccl_fault;
-using comm::testing::mock_nccl_reset;
 using comm::testing::mock_nccl_state;
 using comm::testing::MockFault;
 using tessel::testing::example;
 using tessel::testing::RunResult;
 using tessel::testing::train_on;
 
-class DeviceDp : public ::testing::Test {
+class DeviceDp : public DeviceRanks {
  public:
-  static void SetUpTestSuite() {
-    data_ = new data::Splits(data::make_datasets(example("fashion_mlp", {}).data));
-  }
-  static void TearDownTestSuite() {
-    delete data_;
-    data_ = nullptr;
-  }
-  void TearDown() override {
-    comm::install_nccl_api(nullptr);
-    const comm::testing::MockNcclState s = mock_nccl_state();
-    EXPECT_EQ(s.misuses, 0) << s.first_misuse;
-    mock_nccl_reset();
-  }
+  static void SetUpTestSuite() { load(example("fashion_mlp", {})); }
 
   // fashion_mlp, 6 steps of 64 rows (several buckets each), clipped, on `device`.
   static Config config(const std::string& device, std::vector<std::string> extra = {}) {
     extra.insert(extra.begin(), {"train.clip_norm=0.5", "ddp.bucket_mb=0.1"});
     return device_config({.model = "fashion_mlp", .device = device, .steps = 6, .extra = extra});
   }
-  static RunResult run(const Config& cfg, int workers, RunOptions opts = {}) {
-    return train_on(cfg, workers, std::move(opts), data_);
-  }
-
-  static data::Splits* data_;
 };
-
-data::Splits* DeviceDp::data_ = nullptr;
-
-void expect_same_run(const RunResult& got, const RunResult& want) {
-  for (const char* key : {"params_sha256", "train_loss", "train_accuracy", "steps"})
-    EXPECT_EQ(got.summary[key], want.summary[key]) << key;
-  EXPECT_EQ(got.params, want.params);
-}
 
 // Ranks sharing the one (fake) device, no NCCL: the host's all-reduce on staged copies.
 TEST_F(DeviceDp, StagedRanksTrainAsTheCpuRanks) {
@@ -97,12 +71,7 @@ TEST_F(DeviceDp, ZeroOneRanksTrainAsTheCpuRanks) {
       const std::vector<std::string> zero = {"zero.stage=1", "train.precision=bf16",
                                              "optim.kind=adamw", "ddp.shared_memory=false"};
       const RunResult cpu = run(config("cpu", zero), workers);
-      comm::install_nccl_api(nccl ? &mock_nccl() : nullptr);
-      RunResult cuda;
-      {
-        fakes::FakeDevice fake;
-        cuda = run(config("cuda", zero), workers);
-      }
+      const RunResult cuda = run_on_device(config("cuda", zero), workers, nccl);
       EXPECT_EQ(cuda.summary["engine"]["grad_sync"], "reduce_scatter");
       if (!nccl || workers == 2) {
         expect_same_run(cuda, cpu);
@@ -149,13 +118,8 @@ void zero_on_device_as_on_the_cpu(int stage) {
       for (bool nccl : {false, true}) {
         SCOPED_TRACE(str("zero.stage=", stage, " ", precision, " ", nccl ? "nccl" : "staged",
                          " dp=", workers));
-        comm::install_nccl_api(nccl ? &mock_nccl() : nullptr);
-        RunResult cuda;
-        {
-          fakes::FakeDevice fake;
-          cuda = DeviceDp::run(DeviceDp::config("cuda", zero), workers);
-        }
-        comm::install_nccl_api(nullptr);
+        const RunResult cuda =
+            DeviceDp::run_on_device(DeviceDp::config("cuda", zero), workers, nccl);
         expect_zero_runs_as_the_cpu(stage, cpu, cuda, nccl, workers);
         // bf16: the 16-bit messages round other sums than plain data parallel's all-reduce.
         const double rtol = std::string(precision) == "fp32" ? 1e-4 : 1e-2;
@@ -196,13 +160,7 @@ TEST_F(DeviceDp, ShardGroupsTrainAsTheCpuRanks) {
       const RunResult cpu = run(config("cpu", zero), 4);
       for (bool nccl : {false, true}) {
         SCOPED_TRACE(str("zero.stage=", stage, " ", precision, " ", nccl ? "nccl" : "staged"));
-        comm::install_nccl_api(nccl ? &mock_nccl() : nullptr);
-        RunResult cuda;
-        {
-          fakes::FakeDevice fake;
-          cuda = run(config("cuda", zero), 4);
-        }
-        comm::install_nccl_api(nullptr);
+        const RunResult cuda = run_on_device(config("cuda", zero), 4, nccl);
         const std::string kind = nccl ? "nccl" : "staged (no NCCL in this build)";
         EXPECT_EQ(cuda.summary["engine"]["device_comm"], kind);
         EXPECT_EQ(cuda.summary["engine"]["across_device_comm"], kind);
@@ -267,13 +225,7 @@ TEST_F(DeviceDp, NcclRanksTrainAsTheCpuRanks) {
   for (int workers : {2, 4}) {
     SCOPED_TRACE(str("dp=", workers));
     const RunResult cpu = run(config("cpu", {"ddp.shared_memory=false"}), workers);
-    comm::install_nccl_api(&mock_nccl());
-    RunResult cuda;
-    {
-      fakes::FakeDevice fake;
-      cuda = run(config("cuda"), workers);
-    }
-    comm::install_nccl_api(nullptr);
+    const RunResult cuda = run_on_device(config("cuda"), workers, true);
     EXPECT_EQ(cuda.summary["engine"]["device_comm"], "nccl");
     if (workers == 2) {
       expect_same_run(cuda, cpu);
@@ -425,7 +377,7 @@ TEST_F(DeviceDp, HungRankIsNamedAtTheDeadline) {
   for (bool nccl : {false, true}) {
     SCOPED_TRACE(nccl ? "nccl" : "staged");
     comm::install_nccl_api(nccl ? &mock_nccl() : nullptr);
-    const Failed f = run_failing(config("cuda", hang), 2, data_);
+    const Failed f = run_failing(config("cuda", hang), 2, mlp_data_);
     EXPECT_NE(f.type, "none");
     EXPECT_NE(f.error.find("rank 1 stopped making progress"), std::string::npos) << f.error;
     EXPECT_LT(f.seconds, 1 + 5.0) << f.error;  // comm.timeout_s + 5 s (a loaded host)
@@ -441,7 +393,7 @@ TEST_F(DeviceDp, DeadNcclRankEndsTheRun) {
   fakes::FakeDevice fake;
   comm::install_nccl_api(&mock_nccl());
   mock_nccl_fault(1, MockFault::kDie, 5);
-  const Failed f = run_failing(config("cuda", {str("comm.timeout_s=", kTimeout)}), 2, data_);
+  const Failed f = run_failing(config("cuda", {str("comm.timeout_s=", kTimeout)}), 2, mlp_data_);
   EXPECT_EQ(f.type, "CommError") << f.error;
   EXPECT_NE(f.error.find("ncclRemoteError"), std::string::npos) << f.error;
   EXPECT_NE(f.error.find("allreduce #5"), std::string::npos) << f.error;  // the dead call

@@ -25,31 +25,15 @@ namespace tessel::train {
 namespace {
 
 using comm::testing::mock_nccl;
-using comm::testing::mock_nccl_reset;
 using comm::testing::mock_nccl_shares_device;
-using comm::testing::mock_nccl_state;
 using tessel::testing::RunResult;
-using tessel::testing::train_on;
 
 constexpr const char* kShared =
     "staged (ranks share a GPU; NCCL needs 2.30+ and NCCL_MULTI_RANK_GPU_ENABLE=1 for that)";
 
-class MultiGpu : public ::testing::Test {
+class MultiGpu : public DeviceRanks {
  public:
-  static void SetUpTestSuite() {
-    data_ = new data::Splits(data::make_datasets(config("cpu").data));
-  }
-  static void TearDownTestSuite() {
-    delete data_;
-    data_ = nullptr;
-  }
-  void TearDown() override {
-    comm::install_nccl_api(nullptr);
-    const comm::testing::MockNcclState s = mock_nccl_state();
-    EXPECT_EQ(s.misuses, 0) << s.first_misuse;
-    EXPECT_EQ(s.live_comms, 0);  // every rank closed its communicators
-    mock_nccl_reset();
-  }
+  static void SetUpTestSuite() { load(config("cpu")); }
 
   // fashion_mlp, 6 steps of 64 rows (several buckets each), clipped, AdamW, on `device`.
   static Config config(const std::string& device, std::vector<std::string> extra = {}) {
@@ -57,7 +41,6 @@ class MultiGpu : public ::testing::Test {
                                  "ddp.shared_memory=false"});
     return device_config({.model = "fashion_mlp", .device = device, .steps = 6, .extra = extra});
   }
-  static RunResult run(const Config& cfg, int workers) { return train_on(cfg, workers, {}, data_); }
   // cfg on `workers` device ranks as threads over `gpus` fake GPUs, through the mock NCCL, which
   // lets ranks share a GPU only when `nccl_shares`.
   static RunResult run_on_gpus(const Config& cfg, int workers, int gpus, bool nccl_shares) {
@@ -71,17 +54,7 @@ class MultiGpu : public ::testing::Test {
     comm::install_nccl_api(nullptr);
     return r;
   }
-
-  static data::Splits* data_;
 };
-
-data::Splits* MultiGpu::data_ = nullptr;
-
-void expect_same_run(const RunResult& got, const RunResult& want) {
-  for (const char* key : {"params_sha256", "train_loss", "train_accuracy", "steps"})
-    EXPECT_EQ(got.summary[key], want.summary[key]) << key;
-  EXPECT_EQ(got.params, want.params);
-}
 
 void expect_gpus(const RunResult& r, const std::vector<int>& gpus, bool shared) {
   EXPECT_EQ(r.summary["engine"]["gpus"], nlohmann::json(gpus));

@@ -1,15 +1,16 @@
-// The fixture device_pp_test and device_tp_test share: fashion_mlp's and char_gpt's data loaded
-// once per suite, a run on CPU ranks or on the stand-in device (tests/support/fake_device.h;
-// through the mock NCCL when asked, else staged through the host), and after each test the
-// mock's rules kept and every communicator closed. Also what every device test shares: the
-// configs they train (device_config), the refusal check (expect_refused), a run's step losses
-// and a rank's ledger peak.
+// The fixture every device test suite shares (dp, pp, tp, multigpu): fashion_mlp's and
+// char_gpt's data loaded once per suite, a run on CPU ranks or on the stand-in device
+// (tests/support/fake_device.h; through the mock NCCL when asked, else staged through the host),
+// and after each test the mock's rules kept and every communicator closed. Also what every device
+// test shares: the configs they train (device_config), the bit-for-bit check (expect_same_run), the
+// refusal check (expect_refused), a run's step losses and a rank's ledger peak.
 #pragma once
 
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -56,10 +57,10 @@ inline const std::vector<std::string> kOffloadSettings = {
 
 class DeviceRanks : public ::testing::Test {
  public:
-  // A suite's SetUpTestSuite: the data of its two configurations.
-  static void load(const Config& mlp, const Config& gpt) {
+  // A suite's SetUpTestSuite: the data of its configurations (a gpt's only when given).
+  static void load(const Config& mlp, const std::optional<Config>& gpt = std::nullopt) {
     mlp_data_ = new data::Splits(data::make_datasets(mlp.data));
-    gpt_data_ = new data::Splits(data::make_datasets(gpt.data));
+    if (gpt) gpt_data_ = new data::Splits(data::make_datasets(gpt->data));
   }
   static void TearDownTestSuite() {
     delete mlp_data_;
@@ -77,8 +78,8 @@ class DeviceRanks : public ::testing::Test {
   static const data::Splits* data_of(const Config& cfg) {
     return cfg.model.kind == nn::ModelKind::kGpt ? gpt_data_ : mlp_data_;
   }
-  static tessel::testing::RunResult run(const Config& cfg, int workers) {
-    return tessel::testing::train_on(cfg, workers, {}, data_of(cfg));
+  static tessel::testing::RunResult run(const Config& cfg, int workers, RunOptions opts = {}) {
+    return tessel::testing::train_on(cfg, workers, std::move(opts), data_of(cfg));
   }
   // cfg on `workers` device ranks (the fake device; the mock NCCL when `nccl`).
   static tessel::testing::RunResult run_on_device(const Config& cfg, int workers, bool nccl) {
@@ -97,6 +98,14 @@ class DeviceRanks : public ::testing::Test {
   static inline data::Splits* mlp_data_ = nullptr;
   static inline data::Splits* gpt_data_ = nullptr;
 };
+
+// Two runs that must be the same bits: the parameters and the summary's hash, losses and steps.
+inline void expect_same_run(const tessel::testing::RunResult& got,
+                            const tessel::testing::RunResult& want) {
+  for (const char* key : {"params_sha256", "train_loss", "train_accuracy", "steps"})
+    EXPECT_EQ(got.summary[key], want.summary[key]) << key;
+  EXPECT_EQ(got.params, want.params);
+}
 
 // cfg on two ranks is refused at start: an InvalidArgument naming `expected` and offering
 // train.offload = none, before any step. `settings`: what cfg tried, for a failure's message.

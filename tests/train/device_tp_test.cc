@@ -43,12 +43,6 @@ class DeviceTp : public DeviceRanks {
   static void SetUpTestSuite() { load(fashion_mlp("cpu", {}), char_gpt("cpu", {})); }
 };
 
-void expect_same_run(const RunResult& got, const RunResult& want) {
-  for (const char* key : {"params_sha256", "train_loss", "train_accuracy", "steps"})
-    EXPECT_EQ(got.summary[key], want.summary[key]) << key;
-  EXPECT_EQ(got.params, want.params);
-}
-
 std::string tp_comm(bool nccl) { return nccl ? "nccl" : "staged (no NCCL in this build)"; }
 
 // Each model on tp = 2 (and `workers` / 2 dp replicas), fp32 and bf16, staged and through the

@@ -22,9 +22,6 @@ struct CompressSpec {
   bool error_feedback = true;  // topk, powersgd: add what was not sent to the next step's gradient
 };
 
-// Throws InvalidArgument for an out-of-range key ("config: compress.ratio must be ...").
-void validate_compress(const CompressSpec& spec);
-
 // Elements per int8 chunk (each chunk carries one f32 scale).
 constexpr int64_t kInt8Chunk = 256;
 

@@ -17,9 +17,12 @@
 #include <cstdint>
 #include <string>
 
+#include "tessel/core/memory.h"
 #include "tessel/tensor/dtype.h"
 
 namespace tessel {
+
+class Tensor;
 
 class DeviceRuntime {
  public:
@@ -100,5 +103,10 @@ class DeviceScope {
 
 Device current_device();  // Device::kCpu outside any DeviceScope
 void* current_stream();   // null outside any DeviceScope
+
+// n zeroed values of `type` on `device` (at least one: a rank's share may be empty), charged to
+// `category` of this thread's ledger: a rank's flat parameter, gradient or buffer memory.
+Tensor flat_zeros(int64_t n, MemCategory category, DType type = DType::kF32,
+                  Device device = current_device());
 
 }  // namespace tessel

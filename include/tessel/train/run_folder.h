@@ -39,6 +39,10 @@ void prepare_run_folder(comm::Communicator& world, const std::string& run_dir, R
 // damaged one as passed_over.
 void record_resumed_from(const std::string& run_dir, const std::string& dir);
 
+// This machine's name (gethostname; "" when it has none): run.json's host, the trace's and the
+// plan cache's, TensorBoard's event file name.
+std::string host_name();
+
 // What of a run `run_dir` holds (a file name of kRunFiles, "checkpoints/"), in that order;
 // empty when it holds none (missing, empty, or only other files).
 std::vector<std::string> run_files_in(const std::string& run_dir);

@@ -4,10 +4,19 @@
 // digit.
 #pragma once
 
+#include <cstdio>
 #include <nlohmann/json.hpp>
 #include <string>
 
 namespace tessel::train {
+
+// printf's format f of args as a string of up to 255 characters (the console's lines).
+template <typename... Args>
+std::string fmt(const char* f, Args... args) {
+  char buf[256];
+  std::snprintf(buf, sizeof buf, f, args...);
+  return buf;
+}
 
 // One value of the summary under `key`, rounded as above; objects and arrays show each member
 // so (an array's entries by the array's key), strings and booleans as they are.

@@ -370,8 +370,7 @@ Tensor BufferPool::take(DType type) {
       free_.erase(free_.begin() + static_cast<std::ptrdiff_t>(i));
       return t;
     }
-  MemoryScope scope(MemCategory::kComm);
-  return Tensor::zeros({std::max<int64_t>(numel_, 1)}, type, current_device());
+  return flat_zeros(numel_, MemCategory::kComm, type);
 }
 
 std::vector<uint32_t> top_k(const float* x, int64_t n, int64_t k) {

@@ -32,7 +32,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
-#include <vector>
+#include <memory>
 
 #include "conv_impl.h"
 #include "conv_tiles.h"
@@ -265,9 +265,12 @@ void backward_images(const BackwardArgs<P>& a, float* dyt, float* dwt, int64_t t
   const DirectPlan<P>& p = a.p;
   const int64_t in_size = s.C * s.H * s.W, OW = s.OW();
   std::fill(dwt, dwt + p.dwt_floats, 0.0f);
-  std::vector<int32_t> pad_at;  // pooled, with dx: plane index -> index in a dypad plane
+  // Pooled, with dx: plane index -> index in a dypad plane. Not a std::vector: its resize would
+  // instantiate std::vector<int>::_M_default_append here, at this level's ISA, with external
+  // linkage, and the linker may take that copy for every caller (isa_symbols found it at -O1).
+  std::unique_ptr<int32_t[]> pad_at;
   if (a.f.pooled() && a.dx != nullptr) {
-    pad_at.resize(p.positions);
+    pad_at.reset(new int32_t[p.positions]);
     for (int64_t i = 0; i < p.positions; ++i) {
       pad_at[i] =
           static_cast<int32_t>((s.KH - 1 - s.pad + i / OW) * p.DW + s.KW - 1 - s.pad + i % OW);
@@ -281,7 +284,7 @@ void backward_images(const BackwardArgs<P>& a, float* dyt, float* dwt, int64_t t
     const float* dyn = a.dy + n * a.out_size;
     const float* mask = a.f.relu && !a.f.pooled() ? a.y + n * a.out_size : nullptr;
     if (a.f.pooled()) {
-      scatter_pooled_grad<P>(dyt, a.dx != nullptr ? a.dypad : nullptr, pad_at.data(), dyn,
+      scatter_pooled_grad<P>(dyt, a.dx != nullptr ? a.dypad : nullptr, pad_at.get(), dyn,
                              a.argmax + n * a.out_size, a.y + n * a.out_size, s, p, a.out_size);
     } else {
       transpose_dy<P>(dyt, dyn, mask, s, p);

@@ -151,7 +151,7 @@ Built make(const Shape& s, bool backward, cudnnHandle_t h) {
 // Built at the first ask and kept. The handle is made first, so that (destroyed in reverse
 // order) it outlives the graphs.
 const Built& built(const Shape& s, bool backward) {
-  const cudnnHandle_t h = cudnn_handle(nullptr);
+  thread_local const cudnnHandle_t h = cudnn_handle(nullptr);  // once a thread, not every call
   thread_local std::map<std::tuple<int64_t, int64_t, int64_t, int64_t, bool>, Built> cache;
   const auto key = std::tuple(s.B, s.T, s.C, s.NH, backward);
   if (auto it = cache.find(key); it != cache.end()) return it->second;

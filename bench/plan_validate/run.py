@@ -74,7 +74,10 @@ def train_command(tessel, config, workers, sets, steps, folder, log_every=5):
 
 def train_records(cmd, folder, first_record_only=False):
     """The train records of metrics.jsonl after running `cmd` (stopped at the first one with
-    first_record_only), or (None, the error's last line)."""
+    first_record_only), or (None, the error's last line). Parameter servers are not in the
+    train records: their ledger peaks come in one record at the end of the run
+    (server_peak); such a run is never stopped early."""
+    first_record_only = first_record_only and "ps.servers=0" in " ".join(cmd)
     metrics = os.path.join(folder, "metrics.jsonl")
 
     def recorded():  # a whole train record is in metrics.jsonl
@@ -99,6 +102,17 @@ def train_records(cmd, folder, first_record_only=False):
     return [r for r in recs if r.get("type") == "train"], ""
 
 
+def ledger_peak(recs, folder):
+    """The largest ledger peak of any rank: the training ranks' in the train records, the
+    parameter servers' in the summary (ranks.ps_servers)."""
+    peak = max(r.get("memory_peak_bytes_max", 0) for r in recs)
+    summary = os.path.join(folder, "summary.json")
+    if os.path.exists(summary):
+        for s in json.load(open(summary)).get("ranks", {}).get("ps_servers", []):
+            peak = max(peak, s["memory"]["peak_total_bytes"])
+    return peak
+
+
 def step_seconds(recs, batch, warmup_steps):
     """The median step time of the records past the first `warmup_steps` steps (all but the
     first record when none is past them): batch over each record's samples/s."""
@@ -113,7 +127,7 @@ def measure(tessel, config, workers, sets, steps, folder, first_record_only=Fals
                               first_record_only)
     if recs is None:
         return None, err
-    peak = max(r.get("memory_peak_bytes_max", 0) for r in recs)
+    peak = ledger_peak(recs, folder)
     return (peak, statistics.median(r["samples_per_second"] for r in recs[1:] or recs)), ""
 
 
@@ -147,7 +161,7 @@ def measure_case(a, config, workers, layouts, tmp):
             if recs is None:
                 got[i] = [None, err]
                 continue
-            peak = max(r.get("memory_peak_bytes_max", 0) for r in recs)
+            peak = ledger_peak(recs, folder)
             got[i].append((peak, step_seconds(recs, batch, a.warmup_steps)))
     return got
 

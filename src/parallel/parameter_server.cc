@@ -520,6 +520,16 @@ nlohmann::json histogram_json(const double* bins, int count) {
   return h;
 }
 
+// A server's ledger peaks, in the shape of a training rank's (progress.cc's memory_json).
+nlohmann::json server_memory_json(const double* s) {
+  nlohmann::json peak = nlohmann::json::object();
+  for (int c = 0; c < kMemCategories; ++c)
+    peak[mem_category_name(MemCategory(c))] =
+        static_cast<int64_t>(s[ParameterServer::kMemoryPeak + c]);
+  return {{"peak_bytes", peak},
+          {"peak_total_bytes", static_cast<int64_t>(s[ParameterServer::kMemoryPeakTotal])}};
+}
+
 }  // namespace
 
 nlohmann::json ParameterServer::report() {
@@ -563,6 +573,7 @@ nlohmann::json ParameterServer::report() {
                     {"bytes_out", s[kBytesOut]},
                     {"apply_seconds", s[kApplySeconds]},
                     {"idle_seconds", s[kIdleSeconds]},
+                    {"memory", server_memory_json(s)},
                     {"staleness_histogram", histogram_json(bins, kStalenessBins)}});
   }
   nlohmann::json m = {{"ps_mode", name_of(spec_.ps_mode)},

@@ -100,8 +100,8 @@ void ServerLoop::reply(int w) {
   if (!changed) return;
   const float* src = params();
   if (!sync()) {  // later pushes change the shard while this send may still be pending
-    std::memcpy(k.snapshot.data(), src, len_ * sizeof(float));
-    src = k.snapshot.data();
+    std::memcpy(k.snapshot.data<float>(), src, len_ * sizeof(float));
+    src = k.snapshot.data<float>();
   }
   // Unit by unit, the first layers' first: the worker's forward starts on a unit once it landed.
   for (auto p = unit_shards_.rbegin(); p != unit_shards_.rend(); ++p)
@@ -113,6 +113,12 @@ void ServerLoop::reply(int w) {
 }
 
 void ServerLoop::send_stats(int w) {
+  if (const auto& ledger = current_ledger()) {
+    stats_[ParameterServer::kMemoryPeakTotal] = static_cast<double>(ledger->peak_total());
+    for (int c = 0; c < kMemCategories; ++c)
+      stats_[static_cast<size_t>(ParameterServer::kMemoryPeak + c)] =
+          static_cast<double>(ledger->peak(MemCategory(c)));
+  }
   world_.send(stats_.data(), stats_.size(), comm::ElemType::kF64, peer(w),
               ParameterServer::kTagState);
 }

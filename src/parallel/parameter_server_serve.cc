@@ -70,10 +70,10 @@ void ServerLoop::post_grad(int w) {
     const size_t n = static_cast<size_t>(p.size());
     const int from = peer(w), tag = ParameterServer::kTagGrad;
     k.grad_works.push_back(
-        compressed() ? world_.irecv(k.msg.data() + msg_at_[i], codecs_[i]->message_bytes(),
+        compressed() ? world_.irecv(k.msg.data<uint8_t>() + msg_at_[i], codecs_[i]->message_bytes(),
                                     comm::ElemType::kU8, from, tag)
-        : exact()    ? world_.irecv(k.sums.data() + p.lo, n, comm::ElemType::kI64, from, tag)
-                     : world_.irecv(k.grad.data() + p.lo, n, comm::ElemType::kF32, from, tag));
+        : exact() ? world_.irecv(k.sums.data<int64_t>() + p.lo, n, comm::ElemType::kI64, from, tag)
+                  : world_.irecv(k.grad.data<float>() + p.lo, n, comm::ElemType::kF32, from, tag));
   }
   if (exact())
     k.grad_works.push_back(world_.irecv(k.scales.data(), k.scales.size(), comm::ElemType::kF64,
@@ -89,8 +89,8 @@ bool ServerLoop::decode_arrived(int w, bool wait) {
     comm::Work& g = k.grad_works[k.decoded];
     if (!wait && !g.done()) break;
     g.wait(deadline());  // rethrows a failed receive (aborted group)
-    codecs_[k.decoded]->decode(k.msg.data() + msg_at_[k.decoded],
-                               k.grad.data() + unit_shards_[k.decoded].lo);
+    codecs_[k.decoded]->decode(k.msg.data<uint8_t>() + msg_at_[k.decoded],
+                               k.grad.data<float>() + unit_shards_[k.decoded].lo);
   }
   return k.decoded > before;
 }
@@ -222,10 +222,12 @@ void ServerLoop::push(int w) {
     decode_arrived(w, true);  // the rest of the compressed messages
     const float scale = std::bit_cast<float>(static_cast<uint32_t>(k.request.scale));
     k.factor = scale;  // deterministic: the optimizer's gradient scale
-    if (!exact() && scale != 1.0f)
-      for (size_t i = 0; i < len_; ++i) k.grad[i] *= scale;
+    if (!exact() && scale != 1.0f) {
+      float* g = k.grad.data<float>();
+      for (size_t i = 0; i < len_; ++i) g[i] *= scale;
+    }
   }
-  stats_[ParameterServer::kBytesIn] += compressed() ? static_cast<double>(k.msg.size())
+  stats_[ParameterServer::kBytesIn] += compressed() ? static_cast<double>(msg_bytes_)
                                        : exact() ? 8.0 * static_cast<double>(len_ + k.scales.size())
                                                  : 4.0 * static_cast<double>(len_);
   stats_[ParameterServer::kPushes] += 1;
@@ -264,7 +266,8 @@ void ServerLoop::push(int w) {
   if (inverse_) lr /= static_cast<float>(1 + std::max<int64_t>(staleness, 0));
   float* g = grads();
   const float scale = static_cast<float>(W_);
-  for (size_t i = 0; i < len_; ++i) g[i] = k.grad[i] * scale;
+  const float* pushed = k.grad.data<float>();
+  for (size_t i = 0; i < len_; ++i) g[i] = pushed[i] * scale;
   apply(lr);
   stats_[ParameterServer::kGradientsApplied] += 1;
   stats_[ParameterServer::kUpdates] += 1;
@@ -289,9 +292,9 @@ void ServerLoop::apply_sync() {
       // Summed in worker order, so the result does not depend on arrival order. Each push
       // already carries its rows' share of the global mean: the sum is the global-mean gradient.
       float* g = grads();
-      std::memcpy(g, workers_[0].grad.data(), len_ * sizeof(float));
+      std::memcpy(g, workers_[0].grad.data<float>(), len_ * sizeof(float));
       for (int w = 1; w < W_; ++w) {
-        const float* src = workers_[static_cast<size_t>(w)].grad.data();
+        const float* src = workers_[static_cast<size_t>(w)].grad.data<float>();
         for (size_t i = 0; i < len_; ++i) g[i] += src[i];
       }
     }
@@ -323,12 +326,13 @@ void ServerLoop::sum_exact() {
                       steps_clock(),
                       " at different scales or factors; deterministic workers agree on them "
                       "(this is a bug)"));
-  std::copy(first.sums.begin(), first.sums.end(), sums_.begin());
+  int64_t* sums = sums_.data<int64_t>();
+  std::copy_n(first.sums.data<int64_t>(), len_, sums);
   for (int w = 1; w < W_; ++w) {
-    const int64_t* src = workers_[static_cast<size_t>(w)].sums.data();
-    for (size_t i = 0; i < len_; ++i) sums_[i] += src[i];
+    const int64_t* src = workers_[static_cast<size_t>(w)].sums.data<int64_t>();
+    for (size_t i = 0; i < len_; ++i) sums[i] += src[i];
   }
-  ExactSum::dequantise(sums_.data(), ps_.server_.range, scale_buckets_, first.scales, grads());
+  ExactSum::dequantise(sums, ps_.server_.range, scale_buckets_, first.scales, grads());
 }
 
 void ServerLoop::stuck(double idle_s) {

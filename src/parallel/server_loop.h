@@ -12,6 +12,7 @@
 #include "compress/push_codec.h"
 #include "grad_syncs.h"
 #include "tessel/parallel/parameter_server.h"
+#include "tessel/tensor/device.h"
 
 namespace tessel::parallel {
 
@@ -38,18 +39,21 @@ class ServerLoop {
       }
     if (ps.spec_.deterministic) {
       scale_buckets_ = ranges_of(ps.units_);
-      sums_.resize(len_);
+      sums_ = flat_zeros(static_cast<int64_t>(len_), MemCategory::kGradients, DType::kI64);
     }
+    // Each worker's receive buffers, charged to the server's comm buffers.
+    const int64_t n = static_cast<int64_t>(len_);
+    const MemCategory comm = MemCategory::kComm;
     workers_.resize(static_cast<size_t>(W_));
     for (Worker& w : workers_) {
       if (exact()) {
-        w.sums.resize(len_);
+        w.sums = flat_zeros(n, comm, DType::kI64);
         w.scales.resize(scale_buckets_.size());
       } else {
-        w.grad.assign(len_, 0.0f);
+        w.grad = flat_zeros(n, comm);
       }
-      if (compressed()) w.msg.resize(msg_bytes_);
-      if (ps.mode_ != ParameterServer::Mode::kSync) w.snapshot.assign(len_, 0.0f);
+      if (compressed()) w.msg = flat_zeros(static_cast<int64_t>(msg_bytes_), comm, DType::kU8);
+      if (ps.mode_ != ParameterServer::Mode::kSync) w.snapshot = flat_zeros(n, comm);
     }
   }
 
@@ -59,11 +63,11 @@ class ServerLoop {
   struct Worker {
     Request request;
     Reply reply;
-    std::vector<float> grad, snapshot;
-    std::vector<char> msg;  // compressed: the push's messages, decoded into grad
+    Tensor grad, snapshot;  // f32
+    Tensor msg;             // u8, compressed: the push's messages, decoded into grad
     // train.deterministic: the push's int64 sums of its micro-shards, the scales they were taken
     // at (one per scale bucket), and the factor of its request
-    std::vector<int64_t> sums;
+    Tensor sums;
     std::vector<double> scales;
     float factor = 1.0f;
     // After the buffers: destroyed first, cancelling receives still posted into them.
@@ -138,7 +142,7 @@ class ServerLoop {
   std::vector<size_t> msg_at_;
   size_t msg_bytes_ = 0;
   std::vector<nn::Range> scale_buckets_;  // train.deterministic: the workers' (arena ranges)
-  std::vector<int64_t> sums_;             // train.deterministic: the step's integer sum
+  Tensor sums_;                           // train.deterministic: the step's integer sum (i64)
   std::vector<Worker> workers_;
   int done_ = 0, arrived_ = 0;
   int64_t base_clock_ = -1;                 // set by the first hello (-1: none yet)

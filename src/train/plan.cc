@@ -254,11 +254,17 @@ MemoryBytes stage_memory(const Inputs& in, const parallel::ParallelSpec& spec,
   if (l.servers > 0) {
     // a worker holds every value (and the working copy) and gradient, and its batch's
     // activations; a server its range's values, gradients and optimizer state and no batch
-    // (parameter_server.cc): the fuller of the two
+    // (parameter_server.cc), and each worker's receive buffers (server_loop.h): the f32
+    // gradient (deterministic: int64 sums, and their sum), in async and ssp a snapshot of the
+    // values it is sent. The fuller of the two. (Compressed messages are left out.)
     mem = state_bytes(terms, 0, st.whole, st.whole);
     mem[MemCategory::kOptimizer] = 0;
     server = state_bytes(engine_state_terms(parallel::Precision::kFp32, in.config.optim.kind), 3, 0,
                          st.server_shard);
+    const double pushed = spec.deterministic ? 8 : 4;
+    const double snapshot = spec.ps_mode == parallel::PsMode::kSync ? 0 : 4;
+    server[MemCategory::kComm] = l.dp * (pushed + snapshot) * st.server_shard;
+    if (spec.deterministic) server[MemCategory::kGradients] += 8 * st.server_shard;
   } else {
     mem = state_bytes(terms, spec.zero_stage, st.whole, st.shard);
     if (uses_shared_memory(spec, l, in.options) && spec.zero_stage == 1)

@@ -95,6 +95,13 @@ TEST(ParameterServer, SyncMatchesDataParallelAndAppliesEveryGradientOnce) {
       // The evaluation pulls found their shard unchanged and carried no parameters.
       EXPECT_GE(s["pulls"].get<int64_t>() - s["pulls_with_data"].get<int64_t>(), workers);
       EXPECT_GE(s["pulls_with_data"].get<int64_t>(), 20 * workers);
+      // The server's ledger: its range's values and gradient, and one receive buffer a worker.
+      const int64_t bytes = 4 * s["elements"].get<int64_t>();
+      const nlohmann::json& peak = s["memory"]["peak_bytes"];
+      EXPECT_EQ(peak["parameters"], bytes);
+      EXPECT_EQ(peak["gradients"], bytes);
+      EXPECT_EQ(peak["comm_buffers"], workers * bytes);
+      EXPECT_GE(s["memory"]["peak_total_bytes"].get<int64_t>(), (2 + workers) * bytes);
       elements += s["elements"].get<int64_t>();
     }
     EXPECT_EQ(elements, static_cast<int64_t>(ps.params.size()));  // the shards cover the arena

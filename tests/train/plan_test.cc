@@ -161,9 +161,14 @@ TEST(Plan, OffersOnlyWhatTrainStartsAndPredictsItsState) {
       cfg.runtime.workers = workers;
       nlohmann::json run;
       ASSERT_NO_THROW(run = dry_run(cfg, workers)) << workers << " ranks: " << c.layout;
+      // With parameter servers (the last ranks) the plan's fullest rank is a server (it holds
+      // no activations) or a worker: the ranks of that role.
+      const int servers = static_cast<int>(c.spec.ps_servers);
+      const bool server = c.memory[MemCategory::kActivations] == 0;
       double measured = 0;
-      for (const auto& rank : run["memory_bytes_per_rank"])
-        measured = std::max(measured, state_of(rank));
+      for (int r = 0; r < workers; ++r)
+        if (servers == 0 || server == (r >= workers - servers))
+          measured = std::max(measured, state_of(run["memory_bytes_per_rank"][r]));
       const double predicted = c.memory[MemCategory::kParameters] +
                                c.memory[MemCategory::kGradients] +
                                c.memory[MemCategory::kOptimizer];
@@ -176,7 +181,7 @@ TEST(Plan, OffersOnlyWhatTrainStartsAndPredictsItsState) {
 }
 
 // The fullest rank's ledger peak of a short run (set-up and 3 steps, as metrics.jsonl records
-// it), the figure the bench checks.
+// it, and the parameter servers' in the summary), the figure the bench checks.
 double measured_peak(Config c, int workers) {
   c.runtime.workers = workers;
   c.train.max_steps = 3;
@@ -194,14 +199,18 @@ double measured_peak(Config c, int workers) {
     if (r.value("type", "") == "train")
       peak = std::max(peak, r.value("memory_peak_bytes_max", 0.0));
   }
+  std::ifstream summary(opts.run_dir + "/summary.json");
+  for (const nlohmann::json& server :
+       nlohmann::json::parse(summary)["ranks"].value("ps_servers", nlohmann::json::array()))
+    peak = std::max(peak, server["memory"]["peak_total_bytes"].get<double>());
   return peak;
 }
 
-// The candidate of `plan` that `sets` select (no recompute, no servers).
+// The candidate of `plan` that `sets` select (no recompute).
 const Candidate& candidate(const std::vector<Candidate>& plan, const Config& chosen) {
   const parallel::ParallelSpec& want = chosen.parallel;
   for (const Candidate& c : plan)
-    if (c.spec.recompute == nn::Recompute::kNone && c.spec.ps_servers == 0 &&
+    if (c.spec.recompute == nn::Recompute::kNone && c.spec.ps_servers == want.ps_servers &&
         c.spec.tp_size == want.tp_size && c.spec.pp_stages == want.pp_stages &&
         c.spec.zero_stage == want.zero_stage &&
         (c.spec.pp_stages == 1 || c.spec.pp_microbatches == want.pp_microbatches))
@@ -229,6 +238,31 @@ TEST(PlanMemory, PredictsTheLedgerPeakOfSharedMemoryZero1) {
   const Config chosen = parse_config("", "plan_test", sets);
   const double measured = measured_peak(chosen, o.workers);
   EXPECT_NEAR(candidate(plan, chosen).memory.total(), measured, 0.1 * measured);
+}
+
+// A parameter server is the fullest rank of 1 server x 3 workers: its range's values, gradient
+// and optimizer state, and a receive buffer for each worker's push (in async also a snapshot of
+// the values each is sent).
+TEST(PlanMemory, PredictsAParameterServersLedgerPeak) {
+  const std::vector<std::string> mlp = {"model.kind=mlp",          "model.hidden=[256]",
+                                        "data.kind=fashion_mnist", "train.batch=16",
+                                        "optim.kind=sgd",          "ps.servers=1"};
+  const std::string cache = testing::TempDir() + "/plan_memory_cache_ps";
+  std::filesystem::remove_all(cache);
+  const Calibration cal = calibrate(parse_config("", "plan_test", mlp), cache);
+  PlanOptions o;
+  o.workers = 4;
+  o.precisions = {"fp32"};
+  for (const char* mode : {"sync", "async"}) {
+    std::vector<std::string> sets = mlp;
+    sets.push_back(str("ps.mode=", mode));
+    const Config chosen = parse_config("", "plan_test", sets);
+    const double predicted = candidate(plan_layouts(chosen, o, cal), chosen).memory.total();
+    const double measured = measured_peak(chosen, o.workers);
+    EXPECT_NEAR(predicted, measured, 0.1 * measured) << mode;
+    const double arena = 4.0 * (784 * 256 + 256 + 256 * 10 + 10);
+    EXPECT_GT(measured, (std::string(mode) == "sync" ? 5.9 : 8.9) * arena) << mode;
+  }
 }
 
 // The comm buffers of `sets` on `workers` ranks: predicted for the fullest rank, and the

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "tessel/comm/communicator.h"
+#include "tessel/core/memory.h"
 #include "tessel/optim/optimizer.h"
 #include "tessel/parallel/engine.h"
 #include "tessel/parallel/layout.h"
@@ -137,7 +138,7 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
     kValues,
     kDone
   };
-  static constexpr int64_t kWireVersion = 4;  // 4: compressed pushes per unit shard
+  static constexpr int64_t kWireVersion = 5;  // 5: the servers' memory peaks in kStats
   struct Request {
     int64_t wire = kWireVersion;
     int64_t kind = 0;
@@ -179,7 +180,9 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
     // sync: largest (pulling worker's clock - slowest worker's clock) a pull was answered at;
     // async, ssp: largest (step of a granted claim - step of the oldest batch in progress)
     kMaxLead,
-    kStatHistogram  // kStalenessBins histogram entries follow
+    kMemoryPeakTotal,  // the server's ledger peak, then its peak per memory category
+    kMemoryPeak,
+    kStatHistogram = kMemoryPeak + kMemCategories  // kStalenessBins histogram entries follow
   };
   static constexpr int kStatCount = kStatHistogram + kStalenessBins;
 

@@ -14,17 +14,19 @@ using detail::to_f32;
 
 constexpr int kThreads = 512;
 
-// A running (max m, sum l of exp(v - m)) and its merge with another: max and + are commutative,
-// so both lanes of a butterfly step get the same bits. A side with m = -inf has l = 0 (adds
-// nothing) or l = NaN (a NaN seen before any number), which must reach the result.
+// A running (max m, sum l of exp(v - m)) and its merge with another: max, and + of two
+// products rounded on their own (__fmul_rn: nvcc would otherwise fuse one of them into an FMA,
+// a different one in each lane), are commutative, so both lanes of a butterfly step get the
+// same bits. A side with m = -inf has l = 0 (adds nothing) or l = NaN (a NaN seen before any
+// number), which must reach the result.
 struct MaxSum {
   float m, l;
 };
 __device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
   const float m = fmaxf(a.m, b.m);
   if (m == -INFINITY) return {m, a.l + b.l};
-  return {m, a.l * (a.m == -INFINITY ? 0.0f : expf(a.m - m)) +
-                 b.l * (b.m == -INFINITY ? 0.0f : expf(b.m - m))};
+  return {m, __fadd_rn(__fmul_rn(a.l, a.m == -INFINITY ? 0.0f : expf(a.m - m)),
+                       __fmul_rn(b.l, b.m == -INFINITY ? 0.0f : expf(b.m - m)))};
 }
 
 // The block's (max, sum) of its threads' ones, in a fixed tree; every thread gets it.

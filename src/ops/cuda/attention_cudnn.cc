@@ -185,7 +185,11 @@ std::string attention_cudnn_refusal(DType t, int64_t B, int64_t T, int64_t C, in
                                     bool backward) {
   if (t != DType::kBF16) return "cuDNN's fused attention takes 16-bit inputs (f32 stays exact)";
   if (B <= 0 || T <= 0 || NH <= 0 || C % NH != 0) return "not a shape of attention";
-  return built({B, T, C, NH}, backward).refusal;
+  try {
+    return built({B, T, C, NH}, backward).refusal;
+  } catch (const CudaError& e) {  // no cuDNN handle on this thread: the other paths serve
+    return e.what();
+  }
 }
 
 size_t attention_cudnn_workspace_bytes(int64_t B, int64_t T, int64_t C, int64_t NH, bool backward) {

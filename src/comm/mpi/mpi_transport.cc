@@ -184,7 +184,7 @@ void MpiRequest::wait(Deadline deadline) {
   WorldControl& fam = t_->control();
   WaitMark mark(&fam.my_slot(), t_->world_rank_of(peer_));
   Backoff backoff(effective_policy(t_->policy()));
-  double start = now_seconds(), asked_at = 0;
+  double start = now_seconds(), asked_at = 0, mismatch_seen = 0;
   for (uint32_t i = 0;; ++i) {
     if (test()) return;
     if ((i & 63) != 0 && !backoff.should_sleep()) {
@@ -195,8 +195,12 @@ void MpiRequest::wait(Deadline deadline) {
     if (fam.aborted()) throw CommError(str(where(), ": group aborted: ", fam.why()));
     double now = now_seconds();
     if (is_collective(stamp_) && now - start > kProbeAfterS) {
+      // A peer that has moved past this call may have answered before its message to us landed
+      // (the control communicator's reply is not ordered with the data): a mismatch is one still
+      // seen kProbeEveryS later.
       std::string mismatch = t_->check_reply(peer_, stamp_, asked_at);
-      if (!mismatch.empty()) {
+      if (!mismatch.empty() && mismatch_seen == 0) mismatch_seen = now;
+      if (!mismatch.empty() && now - mismatch_seen > kProbeEveryS) {
         fam.abort(mismatch);
         throw CommError(mismatch);
       }

@@ -42,7 +42,6 @@ class Pending {
  public:
   void add(RequestPtr r) { reqs_.push_back(std::move(r)); }
   void wait_all(Deadline d);
-  size_t size() const { return reqs_.size(); }
 
  private:
   std::vector<RequestPtr> reqs_;

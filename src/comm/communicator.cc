@@ -173,12 +173,6 @@ Backend Communicator::backend() const { return s_->transport->backend(); }
 const CommOptions& Communicator::options() const { return s_->options; }
 Transport& Communicator::transport() { return *s_->transport; }
 
-void Communicator::set_timeout(double seconds) {
-  if (!(seconds > 0))
-    throw InvalidArgument(str("comm: timeout must be > 0 seconds, got ", seconds));
-  s_->options.timeout_s = seconds;
-}
-
 void Communicator::abort(const std::string& reason) noexcept {
   if (s_) s_->transport->abort(reason);
 }

@@ -35,13 +35,6 @@ ElemType elem_type_from_name(const std::string& name) {
 
 const char* reduce_op_name(ReduceOp op) { return kReduceOpNames[static_cast<size_t>(op)]; }
 
-ReduceOp reduce_op_from_name(const std::string& name) {
-  for (size_t i = 0; i < std::size(kReduceOpNames); ++i)
-    if (name == kReduceOpNames[i]) return static_cast<ReduceOp>(i);
-  throw InvalidArgument(
-      str("comm: unknown reduce op, got '", name, "'; use one of sum, avg, max, min"));
-}
-
 const char* backend_name(Backend b) { return b == Backend::kMpi ? "mpi" : "threads"; }
 
 const char* algorithm_name(Algorithm a) { return name_of(a); }
@@ -139,13 +132,6 @@ std::vector<size_t> parse_size_list(const std::string& text) {
   if (out.empty())
     throw InvalidArgument(str("comm: empty size list, got '", text, "'; e.g. 4KiB..64MiB"));
   return out;
-}
-
-std::string format_bytes(size_t b) {
-  if (b >= (1u << 30) && b % (1u << 30) == 0) return str(b >> 30, "GiB");
-  if (b >= (1u << 20) && b % (1u << 20) == 0) return str(b >> 20, "MiB");
-  if (b >= (1u << 10) && b % (1u << 10) == 0) return str(b >> 10, "KiB");
-  return str(b, "B");
 }
 
 }  // namespace tessel::comm

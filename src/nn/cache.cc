@@ -48,11 +48,6 @@ void Cache::share_scratch(Cache* shared) {
     children_[k].share_scratch(shared ? &shared->child(k) : nullptr);
 }
 
-void Cache::clear() {
-  kept_.clear();
-  for (Cache& c : children_) c.clear();
-}
-
 void Cache::release(std::initializer_list<size_t> keep) {
   buffers_.clear();
   for (size_t k = 0; k < kept_.size(); ++k)

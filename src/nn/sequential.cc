@@ -58,7 +58,6 @@ class Layer {
   }
 
   const std::string& where() const { return where_; }
-  bool has(const std::string& name) const { return find(name) != nullptr; }
   // An integer setting in [min, max], or `fallback` when absent (required when fallback is 0).
   // The bounds keep every product of sizes the model forms inside int64.
   int64_t size(const std::string& name, int64_t fallback, int64_t min = 1,

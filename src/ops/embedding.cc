@@ -1,4 +1,4 @@
-// Embedding lookup: a row gather forward, a scatter-add backward (repeated ids add up).
+// Embedding lookup: a row gather forward (the scatter-add backward, every dtype: lowp_kernels.cc).
 #include <algorithm>
 
 #include "tessel/core/error.h"
@@ -22,17 +22,6 @@ void embedding_forward(float* y, const int32_t* ids, const float* table, int64_t
     }
     const float* row = table + r * C;
     std::copy(row, row + C, y + n * C);
-  }
-}
-
-void embedding_backward(float* dtable, const float* dy, const int32_t* ids, int64_t N, int64_t C,
-                        int64_t lo, int64_t rows) {
-  for (int64_t n = 0; n < N; ++n) {
-    const int64_t r = ids[n] - lo;
-    if (r < 0 || r >= rows) continue;
-    float* row = dtable + r * C;
-    const float* g = dy + n * C;
-    for (int64_t c = 0; c < C; ++c) row[c] += g[c];
   }
 }
 

@@ -61,11 +61,6 @@ Coord Layout::coord(int rank) const { return {rank / (pp * tp), rank / tp % pp, 
 
 int Layout::rank_of(const Coord& c) const { return (c.dp * pp + c.pp) * tp + c.tp; }
 
-int Layout::size(Axis axis) const {
-  const int sizes[] = {dp, pp, tp, shard, dp / shard};  // in Axis order
-  return sizes[static_cast<size_t>(axis)];
-}
-
 std::string Layout::str() const {
   if (servers > 0)
     return tessel::str("ps: ", servers, servers == 1 ? " server x " : " servers x ", dp,

@@ -281,31 +281,4 @@ void Tensor::copy_from(const Tensor& src) {
   device_runtime(runtime).copy(raw(), device_, src.raw(), src.device(), nbytes(), current_stream());
 }
 
-int64_t Arena::add(std::string name, Shape shape) {
-  TESSEL_CHECK(!allocated(), "arena: add('", name, "') after allocate()");
-  constexpr int64_t kAlignElems = 16;  // 64 bytes of f32 (32 of bf16/f16)
-  entries_.push_back({std::move(name), std::move(shape), numel_});
-  numel_ += (shape_numel(entries_.back().shape) + kAlignElems - 1) / kAlignElems * kAlignElems;
-  return static_cast<int64_t>(entries_.size()) - 1;
-}
-
-void Arena::allocate(DType dtype, Device device) {
-  TESSEL_CHECK(!allocated(), "arena: allocate() twice");
-  flat_ = Tensor::zeros({numel_}, dtype, device);
-}
-
-void Arena::rebind(void* data, std::shared_ptr<void> keep, bool copy) {
-  TESSEL_CHECK(allocated(), "arena: rebind() before allocate()");
-  TESSEL_CHECK(flat_.device() == Device::kCpu, "arena: rebind of a ", name_of(flat_.device()),
-               " arena (only host memory is shared between ranks)");
-  if (copy) std::memcpy(data, flat_.raw(), flat_.nbytes());
-  flat_.storage().rebind(data, std::move(keep));
-}
-
-Tensor Arena::view(size_t index) const {
-  TESSEL_CHECK(allocated() && index < entries_.size(), "arena: view(", index, ") of ",
-               entries_.size(), " entries");
-  return flat_.view(entries_[index].offset, entries_[index].shape);
-}
-
 }  // namespace tessel

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tessel/core/rng.h"
+#include "tessel/ops/cpu.h"
 
 namespace tessel::ops::testing {
 
@@ -36,6 +37,13 @@ inline Vec uniform(int64_t n, uint64_t seed, float lo, float hi) {
 // dx (or skips elements) instead of overwriting it.
 inline Vec poisoned(int64_t n) {
   return Vec(static_cast<size_t>(n), std::numeric_limits<float>::quiet_NaN());
+}
+
+// Softmax of the rows of x[N,C]: the probabilities cross_entropy_forward writes (the loss's
+// softmax is the one the models run).
+inline void softmax_rows(float* y, const float* x, int64_t N, int64_t C) {
+  const std::vector<int32_t> labels(static_cast<size_t>(N), 0);
+  cross_entropy_forward(y, x, labels.data(), N, C);
 }
 
 // sum(r * y) in double: the random scalar objective whose gradient w.r.t. y is r.

@@ -103,7 +103,7 @@ TEST(RowInvariance, WholeMlpForward) {
                     relu_forward(b.data(), b.data(), rows * 512);
                     Vec logits(rows * 10);
                     l3.run(logits.data(), b.data(), rows);
-                    softmax_forward(y, logits.data(), rows, 10);
+                    testing::softmax_rows(y, logits.data(), rows, 10);
                   }};
   expect_row_invariant(mlp, old_pixel_rows());
 }
@@ -120,7 +120,7 @@ TEST(RowInvariance, ElementwiseAndRowReductions) {
       x);
   expect_row_invariant(
       {"softmax", 200, 200,
-       [](float* y, const float* x, int64_t rows) { softmax_forward(y, x, rows, 200); }},
+       [](float* y, const float* x, int64_t rows) { testing::softmax_rows(y, x, rows, 200); }},
       x);
   const Vec w = testing::randn(200, 8), b = testing::randn(200, 9);
   expect_row_invariant({"layernorm", 200, 200,

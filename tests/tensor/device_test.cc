@@ -206,15 +206,12 @@ TEST_F(DeviceTensor, WithoutStreamsOfItsOwnARuntimesAsyncCopiesAreDoneAtOnce) {
   install_device_runtime(Device::kCuda, &fake_);
 }
 
-TEST_F(DeviceTensor, ArenasLiveOnTheDeviceButShareOnlyHostMemory) {
-  Arena arena;
-  arena.add("w", {3, 4});
-  arena.add("b", {4});
-  arena.allocate(DType::kF32, Device::kCuda);
-  EXPECT_EQ(arena.view(1).device(), Device::kCuda);
-  EXPECT_EQ(host_values(arena.view(1)), std::vector<float>(4, 0.0f));
+TEST_F(DeviceTensor, ViewsLiveOnTheDeviceButShareOnlyHostMemory) {
+  Tensor t = Tensor::zeros({16}, DType::kF32, Device::kCuda);
+  EXPECT_EQ(t.view(12, {4}).device(), Device::kCuda);
+  EXPECT_EQ(host_values(t.view(12, {4})), std::vector<float>(4, 0.0f));
   auto keep = std::shared_ptr<void>(std::aligned_alloc(64, 4096), std::free);
-  EXPECT_THROW(arena.rebind(keep.get(), keep, true), Error);
+  EXPECT_THROW(t.storage().rebind(keep.get(), keep), Error);
 }
 
 TEST(DeviceTensorWithoutRuntime, SaysThisBuildHasNoSuchDevice) {

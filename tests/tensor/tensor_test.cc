@@ -1,4 +1,4 @@
-// Tensor and Arena: shapes, views, conversions, alignment; every Storage charging the memory
+// Tensor and Storage: shapes, views, conversions, alignment; every Storage charging the memory
 // ledger of the thread that allocates it (core/memory.h) until it is freed or rebound.
 #include "tessel/tensor/tensor.h"
 
@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <thread>
 
@@ -64,35 +65,19 @@ TEST(Tensor, HalfConversionsRoundTrip) {
   }
 }
 
-TEST(Arena, EntriesAreAlignedViews) {
-  Arena a;
-  a.add("w", {3, 5});
-  a.add("b", {5});
-  EXPECT_THROW(a.view(0), Error);
-  a.allocate();
-  EXPECT_EQ(a.entries()[1].offset, 16);
-  EXPECT_EQ(a.numel(), 32);
-  Tensor b = a.view(1);
-  b.fill_(1.0f);
-  EXPECT_EQ(a.flat().data<float>()[16], 1.0f);
-  EXPECT_EQ(reinterpret_cast<uintptr_t>(b.raw()) % 64, 0u);
-  EXPECT_THROW(a.add("late", {1}), Error);
-}
-
-TEST(Arena, RebindMovesEveryViewToOtherMemory) {
-  Arena a;
-  a.add("w", {4});
-  a.allocate();
-  Tensor w = a.view(0);  // taken before the move: follows it
+TEST(StorageRebind, MovesEveryViewToOtherMemory) {
+  Tensor t = Tensor::zeros({4});
+  Tensor w = t.view(0, {4});  // taken before the move: follows it
   w.fill_(2.0f);
   auto block = std::shared_ptr<void>(std::aligned_alloc(64, 64), std::free);
-  a.rebind(block.get(), block, /*copy=*/true);
+  std::memcpy(block.get(), t.raw(), t.nbytes());
+  t.storage().rebind(block.get(), block);
   EXPECT_EQ(w.raw(), block.get());
   EXPECT_EQ(static_cast<float*>(block.get())[3], 2.0f);
   static_cast<float*>(block.get())[1] = 5.0f;
   EXPECT_EQ(w.data<float>()[1], 5.0f);
   char unaligned[80];
-  EXPECT_THROW(a.rebind(unaligned + 1, block, false), Error);
+  EXPECT_THROW(t.storage().rebind(unaligned + 1, block), Error);
 }
 
 // ---- memory accounting ----
@@ -197,15 +182,13 @@ TEST(StorageMemory, RebindReleasesTheOwnAllocationOnce) {
   auto ledger = std::make_shared<MemoryLedger>();
   MemoryScope scope(ledger, MemCategory::kParameters);
   {
-    Arena a;
-    a.add("w", {20});
-    a.allocate();
+    Tensor t = Tensor::zeros({32});
     EXPECT_EQ(ledger->current(MemCategory::kParameters), 128);
     auto block = std::shared_ptr<void>(std::aligned_alloc(64, 128), std::free);
-    a.rebind(block.get(), block, /*copy=*/true);
+    t.storage().rebind(block.get(), block);
     EXPECT_EQ(ledger->current(MemCategory::kParameters), 0);
     auto again = std::shared_ptr<void>(std::aligned_alloc(64, 128), std::free);
-    a.rebind(again.get(), again, /*copy=*/true);
+    t.storage().rebind(again.get(), again);
     EXPECT_EQ(ledger->current(MemCategory::kParameters), 0);
   }
   EXPECT_EQ(ledger->current(MemCategory::kParameters), 0);  // destroyed: nothing released twice

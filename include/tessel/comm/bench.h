@@ -29,7 +29,6 @@ struct CommBenchOptions {
   size_t segment_bytes = 0;  // ring segment (0: the communicator's default)
   int in_flight = 0;         // ring segments in flight (0: default)
   std::string json_path;     // also write the results as JSON here ("" = no)
-  bool verbose = false;
 };
 
 // Runs the bench and prints a table to stdout; returns 0, or 1 when a result failed

@@ -90,7 +90,6 @@ class Communicator {
   int size() const;
   Backend backend() const;
   const CommOptions& options() const;
-  void set_timeout(double seconds);
   Transport& transport();
 
   // ---- blocking collectives ----

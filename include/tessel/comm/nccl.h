@@ -100,8 +100,6 @@ class NcclCommunicator final : public DeviceCollectives {
   NcclCommunicator(Communicator& control, const NcclApi& api, const NcclOptions& options = {});
   // Aborts (never blocks) when close() was not called.
   ~NcclCommunicator() override;
-  NcclCommunicator(NcclCommunicator&&) noexcept;
-  NcclCommunicator& operator=(NcclCommunicator&&) noexcept;
 
   int rank() const override;
   int size() const override;

@@ -26,7 +26,6 @@ ElemType elem_type_from_name(const std::string& name);  // throws InvalidArgumen
 // u8 supports max and min only (it is for moving bytes, not for arithmetic).
 enum class ReduceOp : uint8_t { kSum, kAvg, kMax, kMin };
 const char* reduce_op_name(ReduceOp op);
-ReduceOp reduce_op_from_name(const std::string& name);  // "sum", "avg", "max", "min"
 
 // Which library moves the bytes: ranks as threads of one process, or MPI processes.
 enum class Backend : uint8_t { kThreads, kMpi };
@@ -45,7 +44,6 @@ class Deadline {
  public:
   static Deadline after(double seconds);  // now + seconds; inf or >= 1e9 s means never
   static Deadline never() { return Deadline(std::numeric_limits<double>::infinity()); }
-  static Deadline at(double when) { return Deadline(when); }
 
   double when() const { return at_; }
   bool is_never() const { return at_ == std::numeric_limits<double>::infinity(); }
@@ -62,7 +60,6 @@ size_t parse_bytes(const std::string& text);
 // "4KiB..64MiB" -> every power of 4 from 4 KiB to 64 MiB; "4KiB,1MiB" -> those two; mixed lists
 // of single sizes and ranges are allowed. Throws InvalidArgument on malformed input.
 std::vector<size_t> parse_size_list(const std::string& text);
-std::string format_bytes(size_t bytes);  // 4096 -> "4KiB", 1000 -> "1000B"
 
 }  // namespace tessel::comm
 

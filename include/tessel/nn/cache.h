@@ -45,8 +45,6 @@ class Cache {
 
   // Backward outputs of this cache (and its children) go to `shared` from now on.
   void share_scratch(Cache* shared);
-  // Forgets what the forward kept (the buffers' storage stays for the next forward).
-  void clear();
   // Drops the buffers and every kept tensor but slots `keep` (children untouched): storage
   // goes unless a kept tensor still refers to it, and the next forward allocates it again.
   // A zero-bubble B leaves only what its W reads (Module::release_for_weights).

@@ -114,10 +114,6 @@ void gelu_backward(float* dx, const float* dy, const float* x, int64_t n);
 // y = a + b (residual connections); the backward of an add is a copy to both inputs.
 void add_forward(float* y, const float* a, const float* b, int64_t n);
 
-// ---- Softmax over the last dimension of x[N,C] ----
-void softmax_forward(float* y, const float* x, int64_t N, int64_t C);
-void softmax_backward(float* dx, const float* dy, const float* y, int64_t N, int64_t C);
-
 // ---- Fused log-softmax + cross-entropy, mean over the N rows ----
 // logits[N,C], labels[N] in [0, C). Returns the mean loss; writes probs[N,C] (softmax) for the
 // backward. Stable: subtracts each row's max. Throws InvalidArgument on a label outside [0, C).
@@ -177,8 +173,6 @@ void swiglu_backward(float* dx, const float* dy, const float* x, int64_t N, int6
 // of ids [lo, lo + rows): other ids give zero rows in the forward and nothing in the backward.
 void embedding_forward(float* y, const int32_t* ids, const float* table, int64_t N, int64_t V,
                        int64_t C, int64_t lo = 0, int64_t rows = -1);  // rows < 0: V
-void embedding_backward(float* dtable, const float* dy, const int32_t* ids, int64_t N, int64_t C,
-                        int64_t lo = 0, int64_t rows = INT64_MAX);
 
 // ---- Dropout with a counter-based mask ----
 // x holds `rows` samples of `cols` values each; row r is global sample (first_sample + r),

@@ -39,7 +39,6 @@ class ShardDeal {
   // mode is off).
   ShardDeal(BalanceMode mode, int ranks, int64_t shards);
 
-  BalanceMode mode() const { return mode_; }
   const std::vector<int64_t>& counts() const { return counts_; }
   int64_t first(int rank) const;
   // Whether this step's timings are to be gathered and fed to update().

@@ -43,7 +43,6 @@ struct Layout {
   bool is_server(int rank) const { return rank >= workers(); }
   Coord coord(int rank) const;  // training ranks only
   int rank_of(const Coord& c) const;
-  int size(Axis axis) const;
   // "single", "dp=4", "dp=2 pp=2", "dp=4 shard=2" (2 groups of 2), "ps: 1 server x 4 workers"
   std::string str() const;
 };

@@ -55,10 +55,9 @@ class ParamStore {
   virtual void take_stats(RankStats& s) = 0;
 
   const std::vector<nn::Range>& update_ranges() const { return update_; }  // optimizer order
-  const std::vector<nn::Range>& owned() const { return owned_; }           // written to checkpoints
-  const std::vector<nn::Range>& held() const { return held_; }             // values held
-  // The values this rank reads from a checkpoint: held(), except where a host's ranks share one
-  // copy (each then loads its own shards, and before_start() waits for the others').
+  // The values this rank reads from a checkpoint: the values it holds, except where a host's
+  // ranks share one copy (each then loads its own shards, and before_start() waits for the
+  // others').
   virtual const std::vector<nn::Range>& loaded() const { return held_; }
 
   // Optional hooks (the defaults do nothing):
@@ -69,8 +68,8 @@ class ParamStore {
   virtual void end_step(int64_t /*step*/) {}
   // After the last step: nothing more is asked of other ranks.
   virtual void finish() {}
-  // What checkpoints see of this rank's state: by default owned(), loaded() and update_ranges()
-  // with the state of `opt`, this rank's optimizer.
+  // What checkpoints see of this rank's state: by default the ranges it writes, loaded() and
+  // update_ranges() with the state of `opt`, this rank's optimizer.
   virtual StateView state(optim::Optimizer* opt);
   // State beside the values that must survive a checkpoint (compressed pushes' residuals) as one
   // vector, its length first; empty when there is none. load_state() throws IoError when the

@@ -90,7 +90,6 @@ class PipelineExecutor final : public Executor {
   nlohmann::json report(const std::vector<RankStats>& ranks, const Layout& layout) const override;
 
   int stage() const { return stage_; }
-  const Partition& partition() const { return part_; }
   // Every stage's training schedule for pp.microbatches micro-batches.
   const std::vector<std::vector<Task>>& schedule() const {
     return schedules_.at({static_cast<int>(spec_.pp_microbatches), true});

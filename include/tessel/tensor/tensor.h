@@ -162,34 +162,4 @@ class Tensor {
   Device device_ = Device::kCpu;
 };
 
-// A flat arena: one contiguous buffer carved into named views, each starting on a 64-byte
-// boundary. All parameters of a model live in one arena, all gradients in another, optimizer
-// state in others with the same layout, so that a collective or a shard is an offset range.
-// Usage: add() every entry, then allocate(), then view(i). Entries cannot be added afterwards.
-class Arena {
- public:
-  struct Entry {
-    std::string name;
-    Shape shape;
-    int64_t offset;  // in elements, from the arena's start
-  };
-
-  int64_t add(std::string name, Shape shape);  // returns the entry's index
-  void allocate(DType dtype = DType::kF32, Device device = Device::kCpu);  // zero-filled
-  bool allocated() const { return flat_.defined(); }
-
-  const std::vector<Entry>& entries() const { return entries_; }
-  int64_t numel() const { return numel_; }      // including alignment padding
-  const Tensor& flat() const { return flat_; }  // the whole arena, 1-D
-  Tensor view(size_t index) const;
-  // Moves the arena to `data` (Storage::rebind); copies the values there first if `copy`.
-  // Host arenas only.
-  void rebind(void* data, std::shared_ptr<void> keep, bool copy);
-
- private:
-  std::vector<Entry> entries_;
-  int64_t numel_ = 0;
-  Tensor flat_;
-};
-
 }  // namespace tessel

@@ -37,7 +37,6 @@ class TensorBoardWriter {
   void add_scalars(int64_t step, const std::vector<std::pair<std::string, double>>& scalars);
   // A metrics.jsonl record: every number but "step" and "epoch", tagged "<type>/<key>".
   void add_record(const nlohmann::json& record);
-  const std::string& path() const { return path_; }
 
  private:
   void write(const std::string& event);

@@ -79,7 +79,6 @@ class Trainer {
   nlohmann::json plan() const;
 
   nn::Model& model() { return engine_->model(); }  // this rank's part
-  const Config& config() const { return config_; }
   const data::Splits& datasets() const { return data_; }
   const std::string& run_dir() const { return run_dir_; }
   parallel::Engine& engine() { return *engine_; }

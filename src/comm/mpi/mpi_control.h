@@ -58,7 +58,6 @@ class WorldControl {
   void query(int world_peer, uint64_t comm_id, const Stamp& mine);
   void enroll(uint64_t id, ControlledGroup* t);
   void leave(uint64_t id);
-  int world_rank() const { return world_rank_; }
   double timeout_s() const { return timeout_s_; }
   HeartbeatSlot& my_slot() { return slots_[slot_of_[world_rank_]]; }
   // The sentence naming the rank that stopped making progress (heartbeat.h), or "". Asks ranks

@@ -59,7 +59,6 @@ class MpiTransport final : public Transport, public ControlledGroup {
   NativeCollectives* native() override { return native_.get(); }
 
   // For requests and the world control.
-  MPI_Comm comm() const { return comm_; }
   WorldControl& control() { return *control_; }
   const WaitPolicy& policy() const { return policy_; }
   int world_rank_of(int peer) const { return world_ranks_[peer]; }

@@ -127,13 +127,6 @@ NcclCommunicator::~NcclCommunicator() {
                   " was destroyed without close() (its rank failed or left early)"));
 }
 
-NcclCommunicator::NcclCommunicator(NcclCommunicator&&) noexcept = default;
-NcclCommunicator& NcclCommunicator::operator=(NcclCommunicator&& other) noexcept {
-  NcclCommunicator old(std::move(*this));  // aborted on leaving unless it was closed
-  s_ = std::move(other.s_);
-  return *this;
-}
-
 int NcclCommunicator::rank() const { return s_->rank; }
 int NcclCommunicator::size() const { return s_->size; }
 NcclStream NcclCommunicator::stream() const { return s_->stream; }

@@ -285,7 +285,7 @@ TEST_F(CudaOps, EmbeddingMatchesCpuAndItsBackwardIsTheCpusBits) {
       const auto ids = rand_ids(N, 0, static_cast<int32_t>(V), 4);
       Vec y(N * C), dtable = dt0;
       ops::embedding_forward(y.data(), ids.data(), table.data(), N, V, C, lo, rows);
-      ops::embedding_backward(dtable.data(), dy.data(), ids.data(), N, C, lo, rows);
+      ops::embedding_backward(dtable.data(), dy.data(), ids.data(), N, C, lo, rows, DType::kF32);
       DeviceBuffer gtable = upload(table, t), gdy = upload(dy, t), gids = upload_ints(ids);
       DeviceBuffer gy = poisoned(N * C, t), gdt = upload(dt0);
       embedding_forward(gy.get(), gids.as<int32_t>(), gtable.get(), N, V, C, lo, rows, t, nullptr);

@@ -354,7 +354,7 @@ void Trainer::train_epoch(State& s, bool& stopped) {
       const EvalResult m = global_mean(s.epoch_sums);
       const EvalResult w = global_mean(minus(s.epoch_sums, window_sums));
       const std::vector<parallel::RankStats> ranks = take_stats();
-      progress_->train_line({s.epoch, step_, total_steps_, m, w, lr_at(step_ - 1),
+      progress_->train_line({s.epoch, step_, m, w, lr_at(step_ - 1),
                              window_samples / std::max(1e-9, now - window_start), &ranks,
                              deal_.get()});
       window_sums = s.epoch_sums;

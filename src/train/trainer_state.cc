@@ -168,7 +168,7 @@ bool Trainer::train_claimed_epoch(State& s) {
     next_log = ((step_ + 1) / config_.train.log_every + 1) * config_.train.log_every;
     const double sps = static_cast<double>((done + 1 - window_first) * batch_rows_) /
                        std::max(1e-9, now - window_start);
-    progress_->train_line({s.epoch, step_ + 1, total_steps_, mean_of(s.epoch_sums),
+    progress_->train_line({s.epoch, step_ + 1, mean_of(s.epoch_sums),
                            mean_of(minus(s.epoch_sums, window_sums)), lr_at(step_), sps});
     window_sums = s.epoch_sums;
     window_start = now;

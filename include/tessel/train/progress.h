@@ -40,7 +40,7 @@ std::optional<Straggler> find_straggler(const std::vector<parallel::RankStats>& 
 
 // One train record: where the run stands and the means of the epoch so far.
 struct TrainPoint {
-  int64_t epoch = 0, step = 0, total_steps = 0;
+  int64_t epoch = 0, step = 0;
   EvalResult metrics;  // running means over the epoch so far
   EvalResult window;   // means over the steps since the last record
   double lr = 0, samples_per_second = 0;
@@ -75,8 +75,6 @@ class Progress {
   // The time an epoch end took (evaluation, report, checkpoint), for the ETA.
   void epoch_end_took(double seconds);
   void end_live_line();
-  // The straggler named by the last records (persistent over kPersistWindows), if any.
-  const std::optional<Straggler>& straggler() const { return straggler_; }
 
  private:
   static constexpr int kPersistWindows = 3;

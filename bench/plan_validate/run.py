@@ -75,8 +75,8 @@ def train_command(tessel, config, workers, sets, steps, folder, log_every=5):
 def train_records(cmd, folder, first_record_only=False):
     """The train records of metrics.jsonl after running `cmd` (stopped at the first one with
     first_record_only), or (None, the error's last line). Parameter servers are not in the
-    train records: their ledger peaks come in one record at the end of the run
-    (server_peak); such a run is never stopped early."""
+    train records: their ledger peaks are in summary.json at the end of the run (ledger_peak),
+    so such a run (a command without ps.servers=0) is never stopped early."""
     first_record_only = first_record_only and "ps.servers=0" in " ".join(cmd)
     metrics = os.path.join(folder, "metrics.jsonl")
 

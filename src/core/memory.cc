@@ -73,7 +73,8 @@ void MemoryLedger::charge(MemCategory c, int64_t bytes) {
     throw MemoryLimitError(str("memory: ", owner_, " would hold ", mib(total),
                                " > runtime.memory_limit_mb = ", limit_ >> 20, " when allocating ",
                                mib(bytes), " of ", mem_category_name(c), " (with it: ", held,
-                               "; the most is ", mem_category_name(largest), "); ", remedy(largest),
+                               "; the most is ", mem_category_name(largest), "); ",
+                               advice_.empty() ? remedy(largest) : advice_.c_str(),
                                ", or raise runtime.memory_limit_mb"));
   }
   raise_max(peak_[k], current_[k].fetch_add(bytes, std::memory_order_relaxed) + bytes);

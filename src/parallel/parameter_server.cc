@@ -201,6 +201,11 @@ ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model
   request_.resize(static_cast<size_t>(servers()));
   reply_.resize(static_cast<size_t>(servers()));
   if (is_server()) {
+    if (const auto& ledger = current_ledger())
+      ledger->set_advice(
+          "a parameter server holds its range's parameters, gradient and optimizer state and a "
+          "receive buffer per worker: more servers (ps.servers) share the model out, fewer "
+          "workers need fewer buffers (tessel plan predicts a server's memory)");
     server_.range = shard(server_index());
     server_.values = flat_zeros(server_.range.size(), MemCategory::kParameters);
     server_.grads = flat_zeros(server_.range.size(), MemCategory::kGradients);

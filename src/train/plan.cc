@@ -228,7 +228,8 @@ bool overlaps(const Inputs& in, const parallel::ParallelSpec& spec) {
 
 // The rows one stage runs per micro-batch and how many micro-batches it holds at once (1F1B:
 // as many as stages follow it; GPipe: all). A batch the replicas cannot share evenly gives the
-// fullest (and slowest) replica one row more than the mean: 32 rows on 6 replicas, 6.
+// fullest (and slowest) replica one row more than the mean: 32 rows on 6 replicas, 6; async and
+// ssp parameter-server workers each train batch / workers rows, rounded down (trainer.cc).
 struct Micro {
   int m = 1, in_flight = 1;
   double replica_rows = 0, rows = 0;
@@ -237,7 +238,8 @@ Micro micro_of(const Inputs& in, const parallel::ParallelSpec& spec, const paral
                int stage) {
   Micro mb;
   mb.m = static_cast<int>(spec.pp_microbatches);
-  mb.replica_rows = static_cast<double>((in.config.train.batch + l.dp - 1) / l.dp);
+  const bool own_pace = l.servers > 0 && spec.ps_mode != parallel::PsMode::kSync;
+  mb.replica_rows = static_cast<double>((in.config.train.batch + (own_pace ? 0 : l.dp - 1)) / l.dp);
   mb.rows = mb.replica_rows / mb.m;
   mb.in_flight = l.pp == 1                                          ? 1
                  : spec.pp_schedule == parallel::PpSchedule::kGpipe ? mb.m
@@ -472,8 +474,11 @@ std::vector<Candidate> plan_layouts(const Config& given, const PlanOptions& opti
     try {
       const parallel::Layout l = parallel::Layout::resolve(c.spec, options.workers);
       parallel::compose(c.spec, l, false);  // a combination the decision table refuses
+      // a pipeline's replicas each cut their rows into pp.microbatches (Engine::check_batch)
       const int64_t replica_rows = config.train.batch / l.dp;
-      if (replica_rows < 1 || replica_rows % c.spec.pp_microbatches != 0) continue;
+      if (replica_rows < 1 || replica_rows % c.spec.pp_microbatches != 0 ||
+          (l.pp > 1 && config.train.batch % l.dp != 0))
+        continue;
       const auto key = std::make_tuple(l.tp, l.pp, l.shard);
       if (!shapes.count(key)) shapes[key] = stage_shapes(config, c.spec, l, calibration);
       c.layout = l.str();

@@ -95,8 +95,9 @@ TEST(ParameterServer, SyncMatchesDataParallelAndAppliesEveryGradientOnce) {
       // The evaluation pulls found their shard unchanged and carried no parameters.
       EXPECT_GE(s["pulls"].get<int64_t>() - s["pulls_with_data"].get<int64_t>(), workers);
       EXPECT_GE(s["pulls_with_data"].get<int64_t>(), 20 * workers);
-      // The server's ledger: its range's values and gradient, and one receive buffer a worker.
-      const int64_t bytes = 4 * s["elements"].get<int64_t>();
+      // The server's ledger: its range's values and gradient, and one receive buffer a worker
+      // (each storage in whole 64-byte blocks).
+      const int64_t bytes = (4 * s["elements"].get<int64_t>() + 63) / 64 * 64;
       const nlohmann::json& peak = s["memory"]["peak_bytes"];
       EXPECT_EQ(peak["parameters"], bytes);
       EXPECT_EQ(peak["gradients"], bytes);
@@ -499,6 +500,24 @@ TEST(ParameterServer, ResumedAsyncRunTrainsTheRestOfTheBudget) {
   Result synced = train_on(sync, 4, "async_to_sync", second);
   EXPECT_EQ(synced.summary["steps"], 20);
   EXPECT_EQ(synced.summary["ranks"]["ps_servers"][0]["pushes"], 3 * 11);
+}
+
+// A server over runtime.memory_limit_mb (its range's state and one receive buffer for each of 3
+// workers: 24 bytes a parameter, against a worker's 8 and its batch) says what a server holds
+// and that more servers share the model out, not the training ranks' ZeRO advice.
+TEST(ParameterServer, AServerOverTheMemoryLimitSaysWhatServersHold) {
+  const train::Config cfg =
+      small_config({"ps.servers=1", "model.hidden=[8192]", "runtime.memory_limit_mb=2"});
+  try {
+    train_on(cfg, 4, "memory");
+    FAIL() << "the server fit in 2 MiB";
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("rank 3 would hold"), std::string::npos) << what;
+    EXPECT_NE(what.find("a parameter server holds"), std::string::npos) << what;
+    EXPECT_NE(what.find("more servers (ps.servers)"), std::string::npos) << what;
+    EXPECT_EQ(what.find("zero.stage"), std::string::npos) << what;
+  }
 }
 
 TEST(ParameterServer, RejectsImpossibleSettings) {

@@ -161,10 +161,11 @@ TEST(Plan, OffersOnlyWhatTrainStartsAndPredictsItsState) {
       cfg.runtime.workers = workers;
       nlohmann::json run;
       ASSERT_NO_THROW(run = dry_run(cfg, workers)) << workers << " ranks: " << c.layout;
-      // With parameter servers (the last ranks) the plan's fullest rank is a server (it holds
-      // no activations) or a worker: the ranks of that role.
+      // With parameter servers (the last ranks) the plan's fullest rank is a server (receive
+      // buffers in comm_buffers, which a worker of theirs never holds) or a worker: the ranks of
+      // that role.
       const int servers = static_cast<int>(c.spec.ps_servers);
-      const bool server = c.memory[MemCategory::kActivations] == 0;
+      const bool server = c.memory[MemCategory::kComm] > 0;
       double measured = 0;
       for (int r = 0; r < workers; ++r)
         if (servers == 0 || server == (r >= workers - servers))

@@ -56,10 +56,13 @@ class MemoryLedger {
   int64_t peak_total() const;
   void reset_peaks();
   int64_t limit() const { return limit_; }
+  // What an over-limit error advises instead of its largest category's remedy (ZeRO, smaller
+  // batches), for a rank whose role those do not fit: a parameter server.
+  void set_advice(std::string advice) { advice_ = std::move(advice); }
 
  private:
   int64_t limit_;
-  std::string owner_;
+  std::string owner_, advice_;
   std::array<std::atomic<int64_t>, kMemCategories> current_{};
   std::array<std::atomic<int64_t>, kMemCategories> peak_{};
   std::atomic<int64_t> total_{0}, peak_total_{0};

@@ -3,7 +3,8 @@
 // messages of disagreeing calls never match (no header bytes, no extra copies). What they do
 // instead is wait, and a rank that has waited kProbeAfterS asks the peer, on a separate control
 // communicator (mpi_control.h), which call it is in; a different call with the same sequence
-// number, or a peer that has moved past this call, is reported naming both sides. The control
+// number, or a peer that has moved past this call (still so kMovedOnGraceS later: its last
+// message can land after its reply), is reported naming both sides. The control
 // communicator also carries aborts: abort() tells every rank of the world, and waits poll for
 // such messages. When a deadline passes, the world control's heartbeat board names the rank that
 // stopped making progress. Point-to-point messages use tag 2^30 + user tag.
@@ -31,6 +32,10 @@ namespace {
 
 constexpr double kProbeAfterS = 0.05;  // first query to a silent peer
 constexpr double kProbeEveryS = 0.5;
+// A peer past the call a rank waits in has sent its messages of that call, but its reply on the
+// control communicator can land first: that mismatch counts once still seen this much later
+// (a message of 60 MB still in flight on a 100 Mbit/s link).
+constexpr double kMovedOnGraceS = 5.0;
 
 class MpiTransport final : public Transport, public ControlledGroup {
  public:
@@ -67,7 +72,8 @@ class MpiTransport final : public Transport, public ControlledGroup {
   Stamp published(bool* valid) override;
   void record_reply(int world_peer, const Stamp& s, bool valid) override;
   // A mismatch message if the peer's last reply proves `mine` can never match, else "".
-  std::string check_reply(int peer, const Stamp& mine, double asked_at);
+  // "" or the mismatch the peer's last reply shows; *moved_on: it is a peer past this call.
+  std::string check_reply(int peer, const Stamp& mine, double asked_at, bool* moved_on);
   int mpi_tag(uint64_t tag, const Stamp& stamp) const;
   char* borrow(size_t bytes);  // reusable receive buffers for irecv_reduce
   void give_back(char* p, size_t bytes);
@@ -194,12 +200,10 @@ void MpiRequest::wait(Deadline deadline) {
     if (fam.aborted()) throw CommError(str(where(), ": group aborted: ", fam.why()));
     double now = now_seconds();
     if (is_collective(stamp_) && now - start > kProbeAfterS) {
-      // A peer that has moved past this call may have answered before its message to us landed
-      // (the control communicator's reply is not ordered with the data): a mismatch is one still
-      // seen kProbeEveryS later.
-      std::string mismatch = t_->check_reply(peer_, stamp_, asked_at);
-      if (!mismatch.empty() && mismatch_seen == 0) mismatch_seen = now;
-      if (!mismatch.empty() && now - mismatch_seen > kProbeEveryS) {
+      bool moved_on = false;  // kMovedOnGraceS
+      std::string mismatch = t_->check_reply(peer_, stamp_, asked_at, &moved_on);
+      if (moved_on && mismatch_seen == 0) mismatch_seen = now;
+      if (!mismatch.empty() && (!moved_on || now - mismatch_seen > kMovedOnGraceS)) {
         fam.abort(mismatch);
         throw CommError(mismatch);
       }
@@ -306,7 +310,8 @@ void MpiTransport::record_reply(int world_peer, const Stamp& s, bool valid) {
   replies_[world_peer] = Reply{s, valid, now_seconds()};
 }
 
-std::string MpiTransport::check_reply(int peer, const Stamp& mine, double asked_at) {
+std::string MpiTransport::check_reply(int peer, const Stamp& mine, double asked_at,
+                                      bool* moved_on) {
   Reply r;
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -316,7 +321,8 @@ std::string MpiTransport::check_reply(int peer, const Stamp& mine, double asked_
   }
   if (!r.valid || asked_at == 0 || r.at < asked_at) return "";
   const Stamp& theirs = r.stamp;
-  if (theirs.seq > mine.seq)
+  *moved_on = theirs.seq > mine.seq;
+  if (*moved_on)
     return str("comm: mismatched calls between rank ", rank_, " and rank ", peer, " (mpi): rank ",
                rank_, " waits in ", describe(mine), " for a message from rank ", peer,
                ", but rank ", peer, " has moved on to ", describe(theirs),

@@ -340,7 +340,7 @@ std::string kind_of(const std::exception& e) {
 
 // Trains cfg on `workers` ranks as threads whose communicators take cfg's comm.timeout_s (as
 // the tessel binary's do), expecting a failure: rank 0's account of it (the failing rank's own
-// error, "aborted while it hung", may reach run_threads first).
+// error may reach run_threads first).
 Failed run_failing(const Config& cfg, int workers, const data::Splits* data) {
   comm::CommOptions options;
   options.timeout_s = cfg.comm.timeout_s;

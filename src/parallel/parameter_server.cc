@@ -23,6 +23,7 @@
 
 #include "compress/push_codec.h"
 #include "grad_syncs.h"
+#include "server_loop.h"
 #include "tessel/core/clock.h"
 #include "tessel/core/error.h"
 #include "tessel/core/log.h"
@@ -211,6 +212,7 @@ ParameterServer::ParameterServer(const ParallelSpec& spec, Mesh& mesh, nn::Model
     server_.grads = flat_zeros(server_.range.size(), MemCategory::kGradients);
     model_.init_values(server_.values.data<float>(), server_.range, seed);
     server_.optimizer = optim::make_optimizer(optim, server_.range.size());
+    loop_ = std::make_unique<ServerLoop>(*this);
   } else {
     values_ = flat_zeros(model_.arena_numel(), MemCategory::kParameters);
     model_.init_values(values_.data<float>(), {0, model_.arena_numel()}, seed);

@@ -101,7 +101,8 @@ void ServerLoop::post(int w) {
                                 peer(w), ParameterServer::kTagRequest);
 }
 
-nlohmann::json ServerLoop::run() {
+nlohmann::json ServerLoop::run(const std::function<float(int64_t)>& lr) {
+  lr_ = &lr;
   for (int w = 0; w < W_; ++w) {
     post(w);
     post_grad(w);
@@ -262,7 +263,7 @@ void ServerLoop::push(int w) {
         .num("staleness", static_cast<double>(staleness))
         .num("bytes", 4.0 * len_);
   record_staleness(staleness, 1);
-  float lr = lr_(steps_clock());
+  float lr = (*lr_)(steps_clock());
   if (inverse_) lr /= static_cast<float>(1 + std::max<int64_t>(staleness, 0));
   float* g = grads();
   const float scale = static_cast<float>(W_);
@@ -298,7 +299,7 @@ void ServerLoop::apply_sync() {
         for (size_t i = 0; i < len_; ++i) g[i] += src[i];
       }
     }
-    apply(lr_(steps_clock()), exact() ? workers_[0].factor : 1.0f);
+    apply((*lr_)(steps_clock()), exact() ? workers_[0].factor : 1.0f);
     stats_[ParameterServer::kGradientsApplied] += W_;
     stats_[ParameterServer::kUpdates] += 1;
     record_staleness(0, W_);
@@ -358,8 +359,7 @@ void ServerLoop::stuck(double idle_s) {
 
 nlohmann::json ParameterServer::serve(const std::function<float(int64_t)>& lr) {
   TESSEL_CHECK(is_server(), "parameter server: rank ", rank(), " is not a server");
-  ServerLoop loop(*this, lr);
-  return loop.run();
+  return loop_->run(lr);
 }
 
 }  // namespace tessel::parallel

@@ -19,13 +19,14 @@ namespace tessel::parallel {
 using Request = ParameterServer::Request;
 using Reply = ParameterServer::Reply;
 
+// Built with the server's shard at set-up (its receive buffers count against
+// runtime.memory_limit_mb there, and in the dry run's memory); run() is serve().
 class ServerLoop {
  public:
-  ServerLoop(ParameterServer& ps, const std::function<float(int64_t)>& lr)
+  explicit ServerLoop(ParameterServer& ps)
       : ps_(ps),
         world_(ps.world_),
         opt_(*ps.server_.optimizer),
-        lr_(lr),
         W_(ps.workers()),
         inverse_(ps.spec_.ps_stale_lr == StaleLr::kInverse),
         stats_(ParameterServer::kStatCount, 0.0) {
@@ -57,7 +58,8 @@ class ServerLoop {
     }
   }
 
-  nlohmann::json run();
+  // Serves the workers until each has said it is done; lr(step) is the schedule.
+  nlohmann::json run(const std::function<float(int64_t)>& lr);
 
  private:
   struct Worker {
@@ -130,7 +132,7 @@ class ServerLoop {
   ParameterServer& ps_;
   comm::Communicator& world_;
   optim::Optimizer& opt_;
-  const std::function<float(int64_t)>& lr_;
+  const std::function<float(int64_t)>* lr_ = nullptr;  // run()'s
   const int W_;
   const bool inverse_;
   size_t len_ = 0;

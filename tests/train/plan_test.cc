@@ -144,7 +144,7 @@ double state_of(const nlohmann::json& bytes) {
 
 // Every layout plan offers for 1-4 ranks starts under train's own set-up (the dry run behind
 // `tessel config`), and its predicted parameters + gradients + optimizer state on the fullest
-// rank are what the engine allocates, within 3%.
+// rank are what the engine allocates, within 3% (and a server's receive buffers too).
 TEST(Plan, OffersOnlyWhatTrainStartsAndPredictsItsState) {
   const Config base = tiny_gpt();
   const Calibration cal = shape_only(base);
@@ -175,6 +175,12 @@ TEST(Plan, OffersOnlyWhatTrainStartsAndPredictsItsState) {
                                c.memory[MemCategory::kOptimizer];
       EXPECT_NEAR(predicted, measured, 0.03 * measured)
           << workers << " ranks, " << c.layout << " " << c.sets[2] << " " << c.sets[4];
+      if (servers > 0 && server) {  // a server's receive buffers are built at set-up too
+        const double buffers = c.memory[MemCategory::kComm];
+        EXPECT_NEAR(buffers, run["memory_bytes_per_rank"][workers - 1]["comm_buffers"],
+                    0.03 * buffers)
+            << workers << " ranks, " << c.layout;
+      }
       ++checked;
     }
     EXPECT_GT(checked, workers == 1 ? 1 : 6) << workers;

@@ -35,6 +35,7 @@ namespace compress {
 class PushCodec;
 }  // namespace compress
 class ExactPushSync;  // grad_syncs.h
+class ServerLoop;     // server_loop.h
 
 // Server k's range of the arena: contiguous, about n / servers elements each, a cut moved to
 // the nearest parameter boundary when that changes a shard by at most an eighth (the planner
@@ -237,7 +238,9 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
   Mode mode_ = Mode::kSync;
   std::vector<nn::Range> shards_;
   ServerShard server_;  // server ranks
-  Tensor values_;       // worker ranks: the whole model
+  // Server ranks: its event loop (serve()) and receive buffers, built with the shard.
+  std::unique_ptr<ServerLoop> loop_;
+  Tensor values_;  // worker ranks: the whole model
   uint64_t seed_ = 0;
   std::vector<std::vector<UnitShard>> by_unit_;  // every unit's unit shards (model order)
 

@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tessel/infer/output.h"
+
 namespace tessel::infer {
 namespace {
 
@@ -105,6 +107,36 @@ TEST(OpenAi, AnswersAndChunksHaveOpenAisShape) {
   EXPECT_NE(last.find("\"delta\":{},\"logprobs\":null,\"finish_reason\":\"stop\""),
             std::string::npos)
       << last;
+}
+
+// A streamed chunk is written as text: the bytes of its JSON document, for both kinds, with and
+// without a finish reason, and pieces that JSON escapes (quotes, control bytes, UTF-8, bytes
+// that are not UTF-8: replaced as dump_json replaces them).
+TEST(OpenAi, ChunksAreTheTextOfTheirDocuments) {
+  for (bool chat : {false, true})
+    for (const std::string reason : {"", "stop", "length"})
+      for (const std::string piece : {"", "b", "a \"q\" \\ /", "\n\t\x01\x1f",
+                                      "\xc3\xa9\xe2\x82\xac", "\xff", "\xc3", "x\x80y"}) {
+        const CompletionMeta meta{chat ? "chatcmpl-7" : "cmpl-\"7", "m\xe9", 1732000000, 3, chat};
+        nlohmann::ordered_json body = {
+            {"id", meta.id},
+            {"object", chat ? "chat.completion.chunk" : "text_completion"},
+            {"created", meta.created},
+            {"model", meta.model}};
+        nlohmann::ordered_json choice = {{"index", 0}};
+        if (!chat)
+          choice["text"] = piece;
+        else
+          choice["delta"] = reason.empty()
+                                ? nlohmann::ordered_json{{"role", "assistant"}, {"content", piece}}
+                                : nlohmann::ordered_json::object();
+        choice["logprobs"] = nullptr;
+        choice["finish_reason"] =
+            reason.empty() ? nlohmann::ordered_json() : nlohmann::ordered_json(reason);
+        body["choices"] = nlohmann::ordered_json::array({choice});
+        EXPECT_EQ(completion_chunk(meta, piece, reason), "data: " + dump_json(body) + "\n\n")
+            << chat << " " << reason << " " << piece;
+      }
 }
 
 }  // namespace

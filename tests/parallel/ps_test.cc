@@ -556,8 +556,10 @@ std::pair<std::string, double> fail_with(int victim) {
   if (victim < 0) cfg = small_config({"ps.servers=1", "debug.slow_rank=1", "debug.delay_ms=1200"});
   train::RunOptions opts;
   opts.progress = false;
-  opts.run_dir = run_dir("fail" + std::to_string(victim));  // a folder per job: a fresh run
-                                                            // refuses one that holds a run
+  // A folder per job, emptied first: a fresh run refuses one that holds a run (an earlier
+  // process's of the same pid: pids wrap at 32768 and /tmp keeps the folders).
+  opts.run_dir = run_dir("fail" + std::to_string(victim));
+  std::filesystem::remove_all(opts.run_dir);
   comm::CommOptions options;
   options.timeout_s = 0.5;
   const double t0 = now_seconds();

@@ -375,10 +375,12 @@ TEST(ParameterServer, SspBoundsTheLeadOverASlowWorker) {
   // The straggler slept 3 ms in every batch it trained (it may get none on a loaded machine).
   EXPECT_GE(r.summary["ranks"]["ps_worker_delay_seconds"][1].get<double>(),
             0.9 * 0.003 * r.summary["ranks"]["ps_worker_batches"][1].get<double>());
-  // Async: while the straggler trains one batch (10 ms) the others train most of an epoch's
-  // 60 (two epochs: the second starts together, so the straggler surely claims in it).
+  // Async: while the straggler trains one batch (50 ms) the others train most of an epoch's
+  // 60 (two epochs: the second starts together, so the straggler surely claims in it). On a
+  // crowded host their batches take ~9 ms each (waiting for a CPU): a 10 ms sleep let them lead
+  // by only 2 steps in 7% of runs.
   train::Config async = small_config({"ps.servers=1", "ps.mode=async", "debug.slow_rank=1",
-                                      "debug.delay_ms=10", "train.max_steps=0", "train.epochs=2"});
+                                      "debug.delay_ms=50", "train.max_steps=0", "train.epochs=2"});
   Result a = train_on(async, 4, "async_slow");
   EXPECT_GT(a.summary["ranks"]["ps_max_clock_lead"].get<double>(), 2);
 }

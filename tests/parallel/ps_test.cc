@@ -386,7 +386,7 @@ TEST(ParameterServer, SspBoundsTheLeadOverASlowWorker) {
 }
 
 // Drives the engine directly: 3 workers claim two epochs' ranges (each "computes" 0.3 ms,
-// worker 1 sleeps 3 ms more a push) and push zero gradients; returns the batches each worker was
+// worker 1 sleeps 30 ms more a push) and push zero gradients; returns the batches each worker was
 // handed, per epoch, and the largest claim lead the server saw.
 struct Claimed {
   std::vector<std::vector<int64_t>> batches[2];  // [epoch][worker]
@@ -399,7 +399,9 @@ Claimed claim_ranges(const std::string& mode, int64_t staleness) {
   spec.ps_mode = *value_of<parallel::PsMode>(mode);
   spec.ps_staleness = staleness;
   spec.slow_rank = 1;
-  spec.delay_ms = 10;  // 30x the others' work: a loaded machine cannot hide the gap
+  // 100x the others' work: on a crowded host their pushes take ~9 ms (waiting for a CPU), and
+  // 10 ms let worker 1 train as many as worker 0 in 2% of runs
+  spec.delay_ms = 30;
   nn::ModelSpec ms;
   ms.input_shape = {4};
   ms.num_classes = 3;

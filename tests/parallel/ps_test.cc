@@ -376,16 +376,18 @@ TEST(ParameterServer, SspBoundsTheLeadOverASlowWorker) {
   // The straggler slept 3 ms in every batch it trained (it may get none on a loaded machine).
   EXPECT_GE(r.summary["ranks"]["ps_worker_delay_seconds"][1].get<double>(),
             0.9 * 0.003 * r.summary["ranks"]["ps_worker_batches"][1].get<double>());
-  // Async: while the straggler trains one batch (10 ms) the others train most of an epoch's
-  // 60 (two epochs: the second starts together, so the straggler surely claims in it).
+  // Async: while the straggler trains one batch (50 ms) the others train most of an epoch's
+  // 60 (two epochs: the second starts together, so the straggler surely claims in it). On a
+  // crowded host their batches take ~9 ms each (waiting for a CPU): a 10 ms sleep let them lead
+  // by only 2 steps in 7% of runs.
   train::Config async = small_config({"ps.servers=1", "ps.mode=async", "debug.slow_rank=1",
-                                      "debug.delay_ms=10", "train.max_steps=0", "train.epochs=2"});
+                                      "debug.delay_ms=50", "train.max_steps=0", "train.epochs=2"});
   Result a = train_on(async, 4, "async_slow");
   EXPECT_GT(a.summary["ranks"]["ps_max_clock_lead"].get<double>(), 2);
 }
 
 // Drives the engine directly: 3 workers claim two epochs' ranges (each "computes" 0.3 ms,
-// worker 1 sleeps 3 ms more a push) and push zero gradients; returns the batches each worker was
+// worker 1 sleeps 30 ms more a push) and push zero gradients; returns the batches each worker was
 // handed, per epoch, and the largest claim lead the server saw.
 struct Claimed {
   std::vector<std::vector<int64_t>> batches[2];  // [epoch][worker]
@@ -398,7 +400,9 @@ Claimed claim_ranges(const std::string& mode, int64_t staleness) {
   spec.ps_mode = *value_of<parallel::PsMode>(mode);
   spec.ps_staleness = staleness;
   spec.slow_rank = 1;
-  spec.delay_ms = 10;  // 30x the others' work: a loaded machine cannot hide the gap
+  // 100x the others' work: on a crowded host their pushes take ~9 ms (waiting for a CPU), and
+  // 10 ms let worker 1 train as many as worker 0 in 2% of runs
+  spec.delay_ms = 30;
   nn::ModelSpec ms;
   ms.input_shape = {4};
   ms.num_classes = 3;
@@ -461,10 +465,13 @@ TEST(ParameterServer, ClaimsHandEveryBatchOutExactlyOnce) {
   }
 }
 
+// The straggler sleeps 20 ms a batch: on a crowded host a worker's batch takes ~9 ms (its
+// thread waits for a CPU), and a 2 ms sleep was lost in that wait (worker 1 trained the most in
+// 12% of runs with 4 CPU hogs beside).
 TEST(ParameterServer, AsyncStragglerTrainsFewerBatchesAndLearns) {
   train::Config cfg =
       small_config({"ps.servers=1", "ps.mode=async", "train.max_steps=0", "train.epochs=3",
-                    "optim.lr=0.05", "debug.slow_rank=1", "debug.delay_ms=2"});
+                    "optim.lr=0.05", "debug.slow_rank=1", "debug.delay_ms=20"});
   Result r = train_on(cfg, 4, "async_straggler");
   const nlohmann::json& m = r.summary["ranks"];
   // 480 training rows in worker batches of 24 / 3 = 8 rows: 60 a epoch, 20 steps of 3.
@@ -561,8 +568,10 @@ std::pair<std::string, double> fail_with(int victim) {
   if (victim < 0) cfg = small_config({"ps.servers=1", "debug.slow_rank=1", "debug.delay_ms=1200"});
   train::RunOptions opts;
   opts.progress = false;
-  opts.run_dir = run_dir("fail" + std::to_string(victim));  // a folder per job: a fresh run
-                                                            // refuses one that holds a run
+  // A folder per job, emptied first: a fresh run refuses one that holds a run (an earlier
+  // process's of the same pid: pids wrap at 32768 and /tmp keeps the folders).
+  opts.run_dir = run_dir("fail" + std::to_string(victim));
+  std::filesystem::remove_all(opts.run_dir);
   comm::CommOptions options;
   options.timeout_s = 0.5;
   const double t0 = now_seconds();

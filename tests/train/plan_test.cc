@@ -197,7 +197,10 @@ double measured_peak(Config c, int workers) {
   RunOptions opts;
   opts.progress = false;
   opts.overwrite = true;
-  opts.run_dir = testing::TempDir() + "/plan_memory_run";
+  // a folder of its own: ctest runs the tests that measure at once, and one run's overwrite
+  // would remove the other's metrics
+  opts.run_dir = testing::TempDir() + "/plan_memory_run_" +
+                 testing::UnitTest::GetInstance()->current_test_info()->name();
   train_threads(c, opts, comm::CommOptions{});
   double peak = 0;
   std::ifstream metrics(opts.run_dir + "/metrics.jsonl");

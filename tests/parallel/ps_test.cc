@@ -376,10 +376,9 @@ TEST(ParameterServer, SspBoundsTheLeadOverASlowWorker) {
   // The straggler slept 3 ms in every batch it trained (it may get none on a loaded machine).
   EXPECT_GE(r.summary["ranks"]["ps_worker_delay_seconds"][1].get<double>(),
             0.9 * 0.003 * r.summary["ranks"]["ps_worker_batches"][1].get<double>());
-  // Async: while the straggler trains one batch (50 ms) the others train most of an epoch's
-  // 60 (two epochs: the second starts together, so the straggler surely claims in it). On a
-  // crowded host their batches take ~9 ms each (waiting for a CPU): a 10 ms sleep let them lead
-  // by only 2 steps in 7% of runs.
+  // Async: while the straggler trains one batch (50 ms; 10 ms was within a crowded host's ~9 ms
+  // wait for a CPU) the others train most of an epoch's 60 (two epochs: the second starts
+  // together, so the straggler surely claims in it).
   train::Config async = small_config({"ps.servers=1", "ps.mode=async", "debug.slow_rank=1",
                                       "debug.delay_ms=50", "train.max_steps=0", "train.epochs=2"});
   Result a = train_on(async, 4, "async_slow");
@@ -400,9 +399,7 @@ Claimed claim_ranges(const std::string& mode, int64_t staleness) {
   spec.ps_mode = *value_of<parallel::PsMode>(mode);
   spec.ps_staleness = staleness;
   spec.slow_rank = 1;
-  // 100x the others' work: on a crowded host their pushes take ~9 ms (waiting for a CPU), and
-  // 10 ms let worker 1 train as many as worker 0 in 2% of runs
-  spec.delay_ms = 30;
+  spec.delay_ms = 30;  // 100x the others' work, past a crowded host's ~9 ms wait for a CPU
   nn::ModelSpec ms;
   ms.input_shape = {4};
   ms.num_classes = 3;
@@ -465,9 +462,8 @@ TEST(ParameterServer, ClaimsHandEveryBatchOutExactlyOnce) {
   }
 }
 
-// The straggler sleeps 20 ms a batch: on a crowded host a worker's batch takes ~9 ms (its
-// thread waits for a CPU), and a 2 ms sleep was lost in that wait (worker 1 trained the most in
-// 12% of runs with 4 CPU hogs beside).
+// The straggler sleeps 20 ms a batch: on a crowded host a batch waits ~9 ms for a CPU, which hid
+// a 2 ms sleep (worker 1 trained the most in 12% of runs beside 4 CPU hogs).
 TEST(ParameterServer, AsyncStragglerTrainsFewerBatchesAndLearns) {
   train::Config cfg =
       small_config({"ps.servers=1", "ps.mode=async", "train.max_steps=0", "train.epochs=3",
@@ -510,11 +506,9 @@ TEST(ParameterServer, ResumedAsyncRunTrainsTheRestOfTheBudget) {
   EXPECT_EQ(synced.summary["ranks"]["ps_servers"][0]["pushes"], 3 * 11);
 }
 
-// A server over runtime.memory_limit_mb (its range's state and one receive buffer for each of 3
-// workers: 24 bytes a parameter, against a worker's 8 and its batch) says what a server holds
-// and that more servers share the model out, not the training ranks' ZeRO advice.
-// The server's shard fits in 2 MiB, not with its 3 receive buffers: refused at set-up, so by
-// the dry run behind `tessel config` too.
+// A server whose range's state fits in runtime.memory_limit_mb, but not with a receive buffer for
+// each of 3 workers (24 bytes a parameter against a worker's 8), is refused at set-up (so by the
+// dry run behind `tessel config` too): what a server holds and more servers, not ZeRO's advice.
 TEST(ParameterServer, AServerOverTheMemoryLimitSaysWhatServersHold) {
   const train::Config cfg =
       small_config({"ps.servers=1", "model.hidden=[8192]", "runtime.memory_limit_mb=2"});
@@ -568,8 +562,7 @@ std::pair<std::string, double> fail_with(int victim) {
   if (victim < 0) cfg = small_config({"ps.servers=1", "debug.slow_rank=1", "debug.delay_ms=1200"});
   train::RunOptions opts;
   opts.progress = false;
-  // A folder per job, emptied first: a fresh run refuses one that holds a run (an earlier
-  // process's of the same pid: pids wrap at 32768 and /tmp keeps the folders).
+  // A folder per job, emptied first (pids wrap, /tmp keeps folders): a run refuses a used one.
   opts.run_dir = run_dir("fail" + std::to_string(victim));
   std::filesystem::remove_all(opts.run_dir);
   comm::CommOptions options;

@@ -71,8 +71,8 @@ class MpiTransport final : public Transport, public ControlledGroup {
   void publish(const Stamp& s);
   Stamp published(bool* valid) override;
   void record_reply(int world_peer, const Stamp& s, bool valid) override;
-  // A mismatch message if the peer's last reply proves `mine` can never match, else "".
-  // "" or the mismatch the peer's last reply shows; *moved_on: it is a peer past this call.
+  // A mismatch message if the peer's last reply proves `mine` can never match, else ""; sets
+  // *moved_on when that peer is past this call (a mismatch only after kMovedOnGraceS).
   std::string check_reply(int peer, const Stamp& mine, double asked_at, bool* moved_on);
   int mpi_tag(uint64_t tag, const Stamp& stamp) const;
   char* borrow(size_t bytes);  // reusable receive buffers for irecv_reduce

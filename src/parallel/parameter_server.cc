@@ -342,9 +342,7 @@ void ParameterServer::await_replies(const char* what, bool lazy) {
   TraceSpan span("wait for servers", "ps");
   if (TraceArgs* args = span.args()) args->text("reply", what);
   const double t0 = now_seconds();
-  // A quarter longer than comm.timeout_s: a server that waits for a silent worker reports it
-  // (and aborts the group) first, and it knows whom it waits for.
-  const comm::Deadline deadline = comm::Deadline::after(1.25 * timeout());
+  const comm::Deadline deadline = comm::Deadline::after(worker_patience());
   float* params = values_.data<float>();
   int k = 0;
   try {
@@ -383,7 +381,7 @@ void ParameterServer::await_replies(const char* what, bool lazy) {
     throw CommError(str(
         "parameter server: worker rank ", rank(), " (clock ", clock_, ") waited for a ", what,
         " reply from ", k >= 0 ? str("server rank ", server_rank(k)) : std::string("the servers"),
-        " (deadline 1.25 x comm.timeout_s = ", 1.25 * timeout(), " s): ", e.what()));
+        " (deadline 1.5 x comm.timeout_s = ", worker_patience(), " s): ", e.what()));
   }
   wait_s_ += now_seconds() - t0;
 }
@@ -398,14 +396,14 @@ void ParameterServer::land(int u) {
   std::vector<comm::Work>& works = landing_[static_cast<size_t>(u)];
   if (works.empty()) return;
   TraceSpan span("wait for parameters", "ps");
-  const comm::Deadline deadline = comm::Deadline::after(1.25 * timeout());
+  const comm::Deadline deadline = comm::Deadline::after(worker_patience());
   const nn::Range r = units_.list[static_cast<size_t>(u)].range;
   try {
     for (comm::Work& w : works) w.wait(deadline);
   } catch (const CommError& e) {
     throw CommError(str("parameter server: worker rank ", rank(), " (clock ", clock_,
                         ") waited for the parameters [", r.lo, ", ", r.hi,
-                        ") from the servers (deadline 1.25 x comm.timeout_s = ", 1.25 * timeout(),
+                        ") from the servers (deadline 1.5 x comm.timeout_s = ", worker_patience(),
                         " s): ", e.what()));
   }
   works.clear();

@@ -204,6 +204,10 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
   int server_index() const { return rank() - workers(); }
   int server_rank(int k) const { return workers() + k; }
   double timeout() const { return mesh_.world().options().timeout_s; }
+  // How long a worker waits for a server: half as long again as a server waits for a worker,
+  // so that a server waiting for a silent worker reports it (it knows whom it waits for) first,
+  // even when its thread gets a crowded CPU late.
+  double worker_patience() const { return 1.5 * timeout(); }
   void start(int64_t clock);  // the first contact: hello to every server
   // Sends a request to every server (a push's skip and factor: Request).
   void request(Kind kind, int64_t clock, bool skip = false, float scale = 1.0f);

@@ -19,6 +19,9 @@
 //       pack the op(B) block into B micro-panels (kc x nc, from L2/L3)
 //       for each group of <= kMcTiles tiles: pack their A micro-panels (stays in L2)
 //         for each B micro-panel (kc x Nr, stays in L1), for each tile: micro-kernel
+// Where the policy's kernel takes A's row stride (AVX2) and A is f32 with rows along k, the
+// tiles read A in place instead of packing it (their rows are as contiguous either way; the
+// copy cost 3-16% on char_gpt's shapes, AVX2).
 // The K blocks are the sum order every level shares (gemm_blocking.h), so the result's bits do
 // not depend on the level. When few tiles share each B micro-panel and B's rows are
 // contiguous, the kernel reads B in place instead (packing would cost about as much as it
@@ -103,11 +106,13 @@ struct TileOut {
   CElem e = CElem::kF32, e_in = CElem::kF32;
 };
 
-// The micro-kernel of a tile of `rows` rows; row k of the B micro-panel is at b + k * ldb.
-using TileKernel = void (*)(int64_t kc, const float* a, const float* b, int64_t ldb,
+// The micro-kernel of a tile of `rows` rows; row k of the B micro-panel is at b + k * ldb; in
+// layout kRows row i of the A micro-panel is at a + i * lda (kSumKc packed; A's own row stride
+// where the policy reads A in place).
+using TileKernel = void (*)(int64_t kc, const float* a, int64_t lda, const float* b, int64_t ldb,
                             const TileOut& t);
 
-// An ISA's policy P: kMr, kNr, kMcTiles, kNc, kDirectBTiles, pack_a, pack_b, and the
+// An ISA's policy P: kMr, kNr, kMcTiles, kNc, kDirectBTiles, kDirectA, pack_a, pack_b, and the
 // micro-kernel of a tile of R rows in layout L as P::tile<R, L> (a TileKernel).
 
 // The micro-kernels of P by layout and tile height: tile_kernel<P>(layout, rows).
@@ -148,8 +153,10 @@ void gemm_blocks(int64_t M, int64_t N, int64_t K, float alpha, const View& a, co
   float* pb = tls_b.get(nc_max * kc_max);
   const bool staged = c.e != CElem::kF32 && K > kc_max;
   float* staging = staged ? tls_c.get((M - 1) * c.rs + (N - 1) * c.cs + 1) : nullptr;
-  // Full B micro-panels are read in place (edge panels still need their zero padding).
+  // Full B micro-panels are read in place (edge panels still need their zero padding); so are
+  // f32 A rows along k where the policy's kernel takes their stride (P::kDirectA).
   const bool direct_b = b.cs == 1 && b.e == Elem::kF32 && tiles.count <= P::kDirectBTiles;
+  const bool direct_a = P::kDirectA && layout == ALayout::kRows && a.e == Elem::kF32;
   for (int64_t j0 = 0; j0 < N; j0 += P::kNc) {
     const int64_t nc = std::min(P::kNc, N - j0);
     for (int64_t p0 = 0; p0 < K; p0 += kc_max) {
@@ -168,7 +175,7 @@ void gemm_blocks(int64_t M, int64_t N, int64_t K, float alpha, const View& a, co
         const int64_t t1 = std::min(tiles.count, t0 + P::kMcTiles);
         const int64_t a_row_floats = layout == ALayout::kRows ? kSumKc : kc;  // per tile row
         float* dst = pa;
-        for (int64_t t = t0; t < t1; ++t) {
+        for (int64_t t = t0; t < t1 && !direct_a; ++t) {
           P::pack_a(a.from(tiles.start(t), p0), tiles.rows(t), kc, dst);
           dst += tiles.rows(t) * a_row_floats;
         }
@@ -180,11 +187,12 @@ void gemm_blocks(int64_t M, int64_t N, int64_t K, float alpha, const View& a, co
           const float* ap = pa;
           for (int64_t t = t0; t < t1; ++t) {
             const int rows = tiles.rows(t);
+            if (direct_a) ap = a.at(tiles.start(t), p0);
             const int64_t off = tiles.start(t) * c.rs + (j0 + jr) * c.cs;
             void* to = c_at(out.p, out.e, off);
             const void* from = c_at(in.p, in.e, off);
             const TileOut tile{to, from, c.rs, c.cs, cols, alpha, beta_k, out.e, in.e};
-            tile_kernel<P>(layout, rows)(kc, ap, bp, ldb, tile);
+            tile_kernel<P>(layout, rows)(kc, ap, direct_a ? a.rs : kSumKc, bp, ldb, tile);
             ap += rows * a_row_floats;
           }
         }

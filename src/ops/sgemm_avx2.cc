@@ -182,8 +182,8 @@ void store_tile(const float (*tile)[kNr], const TileOut& t) {
 
 // The R x kNr tile C = alpha * (A micro-panel @ B micro-panel) + beta * C.
 template <int R, ALayout L>
-void micro_kernel(int64_t kc, const float* __restrict a, const float* __restrict b, int64_t ldb,
-                  const TileOut& t) {
+void micro_kernel(int64_t kc, const float* __restrict a, int64_t lda, const float* __restrict b,
+                  int64_t ldb, const TileOut& t) {
   if (t.cs == 1) {  // the first touch of C's rows would otherwise stall the stores
     const int64_t bytes = detail::c_bytes(t.e_in);
     for (int i = 0; i < R; ++i) {
@@ -200,7 +200,7 @@ void micro_kernel(int64_t kc, const float* __restrict a, const float* __restrict
     const __m256 b0 = _mm256_loadu_ps(b), b1 = _mm256_loadu_ps(b + kL);
 #pragma GCC unroll 6
     for (int i = 0; i < R; ++i) {
-      const __m256 ai = _mm256_broadcast_ss(L == ALayout::kRows ? a + i * kKc : a + i);
+      const __m256 ai = _mm256_broadcast_ss(L == ALayout::kRows ? a + i * lda : a + i);
       acc0[i] = _mm256_fmadd_ps(ai, b0, acc0[i]);
       acc1[i] = _mm256_fmadd_ps(ai, b1, acc1[i]);
     }
@@ -231,6 +231,7 @@ struct Policy {
   static constexpr int kMr = avx2::kMr, kNr = avx2::kNr;
   static constexpr int64_t kMcTiles = avx2::kMcTiles, kNc = avx2::kNc,
                            kDirectBTiles = avx2::kDirectBTiles;
+  static constexpr bool kDirectA = true;
   static void pack_a(const View& a, int rows, int64_t kc, float* out) {
     with_elem(a.e, [&]<Elem E>() { avx2::pack_a<E>(a, rows, kc, out); });
   }

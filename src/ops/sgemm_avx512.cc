@@ -113,8 +113,8 @@ void store_transposed(const __m512* acc0, const __m512* acc1, const TileOut& t) 
 // t.c is t.c_in). Row k of the B micro-panel is at b + k * ldb: ldb = kNr when packed, else B's
 // own row stride.
 template <int R, ALayout L>
-void micro_kernel(int64_t kc, const float* __restrict a, const float* __restrict b, int64_t ldb,
-                  const TileOut& t) {
+void micro_kernel(int64_t kc, const float* __restrict a, int64_t /*lda: kKc, packed*/,
+                  const float* __restrict b, int64_t ldb, const TileOut& t) {
   if (t.cs == 1) {
     // The first touch of C would otherwise stall the stores after the k loop.
     for (int i = 0; i < R; ++i) {
@@ -156,6 +156,7 @@ struct Policy {
   static constexpr int kMr = avx512::kMr, kNr = avx512::kNr;
   static constexpr int64_t kMcTiles = avx512::kMcTiles, kNc = avx512::kNc,
                            kDirectBTiles = avx512::kDirectBTiles;
+  static constexpr bool kDirectA = false;  // its kernel takes A packed (lda = kKc)
   static void pack_a(const View& a, int rows, int64_t kc, float* out) {
     avx512::pack_a(a, rows, kc, out);
   }

@@ -32,7 +32,6 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
-#include <memory>
 
 #include "conv_impl.h"
 #include "conv_tiles.h"
@@ -150,27 +149,101 @@ void transpose_dy(float* dyt, const float* dy, const float* relu_y, const Conv2d
 }
 
 // Behind a fused ReLU + max pool, one image's convolution output gradient goes straight into
-// dyT (and into dypad's interior when dypad is given), scattered from the pooled gradient
-// dy[OC, pooled / OC]: what maxpool2d_backward then relu_backward would make of it, and the
-// same sums in the same order as pool_relu_grad_image (conv.cc), without the full-resolution
-// image and its transpose. pad_at[a]: where plane index a (h * OW + w) sits in a dypad plane.
+// dyT, scattered from the pooled gradient dy[OC, pooled / OC]: what maxpool2d_backward then
+// relu_backward would make of it, and the same sums in the same order as pool_relu_grad_image
+// (conv.cc), without the full-resolution image and its transpose. Any pool window and stride.
 template <class P>
-void scatter_pooled_grad(float* dyt, float* dypad, const int32_t* pad_at, const float* dy,
-                         const int32_t* argmax, const float* y, const Conv2dShape& s,
-                         const DirectPlan<P>& p, int64_t pooled) {
+void scatter_pooled_grad(float* dyt, const float* dy, const int32_t* argmax, const float* y,
+                         const Conv2dShape& s, const DirectPlan<P>& p, int64_t pooled) {
   std::fill(dyt, dyt + p.positions * p.OCp, 0.0f);
-  if (dypad != nullptr) std::fill(dypad, dypad + s.OC * p.DH * p.DW, 0.0f);
   const int64_t per_channel = pooled / s.OC;
   for (int64_t oc = 0; oc < s.OC; ++oc) {
-    float* dpad = dypad != nullptr ? dypad + oc * p.DH * p.DW : nullptr;
     for (int64_t o = oc * per_channel; o < (oc + 1) * per_channel; ++o) {
       // dy where the window's output passed the ReLU, else +0 (which keeps the sum's bits, see
       // conv.cc): by bits, so that no branch depends on the data.
       const uint32_t keep = y[o] > 0.0f ? ~0u : 0u;
       const float v = std::bit_cast<float>(std::bit_cast<uint32_t>(dy[o]) & keep);
-      const int32_t at = argmax[o];
-      dyt[at * p.OCp + oc] += v;
-      if (dpad != nullptr) dpad[pad_at[at]] += v;
+      dyt[argmax[o] * p.OCp + oc] += v;
+    }
+  }
+}
+
+// r[i] = lanes [0, kLanes) of channels oc0 + lane at pooled output j0 + i (i < n), +0 past OC:
+// where y > 0, dy, else +0 (scatter_pooled_grad's v), or the argmax's bits when y is null.
+template <class P>
+void load_pooled_block(typename P::Vec* r, const float* src, const float* y, int64_t per_channel,
+                       int64_t OC, int64_t oc0, int64_t j0, int64_t n) {
+  for (int i = 0; i < P::kLanes; ++i) {
+    const int64_t at = (oc0 + i) * per_channel + j0;
+    r[i] = oc0 + i < OC ? P::load_head(src + at, n) : P::zero();
+    if (y != nullptr && oc0 + i < OC) r[i] = P::keep_positive(r[i], P::load_head(y + at, n));
+  }
+  P::transpose(r);
+}
+
+// scatter_pooled_grad's dyT for the 2x2 pool of stride 2 (windows that tile the output, so a
+// position is in one window at most): each entry written once, a vector of channels at a time,
+// without the fill and the scalar scatter. At each position of a window a channel's lane gets
+// +0 + v where the position is the channel's argmax, else +0: the scatter's bits.
+template <class P>
+void tile_pooled_grad_2x2(float* dyt, const float* dy, const int32_t* argmax, const float* y,
+                          const Conv2dShape& s, const DirectPlan<P>& p, int64_t pooled) {
+  using Vec = typename P::Vec;
+  constexpr int kL = P::kLanes;
+  const int64_t OH = s.OH(), OW = s.OW(), PW = OW / 2, per_channel = pooled / s.OC;
+  for (int64_t h = 0; h < OH; ++h) {  // positions outside every window (an odd last row, column)
+    for (int64_t w = h < OH / 2 * 2 ? PW * 2 : 0; w < OW; ++w) {
+      std::fill(dyt + (h * OW + w) * p.OCp, dyt + (h * OW + w + 1) * p.OCp, 0.0f);
+    }
+  }
+  // argmax's int32 bits move through the float lanes untouched (loads and shuffles only).
+  const float* at = reinterpret_cast<const float*>(argmax);
+  const int64_t down = OW * p.OCp;                 // from a position to the one below it in dyT
+  for (int64_t oc0 = 0; oc0 < p.OCp; oc0 += kL) {  // kLanes rows of each operand, read in order
+    for (int64_t j0 = 0; j0 < per_channel; j0 += kL) {
+      const int n = static_cast<int>(std::min<int64_t>(kL, per_channel - j0));
+      Vec v[kL], a[kL];
+      load_pooled_block<P>(v, dy, y, per_channel, s.OC, oc0, j0, n);
+      load_pooled_block<P>(a, at, nullptr, per_channel, s.OC, oc0, j0, n);
+      int64_t ph = j0 / PW, pw = j0 % PW;
+      for (int i = 0; i < n; ++i) {
+        const int64_t c = 2 * (ph * OW + pw);  // the window's top left position
+        const int32_t c32 = static_cast<int32_t>(c), below = c32 + static_cast<int32_t>(OW);
+        float* d = dyt + c * p.OCp + oc0;
+        // +0 + v, then v or +0 at each position: the bits of +0 + (v or +0).
+        const Vec g = P::add(P::zero(), v[i]);
+        P::store(d, P::keep_equal(g, a[i], c32));
+        P::store(d + p.OCp, P::keep_equal(g, a[i], c32 + 1));
+        P::store(d + down, P::keep_equal(g, a[i], below));
+        P::store(d + down + p.OCp, P::keep_equal(g, a[i], below + 1));
+        if (++pw == PW) {
+          pw = 0;
+          ++ph;
+        }
+      }
+    }
+  }
+}
+
+// dypad's interior from dyT, one image: dypad[oc, r0 + h, q0 + w] = dyT[h * OW + w, oc], the
+// kLanes x kLanes blocks through registers (transpose_dy's inverse).
+template <class P>
+void pad_from_dyt(float* dypad, const float* dyt, const Conv2dShape& s, const DirectPlan<P>& p) {
+  constexpr int kL = P::kLanes;
+  const int64_t OW = s.OW(), r0 = s.KH - 1 - s.pad, q0 = s.KW - 1 - s.pad;
+  for (int64_t oc0 = 0; oc0 < s.OC; oc0 += kL) {
+    const int64_t lanes = std::min<int64_t>(kL, s.OC - oc0);
+    for (int64_t h = 0; h < s.OH(); ++h) {
+      for (int64_t w0 = 0; w0 < OW; w0 += kL) {
+        const int64_t n = std::min<int64_t>(kL, OW - w0);
+        typename P::Vec r[kL];
+        for (int i = 0; i < kL; ++i) {
+          r[i] = i < n ? P::load(dyt + (h * OW + w0 + i) * p.OCp + oc0) : P::zero();
+        }
+        P::transpose(r);
+        float* d = dypad + oc0 * p.DH * p.DW + (r0 + h) * p.DW + q0 + w0;
+        for (int64_t l = 0; l < lanes; ++l) P::store_head(d + l * p.DH * p.DW, n, r[l]);
+      }
     }
   }
 }
@@ -265,17 +338,6 @@ void backward_images(const BackwardArgs<P>& a, float* dyt, float* dwt, int64_t t
   const DirectPlan<P>& p = a.p;
   const int64_t in_size = s.C * s.H * s.W, OW = s.OW();
   std::fill(dwt, dwt + p.dwt_floats, 0.0f);
-  // Pooled, with dx: plane index -> index in a dypad plane. Not a std::vector: its resize would
-  // instantiate std::vector<int>::_M_default_append here, at this level's ISA, with external
-  // linkage, and the linker may take that copy for every caller (isa_symbols found it at -O1).
-  std::unique_ptr<int32_t[]> pad_at;
-  if (a.f.pooled() && a.dx != nullptr) {
-    pad_at.reset(new int32_t[p.positions]);
-    for (int64_t i = 0; i < p.positions; ++i) {
-      pad_at[i] =
-          static_cast<int32_t>((s.KH - 1 - s.pad + i / OW) * p.DW + s.KW - 1 - s.pad + i % OW);
-    }
-  }
   Prefetcher pf;
   for (int64_t n = 0; n < s.N; ++n) {
     // Stage the image: its input, and its convolution output gradient (masked by the ReLU, or
@@ -284,8 +346,14 @@ void backward_images(const BackwardArgs<P>& a, float* dyt, float* dwt, int64_t t
     const float* dyn = a.dy + n * a.out_size;
     const float* mask = a.f.relu && !a.f.pooled() ? a.y + n * a.out_size : nullptr;
     if (a.f.pooled()) {
-      scatter_pooled_grad<P>(dyt, a.dx != nullptr ? a.dypad : nullptr, pad_at.get(), dyn,
-                             a.argmax + n * a.out_size, a.y + n * a.out_size, s, p, a.out_size);
+      const int32_t* am = a.argmax + n * a.out_size;
+      const float* yn = a.y + n * a.out_size;
+      if (a.f.pool_k == 2 && a.f.pool_stride == 2) {
+        tile_pooled_grad_2x2<P>(dyt, dyn, am, yn, s, p, a.out_size);
+      } else {
+        scatter_pooled_grad<P>(dyt, dyn, am, yn, s, p, a.out_size);
+      }
+      if (a.dx != nullptr) pad_from_dyt<P>(a.dypad, dyt, s, p);
     } else {
       transpose_dy<P>(dyt, dyn, mask, s, p);
     }

@@ -355,7 +355,7 @@ DirectConv direct_conv_at(Isa level, const Conv2dShape& s, const detail::ConvFus
 // Every level's direct convolution gives the portable kernel's bits: forward (with the bias, the
 // ReLU, the max pool), input, weight and bias gradients, on shapes with odd channel counts
 // (lane tails at 8 and 16 lanes), 1x1 to 7x7 kernels, non-square ones, every padding from 0 to
-// k - 1, rows wider than one tile, overlapping pool windows, and signed zeros in the inputs.
+// k - 1, rows wider than one tile, overlapping pool windows, and signed zeros in the inputs and dy.
 TEST(Isa, DirectConvGivesThePortableBitsAtEveryLevel) {
   const Conv2dShape shapes[] = {
       {3, 1, 28, 28, 16, 5, 5, 1, 2},  // the CNN's stages
@@ -379,7 +379,9 @@ TEST(Isa, DirectConvGivesThePortableBitsAtEveryLevel) {
       b[0] = -0.0f;
       const int64_t out =
           f.pooled() ? s.N * detail::conv_pooled_size(s, f) : s.N * s.OC * s.OH() * s.OW();
-      const Vec dy = testing::randn(out, ++seed);
+      Vec dy = testing::randn(out, ++seed);
+      dy[0] = -0.0f;  // a signed zero through the ReLU and the pool's scatter
+      dy[dy.size() / 3] = -0.0f;
       const Vec dw0 = testing::randn(w.size(), ++seed), db0 = testing::randn(b.size(), ++seed);
       const DirectConv want = direct_conv_at(Isa::kPortable, s, f, x, w, b, dy, nullptr, dw0, db0);
       for (Isa l : supported_isas()) {

@@ -32,6 +32,7 @@
 #include <algorithm>
 #include <bit>
 #include <cstdint>
+#include <memory>
 
 #include "conv_impl.h"
 #include "conv_tiles.h"
@@ -149,21 +150,27 @@ void transpose_dy(float* dyt, const float* dy, const float* relu_y, const Conv2d
 }
 
 // Behind a fused ReLU + max pool, one image's convolution output gradient goes straight into
-// dyT, scattered from the pooled gradient dy[OC, pooled / OC]: what maxpool2d_backward then
-// relu_backward would make of it, and the same sums in the same order as pool_relu_grad_image
-// (conv.cc), without the full-resolution image and its transpose. Any pool window and stride.
+// dyT (and into dypad's interior when dypad is given), scattered from the pooled gradient
+// dy[OC, pooled / OC]: what maxpool2d_backward then relu_backward would make of it, and the
+// same sums in the same order as pool_relu_grad_image (conv.cc), without the full-resolution
+// image and its transpose. pad_at[a]: where plane index a (h * OW + w) sits in a dypad plane.
 template <class P>
-void scatter_pooled_grad(float* dyt, const float* dy, const int32_t* argmax, const float* y,
-                         const Conv2dShape& s, const DirectPlan<P>& p, int64_t pooled) {
+void scatter_pooled_grad(float* dyt, float* dypad, const int32_t* pad_at, const float* dy,
+                         const int32_t* argmax, const float* y, const Conv2dShape& s,
+                         const DirectPlan<P>& p, int64_t pooled) {
   std::fill(dyt, dyt + p.positions * p.OCp, 0.0f);
+  if (dypad != nullptr) std::fill(dypad, dypad + s.OC * p.DH * p.DW, 0.0f);
   const int64_t per_channel = pooled / s.OC;
   for (int64_t oc = 0; oc < s.OC; ++oc) {
+    float* dpad = dypad != nullptr ? dypad + oc * p.DH * p.DW : nullptr;
     for (int64_t o = oc * per_channel; o < (oc + 1) * per_channel; ++o) {
       // dy where the window's output passed the ReLU, else +0 (which keeps the sum's bits, see
       // conv.cc): by bits, so that no branch depends on the data.
       const uint32_t keep = y[o] > 0.0f ? ~0u : 0u;
       const float v = std::bit_cast<float>(std::bit_cast<uint32_t>(dy[o]) & keep);
-      dyt[argmax[o] * p.OCp + oc] += v;
+      const int32_t at = argmax[o];
+      dyt[at * p.OCp + oc] += v;
+      if (dpad != nullptr) dpad[pad_at[at]] += v;
     }
   }
 }
@@ -220,29 +227,6 @@ void tile_pooled_grad_2x2(float* dyt, const float* dy, const int32_t* argmax, co
           pw = 0;
           ++ph;
         }
-      }
-    }
-  }
-}
-
-// dypad's interior from dyT, one image: dypad[oc, r0 + h, q0 + w] = dyT[h * OW + w, oc], the
-// kLanes x kLanes blocks through registers (transpose_dy's inverse).
-template <class P>
-void pad_from_dyt(float* dypad, const float* dyt, const Conv2dShape& s, const DirectPlan<P>& p) {
-  constexpr int kL = P::kLanes;
-  const int64_t OW = s.OW(), r0 = s.KH - 1 - s.pad, q0 = s.KW - 1 - s.pad;
-  for (int64_t oc0 = 0; oc0 < s.OC; oc0 += kL) {
-    const int64_t lanes = std::min<int64_t>(kL, s.OC - oc0);
-    for (int64_t h = 0; h < s.OH(); ++h) {
-      for (int64_t w0 = 0; w0 < OW; w0 += kL) {
-        const int64_t n = std::min<int64_t>(kL, OW - w0);
-        typename P::Vec r[kL];
-        for (int i = 0; i < kL; ++i) {
-          r[i] = i < n ? P::load(dyt + (h * OW + w0 + i) * p.OCp + oc0) : P::zero();
-        }
-        P::transpose(r);
-        float* d = dypad + oc0 * p.DH * p.DW + (r0 + h) * p.DW + q0 + w0;
-        for (int64_t l = 0; l < lanes; ++l) P::store_head(d + l * p.DH * p.DW, n, r[l]);
       }
     }
   }
@@ -338,6 +322,17 @@ void backward_images(const BackwardArgs<P>& a, float* dyt, float* dwt, int64_t t
   const DirectPlan<P>& p = a.p;
   const int64_t in_size = s.C * s.H * s.W, OW = s.OW();
   std::fill(dwt, dwt + p.dwt_floats, 0.0f);
+  // Pooled, with dx: plane index -> index in a dypad plane. Not a std::vector: its resize would
+  // instantiate std::vector<int>::_M_default_append here, at this level's ISA, with external
+  // linkage, and the linker may take that copy for every caller (isa_symbols found it at -O1).
+  std::unique_ptr<int32_t[]> pad_at;
+  if (a.f.pooled() && a.dx != nullptr) {
+    pad_at.reset(new int32_t[p.positions]);
+    for (int64_t i = 0; i < p.positions; ++i) {
+      pad_at[i] =
+          static_cast<int32_t>((s.KH - 1 - s.pad + i / OW) * p.DW + s.KW - 1 - s.pad + i % OW);
+    }
+  }
   Prefetcher pf;
   for (int64_t n = 0; n < s.N; ++n) {
     // Stage the image: its input, and its convolution output gradient (masked by the ReLU, or
@@ -348,12 +343,14 @@ void backward_images(const BackwardArgs<P>& a, float* dyt, float* dwt, int64_t t
     if (a.f.pooled()) {
       const int32_t* am = a.argmax + n * a.out_size;
       const float* yn = a.y + n * a.out_size;
-      if (a.f.pool_k == 2 && a.f.pool_stride == 2) {
+      // With dx, the scatter fills dypad in the same pass, which the vector path would need
+      // transposes for (measured: conv2's backward no faster that way).
+      if (a.f.pool_k == 2 && a.f.pool_stride == 2 && a.dx == nullptr) {
         tile_pooled_grad_2x2<P>(dyt, dyn, am, yn, s, p, a.out_size);
       } else {
-        scatter_pooled_grad<P>(dyt, dyn, am, yn, s, p, a.out_size);
+        scatter_pooled_grad<P>(dyt, a.dx != nullptr ? a.dypad : nullptr, pad_at.get(), dyn, am, yn,
+                               s, p, a.out_size);
       }
-      if (a.dx != nullptr) pad_from_dyt<P>(a.dypad, dyt, s, p);
     } else {
       transpose_dy<P>(dyt, dyn, mask, s, p);
     }

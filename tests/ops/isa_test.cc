@@ -329,10 +329,12 @@ TEST(Isa, MaxPoolGivesThePortableResultAtEveryLevel) {
 }
 
 // One level's direct convolution: the forward, then the backward from the portable forward's
-// y and argmax (so that every level gets the same inputs), dw and db accumulating onto dw0, db0.
+// y and argmax (so that every level gets the same inputs), dw and db accumulating onto dw0, db0;
+// then the backward again without dx, from dw0 and db0 (dw_only, db_only).
 struct DirectConv {
   Vec y, dx, dw, db;
   std::vector<int32_t> argmax;
+  Vec dw_only, db_only;  // from a backward without dx (a first layer's)
 };
 
 DirectConv direct_conv_at(Isa level, const Conv2dShape& s, const detail::ConvFusion& f,
@@ -342,12 +344,14 @@ DirectConv direct_conv_at(Isa level, const Conv2dShape& s, const detail::ConvFus
   const int64_t out =
       f.pooled() ? s.N * detail::conv_pooled_size(s, f) : s.N * s.OC * s.OH() * s.OW();
   Vec scratch(k.conv_direct_scratch(s, f), std::numeric_limits<float>::quiet_NaN());
-  DirectConv r{testing::poisoned(out), testing::poisoned(x.size()), dw0, db0, {}};
+  DirectConv r{testing::poisoned(out), testing::poisoned(x.size()), dw0, db0, {}, dw0, db0};
   r.argmax.assign(f.pooled() ? out : 0, -1);
   k.conv_direct_forward(r.y.data(), r.argmax.data(), x.data(), w.data(), b.data(), f, s,
                         scratch.data());
   const DirectConv& fw = forward != nullptr ? *forward : r;
   k.conv_direct_backward(r.dx.data(), r.dw.data(), r.db.data(), dy.data(), fw.y.data(),
+                         fw.argmax.data(), f, x.data(), w.data(), s, scratch.data());
+  k.conv_direct_backward(nullptr, r.dw_only.data(), r.db_only.data(), dy.data(), fw.y.data(),
                          fw.argmax.data(), f, x.data(), w.data(), s, scratch.data());
   return r;
 }
@@ -395,6 +399,8 @@ TEST(Isa, DirectConvGivesThePortableBitsAtEveryLevel) {
         expect_same_bits(got.dx, want.dx, what.str() + " dx");
         expect_same_bits(got.dw, want.dw, what.str() + " dw");
         expect_same_bits(got.db, want.db, what.str() + " db");
+        expect_same_bits(got.dw_only, want.dw, what.str() + " dw without dx");
+        expect_same_bits(got.db_only, want.db, what.str() + " db without dx");
       }
     }
   }

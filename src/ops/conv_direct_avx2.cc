@@ -58,6 +58,11 @@ struct ConvPolicy {
   static Vec keep_positive(Vec v, Vec mask) {
     return _mm256_and_ps(_mm256_cmp_ps(mask, _mm256_setzero_ps(), _CMP_GT_OQ), v);
   }
+  // v where the lane of `at`, read as an int32, equals pos, else +0.
+  static Vec keep_equal(Vec v, Vec at, int32_t pos) {
+    const __m256i eq = _mm256_cmpeq_epi32(_mm256_castps_si256(at), _mm256_set1_epi32(pos));
+    return _mm256_and_ps(_mm256_castsi256_ps(eq), v);
+  }
   static void transpose(Vec r[kLanes]) { transpose8(r); }
 };
 

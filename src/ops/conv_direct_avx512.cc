@@ -35,6 +35,11 @@ struct ConvPolicy {
   static Vec keep_positive(Vec v, Vec mask) {
     return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(mask, _mm512_setzero_ps(), _CMP_GT_OQ), v);
   }
+  // v where the lane of `at`, read as an int32, equals pos, else +0.
+  static Vec keep_equal(Vec v, Vec at, int32_t pos) {
+    return _mm512_maskz_mov_ps(
+        _mm512_cmpeq_epi32_mask(_mm512_castps_si512(at), _mm512_set1_epi32(pos)), v);
+  }
   static void transpose(Vec r[kLanes]) { transpose16(r); }
 };
 

@@ -175,6 +175,63 @@ void scatter_pooled_grad(float* dyt, float* dypad, const int32_t* pad_at, const 
   }
 }
 
+// r[i] = lanes [0, kLanes) of channels oc0 + lane at pooled output j0 + i (i < n), +0 past OC:
+// where y > 0, dy, else +0 (scatter_pooled_grad's v), or the argmax's bits when y is null.
+template <class P>
+void load_pooled_block(typename P::Vec* r, const float* src, const float* y, int64_t per_channel,
+                       int64_t OC, int64_t oc0, int64_t j0, int64_t n) {
+  for (int i = 0; i < P::kLanes; ++i) {
+    const int64_t at = (oc0 + i) * per_channel + j0;
+    r[i] = oc0 + i < OC ? P::load_head(src + at, n) : P::zero();
+    if (y != nullptr && oc0 + i < OC) r[i] = P::keep_positive(r[i], P::load_head(y + at, n));
+  }
+  P::transpose(r);
+}
+
+// scatter_pooled_grad's dyT for the 2x2 pool of stride 2 (windows that tile the output, so a
+// position is in one window at most): each entry written once, a vector of channels at a time,
+// without the fill and the scalar scatter. At each position of a window a channel's lane gets
+// +0 + v where the position is the channel's argmax, else +0: the scatter's bits.
+template <class P>
+void tile_pooled_grad_2x2(float* dyt, const float* dy, const int32_t* argmax, const float* y,
+                          const Conv2dShape& s, const DirectPlan<P>& p, int64_t pooled) {
+  using Vec = typename P::Vec;
+  constexpr int kL = P::kLanes;
+  const int64_t OH = s.OH(), OW = s.OW(), PW = OW / 2, per_channel = pooled / s.OC;
+  for (int64_t h = 0; h < OH; ++h) {  // positions outside every window (an odd last row, column)
+    for (int64_t w = h < OH / 2 * 2 ? PW * 2 : 0; w < OW; ++w) {
+      std::fill(dyt + (h * OW + w) * p.OCp, dyt + (h * OW + w + 1) * p.OCp, 0.0f);
+    }
+  }
+  // argmax's int32 bits move through the float lanes untouched (loads and shuffles only).
+  const float* at = reinterpret_cast<const float*>(argmax);
+  const int64_t down = OW * p.OCp;                 // from a position to the one below it in dyT
+  for (int64_t oc0 = 0; oc0 < p.OCp; oc0 += kL) {  // kLanes rows of each operand, read in order
+    for (int64_t j0 = 0; j0 < per_channel; j0 += kL) {
+      const int n = static_cast<int>(std::min<int64_t>(kL, per_channel - j0));
+      Vec v[kL], a[kL];
+      load_pooled_block<P>(v, dy, y, per_channel, s.OC, oc0, j0, n);
+      load_pooled_block<P>(a, at, nullptr, per_channel, s.OC, oc0, j0, n);
+      int64_t ph = j0 / PW, pw = j0 % PW;
+      for (int i = 0; i < n; ++i) {
+        const int64_t c = 2 * (ph * OW + pw);  // the window's top left position
+        const int32_t c32 = static_cast<int32_t>(c), below = c32 + static_cast<int32_t>(OW);
+        float* d = dyt + c * p.OCp + oc0;
+        // +0 + v, then v or +0 at each position: the bits of +0 + (v or +0).
+        const Vec g = P::add(P::zero(), v[i]);
+        P::store(d, P::keep_equal(g, a[i], c32));
+        P::store(d + p.OCp, P::keep_equal(g, a[i], c32 + 1));
+        P::store(d + down, P::keep_equal(g, a[i], below));
+        P::store(d + down + p.OCp, P::keep_equal(g, a[i], below + 1));
+        if (++pw == PW) {
+          pw = 0;
+          ++ph;
+        }
+      }
+    }
+  }
+}
+
 // db[oc] += sum over positions of dyT[p, oc], one image: four partial sums (positions
 // p mod 4, in order) so that the adds do not wait on each other, then added up in one order.
 template <class P>
@@ -284,8 +341,16 @@ void backward_images(const BackwardArgs<P>& a, float* dyt, float* dwt, int64_t t
     const float* dyn = a.dy + n * a.out_size;
     const float* mask = a.f.relu && !a.f.pooled() ? a.y + n * a.out_size : nullptr;
     if (a.f.pooled()) {
-      scatter_pooled_grad<P>(dyt, a.dx != nullptr ? a.dypad : nullptr, pad_at.get(), dyn,
-                             a.argmax + n * a.out_size, a.y + n * a.out_size, s, p, a.out_size);
+      const int32_t* am = a.argmax + n * a.out_size;
+      const float* yn = a.y + n * a.out_size;
+      // With dx, the scatter fills dypad in the same pass, which the vector path would need
+      // transposes for (measured: conv2's backward no faster that way).
+      if (a.f.pool_k == 2 && a.f.pool_stride == 2 && a.dx == nullptr) {
+        tile_pooled_grad_2x2<P>(dyt, dyn, am, yn, s, p, a.out_size);
+      } else {
+        scatter_pooled_grad<P>(dyt, a.dx != nullptr ? a.dypad : nullptr, pad_at.get(), dyn, am, yn,
+                               s, p, a.out_size);
+      }
     } else {
       transpose_dy<P>(dyt, dyn, mask, s, p);
     }

@@ -329,10 +329,12 @@ TEST(Isa, MaxPoolGivesThePortableResultAtEveryLevel) {
 }
 
 // One level's direct convolution: the forward, then the backward from the portable forward's
-// y and argmax (so that every level gets the same inputs), dw and db accumulating onto dw0, db0.
+// y and argmax (so that every level gets the same inputs), dw and db accumulating onto dw0, db0;
+// then the backward again without dx, from dw0 and db0 (dw_only, db_only).
 struct DirectConv {
   Vec y, dx, dw, db;
   std::vector<int32_t> argmax;
+  Vec dw_only, db_only;  // from a backward without dx (a first layer's)
 };
 
 DirectConv direct_conv_at(Isa level, const Conv2dShape& s, const detail::ConvFusion& f,
@@ -342,12 +344,14 @@ DirectConv direct_conv_at(Isa level, const Conv2dShape& s, const detail::ConvFus
   const int64_t out =
       f.pooled() ? s.N * detail::conv_pooled_size(s, f) : s.N * s.OC * s.OH() * s.OW();
   Vec scratch(k.conv_direct_scratch(s, f), std::numeric_limits<float>::quiet_NaN());
-  DirectConv r{testing::poisoned(out), testing::poisoned(x.size()), dw0, db0, {}};
+  DirectConv r{testing::poisoned(out), testing::poisoned(x.size()), dw0, db0, {}, dw0, db0};
   r.argmax.assign(f.pooled() ? out : 0, -1);
   k.conv_direct_forward(r.y.data(), r.argmax.data(), x.data(), w.data(), b.data(), f, s,
                         scratch.data());
   const DirectConv& fw = forward != nullptr ? *forward : r;
   k.conv_direct_backward(r.dx.data(), r.dw.data(), r.db.data(), dy.data(), fw.y.data(),
+                         fw.argmax.data(), f, x.data(), w.data(), s, scratch.data());
+  k.conv_direct_backward(nullptr, r.dw_only.data(), r.db_only.data(), dy.data(), fw.y.data(),
                          fw.argmax.data(), f, x.data(), w.data(), s, scratch.data());
   return r;
 }
@@ -355,7 +359,7 @@ DirectConv direct_conv_at(Isa level, const Conv2dShape& s, const detail::ConvFus
 // Every level's direct convolution gives the portable kernel's bits: forward (with the bias, the
 // ReLU, the max pool), input, weight and bias gradients, on shapes with odd channel counts
 // (lane tails at 8 and 16 lanes), 1x1 to 7x7 kernels, non-square ones, every padding from 0 to
-// k - 1, rows wider than one tile, overlapping pool windows, and signed zeros in the inputs.
+// k - 1, rows wider than one tile, overlapping pool windows, and signed zeros in the inputs and dy.
 TEST(Isa, DirectConvGivesThePortableBitsAtEveryLevel) {
   const Conv2dShape shapes[] = {
       {3, 1, 28, 28, 16, 5, 5, 1, 2},  // the CNN's stages
@@ -379,7 +383,9 @@ TEST(Isa, DirectConvGivesThePortableBitsAtEveryLevel) {
       b[0] = -0.0f;
       const int64_t out =
           f.pooled() ? s.N * detail::conv_pooled_size(s, f) : s.N * s.OC * s.OH() * s.OW();
-      const Vec dy = testing::randn(out, ++seed);
+      Vec dy = testing::randn(out, ++seed);
+      dy[0] = -0.0f;  // a signed zero through the ReLU and the pool's scatter
+      dy[dy.size() / 3] = -0.0f;
       const Vec dw0 = testing::randn(w.size(), ++seed), db0 = testing::randn(b.size(), ++seed);
       const DirectConv want = direct_conv_at(Isa::kPortable, s, f, x, w, b, dy, nullptr, dw0, db0);
       for (Isa l : supported_isas()) {
@@ -393,6 +399,8 @@ TEST(Isa, DirectConvGivesThePortableBitsAtEveryLevel) {
         expect_same_bits(got.dx, want.dx, what.str() + " dx");
         expect_same_bits(got.dw, want.dw, what.str() + " dw");
         expect_same_bits(got.db, want.db, what.str() + " db");
+        expect_same_bits(got.dw_only, want.dw, what.str() + " dw without dx");
+        expect_same_bits(got.db_only, want.db, what.str() + " db without dx");
       }
     }
   }

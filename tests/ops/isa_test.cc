@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -56,11 +57,16 @@ TEST(Isa, HostLevelIsSupportedAndHigherOnesAreRefused) {
   EXPECT_NE(isa_description().find(isa_name(host_isa())), std::string::npos);
 }
 
-// C of one GEMM case at `level`, C starting from `c0` (beta != 0) or NaN (beta = 0).
+// C of one GEMM case at `level`, C starting from `c0` (beta != 0) or NaN (beta = 0). A's rows
+// are stored 3 floats apart past their end, the gap NaN: a kernel that reads A in place (AVX2)
+// must keep to its rows.
 Vec gemm_at(Isa level, bool ta, bool tb, int64_t M, int64_t N, int64_t K, float alpha, const Vec& A,
             const Vec& B, float beta, const Vec& c0) {
+  const int64_t cols = ta ? M : K, rows = ta ? K : M, lda = cols + 3;
+  Vec a(rows * lda, std::numeric_limits<float>::quiet_NaN());
+  for (int64_t r = 0; r < rows; ++r) std::copy_n(A.data() + r * cols, cols, a.data() + r * lda);
   Vec C = beta == 0.0f ? Vec(M * N, std::numeric_limits<float>::quiet_NaN()) : c0;
-  kernels_for(level).sgemm(ta, tb, M, N, K, alpha, A.data(), ta ? M : K, B.data(), tb ? K : N, beta,
+  kernels_for(level).sgemm(ta, tb, M, N, K, alpha, a.data(), lda, B.data(), tb ? K : N, beta,
                            C.data(), N);
   return C;
 }

@@ -158,21 +158,12 @@ inline void update(const void* in, CElem e_in, void* out, CElem e, int64_t off, 
   store_c(out, e, off, n, v);
 }
 
-// The tile's accumulators, stored to tile[R][kNr] (through the stack, so that the accumulator
-// registers never have their address taken, which would make gcc store them after every FMA),
-// into C of any kind and orientation: C rows take two updates of up to kL lanes each; C columns
-// (the transposed product) one update of R lanes per tile column.
+// The transposed product's tile, stored to tile[R][kNr] (through the stack, so that the
+// accumulator registers never have their address taken, which would make gcc store them after
+// every FMA), into C's columns: one update of R lanes per tile column.
 template <int R>
-void store_tile(const float (*tile)[kNr], const TileOut& t) {
+void store_columns(const float (*tile)[kNr], const TileOut& t) {
   const __m256 alpha = _mm256_set1_ps(t.alpha);
-  if (t.cs == 1) {
-    for (int i = 0; i < R; ++i) {
-      for (int h = 0; h < kNr; h += kL)
-        update(t.c_in, t.e_in, t.c, t.e, i * t.rs + h, std::min(t.cols - h, kL),
-               _mm256_load_ps(tile[i] + h), alpha, t.beta);
-    }
-    return;
-  }
   for (int j = 0; j < t.cols; ++j) {
     alignas(32) float col[kL] = {};
     for (int i = 0; i < R; ++i) col[i] = tile[i][j];
@@ -207,23 +198,22 @@ void micro_kernel(int64_t kc, const float* __restrict a, int64_t lda, const floa
     a += L == ALayout::kRows ? 1 : R;
     b += ldb;
   }
-  // An f32 C's rows are updated from the registers; any other tile goes through store_tile.
-  if (t.cs != 1 || t.e != CElem::kF32 || t.e_in != CElem::kF32) {
+  // C's rows (of any kind) are updated from the registers; C's columns go through the stack.
+  if (t.cs != 1) {
     alignas(32) float tile[R][kNr];
 #pragma GCC unroll 6
     for (int i = 0; i < R; ++i) {
       _mm256_store_ps(tile[i], acc0[i]);
       _mm256_store_ps(tile[i] + kL, acc1[i]);
     }
-    store_tile<R>(tile, t);
+    store_columns<R>(tile, t);
     return;
   }
   const __m256 alpha = _mm256_set1_ps(t.alpha);
 #pragma GCC unroll 6
   for (int i = 0; i < R; ++i) {
-    update(t.c, CElem::kF32, t.c, CElem::kF32, i * t.rs, std::min(t.cols, kL), acc0[i], alpha,
-           t.beta);
-    update(t.c, CElem::kF32, t.c, CElem::kF32, i * t.rs + kL, t.cols - kL, acc1[i], alpha, t.beta);
+    update(t.c_in, t.e_in, t.c, t.e, i * t.rs, std::min(t.cols, kL), acc0[i], alpha, t.beta);
+    update(t.c_in, t.e_in, t.c, t.e, i * t.rs + kL, t.cols - kL, acc1[i], alpha, t.beta);
   }
 }
 

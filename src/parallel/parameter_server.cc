@@ -378,10 +378,11 @@ void ParameterServer::await_replies(const char* what, bool lazy) {
     sends_.clear();
   } catch (const CommError& e) {
     // The transport says whether the deadline passed or the group was aborted (and why).
-    throw CommError(str(
-        "parameter server: worker rank ", rank(), " (clock ", clock_, ") waited for a ", what,
-        " reply from ", k >= 0 ? str("server rank ", server_rank(k)) : std::string("the servers"),
-        " (deadline 1.5 x comm.timeout_s = ", worker_patience(), " s): ", e.what()));
+    throw CommError(str("parameter server: worker rank ", rank(), " (clock ", clock_,
+                        ") waited for a ", what, " reply from ",
+                        k >= 0 ? str("server rank ", server_rank(k)) : std::string("the servers"),
+                        " (deadline ", kWorkerPatience, " x comm.timeout_s = ", worker_patience(),
+                        " s): ", e.what()));
   }
   wait_s_ += now_seconds() - t0;
 }
@@ -403,8 +404,8 @@ void ParameterServer::land(int u) {
   } catch (const CommError& e) {
     throw CommError(str("parameter server: worker rank ", rank(), " (clock ", clock_,
                         ") waited for the parameters [", r.lo, ", ", r.hi,
-                        ") from the servers (deadline 1.5 x comm.timeout_s = ", worker_patience(),
-                        " s): ", e.what()));
+                        ") from the servers (deadline ", kWorkerPatience,
+                        " x comm.timeout_s = ", worker_patience(), " s): ", e.what()));
   }
   works.clear();
   if (working_) working_->refresh(r, values_.data<float>() + r.lo, values_.device());

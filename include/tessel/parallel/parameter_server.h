@@ -207,7 +207,8 @@ class ParameterServer final : public ParamStore, public BatchClaims, public Bloc
   // How long a worker waits for a server: half as long again as a server waits for a worker,
   // so that a server waiting for a silent worker reports it (it knows whom it waits for) first,
   // even when its thread gets a crowded CPU late.
-  double worker_patience() const { return 1.5 * timeout(); }
+  static constexpr double kWorkerPatience = 1.5;  // x comm.timeout_s
+  double worker_patience() const { return kWorkerPatience * timeout(); }
   void start(int64_t clock);  // the first contact: hello to every server
   // Sends a request to every server (a push's skip and factor: Request).
   void request(Kind kind, int64_t clock, bool skip = false, float scale = 1.0f);

@@ -398,7 +398,7 @@ const std::vector<Key>& registry() {
       TESSEL_KEY("infer.kv_cache", infer.kv_cache, "gpt: keep each block's keys and values while generating (false: recompute the whole context for every token)").when("model.kind", {"gpt", "sequential"}),
       TESSEL_KEY("serve.host", serve.host, "address tessel serve listens on (127.0.0.1: this machine only; 0.0.0.0: every interface)"),
       TESSEL_KEY("serve.max_batch", serve.max_batch, "rows per batch a serve worker runs (requests are batched up to it); also the most rows one request may carry", {1, 1 << 20}),
-      TESSEL_KEY("serve.max_wait_ms", serve.max_wait_ms, "longest a request waits for others to fill a batch", {0, kMaxSeconds}),
+      TESSEL_KEY("serve.max_wait_ms", serve.max_wait_ms, "longest a request waits for others to fill a batch (0: a free worker takes what waits at once)", {0, kMaxSeconds}),
       TESSEL_KEY("serve.max_queue", serve.max_queue, "classifiers: rows waiting for a worker; gpt models: generations waiting to join the running batch; requests beyond it get 503", {1, 1 << 30}),
       TESSEL_KEY("serve.max_body_kb", serve.max_body_kb, "largest request body in KiB; larger ones get 413", {1, 1 << 22}),
       TESSEL_KEY("serve.connections", serve.connections, "HTTP connections open at once; a connection beyond them gets 503 with Retry-After and is closed", {1, 1 << 20}),

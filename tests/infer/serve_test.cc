@@ -103,7 +103,7 @@ TEST_F(Serve, EachBadRequestGetsAClearClientError) {
 }
 
 TEST_F(Serve, ConcurrentRequestsAreBatchedAndGetTheirOwnRows) {
-  Running s;
+  Running s({"serve.max_wait_ms=2"});
   // The answer to each of 8 distinct requests, one at a time.
   std::vector<std::string> alone(8);
   for (int k = 0; k < 8; ++k) {

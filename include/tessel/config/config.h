@@ -95,7 +95,7 @@ struct InferSpec {
 struct ServeSpec {
   std::string host = "127.0.0.1";  // address to listen on (loopback: this machine only)
   int64_t max_batch = 64;          // rows per batch the workers run
-  double max_wait_ms = 2;          // a request waits at most this long for others to batch with
+  double max_wait_ms = 0;          // a request waits at most this long for others to batch with
   int64_t max_queue = 4096;        // rows waiting; more get 503
   int64_t max_body_kb = 4096;      // larger request bodies get 413
   int64_t connections = 128;       // HTTP connections open at once; more get 503

@@ -61,7 +61,7 @@ using Answer = std::function<void(const BatchRows& rows, std::exception_ptr erro
 
 struct BatchOptions {
   int64_t max_batch = 64;
-  double max_wait_s = 0.002;
+  double max_wait_s = 0;
   int64_t max_queue = 4096;
 };
 

@@ -85,8 +85,7 @@ bool ChunkQueue::take(int replica, Chunk& out) {
   }
 }
 
-bool ChunkQueue::finish(int replica, int64_t id, std::string bytes, int64_t rows) {
-  (void)replica;
+bool ChunkQueue::finish(int /*replica*/, int64_t id, std::string bytes, int64_t rows) {
   std::lock_guard lock(mu_);
   auto it = held_.find(id);
   if (it == held_.end()) return false;

@@ -126,8 +126,7 @@ std::vector<Parameter*> Embedding::parameters() {
   return {&wte_, &wpe_};
 }
 
-Tensor Embedding::forward(const Tensor& ids, const Context& ctx, Cache* cache) {
-  (void)ctx;
+Tensor Embedding::forward(const Tensor& ids, const Context& /*ctx*/, Cache* cache) {
   check_tokens(ids, T_);
   if (cache) cache->keep(0, ids);
   return embed(ids, cache);

@@ -102,8 +102,7 @@ std::vector<Parameter*> Linear::parameters() {
 // Buffer and scratch slots: 0 the output / input gradient; 1 this rank's part of them under
 // sequence parallelism (tp_leave's, tp_enter_backward's). A column-cut layer keeps its input
 // as it came (its sequence part) and gathers it again in the backward.
-Tensor Linear::forward(const Tensor& x, const Context& ctx, Cache* cache) {
-  (void)ctx;
+Tensor Linear::forward(const Tensor& x, const Context& /*ctx*/, Cache* cache) {
   check_float(x, "linear");
   const bool row = tp_.cut == Cut::kRow;
   const Tensor in = tp_.cut == Cut::kColumn ? tp_enter(tp_.tp, x) : x;
@@ -177,8 +176,7 @@ double Linear::forward_flops(int64_t batch) const {
 
 // ---- ReLU, GELU ----
 
-Tensor ReLU::forward(const Tensor& x, const Context& ctx, Cache* cache) {
-  (void)ctx;
+Tensor ReLU::forward(const Tensor& x, const Context& /*ctx*/, Cache* cache) {
   check_float(x, "relu");
   Tensor y = output(cache, 0, x.shape(), x.dtype());
   ops::relu_forward(y.raw(), x.raw(), x.numel(), x.dtype());
@@ -195,8 +193,7 @@ Tensor ReLU::backward(const Tensor& dy, Cache& cache) {
   return dx;
 }
 
-Tensor GELU::forward(const Tensor& x, const Context& ctx, Cache* cache) {
-  (void)ctx;
+Tensor GELU::forward(const Tensor& x, const Context& /*ctx*/, Cache* cache) {
   check_float(x, "gelu");
   if (cache) cache->keep(0, x);
   Tensor y = output(cache, 0, x.shape(), x.dtype());
@@ -255,8 +252,7 @@ Tensor Dropout::backward(const Tensor& dy, Cache& cache) {
 
 // ---- Flatten ----
 
-Tensor Flatten::forward(const Tensor& x, const Context& ctx, Cache* cache) {
-  (void)ctx;
+Tensor Flatten::forward(const Tensor& x, const Context& /*ctx*/, Cache* cache) {
   TESSEL_CHECK(x.defined() && x.ndim() >= 1, "flatten: input needs a batch dimension");
   if (cache) cache->shape = x.shape();
   return x.reshape({x.dim(0), -1});
@@ -299,8 +295,7 @@ Conv2d::Conv2d(int64_t in_channels, int64_t out_channels, int64_t kernel, int64_
   conv_parameters(C_, OC_, k_, weight_, bias_);
 }
 
-Tensor Conv2d::forward(const Tensor& x, const Context& ctx, Cache* cache) {
-  (void)ctx;
+Tensor Conv2d::forward(const Tensor& x, const Context& /*ctx*/, Cache* cache) {
   check_float(x, "conv2d");
   const bool size_ok = x.ndim() == 4 && x.dim(1) == C_ && (in_h_ == 0 || x.dim(2) == in_h_) &&
                        (in_w_ == 0 || x.dim(3) == in_w_) && x.dim(2) + 2 * pad_ >= k_ &&
@@ -369,8 +364,7 @@ ops::Conv2dShape ConvReluPool::shape(int64_t batch) const {
   return {batch, C_, in_h_, in_w_, OC_, k_, k_, 1, pad_};
 }
 
-Tensor ConvReluPool::forward(const Tensor& x, const Context& ctx, Cache* cache) {
-  (void)ctx;
+Tensor ConvReluPool::forward(const Tensor& x, const Context& /*ctx*/, Cache* cache) {
   check_float(x, "conv2d_relu_maxpool");
   if (x.ndim() != 4 || x.dim(1) != C_ || x.dim(2) != in_h_ || x.dim(3) != in_w_)
     throw InvalidArgument(str("conv2d_relu_maxpool: input must be [N, ", C_, ", ", in_h_, ", ",
@@ -429,8 +423,7 @@ MaxPool2d::MaxPool2d(int64_t kernel, int64_t stride) : k_(kernel), stride_(strid
                ", ", stride_);
 }
 
-Tensor MaxPool2d::forward(const Tensor& x, const Context& ctx, Cache* cache) {
-  (void)ctx;
+Tensor MaxPool2d::forward(const Tensor& x, const Context& /*ctx*/, Cache* cache) {
   check_float(x, "maxpool2d");
   if (x.ndim() != 4 || x.dim(2) < k_ || x.dim(3) < k_)
     throw InvalidArgument(str("maxpool2d: input must be [N, C, H, W] with H, W >= ", k_,
@@ -472,8 +465,7 @@ LayerNorm::LayerNorm(int64_t channels) : C_(channels) {
   bias_ = {"bias", {C_}, Init::kZeros, 0.0f, {}, {}, {}};
 }
 
-Tensor LayerNorm::forward(const Tensor& x, const Context& ctx, Cache* cache) {
-  (void)ctx;
+Tensor LayerNorm::forward(const Tensor& x, const Context& /*ctx*/, Cache* cache) {
   check_float(x, "layernorm");
   if (x.ndim() < 1 || x.dim(-1) != C_)
     throw InvalidArgument(str("layernorm: input's last dimension must be ", C_, ", got shape ",

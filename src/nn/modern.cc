@@ -41,8 +41,7 @@ RMSNorm::RMSNorm(int64_t channels) : C_(channels) {
   weight_ = {"weight", {C_}, Init::kOnes, 0.0f, {}, {}, {}};
 }
 
-Tensor RMSNorm::forward(const Tensor& x, const Context& ctx, Cache* cache) {
-  (void)ctx;
+Tensor RMSNorm::forward(const Tensor& x, const Context& /*ctx*/, Cache* cache) {
   const DType t = weight_.value.dtype();
   check_input(x, t, C_, "rmsnorm");
   const int64_t N = x.numel() / C_;
@@ -69,8 +68,7 @@ Tensor RMSNorm::backward(const Tensor& dy, Cache& cache) {
 
 // ---- SwiGLU ----
 
-Tensor SwiGLU::forward(const Tensor& x, const Context& ctx, Cache* cache) {
-  (void)ctx;
+Tensor SwiGLU::forward(const Tensor& x, const Context& /*ctx*/, Cache* cache) {
   TESSEL_CHECK(x.defined() && x.ndim() >= 1 && x.dim(-1) % 2 == 0,
                "swiglu: input must be [..., 2H] (gate and up side by side), got ",
                x.defined() ? shape_str(x.shape()) : "undefined");

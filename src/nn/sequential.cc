@@ -47,13 +47,12 @@ class Layer {
     if (type == layer_types().end())
       throw InvalidArgument(str("model: model.stack[", index, "] has type '", excerpt(spec.type),
                                 "', which is no layer tessel has; use one of ", type_list()));
-    for (const auto& [name, value] : spec.args) {
+    for (const auto& [name, _] : spec.args) {
       const std::vector<std::string>& known = type->second;
       if (std::find(known.begin(), known.end(), name) == known.end())
         throw InvalidArgument(str("model: ", where_, " has no setting '", excerpt(name), "'; ",
                                   known.empty() ? str("a ", spec.type, " takes none")
                                                 : str("a ", spec.type, " takes ", join(known))));
-      (void)value;
     }
   }
 

@@ -25,10 +25,6 @@ void for_parts(const float* params, void* working, DType working_type, int64_t n
   }
 }
 
-struct AdamWScalars {
-  float b1, b2, c1, c2, eps, step_size, bc2_sqrt, decay, gs;
-};
-
 void adamw_part(float* __restrict p, const float* __restrict g, float* __restrict m,
                 float* __restrict v, int64_t n, const AdamWScalars& k) {
   const float b1 = k.b1, b2 = k.b2, c1 = k.c1, c2 = k.c2, eps = k.eps;
@@ -77,20 +73,7 @@ void sgd_part(float* __restrict p, const float* __restrict g, float* __restrict 
 
 void adamw_step(float* params, const float* grads, float* m, float* v, void* working,
                 DType working_type, int64_t n, const AdamWStep& k) {
-  // Scalars in double as PyTorch computes them in Python, then rounded once to f32.
-  const double t = static_cast<double>(k.step);
-  const double bc1 = 1.0 - std::pow(static_cast<double>(k.beta1), t);
-  const double bc2 = 1.0 - std::pow(static_cast<double>(k.beta2), t);
-  AdamWScalars c;
-  c.b1 = k.beta1;
-  c.b2 = k.beta2;
-  c.c1 = 1.0f - k.beta1;
-  c.c2 = 1.0f - k.beta2;
-  c.eps = k.eps;
-  c.step_size = static_cast<float>(static_cast<double>(k.lr) / bc1);
-  c.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  c.decay = static_cast<float>(1.0 - static_cast<double>(k.lr) * k.weight_decay);
-  c.gs = k.grad_scale;
+  const AdamWScalars c = adamw_scalars(k);
   for_parts(params, working, working_type, n, [&](int64_t i, int64_t count) {
     adamw_part(params + i, grads + i, m + i, v + i, count, c);
   });

@@ -309,8 +309,7 @@ bool ShardedStore::used_by(int unit, size_t block) const {
   return std::find(used.begin(), used.end(), unit) != used.end();
 }
 
-void ShardedStore::on_block(nn::Phase phase, size_t block, bool last) {
-  (void)last;
+void ShardedStore::on_block(nn::Phase phase, size_t block, bool /*last*/) {
   const bool before = phase == nn::Phase::kBeforeForward || phase == nn::Phase::kBeforeBackward;
   for (int u : units_.used_by_block[block]) {
     if (before) {

@@ -70,7 +70,7 @@ bool have(const std::string& cmd) { return std::system((cmd + " > /dev/null 2>&1
 TEST(TensorBoard, RunDecodesToMetrics) {
   if (!have("protoc --version") || !have("/usr/bin/python3 -c 'import google.protobuf'"))
     GTEST_SKIP() << "needs protobuf-compiler and python3-protobuf (scripts/setup.sh)";
-  Config cfg = load_config(std::string(TESSEL_SOURCE_DIR) + "/examples/spiral.toml",
+  Config cfg = load_config(TESSEL_SOURCE_DIR "/examples/spiral.toml",
                            {"train.epochs=6", "train.log_every=7", "metrics.tensorboard=true",
                             "checkpoint.every_epochs=0"});
   RunOptions opts;

@@ -64,9 +64,5 @@ std::vector<size_t> parse_size_list(const std::string& text);
 }  // namespace tessel::comm
 
 namespace tessel {
-template <>
-struct Names<comm::Algorithm> {  // comm.algorithm
-  static constexpr const char* values[] = {"auto", "ring",   "halving_doubling",
-                                           "tree", "direct", "native"};
-};
+TESSEL_NAMES(comm::Algorithm, "auto", "ring", "halving_doubling", "tree", "direct", "native");
 }  // namespace tessel

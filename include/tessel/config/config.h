@@ -168,16 +168,7 @@ comm::Backend resolve_backend(const Config& config, bool under_mpi);
 }  // namespace tessel::train
 
 namespace tessel {
-template <>
-struct Names<train::FailMode> {
-  static constexpr const char* values[] = {"throw", "kill", "hang", "stop"};
-};
-template <>
-struct Names<train::BackendChoice> {
-  static constexpr const char* values[] = {"auto", "threads", "mpi"};
-};
-template <>
-struct Names<train::LayoutMode> {
-  static constexpr const char* values[] = {"manual", "auto"};
-};
+TESSEL_NAMES(train::FailMode, "throw", "kill", "hang", "stop");
+TESSEL_NAMES(train::BackendChoice, "auto", "threads", "mpi");
+TESSEL_NAMES(train::LayoutMode, "manual", "auto");
 }  // namespace tessel

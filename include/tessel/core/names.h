@@ -1,7 +1,8 @@
 // The names a config gives the values of an enum: a header that declares an enum specializes
 // Names<E> with one name per value, in the order of the values (0, 1, ...). The config reads a
 // name into its value once (value_of), and everything after works with the enum; name_of
-// gives the name back for messages, summaries and resolved configs.
+// gives the name back for messages, summaries and resolved configs. TESSEL_NAMES(E, "a", "b")
+// writes the specialization (inside namespace tessel).
 #pragma once
 
 #include <cstddef>
@@ -13,6 +14,12 @@ namespace tessel {
 
 template <typename E>
 struct Names;  // static constexpr const char* values[]: one per value of E, in order
+
+#define TESSEL_NAMES(E, ...)                               \
+  template <>                                              \
+  struct Names<E> {                                        \
+    static constexpr const char* values[] = {__VA_ARGS__}; \
+  }
 
 template <typename E>
 const char* name_of(E value) {

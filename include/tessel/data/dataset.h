@@ -105,9 +105,6 @@ Splits make_datasets(const DataSpec& spec);
 }  // namespace tessel::data
 
 namespace tessel {
-template <>
-struct Names<data::DataKind> {
-  static constexpr const char* values[] = {"fashion_mnist", "mnist_idx", "spiral", "text",
-                                           "synthetic",     "npy",       "csv",    "tokens"};
-};
+TESSEL_NAMES(data::DataKind, "fashion_mnist", "mnist_idx", "spiral", "text", "synthetic", "npy",
+             "csv", "tokens");
 }  // namespace tessel

@@ -13,8 +13,5 @@ enum class Task { kClassification, kRegression, kMultilabel };
 }  // namespace tessel::data
 
 namespace tessel {
-template <>
-struct Names<data::Task> {
-  static constexpr const char* values[] = {"classification", "regression", "multilabel"};
-};
+TESSEL_NAMES(data::Task, "classification", "regression", "multilabel");
 }  // namespace tessel

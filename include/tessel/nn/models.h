@@ -90,12 +90,6 @@ std::string stack_toml(const std::vector<LayerSpec>& stack);
 }  // namespace tessel::nn
 
 namespace tessel {
-template <>
-struct Names<nn::ModelKind> {
-  static constexpr const char* values[] = {"mlp", "cnn", "gpt", "sequential"};
-};
-template <>
-struct Names<nn::Activation> {
-  static constexpr const char* values[] = {"relu", "gelu"};
-};
+TESSEL_NAMES(nn::ModelKind, "mlp", "cnn", "gpt", "sequential");
+TESSEL_NAMES(nn::Activation, "relu", "gelu");
 }  // namespace tessel

@@ -62,16 +62,7 @@ std::vector<int64_t> sequence_positions(int64_t B, int64_t T);
 }  // namespace tessel::nn
 
 namespace tessel {
-template <>
-struct Names<nn::Norm> {
-  static constexpr const char* values[] = {"layernorm", "rmsnorm"};
-};
-template <>
-struct Names<nn::Position> {
-  static constexpr const char* values[] = {"learned", "rotary"};
-};
-template <>
-struct Names<nn::Mlp> {
-  static constexpr const char* values[] = {"gelu", "swiglu"};
-};
+TESSEL_NAMES(nn::Norm, "layernorm", "rmsnorm");
+TESSEL_NAMES(nn::Position, "learned", "rotary");
+TESSEL_NAMES(nn::Mlp, "gelu", "swiglu");
 }  // namespace tessel

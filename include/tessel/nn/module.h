@@ -65,10 +65,7 @@ class Module {
   // Parameters this module owns (not ones it borrows, e.g. a tied LM head's table).
   virtual std::vector<Parameter*> parameters() { return {}; }
   // Multiply-adds x 2 of one forward pass for a batch of `batch` samples (for GFLOP/s reports).
-  virtual double forward_flops(int64_t batch) const {
-    (void)batch;
-    return 0;
-  }
+  virtual double forward_flops(int64_t /*batch*/) const { return 0; }
 
   // Whether backward() must compute dx. A model turns it off for its first block, whose input
   // is data: that skips the largest GEMM of an MLP's backward. When off, backward() may return

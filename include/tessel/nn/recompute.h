@@ -16,8 +16,5 @@ enum class Recompute : uint8_t {
 }  // namespace tessel::nn
 
 namespace tessel {
-template <>
-struct Names<nn::Recompute> {
-  static constexpr const char* values[] = {"none", "full", "selective"};
-};
+TESSEL_NAMES(nn::Recompute, "none", "full", "selective");
 }  // namespace tessel

@@ -4,6 +4,7 @@
 // (no contraction) on both, so that a device step gives the CPU's bits.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include "tessel/tensor/dtype.h"
@@ -17,6 +18,25 @@ struct AdamWStep {
   int64_t step = 1;  // t, counting from 1
   float grad_scale = 1.0f;
 };
+// Its per-step scalars, in double as PyTorch computes them in Python, then rounded once to f32;
+// the CPU's and a device's kernels take the same.
+struct AdamWScalars {
+  float b1, b2, c1, c2, eps, step_size, bc2_sqrt, decay, gs;
+};
+inline AdamWScalars adamw_scalars(const AdamWStep& a) {
+  const double t = static_cast<double>(a.step);
+  const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), t);
+  const double bc2 = 1.0 - std::pow(static_cast<double>(a.beta2), t);
+  return {a.beta1,
+          a.beta2,
+          1.0f - a.beta1,
+          1.0f - a.beta2,
+          a.eps,
+          static_cast<float>(static_cast<double>(a.lr) / bc1),
+          static_cast<float>(std::sqrt(bc2)),
+          static_cast<float>(1.0 - static_cast<double>(a.lr) * a.weight_decay),
+          a.grad_scale};
+}
 // One SGD step (torch.optim.SGD, dampening 0): d = grads * grad_scale + weight_decay * params;
 // with momentum mu > 0 the buffer becomes d on the first step and mu * buf + d after; params -=
 // lr * (buf, or d + mu * buf with nesterov; d without momentum).

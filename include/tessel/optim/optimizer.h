@@ -78,8 +78,5 @@ std::unique_ptr<Optimizer> make_optimizer(const OptimSpec& spec, int64_t n,
 }  // namespace tessel::optim
 
 namespace tessel {
-template <>
-struct Names<optim::OptimKind> {
-  static constexpr const char* values[] = {"sgd", "adamw"};
-};
+TESSEL_NAMES(optim::OptimKind, "sgd", "adamw");
 }  // namespace tessel

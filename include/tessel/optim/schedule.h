@@ -35,8 +35,5 @@ float clip_factor(double norm, float max_norm);
 }  // namespace tessel::optim
 
 namespace tessel {
-template <>
-struct Names<optim::ScheduleKind> {
-  static constexpr const char* values[] = {"constant", "step", "cosine"};
-};
+TESSEL_NAMES(optim::ScheduleKind, "constant", "step", "cosine");
 }  // namespace tessel

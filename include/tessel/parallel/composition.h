@@ -69,8 +69,5 @@ std::string composition_markdown();
 }  // namespace tessel::parallel
 
 namespace tessel {
-template <>
-struct Names<parallel::ExecutorKind> {
-  static constexpr const char* values[] = {"local", "pipeline"};
-};
+TESSEL_NAMES(parallel::ExecutorKind, "local", "pipeline");
 }  // namespace tessel

@@ -28,8 +28,5 @@ constexpr int64_t kInt8Chunk = 256;
 }  // namespace tessel::parallel
 
 namespace tessel {
-template <>
-struct Names<parallel::CompressKind> {
-  static constexpr const char* values[] = {"none", "fp16", "bf16", "int8", "topk", "powersgd"};
-};
+TESSEL_NAMES(parallel::CompressKind, "none", "fp16", "bf16", "int8", "topk", "powersgd");
 }  // namespace tessel

@@ -106,36 +106,12 @@ DType precision_type(const ParallelSpec& spec);
 }  // namespace tessel::parallel
 
 namespace tessel {
-template <>
-struct Names<parallel::Precision> {
-  static constexpr const char* values[] = {"fp32", "bf16", "fp16"};
-};
-template <>
-struct Names<parallel::Overlap> {
-  static constexpr const char* values[] = {"auto", "on", "off"};
-};
-template <>
-struct Names<parallel::BalanceMode> {
-  static constexpr const char* values[] = {"off", "static", "dynamic"};
-};
-template <>
-struct Names<parallel::PsMode> {
-  static constexpr const char* values[] = {"sync", "async", "ssp"};
-};
-template <>
-struct Names<parallel::StaleLr> {
-  static constexpr const char* values[] = {"none", "inverse"};
-};
-template <>
-struct Names<parallel::PpSchedule> {
-  static constexpr const char* values[] = {"gpipe", "1f1b", "interleaved", "zb-h1"};
-};
-template <>
-struct Names<parallel::Offload> {
-  static constexpr const char* values[] = {"none", "activations", "optimizer", "all"};
-};
-template <>
-struct Names<parallel::PpPartition> {
-  static constexpr const char* values[] = {"balanced", "uniform", "round_robin"};
-};
+TESSEL_NAMES(parallel::Precision, "fp32", "bf16", "fp16");
+TESSEL_NAMES(parallel::Overlap, "auto", "on", "off");
+TESSEL_NAMES(parallel::BalanceMode, "off", "static", "dynamic");
+TESSEL_NAMES(parallel::PsMode, "sync", "async", "ssp");
+TESSEL_NAMES(parallel::StaleLr, "none", "inverse");
+TESSEL_NAMES(parallel::PpSchedule, "gpipe", "1f1b", "interleaved", "zb-h1");
+TESSEL_NAMES(parallel::Offload, "none", "activations", "optimizer", "all");
+TESSEL_NAMES(parallel::PpPartition, "balanced", "uniform", "round_robin");
 }  // namespace tessel

@@ -26,9 +26,6 @@ float bf16_to_f32(uint16_t x);
 uint16_t f32_to_f16(float x);
 float f16_to_f32(uint16_t x);
 
-template <>
-struct Names<Device> {
-  static constexpr const char* values[] = {"cpu", "cuda"};
-};
+TESSEL_NAMES(Device, "cpu", "cuda");
 
 }  // namespace tessel

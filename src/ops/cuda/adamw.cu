@@ -12,15 +12,10 @@ namespace {
 
 constexpr int kThreads = 256;
 
-// The per-step scalars, computed once on the host as tessel::optim's AdamW computes them.
-struct Scalars {
-  float b1, b2, c1, c2, eps, step_size, bc2_sqrt, decay, gs;
-};
-
 template <typename W>
 __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ g,
                              float* __restrict__ m, float* __restrict__ v, W* __restrict__ working,
-                             int64_t n, Scalars k) {
+                             int64_t n, AdamWScalars k) {
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
        i += int64_t{gridDim.x} * blockDim.x) {
     const float gi = g[i] * k.gs;
@@ -94,19 +89,7 @@ void adamw_step(float* params, const float* grads, float* m, float* v, void* wor
                 DType working_type, int64_t n, const AdamWStep& a, cudaStream_t s) {
   TESSEL_CHECK(a.step >= 1, "cuda adamw_step: step counts from 1, got ", a.step);
   if (n <= 0) return;
-  // Scalars in double as PyTorch computes them in Python, then rounded once to f32.
-  const double bc1 = 1.0 - std::pow(static_cast<double>(a.beta1), static_cast<double>(a.step));
-  const double bc2 = 1.0 - std::pow(static_cast<double>(a.beta2), static_cast<double>(a.step));
-  Scalars k;
-  k.b1 = a.beta1;
-  k.b2 = a.beta2;
-  k.c1 = 1.0f - a.beta1;
-  k.c2 = 1.0f - a.beta2;
-  k.eps = a.eps;
-  k.step_size = static_cast<float>(static_cast<double>(a.lr) / bc1);
-  k.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  k.decay = static_cast<float>(1.0 - static_cast<double>(a.lr) * a.weight_decay);
-  k.gs = a.grad_scale;
+  const AdamWScalars k = adamw_scalars(a);
   const unsigned grid = detail::grid_for(n, kThreads);
   if (working == nullptr) {
     adamw_kernel<float><<<grid, kThreads, 0, s>>>(params, grads, m, v, nullptr, n, k);

@@ -19,9 +19,6 @@
 namespace tessel::ops::cuda {
 namespace {
 
-using detail::from_f32;
-using detail::to_f32;
-
 constexpr int kRows = 64;  // rows (row groups) per block
 constexpr int kTile = 32;  // rows per shared-memory tile
 constexpr int kChunk = 8;  // forward: keys whose scores are held at once

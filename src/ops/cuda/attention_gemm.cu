@@ -23,10 +23,6 @@
 namespace tessel::ops::cuda {
 namespace {
 
-using detail::bf16;
-using detail::from_f32;
-using detail::to_f32;
-
 constexpr int kWarpsPerBlock = 8;  // one warp per row of the T x T matrices
 // Scratch bytes per entry of a head's T x T: S and dP (f32), P and dS (bf16).
 constexpr int64_t kEntryBytes = 12;

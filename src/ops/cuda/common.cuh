@@ -179,3 +179,15 @@ void dispatch(DType t, const char* who, F&& f) {
 }
 
 }  // namespace tessel::ops::cuda::detail
+
+// The helpers above by their short names, in every kernel file.
+namespace tessel::ops::cuda {
+using detail::aligned16;
+using detail::bf16;
+using detail::block_max;
+using detail::from_f32;
+using detail::grid_for;
+using detail::Pack;
+using detail::to_f32;
+using detail::warp_sum;
+}  // namespace tessel::ops::cuda

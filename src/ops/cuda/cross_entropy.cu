@@ -9,9 +9,6 @@
 namespace tessel::ops::cuda {
 namespace {
 
-using detail::from_f32;
-using detail::to_f32;
-
 constexpr int kThreads = 512;
 
 // A running (max m, sum l of exp(v - m)) and its merge with another: max, and + of two

@@ -11,9 +11,6 @@
 namespace tessel::ops::cuda {
 namespace {
 
-using detail::from_f32;
-using detail::to_f32;
-
 constexpr int kThreads = 256;
 
 __device__ __forceinline__ uint64_t splitmix64(uint64_t x) {

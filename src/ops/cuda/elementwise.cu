@@ -7,12 +7,6 @@
 namespace tessel::ops::cuda {
 namespace {
 
-using detail::aligned16;
-using detail::bf16;
-using detail::from_f32;
-using detail::Pack;
-using detail::to_f32;
-
 constexpr int kThreads = 256;
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2 / pi)
 constexpr float kGeluCube = 0.044715f;

@@ -11,9 +11,6 @@
 namespace tessel::ops::cuda {
 namespace {
 
-using detail::from_f32;
-using detail::to_f32;
-
 constexpr int kThreads = 256;
 constexpr int kColumns = 128;  // columns per backward block (its threads, 4 warps)
 constexpr int kParts = 64;     // table rows dealt out round-robin to this many block rows

@@ -12,9 +12,6 @@
 namespace tessel::ops::cuda {
 namespace {
 
-using detail::block_max;
-using detail::grid_for;
-
 constexpr int kThreads = 256;
 
 __global__ void collect_kernel(float* kept, float* max, const float* g, int64_t n) {

@@ -6,10 +6,6 @@
 namespace tessel::ops::cuda {
 namespace {
 
-using detail::from_f32;
-using detail::to_f32;
-using detail::warp_sum;
-
 constexpr float kEps = 1e-5f;
 constexpr int kRowsPerBlock = 8;  // warps per block, one row each
 

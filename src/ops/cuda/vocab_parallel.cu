@@ -10,9 +10,6 @@
 namespace tessel::ops::cuda {
 namespace {
 
-using detail::from_f32;
-using detail::to_f32;
-
 constexpr int kThreads = 512;
 
 template <typename T>

@@ -98,10 +98,6 @@ class DenseCodec final : public Codec {
     msg_ = Tensor();
     return std::nullopt;
   }
-  double formula_bytes(int world) const override {
-    const double b = static_cast<double>(n_ * static_cast<int64_t>(dtype_size(type_)));
-    return scatter_ ? (world - 1.0) / world * b : allreduce_bytes(b, world);
-  }
 
  private:
   void* at(void* msg, int64_t i) const {
@@ -143,9 +139,6 @@ class Int8Codec final : public Codec {
     unpack(segments_, flat_.data(), g);
     return std::nullopt;
   }
-  double formula_bytes(int world) const override {
-    return static_cast<double>(world - 1) * static_cast<double>(int8_message_bytes(n_));
-  }
 
  private:
   std::vector<Segment> segments_;
@@ -181,9 +174,6 @@ class TopkCodec final : public Codec {
     topk_add(all_.data(), static_cast<int64_t>(all_.size()), flat_.data());  // in rank order
     unpack(segments_, flat_.data(), g);
     return std::nullopt;
-  }
-  double formula_bytes(int world) const override {
-    return static_cast<double>(world - 1) * static_cast<double>(k_) * sizeof(Pair);
   }
   std::vector<float>* state() override { return residual_.empty() ? nullptr : &residual_; }
 
@@ -223,9 +213,6 @@ class PowerSgdCodec final : public Codec {
   Exchange encode(float* g, const CodecKey& key) override;
   std::optional<Exchange> next(float* g) override;
   int phases() const override { return 2; }
-  double formula_bytes(int world) const override {
-    return allreduce_bytes(4.0 * static_cast<double>(p_.size() + qmsg_.size()), world);
-  }
   std::vector<float>* state() override { return &state_; }
 
  private:

@@ -96,8 +96,6 @@ class Codec {
   virtual std::optional<Exchange> next(float* g) = 0;
   // Exchanges per encode.
   virtual int phases() const { return 1; }
-  // Bytes this rank sends per encode on a group of `world` ranks.
-  virtual double formula_bytes(int world) const = 0;
   // State that must survive a checkpoint (residual, Q); null when there is none.
   virtual std::vector<float>* state() { return nullptr; }
 };

@@ -294,17 +294,13 @@ Body allgather_body(const void* in, void* out, std::vector<size_t> counts, ElemT
   return [=](const CollContext& ctx, Algorithm a) {
     switch (a) {
       case Algorithm::kRing:
-        allgather_ring(ctx, in, out, counts, elem);
-        break;
+        return allgather_ring(ctx, in, out, counts, elem);
       case Algorithm::kHalvingDoubling:
-        allgather_halving_doubling(ctx, in, out, counts, elem);
-        break;
+        return allgather_halving_doubling(ctx, in, out, counts, elem);
       case Algorithm::kDirect:
-        allgather_direct(ctx, in, out, counts, elem);
-        break;
+        return allgather_direct(ctx, in, out, counts, elem);
       case Algorithm::kNative:
-        native_of(ctx).allgather(in, out, counts, elem, ctx.stamp, ctx.deadline);
-        break;
+        return native_of(ctx).allgather(in, out, counts, elem, ctx.stamp, ctx.deadline);
       default:
         TESSEL_CHECK(false, "unsupported algorithm");
     }
@@ -345,17 +341,13 @@ Body broadcast_body(void* buf, size_t count, ElemType elem, int root) {
   return [=](const CollContext& ctx, Algorithm a) {
     switch (a) {
       case Algorithm::kTree:
-        broadcast_tree(ctx, buf, count, elem, root);
-        break;
+        return broadcast_tree(ctx, buf, count, elem, root);
       case Algorithm::kRing:
-        broadcast_ring(ctx, buf, count, elem, root);
-        break;
+        return broadcast_ring(ctx, buf, count, elem, root);
       case Algorithm::kDirect:
-        broadcast_direct(ctx, buf, count, elem, root);
-        break;
+        return broadcast_direct(ctx, buf, count, elem, root);
       case Algorithm::kNative:
-        native_of(ctx).broadcast(buf, count, elem, root, ctx.stamp, ctx.deadline);
-        break;
+        return native_of(ctx).broadcast(buf, count, elem, root, ctx.stamp, ctx.deadline);
       default:
         TESSEL_CHECK(false, "unsupported algorithm");
     }

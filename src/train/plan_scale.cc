@@ -35,12 +35,6 @@ double layer_activation_bytes(const GptShape& g, int64_t b, int tp, bool sequenc
   return sbh * (10 + 24 / t + attention / t);
 }
 
-std::vector<StateTerm> zero_paper_terms(double k) {
-  return {{MemCategory::kParameters, 2, 3, false},
-          {MemCategory::kGradients, 2, 2, false},
-          {MemCategory::kOptimizer, k, 1, false}};
-}
-
 namespace {
 
 Candidate predict_gpt(const GptShape& g, const ScaleOptions& o, int tp, int pp, int zero,

@@ -25,6 +25,15 @@
 namespace tessel::train {
 namespace {
 
+// The ZeRO paper's accounting (Rajbhandari et al. 2020, sec. 3-5): 2 bytes of 16-bit
+// parameters (sharded at stage 3), 2 of gradients (stage 2), K of optimizer state (stage 1:
+// Adam's f32 master copy, momentum and variance, K = 12).
+std::vector<StateTerm> zero_paper_terms(double k) {
+  return {{MemCategory::kParameters, 2, 3, false},
+          {MemCategory::kGradients, 2, 2, false},
+          {MemCategory::kOptimizer, k, 1, false}};
+}
+
 // ZeRO (Rajbhandari et al. 2020), Figure 1 / Table 1: a 7.5B-parameter model on 64 ranks with
 // mixed-precision Adam (K = 12) holds 120 GB, 31.4 GB, 16.6 GB and 1.9 GB of model states per
 // rank at stages 0-3 (figures given to three significant digits).

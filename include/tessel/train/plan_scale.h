@@ -29,11 +29,6 @@ double gpt_parameters(const GptShape& g);
 double layer_activation_bytes(const GptShape& g, int64_t b, int tp, bool sequence,
                               const std::string& recompute);
 
-// The ZeRO paper's accounting (Rajbhandari et al. 2020, sec. 3-5): 2 bytes of 16-bit
-// parameters (sharded at stage 3), 2 of gradients (stage 2), K of optimizer state (stage 1:
-// Adam's f32 master copy, momentum and variance, K = 12).
-std::vector<StateTerm> zero_paper_terms(double k = 12);
-
 struct ScaleOptions {
   int workers = 8;
   int ranks_per_host = 8;          // tp stays within a host

@@ -5,10 +5,12 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
 #include <thread>
+#include <vector>
 
 #include "tessel/core/error.h"
 
@@ -74,9 +76,7 @@ class Session : public std::enable_shared_from_this<Session> {
   // Closes the connection if it waits for a request or has not sent one whole (not accepted);
   // one being answered closes after.
   void drain() {
-    auto self = weak_from_this().lock();  // none: the session is ending
-    if (!self) return;
-    net::post(stream_.get_executor(), [self] {
+    net::post(stream_.get_executor(), [self = shared_from_this()] {
       if (self->reading_) self->close();
     });
   }
@@ -487,8 +487,16 @@ void HttpServer::stop() {
   net::post(m.ioc, [&m] {
     beast::error_code ec;
     m.acceptor.close(ec);
-    std::lock_guard lock(m.shared.mu);
-    for (Session* s : m.shared.sessions) s->drain();
+    // The live sessions, drained outside the registry's lock: a session whose last reference
+    // drops here unregisters itself under that lock (it deadlocked when the drain's own
+    // reference was the last, with an I/O thread done with the session meanwhile).
+    std::vector<std::shared_ptr<Session>> live;
+    {
+      std::lock_guard lock(m.shared.mu);
+      for (Session* s : m.shared.sessions)
+        if (auto p = s->weak_from_this().lock()) live.push_back(std::move(p));  // none: ending
+    }
+    for (const auto& s : live) s->drain();
   });
 }
 

@@ -1,17 +1,24 @@
 #include "protocol.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
+#include <optional>
 
 #include "tessel/core/error.h"
+#include "tessel/data/npy.h"
 #include "tessel/infer/generate.h"
 #include "tessel/infer/output.h"
+#include "tessel/tensor/dtype.h"
 
 namespace tessel::infer {
 namespace {
 
 using json = nlohmann::json;
 using ojson = nlohmann::ordered_json;
+
+static_assert(std::endian::native == std::endian::little,
+              "binary tensors are little-endian, as the host's memory is taken to be");
 
 // The datatypes a classifier's input converts from; JSON carries each as a number.
 constexpr const char* kIntegerTypes[] = {"INT8",  "INT16",  "INT32",  "INT64",
@@ -64,6 +71,41 @@ uint64_t count_of(const json& obj, const char* key, const std::string& where, ui
   return obj[key].get<uint64_t>();
 }
 
+// A boolean `key` of `obj` (`where` names obj), or `fallback` when absent.
+bool flag_of(const json& obj, const char* key, const std::string& where, bool fallback) {
+  if (!obj.is_object() || !obj.contains(key)) return fallback;
+  if (!obj[key].is_boolean())
+    throw InvalidArgument(
+        str("serve: ", where, "\"", key, "\" must be true or false, got ", obj[key].dump()));
+  return obj[key].get<bool>();
+}
+
+// The bytes of v2 input `in` when its values travel as binary data after the JSON (the
+// binary-tensor extension: "parameters": {"binary_data_size": bytes}, `binary` the bytes the
+// body has after its JSON), checked; nullopt when they travel as JSON in "data".
+std::optional<std::string_view> binary_input(const json& in, std::string_view binary) {
+  const json params = in.value("parameters", json::object());
+  const bool sized = params.is_object() && params.contains("binary_data_size");
+  if (sized == in.contains("data"))
+    throw InvalidArgument(
+        "serve: inputs[0] must have either \"data\": [...] or, for values sent as binary data "
+        "after the JSON, \"parameters\": {\"binary_data_size\": bytes}");
+  if (!sized) {
+    if (!binary.empty())
+      throw InvalidArgument(str("serve: the body has ", binary.size(),
+                                " bytes after its JSON (Inference-Header-Content-Length) that no "
+                                "input's \"binary_data_size\" claims"));
+    return std::nullopt;
+  }
+  const json& size = params["binary_data_size"];
+  if (!size.is_number_unsigned() || size.get<uint64_t>() != binary.size())
+    throw InvalidArgument(str("serve: inputs[0] has binary_data_size ", size.dump(), " but ",
+                              binary.size(),
+                              " bytes follow the JSON (Inference-Header-Content-Length); they "
+                              "must be equal"));
+  return binary;
+}
+
 // The leaves of a tensor's "data", flattened in row-major order (nested arrays allowed).
 void flatten(const json& data, std::vector<const json*>& out) {
   if (!data.is_array()) return out.push_back(&data);
@@ -85,8 +127,8 @@ const json& the_input(const json& body, const char* name) {
   if (in["name"] != name)
     throw InvalidArgument(
         str("serve: unknown input ", in["name"].dump(), "; the model's input is \"", name, "\""));
-  if (!in.contains("shape") || !in["shape"].is_array() || !in.contains("data"))
-    throw InvalidArgument("serve: inputs[0] must have \"shape\": [...] and \"data\": [...]");
+  if (!in.contains("shape") || !in["shape"].is_array())
+    throw InvalidArgument("serve: inputs[0] must have \"shape\": [...]");
   return in;
 }
 
@@ -106,7 +148,24 @@ int64_t rows_of(const json& in, const Shape& row, const ModelLimits& limits) {
   return n;
 }
 
-Request read_classes(const json& in, const ModelInfo& info, const ModelLimits& limits) {
+// Converts the n binary values of v2 `dtype` at `bytes` (checked to hold them) to f32.
+void binary_to_f32(float* dst, std::string_view bytes, int64_t n, const std::string& dtype) {
+  const int width = std::stoi(dtype.substr(dtype.find_first_of("123456789"))) / 8;
+  if (static_cast<int64_t>(bytes.size()) != n * width)
+    throw InvalidArgument(str("serve: inputs[0] has ", bytes.size(),
+                              " bytes of binary data; its shape holds ", n, " ", dtype, " values, ",
+                              n * width, " bytes"));
+  const char kind = dtype[0] == 'F' ? 'f' : dtype[0] == 'U' ? 'u' : 'i';  // as .npy names it
+  if (dtype != "BF16") return data::npy_to_f32(dst, bytes.data(), n, {kind, width, {}});
+  for (int64_t i = 0; i < n; ++i) {
+    uint16_t bits;
+    std::memcpy(&bits, bytes.data() + 2 * i, 2);
+    dst[i] = bf16_to_f32(bits);
+  }
+}
+
+Request read_classes(const json& in, std::string_view binary, const ModelInfo& info,
+                     const ModelLimits& limits) {
   const std::string dtype = in["datatype"];
   const bool integer = one_of(dtype, kIntegerTypes);
   if (!integer && !one_of(dtype, kFloatTypes))
@@ -114,17 +173,21 @@ Request read_classes(const json& in, const ModelInfo& info, const ModelLimits& l
                               "; the model takes FP32 (FP64, FP16, BF16 and INT8-64, UINT8-64 are "
                               "converted)"));
   const int64_t n = rows_of(in, info.spec.input_shape, limits);
-  std::vector<const json*> data;
-  flatten(in["data"], data);
   const int64_t numel = n * shape_numel(info.spec.input_shape);
-  if (static_cast<int64_t>(data.size()) != numel)
-    throw InvalidArgument(
-        str("serve: inputs[0] has ", data.size(), " values; its shape holds ", numel));
   Shape shape = info.spec.input_shape;
   shape.insert(shape.begin(), n);
   Request r;
   r.x = Tensor::empty(shape);
   float* dst = r.x.data<float>();
+  if (const auto bytes = binary_input(in, binary)) {
+    binary_to_f32(dst, *bytes, numel, dtype);
+    return r;
+  }
+  std::vector<const json*> data;
+  flatten(in["data"], data);
+  if (static_cast<int64_t>(data.size()) != numel)
+    throw InvalidArgument(
+        str("serve: inputs[0] has ", data.size(), " values; its shape holds ", numel));
   for (int64_t i = 0; i < numel; ++i) {
     const json& v = *data[static_cast<size_t>(i)];
     if (integer ? !v.is_number_integer() || (dtype[0] == 'U' && !v.is_number_unsigned())
@@ -136,22 +199,44 @@ Request read_classes(const json& in, const ModelInfo& info, const ModelLimits& l
   return r;
 }
 
-Request read_prompts(const json& body, const json& in, const ModelInfo& info,
-                     const ModelLimits& limits) {
+// The n prompts of a BYTES input sent as binary data: each a 4-byte length, then its bytes.
+std::vector<std::string> binary_prompts(std::string_view bytes, int64_t n) {
+  std::vector<std::string> texts;
+  for (uint32_t len = 0; !bytes.empty(); bytes.remove_prefix(len)) {
+    if (bytes.size() < 4 || (std::memcpy(&len, bytes.data(), 4), len > bytes.size() - 4))
+      throw InvalidArgument(
+          "serve: inputs[0]'s binary data is not BYTES elements (each a 4-byte little-endian "
+          "length, then that many bytes)");
+    bytes.remove_prefix(4);
+    texts.emplace_back(bytes.substr(0, len));
+  }
+  if (static_cast<int64_t>(texts.size()) != n)
+    throw InvalidArgument(
+        str("serve: inputs[0] has ", texts.size(), " prompts; its shape holds ", n));
+  return texts;
+}
+
+Request read_prompts(const json& body, const json& in, std::string_view binary,
+                     const ModelInfo& info, const ModelLimits& limits) {
   if (in["datatype"] != "BYTES")
     throw InvalidArgument(str("serve: inputs[0] has datatype ", in["datatype"].get<std::string>(),
                               "; a gpt model takes BYTES (one prompt per row)"));
   const int64_t n = rows_of(in, {}, limits);
-  std::vector<const json*> data;
-  flatten(in["data"], data);
-  if (static_cast<int64_t>(data.size()) != n)
-    throw InvalidArgument(
-        str("serve: inputs[0] has ", data.size(), " prompts; its shape holds ", n));
   std::vector<std::string> texts;
-  for (size_t i = 0; i < data.size(); ++i) {
-    if (!data[i]->is_string())
-      throw InvalidArgument(str("serve: prompt[", i, "] must be a string, got ", data[i]->dump()));
-    texts.push_back(data[i]->get<std::string>());
+  if (const auto bytes = binary_input(in, binary)) {
+    texts = binary_prompts(*bytes, n);
+  } else {
+    std::vector<const json*> data;
+    flatten(in["data"], data);
+    if (static_cast<int64_t>(data.size()) != n)
+      throw InvalidArgument(
+          str("serve: inputs[0] has ", data.size(), " prompts; its shape holds ", n));
+    for (size_t i = 0; i < data.size(); ++i) {
+      if (!data[i]->is_string())
+        throw InvalidArgument(
+            str("serve: prompt[", i, "] must be a string, got ", data[i]->dump()));
+      texts.push_back(data[i]->get<std::string>());
+    }
   }
   const json params = body.value("parameters", json::object());
   Request r;
@@ -197,12 +282,15 @@ ojson model_metadata(const std::string& name, const ModelInfo& info, const Model
   return m;
 }
 
-InferCall read_infer(const json& body, const ModelInfo& info, const ModelLimits& limits) {
+InferCall read_infer(const json& body, std::string_view binary, const ModelInfo& info,
+                     const ModelLimits& limits) {
   InferCall call;
   const json& in = the_input(body, info.generates() ? "prompt" : "input");
-  call.request =
-      info.generates() ? read_prompts(body, in, info, limits) : read_classes(in, info, limits);
+  call.request = info.generates() ? read_prompts(body, in, binary, info, limits)
+                                  : read_classes(in, binary, info, limits);
   if (body.contains("id")) call.id = body["id"];
+  const bool all_binary =
+      flag_of(body.value("parameters", json::object()), "binary_data_output", "parameters ", false);
   const std::vector<std::string> known = output_names(info);
   for (const json& o : body.value("outputs", json::array())) {
     if (!o.is_object() || !o.contains("name") || !o["name"].is_string() ||
@@ -210,8 +298,13 @@ InferCall read_infer(const json& body, const ModelInfo& info, const ModelLimits&
       throw InvalidArgument(str("serve: unknown output ", o.dump(), "; the model's outputs are ",
                                 json(known).dump()));
     call.outputs.push_back(o["name"]);
+    call.binary.push_back(flag_of(o.value("parameters", json::object()), "binary_data",
+                                  str("output ", o["name"].dump(), "'s parameters "), all_binary));
   }
-  if (call.outputs.empty()) call.outputs = known;
+  if (call.outputs.empty()) {
+    call.outputs = known;
+    call.binary.assign(known.size(), all_binary);
+  }
   return call;
 }
 
@@ -220,17 +313,10 @@ namespace {
 // Each row's top classes (output.h's top_classes).
 using TopClasses = std::vector<std::vector<std::pair<int64_t, double>>>;
 
-// The values of v2 output `o` for the rows, row by row, comma separated, each through `value`
-// (the serializer): what output_record's records of the rows hold for it.
-template <typename Value>
-void output_data(const std::string& o, const BatchRows& rows, const TopClasses& tops,
-                 std::string& out, Value value) {
-  bool comma = false;
-  auto add = [&](const ojson& v) {
-    if (comma) out += ',';
-    comma = true;
-    value(v);
-  };
+// The values of v2 output `o` for the rows, row by row, each through `add`: what
+// output_record's records of the rows hold for it.
+template <typename Add>
+void output_data(const std::string& o, const BatchRows& rows, const TopClasses& tops, Add add) {
   for (int64_t r = 0; r < rows.count; ++r) {
     if (o == "text") {
       add(rows.text(r));
@@ -250,14 +336,30 @@ void output_data(const std::string& o, const BatchRows& rows, const TopClasses& 
   }
 }
 
+// Appends `v`, a value of v2 `datatype`, as binary data (BYTES: a 4-byte length, its bytes).
+void append_binary(std::string& out, std::string_view datatype, const ojson& v) {
+  auto raw = [&out](auto x) { out.append(reinterpret_cast<const char*>(&x), sizeof x); };
+  if (datatype == "BYTES") {
+    const auto& s = v.get_ref<const std::string&>();
+    raw(static_cast<uint32_t>(s.size()));
+    out += s;
+  } else if (datatype == "INT64") {
+    raw(v.get<int64_t>());
+  } else if (datatype == "FP32") {
+    raw(v.get<float>());
+  } else {
+    raw(v.get<double>());
+  }
+}
+
 }  // namespace
 
 // Written as text as it goes from the rows' values, each value by nlohmann's serializer: the
 // bytes dump_json gives the document of the rows' records, without building either (the
 // document of a one-row answer cost a third of the forward of its row in a batch of 64, on
 // fashion_mlp; its records, tens of allocations a row, most of what was left).
-std::string infer_answer(const std::string& name, const InferCall& call, const BatchRows& rows,
-                         int64_t k, data::Task task) {
+HttpResponse infer_answer(const std::string& name, const InferCall& call, const BatchRows& rows,
+                          int64_t k, data::Task task) {
   std::string out = "{\"model_name\":";
   out.reserve(256 + 32 * static_cast<size_t>(rows.count) * call.outputs.size() *
                         static_cast<size_t>(k + 1));
@@ -275,6 +377,7 @@ std::string infer_answer(const std::string& name, const InferCall& call, const B
   const bool texts = n > 0 && !rows.batch->values.defined();
   // Each row's top classes, once for the three outputs that show them.
   TopClasses tops;
+  std::string binary;  // the outputs sent as binary data, in their order
   if (!texts && task == data::Task::kClassification)
     for (int64_t i = 0; i < n; ++i) tops.push_back(top_classes(rows.values(i), rows.width(), k));
   for (size_t i = 0; i < call.outputs.size(); ++i) {
@@ -300,11 +403,31 @@ std::string infer_answer(const std::string& name, const InferCall& call, const B
                             : multilabel ? rows.width()
                                          : static_cast<int64_t>(tops[0].size()));
     }
+    if (i < call.binary.size() && call.binary[i]) {
+      const size_t before = binary.size();
+      output_data(o, rows, tops, [&](const ojson& v) { append_binary(binary, datatype, v); });
+      out += "],\"parameters\":{\"binary_data_size\":";
+      out += std::to_string(binary.size() - before);
+      out += "}}";
+      continue;
+    }
     out += "],\"data\":[";
-    output_data(o, rows, tops, out, value);
+    bool comma = false;
+    output_data(o, rows, tops, [&](const ojson& v) {
+      if (comma) out += ',';
+      comma = true;
+      value(v);
+    });
     out += "]}";
   }
-  return out + "]}";
+  out += "]}";
+  if (std::find(call.binary.begin(), call.binary.end(), true) == call.binary.end())
+    return {200, "application/json", out + "\n", {}};
+  const std::string json_bytes = std::to_string(out.size());
+  return {200,
+          "application/octet-stream",
+          out + binary,
+          {{"Inference-Header-Content-Length", json_bytes}}};
 }
 
 Request read_predict(const json& body, const ModelInfo& info, const ModelLimits& limits) {

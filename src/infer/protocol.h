@@ -1,5 +1,6 @@
 // Private to src/infer: the bodies tessel serve reads and writes, apart from the transport.
-//   KServe v2 / Open Inference Protocol (JSON tensors):
+//   KServe v2 / Open Inference Protocol (JSON tensors, or binary ones after the JSON: the
+//   binary-tensor extension, which tritonclient uses by default):
 //     classifier  input "input" [n, <the model's input shape>], FP32 (or FP64, FP16, INT8-64,
 //                 UINT8-64, converted to f32); outputs "class" INT64 [n], "top_k_class" INT64
 //                 [n, k], "top_k_prob" FP64 [n, k] (what tessel predict writes for each row)
@@ -16,6 +17,7 @@
 
 #include "tessel/data/task.h"
 #include "tessel/infer/batcher.h"
+#include "tessel/infer/http.h"
 #include "tessel/infer/replica.h"
 
 namespace tessel::infer {
@@ -34,18 +36,23 @@ std::vector<std::string> output_names(const ModelInfo& info);
 nlohmann::ordered_json model_metadata(const std::string& name, const ModelInfo& info,
                                       const ModelLimits& limits);
 
-// v2: a POST /v2/models/{name}/infer body, its "id" and the outputs it asks for (none: all).
+// v2: a POST /v2/models/{name}/infer body (its JSON, and `binary`, the bytes that follow the
+// JSON when the request has an Inference-Header-Content-Length), its "id" and the outputs it
+// asks for (none: all), each as JSON or as binary data.
 struct InferCall {
   Request request;
   nlohmann::json id;  // null when the request has none
   std::vector<std::string> outputs;
+  std::vector<char> binary;  // per output: whether it goes as binary data (none: as JSON)
 };
-InferCall read_infer(const nlohmann::json& body, const ModelInfo& info, const ModelLimits& limits);
+InferCall read_infer(const nlohmann::json& body, std::string_view binary, const ModelInfo& info,
+                     const ModelLimits& limits);
 
-// v2: the JSON text of the answer to an infer call from its rows: a classifier's outputs (as
-// output_record makes its record of them for `task`, k classes), or a gpt's texts.
-std::string infer_answer(const std::string& name, const InferCall& call, const BatchRows& rows,
-                         int64_t k, data::Task task);
+// v2: the answer to an infer call from its rows: a classifier's outputs (as output_record makes
+// its record of them for `task`, k classes), or a gpt's texts; JSON, followed by the outputs
+// asked as binary data if any (with the Inference-Header-Content-Length header).
+HttpResponse infer_answer(const std::string& name, const InferCall& call, const BatchRows& rows,
+                          int64_t k, data::Task task);
 
 // v1: a POST /v1/predict body.
 Request read_predict(const nlohmann::json& body, const ModelInfo& info, const ModelLimits& limits);

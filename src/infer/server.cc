@@ -1,5 +1,6 @@
 #include "tessel/infer/server.h"
 
+#include <charconv>
 #include <chrono>
 #include <cstring>
 #include <ctime>
@@ -42,9 +43,9 @@ ModelLimits limits_of(const train::Config& c) {
   return {c.serve.max_batch, c.infer.max_new_tokens, c.infer.top_k};
 }
 
-nlohmann::json parse_json(const std::string& body) {
+nlohmann::json parse_json(std::string_view body) {
   try {
-    return nlohmann::json::parse(body);
+    return nlohmann::json::parse(body.begin(), body.end());
   } catch (const nlohmann::json::parse_error& e) {
     throw HttpError(400, str("serve: malformed JSON body: ", e.what()));
   }
@@ -254,8 +255,8 @@ void Server::ready(const HttpRequest&, Respond respond) {
 }
 
 void Server::server_metadata(const HttpRequest&, Respond respond) {
-  respond(
-      json_response(200, {{"name", "tessel"}, {"version", "1"}, {"extensions", ojson::array()}}));
+  respond(json_response(
+      200, {{"name", "tessel"}, {"version", "1"}, {"extensions", {"binary_tensor_data"}}}));
 }
 
 void Server::model_metadata(const HttpRequest&, Respond respond) {
@@ -263,18 +264,28 @@ void Server::model_metadata(const HttpRequest&, Respond respond) {
 }
 
 void Server::infer(const HttpRequest& req, Respond respond) {
-  if (!req.header("Inference-Header-Content-Length").empty())
-    throw HttpError(400,
-                    "serve: binary tensors (Inference-Header-Content-Length) are not supported; "
-                    "send JSON tensors (tritonclient: binary_data=False)");
+  // With binary tensors (the binary-tensor extension), the JSON is the body's first
+  // Inference-Header-Content-Length bytes and the tensors' bytes follow.
+  std::string_view json = req.body, binary;
+  if (const std::string length = req.header("Inference-Header-Content-Length"); !length.empty()) {
+    size_t n = 0;
+    const auto got = std::from_chars(length.data(), length.data() + length.size(), n);
+    if (got.ec != std::errc() || got.ptr != length.data() + length.size() || n > json.size())
+      throw HttpError(400, str("serve: Inference-Header-Content-Length is \"", length,
+                               "\"; it must be the byte length of the JSON that starts the "
+                               "body, at most the body's ",
+                               json.size(), " bytes"));
+    binary = json.substr(n);
+    json = json.substr(0, n);
+  }
   // The common body read straight into a tensor (as /v1/predict's), any other in full.
   auto call = std::make_shared<InferCall>();
-  if (!info_.generates())
-    call->request.x = read_v2_inputs(req.body, info_.spec.input_shape, config_.serve.max_batch);
+  if (!info_.generates() && binary.empty())
+    call->request.x = read_v2_inputs(json, info_.spec.input_shape, config_.serve.max_batch);
   if (call->request.x.defined())
     call->outputs = output_names(info_);
   else
-    *call = read_infer(parse_json(req.body), info_, limits_of(config_));
+    *call = read_infer(parse_json(json), binary, info_, limits_of(config_));
   Request request = std::move(call->request);
   submit(std::move(request), std::move(respond), [this, call](const BatchRows& rows) {
     return infer_answer(config_.name, *call, rows, config_.infer.top_k, info_.spec.task);
@@ -295,21 +306,19 @@ void Server::predict(const HttpRequest& req, Respond respond) {
           rows.batch->values.defined()
               ? output_record(rows.values(i), rows.width(), config_.infer.top_k, info_.spec.task)
               : ojson{{"text", rows.text(i)}});
-    return dump_json(ojson{{"outputs", std::move(records)}});
+    return json_response(200, ojson{{"outputs", std::move(records)}});
   });
 }
 
-// Queues a request for the workers; `answer` makes the JSON text of its 200 from its rows.
+// Queues a request for the workers; `answer` makes its 200 from its rows.
 void Server::submit(Request request, Respond respond,
-                    std::function<std::string(const BatchRows&)> answer) {
+                    std::function<HttpResponse(const BatchRows&)> answer) {
   if (draining_) throw HttpError(503, "serve: shutting down; send the request elsewhere");
   auto done = [respond = std::move(respond), answer = std::move(answer)](const BatchRows& rows,
                                                                          std::exception_ptr error) {
     try {
       if (error) std::rethrow_exception(error);
-      std::string body = answer(rows);
-      body += '\n';
-      respond({200, "application/json", std::move(body), {}});
+      respond(answer(rows));
     } catch (const std::exception& e) {
       respond(error_response(500, str("serve: ", e.what())));
     }

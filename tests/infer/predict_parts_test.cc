@@ -435,7 +435,7 @@ TEST(ReadInputs, TakesTheCommonV2BodyAsTheFullReaderDoes) {
         R"("name":"input"}]})"}) {
     const Tensor x = read_v2_inputs(body, info.spec.input_shape, limits.max_batch);
     ASSERT_TRUE(x.defined()) << body;
-    const Tensor want = read_infer(nlohmann::json::parse(body), info, limits).request.x;
+    const Tensor want = read_infer(nlohmann::json::parse(body), "", info, limits).request.x;
     ASSERT_EQ(x.shape(), want.shape()) << body;
     EXPECT_EQ(std::memcmp(x.raw(), want.raw(), x.nbytes()), 0) << body;
   }
@@ -503,25 +503,25 @@ TEST(InferAnswer, IsTheTextOfItsRecordsDocument) {
       t["data"] = std::move(data);
       out["outputs"].push_back(std::move(t));
     }
-    return dump_json(out);
+    return dump_json(out) + "\n";
   };
   const auto classification = data::Task::kClassification;
   InferCall call;
   call.outputs = {"class", "top_k_class", "top_k_prob"};
-  EXPECT_EQ(infer_answer("m\"1", call, two, 3, classification),
+  EXPECT_EQ(infer_answer("m\"1", call, two, 3, classification).body,
             document(call, two, classification));
   call.id = "r\"1";
   call.outputs = {"top_k_prob", "class"};
-  EXPECT_EQ(infer_answer("m\"1", call, two, 3, classification),
+  EXPECT_EQ(infer_answer("m\"1", call, two, 3, classification).body,
             document(call, two, classification));
   call.outputs = {"labels", "probs"};
-  EXPECT_EQ(infer_answer("m\"1", call, two, 3, data::Task::kMultilabel),
+  EXPECT_EQ(infer_answer("m\"1", call, two, 3, data::Task::kMultilabel).body,
             document(call, two, data::Task::kMultilabel));
   call.outputs = {"value"};
-  EXPECT_EQ(infer_answer("m\"1", call, two, 3, data::Task::kRegression),
+  EXPECT_EQ(infer_answer("m\"1", call, two, 3, data::Task::kRegression).body,
             document(call, two, data::Task::kRegression));
   call.outputs = {"text"};
-  EXPECT_EQ(infer_answer("m\"1", call, text, 3, classification),
+  EXPECT_EQ(infer_answer("m\"1", call, text, 3, classification).body,
             document(call, text, classification));
 }
 

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 
 #include <atomic>
+#include <cstring>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -170,6 +171,20 @@ TEST_F(Serve, GptPromptsAndTheirErrors) {
   EXPECT_EQ(text["datatype"], "BYTES");
   EXPECT_EQ(text["data"][0], out[0]["text"]);
   EXPECT_EQ(text["data"][1], out[1]["text"]);
+  // The prompts as binary BYTES (a 4-byte length, then the bytes), the text as bytes too.
+  const std::string head =
+      R"({"inputs": [{"name": "prompt", "shape": [1], "datatype": "BYTES", "parameters":
+          {"binary_data_size": 13}}], "parameters": {"max_new_tokens": 12,
+          "binary_data_output": true}})";
+  const std::string length = std::to_string(head.size());
+  auto bin = c.Post(infer, {{"Inference-Header-Content-Length", length}},
+                    head + std::string("\x09\0\0\0The night", 13), "application/octet-stream");
+  ASSERT_EQ(bin->status, 200) << bin->body;
+  const size_t at = std::stoul(bin->get_header_value("Inference-Header-Content-Length"));
+  EXPECT_EQ(bin->body.substr(at), std::string("\x0c\0\0\0", 4) + out[0]["text"].get<std::string>());
+  expect_status(c.Post(infer, {{"Inference-Header-Content-Length", length}},
+                       head + std::string("\x0a\0\0\0The night", 13), "application/octet-stream"),
+                400, "is not BYTES elements");
   expect_status(c.Post(infer,
                        R"({"inputs": [{"name": "prompt", "shape": [1], "datatype": "FP32",
                            "data": [1]}]})",
@@ -280,6 +295,78 @@ TEST_F(Serve, KserveV2MetadataAndInferAnswerAsPredictDoes) {
                 "serve.max_body_kb = 256");
   expect_status(c.Get(model + "/infer"), 405, "use POST");
   EXPECT_EQ(c.Post(model + "/infer", b.dump(), json)->status, 200);  // still up
+}
+
+// The binary-tensor extension (what tritonclient sends by default): an input's values as bytes
+// after the JSON, outputs as bytes when asked; the answers of JSON tensors; and its errors.
+TEST_F(Serve, BinaryTensorsAnswerAsJsonTensorsDo) {
+  Running s({"serve.max_batch=4"});
+  httplib::Client c = s.client();
+  const std::string infer = "/v2/models/" + s.config.name + "/infer";
+  const nlohmann::json plain = v2_body(3, 0.3f);
+  const auto want = nlohmann::json::parse(c.Post(infer, plain.dump(), "application/json")->body);
+  const std::vector<float> values = plain["inputs"][0]["data"];
+  const std::string bytes(reinterpret_cast<const char*>(values.data()), values.size() * 4);
+  nlohmann::json head = plain;
+  head["inputs"][0].erase("data");
+  head["inputs"][0]["parameters"] = {{"binary_data_size", bytes.size()}};
+  auto post = [&](const nlohmann::json& h, const std::string& b, std::string length = "") {
+    const std::string j = h.dump();
+    if (length.empty()) length = std::to_string(j.size());
+    return c.Post(infer, {{"Inference-Header-Content-Length", length}}, j + b,
+                  "application/octet-stream");
+  };
+  auto res = post(head, bytes);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(nlohmann::json::parse(res->body), want);
+  // UINT8 bytes answer as the same integers in JSON.
+  nlohmann::json ints = v2_body(1, 0, "UINT8"), ints_head = ints;
+  ints["inputs"][0]["data"] = std::vector<int>(784, 200);
+  ints_head["inputs"][0].erase("data");
+  ints_head["inputs"][0]["parameters"] = {{"binary_data_size", 784}};
+  EXPECT_EQ(post(ints_head, std::string(784, static_cast<char>(200)))->body,
+            c.Post(infer, ints.dump(), "application/json")->body);
+  // Every output as bytes: class and top_k_class INT64, top_k_prob FP64, after the JSON.
+  head["parameters"] = {{"binary_data_output", true}};
+  res = post(head, bytes);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(res->get_header_value("Content-Type"), "application/octet-stream");
+  const size_t json_bytes = std::stoul(res->get_header_value("Inference-Header-Content-Length"));
+  const auto got = nlohmann::json::parse(res->body.substr(0, json_bytes));
+  size_t at = json_bytes;
+  for (int o = 0; o < 3; ++o) {
+    const auto& out = got["outputs"][o];
+    const auto& expected = want["outputs"][o]["data"];
+    EXPECT_FALSE(out.contains("data"));
+    EXPECT_EQ(out["shape"], want["outputs"][o]["shape"]);
+    ASSERT_EQ(out["parameters"]["binary_data_size"], 8 * expected.size());
+    for (size_t i = 0; i < expected.size(); ++i, at += 8) {
+      int64_t i64;
+      double f64;
+      std::memcpy(&i64, res->body.data() + at, 8);
+      std::memcpy(&f64, res->body.data() + at, 8);
+      EXPECT_EQ(o < 2 ? nlohmann::json(i64) : nlohmann::json(f64), expected[i]) << out;
+    }
+  }
+  EXPECT_EQ(at, res->body.size());
+  // An output's "binary_data" overrides the request's "binary_data_output".
+  head["outputs"] = {{{"name", "class"}, {"parameters", {{"binary_data", false}}}}};
+  res = post(head, bytes);
+  ASSERT_EQ(res->status, 200) << res->body;
+  EXPECT_EQ(nlohmann::json::parse(res->body)["outputs"][0]["data"], want["outputs"][0]["data"]);
+  // Errors name what is wrong.
+  expect_status(post(head, bytes, "x"), 400, "Inference-Header-Content-Length is \"x\"");
+  expect_status(post(head, bytes, "99999"), 400, "at most the body's");
+  expect_status(post(head, bytes.substr(4)), 400, "binary_data_size 9408 but 9404 bytes follow");
+  nlohmann::json both = head, fewer = head, flag = head;
+  both["inputs"][0]["data"] = values;
+  expect_status(post(both, bytes), 400, "either \"data\"");
+  fewer["inputs"][0]["shape"] = {2, 784};
+  expect_status(post(fewer, bytes), 400, "9408 bytes of binary data; its shape holds 1568 FP32");
+  expect_status(post(plain, "abc"), 400, "3 bytes after its JSON");
+  flag["outputs"][0]["parameters"]["binary_data"] = "yes";
+  expect_status(post(flag, bytes), 400, "\"binary_data\" must be true or false");
+  EXPECT_EQ(post(head, bytes)->status, 200);  // still up
 }
 
 TEST_F(Serve, AFloodBeyondTheQueueGets503WithRetryAfterAndTheServerStaysUp) {

@@ -1,6 +1,7 @@
 """tritonclient[http] against tessel serve, for fashion_mlp and fashion_cnn (a few training
 steps each): server and model health, the model's metadata, predictions whose records are the
-bytes `tessel predict` writes for the same rows, errors raised with the server's message, and
+bytes `tessel predict` writes for the same rows (tensors as JSON, as binary data, the client's
+default, and a mix), errors raised with the server's message, and
 a SIGTERM that stops the server with exit code 0 after answering every request it read.
 
     triton_client_test.py TESSEL_BINARY SOURCE_DIR
@@ -51,6 +52,7 @@ def check_model(tmp, model):
         client = httpclient.InferenceServerClient(f"127.0.0.1:{port}")
         assert client.is_server_live() and client.is_server_ready()
         assert client.is_model_ready(model)
+        assert "binary_tensor_data" in client.get_server_metadata()["extensions"]
         meta = client.get_model_metadata(model)
         assert meta["name"] == model, meta
         (inp,) = meta["inputs"]
@@ -68,11 +70,14 @@ def check_model(tmp, model):
         with open(pred) as f:
             want = f.read().splitlines()
         got = []
-        for first in range(0, ROWS, 5):  # requests of 5, 5 and 2 rows
+        # Requests of 5, 5 and 2 rows: JSON tensors; the client's defaults (the input and, as
+        # no outputs are named, every output as binary data); a binary input, JSON outputs.
+        for first, binary in [(0, None), (5, True), (10, False)]:
             part = x[first:first + 5]
             tensor = httpclient.InferInput("input", list(part.shape), "FP32")
-            tensor.set_data_from_numpy(part, binary_data=False)
-            outs = [httpclient.InferRequestedOutput(n, binary_data=False) for n in names]
+            tensor.set_data_from_numpy(part, binary_data=binary is not None)
+            outs = None if binary else [httpclient.InferRequestedOutput(n, binary_data=False)
+                                        for n in names]
             res = client.infer(model, [tensor], outputs=outs, request_id=f"r{first}")
             assert res.get_response()["id"] == f"r{first}"
             cls, tk_class, tk_prob = (res.as_numpy(n) for n in names)
@@ -89,9 +94,8 @@ def check_model(tmp, model):
         bad.set_data_from_numpy(np.zeros((1, 3), np.float32), binary_data=False)
         expect_error(lambda: client.infer(model, [bad]), "has shape [1,3]")
         expect_error(lambda: client.get_model_metadata("nope"), "unknown model")
-        binary = httpclient.InferInput("input", list(part.shape), "FP32")
-        binary.set_data_from_numpy(part)  # binary_data=True by default
-        expect_error(lambda: client.infer(model, [binary]), "binary_data=False")
+        bad.set_data_from_numpy(np.zeros((1, 3), np.float32))  # as binary data
+        expect_error(lambda: client.infer(model, [bad]), "has shape [1,3]")
         expect_error(lambda: client.infer("nope", [tensor]), "unknown model")
     finally:
         server.terminate()

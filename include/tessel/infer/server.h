@@ -82,7 +82,7 @@ class Server {
   void generate_text(const HttpRequest& req, Respond respond, bool chat);
   HttpResponse error_for(const std::string& path, int status, const std::string& message) const;
   void submit(Request request, Respond respond,
-              std::function<std::string(const BatchRows&)> answer);
+              std::function<HttpResponse(const BatchRows&)> answer);
   BatchOutput run_batch(int worker, const std::vector<const Request*>& batch);
 
   const train::Config config_;

@@ -114,6 +114,7 @@ Replica::Replica(const train::Config& config, const ModelInfo& info, const Repli
   TESSEL_CHECK(weights.stages_ == 1 && !weights.tp_,
                "infer: a replica shares the values of a whole-model replica only");
   for (size_t i = 0; i < values_.size(); ++i) model_->bind_values(ranges_[i], values_[i]);
+  freeze(false);  // the values are `weights`', frozen already
 }
 
 Replica::~Replica() = default;
@@ -144,6 +145,11 @@ void Replica::load(const ckpt::CheckpointReader& checkpoint) {
     b = e;
   }
   ckpt::load_weights(checkpoint, *model_);
+  freeze(true);
+}
+
+void Replica::freeze(bool values_too) {
+  for (size_t i = 0; i < model_->num_blocks(); ++i) model_->block(i).freeze(values_too);
 }
 
 Tensor Replica::forward(const Tensor& x, int64_t rows, int64_t first_row) {

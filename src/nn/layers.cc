@@ -94,6 +94,29 @@ Linear::Linear(int64_t in, int64_t out, bool bias, TpCut tp)
   }
 }
 
+void Linear::freeze(bool values_too) {
+  const Tensor& w = weight_.value;
+  if (frozen_ || !w.defined() || w.dtype() != DType::kF32 || w.device() != Device::kCpu) return;
+  frozen_ = true;
+  if (!values_too) return;
+  // [out, in] to [in, out] in place, along the permutation's cycles (element o * in + i goes
+  // to i * out + o); a bit per element marks those moved, where a copy would double the
+  // weight's memory for a moment.
+  float* v = weight_.value.data<float>();
+  const int64_t n = in_ * out_;
+  std::vector<bool> moved(static_cast<size_t>(n));
+  for (int64_t start = 0; start < n; ++start) {
+    if (moved[static_cast<size_t>(start)]) continue;
+    float carry = v[start];
+    int64_t p = start;
+    do {
+      p = p % in_ * out_ + p / in_;
+      std::swap(carry, v[p]);
+      moved[static_cast<size_t>(p)] = true;
+    } while (p != start);
+  }
+}
+
 std::vector<Parameter*> Linear::parameters() {
   if (has_bias_) return {&weight_, &bias_};
   return {&weight_};
@@ -114,14 +137,23 @@ Tensor Linear::forward(const Tensor& x, const Context& /*ctx*/, Cache* cache) {
   const Shape shape = with_last(in.shape(), out_);
   Tensor y = row ? tp_whole_output(tp_.tp, cache, 0, shape, t) : output(cache, 0, shape, t);
   const bool add_bias = has_bias_ && (!row || tp_.tp->rank() == 0);
-  ops::linear_forward(y.raw(), in.raw(), in.dtype(), weight_.value.raw(),
-                      add_bias ? bias_.value.raw() : nullptr, t, in.numel() / in_, in_, out_);
+  if (frozen_) {
+    TESSEL_CHECK(in.dtype() == DType::kF32, "linear: a frozen f32 layer got a ",
+                 dtype_name(in.dtype()), " input");
+    ops::linear_forward(y.data<float>(), in.data<float>(), weight_.value.data<float>(),
+                        add_bias ? bias_.value.data<float>() : nullptr, in.numel() / in_, in_, out_,
+                        /*w_t=*/true);
+  } else {
+    ops::linear_forward(y.raw(), in.raw(), in.dtype(), weight_.value.raw(),
+                        add_bias ? bias_.value.raw() : nullptr, t, in.numel() / in_, in_, out_);
+  }
   return row ? tp_leave(tp_.tp, y, cache, 1) : y;
 }
 
 // Deferred (zero-bubble B): dy goes to buffer 2 and kept slot 1 for backward_weights(), which
 // also gathers a column-cut layer's input, so that B moves no input.
 Tensor Linear::backward(const Tensor& dy_in, Cache& cache) {
+  TESSEL_CHECK(!frozen_, "linear: a frozen layer (a serving replica's) has no backward");
   const bool row = tp_.cut == Cut::kRow, column = tp_.cut == Cut::kColumn;
   const DType t = weight_.value.dtype();
   // A row-cut layer's bias sees its output split along the sequence under sequence

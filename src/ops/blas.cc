@@ -63,13 +63,13 @@ void set_blas_threads(int n) {
 int blas_threads() { return g_blas_threads.load(std::memory_order_relaxed); }
 
 void linear_forward(float* y, const float* x, const float* w, const float* b, int64_t N, int64_t C,
-                    int64_t OC) {
+                    int64_t OC, bool w_t) {
   // Seeding y with the bias and letting sgemm add onto it (beta = 1, which OpenBLAS does not
   // rescale) fuses the bias for free instead of a second pass over y.
   if (b != nullptr) {
     for (int64_t n = 0; n < N; ++n) std::copy(b, b + OC, y + n * OC);
   }
-  gemm(false, true, N, OC, C, 1.0f, x, C, w, C, b != nullptr ? 1.0f : 0.0f, y, OC);
+  gemm(false, !w_t, N, OC, C, 1.0f, x, C, w, w_t ? OC : C, b != nullptr ? 1.0f : 0.0f, y, OC);
 }
 
 void bias_backward(float* db, const float* dy, int64_t N, int64_t OC) {

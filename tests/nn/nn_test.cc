@@ -220,6 +220,36 @@ TEST(LayerGrad, BackwardAccumulatesParameterGradients) {
     EXPECT_FLOAT_EQ(m.grads().data<float>()[i], 2 * once.data<float>()[i]);
 }
 
+// A frozen Linear (a serving replica's: its weight's values transposed in place, read as they
+// are) answers with the bits of the training forward, for one tile of rows to several, and for
+// shapes whose product runs transposed (10 outputs) or not; a model sharing its values, frozen
+// without rearranging them, too.
+TEST(LayerFrozen, LinearForwardHasTheBitsOfTheTrainingForward) {
+  for (const auto& [in, out] :
+       std::vector<std::pair<int64_t, int64_t>>{{784, 512}, {512, 10}, {37, 5}, {700, 130}}) {
+    auto model = [in, out] {
+      auto m = std::make_unique<Model>();
+      m->add("fc", std::make_unique<Linear>(in, out));
+      m->finalize();
+      return m;
+    };
+    const auto trained = model(), frozen = model(), sharing = model();
+    trained->materialize(7);
+    frozen->materialize(7);
+    frozen->block(0).freeze(true);
+    sharing->bind_values({0, trained->values().numel()}, frozen->values());
+    sharing->block(0).freeze(false);
+    EXPECT_FALSE(same_bits(frozen->values(), trained->values()));  // rearranged
+    for (const int64_t rows : {1, 3, 17, 64, 200}) {
+      const Tensor x = randn({rows, in}, static_cast<uint64_t>(20 + rows));
+      const Tensor want = trained->forward(x, kEval, nullptr).clone();
+      EXPECT_TRUE(same_bits(frozen->forward(x, kEval, nullptr).clone(), want))
+          << in << " -> " << out << ", " << rows << " rows";
+      EXPECT_TRUE(same_bits(sharing->forward(x, kEval, nullptr).clone(), want));
+    }
+  }
+}
+
 // ---- Layers against PyTorch (tests/fixtures, written by gen_fixtures.py) ----
 // The kernels are checked against these fixtures in tests/ops; here the same numbers go through
 // the Module interface: parameters bound by a Model, outputs and input gradients in the cache.

@@ -68,6 +68,8 @@ class Replica {
 
  private:
   void load(const ckpt::CheckpointReader& checkpoint);
+  // Freezes the model's blocks (nn::Module::freeze): a replica's values never change.
+  void freeze(bool values_too);
 
   const train::Config& config_;
   std::unique_ptr<nn::TensorParallel> tp_;

@@ -87,6 +87,12 @@ class Module {
   // inputs and output gradients). The default, for a module whose W does nothing, drops all.
   virtual void release_for_weights(Cache& cache) { cache.release_all(); }
 
+  // The values stay as they are from now on (a serving or predict replica's model): a module
+  // may rearrange its parameters' values for faster forwards, after which only forward() reads
+  // them. `values_too` false: the values are shared with a model frozen already, so only the
+  // module's own state changes. The default keeps everything as it is.
+  virtual void freeze(bool /*values_too*/) {}
+
  protected:
   bool input_grad_ = true;
   bool defer_weights_ = false;

@@ -98,8 +98,10 @@ void attention_backward(void* dqkv, const void* dout, const void* qkv, const flo
                         int64_t T, int64_t C, int64_t NH, DType t);
 
 // ---- Linear: y[N,OC] = x[N,C] @ w[OC,C]^T + b[OC]  (PyTorch weight layout) ----
+// b may be null; w_t: w is given transposed, [C,OC] (read in place: no per-call packing), with
+// the same bits.
 void linear_forward(float* y, const float* x, const float* w, const float* b, int64_t N, int64_t C,
-                    int64_t OC);  // b may be null
+                    int64_t OC, bool w_t = false);
 void linear_backward(float* dx, float* dw, float* db, const float* dy, const float* x,
                      const float* w, int64_t N, int64_t C, int64_t OC);  // dx, dw, db may be null
 // db[OC] += the column sums of dy[N,OC] (linear_backward's bias part).

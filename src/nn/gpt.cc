@@ -250,6 +250,10 @@ std::vector<Parameter*> TransformerBlock::parameters() {
   return out;
 }
 
+void TransformerBlock::freeze(bool values_too) {
+  for (Linear* l : {&qkv_, &attn_proj_, &fc_, &mlp_proj_}) l->freeze(values_too);
+}
+
 // Sub-module caches (child k of the block's cache), in forward order.
 enum Sub : size_t { kLn1, kQkv, kAttnProj, kLn2, kFc, kGelu, kMlpProj };
 

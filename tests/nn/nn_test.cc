@@ -250,6 +250,18 @@ TEST(LayerFrozen, LinearForwardHasTheBitsOfTheTrainingForward) {
   }
 }
 
+// A frozen GPT (each block's four projections a frozen Linear) has the training forward's
+// logits, bit for bit.
+TEST(LayerFrozen, GptForwardHasTheBitsOfTheTrainingForward) {
+  const auto trained = materialized(testing::gpt_spec(), 4);
+  const auto frozen = materialized(testing::gpt_spec(), 4);
+  for (size_t i = 0; i < frozen->num_blocks(); ++i) frozen->block(i).freeze(true);
+  EXPECT_FALSE(same_bits(frozen->values(), trained->values()));  // rearranged
+  const Tensor ids = random_ids({3, 8}, 11, 38);
+  EXPECT_TRUE(same_bits(frozen->forward(ids, kEval, nullptr).clone(),
+                        trained->forward(ids, kEval, nullptr).clone()));
+}
+
 // ---- Layers against PyTorch (tests/fixtures, written by gen_fixtures.py) ----
 // The kernels are checked against these fixtures in tests/ops; here the same numbers go through
 // the Module interface: parameters bound by a Model, outputs and input gradients in the cache.

@@ -217,6 +217,7 @@ class TransformerBlock : public Module {
   void backward_weights(Cache& cache) override;
   void release_for_weights(Cache& cache) override;
   std::vector<Parameter*> parameters() override;
+  void freeze(bool values_too) override;  // its four projections
   double forward_flops(int64_t batch) const override;
   // Inference on x [B, T, C]: the B * T rows of kv's step (cache.h), this block being block
   // `block` of kv's; appends their keys and values and attends over each sequence's. The same

@@ -95,14 +95,14 @@ Linear::Linear(int64_t in, int64_t out, bool bias, TpCut tp)
 }
 
 void Linear::freeze(bool values_too) {
-  const Tensor& w = weight_.value;
+  Tensor& w = weight_.value;
   if (frozen_ || !w.defined() || w.dtype() != DType::kF32 || w.device() != Device::kCpu) return;
   frozen_ = true;
   if (!values_too) return;
   // [out, in] to [in, out] in place, along the permutation's cycles (element o * in + i goes
   // to i * out + o); a bit per element marks those moved, where a copy would double the
   // weight's memory for a moment.
-  float* v = weight_.value.data<float>();
+  float* v = w.data<float>();
   const int64_t n = in_ * out_;
   std::vector<bool> moved(static_cast<size_t>(n));
   for (int64_t start = 0; start < n; ++start) {

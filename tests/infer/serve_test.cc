@@ -319,13 +319,18 @@ TEST_F(Serve, BinaryTensorsAnswerAsJsonTensorsDo) {
   auto res = post(head, bytes);
   ASSERT_EQ(res->status, 200) << res->body;
   EXPECT_EQ(nlohmann::json::parse(res->body), want);
-  // UINT8 bytes answer as the same integers in JSON.
+  // UINT8 and BF16 bytes (200 is 0x4348 in bf16) answer as the same integers in JSON.
   nlohmann::json ints = v2_body(1, 0, "UINT8"), ints_head = ints;
   ints["inputs"][0]["data"] = std::vector<int>(784, 200);
+  const std::string by_json = c.Post(infer, ints.dump(), "application/json")->body;
   ints_head["inputs"][0].erase("data");
   ints_head["inputs"][0]["parameters"] = {{"binary_data_size", 784}};
-  EXPECT_EQ(post(ints_head, std::string(784, static_cast<char>(200)))->body,
-            c.Post(infer, ints.dump(), "application/json")->body);
+  EXPECT_EQ(post(ints_head, std::string(784, static_cast<char>(200)))->body, by_json);
+  ints_head["inputs"][0]["datatype"] = "BF16";
+  ints_head["inputs"][0]["parameters"] = {{"binary_data_size", 2 * 784}};
+  std::string bf16;
+  for (int i = 0; i < 784; ++i) bf16 += "\x48\x43";
+  EXPECT_EQ(post(ints_head, bf16)->body, by_json);
   // Every output as bytes: class and top_k_class INT64, top_k_prob FP64, after the JSON.
   head["parameters"] = {{"binary_data_output", true}};
   res = post(head, bytes);

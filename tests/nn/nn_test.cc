@@ -247,6 +247,9 @@ TEST(LayerFrozen, LinearForwardHasTheBitsOfTheTrainingForward) {
           << in << " -> " << out << ", " << rows << " rows";
       EXPECT_TRUE(same_bits(sharing->forward(x, kEval, nullptr).clone(), want));
     }
+    Activations acts;
+    frozen->forward(randn({2, in}, 6), kTrain, &acts);
+    EXPECT_THROW(frozen->backward(randn({2, out}, 7), acts), Error);  // "has no backward"
   }
 }
 

@@ -239,15 +239,19 @@ std::string NcclState::silent_ranks() {
     slots[rank].beat();
     silent.clear();
     bool undecided = false;
+    // Taken before the records are read: a peer whose last beat came just before `start` (the
+    // failing peer's own entry into the call often does) then never looks as if it beat after
+    // it, however long this thread is preempted between the two clock reads.
+    const double waited_s = now_seconds() - start;
     for (int r = 0; r < size; ++r) {
       if (r == rank) continue;
       const RankState st = slots[r].read(r);
       if (st.silent_s > kSilentS)
         silent.push_back(st);
-      else if (st.silent_s < 0 || st.silent_s > now_seconds() - start)
+      else if (st.silent_s < 0 || st.silent_s > waited_s)
         undecided = true;  // not active since this rank saw the failure, not silent long yet
     }
-    if (!undecided || now_seconds() - start > 2 * kSilentS || control->aborted()) break;
+    if (!undecided || waited_s > 2 * kSilentS || control->aborted()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   std::string out;
